@@ -1,0 +1,61 @@
+//===- ForgeDialect.h - the forge dialect, its interfaces and ops ----------===//
+//
+// Include this (an MLIR-heavy header) only from compiler/, passes/ and tools.
+// The runtime never includes it.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FORGE_DIALECT_FORGEDIALECT_H
+#define FORGE_DIALECT_FORGEDIALECT_H
+
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/InferTypeOpInterface.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+namespace mlir::forge {
+
+/// How fusion passes may group an op.
+enum class FusionClass { Elementwise, Reduction, Library, Opaque, Shape };
+/// Which precision `forge-assign-precision` may give an op.
+enum class PrecisionClass { TensorCore, KeepFP32, FollowsInput };
+
+llvm::StringRef stringifyFusionClass(FusionClass c);
+llvm::StringRef stringifyPrecisionClass(PrecisionClass c);
+
+/// Cost of one execution: arithmetic and the fewest bytes moved (each operand
+/// read once, each result written once).
+struct OpCost {
+  int64_t flops = 0;
+  int64_t bytes = 0;
+};
+
+/// Default estimate: `flopsPerElement` per result element, bytes of all
+/// operands and results.
+OpCost estimateDefaultCost(Operation *op, int64_t flopsPerElement);
+/// Reports that an op claims differentiability but has no rule yet.
+LogicalResult gradientRuleMissing(Operation *op);
+
+/// NumPy broadcast of all operand shapes; element type from the first operand
+/// unless `resultElement` is given.
+LogicalResult inferBroadcastType(std::optional<Location> loc, ValueRange operands,
+                                 Type resultElement, SmallVectorImpl<Type> &inferred);
+/// Shape after reducing `axes` (keepdims keeps them as 1).
+LogicalResult inferReduceType(std::optional<Location> loc, Type input,
+                              ArrayRef<int64_t> axes, bool keepdims, Type resultElement,
+                              SmallVectorImpl<Type> &inferred);
+/// Broadcast two shapes; failure if incompatible.
+FailureOr<SmallVector<int64_t>> broadcastShapes(ArrayRef<int64_t> a, ArrayRef<int64_t> b);
+
+} // namespace mlir::forge
+
+#include "forge/Dialect/ForgeDialect.h.inc"
+#include "forge/Dialect/ForgeInterfaces.h.inc"
+
+#define GET_OP_CLASSES
+#include "forge/Dialect/ForgeOps.h.inc"
+
+#endif // FORGE_DIALECT_FORGEDIALECT_H

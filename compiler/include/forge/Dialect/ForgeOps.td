@@ -1,0 +1,402 @@
+//===- ForgeOps.td - the forge op table ------------------------------------===//
+//
+// Conventions shared with the runtime (runtime/lib/cpu kernels read these
+// attributes by name; the bundle writer copies them verbatim):
+//   * binary elementwise ops broadcast NumPy-style;
+//   * axes, perms and per-dimension lists are normalized at import: non-negative,
+//     full length where the op needs one entry per dimension;
+//   * float attributes are F64Attr, integer ones I64Attr, flags BoolAttr;
+//   * spatial ops use NC[D]HW layout; `pads` holds all begin pads then all end pads.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FORGE_DIALECT_FORGEOPS_TD
+#define FORGE_DIALECT_FORGEOPS_TD
+
+include "forge/Dialect/ForgeBase.td"
+include "mlir/IR/BuiltinAttributes.td"
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+// Shared type inference helpers live in ForgeOps.cpp; the classes below route
+// their InferTypeOpAdaptor hook to them.
+class Forge_BinaryOp<string mnemonic, string onnx, bit diff = 1, int flops = 1,
+                     list<Trait> traits = []>
+    : Forge_Op<mnemonic, onnx, FusionElementwise, PrecisionFollowsInput, diff, traits> {
+  let arguments = (ins AnyForgeTensor:$lhs, AnyForgeTensor:$rhs);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = flops;
+  let extraClassDefinition = [{
+    ::llvm::LogicalResult $cppClass::inferReturnTypes(::mlir::MLIRContext *context,
+        std::optional<::mlir::Location> location, Adaptor adaptor,
+        ::llvm::SmallVectorImpl<::mlir::Type> &inferred) {
+      return ::mlir::forge::inferBroadcastType(location, adaptor.getOperands(),
+                                               /*resultElement=*/nullptr, inferred);
+    }
+  }];
+}
+
+class Forge_CompareOp<string mnemonic, string onnx>
+    : Forge_Op<mnemonic, onnx, FusionElementwise, PrecisionFollowsInput, 0> {
+  let arguments = (ins AnyForgeTensor:$lhs, AnyForgeTensor:$rhs);
+  let results = (outs TensorOf<[I1]>:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
+  let extraClassDefinition = [{
+    ::llvm::LogicalResult $cppClass::inferReturnTypes(::mlir::MLIRContext *context,
+        std::optional<::mlir::Location> location, Adaptor adaptor,
+        ::llvm::SmallVectorImpl<::mlir::Type> &inferred) {
+      return ::mlir::forge::inferBroadcastType(location, adaptor.getOperands(),
+                                               ::mlir::IntegerType::get(context, 1), inferred);
+    }
+  }];
+}
+
+class Forge_UnaryOp<string mnemonic, string onnx, bit diff = 1, int flops = 1,
+                    dag attrs = (ins)>
+    : Forge_Op<mnemonic, onnx, FusionElementwise, PrecisionFollowsInput, diff> {
+  let arguments = !con((ins AnyForgeTensor:$input), attrs);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = flops;
+  let extraClassDefinition = [{
+    ::llvm::LogicalResult $cppClass::inferReturnTypes(::mlir::MLIRContext *context,
+        std::optional<::mlir::Location> location, Adaptor adaptor,
+        ::llvm::SmallVectorImpl<::mlir::Type> &inferred) {
+      inferred.push_back(adaptor.getInput().getType());
+      return ::mlir::success();
+    }
+  }];
+}
+
+def Forge_AddOp : Forge_BinaryOp<"add", "Add,Sum", 1, 1, [Commutative]>;
+def Forge_SubOp : Forge_BinaryOp<"sub", "Sub">;
+def Forge_MulOp : Forge_BinaryOp<"mul", "Mul", 1, 1, [Commutative]>;
+def Forge_DivOp : Forge_BinaryOp<"div", "Div,Mean">;
+def Forge_PowOp : Forge_BinaryOp<"pow", "Pow", 1, 8>;
+def Forge_MinOp : Forge_BinaryOp<"min", "Min", 1, 1, [Commutative]>;
+def Forge_MaxOp : Forge_BinaryOp<"max", "Max", 1, 1, [Commutative]>;
+def Forge_AndOp : Forge_BinaryOp<"and", "And", 0, 1, [Commutative]>;
+def Forge_OrOp : Forge_BinaryOp<"or", "Or", 0, 1, [Commutative]>;
+
+def Forge_EqualOp : Forge_CompareOp<"equal", "Equal">;
+def Forge_LessOp : Forge_CompareOp<"less", "Less">;
+def Forge_GreaterOp : Forge_CompareOp<"greater", "Greater">;
+def Forge_LessEqualOp : Forge_CompareOp<"less_equal", "LessOrEqual">;
+def Forge_GreaterEqualOp : Forge_CompareOp<"greater_equal", "GreaterOrEqual">;
+
+def Forge_NegOp : Forge_UnaryOp<"neg", "Neg">;
+def Forge_AbsOp : Forge_UnaryOp<"abs", "Abs">;
+def Forge_ExpOp : Forge_UnaryOp<"exp", "Exp", 1, 8>;
+def Forge_LogOp : Forge_UnaryOp<"log", "Log", 1, 8>;
+def Forge_SqrtOp : Forge_UnaryOp<"sqrt", "Sqrt", 1, 4>;
+def Forge_ReciprocalOp : Forge_UnaryOp<"reciprocal", "Reciprocal", 1, 4>;
+def Forge_TanhOp : Forge_UnaryOp<"tanh", "Tanh", 1, 8>;
+def Forge_SigmoidOp : Forge_UnaryOp<"sigmoid", "Sigmoid", 1, 8>;
+def Forge_ReluOp : Forge_UnaryOp<"relu", "Relu">;
+def Forge_ErfOp : Forge_UnaryOp<"erf", "Erf", 1, 8>;
+def Forge_SoftplusOp : Forge_UnaryOp<"softplus", "Softplus", 1, 16>;
+def Forge_HardSwishOp : Forge_UnaryOp<"hard_swish", "HardSwish", 1, 4>;
+def Forge_NotOp : Forge_UnaryOp<"not", "Not", 0>;
+def Forge_LeakyReluOp : Forge_UnaryOp<"leaky_relu", "LeakyRelu", 1, 2, (ins F64Attr:$alpha)>;
+def Forge_EluOp : Forge_UnaryOp<"elu", "Elu", 1, 8, (ins F64Attr:$alpha)>;
+def Forge_GeluOp : Forge_UnaryOp<"gelu", "Gelu", 1, 16, (ins StrAttr:$approximate)> {
+  let opsetMin = 20;
+}
+def Forge_HardSigmoidOp : Forge_UnaryOp<"hard_sigmoid", "HardSigmoid", 1, 3,
+                                        (ins F64Attr:$alpha, F64Attr:$beta)>;
+def Forge_ClipOp : Forge_UnaryOp<"clip", "Clip", 1, 2, (ins F64Attr:$min, F64Attr:$max)>;
+
+def Forge_IsNaNOp : Forge_Op<"isnan", "IsNaN", FusionElementwise, PrecisionFollowsInput, 0> {
+  let arguments = (ins AnyForgeTensor:$input);
+  let results = (outs TensorOf<[I1]>:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_CastOp : Forge_Op<"cast", "Cast", FusionElementwise, PrecisionFollowsInput, 1> {
+  let summary = "Element type conversion (gradient flows between float types only)";
+  let arguments = (ins AnyForgeTensor:$input, TypeAttr:$to);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasFolder = 1;
+}
+
+def Forge_WhereOp : Forge_Op<"where", "Where", FusionElementwise, PrecisionFollowsInput, 1> {
+  let arguments = (ins TensorOf<[I1]>:$condition, AnyForgeTensor:$x, AnyForgeTensor:$y);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$condition `,` $x `,` $y attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Library-class ops (cuBLASLt / cuDNN on GPU, OpenBLAS on CPU)
+//===----------------------------------------------------------------------===//
+
+def Forge_MatMulOp : Forge_Op<"matmul", "MatMul,Einsum", FusionLibrary, PrecisionTensorCore, 1> {
+  let summary = "NumPy matmul: batched, broadcast over leading dims, 1-D operands promoted";
+  let arguments = (ins AnyForgeTensor:$lhs, AnyForgeTensor:$rhs);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
+def Forge_GemmOp : Forge_Op<"gemm", "Gemm", FusionLibrary, PrecisionTensorCore, 1> {
+  let summary = "alpha * op(A) * op(B) + beta * C, with C broadcast to [M, N]";
+  let arguments = (ins AnyForgeTensor:$a, AnyForgeTensor:$b, Optional<AnyForgeTensor>:$c,
+                       BoolAttr:$transA, BoolAttr:$transB, F64Attr:$alpha, F64Attr:$beta);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$a `,` $b (`,` $c^)? attr-dict `:` functional-type(operands, results)";
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
+def Forge_ConvOp : Forge_Op<"conv", "Conv", FusionLibrary, PrecisionTensorCore, 1> {
+  let summary = "N-d grouped convolution, NC[D]HW, explicit pads (auto_pad resolved)";
+  let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$weight,
+                       Optional<AnyForgeTensor>:$bias, DenseI64ArrayAttr:$strides,
+                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations, I64Attr:$group);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $weight (`,` $bias^)? attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
+def Forge_ConvTransposeOp : Forge_Op<"conv_transpose", "ConvTranspose", FusionLibrary, PrecisionTensorCore, 1> {
+  let summary = "N-d grouped transposed convolution; output_shape resolved into pads";
+  let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$weight,
+                       Optional<AnyForgeTensor>:$bias, DenseI64ArrayAttr:$strides,
+                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations,
+                       DenseI64ArrayAttr:$output_padding, I64Attr:$group);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $weight (`,` $bias^)? attr-dict `:` functional-type(operands, results)";
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
+def Forge_MaxPoolOp : Forge_Op<"max_pool", "MaxPool", FusionLibrary, PrecisionFollowsInput, 1> {
+  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$kernel_shape,
+                       DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads,
+                       DenseI64ArrayAttr:$dilations, BoolAttr:$ceil_mode);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_AvgPoolOp : Forge_Op<"avg_pool", "AveragePool,GlobalAveragePool", FusionLibrary, PrecisionFollowsInput, 1> {
+  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$kernel_shape,
+                       DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads,
+                       DenseI64ArrayAttr:$dilations, BoolAttr:$ceil_mode,
+                       BoolAttr:$count_include_pad);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Normalizations and softmax (fused reductions; math stays in fp32)
+//===----------------------------------------------------------------------===//
+
+def Forge_BatchNormOp : Forge_Op<"batch_norm", "BatchNormalization", FusionReduction, PrecisionKeepFP32, 1> {
+  let summary = "Inference-mode batch normalization over channel dim 1";
+  let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$scale, AnyForgeTensor:$bias,
+                       AnyForgeTensor:$mean, AnyForgeTensor:$var, F64Attr:$epsilon);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $scale `,` $bias `,` $mean `,` $var attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 4;
+}
+
+def Forge_BatchNormTrainingOp : Forge_Op<"batch_norm_training", "BatchNormalization", FusionReduction, PrecisionKeepFP32, 1> {
+  let summary = "Training-mode batch normalization: batch statistics, updated running stats";
+  let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$scale, AnyForgeTensor:$bias,
+                       AnyForgeTensor:$running_mean, AnyForgeTensor:$running_var,
+                       F64Attr:$epsilon, F64Attr:$momentum);
+  let results = (outs AnyForgeTensor:$result, AnyForgeTensor:$new_running_mean,
+                      AnyForgeTensor:$new_running_var);
+  let assemblyFormat = "$input `,` $scale `,` $bias `,` $running_mean `,` $running_var attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 8;
+}
+
+def Forge_LayerNormOp : Forge_Op<"layer_norm", "LayerNormalization", FusionReduction, PrecisionKeepFP32, 1> {
+  let summary = "Normalize over dims [axis, rank); scale/bias broadcast over those dims";
+  let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$scale,
+                       Optional<AnyForgeTensor>:$bias, I64Attr:$axis, F64Attr:$epsilon);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $scale (`,` $bias^)? attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 8;
+  let opsetMin = 17;
+}
+
+def Forge_GroupNormOp : Forge_Op<"group_norm", "GroupNormalization,InstanceNormalization", FusionReduction, PrecisionKeepFP32, 1> {
+  let summary = "Group normalization (per-channel scale and bias of shape [C])";
+  let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$scale, AnyForgeTensor:$bias,
+                       I64Attr:$num_groups, F64Attr:$epsilon);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $scale `,` $bias attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 8;
+}
+
+def Forge_SoftmaxOp : Forge_Op<"softmax", "Softmax", FusionReduction, PrecisionKeepFP32, 1> {
+  let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 10;
+}
+
+def Forge_LogSoftmaxOp : Forge_Op<"log_softmax", "LogSoftmax,SoftmaxCrossEntropyLoss", FusionReduction, PrecisionKeepFP32, 1> {
+  let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 10;
+}
+
+def Forge_NllLossOp : Forge_Op<"nll_loss", "NegativeLogLikelihoodLoss,SoftmaxCrossEntropyLoss", FusionReduction, PrecisionKeepFP32, 1> {
+  let summary = "Negative log-likelihood over class dim 1; reduction none|sum|mean";
+  let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$target,
+                       Optional<AnyForgeTensor>:$weight, StrAttr:$reduction,
+                       OptionalAttr<I64Attr>:$ignore_index);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $target (`,` $weight^)? attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions and scans
+//===----------------------------------------------------------------------===//
+
+class Forge_ReduceOp<string mnemonic, string onnx, bit diff = 1>
+    : Forge_Op<mnemonic, onnx, FusionReduction, PrecisionKeepFP32, diff> {
+  let summary = "Reduce over sorted non-negative `axes` (never empty after import)";
+  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$axes, BoolAttr:$keepdims);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let extraClassDefinition = [{
+    ::llvm::LogicalResult $cppClass::inferReturnTypes(::mlir::MLIRContext *context,
+        std::optional<::mlir::Location> location, Adaptor adaptor,
+        ::llvm::SmallVectorImpl<::mlir::Type> &inferred) {
+      return ::mlir::forge::inferReduceType(location, adaptor.getInput().getType(),
+          adaptor.getAxes(), adaptor.getKeepdims(), nullptr, inferred);
+    }
+  }];
+}
+
+def Forge_ReduceSumOp : Forge_ReduceOp<"reduce_sum", "ReduceSum,GlobalAveragePool">;
+def Forge_ReduceMeanOp : Forge_ReduceOp<"reduce_mean", "ReduceMean,GlobalAveragePool">;
+def Forge_ReduceMaxOp : Forge_ReduceOp<"reduce_max", "ReduceMax">;
+def Forge_ReduceMinOp : Forge_ReduceOp<"reduce_min", "ReduceMin">;
+def Forge_ReduceProdOp : Forge_ReduceOp<"reduce_prod", "ReduceProd">;
+def Forge_ReduceL2Op : Forge_ReduceOp<"reduce_l2", "ReduceL2">;
+
+def Forge_ArgMaxOp : Forge_Op<"argmax", "ArgMax", FusionReduction, PrecisionKeepFP32, 0> {
+  let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis, BoolAttr:$keepdims,
+                       BoolAttr:$select_last_index);
+  let results = (outs TensorOf<[I64]>:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_CumSumOp : Forge_Op<"cumsum", "CumSum", FusionReduction, PrecisionKeepFP32, 1> {
+  let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis, BoolAttr:$exclusive,
+                       BoolAttr:$reverse);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Data movement (shape class: no arithmetic)
+//===----------------------------------------------------------------------===//
+
+def Forge_ConstantOp : Forge_Op<"constant", "Constant,ConstantOfShape,Shape,Size,Range", FusionShape, PrecisionFollowsInput, 0,
+                                [ConstantLike]> {
+  let arguments = (ins ElementsAttr:$value);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "attr-dict $value";
+  let hasFolder = 1;
+}
+
+def Forge_ReshapeOp : Forge_Op<"reshape", "Reshape,Flatten,Squeeze,Unsqueeze,Identity,Dropout", FusionShape, PrecisionFollowsInput, 1> {
+  let summary = "Reinterpret the elements with a new static shape (`shape` fully resolved)";
+  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$shape);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasFolder = 1;
+}
+
+def Forge_TransposeOp : Forge_Op<"transpose", "Transpose,Einsum", FusionShape, PrecisionFollowsInput, 1> {
+  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$perm);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Forge_BroadcastOp : Forge_Op<"broadcast", "Expand", FusionShape, PrecisionFollowsInput, 1> {
+  let summary = "NumPy-broadcast the input to `shape`";
+  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$shape);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasFolder = 1;
+}
+
+def Forge_ConcatOp : Forge_Op<"concat", "Concat", FusionShape, PrecisionFollowsInput, 1> {
+  let arguments = (ins Variadic<AnyForgeTensor>:$inputs, I64Attr:$axis);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$inputs attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_SplitOp : Forge_Op<"split", "Split", FusionShape, PrecisionFollowsInput, 1> {
+  let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis, DenseI64ArrayAttr:$sizes);
+  let results = (outs Variadic<AnyForgeTensor>:$results);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_SliceOp : Forge_Op<"slice", "Slice", FusionShape, PrecisionFollowsInput, 1> {
+  let summary = "Strided slice; starts/ends/steps have one clamped entry per dimension";
+  let description = [{
+    For step > 0: 0 <= start <= end <= dim. For step < 0: -1 <= end <= start <= dim - 1.
+    Result extent per dimension is max(0, ceil((end - start) / step)).
+  }];
+  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$starts,
+                       DenseI64ArrayAttr:$ends, DenseI64ArrayAttr:$steps);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Forge_PadOp : Forge_Op<"pad", "Pad", FusionShape, PrecisionFollowsInput, 1> {
+  let summary = "Pad (constant|reflect|edge); pads = all begins then all ends, may be negative";
+  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$pads, StrAttr:$mode,
+                       F64Attr:$value);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_TileOp : Forge_Op<"tile", "Tile", FusionShape, PrecisionFollowsInput, 1> {
+  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$repeats);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_GatherOp : Forge_Op<"gather", "Gather", FusionShape, PrecisionFollowsInput, 1> {
+  let summary = "Take along `axis` (negative indices count from the end)";
+  let arguments = (ins AnyForgeTensor:$input, TensorOf<[I32, I64]>:$indices, I64Attr:$axis);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $indices attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_GatherElementsOp : Forge_Op<"gather_elements", "GatherElements", FusionShape, PrecisionFollowsInput, 1> {
+  let arguments = (ins AnyForgeTensor:$input, TensorOf<[I32, I64]>:$indices, I64Attr:$axis);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $indices attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_TriluOp : Forge_Op<"trilu", "Trilu", FusionElementwise, PrecisionFollowsInput, 1> {
+  let summary = "Keep the upper (or lower) triangle of the last two dims, offset by k";
+  let arguments = (ins AnyForgeTensor:$input, BoolAttr:$upper, I64Attr:$k);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_OneHotOp : Forge_Op<"one_hot", "OneHot", FusionElementwise, PrecisionFollowsInput, 0> {
+  let summary = "One-hot along `axis` (normalized, in [0, rank(indices)])";
+  let arguments = (ins AnyForgeTensor:$indices, I64Attr:$depth, I64Attr:$axis,
+                       F64Attr:$off_value, F64Attr:$on_value, TypeAttr:$dtype);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$indices attr-dict `:` functional-type(operands, results)";
+}
+
+#endif // FORGE_DIALECT_FORGEOPS_TD

@@ -1,0 +1,57 @@
+//===- OnnxImporter.h - ONNX ModelProto -> forge dialect -------------------===//
+//
+// Produces a module with one `func.func @main` whose arguments are the graph
+// inputs (attribute `forge.name`) and whose results are the graph outputs.
+// Initializers become `forge.constant` ops tagged `forge.initializer = "name"`.
+// Every shape is static after import: symbolic dims take their values from
+// the options; shape-computing subgraphs are folded to constants.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FORGE_IMPORT_ONNXIMPORTER_H
+#define FORGE_IMPORT_ONNXIMPORTER_H
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OwningOpRef.h"
+
+namespace mlir::forge {
+
+struct ImportOptions {
+  /// Value for dim 0 of every graph input whose dim 0 is symbolic (0: unset).
+  int64_t batch = 0;
+  /// Full static shapes of named graph inputs (`--shape name=d0,d1,...`).
+  std::map<std::string, std::vector<int64_t>> inputShapes;
+  /// Values of named symbolic dims (`--dim seq=128`).
+  std::map<std::string, int64_t> dimValues;
+  /// Directory that external-data locations are relative to (defaults to the
+  /// model file's directory).
+  std::string externalDataDir;
+  /// Graph inputs bound to compile-time values (they become constants, not
+  /// program inputs): inputs that configure shapes, axes or pads must be
+  /// known when the program is specialized.
+  std::map<std::string, DenseElementsAttr> constantInputs;
+};
+
+/// Imports an ONNX model file. Errors are reported through the context's
+/// diagnostic handler (op, node name, file) and yield a null ref.
+OwningOpRef<ModuleOp> importOnnxFile(MLIRContext *context, const std::string &path,
+                                     const ImportOptions &options);
+/// Imports serialized ModelProto bytes (`origin` names them in errors).
+OwningOpRef<ModuleOp> importOnnxBytes(MLIRContext *context, llvm::StringRef bytes,
+                                      const std::string &origin, const ImportOptions &options);
+
+/// Decodes a serialized ONNX TensorProto (for example a backend test's
+/// input_0.pb) into a constant; errors go to the context's diagnostics.
+FailureOr<DenseElementsAttr> importTensorProto(MLIRContext *context, llvm::StringRef bytes,
+                                               const std::string &origin);
+
+/// ONNX op types (default domain) the importer handles, sorted.
+std::vector<std::string> supportedOnnxOps();
+
+} // namespace mlir::forge
+
+#endif // FORGE_IMPORT_ONNXIMPORTER_H

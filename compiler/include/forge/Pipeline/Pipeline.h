@@ -1,0 +1,41 @@
+//===- Pipeline.h - the Forge pass pipeline and its dumps -----------------===//
+#ifndef FORGE_PIPELINE_PIPELINE_H
+#define FORGE_PIPELINE_PIPELINE_H
+
+#include <string>
+
+#include "mlir/Support/LogicalResult.h"
+#include "llvm/ADT/StringRef.h"
+
+namespace mlir {
+class OpPassManager;
+class PassManager;
+class ModuleOp;
+class DialectRegistry;
+} // namespace mlir
+
+namespace mlir::forge {
+
+struct PipelineOptions {
+  std::string target = "cpu";
+};
+
+/// The graph pipeline for inference bundles (DESIGN.md §4, stage 1 so far).
+void buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options);
+
+/// Registers the forge dialect, func, and all Forge passes and named pipelines
+/// (for forge-opt and forgec).
+void registerForgeDialects(DialectRegistry &registry);
+void registerForgePassesAndPipelines();
+
+/// After every pass, writes `dir/NN-passname.mlir`, for graph-level stages
+/// `dir/NN-passname.onnx`, and appends a summary line (ops, kernels, bytes,
+/// FLOPs) to `dir/summary.txt`. `firstIndex` numbers the first pass.
+void addDumpInstrumentation(PassManager &pm, llvm::StringRef dir, int firstIndex = 1);
+/// Writes the same files for a stage that is not a pass (e.g. "import").
+LogicalResult writeStageDump(ModuleOp module, llvm::StringRef dir, int index,
+                             llvm::StringRef stage);
+
+} // namespace mlir::forge
+
+#endif // FORGE_PIPELINE_PIPELINE_H

@@ -1,0 +1,185 @@
+//===- Conversion.cpp - forge IR <-> runtime bundle representations -------===//
+#include "forge/Bundle/Conversion.h"
+
+#include "forge/Dialect/ForgeDialect.h"
+#include "forge/runtime/Kernels.h"
+
+#include "mlir/IR/Diagnostics.h"
+
+using namespace mlir;
+using namespace mlir::forge;
+namespace pb = ::forge::bundle;
+
+pb::DType mlir::forge::dtypeFromType(Type type) {
+  if (type.isF32()) return pb::F32;
+  if (type.isF16()) return pb::F16;
+  if (type.isBF16()) return pb::BF16;
+  if (type.isF64()) return pb::F64;
+  if (type.isFloat8E4M3FN()) return pb::F8E4M3;
+  if (type.isFloat8E5M2()) return pb::F8E5M2;
+  auto integer = dyn_cast<IntegerType>(type);
+  if (!integer)
+    return pb::DTYPE_UNSPECIFIED;
+  bool isUnsigned = integer.isUnsigned();
+  switch (integer.getWidth()) {
+  case 1: return pb::BOOL;
+  case 8: return isUnsigned ? pb::U8 : pb::I8;
+  case 16: return isUnsigned ? pb::U16 : pb::I16;
+  case 32: return isUnsigned ? pb::U32 : pb::I32;
+  case 64: return isUnsigned ? pb::U64 : pb::I64;
+  default: return pb::DTYPE_UNSPECIFIED;
+  }
+}
+
+Type mlir::forge::typeFromDType(MLIRContext *ctx, pb::DType dtype) {
+  Builder b(ctx);
+  switch (dtype) {
+  case pb::F32: return b.getF32Type();
+  case pb::F16: return b.getF16Type();
+  case pb::BF16: return b.getBF16Type();
+  case pb::F64: return b.getF64Type();
+  case pb::F8E4M3: return b.getFloat8E4M3FNType();
+  case pb::F8E5M2: return b.getFloat8E5M2Type();
+  case pb::BOOL: return b.getI1Type();
+  case pb::I8: return b.getIntegerType(8);
+  case pb::I16: return b.getIntegerType(16);
+  case pb::I32: return b.getIntegerType(32);
+  case pb::I64: return b.getIntegerType(64);
+  case pb::U8: return b.getIntegerType(8, /*isSigned=*/false);
+  case pb::U16: return b.getIntegerType(16, false);
+  case pb::U32: return b.getIntegerType(32, false);
+  case pb::U64: return b.getIntegerType(64, false);
+  default: return {};
+  }
+}
+
+LogicalResult mlir::forge::encodeInstruction(Operation *op, pb::Instruction &inst) {
+  auto info = op->getName().getRegisteredInfo();
+  if (!info || op->getDialect()->getNamespace() != "forge")
+    return op->emitError("only forge ops can become bundle instructions");
+  inst.set_op(op->getName().stripDialect().str());
+  DictionaryAttr all = op->getAttrDictionary();
+  for (StringAttr name : info->getAttributeNames()) {
+    Attribute attr = all.get(name);
+    if (!attr)
+      continue; // absent optional attribute
+    pb::Attribute encoded;
+    if (auto b = dyn_cast<BoolAttr>(attr))
+      encoded.set_i(b.getValue());
+    else if (auto i = dyn_cast<IntegerAttr>(attr))
+      encoded.set_i(i.getInt());
+    else if (auto f = dyn_cast<FloatAttr>(attr))
+      encoded.set_f(f.getValueAsDouble());
+    else if (auto s = dyn_cast<StringAttr>(attr))
+      encoded.set_s(s.str());
+    else if (auto ints = dyn_cast<DenseI64ArrayAttr>(attr)) {
+      auto *values = encoded.mutable_ints(); // set even when empty (rank-0 shapes)
+      for (int64_t v : ints.asArrayRef())
+        values->add_values(v);
+    }
+    else if (auto t = dyn_cast<TypeAttr>(attr)) {
+      pb::DType dtype = dtypeFromType(t.getValue());
+      if (dtype == pb::DTYPE_UNSPECIFIED)
+        return op->emitError() << "attribute '" << name.getValue() << "' has unsupported type "
+                               << t.getValue();
+      encoded.set_dtype(dtype);
+    } else if (isa<ElementsAttr>(attr))
+      continue; // constant payloads travel as tensor data, not attributes
+    else
+      return op->emitError() << "attribute '" << name.getValue()
+                             << "' has no bundle encoding: " << attr;
+    (*inst.mutable_attrs())[name.str()] = std::move(encoded);
+  }
+  return success();
+}
+
+std::vector<uint8_t> mlir::forge::elementsToBytes(ElementsAttr value) {
+  auto type = cast<ShapedType>(value.getType());
+  int64_t n = type.getNumElements();
+  Type element = type.getElementType();
+  if (element.isInteger(1)) {
+    std::vector<uint8_t> out;
+    out.reserve(n);
+    for (bool b : value.getValues<bool>())
+      out.push_back(b ? 1 : 0);
+    return out;
+  }
+  auto dense = dyn_cast<DenseElementsAttr>(value);
+  size_t width = (element.getIntOrFloatBitWidth() + 7) / 8;
+  std::vector<uint8_t> out(n * width);
+  if (dense) {
+    ArrayRef<char> raw = dense.getRawData();
+    if (dense.isSplat()) {
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(out.data() + i * width, raw.data(), width);
+    } else {
+      std::memcpy(out.data(), raw.data(), out.size());
+    }
+    return out;
+  }
+  // Resource or other elements attrs: go through APInt/APFloat values.
+  int64_t i = 0;
+  if (isa<FloatType>(element)) {
+    for (APFloat v : value.getValues<APFloat>()) {
+      APInt bits = v.bitcastToAPInt();
+      std::memcpy(out.data() + (i++) * width, bits.getRawData(), width);
+    }
+  } else {
+    for (APInt v : value.getValues<APInt>())
+      std::memcpy(out.data() + (i++) * width, v.getRawData(), width);
+  }
+  return out;
+}
+
+DenseElementsAttr mlir::forge::elementsFromBytes(RankedTensorType type, ArrayRef<uint8_t> bytes) {
+  if (type.getElementType().isInteger(1)) {
+    SmallVector<bool> values(bytes.begin(), bytes.end());
+    return DenseElementsAttr::get(type, values);
+  }
+  return DenseElementsAttr::getFromRawBuffer(
+      type, ArrayRef<char>(reinterpret_cast<const char *>(bytes.data()), bytes.size()));
+}
+
+FailureOr<SmallVector<DenseElementsAttr>>
+mlir::forge::evaluateOnConstants(Operation *op, ArrayRef<Attribute> operands, bool emitErrors) {
+  auto fail = [&](const Twine &msg) -> FailureOr<SmallVector<DenseElementsAttr>> {
+    if (emitErrors)
+      op->emitError() << msg;
+    return failure();
+  };
+  pb::Instruction inst;
+  if (failed(encodeInstruction(op, inst)))
+    return failure();
+  if (!::forge::rt::findCpuKernel(inst.op()))
+    return fail("no CPU kernel to evaluate '" + inst.op() + "'");
+
+  auto toShape = [](ShapedType t) { return std::vector<int64_t>(t.getShape().begin(), t.getShape().end()); };
+  std::vector<std::vector<uint8_t>> inputBytes(operands.size());
+  std::vector<::forge::rt::TensorView> inputs(operands.size());
+  for (auto [i, attr] : llvm::enumerate(operands)) {
+    if (!attr)
+      continue; // absent optional operand
+    auto elements = dyn_cast<ElementsAttr>(attr);
+    if (!elements)
+      return fail("operand is not a constant tensor");
+    auto type = cast<ShapedType>(elements.getType());
+    inputBytes[i] = elementsToBytes(elements);
+    inputs[i] = {inputBytes[i].data(), dtypeFromType(type.getElementType()), toShape(type)};
+  }
+  std::vector<std::vector<uint8_t>> outputBytes(op->getNumResults());
+  std::vector<::forge::rt::TensorView> outputs(op->getNumResults());
+  for (auto [i, result] : llvm::enumerate(op->getResults())) {
+    auto type = cast<RankedTensorType>(result.getType());
+    pb::DType dtype = dtypeFromType(type.getElementType());
+    outputBytes[i].assign(type.getNumElements() * ::forge::rt::dtypeSize(dtype), 0);
+    outputs[i] = {outputBytes[i].data(), dtype, toShape(type)};
+  }
+  static ::forge::rt::ThreadPool pool(1);
+  ::forge::rt::Status status = ::forge::rt::runCpuKernel(inst, inputs, outputs, pool);
+  if (!status.isOk())
+    return fail("constant evaluation failed: " + status.message());
+  SmallVector<DenseElementsAttr> results;
+  for (auto [i, result] : llvm::enumerate(op->getResults()))
+    results.push_back(elementsFromBytes(cast<RankedTensorType>(result.getType()), outputBytes[i]));
+  return results;
+}

@@ -1,0 +1,71 @@
+//===- ForgeDialect.cpp - dialect registration and shared op helpers -------===//
+#include "forge/Dialect/ForgeDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+
+using namespace mlir;
+using namespace mlir::forge;
+
+#include "forge/Dialect/ForgeDialect.cpp.inc"
+#include "forge/Dialect/ForgeInterfaces.cpp.inc"
+
+void ForgeDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "forge/Dialect/ForgeOps.cpp.inc"
+      >();
+}
+
+Operation *ForgeDialect::materializeConstant(OpBuilder &builder, Attribute value,
+                                             Type type, Location loc) {
+  auto elements = dyn_cast<ElementsAttr>(value);
+  if (!elements || elements.getType() != type)
+    return nullptr;
+  return builder.create<ConstantOp>(loc, elements);
+}
+
+StringRef mlir::forge::stringifyFusionClass(FusionClass c) {
+  switch (c) {
+  case FusionClass::Elementwise: return "elementwise";
+  case FusionClass::Reduction: return "reduction";
+  case FusionClass::Library: return "library";
+  case FusionClass::Opaque: return "opaque";
+  case FusionClass::Shape: return "shape";
+  }
+  llvm_unreachable("unknown fusion class");
+}
+
+StringRef mlir::forge::stringifyPrecisionClass(PrecisionClass c) {
+  switch (c) {
+  case PrecisionClass::TensorCore: return "tensor-core";
+  case PrecisionClass::KeepFP32: return "keep-fp32";
+  case PrecisionClass::FollowsInput: return "follows-input";
+  }
+  llvm_unreachable("unknown precision class");
+}
+
+static int64_t tensorBytes(Type type) {
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  if (!tensor || !tensor.hasStaticShape())
+    return 0;
+  int64_t bits = tensor.getElementType().getIntOrFloatBitWidth();
+  return tensor.getNumElements() * std::max<int64_t>(bits, 8) / 8;
+}
+
+OpCost mlir::forge::estimateDefaultCost(Operation *op, int64_t flopsPerElement) {
+  OpCost cost;
+  for (Type t : op->getOperandTypes())
+    cost.bytes += tensorBytes(t);
+  for (Type t : op->getResultTypes()) {
+    cost.bytes += tensorBytes(t);
+    if (auto tensor = dyn_cast<RankedTensorType>(t); tensor && tensor.hasStaticShape())
+      cost.flops += flopsPerElement * tensor.getNumElements();
+  }
+  return cost;
+}
+
+LogicalResult mlir::forge::gradientRuleMissing(Operation *op) {
+  return op->emitError() << "'" << op->getName()
+                         << "' is differentiable but has no gradient rule yet";
+}

@@ -1,0 +1,643 @@
+//===- ForgeOps.cpp - type inference, verifiers, folders and costs ---------===//
+//
+// Invariant: after import every shape is static, so type inference here never
+// sees a dynamic dimension; it reports one as an error rather than guessing.
+//
+//===----------------------------------------------------------------------===//
+#include "forge/Dialect/ForgeDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/Matchers.h"
+#include "mlir/IR/TypeUtilities.h"
+
+using namespace mlir;
+using namespace mlir::forge;
+
+static LogicalResult failInference(std::optional<Location> loc, const Twine &msg) {
+  if (loc)
+    return emitError(*loc) << msg;
+  return failure();
+}
+
+static RankedTensorType rankedOrNull(Type t) {
+  auto ranked = dyn_cast<RankedTensorType>(t);
+  return ranked && ranked.hasStaticShape() ? ranked : RankedTensorType();
+}
+
+FailureOr<SmallVector<int64_t>> mlir::forge::broadcastShapes(ArrayRef<int64_t> a,
+                                                             ArrayRef<int64_t> b) {
+  size_t rank = std::max(a.size(), b.size());
+  SmallVector<int64_t> out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    if (da != db && da != 1 && db != 1)
+      return failure();
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+LogicalResult mlir::forge::inferBroadcastType(std::optional<Location> loc, ValueRange operands,
+                                              Type resultElement,
+                                              SmallVectorImpl<Type> &inferred) {
+  SmallVector<int64_t> shape;
+  Type element;
+  for (Value v : operands) {
+    auto t = rankedOrNull(v.getType());
+    if (!t)
+      return failInference(loc, "operands must be statically shaped tensors");
+    auto b = broadcastShapes(shape, t.getShape());
+    if (failed(b))
+      return failInference(loc, "operand shapes are not broadcast-compatible");
+    shape = *b;
+  }
+  // `where` passes its i1 condition first; all value operands share one type.
+  for (Value v : operands.drop_front(operands.size() == 3 ? 1 : 0)) {
+    Type e = cast<RankedTensorType>(v.getType()).getElementType();
+    if (element && e != element)
+      return failInference(loc, "operand element types differ");
+    element = e;
+  }
+  inferred.push_back(RankedTensorType::get(shape, resultElement ? resultElement : element));
+  return success();
+}
+
+LogicalResult mlir::forge::inferReduceType(std::optional<Location> loc, Type input,
+                                           ArrayRef<int64_t> axes, bool keepdims,
+                                           Type resultElement, SmallVectorImpl<Type> &inferred) {
+  auto t = rankedOrNull(input);
+  if (!t)
+    return failInference(loc, "input must be a statically shaped tensor");
+  SmallVector<int64_t> shape;
+  for (int64_t d = 0; d < t.getRank(); ++d) {
+    bool reduced = llvm::is_contained(axes, d);
+    if (!reduced)
+      shape.push_back(t.getDimSize(d));
+    else if (keepdims)
+      shape.push_back(1);
+  }
+  for (int64_t a : axes)
+    if (a < 0 || a >= t.getRank())
+      return failInference(loc, "reduction axis out of range");
+  inferred.push_back(RankedTensorType::get(shape, resultElement ? resultElement : t.getElementType()));
+  return success();
+}
+
+#define FORGE_INFER(OP)                                                                  \
+  LogicalResult OP::inferReturnTypes(MLIRContext *context, std::optional<Location> loc, \
+                                     Adaptor adaptor, SmallVectorImpl<Type> &inferred)
+
+static Type withShape(Type t, ArrayRef<int64_t> shape) {
+  return RankedTensorType::get(shape, cast<RankedTensorType>(t).getElementType());
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+FORGE_INFER(IsNaNOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  if (!t)
+    return failInference(loc, "input must be a statically shaped tensor");
+  inferred.push_back(RankedTensorType::get(t.getShape(), IntegerType::get(context, 1)));
+  return success();
+}
+
+FORGE_INFER(CastOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  if (!t)
+    return failInference(loc, "input must be a statically shaped tensor");
+  inferred.push_back(RankedTensorType::get(t.getShape(), adaptor.getTo()));
+  return success();
+}
+
+OpFoldResult CastOp::fold(FoldAdaptor) {
+  if (getInput().getType() == getType())
+    return getInput();
+  return {};
+}
+
+FORGE_INFER(WhereOp) {
+  SmallVector<Type> shapeOnly;
+  if (failed(inferBroadcastType(loc, adaptor.getOperands(), nullptr, shapeOnly)))
+    return failure();
+  auto x = cast<RankedTensorType>(adaptor.getX().getType());
+  inferred.push_back(withShape(x, cast<RankedTensorType>(shapeOnly[0]).getShape()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Library ops
+//===----------------------------------------------------------------------===//
+
+FORGE_INFER(MatMulOp) {
+  auto a = rankedOrNull(adaptor.getLhs().getType());
+  auto b = rankedOrNull(adaptor.getRhs().getType());
+  if (!a || !b || a.getRank() == 0 || b.getRank() == 0)
+    return failInference(loc, "matmul operands must be static tensors of rank >= 1");
+  SmallVector<int64_t> as(a.getShape()), bs(b.getShape());
+  bool aVec = as.size() == 1, bVec = bs.size() == 1;
+  if (aVec)
+    as.insert(as.begin(), 1);
+  if (bVec)
+    bs.push_back(1);
+  int64_t m = as[as.size() - 2], k = as.back(), k2 = bs[bs.size() - 2], n = bs.back();
+  if (k != k2)
+    return failInference(loc, "matmul contraction dims differ (" + Twine(k) + " vs " +
+                                  Twine(k2) + ")");
+  auto batch = broadcastShapes(ArrayRef<int64_t>(as).drop_back(2), ArrayRef<int64_t>(bs).drop_back(2));
+  if (failed(batch))
+    return failInference(loc, "matmul batch dims are not broadcast-compatible");
+  SmallVector<int64_t> shape = *batch;
+  if (!aVec)
+    shape.push_back(m);
+  if (!bVec)
+    shape.push_back(n);
+  inferred.push_back(withShape(a, shape));
+  return success();
+}
+
+OpCost MatMulOp::computeCost() {
+  OpCost cost = estimateDefaultCost(getOperation(), 0);
+  auto a = cast<RankedTensorType>(getLhs().getType());
+  int64_t k = a.getShape().back();
+  cost.flops = 2 * k * cast<RankedTensorType>(getType()).getNumElements();
+  return cost;
+}
+
+FORGE_INFER(GemmOp) {
+  auto a = rankedOrNull(adaptor.getA().getType());
+  auto b = rankedOrNull(adaptor.getB().getType());
+  if (!a || !b || a.getRank() != 2 || b.getRank() != 2)
+    return failInference(loc, "gemm operands must be static rank-2 tensors");
+  int64_t m = adaptor.getTransA() ? a.getDimSize(1) : a.getDimSize(0);
+  int64_t ka = adaptor.getTransA() ? a.getDimSize(0) : a.getDimSize(1);
+  int64_t kb = adaptor.getTransB() ? b.getDimSize(1) : b.getDimSize(0);
+  int64_t n = adaptor.getTransB() ? b.getDimSize(0) : b.getDimSize(1);
+  if (ka != kb)
+    return failInference(loc, "gemm contraction dims differ");
+  if (Value c = adaptor.getC()) {
+    auto ct = rankedOrNull(c.getType());
+    if (!ct || failed(broadcastShapes({m, n}, ct.getShape())) || ct.getRank() > 2)
+      return failInference(loc, "gemm C does not broadcast to [M, N]");
+  }
+  inferred.push_back(withShape(a, {m, n}));
+  return success();
+}
+
+OpCost GemmOp::computeCost() {
+  OpCost cost = estimateDefaultCost(getOperation(), 0);
+  auto a = cast<RankedTensorType>(getA().getType());
+  int64_t k = getTransA() ? a.getDimSize(0) : a.getDimSize(1);
+  cost.flops = 2 * k * cast<RankedTensorType>(getType()).getNumElements();
+  return cost;
+}
+
+/// Output extent of a sliding window.
+static int64_t windowOutput(int64_t in, int64_t kernel, int64_t stride, int64_t padBegin,
+                            int64_t padEnd, int64_t dilation, bool ceilMode) {
+  int64_t effective = dilation * (kernel - 1) + 1;
+  int64_t span = in + padBegin + padEnd - effective;
+  if (span < 0)
+    return 0;
+  int64_t out = (ceilMode ? (span + stride - 1) / stride : span / stride) + 1;
+  // A ceil-mode window must start inside the input or its begin padding.
+  if (ceilMode && (out - 1) * stride >= in + padBegin)
+    --out;
+  return out;
+}
+
+static LogicalResult checkSpatialAttrs(std::optional<Location> loc, int64_t spatial,
+                                       ArrayRef<int64_t> strides, ArrayRef<int64_t> pads,
+                                       ArrayRef<int64_t> dilations) {
+  if ((int64_t)strides.size() != spatial || (int64_t)dilations.size() != spatial ||
+      (int64_t)pads.size() != 2 * spatial)
+    return failInference(loc, "strides/dilations need " + Twine(spatial) +
+                                  " entries and pads " + Twine(2 * spatial));
+  for (int64_t s : strides)
+    if (s <= 0)
+      return failInference(loc, "strides must be positive");
+  for (int64_t d : dilations)
+    if (d <= 0)
+      return failInference(loc, "dilations must be positive");
+  return success();
+}
+
+FORGE_INFER(ConvOp) {
+  auto x = rankedOrNull(adaptor.getInput().getType());
+  auto w = rankedOrNull(adaptor.getWeight().getType());
+  if (!x || !w || x.getRank() < 3 || w.getRank() != x.getRank())
+    return failInference(loc, "conv input and weight must be static N-d tensors of equal rank >= 3");
+  int64_t spatial = x.getRank() - 2;
+  if (failed(checkSpatialAttrs(loc, spatial, adaptor.getStrides(), adaptor.getPads(),
+                               adaptor.getDilations())))
+    return failure();
+  SmallVector<int64_t> shape = {x.getDimSize(0), w.getDimSize(0)};
+  for (int64_t i = 0; i < spatial; ++i)
+    shape.push_back(windowOutput(x.getDimSize(i + 2), w.getDimSize(i + 2),
+                                 adaptor.getStrides()[i], adaptor.getPads()[i],
+                                 adaptor.getPads()[i + spatial], adaptor.getDilations()[i],
+                                 false));
+  inferred.push_back(withShape(x, shape));
+  return success();
+}
+
+LogicalResult ConvOp::verify() {
+  auto x = cast<RankedTensorType>(getInput().getType());
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  int64_t group = getGroup();
+  if (group <= 0 || x.getDimSize(1) != w.getDimSize(1) * group)
+    return emitOpError() << "input channels " << x.getDimSize(1) << " != weight channels "
+                         << w.getDimSize(1) << " x group " << group;
+  if (w.getDimSize(0) % group != 0)
+    return emitOpError("output channels must be divisible by group");
+  if (getBias() && cast<RankedTensorType>(getBias().getType()).getNumElements() != w.getDimSize(0))
+    return emitOpError("bias must have one entry per output channel");
+  return success();
+}
+
+OpCost ConvOp::computeCost() {
+  OpCost cost = estimateDefaultCost(getOperation(), 0);
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  int64_t perOutput = w.getNumElements() / w.getDimSize(0);
+  cost.flops = 2 * perOutput * cast<RankedTensorType>(getType()).getNumElements();
+  return cost;
+}
+
+FORGE_INFER(ConvTransposeOp) {
+  auto x = rankedOrNull(adaptor.getInput().getType());
+  auto w = rankedOrNull(adaptor.getWeight().getType());
+  if (!x || !w || x.getRank() < 3 || w.getRank() != x.getRank())
+    return failInference(loc, "conv_transpose input and weight must be static N-d tensors");
+  int64_t spatial = x.getRank() - 2;
+  if (failed(checkSpatialAttrs(loc, spatial, adaptor.getStrides(), adaptor.getPads(),
+                               adaptor.getDilations())) ||
+      (int64_t)adaptor.getOutputPadding().size() != spatial)
+    return failure();
+  SmallVector<int64_t> shape = {x.getDimSize(0), w.getDimSize(1) * adaptor.getGroup()};
+  for (int64_t i = 0; i < spatial; ++i)
+    shape.push_back(adaptor.getStrides()[i] * (x.getDimSize(i + 2) - 1) +
+                    adaptor.getOutputPadding()[i] +
+                    (w.getDimSize(i + 2) - 1) * adaptor.getDilations()[i] + 1 -
+                    adaptor.getPads()[i] - adaptor.getPads()[i + spatial]);
+  inferred.push_back(withShape(x, shape));
+  return success();
+}
+
+OpCost ConvTransposeOp::computeCost() {
+  OpCost cost = estimateDefaultCost(getOperation(), 0);
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  auto x = cast<RankedTensorType>(getInput().getType());
+  cost.flops = 2 * x.getNumElements() * (w.getNumElements() / w.getDimSize(0));
+  return cost;
+}
+
+template <typename Adaptor>
+static LogicalResult inferPool(std::optional<Location> loc, Adaptor adaptor,
+                               SmallVectorImpl<Type> &inferred) {
+  auto x = rankedOrNull(adaptor.getInput().getType());
+  if (!x || x.getRank() < 3)
+    return failInference(loc, "pool input must be a static N-d tensor");
+  int64_t spatial = x.getRank() - 2;
+  if ((int64_t)adaptor.getKernelShape().size() != spatial ||
+      failed(checkSpatialAttrs(loc, spatial, adaptor.getStrides(), adaptor.getPads(),
+                               adaptor.getDilations())))
+    return failInference(loc, "pool kernel_shape needs one entry per spatial dim");
+  SmallVector<int64_t> shape = {x.getDimSize(0), x.getDimSize(1)};
+  for (int64_t i = 0; i < spatial; ++i)
+    shape.push_back(windowOutput(x.getDimSize(i + 2), adaptor.getKernelShape()[i],
+                                 adaptor.getStrides()[i], adaptor.getPads()[i],
+                                 adaptor.getPads()[i + spatial], adaptor.getDilations()[i],
+                                 adaptor.getCeilMode()));
+  inferred.push_back(withShape(x, shape));
+  return success();
+}
+
+FORGE_INFER(MaxPoolOp) { return inferPool(loc, adaptor, inferred); }
+FORGE_INFER(AvgPoolOp) { return inferPool(loc, adaptor, inferred); }
+
+//===----------------------------------------------------------------------===//
+// Normalizations, softmax, losses
+//===----------------------------------------------------------------------===//
+
+static LogicalResult inferSameAsInput(std::optional<Location> loc, Value input,
+                                      SmallVectorImpl<Type> &inferred) {
+  if (!rankedOrNull(input.getType()))
+    return failInference(loc, "input must be a statically shaped tensor");
+  inferred.push_back(input.getType());
+  return success();
+}
+
+static LogicalResult checkAxis(std::optional<Location> loc, Value input, int64_t axis) {
+  auto t = cast<RankedTensorType>(input.getType());
+  if (axis < 0 || axis >= std::max<int64_t>(t.getRank(), 1))
+    return failInference(loc, "axis " + Twine(axis) + " out of range for rank " +
+                                  Twine(t.getRank()));
+  return success();
+}
+
+FORGE_INFER(BatchNormOp) { return inferSameAsInput(loc, adaptor.getInput(), inferred); }
+FORGE_INFER(BatchNormTrainingOp) {
+  if (failed(inferSameAsInput(loc, adaptor.getInput(), inferred)))
+    return failure();
+  inferred.push_back(adaptor.getRunningMean().getType());
+  inferred.push_back(adaptor.getRunningVar().getType());
+  return success();
+}
+FORGE_INFER(LayerNormOp) {
+  if (failed(inferSameAsInput(loc, adaptor.getInput(), inferred)))
+    return failure();
+  return checkAxis(loc, adaptor.getInput(), adaptor.getAxis());
+}
+FORGE_INFER(GroupNormOp) {
+  if (failed(inferSameAsInput(loc, adaptor.getInput(), inferred)))
+    return failure();
+  auto t = cast<RankedTensorType>(adaptor.getInput().getType());
+  if (t.getRank() < 2 || adaptor.getNumGroups() <= 0 ||
+      t.getDimSize(1) % adaptor.getNumGroups() != 0)
+    return failInference(loc, "channels must be divisible by num_groups");
+  return success();
+}
+FORGE_INFER(SoftmaxOp) {
+  if (failed(inferSameAsInput(loc, adaptor.getInput(), inferred)))
+    return failure();
+  return checkAxis(loc, adaptor.getInput(), adaptor.getAxis());
+}
+FORGE_INFER(LogSoftmaxOp) {
+  if (failed(inferSameAsInput(loc, adaptor.getInput(), inferred)))
+    return failure();
+  return checkAxis(loc, adaptor.getInput(), adaptor.getAxis());
+}
+
+FORGE_INFER(NllLossOp) {
+  auto x = rankedOrNull(adaptor.getInput().getType());
+  auto target = rankedOrNull(adaptor.getTarget().getType());
+  if (!x || !target || x.getRank() < 2 || target.getRank() != x.getRank() - 1)
+    return failInference(loc, "nll_loss needs input [N, C, ...] and target [N, ...]");
+  StringRef reduction = adaptor.getReduction();
+  if (reduction == "none") {
+    inferred.push_back(withShape(x, target.getShape()));
+    return success();
+  }
+  if (reduction != "sum" && reduction != "mean")
+    return failInference(loc, "reduction must be none, sum or mean");
+  inferred.push_back(withShape(x, {}));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions and scans
+//===----------------------------------------------------------------------===//
+
+FORGE_INFER(ArgMaxOp) {
+  if (failed(checkAxis(loc, adaptor.getInput(), adaptor.getAxis())))
+    return failure();
+  int64_t axis = adaptor.getAxis();
+  return inferReduceType(loc, adaptor.getInput().getType(), ArrayRef<int64_t>(axis),
+                         adaptor.getKeepdims(), IntegerType::get(context, 64), inferred);
+}
+
+FORGE_INFER(CumSumOp) {
+  if (failed(inferSameAsInput(loc, adaptor.getInput(), inferred)))
+    return failure();
+  return checkAxis(loc, adaptor.getInput(), adaptor.getAxis());
+}
+
+//===----------------------------------------------------------------------===//
+// Data movement
+//===----------------------------------------------------------------------===//
+
+FORGE_INFER(ConstantOp) {
+  inferred.push_back(cast<ElementsAttr>(adaptor.getValue()).getType());
+  return success();
+}
+
+OpFoldResult ConstantOp::fold(FoldAdaptor) { return getValue(); }
+
+static int64_t product(ArrayRef<int64_t> dims) {
+  int64_t n = 1;
+  for (int64_t d : dims)
+    n *= d;
+  return n;
+}
+
+FORGE_INFER(ReshapeOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  if (!t)
+    return failInference(loc, "input must be a statically shaped tensor");
+  for (int64_t d : adaptor.getShape())
+    if (d < 0)
+      return failInference(loc, "reshape target dims must be resolved and non-negative");
+  if (product(adaptor.getShape()) != t.getNumElements())
+    return failInference(loc, "reshape changes the element count");
+  inferred.push_back(withShape(t, adaptor.getShape()));
+  return success();
+}
+
+OpFoldResult ReshapeOp::fold(FoldAdaptor adaptor) {
+  if (getInput().getType() == getType())
+    return getInput();
+  if (auto dense = dyn_cast_or_null<DenseElementsAttr>(adaptor.getInput()))
+    return dense.reshape(cast<ShapedType>(getType()));
+  return {};
+}
+
+FORGE_INFER(TransposeOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  if (!t || (int64_t)adaptor.getPerm().size() != t.getRank())
+    return failInference(loc, "perm must have one entry per input dim");
+  SmallVector<int64_t> shape;
+  for (int64_t p : adaptor.getPerm()) {
+    if (p < 0 || p >= t.getRank())
+      return failInference(loc, "perm entry out of range");
+    shape.push_back(t.getDimSize(p));
+  }
+  inferred.push_back(withShape(t, shape));
+  return success();
+}
+
+LogicalResult TransposeOp::verify() {
+  SmallVector<bool> seen(getPerm().size(), false);
+  for (int64_t p : getPerm()) {
+    if (seen[p])
+      return emitOpError("perm is not a permutation");
+    seen[p] = true;
+  }
+  return success();
+}
+
+OpFoldResult TransposeOp::fold(FoldAdaptor) {
+  for (auto [i, p] : llvm::enumerate(getPerm()))
+    if ((int64_t)i != p)
+      return {};
+  return getInput();
+}
+
+FORGE_INFER(BroadcastOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  if (!t)
+    return failInference(loc, "input must be a statically shaped tensor");
+  auto shape = broadcastShapes(t.getShape(), adaptor.getShape());
+  if (failed(shape) || ArrayRef<int64_t>(*shape) != adaptor.getShape())
+    return failInference(loc, "input does not broadcast to the target shape");
+  inferred.push_back(withShape(t, *shape));
+  return success();
+}
+
+OpFoldResult BroadcastOp::fold(FoldAdaptor adaptor) {
+  if (getInput().getType() == getType())
+    return getInput();
+  if (auto dense = dyn_cast_or_null<DenseElementsAttr>(adaptor.getInput()); dense && dense.isSplat())
+    return SplatElementsAttr::get(cast<ShapedType>(getType()), dense.getSplatValue<Attribute>());
+  return {};
+}
+
+FORGE_INFER(ConcatOp) {
+  if (adaptor.getInputs().empty())
+    return failInference(loc, "concat needs at least one input");
+  auto first = rankedOrNull(adaptor.getInputs()[0].getType());
+  if (!first)
+    return failInference(loc, "inputs must be statically shaped tensors");
+  int64_t axis = adaptor.getAxis();
+  if (axis < 0 || axis >= first.getRank())
+    return failInference(loc, "concat axis out of range");
+  SmallVector<int64_t> shape(first.getShape());
+  shape[axis] = 0;
+  for (Value v : adaptor.getInputs()) {
+    auto t = rankedOrNull(v.getType());
+    if (!t || t.getRank() != first.getRank())
+      return failInference(loc, "concat inputs must have equal rank");
+    for (int64_t d = 0; d < t.getRank(); ++d)
+      if (d != axis && t.getDimSize(d) != first.getDimSize(d))
+        return failInference(loc, "concat inputs differ outside the concat axis");
+    shape[axis] += t.getDimSize(axis);
+  }
+  inferred.push_back(withShape(first, shape));
+  return success();
+}
+
+FORGE_INFER(SplitOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  int64_t axis = adaptor.getAxis();
+  if (!t || axis < 0 || axis >= t.getRank())
+    return failInference(loc, "split axis out of range");
+  int64_t total = 0;
+  for (int64_t s : adaptor.getSizes()) {
+    if (s < 0)
+      return failInference(loc, "split sizes must be non-negative");
+    SmallVector<int64_t> shape(t.getShape());
+    shape[axis] = s;
+    inferred.push_back(withShape(t, shape));
+    total += s;
+  }
+  if (total != t.getDimSize(axis))
+    return failInference(loc, "split sizes do not add up to the axis extent");
+  return success();
+}
+
+static int64_t sliceExtent(int64_t start, int64_t end, int64_t step) {
+  if (step > 0)
+    return std::max<int64_t>(0, (end - start + step - 1) / step);
+  return std::max<int64_t>(0, (start - end + (-step) - 1) / (-step));
+}
+
+FORGE_INFER(SliceOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  int64_t rank = t ? t.getRank() : 0;
+  if (!t || (int64_t)adaptor.getStarts().size() != rank ||
+      (int64_t)adaptor.getEnds().size() != rank || (int64_t)adaptor.getSteps().size() != rank)
+    return failInference(loc, "slice needs starts/ends/steps with one entry per dim");
+  SmallVector<int64_t> shape;
+  for (int64_t d = 0; d < rank; ++d)
+    shape.push_back(sliceExtent(adaptor.getStarts()[d], adaptor.getEnds()[d], adaptor.getSteps()[d]));
+  inferred.push_back(withShape(t, shape));
+  return success();
+}
+
+LogicalResult SliceOp::verify() {
+  auto t = cast<RankedTensorType>(getInput().getType());
+  for (int64_t d = 0; d < t.getRank(); ++d) {
+    int64_t start = getStarts()[d], end = getEnds()[d], step = getSteps()[d], dim = t.getDimSize(d);
+    bool ok = step > 0 ? (0 <= start && start <= end && end <= dim)
+                       : (step < 0 && -1 <= end && end <= start && start <= dim - 1);
+    if (!ok && !(step < 0 && dim == 0))
+      return emitOpError() << "dim " << d << ": start " << start << ", end " << end
+                           << ", step " << step << " not normalized for extent " << dim;
+  }
+  return success();
+}
+
+FORGE_INFER(PadOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  if (!t || (int64_t)adaptor.getPads().size() != 2 * t.getRank())
+    return failInference(loc, "pads need 2 entries per input dim");
+  StringRef mode = adaptor.getMode();
+  if (mode != "constant" && mode != "reflect" && mode != "edge")
+    return failInference(loc, "pad mode must be constant, reflect or edge");
+  SmallVector<int64_t> shape;
+  for (int64_t d = 0; d < t.getRank(); ++d) {
+    int64_t extent = t.getDimSize(d) + adaptor.getPads()[d] + adaptor.getPads()[d + t.getRank()];
+    if (extent < 0)
+      return failInference(loc, "negative pads remove more than the dim holds");
+    shape.push_back(extent);
+  }
+  inferred.push_back(withShape(t, shape));
+  return success();
+}
+
+FORGE_INFER(TileOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  if (!t || (int64_t)adaptor.getRepeats().size() != t.getRank())
+    return failInference(loc, "repeats need one entry per input dim");
+  SmallVector<int64_t> shape;
+  for (int64_t d = 0; d < t.getRank(); ++d)
+    shape.push_back(t.getDimSize(d) * adaptor.getRepeats()[d]);
+  inferred.push_back(withShape(t, shape));
+  return success();
+}
+
+FORGE_INFER(GatherOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  auto idx = rankedOrNull(adaptor.getIndices().getType());
+  int64_t axis = adaptor.getAxis();
+  if (!t || !idx || axis < 0 || axis >= t.getRank())
+    return failInference(loc, "gather axis out of range");
+  SmallVector<int64_t> shape(t.getShape().take_front(axis));
+  llvm::append_range(shape, idx.getShape());
+  llvm::append_range(shape, t.getShape().drop_front(axis + 1));
+  inferred.push_back(withShape(t, shape));
+  return success();
+}
+
+FORGE_INFER(GatherElementsOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  auto idx = rankedOrNull(adaptor.getIndices().getType());
+  int64_t axis = adaptor.getAxis();
+  if (!t || !idx || idx.getRank() != t.getRank() || axis < 0 || axis >= t.getRank())
+    return failInference(loc, "gather_elements needs indices of the input's rank");
+  inferred.push_back(withShape(t, idx.getShape()));
+  return success();
+}
+
+FORGE_INFER(TriluOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  if (!t || t.getRank() < 2)
+    return failInference(loc, "trilu input must have rank >= 2");
+  inferred.push_back(t);
+  return success();
+}
+
+FORGE_INFER(OneHotOp) {
+  auto idx = rankedOrNull(adaptor.getIndices().getType());
+  int64_t axis = adaptor.getAxis();
+  if (!idx || axis < 0 || axis > idx.getRank() || adaptor.getDepth() <= 0)
+    return failInference(loc, "one_hot axis out of range or depth not positive");
+  SmallVector<int64_t> shape(idx.getShape());
+  shape.insert(shape.begin() + axis, adaptor.getDepth());
+  inferred.push_back(RankedTensorType::get(shape, adaptor.getDtype()));
+  return success();
+}
+
+#define GET_OP_CLASSES
+#include "forge/Dialect/ForgeOps.cpp.inc"

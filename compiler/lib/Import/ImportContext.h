@@ -1,0 +1,114 @@
+//===- ImportContext.h - state shared by the ONNX graph walker and op rules ===//
+//
+// Private to compiler/lib/Import. One NodeImporter per ONNX node gives the op
+// rules (OnnxOps.cpp) typed access to inputs, attributes with their ONNX
+// defaults, known-constant inputs, and a checked op builder that folds ops
+// whose operands are all constants.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FORGE_IMPORT_IMPORTCONTEXT_H
+#define FORGE_IMPORT_IMPORTCONTEXT_H
+
+#include "forge/Dialect/ForgeDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/StringMap.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <functional>
+#include <optional>
+
+namespace mlir::forge::onnx_import {
+
+/// Graph-wide value table.
+struct GraphState {
+  llvm::StringMap<Value> values;
+};
+
+class NodeImporter {
+public:
+  NodeImporter(OpBuilder &builder, GraphState &graph, const onnx::NodeProto &node,
+               int64_t opset, Location loc)
+      : b(builder), graph(graph), node(node), opset(opset), loc(loc) {}
+
+  OpBuilder &b;
+  GraphState &graph;
+  const onnx::NodeProto &node;
+  int64_t opset;
+  Location loc;
+
+  // Inputs.
+  int64_t numInputs() const { return node.input_size(); }
+  /// Input `i`, or null when absent (index past the end or empty name).
+  Value input(int64_t i) const;
+  RankedTensorType inputType(int64_t i) const;
+  /// The constant value of input `i` if it is known at import time.
+  DenseElementsAttr constantInput(int64_t i) const;
+  /// Constant input `i` as integers; error naming the input when not constant.
+  FailureOr<SmallVector<int64_t>> constantInts(int64_t i, StringRef what);
+  FailureOr<double> constantScalar(int64_t i, StringRef what);
+
+  // Outputs.
+  int64_t numOutputs() const { return node.output_size(); }
+  bool outputUsed(int64_t i) const { return i < node.output_size() && !node.output(i).empty(); }
+  LogicalResult setOutput(int64_t i, Value v);
+
+  // Attributes with ONNX defaults.
+  const onnx::AttributeProto *attr(StringRef name) const;
+  int64_t intAttr(StringRef name, int64_t def) const;
+  double floatAttr(StringRef name, double def) const;
+  std::string stringAttr(StringRef name, StringRef def) const;
+  std::optional<SmallVector<int64_t>> intsAttr(StringRef name) const;
+
+  /// Error on this node (names op type, node name and opset).
+  InFlightDiagnostic error();
+
+  /// Builds forge op `name` with `operands` (null = absent optional) and
+  /// inherent attributes; validates type inference and the verifier (errors
+  /// point at this node), and folds to a constant when every operand is one.
+  FailureOr<SmallVector<Value>> create(StringRef opName, ArrayRef<Value> operands,
+                                       ArrayRef<NamedAttribute> attrs = {});
+  FailureOr<Value> create1(StringRef opName, ArrayRef<Value> operands,
+                           ArrayRef<NamedAttribute> attrs = {}) {
+    auto results = create(opName, operands, attrs);
+    if (failed(results))
+      return failure();
+    return (*results)[0];
+  }
+  Value constant(DenseElementsAttr value);
+  /// Scalar (rank-0) constant of `element` type.
+  Value scalar(Type element, double value);
+
+  NamedAttribute named(StringRef name, Attribute value) { return b.getNamedAttr(name, value); }
+  NamedAttribute i64(StringRef name, int64_t v) { return named(name, b.getI64IntegerAttr(v)); }
+  NamedAttribute f64(StringRef name, double v) { return named(name, b.getF64FloatAttr(v)); }
+  NamedAttribute flag(StringRef name, bool v) { return named(name, b.getBoolAttr(v)); }
+  NamedAttribute str(StringRef name, StringRef v) { return named(name, b.getStringAttr(v)); }
+  NamedAttribute ints(StringRef name, ArrayRef<int64_t> v) {
+    return named(name, b.getDenseI64ArrayAttr(v));
+  }
+
+  // Frequently used shape helpers.
+  FailureOr<Value> reshape(Value v, ArrayRef<int64_t> shape);
+  FailureOr<Value> transpose(Value v, ArrayRef<int64_t> perm);
+  FailureOr<Value> cast(Value v, Type element);
+};
+
+using OpRule = std::function<LogicalResult(NodeImporter &)>;
+
+/// Rules for the default ONNX domain, keyed by op type.
+const llvm::StringMap<OpRule> &onnxOpRules();
+
+/// Converts an ONNX tensor element type; null if unsupported.
+Type elementTypeFromOnnx(MLIRContext *ctx, int32_t onnxType);
+const char *onnxTypeName(int32_t onnxType);
+
+/// Decodes a TensorProto (raw, typed fields or external data) into a constant.
+FailureOr<DenseElementsAttr> tensorFromProto(MLIRContext *ctx, const onnx::TensorProto &tensor,
+                                             const std::string &externalDir,
+                                             function_ref<InFlightDiagnostic()> emitError);
+
+} // namespace mlir::forge::onnx_import
+
+#endif // FORGE_IMPORT_IMPORTCONTEXT_H

@@ -1,0 +1,134 @@
+//===- Pipeline.cpp - the Forge pass pipeline and its dumps ----------------===//
+#include "forge/Pipeline/Pipeline.h"
+
+#include "Passes.h"
+#include "forge/Dialect/ForgeDialect.h"
+#include "forge/Export/OnnxExport.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/Pass/PassInstrumentation.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/Passes.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace mlir;
+using namespace mlir::forge;
+
+void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options) {
+  // Stage 1: canonical form. Canonicalize first so folders (identity reshapes,
+  // transposes, casts) shrink the graph before constants are evaluated;
+  // constant folding then exposes more duplicates for CSE; dead-code
+  // elimination last removes what folding and CSE left unused.
+  pm.addPass(createCanonicalizerPass());
+  pm.addNestedPass<func::FuncOp>(createFoldConstants());
+  pm.addPass(createCSEPass());
+  pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
+}
+
+void mlir::forge::registerForgeDialects(DialectRegistry &registry) {
+  registry.insert<ForgeDialect, func::FuncDialect>();
+}
+
+void mlir::forge::registerForgePassesAndPipelines() {
+  registerForgePasses();
+  registerCanonicalizerPass();
+  registerCSEPass();
+  PassPipelineRegistration<>("forge-inference-pipeline",
+                             "The Forge graph pipeline for inference bundles",
+                             [](OpPassManager &pm) { buildInferencePipeline(pm, {}); });
+}
+
+namespace {
+
+struct GraphSummary {
+  int64_t ops = 0, kernels = 0, bytes = 0, flops = 0;
+};
+
+GraphSummary summarize(ModuleOp module) {
+  GraphSummary s;
+  module.walk([&](ForgeOpInterface op) {
+    if (isa<ConstantOp>(op))
+      return;
+    ++s.ops;
+    if (op.getFusionClass() != FusionClass::Shape)
+      ++s.kernels;
+    OpCost c = op.getCost();
+    s.bytes += c.bytes;
+    s.flops += c.flops;
+  });
+  return s;
+}
+
+std::string sanitize(StringRef name) {
+  std::string out;
+  for (char c : name)
+    out.push_back(llvm::isAlnum(c) || c == '-' || c == '_' ? c : '-');
+  return out;
+}
+
+LogicalResult writeDumpFiles(ModuleOp module, StringRef dir, int index, StringRef stage) {
+  if (auto ec = llvm::sys::fs::create_directories(dir))
+    return module.emitError() << "cannot create dump directory '" << dir << "': " << ec.message();
+  std::string base = llvm::formatv("{0}/{1:2}-{2}", dir, index, sanitize(stage)).str();
+  {
+    std::error_code ec;
+    llvm::raw_fd_ostream out(base + ".mlir", ec);
+    if (ec)
+      return module.emitError() << "cannot write '" << base << ".mlir': " << ec.message();
+    // Large constants are elided so dumps stay readable; the round-trip test
+    // covers printing without elision.
+    OpPrintingFlags flags;
+    flags.elideLargeElementsAttrs(64);
+    module.print(out, flags);
+  }
+  if (failed(exportGraphToOnnx(module, base + ".onnx")))
+    return failure();
+  GraphSummary s = summarize(module);
+  std::error_code ec;
+  llvm::raw_fd_ostream summary((dir + "/summary.txt").str(), ec, llvm::sys::fs::OF_Append);
+  if (ec)
+    return module.emitError() << "cannot write summary: " << ec.message();
+  summary << llvm::formatv("{0:2}-{1}: {2} ops, {3} kernels, {4} bytes, {5} FLOPs\n", index,
+                           stage, s.ops, s.kernels, s.bytes, s.flops);
+  return success();
+}
+
+class DumpInstrumentation : public PassInstrumentation {
+public:
+  DumpInstrumentation(std::string dir, int next) : dir(std::move(dir)), next(next) {}
+  void runAfterPass(Pass *pass, Operation *op) override {
+    auto module = dyn_cast<ModuleOp>(op);
+    if (!module)
+      module = op->getParentOfType<ModuleOp>();
+    if (!module)
+      return;
+    // Pass-manager adaptors (nesting into functions) have no argument and are
+    // not stages of their own.
+    StringRef name = pass->getArgument();
+    if (name.empty())
+      return;
+    (void)writeDumpFiles(module, dir, next++, name);
+  }
+
+private:
+  std::string dir;
+  int next;
+};
+
+} // namespace
+
+void mlir::forge::addDumpInstrumentation(PassManager &pm, StringRef dir, int firstIndex) {
+  // Dumps must see the whole module after each pass: no multi-threaded nesting.
+  pm.getContext()->disableMultithreading();
+  pm.addInstrumentation(std::make_unique<DumpInstrumentation>(dir.str(), firstIndex));
+}
+
+LogicalResult mlir::forge::writeStageDump(ModuleOp module, StringRef dir, int index,
+                                          StringRef stage) {
+  return writeDumpFiles(module, dir, index, stage);
+}

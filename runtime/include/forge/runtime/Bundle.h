@@ -1,0 +1,86 @@
+// The `.forge` bundle file (DESIGN.md §6).
+//
+// Layout (all integers little-endian):
+//   [0, 64)          BundleHeader
+//   [program_offset, +program_size)   serialized forge.bundle.Program
+//   [data_offset, +data_size)         sections, each 64-byte aligned relative to
+//                                     data_offset (which is itself 64-aligned)
+// Invariants checked by Bundle::open/fromBytes before anything else touches
+// the data: magic, format version, header size, every offset and size inside
+// the file, the program checksum, each section's CRC32, and every tensor and
+// instruction reference (tensor indices, sections, byte ranges, arena bounds).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "forge/runtime/Status.h"
+#include "forge/runtime/Tensor.h"
+#include "program.pb.h"
+
+namespace forge::rt {
+
+inline constexpr char kBundleMagic[8] = {'F', 'O', 'R', 'G', 'E', 'B', 'N', 0};
+inline constexpr uint32_t kBundleFormatVersion = 1;
+inline constexpr uint64_t kSectionAlignment = 64;
+
+struct BundleHeader {
+  char magic[8];
+  uint32_t formatVersion;
+  uint32_t headerSize;
+  uint64_t programOffset;
+  uint64_t programSize;
+  uint64_t dataOffset;
+  uint64_t dataSize;
+  uint64_t fileSize;
+  uint32_t programCrc32;
+  uint32_t reserved;
+};
+static_assert(sizeof(BundleHeader) == 64);
+
+/// Builds a bundle in memory and writes it atomically.
+class BundleWriter {
+public:
+  bundle::Program &program() { return program_; }
+  /// Appends a raw data section; returns its index in program().sections().
+  uint32_t addSection(std::string name, std::span<const uint8_t> bytes);
+  /// The complete file image.
+  std::vector<uint8_t> serialize();
+  /// Writes to `path` through a temporary file, fsync and rename.
+  Status writeFile(const std::string &path);
+
+private:
+  bundle::Program program_;
+  std::vector<uint8_t> data_;
+};
+
+/// A validated, read-only bundle (memory-mapped when opened from a file).
+class Bundle {
+public:
+  static Expected<std::unique_ptr<Bundle>> open(const std::string &path);
+  static Expected<std::unique_ptr<Bundle>> fromBytes(std::vector<uint8_t> bytes,
+                                                     std::string origin = "<memory>");
+  ~Bundle();
+
+  const bundle::Program &program() const { return program_; }
+  std::span<const uint8_t> section(uint32_t index) const;
+  /// Bytes of a CONSTANT or PARAMETER tensor's initial value.
+  std::span<const uint8_t> tensorData(const bundle::TensorInfo &tensor) const;
+  const std::string &origin() const { return origin_; }
+
+private:
+  Bundle() = default;
+  Status parse(std::span<const uint8_t> file);
+
+  bundle::Program program_;
+  std::string origin_;
+  std::vector<uint8_t> owned_;
+  const uint8_t *mapped_ = nullptr;
+  size_t mappedSize_ = 0;
+  std::span<const uint8_t> data_;
+};
+
+} // namespace forge::rt

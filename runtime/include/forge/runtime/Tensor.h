@@ -1,0 +1,39 @@
+// Element types and non-owning dense tensor views (row-major, contiguous).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "program.pb.h"
+
+namespace forge::rt {
+
+using DType = bundle::DType;
+
+/// Bytes per element; 0 for DTYPE_UNSPECIFIED.
+size_t dtypeSize(DType t);
+/// Short name: "f32", "i64", "bool", ...
+std::string_view dtypeName(DType t);
+/// Inverse of dtypeName; DTYPE_UNSPECIFIED when unknown.
+DType dtypeFromName(std::string_view name);
+bool isFloatType(DType t);
+
+int64_t numElements(const std::vector<int64_t> &shape);
+std::string shapeString(const std::vector<int64_t> &shape);
+
+struct TensorView {
+  void *data = nullptr;
+  DType dtype = bundle::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+
+  int64_t numel() const { return numElements(shape); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtypeSize(dtype); }
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+  bool present() const { return dtype != bundle::DTYPE_UNSPECIFIED; }
+  template <typename T> T *as() const { return static_cast<T *>(data); }
+};
+
+} // namespace forge::rt

@@ -1,0 +1,96 @@
+// Element-type tables and shape helpers (Tensor.h).
+//
+// Invariants: dtypeSize/dtypeName accept any integer value of DType (a
+// fuzzed bundle may carry unknown enum values) and answer 0 / "invalid"
+// rather than indexing out of range. numElements is overflow-safe: it returns
+// -1 for a negative dimension or a product that does not fit in int64_t, so
+// callers that validated shapes (the bundle loader) never see -1.
+#include "forge/runtime/Tensor.h"
+
+#include <limits>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace forge::rt {
+
+namespace {
+struct DTypeEntry {
+  DType type;
+  size_t size;
+  std::string_view name;
+};
+
+constexpr DTypeEntry kDTypes[] = {
+    {bundle::F32, 4, "f32"},       {bundle::F16, 2, "f16"},       {bundle::BF16, 2, "bf16"},
+    {bundle::F64, 8, "f64"},       {bundle::I64, 8, "i64"},       {bundle::I32, 4, "i32"},
+    {bundle::I8, 1, "i8"},         {bundle::U8, 1, "u8"},         {bundle::BOOL, 1, "bool"},
+    {bundle::F8E4M3, 1, "f8e4m3"}, {bundle::F8E5M2, 1, "f8e5m2"}, {bundle::I16, 2, "i16"},
+    {bundle::U16, 2, "u16"},       {bundle::U32, 4, "u32"},       {bundle::U64, 8, "u64"},
+};
+
+const DTypeEntry *findEntry(DType t) {
+  for (const DTypeEntry &e : kDTypes)
+    if (e.type == t)
+      return &e;
+  return nullptr;
+}
+} // namespace
+
+size_t dtypeSize(DType t) {
+  const DTypeEntry *e = findEntry(t);
+  return e ? e->size : 0;
+}
+
+std::string_view dtypeName(DType t) {
+  if (t == bundle::DTYPE_UNSPECIFIED)
+    return "unspecified";
+  const DTypeEntry *e = findEntry(t);
+  return e ? e->name : std::string_view("invalid");
+}
+
+DType dtypeFromName(std::string_view name) {
+  for (const DTypeEntry &e : kDTypes)
+    if (e.name == name)
+      return e.type;
+  return bundle::DTYPE_UNSPECIFIED;
+}
+
+bool isFloatType(DType t) {
+  switch (t) {
+  case bundle::F32:
+  case bundle::F16:
+  case bundle::BF16:
+  case bundle::F64:
+  case bundle::F8E4M3:
+  case bundle::F8E5M2:
+    return true;
+  default:
+    return false;
+  }
+}
+
+int64_t numElements(const std::vector<int64_t> &shape) {
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d < 0)
+      return -1;
+    empty |= d == 0;
+  }
+  // A zero dimension makes the tensor empty whatever the other dims are.
+  if (empty)
+    return 0;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (n > std::numeric_limits<int64_t>::max() / d)
+      return -1;
+    n *= d;
+  }
+  return n;
+}
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+} // namespace forge::rt

@@ -1,0 +1,469 @@
+// Reading and writing `.forge` bundles (Bundle.h, DESIGN.md §6).
+//
+// Invariants:
+//  * A Bundle object exists only after parse() accepted every byte it will
+//    ever hand out: header fields, region bounds, checksums, the Program
+//    message and every reference inside it (tensor indices, sections, byte
+//    ranges, arena bounds). Consumers (executors, forge-train) may therefore
+//    index tensors and sections without re-checking.
+//  * All arithmetic on untrusted 64-bit values goes through the overflow-safe
+//    helpers below: a fuzzed file must produce an error, never UB or a crash.
+//  * Every error message starts with the bundle's origin (its path or
+//    "<memory>") and names the field, offset, section or tensor at fault.
+//  * The writer produces byte-identical files for identical programs
+//    (deterministic protobuf serialization, zeroed padding).
+#include "forge/runtime/Bundle.h"
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/ranges.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/stubs/logging.h>
+#include <zlib.h>
+
+static_assert(std::endian::native == std::endian::little,
+              "the bundle format is little-endian; a big-endian host needs byte swapping");
+
+namespace forge::rt {
+
+namespace {
+
+// --- overflow-safe helpers ---------------------------------------------------
+
+/// a + b, or false when it does not fit.
+bool addOk(uint64_t a, uint64_t b, uint64_t &out) { return !__builtin_add_overflow(a, b, &out); }
+
+/// [offset, offset + size) lies inside [0, limit).
+bool rangeInside(uint64_t offset, uint64_t size, uint64_t limit) {
+  uint64_t end;
+  return addOk(offset, size, end) && end <= limit;
+}
+
+uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+uint32_t crc32Of(std::span<const uint8_t> bytes) {
+  // crc32_z takes a size_t length, so multi-GiB sections need no chunking.
+  return static_cast<uint32_t>(::crc32_z(::crc32_z(0, nullptr, 0), bytes.data(), bytes.size()));
+}
+
+/// Bytes of a tensor with `shape` and `dtype`, or false on a negative
+/// dimension or overflow.
+bool tensorBytes(const bundle::TensorInfo &t, uint64_t &out) {
+  uint64_t n = 1;
+  bool empty = false;
+  for (int64_t d : t.shape()) {
+    if (d < 0)
+      return false;
+    empty |= d == 0;
+  }
+  if (!empty) {
+    for (int64_t d : t.shape())
+      if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n))
+        return false;
+  } else {
+    n = 0;
+  }
+  return !__builtin_mul_overflow(n, static_cast<uint64_t>(dtypeSize(t.dtype())), &out);
+}
+
+std::string tensorLabel(const bundle::Program &p, int64_t index) {
+  const std::string &name = p.tensors(static_cast<int>(index)).name();
+  return name.empty() ? fmt::format("tensor #{}", index)
+                      : fmt::format("tensor #{} '{}'", index, name);
+}
+
+std::string instructionLabel(const bundle::Instruction &inst, int index) {
+  if (inst.name().empty())
+    return fmt::format("instruction #{} ({})", index, inst.op());
+  return fmt::format("instruction #{} ({} '{}')", index, inst.op(), inst.name());
+}
+
+bool isArenaKind(bundle::TensorInfo::Kind k) {
+  return k == bundle::TensorInfo::INTERMEDIATE || k == bundle::TensorInfo::INPUT ||
+         k == bundle::TensorInfo::OUTPUT;
+}
+
+// --- validation of the Program message --------------------------------------
+
+Status validateSections(const bundle::Program &p, std::span<const uint8_t> data) {
+  struct Range {
+    uint64_t begin, end;
+    int index;
+  };
+  std::vector<Range> ranges;
+  ranges.reserve(p.sections_size());
+  for (int i = 0; i < p.sections_size(); ++i) {
+    const bundle::Section &s = p.sections(i);
+    if (s.offset() % kSectionAlignment != 0)
+      return Status::error("section #{} '{}': offset {} is not {}-byte aligned", i, s.name(),
+                           s.offset(), kSectionAlignment);
+    if (!rangeInside(s.offset(), s.size(), data.size()))
+      return Status::error("section #{} '{}': bytes [{}, +{}) lie outside the {}-byte data region",
+                           i, s.name(), s.offset(), s.size(), data.size());
+    if (s.size() > 0)
+      ranges.push_back({s.offset(), s.offset() + s.size(), i});
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range &a, const Range &b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].begin < ranges[i - 1].end)
+      return Status::error("sections #{} and #{} overlap (at data offset {})", ranges[i - 1].index,
+                           ranges[i].index, ranges[i].begin);
+  for (int i = 0; i < p.sections_size(); ++i) {
+    const bundle::Section &s = p.sections(i);
+    uint32_t crc = crc32Of(data.subspan(s.offset(), s.size()));
+    if (crc != s.crc32())
+      return Status::error("section #{} '{}': CRC32 mismatch (stored {:#010x}, computed {:#010x}); "
+                           "the file is corrupted",
+                           i, s.name(), s.crc32(), crc);
+  }
+  return Status::ok();
+}
+
+Status validateTensors(const bundle::Program &p) {
+  for (int i = 0; i < p.tensors_size(); ++i) {
+    const bundle::TensorInfo &t = p.tensors(i);
+    std::string label = tensorLabel(p, i);
+    if (!bundle::DType_IsValid(t.dtype()) || t.dtype() == bundle::DTYPE_UNSPECIFIED)
+      return Status::error("{}: invalid dtype {}", label, static_cast<int>(t.dtype()));
+    if (!bundle::TensorInfo::Kind_IsValid(t.kind()))
+      return Status::error("{}: invalid kind {}", label, static_cast<int>(t.kind()));
+    for (int d = 0; d < t.shape_size(); ++d)
+      if (t.shape(d) < 0)
+        return Status::error("{}: dimension {} is negative ({})", label, d, t.shape(d));
+    uint64_t bytes;
+    if (!tensorBytes(t, bytes))
+      return Status::error("{}: shape [{}] x {} overflows 64-bit byte count", label,
+                           fmt::join(t.shape(), ", "), dtypeName(t.dtype()));
+    // numElements() returns int64: keep every element count representable.
+    if (numElements({t.shape().begin(), t.shape().end()}) < 0)
+      return Status::error("{}: element count overflows int64", label);
+
+    if (isArenaKind(t.kind())) {
+      if (t.arena_offset() < 0)
+        return Status::error("{}: negative arena_offset {}", label, t.arena_offset());
+      if (static_cast<uint64_t>(t.arena_offset()) % kSectionAlignment != 0)
+        return Status::error("{}: arena_offset {} is not {}-byte aligned", label, t.arena_offset(),
+                             kSectionAlignment);
+      if (!rangeInside(static_cast<uint64_t>(t.arena_offset()), bytes, p.arena_size()))
+        return Status::error("{}: arena bytes [{}, +{}) exceed arena_size {}", label,
+                             t.arena_offset(), bytes, p.arena_size());
+    } else {
+      if (t.section() >= static_cast<uint32_t>(p.sections_size()))
+        return Status::error("{}: section index {} out of range ({} sections)", label, t.section(),
+                             p.sections_size());
+      const bundle::Section &s = p.sections(static_cast<int>(t.section()));
+      if (!rangeInside(t.data_offset(), t.data_size(), s.size()))
+        return Status::error("{}: data bytes [{}, +{}) lie outside section #{} '{}' ({} bytes)",
+                             label, t.data_offset(), t.data_size(), t.section(), s.name(),
+                             s.size());
+      if (t.data_size() != bytes)
+        return Status::error("{}: data_size {} does not match shape {} x {} ({} bytes)", label,
+                             t.data_size(), shapeString({t.shape().begin(), t.shape().end()}),
+                             dtypeName(t.dtype()), bytes);
+    }
+  }
+  return Status::ok();
+}
+
+Status validateInstructions(const bundle::Program &p) {
+  const int64_t numTensors = p.tensors_size();
+  for (int i = 0; i < p.instructions_size(); ++i) {
+    const bundle::Instruction &inst = p.instructions(i);
+    if (inst.op().empty())
+      return Status::error("instruction #{}: empty op name", i);
+    for (int j = 0; j < inst.inputs_size(); ++j) {
+      int64_t t = inst.inputs(j);
+      if (t < -1 || t >= numTensors)
+        return Status::error("{}: input {} refers to tensor {} (valid: -1 for absent, 0..{})",
+                             instructionLabel(inst, i), j, t, numTensors - 1);
+    }
+    for (int j = 0; j < inst.outputs_size(); ++j) {
+      int64_t t = inst.outputs(j);
+      if (t < 0 || t >= numTensors)
+        return Status::error("{}: output {} refers to tensor {} (valid: 0..{})",
+                             instructionLabel(inst, i), j, t, numTensors - 1);
+      // Constants live in the read-only (possibly mmap'd) file image.
+      if (p.tensors(static_cast<int>(t)).kind() == bundle::TensorInfo::CONSTANT)
+        return Status::error("{}: output {} writes {}, which is a constant",
+                             instructionLabel(inst, i), j, tensorLabel(p, t));
+    }
+  }
+  return Status::ok();
+}
+
+Status validateProgramIo(const bundle::Program &p) {
+  const int64_t numTensors = p.tensors_size();
+  for (int j = 0; j < p.inputs_size(); ++j) {
+    int64_t t = p.inputs(j);
+    if (t < 0 || t >= numTensors)
+      return Status::error("program input {} refers to tensor {} (valid: 0..{})", j, t,
+                           numTensors - 1);
+    // Inputs are written by the caller, so they must live in the arena.
+    if (p.tensors(static_cast<int>(t)).kind() != bundle::TensorInfo::INPUT)
+      return Status::error("program input {} ({}) is not of kind INPUT", j, tensorLabel(p, t));
+  }
+  for (int j = 0; j < p.outputs_size(); ++j) {
+    int64_t t = p.outputs(j);
+    if (t < 0 || t >= numTensors)
+      return Status::error("program output {} refers to tensor {} (valid: 0..{})", j, t,
+                           numTensors - 1);
+  }
+  return Status::ok();
+}
+
+} // namespace
+
+// --- BundleWriter -------------------------------------------------------------
+
+uint32_t BundleWriter::addSection(std::string name, std::span<const uint8_t> bytes) {
+  uint64_t offset = alignUp(data_.size(), kSectionAlignment);
+  data_.resize(offset, 0);
+  data_.insert(data_.end(), bytes.begin(), bytes.end());
+  bundle::Section *s = program_.add_sections();
+  s->set_name(std::move(name));
+  s->set_offset(offset);
+  s->set_size(bytes.size());
+  s->set_crc32(crc32Of(bytes));
+  return static_cast<uint32_t>(program_.sections_size() - 1);
+}
+
+std::vector<uint8_t> BundleWriter::serialize() {
+  std::string programBytes;
+  {
+    google::protobuf::io::StringOutputStream sos(&programBytes);
+    google::protobuf::io::CodedOutputStream cos(&sos);
+    cos.SetSerializationDeterministic(true);
+    program_.SerializeToCodedStream(&cos);
+  }
+  BundleHeader h{};
+  std::memcpy(h.magic, kBundleMagic, sizeof(h.magic));
+  h.formatVersion = kBundleFormatVersion;
+  h.headerSize = sizeof(BundleHeader);
+  h.programOffset = sizeof(BundleHeader);
+  h.programSize = programBytes.size();
+  h.dataOffset = alignUp(h.programOffset + h.programSize, kSectionAlignment);
+  h.dataSize = data_.size();
+  h.fileSize = h.dataOffset + h.dataSize;
+  h.programCrc32 =
+      crc32Of({reinterpret_cast<const uint8_t *>(programBytes.data()), programBytes.size()});
+
+  std::vector<uint8_t> out(h.fileSize, 0);
+  std::memcpy(out.data(), &h, sizeof(h));
+  std::memcpy(out.data() + h.programOffset, programBytes.data(), programBytes.size());
+  if (!data_.empty())
+    std::memcpy(out.data() + h.dataOffset, data_.data(), data_.size());
+  return out;
+}
+
+Status BundleWriter::writeFile(const std::string &path) {
+  std::vector<uint8_t> image = serialize();
+  // The temporary lives next to the target so rename() stays on one file system.
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkstemp(tmp.data());
+  if (fd < 0)
+    return Status::error("{}: cannot create temporary file: {}", path, std::strerror(errno));
+  auto fail = [&](const char *what) {
+    Status s = Status::error("{}: {} failed: {}", path, what, std::strerror(errno));
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  };
+  size_t done = 0;
+  while (done < image.size()) {
+    ssize_t n = ::write(fd, image.data() + done, image.size() - done);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return fail("write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fchmod(fd, 0644) != 0)
+    return fail("fchmod");
+  if (::fsync(fd) != 0)
+    return fail("fsync");
+  if (::close(fd) != 0) {
+    Status s = Status::error("{}: close failed: {}", path, std::strerror(errno));
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    Status s = Status::error("{}: rename from {} failed: {}", path, tmp, std::strerror(errno));
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  // Make the rename itself durable.
+  std::string dir = ".";
+  if (size_t slash = path.rfind('/'); slash != std::string::npos)
+    dir = slash == 0 ? "/" : path.substr(0, slash);
+  if (int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return Status::ok();
+}
+
+// --- Bundle -------------------------------------------------------------------
+
+Bundle::~Bundle() {
+  if (mapped_)
+    ::munmap(const_cast<uint8_t *>(mapped_), mappedSize_);
+}
+
+Expected<std::unique_ptr<Bundle>> Bundle::open(const std::string &path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return Status::error("{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    Status s = Status::error("{}: cannot stat: {}", path, std::strerror(errno));
+    ::close(fd);
+    return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::error("{}: not a regular file", path);
+  }
+  if (st.st_size < static_cast<off_t>(sizeof(BundleHeader))) {
+    // Too small to map usefully (or empty, which mmap refuses): read it and
+    // let parse() produce the precise message (bad magic vs. truncated).
+    std::vector<uint8_t> small(static_cast<size_t>(st.st_size));
+    ssize_t n = small.empty() ? 0 : ::pread(fd, small.data(), small.size(), 0);
+    ::close(fd);
+    if (n != static_cast<ssize_t>(small.size()))
+      return Status::error("{}: cannot read: {}", path, std::strerror(errno));
+    return fromBytes(std::move(small), path);
+  }
+  size_t size = static_cast<size_t>(st.st_size);
+  void *m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED)
+    return Status::error("{}: mmap of {} bytes failed: {}", path, size, std::strerror(errno));
+  std::unique_ptr<Bundle> b(new Bundle());
+  b->origin_ = path;
+  b->mapped_ = static_cast<const uint8_t *>(m);
+  b->mappedSize_ = size;
+  FORGE_RETURN_IF_ERROR(b->parse({b->mapped_, b->mappedSize_}));
+  return b;
+}
+
+Expected<std::unique_ptr<Bundle>> Bundle::fromBytes(std::vector<uint8_t> bytes,
+                                                    std::string origin) {
+  std::unique_ptr<Bundle> b(new Bundle());
+  b->origin_ = std::move(origin);
+  b->owned_ = std::move(bytes);
+  FORGE_RETURN_IF_ERROR(b->parse({b->owned_.data(), b->owned_.size()}));
+  return b;
+}
+
+Status Bundle::parse(std::span<const uint8_t> file) {
+  Status s = [&]() -> Status {
+    if (file.size() < sizeof(kBundleMagic) ||
+        std::memcmp(file.data(), kBundleMagic, sizeof(kBundleMagic)) != 0)
+      return Status::error("not a forge bundle (bad magic; expected \"FORGEBN\\0\" at offset 0)");
+    if (file.size() < sizeof(BundleHeader))
+      return Status::error("truncated: {} bytes, smaller than the {}-byte header", file.size(),
+                           sizeof(BundleHeader));
+    BundleHeader h;
+    std::memcpy(&h, file.data(), sizeof(h)); // the mapping need not be aligned for it
+    if (h.formatVersion == 0)
+      return Status::error("header field formatVersion (offset 8) is 0, which is invalid");
+    if (h.formatVersion > kBundleFormatVersion)
+      return Status::error("bundle format version {} is newer than this forge-train supports ({}); "
+                           "use a newer forge-train or recompile the model",
+                           h.formatVersion, kBundleFormatVersion);
+    if (h.headerSize != sizeof(BundleHeader))
+      return Status::error("header field headerSize (offset 12) is {}, expected {}", h.headerSize,
+                           sizeof(BundleHeader));
+    if (h.fileSize != file.size())
+      return Status::error(
+          "{}: header field fileSize (offset 48) says {} bytes, the file has {} bytes",
+          h.fileSize > file.size() ? "truncated" : "size mismatch", h.fileSize, file.size());
+    if (h.reserved != 0)
+      return Status::error("header field reserved (offset 60) is {:#x}, expected 0", h.reserved);
+    if (h.programOffset < h.headerSize)
+      return Status::error("header field programOffset (offset 16) is {}, inside the header",
+                           h.programOffset);
+    if (!rangeInside(h.programOffset, h.programSize, file.size()))
+      return Status::error("program bytes [{}, +{}) (header offsets 16/24) lie outside the "
+                           "{}-byte file",
+                           h.programOffset, h.programSize, file.size());
+    if (h.programSize > static_cast<uint64_t>(std::numeric_limits<int>::max()))
+      return Status::error("header field programSize (offset 24) is {}, over the 2 GiB protobuf "
+                           "limit",
+                           h.programSize);
+    if (h.dataOffset % kSectionAlignment != 0)
+      return Status::error("header field dataOffset (offset 32) is {}, not {}-byte aligned",
+                           h.dataOffset, kSectionAlignment);
+    if (h.dataOffset < h.programOffset + h.programSize)
+      return Status::error("header field dataOffset (offset 32) is {}, overlapping the program "
+                           "bytes [{}, {})",
+                           h.dataOffset, h.programOffset, h.programOffset + h.programSize);
+    if (!rangeInside(h.dataOffset, h.dataSize, file.size()))
+      return Status::error("data bytes [{}, +{}) (header offsets 32/40) lie outside the {}-byte "
+                           "file",
+                           h.dataOffset, h.dataSize, file.size());
+
+    std::span<const uint8_t> programBytes = file.subspan(h.programOffset, h.programSize);
+    uint32_t crc = crc32Of(programBytes);
+    if (crc != h.programCrc32)
+      return Status::error("program CRC32 mismatch (header offset 56 stores {:#010x}, computed "
+                           "{:#010x}); the file is corrupted",
+                           h.programCrc32, crc);
+    bool parsed;
+    {
+      // Our own error says what failed; keep protobuf's log (e.g. invalid
+      // UTF-8 in a string field) off the user's terminal.
+      google::protobuf::LogSilencer silence;
+      parsed = program_.ParseFromArray(programBytes.data(), static_cast<int>(programBytes.size()));
+    }
+    if (!parsed)
+      return Status::error("the program message ({} bytes at offset {}) is not a valid "
+                           "forge.bundle.Program",
+                           h.programSize, h.programOffset);
+    data_ = file.subspan(h.dataOffset, h.dataSize);
+
+    FORGE_RETURN_IF_ERROR(validateSections(program_, data_));
+    FORGE_RETURN_IF_ERROR(validateTensors(program_));
+    FORGE_RETURN_IF_ERROR(validateInstructions(program_));
+    FORGE_RETURN_IF_ERROR(validateProgramIo(program_));
+    return Status::ok();
+  }();
+  if (!s.isOk()) {
+    program_.Clear();
+    data_ = {};
+    s.prefix(origin_);
+  }
+  return s;
+}
+
+std::span<const uint8_t> Bundle::section(uint32_t index) const {
+  if (index >= static_cast<uint32_t>(program_.sections_size()))
+    return {};
+  const bundle::Section &s = program_.sections(static_cast<int>(index));
+  return data_.subspan(s.offset(), s.size());
+}
+
+std::span<const uint8_t> Bundle::tensorData(const bundle::TensorInfo &tensor) const {
+  if (tensor.kind() != bundle::TensorInfo::CONSTANT &&
+      tensor.kind() != bundle::TensorInfo::PARAMETER)
+    return {};
+  std::span<const uint8_t> s = section(tensor.section());
+  // Tensors of this bundle were validated; this guards foreign TensorInfos.
+  if (!rangeInside(tensor.data_offset(), tensor.data_size(), s.size()))
+    return {};
+  return s.subspan(tensor.data_offset(), tensor.data_size());
+}
+
+} // namespace forge::rt

@@ -1,0 +1,544 @@
+// Elementwise CPU kernels: NumPy-broadcast binary arithmetic and comparisons,
+// unary math, cast, isnan and where.
+//
+// Invariants: every op is a small functor over the compute type (float for
+// f16/bf16); one strided loop template runs them all, in parallel chunks of
+// kGrain elements; same-shape operands collapse to one flat contiguous loop.
+// Integer arithmetic wraps (no UB); integer division by zero is an error.
+#include "KernelUtil.h"
+
+#include <algorithm>
+#include <atomic>
+
+namespace forge::rt::cpu {
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Binary ops
+//===----------------------------------------------------------------------===//
+
+enum class BinaryKind {
+  Arith,   // numeric operands of one dtype -> same dtype
+  Compare, // numeric (or bool) operands of one dtype -> bool
+  Logic,   // bool -> bool
+  Pow,     // numeric base, numeric exponent of any dtype -> base dtype
+};
+
+template <typename C> C nanOr(C a, C b, C pick) {
+  if constexpr (std::is_floating_point_v<C>) {
+    if (std::isnan(a))
+      return a;
+    if (std::isnan(b))
+      return b;
+  }
+  return pick;
+}
+
+struct AddOp {
+  static constexpr BinaryKind kKind = BinaryKind::Arith;
+  template <typename C> C operator()(C a, C b) const { return wrapAdd(a, b); }
+};
+struct SubOp {
+  static constexpr BinaryKind kKind = BinaryKind::Arith;
+  template <typename C> C operator()(C a, C b) const { return wrapSub(a, b); }
+};
+struct MulOp {
+  static constexpr BinaryKind kKind = BinaryKind::Arith;
+  template <typename C> C operator()(C a, C b) const { return wrapMul(a, b); }
+};
+struct DivOp {
+  static constexpr BinaryKind kKind = BinaryKind::Arith;
+  template <typename C> C operator()(C a, C b) const {
+    if constexpr (std::is_integral_v<C>) {
+      // Zero divisors are rejected before the loop; -1 would trap on MIN / -1.
+      if constexpr (std::is_signed_v<C>)
+        if (b == C(-1))
+          return wrapNeg(a);
+      return b == C(0) ? C(0) : C(a / b);
+    } else {
+      return a / b;
+    }
+  }
+};
+struct MinOp {
+  static constexpr BinaryKind kKind = BinaryKind::Arith;
+  template <typename C> C operator()(C a, C b) const { return nanOr(a, b, b < a ? b : a); }
+};
+struct MaxOp {
+  static constexpr BinaryKind kKind = BinaryKind::Arith;
+  template <typename C> C operator()(C a, C b) const { return nanOr(a, b, a < b ? b : a); }
+};
+
+template <typename C> C intPow(C base, int64_t exp) {
+  if (exp < 0) {
+    if constexpr (std::is_signed_v<C>)
+      if (base == C(-1))
+        return (exp & 1) ? C(-1) : C(1);
+    return base == C(1) ? C(1) : C(0);
+  }
+  C result = 1;
+  while (exp) {
+    if (exp & 1)
+      result = wrapMul(result, base);
+    base = wrapMul(base, base);
+    exp >>= 1;
+  }
+  return result;
+}
+
+struct PowOp {
+  static constexpr BinaryKind kKind = BinaryKind::Pow;
+  template <typename CA, typename CB> CA operator()(CA a, CB b) const {
+    if constexpr (std::is_floating_point_v<CA>)
+      return std::pow(a, static_cast<CA>(b));
+    else if constexpr (std::is_floating_point_v<CB>)
+      return convertValue<CA>(std::pow(static_cast<double>(a), static_cast<double>(b)));
+    else
+      return intPow<CA>(a, static_cast<int64_t>(b));
+  }
+};
+
+struct AndOp {
+  static constexpr BinaryKind kKind = BinaryKind::Logic;
+  uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) & (b != 0); }
+};
+struct OrOp {
+  static constexpr BinaryKind kKind = BinaryKind::Logic;
+  uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) | (b != 0); }
+};
+
+struct EqualOp {
+  static constexpr BinaryKind kKind = BinaryKind::Compare;
+  template <typename C> bool operator()(C a, C b) const { return a == b; }
+};
+struct LessOp {
+  static constexpr BinaryKind kKind = BinaryKind::Compare;
+  template <typename C> bool operator()(C a, C b) const { return a < b; }
+};
+struct GreaterOp {
+  static constexpr BinaryKind kKind = BinaryKind::Compare;
+  template <typename C> bool operator()(C a, C b) const { return a > b; }
+};
+struct LessEqualOp {
+  static constexpr BinaryKind kKind = BinaryKind::Compare;
+  template <typename C> bool operator()(C a, C b) const { return a <= b; }
+};
+struct GreaterEqualOp {
+  static constexpr BinaryKind kKind = BinaryKind::Compare;
+  template <typename C> bool operator()(C a, C b) const { return a >= b; }
+};
+
+/// y[i] = op(a[i], b[i]) over the broadcast loop; TA/TB/TO are storage types.
+template <typename TA, typename TB, typename TO, typename Op>
+void runBinary(KernelContext &ctx, const StridedLoop<2> &loop, const Op &op) {
+  const TA *a = ctx.inputs[0].as<const TA>();
+  const TB *b = ctx.inputs[1].as<const TB>();
+  TO *y = ctx.outputs[0].as<TO>();
+  auto f = [&op](TA x, TB z) { return store<TO>(op(load(x), load(z))); };
+  loop.parallelRuns(ctx.pool, kGrain, [&](int64_t o, int64_t n, auto off, auto st) {
+    const TA *pa = a + off[0];
+    const TB *pb = b + off[1];
+    TO *py = y + o;
+    // Specialized inner loops for the common stride patterns (vectorizable).
+    if (st[0] == 1 && st[1] == 1) {
+      for (int64_t i = 0; i < n; ++i)
+        py[i] = f(pa[i], pb[i]);
+    } else if (st[0] == 1 && st[1] == 0) {
+      TB bv = *pb;
+      for (int64_t i = 0; i < n; ++i)
+        py[i] = f(pa[i], bv);
+    } else if (st[0] == 0 && st[1] == 1) {
+      TA av = *pa;
+      for (int64_t i = 0; i < n; ++i)
+        py[i] = f(av, pb[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        py[i] = f(pa[i * st[0]], pb[i * st[1]]);
+    }
+  });
+}
+
+template <typename T> bool anyZero(KernelContext &ctx, const TensorView &t) {
+  std::atomic<bool> found{false};
+  const T *p = t.as<const T>();
+  ctx.pool.parallelFor(t.numel(), kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      if (p[i] == T(0)) {
+        found = true;
+        return;
+      }
+  });
+  return found;
+}
+
+template <typename Op> Status binaryKernel(KernelContext &ctx) {
+  const TensorView &a = ctx.inputs[0], &b = ctx.inputs[1];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> shape, broadcastShape(a.shape, b.shape));
+  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> sa, broadcastStrides(a.shape, shape));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> sb, broadcastStrides(b.shape, shape));
+  StridedLoop<2> loop(shape, {sa, sb});
+  Op op;
+
+  if constexpr (Op::kKind == BinaryKind::Logic) {
+    FORGE_RETURN_IF_ERROR(checkDType(a, bundle::BOOL, "lhs"));
+    FORGE_RETURN_IF_ERROR(checkDType(b, bundle::BOOL, "rhs"));
+    FORGE_RETURN_IF_ERROR(checkDType(y, bundle::BOOL, "result"));
+    runBinary<uint8_t, uint8_t, uint8_t>(ctx, loop, op);
+    return Status::ok();
+  } else if constexpr (Op::kKind == BinaryKind::Pow) {
+    FORGE_RETURN_IF_ERROR(checkDType(y, a.dtype, "result"));
+    return visitNumeric(a.dtype, [&](auto ta) {
+      using TA = typename decltype(ta)::type;
+      return visitNumeric(
+          b.dtype,
+          [&](auto tb) {
+            using TB = typename decltype(tb)::type;
+            runBinary<TA, TB, TA>(ctx, loop, op);
+            return Status::ok();
+          },
+          "exponent");
+    });
+  } else {
+    FORGE_RETURN_IF_ERROR(checkDType(b, a.dtype, "rhs"));
+    constexpr bool kCompare = Op::kKind == BinaryKind::Compare;
+    FORGE_RETURN_IF_ERROR(checkDType(y, kCompare ? bundle::BOOL : a.dtype, "result"));
+    if (kCompare && a.dtype == bundle::BOOL) {
+      runBinary<uint8_t, uint8_t, uint8_t>(ctx, loop, op);
+      return Status::ok();
+    }
+    return visitNumeric(a.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_same_v<Op, DivOp> && std::is_integral_v<T>)
+        if (anyZero<T>(ctx, b))
+          return Status::error("integer division by zero");
+      if constexpr (kCompare)
+        runBinary<T, T, uint8_t>(ctx, loop, op);
+      else
+        runBinary<T, T, T>(ctx, loop, op);
+      return Status::ok();
+    });
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Unary ops: kInt says whether integer dtypes are accepted; ops with
+// attributes read them in make().
+//===----------------------------------------------------------------------===//
+
+struct NegOp {
+  static constexpr bool kInt = true;
+  template <typename C> C operator()(C x) const { return wrapNeg(x); }
+};
+struct AbsOp {
+  static constexpr bool kInt = true;
+  template <typename C> C operator()(C x) const {
+    if constexpr (std::is_floating_point_v<C>)
+      return std::abs(x);
+    else if constexpr (std::is_signed_v<C>)
+      return x < 0 ? wrapNeg(x) : x;
+    else
+      return x;
+  }
+};
+struct ReluOp {
+  static constexpr bool kInt = true;
+  template <typename C> C operator()(C x) const { return x < C(0) ? C(0) : x; } // keeps nan
+};
+struct ExpOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::exp(x); }
+};
+struct LogOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::log(x); }
+};
+struct SqrtOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::sqrt(x); }
+};
+struct ReciprocalOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return C(1) / x; }
+};
+struct TanhOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::tanh(x); }
+};
+struct SigmoidOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const {
+    // Never exponentiate a large positive number.
+    if (x >= C(0))
+      return C(1) / (C(1) + std::exp(-x));
+    C e = std::exp(x);
+    return e / (C(1) + e);
+  }
+};
+struct ErfOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::erf(x); }
+};
+struct SoftplusOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const {
+    return x > C(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+  }
+};
+struct HardSwishOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const {
+    C g = x / C(6) + C(0.5);
+    return x * (g < C(0) ? C(0) : (g > C(1) ? C(1) : g));
+  }
+};
+struct LeakyReluOp {
+  static constexpr bool kInt = false;
+  double alpha = 0.01;
+  static Expected<LeakyReluOp> make(const AttrReader &attrs) {
+    CPU_ASSIGN_OR_RETURN(double alpha, attrs.getFloat("alpha"));
+    return LeakyReluOp{alpha};
+  }
+  template <typename C> C operator()(C x) const { return x < C(0) ? C(alpha) * x : x; }
+};
+struct EluOp {
+  static constexpr bool kInt = false;
+  double alpha = 1.0;
+  static Expected<EluOp> make(const AttrReader &attrs) {
+    CPU_ASSIGN_OR_RETURN(double alpha, attrs.getFloat("alpha"));
+    return EluOp{alpha};
+  }
+  template <typename C> C operator()(C x) const { return x < C(0) ? C(alpha) * std::expm1(x) : x; }
+};
+struct GeluOp {
+  static constexpr bool kInt = false;
+  bool tanhApprox = false;
+  static Expected<GeluOp> make(const AttrReader &attrs) {
+    CPU_ASSIGN_OR_RETURN(std::string approx, attrs.getString("approximate"));
+    if (approx != "none" && approx != "tanh")
+      return Status::error("gelu approximate must be 'none' or 'tanh', got '{}'", approx);
+    return GeluOp{approx == "tanh"};
+  }
+  template <typename C> C operator()(C x) const {
+    if (tanhApprox) {
+      const C k = C(0.7978845608028654); // sqrt(2 / pi)
+      return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
+    }
+    return C(0.5) * x * (C(1) + std::erf(x * C(0.7071067811865476)));
+  }
+};
+struct HardSigmoidOp {
+  static constexpr bool kInt = false;
+  double alpha = 0.2, beta = 0.5;
+  static Expected<HardSigmoidOp> make(const AttrReader &attrs) {
+    CPU_ASSIGN_OR_RETURN(double alpha, attrs.getFloat("alpha"));
+    CPU_ASSIGN_OR_RETURN(double beta, attrs.getFloat("beta"));
+    return HardSigmoidOp{alpha, beta};
+  }
+  template <typename C> C operator()(C x) const {
+    C v = C(alpha) * x + C(beta);
+    return v < C(0) ? C(0) : (v > C(1) ? C(1) : v);
+  }
+};
+struct ClipOp {
+  static constexpr bool kInt = true;
+  double lo = 0, hi = 0;
+  static Expected<ClipOp> make(const AttrReader &attrs) {
+    CPU_ASSIGN_OR_RETURN(double lo, attrs.getFloat("min"));
+    CPU_ASSIGN_OR_RETURN(double hi, attrs.getFloat("max"));
+    return ClipOp{lo, hi};
+  }
+  template <typename C> C operator()(C x) const {
+    // Compare in double so that +-inf bounds work for integer inputs too;
+    // nan stays nan.
+    double d = static_cast<double>(x);
+    if (d < lo)
+      return convertValue<C>(lo);
+    if (d > hi)
+      return convertValue<C>(hi);
+    return x;
+  }
+};
+
+template <typename Op> Status unaryKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  FORGE_RETURN_IF_ERROR(checkDType(y, x.dtype, "result"));
+  Op op;
+  if constexpr (requires { Op::make(ctx.attrs); }) {
+    CPU_ASSIGN_OR_RETURN(op, Op::make(ctx.attrs));
+  }
+  auto run = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *in = x.as<const T>();
+    T *out = y.as<T>();
+    ctx.pool.parallelFor(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        out[i] = store<T>(op(load(in[i])));
+    });
+    return Status::ok();
+  };
+  if constexpr (Op::kInt)
+    return visitNumeric(x.dtype, run);
+  else
+    return visitFloat(x.dtype, run);
+}
+
+Status notKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  FORGE_RETURN_IF_ERROR(checkDType(x, bundle::BOOL, "input"));
+  FORGE_RETURN_IF_ERROR(checkDType(y, bundle::BOOL, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  const uint8_t *in = x.as<const uint8_t>();
+  uint8_t *out = y.as<uint8_t>();
+  ctx.pool.parallelFor(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      out[i] = in[i] == 0;
+  });
+  return Status::ok();
+}
+
+Status isnanKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  FORGE_RETURN_IF_ERROR(checkDType(y, bundle::BOOL, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  return visitFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *in = x.as<const T>();
+    uint8_t *out = y.as<uint8_t>();
+    ctx.pool.parallelFor(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        out[i] = std::isnan(load(in[i]));
+    });
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// cast
+//===----------------------------------------------------------------------===//
+
+/// Numeric dtypes plus bool (read as its 0/1 byte).
+template <typename F> Status visitCastable(DType t, F &&f, std::string_view what) {
+  if (t == bundle::BOOL)
+    return f(Tag<uint8_t>{});
+  return visitNumeric(t, f, what);
+}
+
+Status castKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(DType to, ctx.attrs.getDType("to"));
+  FORGE_RETURN_IF_ERROR(checkDType(y, to, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  const int64_t n = x.numel();
+  if (x.dtype == to) {
+    if (n > 0 && x.data != y.data)
+      std::memmove(y.data, x.data, x.bytes());
+    return Status::ok();
+  }
+  return visitCastable(
+      x.dtype,
+      [&](auto fromTag) {
+        using From = typename decltype(fromTag)::type;
+        const From *in = x.as<const From>();
+        if (to == bundle::BOOL) {
+          uint8_t *out = y.as<uint8_t>();
+          ctx.pool.parallelFor(n, kGrain, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i)
+              out[i] = load(in[i]) != 0; // nan -> true, as in NumPy
+          });
+          return Status::ok();
+        }
+        return visitNumeric(
+            to,
+            [&](auto toTag) {
+              using To = typename decltype(toTag)::type;
+              To *out = y.as<To>();
+              ctx.pool.parallelFor(n, kGrain, [&](int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i)
+                  out[i] = convertValue<To>(in[i]);
+              });
+              return Status::ok();
+            },
+            "cast target");
+      },
+      "cast source");
+}
+
+//===----------------------------------------------------------------------===//
+// where (dtype-agnostic: moves elements by size)
+//===----------------------------------------------------------------------===//
+
+Status whereKernel(KernelContext &ctx) {
+  const TensorView &c = ctx.inputs[0], &a = ctx.inputs[1], &b = ctx.inputs[2];
+  TensorView &y = ctx.outputs[0];
+  FORGE_RETURN_IF_ERROR(checkDType(c, bundle::BOOL, "condition"));
+  FORGE_RETURN_IF_ERROR(checkDType(b, a.dtype, "y operand"));
+  FORGE_RETURN_IF_ERROR(checkDType(y, a.dtype, "result"));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> shape, broadcastShape(c.shape, a.shape));
+  CPU_ASSIGN_OR_RETURN(shape, broadcastShape(shape, b.shape));
+  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> sc, broadcastStrides(c.shape, shape));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> sa, broadcastStrides(a.shape, shape));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> sb, broadcastStrides(b.shape, shape));
+  StridedLoop<3> loop(shape, {sc, sa, sb});
+  return visitBySize(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const uint8_t *pc = c.as<const uint8_t>();
+    const T *pa = a.as<const T>(), *pb = b.as<const T>();
+    T *py = y.as<T>();
+    loop.parallelRuns(ctx.pool, kGrain, [&](int64_t o, int64_t n, auto off, auto st) {
+      for (int64_t i = 0; i < n; ++i)
+        py[o + i] = pc[off[0] + i * st[0]] ? pa[off[1] + i * st[1]] : pb[off[2] + i * st[2]];
+    });
+    return Status::ok();
+  });
+}
+
+} // namespace
+
+void registerElementwiseKernels(Registry &r) {
+  r.add("add", &binaryKernel<AddOp>, 2, 2);
+  r.add("sub", &binaryKernel<SubOp>, 2, 2);
+  r.add("mul", &binaryKernel<MulOp>, 2, 2);
+  r.add("div", &binaryKernel<DivOp>, 2, 2);
+  r.add("pow", &binaryKernel<PowOp>, 2, 2);
+  r.add("min", &binaryKernel<MinOp>, 2, 2);
+  r.add("max", &binaryKernel<MaxOp>, 2, 2);
+  r.add("and", &binaryKernel<AndOp>, 2, 2);
+  r.add("or", &binaryKernel<OrOp>, 2, 2);
+  r.add("equal", &binaryKernel<EqualOp>, 2, 2);
+  r.add("less", &binaryKernel<LessOp>, 2, 2);
+  r.add("greater", &binaryKernel<GreaterOp>, 2, 2);
+  r.add("less_equal", &binaryKernel<LessEqualOp>, 2, 2);
+  r.add("greater_equal", &binaryKernel<GreaterEqualOp>, 2, 2);
+
+  r.add("neg", &unaryKernel<NegOp>, 1, 1);
+  r.add("abs", &unaryKernel<AbsOp>, 1, 1);
+  r.add("exp", &unaryKernel<ExpOp>, 1, 1);
+  r.add("log", &unaryKernel<LogOp>, 1, 1);
+  r.add("sqrt", &unaryKernel<SqrtOp>, 1, 1);
+  r.add("reciprocal", &unaryKernel<ReciprocalOp>, 1, 1);
+  r.add("tanh", &unaryKernel<TanhOp>, 1, 1);
+  r.add("sigmoid", &unaryKernel<SigmoidOp>, 1, 1);
+  r.add("relu", &unaryKernel<ReluOp>, 1, 1);
+  r.add("erf", &unaryKernel<ErfOp>, 1, 1);
+  r.add("softplus", &unaryKernel<SoftplusOp>, 1, 1);
+  r.add("hard_swish", &unaryKernel<HardSwishOp>, 1, 1);
+  r.add("leaky_relu", &unaryKernel<LeakyReluOp>, 1, 1);
+  r.add("elu", &unaryKernel<EluOp>, 1, 1);
+  r.add("gelu", &unaryKernel<GeluOp>, 1, 1);
+  r.add("hard_sigmoid", &unaryKernel<HardSigmoidOp>, 1, 1);
+  r.add("clip", &unaryKernel<ClipOp>, 1, 1);
+  r.add("not", &notKernel, 1, 1);
+  r.add("isnan", &isnanKernel, 1, 1);
+  r.add("cast", &castKernel, 1, 1);
+  r.add("where", &whereKernel, 3, 3);
+}
+
+} // namespace forge::rt::cpu

@@ -1,0 +1,510 @@
+// Private helpers shared by the CPU kernel files (not installed, not included
+// outside runtime/lib/cpu and its unit test).
+//
+// Invariants:
+//  * every tensor is dense row-major; strides here are element strides;
+//  * f16/bf16 are stored as 16-bit patterns (Half/BFloat16) and computed in
+//    float (Compute<T>); bool is stored as one byte holding 0 or 1;
+//  * helpers never allocate caller-visible memory and report bad shapes or
+//    dtypes as Status, never by aborting.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "forge/runtime/Kernels.h"
+
+#define FORGE_CPU_CONCAT_(a, b) a##b
+#define FORGE_CPU_CONCAT(a, b) FORGE_CPU_CONCAT_(a, b)
+/// `lhs = *expr` or return expr's Status from the enclosing function.
+#define CPU_ASSIGN_OR_RETURN(lhs, expr)                                                            \
+  auto FORGE_CPU_CONCAT(_cpuExp, __LINE__) = (expr);                                               \
+  if (!FORGE_CPU_CONCAT(_cpuExp, __LINE__))                                                        \
+    return FORGE_CPU_CONCAT(_cpuExp, __LINE__).status();                                           \
+  lhs = FORGE_CPU_CONCAT(_cpuExp, __LINE__).take()
+
+namespace forge::rt::cpu {
+
+//===----------------------------------------------------------------------===//
+// 16-bit floats (conversions by hand, round to nearest even)
+//===----------------------------------------------------------------------===//
+
+inline uint32_t floatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float bitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float halfToFloat(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0x1f) // inf / nan (keep the payload)
+    return bitsFloat(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) {
+    if (mant == 0)
+      return bitsFloat(sign);
+    // Subnormal: value = mant * 2^-24, exact in float.
+    float v = std::ldexp(float(mant), -24);
+    return sign ? -v : v;
+  }
+  return bitsFloat(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+inline uint16_t floatToHalf(float f) {
+  uint32_t u = floatBits(f);
+  uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  uint32_t absu = u & 0x7fffffffu;
+  if (absu >= 0x7f800000u) // inf or nan (force a quiet nan bit)
+    return sign | 0x7c00u | (absu > 0x7f800000u ? 0x200u | ((absu >> 13) & 0x3ffu) : 0);
+  if (absu >= 0x477ff000u) // rounds to >= 65520: overflow to inf
+    return sign | 0x7c00u;
+  if (absu < 0x38800000u) { // below the smallest normal half (2^-14)
+    if (absu < 0x33000000u) // below half of the smallest subnormal: zero
+      return sign;
+    // Subnormal: shift the full mantissa right and round to nearest even.
+    uint32_t exp = absu >> 23, mant = (absu & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - exp; // 14..24
+    uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1)))
+      ++half;
+    return sign | uint16_t(half);
+  }
+  // Normal: rebias the exponent and round the 13 dropped bits to nearest even.
+  uint32_t v = absu - 0x38000000u; // exponent 127 -> 15
+  uint32_t rem = v & 0x1fffu;
+  uint32_t half = v >> 13;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1)))
+    ++half; // may carry into the exponent, which is the correct rounding
+  return sign | uint16_t(half);
+}
+
+inline float bf16ToFloat(uint16_t b) { return bitsFloat(uint32_t(b) << 16); }
+
+inline uint16_t floatToBf16(float f) {
+  uint32_t u = floatBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) // nan: keep it a quiet nan
+    return uint16_t((u >> 16) | 0x40u);
+  uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t((u + rounding) >> 16);
+}
+
+/// double -> float rounded to odd: an inexact result gets its last mantissa
+/// bit set, so a later round-to-nearest-even to a narrower format (half,
+/// bf16) rounds as if straight from the double (no double-rounding error).
+inline float roundToOddFloat(double d) {
+  float f = static_cast<float>(d);
+  if (std::isnan(d) || static_cast<double>(f) == d)
+    return f;
+  if (std::isinf(f))
+    f = std::copysign(std::numeric_limits<float>::max(), f);
+  else if (std::abs(static_cast<double>(f)) > std::abs(d))
+    f = std::nextafter(f, 0.0f); // truncate toward zero
+  return bitsFloat(floatBits(f) | 1u);
+}
+
+struct Half {
+  uint16_t bits = 0;
+  Half() = default;
+  explicit Half(float f) : bits(floatToHalf(f)) {}
+  explicit Half(double d) : bits(floatToHalf(roundToOddFloat(d))) {}
+  operator float() const { return halfToFloat(bits); }
+};
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  explicit BFloat16(float f) : bits(floatToBf16(f)) {}
+  explicit BFloat16(double d) : bits(floatToBf16(roundToOddFloat(d))) {}
+  operator float() const { return bf16ToFloat(bits); }
+};
+static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
+
+//===----------------------------------------------------------------------===//
+// Element type traits
+//===----------------------------------------------------------------------===//
+
+template <typename T>
+inline constexpr bool kIsFloat =
+    std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+/// The type arithmetic on a T runs in (float for the 16-bit floats).
+template <typename T> struct ComputeOf { using type = T; };
+template <> struct ComputeOf<Half> { using type = float; };
+template <> struct ComputeOf<BFloat16> { using type = float; };
+template <typename T> using Compute = typename ComputeOf<T>::type;
+
+/// Accumulator for sums of many T (double for every float type, int64 for ints).
+template <typename T>
+using Accum = std::conditional_t<kIsFloat<T>, double,
+                                 std::conditional_t<std::is_signed_v<T>, int64_t, uint64_t>>;
+
+template <typename T> inline Compute<T> load(T v) { return static_cast<Compute<T>>(v); }
+template <typename T, typename V> inline T store(V v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return std::is_same_v<V, float> ? T(static_cast<float>(v)) : T(static_cast<double>(v));
+  else
+    return static_cast<T>(v);
+}
+
+/// Value conversion with defined results for every input: nan -> 0 and
+/// saturation for float -> int, x != 0 for -> bool (handled by the caller).
+template <typename To, typename From> inline To convertValue(From v) {
+  if constexpr (kIsFloat<From> && !kIsFloat<To>) {
+    double d = static_cast<double>(load(v));
+    if (std::isnan(d))
+      return To(0);
+    if (d <= static_cast<double>(std::numeric_limits<To>::lowest()))
+      return std::numeric_limits<To>::lowest();
+    if (d >= static_cast<double>(std::numeric_limits<To>::max()))
+      return std::numeric_limits<To>::max();
+    return static_cast<To>(d);
+  } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
+    return store<To>(load(v));
+  } else {
+    return static_cast<To>(load(v));
+  }
+}
+
+/// Wrapping integer arithmetic (no signed-overflow UB); identity for floats.
+template <typename C> inline C wrapAdd(C a, C b) {
+  if constexpr (std::is_integral_v<C>)
+    return C(std::make_unsigned_t<C>(a) + std::make_unsigned_t<C>(b));
+  else
+    return a + b;
+}
+template <typename C> inline C wrapSub(C a, C b) {
+  if constexpr (std::is_integral_v<C>)
+    return C(std::make_unsigned_t<C>(a) - std::make_unsigned_t<C>(b));
+  else
+    return a - b;
+}
+template <typename C> inline C wrapMul(C a, C b) {
+  if constexpr (std::is_integral_v<C>)
+    return C(std::make_unsigned_t<C>(a) * std::make_unsigned_t<C>(b));
+  else
+    return a * b;
+}
+template <typename C> inline C wrapNeg(C a) { return wrapSub(C(0), a); }
+
+//===----------------------------------------------------------------------===//
+// dtype dispatch: f(std::type_identity<T>{}) for the storage type T of `t`
+//===----------------------------------------------------------------------===//
+
+template <typename T> using Tag = std::type_identity<T>;
+
+Status unsupportedDType(DType t, std::string_view what = "operand");
+
+template <typename F> Status visitFloat(DType t, F &&f, std::string_view what = "operand") {
+  switch (t) {
+  case bundle::F32:
+    return f(Tag<float>{});
+  case bundle::F64:
+    return f(Tag<double>{});
+  case bundle::F16:
+    return f(Tag<Half>{});
+  case bundle::BF16:
+    return f(Tag<BFloat16>{});
+  default:
+    return unsupportedDType(t, what);
+  }
+}
+
+/// Signed and unsigned integer types (not bool).
+template <typename F> Status visitInt(DType t, F &&f, std::string_view what = "operand") {
+  switch (t) {
+  case bundle::I64:
+    return f(Tag<int64_t>{});
+  case bundle::I32:
+    return f(Tag<int32_t>{});
+  case bundle::I16:
+    return f(Tag<int16_t>{});
+  case bundle::I8:
+    return f(Tag<int8_t>{});
+  case bundle::U8:
+    return f(Tag<uint8_t>{});
+  case bundle::U16:
+    return f(Tag<uint16_t>{});
+  case bundle::U32:
+    return f(Tag<uint32_t>{});
+  case bundle::U64:
+    return f(Tag<uint64_t>{});
+  default:
+    return unsupportedDType(t, what);
+  }
+}
+
+/// Float and integer types (not bool).
+template <typename F> Status visitNumeric(DType t, F &&f, std::string_view what = "operand") {
+  if (isFloatType(t) && t != bundle::F8E4M3 && t != bundle::F8E5M2)
+    return visitFloat(t, f, what);
+  return visitInt(t, f, what);
+}
+
+/// Index tensors: i64 or i32.
+template <typename F> Status visitIndex(DType t, F &&f, std::string_view what = "indices") {
+  switch (t) {
+  case bundle::I64:
+    return f(Tag<int64_t>{});
+  case bundle::I32:
+    return f(Tag<int32_t>{});
+  default:
+    return unsupportedDType(t, what);
+  }
+}
+
+/// Any dtype by element size (data movement: bytes only).
+template <typename F> Status visitBySize(DType t, F &&f, std::string_view what = "operand") {
+  switch (dtypeSize(t)) {
+  case 1:
+    return f(Tag<uint8_t>{});
+  case 2:
+    return f(Tag<uint16_t>{});
+  case 4:
+    return f(Tag<uint32_t>{});
+  case 8:
+    return f(Tag<uint64_t>{});
+  default:
+    return unsupportedDType(t, what);
+  }
+}
+
+/// The bytes of `value` converted to dtype `t` (for fill values of any dtype).
+Expected<std::array<uint8_t, 8>> scalarBytes(DType t, double value);
+
+//===----------------------------------------------------------------------===//
+// Dense matrix products (MatMul.cpp) and 16-bit float staging
+//===----------------------------------------------------------------------===//
+
+/// Row-major y = alpha * op(a) * op(b) + beta * y for one [m, n] matrix, through
+/// OpenBLAS; beta == 0 ignores y's old contents (nan included). Errors only
+/// when a dim does not fit BLAS's int.
+Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha, const float *a,
+            int64_t lda, const float *b, int64_t ldb, double beta, float *y, int64_t ldy);
+Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha,
+            const double *a, int64_t lda, const double *b, int64_t ldb, double beta, double *y,
+            int64_t ldy);
+
+/// f16/bf16 tensors run the f32 kernels on converted copies.
+template <typename T> std::vector<float> toFloatVector(const TensorView &t) {
+  std::vector<float> out(t.present() ? t.numel() : 0);
+  const T *p = t.as<const T>();
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<float>(p[i]);
+  return out;
+}
+template <typename T> void storeFloatVector(const std::vector<float> &v, TensorView &t) {
+  T *p = t.as<T>();
+  for (size_t i = 0; i < v.size(); ++i)
+    p[i] = T(v[i]);
+}
+
+/// Runs the f32 kernel `fn` on f32 copies of the operands of dtype T (Half or
+/// BFloat16) and converts the results back; other operands pass through.
+template <typename T> Status runInFloat(KernelContext &ctx, KernelFn fn) {
+  const DType half = std::is_same_v<T, Half> ? bundle::F16 : bundle::BF16;
+  std::vector<std::vector<float>> inBufs, outBufs;
+  inBufs.reserve(ctx.inputs.size());
+  outBufs.reserve(ctx.outputs.size());
+  std::vector<TensorView> ins, outs;
+  for (const TensorView &t : ctx.inputs) {
+    if (t.dtype != half) {
+      ins.push_back(t);
+      continue;
+    }
+    inBufs.push_back(toFloatVector<T>(t));
+    ins.push_back(TensorView{inBufs.back().data(), bundle::F32, t.shape});
+  }
+  for (const TensorView &t : ctx.outputs) {
+    if (t.dtype != half) {
+      outs.push_back(t);
+      continue;
+    }
+    outBufs.emplace_back(t.numel());
+    outs.push_back(TensorView{outBufs.back().data(), bundle::F32, t.shape});
+  }
+  KernelContext staged{ctx.inst, ins, outs, ctx.pool, ctx.attrs};
+  FORGE_RETURN_IF_ERROR(fn(staged));
+  size_t next = 0;
+  for (TensorView &t : ctx.outputs)
+    if (t.dtype == half)
+      storeFloatVector<T>(outBufs[next++], t);
+  return Status::ok();
+}
+
+//===----------------------------------------------------------------------===//
+// Registry
+//===----------------------------------------------------------------------===//
+
+struct KernelInfo {
+  KernelFn fn = nullptr;
+  /// Operands [0, minInputs) must be present; [minInputs, maxInputs) are
+  /// optional (absent = DTYPE_UNSPECIFIED). maxInputs < 0: variadic.
+  int minInputs = 1, maxInputs = 1;
+  int minOutputs = 1, maxOutputs = 1; // maxOutputs < 0: variadic
+};
+
+class Registry {
+public:
+  void add(std::string name, KernelFn fn, int minInputs, int maxInputs, int minOutputs = 1,
+           int maxOutputs = 1);
+  const KernelInfo *find(std::string_view name) const;
+  std::vector<std::string> names() const;
+
+private:
+  std::map<std::string, KernelInfo, std::less<>> kernels_;
+};
+
+void registerElementwiseKernels(Registry &r);
+void registerReduceKernels(Registry &r);
+void registerMatMulKernels(Registry &r);
+void registerConvKernels(Registry &r);
+void registerPoolKernels(Registry &r);
+void registerNormKernels(Registry &r);
+void registerMovementKernels(Registry &r);
+void registerLossKernels(Registry &r);
+
+/// The registry with every CPU kernel (built on first use).
+const Registry &cpuRegistry();
+
+//===----------------------------------------------------------------------===//
+// Shapes and strided iteration
+//===----------------------------------------------------------------------===//
+
+/// Elements per parallel chunk for cheap elementwise work.
+inline constexpr int64_t kGrain = 16 * 1024;
+
+std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape);
+
+/// Strides of `in` (element strides of a dense tensor) aligned to the output
+/// rank, 0 on broadcast dims; error when `in` does not broadcast to `out`.
+Expected<std::vector<int64_t>> broadcastStrides(const std::vector<int64_t> &in,
+                                                const std::vector<int64_t> &out);
+
+/// NumPy broadcast of two shapes; error when incompatible.
+Expected<std::vector<int64_t>> broadcastShape(const std::vector<int64_t> &a,
+                                              const std::vector<int64_t> &b);
+
+Status checkShape(const TensorView &t, const std::vector<int64_t> &expected,
+                  std::string_view what = "result");
+Status checkDType(const TensorView &t, DType expected, std::string_view what);
+
+/// An iteration space over a dense output with N strided operands; adjacent
+/// dims are merged where every operand allows it, so same-shape operands
+/// become one flat loop.
+template <size_t N> struct StridedLoop {
+  std::vector<int64_t> shape;
+  std::array<std::vector<int64_t>, N> strides;
+
+  StridedLoop(const std::vector<int64_t> &outShape, std::array<std::vector<int64_t>, N> s) {
+    // Drop size-1 dims, then merge dim d into d+1 when every operand is
+    // linear across the pair.
+    std::vector<int64_t> sh;
+    std::array<std::vector<int64_t>, N> st;
+    for (size_t d = 0; d < outShape.size(); ++d) {
+      if (outShape[d] == 1)
+        continue;
+      sh.push_back(outShape[d]);
+      for (size_t k = 0; k < N; ++k)
+        st[k].push_back(s[k][d]);
+    }
+    for (size_t d = 0; d < sh.size(); ++d) {
+      bool merge = !shape.empty();
+      for (size_t k = 0; k < N && merge; ++k)
+        merge = strides[k].back() == st[k][d] * sh[d];
+      if (merge) {
+        shape.back() *= sh[d];
+        for (size_t k = 0; k < N; ++k)
+          strides[k].back() = st[k][d];
+      } else {
+        shape.push_back(sh[d]);
+        for (size_t k = 0; k < N; ++k)
+          strides[k].push_back(st[k][d]);
+      }
+    }
+    if (shape.empty()) {
+      shape.push_back(1);
+      for (size_t k = 0; k < N; ++k)
+        strides[k].push_back(0);
+    }
+  }
+
+  int64_t numel() const { return numElements(shape); }
+
+  /// Calls body(outIndex, count, offsets, innerStrides) for each run along
+  /// the innermost dim covering output elements [begin, end).
+  template <typename Body> void forEachRun(int64_t begin, int64_t end, Body &&body) const {
+    if (begin >= end)
+      return;
+    const size_t rank = shape.size();
+    const int64_t inner = shape[rank - 1];
+    std::array<int64_t, N> innerStrides, offs{};
+    for (size_t k = 0; k < N; ++k)
+      innerStrides[k] = strides[k][rank - 1];
+    // Multi-index of `begin` over the outer dims.
+    std::vector<int64_t> idx(rank, 0);
+    int64_t rest = begin / inner, pos = begin % inner;
+    for (size_t d = rank - 1; d-- > 0;) {
+      idx[d] = rest % shape[d];
+      rest /= shape[d];
+      for (size_t k = 0; k < N; ++k)
+        offs[k] += idx[d] * strides[k][d];
+    }
+    int64_t o = begin;
+    while (o < end) {
+      int64_t count = std::min(inner - pos, end - o);
+      std::array<int64_t, N> at;
+      for (size_t k = 0; k < N; ++k)
+        at[k] = offs[k] + pos * innerStrides[k];
+      body(o, count, at, innerStrides);
+      o += count;
+      pos = 0;
+      for (size_t d = rank - 1; d-- > 0;) {
+        for (size_t k = 0; k < N; ++k)
+          offs[k] += strides[k][d];
+        if (++idx[d] < shape[d])
+          break;
+        for (size_t k = 0; k < N; ++k)
+          offs[k] -= idx[d] * strides[k][d];
+        idx[d] = 0;
+      }
+    }
+  }
+
+  /// forEachRun over the whole space, in parallel chunks of >= grain elements.
+  template <typename Body>
+  void parallelRuns(ThreadPool &pool, int64_t grain, const Body &body) const {
+    pool.parallelFor(numel(), grain,
+                     [&](int64_t begin, int64_t end) { forEachRun(begin, end, body); });
+  }
+};
+
+/// Splits `shape` around `axis` into (outer, extent, inner) for axis-wise ops.
+struct AxisSplit {
+  int64_t outer = 1, extent = 1, inner = 1;
+};
+inline AxisSplit splitAtAxis(const std::vector<int64_t> &shape, int64_t axis) {
+  AxisSplit s;
+  for (int64_t d = 0; d < (int64_t)shape.size(); ++d) {
+    if (d < axis)
+      s.outer *= shape[d];
+    else if (d == axis)
+      s.extent = shape[d];
+    else
+      s.inner *= shape[d];
+  }
+  return s;
+}
+
+} // namespace forge::rt::cpu

@@ -1,0 +1,583 @@
+// Data-movement CPU kernels: constant, reshape, transpose, broadcast, concat,
+// split, slice, pad, tile, gather, gather_elements, trilu and one_hot.
+//
+// Invariants: these kernels never look at element values (except one_hot's
+// indices and constant/pad fill values), so they accept every dtype and move
+// elements by size; every index read from a tensor is range-checked before
+// any result is written, and a bad one is an error Status.
+#include "KernelUtil.h"
+
+#include <algorithm>
+
+namespace forge::rt::cpu {
+namespace {
+
+Status checkSameDType(const TensorView &t, const TensorView &ref, std::string_view what) {
+  return checkDType(t, ref.dtype, what);
+}
+
+/// Copies x into y through per-dim index maps: y[o] = x[map_0[o_0], ...], or
+/// `fill` where any map entry is -1.
+template <typename T>
+void remapCopy(ThreadPool &pool, const T *x, T *y, const std::vector<int64_t> &inShape,
+               const std::vector<int64_t> &outShape, const std::vector<std::vector<int64_t>> &maps,
+               T fill) {
+  const int64_t rank = static_cast<int64_t>(outShape.size());
+  if (rank == 0) {
+    y[0] = x[0];
+    return;
+  }
+  const int64_t last = outShape.back(), outSize = numElements(outShape);
+  if (outSize == 0)
+    return;
+  const std::vector<int64_t> inStrides = contiguousStrides(inShape);
+  const std::vector<int64_t> &lastMap = maps.back();
+  pool.parallelFor(outSize / last, std::max<int64_t>(1, kGrain / last),
+                   [&](int64_t r0, int64_t r1) {
+                     for (int64_t r = r0; r < r1; ++r) {
+                       T *dst = y + r * last;
+                       int64_t off = 0;
+                       bool filled = false;
+                       for (int64_t d = rank - 1, t = r; d-- > 0;) {
+                         int64_t s = maps[d][t % outShape[d]];
+                         t /= outShape[d];
+                         filled |= s < 0;
+                         off += s * inStrides[d];
+                       }
+                       if (filled) {
+                         std::fill(dst, dst + last, fill);
+                         continue;
+                       }
+                       const T *src = x + off;
+                       for (int64_t o = 0; o < last; ++o)
+                         dst[o] = lastMap[o] < 0 ? fill : src[lastMap[o]];
+                     }
+                   });
+}
+
+//===----------------------------------------------------------------------===//
+// constant, reshape
+//===----------------------------------------------------------------------===//
+
+/// Fills the result from a `value` attribute: one number (splat) or one per
+/// element, as ints or floats. (Constants normally live in bundle sections;
+/// this covers a constant op left in the instruction stream.)
+Status constantKernel(KernelContext &ctx) {
+  TensorView &y = ctx.outputs[0];
+  std::vector<double> floats;
+  std::vector<int64_t> ints;
+  auto it = ctx.inst.attrs().find("value");
+  if (it == ctx.inst.attrs().end())
+    return Status::error("missing attribute 'value'");
+  const bundle::Attribute &a = it->second;
+  switch (a.value_case()) {
+  case bundle::Attribute::kI:
+    ints = {a.i()};
+    break;
+  case bundle::Attribute::kF:
+    floats = {a.f()};
+    break;
+  case bundle::Attribute::kInts:
+    ints.assign(a.ints().values().begin(), a.ints().values().end());
+    break;
+  case bundle::Attribute::kFloats:
+    floats.assign(a.floats().values().begin(), a.floats().values().end());
+    break;
+  default:
+    return Status::error("attribute 'value' must be numbers");
+  }
+  const int64_t count = static_cast<int64_t>(ints.empty() ? floats.size() : ints.size());
+  const int64_t n = y.numel();
+  if (count != 1 && count != n)
+    return Status::error("'value' has {} entries for a result of {} elements", count, n);
+  auto fill = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T *dst = y.as<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t k = count == 1 ? 0 : i;
+      dst[i] = ints.empty() ? convertValue<T>(floats[k]) : convertValue<T>(ints[k]);
+    }
+    return Status::ok();
+  };
+  if (y.dtype == bundle::BOOL) {
+    uint8_t *dst = y.as<uint8_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t k = count == 1 ? 0 : i;
+      dst[i] = ints.empty() ? floats[k] != 0.0 : ints[k] != 0;
+    }
+    return Status::ok();
+  }
+  return visitNumeric(y.dtype, fill);
+}
+
+Status reshapeKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ctx.attrs.getInts("shape"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  if (y.numel() != x.numel())
+    return Status::error("reshape from {} to {} changes the element count", shapeString(x.shape),
+                         shapeString(shape));
+  if (x.data != y.data && x.numel() > 0)
+    std::memmove(y.data, x.data, x.bytes());
+  return Status::ok();
+}
+
+//===----------------------------------------------------------------------===//
+// transpose, broadcast (strided copies)
+//===----------------------------------------------------------------------===//
+
+/// y (dense, shape outShape) = x read with element `strides` from `x + base`.
+Status stridedCopy(KernelContext &ctx, const TensorView &x, TensorView &y,
+                   const std::vector<int64_t> &strides, int64_t base = 0) {
+  StridedLoop<1> loop(y.shape, {strides});
+  return visitBySize(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *src = x.as<const T>() + base;
+    T *dst = y.as<T>();
+    loop.parallelRuns(ctx.pool, kGrain, [&](int64_t o, int64_t n, auto off, auto st) {
+      if (st[0] == 1)
+        std::memcpy(dst + o, src + off[0], n * sizeof(T));
+      else
+        for (int64_t i = 0; i < n; ++i)
+          dst[o + i] = src[off[0] + i * st[0]];
+    });
+    return Status::ok();
+  });
+}
+
+Status transposeKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> perm, ctx.attrs.getInts("perm"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
+  if ((int64_t)perm.size() != x.rank())
+    return Status::error("perm has {} entries for rank {}", perm.size(), x.rank());
+  std::vector<bool> seen(perm.size(), false);
+  std::vector<int64_t> shape, strides, inStrides = contiguousStrides(x.shape);
+  for (int64_t p : perm) {
+    if (p < 0 || p >= x.rank() || seen[p])
+      return Status::error("perm is not a permutation of [0, {})", x.rank());
+    seen[p] = true;
+    shape.push_back(x.shape[p]);
+    strides.push_back(inStrides[p]);
+  }
+  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  if (y.numel() == 0)
+    return Status::ok();
+  return stridedCopy(ctx, x, y, strides);
+}
+
+Status broadcastKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ctx.attrs.getInts("shape"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> strides, broadcastStrides(x.shape, shape));
+  if (y.numel() == 0)
+    return Status::ok();
+  return stridedCopy(ctx, x, y, strides);
+}
+
+//===----------------------------------------------------------------------===//
+// concat, split
+//===----------------------------------------------------------------------===//
+
+/// Checks that `parts` stack along `axis` into `whole`.
+Status checkStacking(const TensorView &whole, std::span<const TensorView> parts, int64_t axis) {
+  if (axis < 0 || axis >= whole.rank())
+    return Status::error("axis {} out of range for rank {}", axis, whole.rank());
+  int64_t total = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const TensorView &p = parts[i];
+    FORGE_RETURN_IF_ERROR(checkDType(p, whole.dtype, "operand"));
+    bool ok = p.rank() == whole.rank();
+    for (int64_t d = 0; ok && d < whole.rank(); ++d)
+      ok = d == axis || p.shape[d] == whole.shape[d];
+    if (!ok)
+      return Status::error("part {} of shape {} does not stack into {} along axis {}", i,
+                           shapeString(p.shape), shapeString(whole.shape), axis);
+    total += p.shape[axis];
+  }
+  if (total != whole.shape[axis])
+    return Status::error("parts add up to {} along axis {}, expected {}", total, axis,
+                         whole.shape[axis]);
+  return Status::ok();
+}
+
+/// Copies blocks between the whole and its parts: (outer, part) tasks of
+/// `extent_i * inner` contiguous bytes each.
+template <bool ToWhole>
+void stackCopy(ThreadPool &pool, const TensorView &whole, std::span<const TensorView> parts,
+               int64_t axis) {
+  const size_t esz = dtypeSize(whole.dtype);
+  AxisSplit s = splitAtAxis(whole.shape, axis);
+  std::vector<int64_t> begin(parts.size());
+  for (size_t i = 0, at = 0; i < parts.size(); ++i) {
+    begin[i] = static_cast<int64_t>(at);
+    at += parts[i].shape[axis];
+  }
+  const int64_t tasks = s.outer * static_cast<int64_t>(parts.size());
+  const int64_t avg = s.extent * s.inner / std::max<int64_t>(1, parts.size());
+  pool.parallelFor(tasks, std::max<int64_t>(1, kGrain / std::max<int64_t>(avg, 1)),
+                   [&](int64_t t0, int64_t t1) {
+                     for (int64_t t = t0; t < t1; ++t) {
+                       int64_t o = t / parts.size(), i = t % parts.size();
+                       int64_t len = parts[i].shape[axis] * s.inner;
+                       auto *w = static_cast<uint8_t *>(whole.data) +
+                                 ((o * s.extent + begin[i]) * s.inner) * esz;
+                       auto *p = static_cast<uint8_t *>(parts[i].data) + o * len * esz;
+                       if (len == 0)
+                         continue;
+                       if (ToWhole)
+                         std::memcpy(w, p, len * esz);
+                       else
+                         std::memcpy(p, w, len * esz);
+                     }
+                   });
+}
+
+Status concatKernel(KernelContext &ctx) {
+  CPU_ASSIGN_OR_RETURN(int64_t axis, ctx.attrs.getInt("axis"));
+  TensorView &y = ctx.outputs[0];
+  FORGE_RETURN_IF_ERROR(checkStacking(y, ctx.inputs, axis));
+  if (y.numel() > 0)
+    stackCopy<true>(ctx.pool, y, ctx.inputs, axis);
+  return Status::ok();
+}
+
+Status splitKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  CPU_ASSIGN_OR_RETURN(int64_t axis, ctx.attrs.getInt("axis"));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> sizes, ctx.attrs.getInts("sizes"));
+  if (sizes.size() != ctx.outputs.size())
+    return Status::error("{} split sizes for {} results", sizes.size(), ctx.outputs.size());
+  FORGE_RETURN_IF_ERROR(checkStacking(x, ctx.outputs, axis));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (ctx.outputs[i].shape[axis] != sizes[i])
+      return Status::error("result {} has {} entries along axis {}, sizes says {}", i,
+                           ctx.outputs[i].shape[axis], axis, sizes[i]);
+  if (x.numel() > 0)
+    stackCopy<false>(ctx.pool, x, ctx.outputs, axis);
+  return Status::ok();
+}
+
+//===----------------------------------------------------------------------===//
+// slice, pad, tile
+//===----------------------------------------------------------------------===//
+
+Status sliceKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> starts, ctx.attrs.getInts("starts"));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> ends, ctx.attrs.getInts("ends"));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ctx.attrs.getInts("steps"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
+  const int64_t rank = x.rank();
+  if ((int64_t)starts.size() != rank || (int64_t)ends.size() != rank ||
+      (int64_t)steps.size() != rank)
+    return Status::error("starts/ends/steps need one entry per dim ({})", rank);
+  std::vector<int64_t> shape(rank), strides(rank), inStrides = contiguousStrides(x.shape);
+  int64_t base = 0;
+  for (int64_t d = 0; d < rank; ++d) {
+    const int64_t st = steps[d], b = starts[d], e = ends[d];
+    if (st == 0)
+      return Status::error("slice step is 0 in dim {}", d);
+    shape[d] = st > 0 ? std::max<int64_t>(0, (e - b + st - 1) / st)
+                      : std::max<int64_t>(0, (b - e - st - 1) / -st);
+    // Every read position must lie inside the dim.
+    int64_t lastPos = b + (shape[d] - 1) * st;
+    if (shape[d] > 0 && (b < 0 || b >= x.shape[d] || lastPos < 0 || lastPos >= x.shape[d]))
+      return Status::error("slice [{}:{}:{}] reads outside dim {} of extent {}", b, e, st, d,
+                           x.shape[d]);
+    strides[d] = st * inStrides[d];
+    if (shape[d] > 0)
+      base += b * inStrides[d];
+  }
+  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  if (y.numel() == 0)
+    return Status::ok();
+  return stridedCopy(ctx, x, y, strides, base);
+}
+
+Status padKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> pads, ctx.attrs.getInts("pads"));
+  CPU_ASSIGN_OR_RETURN(std::string mode, ctx.attrs.getString("mode"));
+  CPU_ASSIGN_OR_RETURN(double value, ctx.attrs.getFloat("value"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
+  const int64_t rank = x.rank();
+  if ((int64_t)pads.size() != 2 * rank)
+    return Status::error("pads need {} entries, got {}", 2 * rank, pads.size());
+  if (mode != "constant" && mode != "reflect" && mode != "edge")
+    return Status::error("pad mode must be constant, reflect or edge, got '{}'", mode);
+  std::vector<int64_t> shape(rank);
+  std::vector<std::vector<int64_t>> maps(rank);
+  for (int64_t d = 0; d < rank; ++d) {
+    const int64_t n = x.shape[d], before = pads[d];
+    shape[d] = n + before + pads[d + rank];
+    if (shape[d] < 0)
+      return Status::error("negative pads remove more than dim {} holds", d);
+    if (n == 0 && shape[d] > 0 && mode != "constant")
+      return Status::error("{} padding of an empty dim {}", mode, d);
+    maps[d].resize(shape[d]);
+    for (int64_t o = 0; o < shape[d]; ++o) {
+      int64_t i = o - before; // negative pads crop: i starts inside
+      if (i < 0 || i >= n) {
+        if (mode == "constant") {
+          i = -1;
+        } else if (mode == "edge") {
+          i = std::clamp<int64_t>(i, 0, n - 1);
+        } else if (n == 1) {
+          i = 0;
+        } else { // reflect without repeating the edge, period 2 (n - 1)
+          const int64_t period = 2 * (n - 1);
+          i = ((i % period) + period) % period;
+          if (i >= n)
+            i = period - i;
+        }
+      }
+      maps[d][o] = i;
+    }
+  }
+  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  CPU_ASSIGN_OR_RETURN(auto fillBytes, scalarBytes(x.dtype, value));
+  if (y.numel() == 0)
+    return Status::ok();
+  return visitBySize(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T fill;
+    std::memcpy(&fill, fillBytes.data(), sizeof(T));
+    remapCopy(ctx.pool, x.as<const T>(), y.as<T>(), x.shape, shape, maps, fill);
+    return Status::ok();
+  });
+}
+
+Status tileKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> repeats, ctx.attrs.getInts("repeats"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
+  const int64_t rank = x.rank();
+  if ((int64_t)repeats.size() != rank)
+    return Status::error("repeats need {} entries, got {}", rank, repeats.size());
+  std::vector<int64_t> shape(rank);
+  std::vector<std::vector<int64_t>> maps(rank);
+  for (int64_t d = 0; d < rank; ++d) {
+    if (repeats[d] < 0)
+      return Status::error("repeats must be non-negative");
+    shape[d] = x.shape[d] * repeats[d];
+    for (int64_t o = 0; o < shape[d]; ++o)
+      maps[d].push_back(o % x.shape[d]);
+  }
+  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  if (y.numel() == 0)
+    return Status::ok();
+  return visitBySize(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    remapCopy(ctx.pool, x.as<const T>(), y.as<T>(), x.shape, shape, maps, T{});
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// gather, gather_elements
+//===----------------------------------------------------------------------===//
+
+/// Normalized indices (negative counts from the end); error when outside [0, dim).
+Expected<std::vector<int64_t>> readIndices(const TensorView &idx, int64_t dim) {
+  std::vector<int64_t> out(idx.numel());
+  Status st = visitIndex(idx.dtype, [&](auto tag) -> Status {
+    using I = typename decltype(tag)::type;
+    const I *p = idx.as<const I>();
+    for (size_t i = 0; i < out.size(); ++i) {
+      int64_t v = static_cast<int64_t>(p[i]);
+      if (v < -dim || v >= dim)
+        return Status::error("index {} at position {} is out of range for extent {}", v, i, dim);
+      out[i] = v < 0 ? v + dim : v;
+    }
+    return Status::ok();
+  });
+  if (!st)
+    return st;
+  return out;
+}
+
+Status gatherKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0], &idx = ctx.inputs[1];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(int64_t axis, ctx.attrs.getInt("axis"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
+  if (axis < 0 || axis >= x.rank())
+    return Status::error("axis {} out of range for rank {}", axis, x.rank());
+  std::vector<int64_t> shape(x.shape.begin(), x.shape.begin() + axis);
+  shape.insert(shape.end(), idx.shape.begin(), idx.shape.end());
+  shape.insert(shape.end(), x.shape.begin() + axis + 1, x.shape.end());
+  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  AxisSplit s = splitAtAxis(x.shape, axis);
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> indices, readIndices(idx, s.extent));
+  const int64_t k = static_cast<int64_t>(indices.size());
+  const size_t row = s.inner * dtypeSize(x.dtype);
+  if (y.numel() == 0)
+    return Status::ok();
+  const auto *src = static_cast<const uint8_t *>(x.data);
+  auto *dst = static_cast<uint8_t *>(y.data);
+  ctx.pool.parallelFor(s.outer * k, std::max<int64_t>(1, kGrain / std::max<int64_t>(s.inner, 1)),
+                       [&](int64_t t0, int64_t t1) {
+                         for (int64_t t = t0; t < t1; ++t) {
+                           int64_t o = t / k, j = t % k;
+                           std::memcpy(dst + t * row, src + (o * s.extent + indices[j]) * row, row);
+                         }
+                       });
+  return Status::ok();
+}
+
+Status gatherElementsKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0], &idx = ctx.inputs[1];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(int64_t axis, ctx.attrs.getInt("axis"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
+  if (axis < 0 || axis >= x.rank() || idx.rank() != x.rank())
+    return Status::error("gather_elements needs indices of the input's rank and an axis in "
+                         "range, got {} and axis {}",
+                         shapeString(idx.shape), axis);
+  for (int64_t d = 0; d < x.rank(); ++d)
+    if (d != axis && idx.shape[d] > x.shape[d])
+      return Status::error("indices {} exceed the input {} in dim {}", shapeString(idx.shape),
+                           shapeString(x.shape), d);
+  FORGE_RETURN_IF_ERROR(checkShape(y, idx.shape));
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> indices, readIndices(idx, x.shape[axis]));
+  if (y.numel() == 0)
+    return Status::ok();
+  // Input offset of each result position with the axis coordinate zeroed.
+  std::vector<int64_t> inStrides = contiguousStrides(x.shape), strides = inStrides;
+  strides[axis] = 0;
+  StridedLoop<1> loop(idx.shape, {strides});
+  const int64_t axisStride = inStrides[axis];
+  return visitBySize(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *src = x.as<const T>();
+    T *dst = y.as<T>();
+    loop.parallelRuns(ctx.pool, kGrain, [&](int64_t o, int64_t n, auto off, auto st) {
+      for (int64_t i = 0; i < n; ++i)
+        dst[o + i] = src[off[0] + i * st[0] + indices[o + i] * axisStride];
+    });
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// trilu, one_hot
+//===----------------------------------------------------------------------===//
+
+Status triluKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(int64_t upper, ctx.attrs.getInt("upper"));
+  CPU_ASSIGN_OR_RETURN(int64_t k, ctx.attrs.getInt("k"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  if (x.rank() < 2)
+    return Status::error("trilu input must have rank >= 2, got {}", shapeString(x.shape));
+  const int64_t rows = x.shape[x.rank() - 2], cols = x.shape[x.rank() - 1];
+  const int64_t mats = rows * cols == 0 ? 0 : x.numel() / (rows * cols);
+  const size_t esz = dtypeSize(x.dtype);
+  const auto *src = static_cast<const uint8_t *>(x.data);
+  auto *dst = static_cast<uint8_t *>(y.data);
+  // Row i keeps columns j with j - i >= k (upper) or j - i <= k (lower);
+  // zero bytes are zero in every dtype.
+  ctx.pool.parallelFor(mats * rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+                       [&](int64_t r0, int64_t r1) {
+                         for (int64_t r = r0; r < r1; ++r) {
+                           const int64_t i = r % rows;
+                           int64_t lo = upper ? std::clamp<int64_t>(i + k, 0, cols) : 0;
+                           int64_t hi = upper ? cols : std::clamp<int64_t>(i + k + 1, 0, cols);
+                           const uint8_t *s = src + r * cols * esz;
+                           uint8_t *d = dst + r * cols * esz;
+                           if (s != d) {
+                             std::memmove(d + lo * esz, s + lo * esz, (hi - lo) * esz);
+                           }
+                           std::memset(d, 0, lo * esz);
+                           std::memset(d + hi * esz, 0, (cols - hi) * esz);
+                         }
+                       });
+  return Status::ok();
+}
+
+Status oneHotKernel(KernelContext &ctx) {
+  const TensorView &idx = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(int64_t depth, ctx.attrs.getInt("depth"));
+  CPU_ASSIGN_OR_RETURN(int64_t axis, ctx.attrs.getInt("axis"));
+  CPU_ASSIGN_OR_RETURN(double offValue, ctx.attrs.getFloat("off_value"));
+  CPU_ASSIGN_OR_RETURN(double onValue, ctx.attrs.getFloat("on_value"));
+  CPU_ASSIGN_OR_RETURN(DType dtype, ctx.attrs.getDType("dtype"));
+  FORGE_RETURN_IF_ERROR(checkDType(y, dtype, "result"));
+  if (depth <= 0 || axis < 0 || axis > idx.rank())
+    return Status::error("one_hot needs depth > 0 and axis in [0, {}], got {} and {}", idx.rank(),
+                         depth, axis);
+  std::vector<int64_t> shape = idx.shape;
+  shape.insert(shape.begin() + axis, depth);
+  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  CPU_ASSIGN_OR_RETURN(auto onBytes, scalarBytes(dtype, onValue));
+  CPU_ASSIGN_OR_RETURN(auto offBytes, scalarBytes(dtype, offValue));
+  // Class of each index: negative counts from the end, out of range -> none.
+  std::vector<int64_t> cls(idx.numel());
+  FORGE_RETURN_IF_ERROR(visitNumeric(
+      idx.dtype,
+      [&](auto tag) {
+        using I = typename decltype(tag)::type;
+        const I *p = idx.as<const I>();
+        for (size_t i = 0; i < cls.size(); ++i) {
+          int64_t v = convertValue<int64_t>(p[i]);
+          if (v < 0)
+            v += depth;
+          cls[i] = v >= 0 && v < depth ? v : -1;
+        }
+        return Status::ok();
+      },
+      "indices"));
+  AxisSplit s = splitAtAxis(shape, axis); // [outer, depth, inner]
+  return visitBySize(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T on, off;
+    std::memcpy(&on, onBytes.data(), sizeof(T));
+    std::memcpy(&off, offBytes.data(), sizeof(T));
+    T *dst = y.as<T>();
+    ctx.pool.parallelFor(s.outer * depth,
+                         std::max<int64_t>(1, kGrain / std::max<int64_t>(s.inner, 1)),
+                         [&](int64_t r0, int64_t r1) {
+                           for (int64_t r = r0; r < r1; ++r) {
+                             int64_t o = r / depth, c = r % depth;
+                             const int64_t *cl = cls.data() + o * s.inner;
+                             T *row = dst + r * s.inner;
+                             for (int64_t j = 0; j < s.inner; ++j)
+                               row[j] = cl[j] == c ? on : off;
+                           }
+                         });
+    return Status::ok();
+  });
+}
+
+} // namespace
+
+void registerMovementKernels(Registry &r) {
+  r.add("constant", &constantKernel, 0, 0);
+  r.add("reshape", &reshapeKernel, 1, 1);
+  r.add("transpose", &transposeKernel, 1, 1);
+  r.add("broadcast", &broadcastKernel, 1, 1);
+  r.add("concat", &concatKernel, 1, -1);
+  r.add("split", &splitKernel, 1, 1, 0, -1);
+  r.add("slice", &sliceKernel, 1, 1);
+  r.add("pad", &padKernel, 1, 1);
+  r.add("tile", &tileKernel, 1, 1);
+  r.add("gather", &gatherKernel, 2, 2);
+  r.add("gather_elements", &gatherElementsKernel, 2, 2);
+  r.add("trilu", &triluKernel, 1, 1);
+  r.add("one_hot", &oneHotKernel, 1, 1);
+}
+
+} // namespace forge::rt::cpu

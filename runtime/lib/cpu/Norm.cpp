@@ -1,0 +1,282 @@
+// Normalization CPU kernels: batch_norm (inference), batch_norm_training,
+// layer_norm and group_norm.
+//
+// Invariants: statistics are computed in double with two passes (mean, then
+// squared deviations) and the biased (population) variance, as in the ONNX
+// reference implementation; parameter tensors (scale, bias, mean, var) may
+// have any float dtype, independently of the input's; channel dim is 1.
+// batch_norm_training follows ONNX BatchNormalization training_mode:
+// running = running * momentum + batch_stat * (1 - momentum), with the
+// biased batch variance.
+#include "KernelUtil.h"
+
+#include <algorithm>
+
+namespace forge::rt::cpu {
+namespace {
+
+/// The values of a float parameter tensor with exactly `n` elements.
+Expected<std::vector<double>> loadParam(const TensorView &p, int64_t n, std::string_view what) {
+  if (p.numel() != n)
+    return Status::error("{} has shape {}, expected {} elements", what, shapeString(p.shape), n);
+  std::vector<double> out(n);
+  Status st = visitFloat(
+      p.dtype,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const T *src = p.as<const T>();
+        for (int64_t i = 0; i < n; ++i)
+          out[i] = static_cast<double>(load(src[i]));
+        return Status::ok();
+      },
+      what);
+  if (!st)
+    return st;
+  return out;
+}
+
+/// A parameter broadcast to `target` (leading size-1 dims beyond its rank ignored).
+Expected<std::vector<double>> expandParam(const TensorView &p, const std::vector<int64_t> &target,
+                                          std::string_view what) {
+  std::vector<int64_t> shape = p.shape;
+  while (shape.size() > target.size() && shape.front() == 1)
+    shape.erase(shape.begin());
+  auto strides = broadcastStrides(shape, target);
+  if (!strides)
+    return Status::error("{} of shape {} does not broadcast to {}", what, shapeString(p.shape),
+                         shapeString(target));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> values, loadParam(p, p.numel(), what));
+  std::vector<double> out(numElements(target));
+  StridedLoop<1> loop(target, {*strides});
+  loop.forEachRun(0, static_cast<int64_t>(out.size()),
+                  [&](int64_t o, int64_t n, auto off, auto st) {
+                    for (int64_t i = 0; i < n; ++i)
+                      out[o + i] = values[off[0] + i * st[0]];
+                  });
+  return out;
+}
+
+Status storeParam(TensorView &t, const std::vector<double> &values, std::string_view what) {
+  if (t.numel() != static_cast<int64_t>(values.size()))
+    return Status::error("{} has shape {}, expected {} elements", what, shapeString(t.shape),
+                         values.size());
+  return visitFloat(
+      t.dtype,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        T *dst = t.as<T>();
+        for (size_t i = 0; i < values.size(); ++i)
+          dst[i] = store<T>(values[i]);
+        return Status::ok();
+      },
+      what);
+}
+
+/// Mean and biased variance of the `groups` x `len` elements starting at
+/// x[base], x[base + stride], ... (each group contiguous).
+template <typename T>
+std::pair<double, double> moments(const T *x, int64_t groups, int64_t len, int64_t stride) {
+  const double count = static_cast<double>(groups * len);
+  if (count == 0)
+    return {0.0, 0.0};
+  double sum = 0;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < len; ++i)
+      sum += static_cast<double>(load(x[g * stride + i]));
+  double mean = sum / count, sq = 0;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < len; ++i) {
+      double d = static_cast<double>(load(x[g * stride + i])) - mean;
+      sq += d * d;
+    }
+  return {mean, sq / count};
+}
+
+/// y[n, c, :] = x[n, c, :] * a[c] + b[c] over all planes, in parallel.
+template <typename T>
+void affinePerChannel(ThreadPool &pool, const T *x, T *y, int64_t n, int64_t c, int64_t plane,
+                      const std::vector<double> &a, const std::vector<double> &b) {
+  pool.parallelFor(n * c, std::max<int64_t>(1, kGrain / std::max<int64_t>(plane, 1)),
+                   [&](int64_t p0, int64_t p1) {
+                     for (int64_t p = p0; p < p1; ++p) {
+                       using C = Compute<T>;
+                       const C ca = static_cast<C>(a[p % c]), cb = static_cast<C>(b[p % c]);
+                       const T *src = x + p * plane;
+                       T *dst = y + p * plane;
+                       for (int64_t i = 0; i < plane; ++i)
+                         dst[i] = store<T>(load(src[i]) * ca + cb);
+                     }
+                   });
+}
+
+struct ChannelLayout {
+  int64_t n = 0, c = 0, plane = 1;
+};
+
+Expected<ChannelLayout> channelLayout(const TensorView &x) {
+  if (x.rank() < 2)
+    return Status::error("input must have rank >= 2 (N, C, ...), got {}", shapeString(x.shape));
+  ChannelLayout l{x.shape[0], x.shape[1], 1};
+  for (int64_t d = 2; d < x.rank(); ++d)
+    l.plane *= x.shape[d];
+  return l;
+}
+
+//===----------------------------------------------------------------------===//
+// batch_norm / batch_norm_training
+//===----------------------------------------------------------------------===//
+
+Status batchNormKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(double eps, ctx.attrs.getFloat("epsilon"));
+  CPU_ASSIGN_OR_RETURN(ChannelLayout l, channelLayout(x));
+  FORGE_RETURN_IF_ERROR(checkDType(y, x.dtype, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> scale, loadParam(ctx.inputs[1], l.c, "scale"));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> bias, loadParam(ctx.inputs[2], l.c, "bias"));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> mean, loadParam(ctx.inputs[3], l.c, "mean"));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> var, loadParam(ctx.inputs[4], l.c, "var"));
+  std::vector<double> a(l.c), b(l.c);
+  for (int64_t c = 0; c < l.c; ++c) {
+    a[c] = scale[c] / std::sqrt(var[c] + eps);
+    b[c] = bias[c] - mean[c] * a[c];
+  }
+  return visitFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    affinePerChannel(ctx.pool, x.as<const T>(), y.as<T>(), l.n, l.c, l.plane, a, b);
+    return Status::ok();
+  });
+}
+
+Status batchNormTrainingKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(double eps, ctx.attrs.getFloat("epsilon"));
+  CPU_ASSIGN_OR_RETURN(double momentum, ctx.attrs.getFloat("momentum"));
+  CPU_ASSIGN_OR_RETURN(ChannelLayout l, channelLayout(x));
+  FORGE_RETURN_IF_ERROR(checkDType(y, x.dtype, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> scale, loadParam(ctx.inputs[1], l.c, "scale"));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> bias, loadParam(ctx.inputs[2], l.c, "bias"));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> runMean, loadParam(ctx.inputs[3], l.c, "running_mean"));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> runVar, loadParam(ctx.inputs[4], l.c, "running_var"));
+  std::vector<double> mean(l.c), var(l.c);
+  FORGE_RETURN_IF_ERROR(visitFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *px = x.as<const T>();
+    // Channel c: N groups of `plane` contiguous elements, C * plane apart.
+    ctx.pool.parallelFor(l.c, std::max<int64_t>(1, kGrain / std::max<int64_t>(l.n * l.plane, 1)),
+                         [&](int64_t c0, int64_t c1) {
+                           for (int64_t c = c0; c < c1; ++c)
+                             std::tie(mean[c], var[c]) =
+                                 moments(px + c * l.plane, l.n, l.plane, l.c * l.plane);
+                         });
+    return Status::ok();
+  }));
+  std::vector<double> a(l.c), b(l.c), newMean(l.c), newVar(l.c);
+  for (int64_t c = 0; c < l.c; ++c) {
+    a[c] = scale[c] / std::sqrt(var[c] + eps);
+    b[c] = bias[c] - mean[c] * a[c];
+    newMean[c] = runMean[c] * momentum + mean[c] * (1.0 - momentum);
+    newVar[c] = runVar[c] * momentum + var[c] * (1.0 - momentum);
+  }
+  FORGE_RETURN_IF_ERROR(storeParam(ctx.outputs[1], newMean, "new_running_mean"));
+  FORGE_RETURN_IF_ERROR(storeParam(ctx.outputs[2], newVar, "new_running_var"));
+  return visitFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    affinePerChannel(ctx.pool, x.as<const T>(), y.as<T>(), l.n, l.c, l.plane, a, b);
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// layer_norm
+//===----------------------------------------------------------------------===//
+
+Status layerNormKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(int64_t axis, ctx.attrs.getInt("axis"));
+  CPU_ASSIGN_OR_RETURN(double eps, ctx.attrs.getFloat("epsilon"));
+  if (axis < 0 || axis >= std::max<int64_t>(x.rank(), 1))
+    return Status::error("axis {} out of range for rank {}", axis, x.rank());
+  FORGE_RETURN_IF_ERROR(checkDType(y, x.dtype, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  std::vector<int64_t> trailing(x.shape.begin() + std::min<int64_t>(axis, x.rank()), x.shape.end());
+  const int64_t d = numElements(trailing), rows = d == 0 ? 0 : x.numel() / d;
+  CPU_ASSIGN_OR_RETURN(std::vector<double> scale, expandParam(ctx.inputs[1], trailing, "scale"));
+  std::vector<double> bias(d, 0.0);
+  if (ctx.inputs.size() > 2 && ctx.inputs[2].present()) {
+    CPU_ASSIGN_OR_RETURN(bias, expandParam(ctx.inputs[2], trailing, "bias"));
+  }
+  return visitFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *px = x.as<const T>();
+    T *py = y.as<T>();
+    ctx.pool.parallelFor(
+        rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(d, 1)), [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const T *src = px + r * d;
+            T *dst = py + r * d;
+            auto [mean, var] = moments(src, 1, d, d);
+            double inv = 1.0 / std::sqrt(var + eps);
+            for (int64_t i = 0; i < d; ++i)
+              dst[i] = store<T>((double(load(src[i])) - mean) * inv * scale[i] + bias[i]);
+          }
+        });
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// group_norm
+//===----------------------------------------------------------------------===//
+
+Status groupNormKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(int64_t groups, ctx.attrs.getInt("num_groups"));
+  CPU_ASSIGN_OR_RETURN(double eps, ctx.attrs.getFloat("epsilon"));
+  CPU_ASSIGN_OR_RETURN(ChannelLayout l, channelLayout(x));
+  if (groups <= 0 || l.c % groups != 0)
+    return Status::error("channels {} are not divisible by num_groups {}", l.c, groups);
+  FORGE_RETURN_IF_ERROR(checkDType(y, x.dtype, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> scale, loadParam(ctx.inputs[1], l.c, "scale"));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> bias, loadParam(ctx.inputs[2], l.c, "bias"));
+  const int64_t cg = l.c / groups, len = cg * l.plane;
+  return visitFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *px = x.as<const T>();
+    T *py = y.as<T>();
+    ctx.pool.parallelFor(l.n * groups, std::max<int64_t>(1, kGrain / std::max<int64_t>(len, 1)),
+                         [&](int64_t t0, int64_t t1) {
+                           for (int64_t t = t0; t < t1; ++t) {
+                             const T *src = px + t * len;
+                             T *dst = py + t * len;
+                             auto [mean, var] = moments(src, 1, len, len);
+                             double inv = 1.0 / std::sqrt(var + eps);
+                             for (int64_t k = 0; k < cg; ++k) {
+                               int64_t c = (t % groups) * cg + k;
+                               double a = inv * scale[c], b = bias[c] - mean * a;
+                               for (int64_t i = 0; i < l.plane; ++i)
+                                 dst[k * l.plane + i] =
+                                     store<T>(double(load(src[k * l.plane + i])) * a + b);
+                             }
+                           }
+                         });
+    return Status::ok();
+  });
+}
+
+} // namespace
+
+void registerNormKernels(Registry &r) {
+  r.add("batch_norm", &batchNormKernel, 5, 5);
+  r.add("batch_norm_training", &batchNormTrainingKernel, 5, 5, 3, 3);
+  r.add("layer_norm", &layerNormKernel, 2, 3);
+  r.add("group_norm", &groupNormKernel, 3, 3);
+}
+
+} // namespace forge::rt::cpu

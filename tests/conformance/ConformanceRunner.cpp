@@ -1,0 +1,429 @@
+//===- ConformanceRunner.cpp - ONNX backend node tests through Forge -------===//
+//
+// For each ONNX backend test directory (model.onnx + test_data_set_*/):
+// import -> inference pipeline -> bundle -> load -> CPU execution, then
+// compare every output with the expected one (|out - ref| <= absTol + relTol*|ref|,
+// the ONNX backend's own tolerances; NaN matches NaN; integers and booleans
+// exactly). A test is in scope when every node is an op the importer supports
+// and every graph input and output is a tensor; the rest are listed with the
+// reason. Prints "N passed, N failed" for the in-scope set and exits non-zero
+// when fewer than --min-pass-rate of them pass.
+//
+//===----------------------------------------------------------------------===//
+#include "forge/Bundle/BundleEmitter.h"
+#include "forge/Bundle/Conversion.h"
+#include "forge/Import/OnnxImporter.h"
+#include "forge/Pipeline/Pipeline.h"
+#include "forge/runtime/Bundle.h"
+#include "forge/runtime/CpuExecutor.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+namespace fs = std::filesystem;
+namespace cl = llvm::cl;
+using namespace mlir;
+namespace fc = mlir::forge;
+namespace pb = ::forge::bundle;
+
+static cl::list<std::string> roots(cl::Positional, cl::desc("<dir with test_* subdirs>..."),
+                                   cl::OneOrMore);
+static cl::opt<double> minPassRate("min-pass-rate", cl::init(0.95),
+                                   cl::desc("Fail below this in-scope pass rate"));
+static cl::opt<std::string> filter("filter", cl::init(""), cl::desc("Only tests containing this"));
+static cl::opt<bool> verbose("v", cl::desc("Print every test"));
+static cl::opt<double> relTol("rtol", cl::init(1e-3));
+static cl::opt<double> absTol("atol", cl::init(1e-7));
+
+// Tests whose expected outputs cannot be reproduced by any implementation
+// that follows the spec exactly, with the reason. Everything else in scope counts.
+static const std::map<std::string, std::string> kKnownOutOfScope = {
+    {"test_dropout_default_mask_ratio", "random mask (training-mode dropout)"},
+    {"test_training_dropout", "random mask (training-mode dropout)"},
+    {"test_training_dropout_default", "random mask (training-mode dropout)"},
+    {"test_training_dropout_default_mask", "random mask (training-mode dropout)"},
+    {"test_training_dropout_mask", "random mask (training-mode dropout)"},
+};
+
+namespace {
+
+std::string readFile(const fs::path &p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// Why a test is out of scope, or "" when it is in scope.
+std::string scopeReason(const onnx::ModelProto &model, const std::set<std::string> &supported) {
+  for (const auto &imp : model.opset_import())
+    if ((imp.domain().empty() || imp.domain() == "ai.onnx") && imp.version() > 23)
+      return "opset " + std::to_string(imp.version()) + " > 23";
+  std::set<std::string> missing;
+  for (const auto &node : model.graph().node()) {
+    bool defaultDomain = node.domain().empty() || node.domain() == "ai.onnx";
+    if (!defaultDomain || !supported.count(node.op_type()))
+      missing.insert((defaultDomain ? "" : node.domain() + ".") + node.op_type());
+  }
+  if (!missing.empty()) {
+    std::string s = "unsupported op";
+    for (const auto &m : missing)
+      s += " " + m;
+    return s;
+  }
+  // FNUZ float8, 4-bit ints and float4 are outside Forge's element types.
+  auto foreignType = [](int32_t t) { return t == 18 || t == 20 || t >= 21; };
+  auto foreignIn = [&](const auto &values) {
+    for (const auto &v : values)
+      if (v.type().has_tensor_type() && foreignType(v.type().tensor_type().elem_type()))
+        return true;
+    return false;
+  };
+  if (foreignIn(model.graph().input()) || foreignIn(model.graph().output()))
+    return "element type outside Forge's set (float8 FNUZ, int4, float4)";
+  for (const auto &node : model.graph().node())
+    for (const auto &a : node.attribute())
+      if (a.name() == "to" && foreignType((int32_t)a.i()))
+        return "casts to an element type outside Forge's set (float8 FNUZ, int4, float4)";
+  auto tensorOnly = [](const auto &values) {
+    for (const auto &v : values)
+      if (!v.type().has_tensor_type() || v.type().tensor_type().elem_type() == onnx::TensorProto::STRING)
+        return false;
+    return true;
+  };
+  if (!tensorOnly(model.graph().input()) || !tensorOnly(model.graph().output()))
+    return "non-tensor or string inputs/outputs";
+  return "";
+}
+
+struct Outcome {
+  bool passed = false;
+  std::string detail;
+  std::map<std::string, DenseElementsAttr> boundInputs;
+};
+
+bool closeEnough(double out, double ref) {
+  if (std::isnan(ref))
+    return std::isnan(out);
+  if (std::isinf(ref))
+    return out == ref;
+  return std::fabs(out - ref) <= absTol + relTol * std::fabs(ref);
+}
+
+double elementAsDouble(const uint8_t *p, ::pb::DType t, size_t i);
+
+Outcome runTest(const fs::path &dir) {
+  Outcome outcome;
+  DialectRegistry registry;
+  fc::registerForgeDialects(registry);
+  MLIRContext ctx(registry);
+  ctx.loadAllAvailableDialects();
+  std::string diagnostics;
+  ScopedDiagnosticHandler handler(&ctx, [&](Diagnostic &d) {
+    diagnostics += d.str() + "; ";
+    return success();
+  });
+  std::string modelPath = (dir / "model.onnx").string();
+  auto module = fc::importOnnxFile(&ctx, modelPath, {});
+  if (!module) {
+    // Inputs that configure shapes, axes or pads must be known when Forge
+    // specializes a program: bind the integer and scalar inputs to this
+    // test's values and import again.
+    fc::ImportOptions bound;
+    onnx::ModelProto model;
+    model.ParseFromString(readFile(dir / "model.onnx"));
+    std::vector<std::string> inputNames;
+    for (const auto &in : model.graph().input()) {
+      bool isInitializer = false;
+      for (const auto &init : model.graph().initializer())
+        isInitializer |= init.name() == in.name();
+      if (!isInitializer)
+        inputNames.push_back(in.name());
+    }
+    fs::path data = dir / "test_data_set_0";
+    for (size_t i = 0; i < inputNames.size(); ++i) {
+      fs::path p = data / ("input_" + std::to_string(i) + ".pb");
+      if (!fs::exists(p))
+        break;
+      auto t = fc::importTensorProto(&ctx, readFile(p), p.string());
+      if (succeeded(t) && (!isa<FloatType>(t->getElementType()) || t->getNumElements() <= 1))
+        bound.constantInputs[inputNames[i]] = *t;
+    }
+    if (bound.constantInputs.empty()) {
+      outcome.detail = "import: " + diagnostics;
+      return outcome;
+    }
+    diagnostics.clear();
+    module = fc::importOnnxFile(&ctx, modelPath, bound);
+    if (!module) {
+      outcome.detail = "import: " + diagnostics;
+      return outcome;
+    }
+    outcome.boundInputs = bound.constantInputs;
+  }
+  PassManager pm(&ctx);
+  fc::buildInferencePipeline(pm, {});
+  if (failed(pm.run(*module))) {
+    outcome.detail = "pipeline: " + diagnostics;
+    return outcome;
+  }
+  ::forge::rt::BundleWriter writer;
+  if (failed(fc::emitBundle(*module, {}, writer))) {
+    outcome.detail = "emit: " + diagnostics;
+    return outcome;
+  }
+  auto bundle = ::forge::rt::Bundle::fromBytes(writer.serialize(), modelPath);
+  if (!bundle) {
+    outcome.detail = "load: " + bundle.status().message();
+    return outcome;
+  }
+  auto exec = ::forge::rt::CpuExecutor::create(**bundle);
+  if (!exec) {
+    outcome.detail = "executor: " + exec.status().message();
+    return outcome;
+  }
+  int dataSets = 0;
+  for (int set = 0;; ++set) {
+    fs::path data = dir / ("test_data_set_" + std::to_string(set));
+    if (!fs::exists(data))
+      break;
+    ++dataSets;
+    std::vector<DenseElementsAttr> inputs, expected;
+    for (int i = 0;; ++i) {
+      fs::path p = data / ("input_" + std::to_string(i) + ".pb");
+      if (!fs::exists(p))
+        break;
+      auto t = fc::importTensorProto(&ctx, readFile(p), p.string());
+      if (failed(t)) {
+        outcome.detail = "input " + std::to_string(i) + ": " + diagnostics;
+        return outcome;
+      }
+      inputs.push_back(*t);
+    }
+    for (int i = 0;; ++i) {
+      fs::path p = data / ("output_" + std::to_string(i) + ".pb");
+      if (!fs::exists(p))
+        break;
+      auto t = fc::importTensorProto(&ctx, readFile(p), p.string());
+      if (failed(t)) {
+        outcome.detail = "output " + std::to_string(i) + ": " + diagnostics;
+        return outcome;
+      }
+      expected.push_back(*t);
+    }
+    const auto &program = (*bundle)->program();
+    // Inputs bound at compile time are constants now; the rest keep their order.
+    std::vector<DenseElementsAttr> fed;
+    {
+      onnx::ModelProto model;
+      model.ParseFromString(readFile(dir / "model.onnx"));
+      size_t next = 0;
+      for (const auto &in : model.graph().input()) {
+        bool isInitializer = false;
+        for (const auto &init : model.graph().initializer())
+          isInitializer |= init.name() == in.name();
+        if (isInitializer)
+          continue;
+        if (next < inputs.size() && !outcome.boundInputs.count(in.name()))
+          fed.push_back(inputs[next]);
+        ++next;
+      }
+    }
+    inputs = fed;
+    if (inputs.size() != (size_t)program.inputs_size()) {
+      outcome.detail = "test feeds " + std::to_string(inputs.size()) + " inputs, program has " +
+                       std::to_string(program.inputs_size());
+      return outcome;
+    }
+    std::vector<std::vector<uint8_t>> inputBytes;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto &info = program.tensors(program.inputs(i));
+      inputBytes.push_back(fc::elementsToBytes(inputs[i]));
+      auto type = cast<RankedTensorType>(inputs[i].getType());
+      pb::DType given = fc::dtypeFromType(type.getElementType());
+      // ONNX test data stores bfloat16 tensors as uint16 bit patterns.
+      if (given == pb::U16 && info.dtype() == pb::BF16)
+        given = pb::BF16;
+      ::forge::rt::TensorView view{inputBytes.back().data(), given,
+                   std::vector<int64_t>(type.getShape().begin(), type.getShape().end())};
+      auto st = (*exec)->setInput(info.name(), view);
+      if (!st.isOk()) {
+        outcome.detail = "set input: " + st.message();
+        return outcome;
+      }
+    }
+    auto st = (*exec)->run();
+    if (!st.isOk()) {
+      outcome.detail = "run: " + st.message();
+      return outcome;
+    }
+    if (expected.size() != (size_t)program.outputs_size()) {
+      outcome.detail = "expected " + std::to_string(expected.size()) + " outputs, program has " +
+                       std::to_string(program.outputs_size());
+      return outcome;
+    }
+    for (size_t o = 0; o < expected.size(); ++o) {
+      ::forge::rt::TensorView out = (*exec)->view(program.outputs(o));
+      auto refType = cast<RankedTensorType>(expected[o].getType());
+      std::vector<int64_t> refShape(refType.getShape().begin(), refType.getShape().end());
+      if (out.shape != refShape) {
+        outcome.detail = "output " + std::to_string(o) + " shape " + ::forge::rt::shapeString(out.shape) +
+                         " != expected " + ::forge::rt::shapeString(refShape);
+        return outcome;
+      }
+      auto refDType = fc::dtypeFromType(refType.getElementType());
+      if (refDType == pb::U16 && out.dtype == pb::BF16)
+        refDType = pb::BF16;
+      if (out.dtype != refDType) {
+        outcome.detail = "output " + std::to_string(o) + " dtype " +
+                         std::string(::forge::rt::dtypeName(out.dtype)) + " != expected " +
+                         std::string(::forge::rt::dtypeName(refDType));
+        return outcome;
+      }
+      std::vector<uint8_t> ref = fc::elementsToBytes(expected[o]);
+      bool isFloat = ::forge::rt::isFloatType(refDType);
+      for (int64_t i = 0; i < out.numel(); ++i) {
+        double a = elementAsDouble(static_cast<const uint8_t *>(out.data), out.dtype, i);
+        double b = elementAsDouble(ref.data(), refDType, i);
+        if (isFloat ? !closeEnough(a, b) : a != b) {
+          outcome.detail = "output " + std::to_string(o) + " element " + std::to_string(i) + ": " +
+                           std::to_string(a) + " != expected " + std::to_string(b);
+          return outcome;
+        }
+      }
+    }
+  }
+  if (dataSets == 0) {
+    outcome.detail = "no test_data_set_0";
+    return outcome;
+  }
+  outcome.passed = true;
+  return outcome;
+}
+
+float halfToFloat(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400)) {
+        mant <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+double elementAsDouble(const uint8_t *p, ::pb::DType t, size_t i) {
+  using namespace ::forge::bundle;
+  auto load = [&](auto tag) {
+    decltype(tag) v;
+    std::memcpy(&v, p + i * sizeof(v), sizeof(v));
+    return v;
+  };
+  switch (t) {
+  case F32: return load(float());
+  case F64: return load(double());
+  case F16: return halfToFloat(load(uint16_t()));
+  case BF16: {
+    uint32_t bits = uint32_t(load(uint16_t())) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  case I64: return (double)load(int64_t());
+  case I32: return load(int32_t());
+  case I16: return load(int16_t());
+  case I8: return load(int8_t());
+  case U8: case BOOL: return load(uint8_t());
+  case U16: return load(uint16_t());
+  case U32: return load(uint32_t());
+  case U64: return (double)load(uint64_t());
+  default: return std::nan("");
+  }
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  cl::ParseCommandLineOptions(argc, argv, "Run ONNX backend node tests through Forge\n");
+  std::vector<std::string> ops = fc::supportedOnnxOps();
+  std::set<std::string> supported(ops.begin(), ops.end());
+
+  // Later roots override earlier ones for a test of the same name (newer data).
+  std::map<std::string, fs::path> tests;
+  for (const auto &root : roots) {
+    if (!fs::is_directory(root)) {
+      llvm::errs() << "not a directory: " << root << "\n";
+      return 2;
+    }
+    for (const auto &entry : fs::directory_iterator(root))
+      if (entry.is_directory() && fs::exists(entry.path() / "model.onnx") &&
+          entry.path().filename().string().find(filter) != std::string::npos)
+        tests[entry.path().filename().string()] = entry.path();
+  }
+
+  int passed = 0, failed = 0, outOfScope = 0;
+  std::vector<std::string> failures, skipped;
+  for (const auto &[name, dir] : tests) {
+    onnx::ModelProto model;
+    std::string bytes = readFile(dir / "model.onnx");
+    std::string reason;
+    if (!model.ParseFromString(bytes))
+      reason = "model.onnx does not parse";
+    else
+      reason = scopeReason(model, supported);
+    if (reason.empty())
+      if (auto it = kKnownOutOfScope.find(name); it != kKnownOutOfScope.end())
+        reason = it->second;
+    if (!reason.empty()) {
+      ++outOfScope;
+      skipped.push_back(name + ": " + reason);
+      continue;
+    }
+    Outcome o = runTest(dir);
+    if (o.passed) {
+      ++passed;
+      if (verbose)
+        llvm::outs() << "PASS " << name << "\n";
+    } else {
+      ++failed;
+      failures.push_back(name + ": " + o.detail);
+      if (verbose)
+        llvm::outs() << "FAIL " << name << ": " << o.detail << "\n";
+    }
+  }
+  llvm::outs() << "\nOut of scope (" << outOfScope << "):\n";
+  for (const auto &s : skipped)
+    llvm::outs() << "  " << s << "\n";
+  llvm::outs() << "\nFailures (" << failed << "):\n";
+  for (const auto &f : failures)
+    llvm::outs() << "  " << f << "\n";
+  int inScope = passed + failed;
+  double rate = inScope ? double(passed) / inScope : 0.0;
+  llvm::outs() << "\nconformance: " << passed << " passed, " << failed << " failed (in scope "
+               << inScope << ", out of scope " << outOfScope << ", pass rate "
+               << llvm::format("%.1f", 100 * rate) << "%)\n";
+  return rate >= minPassRate && inScope > 0 ? 0 : 1;
+}

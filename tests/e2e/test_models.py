@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""End-to-end check of the real-model set in models/: import + CPU forward vs. PyTorch.
+
+For each model NAME listed in models/manifest.json (written by models/make_models.py):
+  forgec NAME.onnx --inference-only --target cpu --batch 2 -o TMP/NAME.forge
+  forge-train TMP/NAME.forge --forward --inputs TMP/NAME.in.npz --outputs TMP/NAME.out.npz
+and every output is compared with NAME.ref.npz: ||out - ref|| / ||ref|| <= 1e-4 (the max
+absolute difference is reported too). Needs numpy only.
+
+Usage:
+  test_models.py [--bin-dir DIR] [--forgec F] [--forge-train F] [--models-dir DIR]
+                 [--tol 1e-4] [--keep] [NAME ...]
+Each binary is --forgec / --forge-train if given, else found in --bin-dir (or $FORGE_BIN_DIR),
+else on PATH. One line per model is
+printed, then 'N passed, N failed'; the exit status is non-zero if any model failed.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_MODELS_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "models"))
+STEP_TIMEOUT_S = 600
+
+
+def find_tool(name, bin_dir):
+    if bin_dir:
+        p = os.path.join(bin_dir, name)
+        return p if os.access(p, os.X_OK) else None
+    return shutil.which(name)
+
+
+def last_lines(text, n=6):
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    return " | ".join(lines[-n:])
+
+
+def run(cmd):
+    """Runs cmd; returns (ok, seconds, combined output)."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace", timeout=STEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout or ""
+        if isinstance(out, bytes):
+            out = out.decode(errors="replace")
+        return False, time.monotonic() - t0, f"timed out after {STEP_TIMEOUT_S}s: {out}"
+    return p.returncode == 0, time.monotonic() - t0, (
+        p.stdout if p.returncode == 0 else f"exit {p.returncode}: {p.stdout}")
+
+
+def compare(out, ref):
+    out64 = np.asarray(out, dtype=np.float64)
+    ref64 = np.asarray(ref, dtype=np.float64)
+    norm = np.linalg.norm(ref64)
+    diff = out64 - ref64
+    rel = float(np.linalg.norm(diff) / (norm if norm > 0 else 1.0))
+    mad = float(np.max(np.abs(diff))) if diff.size else 0.0
+    return rel, mad
+
+
+def check_model(name, info, models_dir, tmp, forgec, forge_train, tol, batch):
+    """Returns (ok, message)."""
+    onnx_path = os.path.join(models_dir, info["onnx"])
+    ref = np.load(os.path.join(models_dir, info["ref"]))
+    missing = [n for n in info["inputs"] + info["outputs"] if n not in ref.files]
+    if missing:
+        return False, f"reference {info['ref']} lacks {missing}"
+
+    bundle = os.path.join(tmp, name + ".forge")
+    ok, t_compile, log = run([forgec, onnx_path, "--inference-only", "--target", "cpu",
+                              "--batch", str(batch), "-o", bundle])
+    if not ok:
+        return False, f"forgec failed: {last_lines(log)}"
+
+    # Inputs only: forge-train would warn about (and ignore) the reference outputs.
+    in_npz = os.path.join(tmp, name + ".in.npz")
+    np.savez(in_npz, **{n: ref[n] for n in info["inputs"]})
+    out_npz = os.path.join(tmp, name + ".out.npz")
+    ok, t_run, log = run([forge_train, bundle, "--forward", "--inputs", in_npz,
+                          "--outputs", out_npz])
+    if not ok:
+        return False, f"forge-train failed: {last_lines(log)}"
+    if not os.path.exists(out_npz):
+        return False, f"forge-train wrote no {out_npz}: {last_lines(log)}"
+
+    got = np.load(out_npz)
+    problems, parts = [], []
+    for n in info["outputs"]:
+        if n not in got.files:
+            problems.append(f"output '{n}' missing (forge-train wrote {sorted(got.files)})")
+            continue
+        o, r = got[n], ref[n]
+        if o.shape != r.shape:
+            problems.append(f"{n}: shape {list(o.shape)} != reference {list(r.shape)}")
+            continue
+        if not np.all(np.isfinite(o)):
+            problems.append(f"{n}: {int(np.sum(~np.isfinite(o)))} non-finite values")
+            continue
+        rel, mad = compare(o, r)
+        parts.append(f"{n} rel {rel:.2e} maxabs {mad:.2e}")
+        if not rel <= tol:
+            problems.append(f"{n}: rel err {rel:.3e} > {tol:g} (max abs diff {mad:.3e})")
+    timing = f"compile {t_compile:.1f}s, run {t_run:.1f}s"
+    if problems:
+        return False, "; ".join(problems + parts) + f" ({timing})"
+    return True, ", ".join(parts) + f" ({timing})"
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Forge e2e: real models, CPU forward vs. PyTorch")
+    ap.add_argument("names", nargs="*", help="models to check (default: all in the manifest)")
+    ap.add_argument("--bin-dir", default=os.environ.get("FORGE_BIN_DIR"),
+                    help="directory with forgec and forge-train (default $FORGE_BIN_DIR, PATH)")
+    ap.add_argument("--forgec", help="path of forgec (overrides --bin-dir)")
+    ap.add_argument("--forge-train", help="path of forge-train (overrides --bin-dir)")
+    ap.add_argument("--models-dir", default=DEFAULT_MODELS_DIR)
+    ap.add_argument("--tol", type=float, default=1e-4, help="max relative error (L2)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    a = ap.parse_args()
+
+    forgec = a.forgec or find_tool("forgec", a.bin_dir)
+    forge_train = a.forge_train or find_tool("forge-train", a.bin_dir)
+    if not forgec or not forge_train or not all(os.access(t, os.X_OK) for t in (forgec, forge_train)):
+        where = a.bin_dir or "PATH"
+        print(f"e2e_models: need executable forgec and forge-train (--forgec/--forge-train, "
+              f"or in {where}); have forgec={forgec}, forge-train={forge_train}", file=sys.stderr)
+        return 2
+
+    with open(os.path.join(a.models_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    models = manifest["models"]
+    batch = int(manifest.get("ref_batch", 2))
+    names = a.names or list(models)
+    unknown = [n for n in names if n not in models]
+    if unknown:
+        print(f"e2e_models: unknown model(s) {unknown}; known: {list(models)}", file=sys.stderr)
+        return 2
+
+    tmp = tempfile.mkdtemp(prefix="forge-e2e-models-")
+    passed, failed = [], []
+    try:
+        for name in names:
+            try:
+                ok, msg = check_model(name, models[name], a.models_dir, tmp, forgec, forge_train,
+                                      a.tol, batch)
+            except Exception as e:  # a broken npz etc. fails this model, not the run
+                ok, msg = False, f"{type(e).__name__}: {e}"
+            (passed if ok else failed).append(name)
+            print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)
+    finally:
+        if a.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{len(passed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+// RUN: forge-opt %s --split-input-file --verify-diagnostics
+
+func.func @conv_channels(%x: tensor<1x3x8x8xf32>, %w: tensor<4x2x3x3xf32>) -> tensor<1x4x6x6xf32> {
+  // expected-error @+1 {{input channels 3 != weight channels 2 x group 1}}
+  %y = forge.conv %x, %w {strides = array<i64: 1, 1>, pads = array<i64: 0, 0, 0, 0>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<1x3x8x8xf32>, tensor<4x2x3x3xf32>) -> tensor<1x4x6x6xf32>
+  return %y : tensor<1x4x6x6xf32>
+}
+
+// -----
+
+func.func @bad_broadcast(%a: tensor<3xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+2 {{operand shapes are not broadcast-compatible}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %y = forge.add %a, %b : (tensor<3xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %y : tensor<4xf32>
+}
+
+// -----
+
+func.func @wrong_result_type(%a: tensor<2x3xf32>, %b: tensor<3x5xf32>) -> tensor<2x4xf32> {
+  // expected-error @+2 {{'forge.matmul' op inferred type(s) 'tensor<2x5xf32>' are incompatible with return type(s) of operation 'tensor<2x4xf32>'}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %y = forge.matmul %a, %b : (tensor<2x3xf32>, tensor<3x5xf32>) -> tensor<2x4xf32>
+  return %y : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @not_a_permutation(%x: tensor<2x3xf32>) -> tensor<2x2xf32> {
+  // expected-error @+1 {{perm is not a permutation}}
+  %t = forge.transpose %x {perm = array<i64: 0, 0>} : (tensor<2x3xf32>) -> tensor<2x2xf32>
+  return %t : tensor<2x2xf32>
+}
+
+// -----
+
+func.func @slice_not_normalized(%x: tensor<4xf32>) -> tensor<2xf32> {
+  // expected-error @+1 {{dim 0: start 3, end 1, step 1 not normalized for extent 4}}
+  %s = forge.slice %x {starts = array<i64: 3>, ends = array<i64: 1>, steps = array<i64: 1>} : (tensor<4xf32>) -> tensor<2xf32>
+  return %s : tensor<2xf32>
+}
+
+// -----
+
+func.func @mixed_types(%a: tensor<3xf32>, %b: tensor<3xi64>) -> tensor<3xf32> {
+  // expected-error @+2 {{operand element types differ}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %y = forge.add %a, %b : (tensor<3xf32>, tensor<3xi64>) -> tensor<3xf32>
+  return %y : tensor<3xf32>
+}

@@ -1,0 +1,365 @@
+// Bundle writer/loader: round trip, and that every kind of damage (truncation,
+// header fields, checksums, bad references) is an error naming the problem,
+// never a crash.
+#include "forge/runtime/Bundle.h"
+
+#include <cstring>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+using namespace forge::rt;
+namespace fb = forge::bundle;
+
+namespace {
+
+std::vector<uint8_t> floatBytes(std::vector<float> v) {
+  std::vector<uint8_t> out(v.size() * 4);
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+fb::TensorInfo *addTensor(fb::Program &p, std::string name, fb::TensorInfo::Kind kind,
+                          std::vector<int64_t> shape, int64_t arenaOffset = 0) {
+  fb::TensorInfo *t = p.add_tensors();
+  t->set_name(std::move(name));
+  t->set_dtype(fb::F32);
+  t->set_kind(kind);
+  for (int64_t d : shape)
+    t->add_shape(d);
+  t->set_arena_offset(arenaOffset);
+  return t;
+}
+
+/// x[2,3] (input) @ w[3,2] (constant) -> y[2,2] (output), plus a second section.
+BundleWriter makeWriter() {
+  BundleWriter w;
+  fb::Program &p = w.program();
+  p.set_target("cpu");
+  p.set_producer("BundleTest");
+  (*p.mutable_build_options())["batch"] = "2";
+  uint32_t weights = w.addSection("weights", floatBytes({1, 2, 3, 4, 5, 6}));
+  std::vector<uint8_t> aux(100);
+  for (size_t i = 0; i < aux.size(); ++i)
+    aux[i] = static_cast<uint8_t>(i * 7);
+  w.addSection("aux", aux);
+  addTensor(p, "x", fb::TensorInfo::INPUT, {2, 3}, 0);
+  fb::TensorInfo *wt = addTensor(p, "w", fb::TensorInfo::CONSTANT, {3, 2});
+  wt->set_section(weights);
+  wt->set_data_offset(0);
+  wt->set_data_size(24);
+  addTensor(p, "y", fb::TensorInfo::OUTPUT, {2, 2}, 64);
+  p.set_arena_size(128);
+  fb::Instruction *inst = p.add_instructions();
+  inst->set_op("matmul");
+  inst->set_name("node0");
+  inst->add_inputs(0);
+  inst->add_inputs(1);
+  inst->add_outputs(2);
+  (*inst->mutable_attrs())["alpha"].set_f(1.0);
+  p.add_inputs(0);
+  p.add_outputs(2);
+  return w;
+}
+
+std::vector<uint8_t> validBytes() { return makeWriter().serialize(); }
+
+BundleHeader headerOf(const std::vector<uint8_t> &b) {
+  BundleHeader h;
+  std::memcpy(&h, b.data(), sizeof(h));
+  return h;
+}
+
+void setHeader(std::vector<uint8_t> &b, const BundleHeader &h) {
+  std::memcpy(b.data(), &h, sizeof(h));
+}
+
+uint32_t crcOf(const uint8_t *p, size_t n) {
+  return static_cast<uint32_t>(crc32(crc32(0, nullptr, 0), p, static_cast<uInt>(n)));
+}
+
+/// fromBytes must fail and its message must contain `needle`.
+void expectError(std::vector<uint8_t> bytes, const std::string &needle) {
+  auto b = Bundle::fromBytes(std::move(bytes), "test.forge");
+  ASSERT_FALSE(b.isOk()) << "expected an error containing: " << needle;
+  std::string msg = b.status().message();
+  EXPECT_EQ(msg.rfind("test.forge: ", 0), 0u) << msg;
+  EXPECT_NE(msg.find(needle), std::string::npos) << "message: " << msg;
+}
+
+/// Applies `mutate` to the program of a fresh writer and expects an error.
+template <typename F> void expectProgramError(F mutate, const std::string &needle) {
+  BundleWriter w = makeWriter();
+  mutate(w.program());
+  expectError(w.serialize(), needle);
+}
+
+std::string tempPath(const std::string &name) { return ::testing::TempDir() + name; }
+
+} // namespace
+
+TEST(BundleTest, RoundTripInMemory) {
+  BundleWriter w = makeWriter();
+  std::vector<uint8_t> bytes = w.serialize();
+  BundleHeader h = headerOf(bytes);
+  EXPECT_EQ(h.formatVersion, kBundleFormatVersion);
+  EXPECT_EQ(h.dataOffset % kSectionAlignment, 0u);
+  EXPECT_EQ(h.fileSize, bytes.size());
+
+  auto b = Bundle::fromBytes(bytes, "mem");
+  ASSERT_TRUE(b.isOk()) << b.status().message();
+  EXPECT_EQ((*b)->origin(), "mem");
+  EXPECT_EQ((*b)->program().SerializeAsString(), w.program().SerializeAsString());
+  ASSERT_EQ((*b)->program().sections_size(), 2);
+  std::span<const uint8_t> s0 = (*b)->section(0);
+  EXPECT_EQ(std::vector<uint8_t>(s0.begin(), s0.end()), floatBytes({1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ((*b)->section(1).size(), 100u);
+  EXPECT_EQ((*b)->section(1)[99], static_cast<uint8_t>(99 * 7));
+  EXPECT_EQ((*b)->program().sections(1).offset() % kSectionAlignment, 0u);
+  EXPECT_TRUE((*b)->section(2).empty());
+  std::span<const uint8_t> wd = (*b)->tensorData((*b)->program().tensors(1));
+  ASSERT_EQ(wd.size(), 24u);
+  float f[6];
+  std::memcpy(f, wd.data(), 24);
+  EXPECT_EQ(f[5], 6.0f);
+  // Arena tensors have no data in the file.
+  EXPECT_TRUE((*b)->tensorData((*b)->program().tensors(0)).empty());
+}
+
+TEST(BundleTest, SerializationIsDeterministic) { EXPECT_EQ(validBytes(), validBytes()); }
+
+TEST(BundleTest, EmptyProgramRoundTrips) {
+  BundleWriter w;
+  auto b = Bundle::fromBytes(w.serialize());
+  ASSERT_TRUE(b.isOk()) << b.status().message();
+  EXPECT_EQ((*b)->program().tensors_size(), 0);
+}
+
+TEST(BundleTest, WriteFileAndOpenMapped) {
+  std::string path = tempPath("bundle_roundtrip.forge");
+  BundleWriter w = makeWriter();
+  ASSERT_TRUE(w.writeFile(path).isOk());
+  auto b = Bundle::open(path);
+  ASSERT_TRUE(b.isOk()) << b.status().message();
+  EXPECT_EQ((*b)->origin(), path);
+  EXPECT_EQ((*b)->program().target(), "cpu");
+  EXPECT_EQ((*b)->section(0).size(), 24u);
+  // Overwriting goes through a temporary + rename; the result is complete.
+  ASSERT_TRUE(w.writeFile(path).isOk());
+  EXPECT_TRUE(Bundle::open(path).isOk());
+}
+
+TEST(BundleTest, WriteFileToMissingDirectoryFails) {
+  BundleWriter w = makeWriter();
+  Status s = w.writeFile("/nonexistent-dir/x.forge");
+  EXPECT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("/nonexistent-dir/x.forge"), std::string::npos);
+}
+
+TEST(BundleTest, OpenErrors) {
+  auto missing = Bundle::open(tempPath("does_not_exist.forge"));
+  ASSERT_FALSE(missing.isOk());
+  EXPECT_NE(missing.status().message().find("cannot open"), std::string::npos);
+
+  auto dir = Bundle::open(::testing::TempDir());
+  ASSERT_FALSE(dir.isOk());
+  EXPECT_NE(dir.status().message().find("not a regular file"), std::string::npos);
+
+  std::string empty = tempPath("empty.forge");
+  std::ofstream(empty).close();
+  auto e = Bundle::open(empty);
+  ASSERT_FALSE(e.isOk());
+  EXPECT_NE(e.status().message().find("bad magic"), std::string::npos);
+
+  std::string foreign = tempPath("foreign.forge");
+  std::ofstream(foreign) << "PK\x03\x04 this is a zip file, not a bundle";
+  auto f = Bundle::open(foreign);
+  ASSERT_FALSE(f.isOk());
+  EXPECT_NE(f.status().message().find("not a forge bundle"), std::string::npos);
+
+  // A bundle truncated on disk (open maps it; the size check catches it).
+  std::string trunc = tempPath("trunc.forge");
+  std::vector<uint8_t> bytes = validBytes();
+  std::ofstream(trunc, std::ios::binary)
+      .write(reinterpret_cast<const char *>(bytes.data()), bytes.size() - 10);
+  auto t = Bundle::open(trunc);
+  ASSERT_FALSE(t.isOk());
+  EXPECT_NE(t.status().message().find("truncated"), std::string::npos);
+}
+
+TEST(BundleTest, EveryTruncationIsAnError) {
+  std::vector<uint8_t> bytes = validBytes();
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::vector<uint8_t> prefix(bytes.begin(), bytes.begin() + n);
+    auto b = Bundle::fromBytes(std::move(prefix), "test.forge");
+    ASSERT_FALSE(b.isOk()) << "prefix of " << n << " bytes was accepted";
+    EXPECT_FALSE(b.status().message().empty());
+  }
+  // Trailing garbage is refused as well.
+  bytes.push_back(0);
+  expectError(bytes, "size mismatch");
+}
+
+TEST(BundleTest, HeaderFieldsAreChecked) {
+  const std::vector<uint8_t> good = validBytes();
+  const BundleHeader h0 = headerOf(good);
+  auto withHeader = [&](auto mutate) {
+    std::vector<uint8_t> b = good;
+    BundleHeader h = h0;
+    mutate(h);
+    setHeader(b, h);
+    return b;
+  };
+  {
+    std::vector<uint8_t> b = good;
+    b[3] ^= 0x20;
+    expectError(b, "bad magic");
+  }
+  expectError(withHeader([](BundleHeader &h) { h.formatVersion = 0; }), "formatVersion");
+  expectError(withHeader([](BundleHeader &h) { h.formatVersion = 7; }),
+              "bundle format version 7 is newer than this forge-train supports (1)");
+  expectError(withHeader([](BundleHeader &h) { h.headerSize = 32; }), "headerSize");
+  expectError(withHeader([](BundleHeader &h) { h.headerSize = 0xFFFFFFFF; }), "headerSize");
+  expectError(withHeader([](BundleHeader &h) { h.fileSize += 1; }), "fileSize");
+  expectError(withHeader([](BundleHeader &h) { h.fileSize = ~0ull; }), "fileSize");
+  expectError(withHeader([](BundleHeader &h) { h.reserved = 1; }), "reserved");
+  expectError(withHeader([](BundleHeader &h) { h.programOffset = 0; }), "programOffset");
+  expectError(withHeader([](BundleHeader &h) { h.programOffset = ~0ull - 3; }), "program bytes");
+  expectError(withHeader([](BundleHeader &h) { h.programSize = ~0ull; }), "program bytes");
+  expectError(withHeader([](BundleHeader &h) { h.programSize += 1; }), "program CRC32");
+  expectError(withHeader([](BundleHeader &h) { h.dataOffset += 1; }), "not 64-byte aligned");
+  expectError(withHeader([](BundleHeader &h) { h.dataOffset = 64; }), "overlapping the program");
+  expectError(withHeader([](BundleHeader &h) { h.dataOffset = ~0ull & ~63ull; }), "data bytes");
+  expectError(withHeader([](BundleHeader &h) { h.dataSize = ~0ull; }), "data bytes");
+  expectError(withHeader([](BundleHeader &h) { h.dataSize += 64; }), "data bytes");
+  expectError(withHeader([](BundleHeader &h) { h.programCrc32 ^= 1; }), "program CRC32");
+  // A shorter data region cuts the last section off.
+  expectError(withHeader([](BundleHeader &h) { h.dataSize -= 1; }), "section #1 'aux'");
+}
+
+TEST(BundleTest, EveryHeaderByteFlipIsHandled) {
+  const std::vector<uint8_t> good = validBytes();
+  for (size_t i = 0; i < sizeof(BundleHeader); ++i) {
+    for (uint8_t mask : {0x01, 0x80, 0xFF}) {
+      std::vector<uint8_t> b = good;
+      b[i] ^= mask;
+      auto r = Bundle::fromBytes(b, "test.forge");
+      EXPECT_FALSE(r.isOk()) << "flip at header byte " << i << " was accepted";
+    }
+  }
+}
+
+TEST(BundleTest, FlippedProgramByteIsCrcError) {
+  std::vector<uint8_t> b = validBytes();
+  BundleHeader h = headerOf(b);
+  for (uint64_t i = 0; i < h.programSize; i += 7) {
+    std::vector<uint8_t> c = b;
+    c[h.programOffset + i] ^= 0x10;
+    expectError(c, "program CRC32 mismatch");
+  }
+}
+
+TEST(BundleTest, FlippedSectionByteIsCrcError) {
+  std::vector<uint8_t> b = validBytes();
+  BundleHeader h = headerOf(b);
+  b[h.dataOffset + 5] ^= 0x01;
+  expectError(b, "section #0 'weights': CRC32 mismatch");
+
+  b = validBytes();
+  auto ok = Bundle::fromBytes(b);
+  ASSERT_TRUE(ok.isOk());
+  uint64_t auxOffset = (*ok)->program().sections(1).offset();
+  b[h.dataOffset + auxOffset + 99] ^= 0x80;
+  expectError(b, "section #1 'aux': CRC32 mismatch");
+}
+
+TEST(BundleTest, GarbageProgramWithValidCrcIsParseError) {
+  std::vector<uint8_t> b = validBytes();
+  BundleHeader h = headerOf(b);
+  for (uint64_t i = 0; i < h.programSize; ++i)
+    b[h.programOffset + i] = 0xFF;
+  h.programCrc32 = crcOf(b.data() + h.programOffset, h.programSize);
+  setHeader(b, h);
+  expectError(b, "not a valid forge.bundle.Program");
+}
+
+TEST(BundleTest, SectionChecks) {
+  expectProgramError([](fb::Program &p) { p.mutable_sections(1)->set_offset(65); },
+                     "section #1 'aux': offset 65 is not 64-byte aligned");
+  expectProgramError([](fb::Program &p) { p.mutable_sections(1)->set_size(1000); }, "lie outside");
+  expectProgramError([](fb::Program &p) { p.mutable_sections(1)->set_offset(~0ull & ~63ull); },
+                     "lie outside");
+  expectProgramError([](fb::Program &p) { p.mutable_sections(1)->set_offset(0); }, "overlap");
+  expectProgramError([](fb::Program &p) { p.mutable_sections(0)->set_crc32(12345); },
+                     "section #0 'weights': CRC32 mismatch");
+}
+
+TEST(BundleTest, TensorChecks) {
+  expectProgramError([](fb::Program &p) { p.mutable_tensors(0)->set_dtype(fb::DTYPE_UNSPECIFIED); },
+                     "tensor #0 'x': invalid dtype");
+  expectProgramError(
+      [](fb::Program &p) { p.mutable_tensors(0)->set_dtype(static_cast<fb::DType>(99)); },
+      "tensor #0 'x': invalid dtype 99");
+  expectProgramError(
+      [](fb::Program &p) { p.mutable_tensors(0)->set_kind(static_cast<fb::TensorInfo::Kind>(42)); },
+      "invalid kind 42");
+  expectProgramError([](fb::Program &p) { p.mutable_tensors(0)->set_shape(1, -3); },
+                     "tensor #0 'x': dimension 1 is negative");
+  expectProgramError(
+      [](fb::Program &p) {
+        p.mutable_tensors(0)->set_shape(0, int64_t(1) << 40);
+        p.mutable_tensors(0)->set_shape(1, int64_t(1) << 40);
+      },
+      "overflow");
+  // Arena tensors.
+  expectProgramError([](fb::Program &p) { p.mutable_tensors(2)->set_arena_offset(128); },
+                     "tensor #2 'y': arena bytes [128, +16) exceed arena_size 128");
+  expectProgramError([](fb::Program &p) { p.set_arena_size(70); }, "exceed arena_size 70");
+  expectProgramError([](fb::Program &p) { p.mutable_tensors(2)->set_arena_offset(8); },
+                     "tensor #2 'y': arena_offset 8 is not 64-byte aligned");
+  expectProgramError([](fb::Program &p) { p.mutable_tensors(2)->set_arena_offset(-64); },
+                     "negative arena_offset");
+  expectProgramError(
+      [](fb::Program &p) { p.mutable_tensors(2)->set_arena_offset(int64_t(1) << 62); },
+      "exceed arena_size");
+  // Section-backed tensors.
+  expectProgramError([](fb::Program &p) { p.mutable_tensors(1)->set_section(5); },
+                     "tensor #1 'w': section index 5 out of range (2 sections)");
+  expectProgramError([](fb::Program &p) { p.mutable_tensors(1)->set_data_offset(4); },
+                     "tensor #1 'w': data bytes [4, +24) lie outside section #0 'weights'");
+  expectProgramError([](fb::Program &p) { p.mutable_tensors(1)->set_data_offset(~0ull - 8); },
+                     "lie outside section");
+  expectProgramError([](fb::Program &p) { p.mutable_tensors(1)->set_data_size(20); },
+                     "tensor #1 'w': data_size 20 does not match shape [3, 2] x f32 (24 bytes)");
+  expectProgramError([](fb::Program &p) { p.mutable_tensors(1)->set_dtype(fb::F64); },
+                     "does not match shape");
+}
+
+TEST(BundleTest, InstructionChecks) {
+  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->set_inputs(1, 3); },
+                     "instruction #0 (matmul 'node0'): input 1 refers to tensor 3");
+  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->set_inputs(0, -2); },
+                     "input 0 refers to tensor -2");
+  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->set_outputs(0, -1); },
+                     "output 0 refers to tensor -1");
+  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->set_outputs(0, 1000); },
+                     "output 0 refers to tensor 1000");
+  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->set_outputs(0, 1); },
+                     "writes tensor #1 'w', which is a constant");
+  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->clear_op(); }, "empty op");
+  // -1 marks an absent optional operand and is accepted.
+  BundleWriter w = makeWriter();
+  w.program().mutable_instructions(0)->add_inputs(-1);
+  EXPECT_TRUE(Bundle::fromBytes(w.serialize()).isOk());
+}
+
+TEST(BundleTest, ProgramInputOutputChecks) {
+  expectProgramError([](fb::Program &p) { p.set_inputs(0, 3); },
+                     "program input 0 refers to tensor 3");
+  expectProgramError([](fb::Program &p) { p.set_inputs(0, -1); },
+                     "program input 0 refers to tensor -1");
+  expectProgramError([](fb::Program &p) { p.set_inputs(0, 1); }, "is not of kind INPUT");
+  expectProgramError([](fb::Program &p) { p.add_outputs(7); },
+                     "program output 1 refers to tensor 7");
+}

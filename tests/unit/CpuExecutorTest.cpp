@@ -1,0 +1,233 @@
+// CpuExecutor: a hand-built bundle (add -> relu -> matmul with constants in a
+// section) run and compared with hand-computed values; clear errors for a
+// missing kernel and for bad inputs.
+#include "forge/runtime/CpuExecutor.h"
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+using namespace forge::rt;
+namespace fb = forge::bundle;
+
+namespace {
+
+std::vector<uint8_t> floatBytes(const std::vector<float> &v) {
+  std::vector<uint8_t> out(v.size() * 4);
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+int32_t addTensor(fb::Program &p, std::string name, fb::TensorInfo::Kind kind,
+                  std::vector<int64_t> shape, int64_t arenaOffset = 0) {
+  fb::TensorInfo *t = p.add_tensors();
+  t->set_name(std::move(name));
+  t->set_dtype(fb::F32);
+  t->set_kind(kind);
+  for (int64_t d : shape)
+    t->add_shape(d);
+  t->set_arena_offset(arenaOffset);
+  return p.tensors_size() - 1;
+}
+
+int32_t addSectionTensor(BundleWriter &w, std::string name, fb::TensorInfo::Kind kind,
+                         std::vector<int64_t> shape, uint32_t section, uint64_t offset) {
+  int32_t i = addTensor(w.program(), std::move(name), kind, std::move(shape));
+  fb::TensorInfo *t = w.program().mutable_tensors(i);
+  t->set_section(section);
+  t->set_data_offset(offset);
+  t->set_data_size(static_cast<uint64_t>(numElements({t->shape().begin(), t->shape().end()})) * 4);
+  return i;
+}
+
+void addInst(fb::Program &p, std::string op, std::vector<int32_t> in, std::vector<int32_t> out) {
+  fb::Instruction *inst = p.add_instructions();
+  inst->set_op(std::move(op));
+  inst->set_name("n" + std::to_string(p.instructions_size() - 1));
+  for (int32_t t : in)
+    inst->add_inputs(t);
+  for (int32_t t : out)
+    inst->add_outputs(t);
+}
+
+// y = relu(x + b) @ w, with b[2,3] and w[3,2] in one "params" section.
+const std::vector<float> kB = {0.5f, -1.0f, 2.0f, -3.0f, 0.0f, 1.0f};
+const std::vector<float> kW = {1, 2, 3, 4, 5, 6};
+
+BundleWriter makeMlp() {
+  BundleWriter w;
+  fb::Program &p = w.program();
+  p.set_target("cpu");
+  std::vector<float> params = kB;
+  params.resize(16, 0.0f); // w starts at byte 64 of the section
+  params.insert(params.end(), kW.begin(), kW.end());
+  uint32_t sec = w.addSection("params", floatBytes(params));
+  int32_t x = addTensor(p, "x", fb::TensorInfo::INPUT, {2, 3}, 0);
+  int32_t b = addSectionTensor(w, "b", fb::TensorInfo::CONSTANT, {2, 3}, sec, 0);
+  int32_t s = addTensor(p, "s", fb::TensorInfo::INTERMEDIATE, {2, 3}, 64);
+  int32_t r = addTensor(p, "r", fb::TensorInfo::INTERMEDIATE, {2, 3}, 128);
+  int32_t wt = addSectionTensor(w, "w", fb::TensorInfo::PARAMETER, {3, 2}, sec, 64);
+  int32_t y = addTensor(p, "y", fb::TensorInfo::OUTPUT, {2, 2}, 0); // reuses x's slot
+  p.set_arena_size(192);
+  addInst(p, "add", {x, b}, {s});
+  addInst(p, "relu", {s}, {r});
+  addInst(p, "matmul", {r, wt}, {y});
+  p.add_inputs(x);
+  p.add_outputs(y);
+  return w;
+}
+
+std::vector<float> expectedMlp(const std::vector<float> &x) {
+  float r[6];
+  for (int i = 0; i < 6; ++i)
+    r[i] = std::max(0.0f, x[i] + kB[i]);
+  std::vector<float> y(4, 0.0f);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j)
+      for (int k = 0; k < 3; ++k)
+        y[i * 2 + j] += r[i * 3 + k] * kW[k * 2 + j];
+  return y;
+}
+
+std::unique_ptr<Bundle> load(BundleWriter &w) {
+  auto b = Bundle::fromBytes(w.serialize(), "mlp.forge");
+  EXPECT_TRUE(b.isOk()) << b.status().message();
+  return b.isOk() ? b.take() : nullptr;
+}
+
+std::vector<float> readFloats(const TensorView &v) {
+  std::vector<float> out(static_cast<size_t>(v.numel()));
+  std::memcpy(out.data(), v.data, out.size() * 4);
+  return out;
+}
+
+} // namespace
+
+TEST(CpuExecutorTest, RunsAddReluMatMul) {
+  BundleWriter w = makeMlp();
+  auto bundle = load(w);
+  ASSERT_TRUE(bundle);
+  for (unsigned threads : {1u, 4u}) {
+    auto ex = CpuExecutor::create(*bundle, {threads});
+    ASSERT_TRUE(ex.isOk()) << ex.status().message();
+    EXPECT_EQ((*ex)->inputs(), std::vector<int32_t>{0});
+    EXPECT_EQ((*ex)->outputs(), std::vector<int32_t>{5});
+    EXPECT_EQ((*ex)->tensorInfo(5).name(), "y");
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*ex)->view(0).data) % 64, 0u);
+
+    for (const std::vector<float> &x :
+         {std::vector<float>{1, 2, 3, 4, 5, 6}, std::vector<float>{-1, 0.5f, -2, 3, -0.25f, 0}}) {
+      std::vector<float> xs = x;
+      TensorView in{xs.data(), fb::F32, {2, 3}};
+      ASSERT_TRUE((*ex)->setInput("x", in).isOk());
+      Status s = (*ex)->run();
+      ASSERT_TRUE(s.isOk()) << s.message();
+      TensorView y = (*ex)->view(5);
+      EXPECT_EQ(y.shape, (std::vector<int64_t>{2, 2}));
+      std::vector<float> got = readFloats(y), want = expectedMlp(x);
+      for (int i = 0; i < 4; ++i)
+        EXPECT_FLOAT_EQ(got[i], want[i]) << "element " << i;
+    }
+  }
+}
+
+TEST(CpuExecutorTest, ConstantsPointIntoTheBundle) {
+  BundleWriter w = makeMlp();
+  auto bundle = load(w);
+  ASSERT_TRUE(bundle);
+  auto ex = CpuExecutor::create(*bundle);
+  ASSERT_TRUE(ex.isOk()) << ex.status().message();
+  EXPECT_EQ((*ex)->view(1).data, bundle->tensorData(bundle->program().tensors(1)).data());
+  EXPECT_EQ(readFloats((*ex)->view(4)), kW);
+  EXPECT_FALSE((*ex)->view(99).present());
+}
+
+TEST(CpuExecutorTest, MissingKernelFailsAtCreate) {
+  BundleWriter w = makeMlp();
+  w.program().mutable_instructions(1)->set_op("frobnicate");
+  w.program().mutable_instructions(2)->set_op("teleport");
+  auto bundle = load(w);
+  ASSERT_TRUE(bundle);
+  auto ex = CpuExecutor::create(*bundle);
+  ASSERT_FALSE(ex.isOk());
+  std::string msg = ex.status().message();
+  EXPECT_NE(msg.find("mlp.forge"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'frobnicate' (first at instruction #1 'n1')"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'teleport'"), std::string::npos) << msg;
+}
+
+TEST(CpuExecutorTest, SetInputChecks) {
+  BundleWriter w = makeMlp();
+  auto bundle = load(w);
+  ASSERT_TRUE(bundle);
+  auto ex = CpuExecutor::create(*bundle, {1});
+  ASSERT_TRUE(ex.isOk());
+  std::vector<float> xs(6, 1.0f);
+  std::vector<double> xd(6, 1.0);
+
+  Status wrongName = (*ex)->setInput("z", TensorView{xs.data(), fb::F32, {2, 3}});
+  EXPECT_NE(wrongName.message().find("'z' is not an input"), std::string::npos)
+      << wrongName.message();
+  EXPECT_NE(wrongName.message().find("'x'"), std::string::npos);
+
+  Status wrongType = (*ex)->setInput("x", TensorView{xd.data(), fb::F64, {2, 3}});
+  EXPECT_NE(wrongType.message().find("got dtype f64, the bundle expects f32"), std::string::npos)
+      << wrongType.message();
+
+  Status wrongShape = (*ex)->setInput("x", TensorView{xs.data(), fb::F32, {3, 2}});
+  EXPECT_NE(wrongShape.message().find("got shape [3, 2], the bundle expects [2, 3]"),
+            std::string::npos)
+      << wrongShape.message();
+
+  Status noData = (*ex)->setInput("x", TensorView{nullptr, fb::F32, {2, 3}});
+  EXPECT_FALSE(noData.isOk());
+}
+
+TEST(CpuExecutorTest, KernelErrorNamesTheInstruction) {
+  BundleWriter w = makeMlp();
+  // add of [2,3] and [3,2] does not broadcast: the kernel reports, the
+  // executor prefixes the instruction.
+  w.program().mutable_instructions(0)->set_inputs(1, 4);
+  auto bundle = load(w);
+  ASSERT_TRUE(bundle);
+  auto ex = CpuExecutor::create(*bundle, {1});
+  ASSERT_TRUE(ex.isOk());
+  Status s = (*ex)->run();
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("mlp.forge: instruction #0"), std::string::npos) << s.message();
+}
+
+TEST(CpuExecutorTest, WrittenParametersGetAPrivateCopy) {
+  BundleWriter w = makeMlp();
+  // An instruction that overwrites the parameter w (as an optimizer step will).
+  fb::Program &p = w.program();
+  p.mutable_tensors(4)->set_shape(0, 2);
+  p.mutable_tensors(4)->set_shape(1, 3);
+  p.mutable_tensors(4)->set_data_size(24);
+  p.clear_instructions();
+  addInst(p, "relu", {0}, {4});
+  auto bundle = load(w);
+  ASSERT_TRUE(bundle);
+  std::span<const uint8_t> original = bundle->tensorData(bundle->program().tensors(4));
+  std::vector<uint8_t> before(original.begin(), original.end());
+
+  auto ex = CpuExecutor::create(*bundle, {1});
+  ASSERT_TRUE(ex.isOk()) << ex.status().message();
+  EXPECT_NE((*ex)->view(4).data, original.data());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*ex)->view(4).data) % 64, 0u);
+  std::vector<float> xs = {-1, 2, -3, 4, -5, 6};
+  ASSERT_TRUE((*ex)->setInput("x", TensorView{xs.data(), fb::F32, {2, 3}}).isOk());
+  ASSERT_TRUE((*ex)->run().isOk());
+  EXPECT_EQ(readFloats((*ex)->view(4)), (std::vector<float>{0, 2, 0, 4, 0, 6}));
+  EXPECT_EQ(std::vector<uint8_t>(original.begin(), original.end()), before);
+}
+
+TEST(CpuExecutorTest, HugeArenaIsAnErrorNotACrash) {
+  BundleWriter w = makeMlp();
+  w.program().set_arena_size(~0ull - 10);
+  auto bundle = load(w);
+  ASSERT_TRUE(bundle);
+  auto ex = CpuExecutor::create(*bundle, {1});
+  ASSERT_FALSE(ex.isOk());
+  EXPECT_NE(ex.status().message().find("arena"), std::string::npos) << ex.status().message();
+}

@@ -1,0 +1,1602 @@
+// Tests of the CPU kernels (runtime/lib/cpu) through runCpuKernel.
+//
+// Every numeric kernel is compared with a naive float64 reference written
+// here (independent loops over unravelled indices), on seeded random inputs
+// that include broadcasting and non-square shapes; movement ops are checked on
+// small hand-computed cases. Tolerances: f32 |got - want| <= 1e-5 * |want| +
+// 1e-5, f64 1e-12, f16/bf16 one unit in the last place of the format.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+
+#include "../../runtime/lib/cpu/KernelUtil.h"
+#include "forge/runtime/Kernels.h"
+
+using namespace forge::rt;
+using forge::rt::cpu::BFloat16;
+using forge::rt::cpu::Half;
+namespace bundle = forge::bundle;
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Harness
+//===----------------------------------------------------------------------===//
+
+ThreadPool &pool() {
+  static ThreadPool p(4); // more threads than cores: exercises chunking
+  return p;
+}
+
+struct HT {
+  DType dtype = bundle::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+
+  HT() = default;
+  HT(DType t, std::vector<int64_t> s) : dtype(t), shape(std::move(s)) {
+    bytes.assign(std::max<int64_t>(numel(), 0) * dtypeSize(t), 0xCD); // poison
+  }
+  int64_t numel() const { return numElements(shape); }
+  template <typename T> T *data() { return reinterpret_cast<T *>(bytes.data()); }
+  template <typename T> const T *data() const { return reinterpret_cast<const T *>(bytes.data()); }
+  TensorView view() { return TensorView{bytes.data(), dtype, shape}; }
+
+  /// Element i converted to double (any numeric dtype).
+  double at(int64_t i) const {
+    switch (dtype) {
+    case bundle::F32:
+      return data<float>()[i];
+    case bundle::F64:
+      return data<double>()[i];
+    case bundle::F16:
+      return cpu::halfToFloat(data<uint16_t>()[i]);
+    case bundle::BF16:
+      return cpu::bf16ToFloat(data<uint16_t>()[i]);
+    case bundle::I64:
+      return double(data<int64_t>()[i]);
+    case bundle::I32:
+      return data<int32_t>()[i];
+    case bundle::I8:
+      return data<int8_t>()[i];
+    case bundle::U8:
+    case bundle::BOOL:
+      return data<uint8_t>()[i];
+    default:
+      ADD_FAILURE() << "at(): dtype";
+      return 0;
+    }
+  }
+  std::vector<double> values() const {
+    std::vector<double> v(numel());
+    for (int64_t i = 0; i < numel(); ++i)
+      v[i] = at(i);
+    return v;
+  }
+};
+
+/// A tensor of dtype t holding `values` (converted).
+HT make(DType t, std::vector<int64_t> shape, const std::vector<double> &values) {
+  HT h(t, std::move(shape));
+  EXPECT_EQ((int64_t)values.size(), h.numel());
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    double v = values[i];
+    switch (t) {
+    case bundle::F32:
+      h.data<float>()[i] = float(v);
+      break;
+    case bundle::F64:
+      h.data<double>()[i] = v;
+      break;
+    case bundle::F16:
+      h.data<uint16_t>()[i] = cpu::floatToHalf(float(v));
+      break;
+    case bundle::BF16:
+      h.data<uint16_t>()[i] = cpu::floatToBf16(float(v));
+      break;
+    case bundle::I64:
+      h.data<int64_t>()[i] = int64_t(v);
+      break;
+    case bundle::I32:
+      h.data<int32_t>()[i] = int32_t(v);
+      break;
+    case bundle::I8:
+      h.data<int8_t>()[i] = int8_t(v);
+      break;
+    case bundle::U8:
+    case bundle::BOOL:
+      h.data<uint8_t>()[i] = uint8_t(v);
+      break;
+    default:
+      ADD_FAILURE() << "make(): dtype";
+    }
+  }
+  return h;
+}
+
+std::mt19937 &rng() {
+  static std::mt19937 g(20240611);
+  return g;
+}
+
+std::vector<double> randomValues(int64_t n, double lo = -1, double hi = 1) {
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<double> v(n);
+  for (double &x : v)
+    x = d(rng());
+  return v;
+}
+std::vector<double> randomInts(int64_t n, int lo, int hi) {
+  std::uniform_int_distribution<int> d(lo, hi);
+  std::vector<double> v(n);
+  for (double &x : v)
+    x = d(rng());
+  return v;
+}
+HT randomTensor(DType t, std::vector<int64_t> shape, double lo = -1, double hi = 1) {
+  int64_t n = numElements(shape);
+  return make(t, std::move(shape), randomValues(n, lo, hi));
+}
+
+/// Builds and runs one instruction.
+struct Op {
+  bundle::Instruction inst;
+  explicit Op(const std::string &name) {
+    inst.set_op(name);
+    inst.set_name("node_" + name);
+  }
+  bundle::Attribute &attr(const std::string &k) { return (*inst.mutable_attrs())[k]; }
+  Op &i(const std::string &k, int64_t v) {
+    attr(k).set_i(v);
+    return *this;
+  }
+  Op &f(const std::string &k, double v) {
+    attr(k).set_f(v);
+    return *this;
+  }
+  Op &s(const std::string &k, const std::string &v) {
+    attr(k).set_s(v);
+    return *this;
+  }
+  Op &ints(const std::string &k, const std::vector<int64_t> &v) {
+    auto *list = attr(k).mutable_ints();
+    list->clear_values();
+    for (int64_t x : v)
+      list->add_values(x);
+    return *this;
+  }
+  Op &dt(const std::string &k, DType v) {
+    attr(k).set_dtype(v);
+    return *this;
+  }
+  /// nullptr inputs are absent optional operands.
+  Status run(std::vector<HT *> ins, std::vector<HT *> outs) const {
+    std::vector<TensorView> iv, ov;
+    for (HT *h : ins)
+      iv.push_back(h ? h->view() : TensorView{});
+    for (HT *h : outs)
+      ov.push_back(h->view());
+    return runCpuKernel(inst, iv, ov, pool());
+  }
+};
+
+#define EXPECT_OK(expr)                                                                            \
+  do {                                                                                             \
+    Status _s = (expr);                                                                            \
+    EXPECT_TRUE(_s.isOk()) << _s.message();                                                        \
+  } while (0)
+#define ASSERT_OK(expr)                                                                            \
+  do {                                                                                             \
+    Status _s = (expr);                                                                            \
+    ASSERT_TRUE(_s.isOk()) << _s.message();                                                        \
+  } while (0)
+
+double tolFor(DType t) {
+  switch (t) {
+  case bundle::F64:
+    return 1e-12;
+  case bundle::F16:
+    return 1.0 / 1024;
+  case bundle::BF16:
+    return 1.0 / 128;
+  default:
+    return 1e-5;
+  }
+}
+
+void expectNear(const HT &got, const std::vector<double> &want, double rel, double abs,
+                const std::string &what = "") {
+  ASSERT_EQ(got.numel(), (int64_t)want.size()) << what;
+  int failures = 0;
+  for (int64_t i = 0; i < got.numel() && failures < 5; ++i) {
+    double g = got.at(i), w = want[i];
+    bool ok = (std::isnan(w) && std::isnan(g)) || (std::isinf(w) && g == w) ||
+              std::abs(g - w) <= abs + rel * std::abs(w);
+    if (!ok) {
+      ++failures;
+      ADD_FAILURE() << what << " element " << i << ": got " << g << ", want " << w;
+    }
+  }
+}
+void expectNear(const HT &got, const std::vector<double> &want, const std::string &what = "") {
+  double t = tolFor(got.dtype);
+  expectNear(got, want, t, t, what);
+}
+void expectEqual(const HT &got, const std::vector<double> &want, const std::string &what = "") {
+  expectNear(got, want, 0, 0, what);
+}
+
+//===----------------------------------------------------------------------===//
+// Index helpers for the references
+//===----------------------------------------------------------------------===//
+
+std::vector<int64_t> unravel(int64_t i, const std::vector<int64_t> &shape) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = i % shape[d];
+    i /= shape[d];
+  }
+  return idx;
+}
+int64_t ravel(const std::vector<int64_t> &idx, const std::vector<int64_t> &shape) {
+  int64_t off = 0;
+  for (size_t d = 0; d < shape.size(); ++d)
+    off = off * shape[d] + idx[d];
+  return off;
+}
+/// Offset in a tensor of shape `in` of the output multi-index (NumPy broadcast).
+int64_t broadcastOffset(const std::vector<int64_t> &outIdx, const std::vector<int64_t> &in) {
+  std::vector<int64_t> idx(in.size());
+  size_t lead = outIdx.size() - in.size();
+  for (size_t d = 0; d < in.size(); ++d)
+    idx[d] = in[d] == 1 ? 0 : outIdx[lead + d];
+  return ravel(idx, in);
+}
+std::vector<int64_t> broadcastShapes(std::vector<int64_t> a, std::vector<int64_t> b) {
+  while (a.size() < b.size())
+    a.insert(a.begin(), 1);
+  while (b.size() < a.size())
+    b.insert(b.begin(), 1);
+  for (size_t d = 0; d < a.size(); ++d)
+    a[d] = a[d] == 1 ? b[d] : a[d];
+  return a;
+}
+
+//===----------------------------------------------------------------------===//
+// Registry and attributes
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernels, RegistryCoversEveryDialectOp) {
+  // Every mnemonic of compiler/include/forge/Dialect/ForgeOps.td.
+  const std::vector<std::string> ops = {"add",
+                                        "sub",
+                                        "mul",
+                                        "div",
+                                        "pow",
+                                        "min",
+                                        "max",
+                                        "and",
+                                        "or",
+                                        "equal",
+                                        "less",
+                                        "greater",
+                                        "less_equal",
+                                        "greater_equal",
+                                        "neg",
+                                        "abs",
+                                        "exp",
+                                        "log",
+                                        "sqrt",
+                                        "reciprocal",
+                                        "tanh",
+                                        "sigmoid",
+                                        "relu",
+                                        "erf",
+                                        "softplus",
+                                        "hard_swish",
+                                        "not",
+                                        "leaky_relu",
+                                        "elu",
+                                        "gelu",
+                                        "hard_sigmoid",
+                                        "clip",
+                                        "isnan",
+                                        "cast",
+                                        "where",
+                                        "matmul",
+                                        "gemm",
+                                        "conv",
+                                        "conv_transpose",
+                                        "max_pool",
+                                        "avg_pool",
+                                        "batch_norm",
+                                        "batch_norm_training",
+                                        "layer_norm",
+                                        "group_norm",
+                                        "softmax",
+                                        "log_softmax",
+                                        "nll_loss",
+                                        "reduce_sum",
+                                        "reduce_mean",
+                                        "reduce_max",
+                                        "reduce_min",
+                                        "reduce_prod",
+                                        "reduce_l2",
+                                        "argmax",
+                                        "cumsum",
+                                        "constant",
+                                        "reshape",
+                                        "transpose",
+                                        "broadcast",
+                                        "concat",
+                                        "split",
+                                        "slice",
+                                        "pad",
+                                        "tile",
+                                        "gather",
+                                        "gather_elements",
+                                        "trilu",
+                                        "one_hot"};
+  for (const std::string &op : ops)
+    EXPECT_NE(findCpuKernel(op), nullptr) << op;
+  std::vector<std::string> names = cpuKernelNames();
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  EXPECT_EQ(names.size(), ops.size());
+  EXPECT_EQ(findCpuKernel("no_such_op"), nullptr);
+}
+
+TEST(CpuKernels, UnknownOpAndArityErrors) {
+  HT a = randomTensor(bundle::F32, {2}), y(bundle::F32, {2});
+  Status st = Op("no_such_op").run({&a}, {&y});
+  EXPECT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("no_such_op"), std::string::npos) << st.message();
+  st = Op("add").run({&a}, {&y});
+  EXPECT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("node_add"), std::string::npos) << st.message();
+  st = Op("add").run({&a, nullptr}, {&y}); // a required operand absent
+  EXPECT_FALSE(st.isOk());
+  HT bad(bundle::F32, {3});
+  EXPECT_FALSE(Op("add").run({&a, &a}, {&bad}).isOk()); // wrong result shape
+  HT nostore = a;
+  TensorView v = nostore.view();
+  v.data = nullptr;
+  TensorView outs[] = {y.view()};
+  TensorView ins[] = {v, a.view()};
+  EXPECT_FALSE(runCpuKernel(Op("add").inst, ins, outs, pool()).isOk());
+}
+
+TEST(CpuKernels, AttrReader) {
+  Op op("x");
+  op.i("n", 3).f("x", 0.5).s("s", "hi").ints("l", {1, 2}).dt("t", bundle::F16);
+  AttrReader r(op.inst);
+  EXPECT_TRUE(r.has("n"));
+  EXPECT_FALSE(r.has("m"));
+  EXPECT_EQ(*r.getInt("n"), 3);
+  EXPECT_EQ(*r.getFloat("x"), 0.5);
+  EXPECT_EQ(*r.getFloat("n"), 3.0); // integral float written as int
+  EXPECT_EQ(*r.getString("s"), "hi");
+  EXPECT_EQ(*r.getInts("l"), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(*r.getDType("t"), bundle::F16);
+  EXPECT_FALSE(r.getInt("x").isOk());
+  EXPECT_FALSE(r.getInt("missing").isOk());
+  EXPECT_FALSE(r.getString("n").isOk());
+  EXPECT_FALSE(r.getInts("n").isOk());
+  EXPECT_FALSE(r.getDType("n").isOk());
+  EXPECT_NE(r.getInt("missing").status().message().find("missing"), std::string::npos);
+}
+
+//===----------------------------------------------------------------------===//
+// 16-bit floats
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernels, HalfConversion) {
+  using cpu::floatToHalf, cpu::halfToFloat, cpu::floatToBf16, cpu::bf16ToFloat;
+  EXPECT_EQ(floatToHalf(1.0f), 0x3c00);
+  EXPECT_EQ(floatToHalf(-2.0f), 0xc000);
+  EXPECT_EQ(floatToHalf(65504.0f), 0x7bff);
+  EXPECT_EQ(floatToHalf(65519.0f), 0x7bff);                         // rounds down
+  EXPECT_EQ(floatToHalf(65520.0f), 0x7c00);                         // rounds to inf
+  EXPECT_EQ(floatToHalf(std::ldexp(1.0f, -24)), 0x0001);            // smallest subnormal
+  EXPECT_EQ(floatToHalf(std::ldexp(1.0f, -25)), 0x0000);            // tie -> even (0)
+  EXPECT_EQ(floatToHalf(std::ldexp(3.0f, -25)), 0x0002);            // 1.5 ulp tie -> even (2)
+  EXPECT_EQ(floatToHalf(std::ldexp(1.0f, -14)), 0x0400);            // smallest normal
+  EXPECT_EQ(floatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);     // tie -> even
+  EXPECT_EQ(floatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02); // tie -> even (up)
+  EXPECT_EQ(floatToHalf(INFINITY), 0x7c00);
+  EXPECT_EQ(floatToHalf(-0.0f), 0x8000);
+  EXPECT_TRUE(std::isnan(halfToFloat(floatToHalf(NAN))));
+  EXPECT_EQ(halfToFloat(0x3555), 0.333251953125f);
+  EXPECT_EQ(halfToFloat(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(halfToFloat(0xfbff), -65504.0f);
+  // Every half round-trips through float.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    uint32_t exp = (h >> 10) & 0x1f;
+    if (exp == 0x1f && (h & 0x3ff))
+      continue; // nan payloads
+    ASSERT_EQ(floatToHalf(halfToFloat(uint16_t(h))), h) << h;
+  }
+  EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(floatToBf16(cpu::bitsFloat(0x3f808000u)), 0x3f80); // tie -> even
+  EXPECT_EQ(floatToBf16(cpu::bitsFloat(0x3f818000u)), 0x3f82); // tie -> even (up)
+  EXPECT_EQ(floatToBf16(cpu::bitsFloat(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(bf16ToFloat(0xc040), -3.0f);
+  EXPECT_TRUE(std::isnan(bf16ToFloat(floatToBf16(NAN))));
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+/// Runs binary `op` on a/b and checks against f applied under broadcasting.
+void checkBinary(const std::string &op, DType t, std::vector<int64_t> sa, std::vector<int64_t> sb,
+                 const std::function<double(double, double)> &f,
+                 DType outType = bundle::DTYPE_UNSPECIFIED, double lo = -2, double hi = 2) {
+  HT a = randomTensor(t, sa, lo, hi), b = randomTensor(t, sb, lo, hi);
+  std::vector<int64_t> so = broadcastShapes(sa, sb);
+  HT y(outType == bundle::DTYPE_UNSPECIFIED ? t : outType, so);
+  ASSERT_OK(Op(op).run({&a, &b}, {&y}));
+  std::vector<double> want(y.numel());
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    auto idx = unravel(i, so);
+    want[i] = f(a.at(broadcastOffset(idx, sa)), b.at(broadcastOffset(idx, sb)));
+  }
+  expectNear(y, want, op + " " + std::string(dtypeName(t)));
+}
+
+TEST(CpuKernels, BinaryArithmeticBroadcast) {
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> shapes = {
+      {{2, 3, 4}, {3, 1}}, {{1}, {5, 1, 7}}, {{4, 1, 3}, {1, 5, 1}}, {{}, {3, 2}},
+      {{70001}, {70001}},  {{300, 7}, {7}},  {{7, 1}, {7, 300}},     {{2, 0, 3}, {3}}};
+  std::map<std::string, std::function<double(double, double)>> fns = {
+      {"add", [](double a, double b) { return a + b; }},
+      {"sub", [](double a, double b) { return a - b; }},
+      {"mul", [](double a, double b) { return a * b; }},
+      {"div", [](double a, double b) { return a / b; }},
+      {"min", [](double a, double b) { return std::min(a, b); }},
+      {"max", [](double a, double b) { return std::max(a, b); }}};
+  for (auto &[op, f] : fns)
+    for (auto &[sa, sb] : shapes) {
+      checkBinary(op, bundle::F32, sa, sb,
+                  [&](double a, double b) { return double(float(f(a, b))); });
+      checkBinary(op, bundle::F64, sa, sb, f);
+    }
+  checkBinary(
+      "pow", bundle::F64, {3, 4}, {4}, [](double a, double b) { return std::pow(a, b); },
+      bundle::DTYPE_UNSPECIFIED, 0.1, 3);
+  checkBinary(
+      "pow", bundle::F32, {3, 4}, {3, 1}, [](double a, double b) { return std::pow(a, b); },
+      bundle::DTYPE_UNSPECIFIED, 0.1, 3);
+  checkBinary("add", bundle::F16, {3, 40}, {40},
+              [](double a, double b) { return double(Half(float(a + b))); });
+  checkBinary("mul", bundle::BF16, {3, 40}, {3, 1},
+              [](double a, double b) { return double(BFloat16(float(a * b))); });
+}
+
+TEST(CpuKernels, BinaryIntegers) {
+  for (DType t : {bundle::I64, bundle::I32}) {
+    HT a = make(t, {2, 3}, {7, -7, 9, 100, -5, 0}), b = make(t, {3}, {2, 2, -4});
+    HT y(t, {2, 3});
+    ASSERT_OK(Op("div").run({&a, &b}, {&y}));
+    expectEqual(y, {3, -3, -2, 50, -2, 0}); // truncation toward zero
+    ASSERT_OK(Op("sub").run({&a, &b}, {&y}));
+    expectEqual(y, {5, -9, 13, 98, -7, 4});
+    ASSERT_OK(Op("max").run({&a, &b}, {&y}));
+    expectEqual(y, {7, 2, 9, 100, 2, 0});
+    HT e = make(t, {3}, {3, 0, 2});
+    ASSERT_OK(Op("pow").run({&a, &e}, {&y}));
+    expectEqual(y, {343, 1, 81, 1000000, 1, 0});
+    HT zero = make(t, {3}, {1, 0, 1});
+    Status st = Op("div").run({&a, &zero}, {&y});
+    EXPECT_FALSE(st.isOk());
+    EXPECT_NE(st.message().find("division by zero"), std::string::npos) << st.message();
+  }
+  // Wrapping instead of UB on overflow; MIN / -1 does not trap.
+  HT a = make(bundle::I32, {1}, {0}), b = make(bundle::I32, {1}, {-1}), y(bundle::I32, {1});
+  a.data<int32_t>()[0] = INT32_MIN;
+  ASSERT_OK(Op("div").run({&a, &b}, {&y}));
+  EXPECT_EQ(y.data<int32_t>()[0], INT32_MIN);
+  // Float base, integer exponent.
+  HT x = make(bundle::F32, {3}, {2, 3, 0.5}), n = make(bundle::I64, {3}, {3, -1, 2});
+  HT z(bundle::F32, {3});
+  ASSERT_OK(Op("pow").run({&x, &n}, {&z}));
+  expectNear(z, {8, 1.0 / 3, 0.25});
+  // Mixed dtypes are rejected for plain arithmetic.
+  HT i = make(bundle::I64, {3}, {1, 2, 3});
+  EXPECT_FALSE(Op("add").run({&x, &i}, {&z}).isOk());
+}
+
+TEST(CpuKernels, CompareAndLogic) {
+  const std::map<std::string, std::function<double(double, double)>> cmp = {
+      {"equal", [](double a, double b) { return double(a == b); }},
+      {"less", [](double a, double b) { return double(a < b); }},
+      {"greater", [](double a, double b) { return double(a > b); }},
+      {"less_equal", [](double a, double b) { return double(a <= b); }},
+      {"greater_equal", [](double a, double b) { return double(a >= b); }}};
+  for (auto &[op, f] : cmp) {
+    // Small integers so that equality happens.
+    for (DType t : {bundle::F32, bundle::I64, bundle::I32}) {
+      HT a = make(t, {4, 5}, randomInts(20, -2, 2)), b = make(t, {5}, randomInts(5, -2, 2));
+      HT y(bundle::BOOL, {4, 5});
+      ASSERT_OK(Op(op).run({&a, &b}, {&y}));
+      std::vector<double> want(20);
+      for (int i = 0; i < 20; ++i)
+        want[i] = f(a.at(i), b.at(i % 5));
+      expectEqual(y, want, op);
+    }
+  }
+  HT p = make(bundle::BOOL, {2, 2}, {0, 1, 0, 1}), q = make(bundle::BOOL, {2, 1}, {0, 1});
+  HT y(bundle::BOOL, {2, 2});
+  ASSERT_OK(Op("and").run({&p, &q}, {&y}));
+  expectEqual(y, {0, 0, 0, 1});
+  ASSERT_OK(Op("or").run({&p, &q}, {&y}));
+  expectEqual(y, {0, 1, 1, 1});
+  ASSERT_OK(Op("not").run({&p}, {&y}));
+  expectEqual(y, {1, 0, 1, 0});
+  ASSERT_OK(Op("equal").run({&p, &q}, {&y}));
+  expectEqual(y, {1, 0, 0, 1});
+  HT f = make(bundle::F32, {2, 2}, {0, 1, 0, 1});
+  EXPECT_FALSE(Op("and").run({&f, &q}, {&y}).isOk()); // logic needs bool
+  HT wrongOut(bundle::F32, {2, 2});
+  EXPECT_FALSE(Op("less").run({&f, &f}, {&wrongOut}).isOk()); // compare yields bool
+}
+
+TEST(CpuKernels, Where) {
+  HT c = make(bundle::BOOL, {3, 1}, {1, 0, 1});
+  for (DType t : {bundle::F32, bundle::I64, bundle::F16, bundle::BOOL, bundle::I8}) {
+    HT x = make(t, {4}, {1, 0, 1, 1}), z = make(t, {3, 4}, randomInts(12, 0, 1));
+    HT y(t, {3, 4});
+    ASSERT_OK(Op("where").run({&c, &x, &z}, {&y}));
+    std::vector<double> want(12);
+    for (int i = 0; i < 12; ++i)
+      want[i] = c.at(i / 4) ? x.at(i % 4) : z.at(i);
+    expectEqual(y, want, std::string(dtypeName(t)));
+  }
+  HT big = make(bundle::BOOL, {50000}, randomInts(50000, 0, 1));
+  HT x = randomTensor(bundle::F64, {50000}), s = make(bundle::F64, {}, {-7}),
+     y(bundle::F64, {50000});
+  ASSERT_OK(Op("where").run({&big, &x, &s}, {&y}));
+  std::vector<double> want(50000);
+  for (int i = 0; i < 50000; ++i)
+    want[i] = big.at(i) ? x.at(i) : -7;
+  expectEqual(y, want);
+}
+
+double refGeluErf(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+double refGeluTanh(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+TEST(CpuKernels, UnaryFloat) {
+  struct Case {
+    Op op;
+    std::function<double(double)> f;
+    double lo = -4, hi = 4;
+  };
+  std::vector<Case> cases = {
+      {Op("neg"), [](double x) { return -x; }},
+      {Op("abs"), [](double x) { return std::abs(x); }},
+      {Op("exp"), [](double x) { return std::exp(x); }},
+      {Op("log"), [](double x) { return std::log(x); }, 0.01, 10},
+      {Op("sqrt"), [](double x) { return std::sqrt(x); }, 0, 10},
+      {Op("reciprocal"), [](double x) { return 1 / x; }, 0.1, 10},
+      {Op("tanh"), [](double x) { return std::tanh(x); }},
+      {Op("sigmoid"), [](double x) { return 1 / (1 + std::exp(-x)); }, -30, 30},
+      {Op("relu"), [](double x) { return x > 0 ? x : 0; }},
+      {Op("erf"), [](double x) { return std::erf(x); }},
+      {Op("softplus"), [](double x) { return std::log1p(std::exp(x)); }, -30, 30},
+      {Op("hard_swish"), [](double x) { return x * std::clamp(x / 6 + 0.5, 0.0, 1.0); }},
+      {Op("leaky_relu").f("alpha", 0.1), [](double x) { return x < 0 ? 0.1 * x : x; }},
+      {Op("elu").f("alpha", 1.5), [](double x) { return x < 0 ? 1.5 * std::expm1(x) : x; }},
+      {Op("gelu").s("approximate", "none"), refGeluErf},
+      {Op("gelu").s("approximate", "tanh"), refGeluTanh},
+      {Op("hard_sigmoid").f("alpha", 0.3).f("beta", 0.4),
+       [](double x) { return std::clamp(0.3 * x + 0.4, 0.0, 1.0); }},
+      {Op("clip").f("min", -0.5).f("max", 1.25),
+       [](double x) { return std::clamp(x, -0.5, 1.25); }},
+  };
+  for (Case &c : cases)
+    for (DType t : {bundle::F32, bundle::F64, bundle::F16, bundle::BF16}) {
+      int64_t n = t == bundle::F32 ? 40000 : 301;
+      HT x = randomTensor(t, {n}, c.lo, c.hi), y(t, {n});
+      ASSERT_OK(c.op.run({&x}, {&y}));
+      std::vector<double> want(n);
+      for (int64_t i = 0; i < n; ++i)
+        want[i] = c.f(x.at(i));
+      double tol = tolFor(t);
+      if (t == bundle::F16 || t == bundle::BF16) // input rounding grows through the op
+        tol *= 4;
+      expectNear(y, want, tol, tol, c.op.inst.op() + " " + std::string(dtypeName(t)));
+    }
+}
+
+TEST(CpuKernels, UnaryIntegerAndErrors) {
+  HT x = make(bundle::I64, {5}, {-3, -1, 0, 2, 9}), y(bundle::I64, {5});
+  ASSERT_OK(Op("neg").run({&x}, {&y}));
+  expectEqual(y, {3, 1, 0, -2, -9});
+  ASSERT_OK(Op("abs").run({&x}, {&y}));
+  expectEqual(y, {3, 1, 0, 2, 9});
+  ASSERT_OK(Op("relu").run({&x}, {&y}));
+  expectEqual(y, {0, 0, 0, 2, 9});
+  ASSERT_OK(Op("clip").f("min", -2).f("max", INFINITY).run({&x}, {&y}));
+  expectEqual(y, {-2, -1, 0, 2, 9});
+  Status st = Op("exp").run({&x}, {&y});
+  EXPECT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("i64"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("exp"), std::string::npos) << st.message();
+  HT f = randomTensor(bundle::F32, {5}), g(bundle::F32, {5});
+  EXPECT_FALSE(Op("leaky_relu").run({&f}, {&g}).isOk()); // missing alpha
+  EXPECT_FALSE(Op("gelu").s("approximate", "fast").run({&f}, {&g}).isOk());
+  EXPECT_FALSE(Op("gelu").i("approximate", 1).run({&f}, {&g}).isOk()); // wrong attr type
+  HT nan = make(bundle::F32, {3}, {NAN, 1, -INFINITY}), b(bundle::BOOL, {3});
+  ASSERT_OK(Op("isnan").run({&nan}, {&b}));
+  expectEqual(b, {1, 0, 0});
+  HT r(bundle::F32, {3});
+  ASSERT_OK(Op("relu").run({&nan}, {&r}));
+  expectEqual(r, {NAN, 1, 0}); // nan propagates
+}
+
+TEST(CpuKernels, Cast) {
+  HT x = make(bundle::F32, {6}, {1.7, -1.7, 0, 300.5, -0.2, 2.5});
+  HT y32(bundle::I32, {6});
+  ASSERT_OK(Op("cast").dt("to", bundle::I32).run({&x}, {&y32}));
+  expectEqual(y32, {1, -1, 0, 300, 0, 2});
+  HT u8(bundle::U8, {6});
+  ASSERT_OK(Op("cast").dt("to", bundle::U8).run({&x}, {&u8}));
+  expectEqual(u8, {1, 0, 0, 255, 0, 2}); // saturating
+  HT b(bundle::BOOL, {6});
+  ASSERT_OK(Op("cast").dt("to", bundle::BOOL).run({&x}, {&b}));
+  expectEqual(b, {1, 1, 0, 1, 1, 1});
+  HT h(bundle::F16, {6}), bf(bundle::BF16, {6}), d(bundle::F64, {6});
+  ASSERT_OK(Op("cast").dt("to", bundle::F16).run({&x}, {&h}));
+  ASSERT_OK(Op("cast").dt("to", bundle::BF16).run({&h}, {&bf}));
+  ASSERT_OK(Op("cast").dt("to", bundle::F64).run({&bf}, {&d}));
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(d.at(i), double(BFloat16(float(Half(float(x.at(i)))))));
+  // f64 -> f16/bf16 round once (no double rounding through f32): just above
+  // a tie of the narrow format, below f32 resolution.
+  HT d2 = make(bundle::F64, {2},
+               {1 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40),
+                1 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40)});
+  HT h2(bundle::F16, {2}), b2(bundle::BF16, {2});
+  ASSERT_OK(Op("cast").dt("to", bundle::F16).run({&d2}, {&h2}));
+  ASSERT_OK(Op("cast").dt("to", bundle::BF16).run({&d2}, {&b2}));
+  EXPECT_EQ(h2.data<uint16_t>()[0], 0x3c01);
+  EXPECT_EQ(b2.data<uint16_t>()[1], 0x3f81);
+  HT bools = make(bundle::BOOL, {2}, {1, 0}), bf32(bundle::F32, {2});
+  ASSERT_OK(Op("cast").dt("to", bundle::F32).run({&bools}, {&bf32}));
+  expectEqual(bf32, {1, 0});
+  HT big = make(bundle::I64, {2}, {123456789, -5}), i8(bundle::I8, {2}), f64(bundle::F64, {2});
+  ASSERT_OK(Op("cast").dt("to", bundle::F64).run({&big}, {&f64}));
+  expectEqual(f64, {123456789, -5});
+  ASSERT_OK(Op("cast").dt("to", bundle::I8).run({&big}, {&i8}));
+  expectEqual(i8, {double(int8_t(123456789 & 0xff)), -5}); // integer narrowing wraps
+  HT same(bundle::F32, {6});
+  ASSERT_OK(Op("cast").dt("to", bundle::F32).run({&x}, {&same}));
+  expectEqual(same, x.values());
+  EXPECT_FALSE(Op("cast").dt("to", bundle::I64).run({&x}, {&same}).isOk()); // result dtype
+  EXPECT_FALSE(Op("cast").run({&x}, {&same}).isOk());                       // missing `to`
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions, scans, softmax
+//===----------------------------------------------------------------------===//
+
+std::vector<double> refReduce(const HT &x, const std::vector<int64_t> &axes,
+                              const std::string &kind, std::vector<int64_t> &outShape,
+                              bool keepdims) {
+  std::vector<int64_t> kept = x.shape;
+  for (int64_t a : axes)
+    kept[a] = 1;
+  outShape.clear();
+  for (int64_t d = 0; d < (int64_t)x.shape.size(); ++d) {
+    bool r = std::find(axes.begin(), axes.end(), d) != axes.end();
+    if (!r || keepdims)
+      outShape.push_back(r ? 1 : x.shape[d]);
+  }
+  int64_t n = numElements(kept);
+  std::vector<std::vector<double>> groups(n);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    auto idx = unravel(i, x.shape);
+    for (int64_t a : axes)
+      idx[a] = 0;
+    groups[ravel(idx, kept)].push_back(x.at(i));
+  }
+  std::vector<double> out(n);
+  for (int64_t o = 0; o < n; ++o) {
+    const auto &g = groups[o];
+    double acc = kind == "prod" ? 1 : 0;
+    if (kind == "max")
+      acc = -INFINITY;
+    if (kind == "min")
+      acc = INFINITY;
+    for (double v : g) {
+      if (kind == "sum" || kind == "mean")
+        acc += v;
+      else if (kind == "prod")
+        acc *= v;
+      else if (kind == "l2")
+        acc += v * v;
+      else if (kind == "max")
+        acc = std::max(acc, v);
+      else
+        acc = std::min(acc, v);
+    }
+    if (kind == "mean")
+      acc /= double(g.size());
+    if (kind == "l2")
+      acc = std::sqrt(acc);
+    out[o] = acc;
+  }
+  return out;
+}
+
+TEST(CpuKernels, Reductions) {
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> cases = {
+      {{3, 4, 5, 6}, {0}},
+      {{3, 4, 5, 6}, {1, 3}},
+      {{3, 4, 5, 6}, {0, 2}},
+      {{3, 4, 5, 6}, {3}},
+      {{3, 4, 5, 6}, {0, 1, 2, 3}},
+      {{3, 1, 5, 1}, {1, 2}},
+      {{2, 700, 3}, {1}},
+      {{200000}, {0}},
+      {{4, 70000}, {1}},
+      {{70000, 3}, {0}},
+      {{5}, {}}};
+  for (const std::string kind : {"sum", "mean", "max", "min", "prod", "l2"})
+    for (auto &[shape, axes] : cases)
+      for (bool keep : {false, true})
+        for (DType t : {bundle::F32, bundle::F64}) {
+          if (numElements(shape) > 1000 && (kind == "prod" || t == bundle::F64))
+            continue;
+          HT x = randomTensor(t, shape, kind == "prod" ? 0.5 : -1, kind == "prod" ? 1.5 : 1);
+          std::vector<int64_t> outShape;
+          std::vector<double> want = refReduce(x, axes, kind, outShape, keep);
+          HT y(t, outShape);
+          ASSERT_OK(Op("reduce_" + kind).ints("axes", axes).i("keepdims", keep).run({&x}, {&y}));
+          expectNear(y, want, "reduce_" + kind + " " + shapeString(shape) + shapeString(axes));
+        }
+  HT xi = make(bundle::I64, {2, 3}, {1, 2, 3, 4, 5, 6}), yi(bundle::I64, {2});
+  ASSERT_OK(Op("reduce_sum").ints("axes", {1}).i("keepdims", 0).run({&xi}, {&yi}));
+  expectEqual(yi, {6, 15});
+  ASSERT_OK(Op("reduce_max").ints("axes", {1}).i("keepdims", 0).run({&xi}, {&yi}));
+  expectEqual(yi, {3, 6});
+  HT yh(bundle::F16, {2}), xh = make(bundle::F16, {2, 3}, {1, 2, 3, 4, 5, 6});
+  ASSERT_OK(Op("reduce_mean").ints("axes", {1}).i("keepdims", 0).run({&xh}, {&yh}));
+  expectEqual(yh, {2, 5});
+  // f32 sums accumulate in double: 2^24 + many ones stays exact.
+  std::vector<double> ones(100001, 1.0);
+  ones[0] = 16777216.0;
+  HT big = make(bundle::F32, {100001}, ones), s(bundle::F32, {});
+  ASSERT_OK(Op("reduce_sum").ints("axes", {0}).i("keepdims", 0).run({&big}, {&s}));
+  expectEqual(s, {16877216.0});
+  // Errors: missing attribute, bad axis, wrong result shape.
+  HT y(bundle::F32, {2});
+  HT x = randomTensor(bundle::F32, {2, 3});
+  EXPECT_FALSE(Op("reduce_sum").i("keepdims", 0).run({&x}, {&y}).isOk());
+  EXPECT_FALSE(Op("reduce_sum").ints("axes", {2}).i("keepdims", 0).run({&x}, {&y}).isOk());
+  EXPECT_FALSE(Op("reduce_sum").ints("axes", {0}).i("keepdims", 0).run({&x}, {&y}).isOk());
+}
+
+TEST(CpuKernels, ArgMax) {
+  HT x = make(bundle::F32, {2, 4}, {1, 3, 3, 0, -1, -1, -2, -5});
+  HT y(bundle::I64, {2});
+  ASSERT_OK(Op("argmax").i("axis", 1).i("keepdims", 0).i("select_last_index", 0).run({&x}, {&y}));
+  expectEqual(y, {1, 0});
+  ASSERT_OK(Op("argmax").i("axis", 1).i("keepdims", 0).i("select_last_index", 1).run({&x}, {&y}));
+  expectEqual(y, {2, 1});
+  HT yk(bundle::I64, {1, 4});
+  ASSERT_OK(Op("argmax").i("axis", 0).i("keepdims", 1).i("select_last_index", 0).run({&x}, {&yk}));
+  expectEqual(yk, {0, 0, 0, 0});
+  HT r = randomTensor(bundle::F64, {3, 7, 5}), yr(bundle::I64, {3, 5});
+  ASSERT_OK(Op("argmax").i("axis", 1).i("keepdims", 0).i("select_last_index", 0).run({&r}, {&yr}));
+  for (int a = 0; a < 3; ++a)
+    for (int c = 0; c < 5; ++c) {
+      int best = 0;
+      for (int b = 1; b < 7; ++b)
+        if (r.at((a * 7 + b) * 5 + c) > r.at((a * 7 + best) * 5 + c))
+          best = b;
+      EXPECT_EQ(yr.at(a * 5 + c), best);
+    }
+  HT xi = make(bundle::I32, {3}, {4, 9, 9}), yi(bundle::I64, {});
+  ASSERT_OK(Op("argmax").i("axis", 0).i("keepdims", 0).i("select_last_index", 0).run({&xi}, {&yi}));
+  expectEqual(yi, {1});
+}
+
+TEST(CpuKernels, CumSum) {
+  HT x = randomTensor(bundle::F64, {3, 5, 4});
+  for (int axis : {0, 1, 2})
+    for (int exclusive : {0, 1})
+      for (int reverse : {0, 1}) {
+        HT y(bundle::F64, x.shape);
+        ASSERT_OK(Op("cumsum")
+                      .i("axis", axis)
+                      .i("exclusive", exclusive)
+                      .i("reverse", reverse)
+                      .run({&x}, {&y}));
+        std::vector<double> want(x.numel());
+        for (int64_t i = 0; i < x.numel(); ++i) {
+          auto idx = unravel(i, x.shape);
+          double s = 0;
+          for (int64_t j = 0; j < x.shape[axis]; ++j) {
+            bool take = reverse ? (exclusive ? j > idx[axis] : j >= idx[axis])
+                                : (exclusive ? j < idx[axis] : j <= idx[axis]);
+            auto k = idx;
+            k[axis] = j;
+            if (take)
+              s += x.at(ravel(k, x.shape));
+          }
+          want[i] = s;
+        }
+        expectNear(y, want, "cumsum");
+      }
+  HT xi = make(bundle::I32, {4}, {1, 2, 3, 4}), yi(bundle::I32, {4});
+  ASSERT_OK(Op("cumsum").i("axis", 0).i("exclusive", 1).i("reverse", 0).run({&xi}, {&yi}));
+  expectEqual(yi, {0, 1, 3, 6});
+  EXPECT_FALSE(
+      Op("cumsum").i("axis", 1).i("exclusive", 0).i("reverse", 0).run({&xi}, {&yi}).isOk());
+}
+
+TEST(CpuKernels, Softmax) {
+  for (bool log : {false, true})
+    for (auto [shape, axis] : std::vector<std::pair<std::vector<int64_t>, int64_t>>{
+             {{4, 7}, 1}, {{3, 5, 6}, 1}, {{2, 3, 1000}, 2}, {{9}, 0}, {{6, 2}, 0}})
+      for (DType t : {bundle::F32, bundle::F64, bundle::BF16}) {
+        // Large offsets: a naive exp would overflow.
+        HT x = randomTensor(t, shape, -5, 5);
+        for (int64_t i = 0; i < x.numel(); i += 3)
+          if (t != bundle::BF16)
+            (t == bundle::F32 ? (void)(x.data<float>()[i] += 1000)
+                              : (void)(x.data<double>()[i] += 1000));
+        HT y(t, shape);
+        ASSERT_OK(Op(log ? "log_softmax" : "softmax").i("axis", axis).run({&x}, {&y}));
+        std::vector<double> want(x.numel());
+        for (int64_t i = 0; i < x.numel(); ++i) {
+          auto idx = unravel(i, shape);
+          double m = -INFINITY, s = 0;
+          for (int64_t j = 0; j < shape[axis]; ++j) {
+            auto k = idx;
+            k[axis] = j;
+            m = std::max(m, x.at(ravel(k, shape)));
+          }
+          for (int64_t j = 0; j < shape[axis]; ++j) {
+            auto k = idx;
+            k[axis] = j;
+            s += std::exp(x.at(ravel(k, shape)) - m);
+          }
+          want[i] = log ? x.at(i) - m - std::log(s) : std::exp(x.at(i) - m) / s;
+        }
+        double tol = t == bundle::F32 ? 1e-5 : tolFor(t);
+        // log_softmax of ~1000-sized inputs: absolute error scales with |x|.
+        expectNear(y, want, tol, log && t == bundle::F32 ? 1e-3 : tol,
+                   std::string(log ? "log_softmax " : "softmax ") + shapeString(shape));
+      }
+}
+
+//===----------------------------------------------------------------------===//
+// matmul, gemm
+//===----------------------------------------------------------------------===//
+
+void checkMatmul(DType t, std::vector<int64_t> sa, std::vector<int64_t> sb) {
+  HT a = t == bundle::I64 || t == bundle::I32 ? make(t, sa, randomInts(numElements(sa), -5, 5))
+                                              : randomTensor(t, sa);
+  HT b = t == bundle::I64 || t == bundle::I32 ? make(t, sb, randomInts(numElements(sb), -5, 5))
+                                              : randomTensor(t, sb);
+  std::vector<int64_t> as = sa, bs = sb;
+  if (as.size() == 1)
+    as.insert(as.begin(), 1);
+  if (bs.size() == 1)
+    bs.push_back(1);
+  int64_t m = as[as.size() - 2], k = as.back(), n = bs.back();
+  std::vector<int64_t> ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
+  std::vector<int64_t> batch = broadcastShapes(ab, bb);
+  std::vector<int64_t> out = batch;
+  if (sa.size() > 1)
+    out.push_back(m);
+  if (sb.size() > 1)
+    out.push_back(n);
+  HT y(t, out);
+  ASSERT_OK(Op("matmul").run({&a, &b}, {&y}));
+  std::vector<double> want;
+  int64_t nb = numElements(batch);
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    auto idx = unravel(bi, batch);
+    int64_t offA = broadcastOffset(idx, ab) * m * k, offB = broadcastOffset(idx, bb) * k * n;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < k; ++p)
+          s += a.at(offA + i * k + p) * b.at(offB + p * n + j);
+        want.push_back(s);
+      }
+  }
+  double tol = t == bundle::F16 ? 1e-2 : t == bundle::BF16 ? 5e-2 : tolFor(t);
+  expectNear(y, want, tol, tol,
+             "matmul " + std::string(dtypeName(t)) + shapeString(sa) + shapeString(sb));
+}
+
+TEST(CpuKernels, MatMul) {
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> cases = {
+      {{3, 4}, {4, 5}}, {{2, 1, 3, 4}, {3, 4, 6}}, {{4}, {4, 5}},       {{2, 3, 4}, {4}},
+      {{4}, {4}},       {{2, 5, 3, 4}, {4, 6}},    {{1, 4}, {2, 4, 3}}, {{64, 33}, {33, 17}},
+      {{3, 0}, {0, 2}}, {{2, 3, 4}, {1, 4, 2}}};
+  for (auto &[sa, sb] : cases)
+    for (DType t : {bundle::F32, bundle::F64, bundle::I64, bundle::I32, bundle::F16, bundle::BF16})
+      checkMatmul(t, sa, sb);
+  HT a = randomTensor(bundle::F32, {3, 4}), b = randomTensor(bundle::F32, {5, 6});
+  HT y(bundle::F32, {3, 6});
+  EXPECT_FALSE(Op("matmul").run({&a, &b}, {&y}).isOk()); // contraction mismatch
+}
+
+TEST(CpuKernels, Gemm) {
+  const int64_t m = 5, k = 7, n = 3;
+  for (int ta : {0, 1})
+    for (int tb : {0, 1})
+      for (std::vector<int64_t> cs :
+           std::vector<std::vector<int64_t>>{{}, {n}, {m, 1}, {m, n}, {1}})
+        for (DType t : {bundle::F32, bundle::F64, bundle::I64}) {
+          bool isInt = t == bundle::I64;
+          auto gen = [&](std::vector<int64_t> s) {
+            return isInt ? make(t, s, randomInts(numElements(s), -4, 4)) : randomTensor(t, s);
+          };
+          HT a = gen(ta ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k});
+          HT b = gen(tb ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n});
+          bool hasC = !cs.empty();
+          HT c = hasC ? gen(cs) : HT();
+          double alpha = isInt ? 2 : 0.75, beta = isInt ? 3 : -1.5;
+          HT y(t, {m, n});
+          ASSERT_OK(Op("gemm")
+                        .i("transA", ta)
+                        .i("transB", tb)
+                        .f("alpha", alpha)
+                        .f("beta", beta)
+                        .run({&a, &b, hasC ? &c : nullptr}, {&y}));
+          std::vector<double> want(m * n);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double s = 0;
+              for (int64_t p = 0; p < k; ++p)
+                s += a.at(ta ? p * m + i : i * k + p) * b.at(tb ? j * k + p : p * n + j);
+              double cv = hasC ? c.at(broadcastOffset({i, j}, cs)) : 0;
+              want[i * n + j] = alpha * s + beta * cv;
+            }
+          expectNear(y, want, "gemm");
+        }
+  HT a = randomTensor(bundle::F32, {2, 3}), b = randomTensor(bundle::F32, {3, 2});
+  HT y(bundle::F32, {2, 2});
+  EXPECT_FALSE(Op("gemm").i("transA", 0).i("transB", 0).f("alpha", 1).run({&a, &b}, {&y}).isOk());
+}
+
+//===----------------------------------------------------------------------===//
+// conv, conv_transpose
+//===----------------------------------------------------------------------===//
+
+struct ConvCase {
+  std::vector<int64_t> x, w, strides, pads, dilations;
+  int64_t group;
+  bool bias;
+};
+
+int64_t convOut(int64_t in, int64_t k, int64_t s, int64_t pb, int64_t pe, int64_t d) {
+  return (in + pb + pe - d * (k - 1) - 1) / s + 1;
+}
+
+TEST(CpuKernels, Conv) {
+  const std::vector<ConvCase> cases = {
+      {{2, 3, 11}, {4, 3, 3}, {2}, {1, 2}, {1}, 1, true},                   // 1-D
+      {{2, 4, 9, 8}, {6, 2, 3, 2}, {1, 2}, {1, 0, 2, 1}, {2, 1}, 2, true},  // grouped 2-D
+      {{1, 3, 7, 7}, {5, 3, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, 1, false}, // same padding
+      {{3, 8, 5, 6}, {8, 1, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, 8, true},  // depthwise
+      {{2, 6, 5, 4}, {7, 6, 1, 1}, {1, 1}, {0, 0, 0, 0}, {1, 1}, 1, true},  // 1x1 direct
+      {{1, 2, 5, 4, 6}, {3, 2, 2, 3, 2}, {1, 2, 1}, {0, 1, 1, 1, 0, 1}, {2, 1, 1}, 1, true}, // 3-D
+      {{2, 3, 4, 4}, {2, 3, 5, 5}, {1, 1}, {2, 2, 2, 2}, {1, 1}, 1, true}, // kernel > input
+  };
+  for (const ConvCase &cc : cases)
+    for (DType t : {bundle::F32, bundle::F64, bundle::F16}) {
+      const int64_t sp = cc.x.size() - 2;
+      HT x = randomTensor(t, cc.x), w = randomTensor(t, cc.w), b = randomTensor(t, {cc.w[0]});
+      std::vector<int64_t> os = {cc.x[0], cc.w[0]};
+      for (int64_t d = 0; d < sp; ++d)
+        os.push_back(convOut(cc.x[d + 2], cc.w[d + 2], cc.strides[d], cc.pads[d], cc.pads[d + sp],
+                             cc.dilations[d]));
+      HT y(t, os);
+      ASSERT_OK(Op("conv")
+                    .ints("strides", cc.strides)
+                    .ints("pads", cc.pads)
+                    .ints("dilations", cc.dilations)
+                    .i("group", cc.group)
+                    .run({&x, &w, cc.bias ? &b : nullptr}, {&y}));
+      const int64_t cg = cc.x[1] / cc.group, mg = cc.w[0] / cc.group;
+      std::vector<int64_t> ks(cc.w.begin() + 2, cc.w.end());
+      std::vector<double> want(y.numel());
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        auto idx = unravel(i, os); // n, m, o...
+        int64_t g = idx[1] / mg;
+        double s = cc.bias ? b.at(idx[1]) : 0;
+        for (int64_t c = 0; c < cg; ++c)
+          for (int64_t kk = 0; kk < numElements(ks); ++kk) {
+            auto kpos = unravel(kk, ks);
+            std::vector<int64_t> xi = {idx[0], g * cg + c};
+            bool in = true;
+            for (int64_t d = 0; d < sp; ++d) {
+              int64_t p = idx[d + 2] * cc.strides[d] - cc.pads[d] + kpos[d] * cc.dilations[d];
+              in &= p >= 0 && p < cc.x[d + 2];
+              xi.push_back(p);
+            }
+            if (!in)
+              continue;
+            std::vector<int64_t> wi = {idx[1], c};
+            wi.insert(wi.end(), kpos.begin(), kpos.end());
+            s += x.at(ravel(xi, cc.x)) * w.at(ravel(wi, cc.w));
+          }
+        want[i] = s;
+      }
+      double tol = t == bundle::F16 ? 2e-2 : tolFor(t);
+      expectNear(y, want, tol, tol, "conv " + shapeString(cc.x) + shapeString(cc.w));
+    }
+  // Errors: channel mismatch, wrong result shape, bad attrs.
+  HT x = randomTensor(bundle::F32, {1, 3, 5, 5}), w = randomTensor(bundle::F32, {2, 2, 3, 3});
+  HT y(bundle::F32, {1, 2, 3, 3});
+  Op conv = Op("conv").ints("strides", {1, 1}).ints("pads", {0, 0, 0, 0}).ints("dilations", {1, 1});
+  EXPECT_FALSE(Op(conv).i("group", 1).run({&x, &w}, {&y}).isOk());
+  HT w3 = randomTensor(bundle::F32, {2, 3, 3, 3}), y2(bundle::F32, {1, 2, 4, 4});
+  EXPECT_FALSE(Op(conv).i("group", 1).run({&x, &w3}, {&y2}).isOk());
+  EXPECT_FALSE(Op(conv).run({&x, &w3}, {&y}).isOk()); // missing group
+  EXPECT_OK(Op(conv).i("group", 1).run({&x, &w3}, {&y}));
+}
+
+struct ConvTCase {
+  std::vector<int64_t> x, w, strides, pads, dilations, outputPadding;
+  int64_t group;
+  bool bias;
+};
+
+TEST(CpuKernels, ConvTranspose) {
+  const std::vector<ConvTCase> cases = {
+      {{2, 3, 5}, {3, 2, 3}, {2}, {1, 0}, {1}, {1}, 1, true},
+      {{1, 4, 4, 3}, {4, 3, 3, 2}, {2, 1}, {1, 1, 0, 1}, {1, 2}, {1, 0}, 2, true},
+      {{2, 2, 3, 3}, {2, 3, 2, 2}, {1, 1}, {0, 0, 0, 0}, {1, 1}, {0, 0}, 1, false},
+      {{1, 2, 2, 3, 2},
+       {2, 2, 2, 2, 3},
+       {2, 1, 2},
+       {0, 1, 0, 1, 0, 0},
+       {1, 1, 1},
+       {0, 0, 1},
+       1,
+       true},
+  };
+  for (const ConvTCase &cc : cases)
+    for (DType t : {bundle::F32, bundle::F64}) {
+      const int64_t sp = cc.x.size() - 2, m = cc.w[1] * cc.group;
+      HT x = randomTensor(t, cc.x), w = randomTensor(t, cc.w), b = randomTensor(t, {m});
+      std::vector<int64_t> os = {cc.x[0], m};
+      for (int64_t d = 0; d < sp; ++d)
+        os.push_back(cc.strides[d] * (cc.x[d + 2] - 1) + cc.outputPadding[d] +
+                     (cc.w[d + 2] - 1) * cc.dilations[d] + 1 - cc.pads[d] - cc.pads[d + sp]);
+      HT y(t, os);
+      ASSERT_OK(Op("conv_transpose")
+                    .ints("strides", cc.strides)
+                    .ints("pads", cc.pads)
+                    .ints("dilations", cc.dilations)
+                    .ints("output_padding", cc.outputPadding)
+                    .i("group", cc.group)
+                    .run({&x, &w, cc.bias ? &b : nullptr}, {&y}));
+      // Scatter reference: every input element spreads over its window.
+      std::vector<double> want(y.numel(), 0.0);
+      const int64_t cg = cc.x[1] / cc.group, mg = cc.w[1];
+      std::vector<int64_t> ks(cc.w.begin() + 2, cc.w.end());
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        auto xi = unravel(i, cc.x);
+        int64_t g = xi[1] / cg;
+        for (int64_t mo = 0; mo < mg; ++mo)
+          for (int64_t kk = 0; kk < numElements(ks); ++kk) {
+            auto kpos = unravel(kk, ks);
+            std::vector<int64_t> yi = {xi[0], g * mg + mo};
+            bool in = true;
+            for (int64_t d = 0; d < sp; ++d) {
+              int64_t p = xi[d + 2] * cc.strides[d] - cc.pads[d] + kpos[d] * cc.dilations[d];
+              in &= p >= 0 && p < os[d + 2];
+              yi.push_back(p);
+            }
+            if (!in)
+              continue;
+            std::vector<int64_t> wi = {xi[1], mo};
+            wi.insert(wi.end(), kpos.begin(), kpos.end());
+            want[ravel(yi, os)] += x.at(i) * w.at(ravel(wi, cc.w));
+          }
+      }
+      if (cc.bias)
+        for (int64_t i = 0; i < y.numel(); ++i)
+          want[i] += b.at(unravel(i, os)[1]);
+      expectNear(y, want, "conv_transpose " + shapeString(cc.x));
+    }
+}
+
+//===----------------------------------------------------------------------===//
+// Pools
+//===----------------------------------------------------------------------===//
+
+struct PoolCase {
+  std::vector<int64_t> x, kernel, strides, pads, dilations;
+  bool ceil, includePad;
+};
+
+int64_t poolOut(int64_t in, int64_t k, int64_t s, int64_t pb, int64_t pe, int64_t d, bool ceil) {
+  double v = double(in + pb + pe - d * (k - 1) - 1) / double(s);
+  int64_t out = int64_t(ceil ? std::ceil(v) : std::floor(v)) + 1;
+  if (ceil && (out - 1) * s >= in + pb)
+    --out;
+  return out;
+}
+
+TEST(CpuKernels, Pools) {
+  const std::vector<PoolCase> cases = {
+      {{2, 3, 9, 8}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}, false, false},
+      {{2, 3, 9, 8}, {3, 2}, {2, 3}, {1, 0, 1, 1}, {1, 1}, true, true},
+      {{1, 2, 10, 7}, {2, 3}, {2, 2}, {0, 1, 0, 1}, {2, 1}, true, false},
+      {{3, 2, 13}, {4}, {3}, {2, 1}, {1}, true, true},
+      {{1, 2, 5, 4, 6}, {2, 2, 3}, {1, 2, 2}, {1, 0, 1, 0, 1, 1}, {1, 1, 1}, false, true},
+      {{1, 1, 5}, {2}, {2}, {0, 0}, {1}, true, true},
+  };
+  for (const PoolCase &pc : cases)
+    for (bool isMax : {true, false})
+      for (DType t : {bundle::F32, bundle::F64}) {
+        const int64_t sp = pc.x.size() - 2;
+        HT x = randomTensor(t, pc.x);
+        std::vector<int64_t> os = {pc.x[0], pc.x[1]};
+        for (int64_t d = 0; d < sp; ++d)
+          os.push_back(poolOut(pc.x[d + 2], pc.kernel[d], pc.strides[d], pc.pads[d],
+                               pc.pads[d + sp], pc.dilations[d], pc.ceil));
+        HT y(t, os);
+        Op op(isMax ? "max_pool" : "avg_pool");
+        op.ints("kernel_shape", pc.kernel)
+            .ints("strides", pc.strides)
+            .ints("pads", pc.pads)
+            .ints("dilations", pc.dilations)
+            .i("ceil_mode", pc.ceil);
+        if (!isMax)
+          op.i("count_include_pad", pc.includePad);
+        ASSERT_OK(op.run({&x}, {&y}));
+        std::vector<double> want(y.numel());
+        for (int64_t i = 0; i < y.numel(); ++i) {
+          auto idx = unravel(i, os);
+          double mx = -INFINITY, sum = 0, count = 0, padded = 0;
+          for (int64_t kk = 0; kk < numElements(pc.kernel); ++kk) {
+            auto kpos = unravel(kk, pc.kernel);
+            std::vector<int64_t> xi = {idx[0], idx[1]};
+            bool in = true, inPad = true;
+            for (int64_t d = 0; d < sp; ++d) {
+              int64_t p = idx[d + 2] * pc.strides[d] - pc.pads[d] + kpos[d] * pc.dilations[d];
+              in &= p >= 0 && p < pc.x[d + 2];
+              inPad &= p >= -pc.pads[d] && p < pc.x[d + 2] + pc.pads[d + sp];
+              xi.push_back(p);
+            }
+            padded += inPad;
+            if (!in)
+              continue;
+            double v = x.at(ravel(xi, pc.x));
+            mx = std::max(mx, v);
+            sum += v;
+            count += 1;
+          }
+          want[i] = isMax ? mx : sum / (pc.includePad ? padded : count);
+        }
+        expectNear(y, want, std::string(isMax ? "max_pool " : "avg_pool ") + shapeString(pc.x));
+      }
+  // Hand-checked ceil-mode case (PyTorch avg_pool1d(k=2, s=2, ceil_mode=True)).
+  HT x = make(bundle::F32, {1, 1, 5}, {1, 2, 3, 4, 5}), y(bundle::F32, {1, 1, 3});
+  for (int include : {0, 1}) {
+    ASSERT_OK(Op("avg_pool")
+                  .ints("kernel_shape", {2})
+                  .ints("strides", {2})
+                  .ints("pads", {0, 0})
+                  .ints("dilations", {1})
+                  .i("ceil_mode", 1)
+                  .i("count_include_pad", include)
+                  .run({&x}, {&y}));
+    expectEqual(y, {1.5, 3.5, 5});
+  }
+  HT xi = make(bundle::I32, {1, 1, 4}, {3, -1, 7, 2}), yi(bundle::I32, {1, 1, 2});
+  ASSERT_OK(Op("max_pool")
+                .ints("kernel_shape", {2})
+                .ints("strides", {2})
+                .ints("pads", {0, 0})
+                .ints("dilations", {1})
+                .i("ceil_mode", 0)
+                .run({&xi}, {&yi}));
+  expectEqual(yi, {3, 7});
+  HT bad(bundle::F32, {1, 1, 2});
+  EXPECT_FALSE(Op("max_pool")
+                   .ints("kernel_shape", {2})
+                   .ints("strides", {2})
+                   .ints("pads", {0, 0})
+                   .ints("dilations", {1})
+                   .i("ceil_mode", 1)
+                   .run({&x}, {&bad})
+                   .isOk());
+}
+
+//===----------------------------------------------------------------------===//
+// Normalizations
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernels, BatchNorm) {
+  for (DType t : {bundle::F32, bundle::F64, bundle::F16}) {
+    const std::vector<int64_t> shape = {3, 4, 5, 2};
+    HT x = randomTensor(t, shape, -2, 3), scale = randomTensor(bundle::F32, {4}),
+       bias = randomTensor(bundle::F32, {4}), mean = randomTensor(bundle::F32, {4}),
+       var = randomTensor(bundle::F32, {4}, 0.5, 2);
+    HT y(t, shape);
+    ASSERT_OK(Op("batch_norm").f("epsilon", 1e-3).run({&x, &scale, &bias, &mean, &var}, {&y}));
+    std::vector<double> want(x.numel());
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      int64_t c = unravel(i, shape)[1];
+      want[i] = (x.at(i) - mean.at(c)) / std::sqrt(var.at(c) + 1e-3) * scale.at(c) + bias.at(c);
+    }
+    double tol = t == bundle::F16 ? 1e-2 : tolFor(t);
+    expectNear(y, want, tol, tol, "batch_norm");
+
+    HT y2(t, shape), rm(bundle::F32, {4}), rv(bundle::F32, {4});
+    ASSERT_OK(Op("batch_norm_training")
+                  .f("epsilon", 1e-5)
+                  .f("momentum", 0.9)
+                  .run({&x, &scale, &bias, &mean, &var}, {&y2, &rm, &rv}));
+    std::vector<double> bm(4, 0), bv(4, 0), cnt(4, 0);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      int64_t c = unravel(i, shape)[1];
+      bm[c] += x.at(i);
+      cnt[c] += 1;
+    }
+    for (int c = 0; c < 4; ++c)
+      bm[c] /= cnt[c];
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      int64_t c = unravel(i, shape)[1];
+      bv[c] += (x.at(i) - bm[c]) * (x.at(i) - bm[c]) / cnt[c];
+    }
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      int64_t c = unravel(i, shape)[1];
+      want[i] = (x.at(i) - bm[c]) / std::sqrt(bv[c] + 1e-5) * scale.at(c) + bias.at(c);
+    }
+    expectNear(y2, want, tol, tol, "batch_norm_training y");
+    std::vector<double> wm(4), wv(4);
+    for (int c = 0; c < 4; ++c) {
+      wm[c] = mean.at(c) * 0.9 + bm[c] * 0.1;
+      wv[c] = var.at(c) * 0.9 + bv[c] * 0.1;
+    }
+    expectNear(rm, wm, "running_mean");
+    expectNear(rv, wv, "running_var");
+  }
+  HT x = randomTensor(bundle::F32, {2, 3}), p = randomTensor(bundle::F32, {4}),
+     y(bundle::F32, {2, 3});
+  EXPECT_FALSE(Op("batch_norm").f("epsilon", 1e-5).run({&x, &p, &p, &p, &p}, {&y}).isOk());
+}
+
+TEST(CpuKernels, LayerNorm) {
+  for (auto [shape, axis, scaleShape] :
+       std::vector<std::tuple<std::vector<int64_t>, int64_t, std::vector<int64_t>>>{
+           {{4, 6, 10}, 2, {10}},
+           {{4, 6, 10}, 1, {6, 10}},
+           {{4, 6, 10}, 1, {1, 10}},
+           {{3, 5000}, 1, {5000}},
+           {{2, 3}, 0, {2, 3}}})
+    for (bool withBias : {true, false})
+      for (DType t : {bundle::F32, bundle::F64, bundle::BF16}) {
+        HT x = randomTensor(t, shape, -3, 2), scale = randomTensor(t, scaleShape),
+           bias = randomTensor(t, scaleShape);
+        HT y(t, shape);
+        ASSERT_OK(Op("layer_norm")
+                      .i("axis", axis)
+                      .f("epsilon", 1e-5)
+                      .run({&x, &scale, withBias ? &bias : nullptr}, {&y}));
+        std::vector<int64_t> trailing(shape.begin() + axis, shape.end());
+        int64_t d = numElements(trailing);
+        std::vector<double> want(x.numel());
+        for (int64_t r = 0; r < x.numel() / d; ++r) {
+          double mean = 0, var = 0;
+          for (int64_t i = 0; i < d; ++i)
+            mean += x.at(r * d + i) / d;
+          for (int64_t i = 0; i < d; ++i)
+            var += (x.at(r * d + i) - mean) * (x.at(r * d + i) - mean) / d;
+          for (int64_t i = 0; i < d; ++i) {
+            int64_t so = broadcastOffset(unravel(i, trailing), scaleShape);
+            want[r * d + i] = (x.at(r * d + i) - mean) / std::sqrt(var + 1e-5) * scale.at(so) +
+                              (withBias ? bias.at(so) : 0);
+          }
+        }
+        double tol = t == bundle::BF16 ? 4e-2 : t == bundle::F32 ? 1e-4 : tolFor(t);
+        expectNear(y, want, tol, tol, "layer_norm " + shapeString(shape));
+      }
+}
+
+TEST(CpuKernels, GroupNorm) {
+  for (DType t : {bundle::F32, bundle::F64}) {
+    const std::vector<int64_t> shape = {2, 6, 4, 3};
+    for (int64_t groups : {1, 2, 3, 6}) {
+      HT x = randomTensor(t, shape), scale = randomTensor(t, {6}), bias = randomTensor(t, {6});
+      HT y(t, shape);
+      ASSERT_OK(Op("group_norm")
+                    .i("num_groups", groups)
+                    .f("epsilon", 1e-5)
+                    .run({&x, &scale, &bias}, {&y}));
+      const int64_t len = 6 / groups * 12;
+      std::vector<double> want(x.numel());
+      for (int64_t gidx = 0; gidx < 2 * groups; ++gidx) {
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < len; ++i)
+          mean += x.at(gidx * len + i) / len;
+        for (int64_t i = 0; i < len; ++i)
+          var += std::pow(x.at(gidx * len + i) - mean, 2) / len;
+        for (int64_t i = 0; i < len; ++i) {
+          int64_t c = unravel(gidx * len + i, shape)[1];
+          want[gidx * len + i] =
+              (x.at(gidx * len + i) - mean) / std::sqrt(var + 1e-5) * scale.at(c) + bias.at(c);
+        }
+      }
+      expectNear(y, want, "group_norm");
+    }
+    HT x = randomTensor(t, shape), p = randomTensor(t, {6}), y(t, shape);
+    EXPECT_FALSE(
+        Op("group_norm").i("num_groups", 4).f("epsilon", 1e-5).run({&x, &p, &p}, {&y}).isOk());
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// nll_loss
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernels, NllLoss) {
+  const std::vector<int64_t> xs = {3, 5, 4}, ts = {3, 4};
+  for (DType t : {bundle::F32, bundle::F64})
+    for (DType it : {bundle::I64, bundle::I32})
+      for (bool withWeight : {false, true})
+        for (bool withIgnore : {false, true})
+          for (const std::string red : {"none", "sum", "mean"}) {
+            HT x = randomTensor(t, xs, -3, 0), w = randomTensor(t, {5}, 0.1, 2);
+            HT target = make(it, ts, randomInts(12, 0, 4));
+            Op op("nll_loss");
+            op.s("reduction", red);
+            if (withIgnore)
+              op.i("ignore_index", 2);
+            HT y(t, red == "none" ? ts : std::vector<int64_t>{});
+            ASSERT_OK(op.run({&x, &target, withWeight ? &w : nullptr}, {&y}));
+            std::vector<double> losses(12);
+            double sum = 0, wsum = 0;
+            for (int64_t i = 0; i < 12; ++i) {
+              int64_t n = i / 4, d = i % 4, cls = int64_t(target.at(i));
+              if (withIgnore && cls == 2)
+                continue;
+              double wt = withWeight ? w.at(cls) : 1;
+              losses[i] = -x.at((n * 5 + cls) * 4 + d) * wt;
+              sum += losses[i];
+              wsum += wt;
+            }
+            std::vector<double> want = red == "none"  ? losses
+                                       : red == "sum" ? std::vector<double>{sum}
+                                                      : std::vector<double>{sum / wsum};
+            expectNear(y, want, "nll_loss " + red);
+          }
+  // 2-D input, out-of-range target -> error; ignored out-of-range is fine.
+  HT x = randomTensor(bundle::F32, {2, 3}), y(bundle::F32, {});
+  HT bad = make(bundle::I64, {2}, {1, 3});
+  Status st = Op("nll_loss").s("reduction", "mean").run({&x, &bad}, {&y});
+  EXPECT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("target"), std::string::npos) << st.message();
+  HT ign = make(bundle::I64, {2}, {1, -100});
+  ASSERT_OK(Op("nll_loss").s("reduction", "mean").i("ignore_index", -100).run({&x, &ign}, {&y}));
+  expectNear(y, {-x.at(1)});
+  EXPECT_FALSE(Op("nll_loss").s("reduction", "avg").run({&x, &ign}, {&y}).isOk());
+}
+
+//===----------------------------------------------------------------------===//
+// Data movement (hand-computed cases)
+//===----------------------------------------------------------------------===//
+
+std::vector<double> iota(int64_t n, double start = 0) {
+  std::vector<double> v(n);
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+TEST(CpuKernels, ReshapeTransposeBroadcast) {
+  HT x = make(bundle::F32, {2, 3}, iota(6)), r(bundle::F32, {3, 2});
+  ASSERT_OK(Op("reshape").ints("shape", {3, 2}).run({&x}, {&r}));
+  expectEqual(r, iota(6));
+  HT bad(bundle::F32, {4, 2});
+  EXPECT_FALSE(Op("reshape").ints("shape", {4, 2}).run({&x}, {&bad}).isOk());
+
+  for (DType t : {bundle::F32, bundle::I64, bundle::F16, bundle::BOOL, bundle::I8}) {
+    HT a = make(t, {2, 3, 4}, t == bundle::BOOL ? randomInts(24, 0, 1) : iota(24));
+    HT y(t, {4, 2, 3});
+    ASSERT_OK(Op("transpose").ints("perm", {2, 0, 1}).run({&a}, {&y}));
+    std::vector<double> want;
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 3; ++j)
+          want.push_back(a.at((i * 3 + j) * 4 + k));
+    expectEqual(y, want, "transpose");
+  }
+  HT big = randomTensor(bundle::F64, {37, 300, 5}), bt(bundle::F64, {5, 300, 37});
+  ASSERT_OK(Op("transpose").ints("perm", {2, 1, 0}).run({&big}, {&bt}));
+  std::vector<double> want(big.numel());
+  for (int64_t i = 0; i < big.numel(); ++i) {
+    auto idx = unravel(i, {5, 300, 37});
+    want[i] = big.at(ravel({idx[2], idx[1], idx[0]}, big.shape));
+  }
+  expectEqual(bt, want);
+  HT y(bundle::F32, {3, 2});
+  EXPECT_FALSE(Op("transpose").ints("perm", {0, 0}).run({&x}, {&y}).isOk());
+
+  HT b = make(bundle::I32, {3, 1}, {1, 2, 3}), bb(bundle::I32, {2, 3, 2});
+  ASSERT_OK(Op("broadcast").ints("shape", {2, 3, 2}).run({&b}, {&bb}));
+  expectEqual(bb, {1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3});
+  HT wrong(bundle::I32, {2, 4, 2});
+  EXPECT_FALSE(Op("broadcast").ints("shape", {2, 4, 2}).run({&b}, {&wrong}).isOk());
+}
+
+TEST(CpuKernels, ConcatSplit) {
+  HT a = make(bundle::I64, {2, 1, 2}, {0, 1, 2, 3}), b = make(bundle::I64, {2, 2, 2}, iota(8, 10)),
+     c = make(bundle::I64, {2, 0, 2}, {});
+  HT y(bundle::I64, {2, 3, 2});
+  ASSERT_OK(Op("concat").i("axis", 1).run({&a, &b, &c}, {&y}));
+  expectEqual(y, {0, 1, 10, 11, 12, 13, 2, 3, 14, 15, 16, 17});
+  HT s0(bundle::I64, {2, 1, 2}), s1(bundle::I64, {2, 2, 2});
+  ASSERT_OK(Op("split").i("axis", 1).ints("sizes", {1, 2}).run({&y}, {&s0, &s1}));
+  expectEqual(s0, a.values());
+  expectEqual(s1, b.values());
+  HT bad(bundle::I64, {2, 4, 2});
+  EXPECT_FALSE(Op("concat").i("axis", 1).run({&a, &b}, {&bad}).isOk());
+  EXPECT_FALSE(Op("split").i("axis", 1).ints("sizes", {2, 1}).run({&y}, {&s0, &s1}).isOk());
+  HT f = make(bundle::F32, {2}, {1, 2});
+  EXPECT_FALSE(Op("concat").i("axis", 1).run({&a, &f}, {&y}).isOk()); // dtype mismatch
+}
+
+TEST(CpuKernels, Slice) {
+  HT x = make(bundle::F32, {3, 5}, iota(15));
+  HT y(bundle::F32, {2, 2});
+  ASSERT_OK(Op("slice")
+                .ints("starts", {1, 4})
+                .ints("ends", {3, 0})
+                .ints("steps", {1, -2})
+                .run({&x}, {&y}));
+  expectEqual(y, {9, 7, 14, 12});
+  HT z(bundle::F32, {3, 2});
+  ASSERT_OK(Op("slice")
+                .ints("starts", {2, 0})
+                .ints("ends", {-1, 5})
+                .ints("steps", {-1, 3})
+                .run({&x}, {&z}));
+  expectEqual(z, {10, 13, 5, 8, 0, 3});
+  HT e(bundle::F32, {0, 5});
+  ASSERT_OK(Op("slice")
+                .ints("starts", {2, 0})
+                .ints("ends", {2, 5})
+                .ints("steps", {1, 1})
+                .run({&x}, {&e}));
+  HT w(bundle::F32, {2, 2});
+  EXPECT_FALSE(Op("slice")
+                   .ints("starts", {2, 4})
+                   .ints("ends", {4, 6})
+                   .ints("steps", {1, 1})
+                   .run({&x}, {&w})
+                   .isOk()); // reads past the end
+}
+
+TEST(CpuKernels, Pad) {
+  HT x = make(bundle::F32, {2, 3}, {1, 2, 3, 4, 5, 6});
+  // numpy.pad(x, ((1, 0), (2, 1)), mode=...)
+  HT y(bundle::F32, {3, 6});
+  ASSERT_OK(
+      Op("pad").ints("pads", {1, 2, 0, 1}).s("mode", "constant").f("value", 9).run({&x}, {&y}));
+  expectEqual(y, {9, 9, 9, 9, 9, 9, 9, 9, 1, 2, 3, 9, 9, 9, 4, 5, 6, 9});
+  ASSERT_OK(
+      Op("pad").ints("pads", {1, 2, 0, 1}).s("mode", "reflect").f("value", 0).run({&x}, {&y}));
+  expectEqual(y, {6, 5, 4, 5, 6, 5, 3, 2, 1, 2, 3, 2, 6, 5, 4, 5, 6, 5});
+  ASSERT_OK(Op("pad").ints("pads", {1, 2, 0, 1}).s("mode", "edge").f("value", 0).run({&x}, {&y}));
+  expectEqual(y, {1, 1, 1, 2, 3, 3, 1, 1, 1, 2, 3, 3, 4, 4, 4, 5, 6, 6});
+  // Negative pads crop.
+  HT c(bundle::F32, {2, 2});
+  ASSERT_OK(
+      Op("pad").ints("pads", {0, -1, 0, 0}).s("mode", "constant").f("value", 0).run({&x}, {&c}));
+  expectEqual(c, {2, 3, 5, 6});
+  HT r(bundle::F32, {2, 5});
+  ASSERT_OK(
+      Op("pad").ints("pads", {0, 3, 0, -1}).s("mode", "reflect").f("value", 0).run({&x}, {&r}));
+  expectEqual(r, {2, 3, 2, 1, 2, 5, 6, 5, 4, 5}); // numpy reflect pad 3 then crop 1
+  HT i = make(bundle::I64, {3}, {1, 2, 3}), iy(bundle::I64, {5});
+  ASSERT_OK(Op("pad").ints("pads", {1, 1}).s("mode", "constant").f("value", -4).run({&i}, {&iy}));
+  expectEqual(iy, {-4, 1, 2, 3, -4});
+  EXPECT_FALSE(
+      Op("pad").ints("pads", {1, 1}).s("mode", "wrap").f("value", 0).run({&i}, {&iy}).isOk());
+}
+
+TEST(CpuKernels, TileGather) {
+  HT x = make(bundle::F16, {2, 2}, {1, 2, 3, 4}), t(bundle::F16, {4, 6});
+  ASSERT_OK(Op("tile").ints("repeats", {2, 3}).run({&x}, {&t}));
+  expectEqual(t, {1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4, 1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4});
+
+  HT data = make(bundle::F32, {3, 4}, iota(12));
+  for (DType it : {bundle::I64, bundle::I32}) {
+    HT idx = make(it, {2, 2}, {2, -1, 0, 1}), y(bundle::F32, {3, 2, 2});
+    ASSERT_OK(Op("gather").i("axis", 1).run({&data, &idx}, {&y}));
+    expectEqual(y, {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9});
+    HT y0(bundle::F32, {2, 2, 4});
+    ASSERT_OK(Op("gather").i("axis", 0).run({&data, &idx}, {&y0}));
+    expectEqual(y0, {8, 9, 10, 11, 8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6, 7});
+    HT bad = make(it, {2, 2}, {2, 4, 0, 1});
+    Status st = Op("gather").i("axis", 1).run({&data, &bad}, {&y});
+    EXPECT_FALSE(st.isOk());
+    EXPECT_NE(st.message().find("out of range"), std::string::npos) << st.message();
+    HT neg = make(it, {2, 2}, {2, -5, 0, 1});
+    EXPECT_FALSE(Op("gather").i("axis", 1).run({&data, &neg}, {&y}).isOk());
+  }
+  HT scalarIdx = make(bundle::I64, {}, {-2}), ys(bundle::F32, {4});
+  ASSERT_OK(Op("gather").i("axis", 0).run({&data, &scalarIdx}, {&ys}));
+  expectEqual(ys, {4, 5, 6, 7});
+
+  HT ge = make(bundle::I64, {2, 3}, {0, 2, -1, 1, 0, 0}), gy(bundle::F32, {2, 3});
+  ASSERT_OK(Op("gather_elements").i("axis", 1).run({&data, &ge}, {&gy}));
+  expectEqual(gy, {0, 2, 3, 5, 4, 4});
+  HT ge0 = make(bundle::I32, {1, 4}, {2, 0, 1, 2}), gy0(bundle::F32, {1, 4});
+  ASSERT_OK(Op("gather_elements").i("axis", 0).run({&data, &ge0}, {&gy0}));
+  expectEqual(gy0, {8, 1, 6, 11});
+  HT geBad = make(bundle::I64, {2, 3}, {0, 2, 4, 1, 0, 0});
+  EXPECT_FALSE(Op("gather_elements").i("axis", 1).run({&data, &geBad}, {&gy}).isOk());
+}
+
+TEST(CpuKernels, TriluOneHotConstant) {
+  HT x = make(bundle::I32, {2, 3, 4}, iota(24, 1));
+  HT u(bundle::I32, {2, 3, 4}), l(bundle::I32, {2, 3, 4});
+  ASSERT_OK(Op("trilu").i("upper", 1).i("k", 1).run({&x}, {&u}));
+  ASSERT_OK(Op("trilu").i("upper", 0).i("k", -1).run({&x}, {&l}));
+  for (int64_t i = 0; i < 24; ++i) {
+    int64_t r = (i / 4) % 3, c = i % 4;
+    EXPECT_EQ(u.at(i), c - r >= 1 ? x.at(i) : 0) << i;
+    EXPECT_EQ(l.at(i), c - r <= -1 ? x.at(i) : 0) << i;
+  }
+
+  HT idx = make(bundle::I64, {2, 2}, {0, -1, 5, 2}), oh(bundle::F32, {2, 3, 2});
+  ASSERT_OK(Op("one_hot")
+                .i("depth", 3)
+                .i("axis", 1)
+                .f("off_value", -1)
+                .f("on_value", 4)
+                .dt("dtype", bundle::F32)
+                .run({&idx}, {&oh}));
+  // oh[n, c, j] = on if idx[n, j] == c (-1 -> 2, 5 out of range).
+  expectEqual(oh, {4, -1, -1, -1, -1, 4, -1, -1, -1, -1, -1, 4});
+  HT oi(bundle::I64, {2, 2, 3});
+  ASSERT_OK(Op("one_hot")
+                .i("depth", 3)
+                .i("axis", 2)
+                .f("off_value", 0)
+                .f("on_value", 1)
+                .dt("dtype", bundle::I64)
+                .run({&idx}, {&oi}));
+  expectEqual(oi, {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1});
+  HT wrongType(bundle::F32, {2, 2, 3});
+  EXPECT_FALSE(Op("one_hot")
+                   .i("depth", 3)
+                   .i("axis", 2)
+                   .f("off_value", 0)
+                   .f("on_value", 1)
+                   .dt("dtype", bundle::I64)
+                   .run({&idx}, {&wrongType})
+                   .isOk());
+
+  HT cst(bundle::F64, {2, 2});
+  Op c("constant");
+  c.attr("value").mutable_floats()->add_values(2.5);
+  ASSERT_OK(c.run({}, {&cst}));
+  expectEqual(cst, {2.5, 2.5, 2.5, 2.5});
+  HT ci(bundle::I32, {3});
+  ASSERT_OK(Op("constant").ints("value", {4, 5, 6}).run({}, {&ci}));
+  expectEqual(ci, {4, 5, 6});
+  EXPECT_FALSE(Op("constant").ints("value", {4, 5}).run({}, {&ci}).isOk());
+}
+
+} // namespace

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian bookworm / Ubuntu 24.04 machine for Forge and builds it.
+#   tools/setup.sh          install, build, run the bundled demo
+#   tools/setup.sh --test   install, build, run the whole test suite
+# Idempotent: installs only missing packages; reuses build/ and ccache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode=demo
+case "${1:-}" in
+  --test) mode=test ;;
+  --build-only) mode=build ;;
+  "" ) ;;
+  *) echo "usage: tools/setup.sh [--test|--build-only]" >&2; exit 2 ;;
+esac
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
+  libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
+  libopenblas-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libtomlplusplus-dev
+  libgtest-dev libgmock-dev zlib1g-dev libzstd-dev
+  python3 python3-venv python3-pip
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Python tooling for tests and model scripts lives in a venv (PEP 668).
+if [ ! -x .venv/bin/python3 ]; then
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python3 -c "import numpy, onnx" 2>/dev/null; then
+  .venv/bin/pip install -q -r tools/requirements-test.txt
+fi
+
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+jobs=${FORGE_JOBS:-2}
+cmake --preset default -DFORGE_PYTHON="$PWD/.venv/bin/python3" >/dev/null
+cmake --build --preset default -j "$jobs"
+
+case "$mode" in
+  demo) exec tools/demo.sh ;;
+  test) exec ctest --preset default -j "$jobs" ;;
+  build) ;;
+esac
