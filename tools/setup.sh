@@ -44,6 +44,8 @@ if ! .venv/bin/python3 -c "import numpy, onnx" 2>/dev/null; then
 fi
 
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+# Share cache hits between clones at different paths (CI, worktrees).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 jobs=${FORGE_JOBS:-2}
 cmake --preset default -DFORGE_PYTHON="$PWD/.venv/bin/python3" >/dev/null
 cmake --build --preset default -j "$jobs"
