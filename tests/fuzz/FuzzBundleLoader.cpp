@@ -4,7 +4,7 @@
 // The program CRC would stop almost every mutation at the checksum, so each
 // input is tried twice: as is, and with the header's program CRC recomputed,
 // which lets mutated Program messages reach the protobuf parser and the
-// semantic validation (tensors, sections, instructions). When a bundle loads,
+// semantic validation (tensors, sections, routines, instructions). When a bundle loads,
 // CpuExecutor::create runs too (arena allocation, view table, kernel lookup).
 // Also linked with a plain main() (FuzzDriverMain.cpp) for a ctest smoke run.
 #include <cstddef>
@@ -33,6 +33,18 @@ void tryLoad(std::vector<uint8_t> bytes) {
   }
   if ((*bundle)->program().arena_size() > kMaxFuzzArena)
     return;
+  // Zero-initialized STATE tensors are not bounded by the file size either.
+  uint64_t persistent = 0;
+  for (const auto &t : (*bundle)->program().tensors()) {
+    if (t.kind() != forge::bundle::TensorInfo::STATE &&
+        t.kind() != forge::bundle::TensorInfo::PARAMETER)
+      continue;
+    // The loader checked that each tensor's byte count fits 64 bits.
+    uint64_t bytes = static_cast<uint64_t>(numElements({t.shape().begin(), t.shape().end()})) *
+                     dtypeSize(t.dtype());
+    if (bytes > kMaxFuzzArena || (persistent += bytes) > kMaxFuzzArena)
+      return;
+  }
   auto ex = CpuExecutor::create(**bundle, CpuExecutorOptions{1});
   (void)ex.isOk();
 }

@@ -53,10 +53,22 @@ fb::TensorInfo *tensor(fb::Program &p, const char *name, fb::TensorInfo::Kind ki
   return t;
 }
 
-void inst(fb::Program &p, const char *op, std::vector<int32_t> in, std::vector<int32_t> out) {
-  fb::Instruction *i = p.add_instructions();
+/// The routine called `name`, created when absent.
+fb::Routine *routine(fb::Program &p, const char *name = "forward") {
+  for (fb::Routine &r : *p.mutable_routines())
+    if (r.name() == name)
+      return &r;
+  fb::Routine *r = p.add_routines();
+  r->set_name(name);
+  return r;
+}
+
+void inst(fb::Program &p, const char *op, std::vector<int32_t> in, std::vector<int32_t> out,
+          const char *routineName = "forward") {
+  fb::Routine *r = routine(p, routineName);
+  fb::Instruction *i = r->add_instructions();
   i->set_op(op);
-  i->set_name(std::string("n") + std::to_string(p.instructions_size()));
+  i->set_name(std::string("n") + std::to_string(r->instructions_size()));
   for (int32_t t : in)
     i->add_inputs(t);
   for (int32_t t : out)
@@ -94,13 +106,13 @@ std::vector<Seed> makeSeeds() {
     inst(p, "add", {0, 1}, {2});
     inst(p, "relu", {2}, {3});
     inst(p, "matmul", {3, 4}, {5});
-    (*p.mutable_instructions(2)->mutable_attrs())["note"].set_s("seed");
-    p.add_inputs(0);
-    p.add_outputs(5);
+    (*routine(p)->mutable_instructions(2)->mutable_attrs())["note"].set_s("seed");
+    routine(p)->add_inputs(0);
+    routine(p)->add_outputs(5);
     seeds.push_back(std::move(s));
   }
   {
-    Seed s; // optional operand, a written parameter, two sections, an i64 tensor
+    Seed s; // two routines, optional operand, a written parameter, state, two sections, i64
     fb::Program &p = s.program;
     p.set_target("cpu");
     p.set_training(true);
@@ -115,10 +127,20 @@ std::vector<Seed> makeSeeds() {
     c->set_data_size(16);
     tensor(p, "y", fb::TensorInfo::OUTPUT, {2}, 64);
     p.set_arena_size(128);
-    inst(p, "add", {0, 1, -1}, {3});
-    inst(p, "relu", {3}, {1});
-    p.add_inputs(0);
-    p.add_outputs(3);
+    tensor(p, "m", fb::TensorInfo::STATE, {2});                          // 4: zeros
+    fb::TensorInfo *v = tensor(p, "v", fb::TensorInfo::STATE, {2});      // 5: from bytes
+    v->set_data_size(8);
+    tensor(p, "x_eval", fb::TensorInfo::INPUT, {2}, 0);                  // 6
+    tensor(p, "loss", fb::TensorInfo::OUTPUT, {2}, 64);                  // 7
+    inst(p, "add", {0, 1, -1}, {3}, "train_step");
+    inst(p, "relu", {3}, {1}, "train_step");
+    inst(p, "add", {4, 5}, {4}, "train_step");
+    inst(p, "copy", {3}, {5}, "train_step");
+    routine(p, "train_step")->add_inputs(0);
+    routine(p, "train_step")->add_outputs(3);
+    inst(p, "mul", {6, 1}, {7}, "eval");
+    routine(p, "eval")->add_inputs(6);
+    routine(p, "eval")->add_outputs(7);
     seeds.push_back(std::move(s));
   }
   {
@@ -163,19 +185,28 @@ const int64_t kInteresting[] = {0,         1,         -1,        2,         63, 
 
 int64_t interesting(Rng &r) { return kInteresting[r.below(std::size(kInteresting))]; }
 
+/// A random routine of `p`, or nullptr when it has none.
+fb::Routine *anyRoutine(fb::Program &p, Rng &r) {
+  return p.routines_size() ? p.mutable_routines(static_cast<int>(r.below(p.routines_size())))
+                           : nullptr;
+}
+
 /// One structured change to a seed's program (sections already filled in).
 void mutateProgram(fb::Program &p, Rng &r) {
-  switch (r.below(12)) {
+  fb::Routine *rt = anyRoutine(p, r);
+  fb::Routine empty;
+  fb::Routine &q = rt ? *rt : empty;
+  switch (r.below(14)) {
   case 0:
-    if (p.instructions_size()) {
-      fb::Instruction *i = p.mutable_instructions(r.below(p.instructions_size()));
+    if (q.instructions_size()) {
+      fb::Instruction *i = q.mutable_instructions(r.below(q.instructions_size()));
       if (i->inputs_size())
         i->set_inputs(r.below(i->inputs_size()), static_cast<int32_t>(interesting(r)));
     }
     break;
   case 1:
-    if (p.instructions_size()) {
-      fb::Instruction *i = p.mutable_instructions(r.below(p.instructions_size()));
+    if (q.instructions_size()) {
+      fb::Instruction *i = q.mutable_instructions(r.below(q.instructions_size()));
       if (i->outputs_size())
         i->set_outputs(r.below(i->outputs_size()), static_cast<int32_t>(r.below(8)) - 1);
     }
@@ -223,13 +254,40 @@ void mutateProgram(fb::Program &p, Rng &r) {
     break;
   case 8:
     if (r.below(2))
-      p.add_inputs(static_cast<int32_t>(interesting(r)));
+      q.add_inputs(static_cast<int32_t>(interesting(r)));
     else
-      p.add_outputs(static_cast<int32_t>(interesting(r)));
+      q.add_outputs(static_cast<int32_t>(interesting(r)));
     break;
   case 9:
-    if (p.instructions_size())
-      p.mutable_instructions(r.below(p.instructions_size()))->set_op(r.below(2) ? "" : "matmul");
+    if (q.instructions_size())
+      q.mutable_instructions(r.below(q.instructions_size()))->set_op(r.below(2) ? "" : "matmul");
+    break;
+  case 11: // duplicate, empty or renamed routines; routines sharing arena tensors
+    switch (r.below(3)) {
+    case 0:
+      if (rt)
+        *p.add_routines() = *rt;
+      break;
+    case 1:
+      q.set_name(r.below(2) ? "" : "eval");
+      break;
+    default:
+      if (rt && p.routines_size() > 1)
+        p.mutable_routines()->SwapElements(0, p.routines_size() - 1);
+      p.add_routines()->set_name("extra");
+      if (p.tensors_size())
+        p.mutable_routines(p.routines_size() - 1)->add_outputs(
+            static_cast<int32_t>(r.below(p.tensors_size())));
+      break;
+    }
+    break;
+  case 12:
+    if (p.tensors_size()) {
+      fb::TensorInfo *t = p.mutable_tensors(r.below(p.tensors_size()));
+      t->set_kind(fb::TensorInfo::STATE);
+      if (r.below(2))
+        t->set_data_size(0);
+    }
     break;
   case 10: {
     fb::Section *s = p.add_sections();
@@ -240,8 +298,10 @@ void mutateProgram(fb::Program &p, Rng &r) {
   default:
     if (p.tensors_size() && r.below(2))
       p.mutable_tensors()->RemoveLast();
-    else if (p.instructions_size())
-      p.mutable_instructions()->RemoveLast();
+    else if (q.instructions_size())
+      q.mutable_instructions()->RemoveLast();
+    else if (p.routines_size())
+      p.mutable_routines()->RemoveLast();
     break;
   }
 }

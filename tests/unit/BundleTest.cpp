@@ -51,15 +51,17 @@ BundleWriter makeWriter() {
   wt->set_data_size(24);
   addTensor(p, "y", fb::TensorInfo::OUTPUT, {2, 2}, 64);
   p.set_arena_size(128);
-  fb::Instruction *inst = p.add_instructions();
+  fb::Routine *r = p.add_routines();
+  r->set_name("forward");
+  fb::Instruction *inst = r->add_instructions();
   inst->set_op("matmul");
   inst->set_name("node0");
   inst->add_inputs(0);
   inst->add_inputs(1);
   inst->add_outputs(2);
   (*inst->mutable_attrs())["alpha"].set_f(1.0);
-  p.add_inputs(0);
-  p.add_outputs(2);
+  r->add_inputs(0);
+  r->add_outputs(2);
   return w;
 }
 
@@ -218,7 +220,10 @@ TEST(BundleTest, HeaderFieldsAreChecked) {
   }
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 0; }), "formatVersion");
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 7; }),
-              "bundle format version 7 is newer than this forge-train supports (1)");
+              "bundle format version 7 is newer than this forge-train supports (2)");
+  expectError(withHeader([](BundleHeader &h) { h.formatVersion = 1; }),
+              "bundle format version 1 is older than this forge-train supports (2); recompile "
+              "the model with this forgec");
   expectError(withHeader([](BundleHeader &h) { h.headerSize = 32; }), "headerSize");
   expectError(withHeader([](BundleHeader &h) { h.headerSize = 0xFFFFFFFF; }), "headerSize");
   expectError(withHeader([](BundleHeader &h) { h.fileSize += 1; }), "fileSize");
@@ -337,29 +342,88 @@ TEST(BundleTest, TensorChecks) {
 }
 
 TEST(BundleTest, InstructionChecks) {
-  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->set_inputs(1, 3); },
+  expectProgramError([](fb::Program &p) { p.mutable_routines(0)->mutable_instructions(0)->set_inputs(1, 3); },
                      "instruction #0 (matmul 'node0'): input 1 refers to tensor 3");
-  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->set_inputs(0, -2); },
+  expectProgramError([](fb::Program &p) { p.mutable_routines(0)->mutable_instructions(0)->set_inputs(0, -2); },
                      "input 0 refers to tensor -2");
-  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->set_outputs(0, -1); },
+  expectProgramError([](fb::Program &p) { p.mutable_routines(0)->mutable_instructions(0)->set_outputs(0, -1); },
                      "output 0 refers to tensor -1");
-  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->set_outputs(0, 1000); },
+  expectProgramError([](fb::Program &p) { p.mutable_routines(0)->mutable_instructions(0)->set_outputs(0, 1000); },
                      "output 0 refers to tensor 1000");
-  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->set_outputs(0, 1); },
+  expectProgramError([](fb::Program &p) { p.mutable_routines(0)->mutable_instructions(0)->set_outputs(0, 1); },
                      "writes tensor #1 'w', which is a constant");
-  expectProgramError([](fb::Program &p) { p.mutable_instructions(0)->clear_op(); }, "empty op");
+  expectProgramError([](fb::Program &p) { p.mutable_routines(0)->mutable_instructions(0)->clear_op(); }, "empty op");
   // -1 marks an absent optional operand and is accepted.
   BundleWriter w = makeWriter();
-  w.program().mutable_instructions(0)->add_inputs(-1);
+  w.program().mutable_routines(0)->mutable_instructions(0)->add_inputs(-1);
   EXPECT_TRUE(Bundle::fromBytes(w.serialize()).isOk());
 }
 
-TEST(BundleTest, ProgramInputOutputChecks) {
-  expectProgramError([](fb::Program &p) { p.set_inputs(0, 3); },
-                     "program input 0 refers to tensor 3");
-  expectProgramError([](fb::Program &p) { p.set_inputs(0, -1); },
-                     "program input 0 refers to tensor -1");
-  expectProgramError([](fb::Program &p) { p.set_inputs(0, 1); }, "is not of kind INPUT");
-  expectProgramError([](fb::Program &p) { p.add_outputs(7); },
-                     "program output 1 refers to tensor 7");
+TEST(BundleTest, RoutineInputOutputChecks) {
+  auto in = [](fb::Program &p) { return p.mutable_routines(0)->mutable_inputs(); };
+  auto out = [](fb::Program &p) { return p.mutable_routines(0)->mutable_outputs(); };
+  expectProgramError([&](fb::Program &p) { in(p)->Set(0, 3); },
+                     "routine #0 'forward': input 0 refers to tensor 3");
+  expectProgramError([&](fb::Program &p) { in(p)->Set(0, -1); }, "input 0 refers to tensor -1");
+  expectProgramError([&](fb::Program &p) { in(p)->Set(0, 1); }, "is not of kind INPUT");
+  expectProgramError([&](fb::Program &p) { out(p)->Add(7); }, "output 1 refers to tensor 7");
+}
+
+TEST(BundleTest, RoutineChecks) {
+  expectProgramError([](fb::Program &p) { p.mutable_routines(0)->clear_name(); },
+                     "routine #0 has an empty name");
+  expectProgramError([](fb::Program &p) { p.add_routines()->set_name("forward"); },
+                     "routine #1: the name 'forward' is used twice");
+  // An arena tensor belongs to one routine.
+  expectProgramError(
+      [](fb::Program &p) {
+        fb::Routine *r = p.add_routines();
+        r->set_name("other");
+        r->add_outputs(2);
+      },
+      "tensor #2 'y' is used by routines 'forward' and 'other'");
+  expectProgramError(
+      [](fb::Program &p) {
+        fb::Routine *r = p.add_routines();
+        r->set_name("other");
+        fb::Instruction *i = r->add_instructions();
+        i->set_op("relu");
+        i->add_inputs(0);
+        i->add_outputs(3);
+        addTensor(p, "z", fb::TensorInfo::INTERMEDIATE, {2, 3}, 0);
+      },
+      "tensor #0 'x' is used by routines 'forward' and 'other'");
+  // Constants and parameters are shared, and zero routines is a valid (empty) program.
+  BundleWriter w = makeWriter();
+  fb::Routine *r = w.program().add_routines();
+  r->set_name("other");
+  fb::Instruction *i = r->add_instructions();
+  i->set_op("relu");
+  i->add_inputs(1);
+  i->add_outputs(3);
+  addTensor(w.program(), "z", fb::TensorInfo::OUTPUT, {3, 2}, 0);
+  r->add_outputs(3);
+  EXPECT_TRUE(Bundle::fromBytes(w.serialize()).isOk());
+  w.program().clear_routines();
+  EXPECT_TRUE(Bundle::fromBytes(w.serialize()).isOk());
+}
+
+TEST(BundleTest, StateTensors) {
+  // Zero-initialized state needs no section bytes.
+  BundleWriter w = makeWriter();
+  fb::TensorInfo *s = addTensor(w.program(), "m", fb::TensorInfo::STATE, {3, 2});
+  s->set_section(99); // ignored without data
+  auto ok = Bundle::fromBytes(w.serialize());
+  ASSERT_TRUE(ok.isOk()) << ok.status().message();
+  EXPECT_TRUE((*ok)->tensorData((*ok)->program().tensors(3)).empty());
+  // With bytes it is checked like a parameter.
+  s->set_section(0);
+  s->set_data_size(20);
+  expectError(w.serialize(), "tensor #3 'm': data_size 20 does not match shape [3, 2] x f32");
+  s->set_data_size(24);
+  auto withData = Bundle::fromBytes(w.serialize());
+  ASSERT_TRUE(withData.isOk()) << withData.status().message();
+  EXPECT_EQ((*withData)->tensorData((*withData)->program().tensors(3)).size(), 24u);
+  s->set_section(7);
+  expectError(w.serialize(), "tensor #3 'm': section index 7 out of range");
 }

@@ -40,10 +40,22 @@ int32_t addSectionTensor(BundleWriter &w, std::string name, fb::TensorInfo::Kind
   return i;
 }
 
-void addInst(fb::Program &p, std::string op, std::vector<int32_t> in, std::vector<int32_t> out) {
-  fb::Instruction *inst = p.add_instructions();
+/// The routine called `name`, created when absent.
+fb::Routine *routine(fb::Program &p, const std::string &name = "forward") {
+  for (fb::Routine &r : *p.mutable_routines())
+    if (r.name() == name)
+      return &r;
+  fb::Routine *r = p.add_routines();
+  r->set_name(name);
+  return r;
+}
+
+void addInst(fb::Program &p, std::string op, std::vector<int32_t> in, std::vector<int32_t> out,
+             const std::string &routineName = "forward") {
+  fb::Routine *r = routine(p, routineName);
+  fb::Instruction *inst = r->add_instructions();
   inst->set_op(std::move(op));
-  inst->set_name("n" + std::to_string(p.instructions_size() - 1));
+  inst->set_name("n" + std::to_string(r->instructions_size() - 1));
   for (int32_t t : in)
     inst->add_inputs(t);
   for (int32_t t : out)
@@ -72,8 +84,8 @@ BundleWriter makeMlp() {
   addInst(p, "add", {x, b}, {s});
   addInst(p, "relu", {s}, {r});
   addInst(p, "matmul", {r, wt}, {y});
-  p.add_inputs(x);
-  p.add_outputs(y);
+  routine(p)->add_inputs(x);
+  routine(p)->add_outputs(y);
   return w;
 }
 
@@ -144,15 +156,15 @@ TEST(CpuExecutorTest, ConstantsPointIntoTheBundle) {
 
 TEST(CpuExecutorTest, MissingKernelFailsAtCreate) {
   BundleWriter w = makeMlp();
-  w.program().mutable_instructions(1)->set_op("frobnicate");
-  w.program().mutable_instructions(2)->set_op("teleport");
+  routine(w.program())->mutable_instructions(1)->set_op("frobnicate");
+  routine(w.program())->mutable_instructions(2)->set_op("teleport");
   auto bundle = load(w);
   ASSERT_TRUE(bundle);
   auto ex = CpuExecutor::create(*bundle);
   ASSERT_FALSE(ex.isOk());
   std::string msg = ex.status().message();
   EXPECT_NE(msg.find("mlp.forge"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("'frobnicate' (first at instruction #1 'n1')"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'frobnicate' (first at routine 'forward' instruction #1 'n1')"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'teleport'"), std::string::npos) << msg;
 }
 
@@ -187,14 +199,14 @@ TEST(CpuExecutorTest, KernelErrorNamesTheInstruction) {
   BundleWriter w = makeMlp();
   // add of [2,3] and [3,2] does not broadcast: the kernel reports, the
   // executor prefixes the instruction.
-  w.program().mutable_instructions(0)->set_inputs(1, 4);
+  routine(w.program())->mutable_instructions(0)->set_inputs(1, 4);
   auto bundle = load(w);
   ASSERT_TRUE(bundle);
   auto ex = CpuExecutor::create(*bundle, {1});
   ASSERT_TRUE(ex.isOk());
   Status s = (*ex)->run();
   ASSERT_FALSE(s.isOk());
-  EXPECT_NE(s.message().find("mlp.forge: instruction #0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("mlp.forge: routine 'forward' instruction #0"), std::string::npos) << s.message();
 }
 
 TEST(CpuExecutorTest, WrittenParametersGetAPrivateCopy) {
@@ -204,7 +216,7 @@ TEST(CpuExecutorTest, WrittenParametersGetAPrivateCopy) {
   p.mutable_tensors(4)->set_shape(0, 2);
   p.mutable_tensors(4)->set_shape(1, 3);
   p.mutable_tensors(4)->set_data_size(24);
-  p.clear_instructions();
+  routine(p)->clear_instructions();
   addInst(p, "relu", {0}, {4});
   auto bundle = load(w);
   ASSERT_TRUE(bundle);
@@ -230,4 +242,120 @@ TEST(CpuExecutorTest, HugeArenaIsAnErrorNotACrash) {
   auto ex = CpuExecutor::create(*bundle, {1});
   ASSERT_FALSE(ex.isOk());
   EXPECT_NE(ex.status().message().find("arena"), std::string::npos) << ex.status().message();
+}
+
+// A training-style bundle: routine "step" updates a PARAMETER in place
+// (w = w - x) and accumulates a STATE counter (c = c + x, via a temporary and
+// "copy"); routine "eval" reads w. Updates persist across run() calls and are
+// visible to the other routine; the arena is shared by both routines.
+TEST(CpuExecutorTest, PersistentTensorsSurviveAcrossRoutines) {
+  BundleWriter w;
+  fb::Program &p = w.program();
+  p.set_training(true);
+  uint32_t sec = w.addSection("params", floatBytes({1, 2, 3, 4}));
+  int32_t x = addTensor(p, "x", fb::TensorInfo::INPUT, {4}, 0);
+  int32_t wt = addSectionTensor(w, "w", fb::TensorInfo::PARAMETER, {4}, sec, 0);
+  int32_t c = addTensor(p, "c", fb::TensorInfo::STATE, {4});
+  int32_t tmp = addTensor(p, "tmp", fb::TensorInfo::INTERMEDIATE, {4}, 64);
+  int32_t ex2 = addTensor(p, "x2", fb::TensorInfo::INPUT, {4}, 0); // same slot as x
+  int32_t y = addTensor(p, "y", fb::TensorInfo::OUTPUT, {4}, 64);
+  int32_t frozen = addSectionTensor(w, "frozen", fb::TensorInfo::PARAMETER, {4}, sec, 0);
+  p.set_arena_size(128);
+  addInst(p, "sub", {wt, x}, {wt}, "step");
+  addInst(p, "add", {c, x}, {tmp}, "step");
+  addInst(p, "copy", {tmp}, {c}, "step");
+  routine(p, "step")->add_inputs(x);
+  addInst(p, "mul", {wt, ex2}, {y}, "eval");
+  routine(p, "eval")->add_inputs(ex2);
+  routine(p, "eval")->add_outputs(y);
+  auto bundle = load(w);
+  ASSERT_TRUE(bundle);
+  auto exe = CpuExecutor::create(*bundle, {1});
+  ASSERT_TRUE(exe.isOk()) << exe.status().message();
+  CpuExecutor &e = **exe;
+
+  EXPECT_EQ(e.numRoutines(), 2);
+  auto step = e.findRoutine("step"), eval = e.findRoutine("eval");
+  ASSERT_TRUE(step.isOk() && eval.isOk());
+  EXPECT_EQ(*step, 0);
+  EXPECT_EQ(*eval, 1);
+  EXPECT_EQ(e.routineName(1), "eval");
+  auto missing = e.findRoutine("train_step");
+  ASSERT_FALSE(missing.isOk());
+  EXPECT_NE(missing.status().message().find("no routine 'train_step' (routines: 'step', 'eval')"),
+            std::string::npos)
+      << missing.status().message();
+  EXPECT_EQ(e.inputs(*eval), std::vector<int32_t>{ex2});
+  EXPECT_EQ(e.outputs(*eval), std::vector<int32_t>{y});
+  EXPECT_TRUE(e.outputs(5).empty());
+  EXPECT_FALSE(e.run(5).isOk());
+  EXPECT_EQ(e.persistentTensors(), (std::vector<int32_t>{wt, c, frozen}));
+  EXPECT_TRUE(e.isWritable(wt) && e.isWritable(c) && e.isWritable(frozen));
+  EXPECT_EQ(readFloats(e.view(c)), (std::vector<float>{0, 0, 0, 0}));
+  EXPECT_FALSE(e.setInput(*step, "x2", TensorView{nullptr, fb::F32, {4}}).isOk());
+
+  std::vector<float> xs = {0.5f, 1, 0, -1};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(e.setInput(*step, "x", TensorView{xs.data(), fb::F32, {4}}).isOk());
+    Status s = e.run(*step);
+    ASSERT_TRUE(s.isOk()) << s.message();
+  }
+  EXPECT_EQ(readFloats(e.view(wt)), (std::vector<float>{-0.5f, -1, 3, 7}));
+  EXPECT_EQ(readFloats(e.view(c)), (std::vector<float>{1.5f, 3, 0, -3}));
+  std::vector<float> ones = {1, 1, 1, 1};
+  ASSERT_TRUE(e.setInput(*eval, "x2", TensorView{ones.data(), fb::F32, {4}}).isOk());
+  ASSERT_TRUE(e.run(*eval).isOk());
+  EXPECT_EQ(readFloats(e.view(y)), (std::vector<float>{-0.5f, -1, 3, 7}));
+  EXPECT_EQ(readFloats(e.view(wt)), (std::vector<float>{-0.5f, -1, 3, 7}));
+
+  // setPersistent (checkpoint restore) checks the size.
+  std::vector<uint8_t> restored = floatBytes({9, 8, 7, 6});
+  ASSERT_TRUE(e.setPersistent(wt, restored).isOk());
+  EXPECT_EQ(readFloats(e.view(wt)), (std::vector<float>{9, 8, 7, 6}));
+  EXPECT_FALSE(e.setPersistent(wt, std::span<const uint8_t>(restored).first(8)).isOk());
+  EXPECT_FALSE(e.setPersistent(x, restored).isOk());
+}
+
+TEST(CpuExecutorTest, InferenceParametersStayReadOnly) {
+  BundleWriter w = makeMlp();
+  auto bundle = load(w);
+  ASSERT_TRUE(bundle);
+  auto ex = CpuExecutor::create(*bundle, {1});
+  ASSERT_TRUE(ex.isOk());
+  EXPECT_EQ((*ex)->persistentTensors(), std::vector<int32_t>{4});
+  EXPECT_FALSE((*ex)->isWritable(4));
+  std::span<const uint8_t> original = bundle->tensorData(bundle->program().tensors(4));
+  EXPECT_EQ((*ex)->view(4).data, original.data());
+  std::vector<uint8_t> same(original.begin(), original.end());
+  EXPECT_TRUE((*ex)->setPersistent(4, same).isOk());
+  same[0] ^= 1;
+  Status s = (*ex)->setPersistent(4, same);
+  EXPECT_NE(s.message().find("read-only"), std::string::npos) << s.message();
+}
+
+TEST(CpuExecutorTest, CopyKernelChecksShapes) {
+  BundleWriter w;
+  fb::Program &p = w.program();
+  int32_t x = addTensor(p, "x", fb::TensorInfo::INPUT, {2, 2}, 0);
+  int32_t y = addTensor(p, "y", fb::TensorInfo::OUTPUT, {2, 2}, 64);
+  int32_t z = addTensor(p, "z", fb::TensorInfo::OUTPUT, {4}, 128);
+  p.set_arena_size(192);
+  addInst(p, "copy", {x}, {y});
+  routine(p)->add_inputs(x);
+  auto bundle = load(w);
+  ASSERT_TRUE(bundle);
+  auto ex = CpuExecutor::create(*bundle, {1});
+  ASSERT_TRUE(ex.isOk());
+  std::vector<float> xs = {1, 2, 3, 4};
+  ASSERT_TRUE((*ex)->setInput("x", TensorView{xs.data(), fb::F32, {2, 2}}).isOk());
+  ASSERT_TRUE((*ex)->run().isOk());
+  EXPECT_EQ(readFloats((*ex)->view(y)), xs);
+
+  routine(w.program())->mutable_instructions(0)->set_outputs(0, z);
+  auto bad = load(w);
+  ASSERT_TRUE(bad);
+  auto ex2 = CpuExecutor::create(*bad, {1});
+  ASSERT_TRUE(ex2.isOk());
+  Status s = (*ex2)->run();
+  EXPECT_NE(s.message().find("op 'copy'"), std::string::npos) << s.message();
 }

@@ -58,6 +58,8 @@ const char *kindName(bundle::TensorInfo::Kind k) {
     return "constant";
   case bundle::TensorInfo::PARAMETER:
     return "parameter";
+  case bundle::TensorInfo::STATE:
+    return "state";
   default:
     return "?";
   }
@@ -97,19 +99,25 @@ Status runInfo(const Options &opts) {
     kinds += fmt::format("{}{} {} ({} bytes)", kinds.empty() ? "" : ", ", cb.first, kindName(kind),
                          cb.second);
   fmt::print("tensors:      {}{}\n", p.tensors_size(), kinds.empty() ? "" : ": " + kinds);
-  fmt::print("instructions: {}\n", p.instructions_size());
+  int numInstructions = 0;
+  for (const bundle::Routine &r : p.routines())
+    numInstructions += r.instructions_size();
+  fmt::print("instructions: {}\n", numInstructions);
   fmt::print("arena size:   {} bytes\n", p.arena_size());
   fmt::print("sections:     {}\n", p.sections_size());
   for (int i = 0; i < p.sections_size(); ++i)
     fmt::print("  [{}] {:<24} offset {:>12}  size {:>12}  crc32 {:#010x}\n", i,
                p.sections(i).name(), p.sections(i).offset(), p.sections(i).size(),
                p.sections(i).crc32());
-  fmt::print("inputs:       {}\n", p.inputs_size());
-  for (int32_t t : p.inputs())
-    fmt::print("  {}\n", describeTensor(p.tensors(t)));
-  fmt::print("outputs:      {}\n", p.outputs_size());
-  for (int32_t t : p.outputs())
-    fmt::print("  {}\n", describeTensor(p.tensors(t)));
+  fmt::print("routines:     {}\n", p.routines_size());
+  for (const bundle::Routine &r : p.routines()) {
+    fmt::print("  {}: {}, {}, {}\n", r.name(), count(r.instructions_size(), "instruction"),
+               count(r.inputs_size(), "input"), count(r.outputs_size(), "output"));
+    for (int32_t t : r.inputs())
+      fmt::print("    in  {}\n", describeTensor(p.tensors(t)));
+    for (int32_t t : r.outputs())
+      fmt::print("    out {}\n", describeTensor(p.tensors(t)));
+  }
   for (const auto &[key, value] :
        std::map<std::string, std::string>(p.build_options().begin(), p.build_options().end()))
     fmt::print("option:       {} = {}\n", key, value);
@@ -139,11 +147,11 @@ Expected<std::map<std::string, HostTensor>> loadInputs(const Options &opts) {
 }
 
 /// Output names for the .npz: the tensor names, made unique and non-empty.
-std::vector<std::string> outputNames(const CpuExecutor &ex) {
+std::vector<std::string> outputNames(const CpuExecutor &ex, int routine) {
   std::vector<std::string> names;
   std::set<std::string> used;
-  for (size_t i = 0; i < ex.outputs().size(); ++i) {
-    std::string base = ex.tensorInfo(ex.outputs()[i]).name();
+  for (size_t i = 0; i < ex.outputs(routine).size(); ++i) {
+    std::string base = ex.tensorInfo(ex.outputs(routine)[i]).name();
     if (base.empty())
       base = fmt::format("output_{}", i);
     std::string name = base;
@@ -162,13 +170,17 @@ Status runForward(const Options &opts) {
   auto ex = CpuExecutor::create(**loaded, CpuExecutorOptions{opts.threads});
   if (!ex)
     return ex.status();
+  auto routine = (*ex)->findRoutine("forward");
+  if (!routine)
+    return routine.status();
+  const int r = *routine;
   auto inputs = loadInputs(opts);
   if (!inputs)
     return inputs.status();
 
   std::vector<std::string> missing;
   std::set<std::string> used;
-  for (int32_t t : (*ex)->inputs()) {
+  for (int32_t t : (*ex)->inputs(r)) {
     const std::string &name = (*ex)->tensorInfo(t).name();
     auto it = inputs->find(name);
     if (it == inputs->end()) {
@@ -176,7 +188,7 @@ Status runForward(const Options &opts) {
       continue;
     }
     used.insert(name);
-    if (Status s = (*ex)->setInput(name, it->second.view()); !s.isOk())
+    if (Status s = (*ex)->setInput(r, name, it->second.view()); !s.isOk())
       return s;
   }
   if (!missing.empty())
@@ -188,25 +200,26 @@ Status runForward(const Options &opts) {
                  opts.bundlePath);
 
   auto start = std::chrono::steady_clock::now();
-  FORGE_RETURN_IF_ERROR((*ex)->run());
+  FORGE_RETURN_IF_ERROR((*ex)->run(r));
   double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
   std::string written;
   if (!opts.outputsNpz.empty()) {
-    std::vector<std::string> names = outputNames(**ex);
+    std::vector<std::string> names = outputNames(**ex, r);
     std::map<std::string, TensorView> arrays;
     for (size_t i = 0; i < names.size(); ++i)
-      arrays[names[i]] = (*ex)->view((*ex)->outputs()[i]);
+      arrays[names[i]] = (*ex)->view((*ex)->outputs(r)[i]);
     FORGE_RETURN_IF_ERROR(writeNpz(opts.outputsNpz, arrays));
     written = fmt::format(" -> {}", opts.outputsNpz);
   }
   const bundle::Program &p = (*loaded)->program();
   unsigned threads =
       opts.threads ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
+  const bundle::Routine &fwd = p.routines(r);
   fmt::print("forward: {}, {}, {}, {:.3f} ms on {}{}\n",
-             count(p.instructions_size(), "instruction"), count(p.inputs_size(), "input"),
-             count(p.outputs_size(), "output"), ms, count(threads, "thread"), written);
+             count(fwd.instructions_size(), "instruction"), count(fwd.inputs_size(), "input"),
+             count(fwd.outputs_size(), "output"), ms, count(threads, "thread"), written);
   return Status::ok();
 }
 

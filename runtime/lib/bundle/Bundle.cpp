@@ -4,7 +4,8 @@
 //  * A Bundle object exists only after parse() accepted every byte it will
 //    ever hand out: header fields, region bounds, checksums, the Program
 //    message and every reference inside it (tensor indices, sections, byte
-//    ranges, arena bounds). Consumers (executors, forge-train) may therefore
+//    ranges, arena bounds, routines: unique non-empty names, INPUT-kind
+//    inputs, each arena tensor owned by at most one routine). Consumers (executors, forge-train) may therefore
 //    index tensors and sections without re-checking.
 //  * All arithmetic on untrusted 64-bit values goes through the overflow-safe
 //    helpers below: a fuzzed file must produce an error, never UB or a crash.
@@ -19,6 +20,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -159,6 +161,10 @@ Status validateTensors(const bundle::Program &p) {
         return Status::error("{}: arena bytes [{}, +{}) exceed arena_size {}", label,
                              t.arena_offset(), bytes, p.arena_size());
     } else {
+      // A STATE tensor without bytes starts as zeros; with bytes it is
+      // checked like a parameter.
+      if (t.kind() == bundle::TensorInfo::STATE && t.data_size() == 0)
+        continue;
       if (t.section() >= static_cast<uint32_t>(p.sections_size()))
         return Status::error("{}: section index {} out of range ({} sections)", label, t.section(),
                              p.sections_size());
@@ -176,48 +182,84 @@ Status validateTensors(const bundle::Program &p) {
   return Status::ok();
 }
 
-Status validateInstructions(const bundle::Program &p) {
+Status validateInstruction(const bundle::Program &p, const bundle::Instruction &inst, int i) {
   const int64_t numTensors = p.tensors_size();
-  for (int i = 0; i < p.instructions_size(); ++i) {
-    const bundle::Instruction &inst = p.instructions(i);
-    if (inst.op().empty())
-      return Status::error("instruction #{}: empty op name", i);
-    for (int j = 0; j < inst.inputs_size(); ++j) {
-      int64_t t = inst.inputs(j);
-      if (t < -1 || t >= numTensors)
-        return Status::error("{}: input {} refers to tensor {} (valid: -1 for absent, 0..{})",
-                             instructionLabel(inst, i), j, t, numTensors - 1);
-    }
-    for (int j = 0; j < inst.outputs_size(); ++j) {
-      int64_t t = inst.outputs(j);
-      if (t < 0 || t >= numTensors)
-        return Status::error("{}: output {} refers to tensor {} (valid: 0..{})",
-                             instructionLabel(inst, i), j, t, numTensors - 1);
-      // Constants live in the read-only (possibly mmap'd) file image.
-      if (p.tensors(static_cast<int>(t)).kind() == bundle::TensorInfo::CONSTANT)
-        return Status::error("{}: output {} writes {}, which is a constant",
-                             instructionLabel(inst, i), j, tensorLabel(p, t));
-    }
+  if (inst.op().empty())
+    return Status::error("instruction #{}: empty op name", i);
+  for (int j = 0; j < inst.inputs_size(); ++j) {
+    int64_t t = inst.inputs(j);
+    if (t < -1 || t >= numTensors)
+      return Status::error("{}: input {} refers to tensor {} (valid: -1 for absent, 0..{})",
+                           instructionLabel(inst, i), j, t, numTensors - 1);
+  }
+  for (int j = 0; j < inst.outputs_size(); ++j) {
+    int64_t t = inst.outputs(j);
+    if (t < 0 || t >= numTensors)
+      return Status::error("{}: output {} refers to tensor {} (valid: 0..{})",
+                           instructionLabel(inst, i), j, t, numTensors - 1);
+    // Constants live in the read-only (possibly mmap'd) file image.
+    if (p.tensors(static_cast<int>(t)).kind() == bundle::TensorInfo::CONSTANT)
+      return Status::error("{}: output {} writes {}, which is a constant",
+                           instructionLabel(inst, i), j, tensorLabel(p, t));
   }
   return Status::ok();
 }
 
-Status validateProgramIo(const bundle::Program &p) {
+/// Per routine: a unique non-empty name, valid instructions, inputs of kind
+/// INPUT, outputs in range; and every arena tensor (INPUT, OUTPUT,
+/// INTERMEDIATE) referenced by at most one routine, since each routine's
+/// arena plan is independent of the others'.
+Status validateRoutines(const bundle::Program &p) {
   const int64_t numTensors = p.tensors_size();
-  for (int j = 0; j < p.inputs_size(); ++j) {
-    int64_t t = p.inputs(j);
-    if (t < 0 || t >= numTensors)
-      return Status::error("program input {} refers to tensor {} (valid: 0..{})", j, t,
-                           numTensors - 1);
-    // Inputs are written by the caller, so they must live in the arena.
-    if (p.tensors(static_cast<int>(t)).kind() != bundle::TensorInfo::INPUT)
-      return Status::error("program input {} ({}) is not of kind INPUT", j, tensorLabel(p, t));
-  }
-  for (int j = 0; j < p.outputs_size(); ++j) {
-    int64_t t = p.outputs(j);
-    if (t < 0 || t >= numTensors)
-      return Status::error("program output {} refers to tensor {} (valid: 0..{})", j, t,
-                           numTensors - 1);
+  std::vector<int> owner(static_cast<size_t>(numTensors), -1);
+  auto claim = [&](int64_t t, int r) -> Status {
+    if (t < 0 || !isArenaKind(p.tensors(static_cast<int>(t)).kind()))
+      return Status::ok();
+    int &o = owner[static_cast<size_t>(t)];
+    if (o >= 0 && o != r)
+      return Status::error("{} is used by routines '{}' and '{}'; an input, output or "
+                           "intermediate tensor belongs to one routine",
+                           tensorLabel(p, t), p.routines(o).name(), p.routines(r).name());
+    o = r;
+    return Status::ok();
+  };
+  std::set<std::string> names;
+  for (int r = 0; r < p.routines_size(); ++r) {
+    const bundle::Routine &routine = p.routines(r);
+    if (routine.name().empty())
+      return Status::error("routine #{} has an empty name", r);
+    if (!names.insert(routine.name()).second)
+      return Status::error("routine #{}: the name '{}' is used twice", r, routine.name());
+    Status s = [&]() -> Status {
+      for (int i = 0; i < routine.instructions_size(); ++i) {
+        const bundle::Instruction &inst = routine.instructions(i);
+        FORGE_RETURN_IF_ERROR(validateInstruction(p, inst, i));
+        for (int32_t t : inst.inputs())
+          FORGE_RETURN_IF_ERROR(claim(t, r));
+        for (int32_t t : inst.outputs())
+          FORGE_RETURN_IF_ERROR(claim(t, r));
+      }
+      for (int j = 0; j < routine.inputs_size(); ++j) {
+        int64_t t = routine.inputs(j);
+        if (t < 0 || t >= numTensors)
+          return Status::error("input {} refers to tensor {} (valid: 0..{})", j, t,
+                               numTensors - 1);
+        // Inputs are written by the caller, so they must live in the arena.
+        if (p.tensors(static_cast<int>(t)).kind() != bundle::TensorInfo::INPUT)
+          return Status::error("input {} ({}) is not of kind INPUT", j, tensorLabel(p, t));
+        FORGE_RETURN_IF_ERROR(claim(t, r));
+      }
+      for (int j = 0; j < routine.outputs_size(); ++j) {
+        int64_t t = routine.outputs(j);
+        if (t < 0 || t >= numTensors)
+          return Status::error("output {} refers to tensor {} (valid: 0..{})", j, t,
+                               numTensors - 1);
+        FORGE_RETURN_IF_ERROR(claim(t, r));
+      }
+      return Status::ok();
+    }();
+    if (!s.isOk())
+      return s.prefix(fmt::format("routine #{} '{}'", r, routine.name()));
   }
   return Status::ok();
 }
@@ -379,6 +421,10 @@ Status Bundle::parse(std::span<const uint8_t> file) {
     std::memcpy(&h, file.data(), sizeof(h)); // the mapping need not be aligned for it
     if (h.formatVersion == 0)
       return Status::error("header field formatVersion (offset 8) is 0, which is invalid");
+    if (h.formatVersion < kBundleFormatVersion)
+      return Status::error("bundle format version {} is older than this forge-train supports "
+                           "({}); recompile the model with this forgec",
+                           h.formatVersion, kBundleFormatVersion);
     if (h.formatVersion > kBundleFormatVersion)
       return Status::error("bundle format version {} is newer than this forge-train supports ({}); "
                            "use a newer forge-train or recompile the model",
@@ -436,8 +482,7 @@ Status Bundle::parse(std::span<const uint8_t> file) {
 
     FORGE_RETURN_IF_ERROR(validateSections(program_, data_));
     FORGE_RETURN_IF_ERROR(validateTensors(program_));
-    FORGE_RETURN_IF_ERROR(validateInstructions(program_));
-    FORGE_RETURN_IF_ERROR(validateProgramIo(program_));
+    FORGE_RETURN_IF_ERROR(validateRoutines(program_));
     return Status::ok();
   }();
   if (!s.isOk()) {
@@ -457,7 +502,10 @@ std::span<const uint8_t> Bundle::section(uint32_t index) const {
 
 std::span<const uint8_t> Bundle::tensorData(const bundle::TensorInfo &tensor) const {
   if (tensor.kind() != bundle::TensorInfo::CONSTANT &&
-      tensor.kind() != bundle::TensorInfo::PARAMETER)
+      tensor.kind() != bundle::TensorInfo::PARAMETER &&
+      tensor.kind() != bundle::TensorInfo::STATE)
+    return {};
+  if (tensor.kind() == bundle::TensorInfo::STATE && tensor.data_size() == 0)
     return {};
   std::span<const uint8_t> s = section(tensor.section());
   // Tensors of this bundle were validated; this guards foreign TensorInfos.

@@ -152,6 +152,26 @@ Status checkDType(const TensorView &t, DType expected, std::string_view what) {
 }
 
 //===----------------------------------------------------------------------===//
+// copy
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// copy(x) -> y: y = x, same dtype and shape. The bundle emitter uses it to
+/// write a computed value back into a PARAMETER/STATE tensor when an in-place
+/// write is not safe. Source and destination may be the same buffer.
+Status copyKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  FORGE_RETURN_IF_ERROR(checkDType(y, x.dtype, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape, "result"));
+  size_t bytes = x.bytes();
+  if (bytes > 0 && x.data != y.data)
+    std::memmove(y.data, x.data, bytes);
+  return Status::ok();
+}
+} // namespace
+
+//===----------------------------------------------------------------------===//
 // Registry
 //===----------------------------------------------------------------------===//
 
@@ -183,6 +203,7 @@ const Registry &cpuRegistry() {
     registerNormKernels(r);
     registerMovementKernels(r);
     registerLossKernels(r);
+    r.add("copy", &copyKernel, 1, 1);
     return r;
   }();
   return registry;

@@ -8,7 +8,8 @@
 // Invariants checked by Bundle::open/fromBytes before anything else touches
 // the data: magic, format version, header size, every offset and size inside
 // the file, the program checksum, each section's CRC32, and every tensor and
-// instruction reference (tensor indices, sections, byte ranges, arena bounds).
+// instruction reference (tensor indices, sections, byte ranges, arena bounds)
+// and the routines (docs/bundle-format.md).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,9 @@
 namespace forge::rt {
 
 inline constexpr char kBundleMagic[8] = {'F', 'O', 'R', 'G', 'E', 'B', 'N', 0};
-inline constexpr uint32_t kBundleFormatVersion = 1;
+/// Version 2: instructions live in named routines (Program.routines) and
+/// tensors may be STATE. Version-1 files are refused ("recompile").
+inline constexpr uint32_t kBundleFormatVersion = 2;
 inline constexpr uint64_t kSectionAlignment = 64;
 
 struct BundleHeader {
@@ -67,7 +70,8 @@ public:
 
   const bundle::Program &program() const { return program_; }
   std::span<const uint8_t> section(uint32_t index) const;
-  /// Bytes of a CONSTANT or PARAMETER tensor's initial value.
+  /// Bytes of a CONSTANT, PARAMETER or STATE tensor's initial value (empty
+  /// for a zero-initialized STATE tensor).
   std::span<const uint8_t> tensorData(const bundle::TensorInfo &tensor) const;
   const std::string &origin() const { return origin_; }
 
