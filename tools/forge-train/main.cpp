@@ -1,12 +1,14 @@
-// forge-train: runs a `.forge` bundle on the CPU (later: trains it, on CPU or
-// CUDA). Modes today:
-//   forge-train --info BUNDLE
+// forge-train: runs and trains a `.forge` bundle on the CPU. Modes:
+//   forge-train BUNDLE --info
 //   forge-train BUNDLE --forward --inputs in.npz [--input NAME=x.npy ...]
 //               [--outputs out.npz] [--threads N]
+//   forge-train BUNDLE --data train.npz (--steps N | --epochs E) [...]   (TrainMode.cpp)
+// `forge-train --help` documents every option; a --recipe TOML file can give
+// any long option (key = option name without "--"); flags on the command line
+// win over the recipe.
 //
-// Structure: main() only parses flags into Options and dispatches to one
-// function per mode, each returning a Status; training flags and a `train`
-// mode are added to Options and dispatch without touching the others.
+// Structure: main() only parses flags into Options (Options.h) and dispatches
+// to one function per mode, each returning a Status.
 // Invariant: every failure is a message on stderr and exit code 1; no
 // exception or abort reaches the user (DESIGN.md §10).
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -22,25 +25,18 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <toml++/toml.h>
 
+#include "Options.h"
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/CpuExecutor.h"
 #include "forge/runtime/Npy.h"
 
 using namespace forge::rt;
+using forge::train::Options;
 namespace bundle = forge::bundle;
 
 namespace {
-
-struct Options {
-  std::string bundlePath;
-  bool info = false;
-  bool forward = false;
-  std::string inputsNpz;
-  std::vector<std::string> inputFiles; // NAME=file.npy
-  std::string outputsNpz;
-  unsigned threads = 0;
-};
 
 std::vector<int64_t> shapeOf(const bundle::TensorInfo &t) {
   return {t.shape().begin(), t.shape().end()};
@@ -223,37 +219,245 @@ Status runForward(const Options &opts) {
   return Status::ok();
 }
 
-int realMain(int argc, char **argv) {
-  Options opts;
-  CLI::App app{"forge-train: run (and, later, train) a compiled .forge bundle"};
+/// Declares every option on `app`, bound to `opts`.
+void addOptions(CLI::App &app, Options &opts) {
   app.set_version_flag("--version", "forge-train 0.1.0");
-  app.add_option("bundle", opts.bundlePath, "The .forge bundle")->required();
-  auto *info = app.add_flag("--info", opts.info, "Print the bundle's program summary and exit");
-  auto *forward = app.add_flag("--forward", opts.forward,
-                               "Run the program once on the CPU (inference) and write its "
-                               "outputs");
-  info->excludes(forward);
-  app.add_option("--inputs", opts.inputsNpz, "Input arrays (.npz), by tensor name")
-      ->check(CLI::ExistingFile);
+  app.add_option("bundle", opts.bundlePath, "The .forge bundle (from forgec)")->required();
+
+  const char *run = "Inspect / run once";
+  app.add_flag("--info", opts.info, "Print the bundle's summary (routines, tensors, options), exit")
+      ->group(run);
+  app.add_flag("--forward", opts.forward,
+               "Run the routine 'forward' once (inference bundle) and write its outputs")
+      ->group(run);
+  app.add_option("--inputs", opts.inputsNpz, "--forward: input arrays (.npz), by tensor name")
+      ->check(CLI::ExistingFile)
+      ->group(run);
   app.add_option("--input", opts.inputFiles,
-                 "One input array: NAME=file.npy (repeatable; overrides --inputs)");
-  app.add_option("--outputs", opts.outputsNpz, "Write all program outputs to this .npz");
+                 "--forward: one input array NAME=file.npy (repeatable; overrides --inputs)")
+      ->group(run);
+  app.add_option("--outputs", opts.outputsNpz, "--forward: write all outputs to this .npz")
+      ->group(run);
+
+  const char *data = "Training data";
+  app.add_option("--data", opts.data,
+                 "Training data (repeatable): FILE.npz (arrays named like the bundle's data "
+                 "inputs, dim 0 = sample), NAME=FILE.npy, or FILE.bin (raw token shard: the "
+                 "token input [B,T] gets tokens[o:o+T], the label input tokens[o+1:o+T+1])")
+      ->group(data);
+  app.add_option("--eval-data", opts.evalData,
+                 "Evaluation data, same forms as --data (runs the routine 'eval')")
+      ->group(data);
+  app.add_option("--token-dtype", opts.tokenDType, "Element type of .bin token shards")
+      ->check(CLI::IsMember({"uint16", "uint32"}))
+      ->default_str("uint16")
+      ->group(data);
+  app.add_option("--seed", opts.seed,
+                 "Shuffling seed (same seed, data and --threads: bit-identical losses); "
+                 "default 0")
+      ->group(data);
+  app.add_flag("--no-shuffle", opts.noShuffle,
+               "Visit samples in file order every epoch (default: a seeded permutation per "
+               "epoch); the last partial batch of an epoch is always dropped")
+      ->group(data);
+
+  const char *loop = "Training loop";
+  auto *steps = app.add_option("--steps", opts.steps,
+                               "Train until this global optimizer step (counting the steps "
+                               "restored by --resume)")
+                    ->check(CLI::PositiveNumber)
+                    ->group(loop);
+  auto *epochs = app.add_option("--epochs", opts.epochs,
+                                "Train for this many epochs in all (E x floor(samples / "
+                                "(micro-batches x batch)) steps)")
+                     ->check(CLI::PositiveNumber)
+                     ->group(loop);
+  steps->excludes(epochs);
+  app.add_option("--eval-every", opts.evalEvery,
+                 "Evaluate on --eval-data every N steps (and always after the last step)")
+      ->check(CLI::PositiveNumber)
+      ->group(loop);
   app.add_option("--threads", opts.threads, "CPU worker threads (0: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->group(loop);
+  app.add_option("--recipe", opts.recipe,
+                 "TOML file of options (keys = long option names without --, e.g. "
+                 "steps = 1000, data = [\"train.npz\"], resume = true); command-line flags "
+                 "override it")
+      ->check(CLI::ExistingFile)
+      ->group(loop);
+
+  const char *out = "Progress, metrics, checkpoints, export";
+  app.add_option("--log-every", opts.logEvery,
+                 "When stderr is not a terminal, print a progress line every N steps (on a "
+                 "terminal one line updates in place); default 10")
+      ->check(CLI::PositiveNumber)
+      ->group(out);
+  app.add_option("--metrics", opts.metricsPath,
+                 "Write one JSON object per step to this file (JSONL): step, epoch, loss, lr, "
+                 "grad_norm, samples_per_s (and tokens_per_s), time_s, plus eval_loss and "
+                 "eval_accuracy on eval steps. With --resume, lines after the restored step "
+                 "are dropped and new ones appended")
+      ->group(out);
+  app.add_option("--ckpt-dir", opts.ckptDir,
+                 "Write checkpoints D/ckpt-<step>.forgeckpt (and D/latest) every --ckpt-every "
+                 "steps and after the last step; existing files are never overwritten")
+      ->group(out);
+  app.add_option("--ckpt-every", opts.ckptEvery, "Checkpoint every N steps (needs --ckpt-dir)")
+      ->check(CLI::PositiveNumber)
+      ->group(out);
+  app.add_flag("--resume", opts.resume,
+               "Continue from the newest valid checkpoint in --ckpt-dir (bit-identical to an "
+               "uninterrupted run; corrupt checkpoints are skipped, another bundle's refused); "
+               "starts from step 0 when there is none")
+      ->group(out);
+  app.add_option("--export-onnx", opts.exportOnnx,
+                 "After training, write the source ONNX model with its initializers replaced by "
+                 "the trained parameter (and state) values")
+      ->group(out);
+  app.add_option("--onnx-model", opts.onnxModel,
+                 "The source ONNX model for --export-onnx (default: the bundle's build option "
+                 "source_onnx)")
+      ->group(out);
+  app.add_option("--dump-params", opts.dumpParams,
+                 "After training, write every parameter and state tensor to this .npz, by name")
+      ->group(out);
+}
+
+/// Arguments for the long options the recipe sets (keys = option names
+/// without "--") that the command line did not give.
+Expected<std::vector<std::string>> recipeArgs(CLI::App &app, const std::string &path) {
+  toml::table table;
   try {
-    app.parse(argc, argv);
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error &e) {
+    return Status::error("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column,
+                         e.description());
+  }
+  std::vector<std::string> args;
+  auto scalar = [](const toml::node &n) -> std::optional<std::string> {
+    if (auto v = n.value_exact<std::string>())
+      return *v;
+    if (auto v = n.value_exact<int64_t>())
+      return std::to_string(*v);
+    if (auto v = n.value_exact<double>())
+      return fmt::format("{}", *v);
+    return std::nullopt;
+  };
+  for (auto &&[key, node] : table) {
+    std::string name(key.str());
+    if (name == "recipe" || name == "help" || name == "version")
+      return Status::error("{}: key '{}' is not allowed in a recipe", path, name);
+    CLI::Option *opt = app.get_option_no_throw("--" + name);
+    if (!opt)
+      return Status::error("{}: unknown key '{}' (keys are forge-train's long option names; see "
+                           "--help)",
+                           path, name);
+    if (opt->count() > 0)
+      continue; // the command line wins
+    if (opt->get_expected_max() == 0) { // a flag
+      auto b = node.value_exact<bool>();
+      if (!b)
+        return Status::error("{}: key '{}' must be true or false", path, name);
+      if (*b)
+        args.push_back("--" + name);
+      continue;
+    }
+    std::vector<std::string> values;
+    if (const toml::array *arr = node.as_array()) {
+      for (const toml::node &item : *arr) {
+        auto v = scalar(item);
+        if (!v)
+          return Status::error("{}: key '{}': list elements must be strings or numbers", path,
+                               name);
+        values.push_back(*v);
+      }
+      if (values.size() > 1 && opt->get_expected_max() <= 1)
+        return Status::error("{}: key '{}' takes one value, not a list", path, name);
+    } else if (auto v = scalar(node)) {
+      values.push_back(*v);
+    } else {
+      return Status::error("{}: key '{}' must be a string, a number or a list", path, name);
+    }
+    for (const std::string &v : values) {
+      args.push_back("--" + name);
+      args.push_back(v);
+    }
+  }
+  return args;
+}
+
+Status validate(const Options &o) {
+  bool training = !o.data.empty();
+  if (o.info || o.forward) {
+    if (training)
+      return Status::error("--data is for training; it cannot be combined with --info/--forward");
+    return Status::ok();
+  }
+  if (!training)
+    return Status::error("nothing to do: give --data (training), --forward or --info (see --help)");
+  if (o.steps == 0 && o.epochs == 0)
+    return Status::error("training needs --steps N or --epochs E");
+  if (o.evalEvery > 0 && o.evalData.empty())
+    return Status::error("--eval-every needs --eval-data");
+  if ((o.ckptEvery > 0 || o.resume) && o.ckptDir.empty())
+    return Status::error("--ckpt-every and --resume need --ckpt-dir");
+  if (!o.onnxModel.empty() && o.exportOnnx.empty())
+    return Status::error("--onnx-model is only used with --export-onnx");
+  return Status::ok();
+}
+
+int realMain(int argc, char **argv) {
+  const char *description =
+      "forge-train: run or train a compiled .forge bundle on the CPU.\n\n"
+      "  forge-train m.forge --info\n"
+      "  forge-train m.forge --forward --inputs x.npz --outputs y.npz\n"
+      "  forge-train m.forge --data train.npz --eval-data val.npz --steps 1000 \\\n"
+      "              --eval-every 100 --metrics m.jsonl --ckpt-dir ckpt --ckpt-every 200\n"
+      "  forge-train m.forge --recipe train.toml --resume\n";
+  // Pass 1: the command line alone (also --help, and --recipe's path).
+  Options opts;
+  CLI::App app1{description};
+  addOptions(app1, opts);
+  try {
+    app1.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
-    int rc = app.exit(e); // prints help/version (rc 0) or the error
+    int rc = app1.exit(e); // prints help/version (rc 0) or the error
     return rc == 0 ? 0 : 1;
   }
+  opts.seedGiven = app1.get_option("--seed")->count() > 0;
+  if (!opts.recipe.empty()) {
+    auto extra = recipeArgs(app1, opts.recipe);
+    if (!extra) {
+      fmt::print(stderr, "forge-train: error: {}\n", extra.status().message());
+      return 1;
+    }
+    // Pass 2: the recipe's values first, then the command line.
+    std::string recipe = opts.recipe;
+    std::vector<std::string> args(argv + 1, argv + argc);
+    args.insert(args.begin(), extra->begin(), extra->end());
+    std::reverse(args.begin(), args.end()); // CLI11 takes a reversed vector
+    opts = Options{};
+    CLI::App app2{description};
+    addOptions(app2, opts);
+    try {
+      app2.parse(args);
+    } catch (const CLI::ParseError &e) {
+      fmt::print(stderr, "forge-train: error: {} (options from recipe {})\n", e.what(), recipe);
+      return 1;
+    }
+    opts.seedGiven = app2.get_option("--seed")->count() > 0;
+  }
 
-  Status s;
-  if (opts.info)
-    s = runInfo(opts);
-  else if (opts.forward)
-    s = runForward(opts);
-  else
-    s = Status::error("training is not implemented yet; use --forward or --info");
+  Status s = validate(opts);
+  if (s.isOk()) {
+    if (opts.info)
+      s = runInfo(opts);
+    else if (opts.forward)
+      s = runForward(opts);
+    else
+      return forge::train::runTrainMode(opts);
+  }
   if (!s.isOk()) {
     fmt::print(stderr, "forge-train: error: {}\n", s.message());
     return 1;

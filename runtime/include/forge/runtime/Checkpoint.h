@@ -1,0 +1,94 @@
+// Training checkpoints (DESIGN.md §7): every PARAMETER and STATE tensor by
+// name, the step, the data-loader position, the shuffling seed, the bundle's
+// source hash and a fingerprint of its persistent tensors.
+//
+// File: an uncompressed .npz (readable with numpy.load) with members
+//   forge_checkpoint   uint8 JSON: format, version, step, epoch, index, seed,
+//                      shuffle, train_samples, samples_per_step, source_hash,
+//                      fingerprint, tensors [{name, kind, dtype, shape, crc32}]
+//   param/NAME, state/NAME   the tensor values (bf16/f8 as raw uint16/uint8)
+//
+// Invariants:
+//  * Writes are atomic: temporary file, fsync, rename, directory fsync. A
+//    checkpoint file is never overwritten or deleted by Forge; CheckpointDir
+//    picks a fresh name when ckpt-<step>.forgeckpt exists already.
+//  * Loading checks everything before touching the executor: the zip CRC of
+//    every member, each tensor's own CRC32 from the metadata, the source hash
+//    and the fingerprint (names, kinds, dtypes, shapes). A checkpoint that fails
+//    any check leaves the executor unchanged.
+//  * The shuffling order is a pure function of (seed, epoch) (EpochSampler),
+//    so (seed, epoch, index) is the complete RNG and data-loader state.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "forge/runtime/CpuExecutor.h"
+#include "forge/runtime/Status.h"
+
+namespace forge::rt {
+
+inline constexpr int kCheckpointVersion = 1;
+
+struct CheckpointState {
+  int64_t step = 0;   // optimizer steps completed
+  uint64_t epoch = 0; // data-loader position: epoch ...
+  int64_t index = 0;  // ... and next index into its permutation
+  uint64_t seed = 0;  // shuffling seed
+  bool shuffle = true;
+  int64_t trainSamples = 0;   // samples in the training data
+  int64_t samplesPerStep = 0; // micro-batches x batch
+};
+
+/// What went wrong when a checkpoint was refused.
+enum class CheckpointError {
+  None,
+  Io,       // cannot open or read
+  Corrupt,  // truncated, CRC mismatch, malformed
+  Mismatch, // a valid checkpoint of another bundle (or a newer format)
+};
+
+/// Hex fingerprint of the bundle's persistent tensors (name, kind, dtype,
+/// shape of every PARAMETER and STATE tensor, in table order).
+std::string persistentFingerprint(const bundle::Program &program);
+
+/// Writes `ex`'s persistent tensors and `state` to `path` (atomically).
+Status writeCheckpoint(const std::string &path, const CpuExecutor &ex,
+                       const CheckpointState &state);
+
+/// Validates `path` against `ex`'s bundle and restores every persistent
+/// tensor. On error `ex` is unchanged and `*error` (if given) says why.
+Expected<CheckpointState> readCheckpoint(const std::string &path, CpuExecutor &ex,
+                                         CheckpointError *error = nullptr);
+
+/// A directory of checkpoints: ckpt-<step>.forgeckpt (ckpt-<step>.<n>.forgeckpt
+/// when the plain name is taken) and `latest`, a one-line file naming the
+/// newest one.
+class CheckpointDir {
+public:
+  explicit CheckpointDir(std::string dir) : dir_(std::move(dir)) {}
+  const std::string &path() const { return dir_; }
+
+  /// Creates the directory (and its parents) if needed.
+  Status create() const;
+  /// Writes a checkpoint for state.step under a fresh name, then points
+  /// `latest` at it. Returns the file's path.
+  Expected<std::string> save(const CpuExecutor &ex, const CheckpointState &state) const;
+  /// Checkpoint files, newest (highest step, then suffix) first.
+  std::vector<std::string> list() const;
+  /// Restores the newest valid checkpoint: the one `latest` names, then the
+  /// others newest first. Corrupt or unreadable files are skipped (each
+  /// reported through `warn`) and left in place; a checkpoint of another
+  /// bundle is an error. nullopt when the directory holds none; an error
+  /// when it holds some but none is valid.
+  Expected<std::optional<CheckpointState>>
+  resume(CpuExecutor &ex, const std::function<void(const std::string &)> &warn) const;
+
+private:
+  std::string dir_;
+};
+
+} // namespace forge::rt

@@ -1,0 +1,120 @@
+// Training data: where samples come from (DataSource) and in which order they
+// are visited (EpochSampler). DESIGN.md §7 "Input pipeline".
+//
+// Invariants:
+//  * A DataSource is bound once to the fields the bundle needs (name, dtype,
+//    per-sample shape); bind() checks every array against its field and fails
+//    with an error naming the file, the array, and what was expected. After a
+//    successful bind(), fill() only copies bytes (and checks label ranges of
+//    lazily read token shards), so a training step cannot fail on data that
+//    bind() accepted, except for an out-of-range token.
+//  * Samples are indexed 0..numSamples()-1; fill() writes the samples of
+//    `indices`, in that order, into one caller-owned buffer per bound field
+//    ([indices.size(), ...sampleShape] of the field's dtype).
+//  * No implicit dtype conversion for .npy/.npz arrays: the dtype must equal
+//    the bundle's. Token shards (.bin) are integer ids by definition and are
+//    widened to the input's integer dtype.
+//  * The EpochSampler's order is a pure function of (seed, epoch): a
+//    checkpoint needs only its Position to reproduce the rest of the run.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "forge/runtime/Npy.h"
+#include "forge/runtime/Status.h"
+#include "forge/runtime/Tensor.h"
+
+namespace forge::rt {
+
+/// One array a training or eval step needs per sample.
+struct DataField {
+  std::string name;
+  DType dtype = bundle::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> sampleShape; // the bundle input's shape without dim 0
+  /// Class labels: values must lie in [0, numClasses) (0: unchecked), except
+  /// `ignoreValue` when set.
+  int64_t numClasses = 0;
+  std::optional<int64_t> ignoreValue;
+  /// The loss's label input (token shards feed it the next tokens).
+  bool isLabel = false;
+};
+
+class DataSource {
+public:
+  virtual ~DataSource() = default;
+  /// Checks the data against `fields` and remembers them (fill order).
+  virtual Status bind(const std::vector<DataField> &fields) = 0;
+  /// Number of samples (valid after bind()).
+  virtual int64_t numSamples() const = 0;
+  /// Writes samples `indices` into outs[i] for the i-th bound field.
+  virtual Status fill(std::span<const int64_t> indices, std::span<void *const> outs) = 0;
+  /// The file(s) behind this source, for messages.
+  virtual std::string describe() const = 0;
+  /// Arrays the last bind() did not use (callers may warn about them).
+  virtual std::vector<std::string> unusedArrays() const { return {}; }
+};
+
+/// Token shard element type.
+enum class TokenDType { U16, U32 };
+
+struct DataSourceOptions {
+  TokenDType tokenDType = TokenDType::U16;
+};
+
+/// Opens the data named by `specs`, each one of:
+///   FILE.npz          arrays by name (several archives merge; a name twice is an error)
+///   NAME=FILE.npy     one array
+///   FILE.bin          raw little-endian token ids (GPT-style next-token batches)
+/// Token shards cannot be mixed with arrays. Errors name the file.
+Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::string> &specs,
+                                                     const DataSourceOptions &options = {});
+
+/// Arrays in memory (tests, and the .npz/.npy loader): first dim = sample.
+/// `origins` names the file of each array for messages (default "<memory>").
+std::unique_ptr<DataSource> makeArraySource(std::vector<std::pair<std::string, HostTensor>> arrays,
+                                            std::vector<std::string> origins = {});
+
+/// Token ids (already in memory; tests) as a token source: sample i is the
+/// window starting at token i*T, the token field gets tokens[o, o+T) and the
+/// label field tokens[o+1, o+T+1).
+std::unique_ptr<DataSource> makeTokenSource(std::vector<uint32_t> tokens, std::string origin);
+
+/// The visiting order of samples: a seeded permutation per epoch (or the
+/// identity with shuffle off); each step takes the next `samplesPerStep`
+/// indices and a partial remainder at the end of an epoch is dropped.
+class EpochSampler {
+public:
+  struct Position {
+    uint64_t epoch = 0;
+    int64_t index = 0; // next index into the epoch's permutation
+  };
+
+  EpochSampler(int64_t numSamples, int64_t samplesPerStep, uint64_t seed, bool shuffle = true);
+
+  int64_t stepsPerEpoch() const { return samplesPerStep_ ? numSamples_ / samplesPerStep_ : 0; }
+  Position position() const { return pos_; }
+  /// Continues from `p` (a position from position(), e.g. a checkpoint).
+  void seek(Position p);
+  /// The next samplesPerStep indices (valid until the next call); starts the
+  /// next epoch when fewer remain. Requires stepsPerEpoch() > 0.
+  std::span<const int64_t> next();
+  /// The full order of `epoch` (tests).
+  std::vector<int64_t> orderOf(uint64_t epoch) const;
+
+private:
+  void makeOrder(uint64_t epoch);
+
+  int64_t numSamples_, samplesPerStep_;
+  uint64_t seed_;
+  bool shuffle_;
+  Position pos_;
+  uint64_t orderEpoch_ = ~0ull;
+  std::vector<int64_t> order_;
+};
+
+} // namespace forge::rt

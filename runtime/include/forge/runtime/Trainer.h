@@ -1,0 +1,109 @@
+// The training loop's engine (docs/bundle-format.md "Routines"): binds a
+// training bundle's `train_step` and `eval` routines to data sources, runs
+// optimizer steps and evaluations on the CPU, and exposes the state a
+// checkpoint needs. forge-train adds the CLI, progress and metrics around it.
+//
+// Invariants:
+//  * create() checks everything that can be checked before the first step:
+//    the routines and their outputs, the data inputs (with micro-batches K,
+//    `NAME@0..NAME@{K-1}`; a common batch size B), and the data against them
+//    (DataSource::bind). Errors name the bundle input and the file.
+//  * Step s (1-based) feeds forge.step = s and the next K*B samples of the
+//    EpochSampler (micro-batch k gets samples [k*B, (k+1)*B)), so the losses
+//    are a function of (bundle, data, seed, thread count) only, and a run
+//    restored from a checkpoint taken after step k continues identically.
+//  * evaluate() reads parameters but never changes them or the sampler.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "forge/runtime/Checkpoint.h"
+#include "forge/runtime/CpuExecutor.h"
+#include "forge/runtime/DataSource.h"
+
+namespace forge::rt {
+
+struct TrainerOptions {
+  unsigned threads = 0; // 0: all cores
+  uint64_t seed = 0;    // shuffling seed
+  bool shuffle = true;  // false: visit samples in file order every epoch
+};
+
+struct StepResult {
+  int64_t step = 0; // 1-based global step just completed
+  float loss = 0;
+  std::optional<float> lr, gradNorm;
+};
+
+struct EvalResult {
+  double loss = 0;                 // mean over the full batches
+  std::optional<double> accuracy;  // sum(forge.correct) / labels, when the bundle has it
+  int64_t samples = 0, batches = 0;
+};
+
+class Trainer {
+public:
+  /// `eval` may be null (no evaluation). The bundle must outlive the trainer.
+  static Expected<std::unique_ptr<Trainer>> create(const Bundle &bundle,
+                                                   std::unique_ptr<DataSource> train,
+                                                   std::unique_ptr<DataSource> eval,
+                                                   TrainerOptions options = {});
+
+  /// Runs one optimizer step on the next K*B samples.
+  Expected<StepResult> step();
+  /// Mean loss (and accuracy) over every full batch of the eval data.
+  Expected<EvalResult> evaluate();
+  bool hasEval() const { return evalData_ != nullptr; }
+
+  int64_t stepsDone() const { return step_; }
+  int64_t batchSize() const { return batch_; }
+  int64_t microBatches() const { return micro_; }
+  int64_t samplesPerStep() const { return batch_ * micro_; }
+  int64_t stepsPerEpoch() const { return sampler_->stepsPerEpoch(); }
+  int64_t trainSamples() const { return trainData_->numSamples(); }
+  int64_t evalSamples() const { return evalData_ ? evalData_->numSamples() : 0; }
+  /// Tokens per step when the data input is an integer [B, T] tensor, else 0.
+  int64_t tokensPerStep() const { return tokensPerStep_; }
+  /// Epochs completed, fractional.
+  double epochsDone() const;
+  /// Names of the data inputs (without micro-batch suffixes) and the label input.
+  const std::vector<DataField> &dataFields() const { return fields_; }
+  const DataSource &trainData() const { return *trainData_; }
+  const DataSource *evalData() const { return evalData_.get(); }
+
+  CpuExecutor &executor() { return *exec_; }
+  const CpuExecutor &executor() const { return *exec_; }
+
+  /// The state a checkpoint stores (persistent tensors are in the executor).
+  CheckpointState state() const;
+  /// Continues from `state` (after readCheckpoint restored the tensors);
+  /// refuses a state taken with other data or another batch layout.
+  Status restore(const CheckpointState &state);
+
+private:
+  Trainer() = default;
+
+  struct Routine {
+    int index = -1;
+    int32_t loss = -1, extra1 = -1, extra2 = -1; // train: lr, grad_norm; eval: correct
+  };
+
+  std::unique_ptr<CpuExecutor> exec_;
+  std::unique_ptr<DataSource> trainData_, evalData_;
+  std::unique_ptr<EpochSampler> sampler_;
+  TrainerOptions options_;
+  std::vector<DataField> fields_, evalFields_;
+  Routine train_, eval_;
+  int32_t stepInput_ = -1;
+  int64_t batch_ = 0, micro_ = 1, evalBatch_ = 0, step_ = 0, tokensPerStep_ = 0;
+  int64_t evalLabelElements_ = 0;
+  std::vector<std::vector<void *>> microOuts_; // [k][field] -> input buffer
+  std::vector<void *> evalOuts_;
+  std::vector<int64_t> evalIndices_;
+};
+
+} // namespace forge::rt

@@ -1,0 +1,418 @@
+// Training checkpoints (Checkpoint.h).
+//
+// Invariants (see the header for the file layout):
+//  * writeCheckpoint goes through writeNpz (temporary file, fsync, rename) and
+//    then fsyncs the directory, so after it returns the checkpoint survives a
+//    crash; CheckpointDir::save never chooses an existing file name and updates
+//    `latest` the same way, after the checkpoint itself is durable.
+//  * readCheckpoint decodes and checks everything into private buffers first
+//    and calls CpuExecutor::setPersistent only when the whole file is valid,
+//    so a refused checkpoint leaves the executor as it was. It never writes,
+//    renames or deletes the file.
+//  * Messages start with the checkpoint's path and say what is wrong and, for
+//    another bundle's checkpoint, which tensor differs.
+#include "forge/runtime/Checkpoint.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <regex>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include "forge/runtime/Npy.h"
+
+namespace forge::rt {
+
+namespace {
+
+constexpr const char *kMetaMember = "forge_checkpoint";
+constexpr const char *kFormatName = "forge-checkpoint";
+
+uint32_t crc32Of(const void *data, size_t n) {
+  return static_cast<uint32_t>(
+      ::crc32_z(::crc32_z(0, nullptr, 0), static_cast<const Bytef *>(data), n));
+}
+
+bool isPersistent(const bundle::TensorInfo &t) {
+  return t.kind() == bundle::TensorInfo::PARAMETER || t.kind() == bundle::TensorInfo::STATE;
+}
+
+const char *kindName(const bundle::TensorInfo &t) {
+  return t.kind() == bundle::TensorInfo::PARAMETER ? "param" : "state";
+}
+
+std::string memberName(const bundle::TensorInfo &t) {
+  return fmt::format("{}/{}", kindName(t), t.name());
+}
+
+std::string describe(const std::string &dtype, const std::vector<int64_t> &shape) {
+  return fmt::format("{}{}", dtype, shapeString(shape));
+}
+
+/// fsync of the directory holding `path`, so a rename in it is durable.
+Status syncDirectoryOf(const std::string &path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty())
+    dir = ".";
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return Status::error("{}: cannot open directory to sync it: {}", dir.string(),
+                         std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0 && err != EINVAL) // some file systems cannot sync directories
+    return Status::error("{}: directory fsync failed: {}", dir.string(), std::strerror(err));
+  return Status::ok();
+}
+
+/// Writes `text` to `path` through a temporary file, fsync and rename.
+Status writeTextAtomically(const std::string &path, const std::string &text) {
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkstemp(tmp.data());
+  if (fd < 0)
+    return Status::error("{}: cannot create temporary file: {}", path, std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      Status s = Status::error("{}: write failed: {}", path, std::strerror(errno));
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0 || ::close(fd) != 0) {
+    Status s = Status::error("{}: sync failed: {}", path, std::strerror(errno));
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    Status s = Status::error("{}: rename failed: {}", path, std::strerror(errno));
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return syncDirectoryOf(path);
+}
+
+struct ParsedName {
+  int64_t step;
+  int64_t suffix; // -1 for the plain name
+};
+
+/// ckpt-<step>.forgeckpt or ckpt-<step>.<n>.forgeckpt
+std::optional<ParsedName> parseCheckpointName(const std::string &name) {
+  static const std::regex re(R"(ckpt-(\d{1,18})(?:\.(\d{1,9}))?\.forgeckpt)");
+  std::smatch m;
+  if (!std::regex_match(name, m, re))
+    return std::nullopt;
+  return ParsedName{std::stoll(m[1].str()), m[2].matched ? std::stoll(m[2].str()) : -1};
+}
+
+} // namespace
+
+std::string persistentFingerprint(const bundle::Program &program) {
+  // FNV-1a 64 over a canonical text of the persistent tensors.
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](std::string_view s) {
+    for (unsigned char c : s) {
+      h ^= c;
+      h *= 0x100000001b3ull;
+    }
+    h ^= 0xff; // separator
+    h *= 0x100000001b3ull;
+  };
+  for (const bundle::TensorInfo &t : program.tensors()) {
+    if (!isPersistent(t))
+      continue;
+    mix(t.name());
+    mix(kindName(t));
+    mix(dtypeName(t.dtype()));
+    mix(shapeString({t.shape().begin(), t.shape().end()}));
+  }
+  return fmt::format("{:016x}", h);
+}
+
+Status writeCheckpoint(const std::string &path, const CpuExecutor &ex,
+                       const CheckpointState &state) {
+  const bundle::Program &p = ex.bundle().program();
+  nlohmann::json meta;
+  meta["format"] = kFormatName;
+  meta["version"] = kCheckpointVersion;
+  meta["step"] = state.step;
+  meta["epoch"] = state.epoch;
+  meta["index"] = state.index;
+  meta["seed"] = state.seed;
+  meta["shuffle"] = state.shuffle;
+  meta["train_samples"] = state.trainSamples;
+  meta["samples_per_step"] = state.samplesPerStep;
+  meta["source_hash"] = p.source_hash();
+  meta["producer"] = p.producer();
+  meta["fingerprint"] = persistentFingerprint(p);
+  nlohmann::json tensors = nlohmann::json::array();
+  std::map<std::string, TensorView> arrays;
+  for (int32_t t : ex.persistentTensors()) {
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    TensorView v = ex.view(t);
+    std::string member = memberName(info);
+    if (arrays.count(member))
+      return Status::error("{}: two persistent tensors are named '{}'", path, info.name());
+    tensors.push_back({{"name", info.name()},
+                       {"kind", kindName(info)},
+                       {"dtype", dtypeName(info.dtype())},
+                       {"shape", v.shape},
+                       {"crc32", crc32Of(v.data, v.bytes())}});
+    arrays[member] = v;
+  }
+  meta["tensors"] = std::move(tensors);
+  std::string text = meta.dump(1);
+  std::vector<uint8_t> metaBytes(text.begin(), text.end());
+  arrays[kMetaMember] = TensorView{metaBytes.data(), bundle::U8,
+                                   {static_cast<int64_t>(metaBytes.size())}};
+  FORGE_RETURN_IF_ERROR(writeNpz(path, arrays));
+  return syncDirectoryOf(path);
+}
+
+Expected<CheckpointState> readCheckpoint(const std::string &path, CpuExecutor &ex,
+                                         CheckpointError *error) {
+  CheckpointError kind = CheckpointError::Corrupt;
+  auto fail = [&](CheckpointError k, Status s) {
+    if (error)
+      *error = k;
+    return s;
+  };
+  if (error)
+    *error = CheckpointError::None;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0)
+    return fail(CheckpointError::Io,
+                Status::error("{}: cannot open: {}", path, std::strerror(errno)));
+  auto npz = readNpz(path);
+  if (!npz)
+    return fail(CheckpointError::Corrupt,
+                Status::error("corrupt or truncated checkpoint: {}", npz.status().message()));
+
+  auto metaIt = npz->find(kMetaMember);
+  if (metaIt == npz->end())
+    return fail(kind, Status::error("{}: not a forge checkpoint (no '{}' member)", path,
+                                    kMetaMember));
+  const HostTensor &metaT = metaIt->second;
+  nlohmann::json meta = nlohmann::json::parse(metaT.bytes.begin(), metaT.bytes.end(), nullptr,
+                                               /*allow_exceptions=*/false);
+  if (meta.is_discarded() || !meta.is_object())
+    return fail(kind, Status::error("{}: the checkpoint metadata is not valid JSON", path));
+
+  const bundle::Program &p = ex.bundle().program();
+  CheckpointState state;
+  std::string sourceHash, fingerprint;
+  struct Entry {
+    std::string name, kind, dtype;
+    std::vector<int64_t> shape;
+    uint32_t crc;
+  };
+  std::vector<Entry> entries;
+  try {
+    if (meta.value("format", "") != kFormatName)
+      return fail(kind, Status::error("{}: not a forge checkpoint (format '{}')", path,
+                                      meta.value("format", "")));
+    int version = meta.at("version").get<int>();
+    if (version > kCheckpointVersion)
+      return fail(CheckpointError::Mismatch,
+                  Status::error("{}: checkpoint format version {} is newer than this forge-train "
+                                "supports ({})",
+                                path, version, kCheckpointVersion));
+    state.step = meta.at("step").get<int64_t>();
+    state.epoch = meta.at("epoch").get<uint64_t>();
+    state.index = meta.at("index").get<int64_t>();
+    state.seed = meta.at("seed").get<uint64_t>();
+    state.shuffle = meta.at("shuffle").get<bool>();
+    state.trainSamples = meta.at("train_samples").get<int64_t>();
+    state.samplesPerStep = meta.at("samples_per_step").get<int64_t>();
+    sourceHash = meta.at("source_hash").get<std::string>();
+    fingerprint = meta.at("fingerprint").get<std::string>();
+    for (const auto &t : meta.at("tensors"))
+      entries.push_back({t.at("name").get<std::string>(), t.at("kind").get<std::string>(),
+                         t.at("dtype").get<std::string>(),
+                         t.at("shape").get<std::vector<int64_t>>(), t.at("crc32").get<uint32_t>()});
+  } catch (const std::exception &e) {
+    return fail(kind, Status::error("{}: malformed checkpoint metadata: {}", path, e.what()));
+  }
+  if (state.step < 0 || state.index < 0 || state.samplesPerStep < 0 || state.trainSamples < 0)
+    return fail(kind, Status::error("{}: negative step or data position in the metadata", path));
+
+  // Same bundle?
+  if (!sourceHash.empty() && !p.source_hash().empty() && sourceHash != p.source_hash())
+    return fail(CheckpointError::Mismatch,
+                Status::error("{}: checkpoint of another model (source hash {}, this bundle has "
+                              "{})",
+                              path, sourceHash, p.source_hash()));
+  std::map<std::string, const Entry *> byName;
+  for (const Entry &e : entries)
+    byName[e.kind + "/" + e.name] = &e;
+  for (int32_t t : ex.persistentTensors()) {
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
+    auto it = byName.find(memberName(info));
+    if (it == byName.end())
+      return fail(CheckpointError::Mismatch,
+                  Status::error("{}: checkpoint of another bundle: it has no {} '{}' ({})", path,
+                                kindName(info), info.name(),
+                                describe(std::string(dtypeName(info.dtype())), shape)));
+    const Entry &e = *it->second;
+    if (e.dtype != dtypeName(info.dtype()) || e.shape != shape)
+      return fail(CheckpointError::Mismatch,
+                  Status::error("{}: checkpoint of another bundle: {} '{}' is {} there, {} here",
+                                path, kindName(info), info.name(), describe(e.dtype, e.shape),
+                                describe(std::string(dtypeName(info.dtype())), shape)));
+  }
+  if (entries.size() != ex.persistentTensors().size() || fingerprint != persistentFingerprint(p)) {
+    std::vector<std::string> extra;
+    for (const Entry &e : entries) {
+      bool known = false;
+      for (int32_t t : ex.persistentTensors())
+        known |= memberName(ex.tensorInfo(t)) == e.kind + "/" + e.name;
+      if (!known)
+        extra.push_back(fmt::format("{} '{}'", e.kind, e.name));
+    }
+    return fail(CheckpointError::Mismatch,
+                Status::error("{}: checkpoint of another bundle (tensor fingerprint {} vs {}{})",
+                              path, fingerprint, persistentFingerprint(p),
+                              extra.empty() ? ""
+                                            : fmt::format("; only in the checkpoint: {}",
+                                                          fmt::join(extra, ", "))));
+  }
+
+  // Every tensor present, the right size, and its own CRC.
+  std::vector<std::pair<int32_t, const HostTensor *>> values;
+  for (int32_t t : ex.persistentTensors()) {
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    const Entry &e = *byName.at(memberName(info));
+    auto m = npz->find(memberName(info));
+    if (m == npz->end())
+      return fail(kind, Status::error("{}: member '{}' is missing", path, memberName(info)));
+    const HostTensor &v = m->second;
+    if (v.bytes.size() != ex.view(t).bytes() || dtypeSize(v.dtype) != dtypeSize(info.dtype()))
+      return fail(kind, Status::error("{}: member '{}' holds {} {}, expected {}", path,
+                                      memberName(info), dtypeName(v.dtype), shapeString(v.shape),
+                                      describe(e.dtype, e.shape)));
+    uint32_t crc = crc32Of(v.bytes.data(), v.bytes.size());
+    if (crc != e.crc)
+      return fail(kind, Status::error("{}: member '{}': CRC32 mismatch (metadata {:#010x}, data "
+                                      "{:#010x}); the checkpoint is corrupted",
+                                      path, memberName(info), e.crc, crc));
+    values.emplace_back(t, &v);
+  }
+  for (const auto &[t, v] : values) {
+    Status s = ex.setPersistent(t, v->bytes);
+    if (!s.isOk()) // only a read-only parameter with a different value
+      return fail(CheckpointError::Mismatch, s.prefix(path));
+  }
+  return state;
+}
+
+// --- CheckpointDir ------------------------------------------------------------------
+
+Status CheckpointDir::create() const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec)
+    return Status::error("{}: cannot create the checkpoint directory: {}", dir_, ec.message());
+  if (!std::filesystem::is_directory(dir_, ec))
+    return Status::error("{}: not a directory", dir_);
+  return Status::ok();
+}
+
+std::vector<std::string> CheckpointDir::list() const {
+  std::vector<std::pair<ParsedName, std::string>> found;
+  std::error_code ec;
+  for (const auto &e : std::filesystem::directory_iterator(dir_, ec)) {
+    std::string name = e.path().filename().string();
+    if (auto parsed = parseCheckpointName(name))
+      found.push_back({*parsed, e.path().string()});
+  }
+  std::sort(found.begin(), found.end(), [](const auto &a, const auto &b) {
+    return std::tie(a.first.step, a.first.suffix) > std::tie(b.first.step, b.first.suffix);
+  });
+  std::vector<std::string> out;
+  for (auto &f : found)
+    out.push_back(std::move(f.second));
+  return out;
+}
+
+Expected<std::string> CheckpointDir::save(const CpuExecutor &ex,
+                                          const CheckpointState &state) const {
+  FORGE_RETURN_IF_ERROR(create());
+  namespace fs = std::filesystem;
+  std::string name = fmt::format("ckpt-{}.forgeckpt", state.step);
+  std::error_code ec;
+  for (int n = 1; fs::exists(fs::path(dir_) / name, ec) || ec; ++n) {
+    if (n > 1000000)
+      return Status::error("{}: no free checkpoint name for step {}", dir_, state.step);
+    name = fmt::format("ckpt-{}.{}.forgeckpt", state.step, n);
+  }
+  std::string path = (fs::path(dir_) / name).string();
+  FORGE_RETURN_IF_ERROR(writeCheckpoint(path, ex, state));
+  FORGE_RETURN_IF_ERROR(writeTextAtomically((fs::path(dir_) / "latest").string(), name + "\n"));
+  return path;
+}
+
+Expected<std::optional<CheckpointState>>
+CheckpointDir::resume(CpuExecutor &ex, const std::function<void(const std::string &)> &warn) const {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir_, ec))
+    return std::optional<CheckpointState>();
+  if (!fs::is_directory(dir_, ec))
+    return Status::error("{}: not a directory", dir_);
+  std::vector<std::string> candidates;
+  std::string latestFile = (fs::path(dir_) / "latest").string();
+  if (fs::exists(latestFile, ec)) {
+    std::string name;
+    if (FILE *f = std::fopen(latestFile.c_str(), "rb")) {
+      char buf[512];
+      size_t n = std::fread(buf, 1, sizeof(buf), f);
+      std::fclose(f);
+      name.assign(buf, n);
+      while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+        name.pop_back();
+    }
+    if (parseCheckpointName(name) && fs::exists(fs::path(dir_) / name, ec))
+      candidates.push_back((fs::path(dir_) / name).string());
+    else
+      warn(fmt::format("{}: does not name an existing checkpoint ('{}'); looking for the newest "
+                       "one",
+                       latestFile, name));
+  }
+  for (std::string &c : list())
+    if (std::find(candidates.begin(), candidates.end(), c) == candidates.end())
+      candidates.push_back(std::move(c));
+  if (candidates.empty())
+    return std::optional<CheckpointState>();
+  std::vector<std::string> problems;
+  for (const std::string &c : candidates) {
+    CheckpointError kind;
+    auto state = readCheckpoint(c, ex, &kind);
+    if (state)
+      return std::optional<CheckpointState>(*state);
+    if (kind == CheckpointError::Mismatch)
+      return state.status();
+    warn(fmt::format("skipping {} (left in place)", state.status().message()));
+    problems.push_back(state.status().message());
+  }
+  return Status::error("{}: no valid checkpoint to resume from ({} refused: {})", dir_,
+                       problems.size(), fmt::join(problems, "; "));
+}
+
+} // namespace forge::rt

@@ -1,0 +1,369 @@
+// Trainer (Trainer.h): train_step / eval routines bound to data sources.
+//
+// Invariants:
+//  * All binding happens in create(): input tensors are looked up once and
+//    step() fills the executor's input buffers in place (no allocation, no
+//    name lookups), sets forge.step and runs the routine.
+//  * The only state that changes between steps, besides the executor's
+//    persistent tensors, is step_ and the sampler's position; state() and
+//    restore() carry exactly that, so resuming is bit-exact.
+#include "forge/runtime/Trainer.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include <fmt/ranges.h>
+
+namespace forge::rt {
+
+namespace {
+
+std::vector<int64_t> shapeOf(const bundle::TensorInfo &t) {
+  return {t.shape().begin(), t.shape().end()};
+}
+
+std::string buildOption(const bundle::Program &p, const std::string &key) {
+  auto it = p.build_options().find(key);
+  return it == p.build_options().end() ? std::string() : it->second;
+}
+
+/// The class count of the (first) nll_loss in the bundle: its input 0 is
+/// [N, C, ...]. Zero when there is none.
+void classesOf(const bundle::Program &p, int64_t &numClasses, std::optional<int64_t> &ignore) {
+  numClasses = 0;
+  for (const bundle::Routine &r : p.routines())
+    for (const bundle::Instruction &inst : r.instructions()) {
+      if (inst.op() != "nll_loss" || inst.inputs_size() < 1 || inst.inputs(0) < 0)
+        continue;
+      const bundle::TensorInfo &in = p.tensors(inst.inputs(0));
+      if (in.shape_size() < 2)
+        continue;
+      numClasses = in.shape(1);
+      auto it = inst.attrs().find("ignore_index");
+      if (it != inst.attrs().end() && it->second.value_case() == bundle::Attribute::kI)
+        ignore = it->second.i();
+      return;
+    }
+}
+
+/// A scalar f32 output (numel 1) of `routine`, or an error / -1 when optional.
+Expected<int32_t> scalarOutput(const CpuExecutor &ex, int routine, const std::string &name,
+                               bool required) {
+  auto t = ex.findOutput(routine, name);
+  if (!t)
+    return required ? Expected<int32_t>(t.status()) : Expected<int32_t>(-1);
+  const bundle::TensorInfo &info = ex.tensorInfo(*t);
+  if (info.dtype() != bundle::F32 || numElements(shapeOf(info)) != 1)
+    return Status::error("{}: output '{}' of routine '{}' is {}{}, expected an f32 scalar",
+                         ex.bundle().origin(), name, ex.routineName(routine),
+                         dtypeName(info.dtype()), shapeString(shapeOf(info)));
+  return *t;
+}
+
+float readScalar(const CpuExecutor &ex, int32_t t) {
+  float v;
+  std::memcpy(&v, ex.view(t).data, sizeof(v));
+  return v;
+}
+
+} // namespace
+
+Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
+                                                   std::unique_ptr<DataSource> train,
+                                                   std::unique_ptr<DataSource> eval,
+                                                   TrainerOptions options) {
+  const bundle::Program &p = bundle.program();
+  const std::string &origin = bundle.origin();
+  if (!train)
+    return Status::error("no training data");
+  auto exec = CpuExecutor::create(bundle, CpuExecutorOptions{options.threads});
+  if (!exec)
+    return exec.status();
+  std::unique_ptr<Trainer> tr(new Trainer());
+  tr->exec_ = exec.take();
+  tr->options_ = options;
+  CpuExecutor &ex = *tr->exec_;
+
+  auto trainIndex = ex.findRoutine("train_step");
+  if (!trainIndex)
+    return Status::error("{}: not a training bundle (no routine 'train_step'; routines: {}); "
+                         "compile it with forgec --loss/--optimizer, without --inference-only",
+                         origin, [&] {
+                           std::vector<std::string> names;
+                           for (int r = 0; r < ex.numRoutines(); ++r)
+                             names.push_back(ex.routineName(r));
+                           return names.empty() ? std::string("none")
+                                                : fmt::format("{}", fmt::join(names, ", "));
+                         }());
+  tr->train_.index = *trainIndex;
+
+  // Micro-batches and the label input, from the build options.
+  int64_t micro = 1;
+  if (std::string m = buildOption(p, "micro_batches"); !m.empty()) {
+    auto [end, ec] = std::from_chars(m.data(), m.data() + m.size(), micro);
+    if (ec != std::errc() || end != m.data() + m.size() || micro < 1)
+      return Status::error("{}: build option micro_batches = '{}' is not a positive integer",
+                           origin, m);
+  }
+  tr->micro_ = micro;
+  const std::string label = buildOption(p, "label_input");
+  int64_t numClasses = 0;
+  std::optional<int64_t> ignore;
+  classesOf(p, numClasses, ignore);
+
+  // Data inputs of train_step, grouped by name over micro-batches.
+  std::vector<std::vector<int32_t>> tensors; // [field][k]
+  std::map<std::string, size_t> fieldOf;
+  for (int32_t t : ex.inputs(tr->train_.index)) {
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    const std::string &name = info.name();
+    if (name == "forge.step") {
+      if (info.dtype() != bundle::F32 || numElements(shapeOf(info)) != 1)
+        return Status::error("{}: input 'forge.step' is {}{}, expected an f32 scalar", origin,
+                             dtypeName(info.dtype()), shapeString(shapeOf(info)));
+      tr->stepInput_ = t;
+      continue;
+    }
+    std::string base = name;
+    int64_t k = 0;
+    if (micro > 1) {
+      size_t at = name.rfind('@');
+      const char *first = name.data() + (at == std::string::npos ? 0 : at + 1);
+      const char *last = name.data() + name.size();
+      auto [end, ec] = std::from_chars(first, last, k);
+      if (at == std::string::npos || ec != std::errc() || end != last || k < 0 || k >= micro)
+        return Status::error("{}: train_step input '{}' has no micro-batch suffix @0..@{} "
+                             "(micro_batches = {})",
+                             origin, name, micro - 1, micro);
+      base = name.substr(0, at);
+    }
+    if (info.shape_size() == 0)
+      return Status::error("{}: data input '{}' is a scalar; data inputs need a batch dim 0",
+                           origin, name);
+    auto [it, fresh] = fieldOf.emplace(base, tr->fields_.size());
+    if (fresh) {
+      DataField f;
+      f.name = base;
+      f.dtype = info.dtype();
+      f.sampleShape.assign(info.shape().begin() + 1, info.shape().end());
+      f.isLabel = !label.empty() && base == label;
+      if (f.isLabel) {
+        f.numClasses = numClasses;
+        f.ignoreValue = ignore;
+      }
+      tr->fields_.push_back(f);
+      tensors.emplace_back(static_cast<size_t>(micro), -1);
+    }
+    const DataField &f = tr->fields_[it->second];
+    std::vector<int64_t> sample(info.shape().begin() + 1, info.shape().end());
+    if (info.dtype() != f.dtype || sample != f.sampleShape)
+      return Status::error("{}: micro-batch inputs of '{}' differ: '{}' is {}{}", origin, base,
+                           name, dtypeName(info.dtype()), shapeString(shapeOf(info)));
+    if (tensors[it->second][k] >= 0)
+      return Status::error("{}: train_step has input '{}' twice", origin, name);
+    tensors[it->second][k] = t;
+    if (tr->batch_ == 0)
+      tr->batch_ = info.shape(0);
+    else if (info.shape(0) != tr->batch_)
+      return Status::error("{}: data inputs disagree on the batch size: '{}' has {}, expected {}",
+                           origin, name, info.shape(0), tr->batch_);
+  }
+  if (tr->fields_.empty())
+    return Status::error("{}: train_step has no data inputs", origin);
+  if (tr->batch_ <= 0)
+    return Status::error("{}: the batch size (dim 0 of the data inputs) is {}", origin,
+                         tr->batch_);
+  for (size_t f = 0; f < tr->fields_.size(); ++f)
+    for (int64_t k = 0; k < micro; ++k)
+      if (tensors[f][k] < 0)
+        return Status::error("{}: train_step has no input '{}@{}' (micro_batches = {})", origin,
+                             tr->fields_[f].name, k, micro);
+
+  auto loss = scalarOutput(ex, tr->train_.index, "loss", true);
+  if (!loss)
+    return loss.status();
+  auto lr = scalarOutput(ex, tr->train_.index, "forge.lr", false);
+  if (!lr)
+    return lr.status();
+  auto gradNorm = scalarOutput(ex, tr->train_.index, "forge.grad_norm", false);
+  if (!gradNorm)
+    return gradNorm.status();
+  tr->train_.loss = *loss;
+  tr->train_.extra1 = *lr;
+  tr->train_.extra2 = *gradNorm;
+
+  FORGE_RETURN_IF_ERROR(train->bind(tr->fields_));
+  const int64_t perStep = tr->samplesPerStep();
+  if (train->numSamples() < perStep)
+    return Status::error("{}: {} training samples, fewer than one step needs ({} micro-batch{} "
+                         "x batch {} = {})",
+                         train->describe(), train->numSamples(), micro, micro > 1 ? "es" : "",
+                         tr->batch_, perStep);
+  tr->trainData_ = std::move(train);
+  tr->sampler_ = std::make_unique<EpochSampler>(tr->trainData_->numSamples(), perStep,
+                                                options.seed, options.shuffle);
+  tr->microOuts_.assign(static_cast<size_t>(micro), {});
+  for (int64_t k = 0; k < micro; ++k)
+    for (size_t f = 0; f < tr->fields_.size(); ++f)
+      tr->microOuts_[k].push_back(ex.view(tensors[f][k]).data);
+
+  // Tokens: one integer [B, T] data input besides the label.
+  int tokenInputs = 0;
+  int64_t seqLen = 0;
+  for (const DataField &f : tr->fields_)
+    if (!f.isLabel && f.sampleShape.size() == 1 && !isFloatType(f.dtype)) {
+      ++tokenInputs;
+      seqLen = f.sampleShape[0];
+    }
+  size_t nonLabel = std::count_if(tr->fields_.begin(), tr->fields_.end(),
+                                  [](const DataField &f) { return !f.isLabel; });
+  if (tokenInputs == 1 && nonLabel == 1)
+    tr->tokensPerStep_ = perStep * seqLen;
+
+  // Evaluation.
+  if (eval) {
+    auto evalIndex = ex.findRoutine("eval");
+    if (!evalIndex)
+      return Status::error("eval data was given but {} has no 'eval' routine", origin);
+    tr->eval_.index = *evalIndex;
+    std::vector<int32_t> evalTensors;
+    for (int32_t t : ex.inputs(tr->eval_.index)) {
+      const bundle::TensorInfo &info = ex.tensorInfo(t);
+      if (info.shape_size() == 0)
+        return Status::error("{}: eval input '{}' is a scalar; data inputs need a batch dim 0",
+                             origin, info.name());
+      DataField f;
+      f.name = info.name();
+      f.dtype = info.dtype();
+      f.sampleShape.assign(info.shape().begin() + 1, info.shape().end());
+      f.isLabel = !label.empty() && f.name == label;
+      if (f.isLabel) {
+        f.numClasses = numClasses;
+        f.ignoreValue = ignore;
+        tr->evalLabelElements_ = numElements(shapeOf(info));
+      }
+      if (tr->evalBatch_ == 0)
+        tr->evalBatch_ = info.shape(0);
+      else if (info.shape(0) != tr->evalBatch_)
+        return Status::error("{}: eval inputs disagree on the batch size: '{}' has {}, expected "
+                             "{}",
+                             origin, f.name, info.shape(0), tr->evalBatch_);
+      tr->evalFields_.push_back(f);
+      evalTensors.push_back(t);
+    }
+    if (tr->evalFields_.empty() || tr->evalBatch_ <= 0)
+      return Status::error("{}: the eval routine has no data inputs", origin);
+    if (tr->evalLabelElements_ == 0)
+      tr->evalLabelElements_ = tr->evalBatch_;
+    auto evalLoss = scalarOutput(ex, tr->eval_.index, "loss", true);
+    if (!evalLoss)
+      return evalLoss.status();
+    auto correct = scalarOutput(ex, tr->eval_.index, "forge.correct", false);
+    if (!correct)
+      return correct.status();
+    tr->eval_.loss = *evalLoss;
+    tr->eval_.extra1 = *correct;
+    FORGE_RETURN_IF_ERROR(eval->bind(tr->evalFields_));
+    if (eval->numSamples() < tr->evalBatch_)
+      return Status::error("{}: {} eval samples, fewer than one batch ({})", eval->describe(),
+                           eval->numSamples(), tr->evalBatch_);
+    tr->evalData_ = std::move(eval);
+    for (int32_t t : evalTensors)
+      tr->evalOuts_.push_back(ex.view(t).data);
+    tr->evalIndices_.resize(static_cast<size_t>(tr->evalBatch_));
+  }
+  return tr;
+}
+
+Expected<StepResult> Trainer::step() {
+  std::span<const int64_t> indices = sampler_->next();
+  if (indices.size() != static_cast<size_t>(samplesPerStep()))
+    return Status::error("internal: the sampler returned {} indices, expected {}",
+                         indices.size(), samplesPerStep());
+  for (int64_t k = 0; k < micro_; ++k)
+    FORGE_RETURN_IF_ERROR(trainData_->fill(
+        indices.subspan(static_cast<size_t>(k * batch_), static_cast<size_t>(batch_)),
+        microOuts_[k]));
+  if (stepInput_ >= 0) {
+    float s = static_cast<float>(step_ + 1);
+    std::memcpy(exec_->view(stepInput_).data, &s, sizeof(s));
+  }
+  FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
+  ++step_;
+  StepResult r;
+  r.step = step_;
+  r.loss = readScalar(*exec_, train_.loss);
+  if (train_.extra1 >= 0)
+    r.lr = readScalar(*exec_, train_.extra1);
+  if (train_.extra2 >= 0)
+    r.gradNorm = readScalar(*exec_, train_.extra2);
+  return r;
+}
+
+Expected<EvalResult> Trainer::evaluate() {
+  if (!evalData_)
+    return Status::error("no eval data");
+  EvalResult r;
+  r.batches = evalData_->numSamples() / evalBatch_;
+  double lossSum = 0, correctSum = 0;
+  for (int64_t b = 0; b < r.batches; ++b) {
+    for (int64_t i = 0; i < evalBatch_; ++i)
+      evalIndices_[static_cast<size_t>(i)] = b * evalBatch_ + i;
+    FORGE_RETURN_IF_ERROR(evalData_->fill(evalIndices_, evalOuts_));
+    FORGE_RETURN_IF_ERROR(exec_->run(eval_.index));
+    lossSum += readScalar(*exec_, eval_.loss);
+    if (eval_.extra1 >= 0)
+      correctSum += readScalar(*exec_, eval_.extra1);
+  }
+  r.samples = r.batches * evalBatch_;
+  r.loss = r.batches ? lossSum / static_cast<double>(r.batches) : std::nan("");
+  if (eval_.extra1 >= 0 && r.batches)
+    r.accuracy = correctSum / static_cast<double>(r.batches * evalLabelElements_);
+  return r;
+}
+
+double Trainer::epochsDone() const {
+  const int64_t perEpoch = stepsPerEpoch() * samplesPerStep();
+  if (perEpoch <= 0)
+    return 0;
+  EpochSampler::Position pos = sampler_->position();
+  return static_cast<double>(pos.epoch) +
+         static_cast<double>(pos.index) / static_cast<double>(perEpoch);
+}
+
+CheckpointState Trainer::state() const {
+  CheckpointState s;
+  s.step = step_;
+  s.epoch = sampler_->position().epoch;
+  s.index = sampler_->position().index;
+  s.seed = options_.seed;
+  s.shuffle = options_.shuffle;
+  s.trainSamples = trainData_->numSamples();
+  s.samplesPerStep = samplesPerStep();
+  return s;
+}
+
+Status Trainer::restore(const CheckpointState &state) {
+  if (state.trainSamples != trainData_->numSamples())
+    return Status::error("the checkpoint was taken with {} training samples, the data ({}) has "
+                         "{}; resuming needs the same training data",
+                         state.trainSamples, trainData_->describe(), trainData_->numSamples());
+  if (state.samplesPerStep != samplesPerStep())
+    return Status::error("the checkpoint was taken with {} samples per step, this bundle takes {}",
+                         state.samplesPerStep, samplesPerStep());
+  if (state.index < 0 || state.index > state.trainSamples)
+    return Status::error("the checkpoint's data position {} is outside [0, {}]", state.index,
+                         state.trainSamples);
+  options_.seed = state.seed;
+  options_.shuffle = state.shuffle;
+  sampler_ = std::make_unique<EpochSampler>(trainData_->numSamples(), samplesPerStep(),
+                                            state.seed, state.shuffle);
+  sampler_->seek({state.epoch, state.index});
+  step_ = state.step;
+  return Status::ok();
+}
+
+} // namespace forge::rt

@@ -1,0 +1,156 @@
+// exportOnnx (OnnxExport.h): trained PARAMETER/STATE values into the source
+// ONNX model's initializers.
+//
+// Invariants: the source file is only read; the output is written through a
+// temporary file, fsync and rename, so a failed export never leaves a
+// half-written model; nothing is written unless every matched initializer
+// has the tensor's element type and dims.
+#include "forge/runtime/OnnxExport.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/ranges.h>
+#include <onnx/onnx_pb.h>
+
+namespace forge::rt {
+
+namespace {
+
+/// ONNX TensorProto.DataType of a bundle dtype (0 when none).
+int onnxTypeOf(DType t) {
+  using TP = onnx::TensorProto;
+  switch (t) {
+  case bundle::F32:
+    return TP::FLOAT;
+  case bundle::F16:
+    return TP::FLOAT16;
+  case bundle::BF16:
+    return TP::BFLOAT16;
+  case bundle::F64:
+    return TP::DOUBLE;
+  case bundle::I64:
+    return TP::INT64;
+  case bundle::I32:
+    return TP::INT32;
+  case bundle::I16:
+    return TP::INT16;
+  case bundle::I8:
+    return TP::INT8;
+  case bundle::U8:
+    return TP::UINT8;
+  case bundle::U16:
+    return TP::UINT16;
+  case bundle::U32:
+    return TP::UINT32;
+  case bundle::U64:
+    return TP::UINT64;
+  case bundle::BOOL:
+    return TP::BOOL;
+  default:
+    return 0;
+  }
+}
+
+Status writeAtomically(const std::string &path, const std::string &bytes) {
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkstemp(tmp.data());
+  if (fd < 0)
+    return Status::error("{}: cannot create temporary file: {}", path, std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      Status s = Status::error("{}: write failed: {}", path, std::strerror(errno));
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0 || ::close(fd) != 0 ||
+      ::rename(tmp.c_str(), path.c_str()) != 0) {
+    Status s = Status::error("{}: cannot write: {}", path, std::strerror(errno));
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return Status::ok();
+}
+
+} // namespace
+
+Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::string &outPath,
+                                      const CpuExecutor &ex) {
+  onnx::ModelProto model;
+  {
+    std::ifstream in(sourcePath, std::ios::binary);
+    if (!in)
+      return Status::error("{}: cannot open the source ONNX model: {}", sourcePath,
+                           std::strerror(errno));
+    if (!model.ParseFromIstream(&in))
+      return Status::error("{}: not a valid ONNX model", sourcePath);
+  }
+  std::map<std::string, int32_t> byName;
+  for (int32_t t : ex.persistentTensors())
+    byName.emplace(ex.tensorInfo(t).name(), t);
+
+  OnnxExportReport report;
+  std::map<std::string, bool> used;
+  onnx::GraphProto *graph = model.mutable_graph();
+  // Check everything first, then modify.
+  std::vector<std::pair<onnx::TensorProto *, int32_t>> updates;
+  for (onnx::TensorProto &init : *graph->mutable_initializer()) {
+    auto it = byName.find(init.name());
+    if (it == byName.end())
+      continue;
+    const bundle::TensorInfo &info = ex.tensorInfo(it->second);
+    std::vector<int64_t> dims(init.dims().begin(), init.dims().end());
+    std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
+    int type = onnxTypeOf(info.dtype());
+    if (type == 0 || init.data_type() != type)
+      return Status::error("{}: initializer '{}' has ONNX element type {}, the bundle's tensor is "
+                           "{}; cannot export it",
+                           sourcePath, init.name(),
+                           onnx::TensorProto::DataType_Name(
+                               static_cast<onnx::TensorProto::DataType>(init.data_type())),
+                           dtypeName(info.dtype()));
+    if (dims != shape)
+      return Status::error("{}: initializer '{}' has dims {}, the bundle's tensor {}", sourcePath,
+                           init.name(), shapeString(dims), shapeString(shape));
+    updates.emplace_back(&init, it->second);
+    used[init.name()] = true;
+  }
+  for (const auto &[tensor, t] : updates) {
+    TensorView v = ex.view(t);
+    tensor->clear_float_data();
+    tensor->clear_int32_data();
+    tensor->clear_int64_data();
+    tensor->clear_double_data();
+    tensor->clear_uint64_data();
+    tensor->clear_string_data();
+    tensor->clear_external_data();
+    tensor->clear_data_location();
+    tensor->set_raw_data(v.data, v.bytes());
+    report.replaced.push_back(tensor->name());
+  }
+  for (int32_t t : ex.persistentTensors()) {
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    if (info.kind() == bundle::TensorInfo::PARAMETER && !used.count(info.name()))
+      report.missingParameters.push_back(info.name());
+  }
+  std::string bytes;
+  if (!model.SerializeToString(&bytes))
+    return Status::error("{}: cannot serialize the model (over 2 GiB?)", outPath);
+  FORGE_RETURN_IF_ERROR(writeAtomically(outPath, bytes));
+  return report;
+}
+
+} // namespace forge::rt

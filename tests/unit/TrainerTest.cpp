@@ -1,0 +1,642 @@
+// Training on the CPU with hand-built bundles (TrainTestUtil.h): data loading
+// and its errors, shuffling determinism, micro-batches, evaluation,
+// bit-identical losses for the same seed, checkpoints (round trip, resume ==
+// uninterrupted, corrupt / truncated / foreign checkpoints refused and left
+// untouched).
+#include "forge/runtime/Checkpoint.h"
+#include "forge/runtime/DataSource.h"
+#include "forge/runtime/Npy.h"
+#include "forge/runtime/Trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "TrainTestUtil.h"
+
+using namespace forge::rt;
+using namespace forge::rt::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+HostTensor floats(std::vector<int64_t> shape, const std::vector<float> &v) {
+  HostTensor t;
+  t.dtype = fb::F32;
+  t.shape = std::move(shape);
+  t.bytes.resize(v.size() * 4);
+  std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+  return t;
+}
+
+HostTensor int64s(std::vector<int64_t> shape, const std::vector<int64_t> &v) {
+  HostTensor t;
+  t.dtype = fb::I64;
+  t.shape = std::move(shape);
+  t.bytes.resize(v.size() * 8);
+  std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+  return t;
+}
+
+/// n samples of a noisy linear target y = x . (1, -2, 0.5) (deterministic).
+std::vector<std::pair<std::string, HostTensor>> linearData(int64_t n, int64_t d = 3) {
+  std::vector<float> x(static_cast<size_t>(n * d)), y(static_cast<size_t>(n));
+  const float coef[3] = {1.0f, -2.0f, 0.5f};
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      float v = std::sin(static_cast<float>(i * d + j) * 0.7f + 0.3f);
+      x[i * d + j] = v;
+      acc += v * coef[j % 3];
+    }
+    y[i] = acc + 0.01f * std::cos(static_cast<float>(i));
+  }
+  return {{"x", floats({n, d}, x)}, {"y", floats({n, 1}, y)}};
+}
+
+std::unique_ptr<DataSource> linearSource(int64_t n) {
+  return makeArraySource(linearData(n), {"train.npz", "train.npz"});
+}
+
+std::unique_ptr<Bundle> load(BundleWriter w, const std::string &origin = "linear.forge") {
+  auto b = Bundle::fromBytes(w.serialize(), origin);
+  EXPECT_TRUE(b.isOk()) << b.status().message();
+  return b.isOk() ? b.take() : nullptr;
+}
+
+std::unique_ptr<Trainer> makeTrainer(const Bundle &bundle, int64_t n, uint64_t seed,
+                                     int64_t evalN = 0, bool shuffle = true) {
+  TrainerOptions o;
+  o.threads = 2;
+  o.seed = seed;
+  o.shuffle = shuffle;
+  auto tr = Trainer::create(bundle, linearSource(n),
+                            evalN ? makeArraySource(linearData(evalN), {"val.npz", "val.npz"})
+                                  : nullptr,
+                            o);
+  EXPECT_TRUE(tr.isOk()) << tr.status().message();
+  return tr.isOk() ? tr.take() : nullptr;
+}
+
+std::vector<float> run(Trainer &tr, int steps) {
+  std::vector<float> losses;
+  for (int i = 0; i < steps; ++i) {
+    auto r = tr.step();
+    EXPECT_TRUE(r.isOk()) << r.status().message();
+    if (!r)
+      break;
+    losses.push_back(r->loss);
+  }
+  return losses;
+}
+
+std::vector<uint8_t> bytesOf(const CpuExecutor &ex, const std::string &name) {
+  for (int32_t t : ex.persistentTensors())
+    if (ex.tensorInfo(t).name() == name) {
+      TensorView v = ex.view(t);
+      const uint8_t *p = static_cast<const uint8_t *>(v.data);
+      return {p, p + v.bytes()};
+    }
+  return {};
+}
+
+std::vector<uint8_t> readFile(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+void writeFile(const std::string &path, const std::vector<uint8_t> &b) {
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char *>(b.data()), b.size());
+}
+
+std::string freshDir(const std::string &name) {
+  std::string d = ::testing::TempDir() + "forge_trainer_" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+#define EXPECT_HAS(status, needle)                                                          \
+  do {                                                                                      \
+    std::string _m = (status).message();                                                    \
+    EXPECT_NE(_m.find(needle), std::string::npos) << "message: " << _m;                     \
+  } while (0)
+
+} // namespace
+
+// --- EpochSampler ------------------------------------------------------------------------
+
+TEST(EpochSamplerTest, SeededPermutationsAreDeterministic) {
+  EpochSampler a(10, 3, 42), b(10, 3, 42), c(10, 3, 43);
+  EXPECT_EQ(a.stepsPerEpoch(), 3);
+  for (uint64_t e = 0; e < 3; ++e) {
+    std::vector<int64_t> order = a.orderOf(e);
+    EXPECT_EQ(order, b.orderOf(e));
+    std::vector<int64_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t i = 0; i < 10; ++i)
+      EXPECT_EQ(sorted[i], i);
+  }
+  EXPECT_NE(a.orderOf(0), a.orderOf(1));
+  EXPECT_NE(a.orderOf(0), c.orderOf(0));
+  // A fixed expectation guards against platform-dependent shuffling.
+  EpochSampler fixed(8, 8, 7);
+  std::vector<int64_t> o = fixed.orderOf(0);
+  EXPECT_EQ(o, fixed.orderOf(0));
+}
+
+TEST(EpochSamplerTest, StepsDropThePartialBatchAndSeekResumes) {
+  EpochSampler s(10, 3, 5);
+  std::vector<int64_t> e0 = s.orderOf(0), e1 = s.orderOf(1);
+  std::vector<std::vector<int64_t>> got;
+  for (int i = 0; i < 5; ++i) {
+    auto span = s.next();
+    got.emplace_back(span.begin(), span.end());
+  }
+  EXPECT_EQ(got[0], std::vector<int64_t>(e0.begin(), e0.begin() + 3));
+  EXPECT_EQ(got[2], std::vector<int64_t>(e0.begin() + 6, e0.begin() + 9));
+  EXPECT_EQ(got[3], std::vector<int64_t>(e1.begin(), e1.begin() + 3)); // e0[9] dropped
+  EXPECT_EQ(s.position().epoch, 1u);
+  EXPECT_EQ(s.position().index, 6);
+
+  EpochSampler r(10, 3, 5);
+  r.seek({1, 3});
+  auto span = r.next();
+  EXPECT_EQ(std::vector<int64_t>(span.begin(), span.end()), got[4]);
+
+  EpochSampler plain(5, 2, 9, /*shuffle=*/false);
+  EXPECT_EQ(plain.orderOf(3), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+}
+
+// --- data sources --------------------------------------------------------------------------
+
+TEST(DataSourceTest, ArraySourceChecksArraysAgainstTheBundle) {
+  DataField x{"x", fb::F32, {3}};
+  DataField y{"y", fb::F32, {1}};
+  y.isLabel = true;
+  {
+    auto src = makeArraySource(linearData(6), {"a.npz", "a.npz"});
+    ASSERT_TRUE(src->bind({x, y}).isOk());
+    EXPECT_EQ(src->numSamples(), 6);
+    std::vector<float> xb(6), yb(2);
+    void *outs[] = {xb.data(), yb.data()};
+    std::vector<int64_t> idx = {4, 1};
+    ASSERT_TRUE(src->fill(idx, outs).isOk());
+    auto data = linearData(6);
+    const float *xs = reinterpret_cast<const float *>(data[0].second.bytes.data());
+    EXPECT_EQ(xb[0], xs[12]);
+    EXPECT_EQ(xb[3], xs[3]);
+  }
+  {
+    auto src = makeArraySource(linearData(6), {"a.npz", "a.npz"});
+    DataField z{"z", fb::F32, {2}};
+    Status s = src->bind({x, z});
+    EXPECT_HAS(s, "a.npz: no array for the bundle input 'z' (f32[B, 2])");
+    EXPECT_HAS(s, "the data has 'x', 'y'");
+  }
+  {
+    auto src = makeArraySource(linearData(6), {"a.npz", "a.npz"});
+    DataField xd{"x", fb::F64, {3}};
+    EXPECT_HAS(src->bind({xd}), "a.npz: array 'x' has dtype f32, the bundle input 'x' needs f64");
+    DataField xs{"x", fb::F32, {4}};
+    EXPECT_HAS(src->bind({xs}), "a.npz: array 'x' has shape [6, 3], the bundle input 'x' needs "
+                                "[B, 4] (per sample [4])");
+  }
+  {
+    auto arrays = linearData(6);
+    arrays[1].second = floats({5, 1}, {1, 2, 3, 4, 5});
+    auto src = makeArraySource(std::move(arrays), {"a.npz", "b.npy"});
+    EXPECT_HAS(src->bind({x, y}),
+               "arrays disagree on the number of samples: 'x' (a.npz) has 6, 'y' (b.npy) has 5");
+  }
+}
+
+TEST(DataSourceTest, OpensNpzNpyAndRejectsBadSpecs) {
+  std::string dir = freshDir("specs");
+  auto data = linearData(4);
+  ASSERT_TRUE(writeNpz(dir + "/d.npz", {{"x", data[0].second.view()}}).isOk());
+  ASSERT_TRUE(writeNpy(dir + "/labels.npy", data[1].second.view()).isOk());
+  auto src = openDataSource({dir + "/d.npz", "y=" + dir + "/labels.npy"});
+  ASSERT_TRUE(src.isOk()) << src.status().message();
+  DataField x{"x", fb::F32, {3}}, y{"y", fb::F32, {1}};
+  EXPECT_TRUE((*src)->bind({x, y}).isOk());
+  auto byStem = openDataSource({dir + "/d.npz", dir + "/labels.npy"});
+  ASSERT_TRUE(byStem.isOk());
+  EXPECT_HAS((*byStem)->bind({x, y}), "no array for the bundle input 'y'");
+
+  EXPECT_HAS(openDataSource({dir + "/d.txt"}).status(), "expected FILE.npz, NAME=FILE.npy");
+  EXPECT_HAS(openDataSource({dir + "/missing.npz"}).status(), "missing.npz");
+  EXPECT_HAS(openDataSource({dir + "/d.npz", dir + "/d.npz"}).status(), "array 'x' is given twice");
+  EXPECT_HAS(openDataSource({dir + "/d.npz", dir + "/t.bin"}).status(), "cannot be mixed");
+}
+
+TEST(DataSourceTest, TokenShardsGiveNextTokenWindows) {
+  std::vector<uint32_t> tokens = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  auto src = makeTokenSource(tokens, "tok.bin");
+  DataField in{"input_ids", fb::I64, {4}}, lab{"labels", fb::I64, {4}};
+  lab.isLabel = true;
+  lab.numClasses = 10;
+  ASSERT_TRUE(src->bind({in, lab}).isOk());
+  EXPECT_EQ(src->numSamples(), 2); // (11 - 1) / 4
+  std::vector<int64_t> a(8), l(8);
+  void *outs[] = {a.data(), l.data()};
+  std::vector<int64_t> idx = {1, 0};
+  ASSERT_TRUE(src->fill(idx, outs).isOk());
+  EXPECT_EQ(a, (std::vector<int64_t>{4, 5, 6, 7, 0, 1, 2, 3}));
+  EXPECT_EQ(l, (std::vector<int64_t>{5, 6, 7, 8, 1, 2, 3, 4}));
+
+  auto big = makeTokenSource({0, 1, 2, 3, 4, 5, 6, 12, 8, 9, 3}, "tok.bin");
+  ASSERT_TRUE(big->bind({in, lab}).isOk());
+  std::vector<int64_t> second = {1};
+  Status s = big->fill(second, outs);
+  EXPECT_HAS(s, "tok.bin: token 12 at offset 7 (a label of 'labels') is outside [0, 10)");
+
+  auto two = makeTokenSource(tokens, "tok.bin");
+  DataField f{"x", fb::F32, {4}};
+  EXPECT_HAS(two->bind({f}), "token shards feed integer [B, T] inputs");
+}
+
+TEST(DataSourceTest, TokenShardFilesAndLlmcHeader) {
+  std::string dir = freshDir("tokens");
+  std::vector<uint16_t> raw = {5, 6, 7, 8, 9};
+  {
+    std::ofstream f(dir + "/a.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char *>(raw.data()), raw.size() * 2);
+  }
+  {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = 1;
+    header[2] = static_cast<int32_t>(raw.size());
+    std::ofstream f(dir + "/b.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char *>(header.data()), 1024);
+    f.write(reinterpret_cast<const char *>(raw.data()), raw.size() * 2);
+  }
+  DataField in{"ids", fb::I32, {2}}, lab{"labels", fb::I64, {2}};
+  lab.isLabel = true;
+  auto src = openDataSource({dir + "/a.bin", dir + "/b.bin"});
+  ASSERT_TRUE(src.isOk()) << src.status().message();
+  ASSERT_TRUE((*src)->bind({in, lab}).isOk());
+  EXPECT_EQ((*src)->numSamples(), 4); // 2 windows per shard
+  std::vector<int32_t> ids(2);
+  std::vector<int64_t> labels(2);
+  void *outs[] = {ids.data(), labels.data()};
+  std::vector<int64_t> idx = {3};
+  ASSERT_TRUE((*src)->fill(idx, outs).isOk());
+  EXPECT_EQ(ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(labels, (std::vector<int64_t>{8, 9}));
+
+  auto odd = openDataSource({dir + "/a.bin"}, {TokenDType::U32});
+  EXPECT_HAS(odd.status(), "a.bin: 10 bytes is not a whole number of uint32 tokens");
+}
+
+// --- Trainer ---------------------------------------------------------------------------------
+
+TEST(TrainerTest, SameSeedGivesBitIdenticalLosses) {
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  auto a = makeTrainer(*bundle, 22, 7), b = makeTrainer(*bundle, 22, 7),
+       c = makeTrainer(*bundle, 22, 8);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(a->stepsPerEpoch(), 5); // 22 / 4, two samples dropped per epoch
+  std::vector<float> la = run(*a, 12), lb = run(*b, 12), lc = run(*c, 12);
+  ASSERT_EQ(la.size(), 12u);
+  EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * 4), 0);
+  EXPECT_NE(la, lc);
+  EXPECT_EQ(bytesOf(a->executor(), "w"), bytesOf(b->executor(), "w"));
+  EXPECT_LT(la.back(), la.front()); // it learns
+  EXPECT_EQ(a->stepsDone(), 12);
+  EXPECT_NEAR(a->epochsDone(), 12.0 / 5.0, 1e-12);
+}
+
+TEST(TrainerTest, StepFeedsForgeStepAndReportsLrAndGradNorm) {
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  auto tr = makeTrainer(*bundle, 8, 1);
+  ASSERT_TRUE(tr);
+  for (int s = 1; s <= 3; ++s) {
+    auto r = tr->step();
+    ASSERT_TRUE(r.isOk()) << r.status().message();
+    EXPECT_EQ(r->step, s);
+    ASSERT_TRUE(r->lr && r->gradNorm);
+    EXPECT_FLOAT_EQ(*r->lr, 0.1f / static_cast<float>(s));
+    EXPECT_GT(*r->gradNorm, 0.0f);
+  }
+}
+
+TEST(TrainerTest, MicroBatchesEqualOneLargerBatch) {
+  LinearSpec one;
+  one.batch = 4;
+  LinearSpec two = one;
+  two.batch = 2;
+  two.micro = 2;
+  auto b1 = load(makeLinearBundle(one)), b2 = load(makeLinearBundle(two));
+  ASSERT_TRUE(b1 && b2);
+  auto t1 = makeTrainer(*b1, 12, 3, 0, /*shuffle=*/false);
+  auto t2 = makeTrainer(*b2, 12, 3, 0, /*shuffle=*/false);
+  ASSERT_TRUE(t1 && t2);
+  EXPECT_EQ(t2->samplesPerStep(), 4);
+  EXPECT_EQ(t2->microBatches(), 2);
+  std::vector<float> l1 = run(*t1, 6), l2 = run(*t2, 6);
+  ASSERT_EQ(l1.size(), l2.size());
+  for (size_t i = 0; i < l1.size(); ++i)
+    EXPECT_NEAR(l1[i], l2[i], 1e-5f * std::max(1.0f, std::abs(l1[i]))) << "step " << i + 1;
+}
+
+TEST(TrainerTest, EvaluateAveragesFullBatches) {
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  auto tr = makeTrainer(*bundle, 8, 1, /*evalN=*/12); // eval batch 5: two full batches
+  ASSERT_TRUE(tr);
+  ASSERT_TRUE(tr->hasEval());
+  auto e = tr->evaluate();
+  ASSERT_TRUE(e.isOk()) << e.status().message();
+  EXPECT_EQ(e->batches, 2);
+  EXPECT_EQ(e->samples, 10);
+  // Reference with the initial w.
+  auto data = linearData(12);
+  const float *x = reinterpret_cast<const float *>(data[0].second.bytes.data());
+  const float *y = reinterpret_cast<const float *>(data[1].second.bytes.data());
+  const float w[3] = {0.5f, -0.25f, 0.125f};
+  double sum = 0;
+  int hits = 0;
+  for (int i = 0; i < 10; ++i) {
+    double d = x[i * 3] * w[0] + x[i * 3 + 1] * w[1] + x[i * 3 + 2] * w[2] - y[i];
+    sum += d * d;
+    hits += std::abs(d) < 0.5;
+  }
+  EXPECT_NEAR(e->loss, sum / 10, 1e-5);
+  ASSERT_TRUE(e->accuracy);
+  EXPECT_DOUBLE_EQ(*e->accuracy, hits / 10.0);
+  // Evaluation leaves training untouched.
+  std::vector<uint8_t> w0 = bytesOf(tr->executor(), "w");
+  ASSERT_TRUE(tr->evaluate().isOk());
+  EXPECT_EQ(bytesOf(tr->executor(), "w"), w0);
+  EXPECT_EQ(tr->stepsDone(), 0);
+}
+
+TEST(TrainerTest, CreateErrorsNameTheProblem) {
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  auto tooFew = Trainer::create(*bundle, linearSource(3), nullptr, {});
+  EXPECT_HAS(tooFew.status(), "3 training samples, fewer than one step needs");
+
+  auto wrong = Trainer::create(
+      *bundle, makeArraySource({{"x", floats({4, 2}, std::vector<float>(8))}}, {"t.npz"}), nullptr,
+      {});
+  EXPECT_HAS(wrong.status(), "t.npz: no array for the bundle input 'y'");
+
+  // An inference bundle is not trainable.
+  BundleWriter w;
+  ProgramBuilder b(w);
+  b.routine("forward");
+  int32_t x = b.input("x", {2});
+  int32_t y = b.output("y", {2});
+  b.inst("relu", {x}, {y});
+  auto inference = load(std::move(w));
+  ASSERT_TRUE(inference);
+  auto notTrain = Trainer::create(*inference, linearSource(8), nullptr, {});
+  EXPECT_HAS(notTrain.status(), "not a training bundle (no routine 'train_step'; routines: "
+                                "forward)");
+}
+
+TEST(TrainerTest, LabelsOutOfRangeAreRefusedWithFileAndArray) {
+  auto bundle = load(makeClassifierBundle(2, 3, 4));
+  ASSERT_TRUE(bundle);
+  auto data = [](std::vector<int64_t> labels) {
+    int64_t n = static_cast<int64_t>(labels.size());
+    return makeArraySource({{"x", floats({n, 3}, std::vector<float>(n * 3, 0.5f))},
+                            {"labels", int64s({n}, labels)}},
+                           {"cls.npz", "cls.npz"});
+  };
+  auto bad = Trainer::create(*bundle, data({0, 1, 4, 2}), nullptr, {});
+  EXPECT_HAS(bad.status(), "cls.npz: array 'labels': label 4 at sample 2 is outside [0, 4) (the "
+                           "model has 4 classes)");
+  auto negative = Trainer::create(*bundle, data({0, -1}), nullptr, {});
+  EXPECT_HAS(negative.status(), "label -1 at sample 1");
+  auto good = Trainer::create(*bundle, data({0, 1, 3, 2}), data({3, 3}), {});
+  ASSERT_TRUE(good.isOk()) << good.status().message();
+  auto r = (*good)->step();
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  EXPECT_NEAR(r->loss, std::log(4.0f), 0.1f);
+  auto e = (*good)->evaluate();
+  ASSERT_TRUE(e.isOk()) << e.status().message();
+  ASSERT_TRUE(e->accuracy);
+  EXPECT_GE(*e->accuracy, 0.0);
+  EXPECT_LE(*e->accuracy, 1.0);
+}
+
+// --- checkpoints -------------------------------------------------------------------------------
+
+TEST(CheckpointTest, RoundTripAndResumeEqualsUninterrupted) {
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  std::string dir = freshDir("resume");
+
+  auto straight = makeTrainer(*bundle, 22, 11);
+  ASSERT_TRUE(straight);
+  std::vector<float> expected = run(*straight, 13);
+
+  auto first = makeTrainer(*bundle, 22, 11);
+  ASSERT_TRUE(first);
+  std::vector<float> part1 = run(*first, 7);
+  CheckpointDir ckpt(dir);
+  auto saved = ckpt.save(first->executor(), first->state());
+  ASSERT_TRUE(saved.isOk()) << saved.status().message();
+  EXPECT_EQ(*saved, dir + "/ckpt-7.forgeckpt");
+  EXPECT_EQ(readFile(dir + "/latest"), std::vector<uint8_t>({'c', 'k', 'p', 't', '-', '7', '.',
+                                                             'f', 'o', 'r', 'g', 'e', 'c', 'k',
+                                                             'p', 't', '\n'}));
+  // numpy can read it: members are plain arrays.
+  auto npz = readNpz(*saved);
+  ASSERT_TRUE(npz.isOk());
+  EXPECT_TRUE(npz->count("param/w") && npz->count("state/opt.m.w") && npz->count("forge_checkpoint"));
+
+  // A fresh process (other seed on the command line): resume from the directory.
+  auto second = makeTrainer(*bundle, 22, 999);
+  ASSERT_TRUE(second);
+  EXPECT_NE(bytesOf(second->executor(), "w"), bytesOf(first->executor(), "w"));
+  auto state = ckpt.resume(second->executor(), [](const std::string &w) { ADD_FAILURE() << w; });
+  ASSERT_TRUE(state.isOk()) << state.status().message();
+  ASSERT_TRUE(state->has_value());
+  EXPECT_EQ((*state)->step, 7);
+  EXPECT_EQ((*state)->seed, 11u);
+  ASSERT_TRUE(second->restore(**state).isOk());
+  EXPECT_EQ(bytesOf(second->executor(), "w"), bytesOf(first->executor(), "w"));
+  EXPECT_EQ(bytesOf(second->executor(), "opt.m.w"), bytesOf(first->executor(), "opt.m.w"));
+  std::vector<float> part2 = run(*second, 6);
+  part1.insert(part1.end(), part2.begin(), part2.end());
+  ASSERT_EQ(part1.size(), expected.size());
+  EXPECT_EQ(std::memcmp(part1.data(), expected.data(), expected.size() * 4), 0);
+  EXPECT_EQ(bytesOf(second->executor(), "w"), bytesOf(straight->executor(), "w"));
+
+  // Other data: refused.
+  auto otherData = makeTrainer(*bundle, 30, 11);
+  ASSERT_TRUE(otherData);
+  EXPECT_HAS(otherData->restore(**state), "taken with 22 training samples");
+}
+
+TEST(CheckpointTest, CorruptTruncatedAndForeignCheckpointsAreRefusedAndKept) {
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  std::string dir = freshDir("corrupt");
+  auto tr = makeTrainer(*bundle, 12, 1);
+  ASSERT_TRUE(tr);
+  run(*tr, 2);
+  std::string path = dir + "/c.forgeckpt";
+  ASSERT_TRUE(writeCheckpoint(path, tr->executor(), tr->state()).isOk());
+  const std::vector<uint8_t> good = readFile(path);
+
+  auto target = makeTrainer(*bundle, 12, 1);
+  ASSERT_TRUE(target);
+  const std::vector<uint8_t> w0 = bytesOf(target->executor(), "w");
+
+  // Flip one byte in every stored tensor position: each must be refused.
+  auto npz = readNpz(path);
+  ASSERT_TRUE(npz.isOk());
+  int flipped = 0;
+  for (size_t pos = 0; pos < good.size(); pos += 37) {
+    std::vector<uint8_t> bad = good;
+    bad[pos] ^= 0x5a;
+    writeFile(path, bad);
+    CheckpointError kind;
+    auto r = readCheckpoint(path, target->executor(), &kind);
+    if (r.isOk()) {
+      // Only bytes the zip format does not interpret (timestamps, version,
+      // extra fields) may be flipped without changing the content.
+      EXPECT_EQ(bytesOf(target->executor(), "w"), bytesOf(tr->executor(), "w"));
+      ASSERT_TRUE(target->executor().setPersistent(0, w0).isOk());
+      continue;
+    }
+    ++flipped;
+    EXPECT_NE(kind, CheckpointError::None);
+    EXPECT_EQ(bytesOf(target->executor(), "w"), w0) << "byte " << pos;
+    EXPECT_EQ(readFile(path), bad) << "the checkpoint was modified";
+  }
+  EXPECT_GT(flipped, 0);
+
+  // A flipped tensor data byte is a CRC error.
+  {
+    std::vector<uint8_t> bad = good;
+    const HostTensor &w = npz->at("param/w");
+    auto it = std::search(bad.begin(), bad.end(), w.bytes.begin(), w.bytes.end());
+    ASSERT_NE(it, bad.end());
+    *it ^= 1;
+    writeFile(path, bad);
+    CheckpointError kind;
+    auto r = readCheckpoint(path, target->executor(), &kind);
+    ASSERT_FALSE(r.isOk());
+    EXPECT_EQ(kind, CheckpointError::Corrupt);
+    EXPECT_HAS(r.status(), "c.forgeckpt");
+    EXPECT_HAS(r.status(), "CRC32 mismatch");
+  }
+  // Truncated.
+  for (size_t keep : {size_t{0}, good.size() / 2, good.size() - 1}) {
+    std::vector<uint8_t> bad(good.begin(), good.begin() + static_cast<long>(keep));
+    writeFile(path, bad);
+    CheckpointError kind;
+    auto r = readCheckpoint(path, target->executor(), &kind);
+    ASSERT_FALSE(r.isOk()) << keep;
+    EXPECT_EQ(kind, CheckpointError::Corrupt);
+    EXPECT_EQ(readFile(path), bad);
+  }
+  EXPECT_EQ(bytesOf(target->executor(), "w"), w0);
+
+  // Another bundle: other shapes, or another source model.
+  writeFile(path, good);
+  LinearSpec wide;
+  wide.dim = 4;
+  wide.w0 = {1, 2, 3, 4};
+  auto other = load(makeLinearBundle(wide));
+  auto otherEx = CpuExecutor::create(*other, {1});
+  ASSERT_TRUE(otherEx.isOk());
+  CheckpointError kind;
+  auto r = readCheckpoint(path, **otherEx, &kind);
+  EXPECT_EQ(kind, CheckpointError::Mismatch);
+  EXPECT_HAS(r.status(), "checkpoint of another bundle: param 'w' is f32[3, 1] there, f32[4, 1] "
+                         "here");
+  LinearSpec renamed;
+  renamed.sourceHash = "another-model";
+  auto other2 = load(makeLinearBundle(renamed));
+  auto other2Ex = CpuExecutor::create(*other2, {1});
+  ASSERT_TRUE(other2Ex.isOk());
+  r = readCheckpoint(path, **other2Ex, &kind);
+  EXPECT_EQ(kind, CheckpointError::Mismatch);
+  EXPECT_HAS(r.status(), "checkpoint of another model (source hash linear-test, this bundle has "
+                         "another-model)");
+  EXPECT_EQ(readFile(path), good);
+}
+
+TEST(CheckpointTest, DirectoryNeverOverwritesAndResumeSkipsCorruptOnes) {
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  std::string dir = freshDir("dir");
+  CheckpointDir ckpt(dir);
+  auto tr = makeTrainer(*bundle, 12, 1);
+  ASSERT_TRUE(tr);
+
+  auto empty = ckpt.resume(tr->executor(), [](const std::string &) {});
+  ASSERT_TRUE(empty.isOk());
+  EXPECT_FALSE(empty->has_value());
+
+  run(*tr, 2);
+  auto a = ckpt.save(tr->executor(), tr->state());
+  run(*tr, 2);
+  auto b = ckpt.save(tr->executor(), tr->state());
+  ASSERT_TRUE(a.isOk() && b.isOk());
+  const std::vector<uint8_t> wAt4 = bytesOf(tr->executor(), "w");
+  // Same step again: a new name, the old file untouched.
+  std::vector<uint8_t> bBytes = readFile(*b);
+  auto b2 = ckpt.save(tr->executor(), tr->state());
+  ASSERT_TRUE(b2.isOk());
+  EXPECT_EQ(*b2, dir + "/ckpt-4.1.forgeckpt");
+  EXPECT_EQ(readFile(*b), bBytes);
+  EXPECT_EQ(ckpt.list(), (std::vector<std::string>{*b2, *b, *a}));
+
+  // Corrupt the newest two: resume warns, keeps them, and loads step 2.
+  std::vector<uint8_t> corrupt = bBytes;
+  corrupt.resize(corrupt.size() - 10);
+  writeFile(*b, corrupt);
+  writeFile(*b2, corrupt);
+  auto fresh = makeTrainer(*bundle, 12, 1);
+  std::vector<std::string> warnings;
+  auto state = ckpt.resume(fresh->executor(), [&](const std::string &w) { warnings.push_back(w); });
+  ASSERT_TRUE(state.isOk()) << state.status().message();
+  ASSERT_TRUE(state->has_value());
+  EXPECT_EQ((*state)->step, 2);
+  EXPECT_EQ(warnings.size(), 2u);
+  EXPECT_EQ(readFile(*b), corrupt);
+  EXPECT_EQ(readFile(*b2), corrupt);
+  EXPECT_NE(bytesOf(fresh->executor(), "w"), wAt4);
+
+  // The next save at step 4 does not replace the corrupt files.
+  ASSERT_TRUE(fresh->restore(**state).isOk());
+  run(*fresh, 2);
+  auto b3 = ckpt.save(fresh->executor(), fresh->state());
+  ASSERT_TRUE(b3.isOk());
+  EXPECT_EQ(*b3, dir + "/ckpt-4.2.forgeckpt");
+  EXPECT_EQ(readFile(*b), corrupt);
+  EXPECT_EQ(bytesOf(fresh->executor(), "w"), wAt4);
+
+  // All corrupt: an error, not a silent restart.
+  writeFile(*a, corrupt);
+  writeFile(*b3, corrupt);
+  auto none = ckpt.resume(fresh->executor(), [](const std::string &) {});
+  EXPECT_HAS(none.status(), "no valid checkpoint to resume from");
+
+  // Another bundle's directory: an error.
+  std::string otherDir = freshDir("dir_other");
+  LinearSpec wide;
+  wide.dim = 4;
+  wide.w0 = {1, 2, 3, 4};
+  auto other = load(makeLinearBundle(wide));
+  auto otherEx = CpuExecutor::create(*other, {1});
+  ASSERT_TRUE(otherEx.isOk());
+  ASSERT_TRUE(CheckpointDir(otherDir).save(**otherEx, CheckpointState{}).isOk());
+  auto foreign = CheckpointDir(otherDir).resume(tr->executor(), [](const std::string &) {});
+  EXPECT_HAS(foreign.status(), "checkpoint of another bundle");
+}

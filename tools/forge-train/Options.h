@@ -1,0 +1,43 @@
+// forge-train's parsed command line (main.cpp fills it from the flags and the
+// --recipe TOML file; the modes read it). Plain data, no logic.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace forge::train {
+
+struct Options {
+  std::string bundlePath;
+  unsigned threads = 0;
+
+  // --info / --forward
+  bool info = false;
+  bool forward = false;
+  std::string inputsNpz;
+  std::vector<std::string> inputFiles; // NAME=file.npy
+  std::string outputsNpz;
+
+  // training
+  std::string recipe;
+  std::vector<std::string> data, evalData;
+  std::string tokenDType = "uint16";
+  int64_t steps = 0, epochs = 0;
+  uint64_t seed = 0;
+  bool seedGiven = false;
+  bool noShuffle = false;
+  int64_t evalEvery = 0;
+  std::string metricsPath;
+  std::string ckptDir;
+  int64_t ckptEvery = 0;
+  bool resume = false;
+  std::string exportOnnx, onnxModel;
+  std::string dumpParams;
+  int64_t logEvery = 10;
+};
+
+/// Training mode (TrainMode.cpp).
+int runTrainMode(const Options &opts);
+
+} // namespace forge::train

@@ -1,0 +1,428 @@
+// forge-train's training mode: the CLI around forge::rt::Trainer (data,
+// steps/epochs, evaluation, progress line, metrics JSONL, checkpoints and
+// --resume, --export-onnx, --dump-params).
+//
+// Invariants:
+//  * Every failure is a Status printed once as "forge-train: error: ...";
+//    the exit code is 1 (130 after Ctrl-C/SIGTERM, which first finishes the
+//    running step and writes a checkpoint when --ckpt-dir is given).
+//  * Nothing here changes the numerics: the Trainer alone decides what each
+//    step computes, so progress, metrics and checkpoint cadence never change
+//    the losses, and a resumed run is bit-identical to an uninterrupted one.
+//  * Metrics lines are flushed as they are written; numbers are printed with
+//    enough digits to round-trip (floats as %.9g), non-finite values as null.
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "Options.h"
+#include "forge/runtime/Bundle.h"
+#include "forge/runtime/Checkpoint.h"
+#include "forge/runtime/Npy.h"
+#include "forge/runtime/Trainer.h"
+#ifdef FORGE_HAVE_ONNX_EXPORT
+#include "forge/runtime/OnnxExport.h"
+#endif
+
+namespace forge::train {
+
+using namespace forge::rt;
+
+namespace {
+
+std::atomic<bool> gInterrupted{false};
+extern "C" void onInterrupt(int) { gInterrupted = true; }
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string jsonNumber(double v) {
+  return std::isfinite(v) ? fmt::format("{:.9g}", v) : std::string("null");
+}
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0)
+    return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600)
+    return fmt::format("{}h{:02}m", t / 3600, t / 60 % 60);
+  if (t >= 60)
+    return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+std::string rate(double v) {
+  if (!std::isfinite(v))
+    return "?";
+  if (v >= 1e6)
+    return fmt::format("{:.2f}M", v / 1e6);
+  if (v >= 1e4)
+    return fmt::format("{:.1f}k", v / 1e3);
+  return fmt::format("{:.0f}", v);
+}
+
+/// The progress line on stderr: rewritten in place on a terminal, one line
+/// per --log-every steps otherwise.
+class Progress {
+public:
+  explicit Progress(int64_t logEvery) : tty_(::isatty(STDERR_FILENO) == 1), logEvery_(logEvery) {}
+  bool due(int64_t step, bool last) const {
+    if (last || step == 1)
+      return true;
+    if (tty_)
+      return secondsSince(lastDraw_) >= 0.1;
+    return step % logEvery_ == 0;
+  }
+  void draw(const std::string &line) {
+    if (tty_) {
+      std::string padded = line;
+      if (padded.size() < width_)
+        padded.append(width_ - padded.size(), ' ');
+      width_ = line.size();
+      fmt::print(stderr, "\r{}", padded);
+    } else {
+      fmt::print(stderr, "{}\n", line);
+    }
+    std::fflush(stderr);
+    open_ = tty_;
+    lastDraw_ = Clock::now();
+  }
+  /// A line of its own (eval results, checkpoints, warnings).
+  void message(const std::string &text) {
+    if (open_) {
+      fmt::print(stderr, "\n");
+      open_ = false;
+      width_ = 0;
+    }
+    fmt::print(stderr, "{}\n", text);
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (open_)
+      fmt::print(stderr, "\n");
+    open_ = false;
+  }
+
+private:
+  bool tty_;
+  int64_t logEvery_;
+  bool open_ = false;
+  size_t width_ = 0;
+  Clock::time_point lastDraw_ = Clock::now();
+};
+
+/// The --metrics file. On resume the lines of steps after the restored one
+/// (written by the interrupted run after its last checkpoint) are dropped.
+class Metrics {
+public:
+  Status open(const std::string &path, std::optional<int64_t> keepUpToStep) {
+    path_ = path;
+    std::string kept;
+    if (keepUpToStep) {
+      std::ifstream in(path);
+      std::string line;
+      while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded() && j.is_object() && j.contains("step") &&
+            j["step"].is_number_integer() && j["step"].get<int64_t>() <= *keepUpToStep)
+          kept += line + "\n";
+      }
+    }
+    file_ = std::fopen(path.c_str(), "w");
+    if (!file_)
+      return Status::error("{}: cannot write the metrics file: {}", path, std::strerror(errno));
+    std::fputs(kept.c_str(), file_);
+    std::fflush(file_);
+    return Status::ok();
+  }
+  Status write(const std::string &line) {
+    if (!file_)
+      return Status::ok();
+    if (std::fprintf(file_, "%s\n", line.c_str()) < 0 || std::fflush(file_) != 0)
+      return Status::error("{}: write failed: {}", path_, std::strerror(errno));
+    return Status::ok();
+  }
+  ~Metrics() {
+    if (file_)
+      std::fclose(file_);
+  }
+
+private:
+  std::string path_;
+  FILE *file_ = nullptr;
+};
+
+std::string buildOption(const bundle::Program &p, const std::string &key) {
+  auto it = p.build_options().find(key);
+  return it == p.build_options().end() ? std::string() : it->second;
+}
+
+Status dumpParams(const std::string &path, const CpuExecutor &ex) {
+  std::map<std::string, TensorView> arrays;
+  for (int32_t t : ex.persistentTensors())
+    arrays[ex.tensorInfo(t).name()] = ex.view(t);
+  return writeNpz(path, arrays);
+}
+
+Status exportModel(const Options &opts, const Bundle &bundle, const CpuExecutor &ex,
+                   Progress &progress) {
+#ifdef FORGE_HAVE_ONNX_EXPORT
+  std::string source = opts.onnxModel.empty() ? buildOption(bundle.program(), "source_onnx")
+                                              : opts.onnxModel;
+  if (source.empty())
+    return Status::error("--export-onnx: {} does not record its source model (build option "
+                         "source_onnx); give --onnx-model PATH",
+                         bundle.origin());
+  auto report = exportOnnx(source, opts.exportOnnx, ex);
+  if (!report)
+    return report.status().prefix("--export-onnx");
+  if (!report->missingParameters.empty())
+    progress.message(fmt::format("forge-train: warning: no initializer in {} for parameter{} {}",
+                                 source, report->missingParameters.size() > 1 ? "s" : "",
+                                 fmt::join(report->missingParameters, ", ")));
+  progress.message(fmt::format("exported {} initializer{} into {} (from {})",
+                               report->replaced.size(), report->replaced.size() == 1 ? "" : "s",
+                               opts.exportOnnx, source));
+  return Status::ok();
+#else
+  (void)bundle;
+  (void)ex;
+  (void)progress;
+  return Status::error("--export-onnx {}: this forge-train was built without ONNX support "
+                       "(libonnx-dev)",
+                       opts.exportOnnx);
+#endif
+}
+
+std::string evalText(const EvalResult &e) {
+  std::string s = fmt::format("eval loss {:.6g}", e.loss);
+  if (e.accuracy)
+    s += fmt::format(", accuracy {:.2f}%", 100.0 * *e.accuracy);
+  return s + fmt::format(" ({} samples)", e.samples);
+}
+
+Expected<int> train(const Options &opts, Progress &progress) {
+  auto loaded = Bundle::open(opts.bundlePath);
+  if (!loaded)
+    return loaded.status();
+  const Bundle &bundle = **loaded;
+
+  DataSourceOptions dataOptions;
+  dataOptions.tokenDType = opts.tokenDType == "uint32" ? TokenDType::U32 : TokenDType::U16;
+  auto trainData = openDataSource(opts.data, dataOptions);
+  if (!trainData)
+    return trainData.status().prefix("--data");
+  std::unique_ptr<DataSource> evalData;
+  if (!opts.evalData.empty()) {
+    auto e = openDataSource(opts.evalData, dataOptions);
+    if (!e)
+      return e.status().prefix("--eval-data");
+    evalData = e.take();
+  }
+  TrainerOptions trainerOptions;
+  trainerOptions.threads = opts.threads;
+  trainerOptions.seed = opts.seed;
+  trainerOptions.shuffle = !opts.noShuffle;
+  auto created = Trainer::create(bundle, trainData.take(), std::move(evalData), trainerOptions);
+  if (!created)
+    return created.status();
+  Trainer &tr = **created;
+
+  for (const std::string &a : tr.trainData().unusedArrays())
+    progress.message(fmt::format("forge-train: warning: --data array {} is not an input of the "
+                                 "bundle; ignored",
+                                 a));
+  if (tr.evalData())
+    for (const std::string &a : tr.evalData()->unusedArrays())
+      progress.message(fmt::format("forge-train: warning: --eval-data array {} is not an input "
+                                   "of the bundle; ignored",
+                                   a));
+
+  const int64_t total = opts.steps > 0 ? opts.steps : opts.epochs * tr.stepsPerEpoch();
+  std::string layout = tr.microBatches() > 1
+                           ? fmt::format("{} micro-batches x batch {}", tr.microBatches(),
+                                         tr.batchSize())
+                           : fmt::format("batch {}", tr.batchSize());
+  progress.message(fmt::format(
+      "forge-train: {}: {} training samples ({}), {} steps/epoch, {} steps{}; {} thread{}",
+      opts.bundlePath, tr.trainSamples(), layout, tr.stepsPerEpoch(), total,
+      tr.hasEval() ? fmt::format("; {} eval samples", tr.evalSamples()) : "",
+      tr.executor().threads(), tr.executor().threads() == 1 ? "" : "s"));
+
+  // --resume
+  std::optional<CheckpointDir> ckpt;
+  if (!opts.ckptDir.empty())
+    ckpt.emplace(opts.ckptDir);
+  std::optional<int64_t> resumedAt;
+  if (opts.resume) {
+    auto state = ckpt->resume(tr.executor(), [&](const std::string &w) {
+      progress.message("forge-train: warning: " + w);
+    });
+    if (!state)
+      return state.status();
+    if (*state) {
+      const CheckpointState &s = **state;
+      FORGE_RETURN_IF_ERROR(tr.restore(s).prefix("--resume"));
+      if (opts.seedGiven && opts.seed != s.seed)
+        progress.message(fmt::format("forge-train: warning: --seed {} ignored: the checkpoint "
+                                     "continues with seed {}",
+                                     opts.seed, s.seed));
+      if (opts.noShuffle == s.shuffle)
+        progress.message(fmt::format("forge-train: warning: the checkpoint was taken with "
+                                     "shuffling {}; continuing that way",
+                                     s.shuffle ? "on" : "off"));
+      resumedAt = s.step;
+      progress.message(fmt::format("resumed from {} at step {} (epoch {:.2f})", ckpt->path(),
+                                   s.step, tr.epochsDone()));
+    } else {
+      progress.message(fmt::format("no checkpoint in {}; starting from step 0", opts.ckptDir));
+    }
+  }
+
+  Metrics metrics;
+  if (!opts.metricsPath.empty())
+    FORGE_RETURN_IF_ERROR(metrics.open(opts.metricsPath, resumedAt));
+
+  std::signal(SIGINT, onInterrupt);
+  std::signal(SIGTERM, onInterrupt);
+
+  const auto start = Clock::now();
+  double stepSeconds = 0, windowSeconds = 0;
+  int64_t ranSteps = 0, windowSteps = 0;
+  int64_t lastCkpt = -1;
+  float lastLoss = std::nanf("");
+  const bool tokens = tr.tokensPerStep() > 0;
+  const double unitsPerStep =
+      static_cast<double>(tokens ? tr.tokensPerStep() : tr.samplesPerStep());
+  const char *unit = tokens ? "tok/s" : "samples/s";
+
+  auto saveCheckpoint = [&]() -> Status {
+    auto path = ckpt->save(tr.executor(), tr.state());
+    if (!path)
+      return path.status();
+    lastCkpt = tr.stepsDone();
+    progress.message(fmt::format("checkpoint {} (step {})", *path, tr.stepsDone()));
+    return Status::ok();
+  };
+
+  while (tr.stepsDone() < total && !gInterrupted) {
+    auto t0 = Clock::now();
+    auto r = tr.step();
+    if (!r)
+      return r.status().prefix(fmt::format("step {}", tr.stepsDone() + 1));
+    double dt = secondsSince(t0);
+    stepSeconds += dt;
+    windowSeconds += dt;
+    ++ranSteps;
+    ++windowSteps;
+    lastLoss = r->loss;
+    const int64_t s = r->step;
+    const bool last = s == total;
+
+    std::optional<EvalResult> ev;
+    if (tr.hasEval() && ((opts.evalEvery > 0 && s % opts.evalEvery == 0) || last)) {
+      auto e = tr.evaluate();
+      if (!e)
+        return e.status().prefix(fmt::format("eval after step {}", s));
+      ev = *e;
+    }
+
+    std::string line = fmt::format(R"({{"step": {}, "epoch": {}, "loss": {}, "lr": {}, )"
+                                   R"("grad_norm": {}, "samples_per_s": {})",
+                                   s, jsonNumber(tr.epochsDone()), jsonNumber(r->loss),
+                                   r->lr ? jsonNumber(*r->lr) : "null",
+                                   r->gradNorm ? jsonNumber(*r->gradNorm) : "null",
+                                   jsonNumber(tr.samplesPerStep() / dt));
+    if (tokens)
+      line += fmt::format(R"(, "tokens_per_s": {})", jsonNumber(tr.tokensPerStep() / dt));
+    line += fmt::format(R"(, "time_s": {})", jsonNumber(secondsSince(start)));
+    if (ev) {
+      line += fmt::format(R"(, "eval_loss": {})", jsonNumber(ev->loss));
+      if (ev->accuracy)
+        line += fmt::format(R"(, "eval_accuracy": {})", jsonNumber(*ev->accuracy));
+    }
+    FORGE_RETURN_IF_ERROR(metrics.write(line + "}"));
+
+    if (!std::isfinite(r->loss))
+      return Status::error("the loss is {} at step {}; stopping (try a lower learning rate or "
+                           "forgec --clip-grad-norm)",
+                           r->loss, s);
+
+    if (progress.due(s, last) || ev) {
+      double perStep = stepSeconds / static_cast<double>(ranSteps);
+      std::string text = fmt::format("step {}/{} | epoch {:.2f} | loss {:.4f}", s, total,
+                                     tr.epochsDone(), r->loss);
+      if (r->lr)
+        text += fmt::format(" | lr {:.3g}", *r->lr);
+      text += fmt::format(" | {} {} | ETA {}",
+                          rate(unitsPerStep * static_cast<double>(windowSteps) / windowSeconds),
+                          unit, duration(perStep * static_cast<double>(total - s)));
+      progress.draw(text);
+      windowSeconds = 0;
+      windowSteps = 0;
+    }
+    if (ev)
+      progress.message(fmt::format("step {}: {}", s, evalText(*ev)));
+    if (ckpt && ((opts.ckptEvery > 0 && s % opts.ckptEvery == 0) || last))
+      FORGE_RETURN_IF_ERROR(saveCheckpoint());
+  }
+  progress.finish();
+
+  if (gInterrupted) {
+    progress.message(fmt::format("interrupted after step {}", tr.stepsDone()));
+    if (ckpt && lastCkpt != tr.stepsDone() && ranSteps > 0)
+      FORGE_RETURN_IF_ERROR(saveCheckpoint());
+    return 130;
+  }
+  if (ranSteps == 0) {
+    progress.message(fmt::format("already at step {} of {}; nothing to train", tr.stepsDone(),
+                                 total));
+    if (tr.hasEval()) {
+      auto e = tr.evaluate();
+      if (!e)
+        return e.status().prefix("eval");
+      progress.message(fmt::format("step {}: {}", tr.stepsDone(), evalText(*e)));
+    }
+  } else {
+    double wall = secondsSince(start);
+    progress.message(fmt::format("trained {} step{} in {} ({} {}); final loss {:.6g}", ranSteps,
+                                 ranSteps == 1 ? "" : "s", duration(wall),
+                                 rate(unitsPerStep * static_cast<double>(ranSteps) / stepSeconds),
+                                 unit, lastLoss));
+  }
+  if (!opts.dumpParams.empty()) {
+    FORGE_RETURN_IF_ERROR(dumpParams(opts.dumpParams, tr.executor()));
+    progress.message(fmt::format("wrote {} tensors to {}", tr.executor().persistentTensors().size(),
+                                 opts.dumpParams));
+  }
+  if (!opts.exportOnnx.empty())
+    FORGE_RETURN_IF_ERROR(exportModel(opts, bundle, tr.executor(), progress));
+  return 0;
+}
+
+} // namespace
+
+int runTrainMode(const Options &opts) {
+  Progress progress(opts.logEvery);
+  auto rc = train(opts, progress);
+  if (!rc) {
+    progress.message(fmt::format("forge-train: error: {}", rc.status().message()));
+    return 1;
+  }
+  return *rc;
+}
+
+} // namespace forge::train
