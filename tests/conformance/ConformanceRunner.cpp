@@ -241,14 +241,14 @@ Outcome runTest(const fs::path &dir) {
       }
     }
     inputs = fed;
-    if (inputs.size() != (size_t)program.inputs_size()) {
+    if (inputs.size() != (size_t)program.routines(0).inputs_size()) {
       outcome.detail = "test feeds " + std::to_string(inputs.size()) + " inputs, program has " +
-                       std::to_string(program.inputs_size());
+                       std::to_string(program.routines(0).inputs_size());
       return outcome;
     }
     std::vector<std::vector<uint8_t>> inputBytes;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      const auto &info = program.tensors(program.inputs(i));
+      const auto &info = program.tensors(program.routines(0).inputs(i));
       inputBytes.push_back(fc::elementsToBytes(inputs[i]));
       auto type = cast<RankedTensorType>(inputs[i].getType());
       pb::DType given = fc::dtypeFromType(type.getElementType());
@@ -268,13 +268,13 @@ Outcome runTest(const fs::path &dir) {
       outcome.detail = "run: " + st.message();
       return outcome;
     }
-    if (expected.size() != (size_t)program.outputs_size()) {
+    if (expected.size() != (size_t)program.routines(0).outputs_size()) {
       outcome.detail = "expected " + std::to_string(expected.size()) + " outputs, program has " +
-                       std::to_string(program.outputs_size());
+                       std::to_string(program.routines(0).outputs_size());
       return outcome;
     }
     for (size_t o = 0; o < expected.size(); ++o) {
-      ::forge::rt::TensorView out = (*exec)->view(program.outputs(o));
+      ::forge::rt::TensorView out = (*exec)->view(program.routines(0).outputs(o));
       auto refType = cast<RankedTensorType>(expected[o].getType());
       std::vector<int64_t> refShape(refType.getShape().begin(), refType.getShape().end());
       if (out.shape != refShape) {

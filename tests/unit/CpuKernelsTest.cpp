@@ -272,7 +272,7 @@ std::vector<int64_t> broadcastShapes(std::vector<int64_t> a, std::vector<int64_t
 //===----------------------------------------------------------------------===//
 
 TEST(CpuKernels, RegistryCoversEveryDialectOp) {
-  // Every mnemonic of compiler/include/forge/Dialect/ForgeOps.td.
+  // Every mnemonic of compiler/include/forge/Dialect/ForgeOps.td (and ForgeGradOps.td).
   const std::vector<std::string> ops = {"add",
                                         "sub",
                                         "mul",
@@ -342,6 +342,20 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "gather_elements",
                                         "trilu",
                                         "one_hot",
+                                        // Backward-only ops (ForgeGradOps.td).
+                                        "conv_grad_weight",
+                                        "max_pool_grad",
+                                        "avg_pool_grad",
+                                        "batch_norm_training_grad",
+                                        "layer_norm_grad",
+                                        "group_norm_grad",
+                                        "softmax_grad",
+                                        "log_softmax_grad",
+                                        "nll_loss_grad",
+                                        "gather_grad",
+                                        "gather_elements_grad",
+                                        "slice_grad",
+                                        "pad_grad",
                                         // Bundle-level op (BundleEmitter write-back).
                                         "copy"};
   for (const std::string &op : ops)

@@ -9,6 +9,7 @@
 #include "forge/Bundle/BundleEmitter.h"
 #include "forge/Import/OnnxImporter.h"
 #include "forge/Pipeline/Pipeline.h"
+#include "forge/Train/TrainGraph.h"
 #include "forge/runtime/Bundle.h"
 
 #include "mlir/IR/AsmState.h"
@@ -20,9 +21,14 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SHA256.h"
 #include "llvm/Support/raw_ostream.h"
+
+#define TOML_EXCEPTIONS 0  // forgec is built without exceptions (LLVM flags)
+#define TOML_HEADER_ONLY 1 // so the exception mode need not match the shared library
+#include <toml++/toml.h>
 
 using namespace mlir;
 namespace cl = llvm::cl;
@@ -46,6 +52,33 @@ static cl::list<std::string> dims("dim", cl::desc("Value of a symbolic dim: NAME
 static cl::opt<std::string> dumpDir("dump-dir",
                                     cl::desc("Write NN-passname.mlir/.onnx after import and every pass"),
                                     cl::value_desc("DIR"), cl::cat(forgecCategory));
+static cl::OptionCategory trainCategory("training options (also from --recipe FILE.toml; flags win)");
+static cl::opt<std::string> recipe("recipe", cl::desc("TOML file with training options (keys = option names)"),
+                                   cl::value_desc("FILE"), cl::cat(trainCategory));
+static cl::opt<std::string> loss("loss",
+                                 cl::desc("Loss: cross_entropy:OUTPUT,LABEL | mse:OUTPUT,LABEL | "
+                                          "bce:OUTPUT,LABEL (on logits) | output:NAME (model computes it)"),
+                                 cl::cat(trainCategory));
+static cl::opt<std::string> optimizer("optimizer",
+                                      cl::desc("sgd|momentum|nesterov|adam|adamw[:lr=,momentum=,nesterov=,"
+                                               "beta1=,beta2=,eps=,weight_decay=]"),
+                                      cl::cat(trainCategory));
+static cl::opt<std::string> lrSchedule("lr-schedule",
+                                       cl::desc("constant | cosine:warmup=N,total=N[,min_ratio=R] | "
+                                                "linear:warmup=N,total=N[,min_ratio=R]"),
+                                       cl::init("constant"), cl::cat(trainCategory));
+static cl::opt<double> clipGradNorm("clip-grad-norm", cl::desc("Clip the global gradient norm (0: off)"),
+                                    cl::init(0.0), cl::cat(trainCategory));
+static cl::opt<int64_t> microBatches("micro-batches",
+                                     cl::desc("Accumulate gradients over K micro-batches of --batch each"),
+                                     cl::init(1), cl::cat(trainCategory));
+static cl::opt<bool> exposeGradients("expose-gradients",
+                                     cl::desc("Also output every parameter's gradient from train_step "
+                                              "(forge.grad.NAME; for parity checks)"),
+                                     cl::cat(trainCategory));
+static cl::list<std::string> freeze("freeze", cl::desc("Keep initializers matching this glob frozen"),
+                                    cl::value_desc("PATTERN"), cl::cat(trainCategory));
+
 enum class EmitKind { Bundle, Mlir };
 static cl::opt<EmitKind> emit("emit", cl::desc("What to write"), cl::init(EmitKind::Bundle),
                               cl::values(clEnumValN(EmitKind::Bundle, "bundle", ".forge bundle"),
@@ -93,8 +126,76 @@ int main(int argc, char **argv) {
   }
   if (target != "cpu")
     return fail("target '" + target + "' is not available yet; use --target cpu");
-  if (!inferenceOnly)
-    return fail("training bundles are not available yet; pass --inference-only");
+  // Recipe values fill in options the command line did not give.
+  if (!recipe.empty()) {
+    toml::parse_result parsed = toml::parse_file(recipe.getValue());
+    if (!parsed)
+      return fail("recipe '" + recipe + "': " + std::string(parsed.error().description()) +
+                  " at line " + std::to_string(parsed.error().source().begin.line));
+    const toml::table &table = parsed.table();
+    for (auto &&[key, node] : table) {
+      std::string k(key.str());
+      auto str = [&](cl::opt<std::string> &o) {
+        if (!node.is_string())
+          return false;
+        if (!o.getNumOccurrences())
+          o = *node.value<std::string>();
+        return true;
+      };
+      bool ok = true;
+      if (k == "loss") ok = str(loss);
+      else if (k == "optimizer") ok = str(optimizer);
+      else if (k == "lr-schedule") ok = str(lrSchedule);
+      else if (k == "target") ok = str(target);
+      else if (k == "clip-grad-norm") {
+        ok = node.is_number();
+        if (ok && !clipGradNorm.getNumOccurrences())
+          clipGradNorm = *node.value<double>();
+      } else if (k == "micro-batches" || k == "batch") {
+        ok = node.is_integer();
+        auto &o = k == "batch" ? batch : microBatches;
+        if (ok && !o.getNumOccurrences())
+          o = *node.value<int64_t>();
+      } else if (k == "freeze") {
+        ok = node.is_array();
+        if (ok && !freeze.getNumOccurrences())
+          for (auto &&item : *node.as_array()) {
+            ok &= item.is_string();
+            if (item.is_string())
+              freeze.push_back(*item.value<std::string>());
+          }
+      } else {
+        return fail("recipe '" + recipe + "': unknown key '" + k + "'");
+      }
+      if (!ok)
+        return fail("recipe '" + recipe + "': key '" + k + "' has the wrong type");
+    }
+  }
+
+  mlir::forge::TrainOptions trainOptions;
+  if (!inferenceOnly) {
+    std::string error;
+    if (loss.empty() || optimizer.empty())
+      return fail("training bundles need --loss and --optimizer (or --inference-only)");
+    auto lossSpec = mlir::forge::parseLossSpec(loss, error);
+    if (failed(lossSpec))
+      return fail("--loss: " + error);
+    auto optSpec = mlir::forge::parseOptimizerSpec(optimizer, error);
+    if (failed(optSpec))
+      return fail("--optimizer: " + error);
+    auto schedule = mlir::forge::parseScheduleSpec(lrSchedule, error);
+    if (failed(schedule))
+      return fail("--lr-schedule: " + error);
+    trainOptions.loss = *lossSpec;
+    trainOptions.optimizer = *optSpec;
+    trainOptions.schedule = *schedule;
+    trainOptions.clipGradNorm = clipGradNorm;
+    trainOptions.microBatches = microBatches;
+    if (microBatches < 1)
+      return fail("--micro-batches must be >= 1");
+    trainOptions.freeze.assign(freeze.begin(), freeze.end());
+    trainOptions.exposeGradients = exposeGradients;
+  }
 
   DialectRegistry registry;
   mlir::forge::registerForgeDialects(registry);
@@ -121,6 +222,15 @@ int main(int argc, char **argv) {
     return 1;
   if (!dumpDir.empty() && failed(mlir::forge::writeStageDump(*module, dumpDir, 0, "import")))
     return 1;
+  int firstPass = 1;
+  if (!inferenceOnly) {
+    TimingScope trainTiming = rootTiming.nest("train-graph");
+    if (failed(mlir::forge::buildTrainingModule(*module, trainOptions)))
+      return 1;
+    if (!dumpDir.empty() && failed(mlir::forge::writeStageDump(*module, dumpDir, 1, "train-graph")))
+      return 1;
+    firstPass = 2;
+  }
 
   PassManager pm(&context);
   if (failed(applyPassManagerCLOptions(pm)))
@@ -128,7 +238,7 @@ int main(int argc, char **argv) {
   TimingScope pipelineTiming = rootTiming.nest("pipeline");
   pm.enableTiming(pipelineTiming);
   if (!dumpDir.empty())
-    mlir::forge::addDumpInstrumentation(pm, dumpDir, 1);
+    mlir::forge::addDumpInstrumentation(pm, dumpDir, firstPass);
   mlir::forge::PipelineOptions pipelineOptions;
   pipelineOptions.target = target;
   mlir::forge::buildInferencePipeline(pm, pipelineOptions);
@@ -155,9 +265,23 @@ int main(int argc, char **argv) {
   mlir::forge::BundleEmitOptions emitOptions;
   emitOptions.target = target;
   emitOptions.sourceHash = sourceHash;
-  emitOptions.buildOptions["mode"] = "inference";
+  auto &build = emitOptions.buildOptions;
+  build["mode"] = inferenceOnly ? "inference" : "training";
   if (batch > 0)
-    emitOptions.buildOptions["batch"] = std::to_string(batch);
+    build["batch"] = std::to_string(batch);
+  SmallString<256> absolute(inputFile.getValue());
+  (void)llvm::sys::fs::make_absolute(absolute);
+  build["source_onnx"] = absolute.str().str();
+  if (!inferenceOnly) {
+    build["loss"] = loss;
+    if (trainOptions.loss.kind != "output")
+      build["label_input"] = trainOptions.loss.label;
+    build["optimizer"] = optimizer;
+    build["lr_schedule"] = lrSchedule;
+    build["micro_batches"] = std::to_string(microBatches);
+    if (clipGradNorm > 0)
+      build["clip_grad_norm"] = std::to_string(clipGradNorm);
+  }
   if (failed(mlir::forge::emitBundle(*module, emitOptions, writer)))
     return 1;
   ::forge::rt::Status status = writer.writeFile(output);

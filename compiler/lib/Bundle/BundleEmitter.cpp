@@ -16,6 +16,9 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringMap.h"
+
+#include <map>
 
 using namespace mlir;
 using namespace mlir::forge;
@@ -74,54 +77,163 @@ uint64_t planArena(std::vector<Interval> intervals, pb::Program &program) {
 
 } // namespace
 
-LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &options,
-                                      ::forge::rt::BundleWriter &writer) {
-  auto func = module.lookupSymbol<func::FuncOp>("main");
-  if (!func)
-    return module.emitError("no @main function to emit");
-  if (!func.getBody().hasOneBlock())
-    return func.emitError("@main must have a single block");
+namespace {
 
-  pb::Program &program = writer.program();
-  program.set_target(options.target);
-  program.set_producer("forgec 0.1.0");
-  program.set_source_hash(options.sourceHash);
-  for (const auto &[k, v] : options.buildOptions)
-    (*program.mutable_build_options())[k] = v;
+/// Emits the module's functions as routines sharing one tensor table.
+class ProgramEmitter {
+public:
+  ProgramEmitter(pb::Program &program) : program(program) {}
 
+  LogicalResult emitRoutine(func::FuncOp func);
+  std::vector<uint8_t> takeConstantData() { return std::move(constantData); }
+  uint64_t arenaSize() const { return arena; }
+
+private:
+  FailureOr<int32_t> addTensor(Value v, pb::TensorInfo::Kind kind, std::string name);
+  FailureOr<int32_t> persistentTensor(func::FuncOp func, unsigned argIndex);
+
+  pb::Program &program;
   llvm::DenseMap<Value, int32_t> tensorOf;
+  llvm::StringMap<int32_t> persistentByName;
   std::vector<uint8_t> constantData;
-  auto addTensor = [&](Value v, pb::TensorInfo::Kind kind, std::string name) -> FailureOr<int32_t> {
-    auto type = dyn_cast<RankedTensorType>(v.getType());
-    if (!type || !type.hasStaticShape())
-      return emitError(v.getLoc()) << "bundle tensors need static shapes, got " << v.getType();
-    pb::DType dtype = dtypeFromType(type.getElementType());
-    if (dtype == pb::DTYPE_UNSPECIFIED)
-      return emitError(v.getLoc()) << "element type " << type.getElementType()
-                                   << " has no runtime representation";
-    pb::TensorInfo *info = program.add_tensors();
-    info->set_name(std::move(name));
-    info->set_dtype(dtype);
-    for (int64_t d : type.getShape())
-      info->add_shape(d);
-    info->set_kind(kind);
-    int32_t index = program.tensors_size() - 1;
-    tensorOf[v] = index;
-    return index;
-  };
+  int constantCount = 0;
+  uint64_t arena = 0;
+};
 
-  // Inputs.
+FailureOr<int32_t> ProgramEmitter::addTensor(Value v, pb::TensorInfo::Kind kind, std::string name) {
+  auto type = dyn_cast<RankedTensorType>(v.getType());
+  if (!type || !type.hasStaticShape())
+    return emitError(v.getLoc()) << "bundle tensors need static shapes, got " << v.getType();
+  pb::DType dtype = dtypeFromType(type.getElementType());
+  if (dtype == pb::DTYPE_UNSPECIFIED)
+    return emitError(v.getLoc()) << "element type " << type.getElementType()
+                                 << " has no runtime representation";
+  pb::TensorInfo *info = program.add_tensors();
+  info->set_name(std::move(name));
+  info->set_dtype(dtype);
+  for (int64_t d : type.getShape())
+    info->add_shape(d);
+  info->set_kind(kind);
+  int32_t index = program.tensors_size() - 1;
+  tensorOf[v] = index;
+  return index;
+}
+
+/// PARAMETER / STATE arguments are shared by name across routines.
+FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned i) {
+  Value arg = func.getArgument(i);
+  auto name = func.getArgAttrOfType<StringAttr>(i, "forge.name");
+  auto kindAttr = func.getArgAttrOfType<StringAttr>(i, "forge.kind");
+  if (!name)
+    return func.emitError() << "persistent argument " << i << " has no forge.name";
+  bool isParameter = kindAttr.getValue() == "parameter";
+  auto it = persistentByName.find(name.getValue());
+  if (it != persistentByName.end()) {
+    const pb::TensorInfo &info = program.tensors(it->second);
+    auto type = cast<RankedTensorType>(arg.getType());
+    if (info.dtype() != dtypeFromType(type.getElementType()) ||
+        !std::equal(info.shape().begin(), info.shape().end(), type.getShape().begin(),
+                    type.getShape().end()))
+      return func.emitError() << "persistent tensor '" << name.getValue()
+                              << "' has different types in different routines";
+    tensorOf[arg] = it->second;
+    return it->second;
+  }
+  auto index = addTensor(arg, isParameter ? pb::TensorInfo::PARAMETER : pb::TensorInfo::STATE,
+                         name.str());
+  if (failed(index))
+    return failure();
+  pb::TensorInfo *info = program.mutable_tensors(*index);
+  if (auto role = func.getArgAttrOfType<StringAttr>(i, "forge.role"))
+    info->set_role(role.str());
+  // Initial value: parameters always have one; state only when given.
+  if (auto init = func.getArgAttrOfType<ElementsAttr>(i, "forge.initial_value")) {
+    std::vector<uint8_t> bytes = elementsToBytes(init);
+    constantData.resize(alignUp(constantData.size(), ::forge::rt::kSectionAlignment));
+    info->set_section(0);
+    info->set_data_offset(constantData.size());
+    info->set_data_size(bytes.size());
+    constantData.insert(constantData.end(), bytes.begin(), bytes.end());
+  } else if (isParameter) {
+    return func.emitError() << "parameter '" << name.getValue() << "' has no initial value";
+  }
+  persistentByName[name.getValue()] = *index;
+  return *index;
+}
+
+bool isElementwise(Operation *op) {
+  auto iface = dyn_cast<ForgeOpInterface>(op);
+  return iface && iface.getFusionClass() == FusionClass::Elementwise;
+}
+
+LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
+  if (!func.getBody().hasOneBlock())
+    return func.emitError("routines must have a single block");
+  pb::Routine *routine = program.add_routines();
+  routine->set_name(func.getSymName() == "main" ? "forward" : func.getSymName().str());
+  int32_t firstTensor = program.tensors_size();
+
+  // Arguments: routine inputs, or persistent tensors shared by name.
   for (auto [i, arg] : llvm::enumerate(func.getArguments())) {
+    auto kind = func.getArgAttrOfType<StringAttr>(i, "forge.kind");
+    if (kind && (kind.getValue() == "parameter" || kind.getValue() == "state")) {
+      if (failed(persistentTensor(func, i)))
+        return failure();
+      continue;
+    }
     auto name = func.getArgAttrOfType<StringAttr>(i, "forge.name");
     auto index = addTensor(arg, pb::TensorInfo::INPUT, name ? name.str() : "input" + std::to_string(i));
     if (failed(index))
       return failure();
-    program.add_inputs(*index);
+    routine->add_inputs(*index);
   }
 
-  // Constants first (they have no instruction), then one instruction per op.
   Block &body = func.getBody().front();
-  int constantCount = 0;
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+
+  // Program order of the instructions (constants are not instructions).
+  llvm::DenseMap<Operation *, int64_t> position;
+  int64_t count = 0;
+  for (Operation &op : body)
+    if (!isa<ConstantOp, func::ReturnOp>(op))
+      position[&op] = count++;
+
+  // Results that update a persistent tensor are written in place when no
+  // later instruction still reads the old value; otherwise a trailing copy.
+  llvm::DenseMap<Value, int32_t> inPlace;
+  SmallVector<std::pair<Value, int32_t>> copies;
+  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+    auto updates = func.getResultAttrOfType<StringAttr>(i, "forge.updates");
+    if (!updates)
+      continue;
+    auto target = persistentByName.find(updates.getValue());
+    if (target == persistentByName.end())
+      return func.emitError() << "result " << i << " updates unknown persistent tensor '"
+                              << updates.getValue() << "'";
+    Operation *def = v.getDefiningOp();
+    bool safe = def && position.count(def) && !inPlace.count(v) && v.hasOneUse();
+    if (safe) {
+      int64_t at = position[def];
+      for (auto [j, arg] : llvm::enumerate(func.getArguments())) {
+        if (tensorOf.lookup(arg) != target->second || !tensorOf.count(arg))
+          continue;
+        for (Operation *user : arg.getUsers()) {
+          if (isa<func::ReturnOp>(user)) {
+            safe = false;
+            continue;
+          }
+          int64_t p = position.lookup(user);
+          safe &= p < at || (p == at && isElementwise(user));
+        }
+      }
+    }
+    if (safe)
+      inPlace[v] = target->second;
+    else
+      copies.push_back({v, target->second});
+  }
+
+  // Constants.
   for (Operation &op : body) {
     auto constant = dyn_cast<ConstantOp>(op);
     if (!constant)
@@ -143,29 +255,15 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
     info->set_data_size(bytes.size());
     constantData.insert(constantData.end(), bytes.begin(), bytes.end());
   }
-  writer.addSection("constants", constantData);
 
-  std::vector<int64_t> defined(program.tensors_size(), -1), lastUse(program.tensors_size(), -1);
+  std::map<int32_t, int64_t> defined, lastUse;
   int64_t step = 0;
   for (Operation &op : body) {
-    if (isa<ConstantOp>(op))
+    if (isa<ConstantOp, func::ReturnOp>(op))
       continue;
-    if (auto ret = dyn_cast<func::ReturnOp>(op)) {
-      for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
-        int32_t index = tensorOf.lookup(v);
-        pb::TensorInfo *info = program.mutable_tensors(index);
-        if (info->kind() == pb::TensorInfo::INTERMEDIATE) {
-          info->set_kind(pb::TensorInfo::OUTPUT);
-          if (auto name = func.getResultAttrOfType<StringAttr>(i, "forge.name"))
-            info->set_name(name.str());
-        }
-        program.add_outputs(index);
-      }
-      continue;
-    }
     if (op.getDialect()->getNamespace() != "forge")
       return op.emitError("only forge ops can be emitted into a bundle");
-    pb::Instruction *inst = program.add_instructions();
+    pb::Instruction *inst = routine->add_instructions();
     if (failed(encodeInstruction(&op, *inst)))
       return failure();
     std::string node = locName(op.getLoc());
@@ -173,37 +271,109 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
     for (Value v : op.getOperands()) {
       auto it = tensorOf.find(v);
       if (it == tensorOf.end())
-        return op.emitError("operand defined outside @main's body");
+        return op.emitError("operand defined outside the routine's body");
       inst->add_inputs(it->second);
       lastUse[it->second] = step;
     }
     for (auto [i, r] : llvm::enumerate(op.getResults())) {
+      if (auto target = inPlace.find(r); target != inPlace.end()) {
+        tensorOf[r] = target->second;
+        inst->add_outputs(target->second);
+        continue;
+      }
       std::string name = node.empty() ? "t" + std::to_string(program.tensors_size())
                                       : node + (op.getNumResults() > 1 ? ":" + std::to_string(i) : "");
       auto index = addTensor(r, pb::TensorInfo::INTERMEDIATE, name);
       if (failed(index))
         return failure();
-      defined.push_back(step);
-      lastUse.push_back(step);
+      defined[*index] = step;
+      lastUse[*index] = step;
       inst->add_outputs(*index);
     }
     ++step;
   }
+  for (auto [v, target] : copies) {
+    pb::Instruction *inst = routine->add_instructions();
+    inst->set_op("copy");
+    inst->set_name("update " + program.tensors(target).name());
+    int32_t source = tensorOf.lookup(v);
+    inst->add_inputs(source);
+    inst->add_outputs(target);
+    lastUse[source] = step++;
+  }
 
-  // Memory plan: inputs live from the start, outputs to the end.
+  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+    if (func.getResultAttrOfType<StringAttr>(i, "forge.updates"))
+      continue;
+    int32_t index = tensorOf.lookup(v);
+    auto name = func.getResultAttrOfType<StringAttr>(i, "forge.name");
+    pb::TensorInfo::Kind kind = program.tensors(index).kind();
+    // An output that is a constant, an input, a persistent tensor or another
+    // output gets its own named copy, so every output keeps its name.
+    bool ownTensor = kind == pb::TensorInfo::INTERMEDIATE;
+    if (!ownTensor) {
+      auto copy = addTensor(v, pb::TensorInfo::OUTPUT,
+                            name ? name.str() : "output" + std::to_string(i));
+      if (failed(copy))
+        return failure();
+      pb::Instruction *inst = routine->add_instructions();
+      inst->set_op("copy");
+      inst->set_name("output " + program.tensors(*copy).name());
+      inst->add_inputs(index);
+      inst->add_outputs(*copy);
+      defined[*copy] = step;
+      lastUse[index] = step++;
+      index = *copy;
+    } else {
+      pb::TensorInfo *info = program.mutable_tensors(index);
+      info->set_kind(pb::TensorInfo::OUTPUT);
+      if (name)
+        info->set_name(name.str());
+    }
+    routine->add_outputs(index);
+  }
+
+  // Memory plan of this routine: inputs live from the start, outputs to the end.
   std::vector<Interval> intervals;
-  for (int32_t t = 0; t < program.tensors_size(); ++t) {
+  for (int32_t t = firstTensor; t < program.tensors_size(); ++t) {
     const pb::TensorInfo &info = program.tensors(t);
-    if (info.kind() == pb::TensorInfo::CONSTANT || info.kind() == pb::TensorInfo::PARAMETER)
+    if (info.kind() != pb::TensorInfo::INTERMEDIATE && info.kind() != pb::TensorInfo::INPUT &&
+        info.kind() != pb::TensorInfo::OUTPUT)
       continue;
     uint64_t bytes = ::forge::rt::numElements({info.shape().begin(), info.shape().end()}) *
                      ::forge::rt::dtypeSize(info.dtype());
     int64_t begin = info.kind() == pb::TensorInfo::INPUT ? -1 : defined[t];
-    int64_t end = info.kind() == pb::TensorInfo::OUTPUT || info.kind() == pb::TensorInfo::INPUT
-                      ? step
-                      : std::max(lastUse[t], defined[t]);
+    int64_t end = info.kind() == pb::TensorInfo::INTERMEDIATE ? std::max(lastUse[t], defined[t])
+                                                               : step;
     intervals.push_back({t, begin, end, bytes});
   }
-  program.set_arena_size(planArena(intervals, program));
+  arena = std::max(arena, planArena(intervals, program));
+  return success();
+}
+
+} // namespace
+
+LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &options,
+                                      ::forge::rt::BundleWriter &writer) {
+  pb::Program &program = writer.program();
+  program.set_target(options.target);
+  program.set_producer("forgec 0.1.0");
+  program.set_source_hash(options.sourceHash);
+  for (const auto &[k, v] : options.buildOptions)
+    (*program.mutable_build_options())[k] = v;
+  program.set_training(options.buildOptions.count("mode") &&
+                       options.buildOptions.at("mode") == "training");
+
+  ProgramEmitter emitter(program);
+  bool any = false;
+  for (auto func : module.getOps<func::FuncOp>()) {
+    if (failed(emitter.emitRoutine(func)))
+      return failure();
+    any = true;
+  }
+  if (!any)
+    return module.emitError("no function to emit");
+  writer.addSection("constants", emitter.takeConstantData());
+  program.set_arena_size(emitter.arenaSize());
   return success();
 }

@@ -65,7 +65,49 @@ OpCost mlir::forge::estimateDefaultCost(Operation *op, int64_t flopsPerElement) 
   return cost;
 }
 
-LogicalResult mlir::forge::gradientRuleMissing(Operation *op) {
-  return op->emitError() << "'" << op->getName()
-                         << "' is differentiable but has no gradient rule yet";
+static bool hasFloatElements(Type t) {
+  auto tensor = dyn_cast<RankedTensorType>(t);
+  return tensor && isa<FloatType>(tensor.getElementType());
+}
+
+LogicalResult mlir::forge::runGradientRule(Operation *op, ValueRange resultGrads,
+                                           SmallVectorImpl<Value> &operandGrads,
+                                           llvm::function_ref<LogicalResult()> rule) {
+  if (resultGrads.size() != op->getNumResults())
+    return op->emitError() << "buildGradient got " << resultGrads.size()
+                           << " result gradients for " << op->getNumResults() << " results";
+  bool anyGrad = false;
+  for (auto [i, g] : llvm::enumerate(resultGrads)) {
+    if (!g)
+      continue;
+    if (g.getType() != op->getResult(i).getType())
+      return op->emitError() << "gradient of result " << i << " has type " << g.getType()
+                             << ", expected " << op->getResult(i).getType();
+    anyGrad = true;
+  }
+  // Nothing can flow: no rule, no incoming gradient, or integer-only math
+  // (shape arithmetic on i64 uses the same ops as float math).
+  bool floatResult = llvm::any_of(op->getResultTypes(), hasFloatElements);
+  bool floatOperand = llvm::any_of(op->getOperandTypes(), hasFloatElements);
+  size_t first = operandGrads.size();
+  if (!rule || !anyGrad || !floatResult || !floatOperand) {
+    operandGrads.append(op->getNumOperands(), Value());
+    return success();
+  }
+  if (failed(rule()))
+    return failure();
+  if (operandGrads.size() - first != op->getNumOperands())
+    return op->emitError() << "internal: gradient rule produced " << operandGrads.size() - first
+                           << " gradients for " << op->getNumOperands() << " operands";
+  for (unsigned i = 0; i < op->getNumOperands(); ++i) {
+    Value g = operandGrads[first + i];
+    if (!g)
+      continue;
+    Type expected = op->getOperand(i).getType();
+    if (!hasFloatElements(expected) || g.getType() != expected)
+      return op->emitError() << "internal: gradient of operand " << i << " has type "
+                             << g.getType() << ", expected " << expected
+                             << (hasFloatElements(expected) ? "" : " to get no gradient");
+  }
+  return success();
 }

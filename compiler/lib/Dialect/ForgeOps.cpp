@@ -6,23 +6,15 @@
 //===----------------------------------------------------------------------===//
 #include "forge/Dialect/ForgeDialect.h"
 
+#include "InferenceUtils.h"
+
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/Matchers.h"
 #include "mlir/IR/TypeUtilities.h"
 
 using namespace mlir;
 using namespace mlir::forge;
-
-static LogicalResult failInference(std::optional<Location> loc, const Twine &msg) {
-  if (loc)
-    return emitError(*loc) << msg;
-  return failure();
-}
-
-static RankedTensorType rankedOrNull(Type t) {
-  auto ranked = dyn_cast<RankedTensorType>(t);
-  return ranked && ranked.hasStaticShape() ? ranked : RankedTensorType();
-}
+using namespace mlir::forge::detail;
 
 FailureOr<SmallVector<int64_t>> mlir::forge::broadcastShapes(ArrayRef<int64_t> a,
                                                              ArrayRef<int64_t> b) {
@@ -87,10 +79,6 @@ LogicalResult mlir::forge::inferReduceType(std::optional<Location> loc, Type inp
 #define FORGE_INFER(OP)                                                                  \
   LogicalResult OP::inferReturnTypes(MLIRContext *context, std::optional<Location> loc, \
                                      Adaptor adaptor, SmallVectorImpl<Type> &inferred)
-
-static Type withShape(Type t, ArrayRef<int64_t> shape) {
-  return RankedTensorType::get(shape, cast<RankedTensorType>(t).getElementType());
-}
 
 //===----------------------------------------------------------------------===//
 // Elementwise
@@ -194,36 +182,6 @@ OpCost GemmOp::computeCost() {
   return cost;
 }
 
-/// Output extent of a sliding window.
-static int64_t windowOutput(int64_t in, int64_t kernel, int64_t stride, int64_t padBegin,
-                            int64_t padEnd, int64_t dilation, bool ceilMode) {
-  int64_t effective = dilation * (kernel - 1) + 1;
-  int64_t span = in + padBegin + padEnd - effective;
-  if (span < 0)
-    return 0;
-  int64_t out = (ceilMode ? (span + stride - 1) / stride : span / stride) + 1;
-  // A ceil-mode window must start inside the input or its begin padding.
-  if (ceilMode && (out - 1) * stride >= in + padBegin)
-    --out;
-  return out;
-}
-
-static LogicalResult checkSpatialAttrs(std::optional<Location> loc, int64_t spatial,
-                                       ArrayRef<int64_t> strides, ArrayRef<int64_t> pads,
-                                       ArrayRef<int64_t> dilations) {
-  if ((int64_t)strides.size() != spatial || (int64_t)dilations.size() != spatial ||
-      (int64_t)pads.size() != 2 * spatial)
-    return failInference(loc, "strides/dilations need " + Twine(spatial) +
-                                  " entries and pads " + Twine(2 * spatial));
-  for (int64_t s : strides)
-    if (s <= 0)
-      return failInference(loc, "strides must be positive");
-  for (int64_t d : dilations)
-    if (d <= 0)
-      return failInference(loc, "dilations must be positive");
-  return success();
-}
-
 FORGE_INFER(ConvOp) {
   auto x = rankedOrNull(adaptor.getInput().getType());
   auto w = rankedOrNull(adaptor.getWeight().getType());
@@ -297,20 +255,13 @@ template <typename Adaptor>
 static LogicalResult inferPool(std::optional<Location> loc, Adaptor adaptor,
                                SmallVectorImpl<Type> &inferred) {
   auto x = rankedOrNull(adaptor.getInput().getType());
-  if (!x || x.getRank() < 3)
+  if (!x)
     return failInference(loc, "pool input must be a static N-d tensor");
-  int64_t spatial = x.getRank() - 2;
-  if ((int64_t)adaptor.getKernelShape().size() != spatial ||
-      failed(checkSpatialAttrs(loc, spatial, adaptor.getStrides(), adaptor.getPads(),
-                               adaptor.getDilations())))
-    return failInference(loc, "pool kernel_shape needs one entry per spatial dim");
-  SmallVector<int64_t> shape = {x.getDimSize(0), x.getDimSize(1)};
-  for (int64_t i = 0; i < spatial; ++i)
-    shape.push_back(windowOutput(x.getDimSize(i + 2), adaptor.getKernelShape()[i],
-                                 adaptor.getStrides()[i], adaptor.getPads()[i],
-                                 adaptor.getPads()[i + spatial], adaptor.getDilations()[i],
-                                 adaptor.getCeilMode()));
-  inferred.push_back(withShape(x, shape));
+  auto shape = poolOutputShape(loc, x.getShape(), adaptor.getKernelShape(), adaptor.getStrides(),
+                               adaptor.getPads(), adaptor.getDilations(), adaptor.getCeilMode());
+  if (failed(shape))
+    return failure();
+  inferred.push_back(withShape(x, *shape));
   return success();
 }
 

@@ -203,6 +203,7 @@ const Registry &cpuRegistry() {
     registerNormKernels(r);
     registerMovementKernels(r);
     registerLossKernels(r);
+    registerBackwardKernels(r);
     r.add("copy", &copyKernel, 1, 1);
     return r;
   }();

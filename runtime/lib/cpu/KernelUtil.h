@@ -374,6 +374,7 @@ void registerPoolKernels(Registry &r);
 void registerNormKernels(Registry &r);
 void registerMovementKernels(Registry &r);
 void registerLossKernels(Registry &r);
+void registerBackwardKernels(Registry &r);
 
 /// The registry with every CPU kernel (built on first use).
 const Registry &cpuRegistry();

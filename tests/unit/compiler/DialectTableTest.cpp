@@ -76,6 +76,11 @@ TEST(DialectTable, IntegerAndMaskOpsAreNotDifferentiable) {
     ASSERT_TRUE(name.has_value()) << op.str();
     EXPECT_FALSE(name->getInterface<DifferentiableOpInterface>()->isDifferentiable()) << op.str();
   }
+  // Backward-only ops: Forge builds no second-order gradients.
+  for (RegisteredOperationName name : forgeOps(ctx))
+    if (name.getStringRef().ends_with("_grad"))
+      EXPECT_FALSE(name.getInterface<DifferentiableOpInterface>()->isDifferentiable())
+          << name.getStringRef().str();
   for (StringRef op : {"forge.matmul", "forge.conv", "forge.softmax", "forge.add", "forge.layer_norm"}) {
     auto name = RegisteredOperationName::lookup(op, &ctx);
     ASSERT_TRUE(name.has_value()) << op.str();

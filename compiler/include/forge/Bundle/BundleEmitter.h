@@ -1,9 +1,14 @@
 //===- BundleEmitter.h - forge IR -> .forge bundle -------------------------===//
 //
-// Turns the lowered `@main` function into a runtime Program: one tensor per
-// SSA value (inputs, outputs, intermediates in the arena, constants in a data
-// section), one instruction per forge op in program order, and a static
-// memory plan (liveness-based first-fit offsets in one arena, 64-byte aligned).
+// Turns every function of the module into a routine of a runtime Program
+// (`@main` becomes "forward"; docs/bundle-format.md): one tensor per SSA value
+// (inputs, outputs, intermediates in the arena, constants in a data section),
+// one instruction per forge op in program order, and a static memory plan per
+// routine (liveness-based first-fit offsets, 64-byte aligned, one shared arena).
+// Function arguments with `forge.kind = "parameter"|"state"` become persistent
+// tensors shared by name across routines (initial value `forge.initial_value`);
+// a result with `forge.updates = NAME` is written into that persistent tensor,
+// in place when no later instruction reads the old value, else by a copy.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FORGE_BUNDLE_BUNDLEEMITTER_H

@@ -4,10 +4,11 @@
 // through the base class `Forge_Op`, the facts every later stage needs:
 //   * the ONNX op types it imports from and the opset range it is checked against,
 //   * its fusion class and precision class,
-//   * whether it is differentiable (the rule itself is a DifferentiableOpInterface
-//     method; ops that are not differentiable say so explicitly),
+//   * whether it is differentiable (`diff`; ops that are not say so explicitly).
+//     A differentiable op gets a `buildGradientRule` declaration here, defined
+//     in compiler/lib/Autodiff, so an op without a rule fails to link;
 //   * type inference (InferTypeOpAdaptor) and a cost model (FLOPs, bytes).
-// tests/unit/DialectTableTest.cpp enumerates the dialect and fails if any op
+// tests/unit/compiler/DialectTableTest.cpp enumerates the dialect and fails if any op
 // lacks one of these.
 //
 //===----------------------------------------------------------------------===//
@@ -51,7 +52,7 @@ defvar PrecisionKeepFP32 = "KeepFP32";
 defvar PrecisionFollowsInput = "FollowsInput";
 
 // `onnx`: ONNX op types imported into this op; `fusion`/`precision`: classes above;
-// `diff`: whether the op has a gradient rule.
+// `diff`: whether the op has a gradient rule (backward ops have diff = 0).
 class Forge_Op<string mnemonic, string onnx, string fusion, string precision,
                bit diff, list<Trait> traits = []>
     : Op<Forge_Dialect, mnemonic,
@@ -74,7 +75,12 @@ class Forge_Op<string mnemonic, string onnx, string fusion, string precision,
     static constexpr ::mlir::forge::PrecisionClass kPrecisionClass =
         ::mlir::forge::PrecisionClass::}] # precision # [{;
     static constexpr bool kDifferentiable = }] # !if(diff, "true", "false") # [{;
-  }] # extraDecl;
+  }] # !if(diff, [{
+    /// The reverse-mode rule (compiler/lib/Autodiff); call it through
+    /// DifferentiableOpInterface::buildGradient, which checks the contract.
+    ::llvm::LogicalResult buildGradientRule(::mlir::OpBuilder &builder,
+        ::mlir::ValueRange resultGrads, ::llvm::SmallVectorImpl<::mlir::Value> &operandGrads);
+  }], "") # extraDecl;
 }
 
 defvar AnyForgeTensor = AnyRankedTensor;

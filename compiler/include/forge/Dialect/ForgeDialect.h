@@ -13,8 +13,10 @@
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpDefinition.h"
 #include "mlir/IR/OpImplementation.h"
+#include "mlir/IR/PatternMatch.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 
 namespace mlir::forge {
 
@@ -36,8 +38,14 @@ struct OpCost {
 /// Default estimate: `flopsPerElement` per result element, bytes of all
 /// operands and results.
 OpCost estimateDefaultCost(Operation *op, int64_t flopsPerElement);
-/// Reports that an op claims differentiability but has no rule yet.
-LogicalResult gradientRuleMissing(Operation *op);
+/// The checked body of DifferentiableOpInterface::buildGradient: validates
+/// `resultGrads`, appends nulls without calling `rule` when nothing can flow
+/// (null `rule` = not differentiable, all result gradients null, or no float
+/// result/operand), else runs `rule` and checks what it appended (one entry
+/// per operand, each null or of exactly the operand's float type).
+LogicalResult runGradientRule(Operation *op, ValueRange resultGrads,
+                              SmallVectorImpl<Value> &operandGrads,
+                              llvm::function_ref<LogicalResult()> rule);
 
 /// NumPy broadcast of all operand shapes; element type from the first operand
 /// unless `resultElement` is given.

@@ -399,4 +399,7 @@ def Forge_OneHotOp : Forge_Op<"one_hot", "OneHot", FusionElementwise, PrecisionF
   let assemblyFormat = "$indices attr-dict `:` functional-type(operands, results)";
 }
 
+// Backward-only ops (created by gradient rules).
+include "forge/Dialect/ForgeGradOps.td"
+
 #endif // FORGE_DIALECT_FORGEOPS_TD

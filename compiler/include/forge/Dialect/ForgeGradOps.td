@@ -1,0 +1,207 @@
+//===- ForgeGradOps.td - backward-only ops of the forge dialect -----------===//
+//
+// Ops that only gradient rules create (compiler/lib/Autodiff), for backward
+// computations where a composition of primitives would be wasteful (a scatter
+// into zeros, a second pass over a window) or would hide a library call
+// (convolution weight gradient, normalization backward).
+//
+// Invariants:
+//   * every op here is NotDifferentiable (diff = 0): Forge does not build
+//     second-order gradients;
+//   * the ONNX name is the forward op's, so the op table's per-op facts hold;
+//     the importer never creates these ops;
+//   * operand and attribute conventions are the forward op's (ForgeOps.td):
+//     `grad_output` is the gradient of the forward result, `input_shape` the
+//     forward input's shape where the backward op does not read the input;
+//   * the fused normalization backward ops compute only the gradients their
+//     `*_grad` flags ask for, one result per set flag in the order
+//     (input, scale, bias); canonicalization clears the flag of a result that
+//     has no use, so a frozen scale or bias costs nothing;
+//   * CPU kernels: runtime/lib/cpu/Backward.cpp.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FORGE_DIALECT_FORGEGRADOPS_TD
+#define FORGE_DIALECT_FORGEGRADOPS_TD
+
+class Forge_GradOp<string mnemonic, string onnx, string fusion, string precision,
+                   list<Trait> traits = []>
+    : Forge_Op<mnemonic, onnx, fusion, precision, 0, traits>;
+
+//===----------------------------------------------------------------------===//
+// Convolution and pooling
+//===----------------------------------------------------------------------===//
+
+// The input gradient of conv is conv_transpose (with output_padding chosen to
+// restore the input extent) and that of conv_transpose is conv, so only the
+// weight gradient needs an op of its own.
+def Forge_ConvGradWeightOp : Forge_GradOp<"conv_grad_weight", "Conv", FusionLibrary, PrecisionTensorCore> {
+  let summary = "Gradient of conv w.r.t. its weight: [M, C/group, kernel...]";
+  let description = [{
+    dW[m, c, k] = sum over n and window positions o of
+    grad_output[n, m, o] * input[n, g*C/group + c, o*stride - pad_begin + k*dilation]
+    (g the group of m). grad_output's spatial extents follow the conv formula
+    for `input`; it is also the weight gradient of conv_transpose with the
+    roles of its input and output swapped.
+  }];
+  let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$grad_output,
+                       DenseI64ArrayAttr:$kernel_shape, DenseI64ArrayAttr:$strides,
+                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations, I64Attr:$group);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
+def Forge_MaxPoolGradOp : Forge_GradOp<"max_pool_grad", "MaxPool", FusionLibrary, PrecisionFollowsInput> {
+  let summary = "Gradient of max_pool: each window's gradient goes to its first maximum";
+  let description = [{
+    Attributes are the forward op's. Within a window the maximum is chosen
+    exactly as the forward kernel does (the first tap in row-major order that
+    is strictly greater than all before it), so ties send the whole gradient
+    to one position; overlapping windows accumulate.
+  }];
+  let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$grad_output,
+                       DenseI64ArrayAttr:$kernel_shape, DenseI64ArrayAttr:$strides,
+                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations,
+                       BoolAttr:$ceil_mode);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 2;
+}
+
+def Forge_AvgPoolGradOp : Forge_GradOp<"avg_pool_grad", "AveragePool", FusionLibrary, PrecisionFollowsInput> {
+  let summary = "Gradient of avg_pool: each window spreads grad/divisor over its taps";
+  let arguments = (ins AnyForgeTensor:$grad_output, DenseI64ArrayAttr:$input_shape,
+                       DenseI64ArrayAttr:$kernel_shape, DenseI64ArrayAttr:$strides,
+                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations,
+                       BoolAttr:$ceil_mode, BoolAttr:$count_include_pad);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$grad_output attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 2;
+}
+
+//===----------------------------------------------------------------------===//
+// Normalizations, softmax, losses
+//===----------------------------------------------------------------------===//
+
+// Shared shape of the fused normalization backward ops: results in the order
+// (input grad, scale grad, bias grad), one per set flag.
+class Forge_NormGradOp<string mnemonic, string onnx, dag attrs>
+    : Forge_GradOp<mnemonic, onnx, FusionReduction, PrecisionKeepFP32> {
+  let arguments = !con((ins AnyForgeTensor:$input, AnyForgeTensor:$scale,
+                            AnyForgeTensor:$grad_output),
+                       attrs,
+                       (ins BoolAttr:$input_grad, BoolAttr:$scale_grad, BoolAttr:$bias_grad));
+  let results = (outs Variadic<AnyForgeTensor>:$results);
+  let assemblyFormat = "$input `,` $scale `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 8;
+  let hasVerifier = 1;
+  let hasCanonicalizeMethod = 1;
+}
+
+def Forge_BatchNormTrainingGradOp : Forge_NormGradOp<"batch_norm_training_grad", "BatchNormalization",
+                                                     (ins F64Attr:$epsilon)> {
+  let summary = "Backward of batch_norm_training through the batch statistics";
+  let description = [{
+    With xhat = (x - mean_c) / sqrt(var_c + epsilon) over the batch statistics
+    of channel c (biased variance, M = N * spatial elements per channel):
+    dbias_c = sum dy, dscale_c = sum dy * xhat,
+    dx = scale_c / sqrt(var_c + epsilon) * (dy - dbias_c / M - xhat * dscale_c / M).
+    The scale and bias gradients have shape [C] and the scale's element type.
+  }];
+}
+
+def Forge_LayerNormGradOp : Forge_NormGradOp<"layer_norm_grad", "LayerNormalization",
+                                             (ins I64Attr:$axis, F64Attr:$epsilon)> {
+  let summary = "Backward of layer_norm over dims [axis, rank)";
+  let description = [{
+    Per row (the normalized dims flattened, D elements), with wdy = dy * scale:
+    dx = rstd * (wdy - mean(wdy) - xhat * mean(wdy * xhat)); the scale and bias
+    gradients (sum over rows of dy * xhat and dy) have the normalized shape
+    x.shape[axis:] and the scale's element type; the rule sums them to the
+    parameters' own (broadcast) shapes.
+  }];
+  let opsetMin = 17;
+}
+
+def Forge_GroupNormGradOp : Forge_NormGradOp<"group_norm_grad", "GroupNormalization",
+                                             (ins I64Attr:$num_groups, F64Attr:$epsilon)> {
+  let summary = "Backward of group_norm (per-channel scale and bias of shape [C])";
+}
+
+def Forge_SoftmaxGradOp : Forge_GradOp<"softmax_grad", "Softmax", FusionReduction, PrecisionKeepFP32> {
+  let summary = "dx = y * (dy - sum(dy * y)) along `axis`, y the softmax result";
+  let arguments = (ins AnyForgeTensor:$result, AnyForgeTensor:$grad_output, I64Attr:$axis);
+  let results = (outs AnyForgeTensor:$grad_input);
+  let assemblyFormat = "$result `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 4;
+}
+
+def Forge_LogSoftmaxGradOp : Forge_GradOp<"log_softmax_grad", "LogSoftmax", FusionReduction, PrecisionKeepFP32> {
+  let summary = "dx = dy - exp(y) * sum(dy) along `axis`, y the log_softmax result";
+  let arguments = (ins AnyForgeTensor:$result, AnyForgeTensor:$grad_output, I64Attr:$axis);
+  let results = (outs AnyForgeTensor:$grad_input);
+  let assemblyFormat = "$result `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 12;
+}
+
+def Forge_NllLossGradOp : Forge_GradOp<"nll_loss_grad", "NegativeLogLikelihoodLoss", FusionReduction, PrecisionKeepFP32> {
+  let summary = "Gradient of nll_loss w.r.t. its input [N, num_classes, ...]";
+  let description = [{
+    dx[n, target, d] = -weight[target] * dy (dy[n, d] for reduction none, the
+    scalar dy otherwise, divided by the total weight of the targets not ignored
+    for mean); zero elsewhere and at ignored targets.
+  }];
+  let arguments = (ins AnyForgeTensor:$grad_output, TensorOf<[I32, I64]>:$target,
+                       Optional<AnyForgeTensor>:$weight, StrAttr:$reduction,
+                       OptionalAttr<I64Attr>:$ignore_index, I64Attr:$num_classes);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$grad_output `,` $target (`,` $weight^)? attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Data movement (scatters into zeros)
+//===----------------------------------------------------------------------===//
+
+def Forge_GatherGradOp : Forge_GradOp<"gather_grad", "Gather", FusionShape, PrecisionFollowsInput> {
+  let summary = "Scatter-add grad_output into zeros of `input_shape` along `axis`";
+  let arguments = (ins AnyForgeTensor:$grad_output, TensorOf<[I32, I64]>:$indices,
+                       I64Attr:$axis, DenseI64ArrayAttr:$input_shape);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$grad_output `,` $indices attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_GatherElementsGradOp : Forge_GradOp<"gather_elements_grad", "GatherElements", FusionShape, PrecisionFollowsInput> {
+  let summary = "Scatter-add of gather_elements' gradient into zeros of `input_shape`";
+  let arguments = (ins AnyForgeTensor:$grad_output, TensorOf<[I32, I64]>:$indices,
+                       I64Attr:$axis, DenseI64ArrayAttr:$input_shape);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$grad_output `,` $indices attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_SliceGradOp : Forge_GradOp<"slice_grad", "Slice", FusionShape, PrecisionFollowsInput> {
+  let summary = "Strided insert of grad_output into zeros of `input_shape`";
+  let description = [{
+    starts/ends/steps are the forward slice's (normalized as in forge.slice).
+    Unit-step slices get their gradient from forge.pad instead.
+  }];
+  let arguments = (ins AnyForgeTensor:$grad_output, DenseI64ArrayAttr:$input_shape,
+                       DenseI64ArrayAttr:$starts, DenseI64ArrayAttr:$ends,
+                       DenseI64ArrayAttr:$steps);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$grad_output attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_PadGradOp : Forge_GradOp<"pad_grad", "Pad", FusionShape, PrecisionFollowsInput> {
+  let summary = "Gradient of pad: every output position adds into the input it copied";
+  let description = [{
+    `pads`/`mode` are the forward pad's; the result has the forward input's
+    shape (grad_output's shape minus the pads). Constant-mode pads get their
+    gradient from slice/pad instead; reflect and edge copies accumulate.
+  }];
+  let arguments = (ins AnyForgeTensor:$grad_output, DenseI64ArrayAttr:$pads, StrAttr:$mode);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$grad_output attr-dict `:` functional-type(operands, results)";
+}
+
+#endif // FORGE_DIALECT_FORGEGRADOPS_TD

@@ -1,0 +1,77 @@
+//===- TrainGraph.h - inference graph -> training step ---------------------===//
+//
+// Turns the imported `@main` into the two routines of a training bundle
+// (docs/bundle-format.md): `@train_step` (forward, loss, reverse-mode
+// gradients through DifferentiableOpInterface, optional gradient clipping,
+// learning-rate schedule, optimizer update of every trainable parameter, all
+// as ordinary forge ops) and `@eval` (forward and loss, plus the number of
+// correct predictions for classification losses).
+//
+//===----------------------------------------------------------------------===//
+#ifndef FORGE_TRAIN_TRAINGRAPH_H
+#define FORGE_TRAIN_TRAINGRAPH_H
+
+#include <string>
+#include <vector>
+
+#include "mlir/IR/BuiltinOps.h"
+
+namespace mlir::forge {
+
+struct LossSpec {
+  /// "output" (the model computes its loss), "cross_entropy", "mse", "bce"
+  /// (binary cross-entropy on logits).
+  std::string kind;
+  /// The model output the loss reads (or that is the loss for "output").
+  std::string output;
+  /// Name of the label input Forge adds (not used for "output").
+  std::string label;
+};
+
+struct OptimizerSpec {
+  /// "sgd" (momentum > 0 gives heavy-ball momentum, nesterov for Nesterov),
+  /// "adam" (L2 weight decay added to the gradient), "adamw" (decoupled).
+  std::string kind = "sgd";
+  double lr = 1e-3;
+  double momentum = 0.0;
+  bool nesterov = false;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weightDecay = 0.0;
+};
+
+struct ScheduleSpec {
+  /// "constant", "cosine" (linear warm-up then cosine decay to minRatio*lr),
+  /// "linear" (linear warm-up then linear decay to minRatio*lr).
+  std::string kind = "constant";
+  int64_t warmupSteps = 0;
+  int64_t totalSteps = 0;
+  double minRatio = 0.0;
+};
+
+struct TrainOptions {
+  LossSpec loss;
+  OptimizerSpec optimizer;
+  ScheduleSpec schedule;
+  /// Clip the global gradient norm to this value (0: off).
+  double clipGradNorm = 0.0;
+  /// Gradient accumulation: micro-batches per optimizer step.
+  int64_t microBatches = 1;
+  /// Glob patterns of initializer names that stay frozen.
+  std::vector<std::string> freeze;
+  /// Also return every parameter's gradient (after accumulation, before
+  /// clipping) as train_step outputs `forge.grad.<name>` (for parity tests
+  /// and debugging; it keeps the gradients alive, so it costs memory).
+  bool exposeGradients = false;
+};
+
+/// Parses "kind:key=value,..." option strings; errors name the bad part.
+FailureOr<LossSpec> parseLossSpec(llvm::StringRef text, std::string &error);
+FailureOr<OptimizerSpec> parseOptimizerSpec(llvm::StringRef text, std::string &error);
+FailureOr<ScheduleSpec> parseScheduleSpec(llvm::StringRef text, std::string &error);
+
+/// Replaces `@main` with `@train_step` and `@eval`.
+LogicalResult buildTrainingModule(ModuleOp module, const TrainOptions &options);
+
+} // namespace mlir::forge
+
+#endif // FORGE_TRAIN_TRAINGRAPH_H

@@ -1,0 +1,353 @@
+//===- ForgeGradOps.cpp - type inference, verifiers and canonicalization ---===//
+//
+// For the backward-only ops of ForgeGradOps.td. Inference re-derives the
+// forward op's shape relation (e.g. grad_output must have the pool's output
+// shape for `input`), so a rule that builds an inconsistent backward op fails
+// at creation, not in a kernel.
+//
+//===----------------------------------------------------------------------===//
+#include "forge/Dialect/ForgeDialect.h"
+
+#include "InferenceUtils.h"
+
+#include "mlir/IR/PatternMatch.h"
+
+using namespace mlir;
+using namespace mlir::forge;
+using namespace mlir::forge::detail;
+
+#define FORGE_INFER(OP)                                                                            \
+  LogicalResult OP::inferReturnTypes(MLIRContext *context, std::optional<Location> loc,            \
+                                     Adaptor adaptor, SmallVectorImpl<Type> &inferred)
+
+static LogicalResult requireShape(std::optional<Location> loc, RankedTensorType t,
+                                  ArrayRef<int64_t> expected, StringRef what) {
+  if (t.getShape() == expected)
+    return success();
+  std::string got, want;
+  llvm::raw_string_ostream g(got), w(want);
+  llvm::interleave(t.getShape(), g, "x");
+  llvm::interleave(expected, w, "x");
+  return failInference(loc, what + " has shape [" + got + "], expected [" + want + "]");
+}
+
+//===----------------------------------------------------------------------===//
+// conv_grad_weight
+//===----------------------------------------------------------------------===//
+
+FORGE_INFER(ConvGradWeightOp) {
+  auto x = rankedOrNull(adaptor.getInput().getType());
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  if (!x || !dy || x.getRank() < 3 || dy.getRank() != x.getRank())
+    return failInference(loc, "conv_grad_weight needs input and grad_output of equal rank >= 3");
+  int64_t spatial = x.getRank() - 2, group = adaptor.getGroup();
+  if (failed(checkSpatialAttrs(loc, spatial, adaptor.getStrides(), adaptor.getPads(),
+                               adaptor.getDilations())))
+    return failure();
+  if ((int64_t)adaptor.getKernelShape().size() != spatial)
+    return failInference(loc, "kernel_shape needs one entry per spatial dim");
+  if (group <= 0 || x.getDimSize(1) % group != 0 || dy.getDimSize(1) % group != 0)
+    return failInference(loc, "channels must be divisible by group");
+  if (x.getElementType() != dy.getElementType())
+    return failInference(loc, "input and grad_output element types differ");
+  SmallVector<int64_t> expected = {x.getDimSize(0), dy.getDimSize(1)};
+  for (int64_t i = 0; i < spatial; ++i)
+    expected.push_back(windowOutput(
+        x.getDimSize(i + 2), adaptor.getKernelShape()[i], adaptor.getStrides()[i],
+        adaptor.getPads()[i], adaptor.getPads()[i + spatial], adaptor.getDilations()[i], false));
+  if (failed(requireShape(loc, dy, expected, "grad_output")))
+    return failure();
+  SmallVector<int64_t> shape = {dy.getDimSize(1), x.getDimSize(1) / group};
+  llvm::append_range(shape, adaptor.getKernelShape());
+  inferred.push_back(withShape(x, shape));
+  return success();
+}
+
+OpCost ConvGradWeightOp::computeCost() {
+  OpCost cost = estimateDefaultCost(getOperation(), 0);
+  auto w = cast<RankedTensorType>(getType());
+  int64_t perOutput = w.getNumElements() / std::max<int64_t>(w.getDimSize(0), 1);
+  cost.flops = 2 * perOutput * cast<RankedTensorType>(getGradOutput().getType()).getNumElements();
+  return cost;
+}
+
+//===----------------------------------------------------------------------===//
+// Pools
+//===----------------------------------------------------------------------===//
+
+FORGE_INFER(MaxPoolGradOp) {
+  auto x = rankedOrNull(adaptor.getInput().getType());
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  if (!x || !dy || x.getElementType() != dy.getElementType())
+    return failInference(loc, "max_pool_grad needs static input and grad_output of one type");
+  auto shape = poolOutputShape(loc, x.getShape(), adaptor.getKernelShape(), adaptor.getStrides(),
+                               adaptor.getPads(), adaptor.getDilations(), adaptor.getCeilMode());
+  if (failed(shape) || failed(requireShape(loc, dy, *shape, "grad_output")))
+    return failure();
+  inferred.push_back(x);
+  return success();
+}
+
+FORGE_INFER(AvgPoolGradOp) {
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  if (!dy)
+    return failInference(loc, "avg_pool_grad needs a static grad_output");
+  for (int64_t d : adaptor.getInputShape())
+    if (d < 0)
+      return failInference(loc, "input_shape must be non-negative");
+  auto shape =
+      poolOutputShape(loc, adaptor.getInputShape(), adaptor.getKernelShape(), adaptor.getStrides(),
+                      adaptor.getPads(), adaptor.getDilations(), adaptor.getCeilMode());
+  if (failed(shape) || failed(requireShape(loc, dy, *shape, "grad_output")))
+    return failure();
+  inferred.push_back(withShape(dy, adaptor.getInputShape()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Normalization backward: one result per set flag (input, scale, bias)
+//===----------------------------------------------------------------------===//
+
+/// Result types of a norm-grad op whose parameter gradients have `paramShape`.
+template <typename Adaptor>
+static LogicalResult inferNormGrad(std::optional<Location> loc, Adaptor adaptor,
+                                   ArrayRef<int64_t> paramShape, SmallVectorImpl<Type> &inferred) {
+  auto x = cast<RankedTensorType>(adaptor.getInput().getType());
+  auto scale = cast<RankedTensorType>(adaptor.getScale().getType());
+  if (adaptor.getInputGrad())
+    inferred.push_back(x);
+  if (adaptor.getScaleGrad())
+    inferred.push_back(withShape(scale, paramShape));
+  if (adaptor.getBiasGrad())
+    inferred.push_back(withShape(scale, paramShape));
+  return success();
+}
+
+/// Checks shared by the norm-grad ops: static input, grad_output of the
+/// input's type, a float scale with `paramElements` elements.
+template <typename Adaptor>
+static LogicalResult checkNormGradOperands(std::optional<Location> loc, Adaptor adaptor) {
+  auto x = rankedOrNull(adaptor.getInput().getType());
+  auto scale = rankedOrNull(adaptor.getScale().getType());
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  if (!x || !scale || !dy)
+    return failInference(loc, "operands must be statically shaped tensors");
+  if (dy != x)
+    return failInference(loc, "grad_output must have the input's type");
+  return success();
+}
+
+FORGE_INFER(BatchNormTrainingGradOp) {
+  if (failed(checkNormGradOperands(loc, adaptor)))
+    return failure();
+  auto x = cast<RankedTensorType>(adaptor.getInput().getType());
+  if (x.getRank() < 2)
+    return failInference(loc, "input must have rank >= 2 (N, C, ...)");
+  return inferNormGrad(loc, adaptor, {x.getDimSize(1)}, inferred);
+}
+
+FORGE_INFER(LayerNormGradOp) {
+  if (failed(checkNormGradOperands(loc, adaptor)))
+    return failure();
+  auto x = cast<RankedTensorType>(adaptor.getInput().getType());
+  int64_t axis = adaptor.getAxis();
+  if (axis < 0 || axis >= std::max<int64_t>(x.getRank(), 1))
+    return failInference(loc, "axis out of range");
+  return inferNormGrad(loc, adaptor, x.getShape().drop_front(std::min<int64_t>(axis, x.getRank())),
+                       inferred);
+}
+
+FORGE_INFER(GroupNormGradOp) {
+  if (failed(checkNormGradOperands(loc, adaptor)))
+    return failure();
+  auto x = cast<RankedTensorType>(adaptor.getInput().getType());
+  if (x.getRank() < 2 || adaptor.getNumGroups() <= 0 ||
+      x.getDimSize(1) % adaptor.getNumGroups() != 0)
+    return failInference(loc, "channels must be divisible by num_groups");
+  return inferNormGrad(loc, adaptor, {x.getDimSize(1)}, inferred);
+}
+
+template <typename Op> static LogicalResult verifyNormGrad(Op op) {
+  if (!op.getInputGrad() && !op.getScaleGrad() && !op.getBiasGrad())
+    return op.emitOpError("must compute at least one gradient");
+  return success();
+}
+
+LogicalResult BatchNormTrainingGradOp::verify() { return verifyNormGrad(*this); }
+LogicalResult LayerNormGradOp::verify() { return verifyNormGrad(*this); }
+LogicalResult GroupNormGradOp::verify() { return verifyNormGrad(*this); }
+
+/// Drops the results nobody uses by clearing their flags (dead backward code
+/// of frozen parameters); an op with no used result is left to DCE.
+template <typename Op> static LogicalResult dropUnusedNormGrads(Op op, PatternRewriter &rewriter) {
+  bool flags[3] = {op.getInputGrad(), op.getScaleGrad(), op.getBiasGrad()};
+  SmallVector<Value> live;
+  bool changed = false, anyUsed = false;
+  unsigned next = 0;
+  for (bool &flag : flags) {
+    if (!flag)
+      continue;
+    Value r = op->getResult(next++);
+    if (r.use_empty()) {
+      flag = false;
+      changed = true;
+    } else {
+      live.push_back(r);
+      anyUsed = true;
+    }
+  }
+  if (!changed || !anyUsed)
+    return failure();
+  SmallVector<NamedAttribute> attrs;
+  for (NamedAttribute a : op->getAttrs()) {
+    StringRef name = a.getName().getValue();
+    if (name == op.getInputGradAttrName().getValue())
+      a.setValue(rewriter.getBoolAttr(flags[0]));
+    else if (name == op.getScaleGradAttrName().getValue())
+      a.setValue(rewriter.getBoolAttr(flags[1]));
+    else if (name == op.getBiasGradAttrName().getValue())
+      a.setValue(rewriter.getBoolAttr(flags[2]));
+    attrs.push_back(a);
+  }
+  SmallVector<Type> types;
+  for (Value r : live)
+    types.push_back(r.getType());
+  auto replacement = rewriter.create<Op>(op.getLoc(), types, op->getOperands(), attrs);
+  for (auto [old, now] : llvm::zip(live, replacement->getResults()))
+    rewriter.replaceAllUsesWith(old, now);
+  rewriter.eraseOp(op);
+  return success();
+}
+
+LogicalResult BatchNormTrainingGradOp::canonicalize(BatchNormTrainingGradOp op,
+                                                    PatternRewriter &rewriter) {
+  return dropUnusedNormGrads(op, rewriter);
+}
+LogicalResult LayerNormGradOp::canonicalize(LayerNormGradOp op, PatternRewriter &rewriter) {
+  return dropUnusedNormGrads(op, rewriter);
+}
+LogicalResult GroupNormGradOp::canonicalize(GroupNormGradOp op, PatternRewriter &rewriter) {
+  return dropUnusedNormGrads(op, rewriter);
+}
+
+//===----------------------------------------------------------------------===//
+// Softmax, loss
+//===----------------------------------------------------------------------===//
+
+template <typename Adaptor>
+static LogicalResult inferSoftmaxGrad(std::optional<Location> loc, Adaptor adaptor,
+                                      SmallVectorImpl<Type> &inferred) {
+  auto y = rankedOrNull(adaptor.getResult().getType());
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  if (!y || y != dy)
+    return failInference(loc, "result and grad_output must be static tensors of one type");
+  if (adaptor.getAxis() < 0 || adaptor.getAxis() >= std::max<int64_t>(y.getRank(), 1))
+    return failInference(loc, "axis out of range");
+  inferred.push_back(y);
+  return success();
+}
+
+FORGE_INFER(SoftmaxGradOp) { return inferSoftmaxGrad(loc, adaptor, inferred); }
+FORGE_INFER(LogSoftmaxGradOp) { return inferSoftmaxGrad(loc, adaptor, inferred); }
+
+FORGE_INFER(NllLossGradOp) {
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  auto target = rankedOrNull(adaptor.getTarget().getType());
+  if (!dy || !target || target.getRank() < 1)
+    return failInference(loc, "nll_loss_grad needs static grad_output and target [N, ...]");
+  StringRef reduction = adaptor.getReduction();
+  if (reduction != "none" && reduction != "sum" && reduction != "mean")
+    return failInference(loc, "reduction must be none, sum or mean");
+  ArrayRef<int64_t> expected = reduction == "none" ? target.getShape() : ArrayRef<int64_t>();
+  if (failed(requireShape(loc, dy, expected, "grad_output")))
+    return failure();
+  if (adaptor.getNumClasses() <= 0)
+    return failInference(loc, "num_classes must be positive");
+  SmallVector<int64_t> shape = {target.getDimSize(0), adaptor.getNumClasses()};
+  llvm::append_range(shape, target.getShape().drop_front());
+  inferred.push_back(withShape(dy, shape));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Scatters into zeros
+//===----------------------------------------------------------------------===//
+
+static LogicalResult checkInputShape(std::optional<Location> loc, ArrayRef<int64_t> shape) {
+  for (int64_t d : shape)
+    if (d < 0)
+      return failInference(loc, "input_shape must be non-negative");
+  return success();
+}
+
+FORGE_INFER(GatherGradOp) {
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  auto idx = rankedOrNull(adaptor.getIndices().getType());
+  ArrayRef<int64_t> in = adaptor.getInputShape();
+  int64_t axis = adaptor.getAxis();
+  if (!dy || !idx || failed(checkInputShape(loc, in)) || axis < 0 || axis >= (int64_t)in.size())
+    return failInference(loc, "gather_grad axis out of range");
+  SmallVector<int64_t> expected(in.take_front(axis));
+  llvm::append_range(expected, idx.getShape());
+  llvm::append_range(expected, in.drop_front(axis + 1));
+  if (failed(requireShape(loc, dy, expected, "grad_output")))
+    return failure();
+  inferred.push_back(withShape(dy, in));
+  return success();
+}
+
+FORGE_INFER(GatherElementsGradOp) {
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  auto idx = rankedOrNull(adaptor.getIndices().getType());
+  ArrayRef<int64_t> in = adaptor.getInputShape();
+  int64_t axis = adaptor.getAxis();
+  if (!dy || !idx || failed(checkInputShape(loc, in)) || idx.getRank() != (int64_t)in.size() ||
+      axis < 0 || axis >= (int64_t)in.size())
+    return failInference(loc, "gather_elements_grad needs indices of the input's rank");
+  if (failed(requireShape(loc, dy, idx.getShape(), "grad_output")))
+    return failure();
+  inferred.push_back(withShape(dy, in));
+  return success();
+}
+
+FORGE_INFER(SliceGradOp) {
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  ArrayRef<int64_t> in = adaptor.getInputShape();
+  int64_t rank = in.size();
+  if (!dy || failed(checkInputShape(loc, in)) || (int64_t)adaptor.getStarts().size() != rank ||
+      (int64_t)adaptor.getEnds().size() != rank || (int64_t)adaptor.getSteps().size() != rank)
+    return failInference(loc, "slice_grad needs starts/ends/steps with one entry per dim");
+  SmallVector<int64_t> expected;
+  for (int64_t d = 0; d < rank; ++d) {
+    int64_t start = adaptor.getStarts()[d], end = adaptor.getEnds()[d],
+            step = adaptor.getSteps()[d];
+    bool ok = step > 0 ? (0 <= start && start <= end && end <= in[d])
+                       : (step < 0 && -1 <= end && end <= start && start <= in[d] - 1);
+    if (!ok && !(step < 0 && in[d] == 0))
+      return failInference(loc, "slice_grad bounds not normalized in dim " + Twine(d));
+    expected.push_back(step > 0 ? std::max<int64_t>(0, (end - start + step - 1) / step)
+                                : std::max<int64_t>(0, (start - end - step - 1) / -step));
+  }
+  if (failed(requireShape(loc, dy, expected, "grad_output")))
+    return failure();
+  inferred.push_back(withShape(dy, in));
+  return success();
+}
+
+FORGE_INFER(PadGradOp) {
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  if (!dy || (int64_t)adaptor.getPads().size() != 2 * dy.getRank())
+    return failInference(loc, "pads need 2 entries per dim");
+  StringRef mode = adaptor.getMode();
+  if (mode != "constant" && mode != "reflect" && mode != "edge")
+    return failInference(loc, "pad mode must be constant, reflect or edge");
+  SmallVector<int64_t> shape;
+  for (int64_t d = 0; d < dy.getRank(); ++d) {
+    int64_t extent = dy.getDimSize(d) - adaptor.getPads()[d] - adaptor.getPads()[d + dy.getRank()];
+    if (extent < 0)
+      return failInference(loc, "pads exceed grad_output's extent");
+    shape.push_back(extent);
+  }
+  inferred.push_back(withShape(dy, shape));
+  return success();
+}

@@ -1,0 +1,786 @@
+//===- TrainGraph.cpp - inference graph -> training step -------------------===//
+//
+// Invariants of the generated routines:
+//  * trainable parameters are float initializers not matched by --freeze; they
+//    become `forge.kind = "parameter"` arguments (initial value attached), and
+//    their roles come from how the graph uses them (conv/matmul weight, bias,
+//    norm scale/bias, embedding), never from their position;
+//  * gradients flow only from the loss to values that depend on a trainable
+//    parameter; nothing is built for frozen parameters or integer inputs;
+//  * with K micro-batches the step sums K forward/backward passes (each loss a
+//    mean over its micro-batch) and scales by 1/K, which equals one K-times
+//    larger batch for mean-reduced losses;
+//  * the optimizer math follows PyTorch's formulas exactly (so parity tests
+//    can compare at fp32 rounding level).
+//
+//===----------------------------------------------------------------------===//
+#include "forge/Train/TrainGraph.h"
+
+#include "forge/Dialect/ForgeDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/GlobPattern.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace mlir::forge;
+
+//===----------------------------------------------------------------------===//
+// Option parsing
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Splits "kind:k=v,k=v" into kind and key/value pairs.
+bool splitSpec(StringRef text, std::string &kind, SmallVectorImpl<std::pair<std::string, std::string>> &kv,
+               std::string &error) {
+  auto [head, rest] = text.split(':');
+  kind = head.trim().str();
+  if (kind.empty()) {
+    error = "missing kind in '" + text.str() + "'";
+    return false;
+  }
+  if (rest.empty())
+    return true;
+  for (StringRef part : llvm::split(rest, ',')) {
+    auto [k, v] = part.split('=');
+    if (k.trim().empty() || v.trim().empty()) {
+      error = "expected key=value, got '" + part.str() + "' in '" + text.str() + "'";
+      return false;
+    }
+    kv.push_back({k.trim().str(), v.trim().str()});
+  }
+  return true;
+}
+
+bool toDouble(StringRef s, double &out) { return !s.getAsDouble(out) && std::isfinite(out); }
+
+} // namespace
+
+FailureOr<LossSpec> mlir::forge::parseLossSpec(StringRef text, std::string &error) {
+  LossSpec spec;
+  auto [kind, rest] = text.split(':');
+  spec.kind = kind.str();
+  SmallVector<StringRef> parts;
+  rest.split(parts, ',');
+  if (spec.kind == "output") {
+    if (parts.size() != 1 || parts[0].empty()) {
+      error = "--loss output:NAME names the model output that is the loss";
+      return failure();
+    }
+    spec.output = parts[0].str();
+    return spec;
+  }
+  if (spec.kind != "cross_entropy" && spec.kind != "mse" && spec.kind != "bce") {
+    error = "unknown loss '" + spec.kind + "' (cross_entropy, mse, bce, output)";
+    return failure();
+  }
+  if (parts.size() != 2 || parts[0].empty() || parts[1].empty()) {
+    error = "--loss " + spec.kind + ":OUTPUT,LABEL names a model output and the label input to add";
+    return failure();
+  }
+  spec.output = parts[0].str();
+  spec.label = parts[1].str();
+  return spec;
+}
+
+FailureOr<OptimizerSpec> mlir::forge::parseOptimizerSpec(StringRef text, std::string &error) {
+  OptimizerSpec spec;
+  SmallVector<std::pair<std::string, std::string>> kv;
+  if (!splitSpec(text, spec.kind, kv, error))
+    return failure();
+  if (spec.kind == "momentum") {
+    spec.kind = "sgd";
+    spec.momentum = 0.9;
+  } else if (spec.kind == "nesterov") {
+    spec.kind = "sgd";
+    spec.momentum = 0.9;
+    spec.nesterov = true;
+  } else if (spec.kind == "adamw") {
+    spec.weightDecay = 0.01; // PyTorch's default
+  } else if (spec.kind != "sgd" && spec.kind != "adam") {
+    error = "unknown optimizer '" + spec.kind + "' (sgd, momentum, nesterov, adam, adamw)";
+    return failure();
+  }
+  for (auto &[k, v] : kv) {
+    double d;
+    if (!toDouble(v, d)) {
+      error = "optimizer option " + k + "=" + v + " is not a number";
+      return failure();
+    }
+    if (k == "lr") spec.lr = d;
+    else if (k == "momentum") spec.momentum = d;
+    else if (k == "nesterov") spec.nesterov = d != 0;
+    else if (k == "beta1") spec.beta1 = d;
+    else if (k == "beta2") spec.beta2 = d;
+    else if (k == "eps") spec.eps = d;
+    else if (k == "wd" || k == "weight_decay") spec.weightDecay = d;
+    else {
+      error = "unknown optimizer option '" + k + "' (lr, momentum, nesterov, beta1, beta2, eps, weight_decay)";
+      return failure();
+    }
+  }
+  if (spec.lr <= 0 || spec.momentum < 0 || spec.momentum >= 1 || spec.beta1 < 0 || spec.beta1 >= 1 ||
+      spec.beta2 < 0 || spec.beta2 >= 1 || spec.eps <= 0 || spec.weightDecay < 0) {
+    error = "optimizer hyperparameters out of range (lr>0, 0<=momentum,beta<1, eps>0, wd>=0)";
+    return failure();
+  }
+  if (spec.nesterov && spec.momentum == 0) {
+    error = "nesterov needs momentum > 0";
+    return failure();
+  }
+  return spec;
+}
+
+FailureOr<ScheduleSpec> mlir::forge::parseScheduleSpec(StringRef text, std::string &error) {
+  ScheduleSpec spec;
+  SmallVector<std::pair<std::string, std::string>> kv;
+  if (!splitSpec(text, spec.kind, kv, error))
+    return failure();
+  if (spec.kind != "constant" && spec.kind != "cosine" && spec.kind != "linear") {
+    error = "unknown lr schedule '" + spec.kind + "' (constant, cosine, linear)";
+    return failure();
+  }
+  for (auto &[k, v] : kv) {
+    double d;
+    if (!toDouble(v, d) || d < 0) {
+      error = "schedule option " + k + "=" + v + " is not a non-negative number";
+      return failure();
+    }
+    if (k == "warmup") spec.warmupSteps = (int64_t)d;
+    else if (k == "total" || k == "steps") spec.totalSteps = (int64_t)d;
+    else if (k == "min" || k == "min_ratio") spec.minRatio = d;
+    else {
+      error = "unknown schedule option '" + k + "' (warmup, total, min_ratio)";
+      return failure();
+    }
+  }
+  if (spec.kind != "constant" && spec.totalSteps <= spec.warmupSteps) {
+    error = "schedule '" + spec.kind + "' needs total > warmup steps";
+    return failure();
+  }
+  return spec;
+}
+
+//===----------------------------------------------------------------------===//
+// Graph construction
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+struct Param {
+  std::string name;
+  std::string role;
+  DenseElementsAttr initial;
+  ConstantOp constant; // in @main
+};
+
+/// Role from the first use that decides it; roles are never positional.
+std::string roleOf(ConstantOp c) {
+  for (OpOperand &use : c->getUses()) {
+    Operation *user = use.getOwner();
+    unsigned i = use.getOperandNumber();
+    if (isa<ConvOp, ConvTransposeOp>(user))
+      return i == 1 ? "weight" : "bias";
+    if (isa<GemmOp>(user))
+      return i == 2 ? "bias" : "weight";
+    if (isa<LayerNormOp, GroupNormOp, BatchNormOp, BatchNormTrainingOp>(user))
+      return i == 1 ? "norm_scale" : i == 2 ? "norm_bias" : "running_stat";
+    if (isa<GatherOp>(user) && i == 0)
+      return "embedding";
+  }
+  auto type = cast<RankedTensorType>(c.getType());
+  return type.getRank() >= 2 ? "weight" : "bias";
+}
+
+bool decays(StringRef role) { return role == "weight" || role == "embedding"; }
+
+class Builder {
+public:
+  Builder(OpBuilder &b, Location loc) : b(b), loc(loc) {}
+  OpBuilder &b;
+  Location loc;
+
+  Value scalar(double v, Type element = {}) {
+    element = element ? element : b.getF32Type();
+    auto type = RankedTensorType::get({}, element);
+    return b.create<ConstantOp>(loc, DenseElementsAttr::get(type, b.getFloatAttr(element, v)));
+  }
+  Value add(Value x, Value y) { return b.create<AddOp>(loc, x, y); }
+  Value sub(Value x, Value y) { return b.create<SubOp>(loc, x, y); }
+  Value mul(Value x, Value y) { return b.create<MulOp>(loc, x, y); }
+  Value div(Value x, Value y) { return b.create<DivOp>(loc, x, y); }
+  Value sqrt(Value x) { return b.create<SqrtOp>(loc, x); }
+  Value mulScalar(Value x, double s) { return mul(x, scalar(s, elementOf(x))); }
+  Value sumAll(Value x) {
+    auto type = cast<RankedTensorType>(x.getType());
+    SmallVector<int64_t> axes;
+    for (int64_t d = 0; d < type.getRank(); ++d)
+      axes.push_back(d);
+    if (axes.empty())
+      return x;
+    return b.create<ReduceSumOp>(loc, x, b.getDenseI64ArrayAttr(axes), b.getBoolAttr(false));
+  }
+  Value meanAll(Value x) {
+    auto type = cast<RankedTensorType>(x.getType());
+    return mulScalar(sumAll(x), 1.0 / std::max<int64_t>(1, type.getNumElements()));
+  }
+  Value reshape(Value x, ArrayRef<int64_t> shape) {
+    if (cast<RankedTensorType>(x.getType()).getShape() == shape)
+      return x;
+    return b.create<ReshapeOp>(loc, x, b.getDenseI64ArrayAttr(shape));
+  }
+  Value castTo(Value x, Type element) {
+    if (elementOf(x) == element)
+      return x;
+    return b.create<CastOp>(loc, x, TypeAttr::get(element));
+  }
+  static Type elementOf(Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); }
+};
+
+/// Reverse-mode differentiation of `loss` (a scalar) w.r.t. `wrt`, over the
+/// ops of `block` before the insertion point. Gradients of values that do not
+/// depend on `wrt` are never requested.
+FailureOr<SmallVector<Value>> differentiate(OpBuilder &b, Block &block, Value loss, Value seed,
+                                            ArrayRef<Value> wrt) {
+  // Forward pass: which values depend on a differentiated argument.
+  llvm::DenseSet<Value> needs(wrt.begin(), wrt.end());
+  SmallVector<Operation *> tape;
+  for (Operation &op : block) {
+    if (isa<func::ReturnOp>(op))
+      continue;
+    bool depends = llvm::any_of(op.getOperands(), [&](Value v) { return needs.contains(v); });
+    if (!depends)
+      continue;
+    auto diff = dyn_cast<DifferentiableOpInterface>(&op);
+    if (!diff || !diff.isDifferentiable())
+      continue; // integer/mask results: gradient stops here
+    for (Value r : op.getResults())
+      if (isa<FloatType>(Builder::elementOf(r)))
+        needs.insert(r);
+    tape.push_back(&op);
+    if (llvm::is_contained(op.getResults(), loss))
+      break;
+  }
+  if (!needs.contains(loss))
+    return emitError(loss.getLoc()) << "the loss does not depend on any trainable parameter";
+
+  llvm::DenseMap<Value, Value> grad;
+  grad[loss] = seed;
+  auto accumulate = [&](Value v, Value g) {
+    auto it = grad.find(v);
+    if (it == grad.end())
+      grad[v] = g;
+    else
+      it->second = b.create<AddOp>(g.getLoc(), it->second, g);
+  };
+  for (Operation *op : llvm::reverse(tape)) {
+    SmallVector<Value> resultGrads;
+    bool any = false;
+    for (Value r : op->getResults()) {
+      resultGrads.push_back(grad.lookup(r));
+      any |= bool(resultGrads.back());
+    }
+    if (!any)
+      continue;
+    SmallVector<Value> operandGrads;
+    OpBuilder::InsertionGuard guard(b);
+    if (failed(cast<DifferentiableOpInterface>(op).buildGradient(b, resultGrads, operandGrads)))
+      return failure();
+    if (operandGrads.size() != op->getNumOperands())
+      return op->emitError() << "gradient rule returned " << operandGrads.size()
+                             << " gradients for " << op->getNumOperands() << " operands";
+    for (auto [operand, g] : llvm::zip(op->getOperands(), operandGrads))
+      if (g && needs.contains(operand))
+        accumulate(operand, g);
+  }
+  SmallVector<Value> result;
+  for (Value v : wrt) {
+    Value g = grad.lookup(v);
+    if (!g) // the loss does not depend on this parameter: zero gradient
+      g = b.create<ConstantOp>(v.getLoc(), DenseElementsAttr::get(cast<ShapedType>(v.getType()),
+                                                                   b.getFloatAttr(Builder::elementOf(v), 0.0)));
+    result.push_back(g);
+  }
+  return result;
+}
+
+/// The loss on top of a model output; returns {loss, correct-count or null}.
+FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, Value output,
+                                             Value label, bool wantCorrect) {
+  OpBuilder &b = bb.b;
+  Location loc = bb.loc;
+  if (spec.kind == "output") {
+    auto type = cast<RankedTensorType>(output.getType());
+    if (type.getNumElements() != 1 || !isa<FloatType>(type.getElementType()))
+      return emitError(loc) << "loss output '" << spec.output << "' must be a float scalar";
+    return std::make_pair(bb.reshape(output, {}), Value());
+  }
+  auto type = cast<RankedTensorType>(output.getType());
+  if (spec.kind == "cross_entropy") {
+    // Classes on the last dim: [N, C] or [N, T, C] -> rows of C.
+    int64_t classes = type.getShape().back();
+    int64_t rows = type.getNumElements() / classes;
+    Value logits = bb.reshape(output, {rows, classes});
+    Value labels = bb.reshape(label, {rows});
+    Value logProb = b.create<LogSoftmaxOp>(loc, logits, b.getI64IntegerAttr(1));
+    Value loss = b.create<NllLossOp>(loc, logProb, labels, Value(), b.getStringAttr("mean"),
+                                     IntegerAttr());
+    Value correct;
+    if (wantCorrect) {
+      Value pred = b.create<ArgMaxOp>(loc, logits, b.getI64IntegerAttr(1), b.getBoolAttr(false),
+                                      b.getBoolAttr(false));
+      Value hit = b.create<EqualOp>(loc, pred, bb.castTo(labels, b.getI64Type()));
+      correct = bb.sumAll(bb.castTo(hit, b.getF32Type()));
+    }
+    return std::make_pair(loss, correct);
+  }
+  Value target = bb.castTo(label, type.getElementType());
+  if (spec.kind == "mse") {
+    Value diff = bb.sub(output, target);
+    return std::make_pair(bb.meanAll(bb.mul(diff, diff)), Value());
+  }
+  // bce on logits: softplus(x) - x * t, stable for large |x|.
+  Value loss = bb.sub(b.create<SoftplusOp>(loc, output), bb.mul(output, target));
+  return std::make_pair(bb.meanAll(loss), Value());
+}
+
+class TrainGraphBuilder {
+public:
+  TrainGraphBuilder(ModuleOp module, const TrainOptions &options)
+      : module(module), options(options), ctx(module.getContext()) {}
+  LogicalResult run();
+
+private:
+  LogicalResult collectParams(func::FuncOp main);
+  FailureOr<Value> labelFor(func::FuncOp main, RankedTensorType &type);
+  LogicalResult buildTrainStep(func::FuncOp main);
+  LogicalResult buildEval(func::FuncOp main);
+  Value learningRate(Builder &bb, Value step);
+
+  ModuleOp module;
+  const TrainOptions &options;
+  MLIRContext *ctx;
+  std::vector<Param> params, states;
+  int64_t outputIndex = -1;
+  RankedTensorType labelType;
+};
+
+LogicalResult TrainGraphBuilder::collectParams(func::FuncOp main) {
+  std::vector<llvm::GlobPattern> frozen;
+  for (const std::string &pattern : options.freeze) {
+    auto glob = llvm::GlobPattern::create(pattern);
+    if (!glob)
+      return main.emitError() << "bad --freeze pattern '" << pattern << "'";
+    frozen.push_back(std::move(*glob));
+  }
+  for (ConstantOp c : main.getOps<ConstantOp>()) {
+    auto name = c->getAttrOfType<StringAttr>("forge.initializer");
+    auto type = cast<RankedTensorType>(c.getType());
+    if (!name || !isa<FloatType>(type.getElementType()) || c->use_empty())
+      continue;
+    std::string role = roleOf(c);
+    auto value = cast<DenseElementsAttr>(c.getValue());
+    if (role == "running_stat") {
+      states.push_back({name.str(), role, value, c});
+      continue;
+    }
+    if (llvm::any_of(frozen, [&](const llvm::GlobPattern &g) { return g.match(name.getValue()); }))
+      continue; // frozen parameters stay constants: no gradient is built for them
+    params.push_back({name.str(), role, value, c});
+  }
+  if (params.empty())
+    return main.emitError("no trainable parameters (float initializers) left after --freeze");
+  return success();
+}
+
+Value TrainGraphBuilder::learningRate(Builder &bb, Value step) {
+  const ScheduleSpec &s = options.schedule;
+  double lr = options.optimizer.lr;
+  if (s.kind == "constant")
+    return bb.scalar(lr);
+  OpBuilder &b = bb.b;
+  // warm = min(step / warmup, 1); progress = clamp((step - warmup) / (total - warmup), 0, 1)
+  Value warm = s.warmupSteps > 0 ? Value(b.create<ClipOp>(bb.loc, bb.mulScalar(step, 1.0 / s.warmupSteps),
+                                                          b.getF64FloatAttr(0), b.getF64FloatAttr(1)))
+                                 : bb.scalar(1.0);
+  Value progress = b.create<ClipOp>(
+      bb.loc, bb.mulScalar(bb.sub(step, bb.scalar(double(s.warmupSteps))), 1.0 / (s.totalSteps - s.warmupSteps)),
+      b.getF64FloatAttr(0), b.getF64FloatAttr(1));
+  Value decay;
+  if (s.kind == "cosine") {
+    // 0.5 * (1 + cos(pi * p)). The dialect has no cos op; the Taylor series
+    // to x^16 is within 2e-7 of cos on [0, pi], plenty for a schedule.
+    Value x = bb.mulScalar(progress, M_PI);
+    Value x2 = bb.mul(x, x);
+    Value term = bb.scalar(1.0), cos = bb.scalar(1.0);
+    for (int k = 1; k <= 8; ++k) {
+      term = bb.mulScalar(bb.mul(term, x2), -1.0 / ((2 * k - 1) * (2 * k)));
+      cos = bb.add(cos, term);
+    }
+    decay = bb.mulScalar(bb.add(cos, bb.scalar(1.0)), 0.5);
+  } else {
+    decay = bb.sub(bb.scalar(1.0), progress);
+  }
+  // lr * warm * (min + (1 - min) * decay)
+  Value factor = bb.add(bb.scalar(s.minRatio), bb.mulScalar(decay, 1.0 - s.minRatio));
+  return bb.mulScalar(bb.mul(warm, factor), lr);
+}
+
+LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
+  OpBuilder b(ctx);
+  Location loc = main.getLoc();
+  int64_t k = options.microBatches;
+  bool hasLabel = options.loss.kind != "output";
+
+  // Signature: data inputs (x K), labels (x K), params, states, optimizer
+  // state, step.
+  SmallVector<Type> argTypes;
+  SmallVector<DictionaryAttr> argAttrs;
+  auto named = [&](StringRef name, StringRef kind, StringRef role = {}, Attribute init = {}) {
+    SmallVector<NamedAttribute> attrs = {b.getNamedAttr("forge.name", b.getStringAttr(name)),
+                                         b.getNamedAttr("forge.kind", b.getStringAttr(kind))};
+    if (!role.empty())
+      attrs.push_back(b.getNamedAttr("forge.role", b.getStringAttr(role)));
+    if (init)
+      attrs.push_back(b.getNamedAttr("forge.initial_value", init));
+    return b.getDictionaryAttr(attrs);
+  };
+  unsigned numData = main.getNumArguments();
+  for (int64_t m = 0; m < k; ++m) {
+    for (unsigned i = 0; i < numData; ++i) {
+      auto name = main.getArgAttrOfType<StringAttr>(i, "forge.name");
+      std::string n = name ? name.str() : "input" + std::to_string(i);
+      argTypes.push_back(main.getArgumentTypes()[i]);
+      argAttrs.push_back(named(k > 1 ? n + "@" + std::to_string(m) : n, "input"));
+    }
+    if (hasLabel) {
+      argTypes.push_back(labelType);
+      std::string n = options.loss.label;
+      argAttrs.push_back(named(k > 1 ? n + "@" + std::to_string(m) : n, "input"));
+    }
+  }
+  unsigned paramBase = argTypes.size();
+  for (const Param &p : params) {
+    argTypes.push_back(p.initial.getType());
+    argAttrs.push_back(named(p.name, "parameter", p.role, p.initial));
+  }
+  unsigned stateBase = argTypes.size();
+  for (const Param &s : states) {
+    argTypes.push_back(s.initial.getType());
+    argAttrs.push_back(named(s.name, "state", s.role, s.initial));
+  }
+  // Optimizer moments: zero-initialized state.
+  const OptimizerSpec &opt = options.optimizer;
+  SmallVector<std::string> momentNames;
+  bool adam = opt.kind == "adam" || opt.kind == "adamw";
+  if (adam)
+    momentNames = {"exp_avg", "exp_avg_sq"};
+  else if (opt.momentum > 0)
+    momentNames = {"momentum"};
+  unsigned momentBase = argTypes.size();
+  for (const std::string &m : momentNames)
+    for (const Param &p : params) {
+      argTypes.push_back(p.initial.getType());
+      argAttrs.push_back(named(p.name + "." + m, "state", "optimizer"));
+    }
+  unsigned stepIndex = argTypes.size();
+  argTypes.push_back(RankedTensorType::get({}, b.getF32Type()));
+  argAttrs.push_back(named("forge.step", "input"));
+
+  auto func = func::FuncOp::create(loc, "train_step", b.getFunctionType(argTypes, {}));
+  module.push_back(func);
+  Block *entry = func.addEntryBlock();
+  for (unsigned i = 0; i < argAttrs.size(); ++i)
+    func.setArgAttrs(i, argAttrs[i]);
+  b.setInsertionPointToStart(entry);
+  Builder bb(b, loc);
+
+  SmallVector<Value> paramArgs, stateValues;
+  for (unsigned i = 0; i < params.size(); ++i)
+    paramArgs.push_back(entry->getArgument(paramBase + i));
+  for (unsigned i = 0; i < states.size(); ++i)
+    stateValues.push_back(entry->getArgument(stateBase + i));
+
+  // K forward/backward passes, gradients summed.
+  SmallVector<Value> gradSum;
+  Value lossSum;
+  unsigned perMicro = numData + (hasLabel ? 1 : 0);
+  auto ret = cast<func::ReturnOp>(main.getBody().front().getTerminator());
+  for (int64_t m = 0; m < k; ++m) {
+    IRMapping map;
+    for (unsigned i = 0; i < numData; ++i)
+      map.map(main.getArgument(i), entry->getArgument(m * perMicro + i));
+    for (auto [p, arg] : llvm::zip(params, paramArgs))
+      map.map(p.constant.getResult(), arg);
+    for (auto [s, value] : llvm::zip(states, stateValues))
+      map.map(s.constant.getResult(), value);
+    for (Operation &op : main.getBody().front()) {
+      if (isa<func::ReturnOp>(op))
+        continue;
+      if (auto c = dyn_cast<ConstantOp>(op); c && map.contains(c.getResult()))
+        continue;
+      // Batch norm trains on batch statistics and updates its running stats.
+      if (auto bn = dyn_cast<BatchNormOp>(op)) {
+        auto train = b.create<BatchNormTrainingOp>(
+            bn.getLoc(), map.lookupOrDefault(bn.getInput()), map.lookupOrDefault(bn.getScale()),
+            map.lookupOrDefault(bn.getBias()), map.lookupOrDefault(bn.getMean()),
+            map.lookupOrDefault(bn.getVar()), bn.getEpsilonAttr(), b.getF64FloatAttr(0.9));
+        map.map(bn.getResult(), train.getResult());
+        for (auto [i, s] : llvm::enumerate(states)) {
+          if (s.constant.getResult() == bn.getMean())
+            stateValues[i] = train.getNewRunningMean();
+          if (s.constant.getResult() == bn.getVar())
+            stateValues[i] = train.getNewRunningVar();
+        }
+        for (auto [s, value] : llvm::zip(states, stateValues))
+          map.map(s.constant.getResult(), value);
+        continue;
+      }
+      Operation *clone = b.clone(op, map);
+      if (auto bn = dyn_cast<BatchNormTrainingOp>(clone)) {
+        for (auto [i, s] : llvm::enumerate(states)) {
+          if (s.constant.getResult() == cast<BatchNormTrainingOp>(op).getRunningMean())
+            stateValues[i] = bn.getNewRunningMean();
+          if (s.constant.getResult() == cast<BatchNormTrainingOp>(op).getRunningVar())
+            stateValues[i] = bn.getNewRunningVar();
+        }
+        for (auto [s, value] : llvm::zip(states, stateValues))
+          map.map(s.constant.getResult(), value);
+      }
+    }
+    Value output = map.lookup(ret.getOperand(outputIndex));
+    Value label = hasLabel ? entry->getArgument(m * perMicro + numData) : Value();
+    auto loss = buildLoss(bb, options.loss, output, label, /*wantCorrect=*/false);
+    if (failed(loss))
+      return failure();
+    Value seed = bb.scalar(1.0 / double(k), Builder::elementOf(loss->first));
+    auto grads = differentiate(b, *entry, loss->first, seed, paramArgs);
+    if (failed(grads))
+      return failure();
+    if (gradSum.empty()) {
+      gradSum.assign(grads->begin(), grads->end());
+      lossSum = loss->first;
+    } else {
+      for (auto [acc, g] : llvm::zip(gradSum, *grads))
+        acc = bb.add(acc, g);
+      lossSum = bb.add(lossSum, loss->first);
+    }
+  }
+  Value lossMean = k > 1 ? bb.mulScalar(lossSum, 1.0 / double(k)) : lossSum;
+
+  // Global gradient norm (reported) and clipping.
+  Value normSq;
+  for (Value g : gradSum) {
+    Value s = bb.sumAll(bb.mul(g, g));
+    normSq = normSq ? bb.add(normSq, s) : s;
+  }
+  Value gradNorm = bb.sqrt(normSq);
+  SmallVector<Value> exposed(options.exposeGradients ? gradSum : SmallVector<Value>());
+  if (options.clipGradNorm > 0) {
+    // scale = min(1, clip / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_.
+    Value scale = b.create<MinOp>(loc, bb.scalar(1.0),
+                                  bb.div(bb.scalar(options.clipGradNorm), bb.add(gradNorm, bb.scalar(1e-6))));
+    for (Value &g : gradSum)
+      g = bb.mul(g, bb.castTo(scale, Builder::elementOf(g)));
+  }
+
+  Value step = entry->getArgument(stepIndex);
+  Value lr = learningRate(bb, step);
+
+  SmallVector<Value> results = {lossMean, lr, gradNorm};
+  SmallVector<std::string> resultNames = {"loss", "forge.lr", "forge.grad_norm"};
+  SmallVector<std::string> updates = {"", "", ""};
+  auto update = [&](Value v, const std::string &name) {
+    results.push_back(v);
+    resultNames.push_back("");
+    updates.push_back(name);
+  };
+  for (auto [i, p] : llvm::enumerate(params)) {
+    Value w = paramArgs[i], g = gradSum[i];
+    Type e = Builder::elementOf(w);
+    Value lrE = bb.castTo(lr, e);
+    double wd = decays(p.role) ? opt.weightDecay : 0.0;
+    if (adam) {
+      Value m = entry->getArgument(momentBase + i);
+      Value v = entry->getArgument(momentBase + params.size() + i);
+      if (opt.kind == "adam" && wd > 0)
+        g = bb.add(g, bb.mulScalar(w, wd));
+      if (opt.kind == "adamw" && wd > 0) // decoupled: p *= 1 - lr * wd
+        w = bb.mul(w, bb.sub(bb.scalar(1.0, e), bb.mulScalar(lrE, wd)));
+      Value m2 = bb.add(bb.mulScalar(m, opt.beta1), bb.mulScalar(g, 1 - opt.beta1));
+      Value v2 = bb.add(bb.mulScalar(v, opt.beta2), bb.mulScalar(bb.mul(g, g), 1 - opt.beta2));
+      // bias corrections 1 - beta^t
+      Value bc1 = bb.sub(bb.scalar(1.0), b.create<PowOp>(loc, bb.scalar(opt.beta1), step));
+      Value bc2 = bb.sub(bb.scalar(1.0), b.create<PowOp>(loc, bb.scalar(opt.beta2), step));
+      Value denom = bb.add(bb.div(bb.sqrt(v2), bb.castTo(bb.sqrt(bc2), e)), bb.scalar(opt.eps, e));
+      Value stepSize = bb.castTo(bb.div(lr, bc1), e);
+      Value w2 = bb.sub(w, bb.mul(stepSize, bb.div(m2, denom)));
+      update(w2, p.name);
+      update(m2, p.name + ".exp_avg");
+      update(v2, p.name + ".exp_avg_sq");
+    } else {
+      if (wd > 0)
+        g = bb.add(g, bb.mulScalar(w, wd));
+      if (opt.momentum > 0) {
+        Value buf = entry->getArgument(momentBase + i);
+        Value buf2 = bb.add(bb.mulScalar(buf, opt.momentum), g);
+        Value dir = opt.nesterov ? bb.add(g, bb.mulScalar(buf2, opt.momentum)) : buf2;
+        update(bb.sub(w, bb.mul(lrE, dir)), p.name);
+        update(buf2, p.name + ".momentum");
+      } else {
+        update(bb.sub(w, bb.mul(lrE, g)), p.name);
+      }
+    }
+  }
+  for (auto [s, value] : llvm::zip(states, stateValues))
+    if (value != s.constant.getResult())
+      update(value, s.name);
+  for (auto [p, g] : llvm::zip(params, exposed)) {
+    results.push_back(g);
+    resultNames.push_back("forge.grad." + p.name);
+    updates.push_back("");
+  }
+
+  b.create<func::ReturnOp>(loc, results);
+  SmallVector<Type> resultTypes;
+  for (Value v : results)
+    resultTypes.push_back(v.getType());
+  func.setFunctionType(b.getFunctionType(argTypes, resultTypes));
+  for (unsigned i = 0; i < results.size(); ++i) {
+    if (!updates[i].empty())
+      func.setResultAttr(i, "forge.updates", b.getStringAttr(updates[i]));
+    else
+      func.setResultAttr(i, "forge.name", b.getStringAttr(resultNames[i]));
+  }
+  return success();
+}
+
+LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
+  OpBuilder b(ctx);
+  Location loc = main.getLoc();
+  bool hasLabel = options.loss.kind != "output";
+  SmallVector<Type> argTypes(main.getArgumentTypes());
+  unsigned numData = main.getNumArguments();
+  if (hasLabel)
+    argTypes.push_back(labelType);
+  unsigned paramBase = argTypes.size();
+  for (const Param &p : params)
+    argTypes.push_back(p.initial.getType());
+  for (const Param &s : states)
+    argTypes.push_back(s.initial.getType());
+  auto func = func::FuncOp::create(loc, "eval", b.getFunctionType(argTypes, {}));
+  module.push_back(func);
+  Block *entry = func.addEntryBlock();
+  for (unsigned i = 0; i < numData; ++i)
+    func.setArgAttrs(i, main.getArgAttrDict(i));
+  if (hasLabel)
+    func.setArgAttr(numData, "forge.name", b.getStringAttr(options.loss.label));
+  auto setPersistent = [&](unsigned i, const Param &p, StringRef kind) {
+    func.setArgAttr(i, "forge.name", b.getStringAttr(p.name));
+    func.setArgAttr(i, "forge.kind", b.getStringAttr(kind));
+    func.setArgAttr(i, "forge.role", b.getStringAttr(p.role));
+    func.setArgAttr(i, "forge.initial_value", p.initial);
+  };
+  for (auto [i, p] : llvm::enumerate(params))
+    setPersistent(paramBase + i, p, "parameter");
+  for (auto [i, s] : llvm::enumerate(states))
+    setPersistent(paramBase + params.size() + i, s, "state");
+
+  b.setInsertionPointToStart(entry);
+  IRMapping map;
+  for (unsigned i = 0; i < numData; ++i)
+    map.map(main.getArgument(i), entry->getArgument(i));
+  for (auto [i, p] : llvm::enumerate(params))
+    map.map(p.constant.getResult(), entry->getArgument(paramBase + i));
+  for (auto [i, s] : llvm::enumerate(states))
+    map.map(s.constant.getResult(), entry->getArgument(paramBase + params.size() + i));
+  for (Operation &op : main.getBody().front()) {
+    if (isa<func::ReturnOp>(op))
+      continue;
+    if (auto c = dyn_cast<ConstantOp>(op); c && map.contains(c.getResult()))
+      continue;
+    // Evaluation uses the running statistics.
+    if (auto bn = dyn_cast<BatchNormTrainingOp>(op)) {
+      Value y = b.create<BatchNormOp>(bn.getLoc(), map.lookupOrDefault(bn.getInput()),
+                                      map.lookupOrDefault(bn.getScale()), map.lookupOrDefault(bn.getBias()),
+                                      map.lookupOrDefault(bn.getRunningMean()),
+                                      map.lookupOrDefault(bn.getRunningVar()), bn.getEpsilonAttr());
+      map.map(bn.getResult(), y);
+      map.map(bn.getNewRunningMean(), map.lookupOrDefault(bn.getRunningMean()));
+      map.map(bn.getNewRunningVar(), map.lookupOrDefault(bn.getRunningVar()));
+      continue;
+    }
+    b.clone(op, map);
+  }
+  auto ret = cast<func::ReturnOp>(main.getBody().front().getTerminator());
+  Builder bb(b, loc);
+  Value output = map.lookup(ret.getOperand(outputIndex));
+  auto loss = buildLoss(bb, options.loss, output, hasLabel ? entry->getArgument(numData) : Value(),
+                        /*wantCorrect=*/options.loss.kind == "cross_entropy");
+  if (failed(loss))
+    return failure();
+  SmallVector<Value> results = {loss->first};
+  if (loss->second)
+    results.push_back(loss->second);
+  b.create<func::ReturnOp>(loc, results);
+  SmallVector<Type> resultTypes;
+  for (Value v : results)
+    resultTypes.push_back(v.getType());
+  func.setFunctionType(b.getFunctionType(argTypes, resultTypes));
+  func.setResultAttr(0, "forge.name", b.getStringAttr("loss"));
+  if (loss->second)
+    func.setResultAttr(1, "forge.name", b.getStringAttr("forge.correct"));
+  return success();
+}
+
+LogicalResult TrainGraphBuilder::run() {
+  auto main = module.lookupSymbol<func::FuncOp>("main");
+  if (!main)
+    return module.emitError("no @main function to train");
+  if (options.microBatches < 1)
+    return main.emitError("--micro-batches must be >= 1");
+  for (unsigned i = 0; i < main.getNumResults(); ++i)
+    if (auto name = main.getResultAttrOfType<StringAttr>(i, "forge.name");
+        name && name.getValue() == options.loss.output)
+      outputIndex = i;
+  if (outputIndex < 0) {
+    std::string names;
+    for (unsigned i = 0; i < main.getNumResults(); ++i)
+      if (auto name = main.getResultAttrOfType<StringAttr>(i, "forge.name"))
+        names += (names.empty() ? "" : ", ") + name.str();
+    return main.emitError() << "--loss names output '" << options.loss.output
+                            << "', which the model does not have (outputs: " << names << ")";
+  }
+  for (unsigned i = 0; i < main.getNumArguments(); ++i)
+    if (auto name = main.getArgAttrOfType<StringAttr>(i, "forge.name");
+        name && name.getValue() == options.loss.label)
+      return main.emitError() << "label input '" << options.loss.label
+                              << "' collides with a model input";
+  if (failed(collectParams(main)))
+    return failure();
+  auto outType = cast<RankedTensorType>(main.getResultTypes()[outputIndex]);
+  if (options.loss.kind == "cross_entropy") {
+    if (outType.getRank() < 2 || !isa<FloatType>(outType.getElementType()))
+      return main.emitError() << "cross_entropy needs float logits of rank >= 2, '"
+                              << options.loss.output << "' is " << outType;
+    labelType = RankedTensorType::get(outType.getShape().drop_back(), IntegerType::get(ctx, 64));
+  } else if (options.loss.kind != "output") {
+    labelType = outType;
+  }
+  if (failed(buildTrainStep(main)) || failed(buildEval(main)))
+    return failure();
+  main.erase();
+  return success();
+}
+
+} // namespace
+
+LogicalResult mlir::forge::buildTrainingModule(ModuleOp module, const TrainOptions &options) {
+  return TrainGraphBuilder(module, options).run();
+}
