@@ -195,6 +195,14 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->train_.extra1 = *lr;
   tr->train_.extra2 = *gradNorm;
 
+  // Gradient outputs (forgec --expose-gradients): forge.grad.NAME.
+  const std::string gradPrefix = "forge.grad.";
+  for (int32_t t : ex.outputs(tr->train_.index)) {
+    const std::string &name = ex.tensorInfo(t).name();
+    if (name.size() > gradPrefix.size() && name.compare(0, gradPrefix.size(), gradPrefix) == 0)
+      tr->gradOutputs_.emplace_back(name.substr(gradPrefix.size()), t);
+  }
+
   FORGE_RETURN_IF_ERROR(train->bind(tr->fields_));
   const int64_t perStep = tr->samplesPerStep();
   if (train->numSamples() < perStep)

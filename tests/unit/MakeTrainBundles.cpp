@@ -3,6 +3,7 @@
 //   linear.forge        makeLinearBundle() (x [4,3], y [4,1], eval batch 5)
 //   linear_other.forge  the same model under another source hash
 //   linear_k2.forge     2 micro-batches of 2
+//   linear_grads.forge  linear.forge plus the output forge.grad.w
 #include <cstdio>
 #include <string>
 
@@ -22,9 +23,12 @@ int main(int argc, char **argv) {
   LinearSpec k2;
   k2.batch = 2;
   k2.micro = 2;
+  LinearSpec grads;
+  grads.exposeGradient = true;
   for (auto [name, spec] : {std::pair<const char *, LinearSpec>{"linear", LinearSpec{}},
                             {"linear_other", other},
-                            {"linear_k2", k2}}) {
+                            {"linear_k2", k2},
+                            {"linear_grads", grads}}) {
     BundleWriter w = makeLinearBundle(spec);
     Status s = w.writeFile(dir + "/" + name + ".forge");
     if (!s.isOk()) {

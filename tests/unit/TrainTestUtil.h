@@ -6,7 +6,9 @@
 //    lr / forge.step (so a wrong step counter changes the losses); the
 //    momentum buffer `m` is a STATE tensor updated through "copy", the weight
 //    `w` a PARAMETER updated in place. eval outputs loss and forge.correct
-//    (predictions within 0.5 of the target).
+//    (predictions within 0.5 of the target). With `exposeGradient`,
+//    train_step also outputs `forge.grad.w` (the accumulated gradient, as
+//    forgec --expose-gradients does).
 //  * makeClassifierBundle: logits = x @ W, log_softmax + nll_loss with C
 //    classes; train_step only computes the loss (no update) - enough to test
 //    label checks.
@@ -128,6 +130,7 @@ struct LinearSpec {
   float lr = 0.1f, momentum = 0.9f;
   std::vector<float> w0 = {0.5f, -0.25f, 0.125f};
   std::string sourceHash = "linear-test";
+  bool exposeGradient = false;
 };
 
 inline BundleWriter makeLinearBundle(const LinearSpec &s = {}) {
@@ -196,6 +199,10 @@ inline BundleWriter makeLinearBundle(const LinearSpec &s = {}) {
   setInt(rs, "keepdims", 0);
   int32_t gn = b.output("forge.grad_norm", {});
   b.inst("sqrt", {ss}, {gn});
+  if (s.exposeGradient) {
+    int32_t gradOut = b.output("forge.grad.w", {D, 1});
+    b.inst("copy", {grad}, {gradOut});
+  }
   // m = mu * m + g (via a temporary and copy); w -= lr_t * m (in place).
   int32_t mm = b.tmp({D, 1}), mnew = b.tmp({D, 1}), upd = b.tmp({D, 1});
   b.inst("mul", {m, mu}, {mm});

@@ -9,8 +9,8 @@ data with numpy and checks, through the CLI only: --help documents every
 option, same seed => identical losses, a run stopped and resumed equals an
 uninterrupted one, corrupt checkpoints are skipped and kept, another bundle's
 checkpoints are refused, recipes (and CLI overrides), evaluation lines in the
-metrics, data errors, --epochs, micro-batches, --dump-params and --export-onnx
-(when the onnx module is available). Exit status 0 when everything passes.
+metrics, data errors, --epochs, micro-batches, --dump-params, --dump-grads and
+--export-onnx (when the onnx module is available). Exit status 0 when everything passes.
 """
 import argparse
 import json
@@ -81,7 +81,7 @@ def main():
     opts = ["--info", "--forward", "--inputs", "--input", "--outputs", "--data", "--eval-data",
             "--token-dtype", "--seed", "--no-shuffle", "--steps", "--epochs", "--eval-every",
             "--threads", "--recipe", "--log-every", "--metrics", "--ckpt-dir", "--ckpt-every",
-            "--resume", "--export-onnx", "--onnx-model", "--dump-params"]
+            "--resume", "--export-onnx", "--onnx-model", "--dump-params", "--dump-grads"]
     check("--help lists every option", h.returncode == 0 and all(o in h.stdout for o in opts),
           [o for o in opts if o not in h.stdout])
 
@@ -193,6 +193,29 @@ def main():
     if check("micro-batch run", r4.returncode == 0 and rk.returncode == 0, rk.stderr):
         check("micro-batches == one larger batch",
               np.allclose(losses(J("k1.jsonl")), losses(J("k2.jsonl")), rtol=1e-5))
+
+    # --dump-grads: the gradient of step 1 (w0, the first 4 samples in file order), not of a
+    # later step; the exposed output changes nothing else.
+    r = run([J("linear_grads.forge"), "--data", train, "--steps", "3", "--no-shuffle",
+             "--metrics", J("g.jsonl"), "--dump-grads", J("g.npz")])
+    if check("--dump-grads", r.returncode == 0 and "wrote the gradients of step 1" in r.stderr,
+             r.stderr):
+        d = np.load(train)
+        x, y = d["x"][:4].astype(np.float64), d["y"][:4].astype(np.float64)
+        w0 = np.array([[0.5], [-0.25], [0.125]])
+        want = 2.0 / 4 * x.T @ (x @ w0 - y)
+        g = np.load(J("g.npz"))
+        check("--dump-grads writes d loss / d w of step 1",
+              g.files == ["w"] and g["w"].shape == (3, 1) and g["w"].dtype == np.float32
+              and np.allclose(g["w"], want, rtol=1e-5, atol=1e-6), (g.files, g["w"], want))
+        r0 = run([b, "--data", train, "--steps", "3", "--no-shuffle", "--metrics",
+                  J("g0.jsonl")])
+        check("exposing gradients changes no loss",
+              r0.returncode == 0 and losses(J("g.jsonl")) == losses(J("g0.jsonl")))
+    r = run([b, "--data", train, "--steps", "1", "--dump-grads", J("none.npz")], expect_rc=1)
+    check("--dump-grads needs forge.grad outputs",
+          "has no gradient outputs" in r.stderr and "--expose-gradients" in r.stderr
+          and not os.path.exists(J("none.npz")), r.stderr)
 
     # Data errors name the file and the array.
     make_data(J("no_y.npz"), 10, 0, drop="y")

@@ -34,6 +34,7 @@ struct Options {
   bool resume = false;
   std::string exportOnnx, onnxModel;
   std::string dumpParams;
+  std::string dumpGrads;
   int64_t logEvery = 10;
 };
 

@@ -1,6 +1,6 @@
 // forge-train's training mode: the CLI around forge::rt::Trainer (data,
 // steps/epochs, evaluation, progress line, metrics JSONL, checkpoints and
-// --resume, --export-onnx, --dump-params).
+// --resume, --export-onnx, --dump-params, --dump-grads).
 //
 // Invariants:
 //  * Every failure is a Status printed once as "forge-train: error: ...";
@@ -177,6 +177,15 @@ Status dumpParams(const std::string &path, const CpuExecutor &ex) {
   return writeNpz(path, arrays);
 }
 
+/// --dump-grads: the gradient outputs of the step that just ran, keyed by
+/// parameter name (arena tensors: call before anything else runs).
+Status dumpGrads(const std::string &path, const Trainer &tr) {
+  std::map<std::string, TensorView> arrays;
+  for (const auto &[name, t] : tr.gradientOutputs())
+    arrays[name] = tr.executor().view(t);
+  return writeNpz(path, arrays);
+}
+
 Status exportModel(const Options &opts, const Bundle &bundle, const CpuExecutor &ex,
                    Progress &progress) {
 #ifdef FORGE_HAVE_ONNX_EXPORT
@@ -292,6 +301,11 @@ Expected<int> train(const Options &opts, Progress &progress) {
     }
   }
 
+  if (!opts.dumpGrads.empty() && tr.gradientOutputs().empty())
+    return Status::error("--dump-grads: {} has no gradient outputs (train_step outputs "
+                         "forge.grad.NAME); compile it with forgec --expose-gradients",
+                         opts.bundlePath);
+
   Metrics metrics;
   if (!opts.metricsPath.empty())
     FORGE_RETURN_IF_ERROR(metrics.open(opts.metricsPath, resumedAt));
@@ -331,6 +345,13 @@ Expected<int> train(const Options &opts, Progress &progress) {
     lastLoss = r->loss;
     const int64_t s = r->step;
     const bool last = s == total;
+
+    // The gradient outputs live in the arena: write them before eval runs.
+    if (ranSteps == 1 && !opts.dumpGrads.empty()) {
+      FORGE_RETURN_IF_ERROR(dumpGrads(opts.dumpGrads, tr).prefix("--dump-grads"));
+      progress.message(fmt::format("wrote the gradients of step {} ({} tensors) to {}", s,
+                                   tr.gradientOutputs().size(), opts.dumpGrads));
+    }
 
     std::optional<EvalResult> ev;
     if (tr.hasEval() && ((opts.evalEvery > 0 && s % opts.evalEvery == 0) || last)) {
@@ -390,6 +411,9 @@ Expected<int> train(const Options &opts, Progress &progress) {
   if (ranSteps == 0) {
     progress.message(fmt::format("already at step {} of {}; nothing to train", tr.stepsDone(),
                                  total));
+    if (!opts.dumpGrads.empty())
+      return Status::error("--dump-grads {}: no step ran, so there are no gradients to write",
+                           opts.dumpGrads);
     if (tr.hasEval()) {
       auto e = tr.evaluate();
       if (!e)

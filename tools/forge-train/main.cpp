@@ -322,6 +322,13 @@ void addOptions(CLI::App &app, Options &opts) {
   app.add_option("--dump-params", opts.dumpParams,
                  "After training, write every parameter and state tensor to this .npz, by name")
       ->group(out);
+  app.add_option("--dump-grads", opts.dumpGrads,
+                 "After the first optimizer step of this run (step 1 unless --resume), write "
+                 "every parameter's gradient (train_step outputs forge.grad.NAME: after "
+                 "micro-batch accumulation, before clipping and weight decay) to this .npz, "
+                 "keyed by parameter name; the bundle must be compiled with forgec "
+                 "--expose-gradients")
+      ->group(out);
 }
 
 /// Arguments for the long options the recipe sets (keys = option names

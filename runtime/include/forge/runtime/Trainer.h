@@ -13,12 +13,16 @@
 //    are a function of (bundle, data, seed, thread count) only, and a run
 //    restored from a checkpoint taken after step k continues identically.
 //  * evaluate() reads parameters but never changes them or the sampler.
+//  * gradientOutputs() (bundles from forgec --expose-gradients) are arena
+//    tensors: they hold the last step's gradients until the next step() or
+//    evaluate().
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "forge/runtime/Checkpoint.h"
@@ -74,6 +78,13 @@ public:
   const std::vector<DataField> &dataFields() const { return fields_; }
   const DataSource &trainData() const { return *trainData_; }
   const DataSource *evalData() const { return evalData_.get(); }
+  /// The train_step outputs `forge.grad.NAME` (forgec --expose-gradients),
+  /// as (NAME, tensor index) in output order; empty for other bundles. Read
+  /// them with executor().view() right after step(), before anything else
+  /// runs.
+  const std::vector<std::pair<std::string, int32_t>> &gradientOutputs() const {
+    return gradOutputs_;
+  }
 
   CpuExecutor &executor() { return *exec_; }
   const CpuExecutor &executor() const { return *exec_; }
@@ -104,6 +115,7 @@ private:
   std::vector<std::vector<void *>> microOuts_; // [k][field] -> input buffer
   std::vector<void *> evalOuts_;
   std::vector<int64_t> evalIndices_;
+  std::vector<std::pair<std::string, int32_t>> gradOutputs_;
 };
 
 } // namespace forge::rt
