@@ -110,6 +110,7 @@ int main(int argc, char **argv) {
 
   mlir::forge::ImportOptions importOptions;
   importOptions.batch = batch;
+  importOptions.keepFloatInitializers = !inferenceOnly; // they become parameters
   for (const std::string &s : shapes) {
     auto [name, value] = StringRef(s).split('=');
     std::vector<int64_t> d;

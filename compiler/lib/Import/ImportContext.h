@@ -24,6 +24,9 @@ namespace mlir::forge::onnx_import {
 /// Graph-wide value table.
 struct GraphState {
   llvm::StringMap<Value> values;
+  /// ImportOptions::keepFloatInitializers: create() does not fold ops that
+  /// read a float initializer.
+  bool keepFloatInitializers = false;
 };
 
 class NodeImporter {
@@ -66,7 +69,8 @@ public:
 
   /// Builds forge op `name` with `operands` (null = absent optional) and
   /// inherent attributes; validates type inference and the verifier (errors
-  /// point at this node), and folds to a constant when every operand is one.
+  /// point at this node), and folds to a constant when every operand is one
+  /// (unless one is a float initializer and GraphState::keepFloatInitializers).
   FailureOr<SmallVector<Value>> create(StringRef opName, ArrayRef<Value> operands,
                                        ArrayRef<NamedAttribute> attrs = {});
   FailureOr<Value> create1(StringRef opName, ArrayRef<Value> operands,

@@ -300,8 +300,15 @@ FailureOr<SmallVector<Value>> NodeImporter::create(StringRef opName, ArrayRef<Va
   }
   SmallVector<Value> results(op->getResults());
   // Fold when every operand is a constant: shape subgraphs vanish at import.
+  // For training, float initializers (the future parameters) stay live.
+  auto isFloatInitializer = [](Value v) {
+    auto c = v.getDefiningOp<ConstantOp>();
+    return c && c->hasAttr("forge.initializer") &&
+           isa<FloatType>(getElementTypeOrSelf(v.getType()));
+  };
   if (present.empty() ||
-      !llvm::all_of(present, [](Value v) { return v.getDefiningOp<ConstantOp>(); }))
+      !llvm::all_of(present, [](Value v) { return v.getDefiningOp<ConstantOp>(); }) ||
+      (graph.keepFloatInitializers && llvm::any_of(present, isFloatInitializer)))
     return results;
   SmallVector<Attribute> consts;
   for (Value v : operands)
@@ -557,6 +564,7 @@ OwningOpRef<ModuleOp> GraphImporter::run(const onnx::ModelProto &model) {
   Block *entry = func.addEntryBlock();
   b.setInsertionPointToStart(entry);
   GraphState state;
+  state.keepFloatInitializers = options.keepFloatInitializers;
   llvm::StringSet<> available;
   for (auto [i, in] : llvm::enumerate(inputs)) {
     state.values[in->name()] = entry->getArgument(i);

@@ -68,6 +68,15 @@ struct ModelBuilder {
     for (int64_t v : values)
       t->add_int64_data(v);
   }
+  void initFloats(const std::string &name, std::vector<int64_t> dims, std::vector<float> values) {
+    auto *t = graph->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : dims)
+      t->add_dims(d);
+    for (float v : values)
+      t->add_float_data(v);
+  }
   std::string bytes() const { return model.SerializeAsString(); }
 };
 
@@ -241,6 +250,50 @@ TEST(Importer, ShapeSubgraphFoldsToStaticReshape) {
   auto func = r.module->lookupSymbol<func::FuncOp>("main");
   auto result = cast<RankedTensorType>(func.getResultTypes()[0]);
   EXPECT_EQ(result.getShape(), ArrayRef<int64_t>({2, 12}));
+}
+
+TEST(Importer, FloatInitializersStayLiveForTraining) {
+  // y = x @ Transpose(W) + Gather(E, [1, 0]) (a tied/transposed weight and an embedding
+  // lookup with constant indices, as training-mode exports emit). Inference folds both ops
+  // on initializers; for training (keepFloatInitializers) they must read W and E, or the
+  // parameters would be dead and a constant copy would be trained instead. Integer-only
+  // subgraphs still fold.
+  ModelBuilder m;
+  m.input("x", {2, 3});
+  m.initFloats("W", {4, 3}, std::vector<float>(12, 0.5f));
+  m.initFloats("E", {2, 4}, {1, 2, 3, 4, 5, 6, 7, 8});
+  m.initInts("idx", {1, 0});
+  m.initInts("zero", {0});
+  m.node("Transpose", {"W"}, {"Wt"});
+  m.node("MatMul", {"x", "Wt"}, {"h"});
+  m.node("Gather", {"E", "idx"}, {"e"});
+  m.node("Add", {"h", "e"}, {"s"});
+  m.node("Shape", {"s"}, {"shape"});
+  m.node("Gather", {"shape", "zero"}, {"n"});
+  m.node("Reshape", {"s", "shape"}, {"y"});
+  m.output("y");
+  m.output("n");
+  {
+    MLIRContext ctx;
+    auto r = import(ctx, m.bytes());
+    ASSERT_TRUE(r.module) << r.diagnostics;
+    EXPECT_EQ(count(*r.module, "forge.transpose"), 0);
+    EXPECT_EQ(count(*r.module, "forge.gather"), 0);
+  }
+  MLIRContext ctx;
+  forge::ImportOptions options;
+  options.keepFloatInitializers = true;
+  auto r = import(ctx, m.bytes(), options);
+  ASSERT_TRUE(r.module) << r.diagnostics;
+  EXPECT_EQ(count(*r.module, "forge.transpose"), 1);
+  EXPECT_EQ(count(*r.module, "forge.gather"), 1); // Gather(Shape(s), 0) folded
+  r.module->walk([&](Operation *op) {
+    StringRef name = op->getName().getStringRef();
+    if (name != "forge.transpose" && name != "forge.gather")
+      return;
+    auto c = op->getOperand(0).getDefiningOp<forge::ConstantOp>();
+    ASSERT_TRUE(c && c->hasAttr("forge.initializer")) << name.str() << " does not read W/E";
+  });
 }
 
 TEST(Importer, ExternalDataIsReadAndChecked) {

@@ -34,6 +34,11 @@ struct ImportOptions {
   /// program inputs): inputs that configure shapes, axes or pads must be
   /// known when the program is specialized.
   std::map<std::string, DenseElementsAttr> constantInputs;
+  /// Never fold an op with a float initializer operand (training: those
+  /// initializers become parameters, and folding e.g. Transpose(W) or
+  /// Gather(W, constant indices) would leave W dead and train a constant copy
+  /// instead). Ops on other constants still fold.
+  bool keepFloatInitializers = false;
 };
 
 /// Imports an ONNX model file. Errors are reported through the context's
