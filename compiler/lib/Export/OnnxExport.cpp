@@ -47,9 +47,16 @@ void setType(onnx::ValueInfoProto &info, Type type) {
 
 LogicalResult mlir::forge::exportGraphToOnnx(ModuleOp module, const std::string &path,
                                              int64_t maxInlineElements) {
+  // The routine a reader wants to see: the forward graph, else the training step.
   auto func = module.lookupSymbol<func::FuncOp>("main");
   if (!func)
-    return module.emitError("no @main function to export");
+    func = module.lookupSymbol<func::FuncOp>("train_step");
+  if (!func) {
+    auto funcs = module.getOps<func::FuncOp>();
+    if (funcs.empty())
+      return module.emitError("no function to export");
+    func = *funcs.begin();
+  }
   onnx::ModelProto model;
   model.set_ir_version(8);
   model.set_producer_name("forgec");
@@ -58,7 +65,7 @@ LogicalResult mlir::forge::exportGraphToOnnx(ModuleOp module, const std::string 
   forgeOpset->set_version(1);
   model.add_opset_import()->set_version(17);
   onnx::GraphProto *graph = model.mutable_graph();
-  graph->set_name("main");
+  graph->set_name(func.getSymName().str());
 
   llvm::DenseMap<Value, std::string> names;
   int counter = 0;

@@ -112,6 +112,12 @@ public:
     StringRef name = pass->getArgument();
     if (name.empty())
       return;
+    // A function pass runs once per function (in order, multithreading is
+    // off): dump once, after the last function.
+    if (isa<func::FuncOp>(op))
+      for (Operation *next = op->getNextNode(); next; next = next->getNextNode())
+        if (isa<func::FuncOp>(next))
+          return;
     (void)writeDumpFiles(module, dir, next++, name);
   }
 

@@ -1,6 +1,7 @@
 //===- OnnxExport.h - forge IR -> ONNX graph for viewing in Netron ---------===//
 //
-// Writes each forge op as a node of domain "ai.forge" (op type = mnemonic,
+// Writes the forward graph (or, for training modules, @train_step) with each
+// forge op as a node of domain "ai.forge" (op type = mnemonic,
 // attributes carried over) with value_info for every tensor, so Netron shows
 // the graph with shapes after any pass. Constants with more than
 // `maxInlineElements` elements are written without their data.
