@@ -238,7 +238,7 @@ public:
   Value castTo(Value x, Type element) {
     if (elementOf(x) == element)
       return x;
-    return b.create<CastOp>(loc, x, TypeAttr::get(element));
+    return b.create<CastOp>(loc, x, TypeAttr::get(element), b.getBoolAttr(true));
   }
   static Type elementOf(Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); }
 };

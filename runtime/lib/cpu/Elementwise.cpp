@@ -429,6 +429,117 @@ template <typename F> Status visitCastable(DType t, F &&f, std::string_view what
   return visitNumeric(t, f, what);
 }
 
+/// float8 E4M3FN (bias 7, no infinities, NaN = S.1111.111, max 448) and
+/// E5M2 (bias 15, IEEE-like infinities, max 57344), as ONNX defines them.
+struct Float8Format {
+  int mantissaBits, bias;
+  double max;
+  bool hasInf;
+};
+constexpr Float8Format kE4M3{3, 7, 448.0, false};
+constexpr Float8Format kE5M2{2, 15, 57344.0, true};
+
+double float8ToDouble(uint8_t v, const Float8Format &f) {
+  bool negative = v & 0x80;
+  int expBits = 7 - f.mantissaBits;
+  int exp = (v >> f.mantissaBits) & ((1 << expBits) - 1);
+  int mant = v & ((1 << f.mantissaBits) - 1);
+  int expMax = (1 << expBits) - 1;
+  double r;
+  if (f.hasInf && exp == expMax)
+    r = mant == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  else if (!f.hasInf && exp == expMax && mant == (1 << f.mantissaBits) - 1)
+    r = std::numeric_limits<double>::quiet_NaN();
+  else if (exp == 0)
+    r = std::ldexp(double(mant), 1 - f.bias - f.mantissaBits);
+  else
+    r = std::ldexp(1.0 + double(mant) / (1 << f.mantissaBits), exp - f.bias);
+  return negative ? -r : r;
+}
+
+/// Round to nearest even onto the format's grid; overflow saturates to +-max
+/// or becomes NaN (E4M3FN) / infinity (E5M2), per the ONNX `saturate` flag.
+uint8_t doubleToFloat8(double x, const Float8Format &f, bool saturate) {
+  uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  int expBits = 7 - f.mantissaBits;
+  uint8_t nanBits = f.hasInf ? uint8_t(((1 << expBits) - 1) << f.mantissaBits | 1) : 0x7f;
+  uint8_t infBits = uint8_t(((1 << expBits) - 1) << f.mantissaBits);
+  uint8_t maxBits = f.hasInf ? uint8_t(infBits - 1) : 0x7e;
+  if (std::isnan(x))
+    return sign | nanBits;
+  double a = std::fabs(x);
+  int emin = 1 - f.bias; // smallest normal exponent
+  double rounded = 0;
+  if (!std::isinf(a) && a > 0) {
+    int e;
+    std::frexp(a, &e); // a = m * 2^e, m in [0.5, 1)
+    int quantumExp = std::max(e - 1, emin) - f.mantissaBits;
+    rounded = std::ldexp(std::nearbyint(std::ldexp(a, -quantumExp)), quantumExp);
+  }
+  if (std::isinf(a) || rounded > f.max) {
+    if (saturate)
+      return sign | maxBits;
+    return sign | (f.hasInf ? infBits : nanBits);
+  }
+  if (rounded == 0)
+    return sign;
+  int e;
+  double m = std::frexp(rounded, &e); // rounded = m * 2^e
+  int exponent = e - 1;
+  if (exponent < emin) // subnormal
+    return sign | uint8_t(std::ldexp(rounded, f.bias - 1 + f.mantissaBits));
+  uint8_t mant = uint8_t(std::ldexp(2 * m - 1, f.mantissaBits));
+  return sign | uint8_t((exponent + f.bias) << f.mantissaBits) | mant;
+}
+
+/// Casts with a float8 side go through double (exact for every float8 value).
+Status castFloat8(KernelContext &ctx, const TensorView &x, TensorView &y, DType to) {
+  bool saturate = !ctx.attrs.has("saturate") || *ctx.attrs.getInt("saturate") != 0;
+  const int64_t n = x.numel();
+  auto format = [](DType t) { return t == bundle::F8E4M3 ? kE4M3 : kE5M2; };
+  bool fromF8 = x.dtype == bundle::F8E4M3 || x.dtype == bundle::F8E5M2;
+  bool toF8 = to == bundle::F8E4M3 || to == bundle::F8E5M2;
+  std::vector<double> values(n);
+  if (fromF8) {
+    const uint8_t *in = x.as<const uint8_t>();
+    for (int64_t i = 0; i < n; ++i)
+      values[i] = float8ToDouble(in[i], format(x.dtype));
+  } else {
+    FORGE_RETURN_IF_ERROR(visitCastable(
+        x.dtype,
+        [&](auto tag) {
+          using From = typename decltype(tag)::type;
+          const From *in = x.as<const From>();
+          for (int64_t i = 0; i < n; ++i)
+            values[i] = static_cast<double>(load(in[i]));
+          return Status::ok();
+        },
+        "cast source"));
+  }
+  if (toF8) {
+    uint8_t *out = y.as<uint8_t>();
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = doubleToFloat8(values[i], format(to), saturate);
+    return Status::ok();
+  }
+  if (to == bundle::BOOL) {
+    uint8_t *out = y.as<uint8_t>();
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = values[i] != 0;
+    return Status::ok();
+  }
+  return visitNumeric(
+      to,
+      [&](auto tag) {
+        using To = typename decltype(tag)::type;
+        To *out = y.as<To>();
+        for (int64_t i = 0; i < n; ++i)
+          out[i] = convertValue<To>(values[i]);
+        return Status::ok();
+      },
+      "cast target");
+}
+
 Status castKernel(KernelContext &ctx) {
   const TensorView &x = ctx.inputs[0];
   TensorView &y = ctx.outputs[0];
@@ -441,6 +552,9 @@ Status castKernel(KernelContext &ctx) {
       std::memmove(y.data, x.data, x.bytes());
     return Status::ok();
   }
+  if (x.dtype == bundle::F8E4M3 || x.dtype == bundle::F8E5M2 || to == bundle::F8E4M3 ||
+      to == bundle::F8E5M2)
+    return castFloat8(ctx, x, y, to);
   return visitCastable(
       x.dtype,
       [&](auto fromTag) {

@@ -945,7 +945,7 @@ TEST_F(GradientContract, IntegerMathGetsNullsAndCreatesNothing) {
   EXPECT_EQ(grads, SmallVector<Value>(2, Value()));
   EXPECT_EQ(numOps(func), before);
   // An integer input of a cast to float gets no gradient either.
-  auto castOp = b.create<CastOp>(loc, func.getArgument(0), TypeAttr::get(b.getF64Type()));
+  auto castOp = b.create<CastOp>(loc, func.getArgument(0), TypeAttr::get(b.getF64Type()), b.getBoolAttr(true));
   Value gf = splat(f64, 1);
   before = numOps(func);
   grads.clear();

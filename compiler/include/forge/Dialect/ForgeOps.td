@@ -117,7 +117,12 @@ def Forge_IsNaNOp : Forge_Op<"isnan", "IsNaN", FusionElementwise, PrecisionFollo
 
 def Forge_CastOp : Forge_Op<"cast", "Cast", FusionElementwise, PrecisionFollowsInput, 1> {
   let summary = "Element type conversion (gradient flows between float types only)";
-  let arguments = (ins AnyForgeTensor:$input, TypeAttr:$to);
+  let description = [{
+    `saturate` (ONNX Cast-19) applies to float8 targets only: out-of-range
+    values become +-max instead of NaN (E4M3FN) or infinity (E5M2).
+  }];
+  let arguments = (ins AnyForgeTensor:$input, TypeAttr:$to,
+                       DefaultValuedAttr<BoolAttr, "true">:$saturate);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let hasFolder = 1;
