@@ -190,6 +190,8 @@ int main(int argc, char **argv) {
     trainOptions.loss = *lossSpec;
     trainOptions.optimizer = *optSpec;
     trainOptions.schedule = *schedule;
+    if (clipGradNorm < 0)
+      return fail("--clip-grad-norm must be >= 0 (0 turns clipping off)");
     trainOptions.clipGradNorm = clipGradNorm;
     trainOptions.microBatches = microBatches;
     if (microBatches < 1)

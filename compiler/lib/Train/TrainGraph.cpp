@@ -125,11 +125,22 @@ FailureOr<OptimizerSpec> mlir::forge::parseOptimizerSpec(StringRef text, std::st
       return failure();
     }
   }
-  if (spec.lr <= 0 || spec.momentum < 0 || spec.momentum >= 1 || spec.beta1 < 0 || spec.beta1 >= 1 ||
-      spec.beta2 < 0 || spec.beta2 >= 1 || spec.eps <= 0 || spec.weightDecay < 0) {
-    error = "optimizer hyperparameters out of range (lr>0, 0<=momentum,beta<1, eps>0, wd>=0)";
+  auto bad = [&](const char *what, double value, const char *range) {
+    error = std::string(what) + "=" + std::to_string(value) + " is out of range (" + range + ")";
     return failure();
-  }
+  };
+  if (spec.lr <= 0)
+    return bad("lr", spec.lr, "lr > 0");
+  if (spec.momentum < 0 || spec.momentum >= 1)
+    return bad("momentum", spec.momentum, "0 <= momentum < 1");
+  if (spec.beta1 < 0 || spec.beta1 >= 1)
+    return bad("beta1", spec.beta1, "0 <= beta1 < 1");
+  if (spec.beta2 < 0 || spec.beta2 >= 1)
+    return bad("beta2", spec.beta2, "0 <= beta2 < 1");
+  if (spec.eps <= 0)
+    return bad("eps", spec.eps, "eps > 0");
+  if (spec.weightDecay < 0)
+    return bad("weight_decay", spec.weightDecay, "weight_decay >= 0");
   if (spec.nesterov && spec.momentum == 0) {
     error = "nesterov needs momentum > 0";
     return failure();
@@ -152,9 +163,20 @@ FailureOr<ScheduleSpec> mlir::forge::parseScheduleSpec(StringRef text, std::stri
       error = "schedule option " + k + "=" + v + " is not a non-negative number";
       return failure();
     }
+    bool isStepCount = k == "warmup" || k == "total" || k == "steps";
+    if (isStepCount && d != std::floor(d)) {
+      error = "schedule option " + k + "=" + v + " must be a whole number of steps";
+      return failure();
+    }
     if (k == "warmup") spec.warmupSteps = (int64_t)d;
     else if (k == "total" || k == "steps") spec.totalSteps = (int64_t)d;
-    else if (k == "min" || k == "min_ratio") spec.minRatio = d;
+    else if (k == "min" || k == "min_ratio") {
+      if (d > 1) {
+        error = "schedule option min_ratio=" + v + " must be in [0, 1]";
+        return failure();
+      }
+      spec.minRatio = d;
+    }
     else {
       error = "unknown schedule option '" + k + "' (warmup, total, min_ratio)";
       return failure();
@@ -379,11 +401,14 @@ LogicalResult TrainGraphBuilder::collectParams(func::FuncOp main) {
       return main.emitError() << "bad --freeze pattern '" << pattern << "'";
     frozen.push_back(std::move(*glob));
   }
+  std::vector<bool> patternUsed(frozen.size(), false);
   for (ConstantOp c : main.getOps<ConstantOp>()) {
     auto name = c->getAttrOfType<StringAttr>("forge.initializer");
     auto type = cast<RankedTensorType>(c.getType());
     if (!name || !isa<FloatType>(type.getElementType()) || c->use_empty())
       continue;
+    for (auto [i, g] : llvm::enumerate(frozen))
+      patternUsed[i] = patternUsed[i] || g.match(name.getValue());
     std::string role = roleOf(c);
     auto value = cast<DenseElementsAttr>(c.getValue());
     if (role == "running_stat") {
@@ -394,6 +419,12 @@ LogicalResult TrainGraphBuilder::collectParams(func::FuncOp main) {
       continue; // frozen parameters stay constants: no gradient is built for them
     params.push_back({name.str(), role, value, c});
   }
+  // A pattern that matches nothing is almost always a typo that would
+  // silently train what the user meant to freeze.
+  for (auto [i, used] : llvm::enumerate(patternUsed))
+    if (!used)
+      return main.emitError() << "--freeze pattern '" << options.freeze[i]
+                              << "' matches no float initializer";
   if (params.empty())
     return main.emitError("no trainable parameters (float initializers) left after --freeze");
   return success();
