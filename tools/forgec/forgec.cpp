@@ -106,6 +106,14 @@ int main(int argc, char **argv) {
   registerPassManagerCLOptions();
   registerDefaultTimingManagerCLOptions();
   registerAsmPrinterCLOptions();
+  // libLLVM registers hundreds of backend options; --help shows Forge's and
+  // MLIR's own (--mlir-*) only. --help-hidden still lists everything.
+  for (auto &[name, option] : cl::getRegisteredOptions()) {
+    bool ours = llvm::is_contained(option->Categories, &forgecCategory) ||
+                llvm::is_contained(option->Categories, &trainCategory);
+    if (!ours && !name.starts_with("mlir-") && name != "help" && name != "version")
+      option->setHiddenFlag(cl::Hidden);
+  }
   cl::ParseCommandLineOptions(argc, argv, "forgec: compile an ONNX model into a .forge bundle\n");
 
   mlir::forge::ImportOptions importOptions;
