@@ -1,8 +1,8 @@
 // Training checkpoints (Checkpoint.h).
 //
 // Invariants (see the header for the file layout):
-//  * writeCheckpoint goes through writeNpz (temporary file, fsync, rename) and
-//    then fsyncs the directory, so after it returns the checkpoint survives a
+//  * writeCheckpoint goes through writeNpz (temporary file, fsync, rename,
+//    directory fsync: FileUtil.h), so after it returns the checkpoint survives a
 //    crash; CheckpointDir::save never chooses an existing file name and updates
 //    `latest` the same way, after the checkpoint itself is durable.
 //  * readCheckpoint decodes and checks everything into private buffers first
@@ -20,14 +20,13 @@
 #include <map>
 #include <regex>
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
+#include "forge/runtime/FileUtil.h"
 #include "forge/runtime/Npy.h"
 
 namespace forge::rt {
@@ -56,55 +55,6 @@ std::string memberName(const bundle::TensorInfo &t) {
 
 std::string describe(const std::string &dtype, const std::vector<int64_t> &shape) {
   return fmt::format("{}{}", dtype, shapeString(shape));
-}
-
-/// fsync of the directory holding `path`, so a rename in it is durable.
-Status syncDirectoryOf(const std::string &path) {
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty())
-    dir = ".";
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    return Status::error("{}: cannot open directory to sync it: {}", dir.string(),
-                         std::strerror(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0 && err != EINVAL) // some file systems cannot sync directories
-    return Status::error("{}: directory fsync failed: {}", dir.string(), std::strerror(err));
-  return Status::ok();
-}
-
-/// Writes `text` to `path` through a temporary file, fsync and rename.
-Status writeTextAtomically(const std::string &path, const std::string &text) {
-  std::string tmp = path + ".tmp.XXXXXX";
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0)
-    return Status::error("{}: cannot create temporary file: {}", path, std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0) {
-      Status s = Status::error("{}: write failed: {}", path, std::strerror(errno));
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0 || ::close(fd) != 0) {
-    Status s = Status::error("{}: sync failed: {}", path, std::strerror(errno));
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    Status s = Status::error("{}: rename failed: {}", path, std::strerror(errno));
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  return syncDirectoryOf(path);
 }
 
 struct ParsedName {
@@ -181,8 +131,7 @@ Status writeCheckpoint(const std::string &path, const CpuExecutor &ex,
   std::vector<uint8_t> metaBytes(text.begin(), text.end());
   arrays[kMetaMember] = TensorView{metaBytes.data(), bundle::U8,
                                    {static_cast<int64_t>(metaBytes.size())}};
-  FORGE_RETURN_IF_ERROR(writeNpz(path, arrays));
-  return syncDirectoryOf(path);
+  return writeNpz(path, arrays);
 }
 
 Expected<CheckpointState> readCheckpoint(const std::string &path, CpuExecutor &ex,
@@ -364,7 +313,7 @@ Expected<std::string> CheckpointDir::save(const CpuExecutor &ex,
   }
   std::string path = (fs::path(dir_) / name).string();
   FORGE_RETURN_IF_ERROR(writeCheckpoint(path, ex, state));
-  FORGE_RETURN_IF_ERROR(writeTextAtomically((fs::path(dir_) / "latest").string(), name + "\n"));
+  FORGE_RETURN_IF_ERROR(writeFileAtomically((fs::path(dir_) / "latest").string(), name + "\n"));
   return path;
 }
 

@@ -12,8 +12,9 @@
 //    local headers), members stored or deflated, with zip64 extra fields;
 //    each member's CRC32 is checked. writeNpz writes stored members (zip64
 //    only when sizes or offsets need it), readable by numpy.load.
-//  * Files are written through a temporary file and renamed into place, so a
-//    reader never sees a half-written archive.
+//  * Files are written through AtomicFileWriter (FileUtil.h: temporary file,
+//    fsync, rename, directory fsync), so a reader never sees a half-written
+//    archive.
 //  * bfloat16 and float8 have no NumPy dtype: encodeNpy writes their raw bits
 //    as '<u2' / '|u1' (read back as U16 / U8).
 #include "forge/runtime/Npy.h"
@@ -35,6 +36,8 @@
 
 #include <fmt/ranges.h>
 #include <zlib.h>
+
+#include "forge/runtime/FileUtil.h"
 
 static_assert(std::endian::native == std::endian::little,
               ".npy/.npz handling assumes a little-endian host");
@@ -400,58 +403,6 @@ Expected<std::vector<uint8_t>> readWholeFile(const std::string &path) {
   return out;
 }
 
-/// Writes a file through a temporary next to it and renames it into place.
-class AtomicFile {
-public:
-  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp.XXXXXX") {}
-  ~AtomicFile() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(tmp_.c_str());
-    }
-  }
-  Status open() {
-    fd_ = ::mkstemp(tmp_.data());
-    if (fd_ < 0)
-      return Status::error("{}: cannot create temporary file: {}", path_, std::strerror(errno));
-    return Status::ok();
-  }
-  Status write(const void *data, size_t n) {
-    const uint8_t *p = static_cast<const uint8_t *>(data);
-    while (n > 0) {
-      ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w < 0)
-        return Status::error("{}: write failed: {}", path_, std::strerror(errno));
-      p += w;
-      n -= static_cast<size_t>(w);
-      offset_ += static_cast<uint64_t>(w);
-    }
-    return Status::ok();
-  }
-  Status write(const std::vector<uint8_t> &v) { return write(v.data(), v.size()); }
-  uint64_t offset() const { return offset_; }
-  Status commit() {
-    if (::fchmod(fd_, 0644) != 0 || ::fsync(fd_) != 0)
-      return Status::error("{}: sync failed: {}", path_, std::strerror(errno));
-    int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0 || ::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      Status s = Status::error("{}: cannot move the temporary file into place: {}", path_,
-                               std::strerror(errno));
-      ::unlink(tmp_.c_str());
-      return s;
-    }
-    return Status::ok();
-  }
-
-private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  uint64_t offset_ = 0;
-};
-
 // --- zip -----------------------------------------------------------------------
 
 constexpr uint32_t kLocalSig = 0x04034b50, kCentralSig = 0x02014b50, kEocdSig = 0x06054b50,
@@ -668,7 +619,7 @@ std::vector<uint8_t> encodeNpy(const TensorView &tensor) {
 Status writeNpy(const std::string &path, const TensorView &tensor) {
   if (Status s = checkEncodable(tensor); !s.isOk())
     return s.prefix(path);
-  AtomicFile f(path);
+  AtomicFileWriter f(path);
   FORGE_RETURN_IF_ERROR(f.open());
   FORGE_RETURN_IF_ERROR(f.write(encodeNpyHeader(tensor)));
   FORGE_RETURN_IF_ERROR(f.write(tensor.data, tensor.bytes()));
@@ -713,7 +664,7 @@ Status writeNpz(const std::string &path, const std::map<std::string, TensorView>
     if (Status s = checkEncodable(t); !s.isOk())
       return s.prefix(fmt::format("{}: array '{}'", path, name));
   }
-  AtomicFile f(path);
+  AtomicFileWriter f(path);
   FORGE_RETURN_IF_ERROR(f.open());
   std::vector<uint8_t> central;
   constexpr uint16_t kDosDate = (0 << 9) | (1 << 5) | 1; // 1980-01-01: reproducible output

@@ -33,6 +33,8 @@
 #include <google/protobuf/stubs/logging.h>
 #include <zlib.h>
 
+#include "forge/runtime/FileUtil.h"
+
 static_assert(std::endian::native == std::endian::little,
               "the bundle format is little-endian; a big-endian host needs byte swapping");
 
@@ -309,51 +311,7 @@ std::vector<uint8_t> BundleWriter::serialize() {
 }
 
 Status BundleWriter::writeFile(const std::string &path) {
-  std::vector<uint8_t> image = serialize();
-  // The temporary lives next to the target so rename() stays on one file system.
-  std::string tmp = path + ".tmp.XXXXXX";
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0)
-    return Status::error("{}: cannot create temporary file: {}", path, std::strerror(errno));
-  auto fail = [&](const char *what) {
-    Status s = Status::error("{}: {} failed: {}", path, what, std::strerror(errno));
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  };
-  size_t done = 0;
-  while (done < image.size()) {
-    ssize_t n = ::write(fd, image.data() + done, image.size() - done);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return fail("write");
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fchmod(fd, 0644) != 0)
-    return fail("fchmod");
-  if (::fsync(fd) != 0)
-    return fail("fsync");
-  if (::close(fd) != 0) {
-    Status s = Status::error("{}: close failed: {}", path, std::strerror(errno));
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    Status s = Status::error("{}: rename from {} failed: {}", path, tmp, std::strerror(errno));
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  // Make the rename itself durable.
-  std::string dir = ".";
-  if (size_t slash = path.rfind('/'); slash != std::string::npos)
-    dir = slash == 0 ? "/" : path.substr(0, slash);
-  if (int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return Status::ok();
+  return writeFileAtomically(path, serialize());
 }
 
 // --- Bundle -------------------------------------------------------------------

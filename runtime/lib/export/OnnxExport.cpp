@@ -2,7 +2,7 @@
 // ONNX model's initializers.
 //
 // Invariants: the source file is only read; the output is written through a
-// temporary file, fsync and rename, so a failed export never leaves a
+// temporary file, fsync and rename (FileUtil.h), so a failed export never leaves a
 // half-written model; nothing is written unless every matched initializer
 // has the tensor's element type and dims.
 #include "forge/runtime/OnnxExport.h"
@@ -12,12 +12,10 @@
 #include <fstream>
 #include <map>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <fmt/ranges.h>
 #include <onnx/onnx_pb.h>
+
+#include "forge/runtime/FileUtil.h"
 
 namespace forge::rt {
 
@@ -56,33 +54,6 @@ int onnxTypeOf(DType t) {
   default:
     return 0;
   }
-}
-
-Status writeAtomically(const std::string &path, const std::string &bytes) {
-  std::string tmp = path + ".tmp.XXXXXX";
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0)
-    return Status::error("{}: cannot create temporary file: {}", path, std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0) {
-      Status s = Status::error("{}: write failed: {}", path, std::strerror(errno));
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0 || ::close(fd) != 0 ||
-      ::rename(tmp.c_str(), path.c_str()) != 0) {
-    Status s = Status::error("{}: cannot write: {}", path, std::strerror(errno));
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  return Status::ok();
 }
 
 } // namespace
@@ -149,7 +120,7 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
   std::string bytes;
   if (!model.SerializeToString(&bytes))
     return Status::error("{}: cannot serialize the model (over 2 GiB?)", outPath);
-  FORGE_RETURN_IF_ERROR(writeAtomically(outPath, bytes));
+  FORGE_RETURN_IF_ERROR(writeFileAtomically(outPath, bytes));
   return report;
 }
 

@@ -52,7 +52,7 @@ public:
   uint32_t addSection(std::string name, std::span<const uint8_t> bytes);
   /// The complete file image.
   std::vector<uint8_t> serialize();
-  /// Writes to `path` through a temporary file, fsync and rename.
+  /// Writes to `path` atomically and durably (writeFileAtomically, FileUtil.h).
   Status writeFile(const std::string &path);
 
 private:
