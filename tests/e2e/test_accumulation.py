@@ -32,11 +32,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+import forge_e2e as e2e
+from forge_e2e import Report, find_tool, optimizer_spec, rel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FIXTURES = os.path.normpath(os.path.join(HERE, "..", "fixtures"))
@@ -46,38 +48,10 @@ STEPS = 20
 OPTIMIZERS = ("sgd_momentum", "adamw")
 
 
-def find_tool(name, bin_dir):
-    if bin_dir:
-        p = os.path.join(bin_dir, name)
-        return p if os.access(p, os.X_OK) else None
-    return shutil.which(name)
-
-
 def run(cmd):
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           errors="replace", timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return False, f"timed out after {TIMEOUT_S}s: {' '.join(cmd)}"
-    tail = " | ".join([l for l in p.stdout.strip().splitlines() if l.strip()][-4:])
-    return p.returncode == 0, ("" if p.returncode == 0 else f"exit {p.returncode}: {tail}")
-
-
-def rel(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    nb = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / (nb if nb > 0 else 1.0))
-
-
-def optimizer_spec(h):
-    if h["type"] == "adamw":
-        return (f"adamw:lr={h['lr']!r},beta1={h['beta1']!r},beta2={h['beta2']!r},"
-                f"eps={h['eps']!r},weight_decay={h['weight_decay']!r}")
-    if h["type"] == "sgd":
-        return (f"sgd:lr={h['lr']!r},momentum={h['momentum']!r},"
-                f"nesterov={int(h['nesterov'])},weight_decay={h['weight_decay']!r}")
-    raise ValueError(f"unknown optimizer type {h['type']}")
+    """(ok, '' or why it failed)."""
+    rc, _, out = e2e.run(cmd, TIMEOUT_S)
+    return rc == 0, ("" if rc == 0 else e2e.failure(rc, out))
 
 
 LOSS_RE = re.compile(r'"loss": ([^,}]*)')
@@ -92,19 +66,6 @@ def read_losses(path):
                 rec = json.loads(line)
                 out.append((int(rec["step"]), LOSS_RE.search(line).group(1), rec["loss"]))
     return out
-
-
-class Report:
-    def __init__(self):
-        self.passed, self.failed = 0, 0
-
-    def check(self, name, ok, msg):
-        print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-        return ok
 
 
 def compare_runs(rep, label, a, b, params):
@@ -223,8 +184,7 @@ def main():
             print(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{rep.passed} passed, {rep.failed} failed")
-    return 1 if rep.failed else 0
+    return rep.summary()
 
 
 if __name__ == "__main__":

@@ -18,53 +18,29 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+
+import forge_e2e as e2e
+from forge_e2e import find_tool, tail
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODELS_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "models"))
 STEP_TIMEOUT_S = 600
 
 
-def find_tool(name, bin_dir):
-    if bin_dir:
-        p = os.path.join(bin_dir, name)
-        return p if os.access(p, os.X_OK) else None
-    return shutil.which(name)
-
-
-def last_lines(text, n=6):
-    lines = [l for l in text.strip().splitlines() if l.strip()]
-    return " | ".join(lines[-n:])
-
-
 def run(cmd):
-    """Runs cmd; returns (ok, seconds, combined output)."""
-    t0 = time.monotonic()
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           errors="replace", timeout=STEP_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout or ""
-        if isinstance(out, bytes):
-            out = out.decode(errors="replace")
-        return False, time.monotonic() - t0, f"timed out after {STEP_TIMEOUT_S}s: {out}"
-    return p.returncode == 0, time.monotonic() - t0, (
-        p.stdout if p.returncode == 0 else f"exit {p.returncode}: {p.stdout}")
+    """(ok, seconds, combined output, or why it failed)."""
+    rc, t, out = e2e.run(cmd, STEP_TIMEOUT_S)
+    return rc == 0, t, (out if rc == 0 else e2e.failure(rc, out, 6))
 
 
 def compare(out, ref):
-    out64 = np.asarray(out, dtype=np.float64)
-    ref64 = np.asarray(ref, dtype=np.float64)
-    norm = np.linalg.norm(ref64)
-    diff = out64 - ref64
-    rel = float(np.linalg.norm(diff) / (norm if norm > 0 else 1.0))
-    mad = float(np.max(np.abs(diff))) if diff.size else 0.0
-    return rel, mad
+    """(relative L2 error, max absolute difference)."""
+    diff = np.asarray(out, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
+    return e2e.rel(out, ref), (float(np.max(np.abs(diff))) if diff.size else 0.0)
 
 
 def check_model(name, info, models_dir, tmp, forgec, forge_train, tol, batch):
@@ -79,7 +55,7 @@ def check_model(name, info, models_dir, tmp, forgec, forge_train, tol, batch):
     ok, t_compile, log = run([forgec, onnx_path, "--inference-only", "--target", "cpu",
                               "--batch", str(batch), "-o", bundle])
     if not ok:
-        return False, f"forgec failed: {last_lines(log)}"
+        return False, f"forgec failed: {tail(log, 6)}"
 
     # Inputs only: forge-train would warn about (and ignore) the reference outputs.
     in_npz = os.path.join(tmp, name + ".in.npz")
@@ -88,9 +64,9 @@ def check_model(name, info, models_dir, tmp, forgec, forge_train, tol, batch):
     ok, t_run, log = run([forge_train, bundle, "--forward", "--inputs", in_npz,
                           "--outputs", out_npz])
     if not ok:
-        return False, f"forge-train failed: {last_lines(log)}"
+        return False, f"forge-train failed: {tail(log, 6)}"
     if not os.path.exists(out_npz):
-        return False, f"forge-train wrote no {out_npz}: {last_lines(log)}"
+        return False, f"forge-train wrote no {out_npz}: {tail(log, 6)}"
 
     got = np.load(out_npz)
     problems, parts = [], []

@@ -64,11 +64,13 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+import forge_e2e as e2e
+from forge_e2e import Report, find_tool, rel, tail
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FIXTURE = os.path.normpath(os.path.join(HERE, "..", "fixtures", "mlp_adamw"))
@@ -89,45 +91,10 @@ SENSITIVITY = 10.0       # a wrong formula must miss by more than this times the
 
 # --------------------------------------------------------------------------- helpers
 
-def find_tool(name, bin_dir):
-    if bin_dir:
-        p = os.path.join(bin_dir, name)
-        return p if os.access(p, os.X_OK) else None
-    return shutil.which(name)
-
-
 def run(cmd):
-    """(returncode, combined output)."""
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           errors="replace", timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {TIMEOUT_S}s: {' '.join(cmd)}"
-    return p.returncode, p.stdout
-
-
-def tail(out, n=4):
-    return " | ".join([l for l in out.strip().splitlines() if l.strip()][-n:])
-
-
-def rel(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    nb = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / (nb if nb > 0 else 1.0))
-
-
-class Report:
-    def __init__(self):
-        self.passed, self.failed = 0, 0
-
-    def check(self, name, ok, msg):
-        print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-        return ok
+    """(returncode, None if it timed out; combined output)."""
+    rc, _, out = e2e.run(cmd, TIMEOUT_S)
+    return rc, out
 
 
 # --------------------------------------------------------------------------- numpy reference
@@ -761,8 +728,7 @@ def main():
             print(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{rep.passed} passed, {rep.failed} failed")
-    return 1 if rep.failed else 0
+    return rep.summary()
 
 
 if __name__ == "__main__":

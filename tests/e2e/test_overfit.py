@@ -12,11 +12,12 @@ the metrics JSONL and requires loss[last] <= 0.1 * loss[first]. Needs numpy only
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+import forge_e2e as e2e
 
 BATCH = 2
 STEPS = 200
@@ -31,11 +32,6 @@ MODELS = {
     "hf_bert_tiny": ("mse:pooler_output,target", "regression"),
     "tv_mobilenet_v3_small": ("cross_entropy:logits,labels", "classes"),
 }
-
-
-def run(cmd):
-    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return result.returncode, result.stdout
 
 
 def main():
@@ -67,15 +63,16 @@ def main():
             data_path = os.path.join(tmp, name + ".npz")
             np.savez(data_path, **data)
             bundle = os.path.join(tmp, name + ".forge")
-            rc, log = run([forgec, os.path.join(args.models_dir, name + ".onnx"), "--batch", str(BATCH),
-                           "--loss", loss, "--optimizer", "adam:lr=3e-3", "-o", bundle])
+            rc, _, log = e2e.run([forgec, os.path.join(args.models_dir, name + ".onnx"),
+                                  "--batch", str(BATCH), "--loss", loss, "--optimizer", "adam:lr=3e-3",
+                                  "-o", bundle])
             if rc != 0:
                 print(f"FAIL {name}: forgec: {log.strip()[-2000:]}")
                 failures += 1
                 continue
             metrics = os.path.join(tmp, name + ".jsonl")
-            rc, log = run([forge_train, bundle, "--data", data_path, "--steps", str(STEPS), "--no-shuffle",
-                           "--threads", "2", "--metrics", metrics, "--log-every", "1000"])
+            rc, _, log = e2e.run([forge_train, bundle, "--data", data_path, "--steps", str(STEPS),
+                                  "--no-shuffle", "--threads", "2", "--metrics", metrics, "--log-every", "1000"])
             if rc != 0:
                 print(f"FAIL {name}: forge-train: {log.strip()[-2000:]}")
                 failures += 1

@@ -1,0 +1,85 @@
+"""Helpers shared by the e2e scripts (test_*.py in this directory).
+
+The scripts run as `python3 tests/e2e/test_X.py`, so this directory is sys.path[0] and
+`import forge_e2e` finds this file. Needs numpy only.
+"""
+import os
+import shutil
+import subprocess
+import time
+
+import numpy as np
+
+
+def find_tool(name, bin_dir):
+    """The executable `name` in bin_dir (None if absent there), else on PATH."""
+    if bin_dir:
+        p = os.path.join(bin_dir, name)
+        return p if os.access(p, os.X_OK) else None
+    return shutil.which(name)
+
+
+def tail(text, n=4):
+    """The last n non-blank lines of text, joined with ' | '."""
+    return " | ".join([l for l in text.strip().splitlines() if l.strip()][-n:])
+
+
+def run(cmd, timeout=None):
+    """Runs cmd with stderr folded into stdout: (returncode, seconds, output).
+
+    returncode is None when cmd ran past timeout seconds; output then ends with a
+    'timed out after ...' line (after whatever cmd printed)."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout or ""
+        if isinstance(out, bytes):
+            out = out.decode(errors="replace")
+        return None, time.monotonic() - t0, f"{out}\ntimed out after {timeout}s: {' '.join(cmd)}"
+    return p.returncode, time.monotonic() - t0, p.stdout
+
+
+def failure(rc, out, n=4):
+    """One line on why a run() failed: 'exit N: <last n lines>' (a timeout's own line)."""
+    return tail(out, n) if rc is None else f"exit {rc}: {tail(out, n)}"
+
+
+def rel(a, b):
+    """||a - b|| / ||b|| (L2, float64; ||a - b|| when b is all zeros)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    nb = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / (nb if nb > 0 else 1.0))
+
+
+def optimizer_spec(h):
+    """manifest optimizer_hparams -> forgec --optimizer (compiler/lib/Train's spelling)."""
+    if h["type"] == "adamw":
+        return (f"adamw:lr={h['lr']!r},beta1={h['beta1']!r},beta2={h['beta2']!r},"
+                f"eps={h['eps']!r},weight_decay={h['weight_decay']!r}")
+    if h["type"] == "sgd":
+        return (f"sgd:lr={h['lr']!r},momentum={h['momentum']!r},"
+                f"nesterov={int(h['nesterov'])},weight_decay={h['weight_decay']!r}")
+    raise ValueError(f"unknown optimizer type {h['type']}")
+
+
+class Report:
+    """PASS/FAIL lines and their counts."""
+
+    def __init__(self):
+        self.passed, self.failed = 0, 0
+
+    def check(self, name, ok, msg):
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        return ok
+
+    def summary(self):
+        """Prints 'N passed, N failed'; the exit status (1 if anything failed)."""
+        print(f"{self.passed} passed, {self.failed} failed")
+        return 1 if self.failed else 0
