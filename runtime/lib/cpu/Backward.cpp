@@ -37,18 +37,6 @@ template <typename F> Status visitGradTypes(DType t, KernelContext &ctx, KernelF
   }
 }
 
-int64_t windowOutput(int64_t in, int64_t kernel, int64_t stride, int64_t padBegin, int64_t padEnd,
-                     int64_t dilation, bool ceilMode) {
-  int64_t effective = dilation * (kernel - 1) + 1;
-  int64_t span = in + padBegin + padEnd - effective;
-  if (span < 0)
-    return 0;
-  int64_t out = (ceilMode ? (span + stride - 1) / stride : span / stride) + 1;
-  if (ceilMode && (out - 1) * stride >= in + padBegin)
-    --out;
-  return out;
-}
-
 /// Reads the window attributes shared by conv and the pools; `sp` spatial dims.
 struct WindowAttrs {
   std::vector<int64_t> kernel, strides, pads, dilations;
@@ -68,42 +56,6 @@ Expected<WindowAttrs> readWindowAttrs(KernelContext &ctx, int64_t sp) {
         a.pads[d + sp] < 0)
       return Status::error("kernel_shape, strides and dilations must be positive, pads >= 0");
   return a;
-}
-
-/// Float parameter values (any float dtype) with exactly `n` elements.
-Expected<std::vector<double>> loadParam(const TensorView &p, int64_t n, std::string_view what) {
-  if (p.numel() != n)
-    return Status::error("{} has shape {}, expected {} elements", what, shapeString(p.shape), n);
-  std::vector<double> out(n);
-  Status st = visitFloat(
-      p.dtype,
-      [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        const T *src = p.as<const T>();
-        for (int64_t i = 0; i < n; ++i)
-          out[i] = static_cast<double>(load(src[i]));
-        return Status::ok();
-      },
-      what);
-  if (!st)
-    return st;
-  return out;
-}
-
-Status storeValues(TensorView &t, const std::vector<double> &values, std::string_view what) {
-  if (t.numel() != static_cast<int64_t>(values.size()))
-    return Status::error("{} has shape {}, expected {} elements", what, shapeString(t.shape),
-                         values.size());
-  return visitFloat(
-      t.dtype,
-      [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        T *dst = t.as<T>();
-        for (size_t i = 0; i < values.size(); ++i)
-          dst[i] = store<T>(values[i]);
-        return Status::ok();
-      },
-      what);
 }
 
 template <typename T> void fillZero(TensorView &t) {
@@ -383,33 +335,8 @@ Expected<NormGradOutputs> normGradOutputs(KernelContext &ctx) {
 template <typename T>
 std::pair<double, double> meanRstd(const T *x, int64_t groups, int64_t len, int64_t stride,
                                    double eps) {
-  const double count = static_cast<double>(groups * len);
-  if (count == 0)
-    return {0.0, 1.0 / std::sqrt(eps)};
-  double sum = 0;
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t i = 0; i < len; ++i)
-      sum += static_cast<double>(x[g * stride + i]);
-  double mean = sum / count, sq = 0;
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t i = 0; i < len; ++i) {
-      double d = static_cast<double>(x[g * stride + i]) - mean;
-      sq += d * d;
-    }
-  return {mean, 1.0 / std::sqrt(sq / count + eps)};
-}
-
-struct ChannelLayout {
-  int64_t n = 0, c = 0, plane = 1;
-};
-
-Expected<ChannelLayout> channelLayout(const TensorView &x) {
-  if (x.rank() < 2)
-    return Status::error("input must have rank >= 2 (N, C, ...), got {}", shapeString(x.shape));
-  ChannelLayout l{x.shape[0], x.shape[1], 1};
-  for (int64_t d = 2; d < x.rank(); ++d)
-    l.plane *= x.shape[d];
-  return l;
+  auto [mean, var] = moments(x, groups, len, stride);
+  return {mean, 1.0 / std::sqrt(var + eps)};
 }
 
 Status batchNormTrainingGradKernel(KernelContext &ctx) {
@@ -442,9 +369,9 @@ Status batchNormTrainingGradKernel(KernelContext &ctx) {
                            }
                          });
     if (out.dscale)
-      FORGE_RETURN_IF_ERROR(storeValues(*out.dscale, sumDyXhat, "scale gradient"));
+      FORGE_RETURN_IF_ERROR(storeParam(*out.dscale, sumDyXhat, "scale gradient"));
     if (out.dbias)
-      FORGE_RETURN_IF_ERROR(storeValues(*out.dbias, sumDy, "bias gradient"));
+      FORGE_RETURN_IF_ERROR(storeParam(*out.dbias, sumDy, "bias gradient"));
     if (out.dx) {
       T *pdx = out.dx->as<T>();
       ctx.pool.parallelFor(l.n * l.c, std::max<int64_t>(1, kGrain / std::max<int64_t>(l.plane, 1)),
@@ -464,28 +391,6 @@ Status batchNormTrainingGradKernel(KernelContext &ctx) {
     }
     return Status::ok();
   });
-}
-
-/// A parameter broadcast to `target` (leading size-1 dims beyond its rank
-/// ignored), as the layer_norm forward kernel reads it.
-Expected<std::vector<double>> expandParam(const TensorView &p, const std::vector<int64_t> &target,
-                                          std::string_view what) {
-  std::vector<int64_t> shape = p.shape;
-  while (shape.size() > target.size() && shape.front() == 1)
-    shape.erase(shape.begin());
-  auto strides = broadcastStrides(shape, target);
-  if (!strides)
-    return Status::error("{} of shape {} does not broadcast to {}", what, shapeString(p.shape),
-                         shapeString(target));
-  CPU_ASSIGN_OR_RETURN(std::vector<double> values, loadParam(p, p.numel(), what));
-  std::vector<double> out(numElements(target));
-  StridedLoop<1> loop(target, {*strides});
-  loop.forEachRun(0, static_cast<int64_t>(out.size()),
-                  [&](int64_t o, int64_t n, auto off, auto st) {
-                    for (int64_t i = 0; i < n; ++i)
-                      out[o + i] = values[off[0] + i * st[0]];
-                  });
-  return out;
 }
 
 Status layerNormGradKernel(KernelContext &ctx) {
@@ -548,9 +453,9 @@ Status layerNormGradKernel(KernelContext &ctx) {
                            }
                          });
     if (out.dscale)
-      FORGE_RETURN_IF_ERROR(storeValues(*out.dscale, dscale, "scale gradient"));
+      FORGE_RETURN_IF_ERROR(storeParam(*out.dscale, dscale, "scale gradient"));
     if (out.dbias)
-      FORGE_RETURN_IF_ERROR(storeValues(*out.dbias, dbias, "bias gradient"));
+      FORGE_RETURN_IF_ERROR(storeParam(*out.dbias, dbias, "bias gradient"));
     return Status::ok();
   });
 }
@@ -622,9 +527,9 @@ Status groupNormGradKernel(KernelContext &ctx) {
                            }
                          });
     if (out.dscale)
-      FORGE_RETURN_IF_ERROR(storeValues(*out.dscale, dscale, "scale gradient"));
+      FORGE_RETURN_IF_ERROR(storeParam(*out.dscale, dscale, "scale gradient"));
     if (out.dbias)
-      FORGE_RETURN_IF_ERROR(storeValues(*out.dbias, dbias, "bias gradient"));
+      FORGE_RETURN_IF_ERROR(storeParam(*out.dbias, dbias, "bias gradient"));
     return Status::ok();
   });
 }
@@ -737,25 +642,6 @@ Status nllLossGradKernel(KernelContext &ctx) {
 //===----------------------------------------------------------------------===//
 // gather_grad / gather_elements_grad (scatter-add into zeros)
 //===----------------------------------------------------------------------===//
-
-/// Normalized indices (negative counts from the end); error outside [-dim, dim).
-Expected<std::vector<int64_t>> readIndices(const TensorView &idx, int64_t dim) {
-  std::vector<int64_t> out(idx.numel());
-  Status st = visitIndex(idx.dtype, [&](auto tag) -> Status {
-    using I = typename decltype(tag)::type;
-    const I *p = idx.as<const I>();
-    for (size_t i = 0; i < out.size(); ++i) {
-      int64_t v = static_cast<int64_t>(p[i]);
-      if (v < -dim || v >= dim)
-        return Status::error("index {} at position {} is out of range for extent {}", v, i, dim);
-      out[i] = v < 0 ? v + dim : v;
-    }
-    return Status::ok();
-  });
-  if (!st)
-    return st;
-  return out;
-}
 
 Status gatherGradKernel(KernelContext &ctx) {
   const TensorView &dy = ctx.inputs[0], &idx = ctx.inputs[1];

@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "forge/runtime/Kernels.h"
@@ -506,6 +507,141 @@ inline AxisSplit splitAtAxis(const std::vector<int64_t> &shape, int64_t axis) {
       s.inner *= shape[d];
   }
   return s;
+}
+
+//===----------------------------------------------------------------------===//
+// Shared by the forward kernels and their gradients (Backward.cpp)
+//===----------------------------------------------------------------------===//
+
+/// Output extent of a conv/pool window sweep over `in` (ONNX semantics; a
+/// ceil-mode window must start inside the input or its begin padding).
+inline int64_t windowOutput(int64_t in, int64_t kernel, int64_t stride, int64_t padBegin,
+                            int64_t padEnd, int64_t dilation, bool ceilMode) {
+  int64_t effective = dilation * (kernel - 1) + 1;
+  int64_t span = in + padBegin + padEnd - effective;
+  if (span < 0)
+    return 0;
+  int64_t out = (ceilMode ? (span + stride - 1) / stride : span / stride) + 1;
+  if (ceilMode && (out - 1) * stride >= in + padBegin)
+    --out;
+  return out;
+}
+
+/// Normalized indices (negative counts from the end); error outside [-dim, dim).
+inline Expected<std::vector<int64_t>> readIndices(const TensorView &idx, int64_t dim) {
+  std::vector<int64_t> out(idx.numel());
+  Status st = visitIndex(idx.dtype, [&](auto tag) -> Status {
+    using I = typename decltype(tag)::type;
+    const I *p = idx.as<const I>();
+    for (size_t i = 0; i < out.size(); ++i) {
+      int64_t v = static_cast<int64_t>(p[i]);
+      if (v < -dim || v >= dim)
+        return Status::error("index {} at position {} is out of range for extent {}", v, i, dim);
+      out[i] = v < 0 ? v + dim : v;
+    }
+    return Status::ok();
+  });
+  if (!st)
+    return st;
+  return out;
+}
+
+/// The values of a float parameter tensor (any float dtype) with exactly `n`
+/// elements, as double.
+inline Expected<std::vector<double>> loadParam(const TensorView &p, int64_t n,
+                                               std::string_view what) {
+  if (p.numel() != n)
+    return Status::error("{} has shape {}, expected {} elements", what, shapeString(p.shape), n);
+  std::vector<double> out(n);
+  Status st = visitFloat(
+      p.dtype,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const T *src = p.as<const T>();
+        for (int64_t i = 0; i < n; ++i)
+          out[i] = static_cast<double>(load(src[i]));
+        return Status::ok();
+      },
+      what);
+  if (!st)
+    return st;
+  return out;
+}
+
+/// A parameter broadcast to `target` (leading size-1 dims beyond its rank
+/// ignored), as the layer_norm kernels read it.
+inline Expected<std::vector<double>> expandParam(const TensorView &p,
+                                                 const std::vector<int64_t> &target,
+                                                 std::string_view what) {
+  std::vector<int64_t> shape = p.shape;
+  while (shape.size() > target.size() && shape.front() == 1)
+    shape.erase(shape.begin());
+  auto strides = broadcastStrides(shape, target);
+  if (!strides)
+    return Status::error("{} of shape {} does not broadcast to {}", what, shapeString(p.shape),
+                         shapeString(target));
+  CPU_ASSIGN_OR_RETURN(std::vector<double> values, loadParam(p, p.numel(), what));
+  std::vector<double> out(numElements(target));
+  StridedLoop<1> loop(target, {*strides});
+  loop.forEachRun(0, static_cast<int64_t>(out.size()),
+                  [&](int64_t o, int64_t n, auto off, auto st) {
+                    for (int64_t i = 0; i < n; ++i)
+                      out[o + i] = values[off[0] + i * st[0]];
+                  });
+  return out;
+}
+
+/// Stores `values` into the float tensor `t` (any float dtype), which must
+/// have exactly as many elements.
+inline Status storeParam(TensorView &t, const std::vector<double> &values,
+                         std::string_view what) {
+  if (t.numel() != static_cast<int64_t>(values.size()))
+    return Status::error("{} has shape {}, expected {} elements", what, shapeString(t.shape),
+                         values.size());
+  return visitFloat(
+      t.dtype,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        T *dst = t.as<T>();
+        for (size_t i = 0; i < values.size(); ++i)
+          dst[i] = store<T>(values[i]);
+        return Status::ok();
+      },
+      what);
+}
+
+/// Mean and biased variance, in double with two passes, of `groups` runs of
+/// `len` contiguous elements, `stride` apart, starting at x; (0, 0) when empty.
+template <typename T>
+std::pair<double, double> moments(const T *x, int64_t groups, int64_t len, int64_t stride) {
+  const double count = static_cast<double>(groups * len);
+  if (count == 0)
+    return {0.0, 0.0};
+  double sum = 0;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < len; ++i)
+      sum += static_cast<double>(load(x[g * stride + i]));
+  double mean = sum / count, sq = 0;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < len; ++i) {
+      double d = static_cast<double>(load(x[g * stride + i])) - mean;
+      sq += d * d;
+    }
+  return {mean, sq / count};
+}
+
+/// (N, C, spatial...) viewed as n x c planes of `plane` elements; channel dim 1.
+struct ChannelLayout {
+  int64_t n = 0, c = 0, plane = 1;
+};
+
+inline Expected<ChannelLayout> channelLayout(const TensorView &x) {
+  if (x.rank() < 2)
+    return Status::error("input must have rank >= 2 (N, C, ...), got {}", shapeString(x.shape));
+  ChannelLayout l{x.shape[0], x.shape[1], 1};
+  for (int64_t d = 2; d < x.rank(); ++d)
+    l.plane *= x.shape[d];
+  return l;
 }
 
 } // namespace forge::rt::cpu

@@ -387,25 +387,6 @@ Status tileKernel(KernelContext &ctx) {
 // gather, gather_elements
 //===----------------------------------------------------------------------===//
 
-/// Normalized indices (negative counts from the end); error when outside [0, dim).
-Expected<std::vector<int64_t>> readIndices(const TensorView &idx, int64_t dim) {
-  std::vector<int64_t> out(idx.numel());
-  Status st = visitIndex(idx.dtype, [&](auto tag) -> Status {
-    using I = typename decltype(tag)::type;
-    const I *p = idx.as<const I>();
-    for (size_t i = 0; i < out.size(); ++i) {
-      int64_t v = static_cast<int64_t>(p[i]);
-      if (v < -dim || v >= dim)
-        return Status::error("index {} at position {} is out of range for extent {}", v, i, dim);
-      out[i] = v < 0 ? v + dim : v;
-    }
-    return Status::ok();
-  });
-  if (!st)
-    return st;
-  return out;
-}
-
 Status gatherKernel(KernelContext &ctx) {
   const TensorView &x = ctx.inputs[0], &idx = ctx.inputs[1];
   TensorView &y = ctx.outputs[0];

@@ -15,83 +15,6 @@
 namespace forge::rt::cpu {
 namespace {
 
-/// The values of a float parameter tensor with exactly `n` elements.
-Expected<std::vector<double>> loadParam(const TensorView &p, int64_t n, std::string_view what) {
-  if (p.numel() != n)
-    return Status::error("{} has shape {}, expected {} elements", what, shapeString(p.shape), n);
-  std::vector<double> out(n);
-  Status st = visitFloat(
-      p.dtype,
-      [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        const T *src = p.as<const T>();
-        for (int64_t i = 0; i < n; ++i)
-          out[i] = static_cast<double>(load(src[i]));
-        return Status::ok();
-      },
-      what);
-  if (!st)
-    return st;
-  return out;
-}
-
-/// A parameter broadcast to `target` (leading size-1 dims beyond its rank ignored).
-Expected<std::vector<double>> expandParam(const TensorView &p, const std::vector<int64_t> &target,
-                                          std::string_view what) {
-  std::vector<int64_t> shape = p.shape;
-  while (shape.size() > target.size() && shape.front() == 1)
-    shape.erase(shape.begin());
-  auto strides = broadcastStrides(shape, target);
-  if (!strides)
-    return Status::error("{} of shape {} does not broadcast to {}", what, shapeString(p.shape),
-                         shapeString(target));
-  CPU_ASSIGN_OR_RETURN(std::vector<double> values, loadParam(p, p.numel(), what));
-  std::vector<double> out(numElements(target));
-  StridedLoop<1> loop(target, {*strides});
-  loop.forEachRun(0, static_cast<int64_t>(out.size()),
-                  [&](int64_t o, int64_t n, auto off, auto st) {
-                    for (int64_t i = 0; i < n; ++i)
-                      out[o + i] = values[off[0] + i * st[0]];
-                  });
-  return out;
-}
-
-Status storeParam(TensorView &t, const std::vector<double> &values, std::string_view what) {
-  if (t.numel() != static_cast<int64_t>(values.size()))
-    return Status::error("{} has shape {}, expected {} elements", what, shapeString(t.shape),
-                         values.size());
-  return visitFloat(
-      t.dtype,
-      [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        T *dst = t.as<T>();
-        for (size_t i = 0; i < values.size(); ++i)
-          dst[i] = store<T>(values[i]);
-        return Status::ok();
-      },
-      what);
-}
-
-/// Mean and biased variance of the `groups` x `len` elements starting at
-/// x[base], x[base + stride], ... (each group contiguous).
-template <typename T>
-std::pair<double, double> moments(const T *x, int64_t groups, int64_t len, int64_t stride) {
-  const double count = static_cast<double>(groups * len);
-  if (count == 0)
-    return {0.0, 0.0};
-  double sum = 0;
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t i = 0; i < len; ++i)
-      sum += static_cast<double>(load(x[g * stride + i]));
-  double mean = sum / count, sq = 0;
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t i = 0; i < len; ++i) {
-      double d = static_cast<double>(load(x[g * stride + i])) - mean;
-      sq += d * d;
-    }
-  return {mean, sq / count};
-}
-
 /// y[n, c, :] = x[n, c, :] * a[c] + b[c] over all planes, in parallel.
 template <typename T>
 void affinePerChannel(ThreadPool &pool, const T *x, T *y, int64_t n, int64_t c, int64_t plane,
@@ -107,19 +30,6 @@ void affinePerChannel(ThreadPool &pool, const T *x, T *y, int64_t n, int64_t c, 
                          dst[i] = store<T>(load(src[i]) * ca + cb);
                      }
                    });
-}
-
-struct ChannelLayout {
-  int64_t n = 0, c = 0, plane = 1;
-};
-
-Expected<ChannelLayout> channelLayout(const TensorView &x) {
-  if (x.rank() < 2)
-    return Status::error("input must have rank >= 2 (N, C, ...), got {}", shapeString(x.shape));
-  ChannelLayout l{x.shape[0], x.shape[1], 1};
-  for (int64_t d = 2; d < x.rank(); ++d)
-    l.plane *= x.shape[d];
-  return l;
 }
 
 //===----------------------------------------------------------------------===//

@@ -20,19 +20,6 @@ struct PoolGeom {
   bool countIncludePad = false;
 };
 
-int64_t windowOutput(int64_t in, int64_t kernel, int64_t stride, int64_t padBegin, int64_t padEnd,
-                     int64_t dilation, bool ceilMode) {
-  int64_t effective = dilation * (kernel - 1) + 1;
-  int64_t span = in + padBegin + padEnd - effective;
-  if (span < 0)
-    return 0;
-  int64_t out = (ceilMode ? (span + stride - 1) / stride : span / stride) + 1;
-  // A ceil-mode window must start inside the input or its begin padding.
-  if (ceilMode && (out - 1) * stride >= in + padBegin)
-    --out;
-  return out;
-}
-
 Expected<PoolGeom> readPool(KernelContext &ctx, bool isAvg) {
   const TensorView &x = ctx.inputs[0];
   const TensorView &y = ctx.outputs[0];
