@@ -730,36 +730,17 @@ Status sliceGradKernel(KernelContext &ctx) {
   CPU_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ctx.attrs.getInts("steps"));
   FORGE_RETURN_IF_ERROR(checkDType(dx, dy.dtype, "result"));
   FORGE_RETURN_IF_ERROR(checkShape(dx, inShape));
-  const int64_t rank = static_cast<int64_t>(inShape.size());
-  if ((int64_t)starts.size() != rank || (int64_t)ends.size() != rank ||
-      (int64_t)steps.size() != rank)
-    return Status::error("starts/ends/steps need one entry per dim ({})", rank);
-  std::vector<int64_t> shape(rank), strides(rank), inStrides = contiguousStrides(inShape);
-  int64_t base = 0;
-  for (int64_t d = 0; d < rank; ++d) {
-    const int64_t st = steps[d], b = starts[d], e = ends[d];
-    if (st == 0)
-      return Status::error("slice step is 0 in dim {}", d);
-    shape[d] = st > 0 ? std::max<int64_t>(0, (e - b + st - 1) / st)
-                      : std::max<int64_t>(0, (b - e - st - 1) / -st);
-    int64_t lastPos = b + (shape[d] - 1) * st;
-    if (shape[d] > 0 && (b < 0 || b >= inShape[d] || lastPos < 0 || lastPos >= inShape[d]))
-      return Status::error("slice [{}:{}:{}] writes outside dim {} of extent {}", b, e, st, d,
-                           inShape[d]);
-    strides[d] = st * inStrides[d];
-    if (shape[d] > 0)
-      base += b * inStrides[d];
-  }
-  FORGE_RETURN_IF_ERROR(checkShape(dy, shape, "grad_output"));
+  CPU_ASSIGN_OR_RETURN(SliceGeom g, sliceGeometry(inShape, starts, ends, steps, "writes"));
+  FORGE_RETURN_IF_ERROR(checkShape(dy, g.shape, "grad_output"));
   if (dx.numel() > 0)
     std::memset(dx.data, 0, dx.bytes()); // zero bytes are zero in every dtype
   if (dy.numel() == 0)
     return Status::ok();
-  StridedLoop<1> loop(dy.shape, {strides});
+  StridedLoop<1> loop(dy.shape, {g.strides});
   return visitBySize(dy.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T *src = dy.as<const T>();
-    T *dst = dx.as<T>() + base;
+    T *dst = dx.as<T>() + g.base;
     // Slice positions are distinct: a parallel scatter writes disjoint elements.
     loop.parallelRuns(ctx.pool, kGrain, [&](int64_t o, int64_t n, auto off, auto st) {
       for (int64_t i = 0; i < n; ++i)
@@ -792,24 +773,8 @@ Status padGradKernel(KernelContext &ctx) {
       return Status::error("{} padding of an empty dim {}", mode, d);
     // The forward kernel's map: output position -> input index (-1: fill).
     maps[d].resize(dy.shape[d]);
-    for (int64_t o = 0; o < dy.shape[d]; ++o) {
-      int64_t i = o - before;
-      if (i < 0 || i >= n) {
-        if (mode == "constant") {
-          i = -1;
-        } else if (mode == "edge") {
-          i = std::clamp<int64_t>(i, 0, n - 1);
-        } else if (n == 1) {
-          i = 0;
-        } else {
-          const int64_t period = 2 * (n - 1);
-          i = ((i % period) + period) % period;
-          if (i >= n)
-            i = period - i;
-        }
-      }
-      maps[d][o] = i;
-    }
+    for (int64_t o = 0; o < dy.shape[d]; ++o)
+      maps[d][o] = padSourceIndex(o - before, n, mode);
   }
   FORGE_RETURN_IF_ERROR(checkShape(dx, inShape));
   const std::vector<int64_t> inStrides = contiguousStrides(inShape);

@@ -9,6 +9,7 @@
 //    dtypes as Status, never by aborting.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -642,6 +643,64 @@ inline Expected<ChannelLayout> channelLayout(const TensorView &x) {
   for (int64_t d = 2; d < x.rank(); ++d)
     l.plane *= x.shape[d];
   return l;
+}
+
+/// Source index along one dim of extent n for padded position i (position
+/// minus the begin pad): i itself inside [0, n), else per ONNX Pad `mode`
+/// (constant: -1, fill; edge: clamped; reflect: mirrored without repeating
+/// the edge).
+inline int64_t padSourceIndex(int64_t i, int64_t n, std::string_view mode) {
+  if (i >= 0 && i < n)
+    return i;
+  if (mode == "constant")
+    return -1;
+  if (mode == "edge")
+    return std::clamp<int64_t>(i, 0, n - 1);
+  if (n == 1)
+    return 0;
+  const int64_t period = 2 * (n - 1); // reflect
+  i = ((i % period) + period) % period;
+  return i >= n ? period - i : i;
+}
+
+/// A strided slice of a dense tensor of shape `in`: the result shape, the
+/// element strides into `in` and the offset of the first element.
+struct SliceGeom {
+  std::vector<int64_t> shape, strides;
+  int64_t base = 0;
+};
+
+/// Error when a position falls outside `in`; `access` ("reads", "writes")
+/// names what the kernel does there, for the message.
+inline Expected<SliceGeom> sliceGeometry(const std::vector<int64_t> &in,
+                                         const std::vector<int64_t> &starts,
+                                         const std::vector<int64_t> &ends,
+                                         const std::vector<int64_t> &steps,
+                                         std::string_view access) {
+  const int64_t rank = static_cast<int64_t>(in.size());
+  if ((int64_t)starts.size() != rank || (int64_t)ends.size() != rank ||
+      (int64_t)steps.size() != rank)
+    return Status::error("starts/ends/steps need one entry per dim ({})", rank);
+  SliceGeom g;
+  g.shape.resize(rank);
+  g.strides.resize(rank);
+  const std::vector<int64_t> inStrides = contiguousStrides(in);
+  for (int64_t d = 0; d < rank; ++d) {
+    const int64_t st = steps[d], b = starts[d], e = ends[d];
+    if (st == 0)
+      return Status::error("slice step is 0 in dim {}", d);
+    g.shape[d] = st > 0 ? std::max<int64_t>(0, (e - b + st - 1) / st)
+                        : std::max<int64_t>(0, (b - e - st - 1) / -st);
+    // Every position must lie inside the dim.
+    int64_t lastPos = b + (g.shape[d] - 1) * st;
+    if (g.shape[d] > 0 && (b < 0 || b >= in[d] || lastPos < 0 || lastPos >= in[d]))
+      return Status::error("slice [{}:{}:{}] {} outside dim {} of extent {}", b, e, st, access, d,
+                           in[d]);
+    g.strides[d] = st * inStrides[d];
+    if (g.shape[d] > 0)
+      g.base += b * inStrides[d];
+  }
+  return g;
 }
 
 } // namespace forge::rt::cpu

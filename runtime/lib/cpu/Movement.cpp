@@ -275,31 +275,11 @@ Status sliceKernel(KernelContext &ctx) {
   CPU_ASSIGN_OR_RETURN(std::vector<int64_t> ends, ctx.attrs.getInts("ends"));
   CPU_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ctx.attrs.getInts("steps"));
   FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
-  const int64_t rank = x.rank();
-  if ((int64_t)starts.size() != rank || (int64_t)ends.size() != rank ||
-      (int64_t)steps.size() != rank)
-    return Status::error("starts/ends/steps need one entry per dim ({})", rank);
-  std::vector<int64_t> shape(rank), strides(rank), inStrides = contiguousStrides(x.shape);
-  int64_t base = 0;
-  for (int64_t d = 0; d < rank; ++d) {
-    const int64_t st = steps[d], b = starts[d], e = ends[d];
-    if (st == 0)
-      return Status::error("slice step is 0 in dim {}", d);
-    shape[d] = st > 0 ? std::max<int64_t>(0, (e - b + st - 1) / st)
-                      : std::max<int64_t>(0, (b - e - st - 1) / -st);
-    // Every read position must lie inside the dim.
-    int64_t lastPos = b + (shape[d] - 1) * st;
-    if (shape[d] > 0 && (b < 0 || b >= x.shape[d] || lastPos < 0 || lastPos >= x.shape[d]))
-      return Status::error("slice [{}:{}:{}] reads outside dim {} of extent {}", b, e, st, d,
-                           x.shape[d]);
-    strides[d] = st * inStrides[d];
-    if (shape[d] > 0)
-      base += b * inStrides[d];
-  }
-  FORGE_RETURN_IF_ERROR(checkShape(y, shape));
+  CPU_ASSIGN_OR_RETURN(SliceGeom g, sliceGeometry(x.shape, starts, ends, steps, "reads"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, g.shape));
   if (y.numel() == 0)
     return Status::ok();
-  return stridedCopy(ctx, x, y, strides, base);
+  return stridedCopy(ctx, x, y, g.strides, g.base);
 }
 
 Status padKernel(KernelContext &ctx) {
@@ -324,24 +304,8 @@ Status padKernel(KernelContext &ctx) {
     if (n == 0 && shape[d] > 0 && mode != "constant")
       return Status::error("{} padding of an empty dim {}", mode, d);
     maps[d].resize(shape[d]);
-    for (int64_t o = 0; o < shape[d]; ++o) {
-      int64_t i = o - before; // negative pads crop: i starts inside
-      if (i < 0 || i >= n) {
-        if (mode == "constant") {
-          i = -1;
-        } else if (mode == "edge") {
-          i = std::clamp<int64_t>(i, 0, n - 1);
-        } else if (n == 1) {
-          i = 0;
-        } else { // reflect without repeating the edge, period 2 (n - 1)
-          const int64_t period = 2 * (n - 1);
-          i = ((i % period) + period) % period;
-          if (i >= n)
-            i = period - i;
-        }
-      }
-      maps[d][o] = i;
-    }
+    for (int64_t o = 0; o < shape[d]; ++o)
+      maps[d][o] = padSourceIndex(o - before, n, mode); // negative pads crop
   }
   FORGE_RETURN_IF_ERROR(checkShape(y, shape));
   CPU_ASSIGN_OR_RETURN(auto fillBytes, scalarBytes(x.dtype, value));
