@@ -6,6 +6,7 @@ The scripts run as `python3 tests/e2e/test_X.py`, so this directory is sys.path[
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -17,6 +18,29 @@ def find_tool(name, bin_dir):
         p = os.path.join(bin_dir, name)
         return p if os.access(p, os.X_OK) else None
     return shutil.which(name)
+
+
+def add_tool_args(ap):
+    """--bin-dir, --forgec, --forge-train on an argparse parser (see find_tools)."""
+    ap.add_argument("--bin-dir", default=os.environ.get("FORGE_BIN_DIR"),
+                    help="directory holding forgec and forge-train (default: $FORGE_BIN_DIR, "
+                         "else PATH)")
+    ap.add_argument("--forgec", help="path of forgec (overrides --bin-dir)")
+    ap.add_argument("--forge-train", help="path of forge-train (overrides --bin-dir)")
+
+
+def find_tools(a, script):
+    """(forgec, forge_train) from add_tool_args' options; None after a message on stderr
+    when either is missing or not executable."""
+    forgec = a.forgec or find_tool("forgec", a.bin_dir)
+    forge_train = a.forge_train or find_tool("forge-train", a.bin_dir)
+    if not forgec or not forge_train or not all(os.access(t, os.X_OK)
+                                                for t in (forgec, forge_train)):
+        print(f"{script}: need executable forgec and forge-train (--forgec/--forge-train, or in "
+              f"{a.bin_dir or 'PATH'}); have forgec={forgec}, forge-train={forge_train}",
+              file=sys.stderr)
+        return None
+    return forgec, forge_train
 
 
 def tail(text, n=4):

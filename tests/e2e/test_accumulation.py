@@ -38,7 +38,7 @@ import tempfile
 import numpy as np
 
 import forge_e2e as e2e
-from forge_e2e import Report, find_tool, optimizer_spec, rel
+from forge_e2e import Report, optimizer_spec, rel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FIXTURES = os.path.normpath(os.path.join(HERE, "..", "fixtures"))
@@ -99,18 +99,14 @@ def compare_runs(rep, label, a, b, params):
 def main():
     ap = argparse.ArgumentParser(description="Forge e2e: micro-batch accumulation == one large "
                                              "batch; same seed => identical losses")
-    ap.add_argument("--bin-dir", default=os.environ.get("FORGE_BIN_DIR"))
-    ap.add_argument("--forgec")
-    ap.add_argument("--forge-train")
+    e2e.add_tool_args(ap)
     ap.add_argument("--fixtures-dir", default=DEFAULT_FIXTURES)
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
-    forgec = a.forgec or find_tool("forgec", a.bin_dir)
-    forge_train = a.forge_train or find_tool("forge-train", a.bin_dir)
-    if not forgec or not forge_train:
-        print(f"test_accumulation: need forgec and forge-train (have {forgec}, {forge_train})",
-              file=sys.stderr)
+    tools = e2e.find_tools(a, "test_accumulation")
+    if not tools:
         return 2
+    forgec, forge_train = tools
 
     rep = Report()
     tmp = tempfile.mkdtemp(prefix="forge-accum-")

@@ -24,7 +24,7 @@ import tempfile
 import numpy as np
 
 import forge_e2e as e2e
-from forge_e2e import find_tool, tail
+from forge_e2e import tail
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODELS_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "models"))
@@ -94,22 +94,16 @@ def check_model(name, info, models_dir, tmp, forgec, forge_train, tol, batch):
 def main():
     ap = argparse.ArgumentParser(description="Forge e2e: real models, CPU forward vs. PyTorch")
     ap.add_argument("names", nargs="*", help="models to check (default: all in the manifest)")
-    ap.add_argument("--bin-dir", default=os.environ.get("FORGE_BIN_DIR"),
-                    help="directory with forgec and forge-train (default $FORGE_BIN_DIR, PATH)")
-    ap.add_argument("--forgec", help="path of forgec (overrides --bin-dir)")
-    ap.add_argument("--forge-train", help="path of forge-train (overrides --bin-dir)")
+    e2e.add_tool_args(ap)
     ap.add_argument("--models-dir", default=DEFAULT_MODELS_DIR)
     ap.add_argument("--tol", type=float, default=1e-4, help="max relative error (L2)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     a = ap.parse_args()
 
-    forgec = a.forgec or find_tool("forgec", a.bin_dir)
-    forge_train = a.forge_train or find_tool("forge-train", a.bin_dir)
-    if not forgec or not forge_train or not all(os.access(t, os.X_OK) for t in (forgec, forge_train)):
-        where = a.bin_dir or "PATH"
-        print(f"e2e_models: need executable forgec and forge-train (--forgec/--forge-train, "
-              f"or in {where}); have forgec={forgec}, forge-train={forge_train}", file=sys.stderr)
+    tools = e2e.find_tools(a, "e2e_models")
+    if not tools:
         return 2
+    forgec, forge_train = tools
 
     with open(os.path.join(a.models_dir, "manifest.json")) as f:
         manifest = json.load(f)

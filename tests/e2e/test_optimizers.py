@@ -70,7 +70,7 @@ import tempfile
 import numpy as np
 
 import forge_e2e as e2e
-from forge_e2e import Report, find_tool, rel, tail
+from forge_e2e import Report, rel, tail
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FIXTURE = os.path.normpath(os.path.join(HERE, "..", "fixtures", "mlp_adamw"))
@@ -680,20 +680,16 @@ def main():
     ap = argparse.ArgumentParser(description="Forge e2e: optimizer / schedule / clip / freeze math")
     ap.add_argument("cases", nargs="*",
                     help="groups to run: one_step multi clip schedule freeze bad (default all)")
-    ap.add_argument("--bin-dir", default=os.environ.get("FORGE_BIN_DIR"))
-    ap.add_argument("--forgec")
-    ap.add_argument("--forge-train")
+    e2e.add_tool_args(ap)
     ap.add_argument("--fixture-dir", default=DEFAULT_FIXTURE)
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     groups = set(a.cases or ["one_step", "multi", "clip", "schedule", "freeze", "bad"])
 
-    forgec = a.forgec or find_tool("forgec", a.bin_dir)
-    forge_train = a.forge_train or find_tool("forge-train", a.bin_dir)
-    if not forgec or not forge_train:
-        print(f"test_optimizers: need forgec and forge-train (have {forgec}, {forge_train})",
-              file=sys.stderr)
+    tools = e2e.find_tools(a, "test_optimizers")
+    if not tools:
         return 2
+    forgec, forge_train = tools
     rep = Report()
     tmp = tempfile.mkdtemp(prefix="forge-optimizers-")
     try:

@@ -45,7 +45,7 @@ import tempfile
 import numpy as np
 
 import forge_e2e as e2e
-from forge_e2e import Report, find_tool, optimizer_spec, rel
+from forge_e2e import Report, optimizer_spec, rel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FIXTURES = os.path.normpath(os.path.join(HERE, "..", "fixtures"))
@@ -265,9 +265,7 @@ def check_forward(rep, name, d, m, tmp, forgec, forge_train):
 def main():
     ap = argparse.ArgumentParser(description="Forge e2e: training parity with PyTorch fixtures")
     ap.add_argument("names", nargs="*", help="fixtures (default: all in --fixtures-dir)")
-    ap.add_argument("--bin-dir", default=os.environ.get("FORGE_BIN_DIR"))
-    ap.add_argument("--forgec")
-    ap.add_argument("--forge-train")
+    e2e.add_tool_args(ap)
     ap.add_argument("--fixtures-dir", default=DEFAULT_FIXTURES)
     ap.add_argument("--self-check", action="store_true", help="only validate the fixture files")
     ap.add_argument("--strict-delta", action="store_true",
@@ -283,12 +281,10 @@ def main():
             d = os.path.join(a.fixtures_dir, n)
             self_check(rep, n, d, load_fixture(d))
     else:
-        forgec = a.forgec or find_tool("forgec", a.bin_dir)
-        forge_train = a.forge_train or find_tool("forge-train", a.bin_dir)
-        if not forgec or not forge_train:
-            print(f"test_parity: need forgec and forge-train (have {forgec}, {forge_train})",
-                  file=sys.stderr)
+        tools = e2e.find_tools(a, "test_parity")
+        if not tools:
             return 2
+        forgec, forge_train = tools
         tmp_root = tempfile.mkdtemp(prefix="forge-parity-")
         try:
             for n in names:
