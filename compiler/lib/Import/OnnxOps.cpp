@@ -228,7 +228,8 @@ LogicalResult importBatchNorm(NodeImporter &n) {
   if (!training) {
     if (n.outputUsed(1) || n.outputUsed(2))
       return n.error() << "running statistics outputs need training_mode=1";
-    return output(n, n.create1("batch_norm", operands, {n.f64("epsilon", eps)}));
+    return output(n, n.create1("batch_norm", operands,
+                               {n.f64("epsilon", eps), n.f64("momentum", momentum)}));
   }
   auto results = n.create("batch_norm_training", operands,
                           {n.f64("epsilon", eps), n.f64("momentum", momentum)});

@@ -561,7 +561,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
         auto train = b.create<BatchNormTrainingOp>(
             bn.getLoc(), map.lookupOrDefault(bn.getInput()), map.lookupOrDefault(bn.getScale()),
             map.lookupOrDefault(bn.getBias()), map.lookupOrDefault(bn.getMean()),
-            map.lookupOrDefault(bn.getVar()), bn.getEpsilonAttr(), b.getF64FloatAttr(0.9));
+            map.lookupOrDefault(bn.getVar()), bn.getEpsilonAttr(), bn.getMomentumAttr());
         map.map(bn.getResult(), train.getResult());
         for (auto [i, s] : llvm::enumerate(states)) {
           if (s.constant.getResult() == bn.getMean())
@@ -750,7 +750,8 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
       Value y = b.create<BatchNormOp>(bn.getLoc(), map.lookupOrDefault(bn.getInput()),
                                       map.lookupOrDefault(bn.getScale()), map.lookupOrDefault(bn.getBias()),
                                       map.lookupOrDefault(bn.getRunningMean()),
-                                      map.lookupOrDefault(bn.getRunningVar()), bn.getEpsilonAttr());
+                                      map.lookupOrDefault(bn.getRunningVar()), bn.getEpsilonAttr(),
+                                      bn.getMomentumAttr());
       map.map(bn.getResult(), y);
       map.map(bn.getNewRunningMean(), map.lookupOrDefault(bn.getRunningMean()));
       map.map(bn.getNewRunningVar(), map.lookupOrDefault(bn.getRunningVar()));

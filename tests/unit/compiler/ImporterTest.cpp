@@ -8,6 +8,7 @@
 #include "forge/Dialect/ForgeDialect.h"
 #include "forge/Import/OnnxImporter.h"
 #include "forge/Pipeline/Pipeline.h"
+#include "forge/Train/TrainGraph.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"
@@ -358,6 +359,50 @@ TEST(Importer, NewerIrVersionIsRejected) {
   auto r = import(ctx, m.bytes());
   EXPECT_FALSE(r.module);
   EXPECT_NE(r.diagnostics.find("IR version 42"), std::string::npos) << r.diagnostics;
+}
+
+} // namespace
+
+namespace {
+
+TEST(Importer, BatchNormMomentumReachesTheTrainingGraph) {
+  // An inference-mode BatchNormalization becomes batch_norm_training in
+  // @train_step with the model's own momentum (not a fixed default).
+  MLIRContext ctx;
+  ModelBuilder m;
+  m.input("x", {2, 3, 4, 4});
+  auto addVec = [&](const std::string &name, float value) {
+    auto *t = m.graph->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    t->add_dims(3);
+    for (int i = 0; i < 3; ++i)
+      t->add_float_data(value);
+  };
+  addVec("scale", 1.0f);
+  addVec("bias", 0.0f);
+  addVec("mean", 0.0f);
+  addVec("var", 1.0f);
+  auto *bn = m.node("BatchNormalization", {"x", "scale", "bias", "mean", "var"}, {"y"}, "bn");
+  auto *momentum = bn->add_attribute();
+  momentum->set_name("momentum");
+  momentum->set_type(onnx::AttributeProto::FLOAT);
+  momentum->set_f(0.7f);
+  m.node("ReduceMean", {"y"}, {"out"}, "mean_all");
+  m.output("out");
+  auto r = import(ctx, m.bytes());
+  ASSERT_TRUE(r.module) << r.diagnostics;
+  forge::TrainOptions options;
+  options.loss.kind = "output";
+  options.loss.output = "out";
+  options.optimizer.kind = "sgd";
+  ASSERT_TRUE(succeeded(forge::buildTrainingModule(*r.module, options)));
+  int found = 0;
+  r.module->walk([&](forge::BatchNormTrainingOp op) {
+    EXPECT_NEAR(op.getMomentum().convertToDouble(), 0.7, 1e-6);
+    ++found;
+  });
+  EXPECT_EQ(found, 1);
 }
 
 } // namespace

@@ -200,8 +200,15 @@ def Forge_AvgPoolOp : Forge_Op<"avg_pool", "AveragePool,GlobalAveragePool", Fusi
 
 def Forge_BatchNormOp : Forge_Op<"batch_norm", "BatchNormalization", FusionReduction, PrecisionKeepFP32, 1> {
   let summary = "Inference-mode batch normalization over channel dim 1";
+  let description = [{
+    `momentum` (ONNX semantics: running = running * momentum + batch * (1 -
+    momentum)) is unused here; it is kept so that the training graph, which
+    turns this op into batch_norm_training, updates the running statistics the
+    way the model was defined.
+  }];
   let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$scale, AnyForgeTensor:$bias,
-                       AnyForgeTensor:$mean, AnyForgeTensor:$var, F64Attr:$epsilon);
+                       AnyForgeTensor:$mean, AnyForgeTensor:$var, F64Attr:$epsilon,
+                       DefaultValuedAttr<F64Attr, "0.9">:$momentum);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$input `,` $scale `,` $bias `,` $mean `,` $var attr-dict `:` functional-type(operands, results)";
   let flopsPerElement = 4;
