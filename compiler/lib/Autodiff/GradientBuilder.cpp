@@ -21,60 +21,20 @@ bool mlir::forge::isFloatTensor(Value v) {
 
 SmallVector<Value> GradientBuilder::create(StringRef name, ValueRange operands,
                                            ArrayRef<NamedAttribute> attrs) {
-  MLIRContext *ctx = b.getContext();
   // A failed creation returns no results at all; callers check failed().
   auto nulls = []() { return SmallVector<Value>(); };
   if (llvm::any_of(operands, [](Value v) { return !v; })) {
     hasFailed = true; // an earlier failure already reported
     return nulls();
   }
-  std::string fullName = ("forge." + name).str();
-  std::optional<RegisteredOperationName> info = RegisteredOperationName::lookup(fullName, ctx);
-  if (!info) {
+  auto built = buildForgeOp(b, loc, name, operands, attrs, [&]() {
+    return emitError(loc) << "internal: gradient rule: ";
+  });
+  if (::mlir::failed(built)) {
     hasFailed = true;
-    emitError(loc) << "internal: gradient rule uses unknown op " << fullName;
     return nulls();
   }
-  DictionaryAttr dict = DictionaryAttr::get(ctx, attrs);
-  SmallVector<Type> types;
-  {
-    // Inherent attributes live in properties: fill them first so inference
-    // sees them (as OperationState would when the op is created).
-    std::vector<std::max_align_t> storage(
-        (info->getOpPropertyByteSize() + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t) +
-        1);
-    bool hasProperties = info->getOpPropertyByteSize() > 0;
-    OpaqueProperties props(hasProperties ? storage.data() : nullptr);
-    if (hasProperties)
-      info->initOpProperties(props, nullptr);
-    auto diag = [&]() {
-      return emitError(loc) << "internal: gradient rule builds " << fullName << ": ";
-    };
-    LogicalResult ok =
-        hasProperties ? info->setOpPropertiesFromAttribute(*info, props, dict, diag) : success();
-    auto infer = info->getInterface<InferTypeOpInterface>();
-    if (succeeded(ok))
-      ok = infer ? infer->inferReturnTypes(ctx, loc, operands, dict, props, {}, types) : failure();
-    if (hasProperties)
-      info->destroyOpProperties(props);
-    if (::mlir::failed(ok)) {
-      hasFailed = true;
-      emitError(loc) << "internal: gradient rule cannot build " << fullName;
-      return nulls();
-    }
-  }
-  OperationState state(loc, *info);
-  state.addOperands(operands);
-  state.addAttributes(attrs);
-  state.addTypes(types);
-  Operation *op = b.create(state);
-  if (::mlir::failed(verify(op))) {
-    op->erase();
-    hasFailed = true;
-    emitError(loc) << "internal: gradient rule built an invalid " << fullName;
-    return nulls();
-  }
-  return SmallVector<Value>(op->getResults());
+  return SmallVector<Value>((*built)->getResults());
 }
 
 Value GradientBuilder::create1(StringRef name, ValueRange operands,

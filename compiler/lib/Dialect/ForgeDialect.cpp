@@ -3,6 +3,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
+#include "mlir/IR/Verifier.h"
 
 using namespace mlir;
 using namespace mlir::forge;
@@ -110,4 +111,46 @@ LogicalResult mlir::forge::runGradientRule(Operation *op, ValueRange resultGrads
                              << (hasFloatElements(expected) ? "" : " to get no gradient");
   }
   return success();
+}
+
+FailureOr<Operation *> mlir::forge::buildForgeOp(OpBuilder &builder, Location loc, StringRef name,
+                                                 ValueRange operands,
+                                                 ArrayRef<NamedAttribute> attrs,
+                                                 function_ref<InFlightDiagnostic()> emitError) {
+  MLIRContext *ctx = builder.getContext();
+  std::string fullName = ("forge." + name).str();
+  std::optional<RegisteredOperationName> info = RegisteredOperationName::lookup(fullName, ctx);
+  if (!info)
+    return emitError() << "internal: no op " << fullName;
+  DictionaryAttr dict = DictionaryAttr::get(ctx, attrs);
+  SmallVector<Type> types;
+  {
+    // Properties hold the inherent attributes; fill them from the dictionary
+    // first so inference sees them (as OperationState does on creation).
+    int bytes = info->getOpPropertyByteSize();
+    std::vector<std::max_align_t> storage((bytes + sizeof(std::max_align_t) - 1) /
+                                              sizeof(std::max_align_t) + 1);
+    OpaqueProperties props(bytes > 0 ? storage.data() : nullptr);
+    if (bytes > 0)
+      info->initOpProperties(props, nullptr);
+    LogicalResult ok =
+        bytes > 0 ? info->setOpPropertiesFromAttribute(*info, props, dict, emitError) : success();
+    auto infer = info->getInterface<InferTypeOpInterface>();
+    if (succeeded(ok))
+      ok = infer ? infer->inferReturnTypes(ctx, loc, operands, dict, props, {}, types) : failure();
+    if (bytes > 0)
+      info->destroyOpProperties(props);
+    if (failed(ok))
+      return emitError() << "cannot build " << fullName;
+  }
+  OperationState state(loc, *info);
+  state.addOperands(operands);
+  state.addAttributes(attrs);
+  state.addTypes(types);
+  Operation *op = builder.create(state);
+  if (failed(verify(op))) {
+    op->erase();
+    return emitError() << fullName << " failed verification";
+  }
+  return op;
 }

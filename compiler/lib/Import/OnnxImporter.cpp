@@ -254,50 +254,14 @@ InFlightDiagnostic NodeImporter::error() {
 
 FailureOr<SmallVector<Value>> NodeImporter::create(StringRef opName, ArrayRef<Value> operands,
                                                    ArrayRef<NamedAttribute> attrs) {
-  MLIRContext *ctx = b.getContext();
-  std::string fullName = ("forge." + opName).str();
-  std::optional<RegisteredOperationName> info = RegisteredOperationName::lookup(fullName, ctx);
-  if (!info)
-    return error() << "internal: no op " << fullName;
   SmallVector<Value> present;
   for (Value v : operands)
     if (v)
       present.push_back(v);
-
-  // Infer result types here rather than in the generated builders, which
-  // abort on failure: a bad model must get an error, not a crash.
-  DictionaryAttr dict = DictionaryAttr::get(ctx, attrs);
-  OperationState state(loc, *info);
-  state.addOperands(present);
-  state.addAttributes(attrs);
-  SmallVector<Type> types;
-  {
-    // Properties hold the inherent attributes; fill them from the dictionary
-    // first so inference sees them.
-    std::vector<std::max_align_t> storage(
-        (info->getOpPropertyByteSize() + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t) + 1);
-    bool hasProperties = info->getOpPropertyByteSize() > 0;
-    OpaqueProperties props(hasProperties ? storage.data() : nullptr);
-    if (hasProperties)
-      info->initOpProperties(props, nullptr);
-    auto diag = [&]() { return error(); };
-    LogicalResult ok = hasProperties ? info->setOpPropertiesFromAttribute(*info, props, dict, diag)
-                                     : success();
-    auto inferIface = info->getInterface<InferTypeOpInterface>();
-    if (succeeded(ok))
-      ok = inferIface ? inferIface->inferReturnTypes(ctx, loc, present, dict, props, {}, types)
-                      : failure();
-    if (hasProperties)
-      info->destroyOpProperties(props);
-    if (failed(ok))
-      return error() << "cannot build forge." << opName << " from this node";
-  }
-  state.addTypes(types);
-  Operation *op = b.create(state);
-  if (failed(verify(op))) {
-    op->erase();
-    return error() << "forge." << opName << " failed verification";
-  }
+  auto built = buildForgeOp(b, loc, opName, present, attrs, [&]() { return error(); });
+  if (failed(built))
+    return failure();
+  Operation *op = *built;
   SmallVector<Value> results(op->getResults());
   // Fold when every operand is a constant: shape subgraphs vanish at import.
   // For training, float initializers (the future parameters) stay live.

@@ -55,6 +55,14 @@ LogicalResult inferBroadcastType(std::optional<Location> loc, ValueRange operand
 LogicalResult inferReduceType(std::optional<Location> loc, Type input,
                               ArrayRef<int64_t> axes, bool keepdims, Type resultElement,
                               SmallVectorImpl<Type> &inferred);
+/// Creates `forge.<name>` at `builder`'s insertion point with `operands` and
+/// inherent `attrs`, inferring result types and verifying the op first. The
+/// generated builders abort when inference fails; this reports through
+/// `emitError` instead (prefixing "cannot build forge.<name>" or "forge.<name>
+/// failed verification") and leaves nothing behind.
+FailureOr<Operation *> buildForgeOp(OpBuilder &builder, Location loc, StringRef name,
+                                    ValueRange operands, ArrayRef<NamedAttribute> attrs,
+                                    function_ref<InFlightDiagnostic()> emitError);
 /// Broadcast two shapes; failure if incompatible.
 FailureOr<SmallVector<int64_t>> broadcastShapes(ArrayRef<int64_t> a, ArrayRef<int64_t> b);
 
