@@ -366,12 +366,6 @@ FORGE_INFER(ConstantOp) {
 
 OpFoldResult ConstantOp::fold(FoldAdaptor) { return getValue(); }
 
-static int64_t product(ArrayRef<int64_t> dims) {
-  int64_t n = 1;
-  for (int64_t d : dims)
-    n *= d;
-  return n;
-}
 
 FORGE_INFER(ReshapeOp) {
   auto t = rankedOrNull(adaptor.getInput().getType());
@@ -380,7 +374,7 @@ FORGE_INFER(ReshapeOp) {
   for (int64_t d : adaptor.getShape())
     if (d < 0)
       return failInference(loc, "reshape target dims must be resolved and non-negative");
-  if (product(adaptor.getShape()) != t.getNumElements())
+  if (ShapedType::getNumElements(adaptor.getShape()) != t.getNumElements())
     return failInference(loc, "reshape changes the element count");
   inferred.push_back(withShape(t, adaptor.getShape()));
   return success();

@@ -23,12 +23,6 @@ namespace {
 
 using Rule = OpRule;
 
-int64_t product(ArrayRef<int64_t> dims) {
-  int64_t n = 1;
-  for (int64_t d : dims)
-    n *= d;
-  return n;
-}
 
 /// Normalizes an axis into [0, rank); fails with a node error when out of range.
 FailureOr<int64_t> normAxis(NodeImporter &n, int64_t axis, int64_t rank) {
@@ -327,8 +321,8 @@ Rule softmaxLike(StringRef op) {
     auto axis = normAxis(n, n.intAttr("axis", 1), rank);
     if (failed(axis))
       return failure();
-    auto flat = n.reshape(n.input(0), {product(x.getShape().take_front(*axis)),
-                                       product(x.getShape().drop_front(*axis))});
+    auto flat = n.reshape(n.input(0), {ShapedType::getNumElements(x.getShape().take_front(*axis)),
+                                       ShapedType::getNumElements(x.getShape().drop_front(*axis))});
     if (failed(flat))
       return failure();
     auto y = n.create1(name, {*flat}, {n.i64("axis", 1)});
@@ -368,9 +362,9 @@ LogicalResult importReshape(NodeImporter &n) {
       return n.error() << "cannot infer -1: " << x.getNumElements() << " elements";
     shape[inferIndex] = x.getNumElements() / known;
   }
-  if (product(shape) != x.getNumElements())
+  if (ShapedType::getNumElements(shape) != x.getNumElements())
     return n.error() << "reshape of " << x.getNumElements() << " elements into "
-                     << product(shape);
+                     << ShapedType::getNumElements(shape);
   return output(n, n.reshape(n.input(0), shape));
 }
 
@@ -383,8 +377,8 @@ LogicalResult importFlatten(NodeImporter &n) {
     axis += x.getRank();
   if (axis < 0 || axis > x.getRank())
     return n.error() << "axis out of range";
-  return output(n, n.reshape(n.input(0), {product(x.getShape().take_front(axis)),
-                                          product(x.getShape().drop_front(axis))}));
+  return output(n, n.reshape(n.input(0), {ShapedType::getNumElements(x.getShape().take_front(axis)),
+                                          ShapedType::getNumElements(x.getShape().drop_front(axis))}));
 }
 
 /// Axes from the `axes` input (newer opsets) or attribute (older ones).
