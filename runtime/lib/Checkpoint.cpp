@@ -6,7 +6,7 @@
 //    crash; CheckpointDir::save never chooses an existing file name and updates
 //    `latest` the same way, after the checkpoint itself is durable.
 //  * readCheckpoint decodes and checks everything into private buffers first
-//    and calls CpuExecutor::setPersistent only when the whole file is valid,
+//    and calls Executor::setPersistent only when the whole file is valid,
 //    so a refused checkpoint leaves the executor as it was. It never writes,
 //    renames or deletes the file.
 //  * Messages start with the checkpoint's path and say what is wrong and, for
@@ -95,7 +95,7 @@ std::string persistentFingerprint(const bundle::Program &program) {
   return fmt::format("{:016x}", h);
 }
 
-Status writeCheckpoint(const std::string &path, const CpuExecutor &ex,
+Status writeCheckpoint(const std::string &path, const Executor &ex,
                        const CheckpointState &state) {
   const bundle::Program &p = ex.bundle().program();
   nlohmann::json meta;
@@ -134,7 +134,7 @@ Status writeCheckpoint(const std::string &path, const CpuExecutor &ex,
   return writeNpz(path, arrays);
 }
 
-Expected<CheckpointState> readCheckpoint(const std::string &path, CpuExecutor &ex,
+Expected<CheckpointState> readCheckpoint(const std::string &path, Executor &ex,
                                          CheckpointError *error) {
   CheckpointError kind = CheckpointError::Corrupt;
   auto fail = [&](CheckpointError k, Status s) {
@@ -300,7 +300,7 @@ std::vector<std::string> CheckpointDir::list() const {
   return out;
 }
 
-Expected<std::string> CheckpointDir::save(const CpuExecutor &ex,
+Expected<std::string> CheckpointDir::save(const Executor &ex,
                                           const CheckpointState &state) const {
   FORGE_RETURN_IF_ERROR(create());
   namespace fs = std::filesystem;
@@ -318,7 +318,7 @@ Expected<std::string> CheckpointDir::save(const CpuExecutor &ex,
 }
 
 Expected<std::optional<CheckpointState>>
-CheckpointDir::resume(CpuExecutor &ex, const std::function<void(const std::string &)> &warn) const {
+CheckpointDir::resume(Executor &ex, const std::function<void(const std::string &)> &warn) const {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(dir_, ec))

@@ -51,16 +51,14 @@ uint64_t byteSize(const bundle::TensorInfo &t) {
          dtypeSize(t.dtype());
 }
 
-std::string nameList(const bundle::Program &p, const std::vector<int32_t> &tensors) {
-  std::string names;
-  for (int32_t t : tensors)
-    names += fmt::format("{}'{}'", names.empty() ? "" : ", ", p.tensors(t).name());
-  return names.empty() ? "none" : names;
-}
 } // namespace
 
 CpuExecutor::CpuExecutor(const Bundle &bundle, CpuExecutorOptions options)
-    : bundle_(bundle), pool_(options.threads) {}
+    : Executor(bundle), pool_(options.threads) {}
+
+std::string CpuExecutor::describe() const {
+  return fmt::format("cpu, {} thread{}", pool_.size(), pool_.size() == 1 ? "" : "s");
+}
 
 Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
                                                            CpuExecutorOptions options) {
@@ -81,19 +79,8 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
                          missing.size() > 1 ? "s" : "", list);
   }
 
-  // Which persistent tensors get private writable storage.
-  std::vector<bool> writable(p.tensors_size(), false);
-  for (int t = 0; t < p.tensors_size(); ++t) {
-    auto kind = p.tensors(t).kind();
-    writable[t] = kind == bundle::TensorInfo::STATE ||
-                  (kind == bundle::TensorInfo::PARAMETER && p.training());
-  }
-  for (const bundle::Routine &r : p.routines())
-    for (const bundle::Instruction &inst : r.instructions())
-      for (int32_t t : inst.outputs())
-        if (p.tensors(t).kind() == bundle::TensorInfo::PARAMETER)
-          writable[t] = true;
-
+  std::unique_ptr<CpuExecutor> ex(new CpuExecutor(bundle, options));
+  const std::vector<bool> &writable = ex->writable_;
   uint64_t total;
   if (!alignUpOk(p.arena_size(), total))
     return Status::error("{}: arena_size {} is too large", origin, p.arena_size());
@@ -107,7 +94,6 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
       return Status::error("{}: arena plus persistent tensors overflow 64 bits", origin);
   }
 
-  std::unique_ptr<CpuExecutor> ex(new CpuExecutor(bundle, options));
   // Over-allocate so the arena can start on a 64-byte boundary. calloc gives
   // zeroed storage (uninitialized reads are at least repeatable, and
   // zero-initialized STATE needs no pass) without touching fresh pages.
@@ -120,7 +106,6 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
                          origin, total, p.arena_size());
   uintptr_t base = reinterpret_cast<uintptr_t>(ex->storage_.get());
   ex->arena_ = ex->storage_.get() + ((kAlign - base % kAlign) % kAlign);
-  ex->writable_ = writable;
 
   size_t numOperands = 0;
   for (const bundle::Routine &r : p.routines())
@@ -147,8 +132,6 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
         // a constant (loader) or a non-writable parameter (above).
         v.data = const_cast<uint8_t *>(bytes.data());
       }
-      if (info.kind() != bundle::TensorInfo::CONSTANT)
-        ex->persistent_.push_back(t);
       break;
     }
     default:
@@ -158,104 +141,25 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
     ex->views_.push_back(std::move(v));
   }
   for (const bundle::Routine &r : p.routines()) {
-    Routine routine{&r, ex->views_.size(), {r.inputs().begin(), r.inputs().end()},
-                    {r.outputs().begin(), r.outputs().end()}};
+    ex->firstOperand_.push_back(ex->views_.size());
     for (const bundle::Instruction &inst : r.instructions()) {
       for (int32_t t : inst.inputs())
         ex->views_.push_back(t < 0 ? TensorView{} : ex->views_[t]);
       for (int32_t t : inst.outputs())
         ex->views_.push_back(ex->views_[t]);
     }
-    ex->routines_.push_back(std::move(routine));
   }
   return ex;
-}
-
-const std::string &CpuExecutor::routineName(int routine) const {
-  static const std::string empty;
-  if (routine < 0 || routine >= numRoutines())
-    return empty;
-  return routines_[routine].proto->name();
-}
-
-Expected<int> CpuExecutor::findRoutine(const std::string &name) const {
-  for (int r = 0; r < numRoutines(); ++r)
-    if (routines_[r].proto->name() == name)
-      return r;
-  std::string names;
-  for (const Routine &r : routines_)
-    names += fmt::format("{}'{}'", names.empty() ? "" : ", ", r.proto->name());
-  return Status::error("{} has no routine '{}' (routines: {})", bundle_.origin(), name,
-                       names.empty() ? "none" : names);
-}
-
-const std::vector<int32_t> &CpuExecutor::inputs(int routine) const {
-  static const std::vector<int32_t> empty;
-  return routine >= 0 && routine < numRoutines() ? routines_[routine].inputs : empty;
-}
-
-const std::vector<int32_t> &CpuExecutor::outputs(int routine) const {
-  static const std::vector<int32_t> empty;
-  return routine >= 0 && routine < numRoutines() ? routines_[routine].outputs : empty;
-}
-
-Expected<int32_t> CpuExecutor::findInput(int routine, const std::string &name) const {
-  if (routine < 0 || routine >= numRoutines())
-    return Status::error("{}: no routine #{}", bundle_.origin(), routine);
-  const bundle::Program &p = bundle_.program();
-  for (int32_t t : routines_[routine].inputs)
-    if (p.tensors(t).name() == name)
-      return t;
-  return Status::error("'{}' is not an input of routine '{}' of {} (inputs: {})", name,
-                       routineName(routine), bundle_.origin(),
-                       nameList(p, routines_[routine].inputs));
-}
-
-Expected<int32_t> CpuExecutor::findOutput(int routine, const std::string &name) const {
-  if (routine < 0 || routine >= numRoutines())
-    return Status::error("{}: no routine #{}", bundle_.origin(), routine);
-  const bundle::Program &p = bundle_.program();
-  for (int32_t t : routines_[routine].outputs)
-    if (p.tensors(t).name() == name)
-      return t;
-  return Status::error("'{}' is not an output of routine '{}' of {} (outputs: {})", name,
-                       routineName(routine), bundle_.origin(),
-                       nameList(p, routines_[routine].outputs));
-}
-
-const bundle::TensorInfo &CpuExecutor::tensorInfo(int32_t index) const {
-  return bundle_.program().tensors(index);
-}
-
-Status CpuExecutor::setInput(int routine, const std::string &name, const TensorView &data) {
-  auto t = findInput(routine, name);
-  if (!t)
-    return t.status();
-  const bundle::TensorInfo &info = tensorInfo(*t);
-  if (data.dtype != info.dtype())
-    return Status::error("input '{}': got dtype {}, the bundle expects {}", name,
-                         dtypeName(data.dtype), dtypeName(info.dtype()));
-  if (!std::equal(data.shape.begin(), data.shape.end(), info.shape().begin(), info.shape().end()))
-    return Status::error("input '{}': got shape {}, the bundle expects {}", name,
-                         shapeString(data.shape),
-                         shapeString({info.shape().begin(), info.shape().end()}));
-  size_t bytes = views_[*t].bytes();
-  if (bytes > 0) {
-    if (!data.data)
-      return Status::error("input '{}': no data", name);
-    std::memcpy(views_[*t].data, data.data, bytes);
-  }
-  return Status::ok();
 }
 
 Status CpuExecutor::run(int routine) {
   if (routine < 0 || routine >= numRoutines())
     return Status::error("{}: no routine #{} (the bundle has {})", bundle_.origin(), routine,
                          numRoutines());
-  const Routine &r = routines_[routine];
-  size_t pos = r.firstOperand;
-  for (int i = 0; i < r.proto->instructions_size(); ++i) {
-    const bundle::Instruction &inst = r.proto->instructions(i);
+  const bundle::Routine &r = *routines_[routine];
+  size_t pos = firstOperand_[routine];
+  for (int i = 0; i < r.instructions_size(); ++i) {
+    const bundle::Instruction &inst = r.instructions(i);
     std::span<const TensorView> in(views_.data() + pos, inst.inputs_size());
     pos += inst.inputs_size();
     std::span<TensorView> out(views_.data() + pos, inst.outputs_size());
@@ -270,7 +174,7 @@ Status CpuExecutor::run(int routine) {
     }
     if (!s.isOk())
       return s.prefix(fmt::format("{}: routine '{}' instruction #{}", bundle_.origin(),
-                                  r.proto->name(), i));
+                                  r.name(), i));
   }
   return Status::ok();
 }
@@ -281,32 +185,8 @@ TensorView CpuExecutor::view(int32_t index) const {
   return views_[index];
 }
 
-bool CpuExecutor::isWritable(int32_t index) const {
-  return index >= 0 && static_cast<size_t>(index) < writable_.size() && writable_[index];
-}
-
-Status CpuExecutor::setPersistent(int32_t index, std::span<const uint8_t> bytes) {
-  if (index < 0 || index >= bundle_.program().tensors_size())
-    return Status::error("{}: no tensor #{}", bundle_.origin(), index);
-  const bundle::TensorInfo &info = tensorInfo(index);
-  if (info.kind() != bundle::TensorInfo::PARAMETER && info.kind() != bundle::TensorInfo::STATE)
-    return Status::error("{}: tensor '{}' is not a parameter or state tensor", bundle_.origin(),
-                         info.name());
-  const TensorView &v = views_[index];
-  if (bytes.size() != v.bytes())
-    return Status::error("{}: tensor '{}' has {} bytes ({} {}), got {}", bundle_.origin(),
-                         info.name(), v.bytes(), dtypeName(v.dtype), shapeString(v.shape),
-                         bytes.size());
-  if (bytes.empty())
-    return Status::ok();
-  if (!writable_[index]) {
-    if (std::memcmp(v.data, bytes.data(), bytes.size()) != 0)
-      return Status::error("{}: parameter '{}' is read-only in this bundle and cannot take a "
-                           "different value",
-                           bundle_.origin(), info.name());
-    return Status::ok();
-  }
-  std::memcpy(v.data, bytes.data(), bytes.size());
+Status CpuExecutor::writePersistent(int32_t index, std::span<const uint8_t> bytes) {
+  std::memcpy(views_[index].data, bytes.data(), bytes.size());
   return Status::ok();
 }
 

@@ -50,7 +50,7 @@ void classesOf(const bundle::Program &p, int64_t &numClasses, std::optional<int6
 }
 
 /// A scalar f32 output (numel 1) of `routine`, or an error / -1 when optional.
-Expected<int32_t> scalarOutput(const CpuExecutor &ex, int routine, const std::string &name,
+Expected<int32_t> scalarOutput(const Executor &ex, int routine, const std::string &name,
                                bool required) {
   auto t = ex.findOutput(routine, name);
   if (!t)
@@ -63,7 +63,7 @@ Expected<int32_t> scalarOutput(const CpuExecutor &ex, int routine, const std::st
   return *t;
 }
 
-float readScalar(const CpuExecutor &ex, int32_t t) {
+float readScalar(const Executor &ex, int32_t t) {
   float v;
   std::memcpy(&v, ex.view(t).data, sizeof(v));
   return v;
@@ -79,13 +79,14 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   const std::string &origin = bundle.origin();
   if (!train)
     return Status::error("no training data");
-  auto exec = CpuExecutor::create(bundle, CpuExecutorOptions{options.threads});
+  auto exec = createExecutor(bundle, ExecutorOptions{options.device, options.threads,
+                                                     options.cudaGraphs});
   if (!exec)
     return exec.status();
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->exec_ = exec.take();
   tr->options_ = options;
-  CpuExecutor &ex = *tr->exec_;
+  Executor &ex = *tr->exec_;
 
   auto trainIndex = ex.findRoutine("train_step");
   if (!trainIndex)
@@ -216,7 +217,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->microOuts_.assign(static_cast<size_t>(micro), {});
   for (int64_t k = 0; k < micro; ++k)
     for (size_t f = 0; f < tr->fields_.size(); ++f)
-      tr->microOuts_[k].push_back(ex.view(tensors[f][k]).data);
+      tr->microOuts_[k].push_back(ex.inputBuffer(tensors[f][k]));
 
   // Tokens: one integer [B, T] data input besides the label.
   int tokenInputs = 0;
@@ -280,7 +281,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                            eval->numSamples(), tr->evalBatch_);
     tr->evalData_ = std::move(eval);
     for (int32_t t : evalTensors)
-      tr->evalOuts_.push_back(ex.view(t).data);
+      tr->evalOuts_.push_back(ex.inputBuffer(t));
     tr->evalIndices_.resize(static_cast<size_t>(tr->evalBatch_));
   }
   return tr;
@@ -297,9 +298,10 @@ Expected<StepResult> Trainer::step() {
         microOuts_[k]));
   if (stepInput_ >= 0) {
     float s = static_cast<float>(step_ + 1);
-    std::memcpy(exec_->view(stepInput_).data, &s, sizeof(s));
+    std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
   }
   FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
+  FORGE_RETURN_IF_ERROR(exec_->wait());
   ++step_;
   StepResult r;
   r.step = step_;
@@ -322,6 +324,7 @@ Expected<EvalResult> Trainer::evaluate() {
       evalIndices_[static_cast<size_t>(i)] = b * evalBatch_ + i;
     FORGE_RETURN_IF_ERROR(evalData_->fill(evalIndices_, evalOuts_));
     FORGE_RETURN_IF_ERROR(exec_->run(eval_.index));
+    FORGE_RETURN_IF_ERROR(exec_->wait());
     lossSum += readScalar(*exec_, eval_.loss);
     if (eval_.extra1 >= 0)
       correctSum += readScalar(*exec_, eval_.extra1);

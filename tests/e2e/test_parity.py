@@ -31,7 +31,11 @@ Formats used:
 
 Usage:
   test_parity.py [--bin-dir DIR | --forgec F --forge-train F] [--fixtures-dir DIR]
+                 [--target cpu|cuda:sm_90] [--device cpu|cuda] [--bundles DIR [--compile-only]]
                  [--self-check] [--keep] [--strict-delta] [FIXTURE ...]
+--target/--device run the same checks on a GPU (tests/gpu). Where forgec cannot run (the GPU
+machines have no MLIR), --compile-only --bundles DIR compiles every bundle into DIR here, and
+--bundles DIR alone later runs forge-train on those bundles without forgec.
 --self-check only validates the fixture files (numpy only; no Forge binaries needed).
 Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
 """
@@ -39,6 +43,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -63,6 +68,13 @@ TOLERANCES = {
 
 
 # --------------------------------------------------------------------------- helpers
+
+def gpu_present():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
 
 def run(cmd):
     """(ok, seconds, last lines of the output, or why it failed)."""
@@ -154,24 +166,48 @@ def self_check(rep, name, d, m):
 
 # --------------------------------------------------------------------------- forge
 
-def run_forge(rep, name, d, m, tmp, forgec, forge_train):
+class Setup:
+    """Where bundles come from and where they run (see the usage)."""
+
+    def __init__(self, forgec, forge_train, target="cpu", device="cpu", bundles=None,
+                 compile_only=False):
+        self.forgec, self.forge_train = forgec, forge_train
+        self.target, self.device = target, device
+        self.bundles, self.compile_only = bundles, compile_only
+
+    def compile(self, rep, label, name, fixture, tmp, args):
+        """The bundle `fixture`/`name`: compiled by forgec into tmp (or --bundles), or, with
+        --bundles and no --compile-only, the one compiled earlier. None on failure."""
+        where = tmp if not self.bundles else os.path.join(self.bundles, fixture)
+        os.makedirs(where, exist_ok=True)
+        bundle = os.path.join(where, name)
+        if self.bundles and not self.compile_only:
+            return bundle if rep.check(label, os.path.exists(bundle), f"prebuilt {bundle}") \
+                else None
+        ok, t, log = run([self.forgec] + args + ["--target", self.target, "-o", bundle])
+        return bundle if rep.check(label, ok, f"{t:.1f}s {log}") else None
+
+    def train(self, args):
+        return run([self.forge_train] + args + ["--device", self.device])
+
+
+def run_forge(rep, name, d, m, tmp, setup):
     """Compiles (with the gradients exposed) and trains 20 steps in file order on one thread.
     Returns the paths of (metrics, params20, grads1), None on failure."""
-    bundle = os.path.join(tmp, "m.forge")
     data = os.path.join(d, "batches.npz")
-    ok, t, log = run([forgec, os.path.join(d, "model.onnx"), "--target", "cpu",
-                      "--batch", str(m["batch_size"]),
-                      "--loss", "cross_entropy:logits,labels",
-                      "--optimizer", optimizer_spec(m["optimizer_hparams"]),
-                      "--expose-gradients", "-o", bundle])
-    if not rep.check(f"{name} forgec", ok, f"{t:.1f}s {log}"):
+    bundle = setup.compile(rep, f"{name} forgec", "m.forge", name, tmp,
+                           [os.path.join(d, "model.onnx"), "--batch", str(m["batch_size"]),
+                            "--loss", "cross_entropy:logits,labels",
+                            "--optimizer", optimizer_spec(m["optimizer_hparams"]),
+                            "--expose-gradients"])
+    if bundle is None or setup.compile_only:
         return None
     metrics = os.path.join(tmp, "metrics.jsonl")
     params20 = os.path.join(tmp, "params20.npz")
     grads1 = os.path.join(tmp, "grads1.npz")
-    ok, t, log = run([forge_train, bundle, "--data", data, "--no-shuffle",
-                      "--steps", str(m["steps"]), "--threads", "1", "--metrics", metrics,
-                      "--dump-params", params20, "--dump-grads", grads1])
+    ok, t, log = setup.train([bundle, "--data", data, "--no-shuffle",
+                              "--steps", str(m["steps"]), "--threads", "1", "--metrics", metrics,
+                              "--dump-params", params20, "--dump-grads", grads1])
     if not rep.check(f"{name} forge-train --steps {m['steps']}", ok, f"{t:.1f}s {log}"):
         return None
     return metrics, params20, grads1
@@ -189,13 +225,13 @@ def read_losses(path):
     return losses
 
 
-def check_fixture(rep, name, d, tmp, forgec, forge_train, strict_delta):
+def check_fixture(rep, name, d, tmp, setup, strict_delta):
     m = load_fixture(d)
     if not self_check(rep, name, d, m):
         return
-    check_forward(rep, name, d, m, tmp, forgec, forge_train)
+    check_forward(rep, name, d, m, tmp, setup)
     tol = TOLERANCES
-    out = run_forge(rep, name, d, m, tmp, forgec, forge_train)
+    out = run_forge(rep, name, d, m, tmp, setup)
     if out is None:
         return
     metrics, params20, grads1 = out
@@ -243,20 +279,20 @@ def check_fixture(rep, name, d, tmp, forgec, forge_train, strict_delta):
                           f"other {res['torch' if best == 'onnx' else 'onnx']:.2e})")
 
 
-def check_forward(rep, name, d, m, tmp, forgec, forge_train):
+def check_forward(rep, name, d, m, tmp, setup):
     """The forward alone on batch 1 with the initial weights (--inference-only). The CNN's
     BatchNormalization has training_mode=1, so it uses batch statistics here too."""
     tol = TOLERANCES
-    fwd = os.path.join(tmp, "fwd.forge")
-    ok, _, log = run([forgec, os.path.join(d, "model.onnx"), "--inference-only",
-                      "--target", "cpu", "--batch", str(m["batch_size"]), "-o", fwd])
-    if rep.check(f"{name} forgec --inference-only", ok, log):
+    fwd = setup.compile(rep, f"{name} forgec --inference-only", "fwd.forge", name, tmp,
+                        [os.path.join(d, "model.onnx"), "--inference-only",
+                         "--batch", str(m["batch_size"])])
+    if fwd is not None and not setup.compile_only:
         inp = m["onnx"]["inputs"][0]
         data = np.load(os.path.join(d, "batches.npz"))
         b1 = os.path.join(tmp, "batch1.npz")
         np.savez(b1, **{inp: data[inp][:m["batch_size"]]})
         outp = os.path.join(tmp, "out.npz")
-        ok, _, log = run([forge_train, fwd, "--forward", "--inputs", b1, "--outputs", outp])
+        ok, _, log = setup.train([fwd, "--forward", "--inputs", b1, "--outputs", outp])
         if rep.check(f"{name} forward", ok, log) and os.path.exists(outp):
             e = rel(np.load(outp)["logits"], np.load(os.path.join(d, "logits_step1.npy")))
             rep.check(f"{name} logits_step1", e <= tol["logits_step1_rel"], f"rel {e:.2e}")
@@ -271,8 +307,19 @@ def main():
     ap.add_argument("--strict-delta", action="store_true",
                     help="fail (not just report) when the update-relative error exceeds its bound")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--target", default="cpu", help="forgec --target")
+    ap.add_argument("--device", default="cpu", help="forge-train --device")
+    ap.add_argument("--bundles", help="directory of the compiled bundles (see the usage)")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="with --bundles: only compile (no forge-train)")
     a = ap.parse_args()
+    if a.compile_only and not a.bundles:
+        ap.error("--compile-only needs --bundles DIR")
 
+    run_half = not a.self_check and not a.compile_only
+    if run_half and a.device != "cpu" and not gpu_present():
+        print(f"SKIP: --device {a.device} needs a GPU (nvidia-smi -L failed)")
+        return 77  # ctest SKIP_RETURN_CODE
     names = a.names or sorted(n for n in os.listdir(a.fixtures_dir)
                               if os.path.exists(os.path.join(a.fixtures_dir, n, "manifest.json")))
     rep = Report()
@@ -281,18 +328,25 @@ def main():
             d = os.path.join(a.fixtures_dir, n)
             self_check(rep, n, d, load_fixture(d))
     else:
-        tools = e2e.find_tools(a, "test_parity")
-        if not tools:
-            return 2
-        forgec, forge_train = tools
+        if a.bundles and not a.compile_only:  # no forgec needed
+            forgec, forge_train = None, a.forge_train or e2e.find_tool("forge-train", a.bin_dir)
+            if not forge_train:
+                print("test_parity: no forge-train (--forge-train or --bin-dir)", file=sys.stderr)
+                return 2
+        else:
+            tools = e2e.find_tools(a, "test_parity")
+            if not tools:
+                return 2
+            forgec, forge_train = tools
+        setup = Setup(forgec, forge_train, a.target, a.device, a.bundles, a.compile_only)
         tmp_root = tempfile.mkdtemp(prefix="forge-parity-")
         try:
             for n in names:
                 tmp = os.path.join(tmp_root, n)
                 os.makedirs(tmp)
                 try:
-                    check_fixture(rep, n, os.path.join(a.fixtures_dir, n), tmp, forgec,
-                                  forge_train, a.strict_delta)
+                    check_fixture(rep, n, os.path.join(a.fixtures_dir, n), tmp, setup,
+                                  a.strict_delta)
                 except Exception as e:  # a broken file fails this fixture, not the run
                     rep.check(n, False, f"{type(e).__name__}: {e}")
         finally:

@@ -1,5 +1,6 @@
 // exportOnnx: trained values replace the source model's initializers by name
 // (tiny ONNX model built with the onnx protobuf; a hand-built training bundle).
+#include "forge/runtime/CpuExecutor.h"
 #include "forge/runtime/OnnxExport.h"
 
 #include <cstring>

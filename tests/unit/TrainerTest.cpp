@@ -6,6 +6,7 @@
 #include "forge/runtime/Checkpoint.h"
 #include "forge/runtime/DataSource.h"
 #include "forge/runtime/Npy.h"
+#include "forge/runtime/CpuExecutor.h"
 #include "forge/runtime/Trainer.h"
 
 #include <algorithm>
@@ -94,7 +95,7 @@ std::vector<float> run(Trainer &tr, int steps) {
   return losses;
 }
 
-std::vector<uint8_t> bytesOf(const CpuExecutor &ex, const std::string &name) {
+std::vector<uint8_t> bytesOf(const Executor &ex, const std::string &name) {
   for (int32_t t : ex.persistentTensors())
     if (ex.tensorInfo(t).name() == name) {
       TensorView v = ex.view(t);

@@ -10,6 +10,8 @@ namespace forge::train {
 
 struct Options {
   std::string bundlePath;
+  std::string device = "auto"; // cpu, cuda, cuda:N, auto (Executor.h)
+  bool noCudaGraph = false;
   unsigned threads = 0;
 
   // --info / --forward

@@ -170,7 +170,7 @@ std::string buildOption(const bundle::Program &p, const std::string &key) {
   return it == p.build_options().end() ? std::string() : it->second;
 }
 
-Status dumpParams(const std::string &path, const CpuExecutor &ex) {
+Status dumpParams(const std::string &path, const Executor &ex) {
   std::map<std::string, TensorView> arrays;
   for (int32_t t : ex.persistentTensors())
     arrays[ex.tensorInfo(t).name()] = ex.view(t);
@@ -186,7 +186,7 @@ Status dumpGrads(const std::string &path, const Trainer &tr) {
   return writeNpz(path, arrays);
 }
 
-Status exportModel(const Options &opts, const Bundle &bundle, const CpuExecutor &ex,
+Status exportModel(const Options &opts, const Bundle &bundle, const Executor &ex,
                    Progress &progress) {
 #ifdef FORGE_HAVE_ONNX_EXPORT
   std::string source = opts.onnxModel.empty() ? buildOption(bundle.program(), "source_onnx")
@@ -243,6 +243,8 @@ Expected<int> train(const Options &opts, Progress &progress) {
   }
   TrainerOptions trainerOptions;
   trainerOptions.threads = opts.threads;
+  trainerOptions.device = opts.device;
+  trainerOptions.cudaGraphs = !opts.noCudaGraph;
   trainerOptions.seed = opts.seed;
   trainerOptions.shuffle = !opts.noShuffle;
   auto created = Trainer::create(bundle, trainData.take(), std::move(evalData), trainerOptions);
@@ -266,10 +268,10 @@ Expected<int> train(const Options &opts, Progress &progress) {
                                          tr.batchSize())
                            : fmt::format("batch {}", tr.batchSize());
   progress.message(fmt::format(
-      "forge-train: {}: {} training samples ({}), {} steps/epoch, {} steps{}; {} thread{}",
+      "forge-train: {}: {} training samples ({}), {} steps/epoch, {} steps{}; {}",
       opts.bundlePath, tr.trainSamples(), layout, tr.stepsPerEpoch(), total,
       tr.hasEval() ? fmt::format("; {} eval samples", tr.evalSamples()) : "",
-      tr.executor().threads(), tr.executor().threads() == 1 ? "" : "s"));
+      tr.executor().describe()));
 
   // --resume
   std::optional<CheckpointDir> ckpt;

@@ -29,7 +29,7 @@
 
 #include "Options.h"
 #include "forge/runtime/Bundle.h"
-#include "forge/runtime/CpuExecutor.h"
+#include "forge/runtime/Executor.h"
 #include "forge/runtime/Npy.h"
 
 using namespace forge::rt;
@@ -143,7 +143,7 @@ Expected<std::map<std::string, HostTensor>> loadInputs(const Options &opts) {
 }
 
 /// Output names for the .npz: the tensor names, made unique and non-empty.
-std::vector<std::string> outputNames(const CpuExecutor &ex, int routine) {
+std::vector<std::string> outputNames(const Executor &ex, int routine) {
   std::vector<std::string> names;
   std::set<std::string> used;
   for (size_t i = 0; i < ex.outputs(routine).size(); ++i) {
@@ -163,7 +163,7 @@ Status runForward(const Options &opts) {
   auto loaded = Bundle::open(opts.bundlePath);
   if (!loaded)
     return loaded.status();
-  auto ex = CpuExecutor::create(**loaded, CpuExecutorOptions{opts.threads});
+  auto ex = createExecutor(**loaded, ExecutorOptions{opts.device, opts.threads, !opts.noCudaGraph});
   if (!ex)
     return ex.status();
   auto routine = (*ex)->findRoutine("forward");
@@ -197,6 +197,7 @@ Status runForward(const Options &opts) {
 
   auto start = std::chrono::steady_clock::now();
   FORGE_RETURN_IF_ERROR((*ex)->run(r));
+  FORGE_RETURN_IF_ERROR((*ex)->wait());
   double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
@@ -210,12 +211,10 @@ Status runForward(const Options &opts) {
     written = fmt::format(" -> {}", opts.outputsNpz);
   }
   const bundle::Program &p = (*loaded)->program();
-  unsigned threads =
-      opts.threads ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
   const bundle::Routine &fwd = p.routines(r);
   fmt::print("forward: {}, {}, {}, {:.3f} ms on {}{}\n",
              count(fwd.instructions_size(), "instruction"), count(fwd.inputs_size(), "input"),
-             count(fwd.outputs_size(), "output"), ms, count(threads, "thread"), written);
+             count(fwd.outputs_size(), "output"), ms, (*ex)->describe(), written);
   return Status::ok();
 }
 
@@ -279,6 +278,14 @@ void addOptions(CLI::App &app, Options &opts) {
       ->group(loop);
   app.add_option("--threads", opts.threads, "CPU worker threads (0: all cores)")
       ->check(CLI::NonNegativeNumber)
+      ->group(loop);
+  app.add_option("--device", opts.device,
+                 "Where to run: cpu, cuda, cuda:N or auto (CUDA for a CUDA bundle when a GPU is "
+                 "present, else the CPU)")
+      ->capture_default_str()
+      ->group(loop);
+  app.add_flag("--no-cuda-graph", opts.noCudaGraph,
+               "CUDA: launch every instruction each step instead of replaying a CUDA graph")
       ->group(loop);
   app.add_option("--recipe", opts.recipe,
                  "TOML file of options (keys = long option names without --, e.g. "

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "forge/Bundle/BundleEmitter.h"
+#include "forge/Codegen/KernelGen.h"
 #include "forge/Import/OnnxImporter.h"
 #include "forge/Pipeline/Pipeline.h"
 #include "forge/Train/TrainGraph.h"
@@ -24,6 +25,7 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SHA256.h"
+#include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/raw_ostream.h"
 
 #define TOML_EXCEPTIONS 0  // forgec is built without exceptions (LLVM flags)
@@ -38,7 +40,7 @@ static cl::opt<std::string> inputFile(cl::Positional, cl::desc("<model.onnx>"), 
                                       cl::cat(forgecCategory));
 static cl::opt<std::string> outputFile("o", cl::desc("Output file (default: <model>.forge)"),
                                        cl::value_desc("file"), cl::cat(forgecCategory));
-static cl::opt<std::string> target("target", cl::desc("Target device: cpu (default)"),
+static cl::opt<std::string> target("target", cl::desc("Target device: cpu (default), cuda:sm_80, cuda:sm_89 or cuda:sm_90"),
                                    cl::init("cpu"), cl::cat(forgecCategory));
 static cl::opt<bool> inferenceOnly("inference-only",
                                    cl::desc("Compile the forward graph only (no training step)"),
@@ -133,8 +135,8 @@ int main(int argc, char **argv) {
       return fail("--dim expects NAME=N (got '" + s + "')");
     importOptions.dimValues[name.str()] = v;
   }
-  if (target != "cpu")
-    return fail("target '" + target + "' is not available yet; use --target cpu");
+  if (target != "cpu" && !mlir::forge::parseCudaTarget(target))
+    return fail("unknown --target '" + target + "' (cpu, cuda:sm_80, cuda:sm_89, cuda:sm_90)");
   // Recipe values fill in options the command line did not give.
   if (!recipe.empty()) {
     toml::parse_result parsed = toml::parse_file(recipe.getValue());
@@ -212,6 +214,10 @@ int main(int argc, char **argv) {
   mlir::forge::registerForgeDialects(registry);
   MLIRContext context(registry);
   context.loadAllAvailableDialects();
+  // Warnings (e.g. CUDA instructions left on the host) are shown too; MLIR's
+  // default prints errors only.
+  llvm::SourceMgr sourceMgr;
+  SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context);
 
   auto source = llvm::MemoryBuffer::getFile(inputFile, false, false);
   if (!source)
@@ -275,6 +281,7 @@ int main(int argc, char **argv) {
   ::forge::rt::BundleWriter writer;
   mlir::forge::BundleEmitOptions emitOptions;
   emitOptions.target = target;
+  emitOptions.kernelDumpDir = dumpDir;
   emitOptions.sourceHash = sourceHash;
   auto &build = emitOptions.buildOptions;
   build["mode"] = inferenceOnly ? "inference" : "training";

@@ -11,6 +11,7 @@
 #include "forge/Bundle/BundleEmitter.h"
 
 #include "forge/Bundle/Conversion.h"
+#include "forge/Codegen/KernelGen.h"
 #include "forge/Dialect/ForgeDialect.h"
 #include "forge/runtime/Bundle.h"
 
@@ -82,7 +83,9 @@ namespace {
 /// Emits the module's functions as routines sharing one tensor table.
 class ProgramEmitter {
 public:
-  ProgramEmitter(pb::Program &program) : program(program) {}
+  /// `kernels` is set for CUDA targets: every instruction gets a placement.
+  ProgramEmitter(pb::Program &program, KernelGenerator *kernels)
+      : program(program), kernels(kernels) {}
 
   LogicalResult emitRoutine(func::FuncOp func);
   std::vector<uint8_t> takeConstantData() { return std::move(constantData); }
@@ -92,7 +95,16 @@ private:
   FailureOr<int32_t> addTensor(Value v, pb::TensorInfo::Kind kind, std::string name);
   FailureOr<int32_t> persistentTensor(func::FuncOp func, unsigned argIndex);
 
+  /// Where a CUDA bundle runs `op` (its kernel is generated here).
+  void place(Operation &op, pb::Instruction &inst);
+
+public:
+  /// Host instructions per op name (CUDA targets).
+  std::map<std::string, int> hostOps;
+
+private:
   pb::Program &program;
+  KernelGenerator *kernels;
   llvm::DenseMap<Value, int32_t> tensorOf;
   llvm::StringMap<int32_t> persistentByName;
   std::vector<uint8_t> constantData;
@@ -159,6 +171,24 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
   }
   persistentByName[name.getValue()] = *index;
   return *index;
+}
+
+void ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
+  if (!kernels)
+    return;
+  if (isLibraryCall(&op)) {
+    inst.set_placement(pb::LIBRARY);
+  } else if (isCopyOp(op.getName().stripDialect())) {
+    inst.set_placement(pb::DEVICE_COPY);
+  } else if (std::optional<KernelLaunch> launch = kernels->kernelFor(&op)) {
+    inst.set_placement(pb::KERNEL);
+    inst.mutable_launch()->set_kernel(launch->name);
+    inst.mutable_launch()->set_grid(static_cast<uint32_t>(launch->grid));
+    inst.mutable_launch()->set_block(static_cast<uint32_t>(launch->block));
+  } else {
+    inst.set_placement(pb::HOST);
+    ++hostOps[op.getName().stripDialect().str()];
+  }
 }
 
 bool isElementwise(Operation *op) {
@@ -268,6 +298,7 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       return failure();
     std::string node = locName(op.getLoc());
     inst->set_name(node);
+    place(op, *inst);
     for (Value v : op.getOperands()) {
       auto it = tensorOf.find(v);
       if (it == tensorOf.end())
@@ -295,6 +326,8 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
   for (auto [v, target] : copies) {
     pb::Instruction *inst = routine->add_instructions();
     inst->set_op("copy");
+    if (kernels)
+      inst->set_placement(pb::DEVICE_COPY);
     inst->set_name("update " + program.tensors(target).name());
     int32_t source = tensorOf.lookup(v);
     inst->add_inputs(source);
@@ -318,6 +351,8 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
         return failure();
       pb::Instruction *inst = routine->add_instructions();
       inst->set_op("copy");
+      if (kernels)
+        inst->set_placement(pb::DEVICE_COPY);
       inst->set_name("output " + program.tensors(*copy).name());
       inst->add_inputs(index);
       inst->add_outputs(*copy);
@@ -364,7 +399,15 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
   program.set_training(options.buildOptions.count("mode") &&
                        options.buildOptions.at("mode") == "training");
 
-  ProgramEmitter emitter(program);
+  std::unique_ptr<KernelGenerator> kernels;
+  std::optional<CudaTarget> cuda = parseCudaTarget(options.target);
+  if (cuda)
+    kernels = std::make_unique<KernelGenerator>(module.getContext(), *cuda);
+  else if (options.target != "cpu")
+    return module.emitError() << "unknown target '" << options.target
+                              << "' (cpu, cuda:sm_80, cuda:sm_89, cuda:sm_90)";
+
+  ProgramEmitter emitter(program, kernels.get());
   bool any = false;
   for (auto func : module.getOps<func::FuncOp>()) {
     if (failed(emitter.emitRoutine(func)))
@@ -374,6 +417,49 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
   if (!any)
     return module.emitError("no function to emit");
   writer.addSection("constants", emitter.takeConstantData());
+
+  if (kernels) {
+    for (const pb::TensorInfo &t : program.tensors())
+      if (::forge::rt::numElements({t.shape().begin(), t.shape().end()}) >= (int64_t(1) << 31))
+        return module.emitError() << "tensor '" << t.name()
+                                  << "' has 2^31 or more elements; CUDA kernels index with 32 bits";
+    pb::KernelModule *km = program.mutable_kernel_module();
+    km->set_arch(cuda->chip);
+    km->set_ptx_section(-1);
+    km->set_cubin_section(-1);
+    if (!options.kernelDumpDir.empty() && failed(kernels->dumpKernels(options.kernelDumpDir)))
+      return failure();
+    if (kernels->numKernels() > 0) {
+      FailureOr<std::string> ptx = kernels->lowerToPtx();
+      if (failed(ptx))
+        return failure();
+      km->set_ptx_section(static_cast<int32_t>(writer.addSection(
+          "kernels.ptx", {reinterpret_cast<const uint8_t *>(ptx->data()), ptx->size()})));
+      std::string error;
+      FailureOr<std::optional<std::string>> cubin = assemblePtx(*ptx, cuda->chip, error);
+      if (failed(cubin))
+        return module.emitError() << error;
+      if (*cubin)
+        km->set_cubin_section(static_cast<int32_t>(writer.addSection(
+            "kernels.cubin",
+            {reinterpret_cast<const uint8_t *>((*cubin)->data()), (*cubin)->size()})));
+    }
+    for (const pb::Routine &r : program.routines())
+      for (const pb::Instruction &inst : r.instructions())
+        if (inst.placement() == pb::KERNEL &&
+            !llvm::is_contained(km->kernels(), inst.launch().kernel()))
+          km->add_kernels(inst.launch().kernel());
+    if (!emitter.hostOps.empty()) {
+      std::string list;
+      int total = 0;
+      for (const auto &[op, n] : emitter.hostOps) {
+        list += (list.empty() ? "" : ", ") + op + " x" + std::to_string(n);
+        total += n;
+      }
+      mlir::emitWarning(module.getLoc()) << total << " instruction" << (total == 1 ? "" : "s")
+                           << " run on the host (no CUDA kernel yet): " << list;
+    }
+  }
   program.set_arena_size(emitter.arenaSize());
   return success();
 }

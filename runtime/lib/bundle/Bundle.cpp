@@ -204,6 +204,35 @@ Status validateInstruction(const bundle::Program &p, const bundle::Instruction &
       return Status::error("{}: output {} writes {}, which is a constant",
                            instructionLabel(inst, i), j, tensorLabel(p, t));
   }
+  if (inst.placement() < bundle::PLACEMENT_DEFAULT || inst.placement() > bundle::HOST)
+    return Status::error("{}: unknown placement {}", instructionLabel(inst, i),
+                         static_cast<int>(inst.placement()));
+  if (inst.placement() == bundle::KERNEL) {
+    const bundle::KernelLaunch &l = inst.launch();
+    const auto &kernels = p.kernel_module().kernels();
+    if (std::find(kernels.begin(), kernels.end(), l.kernel()) == kernels.end())
+      return Status::error("{}: kernel '{}' is not in the bundle's kernel module",
+                           instructionLabel(inst, i), l.kernel());
+    if (l.grid() < 1 || l.grid() > 0x7fffffffu || l.block() < 1 || l.block() > 1024)
+      return Status::error("{}: kernel '{}' has launch grid {} block {} (need grid >= 1, block "
+                           "1..1024)",
+                           instructionLabel(inst, i), l.kernel(), l.grid(), l.block());
+  }
+  return Status::ok();
+}
+
+/// The kernel module's sections exist (or are -1: absent).
+Status validateKernelModule(const bundle::Program &p) {
+  if (!p.has_kernel_module())
+    return Status::ok();
+  const bundle::KernelModule &km = p.kernel_module();
+  for (int32_t s : {km.ptx_section(), km.cubin_section()})
+    if (s < -1 || s >= p.sections_size())
+      return Status::error("kernel module: section {} does not exist ({} sections)", s,
+                           p.sections_size());
+  if (!km.kernels().empty() && km.ptx_section() < 0 && km.cubin_section() < 0)
+    return Status::error("kernel module: {} kernels but no PTX or cubin section",
+                         km.kernels_size());
   return Status::ok();
 }
 
@@ -440,6 +469,7 @@ Status Bundle::parse(std::span<const uint8_t> file) {
 
     FORGE_RETURN_IF_ERROR(validateSections(program_, data_));
     FORGE_RETURN_IF_ERROR(validateTensors(program_));
+    FORGE_RETURN_IF_ERROR(validateKernelModule(program_));
     FORGE_RETURN_IF_ERROR(validateRoutines(program_));
     return Status::ok();
   }();

@@ -59,7 +59,7 @@ int onnxTypeOf(DType t) {
 } // namespace
 
 Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::string &outPath,
-                                      const CpuExecutor &ex) {
+                                      const Executor &ex) {
   onnx::ModelProto model;
   {
     std::ifstream in(sourcePath, std::ios::binary);

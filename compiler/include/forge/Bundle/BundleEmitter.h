@@ -26,7 +26,9 @@ class BundleWriter;
 namespace mlir::forge {
 
 struct BundleEmitOptions {
-  std::string target = "cpu";
+  std::string target = "cpu"; // or cuda:sm_80|sm_89|sm_90
+  /// CUDA targets: write every generated kernel to DIR/kernels/ when set.
+  std::string kernelDumpDir;
   std::string sourceHash;
   std::map<std::string, std::string> buildOptions;
 };

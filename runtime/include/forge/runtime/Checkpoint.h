@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "forge/runtime/CpuExecutor.h"
+#include "forge/runtime/Executor.h"
 #include "forge/runtime/Status.h"
 
 namespace forge::rt {
@@ -56,12 +56,12 @@ enum class CheckpointError {
 std::string persistentFingerprint(const bundle::Program &program);
 
 /// Writes `ex`'s persistent tensors and `state` to `path` (atomically).
-Status writeCheckpoint(const std::string &path, const CpuExecutor &ex,
+Status writeCheckpoint(const std::string &path, const Executor &ex,
                        const CheckpointState &state);
 
 /// Validates `path` against `ex`'s bundle and restores every persistent
 /// tensor. On error `ex` is unchanged and `*error` (if given) says why.
-Expected<CheckpointState> readCheckpoint(const std::string &path, CpuExecutor &ex,
+Expected<CheckpointState> readCheckpoint(const std::string &path, Executor &ex,
                                          CheckpointError *error = nullptr);
 
 /// A directory of checkpoints: ckpt-<step>.forgeckpt (ckpt-<step>.<n>.forgeckpt
@@ -76,7 +76,7 @@ public:
   Status create() const;
   /// Writes a checkpoint for state.step under a fresh name, then points
   /// `latest` at it. Returns the file's path.
-  Expected<std::string> save(const CpuExecutor &ex, const CheckpointState &state) const;
+  Expected<std::string> save(const Executor &ex, const CheckpointState &state) const;
   /// Checkpoint files, newest (highest step, then suffix) first.
   std::vector<std::string> list() const;
   /// Restores the newest valid checkpoint: the one `latest` names, then the
@@ -85,7 +85,7 @@ public:
   /// bundle is an error. nullopt when the directory holds none; an error
   /// when it holds some but none is valid.
   Expected<std::optional<CheckpointState>>
-  resume(CpuExecutor &ex, const std::function<void(const std::string &)> &warn) const;
+  resume(Executor &ex, const std::function<void(const std::string &)> &warn) const;
 
 private:
   std::string dir_;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "forge/runtime/CpuExecutor.h"
+#include "forge/runtime/Executor.h"
 #include "forge/runtime/Status.h"
 
 namespace forge::rt {
@@ -23,6 +23,6 @@ struct OnnxExportReport {
 /// writes the model to `outPath` atomically. The initializer's element type
 /// and dims must match the tensor's; anything else is an error naming it.
 Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::string &outPath,
-                                      const CpuExecutor &ex);
+                                      const Executor &ex);
 
 } // namespace forge::rt

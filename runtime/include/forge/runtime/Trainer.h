@@ -1,6 +1,6 @@
 // The training loop's engine (docs/bundle-format.md "Routines"): binds a
 // training bundle's `train_step` and `eval` routines to data sources, runs
-// optimizer steps and evaluations on the CPU, and exposes the state a
+// optimizer steps and evaluations on a device (Executor.h), and exposes the state a
 // checkpoint needs. forge-train adds the CLI, progress and metrics around it.
 //
 // Invariants:
@@ -26,15 +26,17 @@
 #include <vector>
 
 #include "forge/runtime/Checkpoint.h"
-#include "forge/runtime/CpuExecutor.h"
+#include "forge/runtime/Executor.h"
 #include "forge/runtime/DataSource.h"
 
 namespace forge::rt {
 
 struct TrainerOptions {
-  unsigned threads = 0; // 0: all cores
+  unsigned threads = 0; // CPU threads (0: all cores)
   uint64_t seed = 0;    // shuffling seed
   bool shuffle = true;  // false: visit samples in file order every epoch
+  std::string device = "cpu"; // Executor.h: cpu, cuda, cuda:N, auto
+  bool cudaGraphs = true;
 };
 
 struct StepResult {
@@ -86,8 +88,8 @@ public:
     return gradOutputs_;
   }
 
-  CpuExecutor &executor() { return *exec_; }
-  const CpuExecutor &executor() const { return *exec_; }
+  Executor &executor() { return *exec_; }
+  const Executor &executor() const { return *exec_; }
 
   /// The state a checkpoint stores (persistent tensors are in the executor).
   CheckpointState state() const;
@@ -103,7 +105,7 @@ private:
     int32_t loss = -1, extra1 = -1, extra2 = -1; // train: lr, grad_norm; eval: correct
   };
 
-  std::unique_ptr<CpuExecutor> exec_;
+  std::unique_ptr<Executor> exec_;
   std::unique_ptr<DataSource> trainData_, evalData_;
   std::unique_ptr<EpochSampler> sampler_;
   TrainerOptions options_;

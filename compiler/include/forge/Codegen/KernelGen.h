@@ -1,0 +1,89 @@
+//===- KernelGen.h - forge ops -> generated GPU kernels ---------*- C++ -*-===//
+//
+// Code generation for the CUDA target (DESIGN.md §5). Every forge op that is
+// neither a library call (cuBLASLt, cuDNN) nor a plain copy gets a kernel,
+// written as a `gpu.func` on flat static memrefs (the bare-pointer calling
+// convention: one pointer per non-absent input, then one per output) and
+// lowered gpu -> NVVM -> PTX in one module. Kernels are shared between ops of
+// equal name, attributes and types.
+//
+// Ops without a generator yet are reported (kernelFor() returns no kernel and
+// isLibraryOp()/isCopyOp() are false): the bundle marks them as host
+// instructions and the CUDA runtime runs the CPU kernel on staged copies.
+//
+// This header is MLIR-light on purpose (forward declarations only): it is
+// included by BundleEmitter and forgec.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FORGE_CODEGEN_KERNELGEN_H
+#define FORGE_CODEGEN_KERNELGEN_H
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "llvm/ADT/StringRef.h"
+#include "mlir/Support/LogicalResult.h"
+
+namespace mlir {
+class MLIRContext;
+class Operation;
+} // namespace mlir
+
+namespace mlir::forge {
+
+/// `--target cuda:sm_NN` and the occupancy limits of that architecture.
+struct CudaTarget {
+  std::string chip;            // "sm_90"
+  int maxThreadsPerSM = 2048;  // resident threads per SM
+  int maxBlocksPerSM = 32;     // resident blocks per SM
+  int registersPerSM = 65536;  // 32-bit registers
+  int sharedBytesPerSM = 228 * 1024;
+};
+
+/// Parses "cuda:sm_80", "cuda:sm_89" or "cuda:sm_90"; std::nullopt otherwise.
+std::optional<CudaTarget> parseCudaTarget(llvm::StringRef target);
+
+/// True when the CUDA runtime executes `op` with a library call: matmul and
+/// gemm in f32 whose batch layout maps onto one strided-batched cuBLASLt
+/// matmul (runtime/lib/cuda/Library.cpp has the same rules).
+bool isLibraryCall(Operation *op);
+/// True for ops the CUDA runtime executes as a device-to-device copy.
+bool isCopyOp(llvm::StringRef mnemonic);
+
+struct KernelLaunch {
+  std::string name;
+  int64_t grid = 1, block = 1;
+};
+
+class KernelGenerator {
+public:
+  KernelGenerator(MLIRContext *context, CudaTarget target);
+  ~KernelGenerator();
+
+  /// The kernel that computes `op` (generated on first use); std::nullopt
+  /// when the op has no generator for its attributes and types.
+  std::optional<KernelLaunch> kernelFor(Operation *op);
+  size_t numKernels() const;
+
+  /// Lowers every kernel into one PTX module (text, no trailing NUL).
+  FailureOr<std::string> lowerToPtx();
+  /// Writes DIR/kernels/NAME.mlir (the kernel before lowering) and
+  /// DIR/kernels/NAME.ptx for every kernel.
+  LogicalResult dumpKernels(llvm::StringRef dir);
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+
+/// Assembles `ptx` for `chip` with `ptxas` (PATH, $CUDA_HOME/bin or
+/// /usr/local/cuda/bin). Returns the cubin, std::nullopt when no ptxas is
+/// found, or failure with ptxas' messages in `error`.
+FailureOr<std::optional<std::string>> assemblePtx(llvm::StringRef ptx, llvm::StringRef chip,
+                                                  std::string &error);
+
+} // namespace mlir::forge
+
+#endif // FORGE_CODEGEN_KERNELGEN_H

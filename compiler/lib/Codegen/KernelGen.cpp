@@ -1,0 +1,1096 @@
+//===- KernelGen.cpp - forge ops -> gpu.func kernels ----------------------===//
+//
+// Kernel families (each a `gpu.func` on flat static memrefs, bare pointers):
+//  * map: one output element per iteration of a grid-stride loop; every
+//    operand element is found through per-dimension strides over the output
+//    index (elementwise ops with broadcasting, cast, where, transpose,
+//    broadcast). Adjacent dimensions that every operand walks contiguously are
+//    merged first; when all operands are contiguous (or scalars) and the size
+//    divides by 4, operands are read and written as 4-element vectors
+//    (16-byte accesses for f32).
+//  * reduce: reduce_{sum,mean,max,min,prod,l2}. "Row" layout (the innermost
+//    input dimension is reduced): one block per output element, threads stride
+//    over the reduced elements (coalesced), then a warp-shuffle + shared
+//    memory block reduction. "Column" layout: 32 outputs per block across
+//    lanes (coalesced), 8 warps split the reduced range, partials combined
+//    through shared memory.
+//  * row: softmax, log_softmax and their gradients over the last axis, one
+//    block per row, block reductions as above.
+// Arithmetic runs in f32 for f16/bf16 (converted on load/store); booleans are
+// one byte in memory and i1 in registers.
+//
+//===----------------------------------------------------------------------===//
+#include "forge/Codegen/KernelGen.h"
+
+#include "forge/Dialect/ForgeDialect.h"
+
+#include "mlir/Conversion/Passes.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Target/LLVM/NVVM/Target.h"
+#include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/GPU/GPUToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/NVVM/NVVMToLLVMIRTranslation.h"
+#include "mlir/Transforms/Passes.h"
+
+#include "llvm/ADT/ScopeExit.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <functional>
+
+using namespace mlir;
+using namespace mlir::forge;
+
+std::optional<CudaTarget> mlir::forge::parseCudaTarget(llvm::StringRef target) {
+  CudaTarget t;
+  if (target == "cuda:sm_90") {
+    t.chip = "sm_90";
+  } else if (target == "cuda:sm_80") {
+    t.chip = "sm_80";
+    t.sharedBytesPerSM = 164 * 1024;
+  } else if (target == "cuda:sm_89") {
+    t.chip = "sm_89";
+    t.maxThreadsPerSM = 1536;
+    t.maxBlocksPerSM = 24;
+    t.sharedBytesPerSM = 100 * 1024;
+  } else {
+    return std::nullopt;
+  }
+  return t;
+}
+
+bool mlir::forge::isLibraryCall(Operation *op) {
+  StringRef name = op->getName().stripDialect();
+  if (name != "matmul" && name != "gemm")
+    return false;
+  auto lhs = dyn_cast<RankedTensorType>(op->getOperand(0).getType());
+  auto rhs = dyn_cast<RankedTensorType>(op->getOperand(1).getType());
+  auto out = dyn_cast<RankedTensorType>(op->getResult(0).getType());
+  if (!lhs || !rhs || !out || !lhs.hasStaticShape() || !rhs.hasStaticShape() ||
+      !lhs.getElementType().isF32() || !rhs.getElementType().isF32() ||
+      !out.getElementType().isF32() || lhs.getRank() < 2 || rhs.getRank() < 2)
+    return false;
+  if (name == "gemm") {
+    if (lhs.getRank() != 2 || rhs.getRank() != 2)
+      return false;
+    if (op->getNumOperands() < 3 || !op->getOperand(2))
+      return true;
+    // C: a full [M, N] matrix (scaled by beta), or a bias row [N] / [1, N]
+    // (cuBLASLt's bias epilogue, which beta does not scale).
+    auto c = dyn_cast<RankedTensorType>(op->getOperand(2).getType());
+    if (!c || !c.getElementType().isF32())
+      return false;
+    if (c.getShape() == out.getShape())
+      return true;
+    auto beta = op->getAttrOfType<FloatAttr>("beta");
+    int64_t n = out.getDimSize(1);
+    bool row = (c.getRank() == 1 && c.getDimSize(0) == n) ||
+               (c.getRank() == 2 && c.getDimSize(0) == 1 && c.getDimSize(1) == n && n > 1);
+    return row && (!beta || beta.getValueAsDouble() == 1.0);
+  }
+  // matmul: rhs a matrix (lhs batch folds into M), or equal batch shapes, or
+  // one side without batch (broadcast with batch stride 0).
+  auto lb = lhs.getShape().drop_back(2), rb = rhs.getShape().drop_back(2);
+  auto ones = [](ArrayRef<int64_t> s) { return llvm::all_of(s, [](int64_t d) { return d == 1; }); };
+  return rb.empty() || ones(rb) || lb == rb || lb.empty() || ones(lb);
+}
+
+bool mlir::forge::isCopyOp(llvm::StringRef op) { return op == "copy" || op == "reshape"; }
+
+namespace {
+
+constexpr int64_t kWarp = 32;
+constexpr int64_t kVector = 4;
+constexpr int64_t kMaxGrid = int64_t(1) << 20; // grid-stride loops cover the rest
+
+/// Block size with the highest occupancy the target allows (ties: the smaller
+/// block), for an assumed register count per thread and shared memory per
+/// block, then no larger than the work rounded up to a warp.
+int64_t chooseBlockSize(const CudaTarget &t, int64_t work, int64_t regsPerThread = 32,
+                        int64_t sharedPerBlock = 0) {
+  int64_t best = 128, bestThreads = 0;
+  for (int64_t block : {128, 256, 512, 1024}) {
+    int64_t blocks = std::min<int64_t>(t.maxThreadsPerSM / block, t.maxBlocksPerSM);
+    blocks = std::min<int64_t>(blocks, t.registersPerSM / (regsPerThread * block));
+    if (sharedPerBlock > 0)
+      blocks = std::min<int64_t>(blocks, t.sharedBytesPerSM / sharedPerBlock);
+    if (blocks * block > bestThreads) {
+      bestThreads = blocks * block;
+      best = block;
+    }
+  }
+  int64_t needed = std::max<int64_t>(kWarp, (work + kWarp - 1) / kWarp * kWarp);
+  return std::min(best, needed);
+}
+
+bool isFloat(Type t) { return isa<FloatType>(t); }
+
+/// Element types the generators handle: f16, bf16, f32, f64 and signless
+/// (or signed) i1/i8/i32/i64.
+bool supportedElement(Type t) {
+  if (t.isF16() || t.isBF16() || t.isF32() || t.isF64())
+    return true;
+  auto i = dyn_cast<IntegerType>(t);
+  return i && !i.isUnsigned() && llvm::is_contained({1u, 8u, 32u, 64u}, i.getWidth());
+}
+
+Type storageType(Type t) { return t.isInteger(1) ? IntegerType::get(t.getContext(), 8) : t; }
+Type computeType(Type t) {
+  return t.isF16() || t.isBF16() ? Float32Type::get(t.getContext()) : t;
+}
+
+RankedTensorType tensorType(Value v) { return dyn_cast<RankedTensorType>(v.getType()); }
+
+/// Row-major strides of `shape`.
+SmallVector<int64_t> contiguousStrides(ArrayRef<int64_t> shape) {
+  SmallVector<int64_t> s(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
+    s[d] = s[d + 1] * shape[d + 1];
+  return s;
+}
+
+/// Strides (over the output index) of `in` broadcast to `out` (numpy rules).
+SmallVector<int64_t> broadcastStrides(ArrayRef<int64_t> in, ArrayRef<int64_t> out) {
+  SmallVector<int64_t> s(out.size(), 0);
+  SmallVector<int64_t> inStrides = contiguousStrides(in);
+  int64_t shift = static_cast<int64_t>(out.size()) - static_cast<int64_t>(in.size());
+  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d)
+    s[d + shift] = in[d] == 1 ? 0 : inStrides[d];
+  return s;
+}
+
+/// Helpers bound to one insertion point inside a kernel.
+struct KB {
+  OpBuilder &b;
+  Location loc;
+
+  Value idx(int64_t v) { return b.create<arith::ConstantIndexOp>(loc, v); }
+  Value i32(int32_t v) { return b.create<arith::ConstantIntOp>(loc, v, 32); }
+  Value fconst(Type t, double v) { return b.create<arith::ConstantOp>(loc, b.getFloatAttr(t, v)); }
+  Value add(Value a, Value c) { return b.create<arith::AddIOp>(loc, a, c); }
+  Value mul(Value a, Value c) { return b.create<arith::MulIOp>(loc, a, c); }
+  Value div(Value a, int64_t c) { return b.create<arith::DivUIOp>(loc, a, idx(c)); }
+  Value rem(Value a, int64_t c) { return b.create<arith::RemUIOp>(loc, a, idx(c)); }
+  Value ult(Value a, Value c) { return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, a, c); }
+  Value tid() { return b.create<gpu::ThreadIdOp>(loc, gpu::Dimension::x); }
+  Value bid() { return b.create<gpu::BlockIdOp>(loc, gpu::Dimension::x); }
+
+  /// storage element -> compute value
+  Value load(Value memref, Value index, Type elem) {
+    Value v = b.create<memref::LoadOp>(loc, memref, index);
+    return toCompute(v, elem);
+  }
+  Value toCompute(Value v, Type elem) {
+    if (elem.isInteger(1))
+      return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, v,
+                                     b.create<arith::ConstantIntOp>(loc, 0, 8));
+    if (elem.isF16() || elem.isBF16())
+      return b.create<arith::ExtFOp>(loc, b.getF32Type(), v);
+    return v;
+  }
+  Value toStorage(Value v, Type elem) {
+    if (elem.isInteger(1))
+      return b.create<arith::ExtUIOp>(loc, b.getI8Type(), v);
+    if (elem.isF16() || elem.isBF16())
+      return b.create<arith::TruncFOp>(loc, elem, v);
+    return v;
+  }
+  void store(Value v, Value memref, Value index, Type elem) {
+    b.create<memref::StoreOp>(loc, toStorage(v, elem), memref, index);
+  }
+
+  /// for (i = blockIdx*blockDim + threadIdx; i < n; i += gridDim*blockDim)
+  void gridStride(int64_t n, function_ref<void(Value)> body) {
+    Value start = add(mul(bid(), b.create<gpu::BlockDimOp>(loc, gpu::Dimension::x)), tid());
+    Value step = mul(b.create<gpu::GridDimOp>(loc, gpu::Dimension::x),
+                     b.create<gpu::BlockDimOp>(loc, gpu::Dimension::x));
+    b.create<scf::ForOp>(loc, start, idx(n), step, ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value i, ValueRange) {
+                           OpBuilder::InsertionGuard g(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           body(i);
+                           b.create<scf::YieldOp>(l);
+                         });
+  }
+  /// for (i = from; i < n; i += step) with a loop-carried accumulator.
+  Value loopAcc(Value from, int64_t n, Value step, Value init,
+                function_ref<Value(Value, Value)> body) {
+    auto loop = b.create<scf::ForOp>(
+        loc, from, idx(n), step, ValueRange{init},
+        [&](OpBuilder &nb, Location l, Value i, ValueRange acc) {
+          OpBuilder::InsertionGuard g(b);
+          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+          b.create<scf::YieldOp>(l, body(i, acc[0]));
+        });
+    return loop.getResult(0);
+  }
+  void ifThen(Value cond, function_ref<void()> body) {
+    b.create<scf::IfOp>(loc, cond, [&](OpBuilder &nb, Location l) {
+      OpBuilder::InsertionGuard g(b);
+      b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+      body();
+      b.create<scf::YieldOp>(l);
+    });
+  }
+
+  /// Butterfly reduction across the 32 lanes; every lane gets the result.
+  Value warpReduce(Value v, function_ref<Value(Value, Value)> combine) {
+    for (int32_t offset = 16; offset >= 1; offset /= 2) {
+      auto shfl = b.create<gpu::ShuffleOp>(loc, v, i32(offset), i32(kWarp), gpu::ShuffleMode::XOR);
+      v = combine(v, shfl.getShuffleResult());
+    }
+    return v;
+  }
+  /// Reduction across the block (blockDim = warps * 32); every thread gets the
+  /// result. `smem` holds at least `warps` values; it is free again on return.
+  Value blockReduce(Value v, int64_t warps, Value smem, Value identity,
+                    function_ref<Value(Value, Value)> combine) {
+    v = warpReduce(v, combine);
+    if (warps == 1)
+      return v;
+    Value t = tid();
+    Value lane = rem(t, kWarp), warp = div(t, kWarp);
+    ifThen(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, lane, idx(0)),
+           [&] { b.create<memref::StoreOp>(loc, v, smem, warp); });
+    b.create<gpu::BarrierOp>(loc);
+    Value slot = b.create<arith::MinUIOp>(loc, lane, idx(warps - 1));
+    Value partial = b.create<memref::LoadOp>(loc, smem, slot);
+    Value w = b.create<arith::SelectOp>(loc, ult(lane, idx(warps)), partial, identity);
+    w = warpReduce(w, combine);
+    b.create<gpu::BarrierOp>(loc); // smem may be reused after this
+    return w;
+  }
+};
+
+//===----------------------------------------------------------------------===//
+// Scalar semantics of the elementwise ops (runtime/lib/cpu/Elementwise.cpp is
+// the reference). `args` are compute values; returns null when unsupported.
+//===----------------------------------------------------------------------===//
+
+double floatAttr(Operation *op, StringRef name, double fallback) {
+  if (auto a = op->getAttrOfType<FloatAttr>(name))
+    return a.getValueAsDouble();
+  return fallback;
+}
+
+Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type resultElem) {
+  OpBuilder &b = k.b;
+  Location loc = k.loc;
+  StringRef name = op->getName().stripDialect();
+  Type ct = args.empty() ? Type() : args[0].getType();
+  bool fl = ct && isFloat(ct);
+  auto cf = [&](double v) { return k.fconst(ct, v); };
+  auto select = [&](Value c, Value a, Value d) { return b.create<arith::SelectOp>(loc, c, a, d); };
+  auto cmpf = [&](arith::CmpFPredicate p, Value a, Value c) {
+    return b.create<arith::CmpFOp>(loc, p, a, c);
+  };
+  auto clamp01 = [&](Value v) {
+    Value lo = select(cmpf(arith::CmpFPredicate::OLT, v, cf(0)), cf(0), v);
+    return select(cmpf(arith::CmpFPredicate::OGT, lo, cf(1)), cf(1), lo);
+  };
+
+  if (name == "transpose" || name == "broadcast") // data movement: the map does the work
+    return args[0];
+  if (name == "cast") {
+    Type to = computeType(resultElem);
+    Value x = args[0];
+    if (ct == to)
+      return x;
+    if (isFloat(ct) && isFloat(to))
+      return to.getIntOrFloatBitWidth() > ct.getIntOrFloatBitWidth()
+                 ? Value(b.create<arith::ExtFOp>(loc, to, x))
+                 : Value(b.create<arith::TruncFOp>(loc, to, x));
+    if (isFloat(ct) && to.isInteger(1))
+      return cmpf(arith::CmpFPredicate::ONE, x, cf(0));
+    if (isFloat(ct))
+      return b.create<arith::FPToSIOp>(loc, to, x);
+    if (ct.isInteger(1) && isFloat(to))
+      return b.create<arith::UIToFPOp>(loc, to, x);
+    if (isFloat(to))
+      return b.create<arith::SIToFPOp>(loc, to, x);
+    if (to.isInteger(1))
+      return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, x,
+                                     b.create<arith::ConstantIntOp>(loc, 0, ct));
+    if (ct.isInteger(1))
+      return b.create<arith::ExtUIOp>(loc, to, x);
+    return to.getIntOrFloatBitWidth() > ct.getIntOrFloatBitWidth()
+               ? Value(b.create<arith::ExtSIOp>(loc, to, x))
+               : Value(b.create<arith::TruncIOp>(loc, to, x));
+  }
+  if (name == "where")
+    return select(args[0], args[1], args[2]);
+
+  if (args.size() == 2) {
+    Value a = args[0], c = args[1];
+    if (a.getType() != c.getType())
+      return {};
+    bool isBool = ct.isInteger(1);
+    if (name == "and" && isBool)
+      return b.create<arith::AndIOp>(loc, a, c);
+    if (name == "or" && isBool)
+      return b.create<arith::OrIOp>(loc, a, c);
+    if (fl) {
+      if (name == "add") return b.create<arith::AddFOp>(loc, a, c);
+      if (name == "sub") return b.create<arith::SubFOp>(loc, a, c);
+      if (name == "mul") return b.create<arith::MulFOp>(loc, a, c);
+      if (name == "div") return b.create<arith::DivFOp>(loc, a, c);
+      if (name == "pow") return b.create<math::PowFOp>(loc, a, c);
+      if (name == "min") return b.create<arith::MinimumFOp>(loc, a, c);
+      if (name == "max") return b.create<arith::MaximumFOp>(loc, a, c);
+      if (name == "equal") return cmpf(arith::CmpFPredicate::OEQ, a, c);
+      if (name == "less") return cmpf(arith::CmpFPredicate::OLT, a, c);
+      if (name == "greater") return cmpf(arith::CmpFPredicate::OGT, a, c);
+      if (name == "less_equal") return cmpf(arith::CmpFPredicate::OLE, a, c);
+      if (name == "greater_equal") return cmpf(arith::CmpFPredicate::OGE, a, c);
+      return {};
+    }
+    auto cmpi = [&](arith::CmpIPredicate p) { return b.create<arith::CmpIOp>(loc, p, a, c); };
+    if (name == "equal") return cmpi(arith::CmpIPredicate::eq);
+    if (isBool)
+      return {};
+    if (name == "add") return b.create<arith::AddIOp>(loc, a, c);
+    if (name == "sub") return b.create<arith::SubIOp>(loc, a, c);
+    if (name == "mul") return b.create<arith::MulIOp>(loc, a, c);
+    if (name == "min") return b.create<arith::MinSIOp>(loc, a, c);
+    if (name == "max") return b.create<arith::MaxSIOp>(loc, a, c);
+    if (name == "less") return cmpi(arith::CmpIPredicate::slt);
+    if (name == "greater") return cmpi(arith::CmpIPredicate::sgt);
+    if (name == "less_equal") return cmpi(arith::CmpIPredicate::sle);
+    if (name == "greater_equal") return cmpi(arith::CmpIPredicate::sge);
+    return {}; // integer div (division by zero must fail) and pow: host
+  }
+
+  if (args.size() != 1)
+    return {};
+  Value x = args[0];
+  if (name == "not" && ct.isInteger(1))
+    return b.create<arith::XOrIOp>(loc, x, b.create<arith::ConstantIntOp>(loc, 1, 1));
+  if (!fl) {
+    if (ct.isInteger(1))
+      return {};
+    Value zero = b.create<arith::ConstantIntOp>(loc, 0, ct);
+    if (name == "neg") return b.create<arith::SubIOp>(loc, zero, x);
+    if (name == "abs") return b.create<math::AbsIOp>(loc, x);
+    if (name == "relu") return b.create<arith::MaxSIOp>(loc, x, zero);
+    return {};
+  }
+  if (name == "neg") return b.create<arith::NegFOp>(loc, x);
+  if (name == "abs") return b.create<math::AbsFOp>(loc, x);
+  if (name == "exp") return b.create<math::ExpOp>(loc, x);
+  if (name == "log") return b.create<math::LogOp>(loc, x);
+  if (name == "sqrt") return b.create<math::SqrtOp>(loc, x);
+  if (name == "reciprocal") return b.create<arith::DivFOp>(loc, cf(1), x);
+  if (name == "tanh") return b.create<math::TanhOp>(loc, x);
+  if (name == "erf") return b.create<math::ErfOp>(loc, x);
+  if (name == "isnan") return cmpf(arith::CmpFPredicate::UNO, x, x);
+  if (name == "relu") // x < 0 ? 0 : x keeps NaN
+    return select(cmpf(arith::CmpFPredicate::OLT, x, cf(0)), cf(0), x);
+  if (name == "sigmoid") {
+    // Never exponentiate a large positive number.
+    Value e = b.create<math::ExpOp>(loc, b.create<arith::NegFOp>(loc, b.create<math::AbsFOp>(loc, x)));
+    Value onePlus = b.create<arith::AddFOp>(loc, cf(1), e);
+    Value pos = b.create<arith::DivFOp>(loc, cf(1), onePlus);
+    Value neg = b.create<arith::DivFOp>(loc, e, onePlus);
+    return select(cmpf(arith::CmpFPredicate::OGE, x, cf(0)), pos, neg);
+  }
+  if (name == "softplus") {
+    Value e = b.create<math::ExpOp>(loc, b.create<arith::NegFOp>(loc, b.create<math::AbsFOp>(loc, x)));
+    Value l = b.create<math::Log1pOp>(loc, e);
+    Value pos = b.create<arith::AddFOp>(loc, x, l);
+    return select(cmpf(arith::CmpFPredicate::OGT, x, cf(0)), pos, l);
+  }
+  if (name == "hard_swish") {
+    Value g = b.create<arith::AddFOp>(loc, b.create<arith::DivFOp>(loc, x, cf(6)), cf(0.5));
+    return b.create<arith::MulFOp>(loc, x, clamp01(g));
+  }
+  if (name == "hard_sigmoid") {
+    Value v = b.create<arith::AddFOp>(
+        loc, b.create<arith::MulFOp>(loc, cf(floatAttr(op, "alpha", 0.2)), x),
+        cf(floatAttr(op, "beta", 0.5)));
+    return clamp01(v);
+  }
+  if (name == "leaky_relu")
+    return select(cmpf(arith::CmpFPredicate::OLT, x, cf(0)),
+                  b.create<arith::MulFOp>(loc, cf(floatAttr(op, "alpha", 0.01)), x), x);
+  if (name == "elu")
+    return select(cmpf(arith::CmpFPredicate::OLT, x, cf(0)),
+                  b.create<arith::MulFOp>(loc, cf(floatAttr(op, "alpha", 1.0)),
+                                          b.create<math::ExpM1Op>(loc, x)),
+                  x);
+  if (name == "gelu") {
+    auto approx = op->getAttrOfType<StringAttr>("approximate");
+    Value inner;
+    if (approx && approx.getValue() == "tanh") {
+      Value x3 = b.create<arith::MulFOp>(loc, b.create<arith::MulFOp>(loc, x, x), x);
+      Value t = b.create<arith::AddFOp>(loc, x, b.create<arith::MulFOp>(loc, cf(0.044715), x3));
+      inner = b.create<math::TanhOp>(loc, b.create<arith::MulFOp>(loc, cf(0.7978845608028654), t));
+    } else if (!approx || approx.getValue() == "none") {
+      inner = b.create<math::ErfOp>(loc, b.create<arith::MulFOp>(loc, x, cf(0.7071067811865476)));
+    } else {
+      return {};
+    }
+    Value half = b.create<arith::MulFOp>(loc, cf(0.5), x);
+    return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, cf(1), inner));
+  }
+  if (name == "clip") {
+    Value lo = cf(floatAttr(op, "min", -INFINITY)), hi = cf(floatAttr(op, "max", INFINITY));
+    Value v = select(cmpf(arith::CmpFPredicate::OLT, x, lo), lo, x);
+    return select(cmpf(arith::CmpFPredicate::OGT, v, hi), hi, v);
+  }
+  return {};
+}
+
+//===----------------------------------------------------------------------===//
+// Kernel construction
+//===----------------------------------------------------------------------===//
+
+/// How a map kernel finds one operand's element from the output index.
+struct OperandMap {
+  SmallVector<int64_t> strides; // per output dimension; 0 = broadcast
+  int64_t offset = 0;
+};
+
+/// Merges adjacent output dimensions that every operand walks contiguously and
+/// drops size-1 dimensions (in place).
+void coalesce(SmallVector<int64_t> &shape, SmallVector<OperandMap> &maps) {
+  SmallVector<int64_t> s;
+  SmallVector<SmallVector<int64_t>> st(maps.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1)
+      continue;
+    bool merge = !s.empty();
+    for (size_t m = 0; merge && m < maps.size(); ++m)
+      merge = st[m].back() == maps[m].strides[d] * shape[d];
+    if (merge) {
+      s.back() *= shape[d];
+      for (size_t m = 0; m < maps.size(); ++m)
+        st[m].back() = maps[m].strides[d];
+      continue;
+    }
+    s.push_back(shape[d]);
+    for (size_t m = 0; m < maps.size(); ++m)
+      st[m].push_back(maps[m].strides[d]);
+  }
+  shape = s;
+  for (size_t m = 0; m < maps.size(); ++m)
+    maps[m].strides = st[m];
+}
+
+} // namespace
+
+struct KernelGenerator::Impl {
+  MLIRContext *context;
+  CudaTarget target;
+  OwningOpRef<ModuleOp> module;
+  gpu::GPUModuleOp gpuModule;
+  llvm::StringMap<std::optional<KernelLaunch>> cache;
+  std::vector<std::string> names;
+
+  Impl(MLIRContext *ctx, CudaTarget t) : context(ctx), target(std::move(t)) {
+    DialectRegistry registry;
+    registry.insert<arith::ArithDialect, gpu::GPUDialect, math::MathDialect, memref::MemRefDialect,
+                    scf::SCFDialect, vector::VectorDialect, LLVM::LLVMDialect, NVVM::NVVMDialect>();
+    NVVM::registerNVVMTargetInterfaceExternalModels(registry);
+    registerBuiltinDialectTranslation(registry);
+    registerLLVMDialectTranslation(registry);
+    registerNVVMDialectTranslation(registry);
+    registerGPUDialectTranslation(registry);
+    context->appendDialectRegistry(registry);
+    context->loadDialect<arith::ArithDialect, gpu::GPUDialect, math::MathDialect,
+                         memref::MemRefDialect, scf::SCFDialect, vector::VectorDialect,
+                         LLVM::LLVMDialect, NVVM::NVVMDialect>();
+    OpBuilder b(context);
+    module = ModuleOp::create(UnknownLoc::get(context));
+    module->getOperation()->setAttr(gpu::GPUDialect::getContainerModuleAttrName(), b.getUnitAttr());
+    b.setInsertionPointToEnd(module->getBody());
+    gpuModule = b.create<gpu::GPUModuleOp>(module->getLoc(), "forge_kernels");
+  }
+
+  /// A new kernel `name` taking flat memrefs of `argTypes`; `workgroup` is
+  /// shared memory. Leaves `b` at the start of its body.
+  gpu::GPUFuncOp newKernel(OpBuilder &b, StringRef name, ArrayRef<Type> argTypes,
+                           int64_t block, ArrayRef<Type> workgroup = {}) {
+    b.setInsertionPoint(gpuModule.getBody()->getTerminator());
+    auto fn = b.create<gpu::GPUFuncOp>(gpuModule.getLoc(), name,
+                                       b.getFunctionType(argTypes, {}), workgroup);
+    fn->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+    fn.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({static_cast<int32_t>(block), 1, 1}));
+    b.setInsertionPointToStart(&fn.getBody().front());
+    return fn;
+  }
+
+  static Type flatMemref(Type elem, int64_t n, bool vector = false) {
+    Type s = storageType(elem);
+    if (vector)
+      return MemRefType::get({n / kVector}, VectorType::get({kVector}, s));
+    return MemRefType::get({n}, s);
+  }
+
+  std::optional<KernelLaunch> mapKernel(Operation *op, StringRef name,
+                                        SmallVector<OperandMap> maps);
+  std::optional<KernelLaunch> reduceKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> rowKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> generate(Operation *op, StringRef name);
+};
+
+std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, StringRef name,
+                                                             SmallVector<OperandMap> maps) {
+  auto outType = tensorType(op->getResult(0));
+  SmallVector<int64_t> shape(outType.getShape());
+  int64_t n = outType.getNumElements();
+  if (n == 0)
+    return std::nullopt;
+  SmallVector<Type> elems;
+  SmallVector<int64_t> sizes;
+  for (Value v : op->getOperands()) {
+    elems.push_back(tensorType(v).getElementType());
+    sizes.push_back(tensorType(v).getNumElements());
+  }
+  Type outElem = outType.getElementType();
+  coalesce(shape, maps);
+
+  // Vector form: every operand contiguous (strides of the output) or a scalar.
+  SmallVector<int64_t> outStrides = contiguousStrides(shape);
+  bool vector = n % kVector == 0;
+  SmallVector<bool> scalar(maps.size());
+  for (size_t m = 0; m < maps.size(); ++m) {
+    scalar[m] = sizes[m] == 1;
+    vector &= scalar[m] || (maps[m].offset == 0 && maps[m].strides == outStrides);
+  }
+
+  SmallVector<Type> argTypes;
+  for (size_t m = 0; m < maps.size(); ++m)
+    argTypes.push_back(flatMemref(elems[m], sizes[m], vector && !scalar[m]));
+  argTypes.push_back(flatMemref(outElem, n, vector));
+  int64_t work = vector ? n / kVector : n;
+  int64_t block = chooseBlockSize(target, work);
+  int64_t grid = std::min(kMaxGrid, (work + block - 1) / block);
+
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, argTypes, block);
+  KB k{b, op->getLoc()};
+  bool ok = true;
+  k.gridStride(work, [&](Value i) {
+    if (vector) {
+      SmallVector<Value> loaded;
+      for (size_t m = 0; m < maps.size(); ++m)
+        loaded.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(m),
+                                                  scalar[m] ? k.idx(0) : i));
+      SmallVector<Value> lanes;
+      for (int64_t l = 0; l < kVector && ok; ++l) {
+        SmallVector<Value> args;
+        for (size_t m = 0; m < maps.size(); ++m)
+          args.push_back(k.toCompute(
+              scalar[m] ? loaded[m] : b.create<vector::ExtractOp>(k.loc, loaded[m], l), elems[m]));
+        Value r = emitScalar(k, op, args, outElem);
+        if (!r) {
+          ok = false;
+          break;
+        }
+        lanes.push_back(k.toStorage(r, outElem));
+      }
+      if (!ok)
+        return;
+      Value vec = b.create<vector::FromElementsOp>(
+          k.loc, VectorType::get({kVector}, storageType(outElem)), lanes);
+      b.create<memref::StoreOp>(k.loc, vec, fn.getArgument(maps.size()), i);
+      return;
+    }
+    // Unravel the output index over the coalesced shape.
+    SmallVector<Value> index(shape.size());
+    Value rest = i;
+    for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+      index[d] = d == 0 ? rest : k.rem(rest, shape[d]);
+      if (d > 0)
+        rest = k.div(rest, shape[d]);
+    }
+    SmallVector<Value> args;
+    for (size_t m = 0; m < maps.size(); ++m) {
+      Value at = k.idx(maps[m].offset);
+      if (scalar[m]) {
+        at = k.idx(0);
+      } else if (maps[m].offset == 0 && maps[m].strides == outStrides) {
+        at = i;
+      } else {
+        for (size_t d = 0; d < shape.size(); ++d)
+          if (maps[m].strides[d] != 0)
+            at = k.add(at, k.mul(index[d], k.idx(maps[m].strides[d])));
+      }
+      args.push_back(k.load(fn.getArgument(m), at, elems[m]));
+    }
+    Value r = emitScalar(k, op, args, outElem);
+    if (!r) {
+      ok = false;
+      return;
+    }
+    k.store(r, fn.getArgument(maps.size()), i, outElem);
+  });
+  if (!ok) {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), grid, block};
+}
+
+namespace {
+struct ReduceKind {
+  std::function<Value(KB &, Value, Value)> combine;
+  double identity;
+  bool square = false; // l2: combine squares
+  bool mean = false;   // divide by the count
+  bool sqrt = false;   // l2: sqrt at the end
+};
+
+std::optional<ReduceKind> reduceKind(StringRef name) {
+  auto addf = [](KB &k, Value a, Value c) -> Value { return k.b.create<arith::AddFOp>(k.loc, a, c); };
+  if (name == "reduce_sum")
+    return ReduceKind{addf, 0.0};
+  if (name == "reduce_mean")
+    return ReduceKind{addf, 0.0, false, true};
+  if (name == "reduce_l2")
+    return ReduceKind{addf, 0.0, true, false, true};
+  if (name == "reduce_prod")
+    return ReduceKind{[](KB &k, Value a, Value c) -> Value {
+                        return k.b.create<arith::MulFOp>(k.loc, a, c);
+                      },
+                      1.0};
+  if (name == "reduce_max")
+    return ReduceKind{[](KB &k, Value a, Value c) -> Value {
+                        return k.b.create<arith::MaximumFOp>(k.loc, a, c);
+                      },
+                      -INFINITY};
+  if (name == "reduce_min")
+    return ReduceKind{[](KB &k, Value a, Value c) -> Value {
+                        return k.b.create<arith::MinimumFOp>(k.loc, a, c);
+                      },
+                      INFINITY};
+  return std::nullopt;
+}
+
+/// Index of the element at (kept index o, reduced index r): the sum over both
+/// groups' dimensions of unravelled index times stride.
+struct DimGroup {
+  SmallVector<int64_t> sizes, strides;
+  int64_t count() const {
+    int64_t c = 1;
+    for (int64_t s : sizes)
+      c *= s;
+    return c;
+  }
+  Value offset(KB &k, Value linear) const {
+    if (sizes.empty())
+      return k.idx(0);
+    if (sizes.size() == 1)
+      return strides[0] == 1 ? linear : k.mul(linear, k.idx(strides[0]));
+    Value at = k.idx(0), rest = linear;
+    for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+      Value i = d == 0 ? rest : k.rem(rest, sizes[d]);
+      if (d > 0)
+        rest = k.div(rest, sizes[d]);
+      at = k.add(at, k.mul(i, k.idx(strides[d])));
+    }
+    return at;
+  }
+};
+} // namespace
+
+std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, StringRef name) {
+  auto kind = reduceKind(op->getName().stripDialect());
+  auto inType = tensorType(op->getOperand(0));
+  auto outType = tensorType(op->getResult(0));
+  auto axes = op->getAttrOfType<DenseI64ArrayAttr>("axes");
+  Type elem = inType.getElementType();
+  if (!kind || !axes || !(elem.isF32() || elem.isF16() || elem.isBF16()) ||
+      outType.getElementType() != elem || inType.getNumElements() == 0)
+    return std::nullopt;
+
+  // Kept and reduced dimension groups (size-1 dims dropped, adjacent dims of
+  // one class merged: they are contiguous in the input).
+  DimGroup kept, reduced;
+  SmallVector<int64_t> strides = contiguousStrides(inType.getShape());
+  int lastClass = -1;
+  for (int64_t d = 0; d < inType.getRank(); ++d) {
+    int64_t size = inType.getDimSize(d);
+    if (size == 1)
+      continue;
+    int cls = llvm::is_contained(axes.asArrayRef(), d) ? 1 : 0;
+    DimGroup &g = cls ? reduced : kept;
+    if (cls == lastClass) {
+      g.sizes.back() *= size;
+      g.strides.back() = strides[d];
+    } else {
+      g.sizes.push_back(size);
+      g.strides.push_back(strides[d]);
+    }
+    lastClass = cls;
+  }
+  int64_t outputs = kept.count(), count = reduced.count();
+  bool rowLayout = lastClass == 1; // the innermost (contiguous) dim is reduced
+  Type f32 = Float32Type::get(context);
+  Type smem = MemRefType::get({rowLayout ? kWarp : 256}, f32, AffineMap{},
+                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  int64_t block = rowLayout ? chooseBlockSize(target, count, 32, kWarp * 4) : 256;
+  int64_t grid = rowLayout ? outputs : (outputs + kWarp - 1) / kWarp;
+  if (grid > (int64_t(1) << 31) - 1)
+    return std::nullopt;
+
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, {flatMemref(elem, inType.getNumElements()),
+                                flatMemref(elem, outType.getNumElements())},
+                      block, {smem});
+  KB k{b, op->getLoc()};
+  Value in = fn.getArgument(0), out = fn.getArgument(1), sh = fn.getWorkgroupAttributions()[0];
+  Value identity = k.fconst(f32, kind->identity);
+  auto combine = [&](Value a, Value c) { return kind->combine(k, a, c); };
+  auto element = [&](Value base, Value r) {
+    Value x = k.load(in, k.add(base, reduced.offset(k, r)), elem);
+    return kind->square ? Value(b.create<arith::MulFOp>(k.loc, x, x)) : x;
+  };
+  auto finish = [&](Value acc, Value o) {
+    if (kind->mean)
+      acc = b.create<arith::DivFOp>(k.loc, acc, k.fconst(f32, static_cast<double>(count)));
+    if (kind->sqrt)
+      acc = b.create<math::SqrtOp>(k.loc, acc);
+    k.store(acc, out, o, elem);
+  };
+
+  if (rowLayout) {
+    Value o = k.bid();
+    Value base = kept.offset(k, o);
+    Value acc = k.loopAcc(k.tid(), count, k.idx(block), identity,
+                          [&](Value r, Value a) { return combine(a, element(base, r)); });
+    acc = k.blockReduce(acc, block / kWarp, sh, identity, combine);
+    k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)),
+             [&] { finish(acc, o); });
+  } else {
+    // lanes: 32 consecutive outputs; warps: slices of the reduced range.
+    Value t = k.tid();
+    Value lane = k.rem(t, kWarp), warp = k.div(t, kWarp);
+    Value o = k.add(k.mul(k.bid(), k.idx(kWarp)), lane);
+    Value valid = k.ult(o, k.idx(outputs));
+    Value oc = b.create<arith::MinUIOp>(k.loc, o, k.idx(outputs - 1));
+    Value base = kept.offset(k, oc);
+    Value acc = k.loopAcc(warp, count, k.idx(block / kWarp), identity,
+                          [&](Value r, Value a) { return combine(a, element(base, r)); });
+    b.create<memref::StoreOp>(k.loc, acc, sh, t);
+    b.create<gpu::BarrierOp>(k.loc);
+    Value first = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, warp, k.idx(0));
+    k.ifThen(b.create<arith::AndIOp>(k.loc, first, valid), [&] {
+      Value total = b.create<memref::LoadOp>(k.loc, sh, lane);
+      for (int64_t w = 1; w < block / kWarp; ++w)
+        total = combine(total, b.create<memref::LoadOp>(k.loc, sh, k.add(lane, k.idx(w * kWarp))));
+      finish(total, o);
+    });
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), grid, block};
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, StringRef name) {
+  StringRef opName = op->getName().stripDialect();
+  auto inType = tensorType(op->getOperand(0));
+  auto axis = op->getAttrOfType<IntegerAttr>("axis");
+  Type elem = inType.getElementType();
+  if (!axis || !(elem.isF32() || elem.isF16() || elem.isBF16()) || inType.getRank() == 0 ||
+      inType.getNumElements() == 0)
+    return std::nullopt;
+  int64_t ax = axis.getInt() < 0 ? axis.getInt() + inType.getRank() : axis.getInt();
+  if (ax != inType.getRank() - 1)
+    return std::nullopt; // TODO(#4): softmax over an inner axis runs on the host
+  for (Value v : op->getOperands())
+    if (tensorType(v) != inType)
+      return std::nullopt;
+  int64_t cols = inType.getDimSize(ax), rows = inType.getNumElements() / cols;
+  Type f32 = Float32Type::get(context);
+  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
+                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+  SmallVector<Type> args;
+  for (Value v : op->getOperands())
+    args.push_back(flatMemref(elem, tensorType(v).getNumElements()));
+  args.push_back(flatMemref(elem, inType.getNumElements()));
+
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, args, block, {smem});
+  KB k{b, op->getLoc()};
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value out = fn.getArgument(op->getNumOperands());
+  Value base = k.mul(k.bid(), k.idx(cols));
+  auto at = [&](Value c) { return k.add(base, c); };
+  auto ld = [&](unsigned arg, Value c) { return k.load(fn.getArgument(arg), at(c), elem); };
+  auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
+  auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
+  auto mulf = [&](Value a, Value c) -> Value { return b.create<arith::MulFOp>(k.loc, a, c); };
+  auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
+  auto expf = [&](Value a) -> Value { return b.create<math::ExpOp>(k.loc, a); };
+  Value zero = k.fconst(f32, 0.0), ninf = k.fconst(f32, -INFINITY);
+  Value step = k.idx(block);
+  auto rowReduce = [&](Value identity, function_ref<Value(Value, Value)> combine,
+                       function_ref<Value(Value)> term) {
+    Value acc = k.loopAcc(k.tid(), cols, step, identity,
+                          [&](Value c, Value a) { return combine(a, term(c)); });
+    return k.blockReduce(acc, block / kWarp, sh, identity, combine);
+  };
+  auto forCols = [&](function_ref<Value(Value)> value) {
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), step, ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value c, ValueRange) {
+                           OpBuilder::InsertionGuard g(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           k.store(value(c), out, at(c), elem);
+                           b.create<scf::YieldOp>(l);
+                         });
+  };
+
+  if (opName == "softmax" || opName == "log_softmax") {
+    Value m = rowReduce(ninf, maxf, [&](Value c) { return ld(0, c); });
+    Value s = rowReduce(zero, addf, [&](Value c) { return expf(subf(ld(0, c), m)); });
+    if (opName == "softmax") {
+      Value inv = b.create<arith::DivFOp>(k.loc, k.fconst(f32, 1.0), s);
+      forCols([&](Value c) { return mulf(expf(subf(ld(0, c), m)), inv); });
+    } else {
+      Value shift = addf(m, b.create<math::LogOp>(k.loc, s));
+      forCols([&](Value c) { return subf(ld(0, c), shift); });
+    }
+  } else if (opName == "softmax_grad") { // (y, dy): y * (dy - sum(dy * y))
+    Value d = rowReduce(zero, addf, [&](Value c) { return mulf(ld(0, c), ld(1, c)); });
+    forCols([&](Value c) { return mulf(ld(0, c), subf(ld(1, c), d)); });
+  } else if (opName == "log_softmax_grad") { // (y, dy): dy - exp(y) * sum(dy)
+    Value s = rowReduce(zero, addf, [&](Value c) { return ld(1, c); });
+    forCols([&](Value c) { return subf(ld(1, c), mulf(expf(ld(0, c)), s)); });
+  } else {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), rows, block};
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, StringRef name) {
+  for (Value v : op->getOperands())
+    if (!tensorType(v) || !tensorType(v).hasStaticShape() ||
+        !supportedElement(tensorType(v).getElementType()))
+      return std::nullopt;
+  for (Value v : op->getResults())
+    if (!tensorType(v) || !tensorType(v).hasStaticShape() ||
+        !supportedElement(tensorType(v).getElementType()))
+      return std::nullopt;
+  if (op->getNumResults() != 1)
+    return std::nullopt;
+  StringRef opName = op->getName().stripDialect();
+  auto outShape = tensorType(op->getResult(0)).getShape();
+
+  if (reduceKind(opName))
+    return reduceKernel(op, name);
+  if (llvm::is_contained({"softmax", "log_softmax", "softmax_grad", "log_softmax_grad"}, opName))
+    return rowKernel(op, name);
+
+  SmallVector<OperandMap> maps;
+  if (opName == "transpose") {
+    auto perm = op->getAttrOfType<DenseI64ArrayAttr>("perm");
+    auto inShape = tensorType(op->getOperand(0)).getShape();
+    SmallVector<int64_t> inStrides = contiguousStrides(inShape);
+    OperandMap m;
+    for (int64_t p : perm.asArrayRef())
+      m.strides.push_back(inStrides[p]);
+    maps.push_back(m);
+    return mapKernel(op, name, maps);
+  }
+  if (opName == "broadcast") {
+    maps.push_back({broadcastStrides(tensorType(op->getOperand(0)).getShape(), outShape)});
+    return mapKernel(op, name, maps);
+  }
+  auto iface = dyn_cast<ForgeOpInterface>(op);
+  if (!iface || iface.getFusionClass() != FusionClass::Elementwise)
+    return std::nullopt;
+  for (Value v : op->getOperands())
+    maps.push_back({broadcastStrides(tensorType(v).getShape(), outShape)});
+  return mapKernel(op, name, maps);
+}
+
+KernelGenerator::KernelGenerator(MLIRContext *context, CudaTarget target)
+    : impl(std::make_unique<Impl>(context, std::move(target))) {}
+KernelGenerator::~KernelGenerator() = default;
+
+size_t KernelGenerator::numKernels() const { return impl->names.size(); }
+
+std::optional<KernelLaunch> KernelGenerator::kernelFor(Operation *op) {
+  if (isLibraryCall(op) || isCopyOp(op->getName().stripDialect()))
+    return std::nullopt;
+  // Ops with equal name, attributes and types share one kernel.
+  std::string key;
+  {
+    llvm::raw_string_ostream os(key);
+    os << op->getName() << op->getAttrDictionary() << "(";
+    for (Type t : op->getOperandTypes())
+      os << t << ",";
+    os << ")->(";
+    for (Type t : op->getResultTypes())
+      os << t << ",";
+    os << ")";
+  }
+  auto it = impl->cache.find(key);
+  if (it != impl->cache.end())
+    return it->second;
+  std::string name = "k" + std::to_string(impl->names.size()) + "_" +
+                     op->getName().stripDialect().str();
+  std::optional<KernelLaunch> launch = impl->generate(op, name);
+  if (launch)
+    impl->names.push_back(name);
+  impl->cache[key] = launch;
+  return launch;
+}
+
+namespace {
+/// Lowers a module holding one gpu.module (gpu.container_module) to PTX.
+FailureOr<std::string> lowerModule(ModuleOp module, const CudaTarget &target) {
+  MLIRContext *ctx = module.getContext();
+  std::string toolkit;
+  for (const char *env : {"CUDA_HOME", "CUDA_PATH"})
+    if (const char *p = std::getenv(env); p && *p && !toolkit.size())
+      toolkit = p;
+  if (toolkit.empty())
+    toolkit = "/usr/local/cuda";
+  SmallString<256> libdevice(toolkit);
+  llvm::sys::path::append(libdevice, "nvvm", "libdevice", "libdevice.10.bc");
+  if (!llvm::sys::fs::exists(libdevice))
+    return module.emitError() << "the CUDA target needs libdevice (" << libdevice
+                              << " does not exist): set CUDA_HOME to the CUDA toolkit";
+
+  PassManager pm(ctx);
+  GpuNVVMAttachTargetOptions attach;
+  attach.chip = target.chip;
+  attach.features = "+ptx78";
+  attach.optLevel = 3;
+  pm.addPass(createGpuNVVMAttachTarget(attach));
+  OpPassManager &gpm = pm.nest<gpu::GPUModuleOp>();
+  gpm.addPass(createConvertSCFToCFPass());
+  ConvertGpuOpsToNVVMOpsOptions nvvm;
+  nvvm.useBarePtrCallConv = true;
+  nvvm.indexBitwidth = 32; // tensors fit 2^31 elements (checked by the emitter)
+  gpm.addPass(createConvertGpuOpsToNVVMOps(nvvm));
+  gpm.addPass(createConvertVectorToLLVMPass());
+  gpm.addPass(createCanonicalizerPass());
+  gpm.addPass(createCSEPass());
+  gpm.addPass(createReconcileUnrealizedCastsPass());
+  GpuModuleToBinaryPassOptions binary;
+  binary.toolkitPath = toolkit;
+  binary.compilationTarget = "isa";
+  pm.addPass(createGpuModuleToBinaryPass(binary));
+  if (failed(pm.run(module)))
+    return failure();
+  for (auto bin : module.getOps<gpu::BinaryOp>())
+    for (Attribute a : bin.getObjects()) {
+      std::string ptx = cast<gpu::ObjectAttr>(a).getObject().str();
+      // The PTX string inside gpu.binary ends with a NUL byte (DESIGN.md §5).
+      while (!ptx.empty() && ptx.back() == '\0')
+        ptx.pop_back();
+      return ptx;
+    }
+  return module.emitError("GPU lowering produced no binary");
+}
+} // namespace
+
+FailureOr<std::string> KernelGenerator::lowerToPtx() {
+  OwningOpRef<ModuleOp> copy = cast<ModuleOp>(impl->module->getOperation()->clone());
+  return lowerModule(*copy, impl->target);
+}
+
+LogicalResult KernelGenerator::dumpKernels(llvm::StringRef dir) {
+  SmallString<256> kernels(dir);
+  llvm::sys::path::append(kernels, "kernels");
+  if (std::error_code ec = llvm::sys::fs::create_directories(kernels))
+    return impl->module->emitError() << "cannot create " << kernels << ": " << ec.message();
+  for (const std::string &name : impl->names) {
+    auto fn = impl->gpuModule.lookupSymbol<gpu::GPUFuncOp>(name);
+    OpBuilder b(impl->context);
+    OwningOpRef<ModuleOp> single = ModuleOp::create(fn.getLoc());
+    single->getOperation()->setAttr(gpu::GPUDialect::getContainerModuleAttrName(), b.getUnitAttr());
+    b.setInsertionPointToEnd(single->getBody());
+    auto gm = b.create<gpu::GPUModuleOp>(fn.getLoc(), name);
+    b.setInsertionPointToStart(gm.getBody());
+    b.clone(*fn);
+    auto write = [&](StringRef ext, function_ref<void(llvm::raw_ostream &)> body) -> LogicalResult {
+      SmallString<256> path(kernels);
+      llvm::sys::path::append(path, name + ext.str());
+      std::error_code ec;
+      llvm::raw_fd_ostream os(path, ec);
+      if (ec)
+        return impl->module->emitError() << "cannot write " << path << ": " << ec.message();
+      body(os);
+      return success();
+    };
+    if (failed(write(".mlir", [&](llvm::raw_ostream &os) { single->print(os); })))
+      return failure();
+    FailureOr<std::string> ptx = lowerModule(*single, impl->target);
+    if (failed(ptx) || failed(write(".ptx", [&](llvm::raw_ostream &os) { os << *ptx; })))
+      return failure();
+  }
+  return success();
+}
+
+FailureOr<std::optional<std::string>> mlir::forge::assemblePtx(llvm::StringRef ptx,
+                                                               llvm::StringRef chip,
+                                                               std::string &error) {
+  SmallVector<StringRef> paths;
+  std::string cudaHome;
+  if (const char *p = std::getenv("CUDA_HOME"); p && *p)
+    cudaHome = std::string(p) + "/bin";
+  auto found = llvm::sys::findProgramByName("ptxas");
+  if (!found && !cudaHome.empty())
+    found = llvm::sys::findProgramByName("ptxas", {cudaHome});
+  if (!found)
+    found = llvm::sys::findProgramByName("ptxas", {"/usr/local/cuda/bin"});
+  if (!found)
+    return std::optional<std::string>();
+
+  SmallString<128> in, out, log;
+  int fd;
+  if (llvm::sys::fs::createTemporaryFile("forge-kernels", "ptx", fd, in) ||
+      llvm::sys::fs::createTemporaryFile("forge-kernels", "cubin", out) ||
+      llvm::sys::fs::createTemporaryFile("forge-ptxas", "log", log)) {
+    error = "cannot create temporary files for ptxas";
+    return failure();
+  }
+  auto cleanup = llvm::make_scope_exit([&] {
+    llvm::sys::fs::remove(in);
+    llvm::sys::fs::remove(out);
+    llvm::sys::fs::remove(log);
+  });
+  {
+    llvm::raw_fd_ostream os(fd, /*shouldClose=*/true);
+    os << ptx;
+  }
+  std::string arch = "-arch=" + chip.str();
+  SmallVector<StringRef> args = {*found, arch, "-O3", in, "-o", out};
+  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log), StringRef(log)};
+  int rc = llvm::sys::ExecuteAndWait(*found, args, std::nullopt, redirects);
+  if (rc != 0) {
+    auto text = llvm::MemoryBuffer::getFile(log);
+    error = "ptxas " + arch + " failed (exit " + std::to_string(rc) + ")" +
+            (text ? ": " + (*text)->getBuffer().str() : std::string());
+    return failure();
+  }
+  auto cubin = llvm::MemoryBuffer::getFile(out, /*IsText=*/false);
+  if (!cubin) {
+    error = "cannot read ptxas output " + out.str().str();
+    return failure();
+  }
+  return std::optional<std::string>((*cubin)->getBuffer().str());
+}

@@ -1,0 +1,99 @@
+// The device interface (DESIGN.md §7): runs a bundle's routines on one device
+// (CpuExecutor, CudaExecutor) behind one API, so the trainer, checkpoints and
+// export do not care where the step runs.
+//
+// Invariants shared by every device:
+//  * create() validates and allocates everything; run() allocates nothing.
+//  * PARAMETER and STATE tensors persist across run() calls of any routine.
+//  * inputBuffer(t) is host memory the next run() reads routine input t from
+//    (the CPU arena itself, or a pinned staging buffer on CUDA).
+//  * view(t) is host memory holding tensor t's current value; on a GPU it
+//    waits for the device and copies back first. Arena tensors stay valid until
+//    the next run(); persistent tensors until they are next written.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "forge/runtime/Bundle.h"
+#include "forge/runtime/Tensor.h"
+
+namespace forge::rt {
+
+class Executor {
+public:
+  virtual ~Executor() = default;
+
+  // --- routines ---------------------------------------------------------------
+  int numRoutines() const { return static_cast<int>(routines_.size()); }
+  /// The routine's name ("" when `routine` is out of range).
+  const std::string &routineName(int routine) const;
+  /// Index of the routine called `name`, or an error listing the routines.
+  Expected<int> findRoutine(const std::string &name) const;
+  /// Tensor indices of a routine's inputs/outputs (empty when out of range).
+  const std::vector<int32_t> &inputs(int routine = 0) const;
+  const std::vector<int32_t> &outputs(int routine = 0) const;
+  /// Tensor index of the routine's input/output called `name`.
+  Expected<int32_t> findInput(int routine, const std::string &name) const;
+  Expected<int32_t> findOutput(int routine, const std::string &name) const;
+  const bundle::TensorInfo &tensorInfo(int32_t index) const;
+  const Bundle &bundle() const { return bundle_; }
+
+  /// One line for logs: "cpu, 4 threads", "cuda:0 NVIDIA H200 (sm_90)".
+  virtual std::string describe() const = 0;
+
+  /// Copies `data` into routine input `name` (dtype and shape must match).
+  Status setInput(int routine, const std::string &name, const TensorView &data);
+  Status setInput(const std::string &name, const TensorView &data) {
+    return setInput(0, name, data);
+  }
+  /// Host memory of routine input `index` (see the invariants above).
+  virtual void *inputBuffer(int32_t index) = 0;
+  /// Starts routine `routine` (a GPU may still be running it on return).
+  virtual Status run(int routine) = 0;
+  Status run() { return run(0); }
+  /// Waits for the last run() and reports what failed while it ran.
+  virtual Status wait() { return Status::ok(); }
+  /// Host view of tensor `index` (an empty view when out of range).
+  virtual TensorView view(int32_t index) const = 0;
+
+  // --- persistent tensors (checkpoints, export) ------------------------------
+  /// Every PARAMETER and STATE tensor, in tensor-table order.
+  const std::vector<int32_t> &persistentTensors() const { return persistent_; }
+  /// True when the tensor has private writable storage (every STATE tensor;
+  /// a PARAMETER of a training bundle or one that some instruction writes).
+  bool isWritable(int32_t index) const;
+  /// Overwrites persistent tensor `index` with `bytes` (its exact byte size).
+  /// A read-only parameter accepts only its current value.
+  Status setPersistent(int32_t index, std::span<const uint8_t> bytes);
+
+protected:
+  explicit Executor(const Bundle &bundle);
+  /// Device part of setPersistent (arguments already checked; `bytes` non-empty
+  /// and the tensor writable).
+  virtual Status writePersistent(int32_t index, std::span<const uint8_t> bytes) = 0;
+
+  const Bundle &bundle_;
+  std::vector<const bundle::Routine *> routines_;
+  std::vector<std::vector<int32_t>> routineInputs_, routineOutputs_;
+  std::vector<bool> writable_;
+  std::vector<int32_t> persistent_;
+};
+
+struct ExecutorOptions {
+  std::string device = "cpu"; // cpu, cuda, cuda:N, auto
+  unsigned threads = 0;       // CPU threads (0: hardware concurrency)
+  bool cudaGraphs = true;     // capture each routine into a CUDA graph after warm-up
+};
+
+/// The executor for `options.device`. "auto" picks CUDA for a CUDA bundle when
+/// a GPU is present, else the CPU. Errors say why a device is unavailable.
+Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
+                                                   const ExecutorOptions &options);
+
+/// True when this build has the CUDA device and a GPU is visible.
+bool cudaAvailable();
+
+} // namespace forge::rt

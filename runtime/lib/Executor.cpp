@@ -1,0 +1,200 @@
+// The device-independent part of Executor (Executor.h) and the device choice.
+#include "forge/runtime/Executor.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+
+#include "forge/runtime/CpuExecutor.h"
+#ifdef FORGE_HAVE_CUDA
+#include "cuda/CudaExecutor.h"
+#endif
+
+namespace forge::rt {
+
+namespace {
+std::string nameList(const bundle::Program &p, const std::vector<int32_t> &tensors) {
+  std::string names;
+  for (int32_t t : tensors)
+    names += fmt::format("{}'{}'", names.empty() ? "" : ", ", p.tensors(t).name());
+  return names.empty() ? "none" : names;
+}
+} // namespace
+
+Executor::Executor(const Bundle &bundle) : bundle_(bundle) {
+  const bundle::Program &p = bundle.program();
+  for (const bundle::Routine &r : p.routines()) {
+    routines_.push_back(&r);
+    routineInputs_.emplace_back(r.inputs().begin(), r.inputs().end());
+    routineOutputs_.emplace_back(r.outputs().begin(), r.outputs().end());
+  }
+  // Which persistent tensors get private writable storage.
+  writable_.assign(p.tensors_size(), false);
+  for (int t = 0; t < p.tensors_size(); ++t) {
+    auto kind = p.tensors(t).kind();
+    writable_[t] = kind == bundle::TensorInfo::STATE ||
+                   (kind == bundle::TensorInfo::PARAMETER && p.training());
+    if (kind == bundle::TensorInfo::STATE || kind == bundle::TensorInfo::PARAMETER)
+      persistent_.push_back(t);
+  }
+  for (const bundle::Routine &r : p.routines())
+    for (const bundle::Instruction &inst : r.instructions())
+      for (int32_t t : inst.outputs())
+        if (p.tensors(t).kind() == bundle::TensorInfo::PARAMETER)
+          writable_[t] = true;
+}
+
+const std::string &Executor::routineName(int routine) const {
+  static const std::string empty;
+  if (routine < 0 || routine >= numRoutines())
+    return empty;
+  return routines_[routine]->name();
+}
+
+Expected<int> Executor::findRoutine(const std::string &name) const {
+  for (int r = 0; r < numRoutines(); ++r)
+    if (routines_[r]->name() == name)
+      return r;
+  std::string names;
+  for (const bundle::Routine *r : routines_)
+    names += fmt::format("{}'{}'", names.empty() ? "" : ", ", r->name());
+  return Status::error("{} has no routine '{}' (routines: {})", bundle_.origin(), name,
+                       names.empty() ? "none" : names);
+}
+
+const std::vector<int32_t> &Executor::inputs(int routine) const {
+  static const std::vector<int32_t> empty;
+  return routine >= 0 && routine < numRoutines() ? routineInputs_[routine] : empty;
+}
+
+const std::vector<int32_t> &Executor::outputs(int routine) const {
+  static const std::vector<int32_t> empty;
+  return routine >= 0 && routine < numRoutines() ? routineOutputs_[routine] : empty;
+}
+
+Expected<int32_t> Executor::findInput(int routine, const std::string &name) const {
+  if (routine < 0 || routine >= numRoutines())
+    return Status::error("{}: no routine #{}", bundle_.origin(), routine);
+  const bundle::Program &p = bundle_.program();
+  for (int32_t t : routineInputs_[routine])
+    if (p.tensors(t).name() == name)
+      return t;
+  return Status::error("'{}' is not an input of routine '{}' of {} (inputs: {})", name,
+                       routineName(routine), bundle_.origin(),
+                       nameList(p, routineInputs_[routine]));
+}
+
+Expected<int32_t> Executor::findOutput(int routine, const std::string &name) const {
+  if (routine < 0 || routine >= numRoutines())
+    return Status::error("{}: no routine #{}", bundle_.origin(), routine);
+  const bundle::Program &p = bundle_.program();
+  for (int32_t t : routineOutputs_[routine])
+    if (p.tensors(t).name() == name)
+      return t;
+  return Status::error("'{}' is not an output of routine '{}' of {} (outputs: {})", name,
+                       routineName(routine), bundle_.origin(),
+                       nameList(p, routineOutputs_[routine]));
+}
+
+const bundle::TensorInfo &Executor::tensorInfo(int32_t index) const {
+  return bundle_.program().tensors(index);
+}
+
+Status Executor::setInput(int routine, const std::string &name, const TensorView &data) {
+  auto t = findInput(routine, name);
+  if (!t)
+    return t.status();
+  const bundle::TensorInfo &info = tensorInfo(*t);
+  if (data.dtype != info.dtype())
+    return Status::error("input '{}': got dtype {}, the bundle expects {}", name,
+                         dtypeName(data.dtype), dtypeName(info.dtype()));
+  if (!std::equal(data.shape.begin(), data.shape.end(), info.shape().begin(), info.shape().end()))
+    return Status::error("input '{}': got shape {}, the bundle expects {}", name,
+                         shapeString(data.shape),
+                         shapeString({info.shape().begin(), info.shape().end()}));
+  size_t bytes = data.bytes();
+  if (bytes > 0) {
+    if (!data.data)
+      return Status::error("input '{}': no data", name);
+    std::memcpy(inputBuffer(*t), data.data, bytes);
+  }
+  return Status::ok();
+}
+
+bool Executor::isWritable(int32_t index) const {
+  return index >= 0 && static_cast<size_t>(index) < writable_.size() && writable_[index];
+}
+
+Status Executor::setPersistent(int32_t index, std::span<const uint8_t> bytes) {
+  if (index < 0 || index >= bundle_.program().tensors_size())
+    return Status::error("{}: no tensor #{}", bundle_.origin(), index);
+  const bundle::TensorInfo &info = tensorInfo(index);
+  if (info.kind() != bundle::TensorInfo::PARAMETER && info.kind() != bundle::TensorInfo::STATE)
+    return Status::error("{}: tensor '{}' is not a parameter or state tensor", bundle_.origin(),
+                         info.name());
+  std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
+  size_t expected = static_cast<size_t>(numElements(shape)) * dtypeSize(info.dtype());
+  if (bytes.size() != expected)
+    return Status::error("{}: tensor '{}' has {} bytes ({} {}), got {}", bundle_.origin(),
+                         info.name(), expected, dtypeName(info.dtype()), shapeString(shape),
+                         bytes.size());
+  if (bytes.empty())
+    return Status::ok();
+  if (!writable_[index]) {
+    TensorView v = view(index);
+    if (std::memcmp(v.data, bytes.data(), bytes.size()) != 0)
+      return Status::error("{}: parameter '{}' is read-only in this bundle and cannot take a "
+                           "different value",
+                           bundle_.origin(), info.name());
+    return Status::ok();
+  }
+  return writePersistent(index, bytes);
+}
+
+bool cudaAvailable() {
+#ifdef FORGE_HAVE_CUDA
+  return cudaDeviceCount() > 0;
+#else
+  return false;
+#endif
+}
+
+Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
+                                                   const ExecutorOptions &options) {
+  const std::string &target = bundle.program().target();
+  bool cudaBundle = target.rfind("cuda:", 0) == 0;
+  std::string device = options.device;
+  if (device == "auto")
+    device = cudaBundle && cudaAvailable() ? "cuda" : "cpu";
+  if (device == "cpu") {
+    auto ex = CpuExecutor::create(bundle, CpuExecutorOptions{options.threads});
+    if (!ex)
+      return ex.status();
+    return std::unique_ptr<Executor>(ex.take());
+  }
+  if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+    int index = 0;
+    if (device.size() > 5) {
+      auto [end, ec] = std::from_chars(device.data() + 5, device.data() + device.size(), index);
+      if (ec != std::errc() || end != device.data() + device.size() || index < 0)
+        return Status::error("--device '{}': expected cuda or cuda:N", device);
+    }
+    if (!cudaBundle)
+      return Status::error("{} was compiled for target '{}'; recompile it with forgec --target "
+                           "cuda:sm_90 (or sm_80, sm_89) to run it on a GPU",
+                           bundle.origin(), target);
+#ifdef FORGE_HAVE_CUDA
+    auto ex = CudaExecutor::create(bundle, CudaExecutorOptions{index, options.threads,
+                                                               options.cudaGraphs});
+    if (!ex)
+      return ex.status();
+    return std::unique_ptr<Executor>(ex.take());
+#else
+    return Status::error("this build of Forge has no CUDA device (configure with the CUDA "
+                         "toolkit installed)");
+#endif
+  }
+  return Status::error("unknown device '{}' (cpu, cuda, cuda:N, auto)", device);
+}
+
+} // namespace forge::rt

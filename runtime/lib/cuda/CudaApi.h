@@ -1,0 +1,66 @@
+// CUDA libraries the CUDA device uses, resolved at run time so that one
+// forge-train binary starts on machines without a GPU, a driver or the CUDA
+// libraries (DESIGN.md §7):
+//  * the runtime API is linked statically (cudart_static loads the driver
+//    itself and reports cudaErrorInsufficientDriver/NoDevice when absent);
+//  * driver API entry points (modules, kernel launches) come from
+//    cudaGetDriverEntryPointByVersion;
+//  * cuBLASLt is dlopen'ed (libcublasLt.so.13, then .so.12, then .so).
+// Function types are taken from the vendor headers with decltype, so a
+// signature is never written twice.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "forge/runtime/Status.h"
+
+namespace forge::rt::cuda {
+
+#define FORGE_CUDA_DRIVER_FUNCTIONS(X)                                                          \
+  X(cuModuleLoadData)                                                                           \
+  X(cuModuleUnload)                                                                             \
+  X(cuModuleGetFunction)                                                                        \
+  X(cuLaunchKernel)                                                                             \
+  X(cuGetErrorString)
+
+#define FORGE_CUBLASLT_FUNCTIONS(X)                                                             \
+  X(cublasLtCreate)                                                                             \
+  X(cublasLtDestroy)                                                                            \
+  X(cublasLtGetStatusString)                                                                    \
+  X(cublasLtMatmul)                                                                             \
+  X(cublasLtMatmulDescCreate)                                                                   \
+  X(cublasLtMatmulDescDestroy)                                                                  \
+  X(cublasLtMatmulDescSetAttribute)                                                             \
+  X(cublasLtMatrixLayoutCreate)                                                                 \
+  X(cublasLtMatrixLayoutDestroy)                                                                \
+  X(cublasLtMatrixLayoutSetAttribute)                                                           \
+  X(cublasLtMatmulPreferenceCreate)                                                             \
+  X(cublasLtMatmulPreferenceDestroy)                                                            \
+  X(cublasLtMatmulPreferenceSetAttribute)                                                       \
+  X(cublasLtMatmulAlgoGetHeuristic)
+
+struct DriverApi {
+#define FORGE_DECLARE(f) decltype(&::f) f = nullptr;
+  FORGE_CUDA_DRIVER_FUNCTIONS(FORGE_DECLARE)
+#undef FORGE_DECLARE
+};
+
+struct CublasLtApi {
+#define FORGE_DECLARE(f) decltype(&::f) f = nullptr;
+  FORGE_CUBLASLT_FUNCTIONS(FORGE_DECLARE)
+#undef FORGE_DECLARE
+};
+
+/// Loaded once per process; the error says what is missing.
+Expected<const DriverApi *> driverApi();
+Expected<const CublasLtApi *> cublasLtApi();
+
+/// "cudaErrorMemoryAllocation: out of memory"
+std::string errorString(cudaError_t e);
+std::string errorString(const DriverApi &api, CUresult r);
+
+} // namespace forge::rt::cuda

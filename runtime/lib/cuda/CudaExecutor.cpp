@@ -1,0 +1,650 @@
+// The CUDA device (CudaExecutor.h).
+#include "cuda/CudaExecutor.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "cuda/CudaApi.h"
+#include "cuda/Matmul.h"
+#include "forge/runtime/Kernels.h"
+#include "forge/runtime/ThreadPool.h"
+
+namespace forge::rt {
+
+using namespace cuda;
+
+namespace {
+
+constexpr uint64_t kDeviceAlign = 256;
+constexpr size_t kWorkspaceBytes = size_t(32) << 20; // cuBLASLt
+
+uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+uint64_t byteSize(const bundle::TensorInfo &t) {
+  return static_cast<uint64_t>(numElements({t.shape().begin(), t.shape().end()})) *
+         dtypeSize(t.dtype());
+}
+
+#define CUDA_TRY(call, ...)                                                                     \
+  do {                                                                                          \
+    cudaError_t err_ = (call);                                                                  \
+    if (err_ != cudaSuccess)                                                                    \
+      return Status::error("{}: {}", fmt::format(__VA_ARGS__), errorString(err_));              \
+  } while (0)
+
+struct PinnedDeleter {
+  void operator()(void *p) const {
+    if (p)
+      cudaFreeHost(p);
+  }
+};
+using PinnedBuffer = std::unique_ptr<void, PinnedDeleter>;
+
+Expected<PinnedBuffer> allocPinned(size_t bytes, const std::string &what) {
+  void *p = nullptr;
+  CUDA_TRY(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault),
+           "cannot allocate {} bytes of pinned host memory for {}", bytes, what);
+  return PinnedBuffer(p);
+}
+
+/// A HOST instruction: its CPU kernel on pinned copies of its operands, run
+/// from a stream callback.
+struct HostCall {
+  const bundle::Instruction *inst = nullptr;
+  std::string label;
+  std::vector<TensorView> in, out; // pinned host views (absent inputs: default views)
+  std::vector<PinnedBuffer> buffers;
+  ThreadPool *pool = nullptr;
+  std::mutex mutex;
+  Status status; // first failure, read after the stream synchronizes
+
+  static void CUDART_CB callback(void *self) {
+    auto *h = static_cast<HostCall *>(self);
+    Status s;
+    try {
+      s = runCpuKernel(*h->inst, h->in, h->out, *h->pool);
+    } catch (const std::exception &e) {
+      s = Status::error("kernel threw: {}", e.what());
+    }
+    if (!s.isOk()) {
+      std::lock_guard<std::mutex> lock(h->mutex);
+      if (h->status.isOk())
+        h->status = s.prefix(h->label);
+    }
+  }
+};
+
+struct Step {
+  enum Kind { Kernel, Library, Copy, Host } kind = Kernel;
+  int index = 0;
+  const bundle::Instruction *inst = nullptr;
+  // Kernel
+  CUfunction function = nullptr;
+  unsigned grid = 1, block = 1;
+  std::vector<CUdeviceptr> args;
+  std::vector<void *> params;
+  // Library
+  std::unique_ptr<MatmulPlan> matmul;
+  const void *lhs = nullptr, *rhs = nullptr, *c = nullptr;
+  void *out = nullptr;
+  // Copy
+  void *dst = nullptr;
+  const void *src = nullptr;
+  size_t bytes = 0;
+  // Host: device pointers of the operands, staged through call->in/out
+  std::unique_ptr<HostCall> call;
+  std::vector<std::pair<const void *, size_t>> hostIn;
+  std::vector<std::pair<void *, size_t>> hostOut;
+};
+
+struct Transfer {
+  void *host;   // pinned
+  void *device; // in the arena
+  size_t bytes;
+};
+
+struct RoutineState {
+  std::vector<Step> steps;
+  std::vector<Transfer> inputs, outputs;
+  bool warmedUp = false;
+  cudaGraphExec_t graph = nullptr;
+};
+
+} // namespace
+
+struct CudaExecutor::Impl {
+  CudaExecutorOptions options;
+  cudaDeviceProp props{};
+  const DriverApi *driver = nullptr;
+  const CublasLtApi *lt = nullptr;
+  cublasLtHandle_t ltHandle = nullptr;
+  cudaStream_t compute = nullptr, copy = nullptr;
+  cudaEvent_t startEvent = nullptr, inputsEvent = nullptr, computeEvent = nullptr,
+              outputsEvent = nullptr;
+  void *deviceBase = nullptr;
+  uint64_t deviceBytes = 0;
+  void *workspace = nullptr;
+  CUmodule module = nullptr;
+  std::unique_ptr<ThreadPool> pool;
+  std::vector<void *> devicePtr;         // per tensor
+  std::vector<PinnedBuffer> inputStage;  // per tensor (routine inputs)
+  std::vector<PinnedBuffer> outputStage; // per tensor (routine outputs)
+  mutable std::vector<std::unique_ptr<uint8_t[]>> mirror; // view() of other tensors
+  std::vector<RoutineState> routines;
+  int lastRoutine = -1;
+  int hostInstructions = 0;
+  std::string graphWarning;
+
+  ~Impl() {
+    for (RoutineState &r : routines)
+      if (r.graph)
+        cudaGraphExecDestroy(r.graph);
+    routines.clear(); // plans before the handle
+    if (module && driver)
+      driver->cuModuleUnload(module);
+    if (ltHandle && lt)
+      lt->cublasLtDestroy(ltHandle);
+    for (cudaEvent_t e : {startEvent, inputsEvent, computeEvent, outputsEvent})
+      if (e)
+        cudaEventDestroy(e);
+    for (cudaStream_t s : {compute, copy})
+      if (s)
+        cudaStreamDestroy(s);
+    if (deviceBase)
+      cudaFree(deviceBase);
+  }
+
+  std::string stepLabel(const std::string &origin, const bundle::Routine &r, const Step &s) const {
+    std::string label = fmt::format("{}: routine '{}' instruction #{}", origin, r.name(), s.index);
+    if (!s.inst->name().empty())
+      label += fmt::format(" '{}'", s.inst->name());
+    label += fmt::format(" (op {}", s.inst->op());
+    if (s.kind == Step::Kernel)
+      label += fmt::format(", kernel {}", s.inst->launch().kernel());
+    else if (s.kind == Step::Library)
+      label += ", cuBLASLt";
+    else if (s.kind == Step::Host)
+      label += ", on the host";
+    return label + ")";
+  }
+
+  Status launch(Step &s) {
+    switch (s.kind) {
+    case Step::Kernel: {
+      CUresult r = driver->cuLaunchKernel(s.function, s.grid, 1, 1, s.block, 1, 1, 0, compute,
+                                          s.params.data(), nullptr);
+      if (r != CUDA_SUCCESS)
+        return Status::error("kernel launch failed: {}", errorString(*driver, r));
+      return Status::ok();
+    }
+    case Step::Library:
+      return s.matmul->run(compute, s.lhs, s.rhs, s.c, s.out, workspace);
+    case Step::Copy:
+      if (s.dst != s.src && s.bytes > 0)
+        CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, compute),
+                 "device copy");
+      return Status::ok();
+    case Step::Host: {
+      for (size_t i = 0; i < s.hostIn.size(); ++i)
+        if (s.hostIn[i].second > 0)
+          CUDA_TRY(cudaMemcpyAsync(s.call->in[i].data, s.hostIn[i].first, s.hostIn[i].second,
+                                   cudaMemcpyDeviceToHost, compute),
+                   "staging a host instruction's input");
+      CUDA_TRY(cudaLaunchHostFunc(compute, &HostCall::callback, s.call.get()),
+               "cudaLaunchHostFunc");
+      for (size_t i = 0; i < s.hostOut.size(); ++i)
+        if (s.hostOut[i].second > 0)
+          CUDA_TRY(cudaMemcpyAsync(s.hostOut[i].first, s.call->out[i].data, s.hostOut[i].second,
+                                   cudaMemcpyHostToDevice, compute),
+                   "returning a host instruction's output");
+      return Status::ok();
+    }
+    }
+    return Status::ok();
+  }
+
+  /// Enqueues the whole routine (inputs in, instructions, outputs out). With
+  /// `checked`, synchronizes after every instruction to name a failing one.
+  Status enqueue(const std::string &origin, const bundle::Routine &proto, RoutineState &r,
+                 bool checked) {
+    // Inputs: the copy stream waits for earlier compute (the arena is reused).
+    CUDA_TRY(cudaEventRecord(startEvent, compute), "event record");
+    CUDA_TRY(cudaStreamWaitEvent(copy, startEvent, 0), "stream wait");
+    for (const Transfer &t : r.inputs)
+      if (t.bytes)
+        CUDA_TRY(cudaMemcpyAsync(t.device, t.host, t.bytes, cudaMemcpyHostToDevice, copy),
+                 "input upload");
+    CUDA_TRY(cudaEventRecord(inputsEvent, copy), "event record");
+    CUDA_TRY(cudaStreamWaitEvent(compute, inputsEvent, 0), "stream wait");
+    for (Step &s : r.steps) {
+      Status st = launch(s);
+      if (st.isOk() && checked) {
+        cudaError_t e = cudaStreamSynchronize(compute);
+        if (e == cudaSuccess)
+          e = cudaGetLastError();
+        if (e != cudaSuccess)
+          st = Status::error("CUDA error: {}", errorString(e));
+        else if (s.kind == Step::Host) {
+          std::lock_guard<std::mutex> lock(s.call->mutex);
+          st = s.call->status;
+          s.call->status = Status::ok();
+        }
+      }
+      if (!st.isOk())
+        return st.prefix(stepLabel(origin, proto, s));
+    }
+    CUDA_TRY(cudaEventRecord(computeEvent, compute), "event record");
+    CUDA_TRY(cudaStreamWaitEvent(copy, computeEvent, 0), "stream wait");
+    for (const Transfer &t : r.outputs)
+      if (t.bytes)
+        CUDA_TRY(cudaMemcpyAsync(t.host, t.device, t.bytes, cudaMemcpyDeviceToHost, copy),
+                 "output download");
+    CUDA_TRY(cudaEventRecord(outputsEvent, copy), "event record");
+    // Joins the copy stream back (required to end a capture).
+    CUDA_TRY(cudaStreamWaitEvent(compute, outputsEvent, 0), "stream wait");
+    return Status::ok();
+  }
+
+  /// Waits for the last run and reports a failed HOST instruction or a
+  /// device fault.
+  Status finish(const std::string &origin) const {
+    cudaError_t e = cudaStreamSynchronize(compute);
+    if (e != cudaSuccess)
+      return Status::error("{}: CUDA error in routine '{}': {} (forge-train --no-cuda-graph runs "
+                           "the first step instruction by instruction and names the one that "
+                           "fails)",
+                           origin, lastRoutine >= 0 ? std::to_string(lastRoutine) : "?",
+                           errorString(e));
+    if (lastRoutine >= 0)
+      for (const Step &s : routines[lastRoutine].steps)
+        if (s.kind == Step::Host) {
+          std::lock_guard<std::mutex> lock(s.call->mutex);
+          if (!s.call->status.isOk())
+            return s.call->status;
+        }
+    return Status::ok();
+  }
+};
+
+int cudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError(); // clear the error a missing driver leaves
+    return 0;
+  }
+  return n;
+}
+
+CudaExecutor::CudaExecutor(const Bundle &bundle)
+    : Executor(bundle), impl_(std::make_unique<Impl>()) {}
+
+CudaExecutor::~CudaExecutor() = default;
+
+Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundle,
+                                                             CudaExecutorOptions options) {
+  const bundle::Program &p = bundle.program();
+  const std::string &origin = bundle.origin();
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return Status::error("no CUDA device is available ({}); run with --device cpu",
+                         e != cudaSuccess ? errorString(e) : "no GPU found");
+  }
+  if (options.device >= count)
+    return Status::error("CUDA device {} does not exist ({} device{} visible)", options.device,
+                         count, count == 1 ? "" : "s");
+
+  std::unique_ptr<CudaExecutor> ex(new CudaExecutor(bundle));
+  Impl &im = *ex->impl_;
+  im.options = options;
+  CUDA_TRY(cudaSetDevice(options.device), "cudaSetDevice({})", options.device);
+  CUDA_TRY(cudaGetDeviceProperties(&im.props, options.device), "cudaGetDeviceProperties");
+  auto driver = driverApi();
+  if (!driver)
+    return driver.status();
+  im.driver = *driver;
+  im.pool = std::make_unique<ThreadPool>(options.threads);
+
+  // The kernel module: the cubin when it was built for this GPU, else the PTX
+  // (JIT-compiled by the driver for this GPU).
+  const bundle::KernelModule &km = p.kernel_module();
+  std::string arch = fmt::format("sm_{}{}", im.props.major, im.props.minor);
+  int bundleArch = 0;
+  if (km.arch().size() > 3)
+    bundleArch = std::atoi(km.arch().c_str() + 3);
+  if (bundleArch > im.props.major * 10 + im.props.minor)
+    return Status::error("{} was compiled for {}, but {} is {}; recompile with forgec --target "
+                         "cuda:{}",
+                         origin, km.arch(), im.props.name, arch, arch);
+  if (!km.kernels().empty()) {
+    std::string image;
+    if (km.cubin_section() >= 0 && km.arch() == arch) {
+      auto bytes = bundle.section(static_cast<uint32_t>(km.cubin_section()));
+      image.assign(reinterpret_cast<const char *>(bytes.data()), bytes.size());
+    } else if (km.ptx_section() >= 0) {
+      auto bytes = bundle.section(static_cast<uint32_t>(km.ptx_section()));
+      image.assign(reinterpret_cast<const char *>(bytes.data()), bytes.size());
+      image.push_back('\0'); // the driver reads PTX as a C string
+    } else {
+      return Status::error("{}: the kernel module has no PTX and its cubin is for {}, not {}",
+                           origin, km.arch(), arch);
+    }
+    CUresult r = im.driver->cuModuleLoadData(&im.module, image.data());
+    if (r != CUDA_SUCCESS)
+      return Status::error("{}: cannot load the kernel module on {}: {}", origin, im.props.name,
+                           errorString(*im.driver, r));
+  }
+
+  // Device memory: arena, persistent and constant tensors, workspace.
+  bool anyLibrary = false;
+  for (const bundle::Routine &r : p.routines())
+    for (const bundle::Instruction &inst : r.instructions())
+      anyLibrary |= inst.placement() == bundle::LIBRARY;
+  std::vector<uint64_t> offset(p.tensors_size(), 0);
+  uint64_t total = alignUp(p.arena_size(), kDeviceAlign);
+  for (int t = 0; t < p.tensors_size(); ++t) {
+    auto kind = p.tensors(t).kind();
+    if (kind == bundle::TensorInfo::PARAMETER || kind == bundle::TensorInfo::STATE ||
+        kind == bundle::TensorInfo::CONSTANT) {
+      offset[t] = total;
+      total += alignUp(std::max<uint64_t>(byteSize(p.tensors(t)), 1), kDeviceAlign);
+    }
+  }
+  uint64_t workspaceOffset = total;
+  if (anyLibrary)
+    total += kWorkspaceBytes;
+  e = cudaMalloc(&im.deviceBase, total);
+  if (e != cudaSuccess) {
+    size_t freeBytes = 0, totalBytes = 0;
+    cudaGetLastError();
+    cudaMemGetInfo(&freeBytes, &totalBytes);
+    return Status::error("{}: cannot allocate {:.1f} MiB on {} ({:.1f} MiB free): the arena "
+                         "({:.1f} MiB) and the parameters, state and constants do not fit; use "
+                         "a smaller batch (forgec --batch) or --micro-batches",
+                         origin, total / 1048576.0, im.props.name, freeBytes / 1048576.0,
+                         p.arena_size() / 1048576.0);
+  }
+  im.deviceBytes = total;
+  auto *base = static_cast<uint8_t *>(im.deviceBase);
+  if (anyLibrary)
+    im.workspace = base + workspaceOffset;
+  CUDA_TRY(cudaMemset(im.deviceBase, 0, total), "clearing device memory");
+  im.devicePtr.assign(p.tensors_size(), nullptr);
+  for (int t = 0; t < p.tensors_size(); ++t) {
+    const bundle::TensorInfo &info = p.tensors(t);
+    auto kind = info.kind();
+    if (kind == bundle::TensorInfo::PARAMETER || kind == bundle::TensorInfo::STATE ||
+        kind == bundle::TensorInfo::CONSTANT) {
+      im.devicePtr[t] = base + offset[t];
+      std::span<const uint8_t> bytes = bundle.tensorData(info);
+      if (!bytes.empty())
+        CUDA_TRY(cudaMemcpy(im.devicePtr[t], bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
+                 "uploading '{}'", info.name());
+    } else {
+      im.devicePtr[t] = base + info.arena_offset();
+    }
+  }
+
+  CUDA_TRY(cudaStreamCreateWithFlags(&im.compute, cudaStreamNonBlocking), "compute stream");
+  CUDA_TRY(cudaStreamCreateWithFlags(&im.copy, cudaStreamNonBlocking), "copy stream");
+  for (cudaEvent_t *ev : {&im.startEvent, &im.inputsEvent, &im.computeEvent, &im.outputsEvent})
+    CUDA_TRY(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event");
+
+  if (anyLibrary) {
+    auto lt = cublasLtApi();
+    if (!lt)
+      return lt.status();
+    im.lt = *lt;
+    cublasStatus_t st = im.lt->cublasLtCreate(&im.ltHandle);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return Status::error("cublasLtCreate failed: {}", im.lt->cublasLtGetStatusString(st));
+  }
+  auto opt = p.build_options().find("tf32");
+  bool tf32 = opt != p.build_options().end() && opt->second == "1";
+
+  // Per routine: staged inputs/outputs and one ready-to-launch step per instruction.
+  im.inputStage.resize(p.tensors_size());
+  im.outputStage.resize(p.tensors_size());
+  std::map<std::string, CUfunction> functions;
+  for (const bundle::Routine &proto : p.routines()) {
+    RoutineState r;
+    for (int32_t t : proto.inputs()) {
+      auto buf = allocPinned(byteSize(p.tensors(t)), "input '" + p.tensors(t).name() + "'");
+      if (!buf)
+        return buf.status();
+      r.inputs.push_back({buf->get(), im.devicePtr[t], byteSize(p.tensors(t))});
+      im.inputStage[t] = buf.take();
+    }
+    for (int32_t t : proto.outputs()) {
+      auto buf = allocPinned(byteSize(p.tensors(t)), "output '" + p.tensors(t).name() + "'");
+      if (!buf)
+        return buf.status();
+      r.outputs.push_back({buf->get(), im.devicePtr[t], byteSize(p.tensors(t))});
+      im.outputStage[t] = buf.take();
+    }
+    for (int i = 0; i < proto.instructions_size(); ++i) {
+      const bundle::Instruction &inst = proto.instructions(i);
+      Step s;
+      s.index = i;
+      s.inst = &inst;
+      auto fail = [&](const std::string &why) {
+        return Status::error("{}: routine '{}' instruction #{} '{}' (op {}): {}", origin,
+                             proto.name(), i, inst.name(), inst.op(), why);
+      };
+      switch (inst.placement()) {
+      case bundle::KERNEL: {
+        s.kind = Step::Kernel;
+        const std::string &name = inst.launch().kernel();
+        auto it = functions.find(name);
+        if (it == functions.end()) {
+          CUfunction fn = nullptr;
+          CUresult res = im.driver->cuModuleGetFunction(&fn, im.module, name.c_str());
+          if (res != CUDA_SUCCESS)
+            return fail(fmt::format("kernel {} is not in the module: {}", name,
+                                    errorString(*im.driver, res)));
+          it = functions.emplace(name, fn).first;
+        }
+        s.function = it->second;
+        s.grid = inst.launch().grid();
+        s.block = inst.launch().block();
+        for (int32_t t : inst.inputs())
+          if (t >= 0)
+            s.args.push_back(reinterpret_cast<CUdeviceptr>(im.devicePtr[t]));
+        for (int32_t t : inst.outputs())
+          s.args.push_back(reinterpret_cast<CUdeviceptr>(im.devicePtr[t]));
+        for (CUdeviceptr &a : s.args)
+          s.params.push_back(&a);
+        break;
+      }
+      case bundle::LIBRARY: {
+        s.kind = Step::Library;
+        auto problem = cuda::matmulProblem(p, inst, tf32);
+        if (!problem)
+          return fail(problem.status().message());
+        auto plan = MatmulPlan::create(*im.lt, im.ltHandle, *problem, kWorkspaceBytes);
+        if (!plan)
+          return fail(plan.status().message());
+        s.matmul = plan.take();
+        s.lhs = im.devicePtr[inst.inputs(0)];
+        s.rhs = im.devicePtr[inst.inputs(1)];
+        s.c = inst.inputs_size() > 2 && inst.inputs(2) >= 0 ? im.devicePtr[inst.inputs(2)]
+                                                            : nullptr;
+        s.out = im.devicePtr[inst.outputs(0)];
+        break;
+      }
+      case bundle::DEVICE_COPY: {
+        s.kind = Step::Copy;
+        if (inst.inputs_size() < 1 || inst.outputs_size() != 1 || inst.inputs(0) < 0)
+          return fail("a device copy needs one input and one output");
+        s.src = im.devicePtr[inst.inputs(0)];
+        s.dst = im.devicePtr[inst.outputs(0)];
+        s.bytes = byteSize(p.tensors(inst.outputs(0)));
+        if (byteSize(p.tensors(inst.inputs(0))) != s.bytes)
+          return fail("a device copy between tensors of different sizes");
+        break;
+      }
+      case bundle::HOST:
+      case bundle::PLACEMENT_DEFAULT: {
+        if (!findCpuKernel(inst.op()))
+          return fail("no CPU kernel for this host instruction");
+        s.kind = Step::Host;
+        ++im.hostInstructions;
+        s.call = std::make_unique<HostCall>();
+        s.call->inst = &inst;
+        s.call->pool = im.pool.get();
+        s.call->label = fmt::format("{}: routine '{}' instruction #{} '{}' (op {}, on the host)",
+                                    origin, proto.name(), i, inst.name(), inst.op());
+        auto stage = [&](int32_t t, bool output) -> Status {
+          TensorView v;
+          if (t < 0) {
+            s.call->in.push_back(v);
+            s.hostIn.push_back({nullptr, 0});
+            return Status::ok();
+          }
+          const bundle::TensorInfo &info = p.tensors(t);
+          v.dtype = info.dtype();
+          v.shape.assign(info.shape().begin(), info.shape().end());
+          auto buf = allocPinned(byteSize(info), "host instruction operand");
+          if (!buf)
+            return buf.status();
+          v.data = buf->get();
+          s.call->buffers.push_back(buf.take());
+          if (output) {
+            s.call->out.push_back(v);
+            s.hostOut.push_back({im.devicePtr[t], byteSize(info)});
+          } else {
+            s.call->in.push_back(v);
+            s.hostIn.push_back({im.devicePtr[t], byteSize(info)});
+          }
+          return Status::ok();
+        };
+        for (int32_t t : inst.inputs())
+          FORGE_RETURN_IF_ERROR(stage(t, false));
+        for (int32_t t : inst.outputs())
+          FORGE_RETURN_IF_ERROR(stage(t, true));
+        break;
+      }
+      default:
+        return fail(fmt::format("unknown placement {}", static_cast<int>(inst.placement())));
+      }
+      r.steps.push_back(std::move(s));
+    }
+    im.routines.push_back(std::move(r));
+  }
+  im.mirror.resize(p.tensors_size());
+  return ex;
+}
+
+std::string CudaExecutor::describe() const {
+  const Impl &im = *impl_;
+  std::string s = fmt::format("cuda:{} {} (sm_{}{}, {} SMs, {:.0f} MiB on the device)",
+                              im.options.device, im.props.name, im.props.major, im.props.minor,
+                              im.props.multiProcessorCount, im.deviceBytes / 1048576.0);
+  if (im.hostInstructions)
+    s += fmt::format(", {} host instruction{}", im.hostInstructions,
+                     im.hostInstructions == 1 ? "" : "s");
+  if (!im.options.graphs)
+    s += ", no CUDA graphs";
+  return s;
+}
+
+void *CudaExecutor::inputBuffer(int32_t index) {
+  if (index < 0 || static_cast<size_t>(index) >= impl_->inputStage.size())
+    return nullptr;
+  return impl_->inputStage[index].get();
+}
+
+Status CudaExecutor::run(int routine) {
+  if (routine < 0 || routine >= numRoutines())
+    return Status::error("{}: no routine #{} (the bundle has {})", bundle_.origin(), routine,
+                         numRoutines());
+  Impl &im = *impl_;
+  // The previous routine's outputs must have been read (or dropped) and its
+  // host instructions checked before the arena is reused.
+  if (im.lastRoutine >= 0)
+    FORGE_RETURN_IF_ERROR(im.finish(bundle_.origin()));
+  const bundle::Routine &proto = *routines_[routine];
+  RoutineState &r = im.routines[routine];
+  im.lastRoutine = routine;
+  if (r.graph) {
+    CUDA_TRY(cudaGraphLaunch(r.graph, im.compute), "{}: replaying routine '{}'",
+             bundle_.origin(), proto.name());
+    return Status::ok();
+  }
+  if (!r.warmedUp || !im.options.graphs) {
+    FORGE_RETURN_IF_ERROR(im.enqueue(bundle_.origin(), proto, r, /*checked=*/!r.warmedUp));
+    r.warmedUp = true;
+    return Status::ok();
+  }
+  // Second run: capture the routine into a graph, then replay it.
+  CUDA_TRY(cudaStreamBeginCapture(im.compute, cudaStreamCaptureModeThreadLocal),
+           "{}: capturing routine '{}'", bundle_.origin(), proto.name());
+  Status st = im.enqueue(bundle_.origin(), proto, r, false);
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(im.compute, &graph);
+  if (st.isOk() && e == cudaSuccess)
+    e = cudaGraphInstantiate(&r.graph, graph, 0);
+  if (graph)
+    cudaGraphDestroy(graph);
+  if (!st.isOk() || e != cudaSuccess) {
+    cudaGetLastError();
+    r.graph = nullptr;
+    im.options.graphs = false; // keep running, launch by launch
+    fmt::print(stderr, "forge-train: warning: {}: CUDA graph capture of routine '{}' failed ({}); "
+               "launching instruction by instruction\n",
+               bundle_.origin(), proto.name(), st.isOk() ? errorString(e) : st.message());
+    return im.enqueue(bundle_.origin(), proto, r, false);
+  }
+  CUDA_TRY(cudaGraphLaunch(r.graph, im.compute), "{}: replaying routine '{}'", bundle_.origin(),
+           proto.name());
+  return Status::ok();
+}
+
+Status CudaExecutor::wait() { return impl_->finish(bundle_.origin()); }
+
+TensorView CudaExecutor::view(int32_t index) const {
+  const bundle::Program &p = bundle_.program();
+  if (index < 0 || index >= p.tensors_size())
+    return {};
+  const Impl &im = *impl_;
+  const bundle::TensorInfo &info = p.tensors(index);
+  TensorView v;
+  v.dtype = info.dtype();
+  v.shape.assign(info.shape().begin(), info.shape().end());
+  if (im.inputStage[index]) {
+    v.data = im.inputStage[index].get();
+    return v;
+  }
+  Status st = im.finish(bundle_.origin());
+  if (!st.isOk()) {
+    fmt::print(stderr, "forge-train: error: {}\n", st.message());
+    return {};
+  }
+  if (im.outputStage[index]) {
+    v.data = im.outputStage[index].get();
+    return v;
+  }
+  size_t bytes = byteSize(info);
+  if (!im.mirror[index])
+    im.mirror[index].reset(new uint8_t[std::max<size_t>(bytes, 1)]);
+  if (bytes && cudaMemcpy(im.mirror[index].get(), im.devicePtr[index], bytes,
+                          cudaMemcpyDeviceToHost) != cudaSuccess) {
+    fmt::print(stderr, "forge-train: error: reading '{}' from the GPU: {}\n", info.name(),
+               errorString(cudaGetLastError()));
+    return {};
+  }
+  v.data = im.mirror[index].get();
+  return v;
+}
+
+Status CudaExecutor::writePersistent(int32_t index, std::span<const uint8_t> bytes) {
+  FORGE_RETURN_IF_ERROR(impl_->finish(bundle_.origin()));
+  CUDA_TRY(cudaMemcpy(impl_->devicePtr[index], bytes.data(), bytes.size(),
+                      cudaMemcpyHostToDevice),
+           "writing '{}' to the GPU", tensorInfo(index).name());
+  return Status::ok();
+}
+
+} // namespace forge::rt

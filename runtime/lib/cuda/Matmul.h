@@ -1,0 +1,62 @@
+// matmul / gemm instructions as one cuBLASLt matmul each.
+//
+// Row-major Y[M,N] = op(A) op(B) is computed as the column-major product
+// Y^T = op(B)^T op(A)^T, so no operand is ever transposed in memory: cuBLASLt's
+// "A" is the instruction's rhs and its "B" the lhs. Batches use strided-batch
+// layouts (stride 0 broadcasts an operand); a lhs batch over a matrix rhs is
+// folded into M. gemm's C is either a full [M, N] matrix scaled by beta or a
+// bias row [N] applied with the BIAS epilogue. These are the shapes the
+// compiler places on the library (compiler/lib/Codegen isLibraryCall); any
+// other shape is refused at load time.
+//
+// The algorithm comes from cuBLASLt's heuristic, once per distinct problem
+// (cached by the executor), with the workspace the executor provides.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "cuda/CudaApi.h"
+#include "forge/runtime/Tensor.h"
+#include "program.pb.h"
+
+namespace forge::rt::cuda {
+
+struct MatmulProblem {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  bool transA = false, transB = false; // of the instruction's lhs / rhs
+  int64_t lhsBatchStride = 0, rhsBatchStride = 0;
+  bool fullC = false, bias = false;
+  float alpha = 1, beta = 0;
+  bool tf32 = false;
+  std::string key() const;
+};
+
+/// The problem of a matmul/gemm instruction (tensor shapes from the program).
+Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::Instruction &inst,
+                                      bool tf32);
+
+class MatmulPlan {
+public:
+  static Expected<std::unique_ptr<MatmulPlan>> create(const CublasLtApi &api,
+                                                      cublasLtHandle_t handle,
+                                                      const MatmulProblem &problem,
+                                                      size_t workspaceBytes);
+  ~MatmulPlan();
+  /// Enqueues Y = alpha op(lhs) op(rhs) (+ beta C | + bias) on `stream`.
+  Status run(cudaStream_t stream, const void *lhs, const void *rhs, const void *c, void *out,
+             void *workspace) const;
+
+private:
+  MatmulPlan() = default;
+  const CublasLtApi *api_ = nullptr;
+  cublasLtHandle_t handle_ = nullptr;
+  MatmulProblem problem_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  size_t workspaceBytes_ = 0;
+};
+
+} // namespace forge::rt::cuda

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""The bundled models trained on the GPU against the CPU (ctest gpu_models, label gpu).
+
+For each model in models/ (the losses of tests/e2e/test_overfit.py), one CUDA bundle
+  forgec M.onnx --target cuda:sm_90 --batch 8 --loss ... --optimizer sgd:lr=0.01,momentum=0.9
+         --expose-gradients -o B/M.forge
+runs STEPS steps in file order on both devices (the CPU runs a CUDA bundle's ops with its own
+kernels, so the CPU is the reference for every generated kernel and library call):
+  forge-train B/M.forge --data B/M.npz --no-shuffle --steps STEPS --device cpu|cuda
+              --metrics ... --dump-grads ... --dump-params ...
+Checks (fp32 on both sides; relative L2 norms in float64):
+  loss step 1            |gpu - cpu| / |cpu|                        <= 1e-4
+  losses steps 1..STEPS  |gpu - cpu| / |cpu|                        <= 1e-4
+  grads step 1           per parameter ||gpu - cpu|| / max(||cpu||, 1e-2 ||all grads||) <= 1e-4
+  params after STEPS     per tensor ||gpu - cpu|| / ||cpu||         <= 1e-4
+Some gradients are zero in exact arithmetic (a conv bias before BatchNorm, attention's key
+bias): both devices compute rounding noise there, so their error is measured against the
+global gradient norm instead. SGD keeps that noise out of the parameters; Adam, which divides
+by sqrt(v), would amplify it (Adam's parity is checked against PyTorch by e2e_parity, which
+runs on CUDA too). Non-finite values (e.g. a -inf attention mask) must match exactly.
+
+The GPU machines have no MLIR, so the two halves can run apart:
+  test_gpu_models.py --compile-only --bundles DIR --forgec F      (here)
+  test_gpu_models.py --bundles DIR --forge-train F                 (on the GPU machine)
+Without a GPU the run half prints 'SKIP' and exits 0 (ctest reports it skipped).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+import forge_e2e as e2e  # noqa: E402
+from forge_e2e import Report  # noqa: E402
+
+MODELS = {
+    "mlp": ("cross_entropy:logits,labels", "classes"),
+    "cnn": ("cross_entropy:logits,labels", "classes"),
+    "gpt": ("cross_entropy:logits,labels", "classes"),
+    "gpt_dynamo": ("cross_entropy:logits,labels", "classes"),
+    "bert": ("cross_entropy:logits,labels", "classes"),
+    "hf_bert_tiny": ("mse:pooler_output,target", "regression"),
+    "tv_mobilenet_v3_small": ("cross_entropy:logits,labels", "classes"),
+}
+BATCH, STEPS = 8, 10
+TOL = {"loss1": 1e-4, "grads1": 1e-4, "losses": 1e-4, "params": 1e-4}
+ZERO_GRAD_FLOOR = 1e-2  # of the global gradient norm
+SKIP_EXIT = 77  # ctest SKIP_RETURN_CODE
+
+
+def gpu_present():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def prepare(rep, a, forgec, out):
+    manifest = json.load(open(os.path.join(a.models_dir, "manifest.json")))["models"]
+    rng = np.random.default_rng(0)
+    for name, (loss, kind) in MODELS.items():
+        if a.only and name not in a.only:
+            continue
+        ref = np.load(os.path.join(a.models_dir, name + ".ref.npz"))
+        info = manifest[name]
+        data = {}
+        for k in info["inputs"]:  # the reference batch, tiled to 2 batches (floats jittered)
+            x = ref[k]
+            x = np.concatenate([x] * (-(-2 * BATCH // x.shape[0])))[:2 * BATCH]
+            if x.dtype.kind == "f":
+                x = (x + 0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
+            data[k] = x
+        output, label = loss.split(":")[1].split(",")
+        y = ref[output][:BATCH]
+        if kind == "classes":
+            labels = rng.integers(0, y.shape[-1], size=(2 * BATCH,) + y.shape[1:-1])
+            data[label] = labels.astype(np.int64)
+        else:
+            data[label] = rng.uniform(-0.9, 0.9, size=(2 * BATCH,) + y.shape[1:]).astype(y.dtype)
+        np.savez(os.path.join(out, name + ".npz"), **data)
+        rc, t, log = e2e.run([forgec, os.path.join(a.models_dir, name + ".onnx"),
+                              "--target", a.target, "--batch", str(BATCH), "--loss", loss,
+                              "--optimizer", "sgd:lr=0.01,momentum=0.9", "--expose-gradients",
+                              "-o", os.path.join(out, name + ".forge")], 900)
+        rep.check(f"{name} forgec --target {a.target}", rc == 0,
+                  f"{t:.1f}s {e2e.tail(log, 3) if rc == 0 else e2e.failure(rc, log)}")
+
+
+def train(forge_train, bundle, data, device, tmp):
+    files = {k: os.path.join(tmp, f"{device}.{k}") for k in ("jsonl", "grads.npz", "params.npz")}
+    rc, t, log = e2e.run([forge_train, bundle, "--data", data, "--no-shuffle", "--steps",
+                          str(STEPS), "--device", device, "--threads", "4", "--log-every", "1000",
+                          "--metrics", files["jsonl"], "--dump-grads", files["grads.npz"],
+                          "--dump-params", files["params.npz"]], 900)
+    return rc, t, log, files
+
+
+def compare(rep, label, got, ref, tol, floor=0.0):
+    """Per tensor ||got - ref|| / max(||ref||, floor) over the finite entries; non-finite
+    entries must be identical."""
+    worst, worst_name, bad = 0.0, None, []
+    for k in ref.files:
+        if k not in got.files or got[k].shape != ref[k].shape:
+            bad.append(f"{k} missing or misshapen")
+            continue
+        g, r = got[k], ref[k]
+        if r.dtype.kind != "f":
+            if not np.array_equal(g, r):
+                bad.append(f"{k} differs")
+            continue
+        finite = np.isfinite(r)
+        if not np.array_equal(np.isfinite(g), finite) or \
+                not np.array_equal(g[~finite], r[~finite], equal_nan=True):
+            bad.append(f"{k}: non-finite entries differ")
+            continue
+        g64, r64 = g[finite].astype(np.float64), r[finite].astype(np.float64)
+        e = float(np.linalg.norm(g64 - r64) / max(np.linalg.norm(r64), floor, 1e-30))
+        if not np.isfinite(e) or e > tol:
+            bad.append(f"{k}: rel {e:.2e}")
+        if e > worst:
+            worst, worst_name = e, k
+    rep.check(label, not bad, "; ".join(bad[:6] + [f"max rel {worst:.2e} ({worst_name})"]))
+
+
+def losses(path):
+    return [json.loads(line)["loss"] for line in open(path) if line.strip()]
+
+
+def run_models(rep, a, forge_train, bundles):
+    for name in MODELS:
+        if a.only and name not in a.only:
+            continue
+        bundle = os.path.join(bundles, name + ".forge")
+        data = os.path.join(bundles, name + ".npz")
+        if not rep.check(f"{name} bundle", os.path.exists(bundle), bundle):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            results = {}
+            for device in ("cpu", "cuda"):
+                rc, t, log, files = train(forge_train, bundle, data, device, tmp)
+                if rep.check(f"{name} forge-train --device {device}", rc == 0,
+                             f"{t:.1f}s {e2e.tail(log, 2) if rc == 0 else e2e.failure(rc, log, 8)}"):
+                    results[device] = files
+            if len(results) < 2:
+                continue
+            cpu, gpu = results["cpu"], results["cuda"]
+            lc, lg = losses(cpu["jsonl"]), losses(gpu["jsonl"])
+            if not rep.check(f"{name} steps", len(lc) == len(lg) == STEPS, f"{len(lc)}, {len(lg)}"):
+                continue
+            errs = [abs(g - c) / max(abs(c), 1e-30) for c, g in zip(lc, lg)]
+            rep.check(f"{name} loss step 1", errs[0] <= TOL["loss1"],
+                      f"cpu {lc[0]:.7f} cuda {lg[0]:.7f} rel {errs[0]:.2e}")
+            rep.check(f"{name} losses 1..{STEPS}", max(errs) <= TOL["losses"],
+                      f"max rel {max(errs):.2e} at step {int(np.argmax(errs)) + 1}; "
+                      f"cpu {lc[-1]:.6f} cuda {lg[-1]:.6f} at step {STEPS}")
+            cpu_grads = np.load(cpu["grads.npz"])
+            total = float(np.sqrt(sum(np.sum(cpu_grads[k].astype(np.float64) ** 2)
+                                      for k in cpu_grads.files)))
+            compare(rep, f"{name} grads step 1", np.load(gpu["grads.npz"]), cpu_grads,
+                    TOL["grads1"], ZERO_GRAD_FLOOR * total)
+            compare(rep, f"{name} params step {STEPS}", np.load(gpu["params.npz"]),
+                    np.load(cpu["params.npz"]), TOL["params"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    e2e.add_tool_args(ap)
+    ap.add_argument("--models-dir", default=os.path.join(HERE, "..", "..", "models"))
+    ap.add_argument("--target", default="cuda:sm_90")
+    ap.add_argument("--bundles", help="directory of compiled bundles and data (see the usage)")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--only", nargs="*", default=[])
+    a = ap.parse_args()
+    rep = Report()
+    run_half = not a.compile_only
+    if run_half and not gpu_present():
+        print("SKIP: no GPU (nvidia-smi -L failed); the CUDA checks need one")
+        return SKIP_EXIT
+    tmp_root = None
+    bundles = a.bundles
+    if not bundles or a.compile_only:
+        tools = e2e.find_tools(a, "test_gpu_models")
+        if not tools:
+            return 2
+        forgec, forge_train = tools
+        if not bundles:
+            bundles = tmp_root = tempfile.mkdtemp(prefix="forge-gpu-")
+        os.makedirs(bundles, exist_ok=True)
+        prepare(rep, a, forgec, bundles)
+    else:
+        forge_train = a.forge_train or e2e.find_tool("forge-train", a.bin_dir)
+    try:
+        if run_half:
+            run_models(rep, a, forge_train, bundles)
+    finally:
+        if tmp_root:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
