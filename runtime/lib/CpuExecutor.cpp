@@ -22,6 +22,7 @@
 #include "forge/runtime/CpuExecutor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -152,7 +153,26 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
   return ex;
 }
 
-Status CpuExecutor::run(int routine) {
+Status CpuExecutor::run(int routine) { return runInstructions(routine, nullptr); }
+
+Executor::DeviceInfo CpuExecutor::deviceInfo() const {
+  DeviceInfo info;
+  info.planBytes = bundle_.program().arena_size();
+  return info;
+}
+
+Expected<std::vector<Executor::Span>> CpuExecutor::runProfiled(int routine) {
+  std::vector<Span> spans;
+  FORGE_RETURN_IF_ERROR(runInstructions(routine, &spans));
+  return spans;
+}
+
+Status CpuExecutor::runInstructions(int routine, std::vector<Span> *spans) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto us = [&](Clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(t - start).count();
+  };
   if (routine < 0 || routine >= numRoutines())
     return Status::error("{}: no routine #{} (the bundle has {})", bundle_.origin(), routine,
                          numRoutines());
@@ -165,6 +185,7 @@ Status CpuExecutor::run(int routine) {
     std::span<TensorView> out(views_.data() + pos, inst.outputs_size());
     pos += inst.outputs_size();
     Status s;
+    const auto t0 = spans ? Clock::now() : start;
     try {
       s = runCpuKernel(inst, in, out, pool_);
     } catch (const std::exception &e) {
@@ -175,6 +196,8 @@ Status CpuExecutor::run(int routine) {
     if (!s.isOk())
       return s.prefix(fmt::format("{}: routine '{}' instruction #{}", bundle_.origin(),
                                   r.name(), i));
+    if (spans)
+      spans->push_back({i, 2, "", us(t0), us(Clock::now()) - us(t0)});
   }
   return Status::ok();
 }

@@ -100,6 +100,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                                                 : fmt::format("{}", fmt::join(names, ", "));
                          }());
   tr->train_.index = *trainIndex;
+  for (const bundle::Instruction &inst : p.routines(*trainIndex).instructions())
+    tr->flopsPerStep_ += static_cast<double>(inst.flops());
 
   // Micro-batches and the label input, from the build options.
   int64_t micro = 1;
@@ -287,7 +289,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   return tr;
 }
 
-Expected<StepResult> Trainer::step() {
+Expected<StepResult> Trainer::step(std::vector<Executor::Span> *profile) {
   std::span<const int64_t> indices = sampler_->next();
   if (indices.size() != static_cast<size_t>(samplesPerStep()))
     return Status::error("internal: the sampler returned {} indices, expected {}",
@@ -300,7 +302,14 @@ Expected<StepResult> Trainer::step() {
     float s = static_cast<float>(step_ + 1);
     std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
   }
-  FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
+  if (profile) {
+    auto spans = exec_->runProfiled(train_.index);
+    if (!spans)
+      return spans.status();
+    *profile = spans.take();
+  } else {
+    FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
+  }
   FORGE_RETURN_IF_ERROR(exec_->wait());
   ++step_;
   StepResult r;

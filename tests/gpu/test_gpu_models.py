@@ -13,9 +13,10 @@ Checks (fp32 on both sides; relative L2 norms in float64):
   losses steps 1..STEPS  |gpu - cpu| / |cpu|                        <= 1e-4
   grads step 1           per parameter ||gpu - cpu|| / max(||cpu||, 1e-2 ||all grads||) <= 1e-4
   params after STEPS     per tensor ||gpu - cpu|| / ||cpu||         <= 1e-4
+                         (a momentum buffer: / max(||cpu||, 1e-2 ||all momentum buffers||))
 Some gradients are zero in exact arithmetic (a conv bias before BatchNorm, attention's key
 bias): both devices compute rounding noise there, so their error is measured against the
-global gradient norm instead. SGD keeps that noise out of the parameters; Adam, which divides
+global gradient norm instead, and so is their momentum buffer's (the sum of that noise). SGD keeps that noise out of the parameters; Adam, which divides
 by sqrt(v), would amplify it (Adam's parity is checked against PyTorch by e2e_parity, which
 runs on CUDA too). Non-finite values (e.g. a -inf attention mask) must match exactly.
 
@@ -101,9 +102,9 @@ def train(forge_train, bundle, data, device, tmp):
     return rc, t, log, files
 
 
-def compare(rep, label, got, ref, tol, floor=0.0):
-    """Per tensor ||got - ref|| / max(||ref||, floor) over the finite entries; non-finite
-    entries must be identical."""
+def compare(rep, label, got, ref, tol, floor=0.0, floors=None):
+    """Per tensor ||got - ref|| / max(||ref||, floor or floors[name]) over the finite entries;
+    non-finite entries must be identical."""
     worst, worst_name, bad = 0.0, None, []
     for k in ref.files:
         if k not in got.files or got[k].shape != ref[k].shape:
@@ -120,7 +121,8 @@ def compare(rep, label, got, ref, tol, floor=0.0):
             bad.append(f"{k}: non-finite entries differ")
             continue
         g64, r64 = g[finite].astype(np.float64), r[finite].astype(np.float64)
-        e = float(np.linalg.norm(g64 - r64) / max(np.linalg.norm(r64), floor, 1e-30))
+        f = (floors or {}).get(k, floor)
+        e = float(np.linalg.norm(g64 - r64) / max(np.linalg.norm(r64), f, 1e-30))
         if not np.isfinite(e) or e > tol:
             bad.append(f"{k}: rel {e:.2e}")
         if e > worst:
@@ -164,8 +166,12 @@ def run_models(rep, a, forge_train, bundles):
                                       for k in cpu_grads.files)))
             compare(rep, f"{name} grads step 1", np.load(gpu["grads.npz"]), cpu_grads,
                     TOL["grads1"], ZERO_GRAD_FLOOR * total)
-            compare(rep, f"{name} params step {STEPS}", np.load(gpu["params.npz"]),
-                    np.load(cpu["params.npz"]), TOL["params"])
+            cpu_params = np.load(cpu["params.npz"])
+            momenta = [k for k in cpu_params.files if k.endswith(".momentum")]
+            m_total = float(np.sqrt(sum(np.sum(cpu_params[k].astype(np.float64) ** 2)
+                                        for k in momenta)))
+            compare(rep, f"{name} params step {STEPS}", np.load(gpu["params.npz"]), cpu_params,
+                    TOL["params"], floors={k: ZERO_GRAD_FLOOR * m_total for k in momenta})
 
 
 def main():

@@ -38,6 +38,8 @@ struct Options {
   std::string dumpParams;
   std::string dumpGrads;
   int64_t logEvery = 10;
+  std::string profilePath; // --profile trace.json
+  int64_t profileSteps = 5;
 };
 
 /// Training mode (TrainMode.cpp).

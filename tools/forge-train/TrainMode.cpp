@@ -11,7 +11,10 @@
 //    the losses, and a resumed run is bit-identical to an uninterrupted one.
 //  * Metrics lines are flushed as they are written; numbers are printed with
 //    enough digits to round-trip (floats as %.9g), non-finite values as null.
+#include <algorithm>
 #include <atomic>
+#include <map>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -28,6 +31,7 @@
 #include "Options.h"
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/Checkpoint.h"
+#include "forge/runtime/FileUtil.h"
 #include "forge/runtime/Npy.h"
 #include "forge/runtime/Trainer.h"
 #ifdef FORGE_HAVE_ONNX_EXPORT
@@ -223,6 +227,100 @@ std::string evalText(const EvalResult &e) {
   return s + fmt::format(" ({} samples)", e.samples);
 }
 
+/// Chrome-trace / Perfetto JSON ("X" slices, one track per stream) of the
+/// profiled steps, laid end to end.
+class TraceWriter {
+public:
+  explicit TraceWriter(const Executor &ex) : ex_(ex) {}
+
+  void addStep(int routine, int64_t step, const std::vector<Executor::Span> &spans) {
+    const bundle::Routine &r = ex_.bundle().program().routines(routine);
+    double end = 0;
+    for (const Executor::Span &s : spans) {
+      nlohmann::json e = {{"ph", "X"}, {"pid", 0}, {"tid", s.stream},
+                          {"ts", offset_ + s.startUs}, {"dur", s.durationUs}};
+      nlohmann::json args = {{"step", step}};
+      if (s.instruction >= 0) {
+        const bundle::Instruction &inst = r.instructions(s.instruction);
+        std::string kernel = inst.placement() == bundle::KERNEL    ? inst.launch().kernel()
+                             : inst.placement() == bundle::LIBRARY ? "cuBLASLt"
+                             : inst.placement() == bundle::HOST    ? "host (CPU kernel)"
+                             : inst.placement() == bundle::DEVICE_COPY ? "memcpy"
+                                                                       : "cpu";
+        e["name"] = inst.op();
+        e["cat"] = kernel;
+        args["instruction"] = s.instruction;
+        args["node"] = inst.name();
+        args["op"] = inst.op();
+        args["kernel"] = kernel;
+        args["bytes"] = inst.bytes();
+        args["flops"] = inst.flops();
+        if (s.durationUs > 0) {
+          args["GB/s"] = static_cast<double>(inst.bytes()) / (s.durationUs * 1e3);
+          args["TFLOP/s"] = static_cast<double>(inst.flops()) / (s.durationUs * 1e6);
+        }
+      } else {
+        e["name"] = s.what;
+        e["cat"] = "transfer";
+      }
+      e["args"] = args;
+      events_.push_back(std::move(e));
+      end = std::max(end, s.startUs + s.durationUs);
+    }
+    offset_ += end + 10; // a visible gap between steps
+  }
+
+  Status write(const std::string &path) const {
+    nlohmann::json trace;
+    nlohmann::json events = events_;
+    const char *names[] = {"compute stream", "copy stream", "host"};
+    for (int tid = 0; tid < 3; ++tid)
+      events.push_back({{"ph", "M"}, {"pid", 0}, {"tid", tid}, {"name", "thread_name"},
+                        {"args", {{"name", names[tid]}}}});
+    events.push_back({{"ph", "M"}, {"pid", 0}, {"name", "process_name"},
+                      {"args", {{"name", "forge-train " + ex_.describe()}}}});
+    trace["traceEvents"] = events;
+    trace["displayTimeUnit"] = "ms";
+    std::string text = trace.dump();
+    return writeFileAtomically(path, {reinterpret_cast<const uint8_t *>(text.data()),
+                                      text.size()});
+  }
+
+  /// The instructions that took the most time over the profiled steps.
+  std::string top(int n) const {
+    std::map<std::string, std::pair<double, int>> byName;
+    double total = 0;
+    for (const nlohmann::json &e : events_) {
+      if (e["cat"] == "transfer")
+        continue;
+      std::string key = e["name"].get<std::string>() + " [" + e["cat"].get<std::string>() + "]";
+      byName[key].first += e["dur"].get<double>();
+      byName[key].second += 1;
+      total += e["dur"].get<double>();
+    }
+    std::vector<std::pair<double, std::string>> order;
+    for (const auto &[k, v] : byName)
+      order.push_back({v.first, k});
+    std::sort(order.rbegin(), order.rend());
+    std::string s;
+    for (int i = 0; i < n && i < static_cast<int>(order.size()); ++i)
+      s += fmt::format("\n  {:5.1f}%  {:10.1f} us  {} (x{})", 100.0 * order[i].first / total,
+                       order[i].first, order[i].second, byName[order[i].second].second);
+    return s;
+  }
+
+private:
+  const Executor &ex_;
+  std::vector<nlohmann::json> events_;
+  double offset_ = 0;
+};
+
+std::string bytesText(double b) {
+  if (b >= 1 << 30)
+    return fmt::format("{:.2f} GiB", b / (1 << 30));
+  return fmt::format("{:.0f} MiB", b / (1 << 20));
+}
+
 Expected<int> train(const Options &opts, Progress &progress) {
   auto loaded = Bundle::open(opts.bundlePath);
   if (!loaded)
@@ -325,6 +423,14 @@ Expected<int> train(const Options &opts, Progress &progress) {
       static_cast<double>(tokens ? tr.tokensPerStep() : tr.samplesPerStep());
   const char *unit = tokens ? "tok/s" : "samples/s";
 
+  // --profile: steps 3.. of this run (the first two warm up and capture the graph).
+  std::optional<TraceWriter> trace;
+  if (!opts.profilePath.empty())
+    trace.emplace(tr.executor());
+  int64_t profiled = 0;
+  const int64_t profileFrom = std::min<int64_t>(3, total - tr.stepsDone());
+  const Executor::DeviceInfo device = tr.executor().deviceInfo();
+
   auto saveCheckpoint = [&]() -> Status {
     auto path = ckpt->save(tr.executor(), tr.state());
     if (!path)
@@ -336,7 +442,10 @@ Expected<int> train(const Options &opts, Progress &progress) {
 
   while (tr.stepsDone() < total && !gInterrupted) {
     auto t0 = Clock::now();
-    auto r = tr.step();
+    std::vector<Executor::Span> spans;
+    const bool profileThis =
+        trace && ranSteps + 1 >= profileFrom && profiled < opts.profileSteps;
+    auto r = tr.step(profileThis ? &spans : nullptr);
     if (!r)
       return r.status().prefix(fmt::format("step {}", tr.stepsDone() + 1));
     double dt = secondsSince(t0);
@@ -346,6 +455,10 @@ Expected<int> train(const Options &opts, Progress &progress) {
     ++windowSteps;
     lastLoss = r->loss;
     const int64_t s = r->step;
+    if (profileThis) {
+      trace->addStep(*tr.executor().findRoutine("train_step"), s, spans);
+      ++profiled;
+    }
     const bool last = s == total;
 
     // The gradient outputs live in the arena: write them before eval runs.
@@ -390,9 +503,19 @@ Expected<int> train(const Options &opts, Progress &progress) {
                                      tr.epochsDone(), r->loss);
       if (r->lr)
         text += fmt::format(" | lr {:.3g}", *r->lr);
-      text += fmt::format(" | {} {} | ETA {}",
-                          rate(unitsPerStep * static_cast<double>(windowSteps) / windowSeconds),
-                          unit, duration(perStep * static_cast<double>(total - s)));
+      const double stepsPerSecond = static_cast<double>(windowSteps) / windowSeconds;
+      text += fmt::format(" | {} {}", rate(unitsPerStep * stepsPerSecond), unit);
+      if (tr.flopsPerStep() > 0) {
+        double flops = tr.flopsPerStep() * stepsPerSecond;
+        text += fmt::format(" | {:.2f} TFLOP/s", flops / 1e12);
+        if (device.peakFlops > 0)
+          text += fmt::format(" (MFU {:.1f}%)", 100.0 * flops / device.peakFlops);
+      }
+      if (device.memoryTotal > 0)
+        text += fmt::format(" | mem {} (plan {})",
+                            bytesText(static_cast<double>(tr.executor().deviceInfo().memoryUsed)),
+                            bytesText(static_cast<double>(device.planBytes)));
+      text += fmt::format(" | ETA {}", duration(perStep * static_cast<double>(total - s)));
       progress.draw(text);
       windowSeconds = 0;
       windowSteps = 0;
@@ -403,6 +526,11 @@ Expected<int> train(const Options &opts, Progress &progress) {
       FORGE_RETURN_IF_ERROR(saveCheckpoint());
   }
   progress.finish();
+  if (trace) {
+    FORGE_RETURN_IF_ERROR(trace->write(opts.profilePath).prefix("--profile"));
+    progress.message(fmt::format("wrote {} profiled step{} to {}; top instructions:{}", profiled,
+                                 profiled == 1 ? "" : "s", opts.profilePath, trace->top(8)));
+  }
 
   if (gInterrupted) {
     progress.message(fmt::format("interrupted after step {}", tr.stepsDone()));

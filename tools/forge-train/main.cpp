@@ -284,6 +284,15 @@ void addOptions(CLI::App &app, Options &opts) {
                  "present, else the CPU)")
       ->capture_default_str()
       ->group(loop);
+  app.add_option("--profile", opts.profilePath,
+                 "Write a Chrome-trace/Perfetto JSON of --profile-steps steps (every instruction "
+                 "timed on its stream, with op, kernel, bytes and FLOPs)")
+      ->group(loop);
+  app.add_option("--profile-steps", opts.profileSteps,
+                 "Steps timed by --profile (after two warm-up steps)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group(loop);
   app.add_flag("--no-cuda-graph", opts.noCudaGraph,
                "CUDA: launch every instruction each step instead of replaying a CUDA graph")
       ->group(loop);

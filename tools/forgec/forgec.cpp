@@ -42,6 +42,10 @@ static cl::opt<std::string> outputFile("o", cl::desc("Output file (default: <mod
                                        cl::value_desc("file"), cl::cat(forgecCategory));
 static cl::opt<std::string> target("target", cl::desc("Target device: cpu (default), cuda:sm_80, cuda:sm_89 or cuda:sm_90"),
                                    cl::init("cpu"), cl::cat(forgecCategory));
+static cl::opt<bool> tf32("tf32",
+                          cl::desc("CUDA: f32 matmuls on TF32 tensor cores (cuBLASLt "
+                                   "CUBLAS_COMPUTE_32F_FAST_TF32; ~1e-3 relative error)"),
+                          cl::init(false), cl::cat(forgecCategory));
 static cl::opt<bool> inferenceOnly("inference-only",
                                    cl::desc("Compile the forward graph only (no training step)"),
                                    cl::cat(forgecCategory));
@@ -285,6 +289,8 @@ int main(int argc, char **argv) {
   emitOptions.sourceHash = sourceHash;
   auto &build = emitOptions.buildOptions;
   build["mode"] = inferenceOnly ? "inference" : "training";
+  if (tf32)
+    build["tf32"] = "1";
   if (batch > 0)
     build["batch"] = std::to_string(batch);
   SmallString<256> absolute(inputFile.getValue());

@@ -185,6 +185,7 @@ void ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
     inst.mutable_launch()->set_kernel(launch->name);
     inst.mutable_launch()->set_grid(static_cast<uint32_t>(launch->grid));
     inst.mutable_launch()->set_block(static_cast<uint32_t>(launch->block));
+    inst.mutable_launch()->set_zero_outputs(launch->zeroOutputs);
   } else {
     inst.set_placement(pb::HOST);
     ++hostOps[op.getName().stripDialect().str()];
@@ -299,6 +300,11 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     std::string node = locName(op.getLoc());
     inst->set_name(node);
     place(op, *inst);
+    if (auto iface = dyn_cast<ForgeOpInterface>(op)) {
+      OpCost cost = iface.getCost();
+      inst->set_flops(static_cast<uint64_t>(std::max<int64_t>(cost.flops, 0)));
+      inst->set_bytes(static_cast<uint64_t>(std::max<int64_t>(cost.bytes, 0)));
+    }
     for (Value v : op.getOperands()) {
       auto it = tensorOf.find(v);
       if (it == tensorOf.end())

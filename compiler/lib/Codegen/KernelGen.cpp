@@ -52,6 +52,7 @@
 #include "llvm/Support/Program.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <array>
 #include <functional>
 
 using namespace mlir;
@@ -546,7 +547,37 @@ struct KernelGenerator::Impl {
                                         SmallVector<OperandMap> maps);
   std::optional<KernelLaunch> reduceKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> rowKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> layerNormKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> layerNormGradKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> gatherKernel(Operation *op, StringRef name, bool grad);
+  std::optional<KernelLaunch> nllLossKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> nllLossGradKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> argmaxKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> concatKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> splitKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> generate(Operation *op, StringRef name);
+
+  /// Memref types of `op`'s present operands then results (flat, storage types).
+  SmallVector<Type> flatArgs(Operation *op) {
+    SmallVector<Type> args;
+    for (Value v : op->getOperands())
+      args.push_back(flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements()));
+    for (Value v : op->getResults())
+      args.push_back(flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements()));
+    return args;
+  }
+  /// A one-dimensional grid-stride kernel over `work` items.
+  KernelLaunch elementKernel(StringRef name, ArrayRef<Type> args, int64_t work, Location loc,
+                             function_ref<void(KB &, gpu::GPUFuncOp, Value)> body) {
+    int64_t block = chooseBlockSize(target, work);
+    int64_t grid = std::max<int64_t>(1, std::min(kMaxGrid, (work + block - 1) / block));
+    OpBuilder b(context);
+    auto fn = newKernel(b, name, args, block);
+    KB k{b, loc};
+    k.gridStride(work, [&](Value i) { body(k, fn, i); });
+    b.create<gpu::ReturnOp>(loc);
+    return KernelLaunch{name.str(), grid, block};
+  }
 };
 
 std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, StringRef name,
@@ -882,6 +913,392 @@ std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, Stri
   return KernelLaunch{name.str(), rows, block};
 }
 
+namespace {
+/// [P, A, Q] around `axis` of `shape`.
+std::array<int64_t, 3> aroundAxis(ArrayRef<int64_t> shape, int64_t axis) {
+  int64_t p = 1, q = 1;
+  for (int64_t d = 0; d < axis; ++d)
+    p *= shape[d];
+  for (int64_t d = axis + 1; d < static_cast<int64_t>(shape.size()); ++d)
+    q *= shape[d];
+  return {p, shape[axis], q};
+}
+
+int64_t normalizedAxis(Operation *op, int64_t rank) {
+  int64_t axis = op->getAttrOfType<IntegerAttr>("axis").getInt();
+  return axis < 0 ? axis + rank : axis;
+}
+
+/// An index operand value as `index`, negative values counted from `size`,
+/// then clamped into [0, size) (a kernel cannot report an out-of-range index;
+/// the CPU kernels do).
+Value loadIndex(KB &k, Value memref, Value at, int64_t size) {
+  Value raw = k.b.create<memref::LoadOp>(k.loc, memref, at);
+  Value i = k.b.create<arith::IndexCastOp>(k.loc, k.b.getIndexType(), raw);
+  Value neg = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, i, k.idx(0));
+  i = k.b.create<arith::SelectOp>(k.loc, neg, k.add(i, k.idx(size)), i);
+  i = k.b.create<arith::MaxSIOp>(k.loc, i, k.idx(0));
+  return k.b.create<arith::MinSIOp>(k.loc, i, k.idx(size - 1));
+}
+} // namespace
+
+std::optional<KernelLaunch> KernelGenerator::Impl::gatherKernel(Operation *op, StringRef name,
+                                                                bool grad) {
+  auto src = tensorType(op->getOperand(0)), out = tensorType(op->getResult(0));
+  auto indices = tensorType(op->getOperand(1));
+  ArrayRef<int64_t> dataShape = grad ? out.getShape() : src.getShape();
+  int64_t axis = normalizedAxis(op, static_cast<int64_t>(dataShape.size()));
+  if (axis < 0 || axis >= static_cast<int64_t>(dataShape.size()))
+    return std::nullopt;
+  auto [p, a, q] = aroundAxis(dataShape, axis);
+  int64_t ni = indices.getNumElements();
+  if (a == 0 || ni == 0 || q == 0 || p == 0)
+    return std::nullopt;
+  if (grad && !out.getElementType().isF32())
+    return std::nullopt; // atomic f32 adds only
+  // Iterate over the gathered elements (p, j, q): the output of gather, the
+  // incoming gradient of gather_grad (scatter-added into zeros).
+  KernelLaunch l = elementKernel(
+      name, flatArgs(op), p * ni * q, op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+        Value qi = k.rem(i, q), r = k.div(i, q);
+        Value j = k.rem(r, ni), pi = k.div(r, ni);
+        Value t = loadIndex(k, fn.getArgument(1), j, a);
+        Value at = k.add(k.mul(k.add(k.mul(pi, k.idx(a)), t), k.idx(q)), qi);
+        if (grad) {
+          Value g = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
+          k.b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g, fn.getArgument(2),
+                                          ValueRange{at});
+        } else {
+          Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), at);
+          k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
+        }
+      });
+  l.zeroOutputs = grad;
+  return l;
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  auto reduction = op->getAttrOfType<StringAttr>("reduction");
+  if (op->getNumOperands() != 2 || in.getRank() != 2 || !in.getElementType().isF32() ||
+      !reduction || (reduction.getValue() != "mean" && reduction.getValue() != "sum"))
+    return std::nullopt; // weights, extra dims and reduction none run on the host
+  int64_t n = in.getDimSize(0), c = in.getDimSize(1);
+  auto ignore = op->getAttrOfType<IntegerAttr>("ignore_index");
+  bool mean = reduction.getValue() == "mean";
+  Type f32 = Float32Type::get(context);
+  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
+                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  int64_t block = chooseBlockSize(target, n, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  KB k{b, op->getLoc()};
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value zero = k.fconst(f32, 0.0), one = k.fconst(f32, 1.0);
+  auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
+  Type pairType = f32;
+  (void)pairType;
+  // Per thread: (sum of -x[n, t[n]], count of counted targets); then block sums.
+  auto loop = b.create<scf::ForOp>(
+      k.loc, k.tid(), k.idx(n), k.idx(block), ValueRange{zero, zero},
+      [&](OpBuilder &nb, Location l, Value row, ValueRange acc) {
+        OpBuilder::InsertionGuard g(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        Value raw = b.create<memref::LoadOp>(l, fn.getArgument(1), row);
+        Value t = b.create<arith::IndexCastOp>(l, b.getIndexType(), raw);
+        Value counted = b.create<arith::ConstantIntOp>(l, 1, 1);
+        if (ignore)
+          counted = b.create<arith::CmpIOp>(
+              l, arith::CmpIPredicate::ne, raw,
+              b.create<arith::ConstantIntOp>(l, ignore.getInt(), raw.getType()));
+        Value tc = b.create<arith::MinSIOp>(l, b.create<arith::MaxSIOp>(l, t, k.idx(0)),
+                                            k.idx(c - 1));
+        Value x = b.create<memref::LoadOp>(l, fn.getArgument(0), k.add(k.mul(row, k.idx(c)), tc));
+        Value term = b.create<arith::SelectOp>(l, counted, b.create<arith::NegFOp>(l, x), zero);
+        Value cnt = b.create<arith::SelectOp>(l, counted, one, zero);
+        b.create<scf::YieldOp>(l, ValueRange{addf(acc[0], term), addf(acc[1], cnt)});
+      });
+  Value sum = k.blockReduce(loop.getResult(0), block / kWarp, sh, zero, addf);
+  Value count = k.blockReduce(loop.getResult(1), block / kWarp, sh, zero, addf);
+  k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
+    Value v = mean ? Value(b.create<arith::DivFOp>(k.loc, sum, count)) : sum;
+    b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), k.idx(0));
+  });
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), 1, block};
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradKernel(Operation *op,
+                                                                     StringRef name) {
+  auto out = tensorType(op->getResult(0));
+  auto reduction = op->getAttrOfType<StringAttr>("reduction");
+  // The mean's denominator is the batch size only without weights and ignore_index.
+  if (op->getNumOperands() != 2 || out.getRank() != 2 || !out.getElementType().isF32() ||
+      op->hasAttr("ignore_index") || !reduction ||
+      (reduction.getValue() != "mean" && reduction.getValue() != "sum") ||
+      tensorType(op->getOperand(0)).getNumElements() != 1)
+    return std::nullopt;
+  int64_t n = out.getDimSize(0), c = out.getDimSize(1);
+  double scale = reduction.getValue() == "mean" ? -1.0 / static_cast<double>(n) : -1.0;
+  return elementKernel(name, flatArgs(op), n * c, op->getLoc(),
+                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                         Value row = k.div(i, c), col = k.rem(i, c);
+                         Value raw = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(1), row);
+                         Value t = k.b.create<arith::IndexCastOp>(k.loc, k.b.getIndexType(), raw);
+                         Value hit = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq,
+                                                               t, col);
+                         Value dy = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.idx(0));
+                         Type f32 = k.b.getF32Type();
+                         Value g = k.b.create<arith::MulFOp>(k.loc, dy, k.fconst(f32, scale));
+                         Value v = k.b.create<arith::SelectOp>(k.loc, hit, g, k.fconst(f32, 0.0));
+                         k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
+                       });
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::argmaxKernel(Operation *op, StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  Type elem = in.getElementType();
+  if (in.getRank() == 0 || !(elem.isF32() || elem.isF16() || elem.isBF16()))
+    return std::nullopt;
+  int64_t axis = normalizedAxis(op, in.getRank());
+  auto [p, d, q] = aroundAxis(in.getShape(), axis);
+  bool last = op->getAttrOfType<BoolAttr>("select_last_index").getValue();
+  // One thread per output; the first NaN wins (as the CPU kernel and NumPy).
+  return elementKernel(
+      name, flatArgs(op), p * q, op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value o) {
+        OpBuilder &b = k.b;
+        Value base = k.add(k.mul(k.div(o, q), k.idx(d * q)), k.rem(o, q));
+        Value first = k.load(fn.getArgument(0), base, elem);
+        auto loop = b.create<scf::ForOp>(
+            k.loc, k.idx(1), k.idx(d), k.idx(1), ValueRange{first, k.idx(0)},
+            [&](OpBuilder &nb, Location l, Value j, ValueRange acc) {
+              OpBuilder::InsertionGuard g(b);
+              b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+              Value v = k.load(fn.getArgument(0), k.add(base, k.mul(j, k.idx(q))), elem);
+              Value better = b.create<arith::CmpFOp>(
+                  l, last ? arith::CmpFPredicate::OGE : arith::CmpFPredicate::OGT, v, acc[0]);
+              Value vnan = b.create<arith::CmpFOp>(l, arith::CmpFPredicate::UNO, v, v);
+              Value bestNan = b.create<arith::CmpFOp>(l, arith::CmpFPredicate::UNO, acc[0], acc[0]);
+              Value take = b.create<arith::OrIOp>(l, better, vnan);
+              take = b.create<arith::AndIOp>(
+                  l, take, b.create<arith::XOrIOp>(l, bestNan, b.create<arith::ConstantIntOp>(l, 1, 1)));
+              b.create<scf::YieldOp>(l, ValueRange{b.create<arith::SelectOp>(l, take, v, acc[0]),
+                                                   b.create<arith::SelectOp>(l, take, j, acc[1])});
+            });
+        Value idx = b.create<arith::IndexCastOp>(k.loc, b.getI64Type(), loop.getResult(1));
+        b.create<memref::StoreOp>(k.loc, idx, fn.getArgument(1), o);
+      });
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op,
+                                                                   StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  Type elem = in.getElementType();
+  int64_t axis = normalizedAxis(op, in.getRank());
+  if (!(elem.isF32() || elem.isF16() || elem.isBF16()) || axis < 0 || axis >= in.getRank())
+    return std::nullopt;
+  int64_t cols = 1;
+  for (int64_t d = axis; d < in.getRank(); ++d)
+    cols *= in.getDimSize(d);
+  int64_t rows = cols ? in.getNumElements() / cols : 0;
+  for (unsigned i = 1; i < op->getNumOperands(); ++i)
+    if (tensorType(op->getOperand(i)).getNumElements() != cols ||
+        tensorType(op->getOperand(i)).getElementType() != elem)
+      return std::nullopt;
+  if (rows == 0)
+    return std::nullopt;
+  double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
+  bool hasBias = op->getNumOperands() == 3;
+  Type f32 = Float32Type::get(context);
+  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
+                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  KB k{b, op->getLoc()};
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value out = fn.getArgument(op->getNumOperands());
+  Value base = k.mul(k.bid(), k.idx(cols));
+  auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
+  auto subf = [&](Value x, Value y) -> Value { return b.create<arith::SubFOp>(k.loc, x, y); };
+  auto mulf = [&](Value x, Value y) -> Value { return b.create<arith::MulFOp>(k.loc, x, y); };
+  Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
+  auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
+  auto rowSum = [&](function_ref<Value(Value)> term) {
+    Value acc = k.loopAcc(k.tid(), cols, k.idx(block), zero,
+                          [&](Value c, Value a) { return addf(a, term(c)); });
+    return k.blockReduce(acc, block / kWarp, sh, zero, addf);
+  };
+  // Two passes (mean, then the centered variance), as the CPU kernel.
+  Value mean = mulf(rowSum(x), invCols);
+  Value var = mulf(rowSum([&](Value c) { Value d = subf(x(c), mean); return mulf(d, d); }), invCols);
+  Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+  b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
+                       [&](OpBuilder &nb, Location l, Value c, ValueRange) {
+                         OpBuilder::InsertionGuard g(b);
+                         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                         Value y = mulf(mulf(subf(x(c), mean), rstd),
+                                        k.load(fn.getArgument(1), c, elem));
+                         if (hasBias)
+                           y = addf(y, k.load(fn.getArgument(2), c, elem));
+                         k.store(y, out, k.add(base, c), elem);
+                         b.create<scf::YieldOp>(l);
+                       });
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), rows, block};
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation *op,
+                                                                       StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  Type elem = in.getElementType();
+  int64_t axis = normalizedAxis(op, in.getRank());
+  if (!elem.isF32() || axis < 0 || axis >= in.getRank())
+    return std::nullopt; // dscale/dbias accumulate with f32 atomics
+  int64_t cols = 1;
+  for (int64_t d = axis; d < in.getRank(); ++d)
+    cols *= in.getDimSize(d);
+  int64_t rows = cols ? in.getNumElements() / cols : 0;
+  if (rows == 0 || tensorType(op->getOperand(1)).getNumElements() != cols)
+    return std::nullopt;
+  bool wantDx = op->getAttrOfType<BoolAttr>("input_grad").getValue();
+  bool wantScale = op->getAttrOfType<BoolAttr>("scale_grad").getValue();
+  bool wantBias = op->getAttrOfType<BoolAttr>("bias_grad").getValue();
+  double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
+  Type f32 = Float32Type::get(context);
+  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
+                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  KB k{b, op->getLoc()};
+  Value sh = fn.getWorkgroupAttributions()[0];
+  unsigned next = 3;
+  Value dx = wantDx ? fn.getArgument(next++) : Value();
+  Value dscale = wantScale ? fn.getArgument(next++) : Value();
+  Value dbias = wantBias ? fn.getArgument(next++) : Value();
+  Value base = k.mul(k.bid(), k.idx(cols));
+  auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
+  auto subf = [&](Value x, Value y) -> Value { return b.create<arith::SubFOp>(k.loc, x, y); };
+  auto mulf = [&](Value x, Value y) -> Value { return b.create<arith::MulFOp>(k.loc, x, y); };
+  Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
+  auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
+  auto w = [&](Value c) { return k.load(fn.getArgument(1), c, elem); };
+  auto dy = [&](Value c) { return k.load(fn.getArgument(2), k.add(base, c), elem); };
+  auto rowSum = [&](function_ref<Value(Value)> term) {
+    Value acc = k.loopAcc(k.tid(), cols, k.idx(block), zero,
+                          [&](Value c, Value a) { return addf(a, term(c)); });
+    return k.blockReduce(acc, block / kWarp, sh, zero, addf);
+  };
+  Value mean = mulf(rowSum(x), invCols);
+  Value var = mulf(rowSum([&](Value c) { Value d = subf(x(c), mean); return mulf(d, d); }), invCols);
+  Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+  auto xhat = [&](Value c) { return mulf(subf(x(c), mean), rstd); };
+  Value m1, m2;
+  if (wantDx) {
+    m1 = mulf(rowSum([&](Value c) { return mulf(dy(c), w(c)); }), invCols);
+    m2 = mulf(rowSum([&](Value c) { return mulf(mulf(dy(c), w(c)), xhat(c)); }), invCols);
+  }
+  b.create<scf::ForOp>(
+      k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
+      [&](OpBuilder &nb, Location l, Value c, ValueRange) {
+        OpBuilder::InsertionGuard g(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        Value g0 = dy(c), xh = xhat(c);
+        if (wantDx)
+          k.store(mulf(rstd, subf(subf(mulf(g0, w(c)), m1), mulf(xh, m2))), dx, k.add(base, c),
+                  elem);
+        if (wantScale)
+          b.create<memref::AtomicRMWOp>(l, arith::AtomicRMWKind::addf, mulf(g0, xh), dscale,
+                                        ValueRange{c});
+        if (wantBias)
+          b.create<memref::AtomicRMWOp>(l, arith::AtomicRMWKind::addf, g0, dbias, ValueRange{c});
+        b.create<scf::YieldOp>(l);
+      });
+  b.create<gpu::ReturnOp>(k.loc);
+  KernelLaunch launch{name.str(), rows, block};
+  launch.zeroOutputs = wantScale || wantBias; // dx is fully written, zeroing it is harmless
+  return launch;
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, StringRef name) {
+  auto out = tensorType(op->getResult(0));
+  int64_t axis = normalizedAxis(op, out.getRank());
+  auto [p, total, q] = aroundAxis(out.getShape(), axis);
+  SmallVector<int64_t> sizes, offsets;
+  int64_t at = 0;
+  for (Value v : op->getOperands()) {
+    sizes.push_back(tensorType(v).getDimSize(axis));
+    offsets.push_back(at);
+    at += sizes.back();
+  }
+  if (out.getNumElements() == 0 || llvm::is_contained(sizes, 0))
+    return std::nullopt;
+  unsigned n = op->getNumOperands();
+  // Every input is read at a clamped (in-bounds) position; the one whose range
+  // holds the output's axis coordinate is selected.
+  return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
+                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                         Value qi = k.rem(i, q), r = k.div(i, q);
+                         Value a = k.rem(r, total), pi = k.div(r, total);
+                         Value result;
+                         for (unsigned j = 0; j < n; ++j) {
+                           Value local = k.b.create<arith::SubIOp>(k.loc, a, k.idx(offsets[j]));
+                           Value clamped = k.b.create<arith::MinSIOp>(
+                               k.loc, k.b.create<arith::MaxSIOp>(k.loc, local, k.idx(0)),
+                               k.idx(sizes[j] - 1));
+                           Value src = k.add(k.mul(k.add(k.mul(pi, k.idx(sizes[j])), clamped),
+                                                   k.idx(q)),
+                                             qi);
+                           Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(j), src);
+                           if (!result) {
+                             result = v;
+                             continue;
+                           }
+                           Value inside = k.b.create<arith::CmpIOp>(
+                               k.loc, arith::CmpIPredicate::sge, a, k.idx(offsets[j]));
+                           result = k.b.create<arith::SelectOp>(k.loc, inside, v, result);
+                         }
+                         k.b.create<memref::StoreOp>(k.loc, result, fn.getArgument(n), i);
+                       });
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::splitKernel(Operation *op, StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  int64_t axis = normalizedAxis(op, in.getRank());
+  auto [p, total, q] = aroundAxis(in.getShape(), axis);
+  SmallVector<int64_t> sizes, offsets;
+  int64_t at = 0;
+  for (Value v : op->getResults()) {
+    sizes.push_back(tensorType(v).getDimSize(axis));
+    offsets.push_back(at);
+    at += sizes.back();
+  }
+  if (in.getNumElements() == 0 || at != total)
+    return std::nullopt;
+  // One pass over the input; each element is stored into the output whose
+  // range holds its axis coordinate.
+  return elementKernel(name, flatArgs(op), in.getNumElements(), op->getLoc(),
+                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                         Value qi = k.rem(i, q), r = k.div(i, q);
+                         Value a = k.rem(r, total), pi = k.div(r, total);
+                         Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
+                         for (unsigned j = 0; j < sizes.size(); ++j) {
+                           if (sizes[j] == 0)
+                             continue;
+                           Value lo = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge,
+                                                                a, k.idx(offsets[j]));
+                           Value hi = k.ult(a, k.idx(offsets[j] + sizes[j]));
+                           k.ifThen(k.b.create<arith::AndIOp>(k.loc, lo, hi), [&] {
+                             Value local = k.b.create<arith::SubIOp>(k.loc, a, k.idx(offsets[j]));
+                             Value dst = k.add(
+                                 k.mul(k.add(k.mul(pi, k.idx(sizes[j])), local), k.idx(q)), qi);
+                             k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1 + j), dst);
+                           });
+                         }
+                       });
+}
+
 std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, StringRef name) {
   for (Value v : op->getOperands())
     if (!tensorType(v) || !tensorType(v).hasStaticShape() ||
@@ -891,10 +1308,26 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     if (!tensorType(v) || !tensorType(v).hasStaticShape() ||
         !supportedElement(tensorType(v).getElementType()))
       return std::nullopt;
+  StringRef opName = op->getName().stripDialect();
+  if (opName == "split")
+    return splitKernel(op, name);
+  if (opName == "layer_norm_grad")
+    return layerNormGradKernel(op, name);
   if (op->getNumResults() != 1)
     return std::nullopt;
-  StringRef opName = op->getName().stripDialect();
   auto outShape = tensorType(op->getResult(0)).getShape();
+  if (opName == "gather" || opName == "gather_grad")
+    return gatherKernel(op, name, opName == "gather_grad");
+  if (opName == "nll_loss")
+    return nllLossKernel(op, name);
+  if (opName == "nll_loss_grad")
+    return nllLossGradKernel(op, name);
+  if (opName == "argmax")
+    return argmaxKernel(op, name);
+  if (opName == "layer_norm")
+    return layerNormKernel(op, name);
+  if (opName == "concat")
+    return concatKernel(op, name);
 
   if (reduceKind(opName))
     return reduceKernel(op, name);

@@ -5,6 +5,8 @@
 #include <map>
 #include <mutex>
 
+#include <nvtx3/nvToolsExt.h>
+
 #include "cuda/CudaApi.h"
 #include "cuda/Matmul.h"
 #include "forge/runtime/Kernels.h"
@@ -84,6 +86,7 @@ struct Step {
   unsigned grid = 1, block = 1;
   std::vector<CUdeviceptr> args;
   std::vector<void *> params;
+  std::vector<std::pair<void *, size_t>> zero; // outputs cleared before the launch
   // Library
   std::unique_ptr<MatmulPlan> matmul;
   const void *lhs = nullptr, *rhs = nullptr, *c = nullptr;
@@ -109,6 +112,7 @@ struct RoutineState {
   std::vector<Transfer> inputs, outputs;
   bool warmedUp = false;
   cudaGraphExec_t graph = nullptr;
+  std::vector<cudaEvent_t> profileEvents; // created by the first runProfiled()
 };
 
 } // namespace
@@ -137,9 +141,12 @@ struct CudaExecutor::Impl {
   std::string graphWarning;
 
   ~Impl() {
-    for (RoutineState &r : routines)
+    for (RoutineState &r : routines) {
       if (r.graph)
         cudaGraphExecDestroy(r.graph);
+      for (cudaEvent_t e : r.profileEvents)
+        cudaEventDestroy(e);
+    }
     routines.clear(); // plans before the handle
     if (module && driver)
       driver->cuModuleUnload(module);
@@ -172,6 +179,8 @@ struct CudaExecutor::Impl {
   Status launch(Step &s) {
     switch (s.kind) {
     case Step::Kernel: {
+      for (const auto &[ptr, bytes] : s.zero)
+        CUDA_TRY(cudaMemsetAsync(ptr, 0, bytes, compute), "zeroing a kernel's output");
       CUresult r = driver->cuLaunchKernel(s.function, s.grid, 1, 1, s.block, 1, 1, 0, compute,
                                           s.params.data(), nullptr);
       if (r != CUDA_SUCCESS)
@@ -452,8 +461,11 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         for (int32_t t : inst.inputs())
           if (t >= 0)
             s.args.push_back(reinterpret_cast<CUdeviceptr>(im.devicePtr[t]));
-        for (int32_t t : inst.outputs())
+        for (int32_t t : inst.outputs()) {
           s.args.push_back(reinterpret_cast<CUdeviceptr>(im.devicePtr[t]));
+          if (inst.launch().zero_outputs())
+            s.zero.push_back({im.devicePtr[t], byteSize(p.tensors(t))});
+        }
         for (CUdeviceptr &a : s.args)
           s.params.push_back(&a);
         break;
@@ -568,6 +580,10 @@ Status CudaExecutor::run(int routine) {
   const bundle::Routine &proto = *routines_[routine];
   RoutineState &r = im.routines[routine];
   im.lastRoutine = routine;
+  nvtxRangePushA(proto.name().c_str()); // the host side of the step (Nsight Systems)
+  struct PopRange {
+    ~PopRange() { nvtxRangePop(); }
+  } pop;
   if (r.graph) {
     CUDA_TRY(cudaGraphLaunch(r.graph, im.compute), "{}: replaying routine '{}'",
              bundle_.origin(), proto.name());
@@ -603,6 +619,91 @@ Status CudaExecutor::run(int routine) {
 }
 
 Status CudaExecutor::wait() { return impl_->finish(bundle_.origin()); }
+
+Executor::DeviceInfo CudaExecutor::deviceInfo() const {
+  const Impl &im = *impl_;
+  DeviceInfo info;
+  info.planBytes = im.deviceBytes;
+  size_t freeBytes = 0, totalBytes = 0;
+  if (cudaMemGetInfo(&freeBytes, &totalBytes) == cudaSuccess) {
+    info.memoryUsed = totalBytes - freeBytes;
+    info.memoryTotal = totalBytes;
+  }
+  // Peak of the bundle's math: FP32 FMA units x 2 x clock; TF32 tensor cores
+  // (build option tf32) run 8x that on sm_80/sm_90 and 2x on sm_89.
+  int clockKHz = 0;
+  cudaDeviceGetAttribute(&clockKHz, cudaDevAttrClockRate, im.options.device);
+  int cc = im.props.major * 10 + im.props.minor;
+  int fp32PerSM = cc == 80 ? 64 : 128;
+  double fp32 = 2.0 * fp32PerSM * im.props.multiProcessorCount * clockKHz * 1e3;
+  auto opt = bundle_.program().build_options().find("tf32");
+  bool tf32 = opt != bundle_.program().build_options().end() && opt->second == "1";
+  info.peakFlops = tf32 ? fp32 * (cc == 89 ? 2 : 8) : fp32;
+  return info;
+}
+
+Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
+  if (routine < 0 || routine >= numRoutines())
+    return Status::error("{}: no routine #{}", bundle_.origin(), routine);
+  Impl &im = *impl_;
+  if (im.lastRoutine >= 0)
+    FORGE_RETURN_IF_ERROR(im.finish(bundle_.origin()));
+  const bundle::Routine &proto = *routines_[routine];
+  RoutineState &r = im.routines[routine];
+  im.lastRoutine = routine;
+  const size_t n = r.steps.size();
+  if (r.profileEvents.empty()) {
+    r.profileEvents.resize(2 * n + 4, nullptr);
+    for (cudaEvent_t &e : r.profileEvents)
+      CUDA_TRY(cudaEventCreate(&e), "profiling events");
+  }
+  auto ev = [&](size_t i) { return r.profileEvents[i]; };
+  // Events: 0/1 inputs (copy stream), 2+2i / 3+2i instruction i, 2n+2 / 2n+3 outputs.
+  CUDA_TRY(cudaEventRecord(im.startEvent, im.compute), "event record");
+  CUDA_TRY(cudaStreamWaitEvent(im.copy, im.startEvent, 0), "stream wait");
+  CUDA_TRY(cudaEventRecord(ev(0), im.copy), "event record");
+  for (const Transfer &t : r.inputs)
+    if (t.bytes)
+      CUDA_TRY(cudaMemcpyAsync(t.device, t.host, t.bytes, cudaMemcpyHostToDevice, im.copy),
+               "input upload");
+  CUDA_TRY(cudaEventRecord(ev(1), im.copy), "event record");
+  CUDA_TRY(cudaStreamWaitEvent(im.compute, ev(1), 0), "stream wait");
+  for (size_t i = 0; i < n; ++i) {
+    Step &s = r.steps[i];
+    std::string label = fmt::format("#{} {} {}", s.index, s.inst->op(), s.inst->name());
+    nvtxRangePushA(label.c_str());
+    CUDA_TRY(cudaEventRecord(ev(2 + 2 * i), im.compute), "event record");
+    Status st = im.launch(s);
+    CUDA_TRY(cudaEventRecord(ev(3 + 2 * i), im.compute), "event record");
+    nvtxRangePop();
+    if (!st.isOk())
+      return st.prefix(im.stepLabel(bundle_.origin(), proto, s));
+  }
+  CUDA_TRY(cudaEventRecord(im.computeEvent, im.compute), "event record");
+  CUDA_TRY(cudaStreamWaitEvent(im.copy, im.computeEvent, 0), "stream wait");
+  CUDA_TRY(cudaEventRecord(ev(2 * n + 2), im.copy), "event record");
+  for (const Transfer &t : r.outputs)
+    if (t.bytes)
+      CUDA_TRY(cudaMemcpyAsync(t.host, t.device, t.bytes, cudaMemcpyDeviceToHost, im.copy),
+               "output download");
+  CUDA_TRY(cudaEventRecord(ev(2 * n + 3), im.copy), "event record");
+  CUDA_TRY(cudaEventRecord(im.outputsEvent, im.copy), "event record");
+  CUDA_TRY(cudaStreamWaitEvent(im.compute, im.outputsEvent, 0), "stream wait");
+  FORGE_RETURN_IF_ERROR(im.finish(bundle_.origin()));
+
+  std::vector<Span> spans;
+  auto at = [&](size_t i) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, ev(0), ev(i));
+    return 1000.0 * ms;
+  };
+  spans.push_back({-1, 1, "inputs in", 0, at(1)});
+  for (size_t i = 0; i < n; ++i)
+    spans.push_back({r.steps[i].index, r.steps[i].kind == Step::Host ? 2 : 0, "",
+                     at(2 + 2 * i), at(3 + 2 * i) - at(2 + 2 * i)});
+  spans.push_back({-1, 1, "outputs out", at(2 * n + 2), at(2 * n + 3) - at(2 * n + 2)});
+  return spans;
+}
 
 TensorView CudaExecutor::view(int32_t index) const {
   const bundle::Program &p = bundle_.program();

@@ -45,6 +45,8 @@ public:
   Status run(int routine) override;
   Status wait() override;
   TensorView view(int32_t index) const override;
+  DeviceInfo deviceInfo() const override;
+  Expected<std::vector<Span>> runProfiled(int routine) override;
 
   struct Impl;
 

@@ -55,6 +55,7 @@ bool isCopyOp(llvm::StringRef mnemonic);
 struct KernelLaunch {
   std::string name;
   int64_t grid = 1, block = 1;
+  bool zeroOutputs = false; // accumulates into its outputs with atomics
 };
 
 class KernelGenerator {

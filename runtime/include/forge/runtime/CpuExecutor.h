@@ -33,8 +33,11 @@ public:
   using Executor::run;
   Status run(int routine) override;
   TensorView view(int32_t index) const override;
+  DeviceInfo deviceInfo() const override;
+  Expected<std::vector<Span>> runProfiled(int routine) override;
 
 private:
+  Status runInstructions(int routine, std::vector<Span> *spans);
   CpuExecutor(const Bundle &bundle, CpuExecutorOptions options);
   Status writePersistent(int32_t index, std::span<const uint8_t> bytes) override;
 

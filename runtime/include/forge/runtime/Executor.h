@@ -59,6 +59,25 @@ public:
   /// Host view of tensor `index` (an empty view when out of range).
   virtual TensorView view(int32_t index) const = 0;
 
+  // --- profiling ----------------------------------------------------------------
+  struct DeviceInfo {
+    double peakFlops = 0;            // per second, for the bundle's math (0: unknown)
+    uint64_t memoryUsed = 0;         // on the device now (0: unknown)
+    uint64_t memoryTotal = 0;
+    uint64_t planBytes = 0;          // what this executor allocated for the bundle
+  };
+  virtual DeviceInfo deviceInfo() const = 0;
+  /// One timed span of a profiled run (microseconds from the run's start).
+  struct Span {
+    int instruction = -1; // -1: a transfer (inputs in, outputs out)
+    int stream = 0;       // 0 compute, 1 copy, 2 host
+    std::string what;     // for transfers
+    double startUs = 0, durationUs = 0;
+  };
+  /// Runs `routine` once, timing every instruction (CUDA: events around each
+  /// launch, no graph), and returns the spans in start order.
+  virtual Expected<std::vector<Span>> runProfiled(int routine) = 0;
+
   // --- persistent tensors (checkpoints, export) ------------------------------
   /// Every PARAMETER and STATE tensor, in tensor-table order.
   const std::vector<int32_t> &persistentTensors() const { return persistent_; }

@@ -59,8 +59,11 @@ public:
                                                    std::unique_ptr<DataSource> eval,
                                                    TrainerOptions options = {});
 
-  /// Runs one optimizer step on the next K*B samples.
-  Expected<StepResult> step();
+  /// Runs one optimizer step on the next K*B samples. With `profile`, the step
+  /// is timed instruction by instruction (Executor::runProfiled) into it.
+  Expected<StepResult> step(std::vector<Executor::Span> *profile = nullptr);
+  /// FLOPs of one train_step by the compiler's cost model (0 if unknown).
+  double flopsPerStep() const { return flopsPerStep_; }
   /// Mean loss (and accuracy) over every full batch of the eval data.
   Expected<EvalResult> evaluate();
   bool hasEval() const { return evalData_ != nullptr; }
@@ -114,6 +117,7 @@ private:
   int32_t stepInput_ = -1;
   int64_t batch_ = 0, micro_ = 1, evalBatch_ = 0, step_ = 0, tokensPerStep_ = 0;
   int64_t evalLabelElements_ = 0;
+  double flopsPerStep_ = 0;
   std::vector<std::vector<void *>> microOuts_; // [k][field] -> input buffer
   std::vector<void *> evalOuts_;
   std::vector<int64_t> evalIndices_;

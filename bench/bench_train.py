@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Training-step benchmark: Forge vs PyTorch eager vs torch.compile on one GPU, one run.
+
+For each model: the PyTorch module (seeded) is exported to ONNX with its initial weights,
+compiled by forgec for cuda:sm_90, and trained from the same weights on the same batches with
+the same optimizer (AdamW, lr 1e-3, weight decay 0.01) by forge-train and by PyTorch (eager and
+torch.compile), fp32 with TF32 off (--tf32: on for both). Reported: the median step time over
+--steps steps after --warmup steps, samples/s, and the first --check losses of Forge against
+eager PyTorch (relative error).
+
+forgec needs MLIR, which the GPU machines lack, so the stages can run on different machines:
+  bench_train.py export  --dir D [--models mlp]      # PyTorch: model.onnx, data.npz, torch init
+  bench_train.py compile --dir D --forgec F          # Forge: D/<model>/model.forge
+  bench_train.py run     --dir D --forge-train F     # GPU: times all three, writes D/results.json
+`all` runs the three in order (a machine with PyTorch, forgec and a GPU).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+MODELS = {
+    # name: (batch, input shape without batch, classes)
+    "mlp": (256, (784,), 10),
+}
+LR, WD, BETAS, EPS = 1e-3, 0.01, (0.9, 0.999), 1e-8
+
+
+def build(name):
+    import torch
+    torch.manual_seed(0)
+    if name == "mlp":  # MLP 784-1024-1024-10
+        return torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(),
+                                   torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                   torch.nn.Linear(1024, 10))
+    raise ValueError(name)
+
+
+def export(a):
+    import torch
+    for name in a.models:
+        batch, shape, classes = MODELS[name]
+        d = os.path.join(a.dir, name)
+        os.makedirs(d, exist_ok=True)
+        model = build(name).eval()
+        x = torch.randn(batch, *shape)
+        torch.onnx.export(model, (x,), os.path.join(d, "model.onnx"), input_names=["x"],
+                          output_names=["logits"], dynamo=False,
+                          dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
+        print(f"exported {name} to {d}")
+
+
+def make_data(a, name, d):
+    """The batches, seeded: made where they are used (they need not travel)."""
+    path = os.path.join(d, "data.npz")
+    batch, shape, classes = MODELS[name]
+    n = batch * (a.warmup + a.steps)
+    if os.path.exists(path) and len(np.load(path)["labels"]) == n:
+        return
+    rng = np.random.default_rng(0)
+    np.savez(path, x=rng.standard_normal((n,) + shape).astype(np.float32),
+             labels=rng.integers(0, classes, size=n).astype(np.int64))
+
+
+def compile_(a):
+    for name in a.models:
+        batch = MODELS[name][0]
+        d = os.path.join(a.dir, name)
+        cmd = [a.forgec, os.path.join(d, "model.onnx"), "--target", "cuda:sm_90",
+               "--batch", str(batch), "--loss", "cross_entropy:logits,labels",
+               "--optimizer", f"adamw:lr={LR},beta1={BETAS[0]},beta2={BETAS[1]},eps={EPS},"
+                              f"weight_decay={WD}", "-o", os.path.join(d, "model.forge")]
+        if a.tf32:
+            cmd.append("--tf32")
+        subprocess.run(cmd, check=True)
+        print(f"compiled {name}")
+
+
+def time_forge(a, name, d):
+    metrics = os.path.join(d, "forge.jsonl")
+    steps = a.warmup + a.steps
+    cmd = [a.forge_train, os.path.join(d, "model.forge"), "--data", os.path.join(d, "data.npz"),
+           "--no-shuffle", "--steps", str(steps), "--device", "cuda", "--metrics", metrics,
+           "--log-every", str(steps), "--profile", os.path.join(d, "forge_trace.json")]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stdout + out.stderr)
+    recs = [json.loads(line) for line in open(metrics)]
+    t = [r["time_s"] for r in recs]
+    dts = [t[i] - t[i - 1] for i in range(a.warmup, len(t))]
+    # --profile times steps 3..7 instruction by instruction (slower): leave them out.
+    dts = [dt for i, dt in enumerate(dts, start=a.warmup + 1) if not 3 <= i <= 7]
+    return statistics.median(dts), [r["loss"] for r in recs], out.stdout + out.stderr
+
+
+def time_torch(a, name, d, compiled):
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = a.tf32
+    batch = MODELS[name][0]
+    model = build(name).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    data = np.load(os.path.join(d, "data.npz"))
+    x = torch.from_numpy(data["x"]).cuda()
+    y = torch.from_numpy(data["labels"]).cuda()
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(xb, yb):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = torch.compile(step) if compiled else step
+    losses, dts = [], []
+    for i in range(a.warmup + a.steps):
+        xb, yb = x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = fn(xb, yb)
+        losses.append(float(loss))  # the read-back synchronizes, as forge-train's does
+        dts.append(time.perf_counter() - t0)
+    return statistics.median(dts[a.warmup:]), losses
+
+
+def run(a):
+    import torch
+    results = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "tf32": a.tf32, "warmup": a.warmup, "steps": a.steps, "models": {}}
+    for name in a.models:
+        d = os.path.join(a.dir, name)
+        batch = MODELS[name][0]
+        make_data(a, name, d)
+        f_dt, f_losses, log = time_forge(a, name, d)
+        e_dt, e_losses = time_torch(a, name, d, False)
+        c_dt, _ = time_torch(a, name, d, True)
+        k = min(a.check, len(f_losses), len(e_losses))
+        rel = max(abs(f - e) / abs(e) for f, e in zip(f_losses[:k], e_losses[:k]))
+        top = log[log.find("top instructions:"):].strip() if "top instructions:" in log else ""
+        results["models"][name] = {
+            "batch": batch, "forge_ms": 1e3 * f_dt, "eager_ms": 1e3 * e_dt,
+            "compile_ms": 1e3 * c_dt, "forge_samples_s": batch / f_dt,
+            "eager_samples_s": batch / e_dt, "compile_samples_s": batch / c_dt,
+            "first_losses_max_rel": rel, "forge_losses": f_losses[:k],
+            "eager_losses": e_losses[:k], "forge_top": top}
+        print(f"{name:8s} B={batch}: forge {1e3 * f_dt:8.3f} ms | eager {1e3 * e_dt:8.3f} ms | "
+              f"compile {1e3 * c_dt:8.3f} ms | first {k} losses max rel {rel:.2e}")
+        if top:
+            print("  forge " + top.replace("\n", "\n  "))
+    with open(os.path.join(a.dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("stage", choices=["export", "compile", "run", "all"])
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--forgec", default="forgec")
+    ap.add_argument("--forge-train", default="forge-train")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--check", type=int, default=5, help="first losses compared with eager")
+    ap.add_argument("--tf32", action="store_true")
+    a = ap.parse_args()
+    for stage, fn in (("export", export), ("compile", compile_), ("run", run)):
+        if a.stage in (stage, "all"):
+            fn(a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
