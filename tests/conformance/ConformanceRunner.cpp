@@ -16,6 +16,8 @@
 #include "forge/Pipeline/Pipeline.h"
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/CpuExecutor.h"
+#include "forge/runtime/FileUtil.h"
+#include "forge/runtime/Npy.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
@@ -47,6 +49,14 @@ static cl::opt<std::string> filter("filter", cl::init(""), cl::desc("Only tests 
 static cl::opt<bool> verbose("v", cl::desc("Print every test"));
 static cl::opt<double> relTol("rtol", cl::init(1e-3));
 static cl::opt<double> absTol("atol", cl::init(1e-7));
+static cl::opt<std::string> target("target", cl::init("cpu"),
+                                   cl::desc("Compile for this target (cuda:sm_90: the CPU still "
+                                            "runs the bundle; with --emit-dir, forge-replay runs "
+                                            "it on the GPU)"));
+static cl::opt<std::string> emitDir(
+    "emit-dir", cl::init(""),
+    cl::desc("Also write every passing test's bundle and data (inputs, ONNX's expected outputs, "
+             "the CPU's outputs) to DIR/NAME/ for forge-replay"));
 
 // Tests whose expected outputs cannot be reproduced by any implementation
 // that follows the spec exactly, with the reason. Everything else in scope counts.
@@ -179,11 +189,14 @@ Outcome runTest(const fs::path &dir) {
     return outcome;
   }
   ::forge::rt::BundleWriter writer;
-  if (failed(fc::emitBundle(*module, {}, writer))) {
+  fc::BundleEmitOptions emitOptions;
+  emitOptions.target = target;
+  if (failed(fc::emitBundle(*module, emitOptions, writer))) {
     outcome.detail = "emit: " + diagnostics;
     return outcome;
   }
-  auto bundle = ::forge::rt::Bundle::fromBytes(writer.serialize(), modelPath);
+  std::vector<uint8_t> bundleBytes = writer.serialize();
+  auto bundle = ::forge::rt::Bundle::fromBytes(bundleBytes, modelPath);
   if (!bundle) {
     outcome.detail = "load: " + bundle.status().message();
     return outcome;
@@ -194,6 +207,7 @@ Outcome runTest(const fs::path &dir) {
     return outcome;
   }
   int dataSets = 0;
+  std::vector<std::map<std::string, ::forge::rt::HostTensor>> emitted; // per data set
   for (int set = 0;; ++set) {
     fs::path data = dir / ("test_data_set_" + std::to_string(set));
     if (!fs::exists(data))
@@ -247,6 +261,7 @@ Outcome runTest(const fs::path &dir) {
       return outcome;
     }
     std::vector<std::vector<uint8_t>> inputBytes;
+    std::map<std::string, ::forge::rt::HostTensor> record;
     for (size_t i = 0; i < inputs.size(); ++i) {
       const auto &info = program.tensors(program.routines(0).inputs(i));
       inputBytes.push_back(fc::elementsToBytes(inputs[i]));
@@ -257,6 +272,7 @@ Outcome runTest(const fs::path &dir) {
         given = pb::BF16;
       ::forge::rt::TensorView view{inputBytes.back().data(), given,
                    std::vector<int64_t>(type.getShape().begin(), type.getShape().end())};
+      record[info.name()] = {view.dtype, view.shape, inputBytes.back()};
       auto st = (*exec)->setInput(info.name(), view);
       if (!st.isOk()) {
         outcome.detail = "set input: " + st.message();
@@ -292,6 +308,10 @@ Outcome runTest(const fs::path &dir) {
         return outcome;
       }
       std::vector<uint8_t> ref = fc::elementsToBytes(expected[o]);
+      const uint8_t *outBytes = static_cast<const uint8_t *>(out.data);
+      record["expected:" + std::to_string(o)] = {refDType, refShape, ref};
+      record["cpu:" + std::to_string(o)] = {out.dtype, out.shape,
+                                            std::vector<uint8_t>(outBytes, outBytes + out.bytes())};
       bool isFloat = ::forge::rt::isFloatType(refDType);
       for (int64_t i = 0; i < out.numel(); ++i) {
         double a = elementAsDouble(static_cast<const uint8_t *>(out.data), out.dtype, i);
@@ -303,12 +323,29 @@ Outcome runTest(const fs::path &dir) {
         }
       }
     }
+    emitted.push_back(std::move(record));
   }
   if (dataSets == 0) {
     outcome.detail = "no test_data_set_0";
     return outcome;
   }
   outcome.passed = true;
+  if (!emitDir.empty()) {
+    fs::path out = fs::path(emitDir.getValue()) / dir.filename();
+    fs::create_directories(out);
+    std::string bytes(bundleBytes.begin(), bundleBytes.end());
+    auto st = ::forge::rt::writeFileAtomically((out / "model.forge").string(), bytes);
+    for (size_t set = 0; st.isOk() && set < emitted.size(); ++set) {
+      std::map<std::string, ::forge::rt::TensorView> arrays;
+      for (auto &[name, t] : emitted[set])
+        arrays[name] = t.view();
+      st = ::forge::rt::writeNpz((out / ("set_" + std::to_string(set) + ".npz")).string(), arrays);
+    }
+    if (!st.isOk()) {
+      outcome.passed = false;
+      outcome.detail = "--emit-dir: " + st.message();
+    }
+  }
   return outcome;
 }
 

@@ -28,6 +28,8 @@
 #include "forge/Dialect/ForgeDialect.h"
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/CpuExecutor.h"
+#include "forge/runtime/FileUtil.h"
+#include "forge/runtime/Npy.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -43,6 +45,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -789,6 +793,47 @@ CheckResult checkCase(const Case &c, double corrupt = 0.0) {
   return res;
 }
 
+/// FORGE_GRADCHECK_EMIT_DIR=DIR: the float32 case, compiled for cuda:sm_90, with its inputs
+/// and the CPU's outputs, as DIR/NAME/{model.forge,set_0.npz} for forge-replay (tests/gpu:
+/// the gradient rules' GPU kernels against the CPU).
+void emitForReplay(const std::string &dir, const std::string &name, ModuleOp module,
+                   const std::vector<std::vector<double>> &args,
+                   const std::vector<std::vector<int64_t>> &shapes,
+                   const std::vector<std::vector<double>> &outputs) {
+  rt::BundleWriter writer;
+  BundleEmitOptions options;
+  options.target = "cuda:sm_90";
+  ASSERT_TRUE(succeeded(emitBundle(module, options, writer))) << "emitBundle for cuda:sm_90";
+  std::vector<uint8_t> bytes = writer.serialize();
+  auto bundle = rt::Bundle::fromBytes(bytes, name);
+  ASSERT_TRUE(bundle.isOk()) << bundle.status().message();
+  std::filesystem::path out = std::filesystem::path(dir) / name;
+  std::filesystem::create_directories(out);
+  ASSERT_TRUE(rt::writeFileAtomically((out / "model.forge").string(),
+                                      std::span<const uint8_t>(bytes))
+                  .isOk());
+  std::vector<std::vector<float>> data;
+  std::map<std::string, rt::TensorView> arrays;
+  for (size_t a = 0; a < args.size(); ++a)
+    data.emplace_back(args[a].begin(), args[a].end());
+  const auto &routine = (*bundle)->program().routines(0);
+  for (size_t o = 0; o < outputs.size(); ++o)
+    data.emplace_back(outputs[o].begin(), outputs[o].end());
+  for (size_t a = 0; a < args.size(); ++a)
+    arrays[argName(a)] = {data[a].data(), ::forge::bundle::F32, shapes[a]};
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    const auto &info = (*bundle)->program().tensors(routine.outputs(static_cast<int>(o)));
+    rt::TensorView v{data[args.size() + o].data(), ::forge::bundle::F32,
+                     {info.shape().begin(), info.shape().end()}};
+    arrays["cpu:" + std::to_string(o)] = v;
+    arrays["expected:" + std::to_string(o)] = v;
+  }
+  rt::Status st = rt::writeNpz((out / "set_0.npz").string(), arrays);
+  ASSERT_TRUE(st.isOk()) << st.message();
+}
+
+std::string testName(const Case &c);
+
 /// The same case in float32; returns the gradients (per argument).
 std::optional<std::vector<std::vector<double>>> runF32(const Case &c) {
   MLIRContext ctx;
@@ -808,6 +853,8 @@ std::optional<std::vector<std::vector<double>>> runF32(const Case &c) {
   auto out = runner.run(args, shapes, ::forge::bundle::F32);
   if (!out)
     return std::nullopt;
+  if (const char *dir = std::getenv("FORGE_GRADCHECK_EMIT_DIR"); dir && *dir)
+    emitForReplay(dir, testName(c), *p.module, args, shapes, *out);
   std::vector<std::vector<double>> grads;
   for (int g : p.gradOut)
     grads.push_back(g >= 0 ? (*out)[g] : std::vector<double>());
