@@ -76,8 +76,33 @@ std::optional<CudaTarget> mlir::forge::parseCudaTarget(llvm::StringRef target) {
   return t;
 }
 
+namespace {
+/// conv, conv_transpose, conv_grad_weight on cuDNN: f32, 1-3 spatial dims,
+/// symmetric pads (runtime/lib/cuda/Conv.h).
+bool cudnnConvolution(Operation *op) {
+  SmallVector<Type> types(op->getOperandTypes());
+  llvm::append_range(types, op->getResultTypes());
+  for (Type type : types) {
+    auto t = dyn_cast<RankedTensorType>(type);
+    if (!t || !t.hasStaticShape() || !t.getElementType().isF32())
+      return false;
+  }
+  auto x = cast<RankedTensorType>(op->getOperand(0).getType());
+  int64_t spatial = x.getRank() - 2;
+  auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
+  if (spatial < 1 || spatial > 3 || !pads || pads.size() != 2 * spatial)
+    return false;
+  for (int64_t d = 0; d < spatial; ++d)
+    if (pads[d] != pads[d + spatial])
+      return false;
+  return true;
+}
+} // namespace
+
 bool mlir::forge::isLibraryCall(Operation *op) {
   StringRef name = op->getName().stripDialect();
+  if (name == "conv" || name == "conv_transpose" || name == "conv_grad_weight")
+    return cudnnConvolution(op);
   if (name != "matmul" && name != "gemm")
     return false;
   auto lhs = dyn_cast<RankedTensorType>(op->getOperand(0).getType());
@@ -555,6 +580,9 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> argmaxKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> concatKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> splitKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> batchNormKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> batchNormTrainingKernel(Operation *op, StringRef name, bool grad);
+  std::optional<KernelLaunch> maxPoolKernel(Operation *op, StringRef name, bool grad);
   std::optional<KernelLaunch> generate(Operation *op, StringRef name);
 
   /// Memref types of `op`'s present operands then results (flat, storage types).
@@ -1299,6 +1327,226 @@ std::optional<KernelLaunch> KernelGenerator::Impl::splitKernel(Operation *op, St
                        });
 }
 
+std::optional<KernelLaunch> KernelGenerator::Impl::batchNormKernel(Operation *op,
+                                                                   StringRef name) {
+  // (x - mean[c]) * scale[c] / sqrt(var[c] + eps) + bias[c], c = dim 1.
+  auto x = tensorType(op->getResult(0));
+  Type elem = x.getElementType();
+  if (x.getRank() < 2 || !(elem.isF32() || elem.isF16() || elem.isBF16()))
+    return std::nullopt;
+  int64_t c = x.getDimSize(1), plane = x.getNumElements() / std::max<int64_t>(1, x.getDimSize(0) * c);
+  for (unsigned i = 1; i < 5; ++i)
+    if (tensorType(op->getOperand(i)).getNumElements() != c)
+      return std::nullopt;
+  double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
+  return elementKernel(name, flatArgs(op), x.getNumElements(), op->getLoc(),
+                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                         Value ch = k.rem(k.div(i, plane), c);
+                         auto param = [&](unsigned a) { return k.load(fn.getArgument(a), ch, elem); };
+                         OpBuilder &b = k.b;
+                         Value inv = b.create<math::RsqrtOp>(
+                             k.loc, b.create<arith::AddFOp>(k.loc, param(4),
+                                                            k.fconst(b.getF32Type(), eps)));
+                         Value xc = b.create<arith::SubFOp>(k.loc, k.load(fn.getArgument(0), i, elem),
+                                                            param(3));
+                         Value y = b.create<arith::AddFOp>(
+                             k.loc, b.create<arith::MulFOp>(
+                                        k.loc, b.create<arith::MulFOp>(k.loc, xc, inv), param(1)),
+                             param(2));
+                         k.store(y, fn.getArgument(5), i, elem);
+                       });
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Operation *op,
+                                                                           StringRef name,
+                                                                           bool grad) {
+  // One block per channel: batch statistics over (N, spatial) by block
+  // reductions (biased variance, as ONNX and the CPU kernel), then the
+  // normalized output (training) or the gradients (grad).
+  auto x = tensorType(op->getOperand(0));
+  Type elem = x.getElementType();
+  if (x.getRank() < 2 || !elem.isF32())
+    return std::nullopt;
+  int64_t n = x.getDimSize(0), c = x.getDimSize(1), plane = 1;
+  for (int64_t d = 2; d < x.getRank(); ++d)
+    plane *= x.getDimSize(d);
+  int64_t count = n * plane;
+  if (count == 0 || tensorType(op->getOperand(1)).getNumElements() != c)
+    return std::nullopt;
+  double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
+  Type f32 = Float32Type::get(context);
+  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
+                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  int64_t block = chooseBlockSize(target, count, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  KB k{b, op->getLoc()};
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value ch = k.bid();
+  auto at = [&](Value r) { // element r of channel ch: (n * C + ch) * plane + i
+    return k.add(k.mul(k.add(k.mul(k.div(r, plane), k.idx(c)), ch), k.idx(plane)),
+                 k.rem(r, plane));
+  };
+  auto addf = [&](Value a, Value d) -> Value { return b.create<arith::AddFOp>(k.loc, a, d); };
+  auto subf = [&](Value a, Value d) -> Value { return b.create<arith::SubFOp>(k.loc, a, d); };
+  auto mulf = [&](Value a, Value d) -> Value { return b.create<arith::MulFOp>(k.loc, a, d); };
+  Value zero = k.fconst(f32, 0.0), invCount = k.fconst(f32, 1.0 / static_cast<double>(count));
+  auto xAt = [&](Value r) { return k.load(fn.getArgument(0), at(r), elem); };
+  auto chanSum = [&](function_ref<Value(Value)> term) {
+    Value acc = k.loopAcc(k.tid(), count, k.idx(block), zero,
+                          [&](Value r, Value a) { return addf(a, term(r)); });
+    return k.blockReduce(acc, block / kWarp, sh, zero, addf);
+  };
+  Value mean = mulf(chanSum(xAt), invCount);
+  Value var = mulf(chanSum([&](Value r) { Value d = subf(xAt(r), mean); return mulf(d, d); }),
+                   invCount);
+  Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+  Value scale = k.load(fn.getArgument(1), ch, elem);
+  Value first = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0));
+  auto forEach = [&](function_ref<void(Value)> body) {
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(count), k.idx(block), ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value r, ValueRange) {
+                           OpBuilder::InsertionGuard g(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           body(r);
+                           b.create<scf::YieldOp>(l);
+                         });
+  };
+  if (!grad) { // (x, scale, bias, running_mean, running_var) -> (y, new_mean, new_var)
+    double momentum = op->getAttrOfType<FloatAttr>("momentum").getValueAsDouble();
+    Value bias = k.load(fn.getArgument(2), ch, elem);
+    Value a = mulf(scale, rstd);
+    forEach([&](Value r) { k.store(addf(mulf(subf(xAt(r), mean), a), bias), fn.getArgument(5), at(r), elem); });
+    k.ifThen(first, [&] {
+      Value m = k.fconst(f32, momentum), m1 = k.fconst(f32, 1.0 - momentum);
+      Value rm = k.load(fn.getArgument(3), ch, elem), rv = k.load(fn.getArgument(4), ch, elem);
+      k.store(addf(mulf(rm, m), mulf(mean, m1)), fn.getArgument(6), ch, elem);
+      k.store(addf(mulf(rv, m), mulf(var, m1)), fn.getArgument(7), ch, elem);
+    });
+  } else { // (x, scale, dy) -> dx?, dscale?, dbias?
+    bool wantDx = op->getAttrOfType<BoolAttr>("input_grad").getValue();
+    bool wantScale = op->getAttrOfType<BoolAttr>("scale_grad").getValue();
+    bool wantBias = op->getAttrOfType<BoolAttr>("bias_grad").getValue();
+    auto dyAt = [&](Value r) { return k.load(fn.getArgument(2), at(r), elem); };
+    Value sumDy = chanSum(dyAt);
+    Value sumDyXhat = chanSum([&](Value r) { return mulf(dyAt(r), mulf(subf(xAt(r), mean), rstd)); });
+    unsigned next = 3;
+    Value dx = wantDx ? fn.getArgument(next++) : Value();
+    Value dscale = wantScale ? fn.getArgument(next++) : Value();
+    Value dbias = wantBias ? fn.getArgument(next++) : Value();
+    if (wantDx) {
+      Value a = mulf(scale, rstd), mdy = mulf(sumDy, invCount), mdyx = mulf(sumDyXhat, invCount);
+      forEach([&](Value r) {
+        Value xhat = mulf(subf(xAt(r), mean), rstd);
+        k.store(mulf(a, subf(subf(dyAt(r), mdy), mulf(xhat, mdyx))), dx, at(r), elem);
+      });
+    }
+    k.ifThen(first, [&] {
+      if (wantScale)
+        k.store(sumDyXhat, dscale, ch, elem);
+      if (wantBias)
+        k.store(sumDy, dbias, ch, elem);
+    });
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), c, block};
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, StringRef name,
+                                                                 bool grad) {
+  // 2-d NCHW. The window's choice is the CPU kernel's: the first strictly
+  // greater in-image tap in row-major order; a NaN wins once seen.
+  auto x = tensorType(op->getOperand(0));
+  auto y = tensorType(grad ? op->getOperand(1) : op->getResult(0));
+  Type elem = x.getElementType();
+  auto kernel = op->getAttrOfType<DenseI64ArrayAttr>("kernel_shape");
+  auto strides = op->getAttrOfType<DenseI64ArrayAttr>("strides");
+  auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
+  auto dil = op->getAttrOfType<DenseI64ArrayAttr>("dilations");
+  if (x.getRank() != 4 || !(elem.isF32() || elem.isF16() || elem.isBF16()) || !kernel ||
+      kernel.size() != 2 || !strides || !pads || pads.size() != 4 || !dil)
+    return std::nullopt;
+  int64_t h = x.getDimSize(2), w = x.getDimSize(3), oh = y.getDimSize(2), ow = y.getDimSize(3);
+  int64_t kh = kernel[0], kw = kernel[1], sh = strides[0], sw = strides[1];
+  int64_t ph = pads[0], pw = pads[1], dh = dil[0], dw = dil[1];
+  Type f32 = Float32Type::get(context);
+  // The chosen tap of window (oy, ox) of `plane` as a linear image offset, -1 if none.
+  auto choose = [&](KB &k, Value image, Value base, Value oy, Value ox) -> Value {
+    OpBuilder &b = k.b;
+    Value best = k.fconst(f32, -INFINITY), pick = k.idx(-1);
+    Value y0 = b.create<arith::SubIOp>(k.loc, k.mul(oy, k.idx(sh)), k.idx(ph));
+    Value x0 = b.create<arith::SubIOp>(k.loc, k.mul(ox, k.idx(sw)), k.idx(pw));
+    for (int64_t i = 0; i < kh; ++i)
+      for (int64_t j = 0; j < kw; ++j) {
+        Value iy = k.add(y0, k.idx(i * dh)), ix = k.add(x0, k.idx(j * dw));
+        auto inRange = [&](Value v, int64_t size) {
+          Value lo = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(0));
+          Value hi = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, v, k.idx(size));
+          return b.create<arith::AndIOp>(k.loc, lo, hi);
+        };
+        Value valid = b.create<arith::AndIOp>(k.loc, inRange(iy, h), inRange(ix, w));
+        Value off = k.add(k.mul(b.create<arith::MaxSIOp>(k.loc, b.create<arith::MinSIOp>(k.loc, iy, k.idx(h - 1)), k.idx(0)), k.idx(w)),
+                          b.create<arith::MaxSIOp>(k.loc, b.create<arith::MinSIOp>(k.loc, ix, k.idx(w - 1)), k.idx(0)));
+        Value v = k.load(image, k.add(base, off), elem);
+        Value bestNan = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::UNO, best, best);
+        Value vNan = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::UNO, v, v);
+        Value greater = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OGT, v, best);
+        Value take = b.create<arith::AndIOp>(
+            k.loc, b.create<arith::AndIOp>(k.loc, valid,
+                                           b.create<arith::XOrIOp>(k.loc, bestNan, b.create<arith::ConstantIntOp>(k.loc, 1, 1))),
+            b.create<arith::OrIOp>(k.loc, vNan, greater));
+        best = b.create<arith::SelectOp>(k.loc, take, v, best);
+        pick = b.create<arith::SelectOp>(k.loc, take, off, pick);
+      }
+    return grad ? pick : best;
+  };
+  if (!grad) {
+    return elementKernel(name, flatArgs(op), y.getNumElements(), op->getLoc(),
+                         [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                           Value ox = k.rem(i, ow), r = k.div(i, ow);
+                           Value oy = k.rem(r, oh), plane = k.div(r, oh);
+                           Value base = k.mul(plane, k.idx(h * w));
+                           k.store(choose(k, fn.getArgument(0), base, oy, ox), fn.getArgument(1),
+                                   i, elem);
+                         });
+  }
+  // Gradient, gathered per input element: every window that holds it as a tap
+  // adds its gradient when it chose it (deterministic, no atomics).
+  return elementKernel(
+      name, flatArgs(op), x.getNumElements(), op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+        OpBuilder &b = k.b;
+        Value ix = k.rem(i, w), r = k.div(i, w);
+        Value iy = k.rem(r, h), plane = k.div(r, h);
+        Value base = k.mul(plane, k.idx(h * w));
+        Value self = k.add(k.mul(iy, k.idx(w)), ix);
+        Value acc = k.fconst(f32, 0.0);
+        for (int64_t a = 0; a < kh; ++a)
+          for (int64_t c2 = 0; c2 < kw; ++c2) {
+            // Window (oy, ox) with tap (a, c2) on (iy, ix).
+            Value ny = b.create<arith::SubIOp>(k.loc, k.add(iy, k.idx(ph)), k.idx(a * dh));
+            Value nx = b.create<arith::SubIOp>(k.loc, k.add(ix, k.idx(pw)), k.idx(c2 * dw));
+            auto divisible = [&](Value v, int64_t s, int64_t limit) {
+              Value nonneg = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(0));
+              Value vc = b.create<arith::MaxSIOp>(k.loc, v, k.idx(0));
+              Value exact = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.rem(vc, s), k.idx(0));
+              Value inside = k.ult(k.div(vc, s), k.idx(limit));
+              return b.create<arith::AndIOp>(k.loc, b.create<arith::AndIOp>(k.loc, nonneg, exact), inside);
+            };
+            Value ok = b.create<arith::AndIOp>(k.loc, divisible(ny, sh, oh), divisible(nx, sw, ow));
+            Value oy = b.create<arith::MinUIOp>(k.loc, k.div(b.create<arith::MaxSIOp>(k.loc, ny, k.idx(0)), sh), k.idx(oh - 1));
+            Value ox = b.create<arith::MinUIOp>(k.loc, k.div(b.create<arith::MaxSIOp>(k.loc, nx, k.idx(0)), sw), k.idx(ow - 1));
+            Value chosen = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq,
+                                                   choose(k, fn.getArgument(0), base, oy, ox),
+                                                   self);
+            Value g = k.load(fn.getArgument(1),
+                             k.add(k.mul(plane, k.idx(oh * ow)), k.add(k.mul(oy, k.idx(ow)), ox)), elem);
+            Value take = b.create<arith::AndIOp>(k.loc, ok, chosen);
+            acc = b.create<arith::SelectOp>(k.loc, take, b.create<arith::AddFOp>(k.loc, acc, g), acc);
+          }
+        k.store(acc, fn.getArgument(2), i, elem);
+      });
+}
+
 std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, StringRef name) {
   for (Value v : op->getOperands())
     if (!tensorType(v) || !tensorType(v).hasStaticShape() ||
@@ -1313,6 +1561,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return splitKernel(op, name);
   if (opName == "layer_norm_grad")
     return layerNormGradKernel(op, name);
+  if (opName == "batch_norm_training")
+    return batchNormTrainingKernel(op, name, false);
+  if (opName == "batch_norm_training_grad")
+    return batchNormTrainingKernel(op, name, true);
   if (op->getNumResults() != 1)
     return std::nullopt;
   auto outShape = tensorType(op->getResult(0)).getShape();
@@ -1328,6 +1580,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return layerNormKernel(op, name);
   if (opName == "concat")
     return concatKernel(op, name);
+  if (opName == "batch_norm")
+    return batchNormKernel(op, name);
+  if (opName == "max_pool" || opName == "max_pool_grad")
+    return maxPoolKernel(op, name, opName == "max_pool_grad");
 
   if (reduceKind(opName))
     return reduceKernel(op, name);

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <type_traits>
 
 namespace forge::rt::cuda {
 
@@ -42,32 +43,60 @@ Expected<const DriverApi *> driverApi() {
   return &api;
 }
 
+namespace {
+/// dlopen's the first of `names` that loads; "" or why none did.
+void *openLibrary(std::initializer_list<const char *> names, const char *what,
+                  std::string &error) {
+  std::string tried;
+  for (const char *name : names) {
+    if (void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))
+      return lib;
+    tried += fmt::format("{}{}", tried.empty() ? "" : "; ", dlerror());
+  }
+  error = fmt::format("cannot load {} ({}); add its directory to LD_LIBRARY_PATH", what, tried);
+  return nullptr;
+}
+} // namespace
+
+#define FORGE_RESOLVE_FROM(lib, what)                                                           \
+  [&](auto &fn, const char *name) {                                                             \
+    if (!error.empty())                                                                         \
+      return;                                                                                   \
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));            \
+    if (!fn)                                                                                    \
+      error = fmt::format("{} has no symbol {}", what, name);                                   \
+  }
+
 Expected<const CublasLtApi *> cublasLtApi() {
   static CublasLtApi api;
   static std::string error;
   static std::once_flag once;
   std::call_once(once, [] {
-    void *lib = nullptr;
-    std::string tried;
-    for (const char *name : {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"}) {
-      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (lib)
-        break;
-      tried += fmt::format("{}{}", tried.empty() ? "" : "; ", dlerror());
-    }
-    if (!lib) {
-      error = fmt::format("cannot load cuBLASLt ({}); add the CUDA library directory to "
-                          "LD_LIBRARY_PATH",
-                          tried);
+    void *lib = openLibrary({"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"},
+                            "cuBLASLt", error);
+    if (!lib)
       return;
-    }
-#define FORGE_RESOLVE(f)                                                                        \
-  if (error.empty()) {                                                                          \
-    api.f = reinterpret_cast<decltype(api.f)>(dlsym(lib, #f));                                  \
-    if (!api.f)                                                                                 \
-      error = fmt::format("cuBLASLt has no symbol {}", #f);                                     \
-  }
+    auto resolve = FORGE_RESOLVE_FROM(lib, "cuBLASLt");
+#define FORGE_RESOLVE(f) resolve(api.f, #f);
     FORGE_CUBLASLT_FUNCTIONS(FORGE_RESOLVE)
+#undef FORGE_RESOLVE
+  });
+  if (!error.empty())
+    return Status::error("{}", error);
+  return &api;
+}
+
+Expected<const CudnnApi *> cudnnApi() {
+  static CudnnApi api;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void *lib = openLibrary({"libcudnn.so.9", "libcudnn.so"}, "cuDNN", error);
+    if (!lib)
+      return;
+    auto resolve = FORGE_RESOLVE_FROM(lib, "cuDNN");
+#define FORGE_RESOLVE(f) resolve(api.f, #f);
+    FORGE_CUDNN_FUNCTIONS(FORGE_RESOLVE)
 #undef FORGE_RESOLVE
   });
   if (!error.empty())

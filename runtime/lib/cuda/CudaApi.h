@@ -5,12 +5,13 @@
 //    itself and reports cudaErrorInsufficientDriver/NoDevice when absent);
 //  * driver API entry points (modules, kernel launches) come from
 //    cudaGetDriverEntryPointByVersion;
-//  * cuBLASLt is dlopen'ed (libcublasLt.so.13, then .so.12, then .so).
+//  * cuBLASLt and cuDNN are dlopen'ed (libcublasLt.so.13/.12, libcudnn.so.9).
 // Function types are taken from the vendor headers with decltype, so a
 // signature is never written twice.
 #pragma once
 
 #include <cublasLt.h>
+#include <cudnn.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -43,6 +44,39 @@ namespace forge::rt::cuda {
   X(cublasLtMatmulPreferenceSetAttribute)                                                       \
   X(cublasLtMatmulAlgoGetHeuristic)
 
+#define FORGE_CUDNN_FUNCTIONS(X)                                                                \
+  X(cudnnCreate)                                                                                \
+  X(cudnnDestroy)                                                                               \
+  X(cudnnSetStream)                                                                             \
+  X(cudnnGetErrorString)                                                                        \
+  X(cudnnCreateTensorDescriptor)                                                                \
+  X(cudnnSetTensorNdDescriptor)                                                                 \
+  X(cudnnDestroyTensorDescriptor)                                                               \
+  X(cudnnCreateFilterDescriptor)                                                                \
+  X(cudnnSetFilterNdDescriptor)                                                                 \
+  X(cudnnDestroyFilterDescriptor)                                                               \
+  X(cudnnCreateConvolutionDescriptor)                                                           \
+  X(cudnnSetConvolutionNdDescriptor)                                                            \
+  X(cudnnSetConvolutionGroupCount)                                                              \
+  X(cudnnSetConvolutionMathType)                                                                \
+  X(cudnnDestroyConvolutionDescriptor)                                                          \
+  X(cudnnGetConvolutionForwardAlgorithm_v7)                                                     \
+  X(cudnnGetConvolutionForwardWorkspaceSize)                                                    \
+  X(cudnnConvolutionForward)                                                                    \
+  X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                                                \
+  X(cudnnGetConvolutionBackwardDataWorkspaceSize)                                               \
+  X(cudnnConvolutionBackwardData)                                                               \
+  X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)                                              \
+  X(cudnnGetConvolutionBackwardFilterWorkspaceSize)                                             \
+  X(cudnnConvolutionBackwardFilter)                                                             \
+  X(cudnnAddTensor)
+
+struct CudnnApi {
+#define FORGE_DECLARE(f) decltype(&::f) f = nullptr;
+  FORGE_CUDNN_FUNCTIONS(FORGE_DECLARE)
+#undef FORGE_DECLARE
+};
+
 struct DriverApi {
 #define FORGE_DECLARE(f) decltype(&::f) f = nullptr;
   FORGE_CUDA_DRIVER_FUNCTIONS(FORGE_DECLARE)
@@ -58,6 +92,7 @@ struct CublasLtApi {
 /// Loaded once per process; the error says what is missing.
 Expected<const DriverApi *> driverApi();
 Expected<const CublasLtApi *> cublasLtApi();
+Expected<const CudnnApi *> cudnnApi();
 
 /// "cudaErrorMemoryAllocation: out of memory"
 std::string errorString(cudaError_t e);

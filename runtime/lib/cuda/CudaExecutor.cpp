@@ -8,6 +8,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "cuda/CudaApi.h"
+#include "cuda/Conv.h"
 #include "cuda/Matmul.h"
 #include "forge/runtime/Kernels.h"
 #include "forge/runtime/ThreadPool.h"
@@ -89,6 +90,8 @@ struct Step {
   std::vector<std::pair<void *, size_t>> zero; // outputs cleared before the launch
   // Library
   std::unique_ptr<MatmulPlan> matmul;
+  std::unique_ptr<ConvPlan> conv;
+  std::vector<const void *> convIn;
   const void *lhs = nullptr, *rhs = nullptr, *c = nullptr;
   void *out = nullptr;
   // Copy
@@ -123,6 +126,9 @@ struct CudaExecutor::Impl {
   const DriverApi *driver = nullptr;
   const CublasLtApi *lt = nullptr;
   cublasLtHandle_t ltHandle = nullptr;
+  const CudnnApi *dnn = nullptr;
+  cudnnHandle_t dnnHandle = nullptr;
+  size_t workspaceBytes = 0;
   cudaStream_t compute = nullptr, copy = nullptr;
   cudaEvent_t startEvent = nullptr, inputsEvent = nullptr, computeEvent = nullptr,
               outputsEvent = nullptr;
@@ -152,6 +158,8 @@ struct CudaExecutor::Impl {
       driver->cuModuleUnload(module);
     if (ltHandle && lt)
       lt->cublasLtDestroy(ltHandle);
+    if (dnnHandle && dnn)
+      dnn->cudnnDestroy(dnnHandle);
     for (cudaEvent_t e : {startEvent, inputsEvent, computeEvent, outputsEvent})
       if (e)
         cudaEventDestroy(e);
@@ -170,7 +178,7 @@ struct CudaExecutor::Impl {
     if (s.kind == Step::Kernel)
       label += fmt::format(", kernel {}", s.inst->launch().kernel());
     else if (s.kind == Step::Library)
-      label += ", cuBLASLt";
+      label += s.conv ? ", cuDNN" : ", cuBLASLt";
     else if (s.kind == Step::Host)
       label += ", on the host";
     return label + ")";
@@ -188,6 +196,8 @@ struct CudaExecutor::Impl {
       return Status::ok();
     }
     case Step::Library:
+      if (s.conv)
+        return s.conv->run(s.convIn, s.out, workspace);
       return s.matmul->run(compute, s.lhs, s.rhs, s.c, s.out, workspace);
     case Step::Copy:
       if (s.dst != s.src && s.bytes > 0)
@@ -346,11 +356,65 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
                            errorString(*im.driver, r));
   }
 
+  CUDA_TRY(cudaStreamCreateWithFlags(&im.compute, cudaStreamNonBlocking), "compute stream");
+  CUDA_TRY(cudaStreamCreateWithFlags(&im.copy, cudaStreamNonBlocking), "copy stream");
+  for (cudaEvent_t *ev : {&im.startEvent, &im.inputsEvent, &im.computeEvent, &im.outputsEvent})
+    CUDA_TRY(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event");
+
+  // Library plans (their workspace is part of the one allocation below).
+  auto opt = p.build_options().find("tf32");
+  bool tf32 = opt != p.build_options().end() && opt->second == "1";
+  std::map<const bundle::Instruction *, std::unique_ptr<MatmulPlan>> matmuls;
+  std::map<const bundle::Instruction *, std::unique_ptr<ConvPlan>> convs;
+  for (const bundle::Routine &proto : p.routines())
+    for (int i = 0; i < proto.instructions_size(); ++i) {
+      const bundle::Instruction &inst = proto.instructions(i);
+      if (inst.placement() != bundle::LIBRARY)
+        continue;
+      auto fail = [&](Status why) {
+        return why.prefix(fmt::format("{}: routine '{}' instruction #{} '{}' (op {})", origin,
+                                      proto.name(), i, inst.name(), inst.op()));
+      };
+      if (inst.op() == "matmul" || inst.op() == "gemm") {
+        if (!im.lt) {
+          auto lt = cublasLtApi();
+          if (!lt)
+            return lt.status();
+          im.lt = *lt;
+          cublasStatus_t st = im.lt->cublasLtCreate(&im.ltHandle);
+          if (st != CUBLAS_STATUS_SUCCESS)
+            return Status::error("cublasLtCreate failed: {}", im.lt->cublasLtGetStatusString(st));
+        }
+        auto problem = cuda::matmulProblem(p, inst, tf32);
+        if (!problem)
+          return fail(problem.status());
+        auto plan = MatmulPlan::create(*im.lt, im.ltHandle, *problem, kWorkspaceBytes);
+        if (!plan)
+          return fail(plan.status());
+        matmuls[&inst] = plan.take();
+        im.workspaceBytes = std::max(im.workspaceBytes, kWorkspaceBytes);
+      } else {
+        if (!im.dnn) {
+          auto dnn = cudnnApi();
+          if (!dnn)
+            return dnn.status();
+          im.dnn = *dnn;
+          cudnnStatus_t st = im.dnn->cudnnCreate(&im.dnnHandle);
+          if (st == CUDNN_STATUS_SUCCESS)
+            st = im.dnn->cudnnSetStream(im.dnnHandle, im.compute);
+          if (st != CUDNN_STATUS_SUCCESS)
+            return Status::error("cuDNN initialization failed: {}",
+                                 im.dnn->cudnnGetErrorString(st));
+        }
+        auto plan = ConvPlan::create(*im.dnn, im.dnnHandle, p, inst, tf32);
+        if (!plan)
+          return fail(plan.status());
+        im.workspaceBytes = std::max(im.workspaceBytes, (*plan)->workspaceBytes());
+        convs[&inst] = plan.take();
+      }
+    }
+
   // Device memory: arena, persistent and constant tensors, workspace.
-  bool anyLibrary = false;
-  for (const bundle::Routine &r : p.routines())
-    for (const bundle::Instruction &inst : r.instructions())
-      anyLibrary |= inst.placement() == bundle::LIBRARY;
   std::vector<uint64_t> offset(p.tensors_size(), 0);
   uint64_t total = alignUp(p.arena_size(), kDeviceAlign);
   for (int t = 0; t < p.tensors_size(); ++t) {
@@ -362,8 +426,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
     }
   }
   uint64_t workspaceOffset = total;
-  if (anyLibrary)
-    total += kWorkspaceBytes;
+  total += alignUp(im.workspaceBytes, kDeviceAlign);
   e = cudaMalloc(&im.deviceBase, total);
   if (e != cudaSuccess) {
     size_t freeBytes = 0, totalBytes = 0;
@@ -377,7 +440,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   }
   im.deviceBytes = total;
   auto *base = static_cast<uint8_t *>(im.deviceBase);
-  if (anyLibrary)
+  if (im.workspaceBytes)
     im.workspace = base + workspaceOffset;
   CUDA_TRY(cudaMemset(im.deviceBase, 0, total), "clearing device memory");
   im.devicePtr.assign(p.tensors_size(), nullptr);
@@ -396,22 +459,6 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
     }
   }
 
-  CUDA_TRY(cudaStreamCreateWithFlags(&im.compute, cudaStreamNonBlocking), "compute stream");
-  CUDA_TRY(cudaStreamCreateWithFlags(&im.copy, cudaStreamNonBlocking), "copy stream");
-  for (cudaEvent_t *ev : {&im.startEvent, &im.inputsEvent, &im.computeEvent, &im.outputsEvent})
-    CUDA_TRY(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event");
-
-  if (anyLibrary) {
-    auto lt = cublasLtApi();
-    if (!lt)
-      return lt.status();
-    im.lt = *lt;
-    cublasStatus_t st = im.lt->cublasLtCreate(&im.ltHandle);
-    if (st != CUBLAS_STATUS_SUCCESS)
-      return Status::error("cublasLtCreate failed: {}", im.lt->cublasLtGetStatusString(st));
-  }
-  auto opt = p.build_options().find("tf32");
-  bool tf32 = opt != p.build_options().end() && opt->second == "1";
 
   // Per routine: staged inputs/outputs and one ready-to-launch step per instruction.
   im.inputStage.resize(p.tensors_size());
@@ -472,13 +519,15 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       }
       case bundle::LIBRARY: {
         s.kind = Step::Library;
-        auto problem = cuda::matmulProblem(p, inst, tf32);
-        if (!problem)
-          return fail(problem.status().message());
-        auto plan = MatmulPlan::create(*im.lt, im.ltHandle, *problem, kWorkspaceBytes);
-        if (!plan)
-          return fail(plan.status().message());
-        s.matmul = plan.take();
+        if (auto conv = convs.find(&inst); conv != convs.end()) {
+          s.conv = std::move(conv->second);
+          for (int32_t t : inst.inputs())
+            if (t >= 0)
+              s.convIn.push_back(im.devicePtr[t]);
+          s.out = im.devicePtr[inst.outputs(0)];
+          break;
+        }
+        s.matmul = std::move(matmuls.at(&inst));
         s.lhs = im.devicePtr[inst.inputs(0)];
         s.rhs = im.devicePtr[inst.inputs(1)];
         s.c = inst.inputs_size() > 2 && inst.inputs(2) >= 0 ? im.devicePtr[inst.inputs(2)]

@@ -47,7 +47,9 @@ std::optional<CudaTarget> parseCudaTarget(llvm::StringRef target);
 
 /// True when the CUDA runtime executes `op` with a library call: matmul and
 /// gemm in f32 whose batch layout maps onto one strided-batched cuBLASLt
-/// matmul (runtime/lib/cuda/Library.cpp has the same rules).
+/// matmul (runtime/lib/cuda/Matmul.h has the same rules); conv,
+/// conv_transpose and conv_grad_weight in f32 with symmetric pads on cuDNN
+/// (runtime/lib/cuda/Conv.h).
 bool isLibraryCall(Operation *op);
 /// True for ops the CUDA runtime executes as a device-to-device copy.
 bool isCopyOp(llvm::StringRef mnemonic);

@@ -1,0 +1,202 @@
+// cuDNN convolution plans (Conv.h).
+#include "cuda/Conv.h"
+
+namespace forge::rt::cuda {
+
+namespace {
+
+#define DNN_CHECK(call)                                                                         \
+  do {                                                                                          \
+    cudnnStatus_t status_ = (call);                                                             \
+    if (status_ != CUDNN_STATUS_SUCCESS)                                                        \
+      return Status::error("cuDNN {} failed: {}", #call, api.cudnnGetErrorString(status_));     \
+  } while (0)
+
+std::vector<int> dimsOf(const bundle::Program &p, int32_t t) {
+  std::vector<int> d;
+  for (int64_t v : p.tensors(t).shape())
+    d.push_back(static_cast<int>(v));
+  return d;
+}
+
+std::vector<int64_t> intsAttr(const bundle::Instruction &inst, const char *name) {
+  auto it = inst.attrs().find(name);
+  if (it == inst.attrs().end() || it->second.value_case() != bundle::Attribute::kInts)
+    return {};
+  return {it->second.ints().values().begin(), it->second.ints().values().end()};
+}
+
+std::vector<int> packedStrides(const std::vector<int> &dims) {
+  std::vector<int> s(dims.size(), 1);
+  for (int d = static_cast<int>(dims.size()) - 2; d >= 0; --d)
+    s[d] = s[d + 1] * dims[d + 1];
+  return s;
+}
+
+} // namespace
+
+Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnHandle_t handle,
+                                                     const bundle::Program &p,
+                                                     const bundle::Instruction &inst, bool tf32) {
+  std::unique_ptr<ConvPlan> plan(new ConvPlan());
+  plan->api_ = &api;
+  plan->handle_ = handle;
+  const std::string &op = inst.op();
+  plan->kind_ = op == "conv" ? Forward : op == "conv_transpose" ? BackwardData : BackwardFilter;
+  if (op != "conv" && op != "conv_transpose" && op != "conv_grad_weight")
+    return Status::error("op '{}' is not a convolution", op);
+  if (inst.inputs_size() < 2 || inst.inputs(0) < 0 || inst.inputs(1) < 0 ||
+      inst.outputs_size() != 1)
+    return Status::error("{} needs two inputs and one output", op);
+  for (int32_t t : {inst.inputs(0), inst.inputs(1), inst.outputs(0)})
+    if (p.tensors(t).dtype() != bundle::F32)
+      return Status::error("{} on cuDNN takes f32 tensors", op);
+  std::vector<int> x = dimsOf(p, inst.inputs(0)), second = dimsOf(p, inst.inputs(1));
+  std::vector<int> y = dimsOf(p, inst.outputs(0));
+  const int spatial = static_cast<int>(x.size()) - 2;
+  if (spatial < 1 || spatial > 3)
+    return Status::error("{} with {} spatial dims has no cuDNN form", op, spatial);
+  std::vector<int64_t> strides = intsAttr(inst, "strides"), pads = intsAttr(inst, "pads"),
+                       dilations = intsAttr(inst, "dilations");
+  auto groupIt = inst.attrs().find("group");
+  int groups = groupIt != inst.attrs().end() ? static_cast<int>(groupIt->second.i()) : 1;
+  if (static_cast<int>(strides.size()) != spatial || static_cast<int>(dilations.size()) != spatial ||
+      static_cast<int>(pads.size()) != 2 * spatial)
+    return Status::error("{}: strides/dilations/pads do not match {} spatial dims", op, spatial);
+  std::vector<int> padA, strideA, dilationA;
+  for (int d = 0; d < spatial; ++d) {
+    if (pads[d] != pads[d + spatial])
+      return Status::error("{}: asymmetric pads have no cuDNN form", op);
+    padA.push_back(static_cast<int>(pads[d]));
+    strideA.push_back(static_cast<int>(strides[d]));
+    dilationA.push_back(static_cast<int>(dilations[d]));
+  }
+  // The filter: conv's weight, conv_transpose's weight, conv_grad_weight's result.
+  std::vector<int> w = plan->kind_ == BackwardFilter ? y : second;
+  // The forward convolution's input and output ("a" and "b" below).
+  std::vector<int> a = x, b = plan->kind_ == Forward ? y : plan->kind_ == BackwardData ? x : second;
+  if (plan->kind_ == BackwardData)
+    a = y; // conv_transpose: its output is the transposed convolution's input
+  if (spatial == 1) {
+    for (auto *v : {&a, &b, &w})
+      v->push_back(1);
+    padA.push_back(0);
+    strideA.push_back(1);
+    dilationA.push_back(1);
+  }
+  const int nd = static_cast<int>(a.size());
+  DNN_CHECK(api.cudnnCreateTensorDescriptor(&plan->a_));
+  DNN_CHECK(api.cudnnCreateTensorDescriptor(&plan->b_));
+  DNN_CHECK(api.cudnnCreateFilterDescriptor(&plan->w_));
+  DNN_CHECK(api.cudnnCreateConvolutionDescriptor(&plan->conv_));
+  DNN_CHECK(api.cudnnSetTensorNdDescriptor(plan->a_, CUDNN_DATA_FLOAT, nd, a.data(),
+                                           packedStrides(a).data()));
+  DNN_CHECK(api.cudnnSetTensorNdDescriptor(plan->b_, CUDNN_DATA_FLOAT, nd, b.data(),
+                                           packedStrides(b).data()));
+  DNN_CHECK(api.cudnnSetFilterNdDescriptor(plan->w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, nd,
+                                           w.data()));
+  DNN_CHECK(api.cudnnSetConvolutionNdDescriptor(plan->conv_, nd - 2, padA.data(), strideA.data(),
+                                                dilationA.data(), CUDNN_CROSS_CORRELATION,
+                                                CUDNN_DATA_FLOAT));
+  DNN_CHECK(api.cudnnSetConvolutionGroupCount(plan->conv_, groups));
+  DNN_CHECK(api.cudnnSetConvolutionMathType(plan->conv_,
+                                            tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  if (inst.inputs_size() > 2 && inst.inputs(2) >= 0 && plan->kind_ != BackwardFilter) {
+    plan->hasBias_ = true;
+    std::vector<int> bias(static_cast<size_t>(nd), 1);
+    bias[1] = b[1];
+    if (plan->kind_ == BackwardData)
+      bias[1] = a[1];
+    DNN_CHECK(api.cudnnCreateTensorDescriptor(&plan->bias_));
+    DNN_CHECK(api.cudnnSetTensorNdDescriptor(plan->bias_, CUDNN_DATA_FLOAT, nd, bias.data(),
+                                             packedStrides(bias).data()));
+  }
+
+  // cuDNN's heuristic ranking; the first algorithm that works within the limit.
+  constexpr int kCandidates = 8;
+  int found = 0;
+  auto pick = [&](auto *results, auto workspaceOf) -> Status {
+    for (int i = 0; i < found; ++i) {
+      if (results[i].status != CUDNN_STATUS_SUCCESS)
+        continue;
+      size_t bytes = 0;
+      if (workspaceOf(results[i].algo, bytes) != CUDNN_STATUS_SUCCESS ||
+          bytes > kMaxConvWorkspace)
+        continue;
+      plan->algo_ = static_cast<int>(results[i].algo);
+      plan->workspace_ = bytes;
+      return Status::ok();
+    }
+    return Status::error("cuDNN offers no algorithm for {} (x {}, filter {}, groups {})", op,
+                         shapeString({a.begin(), a.end()}), shapeString({w.begin(), w.end()}),
+                         groups);
+  };
+  if (plan->kind_ == Forward) {
+    cudnnConvolutionFwdAlgoPerf_t r[kCandidates];
+    DNN_CHECK(api.cudnnGetConvolutionForwardAlgorithm_v7(handle, plan->a_, plan->w_, plan->conv_,
+                                                         plan->b_, kCandidates, &found, r));
+    FORGE_RETURN_IF_ERROR(pick(r, [&](cudnnConvolutionFwdAlgo_t algo, size_t &bytes) {
+      return api.cudnnGetConvolutionForwardWorkspaceSize(handle, plan->a_, plan->w_, plan->conv_,
+                                                         plan->b_, algo, &bytes);
+    }));
+  } else if (plan->kind_ == BackwardData) {
+    cudnnConvolutionBwdDataAlgoPerf_t r[kCandidates];
+    DNN_CHECK(api.cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        handle, plan->w_, plan->b_, plan->conv_, plan->a_, kCandidates, &found, r));
+    FORGE_RETURN_IF_ERROR(pick(r, [&](cudnnConvolutionBwdDataAlgo_t algo, size_t &bytes) {
+      return api.cudnnGetConvolutionBackwardDataWorkspaceSize(handle, plan->w_, plan->b_,
+                                                              plan->conv_, plan->a_, algo, &bytes);
+    }));
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t r[kCandidates];
+    DNN_CHECK(api.cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        handle, plan->a_, plan->b_, plan->conv_, plan->w_, kCandidates, &found, r));
+    FORGE_RETURN_IF_ERROR(pick(r, [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t &bytes) {
+      return api.cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          handle, plan->a_, plan->b_, plan->conv_, plan->w_, algo, &bytes);
+    }));
+  }
+  return plan;
+}
+
+ConvPlan::~ConvPlan() {
+  if (!api_)
+    return;
+  for (cudnnTensorDescriptor_t d : {a_, b_, bias_})
+    if (d)
+      api_->cudnnDestroyTensorDescriptor(d);
+  if (w_)
+    api_->cudnnDestroyFilterDescriptor(w_);
+  if (conv_)
+    api_->cudnnDestroyConvolutionDescriptor(conv_);
+}
+
+Status ConvPlan::run(const std::vector<const void *> &in, void *out, void *workspace) const {
+  const CudnnApi &api = *api_;
+  const float one = 1.0f, zero = 0.0f;
+  switch (kind_) {
+  case Forward: // a = x, b = y
+    DNN_CHECK(api.cudnnConvolutionForward(handle_, &one, a_, in[0], w_, in[1], conv_,
+                                          static_cast<cudnnConvolutionFwdAlgo_t>(algo_),
+                                          workspace, workspace_, &zero, b_, out));
+    if (hasBias_)
+      DNN_CHECK(api.cudnnAddTensor(handle_, &one, bias_, in[2], &one, b_, out));
+    break;
+  case BackwardData: // a = the result (y), b = the input (x)
+    DNN_CHECK(api.cudnnConvolutionBackwardData(handle_, &one, w_, in[1], b_, in[0], conv_,
+                                               static_cast<cudnnConvolutionBwdDataAlgo_t>(algo_),
+                                               workspace, workspace_, &zero, a_, out));
+    if (hasBias_)
+      DNN_CHECK(api.cudnnAddTensor(handle_, &one, bias_, in[2], &one, a_, out));
+    break;
+  case BackwardFilter: // a = x, b = dy
+    DNN_CHECK(api.cudnnConvolutionBackwardFilter(
+        handle_, &one, a_, in[0], b_, in[1], conv_,
+        static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo_), workspace, workspace_, &zero, w_,
+        out));
+    break;
+  }
+  return Status::ok();
+}
+
+} // namespace forge::rt::cuda

@@ -1,0 +1,47 @@
+// conv, conv_transpose and conv_grad_weight instructions as cuDNN calls.
+//
+// conv is cudnnConvolutionForward (+ cudnnAddTensor for the bias); conv_transpose is the
+// backward-data pass of the convolution it transposes (ONNX's ConvTranspose weight
+// [C, M/group, k...] is exactly that convolution's filter); conv_grad_weight is
+// cudnnConvolutionBackwardFilter. NCHW (and NCDHW) f32; 1-d convolutions get a unit second
+// spatial dim. cuDNN pads symmetrically, so the compiler places only symmetric-pad
+// convolutions on the library (compiler/lib/Codegen isLibraryCall). Math: FMA only
+// (exact fp32) unless the bundle was built with --tf32. The algorithm is cuDNN's first
+// heuristic choice whose workspace fits kMaxWorkspace.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "cuda/CudaApi.h"
+#include "forge/runtime/Tensor.h"
+#include "program.pb.h"
+
+namespace forge::rt::cuda {
+
+inline constexpr size_t kMaxConvWorkspace = size_t(1) << 30;
+
+class ConvPlan {
+public:
+  static Expected<std::unique_ptr<ConvPlan>> create(const CudnnApi &api, cudnnHandle_t handle,
+                                                    const bundle::Program &p,
+                                                    const bundle::Instruction &inst, bool tf32);
+  ~ConvPlan();
+  size_t workspaceBytes() const { return workspace_; }
+  /// `in` are the instruction's present inputs in order, `out` its output.
+  Status run(const std::vector<const void *> &in, void *out, void *workspace) const;
+
+private:
+  ConvPlan() = default;
+  enum Kind { Forward, BackwardData, BackwardFilter } kind_ = Forward;
+  const CudnnApi *api_ = nullptr;
+  cudnnHandle_t handle_ = nullptr;
+  cudnnTensorDescriptor_t a_ = nullptr, b_ = nullptr, bias_ = nullptr; // per kind, see run()
+  cudnnFilterDescriptor_t w_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+  int algo_ = 0;
+  size_t workspace_ = 0;
+  bool hasBias_ = false;
+};
+
+} // namespace forge::rt::cuda
