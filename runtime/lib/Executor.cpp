@@ -2,7 +2,11 @@
 #include "forge/runtime/Executor.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <fstream>
+
+#include <zlib.h>
 #include <cstring>
 
 #include "forge/runtime/CpuExecutor.h"
@@ -149,6 +153,52 @@ Status Executor::setPersistent(int32_t index, std::span<const uint8_t> bytes) {
     return Status::ok();
   }
   return writePersistent(index, bytes);
+}
+
+std::vector<std::string> externalParameters(const Bundle &bundle) {
+  std::vector<std::string> names;
+  for (const bundle::TensorInfo &t : bundle.program().tensors())
+    if (t.has_external())
+      names.push_back(t.name());
+  return names;
+}
+
+Status loadExternalWeights(Executor &ex, const std::string &dir) {
+  const bundle::Program &p = ex.bundle().program();
+  std::vector<uint8_t> bytes;
+  for (int32_t t : ex.persistentTensors()) {
+    const bundle::TensorInfo &info = p.tensors(t);
+    if (!info.has_external())
+      continue;
+    const bundle::ExternalData &e = info.external();
+    std::string path = dir.empty() ? e.location() : dir + "/" + e.location();
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      return Status::error("parameter '{}': cannot open its weights file {} ({})", info.name(),
+                           path, std::strerror(errno));
+    in.seekg(0, std::ios::end);
+    uint64_t size = static_cast<uint64_t>(in.tellg());
+    if (e.offset() > size || size - e.offset() < e.length())
+      return Status::error("parameter '{}': bytes [{}, +{}) lie outside {} ({} bytes); is it the "
+                           "weights file this bundle was compiled against?",
+                           info.name(), e.offset(), e.length(), path, size);
+    bytes.resize(e.length());
+    in.seekg(static_cast<std::streamoff>(e.offset()));
+    if (!in.read(reinterpret_cast<char *>(bytes.data()), static_cast<std::streamsize>(bytes.size())))
+      return Status::error("parameter '{}': cannot read {} bytes at offset {} of {}", info.name(),
+                           e.length(), e.offset(), path);
+    if (e.has_crc32()) {
+      uint32_t crc = static_cast<uint32_t>(
+          ::crc32_z(::crc32_z(0L, Z_NULL, 0), bytes.data(), bytes.size()));
+      if (crc != e.crc32())
+        return Status::error("parameter '{}': the bytes at offset {} of {} have CRC-32 {:08x}, the "
+                             "bundle was compiled against {:08x}: a different weights file",
+                             info.name(), e.offset(), path, crc, e.crc32());
+    }
+    FORGE_RETURN_IF_ERROR(ex.setPersistent(t, bytes).prefix(fmt::format("parameter '{}'",
+                                                                          info.name())));
+  }
+  return Status::ok();
 }
 
 bool cudaAvailable() {

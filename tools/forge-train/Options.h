@@ -10,7 +10,8 @@ namespace forge::train {
 
 struct Options {
   std::string bundlePath;
-  std::string device = "auto"; // cpu, cuda, cuda:N, auto (Executor.h)
+  std::string device = "auto";
+  std::string weightsDir; // thin bundles: where the external-data files are // cpu, cuda, cuda:N, auto (Executor.h)
   bool noCudaGraph = false;
   unsigned threads = 0;
 

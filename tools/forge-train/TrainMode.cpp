@@ -401,6 +401,17 @@ Expected<int> train(const Options &opts, Progress &progress) {
     }
   }
 
+  // Thin bundle: initial parameters from the external-data file (a checkpoint
+  // restored above already holds them).
+  if (std::vector<std::string> thin = externalParameters(bundle); !thin.empty() && !resumedAt) {
+    if (opts.weightsDir.empty())
+      return Status::error("{} is a thin bundle ({} parameters, e.g. '{}', live in the model's "
+                           "external-data file): give --weights DIR, or --resume a checkpoint",
+                           opts.bundlePath, thin.size(), thin.front());
+    FORGE_RETURN_IF_ERROR(loadExternalWeights(tr.executor(), opts.weightsDir).prefix("--weights"));
+    progress.message(fmt::format("read {} parameters from {}", thin.size(), opts.weightsDir));
+  }
+
   if (!opts.dumpGrads.empty() && tr.gradientOutputs().empty())
     return Status::error("--dump-grads: {} has no gradient outputs (train_step outputs "
                          "forge.grad.NAME); compile it with forgec --expose-gradients",

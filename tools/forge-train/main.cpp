@@ -166,6 +166,13 @@ Status runForward(const Options &opts) {
   auto ex = createExecutor(**loaded, ExecutorOptions{opts.device, opts.threads, !opts.noCudaGraph});
   if (!ex)
     return ex.status();
+  if (!externalParameters(**loaded).empty()) {
+    if (opts.weightsDir.empty())
+      return Status::error("{} is a thin bundle: give --weights DIR (the directory holding its "
+                           "external-data file)",
+                           opts.bundlePath);
+    FORGE_RETURN_IF_ERROR(loadExternalWeights(**ex, opts.weightsDir).prefix("--weights"));
+  }
   auto routine = (*ex)->findRoutine("forward");
   if (!routine)
     return routine.status();
@@ -283,6 +290,11 @@ void addOptions(CLI::App &app, Options &opts) {
                  "Where to run: cpu, cuda, cuda:N or auto (CUDA for a CUDA bundle when a GPU is "
                  "present, else the CPU)")
       ->capture_default_str()
+      ->group(loop);
+  app.add_option("--weights", opts.weightsDir,
+                 "Thin bundles (forgec --weights external): the directory holding the model's "
+                 "external-data file(s); not needed when --resume restores a checkpoint")
+      ->check(CLI::ExistingDirectory)
       ->group(loop);
   app.add_option("--profile", opts.profilePath,
                  "Write a Chrome-trace/Perfetto JSON of --profile-steps steps (every instruction "

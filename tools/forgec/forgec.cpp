@@ -42,6 +42,12 @@ static cl::opt<std::string> outputFile("o", cl::desc("Output file (default: <mod
                                        cl::value_desc("file"), cl::cat(forgecCategory));
 static cl::opt<std::string> target("target", cl::desc("Target device: cpu (default), cuda:sm_80, cuda:sm_89 or cuda:sm_90"),
                                    cl::init("cpu"), cl::cat(forgecCategory));
+static cl::opt<std::string> weights(
+    "weights", cl::init("embedded"),
+    cl::desc("embedded (default): parameters' initial values in the bundle; external: a thin "
+             "bundle that reads them at load time from the model's ONNX external-data file "
+             "(forge-train --weights DIR); forgec then needs no weight values"),
+    cl::cat(forgecCategory));
 static cl::opt<bool> tf32("tf32",
                           cl::desc("CUDA: f32 matmuls on TF32 tensor cores (cuBLASLt "
                                    "CUBLAS_COMPUTE_32F_FAST_TF32; ~1e-3 relative error)"),
@@ -125,6 +131,12 @@ int main(int argc, char **argv) {
   mlir::forge::ImportOptions importOptions;
   importOptions.batch = batch;
   importOptions.keepFloatInitializers = !inferenceOnly; // they become parameters
+  if (weights != "embedded" && weights != "external")
+    return fail("--weights must be embedded or external (got '" + weights + "')");
+  if (weights == "external" && inferenceOnly)
+    return fail("--weights external needs a training bundle (its parameters are read at load "
+                "time); drop --inference-only");
+  importOptions.externalWeights = weights == "external";
   for (const std::string &s : shapes) {
     auto [name, value] = StringRef(s).split('=');
     std::vector<int64_t> d;
@@ -291,6 +303,7 @@ int main(int argc, char **argv) {
   build["mode"] = inferenceOnly ? "inference" : "training";
   if (tf32)
     build["tf32"] = "1";
+  build["weights"] = weights;
   if (batch > 0)
     build["batch"] = std::to_string(batch);
   SmallString<256> absolute(inputFile.getValue());

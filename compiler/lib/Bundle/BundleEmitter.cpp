@@ -158,6 +158,20 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
   pb::TensorInfo *info = program.mutable_tensors(*index);
   if (auto role = func.getArgAttrOfType<StringAttr>(i, "forge.role"))
     info->set_role(role.str());
+  // Thin bundle: the initial value stays in the model's external-data file.
+  auto module = func->getParentOfType<ModuleOp>();
+  auto thin = module ? module->getAttrOfType<DictionaryAttr>("forge.external_weights") : nullptr;
+  if (auto ref = thin && isParameter ? thin.getAs<ArrayAttr>(name.getValue()) : nullptr) {
+    pb::ExternalData *ext = info->mutable_external();
+    ext->set_location(cast<StringAttr>(ref[0]).str());
+    ext->set_offset(static_cast<uint64_t>(cast<IntegerAttr>(ref[1]).getInt()));
+    ext->set_length(static_cast<uint64_t>(cast<IntegerAttr>(ref[2]).getInt()));
+    int64_t crc = cast<IntegerAttr>(ref[3]).getInt();
+    ext->set_has_crc32(crc >= 0);
+    ext->set_crc32(crc >= 0 ? static_cast<uint32_t>(crc) : 0);
+    persistentByName[name.getValue()] = *index;
+    return *index;
+  }
   // Initial value: parameters always have one; state only when given.
   if (auto init = func.getArgAttrOfType<ElementsAttr>(i, "forge.initial_value")) {
     std::vector<uint8_t> bytes = elementsToBytes(init);

@@ -109,9 +109,19 @@ Type elementTypeFromOnnx(MLIRContext *ctx, int32_t onnxType);
 const char *onnxTypeName(int32_t onnxType);
 
 /// Decodes a TensorProto (raw, typed fields or external data) into a constant.
+/// Where a float initializer's bytes live, for a thin bundle (ImportOptions::externalWeights).
+struct ExternalRef {
+  std::string location;
+  uint64_t offset = 0, length = 0;
+  int64_t crc32 = -1; // -1: the data file was not there to hash
+};
+
+/// With `thin` set, a float tensor in external data is not read: it imports
+/// as zeros and `thin` receives where its bytes are (hashed when present).
 FailureOr<DenseElementsAttr> tensorFromProto(MLIRContext *ctx, const onnx::TensorProto &tensor,
                                              const std::string &externalDir,
-                                             function_ref<InFlightDiagnostic()> emitError);
+                                             function_ref<InFlightDiagnostic()> emitError,
+                                             ExternalRef *thin = nullptr);
 
 } // namespace mlir::forge::onnx_import
 

@@ -24,6 +24,8 @@
 
 #include <fstream>
 
+#include <zlib.h>
+
 using namespace mlir;
 using namespace mlir::forge;
 using namespace mlir::forge::onnx_import;
@@ -80,7 +82,7 @@ void appendField(const Field &field, std::vector<uint8_t> &out) {
 FailureOr<DenseElementsAttr>
 onnx_import::tensorFromProto(MLIRContext *ctx, const onnx::TensorProto &tensor,
                              const std::string &externalDir,
-                             function_ref<InFlightDiagnostic()> emitError) {
+                             function_ref<InFlightDiagnostic()> emitError, ExternalRef *thin) {
   Type element = elementTypeFromOnnx(ctx, tensor.data_type());
   if (!element)
     return emitError() << "tensor '" << tensor.name() << "' has unsupported element type "
@@ -125,6 +127,21 @@ onnx_import::tensorFromProto(MLIRContext *ctx, const onnx::TensorProto &tensor,
       return emitError() << "tensor '" << tensor.name() << "': external data length " << length
                          << " != " << expected << " bytes for its shape and type";
     std::ifstream in(path.str().str(), std::ios::binary);
+    if (thin && isa<FloatType>(element)) {
+      // Thin bundle: the values are read at load time; hash them if they are here.
+      thin->location = location;
+      thin->offset = offset;
+      thin->length = length;
+      thin->crc32 = -1;
+      if (in) {
+        std::vector<char> data(length);
+        in.seekg(offset);
+        if (in.read(data.data(), static_cast<std::streamsize>(length)))
+          thin->crc32 = ::crc32_z(::crc32_z(0L, Z_NULL, 0),
+                                  reinterpret_cast<const Bytef *>(data.data()), length);
+      }
+      return DenseElementsAttr::get(type, FloatAttr::get(element, 0.0));
+    }
     if (!in)
       return emitError() << "tensor '" << tensor.name() << "': cannot open external data file '"
                          << path << "'";
@@ -345,6 +362,7 @@ private:
   MLIRContext *ctx;
   const ImportOptions &options;
   std::string origin, externalDir;
+  SmallVector<NamedAttribute> thinWeights; // ImportOptions::externalWeights
   Location fileLoc;
 };
 
@@ -542,11 +560,20 @@ OwningOpRef<ModuleOp> GraphImporter::run(const onnx::ModelProto &model) {
   }
   for (const auto &init : graph.initializer()) {
     auto loc = NameLoc::get(b.getStringAttr(init.name()), fileLoc);
-    auto value = tensorFromProto(ctx, init, externalDir, [&]() { return emitError(loc) << origin << ": "; });
+    ExternalRef ref;
+    auto value = tensorFromProto(ctx, init, externalDir,
+                                 [&]() { return emitError(loc) << origin << ": "; },
+                                 options.externalWeights ? &ref : nullptr);
     if (failed(value))
       return nullptr;
     auto c = b.create<ConstantOp>(loc, *value);
     c->setAttr("forge.initializer", b.getStringAttr(init.name()));
+    if (!ref.location.empty())
+      thinWeights.push_back(b.getNamedAttr(
+          init.name(), b.getArrayAttr({b.getStringAttr(ref.location),
+                                       b.getI64IntegerAttr(static_cast<int64_t>(ref.offset)),
+                                       b.getI64IntegerAttr(static_cast<int64_t>(ref.length)),
+                                       b.getI64IntegerAttr(ref.crc32)})));
     state.values[init.name()] = c;
     available.insert(init.name());
   }
@@ -606,6 +633,9 @@ OwningOpRef<ModuleOp> GraphImporter::run(const onnx::ModelProto &model) {
   func.setFunctionType(b.getFunctionType(argTypes, resultTypes));
   for (auto [i, out] : llvm::enumerate(graph.output()))
     func.setResultAttr(i, "forge.name", b.getStringAttr(out.name()));
+  if (!thinWeights.empty())
+    module->getOperation()->setAttr("forge.external_weights",
+                                    DictionaryAttr::get(ctx, thinWeights));
   if (failed(verify(*module)))
     return nullptr;
   return module;

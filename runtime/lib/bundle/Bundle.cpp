@@ -167,6 +167,25 @@ Status validateTensors(const bundle::Program &p) {
       // checked like a parameter.
       if (t.kind() == bundle::TensorInfo::STATE && t.data_size() == 0)
         continue;
+      // A thin bundle's parameter: its bytes come from an external-data file.
+      if (t.has_external()) {
+        const bundle::ExternalData &e = t.external();
+        if (t.kind() != bundle::TensorInfo::PARAMETER || t.data_size() != 0)
+          return Status::error("{}: external data on a {} tensor with {} embedded bytes", label,
+                               t.kind() == bundle::TensorInfo::PARAMETER ? "parameter" : "non-parameter",
+                               t.data_size());
+        if (e.length() != bytes)
+          return Status::error("{}: external data length {} does not match shape {} x {} ({} "
+                               "bytes)",
+                               label, e.length(), shapeString({t.shape().begin(), t.shape().end()}),
+                               dtypeName(t.dtype()), bytes);
+        if (e.location().empty() || e.location()[0] == '/' ||
+            e.location().find("..") != std::string::npos)
+          return Status::error("{}: external data location '{}' must be a relative path inside "
+                               "the weights directory",
+                               label, e.location());
+        continue;
+      }
       if (t.section() >= static_cast<uint32_t>(p.sections_size()))
         return Status::error("{}: section index {} out of range ({} sections)", label, t.section(),
                              p.sections_size());

@@ -39,6 +39,12 @@ struct ImportOptions {
   /// Gather(W, constant indices) would leave W dead and train a constant copy
   /// instead). Ops on other constants still fold.
   bool keepFloatInitializers = false;
+  /// Thin bundles (forgec --weights external): float initializers stored as
+  /// ONNX external data are not read (their files need not exist); they
+  /// import as zero placeholders and the module attribute
+  /// `forge.external_weights` maps each name to [location, offset, length,
+  /// crc32 or -1 when the file was absent]. Needs keepFloatInitializers.
+  bool externalWeights = false;
 };
 
 /// Imports an ONNX model file. Errors are reported through the context's

@@ -115,4 +115,12 @@ Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
 /// True when this build has the CUDA device and a GPU is visible.
 bool cudaAvailable();
 
+/// Names of the parameters of a thin bundle (forgec --weights external) whose
+/// initial values are not in the bundle.
+std::vector<std::string> externalParameters(const Bundle &bundle);
+/// Reads every external parameter from DIR/LOCATION[offset, +length), checks
+/// its length and CRC-32 (when forgec recorded one) and stores it with
+/// setPersistent. Errors name the parameter, file and offset.
+Status loadExternalWeights(Executor &executor, const std::string &dir);
+
 } // namespace forge::rt
