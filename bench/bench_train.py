@@ -9,10 +9,13 @@ torch.compile), fp32 with TF32 off (--tf32: on for both). Reported: the median s
 eager PyTorch (relative error).
 
 forgec needs MLIR, which the GPU machines lack, so the stages can run on different machines:
-  bench_train.py export  --dir D [--models mlp]      # PyTorch: model.onnx, data.npz, torch init
+  bench_train.py export  --dir D [--models ...]      # PyTorch: model.onnx (+ model.weights)
   bench_train.py compile --dir D --forgec F          # Forge: D/<model>/model.forge
   bench_train.py run     --dir D --forge-train F     # GPU: times all three, writes D/results.json
-`all` runs the three in order (a machine with PyTorch, forgec and a GPU).
+`all` runs the three in order (a machine with PyTorch, forgec and a GPU). GPT-2 and ResNet-50
+are exported with their weights in an external-data file (model.weights) and compiled as thin
+bundles (forgec --weights external): only the small graph and bundle travel, and `export` on
+the GPU machine writes the same weights again (same PyTorch, same seed).
 """
 import argparse
 import json
@@ -25,9 +28,67 @@ import time
 import numpy as np
 
 MODELS = {
-    # name: (batch, input shape without batch, classes)
-    "mlp": (256, (784,), 10),
+    # name: (batch, input shape without batch (tokens: (T,)), classes / vocabulary, batches)
+    "mlp": (256, (784,), 10, 40),
+    "gpt2": (16, (1024,), 50257, 4),          # GPT-2 124M: 12 layers, 12 heads, d 768
+    "resnet50": (128, (3, 224, 224), 1000, 2),
 }
+THIN = {"gpt2", "resnet50"}
+
+
+class GPT2(object):
+    """GPT-2 124M (pre-LN, learned positions, tanh-GELU, head tied to the token embedding);
+    the architecture of models/make_models.py's GPT at GPT-2 size."""
+
+    @staticmethod
+    def make():
+        import math
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+        V, T, D, H, L = 50257, 1024, 768, 12, 12
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+                self.register_buffer("causal", torch.tril(torch.ones(T, T, dtype=torch.bool))
+                                     .view(1, 1, T, T), persistent=False)
+
+            def forward(self, x):
+                b, t, c = x.shape
+                q, k, v = self.qkv(x).split(c, dim=2)
+                q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // H))
+                att = F.softmax(att.masked_fill(~self.causal[:, :, :t, :t], float("-inf")), -1)
+                return self.proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln1, self.attn, self.ln2 = nn.LayerNorm(D), Attn(), nn.LayerNorm(D)
+                self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(approximate="tanh"),
+                                         nn.Linear(4 * D, D))
+
+            def forward(self, x):
+                x = x + self.attn(self.ln1(x))
+                return x + self.mlp(self.ln2(x))
+
+        class GPT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wte, self.wpe = nn.Embedding(V, D), nn.Embedding(T, D)
+                self.blocks = nn.ModuleList([Block() for _ in range(L)])
+                self.ln_f = nn.LayerNorm(D)
+                self.register_buffer("pos", torch.arange(T, dtype=torch.int64), persistent=False)
+
+            def forward(self, ids):
+                x = self.wte(ids) + self.wpe(self.pos[:ids.shape[1]])
+                for blk in self.blocks:
+                    x = blk(x)
+                return F.linear(self.ln_f(x), self.wte.weight)
+
+        return GPT()
 LR, WD, BETAS, EPS = 1e-3, 0.01, (0.9, 0.999), 1e-8
 
 
@@ -38,33 +99,60 @@ def build(name):
         return torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(),
                                    torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
                                    torch.nn.Linear(1024, 10))
+    if name == "gpt2":
+        return GPT2.make()
+    if name == "resnet50":
+        import torchvision
+        return torchvision.models.resnet50(weights=None)
     raise ValueError(name)
 
 
+def input_name(name):
+    return "ids" if name == "gpt2" else "x"
+
+
 def export(a):
+    import onnx
     import torch
     for name in a.models:
-        batch, shape, classes = MODELS[name]
+        batch, shape, classes, _ = MODELS[name]
         d = os.path.join(a.dir, name)
         os.makedirs(d, exist_ok=True)
-        model = build(name).eval()
-        x = torch.randn(batch, *shape)
-        torch.onnx.export(model, (x,), os.path.join(d, "model.onnx"), input_names=["x"],
-                          output_names=["logits"], dynamo=False,
-                          dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
+        model = build(name)
+        model.train()
+        if name == "gpt2":
+            x = torch.randint(0, classes, (2,) + shape)
+        else:
+            x = torch.randn((2,) + shape)
+        path = os.path.join(d, "model.onnx")
+        # Training mode kept: BatchNormalization stays (not folded into the convolutions).
+        torch.onnx.export(model, (x,), path, input_names=[input_name(name)],
+                          output_names=["logits"], dynamo=False, opset_version=17,
+                          training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
+                          dynamic_axes={input_name(name): {0: "batch"}, "logits": {0: "batch"}})
+        if name in THIN:  # the weights in model.weights, the graph alone in model.onnx
+            m = onnx.load(path)
+            onnx.save_model(m, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location="model.weights", size_threshold=1024)
         print(f"exported {name} to {d}")
 
 
 def make_data(a, name, d):
-    """The batches, seeded: made where they are used (they need not travel)."""
+    """`batches` distinct batches, seeded, made where they are used (they need not travel);
+    both sides cycle through them in file order."""
     path = os.path.join(d, "data.npz")
-    batch, shape, classes = MODELS[name]
-    n = batch * (a.warmup + a.steps)
+    batch, shape, classes, batches = MODELS[name]
+    n = batch * batches
     if os.path.exists(path) and len(np.load(path)["labels"]) == n:
         return
     rng = np.random.default_rng(0)
-    np.savez(path, x=rng.standard_normal((n,) + shape).astype(np.float32),
-             labels=rng.integers(0, classes, size=n).astype(np.int64))
+    if name == "gpt2":
+        ids = rng.integers(0, classes, size=(n,) + shape)
+        np.savez(path, ids=ids.astype(np.int64),
+                 labels=np.roll(ids, -1, axis=1).astype(np.int64))
+    else:
+        np.savez(path, x=rng.standard_normal((n,) + shape).astype(np.float32),
+                 labels=rng.integers(0, classes, size=n).astype(np.int64))
 
 
 def compile_(a):
@@ -72,6 +160,7 @@ def compile_(a):
         batch = MODELS[name][0]
         d = os.path.join(a.dir, name)
         cmd = [a.forgec, os.path.join(d, "model.onnx"), "--target", "cuda:sm_90",
+               "--weights", "external" if name in THIN else "embedded",
                "--batch", str(batch), "--loss", "cross_entropy:logits,labels",
                "--optimizer", f"adamw:lr={LR},beta1={BETAS[0]},beta2={BETAS[1]},eps={EPS},"
                               f"weight_decay={WD}", "-o", os.path.join(d, "model.forge")]
@@ -87,6 +176,8 @@ def time_forge(a, name, d):
     cmd = [a.forge_train, os.path.join(d, "model.forge"), "--data", os.path.join(d, "data.npz"),
            "--no-shuffle", "--steps", str(steps), "--device", "cuda", "--metrics", metrics,
            "--log-every", str(steps), "--profile", os.path.join(d, "forge_trace.json")]
+    if name in THIN:
+        cmd += ["--weights", d]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(out.stdout + out.stderr)
@@ -102,17 +193,17 @@ def time_torch(a, name, d, compiled):
     import torch
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.backends.cudnn.allow_tf32 = a.tf32
-    batch = MODELS[name][0]
+    batch, _, classes, batches = MODELS[name]
     model = build(name).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     data = np.load(os.path.join(d, "data.npz"))
-    x = torch.from_numpy(data["x"]).cuda()
+    x = torch.from_numpy(data[input_name(name)]).cuda()
     y = torch.from_numpy(data["labels"]).cuda()
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step(xb, yb):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb), yb)
+        loss = loss_fn(model(xb).reshape(-1, classes), yb.reshape(-1))
         loss.backward()
         opt.step()
         return loss
@@ -120,11 +211,12 @@ def time_torch(a, name, d, compiled):
     fn = torch.compile(step) if compiled else step
     losses, dts = [], []
     for i in range(a.warmup + a.steps):
-        xb, yb = x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+        j = i % batches
+        xb, yb = x[j * batch:(j + 1) * batch], y[j * batch:(j + 1) * batch]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = fn(xb, yb)
-        losses.append(float(loss))  # the read-back synchronizes, as forge-train's does
+        losses.append(float(loss.detach()))  # the read-back synchronizes, as forge-train's does
         dts.append(time.perf_counter() - t0)
     return statistics.median(dts[a.warmup:]), losses
 
@@ -153,8 +245,8 @@ def run(a):
               f"compile {1e3 * c_dt:8.3f} ms | first {k} losses max rel {rel:.2e}")
         if top:
             print("  forge " + top.replace("\n", "\n  "))
-    with open(os.path.join(a.dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        with open(os.path.join(a.dir, "results.json"), "w") as f:  # after every model
+            json.dump(results, f, indent=1)
 
 
 def main():

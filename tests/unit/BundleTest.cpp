@@ -220,9 +220,9 @@ TEST(BundleTest, HeaderFieldsAreChecked) {
   }
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 0; }), "formatVersion");
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 7; }),
-              "bundle format version 7 is newer than this forge-train supports (2)");
+              "bundle format version 7 is newer than this forge-train supports (3)");
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 1; }),
-              "bundle format version 1 is older than this forge-train supports (2); recompile "
+              "bundle format version 1 is older than this forge-train supports (3); recompile "
               "the model with this forgec");
   expectError(withHeader([](BundleHeader &h) { h.headerSize = 32; }), "headerSize");
   expectError(withHeader([](BundleHeader &h) { h.headerSize = 0xFFFFFFFF; }), "headerSize");

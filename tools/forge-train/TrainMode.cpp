@@ -243,7 +243,8 @@ public:
       if (s.instruction >= 0) {
         const bundle::Instruction &inst = r.instructions(s.instruction);
         std::string kernel = inst.placement() == bundle::KERNEL    ? inst.launch().kernel()
-                             : inst.placement() == bundle::LIBRARY ? "cuBLASLt"
+                             : inst.placement() == bundle::LIBRARY
+                                 ? (inst.op().rfind("conv", 0) == 0 ? "cuDNN" : "cuBLASLt")
                              : inst.placement() == bundle::HOST    ? "host (CPU kernel)"
                              : inst.placement() == bundle::DEVICE_COPY ? "memcpy"
                                                                        : "cpu";

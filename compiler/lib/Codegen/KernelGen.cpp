@@ -65,11 +65,13 @@ std::optional<CudaTarget> mlir::forge::parseCudaTarget(llvm::StringRef target) {
   } else if (target == "cuda:sm_80") {
     t.chip = "sm_80";
     t.sharedBytesPerSM = 164 * 1024;
+    t.typicalSMs = 108;
   } else if (target == "cuda:sm_89") {
     t.chip = "sm_89";
     t.maxThreadsPerSM = 1536;
     t.maxBlocksPerSM = 24;
     t.sharedBytesPerSM = 100 * 1024;
+    t.typicalSMs = 142;
   } else {
     return std::nullopt;
   }
@@ -257,8 +259,12 @@ struct KB {
   /// for (i = from; i < n; i += step) with a loop-carried accumulator.
   Value loopAcc(Value from, int64_t n, Value step, Value init,
                 function_ref<Value(Value, Value)> body) {
+    return loopAcc(from, idx(n), step, init, body);
+  }
+  Value loopAcc(Value from, Value n, Value step, Value init,
+                function_ref<Value(Value, Value)> body) {
     auto loop = b.create<scf::ForOp>(
-        loc, from, idx(n), step, ValueRange{init},
+        loc, from, n, step, ValueRange{init},
         [&](OpBuilder &nb, Location l, Value i, ValueRange acc) {
           OpBuilder::InsertionGuard g(b);
           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
@@ -806,9 +812,22 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   Type smem = MemRefType::get({rowLayout ? kWarp : 256}, f32, AffineMap{},
                               gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
   int64_t block = rowLayout ? chooseBlockSize(target, count, 32, kWarp * 4) : 256;
-  int64_t grid = rowLayout ? outputs : (outputs + kWarp - 1) / kWarp;
-  if (grid > (int64_t(1) << 31) - 1)
+  int64_t outBlocks = rowLayout ? outputs : (outputs + kWarp - 1) / kWarp;
+  if (outBlocks > (int64_t(1) << 31) - 1)
     return std::nullopt;
+  // Too few output blocks to fill the GPU: split the reduced range over more
+  // blocks, whose partial sums are added atomically (sums and means in f32;
+  // the order of the additions, and so the last bits, may vary run to run).
+  StringRef opName = op->getName().stripDialect();
+  bool additive = (opName == "reduce_sum" || opName == "reduce_mean") && elem.isF32();
+  int64_t perBlock = (rowLayout ? block : block / kWarp) * 16; // reduced elements per chunk, at least
+  int64_t splits = 1;
+  if (additive && outBlocks < 2 * target.typicalSMs)
+    splits = std::clamp<int64_t>(std::min<int64_t>(4 * target.typicalSMs / outBlocks,
+                                                   (count + perBlock - 1) / perBlock),
+                                 1, 65535);
+  int64_t chunk = (count + splits - 1) / splits;
+  int64_t grid = outBlocks * splits;
 
   OpBuilder b(context);
   auto fn = newKernel(b, name, {flatMemref(elem, inType.getNumElements()),
@@ -827,13 +846,22 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
       acc = b.create<arith::DivFOp>(k.loc, acc, k.fconst(f32, static_cast<double>(count)));
     if (kind->sqrt)
       acc = b.create<math::SqrtOp>(k.loc, acc);
-    k.store(acc, out, o, elem);
+    if (splits > 1)
+      b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, acc, out, ValueRange{o});
+    else
+      k.store(acc, out, o, elem);
   };
+  // This block's output block and its chunk [rBegin, rEnd) of the reduced range.
+  Value outBlock = splits > 1 ? k.rem(k.bid(), outBlocks) : k.bid();
+  Value rBegin = splits > 1 ? k.mul(k.div(k.bid(), outBlocks), k.idx(chunk)) : k.idx(0);
+  Value rEnd = splits > 1 ? Value(b.create<arith::MinUIOp>(k.loc, k.add(rBegin, k.idx(chunk)),
+                                                           k.idx(count)))
+                          : k.idx(count);
 
   if (rowLayout) {
-    Value o = k.bid();
+    Value o = outBlock;
     Value base = kept.offset(k, o);
-    Value acc = k.loopAcc(k.tid(), count, k.idx(block), identity,
+    Value acc = k.loopAcc(k.add(rBegin, k.tid()), rEnd, k.idx(block), identity,
                           [&](Value r, Value a) { return combine(a, element(base, r)); });
     acc = k.blockReduce(acc, block / kWarp, sh, identity, combine);
     k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)),
@@ -842,11 +870,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     // lanes: 32 consecutive outputs; warps: slices of the reduced range.
     Value t = k.tid();
     Value lane = k.rem(t, kWarp), warp = k.div(t, kWarp);
-    Value o = k.add(k.mul(k.bid(), k.idx(kWarp)), lane);
+    Value o = k.add(k.mul(outBlock, k.idx(kWarp)), lane);
     Value valid = k.ult(o, k.idx(outputs));
     Value oc = b.create<arith::MinUIOp>(k.loc, o, k.idx(outputs - 1));
     Value base = kept.offset(k, oc);
-    Value acc = k.loopAcc(warp, count, k.idx(block / kWarp), identity,
+    Value acc = k.loopAcc(k.add(rBegin, warp), rEnd, k.idx(block / kWarp), identity,
                           [&](Value r, Value a) { return combine(a, element(base, r)); });
     b.create<memref::StoreOp>(k.loc, acc, sh, t);
     b.create<gpu::BarrierOp>(k.loc);
@@ -859,7 +887,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     });
   }
   b.create<gpu::ReturnOp>(k.loc);
-  return KernelLaunch{name.str(), grid, block};
+  KernelLaunch launch{name.str(), grid, block};
+  launch.zeroOutputs = splits > 1;
+  return launch;
 }
 
 std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, StringRef name) {

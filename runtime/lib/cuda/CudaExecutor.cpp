@@ -1,6 +1,7 @@
 // The CUDA device (CudaExecutor.h).
 #include "cuda/CudaExecutor.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -270,11 +271,9 @@ struct CudaExecutor::Impl {
   Status finish(const std::string &origin) const {
     cudaError_t e = cudaStreamSynchronize(compute);
     if (e != cudaSuccess)
-      return Status::error("{}: CUDA error in routine '{}': {} (forge-train --no-cuda-graph runs "
-                           "the first step instruction by instruction and names the one that "
-                           "fails)",
-                           origin, lastRoutine >= 0 ? std::to_string(lastRoutine) : "?",
-                           errorString(e));
+      return Status::error("{}: CUDA error while running routine #{}: {} (set FORGE_CUDA_CHECK=1 "
+                           "to synchronize after every instruction and name the one that fails)",
+                           origin, lastRoutine, errorString(e));
     if (lastRoutine >= 0)
       for (const Step &s : routines[lastRoutine].steps)
         if (s.kind == Step::Host) {
@@ -638,8 +637,14 @@ Status CudaExecutor::run(int routine) {
              bundle_.origin(), proto.name());
     return Status::ok();
   }
-  if (!r.warmedUp || !im.options.graphs) {
-    FORGE_RETURN_IF_ERROR(im.enqueue(bundle_.origin(), proto, r, /*checked=*/!r.warmedUp));
+  // FORGE_CUDA_CHECK=1: every run instruction by instruction, synchronized.
+  static const bool alwaysChecked = [] {
+    const char *v = std::getenv("FORGE_CUDA_CHECK");
+    return v && *v && std::string(v) != "0";
+  }();
+  if (!r.warmedUp || !im.options.graphs || alwaysChecked) {
+    FORGE_RETURN_IF_ERROR(
+        im.enqueue(bundle_.origin(), proto, r, /*checked=*/!r.warmedUp || alwaysChecked));
     r.warmedUp = true;
     return Status::ok();
   }

@@ -40,6 +40,7 @@ struct CudaTarget {
   int maxBlocksPerSM = 32;     // resident blocks per SM
   int registersPerSM = 65536;  // 32-bit registers
   int sharedBytesPerSM = 228 * 1024;
+  int typicalSMs = 132;        // of the common part (H100/H200; A100 108; L40S 142): sizes splits
 };
 
 /// Parses "cuda:sm_80", "cuda:sm_89" or "cuda:sm_90"; std::nullopt otherwise.
