@@ -1407,7 +1407,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   Type f32 = Float32Type::get(context);
   Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
                               gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
-  int64_t block = chooseBlockSize(target, count, 32, kWarp * 4);
+  // Few channels are few blocks: give each the most threads a block can have,
+  // so the memory system sees enough loads in flight.
+  int64_t block = c < 2 * target.typicalSMs ? std::min<int64_t>(1024, std::max<int64_t>(kWarp, (count + kWarp - 1) / kWarp * kWarp))
+                                            : chooseBlockSize(target, count, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
   KB k{b, op->getLoc()};
