@@ -365,6 +365,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   bool tf32 = opt != p.build_options().end() && opt->second == "1";
   std::map<const bundle::Instruction *, std::unique_ptr<MatmulPlan>> matmuls;
   std::map<const bundle::Instruction *, std::unique_ptr<ConvPlan>> convs;
+  MatmulAlgoCache algos;
   for (const bundle::Routine &proto : p.routines())
     for (int i = 0; i < proto.instructions_size(); ++i) {
       const bundle::Instruction &inst = proto.instructions(i);
@@ -387,7 +388,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         auto problem = cuda::matmulProblem(p, inst, tf32);
         if (!problem)
           return fail(problem.status());
-        auto plan = MatmulPlan::create(*im.lt, im.ltHandle, *problem, kWorkspaceBytes);
+        auto plan = MatmulPlan::create(*im.lt, im.ltHandle, *problem, kWorkspaceBytes, algos);
         if (!plan)
           return fail(plan.status());
         matmuls[&inst] = plan.take();

@@ -127,7 +127,8 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
 Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
                                                          cublasLtHandle_t handle,
                                                          const MatmulProblem &pr,
-                                                         size_t workspaceBytes) {
+                                                         size_t workspaceBytes,
+                                                         MatmulAlgoCache &cache) {
   std::unique_ptr<MatmulPlan> plan(new MatmulPlan());
   plan->api_ = &api;
   plan->handle_ = handle;
@@ -168,6 +169,11 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
                                pr.lhsBatchStride));
   FORGE_RETURN_IF_ERROR(layout(&plan->c_, pr.n, pr.m, pr.m * pr.n));
 
+  const std::string key = pr.key();
+  if (auto hit = cache.find(key); hit != cache.end()) {
+    plan->algo_ = hit->second;
+    return plan;
+  }
   cublasLtMatmulPreference_t pref;
   LT_CHECK(api.cublasLtMatmulPreferenceCreate(&pref));
   uint64_t ws = workspaceBytes;
@@ -184,6 +190,7 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
                          st != CUBLAS_STATUS_SUCCESS ? api.cublasLtGetStatusString(st)
                                                      : "no heuristic result");
   plan->algo_ = result.algo;
+  cache.emplace(key, result.algo);
   return plan;
 }
 

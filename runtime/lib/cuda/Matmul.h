@@ -37,12 +37,17 @@ struct MatmulProblem {
 Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::Instruction &inst,
                                       bool tf32);
 
+/// Heuristic results by MatmulProblem::key(): one cuBLASLt heuristic query
+/// per distinct shape (a GPT step has ~200 matmuls of ~10 shapes).
+using MatmulAlgoCache = std::map<std::string, cublasLtMatmulAlgo_t>;
+
 class MatmulPlan {
 public:
   static Expected<std::unique_ptr<MatmulPlan>> create(const CublasLtApi &api,
                                                       cublasLtHandle_t handle,
                                                       const MatmulProblem &problem,
-                                                      size_t workspaceBytes);
+                                                      size_t workspaceBytes,
+                                                      MatmulAlgoCache &cache);
   ~MatmulPlan();
   /// Enqueues Y = alpha op(lhs) op(rhs) (+ beta C | + bias) on `stream`.
   Status run(cudaStream_t stream, const void *lhs, const void *rhs, const void *c, void *out,
