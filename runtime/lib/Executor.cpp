@@ -120,6 +120,7 @@ Status Executor::setInput(int routine, const std::string &name, const TensorView
   if (bytes > 0) {
     if (!data.data)
       return Status::error("input '{}': no data", name);
+    FORGE_RETURN_IF_ERROR(waitInputsConsumed());
     std::memcpy(inputBuffer(*t), data.data, bytes);
   }
   return Status::ok();

@@ -289,11 +289,74 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   return tr;
 }
 
-Expected<StepResult> Trainer::step(std::vector<Executor::Span> *profile) {
+Status Trainer::launch() {
+  if (inFlight_ >= 2)
+    return Status::error("internal: two steps are in flight; collect one first");
   std::span<const int64_t> indices = sampler_->next();
   if (indices.size() != static_cast<size_t>(samplesPerStep()))
     return Status::error("internal: the sampler returned {} indices, expected {}",
                          indices.size(), samplesPerStep());
+  FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
+  for (int64_t k = 0; k < micro_; ++k)
+    FORGE_RETURN_IF_ERROR(trainData_->fill(
+        indices.subspan(static_cast<size_t>(k * batch_), static_cast<size_t>(batch_)),
+        microOuts_[k]));
+  if (stepInput_ >= 0) {
+    float s = static_cast<float>(step_ + inFlight_ + 1);
+    std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
+  }
+  FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
+  ++inFlight_;
+  return Status::ok();
+}
+
+Expected<StepResult> Trainer::collect() {
+  if (inFlight_ == 0)
+    return Status::error("internal: no step in flight");
+  StepResult r;
+  auto read = [&](int32_t t) -> Expected<float> {
+    float v;
+    if (inFlight_ == 2) { // the older of two: the run before the last
+      auto view = exec_->previousOutput(t);
+      if (!view)
+        return view.status();
+      std::memcpy(&v, view->data, sizeof(v));
+    } else {
+      v = readScalar(*exec_, t);
+    }
+    return v;
+  };
+  if (inFlight_ == 1)
+    FORGE_RETURN_IF_ERROR(exec_->wait());
+  auto loss = read(train_.loss);
+  if (!loss)
+    return loss.status();
+  r.loss = *loss;
+  if (train_.extra1 >= 0) {
+    auto lr = read(train_.extra1);
+    if (!lr)
+      return lr.status();
+    r.lr = *lr;
+  }
+  if (train_.extra2 >= 0) {
+    auto norm = read(train_.extra2);
+    if (!norm)
+      return norm.status();
+    r.gradNorm = *norm;
+  }
+  --inFlight_;
+  r.step = ++step_;
+  return r;
+}
+
+Expected<StepResult> Trainer::step(std::vector<Executor::Span> *profile) {
+  if (inFlight_ != 0)
+    return Status::error("internal: step() with {} step(s) in flight", inFlight_);
+  std::span<const int64_t> indices = sampler_->next();
+  if (indices.size() != static_cast<size_t>(samplesPerStep()))
+    return Status::error("internal: the sampler returned {} indices, expected {}",
+                         indices.size(), samplesPerStep());
+  FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
   for (int64_t k = 0; k < micro_; ++k)
     FORGE_RETURN_IF_ERROR(trainData_->fill(
         indices.subspan(static_cast<size_t>(k * batch_), static_cast<size_t>(batch_)),
@@ -331,6 +394,7 @@ Expected<EvalResult> Trainer::evaluate() {
   for (int64_t b = 0; b < r.batches; ++b) {
     for (int64_t i = 0; i < evalBatch_; ++i)
       evalIndices_[static_cast<size_t>(i)] = b * evalBatch_ + i;
+    FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
     FORGE_RETURN_IF_ERROR(evalData_->fill(evalIndices_, evalOuts_));
     FORGE_RETURN_IF_ERROR(exec_->run(eval_.index));
     FORGE_RETURN_IF_ERROR(exec_->wait());

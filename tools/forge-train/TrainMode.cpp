@@ -452,12 +452,33 @@ Expected<int> train(const Options &opts, Progress &progress) {
     return Status::ok();
   };
 
-  while (tr.stepsDone() < total && !gInterrupted) {
+  // On a GPU, step s+1 is launched before step s's loss is read back (the
+  // read-back never holds up the next launch), except after steps whose
+  // results something must see with the device idle: evaluation, checkpoints,
+  // --dump-grads, the last step, and the step before a profiled one.
+  const bool pipeline = tr.canPipeline() && !opts.noPipeline;
+  auto quietAfter = [&](int64_t s, int64_t ranBefore) {
+    bool nextProfiled = trace && ranBefore + 2 >= profileFrom && profiled < opts.profileSteps;
+    return s >= total || nextProfiled || (ranBefore == 0 && !opts.dumpGrads.empty()) ||
+           (tr.hasEval() && opts.evalEvery > 0 && s % opts.evalEvery == 0) ||
+           (ckpt && opts.ckptEvery > 0 && s % opts.ckptEvery == 0);
+  };
+
+  while ((tr.stepsDone() < total && !gInterrupted) || tr.inFlight() > 0) {
     auto t0 = Clock::now();
     std::vector<Executor::Span> spans;
-    const bool profileThis =
-        trace && ranSteps + 1 >= profileFrom && profiled < opts.profileSteps;
-    auto r = tr.step(profileThis ? &spans : nullptr);
+    const bool profileThis = trace && tr.inFlight() == 0 && ranSteps + 1 >= profileFrom &&
+                             profiled < opts.profileSteps;
+    auto r = [&]() -> Expected<StepResult> {
+      if (profileThis || !pipeline)
+        return tr.step(profileThis ? &spans : nullptr);
+      const int64_t next = tr.stepsDone() + 1;
+      if (tr.inFlight() == 0)
+        FORGE_RETURN_IF_ERROR(tr.launch());
+      if (tr.inFlight() == 1 && !gInterrupted && !quietAfter(next, ranSteps))
+        FORGE_RETURN_IF_ERROR(tr.launch()); // step next+1 overlaps next's read-back
+      return tr.collect();
+    }();
     if (!r)
       return r.status().prefix(fmt::format("step {}", tr.stepsDone() + 1));
     double dt = secondsSince(t0);

@@ -305,6 +305,10 @@ void addOptions(CLI::App &app, Options &opts) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str()
       ->group(loop);
+  app.add_flag("--no-pipeline", opts.noPipeline,
+               "GPU: read each step's loss back before launching the next step (by default "
+               "step s+1 is launched first)")
+      ->group(loop);
   app.add_flag("--no-cuda-graph", opts.noCudaGraph,
                "CUDA: launch every instruction each step instead of replaying a CUDA graph")
       ->group(loop);

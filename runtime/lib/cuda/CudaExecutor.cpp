@@ -113,9 +113,10 @@ struct Transfer {
 
 struct RoutineState {
   std::vector<Step> steps;
-  std::vector<Transfer> inputs, outputs;
+  std::vector<Transfer> inputs;
+  std::vector<Transfer> outputs[2]; // read-back buffers by run parity
   bool warmedUp = false;
-  cudaGraphExec_t graph = nullptr;
+  cudaGraphExec_t graph[2] = {nullptr, nullptr};
   std::vector<cudaEvent_t> profileEvents; // created by the first runProfiled()
 };
 
@@ -131,8 +132,13 @@ struct CudaExecutor::Impl {
   cudnnHandle_t dnnHandle = nullptr;
   size_t workspaceBytes = 0;
   cudaStream_t compute = nullptr, copy = nullptr;
-  cudaEvent_t startEvent = nullptr, inputsEvent = nullptr, computeEvent = nullptr,
-              outputsEvent = nullptr;
+  // Stream-ordering events (within a run, also inside graph captures) ...
+  cudaEvent_t startEvent = nullptr, inputsEvent = nullptr, computeEvent = nullptr;
+  cudaEvent_t outputsEvent[2] = {nullptr, nullptr}; // by run parity
+  // ... and the ones the host waits on: recorded as external event nodes
+  // when captured (an event recorded only as a capture dependency cannot be
+  // waited on from the host).
+  cudaEvent_t inputsDone = nullptr, outputsDone[2] = {nullptr, nullptr};
   void *deviceBase = nullptr;
   uint64_t deviceBytes = 0;
   void *workspace = nullptr;
@@ -140,7 +146,9 @@ struct CudaExecutor::Impl {
   std::unique_ptr<ThreadPool> pool;
   std::vector<void *> devicePtr;         // per tensor
   std::vector<PinnedBuffer> inputStage;  // per tensor (routine inputs)
-  std::vector<PinnedBuffer> outputStage; // per tensor (routine outputs)
+  std::vector<PinnedBuffer> outputStage[2]; // per tensor (routine outputs), by run parity
+  uint64_t runs = 0;                        // run() calls; parity = the run's index % 2
+  int lastParity = 0;
   mutable std::vector<std::unique_ptr<uint8_t[]>> mirror; // view() of other tensors
   std::vector<RoutineState> routines;
   int lastRoutine = -1;
@@ -149,8 +157,9 @@ struct CudaExecutor::Impl {
 
   ~Impl() {
     for (RoutineState &r : routines) {
-      if (r.graph)
-        cudaGraphExecDestroy(r.graph);
+      for (cudaGraphExec_t g : r.graph)
+        if (g)
+          cudaGraphExecDestroy(g);
       for (cudaEvent_t e : r.profileEvents)
         cudaEventDestroy(e);
     }
@@ -161,7 +170,8 @@ struct CudaExecutor::Impl {
       lt->cublasLtDestroy(ltHandle);
     if (dnnHandle && dnn)
       dnn->cudnnDestroy(dnnHandle);
-    for (cudaEvent_t e : {startEvent, inputsEvent, computeEvent, outputsEvent})
+    for (cudaEvent_t e : {startEvent, inputsEvent, computeEvent, outputsEvent[0], outputsEvent[1],
+                          inputsDone, outputsDone[0], outputsDone[1]})
       if (e)
         cudaEventDestroy(e);
     for (cudaStream_t s : {compute, copy})
@@ -227,7 +237,8 @@ struct CudaExecutor::Impl {
   /// Enqueues the whole routine (inputs in, instructions, outputs out). With
   /// `checked`, synchronizes after every instruction to name a failing one.
   Status enqueue(const std::string &origin, const bundle::Routine &proto, RoutineState &r,
-                 bool checked) {
+                 bool checked, int parity, bool capturing = false) {
+    const unsigned hostVisible = capturing ? cudaEventRecordExternal : cudaEventRecordDefault;
     // Inputs: the copy stream waits for earlier compute (the arena is reused).
     CUDA_TRY(cudaEventRecord(startEvent, compute), "event record");
     CUDA_TRY(cudaStreamWaitEvent(copy, startEvent, 0), "stream wait");
@@ -236,6 +247,7 @@ struct CudaExecutor::Impl {
         CUDA_TRY(cudaMemcpyAsync(t.device, t.host, t.bytes, cudaMemcpyHostToDevice, copy),
                  "input upload");
     CUDA_TRY(cudaEventRecord(inputsEvent, copy), "event record");
+    CUDA_TRY(cudaEventRecordWithFlags(inputsDone, copy, hostVisible), "event record");
     CUDA_TRY(cudaStreamWaitEvent(compute, inputsEvent, 0), "stream wait");
     for (Step &s : r.steps) {
       Status st = launch(s);
@@ -256,13 +268,14 @@ struct CudaExecutor::Impl {
     }
     CUDA_TRY(cudaEventRecord(computeEvent, compute), "event record");
     CUDA_TRY(cudaStreamWaitEvent(copy, computeEvent, 0), "stream wait");
-    for (const Transfer &t : r.outputs)
+    for (const Transfer &t : r.outputs[parity])
       if (t.bytes)
         CUDA_TRY(cudaMemcpyAsync(t.host, t.device, t.bytes, cudaMemcpyDeviceToHost, copy),
                  "output download");
-    CUDA_TRY(cudaEventRecord(outputsEvent, copy), "event record");
+    CUDA_TRY(cudaEventRecord(outputsEvent[parity], copy), "event record");
+    CUDA_TRY(cudaEventRecordWithFlags(outputsDone[parity], copy, hostVisible), "event record");
     // Joins the copy stream back (required to end a capture).
-    CUDA_TRY(cudaStreamWaitEvent(compute, outputsEvent, 0), "stream wait");
+    CUDA_TRY(cudaStreamWaitEvent(compute, outputsEvent[parity], 0), "stream wait");
     return Status::ok();
   }
 
@@ -271,11 +284,20 @@ struct CudaExecutor::Impl {
   Status finish(const std::string &origin) const {
     cudaError_t e = cudaStreamSynchronize(compute);
     if (e != cudaSuccess)
-      return Status::error("{}: CUDA error while running routine #{}: {} (set FORGE_CUDA_CHECK=1 "
-                           "to synchronize after every instruction and name the one that fails)",
-                           origin, lastRoutine, errorString(e));
-    if (lastRoutine >= 0)
-      for (const Step &s : routines[lastRoutine].steps)
+      return deviceError(origin, e);
+    return hostErrors();
+  }
+
+  Status deviceError(const std::string &origin, cudaError_t e) const {
+    return Status::error("{}: CUDA error while running routine #{}: {} (set FORGE_CUDA_CHECK=1 "
+                         "to synchronize after every instruction and name the one that fails)",
+                         origin, lastRoutine, errorString(e));
+  }
+
+  /// The first failure of a HOST instruction of any routine that has run.
+  Status hostErrors() const {
+    for (const RoutineState &r : routines)
+      for (const Step &s : r.steps)
         if (s.kind == Step::Host) {
           std::lock_guard<std::mutex> lock(s.call->mutex);
           if (!s.call->status.isOk())
@@ -357,7 +379,9 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
 
   CUDA_TRY(cudaStreamCreateWithFlags(&im.compute, cudaStreamNonBlocking), "compute stream");
   CUDA_TRY(cudaStreamCreateWithFlags(&im.copy, cudaStreamNonBlocking), "copy stream");
-  for (cudaEvent_t *ev : {&im.startEvent, &im.inputsEvent, &im.computeEvent, &im.outputsEvent})
+  for (cudaEvent_t *ev : {&im.startEvent, &im.inputsEvent, &im.computeEvent, &im.outputsEvent[0],
+                          &im.outputsEvent[1], &im.inputsDone, &im.outputsDone[0],
+                          &im.outputsDone[1]})
     CUDA_TRY(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event");
 
   // Library plans (their workspace is part of the one allocation below).
@@ -462,7 +486,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
 
   // Per routine: staged inputs/outputs and one ready-to-launch step per instruction.
   im.inputStage.resize(p.tensors_size());
-  im.outputStage.resize(p.tensors_size());
+  im.outputStage[0].resize(p.tensors_size());
+  im.outputStage[1].resize(p.tensors_size());
   std::map<std::string, CUfunction> functions;
   for (const bundle::Routine &proto : p.routines()) {
     RoutineState r;
@@ -473,13 +498,14 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       r.inputs.push_back({buf->get(), im.devicePtr[t], byteSize(p.tensors(t))});
       im.inputStage[t] = buf.take();
     }
-    for (int32_t t : proto.outputs()) {
-      auto buf = allocPinned(byteSize(p.tensors(t)), "output '" + p.tensors(t).name() + "'");
-      if (!buf)
-        return buf.status();
-      r.outputs.push_back({buf->get(), im.devicePtr[t], byteSize(p.tensors(t))});
-      im.outputStage[t] = buf.take();
-    }
+    for (int32_t t : proto.outputs())
+      for (int parity : {0, 1}) {
+        auto buf = allocPinned(byteSize(p.tensors(t)), "output '" + p.tensors(t).name() + "'");
+        if (!buf)
+          return buf.status();
+        r.outputs[parity].push_back({buf->get(), im.devicePtr[t], byteSize(p.tensors(t))});
+        im.outputStage[parity][t] = buf.take();
+      }
     for (int i = 0; i < proto.instructions_size(); ++i) {
       const bundle::Instruction &inst = proto.instructions(i);
       Step s;
@@ -622,19 +648,21 @@ Status CudaExecutor::run(int routine) {
     return Status::error("{}: no routine #{} (the bundle has {})", bundle_.origin(), routine,
                          numRoutines());
   Impl &im = *impl_;
-  // The previous routine's outputs must have been read (or dropped) and its
-  // host instructions checked before the arena is reused.
-  if (im.lastRoutine >= 0)
-    FORGE_RETURN_IF_ERROR(im.finish(bundle_.origin()));
+  // No wait for the previous run: the stream orders the arena's reuse, and its
+  // read-back buffers are the other parity's (the caller reads them with
+  // previousOutput() while this run proceeds).
+  FORGE_RETURN_IF_ERROR(im.hostErrors());
   const bundle::Routine &proto = *routines_[routine];
   RoutineState &r = im.routines[routine];
   im.lastRoutine = routine;
+  const int parity = static_cast<int>(im.runs++ % 2);
+  im.lastParity = parity;
   nvtxRangePushA(proto.name().c_str()); // the host side of the step (Nsight Systems)
   struct PopRange {
     ~PopRange() { nvtxRangePop(); }
   } pop;
-  if (r.graph) {
-    CUDA_TRY(cudaGraphLaunch(r.graph, im.compute), "{}: replaying routine '{}'",
+  if (r.graph[parity]) {
+    CUDA_TRY(cudaGraphLaunch(r.graph[parity], im.compute), "{}: replaying routine '{}'",
              bundle_.origin(), proto.name());
     return Status::ok();
   }
@@ -644,36 +672,61 @@ Status CudaExecutor::run(int routine) {
     return v && *v && std::string(v) != "0";
   }();
   if (!r.warmedUp || !im.options.graphs || alwaysChecked) {
-    FORGE_RETURN_IF_ERROR(
-        im.enqueue(bundle_.origin(), proto, r, /*checked=*/!r.warmedUp || alwaysChecked));
+    FORGE_RETURN_IF_ERROR(im.enqueue(bundle_.origin(), proto, r,
+                                     /*checked=*/!r.warmedUp || alwaysChecked, parity));
     r.warmedUp = true;
     return Status::ok();
   }
-  // Second run: capture the routine into a graph, then replay it.
+  // The first run of each parity after the warm-up: capture a graph (one per
+  // parity: they differ in their read-back buffers), then replay it.
   CUDA_TRY(cudaStreamBeginCapture(im.compute, cudaStreamCaptureModeThreadLocal),
            "{}: capturing routine '{}'", bundle_.origin(), proto.name());
-  Status st = im.enqueue(bundle_.origin(), proto, r, false);
+  Status st = im.enqueue(bundle_.origin(), proto, r, false, parity, /*capturing=*/true);
   cudaGraph_t graph = nullptr;
   cudaError_t e = cudaStreamEndCapture(im.compute, &graph);
   if (st.isOk() && e == cudaSuccess)
-    e = cudaGraphInstantiate(&r.graph, graph, 0);
+    e = cudaGraphInstantiate(&r.graph[parity], graph, 0);
   if (graph)
     cudaGraphDestroy(graph);
   if (!st.isOk() || e != cudaSuccess) {
     cudaGetLastError();
-    r.graph = nullptr;
+    r.graph[parity] = nullptr;
     im.options.graphs = false; // keep running, launch by launch
     fmt::print(stderr, "forge-train: warning: {}: CUDA graph capture of routine '{}' failed ({}); "
                "launching instruction by instruction\n",
                bundle_.origin(), proto.name(), st.isOk() ? errorString(e) : st.message());
-    return im.enqueue(bundle_.origin(), proto, r, false);
+    return im.enqueue(bundle_.origin(), proto, r, false, parity);
   }
-  CUDA_TRY(cudaGraphLaunch(r.graph, im.compute), "{}: replaying routine '{}'", bundle_.origin(),
-           proto.name());
+  CUDA_TRY(cudaGraphLaunch(r.graph[parity], im.compute), "{}: replaying routine '{}'",
+           bundle_.origin(), proto.name());
   return Status::ok();
 }
 
 Status CudaExecutor::wait() { return impl_->finish(bundle_.origin()); }
+
+Status CudaExecutor::waitInputsConsumed() {
+  cudaError_t e = cudaEventSynchronize(impl_->inputsDone);
+  return e == cudaSuccess ? Status::ok() : impl_->deviceError(bundle_.origin(), e);
+}
+
+Expected<TensorView> CudaExecutor::previousOutput(int32_t index) {
+  Impl &im = *impl_;
+  const int parity = im.lastParity ^ 1;
+  if (index < 0 || static_cast<size_t>(index) >= im.outputStage[parity].size() ||
+      !im.outputStage[parity][index] || im.runs < 2)
+    return Status::error("{}: tensor #{} is not an output of a previous run", bundle_.origin(),
+                         index);
+  cudaError_t e = cudaEventSynchronize(im.outputsDone[parity]);
+  if (e != cudaSuccess)
+    return im.deviceError(bundle_.origin(), e);
+  FORGE_RETURN_IF_ERROR(im.hostErrors());
+  const bundle::TensorInfo &info = tensorInfo(index);
+  TensorView v;
+  v.dtype = info.dtype();
+  v.shape.assign(info.shape().begin(), info.shape().end());
+  v.data = im.outputStage[parity][index].get();
+  return v;
+}
 
 Executor::DeviceInfo CudaExecutor::deviceInfo() const {
   const Impl &im = *impl_;
@@ -706,6 +759,8 @@ Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
   const bundle::Routine &proto = *routines_[routine];
   RoutineState &r = im.routines[routine];
   im.lastRoutine = routine;
+  const int parity = static_cast<int>(im.runs++ % 2);
+  im.lastParity = parity;
   const size_t n = r.steps.size();
   if (r.profileEvents.empty()) {
     r.profileEvents.resize(2 * n + 4, nullptr);
@@ -722,6 +777,7 @@ Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
       CUDA_TRY(cudaMemcpyAsync(t.device, t.host, t.bytes, cudaMemcpyHostToDevice, im.copy),
                "input upload");
   CUDA_TRY(cudaEventRecord(ev(1), im.copy), "event record");
+  CUDA_TRY(cudaEventRecord(im.inputsDone, im.copy), "event record");
   CUDA_TRY(cudaStreamWaitEvent(im.compute, ev(1), 0), "stream wait");
   for (size_t i = 0; i < n; ++i) {
     Step &s = r.steps[i];
@@ -737,13 +793,14 @@ Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
   CUDA_TRY(cudaEventRecord(im.computeEvent, im.compute), "event record");
   CUDA_TRY(cudaStreamWaitEvent(im.copy, im.computeEvent, 0), "stream wait");
   CUDA_TRY(cudaEventRecord(ev(2 * n + 2), im.copy), "event record");
-  for (const Transfer &t : r.outputs)
+  for (const Transfer &t : r.outputs[parity])
     if (t.bytes)
       CUDA_TRY(cudaMemcpyAsync(t.host, t.device, t.bytes, cudaMemcpyDeviceToHost, im.copy),
                "output download");
   CUDA_TRY(cudaEventRecord(ev(2 * n + 3), im.copy), "event record");
-  CUDA_TRY(cudaEventRecord(im.outputsEvent, im.copy), "event record");
-  CUDA_TRY(cudaStreamWaitEvent(im.compute, im.outputsEvent, 0), "stream wait");
+  CUDA_TRY(cudaEventRecord(im.outputsEvent[parity], im.copy), "event record");
+  CUDA_TRY(cudaEventRecord(im.outputsDone[parity], im.copy), "event record");
+  CUDA_TRY(cudaStreamWaitEvent(im.compute, im.outputsEvent[parity], 0), "stream wait");
   FORGE_RETURN_IF_ERROR(im.finish(bundle_.origin()));
 
   std::vector<Span> spans;
@@ -778,8 +835,8 @@ TensorView CudaExecutor::view(int32_t index) const {
     fmt::print(stderr, "forge-train: error: {}\n", st.message());
     return {};
   }
-  if (im.outputStage[index]) {
-    v.data = im.outputStage[index].get();
+  if (im.outputStage[im.lastParity][index]) {
+    v.data = im.outputStage[im.lastParity][index].get();
     return v;
   }
   size_t bytes = byteSize(info);

@@ -14,8 +14,12 @@
 //    synchronizes after each, so an error names the instruction, its op and
 //    kernel. Later runs replay a CUDA graph captured on the second run (unless
 //    graphs are disabled).
-//  * run() returns once the step is enqueued; view() of a routine output waits
-//    for its read-back, view() of anything else synchronizes and copies.
+//  * run() returns once the step is enqueued, without waiting for the previous
+//    run: routine outputs are read back into one of two pinned buffer sets,
+//    alternating by run, so the previous run's outputs stay readable
+//    (previousOutput) while the next run proceeds. view() of a routine output
+//    waits for the last run's read-back; view() of anything else synchronizes
+//    and copies.
 #pragma once
 
 #include <memory>
@@ -44,6 +48,9 @@ public:
   using Executor::run;
   Status run(int routine) override;
   Status wait() override;
+  bool canPipeline() const override { return true; }
+  Status waitInputsConsumed() override;
+  Expected<TensorView> previousOutput(int32_t index) override;
   TensorView view(int32_t index) const override;
   DeviceInfo deviceInfo() const override;
   Expected<std::vector<Span>> runProfiled(int routine) override;

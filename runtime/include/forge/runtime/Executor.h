@@ -56,6 +56,18 @@ public:
   Status run() { return run(0); }
   /// Waits for the last run() and reports what failed while it ran.
   virtual Status wait() { return Status::ok(); }
+
+  // --- pipelining (devices whose run() returns before the work is done) -------
+  /// True when run() may start before the previous run's outputs are read:
+  /// they stay readable through previousOutput() until the run after.
+  virtual bool canPipeline() const { return false; }
+  /// Waits until the last run() no longer reads its inputBuffer()s (they may
+  /// be refilled for the next run).
+  virtual Status waitInputsConsumed() { return Status::ok(); }
+  /// Output `index` of the run before the last one (waits for its read-back).
+  virtual Expected<TensorView> previousOutput(int32_t index) {
+    return Status::error("this device does not pipeline runs");
+  }
   /// Host view of tensor `index` (an empty view when out of range).
   virtual TensorView view(int32_t index) const = 0;
 

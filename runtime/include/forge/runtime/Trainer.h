@@ -62,6 +62,18 @@ public:
   /// Runs one optimizer step on the next K*B samples. With `profile`, the step
   /// is timed instruction by instruction (Executor::runProfiled) into it.
   Expected<StepResult> step(std::vector<Executor::Span> *profile = nullptr);
+
+  /// Pipelined stepping, for devices that can (Executor::canPipeline): launch()
+  /// starts the next step on the next K*B samples without waiting for the
+  /// steps before it (only for the device to have read their inputs), and
+  /// collect() returns the oldest launched step's result. At most two steps
+  /// are launched and not collected. stepsDone() counts collected steps;
+  /// state(), evaluate() and the executor's persistent tensors are meaningful
+  /// only when nothing is in flight (inFlight() == 0).
+  bool canPipeline() const { return exec_->canPipeline(); }
+  Status launch();
+  Expected<StepResult> collect();
+  int inFlight() const { return inFlight_; }
   /// FLOPs of one train_step by the compiler's cost model (0 if unknown).
   double flopsPerStep() const { return flopsPerStep_; }
   /// Mean loss (and accuracy) over every full batch of the eval data.
@@ -118,6 +130,7 @@ private:
   int64_t batch_ = 0, micro_ = 1, evalBatch_ = 0, step_ = 0, tokensPerStep_ = 0;
   int64_t evalLabelElements_ = 0;
   double flopsPerStep_ = 0;
+  int inFlight_ = 0; // launched, not collected
   std::vector<std::vector<void *>> microOuts_; // [k][field] -> input buffer
   std::vector<void *> evalOuts_;
   std::vector<int64_t> evalIndices_;
