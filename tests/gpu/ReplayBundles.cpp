@@ -122,6 +122,7 @@ int main(int argc, char **argv) {
       tests[e.path().filename().string()] = e.path();
   int passed = 0, failed = 0;
   std::map<int, int64_t> placements; // instructions per placement, over all bundles
+  std::map<std::string, int64_t> hostOps;
   for (const auto &[name, path] : tests) {
     std::string why = [&]() -> std::string {
       auto bundle = Bundle::open((path / "model.forge").string());
@@ -132,8 +133,11 @@ int main(int argc, char **argv) {
         return "executor: " + ex.status().message();
       Executor &x = **ex;
       for (const auto &r : (*bundle)->program().routines())
-        for (const auto &inst : r.instructions())
+        for (const auto &inst : r.instructions()) {
           ++placements[static_cast<int>(inst.placement())];
+          if (inst.placement() == bundle::HOST)
+            ++hostOps[inst.op()];
+        }
       for (int set = 0;; ++set) {
         fs::path data = path / fmt::format("set_{}.npz", set);
         if (!fs::exists(data))
@@ -186,5 +190,11 @@ int main(int argc, char **argv) {
              device, passed, failed, placements[bundle::KERNEL], placements[bundle::LIBRARY],
              placements[bundle::DEVICE_COPY],
              placements[bundle::HOST] + placements[bundle::PLACEMENT_DEFAULT]);
+  if (!hostOps.empty()) {
+    std::string list;
+    for (const auto &[op, n] : hostOps)
+      list += fmt::format("{}{} x{}", list.empty() ? "" : ", ", op, n);
+    fmt::print("host instructions by op: {}\n", list);
+  }
   return failed ? 1 : 0;
 }

@@ -337,7 +337,7 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type resultElem) {
     return select(cmpf(arith::CmpFPredicate::OGT, lo, cf(1)), cf(1), lo);
   };
 
-  if (name == "transpose" || name == "broadcast") // data movement: the map does the work
+  if (name == "transpose" || name == "broadcast" || name == "slice") // the map does the work
     return args[0];
   if (name == "cast") {
     Type to = computeType(resultElem);
@@ -1636,6 +1636,22 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
   }
   if (opName == "broadcast") {
     maps.push_back({broadcastStrides(tensorType(op->getOperand(0)).getShape(), outShape)});
+    return mapKernel(op, name, maps);
+  }
+  if (opName == "slice") { // element i of dim d is input element starts[d] + i * steps[d]
+    auto starts = op->getAttrOfType<DenseI64ArrayAttr>("starts");
+    auto steps = op->getAttrOfType<DenseI64ArrayAttr>("steps");
+    auto inShape = tensorType(op->getOperand(0)).getShape();
+    if (!starts || !steps || starts.size() != static_cast<int64_t>(inShape.size()) ||
+        steps.size() != static_cast<int64_t>(inShape.size()))
+      return std::nullopt;
+    SmallVector<int64_t> inStrides = contiguousStrides(inShape);
+    OperandMap m;
+    for (size_t d = 0; d < inShape.size(); ++d) {
+      m.strides.push_back(steps[d] * inStrides[d]);
+      m.offset += starts[d] * inStrides[d];
+    }
+    maps.push_back(m);
     return mapKernel(op, name, maps);
   }
   auto iface = dyn_cast<ForgeOpInterface>(op);
