@@ -1526,8 +1526,12 @@ TEST(CpuKernels, Pad) {
   HT i = make(bundle::I64, {3}, {1, 2, 3}), iy(bundle::I64, {5});
   ASSERT_OK(Op("pad").ints("pads", {1, 1}).s("mode", "constant").f("value", -4).run({&i}, {&iy}));
   expectEqual(iy, {-4, 1, 2, 3, -4});
+  // wrap (ONNX Pad-19): periodic, like numpy.pad(mode="wrap"), also past one period.
+  HT w(bundle::I64, {8});
+  ASSERT_OK(Op("pad").ints("pads", {4, 1}).s("mode", "wrap").f("value", 0).run({&i}, {&w}));
+  expectEqual(w, {3, 1, 2, 3, 1, 2, 3, 1});
   EXPECT_FALSE(
-      Op("pad").ints("pads", {1, 1}).s("mode", "wrap").f("value", 0).run({&i}, {&iy}).isOk());
+      Op("pad").ints("pads", {1, 1}).s("mode", "circular").f("value", 0).run({&i}, {&iy}).isOk());
 }
 
 TEST(CpuKernels, TileGather) {

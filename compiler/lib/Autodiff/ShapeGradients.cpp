@@ -199,7 +199,7 @@ FORGE_GRADIENT(PadOp) {
   ArrayRef<int64_t> pads = getPads(), out = shapeOf(g);
   const int64_t rank = out.size();
   if (getMode() != "constant") {
-    // reflect/edge copy an input element to several outputs: scatter-add.
+    // reflect/edge/wrap copy an input element to several outputs: scatter-add.
     operandGrads.push_back(
         gb.create1("pad_grad", {g}, {gb.attr("pads", pads), gb.attr("mode", getMode())}));
     return gb.status();

@@ -339,8 +339,8 @@ FORGE_INFER(PadGradOp) {
   if (!dy || (int64_t)adaptor.getPads().size() != 2 * dy.getRank())
     return failInference(loc, "pads need 2 entries per dim");
   StringRef mode = adaptor.getMode();
-  if (mode != "constant" && mode != "reflect" && mode != "edge")
-    return failInference(loc, "pad mode must be constant, reflect or edge");
+  if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap")
+    return failInference(loc, "pad mode must be constant, reflect, edge or wrap");
   SmallVector<int64_t> shape;
   for (int64_t d = 0; d < dy.getRank(); ++d) {
     int64_t extent = dy.getDimSize(d) - adaptor.getPads()[d] - adaptor.getPads()[d + dy.getRank()];

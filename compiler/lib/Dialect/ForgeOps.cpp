@@ -518,8 +518,8 @@ FORGE_INFER(PadOp) {
   if (!t || (int64_t)adaptor.getPads().size() != 2 * t.getRank())
     return failInference(loc, "pads need 2 entries per input dim");
   StringRef mode = adaptor.getMode();
-  if (mode != "constant" && mode != "reflect" && mode != "edge")
-    return failInference(loc, "pad mode must be constant, reflect or edge");
+  if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap")
+    return failInference(loc, "pad mode must be constant, reflect, edge or wrap");
   SmallVector<int64_t> shape;
   for (int64_t d = 0; d < t.getRank(); ++d) {
     int64_t extent = t.getDimSize(d) + adaptor.getPads()[d] + adaptor.getPads()[d + t.getRank()];

@@ -767,8 +767,6 @@ LogicalResult importPad(NodeImporter &n) {
     value = n.floatAttr("value", 0);
   }
   std::string mode = n.stringAttr("mode", "constant");
-  if (mode == "wrap")
-    return n.error() << "pad mode 'wrap' is unsupported";
   return output(n, n.create1("pad", {n.input(0)},
                              {n.ints("pads", pads), n.str("mode", mode), n.f64("value", value)}));
 }

@@ -759,8 +759,8 @@ Status padGradKernel(KernelContext &ctx) {
   const int64_t rank = dy.rank();
   if ((int64_t)pads.size() != 2 * rank)
     return Status::error("pads need {} entries, got {}", 2 * rank, pads.size());
-  if (mode != "constant" && mode != "reflect" && mode != "edge")
-    return Status::error("pad mode must be constant, reflect or edge, got '{}'", mode);
+  if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap")
+    return Status::error("pad mode must be constant, reflect, edge or wrap, got '{}'", mode);
   std::vector<int64_t> inShape(rank);
   std::vector<std::vector<int64_t>> maps(rank);
   for (int64_t d = 0; d < rank; ++d) {

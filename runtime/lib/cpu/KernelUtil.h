@@ -656,6 +656,8 @@ inline int64_t padSourceIndex(int64_t i, int64_t n, std::string_view mode) {
     return -1;
   if (mode == "edge")
     return std::clamp<int64_t>(i, 0, n - 1);
+  if (mode == "wrap") // ONNX Pad-19: the opposite side's elements, periodically
+    return ((i % n) + n) % n;
   if (n == 1)
     return 0;
   const int64_t period = 2 * (n - 1); // reflect

@@ -470,6 +470,8 @@ std::vector<Case> allCases() {
          {Is("pads", {2, 1, 1, 2}), S("mode", "reflect"), F("value", 0.0)}));
   add(mk("pad", "edge", {var({2, 3})},
          {Is("pads", {1, 2, 2, 1}), S("mode", "edge"), F("value", 0.0)}));
+  add(mk("pad", "wrap", {var({2, 3})},
+         {Is("pads", {1, 4, 3, -1}), S("mode", "wrap"), F("value", 0.0)}));
   add(mk("tile", "matrix", {var({2, 3})}, {Is("repeats", {2, 3})}));
   add(mk("tile", "middle", {var({3, 1, 2})}, {Is("repeats", {1, 4, 1})}));
   add(mk("gather", "rows_with_repeats", {var({5, 3}), ints({4}, {0, 2, 2, 4})}, {I("axis", 0)}));

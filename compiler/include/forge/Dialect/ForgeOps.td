@@ -370,7 +370,7 @@ def Forge_SliceOp : Forge_Op<"slice", "Slice", FusionShape, PrecisionFollowsInpu
 }
 
 def Forge_PadOp : Forge_Op<"pad", "Pad", FusionShape, PrecisionFollowsInput, 1> {
-  let summary = "Pad (constant|reflect|edge); pads = all begins then all ends, may be negative";
+  let summary = "Pad (constant|reflect|edge|wrap); pads = all begins then all ends, may be negative";
   let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$pads, StrAttr:$mode,
                        F64Attr:$value);
   let results = (outs AnyForgeTensor:$result);
