@@ -782,6 +782,17 @@ TEST(CpuKernels, Reductions) {
   expectEqual(yi, {6, 15});
   ASSERT_OK(Op("reduce_max").ints("axes", {1}).i("keepdims", 0).run({&xi}, {&yi}));
   expectEqual(yi, {3, 6});
+  // Booleans: max is "any", min is "all"; an empty reduction is the identity.
+  HT xb = make(bundle::BOOL, {3, 2}, {0, 0, 1, 0, 1, 1}), yb(bundle::BOOL, {3});
+  ASSERT_OK(Op("reduce_max").ints("axes", {1}).i("keepdims", 0).run({&xb}, {&yb}));
+  expectEqual(yb, {0, 1, 1});
+  ASSERT_OK(Op("reduce_min").ints("axes", {1}).i("keepdims", 0).run({&xb}, {&yb}));
+  expectEqual(yb, {0, 0, 1});
+  HT eb(bundle::BOOL, {2, 0}), ey(bundle::BOOL, {2});
+  ASSERT_OK(Op("reduce_min").ints("axes", {1}).i("keepdims", 0).run({&eb}, {&ey}));
+  expectEqual(ey, {1, 1});
+  ASSERT_OK(Op("reduce_max").ints("axes", {1}).i("keepdims", 0).run({&eb}, {&ey}));
+  expectEqual(ey, {0, 0});
   HT yh(bundle::F16, {2}), xh = make(bundle::F16, {2, 3}, {1, 2, 3, 4, 5, 6});
   ASSERT_OK(Op("reduce_mean").ints("axes", {1}).i("keepdims", 0).run({&xh}, {&yh}));
   expectEqual(yh, {2, 5});

@@ -236,6 +236,20 @@ template <template <typename> class R> Status reduceKernel(KernelContext &ctx) {
   CPU_ASSIGN_OR_RETURN(ReducePlan plan, planReduce(x.shape, axes));
   FORGE_RETURN_IF_ERROR(checkDType(y, x.dtype, "result"));
   FORGE_RETURN_IF_ERROR(checkShape(y, reducedShape(x.shape, axes, keepdims != 0)));
+  // Booleans (bytes 0/1): ReduceMax is "any", ReduceMin "all" (ONNX ReduceMax/Min-20).
+  constexpr bool kExtreme = std::is_same_v<R<uint8_t>, ExtremeReducer<uint8_t, false>> ||
+                            std::is_same_v<R<uint8_t>, ExtremeReducer<uint8_t, true>>;
+  if constexpr (kExtreme) {
+    if (x.dtype == bundle::BOOL) {
+      constexpr bool kMin = std::is_same_v<R<uint8_t>, ExtremeReducer<uint8_t, true>>;
+      // An empty reduction gives the identity: false for any, true for all.
+      uint8_t *dst = y.as<uint8_t>();
+      runReduce(ctx.pool, plan, x.as<const uint8_t>(), dst, R<uint8_t>{});
+      for (int64_t i = 0; plan.count == 0 && i < y.numel(); ++i)
+        dst[i] = kMin ? 1 : 0;
+      return Status::ok();
+    }
+  }
   return visitNumeric(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     runReduce(ctx.pool, plan, x.as<const T>(), y.as<T>(), R<T>{});
