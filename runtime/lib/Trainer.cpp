@@ -289,9 +289,11 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   return tr;
 }
 
-Status Trainer::launch() {
+Status Trainer::launch(std::vector<Executor::Span> *profile) {
   if (inFlight_ >= 2)
     return Status::error("internal: two steps are in flight; collect one first");
+  if (profile && inFlight_ != 0)
+    return Status::error("internal: a profiled step needs the device idle");
   std::span<const int64_t> indices = sampler_->next();
   if (indices.size() != static_cast<size_t>(samplesPerStep()))
     return Status::error("internal: the sampler returned {} indices, expected {}",
@@ -305,7 +307,14 @@ Status Trainer::launch() {
     float s = static_cast<float>(step_ + inFlight_ + 1);
     std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
   }
-  FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
+  if (profile) {
+    auto spans = exec_->runProfiled(train_.index);
+    if (!spans)
+      return spans.status();
+    *profile = spans.take();
+  } else {
+    FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
+  }
   ++inFlight_;
   return Status::ok();
 }
@@ -352,37 +361,8 @@ Expected<StepResult> Trainer::collect() {
 Expected<StepResult> Trainer::step(std::vector<Executor::Span> *profile) {
   if (inFlight_ != 0)
     return Status::error("internal: step() with {} step(s) in flight", inFlight_);
-  std::span<const int64_t> indices = sampler_->next();
-  if (indices.size() != static_cast<size_t>(samplesPerStep()))
-    return Status::error("internal: the sampler returned {} indices, expected {}",
-                         indices.size(), samplesPerStep());
-  FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
-  for (int64_t k = 0; k < micro_; ++k)
-    FORGE_RETURN_IF_ERROR(trainData_->fill(
-        indices.subspan(static_cast<size_t>(k * batch_), static_cast<size_t>(batch_)),
-        microOuts_[k]));
-  if (stepInput_ >= 0) {
-    float s = static_cast<float>(step_ + 1);
-    std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
-  }
-  if (profile) {
-    auto spans = exec_->runProfiled(train_.index);
-    if (!spans)
-      return spans.status();
-    *profile = spans.take();
-  } else {
-    FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
-  }
-  FORGE_RETURN_IF_ERROR(exec_->wait());
-  ++step_;
-  StepResult r;
-  r.step = step_;
-  r.loss = readScalar(*exec_, train_.loss);
-  if (train_.extra1 >= 0)
-    r.lr = readScalar(*exec_, train_.extra1);
-  if (train_.extra2 >= 0)
-    r.gradNorm = readScalar(*exec_, train_.extra2);
-  return r;
+  FORGE_RETURN_IF_ERROR(launch(profile));
+  return collect();
 }
 
 Expected<EvalResult> Trainer::evaluate() {

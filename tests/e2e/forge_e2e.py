@@ -11,6 +11,27 @@ import time
 
 import numpy as np
 
+# The bundled models (models/) -> (forgec --loss spec, how the label array is made from the
+# reference outputs: class indices or regression targets). Shared by the e2e and GPU tests.
+MODEL_LOSSES = {
+    "mlp": ("cross_entropy:logits,labels", "classes"),
+    "cnn": ("cross_entropy:logits,labels", "classes"),
+    "gpt": ("cross_entropy:logits,labels", "classes"),
+    "gpt_dynamo": ("cross_entropy:logits,labels", "classes"),
+    "bert": ("cross_entropy:logits,labels", "classes"),
+    "hf_bert_tiny": ("mse:pooler_output,target", "regression"),
+    "tv_mobilenet_v3_small": ("cross_entropy:logits,labels", "classes"),
+}
+
+
+def gpu_present():
+    """True when nvidia-smi lists a GPU (the GPU tests skip with exit 77 otherwise)."""
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 
 def find_tool(name, bin_dir):
     """The executable `name` in bin_dir (None if absent there), else on PATH."""

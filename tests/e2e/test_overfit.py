@@ -22,16 +22,7 @@ import forge_e2e as e2e
 BATCH = 2
 STEPS = 200
 
-# model -> (loss spec, how to make the label array from the reference outputs)
-MODELS = {
-    "mlp": ("cross_entropy:logits,labels", "classes"),
-    "cnn": ("cross_entropy:logits,labels", "classes"),
-    "gpt": ("cross_entropy:logits,labels", "classes"),
-    "gpt_dynamo": ("cross_entropy:logits,labels", "classes"),
-    "bert": ("cross_entropy:logits,labels", "classes"),
-    "hf_bert_tiny": ("mse:pooler_output,target", "regression"),
-    "tv_mobilenet_v3_small": ("cross_entropy:logits,labels", "classes"),
-}
+MODELS = e2e.MODEL_LOSSES
 
 
 def main():

@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -68,13 +67,6 @@ TOLERANCES = {
 
 
 # --------------------------------------------------------------------------- helpers
-
-def gpu_present():
-    try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
 
 def run(cmd):
     """(ok, seconds, last lines of the output, or why it failed)."""
@@ -317,7 +309,7 @@ def main():
         ap.error("--compile-only needs --bundles DIR")
 
     run_half = not a.self_check and not a.compile_only
-    if run_half and a.device != "cpu" and not gpu_present():
+    if run_half and a.device != "cpu" and not e2e.gpu_present():
         print(f"SKIP: --device {a.device} needs a GPU (nvidia-smi -L failed)")
         return 77  # ctest SKIP_RETURN_CODE
     names = a.names or sorted(n for n in os.listdir(a.fixtures_dir)

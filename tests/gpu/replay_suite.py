@@ -17,12 +17,8 @@ import subprocess
 import sys
 import tempfile
 
-
-def gpu_present():
-    try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+from forge_e2e import gpu_present  # noqa: E402
 
 
 def main():

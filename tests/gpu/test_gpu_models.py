@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -40,26 +39,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 import forge_e2e as e2e  # noqa: E402
 from forge_e2e import Report  # noqa: E402
 
-MODELS = {
-    "mlp": ("cross_entropy:logits,labels", "classes"),
-    "cnn": ("cross_entropy:logits,labels", "classes"),
-    "gpt": ("cross_entropy:logits,labels", "classes"),
-    "gpt_dynamo": ("cross_entropy:logits,labels", "classes"),
-    "bert": ("cross_entropy:logits,labels", "classes"),
-    "hf_bert_tiny": ("mse:pooler_output,target", "regression"),
-    "tv_mobilenet_v3_small": ("cross_entropy:logits,labels", "classes"),
-}
+MODELS = e2e.MODEL_LOSSES
 BATCH, STEPS = 8, 10
 TOL = {"loss1": 1e-4, "grads1": 1e-4, "losses": 1e-4, "params": 1e-4}
 ZERO_GRAD_FLOOR = 1e-2  # of the global gradient norm
 SKIP_EXIT = 77  # ctest SKIP_RETURN_CODE
-
-
-def gpu_present():
-    try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
 
 
 def prepare(rep, a, forgec, out):
@@ -185,7 +169,7 @@ def main():
     a = ap.parse_args()
     rep = Report()
     run_half = not a.compile_only
-    if run_half and not gpu_present():
+    if run_half and not e2e.gpu_present():
         print("SKIP: no GPU (nvidia-smi -L failed); the CUDA checks need one")
         return SKIP_EXIT
     tmp_root = None

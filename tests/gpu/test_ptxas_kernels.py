@@ -22,15 +22,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 import forge_e2e as e2e  # noqa: E402
 from forge_e2e import Report  # noqa: E402
 
-LOSSES = {
-    "mlp": "cross_entropy:logits,labels",
-    "cnn": "cross_entropy:logits,labels",
-    "gpt": "cross_entropy:logits,labels",
-    "gpt_dynamo": "cross_entropy:logits,labels",
-    "bert": "cross_entropy:logits,labels",
-    "hf_bert_tiny": "mse:pooler_output,target",
-    "tv_mobilenet_v3_small": "cross_entropy:logits,labels",
-}
+LOSSES = {name: loss for name, (loss, _) in e2e.MODEL_LOSSES.items()}
 
 
 def find_ptxas():

@@ -59,8 +59,8 @@ public:
                                                    std::unique_ptr<DataSource> eval,
                                                    TrainerOptions options = {});
 
-  /// Runs one optimizer step on the next K*B samples. With `profile`, the step
-  /// is timed instruction by instruction (Executor::runProfiled) into it.
+  /// Runs one optimizer step on the next K*B samples (launch() then collect(),
+  /// with nothing in flight before or after).
   Expected<StepResult> step(std::vector<Executor::Span> *profile = nullptr);
 
   /// Pipelined stepping, for devices that can (Executor::canPipeline): launch()
@@ -71,7 +71,9 @@ public:
   /// state(), evaluate() and the executor's persistent tensors are meaningful
   /// only when nothing is in flight (inFlight() == 0).
   bool canPipeline() const { return exec_->canPipeline(); }
-  Status launch();
+  /// With `profile` (nothing in flight), the step is timed instruction by
+  /// instruction (Executor::runProfiled) into it.
+  Status launch(std::vector<Executor::Span> *profile = nullptr);
   Expected<StepResult> collect();
   int inFlight() const { return inFlight_; }
   /// FLOPs of one train_step by the compiler's cost model (0 if unknown).
