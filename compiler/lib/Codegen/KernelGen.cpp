@@ -308,6 +308,15 @@ struct KB {
     b.create<gpu::BarrierOp>(loc); // smem may be reused after this
     return w;
   }
+  /// combine(term(i)) over i = threadIdx, threadIdx + block, ... < n, then
+  /// across the block (every thread gets the result).
+  Value blockAccumulate(int64_t n, int64_t block, Value smem, Value identity,
+                        function_ref<Value(Value, Value)> combine,
+                        function_ref<Value(Value)> term) {
+    Value acc = loopAcc(tid(), n, idx(block), identity,
+                        [&](Value i, Value a) { return combine(a, term(i)); });
+    return blockReduce(acc, block / kWarp, smem, identity, combine);
+  }
 };
 
 //===----------------------------------------------------------------------===//
@@ -933,9 +942,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, Stri
   Value step = k.idx(block);
   auto rowReduce = [&](Value identity, function_ref<Value(Value, Value)> combine,
                        function_ref<Value(Value)> term) {
-    Value acc = k.loopAcc(k.tid(), cols, step, identity,
-                          [&](Value c, Value a) { return combine(a, term(c)); });
-    return k.blockReduce(acc, block / kWarp, sh, identity, combine);
+    return k.blockAccumulate(cols, block, sh, identity, combine, term);
   };
   auto forCols = [&](function_ref<Value(Value)> value) {
     b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), step, ValueRange{},
@@ -1183,9 +1190,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
   Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
   auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
   auto rowSum = [&](function_ref<Value(Value)> term) {
-    Value acc = k.loopAcc(k.tid(), cols, k.idx(block), zero,
-                          [&](Value c, Value a) { return addf(a, term(c)); });
-    return k.blockReduce(acc, block / kWarp, sh, zero, addf);
+    return k.blockAccumulate(cols, block, sh, zero, addf, term);
   };
   // Two passes (mean, then the centered variance), as the CPU kernel.
   Value mean = mulf(rowSum(x), invCols);
@@ -1244,9 +1249,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
   auto w = [&](Value c) { return k.load(fn.getArgument(1), c, elem); };
   auto dy = [&](Value c) { return k.load(fn.getArgument(2), k.add(base, c), elem); };
   auto rowSum = [&](function_ref<Value(Value)> term) {
-    Value acc = k.loopAcc(k.tid(), cols, k.idx(block), zero,
-                          [&](Value c, Value a) { return addf(a, term(c)); });
-    return k.blockReduce(acc, block / kWarp, sh, zero, addf);
+    return k.blockAccumulate(cols, block, sh, zero, addf, term);
   };
   Value mean = mulf(rowSum(x), invCols);
   Value var = mulf(rowSum([&](Value c) { Value d = subf(x(c), mean); return mulf(d, d); }), invCols);
@@ -1426,9 +1429,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   Value zero = k.fconst(f32, 0.0), invCount = k.fconst(f32, 1.0 / static_cast<double>(count));
   auto xAt = [&](Value r) { return k.load(fn.getArgument(0), at(r), elem); };
   auto chanSum = [&](function_ref<Value(Value)> term) {
-    Value acc = k.loopAcc(k.tid(), count, k.idx(block), zero,
-                          [&](Value r, Value a) { return addf(a, term(r)); });
-    return k.blockReduce(acc, block / kWarp, sh, zero, addf);
+    return k.blockAccumulate(count, block, sh, zero, addf, term);
   };
   Value mean = mulf(chanSum(xAt), invCount);
   Value var = mulf(chanSum([&](Value r) { Value d = subf(xAt(r), mean); return mulf(d, d); }),
