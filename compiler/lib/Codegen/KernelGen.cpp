@@ -592,12 +592,19 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> gatherKernel(Operation *op, StringRef name, bool grad);
   std::optional<KernelLaunch> nllLossKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> nllLossGradKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> nllLossGradRowKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> argmaxKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> concatKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> splitKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> batchNormKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> batchNormTrainingKernel(Operation *op, StringRef name, bool grad);
   std::optional<KernelLaunch> maxPoolKernel(Operation *op, StringRef name, bool grad);
+  std::optional<KernelLaunch> remapKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> avgPoolKernel(Operation *op, StringRef name, bool grad);
+  std::optional<KernelLaunch> gatherElementsKernel(Operation *op, StringRef name, bool grad);
+  std::optional<KernelLaunch> cumsumKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> scatterGradKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> groupNormKernel(Operation *op, StringRef name, bool grad);
   std::optional<KernelLaunch> generate(Operation *op, StringRef name);
 
   /// Memref types of `op`'s present operands then results (flat, storage types).
@@ -910,12 +917,17 @@ std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, Stri
       inType.getNumElements() == 0)
     return std::nullopt;
   int64_t ax = axis.getInt() < 0 ? axis.getInt() + inType.getRank() : axis.getInt();
-  if (ax != inType.getRank() - 1)
-    return std::nullopt; // TODO(#4): softmax over an inner axis runs on the host
+  if (ax < 0 || ax >= inType.getRank())
+    return std::nullopt;
   for (Value v : op->getOperands())
     if (tensorType(v) != inType)
       return std::nullopt;
+  // A row is the `axis` dim at one (outer, inner) position: element c of row r
+  // is at (r / inner * cols + c) * inner + r % inner (inner = 1: contiguous rows).
   int64_t cols = inType.getDimSize(ax), rows = inType.getNumElements() / cols;
+  int64_t inner = 1;
+  for (int64_t d = ax + 1; d < inType.getRank(); ++d)
+    inner *= inType.getDimSize(d);
   Type f32 = Float32Type::get(context);
   Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
                               gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
@@ -930,8 +942,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, Stri
   KB k{b, op->getLoc()};
   Value sh = fn.getWorkgroupAttributions()[0];
   Value out = fn.getArgument(op->getNumOperands());
-  Value base = k.mul(k.bid(), k.idx(cols));
-  auto at = [&](Value c) { return k.add(base, c); };
+  Value row = k.bid();
+  Value base = inner == 1 ? k.mul(row, k.idx(cols))
+                          : k.add(k.mul(k.div(row, inner), k.idx(cols * inner)), k.rem(row, inner));
+  auto at = [&](Value c) { return k.add(base, inner == 1 ? c : k.mul(c, k.idx(inner))); };
   auto ld = [&](unsigned arg, Value c) { return k.load(fn.getArgument(arg), at(c), elem); };
   auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
   auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
@@ -994,6 +1008,38 @@ int64_t normalizedAxis(Operation *op, int64_t rank) {
   return axis < 0 ? axis + rank : axis;
 }
 
+/// Input index of padded position `s` (output index minus the begin pad) in a
+/// dim of extent n, as the CPU's padSourceIndex; constant mode clamps and
+/// clears `valid` outside.
+Value padSource(KB &k, Value s, int64_t n, StringRef mode, Value &valid) {
+  OpBuilder &b = k.b;
+  auto srem = [&](Value a, int64_t m) { // ((a % m) + m) % m on signed values
+    Value r = b.create<arith::RemSIOp>(k.loc, a, k.idx(m));
+    return b.create<arith::RemSIOp>(k.loc, k.add(r, k.idx(m)), k.idx(m));
+  };
+  auto clampIdx = [&](Value v) {
+    return b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, v, k.idx(0)),
+                                    k.idx(n - 1));
+  };
+  if (mode == "constant") {
+    Value lo = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, s, k.idx(0));
+    Value hi = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, s, k.idx(n));
+    valid = b.create<arith::AndIOp>(k.loc, valid, b.create<arith::AndIOp>(k.loc, lo, hi));
+    return clampIdx(s);
+  }
+  if (mode == "edge")
+    return clampIdx(s);
+  if (mode == "wrap")
+    return srem(s, n);
+  if (n == 1) // reflect
+    return k.idx(0);
+  int64_t period = 2 * (n - 1);
+  Value r = srem(s, period);
+  Value back = b.create<arith::SubIOp>(k.loc, k.idx(period), r);
+  Value over = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, r, k.idx(n));
+  return b.create<arith::SelectOp>(k.loc, over, back, r);
+}
+
 /// An index operand value as `index`, negative values counted from `size`,
 /// then clamped into [0, size) (a kernel cannot report an out-of-range index;
 /// the CPU kernels do).
@@ -1045,12 +1091,48 @@ std::optional<KernelLaunch> KernelGenerator::Impl::gatherKernel(Operation *op, S
 std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, StringRef name) {
   auto in = tensorType(op->getOperand(0));
   auto reduction = op->getAttrOfType<StringAttr>("reduction");
-  if (op->getNumOperands() != 2 || in.getRank() != 2 || !in.getElementType().isF32() ||
-      !reduction || (reduction.getValue() != "mean" && reduction.getValue() != "sum"))
-    return std::nullopt; // weights, extra dims and reduction none run on the host
-  int64_t n = in.getDimSize(0), c = in.getDimSize(1);
+  bool weighted = op->getNumOperands() == 3;
+  if (in.getRank() < 2 || !in.getElementType().isF32() || !reduction ||
+      in.getNumElements() == 0 ||
+      (weighted && !tensorType(op->getOperand(2)).getElementType().isF32()))
+    return std::nullopt;
+  // Positions p = (sample, extra dims...) of the [N, C, d...] input: N*D of them,
+  // class t of position p at (p / D * C + t) * D + p % D.
+  int64_t c = in.getDimSize(1), n = in.getNumElements() / c;
+  int64_t inner = n / in.getDimSize(0);
+  auto xIndex = [&](KB &k, Value p, Value t) {
+    if (inner == 1)
+      return k.add(k.mul(p, k.idx(c)), t);
+    return k.add(k.mul(k.add(k.mul(k.div(p, inner), k.idx(c)), t), k.idx(inner)), k.rem(p, inner));
+  };
   auto ignore = op->getAttrOfType<IntegerAttr>("ignore_index");
   bool mean = reduction.getValue() == "mean";
+  // A counted target's weight (1 without weights) and class (clamped in range).
+  auto targetOf = [&](KB &k, gpu::GPUFuncOp fn, Value row) {
+    OpBuilder &b = k.b;
+    Value raw = b.create<memref::LoadOp>(k.loc, fn.getArgument(1), row);
+    Value t = b.create<arith::IndexCastOp>(k.loc, b.getIndexType(), raw);
+    Value counted = b.create<arith::ConstantIntOp>(k.loc, 1, 1);
+    if (ignore)
+      counted = b.create<arith::CmpIOp>(
+          k.loc, arith::CmpIPredicate::ne, raw,
+          b.create<arith::ConstantIntOp>(k.loc, ignore.getInt(), raw.getType()));
+    Value tc = b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, t, k.idx(0)),
+                                        k.idx(c - 1));
+    Value w = weighted ? Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(2), tc))
+                       : k.fconst(b.getF32Type(), 1.0);
+    w = b.create<arith::SelectOp>(k.loc, counted, w, k.fconst(b.getF32Type(), 0.0));
+    return std::pair<Value, Value>{tc, w};
+  };
+  if (reduction.getValue() == "none")
+    return elementKernel(name, flatArgs(op), n, op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value row) {
+      auto [tc, w] = targetOf(k, fn, row);
+      Value x = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), xIndex(k, row, tc));
+      Value y = k.b.create<arith::MulFOp>(k.loc, k.b.create<arith::NegFOp>(k.loc, x), w);
+      k.b.create<memref::StoreOp>(k.loc, y, fn.getArgument(op->getNumOperands()), row);
+    });
+  if (reduction.getValue() != "mean" && reduction.getValue() != "sum")
+    return std::nullopt;
   Type f32 = Float32Type::get(context);
   Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
                               gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
@@ -1063,31 +1145,23 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
   auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
   Type pairType = f32;
   (void)pairType;
-  // Per thread: (sum of -x[n, t[n]], count of counted targets); then block sums.
+  (void)one;
+  // Per thread: (sum of -w[t] x[n, t[n]], sum of the counted targets' weights); then block sums.
   auto loop = b.create<scf::ForOp>(
       k.loc, k.tid(), k.idx(n), k.idx(block), ValueRange{zero, zero},
       [&](OpBuilder &nb, Location l, Value row, ValueRange acc) {
         OpBuilder::InsertionGuard g(b);
         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-        Value raw = b.create<memref::LoadOp>(l, fn.getArgument(1), row);
-        Value t = b.create<arith::IndexCastOp>(l, b.getIndexType(), raw);
-        Value counted = b.create<arith::ConstantIntOp>(l, 1, 1);
-        if (ignore)
-          counted = b.create<arith::CmpIOp>(
-              l, arith::CmpIPredicate::ne, raw,
-              b.create<arith::ConstantIntOp>(l, ignore.getInt(), raw.getType()));
-        Value tc = b.create<arith::MinSIOp>(l, b.create<arith::MaxSIOp>(l, t, k.idx(0)),
-                                            k.idx(c - 1));
-        Value x = b.create<memref::LoadOp>(l, fn.getArgument(0), k.add(k.mul(row, k.idx(c)), tc));
-        Value term = b.create<arith::SelectOp>(l, counted, b.create<arith::NegFOp>(l, x), zero);
-        Value cnt = b.create<arith::SelectOp>(l, counted, one, zero);
-        b.create<scf::YieldOp>(l, ValueRange{addf(acc[0], term), addf(acc[1], cnt)});
+        auto [tc, w] = targetOf(k, fn, row);
+        Value x = b.create<memref::LoadOp>(l, fn.getArgument(0), xIndex(k, row, tc));
+        Value term = b.create<arith::MulFOp>(l, b.create<arith::NegFOp>(l, x), w);
+        b.create<scf::YieldOp>(l, ValueRange{addf(acc[0], term), addf(acc[1], w)});
       });
   Value sum = k.blockReduce(loop.getResult(0), block / kWarp, sh, zero, addf);
   Value count = k.blockReduce(loop.getResult(1), block / kWarp, sh, zero, addf);
   k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
     Value v = mean ? Value(b.create<arith::DivFOp>(k.loc, sum, count)) : sum;
-    b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), k.idx(0));
+    b.create<memref::StoreOp>(k.loc, v, fn.getArgument(op->getNumOperands()), k.idx(0));
   });
   b.create<gpu::ReturnOp>(k.loc);
   return KernelLaunch{name.str(), 1, block};
@@ -1097,12 +1171,14 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradKernel(Operation *
                                                                      StringRef name) {
   auto out = tensorType(op->getResult(0));
   auto reduction = op->getAttrOfType<StringAttr>("reduction");
+  if (out.getRank() < 2 || !out.getElementType().isF32() || !reduction ||
+      out.getNumElements() == 0)
+    return std::nullopt;
   // The mean's denominator is the batch size only without weights and ignore_index.
-  if (op->getNumOperands() != 2 || out.getRank() != 2 || !out.getElementType().isF32() ||
-      op->hasAttr("ignore_index") || !reduction ||
+  if (out.getRank() != 2 || op->getNumOperands() != 2 || op->hasAttr("ignore_index") ||
       (reduction.getValue() != "mean" && reduction.getValue() != "sum") ||
       tensorType(op->getOperand(0)).getNumElements() != 1)
-    return std::nullopt;
+    return nllLossGradRowKernel(op, name);
   int64_t n = out.getDimSize(0), c = out.getDimSize(1);
   double scale = reduction.getValue() == "mean" ? -1.0 / static_cast<double>(n) : -1.0;
   return elementKernel(name, flatArgs(op), n * c, op->getLoc(),
@@ -1118,6 +1194,77 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradKernel(Operation *
                          Value v = k.b.create<arith::SelectOp>(k.loc, hit, g, k.fconst(f32, 0.0));
                          k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
                        });
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operation *op,
+                                                                        StringRef name) {
+  // One block per row n: dx[n, :] is zero but at t[n], which gets -w[t] dy (dy[n] for
+  // reduction none), divided for the mean by the counted targets' total weight, which
+  // every block sums over all targets (they are few and stay in L2).
+  auto out = tensorType(op->getResult(0));
+  StringRef reduction = op->getAttrOfType<StringAttr>("reduction").getValue();
+  bool weighted = op->getNumOperands() == 3;
+  if (reduction != "mean" && reduction != "sum" && reduction != "none")
+    return std::nullopt;
+  if (weighted && !tensorType(op->getOperand(2)).getElementType().isF32())
+    return std::nullopt;
+  // Positions p of [N, C, d...] as in nllLossKernel: n = N*D of them.
+  int64_t c = out.getDimSize(1), n = out.getNumElements() / c;
+  int64_t inner = n / out.getDimSize(0);
+  auto ignore = op->getAttrOfType<IntegerAttr>("ignore_index");
+  Type f32 = Float32Type::get(context);
+  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
+                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  int64_t block = chooseBlockSize(target, std::max(n, c), 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  KB k{b, op->getLoc()};
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value zero = k.fconst(f32, 0.0);
+  auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
+  auto weightOf = [&](Value row) -> std::pair<Value, Value> { // (class, weight or 0)
+    Value raw = b.create<memref::LoadOp>(k.loc, fn.getArgument(1), row);
+    Value t = b.create<arith::IndexCastOp>(k.loc, b.getIndexType(), raw);
+    Value tc = b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, t, k.idx(0)),
+                                        k.idx(c - 1));
+    Value w = weighted ? Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(2), tc))
+                       : k.fconst(f32, 1.0);
+    if (ignore) {
+      Value counted = b.create<arith::CmpIOp>(
+          k.loc, arith::CmpIPredicate::ne, raw,
+          b.create<arith::ConstantIntOp>(k.loc, ignore.getInt(), raw.getType()));
+      w = b.create<arith::SelectOp>(k.loc, counted, w, zero);
+    }
+    return {tc, w};
+  };
+  Value row = k.bid();
+  auto [t, w] = weightOf(row);
+  Value dy = b.create<memref::LoadOp>(k.loc, fn.getArgument(0),
+                                      reduction == "none" ? row : k.idx(0));
+  Value g = b.create<arith::MulFOp>(k.loc, b.create<arith::NegFOp>(k.loc, dy), w);
+  if (reduction == "mean") {
+    Value total = k.loopAcc(k.tid(), n, k.idx(block), zero,
+                            [&](Value m, Value a) { return addf(a, weightOf(m).second); });
+    total = k.blockReduce(total, block / kWarp, sh, zero, addf);
+    g = b.create<arith::DivFOp>(k.loc, g, total);
+  }
+  Value dx = fn.getArgument(op->getNumOperands());
+  b.create<scf::ForOp>(k.loc, k.tid(), k.idx(c), k.idx(block), ValueRange{},
+                       [&](OpBuilder &nb, Location l, Value col, ValueRange) {
+                         OpBuilder::InsertionGuard guard(b);
+                         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                         Value hit = b.create<arith::CmpIOp>(l, arith::CmpIPredicate::eq, col, t);
+                         Value v = b.create<arith::SelectOp>(l, hit, g, zero);
+                         Value at = inner == 1
+                             ? k.add(k.mul(row, k.idx(c)), col)
+                             : k.add(k.mul(k.add(k.mul(k.div(row, inner), k.idx(c)), col),
+                                           k.idx(inner)),
+                                     k.rem(row, inner));
+                         b.create<memref::StoreOp>(l, v, dx, at);
+                         b.create<scf::YieldOp>(l);
+                       });
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), n, block};
 }
 
 std::optional<KernelLaunch> KernelGenerator::Impl::argmaxKernel(Operation *op, StringRef name) {
@@ -1581,6 +1728,364 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
       });
 }
 
+/// 2-d average pooling (NCHW) and its gradient, with the CPU kernels' divisor:
+/// the window's taps inside the image, or inside the padded image with
+/// count_include_pad (a product over the two dims, windows being boxes). The
+/// gradient gathers, per input element, the shares of the windows holding it.
+std::optional<KernelLaunch> KernelGenerator::Impl::avgPoolKernel(Operation *op, StringRef name,
+                                                                 bool grad) {
+  auto dy = tensorType(op->getOperand(0));
+  auto res = tensorType(op->getResult(0));
+  auto x = grad ? res : dy;   // the image
+  auto y = grad ? dy : res;   // the pooled map
+  Type elem = x.getElementType();
+  auto kernel = op->getAttrOfType<DenseI64ArrayAttr>("kernel_shape");
+  auto strides = op->getAttrOfType<DenseI64ArrayAttr>("strides");
+  auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
+  auto dil = op->getAttrOfType<DenseI64ArrayAttr>("dilations");
+  auto include = op->getAttrOfType<BoolAttr>("count_include_pad");
+  if (x.getRank() != 4 || !(elem.isF32() || elem.isF16() || elem.isBF16()) || !kernel ||
+      kernel.size() != 2 || !strides || !pads || pads.size() != 4 || !dil || !include ||
+      x.getNumElements() == 0 || y.getNumElements() == 0)
+    return std::nullopt;
+  int64_t h = x.getDimSize(2), w = x.getDimSize(3), oh = y.getDimSize(2), ow = y.getDimSize(3);
+  int64_t kh = kernel[0], kw = kernel[1], sh = strides[0], sw = strides[1];
+  int64_t ph = pads[0], pw = pads[1], dh = dil[0], dw = dil[1];
+  int64_t loH = include.getValue() ? -pads[0] : 0, hiH = include.getValue() ? h + pads[2] : h;
+  int64_t loW = include.getValue() ? -pads[1] : 0, hiW = include.getValue() ? w + pads[3] : w;
+  Type f32 = Float32Type::get(context);
+  auto inRange = [](KB &k, Value v, int64_t lo, int64_t hi) {
+    Value a = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(lo));
+    Value c = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, v, k.idx(hi));
+    return k.b.create<arith::AndIOp>(k.loc, a, c);
+  };
+  // 1 / divisor of window (oy, ox).
+  auto inverseDivisor = [&](KB &k, Value oy, Value ox) {
+    OpBuilder &b = k.b;
+    Value y0 = b.create<arith::SubIOp>(k.loc, k.mul(oy, k.idx(sh)), k.idx(ph));
+    Value x0 = b.create<arith::SubIOp>(k.loc, k.mul(ox, k.idx(sw)), k.idx(pw));
+    Value one = k.fconst(f32, 1.0), zero = k.fconst(f32, 0.0);
+    Value ny = zero, nx = zero;
+    for (int64_t i = 0; i < kh; ++i)
+      ny = b.create<arith::AddFOp>(k.loc, ny, b.create<arith::SelectOp>(
+          k.loc, inRange(k, k.add(y0, k.idx(i * dh)), loH, hiH), one, zero));
+    for (int64_t j = 0; j < kw; ++j)
+      nx = b.create<arith::AddFOp>(k.loc, nx, b.create<arith::SelectOp>(
+          k.loc, inRange(k, k.add(x0, k.idx(j * dw)), loW, hiW), one, zero));
+    return b.create<arith::DivFOp>(k.loc, one, b.create<arith::MulFOp>(k.loc, ny, nx));
+  };
+  if (!grad)
+    return elementKernel(name, flatArgs(op), y.getNumElements(), op->getLoc(),
+                         [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+      OpBuilder &b = k.b;
+      Value ox = k.rem(i, ow), r = k.div(i, ow);
+      Value oy = k.rem(r, oh), plane = k.div(r, oh);
+      Value base = k.mul(plane, k.idx(h * w));
+      Value y0 = b.create<arith::SubIOp>(k.loc, k.mul(oy, k.idx(sh)), k.idx(ph));
+      Value x0 = b.create<arith::SubIOp>(k.loc, k.mul(ox, k.idx(sw)), k.idx(pw));
+      Value acc = k.fconst(f32, 0.0);
+      for (int64_t a = 0; a < kh; ++a)
+        for (int64_t c = 0; c < kw; ++c) {
+          Value iy = k.add(y0, k.idx(a * dh)), ix = k.add(x0, k.idx(c * dw));
+          Value valid = b.create<arith::AndIOp>(k.loc, inRange(k, iy, 0, h), inRange(k, ix, 0, w));
+          Value cy = b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, iy, k.idx(0)), k.idx(h - 1));
+          Value cx = b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, ix, k.idx(0)), k.idx(w - 1));
+          Value v = k.load(fn.getArgument(0), k.add(base, k.add(k.mul(cy, k.idx(w)), cx)), elem);
+          acc = b.create<arith::AddFOp>(k.loc, acc,
+                                        b.create<arith::SelectOp>(k.loc, valid, v, k.fconst(f32, 0.0)));
+        }
+      k.store(b.create<arith::MulFOp>(k.loc, acc, inverseDivisor(k, oy, ox)), fn.getArgument(1), i, elem);
+    });
+  return elementKernel(name, flatArgs(op), x.getNumElements(), op->getLoc(),
+                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Value ix = k.rem(i, w), r = k.div(i, w);
+    Value iy = k.rem(r, h), plane = k.div(r, h);
+    Value acc = k.fconst(f32, 0.0);
+    for (int64_t a = 0; a < kh; ++a)
+      for (int64_t c = 0; c < kw; ++c) {
+        Value ny = b.create<arith::SubIOp>(k.loc, k.add(iy, k.idx(ph)), k.idx(a * dh));
+        Value nx = b.create<arith::SubIOp>(k.loc, k.add(ix, k.idx(pw)), k.idx(c * dw));
+        auto hits = [&](Value v, int64_t s, int64_t limit) {
+          Value nonneg = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(0));
+          Value vc = b.create<arith::MaxSIOp>(k.loc, v, k.idx(0));
+          Value exact = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.rem(vc, s), k.idx(0));
+          return b.create<arith::AndIOp>(k.loc, b.create<arith::AndIOp>(k.loc, nonneg, exact),
+                                         k.ult(k.div(vc, s), k.idx(limit)));
+        };
+        Value ok = b.create<arith::AndIOp>(k.loc, hits(ny, sh, oh), hits(nx, sw, ow));
+        Value oy = b.create<arith::MinUIOp>(k.loc, k.div(b.create<arith::MaxSIOp>(k.loc, ny, k.idx(0)), sh), k.idx(oh - 1));
+        Value ox = b.create<arith::MinUIOp>(k.loc, k.div(b.create<arith::MaxSIOp>(k.loc, nx, k.idx(0)), sw), k.idx(ow - 1));
+        Value g = k.load(fn.getArgument(0),
+                         k.add(k.mul(plane, k.idx(oh * ow)), k.add(k.mul(oy, k.idx(ow)), ox)), elem);
+        Value share = b.create<arith::MulFOp>(k.loc, g, inverseDivisor(k, oy, ox));
+        acc = b.create<arith::SelectOp>(k.loc, ok, b.create<arith::AddFOp>(k.loc, acc, share), acc);
+      }
+    k.store(acc, fn.getArgument(1), i, elem);
+  });
+}
+
+/// group_norm (and its gradient): one block per (sample, group), whose
+/// channels are contiguous in NCHW, so a row is cols = C/G * spatial
+/// consecutive elements; element j belongs to channel g*C/G + j/spatial. The
+/// gradient's dscale/dbias accumulate with f32 atomics into zeroed outputs.
+std::optional<KernelLaunch> KernelGenerator::Impl::groupNormKernel(Operation *op, StringRef name,
+                                                                   bool grad) {
+  auto x = tensorType(op->getOperand(0));
+  Type elem = x.getElementType();
+  auto groupsAttr = op->getAttrOfType<IntegerAttr>("num_groups");
+  if (x.getRank() < 2 || !elem.isF32() || !groupsAttr || x.getNumElements() == 0)
+    return std::nullopt;
+  int64_t n = x.getDimSize(0), c = x.getDimSize(1), groups = groupsAttr.getInt();
+  if (groups <= 0 || c % groups != 0 || tensorType(op->getOperand(1)).getNumElements() != c)
+    return std::nullopt;
+  int64_t spatial = x.getNumElements() / (n * c), cg = c / groups, cols = cg * spatial;
+  double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
+  Type f32 = Float32Type::get(context);
+  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
+                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  KB k{b, op->getLoc()};
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value row = k.bid();
+  Value base = k.mul(row, k.idx(cols));
+  Value firstChannel = k.mul(k.rem(row, groups), k.idx(cg));
+  auto channel = [&](Value j) { return k.add(firstChannel, k.div(j, spatial)); };
+  auto addf = [&](Value a, Value d) -> Value { return b.create<arith::AddFOp>(k.loc, a, d); };
+  auto subf = [&](Value a, Value d) -> Value { return b.create<arith::SubFOp>(k.loc, a, d); };
+  auto mulf = [&](Value a, Value d) -> Value { return b.create<arith::MulFOp>(k.loc, a, d); };
+  Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
+  auto xAt = [&](Value j) { return k.load(fn.getArgument(0), k.add(base, j), elem); };
+  auto scaleAt = [&](Value j) { return k.load(fn.getArgument(1), channel(j), elem); };
+  auto rowSum = [&](function_ref<Value(Value)> term) {
+    Value acc = k.loopAcc(k.tid(), cols, k.idx(block), zero,
+                          [&](Value j, Value a) { return addf(a, term(j)); });
+    return k.blockReduce(acc, block / kWarp, sh, zero, addf);
+  };
+  Value mean = mulf(rowSum(xAt), invCols);
+  Value var = mulf(rowSum([&](Value j) { Value d = subf(xAt(j), mean); return mulf(d, d); }), invCols);
+  Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+  auto xhat = [&](Value j) { return mulf(subf(xAt(j), mean), rstd); };
+  auto forEach = [&](function_ref<void(Value)> body) {
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value j, ValueRange) {
+                           OpBuilder::InsertionGuard g(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           body(j);
+                           b.create<scf::YieldOp>(l);
+                         });
+  };
+  KernelLaunch launch{name.str(), n * groups, block};
+  if (!grad) { // (x, scale, bias) -> y
+    forEach([&](Value j) {
+      Value y = addf(mulf(xhat(j), scaleAt(j)), k.load(fn.getArgument(2), channel(j), elem));
+      k.store(y, fn.getArgument(3), k.add(base, j), elem);
+    });
+  } else { // (x, scale, dy) -> dx?, dscale?, dbias?
+    bool wantDx = op->getAttrOfType<BoolAttr>("input_grad").getValue();
+    bool wantScale = op->getAttrOfType<BoolAttr>("scale_grad").getValue();
+    bool wantBias = op->getAttrOfType<BoolAttr>("bias_grad").getValue();
+    unsigned next = 3;
+    Value dx = wantDx ? fn.getArgument(next++) : Value();
+    Value dscale = wantScale ? fn.getArgument(next++) : Value();
+    Value dbias = wantBias ? fn.getArgument(next++) : Value();
+    auto dyAt = [&](Value j) { return k.load(fn.getArgument(2), k.add(base, j), elem); };
+    Value m1, m2;
+    if (wantDx) {
+      m1 = mulf(rowSum([&](Value j) { return mulf(dyAt(j), scaleAt(j)); }), invCols);
+      m2 = mulf(rowSum([&](Value j) { return mulf(mulf(dyAt(j), scaleAt(j)), xhat(j)); }), invCols);
+    }
+    forEach([&](Value j) {
+      Value g0 = dyAt(j), xh = xhat(j);
+      if (wantDx)
+        k.store(mulf(rstd, subf(subf(mulf(g0, scaleAt(j)), m1), mulf(xh, m2))), dx,
+                k.add(base, j), elem);
+      if (wantScale)
+        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, mulf(g0, xh), dscale,
+                                      ValueRange{channel(j)});
+      if (wantBias)
+        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g0, dbias,
+                                      ValueRange{channel(j)});
+    });
+    launch.zeroOutputs = wantScale || wantBias;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return launch;
+}
+
+/// slice_grad (a strided store into zeros) and pad_grad (every grad_output
+/// element adds into the input element its forward pad copied; f32 atomics),
+/// one thread per grad_output element.
+std::optional<KernelLaunch> KernelGenerator::Impl::scatterGradKernel(Operation *op,
+                                                                     StringRef name) {
+  StringRef opName = op->getName().stripDialect();
+  auto dy = tensorType(op->getOperand(0)), dx = tensorType(op->getResult(0));
+  int64_t rank = dy.getRank();
+  bool pad = opName == "pad_grad";
+  if (rank == 0 || dy.getNumElements() == 0 || dx.getNumElements() == 0 ||
+      (pad && !dx.getElementType().isF32()))
+    return std::nullopt;
+  SmallVector<int64_t> dxStrides = contiguousStrides(dx.getShape());
+  ArrayRef<int64_t> shape = dy.getShape();
+  KernelLaunch l = elementKernel(name, flatArgs(op), dy.getNumElements(), op->getLoc(),
+                                 [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Value rest = i, at = k.idx(0);
+    Value valid = b.create<arith::ConstantIntOp>(k.loc, 1, 1);
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      Value id = d == 0 ? rest : k.rem(rest, shape[d]);
+      if (d > 0)
+        rest = k.div(rest, shape[d]);
+      Value src;
+      if (pad) {
+        auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
+        Value s = b.create<arith::SubIOp>(k.loc, id, k.idx(pads[d]));
+        src = padSource(k, s, dx.getDimSize(d), op->getAttrOfType<StringAttr>("mode").getValue(),
+                        valid);
+      } else {
+        auto starts = op->getAttrOfType<DenseI64ArrayAttr>("starts");
+        auto steps = op->getAttrOfType<DenseI64ArrayAttr>("steps");
+        src = k.add(k.idx(starts[d]), k.mul(id, k.idx(steps[d])));
+      }
+      at = k.add(at, k.mul(src, k.idx(dxStrides[d])));
+    }
+    Value g = b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
+    if (pad)
+      k.ifThen(valid, [&] {
+        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g, fn.getArgument(1),
+                                      ValueRange{at});
+      });
+    else
+      b.create<memref::StoreOp>(k.loc, g, fn.getArgument(1), at);
+  });
+  l.zeroOutputs = true;
+  return l;
+}
+
+/// gather_elements: out[i] = data[i with dim `axis` replaced by indices[i]];
+/// its gradient scatter-adds (f32 atomics into zeroed outputs).
+std::optional<KernelLaunch> KernelGenerator::Impl::gatherElementsKernel(Operation *op,
+                                                                        StringRef name,
+                                                                        bool grad) {
+  auto idxType = tensorType(op->getOperand(1));
+  auto data = tensorType(grad ? op->getResult(0) : op->getOperand(0));
+  int64_t rank = idxType.getRank();
+  int64_t axis = normalizedAxis(op, rank);
+  if (rank == 0 || data.getRank() != rank || axis < 0 || axis >= rank ||
+      idxType.getNumElements() == 0 || data.getNumElements() == 0 ||
+      (grad && !data.getElementType().isF32()))
+    return std::nullopt;
+  SmallVector<int64_t> dataStrides = contiguousStrides(data.getShape());
+  ArrayRef<int64_t> shape = idxType.getShape();
+  KernelLaunch l = elementKernel(name, flatArgs(op), idxType.getNumElements(), op->getLoc(),
+                                 [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+    Value rest = i, at = k.idx(0);
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      Value id = d == 0 ? rest : k.rem(rest, shape[d]);
+      if (d > 0)
+        rest = k.div(rest, shape[d]);
+      if (d == axis)
+        id = loadIndex(k, fn.getArgument(1), i, data.getDimSize(axis));
+      at = k.add(at, k.mul(id, k.idx(dataStrides[d])));
+    }
+    if (grad) {
+      Value g = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
+      k.b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g, fn.getArgument(2),
+                                      ValueRange{at});
+    } else {
+      Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), at);
+      k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
+    }
+  });
+  l.zeroOutputs = grad;
+  return l;
+}
+
+/// cumsum along `axis` (exclusive / reverse): one thread per line, serial in
+/// the line's order, accumulated in f32 (f64 for f64).
+std::optional<KernelLaunch> KernelGenerator::Impl::cumsumKernel(Operation *op, StringRef name) {
+  auto x = tensorType(op->getOperand(0));
+  Type elem = x.getElementType();
+  if (x.getRank() == 0 || x.getNumElements() == 0 ||
+      !(elem.isF32() || elem.isF16() || elem.isBF16() || elem.isF64()))
+    return std::nullopt;
+  int64_t axis = normalizedAxis(op, x.getRank());
+  auto [p, n, q] = aroundAxis(x.getShape(), axis);
+  bool exclusive = op->getAttrOfType<BoolAttr>("exclusive").getValue();
+  bool reverse = op->getAttrOfType<BoolAttr>("reverse").getValue();
+  Type acc = computeType(elem);
+  return elementKernel(name, flatArgs(op), p * q, op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value line) {
+    OpBuilder &b = k.b;
+    Value base = k.add(k.mul(k.div(line, q), k.idx(n * q)), k.rem(line, q));
+    k.loopAcc(k.idx(0), n, k.idx(1), k.fconst(acc, 0.0), [&](Value j, Value s) {
+      Value pos = reverse ? Value(b.create<arith::SubIOp>(k.loc, k.idx(n - 1), j)) : j;
+      Value at = k.add(base, k.mul(pos, k.idx(q)));
+      Value next = b.create<arith::AddFOp>(k.loc, s, k.load(fn.getArgument(0), at, elem));
+      k.store(exclusive ? s : next, fn.getArgument(1), at, elem);
+      return next;
+    });
+  });
+}
+
+/// pad, tile and trilu: one thread per output element, its source position
+/// computed per dimension (the CPU kernels' padSourceIndex / modulo / triangle
+/// test), no coalescing (the per-dimension maps are not affine).
+std::optional<KernelLaunch> KernelGenerator::Impl::remapKernel(Operation *op, StringRef name) {
+  StringRef opName = op->getName().stripDialect();
+  auto in = tensorType(op->getOperand(0)), out = tensorType(op->getResult(0));
+  Type elem = in.getElementType();
+  int64_t rank = in.getRank();
+  if (out.getNumElements() == 0 || in.getNumElements() == 0 || rank == 0)
+    return std::nullopt;
+  SmallVector<int64_t> inStrides = contiguousStrides(in.getShape());
+  ArrayRef<int64_t> inShape = in.getShape(), outShape = out.getShape();
+  Type storage = storageType(elem);
+  return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
+                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    SmallVector<Value> o(rank);
+    Value rest = i;
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      o[d] = d == 0 ? rest : k.rem(rest, outShape[d]);
+      if (d > 0)
+        rest = k.div(rest, outShape[d]);
+    }
+    Value valid = b.create<arith::ConstantIntOp>(k.loc, 1, 1);
+    Value src = k.idx(0);
+    if (opName == "pad") {
+      auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
+      StringRef mode = op->getAttrOfType<StringAttr>("mode").getValue();
+      for (int64_t d = 0; d < rank; ++d) {
+        Value s = b.create<arith::SubIOp>(k.loc, o[d], k.idx(pads[d]));
+        src = k.add(src, k.mul(padSource(k, s, inShape[d], mode, valid), k.idx(inStrides[d])));
+      }
+    } else if (opName == "tile") {
+      for (int64_t d = 0; d < rank; ++d)
+        src = k.add(src, k.mul(k.rem(o[d], inShape[d]), k.idx(inStrides[d])));
+    } else { // trilu over the last two dims: keep c - r >= k (upper) or <= k (lower)
+      src = i;
+      bool upper = op->getAttrOfType<BoolAttr>("upper").getValue();
+      int64_t kk = op->getAttrOfType<IntegerAttr>("k").getInt();
+      Value diff = b.create<arith::SubIOp>(k.loc, o[rank - 1], o[rank - 2]);
+      valid = b.create<arith::CmpIOp>(
+          k.loc, upper ? arith::CmpIPredicate::sge : arith::CmpIPredicate::sle, diff, k.idx(kk));
+    }
+    Value v = b.create<memref::LoadOp>(k.loc, fn.getArgument(0), src);
+    if (opName != "tile") {
+      Value fill;
+      double value = opName == "pad" ? op->getAttrOfType<FloatAttr>("value").getValueAsDouble() : 0.0;
+      if (auto ft = dyn_cast<FloatType>(storage))
+        fill = b.create<arith::ConstantOp>(k.loc, b.getFloatAttr(ft, value));
+      else
+        fill = b.create<arith::ConstantOp>(k.loc, b.getIntegerAttr(storage, static_cast<int64_t>(value)));
+      v = b.create<arith::SelectOp>(k.loc, valid, v, fill);
+    }
+    b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1), i);
+  });
+}
+
 std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, StringRef name) {
   for (Value v : op->getOperands())
     if (!tensorType(v) || !tensorType(v).hasStaticShape() ||
@@ -1595,6 +2100,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return splitKernel(op, name);
   if (opName == "layer_norm_grad")
     return layerNormGradKernel(op, name);
+  if (opName == "group_norm_grad")
+    return groupNormKernel(op, name, true);
   if (opName == "batch_norm_training")
     return batchNormTrainingKernel(op, name, false);
   if (opName == "batch_norm_training_grad")
@@ -1616,6 +2123,18 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return concatKernel(op, name);
   if (opName == "batch_norm")
     return batchNormKernel(op, name);
+  if (opName == "pad" || opName == "tile" || opName == "trilu")
+    return remapKernel(op, name);
+  if (opName == "avg_pool" || opName == "avg_pool_grad")
+    return avgPoolKernel(op, name, opName == "avg_pool_grad");
+  if (opName == "gather_elements" || opName == "gather_elements_grad")
+    return gatherElementsKernel(op, name, opName == "gather_elements_grad");
+  if (opName == "cumsum")
+    return cumsumKernel(op, name);
+  if (opName == "slice_grad" || opName == "pad_grad")
+    return scatterGradKernel(op, name);
+  if (opName == "group_norm")
+    return groupNormKernel(op, name, false);
   if (opName == "max_pool" || opName == "max_pool_grad")
     return maxPoolKernel(op, name, opName == "max_pool_grad");
 
