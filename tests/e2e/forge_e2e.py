@@ -86,6 +86,13 @@ def run(cmd, timeout=None):
     return p.returncode, time.monotonic() - t0, p.stdout
 
 
+def graph_capture_warning(out):
+    """forge-train's warning that it could not capture a CUDA graph ('' if none).
+
+    The run then still trains, launch by launch, so only this line shows it."""
+    return next((l for l in out.splitlines() if "CUDA graph capture" in l), "")
+
+
 def failure(rc, out, n=4):
     """One line on why a run() failed: 'exit N: <last n lines>' (a timeout's own line)."""
     return tail(out, n) if rc is None else f"exit {rc}: {tail(out, n)}"

@@ -202,6 +202,9 @@ def run_forge(rep, name, d, m, tmp, setup):
                               "--dump-params", params20, "--dump-grads", grads1])
     if not rep.check(f"{name} forge-train --steps {m['steps']}", ok, f"{t:.1f}s {log}"):
         return None
+    if setup.device == "cuda":
+        warning = e2e.graph_capture_warning(log)
+        rep.check(f"{name} CUDA graph captured", not warning, warning)
     return metrics, params20, grads1
 
 

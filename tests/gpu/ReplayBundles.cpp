@@ -93,6 +93,25 @@ std::string compare(const TensorView &got, const HostTensor &ref, DType refType,
   return "";
 }
 
+/// "op 'node' (dtype[shape], ...) attrs": what a HOST instruction works on.
+std::string describe(const Executor &x, const bundle::Instruction &inst) {
+  std::string out = fmt::format("{} '{}' (", inst.op(), inst.name());
+  for (int i = 0; i < inst.inputs_size(); ++i) {
+    if (i)
+      out += ", ";
+    if (inst.inputs(i) < 0) {
+      out += "-";
+      continue;
+    }
+    const auto &info = x.tensorInfo(inst.inputs(i));
+    out += fmt::format("{}[{}]", dtypeName(info.dtype()), fmt::join(info.shape(), "x"));
+  }
+  out += ")";
+  for (const auto &[key, value] : inst.attrs())
+    out += fmt::format(" {}={}", key, value.ShortDebugString());
+  return out;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -135,8 +154,11 @@ int main(int argc, char **argv) {
       for (const auto &r : (*bundle)->program().routines())
         for (const auto &inst : r.instructions()) {
           ++placements[static_cast<int>(inst.placement())];
-          if (inst.placement() == bundle::HOST)
+          if (inst.placement() == bundle::HOST) {
             ++hostOps[inst.op()];
+            if (verbose)
+              fmt::print("HOST {}: {}\n", name, describe(x, inst));
+          }
         }
       for (int set = 0;; ++set) {
         fs::path data = path / fmt::format("set_{}.npz", set);

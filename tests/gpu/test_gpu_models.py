@@ -133,6 +133,9 @@ def run_models(rep, a, forge_train, bundles):
                 if rep.check(f"{name} forge-train --device {device}", rc == 0,
                              f"{t:.1f}s {e2e.tail(log, 2) if rc == 0 else e2e.failure(rc, log, 8)}"):
                     results[device] = files
+                    if device == "cuda":
+                        warning = e2e.graph_capture_warning(log)
+                        rep.check(f"{name} CUDA graph captured", not warning, warning)
             if len(results) < 2:
                 continue
             cpu, gpu = results["cpu"], results["cuda"]

@@ -234,24 +234,47 @@ struct CudaExecutor::Impl {
     return Status::ok();
   }
 
-  /// Enqueues the whole routine (inputs in, instructions, outputs out). With
-  /// `checked`, synchronizes after every instruction to name a failing one.
+  /// How enqueue() runs a routine.
+  struct EnqueueMode {
+    bool checked = false;   // synchronize after every instruction to name a failing one
+    bool capturing = false; // inside a graph capture
+    // Profiling: 2n+4 events (n instructions), recorded as 0/1 around the
+    // inputs (copy stream), 2+2i/3+2i around instruction i, 2n+2/2n+3
+    // around the outputs; each instruction also gets an NVTX range.
+    const std::vector<cudaEvent_t> *timing = nullptr;
+  };
+
+  /// Enqueues the whole routine (inputs in, instructions, outputs out).
   Status enqueue(const std::string &origin, const bundle::Routine &proto, RoutineState &r,
-                 bool checked, int parity, bool capturing = false) {
-    const unsigned hostVisible = capturing ? cudaEventRecordExternal : cudaEventRecordDefault;
+                 int parity, EnqueueMode mode) {
+    const unsigned hostVisible =
+        mode.capturing ? cudaEventRecordExternal : cudaEventRecordDefault;
+    const size_t n = r.steps.size();
+    auto mark = [&](size_t i, cudaStream_t stream) {
+      return mode.timing ? cudaEventRecord((*mode.timing)[i], stream) : cudaSuccess;
+    };
     // Inputs: the copy stream waits for earlier compute (the arena is reused).
     CUDA_TRY(cudaEventRecord(startEvent, compute), "event record");
     CUDA_TRY(cudaStreamWaitEvent(copy, startEvent, 0), "stream wait");
+    CUDA_TRY(mark(0, copy), "event record");
     for (const Transfer &t : r.inputs)
       if (t.bytes)
         CUDA_TRY(cudaMemcpyAsync(t.device, t.host, t.bytes, cudaMemcpyHostToDevice, copy),
                  "input upload");
-    CUDA_TRY(cudaEventRecord(inputsEvent, copy), "event record");
+    CUDA_TRY(mark(1, copy), "event record");
     CUDA_TRY(cudaEventRecordWithFlags(inputsDone, copy, hostVisible), "event record");
+    CUDA_TRY(cudaEventRecord(inputsEvent, copy), "event record");
     CUDA_TRY(cudaStreamWaitEvent(compute, inputsEvent, 0), "stream wait");
-    for (Step &s : r.steps) {
+    for (size_t i = 0; i < n; ++i) {
+      Step &s = r.steps[i];
+      if (mode.timing)
+        nvtxRangePushA(fmt::format("#{} {} {}", s.index, s.inst->op(), s.inst->name()).c_str());
+      CUDA_TRY(mark(2 + 2 * i, compute), "event record");
       Status st = launch(s);
-      if (st.isOk() && checked) {
+      CUDA_TRY(mark(3 + 2 * i, compute), "event record");
+      if (mode.timing)
+        nvtxRangePop();
+      if (st.isOk() && mode.checked) {
         cudaError_t e = cudaStreamSynchronize(compute);
         if (e == cudaSuccess)
           e = cudaGetLastError();
@@ -268,12 +291,17 @@ struct CudaExecutor::Impl {
     }
     CUDA_TRY(cudaEventRecord(computeEvent, compute), "event record");
     CUDA_TRY(cudaStreamWaitEvent(copy, computeEvent, 0), "stream wait");
+    CUDA_TRY(mark(2 * n + 2, copy), "event record");
     for (const Transfer &t : r.outputs[parity])
       if (t.bytes)
         CUDA_TRY(cudaMemcpyAsync(t.host, t.device, t.bytes, cudaMemcpyDeviceToHost, copy),
                  "output download");
-    CUDA_TRY(cudaEventRecord(outputsEvent[parity], copy), "event record");
+    CUDA_TRY(mark(2 * n + 3, copy), "event record");
+    // The host-visible records come before the joining events: captured, each
+    // is a graph node of its own, and a capture only ends once every node on
+    // the copy stream is joined back into the compute stream.
     CUDA_TRY(cudaEventRecordWithFlags(outputsDone[parity], copy, hostVisible), "event record");
+    CUDA_TRY(cudaEventRecord(outputsEvent[parity], copy), "event record");
     // Joins the copy stream back (required to end a capture).
     CUDA_TRY(cudaStreamWaitEvent(compute, outputsEvent[parity], 0), "stream wait");
     return Status::ok();
@@ -672,8 +700,8 @@ Status CudaExecutor::run(int routine) {
     return v && *v && std::string(v) != "0";
   }();
   if (!r.warmedUp || !im.options.graphs || alwaysChecked) {
-    FORGE_RETURN_IF_ERROR(im.enqueue(bundle_.origin(), proto, r,
-                                     /*checked=*/!r.warmedUp || alwaysChecked, parity));
+    FORGE_RETURN_IF_ERROR(im.enqueue(bundle_.origin(), proto, r, parity,
+                                     {.checked = !r.warmedUp || alwaysChecked}));
     r.warmedUp = true;
     return Status::ok();
   }
@@ -681,7 +709,7 @@ Status CudaExecutor::run(int routine) {
   // parity: they differ in their read-back buffers), then replay it.
   CUDA_TRY(cudaStreamBeginCapture(im.compute, cudaStreamCaptureModeThreadLocal),
            "{}: capturing routine '{}'", bundle_.origin(), proto.name());
-  Status st = im.enqueue(bundle_.origin(), proto, r, false, parity, /*capturing=*/true);
+  Status st = im.enqueue(bundle_.origin(), proto, r, parity, {.capturing = true});
   cudaGraph_t graph = nullptr;
   cudaError_t e = cudaStreamEndCapture(im.compute, &graph);
   if (st.isOk() && e == cudaSuccess)
@@ -695,7 +723,7 @@ Status CudaExecutor::run(int routine) {
     fmt::print(stderr, "forge-train: warning: {}: CUDA graph capture of routine '{}' failed ({}); "
                "launching instruction by instruction\n",
                bundle_.origin(), proto.name(), st.isOk() ? errorString(e) : st.message());
-    return im.enqueue(bundle_.origin(), proto, r, false, parity);
+    return im.enqueue(bundle_.origin(), proto, r, parity, {});
   }
   CUDA_TRY(cudaGraphLaunch(r.graph[parity], im.compute), "{}: replaying routine '{}'",
            bundle_.origin(), proto.name());
@@ -767,42 +795,12 @@ Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
     for (cudaEvent_t &e : r.profileEvents)
       CUDA_TRY(cudaEventCreate(&e), "profiling events");
   }
-  auto ev = [&](size_t i) { return r.profileEvents[i]; };
-  // Events: 0/1 inputs (copy stream), 2+2i / 3+2i instruction i, 2n+2 / 2n+3 outputs.
-  CUDA_TRY(cudaEventRecord(im.startEvent, im.compute), "event record");
-  CUDA_TRY(cudaStreamWaitEvent(im.copy, im.startEvent, 0), "stream wait");
-  CUDA_TRY(cudaEventRecord(ev(0), im.copy), "event record");
-  for (const Transfer &t : r.inputs)
-    if (t.bytes)
-      CUDA_TRY(cudaMemcpyAsync(t.device, t.host, t.bytes, cudaMemcpyHostToDevice, im.copy),
-               "input upload");
-  CUDA_TRY(cudaEventRecord(ev(1), im.copy), "event record");
-  CUDA_TRY(cudaEventRecord(im.inputsDone, im.copy), "event record");
-  CUDA_TRY(cudaStreamWaitEvent(im.compute, ev(1), 0), "stream wait");
-  for (size_t i = 0; i < n; ++i) {
-    Step &s = r.steps[i];
-    std::string label = fmt::format("#{} {} {}", s.index, s.inst->op(), s.inst->name());
-    nvtxRangePushA(label.c_str());
-    CUDA_TRY(cudaEventRecord(ev(2 + 2 * i), im.compute), "event record");
-    Status st = im.launch(s);
-    CUDA_TRY(cudaEventRecord(ev(3 + 2 * i), im.compute), "event record");
-    nvtxRangePop();
-    if (!st.isOk())
-      return st.prefix(im.stepLabel(bundle_.origin(), proto, s));
-  }
-  CUDA_TRY(cudaEventRecord(im.computeEvent, im.compute), "event record");
-  CUDA_TRY(cudaStreamWaitEvent(im.copy, im.computeEvent, 0), "stream wait");
-  CUDA_TRY(cudaEventRecord(ev(2 * n + 2), im.copy), "event record");
-  for (const Transfer &t : r.outputs[parity])
-    if (t.bytes)
-      CUDA_TRY(cudaMemcpyAsync(t.host, t.device, t.bytes, cudaMemcpyDeviceToHost, im.copy),
-               "output download");
-  CUDA_TRY(cudaEventRecord(ev(2 * n + 3), im.copy), "event record");
-  CUDA_TRY(cudaEventRecord(im.outputsEvent[parity], im.copy), "event record");
-  CUDA_TRY(cudaEventRecord(im.outputsDone[parity], im.copy), "event record");
-  CUDA_TRY(cudaStreamWaitEvent(im.compute, im.outputsEvent[parity], 0), "stream wait");
+  FORGE_RETURN_IF_ERROR(im.enqueue(bundle_.origin(), proto, r, parity,
+                                   {.checked = false, .capturing = false,
+                                    .timing = &r.profileEvents}));
   FORGE_RETURN_IF_ERROR(im.finish(bundle_.origin()));
 
+  auto ev = [&](size_t i) { return r.profileEvents[i]; };
   std::vector<Span> spans;
   auto at = [&](size_t i) {
     float ms = 0;
