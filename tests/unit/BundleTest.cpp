@@ -219,11 +219,12 @@ TEST(BundleTest, HeaderFieldsAreChecked) {
     expectError(b, "bad magic");
   }
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 0; }), "formatVersion");
+  const std::string supported = "supports (" + std::to_string(kBundleFormatVersion) + ")";
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 7; }),
-              "bundle format version 7 is newer than this forge-train supports (3)");
+              "bundle format version 7 is newer than this forge-train " + supported);
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 1; }),
-              "bundle format version 1 is older than this forge-train supports (3); recompile "
-              "the model with this forgec");
+              "bundle format version 1 is older than this forge-train " + supported +
+                  "; recompile the model with this forgec");
   expectError(withHeader([](BundleHeader &h) { h.headerSize = 32; }), "headerSize");
   expectError(withHeader([](BundleHeader &h) { h.headerSize = 0xFFFFFFFF; }), "headerSize");
   expectError(withHeader([](BundleHeader &h) { h.fileSize += 1; }), "fileSize");

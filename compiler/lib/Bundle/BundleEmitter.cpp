@@ -190,7 +190,13 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
 void ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
   if (!kernels)
     return;
-  if (isLibraryCall(&op)) {
+  auto empty = [](Type t) {
+    auto tt = dyn_cast<RankedTensorType>(t);
+    return tt && tt.hasStaticShape() && tt.getNumElements() == 0;
+  };
+  if (op.getNumResults() > 0 && llvm::all_of(op.getResultTypes(), empty)) {
+    inst.set_placement(pb::DEVICE_COPY); // nothing to compute: a copy of zero bytes
+  } else if (isLibraryCall(&op)) {
     inst.set_placement(pb::LIBRARY);
   } else if (isCopyOp(op.getName().stripDialect())) {
     inst.set_placement(pb::DEVICE_COPY);
@@ -200,6 +206,7 @@ void ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
     inst.mutable_launch()->set_grid(static_cast<uint32_t>(launch->grid));
     inst.mutable_launch()->set_block(static_cast<uint32_t>(launch->block));
     inst.mutable_launch()->set_zero_outputs(launch->zeroOutputs);
+    inst.mutable_launch()->set_fault(launch->fault);
   } else {
     inst.set_placement(pb::HOST);
     ++hostOps[op.getName().stripDialect().str()];

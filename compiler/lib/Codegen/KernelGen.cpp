@@ -169,18 +169,34 @@ int64_t chooseBlockSize(const CudaTarget &t, int64_t work, int64_t regsPerThread
 
 bool isFloat(Type t) { return isa<FloatType>(t); }
 
-/// Element types the generators handle: f16, bf16, f32, f64 and signless
-/// (or signed) i1/i8/i32/i64.
+/// Element types the generators handle: f16, bf16, f32, f64, bool (i1) and
+/// signed, signless or unsigned 8/16/32/64-bit integers. Signless integers are
+/// signed (ONNX has no signless integers).
 bool supportedElement(Type t) {
   if (t.isF16() || t.isBF16() || t.isF32() || t.isF64())
     return true;
   auto i = dyn_cast<IntegerType>(t);
-  return i && !i.isUnsigned() && llvm::is_contained({1u, 8u, 32u, 64u}, i.getWidth());
+  return i && (i.getWidth() == 1 ? !i.isUnsigned()
+                                 : llvm::is_contained({8u, 16u, 32u, 64u}, i.getWidth()));
 }
+bool isUnsignedInt(Type t) { return t.isUnsignedInteger() && !t.isInteger(1); }
 
-Type storageType(Type t) { return t.isInteger(1) ? IntegerType::get(t.getContext(), 8) : t; }
+/// In memory: bool as i8, integers signless (arith works on signless types;
+/// the tensor's own type keeps the signedness).
+Type storageType(Type t) {
+  if (t.isInteger(1))
+    return IntegerType::get(t.getContext(), 8);
+  if (auto i = dyn_cast<IntegerType>(t))
+    return IntegerType::get(t.getContext(), i.getWidth());
+  return t;
+}
+/// In registers: f16/bf16 as f32, integers signless.
 Type computeType(Type t) {
-  return t.isF16() || t.isBF16() ? Float32Type::get(t.getContext()) : t;
+  if (t.isF16() || t.isBF16())
+    return Float32Type::get(t.getContext());
+  if (auto i = dyn_cast<IntegerType>(t))
+    return IntegerType::get(t.getContext(), i.getWidth());
+  return t;
 }
 
 RankedTensorType tensorType(Value v) { return dyn_cast<RankedTensorType>(v.getType()); }
@@ -207,6 +223,7 @@ SmallVector<int64_t> broadcastStrides(ArrayRef<int64_t> in, ArrayRef<int64_t> ou
 struct KB {
   OpBuilder &b;
   Location loc;
+  Value faultWord = nullptr, faultCode = nullptr; // kernels that check their data (fault)
 
   Value idx(int64_t v) { return b.create<arith::ConstantIndexOp>(loc, v); }
   Value i32(int32_t v) { return b.create<arith::ConstantIntOp>(loc, v, 32); }
@@ -272,6 +289,27 @@ struct KB {
         });
     return loop.getResult(0);
   }
+  /// Reports bad data: where `cond` holds, stores the instruction's code into
+  /// the fault word. Only in kernels generated with fault arguments (the last
+  /// two: the word, the code), which the runtime checks after the run.
+  void fault(Value cond) {
+    if (!faultWord)
+      llvm::report_fatal_error("KB::fault in a kernel generated without fault arguments "
+                               "(faultOf does not list its op)");
+    ifThen(cond, [&] { b.create<memref::StoreOp>(loc, faultCode, faultWord, idx(0)); });
+  }
+  static constexpr StringLiteral kFaultAttr = "forge.fault";
+  /// A builder for the body of `fn`, bound to its fault arguments if it has them.
+  static KB of(OpBuilder &b, Location loc, gpu::GPUFuncOp fn) {
+    KB k{b, loc};
+    if (fn->hasAttr(kFaultAttr)) {
+      unsigned n = fn.getNumArguments();
+      k.faultWord = fn.getArgument(n - 2);
+      k.faultCode = fn.getArgument(n - 1);
+    }
+    return k;
+  }
+
   void ifThen(Value cond, function_ref<void()> body) {
     b.create<scf::IfOp>(loc, cond, [&](OpBuilder &nb, Location l) {
       OpBuilder::InsertionGuard g(b);
@@ -330,12 +368,79 @@ double floatAttr(Operation *op, StringRef name, double fallback) {
   return fallback;
 }
 
-Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type resultElem) {
+/// The integer constant `v` of `t` (signless), bit pattern of v mod 2^width.
+Value intConst(KB &k, Type t, int64_t v) {
+  return k.b.create<arith::ConstantOp>(k.loc, k.b.getIntegerAttr(t, v));
+}
+Value intLimit(KB &k, Type t, bool isUnsigned, bool max) {
+  unsigned w = t.getIntOrFloatBitWidth();
+  APInt v = isUnsigned ? (max ? APInt::getMaxValue(w) : APInt::getMinValue(w))
+                       : (max ? APInt::getSignedMaxValue(w) : APInt::getSignedMinValue(w));
+  return k.b.create<arith::ConstantOp>(k.loc, k.b.getIntegerAttr(t, v));
+}
+
+/// Float -> integer as the CPU's convertValue: NaN -> 0, saturating at the
+/// integer type's limits, otherwise truncated toward zero.
+Value floatToInt(KB &k, Value x, Type to, bool isUnsigned) {
+  OpBuilder &b = k.b;
+  Type ft = x.getType();
+  unsigned w = to.getIntOrFloatBitWidth();
+  double lo = isUnsigned ? 0.0 : -std::ldexp(1.0, w - 1);
+  double hi = isUnsigned ? std::ldexp(1.0, w) - 1 : std::ldexp(1.0, w - 1) - 1;
+  Value converted = isUnsigned ? Value(b.create<arith::FPToUIOp>(k.loc, to, x))
+                               : Value(b.create<arith::FPToSIOp>(k.loc, to, x));
+  Value low = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OLE, x, k.fconst(ft, lo));
+  Value high = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OGE, x, k.fconst(ft, hi));
+  Value nan = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::UNO, x, x);
+  Value r = b.create<arith::SelectOp>(k.loc, low, intLimit(k, to, isUnsigned, false), converted);
+  r = b.create<arith::SelectOp>(k.loc, high, intLimit(k, to, isUnsigned, true), r);
+  return b.create<arith::SelectOp>(k.loc, nan, intConst(k, to, 0), r);
+}
+
+/// base^exp for integers as the CPU's intPow: wrapping square-and-multiply;
+/// a negative exponent gives 1 for base 1, +-1 for base -1, else 0.
+Value intPow(KB &k, Value base, Value exp, bool isUnsigned) {
+  OpBuilder &b = k.b;
+  Type t = base.getType();
+  unsigned w = t.getIntOrFloatBitWidth();
+  Value zero = intConst(k, t, 0), one = intConst(k, t, 1);
+  auto loop = b.create<scf::ForOp>(
+      k.loc, k.idx(0), k.idx(w), k.idx(1), ValueRange{one, base, exp},
+      [&](OpBuilder &nb, Location l, Value, ValueRange acc) {
+        OpBuilder::InsertionGuard g(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        Value odd = b.create<arith::CmpIOp>(l, arith::CmpIPredicate::ne,
+                                            b.create<arith::AndIOp>(l, acc[2], one), zero);
+        Value r = b.create<arith::SelectOp>(l, odd, b.create<arith::MulIOp>(l, acc[0], acc[1]),
+                                            acc[0]);
+        b.create<scf::YieldOp>(l, ValueRange{r, b.create<arith::MulIOp>(l, acc[1], acc[1]),
+                                             b.create<arith::ShRUIOp>(l, acc[2], one)});
+      });
+  if (isUnsigned)
+    return loop.getResult(0);
+  auto eq = [&](Value a, Value c) {
+    return b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, a, c);
+  };
+  Value minusOne = intConst(k, t, -1);
+  Value oddExp = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::ne,
+                                         b.create<arith::AndIOp>(k.loc, exp, one), zero);
+  Value negative = b.create<arith::SelectOp>(
+      k.loc, eq(base, one), one,
+      b.create<arith::SelectOp>(k.loc, eq(base, minusOne),
+                                b.create<arith::SelectOp>(k.loc, oddExp, minusOne, one), zero));
+  Value isNeg = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, exp, zero);
+  return b.create<arith::SelectOp>(k.loc, isNeg, negative, loop.getResult(0));
+}
+
+/// One element of an elementwise op. `argElem` is the first operand's tensor
+/// element type (its signedness picks the integer ops).
+Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type argElem, Type resultElem) {
   OpBuilder &b = k.b;
   Location loc = k.loc;
   StringRef name = op->getName().stripDialect();
   Type ct = args.empty() ? Type() : args[0].getType();
   bool fl = ct && isFloat(ct);
+  bool isUnsigned = isUnsignedInt(argElem);
   auto cf = [&](double v) { return k.fconst(ct, v); };
   auto select = [&](Value c, Value a, Value d) { return b.create<arith::SelectOp>(loc, c, a, d); };
   auto cmpf = [&](arith::CmpFPredicate p, Value a, Value c) {
@@ -351,6 +456,7 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type resultElem) {
   if (name == "cast") {
     Type to = computeType(resultElem);
     Value x = args[0];
+    bool toUnsigned = isUnsignedInt(resultElem);
     if (ct == to)
       return x;
     if (isFloat(ct) && isFloat(to))
@@ -360,19 +466,16 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type resultElem) {
     if (isFloat(ct) && to.isInteger(1))
       return cmpf(arith::CmpFPredicate::ONE, x, cf(0));
     if (isFloat(ct))
-      return b.create<arith::FPToSIOp>(loc, to, x);
-    if (ct.isInteger(1) && isFloat(to))
-      return b.create<arith::UIToFPOp>(loc, to, x);
+      return floatToInt(k, x, to, toUnsigned);
     if (isFloat(to))
-      return b.create<arith::SIToFPOp>(loc, to, x);
+      return ct.isInteger(1) || isUnsigned ? Value(b.create<arith::UIToFPOp>(loc, to, x))
+                                           : Value(b.create<arith::SIToFPOp>(loc, to, x));
     if (to.isInteger(1))
-      return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, x,
-                                     b.create<arith::ConstantIntOp>(loc, 0, ct));
-    if (ct.isInteger(1))
-      return b.create<arith::ExtUIOp>(loc, to, x);
-    return to.getIntOrFloatBitWidth() > ct.getIntOrFloatBitWidth()
-               ? Value(b.create<arith::ExtSIOp>(loc, to, x))
-               : Value(b.create<arith::TruncIOp>(loc, to, x));
+      return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, x, intConst(k, ct, 0));
+    if (to.getIntOrFloatBitWidth() < ct.getIntOrFloatBitWidth())
+      return b.create<arith::TruncIOp>(loc, to, x);
+    return ct.isInteger(1) || isUnsigned ? Value(b.create<arith::ExtUIOp>(loc, to, x))
+                                         : Value(b.create<arith::ExtSIOp>(loc, to, x));
   }
   if (name == "where")
     return select(args[0], args[1], args[2]);
@@ -401,20 +504,37 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type resultElem) {
       if (name == "greater_equal") return cmpf(arith::CmpFPredicate::OGE, a, c);
       return {};
     }
-    auto cmpi = [&](arith::CmpIPredicate p) { return b.create<arith::CmpIOp>(loc, p, a, c); };
-    if (name == "equal") return cmpi(arith::CmpIPredicate::eq);
+    using P = arith::CmpIPredicate;
+    auto cmpi = [&](P p) { return b.create<arith::CmpIOp>(loc, p, a, c); };
+    if (name == "equal") return cmpi(P::eq);
     if (isBool)
       return {};
     if (name == "add") return b.create<arith::AddIOp>(loc, a, c);
     if (name == "sub") return b.create<arith::SubIOp>(loc, a, c);
     if (name == "mul") return b.create<arith::MulIOp>(loc, a, c);
-    if (name == "min") return b.create<arith::MinSIOp>(loc, a, c);
-    if (name == "max") return b.create<arith::MaxSIOp>(loc, a, c);
-    if (name == "less") return cmpi(arith::CmpIPredicate::slt);
-    if (name == "greater") return cmpi(arith::CmpIPredicate::sgt);
-    if (name == "less_equal") return cmpi(arith::CmpIPredicate::sle);
-    if (name == "greater_equal") return cmpi(arith::CmpIPredicate::sge);
-    return {}; // integer div (division by zero must fail) and pow: host
+    if (name == "pow") return intPow(k, a, c, isUnsigned);
+    if (name == "div") {
+      // A zero divisor is a fault the caller reports; here it gives 0. Signed
+      // x / -1 is -x (MIN / -1 would trap).
+      Value zero = intConst(k, ct, 0);
+      Value isZero = b.create<arith::CmpIOp>(loc, P::eq, c, zero);
+      k.fault(isZero);
+      Value divisor = select(isZero, intConst(k, ct, 1), c);
+      if (isUnsigned)
+        return select(isZero, zero, b.create<arith::DivUIOp>(loc, a, divisor));
+      Value minusOne = b.create<arith::CmpIOp>(loc, P::eq, c, intConst(k, ct, -1));
+      divisor = select(minusOne, intConst(k, ct, 1), divisor);
+      Value q = b.create<arith::DivSIOp>(loc, a, divisor);
+      q = select(minusOne, b.create<arith::SubIOp>(loc, zero, a), q);
+      return select(isZero, zero, q);
+    }
+    if (name == "min") return isUnsigned ? Value(b.create<arith::MinUIOp>(loc, a, c)) : Value(b.create<arith::MinSIOp>(loc, a, c));
+    if (name == "max") return isUnsigned ? Value(b.create<arith::MaxUIOp>(loc, a, c)) : Value(b.create<arith::MaxSIOp>(loc, a, c));
+    if (name == "less") return cmpi(isUnsigned ? P::ult : P::slt);
+    if (name == "greater") return cmpi(isUnsigned ? P::ugt : P::sgt);
+    if (name == "less_equal") return cmpi(isUnsigned ? P::ule : P::sle);
+    if (name == "greater_equal") return cmpi(isUnsigned ? P::uge : P::sge);
+    return {};
   }
 
   if (args.size() != 1)
@@ -425,10 +545,23 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type resultElem) {
   if (!fl) {
     if (ct.isInteger(1))
       return {};
-    Value zero = b.create<arith::ConstantIntOp>(loc, 0, ct);
+    Value zero = intConst(k, ct, 0);
     if (name == "neg") return b.create<arith::SubIOp>(loc, zero, x);
-    if (name == "abs") return b.create<math::AbsIOp>(loc, x);
-    if (name == "relu") return b.create<arith::MaxSIOp>(loc, x, zero);
+    if (name == "abs") return isUnsigned ? x : Value(b.create<math::AbsIOp>(loc, x));
+    if (name == "relu") return isUnsigned ? x : Value(b.create<arith::MaxSIOp>(loc, x, zero));
+    if (name == "clip") {
+      // As the CPU: compared in double (so +-inf bounds work), a crossed bound
+      // converted with saturation.
+      Type f64 = b.getF64Type();
+      Value d = isUnsigned ? Value(b.create<arith::UIToFPOp>(loc, f64, x))
+                           : Value(b.create<arith::SIToFPOp>(loc, f64, x));
+      double lo = floatAttr(op, "min", -INFINITY), hi = floatAttr(op, "max", INFINITY);
+      auto bound = [&](double v) { return floatToInt(k, k.fconst(f64, v), ct, isUnsigned); };
+      Value r = select(b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLT, d, k.fconst(f64, lo)),
+                       bound(lo), x);
+      return select(b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, d, k.fconst(f64, hi)),
+                    bound(hi), r);
+    }
     return {};
   }
   if (name == "neg") return b.create<arith::NegFOp>(loc, x);
@@ -542,6 +675,7 @@ struct KernelGenerator::Impl {
   gpu::GPUModuleOp gpuModule;
   llvm::StringMap<std::optional<KernelLaunch>> cache;
   std::vector<std::string> names;
+  std::string fault; // the op being generated checks its data for this (faultOf)
 
   Impl(MLIRContext *ctx, CudaTarget t) : context(ctx), target(std::move(t)) {
     DialectRegistry registry;
@@ -568,9 +702,14 @@ struct KernelGenerator::Impl {
   gpu::GPUFuncOp newKernel(OpBuilder &b, StringRef name, ArrayRef<Type> argTypes,
                            int64_t block, ArrayRef<Type> workgroup = {}) {
     b.setInsertionPoint(gpuModule.getBody()->getTerminator());
+    SmallVector<Type> args(argTypes);
+    if (!fault.empty()) // the fault word and this instruction's code (KB::fault)
+      args.append({MemRefType::get({1}, b.getI32Type()), b.getI32Type()});
     auto fn = b.create<gpu::GPUFuncOp>(gpuModule.getLoc(), name,
-                                       b.getFunctionType(argTypes, {}), workgroup);
+                                       b.getFunctionType(args, {}), workgroup);
     fn->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+    if (!fault.empty())
+      fn->setAttr(KB::kFaultAttr, b.getStringAttr(fault));
     fn.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({static_cast<int32_t>(block), 1, 1}));
     b.setInsertionPointToStart(&fn.getBody().front());
     return fn;
@@ -605,6 +744,8 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> cumsumKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> scatterGradKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> groupNormKernel(Operation *op, StringRef name, bool grad);
+  std::optional<KernelLaunch> matmulKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> convKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> generate(Operation *op, StringRef name);
 
   /// Memref types of `op`'s present operands then results (flat, storage types).
@@ -623,7 +764,7 @@ struct KernelGenerator::Impl {
     int64_t grid = std::max<int64_t>(1, std::min(kMaxGrid, (work + block - 1) / block));
     OpBuilder b(context);
     auto fn = newKernel(b, name, args, block);
-    KB k{b, loc};
+    KB k = KB::of(b, loc, fn);
     k.gridStride(work, [&](Value i) { body(k, fn, i); });
     b.create<gpu::ReturnOp>(loc);
     return KernelLaunch{name.str(), grid, block};
@@ -665,7 +806,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
 
   OpBuilder b(context);
   auto fn = newKernel(b, name, argTypes, block);
-  KB k{b, op->getLoc()};
+  KB k = KB::of(b, op->getLoc(), fn);
   bool ok = true;
   k.gridStride(work, [&](Value i) {
     if (vector) {
@@ -679,7 +820,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
         for (size_t m = 0; m < maps.size(); ++m)
           args.push_back(k.toCompute(
               scalar[m] ? loaded[m] : b.create<vector::ExtractOp>(k.loc, loaded[m], l), elems[m]));
-        Value r = emitScalar(k, op, args, outElem);
+        Value r = emitScalar(k, op, args, elems.empty() ? outElem : elems[0], outElem);
         if (!r) {
           ok = false;
           break;
@@ -715,7 +856,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
       }
       args.push_back(k.load(fn.getArgument(m), at, elems[m]));
     }
-    Value r = emitScalar(k, op, args, outElem);
+    Value r = emitScalar(k, op, args, elems.empty() ? outElem : elems[0], outElem);
     if (!r) {
       ok = false;
       return;
@@ -798,8 +939,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   auto outType = tensorType(op->getResult(0));
   auto axes = op->getAttrOfType<DenseI64ArrayAttr>("axes");
   Type elem = inType.getElementType();
-  if (!kind || !axes || !(elem.isF32() || elem.isF16() || elem.isBF16()) ||
-      outType.getElementType() != elem || inType.getNumElements() == 0)
+  if (!kind || !axes || !isFloat(elem) || outType.getElementType() != elem ||
+      inType.getNumElements() == 0)
     return std::nullopt;
 
   // Kept and reduced dimension groups (size-1 dims dropped, adjacent dims of
@@ -824,18 +965,18 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   }
   int64_t outputs = kept.count(), count = reduced.count();
   bool rowLayout = lastClass == 1; // the innermost (contiguous) dim is reduced
-  Type f32 = Float32Type::get(context);
-  Type smem = MemRefType::get({rowLayout ? kWarp : 256}, f32, AffineMap{},
+  Type accType = computeType(elem); // the accumulator: f32, or f64 for f64
+  Type smem = MemRefType::get({rowLayout ? kWarp : 256}, accType, AffineMap{},
                               gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
   int64_t block = rowLayout ? chooseBlockSize(target, count, 32, kWarp * 4) : 256;
   int64_t outBlocks = rowLayout ? outputs : (outputs + kWarp - 1) / kWarp;
   if (outBlocks > (int64_t(1) << 31) - 1)
     return std::nullopt;
   // Too few output blocks to fill the GPU: split the reduced range over more
-  // blocks, whose partial sums are added atomically (sums and means in f32;
+  // blocks, whose partial sums are added atomically (f32 or f64 sums and means;
   // the order of the additions, and so the last bits, may vary run to run).
   StringRef opName = op->getName().stripDialect();
-  bool additive = (opName == "reduce_sum" || opName == "reduce_mean") && elem.isF32();
+  bool additive = (opName == "reduce_sum" || opName == "reduce_mean") && elem == accType;
   int64_t perBlock = (rowLayout ? block : block / kWarp) * 16; // reduced elements per chunk, at least
   int64_t splits = 1;
   if (additive && outBlocks < 2 * target.typicalSMs)
@@ -849,9 +990,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   auto fn = newKernel(b, name, {flatMemref(elem, inType.getNumElements()),
                                 flatMemref(elem, outType.getNumElements())},
                       block, {smem});
-  KB k{b, op->getLoc()};
+  KB k = KB::of(b, op->getLoc(), fn);
   Value in = fn.getArgument(0), out = fn.getArgument(1), sh = fn.getWorkgroupAttributions()[0];
-  Value identity = k.fconst(f32, kind->identity);
+  Value identity = k.fconst(accType, kind->identity);
   auto combine = [&](Value a, Value c) { return kind->combine(k, a, c); };
   auto element = [&](Value base, Value r) {
     Value x = k.load(in, k.add(base, reduced.offset(k, r)), elem);
@@ -859,7 +1000,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   };
   auto finish = [&](Value acc, Value o) {
     if (kind->mean)
-      acc = b.create<arith::DivFOp>(k.loc, acc, k.fconst(f32, static_cast<double>(count)));
+      acc = b.create<arith::DivFOp>(k.loc, acc, k.fconst(accType, static_cast<double>(count)));
     if (kind->sqrt)
       acc = b.create<math::SqrtOp>(k.loc, acc);
     if (splits > 1)
@@ -939,7 +1080,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, Stri
 
   OpBuilder b(context);
   auto fn = newKernel(b, name, args, block, {smem});
-  KB k{b, op->getLoc()};
+  KB k = KB::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value out = fn.getArgument(op->getNumOperands());
   Value row = k.bid();
@@ -1040,14 +1181,17 @@ Value padSource(KB &k, Value s, int64_t n, StringRef mode, Value &valid) {
   return b.create<arith::SelectOp>(k.loc, over, back, r);
 }
 
-/// An index operand value as `index`, negative values counted from `size`,
-/// then clamped into [0, size) (a kernel cannot report an out-of-range index;
-/// the CPU kernels do).
+/// An index operand value as `index`, negative values counted from `size`. One
+/// outside [-size, size) is a fault (KB::fault); it is then clamped into
+/// [0, size) so that the kernel still reads and writes in bounds.
 Value loadIndex(KB &k, Value memref, Value at, int64_t size) {
   Value raw = k.b.create<memref::LoadOp>(k.loc, memref, at);
   Value i = k.b.create<arith::IndexCastOp>(k.loc, k.b.getIndexType(), raw);
   Value neg = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, i, k.idx(0));
   i = k.b.create<arith::SelectOp>(k.loc, neg, k.add(i, k.idx(size)), i);
+  k.fault(k.b.create<arith::OrIOp>(
+      k.loc, k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, i, k.idx(0)),
+      k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, i, k.idx(size))));
   i = k.b.create<arith::MaxSIOp>(k.loc, i, k.idx(0));
   return k.b.create<arith::MinSIOp>(k.loc, i, k.idx(size - 1));
 }
@@ -1119,6 +1263,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
           b.create<arith::ConstantIntOp>(k.loc, ignore.getInt(), raw.getType()));
     Value tc = b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, t, k.idx(0)),
                                         k.idx(c - 1));
+    k.fault(b.create<arith::AndIOp>(
+        k.loc, counted, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::ne, t, tc)));
     Value w = weighted ? Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(2), tc))
                        : k.fconst(b.getF32Type(), 1.0);
     w = b.create<arith::SelectOp>(k.loc, counted, w, k.fconst(b.getF32Type(), 0.0));
@@ -1139,7 +1285,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
   int64_t block = chooseBlockSize(target, n, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k{b, op->getLoc()};
+  KB k = KB::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value zero = k.fconst(f32, 0.0), one = k.fconst(f32, 1.0);
   auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
@@ -1218,7 +1364,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operatio
   int64_t block = chooseBlockSize(target, std::max(n, c), 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k{b, op->getLoc()};
+  KB k = KB::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value zero = k.fconst(f32, 0.0);
   auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
@@ -1327,7 +1473,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k{b, op->getLoc()};
+  KB k = KB::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value out = fn.getArgument(op->getNumOperands());
   Value base = k.mul(k.bid(), k.idx(cols));
@@ -1381,7 +1527,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k{b, op->getLoc()};
+  KB k = KB::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   unsigned next = 3;
   Value dx = wantDx ? fn.getArgument(next++) : Value();
@@ -1563,7 +1709,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
                                             : chooseBlockSize(target, count, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k{b, op->getLoc()};
+  KB k = KB::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value ch = k.bid();
   auto at = [&](Value r) { // element r of channel ch: (n * C + ch) * plane + i
@@ -1633,105 +1779,208 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   return KernelLaunch{name.str(), c, block};
 }
 
+namespace {
+/// The window geometry of an N-d pool or convolution over NC<spatial>: window
+/// o (of the `out` map) along dim d covers image positions
+/// o*stride - padBegin + t*dilation, t < kernel.
+struct WindowGeometry {
+  SmallVector<int64_t> image, out, kernel, strides, padBegin, padEnd, dilations;
+  int64_t imageSize = 1, outSize = 1, taps = 1;
+
+  /// From `op`'s strides/pads/dilations (and kernel_shape, or the spatial dims
+  /// of `weight`), `x` the image and `y` the map of windows.
+  static std::optional<WindowGeometry> of(Operation *op, RankedTensorType x, RankedTensorType y,
+                                          RankedTensorType weight = nullptr) {
+    auto kernel = op->getAttrOfType<DenseI64ArrayAttr>("kernel_shape");
+    auto strides = op->getAttrOfType<DenseI64ArrayAttr>("strides");
+    auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
+    auto dil = op->getAttrOfType<DenseI64ArrayAttr>("dilations");
+    int64_t sp = x.getRank() - 2;
+    SmallVector<int64_t> kernelShape;
+    if (kernel)
+      kernelShape.assign(kernel.asArrayRef().begin(), kernel.asArrayRef().end());
+    else if (weight && weight.getRank() == x.getRank())
+      kernelShape.assign(weight.getShape().begin() + 2, weight.getShape().end());
+    if (sp < 1 || y.getRank() != x.getRank() || static_cast<int64_t>(kernelShape.size()) != sp || !strides ||
+        strides.size() != sp || !pads || pads.size() != 2 * sp || !dil || dil.size() != sp ||
+        x.getNumElements() == 0 || y.getNumElements() == 0)
+      return std::nullopt;
+    WindowGeometry g;
+    for (int64_t d = 0; d < sp; ++d) {
+      g.image.push_back(x.getDimSize(d + 2));
+      g.out.push_back(y.getDimSize(d + 2));
+      g.kernel.push_back(kernelShape[d]);
+      g.strides.push_back(strides[d]);
+      g.padBegin.push_back(pads[d]);
+      g.padEnd.push_back(pads[d + sp]);
+      g.dilations.push_back(dil[d]);
+      g.imageSize *= g.image.back();
+      g.outSize *= g.out.back();
+      g.taps *= kernelShape[d];
+    }
+    return g;
+  }
+  int64_t rank() const { return static_cast<int64_t>(image.size()); }
+
+  /// The coordinates of flat index `i` over `dims` (row-major); `outer` gets
+  /// the quotient left over (the plane).
+  static SmallVector<Value> unravel(KB &k, Value i, ArrayRef<int64_t> dims, Value &outer) {
+    SmallVector<Value> c(dims.size());
+    for (int64_t d = static_cast<int64_t>(dims.size()) - 1; d >= 0; --d) {
+      c[d] = k.rem(i, dims[d]);
+      i = k.div(i, dims[d]);
+    }
+    outer = i;
+    return c;
+  }
+  /// Tap t's index along each dim (odometer order, last dim fastest).
+  SmallVector<Value> tap(KB &k, Value t) const {
+    Value unused;
+    return unravel(k, t, kernel, unused);
+  }
+  static Value inRange(KB &k, Value v, int64_t lo, int64_t hi) {
+    Value a = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(lo));
+    Value c = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, v, k.idx(hi));
+    return k.b.create<arith::AndIOp>(k.loc, a, c);
+  }
+  /// Image position of tap `t` of window `o` along each dim (may lie outside).
+  SmallVector<Value> position(KB &k, ArrayRef<Value> o, ArrayRef<Value> t) const {
+    SmallVector<Value> p;
+    for (int64_t d = 0; d < rank(); ++d)
+      p.push_back(k.b.create<arith::SubIOp>(
+          k.loc, k.add(k.mul(o[d], k.idx(strides[d])), k.mul(t[d], k.idx(dilations[d]))),
+          k.idx(padBegin[d])));
+    return p;
+  }
+  /// Whether `p` lies in the image, and its offset in the plane (clamped into
+  /// the image, so always safe to load).
+  std::pair<Value, Value> imageOffset(KB &k, ArrayRef<Value> p) const {
+    Value valid = k.b.create<arith::ConstantIntOp>(k.loc, 1, 1), off = k.idx(0);
+    for (int64_t d = 0; d < rank(); ++d) {
+      valid = k.b.create<arith::AndIOp>(k.loc, valid, inRange(k, p[d], 0, image[d]));
+      Value c = k.b.create<arith::MinSIOp>(
+          k.loc, k.b.create<arith::MaxSIOp>(k.loc, p[d], k.idx(0)), k.idx(image[d] - 1));
+      off = k.add(k.mul(off, k.idx(image[d])), c);
+    }
+    return {valid, off};
+  }
+  /// The window of `out` that has tap `t` on image position `i`, if any: (hit,
+  /// window offset in the plane, window coordinates).
+  std::tuple<Value, Value, SmallVector<Value>> windowAt(KB &k, ArrayRef<Value> i,
+                                                        ArrayRef<Value> t) const {
+    OpBuilder &b = k.b;
+    Value hit = b.create<arith::ConstantIntOp>(k.loc, 1, 1), off = k.idx(0);
+    SmallVector<Value> o;
+    for (int64_t d = 0; d < rank(); ++d) {
+      // o * stride = i + padBegin - t * dilation, exactly, with 0 <= o < out.
+      Value n = b.create<arith::SubIOp>(k.loc, k.add(i[d], k.idx(padBegin[d])),
+                                        k.mul(t[d], k.idx(dilations[d])));
+      Value nonneg = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, n, k.idx(0));
+      Value nc = b.create<arith::MaxSIOp>(k.loc, n, k.idx(0));
+      Value exact = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq,
+                                            k.rem(nc, strides[d]), k.idx(0));
+      Value q = k.div(nc, strides[d]);
+      hit = b.create<arith::AndIOp>(
+          k.loc, hit,
+          b.create<arith::AndIOp>(k.loc, b.create<arith::AndIOp>(k.loc, nonneg, exact),
+                                  k.ult(q, k.idx(out[d]))));
+      o.push_back(b.create<arith::MinUIOp>(k.loc, q, k.idx(out[d] - 1)));
+      off = k.add(k.mul(off, k.idx(out[d])), o.back());
+    }
+    return {hit, off, o};
+  }
+};
+
+Value isNaN(KB &k, Value v) {
+  return k.b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::UNO, v, v);
+}
+} // namespace
+
+/// N-d max pooling (NC<spatial>) and its gradient. The window's choice is the
+/// CPU kernel's: the first strictly greater in-image tap in odometer order; a
+/// NaN wins once seen. Integer inputs (forward only) compare as their sign says.
 std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, StringRef name,
                                                                  bool grad) {
-  // 2-d NCHW. The window's choice is the CPU kernel's: the first strictly
-  // greater in-image tap in row-major order; a NaN wins once seen.
   auto x = tensorType(op->getOperand(0));
   auto y = tensorType(grad ? op->getOperand(1) : op->getResult(0));
   Type elem = x.getElementType();
-  auto kernel = op->getAttrOfType<DenseI64ArrayAttr>("kernel_shape");
-  auto strides = op->getAttrOfType<DenseI64ArrayAttr>("strides");
-  auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
-  auto dil = op->getAttrOfType<DenseI64ArrayAttr>("dilations");
-  if (x.getRank() != 4 || !(elem.isF32() || elem.isF16() || elem.isBF16()) || !kernel ||
-      kernel.size() != 2 || !strides || !pads || pads.size() != 4 || !dil)
+  auto g = WindowGeometry::of(op, x, y);
+  bool fl = isFloat(elem);
+  if (!g || elem.isInteger(1) || (grad && !fl))
     return std::nullopt;
-  int64_t h = x.getDimSize(2), w = x.getDimSize(3), oh = y.getDimSize(2), ow = y.getDimSize(3);
-  int64_t kh = kernel[0], kw = kernel[1], sh = strides[0], sw = strides[1];
-  int64_t ph = pads[0], pw = pads[1], dh = dil[0], dw = dil[1];
-  Type f32 = Float32Type::get(context);
-  // The chosen tap of window (oy, ox) of `plane` as a linear image offset, -1 if none.
-  auto choose = [&](KB &k, Value image, Value base, Value oy, Value ox) -> Value {
-    OpBuilder &b = k.b;
-    Value best = k.fconst(f32, -INFINITY), pick = k.idx(-1);
-    Value y0 = b.create<arith::SubIOp>(k.loc, k.mul(oy, k.idx(sh)), k.idx(ph));
-    Value x0 = b.create<arith::SubIOp>(k.loc, k.mul(ox, k.idx(sw)), k.idx(pw));
-    for (int64_t i = 0; i < kh; ++i)
-      for (int64_t j = 0; j < kw; ++j) {
-        Value iy = k.add(y0, k.idx(i * dh)), ix = k.add(x0, k.idx(j * dw));
-        auto inRange = [&](Value v, int64_t size) {
-          Value lo = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(0));
-          Value hi = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, v, k.idx(size));
-          return b.create<arith::AndIOp>(k.loc, lo, hi);
-        };
-        Value valid = b.create<arith::AndIOp>(k.loc, inRange(iy, h), inRange(ix, w));
-        Value off = k.add(k.mul(b.create<arith::MaxSIOp>(k.loc, b.create<arith::MinSIOp>(k.loc, iy, k.idx(h - 1)), k.idx(0)), k.idx(w)),
-                          b.create<arith::MaxSIOp>(k.loc, b.create<arith::MinSIOp>(k.loc, ix, k.idx(w - 1)), k.idx(0)));
-        Value v = k.load(image, k.add(base, off), elem);
-        Value bestNan = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::UNO, best, best);
-        Value vNan = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::UNO, v, v);
-        Value greater = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OGT, v, best);
-        Value take = b.create<arith::AndIOp>(
-            k.loc, b.create<arith::AndIOp>(k.loc, valid,
-                                           b.create<arith::XOrIOp>(k.loc, bestNan, b.create<arith::ConstantIntOp>(k.loc, 1, 1))),
-            b.create<arith::OrIOp>(k.loc, vNan, greater));
-        best = b.create<arith::SelectOp>(k.loc, take, v, best);
-        pick = b.create<arith::SelectOp>(k.loc, take, off, pick);
-      }
-    return grad ? pick : best;
+  Type ct = computeType(elem);
+  bool isUnsigned = elem.isUnsignedInteger();
+  auto lowest = [&](KB &k) -> Value {
+    if (fl)
+      return k.fconst(ct, -INFINITY);
+    unsigned w = ct.getIntOrFloatBitWidth();
+    return k.b.create<arith::ConstantOp>(
+        k.loc, k.b.getIntegerAttr(ct, isUnsigned ? APInt::getMinValue(w)
+                                                 : APInt::getSignedMinValue(w)));
   };
-  if (!grad) {
+  // The chosen tap of window `o` of the plane at `base`: (value, plane offset
+  // or -1 if none).
+  auto choose = [&](KB &k, Value image, Value base, ArrayRef<Value> o) -> std::pair<Value, Value> {
+    OpBuilder &b = k.b;
+    auto loop = b.create<scf::ForOp>(
+        k.loc, k.idx(0), k.idx(g->taps), k.idx(1), ValueRange{lowest(k), k.idx(-1)},
+        [&](OpBuilder &nb, Location l, Value t, ValueRange acc) {
+          OpBuilder::InsertionGuard guard(b);
+          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+          auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
+          Value v = k.load(image, k.add(base, off), elem);
+          Value best = acc[0];
+          Value take;
+          if (fl) {
+            Value notNan = b.create<arith::XOrIOp>(k.loc, isNaN(k, best),
+                                                   b.create<arith::ConstantIntOp>(k.loc, 1, 1));
+            Value greater = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OGT, v, best);
+            take = b.create<arith::AndIOp>(k.loc, b.create<arith::AndIOp>(k.loc, valid, notNan),
+                                           b.create<arith::OrIOp>(k.loc, isNaN(k, v), greater));
+          } else {
+            Value greater = b.create<arith::CmpIOp>(
+                k.loc, isUnsigned ? arith::CmpIPredicate::ugt : arith::CmpIPredicate::sgt, v, best);
+            take = b.create<arith::AndIOp>(k.loc, valid, greater);
+          }
+          b.create<scf::YieldOp>(l, ValueRange{b.create<arith::SelectOp>(k.loc, take, v, best),
+                                               b.create<arith::SelectOp>(k.loc, take, off, acc[1])});
+        });
+    return {loop.getResult(0), loop.getResult(1)};
+  };
+  if (!grad)
     return elementKernel(name, flatArgs(op), y.getNumElements(), op->getLoc(),
                          [&](KB &k, gpu::GPUFuncOp fn, Value i) {
-                           Value ox = k.rem(i, ow), r = k.div(i, ow);
-                           Value oy = k.rem(r, oh), plane = k.div(r, oh);
-                           Value base = k.mul(plane, k.idx(h * w));
-                           k.store(choose(k, fn.getArgument(0), base, oy, ox), fn.getArgument(1),
+                           Value plane;
+                           SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, plane);
+                           Value base = k.mul(plane, k.idx(g->imageSize));
+                           k.store(choose(k, fn.getArgument(0), base, o).first, fn.getArgument(1),
                                    i, elem);
                          });
-  }
   // Gradient, gathered per input element: every window that holds it as a tap
   // adds its gradient when it chose it (deterministic, no atomics).
   return elementKernel(
       name, flatArgs(op), x.getNumElements(), op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value i) {
         OpBuilder &b = k.b;
-        Value ix = k.rem(i, w), r = k.div(i, w);
-        Value iy = k.rem(r, h), plane = k.div(r, h);
-        Value base = k.mul(plane, k.idx(h * w));
-        Value self = k.add(k.mul(iy, k.idx(w)), ix);
-        Value acc = k.fconst(f32, 0.0);
-        for (int64_t a = 0; a < kh; ++a)
-          for (int64_t c2 = 0; c2 < kw; ++c2) {
-            // Window (oy, ox) with tap (a, c2) on (iy, ix).
-            Value ny = b.create<arith::SubIOp>(k.loc, k.add(iy, k.idx(ph)), k.idx(a * dh));
-            Value nx = b.create<arith::SubIOp>(k.loc, k.add(ix, k.idx(pw)), k.idx(c2 * dw));
-            auto divisible = [&](Value v, int64_t s, int64_t limit) {
-              Value nonneg = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(0));
-              Value vc = b.create<arith::MaxSIOp>(k.loc, v, k.idx(0));
-              Value exact = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.rem(vc, s), k.idx(0));
-              Value inside = k.ult(k.div(vc, s), k.idx(limit));
-              return b.create<arith::AndIOp>(k.loc, b.create<arith::AndIOp>(k.loc, nonneg, exact), inside);
-            };
-            Value ok = b.create<arith::AndIOp>(k.loc, divisible(ny, sh, oh), divisible(nx, sw, ow));
-            Value oy = b.create<arith::MinUIOp>(k.loc, k.div(b.create<arith::MaxSIOp>(k.loc, ny, k.idx(0)), sh), k.idx(oh - 1));
-            Value ox = b.create<arith::MinUIOp>(k.loc, k.div(b.create<arith::MaxSIOp>(k.loc, nx, k.idx(0)), sw), k.idx(ow - 1));
-            Value chosen = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq,
-                                                   choose(k, fn.getArgument(0), base, oy, ox),
-                                                   self);
-            Value g = k.load(fn.getArgument(1),
-                             k.add(k.mul(plane, k.idx(oh * ow)), k.add(k.mul(oy, k.idx(ow)), ox)), elem);
-            Value take = b.create<arith::AndIOp>(k.loc, ok, chosen);
-            acc = b.create<arith::SelectOp>(k.loc, take, b.create<arith::AddFOp>(k.loc, acc, g), acc);
-          }
+        Value plane;
+        SmallVector<Value> at = WindowGeometry::unravel(k, i, g->image, plane);
+        Value base = k.mul(plane, k.idx(g->imageSize));
+        Value self = k.rem(i, g->imageSize);
+        Value acc = k.loopAcc(k.idx(0), g->taps, k.idx(1), k.fconst(ct, 0.0), [&](Value t, Value a) {
+          auto [hit, woff, o] = g->windowAt(k, at, g->tap(k, t));
+          Value chosen = b.create<arith::CmpIOp>(
+              k.loc, arith::CmpIPredicate::eq, choose(k, fn.getArgument(0), base, o).second, self);
+          Value dy = k.load(fn.getArgument(1), k.add(k.mul(plane, k.idx(g->outSize)), woff), elem);
+          Value take = b.create<arith::AndIOp>(k.loc, hit, chosen);
+          return b.create<arith::SelectOp>(k.loc, take, b.create<arith::AddFOp>(k.loc, a, dy), a);
+        });
         k.store(acc, fn.getArgument(2), i, elem);
       });
 }
 
-/// 2-d average pooling (NCHW) and its gradient, with the CPU kernels' divisor:
-/// the window's taps inside the image, or inside the padded image with
-/// count_include_pad (a product over the two dims, windows being boxes). The
-/// gradient gathers, per input element, the shares of the windows holding it.
+/// N-d average pooling (NC<spatial>) and its gradient, with the CPU kernels'
+/// divisor: the window's taps inside the image, or inside the padded image with
+/// count_include_pad (a product over dims, windows being boxes). The gradient
+/// gathers, per input element, the shares of the windows holding it.
 std::optional<KernelLaunch> KernelGenerator::Impl::avgPoolKernel(Operation *op, StringRef name,
                                                                  bool grad) {
   auto dy = tensorType(op->getOperand(0));
@@ -1739,89 +1988,164 @@ std::optional<KernelLaunch> KernelGenerator::Impl::avgPoolKernel(Operation *op, 
   auto x = grad ? res : dy;   // the image
   auto y = grad ? dy : res;   // the pooled map
   Type elem = x.getElementType();
-  auto kernel = op->getAttrOfType<DenseI64ArrayAttr>("kernel_shape");
-  auto strides = op->getAttrOfType<DenseI64ArrayAttr>("strides");
-  auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
-  auto dil = op->getAttrOfType<DenseI64ArrayAttr>("dilations");
   auto include = op->getAttrOfType<BoolAttr>("count_include_pad");
-  if (x.getRank() != 4 || !(elem.isF32() || elem.isF16() || elem.isBF16()) || !kernel ||
-      kernel.size() != 2 || !strides || !pads || pads.size() != 4 || !dil || !include ||
-      x.getNumElements() == 0 || y.getNumElements() == 0)
+  auto g = WindowGeometry::of(op, x, y);
+  if (!g || !isFloat(elem) || !include)
     return std::nullopt;
-  int64_t h = x.getDimSize(2), w = x.getDimSize(3), oh = y.getDimSize(2), ow = y.getDimSize(3);
-  int64_t kh = kernel[0], kw = kernel[1], sh = strides[0], sw = strides[1];
-  int64_t ph = pads[0], pw = pads[1], dh = dil[0], dw = dil[1];
-  int64_t loH = include.getValue() ? -pads[0] : 0, hiH = include.getValue() ? h + pads[2] : h;
-  int64_t loW = include.getValue() ? -pads[1] : 0, hiW = include.getValue() ? w + pads[3] : w;
-  Type f32 = Float32Type::get(context);
-  auto inRange = [](KB &k, Value v, int64_t lo, int64_t hi) {
-    Value a = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(lo));
-    Value c = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, v, k.idx(hi));
-    return k.b.create<arith::AndIOp>(k.loc, a, c);
-  };
-  // 1 / divisor of window (oy, ox).
-  auto inverseDivisor = [&](KB &k, Value oy, Value ox) {
+  Type ct = computeType(elem);
+  // 1 / divisor of window `o`.
+  auto inverseDivisor = [&](KB &k, ArrayRef<Value> o) {
     OpBuilder &b = k.b;
-    Value y0 = b.create<arith::SubIOp>(k.loc, k.mul(oy, k.idx(sh)), k.idx(ph));
-    Value x0 = b.create<arith::SubIOp>(k.loc, k.mul(ox, k.idx(sw)), k.idx(pw));
-    Value one = k.fconst(f32, 1.0), zero = k.fconst(f32, 0.0);
-    Value ny = zero, nx = zero;
-    for (int64_t i = 0; i < kh; ++i)
-      ny = b.create<arith::AddFOp>(k.loc, ny, b.create<arith::SelectOp>(
-          k.loc, inRange(k, k.add(y0, k.idx(i * dh)), loH, hiH), one, zero));
-    for (int64_t j = 0; j < kw; ++j)
-      nx = b.create<arith::AddFOp>(k.loc, nx, b.create<arith::SelectOp>(
-          k.loc, inRange(k, k.add(x0, k.idx(j * dw)), loW, hiW), one, zero));
-    return b.create<arith::DivFOp>(k.loc, one, b.create<arith::MulFOp>(k.loc, ny, nx));
+    Value one = k.fconst(ct, 1.0), zero = k.fconst(ct, 0.0), count = one;
+    for (int64_t d = 0; d < g->rank(); ++d) {
+      int64_t lo = include.getValue() ? -g->padBegin[d] : 0;
+      int64_t hi = include.getValue() ? g->image[d] + g->padEnd[d] : g->image[d];
+      Value start = b.create<arith::SubIOp>(k.loc, k.mul(o[d], k.idx(g->strides[d])),
+                                            k.idx(g->padBegin[d]));
+      Value n = k.loopAcc(k.idx(0), g->kernel[d], k.idx(1), zero, [&](Value t, Value a) {
+        Value p = k.add(start, k.mul(t, k.idx(g->dilations[d])));
+        return b.create<arith::AddFOp>(
+            k.loc, a, b.create<arith::SelectOp>(k.loc, WindowGeometry::inRange(k, p, lo, hi), one, zero));
+      });
+      count = b.create<arith::MulFOp>(k.loc, count, n);
+    }
+    return b.create<arith::DivFOp>(k.loc, one, count);
   };
   if (!grad)
     return elementKernel(name, flatArgs(op), y.getNumElements(), op->getLoc(),
                          [&](KB &k, gpu::GPUFuncOp fn, Value i) {
       OpBuilder &b = k.b;
-      Value ox = k.rem(i, ow), r = k.div(i, ow);
-      Value oy = k.rem(r, oh), plane = k.div(r, oh);
-      Value base = k.mul(plane, k.idx(h * w));
-      Value y0 = b.create<arith::SubIOp>(k.loc, k.mul(oy, k.idx(sh)), k.idx(ph));
-      Value x0 = b.create<arith::SubIOp>(k.loc, k.mul(ox, k.idx(sw)), k.idx(pw));
-      Value acc = k.fconst(f32, 0.0);
-      for (int64_t a = 0; a < kh; ++a)
-        for (int64_t c = 0; c < kw; ++c) {
-          Value iy = k.add(y0, k.idx(a * dh)), ix = k.add(x0, k.idx(c * dw));
-          Value valid = b.create<arith::AndIOp>(k.loc, inRange(k, iy, 0, h), inRange(k, ix, 0, w));
-          Value cy = b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, iy, k.idx(0)), k.idx(h - 1));
-          Value cx = b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, ix, k.idx(0)), k.idx(w - 1));
-          Value v = k.load(fn.getArgument(0), k.add(base, k.add(k.mul(cy, k.idx(w)), cx)), elem);
-          acc = b.create<arith::AddFOp>(k.loc, acc,
-                                        b.create<arith::SelectOp>(k.loc, valid, v, k.fconst(f32, 0.0)));
-        }
-      k.store(b.create<arith::MulFOp>(k.loc, acc, inverseDivisor(k, oy, ox)), fn.getArgument(1), i, elem);
+      Value plane;
+      SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, plane);
+      Value base = k.mul(plane, k.idx(g->imageSize));
+      Value zero = k.fconst(ct, 0.0);
+      Value acc = k.loopAcc(k.idx(0), g->taps, k.idx(1), zero, [&](Value t, Value a) {
+        auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
+        Value v = k.load(fn.getArgument(0), k.add(base, off), elem);
+        return b.create<arith::AddFOp>(k.loc, a, b.create<arith::SelectOp>(k.loc, valid, v, zero));
+      });
+      k.store(b.create<arith::MulFOp>(k.loc, acc, inverseDivisor(k, o)), fn.getArgument(1), i, elem);
     });
   return elementKernel(name, flatArgs(op), x.getNumElements(), op->getLoc(),
                        [&](KB &k, gpu::GPUFuncOp fn, Value i) {
     OpBuilder &b = k.b;
-    Value ix = k.rem(i, w), r = k.div(i, w);
-    Value iy = k.rem(r, h), plane = k.div(r, h);
-    Value acc = k.fconst(f32, 0.0);
-    for (int64_t a = 0; a < kh; ++a)
-      for (int64_t c = 0; c < kw; ++c) {
-        Value ny = b.create<arith::SubIOp>(k.loc, k.add(iy, k.idx(ph)), k.idx(a * dh));
-        Value nx = b.create<arith::SubIOp>(k.loc, k.add(ix, k.idx(pw)), k.idx(c * dw));
-        auto hits = [&](Value v, int64_t s, int64_t limit) {
-          Value nonneg = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(0));
-          Value vc = b.create<arith::MaxSIOp>(k.loc, v, k.idx(0));
-          Value exact = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.rem(vc, s), k.idx(0));
-          return b.create<arith::AndIOp>(k.loc, b.create<arith::AndIOp>(k.loc, nonneg, exact),
-                                         k.ult(k.div(vc, s), k.idx(limit)));
-        };
-        Value ok = b.create<arith::AndIOp>(k.loc, hits(ny, sh, oh), hits(nx, sw, ow));
-        Value oy = b.create<arith::MinUIOp>(k.loc, k.div(b.create<arith::MaxSIOp>(k.loc, ny, k.idx(0)), sh), k.idx(oh - 1));
-        Value ox = b.create<arith::MinUIOp>(k.loc, k.div(b.create<arith::MaxSIOp>(k.loc, nx, k.idx(0)), sw), k.idx(ow - 1));
-        Value g = k.load(fn.getArgument(0),
-                         k.add(k.mul(plane, k.idx(oh * ow)), k.add(k.mul(oy, k.idx(ow)), ox)), elem);
-        Value share = b.create<arith::MulFOp>(k.loc, g, inverseDivisor(k, oy, ox));
-        acc = b.create<arith::SelectOp>(k.loc, ok, b.create<arith::AddFOp>(k.loc, acc, share), acc);
-      }
+    Value plane;
+    SmallVector<Value> at = WindowGeometry::unravel(k, i, g->image, plane);
+    Value acc = k.loopAcc(k.idx(0), g->taps, k.idx(1), k.fconst(ct, 0.0), [&](Value t, Value a) {
+      auto [hit, woff, o] = g->windowAt(k, at, g->tap(k, t));
+      Value d = k.load(fn.getArgument(0), k.add(k.mul(plane, k.idx(g->outSize)), woff), elem);
+      Value share = b.create<arith::MulFOp>(k.loc, d, inverseDivisor(k, o));
+      return b.create<arith::SelectOp>(k.loc, hit, b.create<arith::AddFOp>(k.loc, a, share), a);
+    });
     k.store(acc, fn.getArgument(1), i, elem);
+  });
+}
+
+/// conv, conv_transpose and conv_grad_weight in the forms cuDNN does not take
+/// (isLibraryCall): asymmetric pads, other dtypes, more spatial dims. Direct
+/// loops, one thread per output element, accumulating in f32 (f64 for f64):
+/// the correct path, not the fast one. Layouts as the CPU kernels: NC<spatial>,
+/// conv weight [M, C/group, k...], conv_transpose weight [C, M/group, k...].
+std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, StringRef name) {
+  StringRef opName = op->getName().stripDialect();
+  auto x = tensorType(op->getOperand(0));
+  auto second = tensorType(op->getOperand(1)); // the weight, or dy of conv_grad_weight
+  auto res = tensorType(op->getResult(0));
+  Type elem = res.getElementType();
+  auto group = op->getAttrOfType<IntegerAttr>("group");
+  if (!isFloat(elem) || x.getElementType() != elem || second.getElementType() != elem || !group ||
+      group.getInt() < 1 || x.getRank() < 3)
+    return std::nullopt;
+  int64_t groups = group.getInt();
+  bool hasBias = opName != "conv_grad_weight" && op->getNumOperands() > 2 && op->getOperand(2);
+  Type acc = computeType(elem);
+  int64_t batch = x.getDimSize(0), channels = x.getDimSize(1);
+  if (channels % groups)
+    return std::nullopt;
+  int64_t cg = channels / groups; // input channels per group
+  // s + (valid ? a * c : 0), and the result (+ bias[channel]) stored at i.
+  auto addProduct = [&](KB &k, Value s, Value valid, Value a, Value c) -> Value {
+    Value zero = k.fconst(acc, 0.0);
+    Value term = k.b.create<arith::SelectOp>(k.loc, valid, k.b.create<arith::MulFOp>(k.loc, a, c), zero);
+    return k.b.create<arith::AddFOp>(k.loc, s, term);
+  };
+  auto store = [&](KB &k, gpu::GPUFuncOp fn, Value sum, Value channel, Value i) {
+    if (hasBias)
+      sum = k.b.create<arith::AddFOp>(k.loc, sum, k.load(fn.getArgument(2), channel, elem));
+    k.store(sum, fn.getArgument(op->getNumOperands()), i, elem);
+  };
+
+  if (opName == "conv" || opName == "conv_grad_weight") {
+    bool grad = opName == "conv_grad_weight";
+    auto y = grad ? second : res;               // the conv output map [N, M, out...]
+    auto w = grad ? res : second;               // [M, C/group, k...]
+    auto g = WindowGeometry::of(op, x, y, w);
+    int64_t maps = y.getDimSize(1);
+    if (!g || maps % groups || w.getDimSize(1) != cg)
+      return std::nullopt;
+    int64_t mg = maps / groups;
+    if (!grad)
+      return elementKernel(name, flatArgs(op), res.getNumElements(), op->getLoc(),
+                           [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+        Value rest;
+        SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, rest);
+        Value oc = k.rem(rest, maps), n = k.div(rest, maps);
+        Value firstChannel = k.mul(k.div(oc, mg), k.idx(cg));
+        Value sum = k.loopAcc(k.idx(0), cg * g->taps, k.idx(1), k.fconst(acc, 0.0), [&](Value r, Value s) {
+          Value ic = k.div(r, g->taps), t = k.rem(r, g->taps);
+          auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
+          Value plane = k.add(k.mul(n, k.idx(channels)), k.add(firstChannel, ic));
+          Value xv = k.load(fn.getArgument(0), k.add(k.mul(plane, k.idx(g->imageSize)), off), elem);
+          Value wv = k.load(fn.getArgument(1), k.add(k.mul(k.add(k.mul(oc, k.idx(cg)), ic), k.idx(g->taps)), t), elem);
+          return addProduct(k, s, valid, xv, wv);
+        });
+        store(k, fn, sum, oc, i);
+      });
+    // dW[oc, ic, t] = sum over n and windows o of dy[n, oc, o] * x[n, group(oc) + ic, p(o, t)].
+    return elementKernel(name, flatArgs(op), res.getNumElements(), op->getLoc(),
+                         [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+      Value t = k.rem(i, g->taps), r = k.div(i, g->taps);
+      Value ic = k.rem(r, cg), oc = k.div(r, cg);
+      SmallVector<Value> tap = g->tap(k, t);
+      Value channel = k.add(k.mul(k.div(oc, mg), k.idx(cg)), ic);
+      Value sum = k.loopAcc(k.idx(0), batch * g->outSize, k.idx(1), k.fconst(acc, 0.0), [&](Value j, Value s) {
+        Value n;
+        SmallVector<Value> o = WindowGeometry::unravel(k, j, g->out, n);
+        auto [valid, off] = g->imageOffset(k, g->position(k, o, tap));
+        Value xv = k.load(fn.getArgument(0),
+                          k.add(k.mul(k.add(k.mul(n, k.idx(channels)), channel), k.idx(g->imageSize)), off), elem);
+        Value dy = k.load(fn.getArgument(1),
+                          k.add(k.mul(k.add(k.mul(n, k.idx(maps)), oc), k.idx(g->outSize)), k.rem(j, g->outSize)), elem);
+        return addProduct(k, s, valid, xv, dy);
+      });
+      k.store(sum, fn.getArgument(2), i, elem);
+    });
+  }
+  // conv_transpose: the adjoint of a conv whose image is the result and whose
+  // window map is x. y[n, g*mg + oc, p] = sum over ic < C/group and taps t whose
+  // window i has tap t on p of x[n, g*cg + ic, i] * w[g*cg + ic, oc, t].
+  auto w = second;
+  auto g = WindowGeometry::of(op, res, x, w);
+  if (!g || w.getDimSize(0) != channels)
+    return std::nullopt;
+  int64_t mg = w.getDimSize(1), maps = res.getDimSize(1);
+  if (maps != mg * groups)
+    return std::nullopt;
+  return elementKernel(name, flatArgs(op), res.getNumElements(), op->getLoc(),
+                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+    Value rest;
+    SmallVector<Value> p = WindowGeometry::unravel(k, i, g->image, rest);
+    Value ocFull = k.rem(rest, maps), n = k.div(rest, maps);
+    Value oc = k.rem(ocFull, mg), firstChannel = k.mul(k.div(ocFull, mg), k.idx(cg));
+    Value sum = k.loopAcc(k.idx(0), cg * g->taps, k.idx(1), k.fconst(acc, 0.0), [&](Value r, Value s) {
+      Value ic = k.add(firstChannel, k.div(r, g->taps)), t = k.rem(r, g->taps);
+      auto [hit, woff, unused] = g->windowAt(k, p, g->tap(k, t));
+      Value xv = k.load(fn.getArgument(0),
+                        k.add(k.mul(k.add(k.mul(n, k.idx(channels)), ic), k.idx(g->outSize)), woff), elem);
+      Value wv = k.load(fn.getArgument(1), k.add(k.mul(k.add(k.mul(ic, k.idx(mg)), oc), k.idx(g->taps)), t), elem);
+      return addProduct(k, s, hit, xv, wv);
+    });
+    store(k, fn, sum, ocFull, i);
   });
 }
 
@@ -1847,7 +2171,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::groupNormKernel(Operation *op
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k{b, op->getLoc()};
+  KB k = KB::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value row = k.bid();
   Value base = k.mul(row, k.idx(cols));
@@ -2086,7 +2410,122 @@ std::optional<KernelLaunch> KernelGenerator::Impl::remapKernel(Operation *op, St
   });
 }
 
+/// matmul (NumPy semantics: 1-d operands, broadcast batch dims) and gemm
+/// (transA/transB, alpha, beta, C broadcast to [M, N]) in the forms cuBLASLt
+/// does not take (isLibraryCall): other dtypes, broadcast batches, vectors, a
+/// scaled or broadcast C. One thread per output element, a K loop accumulating
+/// in f32 (f64 for f64; integers wrap): the correct path, not the fast one.
+std::optional<KernelLaunch> KernelGenerator::Impl::matmulKernel(Operation *op, StringRef name) {
+  bool gemm = op->getName().stripDialect() == "gemm";
+  auto lhs = tensorType(op->getOperand(0)), rhs = tensorType(op->getOperand(1));
+  auto out = tensorType(op->getResult(0));
+  Type elem = out.getElementType();
+  if (lhs.getElementType() != elem || rhs.getElementType() != elem || elem.isInteger(1) ||
+      out.getNumElements() == 0 || lhs.getRank() < 1 || rhs.getRank() < 1)
+    return std::nullopt;
+  auto intAttr = [&](StringRef n) {
+    auto a = op->getAttrOfType<IntegerAttr>(n);
+    return a && a.getInt() != 0;
+  };
+  bool transA = gemm && intAttr("transA"), transB = gemm && intAttr("transB");
+  // Operands as [batch..., rows, cols] (a 1-d lhs is one row, a 1-d rhs one column).
+  SmallVector<int64_t> ls(lhs.getShape()), rs(rhs.getShape());
+  if (ls.size() == 1)
+    ls.insert(ls.begin(), 1);
+  if (rs.size() == 1)
+    rs.push_back(1);
+  if (gemm && (ls.size() != 2 || rs.size() != 2))
+    return std::nullopt;
+  int64_t m = transA ? ls.back() : ls[ls.size() - 2], k = transA ? ls[ls.size() - 2] : ls.back();
+  int64_t n = transB ? rs[rs.size() - 2] : rs.back();
+  if ((transB ? rs.back() : rs[rs.size() - 2]) != k || k == 0)
+    return std::nullopt;
+  // Batch: the output's leading dims; each operand's batch dims broadcast into them.
+  int64_t batchRank = std::max<int64_t>(ls.size(), rs.size()) - 2;
+  SmallVector<int64_t> batch(batchRank, 1);
+  auto alignBatch = [&](ArrayRef<int64_t> s) {
+    SmallVector<int64_t> dims(batchRank - (static_cast<int64_t>(s.size()) - 2), 1);
+    dims.append(s.begin(), s.end() - 2);
+    return dims;
+  };
+  SmallVector<int64_t> lb = alignBatch(ls), rb = alignBatch(rs);
+  for (int64_t d = 0; d < batchRank; ++d)
+    batch[d] = std::max(lb[d], rb[d]);
+  int64_t batchCount = 1;
+  for (int64_t d : batch)
+    batchCount *= d;
+  if (batchCount * m * n != out.getNumElements())
+    return std::nullopt;
+  SmallVector<int64_t> lStride = broadcastStrides(lb, batch), rStride = broadcastStrides(rb, batch);
+  // C of gemm, broadcast to [M, N].
+  bool hasC = gemm && op->getNumOperands() > 2 && op->getOperand(2);
+  SmallVector<int64_t> cStride;
+  if (hasC) {
+    auto c = tensorType(op->getOperand(2));
+    if (c.getElementType() != elem || c.getRank() > 2)
+      return std::nullopt;
+    cStride = broadcastStrides(c.getShape(), {m, n});
+  }
+  auto floatOf = [&](StringRef a, double d) {
+    auto f = op->getAttrOfType<FloatAttr>(a);
+    return f ? f.getValueAsDouble() : d;
+  };
+  double alpha = gemm ? floatOf("alpha", 1.0) : 1.0, beta = gemm ? floatOf("beta", 1.0) : 1.0;
+  bool fl = isFloat(elem);
+  if (!fl && (alpha != 1.0 || beta != 1.0))
+    return std::nullopt;
+  Type acc = computeType(elem);
+  return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
+                       [&](KB &k2, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k2.b;
+    Value col = k2.rem(i, n), row = k2.rem(k2.div(i, n), m), bi = k2.div(i, m * n);
+    Value lBase = k2.idx(0), rBase = k2.idx(0), rest = bi;
+    for (int64_t d = batchRank - 1; d >= 0; --d) {
+      Value at = k2.rem(rest, batch[d]);
+      rest = k2.div(rest, batch[d]);
+      lBase = k2.add(lBase, k2.mul(at, k2.idx(lStride[d] * m * k)));
+      rBase = k2.add(rBase, k2.mul(at, k2.idx(rStride[d] * k * n)));
+    }
+    Value lRow = transA ? row : k2.mul(row, k2.idx(k));
+    Value rCol = transB ? k2.mul(col, k2.idx(k)) : col;
+    Value zero = fl ? k2.fconst(acc, 0.0) : intConst(k2, acc, 0);
+    Value sum = k2.loopAcc(k2.idx(0), k, k2.idx(1), zero, [&](Value j, Value s) {
+      Value a = k2.load(fn.getArgument(0),
+                        k2.add(lBase, k2.add(lRow, transA ? k2.mul(j, k2.idx(m)) : j)), elem);
+      Value c = k2.load(fn.getArgument(1),
+                        k2.add(rBase, k2.add(rCol, transB ? j : k2.mul(j, k2.idx(n)))), elem);
+      return fl ? Value(b.create<arith::AddFOp>(k2.loc, s, b.create<arith::MulFOp>(k2.loc, a, c)))
+                : Value(b.create<arith::AddIOp>(k2.loc, s, b.create<arith::MulIOp>(k2.loc, a, c)));
+    });
+    if (fl && alpha != 1.0)
+      sum = b.create<arith::MulFOp>(k2.loc, sum, k2.fconst(acc, alpha));
+    if (hasC) {
+      Value cAt = k2.add(k2.mul(row, k2.idx(cStride[0])), k2.mul(col, k2.idx(cStride[1])));
+      Value c = k2.load(fn.getArgument(2), cAt, elem);
+      if (fl && beta != 1.0)
+        c = b.create<arith::MulFOp>(k2.loc, c, k2.fconst(acc, beta));
+      sum = fl ? Value(b.create<arith::AddFOp>(k2.loc, sum, c))
+               : Value(b.create<arith::AddIOp>(k2.loc, sum, c));
+    }
+    k2.store(sum, fn.getArgument(op->getNumOperands()), i, elem);
+  });
+}
+
+/// What a kernel of `op` checks its data for (empty: nothing): the CPU
+/// kernels report these as errors, so the GPU ones do too (KB::fault).
+std::string faultOf(Operation *op) {
+  StringRef name = op->getName().stripDialect();
+  if (llvm::is_contained({"gather", "gather_grad", "gather_elements", "gather_elements_grad"}, name))
+    return "an index is outside [-size, size) of its axis";
+  if (name == "nll_loss")
+    return "a target class is outside [0, classes) and not the ignore_index";
+  if (name == "div" && isa<IntegerType>(tensorType(op->getResult(0)).getElementType()))
+    return "integer division by zero";
+  return "";
+}
+
 std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, StringRef name) {
+  fault = op->getNumResults() == 1 && tensorType(op->getResult(0)) ? faultOf(op) : "";
   for (Value v : op->getOperands())
     if (!tensorType(v) || !tensorType(v).hasStaticShape() ||
         !supportedElement(tensorType(v).getElementType()))
@@ -2135,6 +2574,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return scatterGradKernel(op, name);
   if (opName == "group_norm")
     return groupNormKernel(op, name, false);
+  if (opName == "matmul" || opName == "gemm")
+    return matmulKernel(op, name);
+  if (opName == "conv" || opName == "conv_transpose" || opName == "conv_grad_weight")
+    return convKernel(op, name);
   if (opName == "max_pool" || opName == "max_pool_grad")
     return maxPoolKernel(op, name, opName == "max_pool_grad");
 
@@ -2209,8 +2652,10 @@ std::optional<KernelLaunch> KernelGenerator::kernelFor(Operation *op) {
   std::string name = "k" + std::to_string(impl->names.size()) + "_" +
                      op->getName().stripDialect().str();
   std::optional<KernelLaunch> launch = impl->generate(op, name);
-  if (launch)
+  if (launch) {
+    launch->fault = impl->fault;
     impl->names.push_back(name);
+  }
   impl->cache[key] = launch;
   return launch;
 }

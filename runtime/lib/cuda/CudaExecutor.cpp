@@ -2,6 +2,7 @@
 #include "cuda/CudaExecutor.h"
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -89,6 +90,13 @@ struct Step {
   std::vector<CUdeviceptr> args;
   std::vector<void *> params;
   std::vector<std::pair<void *, size_t>> zero; // outputs cleared before the launch
+  // Kernels that check their data: the fault word and the code naming this
+  // instruction (heap-held: params point at them while Steps move).
+  struct FaultArgs {
+    CUdeviceptr word = 0;
+    int32_t code = 0;
+  };
+  std::unique_ptr<FaultArgs> fault;
   // Library
   std::unique_ptr<MatmulPlan> matmul;
   std::unique_ptr<ConvPlan> conv;
@@ -142,6 +150,13 @@ struct CudaExecutor::Impl {
   void *deviceBase = nullptr;
   uint64_t deviceBytes = 0;
   void *workspace = nullptr;
+  // The fault word: a checking kernel stores its instruction's code here when
+  // its data is bad (an index out of range, ...). Zeroed at the start of each
+  // run and read back with its outputs, by parity.
+  int32_t *faultWord = nullptr;
+  const bundle::Program *program = nullptr;
+  PinnedBuffer faultStage[2];
+  std::vector<std::pair<int, int>> faultSite; // code - 1 -> (routine, instruction)
   CUmodule module = nullptr;
   std::unique_ptr<ThreadPool> pool;
   std::vector<void *> devicePtr;         // per tensor
@@ -253,6 +268,7 @@ struct CudaExecutor::Impl {
     auto mark = [&](size_t i, cudaStream_t stream) {
       return mode.timing ? cudaEventRecord((*mode.timing)[i], stream) : cudaSuccess;
     };
+    CUDA_TRY(cudaMemsetAsync(faultWord, 0, sizeof(int32_t), compute), "clearing the fault word");
     // Inputs: the copy stream waits for earlier compute (the arena is reused).
     CUDA_TRY(cudaEventRecord(startEvent, compute), "event record");
     CUDA_TRY(cudaStreamWaitEvent(copy, startEvent, 0), "stream wait");
@@ -296,6 +312,9 @@ struct CudaExecutor::Impl {
       if (t.bytes)
         CUDA_TRY(cudaMemcpyAsync(t.host, t.device, t.bytes, cudaMemcpyDeviceToHost, copy),
                  "output download");
+    CUDA_TRY(cudaMemcpyAsync(faultStage[parity].get(), faultWord, sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, copy),
+             "fault word download");
     CUDA_TRY(mark(2 * n + 3, copy), "event record");
     // The host-visible records come before the joining events: captured, each
     // is a graph node of its own, and a capture only ends once every node on
@@ -313,7 +332,27 @@ struct CudaExecutor::Impl {
     cudaError_t e = cudaStreamSynchronize(compute);
     if (e != cudaSuccess)
       return deviceError(origin, e);
-    return hostErrors();
+    FORGE_RETURN_IF_ERROR(hostErrors());
+    return runFault(origin, lastParity);
+  }
+
+  /// The fault a checking kernel reported in the run of `parity` (after it
+  /// completed): names the instruction and what its kernel found.
+  Status runFault(const std::string &origin, int parity) const {
+    if (runs == 0 || !faultStage[parity])
+      return Status::ok();
+    int32_t code = 0;
+    std::memcpy(&code, faultStage[parity].get(), sizeof code);
+    if (code == 0)
+      return Status::ok();
+    if (code < 0 || static_cast<size_t>(code) > faultSite.size())
+      return Status::error("{}: a kernel reported the unknown fault code {}", origin, code);
+    auto [routine, index] = faultSite[code - 1];
+    const bundle::Routine &r = program->routines(routine);
+    const bundle::Instruction &inst = r.instructions(index);
+    return Status::error("{}: routine '{}' instruction #{} '{}' (op {}, kernel {}): {}", origin,
+                         r.name(), index, inst.name(), inst.op(), inst.launch().kernel(),
+                         inst.launch().fault());
   }
 
   Status deviceError(const std::string &origin, cudaError_t e) const {
@@ -479,6 +518,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   }
   uint64_t workspaceOffset = total;
   total += alignUp(im.workspaceBytes, kDeviceAlign);
+  uint64_t faultOffset = total;
+  total += kDeviceAlign;
   e = cudaMalloc(&im.deviceBase, total);
   if (e != cudaSuccess) {
     size_t freeBytes = 0, totalBytes = 0;
@@ -494,6 +535,15 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   auto *base = static_cast<uint8_t *>(im.deviceBase);
   if (im.workspaceBytes)
     im.workspace = base + workspaceOffset;
+  im.faultWord = reinterpret_cast<int32_t *>(base + faultOffset);
+  im.program = &p;
+  for (int parity : {0, 1}) {
+    auto buf = allocPinned(sizeof(int32_t), "the fault word");
+    if (!buf)
+      return buf.status();
+    im.faultStage[parity] = buf.take();
+    std::memset(im.faultStage[parity].get(), 0, sizeof(int32_t));
+  }
   CUDA_TRY(cudaMemset(im.deviceBase, 0, total), "clearing device memory");
   im.devicePtr.assign(p.tensors_size(), nullptr);
   for (int t = 0; t < p.tensors_size(); ++t) {
@@ -517,7 +567,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   im.outputStage[0].resize(p.tensors_size());
   im.outputStage[1].resize(p.tensors_size());
   std::map<std::string, CUfunction> functions;
-  for (const bundle::Routine &proto : p.routines()) {
+  for (int routine = 0; routine < p.routines_size(); ++routine) {
+    const bundle::Routine &proto = p.routines(routine);
     RoutineState r;
     for (int32_t t : proto.inputs()) {
       auto buf = allocPinned(byteSize(p.tensors(t)), "input '" + p.tensors(t).name() + "'");
@@ -569,6 +620,14 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         }
         for (CUdeviceptr &a : s.args)
           s.params.push_back(&a);
+        if (!inst.launch().fault().empty()) {
+          im.faultSite.push_back({routine, i});
+          s.fault = std::make_unique<Step::FaultArgs>();
+          s.fault->word = reinterpret_cast<CUdeviceptr>(im.faultWord);
+          s.fault->code = static_cast<int32_t>(im.faultSite.size());
+          s.params.push_back(&s.fault->word);
+          s.params.push_back(&s.fault->code);
+        }
         break;
       }
       case bundle::LIBRARY: {
@@ -591,6 +650,9 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       }
       case bundle::DEVICE_COPY: {
         s.kind = Step::Copy;
+        auto empty = [&](int32_t t) { return byteSize(p.tensors(t)) == 0; };
+        if (inst.outputs_size() > 0 && std::all_of(inst.outputs().begin(), inst.outputs().end(), empty))
+          break; // nothing to compute: no bytes to copy
         if (inst.inputs_size() < 1 || inst.outputs_size() != 1 || inst.inputs(0) < 0)
           return fail("a device copy needs one input and one output");
         s.src = im.devicePtr[inst.inputs(0)];
@@ -748,6 +810,7 @@ Expected<TensorView> CudaExecutor::previousOutput(int32_t index) {
   if (e != cudaSuccess)
     return im.deviceError(bundle_.origin(), e);
   FORGE_RETURN_IF_ERROR(im.hostErrors());
+  FORGE_RETURN_IF_ERROR(im.runFault(bundle_.origin(), parity));
   const bundle::TensorInfo &info = tensorInfo(index);
   TensorView v;
   v.dtype = info.dtype();

@@ -59,6 +59,7 @@ struct KernelLaunch {
   std::string name;
   int64_t grid = 1, block = 1;
   bool zeroOutputs = false; // accumulates into its outputs with atomics
+  std::string fault;        // non-empty: reports bad data via the fault word (what it found)
 };
 
 class KernelGenerator {

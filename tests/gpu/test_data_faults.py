@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Bad data that a kernel finds (ctest data_faults on the CPU, gpu_data_faults on CUDA).
+
+Three small models, each compiled once for cuda:sm_90 (CUDA bundles run on the CPU executor
+too) and replayed by forge-replay with good data, which must match NumPy, and with bad data,
+which must fail with an error naming the node and the problem:
+
+  lookup  Gather with an index outside [-size, size)
+  loss    NegativeLogLikelihoodLoss with a target class outside [0, C)
+  ratio   integer Div by zero
+
+On CUDA the kernels report through the fault word (the run's error names the instruction,
+op, node and kernel); on the CPU the kernels return the error themselves.
+
+  test_data_faults.py --forgec F --replay R --device cpu|cuda        (compiles, then runs)
+  test_data_faults.py --forgec F --bundles DIR --compile-only         (here, for a GPU machine)
+  test_data_faults.py --bundles DIR --replay R --device cuda          (there)
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+import forge_e2e as e2e  # noqa: E402
+
+
+def models():
+    """name -> (onnx ModelProto, good inputs, bad inputs, expected output of the good inputs,
+    (op, regex per device) that the bad run's error must name and match)."""
+    from onnx import TensorProto, helper
+
+    def model(node, inputs, output):
+        graph = helper.make_graph([node], node.name, inputs, [output])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    table = np.arange(15, dtype=np.float32).reshape(5, 3)
+    good_idx = np.array([0, 4, -1, 2], dtype=np.int64)
+    lookup = model(helper.make_node("Gather", ["table", "idx"], ["rows"], name="lookup", axis=0),
+                   [helper.make_tensor_value_info("table", TensorProto.FLOAT, [5, 3]),
+                    helper.make_tensor_value_info("idx", TensorProto.INT64, [4])],
+                   helper.make_tensor_value_info("rows", TensorProto.FLOAT, [4, 3]))
+
+    logits = np.log(np.array([[.1, .2, .3, .4], [.25, .25, .25, .25], [.7, .1, .1, .1]],
+                             dtype=np.float32))
+    good_target = np.array([3, 0, 0], dtype=np.int64)
+    loss = model(helper.make_node("NegativeLogLikelihoodLoss", ["logp", "target"], ["nll"],
+                                  name="loss", reduction="mean"),
+                 [helper.make_tensor_value_info("logp", TensorProto.FLOAT, [3, 4]),
+                  helper.make_tensor_value_info("target", TensorProto.INT64, [3])],
+                 helper.make_tensor_value_info("nll", TensorProto.FLOAT, []))
+
+    a = np.array([7, -9, 100, 5], dtype=np.int32)
+    good_b = np.array([2, 4, -7, 1], dtype=np.int32)
+    ratio = model(helper.make_node("Div", ["a", "b"], ["q"], name="ratio"),
+                  [helper.make_tensor_value_info("a", TensorProto.INT32, [4]),
+                   helper.make_tensor_value_info("b", TensorProto.INT32, [4])],
+                  helper.make_tensor_value_info("q", TensorProto.INT32, [4]))
+    # Integer division truncates toward zero (C, ONNX), not toward -inf (NumPy's //).
+    quotient = (np.sign(a) * np.sign(good_b) * (np.abs(a) // np.abs(good_b))).astype(np.int32)
+
+    return {
+        "lookup": (lookup, {"table": table, "idx": good_idx},
+                   {"table": table, "idx": np.array([0, 5, 1, 2], dtype=np.int64)},
+                   table[good_idx],
+                   ("gather", {"cpu": r"out of range for extent 5", "cuda": r"outside \[-size, size\)"})),
+        "loss": (loss, {"logp": logits, "target": good_target},
+                 {"logp": logits, "target": np.array([0, 4, 1], dtype=np.int64)},
+                 np.float32(-logits[np.arange(3), good_target].mean()),
+                 ("nll_loss", {"cpu": r"outside \[0, 4\)", "cuda": r"outside \[0, classes\)"})),
+        "ratio": (ratio, {"a": a, "b": good_b},
+                  {"a": a, "b": np.array([1, 0, 2, 3], dtype=np.int32)}, quotient,
+                  ("div", {"cpu": r"division by zero", "cuda": r"division by zero"})),
+    }
+
+
+def compile_cases(rep, forgec, bundles):
+    import onnx
+    os.makedirs(bundles, exist_ok=True)
+    for name, (proto, good, bad, expected, _) in models().items():
+        onnx_path = os.path.join(bundles, name + ".onnx")
+        onnx.save(proto, onnx_path)
+        for kind, feeds in (("good", good), ("bad", bad)):
+            case = os.path.join(bundles, f"{name}_{kind}")
+            os.makedirs(case, exist_ok=True)
+            arrays = dict(feeds)
+            arrays["expected:0"] = arrays["cpu:0"] = np.asarray(expected)
+            np.savez(os.path.join(case, "set_0.npz"), **arrays)
+        rc, t, log = e2e.run([forgec, onnx_path, "--inference-only", "--target", "cuda:sm_90",
+                              "-o", os.path.join(bundles, f"{name}_good", "model.forge")])
+        if rep.check(f"{name} forgec", rc == 0, f"{t:.1f}s {e2e.failure(rc, log)}"):
+            with open(os.path.join(bundles, f"{name}_good", "model.forge"), "rb") as f:
+                data = f.read()
+            with open(os.path.join(bundles, f"{name}_bad", "model.forge"), "wb") as f:
+                f.write(data)
+
+
+def replay_cases(rep, replay, bundles, device):
+    for name, (_, _, _, _, (op, problem)) in models().items():
+        for kind in ("good", "bad"):
+            case = os.path.join(bundles, f"{name}_{kind}")
+            with tempfile.TemporaryDirectory() as one:  # forge-replay runs every case of a dir
+                os.symlink(os.path.abspath(case), os.path.join(one, f"{name}_{kind}"))
+                rc, t, log = e2e.run([replay, one, "--device", device], timeout=300)
+            if kind == "good":
+                rep.check(f"{name} good data on {device}", rc == 0 and "1 passed" in log,
+                          e2e.failure(rc, log, 3))
+            else:
+                failure = next((l for l in log.splitlines() if l.startswith("FAIL")), "")
+                found = (f"'{name}'" in failure or f"({name})" in failure) and op in failure \
+                    and re.search(problem[device], failure) is not None
+                rep.check(f"{name} bad data on {device} fails naming node and problem",
+                          rc == 1 and found, e2e.tail(log, 3))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--forgec")
+    ap.add_argument("--replay")
+    ap.add_argument("--bin-dir", help="ignored (the other GPU tests' common option)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--bundles", help="compiled cases (written with --compile-only)")
+    ap.add_argument("--compile-only", action="store_true")
+    a = ap.parse_args()
+    if a.device == "cuda" and not a.compile_only and not e2e.gpu_present():
+        print("SKIP: no GPU (nvidia-smi -L failed)")
+        return 77
+    rep = e2e.Report()
+    with tempfile.TemporaryDirectory(prefix="forge-faults-") as tmp:
+        bundles = a.bundles or tmp
+        if a.forgec:
+            compile_cases(rep, a.forgec, bundles)
+        if not a.compile_only:
+            replay_cases(rep, a.replay, bundles, a.device)
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+#!/usr/bin/env python3
+"""Writes a one-node ONNX model for lit tests.
+
+  node_model.py OUT.onnx OP IN:DTYPE:DIMS... -- OUT:DTYPE:DIMS [attr=int...]
+  e.g. node_model.py m.onnx Div a:int32:4 b:int32:4 -- q:int32:4
+DIMS are x-separated ('2x3'); '' is a scalar.
+"""
+import sys
+
+from onnx import TensorProto, helper, save
+
+
+def value(spec):
+    name, dtype, dims = spec.split(":")
+    shape = [int(d) for d in dims.split("x")] if dims else []
+    return helper.make_tensor_value_info(name, getattr(TensorProto, dtype.upper()), shape)
+
+
+def main(argv):
+    out, op, rest = argv[1], argv[2], argv[3:]
+    sep = rest.index("--")
+    inputs = [value(s) for s in rest[:sep]]
+    output = value(rest[sep + 1])
+    attrs = {}
+    for a in rest[sep + 2:]:
+        key, v = a.split("=")
+        attrs[key] = [int(x) for x in v.split(",")] if "," in v else int(v)
+    node = helper.make_node(op, [i.name for i in inputs], [output.name], name="node", **attrs)
+    graph = helper.make_graph([node], "g", inputs, [output])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), out)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
