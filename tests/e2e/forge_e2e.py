@@ -135,3 +135,31 @@ class Report:
         """Prints 'N passed, N failed'; the exit status (1 if anything failed)."""
         print(f"{self.passed} passed, {self.failed} failed")
         return 1 if self.failed else 0
+
+
+def replay_check_main(doc, compile_cases, replay_cases):
+    """main() of a check whose cases are compiled by forgec (here) and replayed by
+    forge-replay on a device (here or on a GPU machine without MLIR):
+      --forgec F [--bundles DIR] [--compile-only]   compile_cases(rep, forgec, bundles)
+      --replay R --device cpu|cuda [--bundles DIR]   replay_cases(rep, replay, bundles, device)
+    Exits 77 (skipped) for --device cuda without a GPU."""
+    import argparse
+    import tempfile
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--forgec")
+    ap.add_argument("--replay")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--bundles", help="compiled cases (written with --compile-only)")
+    ap.add_argument("--compile-only", action="store_true")
+    a = ap.parse_args()
+    if a.device == "cuda" and not a.compile_only and not gpu_present():
+        print("SKIP: no GPU (nvidia-smi -L failed)")
+        return 77
+    rep = Report()
+    with tempfile.TemporaryDirectory(prefix="forge-replay-check-") as tmp:
+        bundles = a.bundles or tmp
+        if a.forgec:
+            compile_cases(rep, a.forgec, bundles)
+        if not a.compile_only:
+            replay_cases(rep, a.replay, bundles, a.device)
+    return rep.summary()

@@ -16,7 +16,6 @@ op, node and kernel); on the CPU the kernels return the error themselves.
   test_data_faults.py --forgec F --bundles DIR --compile-only         (here, for a GPU machine)
   test_data_faults.py --bundles DIR --replay R --device cuda          (there)
 """
-import argparse
 import os
 import re
 import subprocess
@@ -117,27 +116,5 @@ def replay_cases(rep, replay, bundles, device):
                           rc == 1 and found, e2e.tail(log, 3))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--forgec")
-    ap.add_argument("--replay")
-    ap.add_argument("--bin-dir", help="ignored (the other GPU tests' common option)")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--bundles", help="compiled cases (written with --compile-only)")
-    ap.add_argument("--compile-only", action="store_true")
-    a = ap.parse_args()
-    if a.device == "cuda" and not a.compile_only and not e2e.gpu_present():
-        print("SKIP: no GPU (nvidia-smi -L failed)")
-        return 77
-    rep = e2e.Report()
-    with tempfile.TemporaryDirectory(prefix="forge-faults-") as tmp:
-        bundles = a.bundles or tmp
-        if a.forgec:
-            compile_cases(rep, a.forgec, bundles)
-        if not a.compile_only:
-            replay_cases(rep, a.replay, bundles, a.device)
-    return rep.summary()
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(e2e.replay_check_main(__doc__, compile_cases, replay_cases))

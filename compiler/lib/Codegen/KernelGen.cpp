@@ -168,12 +168,15 @@ int64_t chooseBlockSize(const CudaTarget &t, int64_t work, int64_t regsPerThread
 }
 
 bool isFloat(Type t) { return isa<FloatType>(t); }
+/// float8 E4M3FN / E5M2: bytes in memory, decoded to f32 on load
+/// (KB::toCompute); only casts produce them (emitScalar encodes).
+bool isFloat8(Type t) { return t.isFloat8E4M3FN() || t.isFloat8E5M2(); }
 
 /// Element types the generators handle: f16, bf16, f32, f64, bool (i1) and
 /// signed, signless or unsigned 8/16/32/64-bit integers. Signless integers are
 /// signed (ONNX has no signless integers).
 bool supportedElement(Type t) {
-  if (t.isF16() || t.isBF16() || t.isF32() || t.isF64())
+  if (t.isF16() || t.isBF16() || t.isF32() || t.isF64() || isFloat8(t))
     return true;
   auto i = dyn_cast<IntegerType>(t);
   return i && (i.getWidth() == 1 ? !i.isUnsigned()
@@ -184,7 +187,7 @@ bool isUnsignedInt(Type t) { return t.isUnsignedInteger() && !t.isInteger(1); }
 /// In memory: bool as i8, integers signless (arith works on signless types;
 /// the tensor's own type keeps the signedness).
 Type storageType(Type t) {
-  if (t.isInteger(1))
+  if (t.isInteger(1) || isFloat8(t))
     return IntegerType::get(t.getContext(), 8);
   if (auto i = dyn_cast<IntegerType>(t))
     return IntegerType::get(t.getContext(), i.getWidth());
@@ -192,7 +195,7 @@ Type storageType(Type t) {
 }
 /// In registers: f16/bf16 as f32, integers signless.
 Type computeType(Type t) {
-  if (t.isF16() || t.isBF16())
+  if (t.isF16() || t.isBF16() || isFloat8(t))
     return Float32Type::get(t.getContext());
   if (auto i = dyn_cast<IntegerType>(t))
     return IntegerType::get(t.getContext(), i.getWidth());
@@ -247,7 +250,37 @@ struct KB {
                                      b.create<arith::ConstantIntOp>(loc, 0, 8));
     if (elem.isF16() || elem.isBF16())
       return b.create<arith::ExtFOp>(loc, b.getF32Type(), v);
+    if (isFloat8(elem))
+      return decodeFloat8(v, elem.isFloat8E5M2());
     return v;
+  }
+  /// A float8 byte as the f32 it stands for (exact). E5M2 is the top byte of
+  /// an f16; E4M3FN (bias 7, no infinities, NaN = S.1111.111) is rebuilt.
+  Value decodeFloat8(Value byte, bool e5m2) {
+    Type i16 = b.getI16Type(), i32 = b.getI32Type(), f32 = b.getF32Type();
+    if (e5m2) {
+      Value bits = b.create<arith::ShLIOp>(loc, b.create<arith::ExtUIOp>(loc, i16, byte),
+                                           b.create<arith::ConstantIntOp>(loc, 8, 16));
+      Value half = b.create<arith::BitcastOp>(loc, b.getF16Type(), bits);
+      return b.create<arith::ExtFOp>(loc, f32, half);
+    }
+    auto c = [&](int64_t v) { return b.create<arith::ConstantIntOp>(loc, v, 32); };
+    Value v = b.create<arith::ExtUIOp>(loc, i32, byte);
+    Value exp = b.create<arith::AndIOp>(loc, b.create<arith::ShRUIOp>(loc, v, c(3)), c(15));
+    Value mant = b.create<arith::AndIOp>(loc, v, c(7));
+    Value sub = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, exp, c(0));
+    // |x| = m * 2^-9 (subnormal) or (8 + m) * 2^(e - 10); 2^k built from its bits.
+    Value significand = b.create<arith::SelectOp>(loc, sub, mant, b.create<arith::AddIOp>(loc, mant, c(8)));
+    Value scaleExp = b.create<arith::SelectOp>(loc, sub, c(-9), b.create<arith::SubIOp>(loc, exp, c(10)));
+    Value scale = b.create<arith::BitcastOp>(
+        loc, f32, b.create<arith::ShLIOp>(loc, b.create<arith::AddIOp>(loc, scaleExp, c(127)), c(23)));
+    Value a = b.create<arith::MulFOp>(loc, b.create<arith::UIToFPOp>(loc, f32, significand), scale);
+    Value negative = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne,
+                                             b.create<arith::AndIOp>(loc, v, c(0x80)), c(0));
+    Value r = b.create<arith::SelectOp>(loc, negative, b.create<arith::NegFOp>(loc, a), a);
+    Value nan = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
+                                        b.create<arith::AndIOp>(loc, v, c(0x7f)), c(0x7f));
+    return b.create<arith::SelectOp>(loc, nan, fconst(f32, NAN), r);
   }
   Value toStorage(Value v, Type elem) {
     if (elem.isInteger(1))
@@ -432,6 +465,69 @@ Value intPow(KB &k, Value base, Value exp, bool isUnsigned) {
   return b.create<arith::SelectOp>(k.loc, isNeg, negative, loop.getResult(0));
 }
 
+/// A float value (f32, or f64) as a float8 byte, as the CPU's doubleToFloat8:
+/// round to nearest even onto the format's grid; beyond the largest finite
+/// value, saturate to +-max or give NaN (E4M3FN) / infinity (E5M2).
+Value encodeFloat8(KB &k, Value x, bool e5m2, bool saturate) {
+  OpBuilder &b = k.b;
+  Location loc = k.loc;
+  Type ft = x.getType();
+  bool f64 = ft.isF64();
+  unsigned width = f64 ? 64 : 32, fracBits = f64 ? 52 : 23;
+  int64_t floatBias = f64 ? 1023 : 127;
+  Type it = b.getIntegerType(width), i32 = b.getI32Type(), i8 = b.getI8Type();
+  const int mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7, emin = 1 - bias;
+  const double maxFinite = e5m2 ? 57344.0 : 448.0;
+  const int64_t nanBits = e5m2 ? 0x7d : 0x7f, infBits = e5m2 ? 0x7c : 0x7f,
+                maxBits = e5m2 ? 0x7b : 0x7e;
+  auto c32 = [&](int64_t v) { return b.create<arith::ConstantIntOp>(loc, v, 32); };
+  auto c8 = [&](int64_t v) { return b.create<arith::ConstantIntOp>(loc, v, 8); };
+  auto sel = [&](Value cond, Value a, Value d) { return b.create<arith::SelectOp>(loc, cond, a, d); };
+  Value bits = b.create<arith::BitcastOp>(loc, it, x);
+  Value sign = b.create<arith::SelectOp>(
+      loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, bits, intConst(k, it, 0)), c8(0x80),
+      c8(0));
+  Value a = b.create<math::AbsFOp>(loc, x);
+  // The grid step at a: 2^q, q = max(floor(log2 a), emin) - mbits (exponent
+  // field; f32/f64 subnormals are far below every float8 and get emin).
+  Value field = b.create<arith::ShRUIOp>(loc, bits, intConst(k, it, fracBits));
+  if (f64)
+    field = b.create<arith::TruncIOp>(loc, i32, field);
+  field = b.create<arith::AndIOp>(loc, field, c32(f64 ? 0x7ff : 0xff));
+  Value q = b.create<arith::SubIOp>(
+      loc, b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, field, c32(floatBias)), c32(emin)),
+      c32(mbits));
+  auto pow2 = [&](Value e) { // 2^e for |e| within the float type's normal range
+    Value biased = b.create<arith::AddIOp>(loc, e, c32(floatBias));
+    if (f64)
+      biased = b.create<arith::ExtSIOp>(loc, it, biased);
+    return b.create<arith::BitcastOp>(loc, ft, b.create<arith::ShLIOp>(loc, biased, intConst(k, it, fracBits)));
+  };
+  // (math.roundeven has no NVVM lowering in MLIR 19; the LLVM intrinsic is cvt.rni.)
+  Value r = b.create<LLVM::RoundEvenOp>(
+      loc, ft, b.create<arith::MulFOp>(loc, a, pow2(b.create<arith::SubIOp>(loc, c32(0), q))));
+  Value rounded = b.create<arith::MulFOp>(loc, r, pow2(q));
+  Value isInf = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, a, k.fconst(ft, INFINITY));
+  Value over = b.create<arith::OrIOp>(
+      loc, isInf, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, rounded, k.fconst(ft, maxFinite)));
+  // r in [0, 2^(mbits+1)]: below 2^mbits only at emin (subnormal, exponent field
+  // 0); 2^(mbits+1) carries into the next exponent.
+  Value ri = b.create<arith::FPToUIOp>(loc, i32, b.create<arith::MinimumFOp>(loc, r, k.fconst(ft, 64.0)));
+  Value carry = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::uge, ri, c32(2 << mbits));
+  ri = sel(carry, b.create<arith::ShRUIOp>(loc, ri, c32(1)), ri);
+  q = sel(carry, b.create<arith::AddIOp>(loc, q, c32(1)), q);
+  Value normal = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::uge, ri, c32(1 << mbits));
+  Value exponent = sel(normal, b.create<arith::AddIOp>(loc, q, c32(mbits + bias)), c32(0));
+  Value mant = sel(normal, b.create<arith::SubIOp>(loc, ri, c32(1 << mbits)), ri);
+  Value magnitude = b.create<arith::TruncIOp>(
+      loc, i8, b.create<arith::OrIOp>(loc, b.create<arith::ShLIOp>(loc, exponent, c32(mbits)), mant));
+  Value result = b.create<arith::OrIOp>(loc, sign, magnitude);
+  Value overflow = c8(saturate ? maxBits : (e5m2 ? infBits : nanBits));
+  result = sel(over, b.create<arith::OrIOp>(loc, sign, overflow), result);
+  Value nan = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNO, x, x);
+  return sel(nan, b.create<arith::OrIOp>(loc, sign, c8(nanBits)), result);
+}
+
 /// One element of an elementwise op. `argElem` is the first operand's tensor
 /// element type (its signedness picks the integer ops).
 Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type argElem, Type resultElem) {
@@ -453,6 +549,18 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type argElem, Type 
 
   if (name == "transpose" || name == "broadcast" || name == "slice") // the map does the work
     return args[0];
+  if (name == "cast" && isFloat8(resultElem)) {
+    // Through f32 from floats up to f32 (exact), else through f64, as the CPU
+    // goes through double.
+    Value x = args[0];
+    if (!isFloat(ct)) {
+      Type f64 = b.getF64Type();
+      x = ct.isInteger(1) || isUnsigned ? Value(b.create<arith::UIToFPOp>(loc, f64, x))
+                                        : Value(b.create<arith::SIToFPOp>(loc, f64, x));
+    }
+    auto saturate = op->getAttrOfType<IntegerAttr>("saturate");
+    return encodeFloat8(k, x, resultElem.isFloat8E5M2(), !saturate || saturate.getInt() != 0);
+  }
   if (name == "cast") {
     Type to = computeType(resultElem);
     Value x = args[0];
@@ -1448,6 +1556,38 @@ std::optional<KernelLaunch> KernelGenerator::Impl::argmaxKernel(Operation *op, S
       });
 }
 
+namespace {
+/// Where column c of a layer-norm row (the dims from `axis` on, `normShape`)
+/// finds its element of a scale, bias or their gradient that broadcasts to
+/// the row (NumPy rules); nullopt when `param` does not broadcast to it.
+std::optional<std::function<Value(KB &, Value)>> paramIndex(RankedTensorType param,
+                                                            ArrayRef<int64_t> normShape) {
+  int64_t cols = 1;
+  for (int64_t d : normShape)
+    cols *= d;
+  if (param.getNumElements() == cols)
+    return [](KB &, Value c) { return c; };
+  if (param.getRank() > static_cast<int64_t>(normShape.size()))
+    return std::nullopt;
+  for (int64_t d = 0; d < param.getRank(); ++d) {
+    int64_t size = param.getDimSize(d), to = normShape[normShape.size() - param.getRank() + d];
+    if (size != 1 && size != to)
+      return std::nullopt;
+  }
+  SmallVector<int64_t> strides = broadcastStrides(param.getShape(), normShape);
+  SmallVector<int64_t> dims(normShape);
+  return [strides, dims](KB &k, Value c) {
+    Value at = k.idx(0), rest = c;
+    for (int64_t d = static_cast<int64_t>(dims.size()) - 1; d >= 0; --d) {
+      if (strides[d] != 0)
+        at = k.add(at, k.mul(k.rem(rest, dims[d]), k.idx(strides[d])));
+      rest = k.div(rest, dims[d]);
+    }
+    return at;
+  };
+}
+} // namespace
+
 std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op,
                                                                    StringRef name) {
   auto in = tensorType(op->getOperand(0));
@@ -1459,10 +1599,14 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
   for (int64_t d = axis; d < in.getRank(); ++d)
     cols *= in.getDimSize(d);
   int64_t rows = cols ? in.getNumElements() / cols : 0;
-  for (unsigned i = 1; i < op->getNumOperands(); ++i)
-    if (tensorType(op->getOperand(i)).getNumElements() != cols ||
-        tensorType(op->getOperand(i)).getElementType() != elem)
+  ArrayRef<int64_t> normShape = in.getShape().drop_front(axis);
+  SmallVector<std::function<Value(KB &, Value)>> at; // scale, bias
+  for (unsigned i = 1; i < op->getNumOperands(); ++i) {
+    auto index = paramIndex(tensorType(op->getOperand(i)), normShape);
+    if (!index || tensorType(op->getOperand(i)).getElementType() != elem)
       return std::nullopt;
+    at.push_back(*index);
+  }
   if (rows == 0)
     return std::nullopt;
   double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
@@ -1494,9 +1638,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
                          OpBuilder::InsertionGuard g(b);
                          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
                          Value y = mulf(mulf(subf(x(c), mean), rstd),
-                                        k.load(fn.getArgument(1), c, elem));
+                                        k.load(fn.getArgument(1), at[0](k, c), elem));
                          if (hasBias)
-                           y = addf(y, k.load(fn.getArgument(2), c, elem));
+                           y = addf(y, k.load(fn.getArgument(2), at[1](k, c), elem));
                          k.store(y, out, k.add(base, c), elem);
                          b.create<scf::YieldOp>(l);
                        });
@@ -1515,11 +1659,18 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
   for (int64_t d = axis; d < in.getRank(); ++d)
     cols *= in.getDimSize(d);
   int64_t rows = cols ? in.getNumElements() / cols : 0;
-  if (rows == 0 || tensorType(op->getOperand(1)).getNumElements() != cols)
-    return std::nullopt;
+  ArrayRef<int64_t> normShape = in.getShape().drop_front(axis);
   bool wantDx = op->getAttrOfType<BoolAttr>("input_grad").getValue();
   bool wantScale = op->getAttrOfType<BoolAttr>("scale_grad").getValue();
   bool wantBias = op->getAttrOfType<BoolAttr>("bias_grad").getValue();
+  // Element of the scale, dscale and dbias (each with its own broadcast) of column c.
+  auto scaleAt = paramIndex(tensorType(op->getOperand(1)), normShape);
+  unsigned result = wantDx ? 1 : 0;
+  auto dscaleAt = wantScale ? paramIndex(tensorType(op->getResult(result)), normShape) : scaleAt;
+  auto dbiasAt = wantBias ? paramIndex(tensorType(op->getResult(result + wantScale)), normShape)
+                          : scaleAt;
+  if (rows == 0 || !scaleAt || !dscaleAt || !dbiasAt)
+    return std::nullopt;
   double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
   Type f32 = Float32Type::get(context);
   Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
@@ -1539,7 +1690,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
   auto mulf = [&](Value x, Value y) -> Value { return b.create<arith::MulFOp>(k.loc, x, y); };
   Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
   auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
-  auto w = [&](Value c) { return k.load(fn.getArgument(1), c, elem); };
+  auto w = [&](Value c) { return k.load(fn.getArgument(1), (*scaleAt)(k, c), elem); };
   auto dy = [&](Value c) { return k.load(fn.getArgument(2), k.add(base, c), elem); };
   auto rowSum = [&](function_ref<Value(Value)> term) {
     return k.blockAccumulate(cols, block, sh, zero, addf, term);
@@ -1564,9 +1715,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
                   elem);
         if (wantScale)
           b.create<memref::AtomicRMWOp>(l, arith::AtomicRMWKind::addf, mulf(g0, xh), dscale,
-                                        ValueRange{c});
+                                        ValueRange{(*dscaleAt)(k, c)});
         if (wantBias)
-          b.create<memref::AtomicRMWOp>(l, arith::AtomicRMWKind::addf, g0, dbias, ValueRange{c});
+          b.create<memref::AtomicRMWOp>(l, arith::AtomicRMWKind::addf, g0, dbias,
+                                        ValueRange{(*dbiasAt)(k, c)});
         b.create<scf::YieldOp>(l);
       });
   b.create<gpu::ReturnOp>(k.loc);
@@ -2535,6 +2687,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
         !supportedElement(tensorType(v).getElementType()))
       return std::nullopt;
   StringRef opName = op->getName().stripDialect();
+  auto float8 = [](Value v) { return isFloat8(tensorType(v).getElementType()); };
+  if (opName != "cast" && (llvm::any_of(op->getOperands(), float8) ||
+                           llvm::any_of(op->getResults(), float8)))
+    return std::nullopt; // float8 values are only made and read by casts
   if (opName == "split")
     return splitKernel(op, name);
   if (opName == "layer_norm_grad")
