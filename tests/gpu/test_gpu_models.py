@@ -8,12 +8,20 @@ runs STEPS steps in file order on both devices (the CPU runs a CUDA bundle's ops
 kernels, so the CPU is the reference for every generated kernel and library call):
   forge-train B/M.forge --data B/M.npz --no-shuffle --steps STEPS --device cpu|cuda
               --metrics ... --dump-grads ... --dump-params ...
-Checks (fp32 on both sides; relative L2 norms in float64):
-  loss step 1            |gpu - cpu| / |cpu|                        <= 1e-4
-  losses steps 1..STEPS  |gpu - cpu| / |cpu|                        <= 1e-4
-  grads step 1           per parameter ||gpu - cpu|| / max(||cpu||, 1e-2 ||all grads||) <= 1e-4
-  params after STEPS     per tensor ||gpu - cpu|| / ||cpu||         <= 1e-4
-                         (a momentum buffer: / max(||cpu||, 1e-2 ||all momentum buffers||))
+Checks (fp32 on both sides; relative L2 norms in float64; with --tf32 the CUDA bundle's
+matmuls and convolutions use TF32 tensor cores and the tolerances are the right column):
+                                                                     fp32   TF32
+  loss step 1            |gpu - cpu| / |cpu|                          1e-4   2e-3
+  losses steps 1..STEPS  |gpu - cpu| / |cpu|                          1e-4   2e-3
+  grads step 1           per parameter ||gpu - cpu||
+                           / max(||cpu||, 1e-2 ||all grads||)         1e-4   2e-3
+  params after STEPS     per tensor ||gpu - cpu|| / ||cpu||           1e-4   2e-3
+  momentum after STEPS   per buffer ||gpu - cpu||
+                           / max(||cpu||, 1e-2 ||all momentum buffers||) 1e-4 5e-2
+TF32 rounds each matmul/convolution input to 10 mantissa bits (2^-11 relative); a weight
+gradient (a sum of many mixed-sign products) loses more, the more its terms cancel, which
+they do more as the model fits. The momentum buffers sum STEPS such gradients: the MLP's
+reach 3.5e-2 against fp32 (its parameters stay within 2e-3, the fp32 run within 1e-4).
 Some gradients are zero in exact arithmetic (a conv bias before BatchNorm, attention's key
 bias): both devices compute rounding noise there, so their error is measured against the
 global gradient norm instead, and so is their momentum buffer's (the sum of that noise). SGD keeps that noise out of the parameters; Adam, which divides
@@ -41,7 +49,8 @@ from forge_e2e import Report  # noqa: E402
 
 MODELS = e2e.MODEL_LOSSES
 BATCH, STEPS = 8, 10
-TOL = {"loss1": 1e-4, "grads1": 1e-4, "losses": 1e-4, "params": 1e-4}
+TOL = {"loss1": 1e-4, "grads1": 1e-4, "losses": 1e-4, "params": 1e-4, "momentum": 1e-4}
+TF32_TOL = {"loss1": 2e-3, "grads1": 2e-3, "losses": 2e-3, "params": 2e-3, "momentum": 5e-2}
 ZERO_GRAD_FLOOR = 1e-2  # of the global gradient norm
 SKIP_EXIT = 77  # ctest SKIP_RETURN_CODE
 
@@ -72,7 +81,8 @@ def prepare(rep, a, forgec, out):
         rc, t, log = e2e.run([forgec, os.path.join(a.models_dir, name + ".onnx"),
                               "--target", a.target, "--batch", str(BATCH), "--loss", loss,
                               "--optimizer", "sgd:lr=0.01,momentum=0.9", "--expose-gradients",
-                              "-o", os.path.join(out, name + ".forge")], 900)
+                              "-o", os.path.join(out, name + ".forge")] +
+                             (["--tf32"] if a.tf32 else []), 900)
         rep.check(f"{name} forgec --target {a.target}", rc == 0,
                   f"{t:.1f}s {e2e.tail(log, 3) if rc == 0 else e2e.failure(rc, log)}")
 
@@ -86,11 +96,11 @@ def train(forge_train, bundle, data, device, tmp):
     return rc, t, log, files
 
 
-def compare(rep, label, got, ref, tol, floor=0.0, floors=None):
-    """Per tensor ||got - ref|| / max(||ref||, floor or floors[name]) over the finite entries;
-    non-finite entries must be identical."""
+def compare(rep, label, got, ref, tol, floor=0.0, keys=None):
+    """Per tensor ||got - ref|| / max(||ref||, floor) over the finite entries (tensors `keys`,
+    default all); non-finite entries must be identical."""
     worst, worst_name, bad = 0.0, None, []
-    for k in ref.files:
+    for k in keys if keys is not None else ref.files:
         if k not in got.files or got[k].shape != ref[k].shape:
             bad.append(f"{k} missing or misshapen")
             continue
@@ -105,8 +115,7 @@ def compare(rep, label, got, ref, tol, floor=0.0, floors=None):
             bad.append(f"{k}: non-finite entries differ")
             continue
         g64, r64 = g[finite].astype(np.float64), r[finite].astype(np.float64)
-        f = (floors or {}).get(k, floor)
-        e = float(np.linalg.norm(g64 - r64) / max(np.linalg.norm(r64), f, 1e-30))
+        e = float(np.linalg.norm(g64 - r64) / max(np.linalg.norm(r64), floor, 1e-30))
         if not np.isfinite(e) or e > tol:
             bad.append(f"{k}: rel {e:.2e}")
         if e > worst:
@@ -157,8 +166,11 @@ def run_models(rep, a, forge_train, bundles):
             momenta = [k for k in cpu_params.files if k.endswith(".momentum")]
             m_total = float(np.sqrt(sum(np.sum(cpu_params[k].astype(np.float64) ** 2)
                                         for k in momenta)))
-            compare(rep, f"{name} params step {STEPS}", np.load(gpu["params.npz"]), cpu_params,
-                    TOL["params"], floors={k: ZERO_GRAD_FLOOR * m_total for k in momenta})
+            gpu_params = np.load(gpu["params.npz"])
+            compare(rep, f"{name} params step {STEPS}", gpu_params, cpu_params, TOL["params"],
+                    keys=[k for k in cpu_params.files if k not in momenta])
+            compare(rep, f"{name} momentum step {STEPS}", gpu_params, cpu_params,
+                    TOL["momentum"], ZERO_GRAD_FLOOR * m_total, keys=momenta)
 
 
 def main():
@@ -169,7 +181,11 @@ def main():
     ap.add_argument("--bundles", help="directory of compiled bundles and data (see the usage)")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--tf32", action="store_true",
+                    help="compile with TF32 matmuls/convolutions (TF32 tolerances)")
     a = ap.parse_args()
+    if a.tf32:
+        TOL.update(TF32_TOL)
     rep = Report()
     run_half = not a.compile_only
     if run_half and not e2e.gpu_present():
