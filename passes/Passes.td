@@ -37,4 +37,18 @@ def EliminateDeadCode : Pass<"forge-eliminate-dead-code", "::mlir::func::FuncOp"
   }];
 }
 
+def SymmetrizeConvPadding : Pass<"forge-symmetrize-conv-padding", "::mlir::func::FuncOp"> {
+  let summary = "Turn asymmetric convolution padding into explicit pads (for cuDNN)";
+  let description = [{
+    cuDNN pads each spatial dimension equally at both ends. A conv or
+    conv_grad_weight whose begin and end pads differ gets a constant-zero
+    `forge.pad` of its input by the difference and keeps the smaller pad at
+    both ends; a conv_transpose, whose pads crop its output, keeps the smaller
+    pads and its result is cropped by the difference (a `forge.pad` with
+    negative pads). Results are unchanged; the pipeline runs this pass for
+    CUDA targets only.
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 #endif // FORGE_PASSES_TD

@@ -183,7 +183,9 @@ Outcome runTest(const fs::path &dir) {
     outcome.boundInputs = bound.constantInputs;
   }
   PassManager pm(&ctx);
-  fc::buildInferencePipeline(pm, {});
+  fc::PipelineOptions pipelineOptions;
+  pipelineOptions.target = target;
+  fc::buildInferencePipeline(pm, pipelineOptions);
   if (failed(pm.run(*module))) {
     outcome.detail = "pipeline: " + diagnostics;
     return outcome;

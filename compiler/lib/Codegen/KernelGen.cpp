@@ -97,6 +97,22 @@ bool cudnnConvolution(Operation *op) {
   for (int64_t d = 0; d < spatial; ++d)
     if (pads[d] != pads[d + spatial])
       return false;
+  // conv_transpose runs as cuDNN's backward-data of the conv from its result to
+  // its input, which must then follow the conv formula: not so when
+  // output_padding reaches the stride (the extra outputs see no input).
+  if (op->getName().stripDialect() == "conv_transpose") {
+    auto y = cast<RankedTensorType>(op->getResult(0).getType());
+    auto w = cast<RankedTensorType>(op->getOperand(1).getType());
+    auto strides = op->getAttrOfType<DenseI64ArrayAttr>("strides");
+    auto dilations = op->getAttrOfType<DenseI64ArrayAttr>("dilations");
+    if (!strides || !dilations || strides.size() != spatial || dilations.size() != spatial)
+      return false;
+    for (int64_t d = 0; d < spatial; ++d) {
+      int64_t window = dilations[d] * (w.getDimSize(d + 2) - 1) + 1;
+      if ((y.getDimSize(d + 2) + 2 * pads[d] - window) / strides[d] + 1 != x.getDimSize(d + 2))
+        return false;
+    }
+  }
   return true;
 }
 } // namespace

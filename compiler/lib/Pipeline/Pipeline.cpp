@@ -26,6 +26,11 @@ void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOption
   // elimination last removes what folding and CSE left unused.
   pm.addPass(createCanonicalizerPass());
   pm.addNestedPass<func::FuncOp>(createFoldConstants());
+  // CUDA: cuDNN takes symmetric padding only, so asymmetric conv padding becomes
+  // an explicit pad first; before CSE, which merges the equal pads that a conv
+  // and its conv_grad_weight put on one input.
+  if (StringRef(options.target).starts_with("cuda"))
+    pm.addNestedPass<func::FuncOp>(createSymmetrizeConvPadding());
   pm.addPass(createCSEPass());
   pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
 }

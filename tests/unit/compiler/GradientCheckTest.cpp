@@ -26,6 +26,7 @@
 #include "forge/Autodiff/GradientBuilder.h"
 #include "forge/Bundle/BundleEmitter.h"
 #include "forge/Dialect/ForgeDialect.h"
+#include "forge/Pipeline/Pipeline.h"
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/CpuExecutor.h"
 #include "forge/runtime/FileUtil.h"
@@ -802,10 +803,18 @@ void emitForReplay(const std::string &dir, const std::string &name, ModuleOp mod
                    const std::vector<std::vector<double>> &args,
                    const std::vector<std::vector<int64_t>> &shapes,
                    const std::vector<std::vector<double>> &outputs) {
+  // As forgec compiles for CUDA: the graph pipeline for the target (which, e.g., makes
+  // asymmetric conv padding explicit so that cuDNN takes the conv), on a copy.
+  OwningOpRef<ModuleOp> compiled = module.clone();
+  PassManager pm(module.getContext());
+  PipelineOptions pipeline;
+  pipeline.target = "cuda:sm_90";
+  buildInferencePipeline(pm, pipeline);
+  ASSERT_TRUE(succeeded(pm.run(*compiled))) << "the pipeline for cuda:sm_90";
   rt::BundleWriter writer;
   BundleEmitOptions options;
   options.target = "cuda:sm_90";
-  ASSERT_TRUE(succeeded(emitBundle(module, options, writer))) << "emitBundle for cuda:sm_90";
+  ASSERT_TRUE(succeeded(emitBundle(*compiled, options, writer))) << "emitBundle for cuda:sm_90";
   std::vector<uint8_t> bytes = writer.serialize();
   auto bundle = rt::Bundle::fromBytes(bytes, name);
   ASSERT_TRUE(bundle.isOk()) << bundle.status().message();
