@@ -1,6 +1,8 @@
 // cuDNN convolution plans (Conv.h).
 #include "cuda/Conv.h"
 
+#include <algorithm>
+
 namespace forge::rt::cuda {
 
 namespace {
@@ -112,7 +114,8 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
                                              packedStrides(bias).data()));
   }
 
-  // cuDNN's heuristic ranking; the first algorithm that works within the limit.
+  // cuDNN's heuristic ranking: the algorithms that work within the limit are
+  // the candidates (tune() times them), the first is the choice until then.
   constexpr int kCandidates = 8;
   int found = 0;
   auto pick = [&](auto *results, auto workspaceOf) -> Status {
@@ -123,8 +126,11 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
       if (workspaceOf(results[i].algo, bytes) != CUDNN_STATUS_SUCCESS ||
           bytes > kMaxConvWorkspace)
         continue;
-      plan->algo_ = static_cast<int>(results[i].algo);
-      plan->workspace_ = bytes;
+      plan->candidates_.push_back({static_cast<int>(results[i].algo), bytes});
+    }
+    if (!plan->candidates_.empty()) {
+      plan->algo_ = plan->candidates_[0].algo;
+      plan->workspace_ = plan->candidates_[0].workspace;
       return Status::ok();
     }
     return Status::error("cuDNN offers no algorithm for {} (x {}, filter {}, groups {})", op,
@@ -169,6 +175,51 @@ ConvPlan::~ConvPlan() {
     api_->cudnnDestroyFilterDescriptor(w_);
   if (conv_)
     api_->cudnnDestroyConvolutionDescriptor(conv_);
+}
+
+size_t ConvPlan::workspaceBytes() const {
+  size_t bytes = 0;
+  for (const Candidate &c : candidates_)
+    bytes = std::max(bytes, c.workspace);
+  return bytes;
+}
+
+Status ConvPlan::tune(const std::vector<const void *> &in, void *out, void *workspace,
+                      cudaStream_t stream) {
+  if (tuned_ || candidates_.size() < 2)
+    return Status::ok();
+  tuned_ = true;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess)
+    return Status::error("cudaEventCreate failed while tuning a convolution");
+  constexpr int kRuns = 3; // after one untimed run of each candidate
+  float best = 0;
+  Candidate chosen = candidates_[0];
+  Status status;
+  for (const Candidate &c : candidates_) {
+    algo_ = c.algo;
+    workspace_ = c.workspace;
+    status = run(in, out, workspace); // warm-up (and: does it run at all?)
+    if (!status.isOk())
+      break;
+    cudaEventRecord(start, stream);
+    for (int i = 0; i < kRuns && status.isOk(); ++i)
+      status = run(in, out, workspace);
+    cudaEventRecord(stop, stream);
+    float ms = 0;
+    if (!status.isOk() || cudaEventSynchronize(stop) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess)
+      break;
+    if (&c == &candidates_[0] || ms < best) {
+      best = ms;
+      chosen = c;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  algo_ = chosen.algo;
+  workspace_ = chosen.workspace;
+  return status;
 }
 
 Status ConvPlan::run(const std::vector<const void *> &in, void *out, void *workspace) const {

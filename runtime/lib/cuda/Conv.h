@@ -27,9 +27,15 @@ public:
                                                     const bundle::Program &p,
                                                     const bundle::Instruction &inst, bool tf32);
   ~ConvPlan();
-  size_t workspaceBytes() const { return workspace_; }
+  /// Workspace that any candidate algorithm fits in (tune() may pick any).
+  size_t workspaceBytes() const;
   /// `in` are the instruction's present inputs in order, `out` its output.
   Status run(const std::vector<const void *> &in, void *out, void *workspace) const;
+  /// Times cuDNN's heuristic candidates on the real operands (on `stream`, which
+  /// it synchronizes) and keeps the fastest; the first call only. Overwrites
+  /// `out`, so the caller runs the convolution afterwards.
+  Status tune(const std::vector<const void *> &in, void *out, void *workspace,
+              cudaStream_t stream);
 
 private:
   ConvPlan() = default;
@@ -39,9 +45,14 @@ private:
   cudnnTensorDescriptor_t a_ = nullptr, b_ = nullptr, bias_ = nullptr; // per kind, see run()
   cudnnFilterDescriptor_t w_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
-  int algo_ = 0;
+  struct Candidate {
+    int algo;
+    size_t workspace;
+  };
+  std::vector<Candidate> candidates_; // cuDNN's heuristic order, each within kMaxConvWorkspace
+  int algo_ = 0;                      // the chosen candidate
   size_t workspace_ = 0;
-  bool hasBias_ = false;
+  bool hasBias_ = false, tuned_ = false;
 };
 
 } // namespace forge::rt::cuda

@@ -283,6 +283,11 @@ struct CudaExecutor::Impl {
     CUDA_TRY(cudaStreamWaitEvent(compute, inputsEvent, 0), "stream wait");
     for (size_t i = 0; i < n; ++i) {
       Step &s = r.steps[i];
+      // The first (checked) run picks each convolution's fastest algorithm on
+      // its real operands, which the previous instructions have just computed.
+      if (mode.checked && s.kind == Step::Library && s.conv)
+        if (Status st = s.conv->tune(s.convIn, s.out, workspace, compute); !st.isOk())
+          return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       if (mode.timing)
         nvtxRangePushA(fmt::format("#{} {} {}", s.index, s.inst->op(), s.inst->name()).c_str());
       CUDA_TRY(mark(2 + 2 * i, compute), "event record");
