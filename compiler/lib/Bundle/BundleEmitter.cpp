@@ -5,7 +5,9 @@
 //    input or a constant;
 //  * two arena tensors share bytes only if their live ranges [definition,
 //    last use] are disjoint, so a kernel never reads an operand that aliases
-//    its own output.
+//    its own output - except a reshape, whose result is its operand's bytes
+//    (the two are planned as one interval; the copy is then from a buffer to
+//    itself, which executors skip).
 //
 //===----------------------------------------------------------------------===//
 #include "forge/Bundle/BundleEmitter.h"
@@ -396,20 +398,45 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
   }
 
   // Memory plan of this routine: inputs live from the start, outputs to the end.
-  std::vector<Interval> intervals;
+  auto inArena = [&](int32_t t) {
+    auto kind = program.tensors(t).kind();
+    return t >= firstTensor && (kind == pb::TensorInfo::INTERMEDIATE ||
+                                kind == pb::TensorInfo::INPUT || kind == pb::TensorInfo::OUTPUT);
+  };
+  // A reshape's result shares its operand's bytes: one interval per chain of
+  // reshapes, spanning all of their live ranges, planned at the root.
+  std::map<int32_t, int32_t> aliasOf; // reshape result -> its operand's root
+  auto root = [&](int32_t t) {
+    auto it = aliasOf.find(t);
+    return it == aliasOf.end() ? t : it->second;
+  };
+  for (const pb::Instruction &inst : routine->instructions())
+    if (inst.op() == "reshape" && inst.inputs_size() == 1 && inst.outputs_size() == 1 &&
+        inArena(inst.inputs(0)) && inArena(inst.outputs(0)))
+      aliasOf[inst.outputs(0)] = root(inst.inputs(0));
+  std::map<int32_t, Interval> intervalOf; // by root
   for (int32_t t = firstTensor; t < program.tensors_size(); ++t) {
-    const pb::TensorInfo &info = program.tensors(t);
-    if (info.kind() != pb::TensorInfo::INTERMEDIATE && info.kind() != pb::TensorInfo::INPUT &&
-        info.kind() != pb::TensorInfo::OUTPUT)
+    if (!inArena(t))
       continue;
+    const pb::TensorInfo &info = program.tensors(t);
     uint64_t bytes = ::forge::rt::numElements({info.shape().begin(), info.shape().end()}) *
                      ::forge::rt::dtypeSize(info.dtype());
     int64_t begin = info.kind() == pb::TensorInfo::INPUT ? -1 : defined[t];
     int64_t end = info.kind() == pb::TensorInfo::INTERMEDIATE ? std::max(lastUse[t], defined[t])
                                                                : step;
-    intervals.push_back({t, begin, end, bytes});
+    auto [it, fresh] = intervalOf.try_emplace(root(t), Interval{root(t), begin, end, bytes});
+    if (!fresh) {
+      it->second.begin = std::min(it->second.begin, begin);
+      it->second.end = std::max(it->second.end, end);
+      it->second.bytes = std::max(it->second.bytes, bytes);
+    }
   }
+  std::vector<Interval> intervals;
+  for (const auto &[t, iv] : intervalOf)
+    intervals.push_back(iv);
   arena = std::max(arena, planArena(intervals, program));
+  for (const auto &[t, r] : aliasOf)
+    program.mutable_tensors(t)->set_arena_offset(program.tensors(r).arena_offset());
   return success();
 }
 
