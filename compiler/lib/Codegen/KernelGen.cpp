@@ -1321,6 +1321,22 @@ Value loadIndex(KB &k, Value memref, Value at, int64_t size) {
 }
 } // namespace
 
+namespace {
+/// Element i of a gather (out[i] = src[at]) or of its gradient (dsrc[at] +=
+/// dy[i], with f32 atomics into the zeroed output); operands (src or dy,
+/// indices, result).
+void gatherOrScatter(KB &k, gpu::GPUFuncOp fn, Value i, Value at, bool grad) {
+  if (grad) {
+    Value g = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
+    k.b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g, fn.getArgument(2),
+                                    ValueRange{at});
+  } else {
+    Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), at);
+    k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
+  }
+}
+} // namespace
+
 std::optional<KernelLaunch> KernelGenerator::Impl::gatherKernel(Operation *op, StringRef name,
                                                                 bool grad) {
   auto src = tensorType(op->getOperand(0)), out = tensorType(op->getResult(0));
@@ -1343,14 +1359,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::gatherKernel(Operation *op, S
         Value j = k.rem(r, ni), pi = k.div(r, ni);
         Value t = loadIndex(k, fn.getArgument(1), j, a);
         Value at = k.add(k.mul(k.add(k.mul(pi, k.idx(a)), t), k.idx(q)), qi);
-        if (grad) {
-          Value g = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
-          k.b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g, fn.getArgument(2),
-                                          ValueRange{at});
-        } else {
-          Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), at);
-          k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
-        }
+        gatherOrScatter(k, fn, i, at, grad);
       });
   l.zeroOutputs = grad;
   return l;
@@ -2482,14 +2491,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::gatherElementsKernel(Operatio
         id = loadIndex(k, fn.getArgument(1), i, data.getDimSize(axis));
       at = k.add(at, k.mul(id, k.idx(dataStrides[d])));
     }
-    if (grad) {
-      Value g = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
-      k.b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g, fn.getArgument(2),
-                                      ValueRange{at});
-    } else {
-      Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), at);
-      k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
-    }
+    gatherOrScatter(k, fn, i, at, grad);
   });
   l.zeroOutputs = grad;
   return l;
