@@ -251,22 +251,11 @@ Status avgPoolGradKernel(KernelContext &ctx) {
   FORGE_RETURN_IF_ERROR(checkDType(dx, dy.dtype, "result"));
   FORGE_RETURN_IF_ERROR(checkShape(dx, inShape));
   CPU_ASSIGN_OR_RETURN(PoolGeom g, readPoolGeom(ctx, inShape, dy, true));
-  const int64_t sp = static_cast<int64_t>(g.image.size());
   const int64_t planes = inShape[0] * inShape[1];
   // Divisor of the window starting at `start`, exactly as the forward kernel.
   auto divisor = [&](const std::vector<int64_t> &start) {
-    double count = 1;
-    for (int64_t d = 0; d < sp; ++d) {
-      int64_t lo = g.countIncludePad ? -g.padBegin[d] : 0;
-      int64_t hi = g.countIncludePad ? g.image[d] + g.padEnd[d] : g.image[d];
-      int64_t n = 0;
-      for (int64_t k = 0; k < g.kernel[d]; ++k) {
-        int64_t p = start[d] + k * g.dilations[d];
-        n += p >= lo && p < hi;
-      }
-      count *= double(n);
-    }
-    return count;
+    return avgPoolDivisor(start, g.image, g.kernel, g.dilations, g.padBegin, g.padEnd,
+                          g.countIncludePad);
   };
   return visitGradTypes(dy.dtype, ctx, &avgPoolGradKernel, [&](auto tag) -> Status {
     using T = typename decltype(tag)::type;

@@ -528,6 +528,28 @@ inline int64_t windowOutput(int64_t in, int64_t kernel, int64_t stride, int64_t 
   return out;
 }
 
+/// What an average pool divides the window starting at `start` by: its taps
+/// inside [0, image), or inside [-padBegin, image + padEnd) with
+/// count_include_pad; a product over dims, windows being boxes.
+inline double avgPoolDivisor(const std::vector<int64_t> &start, const std::vector<int64_t> &image,
+                             const std::vector<int64_t> &kernel,
+                             const std::vector<int64_t> &dilations,
+                             const std::vector<int64_t> &padBegin,
+                             const std::vector<int64_t> &padEnd, bool countIncludePad) {
+  double count = 1;
+  for (size_t d = 0; d < image.size(); ++d) {
+    int64_t lo = countIncludePad ? -padBegin[d] : 0;
+    int64_t hi = countIncludePad ? image[d] + padEnd[d] : image[d];
+    int64_t n = 0;
+    for (int64_t k = 0; k < kernel[d]; ++k) {
+      int64_t p = start[d] + k * dilations[d];
+      n += p >= lo && p < hi;
+    }
+    count *= double(n);
+  }
+  return count;
+}
+
 /// Normalized indices (negative counts from the end); error outside [-dim, dim).
 inline Expected<std::vector<int64_t>> readIndices(const TensorView &idx, int64_t dim) {
   std::vector<int64_t> out(idx.numel());

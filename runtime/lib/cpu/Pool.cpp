@@ -159,22 +159,9 @@ Status avgPoolKernel(KernelContext &ctx) {
   CPU_ASSIGN_OR_RETURN(PoolGeom g, readPool(ctx, true));
   const TensorView &x = ctx.inputs[0];
   TensorView &y = ctx.outputs[0];
-  const int64_t sp = static_cast<int64_t>(g.image.size());
-  // Divisor: taps inside [0, in) (or [-padBegin, in + padEnd) with
-  // count_include_pad), a product over dims since windows are boxes.
   auto divisor = [&](const std::vector<int64_t> &start) {
-    double count = 1;
-    for (int64_t d = 0; d < sp; ++d) {
-      int64_t lo = g.countIncludePad ? -g.padBegin[d] : 0;
-      int64_t hi = g.countIncludePad ? g.image[d] + g.padEnd[d] : g.image[d];
-      int64_t n = 0;
-      for (int64_t k = 0; k < g.kernel[d]; ++k) {
-        int64_t p = start[d] + k * g.dilations[d];
-        n += p >= lo && p < hi;
-      }
-      count *= double(n);
-    }
-    return count;
+    return avgPoolDivisor(start, g.image, g.kernel, g.dilations, g.padBegin, g.padEnd,
+                          g.countIncludePad);
   };
   return visitFloat(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
