@@ -404,6 +404,27 @@ struct KB {
                         [&](Value i, Value a) { return combine(a, term(i)); });
     return blockReduce(acc, block / kWarp, smem, identity, combine);
   }
+  /// The f32 mean, (biased) variance and 1/sqrt(variance + eps) of x(i),
+  /// i < n, across the block (every thread gets them): two passes, the mean then
+  /// the centered variance, as the CPU's normalization kernels.
+  struct Moments {
+    Value mean, var, rstd;
+  };
+  Moments moments(int64_t n, int64_t block, Value smem, double eps,
+                  function_ref<Value(Value)> x) {
+    Type f32 = b.getF32Type();
+    auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(loc, a, c); };
+    auto mulf = [&](Value a, Value c) -> Value { return b.create<arith::MulFOp>(loc, a, c); };
+    Value zero = fconst(f32, 0.0), inv = fconst(f32, 1.0 / static_cast<double>(n));
+    Value mean = mulf(blockAccumulate(n, block, smem, zero, addf, x), inv);
+    Value var = mulf(blockAccumulate(n, block, smem, zero, addf,
+                                     [&](Value i) {
+                                       Value d = b.create<arith::SubFOp>(loc, x(i), mean);
+                                       return mulf(d, d);
+                                     }),
+                     inv);
+    return {mean, var, b.create<math::RsqrtOp>(loc, addf(var, fconst(f32, eps)))};
+  }
 };
 
 //===----------------------------------------------------------------------===//
@@ -1649,15 +1670,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
   auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
   auto subf = [&](Value x, Value y) -> Value { return b.create<arith::SubFOp>(k.loc, x, y); };
   auto mulf = [&](Value x, Value y) -> Value { return b.create<arith::MulFOp>(k.loc, x, y); };
-  Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
   auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
-  auto rowSum = [&](function_ref<Value(Value)> term) {
-    return k.blockAccumulate(cols, block, sh, zero, addf, term);
-  };
-  // Two passes (mean, then the centered variance), as the CPU kernel.
-  Value mean = mulf(rowSum(x), invCols);
-  Value var = mulf(rowSum([&](Value c) { Value d = subf(x(c), mean); return mulf(d, d); }), invCols);
-  Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+  auto [mean, var, rstd] = k.moments(cols, block, sh, eps, x);
   b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
                        [&](OpBuilder &nb, Location l, Value c, ValueRange) {
                          OpBuilder::InsertionGuard g(b);
@@ -1720,9 +1734,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
   auto rowSum = [&](function_ref<Value(Value)> term) {
     return k.blockAccumulate(cols, block, sh, zero, addf, term);
   };
-  Value mean = mulf(rowSum(x), invCols);
-  Value var = mulf(rowSum([&](Value c) { Value d = subf(x(c), mean); return mulf(d, d); }), invCols);
-  Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+  auto [mean, var, rstd] = k.moments(cols, block, sh, eps, x);
   auto xhat = [&](Value c) { return mulf(subf(x(c), mean), rstd); };
   Value m1, m2;
   if (wantDx) {
@@ -1901,10 +1913,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   auto chanSum = [&](function_ref<Value(Value)> term) {
     return k.blockAccumulate(count, block, sh, zero, addf, term);
   };
-  Value mean = mulf(chanSum(xAt), invCount);
-  Value var = mulf(chanSum([&](Value r) { Value d = subf(xAt(r), mean); return mulf(d, d); }),
-                   invCount);
-  Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+  auto [mean, var, rstd] = k.moments(count, block, sh, eps, xAt);
   Value scale = k.load(fn.getArgument(1), ch, elem);
   Value first = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0));
   auto forEach = [&](function_ref<void(Value)> body) {
@@ -2365,9 +2374,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::groupNormKernel(Operation *op
                           [&](Value j, Value a) { return addf(a, term(j)); });
     return k.blockReduce(acc, block / kWarp, sh, zero, addf);
   };
-  Value mean = mulf(rowSum(xAt), invCols);
-  Value var = mulf(rowSum([&](Value j) { Value d = subf(xAt(j), mean); return mulf(d, d); }), invCols);
-  Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+  auto [mean, var, rstd] = k.moments(cols, block, sh, eps, xAt);
   auto xhat = [&](Value j) { return mulf(subf(xAt(j), mean), rstd); };
   auto forEach = [&](function_ref<void(Value)> body) {
     b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
