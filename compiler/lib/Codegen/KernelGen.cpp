@@ -162,6 +162,7 @@ namespace {
 constexpr int64_t kWarp = 32;
 constexpr int64_t kVector = 4;
 constexpr int64_t kMaxGrid = int64_t(1) << 20; // grid-stride loops cover the rest
+constexpr int64_t kUnrollTaps = 16; // pooling windows up to this many taps are unrolled
 
 /// Block size with the highest occupancy the target allows (ties: the smaller
 /// block), for an assumed register count per thread and shared memory per
@@ -357,6 +358,33 @@ struct KB {
       k.faultCode = fn.getArgument(n - 1);
     }
     return k;
+  }
+
+  /// acc = body(t, acc) for t = 0 .. n-1 from `init`: straight-line code with
+  /// constant t when n <= unrollUpTo (small pooling windows: the index math
+  /// folds away), else an scf.for.
+  SmallVector<Value> foldRange(int64_t n, ValueRange init, int64_t unrollUpTo,
+                               function_ref<SmallVector<Value>(Value, ValueRange)> body) {
+    if (n <= unrollUpTo) {
+      SmallVector<Value> acc(init);
+      for (int64_t t = 0; t < n; ++t)
+        acc = body(idx(t), acc);
+      return acc;
+    }
+    auto loop = b.create<scf::ForOp>(loc, idx(0), idx(n), idx(1), init,
+                                     [&](OpBuilder &nb, Location l, Value t, ValueRange acc) {
+                                       OpBuilder::InsertionGuard g(b);
+                                       b.setInsertionPoint(nb.getInsertionBlock(),
+                                                           nb.getInsertionPoint());
+                                       b.create<scf::YieldOp>(l, body(t, acc));
+                                     });
+    return SmallVector<Value>(loop.getResults());
+  }
+  /// foldRange with one carried value.
+  Value foldValue(int64_t n, Value init, int64_t unrollUpTo, function_ref<Value(Value, Value)> body) {
+    return foldRange(n, init, unrollUpTo, [&](Value t, ValueRange acc) {
+      return SmallVector<Value>{body(t, acc[0])};
+    })[0];
   }
 
   void ifThen(Value cond, function_ref<void()> body) {
@@ -2108,11 +2136,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
   // or -1 if none).
   auto choose = [&](KB &k, Value image, Value base, ArrayRef<Value> o) -> std::pair<Value, Value> {
     OpBuilder &b = k.b;
-    auto loop = b.create<scf::ForOp>(
-        k.loc, k.idx(0), k.idx(g->taps), k.idx(1), ValueRange{lowest(k), k.idx(-1)},
-        [&](OpBuilder &nb, Location l, Value t, ValueRange acc) {
-          OpBuilder::InsertionGuard guard(b);
-          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+    SmallVector<Value> chosen = k.foldRange(
+        g->taps, ValueRange{lowest(k), k.idx(-1)}, kUnrollTaps,
+        [&](Value t, ValueRange acc) -> SmallVector<Value> {
           auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
           Value v = k.load(image, k.add(base, off), elem);
           Value best = acc[0];
@@ -2128,10 +2154,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
                 k.loc, isUnsigned ? arith::CmpIPredicate::ugt : arith::CmpIPredicate::sgt, v, best);
             take = b.create<arith::AndIOp>(k.loc, valid, greater);
           }
-          b.create<scf::YieldOp>(l, ValueRange{b.create<arith::SelectOp>(k.loc, take, v, best),
-                                               b.create<arith::SelectOp>(k.loc, take, off, acc[1])});
+          return {b.create<arith::SelectOp>(k.loc, take, v, best),
+                  b.create<arith::SelectOp>(k.loc, take, off, acc[1])};
         });
-    return {loop.getResult(0), loop.getResult(1)};
+    return {chosen[0], chosen[1]};
   };
   if (!grad)
     return elementKernel(name, flatArgs(op), y.getNumElements(), op->getLoc(),
@@ -2151,7 +2177,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
         SmallVector<Value> at = WindowGeometry::unravel(k, i, g->image, plane);
         Value base = k.mul(plane, k.idx(g->imageSize));
         Value self = k.rem(i, g->imageSize);
-        Value acc = k.loopAcc(k.idx(0), g->taps, k.idx(1), k.fconst(ct, 0.0), [&](Value t, Value a) {
+        Value acc = k.foldValue(g->taps, k.fconst(ct, 0.0), kUnrollTaps, [&](Value t, Value a) {
           auto [hit, woff, o] = g->windowAt(k, at, g->tap(k, t));
           Value chosen = b.create<arith::CmpIOp>(
               k.loc, arith::CmpIPredicate::eq, choose(k, fn.getArgument(0), base, o).second, self);
@@ -2188,7 +2214,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::avgPoolKernel(Operation *op, 
       int64_t hi = include.getValue() ? g->image[d] + g->padEnd[d] : g->image[d];
       Value start = b.create<arith::SubIOp>(k.loc, k.mul(o[d], k.idx(g->strides[d])),
                                             k.idx(g->padBegin[d]));
-      Value n = k.loopAcc(k.idx(0), g->kernel[d], k.idx(1), zero, [&](Value t, Value a) {
+      Value n = k.foldValue(g->kernel[d], zero, kUnrollTaps, [&](Value t, Value a) {
         Value p = k.add(start, k.mul(t, k.idx(g->dilations[d])));
         return b.create<arith::AddFOp>(
             k.loc, a, b.create<arith::SelectOp>(k.loc, WindowGeometry::inRange(k, p, lo, hi), one, zero));
@@ -2205,7 +2231,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::avgPoolKernel(Operation *op, 
       SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, plane);
       Value base = k.mul(plane, k.idx(g->imageSize));
       Value zero = k.fconst(ct, 0.0);
-      Value acc = k.loopAcc(k.idx(0), g->taps, k.idx(1), zero, [&](Value t, Value a) {
+      Value acc = k.foldValue(g->taps, zero, kUnrollTaps, [&](Value t, Value a) {
         auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
         Value v = k.load(fn.getArgument(0), k.add(base, off), elem);
         return b.create<arith::AddFOp>(k.loc, a, b.create<arith::SelectOp>(k.loc, valid, v, zero));
@@ -2217,7 +2243,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::avgPoolKernel(Operation *op, 
     OpBuilder &b = k.b;
     Value plane;
     SmallVector<Value> at = WindowGeometry::unravel(k, i, g->image, plane);
-    Value acc = k.loopAcc(k.idx(0), g->taps, k.idx(1), k.fconst(ct, 0.0), [&](Value t, Value a) {
+    Value acc = k.foldValue(g->taps, k.fconst(ct, 0.0), kUnrollTaps, [&](Value t, Value a) {
       auto [hit, woff, o] = g->windowAt(k, at, g->tap(k, t));
       Value d = k.load(fn.getArgument(0), k.add(k.mul(plane, k.idx(g->outSize)), woff), elem);
       Value share = b.create<arith::MulFOp>(k.loc, d, inverseDivisor(k, o));
