@@ -2270,14 +2270,14 @@ std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, Str
     return std::nullopt;
   int64_t groups = group.getInt();
   bool hasBias = opName != "conv_grad_weight" && op->getNumOperands() > 2 && op->getOperand(2);
-  Type acc = computeType(elem);
+  Type accType = computeType(elem);
   int64_t batch = x.getDimSize(0), channels = x.getDimSize(1);
   if (channels % groups)
     return std::nullopt;
   int64_t cg = channels / groups; // input channels per group
   // s + (valid ? a * c : 0), and the result (+ bias[channel]) stored at i.
   auto addProduct = [&](KB &k, Value s, Value valid, Value a, Value c) -> Value {
-    Value zero = k.fconst(acc, 0.0);
+    Value zero = k.fconst(accType, 0.0);
     Value term = k.b.create<arith::SelectOp>(k.loc, valid, k.b.create<arith::MulFOp>(k.loc, a, c), zero);
     return k.b.create<arith::AddFOp>(k.loc, s, term);
   };
@@ -2303,7 +2303,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, Str
         SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, rest);
         Value oc = k.rem(rest, maps), n = k.div(rest, maps);
         Value firstChannel = k.mul(k.div(oc, mg), k.idx(cg));
-        Value sum = k.loopAcc(k.idx(0), cg * g->taps, k.idx(1), k.fconst(acc, 0.0), [&](Value r, Value s) {
+        Value sum = k.loopAcc(k.idx(0), cg * g->taps, k.idx(1), k.fconst(accType, 0.0), [&](Value r, Value s) {
           Value ic = k.div(r, g->taps), t = k.rem(r, g->taps);
           auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
           Value plane = k.add(k.mul(n, k.idx(channels)), k.add(firstChannel, ic));
@@ -2320,7 +2320,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, Str
       Value ic = k.rem(r, cg), oc = k.div(r, cg);
       SmallVector<Value> tap = g->tap(k, t);
       Value channel = k.add(k.mul(k.div(oc, mg), k.idx(cg)), ic);
-      Value sum = k.loopAcc(k.idx(0), batch * g->outSize, k.idx(1), k.fconst(acc, 0.0), [&](Value j, Value s) {
+      Value sum = k.loopAcc(k.idx(0), batch * g->outSize, k.idx(1), k.fconst(accType, 0.0), [&](Value j, Value s) {
         Value n;
         SmallVector<Value> o = WindowGeometry::unravel(k, j, g->out, n);
         auto [valid, off] = g->imageOffset(k, g->position(k, o, tap));
@@ -2349,7 +2349,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, Str
     SmallVector<Value> p = WindowGeometry::unravel(k, i, g->image, rest);
     Value ocFull = k.rem(rest, maps), n = k.div(rest, maps);
     Value oc = k.rem(ocFull, mg), firstChannel = k.mul(k.div(ocFull, mg), k.idx(cg));
-    Value sum = k.loopAcc(k.idx(0), cg * g->taps, k.idx(1), k.fconst(acc, 0.0), [&](Value r, Value s) {
+    Value sum = k.loopAcc(k.idx(0), cg * g->taps, k.idx(1), k.fconst(accType, 0.0), [&](Value r, Value s) {
       Value ic = k.add(firstChannel, k.div(r, g->taps)), t = k.rem(r, g->taps);
       auto [hit, woff, unused] = g->windowAt(k, p, g->tap(k, t));
       Value xv = k.load(fn.getArgument(0),
@@ -2639,9 +2639,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::matmulKernel(Operation *op, S
     rs.push_back(1);
   if (gemm && (ls.size() != 2 || rs.size() != 2))
     return std::nullopt;
-  int64_t m = transA ? ls.back() : ls[ls.size() - 2], k = transA ? ls[ls.size() - 2] : ls.back();
+  int64_t m = transA ? ls.back() : ls[ls.size() - 2], depth = transA ? ls[ls.size() - 2] : ls.back();
   int64_t n = transB ? rs[rs.size() - 2] : rs.back();
-  if ((transB ? rs.back() : rs[rs.size() - 2]) != k || k == 0)
+  if ((transB ? rs.back() : rs[rs.size() - 2]) != depth || depth == 0)
     return std::nullopt;
   // Batch: the output's leading dims; each operand's batch dims broadcast into them.
   int64_t batchRank = std::max<int64_t>(ls.size(), rs.size()) - 2;
@@ -2677,40 +2677,40 @@ std::optional<KernelLaunch> KernelGenerator::Impl::matmulKernel(Operation *op, S
   bool fl = isFloat(elem);
   if (!fl && (alpha != 1.0 || beta != 1.0))
     return std::nullopt;
-  Type acc = computeType(elem);
+  Type accType = computeType(elem);
   return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
-                       [&](KB &k2, gpu::GPUFuncOp fn, Value i) {
-    OpBuilder &b = k2.b;
-    Value col = k2.rem(i, n), row = k2.rem(k2.div(i, n), m), bi = k2.div(i, m * n);
-    Value lBase = k2.idx(0), rBase = k2.idx(0), rest = bi;
+                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Value col = k.rem(i, n), row = k.rem(k.div(i, n), m), bi = k.div(i, m * n);
+    Value lBase = k.idx(0), rBase = k.idx(0), rest = bi;
     for (int64_t d = batchRank - 1; d >= 0; --d) {
-      Value at = k2.rem(rest, batch[d]);
-      rest = k2.div(rest, batch[d]);
-      lBase = k2.add(lBase, k2.mul(at, k2.idx(lStride[d] * m * k)));
-      rBase = k2.add(rBase, k2.mul(at, k2.idx(rStride[d] * k * n)));
+      Value at = k.rem(rest, batch[d]);
+      rest = k.div(rest, batch[d]);
+      lBase = k.add(lBase, k.mul(at, k.idx(lStride[d] * m * depth)));
+      rBase = k.add(rBase, k.mul(at, k.idx(rStride[d] * depth * n)));
     }
-    Value lRow = transA ? row : k2.mul(row, k2.idx(k));
-    Value rCol = transB ? k2.mul(col, k2.idx(k)) : col;
-    Value zero = fl ? k2.fconst(acc, 0.0) : intConst(k2, acc, 0);
-    Value sum = k2.loopAcc(k2.idx(0), k, k2.idx(1), zero, [&](Value j, Value s) {
-      Value a = k2.load(fn.getArgument(0),
-                        k2.add(lBase, k2.add(lRow, transA ? k2.mul(j, k2.idx(m)) : j)), elem);
-      Value c = k2.load(fn.getArgument(1),
-                        k2.add(rBase, k2.add(rCol, transB ? j : k2.mul(j, k2.idx(n)))), elem);
-      return fl ? Value(b.create<arith::AddFOp>(k2.loc, s, b.create<arith::MulFOp>(k2.loc, a, c)))
-                : Value(b.create<arith::AddIOp>(k2.loc, s, b.create<arith::MulIOp>(k2.loc, a, c)));
+    Value lRow = transA ? row : k.mul(row, k.idx(depth));
+    Value rCol = transB ? k.mul(col, k.idx(depth)) : col;
+    Value zero = fl ? k.fconst(accType, 0.0) : intConst(k, accType, 0);
+    Value sum = k.loopAcc(k.idx(0), depth, k.idx(1), zero, [&](Value j, Value s) {
+      Value a = k.load(fn.getArgument(0),
+                        k.add(lBase, k.add(lRow, transA ? k.mul(j, k.idx(m)) : j)), elem);
+      Value c = k.load(fn.getArgument(1),
+                        k.add(rBase, k.add(rCol, transB ? j : k.mul(j, k.idx(n)))), elem);
+      return fl ? Value(b.create<arith::AddFOp>(k.loc, s, b.create<arith::MulFOp>(k.loc, a, c)))
+                : Value(b.create<arith::AddIOp>(k.loc, s, b.create<arith::MulIOp>(k.loc, a, c)));
     });
     if (fl && alpha != 1.0)
-      sum = b.create<arith::MulFOp>(k2.loc, sum, k2.fconst(acc, alpha));
+      sum = b.create<arith::MulFOp>(k.loc, sum, k.fconst(accType, alpha));
     if (hasC) {
-      Value cAt = k2.add(k2.mul(row, k2.idx(cStride[0])), k2.mul(col, k2.idx(cStride[1])));
-      Value c = k2.load(fn.getArgument(2), cAt, elem);
+      Value cAt = k.add(k.mul(row, k.idx(cStride[0])), k.mul(col, k.idx(cStride[1])));
+      Value c = k.load(fn.getArgument(2), cAt, elem);
       if (fl && beta != 1.0)
-        c = b.create<arith::MulFOp>(k2.loc, c, k2.fconst(acc, beta));
-      sum = fl ? Value(b.create<arith::AddFOp>(k2.loc, sum, c))
-               : Value(b.create<arith::AddIOp>(k2.loc, sum, c));
+        c = b.create<arith::MulFOp>(k.loc, c, k.fconst(accType, beta));
+      sum = fl ? Value(b.create<arith::AddFOp>(k.loc, sum, c))
+               : Value(b.create<arith::AddIOp>(k.loc, sum, c));
     }
-    k2.store(sum, fn.getArgument(op->getNumOperands()), i, elem);
+    k.store(sum, fn.getArgument(op->getNumOperands()), i, elem);
   });
 }
 
