@@ -404,16 +404,25 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
                                 kind == pb::TensorInfo::INPUT || kind == pb::TensorInfo::OUTPUT);
   };
   // A reshape's result shares its operand's bytes: one interval per chain of
-  // reshapes, spanning all of their live ranges, planned at the root.
+  // reshapes, spanning all of their live ranges, planned at the root. Not when
+  // the root is a routine input and the result a routine output: the caller may
+  // set the next inputs before reading the outputs (on the CPU the input
+  // buffer is the arena itself).
   std::map<int32_t, int32_t> aliasOf; // reshape result -> its operand's root
   auto root = [&](int32_t t) {
     auto it = aliasOf.find(t);
     return it == aliasOf.end() ? t : it->second;
   };
-  for (const pb::Instruction &inst : routine->instructions())
-    if (inst.op() == "reshape" && inst.inputs_size() == 1 && inst.outputs_size() == 1 &&
-        inArena(inst.inputs(0)) && inArena(inst.outputs(0)))
-      aliasOf[inst.outputs(0)] = root(inst.inputs(0));
+  for (const pb::Instruction &inst : routine->instructions()) {
+    if (inst.op() != "reshape" || inst.inputs_size() != 1 || inst.outputs_size() != 1 ||
+        !inArena(inst.inputs(0)) || !inArena(inst.outputs(0)))
+      continue;
+    int32_t r = root(inst.inputs(0));
+    if (program.tensors(r).kind() == pb::TensorInfo::INPUT &&
+        program.tensors(inst.outputs(0)).kind() == pb::TensorInfo::OUTPUT)
+      continue;
+    aliasOf[inst.outputs(0)] = r;
+  }
   std::map<int32_t, Interval> intervalOf; // by root
   for (int32_t t = firstTensor; t < program.tensors_size(); ++t) {
     if (!inArena(t))

@@ -593,9 +593,11 @@ Value encodeFloat8(KB &k, Value x, bool e5m2, bool saturate) {
   return sel(nan, b.create<arith::OrIOp>(loc, sign, c8(nanBits)), result);
 }
 
-/// One element of an elementwise op. `argElem` is the first operand's tensor
-/// element type (its signedness picks the integer ops).
-Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type argElem, Type resultElem) {
+/// One element of an elementwise op. `argElems` are the operands' tensor
+/// element types (the first one's signedness picks the integer ops).
+Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argElems,
+                 Type resultElem) {
+  Type argElem = argElems.empty() ? resultElem : argElems[0];
   OpBuilder &b = k.b;
   Location loc = k.loc;
   StringRef name = op->getName().stripDialect();
@@ -655,7 +657,10 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, Type argElem, Type 
 
   if (args.size() == 2) {
     Value a = args[0], c = args[1];
-    if (a.getType() != c.getType())
+    // Equal register types; integers also of equal signedness (a uint8 base and
+    // an int8 exponent of pow would both be i8 here: left to the host).
+    if (a.getType() != c.getType() ||
+        (argElems.size() == 2 && isUnsignedInt(argElems[0]) != isUnsignedInt(argElems[1])))
       return {};
     bool isBool = ct.isInteger(1);
     if (name == "and" && isBool)
@@ -993,7 +998,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
         for (size_t m = 0; m < maps.size(); ++m)
           args.push_back(k.toCompute(
               scalar[m] ? loaded[m] : b.create<vector::ExtractOp>(k.loc, loaded[m], l), elems[m]));
-        Value r = emitScalar(k, op, args, elems.empty() ? outElem : elems[0], outElem);
+        Value r = emitScalar(k, op, args, elems, outElem);
         if (!r) {
           ok = false;
           break;
@@ -1029,7 +1034,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
       }
       args.push_back(k.load(fn.getArgument(m), at, elems[m]));
     }
-    Value r = emitScalar(k, op, args, elems.empty() ? outElem : elems[0], outElem);
+    Value r = emitScalar(k, op, args, elems, outElem);
     if (!r) {
       ok = false;
       return;
