@@ -36,59 +36,14 @@ MODELS = {
 THIN = {"gpt2", "resnet50"}
 
 
-class GPT2(object):
-    """GPT-2 124M (pre-LN, learned positions, tanh-GELU, head tied to the token embedding);
-    the architecture of models/make_models.py's GPT at GPT-2 size."""
+def gpt2():
+    """GPT-2 124M (12 layers, 12 heads, d 768, T 1024; pre-LN, learned positions, tanh-GELU,
+    head tied to the token embedding): models/make_models.py's GPT at GPT-2 size."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
+    from make_models import GPT
+    return GPT(vocab=50257, seq=1024, d=768, heads=12, layers=12)
 
-    @staticmethod
-    def make():
-        import math
-        import torch
-        import torch.nn as nn
-        import torch.nn.functional as F
-        V, T, D, H, L = 50257, 1024, 768, 12, 12
 
-        class Attn(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
-                self.register_buffer("causal", torch.tril(torch.ones(T, T, dtype=torch.bool))
-                                     .view(1, 1, T, T), persistent=False)
-
-            def forward(self, x):
-                b, t, c = x.shape
-                q, k, v = self.qkv(x).split(c, dim=2)
-                q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
-                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // H))
-                att = F.softmax(att.masked_fill(~self.causal[:, :, :t, :t], float("-inf")), -1)
-                return self.proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
-
-        class Block(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.ln1, self.attn, self.ln2 = nn.LayerNorm(D), Attn(), nn.LayerNorm(D)
-                self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(approximate="tanh"),
-                                         nn.Linear(4 * D, D))
-
-            def forward(self, x):
-                x = x + self.attn(self.ln1(x))
-                return x + self.mlp(self.ln2(x))
-
-        class GPT(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.wte, self.wpe = nn.Embedding(V, D), nn.Embedding(T, D)
-                self.blocks = nn.ModuleList([Block() for _ in range(L)])
-                self.ln_f = nn.LayerNorm(D)
-                self.register_buffer("pos", torch.arange(T, dtype=torch.int64), persistent=False)
-
-            def forward(self, ids):
-                x = self.wte(ids) + self.wpe(self.pos[:ids.shape[1]])
-                for blk in self.blocks:
-                    x = blk(x)
-                return F.linear(self.ln_f(x), self.wte.weight)
-
-        return GPT()
 LR, WD, BETAS, EPS = 1e-3, 0.01, (0.9, 0.999), 1e-8
 
 
@@ -100,7 +55,7 @@ def build(name):
                                    torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
                                    torch.nn.Linear(1024, 10))
     if name == "gpt2":
-        return GPT2.make()
+        return gpt2()
     if name == "resnet50":
         import torchvision
         return torchvision.models.resnet50(weights=None)

@@ -111,13 +111,15 @@ class GPTBlock(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self):
+    """The small GPT by default; bench/bench_train.py builds GPT-2 124M from it."""
+
+    def __init__(self, vocab=VOCAB, seq=SEQ, d=DMODEL, heads=HEADS, layers=LAYERS):
         super().__init__()
-        self.wte = nn.Embedding(VOCAB, DMODEL)
-        self.wpe = nn.Embedding(SEQ, DMODEL)
-        self.blocks = nn.ModuleList([GPTBlock(DMODEL, HEADS, SEQ) for _ in range(LAYERS)])
-        self.ln_f = nn.LayerNorm(DMODEL)
-        self.register_buffer("pos", torch.arange(SEQ, dtype=torch.int64), persistent=False)
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList([GPTBlock(d, heads, seq) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(d)
+        self.register_buffer("pos", torch.arange(seq, dtype=torch.int64), persistent=False)
 
     def forward(self, ids):
         t = ids.shape[1]
