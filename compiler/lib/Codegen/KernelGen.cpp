@@ -893,6 +893,12 @@ struct KernelGenerator::Impl {
     return fn;
   }
 
+  /// A block's shared-memory buffer of `n` elements (a kernel's workgroup attribution).
+  Type sharedBuffer(int64_t n, Type elem) const {
+    return MemRefType::get({n}, elem, AffineMap{},
+                           gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  }
+
   static Type flatMemref(Type elem, int64_t n, bool vector = false) {
     Type s = storageType(elem);
     if (vector)
@@ -1144,8 +1150,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   int64_t outputs = kept.count(), count = reduced.count();
   bool rowLayout = lastClass == 1; // the innermost (contiguous) dim is reduced
   Type accType = computeType(elem); // the accumulator: f32, or f64 for f64
-  Type smem = MemRefType::get({rowLayout ? kWarp : 256}, accType, AffineMap{},
-                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  Type smem = sharedBuffer(rowLayout ? kWarp : 256, accType);
   int64_t block = rowLayout ? chooseBlockSize(target, count, 32, kWarp * 4) : 256;
   int64_t outBlocks = rowLayout ? outputs : (outputs + kWarp - 1) / kWarp;
   if (outBlocks > (int64_t(1) << 31) - 1)
@@ -1248,8 +1253,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, Stri
   for (int64_t d = ax + 1; d < inType.getRank(); ++d)
     inner *= inType.getDimSize(d);
   Type f32 = Float32Type::get(context);
-  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
-                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   SmallVector<Type> args;
   for (Value v : op->getOperands())
@@ -1467,8 +1471,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
   if (reduction.getValue() != "mean" && reduction.getValue() != "sum")
     return std::nullopt;
   Type f32 = Float32Type::get(context);
-  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
-                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, n, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
@@ -1546,8 +1549,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operatio
   int64_t inner = n / out.getDimSize(0);
   auto ignore = op->getAttrOfType<IntegerAttr>("ignore_index");
   Type f32 = Float32Type::get(context);
-  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
-                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, std::max(n, c), 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
@@ -1691,8 +1693,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
   double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
   bool hasBias = op->getNumOperands() == 3;
   Type f32 = Float32Type::get(context);
-  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
-                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
@@ -1745,8 +1746,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
     return std::nullopt;
   double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
   Type f32 = Float32Type::get(context);
-  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
-                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
@@ -1923,8 +1923,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
     return std::nullopt;
   double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
   Type f32 = Float32Type::get(context);
-  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
-                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  Type smem = sharedBuffer(kWarp, f32);
   // Few channels are few blocks: give each the most threads a block can have,
   // so the memory system sees enough loads in flight.
   int64_t block = c < 2 * target.typicalSMs ? std::min<int64_t>(1024, std::max<int64_t>(kWarp, (count + kWarp - 1) / kWarp * kWarp))
@@ -2383,8 +2382,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::groupNormKernel(Operation *op
   int64_t spatial = x.getNumElements() / (n * c), cg = c / groups, cols = cg * spatial;
   double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
   Type f32 = Float32Type::get(context);
-  Type smem = MemRefType::get({kWarp}, f32, AffineMap{},
-                              gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+  Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
