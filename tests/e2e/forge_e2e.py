@@ -86,6 +86,12 @@ def run(cmd, timeout=None):
     return p.returncode, time.monotonic() - t0, p.stdout
 
 
+def metric_losses(path):
+    """The losses of a forge-train --metrics JSONL file, one per logged step."""
+    import json
+    return [json.loads(line)["loss"] for line in open(path) if line.strip()]
+
+
 def graph_capture_warning(out):
     """forge-train's warning that it could not capture a CUDA graph ('' if none).
 

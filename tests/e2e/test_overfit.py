@@ -68,7 +68,7 @@ def main():
                 print(f"FAIL {name}: forge-train: {log.strip()[-2000:]}")
                 failures += 1
                 continue
-            losses = [json.loads(line)["loss"] for line in open(metrics)]
+            losses = e2e.metric_losses(metrics)
             first, last = losses[0], losses[-1]
             ok = len(losses) == STEPS and first is not None and last is not None and last <= 0.1 * first
             print(f"{'PASS' if ok else 'FAIL'} {name}: loss {first:.4g} -> {last:.4g} "

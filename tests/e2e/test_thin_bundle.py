@@ -11,7 +11,6 @@ models/mlp.onnx is re-saved with all initializers in one external-data file. The
   5. --resume from a checkpoint needs no --weights.
 """
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -24,10 +23,6 @@ import forge_e2e as e2e
 from forge_e2e import Report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def losses(path):
-    return [json.loads(line)["loss"] for line in open(path) if line.strip()]
 
 
 def main():
@@ -85,8 +80,9 @@ def main():
         rc2, log2, m_thin = train(thin, "thin", "--weights", full)
         if rep.check("thin bundle trains with --weights", rc == 0 and rc2 == 0,
                      e2e.tail(log2)):
-            rep.check("losses equal the embedded bundle's", losses(m_emb) == losses(m_thin),
-                      f"embedded {losses(m_emb)} thin {losses(m_thin)}")
+            embedded, from_weights = e2e.metric_losses(m_emb), e2e.metric_losses(m_thin)
+            rep.check("losses equal the embedded bundle's", embedded == from_weights,
+                      f"embedded {embedded} thin {from_weights}")
         rc, log, _ = train(thin, "missing")
         rep.check("refused without --weights", rc != 0 and "--weights" in log, e2e.tail(log, 2))
 

@@ -123,10 +123,6 @@ def compare(rep, label, got, ref, tol, floor=0.0, keys=None):
     rep.check(label, not bad, "; ".join(bad[:6] + [f"max rel {worst:.2e} ({worst_name})"]))
 
 
-def losses(path):
-    return [json.loads(line)["loss"] for line in open(path) if line.strip()]
-
-
 def run_models(rep, a, forge_train, bundles):
     for name in MODELS:
         if a.only and name not in a.only:
@@ -148,7 +144,7 @@ def run_models(rep, a, forge_train, bundles):
             if len(results) < 2:
                 continue
             cpu, gpu = results["cpu"], results["cuda"]
-            lc, lg = losses(cpu["jsonl"]), losses(gpu["jsonl"])
+            lc, lg = e2e.metric_losses(cpu["jsonl"]), e2e.metric_losses(gpu["jsonl"])
             if not rep.check(f"{name} steps", len(lc) == len(lg) == STEPS, f"{len(lc)}, {len(lg)}"):
                 continue
             errs = [abs(g - c) / max(abs(c), 1e-30) for c, g in zip(lc, lg)]
