@@ -243,6 +243,14 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     std::vector<int32_t> evalTensors;
     for (int32_t t : ex.inputs(tr->eval_.index)) {
       const bundle::TensorInfo &info = ex.tensorInfo(t);
+      if (info.name() == kSampleWeight) { // not data: evaluate() fills it
+        if (info.dtype() != bundle::F32 || info.shape_size() != 1)
+          return Status::error("{}: eval input '{}' must be f32 [batch], is {}{}", origin,
+                               info.name(), dtypeName(info.dtype()),
+                               shapeString(shapeOf(info)));
+        tr->evalWeight_ = t;
+        continue;
+      }
       if (info.shape_size() == 0)
         return Status::error("{}: eval input '{}' is a scalar; data inputs need a batch dim 0",
                              origin, info.name());
@@ -285,6 +293,10 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     for (int32_t t : evalTensors)
       tr->evalOuts_.push_back(ex.inputBuffer(t));
     tr->evalIndices_.resize(static_cast<size_t>(tr->evalBatch_));
+    if (tr->evalWeight_ >= 0 && ex.tensorInfo(tr->evalWeight_).shape(0) != tr->evalBatch_)
+      return Status::error("{}: eval input '{}' has {} weights for batches of {}", origin,
+                           kSampleWeight, ex.tensorInfo(tr->evalWeight_).shape(0),
+                           tr->evalBatch_);
   }
   return tr;
 }
@@ -368,24 +380,39 @@ Expected<StepResult> Trainer::step(std::vector<Executor::Span> *profile) {
 Expected<EvalResult> Trainer::evaluate() {
   if (!evalData_)
     return Status::error("no eval data");
+  // Every sample counts. A last partial batch is padded by repeating its own
+  // samples with weight 0 (forge.sample_weight), so the bundle's loss and
+  // correct count cover the real samples only; each batch's mean loss is then
+  // weighted by its real samples. Bundles without sample weights (a loss that
+  // is the model's own scalar) evaluate the full batches only.
   EvalResult r;
-  r.batches = evalData_->numSamples() / evalBatch_;
+  const int64_t total = evalData_->numSamples();
+  const bool weighted = evalWeight_ >= 0;
+  r.batches = weighted ? (total + evalBatch_ - 1) / evalBatch_ : total / evalBatch_;
   double lossSum = 0, correctSum = 0;
   for (int64_t b = 0; b < r.batches; ++b) {
+    const int64_t real = std::min(evalBatch_, total - b * evalBatch_);
     for (int64_t i = 0; i < evalBatch_; ++i)
-      evalIndices_[static_cast<size_t>(i)] = b * evalBatch_ + i;
+      evalIndices_[static_cast<size_t>(i)] = b * evalBatch_ + i % real;
     FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
     FORGE_RETURN_IF_ERROR(evalData_->fill(evalIndices_, evalOuts_));
+    if (weighted) {
+      auto *w = static_cast<float *>(exec_->inputBuffer(evalWeight_));
+      for (int64_t i = 0; i < evalBatch_; ++i)
+        w[i] = i < real ? 1.0f : 0.0f;
+    }
     FORGE_RETURN_IF_ERROR(exec_->run(eval_.index));
     FORGE_RETURN_IF_ERROR(exec_->wait());
-    lossSum += readScalar(*exec_, eval_.loss);
+    lossSum += static_cast<double>(readScalar(*exec_, eval_.loss)) * static_cast<double>(real);
     if (eval_.extra1 >= 0)
       correctSum += readScalar(*exec_, eval_.extra1);
+    r.samples += real;
   }
-  r.samples = r.batches * evalBatch_;
-  r.loss = r.batches ? lossSum / static_cast<double>(r.batches) : std::nan("");
-  if (eval_.extra1 >= 0 && r.batches)
-    r.accuracy = correctSum / static_cast<double>(r.batches * evalLabelElements_);
+  r.loss = r.samples ? lossSum / static_cast<double>(r.samples) : std::nan("");
+  if (eval_.extra1 >= 0 && r.samples)
+    r.accuracy = correctSum / (static_cast<double>(r.samples) *
+                               static_cast<double>(evalLabelElements_) /
+                               static_cast<double>(evalBatch_));
   return r;
 }
 

@@ -60,7 +60,21 @@ static cl::opt<std::string> emitDir(
 
 // Tests whose expected outputs cannot be reproduced by any implementation
 // that follows the spec exactly, with the reason. Everything else in scope counts.
+// onnx 1.18's Attention reference and function body reshape 3-d Q/K/V
+// [B, S, H*D] straight to [B, H, S, D], without the transpose the spec defines
+// (onnx/onnx#7118, fixed upstream); Forge follows the spec, so these expected
+// outputs are unreachable (the _expanded variants, which encode the reference's
+// graph, pass).
+static const char *const kAttention3dReferenceBug =
+    "onnx 1.18's reference lacks the 3-d transpose the spec defines (onnx/onnx#7118)";
+static const char *const kBfloat16Truncation =
+    "expected output truncates float -> bfloat16 (onnx's old test data); Forge rounds to "
+    "nearest even, as PyTorch and CUDA's conversions do";
+
 static const std::map<std::string, std::string> kKnownOutOfScope = {
+    {"test_cast_FLOAT_to_BFLOAT16", kBfloat16Truncation},
+    {"test_castlike_FLOAT_to_BFLOAT16", kBfloat16Truncation},
+    {"test_castlike_FLOAT_to_BFLOAT16_expanded", kBfloat16Truncation},
     {"test_dropout_default_mask_ratio", "random mask (training-mode dropout)"},
     {"test_training_dropout", "random mask (training-mode dropout)"},
     {"test_training_dropout_default", "random mask (training-mode dropout)"},
@@ -117,6 +131,34 @@ std::string scopeReason(const onnx::ModelProto &model, const std::set<std::strin
   return "";
 }
 
+/// The class of an out-of-scope reason, for the grouped report: why Forge leaves
+/// such models out (strings, sequences, ...) rather than which op it lacks.
+std::string reasonClass(const std::string &reason) {
+  auto has = [&](std::initializer_list<const char *> words) {
+    for (const char *w : words)
+      if (reason.find(w) != std::string::npos)
+        return true;
+    return false;
+  };
+  if (reason.rfind("unsupported op", 0) != 0)
+    return reason; // element types, opset, non-tensor inputs, known reference bugs
+  if (has({"ai.onnx.ml."}))
+    return "ML domain (ai.onnx.ml)";
+  if (has({"ai.onnx.preview.training."}))
+    return "preview training domain (ai.onnx.preview.training)";
+  if (has({" If", " Loop", " Scan"}))
+    return "control flow (If, Loop, Scan)";
+  if (has({"Sequence", "Optional", "SplitToSequence"}))
+    return "sequences and optionals";
+  if (has({"String", "Regex", "TfIdf"}))
+    return "strings";
+  if (has({"Quantize", "quantize", "QLinear", "Integer"}))
+    return "quantized ops";
+  if (has({"Random", "Bernoulli", "Multinomial"}))
+    return "random number generators (inference-time sampling)";
+  return "other unsupported ops";
+}
+
 struct Outcome {
   bool passed = false;
   std::string detail;
@@ -161,13 +203,20 @@ Outcome runTest(const fs::path &dir) {
       if (!isInitializer)
         inputNames.push_back(in.name());
     }
+    // Float inputs that configure an output shape too: Resize/Upsample's roi and scales.
+    std::set<std::string> configuring;
+    for (const auto &node : model.graph().node())
+      if (node.op_type() == "Resize" || node.op_type() == "Upsample")
+        for (int k = 1; k < node.input_size(); ++k)
+          configuring.insert(node.input(k));
     fs::path data = dir / "test_data_set_0";
     for (size_t i = 0; i < inputNames.size(); ++i) {
       fs::path p = data / ("input_" + std::to_string(i) + ".pb");
       if (!fs::exists(p))
         break;
       auto t = fc::importTensorProto(&ctx, readFile(p), p.string());
-      if (succeeded(t) && (!isa<FloatType>(t->getElementType()) || t->getNumElements() <= 1))
+      if (succeeded(t) && (!isa<FloatType>(t->getElementType()) || t->getNumElements() <= 1 ||
+                           configuring.count(inputNames[i])))
         bound.constantInputs[inputNames[i]] = *t;
     }
     if (bound.constantInputs.empty()) {
@@ -436,6 +485,9 @@ int main(int argc, char **argv) {
     if (reason.empty())
       if (auto it = kKnownOutOfScope.find(name); it != kKnownOutOfScope.end())
         reason = it->second;
+    if (reason.empty() && name.rfind("test_attention_3d", 0) == 0 &&
+        name.find("_expanded") == std::string::npos)
+      reason = kAttention3dReferenceBug;
     if (!reason.empty()) {
       ++outOfScope;
       skipped.push_back(name + ": " + reason);
@@ -456,6 +508,25 @@ int main(int argc, char **argv) {
   llvm::outs() << "\nOut of scope (" << outOfScope << "):\n";
   for (const auto &s : skipped)
     llvm::outs() << "  " << s << "\n";
+  // Grouped by class, then by the ops (or reason) behind each class.
+  std::map<std::string, std::map<std::string, int>> byClass;
+  for (const auto &s : skipped) {
+    std::string reason = s.substr(s.find(": ") + 2);
+    byClass[reasonClass(reason)][reason.rfind("unsupported op ", 0) == 0
+                                     ? reason.substr(15)
+                                     : std::string("")]++;
+  }
+  llvm::outs() << "\nOut of scope by reason:\n";
+  for (const auto &[cls, reasons] : byClass) {
+    int count = 0;
+    std::string detail;
+    for (const auto &[what, k] : reasons) {
+      count += k;
+      if (!what.empty())
+        detail += (detail.empty() ? "" : ", ") + what + " x" + std::to_string(k);
+    }
+    llvm::outs() << "  " << count << "  " << cls << (detail.empty() ? "" : ": " + detail) << "\n";
+  }
   llvm::outs() << "\nFailures (" << failed << "):\n";
   for (const auto &f : failures)
     llvm::outs() << "  " << f << "\n";

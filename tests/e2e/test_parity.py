@@ -18,8 +18,10 @@ fixtures record fp32-vs-fp64 PyTorch at <= 1.1e-6):
   params_step20 per parameter ||forge - torch|| / ||torch||    <= 1e-4   (--dump-params)
                 and, advisory unless --strict-delta, the update itself:
                 ||(forge - p0) - (torch - p0)|| / ||torch - p0|| <= 1e-3
-  running stats (cnn) against buffers_step20_onnx.npz OR buffers_step20_torch.npz; which
-                semantics matched is printed (the two differ by ~2e-3)
+  running stats (cnn) against buffers_step20_torch.npz (the model's producer is PyTorch, so
+                forgec updates running_var with the unbiased batch variance), and with
+                --batchnorm-running-var biased against buffers_step20_onnx.npz (ONNX's rule);
+                the two semantics differ by ~2e-3, and each run must match its own
   logits_step1  ||forge - torch|| / ||torch||                  <= 1e-4
 Norms are L2 over the whole tensor, computed in float64.
 
@@ -183,20 +185,20 @@ class Setup:
         return run([self.forge_train] + args + ["--device", self.device])
 
 
-def run_forge(rep, name, d, m, tmp, setup):
+def run_forge(rep, name, d, m, tmp, setup, variant="", extra=()):
     """Compiles (with the gradients exposed) and trains 20 steps in file order on one thread.
     Returns the paths of (metrics, params20, grads1), None on failure."""
     data = os.path.join(d, "batches.npz")
-    bundle = setup.compile(rep, f"{name} forgec", "m.forge", name, tmp,
+    bundle = setup.compile(rep, f"{name}{variant} forgec", f"m{variant}.forge", name, tmp,
                            [os.path.join(d, "model.onnx"), "--batch", str(m["batch_size"]),
                             "--loss", "cross_entropy:logits,labels",
                             "--optimizer", optimizer_spec(m["optimizer_hparams"]),
-                            "--expose-gradients"])
+                            "--expose-gradients", *extra])
     if bundle is None or setup.compile_only:
         return None
-    metrics = os.path.join(tmp, "metrics.jsonl")
-    params20 = os.path.join(tmp, "params20.npz")
-    grads1 = os.path.join(tmp, "grads1.npz")
+    metrics = os.path.join(tmp, f"metrics{variant}.jsonl")
+    params20 = os.path.join(tmp, f"params20{variant}.npz")
+    grads1 = os.path.join(tmp, f"grads1{variant}.npz")
     ok, t, log = setup.train([bundle, "--data", data, "--no-shuffle",
                               "--steps", str(m["steps"]), "--threads", "1", "--metrics", metrics,
                               "--dump-params", params20, "--dump-grads", grads1])
@@ -259,19 +261,32 @@ def check_fixture(rep, name, d, tmp, setup, strict_delta):
                        init=np.load(os.path.join(d, "init_params.npz")),
                        delta_tol=tol["params_step20_delta_rel"], strict_delta=strict_delta)
         if m["state_buffers"]:
-            have = [k for k in m["state_buffers"] if k in got_p.files]
-            if not have:
-                rep.check(f"{name} running stats", False,
-                          f"--dump-params wrote none of {m['state_buffers']}")
-            else:
-                res = {}
-                for sem in ("onnx", "torch"):
-                    ref = np.load(os.path.join(d, f"buffers_step20_{sem}.npz"))
-                    res[sem] = max(rel(got_p[k], ref[k]) for k in have)
-                best = min(res, key=res.get)
-                rep.check(f"{name} running stats", res[best] <= tol["buffers_step20_rel"],
-                          f"matches {best} semantics (rel {res[best]:.2e}; "
-                          f"other {res['torch' if best == 'onnx' else 'onnx']:.2e})")
+            check_running_stats(rep, name, d, m, got_p, "torch")
+    if m["state_buffers"]:  # ONNX's biased rule on request
+        out = run_forge(rep, name, d, m, tmp, setup, "_biased",
+                        ("--batchnorm-running-var", "biased"))
+        if out is not None and os.path.exists(out[1]):
+            check_running_stats(rep, f"{name} --batchnorm-running-var biased", d, m,
+                                np.load(out[1]), "onnx")
+
+
+def check_running_stats(rep, name, d, m, got_p, expected):
+    """BatchNorm running statistics after 20 steps against the fixture of the `expected`
+    semantics ("torch": unbiased running variance, "onnx": biased); the other must not match
+    better (they differ by ~2e-3)."""
+    have = [k for k in m["state_buffers"] if k in got_p.files]
+    if not have:
+        rep.check(f"{name} running stats", False,
+                  f"--dump-params wrote none of {m['state_buffers']}")
+        return
+    res = {}
+    for sem in ("onnx", "torch"):
+        ref = np.load(os.path.join(d, f"buffers_step20_{sem}.npz"))
+        res[sem] = max(rel(got_p[k], ref[k]) for k in have)
+    other = "torch" if expected == "onnx" else "onnx"
+    rep.check(f"{name} running stats ({expected} semantics)",
+              res[expected] <= TOLERANCES["buffers_step20_rel"] and res[expected] < res[other],
+              f"rel {res[expected]:.2e} (vs the {other} semantics {res[other]:.2e})")
 
 
 def check_forward(rep, name, d, m, tmp, setup):

@@ -3,12 +3,14 @@
 // runtime only, so it runs on GPU machines without MLIR (tests/gpu/README.md).
 //
 //   forge-replay DIR [--device cuda] [--rtol 1e-3] [--atol 1e-7] [--cpu-rtol 1e-4]
-//                    [--cpu-atol 1e-6] [-v]
+//                    [--cpu-atol 1e-6] [--queue] [-v]
 //
 // DIR/NAME/model.forge with DIR/NAME/set_K.npz holding the routine's inputs by tensor name,
 // `expected:O` (ONNX's reference, the runner's tolerance) and `cpu:O` (the CPU executor's
 // output: floats within cpu-rtol/cpu-atol, other types exact). Prints a line per failure and
-// "replay: N passed, N failed"; exit status 1 when anything failed.
+// "replay: N passed, N failed"; exit status 1 when anything failed. --queue runs a case's sets
+// back to back (as a pipelined trainer does) and waits only after the last, whose outputs it
+// checks: a fault in any earlier run must still fail the case.
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -117,7 +119,7 @@ std::string describe(const Executor &x, const bundle::Instruction &inst) {
 int main(int argc, char **argv) {
   std::string dir, device = "cuda";
   double rtol = 1e-3, atol = 1e-7, cpuRtol = 1e-4, cpuAtol = 1e-6;
-  bool verbose = false;
+  bool verbose = false, queue = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -127,12 +129,13 @@ int main(int argc, char **argv) {
     else if (a == "--cpu-rtol") cpuRtol = std::stod(next());
     else if (a == "--cpu-atol") cpuAtol = std::stod(next());
     else if (a == "-v") verbose = true;
+    else if (a == "--queue") queue = true;
     else if (dir.empty()) dir = a;
     else { fmt::print(stderr, "forge-replay: unexpected argument '{}'\n", a); return 2; }
   }
   if (dir.empty() || !fs::is_directory(dir)) {
     fmt::print(stderr, "usage: forge-replay DIR [--device cuda] [--rtol R] [--atol A] "
-                       "[--cpu-rtol R] [--cpu-atol A] [-v]\n");
+                       "[--cpu-rtol R] [--cpu-atol A] [--queue] [-v]\n");
     return 2;
   }
   std::map<std::string, fs::path> tests;
@@ -167,6 +170,9 @@ int main(int argc, char **argv) {
         auto arrays = readNpz(data.string());
         if (!arrays)
           return arrays.status().message();
+        if (queue && set > 0) // the previous run's inputs are uploaded: reuse the buffers
+          if (Status s = x.waitInputsConsumed(); !s.isOk())
+            return "run: " + s.message();
         for (int32_t t : x.inputs(0)) {
           const auto &info = x.tensorInfo(t);
           auto it = arrays->find(info.name());
@@ -180,6 +186,8 @@ int main(int argc, char **argv) {
         }
         if (Status s = x.run(0); !s.isOk())
           return "run: " + s.message();
+        if (queue && fs::exists(path / fmt::format("set_{}.npz", set + 1)))
+          continue; // not the last: no wait
         if (Status s = x.wait(); !s.isOk())
           return "run: " + s.message();
         for (size_t o = 0; o < x.outputs(0).size(); ++o) {

@@ -8,6 +8,16 @@ which must fail with an error naming the node and the problem:
   lookup  Gather with an index outside [-size, size)
   loss    NegativeLogLikelihoodLoss with a target class outside [0, C)
   ratio   integer Div by zero
+  wide    Gather / NegativeLogLikelihoodLoss with int64 values past 2^32 (2^32 + 3 must fault,
+          not read element 3: kernels index in 32 bits, so checks happen in the index's width)
+
+a queued case, lookup_queued: three runs back to back (forge-replay --queue) and one wait, the
+first with a bad index; its fault must be reported although two good runs followed (the fault
+word is sticky, not cleared per run), and cases with good data only, where the GPU once disagreed with the CPU:
+
+  nan_to_bool  Cast float -> bool (NaN is true)
+  pad_fill     Pad int64 with constant_value INT64_MAX (the fill keeps its value)
+  gemm_beta0   Gemm with beta 0 and a broadcast C holding NaN/inf (C is not read)
 
 On CUDA the kernels report through the fault word (the run's error names the instruction,
 op, node and kernel); on the CPU the kernels return the error themselves.
@@ -39,19 +49,23 @@ def models():
 
     table = np.arange(15, dtype=np.float32).reshape(5, 3)
     good_idx = np.array([0, 4, -1, 2], dtype=np.int64)
-    lookup = model(helper.make_node("Gather", ["table", "idx"], ["rows"], name="lookup", axis=0),
-                   [helper.make_tensor_value_info("table", TensorProto.FLOAT, [5, 3]),
-                    helper.make_tensor_value_info("idx", TensorProto.INT64, [4])],
-                   helper.make_tensor_value_info("rows", TensorProto.FLOAT, [4, 3]))
+    def gather(name):
+        return model(helper.make_node("Gather", ["table", "idx"], ["rows"], name=name, axis=0),
+                     [helper.make_tensor_value_info("table", TensorProto.FLOAT, [5, 3]),
+                      helper.make_tensor_value_info("idx", TensorProto.INT64, [4])],
+                     helper.make_tensor_value_info("rows", TensorProto.FLOAT, [4, 3]))
+    lookup = gather("lookup")
 
     logits = np.log(np.array([[.1, .2, .3, .4], [.25, .25, .25, .25], [.7, .1, .1, .1]],
                              dtype=np.float32))
     good_target = np.array([3, 0, 0], dtype=np.int64)
-    loss = model(helper.make_node("NegativeLogLikelihoodLoss", ["logp", "target"], ["nll"],
-                                  name="loss", reduction="mean"),
-                 [helper.make_tensor_value_info("logp", TensorProto.FLOAT, [3, 4]),
-                  helper.make_tensor_value_info("target", TensorProto.INT64, [3])],
-                 helper.make_tensor_value_info("nll", TensorProto.FLOAT, []))
+    def nll(name):
+        return model(helper.make_node("NegativeLogLikelihoodLoss", ["logp", "target"], ["nll"],
+                                      name=name, reduction="mean"),
+                     [helper.make_tensor_value_info("logp", TensorProto.FLOAT, [3, 4]),
+                      helper.make_tensor_value_info("target", TensorProto.INT64, [3])],
+                     helper.make_tensor_value_info("nll", TensorProto.FLOAT, []))
+    loss = nll("loss")
 
     a = np.array([7, -9, 100, 5], dtype=np.int32)
     good_b = np.array([2, 4, -7, 1], dtype=np.int32)
@@ -62,7 +76,45 @@ def models():
     # Integer division truncates toward zero (C, ONNX), not toward -inf (NumPy's //).
     quotient = (np.sign(a) * np.sign(good_b) * (np.abs(a) // np.abs(good_b))).astype(np.int32)
 
+    x = np.array([np.nan, 0.0, -0.0, 1.5, np.inf, -2.0], dtype=np.float32)
+    to_bool = model(helper.make_node("Cast", ["x"], ["b"], name="nan_to_bool", to=TensorProto.BOOL),
+                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                    helper.make_tensor_value_info("b", TensorProto.BOOL, [6]))
+
+    big = np.iinfo(np.int64).max
+    v = np.array([[1, -2], [3, 4]], dtype=np.int64)
+    pad = helper.make_model(helper.make_graph(
+        [helper.make_node("Pad", ["v", "pads", "fill"], ["padded"], name="pad_fill")], "pad_fill",
+        [helper.make_tensor_value_info("v", TensorProto.INT64, [2, 2])],
+        [helper.make_tensor_value_info("padded", TensorProto.INT64, [3, 4])],
+        [helper.make_tensor("pads", TensorProto.INT64, [4], [1, 1, 0, 1]),
+         helper.make_tensor("fill", TensorProto.INT64, [], [int(big)])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    padded = np.pad(v, ((1, 0), (1, 1)), constant_values=big)
+
+    ga = np.arange(6, dtype=np.float32).reshape(2, 3)
+    gb = np.arange(12, dtype=np.float32).reshape(3, 4) / 4
+    gc = np.array([[np.nan], [np.inf]], dtype=np.float32)  # [M, 1]: not cuBLASLt's bias form
+    gemm = model(helper.make_node("Gemm", ["ga", "gb", "gc"], ["gy"], name="gemm_beta0",
+                                  alpha=1.0, beta=0.0),
+                 [helper.make_tensor_value_info("ga", TensorProto.FLOAT, [2, 3]),
+                  helper.make_tensor_value_info("gb", TensorProto.FLOAT, [3, 4]),
+                  helper.make_tensor_value_info("gc", TensorProto.FLOAT, [2, 1])],
+                 helper.make_tensor_value_info("gy", TensorProto.FLOAT, [2, 4]))
+
+    wide_idx = np.array([0, 2**32 + 3, 1, 2], dtype=np.int64)
     return {
+        "lookup_wide": (gather("lookup_wide"), {"table": table, "idx": good_idx},
+                        {"table": table, "idx": wide_idx}, table[good_idx],
+                        ("gather", {"cpu": r"out of range for extent 5",
+                                    "cuda": r"outside \[-size, size\)"})),
+        "loss_wide": (nll("loss_wide"), {"logp": logits, "target": good_target},
+                      {"logp": logits, "target": np.array([0, 2**32 + 1, 1], dtype=np.int64)},
+                      np.float32(-logits[np.arange(3), good_target].mean()),
+                      ("nll_loss", {"cpu": r"outside \[0, 4\)", "cuda": r"outside \[0, classes\)"})),
+        "nan_to_bool": (to_bool, {"x": x}, None, x != 0, None),
+        "pad_fill": (pad, {"v": v}, None, padded, None),
+        "gemm_beta0": (gemm, {"ga": ga, "gb": gb, "gc": gc}, None, ga @ gb, None),
         "lookup": (lookup, {"table": table, "idx": good_idx},
                    {"table": table, "idx": np.array([0, 5, 1, 2], dtype=np.int64)},
                    table[good_idx],
@@ -80,10 +132,11 @@ def models():
 def compile_cases(rep, forgec, bundles):
     import onnx
     os.makedirs(bundles, exist_ok=True)
+    compile_queued(rep, forgec, bundles)
     for name, (proto, good, bad, expected, _) in models().items():
         onnx_path = os.path.join(bundles, name + ".onnx")
         onnx.save(proto, onnx_path)
-        for kind, feeds in (("good", good), ("bad", bad)):
+        for kind, feeds in (("good", good), ("bad", bad)) if bad else (("good", good),):
             case = os.path.join(bundles, f"{name}_{kind}")
             os.makedirs(case, exist_ok=True)
             arrays = dict(feeds)
@@ -92,15 +145,52 @@ def compile_cases(rep, forgec, bundles):
         rc, t, log = e2e.run([forgec, onnx_path, "--inference-only", "--target", "cuda:sm_90",
                               "-o", os.path.join(bundles, f"{name}_good", "model.forge")])
         if rep.check(f"{name} forgec", rc == 0, f"{t:.1f}s {e2e.failure(rc, log)}"):
+            if bad is None:
+                continue
             with open(os.path.join(bundles, f"{name}_good", "model.forge"), "rb") as f:
                 data = f.read()
             with open(os.path.join(bundles, f"{name}_bad", "model.forge"), "wb") as f:
                 f.write(data)
 
 
+QUEUED = "lookup_queued"
+
+
+def queued_case():
+    """(model, [inputs of each run]): a bad first run, then two good ones."""
+    proto = models()["lookup_wide"][0]
+    proto.graph.node[0].name = QUEUED
+    good, bad = models()["lookup"][1], models()["lookup"][2]
+    return proto, [bad, good, good], models()["lookup"][3]
+
+
+def compile_queued(rep, forgec, bundles):
+    import onnx
+    proto, runs, expected = queued_case()
+    case = os.path.join(bundles, QUEUED)
+    os.makedirs(case, exist_ok=True)
+    onnx.save(proto, os.path.join(bundles, QUEUED + ".onnx"))
+    for k, feeds in enumerate(runs):
+        np.savez(os.path.join(case, f"set_{k}.npz"), **feeds,
+                 **{"expected:0": expected, "cpu:0": expected})
+    rc, t, log = e2e.run([forgec, os.path.join(bundles, QUEUED + ".onnx"), "--inference-only",
+                          "--target", "cuda:sm_90", "-o", os.path.join(case, "model.forge")])
+    rep.check(f"{QUEUED} forgec", rc == 0, f"{t:.1f}s {e2e.failure(rc, log)}")
+
+
+def replay_queued(rep, replay, bundles, device):
+    with tempfile.TemporaryDirectory() as one:
+        os.symlink(os.path.abspath(os.path.join(bundles, QUEUED)), os.path.join(one, QUEUED))
+        rc, t, log = e2e.run([replay, one, "--device", device, "--queue"], timeout=300)
+    failure = next((l for l in log.splitlines() if l.startswith("FAIL")), "")
+    rep.check(f"{QUEUED} on {device}: a fault of the first of three queued runs is reported",
+              rc == 1 and QUEUED in failure and "gather" in failure, e2e.tail(log, 3))
+
+
 def replay_cases(rep, replay, bundles, device):
-    for name, (_, _, _, _, (op, problem)) in models().items():
-        for kind in ("good", "bad"):
+    replay_queued(rep, replay, bundles, device)
+    for name, (_, _, bad, _, fault) in models().items():
+        for kind in ("good", "bad") if bad else ("good",):
             case = os.path.join(bundles, f"{name}_{kind}")
             with tempfile.TemporaryDirectory() as one:  # forge-replay runs every case of a dir
                 os.symlink(os.path.abspath(case), os.path.join(one, f"{name}_{kind}"))
@@ -109,6 +199,7 @@ def replay_cases(rep, replay, bundles, device):
                 rep.check(f"{name} good data on {device}", rc == 0 and "1 passed" in log,
                           e2e.failure(rc, log, 3))
             else:
+                op, problem = fault
                 failure = next((l for l in log.splitlines() if l.startswith("FAIL")), "")
                 found = (f"'{name}'" in failure or f"({name})" in failure) and op in failure \
                     and re.search(problem[device], failure) is not None

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -16,6 +17,7 @@
 
 #include "../../runtime/lib/cpu/KernelUtil.h"
 #include "forge/runtime/Kernels.h"
+#include "forge/runtime/Philox.h"
 
 using namespace forge::rt;
 using forge::rt::cpu::BFloat16;
@@ -340,8 +342,11 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "tile",
                                         "gather",
                                         "gather_elements",
+                                        "scatter_elements",
                                         "trilu",
                                         "one_hot",
+                                        "dropout",
+                                        "dropout_mask",
                                         // Backward-only ops (ForgeGradOps.td).
                                         "conv_grad_weight",
                                         "max_pool_grad",
@@ -364,6 +369,46 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
   EXPECT_EQ(names.size(), ops.size());
   EXPECT_EQ(findCpuKernel("no_such_op"), nullptr);
+}
+
+TEST(CpuKernels, PhiloxKnownAnswers) {
+  // Random123's known-answer vectors for Philox4x32-10 (kat_vectors), which
+  // cuRAND's Philox4x32-10 also reproduces.
+  using A4 = std::array<uint32_t, 4>;
+  EXPECT_EQ(philox4x32({0, 0, 0, 0}, {0, 0}), (A4{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(philox4x32({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}),
+            (A4{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(philox4x32({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
+            (A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+TEST(CpuKernels, DropoutMask) {
+  // dropout_mask equals dropoutKeep element by element whatever the thread
+  // split (the pool has 4 threads), keeps ~(1 - ratio), and depends on the step.
+  const int64_t n = 10007; // not a multiple of 4: the last Philox block is partial
+  auto maskAt = [&](double ratio, int64_t seed, float step) {
+    HT s = make(bundle::F32, {}, {step}), m(bundle::BOOL, {n});
+    EXPECT_OK(Op("dropout_mask").f("ratio", ratio).i("seed", seed).run({&s}, {&m}));
+    return m.values();
+  };
+  std::vector<double> a = maskAt(0.3, 12345, 7), b = maskAt(0.3, 12345, 8);
+  uint64_t threshold = dropoutThreshold(0.3);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(a[i] != 0, dropoutKeep(12345, 7, uint64_t(i), threshold)) << i;
+    kept += a[i] != 0;
+  }
+  double sigma = std::sqrt(n * 0.3 * 0.7);
+  EXPECT_NEAR(double(kept), 0.7 * n, 4 * sigma);
+  EXPECT_NE(a, b);                          // the step is part of the counter
+  EXPECT_NE(a, maskAt(0.3, 54321, 7));      // so is the seed
+  EXPECT_EQ(a, maskAt(0.3, 12345, 7));      // and nothing else
+  for (double v : maskAt(0.0, 1, 1))        // ratio 0 keeps all
+    ASSERT_EQ(v, 1.0);
+  for (double v : maskAt(1.0, 1, 1))        // ratio 1 drops all
+    ASSERT_EQ(v, 0.0);
+  HT bad = make(bundle::F32, {}, {-1}), m(bundle::BOOL, {4});
+  EXPECT_FALSE(Op("dropout_mask").f("ratio", 0.5).i("seed", 1).run({&bad}, {&m}).isOk());
 }
 
 TEST(CpuKernels, UnknownOpAndArityErrors) {

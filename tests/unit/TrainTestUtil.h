@@ -131,6 +131,9 @@ struct LinearSpec {
   std::vector<float> w0 = {0.5f, -0.25f, 0.125f};
   std::string sourceHash = "linear-test";
   bool exposeGradient = false;
+  /// eval takes forge.sample_weight [evalBatch] (as forgec's eval routines do):
+  /// loss = sum(w * sq) / sum(w), correct = sum(w * hit).
+  bool sampleWeights = false;
 };
 
 inline BundleWriter makeLinearBundle(const LinearSpec &s = {}) {
@@ -218,10 +221,29 @@ inline BundleWriter makeLinearBundle(const LinearSpec &s = {}) {
   b.inst("matmul", {ex, wt}, {pred});
   b.inst("sub", {pred, ey}, {diff});
   b.inst("mul", {diff, diff}, {sq});
+  int32_t ew = -1, ew2 = -1;
+  if (s.sampleWeights) {
+    ew = b.input("forge.sample_weight", {E});
+    ew2 = b.tmp({E, 1});
+    setInts(b.inst("reshape", {ew}, {ew2}), "shape", {E, 1});
+  }
+  auto sumAll = [&](int32_t in, int32_t out) {
+    auto &r = b.inst("reduce_sum", {in}, {out});
+    setInts(r, "axes", {0, 1});
+    setInt(r, "keepdims", 0);
+  };
   int32_t eloss = b.output("loss", {});
-  auto &erm = b.inst("reduce_mean", {sq}, {eloss});
-  setInts(erm, "axes", {0, 1});
-  setInt(erm, "keepdims", 0);
+  if (s.sampleWeights) {
+    int32_t wsq = b.tmp({E, 1}), num = b.tmp({}), den = b.tmp({});
+    b.inst("mul", {sq, ew2}, {wsq});
+    sumAll(wsq, num);
+    sumAll(ew2, den);
+    b.inst("div", {num, den}, {eloss});
+  } else {
+    auto &erm = b.inst("reduce_mean", {sq}, {eloss});
+    setInts(erm, "axes", {0, 1});
+    setInt(erm, "keepdims", 0);
+  }
   int32_t half = b.data("half", fb::TensorInfo::CONSTANT, {}, {0.5f});
   int32_t ad = b.tmp({E, 1}), hit = b.tmp({E, 1}, fb::BOOL), hitf = b.tmp({E, 1});
   b.inst("abs", {diff}, {ad});
@@ -229,9 +251,13 @@ inline BundleWriter makeLinearBundle(const LinearSpec &s = {}) {
   auto &cast = b.inst("cast", {hit}, {hitf});
   (*cast.mutable_attrs())["to"].set_dtype(fb::F32);
   int32_t correct = b.output("forge.correct", {});
-  auto &cs = b.inst("reduce_sum", {hitf}, {correct});
-  setInts(cs, "axes", {0, 1});
-  setInt(cs, "keepdims", 0);
+  if (s.sampleWeights) {
+    int32_t whit = b.tmp({E, 1});
+    b.inst("mul", {hitf, ew2}, {whit});
+    sumAll(whit, correct);
+  } else {
+    sumAll(hitf, correct);
+  }
   return w;
 }
 

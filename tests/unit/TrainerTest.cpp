@@ -348,6 +348,42 @@ TEST(TrainerTest, MicroBatchesEqualOneLargerBatch) {
     EXPECT_NEAR(l1[i], l2[i], 1e-5f * std::max(1.0f, std::abs(l1[i]))) << "step " << i + 1;
 }
 
+/// Mean squared error and accuracy (|error| < 0.5) of the linear bundle's
+/// initial w over the first n samples of linearData(12).
+static std::pair<double, double> linearEvalReference(int n) {
+  auto data = linearData(12);
+  const float *x = reinterpret_cast<const float *>(data[0].second.bytes.data());
+  const float *y = reinterpret_cast<const float *>(data[1].second.bytes.data());
+  const float w[3] = {0.5f, -0.25f, 0.125f};
+  double sum = 0;
+  int hits = 0;
+  for (int i = 0; i < n; ++i) {
+    double d = x[i * 3] * w[0] + x[i * 3 + 1] * w[1] + x[i * 3 + 2] * w[2] - y[i];
+    sum += d * d;
+    hits += std::abs(d) < 0.5;
+  }
+  return {sum / n, static_cast<double>(hits) / n};
+}
+
+TEST(TrainerTest, EvaluateCoversAPartialLastBatch) {
+  // With forge.sample_weight the last, partial batch counts too: 12 samples in
+  // batches of 5 are 3 runs, the last padded with weight-0 repeats.
+  LinearSpec spec;
+  spec.sampleWeights = true;
+  auto bundle = load(makeLinearBundle(spec));
+  ASSERT_TRUE(bundle);
+  auto tr = makeTrainer(*bundle, 8, 1, /*evalN=*/12);
+  ASSERT_TRUE(tr);
+  auto e = tr->evaluate();
+  ASSERT_TRUE(e.isOk()) << e.status().message();
+  EXPECT_EQ(e->batches, 3);
+  EXPECT_EQ(e->samples, 12);
+  auto [mse, accuracy] = linearEvalReference(12);
+  EXPECT_NEAR(e->loss, mse, 1e-5);
+  ASSERT_TRUE(e->accuracy);
+  EXPECT_NEAR(*e->accuracy, accuracy, 1e-12);
+}
+
 TEST(TrainerTest, EvaluateAveragesFullBatches) {
   auto bundle = load(makeLinearBundle());
   ASSERT_TRUE(bundle);
@@ -358,21 +394,10 @@ TEST(TrainerTest, EvaluateAveragesFullBatches) {
   ASSERT_TRUE(e.isOk()) << e.status().message();
   EXPECT_EQ(e->batches, 2);
   EXPECT_EQ(e->samples, 10);
-  // Reference with the initial w.
-  auto data = linearData(12);
-  const float *x = reinterpret_cast<const float *>(data[0].second.bytes.data());
-  const float *y = reinterpret_cast<const float *>(data[1].second.bytes.data());
-  const float w[3] = {0.5f, -0.25f, 0.125f};
-  double sum = 0;
-  int hits = 0;
-  for (int i = 0; i < 10; ++i) {
-    double d = x[i * 3] * w[0] + x[i * 3 + 1] * w[1] + x[i * 3 + 2] * w[2] - y[i];
-    sum += d * d;
-    hits += std::abs(d) < 0.5;
-  }
-  EXPECT_NEAR(e->loss, sum / 10, 1e-5);
+  auto [mse, accuracy] = linearEvalReference(10); // the first 10 of linearData(12)
+  EXPECT_NEAR(e->loss, mse, 1e-5);
   ASSERT_TRUE(e->accuracy);
-  EXPECT_DOUBLE_EQ(*e->accuracy, hits / 10.0);
+  EXPECT_DOUBLE_EQ(*e->accuracy, accuracy);
   // Evaluation leaves training untouched.
   std::vector<uint8_t> w0 = bytesOf(tr->executor(), "w");
   ASSERT_TRUE(tr->evaluate().isOk());

@@ -12,6 +12,7 @@
 #include "forge/Pipeline/Pipeline.h"
 #include "forge/Train/TrainGraph.h"
 #include "forge/runtime/Bundle.h"
+#include "forge/runtime/Npy.h"
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/Diagnostics.h"
@@ -59,6 +60,11 @@ static cl::opt<int64_t> batch("batch", cl::desc("Value of dim 0 of every input w
                               cl::init(0), cl::cat(forgecCategory));
 static cl::list<std::string> shapes("shape", cl::desc("Static shape of an input: NAME=d0,d1,..."),
                                     cl::value_desc("NAME=DIMS"), cl::cat(forgecCategory));
+static cl::opt<std::string> shapesFrom(
+    "shapes-from",
+    cl::desc("Static shapes of the inputs from a sample batch: each array of FILE.npz named "
+             "like a graph input gives that input's shape (--shape overrides)"),
+    cl::value_desc("FILE.npz"), cl::cat(forgecCategory));
 static cl::list<std::string> dims("dim", cl::desc("Value of a symbolic dim: NAME=N"),
                                   cl::value_desc("NAME=N"), cl::cat(forgecCategory));
 static cl::opt<std::string> dumpDir("dump-dir",
@@ -88,6 +94,17 @@ static cl::opt<bool> exposeGradients("expose-gradients",
                                      cl::desc("Also output every parameter's gradient from train_step "
                                               "(forge.grad.NAME; for parity checks)"),
                                      cl::cat(trainCategory));
+static cl::opt<bool> keepSharedInitializers(
+    "keep-shared-initializers",
+    cl::desc("Train parameters that the exporter merged into one initializer (equal initial "
+             "values, Identity nodes named after the others) as one shared parameter; by "
+             "default each Identity of an initializer becomes its own parameter"),
+    cl::cat(trainCategory));
+static cl::opt<std::string> batchnormRunningVar(
+    "batchnorm-running-var",
+    cl::desc("BatchNorm's running variance in training: biased (ONNX) or unbiased (PyTorch); "
+             "default: unbiased when the model's producer is PyTorch, else biased"),
+    cl::value_desc("biased|unbiased"), cl::cat(trainCategory));
 static cl::list<std::string> freeze("freeze", cl::desc("Keep initializers matching this glob frozen"),
                                     cl::value_desc("PATTERN"), cl::cat(trainCategory));
 
@@ -131,6 +148,7 @@ int main(int argc, char **argv) {
   mlir::forge::ImportOptions importOptions;
   importOptions.batch = batch;
   importOptions.keepFloatInitializers = !inferenceOnly; // they become parameters
+  importOptions.untieSharedInitializers = !inferenceOnly && !keepSharedInitializers;
   if (weights != "embedded" && weights != "external")
     return fail("--weights must be embedded or external (got '" + weights + "')");
   if (weights == "external" && inferenceOnly)
@@ -143,6 +161,13 @@ int main(int argc, char **argv) {
     if (name.empty() || !parseDims(value, d))
       return fail("--shape expects NAME=d0,d1,... (got '" + s + "')");
     importOptions.inputShapes[name.str()] = d;
+  }
+  if (!shapesFrom.empty()) {
+    auto arrays = ::forge::rt::readNpz(shapesFrom);
+    if (!arrays)
+      return fail("--shapes-from: " + arrays.status().message());
+    for (const auto &[name, array] : *arrays) // after --shape: those win
+      importOptions.inputShapes.emplace(name, array.shape);
   }
   for (const std::string &s : dims) {
     auto [name, value] = StringRef(s).split('=');
@@ -224,6 +249,11 @@ int main(int argc, char **argv) {
       return fail("--micro-batches must be >= 1");
     trainOptions.freeze.assign(freeze.begin(), freeze.end());
     trainOptions.exposeGradients = exposeGradients;
+    if (batchnormRunningVar == "biased" || batchnormRunningVar == "unbiased")
+      trainOptions.unbiasedRunningVar = batchnormRunningVar == "unbiased";
+    else if (!batchnormRunningVar.empty())
+      return fail("--batchnorm-running-var must be biased or unbiased (got '" +
+                  batchnormRunningVar + "')");
   }
 
   DialectRegistry registry;
@@ -253,6 +283,13 @@ int main(int argc, char **argv) {
   }
   if (!module)
     return 1;
+  if (auto untied = (*module)->getAttrOfType<DictionaryAttr>("forge.untied_initializers")) {
+    llvm::errs() << "forgec: untied " << untied.size()
+                 << " parameter(s) that the exporter had merged into shared initializers (each "
+                    "Identity of an initializer is its own parameter again; "
+                    "--keep-shared-initializers keeps them merged)\n";
+    (*module)->removeAttr("forge.untied_initializers");
+  }
   if (!dumpDir.empty() && failed(mlir::forge::writeStageDump(*module, dumpDir, 0, "import")))
     return 1;
   int firstPass = 1;

@@ -264,6 +264,33 @@ FORGE_GRADIENT(GatherElementsOp) {
   return gb.status();
 }
 
+FORGE_GRADIENT(ScatterElementsOp) {
+  // none: written positions take the update, so the input's gradient is zero
+  // there (a scatter of ones marks them); add: the input passes through. Each
+  // update's gradient is the cotangent where it landed.
+  GradientBuilder gb(builder, getLoc());
+  StringRef reduction = getReduction();
+  if (reduction != "none" && reduction != "add")
+    return emitError() << "no gradient for scatter_elements with reduction '" << reduction
+                       << "' (none and add have one)";
+  Value g = resultGrads[0];
+  auto axis = gb.attr("axis", (int64_t)getAxis());
+  operandGrads.push_back(gradientFor(gb, getInput(), [&] {
+    if (reduction == "add")
+      return g;
+    Value zeros = gb.splat(tensorType(g), 0.0);
+    Value ones = gb.splat(RankedTensorType::get(shapeOf(getUpdates()), elementOf(g)), 1.0);
+    Value written = gb.create1("scatter_elements", {zeros, getIndices(), ones},
+                               {axis, gb.attr("reduction", StringRef("none"))});
+    return gb.mul(g, gb.sub(gb.scalarLike(g, 1.0), written));
+  }));
+  operandGrads.push_back(Value()); // indices
+  operandGrads.push_back(gradientFor(gb, getUpdates(), [&] {
+    return gb.create1("gather_elements", {g, getIndices()}, {axis});
+  }));
+  return gb.status();
+}
+
 FORGE_GRADIENT(TriluOp) {
   // A mask: the gradient keeps the same triangle.
   GradientBuilder gb(builder, getLoc());

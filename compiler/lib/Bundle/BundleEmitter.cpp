@@ -208,6 +208,7 @@ void ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
     inst.mutable_launch()->set_grid(static_cast<uint32_t>(launch->grid));
     inst.mutable_launch()->set_block(static_cast<uint32_t>(launch->block));
     inst.mutable_launch()->set_zero_outputs(launch->zeroOutputs);
+    inst.mutable_launch()->set_copy_input(launch->copyInput);
     inst.mutable_launch()->set_fault(launch->fault);
   } else {
     inst.set_placement(pb::HOST);

@@ -23,6 +23,7 @@
 #include "forge/Codegen/KernelGen.h"
 
 #include "forge/Dialect/ForgeDialect.h"
+#include "forge/runtime/Philox.h"
 
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -52,7 +53,9 @@
 #include "llvm/Support/Program.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <functional>
 
 using namespace mlir;
@@ -638,8 +641,8 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argE
       return to.getIntOrFloatBitWidth() > ct.getIntOrFloatBitWidth()
                  ? Value(b.create<arith::ExtFOp>(loc, to, x))
                  : Value(b.create<arith::TruncFOp>(loc, to, x));
-    if (isFloat(ct) && to.isInteger(1))
-      return cmpf(arith::CmpFPredicate::ONE, x, cf(0));
+    if (isFloat(ct) && to.isInteger(1)) // unordered: NaN is true, as on the CPU
+      return cmpf(arith::CmpFPredicate::UNE, x, cf(0));
     if (isFloat(ct))
       return floatToInt(k, x, to, toUnsigned);
     if (isFloat(to))
@@ -930,6 +933,8 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> groupNormKernel(Operation *op, StringRef name, bool grad);
   std::optional<KernelLaunch> matmulKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> convKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> dropoutMaskKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> scatterElementsKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> generate(Operation *op, StringRef name);
 
   /// Memref types of `op`'s present operands then results (flat, storage types).
@@ -1365,17 +1370,33 @@ Value padSource(KB &k, Value s, int64_t n, StringRef mode, Value &valid) {
 
 /// An index operand value as `index`, negative values counted from `size`. One
 /// outside [-size, size) is a fault (KB::fault); it is then clamped into
-/// [0, size) so that the kernel still reads and writes in bounds.
+/// [0, size) so that the kernel still reads and writes in bounds. The check and
+/// the clamp happen in the index's own width: kernels use a 32-bit `index`, so
+/// casting first would make an int64 index 2^32 + 3 read element 3 silently.
 Value loadIndex(KB &k, Value memref, Value at, int64_t size) {
   Value raw = k.b.create<memref::LoadOp>(k.loc, memref, at);
-  Value i = k.b.create<arith::IndexCastOp>(k.loc, k.b.getIndexType(), raw);
-  Value neg = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, i, k.idx(0));
-  i = k.b.create<arith::SelectOp>(k.loc, neg, k.add(i, k.idx(size)), i);
+  Type t = raw.getType();
+  auto c = [&](int64_t v) { return intConst(k, t, v); };
+  Value neg = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, c(0));
+  Value i = k.b.create<arith::SelectOp>(k.loc, neg, k.b.create<arith::AddIOp>(k.loc, raw, c(size)),
+                                        raw);
   k.fault(k.b.create<arith::OrIOp>(
-      k.loc, k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, i, k.idx(0)),
-      k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, i, k.idx(size))));
-  i = k.b.create<arith::MaxSIOp>(k.loc, i, k.idx(0));
-  return k.b.create<arith::MinSIOp>(k.loc, i, k.idx(size - 1));
+      k.loc, k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, i, c(0)),
+      k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, i, c(size))));
+  i = k.b.create<arith::MaxSIOp>(k.loc, i, c(0));
+  i = k.b.create<arith::MinSIOp>(k.loc, i, c(size - 1));
+  return k.b.create<arith::IndexCastOp>(k.loc, k.b.getIndexType(), i);
+}
+
+/// A class target of nll_loss (or its gradient): the raw value and the class
+/// clamped into [0, classes) as `index`, clamped in the target's own width
+/// (see loadIndex). Whether the raw value was in range is the caller's check.
+std::pair<Value, Value> loadTarget(KB &k, Value memref, Value at, int64_t classes) {
+  Value raw = k.b.create<memref::LoadOp>(k.loc, memref, at);
+  Type t = raw.getType();
+  Value tc = k.b.create<arith::MaxSIOp>(k.loc, raw, intConst(k, t, 0));
+  tc = k.b.create<arith::MinSIOp>(k.loc, tc, intConst(k, t, classes - 1));
+  return {raw, k.b.create<arith::IndexCastOp>(k.loc, k.b.getIndexType(), tc)};
 }
 } // namespace
 
@@ -1445,17 +1466,17 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
   // A counted target's weight (1 without weights) and class (clamped in range).
   auto targetOf = [&](KB &k, gpu::GPUFuncOp fn, Value row) {
     OpBuilder &b = k.b;
-    Value raw = b.create<memref::LoadOp>(k.loc, fn.getArgument(1), row);
-    Value t = b.create<arith::IndexCastOp>(k.loc, b.getIndexType(), raw);
+    auto [raw, tc] = loadTarget(k, fn.getArgument(1), row, c);
     Value counted = b.create<arith::ConstantIntOp>(k.loc, 1, 1);
     if (ignore)
-      counted = b.create<arith::CmpIOp>(
-          k.loc, arith::CmpIPredicate::ne, raw,
-          b.create<arith::ConstantIntOp>(k.loc, ignore.getInt(), raw.getType()));
-    Value tc = b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, t, k.idx(0)),
-                                        k.idx(c - 1));
-    k.fault(b.create<arith::AndIOp>(
-        k.loc, counted, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::ne, t, tc)));
+      counted = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::ne, raw,
+                                        intConst(k, raw.getType(), ignore.getInt()));
+    // Out of range (compared in the target's own width, before the clamp).
+    Value outside = b.create<arith::OrIOp>(
+        k.loc,
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, intConst(k, raw.getType(), 0)),
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, raw, intConst(k, raw.getType(), c)));
+    k.fault(b.create<arith::AndIOp>(k.loc, counted, outside));
     Value w = weighted ? Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(2), tc))
                        : k.fconst(b.getF32Type(), 1.0);
     w = b.create<arith::SelectOp>(k.loc, counted, w, k.fconst(b.getF32Type(), 0.0));
@@ -1521,9 +1542,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradKernel(Operation *
                        [&](KB &k, gpu::GPUFuncOp fn, Value i) {
                          Value row = k.div(i, c), col = k.rem(i, c);
                          Value raw = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(1), row);
-                         Value t = k.b.create<arith::IndexCastOp>(k.loc, k.b.getIndexType(), raw);
+                         // In the target's width: a 32-bit `index` would wrap an int64 target.
+                         Value colT = k.b.create<arith::IndexCastOp>(k.loc, raw.getType(), col);
                          Value hit = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq,
-                                                               t, col);
+                                                               raw, colT);
                          Value dy = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.idx(0));
                          Type f32 = k.b.getF32Type();
                          Value g = k.b.create<arith::MulFOp>(k.loc, dy, k.fconst(f32, scale));
@@ -1534,9 +1556,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradKernel(Operation *
 
 std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operation *op,
                                                                         StringRef name) {
-  // One block per row n: dx[n, :] is zero but at t[n], which gets -w[t] dy (dy[n] for
-  // reduction none), divided for the mean by the counted targets' total weight, which
-  // every block sums over all targets (they are few and stay in L2).
+  // The general form (weights, ignore_index, extra dims, reduction none): a
+  // grid-stride loop over dx. dx[p, c] is zero but at c = t[p], which gets
+  // -w[t] dy (dy[p] for reduction none), divided for the mean by the counted
+  // targets' total weight. Each block sums that total once, so the grid is
+  // capped (a few blocks per SM): the work stays linear in the number of
+  // targets (a [N, C, 512, 512] segmentation loss has millions of them).
   auto out = tensorType(op->getResult(0));
   StringRef reduction = op->getAttrOfType<StringAttr>("reduction").getValue();
   bool weighted = op->getNumOperands() == 3;
@@ -1544,62 +1569,105 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operatio
     return std::nullopt;
   if (weighted && !tensorType(op->getOperand(2)).getElementType().isF32())
     return std::nullopt;
-  // Positions p of [N, C, d...] as in nllLossKernel: n = N*D of them.
+  // Positions p of [N, C, d...] as in nllLossKernel: n = N*D of them; element
+  // i of dx is ((p / D) * C + c) * D + p % D.
   int64_t c = out.getDimSize(1), n = out.getNumElements() / c;
-  int64_t inner = n / out.getDimSize(0);
+  int64_t inner = n / out.getDimSize(0), total = out.getNumElements();
   auto ignore = op->getAttrOfType<IntegerAttr>("ignore_index");
   Type f32 = Float32Type::get(context);
   Type smem = sharedBuffer(kWarp, f32);
-  int64_t block = chooseBlockSize(target, std::max(n, c), 32, kWarp * 4);
+  int64_t block = chooseBlockSize(target, total, 32, kWarp * 4);
+  int64_t grid = std::clamp<int64_t>((total + block - 1) / block, 1, 4 * target.typicalSMs);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
   KB k = KB::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value zero = k.fconst(f32, 0.0);
   auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
-  auto weightOf = [&](Value row) -> std::pair<Value, Value> { // (class, weight or 0)
-    Value raw = b.create<memref::LoadOp>(k.loc, fn.getArgument(1), row);
-    Value t = b.create<arith::IndexCastOp>(k.loc, b.getIndexType(), raw);
-    Value tc = b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, t, k.idx(0)),
-                                        k.idx(c - 1));
+  auto weightOf = [&](Value p) -> std::pair<Value, Value> { // (class, weight or 0)
+    auto [raw, tc] = loadTarget(k, fn.getArgument(1), p, c);
     Value w = weighted ? Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(2), tc))
                        : k.fconst(f32, 1.0);
     if (ignore) {
-      Value counted = b.create<arith::CmpIOp>(
-          k.loc, arith::CmpIPredicate::ne, raw,
-          b.create<arith::ConstantIntOp>(k.loc, ignore.getInt(), raw.getType()));
+      Value counted = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::ne, raw,
+                                              intConst(k, raw.getType(), ignore.getInt()));
       w = b.create<arith::SelectOp>(k.loc, counted, w, zero);
     }
     return {tc, w};
   };
-  Value row = k.bid();
-  auto [t, w] = weightOf(row);
-  Value dy = b.create<memref::LoadOp>(k.loc, fn.getArgument(0),
-                                      reduction == "none" ? row : k.idx(0));
-  Value g = b.create<arith::MulFOp>(k.loc, b.create<arith::NegFOp>(k.loc, dy), w);
-  if (reduction == "mean") {
-    Value total = k.loopAcc(k.tid(), n, k.idx(block), zero,
-                            [&](Value m, Value a) { return addf(a, weightOf(m).second); });
-    total = k.blockReduce(total, block / kWarp, sh, zero, addf);
-    g = b.create<arith::DivFOp>(k.loc, g, total);
-  }
+  Value sum; // the mean's denominator
+  if (reduction == "mean")
+    sum = k.blockAccumulate(n, block, sh, zero, addf,
+                            [&](Value m) { return weightOf(m).second; });
+  Value dyAll = reduction == "none"
+                    ? Value()
+                    : Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.idx(0)));
   Value dx = fn.getArgument(op->getNumOperands());
-  b.create<scf::ForOp>(k.loc, k.tid(), k.idx(c), k.idx(block), ValueRange{},
-                       [&](OpBuilder &nb, Location l, Value col, ValueRange) {
-                         OpBuilder::InsertionGuard guard(b);
-                         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                         Value hit = b.create<arith::CmpIOp>(l, arith::CmpIPredicate::eq, col, t);
-                         Value v = b.create<arith::SelectOp>(l, hit, g, zero);
-                         Value at = inner == 1
-                             ? k.add(k.mul(row, k.idx(c)), col)
-                             : k.add(k.mul(k.add(k.mul(k.div(row, inner), k.idx(c)), col),
-                                           k.idx(inner)),
-                                     k.rem(row, inner));
-                         b.create<memref::StoreOp>(l, v, dx, at);
-                         b.create<scf::YieldOp>(l);
-                       });
+  k.gridStride(total, [&](Value i) {
+    Value col = k.rem(k.div(i, inner), c);
+    Value p = inner == 1 ? k.div(i, c) : k.add(k.mul(k.div(i, c * inner), k.idx(inner)),
+                                               k.rem(i, inner));
+    auto [t, w] = weightOf(p);
+    Value dy = dyAll ? dyAll : Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(0), p));
+    Value g = b.create<arith::MulFOp>(k.loc, b.create<arith::NegFOp>(k.loc, dy), w);
+    if (sum)
+      g = b.create<arith::DivFOp>(k.loc, g, sum);
+    Value hit = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, col, t);
+    b.create<memref::StoreOp>(k.loc, b.create<arith::SelectOp>(k.loc, hit, g, zero), dx, i);
+  });
   b.create<gpu::ReturnOp>(k.loc);
-  return KernelLaunch{name.str(), n, block};
+  return KernelLaunch{name.str(), grid, block};
+}
+
+/// dropout_mask: element i keeps when word i % 4 of Philox4x32-10(key = seed,
+/// counter = (i / 4, 0, step, 0)) is >= the ratio's threshold, with the rounds,
+/// constants and threshold of forge/runtime/Philox.h (the CPU kernel), so the
+/// masks are bit-identical. One thread per element computes its block's four
+/// words and keeps one: 4x redundant integer work, which is cheap next to the
+/// memory traffic of the tensor it masks.
+std::optional<KernelLaunch> KernelGenerator::Impl::dropoutMaskKernel(Operation *op,
+                                                                    StringRef name) {
+  auto out = tensorType(op->getResult(0));
+  if (!tensorType(op->getOperand(0)).getElementType().isF32() || out.getNumElements() == 0)
+    return std::nullopt;
+  double ratio = op->getAttrOfType<FloatAttr>("ratio").getValueAsDouble();
+  uint64_t seed = static_cast<uint64_t>(op->getAttrOfType<IntegerAttr>("seed").getInt());
+  uint64_t threshold = ::forge::rt::dropoutThreshold(ratio);
+  Type outElem = out.getElementType();
+  return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
+                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Type i32 = b.getI32Type(), i64 = b.getI64Type();
+    auto c32 = [&](uint32_t v) { return intConst(k, i32, static_cast<int32_t>(v)); };
+    auto xor3 = [&](Value a, Value c, Value d) {
+      return b.create<arith::XOrIOp>(k.loc, b.create<arith::XOrIOp>(k.loc, a, c), d);
+    };
+    Value step = b.create<arith::FPToUIOp>(
+        k.loc, i32, b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.idx(0)));
+    Value block = b.create<arith::IndexCastUIOp>(k.loc, i32, k.div(i, 4));
+    std::array<Value, 4> c = {block, c32(0), step, c32(0)};
+    std::array<Value, 2> key = {c32(static_cast<uint32_t>(seed)),
+                                c32(static_cast<uint32_t>(seed >> 32))};
+    for (int round = 0; round < 10; ++round) {
+      if (round > 0) {
+        key[0] = b.create<arith::AddIOp>(k.loc, key[0], c32(::forge::rt::kPhiloxW0));
+        key[1] = b.create<arith::AddIOp>(k.loc, key[1], c32(::forge::rt::kPhiloxW1));
+      }
+      auto p0 = b.create<arith::MulUIExtendedOp>(k.loc, c32(::forge::rt::kPhiloxM0), c[0]);
+      auto p1 = b.create<arith::MulUIExtendedOp>(k.loc, c32(::forge::rt::kPhiloxM1), c[2]);
+      c = {xor3(p1.getHigh(), c[1], key[0]), p1.getLow(), xor3(p0.getHigh(), c[3], key[1]),
+           p0.getLow()};
+    }
+    Value lane = k.rem(i, 4), word = c[3];
+    for (int w = 2; w >= 0; --w)
+      word = b.create<arith::SelectOp>(
+          k.loc, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, lane, k.idx(w)), c[w],
+          word);
+    Value keep = b.create<arith::CmpIOp>(
+        k.loc, arith::CmpIPredicate::uge, b.create<arith::ExtUIOp>(k.loc, i64, word),
+        intConst(k, i64, static_cast<int64_t>(threshold)));
+    k.store(keep, fn.getArgument(1), i, outElem);
+  });
 }
 
 std::optional<KernelLaunch> KernelGenerator::Impl::argmaxKernel(Operation *op, StringRef name) {
@@ -1959,14 +2027,21 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   };
   if (!grad) { // (x, scale, bias, running_mean, running_var) -> (y, new_mean, new_var)
     double momentum = op->getAttrOfType<FloatAttr>("momentum").getValueAsDouble();
+    // unbiased_var (PyTorch): the running variance takes count / (count - 1) times the
+    // batch's (biased) variance.
+    auto unbiased = op->getAttrOfType<BoolAttr>("unbiased_var");
+    double correction = unbiased && unbiased.getValue() && count > 1
+                            ? static_cast<double>(count) / static_cast<double>(count - 1)
+                            : 1.0;
     Value bias = k.load(fn.getArgument(2), ch, elem);
     Value a = mulf(scale, rstd);
     forEach([&](Value r) { k.store(addf(mulf(subf(xAt(r), mean), a), bias), fn.getArgument(5), at(r), elem); });
     k.ifThen(first, [&] {
       Value m = k.fconst(f32, momentum), m1 = k.fconst(f32, 1.0 - momentum);
+      Value v1 = k.fconst(f32, correction * (1.0 - momentum));
       Value rm = k.load(fn.getArgument(3), ch, elem), rv = k.load(fn.getArgument(4), ch, elem);
       k.store(addf(mulf(rm, m), mulf(mean, m1)), fn.getArgument(6), ch, elem);
-      k.store(addf(mulf(rv, m), mulf(var, m1)), fn.getArgument(7), ch, elem);
+      k.store(addf(mulf(rv, m), mulf(var, v1)), fn.getArgument(7), ch, elem);
     });
   } else { // (x, scale, dy) -> dx?, dscale?, dbias?
     bool wantDx = op->getAttrOfType<BoolAttr>("input_grad").getValue();
@@ -2501,6 +2576,24 @@ std::optional<KernelLaunch> KernelGenerator::Impl::scatterGradKernel(Operation *
   return l;
 }
 
+/// The offset in `data` of element i of a gather_elements/scatter_elements
+/// index tensor of `shape`: i's coordinates with dim `axis` replaced by the
+/// index stored at i (checked and clamped, loadIndex).
+static Value elementsTarget(KB &k, Value indices, Value i, ArrayRef<int64_t> shape, int64_t axis,
+                            RankedTensorType data) {
+  SmallVector<int64_t> dataStrides = contiguousStrides(data.getShape());
+  Value rest = i, at = k.idx(0);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    Value id = d == 0 ? rest : k.rem(rest, shape[d]);
+    if (d > 0)
+      rest = k.div(rest, shape[d]);
+    if (d == axis)
+      id = loadIndex(k, indices, i, data.getDimSize(axis));
+    at = k.add(at, k.mul(id, k.idx(dataStrides[d])));
+  }
+  return at;
+}
+
 /// gather_elements: out[i] = data[i with dim `axis` replaced by indices[i]];
 /// its gradient scatter-adds (f32 atomics into zeroed outputs).
 std::optional<KernelLaunch> KernelGenerator::Impl::gatherElementsKernel(Operation *op,
@@ -2514,22 +2607,77 @@ std::optional<KernelLaunch> KernelGenerator::Impl::gatherElementsKernel(Operatio
       idxType.getNumElements() == 0 || data.getNumElements() == 0 ||
       (grad && !data.getElementType().isF32()))
     return std::nullopt;
-  SmallVector<int64_t> dataStrides = contiguousStrides(data.getShape());
   ArrayRef<int64_t> shape = idxType.getShape();
   KernelLaunch l = elementKernel(name, flatArgs(op), idxType.getNumElements(), op->getLoc(),
                                  [&](KB &k, gpu::GPUFuncOp fn, Value i) {
-    Value rest = i, at = k.idx(0);
-    for (int64_t d = rank - 1; d >= 0; --d) {
-      Value id = d == 0 ? rest : k.rem(rest, shape[d]);
-      if (d > 0)
-        rest = k.div(rest, shape[d]);
-      if (d == axis)
-        id = loadIndex(k, fn.getArgument(1), i, data.getDimSize(axis));
-      at = k.add(at, k.mul(id, k.idx(dataStrides[d])));
-    }
+    Value at = elementsTarget(k, fn.getArgument(1), i, shape, axis, data);
     gatherOrScatter(k, fn, i, at, grad);
   });
   l.zeroOutputs = grad;
+  return l;
+}
+
+/// scatter_elements: the output starts as a copy of the input (the runtime
+/// copies it before the launch, KernelLaunch::copyInput), then one thread per
+/// update writes it (none) or combines it atomically (add: atomic add for f32,
+/// f64 and integers; mul, max, min: compare-and-swap loops), at the position of
+/// the update with dim `axis` replaced by its index. f16/bf16 reductions have
+/// no kernel (the host runs them).
+std::optional<KernelLaunch> KernelGenerator::Impl::scatterElementsKernel(Operation *op,
+                                                                        StringRef name) {
+  auto data = tensorType(op->getOperand(0)), idxType = tensorType(op->getOperand(1));
+  StringRef reduction = op->getAttrOfType<StringAttr>("reduction").getValue();
+  Type elem = data.getElementType();
+  int64_t rank = idxType.getRank();
+  int64_t axis = normalizedAxis(op, rank);
+  if (rank == 0 || axis < 0 || axis >= rank || idxType.getNumElements() == 0 ||
+      data.getNumElements() == 0)
+    return std::nullopt;
+  bool fl = isFloat(elem);
+  if (reduction != "none" &&
+      (elem.isInteger(1) || (fl && !elem.isF32() && !elem.isF64()) || isFloat8(elem)))
+    return std::nullopt;
+  ArrayRef<int64_t> shape = idxType.getShape();
+  bool isUnsigned = isUnsignedInt(elem);
+  KernelLaunch l = elementKernel(name, flatArgs(op), idxType.getNumElements(), op->getLoc(),
+                                 [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Value at = elementsTarget(k, fn.getArgument(1), i, shape, axis, data);
+    Value out = fn.getArgument(3);
+    Value u = b.create<memref::LoadOp>(k.loc, fn.getArgument(2), i); // storage type
+    if (reduction == "none") {
+      b.create<memref::StoreOp>(k.loc, u, out, at);
+      return;
+    }
+    if (reduction == "add") {
+      b.create<memref::AtomicRMWOp>(k.loc, fl ? arith::AtomicRMWKind::addf
+                                              : arith::AtomicRMWKind::addi,
+                                    u, out, ValueRange{at});
+      return;
+    }
+    auto atomic = b.create<memref::GenericAtomicRMWOp>(k.loc, out, ValueRange{at});
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(atomic.getBody());
+    Value cur = atomic.getCurrentValue(), next;
+    if (reduction == "mul")
+      next = fl ? Value(b.create<arith::MulFOp>(k.loc, cur, u))
+                : Value(b.create<arith::MulIOp>(k.loc, cur, u));
+    else if (fl) // max/min as the CPU: the update replaces only when strictly beyond
+      next = b.create<arith::SelectOp>(
+          k.loc,
+          b.create<arith::CmpFOp>(k.loc, reduction == "max" ? arith::CmpFPredicate::OGT
+                                                            : arith::CmpFPredicate::OLT,
+                                  u, cur),
+          u, cur);
+    else
+      next = reduction == "max"
+                 ? (isUnsigned ? Value(b.create<arith::MaxUIOp>(k.loc, cur, u))
+                               : Value(b.create<arith::MaxSIOp>(k.loc, cur, u)))
+                 : (isUnsigned ? Value(b.create<arith::MinUIOp>(k.loc, cur, u))
+                               : Value(b.create<arith::MinSIOp>(k.loc, cur, u)));
+    b.create<memref::AtomicYieldOp>(k.loc, next);
+  });
+  l.copyInput = true;
   return l;
 }
 
@@ -2557,6 +2705,32 @@ std::optional<KernelLaunch> KernelGenerator::Impl::cumsumKernel(Operation *op, S
       return next;
     });
   });
+}
+
+/// The fill value `value` (an f64 attribute) in `elem`'s storage, converted as
+/// the CPU's scalarBytes does: bool is value != 0, integers saturate (NaN gives
+/// 0, fractions truncate toward zero), floats round to nearest.
+static Value fillConstant(KB &k, Type elem, Type storage, double value) {
+  if (auto ft = dyn_cast<FloatType>(storage))
+    return k.fconst(ft, value);
+  if (elem.isInteger(1))
+    return intConst(k, storage, value != 0.0);
+  unsigned w = storage.getIntOrFloatBitWidth();
+  APInt bits(w, 0);
+  if (!std::isnan(value)) {
+    if (isUnsignedInt(elem)) {
+      double hi = std::ldexp(1.0, static_cast<int>(w));
+      bits = value <= 0 ? APInt::getMinValue(w)
+             : value >= hi ? APInt::getMaxValue(w)
+                           : APInt(w, static_cast<uint64_t>(value));
+    } else {
+      double lim = std::ldexp(1.0, static_cast<int>(w) - 1);
+      bits = value <= -lim ? APInt::getSignedMinValue(w)
+             : value >= lim ? APInt::getSignedMaxValue(w)
+                            : APInt(w, static_cast<uint64_t>(static_cast<int64_t>(value)), true);
+    }
+  }
+  return k.b.create<arith::ConstantOp>(k.loc, k.b.getIntegerAttr(storage, bits));
 }
 
 /// pad, tile and trilu: one thread per output element, its source position
@@ -2604,13 +2778,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::remapKernel(Operation *op, St
     }
     Value v = b.create<memref::LoadOp>(k.loc, fn.getArgument(0), src);
     if (opName != "tile") {
-      Value fill;
       double value = opName == "pad" ? op->getAttrOfType<FloatAttr>("value").getValueAsDouble() : 0.0;
-      if (auto ft = dyn_cast<FloatType>(storage))
-        fill = b.create<arith::ConstantOp>(k.loc, b.getFloatAttr(ft, value));
-      else
-        fill = b.create<arith::ConstantOp>(k.loc, b.getIntegerAttr(storage, static_cast<int64_t>(value)));
-      v = b.create<arith::SelectOp>(k.loc, valid, v, fill);
+      v = b.create<arith::SelectOp>(k.loc, valid, v, fillConstant(k, elem, storage, value));
     }
     b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1), i);
   });
@@ -2664,7 +2833,13 @@ std::optional<KernelLaunch> KernelGenerator::Impl::matmulKernel(Operation *op, S
     return std::nullopt;
   SmallVector<int64_t> lStride = broadcastStrides(lb, batch), rStride = broadcastStrides(rb, batch);
   // C of gemm, broadcast to [M, N].
-  bool hasC = gemm && op->getNumOperands() > 2 && op->getOperand(2);
+  auto floatOf = [&](StringRef a, double d) {
+    auto f = op->getAttrOfType<FloatAttr>(a);
+    return f ? f.getValueAsDouble() : d;
+  };
+  double alpha = gemm ? floatOf("alpha", 1.0) : 1.0, beta = gemm ? floatOf("beta", 1.0) : 1.0;
+  // beta == 0 means C is not read at all (BLAS): an inf or NaN in C must not leak.
+  bool hasC = gemm && op->getNumOperands() > 2 && op->getOperand(2) && beta != 0.0;
   SmallVector<int64_t> cStride;
   if (hasC) {
     auto c = tensorType(op->getOperand(2));
@@ -2672,13 +2847,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::matmulKernel(Operation *op, S
       return std::nullopt;
     cStride = broadcastStrides(c.getShape(), {m, n});
   }
-  auto floatOf = [&](StringRef a, double d) {
-    auto f = op->getAttrOfType<FloatAttr>(a);
-    return f ? f.getValueAsDouble() : d;
-  };
-  double alpha = gemm ? floatOf("alpha", 1.0) : 1.0, beta = gemm ? floatOf("beta", 1.0) : 1.0;
   bool fl = isFloat(elem);
-  if (!fl && (alpha != 1.0 || beta != 1.0))
+  if (!fl && (alpha != 1.0 || (hasC && beta != 1.0)))
     return std::nullopt;
   Type accType = computeType(elem);
   return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
@@ -2721,7 +2891,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::matmulKernel(Operation *op, S
 /// kernels report these as errors, so the GPU ones do too (KB::fault).
 std::string faultOf(Operation *op) {
   StringRef name = op->getName().stripDialect();
-  if (llvm::is_contained({"gather", "gather_grad", "gather_elements", "gather_elements_grad"}, name))
+  if (llvm::is_contained({"gather", "gather_grad", "gather_elements", "gather_elements_grad",
+                          "scatter_elements"},
+                         name))
     return "an index is outside [-size, size) of its axis";
   if (name == "nll_loss")
     return "a target class is outside [0, classes) and not the ignore_index";
@@ -2758,6 +2930,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
   if (op->getNumResults() != 1)
     return std::nullopt;
   auto outShape = tensorType(op->getResult(0)).getShape();
+  if (opName == "dropout_mask")
+    return dropoutMaskKernel(op, name);
   if (opName == "gather" || opName == "gather_grad")
     return gatherKernel(op, name, opName == "gather_grad");
   if (opName == "nll_loss")
@@ -2778,6 +2952,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return avgPoolKernel(op, name, opName == "avg_pool_grad");
   if (opName == "gather_elements" || opName == "gather_elements_grad")
     return gatherElementsKernel(op, name, opName == "gather_elements_grad");
+  if (opName == "scatter_elements")
+    return scatterElementsKernel(op, name);
   if (opName == "cumsum")
     return cumsumKernel(op, name);
   if (opName == "slice_grad" || opName == "pad_grad")

@@ -565,6 +565,27 @@ FORGE_INFER(GatherElementsOp) {
   return success();
 }
 
+FORGE_INFER(ScatterElementsOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  auto idx = rankedOrNull(adaptor.getIndices().getType());
+  auto upd = rankedOrNull(adaptor.getUpdates().getType());
+  int64_t axis = adaptor.getAxis();
+  if (!t || !idx || !upd || idx.getRank() != t.getRank() || axis < 0 || axis >= t.getRank())
+    return failInference(loc, "scatter_elements needs indices of the input's rank and an axis "
+                              "in range");
+  if (upd.getShape() != idx.getShape() || upd.getElementType() != t.getElementType())
+    return failInference(loc, "scatter_elements needs updates of the indices' shape and the "
+                              "input's element type");
+  for (int64_t d = 0; d < t.getRank(); ++d)
+    if (d != axis && idx.getDimSize(d) > t.getDimSize(d))
+      return failInference(loc, "scatter_elements indices exceed the input outside the axis");
+  StringRef r = adaptor.getReduction();
+  if (r != "none" && r != "add" && r != "mul" && r != "max" && r != "min")
+    return failInference(loc, "scatter_elements reduction must be none, add, mul, max or min");
+  inferred.push_back(t);
+  return success();
+}
+
 FORGE_INFER(TriluOp) {
   auto t = rankedOrNull(adaptor.getInput().getType());
   if (!t || t.getRank() < 2)
@@ -581,6 +602,31 @@ FORGE_INFER(OneHotOp) {
   SmallVector<int64_t> shape(idx.getShape());
   shape.insert(shape.begin() + axis, adaptor.getDepth());
   inferred.push_back(RankedTensorType::get(shape, adaptor.getDtype()));
+  return success();
+}
+
+FORGE_INFER(DropoutOp) {
+  auto x = rankedOrNull(adaptor.getInput().getType());
+  if (!x)
+    return failInference(loc, "dropout needs a ranked input");
+  double ratio = adaptor.getRatio().convertToDouble();
+  if (!(ratio >= 0 && ratio <= 1))
+    return failInference(loc, "dropout ratio must be in [0, 1]");
+  inferred.push_back(x);
+  inferred.push_back(RankedTensorType::get(x.getShape(), IntegerType::get(context, 1)));
+  return success();
+}
+
+FORGE_INFER(DropoutMaskOp) {
+  auto step = rankedOrNull(adaptor.getStep().getType());
+  double ratio = adaptor.getRatio().convertToDouble();
+  if (!step || step.getRank() != 0 || !isa<FloatType>(step.getElementType()))
+    return failInference(loc, "dropout_mask takes the step counter, a float scalar");
+  if (!(ratio >= 0 && ratio <= 1))
+    return failInference(loc, "dropout ratio must be in [0, 1]");
+  if (llvm::any_of(adaptor.getShape(), [](int64_t d) { return d < 0; }))
+    return failInference(loc, "dropout_mask shape must be static");
+  inferred.push_back(RankedTensorType::get(adaptor.getShape(), IntegerType::get(context, 1)));
   return success();
 }
 

@@ -27,6 +27,11 @@ struct GraphState {
   /// ImportOptions::keepFloatInitializers: create() does not fold ops that
   /// read a float initializer.
   bool keepFloatInitializers = false;
+  /// ImportOptions::untieSharedInitializers: Identity(float initializer)
+  /// imports as a copy of the initializer under the Identity output's name;
+  /// `untied` lists (that name, the shared initializer's name).
+  bool untieSharedInitializers = false;
+  std::vector<std::pair<std::string, std::string>> untied;
 };
 
 class NodeImporter {
@@ -100,6 +105,34 @@ public:
 };
 
 using OpRule = std::function<LogicalResult(NodeImporter &)>;
+
+/// Normalizes an axis into [0, rank); fails with a node error when out of range.
+FailureOr<int64_t> normAxis(NodeImporter &n, int64_t axis, int64_t rank);
+/// The axes of a reduction-like op: input `inputIndex` (a constant) when
+/// present, else the `axes` attribute, else none.
+FailureOr<std::optional<SmallVector<int64_t>>> axesOf(NodeImporter &n, int64_t inputIndex);
+/// Axes normalized into [0, rank), sorted; repeated axes are an error.
+FailureOr<SmallVector<int64_t>> normAxes(NodeImporter &n, ArrayRef<int64_t> axes, int64_t rank);
+
+/// Explicit begin-then-end pads of a sliding-window op from ONNX's auto_pad / pads.
+FailureOr<SmallVector<int64_t>> resolvePads(NodeImporter &n, ArrayRef<int64_t> inSpatial,
+                                            ArrayRef<int64_t> kernel, ArrayRef<int64_t> strides,
+                                            ArrayRef<int64_t> dilations);
+/// The ints attribute `name`, or `count` copies of `def` when absent or empty.
+SmallVector<int64_t> intsOr(NodeImporter &n, StringRef name, size_t count, int64_t def);
+
+/// A sliding window's geometry from kernel_shape, strides, dilations and the
+/// resolved pads (the node's input 0 is the N-d input, rank >= 3).
+struct PoolWindow {
+  SmallVector<int64_t> kernel, strides, dilations, pads;
+};
+FailureOr<PoolWindow> poolWindow(NodeImporter &n);
+
+/// Ops imported as compositions of forge primitives (OnnxComposite.cpp): their
+/// gradients come from the primitives' rules.
+void addCompositeRules(llvm::StringMap<OpRule> &rules);
+/// LSTM, GRU and RNN unrolled over the sequence (OnnxRecurrent.cpp).
+void addRecurrentRules(llvm::StringMap<OpRule> &rules);
 
 /// Rules for the default ONNX domain, keyed by op type.
 const llvm::StringMap<OpRule> &onnxOpRules();

@@ -385,8 +385,14 @@ FailureOr<RankedTensorType> GraphImporter::inputType(const onnx::ValueInfoProto 
   if (explicitShape != options.inputShapes.end()) {
     shape.assign(explicitShape->second.begin(), explicitShape->second.end());
     if (tt.has_shape() && tt.shape().dim_size() != (int)shape.size())
-      return error() << "--shape " << info.name() << " gives " << shape.size()
+      return error() << "the shape given for input '" << info.name()
+                     << "' (--shape or --shapes-from) has " << shape.size()
                      << " dims but the model declares " << tt.shape().dim_size();
+    for (int d = 0; tt.has_shape() && d < tt.shape().dim_size(); ++d)
+      if (tt.shape().dim(d).has_dim_value() && tt.shape().dim(d).dim_value() != shape[d])
+        return error() << "the shape given for input '" << info.name()
+                       << "' (--shape or --shapes-from) has " << shape[d] << " in dim " << d
+                       << " but the model declares " << tt.shape().dim(d).dim_value();
     return RankedTensorType::get(shape, element);
   }
   if (!tt.has_shape())
@@ -520,6 +526,10 @@ OwningOpRef<ModuleOp> GraphImporter::run(const onnx::ModelProto &model) {
   OwningOpRef<ModuleOp> module = ModuleOp::create(fileLoc);
   module->getOperation()->setAttr("forge.onnx_opset", b.getI64IntegerAttr(opset));
   module->getOperation()->setAttr("forge.source", b.getStringAttr(origin));
+  // Training semantics that differ between frameworks follow the producer
+  // (BatchNorm's running variance: TrainOptions::unbiasedRunningVar).
+  if (!model.producer_name().empty())
+    module->getOperation()->setAttr("forge.producer", b.getStringAttr(model.producer_name()));
 
   llvm::StringSet<> initializerNames;
   for (const auto &init : graph.initializer())
@@ -547,6 +557,8 @@ OwningOpRef<ModuleOp> GraphImporter::run(const onnx::ModelProto &model) {
   b.setInsertionPointToStart(entry);
   GraphState state;
   state.keepFloatInitializers = options.keepFloatInitializers;
+  state.untieSharedInitializers =
+      options.keepFloatInitializers && options.untieSharedInitializers;
   llvm::StringSet<> available;
   for (auto [i, in] : llvm::enumerate(inputs)) {
     state.values[in->name()] = entry->getArgument(i);
@@ -633,6 +645,18 @@ OwningOpRef<ModuleOp> GraphImporter::run(const onnx::ModelProto &model) {
   func.setFunctionType(b.getFunctionType(argTypes, resultTypes));
   for (auto [i, out] : llvm::enumerate(graph.output()))
     func.setResultAttr(i, "forge.name", b.getStringAttr(out.name()));
+  if (!state.untied.empty()) {
+    SmallVector<NamedAttribute> untied;
+    for (const auto &[name, source] : state.untied) {
+      untied.push_back(b.getNamedAttr(name, b.getStringAttr(source)));
+      // A thin bundle reads the copy's initial value where the shared one lives.
+      for (const NamedAttribute &w : SmallVector<NamedAttribute>(thinWeights))
+        if (w.getName() == source)
+          thinWeights.push_back(b.getNamedAttr(name, w.getValue()));
+    }
+    module->getOperation()->setAttr("forge.untied_initializers",
+                                    DictionaryAttr::get(ctx, untied));
+  }
   if (!thinWeights.empty())
     module->getOperation()->setAttr("forge.external_weights",
                                     DictionaryAttr::get(ctx, thinWeights));

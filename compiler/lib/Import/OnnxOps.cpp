@@ -11,6 +11,7 @@
 #include "ImportContext.h"
 
 #include "forge/Bundle/Conversion.h"
+#include "mlir/IR/TypeUtilities.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
@@ -24,12 +25,15 @@ namespace {
 using Rule = OpRule;
 
 
-/// Normalizes an axis into [0, rank); fails with a node error when out of range.
-FailureOr<int64_t> normAxis(NodeImporter &n, int64_t axis, int64_t rank) {
+} // namespace
+
+FailureOr<int64_t> onnx_import::normAxis(NodeImporter &n, int64_t axis, int64_t rank) {
   if (axis < -rank || axis >= rank || rank == 0)
     return n.error() << "axis " << axis << " out of range for rank " << rank;
   return axis < 0 ? axis + rank : axis;
 }
+
+namespace {
 
 LogicalResult output(NodeImporter &n, FailureOr<Value> v, int64_t index = 0) {
   if (failed(v))
@@ -79,8 +83,10 @@ Rule variadic(StringRef op, bool mean = false) {
   };
 }
 
+} // namespace
+
 /// Resolves ONNX auto_pad / pads for a sliding window op into explicit pads.
-FailureOr<SmallVector<int64_t>> resolvePads(NodeImporter &n, ArrayRef<int64_t> inSpatial,
+FailureOr<SmallVector<int64_t>> onnx_import::resolvePads(NodeImporter &n, ArrayRef<int64_t> inSpatial,
                                             ArrayRef<int64_t> kernel, ArrayRef<int64_t> strides,
                                             ArrayRef<int64_t> dilations) {
   size_t spatial = inSpatial.size();
@@ -109,11 +115,13 @@ FailureOr<SmallVector<int64_t>> resolvePads(NodeImporter &n, ArrayRef<int64_t> i
   return pads;
 }
 
-SmallVector<int64_t> intsOr(NodeImporter &n, StringRef name, size_t count, int64_t def) {
+SmallVector<int64_t> onnx_import::intsOr(NodeImporter &n, StringRef name, size_t count, int64_t def) {
   if (auto v = n.intsAttr(name); v && !v->empty())
     return *v;
   return SmallVector<int64_t>(count, def);
 }
+
+namespace {
 
 LogicalResult importConv(NodeImporter &n) {
   auto x = n.inputType(0), w = n.inputType(1);
@@ -181,9 +189,9 @@ LogicalResult importConvTranspose(NodeImporter &n) {
                               n.i64("group", group)}));
 }
 
-LogicalResult importPool(NodeImporter &n, bool isMax) {
-  if (isMax && n.outputUsed(1))
-    return n.error() << "the Indices output of MaxPool is unsupported";
+} // namespace
+
+FailureOr<onnx_import::PoolWindow> onnx_import::poolWindow(NodeImporter &n) {
   auto x = n.inputType(0);
   if (!x || x.getRank() < 3)
     return n.error() << "expects an N-d input of rank >= 3";
@@ -191,12 +199,24 @@ LogicalResult importPool(NodeImporter &n, bool isMax) {
   auto kernel = n.intsAttr("kernel_shape");
   if (!kernel || kernel->size() != spatial)
     return n.error() << "kernel_shape needs " << spatial << " entries";
-  auto strides = intsOr(n, "strides", spatial, 1), dilations = intsOr(n, "dilations", spatial, 1);
-  auto pads = resolvePads(n, x.getShape().drop_front(2), *kernel, strides, dilations);
+  PoolWindow w{*kernel, intsOr(n, "strides", spatial, 1), intsOr(n, "dilations", spatial, 1), {}};
+  auto pads = resolvePads(n, x.getShape().drop_front(2), w.kernel, w.strides, w.dilations);
   if (failed(pads))
     return failure();
-  SmallVector<NamedAttribute> attrs = {n.ints("kernel_shape", *kernel), n.ints("strides", strides),
-                                       n.ints("pads", *pads), n.ints("dilations", dilations),
+  w.pads = *pads;
+  return w;
+}
+
+namespace {
+
+LogicalResult importPool(NodeImporter &n, bool isMax) {
+  if (isMax && n.outputUsed(1))
+    return n.error() << "the Indices output of MaxPool is unsupported";
+  auto w = poolWindow(n);
+  if (failed(w))
+    return failure();
+  SmallVector<NamedAttribute> attrs = {n.ints("kernel_shape", w->kernel), n.ints("strides", w->strides),
+                                       n.ints("pads", w->pads), n.ints("dilations", w->dilations),
                                        n.flag("ceil_mode", n.intAttr("ceil_mode", 0))};
   if (!isMax)
     attrs.push_back(n.flag("count_include_pad", n.intAttr("count_include_pad", 0)));
@@ -382,7 +402,9 @@ LogicalResult importFlatten(NodeImporter &n) {
 }
 
 /// Axes from the `axes` input (newer opsets) or attribute (older ones).
-FailureOr<std::optional<SmallVector<int64_t>>> axesOf(NodeImporter &n, int64_t inputIndex) {
+} // namespace
+
+FailureOr<std::optional<SmallVector<int64_t>>> onnx_import::axesOf(NodeImporter &n, int64_t inputIndex) {
   if (n.input(inputIndex)) {
     auto axes = n.constantInts(inputIndex, "axes");
     if (failed(axes))
@@ -392,7 +414,7 @@ FailureOr<std::optional<SmallVector<int64_t>>> axesOf(NodeImporter &n, int64_t i
   return n.intsAttr("axes");
 }
 
-FailureOr<SmallVector<int64_t>> normAxes(NodeImporter &n, ArrayRef<int64_t> axes, int64_t rank) {
+FailureOr<SmallVector<int64_t>> onnx_import::normAxes(NodeImporter &n, ArrayRef<int64_t> axes, int64_t rank) {
   SmallVector<int64_t> out;
   for (int64_t a : axes) {
     auto norm = normAxis(n, a, rank);
@@ -405,6 +427,8 @@ FailureOr<SmallVector<int64_t>> normAxes(NodeImporter &n, ArrayRef<int64_t> axes
   llvm::sort(out);
   return out;
 }
+
+namespace {
 
 LogicalResult importSqueeze(NodeImporter &n) {
   auto x = n.inputType(0);
@@ -688,7 +712,24 @@ LogicalResult importConstant(NodeImporter &n) {
   return n.error() << "has no value attribute";
 }
 
-LogicalResult importIdentity(NodeImporter &n) { return n.setOutput(0, n.input(0)); }
+LogicalResult importIdentity(NodeImporter &n) {
+  Value in = n.input(0);
+  auto c = in ? in.getDefiningOp<ConstantOp>() : ConstantOp();
+  auto source = c ? c->getAttrOfType<StringAttr>("forge.initializer") : StringAttr();
+  if (!n.graph.untieSharedInitializers || !source || !n.outputUsed(0) ||
+      !isa<FloatType>(getElementTypeOrSelf(in.getType())))
+    return n.setOutput(0, in);
+  // An exporter-merged parameter (ImportOptions::untieSharedInitializers):
+  // its own initializer again, named after the Identity's output.
+  const std::string &name = n.node.output(0);
+  OpBuilder::InsertionGuard guard(n.b);
+  n.b.setInsertionPointAfter(c);
+  auto copy = n.b.create<ConstantOp>(NameLoc::get(n.b.getStringAttr(name), c.getLoc()),
+                                     c.getValue());
+  copy->setAttr("forge.initializer", n.b.getStringAttr(name));
+  n.graph.untied.emplace_back(name, source.str());
+  return n.setOutput(0, copy);
+}
 
 LogicalResult importRange(NodeImporter &n) {
   DenseElementsAttr start = n.constantInput(0), limit = n.constantInput(1), delta = n.constantInput(2);
@@ -810,25 +851,46 @@ LogicalResult importArgMax(NodeImporter &n) {
                               n.flag("select_last_index", n.intAttr("select_last_index", 0))}));
 }
 
+/// Dropout. Inference imports: the identity (mask all true). Training imports
+/// (ImportOptions::keepFloatInitializers): a `dropout` op, which the training
+/// graph turns into a Philox mask in train_step and the identity in eval,
+/// unless the ratio is 0 or `training_mode` is a constant false. An absent
+/// training_mode (ONNX's default: inference) still drops in a training
+/// bundle: a Dropout in a model being trained is meant to drop.
 LogicalResult importDropout(NodeImporter &n) {
-  bool training = false;
+  bool training = n.graph.keepFloatInitializers;
   if (n.input(2)) {
     auto t = n.constantScalar(2, "training_mode");
     if (failed(t))
       return failure();
-    training = *t != 0;
+    training = training && *t != 0;
   }
-  if (training) {
-    double ratio = 0.5;
-    if (n.input(1)) {
-      auto r = n.constantScalar(1, "ratio");
-      if (failed(r))
-        return failure();
-      ratio = *r;
+  double ratio = n.opset < 12 ? n.floatAttr("ratio", 0.5) : 0.5;
+  if (n.input(1)) {
+    auto r = n.constantScalar(1, "ratio");
+    if (failed(r))
+      return failure();
+    ratio = *r;
+  }
+  if (!(ratio >= 0 && ratio < 1))
+    return n.error() << "Dropout ratio " << ratio << " is outside [0, 1)";
+  if (training && ratio > 0) {
+    // The ONNX seed attribute, else a stable hash of the node's name (FNV-1a),
+    // so each Dropout draws its own masks.
+    int64_t seed = n.intAttr("seed", 0);
+    if (!n.attr("seed")) {
+      uint64_t h = 1469598103934665603ull;
+      for (char c : n.node.name().empty() ? n.node.output(0) : n.node.name())
+        h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+      seed = static_cast<int64_t>(h);
     }
-    if (ratio != 0)
-      return n.error() << "training-mode Dropout with ratio " << ratio
-                       << " is unsupported on import; Forge adds dropout when it builds the training step";
+    auto results = n.create("dropout", {n.input(0)}, {n.f64("ratio", ratio), n.i64("seed", seed)});
+    if (failed(results))
+      return failure();
+    (void)n.setOutput(0, (*results)[0]);
+    if (n.outputUsed(1))
+      (void)n.setOutput(1, (*results)[1]);
+    return success();
   }
   (void)n.setOutput(0, n.input(0));
   if (n.outputUsed(1)) {
@@ -857,14 +919,39 @@ LogicalResult importOneHot(NodeImporter &n) {
   DenseElementsAttr values = n.constantInput(2);
   if (!idx || failed(depth))
     return failure();
-  if (!values || values.getNumElements() != 2)
-    return n.error() << "values must be a constant [off, on]";
+  auto valuesType = n.inputType(2);
+  if (!valuesType || valuesType.getNumElements() != 2)
+    return n.error() << "values must hold two elements [off, on]";
   int64_t axis = n.intAttr("axis", -1);
   int64_t outRank = idx.getRank() + 1;
   if (axis < 0)
     axis += outRank;
   if (axis < 0 || axis >= outRank)
     return n.error() << "axis out of range";
+  if (!values) { // values computed at run time: where(one_hot == 1, on, off)
+    Type elem = valuesType.getElementType();
+    auto hot = n.create1("one_hot", {n.input(0)},
+                         {n.i64("depth", (int64_t)*depth), n.i64("axis", axis),
+                          n.f64("off_value", 0.0), n.f64("on_value", 1.0),
+                          n.named("dtype", TypeAttr::get(elem))});
+    auto flat = n.reshape(n.input(2), {2});
+    if (failed(hot) || failed(flat))
+      return failure();
+    auto pick = [&](int64_t i) -> FailureOr<Value> {
+      auto s = n.create1("slice", {*flat}, {n.ints("starts", {i}), n.ints("ends", {i + 1}),
+                                            n.ints("steps", {1})});
+      if (failed(s))
+        return failure();
+      return n.reshape(*s, {});
+    };
+    auto off = pick(0), on = pick(1);
+    if (failed(off) || failed(on))
+      return failure();
+    auto isOn = n.create1("equal", {*hot, n.scalar(elem, 1.0)});
+    if (failed(isOn))
+      return failure();
+    return output(n, n.create1("where", {*isOn, *on, *off}));
+  }
   SmallVector<double> v;
   if (isa<FloatType>(values.getElementType()))
     for (APFloat f : values.getValues<APFloat>())
@@ -954,8 +1041,9 @@ LogicalResult importCastLike(NodeImporter &n) {
 }
 
 //===----------------------------------------------------------------------===//
-// Einsum: two-operand (and one-operand) forms without repeated letters within
-// an operand, lowered to reduce_sum / transpose / reshape / matmul.
+// Einsum: two-operand (and one-operand) forms, lowered to reduce_sum /
+// transpose / reshape / matmul; a letter repeated within an operand takes the
+// diagonal (a strided slice) first.
 //===----------------------------------------------------------------------===//
 
 FailureOr<SmallVector<std::string>> parseEinsum(NodeImporter &n, StringRef equation,
@@ -1015,10 +1103,6 @@ FailureOr<SmallVector<std::string>> parseEinsum(NodeImporter &n, StringRef equat
     if ((int64_t)s.size() != types[i].getRank())
       return n.error() << "operand " << i << " spec '" << s << "' does not match rank "
                        << types[i].getRank();
-    std::string sorted = s;
-    llvm::sort(sorted);
-    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-      return n.error() << "repeated subscripts within an operand (diagonals) are unsupported";
   }
   return specs;
 }
@@ -1037,6 +1121,50 @@ LogicalResult importEinsum(NodeImporter &n) {
   if (failed(specsOr))
     return failure();
   SmallVector<std::string> specs = *specsOr;
+  // A letter repeated within an operand takes its diagonal: the two dims moved
+  // last, merged, and every (extent + 1)-th element kept.
+  for (size_t i = 0; i < operands.size(); ++i) {
+    for (;;) {
+      std::string &spec = specs[i];
+      size_t first = std::string::npos, second = std::string::npos;
+      for (size_t a = 0; a < spec.size() && second == std::string::npos; ++a)
+        if (size_t b = spec.find(spec[a], a + 1); b != std::string::npos)
+          first = a, second = b;
+      if (second == std::string::npos)
+        break;
+      auto t = cast<RankedTensorType>(operands[i].getType());
+      int64_t e = t.getDimSize(first);
+      if (t.getDimSize(second) != e)
+        return n.error() << "subscript '" << spec[first] << "' repeats with extents " << e
+                         << " and " << t.getDimSize(second);
+      SmallVector<int64_t> perm, shape;
+      std::string rest;
+      for (size_t d = 0; d < spec.size(); ++d)
+        if (d != first && d != second) {
+          perm.push_back(d);
+          shape.push_back(t.getDimSize(d));
+          rest.push_back(spec[d]);
+        }
+      perm.push_back(first);
+      perm.push_back(second);
+      shape.push_back(e * e);
+      auto moved = n.transpose(operands[i], perm);
+      if (failed(moved))
+        return failure();
+      auto merged = n.reshape(*moved, shape);
+      if (failed(merged))
+        return failure();
+      SmallVector<int64_t> starts(shape.size(), 0), ends(shape), steps(shape.size(), 1);
+      steps.back() = e + 1;
+      auto diag = n.create1("slice", {*merged}, {n.ints("starts", starts), n.ints("ends", ends),
+                                                 n.ints("steps", steps)});
+      if (failed(diag))
+        return failure();
+      operands[i] = *diag;
+      types[i] = cast<RankedTensorType>(operands[i].getType());
+      spec = rest + spec[first];
+    }
+  }
   std::map<char, int64_t> extent;
   for (auto [i, s] : llvm::enumerate(specs))
     for (auto [d, c] : llvm::enumerate(s)) {
@@ -1225,6 +1353,8 @@ const llvm::StringMap<OpRule> &onnx_import::onnxOpRules() {
     r["NegativeLogLikelihoodLoss"] = [](NodeImporter &n) {
       return importNll(n, n.input(0), n.input(1), n.input(2));
     };
+    addCompositeRules(r);
+    addRecurrentRules(r);
     return r;
   }();
   return rules;

@@ -332,6 +332,32 @@ FailureOr<SmallVector<Value>> differentiate(OpBuilder &b, Block &block, Value lo
   return result;
 }
 
+/// Cross-entropy's view of a model output: classes on the last dim ([N, C] or
+/// [N, T, C]) as rows of C, the labels as one per row, and the log-softmax.
+struct ClassRows {
+  int64_t rows = 0;
+  Value logits, labels, logProb;
+  /// 1 where the row's argmax is its label (f32, [rows]).
+  Value hits(Builder &bb) const {
+    OpBuilder &b = bb.b;
+    Value pred = b.create<ArgMaxOp>(bb.loc, logits, b.getI64IntegerAttr(1), b.getBoolAttr(false),
+                                    b.getBoolAttr(false));
+    Value hit = b.create<EqualOp>(bb.loc, pred, bb.castTo(labels, b.getI64Type()));
+    return bb.castTo(hit, b.getF32Type());
+  }
+};
+
+ClassRows classRows(Builder &bb, Value output, Value label) {
+  auto type = cast<RankedTensorType>(output.getType());
+  ClassRows c;
+  int64_t classes = type.getShape().back();
+  c.rows = type.getNumElements() / classes;
+  c.logits = bb.reshape(output, {c.rows, classes});
+  c.labels = bb.reshape(label, {c.rows});
+  c.logProb = bb.b.create<LogSoftmaxOp>(bb.loc, c.logits, bb.b.getI64IntegerAttr(1));
+  return c;
+}
+
 /// The loss on top of a model output; returns {loss, correct-count or null}.
 FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, Value output,
                                              Value label, bool wantCorrect) {
@@ -345,22 +371,10 @@ FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, 
   }
   auto type = cast<RankedTensorType>(output.getType());
   if (spec.kind == "cross_entropy") {
-    // Classes on the last dim: [N, C] or [N, T, C] -> rows of C.
-    int64_t classes = type.getShape().back();
-    int64_t rows = type.getNumElements() / classes;
-    Value logits = bb.reshape(output, {rows, classes});
-    Value labels = bb.reshape(label, {rows});
-    Value logProb = b.create<LogSoftmaxOp>(loc, logits, b.getI64IntegerAttr(1));
-    Value loss = b.create<NllLossOp>(loc, logProb, labels, Value(), b.getStringAttr("mean"),
+    ClassRows c = classRows(bb, output, label);
+    Value loss = b.create<NllLossOp>(loc, c.logProb, c.labels, Value(), b.getStringAttr("mean"),
                                      IntegerAttr());
-    Value correct;
-    if (wantCorrect) {
-      Value pred = b.create<ArgMaxOp>(loc, logits, b.getI64IntegerAttr(1), b.getBoolAttr(false),
-                                      b.getBoolAttr(false));
-      Value hit = b.create<EqualOp>(loc, pred, bb.castTo(labels, b.getI64Type()));
-      correct = bb.sumAll(bb.castTo(hit, b.getF32Type()));
-    }
-    return std::make_pair(loss, correct);
+    return std::make_pair(loss, wantCorrect ? bb.sumAll(c.hits(bb)) : Value());
   }
   Value target = bb.castTo(label, type.getElementType());
   if (spec.kind == "mse") {
@@ -370,6 +384,47 @@ FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, 
   // bce on logits: softplus(x) - x * t, stable for large |x|.
   Value loss = bb.sub(b.create<SoftplusOp>(loc, output), bb.mul(output, target));
   return std::make_pair(bb.meanAll(loss), Value());
+}
+
+/// The eval loss and correct-count of a batch whose samples (dim 0) carry
+/// weights `weight` ([N] f32: 1 for a real sample, 0 for padding that fills a
+/// last partial batch): loss = sum(w_n l_n) / sum(w_n), l_n the mean of sample
+/// n's terms as in buildLoss; correct = sum of w_n-weighted hits. With all
+/// weights 1 this is buildLoss's value. Null when the loss has no per-sample
+/// form (the model's own scalar, or an output without the batch on dim 0).
+FailureOr<std::pair<Value, Value>> buildWeightedEvalLoss(Builder &bb, const LossSpec &spec,
+                                                         Value output, Value label,
+                                                         Value weight, bool wantCorrect) {
+  OpBuilder &b = bb.b;
+  Location loc = bb.loc;
+  Type f32 = b.getF32Type();
+  auto type = cast<RankedTensorType>(output.getType());
+  int64_t n = cast<RankedTensorType>(weight.getType()).getDimSize(0);
+  // Per-sample terms as [N, terms] f32, weighted by w[N, 1] and summed.
+  Value w = bb.reshape(weight, {n, 1});
+  Value denominator;
+  auto weightedMean = [&](Value terms) {
+    int64_t count = cast<RankedTensorType>(terms.getType()).getNumElements() / n;
+    Value perSample = bb.reshape(bb.castTo(terms, f32), {n, count});
+    denominator = bb.mulScalar(bb.sumAll(weight), static_cast<double>(count));
+    return bb.div(bb.sumAll(bb.mul(perSample, w)), denominator);
+  };
+  if (spec.kind == "cross_entropy") {
+    ClassRows c = classRows(bb, output, label);
+    Value terms = b.create<NllLossOp>(loc, c.logProb, c.labels, Value(), b.getStringAttr("none"),
+                                      IntegerAttr());
+    Value correct;
+    if (wantCorrect)
+      correct = bb.sumAll(bb.mul(bb.reshape(c.hits(bb), {n, c.rows / n}), w));
+    return std::make_pair(weightedMean(terms), correct);
+  }
+  Value target = bb.castTo(label, type.getElementType());
+  if (spec.kind == "mse") {
+    Value diff = bb.sub(output, target);
+    return std::make_pair(weightedMean(bb.mul(diff, diff)), Value());
+  }
+  Value terms = bb.sub(b.create<SoftplusOp>(loc, output), bb.mul(output, target));
+  return std::make_pair(weightedMean(terms), Value());
 }
 
 class TrainGraphBuilder {
@@ -391,6 +446,7 @@ private:
   std::vector<Param> params, states;
   int64_t outputIndex = -1;
   RankedTensorType labelType;
+  bool unbiasedRunningVar = false; // TrainOptions::unbiasedRunningVar, resolved
 };
 
 LogicalResult TrainGraphBuilder::collectParams(func::FuncOp main) {
@@ -556,12 +612,32 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
         continue;
       if (auto c = dyn_cast<ConstantOp>(op); c && map.contains(c.getResult()))
         continue;
+      // Dropout draws its mask from the step counter (and, per micro-batch,
+      // a distinct key); the backward of `where` reuses the mask.
+      if (auto d = dyn_cast<DropoutOp>(op)) {
+        Value x = map.lookupOrDefault(d.getInput());
+        auto type = cast<RankedTensorType>(x.getType());
+        uint64_t seed = static_cast<uint64_t>(d.getSeed()) ^ (uint64_t(m) * 0x9E3779B97F4A7C15ull);
+        double ratio = d.getRatio().convertToDouble();
+        Value mask = b.create<DropoutMaskOp>(
+            d.getLoc(), entry->getArgument(stepIndex), d.getRatioAttr(),
+            b.getI64IntegerAttr(static_cast<int64_t>(seed)),
+            b.getDenseI64ArrayAttr(type.getShape()));
+        Value scaled = bb.mulScalar(x, 1.0 / (1.0 - ratio));
+        Value zero = b.create<ConstantOp>(
+            d.getLoc(), DenseElementsAttr::get(RankedTensorType::get({}, type.getElementType()),
+                                               b.getFloatAttr(type.getElementType(), 0.0)));
+        map.map(d.getResult(), b.create<WhereOp>(d.getLoc(), mask, scaled, zero).getResult());
+        map.map(d.getMask(), mask);
+        continue;
+      }
       // Batch norm trains on batch statistics and updates its running stats.
       if (auto bn = dyn_cast<BatchNormOp>(op)) {
         auto train = b.create<BatchNormTrainingOp>(
             bn.getLoc(), map.lookupOrDefault(bn.getInput()), map.lookupOrDefault(bn.getScale()),
             map.lookupOrDefault(bn.getBias()), map.lookupOrDefault(bn.getMean()),
-            map.lookupOrDefault(bn.getVar()), bn.getEpsilonAttr(), bn.getMomentumAttr());
+            map.lookupOrDefault(bn.getVar()), bn.getEpsilonAttr(), bn.getMomentumAttr(),
+            b.getBoolAttr(unbiasedRunningVar));
         map.map(bn.getResult(), train.getResult());
         for (auto [i, s] : llvm::enumerate(states)) {
           if (s.constant.getResult() == bn.getMean())
@@ -575,6 +651,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
       }
       Operation *clone = b.clone(op, map);
       if (auto bn = dyn_cast<BatchNormTrainingOp>(clone)) {
+        bn.setUnbiasedVar(unbiasedRunningVar);
         for (auto [i, s] : llvm::enumerate(states)) {
           if (s.constant.getResult() == cast<BatchNormTrainingOp>(op).getRunningMean())
             stateValues[i] = bn.getNewRunningMean();
@@ -709,6 +786,18 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
   unsigned numData = main.getNumArguments();
   if (hasLabel)
     argTypes.push_back(labelType);
+  // Sample weights (forge.sample_weight, [N] f32) let the runtime evaluate a
+  // last partial batch: it pads the batch and gives the padding weight 0.
+  // Needs the batch on dim 0 of the label and the output, and per-sample terms
+  // of equal count.
+  auto outputType = cast<RankedTensorType>(main.getResultTypes()[outputIndex]);
+  int64_t batch = hasLabel && labelType.getRank() > 0 ? labelType.getDimSize(0) : 0;
+  bool weighted = batch > 0 && outputType.getRank() > 0 && outputType.getDimSize(0) == batch &&
+                  outputType.getNumElements() % batch == 0 &&
+                  labelType.getNumElements() % batch == 0;
+  unsigned weightArg = argTypes.size();
+  if (weighted)
+    argTypes.push_back(RankedTensorType::get({batch}, b.getF32Type()));
   unsigned paramBase = argTypes.size();
   for (const Param &p : params)
     argTypes.push_back(p.initial.getType());
@@ -721,6 +810,8 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
     func.setArgAttrs(i, main.getArgAttrDict(i));
   if (hasLabel)
     func.setArgAttr(numData, "forge.name", b.getStringAttr(options.loss.label));
+  if (weighted)
+    func.setArgAttr(weightArg, "forge.name", b.getStringAttr("forge.sample_weight"));
   auto setPersistent = [&](unsigned i, const Param &p, StringRef kind) {
     func.setArgAttr(i, "forge.name", b.getStringAttr(p.name));
     func.setArgAttr(i, "forge.kind", b.getStringAttr(kind));
@@ -745,6 +836,13 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
       continue;
     if (auto c = dyn_cast<ConstantOp>(op); c && map.contains(c.getResult()))
       continue;
+    // Evaluation does not drop.
+    if (auto d = dyn_cast<DropoutOp>(op)) {
+      map.map(d.getResult(), map.lookupOrDefault(d.getInput()));
+      map.map(d.getMask(), b.create<ConstantOp>(d.getLoc(), DenseElementsAttr::get(
+                                                               d.getMask().getType(), true)));
+      continue;
+    }
     // Evaluation uses the running statistics.
     if (auto bn = dyn_cast<BatchNormTrainingOp>(op)) {
       Value y = b.create<BatchNormOp>(bn.getLoc(), map.lookupOrDefault(bn.getInput()),
@@ -762,8 +860,12 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
   auto ret = cast<func::ReturnOp>(main.getBody().front().getTerminator());
   Builder bb(b, loc);
   Value output = map.lookup(ret.getOperand(outputIndex));
-  auto loss = buildLoss(bb, options.loss, output, hasLabel ? entry->getArgument(numData) : Value(),
-                        /*wantCorrect=*/options.loss.kind == "cross_entropy");
+  bool wantCorrect = options.loss.kind == "cross_entropy";
+  auto loss = weighted ? buildWeightedEvalLoss(bb, options.loss, output,
+                                               entry->getArgument(numData),
+                                               entry->getArgument(weightArg), wantCorrect)
+                       : buildLoss(bb, options.loss, output,
+                                   hasLabel ? entry->getArgument(numData) : Value(), wantCorrect);
   if (failed(loss))
     return failure();
   SmallVector<Value> results = {loss->first};
@@ -786,6 +888,9 @@ LogicalResult TrainGraphBuilder::run() {
     return module.emitError("no @main function to train");
   if (options.microBatches < 1)
     return main.emitError("--micro-batches must be >= 1");
+  auto producer = module->getAttrOfType<StringAttr>("forge.producer");
+  unbiasedRunningVar = options.unbiasedRunningVar.value_or(
+      producer && producer.getValue().lower().find("pytorch") != std::string::npos);
   for (unsigned i = 0; i < main.getNumResults(); ++i)
     if (auto name = main.getResultAttrOfType<StringAttr>(i, "forge.name");
         name && name.getValue() == options.loss.output)

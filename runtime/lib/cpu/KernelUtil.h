@@ -377,6 +377,7 @@ void registerNormKernels(Registry &r);
 void registerMovementKernels(Registry &r);
 void registerLossKernels(Registry &r);
 void registerBackwardKernels(Registry &r);
+void registerRandomKernels(Registry &r);
 
 /// The registry with every CPU kernel (built on first use).
 const Registry &cpuRegistry();

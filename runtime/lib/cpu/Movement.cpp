@@ -1,5 +1,5 @@
 // Data-movement CPU kernels: constant, reshape, transpose, broadcast, concat,
-// split, slice, pad, tile, gather, gather_elements, trilu and one_hot.
+// split, slice, pad, tile, gather, gather_elements, scatter_elements, trilu and one_hot.
 //
 // Invariants: these kernels never look at element values (except one_hot's
 // indices and constant/pad fill values), so they accept every dtype and move
@@ -414,6 +414,70 @@ Status gatherElementsKernel(KernelContext &ctx) {
   });
 }
 
+/// scatter_elements: a copy of the input, then every update in index order
+/// (sequential: deterministic, and the reductions need no atomics).
+Status scatterElementsKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0], &idx = ctx.inputs[1], &upd = ctx.inputs[2];
+  TensorView &y = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(int64_t axis, ctx.attrs.getInt("axis"));
+  CPU_ASSIGN_OR_RETURN(std::string reduction, ctx.attrs.getString("reduction"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(y, x, "result"));
+  FORGE_RETURN_IF_ERROR(checkSameDType(upd, x, "updates"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  if (axis < 0 || axis >= x.rank() || idx.rank() != x.rank() || upd.shape != idx.shape)
+    return Status::error("scatter_elements needs indices and updates of one shape and the "
+                         "input's rank, and an axis in range; got indices {}, updates {}, axis {}",
+                         shapeString(idx.shape), shapeString(upd.shape), axis);
+  for (int64_t d = 0; d < x.rank(); ++d)
+    if (d != axis && idx.shape[d] > x.shape[d])
+      return Status::error("indices {} exceed the input {} in dim {}", shapeString(idx.shape),
+                           shapeString(x.shape), d);
+  if (reduction != "none" && reduction != "add" && reduction != "mul" && reduction != "max" &&
+      reduction != "min")
+    return Status::error("scatter_elements reduction must be none, add, mul, max or min, got "
+                         "'{}'", reduction);
+  CPU_ASSIGN_OR_RETURN(std::vector<int64_t> indices, readIndices(idx, x.shape[axis]));
+  if (y.data != x.data)
+    std::memcpy(y.data, x.data, x.bytes());
+  const std::vector<int64_t> strides = contiguousStrides(x.shape);
+  std::vector<int64_t> pos(idx.rank(), 0);
+  auto target = [&](int64_t i) { // output offset of update i (pos: its coordinates)
+    int64_t off = 0;
+    for (int64_t d = 0; d < idx.rank(); ++d)
+      off += (d == axis ? indices[i] : pos[d]) * strides[d];
+    for (int64_t d = idx.rank() - 1; d >= 0 && ++pos[d] == idx.shape[d]; --d)
+      pos[d] = 0;
+    return off;
+  };
+  if (reduction == "none")
+    return visitBySize(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T *u = upd.as<const T>();
+      T *out = y.as<T>();
+      for (int64_t i = 0; i < idx.numel(); ++i)
+        out[target(i)] = u[i];
+      return Status::ok();
+    });
+  return visitNumeric(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *u = upd.as<const T>();
+    T *out = y.as<T>();
+    for (int64_t i = 0; i < idx.numel(); ++i) {
+      T &o = out[target(i)];
+      auto a = load(o), b = load(u[i]);
+      if (reduction == "add")
+        o = store<T>(wrapAdd(a, b));
+      else if (reduction == "mul")
+        o = store<T>(wrapMul(a, b));
+      else if (reduction == "max")
+        o = b > a ? u[i] : o;
+      else
+        o = b < a ? u[i] : o;
+    }
+    return Status::ok();
+  });
+}
+
 //===----------------------------------------------------------------------===//
 // trilu, one_hot
 //===----------------------------------------------------------------------===//
@@ -521,6 +585,7 @@ void registerMovementKernels(Registry &r) {
   r.add("tile", &tileKernel, 1, 1);
   r.add("gather", &gatherKernel, 2, 2);
   r.add("gather_elements", &gatherElementsKernel, 2, 2);
+  r.add("scatter_elements", &scatterElementsKernel, 3, 3);
   r.add("trilu", &triluKernel, 1, 1);
   r.add("one_hot", &oneHotKernel, 1, 1);
 }

@@ -7,7 +7,7 @@
 // have any float dtype, independently of the input's; channel dim is 1.
 // batch_norm_training follows ONNX BatchNormalization training_mode:
 // running = running * momentum + batch_stat * (1 - momentum), with the
-// biased batch variance.
+// biased batch variance, or the unbiased one with `unbiased_var` (PyTorch).
 #include "KernelUtil.h"
 
 #include <algorithm>
@@ -64,6 +64,7 @@ Status batchNormTrainingKernel(KernelContext &ctx) {
   TensorView &y = ctx.outputs[0];
   CPU_ASSIGN_OR_RETURN(double eps, ctx.attrs.getFloat("epsilon"));
   CPU_ASSIGN_OR_RETURN(double momentum, ctx.attrs.getFloat("momentum"));
+  bool unbiased = ctx.attrs.has("unbiased_var") && *ctx.attrs.getInt("unbiased_var") != 0;
   CPU_ASSIGN_OR_RETURN(ChannelLayout l, channelLayout(x));
   FORGE_RETURN_IF_ERROR(checkDType(y, x.dtype, "result"));
   FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
@@ -85,11 +86,15 @@ Status batchNormTrainingKernel(KernelContext &ctx) {
     return Status::ok();
   }));
   std::vector<double> a(l.c), b(l.c), newMean(l.c), newVar(l.c);
+  // PyTorch's running variance takes the unbiased batch variance (M values per channel).
+  const int64_t count = l.n * l.plane;
+  const double correction =
+      unbiased && count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
   for (int64_t c = 0; c < l.c; ++c) {
     a[c] = scale[c] / std::sqrt(var[c] + eps);
     b[c] = bias[c] - mean[c] * a[c];
     newMean[c] = runMean[c] * momentum + mean[c] * (1.0 - momentum);
-    newVar[c] = runVar[c] * momentum + var[c] * (1.0 - momentum);
+    newVar[c] = runVar[c] * momentum + var[c] * correction * (1.0 - momentum);
   }
   FORGE_RETURN_IF_ERROR(storeParam(ctx.outputs[1], newMean, "new_running_mean"));
   FORGE_RETURN_IF_ERROR(storeParam(ctx.outputs[2], newVar, "new_running_var"));

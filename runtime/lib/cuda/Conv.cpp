@@ -192,34 +192,51 @@ Status ConvPlan::tune(const std::vector<const void *> &in, void *out, void *work
   cudaEvent_t start = nullptr, stop = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess)
     return Status::error("cudaEventCreate failed while tuning a convolution");
+  // A candidate that does not run (cuDNN ranks some it then rejects for these
+  // operands) is dropped, not fatal; the step fails only when none runs.
   constexpr int kRuns = 3; // after one untimed run of each candidate
+  std::vector<Candidate> working;
   float best = 0;
-  Candidate chosen = candidates_[0];
-  Status status;
+  Candidate chosen{};
+  Status lastFailure;
   for (const Candidate &c : candidates_) {
     algo_ = c.algo;
     workspace_ = c.workspace;
-    status = run(in, out, workspace); // warm-up (and: does it run at all?)
-    if (!status.isOk())
-      break;
+    Status status = run(in, out, workspace); // warm-up (and: does it run at all?)
+    if (!status.isOk()) {
+      lastFailure = status;
+      continue;
+    }
     cudaEventRecord(start, stream);
     for (int i = 0; i < kRuns && status.isOk(); ++i)
       status = run(in, out, workspace);
     cudaEventRecord(stop, stream);
+    if (!status.isOk()) {
+      lastFailure = status;
+      continue;
+    }
     float ms = 0;
-    if (!status.isOk() || cudaEventSynchronize(stop) != cudaSuccess ||
-        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess)
-      break;
-    if (&c == &candidates_[0] || ms < best) {
+    if (cudaEventSynchronize(stop) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      return Status::error("CUDA error while timing convolution algorithm {}: {}", c.algo,
+                           cudaGetErrorString(cudaGetLastError()));
+    }
+    if (working.empty() || ms < best) {
       best = ms;
       chosen = c;
     }
+    working.push_back(c);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+  if (working.empty())
+    return lastFailure;
+  candidates_ = std::move(working);
   algo_ = chosen.algo;
   workspace_ = chosen.workspace;
-  return status;
+  return Status::ok(); // the caller then runs the chosen algorithm
 }
 
 Status ConvPlan::run(const std::vector<const void *> &in, void *out, void *workspace) const {

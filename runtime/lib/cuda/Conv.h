@@ -32,7 +32,8 @@ public:
   /// `in` are the instruction's present inputs in order, `out` its output.
   Status run(const std::vector<const void *> &in, void *out, void *workspace) const;
   /// Times cuDNN's heuristic candidates on the real operands (on `stream`, which
-  /// it synchronizes) and keeps the fastest; the first call only. Overwrites
+  /// it synchronizes) and keeps the fastest; the first call only. A candidate
+  /// that fails to run is dropped; it fails only when none runs. Overwrites
   /// `out`, so the caller runs the convolution afterwards.
   Status tune(const std::vector<const void *> &in, void *out, void *workspace,
               cudaStream_t stream);

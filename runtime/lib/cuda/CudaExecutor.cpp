@@ -90,6 +90,10 @@ struct Step {
   std::vector<CUdeviceptr> args;
   std::vector<void *> params;
   std::vector<std::pair<void *, size_t>> zero; // outputs cleared before the launch
+  // KernelLaunch.copy_input: output 0 starts as input 0 (destination, source, bytes).
+  void *copyTo = nullptr;
+  const void *copyFrom = nullptr;
+  size_t copyBytes = 0;
   // Kernels that check their data: the fault word and the code naming this
   // instruction (heap-held: params point at them while Steps move).
   struct FaultArgs {
@@ -151,8 +155,11 @@ struct CudaExecutor::Impl {
   uint64_t deviceBytes = 0;
   void *workspace = nullptr;
   // The fault word: a checking kernel stores its instruction's code here when
-  // its data is bad (an index out of range, ...). Zeroed at the start of each
-  // run and read back with its outputs, by parity.
+  // its data is bad (an index out of range, ...). Zeroed once, when the device
+  // memory is, and never by a run: it is sticky, so the copy read back with
+  // each run's outputs holds every fault of that run and of all runs before
+  // it, and a caller that runs three times before waiting still sees a fault
+  // of the first (a fault fails the executor for good).
   int32_t *faultWord = nullptr;
   const bundle::Program *program = nullptr;
   PinnedBuffer faultStage[2];
@@ -215,6 +222,10 @@ struct CudaExecutor::Impl {
     case Step::Kernel: {
       for (const auto &[ptr, bytes] : s.zero)
         CUDA_TRY(cudaMemsetAsync(ptr, 0, bytes, compute), "zeroing a kernel's output");
+      if (s.copyBytes && s.copyTo != s.copyFrom)
+        CUDA_TRY(cudaMemcpyAsync(s.copyTo, s.copyFrom, s.copyBytes, cudaMemcpyDeviceToDevice,
+                                 compute),
+                 "copying a kernel's input into its output");
       CUresult r = driver->cuLaunchKernel(s.function, s.grid, 1, 1, s.block, 1, 1, 0, compute,
                                           s.params.data(), nullptr);
       if (r != CUDA_SUCCESS)
@@ -268,7 +279,6 @@ struct CudaExecutor::Impl {
     auto mark = [&](size_t i, cudaStream_t stream) {
       return mode.timing ? cudaEventRecord((*mode.timing)[i], stream) : cudaSuccess;
     };
-    CUDA_TRY(cudaMemsetAsync(faultWord, 0, sizeof(int32_t), compute), "clearing the fault word");
     // Inputs: the copy stream waits for earlier compute (the arena is reused).
     CUDA_TRY(cudaEventRecord(startEvent, compute), "event record");
     CUDA_TRY(cudaStreamWaitEvent(copy, startEvent, 0), "stream wait");
@@ -341,8 +351,9 @@ struct CudaExecutor::Impl {
     return runFault(origin, lastParity);
   }
 
-  /// The fault a checking kernel reported in the run of `parity` (after it
-  /// completed): names the instruction and what its kernel found.
+  /// The fault a checking kernel reported in the run of `parity` or any run
+  /// before it (the word is sticky; read after that run completed): names the
+  /// instruction and what its kernel found.
   Status runFault(const std::string &origin, int parity) const {
     if (runs == 0 || !faultStage[parity])
       return Status::ok();
@@ -622,6 +633,14 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           s.args.push_back(reinterpret_cast<CUdeviceptr>(im.devicePtr[t]));
           if (inst.launch().zero_outputs())
             s.zero.push_back({im.devicePtr[t], byteSize(p.tensors(t))});
+        }
+        if (inst.launch().copy_input()) {
+          if (inst.inputs_size() < 1 || inst.inputs(0) < 0 || inst.outputs_size() < 1 ||
+              byteSize(p.tensors(inst.inputs(0))) != byteSize(p.tensors(inst.outputs(0))))
+            return fail("copy_input needs input 0 and output 0 of one byte size");
+          s.copyFrom = im.devicePtr[inst.inputs(0)];
+          s.copyTo = im.devicePtr[inst.outputs(0)];
+          s.copyBytes = byteSize(p.tensors(inst.outputs(0)));
         }
         for (CUdeviceptr &a : s.args)
           s.params.push_back(&a);

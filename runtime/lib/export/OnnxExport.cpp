@@ -13,7 +13,7 @@
 #include <map>
 
 #include <fmt/ranges.h>
-#include <onnx/onnx_pb.h>
+#include "forge_onnx.pb.h" // onnx.proto, package forge_onnx (runtime/CMakeLists.txt)
 
 #include "forge/runtime/FileUtil.h"
 
@@ -23,7 +23,7 @@ namespace {
 
 /// ONNX TensorProto.DataType of a bundle dtype (0 when none).
 int onnxTypeOf(DType t) {
-  using TP = onnx::TensorProto;
+  using TP = forge_onnx::TensorProto;
   switch (t) {
   case bundle::F32:
     return TP::FLOAT;
@@ -60,7 +60,7 @@ int onnxTypeOf(DType t) {
 
 Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::string &outPath,
                                       const Executor &ex) {
-  onnx::ModelProto model;
+  forge_onnx::ModelProto model;
   {
     std::ifstream in(sourcePath, std::ios::binary);
     if (!in)
@@ -75,10 +75,10 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
 
   OnnxExportReport report;
   std::map<std::string, bool> used;
-  onnx::GraphProto *graph = model.mutable_graph();
+  forge_onnx::GraphProto *graph = model.mutable_graph();
   // Check everything first, then modify.
-  std::vector<std::pair<onnx::TensorProto *, int32_t>> updates;
-  for (onnx::TensorProto &init : *graph->mutable_initializer()) {
+  std::vector<std::pair<forge_onnx::TensorProto *, int32_t>> updates;
+  for (forge_onnx::TensorProto &init : *graph->mutable_initializer()) {
     auto it = byName.find(init.name());
     if (it == byName.end())
       continue;
@@ -90,14 +90,40 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
       return Status::error("{}: initializer '{}' has ONNX element type {}, the bundle's tensor is "
                            "{}; cannot export it",
                            sourcePath, init.name(),
-                           onnx::TensorProto::DataType_Name(
-                               static_cast<onnx::TensorProto::DataType>(init.data_type())),
+                           forge_onnx::TensorProto::DataType_Name(
+                               static_cast<forge_onnx::TensorProto::DataType>(init.data_type())),
                            dtypeName(info.dtype()));
     if (dims != shape)
       return Status::error("{}: initializer '{}' has dims {}, the bundle's tensor {}", sourcePath,
                            init.name(), shapeString(dims), shapeString(shape));
     updates.emplace_back(&init, it->second);
     used[init.name()] = true;
+  }
+  // Parameters that forgec untied (an exporter had merged them into one
+  // initializer, leaving Identity(initializer) nodes named after them): each
+  // such Identity becomes an initializer of its own with the trained value.
+  std::map<std::string, const forge_onnx::TensorProto *> initByName;
+  for (const forge_onnx::TensorProto &init : graph->initializer())
+    initByName.emplace(init.name(), &init);
+  std::vector<std::pair<int, int32_t>> untied; // (Identity node index, tensor)
+  for (int i = 0; i < graph->node_size(); ++i) {
+    const forge_onnx::NodeProto &node = graph->node(i);
+    if (node.op_type() != "Identity" || node.input_size() != 1 || node.output_size() != 1)
+      continue;
+    auto it = byName.find(node.output(0));
+    auto source = initByName.find(node.input(0));
+    if (it == byName.end() || used.count(node.output(0)) || source == initByName.end())
+      continue;
+    const bundle::TensorInfo &info = ex.tensorInfo(it->second);
+    std::vector<int64_t> dims(source->second->dims().begin(), source->second->dims().end());
+    std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
+    if (source->second->data_type() != onnxTypeOf(info.dtype()) || dims != shape)
+      return Status::error("{}: '{}' (Identity of initializer '{}') does not match the bundle's "
+                           "tensor ({}{}); cannot export it",
+                           sourcePath, node.output(0), node.input(0), dtypeName(info.dtype()),
+                           shapeString(shape));
+    untied.emplace_back(i, it->second);
+    used[node.output(0)] = true;
   }
   for (const auto &[tensor, t] : updates) {
     TensorView v = ex.view(t);
@@ -111,6 +137,19 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
     tensor->clear_data_location();
     tensor->set_raw_data(v.data, v.bytes());
     report.replaced.push_back(tensor->name());
+  }
+  for (auto it = untied.rbegin(); it != untied.rend(); ++it) { // back to front: indices hold
+    const auto [index, t] = *it;
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    const forge_onnx::TensorProto *source = initByName.at(graph->node(index).input(0));
+    forge_onnx::TensorProto *init = graph->add_initializer();
+    init->set_name(info.name());
+    init->set_data_type(source->data_type());
+    *init->mutable_dims() = source->dims();
+    TensorView v = ex.view(t);
+    init->set_raw_data(v.data, v.bytes());
+    graph->mutable_node()->DeleteSubrange(index, 1);
+    report.replaced.push_back(info.name());
   }
   for (int32_t t : ex.persistentTensors()) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);

@@ -3,7 +3,7 @@
 
   node_model.py OUT.onnx OP IN:DTYPE:DIMS... -- OUT:DTYPE:DIMS [attr=int...]
   e.g. node_model.py m.onnx Div a:int32:4 b:int32:4 -- q:int32:4
-DIMS are x-separated ('2x3'); '' is a scalar.
+DIMS are x-separated ('2x3'); '' is a scalar; a non-numeric dim is symbolic ('Nx3').
 """
 import sys
 
@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, save
 
 def value(spec):
     name, dtype, dims = spec.split(":")
-    shape = [int(d) for d in dims.split("x")] if dims else []
+    shape = [int(d) if d.isdigit() else d for d in dims.split("x")] if dims else []
     return helper.make_tensor_value_info(name, getattr(TensorProto, dtype.upper()), shape)
 
 

@@ -482,6 +482,14 @@ std::vector<Case> allCases() {
          {I("axis", 1)}));
   add(mk("gather_elements", "axis0_repeats", {var({3, 4}), ints({2, 4}, {0, 1, 2, 0, 0, 1, 2, 2})},
          {I("axis", 0)}));
+  // scatter_elements: unique indices for none (repeated ones are unspecified);
+  // add takes repeats (both updates reach the same element).
+  add(mk("scatter_elements", "none_axis1",
+         {var({3, 4}), ints({3, 2}, {0, 3, 1, 2, -1, 0}), var({3, 2})},
+         {I("axis", 1), S("reduction", "none")}));
+  add(mk("scatter_elements", "add_axis0_repeats",
+         {var({3, 4}), ints({2, 4}, {0, 1, 2, 0, 0, 1, 2, 2}), var({2, 4})},
+         {I("axis", 0), S("reduction", "add")}));
   add(mk("trilu", "upper", {var({4, 5})}, {B("upper", true), I("k", 0)}));
   add(mk("trilu", "lower_batched", {var({2, 3, 3})}, {B("upper", false), I("k", -1)}));
   add(mk("trilu", "upper_offset", {var({3, 4})}, {B("upper", true), I("k", 2)}));

@@ -59,6 +59,7 @@ struct KernelLaunch {
   std::string name;
   int64_t grid = 1, block = 1;
   bool zeroOutputs = false; // accumulates into its outputs with atomics
+  bool copyInput = false;   // output 0 starts as a copy of input 0 (scatters update it)
   std::string fault;        // non-empty: reports bad data via the fault word (what it found)
 };
 

@@ -216,9 +216,16 @@ def Forge_BatchNormOp : Forge_Op<"batch_norm", "BatchNormalization", FusionReduc
 
 def Forge_BatchNormTrainingOp : Forge_Op<"batch_norm_training", "BatchNormalization", FusionReduction, PrecisionKeepFP32, 1> {
   let summary = "Training-mode batch normalization: batch statistics, updated running stats";
+  let description = [{
+    Normalizes with the batch's mean and biased variance. The running variance
+    is updated from the biased batch variance (ONNX's rule) or, with
+    `unbiased_var`, from the unbiased one, M / (M - 1) times it for M values
+    per channel (PyTorch's rule).
+  }];
   let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$scale, AnyForgeTensor:$bias,
                        AnyForgeTensor:$running_mean, AnyForgeTensor:$running_var,
-                       F64Attr:$epsilon, F64Attr:$momentum);
+                       F64Attr:$epsilon, F64Attr:$momentum,
+                       DefaultValuedAttr<BoolAttr, "false">:$unbiased_var);
   let results = (outs AnyForgeTensor:$result, AnyForgeTensor:$new_running_mean,
                       AnyForgeTensor:$new_running_var);
   let assemblyFormat = "$input `,` $scale `,` $bias `,` $running_mean `,` $running_var attr-dict `:` functional-type(operands, results)";
@@ -396,6 +403,25 @@ def Forge_GatherElementsOp : Forge_Op<"gather_elements", "GatherElements", Fusio
   let assemblyFormat = "$input `,` $indices attr-dict `:` functional-type(operands, results)";
 }
 
+def Forge_ScatterElementsOp : Forge_Op<"scatter_elements", "ScatterElements,ScatterND",
+                                      FusionShape, PrecisionFollowsInput, 1> {
+  let summary = "`input` with `updates` written (or combined) at `indices` along `axis`";
+  let description = [{
+    result = input; then for every element u of `updates` at position p,
+    result[p with p[axis] = indices[p]] = u, or combined with it by
+    `reduction` (add, mul, max, min). Indices count from the end when
+    negative. With reduction none and repeated indices, which update lands is
+    unspecified (ONNX). ScatterND imports as this op on a flattened input.
+    Gradients: none and add only (input: the cotangent, zeroed where written
+    for none; updates: gather_elements of it).
+  }];
+  let arguments = (ins AnyForgeTensor:$input, TensorOf<[I32, I64]>:$indices,
+                       AnyForgeTensor:$updates, I64Attr:$axis, StrAttr:$reduction);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input `,` $indices `,` $updates attr-dict `:` functional-type(operands, results)";
+  let opsetMin = 11;
+}
+
 def Forge_TriluOp : Forge_Op<"trilu", "Trilu", FusionElementwise, PrecisionFollowsInput, 1> {
   let summary = "Keep the upper (or lower) triangle of the last two dims, offset by k";
   let arguments = (ins AnyForgeTensor:$input, BoolAttr:$upper, I64Attr:$k);
@@ -409,6 +435,40 @@ def Forge_OneHotOp : Forge_Op<"one_hot", "OneHot", FusionElementwise, PrecisionF
                        F64Attr:$off_value, F64Attr:$on_value, TypeAttr:$dtype);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$indices attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Dropout
+//===----------------------------------------------------------------------===//
+
+def Forge_DropoutOp : Forge_Op<"dropout", "Dropout", FusionOpaque, PrecisionFollowsInput, 0> {
+  let summary = "Dropout as imported for training (identity outside train_step)";
+  let description = [{
+    A training-mode ONNX Dropout with a nonzero `ratio`. The training graph
+    builder replaces it: in `train_step` by `dropout_mask` on the step counter
+    and `where(mask, input / (1 - ratio), 0)`, in `eval` by the identity
+    (mask all true). Inference imports never create it; run as it is (the CPU
+    kernel) it is that identity. `seed` keys its masks (the ONNX
+    attribute, else a hash of the node's name).
+  }];
+  let arguments = (ins AnyForgeTensor:$input, F64Attr:$ratio, I64Attr:$seed);
+  let results = (outs AnyForgeTensor:$result, TensorOf<[I1]>:$mask);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_DropoutMaskOp : Forge_Op<"dropout_mask", "Dropout", FusionOpaque, PrecisionFollowsInput, 0> {
+  let summary = "Dropout's keep mask from a counter-based RNG (Philox4x32-10)";
+  let description = [{
+    Element i of the [shape] result is kept (true) when 32-bit word i % 4 of
+    Philox4x32-10(key = seed, counter = (i / 4 low, i / 4 high, step, 0)) is
+    at least round(ratio * 2^32): independent of device, thread count and
+    launch shape, so the CPU and CUDA kernels give bit-identical masks.
+    `step` is train_step's step counter (f32 scalar, an integer value).
+  }];
+  let arguments = (ins AnyForgeTensor:$step, F64Attr:$ratio, I64Attr:$seed,
+                       DenseI64ArrayAttr:$shape);
+  let results = (outs TensorOf<[I1]>:$result);
+  let assemblyFormat = "$step attr-dict `:` functional-type(operands, results)";
 }
 
 // Backward-only ops (created by gradient rules).

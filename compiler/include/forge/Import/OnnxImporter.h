@@ -45,6 +45,14 @@ struct ImportOptions {
   /// `forge.external_weights` maps each name to [location, offset, length,
   /// crc32 or -1 when the file was absent]. Needs keepFloatInitializers.
   bool externalWeights = false;
+  /// Training: torch.onnx.export (eval mode, its default) merges parameters
+  /// of equal value (every zero bias, every LayerNorm weight of ones) into one
+  /// initializer and leaves `Identity` nodes named after the others. With this
+  /// set, each Identity of a float initializer becomes its own initializer
+  /// (so its own parameter) with the shared value; the module attribute
+  /// `forge.untied_initializers` maps each new name to the shared one. Truly
+  /// tied weights (no Identity) stay tied. Needs keepFloatInitializers.
+  bool untieSharedInitializers = false;
 };
 
 /// Imports an ONNX model file. Errors are reported through the context's

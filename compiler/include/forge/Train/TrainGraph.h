@@ -11,6 +11,7 @@
 #ifndef FORGE_TRAIN_TRAINGRAPH_H
 #define FORGE_TRAIN_TRAINGRAPH_H
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,10 @@ struct TrainOptions {
   /// clipping) as train_step outputs `forge.grad.<name>` (for parity tests
   /// and debugging; it keeps the gradients alive, so it costs memory).
   bool exposeGradients = false;
+  /// BatchNorm's running variance from the unbiased batch variance (PyTorch)
+  /// rather than the biased one (ONNX's rule). Unset: unbiased when the
+  /// module's `forge.producer` is PyTorch.
+  std::optional<bool> unbiasedRunningVar;
 };
 
 /// Parses "kind:key=value,..." option strings; errors name the bad part.

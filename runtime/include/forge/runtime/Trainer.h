@@ -46,7 +46,7 @@ struct StepResult {
 };
 
 struct EvalResult {
-  double loss = 0;                 // mean over the full batches
+  double loss = 0;                 // mean over the evaluated samples
   std::optional<double> accuracy;  // sum(forge.correct) / labels, when the bundle has it
   int64_t samples = 0, batches = 0;
 };
@@ -78,7 +78,9 @@ public:
   int inFlight() const { return inFlight_; }
   /// FLOPs of one train_step by the compiler's cost model (0 if unknown).
   double flopsPerStep() const { return flopsPerStep_; }
-  /// Mean loss (and accuracy) over every full batch of the eval data.
+  /// Mean loss (and accuracy) over every sample of the eval data (a last
+  /// partial batch included, when the bundle's eval routine takes
+  /// forge.sample_weight; else over the full batches).
   Expected<EvalResult> evaluate();
   bool hasEval() const { return evalData_ != nullptr; }
 
@@ -131,6 +133,8 @@ private:
   int32_t stepInput_ = -1;
   int64_t batch_ = 0, micro_ = 1, evalBatch_ = 0, step_ = 0, tokensPerStep_ = 0;
   int64_t evalLabelElements_ = 0;
+  int32_t evalWeight_ = -1; // eval input forge.sample_weight (-1: none)
+  static constexpr const char *kSampleWeight = "forge.sample_weight";
   double flopsPerStep_ = 0;
   int inFlight_ = 0; // launched, not collected
   std::vector<std::vector<void *>> microOuts_; // [k][field] -> input buffer

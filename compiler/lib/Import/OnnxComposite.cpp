@@ -1,0 +1,1202 @@
+//===- OnnxComposite.cpp - ONNX ops imported as compositions ---------------===//
+//
+// ONNX ops that Forge imports as a few forge primitives rather than as ops of
+// their own: the rarer reductions, ArgMin, Hardmax, DepthToSpace/SpaceToDepth,
+// GatherND, ScatterElements/ScatterND (on forge.scatter_elements), Resize and
+// Upsample (constant interpolation matrices), small activations (Softsign, Mish,
+// Celu, Shrink, Sign, PRelu), normalizations (MeanVarianceNormalization,
+// LpNormalization, LRN), Lp pools, CenterCropPad, EyeLike, ReverseSequence,
+// and opset 23's RMSNormalization, RotaryEmbedding and Attention.
+//
+// Invariants: every rule builds existing forge ops through NodeImporter (type
+// inference and verification per op, errors naming the node), so its gradient
+// is the chain of the primitives' checked rules and every device runs it with
+// the primitives' kernels. A composite follows the ONNX function body or
+// reference where one exists (RMSNormalization's stash type, for instance), so
+// the `_expanded` conformance tests and the plain ones agree.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ImportContext.h"
+
+#include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/STLExtras.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <optional>
+
+using namespace mlir;
+using namespace mlir::forge;
+using namespace mlir::forge::onnx_import;
+
+namespace {
+
+RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
+
+/// Sets output `index` from `v`, propagating a failure.
+LogicalResult out(NodeImporter &n, FailureOr<Value> v, int64_t index = 0) {
+  if (failed(v))
+    return failure();
+  return n.setOutput(index, *v);
+}
+
+/// Chains creates: each step's failure (already reported on the node) ends it.
+#define FORGE_TRY(var, expr)                                                                       \
+  auto var##OrFailure = (expr);                                                                    \
+  if (failed(var##OrFailure))                                                                      \
+    return failure();                                                                              \
+  Value var = *var##OrFailure
+
+/// A reduction's axes as ReduceX defines them (input 1 from opset 18, else the
+/// attribute; none: all axes, or no reduction with noop_with_empty_axes).
+struct ReduceSpec {
+  SmallVector<int64_t> axes;
+  bool keepdims = true;
+  bool noop = false; // noop_with_empty_axes and no axes: the input, transformed
+};
+
+FailureOr<ReduceSpec> reduceSpec(NodeImporter &n, RankedTensorType x) {
+  ReduceSpec s;
+  auto axesOpt = axesOf(n, 1);
+  if (failed(axesOpt))
+    return failure();
+  s.keepdims = n.intAttr("keepdims", 1) != 0;
+  if (*axesOpt && !(*axesOpt)->empty()) {
+    auto norm = normAxes(n, **axesOpt, std::max<int64_t>(x.getRank(), 1));
+    if (failed(norm))
+      return failure();
+    s.axes = *norm;
+  } else if (n.intAttr("noop_with_empty_axes", 0)) {
+    s.noop = true;
+  } else {
+    for (int64_t d = 0; d < x.getRank(); ++d)
+      s.axes.push_back(d);
+  }
+  return s;
+}
+
+FailureOr<Value> reduce(NodeImporter &n, StringRef op, Value x, ArrayRef<int64_t> axes,
+                        bool keepdims) {
+  return n.create1(op, {x}, {n.ints("axes", axes), n.flag("keepdims", keepdims)});
+}
+
+/// ReduceSumSquare, ReduceL1, ReduceLogSum: sum(transform(x)), then `post`.
+OpRule sumOf(StringRef pre, StringRef post) {
+  std::string preOp = pre.str(), postOp = post.str();
+  return [preOp, postOp](NodeImporter &n) -> LogicalResult {
+    auto x = n.inputType(0);
+    if (!x)
+      return n.error() << "missing input";
+    auto spec = reduceSpec(n, x);
+    if (failed(spec))
+      return failure();
+    Value t = n.input(0);
+    if (preOp == "square") {
+      FORGE_TRY(sq, n.create1("mul", {t, t}));
+      t = sq;
+    } else if (!preOp.empty()) {
+      FORGE_TRY(v, n.create1(preOp, {t}));
+      t = v;
+    }
+    if (!spec->noop) {
+      FORGE_TRY(sum, reduce(n, "reduce_sum", t, spec->axes, spec->keepdims));
+      t = sum;
+    }
+    if (!postOp.empty())
+      return out(n, n.create1(postOp, {t}));
+    return n.setOutput(0, t);
+  };
+}
+
+/// ReduceLogSumExp = m + log(sum(exp(x - m))), m = max over the axes: no
+/// overflow for large x. The gradient through m cancels (it is softmax).
+LogicalResult importReduceLogSumExp(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x)
+    return n.error() << "missing input";
+  if (!isa<FloatType>(x.getElementType()))
+    return n.error() << "ReduceLogSumExp needs a float input";
+  auto spec = reduceSpec(n, x);
+  if (failed(spec))
+    return failure();
+  if (spec->noop) // log(exp(x)) over no axes
+    return n.setOutput(0, n.input(0));
+  FORGE_TRY(m, reduce(n, "reduce_max", n.input(0), spec->axes, true));
+  FORGE_TRY(shifted, n.create1("sub", {n.input(0), m}));
+  FORGE_TRY(e, n.create1("exp", {shifted}));
+  FORGE_TRY(s, reduce(n, "reduce_sum", e, spec->axes, spec->keepdims));
+  FORGE_TRY(l, n.create1("log", {s}));
+  Value mk = m;
+  if (!spec->keepdims) {
+    FORGE_TRY(r, n.reshape(m, typeOf(l).getShape()));
+    mk = r;
+  }
+  return out(n, n.create1("add", {l, mk}));
+}
+
+/// ArgMin = ArgMax of an order-reversing map: -x for floats, -1 - x (= ~x) for
+/// signed and MAX - x for unsigned integers (neither overflows); ties keep
+/// their order, so select_last_index carries over.
+LogicalResult importArgMin(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x)
+    return n.error() << "missing input";
+  auto axis = normAxis(n, n.intAttr("axis", 0), x.getRank());
+  if (failed(axis))
+    return failure();
+  Type elem = x.getElementType();
+  FailureOr<Value> reversed;
+  if (isa<FloatType>(elem)) {
+    reversed = n.create1("neg", {n.input(0)});
+  } else if (auto it = dyn_cast<IntegerType>(elem); it && it.getWidth() > 1) {
+    // Constants in the tensor's own (signless/unsigned) type; -1 and MAX share their bits.
+    auto t = RankedTensorType::get({}, elem);
+    Value c = n.constant(DenseElementsAttr::get(t, APInt::getAllOnes(it.getWidth())));
+    reversed = n.create1("sub", {c, n.input(0)});
+  } else {
+    return n.error() << "ArgMin of " << elem << " is unsupported";
+  }
+  if (failed(reversed))
+    return failure();
+  return out(n, n.create1("argmax", {*reversed},
+                          {n.i64("axis", *axis), n.flag("keepdims", n.intAttr("keepdims", 1)),
+                           n.flag("select_last_index", n.intAttr("select_last_index", 0))}));
+}
+
+/// Hardmax: one_hot(argmax(x, axis)) in x's type (the first maximum wins).
+/// Before opset 13 the input is coerced to 2-d at `axis` (default 1).
+LogicalResult importHardmax(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x)
+    return n.error() << "missing input";
+  Value in = n.input(0);
+  int64_t rank = x.getRank();
+  auto axis = normAxis(n, n.intAttr("axis", n.opset < 13 ? 1 : -1), rank);
+  if (failed(axis))
+    return failure();
+  int64_t a = *axis;
+  if (n.opset < 13) {
+    int64_t rows = 1, cols = 1;
+    for (int64_t d = 0; d < rank; ++d)
+      (d < a ? rows : cols) *= x.getDimSize(d);
+    FORGE_TRY(flat, n.reshape(in, {rows, cols}));
+    in = flat;
+    a = 1;
+  }
+  auto inType = typeOf(in);
+  FORGE_TRY(am, n.create1("argmax", {in}, {n.i64("axis", a), n.flag("keepdims", false),
+                                           n.flag("select_last_index", false)}));
+  FORGE_TRY(hot, n.create1("one_hot", {am},
+                           {n.i64("depth", inType.getDimSize(a)), n.i64("axis", a),
+                            n.f64("off_value", 0.0), n.f64("on_value", 1.0),
+                            n.named("dtype", TypeAttr::get(x.getElementType()))}));
+  return out(n, n.reshape(hot, x.getShape()));
+}
+
+/// DepthToSpace (DCR or CRD) and SpaceToDepth: reshape, transpose, reshape.
+LogicalResult importDepthToSpace(NodeImporter &n) {
+  auto x = n.inputType(0);
+  int64_t b = n.intAttr("blocksize", 0);
+  if (!x || x.getRank() != 4 || b <= 0 || x.getDimSize(1) % (b * b))
+    return n.error() << "DepthToSpace needs a 4-d input whose channels divide by blocksize^2";
+  int64_t N = x.getDimSize(0), C = x.getDimSize(1), H = x.getDimSize(2), W = x.getDimSize(3);
+  bool crd = n.stringAttr("mode", "DCR") == "CRD";
+  FORGE_TRY(split, n.reshape(n.input(0), crd ? SmallVector<int64_t>{N, C / (b * b), b, b, H, W}
+                                             : SmallVector<int64_t>{N, b, b, C / (b * b), H, W}));
+  FORGE_TRY(moved, n.transpose(split, crd ? SmallVector<int64_t>{0, 1, 4, 2, 5, 3}
+                                          : SmallVector<int64_t>{0, 3, 4, 1, 5, 2}));
+  return out(n, n.reshape(moved, {N, C / (b * b), H * b, W * b}));
+}
+
+LogicalResult importSpaceToDepth(NodeImporter &n) {
+  auto x = n.inputType(0);
+  int64_t b = n.intAttr("blocksize", 0);
+  if (!x || x.getRank() != 4 || b <= 0 || x.getDimSize(2) % b || x.getDimSize(3) % b)
+    return n.error() << "SpaceToDepth needs a 4-d input whose height and width divide by "
+                        "blocksize";
+  int64_t N = x.getDimSize(0), C = x.getDimSize(1), H = x.getDimSize(2), W = x.getDimSize(3);
+  FORGE_TRY(split, n.reshape(n.input(0), {N, C, H / b, b, W / b, b}));
+  FORGE_TRY(moved, n.transpose(split, {0, 3, 5, 1, 2, 4}));
+  return out(n, n.reshape(moved, {N, C * b * b, H / b, W / b}));
+}
+
+/// The k components on the last dim of `index` ([..., k], int32/int64) as one
+/// linear int64 index into the k dims of `data` after its first `batchDims`
+/// ([..., ] = the index's shape without its last dim): negative components
+/// count from their dim's end, and with batch dims each batch's block of
+/// prod(indexed dims) follows the previous one. A component outside its own
+/// range is not detected when the linear index stays in range (the gather's or
+/// scatter's check covers the linear index).
+FailureOr<Value> linearIndex(NodeImporter &n, RankedTensorType data, Value index,
+                             int64_t batchDims) {
+  auto idx = typeOf(index);
+  int64_t q = idx.getRank(), k = idx.getShape().back(), b = batchDims;
+  Type i64 = n.b.getI64Type();
+  FORGE_TRY(wide, n.cast(index, i64));
+  SmallVector<int64_t> dims, strides(k, 1);
+  for (int64_t j = 0; j < k; ++j)
+    dims.push_back(data.getDimSize(b + j));
+  for (int64_t j = k - 2; j >= 0; --j)
+    strides[j] = strides[j + 1] * dims[j + 1];
+  auto vec = [&](ArrayRef<int64_t> v) {
+    return n.constant(DenseElementsAttr::get(RankedTensorType::get({k}, i64), v));
+  };
+  FORGE_TRY(negative, n.create1("less", {wide, n.scalar(i64, 0)}));
+  FORGE_TRY(wrapped, n.create1("add", {wide, vec(dims)}));
+  FORGE_TRY(norm, n.create1("where", {negative, wrapped, wide}));
+  FORGE_TRY(weighted, n.create1("mul", {norm, vec(strides)}));
+  FORGE_TRY(linear, reduce(n, "reduce_sum", weighted, {q - 1}, false));
+  if (b == 0)
+    return linear;
+  int64_t batch = 1, indexed = 1;
+  for (int64_t d = 0; d < b; ++d)
+    batch *= data.getDimSize(d);
+  for (int64_t d : dims)
+    indexed *= d;
+  // + (flat batch position) * indexed, broadcast over the index dims.
+  SmallVector<int64_t> offShape(idx.getShape().take_front(b));
+  offShape.append(q - 1 - b, 1);
+  SmallVector<int64_t> offsets(batch);
+  for (int64_t i = 0; i < batch; ++i)
+    offsets[i] = i * indexed;
+  Value off = n.constant(
+      DenseElementsAttr::get(RankedTensorType::get(offShape, i64), ArrayRef<int64_t>(offsets)));
+  return n.create1("add", {linear, off});
+}
+
+/// GatherND: one gather on the data flattened to [batch * prod(indexed dims),
+/// rest...] at the linear index.
+LogicalResult importGatherND(NodeImporter &n) {
+  auto data = n.inputType(0), idx = n.inputType(1);
+  if (!data || !idx || idx.getRank() < 1)
+    return n.error() << "GatherND needs data and indices of rank >= 1";
+  int64_t b = n.intAttr("batch_dims", 0), r = data.getRank(), q = idx.getRank();
+  int64_t k = idx.getShape().back();
+  if (b < 0 || b >= q || b >= r || k < 0 || b + k > r)
+    return n.error() << "GatherND: batch_dims " << b << " and index depth " << k
+                     << " do not fit data of rank " << r << " and indices of rank " << q;
+  for (int64_t d = 0; d < b; ++d)
+    if (data.getDimSize(d) != idx.getDimSize(d))
+      return n.error() << "GatherND: batch dim " << d << " differs between data and indices";
+  FORGE_TRY(linear, linearIndex(n, data, n.input(1), b));
+  int64_t rows = 1;
+  for (int64_t d = 0; d < b + k; ++d)
+    rows *= data.getDimSize(d);
+  SmallVector<int64_t> flatShape = {rows};
+  flatShape.append(data.getShape().begin() + b + k, data.getShape().end());
+  FORGE_TRY(flat, n.reshape(n.input(0), flatShape));
+  return out(n, n.create1("gather", {flat, linear}, {n.i64("axis", 0)}));
+}
+
+/// ONNX's reduction attribute of the scatters (opset 16+; none before).
+FailureOr<std::string> scatterReduction(NodeImporter &n) {
+  std::string r = n.stringAttr("reduction", "none");
+  if (r != "none" && r != "add" && r != "mul" && r != "max" && r != "min")
+    return n.error() << "unsupported reduction '" << r << "'";
+  return r;
+}
+
+LogicalResult importScatterElements(NodeImporter &n) {
+  auto data = n.inputType(0);
+  if (!data)
+    return n.error() << "missing input";
+  auto axis = normAxis(n, n.intAttr("axis", 0), data.getRank());
+  auto reduction = scatterReduction(n);
+  if (failed(axis) || failed(reduction))
+    return failure();
+  return out(n, n.create1("scatter_elements", {n.input(0), n.input(1), n.input(2)},
+                          {n.i64("axis", *axis), n.str("reduction", *reduction)}));
+}
+
+/// ScatterND as scatter_elements on the data flattened to [prod(indexed dims),
+/// rest]: update row m goes to row linear[m] (the index broadcast over the row).
+LogicalResult importScatterND(NodeImporter &n) {
+  auto data = n.inputType(0), idx = n.inputType(1), upd = n.inputType(2);
+  if (!data || !idx || !upd || idx.getRank() < 1)
+    return n.error() << "ScatterND needs data, indices of rank >= 1 and updates";
+  int64_t k = idx.getShape().back(), r = data.getRank();
+  if (k < 1 || k > r)
+    return n.error() << "ScatterND: index depth " << k << " does not fit data of rank " << r;
+  auto reduction = scatterReduction(n);
+  if (failed(reduction))
+    return failure();
+  int64_t rows = 1, rest = 1, m = idx.getNumElements() / k;
+  for (int64_t d = 0; d < r; ++d)
+    (d < k ? rows : rest) *= data.getDimSize(d);
+  if (upd.getNumElements() != m * rest)
+    return n.error() << "ScatterND: updates hold " << upd.getNumElements() << " values, the "
+                     << "indices address " << m * rest;
+  FORGE_TRY(linear, linearIndex(n, data, n.input(1), 0));
+  FORGE_TRY(column, n.reshape(linear, {m, 1}));
+  FORGE_TRY(index, n.create1("broadcast", {column}, {n.ints("shape", {m, rest})}));
+  FORGE_TRY(flatData, n.reshape(n.input(0), {rows, rest}));
+  FORGE_TRY(flatUpd, n.reshape(n.input(2), {m, rest}));
+  FORGE_TRY(scattered, n.create1("scatter_elements", {flatData, index, flatUpd},
+                                 {n.i64("axis", 0), n.str("reduction", *reduction)}));
+  return out(n, n.reshape(scattered, data.getShape()));
+}
+
+/// RMSNormalization (opset 23) as its function body: in the stash type (f32 by
+/// default), X / sqrt(mean(X^2 over [axis, rank)) + epsilon), cast back to X's
+/// type, times scale.
+LogicalResult importRMSNormalization(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x || !n.input(1))
+    return n.error() << "RMSNormalization needs X and scale";
+  auto axis = normAxis(n, n.intAttr("axis", -1), x.getRank());
+  if (failed(axis))
+    return failure();
+  int64_t stash = n.intAttr("stash_type", 1);
+  if (stash != 1)
+    return n.error() << "RMSNormalization stash_type " << stash << " is unsupported (1: float)";
+  SmallVector<int64_t> axes;
+  for (int64_t d = *axis; d < x.getRank(); ++d)
+    axes.push_back(d);
+  Type f32 = n.b.getF32Type();
+  FORGE_TRY(xs, n.cast(n.input(0), f32));
+  FORGE_TRY(sq, n.create1("mul", {xs, xs}));
+  FORGE_TRY(ms, reduce(n, "reduce_mean", sq, axes, true));
+  FORGE_TRY(mse, n.create1("add", {ms, n.scalar(f32, n.floatAttr("epsilon", 1e-5))}));
+  FORGE_TRY(rms, n.create1("sqrt", {mse}));
+  FORGE_TRY(normalized, n.create1("div", {xs, rms}));
+  FORGE_TRY(back, n.cast(normalized, x.getElementType()));
+  return out(n, n.create1("mul", {back, n.input(1)}));
+}
+
+/// A strided slice of the last dim (the others whole).
+FailureOr<Value> sliceLast(NodeImporter &n, Value v, int64_t start, int64_t end,
+                           int64_t step = 1) {
+  auto t = typeOf(v);
+  SmallVector<int64_t> starts(t.getRank(), 0), ends(t.getShape()), steps(t.getRank(), 1);
+  starts.back() = start;
+  ends.back() = end;
+  steps.back() = step;
+  return n.create1("slice", {v}, {n.ints("starts", starts), n.ints("ends", ends),
+                                  n.ints("steps", steps)});
+}
+
+/// RotaryEmbedding (opset 23), as ONNX's reference: in [batch, seq, heads, head]
+/// layout, the first rotary_embedding_dim channels of each head rotate by the
+/// cached angles (halves, or even/odd channels when interleaved), the rest pass.
+LogicalResult importRotaryEmbedding(NodeImporter &n) {
+  auto x = n.inputType(0), cosType = n.inputType(1);
+  if (!x || !cosType || !n.input(2) || (x.getRank() != 3 && x.getRank() != 4))
+    return n.error() << "RotaryEmbedding needs a 3-d or 4-d input and cos/sin caches";
+  bool interleaved = n.intAttr("interleaved", 0) != 0;
+  int64_t batch = x.getDimSize(0);
+  Value in = n.input(0);
+  if (x.getRank() == 4) { // [B, H, S, D] -> [B, S, H, D]
+    FORGE_TRY(t, n.transpose(in, {0, 2, 1, 3}));
+    in = t;
+  } else {
+    int64_t heads = n.intAttr("num_heads", 0);
+    if (heads <= 0 || x.getDimSize(2) % heads)
+      return n.error() << "RotaryEmbedding of a 3-d input needs num_heads dividing its hidden size";
+    FORGE_TRY(r, n.reshape(in, {batch, x.getDimSize(1), heads, x.getDimSize(2) / heads}));
+    in = r;
+  }
+  auto t4 = typeOf(in);
+  int64_t seq = t4.getDimSize(1), head = t4.getDimSize(3);
+  int64_t rd = n.intAttr("rotary_embedding_dim", 0);
+  if (rd == 0)
+    rd = head;
+  if (rd % 2 || rd > head)
+    return n.error() << "RotaryEmbedding: rotary_embedding_dim " << rd << " must be even and at "
+                     << "most the head size " << head;
+  Value cos = n.input(1), sin = n.input(2);
+  if (n.input(3)) { // caches [max_position, rd/2] indexed by position_ids [B, S]
+    FORGE_TRY(c, n.create1("gather", {cos, n.input(3)}, {n.i64("axis", 0)}));
+    FORGE_TRY(s2, n.create1("gather", {sin, n.input(3)}, {n.i64("axis", 0)}));
+    cos = c;
+    sin = s2;
+  }
+  if (typeOf(cos).getRank() != 3)
+    return n.error() << "RotaryEmbedding: the cos/sin caches must give [batch, seq, dim/2]";
+  FORGE_TRY(cosH, sliceLast(n, cos, 0, rd / 2));
+  FORGE_TRY(sinH, sliceLast(n, sin, 0, rd / 2));
+  FORGE_TRY(cos4, n.reshape(cosH, {batch, seq, 1, rd / 2}));
+  FORGE_TRY(sin4, n.reshape(sinH, {batch, seq, 1, rd / 2}));
+  FORGE_TRY(x1, interleaved ? sliceLast(n, in, 0, rd, 2) : sliceLast(n, in, 0, rd / 2));
+  FORGE_TRY(x2, interleaved ? sliceLast(n, in, 1, rd, 2) : sliceLast(n, in, rd / 2, rd));
+  FORGE_TRY(c1, n.create1("mul", {cos4, x1}));
+  FORGE_TRY(s2v, n.create1("mul", {sin4, x2}));
+  FORGE_TRY(real, n.create1("sub", {c1, s2v}));
+  FORGE_TRY(s1, n.create1("mul", {sin4, x1}));
+  FORGE_TRY(c2, n.create1("mul", {cos4, x2}));
+  FORGE_TRY(imag, n.create1("add", {s1, c2}));
+  Value rotated;
+  if (interleaved) { // channel 2i = real i, 2i+1 = imag i
+    SmallVector<int64_t> pairShape(typeOf(real).getShape());
+    pairShape.push_back(1);
+    FORGE_TRY(re, n.reshape(real, pairShape));
+    FORGE_TRY(im, n.reshape(imag, pairShape));
+    FORGE_TRY(pairs, n.create1("concat", {re, im}, {n.i64("axis", 4)}));
+    FORGE_TRY(flat, n.reshape(pairs, {batch, seq, t4.getDimSize(2), rd}));
+    rotated = flat;
+  } else {
+    FORGE_TRY(cat, n.create1("concat", {real, imag}, {n.i64("axis", 3)}));
+    rotated = cat;
+  }
+  if (rd < head) {
+    FORGE_TRY(pass, sliceLast(n, in, rd, head));
+    FORGE_TRY(whole, n.create1("concat", {rotated, pass}, {n.i64("axis", 3)}));
+    rotated = whole;
+  }
+  if (x.getRank() == 4)
+    return out(n, n.transpose(rotated, {0, 2, 1, 3}));
+  return out(n, n.reshape(rotated, x.getShape()));
+}
+
+/// Attention (opset 23) in primitives: [B, H, S, D] layout (3-d inputs
+/// [B, S, H*D] are split into heads and transposed, as the spec defines; see
+/// onnx/onnx#7118 on the reference's missing transpose), past key/value
+/// concatenated on the sequence, kv heads tiled for grouped queries (as the
+/// reference), Q and K scaled by sqrt(scale) each, boolean/additive mask or
+/// the upper-left causal mask, softcap, softmax over the keys, times V. The
+/// fused-attention work recognizes this pattern (the node name stays the location).
+LogicalResult importAttention(NodeImporter &n) {
+  auto qT = n.inputType(0), kT = n.inputType(1), vT = n.inputType(2);
+  if (!qT || !kT || !vT || qT.getRank() != kT.getRank() || qT.getRank() != vT.getRank() ||
+      (qT.getRank() != 3 && qT.getRank() != 4))
+    return n.error() << "Attention needs Q, K and V of the same rank, 3 or 4";
+  Type elem = qT.getElementType();
+  int64_t batch = qT.getDimSize(0);
+  bool threeD = qT.getRank() == 3;
+  int64_t qHeads = n.intAttr("q_num_heads", 0), kvHeads = n.intAttr("kv_num_heads", 0);
+  auto toHeads = [&](Value v, int64_t heads) -> FailureOr<Value> {
+    auto t = typeOf(v);
+    if (heads <= 0 || t.getDimSize(2) % heads)
+      return n.error() << "Attention of 3-d inputs needs q_num_heads and kv_num_heads dividing "
+                          "the hidden sizes";
+    auto r = n.reshape(v, {batch, t.getDimSize(1), heads, t.getDimSize(2) / heads});
+    if (failed(r))
+      return failure();
+    return n.transpose(*r, {0, 2, 1, 3});
+  };
+  Value q = n.input(0), k = n.input(1), v = n.input(2);
+  if (threeD) {
+    FORGE_TRY(q4, toHeads(q, qHeads));
+    FORGE_TRY(k4, toHeads(k, kvHeads));
+    FORGE_TRY(v4, toHeads(v, kvHeads));
+    q = q4, k = k4, v = v4;
+  }
+  if (n.input(4)) {
+    FORGE_TRY(kc, n.create1("concat", {n.input(4), k}, {n.i64("axis", 2)}));
+    k = kc;
+  }
+  if (n.input(5)) {
+    FORGE_TRY(vc, n.create1("concat", {n.input(5), v}, {n.i64("axis", 2)}));
+    v = vc;
+  }
+  if (n.outputUsed(1))
+    (void)n.setOutput(1, k);
+  if (n.outputUsed(2))
+    (void)n.setOutput(2, v);
+  int64_t hq = typeOf(q).getDimSize(1), hk = typeOf(k).getDimSize(1);
+  if (hq != hk) {
+    if (hq % hk || typeOf(v).getDimSize(1) != hk)
+      return n.error() << "Attention: " << hq << " query heads cannot share " << hk
+                       << " key/value heads";
+    FORGE_TRY(kt, n.create1("tile", {k}, {n.ints("repeats", {1, hq / hk, 1, 1})}));
+    FORGE_TRY(vt, n.create1("tile", {v}, {n.ints("repeats", {1, hq / hk, 1, 1})}));
+    k = kt, v = vt;
+  }
+  int64_t sq = typeOf(q).getDimSize(2), skv = typeOf(k).getDimSize(2);
+  double scale = n.attr("scale") ? n.floatAttr("scale", 1.0)
+                                 : 1.0 / std::sqrt(static_cast<double>(typeOf(q).getDimSize(3)));
+  Value rootScale = n.scalar(elem, std::sqrt(scale));
+  FORGE_TRY(qs, n.create1("mul", {q, rootScale}));
+  FORGE_TRY(ks, n.create1("mul", {k, rootScale}));
+  FORGE_TRY(kTr, n.transpose(ks, {0, 1, 3, 2}));
+  FORGE_TRY(qk, n.create1("matmul", {qs, kTr}));
+  Value scores = qk;
+  int64_t mode = n.intAttr("qk_matmul_output_mode", 0);
+  if (n.intAttr("is_causal", 0)) { // query i sees keys j <= i (upper-left aligned)
+    if (n.input(3))
+      return n.error() << "Attention: is_causal and attn_mask together";
+    SmallVector<bool> allowed(sq * skv);
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t j = 0; j < skv; ++j)
+        allowed[i * skv + j] = j <= i;
+    Value mask = n.constant(DenseElementsAttr::get(
+        RankedTensorType::get({sq, skv}, n.b.getI1Type()), ArrayRef<bool>(allowed)));
+    FORGE_TRY(masked, n.create1("where", {mask, scores, n.scalar(elem, -INFINITY)}));
+    scores = masked;
+  } else if (n.input(3)) {
+    auto maskType = n.inputType(3);
+    FORGE_TRY(masked, maskType.getElementType().isInteger(1)
+                          ? n.create1("where", {n.input(3), scores, n.scalar(elem, -INFINITY)})
+                          : n.create1("add", {scores, n.input(3)}));
+    scores = masked;
+  }
+  Value qkOut = mode == 0 ? qk : scores;
+  if (double softcap = n.floatAttr("softcap", 0.0); softcap > 0) {
+    FORGE_TRY(d, n.create1("div", {scores, n.scalar(elem, softcap)}));
+    FORGE_TRY(th, n.create1("tanh", {d}));
+    FORGE_TRY(capped, n.create1("mul", {th, n.scalar(elem, softcap)}));
+    scores = capped;
+    if (mode == 2)
+      qkOut = scores;
+  }
+  FORGE_TRY(probs, n.create1("softmax", {scores}, {n.i64("axis", 3)}));
+  if (mode == 3)
+    qkOut = probs;
+  if (n.outputUsed(3))
+    (void)n.setOutput(3, qkOut);
+  FORGE_TRY(y, n.create1("matmul", {probs, v}));
+  if (!threeD)
+    return n.setOutput(0, y);
+  auto yT = typeOf(y);
+  FORGE_TRY(yt, n.transpose(y, {0, 2, 1, 3}));
+  return out(n, n.reshape(yt, {batch, sq, yT.getDimSize(1) * yT.getDimSize(3)}));
+}
+
+//===----------------------------------------------------------------------===//
+// Resize / Upsample: separable, one axis at a time, as ONNX's reference. Each
+// output coordinate along an axis is a weighted sum of (edge-clamped) input
+// positions; shapes are static, so the weights are a constant [out, in] matrix
+// (plus a constant for tf_crop_and_resize's extrapolation) and the axis
+// becomes one matmul, or one gather for nearest (exact for every dtype).
+//===----------------------------------------------------------------------===//
+
+struct ResizeSpec {
+  std::string mode = "nearest", coord = "half_pixel", nearest = "round_prefer_floor";
+  double cubicA = -0.75, extrapolation = 0.0;
+  bool excludeOutside = false, antialias = false;
+};
+
+/// Weights of one output coordinate along an axis: (input index, weight)
+/// pairs, or nullopt where tf_crop_and_resize extrapolates.
+std::optional<SmallVector<std::pair<int64_t, double>>>
+resizeWeights(const ResizeSpec &s, int64_t inSize, int64_t outSize, double scale, double roiStart,
+              double roiEnd, int64_t x) {
+  double outWidth = scale * static_cast<double>(inSize), xo = 0, in = static_cast<double>(inSize);
+  const std::string &m = s.coord;
+  if (m == "align_corners") {
+    xo = outWidth == 1 ? 0.0 : x * (in - 1) / (outWidth - 1);
+  } else if (m == "asymmetric") {
+    xo = x / scale;
+  } else if (m == "tf_crop_and_resize") {
+    xo = outWidth == 1 ? (roiEnd - roiStart) * (in - 1) / 2
+                       : x * (roiEnd - roiStart) * (in - 1) / (outWidth - 1);
+    xo += roiStart * (in - 1);
+    if (xo < 0 || xo > in - 1)
+      return std::nullopt;
+  } else if (m == "tf_half_pixel_for_nn") { // deprecated (Resize-11/13)
+    xo = (x + 0.5) / scale;
+  } else if (m == "pytorch_half_pixel") {
+    xo = outWidth == 1 ? -0.5 : (x + 0.5) / scale - 0.5;
+  } else if (m == "half_pixel_symmetric") {
+    double adjustment = static_cast<double>(outSize) / outWidth;
+    xo = in / 2 * (1 - adjustment) + (x + 0.5) / scale - 0.5;
+  } else { // half_pixel
+    xo = (x + 0.5) / scale - 0.5;
+  }
+  double floorX = std::floor(xo);
+  double ratio = xo == floorX ? 1.0 : xo - floorX;
+  SmallVector<double> coeffs;
+  double a = s.cubicA, sc = std::min(scale, 1.0);
+  auto cubic = [&](double t) {
+    t = std::fabs(t);
+    if (t <= 1)
+      return (a + 2) * t * t * t - (a + 3) * t * t + 1;
+    if (t < 2)
+      return a * t * t * t - 5 * a * t * t + 8 * a * t - 4 * a;
+    return 0.0;
+  };
+  auto normalize = [&] {
+    double sum = 0;
+    for (double c : coeffs)
+      sum += c;
+    for (double &c : coeffs)
+      c /= sum;
+  };
+  if (s.mode == "nearest") {
+    bool integral = ratio == 1.0;
+    const std::string &nm = s.nearest;
+    bool second = integral || nm == "ceil" ||
+                  (nm == "round_prefer_floor" && ratio > 0.5) ||
+                  (nm == "round_prefer_ceil" && ratio >= 0.5);
+    coeffs = {second ? 0.0 : 1.0, second ? 1.0 : 0.0};
+  } else if (s.mode == "linear" && !s.antialias) {
+    coeffs = {1 - ratio, ratio};
+  } else if (s.mode == "linear") {
+    int64_t start = static_cast<int64_t>(std::floor(-1 / sc) + 1);
+    for (int64_t i = start; i < start + 2 - 2 * start; ++i)
+      coeffs.push_back(std::clamp(1 - std::fabs((i - ratio) * sc), 0.0, 1.0));
+    normalize();
+  } else if (!s.antialias) { // cubic
+    double r = ratio;
+    coeffs = {((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+              ((a + 2) * r - (a + 3)) * r * r + 1,
+              ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
+              ((a * ((1 - r) + 1) - 5 * a) * ((1 - r) + 1) + 8 * a) * ((1 - r) + 1) - 4 * a};
+  } else {
+    int64_t start = static_cast<int64_t>(std::floor(-2 / sc) + 1);
+    for (int64_t i = start; i < 2 - start; ++i)
+      coeffs.push_back(cubic(sc * (i - ratio)));
+    normalize();
+  }
+  // The n nearest positions of the edge-padded axis (ties to the smaller), as
+  // the reference's _get_neighbor; positions outside [0, in) read the edge.
+  int64_t n = static_cast<int64_t>(coeffs.size()), pad = (n + 1) / 2, limit = inSize + 2 * pad;
+  double xp = xo + pad;
+  SmallVector<int64_t> cand;
+  for (int64_t i = static_cast<int64_t>(std::floor(xp)) - n - 1;
+       i <= static_cast<int64_t>(std::floor(xp)) + n + 1; ++i)
+    if (i >= 0 && i < limit)
+      cand.push_back(i);
+  llvm::sort(cand, [&](int64_t l, int64_t r) {
+    double dl = std::fabs(xp - l), dr = std::fabs(xp - r);
+    return dl != dr ? dl < dr : l < r;
+  });
+  cand.resize(std::min<size_t>(cand.size(), n));
+  llvm::sort(cand);
+  if (s.excludeOutside) {
+    double sum = 0;
+    for (auto [i, c] : llvm::zip(cand, coeffs))
+      if (i - pad < 0 || i - pad >= inSize)
+        c = 0;
+    for (double c : coeffs)
+      sum += c;
+    for (double &c : coeffs)
+      c /= sum;
+  }
+  SmallVector<std::pair<int64_t, double>> w;
+  for (auto [i, c] : llvm::zip(cand, coeffs))
+    w.push_back({std::clamp<int64_t>(i - pad, 0, inSize - 1), c});
+  return w;
+}
+
+/// Resizes `v` along `axis` to `outSize`.
+FailureOr<Value> resizeAxis(NodeImporter &n, const ResizeSpec &s, Value v, int64_t axis,
+                            int64_t outSize, double scale, double roiStart, double roiEnd) {
+  auto t = typeOf(v);
+  int64_t in = t.getDimSize(axis), rank = t.getRank();
+  SmallVector<double> matrix(outSize * in, 0.0), bias(outSize, 0.0);
+  SmallVector<int64_t> nearestIndex(outSize, 0);
+  SmallVector<bool> inside(outSize, true);
+  bool identity = outSize == in, extrapolates = false;
+  for (int64_t x = 0; x < outSize; ++x) {
+    auto w = resizeWeights(s, in, outSize, scale, roiStart, roiEnd, x);
+    if (!w) {
+      inside[x] = false;
+      bias[x] = s.extrapolation;
+      identity = false;
+      extrapolates = true;
+      continue;
+    }
+    for (auto [i, c] : *w) {
+      matrix[x * in + i] += c;
+      if (c != 0)
+        nearestIndex[x] = i;
+    }
+    for (int64_t i = 0; i < in && identity; ++i)
+      identity = matrix[x * in + i] == (i == x ? 1.0 : 0.0);
+  }
+  if (identity)
+    return v;
+  Type elem = t.getElementType();
+  SmallVector<int64_t> outShape(t.getShape());
+  outShape[axis] = outSize;
+  auto biasShape = [&] {
+    SmallVector<int64_t> b(rank, 1);
+    b[axis] = outSize;
+    return b;
+  };
+  if (s.mode == "nearest") {
+    Value idx = n.constant(DenseElementsAttr::get(
+        RankedTensorType::get({outSize}, n.b.getI64Type()), ArrayRef<int64_t>(nearestIndex)));
+    auto g = n.create1("gather", {v, idx}, {n.i64("axis", axis)});
+    if (failed(g) || !extrapolates)
+      return g;
+    Value keep = n.constant(DenseElementsAttr::get(
+        RankedTensorType::get(biasShape(), n.b.getI1Type()), ArrayRef<bool>(inside)));
+    return n.create1("where", {keep, *g, n.scalar(elem, s.extrapolation)});
+  }
+  if (!isa<FloatType>(elem))
+    return n.error() << s.mode << " Resize needs a float input";
+  // out = M x along the axis: move it last, times M^T [in, out], move it back.
+  SmallVector<int64_t> perm;
+  for (int64_t d = 0; d < rank; ++d)
+    if (d != axis)
+      perm.push_back(d);
+  perm.push_back(axis);
+  SmallVector<int64_t> inverse(rank);
+  for (int64_t d = 0; d < rank; ++d)
+    inverse[perm[d]] = d;
+  SmallVector<APFloat> mt;
+  for (int64_t i = 0; i < in; ++i)
+    for (int64_t x = 0; x < outSize; ++x) {
+      APFloat f(matrix[x * in + i]);
+      bool lost;
+      f.convert(cast<FloatType>(elem).getFloatSemantics(), APFloat::rmNearestTiesToEven, &lost);
+      mt.push_back(f);
+    }
+  Value weights =
+      n.constant(DenseElementsAttr::get(RankedTensorType::get({in, outSize}, elem), mt));
+  FORGE_TRY(moved, n.transpose(v, perm));
+  FORGE_TRY(mixed, n.create1("matmul", {moved, weights}));
+  FORGE_TRY(back, n.transpose(mixed, inverse));
+  if (!extrapolates)
+    return back;
+  SmallVector<APFloat> bv;
+  for (double b : bias) {
+    APFloat f(b);
+    bool lost;
+    f.convert(cast<FloatType>(elem).getFloatSemantics(), APFloat::rmNearestTiesToEven, &lost);
+    bv.push_back(f);
+  }
+  Value b = n.constant(DenseElementsAttr::get(RankedTensorType::get(biasShape(), elem), bv));
+  return n.create1("add", {back, b});
+}
+
+/// Resize (opset 10 to 19) and Upsample (opset 7 to 9).
+LogicalResult importResize(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x)
+    return n.error() << "missing input";
+  int64_t rank = x.getRank();
+  bool legacy = n.node.op_type() == "Upsample" || n.opset < 11; // (X, scales), asymmetric
+  ResizeSpec s;
+  s.mode = n.stringAttr("mode", "nearest");
+  if (s.mode == "bilinear") // Upsample-7's name for linear
+    s.mode = "linear";
+  if (s.mode != "nearest" && s.mode != "linear" && s.mode != "cubic")
+    return n.error() << "unsupported mode '" << s.mode << "'";
+  s.coord = legacy ? "asymmetric" : n.stringAttr("coordinate_transformation_mode", "half_pixel");
+  // Before opset 11 the nearest input position is floor(x / scale).
+  s.nearest = legacy ? "floor" : n.stringAttr("nearest_mode", "round_prefer_floor");
+  s.cubicA = n.floatAttr("cubic_coeff_a", -0.75);
+  s.excludeOutside = n.intAttr("exclude_outside", 0) != 0;
+  s.extrapolation = n.floatAttr("extrapolation_value", 0.0);
+  s.antialias = n.intAttr("antialias", 0) != 0;
+  if (s.antialias && s.mode == "nearest")
+    return n.error() << "antialias needs linear or cubic mode";
+  std::string policy = n.stringAttr("keep_aspect_ratio_policy", "stretch");
+  SmallVector<int64_t> axes;
+  if (auto a = n.intsAttr("axes")) {
+    auto norm = normAxes(n, *a, rank);
+    if (failed(norm))
+      return failure();
+    // Keep the attribute's order (scales/sizes follow it).
+    for (int64_t ax : *a)
+      axes.push_back(ax < 0 ? ax + rank : ax);
+  } else {
+    for (int64_t d = 0; d < rank; ++d)
+      axes.push_back(d);
+  }
+  auto floats = [&](int64_t i) -> FailureOr<SmallVector<double>> {
+    DenseElementsAttr c = n.constantInput(i);
+    if (!c)
+      return n.error() << "input " << i << " must be a constant (static shapes)";
+    SmallVector<double> v;
+    for (APFloat f : c.getValues<APFloat>())
+      v.push_back(f.convertToDouble());
+    return v;
+  };
+  SmallVector<double> scales(rank, 1.0), roi;
+  SmallVector<int64_t> sizes(x.getShape());
+  int64_t scalesInput = legacy ? 1 : 2, sizesInput = legacy ? -1 : 3;
+  if (legacy && n.opset < 9 && n.node.op_type() == "Upsample") {
+    const auto *attr = n.attr("scales"); // Upsample-7: a float attribute
+    if (!attr || attr->floats_size() != rank)
+      return n.error() << "Upsample-7 needs a scales attribute with one value per dim";
+    for (int64_t d = 0; d < rank; ++d)
+      scales[d] = attr->floats(d);
+    for (int64_t d = 0; d < rank; ++d)
+      sizes[d] = static_cast<int64_t>(std::floor(scales[d] * x.getDimSize(d)));
+  } else if (sizesInput >= 0 && n.input(sizesInput) &&
+             typeOf(n.input(sizesInput)).getNumElements() > 0) {
+    auto sz = n.constantInts(sizesInput, "sizes");
+    if (failed(sz))
+      return failure();
+    if (sz->size() != axes.size())
+      return n.error() << "sizes has " << sz->size() << " values for " << axes.size() << " axes";
+    for (auto [i, ax] : llvm::enumerate(axes)) {
+      sizes[ax] = (*sz)[i];
+      scales[ax] = static_cast<double>((*sz)[i]) / x.getDimSize(ax);
+    }
+    if (policy != "stretch") {
+      double sc = policy == "not_larger" ? INFINITY : 0;
+      for (int64_t ax : axes)
+        sc = policy == "not_larger" ? std::min(sc, scales[ax]) : std::max(sc, scales[ax]);
+      for (int64_t ax : axes) {
+        scales[ax] = sc;
+        sizes[ax] = static_cast<int64_t>(sc * x.getDimSize(ax) + 0.5);
+      }
+    }
+  } else if (n.input(scalesInput)) {
+    auto sc = floats(scalesInput);
+    if (failed(sc))
+      return failure();
+    if (sc->size() != axes.size())
+      return n.error() << "scales has " << sc->size() << " values for " << axes.size() << " axes";
+    for (auto [i, ax] : llvm::enumerate(axes)) {
+      scales[ax] = (*sc)[i];
+      sizes[ax] = static_cast<int64_t>(std::floor(scales[ax] * x.getDimSize(ax)));
+    }
+  } else {
+    return n.error() << "needs scales or sizes";
+  }
+  if (!legacy && n.input(1) && typeOf(n.input(1)).getNumElements() > 0) {
+    auto r = floats(1);
+    if (failed(r))
+      return failure();
+    roi = *r;
+    if (roi.size() != 2 * axes.size())
+      return n.error() << "roi has " << roi.size() << " values for " << axes.size() << " axes";
+  }
+  Value v = n.input(0);
+  // The innermost axis first, as the reference's recursion.
+  SmallVector<int64_t> order(axes);
+  llvm::sort(order, std::greater<int64_t>());
+  for (int64_t ax : order) {
+    if (sizes[ax] <= 0)
+      return n.error() << "output size " << sizes[ax] << " along axis " << ax;
+    size_t i = llvm::find(axes, ax) - axes.begin();
+    double r0 = roi.empty() ? 0.0 : roi[i], r1 = roi.empty() ? 1.0 : roi[axes.size() + i];
+    FORGE_TRY(next, resizeAxis(n, s, v, ax, sizes[ax], scales[ax], r0, r1));
+    v = next;
+  }
+  return n.setOutput(0, v);
+}
+
+//===----------------------------------------------------------------------===//
+// Small activations and normalizations (their ONNX function bodies)
+//===----------------------------------------------------------------------===//
+
+/// Elementwise activations built from primitives: f(n, x) -> value.
+OpRule unaryComposite(std::function<FailureOr<Value>(NodeImporter &, Value, Type)> f) {
+  return [f](NodeImporter &n) -> LogicalResult {
+    auto x = n.inputType(0);
+    if (!x)
+      return n.error() << "missing input";
+    return out(n, f(n, n.input(0), x.getElementType()));
+  };
+}
+
+FailureOr<Value> softsign(NodeImporter &n, Value x, Type elem) { // x / (1 + |x|)
+  FORGE_TRY(a, n.create1("abs", {x}));
+  FORGE_TRY(d, n.create1("add", {a, n.scalar(elem, 1.0)}));
+  return n.create1("div", {x, d});
+}
+
+FailureOr<Value> mish(NodeImporter &n, Value x, Type) { // x * tanh(softplus(x))
+  FORGE_TRY(sp, n.create1("softplus", {x}));
+  FORGE_TRY(t, n.create1("tanh", {sp}));
+  return n.create1("mul", {x, t});
+}
+
+FailureOr<Value> celu(NodeImporter &n, Value x, Type elem) { // alpha * elu(x / alpha)
+  double alpha = n.floatAttr("alpha", 1.0);
+  FORGE_TRY(d, n.create1("div", {x, n.scalar(elem, alpha)}));
+  FORGE_TRY(e, n.create1("elu", {d}, {n.f64("alpha", 1.0)}));
+  return n.create1("mul", {e, n.scalar(elem, alpha)});
+}
+
+/// Shrink: x + bias below -lambd, x - bias above lambd, else 0.
+FailureOr<Value> shrink(NodeImporter &n, Value x, Type elem) {
+  double lambd = n.floatAttr("lambd", 0.5), bias = n.floatAttr("bias", 0.0);
+  FORGE_TRY(below, n.create1("less", {x, n.scalar(elem, -lambd)}));
+  FORGE_TRY(above, n.create1("greater", {x, n.scalar(elem, lambd)}));
+  FORGE_TRY(up, n.create1("add", {x, n.scalar(elem, bias)}));
+  FORGE_TRY(down, n.create1("sub", {x, n.scalar(elem, bias)}));
+  FORGE_TRY(hi, n.create1("where", {above, down, n.scalar(elem, 0.0)}));
+  return n.create1("where", {below, up, hi});
+}
+
+/// Sign: 1, -1, or x itself where it is zero or NaN (so -0 and NaN carry over).
+FailureOr<Value> sign(NodeImporter &n, Value x, Type elem) {
+  FORGE_TRY(pos, n.create1("greater", {x, n.scalar(elem, 0.0)}));
+  FORGE_TRY(neg, n.create1("less", {x, n.scalar(elem, 0.0)}));
+  FORGE_TRY(lo, n.create1("where", {neg, n.scalar(elem, -1.0), x}));
+  return n.create1("where", {pos, n.scalar(elem, 1.0), lo});
+}
+
+LogicalResult importPRelu(NodeImporter &n) { // x < 0 ? slope * x : x (slope broadcast)
+  auto x = n.inputType(0);
+  if (!x || !n.input(1))
+    return n.error() << "PRelu needs X and slope";
+  FORGE_TRY(negative, n.create1("less", {n.input(0), n.scalar(x.getElementType(), 0.0)}));
+  FORGE_TRY(scaled, n.create1("mul", {n.input(0), n.input(1)}));
+  return out(n, n.create1("where", {negative, scaled, n.input(0)}));
+}
+
+/// MeanVarianceNormalization as its function body: (X - E[X]) / sqrt(E[X^2] -
+/// E[X]^2) over `axes` (default 0, 2, 3); ONNX's reference adds 1e-9 to the
+/// standard deviation.
+LogicalResult importMeanVarianceNormalization(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x)
+    return n.error() << "missing input";
+  auto axes = normAxes(n, n.intsAttr("axes").value_or(SmallVector<int64_t>{0, 2, 3}),
+                       x.getRank());
+  if (failed(axes))
+    return failure();
+  Type elem = x.getElementType();
+  Value in = n.input(0);
+  FORGE_TRY(mean, reduce(n, "reduce_mean", in, *axes, true));
+  FORGE_TRY(sq, n.create1("mul", {in, in}));
+  FORGE_TRY(meanSq, reduce(n, "reduce_mean", sq, *axes, true));
+  FORGE_TRY(mean2, n.create1("mul", {mean, mean}));
+  FORGE_TRY(var, n.create1("sub", {meanSq, mean2}));
+  FORGE_TRY(stdev, n.create1("sqrt", {var}));
+  FORGE_TRY(stdEps, n.create1("add", {stdev, n.scalar(elem, 1e-9)}));
+  FORGE_TRY(centered, n.create1("sub", {in, mean}));
+  return out(n, n.create1("div", {centered, stdEps}));
+}
+
+/// LpNormalization: x / ||x||_p along `axis` (p 1 or 2).
+LogicalResult importLpNormalization(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x)
+    return n.error() << "missing input";
+  auto axis = normAxis(n, n.intAttr("axis", -1), x.getRank());
+  int64_t p = n.intAttr("p", 2);
+  if (failed(axis))
+    return failure();
+  if (p != 1 && p != 2)
+    return n.error() << "LpNormalization p must be 1 or 2, got " << p;
+  Value in = n.input(0);
+  FORGE_TRY(term, p == 1 ? n.create1("abs", {in}) : n.create1("mul", {in, in}));
+  FORGE_TRY(sum, reduce(n, "reduce_sum", term, {*axis}, true));
+  Value norm = sum;
+  if (p == 2) {
+    FORGE_TRY(r, n.create1("sqrt", {sum}));
+    norm = r;
+  }
+  return out(n, n.create1("div", {in, norm}));
+}
+
+/// |x|^p, and its inverse power, for the Lp pools.
+FailureOr<Value> absPow(NodeImporter &n, Value x, double p) {
+  Type elem = typeOf(x).getElementType();
+  FORGE_TRY(a, n.create1("abs", {x}));
+  return p == 1 ? FailureOr<Value>(a) : n.create1("pow", {a, n.scalar(elem, p)});
+}
+FailureOr<Value> root(NodeImporter &n, Value x, double p) {
+  Type elem = typeOf(x).getElementType();
+  return p == 1 ? FailureOr<Value>(x) : n.create1("pow", {x, n.scalar(elem, 1.0 / p)});
+}
+
+/// LpPool: (sum over the window of |x|^p)^(1/p); the window sums are a
+/// depthwise convolution with a kernel of ones (zero padding adds nothing).
+LogicalResult importLpPool(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (x && !isa<FloatType>(x.getElementType()))
+    return n.error() << "expects a float input";
+  if (n.intAttr("ceil_mode", 0))
+    return n.error() << "LpPool with ceil_mode=1 is unsupported";
+  auto w = poolWindow(n);
+  if (failed(w))
+    return failure();
+  double p = static_cast<double>(n.intAttr("p", 2));
+  int64_t channels = x.getDimSize(1);
+  SmallVector<int64_t> wShape = {channels, 1};
+  wShape.append(w->kernel.begin(), w->kernel.end());
+  Value ones = n.constant(DenseElementsAttr::get(RankedTensorType::get(wShape, x.getElementType()),
+                                                 n.b.getFloatAttr(x.getElementType(), 1.0)));
+  FORGE_TRY(powered, absPow(n, n.input(0), p));
+  FORGE_TRY(sums, n.create1("conv", {powered, ones},
+                            {n.ints("strides", w->strides), n.ints("pads", w->pads),
+                             n.ints("dilations", w->dilations), n.i64("group", channels)}));
+  return out(n, root(n, sums, p));
+}
+
+LogicalResult importGlobalLpPool(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x || x.getRank() < 3 || !isa<FloatType>(x.getElementType()))
+    return n.error() << "expects a float N-d input of rank >= 3";
+  SmallVector<int64_t> axes;
+  for (int64_t d = 2; d < x.getRank(); ++d)
+    axes.push_back(d);
+  double p = static_cast<double>(n.intAttr("p", 2));
+  FORGE_TRY(powered, absPow(n, n.input(0), p));
+  FORGE_TRY(sums, reduce(n, "reduce_sum", powered, axes, true));
+  return out(n, root(n, sums, p));
+}
+
+/// LRN across channels: x / (bias + alpha / size * sum of x^2 over the
+/// channel window [c - (size-1)/2, c + size/2])^beta, the window a sum of
+/// shifted slices of the zero-padded squares.
+LogicalResult importLRN(NodeImporter &n) {
+  auto x = n.inputType(0);
+  int64_t size = n.intAttr("size", 0);
+  if (!x || x.getRank() < 3 || size <= 0 || !isa<FloatType>(x.getElementType()))
+    return n.error() << "LRN needs a float input of rank >= 3 and size > 0";
+  Type elem = x.getElementType();
+  int64_t rank = x.getRank(), c = x.getDimSize(1);
+  int64_t before = (size - 1) / 2, after = size - 1 - before;
+  FORGE_TRY(sq, n.create1("mul", {n.input(0), n.input(0)}));
+  SmallVector<int64_t> pads(2 * rank, 0);
+  pads[1] = before;
+  pads[rank + 1] = after;
+  FORGE_TRY(padded, n.create1("pad", {sq}, {n.ints("pads", pads), n.str("mode", "constant"),
+                                            n.f64("value", 0.0)}));
+  Value sum;
+  for (int64_t k = 0; k < size; ++k) {
+    SmallVector<int64_t> starts(rank, 0), ends(typeOf(padded).getShape()), steps(rank, 1);
+    starts[1] = k;
+    ends[1] = k + c;
+    FORGE_TRY(part, n.create1("slice", {padded}, {n.ints("starts", starts), n.ints("ends", ends),
+                                                  n.ints("steps", steps)}));
+    if (!sum) {
+      sum = part;
+      continue;
+    }
+    FORGE_TRY(acc, n.create1("add", {sum, part}));
+    sum = acc;
+  }
+  double alpha = n.floatAttr("alpha", 1e-4), beta = n.floatAttr("beta", 0.75);
+  FORGE_TRY(scaled, n.create1("mul", {sum, n.scalar(elem, alpha / size)}));
+  FORGE_TRY(base, n.create1("add", {scaled, n.scalar(elem, n.floatAttr("bias", 1.0))}));
+  FORGE_TRY(den, n.create1("pow", {base, n.scalar(elem, beta)}));
+  return out(n, n.create1("div", {n.input(0), den}));
+}
+
+//===----------------------------------------------------------------------===//
+// Shape-determined ops: CenterCropPad, EyeLike, ReverseSequence
+//===----------------------------------------------------------------------===//
+
+/// CenterCropPad: per axis, a centered crop (start (dim - target) / 2) or a
+/// centered zero pad (begin (target - dim) / 2, the rest at the end).
+LogicalResult importCenterCropPad(NodeImporter &n) {
+  auto x = n.inputType(0);
+  auto target = n.constantInts(1, "shape");
+  if (!x || failed(target))
+    return failure();
+  int64_t rank = x.getRank();
+  SmallVector<int64_t> axes;
+  if (auto a = n.intsAttr("axes")) {
+    for (int64_t ax : *a) {
+      auto norm = normAxis(n, ax, rank);
+      if (failed(norm))
+        return failure();
+      axes.push_back(*norm);
+    }
+  } else {
+    for (int64_t d = 0; d < rank; ++d)
+      axes.push_back(d);
+  }
+  if (target->size() != axes.size())
+    return n.error() << "shape has " << target->size() << " values for " << axes.size()
+                     << " axes";
+  SmallVector<int64_t> starts(rank, 0), ends(x.getShape()), steps(rank, 1), pads(2 * rank, 0);
+  for (auto [i, ax] : llvm::enumerate(axes)) {
+    int64_t dim = x.getDimSize(ax), t = (*target)[i];
+    if (t < dim) {
+      starts[ax] = (dim - t) / 2;
+      ends[ax] = starts[ax] + t;
+    } else {
+      pads[ax] = (t - dim) / 2;
+      pads[ax + rank] = t - dim - pads[ax];
+    }
+  }
+  FORGE_TRY(cropped, n.create1("slice", {n.input(0)}, {n.ints("starts", starts),
+                                                       n.ints("ends", ends),
+                                                       n.ints("steps", steps)}));
+  if (llvm::all_of(pads, [](int64_t p) { return p == 0; }))
+    return n.setOutput(0, cropped);
+  return out(n, n.create1("pad", {cropped}, {n.ints("pads", pads), n.str("mode", "constant"),
+                                             n.f64("value", 0.0)}));
+}
+
+/// EyeLike: a constant with ones on diagonal k of the input's 2-d shape.
+LogicalResult importEyeLike(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x || x.getRank() != 2)
+    return n.error() << "EyeLike needs a 2-d input";
+  Type elem = x.getElementType();
+  if (const auto *a = n.attr("dtype")) { // TensorProto.DataType codes
+    switch (a->i()) {
+    case 1: elem = n.b.getF32Type(); break;
+    case 10: elem = n.b.getF16Type(); break;
+    case 11: elem = n.b.getF64Type(); break;
+    case 16: elem = n.b.getBF16Type(); break;
+    case 6: elem = n.b.getI32Type(); break;
+    case 7: elem = n.b.getI64Type(); break;
+    case 9: elem = n.b.getI1Type(); break;
+    default: return n.error() << "EyeLike dtype " << a->i() << " is unsupported";
+    }
+  }
+  int64_t rows = x.getDimSize(0), cols = x.getDimSize(1), k = n.intAttr("k", 0);
+  auto type = RankedTensorType::get({rows, cols}, elem);
+  SmallVector<Attribute> values;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      double v = j - i == k ? 1.0 : 0.0;
+      values.push_back(isa<FloatType>(elem) ? Attribute(n.b.getFloatAttr(elem, v))
+                                            : Attribute(n.b.getIntegerAttr(elem, (int64_t)v)));
+    }
+  return n.setOutput(0, n.constant(DenseElementsAttr::get(type, values)));
+}
+
+/// ReverseSequence: along time_axis, each batch entry's first sequence_lens[b]
+/// steps in reverse, the rest in place; one gather_elements with the index
+/// where(t < len, len - 1 - t, t) broadcast over the other dims.
+LogicalResult importReverseSequence(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x || x.getRank() < 2 || !n.input(1))
+    return n.error() << "ReverseSequence needs an input of rank >= 2 and sequence_lens";
+  int64_t rank = x.getRank();
+  int64_t timeAxis = n.intAttr("time_axis", 0), batchAxis = n.intAttr("batch_axis", 1);
+  if ((timeAxis != 0 && timeAxis != 1) || batchAxis != 1 - timeAxis)
+    return n.error() << "time_axis and batch_axis must be 0 and 1 in some order";
+  int64_t steps = x.getDimSize(timeAxis), batch = x.getDimSize(batchAxis);
+  Type i64 = n.b.getI64Type();
+  SmallVector<int64_t> ts(steps);
+  for (int64_t t = 0; t < steps; ++t)
+    ts[t] = t;
+  SmallVector<int64_t> tShape(rank, 1), lShape(rank, 1);
+  tShape[timeAxis] = steps;
+  lShape[batchAxis] = batch;
+  Value t = n.constant(DenseElementsAttr::get(RankedTensorType::get(tShape, i64),
+                                              ArrayRef<int64_t>(ts)));
+  FORGE_TRY(lens64, n.cast(n.input(1), i64));
+  FORGE_TRY(lens, n.reshape(lens64, lShape));
+  FORGE_TRY(inside, n.create1("less", {t, lens}));
+  FORGE_TRY(last, n.create1("sub", {lens, n.scalar(i64, 1)}));
+  FORGE_TRY(mirrored, n.create1("sub", {last, t}));
+  FORGE_TRY(index, n.create1("where", {inside, mirrored, t}));
+  FORGE_TRY(full, n.create1("broadcast", {index}, {n.ints("shape", x.getShape())}));
+  return out(n, n.create1("gather_elements", {n.input(0), full}, {n.i64("axis", timeAxis)}));
+}
+
+} // namespace
+
+void onnx_import::addCompositeRules(llvm::StringMap<OpRule> &r) {
+  r["ReduceSumSquare"] = sumOf("square", "");
+  r["ReduceL1"] = sumOf("abs", "");
+  r["ReduceLogSum"] = sumOf("", "log");
+  r["ReduceLogSumExp"] = importReduceLogSumExp;
+  r["ArgMin"] = importArgMin;
+  r["Hardmax"] = importHardmax;
+  r["DepthToSpace"] = importDepthToSpace;
+  r["SpaceToDepth"] = importSpaceToDepth;
+  r["GatherND"] = importGatherND;
+  r["ScatterElements"] = importScatterElements;
+  r["Scatter"] = importScatterElements; // opset 9-10 name (deprecated)
+  r["ScatterND"] = importScatterND;
+  r["RMSNormalization"] = importRMSNormalization;
+  r["RotaryEmbedding"] = importRotaryEmbedding;
+  r["Attention"] = importAttention;
+  r["Resize"] = importResize;
+  r["Softsign"] = unaryComposite(softsign);
+  r["Mish"] = unaryComposite(mish);
+  r["Celu"] = unaryComposite(celu);
+  r["Shrink"] = unaryComposite(shrink);
+  r["Sign"] = unaryComposite(sign);
+  r["PRelu"] = importPRelu;
+  r["MeanVarianceNormalization"] = importMeanVarianceNormalization;
+  r["LpNormalization"] = importLpNormalization;
+  r["LpPool"] = importLpPool;
+  r["GlobalLpPool"] = importGlobalLpPool;
+  r["LRN"] = importLRN;
+  r["CenterCropPad"] = importCenterCropPad;
+  r["EyeLike"] = importEyeLike;
+  r["ReverseSequence"] = importReverseSequence;
+  r["Upsample"] = importResize;
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Every GPU suite in two halves, for GPU machines without MLIR (tests/gpu/README.md).
+#
+#   tests/gpu/suite.sh compile DIR   here (built tree in build/): compiles every suite's bundles
+#                                    for cuda:sm_90 into DIR, with forge-train, forge-replay and
+#                                    the shared libraries Ubuntu lacks (DIR/bin, DIR/lib)
+#   tests/gpu/suite.sh run DIR       on the GPU machine, from the repository root: runs them all
+#                                    and ends with one line per suite (its "N passed, N failed")
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mode=${1:?usage: suite.sh compile|run DIR}
+dir=${2:?usage: suite.sh compile|run DIR}
+py=${FORGE_PYTHON:-python3}
+
+if [ "$mode" = compile ]; then
+  set -e
+  b=build/bin
+  rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
+  cp "$b/forge-train" "$b/forge-replay" "$dir/bin/"
+  # Libraries the GPU image lacks (not libc/libstdc++/libgcc: Ubuntu's are newer).
+  for lib in $(ldd "$b/forge-train" "$b/forge-replay" | awk '/=> \//{print $3}' | sort -u); do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libpthread*|libdl.so*|librt.so*) ;;
+      *) cp -L "$lib" "$dir/lib/" ;;
+    esac
+  done
+  $py tests/gpu/test_gpu_models.py --compile-only --bundles "$dir/gpu_models" --bin-dir "$b"
+  $py tests/gpu/test_gpu_models.py --compile-only --bundles "$dir/gpu_models_tf32" --bin-dir "$b" --tf32
+  $py tests/e2e/test_parity.py --bin-dir "$b" --target cuda:sm_90 --bundles "$dir/parity" --compile-only
+  onnx_data=$($py -c "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend', 'test', 'data', 'node'))")
+  "$b/forge-conformance" /usr/share/libonnx-testdata/data/node "$onnx_data" --target cuda:sm_90 \
+      --emit-dir "$dir/conf" > "$dir/conformance-here.txt" || true
+  FORGE_GRADCHECK_EMIT_DIR="$PWD/$dir/grad" build/tests/unit-compiler/GradientCheckTest > /dev/null
+  $py tests/gpu/test_data_faults.py --forgec "$b/forgec" --bundles "$dir/faults" --compile-only
+  $py tests/gpu/test_float8_casts.py --forgec "$b/forgec" --bundles "$dir/float8" --compile-only
+  $py tests/e2e/test_dropout.py --bin-dir "$b" --bundles "$dir/dropout" --compile-only
+  du -sh "$dir"
+  exit 0
+fi
+
+[ "$mode" = run ] || { echo "usage: suite.sh compile|run DIR" >&2; exit 2; }
+. tests/gpu/device_env.sh "$dir"
+ft="$dir/bin/forge-train" rp="$dir/bin/forge-replay"
+summary=()
+suite() { # name, command...
+  local name=$1; shift
+  echo "=== $name"
+  local out; out=$("$@" 2>&1); local rc=$?
+  echo "$out" | tail -n 40
+  summary+=("$name: rc $rc; $(echo "$out" | grep -E '[0-9]+ passed' | tail -n 1)")
+}
+suite gpu_models $py tests/gpu/test_gpu_models.py --bundles "$dir/gpu_models" --forge-train "$ft"
+suite gpu_models_tf32 $py tests/gpu/test_gpu_models.py --bundles "$dir/gpu_models_tf32" --forge-train "$ft" --tf32
+suite gpu_parity $py tests/e2e/test_parity.py --bundles "$dir/parity" --forge-train "$ft" --device cuda --strict-delta
+suite gpu_conformance "$rp" "$dir/conf" --device cuda
+suite gpu_gradients "$rp" "$dir/grad" --device cuda
+suite gpu_data_faults $py tests/gpu/test_data_faults.py --bundles "$dir/faults" --replay "$rp" --device cuda
+suite gpu_float8_casts $py tests/gpu/test_float8_casts.py --bundles "$dir/float8" --replay "$rp" --device cuda
+suite gpu_dropout $py tests/e2e/test_dropout.py --bundles "$dir/dropout" --forge-train "$ft" --device cuda
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
