@@ -648,9 +648,10 @@ Value emitInverseOrHyperbolic(KB &k, StringRef name, Value x) {
     return odd(select(less(a, huge), v, logTwice(a)));
   }
   if (name == "acosh") {
-    // t = x - 1 (exact near 1): log1p(t + sqrt(t (t + 2))); nan below 1.
+    // t = x - 1 (exact near 1): log1p(t + sqrt(t) sqrt(t + 2)); sqrt(t) makes
+    // x < 1 nan (t (t + 2) would be positive, even inf, below -1).
     Value t1 = sub(x, cf(1));
-    Value v = b.create<math::Log1pOp>(loc, add(t1, sqrt(mul(t1, add(t1, cf(2))))));
+    Value v = b.create<math::Log1pOp>(loc, add(t1, mul(sqrt(t1), sqrt(add(t1, cf(2))))));
     return select(less(x, huge), v, logTwice(x));
   }
   if (name == "atanh") {
