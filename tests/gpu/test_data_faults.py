@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Bad data that a kernel finds (ctest data_faults on the CPU, gpu_data_faults on CUDA).
 
-Three small models, each compiled once for cuda:sm_90 (CUDA bundles run on the CPU executor
+Small models, each compiled once for cuda:sm_90 (CUDA bundles run on the CPU executor
 too) and replayed by forge-replay with good data, which must match NumPy, and with bad data,
 which must fail with an error naming the node and the problem:
 
   lookup  Gather with an index outside [-size, size)
   loss    NegativeLogLikelihoodLoss with a target class outside [0, C)
   ratio   integer Div by zero
+  remainder  integer Mod by zero
   wide    Gather / NegativeLogLikelihoodLoss with int64 values past 2^32 (2^32 + 3 must fault,
           not read element 3: kernels index in 32 bits, so checks happen in the index's width)
 
@@ -103,6 +104,11 @@ def models():
                  helper.make_tensor_value_info("gy", TensorProto.FLOAT, [2, 4]))
 
     wide_idx = np.array([0, 2**32 + 3, 1, 2], dtype=np.int64)
+    remainder = model(helper.make_node("Mod", ["a", "b"], ["r"], name="remainder"),
+                      [helper.make_tensor_value_info("a", TensorProto.INT32, [4]),
+                       helper.make_tensor_value_info("b", TensorProto.INT32, [4])],
+                      helper.make_tensor_value_info("r", TensorProto.INT32, [4]))
+
     return {
         "lookup_wide": (gather("lookup_wide"), {"table": table, "idx": good_idx},
                         {"table": table, "idx": wide_idx}, table[good_idx],
@@ -126,6 +132,11 @@ def models():
         "ratio": (ratio, {"a": a, "b": good_b},
                   {"a": a, "b": np.array([1, 0, 2, 3], dtype=np.int32)}, quotient,
                   ("div", {"cpu": r"division by zero", "cuda": r"division by zero"})),
+        # fmod=0: the divisor's sign, as NumPy's %.
+        "remainder": (remainder, {"a": a, "b": good_b},
+                      {"a": a, "b": np.array([1, 2, 0, 3], dtype=np.int32)},
+                      np.mod(a, good_b).astype(np.int32),
+                      ("mod", {"cpu": r"modulo by zero", "cuda": r"modulo by zero"})),
     }
 
 

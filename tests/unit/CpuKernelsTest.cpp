@@ -66,6 +66,10 @@ struct HT {
       return data<int32_t>()[i];
     case bundle::I8:
       return data<int8_t>()[i];
+    case bundle::U32:
+      return data<uint32_t>()[i];
+    case bundle::U64:
+      return double(data<uint64_t>()[i]);
     case bundle::U8:
     case bundle::BOOL:
       return data<uint8_t>()[i];
@@ -109,6 +113,12 @@ HT make(DType t, std::vector<int64_t> shape, const std::vector<double> &values) 
       break;
     case bundle::I8:
       h.data<int8_t>()[i] = int8_t(v);
+      break;
+    case bundle::U32:
+      h.data<uint32_t>()[i] = uint32_t(v);
+      break;
+    case bundle::U64:
+      h.data<uint64_t>()[i] = uint64_t(v);
       break;
     case bundle::U8:
     case bundle::BOOL:
@@ -284,6 +294,12 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "max",
                                         "and",
                                         "or",
+                                        "xor",
+                                        "mod",
+                                        "bitwise_and",
+                                        "bitwise_or",
+                                        "bitwise_xor",
+                                        "bit_shift",
                                         "equal",
                                         "less",
                                         "greater",
@@ -302,12 +318,27 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "softplus",
                                         "hard_swish",
                                         "not",
+                                        "bitwise_not",
+                                        "sin",
+                                        "cos",
+                                        "tan",
+                                        "asin",
+                                        "acos",
+                                        "atan",
+                                        "sinh",
+                                        "cosh",
+                                        "asinh",
+                                        "acosh",
+                                        "atanh",
                                         "leaky_relu",
                                         "elu",
+                                        "selu",
+                                        "thresholded_relu",
                                         "gelu",
                                         "hard_sigmoid",
                                         "clip",
                                         "isnan",
+                                        "isinf",
                                         "cast",
                                         "where",
                                         "matmul",
@@ -496,11 +527,15 @@ TEST(CpuKernels, HalfConversion) {
 /// Runs binary `op` on a/b and checks against f applied under broadcasting.
 void checkBinary(const std::string &op, DType t, std::vector<int64_t> sa, std::vector<int64_t> sb,
                  const std::function<double(double, double)> &f,
-                 DType outType = bundle::DTYPE_UNSPECIFIED, double lo = -2, double hi = 2) {
+                 DType outType = bundle::DTYPE_UNSPECIFIED, double lo = -2, double hi = 2,
+                 const std::map<std::string, int64_t> &intAttrs = {}) {
   HT a = randomTensor(t, sa, lo, hi), b = randomTensor(t, sb, lo, hi);
   std::vector<int64_t> so = broadcastShapes(sa, sb);
   HT y(outType == bundle::DTYPE_UNSPECIFIED ? t : outType, so);
-  ASSERT_OK(Op(op).run({&a, &b}, {&y}));
+  Op o(op);
+  for (auto &[k, v] : intAttrs)
+    o.i(k, v);
+  ASSERT_OK(o.run({&a, &b}, {&y}));
   std::vector<double> want(y.numel());
   for (int64_t i = 0; i < y.numel(); ++i) {
     auto idx = unravel(i, so);
@@ -653,6 +688,20 @@ TEST(CpuKernels, UnaryFloat) {
       {Op("hard_swish"), [](double x) { return x * std::clamp(x / 6 + 0.5, 0.0, 1.0); }},
       {Op("leaky_relu").f("alpha", 0.1), [](double x) { return x < 0 ? 0.1 * x : x; }},
       {Op("elu").f("alpha", 1.5), [](double x) { return x < 0 ? 1.5 * std::expm1(x) : x; }},
+      {Op("sin"), [](double x) { return std::sin(x); }},
+      {Op("cos"), [](double x) { return std::cos(x); }},
+      {Op("tan"), [](double x) { return std::tan(x); }, -1.4, 1.4},
+      {Op("asin"), [](double x) { return std::asin(x); }, -1, 1},
+      {Op("acos"), [](double x) { return std::acos(x); }, -1, 1},
+      {Op("atan"), [](double x) { return std::atan(x); }, -10, 10},
+      {Op("sinh"), [](double x) { return std::sinh(x); }},
+      {Op("cosh"), [](double x) { return std::cosh(x); }},
+      {Op("asinh"), [](double x) { return std::asinh(x); }, -100, 100},
+      {Op("acosh"), [](double x) { return std::acosh(x); }, 1, 100},
+      {Op("atanh"), [](double x) { return std::atanh(x); }, -0.99, 0.99},
+      {Op("selu").f("alpha", 1.5).f("gamma", 1.25),
+       [](double x) { return x > 0 ? 1.25 * x : 1.25 * 1.5 * (std::exp(x) - 1); }},
+      {Op("thresholded_relu").f("alpha", 0.5), [](double x) { return x > 0.5 ? x : 0; }},
       {Op("gelu").s("approximate", "none"), refGeluErf},
       {Op("gelu").s("approximate", "tanh"), refGeluTanh},
       {Op("hard_sigmoid").f("alpha", 0.3).f("beta", 0.4),
@@ -699,6 +748,157 @@ TEST(CpuKernels, UnaryIntegerAndErrors) {
   HT r(bundle::F32, {3});
   ASSERT_OK(Op("relu").run({&nan}, {&r}));
   expectEqual(r, {NAN, 1, 0}); // nan propagates
+}
+
+TEST(CpuKernels, UnaryFloatSpecialValues) {
+  // Domain edges and non-finite inputs against the C library in double.
+  HT x = make(bundle::F32, {9}, {INFINITY, -INFINITY, NAN, 1, -1, 0, 1.5, -1.5, 1e30});
+  for (const char *op : {"sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+                         "acosh", "atanh"}) {
+    static const std::map<std::string, double (*)(double)> ref = {
+        {"sin", std::sin},     {"cos", std::cos},     {"tan", std::tan},   {"asin", std::asin},
+        {"acos", std::acos},   {"atan", std::atan},   {"sinh", std::sinh}, {"cosh", std::cosh},
+        {"asinh", std::asinh}, {"acosh", std::acosh}, {"atanh", std::atanh}};
+    HT y(bundle::F32, {9});
+    ASSERT_OK(Op(op).run({&x}, {&y}));
+    std::vector<double> want(9);
+    for (int i = 0; i < 9; ++i)
+      want[i] = double(float(ref.at(op)(x.at(i))));
+    expectNear(y, want, 1e-6, 1e-7, op);
+  }
+  HT t = make(bundle::F32, {4}, {NAN, 1, 1.0001, INFINITY}), y(bundle::F32, {4});
+  ASSERT_OK(Op("thresholded_relu").f("alpha", 1).run({&t}, {&y}));
+  expectEqual(y, {0, 0, 1.0001f, INFINITY}); // nan -> 0 (x > alpha is false), as ONNX
+  HT i = make(bundle::I32, {2}, {1, 2}), yi(bundle::I32, {2});
+  EXPECT_FALSE(Op("sin").run({&i}, {&yi}).isOk());
+  EXPECT_FALSE(Op("selu").f("alpha", 1).run({&t}, {&y}).isOk()); // missing gamma
+}
+
+TEST(CpuKernels, IsInf) {
+  HT x = make(bundle::F32, {5}, {INFINITY, -INFINITY, NAN, 1e38, -0.0}), b(bundle::BOOL, {5});
+  ASSERT_OK(Op("isinf").i("detect_positive", 1).i("detect_negative", 1).run({&x}, {&b}));
+  expectEqual(b, {1, 1, 0, 0, 0});
+  ASSERT_OK(Op("isinf").i("detect_positive", 1).i("detect_negative", 0).run({&x}, {&b}));
+  expectEqual(b, {1, 0, 0, 0, 0});
+  ASSERT_OK(Op("isinf").i("detect_positive", 0).i("detect_negative", 1).run({&x}, {&b}));
+  expectEqual(b, {0, 1, 0, 0, 0});
+  ASSERT_OK(Op("isinf").i("detect_positive", 0).i("detect_negative", 0).run({&x}, {&b}));
+  expectEqual(b, {0, 0, 0, 0, 0});
+  HT h = make(bundle::F16, {3}, {70000, -70000, 65504}), hb(bundle::BOOL, {3}); // f16 overflow
+  ASSERT_OK(Op("isinf").i("detect_positive", 1).i("detect_negative", 1).run({&h}, {&hb}));
+  expectEqual(hb, {1, 1, 0});
+  EXPECT_FALSE(Op("isinf").run({&x}, {&b}).isOk()); // missing attributes
+}
+
+/// Python's % (floored) and C's fmod (truncated), in double.
+double refMod(double a, double b, bool fmod) {
+  return fmod ? std::fmod(a, b) : a - b * std::floor(a / b);
+}
+
+TEST(CpuKernels, Mod) {
+  // Every sign combination, for both forms and several integer types.
+  std::vector<double> av = {7, -7, 7, -7, 6, -6, 0, 13, -13, 5};
+  std::vector<double> bv = {3, 3, -3, -3, 3, -3, 5, 13, 4, -4};
+  for (int64_t fmod : {0, 1})
+    for (DType t : {bundle::I64, bundle::I32, bundle::I8}) {
+      HT a = make(t, {10}, av), b = make(t, {10}, bv), y(t, {10});
+      ASSERT_OK(Op("mod").i("fmod", fmod).run({&a, &b}, {&y}));
+      std::vector<double> want(10);
+      for (int i = 0; i < 10; ++i)
+        want[i] = refMod(av[i], bv[i], fmod);
+      expectEqual(y, want, std::string(dtypeName(t)) + " fmod=" + std::to_string(fmod));
+      HT zero = make(t, {10}, {1, 1, 1, 1, 0, 1, 1, 1, 1, 1});
+      Status st = Op("mod").i("fmod", fmod).run({&a, &zero}, {&y});
+      EXPECT_FALSE(st.isOk());
+      EXPECT_NE(st.message().find("modulo by zero"), std::string::npos) << st.message();
+    }
+  HT u = make(bundle::U8, {3}, {250, 7, 9}), v = make(bundle::U8, {3}, {7, 250, 3});
+  HT w(bundle::U8, {3});
+  ASSERT_OK(Op("mod").i("fmod", 0).run({&u, &v}, {&w}));
+  expectEqual(w, {5, 7, 0});
+  // MIN % -1 is 0 without trapping; broadcasting.
+  HT m = make(bundle::I32, {2, 1}, {0, 9}), n = make(bundle::I32, {2}, {-1, 4});
+  HT r(bundle::I32, {2, 2});
+  m.data<int32_t>()[0] = INT32_MIN;
+  ASSERT_OK(Op("mod").i("fmod", 0).run({&m, &n}, {&r}));
+  expectEqual(r, {0, 0, 0, 1});
+  // Floats, broadcast, both forms, against double.
+  for (int64_t fmod : {0, 1})
+    for (DType t : {bundle::F32, bundle::F64}) {
+      checkBinary(
+          "mod", t, {3, 40}, {40},
+          [&](double a, double b) {
+            double r = refMod(a, b, fmod);
+            return t == bundle::F32 ? double(float(r)) : r;
+          },
+          bundle::DTYPE_UNSPECIFIED, -5, 5, {{"fmod", fmod}});
+    }
+  HT f = make(bundle::F32, {2}, {5.5, -5.5}), z = make(bundle::F32, {2}, {0, 0});
+  HT g(bundle::F32, {2});
+  ASSERT_OK(Op("mod").i("fmod", 1).run({&f, &z}, {&g})); // float: nan, no error
+  expectEqual(g, {NAN, NAN});
+  EXPECT_FALSE(Op("mod").run({&f, &f}, {&g}).isOk()); // missing fmod
+}
+
+TEST(CpuKernels, BitwiseAndShifts) {
+  const std::map<std::string, std::function<int64_t(int64_t, int64_t)>> fns = {
+      {"bitwise_and", [](int64_t a, int64_t b) { return a & b; }},
+      {"bitwise_or", [](int64_t a, int64_t b) { return a | b; }},
+      {"bitwise_xor", [](int64_t a, int64_t b) { return a ^ b; }}};
+  for (auto &[op, f] : fns)
+    for (DType t : {bundle::I64, bundle::I32, bundle::I8, bundle::U8}) {
+      bool u = t == bundle::U8;
+      HT a = make(t, {4, 6}, randomInts(24, u ? 0 : -128, 127));
+      HT b = make(t, {6}, randomInts(6, u ? 0 : -128, 127)), y(t, {4, 6});
+      ASSERT_OK(Op(op).run({&a, &b}, {&y}));
+      std::vector<double> want(24);
+      for (int i = 0; i < 24; ++i)
+        want[i] = double(f(int64_t(a.at(i)), int64_t(b.at(i % 6))));
+      expectEqual(y, want, op + " " + std::string(dtypeName(t)));
+    }
+  HT x = make(bundle::I32, {4}, {0, -1, 5, -6}), nx(bundle::I32, {4});
+  ASSERT_OK(Op("bitwise_not").run({&x}, {&nx}));
+  expectEqual(nx, {-1, 0, -6, 5});
+  HT ub = make(bundle::U8, {3}, {0, 255, 0x0f}), nub(bundle::U8, {3});
+  ASSERT_OK(Op("bitwise_not").run({&ub}, {&nub}));
+  expectEqual(nub, {255, 0, 0xf0});
+  HT fl = make(bundle::F32, {4}, {1, 2, 3, 4}), fy(bundle::F32, {4});
+  EXPECT_FALSE(Op("bitwise_and").run({&fl, &fl}, {&fy}).isOk());
+  EXPECT_FALSE(Op("bitwise_not").run({&fl}, {&fy}).isOk());
+
+  // Shifts: unsigned only; by the bit width or more gives 0.
+  for (DType t : {bundle::U8, bundle::U32, bundle::U64}) {
+    int bits = int(dtypeSize(t)) * 8;
+    std::vector<double> av = {1, 3, 200, 255, 7, 1};
+    std::vector<double> sv = {0, 2, 1, 7, double(bits), double(bits - 1)};
+    HT a = make(t, {6}, av), s = make(t, {6}, sv), y(t, {6});
+    uint64_t mask = bits == 64 ? ~uint64_t(0) : (uint64_t(1) << bits) - 1;
+    std::vector<double> left(6), right(6);
+    for (int i = 0; i < 6; ++i) {
+      uint64_t v = uint64_t(av[i]), n = uint64_t(sv[i]);
+      left[i] = n >= uint64_t(bits) ? 0 : double((v << n) & mask);
+      right[i] = n >= uint64_t(bits) ? 0 : double(v >> n);
+    }
+    ASSERT_OK(Op("bit_shift").s("direction", "LEFT").run({&a, &s}, {&y}));
+    expectEqual(y, left, "left " + std::string(dtypeName(t)));
+    ASSERT_OK(Op("bit_shift").s("direction", "RIGHT").run({&a, &s}, {&y}));
+    expectEqual(y, right, "right " + std::string(dtypeName(t)));
+  }
+  HT a = make(bundle::U8, {2, 1}, {1, 128}), s = make(bundle::U8, {3}, {0, 1, 2});
+  HT y(bundle::U8, {2, 3});
+  ASSERT_OK(Op("bit_shift").s("direction", "RIGHT").run({&a, &s}, {&y})); // broadcast
+  expectEqual(y, {1, 0, 0, 128, 64, 32});
+  EXPECT_FALSE(Op("bit_shift").s("direction", "UP").run({&a, &a}, {&y}).isOk());
+  HT si = make(bundle::I32, {4}, {1, 2, 3, 4}), so(bundle::I32, {4});
+  Status st = Op("bit_shift").s("direction", "LEFT").run({&si, &si}, {&so});
+  EXPECT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("unsigned"), std::string::npos) << st.message();
+
+  HT p = make(bundle::BOOL, {2, 2}, {0, 1, 0, 1}), q = make(bundle::BOOL, {2, 1}, {0, 1});
+  HT b(bundle::BOOL, {2, 2});
+  ASSERT_OK(Op("xor").run({&p, &q}, {&b}));
+  expectEqual(b, {0, 1, 1, 0});
+  EXPECT_FALSE(Op("xor").run({&x, &x}, {&nx}).isOk()); // logic needs bool
 }
 
 TEST(CpuKernels, Cast) {

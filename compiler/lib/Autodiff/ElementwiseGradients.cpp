@@ -6,12 +6,15 @@
 // Conventions at non-smooth points (documented in the interface):
 //   * min/max: ties send the gradient to the lhs, the operand the forward
 //     kernel returns on a tie;
-//   * relu passes the gradient where x > 0; leaky_relu/elu take the negative
-//     branch where x < 0 (x == 0 gets slope 1); hard_swish is 0 below -3 and
+//   * relu passes the gradient where x > 0; leaky_relu/elu/selu take the
+//     negative branch where x < 0 (x == 0 gets the positive slope);
+//     thresholded_relu passes it where x > alpha; hard_swish is 0 below -3 and
 //     1 above 3; clip passes it on [min, max] inclusive; hard_sigmoid only
 //     strictly inside its linear part (0 < y < 1);
 //   * abs: sign(x), 0 at 0;
-//   * pow: d/d exponent uses log(base) where base > 0 and 0 elsewhere.
+//   * pow: d/d exponent uses log(base) where base > 0 and 0 elsewhere;
+//   * mod: the quotient is piecewise constant, so d/da = 1 and
+//     d/db = -q with q = (a - y) / b, the truncated (fmod) or floored quotient.
 //
 //===----------------------------------------------------------------------===//
 #include "RuleUtils.h"
@@ -76,6 +79,18 @@ FORGE_GRADIENT(PowOp) {
     Value logBase = gb.where(gb.greater(base, zero), gb.log(base), zero);
     return gb.mul(gb.mul(g, getResult()), logBase);
   }));
+  return gb.status();
+}
+
+FORGE_GRADIENT(ModOp) {
+  GradientBuilder gb(builder, getLoc());
+  Value g = resultGrads[0];
+  operandGrads.push_back(gradientFor(gb, getLhs(), [&] { return g; }));
+  // y = a - q b for both forms, so q = (a - y) / b without a trunc/floor op.
+  Value rhs = gradientFor(gb, getRhs(), [&] {
+    return gb.mul(g, gb.div(gb.sub(getLhs(), getResult()), getRhs()));
+  });
+  operandGrads.push_back(rhs ? gb.neg(rhs) : rhs);
   return gb.status();
 }
 
@@ -187,6 +202,91 @@ FORGE_GRADIENT(ErfOp) {
                    });
 }
 
+FORGE_GRADIENT(SinOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value x, Value) {
+                     return gb.mul(g, gb.cos(x));
+                   });
+}
+
+FORGE_GRADIENT(CosOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value x, Value) {
+                     return gb.neg(gb.mul(g, gb.sin(x)));
+                   });
+}
+
+FORGE_GRADIENT(TanOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value, Value y) {
+                     return gb.mul(g, gb.addScalar(gb.mul(y, y), 1.0)); // 1 + tan^2
+                   });
+}
+
+/// sqrt((1 - x)(1 + x)): no cancellation near |x| = 1.
+static Value sqrtOneMinusSquare(GradientBuilder &gb, Value x) {
+  Value one = gb.scalarLike(x, 1.0);
+  return gb.sqrt(gb.mul(gb.sub(one, x), gb.add(one, x)));
+}
+
+FORGE_GRADIENT(AsinOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value x, Value) {
+                     return gb.div(g, sqrtOneMinusSquare(gb, x));
+                   });
+}
+
+FORGE_GRADIENT(AcosOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value x, Value) {
+                     return gb.neg(gb.div(g, sqrtOneMinusSquare(gb, x)));
+                   });
+}
+
+FORGE_GRADIENT(AtanOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value x, Value) {
+                     return gb.div(g, gb.addScalar(gb.mul(x, x), 1.0));
+                   });
+}
+
+FORGE_GRADIENT(SinhOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value x, Value) {
+                     return gb.mul(g, gb.cosh(x));
+                   });
+}
+
+FORGE_GRADIENT(CoshOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value x, Value) {
+                     return gb.mul(g, gb.sinh(x));
+                   });
+}
+
+FORGE_GRADIENT(AsinhOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value x, Value) {
+                     return gb.div(g, gb.sqrt(gb.addScalar(gb.mul(x, x), 1.0)));
+                   });
+}
+
+FORGE_GRADIENT(AcoshOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value x, Value) {
+                     // 1 / sqrt((x - 1)(x + 1)): no cancellation near 1.
+                     return gb.div(g, gb.sqrt(gb.mul(gb.addScalar(x, -1.0), gb.addScalar(x, 1.0))));
+                   });
+}
+
+FORGE_GRADIENT(AtanhOp) {
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [](GradientBuilder &gb, Value g, Value x, Value) {
+                     Value one = gb.scalarLike(x, 1.0);
+                     return gb.div(g, gb.mul(gb.sub(one, x), gb.add(one, x)));
+                   });
+}
+
 FORGE_GRADIENT(SoftplusOp) {
   return unaryRule(
       *this, builder, resultGrads, operandGrads,
@@ -221,6 +321,25 @@ FORGE_GRADIENT(EluOp) {
                      // x < 0: y = alpha (e^x - 1), y' = alpha e^x = y + alpha.
                      Value negative = gb.less(x, gb.scalarLike(x, 0.0));
                      return gb.where(negative, gb.mul(g, gb.addScalar(y, alpha)), g);
+                   });
+}
+
+FORGE_GRADIENT(SeluOp) {
+  double alpha = getAlpha().convertToDouble(), gamma = getGamma().convertToDouble();
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [&](GradientBuilder &gb, Value g, Value x, Value y) {
+                     // x < 0: y = gamma alpha (e^x - 1), y' = y + gamma alpha.
+                     Value negative = gb.less(x, gb.scalarLike(x, 0.0));
+                     return gb.where(negative, gb.mul(g, gb.addScalar(y, gamma * alpha)),
+                                     gb.mulScalar(g, gamma));
+                   });
+}
+
+FORGE_GRADIENT(ThresholdedReluOp) {
+  double alpha = getAlpha().convertToDouble();
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [&](GradientBuilder &gb, Value g, Value x, Value) {
+                     return gb.maskedOrZero(gb.greater(x, gb.scalarLike(x, alpha)), g);
                    });
 }
 

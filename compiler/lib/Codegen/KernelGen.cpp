@@ -596,6 +596,75 @@ Value encodeFloat8(KB &k, Value x, bool e5m2, bool saturate) {
   return sel(nan, b.create<arith::OrIOp>(loc, sign, c8(nanBits)), result);
 }
 
+/// asin, acos, sinh, cosh, asinh, acosh, atanh of a float scalar (null for
+/// other names). convert-gpu-to-nvvm in MLIR 19 has no libdevice lowering for
+/// them, so they are built from ops it has (atan2, sqrt, exp, expm1, log,
+/// log1p), in forms without cancellation or early overflow: a few ulp.
+Value emitInverseOrHyperbolic(KB &k, StringRef name, Value x) {
+  OpBuilder &b = k.b;
+  Location loc = k.loc;
+  Type t = x.getType();
+  auto cf = [&](double v) { return k.fconst(t, v); };
+  auto add = [&](Value p, Value q) { return b.create<arith::AddFOp>(loc, p, q); };
+  auto sub = [&](Value p, Value q) { return b.create<arith::SubFOp>(loc, p, q); };
+  auto mul = [&](Value p, Value q) { return b.create<arith::MulFOp>(loc, p, q); };
+  auto div = [&](Value p, Value q) { return b.create<arith::DivFOp>(loc, p, q); };
+  auto sqrt = [&](Value v) { return b.create<math::SqrtOp>(loc, v); };
+  auto less = [&](Value p, Value q) {
+    return b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLT, p, q);
+  };
+  auto select = [&](Value c, Value p, Value q) { return b.create<arith::SelectOp>(loc, c, p, q); };
+  // f(x) = sign(x) f(|x|) for the odd functions (nan stays nan).
+  auto odd = [&](Value r) { return select(less(x, cf(0)), b.create<arith::NegFOp>(loc, r), r); };
+  // Beyond 2^28, sqrt(x^2 + 1) = |x| to double precision: log(2|x|) without
+  // squaring (which overflows f32 near 1.8e19).
+  auto logTwice = [&](Value v) { return add(b.create<math::LogOp>(loc, v), cf(M_LN2)); };
+  Value huge = cf(268435456.0);
+  // (1 - x)(1 + x): exact factors near |x| = 1, where 1 - x*x cancels; nan
+  // from sqrt outside [-1, 1].
+  auto cosOfAsin = [&] { return sqrt(mul(sub(cf(1), x), add(cf(1), x))); };
+
+  if (name == "asin")
+    return b.create<math::Atan2Op>(loc, x, cosOfAsin());
+  if (name == "acos")
+    return b.create<math::Atan2Op>(loc, cosOfAsin(), x);
+  if (!llvm::is_contained({"sinh", "cosh", "asinh", "acosh", "atanh"}, name))
+    return {};
+  Value a = b.create<math::AbsFOp>(loc, x);
+  if (name == "sinh" || name == "cosh") {
+    // h = e^(|x|/2): e^|x| / 2 = (h / 2) h overflows only where the result does.
+    Value h = b.create<math::ExpOp>(loc, mul(a, cf(0.5)));
+    Value big = mul(mul(h, cf(0.5)), h);
+    Value small = div(cf(0.5), mul(h, h)); // e^-|x| / 2
+    if (name == "cosh")
+      return add(big, small);
+    // Below 20 (e^-40 is below double's epsilon): with u = e^|x| - 1,
+    // sinh = (u + u / (u + 1)) / 2, no cancellation near 0.
+    Value u = b.create<math::ExpM1Op>(loc, a);
+    Value viaExpm1 = mul(add(u, div(u, add(u, cf(1)))), cf(0.5));
+    return odd(select(less(a, cf(20)), viaExpm1, sub(big, small)));
+  }
+  if (name == "asinh") {
+    // log1p(a + a^2 / (1 + sqrt(1 + a^2))) = log(a + sqrt(a^2 + 1)).
+    Value a2 = mul(a, a);
+    Value v = b.create<math::Log1pOp>(loc, add(a, div(a2, add(cf(1), sqrt(add(cf(1), a2))))));
+    return odd(select(less(a, huge), v, logTwice(a)));
+  }
+  if (name == "acosh") {
+    // t = x - 1 (exact near 1): log1p(t + sqrt(t) sqrt(t + 2)); sqrt(t) makes
+    // x < 1 nan (t (t + 2) would be positive, even inf, below -1).
+    Value t1 = sub(x, cf(1));
+    Value v = b.create<math::Log1pOp>(loc, add(t1, mul(sqrt(t1), sqrt(add(t1, cf(2))))));
+    return select(less(x, huge), v, logTwice(x));
+  }
+  if (name == "atanh") {
+    // log1p(2a / (1 - a)) / 2: inf at 1, nan beyond.
+    Value v = b.create<math::Log1pOp>(loc, div(add(a, a), sub(cf(1), a)));
+    return odd(mul(v, cf(0.5)));
+  }
+  return {};
+}
+
 /// One element of an elementwise op. `argElems` are the operands' tensor
 /// element types (the first one's signedness picks the integer ops).
 Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argElems,
@@ -670,12 +739,28 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argE
       return b.create<arith::AndIOp>(loc, a, c);
     if (name == "or" && isBool)
       return b.create<arith::OrIOp>(loc, a, c);
+    if (name == "xor" && isBool)
+      return b.create<arith::XOrIOp>(loc, a, c);
+    auto fmodAttr = op->getAttrOfType<BoolAttr>("fmod");
+    bool fmod = fmodAttr && fmodAttr.getValue();
     if (fl) {
       if (name == "add") return b.create<arith::AddFOp>(loc, a, c);
       if (name == "sub") return b.create<arith::SubFOp>(loc, a, c);
       if (name == "mul") return b.create<arith::MulFOp>(loc, a, c);
       if (name == "div") return b.create<arith::DivFOp>(loc, a, c);
       if (name == "pow") return b.create<math::PowFOp>(loc, a, c);
+      if (name == "mod") {
+        // remf is C fmod (__nv_fmodf); the floored form moves a nonzero
+        // remainder to the divisor's side, as the CPU does.
+        Value r = b.create<arith::RemFOp>(loc, a, c);
+        if (fmod)
+          return r;
+        Value fix = b.create<arith::AndIOp>(
+            loc, cmpf(arith::CmpFPredicate::ONE, r, cf(0)),
+            b.create<arith::XOrIOp>(loc, cmpf(arith::CmpFPredicate::OLT, r, cf(0)),
+                                    cmpf(arith::CmpFPredicate::OLT, c, cf(0))));
+        return select(fix, b.create<arith::AddFOp>(loc, r, c), r);
+      }
       if (name == "min") return b.create<arith::MinimumFOp>(loc, a, c);
       if (name == "max") return b.create<arith::MaximumFOp>(loc, a, c);
       if (name == "equal") return cmpf(arith::CmpFPredicate::OEQ, a, c);
@@ -686,7 +771,8 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argE
       return {};
     }
     using P = arith::CmpIPredicate;
-    auto cmpi = [&](P p) { return b.create<arith::CmpIOp>(loc, p, a, c); };
+    auto icmp = [&](P p, Value l, Value r) { return b.create<arith::CmpIOp>(loc, p, l, r); };
+    auto cmpi = [&](P p) { return icmp(p, a, c); };
     if (name == "equal") return cmpi(P::eq);
     if (isBool)
       return {};
@@ -709,6 +795,41 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argE
       q = select(minusOne, b.create<arith::SubIOp>(loc, zero, a), q);
       return select(isZero, zero, q);
     }
+    if (name == "mod") {
+      // As div: a zero divisor is a fault and gives 0; x % -1 is 0 (MIN % -1
+      // would trap).
+      Value zero = intConst(k, ct, 0);
+      Value isZero = b.create<arith::CmpIOp>(loc, P::eq, c, zero);
+      k.fault(isZero);
+      Value divisor = select(isZero, intConst(k, ct, 1), c);
+      if (isUnsigned)
+        return b.create<arith::RemUIOp>(loc, a, divisor);
+      Value minusOne = b.create<arith::CmpIOp>(loc, P::eq, c, intConst(k, ct, -1));
+      divisor = select(minusOne, intConst(k, ct, 1), divisor);
+      Value r = b.create<arith::RemSIOp>(loc, a, divisor);
+      if (fmod)
+        return r;
+      // Floored: a nonzero remainder whose sign differs from the divisor's
+      // gets the divisor added (|r| < |c|: no overflow).
+      Value fix = b.create<arith::AndIOp>(
+          loc, icmp(P::ne, r, zero),
+          b.create<arith::XOrIOp>(loc, icmp(P::slt, r, zero), icmp(P::slt, c, zero)));
+      return select(fix, b.create<arith::AddIOp>(loc, r, c), r);
+    }
+    if (name == "bitwise_and") return b.create<arith::AndIOp>(loc, a, c);
+    if (name == "bitwise_or") return b.create<arith::OrIOp>(loc, a, c);
+    if (name == "bitwise_xor") return b.create<arith::XOrIOp>(loc, a, c);
+    if (name == "bit_shift") {
+      auto direction = op->getAttrOfType<StringAttr>("direction");
+      if (!isUnsigned || !direction)
+        return {};
+      // Shifts by the bit width or more give 0 (LLVM makes them poison).
+      Value over = icmp(P::uge, c, intConst(k, ct, ct.getIntOrFloatBitWidth()));
+      Value amount = select(over, intConst(k, ct, 0), c);
+      Value r = direction.getValue() == "LEFT" ? Value(b.create<arith::ShLIOp>(loc, a, amount))
+                                               : Value(b.create<arith::ShRUIOp>(loc, a, amount));
+      return select(over, intConst(k, ct, 0), r);
+    }
     if (name == "min") return isUnsigned ? Value(b.create<arith::MinUIOp>(loc, a, c)) : Value(b.create<arith::MinSIOp>(loc, a, c));
     if (name == "max") return isUnsigned ? Value(b.create<arith::MaxUIOp>(loc, a, c)) : Value(b.create<arith::MaxSIOp>(loc, a, c));
     if (name == "less") return cmpi(isUnsigned ? P::ult : P::slt);
@@ -729,6 +850,7 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argE
     Value zero = intConst(k, ct, 0);
     if (name == "neg") return b.create<arith::SubIOp>(loc, zero, x);
     if (name == "abs") return isUnsigned ? x : Value(b.create<math::AbsIOp>(loc, x));
+    if (name == "bitwise_not") return b.create<arith::XOrIOp>(loc, x, intConst(k, ct, -1));
     if (name == "relu") return isUnsigned ? x : Value(b.create<arith::MaxSIOp>(loc, x, zero));
     if (name == "clip") {
       // As the CPU: compared in double (so +-inf bounds work), a crossed bound
@@ -754,6 +876,24 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argE
   if (name == "tanh") return b.create<math::TanhOp>(loc, x);
   if (name == "erf") return b.create<math::ErfOp>(loc, x);
   if (name == "isnan") return cmpf(arith::CmpFPredicate::UNO, x, x);
+  if (name == "isinf") {
+    auto detect = [&](StringRef attr) {
+      auto flag = op->getAttrOfType<BoolAttr>(attr);
+      return !flag || flag.getValue();
+    };
+    Value r = b.create<arith::ConstantIntOp>(loc, 0, 1);
+    if (detect("detect_positive"))
+      r = b.create<arith::OrIOp>(loc, r, cmpf(arith::CmpFPredicate::OEQ, x, cf(INFINITY)));
+    if (detect("detect_negative"))
+      r = b.create<arith::OrIOp>(loc, r, cmpf(arith::CmpFPredicate::OEQ, x, cf(-INFINITY)));
+    return r;
+  }
+  if (name == "sin") return b.create<math::SinOp>(loc, x);
+  if (name == "cos") return b.create<math::CosOp>(loc, x);
+  if (name == "tan") return b.create<math::TanOp>(loc, x);
+  if (name == "atan") return b.create<math::AtanOp>(loc, x);
+  if (Value r = emitInverseOrHyperbolic(k, name, x))
+    return r;
   if (name == "relu") // x < 0 ? 0 : x keeps NaN
     return select(cmpf(arith::CmpFPredicate::OLT, x, cf(0)), cf(0), x);
   if (name == "sigmoid") {
@@ -783,6 +923,14 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argE
   if (name == "leaky_relu")
     return select(cmpf(arith::CmpFPredicate::OLT, x, cf(0)),
                   b.create<arith::MulFOp>(loc, cf(floatAttr(op, "alpha", 0.01)), x), x);
+  if (name == "selu") {
+    Value neg = b.create<arith::MulFOp>(loc, cf(floatAttr(op, "alpha", 1.6732632423543772)),
+                                        b.create<math::ExpM1Op>(loc, x));
+    Value v = select(cmpf(arith::CmpFPredicate::OGT, x, cf(0)), x, neg);
+    return b.create<arith::MulFOp>(loc, cf(floatAttr(op, "gamma", 1.0507009873554805)), v);
+  }
+  if (name == "thresholded_relu") // nan -> 0, as the CPU
+    return select(cmpf(arith::CmpFPredicate::OGT, x, cf(floatAttr(op, "alpha", 1.0))), x, cf(0));
   if (name == "elu")
     return select(cmpf(arith::CmpFPredicate::OLT, x, cf(0)),
                   b.create<arith::MulFOp>(loc, cf(floatAttr(op, "alpha", 1.0)),
@@ -2899,6 +3047,8 @@ std::string faultOf(Operation *op) {
     return "a target class is outside [0, classes) and not the ignore_index";
   if (name == "div" && isa<IntegerType>(tensorType(op->getResult(0)).getElementType()))
     return "integer division by zero";
+  if (name == "mod" && isa<IntegerType>(tensorType(op->getResult(0)).getElementType()))
+    return "integer modulo by zero";
   return "";
 }
 

@@ -92,6 +92,14 @@ FORGE_INFER(IsNaNOp) {
   return success();
 }
 
+FORGE_INFER(IsInfOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  if (!t)
+    return failInference(loc, "input must be a statically shaped tensor");
+  inferred.push_back(RankedTensorType::get(t.getShape(), IntegerType::get(context, 1)));
+  return success();
+}
+
 FORGE_INFER(CastOp) {
   auto t = rankedOrNull(adaptor.getInput().getType());
   if (!t)

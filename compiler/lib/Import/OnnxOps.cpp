@@ -1276,7 +1276,12 @@ const llvm::StringMap<OpRule> &onnx_import::onnxOpRules() {
              {"Exp", "exp"}, {"Log", "log"}, {"Sqrt", "sqrt"}, {"Reciprocal", "reciprocal"},
              {"Tanh", "tanh"}, {"Sigmoid", "sigmoid"}, {"Relu", "relu"}, {"Erf", "erf"},
              {"Softplus", "softplus"}, {"HardSwish", "hard_swish"}, {"Not", "not"},
-             {"IsNaN", "isnan"}, {"Where", "where"}, {"MatMul", "matmul"}})
+             {"IsNaN", "isnan"}, {"Where", "where"}, {"MatMul", "matmul"},
+             {"Sin", "sin"}, {"Cos", "cos"}, {"Tan", "tan"}, {"Asin", "asin"},
+             {"Acos", "acos"}, {"Atan", "atan"}, {"Sinh", "sinh"}, {"Cosh", "cosh"},
+             {"Asinh", "asinh"}, {"Acosh", "acosh"}, {"Atanh", "atanh"}, {"Xor", "xor"},
+             {"BitwiseAnd", "bitwise_and"}, {"BitwiseOr", "bitwise_or"},
+             {"BitwiseXor", "bitwise_xor"}, {"BitwiseNot", "bitwise_not"}})
       r[onnx] = direct(forge);
     r["Sum"] = variadic("add");
     r["Mean"] = variadic("add", /*mean=*/true);
@@ -1296,6 +1301,34 @@ const llvm::StringMap<OpRule> &onnx_import::onnxOpRules() {
       return SmallVector<NamedAttribute>{n.f64("alpha", n.floatAttr("alpha", 0.2)),
                                          n.f64("beta", n.floatAttr("beta", 0.5))};
     });
+    r["Selu"] = unaryWith("selu", [](NodeImporter &n) {
+      // ONNX's defaults are these float32 values.
+      return SmallVector<NamedAttribute>{
+          n.f64("alpha", n.floatAttr("alpha", 1.67326319217681884765625)),
+          n.f64("gamma", n.floatAttr("gamma", 1.05070102214813232421875))};
+    });
+    r["ThresholdedRelu"] = unaryWith("thresholded_relu", [](NodeImporter &n) {
+      return SmallVector<NamedAttribute>{n.f64("alpha", n.floatAttr("alpha", 1.0))};
+    });
+    r["IsInf"] = unaryWith("isinf", [](NodeImporter &n) {
+      return SmallVector<NamedAttribute>{
+          n.flag("detect_positive", n.intAttr("detect_positive", 1) != 0),
+          n.flag("detect_negative", n.intAttr("detect_negative", 1) != 0)};
+    });
+    r["Mod"] = [](NodeImporter &n) {
+      return output(n, n.create1("mod", {n.input(0), n.input(1)},
+                                 {n.flag("fmod", n.intAttr("fmod", 0) != 0)}));
+    };
+    r["BitShift"] = [](NodeImporter &n) -> LogicalResult {
+      std::string direction = n.stringAttr("direction", "");
+      if (direction != "LEFT" && direction != "RIGHT")
+        return n.error() << "direction must be LEFT or RIGHT, got '" << direction << "'";
+      auto x = n.inputType(0);
+      if (!x || !x.getElementType().isUnsignedInteger())
+        return n.error() << "operands must be unsigned integers";
+      return output(n, n.create1("bit_shift", {n.input(0), n.input(1)},
+                                 {n.str("direction", direction)}));
+    };
     r["Clip"] = importClip;
     r["Cast"] = importCast;
     r["CastLike"] = importCastLike;

@@ -1,10 +1,11 @@
 // Elementwise CPU kernels: NumPy-broadcast binary arithmetic and comparisons,
-// unary math, cast, isnan and where.
+// bitwise ops and shifts, unary math, cast, isnan/isinf and where.
 //
 // Invariants: every op is a small functor over the compute type (float for
 // f16/bf16); one strided loop template runs them all, in parallel chunks of
 // kGrain elements; same-shape operands collapse to one flat contiguous loop.
-// Integer arithmetic wraps (no UB); integer division by zero is an error.
+// Integer arithmetic wraps (no UB); integer division or modulo by zero is an
+// error.
 #include "KernelUtil.h"
 
 #include <algorithm>
@@ -22,6 +23,7 @@ enum class BinaryKind {
   Compare, // numeric (or bool) operands of one dtype -> bool
   Logic,   // bool -> bool
   Pow,     // numeric base, numeric exponent of any dtype -> base dtype
+  Bitwise, // integer operands of one dtype -> same dtype
 };
 
 template <typename C> C nanOr(C a, C b, C pick) {
@@ -58,6 +60,33 @@ struct DivOp {
     } else {
       return a / b;
     }
+  }
+};
+struct ModOp {
+  static constexpr BinaryKind kKind = BinaryKind::Arith;
+  bool fmod = false; // C fmod (dividend's sign) instead of Python % (divisor's)
+  static Expected<ModOp> make(const AttrReader &attrs) {
+    CPU_ASSIGN_OR_RETURN(int64_t fmod, attrs.getInt("fmod"));
+    return ModOp{fmod != 0};
+  }
+  template <typename C> C operator()(C a, C b) const {
+    C r;
+    if constexpr (std::is_integral_v<C>) {
+      // Zero divisors are rejected before the loop; -1 would trap on MIN % -1.
+      if (b == C(0))
+        return C(0);
+      if constexpr (std::is_signed_v<C>)
+        if (b == C(-1))
+          return C(0);
+      r = C(a % b);
+    } else {
+      r = std::fmod(a, b);
+    }
+    // Floored: move a nonzero remainder to the divisor's side (|r| < |b|,
+    // so r + b cannot overflow).
+    if (!fmod && r != C(0) && ((r < C(0)) != (b < C(0))))
+      r = C(r + b);
+    return r;
   }
 };
 struct MinOp {
@@ -98,6 +127,36 @@ struct PowOp {
   }
 };
 
+struct BitwiseAndOp {
+  static constexpr BinaryKind kKind = BinaryKind::Bitwise;
+  template <typename C> C operator()(C a, C b) const { return C(a & b); }
+};
+struct BitwiseOrOp {
+  static constexpr BinaryKind kKind = BinaryKind::Bitwise;
+  template <typename C> C operator()(C a, C b) const { return C(a | b); }
+};
+struct BitwiseXorOp {
+  static constexpr BinaryKind kKind = BinaryKind::Bitwise;
+  template <typename C> C operator()(C a, C b) const { return C(a ^ b); }
+};
+/// Unsigned operands only (checked by the kernel), as in ONNX.
+struct BitShiftOp {
+  static constexpr BinaryKind kKind = BinaryKind::Bitwise;
+  bool left = true;
+  static Expected<BitShiftOp> make(const AttrReader &attrs) {
+    CPU_ASSIGN_OR_RETURN(std::string direction, attrs.getString("direction"));
+    if (direction != "LEFT" && direction != "RIGHT")
+      return Status::error("bit_shift direction must be 'LEFT' or 'RIGHT', got '{}'", direction);
+    return BitShiftOp{direction == "LEFT"};
+  }
+  template <typename C> C operator()(C a, C b) const {
+    // Shifting by the bit width or more is undefined in C++; all bits leave.
+    if (b >= C(8 * sizeof(C)))
+      return C(0);
+    return left ? C(a << b) : C(a >> b);
+  }
+};
+
 struct AndOp {
   static constexpr BinaryKind kKind = BinaryKind::Logic;
   uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) & (b != 0); }
@@ -105,6 +164,10 @@ struct AndOp {
 struct OrOp {
   static constexpr BinaryKind kKind = BinaryKind::Logic;
   uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) | (b != 0); }
+};
+struct XorOp {
+  static constexpr BinaryKind kKind = BinaryKind::Logic;
+  uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) != (b != 0); }
 };
 
 struct EqualOp {
@@ -180,6 +243,9 @@ template <typename Op> Status binaryKernel(KernelContext &ctx) {
   CPU_ASSIGN_OR_RETURN(std::vector<int64_t> sb, broadcastStrides(b.shape, shape));
   StridedLoop<2> loop(shape, {sa, sb});
   Op op;
+  if constexpr (requires { Op::make(ctx.attrs); }) {
+    CPU_ASSIGN_OR_RETURN(op, Op::make(ctx.attrs));
+  }
 
   if constexpr (Op::kKind == BinaryKind::Logic) {
     FORGE_RETURN_IF_ERROR(checkDType(a, bundle::BOOL, "lhs"));
@@ -200,6 +266,18 @@ template <typename Op> Status binaryKernel(KernelContext &ctx) {
           },
           "exponent");
     });
+  } else if constexpr (Op::kKind == BinaryKind::Bitwise) {
+    FORGE_RETURN_IF_ERROR(checkDType(b, a.dtype, "rhs"));
+    FORGE_RETURN_IF_ERROR(checkDType(y, a.dtype, "result"));
+    return visitInt(a.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_same_v<Op, BitShiftOp> && std::is_signed_v<T>) {
+        return unsupportedDType(a.dtype, "bit_shift operand (unsigned integers only)");
+      } else {
+        runBinary<T, T, T>(ctx, loop, op);
+        return Status::ok();
+      }
+    });
   } else {
     FORGE_RETURN_IF_ERROR(checkDType(b, a.dtype, "rhs"));
     constexpr bool kCompare = Op::kKind == BinaryKind::Compare;
@@ -213,6 +291,9 @@ template <typename Op> Status binaryKernel(KernelContext &ctx) {
       if constexpr (std::is_same_v<Op, DivOp> && std::is_integral_v<T>)
         if (anyZero<T>(ctx, b))
           return Status::error("integer division by zero");
+      if constexpr (std::is_same_v<Op, ModOp> && std::is_integral_v<T>)
+        if (anyZero<T>(ctx, b))
+          return Status::error("integer modulo by zero");
       if constexpr (kCompare)
         runBinary<T, T, uint8_t>(ctx, loop, op);
       else
@@ -280,6 +361,50 @@ struct ErfOp {
   static constexpr bool kInt = false;
   template <typename C> C operator()(C x) const { return std::erf(x); }
 };
+struct SinOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::sin(x); }
+};
+struct CosOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::cos(x); }
+};
+struct TanOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::tan(x); }
+};
+struct AsinOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::asin(x); }
+};
+struct AcosOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::acos(x); }
+};
+struct AtanOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::atan(x); }
+};
+struct SinhOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::sinh(x); }
+};
+struct CoshOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::cosh(x); }
+};
+struct AsinhOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::asinh(x); }
+};
+struct AcoshOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::acosh(x); }
+};
+struct AtanhOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::atanh(x); }
+};
 struct SoftplusOp {
   static constexpr bool kInt = false;
   template <typename C> C operator()(C x) const {
@@ -310,6 +435,28 @@ struct EluOp {
     return EluOp{alpha};
   }
   template <typename C> C operator()(C x) const { return x < C(0) ? C(alpha) * std::expm1(x) : x; }
+};
+struct SeluOp {
+  static constexpr bool kInt = false;
+  double alpha = 0, gamma = 0;
+  static Expected<SeluOp> make(const AttrReader &attrs) {
+    CPU_ASSIGN_OR_RETURN(double alpha, attrs.getFloat("alpha"));
+    CPU_ASSIGN_OR_RETURN(double gamma, attrs.getFloat("gamma"));
+    return SeluOp{alpha, gamma};
+  }
+  template <typename C> C operator()(C x) const {
+    return C(gamma) * (x > C(0) ? x : C(alpha) * std::expm1(x));
+  }
+};
+struct ThresholdedReluOp {
+  static constexpr bool kInt = false;
+  double alpha = 1.0;
+  static Expected<ThresholdedReluOp> make(const AttrReader &attrs) {
+    CPU_ASSIGN_OR_RETURN(double alpha, attrs.getFloat("alpha"));
+    return ThresholdedReluOp{alpha};
+  }
+  // nan -> 0, as ONNX's reference (x > alpha is false).
+  template <typename C> C operator()(C x) const { return x > C(alpha) ? x : C(0); }
 };
 struct GeluOp {
   static constexpr bool kInt = false;
@@ -399,6 +546,44 @@ Status notKernel(KernelContext &ctx) {
       out[i] = in[i] == 0;
   });
   return Status::ok();
+}
+
+Status bitwiseNotKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  FORGE_RETURN_IF_ERROR(checkDType(y, x.dtype, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  return visitInt(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *in = x.as<const T>();
+    T *out = y.as<T>();
+    ctx.pool.parallelFor(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        out[i] = T(~in[i]);
+    });
+    return Status::ok();
+  });
+}
+
+Status isinfKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &y = ctx.outputs[0];
+  FORGE_RETURN_IF_ERROR(checkDType(y, bundle::BOOL, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(y, x.shape));
+  CPU_ASSIGN_OR_RETURN(int64_t positive, ctx.attrs.getInt("detect_positive"));
+  CPU_ASSIGN_OR_RETURN(int64_t negative, ctx.attrs.getInt("detect_negative"));
+  return visitFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *in = x.as<const T>();
+    uint8_t *out = y.as<uint8_t>();
+    ctx.pool.parallelFor(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        auto v = load(in[i]);
+        out[i] = std::isinf(v) && (v > 0 ? positive != 0 : negative != 0);
+      }
+    });
+    return Status::ok();
+  });
 }
 
 Status isnanKernel(KernelContext &ctx) {
@@ -626,6 +811,12 @@ void registerElementwiseKernels(Registry &r) {
   r.add("max", &binaryKernel<MaxOp>, 2, 2);
   r.add("and", &binaryKernel<AndOp>, 2, 2);
   r.add("or", &binaryKernel<OrOp>, 2, 2);
+  r.add("xor", &binaryKernel<XorOp>, 2, 2);
+  r.add("mod", &binaryKernel<ModOp>, 2, 2);
+  r.add("bitwise_and", &binaryKernel<BitwiseAndOp>, 2, 2);
+  r.add("bitwise_or", &binaryKernel<BitwiseOrOp>, 2, 2);
+  r.add("bitwise_xor", &binaryKernel<BitwiseXorOp>, 2, 2);
+  r.add("bit_shift", &binaryKernel<BitShiftOp>, 2, 2);
   r.add("equal", &binaryKernel<EqualOp>, 2, 2);
   r.add("less", &binaryKernel<LessOp>, 2, 2);
   r.add("greater", &binaryKernel<GreaterOp>, 2, 2);
@@ -642,15 +833,30 @@ void registerElementwiseKernels(Registry &r) {
   r.add("sigmoid", &unaryKernel<SigmoidOp>, 1, 1);
   r.add("relu", &unaryKernel<ReluOp>, 1, 1);
   r.add("erf", &unaryKernel<ErfOp>, 1, 1);
+  r.add("sin", &unaryKernel<SinOp>, 1, 1);
+  r.add("cos", &unaryKernel<CosOp>, 1, 1);
+  r.add("tan", &unaryKernel<TanOp>, 1, 1);
+  r.add("asin", &unaryKernel<AsinOp>, 1, 1);
+  r.add("acos", &unaryKernel<AcosOp>, 1, 1);
+  r.add("atan", &unaryKernel<AtanOp>, 1, 1);
+  r.add("sinh", &unaryKernel<SinhOp>, 1, 1);
+  r.add("cosh", &unaryKernel<CoshOp>, 1, 1);
+  r.add("asinh", &unaryKernel<AsinhOp>, 1, 1);
+  r.add("acosh", &unaryKernel<AcoshOp>, 1, 1);
+  r.add("atanh", &unaryKernel<AtanhOp>, 1, 1);
   r.add("softplus", &unaryKernel<SoftplusOp>, 1, 1);
   r.add("hard_swish", &unaryKernel<HardSwishOp>, 1, 1);
   r.add("leaky_relu", &unaryKernel<LeakyReluOp>, 1, 1);
   r.add("elu", &unaryKernel<EluOp>, 1, 1);
+  r.add("selu", &unaryKernel<SeluOp>, 1, 1);
+  r.add("thresholded_relu", &unaryKernel<ThresholdedReluOp>, 1, 1);
   r.add("gelu", &unaryKernel<GeluOp>, 1, 1);
   r.add("hard_sigmoid", &unaryKernel<HardSigmoidOp>, 1, 1);
   r.add("clip", &unaryKernel<ClipOp>, 1, 1);
   r.add("not", &notKernel, 1, 1);
+  r.add("bitwise_not", &bitwiseNotKernel, 1, 1);
   r.add("isnan", &isnanKernel, 1, 1);
+  r.add("isinf", &isinfKernel, 1, 1);
   r.add("cast", &castKernel, 1, 1);
   r.add("where", &whereKernel, 3, 3);
 }

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Writes a one-node ONNX model for lit tests.
 
-  node_model.py OUT.onnx OP IN:DTYPE:DIMS... -- OUT:DTYPE:DIMS [attr=int...]
+  node_model.py OUT.onnx OP IN:DTYPE:DIMS... -- OUT:DTYPE:DIMS [attr=VALUE...] [opset=N]
   e.g. node_model.py m.onnx Div a:int32:4 b:int32:4 -- q:int32:4
 DIMS are x-separated ('2x3'); '' is a scalar; a non-numeric dim is symbolic ('Nx3').
+VALUE is an int, a comma-separated int list or else a string; opset (default 17) is the
+model's default-domain opset.
 """
 import sys
 
@@ -22,12 +24,18 @@ def main(argv):
     inputs = [value(s) for s in rest[:sep]]
     output = value(rest[sep + 1])
     attrs = {}
+    opset = 17
     for a in rest[sep + 2:]:
         key, v = a.split("=")
-        attrs[key] = [int(x) for x in v.split(",")] if "," in v else int(v)
+        if key == "opset":
+            opset = int(v)
+        elif "," in v:
+            attrs[key] = [int(x) for x in v.split(",")]
+        else:
+            attrs[key] = int(v) if v.lstrip("-").isdigit() else v
     node = helper.make_node(op, [i.name for i in inputs], [output.name], name="node", **attrs)
     graph = helper.make_graph([node], "g", inputs, [output])
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), out)
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), out)
 
 
 if __name__ == "__main__":

@@ -231,6 +231,18 @@ std::vector<Case> allCases() {
   add(mk("pow", "same_shape", {var({2, 3}, pos), var({2, 3}, uniform(-2, 2))}));
   add(mk("pow", "broadcast_exponent", {var({2, 3, 4}, pos), var({4}, uniform(-2, 2))}));
   add(mk("pow", "broadcast_both", {var({3, 1}, pos), var({1, 4}, uniform(-2, 2))}));
+  // mod: a / b at least 0.15 from an integer, where the quotient (and so the
+  // function) jumps.
+  for (bool fmod : {true, false}) {
+    std::string form = fmod ? "fmod_" : "floored_";
+    add(mk("mod", form + "same_shape",
+           {fixedVar({2, 3}, {2.5, -2.5, 0.3, -1.1, 3.7, -0.2}),
+            fixedVar({2, 3}, {0.7, 0.7, -1.3, -1.3, 1.1, -0.45})},
+           {B("fmod", fmod)}));
+    add(mk("mod", form + "broadcast_rhs",
+           {fixedVar({2, 3}, {2.5, -2.5, 0.3, -1.1, 3.7, -0.2}), fixedVar({3}, {0.7, -1.3, 1.1})},
+           {B("fmod", fmod)}));
+  }
   for (std::string op : {"min", "max"}) {
     add(mk(op, "same_shape", {var({2, 3}, grid(0.05)), var({2, 3}, grid(0.15))}));
     add(mk(op, "broadcast", {var({2, 3, 4}, grid(0.05)), var({3, 1}, grid(0.15))}));
@@ -261,6 +273,20 @@ std::vector<Case> allCases() {
       {"gelu", uniform(-3, 3), {S("approximate", "none")}},
       {"hard_sigmoid", awayFrom({-2.5, 2.5}, 0.05, -4, 4), {F("alpha", 0.2), F("beta", 0.5)}},
       {"clip", awayFrom({-0.5, 0.5}, 0.05, -1.5, 1.5), {F("min", -0.5), F("max", 0.5)}},
+      {"sin", uniform(-3, 3), {}},
+      {"cos", uniform(-3, 3), {}},
+      {"tan", uniform(-1.2, 1.2), {}},
+      // Inside the domains, away from the infinite slopes at their ends.
+      {"asin", uniform(-0.9, 0.9), {}},
+      {"acos", uniform(-0.9, 0.9), {}},
+      {"atan", uniform(-3, 3), {}},
+      {"sinh", uniform(-2, 2), {}},
+      {"cosh", uniform(-2, 2), {}},
+      {"asinh", uniform(-3, 3), {}},
+      {"acosh", uniform(1.1, 3), {}},
+      {"atanh", uniform(-0.9, 0.9), {}},
+      {"selu", noKink, {F("alpha", 1.6732632423543772), F("gamma", 1.0507009873554805)}},
+      {"thresholded_relu", awayFrom({0.5}, 0.05, -2, 2), {F("alpha", 0.5)}},
   };
   for (const Unary &u : unaries) {
     add(mk(u.op, "matrix", {var({2, 3}, u.s)}, u.attrs));

@@ -77,6 +77,10 @@ public:
   Value tanh(Value a) { return create1("tanh", {a}); }
   Value sigmoid(Value a) { return create1("sigmoid", {a}); }
   Value erf(Value a) { return create1("erf", {a}); }
+  Value sin(Value a) { return create1("sin", {a}); }
+  Value cos(Value a) { return create1("cos", {a}); }
+  Value sinh(Value a) { return create1("sinh", {a}); }
+  Value cosh(Value a) { return create1("cosh", {a}); }
   /// a * value, a + value (value a scalar of a's element type).
   Value mulScalar(Value a, double value);
   Value addScalar(Value a, double value);

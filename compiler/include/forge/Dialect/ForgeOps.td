@@ -23,9 +23,9 @@ include "mlir/IR/BuiltinAttributes.td"
 // Shared type inference helpers live in ForgeOps.cpp; the classes below route
 // their InferTypeOpAdaptor hook to them.
 class Forge_BinaryOp<string mnemonic, string onnx, bit diff = 1, int flops = 1,
-                     list<Trait> traits = []>
+                     list<Trait> traits = [], dag attrs = (ins)>
     : Forge_Op<mnemonic, onnx, FusionElementwise, PrecisionFollowsInput, diff, traits> {
-  let arguments = (ins AnyForgeTensor:$lhs, AnyForgeTensor:$rhs);
+  let arguments = !con((ins AnyForgeTensor:$lhs, AnyForgeTensor:$rhs), attrs);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
   let flopsPerElement = flops;
@@ -80,6 +80,23 @@ def Forge_MinOp : Forge_BinaryOp<"min", "Min", 1, 1, [Commutative]>;
 def Forge_MaxOp : Forge_BinaryOp<"max", "Max", 1, 1, [Commutative]>;
 def Forge_AndOp : Forge_BinaryOp<"and", "And", 0, 1, [Commutative]>;
 def Forge_OrOp : Forge_BinaryOp<"or", "Or", 0, 1, [Commutative]>;
+def Forge_XorOp : Forge_BinaryOp<"xor", "Xor", 0, 1, [Commutative]>;
+// `fmod`: the result takes the dividend's sign (C fmod, truncated quotient);
+// otherwise the divisor's (Python %, floored quotient).
+def Forge_ModOp : Forge_BinaryOp<"mod", "Mod", 1, 2, [], (ins BoolAttr:$fmod)>;
+// Integer operands only (bit_shift: unsigned, as in ONNX).
+def Forge_BitwiseAndOp : Forge_BinaryOp<"bitwise_and", "BitwiseAnd", 0, 1, [Commutative]> {
+  let opsetMin = 18;
+}
+def Forge_BitwiseOrOp : Forge_BinaryOp<"bitwise_or", "BitwiseOr", 0, 1, [Commutative]> {
+  let opsetMin = 18;
+}
+def Forge_BitwiseXorOp : Forge_BinaryOp<"bitwise_xor", "BitwiseXor", 0, 1, [Commutative]> {
+  let opsetMin = 18;
+}
+// `direction`: "LEFT" or "RIGHT"; shifts by the bit width or more give 0.
+def Forge_BitShiftOp : Forge_BinaryOp<"bit_shift", "BitShift", 0, 1, [],
+                                      (ins StrAttr:$direction)>;
 
 def Forge_EqualOp : Forge_CompareOp<"equal", "Equal">;
 def Forge_LessOp : Forge_CompareOp<"less", "Less">;
@@ -100,8 +117,25 @@ def Forge_ErfOp : Forge_UnaryOp<"erf", "Erf", 1, 8>;
 def Forge_SoftplusOp : Forge_UnaryOp<"softplus", "Softplus", 1, 16>;
 def Forge_HardSwishOp : Forge_UnaryOp<"hard_swish", "HardSwish", 1, 4>;
 def Forge_NotOp : Forge_UnaryOp<"not", "Not", 0>;
+def Forge_BitwiseNotOp : Forge_UnaryOp<"bitwise_not", "BitwiseNot", 0> {
+  let opsetMin = 18;
+}
+def Forge_SinOp : Forge_UnaryOp<"sin", "Sin", 1, 8>;
+def Forge_CosOp : Forge_UnaryOp<"cos", "Cos", 1, 8>;
+def Forge_TanOp : Forge_UnaryOp<"tan", "Tan", 1, 8>;
+def Forge_AsinOp : Forge_UnaryOp<"asin", "Asin", 1, 8>;
+def Forge_AcosOp : Forge_UnaryOp<"acos", "Acos", 1, 8>;
+def Forge_AtanOp : Forge_UnaryOp<"atan", "Atan", 1, 8>;
+def Forge_SinhOp : Forge_UnaryOp<"sinh", "Sinh", 1, 8>;
+def Forge_CoshOp : Forge_UnaryOp<"cosh", "Cosh", 1, 8>;
+def Forge_AsinhOp : Forge_UnaryOp<"asinh", "Asinh", 1, 8>;
+def Forge_AcoshOp : Forge_UnaryOp<"acosh", "Acosh", 1, 8>;
+def Forge_AtanhOp : Forge_UnaryOp<"atanh", "Atanh", 1, 8>;
 def Forge_LeakyReluOp : Forge_UnaryOp<"leaky_relu", "LeakyRelu", 1, 2, (ins F64Attr:$alpha)>;
 def Forge_EluOp : Forge_UnaryOp<"elu", "Elu", 1, 8, (ins F64Attr:$alpha)>;
+def Forge_SeluOp : Forge_UnaryOp<"selu", "Selu", 1, 8, (ins F64Attr:$alpha, F64Attr:$gamma)>;
+def Forge_ThresholdedReluOp : Forge_UnaryOp<"thresholded_relu", "ThresholdedRelu", 1, 1,
+                                            (ins F64Attr:$alpha)>;
 def Forge_GeluOp : Forge_UnaryOp<"gelu", "Gelu", 1, 16, (ins StrAttr:$approximate)> {
   let opsetMin = 20;
 }
@@ -111,6 +145,13 @@ def Forge_ClipOp : Forge_UnaryOp<"clip", "Clip", 1, 2, (ins F64Attr:$min, F64Att
 
 def Forge_IsNaNOp : Forge_Op<"isnan", "IsNaN", FusionElementwise, PrecisionFollowsInput, 0> {
   let arguments = (ins AnyForgeTensor:$input);
+  let results = (outs TensorOf<[I1]>:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_IsInfOp : Forge_Op<"isinf", "IsInf", FusionElementwise, PrecisionFollowsInput, 0> {
+  let arguments = (ins AnyForgeTensor:$input, BoolAttr:$detect_positive,
+                       BoolAttr:$detect_negative);
   let results = (outs TensorOf<[I1]>:$result);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
 }
