@@ -497,6 +497,8 @@ def make_training(arch, model, in_names, out_names, loss, out_dir, manifest, see
     trace = train_data(arch, torch.Generator().manual_seed(seed + 3000), TRAIN_BATCH + 1)[0]
     data = export_ts(copy.deepcopy(model).train(), trace, in_names, out_names, training=True)
     info = graph_info(data)
+    if len(data) > MAX_ONNX_BYTES:
+        raise RuntimeError(f"{len(data)} bytes > {MAX_ONNX_BYTES}")
     # the torch run starts from exactly the ONNX initializers (BN running stats may have been
     # moved by the training-mode trace; they do not affect the losses)
     losses32 = torch_train(model, xs, ys, torch.float32)
