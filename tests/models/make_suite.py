@@ -297,9 +297,7 @@ def export_ts(model, args, in_names, out_names, training=False):
     kw = {}
     if training:
         kw = dict(training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
-    else:
-        # keep BatchNormalization (training_mode=0) visible instead of folded into Conv only
-        # for cnn_bn (as models/make_models.py's cnn); every other model: the default export
+    else:  # the default eval-mode export (BatchNormalization folded into the Conv)
         kw = dict(do_constant_folding=True)
     dyn = {n: {0: "batch"} for n in in_names + out_names}
     with warnings.catch_warnings():
@@ -396,12 +394,12 @@ def warm_batchnorm(model, make_input, steps=3):
     model.eval()
 
 
-def make_arch(arch, out_dir, manifest, vers):
+def make_arch(arch, out_dir, manifest):
     seed, builder, mk, in_names, out_names, loss, source = ARCHS[arch]
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1000)
     model = builder()
-    if isinstance(model, (torch.nn.Module,)) and arch in ("mobilenet_v3_small", "efficientnet_b0"):
+    if arch in ("mobilenet_v3_small", "efficientnet_b0"):
         # torchvision's classifier init (N(0, 0.01), zero bias) leaves logits ~1e-3: use the
         # PyTorch default init for Conv/Linear so that the outputs have a useful scale.
         for mod in model.modules():
@@ -563,7 +561,7 @@ def main():
     for arch in a.only or list(ARCHS):
         for e in ("_ts", "_dynamo", ".train"):
             manifest["export_failures"].pop(arch + e, None)
-        make_arch(arch, a.out_dir, manifest, None)
+        make_arch(arch, a.out_dir, manifest)
     for k in ("models", "training", "export_failures"):
         manifest[k] = dict(sorted(manifest[k].items()))
     with open(path, "w") as f:
