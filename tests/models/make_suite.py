@@ -30,7 +30,7 @@ MAX_ONNX_BYTES fails; the whole directory must stay under MAX_TOTAL_BYTES.
 
 Run (needs torch, torchvision, transformers, onnx, onnxscript, onnxruntime; the tests
 never need them):
-  /work/torchenv/bin/python tests/models/make_suite.py [--only ARCH ...] [--out-dir DIR]
+  python tests/models/make_suite.py [--only ARCH ...] [--out-dir DIR]
 """
 import argparse
 import copy

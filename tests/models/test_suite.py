@@ -50,22 +50,9 @@ TIMEOUT_S = 300
 
 # Models (or single stages) that fail today, with the first error line Forge prints. Keep it
 # exact: a listed check that passes fails the test (XPASS).
-GATHERND = ("GatherND is not imported (issue #9: ONNX op coverage). The dynamo exporter writes "
-            "transformers' padding-mask lookup (masking_utils, aten.index.Tensor on the "
-            "attention_mask) as GatherND; forgec: 'unsupported ops: GatherND'")
-LSTM = ("LSTM is not imported (issue #9: ONNX op coverage; nn.LSTM exports as one ONNX LSTM "
-        "op with both exporters); forgec: 'unsupported ops: LSTM'")
-KNOWN_GAPS = {
-    "bert_cls_dynamo": GATHERND,
-    "distilbert_cls_dynamo": GATHERND,
-    "gpt2_dynamo": GATHERND,
-    "llama_dynamo": GATHERND + " (Sin/Cos of the rotary embedding are constant-folded here)",
-    "llama_ts": "Sin and Cos are not imported (issue #9: ONNX op coverage); the TorchScript "
-                "export computes the rotary embedding's cos/sin tables in the graph "
-                "(LlamaRotaryEmbedding); forgec: 'unsupported ops: Cos, Sin'",
-    "lstm_dynamo": LSTM,
-    "lstm_ts": LSTM,
-}
+# (Empty since issue #9 added GatherND, Sin/Cos and LSTM; add an entry, with the quoted error,
+# only for a gap that is tracked in an issue.)
+KNOWN_GAPS = {}
 
 
 def first_error(out):
