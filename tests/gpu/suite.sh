@@ -4,12 +4,15 @@
 #   tests/gpu/suite.sh compile DIR   here (built tree in build/): compiles every suite's bundles
 #                                    for cuda:sm_90 into DIR, with forge-train, forge-replay and
 #                                    the shared libraries Ubuntu lacks (DIR/bin, DIR/lib)
-#   tests/gpu/suite.sh run DIR       on the GPU machine, from the repository root: runs them all
-#                                    and ends with one line per suite (its "N passed, N failed")
+#   tests/gpu/suite.sh run DIR [SUITE...]   on the GPU machine, from the repository root: runs
+#                                    them all (or the named ones) and ends with one line per
+#                                    suite (its "N passed, N failed")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-mode=${1:?usage: suite.sh compile|run DIR}
-dir=${2:?usage: suite.sh compile|run DIR}
+mode=${1:?usage: suite.sh compile|run DIR [SUITE...]}
+dir=${2:?usage: suite.sh compile|run DIR [SUITE...]}
+shift 2
+only=("$@")
 py=${FORGE_PYTHON:-python3}
 
 if [ "$mode" = compile ]; then
@@ -44,8 +47,10 @@ ft="$dir/bin/forge-train" rp="$dir/bin/forge-replay"
 summary=()
 suite() { # name, command...
   local name=$1; shift
+  if [ ${#only[@]} -gt 0 ] && [[ ! " ${only[*]} " =~ " $name " ]]; then return; fi
   echo "=== $name"
   local out; out=$("$@" 2>&1); local rc=$?
+  echo "$out" | grep -E "^FAIL" | cut -c1-600   # every failure, then the end
   echo "$out" | tail -n 40
   summary+=("$name: rc $rc; $(echo "$out" | grep -E '[0-9]+ passed' | tail -n 1)")
 }

@@ -1083,6 +1083,7 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> convKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> dropoutMaskKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> scatterElementsKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> oneHotKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> generate(Operation *op, StringRef name);
 
   /// Memref types of `op`'s present operands then results (flat, storage types).
@@ -2724,6 +2725,32 @@ std::optional<KernelLaunch> KernelGenerator::Impl::scatterGradKernel(Operation *
   return l;
 }
 
+/// The fill value `value` (an f64 attribute) in `elem`'s storage, converted as
+/// the CPU's scalarBytes does: bool is value != 0, integers saturate (NaN gives
+/// 0, fractions truncate toward zero), floats round to nearest.
+static Value fillConstant(KB &k, Type elem, Type storage, double value) {
+  if (auto ft = dyn_cast<FloatType>(storage))
+    return k.fconst(ft, value);
+  if (elem.isInteger(1))
+    return intConst(k, storage, value != 0.0);
+  unsigned w = storage.getIntOrFloatBitWidth();
+  APInt bits(w, 0);
+  if (!std::isnan(value)) {
+    if (isUnsignedInt(elem)) {
+      double hi = std::ldexp(1.0, static_cast<int>(w));
+      bits = value <= 0 ? APInt::getMinValue(w)
+             : value >= hi ? APInt::getMaxValue(w)
+                           : APInt(w, static_cast<uint64_t>(value));
+    } else {
+      double lim = std::ldexp(1.0, static_cast<int>(w) - 1);
+      bits = value <= -lim ? APInt::getSignedMinValue(w)
+             : value >= lim ? APInt::getSignedMaxValue(w)
+                            : APInt(w, static_cast<uint64_t>(static_cast<int64_t>(value)), true);
+    }
+  }
+  return k.b.create<arith::ConstantOp>(k.loc, k.b.getIntegerAttr(storage, bits));
+}
+
 /// The offset in `data` of element i of a gather_elements/scatter_elements
 /// index tensor of `shape`: i's coordinates with dim `axis` replaced by the
 /// index stored at i (checked and clamped, loadIndex).
@@ -2787,7 +2814,16 @@ std::optional<KernelLaunch> KernelGenerator::Impl::scatterElementsKernel(Operati
     return std::nullopt;
   ArrayRef<int64_t> shape = idxType.getShape();
   bool isUnsigned = isUnsignedInt(elem);
-  KernelLaunch l = elementKernel(name, flatArgs(op), idxType.getNumElements(), op->getLoc(),
+  // A compare-and-swap loop swaps integers (LLVM's cmpxchg takes no floats):
+  // float mul/max/min see the data and updates as same-width integers and
+  // bitcast around the arithmetic.
+  bool viaBits = fl && reduction != "none" && reduction != "add";
+  Type bitsType = fl ? Type(IntegerType::get(context, elem.getIntOrFloatBitWidth())) : Type();
+  SmallVector<Type> args = flatArgs(op);
+  if (viaBits)
+    for (unsigned a : {0u, 2u, 3u})
+      args[a] = flatMemref(bitsType, a == 2 ? idxType.getNumElements() : data.getNumElements());
+  KernelLaunch l = elementKernel(name, args, idxType.getNumElements(), op->getLoc(),
                                  [&](KB &k, gpu::GPUFuncOp fn, Value i) {
     OpBuilder &b = k.b;
     Value at = elementsTarget(k, fn.getArgument(1), i, shape, axis, data);
@@ -2807,6 +2843,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::scatterElementsKernel(Operati
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(atomic.getBody());
     Value cur = atomic.getCurrentValue(), next;
+    if (viaBits) {
+      cur = b.create<arith::BitcastOp>(k.loc, elem, cur);
+      u = b.create<arith::BitcastOp>(k.loc, elem, u);
+    }
     if (reduction == "mul")
       next = fl ? Value(b.create<arith::MulFOp>(k.loc, cur, u))
                 : Value(b.create<arith::MulIOp>(k.loc, cur, u));
@@ -2823,10 +2863,51 @@ std::optional<KernelLaunch> KernelGenerator::Impl::scatterElementsKernel(Operati
                                : Value(b.create<arith::MaxSIOp>(k.loc, cur, u)))
                  : (isUnsigned ? Value(b.create<arith::MinUIOp>(k.loc, cur, u))
                                : Value(b.create<arith::MinSIOp>(k.loc, cur, u)));
+    if (viaBits)
+      next = b.create<arith::BitcastOp>(k.loc, bitsType, next);
     b.create<memref::AtomicYieldOp>(k.loc, next);
   });
   l.copyInput = true;
   return l;
+}
+
+/// one_hot: one thread per output element [outer, depth, inner]: `on` where the
+/// element's class equals its index (converted to int64 as the CPU does: floats
+/// truncate and saturate, NaN is 0; negative counts from depth's end; out of
+/// range matches nothing), else `off`; on/off converted as the CPU's scalarBytes.
+std::optional<KernelLaunch> KernelGenerator::Impl::oneHotKernel(Operation *op, StringRef name) {
+  auto idx = tensorType(op->getOperand(0)), out = tensorType(op->getResult(0));
+  Type idxElem = idx.getElementType(), elem = out.getElementType();
+  int64_t axis = op->getAttrOfType<IntegerAttr>("axis").getInt();
+  int64_t depth = op->getAttrOfType<IntegerAttr>("depth").getInt();
+  if (out.getNumElements() == 0 || idxElem.isInteger(1) || isFloat8(idxElem) || isFloat8(elem))
+    return std::nullopt;
+  auto [outer, d, inner] = aroundAxis(out.getShape(), axis);
+  if (d != depth)
+    return std::nullopt;
+  double on = op->getAttrOfType<FloatAttr>("on_value").getValueAsDouble();
+  double off = op->getAttrOfType<FloatAttr>("off_value").getValueAsDouble();
+  Type storage = storageType(elem);
+  return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
+                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Type i64 = b.getI64Type();
+    Value in = k.rem(i, inner), c = k.rem(k.div(i, inner), depth), o = k.div(i, inner * depth);
+    Value v = k.load(fn.getArgument(0), k.add(k.mul(o, k.idx(inner)), in), idxElem);
+    if (isFloat(v.getType()))
+      v = floatToInt(k, v, i64, false);
+    else if (v.getType().getIntOrFloatBitWidth() < 64)
+      v = isUnsignedInt(idxElem) ? Value(b.create<arith::ExtUIOp>(k.loc, i64, v))
+                                 : Value(b.create<arith::ExtSIOp>(k.loc, i64, v));
+    Value negative = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, v, intConst(k, i64, 0));
+    v = b.create<arith::SelectOp>(k.loc, negative,
+                                  b.create<arith::AddIOp>(k.loc, v, intConst(k, i64, depth)), v);
+    Value hit = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, v,
+                                        b.create<arith::IndexCastOp>(k.loc, i64, c));
+    Value r = b.create<arith::SelectOp>(k.loc, hit, fillConstant(k, elem, storage, on),
+                                        fillConstant(k, elem, storage, off));
+    b.create<memref::StoreOp>(k.loc, r, fn.getArgument(1), i);
+  });
 }
 
 /// cumsum along `axis` (exclusive / reverse): one thread per line, serial in
@@ -2853,32 +2934,6 @@ std::optional<KernelLaunch> KernelGenerator::Impl::cumsumKernel(Operation *op, S
       return next;
     });
   });
-}
-
-/// The fill value `value` (an f64 attribute) in `elem`'s storage, converted as
-/// the CPU's scalarBytes does: bool is value != 0, integers saturate (NaN gives
-/// 0, fractions truncate toward zero), floats round to nearest.
-static Value fillConstant(KB &k, Type elem, Type storage, double value) {
-  if (auto ft = dyn_cast<FloatType>(storage))
-    return k.fconst(ft, value);
-  if (elem.isInteger(1))
-    return intConst(k, storage, value != 0.0);
-  unsigned w = storage.getIntOrFloatBitWidth();
-  APInt bits(w, 0);
-  if (!std::isnan(value)) {
-    if (isUnsignedInt(elem)) {
-      double hi = std::ldexp(1.0, static_cast<int>(w));
-      bits = value <= 0 ? APInt::getMinValue(w)
-             : value >= hi ? APInt::getMaxValue(w)
-                           : APInt(w, static_cast<uint64_t>(value));
-    } else {
-      double lim = std::ldexp(1.0, static_cast<int>(w) - 1);
-      bits = value <= -lim ? APInt::getSignedMinValue(w)
-             : value >= lim ? APInt::getSignedMaxValue(w)
-                            : APInt(w, static_cast<uint64_t>(static_cast<int64_t>(value)), true);
-    }
-  }
-  return k.b.create<arith::ConstantOp>(k.loc, k.b.getIntegerAttr(storage, bits));
 }
 
 /// pad, tile and trilu: one thread per output element, its source position
@@ -3104,6 +3159,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return gatherElementsKernel(op, name, opName == "gather_elements_grad");
   if (opName == "scatter_elements")
     return scatterElementsKernel(op, name);
+  if (opName == "one_hot")
+    return oneHotKernel(op, name);
   if (opName == "cumsum")
     return cumsumKernel(op, name);
   if (opName == "slice_grad" || opName == "pad_grad")

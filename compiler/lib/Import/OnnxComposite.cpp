@@ -247,7 +247,27 @@ FailureOr<Value> linearIndex(NodeImporter &n, RankedTensorType data, Value index
   FORGE_TRY(wrapped, n.create1("add", {wide, vec(dims)}));
   FORGE_TRY(norm, n.create1("where", {negative, wrapped, wide}));
   FORGE_TRY(weighted, n.create1("mul", {norm, vec(strides)}));
-  FORGE_TRY(linear, reduce(n, "reduce_sum", weighted, {q - 1}, false));
+  // Sum of the k components: slices and adds (elementwise integer kernels; an
+  // integer reduce_sum would run on the host), k being small.
+  SmallVector<int64_t> rowShape(idx.getShape().drop_back());
+  Value linear;
+  for (int64_t j = 0; j < k; ++j) {
+    SmallVector<int64_t> starts(q, 0), ends(idx.getShape()), steps(q, 1);
+    starts.back() = j;
+    ends.back() = j + 1;
+    FORGE_TRY(part, n.create1("slice", {weighted}, {n.ints("starts", starts), n.ints("ends", ends),
+                                                    n.ints("steps", steps)}));
+    FORGE_TRY(flat, n.reshape(part, rowShape));
+    if (!linear) {
+      linear = flat;
+      continue;
+    }
+    FORGE_TRY(sum, n.create1("add", {linear, flat}));
+    linear = sum;
+  }
+  if (!linear) // k == 0: every index tuple addresses the whole (batch's) data
+    linear = n.constant(DenseElementsAttr::get(RankedTensorType::get(rowShape, i64),
+                                               n.b.getI64IntegerAttr(0).getValue()));
   if (b == 0)
     return linear;
   int64_t batch = 1, indexed = 1;
