@@ -154,6 +154,10 @@ std::string reasonClass(const std::string &reason) {
     return "strings";
   if (has({"Quantize", "quantize", "QLinear", "Integer"}))
     return "quantized ops";
+  if (has({"Compress", "NonZero", "Unique", "NonMaxSuppression"}))
+    return "data-dependent output shapes (Forge compiles static shapes)";
+  if (has({"ImageDecoder"}))
+    return "image decoding (input pipeline, not the graph)";
   if (has({"Random", "Bernoulli", "Multinomial"}))
     return "random number generators (inference-time sampling)";
   return "other unsupported ops";

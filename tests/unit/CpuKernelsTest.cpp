@@ -378,6 +378,9 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "one_hot",
                                         "dropout",
                                         "dropout_mask",
+                                        "floor",
+                                        "ceil",
+                                        "round",
                                         // Backward-only ops (ForgeGradOps.td).
                                         "conv_grad_weight",
                                         "max_pool_grad",
@@ -400,6 +403,17 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
   EXPECT_EQ(names.size(), ops.size());
   EXPECT_EQ(findCpuKernel("no_such_op"), nullptr);
+}
+
+TEST(CpuKernels, RoundHalfToEven) {
+  // Round is half to even (ONNX), not half away from zero; -0 keeps its sign.
+  HT x = make(bundle::F32, {8}, {0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.4999, -0.4}), y(bundle::F32, {8});
+  EXPECT_OK(Op("round").run({&x}, {&y}));
+  std::vector<double> want = {0, 2, 2, -0.0, -2, -2, 3, -0.0};
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(y.at(i), want[i]) << i;
+    EXPECT_EQ(std::signbit(y.at(i)), std::signbit(want[i])) << i;
+  }
 }
 
 TEST(CpuKernels, PhiloxKnownAnswers) {
@@ -699,6 +713,9 @@ TEST(CpuKernels, UnaryFloat) {
       {Op("asinh"), [](double x) { return std::asinh(x); }, -100, 100},
       {Op("acosh"), [](double x) { return std::acosh(x); }, 1, 100},
       {Op("atanh"), [](double x) { return std::atanh(x); }, -0.99, 0.99},
+      {Op("floor"), [](double x) { return std::floor(x); }},
+      {Op("ceil"), [](double x) { return std::ceil(x); }},
+      {Op("round"), [](double x) { return std::nearbyint(x); }},
       {Op("selu").f("alpha", 1.5).f("gamma", 1.25),
        [](double x) { return x > 0 ? 1.25 * x : 1.25 * 1.5 * (std::exp(x) - 1); }},
       {Op("thresholded_relu").f("alpha", 0.5), [](double x) { return x > 0.5 ? x : 0; }},

@@ -868,6 +868,20 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argE
     return {};
   }
   if (name == "neg") return b.create<arith::NegFOp>(loc, x);
+  if (name == "floor") return b.create<math::FloorOp>(loc, x);
+  if (name == "ceil") return b.create<math::CeilOp>(loc, x);
+  if (name == "round") {
+    // Half to even without libdevice (MLIR 19 lowers no roundeven): adding and
+    // subtracting 2^mantissa-bits rounds in the default mode, nearest even;
+    // larger magnitudes (and inf, NaN) are already integral.
+    int bits = ct.isF64() ? 52 : 23;
+    Value big = cf(std::ldexp(1.0, bits));
+    Value magic = b.create<math::CopySignOp>(loc, big, x);
+    Value r = b.create<arith::SubFOp>(loc, b.create<arith::AddFOp>(loc, x, magic), magic);
+    // -0.4 rounds to -0.0 (the sign of x), as nearbyint does.
+    r = b.create<math::CopySignOp>(loc, r, x);
+    return select(cmpf(arith::CmpFPredicate::OLT, b.create<math::AbsFOp>(loc, x), big), r, x);
+  }
   if (name == "abs") return b.create<math::AbsFOp>(loc, x);
   if (name == "exp") return b.create<math::ExpOp>(loc, x);
   if (name == "log") return b.create<math::LogOp>(loc, x);

@@ -127,6 +127,9 @@ struct PoolWindow {
   SmallVector<int64_t> kernel, strides, dilations, pads;
 };
 FailureOr<PoolWindow> poolWindow(NodeImporter &n);
+/// MaxPool's Indices output (OnnxComposite.cpp) for the values of type `pooled`.
+LogicalResult importMaxPoolIndices(NodeImporter &n, const PoolWindow &w,
+                                   RankedTensorType pooled);
 
 /// Ops imported as compositions of forge primitives (OnnxComposite.cpp): their
 /// gradients come from the primitives' rules.

@@ -35,6 +35,20 @@ namespace {
 
 RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
 
+/// An element type from an ONNX TensorProto.DataType code (the float and common
+/// integer types), null when Forge has no such type.
+Type onnxElementType(NodeImporter &n, int64_t code) {
+  switch (code) {
+  case 1: return n.b.getF32Type();
+  case 10: return n.b.getF16Type();
+  case 11: return n.b.getF64Type();
+  case 16: return n.b.getBF16Type();
+  case 6: return n.b.getI32Type();
+  case 7: return n.b.getI64Type();
+  default: return Type();
+  }
+}
+
 /// Sets output `index` from `v`, propagating a failure.
 LogicalResult out(NodeImporter &n, FailureOr<Value> v, int64_t index = 0) {
   if (failed(v))
@@ -1130,17 +1144,10 @@ LogicalResult importEyeLike(NodeImporter &n) {
   if (!x || x.getRank() != 2)
     return n.error() << "EyeLike needs a 2-d input";
   Type elem = x.getElementType();
-  if (const auto *a = n.attr("dtype")) { // TensorProto.DataType codes
-    switch (a->i()) {
-    case 1: elem = n.b.getF32Type(); break;
-    case 10: elem = n.b.getF16Type(); break;
-    case 11: elem = n.b.getF64Type(); break;
-    case 16: elem = n.b.getBF16Type(); break;
-    case 6: elem = n.b.getI32Type(); break;
-    case 7: elem = n.b.getI64Type(); break;
-    case 9: elem = n.b.getI1Type(); break;
-    default: return n.error() << "EyeLike dtype " << a->i() << " is unsupported";
-    }
+  if (const auto *a = n.attr("dtype")) {
+    elem = a->i() == 9 ? n.b.getI1Type() : onnxElementType(n, a->i());
+    if (!elem)
+      return n.error() << "EyeLike dtype " << a->i() << " is unsupported";
   }
   int64_t rows = x.getDimSize(0), cols = x.getDimSize(1), k = n.intAttr("k", 0);
   auto type = RankedTensorType::get({rows, cols}, elem);
@@ -1185,7 +1192,447 @@ LogicalResult importReverseSequence(NodeImporter &n) {
   return out(n, n.create1("gather_elements", {n.input(0), full}, {n.i64("axis", timeAxis)}));
 }
 
+//===----------------------------------------------------------------------===//
+// GridSample and Col2Im
+//===----------------------------------------------------------------------===//
+
+/// GridSample (opset 16 and 20, N-d) as ONNX's reference: per output point and
+/// spatial dim, the denormalized coordinate (rounded half to even for
+/// nearest; clamped or reflected into the borders), the 1, 2 or 4 taps of
+/// nearest, linear or cubic interpolation with their weights, each tap's pixel
+/// (zero outside for padding "zeros", clamped for "border", reflected for
+/// "reflection"); the tap products are gathered from the flattened input.
+LogicalResult importGridSample(NodeImporter &n) {
+  auto x = n.inputType(0), g = n.inputType(1);
+  if (!x || !g || x.getRank() < 3 || g.getRank() != x.getRank() ||
+      g.getShape().back() != x.getRank() - 2 || !isa<FloatType>(x.getElementType()))
+    return n.error() << "GridSample needs a float input [N, C, D...] and a grid [N, O..., rank-2]";
+  std::string mode = n.stringAttr("mode", n.opset < 20 ? "bilinear" : "linear");
+  mode = mode == "bilinear" ? "linear" : mode == "bicubic" ? "cubic" : mode;
+  std::string padding = n.stringAttr("padding_mode", "zeros");
+  bool align = n.intAttr("align_corners", 0) != 0;
+  if ((mode != "nearest" && mode != "linear" && mode != "cubic") ||
+      (padding != "zeros" && padding != "border" && padding != "reflection"))
+    return n.error() << "unsupported mode '" << mode << "' or padding_mode '" << padding << "'";
+  Type elem = x.getElementType(), i64 = n.b.getI64Type();
+  int64_t k = x.getRank() - 2, batch = x.getDimSize(0), ch = x.getDimSize(1), points = 1;
+  for (int64_t d = 1; d < g.getRank() - 1; ++d)
+    points *= g.getDimSize(d);
+  auto c = [&](double v) { return n.scalar(elem, v); };
+  auto op2 = [&](StringRef name, Value a, Value b) { return n.create1(name, {a, b}); };
+  // Reflect v into [lo, hi] by its near border until inside (the reference's _gs_reflect).
+  auto reflect = [&](Value v, double lo, double hi) -> FailureOr<Value> {
+    double range = hi - lo;
+    FORGE_TRY(belowDx, op2("sub", c(lo), v));
+    FORGE_TRY(aboveDx, op2("sub", v, c(hi)));
+    auto fold = [&](Value dx, double nearB, double farB, bool fromBelow) -> FailureOr<Value> {
+      // even passes: nearB +- r; odd: farB -+ r
+      FORGE_TRY(q, op2("div", dx, c(range)));
+      FORGE_TRY(nq, n.create1("floor", {q}));
+      FORGE_TRY(nr, op2("mul", nq, c(range)));
+      FORGE_TRY(r, op2("sub", dx, nr));
+      FORGE_TRY(half, op2("mul", nq, c(0.5)));
+      FORGE_TRY(fh, n.create1("floor", {half}));
+      FORGE_TRY(even, op2("equal", half, fh));
+      FORGE_TRY(nearV, fromBelow ? op2("add", c(nearB), r) : op2("sub", c(nearB), r));
+      FORGE_TRY(farV, fromBelow ? op2("sub", c(farB), r) : op2("add", c(farB), r));
+      return n.create1("where", {even, nearV, farV});
+    };
+    FORGE_TRY(fromLo, fold(belowDx, lo, hi, true));
+    FORGE_TRY(fromHi, fold(aboveDx, hi, lo, false));
+    FORGE_TRY(isBelow, op2("less", v, c(lo)));
+    FORGE_TRY(isAbove, op2("greater", v, c(hi)));
+    FORGE_TRY(hiOrV, n.create1("where", {isAbove, fromHi, v}));
+    return n.create1("where", {isBelow, fromLo, hiOrV});
+  };
+  // Per spatial dim d (grid component k-1-d): taps (index [N, O] int64, weight
+  // [N, O], valid [N, O] bool or null).
+  struct Tap {
+    Value index, weight, valid;
+  };
+  SmallVector<SmallVector<Tap>> taps(k);
+  for (int64_t d = 0; d < k; ++d) {
+    int64_t size = x.getDimSize(2 + d);
+    double lo = align ? 0.0 : -0.5, hi = align ? size - 1.0 : size - 0.5;
+    SmallVector<int64_t> starts(g.getRank(), 0), ends(g.getShape()), steps(g.getRank(), 1);
+    starts.back() = k - 1 - d;
+    ends.back() = k - d;
+    FORGE_TRY(comp, n.create1("slice", {n.input(1)}, {n.ints("starts", starts),
+                                                      n.ints("ends", ends),
+                                                      n.ints("steps", steps)}));
+    FORGE_TRY(cn, n.reshape(comp, {batch, points}));
+    FORGE_TRY(plus1, op2("add", cn, c(1.0)));
+    Value xd;
+    if (align) {
+      FORGE_TRY(v, op2("mul", plus1, c((size - 1) / 2.0)));
+      xd = v;
+    } else {
+      FORGE_TRY(s1, op2("mul", plus1, c(static_cast<double>(size))));
+      FORGE_TRY(s2, op2("sub", s1, c(1.0)));
+      FORGE_TRY(v, op2("mul", s2, c(0.5)));
+      xd = v;
+    }
+    if (mode == "nearest") {
+      FORGE_TRY(r, n.create1("round", {xd}));
+      xd = r;
+    }
+    if (padding == "border") { // outside [lo, hi]: clamped to [0, size-1]
+      FORGE_TRY(out, n.create1("clip", {xd}, {n.f64("min", 0.0), n.f64("max", size - 1.0)}));
+      FORGE_TRY(inside, n.create1("and", {op2("greater_equal", xd, c(lo)).value(),
+                                          op2("less_equal", xd, c(hi)).value()}));
+      FORGE_TRY(v, n.create1("where", {inside, xd, out}));
+      xd = v;
+    } else if (padding == "reflection") {
+      FORGE_TRY(v, reflect(xd, lo, hi));
+      xd = v;
+    }
+    FORGE_TRY(fl, n.create1("floor", {xd}));
+    FORGE_TRY(frac, op2("sub", xd, fl));
+    FORGE_TRY(base, n.cast(fl, i64));
+    SmallVector<std::pair<int64_t, Value>> offsets; // (offset, weight)
+    if (mode == "nearest") {
+      offsets.push_back({0, c(1.0)});
+    } else if (mode == "linear") {
+      FORGE_TRY(w0, op2("sub", c(1.0), frac));
+      offsets = {{0, w0}, {1, frac}};
+    } else { // Keys' cubic, A = -0.75, at distances 1 + f, f, 1 - f, 2 - f
+      const double a = -0.75;
+      auto near = [&](Value t) -> FailureOr<Value> { // ((a+2)t - (a+3)) t^2 + 1
+        FORGE_TRY(t1, op2("mul", t, c(a + 2)));
+        FORGE_TRY(t2, op2("sub", t1, c(a + 3)));
+        FORGE_TRY(tt, op2("mul", t, t));
+        FORGE_TRY(t3, op2("mul", t2, tt));
+        return op2("add", t3, c(1.0));
+      };
+      auto far = [&](Value t) -> FailureOr<Value> { // ((a t - 5a) t + 8a) t - 4a
+        FORGE_TRY(t1, op2("mul", t, c(a)));
+        FORGE_TRY(t2, op2("sub", t1, c(5 * a)));
+        FORGE_TRY(t3, op2("mul", t2, t));
+        FORGE_TRY(t4, op2("add", t3, c(8 * a)));
+        FORGE_TRY(t5, op2("mul", t4, t));
+        return op2("sub", t5, c(4 * a));
+      };
+      FORGE_TRY(f1, op2("add", frac, c(1.0)));
+      FORGE_TRY(g1, op2("sub", c(1.0), frac));
+      FORGE_TRY(g2, op2("sub", c(2.0), frac));
+      FORGE_TRY(w0, far(f1));
+      FORGE_TRY(w1, near(frac));
+      FORGE_TRY(w2, near(g1));
+      FORGE_TRY(w3, far(g2));
+      offsets = {{-1, w0}, {0, w1}, {1, w2}, {2, w3}};
+    }
+    for (auto [off, weight] : offsets) {
+      FORGE_TRY(i, op2("add", base, n.scalar(i64, static_cast<double>(off))));
+      Value idx = i, valid;
+      if (padding == "zeros") {
+        FORGE_TRY(ge, op2("greater_equal", i, n.scalar(i64, 0)));
+        FORGE_TRY(lt, op2("less", i, n.scalar(i64, static_cast<double>(size))));
+        FORGE_TRY(v, n.create1("and", {ge, lt}));
+        valid = v;
+      } else if (padding == "reflection") { // the pixel's own reflection, then truncation
+        FORGE_TRY(fi, n.cast(i, elem));
+        FORGE_TRY(rf, reflect(fi, lo, hi));
+        FORGE_TRY(ri, n.cast(rf, i64));
+        idx = ri;
+      }
+      FORGE_TRY(lowC, n.create1("max", {idx, n.scalar(i64, 0)}));
+      FORGE_TRY(clamped, n.create1("min", {lowC, n.scalar(i64, static_cast<double>(size - 1))}));
+      taps[d].push_back({clamped, weight, valid});
+    }
+  }
+  // Every combination of one tap per dim: a gather of [N, C, P] at the flat index.
+  int64_t plane = 1;
+  for (int64_t d = 0; d < k; ++d)
+    plane *= x.getDimSize(2 + d);
+  FORGE_TRY(flatX, n.reshape(n.input(0), {batch, ch, plane}));
+  int64_t combos = 1;
+  for (int64_t d = 0; d < k; ++d)
+    combos *= static_cast<int64_t>(taps[d].size());
+  Value sum;
+  for (int64_t combo = 0; combo < combos; ++combo) {
+    Value index, weight, valid;
+    for (int64_t d = 0, rest = combo; d < k; ++d) {
+      int64_t nt = static_cast<int64_t>(taps[d].size());
+      const Tap &t = taps[d][rest % nt];
+      rest /= nt;
+      int64_t stride = 1;
+      for (int64_t e = d + 1; e < k; ++e)
+        stride *= x.getDimSize(2 + e);
+      FORGE_TRY(scaled, op2("mul", t.index, n.scalar(i64, static_cast<double>(stride))));
+      if (index) {
+        FORGE_TRY(sumI, op2("add", index, scaled));
+        index = sumI;
+      } else {
+        index = scaled;
+      }
+      if (weight) {
+        FORGE_TRY(pw, op2("mul", weight, t.weight));
+        weight = pw;
+      } else {
+        weight = t.weight;
+      }
+      if (t.valid) {
+        if (valid) {
+          FORGE_TRY(both, n.create1("and", {valid, t.valid}));
+          valid = both;
+        } else {
+          valid = t.valid;
+        }
+      }
+    }
+    FORGE_TRY(idx3, n.reshape(index, {batch, 1, points}));
+    FORGE_TRY(idxC, n.create1("broadcast", {idx3}, {n.ints("shape", {batch, ch, points})}));
+    FORGE_TRY(pix, n.create1("gather_elements", {flatX, idxC}, {n.i64("axis", 2)}));
+    // (nearest's weight is the scalar 1)
+    FORGE_TRY(w3, typeOf(weight).getRank() == 0 ? FailureOr<Value>(weight)
+                                                : n.reshape(weight, {batch, 1, points}));
+    FORGE_TRY(term, op2("mul", pix, w3));
+    Value contribution = term;
+    if (valid) {
+      FORGE_TRY(v3, n.reshape(valid, {batch, 1, points}));
+      FORGE_TRY(masked, n.create1("where", {v3, term, c(0.0)}));
+      contribution = masked;
+    }
+    if (sum) {
+      FORGE_TRY(acc, op2("add", sum, contribution));
+      sum = acc;
+    } else {
+      sum = contribution;
+    }
+  }
+  SmallVector<int64_t> outShape = {batch, ch};
+  outShape.append(g.getShape().begin() + 1, g.getShape().end() - 1);
+  return out(n, n.reshape(sum, outShape));
+}
+
+/// Col2Im: every column element added into the image position its block and
+/// block offset cover (scatter_elements, reduction add, at constant indices);
+/// elements landing in the padding go to one extra slot, sliced off.
+LogicalResult importCol2Im(NodeImporter &n) {
+  auto x = n.inputType(0);
+  auto image = n.constantInts(1, "image_shape");
+  auto block = n.constantInts(2, "block_shape");
+  if (!x || failed(image) || failed(block))
+    return failure();
+  int64_t sp = static_cast<int64_t>(image->size());
+  if (x.getRank() != 3 || static_cast<int64_t>(block->size()) != sp)
+    return n.error() << "Col2Im needs a 3-d input and image/block shapes of one length";
+  auto dilations = intsOr(n, "dilations", sp, 1), strides = intsOr(n, "strides", sp, 1);
+  auto pads = intsOr(n, "pads", 2 * sp, 0);
+  int64_t blockSize = 1, imageSize = 1, columns = 1;
+  SmallVector<int64_t> grid(sp);
+  for (int64_t d = 0; d < sp; ++d) {
+    blockSize *= (*block)[d];
+    imageSize *= (*image)[d];
+    grid[d] = ((*image)[d] + pads[d] + pads[sp + d] - dilations[d] * ((*block)[d] - 1) - 1) /
+                  strides[d] + 1;
+    columns *= grid[d];
+  }
+  int64_t batch = x.getDimSize(0), rows = x.getDimSize(1);
+  if (rows % blockSize || x.getDimSize(2) != columns)
+    return n.error() << "Col2Im: input " << x << " does not match blocks of " << blockSize
+                     << " over " << columns << " positions";
+  int64_t ch = rows / blockSize;
+  SmallVector<int64_t> target; // per (c, block offset, column): image position or the spare
+  for (int64_t c = 0; c < ch; ++c)
+    for (int64_t b = 0; b < blockSize; ++b)
+      for (int64_t l = 0; l < columns; ++l) {
+        int64_t pos = 0;
+        bool inside = true;
+        for (int64_t d = 0, br = b, lr = l, bs = blockSize, ls = columns; d < sp; ++d) {
+          bs /= (*block)[d];
+          ls /= grid[d];
+          int64_t kd = br / bs, od = lr / ls;
+          br %= bs;
+          lr %= ls;
+          int64_t p = od * strides[d] - pads[d] + kd * dilations[d];
+          inside &= p >= 0 && p < (*image)[d];
+          pos = pos * (*image)[d] + p;
+        }
+        target.push_back(inside ? c * imageSize + pos : ch * imageSize);
+      }
+  Type elem = x.getElementType();
+  int64_t total = ch * blockSize * columns;
+  Value idx = n.constant(DenseElementsAttr::get(
+      RankedTensorType::get({1, total}, n.b.getI64Type()), ArrayRef<int64_t>(target)));
+  FORGE_TRY(idxB, n.create1("broadcast", {idx}, {n.ints("shape", {batch, total})}));
+  FORGE_TRY(updates, n.reshape(n.input(0), {batch, total}));
+  Value zeros = n.constant(DenseElementsAttr::get(
+      RankedTensorType::get({batch, ch * imageSize + 1}, elem),
+      isa<FloatType>(elem) ? Attribute(n.b.getFloatAttr(elem, 0.0))
+                           : Attribute(n.b.getIntegerAttr(elem, 0))));
+  FORGE_TRY(sums, n.create1("scatter_elements", {zeros, idxB, updates},
+                            {n.i64("axis", 1), n.str("reduction", "add")}));
+  FORGE_TRY(kept, n.create1("slice", {sums}, {n.ints("starts", {0, 0}),
+                                              n.ints("ends", {batch, ch * imageSize}),
+                                              n.ints("steps", {1, 1})}));
+  SmallVector<int64_t> outShape = {batch, ch};
+  outShape.append(image->begin(), image->end());
+  return out(n, n.reshape(kept, outShape));
+}
+
+/// HannWindow, HammingWindow, BlackmanWindow: constants of the (constant)
+/// size, computed in double as ONNX's reference (periodic: N = size, else size-1).
+OpRule window(StringRef kind) {
+  std::string name = kind.str();
+  return [name](NodeImporter &n) -> LogicalResult {
+    auto size = n.constantScalar(0, "size");
+    if (failed(size))
+      return failure();
+    int64_t len = static_cast<int64_t>(*size);
+    Type elem = onnxElementType(n, n.intAttr("output_datatype", 1));
+    if (len < 0 || !elem)
+      return n.error() << "needs a size >= 0 and a supported output_datatype";
+    double period = n.intAttr("periodic", 1) ? len : len - 1;
+    SmallVector<Attribute> values;
+    for (int64_t i = 0; i < len; ++i) {
+      double t = 2 * M_PI * i / period, v;
+      if (name == "hann")
+        v = std::pow(std::sin(M_PI * i / period), 2);
+      else if (name == "hamming")
+        v = 25.0 / 46.0 - (1 - 25.0 / 46.0) * std::cos(t);
+      else
+        v = 0.42 - 0.5 * std::cos(t) + 0.08 * std::cos(2 * t);
+      values.push_back(isa<FloatType>(elem) ? Attribute(n.b.getFloatAttr(elem, v))
+                                            : Attribute(n.b.getIntegerAttr(elem, (int64_t)v)));
+    }
+    return n.setOutput(0, n.constant(DenseElementsAttr::get(RankedTensorType::get({len}, elem),
+                                                            values)));
+  };
+}
+
+/// AffineGrid: the base grid of normalized coordinates (x fastest, then y (and
+/// z), homogeneous 1; cell centers, or corners with align_corners) times
+/// theta^T: [N, D..., rank] grid positions for GridSample.
+LogicalResult importAffineGrid(NodeImporter &n) {
+  auto theta = n.inputType(0);
+  auto size = n.constantInts(1, "size");
+  if (!theta || failed(size))
+    return failure();
+  int64_t sp = static_cast<int64_t>(size->size()) - 2;
+  if ((sp != 2 && sp != 3) || theta.getRank() != 3 || theta.getDimSize(1) != sp ||
+      theta.getDimSize(2) != sp + 1 || !isa<FloatType>(theta.getElementType()))
+    return n.error() << "AffineGrid needs theta [N, " << sp << ", " << sp + 1
+                     << "] and a size of rank 4 or 5";
+  bool align = n.intAttr("align_corners", 0) != 0;
+  SmallVector<int64_t> dims(size->begin() + 2, size->end());
+  int64_t points = 1;
+  for (int64_t d : dims)
+    points *= d;
+  auto coord = [&](int64_t i, int64_t len) {
+    return align ? (len == 1 ? -1.0 : -1.0 + 2.0 * i / (len - 1)) : (2.0 * i + 1) / len - 1;
+  };
+  Type elem = theta.getElementType();
+  SmallVector<Attribute> base; // [points, sp + 1]: (x, y[, z], 1)
+  for (int64_t p = 0; p < points; ++p) {
+    SmallVector<int64_t> at(sp);
+    for (int64_t d = sp - 1, r = p; d >= 0; --d) {
+      at[d] = r % dims[d];
+      r /= dims[d];
+    }
+    for (int64_t d = sp - 1; d >= 0; --d) // x is the last (fastest) dim
+      base.push_back(n.b.getFloatAttr(elem, coord(at[d], dims[d])));
+    base.push_back(n.b.getFloatAttr(elem, 1.0));
+  }
+  Value grid = n.constant(DenseElementsAttr::get(RankedTensorType::get({points, sp + 1}, elem), base));
+  FORGE_TRY(thetaT, n.transpose(n.input(0), {0, 2, 1})); // [N, sp + 1, sp]
+  FORGE_TRY(moved, n.create1("matmul", {grid, thetaT}));   // [N, points, sp]
+  SmallVector<int64_t> outShape = {theta.getDimSize(0)};
+  outShape.append(dims.begin(), dims.end());
+  outShape.push_back(sp);
+  return out(n, n.reshape(moved, outShape));
+}
+
 } // namespace
+
+/// MaxPool's Indices: each window's taps gathered from the input padded with
+/// the lowest value (constant [windows, taps] positions), the first maximum's
+/// tap (argmax), and that tap's flat index in the unpadded input (a constant
+/// table, row- or column-major by storage_order) plus the plane's offset
+/// n * C + c, as ONNX defines ([0, N*C*D1*...*Dn)).
+LogicalResult onnx_import::importMaxPoolIndices(NodeImporter &n, const PoolWindow &w,
+                                                RankedTensorType pooled) {
+  auto x = n.inputType(0);
+  Type elem = x.getElementType();
+  int64_t rank = x.getRank(), sp = rank - 2, batch = x.getDimSize(0), ch = x.getDimSize(1);
+  bool columnMajor = n.intAttr("storage_order", 0) != 0;
+  SmallVector<int64_t> image(x.getShape().drop_front(2)), outDims(pooled.getShape().drop_front(2));
+  // Pad so that every tap of every window (ceil_mode's last ones too) is inside.
+  SmallVector<int64_t> pads(2 * rank, 0), padded(sp);
+  for (int64_t d = 0; d < sp; ++d) {
+    int64_t need = (outDims[d] - 1) * w.strides[d] + (w.kernel[d] - 1) * w.dilations[d] + 1;
+    pads[2 + d] = w.pads[d];
+    pads[rank + 2 + d] = std::max<int64_t>(w.pads[sp + d], need - image[d] - w.pads[d]);
+    padded[d] = image[d] + pads[2 + d] + pads[rank + 2 + d];
+  }
+  double lowest = isa<FloatType>(elem) ? -INFINITY
+                  : elem.isUnsignedInteger() ? 0.0
+                                             : -std::ldexp(1.0, elem.getIntOrFloatBitWidth() - 1);
+  FORGE_TRY(xp, n.create1("pad", {n.input(0)}, {n.ints("pads", pads), n.str("mode", "constant"),
+                                                n.f64("value", lowest)}));
+  int64_t paddedSize = 1, imageSize = 1, windows = 1, taps = 1;
+  for (int64_t d = 0; d < sp; ++d) {
+    paddedSize *= padded[d];
+    imageSize *= image[d];
+    windows *= outDims[d];
+    taps *= w.kernel[d];
+  }
+  // Per (window, tap): its position in the padded plane, and its flat index in
+  // the image (storage order), -1 for padding (never the maximum).
+  SmallVector<int64_t> gatherAt, imageIndex;
+  SmallVector<int64_t> o(sp, 0), k(sp, 0);
+  for (int64_t wi = 0; wi < windows; ++wi) {
+    for (int64_t d = sp - 1, t = wi; d >= 0; --d) {
+      o[d] = t % outDims[d];
+      t /= outDims[d];
+    }
+    for (int64_t ti = 0; ti < taps; ++ti) {
+      for (int64_t d = sp - 1, t = ti; d >= 0; --d) {
+        k[d] = t % w.kernel[d];
+        t /= w.kernel[d];
+      }
+      int64_t at = 0, index = 0;
+      bool inside = true;
+      for (int64_t d = 0; d < sp; ++d) {
+        int64_t p = o[d] * w.strides[d] + k[d] * w.dilations[d]; // padded coordinate
+        at = at * padded[d] + p;
+        int64_t q = p - w.pads[d];
+        inside &= q >= 0 && q < image[d];
+      }
+      if (inside) { // row-major, or column-major (the last spatial dim slowest)
+        int64_t stride = 1;
+        for (int64_t dd = 0; dd < sp; ++dd) {
+          int64_t d = columnMajor ? dd : sp - 1 - dd;
+          index += (o[d] * w.strides[d] + k[d] * w.dilations[d] - w.pads[d]) * stride;
+          stride *= image[d];
+        }
+      }
+      gatherAt.push_back(at);
+      imageIndex.push_back(inside ? index : -1);
+    }
+  }
+  Type i64 = n.b.getI64Type();
+  auto constant = [&](ArrayRef<int64_t> shape, ArrayRef<int64_t> values) {
+    return n.constant(DenseElementsAttr::get(RankedTensorType::get(shape, i64), values));
+  };
+  FORGE_TRY(planes, n.reshape(xp, {batch, ch, paddedSize}));
+  FORGE_TRY(tapsOf, n.create1("gather", {planes, constant({windows * taps}, gatherAt)},
+                              {n.i64("axis", 2)}));
+  FORGE_TRY(grid, n.reshape(tapsOf, {batch, ch, windows, taps}));
+  FORGE_TRY(best, n.create1("argmax", {grid}, {n.i64("axis", 3), n.flag("keepdims", false),
+                                               n.flag("select_last_index", false)}));
+  SmallVector<int64_t> windowBase(windows);
+  for (int64_t wi = 0; wi < windows; ++wi)
+    windowBase[wi] = wi * taps;
+  FORGE_TRY(pick, n.create1("add", {best, constant({1, 1, windows}, windowBase)}));
+  FORGE_TRY(spatial, n.create1("gather", {constant({windows * taps}, imageIndex), pick},
+                               {n.i64("axis", 0)}));
+  SmallVector<int64_t> planeBase(batch * ch);
+  for (int64_t p = 0; p < batch * ch; ++p)
+    planeBase[p] = p * imageSize;
+  FORGE_TRY(flat, n.create1("add", {spatial, constant({batch, ch, 1}, planeBase)}));
+  return out(n, n.reshape(flat, pooled.getShape()), 1);
+}
 
 void onnx_import::addCompositeRules(llvm::StringMap<OpRule> &r) {
   r["ReduceSumSquare"] = sumOf("square", "");
@@ -1218,5 +1665,11 @@ void onnx_import::addCompositeRules(llvm::StringMap<OpRule> &r) {
   r["CenterCropPad"] = importCenterCropPad;
   r["EyeLike"] = importEyeLike;
   r["ReverseSequence"] = importReverseSequence;
+  r["GridSample"] = importGridSample;
+  r["Col2Im"] = importCol2Im;
+  r["AffineGrid"] = importAffineGrid;
+  r["HannWindow"] = window("hann");
+  r["HammingWindow"] = window("hamming");
+  r["BlackmanWindow"] = window("blackman");
   r["Upsample"] = importResize;
 }

@@ -210,8 +210,6 @@ FailureOr<onnx_import::PoolWindow> onnx_import::poolWindow(NodeImporter &n) {
 namespace {
 
 LogicalResult importPool(NodeImporter &n, bool isMax) {
-  if (isMax && n.outputUsed(1))
-    return n.error() << "the Indices output of MaxPool is unsupported";
   auto w = poolWindow(n);
   if (failed(w))
     return failure();
@@ -220,7 +218,12 @@ LogicalResult importPool(NodeImporter &n, bool isMax) {
                                        n.flag("ceil_mode", n.intAttr("ceil_mode", 0))};
   if (!isMax)
     attrs.push_back(n.flag("count_include_pad", n.intAttr("count_include_pad", 0)));
-  return output(n, n.create1(isMax ? "max_pool" : "avg_pool", {n.input(0)}, attrs));
+  auto pooled = n.create1(isMax ? "max_pool" : "avg_pool", {n.input(0)}, attrs);
+  if (failed(pooled) || failed(output(n, pooled)))
+    return failure();
+  if (isMax && n.outputUsed(1))
+    return importMaxPoolIndices(n, *w, cast<RankedTensorType>(pooled->getType()));
+  return success();
 }
 
 LogicalResult importGlobalPool(NodeImporter &n, StringRef reduce) {
@@ -1280,6 +1283,7 @@ const llvm::StringMap<OpRule> &onnx_import::onnxOpRules() {
              {"Sin", "sin"}, {"Cos", "cos"}, {"Tan", "tan"}, {"Asin", "asin"},
              {"Acos", "acos"}, {"Atan", "atan"}, {"Sinh", "sinh"}, {"Cosh", "cosh"},
              {"Asinh", "asinh"}, {"Acosh", "acosh"}, {"Atanh", "atanh"}, {"Xor", "xor"},
+             {"Floor", "floor"}, {"Ceil", "ceil"}, {"Round", "round"},
              {"BitwiseAnd", "bitwise_and"}, {"BitwiseOr", "bitwise_or"},
              {"BitwiseXor", "bitwise_xor"}, {"BitwiseNot", "bitwise_not"}})
       r[onnx] = direct(forge);

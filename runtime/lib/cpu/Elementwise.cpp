@@ -405,6 +405,18 @@ struct AtanhOp {
   static constexpr bool kInt = false;
   template <typename C> C operator()(C x) const { return std::atanh(x); }
 };
+struct FloorOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::floor(x); }
+};
+struct CeilOp {
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::ceil(x); }
+};
+struct RoundOp { // half to even: nearbyint in the default rounding mode
+  static constexpr bool kInt = false;
+  template <typename C> C operator()(C x) const { return std::nearbyint(x); }
+};
 struct SoftplusOp {
   static constexpr bool kInt = false;
   template <typename C> C operator()(C x) const {
@@ -844,6 +856,9 @@ void registerElementwiseKernels(Registry &r) {
   r.add("asinh", &unaryKernel<AsinhOp>, 1, 1);
   r.add("acosh", &unaryKernel<AcoshOp>, 1, 1);
   r.add("atanh", &unaryKernel<AtanhOp>, 1, 1);
+  r.add("floor", &unaryKernel<FloorOp>, 1, 1);
+  r.add("ceil", &unaryKernel<CeilOp>, 1, 1);
+  r.add("round", &unaryKernel<RoundOp>, 1, 1);
   r.add("softplus", &unaryKernel<SoftplusOp>, 1, 1);
   r.add("hard_swish", &unaryKernel<HardSwishOp>, 1, 1);
   r.add("leaky_relu", &unaryKernel<LeakyReluOp>, 1, 1);

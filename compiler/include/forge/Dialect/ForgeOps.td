@@ -117,6 +117,11 @@ def Forge_ErfOp : Forge_UnaryOp<"erf", "Erf", 1, 8>;
 def Forge_SoftplusOp : Forge_UnaryOp<"softplus", "Softplus", 1, 16>;
 def Forge_HardSwishOp : Forge_UnaryOp<"hard_swish", "HardSwish", 1, 4>;
 def Forge_NotOp : Forge_UnaryOp<"not", "Not", 0>;
+// Integer-valued steps: zero gradient almost everywhere, so not differentiable
+// (no gradient flows through them, as in PyTorch). Round is half to even.
+def Forge_FloorOp : Forge_UnaryOp<"floor", "Floor", 0>;
+def Forge_CeilOp : Forge_UnaryOp<"ceil", "Ceil", 0>;
+def Forge_RoundOp : Forge_UnaryOp<"round", "Round", 0>;
 def Forge_BitwiseNotOp : Forge_UnaryOp<"bitwise_not", "BitwiseNot", 0> {
   let opsetMin = 18;
 }
