@@ -874,12 +874,21 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argE
     // Half to even without libdevice (MLIR 19 lowers no roundeven): adding and
     // subtracting 2^mantissa-bits rounds in the default mode, nearest even;
     // larger magnitudes (and inf, NaN) are already integral.
+    // (math.copysign has no lowering in this pipeline: the sign bit by hand.)
     int bits = ct.isF64() ? 52 : 23;
+    unsigned width = ct.getIntOrFloatBitWidth();
+    Type it = b.getIntegerType(width);
     Value big = cf(std::ldexp(1.0, bits));
-    Value magic = b.create<math::CopySignOp>(loc, big, x);
+    Value xi = b.create<arith::BitcastOp>(loc, it, x);
+    Value negative = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, xi, intConst(k, it, 0));
+    Value magic = select(negative, cf(-std::ldexp(1.0, bits)), big);
     Value r = b.create<arith::SubFOp>(loc, b.create<arith::AddFOp>(loc, x, magic), magic);
     // -0.4 rounds to -0.0 (the sign of x), as nearbyint does.
-    r = b.create<math::CopySignOp>(loc, r, x);
+    APInt signBit = APInt::getSignMask(width);
+    Value ri = b.create<arith::AndIOp>(loc, b.create<arith::BitcastOp>(loc, it, r),
+                                       b.create<arith::ConstantOp>(loc, b.getIntegerAttr(it, ~signBit)));
+    Value si = b.create<arith::AndIOp>(loc, xi, b.create<arith::ConstantOp>(loc, b.getIntegerAttr(it, signBit)));
+    r = b.create<arith::BitcastOp>(loc, ct, b.create<arith::OrIOp>(loc, ri, si));
     return select(cmpf(arith::CmpFPredicate::OLT, b.create<math::AbsFOp>(loc, x), big), r, x);
   }
   if (name == "abs") return b.create<math::AbsFOp>(loc, x);
