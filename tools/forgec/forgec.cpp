@@ -129,6 +129,124 @@ static int fail(const Twine &message) {
   return 1;
 }
 
+/// ImportOptions from the shape and weight flags; an error message or "".
+static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
+  o.batch = batch;
+  o.keepFloatInitializers = !inferenceOnly; // they become parameters
+  o.untieSharedInitializers = !inferenceOnly && !keepSharedInitializers;
+  if (weights != "embedded" && weights != "external")
+    return "--weights must be embedded or external (got '" + weights + "')";
+  if (weights == "external" && inferenceOnly)
+    return "--weights external needs a training bundle (its parameters are read at load time); "
+           "drop --inference-only";
+  o.externalWeights = weights == "external";
+  for (const std::string &s : shapes) {
+    auto [name, value] = StringRef(s).split('=');
+    std::vector<int64_t> d;
+    if (name.empty() || !parseDims(value, d))
+      return "--shape expects NAME=d0,d1,... (got '" + s + "')";
+    o.inputShapes[name.str()] = d;
+  }
+  if (!shapesFrom.empty()) {
+    auto arrays = ::forge::rt::readNpz(shapesFrom);
+    if (!arrays)
+      return "--shapes-from: " + arrays.status().message();
+    for (const auto &[name, array] : *arrays) // after --shape: those win
+      o.inputShapes.emplace(name, array.shape);
+  }
+  for (const std::string &s : dims) {
+    auto [name, value] = StringRef(s).split('=');
+    int64_t v;
+    if (name.empty() || value.getAsInteger(10, v) || v < 0)
+      return "--dim expects NAME=N (got '" + s + "')";
+    o.dimValues[name.str()] = v;
+  }
+  return "";
+}
+
+/// --recipe FILE.toml: fills the options the command line did not give; an
+/// error message or "".
+static std::string applyRecipe() {
+  if (recipe.empty())
+    return "";
+  toml::parse_result parsed = toml::parse_file(recipe.getValue());
+  if (!parsed)
+    return "recipe '" + recipe + "': " + std::string(parsed.error().description()) +
+           " at line " + std::to_string(parsed.error().source().begin.line);
+  const toml::table &table = parsed.table();
+  for (auto &&[key, node] : table) {
+    std::string k(key.str());
+    auto str = [&](cl::opt<std::string> &o) {
+      if (!node.is_string())
+        return false;
+      if (!o.getNumOccurrences())
+        o = *node.value<std::string>();
+      return true;
+    };
+    bool ok = true;
+    if (k == "loss") ok = str(loss);
+    else if (k == "optimizer") ok = str(optimizer);
+    else if (k == "lr-schedule") ok = str(lrSchedule);
+    else if (k == "target") ok = str(target);
+    else if (k == "clip-grad-norm") {
+      ok = node.is_number();
+      if (ok && !clipGradNorm.getNumOccurrences())
+        clipGradNorm = *node.value<double>();
+    } else if (k == "micro-batches" || k == "batch") {
+      ok = node.is_integer();
+      auto &o = k == "batch" ? batch : microBatches;
+      if (ok && !o.getNumOccurrences())
+        o = *node.value<int64_t>();
+    } else if (k == "freeze") {
+      ok = node.is_array();
+      if (ok && !freeze.getNumOccurrences())
+        for (auto &&item : *node.as_array()) {
+          ok &= item.is_string();
+          if (item.is_string())
+            freeze.push_back(*item.value<std::string>());
+        }
+    } else {
+      return "recipe '" + recipe + "': unknown key '" + k + "'";
+    }
+    if (!ok)
+      return "recipe '" + recipe + "': key '" + k + "' has the wrong type";
+  }
+  return "";
+}
+
+/// TrainOptions from the training flags; an error message or "".
+static std::string trainOptionsFromFlags(mlir::forge::TrainOptions &t) {
+  std::string error;
+  if (loss.empty() || optimizer.empty())
+    return "training bundles need --loss and --optimizer (or --inference-only)";
+  auto lossSpec = mlir::forge::parseLossSpec(loss, error);
+  if (failed(lossSpec))
+    return "--loss: " + error;
+  auto optSpec = mlir::forge::parseOptimizerSpec(optimizer, error);
+  if (failed(optSpec))
+    return "--optimizer: " + error;
+  auto schedule = mlir::forge::parseScheduleSpec(lrSchedule, error);
+  if (failed(schedule))
+    return "--lr-schedule: " + error;
+  t.loss = *lossSpec;
+  t.optimizer = *optSpec;
+  t.schedule = *schedule;
+  if (clipGradNorm < 0)
+    return "--clip-grad-norm must be >= 0 (0 turns clipping off)";
+  t.clipGradNorm = clipGradNorm;
+  if (microBatches < 1)
+    return "--micro-batches must be >= 1";
+  t.microBatches = microBatches;
+  t.freeze.assign(freeze.begin(), freeze.end());
+  t.exposeGradients = exposeGradients;
+  if (batchnormRunningVar == "biased" || batchnormRunningVar == "unbiased")
+    t.unbiasedRunningVar = batchnormRunningVar == "unbiased";
+  else if (!batchnormRunningVar.empty())
+    return "--batchnorm-running-var must be biased or unbiased (got '" + batchnormRunningVar +
+           "')";
+  return "";
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM initLLVM(argc, argv);
   registerMLIRContextCLOptions();
@@ -145,116 +263,19 @@ int main(int argc, char **argv) {
   }
   cl::ParseCommandLineOptions(argc, argv, "forgec: compile an ONNX model into a .forge bundle\n");
 
+  // The recipe first: it fills options (batch and target too) that the command
+  // line did not give, before anything reads them.
+  if (std::string error = applyRecipe(); !error.empty())
+    return fail(error);
   mlir::forge::ImportOptions importOptions;
-  importOptions.batch = batch;
-  importOptions.keepFloatInitializers = !inferenceOnly; // they become parameters
-  importOptions.untieSharedInitializers = !inferenceOnly && !keepSharedInitializers;
-  if (weights != "embedded" && weights != "external")
-    return fail("--weights must be embedded or external (got '" + weights + "')");
-  if (weights == "external" && inferenceOnly)
-    return fail("--weights external needs a training bundle (its parameters are read at load "
-                "time); drop --inference-only");
-  importOptions.externalWeights = weights == "external";
-  for (const std::string &s : shapes) {
-    auto [name, value] = StringRef(s).split('=');
-    std::vector<int64_t> d;
-    if (name.empty() || !parseDims(value, d))
-      return fail("--shape expects NAME=d0,d1,... (got '" + s + "')");
-    importOptions.inputShapes[name.str()] = d;
-  }
-  if (!shapesFrom.empty()) {
-    auto arrays = ::forge::rt::readNpz(shapesFrom);
-    if (!arrays)
-      return fail("--shapes-from: " + arrays.status().message());
-    for (const auto &[name, array] : *arrays) // after --shape: those win
-      importOptions.inputShapes.emplace(name, array.shape);
-  }
-  for (const std::string &s : dims) {
-    auto [name, value] = StringRef(s).split('=');
-    int64_t v;
-    if (name.empty() || value.getAsInteger(10, v) || v < 0)
-      return fail("--dim expects NAME=N (got '" + s + "')");
-    importOptions.dimValues[name.str()] = v;
-  }
+  if (std::string error = importOptionsFromFlags(importOptions); !error.empty())
+    return fail(error);
   if (target != "cpu" && !mlir::forge::parseCudaTarget(target))
     return fail("unknown --target '" + target + "' (cpu, cuda:sm_80, cuda:sm_89, cuda:sm_90)");
-  // Recipe values fill in options the command line did not give.
-  if (!recipe.empty()) {
-    toml::parse_result parsed = toml::parse_file(recipe.getValue());
-    if (!parsed)
-      return fail("recipe '" + recipe + "': " + std::string(parsed.error().description()) +
-                  " at line " + std::to_string(parsed.error().source().begin.line));
-    const toml::table &table = parsed.table();
-    for (auto &&[key, node] : table) {
-      std::string k(key.str());
-      auto str = [&](cl::opt<std::string> &o) {
-        if (!node.is_string())
-          return false;
-        if (!o.getNumOccurrences())
-          o = *node.value<std::string>();
-        return true;
-      };
-      bool ok = true;
-      if (k == "loss") ok = str(loss);
-      else if (k == "optimizer") ok = str(optimizer);
-      else if (k == "lr-schedule") ok = str(lrSchedule);
-      else if (k == "target") ok = str(target);
-      else if (k == "clip-grad-norm") {
-        ok = node.is_number();
-        if (ok && !clipGradNorm.getNumOccurrences())
-          clipGradNorm = *node.value<double>();
-      } else if (k == "micro-batches" || k == "batch") {
-        ok = node.is_integer();
-        auto &o = k == "batch" ? batch : microBatches;
-        if (ok && !o.getNumOccurrences())
-          o = *node.value<int64_t>();
-      } else if (k == "freeze") {
-        ok = node.is_array();
-        if (ok && !freeze.getNumOccurrences())
-          for (auto &&item : *node.as_array()) {
-            ok &= item.is_string();
-            if (item.is_string())
-              freeze.push_back(*item.value<std::string>());
-          }
-      } else {
-        return fail("recipe '" + recipe + "': unknown key '" + k + "'");
-      }
-      if (!ok)
-        return fail("recipe '" + recipe + "': key '" + k + "' has the wrong type");
-    }
-  }
-
   mlir::forge::TrainOptions trainOptions;
-  if (!inferenceOnly) {
-    std::string error;
-    if (loss.empty() || optimizer.empty())
-      return fail("training bundles need --loss and --optimizer (or --inference-only)");
-    auto lossSpec = mlir::forge::parseLossSpec(loss, error);
-    if (failed(lossSpec))
-      return fail("--loss: " + error);
-    auto optSpec = mlir::forge::parseOptimizerSpec(optimizer, error);
-    if (failed(optSpec))
-      return fail("--optimizer: " + error);
-    auto schedule = mlir::forge::parseScheduleSpec(lrSchedule, error);
-    if (failed(schedule))
-      return fail("--lr-schedule: " + error);
-    trainOptions.loss = *lossSpec;
-    trainOptions.optimizer = *optSpec;
-    trainOptions.schedule = *schedule;
-    if (clipGradNorm < 0)
-      return fail("--clip-grad-norm must be >= 0 (0 turns clipping off)");
-    trainOptions.clipGradNorm = clipGradNorm;
-    trainOptions.microBatches = microBatches;
-    if (microBatches < 1)
-      return fail("--micro-batches must be >= 1");
-    trainOptions.freeze.assign(freeze.begin(), freeze.end());
-    trainOptions.exposeGradients = exposeGradients;
-    if (batchnormRunningVar == "biased" || batchnormRunningVar == "unbiased")
-      trainOptions.unbiasedRunningVar = batchnormRunningVar == "unbiased";
-    else if (!batchnormRunningVar.empty())
-      return fail("--batchnorm-running-var must be biased or unbiased (got '" +
-                  batchnormRunningVar + "')");
-  }
+  if (!inferenceOnly)
+    if (std::string error = trainOptionsFromFlags(trainOptions); !error.empty())
+      return fail(error);
 
   DialectRegistry registry;
   mlir::forge::registerForgeDialects(registry);
