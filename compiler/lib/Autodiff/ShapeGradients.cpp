@@ -291,6 +291,22 @@ FORGE_GRADIENT(ScatterElementsOp) {
   return gb.status();
 }
 
+FORGE_GRADIENT(TopKOp) {
+  // Each value is one input element: its cotangent goes back to that element,
+  // zero elsewhere. A row's indices are distinct, so reduction none is exact
+  // (and needs no atomics on the GPU). The indices have no gradient.
+  GradientBuilder gb(builder, getLoc());
+  Value g = resultGrads[0];
+  operandGrads.push_back(g ? gradientFor(gb, getInput(), [&] {
+    Value zeros = gb.splat(tensorType(getInput()), 0.0);
+    return gb.create1("scatter_elements", {zeros, getIndices(), g},
+                      {gb.attr("axis", (int64_t)getAxis()),
+                       gb.attr("reduction", StringRef("none"))});
+  })
+                           : Value());
+  return gb.status();
+}
+
 FORGE_GRADIENT(TriluOp) {
   // A mask: the gradient keeps the same triangle.
   GradientBuilder gb(builder, getLoc());
