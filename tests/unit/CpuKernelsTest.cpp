@@ -361,6 +361,7 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "reduce_prod",
                                         "reduce_l2",
                                         "argmax",
+                                        "top_k",
                                         "cumsum",
                                         "constant",
                                         "reshape",
@@ -1095,6 +1096,68 @@ TEST(CpuKernels, ArgMax) {
   HT xi = make(bundle::I32, {3}, {4, 9, 9}), yi(bundle::I64, {});
   ASSERT_OK(Op("argmax").i("axis", 0).i("keepdims", 0).i("select_last_index", 0).run({&xi}, {&yi}));
   expectEqual(yi, {1});
+}
+
+TEST(CpuKernels, TopK) {
+  // Against a reference per line: std::stable_sort of the positions by value
+  // alone (stable: equal values keep the lower index first), the first k.
+  // Values from a few integers, so most lines have ties; exact comparison
+  // (values are copies). Axis in the middle, both directions, several dtypes.
+  auto check = [](DType t, std::vector<double> vals, int64_t k, bool largest) {
+    const int64_t outer = 3, n = 7, inner = 5;
+    HT x = make(t, {outer, n, inner}, vals);
+    HT v(t, {outer, k, inner}), ix(bundle::I64, {outer, k, inner});
+    ASSERT_OK(
+        Op("top_k").i("axis", 1).i("k", k).i("largest", largest).i("sorted", 1).run({&x}, {&v, &ix}));
+    for (int64_t a = 0; a < outer; ++a)
+      for (int64_t c = 0; c < inner; ++c) {
+        std::vector<int64_t> pos(n);
+        std::iota(pos.begin(), pos.end(), 0);
+        auto at = [&](int64_t b) { return x.at((a * n + b) * inner + c); };
+        std::stable_sort(pos.begin(), pos.end(), [&](int64_t p, int64_t q) {
+          return largest ? at(p) > at(q) : at(p) < at(q);
+        });
+        for (int64_t r = 0; r < k; ++r) {
+          int64_t o = (a * k + r) * inner + c;
+          EXPECT_EQ(ix.at(o), pos[r]) << "dtype " << t << " line " << a << "," << c << " rank " << r;
+          EXPECT_EQ(v.at(o), at(pos[r])) << "dtype " << t << " line " << a << "," << c;
+        }
+      }
+  };
+  for (bool largest : {true, false}) {
+    check(bundle::F32, randomInts(105, -3, 3), 4, largest);
+    check(bundle::F64, randomValues(105), 7, largest);
+    check(bundle::F16, randomInts(105, -2, 2), 3, largest);
+    check(bundle::I32, randomInts(105, -4, 4), 1, largest);
+    // Above 2^63: compared unsigned.
+    std::vector<double> big = randomInts(105, 0, 3);
+    for (double &b : big)
+      b = b * 0x1p62;
+    check(bundle::U64, big, 5, largest);
+  }
+
+  // NaN is above every number (onnx's reference): first for largest, last for
+  // smallest, NaNs among themselves by index.
+  HT x = make(bundle::F32, {1, 6}, {1, NAN, 3, NAN, -INFINITY, 3});
+  HT v(bundle::F32, {1, 4}), ix(bundle::I64, {1, 4});
+  ASSERT_OK(Op("top_k").i("axis", 1).i("k", 4).i("largest", 1).i("sorted", 1).run({&x}, {&v, &ix}));
+  expectEqual(ix, {1, 3, 2, 5});
+  EXPECT_TRUE(std::isnan(v.at(0)) && std::isnan(v.at(1)));
+  EXPECT_EQ(v.at(2), 3);
+  EXPECT_EQ(v.at(3), 3);
+  HT all(bundle::F32, {1, 6}), ixAll(bundle::I64, {1, 6});
+  ASSERT_OK(
+      Op("top_k").i("axis", 1).i("k", 6).i("largest", 0).i("sorted", 0).run({&x}, {&all, &ixAll}));
+  expectEqual(ixAll, {4, 0, 2, 5, 1, 3});
+
+  // k = 0 is empty; k beyond the axis and a wrong result shape are errors.
+  HT v0(bundle::F32, {1, 0}), ix0(bundle::I64, {1, 0});
+  EXPECT_OK(Op("top_k").i("axis", 1).i("k", 0).i("largest", 1).i("sorted", 1).run({&x}, {&v0, &ix0}));
+  HT v7(bundle::F32, {1, 7}), ix7(bundle::I64, {1, 7});
+  EXPECT_FALSE(
+      Op("top_k").i("axis", 1).i("k", 7).i("largest", 1).i("sorted", 1).run({&x}, {&v7, &ix7}).isOk());
+  EXPECT_FALSE(
+      Op("top_k").i("axis", 1).i("k", 3).i("largest", 1).i("sorted", 1).run({&x}, {&v, &ix}).isOk());
 }
 
 TEST(CpuKernels, CumSum) {

@@ -4,7 +4,8 @@
 //     reduced dims; reduce_max/min split a tie evenly among the maxima (as
 //     PyTorch's amax/amin), reduce_prod is exact with zeros in the input,
 //     reduce_l2 gives 0 where the norm is 0;
-//   * cumsum's gradient is the cumsum in the other direction;
+//   * cumsum's gradient is the cumsum in the other direction; top_k's is the
+//     values' gradient scattered into zeros at the selected indices;
 //   * data movement is inverted with data movement: slices/pads of the
 //     gradient, inverse permutations, scatters into zeros (gather_grad,
 //     gather_elements_grad, slice_grad for strided slices, pad_grad for
@@ -287,6 +288,24 @@ FORGE_GRADIENT(ScatterElementsOp) {
   operandGrads.push_back(Value()); // indices
   operandGrads.push_back(gradientFor(gb, getUpdates(), [&] {
     return gb.create1("gather_elements", {g, getIndices()}, {axis});
+  }));
+  return gb.status();
+}
+
+FORGE_GRADIENT(TopKOp) {
+  // Each value is one input element: its cotangent goes back to that element,
+  // zero elsewhere. A row's indices are distinct, so reduction none is exact
+  // (and needs no atomics on the GPU). The indices have no gradient.
+  GradientBuilder gb(builder, getLoc());
+  Value g = resultGrads[0];
+  if (!g) { // only the indices are requested
+    operandGrads.push_back(Value());
+    return success();
+  }
+  operandGrads.push_back(gradientFor(gb, getInput(), [&] {
+    Value zeros = gb.splat(tensorType(getInput()), 0.0);
+    return gb.create1("scatter_elements", {zeros, getIndices(), g},
+                      {gb.attr("axis", (int64_t)getAxis()), gb.attr("reduction", StringRef("none"))});
   }));
   return gb.status();
 }

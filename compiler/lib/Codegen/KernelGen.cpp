@@ -1091,6 +1091,7 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> nllLossGradKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> nllLossGradRowKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> argmaxKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> topKKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> concatKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> splitKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> batchNormKernel(Operation *op, StringRef name);
@@ -1874,6 +1875,66 @@ std::optional<KernelLaunch> KernelGenerator::Impl::argmaxKernel(Operation *op, S
             });
         Value idx = b.create<arith::IndexCastOp>(k.loc, b.getI64Type(), loop.getResult(1));
         b.create<memref::StoreOp>(k.loc, idx, fn.getArgument(1), o);
+      });
+}
+
+/// top_k: one thread per input element; its rank in its line is the number of
+/// elements before it in the order (larger, or smaller, first; equal with a
+/// lower index; NaN above every number, as the CPU kernel), and it writes
+/// itself to position rank when rank < k. O(d^2) per line but parallel and
+/// deterministic: the order is total, so every output is written exactly once.
+std::optional<KernelLaunch> KernelGenerator::Impl::topKKernel(Operation *op, StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  Type elem = in.getElementType();
+  if (in.getRank() == 0 || in.getNumElements() == 0 || elem.isInteger(1))
+    return std::nullopt;
+  int64_t axis = normalizedAxis(op, in.getRank());
+  auto [p, d, q] = aroundAxis(in.getShape(), axis);
+  int64_t topK = op->getAttrOfType<IntegerAttr>("k").getInt();
+  bool largest = op->getAttrOfType<BoolAttr>("largest").getValue();
+  bool fl = isFloat(elem), isUnsigned = isUnsignedInt(elem);
+  return elementKernel(
+      name, flatArgs(op), p * d * q, op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+        OpBuilder &b = k.b;
+        Location loc = k.loc;
+        Value c = k.rem(i, q), j = k.rem(k.div(i, q), d), o = k.div(i, d * q);
+        Value base = k.add(k.mul(o, k.idx(d * q)), c);
+        Value v = k.load(fn.getArgument(0), i, elem);
+        auto cmpf = [&](arith::CmpFPredicate pr, Value a, Value e) -> Value {
+          return b.create<arith::CmpFOp>(loc, pr, a, e);
+        };
+        auto cmpi = [&](arith::CmpIPredicate pr, Value a, Value e) -> Value {
+          return b.create<arith::CmpIOp>(loc, pr, a, e);
+        };
+        auto andi = [&](Value a, Value e) -> Value { return b.create<arith::AndIOp>(loc, a, e); };
+        auto ori = [&](Value a, Value e) -> Value { return b.create<arith::OrIOp>(loc, a, e); };
+        auto noti = [&](Value a) -> Value {
+          return b.create<arith::XOrIOp>(loc, a, b.create<arith::ConstantIntOp>(loc, 1, 1));
+        };
+        Value vNan = fl ? cmpf(arith::CmpFPredicate::UNO, v, v) : Value();
+        Value rank = k.loopAcc(k.idx(0), d, k.idx(1), k.idx(0), [&](Value m, Value count) {
+          Value u = k.load(fn.getArgument(0), k.add(base, k.mul(m, k.idx(q))), elem);
+          Value ahead, equal; // u comes strictly before v, u ties with v
+          if (fl) {
+            Value uNan = cmpf(arith::CmpFPredicate::UNO, u, u);
+            ahead = largest ? ori(cmpf(arith::CmpFPredicate::OGT, u, v), andi(uNan, noti(vNan)))
+                            : ori(cmpf(arith::CmpFPredicate::OLT, u, v), andi(vNan, noti(uNan)));
+            equal = ori(cmpf(arith::CmpFPredicate::OEQ, u, v), andi(uNan, vNan));
+          } else {
+            auto gt = isUnsigned ? arith::CmpIPredicate::ugt : arith::CmpIPredicate::sgt;
+            auto lt = isUnsigned ? arith::CmpIPredicate::ult : arith::CmpIPredicate::slt;
+            ahead = cmpi(largest ? gt : lt, u, v);
+            equal = cmpi(arith::CmpIPredicate::eq, u, v);
+          }
+          Value before = ori(ahead, andi(equal, k.ult(m, j)));
+          return b.create<arith::SelectOp>(loc, before, k.add(count, k.idx(1)), count);
+        });
+        k.ifThen(k.ult(rank, k.idx(topK)), [&] {
+          Value at = k.add(k.add(k.mul(o, k.idx(topK * q)), k.mul(rank, k.idx(q))), c);
+          k.store(v, fn.getArgument(1), at, elem);
+          b.create<memref::StoreOp>(loc, b.create<arith::IndexCastOp>(loc, b.getI64Type(), j),
+                                    fn.getArgument(2), at);
+        });
       });
 }
 
@@ -3155,6 +3216,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return batchNormTrainingKernel(op, name, false);
   if (opName == "batch_norm_training_grad")
     return batchNormTrainingKernel(op, name, true);
+  if (opName == "top_k")
+    return topKKernel(op, name);
   if (op->getNumResults() != 1)
     return std::nullopt;
   auto outShape = tensorType(op->getResult(0)).getShape();

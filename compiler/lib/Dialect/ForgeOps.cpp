@@ -357,6 +357,20 @@ FORGE_INFER(ArgMaxOp) {
                          adaptor.getKeepdims(), IntegerType::get(context, 64), inferred);
 }
 
+FORGE_INFER(TopKOp) {
+  auto t = rankedOrNull(adaptor.getInput().getType());
+  int64_t axis = adaptor.getAxis(), k = adaptor.getK();
+  if (!t || axis < 0 || axis >= t.getRank())
+    return failInference(loc, "top_k needs a ranked input and an axis in range");
+  if (k < 0 || k > t.getDimSize(axis))
+    return failInference(loc, "top_k's k must be in [0, the axis' size]");
+  SmallVector<int64_t> shape(t.getShape());
+  shape[axis] = k;
+  inferred.push_back(withShape(t, shape));
+  inferred.push_back(RankedTensorType::get(shape, IntegerType::get(context, 64)));
+  return success();
+}
+
 FORGE_INFER(CumSumOp) {
   if (failed(inferSameAsInput(loc, adaptor.getInput(), inferred)))
     return failure();

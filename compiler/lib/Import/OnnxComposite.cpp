@@ -1,12 +1,13 @@
 //===- OnnxComposite.cpp - ONNX ops imported as compositions ---------------===//
 //
 // ONNX ops that Forge imports as a few forge primitives rather than as ops of
-// their own: the rarer reductions, ArgMin, Hardmax, DepthToSpace/SpaceToDepth,
-// GatherND, ScatterElements/ScatterND (on forge.scatter_elements), Resize and
-// Upsample (constant interpolation matrices), small activations (Softsign, Mish,
-// Celu, Shrink, Sign, PRelu), normalizations (MeanVarianceNormalization,
-// LpNormalization, LRN), Lp pools, CenterCropPad, EyeLike, ReverseSequence,
-// and opset 23's RMSNormalization, RotaryEmbedding and Attention.
+// their own: the rarer reductions, ArgMin, Hardmax, TopK (on forge.top_k),
+// DepthToSpace/SpaceToDepth, GatherND, ScatterElements/ScatterND (on
+// forge.scatter_elements), Resize and Upsample (constant interpolation
+// matrices), small activations (Softsign, Mish, Celu, Shrink, Sign, PRelu),
+// normalizations (MeanVarianceNormalization, LpNormalization, LRN), Lp pools,
+// CenterCropPad, EyeLike, ReverseSequence, and opset 23's RMSNormalization,
+// RotaryEmbedding and Attention.
 //
 // Invariants: every rule builds existing forge ops through NodeImporter (type
 // inference and verification per op, errors naming the node), so its gradient
@@ -207,6 +208,42 @@ LogicalResult importHardmax(NodeImporter &n) {
                             n.f64("off_value", 0.0), n.f64("on_value", 1.0),
                             n.named("dtype", TypeAttr::get(x.getElementType()))}));
   return out(n, n.reshape(hot, x.getShape()));
+}
+
+/// TopK: k is the attribute before opset 10, then input 1, which must be a
+/// constant (the outputs' shape depends on it); largest/sorted from opset 11.
+LogicalResult importTopK(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x)
+    return n.error() << "missing input";
+  auto axis = normAxis(n, n.intAttr("axis", -1), x.getRank());
+  if (failed(axis))
+    return failure();
+  int64_t k = n.intAttr("k", -1);
+  if (n.opset >= 10) {
+    auto ks = n.constantInts(1, "K");
+    if (failed(ks))
+      return failure();
+    if (ks->size() != 1)
+      return n.error() << "input 1 (K) must hold one value, got " << ks->size();
+    k = (*ks)[0];
+  } else if (!n.attr("k")) {
+    return n.error() << "missing attribute k";
+  }
+  int64_t extent = x.getDimSize(*axis);
+  if (k < 0 || k > extent)
+    return n.error() << "K = " << k << " is outside [0, " << extent << "] (the size of axis "
+                     << *axis << ")";
+  auto results = n.create("top_k", {n.input(0)},
+                          {n.i64("axis", *axis), n.i64("k", k),
+                           n.flag("largest", n.intAttr("largest", 1) != 0),
+                           n.flag("sorted", n.intAttr("sorted", 1) != 0)});
+  if (failed(results))
+    return failure();
+  for (int64_t i = 0; i < 2; ++i)
+    if (n.outputUsed(i))
+      (void)n.setOutput(i, (*results)[i]);
+  return success();
 }
 
 /// DepthToSpace (DCR or CRD) and SpaceToDepth: reshape, transpose, reshape.
@@ -1641,6 +1678,7 @@ void onnx_import::addCompositeRules(llvm::StringMap<OpRule> &r) {
   r["ReduceLogSumExp"] = importReduceLogSumExp;
   r["ArgMin"] = importArgMin;
   r["Hardmax"] = importHardmax;
+  r["TopK"] = importTopK;
   r["DepthToSpace"] = importDepthToSpace;
   r["SpaceToDepth"] = importSpaceToDepth;
   r["GatherND"] = importGatherND;

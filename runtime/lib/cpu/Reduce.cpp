@@ -1,5 +1,5 @@
 // Reduction and scan CPU kernels: reduce_{sum,mean,max,min,prod,l2}, argmax,
-// cumsum, softmax and log_softmax.
+// top_k, cumsum, softmax and log_softmax.
 //
 // Invariants: sums accumulate in double for every float dtype (int64 for
 // integers); a reduction's input dims are collapsed into alternating
@@ -9,6 +9,7 @@
 #include "KernelUtil.h"
 
 #include <algorithm>
+#include <numeric>
 
 namespace forge::rt::cpu {
 namespace {
@@ -316,6 +317,69 @@ Status argmaxKernel(KernelContext &ctx) {
 }
 
 //===----------------------------------------------------------------------===//
+// top_k
+//===----------------------------------------------------------------------===//
+
+/// top_k: per line along the axis, a partial sort of the positions by the
+/// order largest (or smallest) first, ties by the lower index, NaN above every
+/// number (onnx's reference). The order is total, so the result is unique:
+/// sorted output whatever `sorted` says.
+Status topKKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &values = ctx.outputs[0], &indices = ctx.outputs[1];
+  CPU_ASSIGN_OR_RETURN(int64_t axis, readAxis(ctx, x));
+  CPU_ASSIGN_OR_RETURN(int64_t k, ctx.attrs.getInt("k"));
+  CPU_ASSIGN_OR_RETURN(int64_t largest, ctx.attrs.getInt("largest"));
+  if (x.rank() == 0)
+    return Status::error("top_k needs an input of rank >= 1");
+  AxisSplit s = splitAtAxis(x.shape, axis);
+  if (k < 0 || k > s.extent)
+    return Status::error("top_k's k = {} is outside [0, {}]", k, s.extent);
+  std::vector<int64_t> outShape = x.shape;
+  outShape[axis] = k;
+  FORGE_RETURN_IF_ERROR(checkDType(values, x.dtype, "values"));
+  FORGE_RETURN_IF_ERROR(checkDType(indices, bundle::I64, "indices"));
+  FORGE_RETURN_IF_ERROR(checkShape(values, outShape));
+  FORGE_RETURN_IF_ERROR(checkShape(indices, outShape));
+  if (k == 0)
+    return Status::ok();
+  return visitNumeric(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *in = x.as<const T>();
+    T *outV = values.as<T>();
+    int64_t *outI = indices.as<int64_t>();
+    ctx.pool.parallelFor(s.outer * s.inner, std::max<int64_t>(1, kGrain / s.extent),
+                         [&](int64_t b, int64_t e) {
+                           std::vector<int64_t> order(s.extent);
+                           for (int64_t t = b; t < e; ++t) {
+                             const int64_t o = t / s.inner, c = t % s.inner;
+                             const T *p = in + o * s.extent * s.inner + c;
+                             auto before = [&](int64_t i, int64_t j) {
+                               auto u = load(p[i * s.inner]), v = load(p[j * s.inner]);
+                               if constexpr (kIsFloat<T>) {
+                                 bool un = std::isnan(u), vn = std::isnan(v);
+                                 if (un || vn)
+                                   return un && vn ? i < j : (largest ? un : vn);
+                               }
+                               if (u != v)
+                                 return largest ? v < u : u < v;
+                               return i < j;
+                             };
+                             std::iota(order.begin(), order.end(), int64_t(0));
+                             std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                                               before);
+                             const int64_t base = o * k * s.inner + c;
+                             for (int64_t r = 0; r < k; ++r) {
+                               outV[base + r * s.inner] = p[order[r] * s.inner];
+                               outI[base + r * s.inner] = order[r];
+                             }
+                           }
+                         });
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
 // cumsum
 //===----------------------------------------------------------------------===//
 
@@ -449,6 +513,7 @@ void registerReduceKernels(Registry &r) {
   r.add("reduce_prod", &reduceKernel<ProdReducer>, 1, 1);
   r.add("reduce_l2", &reduceKernel<L2Reducer>, 1, 1);
   r.add("argmax", &argmaxKernel, 1, 1);
+  r.add("top_k", &topKKernel, 1, 1, 2, 2);
   r.add("cumsum", &cumsumKernel, 1, 1);
   r.add("softmax", &softmaxKernel<false>, 1, 1);
   r.add("log_softmax", &softmaxKernel<true>, 1, 1);

@@ -83,7 +83,7 @@ TEST(DialectTable, IntegerAndMaskOpsAreNotDifferentiable) {
       EXPECT_FALSE(name.getInterface<DifferentiableOpInterface>()->isDifferentiable())
           << name.getStringRef().str();
   for (StringRef op : {"forge.matmul", "forge.conv", "forge.softmax", "forge.add", "forge.layer_norm",
-                       "forge.mod", "forge.asin", "forge.selu"}) {
+                       "forge.mod", "forge.asin", "forge.selu", "forge.top_k"}) {
     auto name = RegisteredOperationName::lookup(op, &ctx);
     ASSERT_TRUE(name.has_value()) << op.str();
     EXPECT_TRUE(name->getInterface<DifferentiableOpInterface>()->isDifferentiable()) << op.str();

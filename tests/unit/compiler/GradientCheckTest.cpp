@@ -53,6 +53,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <tuple>
 #include <variant>
 
 using namespace mlir;
@@ -516,6 +517,17 @@ std::vector<Case> allCases() {
   add(mk("scatter_elements", "add_axis0_repeats",
          {var({3, 4}), ints({2, 4}, {0, 1, 2, 0, 0, 1, 2, 2}), var({2, 4})},
          {I("axis", 0), S("reduction", "add")}));
+  // top_k: distinct values, so the selection does not change within eps; the
+  // indices (result 1) are not differentiable.
+  for (auto [name, shape, axis, k, largest] :
+       {std::tuple{"largest_axis1", std::vector<int64_t>{3, 5}, 1, 3, true},
+        std::tuple{"smallest_middle_axis", std::vector<int64_t>{2, 4, 3}, 1, 2, false},
+        std::tuple{"all_axis0", std::vector<int64_t>{4, 2}, 0, 4, true}}) {
+    Case c = mk("top_k", name, {distinctVar(shape)},
+                {I("axis", axis), I("k", k), B("largest", largest), B("sorted", true)});
+    c.lossResults = 1;
+    add(c);
+  }
   add(mk("trilu", "upper", {var({4, 5})}, {B("upper", true), I("k", 0)}));
   add(mk("trilu", "lower_batched", {var({2, 3, 3})}, {B("upper", false), I("k", -1)}));
   add(mk("trilu", "upper_offset", {var({3, 4})}, {B("upper", true), I("k", 2)}));

@@ -354,6 +354,24 @@ def Forge_ArgMaxOp : Forge_Op<"argmax", "ArgMax", FusionReduction, PrecisionKeep
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
 }
 
+def Forge_TopKOp : Forge_Op<"top_k", "TopK", FusionOpaque, PrecisionFollowsInput, 1> {
+  let summary = "The k largest (or smallest) elements along `axis` and their indices";
+  let description = [{
+    Along `axis`, the elements in the order largest first (or smallest first),
+    ties by the lower index; the first `k` of that order are `values` and
+    their positions along the axis `indices`. NaN counts as larger than every
+    number and equal to NaN (onnx's reference: NumPy sorts NaN last, and
+    largest flips that order), so NaNs come first for largest and last for
+    smallest. `sorted` = false allows any order; Forge returns the sorted one.
+    Gradient: the values' cotangent scattered to `indices` along `axis`.
+  }];
+  let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis, I64Attr:$k, BoolAttr:$largest,
+                       BoolAttr:$sorted);
+  let results = (outs AnyForgeTensor:$values, TensorOf<[I64]>:$indices);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let opsetMin = 1;
+}
+
 def Forge_CumSumOp : Forge_Op<"cumsum", "CumSum", FusionReduction, PrecisionKeepFP32, 1> {
   let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis, BoolAttr:$exclusive,
                        BoolAttr:$reverse);
