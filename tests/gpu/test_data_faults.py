@@ -11,6 +11,8 @@ which must fail with an error naming the node and the problem:
   remainder  integer Mod by zero
   wide    Gather / NegativeLogLikelihoodLoss with int64 values past 2^32 (2^32 + 3 must fault,
           not read element 3: kernels index in 32 bits, so checks happen in the index's width)
+  nd      GatherND with one index component outside its dim ([0, 5] into [3, 4]: folded into
+          one linear index it would read element [1, 1])
 
 a queued case, lookup_queued: three runs back to back (forge-replay --queue) and one wait, the
 first with a bad index; its fault must be reported although two good runs followed (the fault
@@ -19,6 +21,9 @@ word is sticky, not cleared per run), and cases with good data only, where the G
   nan_to_bool  Cast float -> bool (NaN is true)
   pad_fill     Pad int64 with constant_value INT64_MAX (the fill keeps its value)
   gemm_beta0   Gemm with beta 0 and a broadcast C holding NaN/inf (C is not read)
+  pool_index   MaxPool's Indices of an all-zero uint8 input with padding (the pad value equals
+               the data: an index must still name a real element)
+  lse_inf      ReduceLogSumExp of [inf, 0] and [-inf, -inf] (inf and -inf, not NaN)
 
 On CUDA the kernels report through the fault word (the run's error names the instruction,
 op, node and kernel); on the CPU the kernels return the error themselves.
@@ -104,6 +109,32 @@ def models():
                  helper.make_tensor_value_info("gy", TensorProto.FLOAT, [2, 4]))
 
     wide_idx = np.array([0, 2**32 + 3, 1, 2], dtype=np.int64)
+
+    nd_data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    nd = model(helper.make_node("GatherND", ["nd_data", "nd_idx"], ["picked"], name="nd"),
+               [helper.make_tensor_value_info("nd_data", TensorProto.FLOAT, [3, 4]),
+                helper.make_tensor_value_info("nd_idx", TensorProto.INT64, [2, 2])],
+               helper.make_tensor_value_info("picked", TensorProto.FLOAT, [2]))
+    nd_good = np.array([[1, 2], [2, -1]], dtype=np.int64)
+
+    pool = model(helper.make_node("MaxPool", ["img"], ["pooled", "where"], name="pool_index",
+                                  kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                 [helper.make_tensor_value_info("img", TensorProto.UINT8, [1, 1, 3, 3])],
+                 helper.make_tensor_value_info("where", TensorProto.INT64, [1, 1, 3, 3]))
+    pool.graph.output.insert(0, helper.make_tensor_value_info("pooled", TensorProto.UINT8,
+                                                              [1, 1, 3, 3]))
+    del pool.graph.output[0]  # only the indices are checked
+    pool.graph.node[0].output[0] = ""
+    # ONNX: the first maximum in window order among the real elements (all are 0 here).
+    first_real = np.array([[[[(max(oh - 1, 0)) * 3 + max(ow - 1, 0) for ow in range(3)]
+                             for oh in range(3)]]], dtype=np.int64)
+
+    lse = model(helper.make_node("ReduceLogSumExp", ["v"], ["lse"], name="lse_inf",
+                                 axes=[1], keepdims=0),
+                [helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 2])],
+                helper.make_tensor_value_info("lse", TensorProto.FLOAT, [2]))
+    lse.opset_import[0].version = 17
+    lse_in = np.array([[np.inf, 0.0], [-np.inf, -np.inf]], dtype=np.float32)
     remainder = model(helper.make_node("Mod", ["a", "b"], ["r"], name="remainder"),
                       [helper.make_tensor_value_info("a", TensorProto.INT32, [4]),
                        helper.make_tensor_value_info("b", TensorProto.INT32, [4])],
@@ -118,6 +149,13 @@ def models():
                       {"logp": logits, "target": np.array([0, 2**32 + 1, 1], dtype=np.int64)},
                       np.float32(-logits[np.arange(3), good_target].mean()),
                       ("nll_loss", {"cpu": r"outside \[0, 4\)", "cuda": r"outside \[0, classes\)"})),
+        "nd": (nd, {"nd_data": nd_data, "nd_idx": nd_good},
+               {"nd_data": nd_data, "nd_idx": np.array([[0, 5], [1, 1]], dtype=np.int64)},
+               nd_data[nd_good[:, 0], nd_good[:, 1]],
+               ("gather", {"cpu": r"out of range for extent 12",
+                           "cuda": r"outside \[-size, size\)"})),
+        "pool_index": (pool, {"img": np.zeros((1, 1, 3, 3), np.uint8)}, None, first_real, None),
+        "lse_inf": (lse, {"v": lse_in}, None, np.array([np.inf, -np.inf], np.float32), None),
         "nan_to_bool": (to_bool, {"x": x}, None, x != 0, None),
         "pad_fill": (pad, {"v": v}, None, padded, None),
         "gemm_beta0": (gemm, {"ga": ga, "gb": gb, "gc": gc}, None, ga @ gb, None),

@@ -1890,6 +1890,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::topKKernel(Operation *op, Str
     return std::nullopt;
   int64_t axis = normalizedAxis(op, in.getRank());
   auto [p, d, q] = aroundAxis(in.getShape(), axis);
+  // Long lines (a vocabulary) would cost d^2 compares each: the host's partial
+  // sort is cheaper there until a sorting kernel exists.
+  constexpr int64_t kMaxLine = 4096;
+  if (d > kMaxLine)
+    return std::nullopt;
   int64_t topK = op->getAttrOfType<IntegerAttr>("k").getInt();
   bool largest = op->getAttrOfType<BoolAttr>("largest").getValue();
   bool fl = isFloat(elem), isUnsigned = isUnsignedInt(elem);

@@ -138,7 +138,12 @@ LogicalResult importReduceLogSumExp(NodeImporter &n) {
     return failure();
   if (spec->noop) // log(exp(x)) over no axes
     return n.setOutput(0, n.input(0));
-  FORGE_TRY(m, reduce(n, "reduce_max", n.input(0), spec->axes, true));
+  FORGE_TRY(mRaw, reduce(n, "reduce_max", n.input(0), spec->axes, true));
+  // An infinite maximum shifts by 0 (inf - inf would be NaN): the result is
+  // then log(sum(exp(x))) = +-inf, as the reference and PyTorch give.
+  FORGE_TRY(infinite, n.create1("isinf", {mRaw}, {n.flag("detect_positive", true),
+                                                  n.flag("detect_negative", true)}));
+  FORGE_TRY(m, n.create1("where", {infinite, n.scalar(x.getElementType(), 0.0), mRaw}));
   FORGE_TRY(shifted, n.create1("sub", {n.input(0), m}));
   FORGE_TRY(e, n.create1("exp", {shifted}));
   FORGE_TRY(s, reduce(n, "reduce_sum", e, spec->axes, spec->keepdims));
@@ -278,8 +283,8 @@ LogicalResult importSpaceToDepth(NodeImporter &n) {
 /// ([..., ] = the index's shape without its last dim): negative components
 /// count from their dim's end, and with batch dims each batch's block of
 /// prod(indexed dims) follows the previous one. A component outside its own
-/// range is not detected when the linear index stays in range (the gather's or
-/// scatter's check covers the linear index).
+/// range makes the linear index leave the tensor, so the gather's or scatter's
+/// bounds check reports it.
 FailureOr<Value> linearIndex(NodeImporter &n, RankedTensorType data, Value index,
                              int64_t batchDims) {
   auto idx = typeOf(index);
@@ -296,7 +301,18 @@ FailureOr<Value> linearIndex(NodeImporter &n, RankedTensorType data, Value index
   };
   FORGE_TRY(negative, n.create1("less", {wide, n.scalar(i64, 0)}));
   FORGE_TRY(wrapped, n.create1("add", {wide, vec(dims)}));
-  FORGE_TRY(norm, n.create1("where", {negative, wrapped, wide}));
+  FORGE_TRY(wrappedOrNot, n.create1("where", {negative, wrapped, wide}));
+  // A component outside its own [-dim, dim) becomes the total row count, so
+  // the linear index leaves [0, rows) and the gather's or scatter's bounds
+  // check reports it (folded, it could land on another, valid element).
+  int64_t rows = 1;
+  for (int64_t d = 0; d < b + k; ++d)
+    rows *= data.getDimSize(d);
+  FORGE_TRY(low, n.create1("less", {wrappedOrNot, n.scalar(i64, 0)}));
+  FORGE_TRY(high, n.create1("greater_equal", {wrappedOrNot, vec(dims)}));
+  FORGE_TRY(outside, n.create1("or", {low, high}));
+  FORGE_TRY(norm, n.create1("where", {outside, n.scalar(i64, static_cast<double>(rows)),
+                                      wrappedOrNot}));
   FORGE_TRY(weighted, n.create1("mul", {norm, vec(strides)}));
   // Sum of the k components: slices and adds (elementwise integer kernels; an
   // integer reduce_sum would run on the host), k being small.
@@ -1623,6 +1639,10 @@ LogicalResult onnx_import::importMaxPoolIndices(NodeImporter &n, const PoolWindo
       o[d] = t % outDims[d];
       t /= outDims[d];
     }
+    // In-image taps first (in window order), padding taps after: the first
+    // maximum is then always a real element, even when the real values equal
+    // the padding's (all lowest) value.
+    SmallVector<int64_t> windowAt, windowIndex, padAt;
     for (int64_t ti = 0; ti < taps; ++ti) {
       for (int64_t d = sp - 1, t = ti; d >= 0; --d) {
         k[d] = t % w.kernel[d];
@@ -1644,9 +1664,17 @@ LogicalResult onnx_import::importMaxPoolIndices(NodeImporter &n, const PoolWindo
           stride *= image[d];
         }
       }
-      gatherAt.push_back(at);
-      imageIndex.push_back(inside ? index : -1);
+      if (inside) {
+        windowAt.push_back(at);
+        windowIndex.push_back(index);
+      } else {
+        padAt.push_back(at);
+      }
     }
+    gatherAt.append(windowAt.begin(), windowAt.end());
+    gatherAt.append(padAt.begin(), padAt.end());
+    imageIndex.append(windowIndex.begin(), windowIndex.end());
+    imageIndex.append(padAt.size(), -1);
   }
   Type i64 = n.b.getI64Type();
   auto constant = [&](ArrayRef<int64_t> shape, ArrayRef<int64_t> values) {

@@ -105,14 +105,25 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
   std::map<std::string, const forge_onnx::TensorProto *> initByName;
   for (const forge_onnx::TensorProto &init : graph->initializer())
     initByName.emplace(init.name(), &init);
+  // Identity(Identity(initializer)) chains: each output's root initializer.
+  std::map<std::string, const forge_onnx::TensorProto *> rootOf(initByName);
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const forge_onnx::NodeProto &node : graph->node())
+      if (node.op_type() == "Identity" && node.input_size() == 1 && node.output_size() == 1 &&
+          rootOf.count(node.input(0)) && !rootOf.count(node.output(0))) {
+        rootOf[node.output(0)] = rootOf[node.input(0)];
+        grew = true;
+      }
+  }
   std::vector<std::pair<int, int32_t>> untied; // (Identity node index, tensor)
   for (int i = 0; i < graph->node_size(); ++i) {
     const forge_onnx::NodeProto &node = graph->node(i);
     if (node.op_type() != "Identity" || node.input_size() != 1 || node.output_size() != 1)
       continue;
     auto it = byName.find(node.output(0));
-    auto source = initByName.find(node.input(0));
-    if (it == byName.end() || used.count(node.output(0)) || source == initByName.end())
+    auto source = rootOf.find(node.input(0));
+    if (it == byName.end() || used.count(node.output(0)) || source == rootOf.end())
       continue;
     const bundle::TensorInfo &info = ex.tensorInfo(it->second);
     std::vector<int64_t> dims(source->second->dims().begin(), source->second->dims().end());
@@ -141,7 +152,7 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
   for (auto it = untied.rbegin(); it != untied.rend(); ++it) { // back to front: indices hold
     const auto [index, t] = *it;
     const bundle::TensorInfo &info = ex.tensorInfo(t);
-    const forge_onnx::TensorProto *source = initByName.at(graph->node(index).input(0));
+    const forge_onnx::TensorProto *source = rootOf.at(graph->node(index).input(0));
     forge_onnx::TensorProto *init = graph->add_initializer();
     init->set_name(info.name());
     init->set_data_type(source->data_type());
