@@ -1596,6 +1596,206 @@ LogicalResult importAffineGrid(NodeImporter &n) {
   return out(n, n.reshape(moved, outShape));
 }
 
+//===----------------------------------------------------------------------===//
+// Quantization (as ONNX's reference; inference semantics: rounding passes no
+// gradient, so training through Q/DQ needs a straight-through rule later)
+//===----------------------------------------------------------------------===//
+
+/// A scale or zero point broadcast against x: a scalar (or one element) as is,
+/// a vector along `axis`, or blocks of `block` along `axis` repeated.
+FailureOr<Value> quantParam(NodeImporter &n, Value v, RankedTensorType x, int64_t rawAxis,
+                            int64_t block) {
+  auto t = typeOf(v);
+  if (t.getNumElements() == 1) // the axis does not matter (nor need it exist)
+    return n.reshape(v, {});
+  int64_t rank = x.getRank();
+  auto normalized = normAxis(n, rawAxis, rank);
+  if (failed(normalized))
+    return failure();
+  int64_t axis = *normalized;
+  if (block <= 0) {
+    if (t.getRank() != 1 || t.getDimSize(0) != x.getDimSize(axis))
+      return n.error() << "a per-axis scale/zero point needs " << x.getDimSize(axis)
+                       << " values along axis " << axis;
+    SmallVector<int64_t> shape(rank, 1);
+    shape[axis] = t.getDimSize(0);
+    return n.reshape(v, shape);
+  }
+  // Blocked: [..., ceil(D / block), ...] -> repeat each block entry -> crop to D.
+  if (t.getRank() != rank)
+    return n.error() << "a blocked scale/zero point needs the input's rank";
+  SmallVector<int64_t> inserted(t.getShape()), repeated(t.getShape()), merged(t.getShape());
+  inserted.insert(inserted.begin() + axis + 1, 1);
+  repeated.insert(repeated.begin() + axis + 1, block);
+  merged[axis] *= block;
+  FORGE_TRY(r1, n.reshape(v, inserted));
+  FORGE_TRY(r2, n.create1("broadcast", {r1}, {n.ints("shape", repeated)}));
+  FORGE_TRY(r3, n.reshape(r2, merged));
+  SmallVector<int64_t> starts(rank, 0), ends(merged), steps(rank, 1);
+  ends[axis] = x.getDimSize(axis);
+  return n.create1("slice", {r3}, {n.ints("starts", starts), n.ints("ends", ends),
+                                   n.ints("steps", steps)});
+}
+
+/// The saturation range of an integer quantized type.
+std::pair<double, double> quantRange(Type t) {
+  unsigned w = t.getIntOrFloatBitWidth();
+  if (t.isUnsignedInteger())
+    return {0.0, std::ldexp(1.0, w) - 1};
+  return {-std::ldexp(1.0, w - 1), std::ldexp(1.0, w - 1) - 1};
+}
+
+/// QuantizeLinear: saturate(round_half_even(x / scale) + zero_point) in the zero
+/// point's type (uint8 without one, or output_dtype); float8 targets cast x / scale
+/// with `saturate`.
+LogicalResult importQuantizeLinear(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x || !n.input(1) || !isa<FloatType>(x.getElementType()))
+    return n.error() << "QuantizeLinear needs a float input and a scale";
+  if (n.intAttr("precision", 0))
+    return n.error() << "QuantizeLinear's precision attribute is unsupported";
+  int64_t ax = n.intAttr("axis", 1), block = n.intAttr("block_size", 0);
+  Type target = n.input(2) ? n.inputType(2).getElementType()
+                           : (n.attr("output_dtype") ? Type() : n.b.getIntegerType(8, false));
+  if (!target && n.attr("output_dtype")) {
+    int64_t code = n.intAttr("output_dtype", 2);
+    target = code == 2 ? n.b.getIntegerType(8, false) : code == 3 ? n.b.getIntegerType(8)
+             : code == 4 ? n.b.getIntegerType(16, false) : code == 5 ? n.b.getIntegerType(16)
+             : code == 17 ? Type(n.b.getFloat8E4M3FNType()) : code == 19 ? Type(n.b.getFloat8E5M2Type())
+                          : Type();
+  }
+  if (!target)
+    return n.error() << "unsupported quantized type";
+  Type elem = x.getElementType();
+  FORGE_TRY(scaleB, quantParam(n, n.input(1), x, ax, block));
+  FORGE_TRY(scale, n.cast(scaleB, elem));
+  FORGE_TRY(scaled, n.create1("div", {n.input(0), scale}));
+  if (isa<FloatType>(target)) // float8: zero point is 0 by definition
+    return out(n, n.create1("cast", {scaled}, {n.named("to", TypeAttr::get(target)),
+                                               n.flag("saturate", n.intAttr("saturate", 1))}));
+  FORGE_TRY(rounded, n.create1("round", {scaled}));
+  Value sum = rounded;
+  if (n.input(2)) {
+    FORGE_TRY(zpB, quantParam(n, n.input(2), x, ax, block));
+    FORGE_TRY(zp, n.cast(zpB, elem));
+    FORGE_TRY(shifted, n.create1("add", {rounded, zp}));
+    sum = shifted;
+  }
+  auto [lo, hi] = quantRange(target);
+  FORGE_TRY(clipped, n.create1("clip", {sum}, {n.f64("min", lo), n.f64("max", hi)}));
+  return out(n, n.cast(clipped, target));
+}
+
+/// DequantizeLinear: (x - zero_point) * scale in the scale's type (or output_dtype).
+LogicalResult importDequantizeLinear(NodeImporter &n) {
+  auto x = n.inputType(0), scaleT = n.inputType(1);
+  if (!x || !scaleT)
+    return n.error() << "DequantizeLinear needs an input and a scale";
+  int64_t ax = n.intAttr("axis", 1), block = n.intAttr("block_size", 0);
+  Type f32 = n.b.getF32Type();
+  FORGE_TRY(xf, n.cast(n.input(0), f32));
+  Value centered = xf;
+  if (n.input(2) && !isa<FloatType>(n.inputType(2).getElementType())) {
+    FORGE_TRY(zpB, quantParam(n, n.input(2), x, ax, block));
+    FORGE_TRY(zp, n.cast(zpB, f32));
+    FORGE_TRY(c, n.create1("sub", {xf, zp}));
+    centered = c;
+  }
+  FORGE_TRY(scaleB, quantParam(n, n.input(1), x, ax, block));
+  FORGE_TRY(scale, n.cast(scaleB, f32));
+  FORGE_TRY(y, n.create1("mul", {centered, scale}));
+  return out(n, n.cast(y, scaleT.getElementType()));
+}
+
+/// DynamicQuantizeLinear (uint8): scale from the range of x and 0, zero point
+/// rounded from -min / scale, then QuantizeLinear; outputs y, scale, zero point.
+LogicalResult importDynamicQuantizeLinear(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x || !x.getElementType().isF32())
+    return n.error() << "DynamicQuantizeLinear needs a float32 input";
+  SmallVector<int64_t> all;
+  for (int64_t d = 0; d < x.getRank(); ++d)
+    all.push_back(d);
+  Type f32 = n.b.getF32Type(), u8 = n.b.getIntegerType(8, false);
+  FORGE_TRY(mx, reduce(n, "reduce_max", n.input(0), all, false));
+  FORGE_TRY(mn, reduce(n, "reduce_min", n.input(0), all, false));
+  FORGE_TRY(hi, n.create1("max", {mx, n.scalar(f32, 0.0)}));
+  FORGE_TRY(lo, n.create1("min", {mn, n.scalar(f32, 0.0)}));
+  FORGE_TRY(span, n.create1("sub", {hi, lo}));
+  FORGE_TRY(flat, n.create1("equal", {hi, lo}));
+  FORGE_TRY(spanOr1, n.create1("where", {flat, n.scalar(f32, 1.0), span}));
+  FORGE_TRY(scale, n.create1("div", {spanOr1, n.scalar(f32, 255.0)}));
+  FORGE_TRY(q, n.create1("div", {lo, scale}));
+  FORGE_TRY(zp0, n.create1("sub", {n.scalar(f32, 0.0), q}));
+  FORGE_TRY(zpClipped, n.create1("clip", {zp0}, {n.f64("min", 0.0), n.f64("max", 255.0)}));
+  FORGE_TRY(zp, n.create1("round", {zpClipped}));
+  FORGE_TRY(scaled, n.create1("div", {n.input(0), scale}));
+  FORGE_TRY(rounded, n.create1("round", {scaled}));
+  FORGE_TRY(shifted, n.create1("add", {rounded, zp}));
+  FORGE_TRY(clipped, n.create1("clip", {shifted}, {n.f64("min", 0.0), n.f64("max", 255.0)}));
+  FORGE_TRY(y, n.cast(clipped, u8));
+  FORGE_TRY(zpU8, n.cast(zp, u8));
+  (void)n.setOutput(0, y);
+  if (n.outputUsed(1))
+    (void)n.setOutput(1, scale);
+  if (n.outputUsed(2))
+    (void)n.setOutput(2, zpU8);
+  return success();
+}
+
+/// (a - a_zero_point) @ (b - b_zero_point) in int32 (zero points broadcast as
+/// the reference's NumPy does).
+FailureOr<Value> integerMatmul(NodeImporter &n, Value a, Value azp, Value b, Value bzp) {
+  Type i32 = n.b.getI32Type();
+  FORGE_TRY(a32, n.cast(a, i32));
+  FORGE_TRY(b32, n.cast(b, i32));
+  Value lhs = a32, rhs = b32;
+  if (azp) {
+    FORGE_TRY(z, n.cast(azp, i32));
+    FORGE_TRY(d, n.create1("sub", {a32, z}));
+    lhs = d;
+  }
+  if (bzp) {
+    FORGE_TRY(z, n.cast(bzp, i32));
+    FORGE_TRY(d, n.create1("sub", {b32, z}));
+    rhs = d;
+  }
+  return n.create1("matmul", {lhs, rhs});
+}
+
+LogicalResult importMatMulInteger(NodeImporter &n) {
+  return out(n, integerMatmul(n, n.input(0), n.input(2), n.input(1), n.input(3)));
+}
+
+/// QLinearMatMul: the int32 product, times a_scale * b_scale / y_scale, plus the
+/// output zero point, rounded half to even, in the zero point's type (wrapping,
+/// as the reference).
+LogicalResult importQLinearMatMul(NodeImporter &n) {
+  auto yzp = n.inputType(7), a = n.inputType(0);
+  if (!a || !n.input(3) || !n.input(6))
+    return n.error() << "QLinearMatMul needs a, b and the scales";
+  FORGE_TRY(acc, integerMatmul(n, n.input(0), n.input(2), n.input(3), n.input(5)));
+  Type f32 = n.b.getF32Type();
+  FORGE_TRY(accF, n.cast(acc, f32));
+  // The factor in the scales' own type (f16 scales round it, as the reference).
+  FORGE_TRY(ab, n.create1("mul", {n.input(1), n.input(4)}));
+  FORGE_TRY(factorS, n.create1("div", {ab, n.input(6)}));
+  FORGE_TRY(factor, n.cast(factorS, f32));
+  FORGE_TRY(scaled, n.create1("mul", {accF, factor}));
+  Value sum = scaled;
+  if (n.input(7)) {
+    FORGE_TRY(z, n.cast(n.input(7), f32));
+    FORGE_TRY(shifted, n.create1("add", {scaled, z}));
+    sum = shifted;
+  }
+  FORGE_TRY(rounded, n.create1("round", {sum}));
+  // No saturation: the reference converts with NumPy's astype, which wraps
+  // (through int32, as a C cast would).
+  Type target = yzp ? yzp.getElementType() : a.getElementType();
+  FORGE_TRY(wide, n.cast(rounded, n.b.getI32Type()));
+  return out(n, n.cast(wide, target));
+}
+
 } // namespace
 
 /// MaxPool's Indices: each window's taps gathered from the input padded with
@@ -1737,5 +1937,10 @@ void onnx_import::addCompositeRules(llvm::StringMap<OpRule> &r) {
   r["HannWindow"] = window("hann");
   r["HammingWindow"] = window("hamming");
   r["BlackmanWindow"] = window("blackman");
+  r["QuantizeLinear"] = importQuantizeLinear;
+  r["DequantizeLinear"] = importDequantizeLinear;
+  r["DynamicQuantizeLinear"] = importDynamicQuantizeLinear;
+  r["MatMulInteger"] = importMatMulInteger;
+  r["QLinearMatMul"] = importQLinearMatMul;
   r["Upsample"] = importResize;
 }
