@@ -1796,6 +1796,300 @@ LogicalResult importQLinearMatMul(NodeImporter &n) {
   return out(n, n.cast(wide, target));
 }
 
+//===----------------------------------------------------------------------===//
+// DFT, STFT, MaxUnpool, ConvInteger, QLinearConv
+//===----------------------------------------------------------------------===//
+
+/// The DFT of x ([..., 1] real or [..., 2] complex on the last dim) along
+/// `axis`, zero-padded or cut to `len` first, as two matmuls with constant
+/// cos/sin matrices ([len, bins]); inverse divides by len; onesided keeps
+/// len / 2 + 1 bins. Result [..., bins, ..., 2] in x's type.
+FailureOr<Value> dft(NodeImporter &n, Value x, int64_t axis, int64_t len, bool inverse,
+                     bool onesided) {
+  auto t = typeOf(x);
+  int64_t rank = t.getRank();
+  Type elem = t.getElementType();
+  bool complex = t.getShape().back() == 2;
+  auto part = [&](int64_t c) -> FailureOr<Value> {
+    SmallVector<int64_t> starts(rank, 0), ends(t.getShape()), steps(rank, 1);
+    starts.back() = c;
+    ends.back() = c + 1;
+    FORGE_TRY(sl, n.create1("slice", {x}, {n.ints("starts", starts), n.ints("ends", ends),
+                                           n.ints("steps", steps)}));
+    return n.reshape(sl, t.getShape().drop_back());
+  };
+  // Signal dims without the complex one; the transformed axis moved last.
+  int64_t sr = rank - 1;
+  SmallVector<int64_t> perm;
+  for (int64_t d = 0; d < sr; ++d)
+    if (d != axis)
+      perm.push_back(d);
+  perm.push_back(axis);
+  SmallVector<int64_t> inverseP(sr);
+  for (int64_t d = 0; d < sr; ++d)
+    inverseP[perm[d]] = d;
+  int64_t have = t.getDimSize(axis);
+  auto prepare = [&](Value v) -> FailureOr<Value> { // moved last, padded or cut to len
+    FORGE_TRY(moved, n.transpose(v, perm));
+    auto mt = typeOf(moved);
+    if (have == len)
+      return moved;
+    if (have > len) {
+      SmallVector<int64_t> starts(sr, 0), ends(mt.getShape()), steps(sr, 1);
+      ends.back() = len;
+      return n.create1("slice", {moved}, {n.ints("starts", starts), n.ints("ends", ends),
+                                          n.ints("steps", steps)});
+    }
+    SmallVector<int64_t> pads(2 * sr, 0);
+    pads[2 * sr - 1] = len - have;
+    return n.create1("pad", {moved}, {n.ints("pads", pads), n.str("mode", "constant"),
+                                      n.f64("value", 0.0)});
+  };
+  int64_t bins = onesided ? len / 2 + 1 : len;
+  SmallVector<Attribute> cosv, sinv;
+  for (int64_t j = 0; j < len; ++j)
+    for (int64_t k = 0; k < bins; ++k) {
+      // jk mod len keeps the angle small, so cos/sin stay exact for long signals.
+      double angle = 2 * M_PI * static_cast<double>((j * k) % len) / len;
+      double scale = inverse ? 1.0 / len : 1.0;
+      cosv.push_back(n.b.getFloatAttr(elem, std::cos(angle) * scale));
+      sinv.push_back(n.b.getFloatAttr(elem, std::sin(angle) * scale));
+    }
+  auto matT = RankedTensorType::get({len, bins}, elem);
+  Value cosM = n.constant(DenseElementsAttr::get(matT, cosv));
+  Value sinM = n.constant(DenseElementsAttr::get(matT, sinv));
+  FORGE_TRY(re0, part(0));
+  FORGE_TRY(re, prepare(re0));
+  FORGE_TRY(rc, n.create1("matmul", {re, cosM}));
+  FORGE_TRY(rs, n.create1("matmul", {re, sinM}));
+  // forward: (a + ib) e^{-i t} = (a cos + b sin) + i (b cos - a sin); inverse: e^{+i t}.
+  Value yr = rc, yi;
+  FORGE_TRY(negRs, n.create1("neg", {rs}));
+  yi = inverse ? rs : negRs;
+  if (complex) {
+    FORGE_TRY(im0, part(1));
+    FORGE_TRY(im, prepare(im0));
+    FORGE_TRY(ic, n.create1("matmul", {im, cosM}));
+    FORGE_TRY(is, n.create1("matmul", {im, sinM}));
+    FORGE_TRY(r2, inverse ? n.create1("sub", {rc, is}) : n.create1("add", {rc, is}));
+    FORGE_TRY(i2, n.create1("add", {ic, yi}));
+    yr = r2;
+    yi = i2;
+  }
+  auto finish = [&](Value v) -> FailureOr<Value> {
+    FORGE_TRY(back, n.transpose(v, inverseP));
+    SmallVector<int64_t> shape(typeOf(back).getShape());
+    shape.push_back(1);
+    return n.reshape(back, shape);
+  };
+  FORGE_TRY(fr, finish(yr));
+  FORGE_TRY(fi, finish(yi));
+  return n.create1("concat", {fr, fi}, {n.i64("axis", rank - 1)});
+}
+
+LogicalResult importDFT(NodeImporter &n) {
+  auto x = n.inputType(0);
+  if (!x || x.getRank() < 2 || (x.getShape().back() != 1 && x.getShape().back() != 2) ||
+      !isa<FloatType>(x.getElementType()))
+    return n.error() << "DFT needs a float input whose last dim is 1 (real) or 2 (complex)";
+  int64_t axis = n.opset < 20 ? n.intAttr("axis", 1) : -2;
+  if (n.opset >= 20 && n.input(2)) {
+    auto a = n.constantScalar(2, "axis");
+    if (failed(a))
+      return failure();
+    axis = static_cast<int64_t>(*a);
+  }
+  auto norm = normAxis(n, axis, x.getRank());
+  if (failed(norm))
+    return failure();
+  if (*norm == x.getRank() - 1)
+    return n.error() << "DFT's axis cannot be the complex dim";
+  int64_t len = x.getDimSize(*norm);
+  if (n.input(1)) {
+    auto l = n.constantScalar(1, "dft_length");
+    if (failed(l))
+      return failure();
+    len = static_cast<int64_t>(*l);
+  }
+  if (len <= 0)
+    return n.error() << "dft_length must be positive";
+  return out(n, dft(n, n.input(0), *norm, len, n.intAttr("inverse", 0) != 0,
+                    n.intAttr("onesided", 0) != 0));
+}
+
+/// STFT: frames (a constant gather along the signal), times the window, a
+/// onesided-or-full DFT of each: [batch, frames, bins, 2].
+LogicalResult importSTFT(NodeImporter &n) {
+  auto x = n.inputType(0);
+  auto step = n.constantScalar(1, "frame_step");
+  if (!x || failed(step) || x.getRank() != 3 || !isa<FloatType>(x.getElementType()))
+    return n.error() << "STFT needs a float signal [batch, length, 1|2] and a constant frame_step";
+  int64_t length = x.getDimSize(1), frameStep = static_cast<int64_t>(*step);
+  int64_t frameLength = n.input(2) ? n.inputType(2).getDimSize(0) : 0;
+  if (n.input(3)) {
+    auto fl = n.constantScalar(3, "frame_length");
+    if (failed(fl))
+      return failure();
+    frameLength = static_cast<int64_t>(*fl);
+  }
+  if (frameLength <= 0 || frameLength > length || frameStep <= 0)
+    return n.error() << "STFT needs 0 < frame_length <= length and frame_step > 0";
+  int64_t frames = (length - frameLength) / frameStep + 1;
+  SmallVector<int64_t> at;
+  for (int64_t f = 0; f < frames; ++f)
+    for (int64_t i = 0; i < frameLength; ++i)
+      at.push_back(f * frameStep + i);
+  Value idx = n.constant(DenseElementsAttr::get(
+      RankedTensorType::get({frames, frameLength}, n.b.getI64Type()), ArrayRef<int64_t>(at)));
+  FORGE_TRY(framed, n.create1("gather", {n.input(0), idx}, {n.i64("axis", 1)}));
+  Value windowed = framed; // [batch, frames, frame_length, c]
+  if (n.input(2)) {
+    FORGE_TRY(w, n.reshape(n.input(2), {frameLength, 1}));
+    FORGE_TRY(ww, n.cast(w, x.getElementType()));
+    FORGE_TRY(m, n.create1("mul", {framed, ww}));
+    windowed = m;
+  }
+  return out(n, dft(n, windowed, 2, frameLength, false, n.intAttr("onesided", 1) != 0));
+}
+
+/// MaxUnpool as the reference: the values scattered at their flat indices into
+/// zeros of the pooling formula's shape (the indices refer to it), then placed
+/// at the start of zeros of output_shape when that input is given.
+LogicalResult importMaxUnpool(NodeImporter &n) {
+  auto x = n.inputType(0), idx = n.inputType(1);
+  if (!x || !idx || x.getRank() < 3 || idx.getShape() != x.getShape())
+    return n.error() << "MaxUnpool needs X and indices of one shape, rank >= 3";
+  int64_t sp = x.getRank() - 2;
+  auto kernel = n.intsAttr("kernel_shape");
+  if (!kernel || static_cast<int64_t>(kernel->size()) != sp)
+    return n.error() << "kernel_shape needs " << sp << " entries";
+  auto strides = intsOr(n, "strides", sp, 1), pads = intsOr(n, "pads", 2 * sp, 0);
+  SmallVector<int64_t> inferred = {x.getDimSize(0), x.getDimSize(1)};
+  for (int64_t d = 0; d < sp; ++d)
+    inferred.push_back((x.getDimSize(2 + d) - 1) * strides[d] + (*kernel)[d] - pads[d] -
+                       pads[sp + d]);
+  int64_t total = 1;
+  for (int64_t d : inferred)
+    total *= d;
+  Type elem = x.getElementType();
+  Value zeros = n.constant(DenseElementsAttr::get(
+      RankedTensorType::get({total}, elem),
+      isa<FloatType>(elem) ? Attribute(n.b.getFloatAttr(elem, 0.0))
+                           : Attribute(n.b.getIntegerAttr(elem, 0))));
+  FORGE_TRY(flatIdx, n.reshape(n.input(1), {x.getNumElements()}));
+  FORGE_TRY(flatX, n.reshape(n.input(0), {x.getNumElements()}));
+  FORGE_TRY(placed, n.create1("scatter_elements", {zeros, flatIdx, flatX},
+                              {n.i64("axis", 0), n.str("reduction", "none")}));
+  FORGE_TRY(shaped, n.reshape(placed, inferred));
+  if (!n.input(2))
+    return n.setOutput(0, shaped);
+  auto o = n.constantInts(2, "output_shape");
+  if (failed(o))
+    return failure();
+  if (static_cast<int64_t>(o->size()) != x.getRank())
+    return n.error() << "output_shape needs " << x.getRank() << " values";
+  SmallVector<int64_t> padAmounts(2 * x.getRank(), 0);
+  for (int64_t d = 0; d < x.getRank(); ++d) {
+    if ((*o)[d] < inferred[d])
+      return n.error() << "output_shape " << (*o)[d] << " in dim " << d
+                       << " is below the pooling's " << inferred[d];
+    padAmounts[x.getRank() + d] = (*o)[d] - inferred[d];
+  }
+  return out(n, n.create1("pad", {shaped}, {n.ints("pads", padAmounts),
+                                            n.str("mode", "constant"), n.f64("value", 0.0)}));
+}
+
+/// The integer convolution of ConvInteger/QLinearConv: (x - x_zp) conv (w - w_zp)
+/// computed in f64 (exact for 8-bit operands) and returned as i32; w_zp may be
+/// per output channel.
+FailureOr<Value> integerConv(NodeImporter &n, Value x, Value xzp, Value w, Value wzp) {
+  auto xt = typeOf(x), wt = typeOf(w);
+  if (xt.getRank() < 3 || wt.getRank() != xt.getRank())
+    return n.error() << "expects N-d input and weight of equal rank >= 3";
+  Type f64 = n.b.getF64Type();
+  FORGE_TRY(xf, n.cast(x, f64));
+  FORGE_TRY(wf, n.cast(w, f64));
+  Value xs = xf, ws = wf;
+  if (xzp) {
+    FORGE_TRY(z, n.cast(xzp, f64));
+    FORGE_TRY(d, n.create1("sub", {xf, z}));
+    xs = d;
+  }
+  if (wzp) {
+    FORGE_TRY(z0, n.cast(wzp, f64));
+    Value z = z0;
+    if (typeOf(z0).getRank() == 1 && typeOf(z0).getDimSize(0) == wt.getDimSize(0) &&
+        wt.getDimSize(0) > 1) {
+      SmallVector<int64_t> shape(wt.getRank(), 1);
+      shape[0] = wt.getDimSize(0);
+      FORGE_TRY(r, n.reshape(z0, shape));
+      z = r;
+    }
+    FORGE_TRY(d, n.create1("sub", {wf, z}));
+    ws = d;
+  }
+  size_t spatial = xt.getRank() - 2;
+  SmallVector<int64_t> kernel(wt.getShape().drop_front(2));
+  auto strides = intsOr(n, "strides", spatial, 1), dilations = intsOr(n, "dilations", spatial, 1);
+  auto pads = resolvePads(n, xt.getShape().drop_front(2), kernel, strides, dilations);
+  if (failed(pads))
+    return failure();
+  FORGE_TRY(conv, n.create1("conv", {xs, ws}, {n.ints("strides", strides),
+                                               n.ints("pads", *pads),
+                                               n.ints("dilations", dilations),
+                                               n.i64("group", n.intAttr("group", 1))}));
+  return n.cast(conv, n.b.getI32Type());
+}
+
+LogicalResult importConvInteger(NodeImporter &n) {
+  return out(n, integerConv(n, n.input(0), n.input(2), n.input(1), n.input(3)));
+}
+
+/// QLinearConv: the integer convolution plus the int32 bias, times
+/// x_scale * w_scale / y_scale (w_scale per output channel or not), plus the
+/// output zero point, clipped and rounded half to even into its type.
+LogicalResult importQLinearConv(NodeImporter &n) {
+  auto x = n.inputType(0), w = n.inputType(3);
+  if (!x || !w || !n.input(6))
+    return n.error() << "QLinearConv needs x, w and the scales";
+  FORGE_TRY(acc, integerConv(n, n.input(0), n.input(2), n.input(3), n.input(5)));
+  Type f64 = n.b.getF64Type();
+  FORGE_TRY(accD, n.cast(acc, f64));
+  Value sum = accD;
+  if (n.input(8)) { // bias [M], int32
+    FORGE_TRY(b, n.cast(n.input(8), f64));
+    SmallVector<int64_t> shape(x.getRank(), 1);
+    shape[1] = typeOf(b).getNumElements();
+    FORGE_TRY(br, n.reshape(b, shape));
+    FORGE_TRY(withBias, n.create1("add", {accD, br}));
+    sum = withBias;
+  }
+  FORGE_TRY(xs, n.cast(n.input(1), f64));
+  FORGE_TRY(ws0, n.cast(n.input(4), f64));
+  Value ws = ws0;
+  if (typeOf(ws0).getNumElements() > 1) {
+    SmallVector<int64_t> shape(x.getRank(), 1);
+    shape[1] = typeOf(ws0).getNumElements();
+    FORGE_TRY(r, n.reshape(ws0, shape));
+    ws = r;
+  }
+  FORGE_TRY(ys, n.cast(n.input(6), f64));
+  FORGE_TRY(xw, n.create1("mul", {xs, ws}));
+  FORGE_TRY(factor, n.create1("div", {xw, ys}));
+  FORGE_TRY(scaled, n.create1("mul", {sum, factor}));
+  Value shifted = scaled;
+  if (n.input(7)) {
+    FORGE_TRY(z, n.cast(n.input(7), f64));
+    FORGE_TRY(s2, n.create1("add", {scaled, z}));
+    shifted = s2;
+  }
+  Type target = n.input(7) ? n.inputType(7).getElementType() : x.getElementType();
+  auto [lo, hi] = quantRange(target);
+  FORGE_TRY(clipped, n.create1("clip", {shifted}, {n.f64("min", lo), n.f64("max", hi)}));
+  FORGE_TRY(rounded, n.create1("round", {clipped}));
+  return out(n, n.cast(rounded, target));
+}
+
 } // namespace
 
 /// MaxPool's Indices: each window's taps gathered from the input padded with
@@ -1942,5 +2236,10 @@ void onnx_import::addCompositeRules(llvm::StringMap<OpRule> &r) {
   r["DynamicQuantizeLinear"] = importDynamicQuantizeLinear;
   r["MatMulInteger"] = importMatMulInteger;
   r["QLinearMatMul"] = importQLinearMatMul;
+  r["DFT"] = importDFT;
+  r["STFT"] = importSTFT;
+  r["MaxUnpool"] = importMaxUnpool;
+  r["ConvInteger"] = importConvInteger;
+  r["QLinearConv"] = importQLinearConv;
   r["Upsample"] = importResize;
 }
