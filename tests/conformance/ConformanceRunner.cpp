@@ -142,8 +142,12 @@ std::string reasonClass(const std::string &reason) {
         return true;
     return false;
   };
+  if (reason.rfind("non-tensor", 0) == 0)
+    return "sequences and optionals";
+  if (reason.rfind("random mask", 0) == 0)
+    return "random outputs (no implementation reproduces NumPy's draws)";
   if (reason.rfind("unsupported op", 0) != 0)
-    return reason; // element types, opset, non-tensor inputs, known reference bugs
+    return reason; // element types, opset, known reference bugs
   if (has({"ai.onnx.ml."}))
     return "ML domain (ai.onnx.ml)";
   if (has({"ai.onnx.preview.training."}))
@@ -161,7 +165,7 @@ std::string reasonClass(const std::string &reason) {
   if (has({"ImageDecoder"}))
     return "image decoding (input pipeline, not the graph)";
   if (has({"Random", "Bernoulli", "Multinomial"}))
-    return "random number generators (inference-time sampling)";
+    return "random outputs (no implementation reproduces NumPy's draws)";
   return "other unsupported ops";
 }
 
