@@ -134,6 +134,8 @@ std::string_view descrFor(DType t) {
     return "<u2"; // raw bits: NumPy has no bfloat16
   case bundle::F8E4M3:
   case bundle::F8E5M2:
+  case bundle::F8E4M3FNUZ:
+  case bundle::F8E5M2FNUZ:
     return "|u1"; // raw bits
   default:
     return "";

@@ -27,6 +27,7 @@ constexpr DTypeEntry kDTypes[] = {
     {bundle::I8, 1, "i8"},         {bundle::U8, 1, "u8"},         {bundle::BOOL, 1, "bool"},
     {bundle::F8E4M3, 1, "f8e4m3"}, {bundle::F8E5M2, 1, "f8e5m2"}, {bundle::I16, 2, "i16"},
     {bundle::U16, 2, "u16"},       {bundle::U32, 4, "u32"},       {bundle::U64, 8, "u64"},
+    {bundle::F8E4M3FNUZ, 1, "f8e4m3fnuz"}, {bundle::F8E5M2FNUZ, 1, "f8e5m2fnuz"},
 };
 
 const DTypeEntry *findEntry(DType t) {
@@ -64,6 +65,8 @@ bool isFloatType(DType t) {
   case bundle::F64:
   case bundle::F8E4M3:
   case bundle::F8E5M2:
+  case bundle::F8E4M3FNUZ:
+  case bundle::F8E5M2FNUZ:
     return true;
   default:
     return false;

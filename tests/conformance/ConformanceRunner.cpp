@@ -108,8 +108,8 @@ std::string scopeReason(const onnx::ModelProto &model, const std::set<std::strin
       s += " " + m;
     return s;
   }
-  // FNUZ float8, 4-bit ints and float4 are outside Forge's element types.
-  auto foreignType = [](int32_t t) { return t == 18 || t == 20 || t >= 21; };
+  // 4-bit ints and float4 are outside Forge's element types.
+  auto foreignType = [](int32_t t) { return t >= 21; };
   auto foreignIn = [&](const auto &values) {
     for (const auto &v : values)
       if (v.type().has_tensor_type() && foreignType(v.type().tensor_type().elem_type()))
@@ -117,11 +117,11 @@ std::string scopeReason(const onnx::ModelProto &model, const std::set<std::strin
     return false;
   };
   if (foreignIn(model.graph().input()) || foreignIn(model.graph().output()))
-    return "element type outside Forge's set (float8 FNUZ, int4, float4)";
+    return "element type outside Forge's set (int4, uint4, float4)";
   for (const auto &node : model.graph().node())
     for (const auto &a : node.attribute())
       if (a.name() == "to" && foreignType((int32_t)a.i()))
-        return "casts to an element type outside Forge's set (float8 FNUZ, int4, float4)";
+        return "casts to an element type outside Forge's set (int4, uint4, float4)";
   auto tensorOnly = [](const auto &values) {
     for (const auto &v : values)
       if (!v.type().has_tensor_type() || v.type().tensor_type().elem_type() == onnx::TensorProto::STRING)
@@ -433,6 +433,20 @@ float halfToFloat(uint16_t h) {
   return f;
 }
 
+/// A float8 byte's value, from the ONNX definitions (independent of the
+/// runtime's decoder): IEEE-like with infinities, FN (only S.1..1.1..1 is
+/// NaN), or FNUZ (0x80 is NaN, no infinities).
+double float8AsDouble(uint8_t v, int mbits, int bias, bool ieee, bool fnuz) {
+  int ebits = 7 - mbits, e = (v & 0x7f) >> mbits, m = v & ((1 << mbits) - 1);
+  bool top = e == (1 << ebits) - 1;
+  if (fnuz ? v == 0x80 : ieee ? top && m != 0 : top && m == (1 << mbits) - 1)
+    return std::nan("");
+  double a = ieee && top ? INFINITY
+             : e == 0    ? std::ldexp(m, 1 - bias - mbits)
+                         : std::ldexp(m + (1 << mbits), e - bias - mbits);
+  return (v & 0x80) ? -a : a;
+}
+
 double elementAsDouble(const uint8_t *p, ::pb::DType t, size_t i) {
   using namespace ::forge::bundle;
   auto load = [&](auto tag) {
@@ -458,6 +472,10 @@ double elementAsDouble(const uint8_t *p, ::pb::DType t, size_t i) {
   case U16: return load(uint16_t());
   case U32: return load(uint32_t());
   case U64: return (double)load(uint64_t());
+  case F8E4M3: return float8AsDouble(load(uint8_t()), 3, 7, false, false);
+  case F8E5M2: return float8AsDouble(load(uint8_t()), 2, 15, true, false);
+  case F8E4M3FNUZ: return float8AsDouble(load(uint8_t()), 3, 8, false, true);
+  case F8E5M2FNUZ: return float8AsDouble(load(uint8_t()), 2, 16, false, true);
   default: return std::nan("");
   }
 }

@@ -65,6 +65,16 @@ double element(const uint8_t *p, DType t, size_t i) {
     double v = e == 0 ? std::ldexp(m, -9) : std::ldexp(m + 8, e - 10);
     return (b & 0x80) ? -v : v;
   }
+  case bundle::F8E4M3FNUZ:
+  case bundle::F8E5M2FNUZ: { // bias 8 / 16, no infinity or -0, 0x80 is NaN
+    uint8_t b = p[i];
+    int mbits = t == bundle::F8E4M3FNUZ ? 3 : 2, bias = t == bundle::F8E4M3FNUZ ? 8 : 16;
+    if (b == 0x80)
+      return NAN;
+    int e = (b & 0x7f) >> mbits, m = b & ((1 << mbits) - 1);
+    double v = e == 0 ? std::ldexp(m, 1 - bias - mbits) : std::ldexp(m + (1 << mbits), e - bias - mbits);
+    return (b & 0x80) ? -v : v;
+  }
   case bundle::I8: return double(int8_t(p[i]));
   default: return double(p[i]); // U8, BOOL, float8 bit patterns
   }
@@ -72,7 +82,8 @@ double element(const uint8_t *p, DType t, size_t i) {
 
 bool isFloat(DType t) {
   return t == bundle::F32 || t == bundle::F64 || t == bundle::F16 || t == bundle::BF16 ||
-         t == bundle::F8E4M3 || t == bundle::F8E5M2;
+         t == bundle::F8E4M3 || t == bundle::F8E5M2 || t == bundle::F8E4M3FNUZ ||
+         t == bundle::F8E5M2FNUZ;
 }
 
 /// First mismatch of `got` against `ref` ("" when they agree).

@@ -17,6 +17,8 @@ pb::DType mlir::forge::dtypeFromType(Type type) {
   if (type.isF64()) return pb::F64;
   if (type.isFloat8E4M3FN()) return pb::F8E4M3;
   if (type.isFloat8E5M2()) return pb::F8E5M2;
+  if (type.isFloat8E4M3FNUZ()) return pb::F8E4M3FNUZ;
+  if (type.isFloat8E5M2FNUZ()) return pb::F8E5M2FNUZ;
   auto integer = dyn_cast<IntegerType>(type);
   if (!integer)
     return pb::DTYPE_UNSPECIFIED;
@@ -40,6 +42,8 @@ Type mlir::forge::typeFromDType(MLIRContext *ctx, pb::DType dtype) {
   case pb::F64: return b.getF64Type();
   case pb::F8E4M3: return b.getFloat8E4M3FNType();
   case pb::F8E5M2: return b.getFloat8E5M2Type();
+  case pb::F8E4M3FNUZ: return b.getFloat8E4M3FNUZType();
+  case pb::F8E5M2FNUZ: return b.getFloat8E5M2FNUZType();
   case pb::BOOL: return b.getI1Type();
   case pb::I8: return b.getIntegerType(8);
   case pb::I16: return b.getIntegerType(16);

@@ -190,7 +190,23 @@ int64_t chooseBlockSize(const CudaTarget &t, int64_t work, int64_t regsPerThread
 bool isFloat(Type t) { return isa<FloatType>(t); }
 /// float8 E4M3FN / E5M2: bytes in memory, decoded to f32 on load
 /// (KB::toCompute); only casts produce them (emitScalar encodes).
-bool isFloat8(Type t) { return t.isFloat8E4M3FN() || t.isFloat8E5M2(); }
+bool isFloat8(Type t) {
+  return t.isFloat8E4M3FN() || t.isFloat8E5M2() || t.isFloat8E4M3FNUZ() || t.isFloat8E5M2FNUZ();
+}
+
+/// The float8 encodings ONNX defines: E4M3FN (NaN = S.1111.111, max 448),
+/// E5M2 (IEEE-like), and the FNUZ pair (no infinity or -0; 0x80 is NaN).
+struct Float8Spec {
+  int mbits, bias;
+  double maxFinite;
+  bool e5m2, fnuz;
+};
+Float8Spec float8Spec(Type t) {
+  if (t.isFloat8E5M2()) return {2, 15, 57344.0, true, false};
+  if (t.isFloat8E4M3FNUZ()) return {3, 8, 240.0, false, true};
+  if (t.isFloat8E5M2FNUZ()) return {2, 16, 57344.0, false, true};
+  return {3, 7, 448.0, false, false};
+}
 
 /// Element types the generators handle: f16, bf16, f32, f64, bool (i1) and
 /// signed, signless or unsigned 8/16/32/64-bit integers. Signless integers are
@@ -271,14 +287,14 @@ struct KB {
     if (elem.isF16() || elem.isBF16())
       return b.create<arith::ExtFOp>(loc, b.getF32Type(), v);
     if (isFloat8(elem))
-      return decodeFloat8(v, elem.isFloat8E5M2());
+      return decodeFloat8(v, float8Spec(elem));
     return v;
   }
   /// A float8 byte as the f32 it stands for (exact). E5M2 is the top byte of
-  /// an f16; E4M3FN (bias 7, no infinities, NaN = S.1111.111) is rebuilt.
-  Value decodeFloat8(Value byte, bool e5m2) {
+  /// an f16; the other formats are rebuilt from their fields.
+  Value decodeFloat8(Value byte, const Float8Spec &f) {
     Type i16 = b.getI16Type(), i32 = b.getI32Type(), f32 = b.getF32Type();
-    if (e5m2) {
+    if (f.e5m2) {
       Value bits = b.create<arith::ShLIOp>(loc, b.create<arith::ExtUIOp>(loc, i16, byte),
                                            b.create<arith::ConstantIntOp>(loc, 8, 16));
       Value half = b.create<arith::BitcastOp>(loc, b.getF16Type(), bits);
@@ -286,20 +302,25 @@ struct KB {
     }
     auto c = [&](int64_t v) { return b.create<arith::ConstantIntOp>(loc, v, 32); };
     Value v = b.create<arith::ExtUIOp>(loc, i32, byte);
-    Value exp = b.create<arith::AndIOp>(loc, b.create<arith::ShRUIOp>(loc, v, c(3)), c(15));
-    Value mant = b.create<arith::AndIOp>(loc, v, c(7));
+    Value exp = b.create<arith::AndIOp>(loc, b.create<arith::ShRUIOp>(loc, v, c(f.mbits)),
+                                        c((1 << (7 - f.mbits)) - 1));
+    Value mant = b.create<arith::AndIOp>(loc, v, c((1 << f.mbits) - 1));
     Value sub = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, exp, c(0));
-    // |x| = m * 2^-9 (subnormal) or (8 + m) * 2^(e - 10); 2^k built from its bits.
-    Value significand = b.create<arith::SelectOp>(loc, sub, mant, b.create<arith::AddIOp>(loc, mant, c(8)));
-    Value scaleExp = b.create<arith::SelectOp>(loc, sub, c(-9), b.create<arith::SubIOp>(loc, exp, c(10)));
+    // |x| = m * 2^(1-bias-mbits) (subnormal) or (2^mbits + m) * 2^(e-bias-mbits);
+    // 2^k built from its bits.
+    Value significand =
+        b.create<arith::SelectOp>(loc, sub, mant, b.create<arith::AddIOp>(loc, mant, c(1 << f.mbits)));
+    Value scaleExp = b.create<arith::SelectOp>(loc, sub, c(1 - f.bias - f.mbits),
+                                               b.create<arith::SubIOp>(loc, exp, c(f.bias + f.mbits)));
     Value scale = b.create<arith::BitcastOp>(
         loc, f32, b.create<arith::ShLIOp>(loc, b.create<arith::AddIOp>(loc, scaleExp, c(127)), c(23)));
     Value a = b.create<arith::MulFOp>(loc, b.create<arith::UIToFPOp>(loc, f32, significand), scale);
     Value negative = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne,
                                              b.create<arith::AndIOp>(loc, v, c(0x80)), c(0));
     Value r = b.create<arith::SelectOp>(loc, negative, b.create<arith::NegFOp>(loc, a), a);
-    Value nan = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
-                                        b.create<arith::AndIOp>(loc, v, c(0x7f)), c(0x7f));
+    Value nan = f.fnuz ? b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, v, c(0x80))
+                       : b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
+                                                 b.create<arith::AndIOp>(loc, v, c(0x7f)), c(0x7f));
     return b.create<arith::SelectOp>(loc, nan, fconst(f32, NAN), r);
   }
   Value toStorage(Value v, Type elem) {
@@ -536,7 +557,7 @@ Value intPow(KB &k, Value base, Value exp, bool isUnsigned) {
 /// A float value (f32, or f64) as a float8 byte, as the CPU's doubleToFloat8:
 /// round to nearest even onto the format's grid; beyond the largest finite
 /// value, saturate to +-max or give NaN (E4M3FN) / infinity (E5M2).
-Value encodeFloat8(KB &k, Value x, bool e5m2, bool saturate) {
+Value encodeFloat8(KB &k, Value x, const Float8Spec &f, bool saturate) {
   OpBuilder &b = k.b;
   Location loc = k.loc;
   Type ft = x.getType();
@@ -544,10 +565,11 @@ Value encodeFloat8(KB &k, Value x, bool e5m2, bool saturate) {
   unsigned width = f64 ? 64 : 32, fracBits = f64 ? 52 : 23;
   int64_t floatBias = f64 ? 1023 : 127;
   Type it = b.getIntegerType(width), i32 = b.getI32Type(), i8 = b.getI8Type();
-  const int mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7, emin = 1 - bias;
-  const double maxFinite = e5m2 ? 57344.0 : 448.0;
+  const bool e5m2 = f.e5m2;
+  const int mbits = f.mbits, bias = f.bias, emin = 1 - bias;
+  const double maxFinite = f.maxFinite;
   const int64_t nanBits = e5m2 ? 0x7d : 0x7f, infBits = e5m2 ? 0x7c : 0x7f,
-                maxBits = e5m2 ? 0x7b : 0x7e;
+                maxBits = f.fnuz ? 0x7f : e5m2 ? 0x7b : 0x7e;
   auto c32 = [&](int64_t v) { return b.create<arith::ConstantIntOp>(loc, v, 32); };
   auto c8 = [&](int64_t v) { return b.create<arith::ConstantIntOp>(loc, v, 8); };
   auto sel = [&](Value cond, Value a, Value d) { return b.create<arith::SelectOp>(loc, cond, a, d); };
@@ -590,9 +612,15 @@ Value encodeFloat8(KB &k, Value x, bool e5m2, bool saturate) {
   Value magnitude = b.create<arith::TruncIOp>(
       loc, i8, b.create<arith::OrIOp>(loc, b.create<arith::ShLIOp>(loc, exponent, c32(mbits)), mant));
   Value result = b.create<arith::OrIOp>(loc, sign, magnitude);
+  Value nan = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNO, x, x);
+  if (f.fnuz) { // every zero is +0; NaN and unsaturated overflow are 0x80
+    result = sel(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, magnitude, c8(0)), c8(0), result);
+    Value overflow = saturate ? Value(b.create<arith::OrIOp>(loc, sign, c8(maxBits))) : Value(c8(0x80));
+    result = sel(over, overflow, result);
+    return sel(nan, c8(0x80), result);
+  }
   Value overflow = c8(saturate ? maxBits : (e5m2 ? infBits : nanBits));
   result = sel(over, b.create<arith::OrIOp>(loc, sign, overflow), result);
-  Value nan = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNO, x, x);
   return sel(nan, b.create<arith::OrIOp>(loc, sign, c8(nanBits)), result);
 }
 
@@ -698,7 +726,7 @@ Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argE
                                         : Value(b.create<arith::SIToFPOp>(loc, f64, x));
     }
     auto saturate = op->getAttrOfType<IntegerAttr>("saturate");
-    return encodeFloat8(k, x, resultElem.isFloat8E5M2(), !saturate || saturate.getInt() != 0);
+    return encodeFloat8(k, x, float8Spec(resultElem), !saturate || saturate.getInt() != 0);
   }
   if (name == "cast") {
     Type to = computeType(resultElem);

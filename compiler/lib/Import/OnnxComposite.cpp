@@ -1661,7 +1661,7 @@ LogicalResult importQuantizeLinear(NodeImporter &n) {
     int64_t code = n.intAttr("output_dtype", 2);
     target = code == 2 ? n.b.getIntegerType(8, false) : code == 3 ? n.b.getIntegerType(8)
              : code == 4 ? n.b.getIntegerType(16, false) : code == 5 ? n.b.getIntegerType(16)
-             : code == 17 ? Type(n.b.getFloat8E4M3FNType()) : code == 19 ? Type(n.b.getFloat8E5M2Type())
+             : (code >= 17 && code <= 20) ? elementTypeFromOnnx(n.b.getContext(), code) // float8
                           : Type();
   }
   if (!target)

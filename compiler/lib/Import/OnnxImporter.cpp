@@ -52,6 +52,8 @@ Type onnx_import::elementTypeFromOnnx(MLIRContext *ctx, int32_t t) {
   case onnx::TensorProto::BOOL: return b.getI1Type();
   case 17: return b.getFloat8E4M3FNType(); // FLOAT8E4M3FN (IR 9)
   case 19: return b.getFloat8E5M2Type();   // FLOAT8E5M2 (IR 9)
+  case 18: return b.getFloat8E4M3FNUZType(); // FLOAT8E4M3FNUZ (IR 9)
+  case 20: return b.getFloat8E5M2FNUZType(); // FLOAT8E5M2FNUZ (IR 9)
   default: return {};
   }
 }
@@ -171,7 +173,9 @@ onnx_import::tensorFromProto(MLIRContext *ctx, const onnx::TensorProto &tensor,
     case onnx::TensorProto::FLOAT16:
     case onnx::TensorProto::BFLOAT16: appendField<decltype(tensor.int32_data()), uint16_t>(tensor.int32_data(), bytes); break;
     case 17:
-    case 19: appendField<decltype(tensor.int32_data()), uint8_t>(tensor.int32_data(), bytes); break;
+    case 18:
+    case 19:
+    case 20: appendField<decltype(tensor.int32_data()), uint8_t>(tensor.int32_data(), bytes); break;
     case onnx::TensorProto::UINT32: appendField<decltype(tensor.uint64_data()), uint32_t>(tensor.uint64_data(), bytes); break;
     case onnx::TensorProto::UINT64: appendField<decltype(tensor.uint64_data()), uint64_t>(tensor.uint64_data(), bytes); break;
     default: break;

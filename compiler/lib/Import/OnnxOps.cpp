@@ -1030,7 +1030,8 @@ LogicalResult importCast(NodeImporter &n) {
   Type to = elementTypeFromOnnx(n.b.getContext(), n.intAttr("to", 0));
   if (!to)
     return n.error() << "cast to unsupported type " << onnxTypeName(n.intAttr("to", 0));
-  if (n.intAttr("saturate", 1) == 0 && isa<Float8E4M3FNType, Float8E5M2Type>(to))
+  if (n.intAttr("saturate", 1) == 0 &&
+      isa<Float8E4M3FNType, Float8E5M2Type, Float8E4M3FNUZType, Float8E5M2FNUZType>(to))
     return output(n, n.create1("cast", {n.input(0)},
                                {n.named("to", TypeAttr::get(to)), n.flag("saturate", false)}));
   return output(n, n.cast(n.input(0), to));

@@ -626,17 +626,37 @@ template <typename F> Status visitCastable(DType t, F &&f, std::string_view what
   return visitNumeric(t, f, what);
 }
 
-/// float8 E4M3FN (bias 7, no infinities, NaN = S.1111.111, max 448) and
-/// E5M2 (bias 15, IEEE-like infinities, max 57344), as ONNX defines them.
+/// float8 E4M3FN (bias 7, no infinities, NaN = S.1111.111, max 448),
+/// E5M2 (bias 15, IEEE-like infinities, max 57344) and the FNUZ variants
+/// E4M3FNUZ / E5M2FNUZ (bias 8 / 16, max 240 / 57344, no infinities and no
+/// negative zero: 0x80 is the only NaN), as ONNX defines them.
 struct Float8Format {
   int mantissaBits, bias;
   double max;
-  bool hasInf;
+  bool hasInf, fnuz;
 };
-constexpr Float8Format kE4M3{3, 7, 448.0, false};
-constexpr Float8Format kE5M2{2, 15, 57344.0, true};
+constexpr Float8Format kE4M3{3, 7, 448.0, false, false};
+constexpr Float8Format kE5M2{2, 15, 57344.0, true, false};
+constexpr Float8Format kE4M3FNUZ{3, 8, 240.0, false, true};
+constexpr Float8Format kE5M2FNUZ{2, 16, 57344.0, false, true};
+
+bool isFloat8Type(DType t) {
+  return t == bundle::F8E4M3 || t == bundle::F8E5M2 || t == bundle::F8E4M3FNUZ ||
+         t == bundle::F8E5M2FNUZ;
+}
+
+const Float8Format &float8Format(DType t) {
+  switch (t) {
+  case bundle::F8E4M3: return kE4M3;
+  case bundle::F8E5M2: return kE5M2;
+  case bundle::F8E4M3FNUZ: return kE4M3FNUZ;
+  default: return kE5M2FNUZ;
+  }
+}
 
 double float8ToDouble(uint8_t v, const Float8Format &f) {
+  if (f.fnuz && v == 0x80)
+    return std::numeric_limits<double>::quiet_NaN();
   bool negative = v & 0x80;
   int expBits = 7 - f.mantissaBits;
   int exp = (v >> f.mantissaBits) & ((1 << expBits) - 1);
@@ -645,7 +665,7 @@ double float8ToDouble(uint8_t v, const Float8Format &f) {
   double r;
   if (f.hasInf && exp == expMax)
     r = mant == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
-  else if (!f.hasInf && exp == expMax && mant == (1 << f.mantissaBits) - 1)
+  else if (!f.hasInf && !f.fnuz && exp == expMax && mant == (1 << f.mantissaBits) - 1)
     r = std::numeric_limits<double>::quiet_NaN();
   else if (exp == 0)
     r = std::ldexp(double(mant), 1 - f.bias - f.mantissaBits);
@@ -655,15 +675,17 @@ double float8ToDouble(uint8_t v, const Float8Format &f) {
 }
 
 /// Round to nearest even onto the format's grid; overflow saturates to +-max
-/// or becomes NaN (E4M3FN) / infinity (E5M2), per the ONNX `saturate` flag.
+/// or becomes NaN (E4M3FN, FNUZ) / infinity (E5M2), per the ONNX `saturate`
+/// flag. FNUZ formats map NaN (and unsaturated infinity) to 0x80 and every
+/// zero to +0.
 uint8_t doubleToFloat8(double x, const Float8Format &f, bool saturate) {
   uint8_t sign = std::signbit(x) ? 0x80 : 0;
   int expBits = 7 - f.mantissaBits;
   uint8_t nanBits = f.hasInf ? uint8_t(((1 << expBits) - 1) << f.mantissaBits | 1) : 0x7f;
   uint8_t infBits = uint8_t(((1 << expBits) - 1) << f.mantissaBits);
-  uint8_t maxBits = f.hasInf ? uint8_t(infBits - 1) : 0x7e;
+  uint8_t maxBits = f.fnuz ? 0x7f : f.hasInf ? uint8_t(infBits - 1) : 0x7e;
   if (std::isnan(x))
-    return sign | nanBits;
+    return f.fnuz ? 0x80 : sign | nanBits;
   double a = std::fabs(x);
   int emin = 1 - f.bias; // smallest normal exponent
   double rounded = 0;
@@ -676,10 +698,12 @@ uint8_t doubleToFloat8(double x, const Float8Format &f, bool saturate) {
   if (std::isinf(a) || rounded > f.max) {
     if (saturate)
       return sign | maxBits;
+    if (f.fnuz)
+      return 0x80;
     return sign | (f.hasInf ? infBits : nanBits);
   }
   if (rounded == 0)
-    return sign;
+    return f.fnuz ? 0 : sign;
   int e;
   double m = std::frexp(rounded, &e); // rounded = m * 2^e
   int exponent = e - 1;
@@ -693,9 +717,9 @@ uint8_t doubleToFloat8(double x, const Float8Format &f, bool saturate) {
 Status castFloat8(KernelContext &ctx, const TensorView &x, TensorView &y, DType to) {
   bool saturate = !ctx.attrs.has("saturate") || *ctx.attrs.getInt("saturate") != 0;
   const int64_t n = x.numel();
-  auto format = [](DType t) { return t == bundle::F8E4M3 ? kE4M3 : kE5M2; };
-  bool fromF8 = x.dtype == bundle::F8E4M3 || x.dtype == bundle::F8E5M2;
-  bool toF8 = to == bundle::F8E4M3 || to == bundle::F8E5M2;
+  auto format = float8Format;
+  bool fromF8 = isFloat8Type(x.dtype);
+  bool toF8 = isFloat8Type(to);
   std::vector<double> values(n);
   if (fromF8) {
     const uint8_t *in = x.as<const uint8_t>();
@@ -749,8 +773,7 @@ Status castKernel(KernelContext &ctx) {
       std::memmove(y.data, x.data, x.bytes());
     return Status::ok();
   }
-  if (x.dtype == bundle::F8E4M3 || x.dtype == bundle::F8E5M2 || to == bundle::F8E4M3 ||
-      to == bundle::F8E5M2)
+  if (isFloat8Type(x.dtype) || isFloat8Type(to))
     return castFloat8(ctx, x, y, to);
   return visitCastable(
       x.dtype,

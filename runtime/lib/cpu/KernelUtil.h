@@ -249,7 +249,8 @@ template <typename F> Status visitInt(DType t, F &&f, std::string_view what = "o
 
 /// Float and integer types (not bool).
 template <typename F> Status visitNumeric(DType t, F &&f, std::string_view what = "operand") {
-  if (isFloatType(t) && t != bundle::F8E4M3 && t != bundle::F8E5M2)
+  if (isFloatType(t) && t != bundle::F8E4M3 && t != bundle::F8E5M2 && t != bundle::F8E4M3FNUZ &&
+      t != bundle::F8E5M2FNUZ)
     return visitFloat(t, f, what);
   return visitInt(t, f, what);
 }
