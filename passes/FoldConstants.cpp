@@ -6,7 +6,7 @@
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
-#include "forge/Bundle/Conversion.h"
+#include "forge/Conversion/Conversion.h"
 
 namespace mlir::forge {
 #define GEN_PASS_DEF_FOLDCONSTANTS

@@ -11,7 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "forge/Bundle/BundleEmitter.h"
-#include "forge/Bundle/Conversion.h"
+#include "forge/Conversion/Conversion.h"
 #include "forge/Import/OnnxImporter.h"
 #include "forge/Pipeline/Pipeline.h"
 #include "forge/runtime/Bundle.h"

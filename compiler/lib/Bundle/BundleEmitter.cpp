@@ -12,7 +12,7 @@
 //===----------------------------------------------------------------------===//
 #include "forge/Bundle/BundleEmitter.h"
 
-#include "forge/Bundle/Conversion.h"
+#include "forge/Conversion/Conversion.h"
 #include "forge/Codegen/KernelGen.h"
 #include "forge/Dialect/ForgeDialect.h"
 #include "forge/runtime/Bundle.h"

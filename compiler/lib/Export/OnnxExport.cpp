@@ -1,7 +1,7 @@
 //===- OnnxExport.cpp - forge IR -> ONNX graph for viewing in Netron -------===//
 #include "forge/Export/OnnxExport.h"
 
-#include "forge/Bundle/Conversion.h"
+#include "forge/Conversion/Conversion.h"
 #include "forge/Dialect/ForgeDialect.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"

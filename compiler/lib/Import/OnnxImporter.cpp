@@ -10,7 +10,7 @@
 #include "forge/Import/OnnxImporter.h"
 #include "ImportContext.h"
 
-#include "forge/Bundle/Conversion.h"
+#include "forge/Conversion/Conversion.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Verifier.h"

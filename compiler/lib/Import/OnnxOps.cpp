@@ -10,7 +10,7 @@
 //===----------------------------------------------------------------------===//
 #include "ImportContext.h"
 
-#include "forge/Bundle/Conversion.h"
+#include "forge/Conversion/Conversion.h"
 #include "mlir/IR/TypeUtilities.h"
 
 #include "llvm/ADT/STLExtras.h"

@@ -7,8 +7,8 @@
 // (which makes every op foldable without a second implementation).
 //
 //===----------------------------------------------------------------------===//
-#ifndef FORGE_BUNDLE_CONVERSION_H
-#define FORGE_BUNDLE_CONVERSION_H
+#ifndef FORGE_CONVERSION_CONVERSION_H
+#define FORGE_CONVERSION_CONVERSION_H
 
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/BuiltinTypes.h"
@@ -40,4 +40,4 @@ FailureOr<SmallVector<DenseElementsAttr>> evaluateOnConstants(Operation *op,
 
 } // namespace mlir::forge
 
-#endif // FORGE_BUNDLE_CONVERSION_H
+#endif // FORGE_CONVERSION_CONVERSION_H

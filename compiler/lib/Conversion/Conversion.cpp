@@ -1,5 +1,5 @@
 //===- Conversion.cpp - forge IR <-> runtime bundle representations -------===//
-#include "forge/Bundle/Conversion.h"
+#include "forge/Conversion/Conversion.h"
 
 #include "forge/Dialect/ForgeDialect.h"
 #include "forge/runtime/Kernels.h"
