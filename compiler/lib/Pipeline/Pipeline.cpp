@@ -51,7 +51,9 @@ void mlir::forge::registerForgePassesAndPipelines() {
 namespace {
 
 struct GraphSummary {
-  int64_t ops = 0, kernels = 0, bytes = 0, flops = 0;
+  // launches: ops that run as their own kernel or library call (not
+  // shape-only views); library: those of the library class (cuBLASLt/cuDNN).
+  int64_t ops = 0, launches = 0, library = 0, bytes = 0, flops = 0;
 };
 
 GraphSummary summarize(ModuleOp module) {
@@ -61,7 +63,9 @@ GraphSummary summarize(ModuleOp module) {
       return;
     ++s.ops;
     if (op.getFusionClass() != FusionClass::Shape)
-      ++s.kernels;
+      ++s.launches;
+    if (op.getFusionClass() == FusionClass::Library)
+      ++s.library;
     OpCost c = op.getCost();
     s.bytes += c.bytes;
     s.flops += c.flops;
@@ -98,8 +102,9 @@ LogicalResult writeDumpFiles(ModuleOp module, StringRef dir, int index, StringRe
   llvm::raw_fd_ostream summary((dir + "/summary.txt").str(), ec, llvm::sys::fs::OF_Append);
   if (ec)
     return module.emitError() << "cannot write summary: " << ec.message();
-  summary << llvm::formatv("{0:2}-{1}: {2} ops, {3} kernels, {4} bytes, {5} FLOPs\n", index,
-                           stage, s.ops, s.kernels, s.bytes, s.flops);
+  summary << llvm::formatv("{0:2}-{1}: {2} ops, {3} launches ({4} library calls), {5} bytes, "
+                           "{6} FLOPs\n",
+                           index, stage, s.ops, s.launches, s.library, s.bytes, s.flops);
   return success();
 }
 

@@ -67,6 +67,20 @@ TEST(DialectTable, EveryOpHasAllFacts) {
   }
 }
 
+// The library class means a cuBLASLt/cuDNN (OpenBLAS on the CPU) call: only
+// GEMMs and convolutions. Pools are generated window reductions.
+TEST(DialectTable, LibraryClassIsGemmsAndConvolutions) {
+  MLIRContext ctx;
+  ctx.loadDialect<ForgeDialect>();
+  std::set<std::string> library;
+  for (RegisteredOperationName name : forgeOps(ctx))
+    if (auto *facts = name.getInterface<ForgeOpInterface>();
+        facts && facts->getFusionClass() == FusionClass::Library)
+      library.insert(name.stripDialect().str());
+  EXPECT_EQ(library, (std::set<std::string>{"matmul", "gemm", "conv", "conv_transpose",
+                                            "conv_grad_weight"}));
+}
+
 TEST(DialectTable, IntegerAndMaskOpsAreNotDifferentiable) {
   MLIRContext ctx;
   ctx.loadDialect<ForgeDialect>();

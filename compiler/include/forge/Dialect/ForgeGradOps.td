@@ -52,7 +52,7 @@ def Forge_ConvGradWeightOp : Forge_GradOp<"conv_grad_weight", "Conv", FusionLibr
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
 }
 
-def Forge_MaxPoolGradOp : Forge_GradOp<"max_pool_grad", "MaxPool", FusionLibrary, PrecisionFollowsInput> {
+def Forge_MaxPoolGradOp : Forge_GradOp<"max_pool_grad", "MaxPool", FusionReduction, PrecisionFollowsInput> {
   let summary = "Gradient of max_pool: each window's gradient goes to its first maximum";
   let description = [{
     Attributes are the forward op's. Within a window the maximum is chosen
@@ -69,7 +69,7 @@ def Forge_MaxPoolGradOp : Forge_GradOp<"max_pool_grad", "MaxPool", FusionLibrary
   let flopsPerElement = 2;
 }
 
-def Forge_AvgPoolGradOp : Forge_GradOp<"avg_pool_grad", "AveragePool", FusionLibrary, PrecisionFollowsInput> {
+def Forge_AvgPoolGradOp : Forge_GradOp<"avg_pool_grad", "AveragePool", FusionReduction, PrecisionFollowsInput> {
   let summary = "Gradient of avg_pool: each window spreads grad/divisor over its taps";
   let arguments = (ins AnyForgeTensor:$grad_output, DenseI64ArrayAttr:$input_shape,
                        DenseI64ArrayAttr:$kernel_shape, DenseI64ArrayAttr:$strides,

@@ -223,7 +223,9 @@ def Forge_ConvTransposeOp : Forge_Op<"conv_transpose", "ConvTranspose", FusionLi
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
 }
 
-def Forge_MaxPoolOp : Forge_Op<"max_pool", "MaxPool", FusionLibrary, PrecisionFollowsInput, 1> {
+// Pools are window reductions, generated kernels on every target (not library
+// calls: cuDNN's pooling is not used, design notes "CUDA backend").
+def Forge_MaxPoolOp : Forge_Op<"max_pool", "MaxPool", FusionReduction, PrecisionFollowsInput, 1> {
   let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$kernel_shape,
                        DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads,
                        DenseI64ArrayAttr:$dilations, BoolAttr:$ceil_mode);
@@ -231,7 +233,7 @@ def Forge_MaxPoolOp : Forge_Op<"max_pool", "MaxPool", FusionLibrary, PrecisionFo
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
 }
 
-def Forge_AvgPoolOp : Forge_Op<"avg_pool", "AveragePool,GlobalAveragePool", FusionLibrary, PrecisionFollowsInput, 1> {
+def Forge_AvgPoolOp : Forge_Op<"avg_pool", "AveragePool,GlobalAveragePool", FusionReduction, PrecisionFollowsInput, 1> {
   let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$kernel_shape,
                        DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads,
                        DenseI64ArrayAttr:$dilations, BoolAttr:$ceil_mode,
