@@ -189,7 +189,7 @@ int64_t chooseBlockSize(const CudaTarget &t, int64_t work, int64_t regsPerThread
 
 bool isFloat(Type t) { return isa<FloatType>(t); }
 /// float8 E4M3FN / E5M2: bytes in memory, decoded to f32 on load
-/// (KB::toCompute); only casts produce them (emitScalar encodes).
+/// (Body::toCompute); only casts produce them (emitScalar encodes).
 bool isFloat8(Type t) {
   return t.isFloat8E4M3FN() || t.isFloat8E5M2() || t.isFloat8E4M3FNUZ() || t.isFloat8E5M2FNUZ();
 }
@@ -258,8 +258,8 @@ SmallVector<int64_t> broadcastStrides(ArrayRef<int64_t> in, ArrayRef<int64_t> ou
   return s;
 }
 
-/// Helpers bound to one insertion point inside a kernel.
-struct KB {
+/// A kernel body under construction: helpers bound to one insertion point in it.
+struct Body {
   OpBuilder &b;
   Location loc;
   Value faultWord = nullptr, faultCode = nullptr; // kernels that check their data (fault)
@@ -368,14 +368,14 @@ struct KB {
   /// two: the word, the code), which the runtime checks after the run.
   void fault(Value cond) {
     if (!faultWord)
-      llvm::report_fatal_error("KB::fault in a kernel generated without fault arguments "
+      llvm::report_fatal_error("Body::fault in a kernel generated without fault arguments "
                                "(faultOf does not list its op)");
     ifThen(cond, [&] { b.create<memref::StoreOp>(loc, faultCode, faultWord, idx(0)); });
   }
   static constexpr StringLiteral kFaultAttr = "forge.fault";
   /// A builder for the body of `fn`, bound to its fault arguments if it has them.
-  static KB of(OpBuilder &b, Location loc, gpu::GPUFuncOp fn) {
-    KB k{b, loc};
+  static Body of(OpBuilder &b, Location loc, gpu::GPUFuncOp fn) {
+    Body k{b, loc};
     if (fn->hasAttr(kFaultAttr)) {
       unsigned n = fn.getNumArguments();
       k.faultWord = fn.getArgument(n - 2);
@@ -491,10 +491,10 @@ double floatAttr(Operation *op, StringRef name, double fallback) {
 }
 
 /// The integer constant `v` of `t` (signless), bit pattern of v mod 2^width.
-Value intConst(KB &k, Type t, int64_t v) {
+Value intConst(Body &k, Type t, int64_t v) {
   return k.b.create<arith::ConstantOp>(k.loc, k.b.getIntegerAttr(t, v));
 }
-Value intLimit(KB &k, Type t, bool isUnsigned, bool max) {
+Value intLimit(Body &k, Type t, bool isUnsigned, bool max) {
   unsigned w = t.getIntOrFloatBitWidth();
   APInt v = isUnsigned ? (max ? APInt::getMaxValue(w) : APInt::getMinValue(w))
                        : (max ? APInt::getSignedMaxValue(w) : APInt::getSignedMinValue(w));
@@ -503,7 +503,7 @@ Value intLimit(KB &k, Type t, bool isUnsigned, bool max) {
 
 /// Float -> integer as the CPU's convertValue: NaN -> 0, saturating at the
 /// integer type's limits, otherwise truncated toward zero.
-Value floatToInt(KB &k, Value x, Type to, bool isUnsigned) {
+Value floatToInt(Body &k, Value x, Type to, bool isUnsigned) {
   OpBuilder &b = k.b;
   Type ft = x.getType();
   unsigned w = to.getIntOrFloatBitWidth();
@@ -521,7 +521,7 @@ Value floatToInt(KB &k, Value x, Type to, bool isUnsigned) {
 
 /// base^exp for integers as the CPU's intPow: wrapping square-and-multiply;
 /// a negative exponent gives 1 for base 1, +-1 for base -1, else 0.
-Value intPow(KB &k, Value base, Value exp, bool isUnsigned) {
+Value intPow(Body &k, Value base, Value exp, bool isUnsigned) {
   OpBuilder &b = k.b;
   Type t = base.getType();
   unsigned w = t.getIntOrFloatBitWidth();
@@ -557,7 +557,7 @@ Value intPow(KB &k, Value base, Value exp, bool isUnsigned) {
 /// A float value (f32, or f64) as a float8 byte, as the CPU's doubleToFloat8:
 /// round to nearest even onto the format's grid; beyond the largest finite
 /// value, saturate to +-max or give NaN (E4M3FN) / infinity (E5M2).
-Value encodeFloat8(KB &k, Value x, const Float8Spec &f, bool saturate) {
+Value encodeFloat8(Body &k, Value x, const Float8Spec &f, bool saturate) {
   OpBuilder &b = k.b;
   Location loc = k.loc;
   Type ft = x.getType();
@@ -628,7 +628,7 @@ Value encodeFloat8(KB &k, Value x, const Float8Spec &f, bool saturate) {
 /// other names). convert-gpu-to-nvvm in MLIR 19 has no libdevice lowering for
 /// them, so they are built from ops it has (atan2, sqrt, exp, expm1, log,
 /// log1p), in forms without cancellation or early overflow: a few ulp.
-Value emitInverseOrHyperbolic(KB &k, StringRef name, Value x) {
+Value emitInverseOrHyperbolic(Body &k, StringRef name, Value x) {
   OpBuilder &b = k.b;
   Location loc = k.loc;
   Type t = x.getType();
@@ -695,7 +695,7 @@ Value emitInverseOrHyperbolic(KB &k, StringRef name, Value x) {
 
 /// One element of an elementwise op. `argElems` are the operands' tensor
 /// element types (the first one's signedness picks the integer ops).
-Value emitScalar(KB &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argElems,
+Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argElems,
                  Type resultElem) {
   Type argElem = argElems.empty() ? resultElem : argElems[0];
   OpBuilder &b = k.b;
@@ -1083,13 +1083,13 @@ struct KernelGenerator::Impl {
                            int64_t block, ArrayRef<Type> workgroup = {}) {
     b.setInsertionPoint(gpuModule.getBody()->getTerminator());
     SmallVector<Type> args(argTypes);
-    if (!fault.empty()) // the fault word and this instruction's code (KB::fault)
+    if (!fault.empty()) // the fault word and this instruction's code (Body::fault)
       args.append({MemRefType::get({1}, b.getI32Type()), b.getI32Type()});
     auto fn = b.create<gpu::GPUFuncOp>(gpuModule.getLoc(), name,
                                        b.getFunctionType(args, {}), workgroup);
     fn->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
     if (!fault.empty())
-      fn->setAttr(KB::kFaultAttr, b.getStringAttr(fault));
+      fn->setAttr(Body::kFaultAttr, b.getStringAttr(fault));
     fn.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({static_cast<int32_t>(block), 1, 1}));
     b.setInsertionPointToStart(&fn.getBody().front());
     return fn;
@@ -1149,12 +1149,12 @@ struct KernelGenerator::Impl {
   }
   /// A one-dimensional grid-stride kernel over `work` items.
   KernelLaunch elementKernel(StringRef name, ArrayRef<Type> args, int64_t work, Location loc,
-                             function_ref<void(KB &, gpu::GPUFuncOp, Value)> body) {
+                             function_ref<void(Body &, gpu::GPUFuncOp, Value)> body) {
     int64_t block = chooseBlockSize(target, work);
     int64_t grid = std::max<int64_t>(1, std::min(kMaxGrid, (work + block - 1) / block));
     OpBuilder b(context);
     auto fn = newKernel(b, name, args, block);
-    KB k = KB::of(b, loc, fn);
+    Body k = Body::of(b, loc, fn);
     k.gridStride(work, [&](Value i) { body(k, fn, i); });
     b.create<gpu::ReturnOp>(loc);
     return KernelLaunch{name.str(), grid, block};
@@ -1196,7 +1196,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
 
   OpBuilder b(context);
   auto fn = newKernel(b, name, argTypes, block);
-  KB k = KB::of(b, op->getLoc(), fn);
+  Body k = Body::of(b, op->getLoc(), fn);
   bool ok = true;
   k.gridStride(work, [&](Value i) {
     if (vector) {
@@ -1263,7 +1263,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
 
 namespace {
 struct ReduceKind {
-  std::function<Value(KB &, Value, Value)> combine;
+  std::function<Value(Body &, Value, Value)> combine;
   double identity;
   bool square = false; // l2: combine squares
   bool mean = false;   // divide by the count
@@ -1271,7 +1271,7 @@ struct ReduceKind {
 };
 
 std::optional<ReduceKind> reduceKind(StringRef name) {
-  auto addf = [](KB &k, Value a, Value c) -> Value { return k.b.create<arith::AddFOp>(k.loc, a, c); };
+  auto addf = [](Body &k, Value a, Value c) -> Value { return k.b.create<arith::AddFOp>(k.loc, a, c); };
   if (name == "reduce_sum")
     return ReduceKind{addf, 0.0};
   if (name == "reduce_mean")
@@ -1279,17 +1279,17 @@ std::optional<ReduceKind> reduceKind(StringRef name) {
   if (name == "reduce_l2")
     return ReduceKind{addf, 0.0, true, false, true};
   if (name == "reduce_prod")
-    return ReduceKind{[](KB &k, Value a, Value c) -> Value {
+    return ReduceKind{[](Body &k, Value a, Value c) -> Value {
                         return k.b.create<arith::MulFOp>(k.loc, a, c);
                       },
                       1.0};
   if (name == "reduce_max")
-    return ReduceKind{[](KB &k, Value a, Value c) -> Value {
+    return ReduceKind{[](Body &k, Value a, Value c) -> Value {
                         return k.b.create<arith::MaximumFOp>(k.loc, a, c);
                       },
                       -INFINITY};
   if (name == "reduce_min")
-    return ReduceKind{[](KB &k, Value a, Value c) -> Value {
+    return ReduceKind{[](Body &k, Value a, Value c) -> Value {
                         return k.b.create<arith::MinimumFOp>(k.loc, a, c);
                       },
                       INFINITY};
@@ -1306,7 +1306,7 @@ struct DimGroup {
       c *= s;
     return c;
   }
-  Value offset(KB &k, Value linear) const {
+  Value offset(Body &k, Value linear) const {
     if (sizes.empty())
       return k.idx(0);
     if (sizes.size() == 1)
@@ -1379,7 +1379,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   auto fn = newKernel(b, name, {flatMemref(elem, inType.getNumElements()),
                                 flatMemref(elem, outType.getNumElements())},
                       block, {smem});
-  KB k = KB::of(b, op->getLoc(), fn);
+  Body k = Body::of(b, op->getLoc(), fn);
   Value in = fn.getArgument(0), out = fn.getArgument(1), sh = fn.getWorkgroupAttributions()[0];
   Value identity = k.fconst(accType, kind->identity);
   auto combine = [&](Value a, Value c) { return kind->combine(k, a, c); };
@@ -1468,7 +1468,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, Stri
 
   OpBuilder b(context);
   auto fn = newKernel(b, name, args, block, {smem});
-  KB k = KB::of(b, op->getLoc(), fn);
+  Body k = Body::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value out = fn.getArgument(op->getNumOperands());
   Value row = k.bid();
@@ -1540,7 +1540,7 @@ int64_t normalizedAxis(Operation *op, int64_t rank) {
 /// Input index of padded position `s` (output index minus the begin pad) in a
 /// dim of extent n, as the CPU's padSourceIndex; constant mode clamps and
 /// clears `valid` outside.
-Value padSource(KB &k, Value s, int64_t n, StringRef mode, Value &valid) {
+Value padSource(Body &k, Value s, int64_t n, StringRef mode, Value &valid) {
   OpBuilder &b = k.b;
   auto srem = [&](Value a, int64_t m) { // ((a % m) + m) % m on signed values
     Value r = b.create<arith::RemSIOp>(k.loc, a, k.idx(m));
@@ -1570,11 +1570,11 @@ Value padSource(KB &k, Value s, int64_t n, StringRef mode, Value &valid) {
 }
 
 /// An index operand value as `index`, negative values counted from `size`. One
-/// outside [-size, size) is a fault (KB::fault); it is then clamped into
+/// outside [-size, size) is a fault (Body::fault); it is then clamped into
 /// [0, size) so that the kernel still reads and writes in bounds. The check and
 /// the clamp happen in the index's own width: kernels use a 32-bit `index`, so
 /// casting first would make an int64 index 2^32 + 3 read element 3 silently.
-Value loadIndex(KB &k, Value memref, Value at, int64_t size) {
+Value loadIndex(Body &k, Value memref, Value at, int64_t size) {
   Value raw = k.b.create<memref::LoadOp>(k.loc, memref, at);
   Type t = raw.getType();
   auto c = [&](int64_t v) { return intConst(k, t, v); };
@@ -1592,7 +1592,7 @@ Value loadIndex(KB &k, Value memref, Value at, int64_t size) {
 /// A class target of nll_loss (or its gradient): the raw value and the class
 /// clamped into [0, classes) as `index`, clamped in the target's own width
 /// (see loadIndex). Whether the raw value was in range is the caller's check.
-std::pair<Value, Value> loadTarget(KB &k, Value memref, Value at, int64_t classes) {
+std::pair<Value, Value> loadTarget(Body &k, Value memref, Value at, int64_t classes) {
   Value raw = k.b.create<memref::LoadOp>(k.loc, memref, at);
   Type t = raw.getType();
   Value tc = k.b.create<arith::MaxSIOp>(k.loc, raw, intConst(k, t, 0));
@@ -1605,7 +1605,7 @@ namespace {
 /// Element i of a gather (out[i] = src[at]) or of its gradient (dsrc[at] +=
 /// dy[i], with f32 atomics into the zeroed output); operands (src or dy,
 /// indices, result).
-void gatherOrScatter(KB &k, gpu::GPUFuncOp fn, Value i, Value at, bool grad) {
+void gatherOrScatter(Body &k, gpu::GPUFuncOp fn, Value i, Value at, bool grad) {
   if (grad) {
     Value g = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
     k.b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g, fn.getArgument(2),
@@ -1634,7 +1634,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::gatherKernel(Operation *op, S
   // Iterate over the gathered elements (p, j, q): the output of gather, the
   // incoming gradient of gather_grad (scatter-added into zeros).
   KernelLaunch l = elementKernel(
-      name, flatArgs(op), p * ni * q, op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+      name, flatArgs(op), p * ni * q, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value i) {
         Value qi = k.rem(i, q), r = k.div(i, q);
         Value j = k.rem(r, ni), pi = k.div(r, ni);
         Value t = loadIndex(k, fn.getArgument(1), j, a);
@@ -1657,7 +1657,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
   // class t of position p at (p / D * C + t) * D + p % D.
   int64_t c = in.getDimSize(1), n = in.getNumElements() / c;
   int64_t inner = n / in.getDimSize(0);
-  auto xIndex = [&](KB &k, Value p, Value t) {
+  auto xIndex = [&](Body &k, Value p, Value t) {
     if (inner == 1)
       return k.add(k.mul(p, k.idx(c)), t);
     return k.add(k.mul(k.add(k.mul(k.div(p, inner), k.idx(c)), t), k.idx(inner)), k.rem(p, inner));
@@ -1665,7 +1665,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
   auto ignore = op->getAttrOfType<IntegerAttr>("ignore_index");
   bool mean = reduction.getValue() == "mean";
   // A counted target's weight (1 without weights) and class (clamped in range).
-  auto targetOf = [&](KB &k, gpu::GPUFuncOp fn, Value row) {
+  auto targetOf = [&](Body &k, gpu::GPUFuncOp fn, Value row) {
     OpBuilder &b = k.b;
     auto [raw, tc] = loadTarget(k, fn.getArgument(1), row, c);
     Value counted = b.create<arith::ConstantIntOp>(k.loc, 1, 1);
@@ -1684,7 +1684,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
     return std::pair<Value, Value>{tc, w};
   };
   if (reduction.getValue() == "none")
-    return elementKernel(name, flatArgs(op), n, op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value row) {
+    return elementKernel(name, flatArgs(op), n, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value row) {
       auto [tc, w] = targetOf(k, fn, row);
       Value x = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), xIndex(k, row, tc));
       Value y = k.b.create<arith::MulFOp>(k.loc, k.b.create<arith::NegFOp>(k.loc, x), w);
@@ -1697,7 +1697,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
   int64_t block = chooseBlockSize(target, n, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k = KB::of(b, op->getLoc(), fn);
+  Body k = Body::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value zero = k.fconst(f32, 0.0), one = k.fconst(f32, 1.0);
   auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
@@ -1740,7 +1740,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradKernel(Operation *
   int64_t n = out.getDimSize(0), c = out.getDimSize(1);
   double scale = reduction.getValue() == "mean" ? -1.0 / static_cast<double>(n) : -1.0;
   return elementKernel(name, flatArgs(op), n * c, op->getLoc(),
-                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
                          Value row = k.div(i, c), col = k.rem(i, c);
                          Value raw = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(1), row);
                          // In the target's width: a 32-bit `index` would wrap an int64 target.
@@ -1781,7 +1781,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operatio
   int64_t grid = std::clamp<int64_t>((total + block - 1) / block, 1, 4 * target.typicalSMs);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k = KB::of(b, op->getLoc(), fn);
+  Body k = Body::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value zero = k.fconst(f32, 0.0);
   auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
@@ -1836,7 +1836,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::dropoutMaskKernel(Operation *
   uint64_t threshold = ::forge::rt::dropoutThreshold(ratio);
   Type outElem = out.getElementType();
   return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
-                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
     OpBuilder &b = k.b;
     Type i32 = b.getI32Type(), i64 = b.getI64Type();
     auto c32 = [&](uint32_t v) { return intConst(k, i32, static_cast<int32_t>(v)); };
@@ -1881,7 +1881,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::argmaxKernel(Operation *op, S
   bool last = op->getAttrOfType<BoolAttr>("select_last_index").getValue();
   // One thread per output; the first NaN wins (as the CPU kernel and NumPy).
   return elementKernel(
-      name, flatArgs(op), p * q, op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value o) {
+      name, flatArgs(op), p * q, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value o) {
         OpBuilder &b = k.b;
         Value base = k.add(k.mul(k.div(o, q), k.idx(d * q)), k.rem(o, q));
         Value first = k.load(fn.getArgument(0), base, elem);
@@ -1927,7 +1927,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::topKKernel(Operation *op, Str
   bool largest = op->getAttrOfType<BoolAttr>("largest").getValue();
   bool fl = isFloat(elem), isUnsigned = isUnsignedInt(elem);
   return elementKernel(
-      name, flatArgs(op), p * d * q, op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+      name, flatArgs(op), p * d * q, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value i) {
         OpBuilder &b = k.b;
         Location loc = k.loc;
         Value c = k.rem(i, q), j = k.rem(k.div(i, q), d), o = k.div(i, d * q);
@@ -1975,13 +1975,13 @@ namespace {
 /// Where column c of a layer-norm row (the dims from `axis` on, `normShape`)
 /// finds its element of a scale, bias or their gradient that broadcasts to
 /// the row (NumPy rules); nullopt when `param` does not broadcast to it.
-std::optional<std::function<Value(KB &, Value)>> paramIndex(RankedTensorType param,
+std::optional<std::function<Value(Body &, Value)>> paramIndex(RankedTensorType param,
                                                             ArrayRef<int64_t> normShape) {
   int64_t cols = 1;
   for (int64_t d : normShape)
     cols *= d;
   if (param.getNumElements() == cols)
-    return [](KB &, Value c) { return c; };
+    return [](Body &, Value c) { return c; };
   if (param.getRank() > static_cast<int64_t>(normShape.size()))
     return std::nullopt;
   for (int64_t d = 0; d < param.getRank(); ++d) {
@@ -1991,7 +1991,7 @@ std::optional<std::function<Value(KB &, Value)>> paramIndex(RankedTensorType par
   }
   SmallVector<int64_t> strides = broadcastStrides(param.getShape(), normShape);
   SmallVector<int64_t> dims(normShape);
-  return [strides, dims](KB &k, Value c) {
+  return [strides, dims](Body &k, Value c) {
     Value at = k.idx(0), rest = c;
     for (int64_t d = static_cast<int64_t>(dims.size()) - 1; d >= 0; --d) {
       if (strides[d] != 0)
@@ -2015,7 +2015,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
     cols *= in.getDimSize(d);
   int64_t rows = cols ? in.getNumElements() / cols : 0;
   ArrayRef<int64_t> normShape = in.getShape().drop_front(axis);
-  SmallVector<std::function<Value(KB &, Value)>> at; // scale, bias
+  SmallVector<std::function<Value(Body &, Value)>> at; // scale, bias
   for (unsigned i = 1; i < op->getNumOperands(); ++i) {
     auto index = paramIndex(tensorType(op->getOperand(i)), normShape);
     if (!index || tensorType(op->getOperand(i)).getElementType() != elem)
@@ -2031,7 +2031,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k = KB::of(b, op->getLoc(), fn);
+  Body k = Body::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value out = fn.getArgument(op->getNumOperands());
   Value base = k.mul(k.bid(), k.idx(cols));
@@ -2084,7 +2084,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k = KB::of(b, op->getLoc(), fn);
+  Body k = Body::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   unsigned next = 3;
   Value dx = wantDx ? fn.getArgument(next++) : Value();
@@ -2148,7 +2148,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
   // Every input is read at a clamped (in-bounds) position; the one whose range
   // holds the output's axis coordinate is selected.
   return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
-                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
                          Value qi = k.rem(i, q), r = k.div(i, q);
                          Value a = k.rem(r, total), pi = k.div(r, total);
                          Value result;
@@ -2189,7 +2189,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::splitKernel(Operation *op, St
   // One pass over the input; each element is stored into the output whose
   // range holds its axis coordinate.
   return elementKernel(name, flatArgs(op), in.getNumElements(), op->getLoc(),
-                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
                          Value qi = k.rem(i, q), r = k.div(i, q);
                          Value a = k.rem(r, total), pi = k.div(r, total);
                          Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
@@ -2222,7 +2222,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormKernel(Operation *op
       return std::nullopt;
   double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
   return elementKernel(name, flatArgs(op), x.getNumElements(), op->getLoc(),
-                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
                          Value ch = k.rem(k.div(i, plane), c);
                          auto param = [&](unsigned a) { return k.load(fn.getArgument(a), ch, elem); };
                          OpBuilder &b = k.b;
@@ -2264,7 +2264,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
                                             : chooseBlockSize(target, count, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k = KB::of(b, op->getLoc(), fn);
+  Body k = Body::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value ch = k.bid();
   auto at = [&](Value r) { // element r of channel ch: (n * C + ch) * plane + i
@@ -2383,7 +2383,7 @@ struct WindowGeometry {
 
   /// The coordinates of flat index `i` over `dims` (row-major); `outer` gets
   /// the quotient left over (the plane).
-  static SmallVector<Value> unravel(KB &k, Value i, ArrayRef<int64_t> dims, Value &outer) {
+  static SmallVector<Value> unravel(Body &k, Value i, ArrayRef<int64_t> dims, Value &outer) {
     SmallVector<Value> c(dims.size());
     for (int64_t d = static_cast<int64_t>(dims.size()) - 1; d >= 0; --d) {
       c[d] = k.rem(i, dims[d]);
@@ -2393,17 +2393,17 @@ struct WindowGeometry {
     return c;
   }
   /// Tap t's index along each dim (odometer order, last dim fastest).
-  SmallVector<Value> tap(KB &k, Value t) const {
+  SmallVector<Value> tap(Body &k, Value t) const {
     Value unused;
     return unravel(k, t, kernel, unused);
   }
-  static Value inRange(KB &k, Value v, int64_t lo, int64_t hi) {
+  static Value inRange(Body &k, Value v, int64_t lo, int64_t hi) {
     Value a = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(lo));
     Value c = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, v, k.idx(hi));
     return k.b.create<arith::AndIOp>(k.loc, a, c);
   }
   /// Image position of tap `t` of window `o` along each dim (may lie outside).
-  SmallVector<Value> position(KB &k, ArrayRef<Value> o, ArrayRef<Value> t) const {
+  SmallVector<Value> position(Body &k, ArrayRef<Value> o, ArrayRef<Value> t) const {
     SmallVector<Value> p;
     for (int64_t d = 0; d < rank(); ++d)
       p.push_back(k.b.create<arith::SubIOp>(
@@ -2413,7 +2413,7 @@ struct WindowGeometry {
   }
   /// Whether `p` lies in the image, and its offset in the plane (clamped into
   /// the image, so always safe to load).
-  std::pair<Value, Value> imageOffset(KB &k, ArrayRef<Value> p) const {
+  std::pair<Value, Value> imageOffset(Body &k, ArrayRef<Value> p) const {
     Value valid = k.b.create<arith::ConstantIntOp>(k.loc, 1, 1), off = k.idx(0);
     for (int64_t d = 0; d < rank(); ++d) {
       valid = k.b.create<arith::AndIOp>(k.loc, valid, inRange(k, p[d], 0, image[d]));
@@ -2425,7 +2425,7 @@ struct WindowGeometry {
   }
   /// The window of `out` that has tap `t` on image position `i`, if any: (hit,
   /// window offset in the plane, window coordinates).
-  std::tuple<Value, Value, SmallVector<Value>> windowAt(KB &k, ArrayRef<Value> i,
+  std::tuple<Value, Value, SmallVector<Value>> windowAt(Body &k, ArrayRef<Value> i,
                                                         ArrayRef<Value> t) const {
     OpBuilder &b = k.b;
     Value hit = b.create<arith::ConstantIntOp>(k.loc, 1, 1), off = k.idx(0);
@@ -2450,7 +2450,7 @@ struct WindowGeometry {
   }
 };
 
-Value isNaN(KB &k, Value v) {
+Value isNaN(Body &k, Value v) {
   return k.b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::UNO, v, v);
 }
 } // namespace
@@ -2469,7 +2469,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
     return std::nullopt;
   Type ct = computeType(elem);
   bool isUnsigned = elem.isUnsignedInteger();
-  auto lowest = [&](KB &k) -> Value {
+  auto lowest = [&](Body &k) -> Value {
     if (fl)
       return k.fconst(ct, -INFINITY);
     unsigned w = ct.getIntOrFloatBitWidth();
@@ -2479,7 +2479,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
   };
   // The chosen tap of window `o` of the plane at `base`: (value, plane offset
   // or -1 if none).
-  auto choose = [&](KB &k, Value image, Value base, ArrayRef<Value> o) -> std::pair<Value, Value> {
+  auto choose = [&](Body &k, Value image, Value base, ArrayRef<Value> o) -> std::pair<Value, Value> {
     OpBuilder &b = k.b;
     SmallVector<Value> chosen = k.foldRange(
         g->taps, ValueRange{lowest(k), k.idx(-1)}, kUnrollTaps,
@@ -2506,7 +2506,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
   };
   if (!grad)
     return elementKernel(name, flatArgs(op), y.getNumElements(), op->getLoc(),
-                         [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                         [&](Body &k, gpu::GPUFuncOp fn, Value i) {
                            Value plane;
                            SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, plane);
                            Value base = k.mul(plane, k.idx(g->imageSize));
@@ -2516,7 +2516,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
   // Gradient, gathered per input element: every window that holds it as a tap
   // adds its gradient when it chose it (deterministic, no atomics).
   return elementKernel(
-      name, flatArgs(op), x.getNumElements(), op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+      name, flatArgs(op), x.getNumElements(), op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value i) {
         OpBuilder &b = k.b;
         Value plane;
         SmallVector<Value> at = WindowGeometry::unravel(k, i, g->image, plane);
@@ -2551,7 +2551,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::avgPoolKernel(Operation *op, 
     return std::nullopt;
   Type ct = computeType(elem);
   // 1 / divisor of window `o`.
-  auto inverseDivisor = [&](KB &k, ArrayRef<Value> o) {
+  auto inverseDivisor = [&](Body &k, ArrayRef<Value> o) {
     OpBuilder &b = k.b;
     Value one = k.fconst(ct, 1.0), zero = k.fconst(ct, 0.0), count = one;
     for (int64_t d = 0; d < g->rank(); ++d) {
@@ -2570,7 +2570,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::avgPoolKernel(Operation *op, 
   };
   if (!grad)
     return elementKernel(name, flatArgs(op), y.getNumElements(), op->getLoc(),
-                         [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                         [&](Body &k, gpu::GPUFuncOp fn, Value i) {
       OpBuilder &b = k.b;
       Value plane;
       SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, plane);
@@ -2584,7 +2584,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::avgPoolKernel(Operation *op, 
       k.store(b.create<arith::MulFOp>(k.loc, acc, inverseDivisor(k, o)), fn.getArgument(1), i, elem);
     });
   return elementKernel(name, flatArgs(op), x.getNumElements(), op->getLoc(),
-                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
     OpBuilder &b = k.b;
     Value plane;
     SmallVector<Value> at = WindowGeometry::unravel(k, i, g->image, plane);
@@ -2621,12 +2621,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, Str
     return std::nullopt;
   int64_t cg = channels / groups; // input channels per group
   // s + (valid ? a * c : 0), and the result (+ bias[channel]) stored at i.
-  auto addProduct = [&](KB &k, Value s, Value valid, Value a, Value c) -> Value {
+  auto addProduct = [&](Body &k, Value s, Value valid, Value a, Value c) -> Value {
     Value zero = k.fconst(accType, 0.0);
     Value term = k.b.create<arith::SelectOp>(k.loc, valid, k.b.create<arith::MulFOp>(k.loc, a, c), zero);
     return k.b.create<arith::AddFOp>(k.loc, s, term);
   };
-  auto store = [&](KB &k, gpu::GPUFuncOp fn, Value sum, Value channel, Value i) {
+  auto store = [&](Body &k, gpu::GPUFuncOp fn, Value sum, Value channel, Value i) {
     if (hasBias)
       sum = k.b.create<arith::AddFOp>(k.loc, sum, k.load(fn.getArgument(2), channel, elem));
     k.store(sum, fn.getArgument(op->getNumOperands()), i, elem);
@@ -2643,7 +2643,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, Str
     int64_t mg = maps / groups;
     if (!grad)
       return elementKernel(name, flatArgs(op), res.getNumElements(), op->getLoc(),
-                           [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                           [&](Body &k, gpu::GPUFuncOp fn, Value i) {
         Value rest;
         SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, rest);
         Value oc = k.rem(rest, maps), n = k.div(rest, maps);
@@ -2660,7 +2660,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, Str
       });
     // dW[oc, ic, t] = sum over n and windows o of dy[n, oc, o] * x[n, group(oc) + ic, p(o, t)].
     return elementKernel(name, flatArgs(op), res.getNumElements(), op->getLoc(),
-                         [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                         [&](Body &k, gpu::GPUFuncOp fn, Value i) {
       Value t = k.rem(i, g->taps), r = k.div(i, g->taps);
       Value ic = k.rem(r, cg), oc = k.div(r, cg);
       SmallVector<Value> tap = g->tap(k, t);
@@ -2689,7 +2689,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, Str
   if (maps != mg * groups)
     return std::nullopt;
   return elementKernel(name, flatArgs(op), res.getNumElements(), op->getLoc(),
-                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
     Value rest;
     SmallVector<Value> p = WindowGeometry::unravel(k, i, g->image, rest);
     Value ocFull = k.rem(rest, maps), n = k.div(rest, maps);
@@ -2727,7 +2727,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::groupNormKernel(Operation *op
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   OpBuilder b(context);
   auto fn = newKernel(b, name, flatArgs(op), block, {smem});
-  KB k = KB::of(b, op->getLoc(), fn);
+  Body k = Body::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value row = k.bid();
   Value base = k.mul(row, k.idx(cols));
@@ -2808,7 +2808,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::scatterGradKernel(Operation *
   SmallVector<int64_t> dxStrides = contiguousStrides(dx.getShape());
   ArrayRef<int64_t> shape = dy.getShape();
   KernelLaunch l = elementKernel(name, flatArgs(op), dy.getNumElements(), op->getLoc(),
-                                 [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                                 [&](Body &k, gpu::GPUFuncOp fn, Value i) {
     OpBuilder &b = k.b;
     Value rest = i, at = k.idx(0);
     Value valid = b.create<arith::ConstantIntOp>(k.loc, 1, 1);
@@ -2845,7 +2845,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::scatterGradKernel(Operation *
 /// The fill value `value` (an f64 attribute) in `elem`'s storage, converted as
 /// the CPU's scalarBytes does: bool is value != 0, integers saturate (NaN gives
 /// 0, fractions truncate toward zero), floats round to nearest.
-static Value fillConstant(KB &k, Type elem, Type storage, double value) {
+static Value fillConstant(Body &k, Type elem, Type storage, double value) {
   if (auto ft = dyn_cast<FloatType>(storage))
     return k.fconst(ft, value);
   if (elem.isInteger(1))
@@ -2871,7 +2871,7 @@ static Value fillConstant(KB &k, Type elem, Type storage, double value) {
 /// The offset in `data` of element i of a gather_elements/scatter_elements
 /// index tensor of `shape`: i's coordinates with dim `axis` replaced by the
 /// index stored at i (checked and clamped, loadIndex).
-static Value elementsTarget(KB &k, Value indices, Value i, ArrayRef<int64_t> shape, int64_t axis,
+static Value elementsTarget(Body &k, Value indices, Value i, ArrayRef<int64_t> shape, int64_t axis,
                             RankedTensorType data) {
   SmallVector<int64_t> dataStrides = contiguousStrides(data.getShape());
   Value rest = i, at = k.idx(0);
@@ -2901,7 +2901,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::gatherElementsKernel(Operatio
     return std::nullopt;
   ArrayRef<int64_t> shape = idxType.getShape();
   KernelLaunch l = elementKernel(name, flatArgs(op), idxType.getNumElements(), op->getLoc(),
-                                 [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                                 [&](Body &k, gpu::GPUFuncOp fn, Value i) {
     Value at = elementsTarget(k, fn.getArgument(1), i, shape, axis, data);
     gatherOrScatter(k, fn, i, at, grad);
   });
@@ -2941,7 +2941,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::scatterElementsKernel(Operati
     for (unsigned a : {0u, 2u, 3u})
       args[a] = flatMemref(bitsType, a == 2 ? idxType.getNumElements() : data.getNumElements());
   KernelLaunch l = elementKernel(name, args, idxType.getNumElements(), op->getLoc(),
-                                 [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                                 [&](Body &k, gpu::GPUFuncOp fn, Value i) {
     OpBuilder &b = k.b;
     Value at = elementsTarget(k, fn.getArgument(1), i, shape, axis, data);
     Value out = fn.getArgument(3);
@@ -3006,7 +3006,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::oneHotKernel(Operation *op, S
   double off = op->getAttrOfType<FloatAttr>("off_value").getValueAsDouble();
   Type storage = storageType(elem);
   return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
-                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
     OpBuilder &b = k.b;
     Type i64 = b.getI64Type();
     Value in = k.rem(i, inner), c = k.rem(k.div(i, inner), depth), o = k.div(i, inner * depth);
@@ -3040,7 +3040,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::cumsumKernel(Operation *op, S
   bool exclusive = op->getAttrOfType<BoolAttr>("exclusive").getValue();
   bool reverse = op->getAttrOfType<BoolAttr>("reverse").getValue();
   Type acc = computeType(elem);
-  return elementKernel(name, flatArgs(op), p * q, op->getLoc(), [&](KB &k, gpu::GPUFuncOp fn, Value line) {
+  return elementKernel(name, flatArgs(op), p * q, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value line) {
     OpBuilder &b = k.b;
     Value base = k.add(k.mul(k.div(line, q), k.idx(n * q)), k.rem(line, q));
     k.loopAcc(k.idx(0), n, k.idx(1), k.fconst(acc, 0.0), [&](Value j, Value s) {
@@ -3067,7 +3067,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::remapKernel(Operation *op, St
   ArrayRef<int64_t> inShape = in.getShape(), outShape = out.getShape();
   Type storage = storageType(elem);
   return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
-                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
     OpBuilder &b = k.b;
     SmallVector<Value> o(rank);
     Value rest = i;
@@ -3172,7 +3172,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::matmulKernel(Operation *op, S
     return std::nullopt;
   Type accType = computeType(elem);
   return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
-                       [&](KB &k, gpu::GPUFuncOp fn, Value i) {
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
     OpBuilder &b = k.b;
     Value col = k.rem(i, n), row = k.rem(k.div(i, n), m), bi = k.div(i, m * n);
     Value lBase = k.idx(0), rBase = k.idx(0), rest = bi;
@@ -3208,7 +3208,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::matmulKernel(Operation *op, S
 }
 
 /// What a kernel of `op` checks its data for (empty: nothing): the CPU
-/// kernels report these as errors, so the GPU ones do too (KB::fault).
+/// kernels report these as errors, so the GPU ones do too (Body::fault).
 std::string faultOf(Operation *op) {
   StringRef name = op->getName().stripDialect();
   if (llvm::is_contained({"gather", "gather_grad", "gather_elements", "gather_elements_grad",
