@@ -1743,23 +1743,21 @@ LogicalResult importDynamicQuantizeLinear(NodeImporter &n) {
   return success();
 }
 
+/// v - zero_point, both cast to `type` (just the cast without a zero point).
+FailureOr<Value> castMinusZeroPoint(NodeImporter &n, Value v, Value zp, Type type) {
+  FORGE_TRY(c, n.cast(v, type));
+  if (!zp)
+    return c;
+  FORGE_TRY(z, n.cast(zp, type));
+  return n.create1("sub", {c, z});
+}
+
 /// (a - a_zero_point) @ (b - b_zero_point) in int32 (zero points broadcast as
 /// the reference's NumPy does).
 FailureOr<Value> integerMatmul(NodeImporter &n, Value a, Value azp, Value b, Value bzp) {
   Type i32 = n.b.getI32Type();
-  FORGE_TRY(a32, n.cast(a, i32));
-  FORGE_TRY(b32, n.cast(b, i32));
-  Value lhs = a32, rhs = b32;
-  if (azp) {
-    FORGE_TRY(z, n.cast(azp, i32));
-    FORGE_TRY(d, n.create1("sub", {a32, z}));
-    lhs = d;
-  }
-  if (bzp) {
-    FORGE_TRY(z, n.cast(bzp, i32));
-    FORGE_TRY(d, n.create1("sub", {b32, z}));
-    rhs = d;
-  }
+  FORGE_TRY(lhs, castMinusZeroPoint(n, a, azp, i32));
+  FORGE_TRY(rhs, castMinusZeroPoint(n, b, bzp, i32));
   return n.create1("matmul", {lhs, rhs});
 }
 
@@ -2007,15 +2005,10 @@ FailureOr<Value> integerConv(NodeImporter &n, Value x, Value xzp, Value w, Value
   if (xt.getRank() < 3 || wt.getRank() != xt.getRank())
     return n.error() << "expects N-d input and weight of equal rank >= 3";
   Type f64 = n.b.getF64Type();
-  FORGE_TRY(xf, n.cast(x, f64));
+  FORGE_TRY(xs, castMinusZeroPoint(n, x, xzp, f64));
   FORGE_TRY(wf, n.cast(w, f64));
-  Value xs = xf, ws = wf;
-  if (xzp) {
-    FORGE_TRY(z, n.cast(xzp, f64));
-    FORGE_TRY(d, n.create1("sub", {xf, z}));
-    xs = d;
-  }
-  if (wzp) {
+  Value ws = wf;
+  if (wzp) { // per output channel: broadcast along the weight's first dim
     FORGE_TRY(z0, n.cast(wzp, f64));
     Value z = z0;
     if (typeOf(z0).getRank() == 1 && typeOf(z0).getDimSize(0) == wt.getDimSize(0) &&
