@@ -10,6 +10,40 @@
 
 include "mlir/Pass/PassBase.td"
 
+def BuildTrainStep : Pass<"forge-build-train-step", "::mlir::ModuleOp"> {
+  let summary = "Replace @main with the training step (@train_step) and @eval";
+  let description = [{
+    Builds the training bundle's routines from the imported forward graph
+    (compiler/lib/Train): `@train_step` is the forward pass, the loss,
+    reverse-mode gradients through DifferentiableOpInterface, optional global
+    gradient-norm clipping, the learning-rate schedule and the optimizer update
+    of every trainable parameter (float initializers not matched by `freeze`
+    become `forge.kind = "parameter"` arguments); `@eval` is the forward pass,
+    the loss and, for classification losses, the number of correct
+    predictions. The options are forgec's training flags, with the same
+    syntax and errors.
+  }];
+  let options = [
+    Option<"loss", "loss", "std::string", /*default=*/"",
+           "cross_entropy:OUTPUT,LABEL | mse:OUTPUT,LABEL | bce:OUTPUT,LABEL | output:NAME">,
+    Option<"optimizer", "optimizer", "std::string", /*default=*/"",
+           "sgd|momentum|nesterov|adam|adamw[:lr=,momentum=,beta1=,beta2=,eps=,weight_decay=]">,
+    Option<"lrSchedule", "lr-schedule", "std::string", /*default=*/"\"constant\"",
+           "constant | cosine:warmup=N,total=N[,min_ratio=R] | linear:...">,
+    Option<"clipGradNorm", "clip-grad-norm", "double", /*default=*/"0.0",
+           "Clip the global gradient norm (0: off)">,
+    Option<"microBatches", "micro-batches", "int64_t", /*default=*/"1",
+           "Accumulate gradients over this many micro-batches">,
+    ListOption<"freeze", "freeze", "std::string",
+               "Glob patterns of initializers that stay frozen">,
+    Option<"exposeGradients", "expose-gradients", "bool", /*default=*/"false",
+           "Also return every parameter's gradient (forge.grad.NAME)">,
+    Option<"batchnormRunningVar", "batchnorm-running-var", "std::string", /*default=*/"",
+           "biased | unbiased (default: unbiased for PyTorch exports)">,
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect", "::mlir::func::FuncDialect"];
+}
+
 def FoldConstants : Pass<"forge-fold-constants", "::mlir::func::FuncOp"> {
   let summary = "Evaluate forge ops whose operands are all constants";
   let description = [{

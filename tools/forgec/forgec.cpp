@@ -214,37 +214,18 @@ static std::string applyRecipe() {
   return "";
 }
 
-/// TrainOptions from the training flags; an error message or "".
-static std::string trainOptionsFromFlags(mlir::forge::TrainOptions &t) {
-  std::string error;
-  if (loss.empty() || optimizer.empty())
-    return "training bundles need --loss and --optimizer (or --inference-only)";
-  auto lossSpec = mlir::forge::parseLossSpec(loss, error);
-  if (failed(lossSpec))
-    return "--loss: " + error;
-  auto optSpec = mlir::forge::parseOptimizerSpec(optimizer, error);
-  if (failed(optSpec))
-    return "--optimizer: " + error;
-  auto schedule = mlir::forge::parseScheduleSpec(lrSchedule, error);
-  if (failed(schedule))
-    return "--lr-schedule: " + error;
-  t.loss = *lossSpec;
-  t.optimizer = *optSpec;
-  t.schedule = *schedule;
-  if (clipGradNorm < 0)
-    return "--clip-grad-norm must be >= 0 (0 turns clipping off)";
+/// The training flags as text (checked by parseTrainFlags).
+static mlir::forge::TrainFlags trainFlags() {
+  mlir::forge::TrainFlags t;
+  t.loss = loss;
+  t.optimizer = optimizer;
+  t.lrSchedule = lrSchedule;
   t.clipGradNorm = clipGradNorm;
-  if (microBatches < 1)
-    return "--micro-batches must be >= 1";
   t.microBatches = microBatches;
   t.freeze.assign(freeze.begin(), freeze.end());
   t.exposeGradients = exposeGradients;
-  if (batchnormRunningVar == "biased" || batchnormRunningVar == "unbiased")
-    t.unbiasedRunningVar = batchnormRunningVar == "unbiased";
-  else if (!batchnormRunningVar.empty())
-    return "--batchnorm-running-var must be biased or unbiased (got '" + batchnormRunningVar +
-           "')";
-  return "";
+  t.batchnormRunningVar = batchnormRunningVar;
+  return t;
 }
 
 int main(int argc, char **argv) {
@@ -272,15 +253,27 @@ int main(int argc, char **argv) {
     return fail(error);
   if (target != "cpu" && !mlir::forge::parseCudaTarget(target))
     return fail("unknown --target '" + target + "' (cpu, cuda:sm_80, cuda:sm_89, cuda:sm_90)");
-  mlir::forge::TrainOptions trainOptions;
-  if (!inferenceOnly)
-    if (std::string error = trainOptionsFromFlags(trainOptions); !error.empty())
-      return fail(error);
+  // Checked here, before the import, so that a typo fails fast; the
+  // train-step pass parses the same text again.
+  mlir::forge::PipelineOptions pipelineOptions;
+  pipelineOptions.target = target;
+  pipelineOptions.train = trainFlags();
+  std::string trainError;
+  FailureOr<mlir::forge::TrainOptions> trainOptions =
+      inferenceOnly ? FailureOr<mlir::forge::TrainOptions>(mlir::forge::TrainOptions{})
+                    : mlir::forge::parseTrainFlags(pipelineOptions.train, trainError);
+  if (failed(trainOptions))
+    return fail(trainError);
 
   DialectRegistry registry;
   mlir::forge::registerForgeDialects(registry);
   MLIRContext context(registry);
   context.loadAllAvailableDialects();
+  // An error of a pass names the problem; the whole function printed after it
+  // (MLIR's default for pass diagnostics) buries the message. The flag
+  // --mlir-print-op-on-diagnostic still turns it on.
+  if (!cl::getRegisteredOptions().lookup("mlir-print-op-on-diagnostic")->getNumOccurrences())
+    context.printOpOnDiagnostic(false);
   // Warnings (e.g. CUDA instructions left on the host) are shown too; MLIR's
   // default prints errors only.
   llvm::SourceMgr sourceMgr;
@@ -313,26 +306,17 @@ int main(int argc, char **argv) {
   }
   if (!dumpDir.empty() && failed(mlir::forge::writeStageDump(*module, dumpDir, 0, "import")))
     return 1;
-  int firstPass = 1;
-  if (!inferenceOnly) {
-    TimingScope trainTiming = rootTiming.nest("train-graph");
-    if (failed(mlir::forge::buildTrainingModule(*module, trainOptions)))
-      return 1;
-    if (!dumpDir.empty() && failed(mlir::forge::writeStageDump(*module, dumpDir, 1, "train-graph")))
-      return 1;
-    firstPass = 2;
-  }
-
   PassManager pm(&context);
   if (failed(applyPassManagerCLOptions(pm)))
     return 1;
   TimingScope pipelineTiming = rootTiming.nest("pipeline");
   pm.enableTiming(pipelineTiming);
   if (!dumpDir.empty())
-    mlir::forge::addDumpInstrumentation(pm, dumpDir, firstPass);
-  mlir::forge::PipelineOptions pipelineOptions;
-  pipelineOptions.target = target;
-  mlir::forge::buildInferencePipeline(pm, pipelineOptions);
+    mlir::forge::addDumpInstrumentation(pm, dumpDir, 1);
+  if (inferenceOnly)
+    mlir::forge::buildInferencePipeline(pm, pipelineOptions);
+  else
+    mlir::forge::buildTrainingPipeline(pm, pipelineOptions);
   if (failed(pm.run(*module)))
     return 1;
 
@@ -369,8 +353,8 @@ int main(int argc, char **argv) {
   build["source_onnx"] = absolute.str().str();
   if (!inferenceOnly) {
     build["loss"] = loss;
-    if (trainOptions.loss.kind != "output")
-      build["label_input"] = trainOptions.loss.label;
+    if (trainOptions->loss.kind != "output")
+      build["label_input"] = trainOptions->loss.label;
     build["optimizer"] = optimizer;
     build["lr_schedule"] = lrSchedule;
     build["micro_batches"] = std::to_string(microBatches);

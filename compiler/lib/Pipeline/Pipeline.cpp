@@ -19,11 +19,13 @@
 using namespace mlir;
 using namespace mlir::forge;
 
-void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options) {
-  // Stage 1: canonical form. Canonicalize first so folders (identity reshapes,
-  // transposes, casts) shrink the graph before constants are evaluated;
-  // constant folding then exposes more duplicates for CSE; dead-code
-  // elimination last removes what folding and CSE left unused.
+namespace {
+
+/// Stage "graph cleanup": canonical form. Canonicalize first so folders
+/// (identity reshapes, transposes, casts) shrink the graph before constants are
+/// evaluated; constant folding then exposes more duplicates for CSE; dead-code
+/// elimination last removes what folding and CSE left unused.
+void addGraphCleanup(OpPassManager &pm, const PipelineOptions &options) {
   pm.addPass(createCanonicalizerPass());
   pm.addNestedPass<func::FuncOp>(createFoldConstants());
   // CUDA: cuDNN takes symmetric padding only, so asymmetric conv padding becomes
@@ -35,17 +37,95 @@ void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOption
   pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
 }
 
+} // namespace
+
+void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions &options) {
+  // Stage "import cleanup": drop what the importer left unused (outputs of
+  // multi-output nodes nobody reads), so the train step differentiates only
+  // live ops. Nothing that folds: initializers are still constants here and
+  // must reach the train-step stage unchanged to become parameters.
+  pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
+  // Stage "train-step construction": @main -> @train_step + @eval. Before the
+  // graph cleanup, which would fold parameter initializers into constants;
+  // after it, the forward, backward and optimizer are one graph that the
+  // following stages optimize together.
+  BuildTrainStepOptions train;
+  train.loss = options.train.loss;
+  train.optimizer = options.train.optimizer;
+  train.lrSchedule = options.train.lrSchedule;
+  train.clipGradNorm = options.train.clipGradNorm;
+  train.microBatches = options.train.microBatches;
+  train.freeze = options.train.freeze;
+  train.exposeGradients = options.train.exposeGradients;
+  train.batchnormRunningVar = options.train.batchnormRunningVar;
+  pm.addPass(createBuildTrainStep(train));
+  // Stage "graph cleanup" (see addGraphCleanup). Later stages (fusion,
+  // precision, layout, partition, schedule, memory plan) need its canonical
+  // form: folded constants, no duplicates, no dead ops.
+  addGraphCleanup(pm, options);
+}
+
+void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options) {
+  // No train step: initializers are constants and may fold.
+  addGraphCleanup(pm, options);
+}
+
 void mlir::forge::registerForgeDialects(DialectRegistry &registry) {
   registry.insert<ForgeDialect, func::FuncDialect>();
 }
+
+namespace {
+/// forge-opt's options of the named pipelines: forgec's flags of the same names.
+struct InferencePipelineCLOptions : public PassPipelineOptions<InferencePipelineCLOptions> {
+  Option<std::string> target{*this, "target", llvm::cl::desc("cpu | cuda:sm_NN"),
+                             llvm::cl::init("cpu")};
+};
+struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCLOptions> {
+  Option<std::string> target{*this, "target", llvm::cl::desc("cpu | cuda:sm_NN"),
+                             llvm::cl::init("cpu")};
+  Option<std::string> loss{*this, "loss", llvm::cl::desc("as forgec --loss")};
+  Option<std::string> optimizer{*this, "optimizer", llvm::cl::desc("as forgec --optimizer")};
+  Option<std::string> lrSchedule{*this, "lr-schedule", llvm::cl::desc("as forgec --lr-schedule"),
+                                 llvm::cl::init("constant")};
+  Option<double> clipGradNorm{*this, "clip-grad-norm",
+                              llvm::cl::desc("as forgec --clip-grad-norm"), llvm::cl::init(0.0)};
+  Option<int64_t> microBatches{*this, "micro-batches",
+                               llvm::cl::desc("as forgec --micro-batches"), llvm::cl::init(1)};
+  ListOption<std::string> freeze{*this, "freeze", llvm::cl::desc("as forgec --freeze")};
+  Option<bool> exposeGradients{*this, "expose-gradients",
+                               llvm::cl::desc("as forgec --expose-gradients"),
+                               llvm::cl::init(false)};
+  Option<std::string> batchnormRunningVar{*this, "batchnorm-running-var",
+                                          llvm::cl::desc("as forgec --batchnorm-running-var")};
+};
+} // namespace
 
 void mlir::forge::registerForgePassesAndPipelines() {
   registerForgePasses();
   registerCanonicalizerPass();
   registerCSEPass();
-  PassPipelineRegistration<>("forge-inference-pipeline",
-                             "The Forge graph pipeline for inference bundles",
-                             [](OpPassManager &pm) { buildInferencePipeline(pm, {}); });
+  PassPipelineRegistration<InferencePipelineCLOptions>(
+      "forge-inference-pipeline", "The Forge pipeline of inference bundles (forgec --inference-only)",
+      [](OpPassManager &pm, const InferencePipelineCLOptions &cl) {
+        PipelineOptions options;
+        options.target = cl.target;
+        buildInferencePipeline(pm, options);
+      });
+  PassPipelineRegistration<TrainingPipelineCLOptions>(
+      "forge-training-pipeline", "The Forge pipeline of training bundles (forgec's default)",
+      [](OpPassManager &pm, const TrainingPipelineCLOptions &cl) {
+        PipelineOptions options;
+        options.target = cl.target;
+        options.train.loss = cl.loss;
+        options.train.optimizer = cl.optimizer;
+        options.train.lrSchedule = cl.lrSchedule;
+        options.train.clipGradNorm = cl.clipGradNorm;
+        options.train.microBatches = cl.microBatches;
+        options.train.freeze.assign(cl.freeze.begin(), cl.freeze.end());
+        options.train.exposeGradients = cl.exposeGradients;
+        options.train.batchnormRunningVar = cl.batchnormRunningVar;
+        buildTrainingPipeline(pm, options);
+      });
 }
 
 namespace {

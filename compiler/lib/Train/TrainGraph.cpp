@@ -148,6 +148,44 @@ FailureOr<OptimizerSpec> mlir::forge::parseOptimizerSpec(StringRef text, std::st
   return spec;
 }
 
+FailureOr<TrainOptions> mlir::forge::parseTrainFlags(const TrainFlags &flags,
+                                                    std::string &error) {
+  TrainOptions t;
+  auto fail = [&](std::string message) -> FailureOr<TrainOptions> {
+    error = std::move(message);
+    return failure();
+  };
+  if (flags.loss.empty() || flags.optimizer.empty())
+    return fail("training bundles need --loss and --optimizer (or --inference-only)");
+  std::string why;
+  auto loss = parseLossSpec(flags.loss, why);
+  if (failed(loss))
+    return fail("--loss: " + why);
+  auto optimizer = parseOptimizerSpec(flags.optimizer, why);
+  if (failed(optimizer))
+    return fail("--optimizer: " + why);
+  auto schedule = parseScheduleSpec(flags.lrSchedule, why);
+  if (failed(schedule))
+    return fail("--lr-schedule: " + why);
+  t.loss = *loss;
+  t.optimizer = *optimizer;
+  t.schedule = *schedule;
+  if (!(flags.clipGradNorm >= 0))
+    return fail("--clip-grad-norm must be >= 0 (0 turns clipping off)");
+  t.clipGradNorm = flags.clipGradNorm;
+  if (flags.microBatches < 1)
+    return fail("--micro-batches must be >= 1");
+  t.microBatches = flags.microBatches;
+  t.freeze = flags.freeze;
+  t.exposeGradients = flags.exposeGradients;
+  if (flags.batchnormRunningVar == "biased" || flags.batchnormRunningVar == "unbiased")
+    t.unbiasedRunningVar = flags.batchnormRunningVar == "unbiased";
+  else if (!flags.batchnormRunningVar.empty())
+    return fail("--batchnorm-running-var must be biased or unbiased (got '" +
+                flags.batchnormRunningVar + "')");
+  return t;
+}
+
 FailureOr<ScheduleSpec> mlir::forge::parseScheduleSpec(StringRef text, std::string &error) {
   ScheduleSpec spec;
   SmallVector<std::pair<std::string, std::string>> kv;

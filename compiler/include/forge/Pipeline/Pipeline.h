@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "forge/Train/TrainFlags.h"
+
 #include "mlir/Support/LogicalResult.h"
 #include "llvm/ADT/StringRef.h"
 
@@ -16,11 +18,19 @@ class DialectRegistry;
 
 namespace mlir::forge {
 
+/// Everything a stage of the pipeline needs (forgec's flags).
 struct PipelineOptions {
-  std::string target = "cpu";
+  std::string target = "cpu"; // cpu | cuda:sm_NN
+  TrainFlags train;           // the train-step stage (training pipeline only)
 };
 
-/// The graph pipeline for inference bundles (DESIGN.md §4, stage 1 so far).
+/// The pipeline of a training bundle, in named stages (DESIGN.md §4): import
+/// cleanup -> train-step construction -> graph cleanup -> (fusion, precision,
+/// layout, partition, schedule, memory plan: added as those passes land). The
+/// ordering constraint of every stage is commented in Pipeline.cpp.
+void buildTrainingPipeline(OpPassManager &pm, const PipelineOptions &options);
+/// The pipeline of an inference bundle (`forgec --inference-only`): the
+/// training pipeline without the train-step stage.
 void buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options);
 
 /// Registers the forge dialect, func, and all Forge passes and named pipelines

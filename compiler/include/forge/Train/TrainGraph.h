@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "forge/Train/TrainFlags.h"
 #include "mlir/IR/BuiltinOps.h"
 
 namespace mlir::forge {
@@ -73,6 +74,11 @@ struct TrainOptions {
 FailureOr<LossSpec> parseLossSpec(llvm::StringRef text, std::string &error);
 FailureOr<OptimizerSpec> parseOptimizerSpec(llvm::StringRef text, std::string &error);
 FailureOr<ScheduleSpec> parseScheduleSpec(llvm::StringRef text, std::string &error);
+
+/// Parses and checks the text form of the options (forgec's flags, the
+/// forge-build-train-step pass options); `error` names the flag at fault
+/// ("--loss: ...").
+FailureOr<TrainOptions> parseTrainFlags(const TrainFlags &flags, std::string &error);
 
 /// Replaces `@main` with `@train_step` and `@eval`.
 LogicalResult buildTrainingModule(ModuleOp module, const TrainOptions &options);
