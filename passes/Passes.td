@@ -85,4 +85,24 @@ def SymmetrizeConvPadding : Pass<"forge-symmetrize-conv-padding", "::mlir::func:
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+// A module pass (it fuses each function): a function pass right after the
+// function passes of the graph cleanup would share their per-function
+// adaptor, and the dump after the cleanup would already show regions.
+def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
+  let summary = "Group ops into forge.fusion regions that each run as one kernel";
+  let description = [{
+    Loop fusion: chains of pointwise ops (FusionClass Elementwise) whose
+    results have one shape become a `forge.fusion "loop"` region, evaluated
+    per element by one kernel; operands of other shapes enter the region as
+    broadcast inputs. A pointwise op joins the region of a producer with its
+    result shape unless that would make a cycle (a path from the region
+    through an op outside it back into the op). Values used outside the region
+    become its results (so a region may have several, e.g. an optimizer's new
+    parameter and moments). Ops with a zero-element result and single-op
+    groups stay as they are. Program order is otherwise kept: the region takes
+    the place of its last op, and outside users in between move after it.
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 #endif // FORGE_PASSES_TD

@@ -17,6 +17,9 @@
 //    per instruction in order, the views of its inputs (a default view for an
 //    absent optional operand) followed by its outputs. run() walks that table
 //    with spans and so allocates nothing and copies no shapes.
+//  * A fused instruction (op "fusion") runs its body, instruction by
+//    instruction; the body's LOCAL tensors live in the local area after the
+//    persistent storage (Program.local_size bytes, laid out by the compiler).
 //  * No exception escapes: allocation failure in create() and anything a
 //    kernel throws in run() become a Status.
 #include "forge/runtime/CpuExecutor.h"
@@ -66,12 +69,25 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
   const bundle::Program &p = bundle.program();
   const std::string &origin = bundle.origin();
 
+  // What runs: instructions, fused ones replaced by their bodies.
+  std::vector<std::vector<Step>> steps(p.routines_size());
+  for (int r = 0; r < p.routines_size(); ++r)
+    for (int i = 0; i < p.routines(r).instructions_size(); ++i) {
+      const bundle::Instruction &inst = p.routines(r).instructions(i);
+      if (inst.body_size() == 0)
+        steps[r].push_back({&inst, i});
+      for (const bundle::Instruction &inner : inst.body())
+        steps[r].push_back({&inner, i});
+    }
+
   // Every op must have a kernel before anything is allocated; name them all.
   std::map<std::string, std::string> missing; // op -> first instruction
-  for (const bundle::Routine &r : p.routines())
-    for (int i = 0; i < r.instructions_size(); ++i)
-      if (!findCpuKernel(r.instructions(i).op()))
-        missing.emplace(r.instructions(i).op(), instLabel(r.name(), r.instructions(i), i));
+  for (int r = 0; r < p.routines_size(); ++r)
+    for (const Step &step : steps[r])
+      if (!findCpuKernel(step.inst->op()))
+        missing.emplace(step.inst->op(), instLabel(p.routines(r).name(),
+                                                   p.routines(r).instructions(step.index),
+                                                   step.index));
   if (!missing.empty()) {
     std::string list;
     for (const auto &[op, where] : missing)
@@ -94,6 +110,9 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
     if (!alignUpOk(byteSize(p.tensors(t)), bytes) || __builtin_add_overflow(total, bytes, &total))
       return Status::error("{}: arena plus persistent tensors overflow 64 bits", origin);
   }
+  const uint64_t localOffset = total;
+  if (__builtin_add_overflow(total, p.local_size(), &total))
+    return Status::error("{}: arena, persistent and local tensors overflow 64 bits", origin);
 
   // Over-allocate so the arena can start on a 64-byte boundary. calloc gives
   // zeroed storage (uninitialized reads are at least repeatable, and
@@ -109,9 +128,9 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
   ex->arena_ = ex->storage_.get() + ((kAlign - base % kAlign) % kAlign);
 
   size_t numOperands = 0;
-  for (const bundle::Routine &r : p.routines())
-    for (const bundle::Instruction &inst : r.instructions())
-      numOperands += static_cast<size_t>(inst.inputs_size()) + inst.outputs_size();
+  for (const std::vector<Step> &routine : steps)
+    for (const Step &step : routine)
+      numOperands += static_cast<size_t>(step.inst->inputs_size()) + step.inst->outputs_size();
   ex->views_.reserve(p.tensors_size() + numOperands);
   for (int t = 0; t < p.tensors_size(); ++t) {
     const bundle::TensorInfo &info = p.tensors(t);
@@ -135,21 +154,25 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
       }
       break;
     }
+    case bundle::TensorInfo::LOCAL:
+      v.data = ex->arena_ + localOffset + info.arena_offset();
+      break;
     default:
       v.data = ex->arena_ + info.arena_offset();
       break;
     }
     ex->views_.push_back(std::move(v));
   }
-  for (const bundle::Routine &r : p.routines()) {
+  for (const std::vector<Step> &routine : steps) {
     ex->firstOperand_.push_back(ex->views_.size());
-    for (const bundle::Instruction &inst : r.instructions()) {
-      for (int32_t t : inst.inputs())
+    for (const Step &step : routine) {
+      for (int32_t t : step.inst->inputs())
         ex->views_.push_back(t < 0 ? TensorView{} : ex->views_[t]);
-      for (int32_t t : inst.outputs())
+      for (int32_t t : step.inst->outputs())
         ex->views_.push_back(ex->views_[t]);
     }
   }
+  ex->steps_ = std::move(steps);
   return ex;
 }
 
@@ -178,8 +201,10 @@ Status CpuExecutor::runInstructions(int routine, std::vector<Span> *spans) {
                          numRoutines());
   const bundle::Routine &r = *routines_[routine];
   size_t pos = firstOperand_[routine];
-  for (int i = 0; i < r.instructions_size(); ++i) {
-    const bundle::Instruction &inst = r.instructions(i);
+  const std::vector<Step> &steps = steps_[routine];
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const bundle::Instruction &inst = *steps[k].inst;
+    const int i = steps[k].index;
     std::span<const TensorView> in(views_.data() + pos, inst.inputs_size());
     pos += inst.inputs_size();
     std::span<TensorView> out(views_.data() + pos, inst.outputs_size());
@@ -196,8 +221,13 @@ Status CpuExecutor::runInstructions(int routine, std::vector<Span> *spans) {
     if (!s.isOk())
       return s.prefix(fmt::format("{}: routine '{}' instruction #{}", bundle_.origin(),
                                   r.name(), i));
-    if (spans)
-      spans->push_back({i, 2, "", us(t0), us(Clock::now()) - us(t0)});
+    if (spans) {
+      // A fused instruction is one span over its body's instructions.
+      if (!spans->empty() && spans->back().instruction == i)
+        spans->back().durationUs = us(Clock::now()) - spans->back().startUs;
+      else
+        spans->push_back({i, 2, "", us(t0), us(Clock::now()) - us(t0)});
+    }
   }
   return Status::ok();
 }

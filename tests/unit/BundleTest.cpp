@@ -220,8 +220,8 @@ TEST(BundleTest, HeaderFieldsAreChecked) {
   }
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 0; }), "formatVersion");
   const std::string supported = "supports (" + std::to_string(kBundleFormatVersion) + ")";
-  expectError(withHeader([](BundleHeader &h) { h.formatVersion = 7; }),
-              "bundle format version 7 is newer than this forge-train " + supported);
+  expectError(withHeader([](BundleHeader &h) { h.formatVersion = 8; }),
+              "bundle format version 8 is newer than this forge-train " + supported);
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 1; }),
               "bundle format version 1 is older than this forge-train " + supported +
                   "; recompile the model with this forgec");

@@ -92,13 +92,22 @@ public:
   LogicalResult emitRoutine(func::FuncOp func);
   std::vector<uint8_t> takeConstantData() { return std::move(constantData); }
   uint64_t arenaSize() const { return arena; }
+  uint64_t localSize() const { return localBytes; }
 
 private:
   FailureOr<int32_t> addTensor(Value v, pb::TensorInfo::Kind kind, std::string name);
   FailureOr<int32_t> persistentTensor(func::FuncOp func, unsigned argIndex);
 
+  /// The body of a fused instruction (program.proto Instruction.body): the
+  /// region's ops on LOCAL tensors, then a copy of each yielded value into
+  /// the instruction's output. Writing the outputs last keeps in-place updates
+  /// correct when the body runs op by op: every read of an updated tensor's
+  /// old value comes first.
+  LogicalResult emitBody(FusionOp fusion, pb::Instruction &inst, const std::string &node);
+
   /// Where a CUDA bundle runs `op` (its kernel is generated here).
   void place(Operation &op, pb::Instruction &inst);
+  static void setLaunch(const KernelLaunch &launch, pb::Instruction &inst);
 
 public:
   /// Host instructions per op name (CUDA targets).
@@ -112,6 +121,7 @@ private:
   std::vector<uint8_t> constantData;
   int constantCount = 0;
   uint64_t arena = 0;
+  uint64_t localBytes = 0; // the largest body's LOCAL tensors
 };
 
 FailureOr<int32_t> ProgramEmitter::addTensor(Value v, pb::TensorInfo::Kind kind, std::string name) {
@@ -203,17 +213,62 @@ void ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
   } else if (isCopyOp(op.getName().stripDialect())) {
     inst.set_placement(pb::DEVICE_COPY);
   } else if (std::optional<KernelLaunch> launch = kernels->kernelFor(&op)) {
-    inst.set_placement(pb::KERNEL);
-    inst.mutable_launch()->set_kernel(launch->name);
-    inst.mutable_launch()->set_grid(static_cast<uint32_t>(launch->grid));
-    inst.mutable_launch()->set_block(static_cast<uint32_t>(launch->block));
-    inst.mutable_launch()->set_zero_outputs(launch->zeroOutputs);
-    inst.mutable_launch()->set_copy_input(launch->copyInput);
-    inst.mutable_launch()->set_fault(launch->fault);
+    setLaunch(*launch, inst);
   } else {
     inst.set_placement(pb::HOST);
     ++hostOps[op.getName().stripDialect().str()];
   }
+}
+
+LogicalResult ProgramEmitter::emitBody(FusionOp fusion, pb::Instruction &inst,
+                                       const std::string &node) {
+  Block &block = fusion.getBlock();
+  llvm::DenseMap<Value, int32_t> local;
+  for (auto [i, arg] : llvm::enumerate(block.getArguments()))
+    local[arg] = inst.inputs(static_cast<int>(i));
+  uint64_t offset = 0;
+  for (Operation &op : block.without_terminator()) {
+    pb::Instruction *inner = inst.add_body();
+    if (failed(encodeInstruction(&op, *inner)))
+      return failure();
+    inner->set_name(node);
+    for (Value v : op.getOperands())
+      inner->add_inputs(local.lookup(v));
+    for (Value r : op.getResults()) {
+      auto index = addTensor(r, pb::TensorInfo::LOCAL,
+                             node + ":local" + std::to_string(local.size()));
+      if (failed(index))
+        return failure();
+      pb::TensorInfo *info = program.mutable_tensors(*index);
+      info->set_arena_offset(static_cast<int64_t>(offset));
+      offset += alignUp(std::max<uint64_t>(
+                            ::forge::rt::numElements({info->shape().begin(), info->shape().end()}) *
+                                ::forge::rt::dtypeSize(info->dtype()),
+                            1),
+                        ::forge::rt::kSectionAlignment);
+      local[r] = *index;
+      inner->add_outputs(*index);
+    }
+  }
+  for (auto [i, v] : llvm::enumerate(block.getTerminator()->getOperands())) {
+    pb::Instruction *copy = inst.add_body();
+    copy->set_op("copy");
+    copy->set_name(node);
+    copy->add_inputs(local.lookup(v));
+    copy->add_outputs(inst.outputs(static_cast<int>(i)));
+  }
+  localBytes = std::max(localBytes, offset);
+  return success();
+}
+
+void ProgramEmitter::setLaunch(const KernelLaunch &launch, pb::Instruction &inst) {
+  inst.set_placement(pb::KERNEL);
+  inst.mutable_launch()->set_kernel(launch.name);
+  inst.mutable_launch()->set_grid(static_cast<uint32_t>(launch.grid));
+  inst.mutable_launch()->set_block(static_cast<uint32_t>(launch.block));
+  inst.mutable_launch()->set_zero_outputs(launch.zeroOutputs);
+  inst.mutable_launch()->set_copy_input(launch.copyInput);
+  inst.mutable_launch()->set_fault(launch.fault);
 }
 
 bool isElementwise(Operation *op) {
@@ -246,18 +301,70 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
   Block &body = func.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
 
-  // Program order of the instructions (constants are not instructions).
+  // The instructions in program order (constants are not instructions). A
+  // fusion region is one instruction when it has a kernel; without one (every
+  // region on the CPU) its body's ops are the instructions. `alias` maps the
+  // body's arguments and the region's results to the values they stand for.
+  struct Step {
+    Operation *op;
+    SmallVector<Value> operands; // resolved through `alias`
+    std::optional<KernelLaunch> launch;
+  };
+  llvm::DenseMap<Value, Value> alias;
+  auto resolve = [&](Value v) {
+    for (auto it = alias.find(v); it != alias.end(); it = alias.find(v))
+      v = it->second;
+    return v;
+  };
+  auto resolved = [&](ValueRange values) {
+    SmallVector<Value> out;
+    for (Value v : values)
+      out.push_back(resolve(v));
+    return out;
+  };
+  std::vector<Step> steps;
+  for (Operation &op : body) {
+    if (isa<ConstantOp, func::ReturnOp>(op))
+      continue;
+    auto fusion = dyn_cast<FusionOp>(op);
+    if (!fusion) {
+      steps.push_back({&op, resolved(op.getOperands()), std::nullopt});
+      continue;
+    }
+    std::optional<KernelLaunch> launch = kernels ? kernels->kernelFor(fusion) : std::nullopt;
+    if (launch) {
+      steps.push_back({&op, resolved(op.getOperands()), launch});
+      continue;
+    }
+    for (auto [arg, input] : llvm::zip(fusion.getBlock().getArguments(), fusion.getInputs()))
+      alias[arg] = input;
+    for (Operation &inner : fusion.getBlock().without_terminator())
+      steps.push_back({&inner, resolved(inner.getOperands()), std::nullopt});
+    for (auto [r, y] : llvm::zip(fusion.getResults(),
+                                 fusion.getBlock().getTerminator()->getOperands()))
+      alias[r] = y;
+  }
+  SmallVector<Value> returned = resolved(ret.getOperands());
   llvm::DenseMap<Operation *, int64_t> position;
-  int64_t count = 0;
-  for (Operation &op : body)
-    if (!isa<ConstantOp, func::ReturnOp>(op))
-      position[&op] = count++;
+  llvm::DenseMap<Value, SmallVector<int64_t>> readers; // value -> steps reading it
+  for (auto [i, step] : llvm::enumerate(steps)) {
+    position[step.op] = static_cast<int64_t>(i);
+    for (Value v : step.operands)
+      readers[v].push_back(static_cast<int64_t>(i));
+  }
 
   // Results that update a persistent tensor are written in place when no
   // later instruction still reads the old value; otherwise a trailing copy.
+  // An instruction may read the old value while writing the new one only
+  // when it reads each element before writing that same element: a pointwise
+  // op, or a loop region's kernel (the updated tensor has the iteration
+  // shape, so the region reads it at the element it writes).
+  auto pointwise = [&](const Step &step) {
+    return isElementwise(step.op) || (step.launch && isa<FusionOp>(step.op));
+  };
   llvm::DenseMap<Value, int32_t> inPlace;
   SmallVector<std::pair<Value, int32_t>> copies;
-  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+  for (auto [i, v] : llvm::enumerate(returned)) {
     auto updates = func.getResultAttrOfType<StringAttr>(i, "forge.updates");
     if (!updates)
       continue;
@@ -266,20 +373,17 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       return func.emitError() << "result " << i << " updates unknown persistent tensor '"
                               << updates.getValue() << "'";
     Operation *def = v.getDefiningOp();
-    bool safe = def && position.count(def) && !inPlace.count(v) && v.hasOneUse();
+    bool safe = def && position.count(def) && !inPlace.count(v) && !readers.count(v) &&
+                llvm::count(returned, v) == 1;
     if (safe) {
       int64_t at = position[def];
-      for (auto [j, arg] : llvm::enumerate(func.getArguments())) {
-        if (tensorOf.lookup(arg) != target->second || !tensorOf.count(arg))
+      for (BlockArgument arg : func.getArguments()) {
+        if (!tensorOf.count(arg) || tensorOf.lookup(arg) != target->second)
           continue;
-        for (Operation *user : arg.getUsers()) {
-          if (isa<func::ReturnOp>(user)) {
-            safe = false;
-            continue;
-          }
-          int64_t p = position.lookup(user);
-          safe &= p < at || (p == at && isElementwise(user));
-        }
+        if (llvm::is_contained(returned, Value(arg)))
+          safe = false;
+        for (int64_t p : readers.lookup(arg))
+          safe &= p < at || (p == at && pointwise(steps[p]));
       }
     }
     if (safe)
@@ -313,9 +417,8 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
 
   std::map<int32_t, int64_t> defined, lastUse;
   int64_t step = 0;
-  for (Operation &op : body) {
-    if (isa<ConstantOp, func::ReturnOp>(op))
-      continue;
+  for (const Step &s : steps) {
+    Operation &op = *s.op;
     if (op.getDialect()->getNamespace() != "forge")
       return op.emitError("only forge ops can be emitted into a bundle");
     pb::Instruction *inst = routine->add_instructions();
@@ -323,13 +426,18 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       return failure();
     std::string node = locName(op.getLoc());
     inst->set_name(node);
-    place(op, *inst);
-    if (auto iface = dyn_cast<ForgeOpInterface>(op)) {
-      OpCost cost = iface.getCost();
-      inst->set_flops(static_cast<uint64_t>(std::max<int64_t>(cost.flops, 0)));
-      inst->set_bytes(static_cast<uint64_t>(std::max<int64_t>(cost.bytes, 0)));
-    }
-    for (Value v : op.getOperands()) {
+    if (s.launch)
+      setLaunch(*s.launch, *inst);
+    else
+      place(op, *inst);
+    OpCost cost;
+    if (auto fusion = dyn_cast<FusionOp>(op))
+      cost = fusion.getCost();
+    else if (auto iface = dyn_cast<ForgeOpInterface>(op))
+      cost = iface.getCost();
+    inst->set_flops(static_cast<uint64_t>(std::max<int64_t>(cost.flops, 0)));
+    inst->set_bytes(static_cast<uint64_t>(std::max<int64_t>(cost.bytes, 0)));
+    for (Value v : s.operands) {
       auto it = tensorOf.find(v);
       if (it == tensorOf.end())
         return op.emitError("operand defined outside the routine's body");
@@ -351,6 +459,9 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       lastUse[*index] = step;
       inst->add_outputs(*index);
     }
+    if (auto fusion = dyn_cast<FusionOp>(op); fusion && s.launch)
+      if (failed(emitBody(fusion, *inst, node)))
+        return failure();
     ++step;
   }
   for (auto [v, target] : copies) {
@@ -365,7 +476,7 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     lastUse[source] = step++;
   }
 
-  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+  for (auto [i, v] : llvm::enumerate(returned)) {
     if (func.getResultAttrOfType<StringAttr>(i, "forge.updates"))
       continue;
     int32_t index = tensorOf.lookup(v);
@@ -525,5 +636,6 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
     }
   }
   program.set_arena_size(emitter.arenaSize());
+  program.set_local_size(emitter.localSize());
   return success();
 }

@@ -1048,6 +1048,8 @@ void coalesce(SmallVector<int64_t> &shape, SmallVector<OperandMap> &maps) {
 
 } // namespace
 
+std::string faultOf(Operation *op); // below, with the dispatch
+
 struct KernelGenerator::Impl {
   MLIRContext *context;
   CudaTarget target;
@@ -1108,8 +1110,20 @@ struct KernelGenerator::Impl {
     return MemRefType::get({n}, s);
   }
 
+  /// What a pointwise kernel computes per element: the outputs' storage
+  /// values from the inputs' storage values (empty: unsupported).
+  using PointwiseBody = function_ref<SmallVector<Value>(Body &, ArrayRef<Value>)>;
+  /// One kernel over `iterShape`: input m is read through maps[m] (4-wide
+  /// vectors when every input is contiguous or a scalar), outputs are
+  /// contiguous in the iteration shape.
+  std::optional<KernelLaunch> pointwiseKernel(StringRef name, Location loc,
+                                              ArrayRef<int64_t> iterShape,
+                                              SmallVector<OperandMap> maps,
+                                              ArrayRef<Type> inElems, ArrayRef<int64_t> inSizes,
+                                              ArrayRef<Type> outElems, PointwiseBody body);
   std::optional<KernelLaunch> mapKernel(Operation *op, StringRef name,
                                         SmallVector<OperandMap> maps);
+  std::optional<KernelLaunch> loopFusionKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> reduceKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> rowKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> layerNormKernel(Operation *op, StringRef name);
@@ -1161,20 +1175,17 @@ struct KernelGenerator::Impl {
   }
 };
 
-std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, StringRef name,
-                                                             SmallVector<OperandMap> maps) {
-  auto outType = tensorType(op->getResult(0));
-  SmallVector<int64_t> shape(outType.getShape());
-  int64_t n = outType.getNumElements();
+std::optional<KernelLaunch>
+KernelGenerator::Impl::pointwiseKernel(StringRef name, Location loc, ArrayRef<int64_t> iterShape,
+                                       SmallVector<OperandMap> maps, ArrayRef<Type> inElems,
+                                       ArrayRef<int64_t> inSizes, ArrayRef<Type> outElems,
+                                       PointwiseBody body) {
+  SmallVector<int64_t> shape(iterShape);
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
   if (n == 0)
     return std::nullopt;
-  SmallVector<Type> elems;
-  SmallVector<int64_t> sizes;
-  for (Value v : op->getOperands()) {
-    elems.push_back(tensorType(v).getElementType());
-    sizes.push_back(tensorType(v).getNumElements());
-  }
-  Type outElem = outType.getElementType();
   coalesce(shape, maps);
 
   // Vector form: every operand contiguous (strides of the output) or a scalar.
@@ -1182,46 +1193,51 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
   bool vector = n % kVector == 0;
   SmallVector<bool> scalar(maps.size());
   for (size_t m = 0; m < maps.size(); ++m) {
-    scalar[m] = sizes[m] == 1;
+    scalar[m] = inSizes[m] == 1;
     vector &= scalar[m] || (maps[m].offset == 0 && maps[m].strides == outStrides);
   }
 
   SmallVector<Type> argTypes;
   for (size_t m = 0; m < maps.size(); ++m)
-    argTypes.push_back(flatMemref(elems[m], sizes[m], vector && !scalar[m]));
-  argTypes.push_back(flatMemref(outElem, n, vector));
+    argTypes.push_back(flatMemref(inElems[m], inSizes[m], vector && !scalar[m]));
+  for (Type e : outElems)
+    argTypes.push_back(flatMemref(e, n, vector));
   int64_t work = vector ? n / kVector : n;
   int64_t block = chooseBlockSize(target, work);
   int64_t grid = std::min(kMaxGrid, (work + block - 1) / block);
 
   OpBuilder b(context);
   auto fn = newKernel(b, name, argTypes, block);
-  Body k = Body::of(b, op->getLoc(), fn);
+  Body k = Body::of(b, loc, fn);
+  size_t numIn = maps.size();
   bool ok = true;
   k.gridStride(work, [&](Value i) {
     if (vector) {
       SmallVector<Value> loaded;
-      for (size_t m = 0; m < maps.size(); ++m)
+      for (size_t m = 0; m < numIn; ++m)
         loaded.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(m),
                                                   scalar[m] ? k.idx(0) : i));
-      SmallVector<Value> lanes;
+      SmallVector<SmallVector<Value>> lanes(outElems.size());
       for (int64_t l = 0; l < kVector && ok; ++l) {
-        SmallVector<Value> args;
-        for (size_t m = 0; m < maps.size(); ++m)
-          args.push_back(k.toCompute(
-              scalar[m] ? loaded[m] : b.create<vector::ExtractOp>(k.loc, loaded[m], l), elems[m]));
-        Value r = emitScalar(k, op, args, elems, outElem);
-        if (!r) {
+        SmallVector<Value> in;
+        for (size_t m = 0; m < numIn; ++m)
+          in.push_back(scalar[m] ? loaded[m]
+                                 : b.create<vector::ExtractOp>(k.loc, loaded[m], l).getResult());
+        SmallVector<Value> out = body(k, in);
+        if (out.size() != outElems.size()) {
           ok = false;
           break;
         }
-        lanes.push_back(k.toStorage(r, outElem));
+        for (size_t o = 0; o < out.size(); ++o)
+          lanes[o].push_back(out[o]);
       }
       if (!ok)
         return;
-      Value vec = b.create<vector::FromElementsOp>(
-          k.loc, VectorType::get({kVector}, storageType(outElem)), lanes);
-      b.create<memref::StoreOp>(k.loc, vec, fn.getArgument(maps.size()), i);
+      for (size_t o = 0; o < outElems.size(); ++o) {
+        Value vec = b.create<vector::FromElementsOp>(
+            k.loc, VectorType::get({kVector}, storageType(outElems[o])), lanes[o]);
+        b.create<memref::StoreOp>(k.loc, vec, fn.getArgument(numIn + o), i);
+      }
       return;
     }
     // Unravel the output index over the coalesced shape.
@@ -1232,8 +1248,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
       if (d > 0)
         rest = k.div(rest, shape[d]);
     }
-    SmallVector<Value> args;
-    for (size_t m = 0; m < maps.size(); ++m) {
+    SmallVector<Value> in;
+    for (size_t m = 0; m < numIn; ++m) {
       Value at = k.idx(maps[m].offset);
       if (scalar[m]) {
         at = k.idx(0);
@@ -1244,14 +1260,15 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
           if (maps[m].strides[d] != 0)
             at = k.add(at, k.mul(index[d], k.idx(maps[m].strides[d])));
       }
-      args.push_back(k.load(fn.getArgument(m), at, elems[m]));
+      in.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(m), at));
     }
-    Value r = emitScalar(k, op, args, elems, outElem);
-    if (!r) {
+    SmallVector<Value> out = body(k, in);
+    if (out.size() != outElems.size()) {
       ok = false;
       return;
     }
-    k.store(r, fn.getArgument(maps.size()), i, outElem);
+    for (size_t o = 0; o < out.size(); ++o)
+      b.create<memref::StoreOp>(k.loc, out[o], fn.getArgument(numIn + o), i);
   });
   if (!ok) {
     fn.erase();
@@ -1259,6 +1276,81 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
   }
   b.create<gpu::ReturnOp>(k.loc);
   return KernelLaunch{name.str(), grid, block};
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, StringRef name,
+                                                             SmallVector<OperandMap> maps) {
+  auto outType = tensorType(op->getResult(0));
+  SmallVector<Type> elems;
+  SmallVector<int64_t> sizes;
+  for (Value v : op->getOperands()) {
+    elems.push_back(tensorType(v).getElementType());
+    sizes.push_back(tensorType(v).getNumElements());
+  }
+  Type outElem = outType.getElementType();
+  return pointwiseKernel(
+      name, op->getLoc(), outType.getShape(), std::move(maps), elems, sizes, {outElem},
+      [&](Body &k, ArrayRef<Value> in) -> SmallVector<Value> {
+        SmallVector<Value> args;
+        for (auto [v, e] : llvm::zip(in, elems))
+          args.push_back(k.toCompute(v, e));
+        Value r = emitScalar(k, op, args, elems, outElem);
+        if (!r)
+          return {};
+        return {k.toStorage(r, outElem)};
+      });
+}
+
+/// A loop fusion region: the body's ops evaluated per element in program
+/// order. Every body value passes through its storage form (toStorage then
+/// toCompute), so f16/bf16 rounding, float8 encoding and booleans are exactly
+/// those of the unfused ops; only the memory round trips are gone.
+std::optional<KernelLaunch> KernelGenerator::Impl::loopFusionKernel(FusionOp fusion,
+                                                                    StringRef name) {
+  auto float8 = [](Value v) { return isFloat8(tensorType(v).getElementType()); };
+  for (Operation &op : fusion.getBlock().without_terminator()) {
+    if (!isa<CastOp>(op) &&
+        (llvm::any_of(op.getOperands(), float8) || llvm::any_of(op.getResults(), float8)))
+      return std::nullopt; // as generate(): float8 values are only made and read by casts
+    if (fault.empty())
+      fault = faultOf(&op);
+  }
+  ArrayRef<int64_t> shape = fusion.getIterationShape();
+  SmallVector<OperandMap> maps;
+  SmallVector<Type> inElems, outElems;
+  SmallVector<int64_t> inSizes;
+  for (Value v : fusion.getInputs()) {
+    maps.push_back({broadcastStrides(tensorType(v).getShape(), shape)});
+    inElems.push_back(tensorType(v).getElementType());
+    inSizes.push_back(tensorType(v).getNumElements());
+  }
+  for (Value v : fusion.getResults())
+    outElems.push_back(tensorType(v).getElementType());
+  Block &block = fusion.getBlock();
+  return pointwiseKernel(
+      name, fusion.getLoc(), shape, std::move(maps), inElems, inSizes, outElems,
+      [&](Body &k, ArrayRef<Value> in) -> SmallVector<Value> {
+        llvm::DenseMap<Value, Value> stored; // body value -> its storage-form scalar
+        for (auto [arg, v] : llvm::zip(block.getArguments(), in))
+          stored[arg] = v;
+        for (Operation &op : block.without_terminator()) {
+          SmallVector<Value> args;
+          SmallVector<Type> elems;
+          for (Value v : op.getOperands()) {
+            elems.push_back(tensorType(v).getElementType());
+            args.push_back(k.toCompute(stored.lookup(v), elems.back()));
+          }
+          Type resultElem = tensorType(op.getResult(0)).getElementType();
+          Value r = emitScalar(k, &op, args, elems, resultElem);
+          if (!r)
+            return {};
+          stored[op.getResult(0)] = k.toStorage(r, resultElem);
+        }
+        SmallVector<Value> out;
+        for (Value v : block.getTerminator()->getOperands())
+          out.push_back(stored.lookup(v));
+        return out;
+      });
 }
 
 namespace {
@@ -3226,6 +3318,17 @@ std::string faultOf(Operation *op) {
 
 std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, StringRef name) {
   fault = op->getNumResults() == 1 && tensorType(op->getResult(0)) ? faultOf(op) : "";
+  if (auto fusion = dyn_cast<FusionOp>(op)) {
+    fault.clear(); // set from the body's ops
+    for (Value v : fusion.getBlock().getArguments())
+      if (!tensorType(v) || !supportedElement(tensorType(v).getElementType()))
+        return std::nullopt;
+    for (Operation &inner : fusion.getBlock().without_terminator())
+      for (Value v : inner.getResults())
+        if (!tensorType(v) || !supportedElement(tensorType(v).getElementType()))
+          return std::nullopt;
+    return fusion.getKind() == "loop" ? loopFusionKernel(fusion, name) : std::nullopt;
+  }
   for (Value v : op->getOperands())
     if (!tensorType(v) || !tensorType(v).hasStaticShape() ||
         !supportedElement(tensorType(v).getElementType()))
@@ -3346,9 +3449,14 @@ size_t KernelGenerator::numKernels() const { return impl->names.size(); }
 std::optional<KernelLaunch> KernelGenerator::kernelFor(Operation *op) {
   if (isLibraryCall(op) || isCopyOp(op->getName().stripDialect()))
     return std::nullopt;
-  // Ops with equal name, attributes and types share one kernel.
+  // Ops with equal name, attributes and types share one kernel; fusion
+  // regions with equal text (their bodies printed in a local scope, without
+  // locations).
   std::string key;
-  {
+  if (isa<FusionOp>(op)) {
+    llvm::raw_string_ostream os(key);
+    op->print(os, OpPrintingFlags().useLocalScope().printGenericOpForm());
+  } else {
     llvm::raw_string_ostream os(key);
     os << op->getName() << op->getAttrDictionary() << "(";
     for (Type t : op->getOperandTypes())

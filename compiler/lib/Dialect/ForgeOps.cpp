@@ -424,6 +424,60 @@ FORGE_INFER(TransposeOp) {
   return success();
 }
 
+//===----------------------------------------------------------------------===//
+// Fusion regions
+//===----------------------------------------------------------------------===//
+
+LogicalResult FusionOp::verify() {
+  Block &block = getBlock();
+  if (block.getNumArguments() != getInputs().size())
+    return emitOpError() << "has " << getInputs().size() << " inputs but its body takes "
+                         << block.getNumArguments() << " arguments";
+  for (auto [i, pair] : llvm::enumerate(llvm::zip(getInputs(), block.getArguments())))
+    if (std::get<0>(pair).getType() != std::get<1>(pair).getType())
+      return emitOpError() << "input " << i << " has type " << std::get<0>(pair).getType()
+                           << " but body argument " << i << " has type "
+                           << std::get<1>(pair).getType();
+  auto yield = dyn_cast<YieldOp>(block.getTerminator());
+  if (!yield)
+    return emitOpError("body must end with forge.yield");
+  if (yield.getValues().getTypes() != getResultTypes())
+    return emitOpError("yields types that differ from its result types");
+  if (getNumResults() == 0)
+    return emitOpError("has no results");
+  if (getKind() != "loop")
+    return emitOpError() << "has unknown kind '" << getKind() << "' (loop)";
+  ArrayRef<int64_t> shape = getIterationShape();
+  for (Type t : getResultTypes())
+    if (cast<RankedTensorType>(t).getShape() != shape)
+      return emitOpError("loop region results must all have the iteration shape");
+  for (Operation &op : block.without_terminator()) {
+    auto iface = dyn_cast<ForgeOpInterface>(op);
+    if (!iface || iface.getFusionClass() != FusionClass::Elementwise)
+      return op.emitOpError("is not pointwise (FusionClass Elementwise) and cannot be in a loop "
+                            "region");
+    for (Type t : op.getResultTypes())
+      if (cast<RankedTensorType>(t).getShape() != shape)
+        return op.emitOpError("result does not have the loop region's iteration shape");
+  }
+  for (BlockArgument arg : block.getArguments()) {
+    auto argShape = cast<RankedTensorType>(arg.getType()).getShape();
+    auto joint = broadcastShapes(argShape, shape);
+    if (failed(joint) || ArrayRef<int64_t>(*joint) != shape)
+      return emitOpError() << "input of shape [" << argShape
+                           << "] does not broadcast to the iteration shape";
+  }
+  return success();
+}
+
+OpCost FusionOp::getCost() {
+  OpCost cost = estimateDefaultCost(*this, /*flopsPerElement=*/0); // inputs + results
+  for (Operation &op : getBlock().without_terminator())
+    if (auto iface = dyn_cast<ForgeOpInterface>(op))
+      cost.flops += iface.getCost().flops;
+  return cost;
+}
+
 LogicalResult TransposeOp::verify() {
   SmallVector<bool> seen(getPerm().size(), false);
   for (int64_t p : getPerm()) {

@@ -37,6 +37,15 @@ void addGraphCleanup(OpPassManager &pm, const PipelineOptions &options) {
   pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
 }
 
+/// Stage "fusion": after the graph cleanup, so that regions form over the
+/// final ops (no dead ops, folded constants, merged duplicates) of the
+/// forward, backward and optimizer together. On every target: the CPU bundle
+/// runs a region's ops one by one, so the CPU tests exercise the pass too.
+void addFusion(OpPassManager &pm, const PipelineOptions &options) {
+  (void)options;
+  pm.addPass(createFuse());
+}
+
 } // namespace
 
 void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions &options) {
@@ -59,15 +68,18 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   train.exposeGradients = options.train.exposeGradients;
   train.batchnormRunningVar = options.train.batchnormRunningVar;
   pm.addPass(createBuildTrainStep(train));
-  // Stage "graph cleanup" (see addGraphCleanup). Later stages (fusion,
-  // precision, layout, partition, schedule, memory plan) need its canonical
-  // form: folded constants, no duplicates, no dead ops.
+  // Stage "graph cleanup" (see addGraphCleanup). Later stages need its
+  // canonical form: folded constants, no duplicates, no dead ops.
   addGraphCleanup(pm, options);
+  addFusion(pm, options);
+  // Still to come, in this order: precision (on fusion regions, so casts fuse
+  // into them), layout, partition, schedule, memory plan.
 }
 
 void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options) {
   // No train step: initializers are constants and may fold.
   addGraphCleanup(pm, options);
+  addFusion(pm, options);
 }
 
 void mlir::forge::registerForgeDialects(DialectRegistry &registry) {
@@ -138,17 +150,29 @@ struct GraphSummary {
 
 GraphSummary summarize(ModuleOp module) {
   GraphSummary s;
-  module.walk([&](ForgeOpInterface op) {
-    if (isa<ConstantOp>(op))
-      return;
-    ++s.ops;
-    if (op.getFusionClass() != FusionClass::Shape)
+  module.walk<WalkOrder::PreOrder>([&](Operation *op) {
+    // A fusion region is one launch; its body's values stay in registers, so
+    // its bytes are its inputs and results (FusionOp::getCost).
+    if (auto fusion = dyn_cast<FusionOp>(op)) {
+      s.ops += static_cast<int64_t>(fusion.getBlock().getOperations().size()) - 1;
       ++s.launches;
-    if (op.getFusionClass() == FusionClass::Library)
+      OpCost c = fusion.getCost();
+      s.bytes += c.bytes;
+      s.flops += c.flops;
+      return WalkResult::skip();
+    }
+    auto forgeOp = dyn_cast<ForgeOpInterface>(op);
+    if (!forgeOp || isa<ConstantOp>(op))
+      return WalkResult::advance();
+    ++s.ops;
+    if (forgeOp.getFusionClass() != FusionClass::Shape)
+      ++s.launches;
+    if (forgeOp.getFusionClass() == FusionClass::Library)
       ++s.library;
-    OpCost c = op.getCost();
+    OpCost c = forgeOp.getCost();
     s.bytes += c.bytes;
     s.flops += c.flops;
+    return WalkResult::advance();
   });
   return s;
 }

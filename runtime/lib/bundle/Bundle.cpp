@@ -153,7 +153,14 @@ Status validateTensors(const bundle::Program &p) {
     if (numElements({t.shape().begin(), t.shape().end()}) < 0)
       return Status::error("{}: element count overflows int64", label);
 
-    if (isArenaKind(t.kind())) {
+    if (t.kind() == bundle::TensorInfo::LOCAL) {
+      if (t.arena_offset() < 0 || static_cast<uint64_t>(t.arena_offset()) % kSectionAlignment != 0)
+        return Status::error("{}: local offset {} is negative or not {}-byte aligned", label,
+                             t.arena_offset(), kSectionAlignment);
+      if (!rangeInside(static_cast<uint64_t>(t.arena_offset()), bytes, p.local_size()))
+        return Status::error("{}: local bytes [{}, +{}) exceed local_size {}", label,
+                             t.arena_offset(), bytes, p.local_size());
+    } else if (isArenaKind(t.kind())) {
       if (t.arena_offset() < 0)
         return Status::error("{}: negative arena_offset {}", label, t.arena_offset());
       if (static_cast<uint64_t>(t.arena_offset()) % kSectionAlignment != 0)
@@ -203,10 +210,46 @@ Status validateTensors(const bundle::Program &p) {
   return Status::ok();
 }
 
+Status validateInstruction(const bundle::Program &p, const bundle::Instruction &inst, int i);
+
+/// The body of a fused instruction: plain instructions that read the fused
+/// instruction's inputs or LOCAL tensors written earlier in the body, and
+/// write LOCAL tensors or the fused instruction's outputs.
+Status validateBody(const bundle::Program &p, const bundle::Instruction &fused, int i) {
+  if (fused.op() != "fusion")
+    return Status::error("{}: only op 'fusion' has a body", instructionLabel(fused, i));
+  if (fused.body_size() == 0)
+    return Status::error("{}: a fusion has an empty body", instructionLabel(fused, i));
+  std::set<int32_t> readable(fused.inputs().begin(), fused.inputs().end());
+  std::set<int32_t> outputs(fused.outputs().begin(), fused.outputs().end());
+  for (int j = 0; j < fused.body_size(); ++j) {
+    const bundle::Instruction &inner = fused.body(j);
+    std::string where = fmt::format("{}: body {}", instructionLabel(fused, i),
+                                    instructionLabel(inner, j));
+    if (inner.body_size() > 0 || inner.placement() != bundle::PLACEMENT_DEFAULT)
+      return Status::error("{}: body instructions have no body and no placement", where);
+    FORGE_RETURN_IF_ERROR(validateInstruction(p, inner, j).prefix(where));
+    for (int32_t t : inner.inputs())
+      if (t >= 0 && !readable.count(t))
+        return Status::error("{} reads {}, which is neither an input of the fusion nor a local "
+                             "written before",
+                             where, tensorLabel(p, t));
+    for (int32_t t : inner.outputs()) {
+      if (p.tensors(t).kind() != bundle::TensorInfo::LOCAL && !outputs.count(t))
+        return Status::error("{} writes {}, which is neither local nor an output of the fusion",
+                             where, tensorLabel(p, t));
+      readable.insert(t);
+    }
+  }
+  return Status::ok();
+}
+
 Status validateInstruction(const bundle::Program &p, const bundle::Instruction &inst, int i) {
   const int64_t numTensors = p.tensors_size();
   if (inst.op().empty())
     return Status::error("instruction #{}: empty op name", i);
+  if (inst.body_size() > 0 || inst.op() == "fusion")
+    FORGE_RETURN_IF_ERROR(validateBody(p, inst, i));
   for (int j = 0; j < inst.inputs_size(); ++j) {
     int64_t t = inst.inputs(j);
     if (t < -1 || t >= numTensors)
@@ -284,6 +327,11 @@ Status validateRoutines(const bundle::Program &p) {
       for (int i = 0; i < routine.instructions_size(); ++i) {
         const bundle::Instruction &inst = routine.instructions(i);
         FORGE_RETURN_IF_ERROR(validateInstruction(p, inst, i));
+        for (const auto *list : {&inst.inputs(), &inst.outputs()})
+          for (int32_t t : *list)
+            if (t >= 0 && p.tensors(t).kind() == bundle::TensorInfo::LOCAL)
+              return Status::error("{} uses {}, a local of a fusion body, outside a body",
+                                   instructionLabel(inst, i), tensorLabel(p, t));
         for (int32_t t : inst.inputs())
           FORGE_RETURN_IF_ERROR(claim(t, r));
         for (int32_t t : inst.outputs())
@@ -304,6 +352,9 @@ Status validateRoutines(const bundle::Program &p) {
         if (t < 0 || t >= numTensors)
           return Status::error("output {} refers to tensor {} (valid: 0..{})", j, t,
                                numTensors - 1);
+        if (p.tensors(static_cast<int>(t)).kind() == bundle::TensorInfo::LOCAL)
+          return Status::error("output {} ({}) is a local of a fusion body", j,
+                               tensorLabel(p, t));
         FORGE_RETURN_IF_ERROR(claim(t, r));
       }
       return Status::ok();

@@ -572,7 +572,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       if (!bytes.empty())
         CUDA_TRY(cudaMemcpy(im.devicePtr[t], bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
                  "uploading '{}'", info.name());
-    } else {
+    } else if (kind != bundle::TensorInfo::LOCAL) { // locals: the CPU's, inside fused bodies
       im.devicePtr[t] = base + info.arena_offset();
     }
   }

@@ -48,3 +48,52 @@ func.func @mixed_types(%a: tensor<3xf32>, %b: tensor<3xi64>) -> tensor<3xf32> {
   %y = forge.add %a, %b : (tensor<3xf32>, tensor<3xi64>) -> tensor<3xf32>
   return %y : tensor<3xf32>
 }
+
+// -----
+
+// Fusion regions: a loop region holds only pointwise ops of its iteration shape.
+func.func @fusion_not_pointwise(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %r = forge.fusion "loop"(%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    // expected-error @+1 {{is not pointwise (FusionClass Elementwise) and cannot be in a loop region}}
+    %s = forge.softmax %a {axis = 1 : i64} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    forge.yield %s : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @fusion_unknown_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{has unknown kind 'tile' (loop)}}
+  %r = forge.fusion "tile"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %e = forge.exp %a : (tensor<4xf32>) -> tensor<4xf32>
+    forge.yield %e : tensor<4xf32>
+  }
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @fusion_input_not_broadcastable(%x: tensor<3xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{input of shape [3] does not broadcast to the iteration shape}}
+  %r = forge.fusion "loop"(%x, %y) : (tensor<3xf32>, tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<3xf32>, %c: tensor<4xf32>):
+    %e = forge.exp %c : (tensor<4xf32>) -> tensor<4xf32>
+    forge.yield %e : tensor<4xf32>
+  }
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @fusion_argument_types(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{input 0 has type 'tensor<4xf32>' but body argument 0 has type 'tensor<4xf16>'}}
+  %r = forge.fusion "loop"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf16>):
+    %e = forge.cast %a {to = f32} : (tensor<4xf16>) -> tensor<4xf32>
+    forge.yield %e : tensor<4xf32>
+  }
+  return %r : tensor<4xf32>
+}

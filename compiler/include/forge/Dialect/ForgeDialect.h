@@ -14,13 +14,16 @@
 #include "mlir/IR/OpDefinition.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/IR/PatternMatch.h"
+#include "mlir/Interfaces/ControlFlowInterfaces.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 
 namespace mlir::forge {
 
-/// How fusion passes may group an op.
+/// How fusion passes may group an op. Elementwise means pointwise: result
+/// element i is a function of the operands' elements at i (NumPy broadcasting)
+/// and nothing else, so a loop fusion region evaluates it per element.
 enum class FusionClass { Elementwise, Reduction, Library, Opaque, Shape };
 /// Which precision `forge-assign-precision` may give an op.
 enum class PrecisionClass { TensorCore, KeepFP32, FollowsInput };

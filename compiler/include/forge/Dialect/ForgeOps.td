@@ -15,6 +15,7 @@
 
 include "forge/Dialect/ForgeBase.td"
 include "mlir/IR/BuiltinAttributes.td"
+include "mlir/Interfaces/ControlFlowInterfaces.td"
 
 //===----------------------------------------------------------------------===//
 // Elementwise
@@ -488,14 +489,16 @@ def Forge_ScatterElementsOp : Forge_Op<"scatter_elements", "ScatterElements,Scat
   let opsetMin = 11;
 }
 
-def Forge_TriluOp : Forge_Op<"trilu", "Trilu", FusionElementwise, PrecisionFollowsInput, 1> {
+// Trilu and OneHot read the element's index, not only operand elements: not
+// pointwise (Elementwise), so loop fusion does not take them.
+def Forge_TriluOp : Forge_Op<"trilu", "Trilu", FusionOpaque, PrecisionFollowsInput, 1> {
   let summary = "Keep the upper (or lower) triangle of the last two dims, offset by k";
   let arguments = (ins AnyForgeTensor:$input, BoolAttr:$upper, I64Attr:$k);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
 }
 
-def Forge_OneHotOp : Forge_Op<"one_hot", "OneHot", FusionElementwise, PrecisionFollowsInput, 0> {
+def Forge_OneHotOp : Forge_Op<"one_hot", "OneHot", FusionOpaque, PrecisionFollowsInput, 0> {
   let summary = "One-hot along `axis` (normalized, in [0, rank(indices)])";
   let arguments = (ins AnyForgeTensor:$indices, I64Attr:$depth, I64Attr:$axis,
                        F64Attr:$off_value, F64Attr:$on_value, TypeAttr:$dtype);
@@ -535,6 +538,51 @@ def Forge_DropoutMaskOp : Forge_Op<"dropout_mask", "Dropout", FusionOpaque, Prec
                        DenseI64ArrayAttr:$shape);
   let results = (outs TensorOf<[I1]>:$result);
   let assemblyFormat = "$step attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Structure: fusion regions (made by forge-fuse; no ONNX origin, so not
+// Forge_Op: no ForgeOpInterface, no gradient, no CPU kernel of their own)
+//===----------------------------------------------------------------------===//
+
+def Forge_FusionOp : Op<Forge_Dialect, "fusion",
+    [IsolatedFromAbove, RecursiveMemoryEffects, SingleBlock]> {
+  let summary = "A group of forge ops that runs as one kernel";
+  let description = [{
+    The body's block arguments are the `inputs`; `forge.yield` returns the
+    `results`. Body ops are forge ops on tensors, in program order.
+
+    `kind = "loop"`: every body op is pointwise (FusionClass Elementwise) and
+    every body value has the iteration shape, the shape of every result;
+    inputs broadcast to it (NumPy rules). The CUDA code generator emits one
+    kernel per loop region that evaluates the body per element, and no body
+    value other than the results touches memory. A bundle for the CPU runs the
+    body's ops one by one.
+  }];
+  let arguments = (ins Variadic<AnyForgeTensor>:$inputs, StrAttr:$kind);
+  let results = (outs Variadic<AnyForgeTensor>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    $kind `(` $inputs `)` attr-dict `:` functional-type($inputs, $results) $body
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::Block &getBlock() { return getBody().front(); }
+    /// The iteration shape of a loop region (the results' shape).
+    ::llvm::ArrayRef<int64_t> getIterationShape() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getResult(0).getType()).getShape();
+    }
+    /// The FLOPs of the body's ops and the bytes of the region's inputs and
+    /// results (intermediates stay in registers).
+    ::mlir::forge::OpCost getCost();
+  }];
+}
+
+def Forge_YieldOp : Op<Forge_Dialect, "yield",
+    [Pure, Terminator, ReturnLike, HasParent<"FusionOp">]> {
+  let summary = "The results of a fusion region";
+  let arguments = (ins Variadic<AnyForgeTensor>:$values);
+  let assemblyFormat = "$values attr-dict `:` type($values)";
 }
 
 // Backward-only ops (created by gradient rules).

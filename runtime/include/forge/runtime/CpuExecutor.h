@@ -49,6 +49,14 @@ private:
   uint8_t *arena_ = nullptr;
   std::vector<TensorView> views_;
   std::vector<size_t> firstOperand_; // per routine, into views_
+  /// Per routine, what runs in order: an instruction, or for a fused
+  /// instruction each instruction of its body; with the index of the routine
+  /// instruction it belongs to (errors and profiles name that one).
+  struct Step {
+    const bundle::Instruction *inst;
+    int index;
+  };
+  std::vector<std::vector<Step>> steps_;
 };
 
 } // namespace forge::rt

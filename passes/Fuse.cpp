@@ -1,0 +1,286 @@
+//===- Fuse.cpp - group ops into forge.fusion regions ----------------------===//
+//
+// Loop fusion (see Passes.td). Invariants of the result:
+//  * every region is a valid forge.fusion "loop" (FusionOp::verify): pointwise
+//    ops, one iteration shape, broadcastable inputs;
+//  * no cycles: a region's inputs never depend on its results;
+//  * each op outside regions keeps its relative order; the block stays in
+//    dominance order, so later passes and the bundle emitter see program order.
+//
+//===----------------------------------------------------------------------===//
+#include "Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/EquivalenceClasses.h"
+#include "llvm/ADT/SetVector.h"
+
+namespace mlir::forge {
+#define GEN_PASS_DEF_FUSE
+#include "Passes.h.inc"
+} // namespace mlir::forge
+
+using namespace mlir;
+using namespace mlir::forge;
+
+namespace {
+
+/// A pointwise op that a loop region can evaluate per element.
+bool isLoopFusible(Operation *op) {
+  auto iface = dyn_cast<ForgeOpInterface>(op);
+  if (!iface || iface.getFusionClass() != FusionClass::Elementwise || op->getNumResults() != 1)
+    return false;
+  auto type = dyn_cast<RankedTensorType>(op->getResult(0).getType());
+  return type && type.hasStaticShape() && type.getNumElements() > 0;
+}
+
+ArrayRef<int64_t> shapeOf(Operation *op) {
+  return cast<RankedTensorType>(op->getResult(0).getType()).getShape();
+}
+
+class LoopGrouper {
+public:
+  explicit LoopGrouper(Block &block) {
+    int64_t i = 0;
+    for (Operation &op : block)
+      position[&op] = i++;
+  }
+
+  /// Assigns every fusible op to a group (its own or a producer's).
+  void run(Block &block) {
+    for (Operation &op : block) {
+      if (!isLoopFusible(&op))
+        continue;
+      Operation *leader = nullptr;
+      for (Value v : op.getOperands()) {
+        Operation *def = v.getDefiningOp();
+        if (!def || !groupOf.count(def) || shapeOf(def) != shapeOf(&op))
+          continue;
+        Operation *g = groupOf[def];
+        if (g == leader || !canJoin(&op, g))
+          continue;
+        if (!leader) {
+          leader = g;
+          continue;
+        }
+        // A second producer group: merge it too when that makes no cycle.
+        if (canMerge(leader, g))
+          merge(leader, g);
+      }
+      if (!leader) {
+        groupOf[&op] = &op;
+        members[&op].push_back(&op);
+        firstPos[&op] = position[&op];
+        continue;
+      }
+      groupOf[&op] = leader;
+      members[leader].push_back(&op);
+    }
+  }
+
+  /// Groups of two or more ops, each in program order.
+  SmallVector<SmallVector<Operation *>> groups() const {
+    SmallVector<SmallVector<Operation *>> out;
+    for (const auto &[leader, ops] : members)
+      if (ops.size() > 1) {
+        SmallVector<Operation *> sorted(ops);
+        llvm::sort(sorted, [&](Operation *a, Operation *b) {
+          return position.lookup(a) < position.lookup(b);
+        });
+        out.push_back(std::move(sorted));
+      }
+    llvm::sort(out, [&](const auto &a, const auto &b) {
+      return position.lookup(a.front()) < position.lookup(b.front());
+    });
+    return out;
+  }
+
+private:
+  /// Whether `op` may join group `g`: none of its operands from outside `g`
+  /// depends on `g` (that path would become a cycle through the region).
+  bool canJoin(Operation *op, Operation *g) {
+    for (Value v : op->getOperands()) {
+      Operation *def = v.getDefiningOp();
+      if (!def || groupOf.lookup(def) == g)
+        continue;
+      if (dependsOn(def, g))
+        return false;
+    }
+    return true;
+  }
+
+  /// Whether groups `a` and `b` may become one: no op outside both lies on a
+  /// path from one to the other.
+  bool canMerge(Operation *a, Operation *b) { return !reaches(a, b) && !reaches(b, a); }
+
+  /// Whether a member of `to` reads a value from outside `to` and `from` that
+  /// depends on `from`.
+  bool reaches(Operation *from, Operation *to) {
+    for (Operation *m : members[to])
+      for (Value v : m->getOperands()) {
+        Operation *def = v.getDefiningOp();
+        if (def && groupOf.lookup(def) != to && groupOf.lookup(def) != from && dependsOn(def, from))
+          return true;
+      }
+    return false;
+  }
+
+  void merge(Operation *into, Operation *from) {
+    for (Operation *m : members[from]) {
+      groupOf[m] = into;
+      members[into].push_back(m);
+    }
+    members.erase(from);
+    firstPos[into] = std::min(firstPos[into], firstPos[from]);
+    firstPos.erase(from);
+  }
+
+  /// Whether `op` (outside `g`) transitively uses a value of group `g`. Only
+  /// ops after the group's first op can; the search stops there.
+  bool dependsOn(Operation *op, Operation *g) {
+    int64_t floor = firstPos[g];
+    SmallVector<Operation *> stack{op};
+    llvm::DenseSet<Operation *> seen{op};
+    while (!stack.empty()) {
+      Operation *cur = stack.pop_back_val();
+      if (position.lookup(cur) < floor)
+        continue;
+      for (Value v : cur->getOperands()) {
+        Operation *def = v.getDefiningOp();
+        if (!def)
+          continue;
+        if (groupOf.lookup(def) == g)
+          return true;
+        if (seen.insert(def).second)
+          stack.push_back(def);
+      }
+    }
+    return false;
+  }
+
+  llvm::DenseMap<Operation *, int64_t> position;
+  llvm::DenseMap<Operation *, Operation *> groupOf;            // op -> group leader
+  llvm::MapVector<Operation *, SmallVector<Operation *>> members; // leader -> ops
+  llvm::DenseMap<Operation *, int64_t> firstPos;               // leader -> first position
+};
+
+/// Whether a value defined outside `group` depends on one defined inside it, in
+/// the current IR (earlier regions already outlined). The grouper avoids such
+/// groups; this check on the real graph is what guarantees that contracting
+/// the group into one op keeps the block acyclic.
+bool feedsItself(ArrayRef<Operation *> group, const llvm::SmallPtrSetImpl<Operation *> &inGroup) {
+  Operation *first = group.front();
+  SmallVector<Operation *> stack;
+  llvm::DenseSet<Operation *> seen;
+  for (Operation *op : group)
+    for (Value v : op->getOperands())
+      if (Operation *def = v.getDefiningOp(); def && !inGroup.count(def) && seen.insert(def).second)
+        stack.push_back(def);
+  while (!stack.empty()) {
+    Operation *cur = stack.pop_back_val();
+    if (cur->isBeforeInBlock(first))
+      continue; // defined before the group: cannot use it
+    for (Value v : cur->getOperands()) {
+      Operation *def = v.getDefiningOp();
+      if (!def)
+        continue;
+      if (inGroup.count(def))
+        return true;
+      if (seen.insert(def).second)
+        stack.push_back(def);
+    }
+  }
+  return false;
+}
+
+/// Replaces the ops of `ops` with one forge.fusion "loop"; false (and nothing
+/// changed) when the group would feed itself.
+bool outline(ArrayRef<Operation *> ops) {
+  // Current program order (outlining earlier groups moved ops).
+  SmallVector<Operation *> group(ops);
+  llvm::sort(group, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
+  llvm::SmallPtrSet<Operation *, 16> inGroup(group.begin(), group.end());
+  if (feedsItself(group, inGroup))
+    return false;
+  llvm::SetVector<Value> inputs;
+  SmallVector<Value> outputs;
+  for (Operation *op : group) {
+    for (Value v : op->getOperands())
+      if (!inGroup.count(v.getDefiningOp()))
+        inputs.insert(v);
+    for (Value r : op->getResults())
+      if (llvm::any_of(r.getUsers(), [&](Operation *u) { return !inGroup.count(u); }))
+        outputs.push_back(r);
+  }
+  Operation *last = group.back();
+  MLIRContext *ctx = last->getContext();
+
+  // Outside users of the group's values that sit between its first and last
+  // op move after the region (with everything after them that uses them);
+  // none of them feeds the group (the grouper checked), so this keeps dominance.
+  llvm::SmallPtrSet<Operation *, 16> tainted(group.begin(), group.end());
+  SmallVector<Operation *> toMove;
+  for (Operation *op = group.front()->getNextNode(); op != last; op = op->getNextNode()) {
+    if (inGroup.count(op))
+      continue;
+    bool uses = llvm::any_of(op->getOperands(), [&](Value v) {
+      Operation *def = v.getDefiningOp();
+      return def && tainted.count(def);
+    });
+    if (uses) {
+      tainted.insert(op);
+      toMove.push_back(op);
+    }
+  }
+
+  SmallVector<Location> locs;
+  for (Operation *op : group)
+    locs.push_back(op->getLoc());
+  OpBuilder b(last);
+  SmallVector<Type> resultTypes;
+  for (Value v : outputs)
+    resultTypes.push_back(v.getType());
+  auto fusion = b.create<FusionOp>(FusedLoc::get(ctx, locs), resultTypes, inputs.getArrayRef(),
+                                   b.getStringAttr("loop"));
+  Block *body = new Block();
+  fusion.getBody().push_back(body);
+  IRMapping map;
+  for (Value v : inputs)
+    map.map(v, body->addArgument(v.getType(), v.getLoc()));
+  OpBuilder inner = OpBuilder::atBlockEnd(body);
+  for (Operation *op : group)
+    inner.clone(*op, map);
+  SmallVector<Value> yielded;
+  for (Value v : outputs)
+    yielded.push_back(map.lookup(v));
+  inner.create<YieldOp>(fusion.getLoc(), yielded);
+
+  for (auto [v, r] : llvm::zip(outputs, fusion.getResults()))
+    v.replaceUsesWithIf(r, [&](OpOperand &use) { return !inGroup.count(use.getOwner()); });
+  Operation *after = fusion;
+  for (Operation *op : toMove) {
+    op->moveAfter(after);
+    after = op;
+  }
+  for (Operation *op : llvm::reverse(group))
+    op->erase();
+  return true;
+}
+
+struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
+  void runOnOperation() override {
+    bool changed = false;
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      for (Block &block : func.getBody()) {
+        LoopGrouper grouper(block);
+        grouper.run(block);
+        for (const SmallVector<Operation *> &group : grouper.groups())
+          changed |= outline(group);
+      }
+    if (!changed)
+      markAllAnalysesPreserved();
+  }
+};
+
+} // namespace

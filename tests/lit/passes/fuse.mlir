@@ -1,0 +1,104 @@
+// RUN: forge-opt %s --split-input-file --forge-fuse | FileCheck %s
+// The regions print and parse back (the verifier accepts what the pass makes).
+// RUN: forge-opt %s --split-input-file --forge-fuse | forge-opt --split-input-file --verify-each > /dev/null
+
+// A chain of pointwise ops of one shape becomes one loop region; the bias of
+// another shape enters it as a broadcast input.
+// CHECK-LABEL: func @chain
+// CHECK-NEXT: %[[F:.*]] = forge.fusion "loop"(%arg0, %arg1) : (tensor<2x4xf32>, tensor<4xf32>) -> tensor<2x4xf32> {
+// CHECK-NEXT: ^bb0(%[[X:.*]]: tensor<2x4xf32>, %[[B:.*]]: tensor<4xf32>):
+// CHECK-NEXT: %[[A:.*]] = forge.add %[[X]], %[[B]]
+// CHECK-NEXT: %[[T:.*]] = forge.tanh %[[A]]
+// CHECK-NEXT: %[[M:.*]] = forge.mul %[[T]], %[[X]]
+// CHECK-NEXT: forge.yield %[[M]] : tensor<2x4xf32>
+// CHECK-NEXT: }
+// CHECK-NEXT: return %[[F]]
+func.func @chain(%x: tensor<2x4xf32>, %b: tensor<4xf32>) -> tensor<2x4xf32> {
+  %a = forge.add %x, %b : (tensor<2x4xf32>, tensor<4xf32>) -> tensor<2x4xf32>
+  %t = forge.tanh %a : (tensor<2x4xf32>) -> tensor<2x4xf32>
+  %m = forge.mul %t, %x : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  return %m : tensor<2x4xf32>
+}
+
+// -----
+
+// Values used outside become results (an optimizer step: new parameter and
+// new moment from one region).
+// CHECK-LABEL: func @two_results
+// CHECK: %[[F:.*]]:2 = forge.fusion "loop"
+// CHECK: forge.yield %{{.*}}, %{{.*}} : tensor<8xf32>, tensor<8xf32>
+// CHECK: return %[[F]]#1, %[[F]]#0
+func.func @two_results(%p: tensor<8xf32>, %g: tensor<8xf32>, %m: tensor<8xf32>, %lr: tensor<f32>) -> (tensor<8xf32>, tensor<8xf32>) {
+  %m2 = forge.add %m, %g : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %s = forge.mul %m2, %lr : (tensor<8xf32>, tensor<f32>) -> tensor<8xf32>
+  %p2 = forge.sub %p, %s : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  return %p2, %m2 : tensor<8xf32>, tensor<8xf32>
+}
+
+// -----
+
+// An outside user between the region's first and last op moves after it.
+// CHECK-LABEL: func @moves_user
+// CHECK: %[[F:.*]]:2 = forge.fusion "loop"
+// CHECK: forge.reduce_sum %[[F]]#0
+// CHECK: return
+func.func @moves_user(%x: tensor<4xf32>) -> (tensor<f32>, tensor<4xf32>) {
+  %e = forge.exp %x : (tensor<4xf32>) -> tensor<4xf32>
+  %r = forge.reduce_sum %e {axes = array<i64: 0>, keepdims = false} : (tensor<4xf32>) -> tensor<f32>
+  %t = forge.tanh %e : (tensor<4xf32>) -> tensor<4xf32>
+  return %r, %t : tensor<f32>, tensor<4xf32>
+}
+
+// -----
+
+// Negative: joining would make a cycle (the reduction between them reads the
+// region and feeds it): the mul stays outside, and no region has two ops.
+// CHECK-LABEL: func @cycle
+// CHECK-NOT: forge.fusion
+// CHECK: forge.exp
+// CHECK: forge.reduce_sum
+// CHECK: forge.mul
+func.func @cycle(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %e = forge.exp %x : (tensor<4xf32>) -> tensor<4xf32>
+  %r = forge.reduce_sum %e {axes = array<i64: 0>, keepdims = true} : (tensor<4xf32>) -> tensor<1xf32>
+  %m = forge.mul %e, %r : (tensor<4xf32>, tensor<1xf32>) -> tensor<4xf32>
+  return %m : tensor<4xf32>
+}
+
+// -----
+
+// Negative: a producer of another shape (it broadcasts into the consumer)
+// does not join; a single pointwise op is not wrapped; a non-pointwise op
+// (softmax) is never in a loop region.
+// CHECK-LABEL: func @no_fusion
+// CHECK-NOT: forge.fusion
+// CHECK: forge.exp
+// CHECK: forge.add
+// CHECK: forge.softmax
+func.func @no_fusion(%x: tensor<4xf32>, %y: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %e = forge.exp %x : (tensor<4xf32>) -> tensor<4xf32>
+  %a = forge.add %y, %e : (tensor<2x4xf32>, tensor<4xf32>) -> tensor<2x4xf32>
+  %s = forge.softmax %a {axis = 1 : i64} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+  return %s : tensor<2x4xf32>
+}
+
+// -----
+
+// Two producer regions merge through a shared consumer.
+// CHECK-LABEL: func @merge
+// CHECK: forge.fusion "loop"(%arg0, %arg1)
+// CHECK: forge.exp
+// CHECK: forge.neg
+// CHECK: forge.tanh
+// CHECK: forge.abs
+// CHECK: forge.add
+// CHECK: forge.yield
+// CHECK-NOT: forge.fusion
+func.func @merge(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {
+  %a = forge.exp %x : (tensor<4xf32>) -> tensor<4xf32>
+  %b = forge.neg %a : (tensor<4xf32>) -> tensor<4xf32>
+  %c = forge.tanh %y : (tensor<4xf32>) -> tensor<4xf32>
+  %d = forge.abs %c : (tensor<4xf32>) -> tensor<4xf32>
+  %e = forge.add %b, %d : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %e : tensor<4xf32>
+}
