@@ -46,22 +46,29 @@ FORGE_GRADIENT(MatMulOp) {
   };
   Value g2 = gb.reshape(g, g2Shape);
   Value a2 = gb.reshape(a, a2Shape), b2 = gb.reshape(b, b2Shape);
+  // A product of two matrices with transposes as flags (a gemm, so no
+  // transpose is ever materialized for a matrix operand).
+  auto gemm = [&](Value x, Value y, bool transX, bool transY) {
+    return gb.create1("gemm", {x, y},
+                      {gb.attr("transA", transX), gb.attr("transB", transY),
+                       gb.attr("alpha", 1.0), gb.attr("beta", 0.0)});
+  };
+  // A shared (matrix) rhs: every batch row of A and G is one row of a matrix.
+  const bool matrixRhs = b2Shape.size() == 2;
+  int64_t k = a2Shape.back(), n = b2Shape.back();
+  int64_t rows = tensorType(a).getNumElements() / k;
 
   operandGrads.push_back(gradientFor(gb, a, [&] {
+    if (matrixRhs) // dA = G B^T over all rows at once
+      return gb.reshape(gemm(gb.reshape(g2, {rows, n}), b2, false, true), as);
     // dA2 = G2 B2^T, summed over the batch dims A2 was broadcast along.
     Value da2 = gb.sumToType(gb.matmul(g2, gb.transposeLast2(b2)), typeOf(a, a2Shape));
     return gb.reshape(da2, as);
   }));
   operandGrads.push_back(gradientFor(gb, b, [&] {
-    if (b2Shape.size() == 2 && a2Shape.size() > 2) {
-      // A shared weight: one GEMM over all batch rows instead of a batch of
-      // products summed afterwards.
-      int64_t k = a2Shape.back(), n = b2Shape.back();
-      int64_t rows = tensorType(a).getNumElements() / k;
-      Value aFlat = gb.reshape(a2, {rows, k});
-      Value gFlat = gb.reshape(g2, {rows, n});
-      return gb.reshape(gb.matmul(gb.transposeLast2(aFlat), gFlat), bs);
-    }
+    if (matrixRhs) // dB = A^T G over all rows: one GEMM, not a batch summed afterwards
+      return gb.reshape(gemm(gb.reshape(a2, {rows, k}), gb.reshape(g2, {rows, n}), true, false),
+                        bs);
     Value db2 = gb.sumToType(gb.matmul(gb.transposeLast2(a2), g2), typeOf(b, b2Shape));
     return gb.reshape(db2, bs);
   }));

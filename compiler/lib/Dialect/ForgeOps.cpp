@@ -489,6 +489,22 @@ LogicalResult TransposeOp::verify() {
 }
 
 OpFoldResult TransposeOp::fold(FoldAdaptor) {
+  // transpose(transpose(x, p1), p2) = transpose(x, p1[p2[i]]): one transpose
+  // (updated in place), or x itself when the composition is the identity.
+  if (auto inner = getInput().getDefiningOp<TransposeOp>()) {
+    ArrayRef<int64_t> p1 = inner.getPerm(), p2 = getPerm();
+    SmallVector<int64_t> composed;
+    bool identity = true;
+    for (auto [i, p] : llvm::enumerate(p2)) {
+      composed.push_back(p1[p]);
+      identity &= composed.back() == static_cast<int64_t>(i);
+    }
+    if (identity)
+      return inner.getInput();
+    setPermAttr(DenseI64ArrayAttr::get(getContext(), composed));
+    getInputMutable().assign(inner.getInput());
+    return getResult();
+  }
   for (auto [i, p] : llvm::enumerate(getPerm()))
     if ((int64_t)i != p)
       return {};

@@ -143,37 +143,43 @@ void mlir::forge::registerForgePassesAndPipelines() {
 namespace {
 
 struct GraphSummary {
-  // launches: ops that run as their own kernel or library call (not
-  // shape-only views); library: those of the library class (cuBLASLt/cuDNN).
+  // launches: ops that run as their own kernel or library call, i.e. all but
+  // reshapes (views: the memory plan aliases them) and constants; a fusion
+  // region is one. library: those of the library class (cuBLASLt/cuDNN).
   int64_t ops = 0, launches = 0, library = 0, bytes = 0, flops = 0;
+  std::vector<std::pair<std::string, int64_t>> launchesPerFunction;
 };
 
 GraphSummary summarize(ModuleOp module) {
   GraphSummary s;
-  module.walk<WalkOrder::PreOrder>([&](Operation *op) {
-    // A fusion region is one launch; its body's values stay in registers, so
-    // its bytes are its inputs and results (FusionOp::getCost).
-    if (auto fusion = dyn_cast<FusionOp>(op)) {
-      s.ops += static_cast<int64_t>(fusion.getBlock().getOperations().size()) - 1;
-      ++s.launches;
-      OpCost c = fusion.getCost();
+  for (auto func : module.getOps<func::FuncOp>()) {
+    int64_t before = s.launches;
+    func.walk<WalkOrder::PreOrder>([&](Operation *op) {
+      // A fusion region is one launch; its body's values stay in registers,
+      // so its bytes are its inputs and results (FusionOp::getCost).
+      if (auto fusion = dyn_cast<FusionOp>(op)) {
+        s.ops += static_cast<int64_t>(fusion.getBlock().getOperations().size()) - 1;
+        ++s.launches;
+        OpCost c = fusion.getCost();
+        s.bytes += c.bytes;
+        s.flops += c.flops;
+        return WalkResult::skip();
+      }
+      auto forgeOp = dyn_cast<ForgeOpInterface>(op);
+      if (!forgeOp || isa<ConstantOp>(op))
+        return WalkResult::advance();
+      ++s.ops;
+      if (!isa<ReshapeOp>(op))
+        ++s.launches;
+      if (forgeOp.getFusionClass() == FusionClass::Library)
+        ++s.library;
+      OpCost c = forgeOp.getCost();
       s.bytes += c.bytes;
       s.flops += c.flops;
-      return WalkResult::skip();
-    }
-    auto forgeOp = dyn_cast<ForgeOpInterface>(op);
-    if (!forgeOp || isa<ConstantOp>(op))
       return WalkResult::advance();
-    ++s.ops;
-    if (forgeOp.getFusionClass() != FusionClass::Shape)
-      ++s.launches;
-    if (forgeOp.getFusionClass() == FusionClass::Library)
-      ++s.library;
-    OpCost c = forgeOp.getCost();
-    s.bytes += c.bytes;
-    s.flops += c.flops;
-    return WalkResult::advance();
-  });
+    });
+    s.launchesPerFunction.push_back({func.getSymName().str(), s.launches - before});
+  }
   return s;
 }
 
@@ -207,8 +213,14 @@ LogicalResult writeDumpFiles(ModuleOp module, StringRef dir, int index, StringRe
   if (ec)
     return module.emitError() << "cannot write summary: " << ec.message();
   summary << llvm::formatv("{0:2}-{1}: {2} ops, {3} launches ({4} library calls), {5} bytes, "
-                           "{6} FLOPs\n",
+                           "{6} FLOPs",
                            index, stage, s.ops, s.launches, s.library, s.bytes, s.flops);
+  // Per function when there are several (a training bundle: train_step, eval).
+  if (s.launchesPerFunction.size() > 1)
+    for (auto [i, entry] : llvm::enumerate(s.launchesPerFunction))
+      summary << (i == 0 ? "; launches by routine: " : ", ") << entry.first << " "
+              << entry.second;
+  summary << "\n";
   return success();
 }
 

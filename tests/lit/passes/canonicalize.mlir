@@ -33,3 +33,16 @@ func.func @keep_real(%x: tensor<2x3xf32>) -> tensor<3x2xf64> {
   %c = forge.cast %t {to = f64} : (tensor<3x2xf32>) -> tensor<3x2xf64>
   return %c : tensor<3x2xf64>
 }
+
+// -----
+
+// Two transposes compose into one; a pair that cancels disappears.
+// CHECK-LABEL: func @transpose_pairs
+// CHECK-NEXT: %[[T:.*]] = forge.transpose %arg0 {perm = array<i64: 2, 0, 1>} : (tensor<2x3x4xf32>) -> tensor<4x2x3xf32>
+// CHECK-NEXT: return %[[T]], %arg0
+func.func @transpose_pairs(%x: tensor<2x3x4xf32>) -> (tensor<4x2x3xf32>, tensor<2x3x4xf32>) {
+  %a = forge.transpose %x {perm = array<i64: 0, 2, 1>} : (tensor<2x3x4xf32>) -> tensor<2x4x3xf32>
+  %b = forge.transpose %a {perm = array<i64: 1, 0, 2>} : (tensor<2x4x3xf32>) -> tensor<4x2x3xf32>
+  %c = forge.transpose %a {perm = array<i64: 0, 2, 1>} : (tensor<2x4x3xf32>) -> tensor<2x3x4xf32>
+  return %b, %c : tensor<4x2x3xf32>, tensor<2x3x4xf32>
+}
