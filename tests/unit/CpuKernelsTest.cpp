@@ -1285,6 +1285,53 @@ TEST(CpuKernels, MatMul) {
   EXPECT_FALSE(Op("matmul").run({&a, &b}, {&y}).isOk()); // contraction mismatch
 }
 
+// transA/transB swap an operand's last two dims: checked against the float64
+// product of the explicitly transposed operands, batched and broadcast.
+TEST(CpuKernels, MatMulTransposeFlags) {
+  struct Case {
+    std::vector<int64_t> a, b; // stored shapes
+    bool ta, tb;
+  };
+  for (const Case &c : std::vector<Case>{{{4, 3}, {4, 5}, true, false},
+                                         {{3, 4}, {5, 4}, false, true},
+                                         {{2, 4, 3}, {2, 5, 4}, true, true},
+                                         {{2, 4, 3}, {4, 5}, true, false},
+                                         {{6, 3, 4}, {5, 4}, false, true},
+                                         {{4, 3}, {2, 5, 4}, true, true}}) {
+    HT a = randomTensor(bundle::F32, c.a), b = randomTensor(bundle::F32, c.b);
+    auto logical = [](std::vector<int64_t> s, bool t) {
+      if (t)
+        std::swap(s[s.size() - 1], s[s.size() - 2]);
+      return s;
+    };
+    std::vector<int64_t> as = logical(c.a, c.ta), bs = logical(c.b, c.tb);
+    int64_t m = as[as.size() - 2], k = as.back(), n = bs.back();
+    std::vector<int64_t> ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
+    std::vector<int64_t> batch = broadcastShapes(ab, bb), out = batch;
+    out.push_back(m);
+    out.push_back(n);
+    HT y(bundle::F32, out);
+    ASSERT_OK(Op("matmul").i("transA", c.ta).i("transB", c.tb).run({&a, &b}, {&y}));
+    std::vector<double> want;
+    for (int64_t bi = 0; bi < numElements(batch); ++bi) {
+      auto idx = unravel(bi, batch);
+      int64_t offA = broadcastOffset(idx, ab) * m * k, offB = broadcastOffset(idx, bb) * k * n;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t p = 0; p < k; ++p)
+            s += a.at(offA + (c.ta ? p * m + i : i * k + p)) *
+                 b.at(offB + (c.tb ? j * k + p : p * n + j));
+          want.push_back(s);
+        }
+    }
+    expectNear(y, want, 1e-5, 1e-5, "matmul flags " + shapeString(c.a) + shapeString(c.b));
+  }
+  HT v = randomTensor(bundle::F32, {4}), w = randomTensor(bundle::F32, {4, 5});
+  HT y(bundle::F32, {5});
+  EXPECT_FALSE(Op("matmul").i("transA", 1).run({&v, &w}, {&y}).isOk()); // 1-d operand
+}
+
 TEST(CpuKernels, Gemm) {
   const int64_t m = 5, k = 7, n = 3;
   for (int ta : {0, 1})

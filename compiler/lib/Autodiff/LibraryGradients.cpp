@@ -25,6 +25,10 @@ using namespace mlir::forge::autodiff;
 //===----------------------------------------------------------------------===//
 
 FORGE_GRADIENT(MatMulOp) {
+  // Canonicalization sets the flags, after the train step is built.
+  if (getTransA() || getTransB())
+    return emitOpError("with transpose flags has no gradient rule (autodiff runs before "
+                       "canonicalization folds transposes into matmul)");
   GradientBuilder gb(builder, getLoc());
   Value g = resultGrads[0], a = getLhs(), b = getRhs();
   ArrayRef<int64_t> as = shapeOf(a), bs = shapeOf(b);

@@ -3214,7 +3214,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::matmulKernel(Operation *op, S
     auto a = op->getAttrOfType<IntegerAttr>(n);
     return a && a.getInt() != 0;
   };
-  bool transA = gemm && intAttr("transA"), transB = gemm && intAttr("transB");
+  bool transA = intAttr("transA"), transB = intAttr("transB"); // gemm's, or matmul's flags
   // Operands as [batch..., rows, cols] (a 1-d lhs is one row, a 1-d rhs one column).
   SmallVector<int64_t> ls(lhs.getShape()), rs(rhs.getShape());
   if (ls.size() == 1)

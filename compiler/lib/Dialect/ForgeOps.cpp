@@ -134,6 +134,12 @@ FORGE_INFER(MatMulOp) {
     return failInference(loc, "matmul operands must be static tensors of rank >= 1");
   SmallVector<int64_t> as(a.getShape()), bs(b.getShape());
   bool aVec = as.size() == 1, bVec = bs.size() == 1;
+  if ((aVec && adaptor.getTransA()) || (bVec && adaptor.getTransB()))
+    return failInference(loc, "matmul transpose flags need operands of rank >= 2");
+  if (adaptor.getTransA())
+    std::swap(as[as.size() - 1], as[as.size() - 2]);
+  if (adaptor.getTransB())
+    std::swap(bs[bs.size() - 1], bs[bs.size() - 2]);
   if (aVec)
     as.insert(as.begin(), 1);
   if (bVec)
@@ -157,9 +163,107 @@ FORGE_INFER(MatMulOp) {
 OpCost MatMulOp::computeCost() {
   OpCost cost = estimateDefaultCost(getOperation(), 0);
   auto a = cast<RankedTensorType>(getLhs().getType());
-  int64_t k = a.getShape().back();
+  int64_t k = getTransA() ? a.getShape()[a.getRank() - 2] : a.getShape().back();
   cost.flops = 2 * k * cast<RankedTensorType>(getType()).getNumElements();
   return cost;
+}
+
+namespace {
+/// matmul(transpose(x), y) with a transpose of x's last two dims only =
+/// matmul(x, y) with the operand's flag flipped (likewise for the rhs).
+struct FoldTransposeIntoMatMul : public OpRewritePattern<MatMulOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(MatMulOp op, PatternRewriter &rewriter) const override {
+    auto swapsLast2 = [](TransposeOp t) {
+      ArrayRef<int64_t> perm = t.getPerm();
+      int64_t r = static_cast<int64_t>(perm.size());
+      if (r < 2)
+        return false;
+      for (int64_t i = 0; i < r - 2; ++i)
+        if (perm[i] != i)
+          return false;
+      return perm[r - 2] == r - 1 && perm[r - 1] == r - 2;
+    };
+    auto lhs = op.getLhs().getDefiningOp<TransposeOp>();
+    auto rhs = op.getRhs().getDefiningOp<TransposeOp>();
+    bool foldLhs = lhs && swapsLast2(lhs), foldRhs = rhs && swapsLast2(rhs);
+    if (!foldLhs && !foldRhs)
+      return rewriter.notifyMatchFailure(op, "no operand is a transpose of its last two dims");
+    rewriter.modifyOpInPlace(op, [&] {
+      if (foldLhs) {
+        op.getLhsMutable().assign(lhs.getInput());
+        op.setTransA(!op.getTransA());
+      }
+      if (foldRhs) {
+        op.getRhsMutable().assign(rhs.getInput());
+        op.setTransB(!op.getTransB());
+      }
+    });
+    return success();
+  }
+};
+} // namespace
+
+void MatMulOp::getCanonicalizationPatterns(RewritePatternSet &patterns, MLIRContext *context) {
+  patterns.add<FoldTransposeIntoMatMul>(context);
+}
+
+namespace {
+bool isMatrixTranspose(Value v) {
+  auto t = v.getDefiningOp<TransposeOp>();
+  return t && t.getPerm().size() == 2 && t.getPerm()[0] == 1;
+}
+
+/// gemm(transpose(A), B) = gemm(A, B) with transA flipped (likewise B).
+struct FoldTransposeIntoGemm : public OpRewritePattern<GemmOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(GemmOp op, PatternRewriter &rewriter) const override {
+    bool foldA = isMatrixTranspose(op.getA()), foldB = isMatrixTranspose(op.getB());
+    if (!foldA && !foldB)
+      return rewriter.notifyMatchFailure(op, "no operand is a matrix transpose");
+    rewriter.modifyOpInPlace(op, [&] {
+      if (foldA) {
+        op.getAMutable().assign(op.getA().getDefiningOp<TransposeOp>().getInput());
+        op.setTransA(!op.getTransA());
+      }
+      if (foldB) {
+        op.getBMutable().assign(op.getB().getDefiningOp<TransposeOp>().getInput());
+        op.setTransB(!op.getTransB());
+      }
+    });
+    return success();
+  }
+};
+
+/// transpose(gemm(A, B)) without C = gemm(B, A) with the flags swapped and
+/// flipped ((op(A) op(B))^T = op(B)^T op(A)^T): the product is written in the
+/// transposed layout directly.
+struct GemmOfTransposedResult : public OpRewritePattern<TransposeOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(TransposeOp op, PatternRewriter &rewriter) const override {
+    auto gemm = op.getInput().getDefiningOp<GemmOp>();
+    if (!gemm || op.getPerm().size() != 2 || op.getPerm()[0] != 1)
+      return rewriter.notifyMatchFailure(op, "not a matrix transpose of a gemm");
+    if (gemm.getC() || !gemm->hasOneUse())
+      return rewriter.notifyMatchFailure(op, "the gemm has a C operand or other users");
+    auto swapped = rewriter.create<GemmOp>(
+        gemm.getLoc(), op.getType(), gemm.getB(), gemm.getA(), Value(),
+        rewriter.getBoolAttr(!gemm.getTransB()), rewriter.getBoolAttr(!gemm.getTransA()),
+        gemm.getAlphaAttr(), gemm.getBetaAttr());
+    rewriter.replaceOp(op, swapped.getResult());
+    rewriter.eraseOp(gemm);
+    return success();
+  }
+};
+} // namespace
+
+void GemmOp::getCanonicalizationPatterns(RewritePatternSet &patterns, MLIRContext *context) {
+  patterns.add<FoldTransposeIntoGemm>(context);
+}
+
+void TransposeOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                              MLIRContext *context) {
+  patterns.add<GemmOfTransposedResult>(context);
 }
 
 FORGE_INFER(GemmOp) {

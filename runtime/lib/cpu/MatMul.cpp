@@ -120,8 +120,17 @@ Status matmulKernel(KernelContext &ctx) {
   FORGE_RETURN_IF_ERROR(checkDType(y, a.dtype, "result"));
   if (a.rank() == 0 || b.rank() == 0)
     return Status::error("matmul operands must have rank >= 1");
+  // transA/transB (optional): the operand's last two dims are swapped first.
+  const bool transA = ctx.attrs.has("transA") && *ctx.attrs.getInt("transA") != 0;
+  const bool transB = ctx.attrs.has("transB") && *ctx.attrs.getInt("transB") != 0;
+  if ((transA && a.rank() < 2) || (transB && b.rank() < 2))
+    return Status::error("matmul transpose flags need operands of rank >= 2");
   // NumPy promotion: a 1-D lhs is a row, a 1-D rhs a column, both dropped after.
   std::vector<int64_t> as = a.shape, bs = b.shape;
+  if (transA)
+    std::swap(as[as.size() - 1], as[as.size() - 2]);
+  if (transB)
+    std::swap(bs[bs.size() - 1], bs[bs.size() - 2]);
   const bool aVec = as.size() == 1, bVec = bs.size() == 1;
   if (aVec)
     as.insert(as.begin(), 1);
@@ -149,9 +158,11 @@ Status matmulKernel(KernelContext &ctx) {
     T *py = y.as<T>();
     if (y.numel() == 0)
       return Status::ok();
-    // Shared rhs, dense lhs: one [nb*m, k] x [k, n] product.
-    if (numElements(bBatch) == 1 && numElements(aBatch) == nb)
-      return gemmAny(ctx.pool, false, false, nb * m, n, k, 1.0, pa, k, pb, n, 0.0, py, n);
+    // Stored row lengths (leading dimensions) of the operands' matrices.
+    const int64_t lda = transA ? m : k, ldb = transB ? k : n;
+    // Shared rhs, dense untransposed lhs: one [nb*m, k] x [k, n] product.
+    if (numElements(bBatch) == 1 && numElements(aBatch) == nb && !transA)
+      return gemmAny(ctx.pool, false, transB, nb * m, n, k, 1.0, pa, lda, pb, ldb, 0.0, py, n);
     for (int64_t i = 0; i < nb; ++i) {
       int64_t offA = 0, offB = 0, rest = i;
       for (size_t d = batch.size(); d-- > 0;) {
@@ -160,8 +171,8 @@ Status matmulKernel(KernelContext &ctx) {
         offA += idx * sa[d];
         offB += idx * sb[d];
       }
-      FORGE_RETURN_IF_ERROR(gemmAny(ctx.pool, false, false, m, n, k, 1.0, pa + offA * m * k, k,
-                                    pb + offB * k * n, n, 0.0, py + i * m * n, n));
+      FORGE_RETURN_IF_ERROR(gemmAny(ctx.pool, transA, transB, m, n, k, 1.0, pa + offA * m * k,
+                                    lda, pb + offB * k * n, ldb, 0.0, py + i * m * n, n));
     }
     return Status::ok();
   });

@@ -93,16 +93,23 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
       }
     }
   } else if (inst.op() == "matmul") {
+    // transA/transB: the operand's last two dims are swapped (cuBLASLt op flags).
+    pr.transA = attrBool("transA");
+    pr.transB = attrBool("transB");
     size_t lb = lhs.size() - 2, rb = rhs.size() - 2;
-    pr.m = lhs[lb];
-    pr.k = lhs[lb + 1];
-    pr.n = rhs[rb + 1];
-    if (rhs[rb] != pr.k)
+    pr.m = pr.transA ? lhs[lb + 1] : lhs[lb];
+    pr.k = pr.transA ? lhs[lb] : lhs[lb + 1];
+    pr.n = pr.transB ? rhs[rb] : rhs[rb + 1];
+    if ((pr.transB ? rhs[rb + 1] : rhs[rb]) != pr.k)
       return Status::error("matmul inner dimensions differ: {} vs {}", shapeString(lhs),
                            shapeString(rhs));
     std::vector<int64_t> lBatch(lhs.begin(), lhs.begin() + static_cast<std::ptrdiff_t>(lb));
     std::vector<int64_t> rBatch(rhs.begin(), rhs.begin() + static_cast<std::ptrdiff_t>(rb));
-    if (rb == 0 || allOnes(rhs, rb)) {
+    if ((rb == 0 || allOnes(rhs, rb)) && pr.transA) {
+      pr.batch = product(lhs, 0, lb); // a transposed lhs batch cannot fold into M
+      pr.lhsBatchStride = pr.m * pr.k;
+      pr.rhsBatchStride = 0;
+    } else if (rb == 0 || allOnes(rhs, rb)) {
       pr.m *= product(lhs, 0, lb); // fold the lhs batch into M
     } else if (lBatch == rBatch) {
       pr.batch = product(lhs, 0, lb);

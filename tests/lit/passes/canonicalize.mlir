@@ -46,3 +46,47 @@ func.func @transpose_pairs(%x: tensor<2x3x4xf32>) -> (tensor<4x2x3xf32>, tensor<
   %c = forge.transpose %a {perm = array<i64: 0, 2, 1>} : (tensor<2x4x3xf32>) -> tensor<2x3x4xf32>
   return %b, %c : tensor<4x2x3xf32>, tensor<2x3x4xf32>
 }
+
+// -----
+
+// A transpose of the last two dims folds into matmul's flags (the GEMM reads
+// the operand in place); other transposes stay.
+// CHECK-LABEL: func @matmul_flags
+// CHECK-NEXT: %[[M:.*]] = forge.matmul %arg0, %arg1 {transA = true, transB = true} : (tensor<2x3x4xf32>, tensor<2x5x3xf32>) -> tensor<2x4x5xf32>
+// CHECK-NEXT: %[[T:.*]] = forge.transpose %arg2 {perm = array<i64: 1, 0, 2>}
+// CHECK-NEXT: %[[N:.*]] = forge.matmul %[[T]], %arg1 {transB = true}
+// CHECK-NEXT: return %[[M]], %[[N]]
+func.func @matmul_flags(%a: tensor<2x3x4xf32>, %b: tensor<2x5x3xf32>, %c: tensor<4x2x3xf32>) -> (tensor<2x4x5xf32>, tensor<2x4x5xf32>) {
+  %at = forge.transpose %a {perm = array<i64: 0, 2, 1>} : (tensor<2x3x4xf32>) -> tensor<2x4x3xf32>
+  %bt = forge.transpose %b {perm = array<i64: 0, 2, 1>} : (tensor<2x5x3xf32>) -> tensor<2x3x5xf32>
+  %m = forge.matmul %at, %bt : (tensor<2x4x3xf32>, tensor<2x3x5xf32>) -> tensor<2x4x5xf32>
+  %ct = forge.transpose %c {perm = array<i64: 1, 0, 2>} : (tensor<4x2x3xf32>) -> tensor<2x4x3xf32>
+  %n = forge.matmul %ct, %bt : (tensor<2x4x3xf32>, tensor<2x3x5xf32>) -> tensor<2x4x5xf32>
+  return %m, %n : tensor<2x4x5xf32>, tensor<2x4x5xf32>
+}
+
+// -----
+
+// gemm absorbs matrix transposes of its operands, and a transposed gemm
+// result (no C) is the gemm of the swapped operands.
+// CHECK-LABEL: func @gemm_flags
+// CHECK-NEXT: %[[G:.*]] = forge.gemm %arg1, %arg0 {alpha = 1.000000e+00 : f64, beta = 0.000000e+00 : f64, transA = true, transB = true} : (tensor<3x5xf32>, tensor<4x3xf32>) -> tensor<5x4xf32>
+// CHECK-NEXT: return %[[G]]
+func.func @gemm_flags(%a: tensor<4x3xf32>, %b: tensor<3x5xf32>) -> tensor<5x4xf32> {
+  %at = forge.transpose %a {perm = array<i64: 1, 0>} : (tensor<4x3xf32>) -> tensor<3x4xf32>
+  %g = forge.gemm %at, %b {alpha = 1.0 : f64, beta = 0.0 : f64, transA = true, transB = false} : (tensor<3x4xf32>, tensor<3x5xf32>) -> tensor<4x5xf32>
+  %t = forge.transpose %g {perm = array<i64: 1, 0>} : (tensor<4x5xf32>) -> tensor<5x4xf32>
+  return %t : tensor<5x4xf32>
+}
+
+// -----
+
+// Negative: a gemm with C (bias) keeps its transposed result as a transpose.
+// CHECK-LABEL: func @gemm_with_c
+// CHECK: forge.gemm
+// CHECK: forge.transpose
+func.func @gemm_with_c(%a: tensor<4x3xf32>, %b: tensor<3x5xf32>, %c: tensor<5xf32>) -> tensor<5x4xf32> {
+  %g = forge.gemm %a, %b, %c {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<4x3xf32>, tensor<3x5xf32>, tensor<5xf32>) -> tensor<4x5xf32>
+  %t = forge.transpose %g {perm = array<i64: 1, 0>} : (tensor<4x5xf32>) -> tensor<5x4xf32>
+  return %t : tensor<5x4xf32>
+}

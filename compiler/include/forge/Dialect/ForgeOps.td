@@ -187,7 +187,16 @@ def Forge_WhereOp : Forge_Op<"where", "Where", FusionElementwise, PrecisionFollo
 
 def Forge_MatMulOp : Forge_Op<"matmul", "MatMul,Einsum", FusionLibrary, PrecisionTensorCore, 1> {
   let summary = "NumPy matmul: batched, broadcast over leading dims, 1-D operands promoted";
-  let arguments = (ins AnyForgeTensor:$lhs, AnyForgeTensor:$rhs);
+  let description = [{
+    `transA` / `transB`: the operand's last two dims are swapped first (for
+    operands of rank >= 2). The importer never sets them; canonicalization
+    folds transposes of the last two dims into them, so a GEMM reads the
+    operand in place (cuBLASLt's op flags) instead of a materialized copy.
+  }];
+  let arguments = (ins AnyForgeTensor:$lhs, AnyForgeTensor:$rhs,
+                       DefaultValuedAttr<BoolAttr, "false">:$transA,
+                       DefaultValuedAttr<BoolAttr, "false">:$transB);
+  let hasCanonicalizer = 1;
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
@@ -198,6 +207,7 @@ def Forge_GemmOp : Forge_Op<"gemm", "Gemm", FusionLibrary, PrecisionTensorCore, 
   let arguments = (ins AnyForgeTensor:$a, AnyForgeTensor:$b, Optional<AnyForgeTensor>:$c,
                        BoolAttr:$transA, BoolAttr:$transB, F64Attr:$alpha, F64Attr:$beta);
   let results = (outs AnyForgeTensor:$result);
+  let hasCanonicalizer = 1;
   let assemblyFormat = "$a `,` $b (`,` $c^)? attr-dict `:` functional-type(operands, results)";
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
 }
@@ -408,6 +418,7 @@ def Forge_TransposeOp : Forge_Op<"transpose", "Transpose,Einsum", FusionShape, P
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
   let hasFolder = 1;
+  let hasCanonicalizer = 1;
 }
 
 def Forge_BroadcastOp : Forge_Op<"broadcast", "Expand", FusionShape, PrecisionFollowsInput, 1> {
