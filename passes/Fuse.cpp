@@ -12,6 +12,8 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/EquivalenceClasses.h"
 #include "llvm/ADT/SetVector.h"
@@ -268,9 +270,86 @@ bool outline(ArrayRef<Operation *> ops) {
   return true;
 }
 
+/// The loss of a classifier, nll_loss(log_softmax(x, axis 1), t) over [N, C]
+/// logits, and its gradient log_softmax_grad(y, nll_loss_grad(g, t)) become
+/// cross_entropy (the loss and each row's log-sum-exp) and cross_entropy_grad:
+/// the [N, C] log-softmax and the one-hot gradient are never materialized.
+struct FuseCrossEntropy : public OpRewritePattern<NllLossOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(NllLossOp loss, PatternRewriter &rewriter) const override {
+    auto logSoftmax = loss.getInput().getDefiningOp<LogSoftmaxOp>();
+    if (!logSoftmax)
+      return rewriter.notifyMatchFailure(loss, "the input is not a log_softmax");
+    auto logits = cast<RankedTensorType>(logSoftmax.getInput().getType());
+    if (logits.getRank() != 2 || logSoftmax.getAxis() != 1)
+      return rewriter.notifyMatchFailure(loss, "not a log_softmax over dim 1 of [N, C] logits");
+    if (loss.getWeight() || loss.getIgnoreIndex())
+      return rewriter.notifyMatchFailure(loss, "class weights or an ignore_index");
+    Value target = loss.getTarget();
+    if (Operation *def = target.getDefiningOp(); def && !def->isBeforeInBlock(logSoftmax))
+      return rewriter.notifyMatchFailure(loss, "the target is defined after the log_softmax");
+    // Every other user of the log-softmax is this loss's gradient.
+    SmallVector<std::pair<LogSoftmaxGradOp, NllLossGradOp>> grads;
+    for (Operation *user : logSoftmax->getUsers()) {
+      if (user == loss)
+        continue;
+      auto grad = dyn_cast<LogSoftmaxGradOp>(user);
+      auto nllGrad = grad ? grad->getOperand(1).getDefiningOp<NllLossGradOp>() : nullptr;
+      if (!grad || grad->getOperand(0) != logSoftmax.getResult() || grad.getAxis() != 1 ||
+          !nllGrad || nllGrad.getTarget() != target || nllGrad.getWeight() ||
+          nllGrad.getIgnoreIndex() || nllGrad.getReduction() != loss.getReduction())
+        return rewriter.notifyMatchFailure(
+            loss, "the log_softmax has a user other than the loss and its gradient");
+      grads.push_back({grad, nllGrad});
+    }
+    rewriter.setInsertionPoint(logSoftmax);
+    auto fused = rewriter.create<CrossEntropyOp>(loss.getLoc(), logSoftmax.getInput(), target);
+    for (auto [grad, nllGrad] : grads) {
+      rewriter.setInsertionPoint(grad);
+      auto d = rewriter.create<CrossEntropyGradOp>(grad.getLoc(), logSoftmax.getInput(),
+                                                   fused.getLse(), target,
+                                                   nllGrad.getGradOutput(),
+                                                   loss.getReductionAttr());
+      rewriter.replaceOp(grad, d.getResult());
+      if (nllGrad->use_empty())
+        rewriter.eraseOp(nllGrad);
+    }
+    // The per-row losses reduced as nll_loss did (no weights: the mean
+    // divides by N).
+    Value reduced = fused.getLoss();
+    StringRef reduction = loss.getReduction();
+    if (reduction == "mean" || reduction == "sum") {
+      rewriter.setInsertionPoint(loss);
+      auto axes = rewriter.getDenseI64ArrayAttr({0});
+      auto keep = rewriter.getBoolAttr(false);
+      if (reduction == "mean")
+        reduced = rewriter.create<ReduceMeanOp>(loss.getLoc(), loss.getType(), fused.getLoss(),
+                                                axes, keep);
+      else
+        reduced = rewriter.create<ReduceSumOp>(loss.getLoc(), loss.getType(), fused.getLoss(),
+                                               axes, keep);
+    }
+    rewriter.replaceOp(loss, reduced);
+    rewriter.eraseOp(logSoftmax);
+    return success();
+  }
+};
+
 struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
   void runOnOperation() override {
     bool changed = false;
+    // Row fusion of the loss first: its ops are then no longer candidates.
+    RewritePatternSet patterns(&getContext());
+    patterns.add<FuseCrossEntropy>(&getContext());
+    FrozenRewritePatternSet frozen(std::move(patterns));
+    SmallVector<Operation *> losses;
+    getOperation().walk([&](NllLossOp op) { losses.push_back(op); });
+    GreedyRewriteConfig config;
+    config.strictMode = GreedyRewriteStrictness::ExistingOps;
+    bool rewritten = false;
+    if (!losses.empty() && failed(applyOpPatternsAndFold(losses, frozen, config, &rewritten)))
+      return signalPassFailure();
+    changed |= rewritten;
     for (auto func : getOperation().getOps<func::FuncOp>())
       for (Block &block : func.getBody()) {
         LoopGrouper grouper(block);

@@ -101,6 +101,12 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     parameter and moments). Ops with a zero-element result and single-op
     groups stay as they are. Program order is otherwise kept: the region takes
     the place of its last op, and outside users in between move after it.
+
+    Before that, row fusion of the classification loss:
+    nll_loss(log_softmax(x, axis 1), t) over [N, C] logits (no class weights,
+    no ignore_index) and its gradient log_softmax_grad(y, nll_loss_grad(g, t))
+    become `forge.cross_entropy` (loss and per-row log-sum-exp) and
+    `forge.cross_entropy_grad`, when nothing else reads the log-softmax.
   }];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

@@ -392,6 +392,8 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "softmax_grad",
                                         "log_softmax_grad",
                                         "nll_loss_grad",
+                                        "cross_entropy",
+                                        "cross_entropy_grad",
                                         "gather_grad",
                                         "gather_elements_grad",
                                         "slice_grad",
@@ -1747,6 +1749,53 @@ TEST(CpuKernels, GroupNorm) {
 //===----------------------------------------------------------------------===//
 // nll_loss
 //===----------------------------------------------------------------------===//
+
+// cross_entropy / cross_entropy_grad (forge-fuse's fused classifier loss)
+// against float64: lse = log sum exp, loss = lse - x[t], and the gradient
+// g * (softmax - one_hot); logits spread over +-30 so the max shift matters.
+TEST(CpuKernels, CrossEntropy) {
+  const int64_t n = 6, c = 7;
+  for (DType t : {bundle::F32, bundle::F64})
+    for (DType it : {bundle::I64, bundle::I32}) {
+      HT x = randomTensor(t, {n, c}, -30, 30);
+      HT target = make(it, {n}, randomInts(n, 0, c - 1));
+      HT loss(t, {n}), lse(t, {n});
+      ASSERT_OK(Op("cross_entropy").run({&x, &target}, {&loss, &lse}));
+      std::vector<double> wantLoss, wantLse;
+      for (int64_t i = 0; i < n; ++i) {
+        double m = -INFINITY, e = 0;
+        for (int64_t j = 0; j < c; ++j)
+          m = std::max(m, x.at(i * c + j));
+        for (int64_t j = 0; j < c; ++j)
+          e += std::exp(x.at(i * c + j) - m);
+        wantLse.push_back(m + std::log(e));
+        wantLoss.push_back(wantLse.back() - x.at(i * c + int64_t(target.at(i))));
+      }
+      expectNear(loss, wantLoss, "cross_entropy loss");
+      expectNear(lse, wantLse, "cross_entropy lse");
+      for (const std::string red : {"none", "sum", "mean"}) {
+        HT dy = red == "none" ? randomTensor(t, {n}, -2, 2) : randomTensor(t, {}, 0.5, 2);
+        HT dx(t, {n, c});
+        ASSERT_OK(Op("cross_entropy_grad").s("reduction", red).run({&x, &lse, &target, &dy},
+                                                                   {&dx}));
+        std::vector<double> want;
+        for (int64_t i = 0; i < n; ++i) {
+          double g = red == "none" ? dy.at(i) : red == "mean" ? dy.at(0) / n : dy.at(0);
+          for (int64_t j = 0; j < c; ++j)
+            want.push_back(g * (std::exp(x.at(i * c + j) - wantLse[i]) -
+                                (j == int64_t(target.at(i)) ? 1.0 : 0.0)));
+        }
+        expectNear(dx, want, "cross_entropy_grad " + red);
+      }
+    }
+  HT x = randomTensor(bundle::F32, {2, 3});
+  HT bad = make(bundle::I64, {2}, {1, 3});
+  HT loss(bundle::F32, {2}), lse(bundle::F32, {2});
+  Status s = Op("cross_entropy").run({&x, &bad}, {&loss, &lse});
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("target 3 at position 1 is outside [0, 3)"), std::string::npos)
+      << s.message();
+}
 
 TEST(CpuKernels, NllLoss) {
   const std::vector<int64_t> xs = {3, 5, 4}, ts = {3, 4};

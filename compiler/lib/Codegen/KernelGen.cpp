@@ -1132,6 +1132,7 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> nllLossKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> nllLossGradKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> nllLossGradRowKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> crossEntropyKernel(Operation *op, StringRef name, bool grad);
   std::optional<KernelLaunch> argmaxKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> topKKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> concatKernel(Operation *op, StringRef name);
@@ -1815,6 +1816,81 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
   });
   b.create<gpu::ReturnOp>(k.loc);
   return KernelLaunch{name.str(), 1, block};
+}
+
+/// cross_entropy (logits, target) -> (loss, lse) and cross_entropy_grad
+/// (logits, lse, target, dy) -> dlogits: one block per row of [N, C] logits,
+/// block reductions as the row kernels. The forward reads the row twice (max,
+/// then the sum of exponentials) and writes two scalars per row; the gradient
+/// reads it once and writes g * (exp(x - lse) - [c == target]).
+std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation *op,
+                                                                      StringRef name, bool grad) {
+  auto in = tensorType(op->getOperand(0));
+  Type elem = in.getElementType();
+  if (in.getRank() != 2 || !(elem.isF32() || elem.isF16() || elem.isBF16()) ||
+      in.getNumElements() == 0)
+    return std::nullopt;
+  int64_t rows = in.getDimSize(0), cols = in.getDimSize(1);
+  StringRef reduction;
+  if (grad) {
+    auto r = op->getAttrOfType<StringAttr>("reduction");
+    if (!r)
+      return std::nullopt;
+    reduction = r.getValue();
+  }
+  Type f32 = Float32Type::get(context);
+  Type smem = sharedBuffer(kWarp, f32);
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value row = k.bid();
+  Value base = k.mul(row, k.idx(cols));
+  auto ld = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
+  auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
+  auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
+  auto expf = [&](Value a) -> Value { return b.create<math::ExpOp>(k.loc, a); };
+  Value zero = k.fconst(f32, 0.0);
+  unsigned targetArg = grad ? 2 : 1;
+  auto [raw, tc] = loadTarget(k, fn.getArgument(targetArg), row, cols);
+  if (!grad) {
+    auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
+    Value m = k.blockAccumulate(cols, block, sh, k.fconst(f32, -INFINITY), maxf, ld);
+    Value s = k.blockAccumulate(cols, block, sh, zero, addf,
+                                [&](Value c) { return expf(subf(ld(c), m)); });
+    Value lse = addf(m, b.create<math::LogOp>(k.loc, s));
+    Value outside = b.create<arith::OrIOp>(
+        k.loc,
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, intConst(k, raw.getType(), 0)),
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, raw,
+                                intConst(k, raw.getType(), cols)));
+    k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
+      k.fault(outside);
+      k.store(subf(lse, ld(tc)), fn.getArgument(2), row, elem);
+      k.store(lse, fn.getArgument(3), row, elem);
+    });
+  } else {
+    Value lse = k.load(fn.getArgument(1), row, elem);
+    Value dy = k.load(fn.getArgument(3), reduction == "none" ? row : k.idx(0), elem);
+    Value g = reduction == "mean"
+                  ? Value(b.create<arith::DivFOp>(k.loc, dy, k.fconst(f32, double(rows))))
+                  : dy;
+    Value one = k.fconst(f32, 1.0);
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value c, ValueRange) {
+                           OpBuilder::InsertionGuard guard(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           Value p = expf(subf(ld(c), lse));
+                           Value hit = b.create<arith::CmpIOp>(l, arith::CmpIPredicate::eq, c, tc);
+                           p = b.create<arith::SelectOp>(l, hit, subf(p, one), p);
+                           k.store(b.create<arith::MulFOp>(l, g, p), fn.getArgument(4),
+                                   k.add(base, c), elem);
+                           b.create<scf::YieldOp>(l);
+                         });
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), rows, block};
 }
 
 std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradKernel(Operation *op,
@@ -3309,6 +3385,8 @@ std::string faultOf(Operation *op) {
     return "an index is outside [-size, size) of its axis";
   if (name == "nll_loss")
     return "a target class is outside [0, classes) and not the ignore_index";
+  if (name == "cross_entropy")
+    return "a target class is outside [0, classes)";
   if (name == "div" && isa<IntegerType>(tensorType(op->getResult(0)).getElementType()))
     return "integer division by zero";
   if (name == "mod" && isa<IntegerType>(tensorType(op->getResult(0)).getElementType()))
@@ -3317,7 +3395,7 @@ std::string faultOf(Operation *op) {
 }
 
 std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, StringRef name) {
-  fault = op->getNumResults() == 1 && tensorType(op->getResult(0)) ? faultOf(op) : "";
+  fault = op->getNumResults() >= 1 && tensorType(op->getResult(0)) ? faultOf(op) : "";
   if (auto fusion = dyn_cast<FusionOp>(op)) {
     fault.clear(); // set from the body's ops
     for (Value v : fusion.getBlock().getArguments())
@@ -3354,6 +3432,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return batchNormTrainingKernel(op, name, true);
   if (opName == "top_k")
     return topKKernel(op, name);
+  if (opName == "cross_entropy" || opName == "cross_entropy_grad")
+    return crossEntropyKernel(op, name, opName == "cross_entropy_grad");
   if (op->getNumResults() != 1)
     return std::nullopt;
   auto outShape = tensorType(op->getResult(0)).getShape();

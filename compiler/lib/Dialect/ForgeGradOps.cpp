@@ -250,6 +250,48 @@ static LogicalResult inferSoftmaxGrad(std::optional<Location> loc, Adaptor adapt
 FORGE_INFER(SoftmaxGradOp) { return inferSoftmaxGrad(loc, adaptor, inferred); }
 FORGE_INFER(LogSoftmaxGradOp) { return inferSoftmaxGrad(loc, adaptor, inferred); }
 
+FORGE_INFER(CrossEntropyOp) {
+  auto x = rankedOrNull(adaptor.getLogits().getType());
+  auto target = rankedOrNull(adaptor.getTarget().getType());
+  if (!x || !target || x.getRank() != 2 || !isa<FloatType>(x.getElementType()))
+    return failInference(loc, "cross_entropy needs float logits [N, C] and a static target");
+  const int64_t n = x.getDimSize(0);
+  if (failed(requireShape(loc, target, {n}, "target")))
+    return failure();
+  inferred.push_back(withShape(x, ArrayRef<int64_t>(n)));
+  inferred.push_back(withShape(x, ArrayRef<int64_t>(n)));
+  return success();
+}
+
+OpCost CrossEntropyOp::computeCost() {
+  // Reads the logits twice (max, then the sum of exponentials); 4 FLOPs each.
+  OpCost cost = estimateDefaultCost(getOperation(), 0);
+  cost.flops = 4 * cast<RankedTensorType>(getLogits().getType()).getNumElements();
+  return cost;
+}
+
+FORGE_INFER(CrossEntropyGradOp) {
+  auto x = rankedOrNull(adaptor.getLogits().getType());
+  auto lse = rankedOrNull(adaptor.getLse().getType());
+  auto target = rankedOrNull(adaptor.getTarget().getType());
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  if (!x || !lse || !target || !dy || x.getRank() != 2)
+    return failInference(loc, "cross_entropy_grad needs logits [N, C], lse [N], target [N] and "
+                              "grad_output");
+  int64_t n = x.getDimSize(0);
+  if (failed(requireShape(loc, lse, {n}, "lse")) ||
+      failed(requireShape(loc, target, {n}, "target")))
+    return failure();
+  StringRef reduction = adaptor.getReduction();
+  if (reduction != "none" && reduction != "sum" && reduction != "mean")
+    return failInference(loc, "reduction must be none, sum or mean");
+  if (failed(requireShape(loc, dy, reduction == "none" ? ArrayRef<int64_t>(n) : ArrayRef<int64_t>(),
+                          "grad_output")))
+    return failure();
+  inferred.push_back(x);
+  return success();
+}
+
 FORGE_INFER(NllLossGradOp) {
   auto dy = rankedOrNull(adaptor.getGradOutput().getType());
   auto target = rankedOrNull(adaptor.getTarget().getType());

@@ -5,7 +5,15 @@
 // ignore_index; "mean" divides the sum by the total weight of the targets not
 // ignored (0/0 = nan when all are ignored, as in the ONNX reference). A target
 // outside [0, C) that is not ignored is an error. Sums run in double.
+//
+// cross_entropy / cross_entropy_grad (forge-fuse's fused log_softmax +
+// nll_loss): logits [N, C], target [N]; lse[n] = max + log(sum exp(x - max))
+// in double; the loss of row n is lse[n] - x[n, t] (a reduce op after it
+// takes the mean or sum); the gradient is
+// g[n] * (exp(x - lse[n]) - [c == t]). A target outside [0, C) is an error.
 #include "KernelUtil.h"
+
+#include <cmath>
 
 namespace forge::rt::cpu {
 namespace {
@@ -68,8 +76,99 @@ Status nllLossKernel(KernelContext &ctx) {
   });
 }
 
+/// Checks reduction, shapes and the targets of cross_entropy(_grad); n, c out.
+Status crossEntropyShapes(const TensorView &x, const TensorView &target,
+                          const std::string &reduction, int64_t &n, int64_t &c) {
+  if (reduction != "none" && reduction != "sum" && reduction != "mean")
+    return Status::error("reduction must be none, sum or mean, got '{}'", reduction);
+  if (x.rank() != 2 || target.rank() != 1 || target.shape[0] != x.shape[0])
+    return Status::error("cross_entropy needs logits [N, C] and target [N], got {} and {}",
+                         shapeString(x.shape), shapeString(target.shape));
+  n = x.shape[0];
+  c = x.shape[1];
+  return Status::ok();
+}
+
+Status crossEntropyKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0], &target = ctx.inputs[1];
+  TensorView &loss = ctx.outputs[0], &lse = ctx.outputs[1];
+  int64_t n = 0, c = 0;
+  FORGE_RETURN_IF_ERROR(crossEntropyShapes(x, target, "none", n, c));
+  FORGE_RETURN_IF_ERROR(checkDType(loss, x.dtype, "loss"));
+  FORGE_RETURN_IF_ERROR(checkDType(lse, x.dtype, "lse"));
+  FORGE_RETURN_IF_ERROR(checkShape(loss, {n}));
+  FORGE_RETURN_IF_ERROR(checkShape(lse, {n}));
+  return visitFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *px = x.as<const T>();
+    T *pl = loss.as<T>(), *pe = lse.as<T>();
+    return visitIndex(target.dtype, [&](auto itag) -> Status {
+      using I = typename decltype(itag)::type;
+      const I *pt = target.as<const I>();
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t t = static_cast<int64_t>(pt[i]);
+        if (t < 0 || t >= c)
+          return Status::error("target {} at position {} is outside [0, {})", t, i, c);
+        const T *row = px + i * c;
+        double m = -INFINITY;
+        for (int64_t j = 0; j < c; ++j)
+          m = std::max(m, double(load(row[j])));
+        double e = 0;
+        for (int64_t j = 0; j < c; ++j)
+          e += std::exp(double(load(row[j])) - m);
+        const double l = m + std::log(e);
+        pe[i] = store<T>(l);
+        pl[i] = store<T>(l - double(load(row[t])));
+      }
+      return Status::ok();
+    });
+  });
+}
+
+Status crossEntropyGradKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0], &lse = ctx.inputs[1], &target = ctx.inputs[2],
+                   &dy = ctx.inputs[3];
+  TensorView &dx = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(std::string reduction, ctx.attrs.getString("reduction"));
+  int64_t n = 0, c = 0;
+  FORGE_RETURN_IF_ERROR(crossEntropyShapes(x, target, reduction, n, c));
+  FORGE_RETURN_IF_ERROR(checkDType(lse, x.dtype, "lse"));
+  FORGE_RETURN_IF_ERROR(checkDType(dy, x.dtype, "grad_output"));
+  FORGE_RETURN_IF_ERROR(checkDType(dx, x.dtype, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(lse, {n}));
+  FORGE_RETURN_IF_ERROR(checkShape(dy, reduction == "none" ? std::vector<int64_t>{n}
+                                                           : std::vector<int64_t>{}));
+  FORGE_RETURN_IF_ERROR(checkShape(dx, x.shape));
+  return visitFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *px = x.as<const T>(), *pe = lse.as<const T>(), *pg = dy.as<const T>();
+    T *pd = dx.as<T>();
+    return visitIndex(target.dtype, [&](auto itag) -> Status {
+      using I = typename decltype(itag)::type;
+      const I *pt = target.as<const I>();
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t t = static_cast<int64_t>(pt[i]);
+        if (t < 0 || t >= c)
+          return Status::error("target {} at position {} is outside [0, {})", t, i, c);
+        const double g = reduction == "none"   ? double(load(pg[i]))
+                         : reduction == "mean" ? double(load(pg[0])) / double(n)
+                                               : double(load(pg[0]));
+        const double l = double(load(pe[i]));
+        for (int64_t j = 0; j < c; ++j)
+          pd[i * c + j] =
+              store<T>(g * (std::exp(double(load(px[i * c + j])) - l) - (j == t ? 1.0 : 0.0)));
+      }
+      return Status::ok();
+    });
+  });
+}
+
 } // namespace
 
-void registerLossKernels(Registry &r) { r.add("nll_loss", &nllLossKernel, 2, 3); }
+void registerLossKernels(Registry &r) {
+  r.add("nll_loss", &nllLossKernel, 2, 3);
+  r.add("cross_entropy", &crossEntropyKernel, 2, 2, 2, 2);
+  r.add("cross_entropy_grad", &crossEntropyGradKernel, 4, 4);
+}
 
 } // namespace forge::rt::cpu

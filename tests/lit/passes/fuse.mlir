@@ -102,3 +102,50 @@ func.func @merge(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {
   %e = forge.add %b, %d : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
   return %e : tensor<4xf32>
 }
+
+// -----
+
+// The classifier's loss and its gradient become cross_entropy (+ the mean)
+// and cross_entropy_grad; the log-softmax and the one-hot gradient are gone.
+// CHECK-LABEL: func @cross_entropy
+// CHECK-NEXT: %[[L:.*]], %[[LSE:.*]] = forge.cross_entropy %arg0, %arg1 : (tensor<4x10xf32>, tensor<4xi64>) -> (tensor<4xf32>, tensor<4xf32>)
+// CHECK-NEXT: %[[M:.*]] = forge.reduce_mean %[[L]] {axes = array<i64: 0>, keepdims = false}
+// CHECK-NEXT: %[[D:.*]] = forge.cross_entropy_grad %arg0, %[[LSE]], %arg1, %arg2 {reduction = "mean"}
+// CHECK-NEXT: return %[[M]], %[[D]]
+func.func @cross_entropy(%x: tensor<4x10xf32>, %t: tensor<4xi64>, %g: tensor<f32>) -> (tensor<f32>, tensor<4x10xf32>) {
+  %y = forge.log_softmax %x {axis = 1 : i64} : (tensor<4x10xf32>) -> tensor<4x10xf32>
+  %l = forge.nll_loss %y, %t {reduction = "mean"} : (tensor<4x10xf32>, tensor<4xi64>) -> tensor<f32>
+  %dy = forge.nll_loss_grad %g, %t {num_classes = 10 : i64, reduction = "mean"} : (tensor<f32>, tensor<4xi64>) -> tensor<4x10xf32>
+  %dx = forge.log_softmax_grad %y, %dy {axis = 1 : i64} : (tensor<4x10xf32>, tensor<4x10xf32>) -> tensor<4x10xf32>
+  return %l, %dx : tensor<f32>, tensor<4x10xf32>
+}
+
+// -----
+
+// Evaluation: the per-sample losses, forward only.
+// CHECK-LABEL: func @cross_entropy_eval
+// CHECK-NEXT: %[[L:.*]], %{{.*}} = forge.cross_entropy %arg0, %arg1
+// CHECK-NEXT: return %[[L]]
+func.func @cross_entropy_eval(%x: tensor<4x10xf32>, %t: tensor<4xi64>) -> tensor<4xf32> {
+  %y = forge.log_softmax %x {axis = 1 : i64} : (tensor<4x10xf32>) -> tensor<4x10xf32>
+  %l = forge.nll_loss %y, %t {reduction = "none"} : (tensor<4x10xf32>, tensor<4xi64>) -> tensor<4xf32>
+  return %l : tensor<4xf32>
+}
+
+// -----
+
+// Negative: an ignore_index, another reader of the log-softmax, or a
+// log-softmax over another dim keep the unfused ops.
+// CHECK-LABEL: func @cross_entropy_kept
+// CHECK-NOT: forge.cross_entropy
+// CHECK-COUNT-3: forge.nll_loss
+func.func @cross_entropy_kept(%x: tensor<4x10xf32>, %t: tensor<4xi64>, %z: tensor<10x4xf32>, %u: tensor<10xi64>) -> (tensor<f32>, tensor<4x10xf32>, tensor<f32>, tensor<f32>) {
+  %y = forge.log_softmax %x {axis = 1 : i64} : (tensor<4x10xf32>) -> tensor<4x10xf32>
+  %l = forge.nll_loss %y, %t {ignore_index = 3 : i64, reduction = "mean"} : (tensor<4x10xf32>, tensor<4xi64>) -> tensor<f32>
+  %y2 = forge.log_softmax %x {axis = 1 : i64} : (tensor<4x10xf32>) -> tensor<4x10xf32>
+  %l2 = forge.nll_loss %y2, %t {reduction = "sum"} : (tensor<4x10xf32>, tensor<4xi64>) -> tensor<f32>
+  %e = forge.exp %y2 : (tensor<4x10xf32>) -> tensor<4x10xf32>
+  %y3 = forge.log_softmax %z {axis = 0 : i64} : (tensor<10x4xf32>) -> tensor<10x4xf32>
+  %l3 = forge.nll_loss %y3, %u {reduction = "mean"} : (tensor<10x4xf32>, tensor<10xi64>) -> tensor<f32>
+  return %l, %e, %l2, %l3 : tensor<f32>, tensor<4x10xf32>, tensor<f32>, tensor<f32>
+}

@@ -145,6 +145,39 @@ def Forge_LogSoftmaxGradOp : Forge_GradOp<"log_softmax_grad", "LogSoftmax", Fusi
   let flopsPerElement = 12;
 }
 
+// Fused cross-entropy (made by forge-fuse from log_softmax + nll_loss and
+// their gradients): the softmax is never materialized, and its gradient is
+// one pass over the logits.
+def Forge_CrossEntropyOp : Forge_GradOp<"cross_entropy", "SoftmaxCrossEntropyLoss", FusionReduction, PrecisionKeepFP32> {
+  let summary = "Per row: -log_softmax(logits)[target] and the log-sum-exp";
+  let description = [{
+    logits [N, C], target [N] (integer classes in [0, C), else a fault).
+    lse[n] = log(sum_c exp(logits[n, c])) and loss[n] = lse[n] -
+    logits[n, target[n]]: one row kernel that reads the logits and writes two
+    [N] vectors, never the [N, C] log-softmax. A mean or sum over the rows is
+    a reduce op after it.
+  }];
+  let arguments = (ins AnyForgeTensor:$logits, TensorOf<[I32, I64]>:$target);
+  let results = (outs AnyForgeTensor:$loss, AnyForgeTensor:$lse);
+  let assemblyFormat = "$logits `,` $target attr-dict `:` functional-type(operands, results)";
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
+def Forge_CrossEntropyGradOp : Forge_GradOp<"cross_entropy_grad", "SoftmaxCrossEntropyLoss", FusionReduction, PrecisionKeepFP32> {
+  let summary = "Gradient of cross_entropy w.r.t. its logits: g[n] * (softmax - one_hot(target))";
+  let description = [{
+    d[n, c] = g[n] * (exp(logits[n, c] - lse[n]) - (c == target[n])) with
+    g[n] = grad_output[n] (reduction none), grad_output (sum) or
+    grad_output / N (mean).
+  }];
+  let arguments = (ins AnyForgeTensor:$logits, AnyForgeTensor:$lse,
+                       TensorOf<[I32, I64]>:$target, AnyForgeTensor:$grad_output,
+                       StrAttr:$reduction);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$logits `,` $lse `,` $target `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 4;
+}
+
 def Forge_NllLossGradOp : Forge_GradOp<"nll_loss_grad", "NegativeLogLikelihoodLoss", FusionReduction, PrecisionKeepFP32> {
   let summary = "Gradient of nll_loss w.r.t. its input [N, num_classes, ...]";
   let description = [{
