@@ -270,6 +270,142 @@ bool outline(ArrayRef<Operation *> ops) {
   return true;
 }
 
+/// Whether `op` transitively reads a result of an op in `members`; only ops
+/// after `floor` can.
+bool readsAny(Operation *op, const llvm::SmallPtrSetImpl<Operation *> &members, Operation *floor) {
+  SmallVector<Operation *> stack{op};
+  llvm::DenseSet<Operation *> seen{op};
+  while (!stack.empty()) {
+    Operation *cur = stack.pop_back_val();
+    for (Value v : cur->getOperands()) {
+      Operation *def = v.getDefiningOp();
+      if (!def || def->isBeforeInBlock(floor))
+        continue;
+      if (members.count(def))
+        return true;
+      if (seen.insert(def).second)
+        stack.push_back(def);
+    }
+  }
+  return false;
+}
+
+/// Replaces the independent loop regions `group` (program order) with one
+/// forge.fusion "horizontal" at the last one's place.
+void outlineHorizontal(ArrayRef<FusionOp> group);
+
+/// Horizontal fusion of the optimizer: the loop regions that update
+/// persistent state (a result returned with forge.updates), when independent
+/// of each other, become forge.fusion "horizontal" regions of at most
+/// `maxOperands` operands and results each (a kernel's pointer arguments must
+/// fit CUDA's 4 KiB parameter space): one launch for many parameters' updates.
+bool fuseOptimizerRegions(func::FuncOp func, int64_t maxOperands) {
+  Block &block = func.getBody().front();
+  auto ret = dyn_cast<func::ReturnOp>(block.getTerminator());
+  if (!ret)
+    return false;
+  auto updatesState = [&](FusionOp f) {
+    for (OpOperand &use : f->getUses())
+      if (use.getOwner() == ret &&
+          func.getResultAttr(use.getOperandNumber(), "forge.updates"))
+        return true;
+    return false;
+  };
+  SmallVector<FusionOp> group;
+  llvm::SmallPtrSet<Operation *, 16> members;
+  for (Operation &op : block) {
+    auto f = dyn_cast<FusionOp>(op);
+    if (!f || f.getKind() != "loop" || !updatesState(f))
+      continue;
+    if (!group.empty() && readsAny(f, members, group.front()))
+      continue; // depends on an earlier member (e.g. through a clipped gradient norm)
+    group.push_back(f);
+    members.insert(f);
+  }
+  if (group.size() < 2)
+    return false;
+  bool changed = false;
+  SmallVector<FusionOp> chunk;
+  int64_t operands = 0;
+  auto flush = [&] {
+    if (chunk.size() > 1) {
+      outlineHorizontal(chunk);
+      changed = true;
+    }
+    chunk.clear();
+    operands = 0;
+  };
+  for (FusionOp f : group) {
+    int64_t n = f->getNumOperands() + f->getNumResults();
+    if (!chunk.empty() && operands + n > maxOperands)
+      flush();
+    chunk.push_back(f);
+    operands += n;
+  }
+  flush();
+  return changed;
+}
+
+void outlineHorizontal(ArrayRef<FusionOp> group) {
+  llvm::SmallPtrSet<Operation *, 16> members;
+  for (FusionOp f : group)
+    members.insert(f);
+  FusionOp last = group.back();
+  // Outside users of earlier members sitting before the last member move
+  // after the new region, with what uses them (none feeds a member).
+  llvm::SmallPtrSet<Operation *, 16> tainted(members.begin(), members.end());
+  SmallVector<Operation *> toMove;
+  for (Operation *op = group.front()->getNextNode(); op != last; op = op->getNextNode()) {
+    if (members.count(op))
+      continue;
+    if (llvm::any_of(op->getOperands(), [&](Value v) {
+          Operation *def = v.getDefiningOp();
+          return def && tainted.count(def);
+        })) {
+      tainted.insert(op);
+      toMove.push_back(op);
+    }
+  }
+  SmallVector<Value> inputs;
+  SmallVector<Type> resultTypes;
+  SmallVector<Location> locs;
+  for (FusionOp f : group) {
+    llvm::append_range(inputs, f.getInputs());
+    llvm::append_range(resultTypes, f.getResultTypes());
+    locs.push_back(f.getLoc());
+  }
+  OpBuilder b(last);
+  MLIRContext *ctx = last.getContext();
+  auto horizontal = b.create<FusionOp>(FusedLoc::get(ctx, locs), resultTypes, inputs,
+                                       b.getStringAttr("horizontal"));
+  Block *body = new Block();
+  horizontal.getBody().push_back(body);
+  for (Value v : inputs)
+    body->addArgument(v.getType(), v.getLoc());
+  OpBuilder inner = OpBuilder::atBlockEnd(body);
+  SmallVector<Value> yielded;
+  unsigned next = 0;
+  for (FusionOp f : group) {
+    IRMapping map; // per member: a value two members share maps to each one's own argument
+    for (Value v : f.getInputs())
+      map.map(v, body->getArgument(next++));
+    Operation *clone = inner.clone(*f, map);
+    llvm::append_range(yielded, clone->getResults());
+  }
+  inner.create<YieldOp>(horizontal.getLoc(), yielded);
+  unsigned r = 0;
+  for (FusionOp f : group)
+    for (Value v : f.getResults())
+      v.replaceAllUsesWith(horizontal.getResult(r++));
+  Operation *after = horizontal;
+  for (Operation *op : toMove) {
+    op->moveAfter(after);
+    after = op;
+  }
+  for (FusionOp f : llvm::reverse(group))
+    f.erase();
+}
+
 /// The loss of a classifier, nll_loss(log_softmax(x, axis 1), t) over [N, C]
 /// logits, and its gradient log_softmax_grad(y, nll_loss_grad(g, t)) become
 /// cross_entropy (the loss and each row's log-sum-exp) and cross_entropy_grad:
@@ -336,6 +472,7 @@ struct FuseCrossEntropy : public OpRewritePattern<NllLossOp> {
 };
 
 struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
+  using FuseBase::FuseBase;
   void runOnOperation() override {
     bool changed = false;
     // Row fusion of the loss first: its ops are then no longer candidates.
@@ -357,6 +494,9 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
         for (const SmallVector<Operation *> &group : grouper.groups())
           changed |= outline(group);
       }
+    // Then the optimizer's regions side by side (needs the loop regions).
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      changed |= fuseOptimizerRegions(func, maxHorizontalOperands);
     if (!changed)
       markAllAnalysesPreserved();
   }

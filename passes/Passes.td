@@ -102,12 +102,22 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     groups stay as they are. Program order is otherwise kept: the region takes
     the place of its last op, and outside users in between move after it.
 
-    Before that, row fusion of the classification loss:
+    After it, horizontal fusion of the optimizer: the loop regions that update
+    persistent state (a result returned with `forge.updates`) and do not
+    depend on each other become one `forge.fusion "horizontal"` region, one
+    launch for every parameter's update.
+
+    Before everything, row fusion of the classification loss:
     nll_loss(log_softmax(x, axis 1), t) over [N, C] logits (no class weights,
     no ignore_index) and its gradient log_softmax_grad(y, nll_loss_grad(g, t))
     become `forge.cross_entropy` (loss and per-row log-sum-exp) and
     `forge.cross_entropy_grad`, when nothing else reads the log-softmax.
   }];
+  let options = [
+    Option<"maxHorizontalOperands", "max-horizontal-operands", "int64_t", /*default=*/"500",
+           "Most operands plus results of one horizontal region (its kernel takes one "
+           "pointer per tensor; CUDA's parameter space is 4 KiB)">,
+  ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 

@@ -21,6 +21,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
 
+#include <functional>
 #include <map>
 
 using namespace mlir;
@@ -222,35 +223,51 @@ void ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
 
 LogicalResult ProgramEmitter::emitBody(FusionOp fusion, pb::Instruction &inst,
                                        const std::string &node) {
-  Block &block = fusion.getBlock();
   llvm::DenseMap<Value, int32_t> local;
-  for (auto [i, arg] : llvm::enumerate(block.getArguments()))
+  for (auto [i, arg] : llvm::enumerate(fusion.getBlock().getArguments()))
     local[arg] = inst.inputs(static_cast<int>(i));
   uint64_t offset = 0;
-  for (Operation &op : block.without_terminator()) {
-    pb::Instruction *inner = inst.add_body();
-    if (failed(encodeInstruction(&op, *inner)))
-      return failure();
-    inner->set_name(node);
-    for (Value v : op.getOperands())
-      inner->add_inputs(local.lookup(v));
-    for (Value r : op.getResults()) {
-      auto index = addTensor(r, pb::TensorInfo::LOCAL,
-                             node + ":local" + std::to_string(local.size()));
-      if (failed(index))
+  // The region's ops in order; a horizontal region's members inline, their
+  // arguments bound to what the member reads and their results to what they yield.
+  std::function<LogicalResult(Block &)> emitOps = [&](Block &block) -> LogicalResult {
+    for (Operation &op : block.without_terminator()) {
+      if (auto member = dyn_cast<FusionOp>(op)) {
+        for (auto [arg, input] : llvm::zip(member.getBlock().getArguments(), member.getInputs()))
+          local[arg] = local.lookup(input);
+        if (failed(emitOps(member.getBlock())))
+          return failure();
+        for (auto [r, y] : llvm::zip(member.getResults(),
+                                     member.getBlock().getTerminator()->getOperands()))
+          local[r] = local.lookup(y);
+        continue;
+      }
+      pb::Instruction *inner = inst.add_body();
+      if (failed(encodeInstruction(&op, *inner)))
         return failure();
-      pb::TensorInfo *info = program.mutable_tensors(*index);
-      info->set_arena_offset(static_cast<int64_t>(offset));
-      offset += alignUp(std::max<uint64_t>(
-                            ::forge::rt::numElements({info->shape().begin(), info->shape().end()}) *
-                                ::forge::rt::dtypeSize(info->dtype()),
-                            1),
-                        ::forge::rt::kSectionAlignment);
-      local[r] = *index;
-      inner->add_outputs(*index);
+      inner->set_name(node);
+      for (Value v : op.getOperands())
+        inner->add_inputs(local.lookup(v));
+      for (Value r : op.getResults()) {
+        auto index = addTensor(r, pb::TensorInfo::LOCAL,
+                               node + ":local" + std::to_string(local.size()));
+        if (failed(index))
+          return failure();
+        pb::TensorInfo *info = program.mutable_tensors(*index);
+        info->set_arena_offset(static_cast<int64_t>(offset));
+        offset += alignUp(std::max<uint64_t>(::forge::rt::numElements(
+                                                 {info->shape().begin(), info->shape().end()}) *
+                                                 ::forge::rt::dtypeSize(info->dtype()),
+                                             1),
+                          ::forge::rt::kSectionAlignment);
+        local[r] = *index;
+        inner->add_outputs(*index);
+      }
     }
-  }
-  for (auto [i, v] : llvm::enumerate(block.getTerminator()->getOperands())) {
+    return success();
+  };
+  if (failed(emitOps(fusion.getBlock())))
+    return failure();
+  for (auto [i, v] : llvm::enumerate(fusion.getBlock().getTerminator()->getOperands())) {
     pb::Instruction *copy = inst.add_body();
     copy->set_op("copy");
     copy->set_name(node);
@@ -336,13 +353,20 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       steps.push_back({&op, resolved(op.getOperands()), launch});
       continue;
     }
-    for (auto [arg, input] : llvm::zip(fusion.getBlock().getArguments(), fusion.getInputs()))
-      alias[arg] = input;
-    for (Operation &inner : fusion.getBlock().without_terminator())
-      steps.push_back({&inner, resolved(inner.getOperands()), std::nullopt});
-    for (auto [r, y] : llvm::zip(fusion.getResults(),
-                                 fusion.getBlock().getTerminator()->getOperands()))
-      alias[r] = y;
+    // No kernel: the region's ops (a horizontal region's members' ops) in order.
+    std::function<void(FusionOp)> expand = [&](FusionOp f) {
+      for (auto [arg, input] : llvm::zip(f.getBlock().getArguments(), f.getInputs()))
+        alias[arg] = input;
+      for (Operation &inner : f.getBlock().without_terminator()) {
+        if (auto member = dyn_cast<FusionOp>(inner))
+          expand(member);
+        else
+          steps.push_back({&inner, resolved(inner.getOperands()), std::nullopt});
+      }
+      for (auto [r, y] : llvm::zip(f.getResults(), f.getBlock().getTerminator()->getOperands()))
+        alias[r] = y;
+    };
+    expand(fusion);
   }
   SmallVector<Value> returned = resolved(ret.getOperands());
   llvm::DenseMap<Operation *, int64_t> position;
@@ -359,8 +383,28 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
   // when it reads each element before writing that same element: a pointwise
   // op, or a loop region's kernel (the updated tensor has the iteration
   // shape, so the region reads it at the element it writes).
-  auto pointwise = [&](const Step &step) {
-    return isElementwise(step.op) || (step.launch && isa<FusionOp>(step.op));
+  // A horizontal region's kernel runs its members on different blocks at
+  // different times: only the member that writes the new value may read the
+  // old one.
+  auto pointwise = [&](const Step &step, Value old, Value updated) {
+    if (isElementwise(step.op))
+      return true;
+    auto fusion = dyn_cast<FusionOp>(step.op);
+    if (!fusion || !step.launch)
+      return false;
+    if (fusion.getKind() == "loop")
+      return true;
+    auto writer = llvm::find_if(fusion.getBlock().without_terminator(), [&](Operation &m) {
+      return llvm::is_contained(m.getResults(),
+                                fusion.getBlock().getTerminator()->getOperand(
+                                    cast<OpResult>(updated).getResultNumber()));
+    });
+    for (auto [i, input] : llvm::enumerate(step.operands))
+      if (input == old)
+        for (Operation *user : fusion.getBlock().getArgument(i).getUsers())
+          if (user != &*writer)
+            return false;
+    return true;
   };
   llvm::DenseMap<Value, int32_t> inPlace;
   SmallVector<std::pair<Value, int32_t>> copies;
@@ -383,7 +427,7 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
         if (llvm::is_contained(returned, Value(arg)))
           safe = false;
         for (int64_t p : readers.lookup(arg))
-          safe &= p < at || (p == at && pointwise(steps[p]));
+          safe &= p < at || (p == at && pointwise(steps[p], arg, v));
       }
     }
     if (safe)

@@ -347,6 +347,20 @@ struct Body {
                            b.create<scf::YieldOp>(l);
                          });
   }
+  /// The same over a share of the grid: `blocks` blocks numbered from
+  /// `blockIndex` (a horizontal fusion gives each member region a share).
+  void gridStrideOver(int64_t n, Value blockIndex, int64_t blocks,
+                      function_ref<void(Value)> body) {
+    Value dim = b.create<gpu::BlockDimOp>(loc, gpu::Dimension::x);
+    Value start = add(mul(blockIndex, dim), tid());
+    b.create<scf::ForOp>(loc, start, idx(n), mul(idx(blocks), dim), ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value i, ValueRange) {
+                           OpBuilder::InsertionGuard g(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           body(i);
+                           b.create<scf::YieldOp>(l);
+                         });
+  }
   /// for (i = from; i < n; i += step) with a loop-carried accumulator.
   Value loopAcc(Value from, int64_t n, Value step, Value init,
                 function_ref<Value(Value, Value)> body) {
@@ -1116,6 +1130,27 @@ struct KernelGenerator::Impl {
   /// One kernel over `iterShape`: input m is read through maps[m] (4-wide
   /// vectors when every input is contiguous or a scalar), outputs are
   /// contiguous in the iteration shape.
+  /// A pointwise loop's layout: the coalesced shape, each input's map and
+  /// form (4-wide vectors when every input is contiguous or a scalar), the
+  /// memref types of its inputs and outputs, and its work items.
+  struct PointwisePlan {
+    SmallVector<int64_t> shape, outStrides;
+    SmallVector<OperandMap> maps;
+    SmallVector<bool> scalar;
+    bool vector = false;
+    int64_t work = 0;
+    SmallVector<Type> inTypes, outTypes, outStorage;
+  };
+  std::optional<PointwisePlan> planPointwise(ArrayRef<int64_t> iterShape,
+                                             SmallVector<OperandMap> maps,
+                                             ArrayRef<Type> inElems, ArrayRef<int64_t> inSizes,
+                                             ArrayRef<Type> outElems);
+  /// The grid-stride loop of `p` over `blocks` blocks from `blockIndex`,
+  /// reading inputs from `fn`'s arguments `inArgs` and writing `outArgs`;
+  /// false when `body` does not support an element.
+  bool emitPointwise(Body &k, gpu::GPUFuncOp fn, const PointwisePlan &p,
+                     ArrayRef<unsigned> inArgs, ArrayRef<unsigned> outArgs, Value blockIndex,
+                     int64_t blocks, PointwiseBody body);
   std::optional<KernelLaunch> pointwiseKernel(StringRef name, Location loc,
                                               ArrayRef<int64_t> iterShape,
                                               SmallVector<OperandMap> maps,
@@ -1123,7 +1158,10 @@ struct KernelGenerator::Impl {
                                               ArrayRef<Type> outElems, PointwiseBody body);
   std::optional<KernelLaunch> mapKernel(Operation *op, StringRef name,
                                         SmallVector<OperandMap> maps);
+  SmallVector<Value> evalLoopBody(Body &k, FusionOp fusion, ArrayRef<Value> in);
+  std::optional<PointwisePlan> planLoop(FusionOp fusion);
   std::optional<KernelLaunch> loopFusionKernel(FusionOp fusion, StringRef name);
+  std::optional<KernelLaunch> horizontalFusionKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> reduceKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> rowKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> layerNormKernel(Operation *op, StringRef name);
@@ -1176,56 +1214,57 @@ struct KernelGenerator::Impl {
   }
 };
 
-std::optional<KernelLaunch>
-KernelGenerator::Impl::pointwiseKernel(StringRef name, Location loc, ArrayRef<int64_t> iterShape,
-                                       SmallVector<OperandMap> maps, ArrayRef<Type> inElems,
-                                       ArrayRef<int64_t> inSizes, ArrayRef<Type> outElems,
-                                       PointwiseBody body) {
-  SmallVector<int64_t> shape(iterShape);
+std::optional<KernelGenerator::Impl::PointwisePlan>
+KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<OperandMap> maps,
+                                     ArrayRef<Type> inElems, ArrayRef<int64_t> inSizes,
+                                     ArrayRef<Type> outElems) {
+  PointwisePlan p;
+  p.shape.assign(iterShape.begin(), iterShape.end());
   int64_t n = 1;
-  for (int64_t d : shape)
+  for (int64_t d : p.shape)
     n *= d;
   if (n == 0)
     return std::nullopt;
-  coalesce(shape, maps);
-
+  coalesce(p.shape, maps);
+  p.maps = std::move(maps);
   // Vector form: every operand contiguous (strides of the output) or a scalar.
-  SmallVector<int64_t> outStrides = contiguousStrides(shape);
-  bool vector = n % kVector == 0;
-  SmallVector<bool> scalar(maps.size());
-  for (size_t m = 0; m < maps.size(); ++m) {
-    scalar[m] = inSizes[m] == 1;
-    vector &= scalar[m] || (maps[m].offset == 0 && maps[m].strides == outStrides);
+  p.outStrides = contiguousStrides(p.shape);
+  p.vector = n % kVector == 0;
+  p.scalar.resize(p.maps.size());
+  for (size_t m = 0; m < p.maps.size(); ++m) {
+    p.scalar[m] = inSizes[m] == 1;
+    p.vector &= p.scalar[m] || (p.maps[m].offset == 0 && p.maps[m].strides == p.outStrides);
   }
+  for (size_t m = 0; m < p.maps.size(); ++m)
+    p.inTypes.push_back(flatMemref(inElems[m], inSizes[m], p.vector && !p.scalar[m]));
+  for (Type e : outElems) {
+    p.outTypes.push_back(flatMemref(e, n, p.vector));
+    p.outStorage.push_back(storageType(e));
+  }
+  p.work = p.vector ? n / kVector : n;
+  return p;
+}
 
-  SmallVector<Type> argTypes;
-  for (size_t m = 0; m < maps.size(); ++m)
-    argTypes.push_back(flatMemref(inElems[m], inSizes[m], vector && !scalar[m]));
-  for (Type e : outElems)
-    argTypes.push_back(flatMemref(e, n, vector));
-  int64_t work = vector ? n / kVector : n;
-  int64_t block = chooseBlockSize(target, work);
-  int64_t grid = std::min(kMaxGrid, (work + block - 1) / block);
-
-  OpBuilder b(context);
-  auto fn = newKernel(b, name, argTypes, block);
-  Body k = Body::of(b, loc, fn);
-  size_t numIn = maps.size();
+bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const PointwisePlan &p,
+                                          ArrayRef<unsigned> inArgs, ArrayRef<unsigned> outArgs,
+                                          Value blockIndex, int64_t blocks, PointwiseBody body) {
+  OpBuilder &b = k.b;
+  size_t numIn = p.maps.size();
   bool ok = true;
-  k.gridStride(work, [&](Value i) {
-    if (vector) {
+  k.gridStrideOver(p.work, blockIndex, blocks, [&](Value i) {
+    if (p.vector) {
       SmallVector<Value> loaded;
       for (size_t m = 0; m < numIn; ++m)
-        loaded.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(m),
-                                                  scalar[m] ? k.idx(0) : i));
-      SmallVector<SmallVector<Value>> lanes(outElems.size());
+        loaded.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(inArgs[m]),
+                                                  p.scalar[m] ? k.idx(0) : i));
+      SmallVector<SmallVector<Value>> lanes(p.outTypes.size());
       for (int64_t l = 0; l < kVector && ok; ++l) {
         SmallVector<Value> in;
         for (size_t m = 0; m < numIn; ++m)
-          in.push_back(scalar[m] ? loaded[m]
-                                 : b.create<vector::ExtractOp>(k.loc, loaded[m], l).getResult());
+          in.push_back(p.scalar[m] ? loaded[m]
+                                   : b.create<vector::ExtractOp>(k.loc, loaded[m], l).getResult());
         SmallVector<Value> out = body(k, in);
-        if (out.size() != outElems.size()) {
+        if (out.size() != p.outTypes.size()) {
           ok = false;
           break;
         }
@@ -1234,44 +1273,68 @@ KernelGenerator::Impl::pointwiseKernel(StringRef name, Location loc, ArrayRef<in
       }
       if (!ok)
         return;
-      for (size_t o = 0; o < outElems.size(); ++o) {
+      for (size_t o = 0; o < p.outTypes.size(); ++o) {
         Value vec = b.create<vector::FromElementsOp>(
-            k.loc, VectorType::get({kVector}, storageType(outElems[o])), lanes[o]);
-        b.create<memref::StoreOp>(k.loc, vec, fn.getArgument(numIn + o), i);
+            k.loc, VectorType::get({kVector}, p.outStorage[o]), lanes[o]);
+        b.create<memref::StoreOp>(k.loc, vec, fn.getArgument(outArgs[o]), i);
       }
       return;
     }
     // Unravel the output index over the coalesced shape.
-    SmallVector<Value> index(shape.size());
+    SmallVector<Value> index(p.shape.size());
     Value rest = i;
-    for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
-      index[d] = d == 0 ? rest : k.rem(rest, shape[d]);
+    for (int64_t d = static_cast<int64_t>(p.shape.size()) - 1; d >= 0; --d) {
+      index[d] = d == 0 ? rest : k.rem(rest, p.shape[d]);
       if (d > 0)
-        rest = k.div(rest, shape[d]);
+        rest = k.div(rest, p.shape[d]);
     }
     SmallVector<Value> in;
     for (size_t m = 0; m < numIn; ++m) {
-      Value at = k.idx(maps[m].offset);
-      if (scalar[m]) {
+      Value at = k.idx(p.maps[m].offset);
+      if (p.scalar[m]) {
         at = k.idx(0);
-      } else if (maps[m].offset == 0 && maps[m].strides == outStrides) {
+      } else if (p.maps[m].offset == 0 && p.maps[m].strides == p.outStrides) {
         at = i;
       } else {
-        for (size_t d = 0; d < shape.size(); ++d)
-          if (maps[m].strides[d] != 0)
-            at = k.add(at, k.mul(index[d], k.idx(maps[m].strides[d])));
+        for (size_t d = 0; d < p.shape.size(); ++d)
+          if (p.maps[m].strides[d] != 0)
+            at = k.add(at, k.mul(index[d], k.idx(p.maps[m].strides[d])));
       }
-      in.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(m), at));
+      in.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(inArgs[m]), at));
     }
     SmallVector<Value> out = body(k, in);
-    if (out.size() != outElems.size()) {
+    if (out.size() != p.outTypes.size()) {
       ok = false;
       return;
     }
     for (size_t o = 0; o < out.size(); ++o)
-      b.create<memref::StoreOp>(k.loc, out[o], fn.getArgument(numIn + o), i);
+      b.create<memref::StoreOp>(k.loc, out[o], fn.getArgument(outArgs[o]), i);
   });
-  if (!ok) {
+  return ok;
+}
+
+std::optional<KernelLaunch>
+KernelGenerator::Impl::pointwiseKernel(StringRef name, Location loc, ArrayRef<int64_t> iterShape,
+                                       SmallVector<OperandMap> maps, ArrayRef<Type> inElems,
+                                       ArrayRef<int64_t> inSizes, ArrayRef<Type> outElems,
+                                       PointwiseBody body) {
+  std::optional<PointwisePlan> p = planPointwise(iterShape, std::move(maps), inElems, inSizes,
+                                                 outElems);
+  if (!p)
+    return std::nullopt;
+  SmallVector<Type> argTypes(p->inTypes);
+  argTypes.append(p->outTypes.begin(), p->outTypes.end());
+  int64_t block = chooseBlockSize(target, p->work);
+  int64_t grid = std::min(kMaxGrid, (p->work + block - 1) / block);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, argTypes, block);
+  Body k = Body::of(b, loc, fn);
+  SmallVector<unsigned> inArgs, outArgs;
+  for (unsigned m = 0; m < p->inTypes.size(); ++m)
+    inArgs.push_back(m);
+  for (unsigned o = 0; o < p->outTypes.size(); ++o)
+    outArgs.push_back(static_cast<unsigned>(p->inTypes.size()) + o);
+  if (!emitPointwise(k, fn, *p, inArgs, outArgs, k.bid(), grid, body)) {
     fn.erase();
     return std::nullopt;
   }
@@ -1306,8 +1369,35 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
 /// order. Every body value passes through its storage form (toStorage then
 /// toCompute), so f16/bf16 rounding, float8 encoding and booleans are exactly
 /// those of the unfused ops; only the memory round trips are gone.
-std::optional<KernelLaunch> KernelGenerator::Impl::loopFusionKernel(FusionOp fusion,
-                                                                    StringRef name) {
+SmallVector<Value> KernelGenerator::Impl::evalLoopBody(Body &k, FusionOp fusion,
+                                                       ArrayRef<Value> in) {
+  Block &block = fusion.getBlock();
+  llvm::DenseMap<Value, Value> stored; // body value -> its storage-form scalar
+  for (auto [arg, v] : llvm::zip(block.getArguments(), in))
+    stored[arg] = v;
+  for (Operation &op : block.without_terminator()) {
+    SmallVector<Value> args;
+    SmallVector<Type> elems;
+    for (Value v : op.getOperands()) {
+      elems.push_back(tensorType(v).getElementType());
+      args.push_back(k.toCompute(stored.lookup(v), elems.back()));
+    }
+    Type resultElem = tensorType(op.getResult(0)).getElementType();
+    Value r = emitScalar(k, &op, args, elems, resultElem);
+    if (!r)
+      return {};
+    stored[op.getResult(0)] = k.toStorage(r, resultElem);
+  }
+  SmallVector<Value> out;
+  for (Value v : block.getTerminator()->getOperands())
+    out.push_back(stored.lookup(v));
+  return out;
+}
+
+/// The plan of a loop region (null when its ops cannot run in one kernel);
+/// sets `fault` from its ops.
+std::optional<KernelGenerator::Impl::PointwisePlan>
+KernelGenerator::Impl::planLoop(FusionOp fusion) {
   auto float8 = [](Value v) { return isFloat8(tensorType(v).getElementType()); };
   for (Operation &op : fusion.getBlock().without_terminator()) {
     if (!isa<CastOp>(op) &&
@@ -1327,31 +1417,106 @@ std::optional<KernelLaunch> KernelGenerator::Impl::loopFusionKernel(FusionOp fus
   }
   for (Value v : fusion.getResults())
     outElems.push_back(tensorType(v).getElementType());
-  Block &block = fusion.getBlock();
-  return pointwiseKernel(
-      name, fusion.getLoc(), shape, std::move(maps), inElems, inSizes, outElems,
-      [&](Body &k, ArrayRef<Value> in) -> SmallVector<Value> {
-        llvm::DenseMap<Value, Value> stored; // body value -> its storage-form scalar
-        for (auto [arg, v] : llvm::zip(block.getArguments(), in))
-          stored[arg] = v;
-        for (Operation &op : block.without_terminator()) {
-          SmallVector<Value> args;
-          SmallVector<Type> elems;
-          for (Value v : op.getOperands()) {
-            elems.push_back(tensorType(v).getElementType());
-            args.push_back(k.toCompute(stored.lookup(v), elems.back()));
-          }
-          Type resultElem = tensorType(op.getResult(0)).getElementType();
-          Value r = emitScalar(k, &op, args, elems, resultElem);
-          if (!r)
-            return {};
-          stored[op.getResult(0)] = k.toStorage(r, resultElem);
-        }
-        SmallVector<Value> out;
-        for (Value v : block.getTerminator()->getOperands())
-          out.push_back(stored.lookup(v));
-        return out;
-      });
+  return planPointwise(shape, std::move(maps), inElems, inSizes, outElems);
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::loopFusionKernel(FusionOp fusion,
+                                                                    StringRef name) {
+  std::optional<PointwisePlan> p = planLoop(fusion);
+  if (!p)
+    return std::nullopt;
+  SmallVector<Type> argTypes(p->inTypes);
+  argTypes.append(p->outTypes.begin(), p->outTypes.end());
+  int64_t block = chooseBlockSize(target, p->work);
+  int64_t grid = std::min(kMaxGrid, (p->work + block - 1) / block);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, argTypes, block);
+  Body k = Body::of(b, fusion.getLoc(), fn);
+  SmallVector<unsigned> inArgs, outArgs;
+  for (unsigned m = 0; m < p->inTypes.size(); ++m)
+    inArgs.push_back(m);
+  for (unsigned o = 0; o < p->outTypes.size(); ++o)
+    outArgs.push_back(static_cast<unsigned>(p->inTypes.size()) + o);
+  auto body = [&](Body &kk, ArrayRef<Value> in) { return evalLoopBody(kk, fusion, in); };
+  if (!emitPointwise(k, fn, *p, inArgs, outArgs, k.bid(), grid, body)) {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), grid, block};
+}
+
+/// A horizontal region: independent loop regions (an optimizer's per-parameter
+/// updates) in one launch. Member i owns a contiguous range of blocks, sized
+/// by its work and capped at a few waves (its grid-stride loop covers the
+/// rest); a binary decision tree on blockIdx.x picks the member. Arguments
+/// are every member's inputs, then every member's outputs, in member order
+/// (the region's operands and results).
+std::optional<KernelLaunch> KernelGenerator::Impl::horizontalFusionKernel(FusionOp fusion,
+                                                                          StringRef name) {
+  SmallVector<FusionOp> members;
+  std::vector<PointwisePlan> plans;
+  for (Operation &op : fusion.getBlock().without_terminator()) {
+    auto member = cast<FusionOp>(op);
+    std::optional<PointwisePlan> p = planLoop(member);
+    if (!p)
+      return std::nullopt;
+    members.push_back(member);
+    plans.push_back(std::move(*p));
+  }
+  SmallVector<Type> argTypes;
+  SmallVector<SmallVector<unsigned>> inArgs(members.size()), outArgs(members.size());
+  int64_t maxWork = 1;
+  for (auto [i, p] : llvm::enumerate(plans)) {
+    for (Type t : p.inTypes) {
+      inArgs[i].push_back(static_cast<unsigned>(argTypes.size()));
+      argTypes.push_back(t);
+    }
+    maxWork = std::max(maxWork, p.work);
+  }
+  for (auto [i, p] : llvm::enumerate(plans))
+    for (Type t : p.outTypes) {
+      outArgs[i].push_back(static_cast<unsigned>(argTypes.size()));
+      argTypes.push_back(t);
+    }
+  int64_t block = chooseBlockSize(target, maxWork);
+  const int64_t cap = 4 * target.typicalSMs * std::max<int64_t>(1, target.maxThreadsPerSM / block);
+  SmallVector<int64_t> first, blocks;
+  int64_t grid = 0;
+  for (const PointwisePlan &p : plans) {
+    first.push_back(grid);
+    blocks.push_back(std::clamp<int64_t>((p.work + block - 1) / block, 1, cap));
+    grid += blocks.back();
+  }
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, argTypes, block);
+  Body k = Body::of(b, fusion.getLoc(), fn);
+  Value bid = k.bid();
+  bool ok = true;
+  std::function<void(size_t, size_t)> emitRange = [&](size_t lo, size_t hi) {
+    if (hi - lo == 1) {
+      FusionOp member = members[lo];
+      auto body = [&](Body &kk, ArrayRef<Value> in) { return evalLoopBody(kk, member, in); };
+      ok &= emitPointwise(k, fn, plans[lo], inArgs[lo], outArgs[lo],
+                          b.create<arith::SubIOp>(k.loc, bid, k.idx(first[lo])), blocks[lo],
+                          body);
+      return;
+    }
+    size_t mid = (lo + hi) / 2;
+    auto branch = b.create<scf::IfOp>(k.loc, k.ult(bid, k.idx(first[mid])), /*withElse=*/true);
+    OpBuilder::InsertionGuard g(b);
+    b.setInsertionPointToStart(&branch.getThenRegion().front());
+    emitRange(lo, mid);
+    b.setInsertionPointToStart(&branch.getElseRegion().front());
+    emitRange(mid, hi);
+  };
+  emitRange(0, members.size());
+  if (!ok) {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), grid, block};
 }
 
 namespace {
@@ -3401,11 +3566,18 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     for (Value v : fusion.getBlock().getArguments())
       if (!tensorType(v) || !supportedElement(tensorType(v).getElementType()))
         return std::nullopt;
-    for (Operation &inner : fusion.getBlock().without_terminator())
-      for (Value v : inner.getResults())
-        if (!tensorType(v) || !supportedElement(tensorType(v).getElementType()))
-          return std::nullopt;
-    return fusion.getKind() == "loop" ? loopFusionKernel(fusion, name) : std::nullopt;
+    bool supported = true;
+    fusion.getBlock().walk([&](Operation *inner) {
+      for (Value v : inner->getResults())
+        supported &= tensorType(v) && supportedElement(tensorType(v).getElementType());
+    });
+    if (!supported)
+      return std::nullopt;
+    if (fusion.getKind() == "loop")
+      return loopFusionKernel(fusion, name);
+    if (fusion.getKind() == "horizontal")
+      return horizontalFusionKernel(fusion, name);
+    return std::nullopt;
   }
   for (Value v : op->getOperands())
     if (!tensorType(v) || !tensorType(v).hasStaticShape() ||

@@ -549,8 +549,26 @@ LogicalResult FusionOp::verify() {
     return emitOpError("yields types that differ from its result types");
   if (getNumResults() == 0)
     return emitOpError("has no results");
+  if (getKind() == "horizontal") {
+    // Independent loop regions side by side: each member reads body arguments
+    // only, and the yield returns every member's results in member order.
+    SmallVector<Value> results;
+    for (Operation &op : block.without_terminator()) {
+      auto member = dyn_cast<FusionOp>(op);
+      if (!member || member.getKind() != "loop")
+        return op.emitOpError("is not a loop region; a horizontal region holds loop regions only");
+      for (Value v : member.getInputs())
+        if (!isa<BlockArgument>(v) || cast<BlockArgument>(v).getOwner() != &block)
+          return member.emitOpError("reads a value that is not an argument of its horizontal "
+                                    "region (members must be independent)");
+      llvm::append_range(results, member.getResults());
+    }
+    if (!llvm::equal(results, yield.getValues()))
+      return emitOpError("must yield its members' results in member order");
+    return success();
+  }
   if (getKind() != "loop")
-    return emitOpError() << "has unknown kind '" << getKind() << "' (loop)";
+    return emitOpError() << "has unknown kind '" << getKind() << "' (loop, horizontal)";
   ArrayRef<int64_t> shape = getIterationShape();
   for (Type t : getResultTypes())
     if (cast<RankedTensorType>(t).getShape() != shape)
@@ -576,9 +594,12 @@ LogicalResult FusionOp::verify() {
 
 OpCost FusionOp::getCost() {
   OpCost cost = estimateDefaultCost(*this, /*flopsPerElement=*/0); // inputs + results
-  for (Operation &op : getBlock().without_terminator())
+  for (Operation &op : getBlock().without_terminator()) {
     if (auto iface = dyn_cast<ForgeOpInterface>(op))
       cost.flops += iface.getCost().flops;
+    else if (auto member = dyn_cast<FusionOp>(op)) // a horizontal region's member
+      cost.flops += member.getCost().flops;
+  }
   return cost;
 }
 

@@ -158,7 +158,7 @@ GraphSummary summarize(ModuleOp module) {
       // A fusion region is one launch; its body's values stay in registers,
       // so its bytes are its inputs and results (FusionOp::getCost).
       if (auto fusion = dyn_cast<FusionOp>(op)) {
-        s.ops += static_cast<int64_t>(fusion.getBlock().getOperations().size()) - 1;
+        fusion.getBlock().walk([&](ForgeOpInterface) { ++s.ops; });
         ++s.launches;
         OpCost c = fusion.getCost();
         s.bytes += c.bytes;

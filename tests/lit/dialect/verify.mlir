@@ -65,7 +65,7 @@ func.func @fusion_not_pointwise(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
 // -----
 
 func.func @fusion_unknown_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{has unknown kind 'tile' (loop)}}
+  // expected-error @+1 {{has unknown kind 'tile' (loop, horizontal)}}
   %r = forge.fusion "tile"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xf32>):
     %e = forge.exp %a : (tensor<4xf32>) -> tensor<4xf32>
@@ -96,4 +96,25 @@ func.func @fusion_argument_types(%x: tensor<4xf32>) -> tensor<4xf32> {
     forge.yield %e : tensor<4xf32>
   }
   return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @horizontal_member_reads_outside(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %r:2 = forge.fusion "horizontal"(%x) : (tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<4xf32>):
+    %e = forge.fusion "loop"(%a) : (tensor<4xf32>) -> tensor<4xf32> {
+    ^bb0(%b: tensor<4xf32>):
+      %n = forge.exp %b : (tensor<4xf32>) -> tensor<4xf32>
+      forge.yield %n : tensor<4xf32>
+    }
+    // expected-error @+1 {{reads a value that is not an argument of its horizontal region (members must be independent)}}
+    %m = forge.fusion "loop"(%e) : (tensor<4xf32>) -> tensor<4xf32> {
+    ^bb0(%b: tensor<4xf32>):
+      %n = forge.neg %b : (tensor<4xf32>) -> tensor<4xf32>
+      forge.yield %n : tensor<4xf32>
+    }
+    forge.yield %e, %m : tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#0, %r#1 : tensor<4xf32>, tensor<4xf32>
 }

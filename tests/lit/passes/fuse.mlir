@@ -149,3 +149,37 @@ func.func @cross_entropy_kept(%x: tensor<4x10xf32>, %t: tensor<4xi64>, %z: tenso
   %l3 = forge.nll_loss %y3, %u {reduction = "mean"} : (tensor<10x4xf32>, tensor<10xi64>) -> tensor<f32>
   return %l, %e, %l2, %l3 : tensor<f32>, tensor<4x10xf32>, tensor<f32>, tensor<f32>
 }
+
+// -----
+
+// Two independent parameter updates (results returned with forge.updates)
+// become one horizontal region of two loop regions; its operands are each
+// member's inputs in turn (the shared learning rate twice).
+// CHECK-LABEL: func @optimizer
+// CHECK: %[[H:.*]]:2 = forge.fusion "horizontal"(%arg1, %arg4, %arg0, %arg3, %arg4, %arg2)
+// CHECK: forge.fusion "loop"
+// CHECK: forge.fusion "loop"
+// CHECK: return %[[H]]#0, %[[H]]#1
+func.func @optimizer(%p: tensor<8xf32>, %g: tensor<8xf32>, %q: tensor<4xf32>, %h: tensor<4xf32>, %lr: tensor<f32>) -> (tensor<8xf32> {forge.updates = "p"}, tensor<4xf32> {forge.updates = "q"}) {
+  %s = forge.mul %g, %lr : (tensor<8xf32>, tensor<f32>) -> tensor<8xf32>
+  %p2 = forge.sub %p, %s : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %t = forge.mul %h, %lr : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
+  %q2 = forge.sub %q, %t : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %p2, %q2 : tensor<8xf32>, tensor<4xf32>
+}
+
+// -----
+
+// Negative: the second update reads the first's result (through a
+// reduction), so they stay separate loop regions.
+// CHECK-LABEL: func @dependent_updates
+// CHECK-NOT: "horizontal"
+// CHECK-COUNT-2: forge.fusion "loop"
+func.func @dependent_updates(%p: tensor<8xf32>, %g: tensor<8xf32>, %q: tensor<4xf32>, %h: tensor<4xf32>) -> (tensor<8xf32> {forge.updates = "p"}, tensor<4xf32> {forge.updates = "q"}) {
+  %s = forge.mul %g, %g : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %p2 = forge.sub %p, %s : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %n = forge.reduce_sum %p2 {axes = array<i64: 0>, keepdims = false} : (tensor<8xf32>) -> tensor<f32>
+  %t = forge.mul %h, %n : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
+  %q2 = forge.sub %q, %t : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %p2, %q2 : tensor<8xf32>, tensor<4xf32>
+}

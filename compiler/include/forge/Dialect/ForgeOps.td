@@ -569,6 +569,12 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     kernel per loop region that evaluates the body per element, and no body
     value other than the results touches memory. A bundle for the CPU runs the
     body's ops one by one.
+
+    `kind = "horizontal"`: independent loop regions side by side (an
+    optimizer's per-parameter updates): each member reads only the region's
+    arguments (the region's inputs are all members' inputs, member by
+    member), and the region yields all members' results in member order. One
+    kernel runs them all, each member on its own range of blocks.
   }];
   let arguments = (ins Variadic<AnyForgeTensor>:$inputs, StrAttr:$kind);
   let results = (outs Variadic<AnyForgeTensor>:$results);
