@@ -122,7 +122,7 @@ bool cudnnConvolution(Operation *op) {
 
 bool mlir::forge::isLibraryCall(Operation *op) {
   StringRef name = op->getName().stripDialect();
-  if (name == "conv" || name == "conv_transpose" || name == "conv_grad_weight")
+  if (isa<ConvOp>(op) || isa<ConvTransposeOp>(op) || isa<ConvGradWeightOp>(op))
     return cudnnConvolution(op);
   if (name != "matmul" && name != "gemm")
     return false;
@@ -133,7 +133,7 @@ bool mlir::forge::isLibraryCall(Operation *op) {
       !lhs.getElementType().isF32() || !rhs.getElementType().isF32() ||
       !out.getElementType().isF32() || lhs.getRank() < 2 || rhs.getRank() < 2)
     return false;
-  if (name == "gemm") {
+  if (isa<GemmOp>(op)) {
     if (lhs.getRank() != 2 || rhs.getRank() != 2)
       return false;
     if (op->getNumOperands() < 3 || !op->getOperand(2))
@@ -642,7 +642,7 @@ Value encodeFloat8(Body &k, Value x, const Float8Spec &f, bool saturate) {
 /// other names). convert-gpu-to-nvvm in MLIR 19 has no libdevice lowering for
 /// them, so they are built from ops it has (atan2, sqrt, exp, expm1, log,
 /// log1p), in forms without cancellation or early overflow: a few ulp.
-Value emitInverseOrHyperbolic(Body &k, StringRef name, Value x) {
+Value emitInverseOrHyperbolic(Body &k, Operation *op, Value x) {
   OpBuilder &b = k.b;
   Location loc = k.loc;
   Type t = x.getType();
@@ -666,19 +666,19 @@ Value emitInverseOrHyperbolic(Body &k, StringRef name, Value x) {
   // from sqrt outside [-1, 1].
   auto cosOfAsin = [&] { return sqrt(mul(sub(cf(1), x), add(cf(1), x))); };
 
-  if (name == "asin")
+  if (isa<AsinOp>(op))
     return b.create<math::Atan2Op>(loc, x, cosOfAsin());
-  if (name == "acos")
+  if (isa<AcosOp>(op))
     return b.create<math::Atan2Op>(loc, cosOfAsin(), x);
-  if (!llvm::is_contained({"sinh", "cosh", "asinh", "acosh", "atanh"}, name))
+  if (!isa<SinhOp, CoshOp, AsinhOp, AcoshOp, AtanhOp>(op))
     return {};
   Value a = b.create<math::AbsFOp>(loc, x);
-  if (name == "sinh" || name == "cosh") {
+  if (isa<SinhOp>(op) || isa<CoshOp>(op)) {
     // h = e^(|x|/2): e^|x| / 2 = (h / 2) h overflows only where the result does.
     Value h = b.create<math::ExpOp>(loc, mul(a, cf(0.5)));
     Value big = mul(mul(h, cf(0.5)), h);
     Value small = div(cf(0.5), mul(h, h)); // e^-|x| / 2
-    if (name == "cosh")
+    if (isa<CoshOp>(op))
       return add(big, small);
     // Below 20 (e^-40 is below double's epsilon): with u = e^|x| - 1,
     // sinh = (u + u / (u + 1)) / 2, no cancellation near 0.
@@ -686,20 +686,20 @@ Value emitInverseOrHyperbolic(Body &k, StringRef name, Value x) {
     Value viaExpm1 = mul(add(u, div(u, add(u, cf(1)))), cf(0.5));
     return odd(select(less(a, cf(20)), viaExpm1, sub(big, small)));
   }
-  if (name == "asinh") {
+  if (isa<AsinhOp>(op)) {
     // log1p(a + a^2 / (1 + sqrt(1 + a^2))) = log(a + sqrt(a^2 + 1)).
     Value a2 = mul(a, a);
     Value v = b.create<math::Log1pOp>(loc, add(a, div(a2, add(cf(1), sqrt(add(cf(1), a2))))));
     return odd(select(less(a, huge), v, logTwice(a)));
   }
-  if (name == "acosh") {
+  if (isa<AcoshOp>(op)) {
     // t = x - 1 (exact near 1): log1p(t + sqrt(t) sqrt(t + 2)); sqrt(t) makes
     // x < 1 nan (t (t + 2) would be positive, even inf, below -1).
     Value t1 = sub(x, cf(1));
     Value v = b.create<math::Log1pOp>(loc, add(t1, mul(sqrt(t1), sqrt(add(t1, cf(2))))));
     return select(less(x, huge), v, logTwice(x));
   }
-  if (name == "atanh") {
+  if (isa<AtanhOp>(op)) {
     // log1p(2a / (1 - a)) / 2: inf at 1, nan beyond.
     Value v = b.create<math::Log1pOp>(loc, div(add(a, a), sub(cf(1), a)));
     return odd(mul(v, cf(0.5)));
@@ -728,9 +728,9 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
     return select(cmpf(arith::CmpFPredicate::OGT, lo, cf(1)), cf(1), lo);
   };
 
-  if (name == "transpose" || name == "broadcast" || name == "slice") // the map does the work
+  if (isa<TransposeOp>(op) || isa<BroadcastOp>(op) || isa<SliceOp>(op)) // the map does the work
     return args[0];
-  if (name == "cast" && isFloat8(resultElem)) {
+  if (isa<CastOp>(op) && isFloat8(resultElem)) {
     // Through f32 from floats up to f32 (exact), else through f64, as the CPU
     // goes through double.
     Value x = args[0];
@@ -742,7 +742,7 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
     auto saturate = op->getAttrOfType<IntegerAttr>("saturate");
     return encodeFloat8(k, x, float8Spec(resultElem), !saturate || saturate.getInt() != 0);
   }
-  if (name == "cast") {
+  if (isa<CastOp>(op)) {
     Type to = computeType(resultElem);
     Value x = args[0];
     bool toUnsigned = isUnsignedInt(resultElem);
@@ -766,7 +766,7 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
     return ct.isInteger(1) || isUnsigned ? Value(b.create<arith::ExtUIOp>(loc, to, x))
                                          : Value(b.create<arith::ExtSIOp>(loc, to, x));
   }
-  if (name == "where")
+  if (isa<WhereOp>(op))
     return select(args[0], args[1], args[2]);
 
   if (args.size() == 2) {
@@ -777,21 +777,21 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
         (argElems.size() == 2 && isUnsignedInt(argElems[0]) != isUnsignedInt(argElems[1])))
       return {};
     bool isBool = ct.isInteger(1);
-    if (name == "and" && isBool)
+    if (isa<AndOp>(op) && isBool)
       return b.create<arith::AndIOp>(loc, a, c);
-    if (name == "or" && isBool)
+    if (isa<OrOp>(op) && isBool)
       return b.create<arith::OrIOp>(loc, a, c);
-    if (name == "xor" && isBool)
+    if (isa<XorOp>(op) && isBool)
       return b.create<arith::XOrIOp>(loc, a, c);
     auto fmodAttr = op->getAttrOfType<BoolAttr>("fmod");
     bool fmod = fmodAttr && fmodAttr.getValue();
     if (fl) {
-      if (name == "add") return b.create<arith::AddFOp>(loc, a, c);
-      if (name == "sub") return b.create<arith::SubFOp>(loc, a, c);
-      if (name == "mul") return b.create<arith::MulFOp>(loc, a, c);
-      if (name == "div") return b.create<arith::DivFOp>(loc, a, c);
-      if (name == "pow") return b.create<math::PowFOp>(loc, a, c);
-      if (name == "mod") {
+      if (isa<AddOp>(op)) return b.create<arith::AddFOp>(loc, a, c);
+      if (isa<SubOp>(op)) return b.create<arith::SubFOp>(loc, a, c);
+      if (isa<MulOp>(op)) return b.create<arith::MulFOp>(loc, a, c);
+      if (isa<DivOp>(op)) return b.create<arith::DivFOp>(loc, a, c);
+      if (isa<PowOp>(op)) return b.create<math::PowFOp>(loc, a, c);
+      if (isa<ModOp>(op)) {
         // remf is C fmod (__nv_fmodf); the floored form moves a nonzero
         // remainder to the divisor's side, as the CPU does.
         Value r = b.create<arith::RemFOp>(loc, a, c);
@@ -803,26 +803,26 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
                                     cmpf(arith::CmpFPredicate::OLT, c, cf(0))));
         return select(fix, b.create<arith::AddFOp>(loc, r, c), r);
       }
-      if (name == "min") return b.create<arith::MinimumFOp>(loc, a, c);
-      if (name == "max") return b.create<arith::MaximumFOp>(loc, a, c);
-      if (name == "equal") return cmpf(arith::CmpFPredicate::OEQ, a, c);
-      if (name == "less") return cmpf(arith::CmpFPredicate::OLT, a, c);
-      if (name == "greater") return cmpf(arith::CmpFPredicate::OGT, a, c);
-      if (name == "less_equal") return cmpf(arith::CmpFPredicate::OLE, a, c);
-      if (name == "greater_equal") return cmpf(arith::CmpFPredicate::OGE, a, c);
+      if (isa<MinOp>(op)) return b.create<arith::MinimumFOp>(loc, a, c);
+      if (isa<MaxOp>(op)) return b.create<arith::MaximumFOp>(loc, a, c);
+      if (isa<EqualOp>(op)) return cmpf(arith::CmpFPredicate::OEQ, a, c);
+      if (isa<LessOp>(op)) return cmpf(arith::CmpFPredicate::OLT, a, c);
+      if (isa<GreaterOp>(op)) return cmpf(arith::CmpFPredicate::OGT, a, c);
+      if (isa<LessEqualOp>(op)) return cmpf(arith::CmpFPredicate::OLE, a, c);
+      if (isa<GreaterEqualOp>(op)) return cmpf(arith::CmpFPredicate::OGE, a, c);
       return {};
     }
     using P = arith::CmpIPredicate;
     auto icmp = [&](P p, Value l, Value r) { return b.create<arith::CmpIOp>(loc, p, l, r); };
     auto cmpi = [&](P p) { return icmp(p, a, c); };
-    if (name == "equal") return cmpi(P::eq);
+    if (isa<EqualOp>(op)) return cmpi(P::eq);
     if (isBool)
       return {};
-    if (name == "add") return b.create<arith::AddIOp>(loc, a, c);
-    if (name == "sub") return b.create<arith::SubIOp>(loc, a, c);
-    if (name == "mul") return b.create<arith::MulIOp>(loc, a, c);
-    if (name == "pow") return intPow(k, a, c, isUnsigned);
-    if (name == "div") {
+    if (isa<AddOp>(op)) return b.create<arith::AddIOp>(loc, a, c);
+    if (isa<SubOp>(op)) return b.create<arith::SubIOp>(loc, a, c);
+    if (isa<MulOp>(op)) return b.create<arith::MulIOp>(loc, a, c);
+    if (isa<PowOp>(op)) return intPow(k, a, c, isUnsigned);
+    if (isa<DivOp>(op)) {
       // A zero divisor is a fault the caller reports; here it gives 0. Signed
       // x / -1 is -x (MIN / -1 would trap).
       Value zero = intConst(k, ct, 0);
@@ -837,7 +837,7 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
       q = select(minusOne, b.create<arith::SubIOp>(loc, zero, a), q);
       return select(isZero, zero, q);
     }
-    if (name == "mod") {
+    if (isa<ModOp>(op)) {
       // As div: a zero divisor is a fault and gives 0; x % -1 is 0 (MIN % -1
       // would trap).
       Value zero = intConst(k, ct, 0);
@@ -858,10 +858,10 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
           b.create<arith::XOrIOp>(loc, icmp(P::slt, r, zero), icmp(P::slt, c, zero)));
       return select(fix, b.create<arith::AddIOp>(loc, r, c), r);
     }
-    if (name == "bitwise_and") return b.create<arith::AndIOp>(loc, a, c);
-    if (name == "bitwise_or") return b.create<arith::OrIOp>(loc, a, c);
-    if (name == "bitwise_xor") return b.create<arith::XOrIOp>(loc, a, c);
-    if (name == "bit_shift") {
+    if (isa<BitwiseAndOp>(op)) return b.create<arith::AndIOp>(loc, a, c);
+    if (isa<BitwiseOrOp>(op)) return b.create<arith::OrIOp>(loc, a, c);
+    if (isa<BitwiseXorOp>(op)) return b.create<arith::XOrIOp>(loc, a, c);
+    if (isa<BitShiftOp>(op)) {
       auto direction = op->getAttrOfType<StringAttr>("direction");
       if (!isUnsigned || !direction)
         return {};
@@ -872,29 +872,29 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
                                                : Value(b.create<arith::ShRUIOp>(loc, a, amount));
       return select(over, intConst(k, ct, 0), r);
     }
-    if (name == "min") return isUnsigned ? Value(b.create<arith::MinUIOp>(loc, a, c)) : Value(b.create<arith::MinSIOp>(loc, a, c));
-    if (name == "max") return isUnsigned ? Value(b.create<arith::MaxUIOp>(loc, a, c)) : Value(b.create<arith::MaxSIOp>(loc, a, c));
-    if (name == "less") return cmpi(isUnsigned ? P::ult : P::slt);
-    if (name == "greater") return cmpi(isUnsigned ? P::ugt : P::sgt);
-    if (name == "less_equal") return cmpi(isUnsigned ? P::ule : P::sle);
-    if (name == "greater_equal") return cmpi(isUnsigned ? P::uge : P::sge);
+    if (isa<MinOp>(op)) return isUnsigned ? Value(b.create<arith::MinUIOp>(loc, a, c)) : Value(b.create<arith::MinSIOp>(loc, a, c));
+    if (isa<MaxOp>(op)) return isUnsigned ? Value(b.create<arith::MaxUIOp>(loc, a, c)) : Value(b.create<arith::MaxSIOp>(loc, a, c));
+    if (isa<LessOp>(op)) return cmpi(isUnsigned ? P::ult : P::slt);
+    if (isa<GreaterOp>(op)) return cmpi(isUnsigned ? P::ugt : P::sgt);
+    if (isa<LessEqualOp>(op)) return cmpi(isUnsigned ? P::ule : P::sle);
+    if (isa<GreaterEqualOp>(op)) return cmpi(isUnsigned ? P::uge : P::sge);
     return {};
   }
 
   if (args.size() != 1)
     return {};
   Value x = args[0];
-  if (name == "not" && ct.isInteger(1))
+  if (isa<NotOp>(op) && ct.isInteger(1))
     return b.create<arith::XOrIOp>(loc, x, b.create<arith::ConstantIntOp>(loc, 1, 1));
   if (!fl) {
     if (ct.isInteger(1))
       return {};
     Value zero = intConst(k, ct, 0);
-    if (name == "neg") return b.create<arith::SubIOp>(loc, zero, x);
-    if (name == "abs") return isUnsigned ? x : Value(b.create<math::AbsIOp>(loc, x));
-    if (name == "bitwise_not") return b.create<arith::XOrIOp>(loc, x, intConst(k, ct, -1));
-    if (name == "relu") return isUnsigned ? x : Value(b.create<arith::MaxSIOp>(loc, x, zero));
-    if (name == "clip") {
+    if (isa<NegOp>(op)) return b.create<arith::SubIOp>(loc, zero, x);
+    if (isa<AbsOp>(op)) return isUnsigned ? x : Value(b.create<math::AbsIOp>(loc, x));
+    if (isa<BitwiseNotOp>(op)) return b.create<arith::XOrIOp>(loc, x, intConst(k, ct, -1));
+    if (isa<ReluOp>(op)) return isUnsigned ? x : Value(b.create<arith::MaxSIOp>(loc, x, zero));
+    if (isa<ClipOp>(op)) {
       // As the CPU: compared in double (so +-inf bounds work), a crossed bound
       // converted with saturation.
       Type f64 = b.getF64Type();
@@ -909,10 +909,10 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
     }
     return {};
   }
-  if (name == "neg") return b.create<arith::NegFOp>(loc, x);
-  if (name == "floor") return b.create<math::FloorOp>(loc, x);
-  if (name == "ceil") return b.create<math::CeilOp>(loc, x);
-  if (name == "round") {
+  if (isa<NegOp>(op)) return b.create<arith::NegFOp>(loc, x);
+  if (isa<FloorOp>(op)) return b.create<math::FloorOp>(loc, x);
+  if (isa<CeilOp>(op)) return b.create<math::CeilOp>(loc, x);
+  if (isa<RoundOp>(op)) {
     // Half to even without libdevice (MLIR 19 lowers no roundeven): adding and
     // subtracting 2^mantissa-bits rounds in the default mode, nearest even;
     // larger magnitudes (and inf, NaN) are already integral.
@@ -933,15 +933,15 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
     r = b.create<arith::BitcastOp>(loc, ct, b.create<arith::OrIOp>(loc, ri, si));
     return select(cmpf(arith::CmpFPredicate::OLT, b.create<math::AbsFOp>(loc, x), big), r, x);
   }
-  if (name == "abs") return b.create<math::AbsFOp>(loc, x);
-  if (name == "exp") return b.create<math::ExpOp>(loc, x);
-  if (name == "log") return b.create<math::LogOp>(loc, x);
-  if (name == "sqrt") return b.create<math::SqrtOp>(loc, x);
-  if (name == "reciprocal") return b.create<arith::DivFOp>(loc, cf(1), x);
-  if (name == "tanh") return b.create<math::TanhOp>(loc, x);
-  if (name == "erf") return b.create<math::ErfOp>(loc, x);
-  if (name == "isnan") return cmpf(arith::CmpFPredicate::UNO, x, x);
-  if (name == "isinf") {
+  if (isa<AbsOp>(op)) return b.create<math::AbsFOp>(loc, x);
+  if (isa<ExpOp>(op)) return b.create<math::ExpOp>(loc, x);
+  if (isa<LogOp>(op)) return b.create<math::LogOp>(loc, x);
+  if (isa<SqrtOp>(op)) return b.create<math::SqrtOp>(loc, x);
+  if (isa<ReciprocalOp>(op)) return b.create<arith::DivFOp>(loc, cf(1), x);
+  if (isa<TanhOp>(op)) return b.create<math::TanhOp>(loc, x);
+  if (isa<ErfOp>(op)) return b.create<math::ErfOp>(loc, x);
+  if (isa<IsNaNOp>(op)) return cmpf(arith::CmpFPredicate::UNO, x, x);
+  if (isa<IsInfOp>(op)) {
     auto detect = [&](StringRef attr) {
       auto flag = op->getAttrOfType<BoolAttr>(attr);
       return !flag || flag.getValue();
@@ -953,15 +953,15 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
       r = b.create<arith::OrIOp>(loc, r, cmpf(arith::CmpFPredicate::OEQ, x, cf(-INFINITY)));
     return r;
   }
-  if (name == "sin") return b.create<math::SinOp>(loc, x);
-  if (name == "cos") return b.create<math::CosOp>(loc, x);
-  if (name == "tan") return b.create<math::TanOp>(loc, x);
-  if (name == "atan") return b.create<math::AtanOp>(loc, x);
-  if (Value r = emitInverseOrHyperbolic(k, name, x))
+  if (isa<SinOp>(op)) return b.create<math::SinOp>(loc, x);
+  if (isa<CosOp>(op)) return b.create<math::CosOp>(loc, x);
+  if (isa<TanOp>(op)) return b.create<math::TanOp>(loc, x);
+  if (isa<AtanOp>(op)) return b.create<math::AtanOp>(loc, x);
+  if (Value r = emitInverseOrHyperbolic(k, op, x))
     return r;
-  if (name == "relu") // x < 0 ? 0 : x keeps NaN
+  if (isa<ReluOp>(op)) // x < 0 ? 0 : x keeps NaN
     return select(cmpf(arith::CmpFPredicate::OLT, x, cf(0)), cf(0), x);
-  if (name == "sigmoid") {
+  if (isa<SigmoidOp>(op)) {
     // Never exponentiate a large positive number.
     Value e = b.create<math::ExpOp>(loc, b.create<arith::NegFOp>(loc, b.create<math::AbsFOp>(loc, x)));
     Value onePlus = b.create<arith::AddFOp>(loc, cf(1), e);
@@ -969,39 +969,39 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
     Value neg = b.create<arith::DivFOp>(loc, e, onePlus);
     return select(cmpf(arith::CmpFPredicate::OGE, x, cf(0)), pos, neg);
   }
-  if (name == "softplus") {
+  if (isa<SoftplusOp>(op)) {
     Value e = b.create<math::ExpOp>(loc, b.create<arith::NegFOp>(loc, b.create<math::AbsFOp>(loc, x)));
     Value l = b.create<math::Log1pOp>(loc, e);
     Value pos = b.create<arith::AddFOp>(loc, x, l);
     return select(cmpf(arith::CmpFPredicate::OGT, x, cf(0)), pos, l);
   }
-  if (name == "hard_swish") {
+  if (isa<HardSwishOp>(op)) {
     Value g = b.create<arith::AddFOp>(loc, b.create<arith::DivFOp>(loc, x, cf(6)), cf(0.5));
     return b.create<arith::MulFOp>(loc, x, clamp01(g));
   }
-  if (name == "hard_sigmoid") {
+  if (isa<HardSigmoidOp>(op)) {
     Value v = b.create<arith::AddFOp>(
         loc, b.create<arith::MulFOp>(loc, cf(floatAttr(op, "alpha", 0.2)), x),
         cf(floatAttr(op, "beta", 0.5)));
     return clamp01(v);
   }
-  if (name == "leaky_relu")
+  if (isa<LeakyReluOp>(op))
     return select(cmpf(arith::CmpFPredicate::OLT, x, cf(0)),
                   b.create<arith::MulFOp>(loc, cf(floatAttr(op, "alpha", 0.01)), x), x);
-  if (name == "selu") {
+  if (isa<SeluOp>(op)) {
     Value neg = b.create<arith::MulFOp>(loc, cf(floatAttr(op, "alpha", 1.6732632423543772)),
                                         b.create<math::ExpM1Op>(loc, x));
     Value v = select(cmpf(arith::CmpFPredicate::OGT, x, cf(0)), x, neg);
     return b.create<arith::MulFOp>(loc, cf(floatAttr(op, "gamma", 1.0507009873554805)), v);
   }
-  if (name == "thresholded_relu") // nan -> 0, as the CPU
+  if (isa<ThresholdedReluOp>(op)) // nan -> 0, as the CPU
     return select(cmpf(arith::CmpFPredicate::OGT, x, cf(floatAttr(op, "alpha", 1.0))), x, cf(0));
-  if (name == "elu")
+  if (isa<EluOp>(op))
     return select(cmpf(arith::CmpFPredicate::OLT, x, cf(0)),
                   b.create<arith::MulFOp>(loc, cf(floatAttr(op, "alpha", 1.0)),
                                           b.create<math::ExpM1Op>(loc, x)),
                   x);
-  if (name == "gelu") {
+  if (isa<GeluOp>(op)) {
     auto approx = op->getAttrOfType<StringAttr>("approximate");
     Value inner;
     if (approx && approx.getValue() == "tanh") {
@@ -1016,7 +1016,7 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
     Value half = b.create<arith::MulFOp>(loc, cf(0.5), x);
     return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, cf(1), inner));
   }
-  if (name == "clip") {
+  if (isa<ClipOp>(op)) {
     Value lo = cf(floatAttr(op, "min", -INFINITY)), hi = cf(floatAttr(op, "max", INFINITY));
     Value v = select(cmpf(arith::CmpFPredicate::OLT, x, lo), lo, x);
     return select(cmpf(arith::CmpFPredicate::OGT, v, hi), hi, v);
@@ -1528,25 +1528,25 @@ struct ReduceKind {
   bool sqrt = false;   // l2: sqrt at the end
 };
 
-std::optional<ReduceKind> reduceKind(StringRef name) {
+std::optional<ReduceKind> reduceKind(Operation *op) {
   auto addf = [](Body &k, Value a, Value c) -> Value { return k.b.create<arith::AddFOp>(k.loc, a, c); };
-  if (name == "reduce_sum")
+  if (isa<ReduceSumOp>(op))
     return ReduceKind{addf, 0.0};
-  if (name == "reduce_mean")
+  if (isa<ReduceMeanOp>(op))
     return ReduceKind{addf, 0.0, false, true};
-  if (name == "reduce_l2")
+  if (isa<ReduceL2Op>(op))
     return ReduceKind{addf, 0.0, true, false, true};
-  if (name == "reduce_prod")
+  if (isa<ReduceProdOp>(op))
     return ReduceKind{[](Body &k, Value a, Value c) -> Value {
                         return k.b.create<arith::MulFOp>(k.loc, a, c);
                       },
                       1.0};
-  if (name == "reduce_max")
+  if (isa<ReduceMaxOp>(op))
     return ReduceKind{[](Body &k, Value a, Value c) -> Value {
                         return k.b.create<arith::MaximumFOp>(k.loc, a, c);
                       },
                       -INFINITY};
-  if (name == "reduce_min")
+  if (isa<ReduceMinOp>(op))
     return ReduceKind{[](Body &k, Value a, Value c) -> Value {
                         return k.b.create<arith::MinimumFOp>(k.loc, a, c);
                       },
@@ -1582,7 +1582,7 @@ struct DimGroup {
 } // namespace
 
 std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, StringRef name) {
-  auto kind = reduceKind(op->getName().stripDialect());
+  auto kind = reduceKind(op);
   auto inType = tensorType(op->getOperand(0));
   auto outType = tensorType(op->getResult(0));
   auto axes = op->getAttrOfType<DenseI64ArrayAttr>("axes");
@@ -1623,7 +1623,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   // blocks, whose partial sums are added atomically (f32 or f64 sums and means;
   // the order of the additions, and so the last bits, may vary run to run).
   StringRef opName = op->getName().stripDialect();
-  bool additive = (opName == "reduce_sum" || opName == "reduce_mean") && elem == accType;
+  bool additive = (isa<ReduceSumOp>(op) || isa<ReduceMeanOp>(op)) && elem == accType;
   int64_t perBlock = (rowLayout ? block : block / kWarp) * 16; // reduced elements per chunk, at least
   int64_t splits = 1;
   if (additive && outBlocks < 2 * target.typicalSMs)
@@ -1755,20 +1755,20 @@ std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, Stri
                          });
   };
 
-  if (opName == "softmax" || opName == "log_softmax") {
+  if (isa<SoftmaxOp>(op) || isa<LogSoftmaxOp>(op)) {
     Value m = rowReduce(ninf, maxf, [&](Value c) { return ld(0, c); });
     Value s = rowReduce(zero, addf, [&](Value c) { return expf(subf(ld(0, c), m)); });
-    if (opName == "softmax") {
+    if (isa<SoftmaxOp>(op)) {
       Value inv = b.create<arith::DivFOp>(k.loc, k.fconst(f32, 1.0), s);
       forCols([&](Value c) { return mulf(expf(subf(ld(0, c), m)), inv); });
     } else {
       Value shift = addf(m, b.create<math::LogOp>(k.loc, s));
       forCols([&](Value c) { return subf(ld(0, c), shift); });
     }
-  } else if (opName == "softmax_grad") { // (y, dy): y * (dy - sum(dy * y))
+  } else if (isa<SoftmaxGradOp>(op)) { // (y, dy): y * (dy - sum(dy * y))
     Value d = rowReduce(zero, addf, [&](Value c) { return mulf(ld(0, c), ld(1, c)); });
     forCols([&](Value c) { return mulf(ld(0, c), subf(ld(1, c), d)); });
-  } else if (opName == "log_softmax_grad") { // (y, dy): dy - exp(y) * sum(dy)
+  } else if (isa<LogSoftmaxGradOp>(op)) { // (y, dy): dy - exp(y) * sum(dy)
     Value s = rowReduce(zero, addf, [&](Value c) { return ld(1, c); });
     forCols([&](Value c) { return subf(ld(1, c), mulf(expf(ld(0, c)), s)); });
   } else {
@@ -2965,8 +2965,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, Str
     k.store(sum, fn.getArgument(op->getNumOperands()), i, elem);
   };
 
-  if (opName == "conv" || opName == "conv_grad_weight") {
-    bool grad = opName == "conv_grad_weight";
+  if (isa<ConvOp>(op) || isa<ConvGradWeightOp>(op)) {
+    bool grad = isa<ConvGradWeightOp>(op);
     auto y = grad ? second : res;               // the conv output map [N, M, out...]
     auto w = grad ? res : second;               // [M, C/group, k...]
     auto g = WindowGeometry::of(op, x, y, w);
@@ -3134,7 +3134,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::scatterGradKernel(Operation *
   StringRef opName = op->getName().stripDialect();
   auto dy = tensorType(op->getOperand(0)), dx = tensorType(op->getResult(0));
   int64_t rank = dy.getRank();
-  bool pad = opName == "pad_grad";
+  bool pad = isa<PadGradOp>(op);
   if (rank == 0 || dy.getNumElements() == 0 || dx.getNumElements() == 0 ||
       (pad && !dx.getElementType().isF32()))
     return std::nullopt;
@@ -3411,14 +3411,14 @@ std::optional<KernelLaunch> KernelGenerator::Impl::remapKernel(Operation *op, St
     }
     Value valid = b.create<arith::ConstantIntOp>(k.loc, 1, 1);
     Value src = k.idx(0);
-    if (opName == "pad") {
+    if (isa<PadOp>(op)) {
       auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
       StringRef mode = op->getAttrOfType<StringAttr>("mode").getValue();
       for (int64_t d = 0; d < rank; ++d) {
         Value s = b.create<arith::SubIOp>(k.loc, o[d], k.idx(pads[d]));
         src = k.add(src, k.mul(padSource(k, s, inShape[d], mode, valid), k.idx(inStrides[d])));
       }
-    } else if (opName == "tile") {
+    } else if (isa<TileOp>(op)) {
       for (int64_t d = 0; d < rank; ++d)
         src = k.add(src, k.mul(k.rem(o[d], inShape[d]), k.idx(inStrides[d])));
     } else { // trilu over the last two dims: keep c - r >= k (upper) or <= k (lower)
@@ -3431,7 +3431,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::remapKernel(Operation *op, St
     }
     Value v = b.create<memref::LoadOp>(k.loc, fn.getArgument(0), src);
     if (opName != "tile") {
-      double value = opName == "pad" ? op->getAttrOfType<FloatAttr>("value").getValueAsDouble() : 0.0;
+      double value = isa<PadOp>(op) ? op->getAttrOfType<FloatAttr>("value").getValueAsDouble() : 0.0;
       v = b.create<arith::SelectOp>(k.loc, valid, v, fillConstant(k, elem, storage, value));
     }
     b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1), i);
@@ -3548,13 +3548,13 @@ std::string faultOf(Operation *op) {
                           "scatter_elements"},
                          name))
     return "an index is outside [-size, size) of its axis";
-  if (name == "nll_loss")
+  if (isa<NllLossOp>(op))
     return "a target class is outside [0, classes) and not the ignore_index";
-  if (name == "cross_entropy")
+  if (isa<CrossEntropyOp>(op))
     return "a target class is outside [0, classes)";
-  if (name == "div" && isa<IntegerType>(tensorType(op->getResult(0)).getElementType()))
+  if (isa<DivOp>(op) && isa<IntegerType>(tensorType(op->getResult(0)).getElementType()))
     return "integer division by zero";
-  if (name == "mod" && isa<IntegerType>(tensorType(op->getResult(0)).getElementType()))
+  if (isa<ModOp>(op) && isa<IntegerType>(tensorType(op->getResult(0)).getElementType()))
     return "integer modulo by zero";
   return "";
 }
@@ -3587,93 +3587,86 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     if (!tensorType(v) || !tensorType(v).hasStaticShape() ||
         !supportedElement(tensorType(v).getElementType()))
       return std::nullopt;
-  StringRef opName = op->getName().stripDialect();
   auto float8 = [](Value v) { return isFloat8(tensorType(v).getElementType()); };
-  if (opName != "cast" && (llvm::any_of(op->getOperands(), float8) ||
+  if (!isa<CastOp>(op) && (llvm::any_of(op->getOperands(), float8) ||
                            llvm::any_of(op->getResults(), float8)))
     return std::nullopt; // float8 values are only made and read by casts
-  if (opName == "split")
+  // Ops with several results first; every other generator makes one result.
+  if (isa<SplitOp>(op))
     return splitKernel(op, name);
-  if (opName == "layer_norm_grad")
+  if (isa<LayerNormGradOp>(op))
     return layerNormGradKernel(op, name);
-  if (opName == "group_norm_grad")
+  if (isa<GroupNormGradOp>(op))
     return groupNormKernel(op, name, true);
-  if (opName == "batch_norm_training")
-    return batchNormTrainingKernel(op, name, false);
-  if (opName == "batch_norm_training_grad")
-    return batchNormTrainingKernel(op, name, true);
-  if (opName == "top_k")
+  if (isa<BatchNormTrainingOp, BatchNormTrainingGradOp>(op))
+    return batchNormTrainingKernel(op, name, isa<BatchNormTrainingGradOp>(op));
+  if (isa<TopKOp>(op))
     return topKKernel(op, name);
-  if (opName == "cross_entropy" || opName == "cross_entropy_grad")
-    return crossEntropyKernel(op, name, opName == "cross_entropy_grad");
+  if (isa<CrossEntropyOp, CrossEntropyGradOp>(op))
+    return crossEntropyKernel(op, name, isa<CrossEntropyGradOp>(op));
   if (op->getNumResults() != 1)
     return std::nullopt;
   auto outShape = tensorType(op->getResult(0)).getShape();
-  if (opName == "dropout_mask")
+  if (isa<DropoutMaskOp>(op))
     return dropoutMaskKernel(op, name);
-  if (opName == "gather" || opName == "gather_grad")
-    return gatherKernel(op, name, opName == "gather_grad");
-  if (opName == "nll_loss")
+  if (isa<GatherOp, GatherGradOp>(op))
+    return gatherKernel(op, name, isa<GatherGradOp>(op));
+  if (isa<NllLossOp>(op))
     return nllLossKernel(op, name);
-  if (opName == "nll_loss_grad")
+  if (isa<NllLossGradOp>(op))
     return nllLossGradKernel(op, name);
-  if (opName == "argmax")
+  if (isa<ArgMaxOp>(op))
     return argmaxKernel(op, name);
-  if (opName == "layer_norm")
+  if (isa<LayerNormOp>(op))
     return layerNormKernel(op, name);
-  if (opName == "concat")
+  if (isa<ConcatOp>(op))
     return concatKernel(op, name);
-  if (opName == "batch_norm")
+  if (isa<BatchNormOp>(op))
     return batchNormKernel(op, name);
-  if (opName == "pad" || opName == "tile" || opName == "trilu")
+  if (isa<PadOp, TileOp, TriluOp>(op))
     return remapKernel(op, name);
-  if (opName == "avg_pool" || opName == "avg_pool_grad")
-    return avgPoolKernel(op, name, opName == "avg_pool_grad");
-  if (opName == "gather_elements" || opName == "gather_elements_grad")
-    return gatherElementsKernel(op, name, opName == "gather_elements_grad");
-  if (opName == "scatter_elements")
+  if (isa<AvgPoolOp, AvgPoolGradOp>(op))
+    return avgPoolKernel(op, name, isa<AvgPoolGradOp>(op));
+  if (isa<GatherElementsOp, GatherElementsGradOp>(op))
+    return gatherElementsKernel(op, name, isa<GatherElementsGradOp>(op));
+  if (isa<ScatterElementsOp>(op))
     return scatterElementsKernel(op, name);
-  if (opName == "one_hot")
+  if (isa<OneHotOp>(op))
     return oneHotKernel(op, name);
-  if (opName == "cumsum")
+  if (isa<CumSumOp>(op))
     return cumsumKernel(op, name);
-  if (opName == "slice_grad" || opName == "pad_grad")
+  if (isa<SliceGradOp, PadGradOp>(op))
     return scatterGradKernel(op, name);
-  if (opName == "group_norm")
+  if (isa<GroupNormOp>(op))
     return groupNormKernel(op, name, false);
-  if (opName == "matmul" || opName == "gemm")
+  if (isa<MatMulOp, GemmOp>(op))
     return matmulKernel(op, name);
-  if (opName == "conv" || opName == "conv_transpose" || opName == "conv_grad_weight")
+  if (isa<ConvOp, ConvTransposeOp, ConvGradWeightOp>(op))
     return convKernel(op, name);
-  if (opName == "max_pool" || opName == "max_pool_grad")
-    return maxPoolKernel(op, name, opName == "max_pool_grad");
-
-  if (reduceKind(opName))
+  if (isa<MaxPoolOp, MaxPoolGradOp>(op))
+    return maxPoolKernel(op, name, isa<MaxPoolGradOp>(op));
+  if (reduceKind(op)) // the reduce_* ops
     return reduceKernel(op, name);
-  if (llvm::is_contained({"softmax", "log_softmax", "softmax_grad", "log_softmax_grad"}, opName))
+  if (isa<SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp, LogSoftmaxGradOp>(op))
     return rowKernel(op, name);
 
   SmallVector<OperandMap> maps;
-  if (opName == "transpose") {
-    auto perm = op->getAttrOfType<DenseI64ArrayAttr>("perm");
-    auto inShape = tensorType(op->getOperand(0)).getShape();
-    SmallVector<int64_t> inStrides = contiguousStrides(inShape);
+  if (auto transpose = dyn_cast<TransposeOp>(op)) {
+    SmallVector<int64_t> inStrides = contiguousStrides(tensorType(transpose.getInput()).getShape());
     OperandMap m;
-    for (int64_t p : perm.asArrayRef())
+    for (int64_t p : transpose.getPerm())
       m.strides.push_back(inStrides[p]);
     maps.push_back(m);
     return mapKernel(op, name, maps);
   }
-  if (opName == "broadcast") {
-    maps.push_back({broadcastStrides(tensorType(op->getOperand(0)).getShape(), outShape)});
+  if (auto broadcast = dyn_cast<BroadcastOp>(op)) {
+    maps.push_back({broadcastStrides(tensorType(broadcast.getInput()).getShape(), outShape)});
     return mapKernel(op, name, maps);
   }
-  if (opName == "slice") { // element i of dim d is input element starts[d] + i * steps[d]
-    auto starts = op->getAttrOfType<DenseI64ArrayAttr>("starts");
-    auto steps = op->getAttrOfType<DenseI64ArrayAttr>("steps");
-    auto inShape = tensorType(op->getOperand(0)).getShape();
-    if (!starts || !steps || starts.size() != static_cast<int64_t>(inShape.size()) ||
-        steps.size() != static_cast<int64_t>(inShape.size()))
+  if (auto slice = dyn_cast<SliceOp>(op)) { // element i of dim d is input element starts[d] + i * steps[d]
+    ArrayRef<int64_t> starts = slice.getStarts(), steps = slice.getSteps();
+    auto inShape = tensorType(slice.getInput()).getShape();
+    if (starts.size() != inShape.size() || steps.size() != inShape.size())
       return std::nullopt;
     SmallVector<int64_t> inStrides = contiguousStrides(inShape);
     OperandMap m;
