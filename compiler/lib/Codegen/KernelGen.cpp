@@ -707,6 +707,26 @@ Value emitInverseOrHyperbolic(Body &k, Operation *op, Value x) {
   return {};
 }
 
+/// The divisor of an integer div or mod made safe: a zero divisor is a fault
+/// (Body::fault; the op then gives 0) and becomes 1; for signed types a -1
+/// divisor also becomes 1 (MIN / -1 and MIN % -1 trap), `minusOne` says where.
+struct SafeDivisor {
+  Value zero, isZero, divisor, minusOne;
+};
+SafeDivisor safeDivisor(Body &k, Value c, Type ct, bool isUnsigned) {
+  OpBuilder &b = k.b;
+  SafeDivisor d;
+  d.zero = intConst(k, ct, 0);
+  d.isZero = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, c, d.zero);
+  k.fault(d.isZero);
+  d.divisor = b.create<arith::SelectOp>(k.loc, d.isZero, intConst(k, ct, 1), c);
+  if (!isUnsigned) {
+    d.minusOne = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, c, intConst(k, ct, -1));
+    d.divisor = b.create<arith::SelectOp>(k.loc, d.minusOne, intConst(k, ct, 1), d.divisor);
+  }
+  return d;
+}
+
 /// One element of an elementwise op. `argElems` are the operands' tensor
 /// element types (the first one's signedness picks the integer ops).
 Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argElems,
@@ -714,7 +734,6 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
   Type argElem = argElems.empty() ? resultElem : argElems[0];
   OpBuilder &b = k.b;
   Location loc = k.loc;
-  StringRef name = op->getName().stripDialect();
   Type ct = args.empty() ? Type() : args[0].getType();
   bool fl = ct && isFloat(ct);
   bool isUnsigned = isUnsignedInt(argElem);
@@ -823,32 +842,21 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
     if (isa<MulOp>(op)) return b.create<arith::MulIOp>(loc, a, c);
     if (isa<PowOp>(op)) return intPow(k, a, c, isUnsigned);
     if (isa<DivOp>(op)) {
-      // A zero divisor is a fault the caller reports; here it gives 0. Signed
-      // x / -1 is -x (MIN / -1 would trap).
-      Value zero = intConst(k, ct, 0);
-      Value isZero = b.create<arith::CmpIOp>(loc, P::eq, c, zero);
-      k.fault(isZero);
-      Value divisor = select(isZero, intConst(k, ct, 1), c);
+      // A zero divisor gives 0; signed x / -1 is -x.
+      SafeDivisor d = safeDivisor(k, c, ct, isUnsigned);
       if (isUnsigned)
-        return select(isZero, zero, b.create<arith::DivUIOp>(loc, a, divisor));
-      Value minusOne = b.create<arith::CmpIOp>(loc, P::eq, c, intConst(k, ct, -1));
-      divisor = select(minusOne, intConst(k, ct, 1), divisor);
-      Value q = b.create<arith::DivSIOp>(loc, a, divisor);
-      q = select(minusOne, b.create<arith::SubIOp>(loc, zero, a), q);
-      return select(isZero, zero, q);
+        return select(d.isZero, d.zero, b.create<arith::DivUIOp>(loc, a, d.divisor));
+      Value q = b.create<arith::DivSIOp>(loc, a, d.divisor);
+      q = select(d.minusOne, b.create<arith::SubIOp>(loc, d.zero, a), q);
+      return select(d.isZero, d.zero, q);
     }
     if (isa<ModOp>(op)) {
-      // As div: a zero divisor is a fault and gives 0; x % -1 is 0 (MIN % -1
-      // would trap).
-      Value zero = intConst(k, ct, 0);
-      Value isZero = b.create<arith::CmpIOp>(loc, P::eq, c, zero);
-      k.fault(isZero);
-      Value divisor = select(isZero, intConst(k, ct, 1), c);
+      // As div: x % -1 is 0 (the divisor 1 gives it).
+      SafeDivisor d = safeDivisor(k, c, ct, isUnsigned);
       if (isUnsigned)
-        return b.create<arith::RemUIOp>(loc, a, divisor);
-      Value minusOne = b.create<arith::CmpIOp>(loc, P::eq, c, intConst(k, ct, -1));
-      divisor = select(minusOne, intConst(k, ct, 1), divisor);
-      Value r = b.create<arith::RemSIOp>(loc, a, divisor);
+        return b.create<arith::RemUIOp>(loc, a, d.divisor);
+      Value zero = d.zero;
+      Value r = b.create<arith::RemSIOp>(loc, a, d.divisor);
       if (fmod)
         return r;
       // Floored: a nonzero remainder whose sign differs from the divisor's
@@ -1622,7 +1630,6 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   // Too few output blocks to fill the GPU: split the reduced range over more
   // blocks, whose partial sums are added atomically (f32 or f64 sums and means;
   // the order of the additions, and so the last bits, may vary run to run).
-  StringRef opName = op->getName().stripDialect();
   bool additive = (isa<ReduceSumOp>(op) || isa<ReduceMeanOp>(op)) && elem == accType;
   int64_t perBlock = (rowLayout ? block : block / kWarp) * 16; // reduced elements per chunk, at least
   int64_t splits = 1;
@@ -1697,7 +1704,6 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
 }
 
 std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, StringRef name) {
-  StringRef opName = op->getName().stripDialect();
   auto inType = tensorType(op->getOperand(0));
   auto axis = op->getAttrOfType<IntegerAttr>("axis");
   Type elem = inType.getElementType();
@@ -3131,7 +3137,6 @@ std::optional<KernelLaunch> KernelGenerator::Impl::groupNormKernel(Operation *op
 /// one thread per grad_output element.
 std::optional<KernelLaunch> KernelGenerator::Impl::scatterGradKernel(Operation *op,
                                                                      StringRef name) {
-  StringRef opName = op->getName().stripDialect();
   auto dy = tensorType(op->getOperand(0)), dx = tensorType(op->getResult(0));
   int64_t rank = dy.getRank();
   bool pad = isa<PadGradOp>(op);
