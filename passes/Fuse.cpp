@@ -167,33 +167,39 @@ private:
   llvm::DenseMap<Operation *, int64_t> firstPos;               // leader -> first position
 };
 
-/// Whether a value defined outside `group` depends on one defined inside it, in
-/// the current IR (earlier regions already outlined). The grouper avoids such
-/// groups; this check on the real graph is what guarantees that contracting
-/// the group into one op keeps the block acyclic.
-bool feedsItself(ArrayRef<Operation *> group, const llvm::SmallPtrSetImpl<Operation *> &inGroup) {
-  Operation *first = group.front();
-  SmallVector<Operation *> stack;
-  llvm::DenseSet<Operation *> seen;
-  for (Operation *op : group)
-    for (Value v : op->getOperands())
-      if (Operation *def = v.getDefiningOp(); def && !inGroup.count(def) && seen.insert(def).second)
-        stack.push_back(def);
+/// Whether an op of `starts` transitively reads a result of an op in
+/// `members`, in the current IR. Only ops after `floor` can; the search stops
+/// there.
+bool readsAny(ArrayRef<Operation *> starts, const llvm::SmallPtrSetImpl<Operation *> &members,
+              Operation *floor) {
+  SmallVector<Operation *> stack(starts);
+  llvm::DenseSet<Operation *> seen(starts.begin(), starts.end());
   while (!stack.empty()) {
     Operation *cur = stack.pop_back_val();
-    if (cur->isBeforeInBlock(first))
-      continue; // defined before the group: cannot use it
     for (Value v : cur->getOperands()) {
       Operation *def = v.getDefiningOp();
-      if (!def)
+      if (!def || def->isBeforeInBlock(floor))
         continue;
-      if (inGroup.count(def))
+      if (members.count(def))
         return true;
       if (seen.insert(def).second)
         stack.push_back(def);
     }
   }
   return false;
+}
+
+/// Whether a value defined outside `group` depends on one defined inside it, in
+/// the current IR (earlier regions already outlined). The grouper avoids such
+/// groups; this check on the real graph is what guarantees that contracting
+/// the group into one op keeps the block acyclic.
+bool feedsItself(ArrayRef<Operation *> group, const llvm::SmallPtrSetImpl<Operation *> &inGroup) {
+  llvm::SetVector<Operation *> producers; // of the group's operands, outside it
+  for (Operation *op : group)
+    for (Value v : op->getOperands())
+      if (Operation *def = v.getDefiningOp(); def && !inGroup.count(def))
+        producers.insert(def);
+  return readsAny(producers.getArrayRef(), inGroup, group.front());
 }
 
 /// Replaces the ops of `ops` with one forge.fusion "loop"; false (and nothing
@@ -270,26 +276,6 @@ bool outline(ArrayRef<Operation *> ops) {
   return true;
 }
 
-/// Whether `op` transitively reads a result of an op in `members`; only ops
-/// after `floor` can.
-bool readsAny(Operation *op, const llvm::SmallPtrSetImpl<Operation *> &members, Operation *floor) {
-  SmallVector<Operation *> stack{op};
-  llvm::DenseSet<Operation *> seen{op};
-  while (!stack.empty()) {
-    Operation *cur = stack.pop_back_val();
-    for (Value v : cur->getOperands()) {
-      Operation *def = v.getDefiningOp();
-      if (!def || def->isBeforeInBlock(floor))
-        continue;
-      if (members.count(def))
-        return true;
-      if (seen.insert(def).second)
-        stack.push_back(def);
-    }
-  }
-  return false;
-}
-
 /// Replaces the independent loop regions `group` (program order) with one
 /// forge.fusion "horizontal" at the last one's place.
 void outlineHorizontal(ArrayRef<FusionOp> group);
@@ -317,7 +303,7 @@ bool fuseOptimizerRegions(func::FuncOp func, int64_t maxOperands) {
     auto f = dyn_cast<FusionOp>(op);
     if (!f || f.getKind() != "loop" || !updatesState(f))
       continue;
-    if (!group.empty() && readsAny(f, members, group.front()))
+    if (!group.empty() && readsAny({f.getOperation()}, members, group.front()))
       continue; // depends on an earlier member (e.g. through a clipped gradient norm)
     group.push_back(f);
     members.insert(f);
