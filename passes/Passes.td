@@ -122,4 +122,38 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+// Stage "placement" (the last before the bundle): where each op runs.
+
+def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {
+  let summary = "Mark the matmul/gemm/conv ops that run as cuBLASLt or cuDNN calls";
+  let description = [{
+    Sets `forge.library = "cublaslt"` on every matmul and gemm, and
+    `forge.library = "cudnn"` on every conv, conv_transpose and
+    conv_grad_weight, whose form the CUDA runtime's library paths take
+    (runtime/lib/cuda/Matmul.h and Conv.h restate these rules):
+      * f32 operands and results of static shape, none of zero elements;
+      * matmul: both operands at least matrices, and the batch dimensions equal,
+        or one side without batch (or all ones: batch stride 0), or the rhs a
+        matrix (the lhs batch folds into M);
+      * gemm: 2-d operands; C absent, a full [M, N] matrix, or a bias row [N]
+        or [1, N] (cuBLASLt's bias epilogue) with beta = 1;
+      * convolutions: 1 to 3 spatial dimensions and symmetric pads; a
+        conv_transpose whose output follows the conv formula from its input.
+    The other forms get generated kernels (forge-generate-kernels). The
+    pipeline runs this pass for CUDA targets only.
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
+def InlineFusions : Pass<"forge-inline-fusions", "::mlir::func::FuncOp"> {
+  let summary = "Replace the fusion regions that have no kernel by their ops";
+  let description = [{
+    Every `forge.fusion` without a `forge.launch` attribute (all of them on
+    the CPU, whose bundles run a region's ops one by one) is replaced by its
+    body's ops in order; a horizontal region's members are inlined in turn.
+    Values, results and program order are otherwise unchanged.
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 #endif // FORGE_PASSES_TD

@@ -86,9 +86,9 @@ namespace {
 /// Emits the module's functions as routines sharing one tensor table.
 class ProgramEmitter {
 public:
-  /// `kernels` is set for CUDA targets: every instruction gets a placement.
-  ProgramEmitter(pb::Program &program, KernelGenerator *kernels)
-      : program(program), kernels(kernels) {}
+  /// `cuda`: every instruction gets the placement the IR gives it
+  /// (forge-select-library, forge-generate-kernels).
+  ProgramEmitter(pb::Program &program, bool cuda) : program(program), cuda(cuda) {}
 
   LogicalResult emitRoutine(func::FuncOp func);
   std::vector<uint8_t> takeConstantData() { return std::move(constantData); }
@@ -106,17 +106,11 @@ private:
   /// old value comes first.
   LogicalResult emitBody(FusionOp fusion, pb::Instruction &inst, const std::string &node);
 
-  /// Where a CUDA bundle runs `op` (its kernel is generated here).
-  void place(Operation &op, pb::Instruction &inst);
-  static void setLaunch(const KernelLaunch &launch, pb::Instruction &inst);
+  /// Where a CUDA bundle runs `op`: the placement attributes of the IR.
+  LogicalResult place(Operation &op, pb::Instruction &inst);
 
-public:
-  /// Host instructions per op name (CUDA targets).
-  std::map<std::string, int> hostOps;
-
-private:
   pb::Program &program;
-  KernelGenerator *kernels;
+  bool cuda;
   llvm::DenseMap<Value, int32_t> tensorOf;
   llvm::StringMap<int32_t> persistentByName;
   std::vector<uint8_t> constantData;
@@ -200,25 +194,41 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
   return *index;
 }
 
-void ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
-  if (!kernels)
-    return;
-  auto empty = [](Type t) {
-    auto tt = dyn_cast<RankedTensorType>(t);
-    return tt && tt.hasStaticShape() && tt.getNumElements() == 0;
-  };
-  if (op.getNumResults() > 0 && llvm::all_of(op.getResultTypes(), empty)) {
-    inst.set_placement(pb::DEVICE_COPY); // nothing to compute: a copy of zero bytes
-  } else if (isLibraryCall(&op)) {
-    inst.set_placement(pb::LIBRARY);
-  } else if (isCopyOp(op.getName().stripDialect())) {
-    inst.set_placement(pb::DEVICE_COPY);
-  } else if (std::optional<KernelLaunch> launch = kernels->kernelFor(&op)) {
-    setLaunch(*launch, inst);
-  } else {
-    inst.set_placement(pb::HOST);
-    ++hostOps[op.getName().stripDialect().str()];
+LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
+  if (!cuda)
+    return success();
+  if (auto launch = op.getAttrOfType<DictionaryAttr>("forge.launch")) {
+    auto kernel = launch.getAs<StringAttr>("kernel");
+    auto grid = launch.getAs<IntegerAttr>("grid");
+    auto block = launch.getAs<IntegerAttr>("block");
+    if (!kernel || !grid || !block)
+      return op.emitError("forge.launch needs kernel, grid and block");
+    inst.set_placement(pb::KERNEL);
+    pb::KernelLaunch *l = inst.mutable_launch();
+    l->set_kernel(kernel.str());
+    l->set_grid(static_cast<uint32_t>(grid.getInt()));
+    l->set_block(static_cast<uint32_t>(block.getInt()));
+    l->set_zero_outputs(launch.contains("zero_outputs"));
+    l->set_copy_input(launch.contains("copy_input"));
+    if (auto fault = launch.getAs<StringAttr>("fault"))
+      l->set_fault(fault.str());
+    return success();
   }
+  if (op.hasAttr("forge.library")) {
+    inst.set_placement(pb::LIBRARY);
+    return success();
+  }
+  auto placement = op.getAttrOfType<StringAttr>("forge.placement");
+  if (placement && placement.getValue() == "copy") {
+    inst.set_placement(pb::DEVICE_COPY);
+    return success();
+  }
+  if (placement && placement.getValue() == "host") {
+    inst.set_placement(pb::HOST);
+    return success();
+  }
+  return op.emitError("has no placement for the CUDA target (forge-generate-kernels places "
+                      "every op)");
 }
 
 LogicalResult ProgramEmitter::emitBody(FusionOp fusion, pb::Instruction &inst,
@@ -278,16 +288,6 @@ LogicalResult ProgramEmitter::emitBody(FusionOp fusion, pb::Instruction &inst,
   return success();
 }
 
-void ProgramEmitter::setLaunch(const KernelLaunch &launch, pb::Instruction &inst) {
-  inst.set_placement(pb::KERNEL);
-  inst.mutable_launch()->set_kernel(launch.name);
-  inst.mutable_launch()->set_grid(static_cast<uint32_t>(launch.grid));
-  inst.mutable_launch()->set_block(static_cast<uint32_t>(launch.block));
-  inst.mutable_launch()->set_zero_outputs(launch.zeroOutputs);
-  inst.mutable_launch()->set_copy_input(launch.copyInput);
-  inst.mutable_launch()->set_fault(launch.fault);
-}
-
 bool isElementwise(Operation *op) {
   auto iface = dyn_cast<ForgeOpInterface>(op);
   return iface && iface.getFusionClass() == FusionClass::Elementwise;
@@ -319,56 +319,23 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
   auto ret = cast<func::ReturnOp>(body.getTerminator());
 
   // The instructions in program order (constants are not instructions). A
-  // fusion region is one instruction when it has a kernel; without one (every
-  // region on the CPU) its body's ops are the instructions. `alias` maps the
-  // body's arguments and the region's results to the values they stand for.
+  // fusion region is one instruction, with the kernel forge-generate-kernels
+  // gave it; regions without one were inlined (forge-inline-fusions).
   struct Step {
     Operation *op;
-    SmallVector<Value> operands; // resolved through `alias`
-    std::optional<KernelLaunch> launch;
-  };
-  llvm::DenseMap<Value, Value> alias;
-  auto resolve = [&](Value v) {
-    for (auto it = alias.find(v); it != alias.end(); it = alias.find(v))
-      v = it->second;
-    return v;
-  };
-  auto resolved = [&](ValueRange values) {
-    SmallVector<Value> out;
-    for (Value v : values)
-      out.push_back(resolve(v));
-    return out;
+    SmallVector<Value> operands;
   };
   std::vector<Step> steps;
   for (Operation &op : body) {
     if (isa<ConstantOp, func::ReturnOp>(op))
       continue;
-    auto fusion = dyn_cast<FusionOp>(op);
-    if (!fusion) {
-      steps.push_back({&op, resolved(op.getOperands()), std::nullopt});
-      continue;
-    }
-    std::optional<KernelLaunch> launch = kernels ? kernels->kernelFor(fusion) : std::nullopt;
-    if (launch) {
-      steps.push_back({&op, resolved(op.getOperands()), launch});
-      continue;
-    }
-    // No kernel: the region's ops (a horizontal region's members' ops) in order.
-    std::function<void(FusionOp)> expand = [&](FusionOp f) {
-      for (auto [arg, input] : llvm::zip(f.getBlock().getArguments(), f.getInputs()))
-        alias[arg] = input;
-      for (Operation &inner : f.getBlock().without_terminator()) {
-        if (auto member = dyn_cast<FusionOp>(inner))
-          expand(member);
-        else
-          steps.push_back({&inner, resolved(inner.getOperands()), std::nullopt});
-      }
-      for (auto [r, y] : llvm::zip(f.getResults(), f.getBlock().getTerminator()->getOperands()))
-        alias[r] = y;
-    };
-    expand(fusion);
+    if (isa<FusionOp>(op) && !(cuda && op.hasAttr("forge.launch")))
+      return op.emitError("fusion region without a kernel: the placement stage "
+                          "(forge-generate-kernels, or forge-inline-fusions on the CPU) "
+                          "did not run");
+    steps.push_back({&op, SmallVector<Value>(op.getOperands())});
   }
-  SmallVector<Value> returned = resolved(ret.getOperands());
+  SmallVector<Value> returned(ret.getOperands());
   llvm::DenseMap<Operation *, int64_t> position;
   llvm::DenseMap<Value, SmallVector<int64_t>> readers; // value -> steps reading it
   for (auto [i, step] : llvm::enumerate(steps)) {
@@ -390,7 +357,7 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     if (isElementwise(step.op))
       return true;
     auto fusion = dyn_cast<FusionOp>(step.op);
-    if (!fusion || !step.launch)
+    if (!fusion)
       return false;
     if (fusion.getKind() == "loop")
       return true;
@@ -470,10 +437,8 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       return failure();
     std::string node = locName(op.getLoc());
     inst->set_name(node);
-    if (s.launch)
-      setLaunch(*s.launch, *inst);
-    else
-      place(op, *inst);
+    if (failed(place(op, *inst)))
+      return failure();
     OpCost cost;
     if (auto fusion = dyn_cast<FusionOp>(op))
       cost = fusion.getCost();
@@ -503,7 +468,7 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       lastUse[*index] = step;
       inst->add_outputs(*index);
     }
-    if (auto fusion = dyn_cast<FusionOp>(op); fusion && s.launch)
+    if (auto fusion = dyn_cast<FusionOp>(op))
       if (failed(emitBody(fusion, *inst, node)))
         return failure();
     ++step;
@@ -511,7 +476,7 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
   for (auto [v, target] : copies) {
     pb::Instruction *inst = routine->add_instructions();
     inst->set_op("copy");
-    if (kernels)
+    if (cuda)
       inst->set_placement(pb::DEVICE_COPY);
     inst->set_name("update " + program.tensors(target).name());
     int32_t source = tensorOf.lookup(v);
@@ -536,7 +501,7 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
         return failure();
       pb::Instruction *inst = routine->add_instructions();
       inst->set_op("copy");
-      if (kernels)
+      if (cuda)
         inst->set_placement(pb::DEVICE_COPY);
       inst->set_name("output " + program.tensors(*copy).name());
       inst->add_inputs(index);
@@ -618,15 +583,12 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
   program.set_training(options.buildOptions.count("mode") &&
                        options.buildOptions.at("mode") == "training");
 
-  std::unique_ptr<KernelGenerator> kernels;
   std::optional<CudaTarget> cuda = parseCudaTarget(options.target);
-  if (cuda)
-    kernels = std::make_unique<KernelGenerator>(module.getContext(), *cuda);
-  else if (options.target != "cpu")
+  if (!cuda && options.target != "cpu")
     return module.emitError() << "unknown target '" << options.target
                               << "' (cpu, cuda:sm_80, cuda:sm_89, cuda:sm_90)";
 
-  ProgramEmitter emitter(program, kernels.get());
+  ProgramEmitter emitter(program, cuda.has_value());
   bool any = false;
   for (auto func : module.getOps<func::FuncOp>()) {
     if (failed(emitter.emitRoutine(func)))
@@ -637,7 +599,7 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
     return module.emitError("no function to emit");
   writer.addSection("constants", emitter.takeConstantData());
 
-  if (kernels) {
+  if (cuda) {
     for (const pb::TensorInfo &t : program.tensors())
       if (::forge::rt::numElements({t.shape().begin(), t.shape().end()}) >= (int64_t(1) << 31))
         return module.emitError() << "tensor '" << t.name()
@@ -646,12 +608,13 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
     km->set_arch(cuda->chip);
     km->set_ptx_section(-1);
     km->set_cubin_section(-1);
-    if (!options.kernelDumpDir.empty() && failed(kernels->dumpKernels(options.kernelDumpDir)))
+    if (!options.kernelDumpDir.empty() &&
+        failed(dumpKernels(module, *cuda, options.kernelDumpDir)))
       return failure();
-    if (kernels->numKernels() > 0) {
-      FailureOr<std::string> ptx = kernels->lowerToPtx();
-      if (failed(ptx))
-        return failure();
+    FailureOr<std::string> ptx = lowerKernelsToPtx(module, *cuda);
+    if (failed(ptx))
+      return failure();
+    if (!ptx->empty()) {
       km->set_ptx_section(static_cast<int32_t>(writer.addSection(
           "kernels.ptx", {reinterpret_cast<const uint8_t *>(ptx->data()), ptx->size()})));
       std::string error;
@@ -668,16 +631,6 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
         if (inst.placement() == pb::KERNEL &&
             !llvm::is_contained(km->kernels(), inst.launch().kernel()))
           km->add_kernels(inst.launch().kernel());
-    if (!emitter.hostOps.empty()) {
-      std::string list;
-      int total = 0;
-      for (const auto &[op, n] : emitter.hostOps) {
-        list += (list.empty() ? "" : ", ") + op + " x" + std::to_string(n);
-        total += n;
-      }
-      mlir::emitWarning(module.getLoc()) << total << " instruction" << (total == 1 ? "" : "s")
-                           << " run on the host (no CUDA kernel yet): " << list;
-    }
   }
   program.set_arena_size(emitter.arenaSize());
   program.set_local_size(emitter.localSize());

@@ -592,6 +592,26 @@ LogicalResult FusionOp::verify() {
   return success();
 }
 
+void FusionOp::inlineBody() {
+  Block &block = getBlock();
+  auto yield = cast<YieldOp>(block.getTerminator());
+  SmallVector<Value> yielded(yield.getValues());
+  SmallVector<FusionOp> members;
+  for (auto [arg, input] : llvm::zip(block.getArguments(), getInputs()))
+    arg.replaceAllUsesWith(input);
+  yield.erase();
+  for (Operation &op : llvm::make_early_inc_range(block)) {
+    op.moveBefore(*this);
+    if (auto member = dyn_cast<FusionOp>(op))
+      members.push_back(member);
+  }
+  for (auto [r, v] : llvm::zip(getResults(), yielded))
+    r.replaceAllUsesWith(v);
+  erase();
+  for (FusionOp member : members)
+    member.inlineBody();
+}
+
 OpCost FusionOp::getCost() {
   OpCost cost = estimateDefaultCost(*this, /*flopsPerElement=*/0); // inputs + results
   for (Operation &op : getBlock().without_terminator()) {

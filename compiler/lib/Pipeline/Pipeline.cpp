@@ -2,6 +2,7 @@
 #include "forge/Pipeline/Pipeline.h"
 
 #include "Passes.h"
+#include "forge/Codegen/Passes.h"
 #include "forge/Dialect/ForgeDialect.h"
 #include "forge/Export/OnnxExport.h"
 
@@ -46,6 +47,23 @@ void addFusion(OpPassManager &pm, const PipelineOptions &options) {
   pm.addPass(createFuse());
 }
 
+/// Stage "placement", last: where each op runs, decided on the final graph
+/// (later stages would change what a kernel computes). CUDA: library calls
+/// are marked first, so that the kernel generator skips them; the generator
+/// then gives every region and op a kernel, a copy or the host, and adds the
+/// kernels to the module. CPU: regions become their ops again (a CPU bundle
+/// runs them op by op). After this stage the bundle emitter only serializes.
+void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
+  if (StringRef(options.target).starts_with("cuda")) {
+    pm.addNestedPass<func::FuncOp>(createSelectLibrary());
+    GenerateKernelsOptions generate;
+    generate.target = options.target;
+    pm.addPass(createGenerateKernels(generate));
+  } else {
+    pm.addNestedPass<func::FuncOp>(createInlineFusions());
+  }
+}
+
 } // namespace
 
 void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions &options) {
@@ -74,16 +92,19 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   addFusion(pm, options);
   // Still to come, in this order: precision (on fusion regions, so casts fuse
   // into them), layout, partition, schedule, memory plan.
+  addPlacement(pm, options);
 }
 
 void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options) {
   // No train step: initializers are constants and may fold.
   addGraphCleanup(pm, options);
   addFusion(pm, options);
+  addPlacement(pm, options);
 }
 
 void mlir::forge::registerForgeDialects(DialectRegistry &registry) {
   registry.insert<ForgeDialect, func::FuncDialect>();
+  registerCodegenDialects(registry); // modules after forge-generate-kernels hold kernels
 }
 
 namespace {
@@ -114,6 +135,7 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
 
 void mlir::forge::registerForgePassesAndPipelines() {
   registerForgePasses();
+  registerForgeCodegenPasses();
   registerCanonicalizerPass();
   registerCSEPass();
   PassPipelineRegistration<InferencePipelineCLOptions>(

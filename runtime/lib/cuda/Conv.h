@@ -5,7 +5,7 @@
 // [C, M/group, k...] is exactly that convolution's filter); conv_grad_weight is
 // cudnnConvolutionBackwardFilter. NCHW (and NCDHW) f32; 1-d convolutions get a unit second
 // spatial dim. cuDNN pads symmetrically, so the compiler places only symmetric-pad
-// convolutions on the library (compiler/lib/Codegen isLibraryCall). Math: FMA only
+// convolutions on the library (passes/SelectLibrary.cpp). Math: FMA only
 // (exact fp32) unless the bundle was built with --tf32. The algorithm is cuDNN's first
 // heuristic choice whose workspace fits kMaxWorkspace.
 #pragma once

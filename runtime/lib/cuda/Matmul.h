@@ -6,7 +6,7 @@
 // layouts (stride 0 broadcasts an operand); a lhs batch over a matrix rhs is
 // folded into M. gemm's C is either a full [M, N] matrix scaled by beta or a
 // bias row [N] applied with the BIAS epilogue. These are the shapes the
-// compiler places on the library (compiler/lib/Codegen isLibraryCall); any
+// compiler places on the library (passes/SelectLibrary.cpp); any
 // other shape is refused at load time.
 //
 // The algorithm comes from cuBLASLt's heuristic, once per distinct problem

@@ -1,15 +1,16 @@
 //===- KernelGen.h - forge ops -> generated GPU kernels ---------*- C++ -*-===//
 //
-// Code generation for the CUDA target (DESIGN.md §5). Every forge op that is
-// neither a library call (cuBLASLt, cuDNN) nor a plain copy gets a kernel,
+// Code generation for the CUDA target (DESIGN.md §5), driven by the pass
+// forge-generate-kernels (Passes.h). Every forge op that is neither a library
+// call (cuBLASLt, cuDNN: forge-select-library) nor a plain copy gets a kernel,
 // written as a `gpu.func` on flat static memrefs (the bare-pointer calling
 // convention: one pointer per non-absent input, then one per output) and
 // lowered gpu -> NVVM -> PTX in one module. Kernels are shared between ops of
 // equal name, attributes and types.
 //
-// Ops without a generator yet are reported (kernelFor() returns no kernel and
-// isLibraryOp()/isCopyOp() are false): the bundle marks them as host
-// instructions and the CUDA runtime runs the CPU kernel on staged copies.
+// Ops without a generator yet are reported (kernelFor() returns no kernel):
+// the pass marks them as host instructions and the CUDA runtime runs the CPU
+// kernel on staged copies.
 //
 // This header is MLIR-light on purpose (forward declarations only): it is
 // included by BundleEmitter and forgec.
@@ -28,6 +29,7 @@
 
 namespace mlir {
 class MLIRContext;
+class ModuleOp;
 class Operation;
 } // namespace mlir
 
@@ -46,12 +48,6 @@ struct CudaTarget {
 /// Parses "cuda:sm_80", "cuda:sm_89" or "cuda:sm_90"; std::nullopt otherwise.
 std::optional<CudaTarget> parseCudaTarget(llvm::StringRef target);
 
-/// True when the CUDA runtime executes `op` with a library call: matmul and
-/// gemm in f32 whose batch layout maps onto one strided-batched cuBLASLt
-/// matmul (runtime/lib/cuda/Matmul.h has the same rules); conv,
-/// conv_transpose and conv_grad_weight in f32 with symmetric pads on cuDNN
-/// (runtime/lib/cuda/Conv.h).
-bool isLibraryCall(Operation *op);
 /// True for ops the CUDA runtime executes as a device-to-device copy.
 bool isCopyOp(llvm::StringRef mnemonic);
 
@@ -68,21 +64,27 @@ public:
   KernelGenerator(MLIRContext *context, CudaTarget target);
   ~KernelGenerator();
 
-  /// The kernel that computes `op` (generated on first use); std::nullopt
-  /// when the op has no generator for its attributes and types.
+  /// The kernel that computes `op`, an op or a fusion region (generated on
+  /// first use); std::nullopt when it has no generator for its attributes and
+  /// types. Library calls are the caller's decision (forge-select-library).
   std::optional<KernelLaunch> kernelFor(Operation *op);
   size_t numKernels() const;
 
-  /// Lowers every kernel into one PTX module (text, no trailing NUL).
-  FailureOr<std::string> lowerToPtx();
-  /// Writes DIR/kernels/NAME.mlir (the kernel before lowering) and
-  /// DIR/kernels/NAME.ptx for every kernel.
-  LogicalResult dumpKernels(llvm::StringRef dir);
+  /// Adds the kernels (`gpu.module @forge_kernels`) to `module`, which
+  /// becomes a gpu.container_module; nothing when there are none.
+  void moveKernelsInto(ModuleOp module);
 
 private:
   struct Impl;
   std::unique_ptr<Impl> impl;
 };
+
+/// Lowers the kernels that forge-generate-kernels added to `module` into one
+/// PTX module (text, no trailing NUL); an empty string when it has none.
+FailureOr<std::string> lowerKernelsToPtx(ModuleOp module, const CudaTarget &target);
+/// Writes DIR/kernels/NAME.mlir (the kernel before lowering) and
+/// DIR/kernels/NAME.ptx for every kernel of `module`.
+LogicalResult dumpKernels(ModuleOp module, const CudaTarget &target, llvm::StringRef dir);
 
 /// Assembles `ptx` for `chip` with `ptxas` (PATH, $CUDA_HOME/bin or
 /// /usr/local/cuda/bin). Returns the cubin, std::nullopt when no ptxas is

@@ -592,6 +592,11 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     /// The FLOPs of the body's ops and the bytes of the region's inputs and
     /// results (intermediates stay in registers).
     ::mlir::forge::OpCost getCost();
+    /// Replaces the region by its body: the ops move before this op in
+    /// order (a horizontal region's members inlined in turn), the results
+    /// are replaced by the yielded values, and this op is erased. What a
+    /// target without a kernel for the region runs (forge-inline-fusions).
+    void inlineBody();
   }];
 }
 

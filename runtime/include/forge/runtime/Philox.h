@@ -2,7 +2,7 @@
 // SC'11), the counter-based generator cuRAND's Philox4x32-10 implements.
 //
 // Invariants: a pure function of (key, counter); header-only, no dependencies,
-// so the CUDA code generator (compiler/lib/Codegen/KernelGen.cpp,
+// so the CUDA code generator (compiler/lib/Codegen/Pointwise.cpp,
 // dropoutMaskKernel) builds the same rounds from these constants and the same
 // threshold: a dropout mask is bit-identical on the CPU and the GPU.
 #ifndef FORGE_RUNTIME_PHILOX_H

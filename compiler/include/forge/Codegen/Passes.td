@@ -1,0 +1,49 @@
+//===- Passes.td - Forge code generation passes -------------*- tablegen -*-===//
+//
+// Passes of the code generator (compiler/lib/Codegen), apart from the graph
+// passes in passes/Passes.td: they depend on the GPU, NVVM and LLVM dialects,
+// which the graph passes must not link.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FORGE_CODEGEN_PASSES_TD
+#define FORGE_CODEGEN_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def GenerateKernels : Pass<"forge-generate-kernels", "::mlir::ModuleOp"> {
+  let summary = "Generate a CUDA kernel for every op and fusion region that is not a library call";
+  let description = [{
+    Decides where each op of a CUDA bundle runs and generates its kernel:
+      * a fusion region gets one kernel (`forge.launch`), or, when its body
+        has no generator, is replaced by its ops, which are then placed one by
+        one;
+      * an op marked `forge.library` (forge-select-library) is left alone;
+      * an op whose results are all empty, a reshape and a copy get
+        `forge.placement = "copy"` (a device-to-device copy);
+      * every other op gets its kernel (`forge.launch`) or, without a
+        generator for its types and attributes, `forge.placement = "host"`
+        (its CPU kernel on staged copies), listed in a warning.
+    `forge.launch` is a dictionary: `kernel` (the gpu.func's name), `grid` and
+    `block` (1-d launch), and the flags `zero_outputs` (the kernel accumulates
+    into zeroed outputs), `copy_input` (output 0 starts as a copy of input 0)
+    and `fault` (what the kernel checks its data for). Kernels are shared by
+    ops of equal name, attributes and types, and by regions of equal body.
+    They are `gpu.func`s in `gpu.module @forge_kernels`, added to the module
+    (which becomes a `gpu.container_module`); the bundle emitter lowers that
+    module to PTX and a cubin.
+
+    Within a function the regions are generated first, then the other ops in
+    program order (the kernels' names number them in that order).
+  }];
+  let options = [
+    Option<"target", "target", "std::string", /*default=*/"\"cuda:sm_90\"",
+           "cuda:sm_80, cuda:sm_89 or cuda:sm_90">,
+  ];
+  let dependentDialects = [
+    "::mlir::forge::ForgeDialect", "::mlir::arith::ArithDialect", "::mlir::gpu::GPUDialect",
+    "::mlir::math::MathDialect", "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect",
+    "::mlir::vector::VectorDialect", "::mlir::LLVM::LLVMDialect", "::mlir::NVVM::NVVMDialect"
+  ];
+}
+
+#endif // FORGE_CODEGEN_PASSES_TD

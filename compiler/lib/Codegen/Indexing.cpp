@@ -1,0 +1,496 @@
+//===- Indexing.cpp - data-movement kernels ---------------------------------===//
+//
+// Kernels that move elements by computed indices: gather/scatter and their
+// gradients, gather_elements/scatter_elements, concat/split, pad/tile/trilu,
+// slice and pad gradients, one_hot. Indices are checked (Body::fault) and
+// clamped as the CPU kernels do.
+//
+//===----------------------------------------------------------------------===//
+#include "KernelGenInternal.h"
+
+namespace mlir::forge::kernelgen {
+/// [P, A, Q] around `axis` of `shape`.
+std::array<int64_t, 3> aroundAxis(ArrayRef<int64_t> shape, int64_t axis) {
+  int64_t p = 1, q = 1;
+  for (int64_t d = 0; d < axis; ++d)
+    p *= shape[d];
+  for (int64_t d = axis + 1; d < static_cast<int64_t>(shape.size()); ++d)
+    q *= shape[d];
+  return {p, shape[axis], q};
+}
+
+int64_t normalizedAxis(Operation *op, int64_t rank) {
+  int64_t axis = op->getAttrOfType<IntegerAttr>("axis").getInt();
+  return axis < 0 ? axis + rank : axis;
+}
+
+/// Input index of padded position `s` (output index minus the begin pad) in a
+/// dim of extent n, as the CPU's padSourceIndex; constant mode clamps and
+/// clears `valid` outside.
+Value padSource(Body &k, Value s, int64_t n, StringRef mode, Value &valid) {
+  OpBuilder &b = k.b;
+  auto srem = [&](Value a, int64_t m) { // ((a % m) + m) % m on signed values
+    Value r = b.create<arith::RemSIOp>(k.loc, a, k.idx(m));
+    return b.create<arith::RemSIOp>(k.loc, k.add(r, k.idx(m)), k.idx(m));
+  };
+  auto clampIdx = [&](Value v) {
+    return b.create<arith::MinSIOp>(k.loc, b.create<arith::MaxSIOp>(k.loc, v, k.idx(0)),
+                                    k.idx(n - 1));
+  };
+  if (mode == "constant") {
+    Value lo = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, s, k.idx(0));
+    Value hi = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, s, k.idx(n));
+    valid = b.create<arith::AndIOp>(k.loc, valid, b.create<arith::AndIOp>(k.loc, lo, hi));
+    return clampIdx(s);
+  }
+  if (mode == "edge")
+    return clampIdx(s);
+  if (mode == "wrap")
+    return srem(s, n);
+  if (n == 1) // reflect
+    return k.idx(0);
+  int64_t period = 2 * (n - 1);
+  Value r = srem(s, period);
+  Value back = b.create<arith::SubIOp>(k.loc, k.idx(period), r);
+  Value over = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, r, k.idx(n));
+  return b.create<arith::SelectOp>(k.loc, over, back, r);
+}
+
+/// An index operand value as `index`, negative values counted from `size`. One
+/// outside [-size, size) is a fault (Body::fault); it is then clamped into
+/// [0, size) so that the kernel still reads and writes in bounds. The check and
+/// the clamp happen in the index's own width: kernels use a 32-bit `index`, so
+/// casting first would make an int64 index 2^32 + 3 read element 3 silently.
+Value loadIndex(Body &k, Value memref, Value at, int64_t size) {
+  Value raw = k.b.create<memref::LoadOp>(k.loc, memref, at);
+  Type t = raw.getType();
+  auto c = [&](int64_t v) { return intConst(k, t, v); };
+  Value neg = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, c(0));
+  Value i = k.b.create<arith::SelectOp>(k.loc, neg, k.b.create<arith::AddIOp>(k.loc, raw, c(size)),
+                                        raw);
+  k.fault(k.b.create<arith::OrIOp>(
+      k.loc, k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, i, c(0)),
+      k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, i, c(size))));
+  i = k.b.create<arith::MaxSIOp>(k.loc, i, c(0));
+  i = k.b.create<arith::MinSIOp>(k.loc, i, c(size - 1));
+  return k.b.create<arith::IndexCastOp>(k.loc, k.b.getIndexType(), i);
+}
+
+/// A class target of nll_loss (or its gradient): the raw value and the class
+/// clamped into [0, classes) as `index`, clamped in the target's own width
+/// (see loadIndex). Whether the raw value was in range is the caller's check.
+std::pair<Value, Value> loadTarget(Body &k, Value memref, Value at, int64_t classes) {
+  Value raw = k.b.create<memref::LoadOp>(k.loc, memref, at);
+  Type t = raw.getType();
+  Value tc = k.b.create<arith::MaxSIOp>(k.loc, raw, intConst(k, t, 0));
+  tc = k.b.create<arith::MinSIOp>(k.loc, tc, intConst(k, t, classes - 1));
+  return {raw, k.b.create<arith::IndexCastOp>(k.loc, k.b.getIndexType(), tc)};
+}
+} // namespace mlir::forge::kernelgen
+
+namespace {
+/// Element i of a gather (out[i] = src[at]) or of its gradient (dsrc[at] +=
+/// dy[i], with f32 atomics into the zeroed output); operands (src or dy,
+/// indices, result).
+void gatherOrScatter(Body &k, gpu::GPUFuncOp fn, Value i, Value at, bool grad) {
+  if (grad) {
+    Value g = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
+    k.b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g, fn.getArgument(2),
+                                    ValueRange{at});
+  } else {
+    Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), at);
+    k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
+  }
+}
+} // namespace
+
+std::optional<KernelLaunch> KernelGenerator::Impl::gatherKernel(Operation *op, StringRef name,
+                                                                bool grad) {
+  auto src = tensorType(op->getOperand(0)), out = tensorType(op->getResult(0));
+  auto indices = tensorType(op->getOperand(1));
+  ArrayRef<int64_t> dataShape = grad ? out.getShape() : src.getShape();
+  int64_t axis = normalizedAxis(op, static_cast<int64_t>(dataShape.size()));
+  if (axis < 0 || axis >= static_cast<int64_t>(dataShape.size()))
+    return std::nullopt;
+  auto [p, a, q] = aroundAxis(dataShape, axis);
+  int64_t ni = indices.getNumElements();
+  if (a == 0 || ni == 0 || q == 0 || p == 0)
+    return std::nullopt;
+  if (grad && !out.getElementType().isF32())
+    return std::nullopt; // atomic f32 adds only
+  // Iterate over the gathered elements (p, j, q): the output of gather, the
+  // incoming gradient of gather_grad (scatter-added into zeros).
+  KernelLaunch l = elementKernel(
+      name, flatArgs(op), p * ni * q, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+        Value qi = k.rem(i, q), r = k.div(i, q);
+        Value j = k.rem(r, ni), pi = k.div(r, ni);
+        Value t = loadIndex(k, fn.getArgument(1), j, a);
+        Value at = k.add(k.mul(k.add(k.mul(pi, k.idx(a)), t), k.idx(q)), qi);
+        gatherOrScatter(k, fn, i, at, grad);
+      });
+  l.zeroOutputs = grad;
+  return l;
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, StringRef name) {
+  auto out = tensorType(op->getResult(0));
+  int64_t axis = normalizedAxis(op, out.getRank());
+  auto [p, total, q] = aroundAxis(out.getShape(), axis);
+  SmallVector<int64_t> sizes, offsets;
+  int64_t at = 0;
+  for (Value v : op->getOperands()) {
+    sizes.push_back(tensorType(v).getDimSize(axis));
+    offsets.push_back(at);
+    at += sizes.back();
+  }
+  if (out.getNumElements() == 0 || llvm::is_contained(sizes, 0))
+    return std::nullopt;
+  unsigned n = op->getNumOperands();
+  // Every input is read at a clamped (in-bounds) position; the one whose range
+  // holds the output's axis coordinate is selected.
+  return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+                         Value qi = k.rem(i, q), r = k.div(i, q);
+                         Value a = k.rem(r, total), pi = k.div(r, total);
+                         Value result;
+                         for (unsigned j = 0; j < n; ++j) {
+                           Value local = k.b.create<arith::SubIOp>(k.loc, a, k.idx(offsets[j]));
+                           Value clamped = k.b.create<arith::MinSIOp>(
+                               k.loc, k.b.create<arith::MaxSIOp>(k.loc, local, k.idx(0)),
+                               k.idx(sizes[j] - 1));
+                           Value src = k.add(k.mul(k.add(k.mul(pi, k.idx(sizes[j])), clamped),
+                                                   k.idx(q)),
+                                             qi);
+                           Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(j), src);
+                           if (!result) {
+                             result = v;
+                             continue;
+                           }
+                           Value inside = k.b.create<arith::CmpIOp>(
+                               k.loc, arith::CmpIPredicate::sge, a, k.idx(offsets[j]));
+                           result = k.b.create<arith::SelectOp>(k.loc, inside, v, result);
+                         }
+                         k.b.create<memref::StoreOp>(k.loc, result, fn.getArgument(n), i);
+                       });
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::splitKernel(Operation *op, StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  int64_t axis = normalizedAxis(op, in.getRank());
+  auto [p, total, q] = aroundAxis(in.getShape(), axis);
+  SmallVector<int64_t> sizes, offsets;
+  int64_t at = 0;
+  for (Value v : op->getResults()) {
+    sizes.push_back(tensorType(v).getDimSize(axis));
+    offsets.push_back(at);
+    at += sizes.back();
+  }
+  if (in.getNumElements() == 0 || at != total)
+    return std::nullopt;
+  // One pass over the input; each element is stored into the output whose
+  // range holds its axis coordinate.
+  return elementKernel(name, flatArgs(op), in.getNumElements(), op->getLoc(),
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+                         Value qi = k.rem(i, q), r = k.div(i, q);
+                         Value a = k.rem(r, total), pi = k.div(r, total);
+                         Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
+                         for (unsigned j = 0; j < sizes.size(); ++j) {
+                           if (sizes[j] == 0)
+                             continue;
+                           Value lo = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge,
+                                                                a, k.idx(offsets[j]));
+                           Value hi = k.ult(a, k.idx(offsets[j] + sizes[j]));
+                           k.ifThen(k.b.create<arith::AndIOp>(k.loc, lo, hi), [&] {
+                             Value local = k.b.create<arith::SubIOp>(k.loc, a, k.idx(offsets[j]));
+                             Value dst = k.add(
+                                 k.mul(k.add(k.mul(pi, k.idx(sizes[j])), local), k.idx(q)), qi);
+                             k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1 + j), dst);
+                           });
+                         }
+                       });
+}
+
+/// slice_grad (a strided store into zeros) and pad_grad (every grad_output
+/// element adds into the input element its forward pad copied; f32 atomics),
+/// one thread per grad_output element.
+std::optional<KernelLaunch> KernelGenerator::Impl::scatterGradKernel(Operation *op,
+                                                                     StringRef name) {
+  auto dy = tensorType(op->getOperand(0)), dx = tensorType(op->getResult(0));
+  int64_t rank = dy.getRank();
+  bool pad = isa<PadGradOp>(op);
+  if (rank == 0 || dy.getNumElements() == 0 || dx.getNumElements() == 0 ||
+      (pad && !dx.getElementType().isF32()))
+    return std::nullopt;
+  SmallVector<int64_t> dxStrides = contiguousStrides(dx.getShape());
+  ArrayRef<int64_t> shape = dy.getShape();
+  KernelLaunch l = elementKernel(name, flatArgs(op), dy.getNumElements(), op->getLoc(),
+                                 [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Value rest = i, at = k.idx(0);
+    Value valid = b.create<arith::ConstantIntOp>(k.loc, 1, 1);
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      Value id = d == 0 ? rest : k.rem(rest, shape[d]);
+      if (d > 0)
+        rest = k.div(rest, shape[d]);
+      Value src;
+      if (pad) {
+        auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
+        Value s = b.create<arith::SubIOp>(k.loc, id, k.idx(pads[d]));
+        src = padSource(k, s, dx.getDimSize(d), op->getAttrOfType<StringAttr>("mode").getValue(),
+                        valid);
+      } else {
+        auto starts = op->getAttrOfType<DenseI64ArrayAttr>("starts");
+        auto steps = op->getAttrOfType<DenseI64ArrayAttr>("steps");
+        src = k.add(k.idx(starts[d]), k.mul(id, k.idx(steps[d])));
+      }
+      at = k.add(at, k.mul(src, k.idx(dxStrides[d])));
+    }
+    Value g = b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
+    if (pad)
+      k.ifThen(valid, [&] {
+        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g, fn.getArgument(1),
+                                      ValueRange{at});
+      });
+    else
+      b.create<memref::StoreOp>(k.loc, g, fn.getArgument(1), at);
+  });
+  l.zeroOutputs = true;
+  return l;
+}
+
+/// The fill value `value` (an f64 attribute) in `elem`'s storage, converted as
+/// the CPU's scalarBytes does: bool is value != 0, integers saturate (NaN gives
+/// 0, fractions truncate toward zero), floats round to nearest.
+static Value fillConstant(Body &k, Type elem, Type storage, double value) {
+  if (auto ft = dyn_cast<FloatType>(storage))
+    return k.fconst(ft, value);
+  if (elem.isInteger(1))
+    return intConst(k, storage, value != 0.0);
+  unsigned w = storage.getIntOrFloatBitWidth();
+  APInt bits(w, 0);
+  if (!std::isnan(value)) {
+    if (isUnsignedInt(elem)) {
+      double hi = std::ldexp(1.0, static_cast<int>(w));
+      bits = value <= 0 ? APInt::getMinValue(w)
+             : value >= hi ? APInt::getMaxValue(w)
+                           : APInt(w, static_cast<uint64_t>(value));
+    } else {
+      double lim = std::ldexp(1.0, static_cast<int>(w) - 1);
+      bits = value <= -lim ? APInt::getSignedMinValue(w)
+             : value >= lim ? APInt::getSignedMaxValue(w)
+                            : APInt(w, static_cast<uint64_t>(static_cast<int64_t>(value)), true);
+    }
+  }
+  return k.b.create<arith::ConstantOp>(k.loc, k.b.getIntegerAttr(storage, bits));
+}
+
+/// The offset in `data` of element i of a gather_elements/scatter_elements
+/// index tensor of `shape`: i's coordinates with dim `axis` replaced by the
+/// index stored at i (checked and clamped, loadIndex).
+static Value elementsTarget(Body &k, Value indices, Value i, ArrayRef<int64_t> shape, int64_t axis,
+                            RankedTensorType data) {
+  SmallVector<int64_t> dataStrides = contiguousStrides(data.getShape());
+  Value rest = i, at = k.idx(0);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    Value id = d == 0 ? rest : k.rem(rest, shape[d]);
+    if (d > 0)
+      rest = k.div(rest, shape[d]);
+    if (d == axis)
+      id = loadIndex(k, indices, i, data.getDimSize(axis));
+    at = k.add(at, k.mul(id, k.idx(dataStrides[d])));
+  }
+  return at;
+}
+
+/// gather_elements: out[i] = data[i with dim `axis` replaced by indices[i]];
+/// its gradient scatter-adds (f32 atomics into zeroed outputs).
+std::optional<KernelLaunch> KernelGenerator::Impl::gatherElementsKernel(Operation *op,
+                                                                        StringRef name,
+                                                                        bool grad) {
+  auto idxType = tensorType(op->getOperand(1));
+  auto data = tensorType(grad ? op->getResult(0) : op->getOperand(0));
+  int64_t rank = idxType.getRank();
+  int64_t axis = normalizedAxis(op, rank);
+  if (rank == 0 || data.getRank() != rank || axis < 0 || axis >= rank ||
+      idxType.getNumElements() == 0 || data.getNumElements() == 0 ||
+      (grad && !data.getElementType().isF32()))
+    return std::nullopt;
+  ArrayRef<int64_t> shape = idxType.getShape();
+  KernelLaunch l = elementKernel(name, flatArgs(op), idxType.getNumElements(), op->getLoc(),
+                                 [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+    Value at = elementsTarget(k, fn.getArgument(1), i, shape, axis, data);
+    gatherOrScatter(k, fn, i, at, grad);
+  });
+  l.zeroOutputs = grad;
+  return l;
+}
+
+/// scatter_elements: the output starts as a copy of the input (the runtime
+/// copies it before the launch, KernelLaunch::copyInput), then one thread per
+/// update writes it (none) or combines it atomically (add: atomic add for f32,
+/// f64 and integers; mul, max, min: compare-and-swap loops), at the position of
+/// the update with dim `axis` replaced by its index. f16/bf16 reductions have
+/// no kernel (the host runs them).
+std::optional<KernelLaunch> KernelGenerator::Impl::scatterElementsKernel(Operation *op,
+                                                                        StringRef name) {
+  auto data = tensorType(op->getOperand(0)), idxType = tensorType(op->getOperand(1));
+  StringRef reduction = op->getAttrOfType<StringAttr>("reduction").getValue();
+  Type elem = data.getElementType();
+  int64_t rank = idxType.getRank();
+  int64_t axis = normalizedAxis(op, rank);
+  if (rank == 0 || axis < 0 || axis >= rank || idxType.getNumElements() == 0 ||
+      data.getNumElements() == 0)
+    return std::nullopt;
+  bool fl = isFloat(elem);
+  if (reduction != "none" &&
+      (elem.isInteger(1) || (fl && !elem.isF32() && !elem.isF64()) || isFloat8(elem)))
+    return std::nullopt;
+  ArrayRef<int64_t> shape = idxType.getShape();
+  bool isUnsigned = isUnsignedInt(elem);
+  // A compare-and-swap loop swaps integers (LLVM's cmpxchg takes no floats):
+  // float mul/max/min see the data and updates as same-width integers and
+  // bitcast around the arithmetic.
+  bool viaBits = fl && reduction != "none" && reduction != "add";
+  Type bitsType = fl ? Type(IntegerType::get(context, elem.getIntOrFloatBitWidth())) : Type();
+  SmallVector<Type> args = flatArgs(op);
+  if (viaBits)
+    for (unsigned a : {0u, 2u, 3u})
+      args[a] = flatMemref(bitsType, a == 2 ? idxType.getNumElements() : data.getNumElements());
+  KernelLaunch l = elementKernel(name, args, idxType.getNumElements(), op->getLoc(),
+                                 [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Value at = elementsTarget(k, fn.getArgument(1), i, shape, axis, data);
+    Value out = fn.getArgument(3);
+    Value u = b.create<memref::LoadOp>(k.loc, fn.getArgument(2), i); // storage type
+    if (reduction == "none") {
+      b.create<memref::StoreOp>(k.loc, u, out, at);
+      return;
+    }
+    if (reduction == "add") {
+      b.create<memref::AtomicRMWOp>(k.loc, fl ? arith::AtomicRMWKind::addf
+                                              : arith::AtomicRMWKind::addi,
+                                    u, out, ValueRange{at});
+      return;
+    }
+    auto atomic = b.create<memref::GenericAtomicRMWOp>(k.loc, out, ValueRange{at});
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(atomic.getBody());
+    Value cur = atomic.getCurrentValue(), next;
+    if (viaBits) {
+      cur = b.create<arith::BitcastOp>(k.loc, elem, cur);
+      u = b.create<arith::BitcastOp>(k.loc, elem, u);
+    }
+    if (reduction == "mul")
+      next = fl ? Value(b.create<arith::MulFOp>(k.loc, cur, u))
+                : Value(b.create<arith::MulIOp>(k.loc, cur, u));
+    else if (fl) // max/min as the CPU: the update replaces only when strictly beyond
+      next = b.create<arith::SelectOp>(
+          k.loc,
+          b.create<arith::CmpFOp>(k.loc, reduction == "max" ? arith::CmpFPredicate::OGT
+                                                            : arith::CmpFPredicate::OLT,
+                                  u, cur),
+          u, cur);
+    else
+      next = reduction == "max"
+                 ? (isUnsigned ? Value(b.create<arith::MaxUIOp>(k.loc, cur, u))
+                               : Value(b.create<arith::MaxSIOp>(k.loc, cur, u)))
+                 : (isUnsigned ? Value(b.create<arith::MinUIOp>(k.loc, cur, u))
+                               : Value(b.create<arith::MinSIOp>(k.loc, cur, u)));
+    if (viaBits)
+      next = b.create<arith::BitcastOp>(k.loc, bitsType, next);
+    b.create<memref::AtomicYieldOp>(k.loc, next);
+  });
+  l.copyInput = true;
+  return l;
+}
+
+/// one_hot: one thread per output element [outer, depth, inner]: `on` where the
+/// element's class equals its index (converted to int64 as the CPU does: floats
+/// truncate and saturate, NaN is 0; negative counts from depth's end; out of
+/// range matches nothing), else `off`; on/off converted as the CPU's scalarBytes.
+std::optional<KernelLaunch> KernelGenerator::Impl::oneHotKernel(Operation *op, StringRef name) {
+  auto idx = tensorType(op->getOperand(0)), out = tensorType(op->getResult(0));
+  Type idxElem = idx.getElementType(), elem = out.getElementType();
+  int64_t axis = op->getAttrOfType<IntegerAttr>("axis").getInt();
+  int64_t depth = op->getAttrOfType<IntegerAttr>("depth").getInt();
+  if (out.getNumElements() == 0 || idxElem.isInteger(1) || isFloat8(idxElem) || isFloat8(elem))
+    return std::nullopt;
+  auto [outer, d, inner] = aroundAxis(out.getShape(), axis);
+  if (d != depth)
+    return std::nullopt;
+  double on = op->getAttrOfType<FloatAttr>("on_value").getValueAsDouble();
+  double off = op->getAttrOfType<FloatAttr>("off_value").getValueAsDouble();
+  Type storage = storageType(elem);
+  return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Type i64 = b.getI64Type();
+    Value in = k.rem(i, inner), c = k.rem(k.div(i, inner), depth), o = k.div(i, inner * depth);
+    Value v = k.load(fn.getArgument(0), k.add(k.mul(o, k.idx(inner)), in), idxElem);
+    if (isFloat(v.getType()))
+      v = floatToInt(k, v, i64, false);
+    else if (v.getType().getIntOrFloatBitWidth() < 64)
+      v = isUnsignedInt(idxElem) ? Value(b.create<arith::ExtUIOp>(k.loc, i64, v))
+                                 : Value(b.create<arith::ExtSIOp>(k.loc, i64, v));
+    Value negative = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, v, intConst(k, i64, 0));
+    v = b.create<arith::SelectOp>(k.loc, negative,
+                                  b.create<arith::AddIOp>(k.loc, v, intConst(k, i64, depth)), v);
+    Value hit = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, v,
+                                        b.create<arith::IndexCastOp>(k.loc, i64, c));
+    Value r = b.create<arith::SelectOp>(k.loc, hit, fillConstant(k, elem, storage, on),
+                                        fillConstant(k, elem, storage, off));
+    b.create<memref::StoreOp>(k.loc, r, fn.getArgument(1), i);
+  });
+}
+
+/// pad, tile and trilu: one thread per output element, its source position
+/// computed per dimension (the CPU kernels' padSourceIndex / modulo / triangle
+/// test), no coalescing (the per-dimension maps are not affine).
+std::optional<KernelLaunch> KernelGenerator::Impl::remapKernel(Operation *op, StringRef name) {
+  StringRef opName = op->getName().stripDialect();
+  auto in = tensorType(op->getOperand(0)), out = tensorType(op->getResult(0));
+  Type elem = in.getElementType();
+  int64_t rank = in.getRank();
+  if (out.getNumElements() == 0 || in.getNumElements() == 0 || rank == 0)
+    return std::nullopt;
+  SmallVector<int64_t> inStrides = contiguousStrides(in.getShape());
+  ArrayRef<int64_t> inShape = in.getShape(), outShape = out.getShape();
+  Type storage = storageType(elem);
+  return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    SmallVector<Value> o(rank);
+    Value rest = i;
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      o[d] = d == 0 ? rest : k.rem(rest, outShape[d]);
+      if (d > 0)
+        rest = k.div(rest, outShape[d]);
+    }
+    Value valid = b.create<arith::ConstantIntOp>(k.loc, 1, 1);
+    Value src = k.idx(0);
+    if (isa<PadOp>(op)) {
+      auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
+      StringRef mode = op->getAttrOfType<StringAttr>("mode").getValue();
+      for (int64_t d = 0; d < rank; ++d) {
+        Value s = b.create<arith::SubIOp>(k.loc, o[d], k.idx(pads[d]));
+        src = k.add(src, k.mul(padSource(k, s, inShape[d], mode, valid), k.idx(inStrides[d])));
+      }
+    } else if (isa<TileOp>(op)) {
+      for (int64_t d = 0; d < rank; ++d)
+        src = k.add(src, k.mul(k.rem(o[d], inShape[d]), k.idx(inStrides[d])));
+    } else { // trilu over the last two dims: keep c - r >= k (upper) or <= k (lower)
+      src = i;
+      bool upper = op->getAttrOfType<BoolAttr>("upper").getValue();
+      int64_t kk = op->getAttrOfType<IntegerAttr>("k").getInt();
+      Value diff = b.create<arith::SubIOp>(k.loc, o[rank - 1], o[rank - 2]);
+      valid = b.create<arith::CmpIOp>(
+          k.loc, upper ? arith::CmpIPredicate::sge : arith::CmpIPredicate::sle, diff, k.idx(kk));
+    }
+    Value v = b.create<memref::LoadOp>(k.loc, fn.getArgument(0), src);
+    if (opName != "tile") {
+      double value = isa<PadOp>(op) ? op->getAttrOfType<FloatAttr>("value").getValueAsDouble() : 0.0;
+      v = b.create<arith::SelectOp>(k.loc, valid, v, fillConstant(k, elem, storage, value));
+    }
+    b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1), i);
+  });
+}

@@ -1,0 +1,257 @@
+//===- Loss.cpp - classifier losses -----------------------------------------===//
+//
+// nll_loss and cross_entropy (a row kernel per sample: log-sum-exp and the
+// target's logit, never a materialized softmax), forward and backward.
+//
+//===----------------------------------------------------------------------===//
+#include "KernelGenInternal.h"
+
+std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  auto reduction = op->getAttrOfType<StringAttr>("reduction");
+  bool weighted = op->getNumOperands() == 3;
+  if (in.getRank() < 2 || !in.getElementType().isF32() || !reduction ||
+      in.getNumElements() == 0 ||
+      (weighted && !tensorType(op->getOperand(2)).getElementType().isF32()))
+    return std::nullopt;
+  // Positions p = (sample, extra dims...) of the [N, C, d...] input: N*D of them,
+  // class t of position p at (p / D * C + t) * D + p % D.
+  int64_t c = in.getDimSize(1), n = in.getNumElements() / c;
+  int64_t inner = n / in.getDimSize(0);
+  auto xIndex = [&](Body &k, Value p, Value t) {
+    if (inner == 1)
+      return k.add(k.mul(p, k.idx(c)), t);
+    return k.add(k.mul(k.add(k.mul(k.div(p, inner), k.idx(c)), t), k.idx(inner)), k.rem(p, inner));
+  };
+  auto ignore = op->getAttrOfType<IntegerAttr>("ignore_index");
+  bool mean = reduction.getValue() == "mean";
+  // A counted target's weight (1 without weights) and class (clamped in range).
+  auto targetOf = [&](Body &k, gpu::GPUFuncOp fn, Value row) {
+    OpBuilder &b = k.b;
+    auto [raw, tc] = loadTarget(k, fn.getArgument(1), row, c);
+    Value counted = b.create<arith::ConstantIntOp>(k.loc, 1, 1);
+    if (ignore)
+      counted = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::ne, raw,
+                                        intConst(k, raw.getType(), ignore.getInt()));
+    // Out of range (compared in the target's own width, before the clamp).
+    Value outside = b.create<arith::OrIOp>(
+        k.loc,
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, intConst(k, raw.getType(), 0)),
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, raw, intConst(k, raw.getType(), c)));
+    k.fault(b.create<arith::AndIOp>(k.loc, counted, outside));
+    Value w = weighted ? Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(2), tc))
+                       : k.fconst(b.getF32Type(), 1.0);
+    w = b.create<arith::SelectOp>(k.loc, counted, w, k.fconst(b.getF32Type(), 0.0));
+    return std::pair<Value, Value>{tc, w};
+  };
+  if (reduction.getValue() == "none")
+    return elementKernel(name, flatArgs(op), n, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value row) {
+      auto [tc, w] = targetOf(k, fn, row);
+      Value x = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), xIndex(k, row, tc));
+      Value y = k.b.create<arith::MulFOp>(k.loc, k.b.create<arith::NegFOp>(k.loc, x), w);
+      k.b.create<memref::StoreOp>(k.loc, y, fn.getArgument(op->getNumOperands()), row);
+    });
+  if (reduction.getValue() != "mean" && reduction.getValue() != "sum")
+    return std::nullopt;
+  Type f32 = Float32Type::get(context);
+  Type smem = sharedBuffer(kWarp, f32);
+  int64_t block = chooseBlockSize(target, n, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value zero = k.fconst(f32, 0.0), one = k.fconst(f32, 1.0);
+  auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
+  Type pairType = f32;
+  (void)pairType;
+  (void)one;
+  // Per thread: (sum of -w[t] x[n, t[n]], sum of the counted targets' weights); then block sums.
+  auto loop = b.create<scf::ForOp>(
+      k.loc, k.tid(), k.idx(n), k.idx(block), ValueRange{zero, zero},
+      [&](OpBuilder &nb, Location l, Value row, ValueRange acc) {
+        OpBuilder::InsertionGuard g(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        auto [tc, w] = targetOf(k, fn, row);
+        Value x = b.create<memref::LoadOp>(l, fn.getArgument(0), xIndex(k, row, tc));
+        Value term = b.create<arith::MulFOp>(l, b.create<arith::NegFOp>(l, x), w);
+        b.create<scf::YieldOp>(l, ValueRange{addf(acc[0], term), addf(acc[1], w)});
+      });
+  Value sum = k.blockReduce(loop.getResult(0), block / kWarp, sh, zero, addf);
+  Value count = k.blockReduce(loop.getResult(1), block / kWarp, sh, zero, addf);
+  k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
+    Value v = mean ? Value(b.create<arith::DivFOp>(k.loc, sum, count)) : sum;
+    b.create<memref::StoreOp>(k.loc, v, fn.getArgument(op->getNumOperands()), k.idx(0));
+  });
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), 1, block};
+}
+
+/// cross_entropy (logits, target) -> (loss, lse) and cross_entropy_grad
+/// (logits, lse, target, dy) -> dlogits: one block per row of [N, C] logits,
+/// block reductions as the row kernels. The forward reads the row twice (max,
+/// then the sum of exponentials) and writes two scalars per row; the gradient
+/// reads it once and writes g * (exp(x - lse) - [c == target]).
+std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation *op,
+                                                                      StringRef name, bool grad) {
+  auto in = tensorType(op->getOperand(0));
+  Type elem = in.getElementType();
+  if (in.getRank() != 2 || !(elem.isF32() || elem.isF16() || elem.isBF16()) ||
+      in.getNumElements() == 0)
+    return std::nullopt;
+  int64_t rows = in.getDimSize(0), cols = in.getDimSize(1);
+  StringRef reduction;
+  if (grad) {
+    auto r = op->getAttrOfType<StringAttr>("reduction");
+    if (!r)
+      return std::nullopt;
+    reduction = r.getValue();
+  }
+  Type f32 = Float32Type::get(context);
+  Type smem = sharedBuffer(kWarp, f32);
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value row = k.bid();
+  Value base = k.mul(row, k.idx(cols));
+  auto ld = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
+  auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
+  auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
+  auto expf = [&](Value a) -> Value { return b.create<math::ExpOp>(k.loc, a); };
+  Value zero = k.fconst(f32, 0.0);
+  unsigned targetArg = grad ? 2 : 1;
+  auto [raw, tc] = loadTarget(k, fn.getArgument(targetArg), row, cols);
+  if (!grad) {
+    auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
+    Value m = k.blockAccumulate(cols, block, sh, k.fconst(f32, -INFINITY), maxf, ld);
+    Value s = k.blockAccumulate(cols, block, sh, zero, addf,
+                                [&](Value c) { return expf(subf(ld(c), m)); });
+    Value lse = addf(m, b.create<math::LogOp>(k.loc, s));
+    Value outside = b.create<arith::OrIOp>(
+        k.loc,
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, intConst(k, raw.getType(), 0)),
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, raw,
+                                intConst(k, raw.getType(), cols)));
+    k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
+      k.fault(outside);
+      k.store(subf(lse, ld(tc)), fn.getArgument(2), row, elem);
+      k.store(lse, fn.getArgument(3), row, elem);
+    });
+  } else {
+    Value lse = k.load(fn.getArgument(1), row, elem);
+    Value dy = k.load(fn.getArgument(3), reduction == "none" ? row : k.idx(0), elem);
+    Value g = reduction == "mean"
+                  ? Value(b.create<arith::DivFOp>(k.loc, dy, k.fconst(f32, double(rows))))
+                  : dy;
+    Value one = k.fconst(f32, 1.0);
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value c, ValueRange) {
+                           OpBuilder::InsertionGuard guard(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           Value p = expf(subf(ld(c), lse));
+                           Value hit = b.create<arith::CmpIOp>(l, arith::CmpIPredicate::eq, c, tc);
+                           p = b.create<arith::SelectOp>(l, hit, subf(p, one), p);
+                           k.store(b.create<arith::MulFOp>(l, g, p), fn.getArgument(4),
+                                   k.add(base, c), elem);
+                           b.create<scf::YieldOp>(l);
+                         });
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), rows, block};
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradKernel(Operation *op,
+                                                                     StringRef name) {
+  auto out = tensorType(op->getResult(0));
+  auto reduction = op->getAttrOfType<StringAttr>("reduction");
+  if (out.getRank() < 2 || !out.getElementType().isF32() || !reduction ||
+      out.getNumElements() == 0)
+    return std::nullopt;
+  // The mean's denominator is the batch size only without weights and ignore_index.
+  if (out.getRank() != 2 || op->getNumOperands() != 2 || op->hasAttr("ignore_index") ||
+      (reduction.getValue() != "mean" && reduction.getValue() != "sum") ||
+      tensorType(op->getOperand(0)).getNumElements() != 1)
+    return nllLossGradRowKernel(op, name);
+  int64_t n = out.getDimSize(0), c = out.getDimSize(1);
+  double scale = reduction.getValue() == "mean" ? -1.0 / static_cast<double>(n) : -1.0;
+  return elementKernel(name, flatArgs(op), n * c, op->getLoc(),
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+                         Value row = k.div(i, c), col = k.rem(i, c);
+                         Value raw = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(1), row);
+                         // In the target's width: a 32-bit `index` would wrap an int64 target.
+                         Value colT = k.b.create<arith::IndexCastOp>(k.loc, raw.getType(), col);
+                         Value hit = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq,
+                                                               raw, colT);
+                         Value dy = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.idx(0));
+                         Type f32 = k.b.getF32Type();
+                         Value g = k.b.create<arith::MulFOp>(k.loc, dy, k.fconst(f32, scale));
+                         Value v = k.b.create<arith::SelectOp>(k.loc, hit, g, k.fconst(f32, 0.0));
+                         k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
+                       });
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operation *op,
+                                                                        StringRef name) {
+  // The general form (weights, ignore_index, extra dims, reduction none): a
+  // grid-stride loop over dx. dx[p, c] is zero but at c = t[p], which gets
+  // -w[t] dy (dy[p] for reduction none), divided for the mean by the counted
+  // targets' total weight. Each block sums that total once, so the grid is
+  // capped (a few blocks per SM): the work stays linear in the number of
+  // targets (a [N, C, 512, 512] segmentation loss has millions of them).
+  auto out = tensorType(op->getResult(0));
+  StringRef reduction = op->getAttrOfType<StringAttr>("reduction").getValue();
+  bool weighted = op->getNumOperands() == 3;
+  if (reduction != "mean" && reduction != "sum" && reduction != "none")
+    return std::nullopt;
+  if (weighted && !tensorType(op->getOperand(2)).getElementType().isF32())
+    return std::nullopt;
+  // Positions p of [N, C, d...] as in nllLossKernel: n = N*D of them; element
+  // i of dx is ((p / D) * C + c) * D + p % D.
+  int64_t c = out.getDimSize(1), n = out.getNumElements() / c;
+  int64_t inner = n / out.getDimSize(0), total = out.getNumElements();
+  auto ignore = op->getAttrOfType<IntegerAttr>("ignore_index");
+  Type f32 = Float32Type::get(context);
+  Type smem = sharedBuffer(kWarp, f32);
+  int64_t block = chooseBlockSize(target, total, 32, kWarp * 4);
+  int64_t grid = std::clamp<int64_t>((total + block - 1) / block, 1, 4 * target.typicalSMs);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value zero = k.fconst(f32, 0.0);
+  auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
+  auto weightOf = [&](Value p) -> std::pair<Value, Value> { // (class, weight or 0)
+    auto [raw, tc] = loadTarget(k, fn.getArgument(1), p, c);
+    Value w = weighted ? Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(2), tc))
+                       : k.fconst(f32, 1.0);
+    if (ignore) {
+      Value counted = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::ne, raw,
+                                              intConst(k, raw.getType(), ignore.getInt()));
+      w = b.create<arith::SelectOp>(k.loc, counted, w, zero);
+    }
+    return {tc, w};
+  };
+  Value sum; // the mean's denominator
+  if (reduction == "mean")
+    sum = k.blockAccumulate(n, block, sh, zero, addf,
+                            [&](Value m) { return weightOf(m).second; });
+  Value dyAll = reduction == "none"
+                    ? Value()
+                    : Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.idx(0)));
+  Value dx = fn.getArgument(op->getNumOperands());
+  k.gridStride(total, [&](Value i) {
+    Value col = k.rem(k.div(i, inner), c);
+    Value p = inner == 1 ? k.div(i, c) : k.add(k.mul(k.div(i, c * inner), k.idx(inner)),
+                                               k.rem(i, inner));
+    auto [t, w] = weightOf(p);
+    Value dy = dyAll ? dyAll : Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(0), p));
+    Value g = b.create<arith::MulFOp>(k.loc, b.create<arith::NegFOp>(k.loc, dy), w);
+    if (sum)
+      g = b.create<arith::DivFOp>(k.loc, g, sum);
+    Value hit = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, col, t);
+    b.create<memref::StoreOp>(k.loc, b.create<arith::SelectOp>(k.loc, hit, g, zero), dx, i);
+  });
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), grid, block};
+}

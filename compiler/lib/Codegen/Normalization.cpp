@@ -1,0 +1,383 @@
+//===- Normalization.cpp - normalization kernels ----------------------------===//
+//
+// layer_norm, batch_norm (inference and training) and group_norm, forward and
+// backward; statistics in f32 (Body::moments), as the CPU kernels compute them.
+//
+//===----------------------------------------------------------------------===//
+#include "KernelGenInternal.h"
+
+namespace {
+/// Where column c of a layer-norm row (the dims from `axis` on, `normShape`)
+/// finds its element of a scale, bias or their gradient that broadcasts to
+/// the row (NumPy rules); nullopt when `param` does not broadcast to it.
+std::optional<std::function<Value(Body &, Value)>> paramIndex(RankedTensorType param,
+                                                            ArrayRef<int64_t> normShape) {
+  int64_t cols = 1;
+  for (int64_t d : normShape)
+    cols *= d;
+  if (param.getNumElements() == cols)
+    return [](Body &, Value c) { return c; };
+  if (param.getRank() > static_cast<int64_t>(normShape.size()))
+    return std::nullopt;
+  for (int64_t d = 0; d < param.getRank(); ++d) {
+    int64_t size = param.getDimSize(d), to = normShape[normShape.size() - param.getRank() + d];
+    if (size != 1 && size != to)
+      return std::nullopt;
+  }
+  SmallVector<int64_t> strides = broadcastStrides(param.getShape(), normShape);
+  SmallVector<int64_t> dims(normShape);
+  return [strides, dims](Body &k, Value c) {
+    Value at = k.idx(0), rest = c;
+    for (int64_t d = static_cast<int64_t>(dims.size()) - 1; d >= 0; --d) {
+      if (strides[d] != 0)
+        at = k.add(at, k.mul(k.rem(rest, dims[d]), k.idx(strides[d])));
+      rest = k.div(rest, dims[d]);
+    }
+    return at;
+  };
+}
+} // namespace
+
+std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op,
+                                                                   StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  Type elem = in.getElementType();
+  int64_t axis = normalizedAxis(op, in.getRank());
+  if (!(elem.isF32() || elem.isF16() || elem.isBF16()) || axis < 0 || axis >= in.getRank())
+    return std::nullopt;
+  int64_t cols = 1;
+  for (int64_t d = axis; d < in.getRank(); ++d)
+    cols *= in.getDimSize(d);
+  int64_t rows = cols ? in.getNumElements() / cols : 0;
+  ArrayRef<int64_t> normShape = in.getShape().drop_front(axis);
+  SmallVector<std::function<Value(Body &, Value)>> at; // scale, bias
+  for (unsigned i = 1; i < op->getNumOperands(); ++i) {
+    auto index = paramIndex(tensorType(op->getOperand(i)), normShape);
+    if (!index || tensorType(op->getOperand(i)).getElementType() != elem)
+      return std::nullopt;
+    at.push_back(*index);
+  }
+  if (rows == 0)
+    return std::nullopt;
+  double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
+  bool hasBias = op->getNumOperands() == 3;
+  Type f32 = Float32Type::get(context);
+  Type smem = sharedBuffer(kWarp, f32);
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value out = fn.getArgument(op->getNumOperands());
+  Value base = k.mul(k.bid(), k.idx(cols));
+  auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
+  auto subf = [&](Value x, Value y) -> Value { return b.create<arith::SubFOp>(k.loc, x, y); };
+  auto mulf = [&](Value x, Value y) -> Value { return b.create<arith::MulFOp>(k.loc, x, y); };
+  auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
+  auto [mean, var, rstd] = k.moments(cols, block, sh, eps, x);
+  b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
+                       [&](OpBuilder &nb, Location l, Value c, ValueRange) {
+                         OpBuilder::InsertionGuard g(b);
+                         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                         Value y = mulf(mulf(subf(x(c), mean), rstd),
+                                        k.load(fn.getArgument(1), at[0](k, c), elem));
+                         if (hasBias)
+                           y = addf(y, k.load(fn.getArgument(2), at[1](k, c), elem));
+                         k.store(y, out, k.add(base, c), elem);
+                         b.create<scf::YieldOp>(l);
+                       });
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), rows, block};
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation *op,
+                                                                       StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  Type elem = in.getElementType();
+  int64_t axis = normalizedAxis(op, in.getRank());
+  if (!elem.isF32() || axis < 0 || axis >= in.getRank())
+    return std::nullopt; // dscale/dbias accumulate with f32 atomics
+  int64_t cols = 1;
+  for (int64_t d = axis; d < in.getRank(); ++d)
+    cols *= in.getDimSize(d);
+  int64_t rows = cols ? in.getNumElements() / cols : 0;
+  ArrayRef<int64_t> normShape = in.getShape().drop_front(axis);
+  bool wantDx = op->getAttrOfType<BoolAttr>("input_grad").getValue();
+  bool wantScale = op->getAttrOfType<BoolAttr>("scale_grad").getValue();
+  bool wantBias = op->getAttrOfType<BoolAttr>("bias_grad").getValue();
+  // Element of the scale, dscale and dbias (each with its own broadcast) of column c.
+  auto scaleAt = paramIndex(tensorType(op->getOperand(1)), normShape);
+  unsigned result = wantDx ? 1 : 0;
+  auto dscaleAt = wantScale ? paramIndex(tensorType(op->getResult(result)), normShape) : scaleAt;
+  auto dbiasAt = wantBias ? paramIndex(tensorType(op->getResult(result + wantScale)), normShape)
+                          : scaleAt;
+  if (rows == 0 || !scaleAt || !dscaleAt || !dbiasAt)
+    return std::nullopt;
+  double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
+  Type f32 = Float32Type::get(context);
+  Type smem = sharedBuffer(kWarp, f32);
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  unsigned next = 3;
+  Value dx = wantDx ? fn.getArgument(next++) : Value();
+  Value dscale = wantScale ? fn.getArgument(next++) : Value();
+  Value dbias = wantBias ? fn.getArgument(next++) : Value();
+  Value base = k.mul(k.bid(), k.idx(cols));
+  auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
+  auto subf = [&](Value x, Value y) -> Value { return b.create<arith::SubFOp>(k.loc, x, y); };
+  auto mulf = [&](Value x, Value y) -> Value { return b.create<arith::MulFOp>(k.loc, x, y); };
+  Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
+  auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
+  auto w = [&](Value c) { return k.load(fn.getArgument(1), (*scaleAt)(k, c), elem); };
+  auto dy = [&](Value c) { return k.load(fn.getArgument(2), k.add(base, c), elem); };
+  auto rowSum = [&](function_ref<Value(Value)> term) {
+    return k.blockAccumulate(cols, block, sh, zero, addf, term);
+  };
+  auto [mean, var, rstd] = k.moments(cols, block, sh, eps, x);
+  auto xhat = [&](Value c) { return mulf(subf(x(c), mean), rstd); };
+  Value m1, m2;
+  if (wantDx) {
+    m1 = mulf(rowSum([&](Value c) { return mulf(dy(c), w(c)); }), invCols);
+    m2 = mulf(rowSum([&](Value c) { return mulf(mulf(dy(c), w(c)), xhat(c)); }), invCols);
+  }
+  b.create<scf::ForOp>(
+      k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
+      [&](OpBuilder &nb, Location l, Value c, ValueRange) {
+        OpBuilder::InsertionGuard g(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        Value g0 = dy(c), xh = xhat(c);
+        if (wantDx)
+          k.store(mulf(rstd, subf(subf(mulf(g0, w(c)), m1), mulf(xh, m2))), dx, k.add(base, c),
+                  elem);
+        if (wantScale)
+          b.create<memref::AtomicRMWOp>(l, arith::AtomicRMWKind::addf, mulf(g0, xh), dscale,
+                                        ValueRange{(*dscaleAt)(k, c)});
+        if (wantBias)
+          b.create<memref::AtomicRMWOp>(l, arith::AtomicRMWKind::addf, g0, dbias,
+                                        ValueRange{(*dbiasAt)(k, c)});
+        b.create<scf::YieldOp>(l);
+      });
+  b.create<gpu::ReturnOp>(k.loc);
+  KernelLaunch launch{name.str(), rows, block};
+  launch.zeroOutputs = wantScale || wantBias; // dx is fully written, zeroing it is harmless
+  return launch;
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::batchNormKernel(Operation *op,
+                                                                   StringRef name) {
+  // (x - mean[c]) * scale[c] / sqrt(var[c] + eps) + bias[c], c = dim 1.
+  auto x = tensorType(op->getResult(0));
+  Type elem = x.getElementType();
+  if (x.getRank() < 2 || !(elem.isF32() || elem.isF16() || elem.isBF16()))
+    return std::nullopt;
+  int64_t c = x.getDimSize(1), plane = x.getNumElements() / std::max<int64_t>(1, x.getDimSize(0) * c);
+  for (unsigned i = 1; i < 5; ++i)
+    if (tensorType(op->getOperand(i)).getNumElements() != c)
+      return std::nullopt;
+  double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
+  return elementKernel(name, flatArgs(op), x.getNumElements(), op->getLoc(),
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+                         Value ch = k.rem(k.div(i, plane), c);
+                         auto param = [&](unsigned a) { return k.load(fn.getArgument(a), ch, elem); };
+                         OpBuilder &b = k.b;
+                         Value inv = b.create<math::RsqrtOp>(
+                             k.loc, b.create<arith::AddFOp>(k.loc, param(4),
+                                                            k.fconst(b.getF32Type(), eps)));
+                         Value xc = b.create<arith::SubFOp>(k.loc, k.load(fn.getArgument(0), i, elem),
+                                                            param(3));
+                         Value y = b.create<arith::AddFOp>(
+                             k.loc, b.create<arith::MulFOp>(
+                                        k.loc, b.create<arith::MulFOp>(k.loc, xc, inv), param(1)),
+                             param(2));
+                         k.store(y, fn.getArgument(5), i, elem);
+                       });
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Operation *op,
+                                                                           StringRef name,
+                                                                           bool grad) {
+  // One block per channel: batch statistics over (N, spatial) by block
+  // reductions (biased variance, as ONNX and the CPU kernel), then the
+  // normalized output (training) or the gradients (grad).
+  auto x = tensorType(op->getOperand(0));
+  Type elem = x.getElementType();
+  if (x.getRank() < 2 || !elem.isF32())
+    return std::nullopt;
+  int64_t n = x.getDimSize(0), c = x.getDimSize(1), plane = 1;
+  for (int64_t d = 2; d < x.getRank(); ++d)
+    plane *= x.getDimSize(d);
+  int64_t count = n * plane;
+  if (count == 0 || tensorType(op->getOperand(1)).getNumElements() != c)
+    return std::nullopt;
+  double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
+  Type f32 = Float32Type::get(context);
+  Type smem = sharedBuffer(kWarp, f32);
+  // Few channels are few blocks: give each the most threads a block can have,
+  // so the memory system sees enough loads in flight.
+  int64_t block = c < 2 * target.typicalSMs ? std::min<int64_t>(1024, std::max<int64_t>(kWarp, (count + kWarp - 1) / kWarp * kWarp))
+                                            : chooseBlockSize(target, count, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value ch = k.bid();
+  auto at = [&](Value r) { // element r of channel ch: (n * C + ch) * plane + i
+    return k.add(k.mul(k.add(k.mul(k.div(r, plane), k.idx(c)), ch), k.idx(plane)),
+                 k.rem(r, plane));
+  };
+  auto addf = [&](Value a, Value d) -> Value { return b.create<arith::AddFOp>(k.loc, a, d); };
+  auto subf = [&](Value a, Value d) -> Value { return b.create<arith::SubFOp>(k.loc, a, d); };
+  auto mulf = [&](Value a, Value d) -> Value { return b.create<arith::MulFOp>(k.loc, a, d); };
+  Value zero = k.fconst(f32, 0.0), invCount = k.fconst(f32, 1.0 / static_cast<double>(count));
+  auto xAt = [&](Value r) { return k.load(fn.getArgument(0), at(r), elem); };
+  auto chanSum = [&](function_ref<Value(Value)> term) {
+    return k.blockAccumulate(count, block, sh, zero, addf, term);
+  };
+  auto [mean, var, rstd] = k.moments(count, block, sh, eps, xAt);
+  Value scale = k.load(fn.getArgument(1), ch, elem);
+  Value first = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0));
+  auto forEach = [&](function_ref<void(Value)> body) {
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(count), k.idx(block), ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value r, ValueRange) {
+                           OpBuilder::InsertionGuard g(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           body(r);
+                           b.create<scf::YieldOp>(l);
+                         });
+  };
+  if (!grad) { // (x, scale, bias, running_mean, running_var) -> (y, new_mean, new_var)
+    double momentum = op->getAttrOfType<FloatAttr>("momentum").getValueAsDouble();
+    // unbiased_var (PyTorch): the running variance takes count / (count - 1) times the
+    // batch's (biased) variance.
+    auto unbiased = op->getAttrOfType<BoolAttr>("unbiased_var");
+    double correction = unbiased && unbiased.getValue() && count > 1
+                            ? static_cast<double>(count) / static_cast<double>(count - 1)
+                            : 1.0;
+    Value bias = k.load(fn.getArgument(2), ch, elem);
+    Value a = mulf(scale, rstd);
+    forEach([&](Value r) { k.store(addf(mulf(subf(xAt(r), mean), a), bias), fn.getArgument(5), at(r), elem); });
+    k.ifThen(first, [&] {
+      Value m = k.fconst(f32, momentum), m1 = k.fconst(f32, 1.0 - momentum);
+      Value v1 = k.fconst(f32, correction * (1.0 - momentum));
+      Value rm = k.load(fn.getArgument(3), ch, elem), rv = k.load(fn.getArgument(4), ch, elem);
+      k.store(addf(mulf(rm, m), mulf(mean, m1)), fn.getArgument(6), ch, elem);
+      k.store(addf(mulf(rv, m), mulf(var, v1)), fn.getArgument(7), ch, elem);
+    });
+  } else { // (x, scale, dy) -> dx?, dscale?, dbias?
+    bool wantDx = op->getAttrOfType<BoolAttr>("input_grad").getValue();
+    bool wantScale = op->getAttrOfType<BoolAttr>("scale_grad").getValue();
+    bool wantBias = op->getAttrOfType<BoolAttr>("bias_grad").getValue();
+    auto dyAt = [&](Value r) { return k.load(fn.getArgument(2), at(r), elem); };
+    Value sumDy = chanSum(dyAt);
+    Value sumDyXhat = chanSum([&](Value r) { return mulf(dyAt(r), mulf(subf(xAt(r), mean), rstd)); });
+    unsigned next = 3;
+    Value dx = wantDx ? fn.getArgument(next++) : Value();
+    Value dscale = wantScale ? fn.getArgument(next++) : Value();
+    Value dbias = wantBias ? fn.getArgument(next++) : Value();
+    if (wantDx) {
+      Value a = mulf(scale, rstd), mdy = mulf(sumDy, invCount), mdyx = mulf(sumDyXhat, invCount);
+      forEach([&](Value r) {
+        Value xhat = mulf(subf(xAt(r), mean), rstd);
+        k.store(mulf(a, subf(subf(dyAt(r), mdy), mulf(xhat, mdyx))), dx, at(r), elem);
+      });
+    }
+    k.ifThen(first, [&] {
+      if (wantScale)
+        k.store(sumDyXhat, dscale, ch, elem);
+      if (wantBias)
+        k.store(sumDy, dbias, ch, elem);
+    });
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), c, block};
+}
+
+/// group_norm (and its gradient): one block per (sample, group), whose
+/// channels are contiguous in NCHW, so a row is cols = C/G * spatial
+/// consecutive elements; element j belongs to channel g*C/G + j/spatial. The
+/// gradient's dscale/dbias accumulate with f32 atomics into zeroed outputs.
+std::optional<KernelLaunch> KernelGenerator::Impl::groupNormKernel(Operation *op, StringRef name,
+                                                                   bool grad) {
+  auto x = tensorType(op->getOperand(0));
+  Type elem = x.getElementType();
+  auto groupsAttr = op->getAttrOfType<IntegerAttr>("num_groups");
+  if (x.getRank() < 2 || !elem.isF32() || !groupsAttr || x.getNumElements() == 0)
+    return std::nullopt;
+  int64_t n = x.getDimSize(0), c = x.getDimSize(1), groups = groupsAttr.getInt();
+  if (groups <= 0 || c % groups != 0 || tensorType(op->getOperand(1)).getNumElements() != c)
+    return std::nullopt;
+  int64_t spatial = x.getNumElements() / (n * c), cg = c / groups, cols = cg * spatial;
+  double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
+  Type f32 = Float32Type::get(context);
+  Type smem = sharedBuffer(kWarp, f32);
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value row = k.bid();
+  Value base = k.mul(row, k.idx(cols));
+  Value firstChannel = k.mul(k.rem(row, groups), k.idx(cg));
+  auto channel = [&](Value j) { return k.add(firstChannel, k.div(j, spatial)); };
+  auto addf = [&](Value a, Value d) -> Value { return b.create<arith::AddFOp>(k.loc, a, d); };
+  auto subf = [&](Value a, Value d) -> Value { return b.create<arith::SubFOp>(k.loc, a, d); };
+  auto mulf = [&](Value a, Value d) -> Value { return b.create<arith::MulFOp>(k.loc, a, d); };
+  Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
+  auto xAt = [&](Value j) { return k.load(fn.getArgument(0), k.add(base, j), elem); };
+  auto scaleAt = [&](Value j) { return k.load(fn.getArgument(1), channel(j), elem); };
+  auto rowSum = [&](function_ref<Value(Value)> term) {
+    Value acc = k.loopAcc(k.tid(), cols, k.idx(block), zero,
+                          [&](Value j, Value a) { return addf(a, term(j)); });
+    return k.blockReduce(acc, block / kWarp, sh, zero, addf);
+  };
+  auto [mean, var, rstd] = k.moments(cols, block, sh, eps, xAt);
+  auto xhat = [&](Value j) { return mulf(subf(xAt(j), mean), rstd); };
+  auto forEach = [&](function_ref<void(Value)> body) {
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value j, ValueRange) {
+                           OpBuilder::InsertionGuard g(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           body(j);
+                           b.create<scf::YieldOp>(l);
+                         });
+  };
+  KernelLaunch launch{name.str(), n * groups, block};
+  if (!grad) { // (x, scale, bias) -> y
+    forEach([&](Value j) {
+      Value y = addf(mulf(xhat(j), scaleAt(j)), k.load(fn.getArgument(2), channel(j), elem));
+      k.store(y, fn.getArgument(3), k.add(base, j), elem);
+    });
+  } else { // (x, scale, dy) -> dx?, dscale?, dbias?
+    bool wantDx = op->getAttrOfType<BoolAttr>("input_grad").getValue();
+    bool wantScale = op->getAttrOfType<BoolAttr>("scale_grad").getValue();
+    bool wantBias = op->getAttrOfType<BoolAttr>("bias_grad").getValue();
+    unsigned next = 3;
+    Value dx = wantDx ? fn.getArgument(next++) : Value();
+    Value dscale = wantScale ? fn.getArgument(next++) : Value();
+    Value dbias = wantBias ? fn.getArgument(next++) : Value();
+    auto dyAt = [&](Value j) { return k.load(fn.getArgument(2), k.add(base, j), elem); };
+    Value m1, m2;
+    if (wantDx) {
+      m1 = mulf(rowSum([&](Value j) { return mulf(dyAt(j), scaleAt(j)); }), invCols);
+      m2 = mulf(rowSum([&](Value j) { return mulf(mulf(dyAt(j), scaleAt(j)), xhat(j)); }), invCols);
+    }
+    forEach([&](Value j) {
+      Value g0 = dyAt(j), xh = xhat(j);
+      if (wantDx)
+        k.store(mulf(rstd, subf(subf(mulf(g0, scaleAt(j)), m1), mulf(xh, m2))), dx,
+                k.add(base, j), elem);
+      if (wantScale)
+        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, mulf(g0, xh), dscale,
+                                      ValueRange{channel(j)});
+      if (wantBias)
+        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g0, dbias,
+                                      ValueRange{channel(j)});
+    });
+    launch.zeroOutputs = wantScale || wantBias;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return launch;
+}

@@ -1,0 +1,396 @@
+//===- Pointwise.cpp - map kernels and fusion regions -----------------------===//
+//
+// map: one output element per iteration of a grid-stride loop; every operand
+// element is found through per-dimension strides over the output index
+// (elementwise ops with broadcasting, cast, where, transpose, broadcast,
+// slice). Adjacent dimensions that every operand walks contiguously are
+// merged first; when all operands are contiguous (or scalars) and the size
+// divides by 4, operands are read and written as 4-element vectors (16-byte
+// accesses for f32). A loop fusion region is one map kernel evaluating its
+// body per element; a horizontal region gives each member a block range.
+//
+//===----------------------------------------------------------------------===//
+#include "KernelGenInternal.h"
+#include "forge/runtime/Philox.h"
+
+/// Merges adjacent output dimensions that every operand walks contiguously and
+/// drops size-1 dimensions (in place).
+void kernelgen::coalesce(SmallVector<int64_t> &shape, SmallVector<OperandMap> &maps) {
+  SmallVector<int64_t> s;
+  SmallVector<SmallVector<int64_t>> st(maps.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1)
+      continue;
+    bool merge = !s.empty();
+    for (size_t m = 0; merge && m < maps.size(); ++m)
+      merge = st[m].back() == maps[m].strides[d] * shape[d];
+    if (merge) {
+      s.back() *= shape[d];
+      for (size_t m = 0; m < maps.size(); ++m)
+        st[m].back() = maps[m].strides[d];
+      continue;
+    }
+    s.push_back(shape[d]);
+    for (size_t m = 0; m < maps.size(); ++m)
+      st[m].push_back(maps[m].strides[d]);
+  }
+  shape = s;
+  for (size_t m = 0; m < maps.size(); ++m)
+    maps[m].strides = st[m];
+}
+
+std::optional<KernelGenerator::Impl::PointwisePlan>
+KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<OperandMap> maps,
+                                     ArrayRef<Type> inElems, ArrayRef<int64_t> inSizes,
+                                     ArrayRef<Type> outElems) {
+  PointwisePlan p;
+  p.shape.assign(iterShape.begin(), iterShape.end());
+  int64_t n = 1;
+  for (int64_t d : p.shape)
+    n *= d;
+  if (n == 0)
+    return std::nullopt;
+  coalesce(p.shape, maps);
+  p.maps = std::move(maps);
+  // Vector form: every operand contiguous (strides of the output) or a scalar.
+  p.outStrides = contiguousStrides(p.shape);
+  p.vector = n % kVector == 0;
+  p.scalar.resize(p.maps.size());
+  for (size_t m = 0; m < p.maps.size(); ++m) {
+    p.scalar[m] = inSizes[m] == 1;
+    p.vector &= p.scalar[m] || (p.maps[m].offset == 0 && p.maps[m].strides == p.outStrides);
+  }
+  for (size_t m = 0; m < p.maps.size(); ++m)
+    p.inTypes.push_back(flatMemref(inElems[m], inSizes[m], p.vector && !p.scalar[m]));
+  for (Type e : outElems) {
+    p.outTypes.push_back(flatMemref(e, n, p.vector));
+    p.outStorage.push_back(storageType(e));
+  }
+  p.work = p.vector ? n / kVector : n;
+  return p;
+}
+
+bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const PointwisePlan &p,
+                                          ArrayRef<unsigned> inArgs, ArrayRef<unsigned> outArgs,
+                                          Value blockIndex, int64_t blocks, PointwiseBody body) {
+  OpBuilder &b = k.b;
+  size_t numIn = p.maps.size();
+  bool ok = true;
+  k.gridStrideOver(p.work, blockIndex, blocks, [&](Value i) {
+    if (p.vector) {
+      SmallVector<Value> loaded;
+      for (size_t m = 0; m < numIn; ++m)
+        loaded.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(inArgs[m]),
+                                                  p.scalar[m] ? k.idx(0) : i));
+      SmallVector<SmallVector<Value>> lanes(p.outTypes.size());
+      for (int64_t l = 0; l < kVector && ok; ++l) {
+        SmallVector<Value> in;
+        for (size_t m = 0; m < numIn; ++m)
+          in.push_back(p.scalar[m] ? loaded[m]
+                                   : b.create<vector::ExtractOp>(k.loc, loaded[m], l).getResult());
+        SmallVector<Value> out = body(k, in);
+        if (out.size() != p.outTypes.size()) {
+          ok = false;
+          break;
+        }
+        for (size_t o = 0; o < out.size(); ++o)
+          lanes[o].push_back(out[o]);
+      }
+      if (!ok)
+        return;
+      for (size_t o = 0; o < p.outTypes.size(); ++o) {
+        Value vec = b.create<vector::FromElementsOp>(
+            k.loc, VectorType::get({kVector}, p.outStorage[o]), lanes[o]);
+        b.create<memref::StoreOp>(k.loc, vec, fn.getArgument(outArgs[o]), i);
+      }
+      return;
+    }
+    // Unravel the output index over the coalesced shape.
+    SmallVector<Value> index(p.shape.size());
+    Value rest = i;
+    for (int64_t d = static_cast<int64_t>(p.shape.size()) - 1; d >= 0; --d) {
+      index[d] = d == 0 ? rest : k.rem(rest, p.shape[d]);
+      if (d > 0)
+        rest = k.div(rest, p.shape[d]);
+    }
+    SmallVector<Value> in;
+    for (size_t m = 0; m < numIn; ++m) {
+      Value at = k.idx(p.maps[m].offset);
+      if (p.scalar[m]) {
+        at = k.idx(0);
+      } else if (p.maps[m].offset == 0 && p.maps[m].strides == p.outStrides) {
+        at = i;
+      } else {
+        for (size_t d = 0; d < p.shape.size(); ++d)
+          if (p.maps[m].strides[d] != 0)
+            at = k.add(at, k.mul(index[d], k.idx(p.maps[m].strides[d])));
+      }
+      in.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(inArgs[m]), at));
+    }
+    SmallVector<Value> out = body(k, in);
+    if (out.size() != p.outTypes.size()) {
+      ok = false;
+      return;
+    }
+    for (size_t o = 0; o < out.size(); ++o)
+      b.create<memref::StoreOp>(k.loc, out[o], fn.getArgument(outArgs[o]), i);
+  });
+  return ok;
+}
+
+std::optional<KernelLaunch>
+KernelGenerator::Impl::pointwiseKernel(StringRef name, Location loc, ArrayRef<int64_t> iterShape,
+                                       SmallVector<OperandMap> maps, ArrayRef<Type> inElems,
+                                       ArrayRef<int64_t> inSizes, ArrayRef<Type> outElems,
+                                       PointwiseBody body) {
+  std::optional<PointwisePlan> p = planPointwise(iterShape, std::move(maps), inElems, inSizes,
+                                                 outElems);
+  if (!p)
+    return std::nullopt;
+  SmallVector<Type> argTypes(p->inTypes);
+  argTypes.append(p->outTypes.begin(), p->outTypes.end());
+  int64_t block = chooseBlockSize(target, p->work);
+  int64_t grid = std::min(kMaxGrid, (p->work + block - 1) / block);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, argTypes, block);
+  Body k = Body::of(b, loc, fn);
+  SmallVector<unsigned> inArgs, outArgs;
+  for (unsigned m = 0; m < p->inTypes.size(); ++m)
+    inArgs.push_back(m);
+  for (unsigned o = 0; o < p->outTypes.size(); ++o)
+    outArgs.push_back(static_cast<unsigned>(p->inTypes.size()) + o);
+  if (!emitPointwise(k, fn, *p, inArgs, outArgs, k.bid(), grid, body)) {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), grid, block};
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, StringRef name,
+                                                             SmallVector<OperandMap> maps) {
+  auto outType = tensorType(op->getResult(0));
+  SmallVector<Type> elems;
+  SmallVector<int64_t> sizes;
+  for (Value v : op->getOperands()) {
+    elems.push_back(tensorType(v).getElementType());
+    sizes.push_back(tensorType(v).getNumElements());
+  }
+  Type outElem = outType.getElementType();
+  return pointwiseKernel(
+      name, op->getLoc(), outType.getShape(), std::move(maps), elems, sizes, {outElem},
+      [&](Body &k, ArrayRef<Value> in) -> SmallVector<Value> {
+        SmallVector<Value> args;
+        for (auto [v, e] : llvm::zip(in, elems))
+          args.push_back(k.toCompute(v, e));
+        Value r = emitScalar(k, op, args, elems, outElem);
+        if (!r)
+          return {};
+        return {k.toStorage(r, outElem)};
+      });
+}
+
+/// A loop fusion region: the body's ops evaluated per element in program
+/// order. Every body value passes through its storage form (toStorage then
+/// toCompute), so f16/bf16 rounding, float8 encoding and booleans are exactly
+/// those of the unfused ops; only the memory round trips are gone.
+SmallVector<Value> KernelGenerator::Impl::evalLoopBody(Body &k, FusionOp fusion,
+                                                       ArrayRef<Value> in) {
+  Block &block = fusion.getBlock();
+  llvm::DenseMap<Value, Value> stored; // body value -> its storage-form scalar
+  for (auto [arg, v] : llvm::zip(block.getArguments(), in))
+    stored[arg] = v;
+  for (Operation &op : block.without_terminator()) {
+    SmallVector<Value> args;
+    SmallVector<Type> elems;
+    for (Value v : op.getOperands()) {
+      elems.push_back(tensorType(v).getElementType());
+      args.push_back(k.toCompute(stored.lookup(v), elems.back()));
+    }
+    Type resultElem = tensorType(op.getResult(0)).getElementType();
+    Value r = emitScalar(k, &op, args, elems, resultElem);
+    if (!r)
+      return {};
+    stored[op.getResult(0)] = k.toStorage(r, resultElem);
+  }
+  SmallVector<Value> out;
+  for (Value v : block.getTerminator()->getOperands())
+    out.push_back(stored.lookup(v));
+  return out;
+}
+
+/// The plan of a loop region (null when its ops cannot run in one kernel);
+/// sets `fault` from its ops.
+std::optional<KernelGenerator::Impl::PointwisePlan>
+KernelGenerator::Impl::planLoop(FusionOp fusion) {
+  auto float8 = [](Value v) { return isFloat8(tensorType(v).getElementType()); };
+  for (Operation &op : fusion.getBlock().without_terminator()) {
+    if (!isa<CastOp>(op) &&
+        (llvm::any_of(op.getOperands(), float8) || llvm::any_of(op.getResults(), float8)))
+      return std::nullopt; // as generate(): float8 values are only made and read by casts
+    if (fault.empty())
+      fault = faultOf(&op);
+  }
+  ArrayRef<int64_t> shape = fusion.getIterationShape();
+  SmallVector<OperandMap> maps;
+  SmallVector<Type> inElems, outElems;
+  SmallVector<int64_t> inSizes;
+  for (Value v : fusion.getInputs()) {
+    maps.push_back({broadcastStrides(tensorType(v).getShape(), shape)});
+    inElems.push_back(tensorType(v).getElementType());
+    inSizes.push_back(tensorType(v).getNumElements());
+  }
+  for (Value v : fusion.getResults())
+    outElems.push_back(tensorType(v).getElementType());
+  return planPointwise(shape, std::move(maps), inElems, inSizes, outElems);
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::loopFusionKernel(FusionOp fusion,
+                                                                    StringRef name) {
+  std::optional<PointwisePlan> p = planLoop(fusion);
+  if (!p)
+    return std::nullopt;
+  SmallVector<Type> argTypes(p->inTypes);
+  argTypes.append(p->outTypes.begin(), p->outTypes.end());
+  int64_t block = chooseBlockSize(target, p->work);
+  int64_t grid = std::min(kMaxGrid, (p->work + block - 1) / block);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, argTypes, block);
+  Body k = Body::of(b, fusion.getLoc(), fn);
+  SmallVector<unsigned> inArgs, outArgs;
+  for (unsigned m = 0; m < p->inTypes.size(); ++m)
+    inArgs.push_back(m);
+  for (unsigned o = 0; o < p->outTypes.size(); ++o)
+    outArgs.push_back(static_cast<unsigned>(p->inTypes.size()) + o);
+  auto body = [&](Body &kk, ArrayRef<Value> in) { return evalLoopBody(kk, fusion, in); };
+  if (!emitPointwise(k, fn, *p, inArgs, outArgs, k.bid(), grid, body)) {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), grid, block};
+}
+
+/// A horizontal region: independent loop regions (an optimizer's per-parameter
+/// updates) in one launch. Member i owns a contiguous range of blocks, sized
+/// by its work and capped at a few waves (its grid-stride loop covers the
+/// rest); a binary decision tree on blockIdx.x picks the member. Arguments
+/// are every member's inputs, then every member's outputs, in member order
+/// (the region's operands and results).
+std::optional<KernelLaunch> KernelGenerator::Impl::horizontalFusionKernel(FusionOp fusion,
+                                                                          StringRef name) {
+  SmallVector<FusionOp> members;
+  std::vector<PointwisePlan> plans;
+  for (Operation &op : fusion.getBlock().without_terminator()) {
+    auto member = cast<FusionOp>(op);
+    std::optional<PointwisePlan> p = planLoop(member);
+    if (!p)
+      return std::nullopt;
+    members.push_back(member);
+    plans.push_back(std::move(*p));
+  }
+  SmallVector<Type> argTypes;
+  SmallVector<SmallVector<unsigned>> inArgs(members.size()), outArgs(members.size());
+  int64_t maxWork = 1;
+  for (auto [i, p] : llvm::enumerate(plans)) {
+    for (Type t : p.inTypes) {
+      inArgs[i].push_back(static_cast<unsigned>(argTypes.size()));
+      argTypes.push_back(t);
+    }
+    maxWork = std::max(maxWork, p.work);
+  }
+  for (auto [i, p] : llvm::enumerate(plans))
+    for (Type t : p.outTypes) {
+      outArgs[i].push_back(static_cast<unsigned>(argTypes.size()));
+      argTypes.push_back(t);
+    }
+  int64_t block = chooseBlockSize(target, maxWork);
+  const int64_t cap = 4 * target.typicalSMs * std::max<int64_t>(1, target.maxThreadsPerSM / block);
+  SmallVector<int64_t> first, blocks;
+  int64_t grid = 0;
+  for (const PointwisePlan &p : plans) {
+    first.push_back(grid);
+    blocks.push_back(std::clamp<int64_t>((p.work + block - 1) / block, 1, cap));
+    grid += blocks.back();
+  }
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, argTypes, block);
+  Body k = Body::of(b, fusion.getLoc(), fn);
+  Value bid = k.bid();
+  bool ok = true;
+  std::function<void(size_t, size_t)> emitRange = [&](size_t lo, size_t hi) {
+    if (hi - lo == 1) {
+      FusionOp member = members[lo];
+      auto body = [&](Body &kk, ArrayRef<Value> in) { return evalLoopBody(kk, member, in); };
+      ok &= emitPointwise(k, fn, plans[lo], inArgs[lo], outArgs[lo],
+                          b.create<arith::SubIOp>(k.loc, bid, k.idx(first[lo])), blocks[lo],
+                          body);
+      return;
+    }
+    size_t mid = (lo + hi) / 2;
+    auto branch = b.create<scf::IfOp>(k.loc, k.ult(bid, k.idx(first[mid])), /*withElse=*/true);
+    OpBuilder::InsertionGuard g(b);
+    b.setInsertionPointToStart(&branch.getThenRegion().front());
+    emitRange(lo, mid);
+    b.setInsertionPointToStart(&branch.getElseRegion().front());
+    emitRange(mid, hi);
+  };
+  emitRange(0, members.size());
+  if (!ok) {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), grid, block};
+}
+
+/// dropout_mask: element i keeps when word i % 4 of Philox4x32-10(key = seed,
+/// counter = (i / 4, 0, step, 0)) is >= the ratio's threshold, with the rounds,
+/// constants and threshold of forge/runtime/Philox.h (the CPU kernel), so the
+/// masks are bit-identical. One thread per element computes its block's four
+/// words and keeps one: 4x redundant integer work, which is cheap next to the
+/// memory traffic of the tensor it masks.
+std::optional<KernelLaunch> KernelGenerator::Impl::dropoutMaskKernel(Operation *op,
+                                                                    StringRef name) {
+  auto out = tensorType(op->getResult(0));
+  if (!tensorType(op->getOperand(0)).getElementType().isF32() || out.getNumElements() == 0)
+    return std::nullopt;
+  double ratio = op->getAttrOfType<FloatAttr>("ratio").getValueAsDouble();
+  uint64_t seed = static_cast<uint64_t>(op->getAttrOfType<IntegerAttr>("seed").getInt());
+  uint64_t threshold = ::forge::rt::dropoutThreshold(ratio);
+  Type outElem = out.getElementType();
+  return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Type i32 = b.getI32Type(), i64 = b.getI64Type();
+    auto c32 = [&](uint32_t v) { return intConst(k, i32, static_cast<int32_t>(v)); };
+    auto xor3 = [&](Value a, Value c, Value d) {
+      return b.create<arith::XOrIOp>(k.loc, b.create<arith::XOrIOp>(k.loc, a, c), d);
+    };
+    Value step = b.create<arith::FPToUIOp>(
+        k.loc, i32, b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.idx(0)));
+    Value block = b.create<arith::IndexCastUIOp>(k.loc, i32, k.div(i, 4));
+    std::array<Value, 4> c = {block, c32(0), step, c32(0)};
+    std::array<Value, 2> key = {c32(static_cast<uint32_t>(seed)),
+                                c32(static_cast<uint32_t>(seed >> 32))};
+    for (int round = 0; round < 10; ++round) {
+      if (round > 0) {
+        key[0] = b.create<arith::AddIOp>(k.loc, key[0], c32(::forge::rt::kPhiloxW0));
+        key[1] = b.create<arith::AddIOp>(k.loc, key[1], c32(::forge::rt::kPhiloxW1));
+      }
+      auto p0 = b.create<arith::MulUIExtendedOp>(k.loc, c32(::forge::rt::kPhiloxM0), c[0]);
+      auto p1 = b.create<arith::MulUIExtendedOp>(k.loc, c32(::forge::rt::kPhiloxM1), c[2]);
+      c = {xor3(p1.getHigh(), c[1], key[0]), p1.getLow(), xor3(p0.getHigh(), c[3], key[1]),
+           p0.getLow()};
+    }
+    Value lane = k.rem(i, 4), word = c[3];
+    for (int w = 2; w >= 0; --w)
+      word = b.create<arith::SelectOp>(
+          k.loc, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, lane, k.idx(w)), c[w],
+          word);
+    Value keep = b.create<arith::CmpIOp>(
+        k.loc, arith::CmpIPredicate::uge, b.create<arith::ExtUIOp>(k.loc, i64, word),
+        intConst(k, i64, static_cast<int64_t>(threshold)));
+    k.store(keep, fn.getArgument(1), i, outElem);
+  });
+}

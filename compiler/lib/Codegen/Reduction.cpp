@@ -1,0 +1,389 @@
+//===- Reduction.cpp - reductions and row kernels ---------------------------===//
+//
+// reduce_{sum,mean,max,min,prod,l2}. "Row" layout (the innermost input
+// dimension is reduced): one block per output element, threads stride over the
+// reduced elements (coalesced), then a warp-shuffle + shared memory block
+// reduction. "Column" layout: 32 outputs per block across lanes (coalesced),
+// 8 warps split the reduced range, partials combined through shared memory.
+// Row kernels: softmax, log_softmax and their gradients over the last axis,
+// one block per row. Also argmax, top_k and cumsum.
+//
+//===----------------------------------------------------------------------===//
+#include "KernelGenInternal.h"
+
+
+std::optional<ReduceKind> kernelgen::reduceKind(Operation *op) {
+  auto addf = [](Body &k, Value a, Value c) -> Value { return k.b.create<arith::AddFOp>(k.loc, a, c); };
+  if (isa<ReduceSumOp>(op))
+    return ReduceKind{addf, 0.0};
+  if (isa<ReduceMeanOp>(op))
+    return ReduceKind{addf, 0.0, false, true};
+  if (isa<ReduceL2Op>(op))
+    return ReduceKind{addf, 0.0, true, false, true};
+  if (isa<ReduceProdOp>(op))
+    return ReduceKind{[](Body &k, Value a, Value c) -> Value {
+                        return k.b.create<arith::MulFOp>(k.loc, a, c);
+                      },
+                      1.0};
+  if (isa<ReduceMaxOp>(op))
+    return ReduceKind{[](Body &k, Value a, Value c) -> Value {
+                        return k.b.create<arith::MaximumFOp>(k.loc, a, c);
+                      },
+                      -INFINITY};
+  if (isa<ReduceMinOp>(op))
+    return ReduceKind{[](Body &k, Value a, Value c) -> Value {
+                        return k.b.create<arith::MinimumFOp>(k.loc, a, c);
+                      },
+                      INFINITY};
+  return std::nullopt;
+}
+
+namespace {
+/// Index of the element at (kept index o, reduced index r): the sum over both
+/// groups' dimensions of unravelled index times stride.
+struct DimGroup {
+  SmallVector<int64_t> sizes, strides;
+  int64_t count() const {
+    int64_t c = 1;
+    for (int64_t s : sizes)
+      c *= s;
+    return c;
+  }
+  Value offset(Body &k, Value linear) const {
+    if (sizes.empty())
+      return k.idx(0);
+    if (sizes.size() == 1)
+      return strides[0] == 1 ? linear : k.mul(linear, k.idx(strides[0]));
+    Value at = k.idx(0), rest = linear;
+    for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+      Value i = d == 0 ? rest : k.rem(rest, sizes[d]);
+      if (d > 0)
+        rest = k.div(rest, sizes[d]);
+      at = k.add(at, k.mul(i, k.idx(strides[d])));
+    }
+    return at;
+  }
+};
+} // namespace
+
+std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, StringRef name) {
+  auto kind = reduceKind(op);
+  auto inType = tensorType(op->getOperand(0));
+  auto outType = tensorType(op->getResult(0));
+  auto axes = op->getAttrOfType<DenseI64ArrayAttr>("axes");
+  Type elem = inType.getElementType();
+  if (!kind || !axes || !isFloat(elem) || outType.getElementType() != elem ||
+      inType.getNumElements() == 0)
+    return std::nullopt;
+
+  // Kept and reduced dimension groups (size-1 dims dropped, adjacent dims of
+  // one class merged: they are contiguous in the input).
+  DimGroup kept, reduced;
+  SmallVector<int64_t> strides = contiguousStrides(inType.getShape());
+  int lastClass = -1;
+  for (int64_t d = 0; d < inType.getRank(); ++d) {
+    int64_t size = inType.getDimSize(d);
+    if (size == 1)
+      continue;
+    int cls = llvm::is_contained(axes.asArrayRef(), d) ? 1 : 0;
+    DimGroup &g = cls ? reduced : kept;
+    if (cls == lastClass) {
+      g.sizes.back() *= size;
+      g.strides.back() = strides[d];
+    } else {
+      g.sizes.push_back(size);
+      g.strides.push_back(strides[d]);
+    }
+    lastClass = cls;
+  }
+  int64_t outputs = kept.count(), count = reduced.count();
+  bool rowLayout = lastClass == 1; // the innermost (contiguous) dim is reduced
+  Type accType = computeType(elem); // the accumulator: f32, or f64 for f64
+  Type smem = sharedBuffer(rowLayout ? kWarp : 256, accType);
+  int64_t block = rowLayout ? chooseBlockSize(target, count, 32, kWarp * 4) : 256;
+  int64_t outBlocks = rowLayout ? outputs : (outputs + kWarp - 1) / kWarp;
+  if (outBlocks > (int64_t(1) << 31) - 1)
+    return std::nullopt;
+  // Too few output blocks to fill the GPU: split the reduced range over more
+  // blocks, whose partial sums are added atomically (f32 or f64 sums and means;
+  // the order of the additions, and so the last bits, may vary run to run).
+  bool additive = (isa<ReduceSumOp>(op) || isa<ReduceMeanOp>(op)) && elem == accType;
+  int64_t perBlock = (rowLayout ? block : block / kWarp) * 16; // reduced elements per chunk, at least
+  int64_t splits = 1;
+  if (additive && outBlocks < 2 * target.typicalSMs)
+    splits = std::clamp<int64_t>(std::min<int64_t>(4 * target.typicalSMs / outBlocks,
+                                                   (count + perBlock - 1) / perBlock),
+                                 1, 65535);
+  int64_t chunk = (count + splits - 1) / splits;
+  int64_t grid = outBlocks * splits;
+
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, {flatMemref(elem, inType.getNumElements()),
+                                flatMemref(elem, outType.getNumElements())},
+                      block, {smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value in = fn.getArgument(0), out = fn.getArgument(1), sh = fn.getWorkgroupAttributions()[0];
+  Value identity = k.fconst(accType, kind->identity);
+  auto combine = [&](Value a, Value c) { return kind->combine(k, a, c); };
+  auto element = [&](Value base, Value r) {
+    Value x = k.load(in, k.add(base, reduced.offset(k, r)), elem);
+    return kind->square ? Value(b.create<arith::MulFOp>(k.loc, x, x)) : x;
+  };
+  auto finish = [&](Value acc, Value o) {
+    if (kind->mean)
+      acc = b.create<arith::DivFOp>(k.loc, acc, k.fconst(accType, static_cast<double>(count)));
+    if (kind->sqrt)
+      acc = b.create<math::SqrtOp>(k.loc, acc);
+    if (splits > 1)
+      b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, acc, out, ValueRange{o});
+    else
+      k.store(acc, out, o, elem);
+  };
+  // This block's output block and its chunk [rBegin, rEnd) of the reduced range.
+  Value outBlock = splits > 1 ? k.rem(k.bid(), outBlocks) : k.bid();
+  Value rBegin = splits > 1 ? k.mul(k.div(k.bid(), outBlocks), k.idx(chunk)) : k.idx(0);
+  Value rEnd = splits > 1 ? Value(b.create<arith::MinUIOp>(k.loc, k.add(rBegin, k.idx(chunk)),
+                                                           k.idx(count)))
+                          : k.idx(count);
+
+  if (rowLayout) {
+    Value o = outBlock;
+    Value base = kept.offset(k, o);
+    Value acc = k.loopAcc(k.add(rBegin, k.tid()), rEnd, k.idx(block), identity,
+                          [&](Value r, Value a) { return combine(a, element(base, r)); });
+    acc = k.blockReduce(acc, block / kWarp, sh, identity, combine);
+    k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)),
+             [&] { finish(acc, o); });
+  } else {
+    // lanes: 32 consecutive outputs; warps: slices of the reduced range.
+    Value t = k.tid();
+    Value lane = k.rem(t, kWarp), warp = k.div(t, kWarp);
+    Value o = k.add(k.mul(outBlock, k.idx(kWarp)), lane);
+    Value valid = k.ult(o, k.idx(outputs));
+    Value oc = b.create<arith::MinUIOp>(k.loc, o, k.idx(outputs - 1));
+    Value base = kept.offset(k, oc);
+    Value acc = k.loopAcc(k.add(rBegin, warp), rEnd, k.idx(block / kWarp), identity,
+                          [&](Value r, Value a) { return combine(a, element(base, r)); });
+    b.create<memref::StoreOp>(k.loc, acc, sh, t);
+    b.create<gpu::BarrierOp>(k.loc);
+    Value first = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, warp, k.idx(0));
+    k.ifThen(b.create<arith::AndIOp>(k.loc, first, valid), [&] {
+      Value total = b.create<memref::LoadOp>(k.loc, sh, lane);
+      for (int64_t w = 1; w < block / kWarp; ++w)
+        total = combine(total, b.create<memref::LoadOp>(k.loc, sh, k.add(lane, k.idx(w * kWarp))));
+      finish(total, o);
+    });
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  KernelLaunch launch{name.str(), grid, block};
+  launch.zeroOutputs = splits > 1;
+  return launch;
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, StringRef name) {
+  auto inType = tensorType(op->getOperand(0));
+  auto axis = op->getAttrOfType<IntegerAttr>("axis");
+  Type elem = inType.getElementType();
+  if (!axis || !(elem.isF32() || elem.isF16() || elem.isBF16()) || inType.getRank() == 0 ||
+      inType.getNumElements() == 0)
+    return std::nullopt;
+  int64_t ax = axis.getInt() < 0 ? axis.getInt() + inType.getRank() : axis.getInt();
+  if (ax < 0 || ax >= inType.getRank())
+    return std::nullopt;
+  for (Value v : op->getOperands())
+    if (tensorType(v) != inType)
+      return std::nullopt;
+  // A row is the `axis` dim at one (outer, inner) position: element c of row r
+  // is at (r / inner * cols + c) * inner + r % inner (inner = 1: contiguous rows).
+  int64_t cols = inType.getDimSize(ax), rows = inType.getNumElements() / cols;
+  int64_t inner = 1;
+  for (int64_t d = ax + 1; d < inType.getRank(); ++d)
+    inner *= inType.getDimSize(d);
+  Type f32 = Float32Type::get(context);
+  Type smem = sharedBuffer(kWarp, f32);
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+  SmallVector<Type> args;
+  for (Value v : op->getOperands())
+    args.push_back(flatMemref(elem, tensorType(v).getNumElements()));
+  args.push_back(flatMemref(elem, inType.getNumElements()));
+
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, args, block, {smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value out = fn.getArgument(op->getNumOperands());
+  Value row = k.bid();
+  Value base = inner == 1 ? k.mul(row, k.idx(cols))
+                          : k.add(k.mul(k.div(row, inner), k.idx(cols * inner)), k.rem(row, inner));
+  auto at = [&](Value c) { return k.add(base, inner == 1 ? c : k.mul(c, k.idx(inner))); };
+  auto ld = [&](unsigned arg, Value c) { return k.load(fn.getArgument(arg), at(c), elem); };
+  auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
+  auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
+  auto mulf = [&](Value a, Value c) -> Value { return b.create<arith::MulFOp>(k.loc, a, c); };
+  auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
+  auto expf = [&](Value a) -> Value { return b.create<math::ExpOp>(k.loc, a); };
+  Value zero = k.fconst(f32, 0.0), ninf = k.fconst(f32, -INFINITY);
+  Value step = k.idx(block);
+  auto rowReduce = [&](Value identity, function_ref<Value(Value, Value)> combine,
+                       function_ref<Value(Value)> term) {
+    return k.blockAccumulate(cols, block, sh, identity, combine, term);
+  };
+  auto forCols = [&](function_ref<Value(Value)> value) {
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), step, ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value c, ValueRange) {
+                           OpBuilder::InsertionGuard g(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           k.store(value(c), out, at(c), elem);
+                           b.create<scf::YieldOp>(l);
+                         });
+  };
+
+  if (isa<SoftmaxOp>(op) || isa<LogSoftmaxOp>(op)) {
+    Value m = rowReduce(ninf, maxf, [&](Value c) { return ld(0, c); });
+    Value s = rowReduce(zero, addf, [&](Value c) { return expf(subf(ld(0, c), m)); });
+    if (isa<SoftmaxOp>(op)) {
+      Value inv = b.create<arith::DivFOp>(k.loc, k.fconst(f32, 1.0), s);
+      forCols([&](Value c) { return mulf(expf(subf(ld(0, c), m)), inv); });
+    } else {
+      Value shift = addf(m, b.create<math::LogOp>(k.loc, s));
+      forCols([&](Value c) { return subf(ld(0, c), shift); });
+    }
+  } else if (isa<SoftmaxGradOp>(op)) { // (y, dy): y * (dy - sum(dy * y))
+    Value d = rowReduce(zero, addf, [&](Value c) { return mulf(ld(0, c), ld(1, c)); });
+    forCols([&](Value c) { return mulf(ld(0, c), subf(ld(1, c), d)); });
+  } else if (isa<LogSoftmaxGradOp>(op)) { // (y, dy): dy - exp(y) * sum(dy)
+    Value s = rowReduce(zero, addf, [&](Value c) { return ld(1, c); });
+    forCols([&](Value c) { return subf(ld(1, c), mulf(expf(ld(0, c)), s)); });
+  } else {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), rows, block};
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::argmaxKernel(Operation *op, StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  Type elem = in.getElementType();
+  if (in.getRank() == 0 || !(elem.isF32() || elem.isF16() || elem.isBF16()))
+    return std::nullopt;
+  int64_t axis = normalizedAxis(op, in.getRank());
+  auto [p, d, q] = aroundAxis(in.getShape(), axis);
+  bool last = op->getAttrOfType<BoolAttr>("select_last_index").getValue();
+  // One thread per output; the first NaN wins (as the CPU kernel and NumPy).
+  return elementKernel(
+      name, flatArgs(op), p * q, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value o) {
+        OpBuilder &b = k.b;
+        Value base = k.add(k.mul(k.div(o, q), k.idx(d * q)), k.rem(o, q));
+        Value first = k.load(fn.getArgument(0), base, elem);
+        auto loop = b.create<scf::ForOp>(
+            k.loc, k.idx(1), k.idx(d), k.idx(1), ValueRange{first, k.idx(0)},
+            [&](OpBuilder &nb, Location l, Value j, ValueRange acc) {
+              OpBuilder::InsertionGuard g(b);
+              b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+              Value v = k.load(fn.getArgument(0), k.add(base, k.mul(j, k.idx(q))), elem);
+              Value better = b.create<arith::CmpFOp>(
+                  l, last ? arith::CmpFPredicate::OGE : arith::CmpFPredicate::OGT, v, acc[0]);
+              Value vnan = b.create<arith::CmpFOp>(l, arith::CmpFPredicate::UNO, v, v);
+              Value bestNan = b.create<arith::CmpFOp>(l, arith::CmpFPredicate::UNO, acc[0], acc[0]);
+              Value take = b.create<arith::OrIOp>(l, better, vnan);
+              take = b.create<arith::AndIOp>(
+                  l, take, b.create<arith::XOrIOp>(l, bestNan, b.create<arith::ConstantIntOp>(l, 1, 1)));
+              b.create<scf::YieldOp>(l, ValueRange{b.create<arith::SelectOp>(l, take, v, acc[0]),
+                                                   b.create<arith::SelectOp>(l, take, j, acc[1])});
+            });
+        Value idx = b.create<arith::IndexCastOp>(k.loc, b.getI64Type(), loop.getResult(1));
+        b.create<memref::StoreOp>(k.loc, idx, fn.getArgument(1), o);
+      });
+}
+
+/// top_k: one thread per input element; its rank in its line is the number of
+/// elements before it in the order (larger, or smaller, first; equal with a
+/// lower index; NaN above every number, as the CPU kernel), and it writes
+/// itself to position rank when rank < k. O(d^2) per line but parallel and
+/// deterministic: the order is total, so every output is written exactly once.
+std::optional<KernelLaunch> KernelGenerator::Impl::topKKernel(Operation *op, StringRef name) {
+  auto in = tensorType(op->getOperand(0));
+  Type elem = in.getElementType();
+  if (in.getRank() == 0 || in.getNumElements() == 0 || elem.isInteger(1))
+    return std::nullopt;
+  int64_t axis = normalizedAxis(op, in.getRank());
+  auto [p, d, q] = aroundAxis(in.getShape(), axis);
+  // Long lines (a vocabulary) would cost d^2 compares each: the host's partial
+  // sort is cheaper there until a sorting kernel exists.
+  constexpr int64_t kMaxLine = 4096;
+  if (d > kMaxLine)
+    return std::nullopt;
+  int64_t topK = op->getAttrOfType<IntegerAttr>("k").getInt();
+  bool largest = op->getAttrOfType<BoolAttr>("largest").getValue();
+  bool fl = isFloat(elem), isUnsigned = isUnsignedInt(elem);
+  return elementKernel(
+      name, flatArgs(op), p * d * q, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+        OpBuilder &b = k.b;
+        Location loc = k.loc;
+        Value c = k.rem(i, q), j = k.rem(k.div(i, q), d), o = k.div(i, d * q);
+        Value base = k.add(k.mul(o, k.idx(d * q)), c);
+        Value v = k.load(fn.getArgument(0), i, elem);
+        auto cmpf = [&](arith::CmpFPredicate pr, Value a, Value e) -> Value {
+          return b.create<arith::CmpFOp>(loc, pr, a, e);
+        };
+        auto cmpi = [&](arith::CmpIPredicate pr, Value a, Value e) -> Value {
+          return b.create<arith::CmpIOp>(loc, pr, a, e);
+        };
+        auto andi = [&](Value a, Value e) -> Value { return b.create<arith::AndIOp>(loc, a, e); };
+        auto ori = [&](Value a, Value e) -> Value { return b.create<arith::OrIOp>(loc, a, e); };
+        auto noti = [&](Value a) -> Value {
+          return b.create<arith::XOrIOp>(loc, a, b.create<arith::ConstantIntOp>(loc, 1, 1));
+        };
+        Value vNan = fl ? cmpf(arith::CmpFPredicate::UNO, v, v) : Value();
+        Value rank = k.loopAcc(k.idx(0), d, k.idx(1), k.idx(0), [&](Value m, Value count) {
+          Value u = k.load(fn.getArgument(0), k.add(base, k.mul(m, k.idx(q))), elem);
+          Value ahead, equal; // u comes strictly before v, u ties with v
+          if (fl) {
+            Value uNan = cmpf(arith::CmpFPredicate::UNO, u, u);
+            ahead = largest ? ori(cmpf(arith::CmpFPredicate::OGT, u, v), andi(uNan, noti(vNan)))
+                            : ori(cmpf(arith::CmpFPredicate::OLT, u, v), andi(vNan, noti(uNan)));
+            equal = ori(cmpf(arith::CmpFPredicate::OEQ, u, v), andi(uNan, vNan));
+          } else {
+            auto gt = isUnsigned ? arith::CmpIPredicate::ugt : arith::CmpIPredicate::sgt;
+            auto lt = isUnsigned ? arith::CmpIPredicate::ult : arith::CmpIPredicate::slt;
+            ahead = cmpi(largest ? gt : lt, u, v);
+            equal = cmpi(arith::CmpIPredicate::eq, u, v);
+          }
+          Value before = ori(ahead, andi(equal, k.ult(m, j)));
+          return b.create<arith::SelectOp>(loc, before, k.add(count, k.idx(1)), count);
+        });
+        k.ifThen(k.ult(rank, k.idx(topK)), [&] {
+          Value at = k.add(k.add(k.mul(o, k.idx(topK * q)), k.mul(rank, k.idx(q))), c);
+          k.store(v, fn.getArgument(1), at, elem);
+          b.create<memref::StoreOp>(loc, b.create<arith::IndexCastOp>(loc, b.getI64Type(), j),
+                                    fn.getArgument(2), at);
+        });
+      });
+}
+
+/// cumsum along `axis` (exclusive / reverse): one thread per line, serial in
+/// the line's order, accumulated in f32 (f64 for f64).
+std::optional<KernelLaunch> KernelGenerator::Impl::cumsumKernel(Operation *op, StringRef name) {
+  auto x = tensorType(op->getOperand(0));
+  Type elem = x.getElementType();
+  if (x.getRank() == 0 || x.getNumElements() == 0 ||
+      !(elem.isF32() || elem.isF16() || elem.isBF16() || elem.isF64()))
+    return std::nullopt;
+  int64_t axis = normalizedAxis(op, x.getRank());
+  auto [p, n, q] = aroundAxis(x.getShape(), axis);
+  bool exclusive = op->getAttrOfType<BoolAttr>("exclusive").getValue();
+  bool reverse = op->getAttrOfType<BoolAttr>("reverse").getValue();
+  Type acc = computeType(elem);
+  return elementKernel(name, flatArgs(op), p * q, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value line) {
+    OpBuilder &b = k.b;
+    Value base = k.add(k.mul(k.div(line, q), k.idx(n * q)), k.rem(line, q));
+    k.loopAcc(k.idx(0), n, k.idx(1), k.fconst(acc, 0.0), [&](Value j, Value s) {
+      Value pos = reverse ? Value(b.create<arith::SubIOp>(k.loc, k.idx(n - 1), j)) : j;
+      Value at = k.add(base, k.mul(pos, k.idx(q)));
+      Value next = b.create<arith::AddFOp>(k.loc, s, k.load(fn.getArgument(0), at, elem));
+      k.store(exclusive ? s : next, fn.getArgument(1), at, elem);
+      return next;
+    });
+  });
+}

@@ -1,0 +1,375 @@
+//===- Window.cpp - pools and direct convolution ----------------------------===//
+//
+// max/avg pooling and their gradients, and the direct convolution for the
+// forms cuDNN does not take (WindowGeometry: N-d windows over NC<spatial>).
+//
+//===----------------------------------------------------------------------===//
+#include "KernelGenInternal.h"
+
+namespace {
+/// The window geometry of an N-d pool or convolution over NC<spatial>: window
+/// o (of the `out` map) along dim d covers image positions
+/// o*stride - padBegin + t*dilation, t < kernel.
+struct WindowGeometry {
+  SmallVector<int64_t> image, out, kernel, strides, padBegin, padEnd, dilations;
+  int64_t imageSize = 1, outSize = 1, taps = 1;
+
+  /// From `op`'s strides/pads/dilations (and kernel_shape, or the spatial dims
+  /// of `weight`), `x` the image and `y` the map of windows.
+  static std::optional<WindowGeometry> of(Operation *op, RankedTensorType x, RankedTensorType y,
+                                          RankedTensorType weight = nullptr) {
+    auto kernel = op->getAttrOfType<DenseI64ArrayAttr>("kernel_shape");
+    auto strides = op->getAttrOfType<DenseI64ArrayAttr>("strides");
+    auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
+    auto dil = op->getAttrOfType<DenseI64ArrayAttr>("dilations");
+    int64_t sp = x.getRank() - 2;
+    SmallVector<int64_t> kernelShape;
+    if (kernel)
+      kernelShape.assign(kernel.asArrayRef().begin(), kernel.asArrayRef().end());
+    else if (weight && weight.getRank() == x.getRank())
+      kernelShape.assign(weight.getShape().begin() + 2, weight.getShape().end());
+    if (sp < 1 || y.getRank() != x.getRank() || static_cast<int64_t>(kernelShape.size()) != sp || !strides ||
+        strides.size() != sp || !pads || pads.size() != 2 * sp || !dil || dil.size() != sp ||
+        x.getNumElements() == 0 || y.getNumElements() == 0)
+      return std::nullopt;
+    WindowGeometry g;
+    for (int64_t d = 0; d < sp; ++d) {
+      g.image.push_back(x.getDimSize(d + 2));
+      g.out.push_back(y.getDimSize(d + 2));
+      g.kernel.push_back(kernelShape[d]);
+      g.strides.push_back(strides[d]);
+      g.padBegin.push_back(pads[d]);
+      g.padEnd.push_back(pads[d + sp]);
+      g.dilations.push_back(dil[d]);
+      g.imageSize *= g.image.back();
+      g.outSize *= g.out.back();
+      g.taps *= kernelShape[d];
+    }
+    return g;
+  }
+  int64_t rank() const { return static_cast<int64_t>(image.size()); }
+
+  /// The coordinates of flat index `i` over `dims` (row-major); `outer` gets
+  /// the quotient left over (the plane).
+  static SmallVector<Value> unravel(Body &k, Value i, ArrayRef<int64_t> dims, Value &outer) {
+    SmallVector<Value> c(dims.size());
+    for (int64_t d = static_cast<int64_t>(dims.size()) - 1; d >= 0; --d) {
+      c[d] = k.rem(i, dims[d]);
+      i = k.div(i, dims[d]);
+    }
+    outer = i;
+    return c;
+  }
+  /// Tap t's index along each dim (odometer order, last dim fastest).
+  SmallVector<Value> tap(Body &k, Value t) const {
+    Value unused;
+    return unravel(k, t, kernel, unused);
+  }
+  static Value inRange(Body &k, Value v, int64_t lo, int64_t hi) {
+    Value a = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, v, k.idx(lo));
+    Value c = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, v, k.idx(hi));
+    return k.b.create<arith::AndIOp>(k.loc, a, c);
+  }
+  /// Image position of tap `t` of window `o` along each dim (may lie outside).
+  SmallVector<Value> position(Body &k, ArrayRef<Value> o, ArrayRef<Value> t) const {
+    SmallVector<Value> p;
+    for (int64_t d = 0; d < rank(); ++d)
+      p.push_back(k.b.create<arith::SubIOp>(
+          k.loc, k.add(k.mul(o[d], k.idx(strides[d])), k.mul(t[d], k.idx(dilations[d]))),
+          k.idx(padBegin[d])));
+    return p;
+  }
+  /// Whether `p` lies in the image, and its offset in the plane (clamped into
+  /// the image, so always safe to load).
+  std::pair<Value, Value> imageOffset(Body &k, ArrayRef<Value> p) const {
+    Value valid = k.b.create<arith::ConstantIntOp>(k.loc, 1, 1), off = k.idx(0);
+    for (int64_t d = 0; d < rank(); ++d) {
+      valid = k.b.create<arith::AndIOp>(k.loc, valid, inRange(k, p[d], 0, image[d]));
+      Value c = k.b.create<arith::MinSIOp>(
+          k.loc, k.b.create<arith::MaxSIOp>(k.loc, p[d], k.idx(0)), k.idx(image[d] - 1));
+      off = k.add(k.mul(off, k.idx(image[d])), c);
+    }
+    return {valid, off};
+  }
+  /// The window of `out` that has tap `t` on image position `i`, if any: (hit,
+  /// window offset in the plane, window coordinates).
+  std::tuple<Value, Value, SmallVector<Value>> windowAt(Body &k, ArrayRef<Value> i,
+                                                        ArrayRef<Value> t) const {
+    OpBuilder &b = k.b;
+    Value hit = b.create<arith::ConstantIntOp>(k.loc, 1, 1), off = k.idx(0);
+    SmallVector<Value> o;
+    for (int64_t d = 0; d < rank(); ++d) {
+      // o * stride = i + padBegin - t * dilation, exactly, with 0 <= o < out.
+      Value n = b.create<arith::SubIOp>(k.loc, k.add(i[d], k.idx(padBegin[d])),
+                                        k.mul(t[d], k.idx(dilations[d])));
+      Value nonneg = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, n, k.idx(0));
+      Value nc = b.create<arith::MaxSIOp>(k.loc, n, k.idx(0));
+      Value exact = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq,
+                                            k.rem(nc, strides[d]), k.idx(0));
+      Value q = k.div(nc, strides[d]);
+      hit = b.create<arith::AndIOp>(
+          k.loc, hit,
+          b.create<arith::AndIOp>(k.loc, b.create<arith::AndIOp>(k.loc, nonneg, exact),
+                                  k.ult(q, k.idx(out[d]))));
+      o.push_back(b.create<arith::MinUIOp>(k.loc, q, k.idx(out[d] - 1)));
+      off = k.add(k.mul(off, k.idx(out[d])), o.back());
+    }
+    return {hit, off, o};
+  }
+};
+
+Value isNaN(Body &k, Value v) {
+  return k.b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::UNO, v, v);
+}
+} // namespace
+
+/// N-d max pooling (NC<spatial>) and its gradient. The window's choice is the
+/// CPU kernel's: the first strictly greater in-image tap in odometer order; a
+/// NaN wins once seen. Integer inputs (forward only) compare as their sign says.
+std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, StringRef name,
+                                                                 bool grad) {
+  auto x = tensorType(op->getOperand(0));
+  auto y = tensorType(grad ? op->getOperand(1) : op->getResult(0));
+  Type elem = x.getElementType();
+  auto g = WindowGeometry::of(op, x, y);
+  bool fl = isFloat(elem);
+  if (!g || elem.isInteger(1) || (grad && !fl))
+    return std::nullopt;
+  Type ct = computeType(elem);
+  bool isUnsigned = elem.isUnsignedInteger();
+  auto lowest = [&](Body &k) -> Value {
+    if (fl)
+      return k.fconst(ct, -INFINITY);
+    unsigned w = ct.getIntOrFloatBitWidth();
+    return k.b.create<arith::ConstantOp>(
+        k.loc, k.b.getIntegerAttr(ct, isUnsigned ? APInt::getMinValue(w)
+                                                 : APInt::getSignedMinValue(w)));
+  };
+  // The chosen tap of window `o` of the plane at `base`: (value, plane offset
+  // or -1 if none).
+  auto choose = [&](Body &k, Value image, Value base, ArrayRef<Value> o) -> std::pair<Value, Value> {
+    OpBuilder &b = k.b;
+    SmallVector<Value> chosen = k.foldRange(
+        g->taps, ValueRange{lowest(k), k.idx(-1)}, kUnrollTaps,
+        [&](Value t, ValueRange acc) -> SmallVector<Value> {
+          auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
+          Value v = k.load(image, k.add(base, off), elem);
+          Value best = acc[0];
+          Value take;
+          if (fl) {
+            Value notNan = b.create<arith::XOrIOp>(k.loc, isNaN(k, best),
+                                                   b.create<arith::ConstantIntOp>(k.loc, 1, 1));
+            Value greater = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OGT, v, best);
+            take = b.create<arith::AndIOp>(k.loc, b.create<arith::AndIOp>(k.loc, valid, notNan),
+                                           b.create<arith::OrIOp>(k.loc, isNaN(k, v), greater));
+          } else {
+            Value greater = b.create<arith::CmpIOp>(
+                k.loc, isUnsigned ? arith::CmpIPredicate::ugt : arith::CmpIPredicate::sgt, v, best);
+            take = b.create<arith::AndIOp>(k.loc, valid, greater);
+          }
+          return {b.create<arith::SelectOp>(k.loc, take, v, best),
+                  b.create<arith::SelectOp>(k.loc, take, off, acc[1])};
+        });
+    return {chosen[0], chosen[1]};
+  };
+  if (!grad)
+    return elementKernel(name, flatArgs(op), y.getNumElements(), op->getLoc(),
+                         [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+                           Value plane;
+                           SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, plane);
+                           Value base = k.mul(plane, k.idx(g->imageSize));
+                           k.store(choose(k, fn.getArgument(0), base, o).first, fn.getArgument(1),
+                                   i, elem);
+                         });
+  // Gradient, gathered per input element: every window that holds it as a tap
+  // adds its gradient when it chose it (deterministic, no atomics).
+  return elementKernel(
+      name, flatArgs(op), x.getNumElements(), op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+        OpBuilder &b = k.b;
+        Value plane;
+        SmallVector<Value> at = WindowGeometry::unravel(k, i, g->image, plane);
+        Value base = k.mul(plane, k.idx(g->imageSize));
+        Value self = k.rem(i, g->imageSize);
+        Value acc = k.foldValue(g->taps, k.fconst(ct, 0.0), kUnrollTaps, [&](Value t, Value a) {
+          auto [hit, woff, o] = g->windowAt(k, at, g->tap(k, t));
+          Value chosen = b.create<arith::CmpIOp>(
+              k.loc, arith::CmpIPredicate::eq, choose(k, fn.getArgument(0), base, o).second, self);
+          Value dy = k.load(fn.getArgument(1), k.add(k.mul(plane, k.idx(g->outSize)), woff), elem);
+          Value take = b.create<arith::AndIOp>(k.loc, hit, chosen);
+          return b.create<arith::SelectOp>(k.loc, take, b.create<arith::AddFOp>(k.loc, a, dy), a);
+        });
+        k.store(acc, fn.getArgument(2), i, elem);
+      });
+}
+
+/// N-d average pooling (NC<spatial>) and its gradient, with the CPU kernels'
+/// divisor: the window's taps inside the image, or inside the padded image with
+/// count_include_pad (a product over dims, windows being boxes). The gradient
+/// gathers, per input element, the shares of the windows holding it.
+std::optional<KernelLaunch> KernelGenerator::Impl::avgPoolKernel(Operation *op, StringRef name,
+                                                                 bool grad) {
+  auto dy = tensorType(op->getOperand(0));
+  auto res = tensorType(op->getResult(0));
+  auto x = grad ? res : dy;   // the image
+  auto y = grad ? dy : res;   // the pooled map
+  Type elem = x.getElementType();
+  auto include = op->getAttrOfType<BoolAttr>("count_include_pad");
+  auto g = WindowGeometry::of(op, x, y);
+  if (!g || !isFloat(elem) || !include)
+    return std::nullopt;
+  Type ct = computeType(elem);
+  // 1 / divisor of window `o`.
+  auto inverseDivisor = [&](Body &k, ArrayRef<Value> o) {
+    OpBuilder &b = k.b;
+    Value one = k.fconst(ct, 1.0), zero = k.fconst(ct, 0.0), count = one;
+    for (int64_t d = 0; d < g->rank(); ++d) {
+      int64_t lo = include.getValue() ? -g->padBegin[d] : 0;
+      int64_t hi = include.getValue() ? g->image[d] + g->padEnd[d] : g->image[d];
+      Value start = b.create<arith::SubIOp>(k.loc, k.mul(o[d], k.idx(g->strides[d])),
+                                            k.idx(g->padBegin[d]));
+      Value n = k.foldValue(g->kernel[d], zero, kUnrollTaps, [&](Value t, Value a) {
+        Value p = k.add(start, k.mul(t, k.idx(g->dilations[d])));
+        return b.create<arith::AddFOp>(
+            k.loc, a, b.create<arith::SelectOp>(k.loc, WindowGeometry::inRange(k, p, lo, hi), one, zero));
+      });
+      count = b.create<arith::MulFOp>(k.loc, count, n);
+    }
+    return b.create<arith::DivFOp>(k.loc, one, count);
+  };
+  if (!grad)
+    return elementKernel(name, flatArgs(op), y.getNumElements(), op->getLoc(),
+                         [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+      OpBuilder &b = k.b;
+      Value plane;
+      SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, plane);
+      Value base = k.mul(plane, k.idx(g->imageSize));
+      Value zero = k.fconst(ct, 0.0);
+      Value acc = k.foldValue(g->taps, zero, kUnrollTaps, [&](Value t, Value a) {
+        auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
+        Value v = k.load(fn.getArgument(0), k.add(base, off), elem);
+        return b.create<arith::AddFOp>(k.loc, a, b.create<arith::SelectOp>(k.loc, valid, v, zero));
+      });
+      k.store(b.create<arith::MulFOp>(k.loc, acc, inverseDivisor(k, o)), fn.getArgument(1), i, elem);
+    });
+  return elementKernel(name, flatArgs(op), x.getNumElements(), op->getLoc(),
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+    OpBuilder &b = k.b;
+    Value plane;
+    SmallVector<Value> at = WindowGeometry::unravel(k, i, g->image, plane);
+    Value acc = k.foldValue(g->taps, k.fconst(ct, 0.0), kUnrollTaps, [&](Value t, Value a) {
+      auto [hit, woff, o] = g->windowAt(k, at, g->tap(k, t));
+      Value d = k.load(fn.getArgument(0), k.add(k.mul(plane, k.idx(g->outSize)), woff), elem);
+      Value share = b.create<arith::MulFOp>(k.loc, d, inverseDivisor(k, o));
+      return b.create<arith::SelectOp>(k.loc, hit, b.create<arith::AddFOp>(k.loc, a, share), a);
+    });
+    k.store(acc, fn.getArgument(1), i, elem);
+  });
+}
+
+/// conv, conv_transpose and conv_grad_weight in the forms cuDNN does not take
+/// (isLibraryCall): asymmetric pads, other dtypes, more spatial dims. Direct
+/// loops, one thread per output element, accumulating in f32 (f64 for f64):
+/// the correct path, not the fast one. Layouts as the CPU kernels: NC<spatial>,
+/// conv weight [M, C/group, k...], conv_transpose weight [C, M/group, k...].
+std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, StringRef name) {
+  StringRef opName = op->getName().stripDialect();
+  auto x = tensorType(op->getOperand(0));
+  auto second = tensorType(op->getOperand(1)); // the weight, or dy of conv_grad_weight
+  auto res = tensorType(op->getResult(0));
+  Type elem = res.getElementType();
+  auto group = op->getAttrOfType<IntegerAttr>("group");
+  if (!isFloat(elem) || x.getElementType() != elem || second.getElementType() != elem || !group ||
+      group.getInt() < 1 || x.getRank() < 3)
+    return std::nullopt;
+  int64_t groups = group.getInt();
+  bool hasBias = opName != "conv_grad_weight" && op->getNumOperands() > 2 && op->getOperand(2);
+  Type accType = computeType(elem);
+  int64_t batch = x.getDimSize(0), channels = x.getDimSize(1);
+  if (channels % groups)
+    return std::nullopt;
+  int64_t cg = channels / groups; // input channels per group
+  // s + (valid ? a * c : 0), and the result (+ bias[channel]) stored at i.
+  auto addProduct = [&](Body &k, Value s, Value valid, Value a, Value c) -> Value {
+    Value zero = k.fconst(accType, 0.0);
+    Value term = k.b.create<arith::SelectOp>(k.loc, valid, k.b.create<arith::MulFOp>(k.loc, a, c), zero);
+    return k.b.create<arith::AddFOp>(k.loc, s, term);
+  };
+  auto store = [&](Body &k, gpu::GPUFuncOp fn, Value sum, Value channel, Value i) {
+    if (hasBias)
+      sum = k.b.create<arith::AddFOp>(k.loc, sum, k.load(fn.getArgument(2), channel, elem));
+    k.store(sum, fn.getArgument(op->getNumOperands()), i, elem);
+  };
+
+  if (isa<ConvOp>(op) || isa<ConvGradWeightOp>(op)) {
+    bool grad = isa<ConvGradWeightOp>(op);
+    auto y = grad ? second : res;               // the conv output map [N, M, out...]
+    auto w = grad ? res : second;               // [M, C/group, k...]
+    auto g = WindowGeometry::of(op, x, y, w);
+    int64_t maps = y.getDimSize(1);
+    if (!g || maps % groups || w.getDimSize(1) != cg)
+      return std::nullopt;
+    int64_t mg = maps / groups;
+    if (!grad)
+      return elementKernel(name, flatArgs(op), res.getNumElements(), op->getLoc(),
+                           [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+        Value rest;
+        SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, rest);
+        Value oc = k.rem(rest, maps), n = k.div(rest, maps);
+        Value firstChannel = k.mul(k.div(oc, mg), k.idx(cg));
+        Value sum = k.loopAcc(k.idx(0), cg * g->taps, k.idx(1), k.fconst(accType, 0.0), [&](Value r, Value s) {
+          Value ic = k.div(r, g->taps), t = k.rem(r, g->taps);
+          auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
+          Value plane = k.add(k.mul(n, k.idx(channels)), k.add(firstChannel, ic));
+          Value xv = k.load(fn.getArgument(0), k.add(k.mul(plane, k.idx(g->imageSize)), off), elem);
+          Value wv = k.load(fn.getArgument(1), k.add(k.mul(k.add(k.mul(oc, k.idx(cg)), ic), k.idx(g->taps)), t), elem);
+          return addProduct(k, s, valid, xv, wv);
+        });
+        store(k, fn, sum, oc, i);
+      });
+    // dW[oc, ic, t] = sum over n and windows o of dy[n, oc, o] * x[n, group(oc) + ic, p(o, t)].
+    return elementKernel(name, flatArgs(op), res.getNumElements(), op->getLoc(),
+                         [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+      Value t = k.rem(i, g->taps), r = k.div(i, g->taps);
+      Value ic = k.rem(r, cg), oc = k.div(r, cg);
+      SmallVector<Value> tap = g->tap(k, t);
+      Value channel = k.add(k.mul(k.div(oc, mg), k.idx(cg)), ic);
+      Value sum = k.loopAcc(k.idx(0), batch * g->outSize, k.idx(1), k.fconst(accType, 0.0), [&](Value j, Value s) {
+        Value n;
+        SmallVector<Value> o = WindowGeometry::unravel(k, j, g->out, n);
+        auto [valid, off] = g->imageOffset(k, g->position(k, o, tap));
+        Value xv = k.load(fn.getArgument(0),
+                          k.add(k.mul(k.add(k.mul(n, k.idx(channels)), channel), k.idx(g->imageSize)), off), elem);
+        Value dy = k.load(fn.getArgument(1),
+                          k.add(k.mul(k.add(k.mul(n, k.idx(maps)), oc), k.idx(g->outSize)), k.rem(j, g->outSize)), elem);
+        return addProduct(k, s, valid, xv, dy);
+      });
+      k.store(sum, fn.getArgument(2), i, elem);
+    });
+  }
+  // conv_transpose: the adjoint of a conv whose image is the result and whose
+  // window map is x. y[n, g*mg + oc, p] = sum over ic < C/group and taps t whose
+  // window i has tap t on p of x[n, g*cg + ic, i] * w[g*cg + ic, oc, t].
+  auto w = second;
+  auto g = WindowGeometry::of(op, res, x, w);
+  if (!g || w.getDimSize(0) != channels)
+    return std::nullopt;
+  int64_t mg = w.getDimSize(1), maps = res.getDimSize(1);
+  if (maps != mg * groups)
+    return std::nullopt;
+  return elementKernel(name, flatArgs(op), res.getNumElements(), op->getLoc(),
+                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+    Value rest;
+    SmallVector<Value> p = WindowGeometry::unravel(k, i, g->image, rest);
+    Value ocFull = k.rem(rest, maps), n = k.div(rest, maps);
+    Value oc = k.rem(ocFull, mg), firstChannel = k.mul(k.div(ocFull, mg), k.idx(cg));
+    Value sum = k.loopAcc(k.idx(0), cg * g->taps, k.idx(1), k.fconst(accType, 0.0), [&](Value r, Value s) {
+      Value ic = k.add(firstChannel, k.div(r, g->taps)), t = k.rem(r, g->taps);
+      auto [hit, woff, unused] = g->windowAt(k, p, g->tap(k, t));
+      Value xv = k.load(fn.getArgument(0),
+                        k.add(k.mul(k.add(k.mul(n, k.idx(channels)), ic), k.idx(g->outSize)), woff), elem);
+      Value wv = k.load(fn.getArgument(1), k.add(k.mul(k.add(k.mul(ic, k.idx(mg)), oc), k.idx(g->taps)), t), elem);
+      return addProduct(k, s, hit, xv, wv);
+    });
+    store(k, fn, sum, ocFull, i);
+  });
+}

@@ -1,0 +1,73 @@
+// RUN: forge-opt %s --split-input-file --forge-generate-kernels --mlir-print-op-on-diagnostic=false 2>&1 | FileCheck %s
+// RUN: not forge-opt %s --split-input-file --forge-generate-kernels="target=cuda:sm_70" 2>&1 | FileCheck %s --check-prefix=TARGET
+// RUN: not forge-opt %s --split-input-file --forge-generate-kernels --forge-generate-kernels --mlir-print-op-on-diagnostic=false 2>&1 | FileCheck %s --check-prefix=TWICE
+// The kernels print and parse back.
+// RUN: forge-opt %s --split-input-file --forge-generate-kernels --mlir-print-op-on-diagnostic=false 2>/dev/null | forge-opt --split-input-file --verify-each > /dev/null
+
+// TARGET: error: unknown target 'cuda:sm_70' (cuda:sm_80, cuda:sm_89, cuda:sm_90)
+// TWICE: error: the module already has generated kernels
+
+// Every op gets a placement: a region its kernel, a library call stays as
+// forge-select-library marked it, a reshape and an op of empty results are
+// copies, equal ops share one kernel. The kernels join the module.
+// CHECK-LABEL: module attributes {gpu.container_module}
+// CHECK: forge.fusion "loop"(%arg0, %arg1) {forge.launch = {block = 32 : i64, grid = 1 : i64, kernel = "k0_fusion"}}
+// CHECK: forge.matmul %0, %arg2 {forge.library = "cublaslt"}
+// CHECK: forge.reshape %0 {forge.placement = "copy"
+// CHECK: forge.neg %arg0 {forge.launch = {block = 32 : i64, grid = 1 : i64, kernel = "k1_neg"}}
+// CHECK: forge.neg %3 {forge.launch = {block = 32 : i64, grid = 1 : i64, kernel = "k1_neg"}}
+// CHECK: forge.slice %arg0 {ends = array<i64: 0, 8>, forge.placement = "copy"
+// CHECK: gpu.module @forge_kernels
+// CHECK: gpu.func @k0_fusion(%arg0: memref<32xf32>, %arg1: memref<8xf32>, %arg2: memref<32xf32>) kernel
+// CHECK: gpu.func @k1_neg(%arg0: memref<8xvector<4xf32>>, %arg1: memref<8xvector<4xf32>>) kernel
+// CHECK-NOT: gpu.func
+func.func @main(%x: tensor<4x8xf32>, %b: tensor<8xf32>, %w: tensor<8x5xf32>) -> (tensor<4x5xf32>, tensor<32xf32>, tensor<4x8xf32>, tensor<0x8xf32>) {
+  %f = forge.fusion "loop"(%x, %b) : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32> {
+  ^bb0(%a0: tensor<4x8xf32>, %a1: tensor<8xf32>):
+    %0 = forge.add %a0, %a1 : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+    %1 = forge.tanh %0 : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    forge.yield %1 : tensor<4x8xf32>
+  }
+  %m = forge.matmul %f, %w {forge.library = "cublaslt"} : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
+  %r = forge.reshape %f {shape = array<i64: 32>} : (tensor<4x8xf32>) -> tensor<32xf32>
+  %n1 = forge.neg %x : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %n2 = forge.neg %n1 : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %e = forge.slice %x {starts = array<i64: 0, 0>, ends = array<i64: 0, 8>, steps = array<i64: 1, 1>} : (tensor<4x8xf32>) -> tensor<0x8xf32>
+  return %m, %r, %n2, %e : tensor<4x5xf32>, tensor<32xf32>, tensor<4x8xf32>, tensor<0x8xf32>
+}
+
+// -----
+
+// What a kernel checks its data for is part of its launch.
+// CHECK-LABEL: func @checks
+// CHECK: forge.div %arg0, %arg1 {forge.launch = {block = 32 : i64, fault = "integer division by zero", grid = 1 : i64, kernel = "k0_div"}}
+func.func @checks(%a: tensor<4xi32>, %b: tensor<4xi32>) -> tensor<4xi32> {
+  %q = forge.div %a, %b : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi32>
+  return %q : tensor<4xi32>
+}
+
+// -----
+
+// Without a generator: the op runs on the host (a warning lists it), and a
+// region whose body has none becomes its ops, placed one by one.
+// CHECK: warning: 3 instructions run on the host (no CUDA kernel yet): abs x1, neg x2
+// CHECK-LABEL: func @host
+// CHECK: forge.neg %arg0 {forge.placement = "host"}
+// CHECK-LABEL: func @region
+// CHECK-NOT: forge.fusion
+// CHECK: forge.neg %arg0 {forge.placement = "host"}
+// CHECK-NEXT: forge.abs %0 {forge.placement = "host"}
+// CHECK-NOT: gpu.module
+func.func @host(%x: tensor<4xf8E4M3FN>) -> tensor<4xf8E4M3FN> {
+  %n = forge.neg %x : (tensor<4xf8E4M3FN>) -> tensor<4xf8E4M3FN>
+  return %n : tensor<4xf8E4M3FN>
+}
+func.func @region(%x: tensor<4xf8E4M3FN>) -> tensor<4xf8E4M3FN> {
+  %f = forge.fusion "loop"(%x) : (tensor<4xf8E4M3FN>) -> tensor<4xf8E4M3FN> {
+  ^bb0(%a: tensor<4xf8E4M3FN>):
+    %0 = forge.neg %a : (tensor<4xf8E4M3FN>) -> tensor<4xf8E4M3FN>
+    %1 = forge.abs %0 : (tensor<4xf8E4M3FN>) -> tensor<4xf8E4M3FN>
+    forge.yield %1 : tensor<4xf8E4M3FN>
+  }
+  return %f : tensor<4xf8E4M3FN>
+}

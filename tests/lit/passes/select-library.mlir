@@ -1,0 +1,54 @@
+// RUN: forge-opt %s --split-input-file --forge-select-library | FileCheck %s
+
+// cuBLASLt takes matmuls of equal batches, a matrix rhs, and a broadcast side.
+// CHECK-LABEL: func @matmuls
+// CHECK: forge.matmul %arg0, %arg1 {forge.library = "cublaslt"}
+// CHECK: forge.matmul %arg0, %arg2 {forge.library = "cublaslt"}
+// CHECK: forge.matmul %arg0, %arg3 {forge.library = "cublaslt"}
+func.func @matmuls(%a: tensor<2x3x4x8xf32>, %b: tensor<2x3x8x5xf32>, %m: tensor<8x5xf32>, %c: tensor<1x1x8x5xf32>) -> (tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>) {
+  %0 = forge.matmul %a, %b : (tensor<2x3x4x8xf32>, tensor<2x3x8x5xf32>) -> tensor<2x3x4x5xf32>
+  %1 = forge.matmul %a, %m : (tensor<2x3x4x8xf32>, tensor<8x5xf32>) -> tensor<2x3x4x5xf32>
+  %2 = forge.matmul %a, %c : (tensor<2x3x4x8xf32>, tensor<1x1x8x5xf32>) -> tensor<2x3x4x5xf32>
+  return %0, %1, %2 : tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>
+}
+
+// -----
+
+// Not: batches broadcast on both sides, a vector operand, f16, an empty result.
+// CHECK-LABEL: func @not_matmuls
+// CHECK-NOT: forge.library
+func.func @not_matmuls(%a: tensor<2x1x4x8xf32>, %b: tensor<1x3x8x5xf32>, %v: tensor<8xf32>, %h: tensor<4x8xf16>, %hb: tensor<8x5xf16>, %e: tensor<0x8xf32>, %m: tensor<8x5xf32>) -> (tensor<2x3x4x5xf32>, tensor<2x1x4xf32>, tensor<4x5xf16>, tensor<0x5xf32>) {
+  %0 = forge.matmul %a, %b : (tensor<2x1x4x8xf32>, tensor<1x3x8x5xf32>) -> tensor<2x3x4x5xf32>
+  %1 = forge.matmul %a, %v : (tensor<2x1x4x8xf32>, tensor<8xf32>) -> tensor<2x1x4xf32>
+  %2 = forge.matmul %h, %hb : (tensor<4x8xf16>, tensor<8x5xf16>) -> tensor<4x5xf16>
+  %3 = forge.matmul %e, %m : (tensor<0x8xf32>, tensor<8x5xf32>) -> tensor<0x5xf32>
+  return %0, %1, %2, %3 : tensor<2x3x4x5xf32>, tensor<2x1x4xf32>, tensor<4x5xf16>, tensor<0x5xf32>
+}
+
+// -----
+
+// gemm: a bias row is cuBLASLt's bias epilogue when beta is 1; beta scales a
+// full C only.
+// CHECK-LABEL: func @gemms
+// CHECK: forge.gemm %arg0, %arg1, %arg2 {alpha = 1.000000e+00 : f64, beta = 1.000000e+00 : f64, forge.library = "cublaslt"
+// CHECK: forge.gemm %arg0, %arg1, %arg3 {alpha = 1.000000e+00 : f64, beta = 5.000000e-01 : f64, forge.library = "cublaslt"
+// CHECK: forge.gemm %arg0, %arg1, %arg2 {alpha = 1.000000e+00 : f64, beta = 5.000000e-01 : f64, transA = false, transB = false}
+func.func @gemms(%a: tensor<4x8xf32>, %b: tensor<8x5xf32>, %bias: tensor<5xf32>, %c: tensor<4x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>, tensor<4x5xf32>) {
+  %0 = forge.gemm %a, %b, %bias {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<4x8xf32>, tensor<8x5xf32>, tensor<5xf32>) -> tensor<4x5xf32>
+  %1 = forge.gemm %a, %b, %c {alpha = 1.0 : f64, beta = 0.5 : f64, transA = false, transB = false} : (tensor<4x8xf32>, tensor<8x5xf32>, tensor<4x5xf32>) -> tensor<4x5xf32>
+  %2 = forge.gemm %a, %b, %bias {alpha = 1.0 : f64, beta = 0.5 : f64, transA = false, transB = false} : (tensor<4x8xf32>, tensor<8x5xf32>, tensor<5xf32>) -> tensor<4x5xf32>
+  return %0, %1, %2 : tensor<4x5xf32>, tensor<4x5xf32>, tensor<4x5xf32>
+}
+
+// -----
+
+// cuDNN takes symmetric pads only (forge-symmetrize-conv-padding makes them so).
+// CHECK-LABEL: func @convs
+// CHECK: forge.conv %arg0, %arg1 {dilations = array<i64: 1, 1>, forge.library = "cudnn"
+// CHECK: forge.conv %arg0, %arg1 {dilations = array<i64: 1, 1>, group = 1 : i64, pads = array<i64: 0, 0, 1, 1>
+// CHECK-NOT: forge.library
+func.func @convs(%x: tensor<1x3x8x8xf32>, %w: tensor<4x3x3x3xf32>) -> (tensor<1x4x8x8xf32>, tensor<1x4x4x4xf32>) {
+  %0 = forge.conv %x, %w {strides = array<i64: 1, 1>, pads = array<i64: 1, 1, 1, 1>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<1x3x8x8xf32>, tensor<4x3x3x3xf32>) -> tensor<1x4x8x8xf32>
+  %1 = forge.conv %x, %w {strides = array<i64: 2, 2>, pads = array<i64: 0, 0, 1, 1>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<1x3x8x8xf32>, tensor<4x3x3x3xf32>) -> tensor<1x4x4x4xf32>
+  return %0, %1 : tensor<1x4x8x8xf32>, tensor<1x4x4x4xf32>
+}
