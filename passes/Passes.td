@@ -156,4 +156,35 @@ def InlineFusions : Pass<"forge-inline-fusions", "::mlir::func::FuncOp"> {
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+// Stage "memory plan" (after placement, which decides what is a kernel).
+
+def PlanMemory : Pass<"forge-plan-memory", "::mlir::func::FuncOp"> {
+  let summary = "Decide in-place updates and the arena offset of every tensor";
+  let description = [{
+    In-place updates: a result returned with `forge.updates = "P"` is written
+    into P's buffer when no later op still reads P's old value, nothing else
+    reads the new value, and it is returned once. The op computing it may read
+    P itself only when it reads each element before writing it: a pointwise
+    op, a loop region's kernel (`forge.launch`), or the member of a
+    horizontal region's kernel that writes it (members run on different
+    blocks at different times). Otherwise a `forge.copy` ("update P") writes
+    P after everything else. A routine output that is an input, a constant,
+    a persistent tensor or another output gets a `forge.copy` ("output N").
+
+    Arena: every routine input, op result not written in place, and output is
+    placed by first fit, largest first, over its live range [definition, last
+    use] (inputs from the start, outputs to the end); two tensors share bytes
+    only when their live ranges are disjoint. A reshape's result shares its
+    operand's bytes (a chain of reshapes is one interval), except when the
+    chain starts at an input and ends at an output (the caller may set the
+    next inputs before reading the outputs). Offsets are aligned to the bundle
+    section alignment.
+
+    Results: `forge.offsets` on each op (one entry per result, -1 when
+    written in place), `forge.offset` on each input argument, and
+    `forge.arena_size` on the function. The bundle emitter reads them.
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 #endif // FORGE_PASSES_TD

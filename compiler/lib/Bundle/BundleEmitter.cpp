@@ -1,13 +1,14 @@
 //===- BundleEmitter.cpp - forge IR -> .forge bundle ----------------------===//
 //
-// Invariants of the emitted Program (checked again by the runtime loader):
+// Serializes what the pipeline decided: placement and kernels
+// (forge-generate-kernels), in-place updates, copies and arena offsets
+// (forge-plan-memory). Invariants of the emitted Program (checked again by the
+// runtime loader):
 //  * every instruction's operands are defined by an earlier instruction, an
 //    input or a constant;
-//  * two arena tensors share bytes only if their live ranges [definition,
-//    last use] are disjoint, so a kernel never reads an operand that aliases
-//    its own output - except a reshape, whose result is its operand's bytes
-//    (the two are planned as one interval; the copy is then from a buffer to
-//    itself, which executors skip).
+//  * two arena tensors share bytes only if their live ranges are disjoint
+//    (forge-plan-memory), except a reshape, whose result is its operand's
+//    bytes (the copy is then from a buffer to itself, which executors skip).
 //
 //===----------------------------------------------------------------------===//
 #include "forge/Bundle/BundleEmitter.h"
@@ -41,43 +42,6 @@ std::string locName(Location loc) {
 }
 
 uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-struct Interval {
-  int32_t tensor;
-  int64_t begin, end; // instruction indices, inclusive
-  uint64_t bytes;
-};
-
-/// First-fit offsets for intervals sorted by size (largest first); returns the arena size.
-uint64_t planArena(std::vector<Interval> intervals, pb::Program &program) {
-  std::sort(intervals.begin(), intervals.end(), [](const Interval &a, const Interval &b) {
-    return a.bytes != b.bytes ? a.bytes > b.bytes : a.begin < b.begin;
-  });
-  struct Placed {
-    uint64_t offset, size;
-    int64_t begin, end;
-  };
-  std::vector<Placed> placed;
-  uint64_t arena = 0;
-  for (const Interval &iv : intervals) {
-    uint64_t size = alignUp(std::max<uint64_t>(iv.bytes, 1), ::forge::rt::kSectionAlignment);
-    std::vector<std::pair<uint64_t, uint64_t>> busy;
-    for (const Placed &p : placed)
-      if (!(p.end < iv.begin || iv.end < p.begin))
-        busy.push_back({p.offset, p.offset + p.size});
-    std::sort(busy.begin(), busy.end());
-    uint64_t offset = 0;
-    for (auto [lo, hi] : busy) {
-      if (offset + size <= lo)
-        break;
-      offset = std::max(offset, hi);
-    }
-    placed.push_back({offset, size, iv.begin, iv.end});
-    program.mutable_tensors(iv.tensor)->set_arena_offset(offset);
-    arena = std::max(arena, offset + size);
-  }
-  return arena;
-}
 
 } // namespace
 
@@ -288,17 +252,11 @@ LogicalResult ProgramEmitter::emitBody(FusionOp fusion, pb::Instruction &inst,
   return success();
 }
 
-bool isElementwise(Operation *op) {
-  auto iface = dyn_cast<ForgeOpInterface>(op);
-  return iface && iface.getFusionClass() == FusionClass::Elementwise;
-}
-
 LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
   if (!func.getBody().hasOneBlock())
     return func.emitError("routines must have a single block");
   pb::Routine *routine = program.add_routines();
   routine->set_name(func.getSymName() == "main" ? "forward" : func.getSymName().str());
-  int32_t firstTensor = program.tensors_size();
 
   // Arguments: routine inputs, or persistent tensors shared by name.
   for (auto [i, arg] : llvm::enumerate(func.getArguments())) {
@@ -312,70 +270,24 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     auto index = addTensor(arg, pb::TensorInfo::INPUT, name ? name.str() : "input" + std::to_string(i));
     if (failed(index))
       return failure();
+    auto offset = func.getArgAttrOfType<IntegerAttr>(i, "forge.offset");
+    if (!offset)
+      return func.emitError() << "input " << i
+                              << " has no arena offset (forge-plan-memory did not run)";
+    program.mutable_tensors(*index)->set_arena_offset(offset.getInt());
     routine->add_inputs(*index);
   }
 
   Block &body = func.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
+  auto arenaSize = func->getAttrOfType<IntegerAttr>("forge.arena_size");
+  if (!arenaSize)
+    return func.emitError("routine has no memory plan (forge-plan-memory did not run)");
 
-  // The instructions in program order (constants are not instructions). A
-  // fusion region is one instruction, with the kernel forge-generate-kernels
-  // gave it; regions without one were inlined (forge-inline-fusions).
-  struct Step {
-    Operation *op;
-    SmallVector<Value> operands;
-  };
-  std::vector<Step> steps;
-  for (Operation &op : body) {
-    if (isa<ConstantOp, func::ReturnOp>(op))
-      continue;
-    if (isa<FusionOp>(op) && !(cuda && op.hasAttr("forge.launch")))
-      return op.emitError("fusion region without a kernel: the placement stage "
-                          "(forge-generate-kernels, or forge-inline-fusions on the CPU) "
-                          "did not run");
-    steps.push_back({&op, SmallVector<Value>(op.getOperands())});
-  }
-  SmallVector<Value> returned(ret.getOperands());
-  llvm::DenseMap<Operation *, int64_t> position;
-  llvm::DenseMap<Value, SmallVector<int64_t>> readers; // value -> steps reading it
-  for (auto [i, step] : llvm::enumerate(steps)) {
-    position[step.op] = static_cast<int64_t>(i);
-    for (Value v : step.operands)
-      readers[v].push_back(static_cast<int64_t>(i));
-  }
-
-  // Results that update a persistent tensor are written in place when no
-  // later instruction still reads the old value; otherwise a trailing copy.
-  // An instruction may read the old value while writing the new one only
-  // when it reads each element before writing that same element: a pointwise
-  // op, or a loop region's kernel (the updated tensor has the iteration
-  // shape, so the region reads it at the element it writes).
-  // A horizontal region's kernel runs its members on different blocks at
-  // different times: only the member that writes the new value may read the
-  // old one.
-  auto pointwise = [&](const Step &step, Value old, Value updated) {
-    if (isElementwise(step.op))
-      return true;
-    auto fusion = dyn_cast<FusionOp>(step.op);
-    if (!fusion)
-      return false;
-    if (fusion.getKind() == "loop")
-      return true;
-    auto writer = llvm::find_if(fusion.getBlock().without_terminator(), [&](Operation &m) {
-      return llvm::is_contained(m.getResults(),
-                                fusion.getBlock().getTerminator()->getOperand(
-                                    cast<OpResult>(updated).getResultNumber()));
-    });
-    for (auto [i, input] : llvm::enumerate(step.operands))
-      if (input == old)
-        for (Operation *user : fusion.getBlock().getArgument(i).getUsers())
-          if (user != &*writer)
-            return false;
-    return true;
-  };
+  // Results that update a persistent tensor are written in place
+  // (forge-plan-memory made a copy where that is not safe).
   llvm::DenseMap<Value, int32_t> inPlace;
-  SmallVector<std::pair<Value, int32_t>> copies;
-  for (auto [i, v] : llvm::enumerate(returned)) {
+  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     auto updates = func.getResultAttrOfType<StringAttr>(i, "forge.updates");
     if (!updates)
       continue;
@@ -384,23 +296,10 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       return func.emitError() << "result " << i << " updates unknown persistent tensor '"
                               << updates.getValue() << "'";
     Operation *def = v.getDefiningOp();
-    bool safe = def && position.count(def) && !inPlace.count(v) && !readers.count(v) &&
-                llvm::count(returned, v) == 1;
-    if (safe) {
-      int64_t at = position[def];
-      for (BlockArgument arg : func.getArguments()) {
-        if (!tensorOf.count(arg) || tensorOf.lookup(arg) != target->second)
-          continue;
-        if (llvm::is_contained(returned, Value(arg)))
-          safe = false;
-        for (int64_t p : readers.lookup(arg))
-          safe &= p < at || (p == at && pointwise(steps[p], arg, v));
-      }
-    }
-    if (safe)
-      inPlace[v] = target->second;
-    else
-      copies.push_back({v, target->second});
+    if (!def || isa<ConstantOp>(def) || inPlace.count(v))
+      return func.emitError() << "result " << i << " (updates '" << updates.getValue()
+                              << "') is not written in place by an op of the routine";
+    inPlace[v] = target->second;
   }
 
   // Constants.
@@ -426,12 +325,25 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     constantData.insert(constantData.end(), bytes.begin(), bytes.end());
   }
 
-  std::map<int32_t, int64_t> defined, lastUse;
-  int64_t step = 0;
-  for (const Step &s : steps) {
-    Operation &op = *s.op;
+  // The instructions in program order (constants are not instructions): a
+  // fusion region is one, with the kernel forge-generate-kernels gave it
+  // (regions without one were inlined).
+  auto offsetOf = [&](Operation &op, unsigned i) -> FailureOr<int64_t> {
+    auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("forge.offsets");
+    if (!offsets || offsets.size() != static_cast<int64_t>(op.getNumResults()))
+      return op.emitError("has no arena offsets (forge-plan-memory did not run)");
+    return offsets[i];
+  };
+  for (Operation &op : body.without_terminator()) {
+    if (isa<ConstantOp>(op))
+      continue;
     if (op.getDialect()->getNamespace() != "forge")
       return op.emitError("only forge ops can be emitted into a bundle");
+    auto fusion = dyn_cast<FusionOp>(op);
+    if (fusion && !(cuda && fusion->hasAttr("forge.launch")))
+      return op.emitError("fusion region without a kernel: the placement stage "
+                          "(forge-generate-kernels, or forge-inline-fusions on the CPU) "
+                          "did not run");
     pb::Instruction *inst = routine->add_instructions();
     if (failed(encodeInstruction(&op, *inst)))
       return failure();
@@ -440,18 +352,17 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     if (failed(place(op, *inst)))
       return failure();
     OpCost cost;
-    if (auto fusion = dyn_cast<FusionOp>(op))
+    if (fusion)
       cost = fusion.getCost();
     else if (auto iface = dyn_cast<ForgeOpInterface>(op))
       cost = iface.getCost();
     inst->set_flops(static_cast<uint64_t>(std::max<int64_t>(cost.flops, 0)));
     inst->set_bytes(static_cast<uint64_t>(std::max<int64_t>(cost.bytes, 0)));
-    for (Value v : s.operands) {
+    for (Value v : op.getOperands()) {
       auto it = tensorOf.find(v);
       if (it == tensorOf.end())
         return op.emitError("operand defined outside the routine's body");
       inst->add_inputs(it->second);
-      lastUse[it->second] = step;
     }
     for (auto [i, r] : llvm::enumerate(op.getResults())) {
       if (auto target = inPlace.find(r); target != inPlace.end()) {
@@ -464,109 +375,31 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       auto index = addTensor(r, pb::TensorInfo::INTERMEDIATE, name);
       if (failed(index))
         return failure();
-      defined[*index] = step;
-      lastUse[*index] = step;
+      FailureOr<int64_t> offset = offsetOf(op, static_cast<unsigned>(i));
+      if (failed(offset))
+        return failure();
+      program.mutable_tensors(*index)->set_arena_offset(*offset);
       inst->add_outputs(*index);
     }
-    if (auto fusion = dyn_cast<FusionOp>(op))
-      if (failed(emitBody(fusion, *inst, node)))
-        return failure();
-    ++step;
-  }
-  for (auto [v, target] : copies) {
-    pb::Instruction *inst = routine->add_instructions();
-    inst->set_op("copy");
-    if (cuda)
-      inst->set_placement(pb::DEVICE_COPY);
-    inst->set_name("update " + program.tensors(target).name());
-    int32_t source = tensorOf.lookup(v);
-    inst->add_inputs(source);
-    inst->add_outputs(target);
-    lastUse[source] = step++;
+    if (fusion && failed(emitBody(fusion, *inst, node)))
+      return failure();
   }
 
-  for (auto [i, v] : llvm::enumerate(returned)) {
+  // Outputs: op results returned once (forge-plan-memory copied the others).
+  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     if (func.getResultAttrOfType<StringAttr>(i, "forge.updates"))
       continue;
     int32_t index = tensorOf.lookup(v);
-    auto name = func.getResultAttrOfType<StringAttr>(i, "forge.name");
-    pb::TensorInfo::Kind kind = program.tensors(index).kind();
-    // An output that is a constant, an input, a persistent tensor or another
-    // output gets its own named copy, so every output keeps its name.
-    bool ownTensor = kind == pb::TensorInfo::INTERMEDIATE;
-    if (!ownTensor) {
-      auto copy = addTensor(v, pb::TensorInfo::OUTPUT,
-                            name ? name.str() : "output" + std::to_string(i));
-      if (failed(copy))
-        return failure();
-      pb::Instruction *inst = routine->add_instructions();
-      inst->set_op("copy");
-      if (cuda)
-        inst->set_placement(pb::DEVICE_COPY);
-      inst->set_name("output " + program.tensors(*copy).name());
-      inst->add_inputs(index);
-      inst->add_outputs(*copy);
-      defined[*copy] = step;
-      lastUse[index] = step++;
-      index = *copy;
-    } else {
-      pb::TensorInfo *info = program.mutable_tensors(index);
-      info->set_kind(pb::TensorInfo::OUTPUT);
-      if (name)
-        info->set_name(name.str());
-    }
+    pb::TensorInfo *info = program.mutable_tensors(index);
+    if (info->kind() != pb::TensorInfo::INTERMEDIATE)
+      return func.emitError() << "result " << i
+                              << " is not an op result of its own (forge-plan-memory copies it)";
+    info->set_kind(pb::TensorInfo::OUTPUT);
+    if (auto name = func.getResultAttrOfType<StringAttr>(i, "forge.name"))
+      info->set_name(name.str());
     routine->add_outputs(index);
   }
-
-  // Memory plan of this routine: inputs live from the start, outputs to the end.
-  auto inArena = [&](int32_t t) {
-    auto kind = program.tensors(t).kind();
-    return t >= firstTensor && (kind == pb::TensorInfo::INTERMEDIATE ||
-                                kind == pb::TensorInfo::INPUT || kind == pb::TensorInfo::OUTPUT);
-  };
-  // A reshape's result shares its operand's bytes: one interval per chain of
-  // reshapes, spanning all of their live ranges, planned at the root. Not when
-  // the root is a routine input and the result a routine output: the caller may
-  // set the next inputs before reading the outputs (on the CPU the input
-  // buffer is the arena itself).
-  std::map<int32_t, int32_t> aliasOf; // reshape result -> its operand's root
-  auto root = [&](int32_t t) {
-    auto it = aliasOf.find(t);
-    return it == aliasOf.end() ? t : it->second;
-  };
-  for (const pb::Instruction &inst : routine->instructions()) {
-    if (inst.op() != "reshape" || inst.inputs_size() != 1 || inst.outputs_size() != 1 ||
-        !inArena(inst.inputs(0)) || !inArena(inst.outputs(0)))
-      continue;
-    int32_t r = root(inst.inputs(0));
-    if (program.tensors(r).kind() == pb::TensorInfo::INPUT &&
-        program.tensors(inst.outputs(0)).kind() == pb::TensorInfo::OUTPUT)
-      continue;
-    aliasOf[inst.outputs(0)] = r;
-  }
-  std::map<int32_t, Interval> intervalOf; // by root
-  for (int32_t t = firstTensor; t < program.tensors_size(); ++t) {
-    if (!inArena(t))
-      continue;
-    const pb::TensorInfo &info = program.tensors(t);
-    uint64_t bytes = ::forge::rt::numElements({info.shape().begin(), info.shape().end()}) *
-                     ::forge::rt::dtypeSize(info.dtype());
-    int64_t begin = info.kind() == pb::TensorInfo::INPUT ? -1 : defined[t];
-    int64_t end = info.kind() == pb::TensorInfo::INTERMEDIATE ? std::max(lastUse[t], defined[t])
-                                                               : step;
-    auto [it, fresh] = intervalOf.try_emplace(root(t), Interval{root(t), begin, end, bytes});
-    if (!fresh) {
-      it->second.begin = std::min(it->second.begin, begin);
-      it->second.end = std::max(it->second.end, end);
-      it->second.bytes = std::max(it->second.bytes, bytes);
-    }
-  }
-  std::vector<Interval> intervals;
-  for (const auto &[t, iv] : intervalOf)
-    intervals.push_back(iv);
-  arena = std::max(arena, planArena(intervals, program));
-  for (const auto &[t, r] : aliasOf)
-    program.mutable_tensors(t)->set_arena_offset(program.tensors(r).arena_offset());
+  arena = std::max(arena, static_cast<uint64_t>(arenaSize.getInt()));
   return success();
 }
 

@@ -64,6 +64,14 @@ void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
   }
 }
 
+/// Stage "memory plan", after placement: whether an update may be written in
+/// place depends on how its op runs (a pointwise kernel reads each element
+/// before writing it; a horizontal region's kernel does not order its
+/// members), and the copies it adds must be placed too (it places them).
+void addMemoryPlan(OpPassManager &pm) {
+  pm.addNestedPass<func::FuncOp>(createPlanMemory());
+}
+
 } // namespace
 
 void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions &options) {
@@ -91,8 +99,9 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   addGraphCleanup(pm, options);
   addFusion(pm, options);
   // Still to come, in this order: precision (on fusion regions, so casts fuse
-  // into them), layout, partition, schedule, memory plan.
+  // into them), layout, partition, schedule.
   addPlacement(pm, options);
+  addMemoryPlan(pm);
 }
 
 void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options) {
@@ -100,6 +109,12 @@ void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOption
   addGraphCleanup(pm, options);
   addFusion(pm, options);
   addPlacement(pm, options);
+  addMemoryPlan(pm);
+}
+
+void mlir::forge::buildBackendPipeline(OpPassManager &pm, const PipelineOptions &options) {
+  addPlacement(pm, options);
+  addMemoryPlan(pm);
 }
 
 void mlir::forge::registerForgeDialects(DialectRegistry &registry) {

@@ -1,8 +1,10 @@
-// The bundle emitter's memory plan: a reshape's result shares its operand's
-// bytes (the copy becomes a no-op), except from a routine input to a routine
-// output; results still match a reference computed here.
+// The memory plan (forge-plan-memory) as the bundle carries it: a reshape's
+// result shares its operand's bytes (the copy becomes a no-op), except from a
+// routine input to a routine output; results still match a reference computed
+// here.
 #include "forge/Bundle/BundleEmitter.h"
 #include "forge/Dialect/ForgeDialect.h"
+#include "forge/Pipeline/Pipeline.h"
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/CpuExecutor.h"
 
@@ -10,6 +12,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
 
 #include <gtest/gtest.h>
 
@@ -38,6 +41,9 @@ TEST(MemoryPlan, ReshapeSharesItsOperandsBytes) {
   ctx.loadDialect<ForgeDialect, func::FuncDialect>();
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(kModule, &ctx);
   ASSERT_TRUE(module);
+  PassManager pm(&ctx);
+  buildBackendPipeline(pm, PipelineOptions{});
+  ASSERT_TRUE(succeeded(pm.run(*module)));
   rt::BundleWriter writer;
   ASSERT_TRUE(succeeded(emitBundle(*module, {}, writer)));
   auto bundle = rt::Bundle::fromBytes(writer.serialize(), "memory-plan");

@@ -607,6 +607,20 @@ def Forge_YieldOp : Op<Forge_Dialect, "yield",
   let assemblyFormat = "$values attr-dict `:` type($values)";
 }
 
+def Forge_CopyOp : Op<Forge_Dialect, "copy", [Pure, SameOperandsAndResultType]> {
+  let summary = "A copy of a tensor into a buffer of its own";
+  let description = [{
+    Made by forge-plan-memory, not by import: the new value of a persistent
+    tensor that cannot be written in place (the copy writes it, after every
+    read of the old value), and a routine output that needs its own named
+    buffer (an input, a constant, a persistent tensor or another output).
+    Runs as a device-to-device copy.
+  }];
+  let arguments = (ins AnyForgeTensor:$input);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
 // Backward-only ops (created by gradient rules).
 include "forge/Dialect/ForgeGradOps.td"
 

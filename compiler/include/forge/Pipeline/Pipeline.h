@@ -25,13 +25,18 @@ struct PipelineOptions {
 };
 
 /// The pipeline of a training bundle, in named stages (DESIGN.md §4): import
-/// cleanup -> train-step construction -> graph cleanup -> (fusion, precision,
-/// layout, partition, schedule, memory plan: added as those passes land). The
-/// ordering constraint of every stage is commented in Pipeline.cpp.
+/// cleanup -> train-step construction -> graph cleanup -> fusion -> placement
+/// -> memory plan (precision, layout, partition and schedule go between fusion
+/// and placement as those passes land). The ordering constraint of every stage
+/// is commented in Pipeline.cpp.
 void buildTrainingPipeline(OpPassManager &pm, const PipelineOptions &options);
 /// The pipeline of an inference bundle (`forgec --inference-only`): the
 /// training pipeline without the train-step stage.
 void buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options);
+
+/// The last stages alone (placement, memory plan): what a module built by
+/// hand (tests) needs before the bundle emitter takes it.
+void buildBackendPipeline(OpPassManager &pm, const PipelineOptions &options);
 
 /// Registers the forge dialect, func, and all Forge passes and named pipelines
 /// (for forge-opt and forgec).

@@ -1,0 +1,299 @@
+//===- PlanMemory.cpp - in-place updates and arena offsets -----------------===//
+//
+// Invariants established for the bundle emitter (which only reads them):
+//  * every result returned with forge.updates is computed by an op of the
+//    routine that may write the persistent tensor in place (forge.copy when
+//    nothing else may);
+//  * every other returned value is an op result returned once, so it can be
+//    the routine's output buffer;
+//  * two arena tensors share bytes only if their live ranges [definition,
+//    last use] are disjoint, so a kernel never reads an operand that aliases
+//    its own output, except a reshape, whose result is its operand's bytes.
+//
+//===----------------------------------------------------------------------===//
+#include "Passes.h"
+
+#include "forge/Conversion/Conversion.h"
+#include "forge/runtime/Bundle.h"
+
+#include "mlir/IR/Builders.h"
+
+#include <map>
+
+namespace mlir::forge {
+#define GEN_PASS_DEF_PLANMEMORY
+#include "Passes.h.inc"
+} // namespace mlir::forge
+
+using namespace mlir;
+using namespace mlir::forge;
+
+namespace {
+
+uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+bool isPersistent(func::FuncOp func, unsigned i) {
+  auto kind = func.getArgAttrOfType<StringAttr>(i, "forge.kind");
+  return kind && (kind.getValue() == "parameter" || kind.getValue() == "state");
+}
+
+struct Interval {
+  int64_t tensor; // the planning index of the chain's root
+  int64_t begin, end; // op positions, inclusive; -1: before the first op
+  uint64_t bytes;
+};
+
+/// First-fit offsets for intervals (sorted here by size, largest first);
+/// returns the arena size and sets offsets[tensor].
+uint64_t planArena(std::vector<Interval> intervals, std::vector<int64_t> &offsets) {
+  std::sort(intervals.begin(), intervals.end(), [](const Interval &a, const Interval &b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.begin < b.begin;
+  });
+  struct Placed {
+    uint64_t offset, size;
+    int64_t begin, end;
+  };
+  std::vector<Placed> placed;
+  uint64_t arena = 0;
+  for (const Interval &iv : intervals) {
+    uint64_t size = alignUp(std::max<uint64_t>(iv.bytes, 1), ::forge::rt::kSectionAlignment);
+    std::vector<std::pair<uint64_t, uint64_t>> busy;
+    for (const Placed &p : placed)
+      if (!(p.end < iv.begin || iv.end < p.begin))
+        busy.push_back({p.offset, p.offset + p.size});
+    std::sort(busy.begin(), busy.end());
+    uint64_t offset = 0;
+    for (auto [lo, hi] : busy) {
+      if (offset + size <= lo)
+        break;
+      offset = std::max(offset, hi);
+    }
+    placed.push_back({offset, size, iv.begin, iv.end});
+    offsets[iv.tensor] = static_cast<int64_t>(offset);
+    arena = std::max(arena, offset + size);
+  }
+  return arena;
+}
+
+struct PlanMemoryPass : public mlir::forge::impl::PlanMemoryBase<PlanMemoryPass> {
+  void runOnOperation() override;
+
+  /// Marks the updates written in place and makes the copies the others and
+  /// the outputs need; returns the values written in place.
+  llvm::DenseSet<Value> placeUpdates(func::FuncOp func);
+  LogicalResult planArena(func::FuncOp func, const llvm::DenseSet<Value> &inPlace);
+};
+
+llvm::DenseSet<Value> PlanMemoryPass::placeUpdates(func::FuncOp func) {
+  Block &body = func.getBody().front();
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  llvm::DenseMap<Operation *, int64_t> position;
+  llvm::DenseMap<Value, SmallVector<int64_t>> readers; // value -> positions reading it
+  SmallVector<Operation *> steps;
+  for (Operation &op : body.without_terminator()) {
+    if (isa<ConstantOp>(op))
+      continue;
+    position[&op] = static_cast<int64_t>(steps.size());
+    for (Value v : op.getOperands())
+      readers[v].push_back(static_cast<int64_t>(steps.size()));
+    steps.push_back(&op);
+  }
+  SmallVector<Value> returned(ret.getOperands());
+
+  // Whether the op at a position may read `old` while writing `updated`: it
+  // reads each element before writing that same element.
+  auto pointwise = [&](Operation *op, Value old, Value updated) {
+    auto iface = dyn_cast<ForgeOpInterface>(op);
+    if (iface && iface.getFusionClass() == FusionClass::Elementwise)
+      return true;
+    auto fusion = dyn_cast<FusionOp>(op);
+    if (!fusion || !fusion->hasAttr("forge.launch"))
+      return false;
+    if (fusion.getKind() == "loop")
+      return true; // the updated tensor has the iteration shape
+    Value yielded =
+        fusion.getBlock().getTerminator()->getOperand(cast<OpResult>(updated).getResultNumber());
+    auto writer = llvm::find_if(fusion.getBlock().without_terminator(), [&](Operation &m) {
+      return llvm::is_contained(m.getResults(), yielded);
+    });
+    for (auto [i, input] : llvm::enumerate(op->getOperands()))
+      if (input == old)
+        for (Operation *user : fusion.getBlock().getArgument(i).getUsers())
+          if (user != &*writer)
+            return false;
+    return true;
+  };
+
+  llvm::DenseSet<Value> inPlace;
+  SmallVector<std::pair<unsigned, StringRef>> copies; // result index, persistent name
+  for (auto [i, v] : llvm::enumerate(returned)) {
+    auto updates = func.getResultAttrOfType<StringAttr>(i, "forge.updates");
+    if (!updates)
+      continue;
+    Operation *def = v.getDefiningOp();
+    bool safe = def && position.count(def) && !inPlace.contains(v) && !readers.count(v) &&
+                llvm::count(returned, v) == 1;
+    if (safe) {
+      int64_t at = position[def];
+      for (auto [a, arg] : llvm::enumerate(func.getArguments())) {
+        auto name = func.getArgAttrOfType<StringAttr>(a, "forge.name");
+        if (!isPersistent(func, a) || !name || name != updates)
+          continue;
+        if (llvm::is_contained(returned, Value(arg)))
+          safe = false;
+        for (int64_t p : readers.lookup(arg))
+          safe &= p < at || (p == at && pointwise(steps[p], arg, v));
+      }
+    }
+    if (safe)
+      inPlace.insert(v);
+    else
+      copies.push_back({static_cast<unsigned>(i), updates.getValue()});
+  }
+
+  OpBuilder b(ret);
+  MLIRContext *ctx = func.getContext();
+  auto copyOf = [&](Value v, const std::string &name) {
+    auto copy = b.create<CopyOp>(NameLoc::get(StringAttr::get(ctx, name)), v);
+    copy->setAttr("forge.placement", b.getStringAttr("copy"));
+    return copy.getResult();
+  };
+  // Updates that cannot be in place: copies after everything else, in result order.
+  for (auto [i, name] : copies) {
+    Value copy = copyOf(returned[i], "update " + name.str());
+    ret.setOperand(i, copy);
+    inPlace.insert(copy);
+  }
+  // Outputs that need a buffer of their own: copies, named after the output.
+  llvm::DenseSet<Value> claimed;
+  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+    if (func.getResultAttrOfType<StringAttr>(i, "forge.updates"))
+      continue;
+    Operation *def = v.getDefiningOp();
+    bool own = def && !isa<ConstantOp>(def) && !inPlace.contains(v) && !claimed.contains(v);
+    if (own) {
+      claimed.insert(v);
+      continue;
+    }
+    auto name = func.getResultAttrOfType<StringAttr>(i, "forge.name");
+    std::string output = name ? name.str() : "output" + std::to_string(i);
+    if (!name)
+      func.setResultAttr(i, "forge.name", b.getStringAttr(output));
+    Value copy = copyOf(v, "output " + output);
+    ret.setOperand(i, copy);
+    claimed.insert(copy);
+  }
+  return inPlace;
+}
+
+LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<Value> &inPlace) {
+  Block &body = func.getBody().front();
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  // Planning indices in the bundle's tensor order: inputs, then op results.
+  struct Tensor {
+    Value value;
+    int64_t begin, end; // live range over op positions
+    bool input = false, output = false;
+  };
+  std::vector<Tensor> tensors;
+  llvm::DenseMap<Value, int64_t> indexOf;
+  for (auto [i, arg] : llvm::enumerate(func.getArguments()))
+    if (!isPersistent(func, i)) {
+      indexOf[arg] = static_cast<int64_t>(tensors.size());
+      tensors.push_back({arg, -1, -1, true});
+    }
+  llvm::DenseSet<Value> outputs;
+  for (auto [i, v] : llvm::enumerate(ret.getOperands()))
+    if (!func.getResultAttrOfType<StringAttr>(i, "forge.updates"))
+      outputs.insert(v);
+  SmallVector<Operation *> steps;
+  for (Operation &op : body.without_terminator()) {
+    if (isa<ConstantOp>(op))
+      continue;
+    int64_t at = static_cast<int64_t>(steps.size());
+    steps.push_back(&op);
+    for (Value v : op.getOperands())
+      if (auto it = indexOf.find(v); it != indexOf.end())
+        tensors[it->second].end = std::max(tensors[it->second].end, at);
+    for (Value r : op.getResults()) {
+      if (inPlace.contains(r))
+        continue;
+      auto type = dyn_cast<RankedTensorType>(r.getType());
+      if (!type || !type.hasStaticShape())
+        return op.emitError("bundle tensors need static shapes, got ") << r.getType();
+      indexOf[r] = static_cast<int64_t>(tensors.size());
+      tensors.push_back({r, at, at, false, outputs.contains(r)});
+    }
+  }
+  int64_t last = static_cast<int64_t>(steps.size()); // inputs and outputs live to here
+  for (Tensor &t : tensors)
+    if (t.input || t.output)
+      t.end = last;
+
+  // A reshape's result shares its operand's bytes: one interval per chain,
+  // planned at its root; not from an input to an output.
+  std::vector<int64_t> root(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t)
+    root[t] = static_cast<int64_t>(t);
+  for (Operation *op : steps) {
+    auto reshape = dyn_cast<ReshapeOp>(op);
+    if (!reshape || !indexOf.count(reshape.getInput()) || !indexOf.count(reshape.getResult()))
+      continue;
+    int64_t r = root[indexOf[reshape.getInput()]], t = indexOf[reshape.getResult()];
+    if (tensors[r].input && tensors[t].output)
+      continue;
+    root[t] = r;
+  }
+  std::map<int64_t, Interval> intervalOf; // by root, in tensor order
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    auto type = cast<RankedTensorType>(tensors[t].value.getType());
+    uint64_t bytes = static_cast<uint64_t>(type.getNumElements()) *
+                     ::forge::rt::dtypeSize(dtypeFromType(type.getElementType()));
+    auto [it, fresh] = intervalOf.try_emplace(root[t], Interval{root[t], tensors[t].begin,
+                                                                tensors[t].end, bytes});
+    if (!fresh) {
+      it->second.begin = std::min(it->second.begin, tensors[t].begin);
+      it->second.end = std::max(it->second.end, tensors[t].end);
+      it->second.bytes = std::max(it->second.bytes, bytes);
+    }
+  }
+  std::vector<Interval> intervals;
+  for (const auto &[t, iv] : intervalOf)
+    intervals.push_back(iv);
+  std::vector<int64_t> offsets(tensors.size(), -1);
+  uint64_t arena = ::planArena(intervals, offsets);
+
+  Builder b(func.getContext());
+  auto offsetOf = [&](Value v) -> int64_t {
+    auto it = indexOf.find(v);
+    return it == indexOf.end() ? -1 : offsets[root[it->second]];
+  };
+  for (auto [i, arg] : llvm::enumerate(func.getArguments()))
+    if (!isPersistent(func, i))
+      func.setArgAttr(i, "forge.offset", b.getI64IntegerAttr(offsetOf(arg)));
+  for (Operation *op : steps) {
+    SmallVector<int64_t> resultOffsets;
+    for (Value r : op->getResults())
+      resultOffsets.push_back(offsetOf(r));
+    op->setAttr("forge.offsets", b.getDenseI64ArrayAttr(resultOffsets));
+  }
+  func->setAttr("forge.arena_size", b.getI64IntegerAttr(static_cast<int64_t>(arena)));
+  return success();
+}
+
+void PlanMemoryPass::runOnOperation() {
+  func::FuncOp func = getOperation();
+  if (!func.getBody().hasOneBlock() || !isa<func::ReturnOp>(func.getBody().front().getTerminator())) {
+    func.emitError("routines must have a single block ending in return");
+    return signalPassFailure();
+  }
+  if (func->hasAttr("forge.arena_size")) {
+    func.emitError("the routine already has a memory plan");
+    return signalPassFailure();
+  }
+  llvm::DenseSet<Value> inPlace = placeUpdates(func);
+  if (failed(planArena(func, inPlace)))
+    signalPassFailure();
+}
+
+} // namespace

@@ -1,0 +1,94 @@
+// RUN: forge-opt %s --split-input-file --forge-plan-memory -mlir-print-debuginfo -mlir-print-local-scope | FileCheck %s
+// RUN: not forge-opt %s --split-input-file --forge-plan-memory --forge-plan-memory 2>&1 | FileCheck %s --check-prefix=TWICE
+// TWICE: error: the routine already has a memory plan
+
+// A pointwise op reading the old value writes the new one in place (-1: not in
+// the arena); the input and the output get arena offsets.
+// CHECK-LABEL: func @in_place
+// CHECK-SAME: forge.offset = 0 : i64
+// CHECK-SAME: attributes {forge.arena_size = 128 : i64}
+// CHECK: forge.mul %arg0, %arg1 {forge.offsets = array<i64: 64>}
+// CHECK: forge.sub %arg1, %0 {forge.offsets = array<i64: -1>}
+// CHECK-NOT: forge.copy
+func.func @in_place(%x: tensor<4xf32> {forge.kind = "input", forge.name = "x"}, %w: tensor<4xf32> {forge.kind = "parameter", forge.name = "w"}) -> (tensor<4xf32> {forge.name = "y"}, tensor<4xf32> {forge.updates = "w"}) {
+  %y = forge.mul %x, %w : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %w2 = forge.sub %w, %y : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %y, %w2 : tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// A later op still reads the old value: the update is copied in at the end.
+// CHECK-LABEL: func @read_later
+// CHECK: %[[NEW:.*]] = forge.sub %arg1, %arg0 {forge.offsets = array<i64: 64>}
+// CHECK: %[[Y:.*]] = forge.mul %arg0, %arg1
+// CHECK: %[[C:.*]] = forge.copy %[[NEW]] {forge.offsets = array<i64: -1>, forge.placement = "copy"} : tensor<4xf32> loc("update w")
+// CHECK: return %[[Y]], %[[C]]
+func.func @read_later(%x: tensor<4xf32> {forge.kind = "input", forge.name = "x"}, %w: tensor<4xf32> {forge.kind = "parameter", forge.name = "w"}) -> (tensor<4xf32> {forge.name = "y"}, tensor<4xf32> {forge.updates = "w"}) {
+  %w2 = forge.sub %w, %x : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %y = forge.mul %x, %w : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %y, %w2 : tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// An output that is an input, or a value already returned, gets a copy of its
+// own; an unnamed one is named after its position.
+// CHECK-LABEL: func @outputs
+// CHECK-SAME: -> (tensor<4xf32> {forge.name = "a"}, tensor<4xf32>, tensor<4xf32> {forge.name = "c"}, tensor<4xf32> {forge.name = "output3"})
+// CHECK: %[[N:.*]] = forge.neg %arg0
+// CHECK: %[[A:.*]] = forge.copy %arg0 {{.*}} loc("output a")
+// CHECK: %[[C:.*]] = forge.copy %[[N]] {{.*}} loc("output c")
+// CHECK: %[[D:.*]] = forge.copy %arg0 {{.*}} loc("output output3")
+// CHECK: return %[[A]], %[[N]], %[[C]], %[[D]]
+func.func @outputs(%x: tensor<4xf32> {forge.kind = "input", forge.name = "x"}) -> (tensor<4xf32> {forge.name = "a"}, tensor<4xf32>, tensor<4xf32> {forge.name = "c"}, tensor<4xf32>) {
+  %n = forge.neg %x : (tensor<4xf32>) -> tensor<4xf32>
+  return %x, %n, %n, %x : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// Tensors whose live ranges are disjoint share bytes; a reshape's result is
+// its operand's bytes.
+// CHECK-LABEL: func @reuse
+// CHECK-SAME: forge.arena_size = 768 : i64
+// CHECK: forge.neg %arg0 {forge.offsets = array<i64: [[A:[0-9]+]]>}
+// CHECK: forge.exp %0 {forge.offsets = array<i64: [[B:[0-9]+]]>}
+// CHECK: forge.neg %1 {forge.offsets = array<i64: [[A]]>}
+// CHECK: forge.reshape %2 {forge.offsets = array<i64: [[A]]>
+// CHECK: forge.exp %3 {forge.offsets = array<i64: [[B]]>}
+// CHECK: forge.reshape %4 {forge.offsets = array<i64: [[B]]>
+func.func @reuse(%x: tensor<64xf32> {forge.kind = "input", forge.name = "x"}) -> (tensor<64xf32> {forge.name = "y"}) {
+  %a = forge.neg %x : (tensor<64xf32>) -> tensor<64xf32>
+  %b = forge.exp %a : (tensor<64xf32>) -> tensor<64xf32>
+  %c = forge.neg %b : (tensor<64xf32>) -> tensor<64xf32>
+  %r = forge.reshape %c {shape = array<i64: 8, 8>} : (tensor<64xf32>) -> tensor<8x8xf32>
+  %d = forge.exp %r : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %y = forge.reshape %d {shape = array<i64: 64>} : (tensor<8x8xf32>) -> tensor<64xf32>
+  return %y : tensor<64xf32>
+}
+
+// -----
+
+// A horizontal region's kernel does not order its members: a member other
+// than the writer reads the old value, so the update is copied.
+// CHECK-LABEL: func @horizontal
+// CHECK: %[[H:.*]]:2 = forge.fusion "horizontal"
+// CHECK: forge.copy %[[H]]#0 {{.*}} loc("update w")
+func.func @horizontal(%w: tensor<4xf32> {forge.kind = "parameter", forge.name = "w"}, %g: tensor<4xf32> {forge.kind = "input", forge.name = "g"}) -> (tensor<4xf32> {forge.updates = "w"}, tensor<4xf32> {forge.name = "z"}) {
+  %h:2 = forge.fusion "horizontal"(%w, %g, %w) {forge.launch = {block = 32 : i64, grid = 2 : i64, kernel = "k0_fusion"}} : (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<4xf32>, %b: tensor<4xf32>, %c: tensor<4xf32>):
+    %0 = forge.fusion "loop"(%a, %b) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32> {
+    ^bb0(%x: tensor<4xf32>, %y: tensor<4xf32>):
+      %s = forge.sub %x, %y : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+      forge.yield %s : tensor<4xf32>
+    }
+    %1 = forge.fusion "loop"(%c) : (tensor<4xf32>) -> tensor<4xf32> {
+    ^bb0(%z: tensor<4xf32>):
+      %m = forge.mul %z, %z : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+      forge.yield %m : tensor<4xf32>
+    }
+    forge.yield %0, %1 : tensor<4xf32>, tensor<4xf32>
+  }
+  return %h#0, %h#1 : tensor<4xf32>, tensor<4xf32>
+}
