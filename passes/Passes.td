@@ -183,7 +183,18 @@ def PlanMemory : Pass<"forge-plan-memory", "::mlir::func::FuncOp"> {
     Results: `forge.offsets` on each op (one entry per result, -1 when
     written in place), `forge.offset` on each input argument, and
     `forge.arena_size` on the function. The bundle emitter reads them.
+
+    With `report`, prints per function the arena, the peak of the bytes live
+    at once (the arena minus fragmentation), the op where it occurs, and the
+    largest tensors live there (what to recompute or shard): `forgec
+    --memory-report`.
   }];
+  let options = [
+    Option<"report", "report", "bool", /*default=*/"false",
+           "Print the peak and the largest tensors live at it (stdout)">,
+    Option<"reportTop", "report-top", "int64_t", /*default=*/"20",
+           "How many tensors live at the peak the report lists">,
+  ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 

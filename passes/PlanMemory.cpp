@@ -17,6 +17,8 @@
 #include "forge/runtime/Bundle.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
 
 #include <map>
 
@@ -76,13 +78,50 @@ uint64_t planArena(std::vector<Interval> intervals, std::vector<int64_t> &offset
 }
 
 struct PlanMemoryPass : public mlir::forge::impl::PlanMemoryBase<PlanMemoryPass> {
+  using PlanMemoryBase::PlanMemoryBase;
   void runOnOperation() override;
 
   /// Marks the updates written in place and makes the copies the others and
   /// the outputs need; returns the values written in place.
   llvm::DenseSet<Value> placeUpdates(func::FuncOp func);
   LogicalResult planArena(func::FuncOp func, const llvm::DenseSet<Value> &inPlace);
+  void printReport(func::FuncOp func, ArrayRef<Interval> intervals, uint64_t arena,
+                   function_ref<Value(int64_t)> valueOf);
 };
+
+std::string formatBytes(uint64_t bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return llvm::formatv("{0:F1} {1}", v, units[u]).str();
+}
+
+/// What a tensor is called in the report: its op's location name, or the
+/// argument's forge.name.
+std::string describe(func::FuncOp func, Value v) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  if (auto arg = dyn_cast<BlockArgument>(v)) {
+    auto name = func.getArgAttrOfType<StringAttr>(arg.getArgNumber(), "forge.name");
+    os << "input '" << (name ? name.getValue() : "?") << "'";
+  } else {
+    Operation *op = v.getDefiningOp();
+    os << op->getName().getStringRef();
+    if (auto fusion = dyn_cast<FusionOp>(op))
+      os << " \"" << fusion.getKind() << "\"";
+    Location loc = op->getLoc();
+    if (auto fused = dyn_cast<FusedLoc>(loc); fused && !fused.getLocations().empty())
+      loc = fused.getLocations().front();
+    if (auto name = dyn_cast<NameLoc>(loc))
+      os << " '" << name.getName().getValue() << "'";
+  }
+  os << " " << v.getType();
+  return text;
+}
 
 llvm::DenseSet<Value> PlanMemoryPass::placeUpdates(func::FuncOp func) {
   Block &body = func.getBody().front();
@@ -262,6 +301,8 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
     intervals.push_back(iv);
   std::vector<int64_t> offsets(tensors.size(), -1);
   uint64_t arena = ::planArena(intervals, offsets);
+  if (report)
+    printReport(func, intervals, arena, [&](int64_t t) { return tensors[t].value; });
 
   Builder b(func.getContext());
   auto offsetOf = [&](Value v) -> int64_t {
@@ -279,6 +320,54 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   }
   func->setAttr("forge.arena_size", b.getI64IntegerAttr(static_cast<int64_t>(arena)));
   return success();
+}
+
+void PlanMemoryPass::printReport(func::FuncOp func, ArrayRef<Interval> intervals,
+                                 uint64_t arena, function_ref<Value(int64_t)> valueOf) {
+  // Live bytes per position (-1: before the first op), by a sweep.
+  int64_t last = 0;
+  for (const Interval &iv : intervals)
+    last = std::max(last, iv.end);
+  std::vector<int64_t> delta(static_cast<size_t>(last + 3), 0);
+  auto size = [](const Interval &iv) {
+    return static_cast<int64_t>(
+        alignUp(std::max<uint64_t>(iv.bytes, 1), ::forge::rt::kSectionAlignment));
+  };
+  for (const Interval &iv : intervals) {
+    delta[iv.begin + 1] += size(iv);
+    delta[iv.end + 2] -= size(iv);
+  }
+  int64_t live = 0, peak = 0, at = -1;
+  for (int64_t p = -1; p <= last; ++p) {
+    live += delta[p + 1];
+    if (live > peak) {
+      peak = live;
+      at = p;
+    }
+  }
+  std::vector<const Interval *> atPeak;
+  for (const Interval &iv : intervals)
+    if (iv.begin <= at && at <= iv.end)
+      atPeak.push_back(&iv);
+  llvm::stable_sort(atPeak, [](const Interval *a, const Interval *b) { return a->bytes > b->bytes; });
+  Operation *peakOp = nullptr;
+  int64_t position = 0;
+  for (Operation &op : func.getBody().front().without_terminator())
+    if (!isa<ConstantOp>(op) && position++ == at)
+      peakOp = &op;
+  llvm::raw_ostream &os = llvm::outs();
+  os << "memory plan of @" << func.getSymName() << ": arena " << formatBytes(arena)
+     << ", peak of live tensors " << formatBytes(static_cast<uint64_t>(peak)) << " ("
+     << intervals.size() << " buffers)";
+  if (peakOp && peakOp->getNumResults() > 0)
+    os << ", at op " << at << " (" << describe(func, peakOp->getResult(0)) << ")";
+  os << "\n  live at the peak, largest first (" << std::min<int64_t>(reportTop, atPeak.size())
+     << " of " << atPeak.size() << "):\n";
+  for (int64_t i = 0; i < std::min<int64_t>(reportTop, atPeak.size()); ++i) {
+    const Interval &iv = *atPeak[i];
+    os << llvm::formatv("    {0,10}  ops {1}..{2}  ", formatBytes(iv.bytes), iv.begin, iv.end)
+       << describe(func, valueOf(iv.tensor)) << "\n";
+  }
 }
 
 void PlanMemoryPass::runOnOperation() {

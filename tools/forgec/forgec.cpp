@@ -53,6 +53,11 @@ static cl::opt<bool> tf32("tf32",
                           cl::desc("CUDA: f32 matmuls on TF32 tensor cores (cuBLASLt "
                                    "CUBLAS_COMPUTE_32F_FAST_TF32; ~1e-3 relative error)"),
                           cl::init(false), cl::cat(forgecCategory));
+static cl::opt<bool> memoryReport(
+    "memory-report",
+    cl::desc("Print each routine's arena, its peak of live tensors and the largest tensors live "
+             "at the peak (what to recompute or shard)"),
+    cl::init(false), cl::cat(forgecCategory));
 static cl::opt<bool> inferenceOnly("inference-only",
                                    cl::desc("Compile the forward graph only (no training step)"),
                                    cl::cat(forgecCategory));
@@ -258,6 +263,7 @@ int main(int argc, char **argv) {
   mlir::forge::PipelineOptions pipelineOptions;
   pipelineOptions.target = target;
   pipelineOptions.train = trainFlags();
+  pipelineOptions.memoryReport = memoryReport;
   std::string trainError;
   FailureOr<mlir::forge::TrainOptions> trainOptions =
       inferenceOnly ? FailureOr<mlir::forge::TrainOptions>(mlir::forge::TrainOptions{})

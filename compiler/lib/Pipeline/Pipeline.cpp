@@ -68,8 +68,10 @@ void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
 /// place depends on how its op runs (a pointwise kernel reads each element
 /// before writing it; a horizontal region's kernel does not order its
 /// members), and the copies it adds must be placed too (it places them).
-void addMemoryPlan(OpPassManager &pm) {
-  pm.addNestedPass<func::FuncOp>(createPlanMemory());
+void addMemoryPlan(OpPassManager &pm, const PipelineOptions &options) {
+  PlanMemoryOptions plan;
+  plan.report = options.memoryReport;
+  pm.addNestedPass<func::FuncOp>(createPlanMemory(plan));
 }
 
 } // namespace
@@ -101,7 +103,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // Still to come, in this order: precision (on fusion regions, so casts fuse
   // into them), layout, partition, schedule.
   addPlacement(pm, options);
-  addMemoryPlan(pm);
+  addMemoryPlan(pm, options);
 }
 
 void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options) {
@@ -109,12 +111,12 @@ void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOption
   addGraphCleanup(pm, options);
   addFusion(pm, options);
   addPlacement(pm, options);
-  addMemoryPlan(pm);
+  addMemoryPlan(pm, options);
 }
 
 void mlir::forge::buildBackendPipeline(OpPassManager &pm, const PipelineOptions &options) {
   addPlacement(pm, options);
-  addMemoryPlan(pm);
+  addMemoryPlan(pm, options);
 }
 
 void mlir::forge::registerForgeDialects(DialectRegistry &registry) {

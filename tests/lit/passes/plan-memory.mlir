@@ -1,6 +1,7 @@
 // RUN: forge-opt %s --split-input-file --forge-plan-memory -mlir-print-debuginfo -mlir-print-local-scope | FileCheck %s
 // RUN: not forge-opt %s --split-input-file --forge-plan-memory --forge-plan-memory 2>&1 | FileCheck %s --check-prefix=TWICE
 // TWICE: error: the routine already has a memory plan
+// RUN: forge-opt %s --split-input-file --forge-plan-memory=report=true -o /dev/null | FileCheck %s --check-prefix=REPORT
 
 // A pointwise op reading the old value writes the new one in place (-1: not in
 // the arena); the input and the output get arena offsets.
@@ -49,7 +50,12 @@ func.func @outputs(%x: tensor<4xf32> {forge.kind = "input", forge.name = "x"}) -
 // -----
 
 // Tensors whose live ranges are disjoint share bytes; a reshape's result is
-// its operand's bytes.
+// its operand's bytes. The report names the peak and what is live there.
+// REPORT: memory plan of @reuse: arena 768.0 B, peak of live tensors 768.0 B (5 buffers), at op 1 (forge.exp tensor<64xf32>)
+// REPORT-NEXT: live at the peak, largest first (3 of 3):
+// REPORT-NEXT: 256.0 B  ops -1..6  input 'x' tensor<64xf32>
+// REPORT-NEXT: 256.0 B  ops 0..1  forge.neg tensor<64xf32>
+// REPORT-NEXT: 256.0 B  ops 1..2  forge.exp tensor<64xf32>
 // CHECK-LABEL: func @reuse
 // CHECK-SAME: forge.arena_size = 768 : i64
 // CHECK: forge.neg %arg0 {forge.offsets = array<i64: [[A:[0-9]+]]>}

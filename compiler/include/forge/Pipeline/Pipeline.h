@@ -22,6 +22,7 @@ namespace mlir::forge {
 struct PipelineOptions {
   std::string target = "cpu"; // cpu | cuda:sm_NN
   TrainFlags train;           // the train-step stage (training pipeline only)
+  bool memoryReport = false;  // the memory plan prints its peak (forgec --memory-report)
 };
 
 /// The pipeline of a training bundle, in named stages (DESIGN.md §4): import
