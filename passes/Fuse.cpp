@@ -16,6 +16,7 @@
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/EquivalenceClasses.h"
+#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SetVector.h"
 
 namespace mlir::forge {
@@ -276,6 +277,165 @@ bool outline(ArrayRef<Operation *> ops) {
   return true;
 }
 
+/// Bytes of a tensor value (bool: one byte).
+int64_t bytesOf(Value v) {
+  auto type = cast<RankedTensorType>(v.getType());
+  int64_t bits = type.getElementType().getIntOrFloatBitWidth();
+  return type.getNumElements() * std::max<int64_t>(1, bits / 8);
+}
+
+/// Erases the body ops of `fusion` whose results are unused (its ops are
+/// pure), then the inputs nothing reads any more.
+void pruneBody(FusionOp fusion) {
+  Block &body = fusion.getBlock();
+  // A snapshot: erasing through a reverse iterator of without_terminator()
+  // would invalidate it.
+  SmallVector<Operation *> ops;
+  for (Operation &op : body.without_terminator())
+    ops.push_back(&op);
+  for (Operation *op : llvm::reverse(ops))
+    if (op->use_empty())
+      op->erase();
+  for (int i = static_cast<int>(body.getNumArguments()) - 1; i >= 0; --i)
+    if (body.getArgument(i).use_empty()) {
+      body.eraseArgument(i);
+      fusion->eraseOperand(i);
+    }
+}
+
+/// Replaces `fusion` by a region without its unused results (or erases it
+/// when none is used); false when every result is used.
+bool dropUnusedResults(FusionOp fusion) {
+  SmallVector<unsigned> used;
+  for (OpResult r : fusion.getResults())
+    if (!r.use_empty())
+      used.push_back(r.getResultNumber());
+  if (used.size() == fusion.getNumResults())
+    return false;
+  if (used.empty()) {
+    fusion.erase();
+    return true;
+  }
+  Operation *yield = fusion.getBlock().getTerminator();
+  SmallVector<Value> yielded;
+  SmallVector<Type> types;
+  for (unsigned i : used) {
+    yielded.push_back(yield->getOperand(i));
+    types.push_back(fusion.getResult(i).getType());
+  }
+  OpBuilder b(fusion);
+  auto trimmed = b.create<FusionOp>(fusion.getLoc(), types, fusion.getInputs(), fusion.getKindAttr());
+  trimmed.getBody().takeBody(fusion.getBody());
+  yield->setOperands(yielded);
+  for (auto [n, i] : llvm::enumerate(used))
+    fusion.getResult(i).replaceAllUsesWith(trimmed.getResult(n));
+  fusion.erase();
+  pruneBody(trimmed);
+  return true;
+}
+
+/// Rematerialization: when the loop region `consumer` reads results of the
+/// earlier loop region `producer` (same iteration shape; `indices` are those
+/// inputs), it computes them itself from the producer's inputs if that reads
+/// fewer bytes (e.g. a GELU's backward recomputes tanh from the GELU's input
+/// instead of reading four saved intermediates). Returns the new consumer, or
+/// null when it does not pay.
+FusionOp rematerialize(FusionOp consumer, FusionOp producer, ArrayRef<unsigned> indices) {
+  Block &pBody = producer.getBlock();
+  Operation *pYield = pBody.getTerminator();
+  // The producer's ops those results need, and its arguments they read.
+  llvm::SmallPtrSet<Operation *, 16> slice;
+  llvm::SetVector<unsigned> pArgs;
+  SmallVector<Value> worklist;
+  for (unsigned i : indices)
+    worklist.push_back(
+        pYield->getOperand(cast<OpResult>(consumer.getInputs()[i]).getResultNumber()));
+  while (!worklist.empty()) {
+    Value v = worklist.pop_back_val();
+    if (auto arg = dyn_cast<BlockArgument>(v)) {
+      pArgs.insert(arg.getArgNumber());
+      continue;
+    }
+    if (slice.insert(v.getDefiningOp()).second)
+      llvm::append_range(worklist, v.getDefiningOp()->getOperands());
+  }
+  llvm::DenseSet<unsigned> removed(indices.begin(), indices.end());
+  llvm::SetVector<Value> inputs; // the new consumer's: kept ones, then the producer's it needs
+  for (auto [i, v] : llvm::enumerate(consumer.getInputs()))
+    if (!removed.contains(i))
+      inputs.insert(v);
+  int64_t removedBytes = 0, addedBytes = 0;
+  for (unsigned i : indices)
+    removedBytes += bytesOf(consumer.getInputs()[i]);
+  for (unsigned a : pArgs) {
+    Value v = producer.getInputs()[a];
+    if (inputs.insert(v))
+      addedBytes += bytesOf(v);
+  }
+  if (addedBytes >= removedBytes)
+    return nullptr;
+
+  OpBuilder b(consumer);
+  auto remat = b.create<FusionOp>(consumer.getLoc(), consumer.getResultTypes(),
+                                  inputs.getArrayRef(), consumer.getKindAttr());
+  Block *body = new Block();
+  remat.getBody().push_back(body);
+  IRMapping map;
+  llvm::DenseMap<Value, Value> argOf; // input value -> the new body's argument
+  for (Value v : inputs)
+    argOf[v] = body->addArgument(v.getType(), v.getLoc());
+  for (unsigned a : pArgs)
+    map.map(pBody.getArgument(a), argOf.lookup(producer.getInputs()[a]));
+  OpBuilder inner = OpBuilder::atBlockEnd(body);
+  for (Operation &op : pBody.without_terminator())
+    if (slice.contains(&op))
+      inner.clone(op, map);
+  Block &cBody = consumer.getBlock();
+  for (auto [i, v] : llvm::enumerate(consumer.getInputs())) {
+    BlockArgument arg = cBody.getArgument(i);
+    if (removed.contains(i))
+      map.map(arg, map.lookup(pYield->getOperand(cast<OpResult>(v).getResultNumber())));
+    else
+      map.map(arg, argOf.lookup(v));
+  }
+  for (Operation &op : cBody)
+    inner.clone(op, map);
+  consumer.replaceAllUsesWith(remat.getResults());
+  consumer.erase();
+  return remat;
+}
+
+/// Rematerialization over a function's loop regions (see rematerialize), then
+/// the producers' results nobody reads any more are dropped.
+bool rematerializeRegions(func::FuncOp func) {
+  bool changed = false;
+  for (Block &block : func.getBody()) {
+    for (FusionOp consumer : llvm::to_vector(block.getOps<FusionOp>())) {
+      if (consumer.getKind() != "loop")
+        continue;
+      for (bool progress = true; progress;) {
+        progress = false;
+        llvm::MapVector<Operation *, SmallVector<unsigned>> byProducer;
+        for (auto [i, v] : llvm::enumerate(consumer.getInputs())) {
+          auto producer = v.getDefiningOp<FusionOp>();
+          if (producer && producer.getKind() == "loop" &&
+              producer.getIterationShape() == consumer.getIterationShape())
+            byProducer[producer].push_back(static_cast<unsigned>(i));
+        }
+        for (auto &[producer, indices] : byProducer)
+          if (FusionOp remat = rematerialize(consumer, cast<FusionOp>(producer), indices)) {
+            consumer = remat;
+            progress = changed = true;
+            break;
+          }
+      }
+    }
+    for (FusionOp fusion : llvm::to_vector(block.getOps<FusionOp>()))
+      changed |= dropUnusedResults(fusion);
+  }
+  return changed;
+}
+
 /// Replaces the independent loop regions `group` (program order) with one
 /// forge.fusion "horizontal" at the last one's place.
 void outlineHorizontal(ArrayRef<FusionOp> group);
@@ -480,6 +640,11 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
         for (const SmallVector<Operation *> &group : grouper.groups())
           changed |= outline(group);
       }
+    // Rematerialization between loop regions: before the horizontal grouping,
+    // which freezes the optimizer's regions.
+    if (rematerialize)
+      for (auto func : getOperation().getOps<func::FuncOp>())
+        changed |= rematerializeRegions(func);
     // Then the optimizer's regions side by side (needs the loop regions).
     for (auto func : getOperation().getOps<func::FuncOp>())
       changed |= fuseOptimizerRegions(func, maxHorizontalOperands);

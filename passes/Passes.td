@@ -102,6 +102,13 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     groups stay as they are. Program order is otherwise kept: the region takes
     the place of its last op, and outside users in between move after it.
 
+    Then rematerialization: a loop region that reads results of an earlier
+    loop region of its iteration shape computes them itself from that
+    region's inputs when this reads fewer bytes (a GELU's backward recomputes
+    its intermediates from the GELU's input instead of reading four saved
+    tensors); results that nobody reads any more are dropped from the
+    producer, and so are inputs it no longer needs.
+
     After it, horizontal fusion of the optimizer: the loop regions that update
     persistent state (a result returned with `forge.updates`) and do not
     depend on each other become one `forge.fusion "horizontal"` region, one
@@ -114,6 +121,9 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     `forge.cross_entropy_grad`, when nothing else reads the log-softmax.
   }];
   let options = [
+    Option<"rematerialize", "rematerialize", "bool", /*default=*/"true",
+           "Recompute a loop region's inputs from an earlier region's inputs when that "
+           "reads fewer bytes">,
     Option<"maxHorizontalOperands", "max-horizontal-operands", "int64_t", /*default=*/"120",
            "Most operands plus results of one horizontal region: its kernel takes one "
            "pointer per tensor (CUDA's parameter space is 4 KiB), and LLVM's time on one "
@@ -177,8 +187,11 @@ def PlanMemory : Pass<"forge-plan-memory", "::mlir::func::FuncOp"> {
     only when their live ranges are disjoint. A reshape's result shares its
     operand's bytes (a chain of reshapes is one interval), except when the
     chain starts at an input and ends at an output (the caller may set the
-    next inputs before reading the outputs). Offsets are aligned to the bundle
-    section alignment.
+    next inputs before reading the outputs). A result also takes the bytes of
+    an operand of its shape and element size that dies at its op, when the op
+    reads each element before writing it (pointwise ops, loop regions, the
+    logits of cross_entropy_grad). Offsets are aligned to the bundle section
+    alignment.
 
     Results: `forge.offsets` on each op (one entry per result, -1 when
     written in place), `forge.offset` on each input argument, and

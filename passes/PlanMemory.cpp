@@ -34,9 +34,33 @@ namespace {
 
 uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+uint64_t dtypeSizeOf(Type element) {
+  return ::forge::rt::dtypeSize(dtypeFromType(element));
+}
+
 bool isPersistent(func::FuncOp func, unsigned i) {
   auto kind = func.getArgAttrOfType<StringAttr>(i, "forge.kind");
   return kind && (kind.getValue() == "parameter" || kind.getValue() == "state");
+}
+
+/// Whether `op` reads element i of operand k before writing element i of
+/// result j, and no other element of the operand after that: then the
+/// result may be written over the operand. Pointwise ops and loop regions
+/// (per element; an operand of the result's shape is not broadcast), and
+/// cross_entropy_grad's logits (one thread per element, lse given). Not a
+/// horizontal region: its members run in no order.
+bool readsBeforeWrites(Operation *op, unsigned k, unsigned j) {
+  auto in = cast<RankedTensorType>(op->getOperand(k).getType());
+  auto out = cast<RankedTensorType>(op->getResult(j).getType());
+  if (in.getShape() != out.getShape() ||
+      dtypeSizeOf(in.getElementType()) != dtypeSizeOf(out.getElementType()))
+    return false;
+  if (auto fusion = dyn_cast<FusionOp>(op))
+    return fusion.getKind() == "loop";
+  if (isa<CrossEntropyGradOp>(op))
+    return k == 0;
+  auto iface = dyn_cast<ForgeOpInterface>(op);
+  return iface && iface.getFusionClass() == FusionClass::Elementwise;
 }
 
 struct Interval {
@@ -283,11 +307,42 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
       continue;
     root[t] = r;
   }
+  // A result may take the bytes of an operand that dies at its op when the
+  // op reads each element of that operand before writing the same element
+  // of the result (readsBeforeWrites): logits become their gradient.
+  std::vector<int64_t> groupEnd(tensors.size(), 0);
+  std::vector<bool> groupHasOutput(tensors.size(), false);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    groupEnd[root[t]] = std::max(groupEnd[root[t]], tensors[t].end);
+    groupHasOutput[root[t]] = groupHasOutput[root[t]] || tensors[t].output;
+  }
+  for (auto [at, op] : llvm::enumerate(steps)) {
+    for (auto [j, result] : llvm::enumerate(op->getResults())) {
+      auto out = indexOf.find(result);
+      if (out == indexOf.end() || root[out->second] != out->second)
+        continue;
+      for (auto [k, operand] : llvm::enumerate(op->getOperands())) {
+        auto in = indexOf.find(operand);
+        if (in == indexOf.end() || !readsBeforeWrites(op, k, j))
+          continue;
+        int64_t r = root[in->second];
+        if (tensors[r].input || groupHasOutput[r] || groupEnd[r] != static_cast<int64_t>(at) ||
+            r == out->second)
+          continue;
+        int64_t t = out->second;
+        for (int64_t &x : root)
+          if (x == t)
+            x = r;
+        groupEnd[r] = std::max(groupEnd[r], groupEnd[t]);
+        groupHasOutput[r] = groupHasOutput[r] || groupHasOutput[t];
+        break;
+      }
+    }
+  }
   std::map<int64_t, Interval> intervalOf; // by root, in tensor order
   for (size_t t = 0; t < tensors.size(); ++t) {
     auto type = cast<RankedTensorType>(tensors[t].value.getType());
-    uint64_t bytes = static_cast<uint64_t>(type.getNumElements()) *
-                     ::forge::rt::dtypeSize(dtypeFromType(type.getElementType()));
+    uint64_t bytes = static_cast<uint64_t>(type.getNumElements()) * dtypeSizeOf(type.getElementType());
     auto [it, fresh] = intervalOf.try_emplace(root[t], Interval{root[t], tensors[t].begin,
                                                                 tensors[t].end, bytes});
     if (!fresh) {

@@ -1,6 +1,7 @@
 // RUN: forge-opt %s --split-input-file --forge-fuse | FileCheck %s
 // The regions print and parse back (the verifier accepts what the pass makes).
 // RUN: forge-opt %s --split-input-file --forge-fuse | forge-opt --split-input-file --verify-each > /dev/null
+// RUN: forge-opt %s --split-input-file --forge-fuse="rematerialize=false" | FileCheck %s --check-prefix=OFF
 
 // A chain of pointwise ops of one shape becomes one loop region; the bias of
 // another shape enters it as a broadcast input.
@@ -182,4 +183,47 @@ func.func @dependent_updates(%p: tensor<8xf32>, %g: tensor<8xf32>, %q: tensor<4x
   %t = forge.mul %h, %n : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
   %q2 = forge.sub %q, %t : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
   return %p2, %q2 : tensor<8xf32>, tensor<4xf32>
+}
+
+// -----
+
+// Rematerialization: the backward region recomputes h, c and t from x and b
+// (reading 160 bytes) instead of reading three saved 128-byte intermediates;
+// the forward region then writes only what the matmul reads.
+// CHECK-LABEL: func @remat
+// CHECK: %[[F:.*]] = forge.fusion "loop"(%arg0, %arg1) : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+// CHECK: %[[M:.*]] = forge.matmul %[[F]], %arg2
+// CHECK: forge.fusion "loop"(%[[M]], %arg1, %arg0) : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+// CHECK: forge.tanh
+// CHECK: forge.yield
+func.func @remat(%x: tensor<4x8xf32>, %b: tensor<8xf32>, %w: tensor<8x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %h = forge.add %x, %b : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %c = forge.mul %h, %h : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %t = forge.tanh %c : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %y = forge.mul %h, %t : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %m = forge.matmul %y, %w : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %u = forge.mul %m, %t : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %v = forge.mul %u, %c : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %d = forge.add %v, %h : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %m, %d : tensor<4x8xf32>, tensor<4x8xf32>
+}
+
+// -----
+
+// Negative: recomputing h would read x and b (160 bytes) instead of h (128
+// bytes), so the consumer keeps reading h; with rematerialize=false nothing
+// is recomputed either.
+// CHECK-LABEL: func @no_remat
+// CHECK: %[[F:.*]]:2 = forge.fusion "loop"(%arg0, %arg1)
+// CHECK: forge.fusion "loop"(%{{.*}}, %[[F]]#0) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+// CHECK-NOT: forge.add %arg
+// OFF-LABEL: func @remat
+// OFF: forge.fusion "loop"(%{{.*}}, %{{.*}}#{{[0-9]}}, %{{.*}}#{{[0-9]}}, %{{.*}}#{{[0-9]}}) : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+func.func @no_remat(%x: tensor<4x8xf32>, %b: tensor<8xf32>, %w: tensor<8x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %h = forge.add %x, %b : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %y = forge.tanh %h : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %m = forge.matmul %y, %w : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %u = forge.mul %m, %h : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %d = forge.exp %u : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %m, %d : tensor<4x8xf32>, tensor<4x8xf32>
 }

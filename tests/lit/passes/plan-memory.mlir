@@ -49,21 +49,22 @@ func.func @outputs(%x: tensor<4xf32> {forge.kind = "input", forge.name = "x"}) -
 
 // -----
 
-// Tensors whose live ranges are disjoint share bytes; a reshape's result is
-// its operand's bytes. The report names the peak and what is live there.
-// REPORT: memory plan of @reuse: arena 768.0 B, peak of live tensors 768.0 B (5 buffers), at op 1 (forge.exp tensor<64xf32>)
-// REPORT-NEXT: live at the peak, largest first (3 of 3):
+// A pointwise op writes over an operand that dies there; a reshape's result
+// is its operand's bytes: the whole chain runs in one buffer (an output too),
+// the input keeps its own. The report names the peak and what is live there.
+// REPORT: memory plan of @reuse: arena 512.0 B, peak of live tensors 512.0 B (2 buffers), at op 0 (forge.neg tensor<64xf32>)
+// REPORT-NEXT: live at the peak, largest first (2 of 2):
 // REPORT-NEXT: 256.0 B  ops -1..6  input 'x' tensor<64xf32>
-// REPORT-NEXT: 256.0 B  ops 0..1  forge.neg tensor<64xf32>
-// REPORT-NEXT: 256.0 B  ops 1..2  forge.exp tensor<64xf32>
+// REPORT-NEXT: 256.0 B  ops 0..6  forge.neg tensor<64xf32>
 // CHECK-LABEL: func @reuse
-// CHECK-SAME: forge.arena_size = 768 : i64
-// CHECK: forge.neg %arg0 {forge.offsets = array<i64: [[A:[0-9]+]]>}
-// CHECK: forge.exp %0 {forge.offsets = array<i64: [[B:[0-9]+]]>}
-// CHECK: forge.neg %1 {forge.offsets = array<i64: [[A]]>}
-// CHECK: forge.reshape %2 {forge.offsets = array<i64: [[A]]>
-// CHECK: forge.exp %3 {forge.offsets = array<i64: [[B]]>}
-// CHECK: forge.reshape %4 {forge.offsets = array<i64: [[B]]>
+// CHECK-SAME: forge.offset = 0 : i64
+// CHECK-SAME: forge.arena_size = 512 : i64
+// CHECK: forge.neg %arg0 {forge.offsets = array<i64: 256>}
+// CHECK: forge.exp %0 {forge.offsets = array<i64: 256>}
+// CHECK: forge.neg %1 {forge.offsets = array<i64: 256>}
+// CHECK: forge.reshape %2 {forge.offsets = array<i64: 256>
+// CHECK: forge.exp %3 {forge.offsets = array<i64: 256>}
+// CHECK: forge.reshape %4 {forge.offsets = array<i64: 256>
 func.func @reuse(%x: tensor<64xf32> {forge.kind = "input", forge.name = "x"}) -> (tensor<64xf32> {forge.name = "y"}) {
   %a = forge.neg %x : (tensor<64xf32>) -> tensor<64xf32>
   %b = forge.exp %a : (tensor<64xf32>) -> tensor<64xf32>
@@ -72,6 +73,36 @@ func.func @reuse(%x: tensor<64xf32> {forge.kind = "input", forge.name = "x"}) ->
   %d = forge.exp %r : (tensor<8x8xf32>) -> tensor<8x8xf32>
   %y = forge.reshape %d {shape = array<i64: 64>} : (tensor<8x8xf32>) -> tensor<64xf32>
   return %y : tensor<64xf32>
+}
+
+// -----
+
+// Negative: an operand read again later keeps its bytes, a transpose (not
+// pointwise) never writes over its operand; disjoint live ranges still share.
+// CHECK-LABEL: func @no_reuse
+// CHECK: forge.neg %arg0 {forge.offsets = array<i64: [[A:[0-9]+]]>}
+// CHECK-NEXT: forge.exp %0 {forge.offsets = array<i64: [[B:[0-9]+]]>}
+// CHECK-NEXT: forge.add %0, %1 {forge.offsets = array<i64: [[A]]>}
+// CHECK-NEXT: forge.transpose %2 {forge.offsets = array<i64: [[B]]>
+func.func @no_reuse(%x: tensor<8x8xf32> {forge.kind = "input", forge.name = "x"}) -> (tensor<8x8xf32> {forge.name = "y"}) {
+  %a = forge.neg %x : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %b = forge.exp %a : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %c = forge.add %a, %b : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  %t = forge.transpose %c {perm = array<i64: 1, 0>} : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  return %t : tensor<8x8xf32>
+}
+
+// -----
+
+// cross_entropy_grad writes the gradient over the logits when they die there.
+// CHECK-LABEL: func @logits
+// CHECK: forge.neg %arg0 {forge.offsets = array<i64: [[L:[0-9]+]]>}
+// CHECK: forge.cross_entropy_grad %0, {{.*}}forge.offsets = array<i64: [[L]]>
+func.func @logits(%x: tensor<4x10xf32> {forge.kind = "input", forge.name = "x"}, %t: tensor<4xi64> {forge.kind = "input", forge.name = "t"}, %dy: tensor<f32> {forge.kind = "input", forge.name = "dy"}) -> (tensor<4x10xf32> {forge.name = "dx"}) {
+  %l = forge.neg %x : (tensor<4x10xf32>) -> tensor<4x10xf32>
+  %loss, %lse = forge.cross_entropy %l, %t : (tensor<4x10xf32>, tensor<4xi64>) -> (tensor<4xf32>, tensor<4xf32>)
+  %g = forge.cross_entropy_grad %l, %lse, %t, %dy {reduction = "mean"} : (tensor<4x10xf32>, tensor<4xf32>, tensor<4xi64>, tensor<f32>) -> tensor<4x10xf32>
+  return %g : tensor<4x10xf32>
 }
 
 // -----
