@@ -41,8 +41,15 @@ struct FoldConstantsPass : public mlir::forge::impl::FoldConstantsBase<FoldConst
       if (!allConstant || resultElements > maxElements)
         continue;
       auto folded = evaluateOnConstants(op, operands);
-      if (failed(folded))
-        continue; // no CPU kernel or invalid data: left for run time
+      if (failed(folded)) {
+        // No CPU kernel or invalid data: left for run time. A large result
+        // may also have failed to allocate: say so rather than stay silent.
+        if (resultElements > kMaxFoldElements)
+          op->emitWarning() << "not folded: evaluating a result of " << resultElements
+                            << " elements at compile time failed (out of memory?); it is "
+                               "computed at run time";
+        continue;
+      }
       builder.setInsertionPoint(op);
       for (auto [result, value] : llvm::zip(op->getResults(), *folded))
         result.replaceAllUsesWith(builder.create<ConstantOp>(op->getLoc(), value));

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 
 #include <zlib.h>
@@ -172,7 +173,26 @@ Status loadExternalWeights(Executor &ex, const std::string &dir) {
     if (!info.has_external())
       continue;
     const bundle::ExternalData &e = info.external();
+    // As forgec required: a relative path that stays inside the weights
+    // directory, symlinks resolved (the bundle may have been edited).
+    if (e.location().empty() || e.location().front() == '/' ||
+        e.location().find("..") != std::string::npos)
+      return Status::error("parameter '{}': weights location '{}' is not a relative path inside "
+                           "the weights directory",
+                           info.name(), e.location());
     std::string path = dir.empty() ? e.location() : dir + "/" + e.location();
+    {
+      std::error_code ec1, ec2;
+      auto realFile = std::filesystem::canonical(path, ec1);
+      auto realDir = std::filesystem::canonical(dir.empty() ? "." : dir, ec2);
+      if (!ec1 && !ec2) {
+        std::string f = realFile.string(), d = realDir.string() + "/";
+        if (f.compare(0, d.size(), d) != 0)
+          return Status::error("parameter '{}': weights file {} resolves to {}, outside the "
+                               "weights directory {}",
+                               info.name(), path, f, realDir.string());
+      }
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in)
       return Status::error("parameter '{}': cannot open its weights file {} ({})", info.name(),

@@ -374,7 +374,9 @@ Status checkEncodable(const TensorView &t) {
 // --- files ---------------------------------------------------------------------
 
 Expected<std::vector<uint8_t>> readWholeFile(const std::string &path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or other special file) must not wait for a
+  // writer; it is refused as not a regular file below. No effect on regular files.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return Status::error("{}: cannot open: {}", path, std::strerror(errno));
   struct stat st;

@@ -487,6 +487,13 @@ int realMain(int argc, char **argv) {
     }
     opts.seedGiven = app2.get_option("--seed")->count() > 0;
   }
+  // More workers than hardware threads only costs memory and process ids (a
+  // huge --threads exhausted them): cap it, and say so.
+  if (unsigned cores = std::thread::hardware_concurrency(); cores > 0 && opts.threads > cores) {
+    fmt::print(stderr, "forge-train: warning: --threads {} exceeds the {} hardware threads; using {}\n",
+               opts.threads, cores, cores);
+    opts.threads = cores;
+  }
 
   Status s = validate(opts);
   if (s.isOk()) {

@@ -136,6 +136,20 @@ static int fail(const Twine &message) {
 
 /// ImportOptions from the shape and weight flags; an error message or "".
 static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
+  if (inferenceOnly) {
+    // Training flags on an inference bundle would be ignored: say so.
+    std::string given;
+    int count = 0;
+    for (cl::Option *o : std::initializer_list<cl::Option *>{&loss, &optimizer, &lrSchedule,
+                                                             &clipGradNorm, &microBatches})
+      if (o->getNumOccurrences())
+        given += (count++ ? ", --" : "--") + o->ArgStr.str();
+    if (count)
+      return given + (count > 1 ? " configure" : " configures") +
+             " training and cannot be used with --inference-only";
+  }
+  if (batch.getNumOccurrences() && batch <= 0)
+    return "--batch must be a positive number of samples (got " + std::to_string(batch) + ")";
   o.batch = batch;
   o.keepFloatInitializers = !inferenceOnly; // they become parameters
   o.untieSharedInitializers = !inferenceOnly && !keepSharedInitializers;
@@ -157,7 +171,8 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
     if (!arrays)
       return "--shapes-from: " + arrays.status().message();
     for (const auto &[name, array] : *arrays) // after --shape: those win
-      o.inputShapes.emplace(name, array.shape);
+      if (o.inputShapes.emplace(name, array.shape).second)
+        o.optionalShapeNames.insert(name);
   }
   for (const std::string &s : dims) {
     auto [name, value] = StringRef(s).split('=');
@@ -271,6 +286,22 @@ int main(int argc, char **argv) {
   if (failed(trainOptions))
     return fail(trainError);
 
+  // The output: a new path or an existing regular file, never the input model
+  // (checked before the work; -o /dev/sda as root used to replace the device).
+  std::string output = outputFile;
+  if (output.empty()) {
+    SmallString<256> p(inputFile.getValue());
+    llvm::sys::path::replace_extension(p, emit == EmitKind::Mlir ? "mlir" : "forge");
+    output = p.str().str();
+  }
+  if (llvm::sys::fs::exists(output)) {
+    llvm::sys::fs::file_status st;
+    if (llvm::sys::fs::status(output, st) || st.type() != llvm::sys::fs::file_type::regular_file)
+      return fail("-o '" + output + "' exists and is not a regular file; give a new path or a "
+                  "regular file to replace");
+    if (llvm::sys::fs::equivalent(output, inputFile.getValue()))
+      return fail("-o '" + output + "' is the input model; give another output path");
+  }
   DialectRegistry registry;
   mlir::forge::registerForgeDialects(registry);
   MLIRContext context(registry);
@@ -326,12 +357,6 @@ int main(int argc, char **argv) {
   if (failed(pm.run(*module)))
     return 1;
 
-  std::string output = outputFile;
-  if (output.empty()) {
-    SmallString<256> p(inputFile.getValue());
-    llvm::sys::path::replace_extension(p, emit == EmitKind::Mlir ? "mlir" : "forge");
-    output = p.str().str();
-  }
   if (emit == EmitKind::Mlir) {
     std::error_code ec;
     llvm::raw_fd_ostream out(output, ec);

@@ -8,6 +8,8 @@
 
 using namespace mlir;
 using namespace mlir::forge;
+#include <unistd.h>
+
 namespace pb = ::forge::bundle;
 
 pb::DType mlir::forge::dtypeFromType(Type type) {
@@ -144,8 +146,9 @@ DenseElementsAttr mlir::forge::elementsFromBytes(RankedTensorType type, ArrayRef
       type, ArrayRef<char>(reinterpret_cast<const char *>(bytes.data()), bytes.size()));
 }
 
-FailureOr<SmallVector<DenseElementsAttr>>
-mlir::forge::evaluateOnConstants(Operation *op, ArrayRef<Attribute> operands, bool emitErrors) {
+namespace {
+FailureOr<SmallVector<DenseElementsAttr>> evaluate(Operation *op, ArrayRef<Attribute> operands,
+                                                   bool emitErrors) {
   auto fail = [&](const Twine &msg) -> FailureOr<SmallVector<DenseElementsAttr>> {
     if (emitErrors)
       op->emitError() << msg;
@@ -186,4 +189,35 @@ mlir::forge::evaluateOnConstants(Operation *op, ArrayRef<Attribute> operands, bo
   for (auto [i, result] : llvm::enumerate(op->getResults()))
     results.push_back(elementsFromBytes(cast<RankedTensorType>(result.getType()), outputBytes[i]));
   return results;
+}
+} // namespace
+
+FailureOr<SmallVector<DenseElementsAttr>>
+mlir::forge::evaluateOnConstants(Operation *op, ArrayRef<Attribute> operands, bool emitErrors) {
+  // The operands' and results' bytes are host buffers: a result too large for
+  // this machine is an ordinary failure (left for run time), not an abort or
+  // the kernel's OOM killer (Linux overcommits, so bad_alloc alone is not enough).
+  double bytes = 0;
+  for (Type t : op->getResultTypes())
+    if (auto type = dyn_cast<RankedTensorType>(t); type && type.hasStaticShape())
+      bytes += double(type.getNumElements()) *
+               double(std::max(1u, type.getElementType().getIntOrFloatBitWidth() / 8));
+  long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && pageSize > 0 && bytes > 0.5 * double(pages) * double(pageSize)) {
+    if (emitErrors)
+      op->emitError() << "constant evaluation would need " << bytes
+                      << " bytes, more than half of this machine's memory";
+    return failure();
+  }
+  try {
+    return evaluate(op, operands, emitErrors);
+  } catch (const std::bad_alloc &) {
+    if (emitErrors)
+      op->emitError("constant evaluation needs more memory than this machine can allocate");
+    return failure();
+  } catch (const std::length_error &) {
+    if (emitErrors)
+      op->emitError("constant evaluation needs more memory than this machine can allocate");
+    return failure();
+  }
 }

@@ -145,9 +145,14 @@ FORGE_INFER(MatMulOp) {
   if (bVec)
     bs.push_back(1);
   int64_t m = as[as.size() - 2], k = as.back(), k2 = bs[bs.size() - 2], n = bs.back();
-  if (k != k2)
-    return failInference(loc, "matmul contraction dims differ (" + Twine(k) + " vs " +
-                                  Twine(k2) + ")");
+  if (k != k2) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << "matmul contraction dims differ: lhs " << a << (adaptor.getTransA() ? " (transposed)" : "")
+       << " has " << k << ", rhs " << b << (adaptor.getTransB() ? " (transposed)" : "") << " has "
+       << k2;
+    return failInference(loc, text);
+  }
   auto batch = broadcastShapes(ArrayRef<int64_t>(as).drop_back(2), ArrayRef<int64_t>(bs).drop_back(2));
   if (failed(batch))
     return failInference(loc, "matmul batch dims are not broadcast-compatible");
@@ -275,8 +280,13 @@ FORGE_INFER(GemmOp) {
   int64_t ka = adaptor.getTransA() ? a.getDimSize(0) : a.getDimSize(1);
   int64_t kb = adaptor.getTransB() ? b.getDimSize(1) : b.getDimSize(0);
   int64_t n = adaptor.getTransB() ? b.getDimSize(0) : b.getDimSize(1);
-  if (ka != kb)
-    return failInference(loc, "gemm contraction dims differ");
+  if (ka != kb) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << "gemm contraction dims differ: A " << a << (adaptor.getTransA() ? " (transA)" : "")
+       << " has " << ka << ", B " << b << (adaptor.getTransB() ? " (transB)" : "") << " has " << kb;
+    return failInference(loc, text);
+  }
   if (Value c = adaptor.getC()) {
     auto ct = rankedOrNull(c.getType());
     if (!ct || failed(broadcastShapes({m, n}, ct.getShape())) || ct.getRank() > 2)
@@ -670,7 +680,10 @@ FORGE_INFER(BroadcastOp) {
 OpFoldResult BroadcastOp::fold(FoldAdaptor adaptor) {
   if (getInput().getType() == getType())
     return getInput();
-  if (auto dense = dyn_cast_or_null<DenseElementsAttr>(adaptor.getInput()); dense && dense.isSplat())
+  // A splat folds to a constant unless that constant would be too large to
+  // carry in a bundle (a huge ConstantOfShape stays a run-time broadcast).
+  if (auto dense = dyn_cast_or_null<DenseElementsAttr>(adaptor.getInput());
+      dense && dense.isSplat() && getType().getNumElements() <= kMaxFoldElements)
     return SplatElementsAttr::get(cast<ShapedType>(getType()), dense.getSplatValue<Attribute>());
   return {};
 }

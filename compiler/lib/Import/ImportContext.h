@@ -32,6 +32,10 @@ struct GraphState {
   /// `untied` lists (that name, the shared initializer's name).
   bool untieSharedInitializers = false;
   std::vector<std::pair<std::string, std::string>> untied;
+  /// ImportOptions::maxFoldElements, and what was left unfolded because of
+  /// it ("node 'name' (Op, N elements)"), for one warning after the import.
+  int64_t maxFoldElements = kMaxFoldElements;
+  std::vector<std::string> notFolded;
 };
 
 class NodeImporter {

@@ -14,11 +14,14 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Verifier.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/MathExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
+#include <onnx/defs/schema.h>
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
@@ -123,6 +126,14 @@ onnx_import::tensorFromProto(MLIRContext *ctx, const onnx::TensorProto &tensor,
                             "model directory, got '" << location << "'";
     SmallString<256> path(externalDir);
     llvm::sys::path::append(path, location);
+    // A symlink inside the model directory must not lead outside it either.
+    SmallString<256> realFile, realDir;
+    if (!llvm::sys::fs::real_path(path, realFile) &&
+        !llvm::sys::fs::real_path(externalDir.empty() ? "." : externalDir, realDir) &&
+        !StringRef(realFile).starts_with((realDir + llvm::sys::path::get_separator()).str()))
+      return emitError() << "tensor '" << tensor.name() << "': external data '" << location
+                         << "' resolves to '" << realFile << "', outside the model directory '"
+                         << realDir << "'";
     if (!hasLength)
       length = expected;
     if (length != expected)
@@ -295,6 +306,14 @@ FailureOr<SmallVector<Value>> NodeImporter::create(StringRef opName, ArrayRef<Va
       !llvm::all_of(present, [](Value v) { return v.getDefiningOp<ConstantOp>(); }) ||
       (graph.keepFloatInitializers && llvm::any_of(present, isFloatInitializer)))
     return results;
+  // Results beyond the budget stay ops, evaluated at run time.
+  for (Value r : results)
+    if (auto type = dyn_cast<RankedTensorType>(r.getType());
+        type && type.hasStaticShape() && type.getNumElements() > graph.maxFoldElements) {
+      graph.notFolded.push_back("'" + node.name() + "' (" + node.op_type() + ", " +
+                                std::to_string(type.getNumElements()) + " elements)");
+      return results;
+    }
   SmallVector<Attribute> consts;
   for (Value v : operands)
     consts.push_back(v ? v.getDefiningOp<ConstantOp>().getValue() : Attribute());
@@ -358,6 +377,10 @@ public:
 private:
   InFlightDiagnostic error() { return emitError(fileLoc) << origin << ": "; }
   FailureOr<RankedTensorType> inputType(const onnx::ValueInfoProto &info);
+  /// The type the model declares for an input, with --batch/--dim/--shape applied.
+  FailureOr<RankedTensorType> declaredInputType(const onnx::ValueInfoProto &info);
+  /// The --dim names some input used (each must be).
+  std::set<std::string> usedDims;
   LogicalResult checkSupported(const onnx::GraphProto &graph, int64_t opset);
   FailureOr<std::vector<const onnx::NodeProto *>> sortNodes(const onnx::GraphProto &graph,
                                                             const llvm::StringSet<> &available);
@@ -375,7 +398,37 @@ Location GraphImporter::nodeLoc(const onnx::NodeProto &node, size_t index) {
   return NameLoc::get(StringAttr::get(ctx, name), fileLoc);
 }
 
+namespace {
+/// "" when `type`'s byte count fits in int64, else "d0 x d1 x ... elements x
+/// N bytes": the product that overflows.
+std::string overflowingProduct(RankedTensorType type) {
+  int64_t bytes = std::max<int64_t>(1, type.getElementType().getIntOrFloatBitWidth() / 8);
+  bool overflow = false;
+  for (int64_t d : type.getShape())
+    overflow |= llvm::MulOverflow(bytes, d, bytes);
+  if (!overflow)
+    return "";
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  llvm::interleave(type.getShape(), os, " x ");
+  os << " elements x " << std::max<int64_t>(1, type.getElementType().getIntOrFloatBitWidth() / 8)
+     << " bytes";
+  return text;
+}
+} // namespace
+
 FailureOr<RankedTensorType> GraphImporter::inputType(const onnx::ValueInfoProto &info) {
+  FailureOr<RankedTensorType> type = declaredInputType(info);
+  if (failed(type))
+    return failure();
+  if (std::string product = overflowingProduct(*type); !product.empty())
+    return error() << "graph input '" << info.name() << "' of shape [" << type->getShape()
+                   << "] is too large: " << product
+                   << " overflows 64-bit arithmetic; lower --batch, --dim or --shape";
+  return type;
+}
+
+FailureOr<RankedTensorType> GraphImporter::declaredInputType(const onnx::ValueInfoProto &info) {
   if (!info.type().has_tensor_type())
     return error() << "graph input '" << info.name() << "' is not a tensor (sequences, maps and "
                    << "optionals are unsupported)";
@@ -392,11 +445,30 @@ FailureOr<RankedTensorType> GraphImporter::inputType(const onnx::ValueInfoProto 
       return error() << "the shape given for input '" << info.name()
                      << "' (--shape or --shapes-from) has " << shape.size()
                      << " dims but the model declares " << tt.shape().dim_size();
-    for (int d = 0; tt.has_shape() && d < tt.shape().dim_size(); ++d)
-      if (tt.shape().dim(d).has_dim_value() && tt.shape().dim(d).dim_value() != shape[d])
+    for (int d = 0; tt.has_shape() && d < tt.shape().dim_size(); ++d) {
+      const auto &dim = tt.shape().dim(d);
+      if (dim.has_dim_value() && dim.dim_value() != shape[d])
         return error() << "the shape given for input '" << info.name()
                        << "' (--shape or --shapes-from) has " << shape[d] << " in dim " << d
-                       << " but the model declares " << tt.shape().dim(d).dim_value();
+                       << " but the model declares " << dim.dim_value();
+      if (dim.has_dim_value())
+        continue;
+      // A symbolic dim that --dim or --batch also sets must agree.
+      if (dim.has_dim_param()) {
+        auto it = options.dimValues.find(dim.dim_param());
+        if (it != options.dimValues.end()) {
+          usedDims.insert(it->first);
+          if (it->second != shape[d])
+            return error() << "--dim " << dim.dim_param() << "=" << it->second
+                           << " conflicts with the shape given for input '" << info.name()
+                           << "', whose dim " << d << " ('" << dim.dim_param() << "') is "
+                           << shape[d];
+        }
+      }
+      if (d == 0 && options.batch > 0 && options.batch != shape[0])
+        return error() << "--batch " << options.batch << " conflicts with the shape given for input '"
+                       << info.name() << "', whose dim 0 is " << shape[0];
+    }
     return RankedTensorType::get(shape, element);
   }
   if (!tt.has_shape())
@@ -411,6 +483,11 @@ FailureOr<RankedTensorType> GraphImporter::inputType(const onnx::ValueInfoProto 
     if (dim.has_dim_param()) {
       auto it = options.dimValues.find(dim.dim_param());
       if (it != options.dimValues.end()) {
+        usedDims.insert(dim.dim_param());
+        if (d == 0 && options.batch > 0 && options.batch != it->second)
+          return error() << "--batch " << options.batch << " conflicts with --dim "
+                         << dim.dim_param() << "=" << it->second << " (dim 0 of input '"
+                         << info.name() << "')";
         shape.push_back(it->second);
         continue;
       }
@@ -419,6 +496,10 @@ FailureOr<RankedTensorType> GraphImporter::inputType(const onnx::ValueInfoProto 
       shape.push_back(options.batch);
       continue;
     }
+    if (dim.has_dim_value()) // a negative size: no shape at all
+      return error() << "graph input '" << info.name() << "' dim " << d << " is negative ("
+                     << dim.dim_value() << "); set it with "
+                     << (d == 0 ? "--batch N or " : "") << "--shape " << info.name() << "=...";
     return error() << "graph input '" << info.name() << "' dim " << d << " is symbolic ("
                    << (dim.has_dim_param() ? "'" + dim.dim_param() + "'" : std::string("unnamed"))
                    << "); set it with "
@@ -439,6 +520,34 @@ LogicalResult GraphImporter::checkSupported(const onnx::GraphProto &graph, int64
     problems.push_back(node.op_type() + " (domain '" +
                        (node.domain().empty() ? std::string("ai.onnx") : node.domain()) +
                        "', opset " + std::to_string(opset) + ", node '" + node.name() + "')");
+  }
+  // Required attributes, from ONNX's own schemas (a Concat without `axis` used
+  // to import with axis 0).
+  std::vector<std::string> missing;
+  for (const auto &node : graph.node()) {
+    bool defaultDomain = node.domain().empty() || node.domain() == "ai.onnx";
+    const onnx::OpSchema *schema =
+        defaultDomain ? onnx::OpSchemaRegistry::Schema(node.op_type(), static_cast<int>(opset), "")
+                      : nullptr;
+    if (!schema)
+      continue;
+    for (const auto &[name, attr] : schema->attributes()) {
+      if (!attr.required)
+        continue;
+      bool present = llvm::any_of(node.attribute(), [&, &name = name](const onnx::AttributeProto &a) {
+        return a.name() == name;
+      });
+      if (!present)
+        missing.push_back(node.op_type() + " node '" + node.name() + "': required attribute '" +
+                          name + "' is missing");
+    }
+  }
+  if (!missing.empty()) {
+    auto diag = error() << missing.size() << " node" << (missing.size() > 1 ? "s" : "")
+                        << " without a required attribute (opset " << opset << "):";
+    for (const auto &m : missing)
+      diag << "\n  " << m;
+    return diag;
   }
   if (problems.empty())
     return success();
@@ -510,8 +619,14 @@ OwningOpRef<ModuleOp> GraphImporter::run(const onnx::ModelProto &model) {
   for (const auto &imp : model.opset_import())
     if (imp.domain().empty() || imp.domain() == "ai.onnx")
       opset = imp.version();
-  if (opset < 0)
-    opset = 1;
+  if (opset < 0) {
+    // ONNX requires one; without it the ops' semantics are unknown (a cut file
+    // that still parses, or a hand-made one).
+    error() << "the model imports no default-domain opset (opset_import is "
+            << (model.opset_import().empty() ? "empty" : "only other domains")
+            << "); is the file cut or hand-made?";
+    return nullptr;
+  }
   // Old opset numbers are fine: a backend test of an op that never changed
   // imports opset 1. Rules check the opset where an op's semantics changed.
   if (opset > 23) {
@@ -554,6 +669,27 @@ OwningOpRef<ModuleOp> GraphImporter::run(const onnx::ModelProto &model) {
     argTypes.push_back(*type);
     inputs.push_back(&in);
   }
+  // Every --shape and --dim must name something (a typo used to pass silently).
+  {
+    std::vector<std::string> inputNames;
+    for (const auto &in : graph.input())
+      if (!initializerNames.contains(in.name()))
+        inputNames.push_back(in.name());
+    std::string list = llvm::join(inputNames, ", ");
+    for (const auto &[name, shape] : options.inputShapes)
+      if (!options.optionalShapeNames.count(name) && !llvm::is_contained(inputNames, name)) {
+        error() << "--shape names '" << name << "', which is not an input of the model (inputs: "
+                << list << ")";
+        return nullptr;
+      }
+    for (const auto &[name, value] : options.dimValues)
+      if (!usedDims.count(name)) {
+        error() << "--dim names '" << name
+                << "', which is no symbolic dim of an input whose shape was not given (inputs: "
+                << list << ")";
+        return nullptr;
+      }
+  }
 
   auto func = func::FuncOp::create(fileLoc, "main", b.getFunctionType(argTypes, {}));
   module->push_back(func);
@@ -561,6 +697,7 @@ OwningOpRef<ModuleOp> GraphImporter::run(const onnx::ModelProto &model) {
   b.setInsertionPointToStart(entry);
   GraphState state;
   state.keepFloatInitializers = options.keepFloatInitializers;
+  state.maxFoldElements = options.maxFoldElements;
   state.untieSharedInitializers =
       options.keepFloatInitializers && options.untieSharedInitializers;
   llvm::StringSet<> available;
@@ -664,6 +801,32 @@ OwningOpRef<ModuleOp> GraphImporter::run(const onnx::ModelProto &model) {
   if (!thinWeights.empty())
     module->getOperation()->setAttr("forge.external_weights",
                                     DictionaryAttr::get(ctx, thinWeights));
+  if (!state.notFolded.empty()) {
+    auto warning = emitWarning(fileLoc)
+                   << origin << ": " << state.notFolded.size() << " constant expression"
+                   << (state.notFolded.size() > 1 ? "s" : "") << " larger than "
+                   << options.maxFoldElements
+                   << " elements kept as ops (evaluated at run time, not folded):";
+    for (const std::string &what : state.notFolded)
+      warning << " " << what;
+  }
+  // Shapes computed from large inputs (an outer product, a Tile, an Expand)
+  // must still have byte counts that later arithmetic can hold.
+  WalkResult tooLarge = module->walk([&](Operation *op) {
+    for (Value r : op->getResults()) {
+      auto type = dyn_cast<RankedTensorType>(r.getType());
+      if (!type || !type.hasStaticShape())
+        continue;
+      if (std::string product = overflowingProduct(type); !product.empty()) {
+        op->emitError() << "result of shape [" << type.getShape() << "] is too large: " << product
+                        << " overflows 64-bit arithmetic; lower --batch, --dim or --shape";
+        return WalkResult::interrupt();
+      }
+    }
+    return WalkResult::advance();
+  });
+  if (tooLarge.wasInterrupted())
+    return nullptr;
   if (failed(verify(*module)))
     return nullptr;
   return module;

@@ -15,6 +15,7 @@
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/MathExtras.h"
 
 using namespace mlir;
 using namespace mlir::forge;
@@ -681,8 +682,19 @@ LogicalResult importConstantOfShape(NodeImporter &n) {
     element = t->getElementType();
     fill = *t->getValues<Attribute>().begin();
   }
+  int64_t count = 1;
+  for (int64_t d : *shape)
+    if (d < 0 || llvm::MulOverflow(count, d, count))
+      return n.error() << "shape [" << ArrayRef<int64_t>(*shape)
+                       << "] has a negative dim or more than 2^63 elements";
   auto type = RankedTensorType::get(*shape, element);
-  return n.setOutput(0, n.constant(DenseElementsAttr::get(type, fill)));
+  auto splat = DenseElementsAttr::get(RankedTensorType::get({}, element), fill);
+  if (count <= n.graph.maxFoldElements)
+    return n.setOutput(0, n.constant(splat.reshape(type)));
+  // Too large to materialize at compile time: a broadcast of the scalar at run
+  // time (create() lists it as not folded).
+  return output(n, n.create1("broadcast", {n.constant(splat)},
+                             {n.b.getNamedAttr("shape", n.b.getDenseI64ArrayAttr(*shape))}));
 }
 
 LogicalResult importConstant(NodeImporter &n) {
@@ -741,7 +753,11 @@ LogicalResult importRange(NodeImporter &n) {
   auto s = n.constantScalar(0, "start"), l = n.constantScalar(1, "limit"), d = n.constantScalar(2, "delta");
   if (failed(s) || failed(l) || failed(d) || *d == 0)
     return n.error() << "invalid range";
-  int64_t count = std::max<int64_t>(0, (int64_t)std::ceil((*l - *s) / *d));
+  double steps = std::ceil((*l - *s) / *d);
+  if (!(steps <= double(n.graph.maxFoldElements)))
+    return n.error() << "has " << steps << " elements, more than the " << n.graph.maxFoldElements
+                     << " that import-time evaluation materializes (Forge has no run-time Range)";
+  int64_t count = std::max<int64_t>(0, (int64_t)steps);
   Type element = start.getElementType();
   auto type = RankedTensorType::get({count}, element);
   SmallVector<Attribute> values;

@@ -946,6 +946,20 @@ LogicalResult TrainGraphBuilder::run() {
         name && name.getValue() == options.loss.label)
       return main.emitError() << "label input '" << options.loss.label
                               << "' collides with a model input";
+  for (unsigned i = 0; i < main.getNumResults(); ++i)
+    if (auto name = main.getResultAttrOfType<StringAttr>(i, "forge.name");
+        name && name.getValue() == options.loss.label)
+      return main.emitError() << "label input '" << options.loss.label
+                              << "' has the name of a model output; name the labels otherwise";
+  WalkResult parameterNamed = main.walk([&](ConstantOp c) {
+    auto init = c->getAttrOfType<StringAttr>("forge.initializer");
+    return init && init.getValue() == options.loss.label ? WalkResult::interrupt()
+                                                         : WalkResult::advance();
+  });
+  if (parameterNamed.wasInterrupted())
+    return main.emitError() << "label input '" << options.loss.label
+                            << "' has the name of a model initializer (parameter); name the "
+                               "labels otherwise";
   if (failed(collectParams(main)))
     return failure();
   auto outType = cast<RankedTensorType>(main.getResultTypes()[outputIndex]);

@@ -67,7 +67,9 @@ Expected<std::unique_ptr<Shard>> openShard(const std::string &path, TokenDType d
   shard->origin = path;
   shard->width = dtype == TokenDType::U16 ? 2 : 4;
   const char *typeName = dtype == TokenDType::U16 ? "uint16" : "uint32";
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or other special file) must not wait for a
+  // writer; it is refused as not a regular file below. No effect on regular files.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return Status::error("{}: cannot open: {}", path, std::strerror(errno));
   struct stat st;

@@ -21,6 +21,10 @@
 
 namespace mlir::forge {
 
+/// The most elements a compile-time constant may get from folding (import,
+/// folders, forge-fold-constants' default): larger results stay ops.
+inline constexpr int64_t kMaxFoldElements = int64_t(1) << 22;
+
 /// How fusion passes may group an op. Elementwise means pointwise: result
 /// element i is a function of the operands' elements at i (NumPy broadcasting)
 /// and nothing else, so a loop fusion region evaluates it per element.

@@ -11,6 +11,7 @@
 #define FORGE_IMPORT_ONNXIMPORTER_H
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,10 @@ struct ImportOptions {
   std::map<std::string, std::vector<int64_t>> inputShapes;
   /// Values of named symbolic dims (`--dim seq=128`).
   std::map<std::string, int64_t> dimValues;
+  /// Names in inputShapes that need not be graph inputs (`--shapes-from`
+  /// arrays: a data file may hold labels too). Every other name in
+  /// inputShapes and dimValues must be used, or the import fails.
+  std::set<std::string> optionalShapeNames;
   /// Directory that external-data locations are relative to (defaults to the
   /// model file's directory).
   std::string externalDataDir;
@@ -39,6 +44,10 @@ struct ImportOptions {
   /// Gather(W, constant indices) would leave W dead and train a constant copy
   /// instead). Ops on other constants still fold.
   bool keepFloatInitializers = false;
+  /// Import-time constant evaluation materializes no result larger than this
+  /// many elements (ConstantOfShape, Range, folded ops): larger ones stay ops
+  /// and are listed in a warning. As forge-fold-constants' max-elements.
+  int64_t maxFoldElements = int64_t(1) << 22; // forge::kMaxFoldElements
   /// Thin bundles (forgec --weights external): float initializers stored as
   /// ONNX external data are not read (their files need not exist); they
   /// import as zero placeholders and the module attribute
