@@ -21,6 +21,7 @@
 #include <regex>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -95,6 +96,18 @@ std::string persistentFingerprint(const bundle::Program &program) {
   return fmt::format("{:016x}", h);
 }
 
+/// The build options that shape training but not the persistent tensors (the
+/// fingerprint covers those): a resume with different ones is reported.
+nlohmann::json trainingOptions(const bundle::Program &p) {
+  nlohmann::json o = nlohmann::json::object();
+  for (const char *key : {"optimizer", "loss", "label_input", "lr_schedule", "micro_batches",
+                          "clip_grad_norm", "batch", "tf32"}) {
+    auto it = p.build_options().find(key);
+    o[key] = it == p.build_options().end() ? "" : it->second;
+  }
+  return o;
+}
+
 Status writeCheckpoint(const std::string &path, const Executor &ex,
                        const CheckpointState &state) {
   const bundle::Program &p = ex.bundle().program();
@@ -111,6 +124,7 @@ Status writeCheckpoint(const std::string &path, const Executor &ex,
   meta["source_hash"] = p.source_hash();
   meta["producer"] = p.producer();
   meta["fingerprint"] = persistentFingerprint(p);
+  meta["training_options"] = trainingOptions(p);
   nlohmann::json tensors = nlohmann::json::array();
   std::map<std::string, TensorView> arrays;
   for (int32_t t : ex.persistentTensors()) {
@@ -191,6 +205,14 @@ Expected<CheckpointState> readCheckpoint(const std::string &path, Executor &ex,
     state.samplesPerStep = meta.at("samples_per_step").get<int64_t>();
     sourceHash = meta.at("source_hash").get<std::string>();
     fingerprint = meta.at("fingerprint").get<std::string>();
+    if (meta.contains("training_options")) { // checkpoints before 2026-12-01 lack them
+      nlohmann::json now = trainingOptions(p);
+      for (const auto &[key, value] : meta.at("training_options").items())
+        if (now.contains(key) && now[key] != value)
+          state.changedOptions.push_back(fmt::format("{}: checkpoint '{}', bundle '{}'", key,
+                                                     value.get<std::string>(),
+                                                     now[key].get<std::string>()));
+    }
     for (const auto &t : meta.at("tensors"))
       entries.push_back({t.at("name").get<std::string>(), t.at("kind").get<std::string>(),
                          t.at("dtype").get<std::string>(),
@@ -283,6 +305,32 @@ Status CheckpointDir::create() const {
   return Status::ok();
 }
 
+Status CheckpointDir::prepare(const std::function<void(const std::string &)> &warn) const {
+  FORGE_RETURN_IF_ERROR(create());
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto &e : fs::directory_iterator(dir_, ec)) {
+    std::string name = e.path().filename().string();
+    size_t tmp = name.rfind(".tmp.");
+    if (tmp == std::string::npos || !e.is_regular_file(ec))
+      continue;
+    std::string target = name.substr(0, tmp);
+    if (target != "latest" && !parseCheckpointName(target))
+      continue; // not ours
+    std::error_code rm;
+    fs::remove(e.path(), rm);
+    warn(fmt::format("removed {}, left by a checkpoint writer that did not finish{}",
+                     e.path().string(), rm ? " (failed: " + rm.message() + ")" : ""));
+  }
+  std::string probe = (fs::path(dir_) / ".forge-write-test.XXXXXX").string();
+  int fd = ::mkstemp(probe.data());
+  if (fd < 0)
+    return Status::error("{}: cannot write checkpoints there: {}", dir_, std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return Status::ok();
+}
+
 std::vector<std::string> CheckpointDir::list() const {
   std::vector<std::pair<ParsedName, std::string>> found;
   std::error_code ec;
@@ -325,36 +373,22 @@ CheckpointDir::resume(Executor &ex, const std::function<void(const std::string &
     return std::optional<CheckpointState>();
   if (!fs::is_directory(dir_, ec))
     return Status::error("{}: not a directory", dir_);
-  std::vector<std::string> candidates;
-  std::string latestFile = (fs::path(dir_) / "latest").string();
-  if (fs::exists(latestFile, ec)) {
-    std::string name;
-    if (FILE *f = std::fopen(latestFile.c_str(), "rb")) {
-      char buf[512];
-      size_t n = std::fread(buf, 1, sizeof(buf), f);
-      std::fclose(f);
-      name.assign(buf, n);
-      while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
-        name.pop_back();
-    }
-    if (parseCheckpointName(name) && fs::exists(fs::path(dir_) / name, ec))
-      candidates.push_back((fs::path(dir_) / name).string());
-    else
-      warn(fmt::format("{}: does not name an existing checkpoint ('{}'); looking for the newest "
-                       "one",
-                       latestFile, name));
-  }
-  for (std::string &c : list())
-    if (std::find(candidates.begin(), candidates.end(), c) == candidates.end())
-      candidates.push_back(std::move(c));
+  // Newest first. `latest` is kept for tools and people; a newer valid file
+  // (written after `latest` was last updated, e.g. by a killed run) wins.
+  std::vector<std::string> candidates = list();
   if (candidates.empty())
     return std::optional<CheckpointState>();
   std::vector<std::string> problems;
   for (const std::string &c : candidates) {
     CheckpointError kind;
     auto state = readCheckpoint(c, ex, &kind);
-    if (state)
+    if (state) {
+      if (!state->changedOptions.empty())
+        warn(fmt::format("{} was written by a bundle with other training options ({}); "
+                         "continuing with this bundle's",
+                         c, fmt::join(state->changedOptions, "; ")));
       return std::optional<CheckpointState>(*state);
+    }
     if (kind == CheckpointError::Mismatch)
       return state.status();
     warn(fmt::format("skipping {} (left in place)", state.status().message()));

@@ -133,11 +133,20 @@ TEST(OnnxExportTest, MismatchesAreErrors) {
       << r.status().message();
   EXPECT_FALSE(std::filesystem::exists(out));
 
+  // A model none of whose initializers names a parameter is not the source
+  // model (issue #18: forge-train checks this before training, outPath "").
   onnx::ModelProto none = tinyModel();
   none.mutable_graph()->mutable_initializer(0)->set_name("renamed");
-  r = exportOnnx(write(none, "export_none.onnx"), out, **ex);
-  ASSERT_TRUE(r.isOk());
-  EXPECT_EQ(r->missingParameters, std::vector<std::string>{"w"});
+  r = exportOnnx(write(none, "export_none.onnx"), "", **ex);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("no initializer (or Identity of one) is named like a "
+                                      "parameter of this bundle"),
+            std::string::npos)
+      << r.status().message();
+  r = exportOnnx(write(tinyModel(), "export_check.onnx"), "", **ex);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  EXPECT_EQ(r->replaced, std::vector<std::string>{"w"});
+  EXPECT_FALSE(std::filesystem::exists(out)); // a check writes nothing
 
   r = exportOnnx(::testing::TempDir() + "no_such.onnx", out, **ex);
   EXPECT_FALSE(r.isOk());

@@ -190,8 +190,10 @@ Status dumpGrads(const std::string &path, const Trainer &tr) {
   return writeNpz(path, arrays);
 }
 
+/// --export-onnx; with `checkOnly`, before training: the source model must
+/// exist and match the bundle (found after hours of training, it was too late).
 Status exportModel(const Options &opts, const Bundle &bundle, const Executor &ex,
-                   Progress &progress) {
+                   Progress &progress, bool checkOnly = false) {
 #ifdef FORGE_HAVE_ONNX_EXPORT
   std::string source = opts.onnxModel.empty() ? buildOption(bundle.program(), "source_onnx")
                                               : opts.onnxModel;
@@ -199,9 +201,11 @@ Status exportModel(const Options &opts, const Bundle &bundle, const Executor &ex
     return Status::error("--export-onnx: {} does not record its source model (build option "
                          "source_onnx); give --onnx-model PATH",
                          bundle.origin());
-  auto report = exportOnnx(source, opts.exportOnnx, ex);
+  auto report = exportOnnx(source, checkOnly ? "" : opts.exportOnnx, ex);
   if (!report)
     return report.status().prefix("--export-onnx");
+  if (checkOnly)
+    return Status::ok();
   if (!report->missingParameters.empty())
     progress.message(fmt::format("forge-train: warning: no initializer in {} for parameter{} {}",
                                  source, report->missingParameters.size() > 1 ? "s" : "",
@@ -214,6 +218,7 @@ Status exportModel(const Options &opts, const Bundle &bundle, const Executor &ex
   (void)bundle;
   (void)ex;
   (void)progress;
+  (void)checkOnly;
   return Status::error("--export-onnx {}: this forge-train was built without ONNX support "
                        "(libonnx-dev)",
                        opts.exportOnnx);
@@ -372,10 +377,19 @@ Expected<int> train(const Options &opts, Progress &progress) {
       tr.hasEval() ? fmt::format("; {} eval samples", tr.evalSamples()) : "",
       tr.executor().describe()));
 
+  if (!opts.exportOnnx.empty())
+    FORGE_RETURN_IF_ERROR(exportModel(opts, bundle, tr.executor(), progress, /*checkOnly=*/true));
+
   // --resume
   std::optional<CheckpointDir> ckpt;
-  if (!opts.ckptDir.empty())
+  if (!opts.ckptDir.empty()) {
     ckpt.emplace(opts.ckptDir);
+    // Checkpoints are written after the last step at the latest: a directory
+    // that cannot take them fails now, not hours into the run.
+    FORGE_RETURN_IF_ERROR(ckpt->prepare([&](const std::string &w) {
+                                progress.message("forge-train: warning: " + w);
+                              }).prefix("--ckpt-dir"));
+  }
   std::optional<int64_t> resumedAt;
   if (opts.resume) {
     auto state = ckpt->resume(tr.executor(), [&](const std::string &w) {

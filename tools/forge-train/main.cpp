@@ -12,6 +12,8 @@
 // Invariant: every failure is a message on stderr and exit code 1; no
 // exception or abort reaches the user (DESIGN.md §10).
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -268,20 +270,32 @@ void addOptions(CLI::App &app, Options &opts) {
       ->group(data);
 
   const char *loop = "Training loop";
+  // CLI::PositiveNumber's message ("Value 0 not in range 0.000000 to 1.797693e+308") reads
+  // like a machine wrote it.
+  const CLI::Validator positive(
+      [](std::string &input) -> std::string {
+        char *end = nullptr;
+        errno = 0;
+        long long v = std::strtoll(input.c_str(), &end, 10);
+        if (input.empty() || *end != '\0' || errno != 0 || v < 1)
+          return "must be a whole number of at least 1 (got '" + input + "')";
+        return "";
+      },
+      "N>=1");
   auto *steps = app.add_option("--steps", opts.steps,
                                "Train until this global optimizer step (counting the steps "
                                "restored by --resume)")
-                    ->check(CLI::PositiveNumber)
+                    ->check(positive)
                     ->group(loop);
   auto *epochs = app.add_option("--epochs", opts.epochs,
                                 "Train for this many epochs in all (E x floor(samples / "
                                 "(micro-batches x batch)) steps)")
-                     ->check(CLI::PositiveNumber)
+                     ->check(positive)
                      ->group(loop);
   steps->excludes(epochs);
   app.add_option("--eval-every", opts.evalEvery,
                  "Evaluate on --eval-data every N steps (and always after the last step)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive)
       ->group(loop);
   app.add_option("--threads", opts.threads, "CPU worker threads (0: all cores)")
       ->check(CLI::NonNegativeNumber)
@@ -302,7 +316,7 @@ void addOptions(CLI::App &app, Options &opts) {
       ->group(loop);
   app.add_option("--profile-steps", opts.profileSteps,
                  "Steps timed by --profile (after two warm-up steps)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive)
       ->capture_default_str()
       ->group(loop);
   app.add_flag("--no-pipeline", opts.noPipeline,
@@ -323,7 +337,7 @@ void addOptions(CLI::App &app, Options &opts) {
   app.add_option("--log-every", opts.logEvery,
                  "When stderr is not a terminal, print a progress line every N steps (on a "
                  "terminal one line updates in place); default 10")
-      ->check(CLI::PositiveNumber)
+      ->check(positive)
       ->group(out);
   app.add_option("--metrics", opts.metricsPath,
                  "Write one JSON object per step to this file (JSONL): step, epoch, loss, lr, "
@@ -336,7 +350,7 @@ void addOptions(CLI::App &app, Options &opts) {
                  "steps and after the last step; existing files are never overwritten")
       ->group(out);
   app.add_option("--ckpt-every", opts.ckptEvery, "Checkpoint every N steps (needs --ckpt-dir)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive)
       ->group(out);
   app.add_flag("--resume", opts.resume,
                "Continue from the newest valid checkpoint in --ckpt-dir (bit-identical to an "

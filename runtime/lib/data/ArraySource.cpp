@@ -212,6 +212,8 @@ Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::stri
       auto npz = readNpz(spec);
       if (!npz)
         return npz.status();
+      if (npz->empty())
+        return Status::error("{}: the .npz file holds no arrays", spec);
       for (auto &[name, t] : *npz)
         FORGE_RETURN_IF_ERROR(add(name, std::move(t), spec));
     } else if (endsWith(spec, ".npy")) {

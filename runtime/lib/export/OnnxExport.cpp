@@ -136,6 +136,17 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
     untied.emplace_back(i, it->second);
     used[node.output(0)] = true;
   }
+  if (used.empty())
+    return Status::error("{}: no initializer (or Identity of one) is named like a parameter of "
+                         "this bundle; is it the model the bundle was compiled from?",
+                         sourcePath);
+  if (outPath.empty()) { // a check only
+    for (const auto &[tensor, t] : updates)
+      report.replaced.push_back(tensor->name());
+    for (const auto &[index, t] : untied)
+      report.replaced.push_back(ex.tensorInfo(t).name());
+    return report;
+  }
   for (const auto &[tensor, t] : updates) {
     TensorView v = ex.view(t);
     tensor->clear_float_data();

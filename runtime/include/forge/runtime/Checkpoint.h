@@ -41,6 +41,10 @@ struct CheckpointState {
   bool shuffle = true;
   int64_t trainSamples = 0;   // samples in the training data
   int64_t samplesPerStep = 0; // micro-batches x batch
+  /// Set by readCheckpoint (not stored): the training options (optimizer,
+  /// loss, schedule, ...) the checkpoint's bundle had that the current one
+  /// changes, as "name: checkpoint 'a', bundle 'b'".
+  std::vector<std::string> changedOptions;
 };
 
 /// What went wrong when a checkpoint was refused.
@@ -74,15 +78,21 @@ public:
 
   /// Creates the directory (and its parents) if needed.
   Status create() const;
+  /// Before training: creates the directory, checks that a file can be
+  /// written in it (not at the first checkpoint, hours later), and removes the
+  /// temporary files a killed writer left (`*.forgeckpt.tmp.*`, `latest.tmp.*`),
+  /// reporting each through `warn`.
+  Status prepare(const std::function<void(const std::string &)> &warn) const;
   /// Writes a checkpoint for state.step under a fresh name, then points
   /// `latest` at it. Returns the file's path.
   Expected<std::string> save(const Executor &ex, const CheckpointState &state) const;
   /// Checkpoint files, newest (highest step, then suffix) first.
   std::vector<std::string> list() const;
-  /// Restores the newest valid checkpoint: the one `latest` names, then the
-  /// others newest first. Corrupt or unreadable files are skipped (each
-  /// reported through `warn`) and left in place; a checkpoint of another
-  /// bundle is an error. nullopt when the directory holds none; an error
+  /// Restores the newest valid checkpoint (highest step; `latest` is only a
+  /// hint for other tools, a newer valid file wins). Corrupt or unreadable
+  /// files are skipped (each reported through `warn`) and left in place; a
+  /// checkpoint of another bundle is an error; changed training options are
+  /// reported through `warn`. nullopt when the directory holds none; an error
   /// when it holds some but none is valid.
   Expected<std::optional<CheckpointState>>
   resume(Executor &ex, const std::function<void(const std::string &)> &warn) const;

@@ -21,7 +21,9 @@ struct OnnxExportReport {
 /// initializer named like a PARAMETER or STATE tensor of `ex` by the
 /// tensor's current value (raw_data; external data becomes inline), and
 /// writes the model to `outPath` atomically. The initializer's element type
-/// and dims must match the tensor's; anything else is an error naming it.
+/// and dims must match the tensor's; anything else is an error naming it, and
+/// so is a model none of whose initializers names a tensor of `ex`. An empty
+/// `outPath` only checks (forge-train does so before training).
 Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::string &outPath,
                                       const Executor &ex);
 
