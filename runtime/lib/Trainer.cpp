@@ -457,4 +457,53 @@ Status Trainer::restore(const CheckpointState &state) {
   return Status::ok();
 }
 
+std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
+  const int64_t perEpoch = sampler_->stepsPerEpoch(), n = samplesPerStep();
+  if (step < 1 || perEpoch <= 0)
+    return std::nullopt;
+  // The sampler is a pure function of (seed, epoch): the step's samples again.
+  EpochSampler replay(trainData_->numSamples(), n, options_.seed, options_.shuffle);
+  std::vector<int64_t> order = replay.orderOf(static_cast<uint64_t>((step - 1) / perEpoch));
+  const int64_t first = ((step - 1) % perEpoch) * n;
+  std::vector<int64_t> indices(order.begin() + first, order.begin() + first + n);
+  std::vector<std::vector<uint8_t>> buffers;
+  std::vector<void *> outs;
+  for (const DataField &f : fields_) {
+    buffers.emplace_back(static_cast<size_t>(n * numElements(f.sampleShape)) *
+                         dtypeSize(f.dtype));
+    outs.push_back(buffers.back().data());
+  }
+  if (!trainData_->fill(indices, outs).isOk())
+    return std::nullopt;
+  for (size_t k = 0; k < fields_.size(); ++k) {
+    const DataField &f = fields_[k];
+    if (f.dtype != bundle::F32 && f.dtype != bundle::F64)
+      continue;
+    const int64_t per = numElements(f.sampleShape);
+    std::vector<int64_t> bad;
+    double firstBad = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < per; ++j) {
+        double v = f.dtype == bundle::F32
+                       ? double(reinterpret_cast<const float *>(buffers[k].data())[i * per + j])
+                       : reinterpret_cast<const double *>(buffers[k].data())[i * per + j];
+        if (!std::isfinite(v)) {
+          if (bad.empty())
+            firstBad = v;
+          bad.push_back(indices[i]);
+          break;
+        }
+      }
+    if (!bad.empty()) {
+      std::sort(bad.begin(), bad.end());
+      std::vector<int64_t> shown(bad.begin(), bad.begin() + std::min<size_t>(bad.size(), 8));
+      return fmt::format("input '{}' holds {} in sample{} {}{} of {}", f.name, firstBad,
+                         bad.size() > 1 ? "s" : "", fmt::join(shown, ", "),
+                         bad.size() > shown.size() ? fmt::format(" and {} more", bad.size() - shown.size()) : "",
+                         trainData_->describe());
+    }
+  }
+  return std::nullopt;
+}
+
 } // namespace forge::rt

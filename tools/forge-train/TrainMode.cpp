@@ -539,10 +539,15 @@ Expected<int> train(const Options &opts, Progress &progress) {
     }
     FORGE_RETURN_IF_ERROR(metrics.write(line + "}"));
 
-    if (!std::isfinite(r->loss))
-      return Status::error("the loss is {} at step {}; stopping (try a lower learning rate or "
-                           "forgec --clip-grad-norm)",
+    if (!std::isfinite(r->loss)) {
+      // Bad data first: then the learning rate is not to blame.
+      if (std::optional<std::string> bad = tr.nonFiniteInputs(s))
+        return Status::error("the loss is {} at step {}: {}; fix or drop those samples",
+                             r->loss, s, *bad);
+      return Status::error("the loss is {} at step {}; stopping (the batch's inputs are finite: "
+                           "try a lower learning rate or forgec --clip-grad-norm)",
                            r->loss, s);
+    }
 
     if (progress.due(s, last) || ev) {
       double perStep = stepSeconds / static_cast<double>(ranSteps);

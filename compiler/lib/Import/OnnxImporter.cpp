@@ -601,10 +601,38 @@ GraphImporter::sortNodes(const onnx::GraphProto &graph, const llvm::StringSet<> 
     ready.insert(ready.end(), next.begin(), next.end());
   }
   if ((int)order.size() != graph.node_size()) {
-    auto diag = error() << "the graph has a cycle through:";
-    for (int i = 0; i < graph.node_size(); ++i)
-      if (missing[i] > 0)
-        diag << " '" << graph.node(i).name() << "'";
+    // Every node left waits for a producer that is also left: walking from one
+    // to such a producer must come back to a node seen before, and the nodes
+    // from there on are the cycle (the others merely depend on it).
+    auto waitsOn = [&](int i) {
+      for (const auto &in : graph.node(i).input())
+        if (auto it = producer.find(in); !in.empty() && it != producer.end() &&
+                                         missing[it->second] > 0)
+          return it->second;
+      return -1;
+    };
+    int start = 0;
+    while (missing[start] == 0)
+      ++start;
+    std::vector<int> path;
+    std::vector<int> seenAt(graph.node_size(), -1);
+    for (int i = start; i >= 0 && seenAt[i] < 0; i = waitsOn(i)) {
+      seenAt[i] = static_cast<int>(path.size());
+      path.push_back(i);
+    }
+    int repeat = path.empty() ? -1 : waitsOn(path.back());
+    auto diag = error() << "the graph has a cycle:";
+    if (repeat >= 0 && seenAt[repeat] >= 0) {
+      // path runs consumer -> producer; print producer -> consumer.
+      std::vector<int> cycle(path.begin() + seenAt[repeat], path.end());
+      std::reverse(cycle.begin(), cycle.end());
+      for (int i : cycle)
+        diag << " '" << graph.node(i).name() << "' (" << graph.node(i).op_type() << ") ->";
+      diag << " '" << graph.node(cycle.front()).name() << "'";
+    }
+    int dependents = graph.node_size() - static_cast<int>(order.size());
+    diag << " (" << dependents << " node" << (dependents == 1 ? "" : "s")
+         << " cannot be ordered because of it)";
     return diag;
   }
   return order;

@@ -112,6 +112,10 @@ public:
 
   /// The state a checkpoint stores (persistent tensors are in the executor).
   CheckpointState state() const;
+  /// After a non-finite loss at (1-based) `step`: the samples of that step
+  /// whose float inputs hold NaN or Inf, as "input 'x' of samples 3, 17 (first:
+  /// nan)"; nullopt when the batch is finite (then the training diverged).
+  std::optional<std::string> nonFiniteInputs(int64_t step);
   /// Continues from `state` (after readCheckpoint restored the tensors);
   /// refuses a state taken with other data or another batch layout.
   Status restore(const CheckpointState &state);
