@@ -634,8 +634,13 @@ Expected<std::map<std::string, HostTensor>> readNpz(const std::string &path) {
   auto file = readWholeFile(path);
   if (!file)
     return file.status();
+  return parseNpz(*file, path);
+}
+
+Expected<std::map<std::string, HostTensor>> parseNpz(const std::vector<uint8_t> &file,
+                                                     const std::string &path) {
   try {
-    auto members = readCentralDirectory(*file);
+    auto members = readCentralDirectory(file);
     if (!members)
       return members.status().prefix(path);
     std::map<std::string, HostTensor> out;
@@ -647,7 +652,7 @@ Expected<std::map<std::string, HostTensor>> readNpz(const std::string &path) {
       std::string where = fmt::format("{}: member '{}'", path, m.name);
       if (out.count(key))
         return Status::error("{}: duplicate member", where);
-      auto bytes = extractMember(*file, m);
+      auto bytes = extractMember(file, m);
       if (!bytes)
         return bytes.status().prefix(where);
       auto t = parseNpyBytes(*bytes);

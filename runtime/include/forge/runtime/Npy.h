@@ -27,6 +27,9 @@ std::vector<uint8_t> encodeNpy(const TensorView &tensor);
 
 /// All arrays of an .npz archive, by name (without the ".npy" suffix).
 Expected<std::map<std::string, HostTensor>> readNpz(const std::string &path);
+/// The same on a file's bytes (`origin` names it in messages; the fuzzer).
+Expected<std::map<std::string, HostTensor>> parseNpz(const std::vector<uint8_t> &file,
+                                                     const std::string &origin);
 /// Writes an uncompressed .npz archive.
 Status writeNpz(const std::string &path, const std::map<std::string, TensorView> &arrays);
 
