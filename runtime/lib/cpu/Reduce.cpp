@@ -158,6 +158,8 @@ void runReduce(ThreadPool &pool, const ReducePlan &p, const T *in, T *out, const
     // Reduces flattened (r, j) positions [b, e) of output o.
     auto partial = [&](int64_t o, int64_t b, int64_t e) {
       A acc = red.init();
+      if (p.inner == 0) // empty rows (UBSan: b / 0)
+        return acc;
       const T *base = in + p.base(o);
       for (int64_t r = b / p.inner; r < numRed && r * p.inner < e; ++r) {
         const T *row = base + p.redOffsets[r];
