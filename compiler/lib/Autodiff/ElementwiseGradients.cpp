@@ -186,10 +186,13 @@ FORGE_GRADIENT(SigmoidOp) {
                    });
 }
 
+// The mask from the output (y > 0 exactly where x > 0, NaN included): the
+// backward then keeps y, which the next op saves anyway (a conv's input), and
+// not x, which can die at the ReLU (a BatchNorm output written over in place).
 FORGE_GRADIENT(ReluOp) {
   return unaryRule(*this, builder, resultGrads, operandGrads,
-                   [](GradientBuilder &gb, Value g, Value x, Value) {
-                     return gb.maskedOrZero(gb.greater(x, gb.scalarLike(x, 0.0)), g);
+                   [](GradientBuilder &gb, Value g, Value, Value y) {
+                     return gb.maskedOrZero(gb.greater(y, gb.scalarLike(y, 0.0)), g);
                    });
 }
 
