@@ -149,8 +149,13 @@ def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {
         or [1, N] (cuBLASLt's bias epilogue) with beta = 1;
       * convolutions: 1 to 3 spatial dimensions and symmetric pads; a
         conv_transpose whose output follows the conv formula from its input.
-    The other forms get generated kernels (forge-generate-kernels). The
-    pipeline runs this pass for CUDA targets only.
+    The other forms get generated kernels (forge-generate-kernels).
+
+    Before marking, a standalone `add(matmul(A, W), b)` (W a matrix, b a row
+    of N, f32, no transA) becomes `gemm(reshape(A, [M, K]), W, b)` reshaped
+    back: cuBLASLt adds the bias as it writes the product (its BIAS epilogue)
+    instead of a kernel reading and writing the product again. The pipeline
+    runs this pass for CUDA targets only.
   }];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

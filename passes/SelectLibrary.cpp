@@ -90,9 +90,55 @@ bool cublasTakesMatmul(MatMulOp matmul) {
   return rb.empty() || ones(rb) || lb == rb || lb.empty() || ones(lb);
 }
 
+/// add(matmul(A, W), b) with W a matrix and b a row of N: one gemm with
+/// cuBLASLt's bias epilogue over A's rows (A's batch dims fold into M), so the
+/// bias is added as the product is written instead of by a kernel of its own
+/// that reads and writes the product again. Only a standalone add (fusion left
+/// it alone, e.g. GPT-2's qkv bias before the split) and an A without transA.
+bool foldBiasEpilogue(AddOp add) {
+  MatMulOp matmul;
+  Value bias;
+  for (auto [x, y] : {std::pair(add.getLhs(), add.getRhs()), std::pair(add.getRhs(), add.getLhs())})
+    if (auto m = x.getDefiningOp<MatMulOp>(); m && m->hasOneUse()) {
+      matmul = m;
+      bias = y;
+      break;
+    }
+  if (!matmul || matmul.getTransA() || !staticF32(add) || !staticF32(matmul))
+    return false;
+  auto a = cast<RankedTensorType>(matmul.getLhs().getType());
+  auto w = cast<RankedTensorType>(matmul.getRhs().getType());
+  auto out = cast<RankedTensorType>(add.getType());
+  auto b = cast<RankedTensorType>(bias.getType());
+  int64_t n = out.getShape().back();
+  if (a.getRank() < 2 || w.getRank() != 2 || b.getRank() != 1 || b.getDimSize(0) != n ||
+      out != matmul.getType())
+    return false;
+  int64_t k = a.getShape().back(), m = a.getNumElements() / std::max<int64_t>(k, 1);
+  OpBuilder builder(add);
+  Location loc = add.getLoc();
+  Value lhs = matmul.getLhs();
+  if (a.getRank() != 2)
+    lhs = builder.create<ReshapeOp>(loc, RankedTensorType::get({m, k}, a.getElementType()), lhs,
+                                    builder.getDenseI64ArrayAttr({m, k}));
+  Value product = builder.create<GemmOp>(
+      loc, RankedTensorType::get({m, n}, out.getElementType()), lhs, matmul.getRhs(), bias,
+      builder.getBoolAttr(false), builder.getBoolAttr(matmul.getTransB()),
+      builder.getF64FloatAttr(1.0), builder.getF64FloatAttr(1.0));
+  if (out.getRank() != 2)
+    product = builder.create<ReshapeOp>(loc, out, product,
+                                        builder.getDenseI64ArrayAttr(out.getShape()));
+  add.replaceAllUsesWith(product);
+  add.erase();
+  matmul.erase();
+  return true;
+}
+
 struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLibraryPass> {
   void runOnOperation() override {
     bool changed = false;
+    for (AddOp add : llvm::to_vector(getOperation().getBody().getOps<AddOp>()))
+      changed |= foldBiasEpilogue(add);
     getOperation().walk([&](Operation *op) {
       if (!isa<MatMulOp, GemmOp, ConvOp, ConvTransposeOp, ConvGradWeightOp>(op) ||
           !staticF32(op))

@@ -185,6 +185,7 @@ struct GraphSummary {
   // launches: ops that run as their own kernel or library call, i.e. all but
   // reshapes (views: the memory plan aliases them) and constants; a fusion
   // region is one. library: those of the library class (cuBLASLt/cuDNN).
+  // bytes and FLOPs: of the launches (reshapes move nothing).
   int64_t ops = 0, launches = 0, library = 0, bytes = 0, flops = 0;
   std::vector<std::pair<std::string, int64_t>> launchesPerFunction;
 };
@@ -208,8 +209,9 @@ GraphSummary summarize(ModuleOp module) {
       if (!forgeOp || isa<ConstantOp>(op))
         return WalkResult::advance();
       ++s.ops;
-      if (!isa<ReshapeOp>(op))
-        ++s.launches;
+      if (isa<ReshapeOp>(op))
+        return WalkResult::advance(); // a view: no launch, no traffic (the memory plan aliases it)
+      ++s.launches;
       if (forgeOp.getFusionClass() == FusionClass::Library)
         ++s.library;
       OpCost c = forgeOp.getCost();
