@@ -109,8 +109,11 @@ struct PlanMemoryPass : public mlir::forge::impl::PlanMemoryBase<PlanMemoryPass>
   /// the outputs need; returns the values written in place.
   llvm::DenseSet<Value> placeUpdates(func::FuncOp func);
   LogicalResult planArena(func::FuncOp func, const llvm::DenseSet<Value> &inPlace);
+  /// `lastOf(root)`: the last value the buffer holds (other values written
+  /// over the root's, in place or as reshapes), and how many there are.
   void printReport(func::FuncOp func, ArrayRef<Interval> intervals, uint64_t arena,
-                   function_ref<Value(int64_t)> valueOf);
+                   function_ref<Value(int64_t)> valueOf,
+                   function_ref<std::pair<int64_t, int64_t>(int64_t)> lastOf);
 };
 
 std::string formatBytes(uint64_t bytes) {
@@ -357,7 +360,17 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   std::vector<int64_t> offsets(tensors.size(), -1);
   uint64_t arena = ::planArena(intervals, offsets);
   if (report)
-    printReport(func, intervals, arena, [&](int64_t t) { return tensors[t].value; });
+    printReport(
+        func, intervals, arena, [&](int64_t t) { return tensors[t].value; },
+        [&](int64_t r) {
+          int64_t last = r, count = 0;
+          for (size_t t = 0; t < tensors.size(); ++t)
+            if (root[t] == r) {
+              last = static_cast<int64_t>(t);
+              ++count;
+            }
+          return std::pair<int64_t, int64_t>(last, count - 1);
+        });
 
   Builder b(func.getContext());
   auto offsetOf = [&](Value v) -> int64_t {
@@ -378,7 +391,8 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
 }
 
 void PlanMemoryPass::printReport(func::FuncOp func, ArrayRef<Interval> intervals,
-                                 uint64_t arena, function_ref<Value(int64_t)> valueOf) {
+                                 uint64_t arena, function_ref<Value(int64_t)> valueOf,
+                                 function_ref<std::pair<int64_t, int64_t>(int64_t)> lastOf) {
   // Live bytes per position (-1: before the first op), by a sweep.
   int64_t last = 0;
   for (const Interval &iv : intervals)
@@ -421,7 +435,12 @@ void PlanMemoryPass::printReport(func::FuncOp func, ArrayRef<Interval> intervals
   for (int64_t i = 0; i < std::min<int64_t>(reportTop, atPeak.size()); ++i) {
     const Interval &iv = *atPeak[i];
     os << llvm::formatv("    {0,10}  ops {1}..{2}  ", formatBytes(iv.bytes), iv.begin, iv.end)
-       << describe(func, valueOf(iv.tensor)) << "\n";
+       << describe(func, valueOf(iv.tensor));
+    auto [last, more] = lastOf(iv.tensor);
+    if (more > 0)
+      os << " (then " << more << " more value" << (more > 1 ? "s" : "") << " in its bytes, last "
+         << describe(func, valueOf(last)) << ")";
+    os << "\n";
   }
 }
 

@@ -55,7 +55,7 @@ func.func @outputs(%x: tensor<4xf32> {forge.kind = "input", forge.name = "x"}) -
 // REPORT: memory plan of @reuse: arena 512.0 B, peak of live tensors 512.0 B (2 buffers), at op 0 (forge.neg tensor<64xf32>)
 // REPORT-NEXT: live at the peak, largest first (2 of 2):
 // REPORT-NEXT: 256.0 B  ops -1..6  input 'x' tensor<64xf32>
-// REPORT-NEXT: 256.0 B  ops 0..6  forge.neg tensor<64xf32>
+// REPORT-NEXT: 256.0 B  ops 0..6  forge.neg tensor<64xf32> (then 5 more values in its bytes, last forge.reshape tensor<64xf32>)
 // CHECK-LABEL: func @reuse
 // CHECK-SAME: forge.offset = 0 : i64
 // CHECK-SAME: forge.arena_size = 512 : i64
