@@ -12,6 +12,7 @@ forgec needs MLIR, which the GPU machines lack, so the stages can run on differe
   bench_train.py export  --dir D [--models ...]      # PyTorch: model.onnx (+ model.weights)
   bench_train.py compile --dir D --forgec F          # Forge: D/<model>/model.forge
   bench_train.py run     --dir D --forge-train F     # GPU: times all three, writes D/results.json
+  bench_train.py profile --dir D [--models ...]      # GPU: PyTorch's top kernels per step
 `all` runs the three in order (a machine with PyTorch, forgec and a GPU). GPT-2 and ResNet-50
 are exported with their weights in an external-data file (model.weights) and compiled as thin
 bundles (forgec --weights external): only the small graph and bundle travel, and `export` on
@@ -144,11 +145,12 @@ def time_forge(a, name, d):
     return statistics.median(dts), [r["loss"] for r in recs], out.stdout + out.stderr
 
 
-def time_torch(a, name, d, compiled):
+def torch_step(a, name, d, compiled):
+    """PyTorch's training step for `name` (seeded model, AdamW) and its data on the GPU."""
     import torch
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.backends.cudnn.allow_tf32 = a.tf32
-    batch, _, classes, batches = MODELS[name]
+    classes = MODELS[name][2]
     model = build(name).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     data = np.load(os.path.join(d, "data.npz"))
@@ -163,7 +165,13 @@ def time_torch(a, name, d, compiled):
         opt.step()
         return loss
 
-    fn = torch.compile(step) if compiled else step
+    return (torch.compile(step) if compiled else step), x, y
+
+
+def time_torch(a, name, d, compiled):
+    import torch
+    batch, _, _, batches = MODELS[name]
+    fn, x, y = torch_step(a, name, d, compiled)
     losses, dts = [], []
     for i in range(a.warmup + a.steps):
         j = i % batches
@@ -174,6 +182,45 @@ def time_torch(a, name, d, compiled):
         losses.append(float(loss.detach()))  # the read-back synchronizes, as forge-train's does
         dts.append(time.perf_counter() - t0)
     return statistics.median(dts[a.warmup:]), losses
+
+
+def profile(a):
+    """PyTorch's side of a profile: torch.compile's (and eager's) top CUDA kernels per step,
+    and the share of step time in cuBLAS/cuDNN kernels, to set beside forge-train's
+    --profile trace (`run` writes it to D/<model>/forge_trace.json)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    lib = ("gemm", "xmma", "cutlass", "nvjet", "cudnn", "conv", "wgrad", "dgrad", "cublas")
+    for name in a.models:
+        d = os.path.join(a.dir, name)
+        make_data(a, name, d)
+        for compiled in (True, False):
+            batch = MODELS[name][0]
+            fn, x, y = torch_step(a, name, d, compiled)
+            x, y = x[:batch], y[:batch]
+            for _ in range(a.warmup):
+                fn(x, y)
+            torch.cuda.synchronize()
+            steps = 5
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(steps):
+                    fn(x, y)
+                torch.cuda.synchronize()
+            kernels = {}
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    t, n = kernels.get(e.name, (0.0, 0))
+                    kernels[e.name] = (t + e.device_time, n + 1)
+            total = sum(t for t, _ in kernels.values())
+            in_lib = sum(t for k, (t, _) in kernels.items() if any(w in k.lower() for w in lib))
+            label = "compile" if compiled else "eager"
+            print(f"{name} {label}: {total / steps / 1e3:.1f} ms of kernels per step, "
+                  f"{100 * in_lib / max(total, 1e-9):.1f}% in cuBLAS/cuDNN; "
+                  f"{sum(n for _, n in kernels.values()) // steps} kernels per step")
+            for k, (t, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:a.top]:
+                print(f"  {t / steps / 1e3:8.3f} ms  x{n // steps:<4d} {k[:110]}")
+            del fn
+            torch.cuda.empty_cache()
 
 
 def run(a):
@@ -206,7 +253,7 @@ def run(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("stage", choices=["export", "compile", "run", "all"])
+    ap.add_argument("stage", choices=["export", "compile", "run", "profile", "all"])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--forgec", default="forgec")
@@ -215,7 +262,11 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--check", type=int, default=5, help="first losses compared with eager")
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--top", type=int, default=25, help="kernels listed by `profile`")
     a = ap.parse_args()
+    if a.stage == "profile":
+        profile(a)
+        return 0
     for stage, fn in (("export", export), ("compile", compile_), ("run", run)):
         if a.stage in (stage, "all"):
             fn(a)

@@ -436,6 +436,136 @@ bool rematerializeRegions(func::FuncOp func) {
   return changed;
 }
 
+/// A loop region or lone pointwise op with one result of `shape`.
+bool isPointwiseStage(Operation *op, ArrayRef<int64_t> shape) {
+  if (!op || op->getNumResults() != 1 ||
+      cast<RankedTensorType>(op->getResult(0).getType()).getShape() != shape)
+    return false;
+  if (auto fusion = dyn_cast<FusionOp>(op))
+    return fusion.getKind() == "loop";
+  return isLoopFusible(op);
+}
+
+/// Clones `stage` (a loop region's body or a pointwise op) into `inner`, its
+/// inputs looked up in `map` through `argOf`; returns its result's clone.
+Value cloneStage(OpBuilder &inner, Operation *stage, IRMapping &map,
+                 function_ref<Value(Value)> argOf) {
+  if (auto fusion = dyn_cast<FusionOp>(stage)) {
+    Block &body = fusion.getBlock();
+    for (auto [arg, v] : llvm::zip(body.getArguments(), fusion.getInputs()))
+      map.map(arg, argOf(v));
+    for (Operation &op : body.without_terminator())
+      inner.clone(op, map);
+    return map.lookup(body.getTerminator()->getOperand(0));
+  }
+  for (Value v : stage->getOperands())
+    map.map(v, argOf(v));
+  return inner.clone(*stage, map)->getResult(0);
+}
+
+/// Row fusion (see Passes.td): a row op with its prologue stages (producers of
+/// its operands that only it reads) and its epilogue stage (the only reader of
+/// its result) becomes one forge.fusion "row" at the last member's place. The
+/// members between the row op and the epilogue have no other readers, so
+/// moving them there keeps dominance, and an epilogue input cannot depend on
+/// the row op but through the row op's result, which only the epilogue reads.
+bool fuseRowRegions(func::FuncOp func) {
+  bool changed = false;
+  SmallVector<Operation *> rowOps;
+  func.walk([&](Operation *op) {
+    if (isInnermostRowOp(op) && !op->getParentOfType<FusionOp>())
+      rowOps.push_back(op);
+  });
+  for (Operation *row : rowOps) {
+    ArrayRef<int64_t> shape = cast<RankedTensorType>(row->getResult(0).getType()).getShape();
+    SmallVector<Operation *> prologue; // one per operand, or null
+    for (Value v : row->getOperands()) {
+      Operation *def = v.getDefiningOp();
+      bool only = def && isPointwiseStage(def, shape) &&
+                  llvm::all_of(def->getUsers(), [&](Operation *u) { return u == row; }) &&
+                  def->getBlock() == row->getBlock();
+      prologue.push_back(only ? def : nullptr);
+    }
+    Operation *epilogue = nullptr;
+    if (row->getResult(0).hasOneUse()) {
+      Operation *user = *row->getResult(0).getUsers().begin();
+      if (isPointwiseStage(user, shape) && user->getBlock() == row->getBlock())
+        epilogue = user;
+    }
+    if (!epilogue && llvm::all_of(prologue, [](Operation *p) { return !p; }))
+      continue;
+
+    // Inputs: the stages' and the row op's operands from outside the region.
+    llvm::SetVector<Value> inputs;
+    llvm::SmallPtrSet<Operation *, 4> members;
+    for (Operation *p : prologue)
+      if (p)
+        members.insert(p);
+    auto addInputs = [&](Operation *op) {
+      for (Value v : op->getOperands())
+        if (!members.count(v.getDefiningOp()) && v != row->getResult(0))
+          inputs.insert(v);
+    };
+    for (Operation *p : prologue)
+      if (p)
+        addInputs(p);
+    addInputs(row);
+    if (epilogue)
+      addInputs(epilogue);
+
+    Operation *last = epilogue ? epilogue : row;
+    Value result = last->getResult(0);
+    SmallVector<Location> locs;
+    for (Operation *p : prologue)
+      if (p)
+        locs.push_back(p->getLoc());
+    locs.push_back(row->getLoc());
+    if (epilogue)
+      locs.push_back(epilogue->getLoc());
+    OpBuilder b(last);
+    auto fusion = b.create<FusionOp>(FusedLoc::get(func.getContext(), locs),
+                                     TypeRange{result.getType()}, inputs.getArrayRef(),
+                                     b.getStringAttr("row"));
+    Block *body = new Block();
+    fusion.getBody().push_back(body);
+    llvm::DenseMap<Value, Value> argOf;
+    for (Value v : inputs)
+      argOf[v] = body->addArgument(v.getType(), v.getLoc());
+    OpBuilder inner = OpBuilder::atBlockEnd(body);
+    IRMapping map;
+    SmallVector<Value> rowOperands;
+    llvm::DenseMap<Operation *, Value> cloned; // a stage feeding two operands is cloned once
+    for (auto [v, p] : llvm::zip(row->getOperands(), prologue)) {
+      if (!p) {
+        rowOperands.push_back(argOf.lookup(v));
+        continue;
+      }
+      if (!cloned.count(p))
+        cloned[p] = cloneStage(inner, p, map, [&](Value x) { return argOf.lookup(x); });
+      rowOperands.push_back(cloned[p]);
+    }
+    IRMapping rowMap;
+    rowMap.map(row->getOperands(), rowOperands);
+    Value rowResult = inner.clone(*row, rowMap)->getResult(0);
+    Value yielded = rowResult;
+    if (epilogue) {
+      IRMapping epiMap;
+      yielded = cloneStage(inner, epilogue, epiMap, [&](Value x) {
+        return x == row->getResult(0) ? rowResult : argOf.lookup(x);
+      });
+    }
+    inner.create<YieldOp>(fusion.getLoc(), yielded);
+    result.replaceAllUsesWith(fusion.getResult(0));
+    if (epilogue)
+      epilogue->erase();
+    row->erase();
+    for (Operation *p : members)
+      p->erase();
+    changed = true;
+  }
+  return changed;
+}
+
 /// Replaces the independent loop regions `group` (program order) with one
 /// forge.fusion "horizontal" at the last one's place.
 void outlineHorizontal(ArrayRef<FusionOp> group);
@@ -645,6 +775,11 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     if (rematerialize)
       for (auto func : getOperation().getOps<func::FuncOp>())
         changed |= rematerializeRegions(func);
+    // Row fusion takes loop regions as prologues and epilogues: after they
+    // formed and after rematerialization changed which inputs they read.
+    if (fuseRows)
+      for (auto func : getOperation().getOps<func::FuncOp>())
+        changed |= fuseRowRegions(func);
     // Then the optimizer's regions side by side (needs the loop regions).
     for (auto func : getOperation().getOps<func::FuncOp>())
       changed |= fuseOptimizerRegions(func, maxHorizontalOperands);

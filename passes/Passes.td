@@ -109,6 +109,14 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     tensors); results that nobody reads any more are dropped from the
     producer, and so are inputs it no longer needs.
 
+    Then row fusion: a softmax-family op over the innermost axis (softmax,
+    log_softmax and their gradients) absorbs the loop regions or pointwise ops
+    of its shape that compute its operands and that nothing else reads (its
+    prologue), and the loop region or pointwise op of its shape that alone
+    reads its result (its epilogue), into one `forge.fusion "row"`: an
+    attention's scale and causal mask before its softmax and after the
+    softmax's gradient. The region takes the place of its last member.
+
     After it, horizontal fusion of the optimizer: the loop regions that update
     persistent state (a result returned with `forge.updates`) and do not
     depend on each other become one `forge.fusion "horizontal"` region, one
@@ -124,6 +132,8 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     Option<"rematerialize", "rematerialize", "bool", /*default=*/"true",
            "Recompute a loop region's inputs from an earlier region's inputs when that "
            "reads fewer bytes">,
+    Option<"fuseRows", "rows", "bool", /*default=*/"true",
+           "Fuse pointwise prologues and epilogues into softmax-family row ops">,
     Option<"maxHorizontalOperands", "max-horizontal-operands", "int64_t", /*default=*/"120",
            "Most operands plus results of one horizontal region: its kernel takes one "
            "pointer per tensor (CUDA's parameter space is 4 KiB), and LLVM's time on one "

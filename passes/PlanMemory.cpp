@@ -175,8 +175,9 @@ llvm::DenseSet<Value> PlanMemoryPass::placeUpdates(func::FuncOp func) {
     auto fusion = dyn_cast<FusionOp>(op);
     if (!fusion || !fusion->hasAttr("forge.launch"))
       return false;
-    if (fusion.getKind() == "loop")
-      return true; // the updated tensor has the iteration shape
+    if (fusion.getKind() != "horizontal")
+      return fusion.getKind() == "loop"; // a loop's updated tensor has the iteration shape;
+                                         // a row kernel may read a row after writing it
     Value yielded =
         fusion.getBlock().getTerminator()->getOperand(cast<OpResult>(updated).getResultNumber());
     auto writer = llvm::find_if(fusion.getBlock().without_terminator(), [&](Operation &m) {

@@ -81,6 +81,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
       return loopFusionKernel(fusion, name);
     if (fusion.getKind() == "horizontal")
       return horizontalFusionKernel(fusion, name);
+    if (fusion.getKind() == "row")
+      return rowFusionKernel(fusion, name);
     return std::nullopt;
   }
   for (Value v : op->getOperands())

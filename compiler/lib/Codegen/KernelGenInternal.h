@@ -510,6 +510,7 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> horizontalFusionKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> reduceKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> rowKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> rowFusionKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> layerNormKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> layerNormGradKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> gatherKernel(Operation *op, StringRef name, bool grad);

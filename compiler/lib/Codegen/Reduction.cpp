@@ -180,6 +180,126 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   return launch;
 }
 
+namespace {
+/// Up to this many columns per thread, a row kernel keeps its row in
+/// registers: one read of memory (and of a fused prologue) per element.
+constexpr int64_t kRowCache = 8;
+
+/// How a row kernel reads and writes its row: `load(j, c)` is operand j of
+/// the row op at column c (an f32 compute value), `store(c, v)` takes the row
+/// op's value v at column c.
+struct RowAccess {
+  function_ref<Value(unsigned, Value)> load;
+  function_ref<void(Value, Value)> store;
+};
+
+/// One row of a softmax-family op: the block's threads take columns tid,
+/// tid + block, ...; reductions combine per thread in that order, then across
+/// the block (so both forms below give the same bits). Rows of at most
+/// kRowCache * block columns are loaded once into registers; longer rows are
+/// read again per pass. False for an op that is not a row op.
+bool emitRowBody(Body &k, Operation *op, int64_t cols, int64_t block, Value sh, RowAccess io) {
+  OpBuilder &b = k.b;
+  Type f32 = b.getF32Type();
+  auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
+  auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
+  auto mulf = [&](Value a, Value c) -> Value { return b.create<arith::MulFOp>(k.loc, a, c); };
+  auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
+  auto expf = [&](Value a) -> Value { return b.create<math::ExpOp>(k.loc, a); };
+  Value zero = k.fconst(f32, 0.0), ninf = k.fconst(f32, -INFINITY);
+
+  // A position in the row: column c, and t-th column of this thread when cached.
+  struct Pos {
+    Value c;
+    int64_t t;
+  };
+  int64_t perThread = (cols + block - 1) / block;
+  bool cached = perThread <= kRowCache;
+  bool ragged = cols % block != 0;
+  SmallVector<Pos> positions;
+  SmallVector<Value> valid; // null: always in range
+  SmallVector<SmallVector<Value>> cache(op->getNumOperands());
+  if (cached) {
+    for (int64_t t = 0; t < perThread; ++t) {
+      Value c = k.add(k.tid(), k.idx(t * block));
+      positions.push_back({c, t});
+      valid.push_back(ragged && t == perThread - 1 ? k.ult(c, k.idx(cols)) : Value());
+    }
+    for (unsigned j = 0; j < op->getNumOperands(); ++j)
+      for (int64_t t = 0; t < perThread; ++t) {
+        Value c = positions[t].c;
+        if (!valid[t]) {
+          cache[j].push_back(io.load(j, c));
+          continue;
+        }
+        auto branch = b.create<scf::IfOp>(
+            k.loc, valid[t],
+            [&](OpBuilder &nb, Location l) {
+              OpBuilder::InsertionGuard g(b);
+              b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+              b.create<scf::YieldOp>(l, io.load(j, c));
+            },
+            [&](OpBuilder &nb, Location l) { nb.create<scf::YieldOp>(l, zero); });
+        cache[j].push_back(branch.getResult(0));
+      }
+  }
+  auto x = [&](unsigned j, Pos p) { return cached ? cache[j][p.t] : io.load(j, p.c); };
+  auto reduce = [&](Value identity, function_ref<Value(Value, Value)> combine,
+                    function_ref<Value(Pos)> term) {
+    if (!cached)
+      return k.blockAccumulate(cols, block, sh, identity, combine,
+                               [&](Value c) { return term({c, -1}); });
+    Value acc = identity;
+    for (int64_t t = 0; t < perThread; ++t) {
+      Value v = term(positions[t]);
+      if (valid[t])
+        v = b.create<arith::SelectOp>(k.loc, valid[t], v, identity);
+      acc = combine(acc, v);
+    }
+    return k.blockReduce(acc, block / kWarp, sh, identity, combine);
+  };
+  auto write = [&](function_ref<Value(Pos)> value) {
+    if (cached) {
+      for (int64_t t = 0; t < perThread; ++t) {
+        if (valid[t])
+          k.ifThen(valid[t], [&] { io.store(positions[t].c, value(positions[t])); });
+        else
+          io.store(positions[t].c, value(positions[t]));
+      }
+      return;
+    }
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value c, ValueRange) {
+                           OpBuilder::InsertionGuard g(b);
+                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                           io.store(c, value({c, -1}));
+                           b.create<scf::YieldOp>(l);
+                         });
+  };
+
+  if (isa<SoftmaxOp>(op) || isa<LogSoftmaxOp>(op)) {
+    Value m = reduce(ninf, maxf, [&](Pos p) { return x(0, p); });
+    Value s = reduce(zero, addf, [&](Pos p) { return expf(subf(x(0, p), m)); });
+    if (isa<SoftmaxOp>(op)) {
+      Value inv = b.create<arith::DivFOp>(k.loc, k.fconst(f32, 1.0), s);
+      write([&](Pos p) { return mulf(expf(subf(x(0, p), m)), inv); });
+    } else {
+      Value shift = addf(m, b.create<math::LogOp>(k.loc, s));
+      write([&](Pos p) { return subf(x(0, p), shift); });
+    }
+  } else if (isa<SoftmaxGradOp>(op)) { // (y, dy): y * (dy - sum(dy * y))
+    Value d = reduce(zero, addf, [&](Pos p) { return mulf(x(0, p), x(1, p)); });
+    write([&](Pos p) { return mulf(x(0, p), subf(x(1, p), d)); });
+  } else if (isa<LogSoftmaxGradOp>(op)) { // (y, dy): dy - exp(y) * sum(dy)
+    Value s = reduce(zero, addf, [&](Pos p) { return x(1, p); });
+    write([&](Pos p) { return subf(x(1, p), mulf(expf(x(0, p)), s)); });
+  } else {
+    return false;
+  }
+  return true;
+}
+} // namespace
+
 std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, StringRef name) {
   auto inType = tensorType(op->getOperand(0));
   auto axis = op->getAttrOfType<IntegerAttr>("axis");
@@ -216,45 +336,133 @@ std::optional<KernelLaunch> KernelGenerator::Impl::rowKernel(Operation *op, Stri
   Value base = inner == 1 ? k.mul(row, k.idx(cols))
                           : k.add(k.mul(k.div(row, inner), k.idx(cols * inner)), k.rem(row, inner));
   auto at = [&](Value c) { return k.add(base, inner == 1 ? c : k.mul(c, k.idx(inner))); };
-  auto ld = [&](unsigned arg, Value c) { return k.load(fn.getArgument(arg), at(c), elem); };
-  auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
-  auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
-  auto mulf = [&](Value a, Value c) -> Value { return b.create<arith::MulFOp>(k.loc, a, c); };
-  auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
-  auto expf = [&](Value a) -> Value { return b.create<math::ExpOp>(k.loc, a); };
-  Value zero = k.fconst(f32, 0.0), ninf = k.fconst(f32, -INFINITY);
-  Value step = k.idx(block);
-  auto rowReduce = [&](Value identity, function_ref<Value(Value, Value)> combine,
-                       function_ref<Value(Value)> term) {
-    return k.blockAccumulate(cols, block, sh, identity, combine, term);
-  };
-  auto forCols = [&](function_ref<Value(Value)> value) {
-    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), step, ValueRange{},
-                         [&](OpBuilder &nb, Location l, Value c, ValueRange) {
-                           OpBuilder::InsertionGuard g(b);
-                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                           k.store(value(c), out, at(c), elem);
-                           b.create<scf::YieldOp>(l);
-                         });
-  };
+  auto load = [&](unsigned j, Value c) { return k.load(fn.getArgument(j), at(c), elem); };
+  auto store = [&](Value c, Value v) { k.store(v, out, at(c), elem); };
+  if (!emitRowBody(k, op, cols, block, sh, {load, store})) {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), rows, block};
+}
 
-  if (isa<SoftmaxOp>(op) || isa<LogSoftmaxOp>(op)) {
-    Value m = rowReduce(ninf, maxf, [&](Value c) { return ld(0, c); });
-    Value s = rowReduce(zero, addf, [&](Value c) { return expf(subf(ld(0, c), m)); });
-    if (isa<SoftmaxOp>(op)) {
-      Value inv = b.create<arith::DivFOp>(k.loc, k.fconst(f32, 1.0), s);
-      forCols([&](Value c) { return mulf(expf(subf(ld(0, c), m)), inv); });
+/// A row region: the row kernel of its row op, whose loads evaluate the
+/// prologue per element from the region's inputs (broadcast through
+/// per-row offsets and a column stride) and whose stores evaluate the
+/// epilogue. Body values pass through their storage form, as in loop regions.
+std::optional<KernelLaunch> KernelGenerator::Impl::rowFusionKernel(FusionOp fusion,
+                                                                   StringRef name) {
+  Block &body = fusion.getBlock();
+  Operation *rowOp = nullptr;
+  for (Operation &op : body.without_terminator()) {
+    if (isInnermostRowOp(&op))
+      rowOp = &op;
+    if (!faultOf(&op).empty())
+      return std::nullopt; // no fault arguments in row kernels
+    auto float8 = [](Value v) { return isFloat8(tensorType(v).getElementType()); };
+    if (llvm::any_of(op.getOperands(), float8) || llvm::any_of(op.getResults(), float8))
+      return std::nullopt;
+  }
+  if (!rowOp)
+    return std::nullopt;
+  Type rowElem = tensorType(rowOp->getResult(0)).getElementType();
+  if (!(rowElem.isF32() || rowElem.isF16() || rowElem.isBF16()))
+    return std::nullopt;
+  ArrayRef<int64_t> shape = fusion.getIterationShape();
+  int64_t rank = static_cast<int64_t>(shape.size());
+  int64_t cols = shape.back(), numel = tensorType(fusion.getResult(0)).getNumElements();
+  if (numel == 0)
+    return std::nullopt;
+  int64_t rows = numel / cols;
+  Type outElem = tensorType(fusion.getResult(0)).getElementType();
+  SmallVector<Type> args;
+  SmallVector<SmallVector<int64_t>> strides;
+  for (Value v : fusion.getInputs()) {
+    args.push_back(flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements()));
+    strides.push_back(broadcastStrides(tensorType(v).getShape(), shape));
+  }
+  args.push_back(flatMemref(outElem, numel));
+  Type smem = sharedBuffer(kWarp, Float32Type::get(context));
+  int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
+
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, args, block, {smem});
+  Body k = Body::of(b, fusion.getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value out = fn.getArgument(fusion.getInputs().size());
+  Value row = k.bid();
+  // Each input's offset at column 0 of this row: the row index unravelled
+  // over the outer dimensions, dotted with the input's strides.
+  SmallVector<Value> rowIndex(rank - 1);
+  Value rest = row;
+  for (int64_t d = rank - 2; d >= 0; --d) {
+    rowIndex[d] = d == 0 ? rest : k.rem(rest, shape[d]);
+    if (d > 0)
+      rest = k.div(rest, shape[d]);
+  }
+  SmallVector<Value> rowOffset;
+  for (const SmallVector<int64_t> &st : strides) {
+    Value off = k.idx(0);
+    for (int64_t d = 0; d < rank - 1; ++d)
+      if (st[d] != 0)
+        off = k.add(off, k.mul(rowIndex[d], k.idx(st[d])));
+    rowOffset.push_back(off);
+  }
+  Value base = k.mul(row, k.idx(cols));
+  // The storage-form scalar of body value `v` at column c (memoized in `stored`).
+  std::function<Value(Value, Value, llvm::DenseMap<Value, Value> &)> evalAt =
+      [&](Value v, Value c, llvm::DenseMap<Value, Value> &stored) -> Value {
+    if (Value known = stored.lookup(v))
+      return known;
+    Value r;
+    if (auto arg = dyn_cast<BlockArgument>(v)) {
+      unsigned m = arg.getArgNumber();
+      int64_t colStride = strides[m].back();
+      Value at = colStride == 0 ? rowOffset[m] : k.add(rowOffset[m], k.mul(c, k.idx(colStride)));
+      r = b.create<memref::LoadOp>(k.loc, fn.getArgument(m), at);
     } else {
-      Value shift = addf(m, b.create<math::LogOp>(k.loc, s));
-      forCols([&](Value c) { return subf(ld(0, c), shift); });
+      Operation *op = v.getDefiningOp();
+      SmallVector<Value> operands;
+      SmallVector<Type> elems;
+      for (Value u : op->getOperands()) {
+        Value su = evalAt(u, c, stored);
+        if (!su)
+          return nullptr;
+        elems.push_back(tensorType(u).getElementType());
+        operands.push_back(k.toCompute(su, elems.back()));
+      }
+      Type resultElem = tensorType(v).getElementType();
+      Value scalar = emitScalar(k, op, operands, elems, resultElem);
+      if (!scalar)
+        return nullptr;
+      r = k.toStorage(scalar, resultElem);
     }
-  } else if (isa<SoftmaxGradOp>(op)) { // (y, dy): y * (dy - sum(dy * y))
-    Value d = rowReduce(zero, addf, [&](Value c) { return mulf(ld(0, c), ld(1, c)); });
-    forCols([&](Value c) { return mulf(ld(0, c), subf(ld(1, c), d)); });
-  } else if (isa<LogSoftmaxGradOp>(op)) { // (y, dy): dy - exp(y) * sum(dy)
-    Value s = rowReduce(zero, addf, [&](Value c) { return ld(1, c); });
-    forCols([&](Value c) { return subf(ld(1, c), mulf(expf(ld(0, c)), s)); });
-  } else {
+    stored[v] = r;
+    return r;
+  };
+  bool ok = true;
+  Value zero = k.fconst(Float32Type::get(context), 0.0);
+  auto load = [&](unsigned j, Value c) -> Value {
+    llvm::DenseMap<Value, Value> stored;
+    Value v = evalAt(rowOp->getOperand(j), c, stored);
+    if (!v) {
+      ok = false;
+      return zero;
+    }
+    return k.toCompute(v, rowElem);
+  };
+  Value rowResult = rowOp->getResult(0), yielded = body.getTerminator()->getOperand(0);
+  auto store = [&](Value c, Value v) {
+    llvm::DenseMap<Value, Value> stored;
+    stored[rowResult] = k.toStorage(v, rowElem);
+    Value y = evalAt(yielded, c, stored);
+    if (!y) {
+      ok = false;
+      return;
+    }
+    b.create<memref::StoreOp>(k.loc, y, out, k.add(base, c));
+  };
+  if (!emitRowBody(k, rowOp, cols, block, sh, {load, store}) || !ok) {
     fn.erase();
     return std::nullopt;
   }

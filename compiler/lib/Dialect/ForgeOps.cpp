@@ -577,20 +577,52 @@ LogicalResult FusionOp::verify() {
       return emitOpError("must yield its members' results in member order");
     return success();
   }
-  if (getKind() != "loop")
-    return emitOpError() << "has unknown kind '" << getKind() << "' (loop, horizontal)";
+  if (getKind() != "loop" && getKind() != "row")
+    return emitOpError() << "has unknown kind '" << getKind() << "' (loop, row, horizontal)";
   ArrayRef<int64_t> shape = getIterationShape();
+  if (getKind() == "row") {
+    if (getNumResults() != 1)
+      return emitOpError("row region must have one result");
+    Operation *rowOp = nullptr;
+    for (Operation &op : block.without_terminator()) {
+      if (!isInnermostRowOp(&op))
+        continue;
+      if (rowOp)
+        return op.emitOpError("is a second row op in one row region");
+      rowOp = &op;
+    }
+    if (!rowOp)
+      return emitOpError("row region has no softmax-family op over the innermost axis");
+    // The prologue computes the row op's operands only; the epilogue reads
+    // the row op's result, the inputs and its own values.
+    for (Operation &op : block.without_terminator()) {
+      if (&op == rowOp)
+        continue;
+      bool prologue = op.isBeforeInBlock(rowOp);
+      for (Operation *user : op.getUsers())
+        if (prologue && isa<YieldOp>(user))
+          return op.emitOpError("is a prologue op of a row region and cannot be yielded");
+      if (!prologue)
+        for (Value v : op.getOperands())
+          if (Operation *def = v.getDefiningOp(); def && def->isBeforeInBlock(rowOp))
+            return op.emitOpError("is an epilogue op of a row region and reads a prologue value");
+    }
+  }
+  auto inRegionShape = [&](Operation &op) {
+    return getKind() == "row" && isInnermostRowOp(&op);
+  };
   for (Type t : getResultTypes())
     if (cast<RankedTensorType>(t).getShape() != shape)
-      return emitOpError("loop region results must all have the iteration shape");
+      return emitOpError() << getKind() << " region results must all have the iteration shape";
   for (Operation &op : block.without_terminator()) {
     auto iface = dyn_cast<ForgeOpInterface>(op);
-    if (!iface || iface.getFusionClass() != FusionClass::Elementwise)
-      return op.emitOpError("is not pointwise (FusionClass Elementwise) and cannot be in a loop "
-                            "region");
+    if (!inRegionShape(op) && (!iface || iface.getFusionClass() != FusionClass::Elementwise))
+      return op.emitOpError() << "is not pointwise (FusionClass Elementwise) and cannot be in a "
+                              << getKind() << " region";
     for (Type t : op.getResultTypes())
       if (cast<RankedTensorType>(t).getShape() != shape)
-        return op.emitOpError("result does not have the loop region's iteration shape");
+        return op.emitOpError() << "result does not have the " << getKind()
+                              << " region's iteration shape";
   }
   for (BlockArgument arg : block.getArguments()) {
     auto argShape = cast<RankedTensorType>(arg.getType()).getShape();
@@ -600,6 +632,18 @@ LogicalResult FusionOp::verify() {
                            << "] does not broadcast to the iteration shape";
   }
   return success();
+}
+
+bool mlir::forge::isInnermostRowOp(Operation *op) {
+  if (!isa<SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp, LogSoftmaxGradOp>(op))
+    return false;
+  auto type = dyn_cast<RankedTensorType>(op->getResult(0).getType());
+  auto axis = op->getAttrOfType<IntegerAttr>("axis");
+  if (!type || !type.hasStaticShape() || type.getRank() == 0 || !axis)
+    return false;
+  int64_t ax = axis.getInt() < 0 ? axis.getInt() + type.getRank() : axis.getInt();
+  return ax == type.getRank() - 1 &&
+         llvm::all_of(op->getOperandTypes(), [&](Type t) { return t == type; });
 }
 
 void FusionOp::inlineBody() {

@@ -65,7 +65,7 @@ func.func @fusion_not_pointwise(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
 // -----
 
 func.func @fusion_unknown_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{has unknown kind 'tile' (loop, horizontal)}}
+  // expected-error @+1 {{has unknown kind 'tile' (loop, row, horizontal)}}
   %r = forge.fusion "tile"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xf32>):
     %e = forge.exp %a : (tensor<4xf32>) -> tensor<4xf32>
@@ -117,4 +117,83 @@ func.func @horizontal_member_reads_outside(%x: tensor<4xf32>) -> (tensor<4xf32>,
     forge.yield %e, %m : tensor<4xf32>, tensor<4xf32>
   }
   return %r#0, %r#1 : tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// Row regions: one softmax-family op over the innermost axis.
+func.func @row_without_row_op(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  // expected-error @+1 {{row region has no softmax-family op over the innermost axis}}
+  %r = forge.fusion "row"(%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    %s = forge.softmax %a {axis = 0 : i64} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    forge.yield %s : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @row_two_row_ops(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %r = forge.fusion "row"(%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    %s = forge.softmax %a {axis = 1 : i64} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    // expected-error @+1 {{is a second row op in one row region}}
+    %t = forge.log_softmax %s {axis = 1 : i64} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    forge.yield %t : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @row_epilogue_reads_prologue(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %r = forge.fusion "row"(%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    %e = forge.exp %a : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    %s = forge.softmax %e {axis = 1 : i64} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    // expected-error @+1 {{is an epilogue op of a row region and reads a prologue value}}
+    %m = forge.mul %s, %e : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+    forge.yield %m : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @row_not_pointwise(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %r = forge.fusion "row"(%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    // expected-error @+1 {{is not pointwise (FusionClass Elementwise) and cannot be in a row region}}
+    %t = forge.transpose %a {perm = array<i64: 0, 1>} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    %s = forge.softmax %t {axis = 1 : i64} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    forge.yield %s : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @row_two_results(%x: tensor<2x4xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+  // expected-error @+1 {{row region must have one result}}
+  %r:2 = forge.fusion "row"(%x) : (tensor<2x4xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+  ^bb0(%a: tensor<2x4xf32>):
+    %s = forge.softmax %a {axis = 1 : i64} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    %n = forge.neg %s : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    forge.yield %s, %n : tensor<2x4xf32>, tensor<2x4xf32>
+  }
+  return %r#0, %r#1 : tensor<2x4xf32>, tensor<2x4xf32>
+}
+
+// -----
+
+func.func @row_prologue_yielded(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %r = forge.fusion "row"(%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    // expected-error @+1 {{is a prologue op of a row region and cannot be yielded}}
+    %e = forge.exp %a : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    %s = forge.softmax %e {axis = 1 : i64} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    forge.yield %e : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
 }

@@ -2,6 +2,7 @@
 // The regions print and parse back (the verifier accepts what the pass makes).
 // RUN: forge-opt %s --split-input-file --forge-fuse | forge-opt --split-input-file --verify-each > /dev/null
 // RUN: forge-opt %s --split-input-file --forge-fuse="rematerialize=false" | FileCheck %s --check-prefix=OFF
+// RUN: forge-opt %s --split-input-file --forge-fuse="rows=false" | FileCheck %s --check-prefix=ROWSOFF
 
 // A chain of pointwise ops of one shape becomes one loop region; the bias of
 // another shape enters it as a broadcast input.
@@ -226,4 +227,61 @@ func.func @no_remat(%x: tensor<4x8xf32>, %b: tensor<8xf32>, %w: tensor<8x8xf32>)
   %u = forge.mul %m, %h : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
   %d = forge.exp %u : (tensor<4x8xf32>) -> tensor<4x8xf32>
   return %m, %d : tensor<4x8xf32>, tensor<4x8xf32>
+}
+
+// -----
+
+// Row fusion: an attention's scale and causal mask enter its softmax as a
+// prologue (the mask broadcast over batch and heads); the softmax's gradient
+// takes the mask and scale of the backward pass as an epilogue. The softmax
+// output, which the backward reads too, is the forward region's result.
+// CHECK-LABEL: func @attention_rows
+// CHECK: %[[Y:.*]] = forge.fusion "row"(%arg0, %arg1, %arg2, %arg3) : (tensor<2x3x4x4xf32>, tensor<f32>, tensor<1x1x4x4xi1>, tensor<f32>) -> tensor<2x3x4x4xf32> {
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: forge.mul
+// CHECK-NEXT: forge.where
+// CHECK-NEXT: %[[S:.*]] = forge.softmax
+// CHECK-NEXT: forge.yield %[[S]]
+// CHECK: forge.fusion "row"(%[[Y]], %arg4, %arg2, %arg5, %arg1)
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: %[[G:.*]] = forge.softmax_grad
+// CHECK-NEXT: %[[W:.*]] = forge.where %{{.*}}, %{{.*}}, %[[G]]
+// CHECK-NEXT: %[[M:.*]] = forge.mul %[[W]]
+// CHECK-NEXT: forge.yield %[[M]]
+// OFF-LABEL: func @attention_rows
+// OFF: forge.fusion "row"
+// ROWSOFF-LABEL: func @attention_rows
+// ROWSOFF-NOT: "row"
+// ROWSOFF: forge.softmax
+// ROWSOFF: forge.softmax_grad
+func.func @attention_rows(%qk: tensor<2x3x4x4xf32>, %scale: tensor<f32>, %mask: tensor<1x1x4x4xi1>, %fill: tensor<f32>, %dy: tensor<2x3x4x4xf32>, %zero: tensor<f32>) -> (tensor<2x3x4x4xf32>, tensor<2x3x4x4xf32>) {
+  %s = forge.mul %qk, %scale : (tensor<2x3x4x4xf32>, tensor<f32>) -> tensor<2x3x4x4xf32>
+  %m = forge.where %mask, %fill, %s : (tensor<1x1x4x4xi1>, tensor<f32>, tensor<2x3x4x4xf32>) -> tensor<2x3x4x4xf32>
+  %y = forge.softmax %m {axis = 3 : i64} : (tensor<2x3x4x4xf32>) -> tensor<2x3x4x4xf32>
+  %g = forge.softmax_grad %y, %dy {axis = 3 : i64} : (tensor<2x3x4x4xf32>, tensor<2x3x4x4xf32>) -> tensor<2x3x4x4xf32>
+  %gm = forge.where %mask, %zero, %g : (tensor<1x1x4x4xi1>, tensor<f32>, tensor<2x3x4x4xf32>) -> tensor<2x3x4x4xf32>
+  %gs = forge.mul %gm, %scale : (tensor<2x3x4x4xf32>, tensor<f32>) -> tensor<2x3x4x4xf32>
+  return %y, %gs : tensor<2x3x4x4xf32>, tensor<2x3x4x4xf32>
+}
+
+// -----
+
+// Not fused: a prologue value read by another op too (it would have to be
+// written anyway), a softmax over an outer axis (not a row of contiguous
+// columns), and a result read by two ops (its epilogue would have to
+// yield the softmax as well).
+// CHECK-LABEL: func @no_row_fusion
+// CHECK-NOT: "row"
+// CHECK: forge.exp
+// CHECK: forge.softmax %{{.*}} {axis = 1 : i64}
+// CHECK: forge.log_softmax %{{.*}} {axis = 2 : i64}
+// CHECK: forge.neg
+// CHECK: forge.abs
+func.func @no_row_fusion(%x: tensor<2x4x8xf32>) -> (tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>) {
+  %e = forge.exp %x : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+  %s = forge.softmax %e {axis = 1 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+  %l = forge.log_softmax %e {axis = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+  %n = forge.neg %l : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+  %a = forge.abs %l : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+  return %e, %s, %l, %n, %a : tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>
 }

@@ -71,3 +71,32 @@ func.func @region(%x: tensor<4xf8E4M3FN>) -> tensor<4xf8E4M3FN> {
   }
   return %f : tensor<4xf8E4M3FN>
 }
+
+// -----
+
+// A row region is one row kernel: a block per row, the mask broadcast over
+// the batch read at an offset from the row's index, the epilogue applied as
+// the row is stored. 40 columns in a block of 64 threads: one register per
+// thread, masked at the row's end; every input element is read once.
+// CHECK-LABEL: func @rows
+// CHECK: forge.fusion "row"(%arg0, %arg1, %arg2, %arg3) {forge.launch = {block = 64 : i64, grid = 6 : i64, kernel = "k0_fusion"}}
+// CHECK: gpu.func @k0_fusion(%arg0: memref<240xf32>, %arg1: memref<1xf32>, %arg2: memref<120xi8>, %arg3: memref<1xf32>, %arg4: memref<240xf32>)
+// CHECK: memref.load %arg2[
+// CHECK: memref.load %arg0[
+// CHECK-NOT: memref.load %arg{{[02]}}[
+// CHECK: math.exp
+// CHECK-NOT: memref.load %arg{{[02]}}[
+// CHECK: arith.negf
+// CHECK-NOT: memref.load %arg{{[02]}}[
+// CHECK: memref.store %{{.*}}, %arg4[
+func.func @rows(%qk: tensor<2x3x40xf32>, %scale: tensor<f32>, %mask: tensor<1x3x40xi1>, %fill: tensor<f32>) -> tensor<2x3x40xf32> {
+  %f = forge.fusion "row"(%qk, %scale, %mask, %fill) : (tensor<2x3x40xf32>, tensor<f32>, tensor<1x3x40xi1>, tensor<f32>) -> tensor<2x3x40xf32> {
+  ^bb0(%a: tensor<2x3x40xf32>, %s: tensor<f32>, %m: tensor<1x3x40xi1>, %v: tensor<f32>):
+    %0 = forge.mul %a, %s : (tensor<2x3x40xf32>, tensor<f32>) -> tensor<2x3x40xf32>
+    %1 = forge.where %m, %v, %0 : (tensor<1x3x40xi1>, tensor<f32>, tensor<2x3x40xf32>) -> tensor<2x3x40xf32>
+    %2 = forge.softmax %1 {axis = 2 : i64} : (tensor<2x3x40xf32>) -> tensor<2x3x40xf32>
+    %3 = forge.neg %2 : (tensor<2x3x40xf32>) -> tensor<2x3x40xf32>
+    forge.yield %3 : tensor<2x3x40xf32>
+  }
+  return %f : tensor<2x3x40xf32>
+}

@@ -575,6 +575,15 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     arguments (the region's inputs are all members' inputs, member by
     member), and the region yields all members' results in member order. One
     kernel runs them all, each member on its own range of blocks.
+
+    `kind = "row"`: one softmax-family op over the innermost axis (softmax,
+    log_softmax, softmax_grad, log_softmax_grad) with pointwise ops before it
+    (its prologue: they compute its operands and nothing else reads them) and
+    after it (its epilogue: they read its result, the inputs and each other).
+    Every body value has the iteration shape; the region has one result. The
+    CUDA code generator emits one row kernel: it evaluates the prologue as it
+    loads a row and the epilogue as it stores it (an attention's scale and
+    causal mask around its softmax, forward and backward).
   }];
   let arguments = (ins Variadic<AnyForgeTensor>:$inputs, StrAttr:$kind);
   let results = (outs Variadic<AnyForgeTensor>:$results);
@@ -585,7 +594,7 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     ::mlir::Block &getBlock() { return getBody().front(); }
-    /// The iteration shape of a loop region (the results' shape).
+    /// The iteration shape of a loop or row region (the results' shape).
     ::llvm::ArrayRef<int64_t> getIterationShape() {
       return ::llvm::cast<::mlir::RankedTensorType>(getResult(0).getType()).getShape();
     }
