@@ -85,6 +85,28 @@ def SymmetrizeConvPadding : Pass<"forge-symmetrize-conv-padding", "::mlir::func:
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+def PadContractions : Pass<"forge-pad-contractions", "::mlir::func::FuncOp"> {
+  let summary = "Zero-pad matmul/gemm dims so every matrix row is 16-byte aligned (for cuBLASLt)";
+  let description = [{
+    cuBLASLt's fast kernels need every leading dimension to be a multiple of
+    16 bytes (4 f32, 8 f16/bf16 elements); otherwise it runs its unaligned
+    kernels, 2-3x slower (GPT-2's LM head: N = 50257). A static float matmul
+    or gemm of at least `min-flops` whose K (when an operand holds it
+    innermost), N, or M (with transA) is not aligned gets constant-zero
+    `forge.pad`s of its operands to the next multiple (and of a gemm's C along
+    M and N) and a `forge.slice` of the padded result back to its shape.
+    Results are bit-identical (the padding only adds exact zeros). CUDA
+    targets only; before CSE, which merges the equal pads of an operand that
+    several contractions read (a weight in the forward and backward pass).
+  }];
+  let options = [
+    Option<"minFlops", "min-flops", "int64_t", /*default=*/"1073741824",
+           "Smallest contraction (2*M*N*K per batch, summed) to pad: below it the pads' "
+           "and slices' launches cost more than the unaligned GEMM loses">,
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 // A module pass (it fuses each function): a function pass right after the
 // function passes of the graph cleanup would share their per-function
 // adaptor, and the dump after the cleanup would already show regions.

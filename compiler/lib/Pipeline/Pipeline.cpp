@@ -32,8 +32,12 @@ void addGraphCleanup(OpPassManager &pm, const PipelineOptions &options) {
   // CUDA: cuDNN takes symmetric padding only, so asymmetric conv padding becomes
   // an explicit pad first; before CSE, which merges the equal pads that a conv
   // and its conv_grad_weight put on one input.
-  if (StringRef(options.target).starts_with("cuda"))
+  // Likewise cuBLASLt's fast GEMMs need aligned rows: contractions get padded
+  // dims, also before CSE (a weight padded for its forward and backward GEMMs).
+  if (StringRef(options.target).starts_with("cuda")) {
     pm.addNestedPass<func::FuncOp>(createSymmetrizeConvPadding());
+    pm.addNestedPass<func::FuncOp>(createPadContractions());
+  }
   pm.addPass(createCSEPass());
   pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
 }
