@@ -715,13 +715,15 @@ struct FuseCrossEntropy : public OpRewritePattern<NllLossOp> {
       grads.push_back({grad, nllGrad});
     }
     rewriter.setInsertionPoint(logSoftmax);
-    auto fused = rewriter.create<CrossEntropyOp>(loss.getLoc(), logSoftmax.getInput(), target);
+    auto fused = rewriter.create<CrossEntropyOp>(loss.getLoc(), logSoftmax.getInput(), target,
+                                                 /*classes=*/IntegerAttr());
     for (auto [grad, nllGrad] : grads) {
       rewriter.setInsertionPoint(grad);
       auto d = rewriter.create<CrossEntropyGradOp>(grad.getLoc(), logSoftmax.getInput(),
                                                    fused.getLse(), target,
                                                    nllGrad.getGradOutput(),
-                                                   loss.getReductionAttr());
+                                                   loss.getReductionAttr(),
+                                                   /*classes=*/IntegerAttr());
       rewriter.replaceOp(grad, d.getResult());
       if (nllGrad->use_empty())
         rewriter.eraseOp(nllGrad);
@@ -747,6 +749,125 @@ struct FuseCrossEntropy : public OpRewritePattern<NllLossOp> {
   }
 };
 
+/// The tensor `v` is the leading columns of: v = reshape*(slice(p)) with the
+/// slice taking a prefix of the last dim and the reshapes keeping it. Returns
+/// p reshaped to v's shape with p's last dim (built at `b`), or null.
+Value paddedSource(OpBuilder &b, Value v) {
+  Value cur = v;
+  while (auto reshape = cur.getDefiningOp<ReshapeOp>()) {
+    auto in = cast<RankedTensorType>(reshape.getInput().getType());
+    if (in.getRank() == 0 || in.getShape().back() != cast<RankedTensorType>(cur.getType()).getShape().back())
+      return nullptr;
+    cur = reshape.getInput();
+  }
+  auto slice = cur.getDefiningOp<SliceOp>();
+  if (!slice)
+    return nullptr;
+  auto in = cast<RankedTensorType>(slice.getInput().getType());
+  auto out = cast<RankedTensorType>(slice.getType());
+  int64_t rank = in.getRank();
+  for (int64_t d = 0; d < rank; ++d)
+    if (slice.getStarts()[d] != 0 || slice.getSteps()[d] != 1 ||
+        (d < rank - 1 && out.getDimSize(d) != in.getDimSize(d)))
+      return nullptr;
+  if (out.getShape().back() >= in.getShape().back())
+    return nullptr;
+  SmallVector<int64_t> shape(cast<RankedTensorType>(v.getType()).getShape());
+  shape.back() = in.getShape().back();
+  if (ArrayRef<int64_t>(shape) == in.getShape())
+    return slice.getInput();
+  return b.create<ReshapeOp>(v.getLoc(), RankedTensorType::get(shape, in.getElementType()),
+                             slice.getInput(), b.getDenseI64ArrayAttr(shape));
+}
+
+/// Logits padded for an aligned GEMM (forge-pad-contractions slices its
+/// result back): cross_entropy and its gradient read the padded rows
+/// themselves (`classes` = the real columns), so the [N, C] logits are never
+/// copied out of the padded product, and the gradient comes out padded with
+/// exact zeros, which is what the padded backward GEMMs read: a pad of it
+/// back to the padded width becomes the gradient itself.
+struct AbsorbLogitPadding : public OpRewritePattern<CrossEntropyOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(CrossEntropyOp ce, PatternRewriter &rewriter) const override {
+    if (ce.getClasses())
+      return rewriter.notifyMatchFailure(ce, "reads padded logits already");
+    Value logits = ce.getLogits();
+    int64_t classes = cast<RankedTensorType>(logits.getType()).getShape().back();
+    rewriter.setInsertionPoint(ce);
+    Value padded = paddedSource(rewriter, logits);
+    if (!padded)
+      return rewriter.notifyMatchFailure(ce, "the logits are not the leading columns of a "
+                                             "padded tensor");
+    auto wide = cast<RankedTensorType>(padded.getType());
+    auto fused = rewriter.create<CrossEntropyOp>(ce.getLoc(), ce->getResultTypes(), padded,
+                                                 ce.getTarget(),
+                                                 rewriter.getI64IntegerAttr(classes));
+    for (Operation *user : llvm::to_vector(logits.getUsers())) {
+      auto grad = dyn_cast<CrossEntropyGradOp>(user);
+      if (!grad || grad.getLogits() != logits || grad.getLse() != ce.getLse() ||
+          grad.getTarget() != ce.getTarget() || grad.getClasses())
+        continue;
+      rewriter.setInsertionPoint(grad);
+      auto d = rewriter.create<CrossEntropyGradOp>(
+          grad.getLoc(), wide, padded, fused.getLse(), grad.getTarget(), grad.getGradOutput(),
+          grad.getReductionAttr(), rewriter.getI64IntegerAttr(classes));
+      SmallVector<int64_t> ends(wide.getShape());
+      ends.back() = classes;
+      Value narrow = rewriter.create<SliceOp>(
+          grad.getLoc(), grad.getType(), d.getResult(),
+          rewriter.getDenseI64ArrayAttr(SmallVector<int64_t>(ends.size(), 0)),
+          rewriter.getDenseI64ArrayAttr(ends),
+          rewriter.getDenseI64ArrayAttr(SmallVector<int64_t>(ends.size(), 1)));
+      rewriter.replaceOp(grad, narrow);
+      // pad(reshape*(narrow)) back to the padded width with zeros: the padded
+      // gradient itself.
+      SmallVector<Value> worklist{narrow};
+      SmallVector<Operation *> views{narrow.getDefiningOp()}; // erased below if unused
+      while (!worklist.empty()) {
+        Value v = worklist.pop_back_val();
+        for (Operation *u : llvm::to_vector(v.getUsers())) {
+          if (auto reshape = dyn_cast<ReshapeOp>(u)) {
+            if (cast<RankedTensorType>(reshape.getType()).getShape().back() == classes) {
+              worklist.push_back(reshape.getResult());
+              views.push_back(reshape);
+            }
+            continue;
+          }
+          auto pad = dyn_cast<PadOp>(u);
+          auto padType = pad ? cast<RankedTensorType>(pad.getType()) : nullptr;
+          if (!pad || pad.getMode() != "constant" || pad.getValue().convertToDouble() != 0.0 ||
+              padType.getShape().back() != wide.getShape().back())
+            continue;
+          ArrayRef<int64_t> pads = pad.getPads();
+          int64_t rank = padType.getRank();
+          bool tailOnly = true;
+          for (int64_t i = 0; i < 2 * rank; ++i)
+            tailOnly &= pads[i] == 0 || i == 2 * rank - 1;
+          if (!tailOnly)
+            continue;
+          rewriter.setInsertionPoint(pad);
+          Value same = d.getResult();
+          if (padType != wide)
+            same = rewriter.create<ReshapeOp>(pad.getLoc(), padType, same,
+                                              rewriter.getDenseI64ArrayAttr(padType.getShape()));
+          rewriter.replaceOp(pad, same);
+        }
+      }
+      for (Operation *view : llvm::reverse(views))
+        if (view->use_empty())
+          rewriter.eraseOp(view);
+    }
+    rewriter.replaceOp(ce, fused->getResults());
+    // The narrow logits (reshapes of the slice) when nothing else reads them.
+    for (Operation *op = logits.getDefiningOp(); op && isa<ReshapeOp, SliceOp>(op) && op->use_empty();) {
+      Operation *next = op->getOperand(0).getDefiningOp();
+      rewriter.eraseOp(op);
+      op = next;
+    }
+    return success();
+  }
+};
+
 struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
   using FuseBase::FuseBase;
   void runOnOperation() override {
@@ -761,6 +882,17 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     config.strictMode = GreedyRewriteStrictness::ExistingOps;
     bool rewritten = false;
     if (!losses.empty() && failed(applyOpPatternsAndFold(losses, frozen, config, &rewritten)))
+      return signalPassFailure();
+    changed |= rewritten;
+    // Then the losses over padded logits read the padding in place.
+    SmallVector<Operation *> entropies;
+    getOperation().walk([&](CrossEntropyOp op) { entropies.push_back(op); });
+    RewritePatternSet padding(&getContext());
+    padding.add<AbsorbLogitPadding>(&getContext());
+    FrozenRewritePatternSet frozenPadding(std::move(padding));
+    rewritten = false;
+    if (!entropies.empty() &&
+        failed(applyOpPatternsAndFold(entropies, frozenPadding, config, &rewritten)))
       return signalPassFailure();
     changed |= rewritten;
     for (auto func : getOperation().getOps<func::FuncOp>())

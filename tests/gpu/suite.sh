@@ -29,6 +29,9 @@ if [ "$mode" = compile ]; then
   done
   $py tests/gpu/test_gpu_models.py --compile-only --bundles "$dir/gpu_models" --bin-dir "$b"
   $py tests/gpu/test_gpu_models.py --compile-only --bundles "$dir/gpu_models_tf32" --bin-dir "$b" --tf32
+  # Every misaligned GEMM padded (forge-pad-contractions pads big ones only).
+  $py tests/gpu/test_gpu_models.py --compile-only --bundles "$dir/gpu_models_padded" --bin-dir "$b" \
+      --forgec-arg=--gemm-pad-min-flops=0
   $py tests/e2e/test_parity.py --bin-dir "$b" --target cuda:sm_90 --bundles "$dir/parity" --compile-only
   onnx_data=$($py -c "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend', 'test', 'data', 'node'))")
   "$b/forge-conformance" /usr/share/libonnx-testdata/data/node "$onnx_data" --target cuda:sm_90 \
@@ -56,6 +59,7 @@ suite() { # name, command...
 }
 suite gpu_models $py tests/gpu/test_gpu_models.py --bundles "$dir/gpu_models" --forge-train "$ft"
 suite gpu_models_tf32 $py tests/gpu/test_gpu_models.py --bundles "$dir/gpu_models_tf32" --forge-train "$ft" --tf32
+suite gpu_models_padded $py tests/gpu/test_gpu_models.py --bundles "$dir/gpu_models_padded" --forge-train "$ft"
 suite gpu_parity $py tests/e2e/test_parity.py --bundles "$dir/parity" --forge-train "$ft" --device cuda --strict-delta
 suite gpu_conformance "$rp" "$dir/conf" --device cuda
 suite gpu_gradients "$rp" "$dir/grad" --device cuda

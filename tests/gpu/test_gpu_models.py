@@ -82,7 +82,7 @@ def prepare(rep, a, forgec, out):
                               "--target", a.target, "--batch", str(BATCH), "--loss", loss,
                               "--optimizer", "sgd:lr=0.01,momentum=0.9", "--expose-gradients",
                               "-o", os.path.join(out, name + ".forge")] +
-                             (["--tf32"] if a.tf32 else []), 900)
+                             (["--tf32"] if a.tf32 else []) + a.forgec_arg, 900)
         rep.check(f"{name} forgec --target {a.target}", rc == 0,
                   f"{t:.1f}s {e2e.tail(log, 3) if rc == 0 else e2e.failure(rc, log)}")
 
@@ -187,6 +187,8 @@ def main():
     ap.add_argument("--bundles", help="directory of compiled bundles and data (see the usage)")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--forgec-arg", action="append", default=[],
+                    help="an extra forgec argument (repeatable), e.g. --gemm-pad-min-flops=0")
     ap.add_argument("--tf32", action="store_true",
                     help="compile with TF32 matmuls/convolutions (TF32 tolerances)")
     a = ap.parse_args()

@@ -1797,6 +1797,55 @@ TEST(CpuKernels, CrossEntropy) {
       << s.message();
 }
 
+// cross_entropy(_grad) with `classes`: rows of 9 values whose first 7 are the
+// logits (padded for an aligned GEMM). The results equal the unpadded ops' on
+// those 7 columns; the padding (huge values, which would dominate a softmax)
+// is ignored and its gradient is exactly zero; a target in the padding faults.
+TEST(CpuKernels, CrossEntropyPaddedRows) {
+  const int64_t n = 5, c = 7, stride = 9;
+  HT x = randomTensor(bundle::F32, {n, c}, -30, 30);
+  std::vector<double> padded;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < c; ++j)
+      padded.push_back(x.at(i * c + j));
+    padded.push_back(1e30);
+    padded.push_back(-1e30);
+  }
+  HT xp = make(bundle::F32, {n, stride}, padded);
+  HT target = make(bundle::I64, {n}, randomInts(n, 0, c - 1));
+  HT loss(bundle::F32, {n}), lse(bundle::F32, {n}), lossP(bundle::F32, {n}), lseP(bundle::F32, {n});
+  ASSERT_OK(Op("cross_entropy").run({&x, &target}, {&loss, &lse}));
+  ASSERT_OK(Op("cross_entropy").i("classes", c).run({&xp, &target}, {&lossP, &lseP}));
+  std::vector<double> wantLoss, wantLse;
+  for (int64_t i = 0; i < n; ++i) {
+    wantLoss.push_back(loss.at(i));
+    wantLse.push_back(lse.at(i));
+  }
+  expectEqual(lossP, wantLoss, "padded loss");
+  expectEqual(lseP, wantLse, "padded lse");
+  HT dy = randomTensor(bundle::F32, {}, 0.5, 2);
+  HT dx(bundle::F32, {n, c}), dxP(bundle::F32, {n, stride});
+  ASSERT_OK(Op("cross_entropy_grad").s("reduction", "mean").run({&x, &lse, &target, &dy}, {&dx}));
+  ASSERT_OK(Op("cross_entropy_grad").s("reduction", "mean").i("classes", c)
+                .run({&xp, &lse, &target, &dy}, {&dxP}));
+  std::vector<double> want;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < c; ++j)
+      want.push_back(dx.at(i * c + j));
+    want.push_back(0.0);
+    want.push_back(0.0);
+  }
+  expectEqual(dxP, want, "padded gradient");
+  HT bad = make(bundle::I64, {n}, {0, 1, 7, 2, 3});
+  Status st = Op("cross_entropy").i("classes", c).run({&xp, &bad}, {&lossP, &lseP});
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("target 7 at position 2 is outside [0, 7)"), std::string::npos)
+      << st.message();
+  st = Op("cross_entropy").i("classes", stride + 1).run({&xp, &target}, {&lossP, &lseP});
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("classes 10 is outside [1, 9]"), std::string::npos) << st.message();
+}
+
 TEST(CpuKernels, NllLoss) {
   const std::vector<int64_t> xs = {3, 5, 4}, ts = {3, 4};
   for (DType t : {bundle::F32, bundle::F64})

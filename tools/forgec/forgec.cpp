@@ -58,6 +58,11 @@ static cl::opt<bool> memoryReport(
     cl::desc("Print each routine's arena, its peak of live tensors and the largest tensors live "
              "at the peak (what to recompute or shard)"),
     cl::init(false), cl::cat(forgecCategory));
+static cl::opt<int64_t> gemmPadMinFlops(
+    "gemm-pad-min-flops",
+    cl::desc("CUDA: the smallest matmul/gemm (2*M*N*K FLOPs) whose unaligned dims are "
+             "zero-padded for cuBLASLt's aligned kernels (0: every one)"),
+    cl::init(int64_t(1) << 30), cl::cat(forgecCategory));
 static cl::opt<bool> inferenceOnly("inference-only",
                                    cl::desc("Compile the forward graph only (no training step)"),
                                    cl::cat(forgecCategory));
@@ -279,6 +284,9 @@ int main(int argc, char **argv) {
   pipelineOptions.target = target;
   pipelineOptions.train = trainFlags();
   pipelineOptions.memoryReport = memoryReport;
+  if (gemmPadMinFlops < 0)
+    return fail("--gemm-pad-min-flops must be >= 0, got " + std::to_string(gemmPadMinFlops));
+  pipelineOptions.gemmPadMinFlops = gemmPadMinFlops;
   std::string trainError;
   FailureOr<mlir::forge::TrainOptions> trainOptions =
       inferenceOnly ? FailureOr<mlir::forge::TrainOptions>(mlir::forge::TrainOptions{})

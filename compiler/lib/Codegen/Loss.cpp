@@ -98,7 +98,14 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
   if (in.getRank() != 2 || !(elem.isF32() || elem.isF16() || elem.isBF16()) ||
       in.getNumElements() == 0)
     return std::nullopt;
-  int64_t rows = in.getDimSize(0), cols = in.getDimSize(1);
+  // A row holds `stride` values, of which the first `cols` are logits (the
+  // rest padding: ignored, their gradient zero).
+  int64_t rows = in.getDimSize(0), stride = in.getDimSize(1), cols = stride;
+  if (auto classes = op->getAttrOfType<IntegerAttr>("classes")) {
+    cols = classes.getInt();
+    if (cols < 1 || cols > stride)
+      return std::nullopt;
+  }
   StringRef reduction;
   if (grad) {
     auto r = op->getAttrOfType<StringAttr>("reduction");
@@ -114,7 +121,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
   Body k = Body::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value row = k.bid();
-  Value base = k.mul(row, k.idx(cols));
+  Value base = k.mul(row, k.idx(stride));
   auto ld = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
   auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
   auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
@@ -156,6 +163,14 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
                                    k.add(base, c), elem);
                            b.create<scf::YieldOp>(l);
                          });
+    if (stride > cols) // the padding's gradient
+      b.create<scf::ForOp>(k.loc, k.add(k.tid(), k.idx(cols)), k.idx(stride), k.idx(block),
+                           ValueRange{}, [&](OpBuilder &nb, Location l, Value c, ValueRange) {
+                             OpBuilder::InsertionGuard guard(b);
+                             b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                             k.store(zero, fn.getArgument(4), k.add(base, c), elem);
+                             b.create<scf::YieldOp>(l);
+                           });
   }
   b.create<gpu::ReturnOp>(k.loc);
   return KernelLaunch{name.str(), rows, block};

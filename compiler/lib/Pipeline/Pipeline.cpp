@@ -36,7 +36,9 @@ void addGraphCleanup(OpPassManager &pm, const PipelineOptions &options) {
   // dims, also before CSE (a weight padded for its forward and backward GEMMs).
   if (StringRef(options.target).starts_with("cuda")) {
     pm.addNestedPass<func::FuncOp>(createSymmetrizeConvPadding());
-    pm.addNestedPass<func::FuncOp>(createPadContractions());
+    PadContractionsOptions pad;
+    pad.minFlops = options.gemmPadMinFlops;
+    pm.addNestedPass<func::FuncOp>(createPadContractions(pad));
   }
   pm.addPass(createCSEPass());
   pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());

@@ -76,24 +76,32 @@ Status nllLossKernel(KernelContext &ctx) {
   });
 }
 
-/// Checks reduction, shapes and the targets of cross_entropy(_grad); n, c out.
-Status crossEntropyShapes(const TensorView &x, const TensorView &target,
-                          const std::string &reduction, int64_t &n, int64_t &c) {
+/// Checks reduction, shapes and the targets of cross_entropy(_grad); n, the
+/// classes c and the row stride out (c < stride: the rows are padded, the
+/// optional `classes` attribute).
+Status crossEntropyShapes(KernelContext &ctx, const TensorView &x, const TensorView &target,
+                          const std::string &reduction, int64_t &n, int64_t &c,
+                          int64_t &stride) {
   if (reduction != "none" && reduction != "sum" && reduction != "mean")
     return Status::error("reduction must be none, sum or mean, got '{}'", reduction);
   if (x.rank() != 2 || target.rank() != 1 || target.shape[0] != x.shape[0])
     return Status::error("cross_entropy needs logits [N, C] and target [N], got {} and {}",
                          shapeString(x.shape), shapeString(target.shape));
   n = x.shape[0];
-  c = x.shape[1];
+  c = stride = x.shape[1];
+  if (ctx.attrs.has("classes")) {
+    CPU_ASSIGN_OR_RETURN(c, ctx.attrs.getInt("classes"));
+    if (c < 1 || c > stride)
+      return Status::error("classes {} is outside [1, {}]", c, stride);
+  }
   return Status::ok();
 }
 
 Status crossEntropyKernel(KernelContext &ctx) {
   const TensorView &x = ctx.inputs[0], &target = ctx.inputs[1];
   TensorView &loss = ctx.outputs[0], &lse = ctx.outputs[1];
-  int64_t n = 0, c = 0;
-  FORGE_RETURN_IF_ERROR(crossEntropyShapes(x, target, "none", n, c));
+  int64_t n = 0, c = 0, stride = 0;
+  FORGE_RETURN_IF_ERROR(crossEntropyShapes(ctx, x, target, "none", n, c, stride));
   FORGE_RETURN_IF_ERROR(checkDType(loss, x.dtype, "loss"));
   FORGE_RETURN_IF_ERROR(checkDType(lse, x.dtype, "lse"));
   FORGE_RETURN_IF_ERROR(checkShape(loss, {n}));
@@ -109,7 +117,7 @@ Status crossEntropyKernel(KernelContext &ctx) {
         const int64_t t = static_cast<int64_t>(pt[i]);
         if (t < 0 || t >= c)
           return Status::error("target {} at position {} is outside [0, {})", t, i, c);
-        const T *row = px + i * c;
+        const T *row = px + i * stride;
         double m = -INFINITY;
         for (int64_t j = 0; j < c; ++j)
           m = std::max(m, double(load(row[j])));
@@ -130,8 +138,8 @@ Status crossEntropyGradKernel(KernelContext &ctx) {
                    &dy = ctx.inputs[3];
   TensorView &dx = ctx.outputs[0];
   CPU_ASSIGN_OR_RETURN(std::string reduction, ctx.attrs.getString("reduction"));
-  int64_t n = 0, c = 0;
-  FORGE_RETURN_IF_ERROR(crossEntropyShapes(x, target, reduction, n, c));
+  int64_t n = 0, c = 0, stride = 0;
+  FORGE_RETURN_IF_ERROR(crossEntropyShapes(ctx, x, target, reduction, n, c, stride));
   FORGE_RETURN_IF_ERROR(checkDType(lse, x.dtype, "lse"));
   FORGE_RETURN_IF_ERROR(checkDType(dy, x.dtype, "grad_output"));
   FORGE_RETURN_IF_ERROR(checkDType(dx, x.dtype, "result"));
@@ -155,8 +163,10 @@ Status crossEntropyGradKernel(KernelContext &ctx) {
                                                : double(load(pg[0]));
         const double l = double(load(pe[i]));
         for (int64_t j = 0; j < c; ++j)
-          pd[i * c + j] =
-              store<T>(g * (std::exp(double(load(px[i * c + j])) - l) - (j == t ? 1.0 : 0.0)));
+          pd[i * stride + j] = store<T>(
+              g * (std::exp(double(load(px[i * stride + j])) - l) - (j == t ? 1.0 : 0.0)));
+        for (int64_t j = c; j < stride; ++j)
+          pd[i * stride + j] = store<T>(0.0);
       }
       return Status::ok();
     });

@@ -285,3 +285,43 @@ func.func @no_row_fusion(%x: tensor<2x4x8xf32>) -> (tensor<2x4x8xf32>, tensor<2x
   %a = forge.abs %l : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
   return %e, %s, %l, %n, %a : tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>
 }
+
+// -----
+
+// Logits padded for an aligned GEMM (forge-pad-contractions): the loss and
+// its gradient read the padded rows themselves (classes = 10), the slice of
+// the logits goes, and the pad of the gradient back to 12 columns is the
+// padded gradient itself.
+// CHECK-LABEL: func @padded_logits
+// CHECK-NOT: forge.slice
+// CHECK: %[[L:.*]] = forge.reshape %arg0 {shape = array<i64: 6, 12>} : (tensor<2x3x12xf32>) -> tensor<6x12xf32>
+// CHECK: %[[LOSS:.*]], %[[LSE:.*]] = forge.cross_entropy %[[L]], %arg1 {classes = 10 : i64}
+// CHECK: %[[D:.*]] = forge.cross_entropy_grad %[[L]], %[[LSE]], %arg1, %arg2 {classes = 10 : i64, reduction = "mean"} : {{.*}} -> tensor<6x12xf32>
+// CHECK-NOT: forge.pad
+// CHECK-NOT: forge.slice
+// CHECK: %[[DW:.*]] = forge.gemm %[[D]], %arg3
+// CHECK: return %{{.*}}, %[[DW]]
+func.func @padded_logits(%p: tensor<2x3x12xf32>, %t: tensor<6xi64>, %g: tensor<f32>, %w: tensor<12x8xf32>) -> (tensor<f32>, tensor<6x8xf32>) {
+  %s = forge.slice %p {starts = array<i64: 0, 0, 0>, ends = array<i64: 2, 3, 10>, steps = array<i64: 1, 1, 1>} : (tensor<2x3x12xf32>) -> tensor<2x3x10xf32>
+  %l = forge.reshape %s {shape = array<i64: 6, 10>} : (tensor<2x3x10xf32>) -> tensor<6x10xf32>
+  %ls = forge.log_softmax %l {axis = 1 : i64} : (tensor<6x10xf32>) -> tensor<6x10xf32>
+  %loss = forge.nll_loss %ls, %t {reduction = "mean"} : (tensor<6x10xf32>, tensor<6xi64>) -> tensor<f32>
+  %ng = forge.nll_loss_grad %g, %t {num_classes = 10 : i64, reduction = "mean"} : (tensor<f32>, tensor<6xi64>) -> tensor<6x10xf32>
+  %d = forge.log_softmax_grad %ls, %ng {axis = 1 : i64} : (tensor<6x10xf32>, tensor<6x10xf32>) -> tensor<6x10xf32>
+  %dp = forge.pad %d {mode = "constant", pads = array<i64: 0, 0, 0, 2>, value = 0.0 : f64} : (tensor<6x10xf32>) -> tensor<6x12xf32>
+  %dw = forge.gemm %dp, %w {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = false} : (tensor<6x12xf32>, tensor<12x8xf32>) -> tensor<6x8xf32>
+  return %loss, %dw : tensor<f32>, tensor<6x8xf32>
+}
+
+// -----
+
+// Not absorbed: a slice that drops leading columns is not a padding.
+// CHECK-LABEL: func @sliced_logits
+// CHECK: forge.slice
+// CHECK: forge.cross_entropy %{{.*}}, %arg1 :
+func.func @sliced_logits(%p: tensor<6x12xf32>, %t: tensor<6xi64>) -> tensor<f32> {
+  %s = forge.slice %p {starts = array<i64: 0, 2>, ends = array<i64: 6, 12>, steps = array<i64: 1, 1>} : (tensor<6x12xf32>) -> tensor<6x10xf32>
+  %ls = forge.log_softmax %s {axis = 1 : i64} : (tensor<6x10xf32>) -> tensor<6x10xf32>
+  %loss = forge.nll_loss %ls, %t {reduction = "mean"} : (tensor<6x10xf32>, tensor<6xi64>) -> tensor<f32>
+  return %loss : tensor<f32>
+}

@@ -156,8 +156,13 @@ def Forge_CrossEntropyOp : Forge_GradOp<"cross_entropy", "SoftmaxCrossEntropyLos
     logits[n, target[n]]: one row kernel that reads the logits and writes two
     [N] vectors, never the [N, C] log-softmax. A mean or sum over the rows is
     a reduce op after it.
+
+    `classes` (optional, at most C): only the first `classes` columns of each
+    row are logits (a row padded for aligned GEMMs, forge-pad-contractions)
+    and targets must lie in [0, classes).
   }];
-  let arguments = (ins AnyForgeTensor:$logits, TensorOf<[I32, I64]>:$target);
+  let arguments = (ins AnyForgeTensor:$logits, TensorOf<[I32, I64]>:$target,
+                       OptionalAttr<I64Attr>:$classes);
   let results = (outs AnyForgeTensor:$loss, AnyForgeTensor:$lse);
   let assemblyFormat = "$logits `,` $target attr-dict `:` functional-type(operands, results)";
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
@@ -168,11 +173,12 @@ def Forge_CrossEntropyGradOp : Forge_GradOp<"cross_entropy_grad", "SoftmaxCrossE
   let description = [{
     d[n, c] = g[n] * (exp(logits[n, c] - lse[n]) - (c == target[n])) with
     g[n] = grad_output[n] (reduction none), grad_output (sum) or
-    grad_output / N (mean).
+    grad_output / N (mean). With `classes` (as cross_entropy's), the columns
+    from `classes` on are padding and their gradient is exactly zero.
   }];
   let arguments = (ins AnyForgeTensor:$logits, AnyForgeTensor:$lse,
                        TensorOf<[I32, I64]>:$target, AnyForgeTensor:$grad_output,
-                       StrAttr:$reduction);
+                       StrAttr:$reduction, OptionalAttr<I64Attr>:$classes);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$logits `,` $lse `,` $target `,` $grad_output attr-dict `:` functional-type(operands, results)";
   let flopsPerElement = 4;

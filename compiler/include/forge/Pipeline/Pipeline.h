@@ -23,6 +23,7 @@ struct PipelineOptions {
   std::string target = "cpu"; // cpu | cuda:sm_NN
   TrainFlags train;           // the train-step stage (training pipeline only)
   bool memoryReport = false;  // the memory plan prints its peak (forgec --memory-report)
+  int64_t gemmPadMinFlops = int64_t(1) << 30; // forge-pad-contractions (forgec --gemm-pad-min-flops)
 };
 
 /// The pipeline of a training bundle, in named stages (DESIGN.md §4): import
