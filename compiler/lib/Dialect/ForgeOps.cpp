@@ -207,11 +207,107 @@ struct FoldTransposeIntoMatMul : public OpRewritePattern<MatMulOp> {
     return success();
   }
 };
+/// `perm` with its last two entries swapped (= the transpose by `perm`
+/// followed by a swap of the last two dims).
+SmallVector<int64_t> swapLastTwo(ArrayRef<int64_t> perm) {
+  SmallVector<int64_t> q(perm);
+  std::swap(q[q.size() - 2], q[q.size() - 1]);
+  return q;
+}
+
+bool isIdentityPerm(ArrayRef<int64_t> perm) {
+  for (auto [i, p] : llvm::enumerate(perm))
+    if (static_cast<int64_t>(i) != p)
+      return false;
+  return true;
+}
+
+/// matmul(transpose(y, p), ...) where p moves y's innermost dim but p with
+/// its last two entries swapped (q) does not: transpose(y, p) is
+/// transpose(y, q) with its last two dims swapped, which the operand's flag
+/// takes. The remaining transpose copies whole rows (coalesced) and often
+/// equals one that exists already (attention: K^T = the head split of K,
+/// transposed by the GEMM; CSE then merges it with K's head split).
+struct SplitTransposeForMatMul : public OpRewritePattern<MatMulOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(MatMulOp op, PatternRewriter &rewriter) const override {
+    auto split = [&](Value operand) -> Value {
+      auto t = operand.getDefiningOp<TransposeOp>();
+      if (!t || t.getPerm().size() < 3)
+        return nullptr;
+      ArrayRef<int64_t> p = t.getPerm();
+      int64_t last = static_cast<int64_t>(p.size()) - 1;
+      SmallVector<int64_t> q = swapLastTwo(p);
+      if (p[last] == last || q[last] != last || isIdentityPerm(q))
+        return nullptr;
+      return rewriter.create<TransposeOp>(t.getLoc(), t.getInput(),
+                                          rewriter.getDenseI64ArrayAttr(q));
+    };
+    rewriter.setInsertionPoint(op);
+    Value lhs = split(op.getLhs()), rhs = split(op.getRhs());
+    if (!lhs && !rhs)
+      return rewriter.notifyMatchFailure(op, "no operand is a transpose that moves its "
+                                             "innermost dim and a row-keeping one after a swap");
+    rewriter.modifyOpInPlace(op, [&] {
+      if (lhs) {
+        op.getLhsMutable().assign(lhs);
+        op.setTransA(!op.getTransA());
+      }
+      if (rhs) {
+        op.getRhsMutable().assign(rhs);
+        op.setTransB(!op.getTransB());
+      }
+    });
+    return success();
+  }
+};
 } // namespace
 
 void MatMulOp::getCanonicalizationPatterns(RewritePatternSet &patterns, MLIRContext *context) {
-  patterns.add<FoldTransposeIntoMatMul>(context);
+  patterns.add<FoldTransposeIntoMatMul, SplitTransposeForMatMul>(context);
 }
+
+namespace {
+/// transpose(matmul(a, b), p) where p moves the product's innermost dim but
+/// p composed after a swap of the last two dims (c) does not: the product is
+/// computed transposed, matmul(b, a) with the flags swapped and flipped
+/// ((AB)^T = B^T A^T), then transposed by c, which copies whole rows (or is
+/// the identity: no transpose at all). Attention's dK = (Q^T dS)^T.
+struct MatMulOfTransposedResult : public OpRewritePattern<TransposeOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(TransposeOp op, PatternRewriter &rewriter) const override {
+    auto matmul = op.getInput().getDefiningOp<MatMulOp>();
+    if (!matmul || !matmul->hasOneUse())
+      return rewriter.notifyMatchFailure(op, "not the only user of a matmul");
+    auto a = cast<RankedTensorType>(matmul.getLhs().getType());
+    auto b = cast<RankedTensorType>(matmul.getRhs().getType());
+    auto m = cast<RankedTensorType>(matmul.getType());
+    if (a.getRank() < 2 || b.getRank() < 2 || m.getRank() < 2)
+      return rewriter.notifyMatchFailure(op, "a matrix-vector product");
+    ArrayRef<int64_t> p = op.getPerm();
+    int64_t last = m.getRank() - 1;
+    // c[i] = s[p[i]] with s the swap of the last two dims.
+    SmallVector<int64_t> c;
+    for (int64_t d : p)
+      c.push_back(d == last ? last - 1 : d == last - 1 ? last : d);
+    if (p[last] == last || c[last] != last)
+      return rewriter.notifyMatchFailure(op, "the transpose keeps the innermost dim, or moves "
+                                             "it after a swap too");
+    SmallVector<int64_t> shape(m.getShape());
+    std::swap(shape[last - 1], shape[last]);
+    Value product = rewriter.create<MatMulOp>(
+        matmul.getLoc(), RankedTensorType::get(shape, m.getElementType()), matmul.getRhs(),
+        matmul.getLhs(), rewriter.getBoolAttr(!matmul.getTransB()),
+        rewriter.getBoolAttr(!matmul.getTransA()));
+    if (!isIdentityPerm(c))
+      product = rewriter.create<TransposeOp>(op.getLoc(), product,
+                                             rewriter.getDenseI64ArrayAttr(c));
+    rewriter.replaceOp(op, product);
+    rewriter.eraseOp(matmul);
+    return success();
+  }
+};
+} // namespace
 
 namespace {
 bool isMatrixTranspose(Value v) {
@@ -268,7 +364,7 @@ void GemmOp::getCanonicalizationPatterns(RewritePatternSet &patterns, MLIRContex
 
 void TransposeOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                               MLIRContext *context) {
-  patterns.add<GemmOfTransposedResult>(context);
+  patterns.add<GemmOfTransposedResult, MatMulOfTransposedResult>(context);
 }
 
 FORGE_INFER(GemmOp) {

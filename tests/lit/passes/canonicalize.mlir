@@ -67,6 +67,34 @@ func.func @matmul_flags(%a: tensor<2x3x4xf32>, %b: tensor<2x5x3xf32>, %c: tensor
 
 // -----
 
+// Attention's head split and K^T in one transpose (0, 2, 3, 1) becomes the
+// row-keeping head split (0, 2, 1, 3) and transB; a product transposed by
+// (0, 3, 1, 2) is computed transposed (operands swapped, flags swapped and
+// flipped) and then head-merged by a row-keeping (0, 2, 1, 3). A transpose
+// that keeps the innermost dim, or moves it after a swap too, stays.
+// CHECK-LABEL: func @attention_transposes
+// CHECK-NEXT: %[[K:.*]] = forge.transpose %arg1 {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x8x3x4xf32>) -> tensor<2x3x8x4xf32>
+// CHECK-NEXT: %[[S:.*]] = forge.matmul %arg0, %[[K]] {transB = true} : (tensor<2x3x8x4xf32>, tensor<2x3x8x4xf32>) -> tensor<2x3x8x8xf32>
+// CHECK-NEXT: %[[P:.*]] = forge.matmul %arg2, %arg3 {transA = true} : (tensor<2x3x8x8xf32>, tensor<2x3x8x4xf32>) -> tensor<2x3x8x4xf32>
+// CHECK-NEXT: %[[D:.*]] = forge.transpose %[[P]] {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x3x8x4xf32>) -> tensor<2x8x3x4xf32>
+// CHECK-NEXT: %[[KEEP:.*]] = forge.transpose %arg1 {perm = array<i64: 1, 0, 2, 3>}
+// CHECK-NEXT: %[[MOVE:.*]] = forge.transpose %arg1 {perm = array<i64: 0, 3, 2, 1>}
+// CHECK-NEXT: %[[MM:.*]] = forge.matmul %[[MOVE]], %arg4 :
+// CHECK-NEXT: return %[[S]], %[[D]], %[[KEEP]], %[[MM]]
+func.func @attention_transposes(%q: tensor<2x3x8x4xf32>, %k: tensor<2x8x3x4xf32>, %ds: tensor<2x3x8x8xf32>, %qh: tensor<2x3x8x4xf32>, %w: tensor<2x4x8x5xf32>) -> (tensor<2x3x8x8xf32>, tensor<2x8x3x4xf32>, tensor<8x2x3x4xf32>, tensor<2x4x3x5xf32>) {
+  %kt = forge.transpose %k {perm = array<i64: 0, 2, 3, 1>} : (tensor<2x8x3x4xf32>) -> tensor<2x3x4x8xf32>
+  %s = forge.matmul %q, %kt : (tensor<2x3x8x4xf32>, tensor<2x3x4x8xf32>) -> tensor<2x3x8x8xf32>
+  %qt = forge.transpose %qh {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x3x8x4xf32>) -> tensor<2x3x4x8xf32>
+  %p = forge.matmul %qt, %ds : (tensor<2x3x4x8xf32>, tensor<2x3x8x8xf32>) -> tensor<2x3x4x8xf32>
+  %dk = forge.transpose %p {perm = array<i64: 0, 3, 1, 2>} : (tensor<2x3x4x8xf32>) -> tensor<2x8x3x4xf32>
+  %keep = forge.transpose %k {perm = array<i64: 1, 0, 2, 3>} : (tensor<2x8x3x4xf32>) -> tensor<8x2x3x4xf32>
+  %move = forge.transpose %k {perm = array<i64: 0, 3, 2, 1>} : (tensor<2x8x3x4xf32>) -> tensor<2x4x3x8xf32>
+  %mm = forge.matmul %move, %w : (tensor<2x4x3x8xf32>, tensor<2x4x8x5xf32>) -> tensor<2x4x3x5xf32>
+  return %s, %dk, %keep, %mm : tensor<2x3x8x8xf32>, tensor<2x8x3x4xf32>, tensor<8x2x3x4xf32>, tensor<2x4x3x5xf32>
+}
+
+// -----
+
 // gemm absorbs matrix transposes of its operands, and a transposed gemm
 // result (no C) is the gemm of the swapped operands.
 // CHECK-LABEL: func @gemm_flags
