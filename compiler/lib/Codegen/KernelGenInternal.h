@@ -482,7 +482,7 @@ struct KernelGenerator::Impl {
   struct PointwisePlan {
     SmallVector<int64_t> shape, outStrides;
     SmallVector<OperandMap> maps;
-    SmallVector<bool> scalar;
+    SmallVector<bool> scalar, identity; // per operand: one element; read at the output's index
     bool vector = false;
     int64_t work = 0;
     SmallVector<Type> inTypes, outTypes, outStorage;

@@ -4,9 +4,9 @@
 // element is found through per-dimension strides over the output index
 // (elementwise ops with broadcasting, cast, where, transpose, broadcast,
 // slice). Adjacent dimensions that every operand walks contiguously are
-// merged first; when all operands are contiguous (or scalars) and the size
-// divides by 4, operands are read and written as 4-element vectors (16-byte
-// accesses for f32). A loop fusion region is one map kernel evaluating its
+// merged first; when every operand is contiguous, a scalar, or rows read
+// with stride 1 (a broadcast bias) and the sizes divide by 4, operands are
+// read and written as 4-element vectors (16-byte accesses for f32). A loop fusion region is one map kernel evaluating its
 // body per element; a horizontal region gives each member a block range.
 //
 //===----------------------------------------------------------------------===//
@@ -56,9 +56,16 @@ KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<Op
   p.outStrides = contiguousStrides(p.shape);
   p.vector = n % kVector == 0;
   p.scalar.resize(p.maps.size());
+  p.identity.resize(p.maps.size());
   for (size_t m = 0; m < p.maps.size(); ++m) {
     p.scalar[m] = inSizes[m] == 1;
-    p.vector &= p.scalar[m] || (p.maps[m].offset == 0 && p.maps[m].strides == p.outStrides);
+    p.identity[m] = p.maps[m].offset == 0 && p.maps[m].strides == p.outStrides;
+    // Otherwise 4 consecutive outputs must read 4 consecutive, aligned
+    // elements (a bias row broadcast over the outer dims): stride 1 in the
+    // innermost dim, which divides by 4 (so do the outer strides then).
+    bool rows = !p.shape.empty() && p.maps[m].strides.back() == 1 &&
+                p.shape.back() % kVector == 0 && p.maps[m].offset % kVector == 0;
+    p.vector &= p.scalar[m] || p.identity[m] || rows;
   }
   for (size_t m = 0; m < p.maps.size(); ++m)
     p.inTypes.push_back(flatMemref(inElems[m], inSizes[m], p.vector && !p.scalar[m]));
@@ -78,10 +85,29 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
   bool ok = true;
   k.gridStrideOver(p.work, blockIndex, blocks, [&](Value i) {
     if (p.vector) {
+      // Vector i's first element, unravelled (for broadcast rows), once.
+      SmallVector<Value> first;
+      auto rowVector = [&](size_t m) {
+        if (first.empty()) {
+          Value rest = k.mul(i, k.idx(kVector));
+          first.resize(p.shape.size());
+          for (int64_t d = static_cast<int64_t>(p.shape.size()) - 1; d >= 0; --d) {
+            first[d] = d == 0 ? rest : k.rem(rest, p.shape[d]);
+            if (d > 0)
+              rest = k.div(rest, p.shape[d]);
+          }
+        }
+        Value at = k.idx(p.maps[m].offset);
+        for (size_t d = 0; d < p.shape.size(); ++d)
+          if (p.maps[m].strides[d] != 0)
+            at = k.add(at, k.mul(first[d], k.idx(p.maps[m].strides[d])));
+        return k.div(at, kVector);
+      };
       SmallVector<Value> loaded;
       for (size_t m = 0; m < numIn; ++m)
-        loaded.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(inArgs[m]),
-                                                  p.scalar[m] ? k.idx(0) : i));
+        loaded.push_back(b.create<memref::LoadOp>(
+            k.loc, fn.getArgument(inArgs[m]),
+            p.scalar[m] ? k.idx(0) : p.identity[m] ? i : rowVector(m)));
       SmallVector<SmallVector<Value>> lanes(p.outTypes.size());
       for (int64_t l = 0; l < kVector && ok; ++l) {
         SmallVector<Value> in;

@@ -18,7 +18,13 @@
 // CHECK: forge.neg %3 {forge.launch = {block = 32 : i64, grid = 1 : i64, kernel = "k1_neg"}}
 // CHECK: forge.slice %arg0 {ends = array<i64: 0, 8>, forge.placement = "copy"
 // CHECK: gpu.module @forge_kernels
-// CHECK: gpu.func @k0_fusion(%arg0: memref<32xf32>, %arg1: memref<8xf32>, %arg2: memref<32xf32>) kernel
+// The bias row is read as 4-wide vectors too: vector i's first element is at
+// column (4i mod 8), so its vector index is that over 4.
+// CHECK: gpu.func @k0_fusion(%arg0: memref<8xvector<4xf32>>, %arg1: memref<2xvector<4xf32>>, %arg2: memref<8xvector<4xf32>>) kernel
+// CHECK: %[[E:.*]] = arith.muli %{{.*}}, %c4
+// CHECK: %[[C:.*]] = arith.remui %[[E]], %c8
+// CHECK: %[[V:.*]] = arith.divui %{{.*}}, %c4
+// CHECK: memref.load %arg1[%[[V]]] : memref<2xvector<4xf32>>
 // CHECK: gpu.func @k1_neg(%arg0: memref<8xvector<4xf32>>, %arg1: memref<8xvector<4xf32>>) kernel
 // CHECK-NOT: gpu.func
 func.func @main(%x: tensor<4x8xf32>, %b: tensor<8xf32>, %w: tensor<8x5xf32>) -> (tensor<4x5xf32>, tensor<32xf32>, tensor<4x8xf32>, tensor<0x8xf32>) {
