@@ -125,11 +125,121 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
   Value dx = wantDx ? fn.getArgument(next++) : Value();
   Value dscale = wantScale ? fn.getArgument(next++) : Value();
   Value dbias = wantBias ? fn.getArgument(next++) : Value();
-  Value base = k.mul(k.bid(), k.idx(cols));
   auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
   auto subf = [&](Value x, Value y) -> Value { return b.create<arith::SubFOp>(k.loc, x, y); };
   auto mulf = [&](Value x, Value y) -> Value { return b.create<arith::MulFOp>(k.loc, x, y); };
   Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
+
+  // Rows of at most kRowCache columns per thread: a block takes `perBlock`
+  // consecutive rows, holds each row in registers (one read of x and dy),
+  // and sums dscale/dbias for its columns over its rows in registers: one
+  // atomic per column and block instead of one per element (16384 rows of
+  // GPT-2 hammered 768 addresses with 25M atomics per call).
+  int64_t perThread = (cols + block - 1) / block;
+  if (perThread <= kRowCache) {
+    int64_t perBlock = std::clamp<int64_t>(rows / (16 * target.typicalSMs), 1, 64);
+    int64_t grid = (rows + perBlock - 1) / perBlock;
+    bool ragged = cols % block != 0;
+    SmallVector<Value> col, valid, wv;
+    for (int64_t t = 0; t < perThread; ++t) {
+      col.push_back(k.add(k.tid(), k.idx(t * block)));
+      valid.push_back(ragged && t == perThread - 1 ? k.ult(col.back(), k.idx(cols)) : Value());
+    }
+    // A load of column t, zero past the row's end.
+    auto guarded = [&](int64_t t, function_ref<Value()> load) -> Value {
+      if (!valid[t])
+        return load();
+      return b
+          .create<scf::IfOp>(
+              k.loc, valid[t],
+              [&](OpBuilder &nb, Location l) {
+                OpBuilder::InsertionGuard g(b);
+                b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                b.create<scf::YieldOp>(l, load());
+              },
+              [&](OpBuilder &nb, Location l) { nb.create<scf::YieldOp>(l, zero); })
+          .getResult(0);
+    };
+    for (int64_t t = 0; t < perThread; ++t)
+      wv.push_back(guarded(t, [&] { return k.load(fn.getArgument(1), (*scaleAt)(k, col[t]), elem); }));
+    auto reduce = [&](function_ref<Value(int64_t)> term) {
+      Value acc = zero;
+      for (int64_t t = 0; t < perThread; ++t) {
+        Value v = term(t);
+        if (valid[t])
+          v = b.create<arith::SelectOp>(k.loc, valid[t], v, zero);
+        acc = addf(acc, v);
+      }
+      return k.blockReduce(acc, block / kWarp, sh, zero, addf);
+    };
+    Value first = k.mul(k.bid(), k.idx(perBlock));
+    Value last = b.create<arith::MinUIOp>(k.loc, k.add(first, k.idx(perBlock)), k.idx(rows));
+    SmallVector<Value> init(2 * perThread, zero); // dscale then dbias partial sums
+    auto loop = b.create<scf::ForOp>(
+        k.loc, first, last, k.idx(1), init,
+        [&](OpBuilder &nb, Location l, Value row, ValueRange acc) {
+          OpBuilder::InsertionGuard g(b);
+          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+          Value base = k.mul(row, k.idx(cols));
+          SmallVector<Value> xv, dyv, xh;
+          for (int64_t t = 0; t < perThread; ++t) {
+            xv.push_back(guarded(t, [&] { return k.load(fn.getArgument(0), k.add(base, col[t]), elem); }));
+            dyv.push_back(guarded(t, [&] { return k.load(fn.getArgument(2), k.add(base, col[t]), elem); }));
+          }
+          // As Body::moments: the mean, then the centered variance.
+          Value mean = mulf(reduce([&](int64_t t) { return xv[t]; }), invCols);
+          Value var = mulf(reduce([&](int64_t t) {
+                             Value d = subf(xv[t], mean);
+                             return mulf(d, d);
+                           }),
+                           invCols);
+          Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+          for (int64_t t = 0; t < perThread; ++t)
+            xh.push_back(mulf(subf(xv[t], mean), rstd));
+          if (wantDx) {
+            Value m1 = mulf(reduce([&](int64_t t) { return mulf(dyv[t], wv[t]); }), invCols);
+            Value m2 = mulf(reduce([&](int64_t t) { return mulf(mulf(dyv[t], wv[t]), xh[t]); }),
+                            invCols);
+            for (int64_t t = 0; t < perThread; ++t) {
+              auto store = [&] {
+                k.store(mulf(rstd, subf(subf(mulf(dyv[t], wv[t]), m1), mulf(xh[t], m2))), dx,
+                        k.add(base, col[t]), elem);
+              };
+              if (valid[t])
+                k.ifThen(valid[t], store);
+              else
+                store();
+            }
+          }
+          SmallVector<Value> next;
+          for (int64_t t = 0; t < perThread; ++t)
+            next.push_back(addf(acc[t], mulf(dyv[t], xh[t])));
+          for (int64_t t = 0; t < perThread; ++t)
+            next.push_back(addf(acc[perThread + t], dyv[t]));
+          b.create<scf::YieldOp>(l, next);
+        });
+    for (int64_t t = 0; t < perThread; ++t) {
+      auto flush = [&] {
+        if (wantScale)
+          b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, loop.getResult(t),
+                                        dscale, ValueRange{(*dscaleAt)(k, col[t])});
+        if (wantBias)
+          b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf,
+                                        loop.getResult(perThread + t), dbias,
+                                        ValueRange{(*dbiasAt)(k, col[t])});
+      };
+      if (valid[t])
+        k.ifThen(valid[t], flush);
+      else
+        flush();
+    }
+    b.create<gpu::ReturnOp>(k.loc);
+    KernelLaunch launch{name.str(), grid, block};
+    launch.zeroOutputs = wantScale || wantBias;
+    return launch;
+  }
+
+  Value base = k.mul(k.bid(), k.idx(cols));
   auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
   auto w = [&](Value c) { return k.load(fn.getArgument(1), (*scaleAt)(k, c), elem); };
   auto dy = [&](Value c) { return k.load(fn.getArgument(2), k.add(base, c), elem); };

@@ -181,10 +181,6 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
 }
 
 namespace {
-/// Up to this many columns per thread, a row kernel keeps its row in
-/// registers: one read of memory (and of a fused prologue) per element.
-constexpr int64_t kRowCache = 8;
-
 /// How a row kernel reads and writes its row: `load(j, c)` is operand j of
 /// the row op at column c (an f32 compute value), `store(c, v)` takes the row
 /// op's value v at column c.
