@@ -305,6 +305,21 @@ struct Body {
     })[0];
   }
 
+  /// `value()` where `cond` holds, else `otherwise`, with value()'s ops (a
+  /// load past a row's end) run only where it holds; a null `cond` always holds.
+  Value valueIf(Value cond, function_ref<Value()> value, Value otherwise) {
+    if (!cond)
+      return value();
+    auto branch = b.create<scf::IfOp>(
+        loc, cond,
+        [&](OpBuilder &nb, Location l) {
+          OpBuilder::InsertionGuard g(b);
+          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+          b.create<scf::YieldOp>(l, value());
+        },
+        [&](OpBuilder &nb, Location l) { nb.create<scf::YieldOp>(l, otherwise); });
+    return branch.getResult(0);
+  }
   void ifThen(Value cond, function_ref<void()> body) {
     b.create<scf::IfOp>(loc, cond, [&](OpBuilder &nb, Location l) {
       OpBuilder::InsertionGuard g(b);
@@ -340,6 +355,21 @@ struct Body {
     w = warpReduce(w, combine);
     b.create<gpu::BarrierOp>(loc); // smem may be reused after this
     return w;
+  }
+  /// combine(term(t)) over a thread's columns t held in registers (t with a
+  /// false `valid[t]`, past the row's end, counts as `identity`; null: in
+  /// range), then across the block (every thread gets the result).
+  Value reduceColumns(ArrayRef<Value> valid, int64_t warps, Value smem, Value identity,
+                      function_ref<Value(Value, Value)> combine,
+                      function_ref<Value(int64_t)> term) {
+    Value acc = identity;
+    for (int64_t t = 0; t < static_cast<int64_t>(valid.size()); ++t) {
+      Value v = term(t);
+      if (valid[t])
+        v = b.create<arith::SelectOp>(loc, valid[t], v, identity);
+      acc = combine(acc, v);
+    }
+    return blockReduce(acc, warps, smem, identity, combine);
   }
   /// combine(term(i)) over i = threadIdx, threadIdx + block, ... < n, then
   /// across the block (every thread gets the result).

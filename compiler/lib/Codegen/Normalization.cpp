@@ -146,31 +146,13 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
       valid.push_back(ragged && t == perThread - 1 ? k.ult(col.back(), k.idx(cols)) : Value());
     }
     // A load of column t, zero past the row's end.
-    auto guarded = [&](int64_t t, function_ref<Value()> load) -> Value {
-      if (!valid[t])
-        return load();
-      return b
-          .create<scf::IfOp>(
-              k.loc, valid[t],
-              [&](OpBuilder &nb, Location l) {
-                OpBuilder::InsertionGuard g(b);
-                b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                b.create<scf::YieldOp>(l, load());
-              },
-              [&](OpBuilder &nb, Location l) { nb.create<scf::YieldOp>(l, zero); })
-          .getResult(0);
+    auto guarded = [&](int64_t t, function_ref<Value()> load) {
+      return k.valueIf(valid[t], load, zero);
     };
     for (int64_t t = 0; t < perThread; ++t)
       wv.push_back(guarded(t, [&] { return k.load(fn.getArgument(1), (*scaleAt)(k, col[t]), elem); }));
     auto reduce = [&](function_ref<Value(int64_t)> term) {
-      Value acc = zero;
-      for (int64_t t = 0; t < perThread; ++t) {
-        Value v = term(t);
-        if (valid[t])
-          v = b.create<arith::SelectOp>(k.loc, valid[t], v, zero);
-        acc = addf(acc, v);
-      }
-      return k.blockReduce(acc, block / kWarp, sh, zero, addf);
+      return k.reduceColumns(valid, block / kWarp, sh, zero, addf, term);
     };
     Value first = k.mul(k.bid(), k.idx(perBlock));
     Value last = b.create<arith::MinUIOp>(k.loc, k.add(first, k.idx(perBlock)), k.idx(rows));

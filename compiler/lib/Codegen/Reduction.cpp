@@ -222,22 +222,9 @@ bool emitRowBody(Body &k, Operation *op, int64_t cols, int64_t block, Value sh, 
       valid.push_back(ragged && t == perThread - 1 ? k.ult(c, k.idx(cols)) : Value());
     }
     for (unsigned j = 0; j < op->getNumOperands(); ++j)
-      for (int64_t t = 0; t < perThread; ++t) {
-        Value c = positions[t].c;
-        if (!valid[t]) {
-          cache[j].push_back(io.load(j, c));
-          continue;
-        }
-        auto branch = b.create<scf::IfOp>(
-            k.loc, valid[t],
-            [&](OpBuilder &nb, Location l) {
-              OpBuilder::InsertionGuard g(b);
-              b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-              b.create<scf::YieldOp>(l, io.load(j, c));
-            },
-            [&](OpBuilder &nb, Location l) { nb.create<scf::YieldOp>(l, zero); });
-        cache[j].push_back(branch.getResult(0));
-      }
+      for (int64_t t = 0; t < perThread; ++t)
+        cache[j].push_back(
+            k.valueIf(valid[t], [&] { return io.load(j, positions[t].c); }, zero));
   }
   auto x = [&](unsigned j, Pos p) { return cached ? cache[j][p.t] : io.load(j, p.c); };
   auto reduce = [&](Value identity, function_ref<Value(Value, Value)> combine,
@@ -245,14 +232,8 @@ bool emitRowBody(Body &k, Operation *op, int64_t cols, int64_t block, Value sh, 
     if (!cached)
       return k.blockAccumulate(cols, block, sh, identity, combine,
                                [&](Value c) { return term({c, -1}); });
-    Value acc = identity;
-    for (int64_t t = 0; t < perThread; ++t) {
-      Value v = term(positions[t]);
-      if (valid[t])
-        v = b.create<arith::SelectOp>(k.loc, valid[t], v, identity);
-      acc = combine(acc, v);
-    }
-    return k.blockReduce(acc, block / kWarp, sh, identity, combine);
+    return k.reduceColumns(valid, block / kWarp, sh, identity, combine,
+                           [&](int64_t t) { return term(positions[t]); });
   };
   auto write = [&](function_ref<Value(Pos)> value) {
     if (cached) {
