@@ -756,7 +756,8 @@ Value paddedSource(OpBuilder &b, Value v) {
   Value cur = v;
   while (auto reshape = cur.getDefiningOp<ReshapeOp>()) {
     auto in = cast<RankedTensorType>(reshape.getInput().getType());
-    if (in.getRank() == 0 || in.getShape().back() != cast<RankedTensorType>(cur.getType()).getShape().back())
+    if (in.getRank() == 0 ||
+        in.getShape().back() != cast<RankedTensorType>(cur.getType()).getShape().back())
       return nullptr;
     cur = reshape.getInput();
   }
@@ -811,13 +812,8 @@ struct AbsorbLogitPadding : public OpRewritePattern<CrossEntropyOp> {
       auto d = rewriter.create<CrossEntropyGradOp>(
           grad.getLoc(), wide, padded, fused.getLse(), grad.getTarget(), grad.getGradOutput(),
           grad.getReductionAttr(), rewriter.getI64IntegerAttr(classes));
-      SmallVector<int64_t> ends(wide.getShape());
-      ends.back() = classes;
-      Value narrow = rewriter.create<SliceOp>(
-          grad.getLoc(), grad.getType(), d.getResult(),
-          rewriter.getDenseI64ArrayAttr(SmallVector<int64_t>(ends.size(), 0)),
-          rewriter.getDenseI64ArrayAttr(ends),
-          rewriter.getDenseI64ArrayAttr(SmallVector<int64_t>(ends.size(), 1)));
+      Value narrow = createLeadingSlice(rewriter, grad.getLoc(), d.getResult(),
+                                        cast<RankedTensorType>(grad.getType()).getShape());
       rewriter.replaceOp(grad, narrow);
       // pad(reshape*(narrow)) back to the padded width with zeros: the padded
       // gradient itself.
@@ -859,7 +855,8 @@ struct AbsorbLogitPadding : public OpRewritePattern<CrossEntropyOp> {
     }
     rewriter.replaceOp(ce, fused->getResults());
     // The narrow logits (reshapes of the slice) when nothing else reads them.
-    for (Operation *op = logits.getDefiningOp(); op && isa<ReshapeOp, SliceOp>(op) && op->use_empty();) {
+    for (Operation *op = logits.getDefiningOp();
+         op && isa<ReshapeOp, SliceOp>(op) && op->use_empty();) {
       Operation *next = op->getOperand(0).getDefiningOp();
       rewriter.eraseOp(op);
       op = next;

@@ -48,17 +48,6 @@ Value padAxis(OpBuilder &b, Location loc, Value v, int64_t axis, int64_t size) {
                          b.getF64FloatAttr(0.0));
 }
 
-/// The leading `shape` part of `v` (a slice from 0 in every dim).
-Value sliceTo(OpBuilder &b, Location loc, Value v, ArrayRef<int64_t> shape) {
-  auto type = cast<RankedTensorType>(v.getType());
-  if (type.getShape() == shape)
-    return v;
-  SmallVector<int64_t> zeros(shape.size(), 0), ones(shape.size(), 1);
-  return b.create<SliceOp>(loc, RankedTensorType::get(shape, type.getElementType()), v,
-                           b.getDenseI64ArrayAttr(zeros), b.getDenseI64ArrayAttr(shape),
-                           b.getDenseI64ArrayAttr(ones));
-}
-
 /// What to pad in op(A) [.., M, K] x op(B) [.., K, N] -> [.., M, N].
 struct Padding {
   int64_t m, n, k;       // padded sizes
@@ -133,7 +122,7 @@ bool padMatmul(MatMulOp op, int64_t minFlops) {
                                       op.getTransA(), op.getTransB(), *p);
   auto product = b.create<MatMulOp>(op.getLoc(), padded.out, padded.lhs, padded.rhs,
                                     op.getTransAAttr(), op.getTransBAttr());
-  op.replaceAllUsesWith(sliceTo(b, op.getLoc(), product, out.getShape()));
+  op.replaceAllUsesWith(createLeadingSlice(b, op.getLoc(), product, out.getShape()));
   op.erase();
   return true;
 }
@@ -163,7 +152,7 @@ bool padGemm(GemmOp op, int64_t minFlops) {
   }
   auto product = b.create<GemmOp>(loc, padded.out, padded.lhs, padded.rhs, c, op.getTransAAttr(),
                                   op.getTransBAttr(), op.getAlphaAttr(), op.getBetaAttr());
-  op.replaceAllUsesWith(sliceTo(b, loc, product, out.getShape()));
+  op.replaceAllUsesWith(createLeadingSlice(b, loc, product, out.getShape()));
   op.erase();
   return true;
 }

@@ -730,6 +730,17 @@ LogicalResult FusionOp::verify() {
   return success();
 }
 
+Value mlir::forge::createLeadingSlice(OpBuilder &b, Location loc, Value v,
+                                      ArrayRef<int64_t> shape) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (type.getShape() == shape)
+    return v;
+  SmallVector<int64_t> zeros(shape.size(), 0), ones(shape.size(), 1);
+  return b.create<SliceOp>(loc, RankedTensorType::get(shape, type.getElementType()), v,
+                           b.getDenseI64ArrayAttr(zeros), b.getDenseI64ArrayAttr(shape),
+                           b.getDenseI64ArrayAttr(ones));
+}
+
 bool mlir::forge::isInnermostRowOp(Operation *op) {
   if (!isa<SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp, LogSoftmaxGradOp>(op))
     return false;

@@ -72,6 +72,9 @@ FailureOr<Operation *> buildForgeOp(OpBuilder &builder, Location loc, StringRef 
                                     function_ref<InFlightDiagnostic()> emitError);
 /// Broadcast two shapes; failure if incompatible.
 FailureOr<SmallVector<int64_t>> broadcastShapes(ArrayRef<int64_t> a, ArrayRef<int64_t> b);
+/// The leading `shape` part of `v` (a forge.slice from 0 with unit steps), or
+/// `v` itself when it has that shape.
+Value createLeadingSlice(OpBuilder &b, Location loc, Value v, ArrayRef<int64_t> shape);
 /// softmax, log_softmax, softmax_grad or log_softmax_grad over the innermost
 /// axis of a statically shaped tensor: the op a forge.fusion "row" is built around.
 bool isInnermostRowOp(Operation *op);
