@@ -566,6 +566,138 @@ bool fuseRowRegions(func::FuncOp func) {
   return changed;
 }
 
+/// A reduce_sum of a whole static f32 tensor to a scalar.
+bool isWholeSum(Operation *op) {
+  auto sum = dyn_cast<ReduceSumOp>(op);
+  if (!sum || sum.getKeepdims())
+    return false;
+  auto in = dyn_cast<RankedTensorType>(sum.getInput().getType());
+  return in && in.hasStaticShape() && in.getNumElements() > 0 && in.getElementType().isF32() &&
+         static_cast<int64_t>(sum.getAxes().size()) == in.getRank() && in.getRank() > 0;
+}
+
+/// Replaces the independent whole-tensor sums `group` (program order), each
+/// with its prologue (a pointwise op that only it reads, or none), by one
+/// forge.fusion "multi_reduce" at the last one's place. Outside users of an
+/// earlier sum that sit before the last one move after the region (none of
+/// them feeds a member: the caller checked).
+void outlineMultiReduce(ArrayRef<std::pair<Operation *, Operation *>> group) {
+  Operation *last = group.back().first;
+  llvm::SmallPtrSet<Operation *, 16> members; // ops that move into the region
+  for (auto [sum, pro] : group) {
+    members.insert(sum);
+    if (pro && pro->hasOneUse())
+      members.insert(pro);
+  }
+  llvm::SmallPtrSet<Operation *, 16> tainted(members.begin(), members.end());
+  SmallVector<Operation *> toMove;
+  Operation *first = group.front().first;
+  if (Operation *pro = group.front().second; pro && members.count(pro))
+    first = pro;
+  for (Operation *op = first->getNextNode(); op != last; op = op->getNextNode()) {
+    if (members.count(op))
+      continue;
+    if (llvm::any_of(op->getOperands(), [&](Value v) {
+          Operation *def = v.getDefiningOp();
+          return def && tainted.count(def);
+        })) {
+      tainted.insert(op);
+      toMove.push_back(op);
+    }
+  }
+  llvm::SetVector<Value> inputs;
+  SmallVector<Type> resultTypes;
+  SmallVector<Location> locs;
+  for (auto [sum, pro] : group) {
+    for (Value v : (pro ? pro : sum)->getOperands())
+      inputs.insert(v);
+    resultTypes.push_back(sum->getResult(0).getType());
+    locs.push_back(sum->getLoc());
+  }
+  OpBuilder b(last);
+  auto region = b.create<FusionOp>(FusedLoc::get(last->getContext(), locs), resultTypes,
+                                   inputs.getArrayRef(), b.getStringAttr("multi_reduce"));
+  Block *body = new Block();
+  region.getBody().push_back(body);
+  IRMapping map;
+  for (Value v : inputs)
+    map.map(v, body->addArgument(v.getType(), v.getLoc()));
+  OpBuilder inner = OpBuilder::atBlockEnd(body);
+  SmallVector<Value> yielded;
+  for (auto [sum, pro] : group) {
+    if (pro)
+      inner.clone(*pro, map);
+    yielded.push_back(inner.clone(*sum, map)->getResult(0));
+  }
+  inner.create<YieldOp>(region.getLoc(), yielded);
+  for (auto [i, member] : llvm::enumerate(group))
+    member.first->getResult(0).replaceAllUsesWith(region.getResult(i));
+  Operation *after = region;
+  for (Operation *op : toMove) {
+    op->moveAfter(after);
+    after = op;
+  }
+  for (auto [sum, pro] : llvm::reverse(group)) {
+    sum->erase();
+    if (pro && pro->use_empty())
+      pro->erase();
+  }
+}
+
+/// Multi-tensor reduction (before loop fusion, which would otherwise take
+/// the squares into the optimizer's regions as extra results): the
+/// whole-tensor sums of a block, with a pointwise prologue that only they
+/// read (g * g for the global gradient norm), become "multi_reduce" regions
+/// of at most `maxOperands` operands and results, one launch for all.
+bool fuseMultiReductions(func::FuncOp func, int64_t maxOperands) {
+  bool changed = false;
+  for (Block &block : func.getBody()) {
+    SmallVector<std::pair<Operation *, Operation *>> group; // sum, prologue
+    llvm::SmallPtrSet<Operation *, 16> members;
+    int64_t operands = 0;
+    auto flush = [&] {
+      if (group.size() > 1) {
+        outlineMultiReduce(group);
+        changed = true;
+      }
+      group.clear();
+      members.clear();
+      operands = 0;
+    };
+    for (Operation &op : llvm::make_early_inc_range(block)) {
+      if (!isWholeSum(&op))
+        continue;
+      Operation *pro = op.getOperand(0).getDefiningOp();
+      auto shape = cast<RankedTensorType>(op.getOperand(0).getType()).getShape();
+      // A prologue read elsewhere too (AdamW's g * g, merged by CSE with the
+      // norm's) is recomputed in the region: reading g costs what reading
+      // g * g would, and the optimizer's region then need not write it.
+      if (!(pro && isLoopFusible(pro) && shapeOf(pro) == shape &&
+            llvm::all_of(pro->getOperandTypes(), [&](Type t) {
+              auto tt = cast<RankedTensorType>(t);
+              return tt.getShape() == shape || tt.getNumElements() == 1;
+            })))
+        pro = nullptr;
+      Operation *head = pro ? pro : &op;
+      // A member may not depend on an earlier one (e.g. through a clipped gradient).
+      if (!group.empty() && readsAny({head}, members, group.front().second
+                                                          ? group.front().second
+                                                          : group.front().first))
+        continue;
+      int64_t n = static_cast<int64_t>(head->getNumOperands()) + 1;
+      if (!group.empty() && operands + n > maxOperands)
+        flush();
+      group.push_back({&op, pro});
+      members.insert(&op);
+      if (pro && pro->hasOneUse())
+        members.insert(pro);
+      operands += n;
+    }
+    flush();
+  }
+  return changed;
+}
+
 /// Replaces the independent loop regions `group` (program order) with one
 /// forge.fusion "horizontal" at the last one's place.
 void outlineHorizontal(ArrayRef<FusionOp> group);
@@ -892,6 +1024,8 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
         failed(applyOpPatternsAndFold(entropies, frozenPadding, config, &rewritten)))
       return signalPassFailure();
     changed |= rewritten;
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      changed |= fuseMultiReductions(func, maxHorizontalOperands);
     for (auto func : getOperation().getOps<func::FuncOp>())
       for (Block &block : func.getBody()) {
         LoopGrouper grouper(block);

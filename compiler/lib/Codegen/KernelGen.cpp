@@ -83,6 +83,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
       return horizontalFusionKernel(fusion, name);
     if (fusion.getKind() == "row")
       return rowFusionKernel(fusion, name);
+    if (fusion.getKind() == "multi_reduce")
+      return multiReduceKernel(fusion, name);
     return std::nullopt;
   }
   for (Value v : op->getOperands())

@@ -572,3 +572,134 @@ std::optional<KernelLaunch> KernelGenerator::Impl::cumsumKernel(Operation *op, S
     });
   });
 }
+
+/// A multi_reduce region: member i (a whole-tensor sum, with its pointwise
+/// prologue evaluated per element) owns a contiguous range of blocks sized by
+/// its elements (capped at a few waves; its grid-stride loop covers the
+/// rest), picked by a binary decision tree on blockIdx.x as in horizontal
+/// regions. Each block sums its share, then one atomic add per block into the
+/// member's scalar (zeroed before the launch). Inputs are read at the flat
+/// element index, or are scalars.
+std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fusion,
+                                                                     StringRef name) {
+  Block &body = fusion.getBlock();
+  SmallVector<ReduceSumOp> sums;
+  for (Operation &op : body.without_terminator()) {
+    if (auto sum = dyn_cast<ReduceSumOp>(op))
+      sums.push_back(sum);
+    if (!faultOf(&op).empty())
+      return std::nullopt;
+    for (Value v : op.getOperands())
+      if (!tensorType(v).getElementType().isF32() && !tensorType(v).getElementType().isInteger(1))
+        return std::nullopt;
+  }
+  for (ReduceSumOp sum : sums) {
+    int64_t n = tensorType(sum.getInput()).getNumElements();
+    // Every argument a member reads has the member's elements, or one.
+    SmallVector<Value> worklist{sum.getInput()};
+    while (!worklist.empty()) {
+      Value v = worklist.pop_back_val();
+      if (auto arg = dyn_cast<BlockArgument>(v)) {
+        int64_t m = tensorType(arg).getNumElements();
+        if (m != n && m != 1)
+          return std::nullopt;
+        continue;
+      }
+      llvm::append_range(worklist, v.getDefiningOp()->getOperands());
+    }
+  }
+  SmallVector<Type> args;
+  for (Value v : fusion.getInputs())
+    args.push_back(flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements()));
+  for (Value v : fusion.getResults())
+    args.push_back(flatMemref(tensorType(v).getElementType(), 1));
+  Type f32 = Float32Type::get(context);
+  int64_t block = 256;
+  const int64_t cap = 4 * target.typicalSMs * std::max<int64_t>(1, target.maxThreadsPerSM / block);
+  SmallVector<int64_t> first, blocks;
+  int64_t grid = 0;
+  for (ReduceSumOp sum : sums) {
+    int64_t n = tensorType(sum.getInput()).getNumElements();
+    first.push_back(grid);
+    // About 4 elements per thread, at least one block.
+    blocks.push_back(std::clamp<int64_t>((n + 4 * block - 1) / (4 * block), 1, cap));
+    grid += blocks.back();
+  }
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, args, block, {sharedBuffer(kWarp, f32)});
+  Body k = Body::of(b, fusion.getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value bid = k.bid();
+  unsigned numInputs = fusion.getInputs().size();
+  bool ok = true;
+  auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
+  Value zero = k.fconst(f32, 0.0);
+  // The storage-form scalar of body value `v` at flat element e.
+  std::function<Value(Value, Value, llvm::DenseMap<Value, Value> &)> evalAt =
+      [&](Value v, Value e, llvm::DenseMap<Value, Value> &stored) -> Value {
+    if (Value known = stored.lookup(v))
+      return known;
+    Value r;
+    if (auto arg = dyn_cast<BlockArgument>(v)) {
+      Value at = tensorType(arg).getNumElements() == 1 ? k.idx(0) : e;
+      r = b.create<memref::LoadOp>(k.loc, fn.getArgument(arg.getArgNumber()), at);
+    } else {
+      Operation *op = v.getDefiningOp();
+      SmallVector<Value> operands;
+      SmallVector<Type> elems;
+      for (Value u : op->getOperands()) {
+        Value su = evalAt(u, e, stored);
+        if (!su)
+          return nullptr;
+        elems.push_back(tensorType(u).getElementType());
+        operands.push_back(k.toCompute(su, elems.back()));
+      }
+      Type resultElem = tensorType(v).getElementType();
+      Value scalar = emitScalar(k, op, operands, elems, resultElem);
+      if (!scalar)
+        return nullptr;
+      r = k.toStorage(scalar, resultElem);
+    }
+    stored[v] = r;
+    return r;
+  };
+  std::function<void(size_t, size_t)> emitRange = [&](size_t lo, size_t hi) {
+    if (hi - lo == 1) {
+      ReduceSumOp sum = sums[lo];
+      int64_t n = tensorType(sum.getInput()).getNumElements();
+      Value local = b.create<arith::SubIOp>(k.loc, bid, k.idx(first[lo]));
+      Value start = k.add(k.mul(local, k.idx(block)), k.tid());
+      Value acc = k.loopAcc(start, n, k.idx(blocks[lo] * block), zero, [&](Value e, Value a) {
+        llvm::DenseMap<Value, Value> stored;
+        Value x = evalAt(sum.getInput(), e, stored);
+        if (!x) {
+          ok = false;
+          return a;
+        }
+        return addf(a, k.toCompute(x, f32));
+      });
+      acc = k.blockReduce(acc, block / kWarp, sh, zero, addf);
+      k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
+        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, acc,
+                                      fn.getArgument(numInputs + lo), ValueRange{k.idx(0)});
+      });
+      return;
+    }
+    size_t mid = (lo + hi) / 2;
+    auto branch = b.create<scf::IfOp>(k.loc, k.ult(bid, k.idx(first[mid])), /*withElse=*/true);
+    OpBuilder::InsertionGuard g(b);
+    b.setInsertionPointToStart(&branch.getThenRegion().front());
+    emitRange(lo, mid);
+    b.setInsertionPointToStart(&branch.getElseRegion().front());
+    emitRange(mid, hi);
+  };
+  emitRange(0, sums.size());
+  if (!ok || sums.empty()) {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  KernelLaunch launch{name.str(), grid, block};
+  launch.zeroOutputs = true;
+  return launch;
+}

@@ -673,8 +673,30 @@ LogicalResult FusionOp::verify() {
       return emitOpError("must yield its members' results in member order");
     return success();
   }
+  if (getKind() == "multi_reduce") {
+    // Sums of whole tensors; each member's prologue only feeds it.
+    SmallVector<Value> sums;
+    for (Operation &op : block.without_terminator()) {
+      if (auto sum = dyn_cast<ReduceSumOp>(op)) {
+        auto in = cast<RankedTensorType>(sum.getInput().getType());
+        if (cast<RankedTensorType>(sum.getType()).getRank() != 0 ||
+            static_cast<int64_t>(sum.getAxes().size()) != in.getRank())
+          return op.emitOpError("is not a reduction of a whole tensor to a scalar");
+        sums.push_back(sum.getResult());
+        continue;
+      }
+      auto iface = dyn_cast<ForgeOpInterface>(op);
+      if (!iface || iface.getFusionClass() != FusionClass::Elementwise || !op.hasOneUse())
+        return op.emitOpError("is neither a whole-tensor reduce_sum nor a pointwise op that "
+                              "only one reduction reads");
+    }
+    if (!llvm::equal(sums, yield.getValues()))
+      return emitOpError("must yield its reductions' sums in order");
+    return success();
+  }
   if (getKind() != "loop" && getKind() != "row")
-    return emitOpError() << "has unknown kind '" << getKind() << "' (loop, row, horizontal)";
+    return emitOpError() << "has unknown kind '" << getKind()
+                         << "' (loop, row, horizontal, multi_reduce)";
   ArrayRef<int64_t> shape = getIterationShape();
   if (getKind() == "row") {
     if (getNumResults() != 1)

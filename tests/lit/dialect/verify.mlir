@@ -65,7 +65,7 @@ func.func @fusion_not_pointwise(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
 // -----
 
 func.func @fusion_unknown_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{has unknown kind 'tile' (loop, row, horizontal)}}
+  // expected-error @+1 {{has unknown kind 'tile' (loop, row, horizontal, multi_reduce)}}
   %r = forge.fusion "tile"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xf32>):
     %e = forge.exp %a : (tensor<4xf32>) -> tensor<4xf32>
@@ -196,4 +196,29 @@ func.func @row_prologue_yielded(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
     forge.yield %e : tensor<2x4xf32>
   }
   return %r : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @multi_reduce_partial_sum(%x: tensor<2x4xf32>) -> tensor<4xf32> {
+  %r = forge.fusion "multi_reduce"(%x) : (tensor<2x4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    // expected-error @+1 {{is not a reduction of a whole tensor to a scalar}}
+    %s = forge.reduce_sum %a {axes = array<i64: 0>, keepdims = false} : (tensor<2x4xf32>) -> tensor<4xf32>
+    forge.yield %s : tensor<4xf32>
+  }
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @multi_reduce_yield_order(%x: tensor<4xf32>, %y: tensor<4xf32>) -> (tensor<f32>, tensor<f32>) {
+  // expected-error @+1 {{must yield its reductions' sums in order}}
+  %r:2 = forge.fusion "multi_reduce"(%x, %y) : (tensor<4xf32>, tensor<4xf32>) -> (tensor<f32>, tensor<f32>) {
+  ^bb0(%a: tensor<4xf32>, %b: tensor<4xf32>):
+    %s = forge.reduce_sum %a {axes = array<i64: 0>, keepdims = false} : (tensor<4xf32>) -> tensor<f32>
+    %t = forge.reduce_sum %b {axes = array<i64: 0>, keepdims = false} : (tensor<4xf32>) -> tensor<f32>
+    forge.yield %t, %s : tensor<f32>, tensor<f32>
+  }
+  return %r#0, %r#1 : tensor<f32>, tensor<f32>
 }

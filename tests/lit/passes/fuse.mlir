@@ -325,3 +325,30 @@ func.func @sliced_logits(%p: tensor<6x12xf32>, %t: tensor<6xi64>) -> tensor<f32>
   %loss = forge.nll_loss %ls, %t {reduction = "mean"} : (tensor<6x10xf32>, tensor<6xi64>) -> tensor<f32>
   return %loss : tensor<f32>
 }
+
+// -----
+
+// The global gradient norm: whole-tensor sums of g * g become one
+// multi_reduce region (one launch). A square that the optimizer reads too
+// is recomputed inside (the optimizer's region then does not write it); a
+// sum that depends on another sum stays out.
+// CHECK-LABEL: func @grad_norm
+// CHECK: %[[S:.*]]:2 = forge.fusion "multi_reduce"(%arg0, %arg1) : (tensor<4x8xf32>, tensor<8xf32>) -> (tensor<f32>, tensor<f32>) {
+// CHECK-NEXT: ^bb0(%[[A:.*]]: tensor<4x8xf32>, %[[B:.*]]: tensor<8xf32>):
+// CHECK-NEXT: %[[AA:.*]] = forge.mul %[[A]], %[[A]]
+// CHECK-NEXT: %[[RA:.*]] = forge.reduce_sum %[[AA]] {axes = array<i64: 0, 1>, keepdims = false}
+// CHECK-NEXT: %[[BB:.*]] = forge.mul %[[B]], %[[B]]
+// CHECK-NEXT: %[[RB:.*]] = forge.reduce_sum %[[BB]] {axes = array<i64: 0>, keepdims = false}
+// CHECK-NEXT: forge.yield %[[RA]], %[[RB]]
+// CHECK: forge.reduce_sum %{{.*}} {axes = array<i64: 0>, keepdims = false} : (tensor<8xf32>) -> tensor<f32>
+func.func @grad_norm(%g: tensor<4x8xf32>, %h: tensor<8xf32>, %m: tensor<8xf32>) -> (tensor<f32>, tensor<8xf32>, tensor<f32>) {
+  %gg = forge.mul %g, %g : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %sg = forge.reduce_sum %gg {axes = array<i64: 0, 1>, keepdims = false} : (tensor<4x8xf32>) -> tensor<f32>
+  %hh = forge.mul %h, %h : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %sh = forge.reduce_sum %hh {axes = array<i64: 0>, keepdims = false} : (tensor<8xf32>) -> tensor<f32>
+  %v = forge.add %m, %hh : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %n = forge.add %sg, %sh : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %scaled = forge.mul %h, %n : (tensor<8xf32>, tensor<f32>) -> tensor<8xf32>
+  %sd = forge.reduce_sum %scaled {axes = array<i64: 0>, keepdims = false} : (tensor<8xf32>) -> tensor<f32>
+  return %n, %v, %sd : tensor<f32>, tensor<8xf32>, tensor<f32>
+}

@@ -584,6 +584,13 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     CUDA code generator emits one row kernel: it evaluates the prologue as it
     loads a row and the epilogue as it stores it (an attention's scale and
     causal mask around its softmax, forward and backward).
+
+    `kind = "multi_reduce"`: independent full reductions side by side (the
+    squared norms of every gradient for the global gradient norm): each
+    `forge.reduce_sum` to a scalar, of a body argument or of pointwise ops of
+    its shape on body arguments (its prologue, read by it alone); the region
+    yields the sums in order. One kernel computes them all, each sum on its
+    own range of blocks.
   }];
   let arguments = (ins Variadic<AnyForgeTensor>:$inputs, StrAttr:$kind);
   let results = (outs Variadic<AnyForgeTensor>:$results);
