@@ -203,6 +203,36 @@ bool feedsItself(ArrayRef<Operation *> group, const llvm::SmallPtrSetImpl<Operat
   return readsAny(producers.getArrayRef(), inGroup, group.front());
 }
 
+/// The ops strictly between `first` and `last`, outside `members`, that use
+/// a value of a member or of an op already listed, in order: when the
+/// members become one op at `last`'s place, these move after it (none of
+/// them feeds a member; the callers checked).
+SmallVector<Operation *> usersToMove(Operation *first, Operation *last,
+                                     const llvm::SmallPtrSetImpl<Operation *> &members) {
+  llvm::SmallPtrSet<Operation *, 16> tainted(members.begin(), members.end());
+  SmallVector<Operation *> toMove;
+  for (Operation *op = first->getNextNode(); op != last; op = op->getNextNode()) {
+    if (members.count(op))
+      continue;
+    if (llvm::any_of(op->getOperands(), [&](Value v) {
+          Operation *def = v.getDefiningOp();
+          return def && tainted.count(def);
+        })) {
+      tainted.insert(op);
+      toMove.push_back(op);
+    }
+  }
+  return toMove;
+}
+
+/// Moves `ops` right after `anchor`, keeping their order.
+void moveAfter(ArrayRef<Operation *> ops, Operation *anchor) {
+  for (Operation *op : ops) {
+    op->moveAfter(anchor);
+    anchor = op;
+  }
+}
+
 /// Replaces the ops of `ops` with one forge.fusion "loop"; false (and nothing
 /// changed) when the group would feed itself.
 bool outline(ArrayRef<Operation *> ops) {
@@ -228,20 +258,7 @@ bool outline(ArrayRef<Operation *> ops) {
   // Outside users of the group's values that sit between its first and last
   // op move after the region (with everything after them that uses them);
   // none of them feeds the group (the grouper checked), so this keeps dominance.
-  llvm::SmallPtrSet<Operation *, 16> tainted(group.begin(), group.end());
-  SmallVector<Operation *> toMove;
-  for (Operation *op = group.front()->getNextNode(); op != last; op = op->getNextNode()) {
-    if (inGroup.count(op))
-      continue;
-    bool uses = llvm::any_of(op->getOperands(), [&](Value v) {
-      Operation *def = v.getDefiningOp();
-      return def && tainted.count(def);
-    });
-    if (uses) {
-      tainted.insert(op);
-      toMove.push_back(op);
-    }
-  }
+  SmallVector<Operation *> toMove = usersToMove(group.front(), last, inGroup);
 
   SmallVector<Location> locs;
   for (Operation *op : group)
@@ -267,11 +284,7 @@ bool outline(ArrayRef<Operation *> ops) {
 
   for (auto [v, r] : llvm::zip(outputs, fusion.getResults()))
     v.replaceUsesWithIf(r, [&](OpOperand &use) { return !inGroup.count(use.getOwner()); });
-  Operation *after = fusion;
-  for (Operation *op : toMove) {
-    op->moveAfter(after);
-    after = op;
-  }
+  moveAfter(toMove, fusion);
   for (Operation *op : llvm::reverse(group))
     op->erase();
   return true;
@@ -589,22 +602,10 @@ void outlineMultiReduce(ArrayRef<std::pair<Operation *, Operation *>> group) {
     if (pro && pro->hasOneUse())
       members.insert(pro);
   }
-  llvm::SmallPtrSet<Operation *, 16> tainted(members.begin(), members.end());
-  SmallVector<Operation *> toMove;
   Operation *first = group.front().first;
   if (Operation *pro = group.front().second; pro && members.count(pro))
     first = pro;
-  for (Operation *op = first->getNextNode(); op != last; op = op->getNextNode()) {
-    if (members.count(op))
-      continue;
-    if (llvm::any_of(op->getOperands(), [&](Value v) {
-          Operation *def = v.getDefiningOp();
-          return def && tainted.count(def);
-        })) {
-      tainted.insert(op);
-      toMove.push_back(op);
-    }
-  }
+  SmallVector<Operation *> toMove = usersToMove(first, last, members);
   llvm::SetVector<Value> inputs;
   SmallVector<Type> resultTypes;
   SmallVector<Location> locs;
@@ -632,11 +633,7 @@ void outlineMultiReduce(ArrayRef<std::pair<Operation *, Operation *>> group) {
   inner.create<YieldOp>(region.getLoc(), yielded);
   for (auto [i, member] : llvm::enumerate(group))
     member.first->getResult(0).replaceAllUsesWith(region.getResult(i));
-  Operation *after = region;
-  for (Operation *op : toMove) {
-    op->moveAfter(after);
-    after = op;
-  }
+  moveAfter(toMove, region);
   for (auto [sum, pro] : llvm::reverse(group)) {
     sum->erase();
     if (pro && pro->use_empty())
@@ -761,19 +758,7 @@ void outlineHorizontal(ArrayRef<FusionOp> group) {
   FusionOp last = group.back();
   // Outside users of earlier members sitting before the last member move
   // after the new region, with what uses them (none feeds a member).
-  llvm::SmallPtrSet<Operation *, 16> tainted(members.begin(), members.end());
-  SmallVector<Operation *> toMove;
-  for (Operation *op = group.front()->getNextNode(); op != last; op = op->getNextNode()) {
-    if (members.count(op))
-      continue;
-    if (llvm::any_of(op->getOperands(), [&](Value v) {
-          Operation *def = v.getDefiningOp();
-          return def && tainted.count(def);
-        })) {
-      tainted.insert(op);
-      toMove.push_back(op);
-    }
-  }
+  SmallVector<Operation *> toMove = usersToMove(group.front(), last, members);
   SmallVector<Value> inputs;
   SmallVector<Type> resultTypes;
   SmallVector<Location> locs;
@@ -805,11 +790,7 @@ void outlineHorizontal(ArrayRef<FusionOp> group) {
   for (FusionOp f : group)
     for (Value v : f.getResults())
       v.replaceAllUsesWith(horizontal.getResult(r++));
-  Operation *after = horizontal;
-  for (Operation *op : toMove) {
-    op->moveAfter(after);
-    after = op;
-  }
+  moveAfter(toMove, horizontal);
   for (FusionOp f : llvm::reverse(group))
     f.erase();
 }

@@ -428,6 +428,19 @@ Value floatToInt(Body &k, Value x, Type to, bool isUnsigned);
 Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argElems,
                  Type resultElem);
 
+// Pointwise.cpp
+/// The storage-form scalar of fusion-body value `v` at one element: body
+/// arguments through `loadArg` (a storage-form load), ops through
+/// emitScalar, each value once (memoized in `stored`); null when an op has
+/// no scalar form.
+Value evalBodyValue(Body &k, Value v, llvm::DenseMap<Value, Value> &stored,
+                    function_ref<Value(BlockArgument)> loadArg);
+/// Member i of a kernel whose members own consecutive block ranges starting
+/// at first[i]: a binary decision tree on `bid` emits `member(i)` where
+/// first[i] <= bid < first[i + 1].
+void emitBlockRanges(Body &k, Value bid, ArrayRef<int64_t> first,
+                     function_ref<void(size_t)> member);
+
 // Reduction.cpp
 /// How a reduce_* op combines its elements (nullopt: not a reduce_* op).
 struct ReduceKind {

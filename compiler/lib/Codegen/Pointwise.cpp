@@ -245,6 +245,52 @@ SmallVector<Value> KernelGenerator::Impl::evalLoopBody(Body &k, FusionOp fusion,
   return out;
 }
 
+Value kernelgen::evalBodyValue(Body &k, Value v, llvm::DenseMap<Value, Value> &stored,
+                               function_ref<Value(BlockArgument)> loadArg) {
+  if (Value known = stored.lookup(v))
+    return known;
+  Value r;
+  if (auto arg = dyn_cast<BlockArgument>(v)) {
+    r = loadArg(arg);
+  } else {
+    Operation *op = v.getDefiningOp();
+    SmallVector<Value> operands;
+    SmallVector<Type> elems;
+    for (Value u : op->getOperands()) {
+      Value su = evalBodyValue(k, u, stored, loadArg);
+      if (!su)
+        return nullptr;
+      elems.push_back(tensorType(u).getElementType());
+      operands.push_back(k.toCompute(su, elems.back()));
+    }
+    Type resultElem = tensorType(v).getElementType();
+    Value scalar = emitScalar(k, op, operands, elems, resultElem);
+    if (!scalar)
+      return nullptr;
+    r = k.toStorage(scalar, resultElem);
+  }
+  stored[v] = r;
+  return r;
+}
+
+void kernelgen::emitBlockRanges(Body &k, Value bid, ArrayRef<int64_t> first,
+                                function_ref<void(size_t)> member) {
+  std::function<void(size_t, size_t)> range = [&](size_t lo, size_t hi) {
+    if (hi - lo == 1) {
+      member(lo);
+      return;
+    }
+    size_t mid = (lo + hi) / 2;
+    auto branch = k.b.create<scf::IfOp>(k.loc, k.ult(bid, k.idx(first[mid])), /*withElse=*/true);
+    OpBuilder::InsertionGuard g(k.b);
+    k.b.setInsertionPointToStart(&branch.getThenRegion().front());
+    range(lo, mid);
+    k.b.setInsertionPointToStart(&branch.getElseRegion().front());
+    range(mid, hi);
+  };
+  range(0, first.size());
+}
+
 /// The plan of a loop region (null when its ops cannot run in one kernel);
 /// sets `fault` from its ops.
 std::optional<KernelGenerator::Impl::PointwisePlan>
@@ -344,24 +390,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::horizontalFusionKernel(Fusion
   Body k = Body::of(b, fusion.getLoc(), fn);
   Value bid = k.bid();
   bool ok = true;
-  std::function<void(size_t, size_t)> emitRange = [&](size_t lo, size_t hi) {
-    if (hi - lo == 1) {
-      FusionOp member = members[lo];
-      auto body = [&](Body &kk, ArrayRef<Value> in) { return evalLoopBody(kk, member, in); };
-      ok &= emitPointwise(k, fn, plans[lo], inArgs[lo], outArgs[lo],
-                          b.create<arith::SubIOp>(k.loc, bid, k.idx(first[lo])), blocks[lo],
-                          body);
-      return;
-    }
-    size_t mid = (lo + hi) / 2;
-    auto branch = b.create<scf::IfOp>(k.loc, k.ult(bid, k.idx(first[mid])), /*withElse=*/true);
-    OpBuilder::InsertionGuard g(b);
-    b.setInsertionPointToStart(&branch.getThenRegion().front());
-    emitRange(lo, mid);
-    b.setInsertionPointToStart(&branch.getElseRegion().front());
-    emitRange(mid, hi);
-  };
-  emitRange(0, members.size());
+  emitBlockRanges(k, bid, first, [&](size_t i) {
+    FusionOp member = members[i];
+    auto body = [&](Body &kk, ArrayRef<Value> in) { return evalLoopBody(kk, member, in); };
+    ok &= emitPointwise(k, fn, plans[i], inArgs[i], outArgs[i],
+                        b.create<arith::SubIOp>(k.loc, bid, k.idx(first[i])), blocks[i], body);
+  });
   if (!ok) {
     fn.erase();
     return std::nullopt;

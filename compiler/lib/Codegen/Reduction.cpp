@@ -386,36 +386,14 @@ std::optional<KernelLaunch> KernelGenerator::Impl::rowFusionKernel(FusionOp fusi
     rowOffset.push_back(off);
   }
   Value base = k.mul(row, k.idx(cols));
-  // The storage-form scalar of body value `v` at column c (memoized in `stored`).
-  std::function<Value(Value, Value, llvm::DenseMap<Value, Value> &)> evalAt =
-      [&](Value v, Value c, llvm::DenseMap<Value, Value> &stored) -> Value {
-    if (Value known = stored.lookup(v))
-      return known;
-    Value r;
-    if (auto arg = dyn_cast<BlockArgument>(v)) {
+  // Body argument m at column c: its row offset plus c times its column stride.
+  auto evalAt = [&](Value v, Value c, llvm::DenseMap<Value, Value> &stored) {
+    return evalBodyValue(k, v, stored, [&](BlockArgument arg) -> Value {
       unsigned m = arg.getArgNumber();
       int64_t colStride = strides[m].back();
       Value at = colStride == 0 ? rowOffset[m] : k.add(rowOffset[m], k.mul(c, k.idx(colStride)));
-      r = b.create<memref::LoadOp>(k.loc, fn.getArgument(m), at);
-    } else {
-      Operation *op = v.getDefiningOp();
-      SmallVector<Value> operands;
-      SmallVector<Type> elems;
-      for (Value u : op->getOperands()) {
-        Value su = evalAt(u, c, stored);
-        if (!su)
-          return nullptr;
-        elems.push_back(tensorType(u).getElementType());
-        operands.push_back(k.toCompute(su, elems.back()));
-      }
-      Type resultElem = tensorType(v).getElementType();
-      Value scalar = emitScalar(k, op, operands, elems, resultElem);
-      if (!scalar)
-        return nullptr;
-      r = k.toStorage(scalar, resultElem);
-    }
-    stored[v] = r;
-    return r;
+      return b.create<memref::LoadOp>(k.loc, fn.getArgument(m), at);
+    });
   };
   bool ok = true;
   Value zero = k.fconst(Float32Type::get(context), 0.0);
@@ -634,66 +612,33 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
   bool ok = true;
   auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
   Value zero = k.fconst(f32, 0.0);
-  // The storage-form scalar of body value `v` at flat element e.
-  std::function<Value(Value, Value, llvm::DenseMap<Value, Value> &)> evalAt =
-      [&](Value v, Value e, llvm::DenseMap<Value, Value> &stored) -> Value {
-    if (Value known = stored.lookup(v))
-      return known;
-    Value r;
-    if (auto arg = dyn_cast<BlockArgument>(v)) {
+  // Body argument at flat element e (scalars at 0).
+  auto evalAt = [&](Value v, Value e, llvm::DenseMap<Value, Value> &stored) {
+    return evalBodyValue(k, v, stored, [&](BlockArgument arg) -> Value {
       Value at = tensorType(arg).getNumElements() == 1 ? k.idx(0) : e;
-      r = b.create<memref::LoadOp>(k.loc, fn.getArgument(arg.getArgNumber()), at);
-    } else {
-      Operation *op = v.getDefiningOp();
-      SmallVector<Value> operands;
-      SmallVector<Type> elems;
-      for (Value u : op->getOperands()) {
-        Value su = evalAt(u, e, stored);
-        if (!su)
-          return nullptr;
-        elems.push_back(tensorType(u).getElementType());
-        operands.push_back(k.toCompute(su, elems.back()));
+      return b.create<memref::LoadOp>(k.loc, fn.getArgument(arg.getArgNumber()), at);
+    });
+  };
+  emitBlockRanges(k, bid, first, [&](size_t lo) {
+    ReduceSumOp sum = sums[lo];
+    int64_t n = tensorType(sum.getInput()).getNumElements();
+    Value local = b.create<arith::SubIOp>(k.loc, bid, k.idx(first[lo]));
+    Value start = k.add(k.mul(local, k.idx(block)), k.tid());
+    Value acc = k.loopAcc(start, n, k.idx(blocks[lo] * block), zero, [&](Value e, Value a) {
+      llvm::DenseMap<Value, Value> stored;
+      Value x = evalAt(sum.getInput(), e, stored);
+      if (!x) {
+        ok = false;
+        return a;
       }
-      Type resultElem = tensorType(v).getElementType();
-      Value scalar = emitScalar(k, op, operands, elems, resultElem);
-      if (!scalar)
-        return nullptr;
-      r = k.toStorage(scalar, resultElem);
-    }
-    stored[v] = r;
-    return r;
-  };
-  std::function<void(size_t, size_t)> emitRange = [&](size_t lo, size_t hi) {
-    if (hi - lo == 1) {
-      ReduceSumOp sum = sums[lo];
-      int64_t n = tensorType(sum.getInput()).getNumElements();
-      Value local = b.create<arith::SubIOp>(k.loc, bid, k.idx(first[lo]));
-      Value start = k.add(k.mul(local, k.idx(block)), k.tid());
-      Value acc = k.loopAcc(start, n, k.idx(blocks[lo] * block), zero, [&](Value e, Value a) {
-        llvm::DenseMap<Value, Value> stored;
-        Value x = evalAt(sum.getInput(), e, stored);
-        if (!x) {
-          ok = false;
-          return a;
-        }
-        return addf(a, k.toCompute(x, f32));
-      });
-      acc = k.blockReduce(acc, block / kWarp, sh, zero, addf);
-      k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
-        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, acc,
-                                      fn.getArgument(numInputs + lo), ValueRange{k.idx(0)});
-      });
-      return;
-    }
-    size_t mid = (lo + hi) / 2;
-    auto branch = b.create<scf::IfOp>(k.loc, k.ult(bid, k.idx(first[mid])), /*withElse=*/true);
-    OpBuilder::InsertionGuard g(b);
-    b.setInsertionPointToStart(&branch.getThenRegion().front());
-    emitRange(lo, mid);
-    b.setInsertionPointToStart(&branch.getElseRegion().front());
-    emitRange(mid, hi);
-  };
-  emitRange(0, sums.size());
+      return addf(a, k.toCompute(x, f32));
+    });
+    acc = k.blockReduce(acc, block / kWarp, sh, zero, addf);
+    k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
+      b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, acc,
+                                    fn.getArgument(numInputs + lo), ValueRange{k.idx(0)});
+    });
+  });
   if (!ok || sums.empty()) {
     fn.erase();
     return std::nullopt;
