@@ -563,6 +563,9 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> nllLossGradKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> nllLossGradRowKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> crossEntropyKernel(Operation *op, StringRef name, bool grad);
+  std::optional<KernelLaunch> crossEntropyVectorKernel(Operation *op, StringRef name, bool grad,
+                                                       int64_t rows, int64_t stride,
+                                                       int64_t cols, StringRef reduction);
   std::optional<KernelLaunch> argmaxKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> topKKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> concatKernel(Operation *op, StringRef name);

@@ -113,6 +113,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
       return std::nullopt;
     reduction = r.getValue();
   }
+  if (elem.isF32() && stride % kVector == 0)
+    return crossEntropyVectorKernel(op, name, grad, rows, stride, cols, reduction);
   Type f32 = Float32Type::get(context);
   Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
@@ -269,4 +271,159 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operatio
   });
   b.create<gpu::ReturnOp>(k.loc);
   return KernelLaunch{name.str(), grid, block};
+}
+
+/// cross_entropy(_grad) over f32 rows whose stride divides by 4 (GPT-2's
+/// padded vocabulary): 16-byte vector loads and stores. The forward is one
+/// pass (online softmax: each thread keeps a running max and the sum of
+/// exponentials relative to it; pairs combine as (max(m1, m2), s1 e^(m1-m)
+/// + s2 e^(m2-m)) across the block), so it reads the row once instead of
+/// twice. Columns from `cols` on (padding) count as -inf; their gradient is 0.
+std::optional<KernelLaunch>
+KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name, bool grad,
+                                                int64_t rows, int64_t stride, int64_t cols,
+                                                StringRef reduction) {
+  Type f32 = Float32Type::get(context);
+  int64_t vectors = stride / kVector;
+  SmallVector<Type> args = flatArgs(op);
+  args[0] = flatMemref(f32, rows * stride, /*vector=*/true);
+  if (grad)
+    args[4] = flatMemref(f32, rows * stride, /*vector=*/true);
+  Type smem = sharedBuffer(kWarp, f32);
+  int64_t block = chooseBlockSize(target, vectors, 32, 2 * kWarp * 4);
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, args, block, {smem, smem});
+  Body k = Body::of(b, op->getLoc(), fn);
+  Value shM = fn.getWorkgroupAttributions()[0], shS = fn.getWorkgroupAttributions()[1];
+  Value row = k.bid();
+  Value base = k.mul(row, k.idx(vectors));
+  auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
+  auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
+  auto mulf = [&](Value a, Value c) -> Value { return b.create<arith::MulFOp>(k.loc, a, c); };
+  auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
+  auto expf = [&](Value a) -> Value { return b.create<math::ExpOp>(k.loc, a); };
+  auto lane = [&](Value vec, int64_t l) -> Value {
+    return b.create<vector::ExtractOp>(k.loc, vec, l);
+  };
+  Value zero = k.fconst(f32, 0.0), ninf = k.fconst(f32, -INFINITY);
+  // Column of lane l of vector v, and whether it is a logit (not padding).
+  auto column = [&](Value v, int64_t l) { return k.add(k.mul(v, k.idx(kVector)), k.idx(l)); };
+  auto isLogit = [&](Value c) -> Value {
+    if (cols == stride)
+      return Value();
+    return k.ult(c, k.idx(cols));
+  };
+  unsigned targetArg = grad ? 2 : 1;
+  auto [raw, tc] = loadTarget(k, fn.getArgument(targetArg), row, cols);
+  if (!grad) {
+    // (m, s) with s the sum of exp(x - m); an empty pair is (-inf, 0).
+    auto combine = [&](Value m1, Value s1, Value m2, Value s2) -> std::pair<Value, Value> {
+      Value m = maxf(m1, m2);
+      Value empty = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OEQ, m, ninf);
+      Value sum = addf(mulf(s1, expf(subf(m1, m))), mulf(s2, expf(subf(m2, m))));
+      return {m, b.create<arith::SelectOp>(k.loc, empty, zero, sum)};
+    };
+    auto loop = b.create<scf::ForOp>(
+        k.loc, k.tid(), k.idx(vectors), k.idx(block), ValueRange{ninf, zero},
+        [&](OpBuilder &nb, Location l, Value v, ValueRange acc) {
+          OpBuilder::InsertionGuard g(b);
+          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+          Value vec = b.create<memref::LoadOp>(l, fn.getArgument(0), k.add(base, v));
+          SmallVector<Value> xs;
+          Value m = acc[0];
+          for (int64_t i = 0; i < kVector; ++i) {
+            Value x = lane(vec, i);
+            if (Value ok = isLogit(column(v, i)))
+              x = b.create<arith::SelectOp>(l, ok, x, ninf);
+            xs.push_back(x);
+            m = maxf(m, x);
+          }
+          Value empty = b.create<arith::CmpFOp>(l, arith::CmpFPredicate::OEQ, m, ninf);
+          Value sum = mulf(acc[1], expf(subf(acc[0], m)));
+          for (Value x : xs)
+            sum = addf(sum, expf(subf(x, m)));
+          sum = b.create<arith::SelectOp>(l, empty, zero, sum);
+          b.create<scf::YieldOp>(l, ValueRange{m, sum});
+        });
+    Value m = loop.getResult(0), sum = loop.getResult(1);
+    // Across the warp, then the warps through shared memory.
+    auto warpCombine = [&](Value &wm, Value &ws) {
+      for (int32_t offset = 16; offset >= 1; offset /= 2) {
+        Value om = b.create<gpu::ShuffleOp>(k.loc, wm, k.i32(offset), k.i32(kWarp),
+                                            gpu::ShuffleMode::XOR)
+                       .getShuffleResult();
+        Value os = b.create<gpu::ShuffleOp>(k.loc, ws, k.i32(offset), k.i32(kWarp),
+                                            gpu::ShuffleMode::XOR)
+                       .getShuffleResult();
+        std::tie(wm, ws) = combine(wm, ws, om, os);
+      }
+    };
+    warpCombine(m, sum);
+    int64_t warps = block / kWarp;
+    if (warps > 1) {
+      Value t = k.tid();
+      Value laneId = k.rem(t, kWarp), warp = k.div(t, kWarp);
+      k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, laneId, k.idx(0)), [&] {
+        b.create<memref::StoreOp>(k.loc, m, shM, warp);
+        b.create<memref::StoreOp>(k.loc, sum, shS, warp);
+      });
+      b.create<gpu::BarrierOp>(k.loc);
+      Value slot = b.create<arith::MinUIOp>(k.loc, laneId, k.idx(warps - 1));
+      Value present = k.ult(laneId, k.idx(warps));
+      m = b.create<arith::SelectOp>(k.loc, present, b.create<memref::LoadOp>(k.loc, shM, slot), ninf);
+      sum = b.create<arith::SelectOp>(k.loc, present, b.create<memref::LoadOp>(k.loc, shS, slot),
+                                      zero);
+      warpCombine(m, sum);
+    }
+    Value lse = addf(m, b.create<math::LogOp>(k.loc, sum));
+    Value outside = b.create<arith::OrIOp>(
+        k.loc,
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, intConst(k, raw.getType(), 0)),
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, raw,
+                                intConst(k, raw.getType(), cols)));
+    k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
+      k.fault(outside);
+      // The target's logit: lane tc % 4 of vector tc / 4.
+      Value vec = b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.add(base, k.div(tc, kVector)));
+      Value which = k.rem(tc, kVector);
+      Value xt = lane(vec, 0);
+      for (int64_t i = 1; i < kVector; ++i)
+        xt = b.create<arith::SelectOp>(
+            k.loc, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, which, k.idx(i)),
+            lane(vec, i), xt);
+      b.create<memref::StoreOp>(k.loc, subf(lse, xt), fn.getArgument(2), row);
+      b.create<memref::StoreOp>(k.loc, lse, fn.getArgument(3), row);
+    });
+  } else {
+    Value lse = b.create<memref::LoadOp>(k.loc, fn.getArgument(1), row);
+    Value dy = b.create<memref::LoadOp>(k.loc, fn.getArgument(3),
+                                        reduction == "none" ? row : k.idx(0));
+    Value g = reduction == "mean"
+                  ? Value(b.create<arith::DivFOp>(k.loc, dy, k.fconst(f32, double(rows))))
+                  : dy;
+    Value one = k.fconst(f32, 1.0);
+    b.create<scf::ForOp>(
+        k.loc, k.tid(), k.idx(vectors), k.idx(block), ValueRange{},
+        [&](OpBuilder &nb, Location l, Value v, ValueRange) {
+          OpBuilder::InsertionGuard guard(b);
+          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+          Value vec = b.create<memref::LoadOp>(l, fn.getArgument(0), k.add(base, v));
+          SmallVector<Value> out;
+          for (int64_t i = 0; i < kVector; ++i) {
+            Value c = column(v, i);
+            Value p = expf(subf(lane(vec, i), lse));
+            Value hit = b.create<arith::CmpIOp>(l, arith::CmpIPredicate::eq, c, tc);
+            p = b.create<arith::SelectOp>(l, hit, subf(p, one), p);
+            Value d = mulf(g, p);
+            if (Value ok = isLogit(c))
+              d = b.create<arith::SelectOp>(l, ok, d, zero);
+            out.push_back(d);
+          }
+          Value result = b.create<vector::FromElementsOp>(l, VectorType::get({kVector}, f32), out);
+          b.create<memref::StoreOp>(l, result, fn.getArgument(4), k.add(base, v));
+          b.create<scf::YieldOp>(l);
+        });
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), rows, block};
 }
