@@ -695,6 +695,83 @@ bool fuseMultiReductions(func::FuncOp func, int64_t maxOperands) {
   return changed;
 }
 
+/// View chains: transpose(reshape*(piece)) where the piece is a split's
+/// result or a slice (with unit steps), each link read by the next alone,
+/// becomes a view region reading the piece's source: one strided copy
+/// instead of the piece's copy and the transpose's (GPT-2's q, k and v head
+/// splits read the qkv projection directly; the split goes).
+bool collapseViewChains(func::FuncOp func) {
+  bool changed = false;
+  SmallVector<TransposeOp> transposes;
+  for (Block &block : func.getBody())
+    for (TransposeOp t : block.getOps<TransposeOp>())
+      transposes.push_back(t);
+  for (TransposeOp t : transposes) {
+    auto staticType = [](Value v) { return cast<RankedTensorType>(v.getType()).hasStaticShape(); };
+    SmallVector<ReshapeOp> reshapes; // from the transpose up
+    Value cur = t.getInput();
+    while (auto r = cur.getDefiningOp<ReshapeOp>()) {
+      if (!cur.hasOneUse())
+        break;
+      reshapes.push_back(r);
+      cur = r.getInput();
+    }
+    if (!cur.hasOneUse() || !staticType(cur) || !staticType(t.getResult()))
+      continue;
+    Value source;
+    SmallVector<int64_t> starts, ends;
+    if (auto split = cur.getDefiningOp<SplitOp>()) {
+      source = split.getInput();
+      auto in = cast<RankedTensorType>(source.getType());
+      int64_t axis = split.getAxis() < 0 ? split.getAxis() + in.getRank() : split.getAxis();
+      unsigned piece = cast<OpResult>(cur).getResultNumber();
+      int64_t begin = 0;
+      for (unsigned i = 0; i < piece; ++i)
+        begin += split.getSizes()[i];
+      starts.assign(in.getRank(), 0);
+      ends.assign(in.getShape().begin(), in.getShape().end());
+      starts[axis] = begin;
+      ends[axis] = begin + split.getSizes()[piece];
+    } else if (auto slice = cur.getDefiningOp<SliceOp>()) {
+      if (llvm::any_of(slice.getSteps(), [](int64_t s) { return s != 1; }))
+        continue;
+      source = slice.getInput();
+      starts.assign(slice.getStarts().begin(), slice.getStarts().end());
+      SmallVector<int64_t> shape(cast<RankedTensorType>(cur.getType()).getShape());
+      for (auto [st, n] : llvm::zip(starts, shape))
+        ends.push_back(st + n);
+    } else {
+      continue;
+    }
+    if (!staticType(source))
+      continue;
+    OpBuilder b(t);
+    Location loc = t.getLoc();
+    auto region = b.create<FusionOp>(loc, TypeRange{t.getType()}, ValueRange{source},
+                                     b.getStringAttr("loop"));
+    Block *body = new Block();
+    region.getBody().push_back(body);
+    OpBuilder inner = OpBuilder::atBlockEnd(body);
+    Value v = body->addArgument(source.getType(), source.getLoc());
+    SmallVector<int64_t> ones(starts.size(), 1);
+    v = inner.create<SliceOp>(loc, cur.getType(), v, inner.getDenseI64ArrayAttr(starts),
+                              inner.getDenseI64ArrayAttr(ends), inner.getDenseI64ArrayAttr(ones));
+    for (ReshapeOp r : llvm::reverse(reshapes))
+      v = inner.create<ReshapeOp>(r.getLoc(), r.getType(), v, r.getShapeAttr());
+    v = inner.create<TransposeOp>(loc, t.getType(), v, t.getPermAttr());
+    inner.create<YieldOp>(loc, v);
+    t.replaceAllUsesWith(region.getResult(0));
+    t.erase();
+    for (ReshapeOp r : reshapes)
+      r.erase();
+    Operation *def = cur.getDefiningOp();
+    if (def->use_empty())
+      def->erase();
+    changed = true;
+  }
+  return changed;
+}
+
 /// Replaces the independent loop regions `group` (program order) with one
 /// forge.fusion "horizontal" at the last one's place.
 void outlineHorizontal(ArrayRef<FusionOp> group);
@@ -1024,6 +1101,10 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     if (fuseRows)
       for (auto func : getOperation().getOps<func::FuncOp>())
         changed |= fuseRowRegions(func);
+    // View chains after the regions that take loop regions as stages (a view
+    // region is no pointwise stage).
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      changed |= collapseViewChains(func);
     // Then the optimizer's regions side by side (needs the loop regions).
     for (auto func : getOperation().getOps<func::FuncOp>())
       changed |= fuseOptimizerRegions(func, maxHorizontalOperands);

@@ -56,7 +56,7 @@ bool readsBeforeWrites(Operation *op, unsigned k, unsigned j) {
       dtypeSizeOf(in.getElementType()) != dtypeSizeOf(out.getElementType()))
     return false;
   if (auto fusion = dyn_cast<FusionOp>(op))
-    return fusion.getKind() == "loop";
+    return fusion.getKind() == "loop" && !fusion.isViewRegion(); // a view moves elements
   if (isa<CrossEntropyGradOp>(op))
     return k == 0;
   auto iface = dyn_cast<ForgeOpInterface>(op);
@@ -175,9 +175,10 @@ llvm::DenseSet<Value> PlanMemoryPass::placeUpdates(func::FuncOp func) {
     auto fusion = dyn_cast<FusionOp>(op);
     if (!fusion || !fusion->hasAttr("forge.launch"))
       return false;
+    // A loop's updated tensor has the iteration shape; a view region moves
+    // elements, and a row kernel may read a row after writing it.
     if (fusion.getKind() != "horizontal")
-      return fusion.getKind() == "loop"; // a loop's updated tensor has the iteration shape;
-                                         // a row kernel may read a row after writing it
+      return fusion.getKind() == "loop" && !fusion.isViewRegion();
     Value yielded =
         fusion.getBlock().getTerminator()->getOperand(cast<OpResult>(updated).getResultNumber());
     auto writer = llvm::find_if(fusion.getBlock().without_terminator(), [&](Operation &m) {

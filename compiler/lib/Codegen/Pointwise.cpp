@@ -61,10 +61,13 @@ KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<Op
     p.scalar[m] = inSizes[m] == 1;
     p.identity[m] = p.maps[m].offset == 0 && p.maps[m].strides == p.outStrides;
     // Otherwise 4 consecutive outputs must read 4 consecutive, aligned
-    // elements (a bias row broadcast over the outer dims): stride 1 in the
-    // innermost dim, which divides by 4 (so do the outer strides then).
+    // elements (a bias row broadcast over the outer dims, a view's rows):
+    // stride 1 in the innermost dim, which divides by 4, as do the offset
+    // and the outer strides.
     bool rows = !p.shape.empty() && p.maps[m].strides.back() == 1 &&
-                p.shape.back() % kVector == 0 && p.maps[m].offset % kVector == 0;
+                p.shape.back() % kVector == 0 && p.maps[m].offset % kVector == 0 &&
+                llvm::all_of(ArrayRef<int64_t>(p.maps[m].strides).drop_back(),
+                             [](int64_t st) { return st % kVector == 0; });
     p.vector &= p.scalar[m] || p.identity[m] || rows;
   }
   for (size_t m = 0; m < p.maps.size(); ++m)
@@ -222,6 +225,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::mapKernel(Operation *op, Stri
 /// those of the unfused ops; only the memory round trips are gone.
 SmallVector<Value> KernelGenerator::Impl::evalLoopBody(Body &k, FusionOp fusion,
                                                        ArrayRef<Value> in) {
+  if (fusion.isViewRegion()) // the element read through the view's map is the result
+    return {in[0]};
   Block &block = fusion.getBlock();
   llvm::DenseMap<Value, Value> stored; // body value -> its storage-form scalar
   for (auto [arg, v] : llvm::zip(block.getArguments(), in))
@@ -291,10 +296,114 @@ void kernelgen::emitBlockRanges(Body &k, Value bid, ArrayRef<int64_t> first,
   range(0, first.size());
 }
 
+namespace {
+/// Where the elements of a view of a contiguous tensor lie: per dim of the
+/// view its size and stride, and the offset of element 0.
+struct StridedLayout {
+  SmallVector<int64_t> shape, strides;
+  int64_t offset = 0;
+};
+
+/// `l` reshaped to `to`, when the elements keep their order in strided
+/// groups: each run of dims whose sizes multiply to the same product on both
+/// sides must be contiguous in `l` (a head split of a slice's rows is; a
+/// reshape merging a transpose's dims is not: nullopt).
+std::optional<StridedLayout> reshapeLayout(const StridedLayout &l, ArrayRef<int64_t> to) {
+  SmallVector<int64_t> shape, strides; // `l` without size-1 dims
+  for (auto [n, st] : llvm::zip(l.shape, l.strides))
+    if (n != 1) {
+      shape.push_back(n);
+      strides.push_back(st);
+    }
+  StridedLayout r{SmallVector<int64_t>(to), SmallVector<int64_t>(to.size(), 0), l.offset};
+  size_t i = 0, j = 0;
+  while (j < to.size() && to[j] == 1)
+    r.strides[j++] = 0;
+  while (i < shape.size()) {
+    // One group: old dims [i, i2) and new dims [j, j2) of equal products.
+    size_t i2 = i + 1, j2 = j + 1;
+    if (j >= to.size())
+      return std::nullopt;
+    int64_t a = shape[i], b = to[j];
+    while (a != b) {
+      if (a < b) {
+        if (i2 >= shape.size())
+          return std::nullopt;
+        a *= shape[i2++];
+      } else {
+        if (j2 >= to.size())
+          return std::nullopt;
+        b *= to[j2++];
+      }
+    }
+    for (size_t d = i; d + 1 < i2; ++d)
+      if (strides[d] != strides[d + 1] * shape[d + 1])
+        return std::nullopt; // not contiguous within the group
+    int64_t st = strides[i2 - 1];
+    for (size_t d = j2; d-- > j;) {
+      r.strides[d] = st;
+      st *= to[d];
+    }
+    i = i2;
+    j = j2;
+    while (j < to.size() && to[j] == 1)
+      r.strides[j++] = 0;
+  }
+  if (j != to.size())
+    return std::nullopt;
+  return r;
+}
+
+/// The layout of a view region's result in its input's memory.
+std::optional<StridedLayout> viewLayout(FusionOp fusion) {
+  auto in = cast<RankedTensorType>(fusion.getInputs()[0].getType());
+  StridedLayout l{SmallVector<int64_t>(in.getShape()), contiguousStrides(in.getShape()), 0};
+  for (Operation &op : fusion.getBlock().without_terminator()) {
+    if (auto slice = dyn_cast<SliceOp>(op)) {
+      for (auto [d, st, step] : llvm::enumerate(slice.getStarts(), slice.getSteps())) {
+        if (step != 1)
+          return std::nullopt;
+        l.offset += st * l.strides[d];
+      }
+      l.shape.assign(cast<RankedTensorType>(slice.getType()).getShape().begin(),
+                     cast<RankedTensorType>(slice.getType()).getShape().end());
+    } else if (auto t = dyn_cast<TransposeOp>(op)) {
+      StridedLayout p{{}, {}, l.offset};
+      for (int64_t d : t.getPerm()) {
+        p.shape.push_back(l.shape[d]);
+        p.strides.push_back(l.strides[d]);
+      }
+      l = p;
+    } else if (auto r = dyn_cast<ReshapeOp>(op)) {
+      auto next = reshapeLayout(l, cast<RankedTensorType>(r.getType()).getShape());
+      if (!next)
+        return std::nullopt;
+      l = *next;
+    } else {
+      return std::nullopt;
+    }
+  }
+  return l;
+}
+} // namespace
+
 /// The plan of a loop region (null when its ops cannot run in one kernel);
 /// sets `fault` from its ops.
 std::optional<KernelGenerator::Impl::PointwisePlan>
 KernelGenerator::Impl::planLoop(FusionOp fusion) {
+  if (fusion.isViewRegion()) {
+    std::optional<StridedLayout> l = viewLayout(fusion);
+    if (!l)
+      return std::nullopt;
+    Value in = fusion.getInputs()[0];
+    Type elem = tensorType(in).getElementType();
+    if (isFloat8(elem))
+      return std::nullopt;
+    SmallVector<OperandMap> maps{{l->strides, l->offset}};
+    return planPointwise(fusion.getIterationShape(), std::move(maps), {elem},
+                         {tensorType(in).getNumElements()},
+                         {tensorType(fusion.getResult(0)).getElementType()});
+  }
   auto float8 = [](Value v) { return isFloat8(tensorType(v).getElementType()); };
   for (Operation &op : fusion.getBlock().without_terminator()) {
     if (!isa<CastOp>(op) &&

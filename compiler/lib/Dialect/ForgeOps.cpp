@@ -726,6 +726,23 @@ LogicalResult FusionOp::verify() {
             return op.emitOpError("is an epilogue op of a row region and reads a prologue value");
     }
   }
+  if (getKind() == "loop" && isViewRegion()) {
+    // A chain of views from the one argument to the one result.
+    if (block.getNumArguments() != 1 || getNumResults() != 1)
+      return emitOpError("a view region has one input and one result");
+    Value cur = block.getArgument(0);
+    for (Operation &op : block.without_terminator()) {
+      if (!isa<TransposeOp, ReshapeOp, SliceOp>(op))
+        return op.emitOpError("is not a view (transpose, reshape, slice) and cannot be in a "
+                              "view region");
+      if (op.getOperand(0) != cur || !cur.hasOneUse())
+        return op.emitOpError("does not continue the view region's chain");
+      cur = op.getResult(0);
+    }
+    if (yield.getValues()[0] != cur)
+      return emitOpError("must yield the end of its view chain");
+    return success();
+  }
   auto inRegionShape = [&](Operation &op) {
     return getKind() == "row" && isInnermostRowOp(&op);
   };
@@ -761,6 +778,12 @@ Value mlir::forge::createLeadingSlice(OpBuilder &b, Location loc, Value v,
   return b.create<SliceOp>(loc, RankedTensorType::get(shape, type.getElementType()), v,
                            b.getDenseI64ArrayAttr(zeros), b.getDenseI64ArrayAttr(shape),
                            b.getDenseI64ArrayAttr(ones));
+}
+
+bool FusionOp::isViewRegion() {
+  return getKind() == "loop" &&
+         llvm::any_of(getBlock().without_terminator(),
+                      [](Operation &op) { return isa<TransposeOp, ReshapeOp, SliceOp>(op); });
 }
 
 bool mlir::forge::isInnermostRowOp(Operation *op) {

@@ -222,3 +222,16 @@ func.func @multi_reduce_yield_order(%x: tensor<4xf32>, %y: tensor<4xf32>) -> (te
   }
   return %r#0, %r#1 : tensor<f32>, tensor<f32>
 }
+
+// -----
+
+func.func @view_region_mixed(%x: tensor<2x4xf32>) -> tensor<4x2xf32> {
+  %r = forge.fusion "loop"(%x) : (tensor<2x4xf32>) -> tensor<4x2xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    // expected-error @+1 {{is not a view (transpose, reshape, slice) and cannot be in a view region}}
+    %e = forge.exp %a : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    %t = forge.transpose %e {perm = array<i64: 1, 0>} : (tensor<2x4xf32>) -> tensor<4x2xf32>
+    forge.yield %t : tensor<4x2xf32>
+  }
+  return %r : tensor<4x2xf32>
+}

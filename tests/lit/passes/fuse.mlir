@@ -352,3 +352,33 @@ func.func @grad_norm(%g: tensor<4x8xf32>, %h: tensor<8xf32>, %m: tensor<8xf32>) 
   %sd = forge.reduce_sum %scaled {axes = array<i64: 0>, keepdims = false} : (tensor<8xf32>) -> tensor<f32>
   return %n, %v, %sd : tensor<f32>, tensor<8xf32>, tensor<f32>
 }
+
+// -----
+
+// View chains: the head splits of a fused qkv projection read it directly
+// (view regions: slice, reshape, transpose); the split goes. A transpose of a
+// reshape alone is left as it is (nothing to save).
+// CHECK-LABEL: func @qkv_views
+// CHECK-NOT: forge.split
+// CHECK: forge.fusion "loop"(%arg0) : (tensor<2x4x24xf32>) -> tensor<2x2x4x4xf32> {
+// CHECK-NEXT: ^bb0(%[[A:.*]]: tensor<2x4x24xf32>):
+// CHECK-NEXT: %[[S:.*]] = forge.slice %[[A]] {ends = array<i64: 2, 4, 8>, starts = array<i64: 0, 0, 0>, steps = array<i64: 1, 1, 1>}
+// CHECK-NEXT: %[[R:.*]] = forge.reshape %[[S]] {shape = array<i64: 2, 4, 2, 4>}
+// CHECK-NEXT: %[[T:.*]] = forge.transpose %[[R]] {perm = array<i64: 0, 2, 1, 3>}
+// CHECK-NEXT: forge.yield %[[T]]
+// CHECK: forge.slice %{{.*}} {ends = array<i64: 2, 4, 16>, starts = array<i64: 0, 0, 8>
+// CHECK: forge.slice %{{.*}} {ends = array<i64: 2, 4, 24>, starts = array<i64: 0, 0, 16>
+// CHECK: %[[U:.*]] = forge.reshape %arg1
+// CHECK-NEXT: forge.transpose %[[U]]
+func.func @qkv_views(%qkv: tensor<2x4x24xf32>, %o: tensor<2x4x8xf32>) -> (tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>) {
+  %s:3 = forge.split %qkv {axis = 2 : i64, sizes = array<i64: 8, 8, 8>} : (tensor<2x4x24xf32>) -> (tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>)
+  %q = forge.reshape %s#0 {shape = array<i64: 2, 4, 2, 4>} : (tensor<2x4x8xf32>) -> tensor<2x4x2x4xf32>
+  %qh = forge.transpose %q {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x4x2x4xf32>) -> tensor<2x2x4x4xf32>
+  %k = forge.reshape %s#1 {shape = array<i64: 2, 4, 2, 4>} : (tensor<2x4x8xf32>) -> tensor<2x4x2x4xf32>
+  %kh = forge.transpose %k {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x4x2x4xf32>) -> tensor<2x2x4x4xf32>
+  %v = forge.reshape %s#2 {shape = array<i64: 2, 4, 2, 4>} : (tensor<2x4x8xf32>) -> tensor<2x4x2x4xf32>
+  %vh = forge.transpose %v {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x4x2x4xf32>) -> tensor<2x2x4x4xf32>
+  %u = forge.reshape %o {shape = array<i64: 2, 4, 2, 4>} : (tensor<2x4x8xf32>) -> tensor<2x4x2x4xf32>
+  %uh = forge.transpose %u {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x4x2x4xf32>) -> tensor<2x2x4x4xf32>
+  return %qh, %kh, %vh, %uh : tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>
+}

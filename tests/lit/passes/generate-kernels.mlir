@@ -132,3 +132,36 @@ func.func @norms(%g: tensor<40x1024xf32>, %h: tensor<4xf32>) -> (tensor<f32>, te
   }
   return %r#0, %r#1 : tensor<f32>, tensor<f32>
 }
+
+// -----
+
+// A view region is one strided copy: the head split of columns 8..16 of
+// [2, 4, 24] reads element (b, h, t, d) at 8 + 96 b + 4 h + 24 t + d, four at
+// a time (every stride but the last and the offset divide by 4). A view whose
+// reshape merges dims that are not contiguous has no strided form: its ops
+// are placed one by one.
+// CHECK-LABEL: func @views
+// CHECK: forge.fusion "loop"(%arg0) {forge.launch = {block = 32 : i64, grid = 1 : i64, kernel = "k0_fusion"}}
+// CHECK: forge.slice %arg1 {{.*}}forge.launch
+// CHECK: forge.reshape {{.*}}forge.placement = "copy"
+// CHECK: gpu.func @k0_fusion(%arg0: memref<48xvector<4xf32>>, %arg1: memref<16xvector<4xf32>>)
+// CHECK-DAG: arith.constant 96 : index
+// CHECK-DAG: arith.constant 24 : index
+// CHECK-DAG: arith.constant 8 : index
+// CHECK: memref.load %arg0
+func.func @views(%x: tensor<2x4x24xf32>, %y: tensor<4x24xf32>) -> (tensor<2x2x4x4xf32>, tensor<32xf32>) {
+  %v = forge.fusion "loop"(%x) : (tensor<2x4x24xf32>) -> tensor<2x2x4x4xf32> {
+  ^bb0(%a: tensor<2x4x24xf32>):
+    %s = forge.slice %a {starts = array<i64: 0, 0, 8>, ends = array<i64: 2, 4, 16>, steps = array<i64: 1, 1, 1>} : (tensor<2x4x24xf32>) -> tensor<2x4x8xf32>
+    %r = forge.reshape %s {shape = array<i64: 2, 4, 2, 4>} : (tensor<2x4x8xf32>) -> tensor<2x4x2x4xf32>
+    %t = forge.transpose %r {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x4x2x4xf32>) -> tensor<2x2x4x4xf32>
+    forge.yield %t : tensor<2x2x4x4xf32>
+  }
+  %w = forge.fusion "loop"(%y) : (tensor<4x24xf32>) -> tensor<32xf32> {
+  ^bb0(%a: tensor<4x24xf32>):
+    %s = forge.slice %a {starts = array<i64: 0, 0>, ends = array<i64: 4, 8>, steps = array<i64: 1, 1>} : (tensor<4x24xf32>) -> tensor<4x8xf32>
+    %r = forge.reshape %s {shape = array<i64: 32>} : (tensor<4x8xf32>) -> tensor<32xf32>
+    forge.yield %r : tensor<32xf32>
+  }
+  return %v, %w : tensor<2x2x4x4xf32>, tensor<32xf32>
+}

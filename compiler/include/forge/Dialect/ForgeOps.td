@@ -568,7 +568,10 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     inputs broadcast to it (NumPy rules). The CUDA code generator emits one
     kernel per loop region that evaluates the body per element, and no body
     value other than the results touches memory. A bundle for the CPU runs the
-    body's ops one by one.
+    body's ops one by one. A loop region may instead be a view region: one
+    input, one result, and a chain of transpose/reshape/slice ops between
+    them (e.g. a head split of one third of a fused qkv projection); its
+    kernel is one strided copy.
 
     `kind = "horizontal"`: independent loop regions side by side (an
     optimizer's per-parameter updates): each member reads only the region's
@@ -605,6 +608,9 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     ::llvm::ArrayRef<int64_t> getIterationShape() {
       return ::llvm::cast<::mlir::RankedTensorType>(getResult(0).getType()).getShape();
     }
+    /// A loop region that is a chain of views (transpose, reshape, slice)
+    /// from its one input to its one result: one strided copy.
+    bool isViewRegion();
     /// The FLOPs of the body's ops and the bytes of the region's inputs and
     /// results (intermediates stay in registers).
     ::mlir::forge::OpCost getCost();
