@@ -88,6 +88,12 @@ def export(a):
                           dynamic_axes={input_name(name): {0: "batch"}, "logits": {0: "batch"}})
         if name in THIN:  # the weights in model.weights, the graph alone in model.onnx
             m = onnx.load(path)
+            # Some PyTorch versions already write external data next to the model; onnx
+            # appends to an existing file, so start it afresh (offsets must start at 0 on
+            # every machine that exports).
+            weights = os.path.join(d, "model.weights")
+            if os.path.exists(weights):
+                os.remove(weights)
             onnx.save_model(m, path, save_as_external_data=True, all_tensors_to_one_file=True,
                             location="model.weights", size_threshold=1024)
         print(f"exported {name} to {d}")
