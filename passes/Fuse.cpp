@@ -579,6 +579,114 @@ bool fuseRowRegions(func::FuncOp func) {
   return changed;
 }
 
+/// Batch-norm fusion (see Passes.td): a batch_norm_training whose normalized
+/// output only one loop region (or pointwise op) of its shape reads, whose
+/// other inputs have that shape or one element, becomes one forge.fusion
+/// "batch_norm" at that reader's place: the ReLU (and a residual add) after a
+/// convolution net's batch norms run in the norm's output pass. The running
+/// statistics come last among the region's results; their readers (the
+/// step's returned state) follow the region or move after it.
+bool fuseBatchNormEpilogues(func::FuncOp func) {
+  bool changed = false;
+  SmallVector<BatchNormTrainingOp> norms;
+  func.walk([&](BatchNormTrainingOp op) {
+    if (!op->getParentOfType<FusionOp>())
+      norms.push_back(op);
+  });
+  for (BatchNormTrainingOp norm : norms) {
+    Value y = norm->getResult(0);
+    auto type = cast<RankedTensorType>(y.getType());
+    if (!y.hasOneUse() || !type.hasStaticShape() || type.getNumElements() == 0)
+      continue;
+    Operation *epilogue = *y.getUsers().begin();
+    if (epilogue->getBlock() != norm->getBlock())
+      continue;
+    auto fusion = dyn_cast<FusionOp>(epilogue);
+    if (fusion ? fusion.getKind() != "loop" || fusion.isViewRegion() : !isLoopFusible(epilogue))
+      continue;
+    bool fits = llvm::all_of(epilogue->getResultTypes(), [&](Type t) {
+      return cast<RankedTensorType>(t).getShape() == type.getShape();
+    });
+    for (Value v : epilogue->getOperands()) {
+      auto t = cast<RankedTensorType>(v.getType());
+      fits &= t.getShape() == type.getShape() || (t.hasStaticShape() && t.getNumElements() == 1);
+    }
+    if (!fits)
+      continue;
+    // Readers of the running statistics before the epilogue move after it.
+    SmallVector<Operation *> early;
+    for (Value stat : norm->getResults().drop_front())
+      for (Operation *user : stat.getUsers()) {
+        Operation *at = norm->getBlock()->findAncestorOpInBlock(*user);
+        if (!at || at->isBeforeInBlock(epilogue))
+          early.push_back(at);
+      }
+    if (llvm::any_of(early, [](Operation *op) { return !op; }))
+      continue;
+    SmallVector<Operation *> toMove;
+    if (!early.empty()) {
+      llvm::SmallPtrSet<Operation *, 2> members{norm.getOperation(), epilogue};
+      toMove = usersToMove(norm, epilogue, members);
+      llvm::SmallPtrSet<Operation *, 8> moving(toMove.begin(), toMove.end());
+      if (llvm::any_of(epilogue->getOperands(),
+                       [&](Value v) { return moving.count(v.getDefiningOp()); }))
+        continue; // the statistics feed the epilogue: not one pass
+    }
+
+    llvm::SetVector<Value> inputs;
+    for (Value v : norm->getOperands())
+      inputs.insert(v);
+    for (Value v : epilogue->getOperands())
+      if (v != y)
+        inputs.insert(v);
+    SmallVector<Type> resultTypes(epilogue->getResultTypes());
+    resultTypes.push_back(norm->getResult(1).getType());
+    resultTypes.push_back(norm->getResult(2).getType());
+    OpBuilder b(epilogue);
+    auto region = b.create<FusionOp>(
+        FusedLoc::get(func.getContext(), {norm->getLoc(), epilogue->getLoc()}), resultTypes,
+        inputs.getArrayRef(), b.getStringAttr("batch_norm"));
+    Block *body = new Block();
+    region.getBody().push_back(body);
+    llvm::DenseMap<Value, Value> argOf;
+    for (Value v : inputs)
+      argOf[v] = body->addArgument(v.getType(), v.getLoc());
+    OpBuilder inner = OpBuilder::atBlockEnd(body);
+    IRMapping normMap;
+    for (Value v : norm->getOperands())
+      normMap.map(v, argOf.lookup(v));
+    Operation *normClone = inner.clone(*norm, normMap);
+    SmallVector<Value> yielded;
+    IRMapping epiMap;
+    if (auto loop = dyn_cast<FusionOp>(epilogue)) {
+      Block &loopBody = loop.getBlock();
+      for (auto [arg, v] : llvm::zip(loopBody.getArguments(), loop.getInputs()))
+        epiMap.map(arg, v == y ? normClone->getResult(0) : argOf.lookup(v));
+      for (Operation &op : loopBody.without_terminator())
+        inner.clone(op, epiMap);
+      for (Value v : loopBody.getTerminator()->getOperands())
+        yielded.push_back(epiMap.lookupOrDefault(v));
+    } else {
+      for (Value v : epilogue->getOperands())
+        epiMap.map(v, v == y ? normClone->getResult(0) : argOf.lookup(v));
+      yielded.push_back(inner.clone(*epilogue, epiMap)->getResult(0));
+    }
+    yielded.push_back(normClone->getResult(1));
+    yielded.push_back(normClone->getResult(2));
+    inner.create<YieldOp>(region.getLoc(), yielded);
+    for (auto [i, r] : llvm::enumerate(epilogue->getResults()))
+      r.replaceAllUsesWith(region.getResult(i));
+    unsigned n = epilogue->getNumResults();
+    norm->getResult(1).replaceAllUsesWith(region.getResult(n));
+    norm->getResult(2).replaceAllUsesWith(region.getResult(n + 1));
+    moveAfter(toMove, region);
+    epilogue->erase();
+    norm->erase();
+    changed = true;
+  }
+  return changed;
+}
+
 /// A reduce_sum of a whole static f32 tensor to a scalar.
 bool isWholeSum(Operation *op) {
   auto sum = dyn_cast<ReduceSumOp>(op);
@@ -1101,6 +1209,10 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     if (fuseRows)
       for (auto func : getOperation().getOps<func::FuncOp>())
         changed |= fuseRowRegions(func);
+    // Batch-norm epilogues, like row regions, take formed loop regions.
+    if (fuseNorms)
+      for (auto func : getOperation().getOps<func::FuncOp>())
+        changed |= fuseBatchNormEpilogues(func);
     // View chains after the regions that take loop regions as stages (a view
     // region is no pointwise stage).
     for (auto func : getOperation().getOps<func::FuncOp>())

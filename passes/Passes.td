@@ -139,6 +139,14 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     attention's scale and causal mask before its softmax and after the
     softmax's gradient. The region takes the place of its last member.
 
+    Then batch-norm fusion: a `forge.batch_norm_training` whose normalized
+    output only one loop region or pointwise op of its shape reads (the ReLU,
+    or a residual add and ReLU, after a convolution) becomes one
+    `forge.fusion "batch_norm"` with it when that reader's other inputs have
+    its shape or one element; the region yields the reader's results and then
+    the running statistics. One kernel computes the statistics and writes the
+    reader's results in its output pass.
+
     After it, horizontal fusion of the optimizer: the loop regions that update
     persistent state (a result returned with `forge.updates`) and do not
     depend on each other become one `forge.fusion "horizontal"` region, one
@@ -156,6 +164,8 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
            "reads fewer bytes">,
     Option<"fuseRows", "rows", "bool", /*default=*/"true",
            "Fuse pointwise prologues and epilogues into softmax-family row ops">,
+    Option<"fuseNorms", "norms", "bool", /*default=*/"true",
+           "Fuse batch_norm_training with the pointwise reader of its output">,
     Option<"maxHorizontalOperands", "max-horizontal-operands", "int64_t", /*default=*/"120",
            "Most operands plus results of one horizontal region: its kernel takes one "
            "pointer per tensor (CUDA's parameter space is 4 KiB), and LLVM's time on one "

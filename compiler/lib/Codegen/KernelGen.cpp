@@ -85,6 +85,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
       return rowFusionKernel(fusion, name);
     if (fusion.getKind() == "multi_reduce")
       return multiReduceKernel(fusion, name);
+    if (fusion.getKind() == "batch_norm") {
+      for (Operation &op : fusion.getBlock().without_terminator())
+        if (isa<BatchNormTrainingOp>(op))
+          return batchNormTrainingKernel(&op, name, /*grad=*/false, fusion);
+      return std::nullopt;
+    }
     return std::nullopt;
   }
   for (Value v : op->getOperands())

@@ -571,7 +571,10 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> concatKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> splitKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> batchNormKernel(Operation *op, StringRef name);
-  std::optional<KernelLaunch> batchNormTrainingKernel(Operation *op, StringRef name, bool grad);
+  /// batch_norm_training (or its gradient); `fusion`: the batch_norm region
+  /// around `op`, whose epilogue the output pass evaluates.
+  std::optional<KernelLaunch> batchNormTrainingKernel(Operation *op, StringRef name, bool grad,
+                                                      FusionOp fusion = nullptr);
   std::optional<KernelLaunch> maxPoolKernel(Operation *op, StringRef name, bool grad);
   std::optional<KernelLaunch> remapKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> avgPoolKernel(Operation *op, StringRef name, bool grad);

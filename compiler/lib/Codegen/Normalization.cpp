@@ -290,10 +290,18 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormKernel(Operation *op
 
 std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Operation *op,
                                                                            StringRef name,
-                                                                           bool grad) {
-  // One block per channel: batch statistics over (N, spatial) by block
-  // reductions (biased variance, as ONNX and the CPU kernel), then the
-  // normalized output (training) or the gradients (grad).
+                                                                           bool grad,
+                                                                           FusionOp fusion) {
+  // One block per channel. One pass reads the channel's x (and dy) and sums
+  // s = x - K, s*s (and dy, dy*s), K the channel's first element: shifted sums
+  // keep E[s^2] - E[s]^2 from cancelling (K lies within the data, so E[s] is
+  // of the order of the spread). Biased variance, as ONNX and the CPU kernel.
+  // A second pass writes the normalized output (training) or dx (grad), whose
+  // dscale/dbias follow from the same sums: sum(dy * (x - mean)) = sum(dy*s) -
+  // E[s] * sum(dy). Planes whose size divides by 4 are read and written as
+  // 16-byte vectors (an image's plane is contiguous per sample and channel).
+  // In a batch_norm region the output pass evaluates the epilogue per element
+  // instead of storing the normalized value.
   auto x = tensorType(op->getOperand(0));
   Type elem = x.getElementType();
   if (x.getRank() < 2 || !elem.isF32())
@@ -307,39 +315,116 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
   Type f32 = Float32Type::get(context);
   Type smem = sharedBuffer(kWarp, f32);
+  int64_t lanes = plane % kVector == 0 ? kVector : 1;
+  int64_t units = count / lanes, unitsPerPlane = plane / lanes; // per channel
   // Few channels are few blocks: give each the most threads a block can have,
   // so the memory system sees enough loads in flight.
-  int64_t block = c < 2 * target.typicalSMs ? std::min<int64_t>(1024, std::max<int64_t>(kWarp, (count + kWarp - 1) / kWarp * kWarp))
-                                            : chooseBlockSize(target, count, 32, kWarp * 4);
+  int64_t block = c < 2 * target.typicalSMs ? std::min<int64_t>(1024, std::max<int64_t>(kWarp, (units + kWarp - 1) / kWarp * kWarp))
+                                            : chooseBlockSize(target, units, 32, kWarp * 4);
+  bool wantDx = grad && op->getAttrOfType<BoolAttr>("input_grad").getValue();
+  int64_t elements = x.getNumElements();
+  // Kernel arguments: the op's operands then results, or the region's inputs
+  // then results. Image-sized f32 ones are 16-byte vectors when lanes > 1.
+  SmallVector<Value> argValues;
+  if (fusion) {
+    if (grad || !isa<BatchNormTrainingOp>(op))
+      return std::nullopt;
+    llvm::append_range(argValues, fusion.getInputs());
+    llvm::append_range(argValues, fusion.getResults());
+    for (BlockArgument arg : fusion.getBlock().getArguments()) // epilogue inputs: the image's
+      if (llvm::any_of(arg.getUsers(), [&](Operation *u) { return u != op; }) && // shape or one
+          tensorType(arg).getNumElements() != elements && tensorType(arg).getNumElements() != 1)
+        return std::nullopt;                                                      // element
+  } else {
+    llvm::append_range(argValues, op->getOperands());
+    llvm::append_range(argValues, op->getResults());
+  }
+  auto imageSized = [&](Value v) { return tensorType(v).getNumElements() == elements; };
+  SmallVector<Type> args, argElems;
+  for (Value v : argValues) {
+    Type e = tensorType(v).getElementType();
+    argElems.push_back(e);
+    args.push_back(flatMemref(e, tensorType(v).getNumElements(),
+                              /*vector=*/lanes > 1 && e.isF32() && imageSized(v)));
+  }
+  // The kernel argument of the op's operand j.
+  auto operandArg = [&](unsigned j) -> unsigned {
+    return fusion ? cast<BlockArgument>(op->getOperand(j)).getArgNumber() : j;
+  };
+  unsigned firstResult = fusion ? fusion.getInputs().size() : op->getNumOperands();
   OpBuilder b(context);
-  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  auto fn = newKernel(b, name, args, block, {smem});
   Body k = Body::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   Value ch = k.bid();
-  auto at = [&](Value r) { // element r of channel ch: (n * C + ch) * plane + i
-    return k.add(k.mul(k.add(k.mul(k.div(r, plane), k.idx(c)), ch), k.idx(plane)),
-                 k.rem(r, plane));
+  auto at = [&](Value u) { // unit u of channel ch: (n * C + ch) * unitsPerPlane + j
+    return k.add(k.mul(k.add(k.mul(k.div(u, unitsPerPlane), k.idx(c)), ch), k.idx(unitsPerPlane)),
+                 k.rem(u, unitsPerPlane));
   };
   auto addf = [&](Value a, Value d) -> Value { return b.create<arith::AddFOp>(k.loc, a, d); };
   auto subf = [&](Value a, Value d) -> Value { return b.create<arith::SubFOp>(k.loc, a, d); };
   auto mulf = [&](Value a, Value d) -> Value { return b.create<arith::MulFOp>(k.loc, a, d); };
-  Value zero = k.fconst(f32, 0.0), invCount = k.fconst(f32, 1.0 / static_cast<double>(count));
-  auto xAt = [&](Value r) { return k.load(fn.getArgument(0), at(r), elem); };
-  auto chanSum = [&](function_ref<Value(Value)> term) {
-    return k.blockAccumulate(count, block, sh, zero, addf, term);
+  // The lanes of unit u of a big operand, and the store of a unit's lanes.
+  auto loadUnit = [&](Value memref, Value u) -> SmallVector<Value> {
+    if (lanes == 1)
+      return {k.load(memref, at(u), elem)};
+    Value v = b.create<memref::LoadOp>(k.loc, memref, at(u));
+    SmallVector<Value> out;
+    for (int64_t l = 0; l < lanes; ++l)
+      out.push_back(b.create<vector::ExtractOp>(k.loc, v, l));
+    return out;
   };
-  auto [mean, var, rstd] = k.moments(count, block, sh, eps, xAt);
-  Value scale = k.load(fn.getArgument(1), ch, elem);
-  Value first = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0));
+  auto storeUnit = [&](ArrayRef<Value> vals, Value memref, Value u) {
+    if (lanes == 1)
+      return k.store(vals[0], memref, at(u), elem);
+    Value v = b.create<vector::FromElementsOp>(k.loc, VectorType::get({lanes}, f32), vals);
+    b.create<memref::StoreOp>(k.loc, v, memref, at(u));
+  };
   auto forEach = [&](function_ref<void(Value)> body) {
-    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(count), k.idx(block), ValueRange{},
-                         [&](OpBuilder &nb, Location l, Value r, ValueRange) {
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(units), k.idx(block), ValueRange{},
+                         [&](OpBuilder &nb, Location l, Value u, ValueRange) {
                            OpBuilder::InsertionGuard g(b);
                            b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                           body(r);
+                           body(u);
                            b.create<scf::YieldOp>(l);
                          });
   };
+  Value zero = k.fconst(f32, 0.0), invCount = k.fconst(f32, 1.0 / static_cast<double>(count));
+  Value xArg = fn.getArgument(operandArg(0));
+  Value shift = loadUnit(xArg, k.idx(0))[0];
+  Value dyArg = grad ? fn.getArgument(2) : Value();
+  // The one pass: per-thread sums, then across the block.
+  SmallVector<Value> init(grad ? 4 : 2, zero);
+  auto pass = b.create<scf::ForOp>(
+      k.loc, k.tid(), k.idx(units), k.idx(block), init,
+      [&](OpBuilder &nb, Location l, Value u, ValueRange acc) {
+        OpBuilder::InsertionGuard g(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        SmallVector<Value> sums(acc.begin(), acc.end());
+        SmallVector<Value> xs = loadUnit(xArg, u), dys;
+        if (grad)
+          dys = loadUnit(dyArg, u);
+        for (int64_t i = 0; i < lanes; ++i) {
+          Value d = subf(xs[i], shift);
+          sums[0] = addf(sums[0], d);
+          sums[1] = addf(sums[1], mulf(d, d));
+          if (grad) {
+            sums[2] = addf(sums[2], dys[i]);
+            sums[3] = addf(sums[3], mulf(dys[i], d));
+          }
+        }
+        b.create<scf::YieldOp>(l, sums);
+      });
+  SmallVector<Value> total;
+  for (Value v : pass.getResults())
+    total.push_back(k.blockReduce(v, block / kWarp, sh, zero, addf));
+  Value meanShifted = mulf(total[0], invCount);
+  Value var = b.create<arith::MaximumFOp>(
+      k.loc, subf(mulf(total[1], invCount), mulf(meanShifted, meanShifted)), zero);
+  Value mean = addf(shift, meanShifted);
+  Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+  Value scale = k.load(fn.getArgument(operandArg(1)), ch, elem);
+  Value first = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0));
   if (!grad) { // (x, scale, bias, running_mean, running_var) -> (y, new_mean, new_var)
     double momentum = op->getAttrOfType<FloatAttr>("momentum").getValueAsDouble();
     // unbiased_var (PyTorch): the running variance takes count / (count - 1) times the
@@ -348,32 +433,97 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
     double correction = unbiased && unbiased.getValue() && count > 1
                             ? static_cast<double>(count) / static_cast<double>(count - 1)
                             : 1.0;
-    Value bias = k.load(fn.getArgument(2), ch, elem);
+    Value bias = k.load(fn.getArgument(operandArg(2)), ch, elem);
     Value a = mulf(scale, rstd);
-    forEach([&](Value r) { k.store(addf(mulf(subf(xAt(r), mean), a), bias), fn.getArgument(5), at(r), elem); });
+    unsigned numOut = argValues.size() - firstResult; // y or the epilogue's, then the statistics
+    bool ok = true;
+    forEach([&](Value u) {
+      SmallVector<Value> ys;
+      for (Value xv : loadUnit(xArg, u))
+        ys.push_back(addf(mulf(subf(xv, mean), a), bias));
+      if (!fusion)
+        return storeUnit(ys, fn.getArgument(firstResult), u);
+      // Lane i of argument m at this unit (storage form): image-sized
+      // arguments at the unit's elements, one-element ones at 0.
+      llvm::DenseMap<unsigned, SmallVector<Value>> lanesOf;
+      auto argLane = [&](unsigned m, int64_t i) -> Value {
+        auto it = lanesOf.find(m);
+        if (it == lanesOf.end()) {
+          SmallVector<Value> vals;
+          Value mem = fn.getArgument(m);
+          if (!imageSized(argValues[m])) {
+            vals.assign(lanes, b.create<memref::LoadOp>(k.loc, mem, k.idx(0)));
+          } else if (isa<VectorType>(cast<MemRefType>(mem.getType()).getElementType())) {
+            Value v = b.create<memref::LoadOp>(k.loc, mem, at(u));
+            for (int64_t l = 0; l < lanes; ++l)
+              vals.push_back(b.create<vector::ExtractOp>(k.loc, v, l));
+          } else {
+            Value base = k.mul(at(u), k.idx(lanes));
+            for (int64_t l = 0; l < lanes; ++l)
+              vals.push_back(b.create<memref::LoadOp>(k.loc, mem, k.add(base, k.idx(l))));
+          }
+          it = lanesOf.try_emplace(m, std::move(vals)).first;
+        }
+        return it->second[i];
+      };
+      auto yielded = fusion.getBlock().getTerminator()->getOperands();
+      SmallVector<SmallVector<Value>> outs(numOut - 2);
+      for (int64_t i = 0; i < lanes; ++i) {
+        llvm::DenseMap<Value, Value> stored;
+        stored[op->getResult(0)] = ys[i];
+        for (unsigned r = 0; r + 2 < numOut; ++r) {
+          Value v = evalBodyValue(k, yielded[r], stored, [&](BlockArgument arg) {
+            return argLane(arg.getArgNumber(), i);
+          });
+          if (!v) {
+            ok = false;
+            return;
+          }
+          outs[r].push_back(v);
+        }
+      }
+      for (unsigned r = 0; r + 2 < numOut; ++r) {
+        Value mem = fn.getArgument(firstResult + r);
+        if (isa<VectorType>(cast<MemRefType>(mem.getType()).getElementType())) {
+          Value v = b.create<vector::FromElementsOp>(k.loc, VectorType::get({lanes}, f32), outs[r]);
+          b.create<memref::StoreOp>(k.loc, v, mem, at(u));
+          continue;
+        }
+        Value base = k.mul(at(u), k.idx(lanes));
+        for (int64_t l = 0; l < lanes; ++l)
+          b.create<memref::StoreOp>(k.loc, outs[r][l], mem, k.add(base, k.idx(l)));
+      }
+    });
+    if (!ok) {
+      fn.erase();
+      return std::nullopt;
+    }
     k.ifThen(first, [&] {
       Value m = k.fconst(f32, momentum), m1 = k.fconst(f32, 1.0 - momentum);
       Value v1 = k.fconst(f32, correction * (1.0 - momentum));
-      Value rm = k.load(fn.getArgument(3), ch, elem), rv = k.load(fn.getArgument(4), ch, elem);
-      k.store(addf(mulf(rm, m), mulf(mean, m1)), fn.getArgument(6), ch, elem);
-      k.store(addf(mulf(rv, m), mulf(var, v1)), fn.getArgument(7), ch, elem);
+      Value rm = k.load(fn.getArgument(operandArg(3)), ch, elem);
+      Value rv = k.load(fn.getArgument(operandArg(4)), ch, elem);
+      k.store(addf(mulf(rm, m), mulf(mean, m1)), fn.getArgument(firstResult + numOut - 2), ch, elem);
+      k.store(addf(mulf(rv, m), mulf(var, v1)), fn.getArgument(firstResult + numOut - 1), ch, elem);
     });
   } else { // (x, scale, dy) -> dx?, dscale?, dbias?
-    bool wantDx = op->getAttrOfType<BoolAttr>("input_grad").getValue();
     bool wantScale = op->getAttrOfType<BoolAttr>("scale_grad").getValue();
     bool wantBias = op->getAttrOfType<BoolAttr>("bias_grad").getValue();
-    auto dyAt = [&](Value r) { return k.load(fn.getArgument(2), at(r), elem); };
-    Value sumDy = chanSum(dyAt);
-    Value sumDyXhat = chanSum([&](Value r) { return mulf(dyAt(r), mulf(subf(xAt(r), mean), rstd)); });
+    Value sumDy = total[2];
+    Value sumDyXhat = mulf(subf(total[3], mulf(meanShifted, sumDy)), rstd);
     unsigned next = 3;
     Value dx = wantDx ? fn.getArgument(next++) : Value();
     Value dscale = wantScale ? fn.getArgument(next++) : Value();
     Value dbias = wantBias ? fn.getArgument(next++) : Value();
     if (wantDx) {
       Value a = mulf(scale, rstd), mdy = mulf(sumDy, invCount), mdyx = mulf(sumDyXhat, invCount);
-      forEach([&](Value r) {
-        Value xhat = mulf(subf(xAt(r), mean), rstd);
-        k.store(mulf(a, subf(subf(dyAt(r), mdy), mulf(xhat, mdyx))), dx, at(r), elem);
+      forEach([&](Value u) {
+        SmallVector<Value> xs = loadUnit(fn.getArgument(0), u), dys = loadUnit(dyArg, u), out;
+        for (int64_t i = 0; i < lanes; ++i) {
+          Value xhat = mulf(subf(xs[i], mean), rstd);
+          out.push_back(mulf(a, subf(subf(dys[i], mdy), mulf(xhat, mdyx))));
+        }
+        storeUnit(out, dx, u);
       });
     }
     k.ifThen(first, [&] {

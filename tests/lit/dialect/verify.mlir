@@ -65,7 +65,7 @@ func.func @fusion_not_pointwise(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
 // -----
 
 func.func @fusion_unknown_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{has unknown kind 'tile' (loop, row, horizontal, multi_reduce)}}
+  // expected-error @+1 {{has unknown kind 'tile' (loop, row, batch_norm, horizontal, multi_reduce)}}
   %r = forge.fusion "tile"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xf32>):
     %e = forge.exp %a : (tensor<4xf32>) -> tensor<4xf32>
@@ -234,4 +234,44 @@ func.func @view_region_mixed(%x: tensor<2x4xf32>) -> tensor<4x2xf32> {
     forge.yield %t : tensor<4x2xf32>
   }
   return %r : tensor<4x2xf32>
+}
+
+// -----
+
+// batch_norm regions: the statistics must be yielded last.
+func.func @batch_norm_region_order(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>, tensor<2x4x3x3xf32>) {
+  // expected-error @+1 {{must yield values of its iteration shape, then the batch norm's running mean and variance}}
+  %r:3 = forge.fusion "batch_norm"(%x, %s) : (tensor<2x4x3x3xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>, tensor<2x4x3x3xf32>) {
+  ^bb0(%a: tensor<2x4x3x3xf32>, %c: tensor<4xf32>):
+    %y, %m, %v = forge.batch_norm_training %a, %c, %c, %c, %c {epsilon = 1.0e-5 : f64, momentum = 0.9 : f64} : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>)
+    %e = forge.relu %y : (tensor<2x4x3x3xf32>) -> tensor<2x4x3x3xf32>
+    forge.yield %m, %v, %e : tensor<4xf32>, tensor<4xf32>, tensor<2x4x3x3xf32>
+  }
+  return %r#0, %r#1, %r#2 : tensor<4xf32>, tensor<4xf32>, tensor<2x4x3x3xf32>
+}
+
+// -----
+
+func.func @batch_norm_region_prologue(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %r:3 = forge.fusion "batch_norm"(%x, %s) : (tensor<2x4x3x3xf32>, tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<2x4x3x3xf32>, %c: tensor<4xf32>):
+    // expected-error @+1 {{comes before the batch norm of its batch_norm region}}
+    %p = forge.relu %a : (tensor<2x4x3x3xf32>) -> tensor<2x4x3x3xf32>
+    %y, %m, %v = forge.batch_norm_training %p, %c, %c, %c, %c {epsilon = 1.0e-5 : f64, momentum = 0.9 : f64} : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>)
+    forge.yield %y, %m, %v : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#0, %r#1, %r#2 : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+func.func @batch_norm_region_reduction(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %r:3 = forge.fusion "batch_norm"(%x, %s) : (tensor<2x4x3x3xf32>, tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<2x4x3x3xf32>, %c: tensor<4xf32>):
+    %y, %m, %v = forge.batch_norm_training %a, %c, %c, %c, %c {epsilon = 1.0e-5 : f64, momentum = 0.9 : f64} : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>)
+    // expected-error @+1 {{is not pointwise (FusionClass Elementwise) and cannot be in a batch_norm region}}
+    %sm = forge.softmax %y {axis = 3 : i64} : (tensor<2x4x3x3xf32>) -> tensor<2x4x3x3xf32>
+    forge.yield %sm, %m, %v : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#0, %r#1, %r#2 : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
 }

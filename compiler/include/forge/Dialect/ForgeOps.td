@@ -588,6 +588,14 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     loads a row and the epilogue as it stores it (an attention's scale and
     causal mask around its softmax, forward and backward).
 
+    `kind = "batch_norm"`: one `forge.batch_norm_training` (its operands
+    are body arguments) and pointwise ops after it of its output's shape, its
+    epilogue (reading its output, the arguments and each other). The region
+    yields values of that shape (the iteration shape) and then the norm's
+    running mean and variance. The CUDA code generator emits the norm's
+    kernel, whose output pass evaluates the epilogue per element (the ReLU,
+    or residual add and ReLU, after a batch norm).
+
     `kind = "multi_reduce"`: independent full reductions side by side (the
     squared norms of every gradient for the global gradient norm): each
     `forge.reduce_sum` to a scalar, of a body argument or of pointwise ops of
@@ -604,7 +612,7 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     ::mlir::Block &getBlock() { return getBody().front(); }
-    /// The iteration shape of a loop or row region (the results' shape).
+    /// The iteration shape of a loop, row or batch_norm region (result 0's shape).
     ::llvm::ArrayRef<int64_t> getIterationShape() {
       return ::llvm::cast<::mlir::RankedTensorType>(getResult(0).getType()).getShape();
     }
