@@ -579,14 +579,16 @@ bool fuseRowRegions(func::FuncOp func) {
   return changed;
 }
 
-/// Batch-norm fusion (see Passes.td): a batch_norm_training whose normalized
+/// Batch-norm fusion (see Passes.td). Forward: a batch_norm_training whose normalized
 /// output only one loop region (or pointwise op) of its shape reads, whose
 /// other inputs have that shape or one element, becomes one forge.fusion
 /// "batch_norm" at that reader's place: the ReLU (and a residual add) after a
 /// convolution net's batch norms run in the norm's output pass. The running
 /// statistics come last among the region's results; their readers (the
-/// step's returned state) follow the region or move after it.
-bool fuseBatchNormEpilogues(func::FuncOp func) {
+/// step's returned state) follow the region or move after it. Gradient: a
+/// batch_norm_training_grad with the pointwise stage that alone computes its
+/// dy, at the gradient's place.
+bool fuseBatchNorms(func::FuncOp func) {
   bool changed = false;
   SmallVector<BatchNormTrainingOp> norms;
   func.walk([&](BatchNormTrainingOp op) {
@@ -682,6 +684,55 @@ bool fuseBatchNormEpilogues(func::FuncOp func) {
     moveAfter(toMove, region);
     epilogue->erase();
     norm->erase();
+    changed = true;
+  }
+  // Gradients: the pointwise stage that alone computes dy (a ReLU's mask
+  // applied to the incoming gradient), evaluated in both of the kernel's passes.
+  SmallVector<BatchNormTrainingGradOp> grads;
+  func.walk([&](BatchNormTrainingGradOp op) {
+    if (!op->getParentOfType<FusionOp>())
+      grads.push_back(op);
+  });
+  for (BatchNormTrainingGradOp grad : grads) {
+    Value dy = grad->getOperand(2);
+    auto type = cast<RankedTensorType>(dy.getType());
+    Operation *prologue = dy.getDefiningOp();
+    if (!type.hasStaticShape() || type.getNumElements() == 0 || !prologue ||
+        !isPointwiseStage(prologue, type.getShape()) || !dy.hasOneUse() ||
+        prologue->getBlock() != grad->getBlock() ||
+        (isa<FusionOp>(prologue) && cast<FusionOp>(prologue).isViewRegion()))
+      continue;
+    if (!llvm::all_of(prologue->getOperands(), [&](Value v) {
+          auto t = cast<RankedTensorType>(v.getType());
+          return t.getShape() == type.getShape() || (t.hasStaticShape() && t.getNumElements() == 1);
+        }))
+      continue;
+    llvm::SetVector<Value> inputs;
+    inputs.insert(grad->getOperand(0));
+    inputs.insert(grad->getOperand(1));
+    for (Value v : prologue->getOperands())
+      inputs.insert(v);
+    OpBuilder b(grad);
+    auto region = b.create<FusionOp>(
+        FusedLoc::get(func.getContext(), {prologue->getLoc(), grad->getLoc()}),
+        grad->getResultTypes(), inputs.getArrayRef(), b.getStringAttr("batch_norm"));
+    Block *body = new Block();
+    region.getBody().push_back(body);
+    llvm::DenseMap<Value, Value> argOf;
+    for (Value v : inputs)
+      argOf[v] = body->addArgument(v.getType(), v.getLoc());
+    OpBuilder inner = OpBuilder::atBlockEnd(body);
+    IRMapping map;
+    Value innerDy = cloneStage(inner, prologue, map, [&](Value v) { return argOf.lookup(v); });
+    IRMapping gradMap;
+    gradMap.map(grad->getOperand(0), argOf.lookup(grad->getOperand(0)));
+    gradMap.map(grad->getOperand(1), argOf.lookup(grad->getOperand(1)));
+    Operation *gradClone = inner.clone(*grad, gradMap);
+    gradClone->setOperand(2, innerDy);
+    inner.create<YieldOp>(region.getLoc(), gradClone->getResults());
+    grad->replaceAllUsesWith(region.getResults());
+    grad->erase();
+    prologue->erase();
     changed = true;
   }
   return changed;
@@ -1212,7 +1263,7 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     // Batch-norm epilogues, like row regions, take formed loop regions.
     if (fuseNorms)
       for (auto func : getOperation().getOps<func::FuncOp>())
-        changed |= fuseBatchNormEpilogues(func);
+        changed |= fuseBatchNorms(func);
     // View chains after the regions that take loop regions as stages (a view
     // region is no pointwise stage).
     for (auto func : getOperation().getOps<func::FuncOp>())

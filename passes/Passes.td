@@ -145,7 +145,10 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     `forge.fusion "batch_norm"` with it when that reader's other inputs have
     its shape or one element; the region yields the reader's results and then
     the running statistics. One kernel computes the statistics and writes the
-    reader's results in its output pass.
+    reader's results in its output pass. Likewise a
+    `forge.batch_norm_training_grad` takes in the loop region or pointwise op
+    of its shape that alone computes its dy (a ReLU's mask applied to the
+    incoming gradient), when that stage's inputs have its shape or one element.
 
     After it, horizontal fusion of the optimizer: the loop regions that update
     persistent state (a result returned with `forge.updates`) and do not

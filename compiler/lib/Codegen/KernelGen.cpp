@@ -87,8 +87,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
       return multiReduceKernel(fusion, name);
     if (fusion.getKind() == "batch_norm") {
       for (Operation &op : fusion.getBlock().without_terminator())
-        if (isa<BatchNormTrainingOp>(op))
-          return batchNormTrainingKernel(&op, name, /*grad=*/false, fusion);
+        if (isa<BatchNormTrainingOp, BatchNormTrainingGradOp>(op))
+          return batchNormTrainingKernel(&op, name, isa<BatchNormTrainingGradOp>(op), fusion);
       return std::nullopt;
     }
     return std::nullopt;

@@ -301,7 +301,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   // E[s] * sum(dy). Planes whose size divides by 4 are read and written as
   // 16-byte vectors (an image's plane is contiguous per sample and channel).
   // In a batch_norm region the output pass evaluates the epilogue per element
-  // instead of storing the normalized value.
+  // instead of storing the normalized value (forward), or both passes
+  // evaluate the prologue that computes dy (gradient: a ReLU's mask).
   auto x = tensorType(op->getOperand(0));
   Type elem = x.getElementType();
   if (x.getRank() < 2 || !elem.isF32())
@@ -327,31 +328,30 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   // then results. Image-sized f32 ones are 16-byte vectors when lanes > 1.
   SmallVector<Value> argValues;
   if (fusion) {
-    if (grad || !isa<BatchNormTrainingOp>(op))
-      return std::nullopt;
     llvm::append_range(argValues, fusion.getInputs());
     llvm::append_range(argValues, fusion.getResults());
-    for (BlockArgument arg : fusion.getBlock().getArguments()) // epilogue inputs: the image's
-      if (llvm::any_of(arg.getUsers(), [&](Operation *u) { return u != op; }) && // shape or one
+    // The prologue's or epilogue's inputs: the image's shape or one element.
+    for (BlockArgument arg : fusion.getBlock().getArguments())
+      if (llvm::any_of(arg.getUsers(), [&](Operation *u) { return u != op; }) &&
           tensorType(arg).getNumElements() != elements && tensorType(arg).getNumElements() != 1)
-        return std::nullopt;                                                      // element
+        return std::nullopt;
   } else {
     llvm::append_range(argValues, op->getOperands());
     llvm::append_range(argValues, op->getResults());
   }
   auto imageSized = [&](Value v) { return tensorType(v).getNumElements() == elements; };
-  SmallVector<Type> args, argElems;
+  SmallVector<Type> args;
   for (Value v : argValues) {
     Type e = tensorType(v).getElementType();
-    argElems.push_back(e);
     args.push_back(flatMemref(e, tensorType(v).getNumElements(),
                               /*vector=*/lanes > 1 && e.isF32() && imageSized(v)));
   }
-  // The kernel argument of the op's operand j.
+  // The kernel argument of the op's operand j (a body argument in a region).
   auto operandArg = [&](unsigned j) -> unsigned {
     return fusion ? cast<BlockArgument>(op->getOperand(j)).getArgNumber() : j;
   };
   unsigned firstResult = fusion ? fusion.getInputs().size() : op->getNumOperands();
+  unsigned numOut = argValues.size() - firstResult;
   OpBuilder b(context);
   auto fn = newKernel(b, name, args, block, {smem});
   Body k = Body::of(b, op->getLoc(), fn);
@@ -364,21 +364,69 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   auto addf = [&](Value a, Value d) -> Value { return b.create<arith::AddFOp>(k.loc, a, d); };
   auto subf = [&](Value a, Value d) -> Value { return b.create<arith::SubFOp>(k.loc, a, d); };
   auto mulf = [&](Value a, Value d) -> Value { return b.create<arith::MulFOp>(k.loc, a, d); };
-  // The lanes of unit u of a big operand, and the store of a unit's lanes.
-  auto loadUnit = [&](Value memref, Value u) -> SmallVector<Value> {
-    if (lanes == 1)
-      return {k.load(memref, at(u), elem)};
-    Value v = b.create<memref::LoadOp>(k.loc, memref, at(u));
-    SmallVector<Value> out;
-    for (int64_t l = 0; l < lanes; ++l)
-      out.push_back(b.create<vector::ExtractOp>(k.loc, v, l));
-    return out;
+  auto vectorArg = [](Value mem) {
+    return isa<VectorType>(cast<MemRefType>(mem.getType()).getElementType());
   };
-  auto storeUnit = [&](ArrayRef<Value> vals, Value memref, Value u) {
-    if (lanes == 1)
-      return k.store(vals[0], memref, at(u), elem);
-    Value v = b.create<vector::FromElementsOp>(k.loc, VectorType::get({lanes}, f32), vals);
-    b.create<memref::StoreOp>(k.loc, v, memref, at(u));
+  // The lanes of unit u of kernel argument m (storage form): image-sized
+  // arguments at the unit's elements, one-element ones at 0.
+  auto loadLanes = [&](unsigned m, Value u) -> SmallVector<Value> {
+    Value mem = fn.getArgument(m);
+    SmallVector<Value> vals;
+    if (!imageSized(argValues[m])) {
+      vals.assign(lanes, b.create<memref::LoadOp>(k.loc, mem, k.idx(0)));
+    } else if (vectorArg(mem)) {
+      Value v = b.create<memref::LoadOp>(k.loc, mem, at(u));
+      for (int64_t l = 0; l < lanes; ++l)
+        vals.push_back(b.create<vector::ExtractOp>(k.loc, v, l));
+    } else {
+      Value base = k.mul(at(u), k.idx(lanes));
+      for (int64_t l = 0; l < lanes; ++l)
+        vals.push_back(b.create<memref::LoadOp>(k.loc, mem, k.add(base, k.idx(l))));
+    }
+    return vals;
+  };
+  auto storeLanes = [&](ArrayRef<Value> vals, unsigned m, Value u) {
+    Value mem = fn.getArgument(m);
+    if (vectorArg(mem)) {
+      Value v = b.create<vector::FromElementsOp>(k.loc, VectorType::get({lanes}, f32), vals);
+      b.create<memref::StoreOp>(k.loc, v, mem, at(u));
+      return;
+    }
+    Value base = k.mul(at(u), k.idx(lanes));
+    for (int64_t l = 0; l < lanes; ++l)
+      b.create<memref::StoreOp>(k.loc, vals[l], mem, k.add(base, k.idx(l)));
+  };
+  // Region body values at one unit: each argument's lanes loaded once.
+  bool ok = true;
+  struct UnitValues {
+    llvm::DenseMap<unsigned, SmallVector<Value>> lanesOf;
+  };
+  auto evalLane = [&](UnitValues &unit, Value u, Value v, int64_t i,
+                      llvm::DenseMap<Value, Value> &stored) -> Value {
+    Value r = evalBodyValue(k, v, stored, [&](BlockArgument arg) {
+      unsigned m = arg.getArgNumber();
+      auto it = unit.lanesOf.find(m);
+      if (it == unit.lanesOf.end())
+        it = unit.lanesOf.try_emplace(m, loadLanes(m, u)).first;
+      return it->second[i];
+    });
+    if (!r) {
+      ok = false;
+      return k.fconst(f32, 0.0);
+    }
+    return r;
+  };
+  // dy's lanes at unit u: loaded, or the prologue evaluated.
+  auto dyLanes = [&](Value u) -> SmallVector<Value> {
+    if (!fusion)
+      return loadLanes(2, u);
+    UnitValues unit;
+    SmallVector<Value> out;
+    for (int64_t i = 0; i < lanes; ++i) {
+      llvm::DenseMap<Value, Value> stored;
+      out.push_back(evalLane(unit, u, op->getOperand(2), i, stored));
+    }
+    return out;
   };
   auto forEach = [&](function_ref<void(Value)> body) {
     b.create<scf::ForOp>(k.loc, k.tid(), k.idx(units), k.idx(block), ValueRange{},
@@ -390,9 +438,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
                          });
   };
   Value zero = k.fconst(f32, 0.0), invCount = k.fconst(f32, 1.0 / static_cast<double>(count));
-  Value xArg = fn.getArgument(operandArg(0));
-  Value shift = loadUnit(xArg, k.idx(0))[0];
-  Value dyArg = grad ? fn.getArgument(2) : Value();
+  Value shift = loadLanes(operandArg(0), k.idx(0))[0];
   // The one pass: per-thread sums, then across the block.
   SmallVector<Value> init(grad ? 4 : 2, zero);
   auto pass = b.create<scf::ForOp>(
@@ -401,9 +447,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
         OpBuilder::InsertionGuard g(b);
         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
         SmallVector<Value> sums(acc.begin(), acc.end());
-        SmallVector<Value> xs = loadUnit(xArg, u), dys;
+        SmallVector<Value> xs = loadLanes(operandArg(0), u), dys;
         if (grad)
-          dys = loadUnit(dyArg, u);
+          dys = dyLanes(u);
         for (int64_t i = 0; i < lanes; ++i) {
           Value d = subf(xs[i], shift);
           sums[0] = addf(sums[0], d);
@@ -435,69 +481,25 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
                             : 1.0;
     Value bias = k.load(fn.getArgument(operandArg(2)), ch, elem);
     Value a = mulf(scale, rstd);
-    unsigned numOut = argValues.size() - firstResult; // y or the epilogue's, then the statistics
-    bool ok = true;
     forEach([&](Value u) {
       SmallVector<Value> ys;
-      for (Value xv : loadUnit(xArg, u))
+      for (Value xv : loadLanes(operandArg(0), u))
         ys.push_back(addf(mulf(subf(xv, mean), a), bias));
       if (!fusion)
-        return storeUnit(ys, fn.getArgument(firstResult), u);
-      // Lane i of argument m at this unit (storage form): image-sized
-      // arguments at the unit's elements, one-element ones at 0.
-      llvm::DenseMap<unsigned, SmallVector<Value>> lanesOf;
-      auto argLane = [&](unsigned m, int64_t i) -> Value {
-        auto it = lanesOf.find(m);
-        if (it == lanesOf.end()) {
-          SmallVector<Value> vals;
-          Value mem = fn.getArgument(m);
-          if (!imageSized(argValues[m])) {
-            vals.assign(lanes, b.create<memref::LoadOp>(k.loc, mem, k.idx(0)));
-          } else if (isa<VectorType>(cast<MemRefType>(mem.getType()).getElementType())) {
-            Value v = b.create<memref::LoadOp>(k.loc, mem, at(u));
-            for (int64_t l = 0; l < lanes; ++l)
-              vals.push_back(b.create<vector::ExtractOp>(k.loc, v, l));
-          } else {
-            Value base = k.mul(at(u), k.idx(lanes));
-            for (int64_t l = 0; l < lanes; ++l)
-              vals.push_back(b.create<memref::LoadOp>(k.loc, mem, k.add(base, k.idx(l))));
-          }
-          it = lanesOf.try_emplace(m, std::move(vals)).first;
-        }
-        return it->second[i];
-      };
+        return storeLanes(ys, firstResult, u);
+      // The epilogue's values (the region's results but the statistics).
       auto yielded = fusion.getBlock().getTerminator()->getOperands();
       SmallVector<SmallVector<Value>> outs(numOut - 2);
+      UnitValues unit;
       for (int64_t i = 0; i < lanes; ++i) {
         llvm::DenseMap<Value, Value> stored;
         stored[op->getResult(0)] = ys[i];
-        for (unsigned r = 0; r + 2 < numOut; ++r) {
-          Value v = evalBodyValue(k, yielded[r], stored, [&](BlockArgument arg) {
-            return argLane(arg.getArgNumber(), i);
-          });
-          if (!v) {
-            ok = false;
-            return;
-          }
-          outs[r].push_back(v);
-        }
+        for (unsigned r = 0; r + 2 < numOut; ++r)
+          outs[r].push_back(evalLane(unit, u, yielded[r], i, stored));
       }
-      for (unsigned r = 0; r + 2 < numOut; ++r) {
-        Value mem = fn.getArgument(firstResult + r);
-        if (isa<VectorType>(cast<MemRefType>(mem.getType()).getElementType())) {
-          Value v = b.create<vector::FromElementsOp>(k.loc, VectorType::get({lanes}, f32), outs[r]);
-          b.create<memref::StoreOp>(k.loc, v, mem, at(u));
-          continue;
-        }
-        Value base = k.mul(at(u), k.idx(lanes));
-        for (int64_t l = 0; l < lanes; ++l)
-          b.create<memref::StoreOp>(k.loc, outs[r][l], mem, k.add(base, k.idx(l)));
-      }
+      for (unsigned r = 0; r + 2 < numOut; ++r)
+        storeLanes(outs[r], firstResult + r, u);
     });
-    if (!ok) {
-      fn.erase();
-      return std::nullopt;
-    }
     k.ifThen(first, [&] {
       Value m = k.fconst(f32, momentum), m1 = k.fconst(f32, 1.0 - momentum);
       Value v1 = k.fconst(f32, correction * (1.0 - momentum));
@@ -511,19 +513,19 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
     bool wantBias = op->getAttrOfType<BoolAttr>("bias_grad").getValue();
     Value sumDy = total[2];
     Value sumDyXhat = mulf(subf(total[3], mulf(meanShifted, sumDy)), rstd);
-    unsigned next = 3;
-    Value dx = wantDx ? fn.getArgument(next++) : Value();
+    unsigned next = firstResult;
+    unsigned dx = wantDx ? next++ : 0;
     Value dscale = wantScale ? fn.getArgument(next++) : Value();
     Value dbias = wantBias ? fn.getArgument(next++) : Value();
     if (wantDx) {
       Value a = mulf(scale, rstd), mdy = mulf(sumDy, invCount), mdyx = mulf(sumDyXhat, invCount);
       forEach([&](Value u) {
-        SmallVector<Value> xs = loadUnit(fn.getArgument(0), u), dys = loadUnit(dyArg, u), out;
+        SmallVector<Value> xs = loadLanes(operandArg(0), u), dys = dyLanes(u), out;
         for (int64_t i = 0; i < lanes; ++i) {
           Value xhat = mulf(subf(xs[i], mean), rstd);
           out.push_back(mulf(a, subf(subf(dys[i], mdy), mulf(xhat, mdyx))));
         }
-        storeUnit(out, dx, u);
+        storeLanes(out, dx, u);
       });
     }
     k.ifThen(first, [&] {
@@ -532,6 +534,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
       if (wantBias)
         k.store(sumDy, dbias, ch, elem);
     });
+  }
+  if (!ok) {
+    fn.erase();
+    return std::nullopt;
   }
   b.create<gpu::ReturnOp>(k.loc);
   return KernelLaunch{name.str(), c, block};

@@ -181,7 +181,32 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
                            k.store(choose(k, fn.getArgument(0), base, o).first, fn.getArgument(1),
                                    i, elem);
                          });
-  // Gradient, gathered per input element: every window that holds it as a tap
+  // f32 gradient, scattered per window: each window adds its gradient to the
+  // tap it chose with an f32 atomic into the zeroed output. Nine loads per
+  // window instead of ~20 per input element (recomputing every window that
+  // holds it); where windows overlap, an element chosen by several gets their
+  // sum in an order that may vary run to run (the last bits, as the atomic
+  // reductions).
+  if (elem.isF32()) {
+    KernelLaunch launch = elementKernel(
+        name, flatArgs(op), y.getNumElements(), op->getLoc(),
+        [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+          OpBuilder &b = k.b;
+          Value plane;
+          SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, plane);
+          Value base = k.mul(plane, k.idx(g->imageSize));
+          Value off = choose(k, fn.getArgument(0), base, o).second;
+          Value some = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, off, k.idx(0));
+          k.ifThen(some, [&] {
+            Value dy = k.load(fn.getArgument(1), i, elem);
+            b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, dy, fn.getArgument(2),
+                                          ValueRange{k.add(base, off)});
+          });
+        });
+    launch.zeroOutputs = true;
+    return launch;
+  }
+  // Other float types: gathered per input element: every window that holds it as a tap
   // adds its gradient when it chose it (deterministic, no atomics). A window's
   // choice is recomputed only for the windows that hold the element (a 3x3
   // stride-2 pool: ~2.25 of the 9 taps), not for every tap.

@@ -695,43 +695,57 @@ LogicalResult FusionOp::verify() {
     return success();
   }
   if (getKind() == "batch_norm") {
-    // One batch_norm_training on body arguments, then its pointwise epilogue;
-    // yields: values of the iteration shape, then the running statistics.
+    // Forward: one batch_norm_training on body arguments, then its pointwise
+    // epilogue; yields values of the iteration shape, then the running
+    // statistics. Gradient: a pointwise prologue computing the dy of one
+    // batch_norm_training_grad (x and scale body arguments), which is last;
+    // yields its results.
     Operation *norm = nullptr;
-    for (Operation &op : block.without_terminator()) {
-      if (isa<BatchNormTrainingOp>(op)) {
+    for (Operation &op : block.without_terminator())
+      if (isa<BatchNormTrainingOp, BatchNormTrainingGradOp>(op)) {
         if (norm)
           return op.emitOpError("is a second batch norm in one batch_norm region");
         norm = &op;
-        for (Value v : op.getOperands())
-          if (!isa<BlockArgument>(v))
-            return op.emitOpError("must take the batch_norm region's arguments as operands");
-        continue;
       }
-      if (!norm)
+    if (!norm)
+      return emitOpError("batch_norm region has no batch_norm_training(_grad) op");
+    bool backward = isa<BatchNormTrainingGradOp>(norm);
+    for (auto [j, v] : llvm::enumerate(norm->getOperands()))
+      if (!isa<BlockArgument>(v) && (!backward || j != 2))
+        return norm->emitOpError("must take the batch_norm region's arguments as operands");
+    for (Operation &op : block.without_terminator()) {
+      if (&op == norm)
+        continue;
+      bool before = op.isBeforeInBlock(norm);
+      if (before && !backward)
         return op.emitOpError("comes before the batch norm of its batch_norm region");
+      if (!before && backward)
+        return op.emitOpError("comes after the batch norm gradient of its batch_norm region");
       auto iface = dyn_cast<ForgeOpInterface>(op);
       if (!iface || iface.getFusionClass() != FusionClass::Elementwise)
         return op.emitOpError("is not pointwise (FusionClass Elementwise) and cannot be in a "
                               "batch_norm region");
     }
-    if (!norm)
-      return emitOpError("batch_norm region has no batch_norm_training op");
     auto values = yield.getValues();
-    if (values.size() < 3 || values[values.size() - 2] != norm->getResult(1) ||
-        values.back() != norm->getResult(2))
-      return emitOpError("must yield values of its iteration shape, then the batch norm's "
-                         "running mean and variance");
-    ArrayRef<int64_t> shape = cast<RankedTensorType>(norm->getResult(0).getType()).getShape();
-    for (Value v : values.drop_back(2))
-      if (cast<RankedTensorType>(v.getType()).getShape() != shape || v == norm->getResult(1) ||
-          v == norm->getResult(2))
-        return emitOpError("yields a value that does not have the batch norm's output shape");
+    ArrayRef<int64_t> shape = cast<RankedTensorType>(norm->getOperand(0).getType()).getShape();
     for (Operation &op : block.without_terminator())
       if (&op != norm)
         for (Type t : op.getResultTypes())
           if (cast<RankedTensorType>(t).getShape() != shape)
             return op.emitOpError("result does not have the batch_norm region's iteration shape");
+    if (isa<BatchNormTrainingGradOp>(norm)) {
+      if (!llvm::equal(values, norm->getResults()))
+        return emitOpError("must yield the batch norm gradient's results");
+      return success();
+    }
+    if (values.size() < 3 || values[values.size() - 2] != norm->getResult(1) ||
+        values.back() != norm->getResult(2))
+      return emitOpError("must yield values of its iteration shape, then the batch norm's "
+                         "running mean and variance");
+    for (Value v : values.drop_back(2))
+      if (cast<RankedTensorType>(v.getType()).getShape() != shape || v == norm->getResult(1) ||
+          v == norm->getResult(2))
+        return emitOpError("yields a value that does not have the batch norm's output shape");
     return success();
   }
   if (getKind() != "loop" && getKind() != "row")

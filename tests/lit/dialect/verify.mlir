@@ -257,8 +257,8 @@ func.func @batch_norm_region_prologue(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32>
   ^bb0(%a: tensor<2x4x3x3xf32>, %c: tensor<4xf32>):
     // expected-error @+1 {{comes before the batch norm of its batch_norm region}}
     %p = forge.relu %a : (tensor<2x4x3x3xf32>) -> tensor<2x4x3x3xf32>
-    %y, %m, %v = forge.batch_norm_training %p, %c, %c, %c, %c {epsilon = 1.0e-5 : f64, momentum = 0.9 : f64} : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>)
-    forge.yield %y, %m, %v : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
+    %y, %m, %v = forge.batch_norm_training %a, %c, %c, %c, %c {epsilon = 1.0e-5 : f64, momentum = 0.9 : f64} : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>)
+    forge.yield %p, %m, %v : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
   }
   return %r#0, %r#1, %r#2 : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
 }
@@ -272,6 +272,32 @@ func.func @batch_norm_region_reduction(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32
     // expected-error @+1 {{is not pointwise (FusionClass Elementwise) and cannot be in a batch_norm region}}
     %sm = forge.softmax %y {axis = 3 : i64} : (tensor<2x4x3x3xf32>) -> tensor<2x4x3x3xf32>
     forge.yield %sm, %m, %v : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#0, %r#1, %r#2 : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+func.func @batch_norm_grad_region_epilogue(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32>, %g: tensor<2x4x3x3xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %r:3 = forge.fusion "batch_norm"(%x, %s, %g) : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<2x4x3x3xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<2x4x3x3xf32>, %c: tensor<4xf32>, %d: tensor<2x4x3x3xf32>):
+    %dx, %ds, %db = forge.batch_norm_training_grad %a, %c, %d {bias_grad = true, epsilon = 1.0e-5 : f64, input_grad = true, scale_grad = true} : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<2x4x3x3xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>)
+    // expected-error @+1 {{comes after the batch norm gradient of its batch_norm region}}
+    %n = forge.neg %dx : (tensor<2x4x3x3xf32>) -> tensor<2x4x3x3xf32>
+    forge.yield %n, %ds, %db : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#0, %r#1, %r#2 : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+func.func @batch_norm_region_computed_operand(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %r:3 = forge.fusion "batch_norm"(%x, %s) : (tensor<2x4x3x3xf32>, tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<2x4x3x3xf32>, %c: tensor<4xf32>):
+    %p = forge.relu %a : (tensor<2x4x3x3xf32>) -> tensor<2x4x3x3xf32>
+    // expected-error @+1 {{must take the batch_norm region's arguments as operands}}
+    %y, %m, %v = forge.batch_norm_training %p, %c, %c, %c, %c {epsilon = 1.0e-5 : f64, momentum = 0.9 : f64} : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>)
+    forge.yield %y, %m, %v : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
   }
   return %r#0, %r#1, %r#2 : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
 }

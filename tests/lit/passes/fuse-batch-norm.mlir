@@ -56,3 +56,33 @@ func.func @not_fused(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32>, %b: tensor<4xf3
   %p = forge.mul %y2, %c : (tensor<2x4x3x3xf32>, tensor<1x4x1x1xf32>) -> tensor<2x4x3x3xf32>
   return %r, %e, %p : tensor<2x4x3x3xf32>, tensor<2x4x3x3xf32>, tensor<2x4x3x3xf32>
 }
+
+// -----
+
+// The backward pass: the ReLU's mask applied to the incoming gradient is the
+// batch-norm gradient's prologue (evaluated in both of its passes).
+// CHECK-LABEL: func @bn_grad_relu_mask
+// CHECK: %[[R:.*]]:3 = forge.fusion "batch_norm"(%arg0, %arg1, %arg2, %arg3, %arg4) : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<2x4x3x3xi1>, tensor<2x4x3x3xf32>, tensor<f32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>) {
+// CHECK:   %[[DY:.*]] = forge.where
+// CHECK:   %[[G:.*]]:3 = forge.batch_norm_training_grad %{{.*}}, %{{.*}}, %[[DY]]
+// CHECK:   forge.yield %[[G]]#0, %[[G]]#1, %[[G]]#2
+// CHECK: return %[[R]]#0, %[[R]]#1, %[[R]]#2
+// OFF-LABEL: func @bn_grad_relu_mask
+// OFF-NOT: "batch_norm"
+func.func @bn_grad_relu_mask(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32>, %mask: tensor<2x4x3x3xi1>, %g: tensor<2x4x3x3xf32>, %zero: tensor<f32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %dy = forge.where %mask, %g, %zero : (tensor<2x4x3x3xi1>, tensor<2x4x3x3xf32>, tensor<f32>) -> tensor<2x4x3x3xf32>
+  %dx, %ds, %db = forge.batch_norm_training_grad %x, %s, %dy {bias_grad = true, epsilon = 1.0e-5 : f64, input_grad = true, scale_grad = true} : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<2x4x3x3xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>)
+  return %dx, %ds, %db : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// Not fused: the masked gradient also flows into a residual's other branch.
+// CHECK-LABEL: func @bn_grad_shared_dy
+// CHECK-NOT: "batch_norm"
+// CHECK: return
+func.func @bn_grad_shared_dy(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32>, %mask: tensor<2x4x3x3xi1>, %g: tensor<2x4x3x3xf32>, %zero: tensor<f32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<2x4x3x3xf32>) {
+  %dy = forge.where %mask, %g, %zero : (tensor<2x4x3x3xi1>, tensor<2x4x3x3xf32>, tensor<f32>) -> tensor<2x4x3x3xf32>
+  %dx, %ds, %db = forge.batch_norm_training_grad %x, %s, %dy {bias_grad = true, epsilon = 1.0e-5 : f64, input_grad = true, scale_grad = true} : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<2x4x3x3xf32>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>)
+  return %dx, %ds, %db, %dy : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<2x4x3x3xf32>
+}

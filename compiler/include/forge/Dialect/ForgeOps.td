@@ -594,7 +594,11 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     yields values of that shape (the iteration shape) and then the norm's
     running mean and variance. The CUDA code generator emits the norm's
     kernel, whose output pass evaluates the epilogue per element (the ReLU,
-    or residual add and ReLU, after a batch norm).
+    or residual add and ReLU, after a batch norm). Or, for the backward pass:
+    pointwise ops (a prologue of the image's shape) that compute operand dy of
+    one `forge.batch_norm_training_grad`, whose x and scale are body arguments
+    and which comes last; the region yields its results. Its kernel evaluates
+    the prologue wherever it reads dy.
 
     `kind = "multi_reduce"`: independent full reductions side by side (the
     squared norms of every gradient for the global gradient norm): each
