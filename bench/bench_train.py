@@ -207,12 +207,9 @@ def profile(a):
         make_data(a, name, d)
         for compiled in (True, False):
             batch = MODELS[name][0]
-            # One `step` code object serves every model: without a reset, dynamo's recompile
-    # limit can leave a later model running eagerly under torch.compile (ResNet-50 after
-    # GPT-2 timed as eager, 62 ms, against 38 compiled on its own).
-    torch._dynamo.reset()
-    torch.cuda.empty_cache()
-    fn, x, y = torch_step(a, name, d, compiled)
+            torch._dynamo.reset()  # as in time_torch
+            torch.cuda.empty_cache()
+            fn, x, y = torch_step(a, name, d, compiled)
             x, y = x[:batch], y[:batch]
             for _ in range(a.warmup):
                 fn(x, y)
