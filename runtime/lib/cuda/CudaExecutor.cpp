@@ -298,6 +298,10 @@ struct CudaExecutor::Impl {
       if (mode.checked && s.kind == Step::Library && s.conv)
         if (Status st = s.conv->tune(s.convIn, s.out, workspace, compute); !st.isOk())
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
+      // Likewise each matmul problem's fastest cuBLASLt algorithm.
+      if (mode.checked && s.kind == Step::Library && s.matmul)
+        if (Status st = s.matmul->tune(compute, s.lhs, s.rhs, s.c, s.out, workspace); !st.isOk())
+          return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       if (mode.timing)
         nvtxRangePushA(fmt::format("#{} {} {}", s.index, s.inst->op(), s.inst->name()).c_str());
       CUDA_TRY(mark(2 + 2 * i, compute), "event record");
@@ -472,7 +476,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   bool tf32 = opt != p.build_options().end() && opt->second == "1";
   std::map<const bundle::Instruction *, std::unique_ptr<MatmulPlan>> matmuls;
   std::map<const bundle::Instruction *, std::unique_ptr<ConvPlan>> convs;
-  MatmulAlgoCache algos;
+  auto algos = std::make_shared<MatmulAlgoCache>();
   for (const bundle::Routine &proto : p.routines())
     for (int i = 0; i < proto.instructions_size(); ++i) {
       const bundle::Instruction &inst = proto.instructions(i);

@@ -135,12 +135,13 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
                                                          cublasLtHandle_t handle,
                                                          const MatmulProblem &pr,
                                                          size_t workspaceBytes,
-                                                         MatmulAlgoCache &cache) {
+                                                         std::shared_ptr<MatmulAlgoCache> cache) {
   std::unique_ptr<MatmulPlan> plan(new MatmulPlan());
   plan->api_ = &api;
   plan->handle_ = handle;
   plan->problem_ = pr;
   plan->workspaceBytes_ = workspaceBytes;
+  plan->cache_ = cache;
   cublasComputeType_t compute = pr.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LT_CHECK(api.cublasLtMatmulDescCreate(&plan->desc_, compute, CUDA_R_32F));
   // cuBLASLt A = rhs^T view (N x K), B = lhs^T view (K x M), D = Y^T (N x M).
@@ -177,8 +178,8 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   FORGE_RETURN_IF_ERROR(layout(&plan->c_, pr.n, pr.m, pr.m * pr.n));
 
   const std::string key = pr.key();
-  if (auto hit = cache.find(key); hit != cache.end()) {
-    plan->algo_ = hit->second;
+  if (auto hit = cache->candidates.find(key); hit != cache->candidates.end()) {
+    plan->algo_ = hit->second.front();
     return plan;
   }
   cublasLtMatmulPreference_t pref;
@@ -186,18 +187,23 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   uint64_t ws = workspaceBytes;
   cublasStatus_t st = api.cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kMatmulCandidates] = {};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
     st = api.cublasLtMatmulAlgoGetHeuristic(handle, plan->desc_, plan->a_, plan->b_, plan->c_,
-                                            plan->c_, pref, 1, &result, &found);
+                                            plan->c_, pref, kMatmulCandidates, results, &found);
   api.cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
     return Status::error("cuBLASLt found no algorithm for {} ({})", pr.key(),
                          st != CUBLAS_STATUS_SUCCESS ? api.cublasLtGetStatusString(st)
                                                      : "no heuristic result");
-  plan->algo_ = result.algo;
-  cache.emplace(key, result.algo);
+  std::vector<cublasLtMatmulAlgo_t> &candidates = cache->candidates[key];
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= workspaceBytes)
+      candidates.push_back(results[i].algo);
+  if (candidates.empty())
+    candidates.push_back(results[0].algo);
+  plan->algo_ = candidates.front();
   return plan;
 }
 
@@ -221,6 +227,70 @@ Status MatmulPlan::run(cudaStream_t stream, const void *lhs, const void *rhs, co
   LT_CHECK(api.cublasLtMatmul(handle_, desc_, &problem_.alpha, rhs, a_, lhs, b_, &beta, cPtr, c_,
                               out, c_, &algo_, workspace, workspaceBytes_, stream));
   return Status::ok();
+}
+
+Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, const void *c,
+                        void *out, void *workspace) {
+  if (tuned_)
+    return Status::ok();
+  const std::string key = problem_.key();
+  if (auto hit = cache_->tuned.find(key); hit != cache_->tuned.end()) {
+    algo_ = hit->second;
+    tuned_ = true;
+    return Status::ok();
+  }
+  const std::vector<cublasLtMatmulAlgo_t> candidates = cache_->candidates[key];
+  if (candidates.size() < 2) {
+    tuned_ = true;
+    return Status::ok();
+  }
+  if (out == lhs || out == rhs || (c && out == c))
+    return Status::ok(); // a later plan of this problem times them
+  tuned_ = true;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess)
+    return Status::error("cudaEventCreate failed while tuning a matmul");
+  constexpr int kRuns = 5; // after one untimed run of each candidate
+  float best = 0;
+  bool any = false;
+  cublasLtMatmulAlgo_t chosen = algo_;
+  Status lastFailure;
+  for (const cublasLtMatmulAlgo_t &candidate : candidates) {
+    algo_ = candidate;
+    Status status = run(stream, lhs, rhs, c, out, workspace); // warm-up (does it run at all?)
+    if (!status.isOk()) {
+      lastFailure = status;
+      continue;
+    }
+    cudaEventRecord(start, stream);
+    for (int i = 0; i < kRuns && status.isOk(); ++i)
+      status = run(stream, lhs, rhs, c, out, workspace);
+    cudaEventRecord(stop, stream);
+    float ms = 0;
+    if (status.isOk() && (cudaEventSynchronize(stop) != cudaSuccess ||
+                          cudaEventElapsedTime(&ms, start, stop) != cudaSuccess)) {
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      return Status::error("CUDA error while timing a matmul algorithm for {}: {}", key,
+                           cudaGetErrorString(cudaGetLastError()));
+    }
+    if (!status.isOk()) {
+      lastFailure = status;
+      continue;
+    }
+    if (!any || ms < best) {
+      best = ms;
+      chosen = candidate;
+    }
+    any = true;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (!any)
+    return lastFailure;
+  algo_ = chosen;
+  cache_->tuned[key] = chosen;
+  return Status::ok(); // the caller then runs the chosen algorithm
 }
 
 } // namespace forge::rt::cuda

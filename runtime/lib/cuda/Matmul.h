@@ -9,13 +9,18 @@
 // compiler places on the library (passes/SelectLibrary.cpp); any
 // other shape is refused at load time.
 //
-// The algorithm comes from cuBLASLt's heuristic, once per distinct problem
-// (cached by the executor), with the workspace the executor provides.
+// Candidates come from cuBLASLt's heuristic (up to kMatmulCandidates, once per
+// distinct problem), with the workspace the executor provides. The first
+// checked run times them on the real operands (MatmulPlan::tune) and every
+// plan of that problem then runs the fastest: the heuristic's first choice
+// can be several times slower for small or skinny problems (too few tiles to
+// fill the GPU without split-K).
 #pragma once
 
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda/CudaApi.h"
 #include "forge/runtime/Tensor.h"
@@ -37,9 +42,14 @@ struct MatmulProblem {
 Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::Instruction &inst,
                                       bool tf32);
 
-/// Heuristic results by MatmulProblem::key(): one cuBLASLt heuristic query
-/// per distinct shape (a GPT step has ~200 matmuls of ~10 shapes).
-using MatmulAlgoCache = std::map<std::string, cublasLtMatmulAlgo_t>;
+/// By MatmulProblem::key(): the heuristic's candidates (best first; one query
+/// per distinct problem: a GPT step has ~550 matmuls of ~15 problems) and the
+/// algorithm timed fastest on real operands. Shared by an executor's plans.
+struct MatmulAlgoCache {
+  std::map<std::string, std::vector<cublasLtMatmulAlgo_t>> candidates;
+  std::map<std::string, cublasLtMatmulAlgo_t> tuned;
+};
+inline constexpr int kMatmulCandidates = 8;
 
 class MatmulPlan {
 public:
@@ -47,11 +57,18 @@ public:
                                                       cublasLtHandle_t handle,
                                                       const MatmulProblem &problem,
                                                       size_t workspaceBytes,
-                                                      MatmulAlgoCache &cache);
+                                                      std::shared_ptr<MatmulAlgoCache> cache);
   ~MatmulPlan();
   /// Enqueues Y = alpha op(lhs) op(rhs) (+ beta C | + bias) on `stream`.
   Status run(cudaStream_t stream, const void *lhs, const void *rhs, const void *c, void *out,
              void *workspace) const;
+  /// Picks the fastest candidate for this problem: the one already timed by a
+  /// plan of the same problem, or times each (a warm-up then a few runs) on
+  /// these operands, which must be computed (the first checked run). A
+  /// candidate that fails is dropped. Skipped (the heuristic's choice stays)
+  /// when the output aliases an operand, since repeated runs would change it.
+  Status tune(cudaStream_t stream, const void *lhs, const void *rhs, const void *c, void *out,
+              void *workspace);
 
 private:
   MatmulPlan() = default;
@@ -62,6 +79,8 @@ private:
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
   size_t workspaceBytes_ = 0;
+  std::shared_ptr<MatmulAlgoCache> cache_;
+  bool tuned_ = false;
 };
 
 } // namespace forge::rt::cuda
