@@ -185,7 +185,11 @@ def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {
     Sets `forge.library = "cublaslt"` on every matmul and gemm, and
     `forge.library = "cudnn"` on every conv, conv_transpose and
     conv_grad_weight, whose form the CUDA runtime's library paths take
-    (runtime/lib/cuda/Matmul.h and Conv.h restate these rules):
+    (runtime/lib/cuda/Conv.h restates the convolution rules). A cuBLASLt op
+    also gets its whole problem, `forge.matmul = {m, n, k, batch, trans_a,
+    trans_b, lhs_batch_stride, rhs_batch_stride, c = none|full|bias, alpha,
+    beta}`, which the bundle carries (Instruction.matmul) and the runtime
+    executes without deriving it again:
       * f32 operands and results of static shape, none of zero elements;
       * matmul: both operands at least matrices, and the batch dimensions equal,
         or one side without batch (or all ones: batch stride 0), or the rhs a

@@ -59,35 +59,107 @@ bool cudnnTakes(Operation *op) {
   return true;
 }
 
+/// A cuBLASLt problem (the bundle's MatmulProblem; runtime/lib/cuda/Matmul.h
+/// executes it as stated): row-major Y = alpha op(lhs) op(rhs) (+ beta C |
+/// + bias row) over `batch` strided batches.
+struct MatmulForm {
+  int64_t m = 0, n = 0, k = 0, batch = 1, lhsBatchStride = 0, rhsBatchStride = 0;
+  bool transA = false, transB = false;
+  StringRef c = "none"; // none | full | bias
+  double alpha = 1.0, beta = 0.0;
+};
+
+int64_t product(ArrayRef<int64_t> dims) {
+  int64_t r = 1;
+  for (int64_t d : dims)
+    r *= d;
+  return r;
+}
+
 /// gemm: 2-d operands; C absent, a full [M, N] matrix (scaled by beta), or a
 /// bias row [N] / [1, N] (cuBLASLt's bias epilogue, which beta does not scale).
-bool cublasTakesGemm(GemmOp gemm) {
+std::optional<MatmulForm> cublasForm(GemmOp gemm) {
   auto lhs = cast<RankedTensorType>(gemm.getA().getType());
   auto rhs = cast<RankedTensorType>(gemm.getB().getType());
   auto out = cast<RankedTensorType>(gemm.getResult().getType());
   if (lhs.getRank() != 2 || rhs.getRank() != 2)
-    return false;
+    return std::nullopt;
+  MatmulForm f;
+  f.transA = gemm.getTransA();
+  f.transB = gemm.getTransB();
+  f.m = lhs.getDimSize(f.transA ? 1 : 0);
+  f.k = lhs.getDimSize(f.transA ? 0 : 1);
+  f.n = rhs.getDimSize(f.transB ? 0 : 1);
+  f.alpha = gemm.getAlpha().convertToDouble();
   if (!gemm.getC())
-    return true;
+    return f;
   auto c = cast<RankedTensorType>(gemm.getC().getType());
-  if (c.getShape() == out.getShape())
-    return true;
+  double beta = gemm.getBeta().convertToDouble();
+  if (c.getShape() == out.getShape()) {
+    f.c = "full";
+    f.beta = beta;
+    return f;
+  }
   int64_t n = out.getDimSize(1);
   bool row = (c.getRank() == 1 && c.getDimSize(0) == n) ||
              (c.getRank() == 2 && c.getDimSize(0) == 1 && c.getDimSize(1) == n && n > 1);
-  return row && gemm.getBeta().convertToDouble() == 1.0;
+  if (!row || beta != 1.0)
+    return std::nullopt;
+  f.c = "bias";
+  f.beta = 1.0;
+  return f;
 }
 
-/// matmul: rhs a matrix (the lhs batch folds into M), or equal batch shapes,
-/// or one side without batch (broadcast with batch stride 0).
-bool cublasTakesMatmul(MatMulOp matmul) {
+/// matmul: rhs a matrix (the lhs batch folds into M, unless the lhs is
+/// transposed), or equal batch shapes, or one side without batch (broadcast
+/// with batch stride 0).
+std::optional<MatmulForm> cublasForm(MatMulOp matmul) {
   auto lhs = cast<RankedTensorType>(matmul.getLhs().getType());
   auto rhs = cast<RankedTensorType>(matmul.getRhs().getType());
   if (lhs.getRank() < 2 || rhs.getRank() < 2)
-    return false;
+    return std::nullopt;
+  MatmulForm f;
+  f.transA = matmul.getTransA();
+  f.transB = matmul.getTransB();
+  int64_t lr = lhs.getRank(), rr = rhs.getRank();
+  f.m = lhs.getDimSize(f.transA ? lr - 1 : lr - 2);
+  f.k = lhs.getDimSize(f.transA ? lr - 2 : lr - 1);
+  f.n = rhs.getDimSize(f.transB ? rr - 2 : rr - 1);
   auto lb = lhs.getShape().drop_back(2), rb = rhs.getShape().drop_back(2);
   auto ones = [](ArrayRef<int64_t> s) { return llvm::all_of(s, [](int64_t d) { return d == 1; }); };
-  return rb.empty() || ones(rb) || lb == rb || lb.empty() || ones(lb);
+  if ((rb.empty() || ones(rb)) && f.transA) {
+    f.batch = product(lb); // a transposed lhs batch cannot fold into M
+    f.lhsBatchStride = f.m * f.k;
+  } else if (rb.empty() || ones(rb)) {
+    f.m *= product(lb); // the lhs batch folds into M
+  } else if (lb == rb) {
+    f.batch = product(lb);
+    f.lhsBatchStride = f.m * f.k;
+    f.rhsBatchStride = f.k * f.n;
+  } else if (lb.empty() || ones(lb)) {
+    f.batch = product(rb);
+    f.rhsBatchStride = f.k * f.n;
+  } else {
+    return std::nullopt;
+  }
+  return f;
+}
+
+DictionaryAttr formAttr(MLIRContext *ctx, const MatmulForm &f) {
+  Builder b(ctx);
+  return b.getDictionaryAttr({
+      b.getNamedAttr("m", b.getI64IntegerAttr(f.m)),
+      b.getNamedAttr("n", b.getI64IntegerAttr(f.n)),
+      b.getNamedAttr("k", b.getI64IntegerAttr(f.k)),
+      b.getNamedAttr("batch", b.getI64IntegerAttr(f.batch)),
+      b.getNamedAttr("trans_a", b.getBoolAttr(f.transA)),
+      b.getNamedAttr("trans_b", b.getBoolAttr(f.transB)),
+      b.getNamedAttr("lhs_batch_stride", b.getI64IntegerAttr(f.lhsBatchStride)),
+      b.getNamedAttr("rhs_batch_stride", b.getI64IntegerAttr(f.rhsBatchStride)),
+      b.getNamedAttr("c", b.getStringAttr(f.c)),
+      b.getNamedAttr("alpha", b.getF64FloatAttr(f.alpha)),
+      b.getNamedAttr("beta", b.getF64FloatAttr(f.beta)),
+  });
 }
 
 /// add(matmul(A, W), b) with W a matrix and b a row of N: one gemm with
@@ -144,12 +216,17 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
           !staticF32(op))
         return;
       StringRef library;
+      std::optional<MatmulForm> form;
       if (auto matmul = dyn_cast<MatMulOp>(op))
-        library = cublasTakesMatmul(matmul) ? "cublaslt" : "";
+        form = cublasForm(matmul);
       else if (auto gemm = dyn_cast<GemmOp>(op))
-        library = cublasTakesGemm(gemm) ? "cublaslt" : "";
+        form = cublasForm(gemm);
       else
         library = cudnnTakes(op) ? "cudnn" : "";
+      if (form) {
+        library = "cublaslt";
+        op->setAttr("forge.matmul", formAttr(op->getContext(), *form));
+      }
       if (library.empty())
         return;
       op->setAttr("forge.library", StringAttr::get(op->getContext(), library));

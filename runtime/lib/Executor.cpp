@@ -13,6 +13,7 @@
 #include "forge/runtime/CpuExecutor.h"
 #ifdef FORGE_HAVE_CUDA
 #include "cuda/CudaExecutor.h"
+#include "cuda/Matmul.h"
 #endif
 
 namespace forge::rt {
@@ -227,6 +228,25 @@ bool cudaAvailable() {
   return cudaDeviceCount() > 0;
 #else
   return false;
+#endif
+}
+
+Status checkLibraryCalls(const Bundle &bundle) {
+#ifdef FORGE_HAVE_CUDA
+  const bundle::Program &p = bundle.program();
+  for (const bundle::Routine &r : p.routines())
+    for (int i = 0; i < r.instructions_size(); ++i) {
+      const bundle::Instruction &inst = r.instructions(i);
+      if (inst.placement() != bundle::LIBRARY || (inst.op() != "matmul" && inst.op() != "gemm"))
+        continue;
+      if (auto problem = cuda::matmulProblem(p, inst, false); !problem)
+        return problem.status().prefix(fmt::format("routine '{}' instruction #{} '{}' (op {})",
+                                                   r.name(), i, inst.name(), inst.op()));
+    }
+  return Status::ok();
+#else
+  (void)bundle;
+  return Status::error("this build has no CUDA device: its library calls cannot be checked");
 #endif
 }
 

@@ -4,6 +4,8 @@
 //
 //   forge-replay DIR [--device cuda] [--rtol 1e-3] [--atol 1e-7] [--cpu-rtol 1e-4]
 //                    [--cpu-atol 1e-6] [--queue] [-v]
+//   forge-replay --check-library BUNDLE...   (no GPU: each library call's stated problem
+//                                              against its tensors, as the CUDA executor does)
 //
 // DIR/NAME/model.forge with DIR/NAME/set_K.npz holding the routine's inputs by tensor name,
 // `expected:O` (ONNX's reference, the runner's tolerance) and `cpu:O` (the CPU executor's
@@ -128,6 +130,19 @@ std::string describe(const Executor &x, const bundle::Instruction &inst) {
 } // namespace
 
 int main(int argc, char **argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--check-library") {
+    int bad = 0;
+    for (int i = 2; i < argc; ++i) {
+      auto bundle = Bundle::open(argv[i]);
+      Status st = bundle ? checkLibraryCalls(**bundle) : bundle.status();
+      if (!st.isOk()) {
+        fmt::print(stderr, "forge-replay: {}: {}\n", argv[i], st.message());
+        ++bad;
+      }
+    }
+    fmt::print("check-library: {} bundles, {} refused\n", argc - 2, bad);
+    return bad || argc < 3 ? 1 : 0;
+  }
   std::string dir, device = "cuda";
   double rtol = 1e-3, atol = 1e-7, cpuRtol = 1e-4, cpuAtol = 1e-6;
   bool verbose = false, queue = false;

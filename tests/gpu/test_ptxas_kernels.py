@@ -6,8 +6,10 @@ Runs in CI (no GPU needed). For each model in models/:
 then `ptxas -arch=sm_90` on each D/kernels/NAME.ptx (the PTX of one kernel, as a user reads
 it). Fails on any ptxas error, on a model that produces no kernel, and when ptxas is missing
 (the check cannot be done without it: install the CUDA toolkit or set CUDA_HOME).
-Also checks that the dump holds NAME.mlir next to every NAME.ptx and that the f32 elementwise
-kernels use 16-byte vector accesses somewhere (ld.global.v4 / st.global.v4).
+Also checks that the dump holds NAME.mlir next to every NAME.ptx, that the f32 elementwise
+kernels use 16-byte vector accesses somewhere (ld.global.v4 / st.global.v4), and that the
+CUDA executor takes every library call's stated problem (`forge-replay --check-library`, no
+GPU needed: each matmul/gemm's cuBLASLt problem against its tensors).
 """
 import argparse
 import concurrent.futures
@@ -53,6 +55,9 @@ def main():
     if not tools:
         return 2
     forgec = tools[0]
+    replay = e2e.find_tool("forge-replay", a.bin_dir or os.path.dirname(forgec))
+    if not rep.check("forge-replay", replay is not None, replay or "not found"):
+        return rep.summary()
     total, vector_kernels = 0, 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, loss in LOSSES.items():
@@ -64,6 +69,9 @@ def main():
             if not rep.check(f"{name} forgec --target cuda:sm_90", rc == 0,
                              f"{t:.1f}s" if rc == 0 else e2e.failure(rc, log)):
                 continue
+            rc, _, log = e2e.run([replay, "--check-library", os.path.join(tmp, name + ".forge")],
+                                 120)
+            rep.check(f"{name} library calls", rc == 0, e2e.tail(log))
             kdir = os.path.join(dump, "kernels")
             ptx = sorted(f for f in os.listdir(kdir) if f.endswith(".ptx")) \
                 if os.path.isdir(kdir) else []

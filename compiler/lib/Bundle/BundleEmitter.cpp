@@ -180,6 +180,42 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
   }
   if (op.hasAttr("forge.library")) {
     inst.set_placement(pb::LIBRARY);
+    if (auto form = op.getAttrOfType<DictionaryAttr>("forge.matmul")) {
+      auto i64 = [&](StringRef key) -> std::optional<int64_t> {
+        auto a = form.getAs<IntegerAttr>(key);
+        return a ? std::optional<int64_t>(a.getInt()) : std::nullopt;
+      };
+      auto f64 = [&](StringRef key) -> std::optional<double> {
+        auto a = form.getAs<FloatAttr>(key);
+        return a ? std::optional<double>(a.getValueAsDouble()) : std::nullopt;
+      };
+      auto m = i64("m"), n = i64("n"), k = i64("k"), batch = i64("batch");
+      auto lhsStride = i64("lhs_batch_stride"), rhsStride = i64("rhs_batch_stride");
+      auto transA = form.getAs<BoolAttr>("trans_a"), transB = form.getAs<BoolAttr>("trans_b");
+      auto c = form.getAs<StringAttr>("c");
+      auto alpha = f64("alpha"), beta = f64("beta");
+      if (!m || !n || !k || !batch || !lhsStride || !rhsStride || !transA || !transB || !c ||
+          !alpha || !beta ||
+          (c.getValue() != "none" && c.getValue() != "full" && c.getValue() != "bias"))
+        return op.emitError("forge.matmul must have m, n, k, batch, trans_a, trans_b, "
+                            "lhs_batch_stride, rhs_batch_stride, c (none|full|bias), alpha "
+                            "and beta");
+      pb::MatmulProblem *pr = inst.mutable_matmul();
+      pr->set_m(*m);
+      pr->set_n(*n);
+      pr->set_k(*k);
+      pr->set_batch(*batch);
+      pr->set_trans_a(transA.getValue());
+      pr->set_trans_b(transB.getValue());
+      pr->set_lhs_batch_stride(*lhsStride);
+      pr->set_rhs_batch_stride(*rhsStride);
+      pr->set_c(c.getValue() == "full"   ? pb::MatmulProblem::FULL_C
+                : c.getValue() == "bias" ? pb::MatmulProblem::BIAS_ROW
+                                         : pb::MatmulProblem::NO_C);
+      pr->set_alpha(*alpha);
+      pr->set_beta(*beta);
+      pr->set_dtype(dtypeFromType(cast<RankedTensorType>(op.getResult(0).getType()).getElementType()));
+    }
     return success();
   }
   auto placement = op.getAttrOfType<StringAttr>("forge.placement");

@@ -19,10 +19,6 @@ int64_t product(const std::vector<int64_t> &v, size_t begin, size_t end) {
   return r;
 }
 
-bool allOnes(const std::vector<int64_t> &v, size_t end) {
-  return std::all_of(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(end),
-                     [](int64_t d) { return d == 1; });
-}
 
 #define LT_CHECK(call)                                                                          \
   do {                                                                                          \
@@ -41,93 +37,75 @@ std::string MatmulProblem::key() const {
 
 Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::Instruction &inst,
                                       bool tf32) {
-  MatmulProblem pr;
-  pr.tf32 = tf32;
+  if (inst.op() != "matmul" && inst.op() != "gemm")
+    return Status::error("op '{}' is not a matmul", inst.op());
   if (inst.inputs_size() < 2 || inst.outputs_size() != 1 || inst.inputs(0) < 0 ||
       inst.inputs(1) < 0)
     return Status::error("{} needs lhs, rhs and one output", inst.op());
+  if (!inst.has_matmul())
+    return Status::error("{} has no cuBLASLt problem (Instruction.matmul; a bundle from an older "
+                         "forgec? compile it again)",
+                         inst.op());
   for (int32_t t : {inst.inputs(0), inst.inputs(1), inst.outputs(0)})
-    if (p.tensors(t).dtype() != bundle::F32)
-      return Status::error("{} on the GPU takes f32 tensors; '{}' is not", inst.op(),
-                           p.tensors(t).name());
-  std::vector<int64_t> lhs = shapeOf(p, inst.inputs(0)), rhs = shapeOf(p, inst.inputs(1));
-  std::vector<int64_t> out = shapeOf(p, inst.outputs(0));
-  if (lhs.size() < 2 || rhs.size() < 2 || out.size() < 2)
-    return Status::error("{} on the GPU needs operands of rank >= 2", inst.op());
-  auto attrFloat = [&](const char *name, double fallback) {
-    auto it = inst.attrs().find(name);
-    return it != inst.attrs().end() && it->second.value_case() == bundle::Attribute::kF
-               ? it->second.f()
-               : fallback;
+    if (t >= p.tensors_size() || p.tensors(t).dtype() != bundle::F32)
+      return Status::error("{} on the GPU takes f32 tensors; tensor {} is not", inst.op(), t);
+  const bundle::MatmulProblem &b = inst.matmul();
+  if (b.dtype() != bundle::F32)
+    return Status::error("{}: the cuBLASLt problem's dtype is not f32", inst.op());
+  MatmulProblem pr;
+  pr.tf32 = tf32;
+  pr.m = b.m();
+  pr.n = b.n();
+  pr.k = b.k();
+  pr.batch = b.batch();
+  pr.transA = b.trans_a();
+  pr.transB = b.trans_b();
+  pr.lhsBatchStride = b.lhs_batch_stride();
+  pr.rhsBatchStride = b.rhs_batch_stride();
+  pr.alpha = static_cast<float>(b.alpha());
+  pr.beta = static_cast<float>(b.beta());
+  pr.fullC = b.c() == bundle::MatmulProblem::FULL_C;
+  pr.bias = b.c() == bundle::MatmulProblem::BIAS_ROW;
+  // What cuBLASLt will read and write must be exactly the tensors: a corrupt
+  // bundle is refused here, never run past a buffer's end.
+  auto elements = [&](int32_t t) {
+    std::vector<int64_t> shape = shapeOf(p, t);
+    return product(shape, 0, shape.size());
   };
-  auto attrBool = [&](const char *name) {
-    auto it = inst.attrs().find(name);
-    return it != inst.attrs().end() && it->second.value_case() == bundle::Attribute::kI &&
-           it->second.i() != 0;
-  };
-
-  if (inst.op() == "gemm") {
-    if (lhs.size() != 2 || rhs.size() != 2)
-      return Status::error("gemm needs matrices");
-    pr.transA = attrBool("transA");
-    pr.transB = attrBool("transB");
-    pr.m = pr.transA ? lhs[1] : lhs[0];
-    pr.k = pr.transA ? lhs[0] : lhs[1];
-    pr.n = pr.transB ? rhs[0] : rhs[1];
-    pr.alpha = static_cast<float>(attrFloat("alpha", 1.0));
-    double beta = attrFloat("beta", 1.0);
-    if (inst.inputs_size() > 2 && inst.inputs(2) >= 0) {
-      std::vector<int64_t> c = shapeOf(p, inst.inputs(2));
-      if (p.tensors(inst.inputs(2)).dtype() != bundle::F32)
-        return Status::error("gemm's C must be f32 on the GPU");
-      if (c == out) {
-        pr.fullC = true;
-        pr.beta = static_cast<float>(beta);
-      } else if (((c.size() == 1 && c[0] == pr.n) ||
-                  (c.size() == 2 && c[0] == 1 && c[1] == pr.n)) &&
-                 beta == 1.0) {
-        pr.bias = true;
-      } else {
-        return Status::error("gemm's C of shape {} with beta {} has no cuBLASLt form",
-                             shapeString(c), beta);
-      }
-    }
-  } else if (inst.op() == "matmul") {
-    // transA/transB: the operand's last two dims are swapped (cuBLASLt op flags).
-    pr.transA = attrBool("transA");
-    pr.transB = attrBool("transB");
-    size_t lb = lhs.size() - 2, rb = rhs.size() - 2;
-    pr.m = pr.transA ? lhs[lb + 1] : lhs[lb];
-    pr.k = pr.transA ? lhs[lb] : lhs[lb + 1];
-    pr.n = pr.transB ? rhs[rb] : rhs[rb + 1];
-    if ((pr.transB ? rhs[rb + 1] : rhs[rb]) != pr.k)
-      return Status::error("matmul inner dimensions differ: {} vs {}", shapeString(lhs),
-                           shapeString(rhs));
-    std::vector<int64_t> lBatch(lhs.begin(), lhs.begin() + static_cast<std::ptrdiff_t>(lb));
-    std::vector<int64_t> rBatch(rhs.begin(), rhs.begin() + static_cast<std::ptrdiff_t>(rb));
-    if ((rb == 0 || allOnes(rhs, rb)) && pr.transA) {
-      pr.batch = product(lhs, 0, lb); // a transposed lhs batch cannot fold into M
-      pr.lhsBatchStride = pr.m * pr.k;
-      pr.rhsBatchStride = 0;
-    } else if (rb == 0 || allOnes(rhs, rb)) {
-      pr.m *= product(lhs, 0, lb); // fold the lhs batch into M
-    } else if (lBatch == rBatch) {
-      pr.batch = product(lhs, 0, lb);
-      pr.lhsBatchStride = pr.m * pr.k;
-      pr.rhsBatchStride = pr.k * pr.n;
-    } else if (lb == 0 || allOnes(lhs, lb)) {
-      pr.batch = product(rhs, 0, rb);
-      pr.rhsBatchStride = pr.k * pr.n;
-    } else {
-      return Status::error("matmul batch shapes {} and {} have no strided-batch form",
-                           shapeString(lhs), shapeString(rhs));
-    }
-  } else {
-    return Status::error("op '{}' is not a matmul", inst.op());
+  auto fits = [](int64_t a, int64_t b) { return a > 0 && b > 0 && a <= (int64_t{1} << 62) / b; };
+  if (!fits(pr.m, pr.k) || !fits(pr.k, pr.n) || !fits(pr.m, pr.n) || pr.batch < 1 ||
+      !fits(pr.batch, pr.m * pr.n) || !fits(pr.batch, pr.m * pr.k) || !fits(pr.batch, pr.k * pr.n))
+    return Status::error("{}: cuBLASLt problem m={} n={} k={} batch={} is out of range",
+                         inst.op(), pr.m, pr.n, pr.k, pr.batch);
+  if ((pr.lhsBatchStride != 0 && pr.lhsBatchStride != pr.m * pr.k) ||
+      (pr.rhsBatchStride != 0 && pr.rhsBatchStride != pr.k * pr.n) ||
+      (pr.batch == 1 && (pr.lhsBatchStride != 0 || pr.rhsBatchStride != 0)))
+    return Status::error("{}: cuBLASLt batch strides {} and {} do not fit m={} n={} k={} batch={}",
+                         inst.op(), pr.lhsBatchStride, pr.rhsBatchStride, pr.m, pr.n, pr.k,
+                         pr.batch);
+  int64_t lhsWant = pr.lhsBatchStride ? pr.batch * pr.m * pr.k : pr.m * pr.k;
+  int64_t rhsWant = pr.rhsBatchStride ? pr.batch * pr.k * pr.n : pr.k * pr.n;
+  int64_t outWant = pr.batch * pr.m * pr.n;
+  if (elements(inst.inputs(0)) != lhsWant || elements(inst.inputs(1)) != rhsWant ||
+      elements(inst.outputs(0)) != outWant)
+    return Status::error("{}: operands of {}, {} and {} elements do not fit the cuBLASLt problem "
+                         "m={} n={} k={} batch={} (lhs {}, rhs {}, output {} expected)",
+                         inst.op(), elements(inst.inputs(0)), elements(inst.inputs(1)),
+                         elements(inst.outputs(0)), pr.m, pr.n, pr.k, pr.batch, lhsWant, rhsWant,
+                         outWant);
+  bool hasC = inst.inputs_size() > 2 && inst.inputs(2) >= 0;
+  if (hasC != (pr.fullC || pr.bias))
+    return Status::error("{}: the cuBLASLt problem {} a C operand but the instruction {} one",
+                         inst.op(), hasC ? "has no" : "has", hasC ? "has" : "lacks");
+  if (hasC) {
+    int32_t c = inst.inputs(2);
+    if (c >= p.tensors_size() || p.tensors(c).dtype() != bundle::F32)
+      return Status::error("{}'s C must be f32 on the GPU", inst.op());
+    if (elements(c) != (pr.fullC ? outWant : pr.n) || (pr.bias && pr.beta != 1.0f))
+      return Status::error("{}: C of {} elements does not fit the cuBLASLt problem ({} {})",
+                           inst.op(), elements(c), pr.fullC ? "full C of" : "bias row of",
+                           pr.fullC ? outWant : pr.n);
   }
-  if (pr.m * pr.n * pr.batch != product(out, 0, out.size()))
-    return Status::error("{}: output shape {} does not match M={} N={} batch={}", inst.op(),
-                         shapeString(out), pr.m, pr.n, pr.batch);
   return pr;
 }
 

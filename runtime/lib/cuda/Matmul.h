@@ -5,9 +5,9 @@
 // "A" is the instruction's rhs and its "B" the lhs. Batches use strided-batch
 // layouts (stride 0 broadcasts an operand); a lhs batch over a matrix rhs is
 // folded into M. gemm's C is either a full [M, N] matrix scaled by beta or a
-// bias row [N] applied with the BIAS epilogue. These are the shapes the
-// compiler places on the library (passes/SelectLibrary.cpp); any
-// other shape is refused at load time.
+// bias row [N] applied with the BIAS epilogue. The compiler states each
+// problem (forge-select-library -> Instruction.matmul); the runtime checks it
+// against the tensors' sizes and runs it, deriving nothing from shapes.
 //
 // Candidates come from cuBLASLt's heuristic (up to kMatmulCandidates, once per
 // distinct problem), with the workspace the executor provides. The first

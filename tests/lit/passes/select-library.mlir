@@ -1,15 +1,22 @@
 // RUN: forge-opt %s --split-input-file --forge-select-library | FileCheck %s
 
-// cuBLASLt takes matmuls of equal batches, a matrix rhs, and a broadcast side.
+// cuBLASLt takes matmuls of equal batches, a matrix rhs, and a broadcast side;
+// each carries its whole problem (forge.matmul), which the runtime executes:
+// equal batches stride both sides, a matrix rhs folds the lhs batch into M
+// unless the lhs is transposed, a broadcast side has batch stride 0.
 // CHECK-LABEL: func @matmuls
-// CHECK: forge.matmul %arg0, %arg1 {forge.library = "cublaslt"}
-// CHECK: forge.matmul %arg0, %arg2 {forge.library = "cublaslt"}
-// CHECK: forge.matmul %arg0, %arg3 {forge.library = "cublaslt"}
-func.func @matmuls(%a: tensor<2x3x4x8xf32>, %b: tensor<2x3x8x5xf32>, %m: tensor<8x5xf32>, %c: tensor<1x1x8x5xf32>) -> (tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>) {
+// CHECK: forge.matmul %arg0, %arg1 {forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 6 : i64, beta = 0.000000e+00 : f64, c = "none", k = 8 : i64, lhs_batch_stride = 32 : i64, m = 4 : i64, n = 5 : i64, rhs_batch_stride = 40 : i64, trans_a = false, trans_b = false}}
+// CHECK: forge.matmul %arg0, %arg2 {forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 1 : i64, beta = 0.000000e+00 : f64, c = "none", k = 8 : i64, lhs_batch_stride = 0 : i64, m = 24 : i64, n = 5 : i64, rhs_batch_stride = 0 : i64, trans_a = false, trans_b = false}}
+// CHECK: forge.matmul %arg0, %arg3 {forge.library = "cublaslt", forge.matmul = {{{.*}}batch = 1 : i64{{.*}}m = 24 : i64
+// CHECK: forge.matmul %arg4, %arg2 {forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 6 : i64, beta = 0.000000e+00 : f64, c = "none", k = 8 : i64, lhs_batch_stride = 32 : i64, m = 4 : i64, n = 5 : i64, rhs_batch_stride = 0 : i64, trans_a = true, trans_b = false}
+// CHECK: forge.matmul %arg2, %arg1 {forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 6 : i64, beta = 0.000000e+00 : f64, c = "none", k = 5 : i64, lhs_batch_stride = 0 : i64, m = 8 : i64, n = 8 : i64, rhs_batch_stride = 40 : i64, trans_a = false, trans_b = true}
+func.func @matmuls(%a: tensor<2x3x4x8xf32>, %b: tensor<2x3x8x5xf32>, %m: tensor<8x5xf32>, %c: tensor<1x1x8x5xf32>, %at: tensor<2x3x8x4xf32>) -> (tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x8x8xf32>) {
   %0 = forge.matmul %a, %b : (tensor<2x3x4x8xf32>, tensor<2x3x8x5xf32>) -> tensor<2x3x4x5xf32>
   %1 = forge.matmul %a, %m : (tensor<2x3x4x8xf32>, tensor<8x5xf32>) -> tensor<2x3x4x5xf32>
   %2 = forge.matmul %a, %c : (tensor<2x3x4x8xf32>, tensor<1x1x8x5xf32>) -> tensor<2x3x4x5xf32>
-  return %0, %1, %2 : tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>
+  %3 = forge.matmul %at, %m {transA = true} : (tensor<2x3x8x4xf32>, tensor<8x5xf32>) -> tensor<2x3x4x5xf32>
+  %4 = forge.matmul %m, %b {transB = true} : (tensor<8x5xf32>, tensor<2x3x8x5xf32>) -> tensor<2x3x8x8xf32>
+  return %0, %1, %2, %3, %4 : tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x8x8xf32>
 }
 
 // -----
@@ -30,8 +37,8 @@ func.func @not_matmuls(%a: tensor<2x1x4x8xf32>, %b: tensor<1x3x8x5xf32>, %v: ten
 // gemm: a bias row is cuBLASLt's bias epilogue when beta is 1; beta scales a
 // full C only.
 // CHECK-LABEL: func @gemms
-// CHECK: forge.gemm %arg0, %arg1, %arg2 {alpha = 1.000000e+00 : f64, beta = 1.000000e+00 : f64, forge.library = "cublaslt"
-// CHECK: forge.gemm %arg0, %arg1, %arg3 {alpha = 1.000000e+00 : f64, beta = 5.000000e-01 : f64, forge.library = "cublaslt"
+// CHECK: forge.gemm %arg0, %arg1, %arg2 {alpha = 1.000000e+00 : f64, beta = 1.000000e+00 : f64, forge.library = "cublaslt", forge.matmul = {{{.*}}c = "bias"
+// CHECK: forge.gemm %arg0, %arg1, %arg3 {alpha = 1.000000e+00 : f64, beta = 5.000000e-01 : f64, forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 1 : i64, beta = 5.000000e-01 : f64, c = "full", k = 8 : i64
 // CHECK: forge.gemm %arg0, %arg1, %arg2 {alpha = 1.000000e+00 : f64, beta = 5.000000e-01 : f64, transA = false, transB = false}
 func.func @gemms(%a: tensor<4x8xf32>, %b: tensor<8x5xf32>, %bias: tensor<5xf32>, %c: tensor<4x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>, tensor<4x5xf32>) {
   %0 = forge.gemm %a, %b, %bias {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<4x8xf32>, tensor<8x5xf32>, tensor<5xf32>) -> tensor<4x5xf32>

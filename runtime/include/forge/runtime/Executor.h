@@ -127,6 +127,11 @@ Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
 /// True when this build has the CUDA device and a GPU is visible.
 bool cudaAvailable();
 
+/// Checks a CUDA bundle's library calls as the CUDA executor does before it
+/// runs them (each matmul/gemm's stated cuBLASLt problem against its tensors),
+/// without a GPU. Errors name the routine and instruction.
+Status checkLibraryCalls(const Bundle &bundle);
+
 /// Names of the parameters of a thin bundle (forgec --weights external) whose
 /// initial values are not in the bundle.
 std::vector<std::string> externalParameters(const Bundle &bundle);

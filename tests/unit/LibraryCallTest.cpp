@@ -1,0 +1,138 @@
+// The CUDA executor's check of a library call's stated problem (forge-select-library ->
+// Instruction.matmul): a bundle whose cuBLASLt problem does not fit its tensors is refused
+// with a message naming the instruction, never run past a buffer's end. No GPU needed.
+#include "forge/runtime/Bundle.h"
+#include "forge/runtime/Executor.h"
+
+#include <functional>
+
+#include <gtest/gtest.h>
+
+using namespace forge::rt;
+namespace fb = forge::bundle;
+
+namespace {
+
+void addTensor(fb::Program &p, const std::string &name, fb::TensorInfo::Kind kind,
+               std::vector<int64_t> shape, int64_t offset) {
+  fb::TensorInfo *t = p.add_tensors();
+  t->set_name(name);
+  t->set_dtype(fb::F32);
+  t->set_kind(kind);
+  for (int64_t d : shape)
+    t->add_shape(d);
+  t->set_arena_offset(offset);
+}
+
+/// a[2,3,4,8] @ b[2,3,8,5] -> y[2,3,4,5] (batch 6, strides 32 and 40), then
+/// gemm y2[4,8] @ w[8,5] + bias[5] -> z[4,5]; `mutate` edits the program first.
+Status check(const std::function<void(fb::Program &)> &mutate = {}) {
+  BundleWriter w;
+  fb::Program &p = w.program();
+  p.set_target("cuda:sm_90");
+  p.set_producer("LibraryCallTest");
+  addTensor(p, "a", fb::TensorInfo::INPUT, {2, 3, 4, 8}, 0);
+  addTensor(p, "b", fb::TensorInfo::INPUT, {2, 3, 8, 5}, 1024);
+  addTensor(p, "y", fb::TensorInfo::OUTPUT, {2, 3, 4, 5}, 2048);
+  addTensor(p, "x2", fb::TensorInfo::INPUT, {4, 8}, 3072);
+  addTensor(p, "w", fb::TensorInfo::INPUT, {8, 5}, 3328);
+  addTensor(p, "bias", fb::TensorInfo::INPUT, {5}, 3584);
+  addTensor(p, "z", fb::TensorInfo::OUTPUT, {4, 5}, 3712);
+  p.set_arena_size(4096);
+  fb::Routine *r = p.add_routines();
+  r->set_name("forward");
+  fb::Instruction *mm = r->add_instructions();
+  mm->set_op("matmul");
+  mm->set_name("attn/MatMul");
+  mm->set_placement(fb::LIBRARY);
+  mm->add_inputs(0);
+  mm->add_inputs(1);
+  mm->add_outputs(2);
+  fb::MatmulProblem *pr = mm->mutable_matmul();
+  pr->set_m(4);
+  pr->set_n(5);
+  pr->set_k(8);
+  pr->set_batch(6);
+  pr->set_lhs_batch_stride(32);
+  pr->set_rhs_batch_stride(40);
+  pr->set_alpha(1.0);
+  pr->set_dtype(fb::F32);
+  fb::Instruction *g = r->add_instructions();
+  g->set_op("gemm");
+  g->set_name("fc/Gemm");
+  g->set_placement(fb::LIBRARY);
+  g->add_inputs(3);
+  g->add_inputs(4);
+  g->add_inputs(5);
+  g->add_outputs(6);
+  fb::MatmulProblem *gp = g->mutable_matmul();
+  gp->set_m(4);
+  gp->set_n(5);
+  gp->set_k(8);
+  gp->set_batch(1);
+  gp->set_c(fb::MatmulProblem::BIAS_ROW);
+  gp->set_alpha(1.0);
+  gp->set_beta(1.0);
+  gp->set_dtype(fb::F32);
+  for (int t : {0, 1, 3, 4, 5})
+    r->add_inputs(t);
+  r->add_outputs(2);
+  r->add_outputs(6);
+  if (mutate)
+    mutate(p);
+  auto bundle = Bundle::fromBytes(w.serialize(), "test.forge");
+  if (!bundle)
+    return bundle.status();
+  return checkLibraryCalls(**bundle);
+}
+
+fb::MatmulProblem &matmul(fb::Program &p, int i) {
+  return *p.mutable_routines(0)->mutable_instructions(i)->mutable_matmul();
+}
+
+void expectRefused(const std::function<void(fb::Program &)> &mutate, const std::string &needle,
+                   const std::string &where = "instruction #0 'attn/MatMul'") {
+  Status st = check(mutate);
+  ASSERT_FALSE(st.isOk()) << "expected an error containing: " << needle;
+  EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(where), std::string::npos) << st.message();
+}
+
+} // namespace
+
+TEST(LibraryCallTest, StatedProblemsThatFitRun) {
+  Status st = check();
+  EXPECT_TRUE(st.isOk()) << st.message();
+  // The lhs batch folded into M over a matrix rhs: 24 x 8 @ 8 x 5, no strides.
+  st = check([](fb::Program &p) {
+    p.mutable_tensors(1)->clear_shape();
+    p.mutable_tensors(1)->add_shape(8);
+    p.mutable_tensors(1)->add_shape(5);
+    matmul(p, 0).set_m(24);
+    matmul(p, 0).set_batch(1);
+    matmul(p, 0).set_lhs_batch_stride(0);
+    matmul(p, 0).set_rhs_batch_stride(0);
+  });
+  EXPECT_TRUE(st.isOk()) << st.message();
+}
+
+TEST(LibraryCallTest, ProblemsThatDoNotFitAreRefused) {
+  expectRefused([](fb::Program &p) { p.mutable_routines(0)->mutable_instructions(0)->clear_matmul(); },
+                "has no cuBLASLt problem");
+  expectRefused([](fb::Program &p) { matmul(p, 0).set_m(5); }, "batch strides 32 and 40 do not fit");
+  expectRefused([](fb::Program &p) {
+    matmul(p, 0).set_m(5);
+    matmul(p, 0).set_lhs_batch_stride(40);
+  }, "do not fit the cuBLASLt problem");
+  expectRefused([](fb::Program &p) { matmul(p, 0).set_batch(7); }, "do not fit");
+  expectRefused([](fb::Program &p) { matmul(p, 0).set_rhs_batch_stride(41); }, "batch strides");
+  expectRefused([](fb::Program &p) { matmul(p, 0).set_m(int64_t{1} << 61); }, "out of range");
+  expectRefused([](fb::Program &p) { matmul(p, 0).set_k(0); }, "out of range");
+  expectRefused([](fb::Program &p) { matmul(p, 0).set_dtype(fb::F16); }, "dtype is not f32");
+  expectRefused([](fb::Program &p) { matmul(p, 1).set_c(fb::MatmulProblem::NO_C); },
+                "C operand", "instruction #1 'fc/Gemm'");
+  expectRefused([](fb::Program &p) { matmul(p, 1).set_c(fb::MatmulProblem::FULL_C); },
+                "does not fit the cuBLASLt problem", "instruction #1 'fc/Gemm'");
+  expectRefused([](fb::Program &p) { matmul(p, 1).set_beta(0.5); },
+                "does not fit the cuBLASLt problem", "instruction #1 'fc/Gemm'");
+}
