@@ -165,3 +165,65 @@ func.func @views(%x: tensor<2x4x24xf32>, %y: tensor<4x24xf32>) -> (tensor<2x2x4x
   }
   return %v, %w : tensor<2x2x4x4xf32>, tensor<32xf32>
 }
+
+// -----
+
+// A batch_norm region is the norm's kernel, one block per channel (4 here):
+// one pass of shifted sums, then an output pass that writes the epilogue's
+// ReLU (16-byte vectors: a 2x4 plane) and its mask (bytes, one per element)
+// instead of the normalized value; the running statistics last.
+// CHECK-LABEL: func @bn_relu
+// CHECK: forge.fusion "batch_norm"(%arg0, %arg1, %arg2, %arg3, %arg4, %arg5) {forge.launch = {block = 32 : i64, grid = 4 : i64, kernel = "k0_fusion"}}
+// CHECK: gpu.func @k0_fusion(%arg0: memref<16xvector<4xf32>>, %arg1: memref<4xf32>, %arg2: memref<4xf32>, %arg3: memref<4xf32>, %arg4: memref<4xf32>, %arg5: memref<1xf32>, %arg6: memref<16xvector<4xf32>>, %arg7: memref<64xi8>, %arg8: memref<4xf32>, %arg9: memref<4xf32>) workgroup(
+// CHECK: arith.maximumf
+// CHECK: math.rsqrt
+// CHECK: memref.store %{{.*}}, %arg6[%{{.*}}] : memref<16xvector<4xf32>>
+// CHECK: memref.store %{{.*}}, %arg7[%{{.*}}] : memref<64xi8>
+// CHECK: memref.store %{{.*}}, %arg8[%{{.*}}] : memref<4xf32>
+func.func @bn_relu(%x: tensor<2x4x2x4xf32>, %s: tensor<4xf32>, %b: tensor<4xf32>, %rm: tensor<4xf32>, %rv: tensor<4xf32>, %zero: tensor<f32>) -> (tensor<2x4x2x4xf32>, tensor<2x4x2x4xi1>, tensor<4xf32>, tensor<4xf32>) {
+  %r:4 = forge.fusion "batch_norm"(%x, %s, %b, %rm, %rv, %zero) : (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<f32>) -> (tensor<2x4x2x4xf32>, tensor<2x4x2x4xi1>, tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<2x4x2x4xf32>, %c: tensor<4xf32>, %d: tensor<4xf32>, %e: tensor<4xf32>, %f: tensor<4xf32>, %z: tensor<f32>):
+    %y, %m, %v = forge.batch_norm_training %a, %c, %d, %e, %f {epsilon = 1.0e-5 : f64, momentum = 0.9 : f64} : (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>)
+    %relu = forge.relu %y : (tensor<2x4x2x4xf32>) -> tensor<2x4x2x4xf32>
+    %mask = forge.greater %relu, %z : (tensor<2x4x2x4xf32>, tensor<f32>) -> tensor<2x4x2x4xi1>
+    forge.yield %relu, %mask, %m, %v : tensor<2x4x2x4xf32>, tensor<2x4x2x4xi1>, tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#0, %r#1, %r#2, %r#3 : tensor<2x4x2x4xf32>, tensor<2x4x2x4xi1>, tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// The gradient's region reads the mask and the incoming gradient wherever
+// the norm's kernel reads dy (both passes); dx, dscale and dbias are its
+// results.
+// CHECK-LABEL: func @bn_grad_mask
+// CHECK: forge.fusion "batch_norm"(%arg0, %arg1, %arg2, %arg3, %arg4) {forge.launch = {block = 32 : i64, grid = 4 : i64, kernel = "k0_fusion"}}
+// CHECK: gpu.func @k0_fusion(%arg0: memref<16xvector<4xf32>>, %arg1: memref<4xf32>, %arg2: memref<64xi8>, %arg3: memref<16xvector<4xf32>>, %arg4: memref<1xf32>, %arg5: memref<16xvector<4xf32>>, %arg6: memref<4xf32>, %arg7: memref<4xf32>) workgroup(
+// CHECK-COUNT-2: memref.load %arg2[
+func.func @bn_grad_mask(%x: tensor<2x4x2x4xf32>, %s: tensor<4xf32>, %mask: tensor<2x4x2x4xi1>, %g: tensor<2x4x2x4xf32>, %zero: tensor<f32>) -> (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %r:3 = forge.fusion "batch_norm"(%x, %s, %mask, %g, %zero) : (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<2x4x2x4xi1>, tensor<2x4x2x4xf32>, tensor<f32>) -> (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<2x4x2x4xf32>, %c: tensor<4xf32>, %k: tensor<2x4x2x4xi1>, %d: tensor<2x4x2x4xf32>, %z: tensor<f32>):
+    %dy = forge.where %k, %d, %z : (tensor<2x4x2x4xi1>, tensor<2x4x2x4xf32>, tensor<f32>) -> tensor<2x4x2x4xf32>
+    %dx, %ds, %db = forge.batch_norm_training_grad %a, %c, %dy {bias_grad = true, epsilon = 1.0e-5 : f64, input_grad = true, scale_grad = true} : (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<2x4x2x4xf32>) -> (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>)
+    forge.yield %dx, %ds, %db : tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#0, %r#1, %r#2 : tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// An epilogue input that is neither image-sized nor one element (a
+// per-channel row) has no kernel: the region's ops are placed one by one.
+// CHECK-LABEL: func @bn_broadcast_epilogue
+// CHECK-NOT: forge.fusion
+// CHECK: forge.batch_norm_training %arg0, {{.*}}kernel = "k0_batch_norm_training"
+// CHECK: forge.mul
+func.func @bn_broadcast_epilogue(%x: tensor<2x4x2x4xf32>, %s: tensor<4xf32>, %row: tensor<1x4x1x1xf32>) -> (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %r:3 = forge.fusion "batch_norm"(%x, %s, %row) : (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<1x4x1x1xf32>) -> (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<2x4x2x4xf32>, %c: tensor<4xf32>, %w: tensor<1x4x1x1xf32>):
+    %y, %m, %v = forge.batch_norm_training %a, %c, %c, %c, %c {epsilon = 1.0e-5 : f64, momentum = 0.9 : f64} : (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>)
+    %p = forge.mul %y, %w : (tensor<2x4x2x4xf32>, tensor<1x4x1x1xf32>) -> tensor<2x4x2x4xf32>
+    forge.yield %p, %m, %v : tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#0, %r#1, %r#2 : tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>
+}
