@@ -233,6 +233,18 @@ void moveAfter(ArrayRef<Operation *> ops, Operation *anchor) {
   }
 }
 
+/// A forge.fusion of `kind` at `b`'s insertion point over `inputs`, its body
+/// an empty block with one argument per input; `argOf` maps each input to it.
+FusionOp createRegion(OpBuilder &b, Location loc, TypeRange results, ValueRange inputs,
+                      StringRef kind, IRMapping &argOf) {
+  auto fusion = b.create<FusionOp>(loc, results, inputs, b.getStringAttr(kind));
+  Block *body = new Block();
+  fusion.getBody().push_back(body);
+  for (Value v : inputs)
+    argOf.map(v, body->addArgument(v.getType(), v.getLoc()));
+  return fusion;
+}
+
 /// Replaces the ops of `ops` with one forge.fusion "loop"; false (and nothing
 /// changed) when the group would feed itself.
 bool outline(ArrayRef<Operation *> ops) {
@@ -267,13 +279,10 @@ bool outline(ArrayRef<Operation *> ops) {
   SmallVector<Type> resultTypes;
   for (Value v : outputs)
     resultTypes.push_back(v.getType());
-  auto fusion = b.create<FusionOp>(FusedLoc::get(ctx, locs), resultTypes, inputs.getArrayRef(),
-                                   b.getStringAttr("loop"));
-  Block *body = new Block();
-  fusion.getBody().push_back(body);
   IRMapping map;
-  for (Value v : inputs)
-    map.map(v, body->addArgument(v.getType(), v.getLoc()));
+  auto fusion = createRegion(b, FusedLoc::get(ctx, locs), resultTypes, inputs.getArrayRef(), "loop",
+                             map);
+  Block *body = &fusion.getBlock();
   OpBuilder inner = OpBuilder::atBlockEnd(body);
   for (Operation *op : group)
     inner.clone(*op, map);
@@ -389,16 +398,12 @@ FusionOp rematerialize(FusionOp consumer, FusionOp producer, ArrayRef<unsigned> 
     return nullptr;
 
   OpBuilder b(consumer);
-  auto remat = b.create<FusionOp>(consumer.getLoc(), consumer.getResultTypes(),
-                                  inputs.getArrayRef(), consumer.getKindAttr());
-  Block *body = new Block();
-  remat.getBody().push_back(body);
-  IRMapping map;
-  llvm::DenseMap<Value, Value> argOf; // input value -> the new body's argument
-  for (Value v : inputs)
-    argOf[v] = body->addArgument(v.getType(), v.getLoc());
+  IRMapping map, argOf; // argOf: input value -> the new body's argument
+  auto remat = createRegion(b, consumer.getLoc(), consumer.getResultTypes(), inputs.getArrayRef(),
+                            consumer.getKind(), argOf);
+  Block *body = &remat.getBlock();
   for (unsigned a : pArgs)
-    map.map(pBody.getArgument(a), argOf.lookup(producer.getInputs()[a]));
+    map.map(pBody.getArgument(a), argOf.lookupOrNull(producer.getInputs()[a]));
   OpBuilder inner = OpBuilder::atBlockEnd(body);
   for (Operation &op : pBody.without_terminator())
     if (slice.contains(&op))
@@ -409,7 +414,7 @@ FusionOp rematerialize(FusionOp consumer, FusionOp producer, ArrayRef<unsigned> 
     if (removed.contains(i))
       map.map(arg, map.lookup(pYield->getOperand(cast<OpResult>(v).getResultNumber())));
     else
-      map.map(arg, argOf.lookup(v));
+      map.map(arg, argOf.lookupOrNull(v));
   }
   for (Operation &op : cBody)
     inner.clone(op, map);
@@ -536,25 +541,20 @@ bool fuseRowRegions(func::FuncOp func) {
     if (epilogue)
       locs.push_back(epilogue->getLoc());
     OpBuilder b(last);
-    auto fusion = b.create<FusionOp>(FusedLoc::get(func.getContext(), locs),
-                                     TypeRange{result.getType()}, inputs.getArrayRef(),
-                                     b.getStringAttr("row"));
-    Block *body = new Block();
-    fusion.getBody().push_back(body);
-    llvm::DenseMap<Value, Value> argOf;
-    for (Value v : inputs)
-      argOf[v] = body->addArgument(v.getType(), v.getLoc());
-    OpBuilder inner = OpBuilder::atBlockEnd(body);
+    IRMapping argOf;
+    auto fusion = createRegion(b, FusedLoc::get(func.getContext(), locs),
+                               TypeRange{result.getType()}, inputs.getArrayRef(), "row", argOf);
+    OpBuilder inner = OpBuilder::atBlockEnd(&fusion.getBlock());
     IRMapping map;
     SmallVector<Value> rowOperands;
     llvm::DenseMap<Operation *, Value> cloned; // a stage feeding two operands is cloned once
     for (auto [v, p] : llvm::zip(row->getOperands(), prologue)) {
       if (!p) {
-        rowOperands.push_back(argOf.lookup(v));
+        rowOperands.push_back(argOf.lookupOrNull(v));
         continue;
       }
       if (!cloned.count(p))
-        cloned[p] = cloneStage(inner, p, map, [&](Value x) { return argOf.lookup(x); });
+        cloned[p] = cloneStage(inner, p, map, [&](Value x) { return argOf.lookupOrNull(x); });
       rowOperands.push_back(cloned[p]);
     }
     IRMapping rowMap;
@@ -564,7 +564,7 @@ bool fuseRowRegions(func::FuncOp func) {
     if (epilogue) {
       IRMapping epiMap;
       yielded = cloneStage(inner, epilogue, epiMap, [&](Value x) {
-        return x == row->getResult(0) ? rowResult : argOf.lookup(x);
+        return x == row->getResult(0) ? rowResult : argOf.lookupOrNull(x);
       });
     }
     inner.create<YieldOp>(fusion.getLoc(), yielded);
@@ -645,32 +645,28 @@ bool fuseBatchNorms(func::FuncOp func) {
     resultTypes.push_back(norm->getResult(1).getType());
     resultTypes.push_back(norm->getResult(2).getType());
     OpBuilder b(epilogue);
-    auto region = b.create<FusionOp>(
-        FusedLoc::get(func.getContext(), {norm->getLoc(), epilogue->getLoc()}), resultTypes,
-        inputs.getArrayRef(), b.getStringAttr("batch_norm"));
-    Block *body = new Block();
-    region.getBody().push_back(body);
-    llvm::DenseMap<Value, Value> argOf;
-    for (Value v : inputs)
-      argOf[v] = body->addArgument(v.getType(), v.getLoc());
-    OpBuilder inner = OpBuilder::atBlockEnd(body);
+    IRMapping argOf;
+    auto region = createRegion(
+        b, FusedLoc::get(func.getContext(), {norm->getLoc(), epilogue->getLoc()}), resultTypes,
+        inputs.getArrayRef(), "batch_norm", argOf);
+    OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
     IRMapping normMap;
     for (Value v : norm->getOperands())
-      normMap.map(v, argOf.lookup(v));
+      normMap.map(v, argOf.lookupOrNull(v));
     Operation *normClone = inner.clone(*norm, normMap);
     SmallVector<Value> yielded;
     IRMapping epiMap;
     if (auto loop = dyn_cast<FusionOp>(epilogue)) {
       Block &loopBody = loop.getBlock();
       for (auto [arg, v] : llvm::zip(loopBody.getArguments(), loop.getInputs()))
-        epiMap.map(arg, v == y ? normClone->getResult(0) : argOf.lookup(v));
+        epiMap.map(arg, v == y ? normClone->getResult(0) : argOf.lookupOrNull(v));
       for (Operation &op : loopBody.without_terminator())
         inner.clone(op, epiMap);
       for (Value v : loopBody.getTerminator()->getOperands())
         yielded.push_back(epiMap.lookupOrDefault(v));
     } else {
       for (Value v : epilogue->getOperands())
-        epiMap.map(v, v == y ? normClone->getResult(0) : argOf.lookup(v));
+        epiMap.map(v, v == y ? normClone->getResult(0) : argOf.lookupOrNull(v));
       yielded.push_back(inner.clone(*epilogue, epiMap)->getResult(0));
     }
     yielded.push_back(normClone->getResult(1));
@@ -713,20 +709,16 @@ bool fuseBatchNorms(func::FuncOp func) {
     for (Value v : prologue->getOperands())
       inputs.insert(v);
     OpBuilder b(grad);
-    auto region = b.create<FusionOp>(
-        FusedLoc::get(func.getContext(), {prologue->getLoc(), grad->getLoc()}),
-        grad->getResultTypes(), inputs.getArrayRef(), b.getStringAttr("batch_norm"));
-    Block *body = new Block();
-    region.getBody().push_back(body);
-    llvm::DenseMap<Value, Value> argOf;
-    for (Value v : inputs)
-      argOf[v] = body->addArgument(v.getType(), v.getLoc());
-    OpBuilder inner = OpBuilder::atBlockEnd(body);
+    IRMapping argOf;
+    auto region = createRegion(
+        b, FusedLoc::get(func.getContext(), {prologue->getLoc(), grad->getLoc()}),
+        grad->getResultTypes(), inputs.getArrayRef(), "batch_norm", argOf);
+    OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
     IRMapping map;
-    Value innerDy = cloneStage(inner, prologue, map, [&](Value v) { return argOf.lookup(v); });
+    Value innerDy = cloneStage(inner, prologue, map, [&](Value v) { return argOf.lookupOrNull(v); });
     IRMapping gradMap;
-    gradMap.map(grad->getOperand(0), argOf.lookup(grad->getOperand(0)));
-    gradMap.map(grad->getOperand(1), argOf.lookup(grad->getOperand(1)));
+    gradMap.map(grad->getOperand(0), argOf.lookupOrNull(grad->getOperand(0)));
+    gradMap.map(grad->getOperand(1), argOf.lookupOrNull(grad->getOperand(1)));
     Operation *gradClone = inner.clone(*grad, gradMap);
     gradClone->setOperand(2, innerDy);
     inner.create<YieldOp>(region.getLoc(), gradClone->getResults());
@@ -775,14 +767,10 @@ void outlineMultiReduce(ArrayRef<std::pair<Operation *, Operation *>> group) {
     locs.push_back(sum->getLoc());
   }
   OpBuilder b(last);
-  auto region = b.create<FusionOp>(FusedLoc::get(last->getContext(), locs), resultTypes,
-                                   inputs.getArrayRef(), b.getStringAttr("multi_reduce"));
-  Block *body = new Block();
-  region.getBody().push_back(body);
   IRMapping map;
-  for (Value v : inputs)
-    map.map(v, body->addArgument(v.getType(), v.getLoc()));
-  OpBuilder inner = OpBuilder::atBlockEnd(body);
+  auto region = createRegion(b, FusedLoc::get(last->getContext(), locs), resultTypes,
+                             inputs.getArrayRef(), "multi_reduce", map);
+  OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
   SmallVector<Value> yielded;
   for (auto [sum, pro] : group) {
     if (pro)
@@ -882,7 +870,9 @@ bool collapseViewChains(func::FuncOp func) {
     if (auto split = cur.getDefiningOp<SplitOp>()) {
       source = split.getInput();
       auto in = cast<RankedTensorType>(source.getType());
-      int64_t axis = split.getAxis() < 0 ? split.getAxis() + in.getRank() : split.getAxis();
+      int64_t axis = static_cast<int64_t>(split.getAxis()); // I64Attr reads back unsigned
+      if (axis < 0)
+        axis += in.getRank();
       unsigned piece = cast<OpResult>(cur).getResultNumber();
       int64_t begin = 0;
       for (unsigned i = 0; i < piece; ++i)
@@ -906,12 +896,10 @@ bool collapseViewChains(func::FuncOp func) {
       continue;
     OpBuilder b(t);
     Location loc = t.getLoc();
-    auto region = b.create<FusionOp>(loc, TypeRange{t.getType()}, ValueRange{source},
-                                     b.getStringAttr("loop"));
-    Block *body = new Block();
-    region.getBody().push_back(body);
-    OpBuilder inner = OpBuilder::atBlockEnd(body);
-    Value v = body->addArgument(source.getType(), source.getLoc());
+    IRMapping argOf;
+    auto region = createRegion(b, loc, TypeRange{t.getType()}, ValueRange{source}, "loop", argOf);
+    OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+    Value v = argOf.lookup(source);
     SmallVector<int64_t> ones(starts.size(), 1);
     v = inner.create<SliceOp>(loc, cur.getType(), v, inner.getDenseI64ArrayAttr(starts),
                               inner.getDenseI64ArrayAttr(ends), inner.getDenseI64ArrayAttr(ones));
@@ -1005,12 +993,10 @@ void outlineHorizontal(ArrayRef<FusionOp> group) {
   }
   OpBuilder b(last);
   MLIRContext *ctx = last.getContext();
-  auto horizontal = b.create<FusionOp>(FusedLoc::get(ctx, locs), resultTypes, inputs,
-                                       b.getStringAttr("horizontal"));
-  Block *body = new Block();
-  horizontal.getBody().push_back(body);
-  for (Value v : inputs)
-    body->addArgument(v.getType(), v.getLoc());
+  IRMapping unused; // inputs repeat (each member's in turn): members map their own
+  auto horizontal = createRegion(b, FusedLoc::get(ctx, locs), resultTypes, inputs, "horizontal",
+                                 unused);
+  Block *body = &horizontal.getBlock();
   OpBuilder inner = OpBuilder::atBlockEnd(body);
   SmallVector<Value> yielded;
   unsigned next = 0;
