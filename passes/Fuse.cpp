@@ -975,6 +975,35 @@ bool fuseOptimizerRegions(func::FuncOp func, int64_t maxOperands) {
   return changed;
 }
 
+/// Scalar regions side by side: loop regions whose results have one element
+/// (a clipped gradient norm's scale, a learning-rate schedule) and that do not
+/// read each other become one horizontal region, one launch instead of one
+/// each (a launch is all such a region costs). Only when nothing between the
+/// first and the last reads an earlier one: the group then takes the last
+/// one's place without moving any other op.
+bool fuseScalarRegions(func::FuncOp func) {
+  Block &block = func.getBody().front();
+  auto scalar = [](FusionOp f) {
+    return f.getKind() == "loop" && !f.isViewRegion() &&
+           llvm::all_of(f.getResultTypes(), [](Type t) {
+             auto r = cast<RankedTensorType>(t);
+             return r.hasStaticShape() && r.getNumElements() == 1;
+           });
+  };
+  SmallVector<FusionOp> group;
+  llvm::SmallPtrSet<Operation *, 8> members;
+  for (FusionOp f : block.getOps<FusionOp>()) {
+    if (!scalar(f) || (!group.empty() && readsAny({f.getOperation()}, members, group.front())))
+      continue;
+    group.push_back(f);
+    members.insert(f);
+  }
+  if (group.size() < 2 || !usersToMove(group.front(), group.back(), members).empty())
+    return false;
+  outlineHorizontal(group);
+  return true;
+}
+
 void outlineHorizontal(ArrayRef<FusionOp> group) {
   llvm::SmallPtrSet<Operation *, 16> members;
   for (FusionOp f : group)
@@ -1254,9 +1283,13 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     // region is no pointwise stage).
     for (auto func : getOperation().getOps<func::FuncOp>())
       changed |= collapseViewChains(func);
-    // Then the optimizer's regions side by side (needs the loop regions).
+    // Then the optimizer's regions side by side (needs the loop regions), and
+    // the scalar regions that feed it (after it: state-updating scalars, such
+    // as a step counter, join the optimizer's region first).
     for (auto func : getOperation().getOps<func::FuncOp>())
       changed |= fuseOptimizerRegions(func, maxHorizontalOperands);
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      changed |= fuseScalarRegions(func);
     if (!changed)
       markAllAnalysesPreserved();
   }

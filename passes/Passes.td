@@ -153,7 +153,9 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     After it, horizontal fusion of the optimizer: the loop regions that update
     persistent state (a result returned with `forge.updates`) and do not
     depend on each other become one `forge.fusion "horizontal"` region, one
-    launch for every parameter's update.
+    launch for every parameter's update. Then the scalar loop regions (one
+    element: a clip scale, a learning rate) that do not read each other become
+    one horizontal region, when no op between them reads the first.
 
     Before everything, row fusion of the classification loss:
     nll_loss(log_softmax(x, axis 1), t) over [N, C] logits (no class weights,

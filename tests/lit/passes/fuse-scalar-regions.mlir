@@ -1,0 +1,50 @@
+// RUN: forge-opt %s --split-input-file --forge-fuse | FileCheck %s
+// RUN: forge-opt %s --split-input-file --forge-fuse | forge-opt --split-input-file --verify-each > /dev/null
+
+// Two scalar loop regions that do not read each other (a clip scale from the
+// gradient norm, a learning rate from the step) become one horizontal region
+// at the second one's place: one launch.
+// CHECK-LABEL: func @independent
+// CHECK: %[[H:.*]]:2 = forge.fusion "horizontal"(%arg0, %arg1, %arg2, %arg3)
+// CHECK: forge.sqrt
+// CHECK: forge.mul
+// CHECK: return %[[H]]#0, %[[H]]#1
+func.func @independent(%sum: tensor<f32>, %max: tensor<f32>, %step: tensor<f32>, %lr: tensor<f32>) -> (tensor<f32>, tensor<f32>) {
+  %n = forge.sqrt %sum : (tensor<f32>) -> tensor<f32>
+  %c = forge.div %max, %n : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %s = forge.mul %step, %lr : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %t = forge.neg %s : (tensor<f32>) -> tensor<f32>
+  return %c, %t : tensor<f32>, tensor<f32>
+}
+
+// -----
+
+// Not grouped: the second reads the first.
+// CHECK-LABEL: func @dependent
+// CHECK-NOT: "horizontal"
+// CHECK: return
+func.func @dependent(%sum: tensor<f32>, %max: tensor<f32>) -> tensor<f32> {
+  %n = forge.sqrt %sum : (tensor<f32>) -> tensor<f32>
+  %c = forge.div %max, %n : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %big = forge.broadcast %c {shape = array<i64: 4>} : (tensor<f32>) -> tensor<4xf32>
+  %r = forge.reduce_sum %big {axes = array<i64: 0>, keepdims = false} : (tensor<4xf32>) -> tensor<f32>
+  %e = forge.exp %r : (tensor<f32>) -> tensor<f32>
+  %f = forge.neg %e : (tensor<f32>) -> tensor<f32>
+  return %f : tensor<f32>
+}
+
+// -----
+
+// Not grouped: an op between the two reads the first (grouping would have to
+// move it after the second).
+// CHECK-LABEL: func @read_between
+// CHECK-NOT: "horizontal"
+// CHECK: return
+func.func @read_between(%sum: tensor<f32>, %max: tensor<f32>, %step: tensor<f32>, %lr: tensor<f32>) -> (tensor<4xf32>, tensor<f32>) {
+  %n = forge.sqrt %sum : (tensor<f32>) -> tensor<f32>
+  %c = forge.div %max, %n : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %big = forge.broadcast %c {shape = array<i64: 4>} : (tensor<f32>) -> tensor<4xf32>
+  %s = forge.mul %step, %lr : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %t = forge.neg %s : (tensor<f32>) -> tensor<f32>
+  return %big, %t : tensor<4xf32>, tensor<f32>
+}
