@@ -579,6 +579,17 @@ bool fuseRowRegions(func::FuncOp func) {
   return changed;
 }
 
+/// The ops of type OpT in `func` that no region holds yet, in program order
+/// (collected first: the caller rewrites them).
+template <typename OpT> SmallVector<OpT> unfusedOps(func::FuncOp func) {
+  SmallVector<OpT> ops;
+  func.walk([&](OpT op) {
+    if (!op->template getParentOfType<FusionOp>())
+      ops.push_back(op);
+  });
+  return ops;
+}
+
 /// Batch-norm fusion (see Passes.td). Forward: a batch_norm_training whose normalized
 /// output only one loop region (or pointwise op) of its shape reads, whose
 /// other inputs have that shape or one element, becomes one forge.fusion
@@ -590,12 +601,7 @@ bool fuseRowRegions(func::FuncOp func) {
 /// dy, at the gradient's place.
 bool fuseBatchNorms(func::FuncOp func) {
   bool changed = false;
-  SmallVector<BatchNormTrainingOp> norms;
-  func.walk([&](BatchNormTrainingOp op) {
-    if (!op->getParentOfType<FusionOp>())
-      norms.push_back(op);
-  });
-  for (BatchNormTrainingOp norm : norms) {
+  for (BatchNormTrainingOp norm : unfusedOps<BatchNormTrainingOp>(func)) {
     Value y = norm->getResult(0);
     auto type = cast<RankedTensorType>(y.getType());
     if (!y.hasOneUse() || !type.hasStaticShape() || type.getNumElements() == 0)
@@ -684,12 +690,7 @@ bool fuseBatchNorms(func::FuncOp func) {
   }
   // Gradients: the pointwise stage that alone computes dy (a ReLU's mask
   // applied to the incoming gradient), evaluated in both of the kernel's passes.
-  SmallVector<BatchNormTrainingGradOp> grads;
-  func.walk([&](BatchNormTrainingGradOp op) {
-    if (!op->getParentOfType<FusionOp>())
-      grads.push_back(op);
-  });
-  for (BatchNormTrainingGradOp grad : grads) {
+  for (BatchNormTrainingGradOp grad : unfusedOps<BatchNormTrainingGradOp>(func)) {
     Value dy = grad->getOperand(2);
     auto type = cast<RankedTensorType>(dy.getType());
     Operation *prologue = dy.getDefiningOp();

@@ -69,13 +69,6 @@ struct MatmulForm {
   double alpha = 1.0, beta = 0.0;
 };
 
-int64_t product(ArrayRef<int64_t> dims) {
-  int64_t r = 1;
-  for (int64_t d : dims)
-    r *= d;
-  return r;
-}
-
 /// gemm: 2-d operands; C absent, a full [M, N] matrix (scaled by beta), or a
 /// bias row [N] / [1, N] (cuBLASLt's bias epilogue, which beta does not scale).
 std::optional<MatmulForm> cublasForm(GemmOp gemm) {
@@ -128,16 +121,16 @@ std::optional<MatmulForm> cublasForm(MatMulOp matmul) {
   auto lb = lhs.getShape().drop_back(2), rb = rhs.getShape().drop_back(2);
   auto ones = [](ArrayRef<int64_t> s) { return llvm::all_of(s, [](int64_t d) { return d == 1; }); };
   if ((rb.empty() || ones(rb)) && f.transA) {
-    f.batch = product(lb); // a transposed lhs batch cannot fold into M
+    f.batch = ShapedType::getNumElements(lb); // a transposed lhs batch cannot fold into M
     f.lhsBatchStride = f.m * f.k;
   } else if (rb.empty() || ones(rb)) {
-    f.m *= product(lb); // the lhs batch folds into M
+    f.m *= ShapedType::getNumElements(lb); // the lhs batch folds into M
   } else if (lb == rb) {
-    f.batch = product(lb);
+    f.batch = ShapedType::getNumElements(lb);
     f.lhsBatchStride = f.m * f.k;
     f.rhsBatchStride = f.k * f.n;
   } else if (lb.empty() || ones(lb)) {
-    f.batch = product(rb);
+    f.batch = ShapedType::getNumElements(rb);
     f.rhsBatchStride = f.k * f.n;
   } else {
     return std::nullopt;

@@ -86,6 +86,13 @@ std::pair<Value, Value> loadTarget(Body &k, Value memref, Value at, int64_t clas
   tc = k.b.create<arith::MinSIOp>(k.loc, tc, intConst(k, t, classes - 1));
   return {raw, k.b.create<arith::IndexCastOp>(k.loc, k.b.getIndexType(), tc)};
 }
+
+Value targetOutside(Body &k, Value raw, int64_t classes) {
+  Type t = raw.getType();
+  return k.b.create<arith::OrIOp>(
+      k.loc, k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, intConst(k, t, 0)),
+      k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, raw, intConst(k, t, classes)));
+}
 } // namespace mlir::forge::kernelgen
 
 namespace {

@@ -461,6 +461,9 @@ int64_t normalizedAxis(Operation *op, int64_t rank);
 /// clamped into [0, classes) as `index` (see loadIndex). Whether the raw value
 /// was in range is the caller's check.
 std::pair<Value, Value> loadTarget(Body &k, Value memref, Value at, int64_t classes);
+/// Whether a raw class target lies outside [0, classes), compared in its own
+/// width (before loadTarget's clamp): the loss kernels' fault condition.
+Value targetOutside(Body &k, Value raw, int64_t classes);
 
 /// What a kernel of `op` checks its data for (empty: nothing). KernelGen.cpp.
 std::string faultOf(Operation *op);

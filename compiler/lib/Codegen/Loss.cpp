@@ -34,10 +34,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
       counted = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::ne, raw,
                                         intConst(k, raw.getType(), ignore.getInt()));
     // Out of range (compared in the target's own width, before the clamp).
-    Value outside = b.create<arith::OrIOp>(
-        k.loc,
-        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, intConst(k, raw.getType(), 0)),
-        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, raw, intConst(k, raw.getType(), c)));
+    Value outside = targetOutside(k, raw, c);
     k.fault(b.create<arith::AndIOp>(k.loc, counted, outside));
     Value w = weighted ? Value(b.create<memref::LoadOp>(k.loc, fn.getArgument(2), tc))
                        : k.fconst(b.getF32Type(), 1.0);
@@ -137,11 +134,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
     Value s = k.blockAccumulate(cols, block, sh, zero, addf,
                                 [&](Value c) { return expf(subf(ld(c), m)); });
     Value lse = addf(m, b.create<math::LogOp>(k.loc, s));
-    Value outside = b.create<arith::OrIOp>(
-        k.loc,
-        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, intConst(k, raw.getType(), 0)),
-        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, raw,
-                                intConst(k, raw.getType(), cols)));
+    Value outside = targetOutside(k, raw, cols);
     k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
       k.fault(outside);
       k.store(subf(lse, ld(tc)), fn.getArgument(2), row, elem);
@@ -376,11 +369,7 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name, b
       warpCombine(m, sum);
     }
     Value lse = addf(m, b.create<math::LogOp>(k.loc, sum));
-    Value outside = b.create<arith::OrIOp>(
-        k.loc,
-        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::slt, raw, intConst(k, raw.getType(), 0)),
-        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, raw,
-                                intConst(k, raw.getType(), cols)));
+    Value outside = targetOutside(k, raw, cols);
     k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
       k.fault(outside);
       // The target's logit: lane tc % 4 of vector tc / 4.

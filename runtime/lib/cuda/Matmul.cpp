@@ -217,7 +217,7 @@ Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, c
     tuned_ = true;
     return Status::ok();
   }
-  const std::vector<cublasLtMatmulAlgo_t> candidates = cache_->candidates[key];
+  const std::vector<cublasLtMatmulAlgo_t> &candidates = cache_->candidates.at(key); // by create
   if (candidates.size() < 2) {
     tuned_ = true;
     return Status::ok();
