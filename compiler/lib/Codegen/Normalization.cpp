@@ -428,36 +428,73 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
     }
     return out;
   };
-  auto forEach = [&](function_ref<void(Value)> body) {
-    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(units), k.idx(block), ValueRange{},
+  Value zero = k.fconst(f32, 0.0), invCount = k.fconst(f32, 1.0 / static_cast<double>(count));
+  Value shift = loadLanes(operandArg(0), k.idx(0))[0];
+  // The one pass: per-thread sums, then across the block. Each iteration
+  // takes `unroll` units (u, u + block, ...) and issues all their loads
+  // before it adds: a channel of few blocks (64 channels: 64 of 132 SMs)
+  // needs several loads in flight per thread to approach the memory's
+  // bandwidth. Units past the end load the last unit and add nothing; the
+  // additions keep the order of one unit per iteration (the same bits).
+  int64_t unroll = std::clamp<int64_t>(units / block, 1, 4);
+  Value lastUnit = k.idx(units - 1);
+  auto unitAt = [&](Value u, int64_t j) -> std::pair<Value, Value> { // (clamped unit, in range)
+    Value uj = k.add(u, k.idx(j * block));
+    return {b.create<arith::MinUIOp>(k.loc, uj, lastUnit), k.ult(uj, k.idx(units))};
+  };
+  // The output pass likewise: `body(unit)` loads a unit and returns what
+  // computes and stores it; the stores of units past the end are skipped.
+  auto forEach = [&](function_ref<std::function<void()>(Value)> body) {
+    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(units), k.idx(block * unroll), ValueRange{},
                          [&](OpBuilder &nb, Location l, Value u, ValueRange) {
                            OpBuilder::InsertionGuard g(b);
                            b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                           body(u);
+                           SmallVector<std::function<void()>> stores;
+                           SmallVector<Value> inRange;
+                           for (int64_t j = 0; j < unroll; ++j) {
+                             auto [uj, valid] = unitAt(u, j);
+                             stores.push_back(body(uj));
+                             inRange.push_back(valid);
+                           }
+                           for (int64_t j = 0; j < unroll; ++j) {
+                             if (j == 0)
+                               stores[j]();
+                             else
+                               k.ifThen(inRange[j], stores[j]);
+                           }
                            b.create<scf::YieldOp>(l);
                          });
   };
-  Value zero = k.fconst(f32, 0.0), invCount = k.fconst(f32, 1.0 / static_cast<double>(count));
-  Value shift = loadLanes(operandArg(0), k.idx(0))[0];
-  // The one pass: per-thread sums, then across the block.
   SmallVector<Value> init(grad ? 4 : 2, zero);
   auto pass = b.create<scf::ForOp>(
-      k.loc, k.tid(), k.idx(units), k.idx(block), init,
+      k.loc, k.tid(), k.idx(units), k.idx(block * unroll), init,
       [&](OpBuilder &nb, Location l, Value u, ValueRange acc) {
         OpBuilder::InsertionGuard g(b);
         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
         SmallVector<Value> sums(acc.begin(), acc.end());
-        SmallVector<Value> xs = loadLanes(operandArg(0), u), dys;
-        if (grad)
-          dys = dyLanes(u);
-        for (int64_t i = 0; i < lanes; ++i) {
-          Value d = subf(xs[i], shift);
-          sums[0] = addf(sums[0], d);
-          sums[1] = addf(sums[1], mulf(d, d));
-          if (grad) {
-            sums[2] = addf(sums[2], dys[i]);
-            sums[3] = addf(sums[3], mulf(dys[i], d));
+        SmallVector<SmallVector<Value>> xs(unroll), dys(unroll);
+        SmallVector<Value> inRange(unroll);
+        for (int64_t j = 0; j < unroll; ++j) {
+          auto [uj, valid] = unitAt(u, j);
+          inRange[j] = valid;
+          xs[j] = loadLanes(operandArg(0), uj);
+          if (grad)
+            dys[j] = dyLanes(uj);
+        }
+        for (int64_t j = 0; j < unroll; ++j) {
+          SmallVector<Value> next = sums;
+          for (int64_t i = 0; i < lanes; ++i) {
+            Value d = subf(xs[j][i], shift);
+            next[0] = addf(next[0], d);
+            next[1] = addf(next[1], mulf(d, d));
+            if (grad) {
+              next[2] = addf(next[2], dys[j][i]);
+              next[3] = addf(next[3], mulf(dys[j][i], d));
+            }
           }
+          for (size_t t = 0; t < sums.size(); ++t)
+            sums[t] = j == 0 ? next[t] // u itself is always in range
+                             : b.create<arith::SelectOp>(k.loc, inRange[j], next[t], sums[t]);
         }
         b.create<scf::YieldOp>(l, sums);
       });
@@ -481,24 +518,32 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
                             : 1.0;
     Value bias = k.load(fn.getArgument(operandArg(2)), ch, elem);
     Value a = mulf(scale, rstd);
-    forEach([&](Value u) {
-      SmallVector<Value> ys;
-      for (Value xv : loadLanes(operandArg(0), u))
-        ys.push_back(addf(mulf(subf(xv, mean), a), bias));
-      if (!fusion)
-        return storeLanes(ys, firstResult, u);
-      // The epilogue's values (the region's results but the statistics).
-      auto yielded = fusion.getBlock().getTerminator()->getOperands();
-      SmallVector<SmallVector<Value>> outs(numOut - 2);
-      UnitValues unit;
-      for (int64_t i = 0; i < lanes; ++i) {
-        llvm::DenseMap<Value, Value> stored;
-        stored[op->getResult(0)] = ys[i];
+    forEach([&](Value u) -> std::function<void()> {
+      SmallVector<Value> xs = loadLanes(operandArg(0), u);
+      // The epilogue's image-sized arguments, loaded with x.
+      auto unit = std::make_shared<UnitValues>();
+      if (fusion)
+        for (BlockArgument arg : fusion.getBlock().getArguments())
+          if (imageSized(arg) && llvm::any_of(arg.getUsers(), [&](Operation *o) { return o != op; }))
+            unit->lanesOf[arg.getArgNumber()] = loadLanes(arg.getArgNumber(), u);
+      return [&, xs, unit, u]() {
+        SmallVector<Value> ys;
+        for (Value xv : xs)
+          ys.push_back(addf(mulf(subf(xv, mean), a), bias));
+        if (!fusion)
+          return storeLanes(ys, firstResult, u);
+        // The epilogue's values (the region's results but the statistics).
+        auto yielded = fusion.getBlock().getTerminator()->getOperands();
+        SmallVector<SmallVector<Value>> outs(numOut - 2);
+        for (int64_t i = 0; i < lanes; ++i) {
+          llvm::DenseMap<Value, Value> stored;
+          stored[op->getResult(0)] = ys[i];
+          for (unsigned r = 0; r + 2 < numOut; ++r)
+            outs[r].push_back(evalLane(*unit, u, yielded[r], i, stored));
+        }
         for (unsigned r = 0; r + 2 < numOut; ++r)
-          outs[r].push_back(evalLane(unit, u, yielded[r], i, stored));
-      }
-      for (unsigned r = 0; r + 2 < numOut; ++r)
-        storeLanes(outs[r], firstResult + r, u);
+          storeLanes(outs[r], firstResult + r, u);
+      };
     });
     k.ifThen(first, [&] {
       Value m = k.fconst(f32, momentum), m1 = k.fconst(f32, 1.0 - momentum);
@@ -519,13 +564,16 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
     Value dbias = wantBias ? fn.getArgument(next++) : Value();
     if (wantDx) {
       Value a = mulf(scale, rstd), mdy = mulf(sumDy, invCount), mdyx = mulf(sumDyXhat, invCount);
-      forEach([&](Value u) {
-        SmallVector<Value> xs = loadLanes(operandArg(0), u), dys = dyLanes(u), out;
-        for (int64_t i = 0; i < lanes; ++i) {
-          Value xhat = mulf(subf(xs[i], mean), rstd);
-          out.push_back(mulf(a, subf(subf(dys[i], mdy), mulf(xhat, mdyx))));
-        }
-        storeLanes(out, dx, u);
+      forEach([&](Value u) -> std::function<void()> {
+        SmallVector<Value> xs = loadLanes(operandArg(0), u), dys = dyLanes(u);
+        return [&, xs, dys, u]() {
+          SmallVector<Value> out;
+          for (int64_t i = 0; i < lanes; ++i) {
+            Value xhat = mulf(subf(xs[i], mean), rstd);
+            out.push_back(mulf(a, subf(subf(dys[i], mdy), mulf(xhat, mdyx))));
+          }
+          storeLanes(out, dx, u);
+        };
       });
     }
     k.ifThen(first, [&] {
