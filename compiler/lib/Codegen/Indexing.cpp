@@ -153,32 +153,51 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
   if (out.getNumElements() == 0 || llvm::is_contained(sizes, 0))
     return std::nullopt;
   unsigned n = op->getNumOperands();
-  // Every input is read at a clamped (in-bounds) position; the one whose range
-  // holds the output's axis coordinate is selected.
-  return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
-                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
-                         Value qi = k.rem(i, q), r = k.div(i, q);
-                         Value a = k.rem(r, total), pi = k.div(r, total);
-                         Value result;
-                         for (unsigned j = 0; j < n; ++j) {
-                           Value local = k.b.create<arith::SubIOp>(k.loc, a, k.idx(offsets[j]));
-                           Value clamped = k.b.create<arith::MinSIOp>(
-                               k.loc, k.b.create<arith::MaxSIOp>(k.loc, local, k.idx(0)),
-                               k.idx(sizes[j] - 1));
-                           Value src = k.add(k.mul(k.add(k.mul(pi, k.idx(sizes[j])), clamped),
-                                                   k.idx(q)),
-                                             qi);
-                           Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(j), src);
-                           if (!result) {
-                             result = v;
-                             continue;
-                           }
-                           Value inside = k.b.create<arith::CmpIOp>(
-                               k.loc, arith::CmpIPredicate::sge, a, k.idx(offsets[j]));
-                           result = k.b.create<arith::SelectOp>(k.loc, inside, v, result);
-                         }
-                         k.b.create<memref::StoreOp>(k.loc, result, fn.getArgument(n), i);
-                       });
+  // Each output element (or 4-element vector) reads only the input whose
+  // range holds its axis coordinate, picked by a binary tree of branches on
+  // that coordinate (a warp's elements mostly lie in one input). Vectors when
+  // 4 consecutive output elements lie in one input, contiguously: q divides
+  // by 4, or the axis is innermost and every input's extent divides by 4.
+  Type elem = out.getElementType();
+  int64_t width = elem.isF32() && (q % kVector == 0 ||
+                                   (q == 1 && llvm::all_of(sizes, [](int64_t s) {
+                                      return s % kVector == 0;
+                                    })))
+                      ? kVector
+                      : 1;
+  SmallVector<Type> args = flatArgs(op);
+  if (width > 1)
+    for (Type &t : args)
+      t = flatMemref(elem, cast<MemRefType>(t).getNumElements(), /*vector=*/true);
+  Type valueType = width > 1 ? Type(VectorType::get({width}, elem))
+                             : cast<MemRefType>(args[n]).getElementType();
+  return elementKernel(
+      name, args, out.getNumElements() / width, op->getLoc(),
+      [&](Body &k, gpu::GPUFuncOp fn, Value unit) {
+        Value i = width > 1 ? k.mul(unit, k.idx(width)) : unit;
+        Value qi = k.rem(i, q), r = k.div(i, q);
+        Value a = k.rem(r, total), pi = k.div(r, total);
+        std::function<Value(unsigned, unsigned)> pick = [&](unsigned lo, unsigned hi) -> Value {
+          if (hi - lo == 1) {
+            Value local = k.b.create<arith::SubIOp>(k.loc, a, k.idx(offsets[lo]));
+            Value src = k.add(k.mul(k.add(k.mul(pi, k.idx(sizes[lo])), local), k.idx(q)), qi);
+            if (width > 1)
+              src = k.div(src, width);
+            return k.b.create<memref::LoadOp>(k.loc, fn.getArgument(lo), src);
+          }
+          unsigned mid = (lo + hi) / 2;
+          auto branch = k.b.create<scf::IfOp>(k.loc, TypeRange{valueType},
+                                              k.ult(a, k.idx(offsets[mid])), true);
+          OpBuilder::InsertionGuard g(k.b);
+          k.b.setInsertionPointToStart(&branch.getThenRegion().front());
+          k.b.create<scf::YieldOp>(k.loc, pick(lo, mid));
+          k.b.setInsertionPointToStart(&branch.getElseRegion().front());
+          k.b.create<scf::YieldOp>(k.loc, pick(mid, hi));
+          return branch.getResult(0);
+        };
+        Value v = pick(0, n);
+        k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(n), width > 1 ? unit : i);
+      });
 }
 
 std::optional<KernelLaunch> KernelGenerator::Impl::splitKernel(Operation *op, StringRef name) {
