@@ -74,6 +74,45 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
   auto subf = [&](Value x, Value y) -> Value { return b.create<arith::SubFOp>(k.loc, x, y); };
   auto mulf = [&](Value x, Value y) -> Value { return b.create<arith::MulFOp>(k.loc, x, y); };
   auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
+  // Rows of at most kRowCache columns per thread stay in registers: one read
+  // of x instead of three (mean, variance, output), with the same sums.
+  int64_t perThread = (cols + block - 1) / block;
+  if (perThread <= kRowCache) {
+    bool ragged = cols % block != 0;
+    Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
+    SmallVector<Value> col, valid, xv;
+    for (int64_t t = 0; t < perThread; ++t) {
+      col.push_back(k.add(k.tid(), k.idx(t * block)));
+      valid.push_back(ragged && t == perThread - 1 ? k.ult(col.back(), k.idx(cols)) : Value());
+      xv.push_back(k.valueIf(valid[t], [&] { return x(col[t]); }, zero));
+    }
+    auto reduce = [&](function_ref<Value(int64_t)> term) {
+      return k.reduceColumns(valid, block / kWarp, sh, zero, addf, term);
+    };
+    // As Body::moments: the mean, then the centered variance.
+    Value mean = mulf(reduce([&](int64_t t) { return xv[t]; }), invCols);
+    Value var = mulf(reduce([&](int64_t t) {
+                       Value d = subf(xv[t], mean);
+                       return mulf(d, d);
+                     }),
+                     invCols);
+    Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+    for (int64_t t = 0; t < perThread; ++t) {
+      auto store = [&] {
+        Value y = mulf(mulf(subf(xv[t], mean), rstd),
+                       k.load(fn.getArgument(1), at[0](k, col[t]), elem));
+        if (hasBias)
+          y = addf(y, k.load(fn.getArgument(2), at[1](k, col[t]), elem));
+        k.store(y, out, k.add(base, col[t]), elem);
+      };
+      if (valid[t])
+        k.ifThen(valid[t], store);
+      else
+        store();
+    }
+    b.create<gpu::ReturnOp>(k.loc);
+    return KernelLaunch{name.str(), rows, block};
+  }
   auto [mean, var, rstd] = k.moments(cols, block, sh, eps, x);
   b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
                        [&](OpBuilder &nb, Location l, Value c, ValueRange) {
