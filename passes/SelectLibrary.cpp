@@ -135,6 +135,8 @@ std::optional<MatmulForm> cublasForm(MatMulOp matmul) {
   } else {
     return std::nullopt;
   }
+  if (f.batch == 1) // one product has no batch to stride over (a 2-D transposed lhs lands here)
+    f.lhsBatchStride = f.rhsBatchStride = 0;
   return f;
 }
 

@@ -40,6 +40,10 @@ if [ "$mode" = compile ]; then
   $py tests/gpu/test_data_faults.py --forgec "$b/forgec" --bundles "$dir/faults" --compile-only
   $py tests/gpu/test_float8_casts.py --forgec "$b/forgec" --bundles "$dir/float8" --compile-only
   $py tests/e2e/test_dropout.py --bin-dir "$b" --bundles "$dir/dropout" --compile-only
+  # Every library call's stated cuBLASLt problem is checked here, without a GPU, the same
+  # way the CUDA executor checks it: a refusal shows before device time is spent.
+  find "$dir" -name '*.forge' -print0 | xargs -0 "$b/forge-replay" --check-library > "$dir/check-library.txt" 2>&1 \
+    || { grep -v '^check-library:' "$dir/check-library.txt" | head -20; echo "suite.sh: library calls refused" >&2; exit 1; }
   du -sh "$dir"
   exit 0
 fi

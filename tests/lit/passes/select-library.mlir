@@ -10,13 +10,16 @@
 // CHECK: forge.matmul %arg0, %arg3 {forge.library = "cublaslt", forge.matmul = {{{.*}}batch = 1 : i64{{.*}}m = 24 : i64
 // CHECK: forge.matmul %arg4, %arg2 {forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 6 : i64, beta = 0.000000e+00 : f64, c = "none", k = 8 : i64, lhs_batch_stride = 32 : i64, m = 4 : i64, n = 5 : i64, rhs_batch_stride = 0 : i64, trans_a = true, trans_b = false}
 // CHECK: forge.matmul %arg2, %arg1 {forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 6 : i64, beta = 0.000000e+00 : f64, c = "none", k = 5 : i64, lhs_batch_stride = 0 : i64, m = 8 : i64, n = 8 : i64, rhs_batch_stride = 40 : i64, trans_a = false, trans_b = true}
-func.func @matmuls(%a: tensor<2x3x4x8xf32>, %b: tensor<2x3x8x5xf32>, %m: tensor<8x5xf32>, %c: tensor<1x1x8x5xf32>, %at: tensor<2x3x8x4xf32>) -> (tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x8x8xf32>) {
+// A transposed matrix lhs is one product: no batch strides (the runtime refuses strides on batch 1).
+// CHECK: forge.matmul %arg5, %arg2 {forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 1 : i64, beta = 0.000000e+00 : f64, c = "none", k = 8 : i64, lhs_batch_stride = 0 : i64, m = 4 : i64, n = 5 : i64, rhs_batch_stride = 0 : i64, trans_a = true, trans_b = false}
+func.func @matmuls(%a: tensor<2x3x4x8xf32>, %b: tensor<2x3x8x5xf32>, %m: tensor<8x5xf32>, %c: tensor<1x1x8x5xf32>, %at: tensor<2x3x8x4xf32>, %mt: tensor<8x4xf32>) -> (tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x8x8xf32>, tensor<4x5xf32>) {
   %0 = forge.matmul %a, %b : (tensor<2x3x4x8xf32>, tensor<2x3x8x5xf32>) -> tensor<2x3x4x5xf32>
   %1 = forge.matmul %a, %m : (tensor<2x3x4x8xf32>, tensor<8x5xf32>) -> tensor<2x3x4x5xf32>
   %2 = forge.matmul %a, %c : (tensor<2x3x4x8xf32>, tensor<1x1x8x5xf32>) -> tensor<2x3x4x5xf32>
   %3 = forge.matmul %at, %m {transA = true} : (tensor<2x3x8x4xf32>, tensor<8x5xf32>) -> tensor<2x3x4x5xf32>
   %4 = forge.matmul %m, %b {transB = true} : (tensor<8x5xf32>, tensor<2x3x8x5xf32>) -> tensor<2x3x8x8xf32>
-  return %0, %1, %2, %3, %4 : tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x8x8xf32>
+  %5 = forge.matmul %mt, %m {transA = true} : (tensor<8x4xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
+  return %0, %1, %2, %3, %4, %5 : tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>, tensor<2x3x8x8xf32>, tensor<4x5xf32>
 }
 
 // -----
