@@ -731,6 +731,160 @@ bool fuseBatchNorms(func::FuncOp func) {
   return changed;
 }
 
+/// Whether every operand and the result of `product` (a gemm or matmul) are
+/// static f32 tensors: what cuBLASLt's epilogues take here.
+bool isF32Product(Operation *product) {
+  auto f32 = [](Type t) {
+    auto tt = dyn_cast<RankedTensorType>(t);
+    return tt && tt.hasStaticShape() && tt.getNumElements() > 0 && tt.getElementType().isF32();
+  };
+  return llvm::all_of(product->getOperandTypes(), f32) && f32(product->getResult(0).getType());
+}
+
+/// The region "gemm" of `product` and `epilogue` at `at` (one of them); the
+/// region's arguments are the product's operands and the body clones both ops
+/// (the epilogue reading `epilogueInput`'s clone), yielding `yielded`'s clones.
+FusionOp createGemmRegion(Operation *product, Operation *epilogue, Operation *at,
+                          ArrayRef<Value> yielded) {
+  OpBuilder b(at);
+  IRMapping map;
+  SmallVector<Type> types;
+  for (Value v : yielded)
+    types.push_back(v.getType());
+  FusionOp region = createRegion(b, FusedLoc::get(at->getContext(), {product->getLoc(), epilogue->getLoc()}),
+                                 types, product->getOperands(), "gemm", map);
+  OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+  inner.clone(*product, map);
+  inner.clone(*epilogue, map);
+  inner.create<YieldOp>(region.getLoc(), llvm::map_to_vector(yielded, [&](Value v) {
+                          return map.lookup(v);
+                        }));
+  return region;
+}
+
+/// GEMM epilogues (see Passes.td): a ReLU that alone reads an f32 product,
+/// and a bias gradient (reduce_sum over all but the last axis) of the tensor
+/// that a weight gradient's GEMM contracts over its rows, join the product in
+/// a forge.fusion "gemm". Before loop fusion, which would otherwise take the
+/// ReLU into a loop region.
+bool fuseGemmEpilogues(func::FuncOp func) {
+  bool changed = false;
+  SmallVector<Operation *> products;
+  func.walk([&](Operation *op) {
+    if (isa<GemmOp, MatMulOp>(op) && !op->getParentOfType<FusionOp>() && isF32Product(op))
+      products.push_back(op);
+  });
+  llvm::SmallPtrSet<Operation *, 16> taken;
+  for (Operation *product : products) {
+    Value y = product->getResult(0);
+    if (!y.hasOneUse() || !isa<ReluOp>(*y.getUsers().begin()))
+      continue;
+    Operation *relu = *y.getUsers().begin();
+    if (relu->getBlock() != product->getBlock())
+      continue;
+    FusionOp region = createGemmRegion(product, relu, relu, {relu->getResult(0)});
+    relu->getResult(0).replaceAllUsesWith(region.getResult(0));
+    relu->erase();
+    product->erase();
+    taken.insert(product);
+    changed = true;
+  }
+  // Bias gradients: reduce_sum(X) over all but X's last axis beside a GEMM
+  // whose transposed lhs (or plain rhs) is X viewed as [K, M]: the same sum
+  // over the contraction, which the GEMM's BGRAD epilogue computes as it
+  // reads the operand.
+  for (ReduceSumOp sum : unfusedOps<ReduceSumOp>(func)) {
+    auto in = cast<RankedTensorType>(sum.getInput().getType());
+    if (!in.hasStaticShape() || in.getRank() < 2 || !in.getElementType().isF32() ||
+        in.getNumElements() == 0)
+      continue;
+    SmallVector<int64_t> leading = llvm::to_vector(llvm::seq<int64_t>(0, in.getRank() - 1));
+    if (ArrayRef<int64_t>(sum.getAxes()) != ArrayRef<int64_t>(leading))
+      continue;
+    // X itself (2-D) or its reshapes to [K, M].
+    SmallVector<Value> views{sum.getInput()};
+    for (Operation *user : sum.getInput().getUsers())
+      if (auto reshape = dyn_cast<ReshapeOp>(user);
+          reshape && reshape->getBlock() == sum->getBlock() &&
+          cast<RankedTensorType>(reshape.getType()).getRank() == 2 &&
+          cast<RankedTensorType>(reshape.getType()).getShape().back() == in.getShape().back())
+        views.push_back(reshape.getResult());
+    Operation *product = nullptr;
+    for (Value view : views) {
+      if (cast<RankedTensorType>(view.getType()).getRank() != 2)
+        continue;
+      for (Operation *user : view.getUsers()) {
+        if (!isa<GemmOp, MatMulOp>(user) || taken.count(user) || !isF32Product(user) ||
+            user->getBlock() != sum->getBlock())
+          continue;
+        auto gemm = dyn_cast<GemmOp>(user);
+        auto matmul = dyn_cast<MatMulOp>(user);
+        if (gemm && (gemm.getC() || gemm.getAlpha().convertToDouble() != 1.0))
+          continue;
+        bool transA = gemm ? gemm.getTransA() : matmul.getTransA();
+        bool transB = gemm ? gemm.getTransB() : matmul.getTransB();
+        Value lhs = user->getOperand(0), rhs = user->getOperand(1);
+        if (cast<RankedTensorType>(lhs.getType()).getRank() != 2 ||
+            cast<RankedTensorType>(rhs.getType()).getRank() != 2)
+          continue;
+        if (!((lhs == view && transA && rhs != view) || (rhs == view && !transB && lhs != view)))
+          continue;
+        // Only when the product's tiles fill the GPU without splitting k:
+        // cuBLASLt's bias-gradient epilogue runs without split-K, so a weight
+        // gradient over many rows (GPT-2's: k = 16384 tokens, 768 x 768 to
+        // 768 x 3072 products) ran ~1.5x slower than the plain GEMM and its
+        // separate column sum together (bench/RESULTS.md, 2026-12-02).
+        auto out = cast<RankedTensorType>(user->getResult(0).getType());
+        int64_t k = cast<RankedTensorType>(view.getType()).getDimSize(0);
+        if (k > std::max(out.getDimSize(0), out.getDimSize(1)))
+          continue;
+        product = user;
+        break;
+      }
+      if (product)
+        break;
+    }
+    if (!product)
+      continue;
+    Value operand = product->getOperand(0) == sum.getInput() ||
+                            llvm::is_contained(views, product->getOperand(0))
+                        ? product->getOperand(0)
+                        : product->getOperand(1);
+    if (!llvm::is_contained(views, operand))
+      continue;
+    // The region goes where the later of the two is; readers of the earlier
+    // one in between move after it (unless they feed the later one).
+    bool sumFirst = sum->isBeforeInBlock(product);
+    Operation *first = sumFirst ? sum.getOperation() : product;
+    Operation *last = sumFirst ? product : sum.getOperation();
+    llvm::SmallPtrSet<Operation *, 2> members{first, last};
+    SmallVector<Operation *> toMove = usersToMove(first, last, members);
+    llvm::SmallPtrSet<Operation *, 8> moving(toMove.begin(), toMove.end());
+    if (llvm::any_of(last->getOperands(), [&](Value v) { return moving.count(v.getDefiningOp()); }))
+      continue;
+    // The sum over the 2-D operand's rows, [1, M]; viewed back as the sum's type.
+    OpBuilder b(last);
+    auto rowType = RankedTensorType::get({1, in.getShape().back()}, in.getElementType());
+    auto rows = b.create<ReduceSumOp>(sum.getLoc(), rowType, operand, b.getDenseI64ArrayAttr({0}),
+                                      b.getBoolAttr(true));
+    FusionOp region = createGemmRegion(product, rows, last, {product->getResult(0), rows});
+    rows->erase();
+    b.setInsertionPointAfter(region);
+    Value grad = region.getResult(1);
+    if (grad.getType() != sum.getType())
+      grad = b.create<ReshapeOp>(sum.getLoc(), sum.getType(), grad,
+                                 b.getDenseI64ArrayAttr(cast<RankedTensorType>(sum.getType()).getShape()));
+    product->getResult(0).replaceAllUsesWith(region.getResult(0));
+    sum.getResult().replaceAllUsesWith(grad);
+    moveAfter(toMove, grad.getDefiningOp());
+    taken.insert(product);
+    sum->erase();
+    product->erase();
+    changed = true;
+  }
+  return changed;
+}
+
 /// A reduce_sum of a whole static f32 tensor to a scalar.
 bool isWholeSum(Operation *op) {
   auto sum = dyn_cast<ReduceSumOp>(op);
@@ -1257,6 +1411,11 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
         failed(applyOpPatternsAndFold(entropies, frozenPadding, config, &rewritten)))
       return signalPassFailure();
     changed |= rewritten;
+    // GEMM epilogues before loop fusion, which would take their ReLUs, and
+    // before the multi-reductions (a bias gradient is no whole-tensor sum).
+    if (gemmEpilogues)
+      for (auto func : getOperation().getOps<func::FuncOp>())
+        changed |= fuseGemmEpilogues(func);
     for (auto func : getOperation().getOps<func::FuncOp>())
       changed |= fuseMultiReductions(func, maxHorizontalOperands);
     for (auto func : getOperation().getOps<func::FuncOp>())

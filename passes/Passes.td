@@ -157,6 +157,18 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     element: a clip scale, a learning rate) that do not read each other become
     one horizontal region, when no op between them reads the first.
 
+    With `gemm-epilogues` (forgec sets it for CUDA targets), before loop
+    fusion: GEMM epilogues. A `forge.relu` that alone reads an f32 gemm or
+    matmul product, and a bias gradient (a reduce_sum over all but the last
+    axis) of a tensor that a weight gradient's GEMM reads as its transposed
+    2-D lhs (or plain rhs), i.e. the same sum over the contraction, join the
+    product in a `forge.fusion "gemm"` region; the bias gradient only when the
+    contraction is no longer than the product's larger side (cuBLASLt's
+    bias-gradient epilogue gives up split-K: GPT-2's weight gradients over
+    16384 tokens ran ~1.5x slower with it). forge-select-library states
+    the cuBLASLt epilogue (RELU/RELU_BIAS, BGRADA/BGRADB) that computes it as
+    the product is written.
+
     Before everything, row fusion of the classification loss:
     nll_loss(log_softmax(x, axis 1), t) over [N, C] logits (no class weights,
     no ignore_index) and its gradient log_softmax_grad(y, nll_loss_grad(g, t))
@@ -171,6 +183,9 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
            "Fuse pointwise prologues and epilogues into softmax-family row ops">,
     Option<"fuseNorms", "norms", "bool", /*default=*/"true",
            "Fuse batch_norm_training with the pointwise reader of its output">,
+    Option<"gemmEpilogues", "gemm-epilogues", "bool", /*default=*/"false",
+           "Fuse ReLUs of GEMM products and bias gradients beside weight gradients into "
+           "gemm regions (a GEMM library's epilogues: CUDA only)">,
     Option<"maxHorizontalOperands", "max-horizontal-operands", "int64_t", /*default=*/"120",
            "Most operands plus results of one horizontal region: its kernel takes one "
            "pointer per tensor (CUDA's parameter space is 4 KiB), and LLVM's time on one "
@@ -207,6 +222,13 @@ def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {
     back: cuBLASLt adds the bias as it writes the product (its BIAS epilogue)
     instead of a kernel reading and writing the product again. The pipeline
     runs this pass for CUDA targets only.
+
+    A `forge.fusion "gemm"` (forge-fuse) whose product has a cuBLASLt form
+    gets the library marks itself, with the epilogue in `forge.matmul`:
+    `epilogue = "relu"` (RELU, or RELU_BIAS with a bias row; not with a full
+    C), `"bgrad_lhs"` or `"bgrad_rhs"` (the bias gradient, its second result,
+    summed from that operand as cuBLASLt reads it; one product, no C). One
+    that has no such form becomes its ops again, marked as loose ops are.
   }];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

@@ -67,6 +67,8 @@ struct MatmulForm {
   bool transA = false, transB = false;
   StringRef c = "none"; // none | full | bias
   double alpha = 1.0, beta = 0.0;
+  // A gemm region's epilogue: relu | bgrad_lhs | bgrad_rhs (none: not stated).
+  StringRef epilogue = "none";
 };
 
 /// gemm: 2-d operands; C absent, a full [M, N] matrix (scaled by beta), or a
@@ -142,7 +144,7 @@ std::optional<MatmulForm> cublasForm(MatMulOp matmul) {
 
 DictionaryAttr formAttr(MLIRContext *ctx, const MatmulForm &f) {
   Builder b(ctx);
-  return b.getDictionaryAttr({
+  SmallVector<NamedAttribute> attrs({
       b.getNamedAttr("m", b.getI64IntegerAttr(f.m)),
       b.getNamedAttr("n", b.getI64IntegerAttr(f.n)),
       b.getNamedAttr("k", b.getI64IntegerAttr(f.k)),
@@ -155,6 +157,36 @@ DictionaryAttr formAttr(MLIRContext *ctx, const MatmulForm &f) {
       b.getNamedAttr("alpha", b.getF64FloatAttr(f.alpha)),
       b.getNamedAttr("beta", b.getF64FloatAttr(f.beta)),
   });
+  if (f.epilogue != "none")
+    attrs.push_back(b.getNamedAttr("epilogue", b.getStringAttr(f.epilogue)));
+  return b.getDictionaryAttr(attrs);
+}
+
+/// The cuBLASLt problem of a forge.fusion "gemm" (its product and epilogue,
+/// which the region's verifier fixed): RELU (RELU_BIAS with a bias row) after
+/// a product without a full C; a bias gradient (BGRADB/BGRADA: cuBLASLt's B is
+/// the lhs here) of one product, no C.
+std::optional<MatmulForm> cublasForm(FusionOp region) {
+  Operation *product = &region.getBlock().front();
+  std::optional<MatmulForm> f;
+  if (auto matmul = dyn_cast<MatMulOp>(product))
+    f = cublasForm(matmul);
+  else
+    f = cublasForm(cast<GemmOp>(product));
+  if (!f)
+    return std::nullopt;
+  Operation *epilogue = product->getNextNode();
+  if (isa<ReluOp>(epilogue)) {
+    if (f->c == "full")
+      return std::nullopt;
+    f->epilogue = "relu";
+    return f;
+  }
+  if (f->batch != 1 || f->c != "none")
+    return std::nullopt;
+  f->epilogue = epilogue->getOperand(0) == region.getBlock().getArgument(0) ? "bgrad_lhs"
+                                                                             : "bgrad_rhs";
+  return f;
 }
 
 /// add(matmul(A, W), b) with W a matrix and b a row of N: one gemm with
@@ -206,9 +238,23 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
     bool changed = false;
     for (AddOp add : llvm::to_vector(getOperation().getBody().getOps<AddOp>()))
       changed |= foldBiasEpilogue(add);
+    // GEMM regions (forge-fuse) run as one call with their epilogue, or, when
+    // cuBLASLt has no form for them, become their ops again (a plain GEMM
+    // call and the epilogue's kernel).
+    for (FusionOp region : llvm::to_vector(getOperation().getBody().getOps<FusionOp>())) {
+      if (region.getKind() != "gemm")
+        continue;
+      changed = true;
+      if (std::optional<MatmulForm> form = cublasForm(region)) {
+        region->setAttr("forge.matmul", formAttr(region->getContext(), *form));
+        region->setAttr("forge.library", StringAttr::get(region->getContext(), "cublaslt"));
+      } else {
+        region.inlineBody();
+      }
+    }
     getOperation().walk([&](Operation *op) {
       if (!isa<MatMulOp, GemmOp, ConvOp, ConvTransposeOp, ConvGradWeightOp>(op) ||
-          !staticF32(op))
+          !staticF32(op) || op->getParentOfType<FusionOp>())
         return;
       StringRef library;
       std::optional<MatmulForm> form;

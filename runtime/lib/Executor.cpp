@@ -237,7 +237,8 @@ Status checkLibraryCalls(const Bundle &bundle) {
   for (const bundle::Routine &r : p.routines())
     for (int i = 0; i < r.instructions_size(); ++i) {
       const bundle::Instruction &inst = r.instructions(i);
-      if (inst.placement() != bundle::LIBRARY || (inst.op() != "matmul" && inst.op() != "gemm"))
+      if (inst.placement() != bundle::LIBRARY ||
+          (inst.op() != "matmul" && inst.op() != "gemm" && !inst.has_matmul()))
         continue;
       if (auto problem = cuda::matmulProblem(p, inst, false); !problem)
         return problem.status().prefix(fmt::format("routine '{}' instruction #{} '{}' (op {})",

@@ -136,3 +136,105 @@ TEST(LibraryCallTest, ProblemsThatDoNotFitAreRefused) {
   expectRefused([](fb::Program &p) { matmul(p, 1).set_beta(0.5); },
                 "does not fit the cuBLASLt problem", "instruction #1 'fc/Gemm'");
 }
+
+namespace {
+
+/// Adds a gemm region's call (op "fusion", forge-fuse's "gemm" with its
+/// cuBLASLt epilogue): the weight gradient dw[5,8] = dy[6,5]^T x[6,8] and the
+/// bias gradient db[1,5] (dy summed over k), as instruction #2.
+fb::Instruction &addBiasGradCall(fb::Program &p) {
+  addTensor(p, "dy", fb::TensorInfo::INPUT, {6, 5}, 4096);
+  addTensor(p, "x", fb::TensorInfo::INPUT, {6, 8}, 4224);
+  addTensor(p, "dw", fb::TensorInfo::OUTPUT, {5, 8}, 4480);
+  addTensor(p, "db", fb::TensorInfo::OUTPUT, {1, 5}, 4736);
+  p.set_arena_size(8192);
+  fb::Routine *r = p.mutable_routines(0);
+  fb::Instruction *f = r->add_instructions();
+  f->set_op("fusion");
+  f->set_name("fc/bgrad");
+  f->set_placement(fb::LIBRARY);
+  f->add_inputs(7);
+  f->add_inputs(8);
+  f->add_outputs(9);
+  f->add_outputs(10);
+  fb::MatmulProblem *pr = f->mutable_matmul();
+  pr->set_m(5);
+  pr->set_n(8);
+  pr->set_k(6);
+  pr->set_batch(1);
+  pr->set_trans_a(true);
+  pr->set_alpha(1.0);
+  pr->set_dtype(fb::F32);
+  pr->set_epilogue(fb::MatmulProblem::BGRAD_LHS);
+  // The body the CPU runs (the loader wants one; the GPU runs the call).
+  fb::Instruction *gemm = f->add_body();
+  gemm->set_op("gemm");
+  gemm->add_inputs(7);
+  gemm->add_inputs(8);
+  gemm->add_outputs(9);
+  fb::Instruction *sum = f->add_body();
+  sum->set_op("reduce_sum");
+  sum->add_inputs(7);
+  sum->add_outputs(10);
+  r->add_inputs(7);
+  r->add_inputs(8);
+  r->add_outputs(9);
+  r->add_outputs(10);
+  return *f;
+}
+
+/// Makes instruction #1 (the gemm with its bias row) a gemm region with a
+/// ReLU epilogue (its body: the gemm).
+fb::Instruction &makeReluRegion(fb::Program &p) {
+  fb::Instruction *g = p.mutable_routines(0)->mutable_instructions(1);
+  fb::Instruction inner = *g;
+  inner.clear_placement();
+  inner.clear_matmul();
+  g->set_op("fusion");
+  *g->add_body() = inner;
+  g->mutable_matmul()->set_epilogue(fb::MatmulProblem::RELU);
+  return *g;
+}
+
+} // namespace
+
+TEST(LibraryCallTest, GemmRegionEpiloguesThatFitRun) {
+  Status st = check([](fb::Program &p) { addBiasGradCall(p); });
+  EXPECT_TRUE(st.isOk()) << st.message();
+  // The gemm with its bias row and a ReLU (RELU_BIAS), stated on a region.
+  st = check([](fb::Program &p) { makeReluRegion(p); });
+  EXPECT_TRUE(st.isOk()) << st.message();
+}
+
+TEST(LibraryCallTest, GemmRegionEpiloguesThatDoNotFitAreRefused) {
+  const std::string at = "instruction #2 'fc/bgrad'";
+  // The bias gradient sums the lhs over k: it must be stored [k, m] (trans_a).
+  expectRefused([](fb::Program &p) {
+    addBiasGradCall(p).mutable_matmul()->set_trans_a(false);
+  }, "bias-gradient epilogue needs one product without C", at);
+  // Its output has m elements.
+  expectRefused([](fb::Program &p) {
+    addBiasGradCall(p);
+    p.mutable_tensors(10)->set_shape(1, 8);
+  }, "the bias gradient must be f32 of 5 elements", at);
+  // A second output is the bias gradient's; without it the call is refused.
+  expectRefused([](fb::Program &p) {
+    fb::Instruction &f = addBiasGradCall(p);
+    f.mutable_outputs()->RemoveLast();
+    f.mutable_body()->RemoveLast();
+  }, "two outputs", at);
+  // The rhs's bias gradient needs a plain rhs [k, n]: here it is x [6, 8] with n = 8.
+  expectRefused([](fb::Program &p) {
+    fb::Instruction &f = addBiasGradCall(p);
+    f.mutable_matmul()->set_epilogue(fb::MatmulProblem::BGRAD_RHS);
+    f.mutable_matmul()->set_trans_b(true);
+  }, "bias-gradient epilogue", at);
+  // A fusion in a library without an epilogue is no gemm region.
+  expectRefused([](fb::Program &p) {
+    addBiasGradCall(p).mutable_matmul()->set_epilogue(fb::MatmulProblem::NO_EPILOGUE);
+  }, "must be a gemm region", at);
+  // ReLU takes no full C.
+  expectRefused([](fb::Program &p) {
+    makeReluRegion(p).mutable_matmul()->set_c(fb::MatmulProblem::FULL_C);
+  }, "takes no full C", "instruction #1 'fc/Gemm'");
+}

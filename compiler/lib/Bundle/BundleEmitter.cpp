@@ -193,6 +193,7 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
       auto lhsStride = i64("lhs_batch_stride"), rhsStride = i64("rhs_batch_stride");
       auto transA = form.getAs<BoolAttr>("trans_a"), transB = form.getAs<BoolAttr>("trans_b");
       auto c = form.getAs<StringAttr>("c");
+      auto epilogue = form.getAs<StringAttr>("epilogue");
       auto alpha = f64("alpha"), beta = f64("beta");
       if (!m || !n || !k || !batch || !lhsStride || !rhsStride || !transA || !transB || !c ||
           !alpha || !beta ||
@@ -212,6 +213,14 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
       pr->set_c(c.getValue() == "full"   ? pb::MatmulProblem::FULL_C
                 : c.getValue() == "bias" ? pb::MatmulProblem::BIAS_ROW
                                          : pb::MatmulProblem::NO_C);
+      if (epilogue) {
+        StringRef e = epilogue.getValue();
+        if (e != "relu" && e != "bgrad_lhs" && e != "bgrad_rhs")
+          return op.emitError("forge.matmul's epilogue must be relu, bgrad_lhs or bgrad_rhs");
+        pr->set_epilogue(e == "relu"        ? pb::MatmulProblem::RELU
+                         : e == "bgrad_lhs" ? pb::MatmulProblem::BGRAD_LHS
+                                            : pb::MatmulProblem::BGRAD_RHS);
+      }
       pr->set_alpha(*alpha);
       pr->set_beta(*beta);
       pr->set_dtype(dtypeFromType(cast<RankedTensorType>(op.getResult(0).getType()).getElementType()));
@@ -376,7 +385,7 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     if (op.getDialect()->getNamespace() != "forge")
       return op.emitError("only forge ops can be emitted into a bundle");
     auto fusion = dyn_cast<FusionOp>(op);
-    if (fusion && !(cuda && fusion->hasAttr("forge.launch")))
+    if (fusion && !(cuda && (fusion->hasAttr("forge.launch") || fusion->hasAttr("forge.library"))))
       return op.emitError("fusion region without a kernel: the placement stage "
                           "(forge-generate-kernels, or forge-inline-fusions on the CPU) "
                           "did not run");

@@ -74,6 +74,8 @@ struct GenerateKernelsPass
       Block &body = func.getBody().front();
       // Regions first: one kernel each, or their ops (placed below).
       for (FusionOp fusion : llvm::to_vector(body.getOps<FusionOp>())) {
+        if (fusion->hasAttr("forge.library"))
+          continue; // a gemm region: one library call (forge-select-library)
         if (std::optional<KernelLaunch> launch = kernels.kernelFor(fusion))
           fusion->setAttr("forge.launch", launchAttr(b, *launch));
         else

@@ -638,6 +638,48 @@ FORGE_INFER(TransposeOp) {
 // Fusion regions
 //===----------------------------------------------------------------------===//
 
+/// A gemm region (see FusionOp's description): the product's op, then one
+/// epilogue op, a ReLU of the product or a reduce_sum of a 2-D operand over
+/// its leading (contraction) axis.
+static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yield) {
+  auto ops = llvm::map_to_vector(block.without_terminator(), [](Operation &op) { return &op; });
+  if (ops.size() != 2 || !isa<GemmOp, MatMulOp>(ops[0]))
+    return fusion.emitOpError("a gemm region holds one gemm or matmul and one epilogue op");
+  Operation *product = ops[0], *epilogue = ops[1];
+  if (!llvm::equal(product->getOperands(), block.getArguments()))
+    return product->emitOpError("must take the gemm region's arguments, in order, as operands");
+  for (Type t : product->getOperandTypes())
+    if (!cast<RankedTensorType>(t).getElementType().isF32())
+      return product->emitOpError("of a gemm region must be f32");
+  if (auto relu = dyn_cast<ReluOp>(epilogue)) {
+    if (relu->getOperand(0) != product->getResult(0) || !product->getResult(0).hasOneUse())
+      return relu.emitOpError("must alone read the product of its gemm region");
+    if (!llvm::equal(yield.getValues(), relu->getResults()))
+      return fusion.emitOpError("with a ReLU epilogue must yield the ReLU's result alone");
+    return success();
+  }
+  auto sum = dyn_cast<ReduceSumOp>(epilogue);
+  if (!sum)
+    return epilogue->emitOpError("is no gemm epilogue (relu of the product, or reduce_sum of an "
+                                 "operand over its contraction axis)");
+  auto in = cast<RankedTensorType>(sum.getInput().getType());
+  bool lhs = sum.getInput() == block.getArgument(0), rhs = sum.getInput() == block.getArgument(1);
+  auto gemm = dyn_cast<GemmOp>(product);
+  bool transA = gemm ? gemm.getTransA() : cast<MatMulOp>(product).getTransA();
+  bool transB = gemm ? gemm.getTransB() : cast<MatMulOp>(product).getTransB();
+  // The contraction axis of a stored 2-D operand: rows of a transposed lhs
+  // ([K, M]) and of a plain rhs ([K, N]).
+  if (!(lhs || rhs) || in.getRank() != 2 || sum.getAxes().size() != 1 || sum.getAxes()[0] != 0 ||
+      (lhs && !transA) || (rhs && transB) ||
+      cast<RankedTensorType>(product->getOperand(lhs ? 1 : 0).getType()).getRank() != 2)
+    return sum.emitOpError("must sum a 2-D operand of its gemm region over the contraction "
+                           "axis (axis 0 of a transposed lhs or of a plain rhs)");
+  if (yield.getValues().size() != 2 || yield.getValues()[0] != product->getResult(0) ||
+      yield.getValues()[1] != sum.getResult())
+    return fusion.emitOpError("with a reduce_sum epilogue must yield the product, then the sum");
+  return success();
+}
+
 LogicalResult FusionOp::verify() {
   Block &block = getBlock();
   if (block.getNumArguments() != getInputs().size())
@@ -748,9 +790,11 @@ LogicalResult FusionOp::verify() {
         return emitOpError("yields a value that does not have the batch norm's output shape");
     return success();
   }
+  if (getKind() == "gemm")
+    return verifyGemmRegion(*this, block, yield);
   if (getKind() != "loop" && getKind() != "row")
     return emitOpError() << "has unknown kind '" << getKind()
-                         << "' (loop, row, batch_norm, horizontal, multi_reduce)";
+                         << "' (loop, row, batch_norm, horizontal, multi_reduce, gemm)";
   ArrayRef<int64_t> shape = getIterationShape();
   if (getKind() == "row") {
     if (getNumResults() != 1)

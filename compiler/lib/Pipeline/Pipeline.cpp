@@ -49,8 +49,10 @@ void addGraphCleanup(OpPassManager &pm, const PipelineOptions &options) {
 /// forward, backward and optimizer together. On every target: the CPU bundle
 /// runs a region's ops one by one, so the CPU tests exercise the pass too.
 void addFusion(OpPassManager &pm, const PipelineOptions &options) {
-  (void)options;
-  pm.addPass(createFuse());
+  FuseOptions fuse;
+  // GEMM epilogues are a GEMM library's (cuBLASLt): CUDA only.
+  fuse.gemmEpilogues = StringRef(options.target).starts_with("cuda");
+  pm.addPass(createFuse(fuse));
 }
 
 /// Stage "placement", last: where each op runs, decided on the final graph
@@ -190,7 +192,8 @@ namespace {
 struct GraphSummary {
   // launches: ops that run as their own kernel or library call, i.e. all but
   // reshapes (views: the memory plan aliases them) and constants; a fusion
-  // region is one. library: those of the library class (cuBLASLt/cuDNN).
+  // region is one. library: those of the library class (cuBLASLt/cuDNN) and
+  // gemm regions.
   // bytes and FLOPs: of the launches (reshapes move nothing).
   int64_t ops = 0, launches = 0, library = 0, bytes = 0, flops = 0;
   std::vector<std::pair<std::string, int64_t>> launchesPerFunction;
@@ -206,6 +209,8 @@ GraphSummary summarize(ModuleOp module) {
       if (auto fusion = dyn_cast<FusionOp>(op)) {
         fusion.getBlock().walk([&](ForgeOpInterface) { ++s.ops; });
         ++s.launches;
+        if (fusion.getKind() == "gemm") // a library call with its epilogue
+          ++s.library;
         OpCost c = fusion.getCost();
         s.bytes += c.bytes;
         s.flops += c.flops;

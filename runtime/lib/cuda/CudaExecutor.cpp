@@ -106,7 +106,7 @@ struct Step {
   std::unique_ptr<ConvPlan> conv;
   std::vector<const void *> convIn;
   const void *lhs = nullptr, *rhs = nullptr, *c = nullptr;
-  void *out = nullptr;
+  void *out = nullptr, *biasGrad = nullptr; // biasGrad: a gemm region's second output
   // Copy
   void *dst = nullptr;
   const void *src = nullptr;
@@ -235,7 +235,7 @@ struct CudaExecutor::Impl {
     case Step::Library:
       if (s.conv)
         return s.conv->run(s.convIn, s.out, workspace);
-      return s.matmul->run(compute, s.lhs, s.rhs, s.c, s.out, workspace);
+      return s.matmul->run(compute, s.lhs, s.rhs, s.c, s.out, s.biasGrad, workspace);
     case Step::Copy:
       if (s.dst != s.src && s.bytes > 0)
         CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, compute),
@@ -300,7 +300,7 @@ struct CudaExecutor::Impl {
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       // Likewise each matmul problem's fastest cuBLASLt algorithm.
       if (mode.checked && s.kind == Step::Library && s.matmul)
-        if (Status st = s.matmul->tune(compute, s.lhs, s.rhs, s.c, s.out, workspace); !st.isOk())
+        if (Status st = s.matmul->tune(compute, s.lhs, s.rhs, s.c, s.out, s.biasGrad, workspace); !st.isOk())
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       if (mode.timing)
         nvtxRangePushA(fmt::format("#{} {} {}", s.index, s.inst->op(), s.inst->name()).c_str());
@@ -486,7 +486,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         return why.prefix(fmt::format("{}: routine '{}' instruction #{} '{}' (op {})", origin,
                                       proto.name(), i, inst.name(), inst.op()));
       };
-      if (inst.op() == "matmul" || inst.op() == "gemm") {
+      if (inst.op() == "matmul" || inst.op() == "gemm" || inst.has_matmul()) {
         if (!im.lt) {
           auto lt = cublasLtApi();
           if (!lt)
@@ -674,6 +674,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         s.c = inst.inputs_size() > 2 && inst.inputs(2) >= 0 ? im.devicePtr[inst.inputs(2)]
                                                             : nullptr;
         s.out = im.devicePtr[inst.outputs(0)];
+        if (inst.outputs_size() > 1)
+          s.biasGrad = im.devicePtr[inst.outputs(1)];
         break;
       }
       case bundle::DEVICE_COPY: {

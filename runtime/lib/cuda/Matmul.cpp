@@ -31,17 +31,26 @@ int64_t product(const std::vector<int64_t> &v, size_t begin, size_t end) {
 } // namespace
 
 std::string MatmulProblem::key() const {
-  return fmt::format("{}x{}x{} b{} t{}{} s{},{} c{}{} a{} b{} tf{}", m, n, k, batch, transA,
-                     transB, lhsBatchStride, rhsBatchStride, fullC, bias, alpha, beta, tf32);
+  return fmt::format("{}x{}x{} b{} t{}{} s{},{} c{}{} a{} b{} tf{} e{}", m, n, k, batch, transA,
+                     transB, lhsBatchStride, rhsBatchStride, fullC, bias, alpha, beta, tf32,
+                     static_cast<int>(epilogue));
 }
 
 Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::Instruction &inst,
                                       bool tf32) {
-  if (inst.op() != "matmul" && inst.op() != "gemm")
+  if (inst.op() != "matmul" && inst.op() != "gemm" && inst.op() != "fusion")
     return Status::error("op '{}' is not a matmul", inst.op());
-  if (inst.inputs_size() < 2 || inst.outputs_size() != 1 || inst.inputs(0) < 0 ||
+  const bool bgrad = inst.has_matmul() &&
+                     (inst.matmul().epilogue() == bundle::MatmulProblem::BGRAD_LHS ||
+                      inst.matmul().epilogue() == bundle::MatmulProblem::BGRAD_RHS);
+  if (inst.op() == "fusion" && (!inst.has_matmul() ||
+                                inst.matmul().epilogue() == bundle::MatmulProblem::NO_EPILOGUE))
+    return Status::error("a fusion placed in a library must be a gemm region with a cuBLASLt "
+                         "epilogue");
+  if (inst.inputs_size() < 2 || inst.outputs_size() != (bgrad ? 2 : 1) || inst.inputs(0) < 0 ||
       inst.inputs(1) < 0)
-    return Status::error("{} needs lhs, rhs and one output", inst.op());
+    return Status::error("{} needs lhs, rhs and {}", inst.op(),
+                         bgrad ? "two outputs (the product, the bias gradient)" : "one output");
   if (!inst.has_matmul())
     return Status::error("{} has no cuBLASLt problem (Instruction.matmul; a bundle from an older "
                          "forgec? compile it again)",
@@ -93,6 +102,35 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                          inst.op(), elements(inst.inputs(0)), elements(inst.inputs(1)),
                          elements(inst.outputs(0)), pr.m, pr.n, pr.k, pr.batch, lhsWant, rhsWant,
                          outWant);
+  switch (b.epilogue()) {
+  case bundle::MatmulProblem::NO_EPILOGUE:
+    break;
+  case bundle::MatmulProblem::RELU:
+    if (pr.fullC)
+      return Status::error("{}: cuBLASLt's ReLU epilogue takes no full C", inst.op());
+    pr.epilogue = MatmulProblem::Epilogue::Relu;
+    break;
+  case bundle::MatmulProblem::BGRAD_LHS:
+  case bundle::MatmulProblem::BGRAD_RHS: {
+    bool lhs = b.epilogue() == bundle::MatmulProblem::BGRAD_LHS;
+    // The sum runs over k of the stored operand's rows: a transposed lhs
+    // ([k, m]) or a plain rhs ([k, n]), one product, no C.
+    if (pr.batch != 1 || pr.fullC || pr.bias || (lhs ? !pr.transA : pr.transB))
+      return Status::error("{}: a bias-gradient epilogue needs one product without C and the "
+                           "{} stored as [k, {}]",
+                           inst.op(), lhs ? "lhs" : "rhs", lhs ? "m" : "n");
+    int32_t g = inst.outputs(1);
+    if (g < 0 || g >= p.tensors_size() || p.tensors(g).dtype() != bundle::F32 ||
+        elements(g) != (lhs ? pr.m : pr.n))
+      return Status::error("{}: the bias gradient must be f32 of {} elements", inst.op(),
+                           lhs ? pr.m : pr.n);
+    pr.epilogue = lhs ? MatmulProblem::Epilogue::BgradLhs : MatmulProblem::Epilogue::BgradRhs;
+    break;
+  }
+  default:
+    return Status::error("{}: unknown cuBLASLt epilogue {}", inst.op(),
+                         static_cast<int>(b.epilogue()));
+  }
   bool hasC = inst.inputs_size() > 2 && inst.inputs(2) >= 0;
   if (hasC != (pr.fullC || pr.bias))
     return Status::error("{}: the cuBLASLt problem {} a C operand but the instruction {} one",
@@ -129,11 +167,26 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
                                               sizeof(opA)));
   LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opB,
                                               sizeof(opB)));
-  if (pr.bias) {
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  // cuBLASLt's A is the rhs and its B the lhs (above): the lhs's bias
+  // gradient is BGRADB, the rhs's BGRADA.
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  switch (pr.epilogue) {
+  case MatmulProblem::Epilogue::None:
+    epilogue = pr.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    break;
+  case MatmulProblem::Epilogue::Relu:
+    epilogue = pr.bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    break;
+  case MatmulProblem::Epilogue::BgradLhs:
+    epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    break;
+  case MatmulProblem::Epilogue::BgradRhs:
+    epilogue = CUBLASLT_EPILOGUE_BGRADA;
+    break;
+  }
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
     LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                 &epilogue, sizeof(epilogue)));
-  }
   auto layout = [&](cublasLtMatrixLayout_t *l, int64_t rows, int64_t cols, int64_t stride)
       -> Status {
     LT_CHECK(api.cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<uint64_t>(rows),
@@ -195,11 +248,16 @@ MatmulPlan::~MatmulPlan() {
 }
 
 Status MatmulPlan::run(cudaStream_t stream, const void *lhs, const void *rhs, const void *c,
-                       void *out, void *workspace) const {
+                       void *out, void *biasGrad, void *workspace) const {
   const CublasLtApi &api = *api_;
+  // The bias pointer is the bias row read, or the bias gradient written.
   if (problem_.bias)
     LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c,
                                                 sizeof(c)));
+  if (problem_.epilogue == MatmulProblem::Epilogue::BgradLhs ||
+      problem_.epilogue == MatmulProblem::Epilogue::BgradRhs)
+    LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                &biasGrad, sizeof(biasGrad)));
   const void *cPtr = problem_.fullC ? c : out;
   float beta = problem_.fullC ? problem_.beta : 0.0f;
   LT_CHECK(api.cublasLtMatmul(handle_, desc_, &problem_.alpha, rhs, a_, lhs, b_, &beta, cPtr, c_,
@@ -208,7 +266,7 @@ Status MatmulPlan::run(cudaStream_t stream, const void *lhs, const void *rhs, co
 }
 
 Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, const void *c,
-                        void *out, void *workspace) {
+                        void *out, void *biasGrad, void *workspace) {
   if (tuned_)
     return Status::ok();
   const std::string key = problem_.key();
@@ -222,7 +280,8 @@ Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, c
     tuned_ = true;
     return Status::ok();
   }
-  if (out == lhs || out == rhs || (c && out == c))
+  if (out == lhs || out == rhs || (c && out == c) ||
+      (biasGrad && (biasGrad == lhs || biasGrad == rhs)))
     return Status::ok(); // a later plan of this problem times them
   tuned_ = true;
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -235,14 +294,14 @@ Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, c
   Status lastFailure;
   for (const cublasLtMatmulAlgo_t &candidate : candidates) {
     algo_ = candidate;
-    Status status = run(stream, lhs, rhs, c, out, workspace); // warm-up (does it run at all?)
+    Status status = run(stream, lhs, rhs, c, out, biasGrad, workspace); // warm-up (does it run at all?)
     if (!status.isOk()) {
       lastFailure = status;
       continue;
     }
     cudaEventRecord(start, stream);
     for (int i = 0; i < kRuns && status.isOk(); ++i)
-      status = run(stream, lhs, rhs, c, out, workspace);
+      status = run(stream, lhs, rhs, c, out, biasGrad, workspace);
     cudaEventRecord(stop, stream);
     float ms = 0;
     if (status.isOk() && (cudaEventSynchronize(stop) != cudaSuccess ||

@@ -65,7 +65,7 @@ func.func @fusion_not_pointwise(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
 // -----
 
 func.func @fusion_unknown_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{has unknown kind 'tile' (loop, row, batch_norm, horizontal, multi_reduce)}}
+  // expected-error @+1 {{has unknown kind 'tile' (loop, row, batch_norm, horizontal, multi_reduce, gemm)}}
   %r = forge.fusion "tile"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xf32>):
     %e = forge.exp %a : (tensor<4xf32>) -> tensor<4xf32>
@@ -300,4 +300,70 @@ func.func @batch_norm_region_computed_operand(%x: tensor<2x4x3x3xf32>, %s: tenso
     forge.yield %y, %m, %v : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
   }
   return %r#0, %r#1, %r#2 : tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+func.func @gemm_region_product_read_twice(%x: tensor<4x8xf32>, %w: tensor<8x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>) {
+  %r:2 = forge.fusion "gemm"(%x, %w) : (tensor<4x8xf32>, tensor<8x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x5xf32>):
+    %p = forge.matmul %a, %b : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
+    // expected-error @+1 {{must alone read the product of its gemm region}}
+    %y = forge.relu %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
+    forge.yield %y, %p : tensor<4x5xf32>, tensor<4x5xf32>
+  }
+  return %r#0, %r#1 : tensor<4x5xf32>, tensor<4x5xf32>
+}
+
+// -----
+
+func.func @gemm_region_two_epilogues(%x: tensor<4x8xf32>, %w: tensor<8x5xf32>) -> tensor<4x5xf32> {
+  // expected-error @+1 {{a gemm region holds one gemm or matmul and one epilogue op}}
+  %r = forge.fusion "gemm"(%x, %w) : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32> {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x5xf32>):
+    %p = forge.matmul %a, %b : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
+    %y = forge.relu %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
+    %z = forge.neg %y : (tensor<4x5xf32>) -> tensor<4x5xf32>
+    forge.yield %z : tensor<4x5xf32>
+  }
+  return %r : tensor<4x5xf32>
+}
+
+// -----
+
+func.func @gemm_region_operands_out_of_order(%x: tensor<4x4xf32>, %w: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %r = forge.fusion "gemm"(%x, %w) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32> {
+  ^bb0(%a: tensor<4x4xf32>, %b: tensor<4x4xf32>):
+    // expected-error @+1 {{must take the gemm region's arguments, in order, as operands}}
+    %p = forge.matmul %b, %a : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+    %y = forge.relu %p : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    forge.yield %y : tensor<4x4xf32>
+  }
+  return %r : tensor<4x4xf32>
+}
+
+// -----
+
+func.func @gemm_region_sum_not_over_k(%dy: tensor<6x5xf32>, %x: tensor<5x8xf32>) -> (tensor<6x8xf32>, tensor<1x5xf32>) {
+  %r:2 = forge.fusion "gemm"(%dy, %x) : (tensor<6x5xf32>, tensor<5x8xf32>) -> (tensor<6x8xf32>, tensor<1x5xf32>) {
+  ^bb0(%a: tensor<6x5xf32>, %b: tensor<5x8xf32>):
+    %p = forge.matmul %a, %b : (tensor<6x5xf32>, tensor<5x8xf32>) -> tensor<6x8xf32>
+    // expected-error @+1 {{must sum a 2-D operand of its gemm region over the contraction axis}}
+    %s = forge.reduce_sum %a {axes = array<i64: 0>, keepdims = true} : (tensor<6x5xf32>) -> tensor<1x5xf32>
+    forge.yield %p, %s : tensor<6x8xf32>, tensor<1x5xf32>
+  }
+  return %r#0, %r#1 : tensor<6x8xf32>, tensor<1x5xf32>
+}
+
+// -----
+
+func.func @gemm_region_sum_yield_order(%dy: tensor<6x5xf32>, %x: tensor<6x8xf32>) -> (tensor<1x5xf32>, tensor<5x8xf32>) {
+  // expected-error @+1 {{with a reduce_sum epilogue must yield the product, then the sum}}
+  %r:2 = forge.fusion "gemm"(%dy, %x) : (tensor<6x5xf32>, tensor<6x8xf32>) -> (tensor<1x5xf32>, tensor<5x8xf32>) {
+  ^bb0(%a: tensor<6x5xf32>, %b: tensor<6x8xf32>):
+    %p = forge.matmul %a, %b {transA = true} : (tensor<6x5xf32>, tensor<6x8xf32>) -> tensor<5x8xf32>
+    %s = forge.reduce_sum %a {axes = array<i64: 0>, keepdims = true} : (tensor<6x5xf32>) -> tensor<1x5xf32>
+    forge.yield %s, %p : tensor<1x5xf32>, tensor<5x8xf32>
+  }
+  return %r#0, %r#1 : tensor<1x5xf32>, tensor<5x8xf32>
 }

@@ -62,3 +62,45 @@ func.func @convs(%x: tensor<1x3x8x8xf32>, %w: tensor<4x3x3x3xf32>) -> (tensor<1x
   %1 = forge.conv %x, %w {strides = array<i64: 2, 2>, pads = array<i64: 0, 0, 1, 1>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<1x3x8x8xf32>, tensor<4x3x3x3xf32>) -> tensor<1x4x4x4xf32>
   return %0, %1 : tensor<1x4x8x8xf32>, tensor<1x4x4x4xf32>
 }
+
+// -----
+
+// GEMM regions (forge-fuse) carry the library marks and their epilogue; the
+// body stays unmarked (the CPU runs it). A region whose product has no
+// cuBLASLt form (batches broadcast on both sides) becomes its ops again.
+// CHECK-LABEL: func @gemm_regions
+// CHECK: forge.fusion "gemm"(%arg0, %arg1, %arg2) {forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 1 : i64, beta = 1.000000e+00 : f64, c = "bias", epilogue = "relu", k = 8 : i64, lhs_batch_stride = 0 : i64, m = 4 : i64, n = 5 : i64, rhs_batch_stride = 0 : i64, trans_a = false, trans_b = true}}
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: forge.gemm %{{.*}} {alpha = 1.000000e+00 : f64, beta = 1.000000e+00 : f64, transA = false, transB = true}
+// CHECK: forge.fusion "gemm"(%arg3, %arg4) {forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 1 : i64, beta = 0.000000e+00 : f64, c = "none", epilogue = "bgrad_lhs", k = 6 : i64, lhs_batch_stride = 0 : i64, m = 5 : i64, n = 8 : i64, rhs_batch_stride = 0 : i64, trans_a = true, trans_b = false}}
+// CHECK: forge.fusion "gemm"(%arg4, %arg3) {forge.library = "cublaslt", forge.matmul = {{{.*}}epilogue = "bgrad_rhs", k = 6 : i64, lhs_batch_stride = 0 : i64, m = 8 : i64, n = 5 : i64
+// CHECK-NOT: forge.fusion "gemm"
+// CHECK: %[[P:.*]] = forge.matmul %arg5, %arg6 : (tensor<2x1x4x8xf32>, tensor<1x3x8x5xf32>) -> tensor<2x3x4x5xf32>
+// CHECK-NEXT: forge.relu %[[P]]
+func.func @gemm_regions(%x: tensor<4x8xf32>, %w: tensor<5x8xf32>, %b: tensor<5xf32>, %dy: tensor<6x5xf32>, %h: tensor<6x8xf32>, %l: tensor<2x1x4x8xf32>, %r: tensor<1x3x8x5xf32>) -> (tensor<4x5xf32>, tensor<5x8xf32>, tensor<1x5xf32>, tensor<8x5xf32>, tensor<1x5xf32>, tensor<2x3x4x5xf32>) {
+  %0 = forge.fusion "gemm"(%x, %w, %b) : (tensor<4x8xf32>, tensor<5x8xf32>, tensor<5xf32>) -> tensor<4x5xf32> {
+  ^bb0(%a0: tensor<4x8xf32>, %a1: tensor<5x8xf32>, %a2: tensor<5xf32>):
+    %p = forge.gemm %a0, %a1, %a2 {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = true} : (tensor<4x8xf32>, tensor<5x8xf32>, tensor<5xf32>) -> tensor<4x5xf32>
+    %y = forge.relu %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
+    forge.yield %y : tensor<4x5xf32>
+  }
+  %1:2 = forge.fusion "gemm"(%dy, %h) : (tensor<6x5xf32>, tensor<6x8xf32>) -> (tensor<5x8xf32>, tensor<1x5xf32>) {
+  ^bb0(%a0: tensor<6x5xf32>, %a1: tensor<6x8xf32>):
+    %p = forge.gemm %a0, %a1 {alpha = 1.0 : f64, beta = 0.0 : f64, transA = true, transB = false} : (tensor<6x5xf32>, tensor<6x8xf32>) -> tensor<5x8xf32>
+    %s = forge.reduce_sum %a0 {axes = array<i64: 0>, keepdims = true} : (tensor<6x5xf32>) -> tensor<1x5xf32>
+    forge.yield %p, %s : tensor<5x8xf32>, tensor<1x5xf32>
+  }
+  %2:2 = forge.fusion "gemm"(%h, %dy) : (tensor<6x8xf32>, tensor<6x5xf32>) -> (tensor<8x5xf32>, tensor<1x5xf32>) {
+  ^bb0(%a0: tensor<6x8xf32>, %a1: tensor<6x5xf32>):
+    %p = forge.matmul %a0, %a1 {transA = true} : (tensor<6x8xf32>, tensor<6x5xf32>) -> tensor<8x5xf32>
+    %s = forge.reduce_sum %a1 {axes = array<i64: 0>, keepdims = true} : (tensor<6x5xf32>) -> tensor<1x5xf32>
+    forge.yield %p, %s : tensor<8x5xf32>, tensor<1x5xf32>
+  }
+  %3 = forge.fusion "gemm"(%l, %r) : (tensor<2x1x4x8xf32>, tensor<1x3x8x5xf32>) -> tensor<2x3x4x5xf32> {
+  ^bb0(%a0: tensor<2x1x4x8xf32>, %a1: tensor<1x3x8x5xf32>):
+    %p = forge.matmul %a0, %a1 : (tensor<2x1x4x8xf32>, tensor<1x3x8x5xf32>) -> tensor<2x3x4x5xf32>
+    %y = forge.relu %p : (tensor<2x3x4x5xf32>) -> tensor<2x3x4x5xf32>
+    forge.yield %y : tensor<2x3x4x5xf32>
+  }
+  return %0, %1#0, %1#1, %2#0, %2#1, %3 : tensor<4x5xf32>, tensor<5x8xf32>, tensor<1x5xf32>, tensor<8x5xf32>, tensor<1x5xf32>, tensor<2x3x4x5xf32>
+}

@@ -606,6 +606,17 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     its shape on body arguments (its prologue, read by it alone); the region
     yields the sums in order. One kernel computes them all, each sum on its
     own range of blocks.
+
+    `kind = "gemm"`: one `forge.gemm` or `forge.matmul` whose operands are the
+    region's arguments in order (lhs, rhs, then gemm's C), and its epilogue,
+    which a GEMM library applies as it writes the product: either a
+    `forge.relu` that alone reads the product (the region yields the ReLU's
+    result), or a `forge.reduce_sum` of the 2-D lhs (or rhs) over its leading
+    axis, i.e. over the product's contraction (a bias gradient beside a
+    weight gradient; the region yields the product, then the sum). On CUDA
+    forge-select-library states the cuBLASLt epilogue (`forge.matmul`'s
+    `epilogue`) and the region runs as one library call; a CPU bundle runs
+    the body's ops.
   }];
   let arguments = (ins Variadic<AnyForgeTensor>:$inputs, StrAttr:$kind);
   let results = (outs Variadic<AnyForgeTensor>:$results);

@@ -1,0 +1,92 @@
+// RUN: forge-opt %s --split-input-file --forge-fuse="gemm-epilogues=true" | FileCheck %s
+// The regions print and parse back (the verifier accepts what the pass makes).
+// RUN: forge-opt %s --split-input-file --forge-fuse="gemm-epilogues=true" | forge-opt --split-input-file --verify-each > /dev/null
+// Off by default (the CPU pipeline): no gemm region.
+// RUN: forge-opt %s --split-input-file --forge-fuse | FileCheck %s --check-prefix=OFF
+
+// A linear layer's ReLU: one "gemm" region yielding the ReLU; its saved mask
+// (y > 0) stays outside and fuses with its reader, the backward's where.
+// CHECK-LABEL: func @relu
+// CHECK: %[[R:.*]] = forge.fusion "gemm"(%arg0, %arg1, %arg2) : (tensor<4x8xf32>, tensor<5x8xf32>, tensor<5xf32>) -> tensor<4x5xf32> {
+// CHECK:   %[[P:.*]] = forge.gemm %{{.*}}, %{{.*}}, %{{.*}} {alpha = 1.000000e+00 : f64, beta = 1.000000e+00 : f64, transA = false, transB = true}
+// CHECK:   %[[Y:.*]] = forge.relu %[[P]]
+// CHECK:   forge.yield %[[Y]]
+// CHECK: forge.fusion "loop"(%[[R]], %arg3, %arg4)
+// CHECK:   forge.greater
+// CHECK:   forge.where
+// OFF-LABEL: func @relu
+// OFF-NOT: "gemm"
+func.func @relu(%x: tensor<4x8xf32>, %w: tensor<5x8xf32>, %b: tensor<5xf32>, %zero: tensor<f32>, %g: tensor<4x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>) {
+  %p = forge.gemm %x, %w, %b {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = true} : (tensor<4x8xf32>, tensor<5x8xf32>, tensor<5xf32>) -> tensor<4x5xf32>
+  %y = forge.relu %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
+  %m = forge.greater %y, %zero : (tensor<4x5xf32>, tensor<f32>) -> tensor<4x5xi1>
+  %d = forge.where %m, %g, %zero : (tensor<4x5xi1>, tensor<4x5xf32>, tensor<f32>) -> tensor<4x5xf32>
+  return %y, %d : tensor<4x5xf32>, tensor<4x5xf32>
+}
+
+// -----
+
+// A weight gradient dW = dy^T x (dy [K, M] read transposed) and the bias
+// gradient sum(dy, rows) beside it: one region yielding both, the sum viewed
+// back as the original [M]. The reader of dW between them moves after the region.
+// CHECK-LABEL: func @bgrad_lhs
+// CHECK: %[[R:.*]]:2 = forge.fusion "gemm"(%arg0, %arg1) : (tensor<6x5xf32>, tensor<6x8xf32>) -> (tensor<5x8xf32>, tensor<1x5xf32>) {
+// CHECK:   forge.gemm %{{.*}}, %{{.*}} {{{.*}}transA = true, transB = false}
+// CHECK:   forge.reduce_sum %{{.*}} {axes = array<i64: 0>, keepdims = true} : (tensor<6x5xf32>) -> tensor<1x5xf32>
+// CHECK: %[[B:.*]] = forge.reshape %[[R]]#1 {shape = array<i64: 5>} : (tensor<1x5xf32>) -> tensor<5xf32>
+// CHECK: forge.neg %[[R]]#0
+// CHECK: return
+func.func @bgrad_lhs(%dy: tensor<6x5xf32>, %x: tensor<6x8xf32>) -> (tensor<5x8xf32>, tensor<5xf32>) {
+  %dw = forge.gemm %dy, %x {alpha = 1.0 : f64, beta = 0.0 : f64, transA = true, transB = false} : (tensor<6x5xf32>, tensor<6x8xf32>) -> tensor<5x8xf32>
+  %n = forge.neg %dw : (tensor<5x8xf32>) -> tensor<5x8xf32>
+  %db = forge.reduce_sum %dy {axes = array<i64: 0>, keepdims = false} : (tensor<6x5xf32>) -> tensor<5xf32>
+  return %n, %db : tensor<5x8xf32>, tensor<5xf32>
+}
+
+// -----
+
+// GPT-2's form: the bias gradient sums the 3-D dy over its two leading axes;
+// the GEMM reads dy viewed as [K, M] (and as its plain rhs: x^T dy).
+// CHECK-LABEL: func @bgrad_rhs_3d
+// CHECK: %[[V:.*]] = forge.reshape %arg0 {shape = array<i64: 6, 5>}
+// CHECK: %[[R:.*]]:2 = forge.fusion "gemm"(%{{.*}}, %[[V]]) : (tensor<6x8xf32>, tensor<6x5xf32>) -> (tensor<8x5xf32>, tensor<1x5xf32>)
+// CHECK: forge.reshape %[[R]]#1 {shape = array<i64: 1, 1, 5>}
+func.func @bgrad_rhs_3d(%dy: tensor<2x3x5xf32>, %x: tensor<6x8xf32>) -> (tensor<8x5xf32>, tensor<1x1x5xf32>) {
+  %db = forge.reduce_sum %dy {axes = array<i64: 0, 1>, keepdims = true} : (tensor<2x3x5xf32>) -> tensor<1x1x5xf32>
+  %v = forge.reshape %dy {shape = array<i64: 6, 5>} : (tensor<2x3x5xf32>) -> tensor<6x5xf32>
+  %dw = forge.matmul %x, %v {transA = true} : (tensor<6x8xf32>, tensor<6x5xf32>) -> tensor<8x5xf32>
+  return %dw, %db : tensor<8x5xf32>, tensor<1x1x5xf32>
+}
+
+// -----
+
+// Not: a bias gradient over a contraction longer than the product's sides
+// (k = 64 > 8: the GEMM needs split-K, which the epilogue gives up).
+// CHECK-LABEL: func @long_contraction
+// CHECK-NOT: "gemm"
+// CHECK: forge.reduce_sum
+func.func @long_contraction(%dy: tensor<64x5xf32>, %x: tensor<64x8xf32>) -> (tensor<5x8xf32>, tensor<5xf32>) {
+  %dw = forge.gemm %dy, %x {alpha = 1.0 : f64, beta = 0.0 : f64, transA = true, transB = false} : (tensor<64x5xf32>, tensor<64x8xf32>) -> tensor<5x8xf32>
+  %db = forge.reduce_sum %dy {axes = array<i64: 0>, keepdims = false} : (tensor<64x5xf32>) -> tensor<5xf32>
+  return %dw, %db : tensor<5x8xf32>, tensor<5xf32>
+}
+
+// -----
+
+// Not: a product read by more than the ReLU (cuBLASLt writes only the ReLU);
+// a sum over the contraction of an lhs read untransposed (its axis 0 is M, not
+// K); a sum over the last axis; f16; a gemm with a full C beside a bias gradient.
+// CHECK-LABEL: func @not_epilogues
+// CHECK-NOT: "gemm"
+// CHECK: return
+func.func @not_epilogues(%x: tensor<4x8xf32>, %w: tensor<8x5xf32>, %dy: tensor<4x5xf32>, %h: tensor<4x8xf16>, %wh: tensor<8x5xf16>, %c: tensor<5x8xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4x5xf16>, tensor<5x8xf32>, tensor<8xf32>) {
+  %p = forge.matmul %x, %w : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
+  %y = forge.relu %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
+  %s = forge.reduce_sum %x {axes = array<i64: 0>, keepdims = false} : (tensor<4x8xf32>) -> tensor<8xf32>
+  %t = forge.reduce_sum %x {axes = array<i64: 1>, keepdims = false} : (tensor<4x8xf32>) -> tensor<4xf32>
+  %q = forge.matmul %h, %wh : (tensor<4x8xf16>, tensor<8x5xf16>) -> tensor<4x5xf16>
+  %r = forge.relu %q : (tensor<4x5xf16>) -> tensor<4x5xf16>
+  %dw = forge.gemm %dy, %x, %c {alpha = 1.0 : f64, beta = 1.0 : f64, transA = true, transB = false} : (tensor<4x5xf32>, tensor<4x8xf32>, tensor<5x8xf32>) -> tensor<5x8xf32>
+  %db = forge.reduce_sum %x {axes = array<i64: 0>, keepdims = false} : (tensor<4x8xf32>) -> tensor<8xf32>
+  return %y, %p, %s, %t, %r, %dw, %db : tensor<4x5xf32>, tensor<4x5xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4x5xf16>, tensor<5x8xf32>, tensor<8xf32>
+}
