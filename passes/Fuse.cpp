@@ -895,6 +895,35 @@ bool isWholeSum(Operation *op) {
          static_cast<int64_t>(sum.getAxes().size()) == in.getRank() && in.getRank() > 0;
 }
 
+/// A reduce_mean of a whole static f32 tensor to a scalar (a loss's mean).
+bool isWholeMean(Operation *op) {
+  auto mean = dyn_cast<ReduceMeanOp>(op);
+  if (!mean || mean.getKeepdims())
+    return false;
+  auto in = dyn_cast<RankedTensorType>(mean.getInput().getType());
+  return in && in.hasStaticShape() && in.getNumElements() > 0 && in.getElementType().isF32() &&
+         static_cast<int64_t>(mean.getAxes().size()) == in.getRank() && in.getRank() > 0;
+}
+
+/// mean(x) = sum(x) / n: the sum can join a multi_reduce region and the
+/// division a scalar region (a loss's mean costs no launch of its own).
+/// Returns the sum.
+Operation *splitMean(Operation *mean) {
+  auto m = cast<ReduceMeanOp>(mean);
+  OpBuilder b(mean);
+  auto in = cast<RankedTensorType>(m.getInput().getType());
+  auto sum = b.create<ReduceSumOp>(m.getLoc(), m.getType(), m.getInput(), m.getAxesAttr(),
+                                   m.getKeepdimsAttr());
+  auto scalar = RankedTensorType::get({}, in.getElementType());
+  auto n = b.create<ConstantOp>(
+      m.getLoc(), DenseElementsAttr::get(scalar, b.getFloatAttr(in.getElementType(),
+                                                                static_cast<double>(in.getNumElements()))));
+  auto div = b.create<DivOp>(m.getLoc(), sum.getResult(), n.getResult());
+  m.getResult().replaceAllUsesWith(div.getResult());
+  mean->erase();
+  return sum;
+}
+
 /// Replaces the independent whole-tensor sums `group` (program order), each
 /// with its prologue (a pointwise op that only it reads, or none), by one
 /// forge.fusion "multi_reduce" at the last one's place. Outside users of an
@@ -956,6 +985,9 @@ bool fuseMultiReductions(func::FuncOp func, int64_t maxOperands) {
     int64_t operands = 0;
     auto flush = [&] {
       if (group.size() > 1) {
+        for (auto &[op, pro] : group)
+          if (isWholeMean(op))
+            op = splitMean(op);
         outlineMultiReduce(group);
         changed = true;
       }
@@ -964,7 +996,7 @@ bool fuseMultiReductions(func::FuncOp func, int64_t maxOperands) {
       operands = 0;
     };
     for (Operation &op : llvm::make_early_inc_range(block)) {
-      if (!isWholeSum(&op))
+      if (!isWholeSum(&op) && !isWholeMean(&op))
         continue;
       Operation *pro = op.getOperand(0).getDefiningOp();
       auto shape = cast<RankedTensorType>(op.getOperand(0).getType()).getShape();
@@ -1138,24 +1170,47 @@ bool fuseOptimizerRegions(func::FuncOp func, int64_t maxOperands) {
 /// one's place without moving any other op.
 bool fuseScalarRegions(func::FuncOp func) {
   Block &block = func.getBody().front();
-  auto scalar = [](FusionOp f) {
-    return f.getKind() == "loop" && !f.isViewRegion() &&
-           llvm::all_of(f.getResultTypes(), [](Type t) {
-             auto r = cast<RankedTensorType>(t);
-             return r.hasStaticShape() && r.getNumElements() == 1;
-           });
+  auto oneElement = [](Type t) {
+    auto r = cast<RankedTensorType>(t);
+    return r.hasStaticShape() && r.getNumElements() == 1;
   };
-  SmallVector<FusionOp> group;
+  // Loop regions, and lone pointwise ops (a loss's mean: sum / n), of one element.
+  auto scalar = [&](Operation &op) {
+    if (auto f = dyn_cast<FusionOp>(op))
+      return f.getKind() == "loop" && !f.isViewRegion() &&
+             llvm::all_of(f.getResultTypes(), oneElement);
+    return isLoopFusible(&op) && oneElement(op.getResult(0).getType());
+  };
+  SmallVector<Operation *> group;
   llvm::SmallPtrSet<Operation *, 8> members;
-  for (FusionOp f : block.getOps<FusionOp>()) {
-    if (!scalar(f) || (!group.empty() && readsAny({f.getOperation()}, members, group.front())))
+  for (Operation &op : block) {
+    if (!scalar(op) || (!group.empty() && readsAny({&op}, members, group.front())))
       continue;
-    group.push_back(f);
-    members.insert(f);
+    group.push_back(&op);
+    members.insert(&op);
   }
   if (group.size() < 2 || !usersToMove(group.front(), group.back(), members).empty())
     return false;
-  outlineHorizontal(group);
+  // A lone op becomes a loop region of its own first (at its place).
+  SmallVector<FusionOp> regions;
+  for (Operation *op : group) {
+    if (auto f = dyn_cast<FusionOp>(op)) {
+      regions.push_back(f);
+      continue;
+    }
+    OpBuilder b(op);
+    IRMapping map;
+    llvm::SetVector<Value> inputs(op->getOperands().begin(), op->getOperands().end());
+    FusionOp region = createRegion(b, op->getLoc(), op->getResultTypes(), inputs.getArrayRef(),
+                                   "loop", map);
+    OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+    Operation *clone = inner.clone(*op, map);
+    inner.create<YieldOp>(op->getLoc(), clone->getResults());
+    op->replaceAllUsesWith(region->getResults());
+    op->erase();
+    regions.push_back(region);
+  }
+  outlineHorizontal(regions);
   return true;
 }
 

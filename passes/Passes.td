@@ -155,7 +155,10 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     depend on each other become one `forge.fusion "horizontal"` region, one
     launch for every parameter's update. Then the scalar loop regions (one
     element: a clip scale, a learning rate) that do not read each other become
-    one horizontal region, when no op between them reads the first.
+    one horizontal region, when no op between them reads the first; a lone
+    pointwise op of one element (a loss's mean: the multi-reduction takes a
+    whole-tensor reduce_mean beside other sums as a sum, and the division by n
+    stays outside) joins them as a loop region of its own.
 
     With `gemm-epilogues` (forgec sets it for CUDA targets), before loop
     fusion: GEMM epilogues. A `forge.relu` that alone reads an f32 gemm or

@@ -355,6 +355,40 @@ func.func @grad_norm(%g: tensor<4x8xf32>, %h: tensor<8xf32>, %m: tensor<8xf32>) 
 
 // -----
 
+// A loss's mean joins the multi_reduce region as a sum; its division by n, a
+// lone scalar op, joins the scalar regions' horizontal region (with the norm's
+// square root and a learning rate): no launch of its own. A mean with no other
+// whole-tensor sum beside it stays as it is.
+// CHECK-LABEL: func @loss_mean
+// CHECK: %[[S:.*]]:2 = forge.fusion "multi_reduce"(%arg0, %arg1) : (tensor<6xf32>, tensor<4x8xf32>) -> (tensor<f32>, tensor<f32>) {
+// CHECK-NEXT: ^bb0(%[[L:.*]]: tensor<6xf32>, %{{.*}}: tensor<4x8xf32>):
+// CHECK-NEXT: forge.reduce_sum %[[L]] {axes = array<i64: 0>, keepdims = false}
+// CHECK: %[[H:.*]]:3 = forge.fusion "horizontal"(%[[S]]#0, %{{.*}}, %[[S]]#1, %arg2)
+// CHECK: forge.div
+// CHECK: forge.sqrt
+// CHECK: forge.mul
+// CHECK: return %[[H]]#0, %[[H]]#1, %[[H]]#2
+func.func @loss_mean(%l: tensor<6xf32>, %g: tensor<4x8xf32>, %lr: tensor<f32>) -> (tensor<f32>, tensor<f32>, tensor<f32>) {
+  %mean = forge.reduce_mean %l {axes = array<i64: 0>, keepdims = false} : (tensor<6xf32>) -> tensor<f32>
+  %gg = forge.mul %g, %g : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %sg = forge.reduce_sum %gg {axes = array<i64: 0, 1>, keepdims = false} : (tensor<4x8xf32>) -> tensor<f32>
+  %n = forge.sqrt %sg : (tensor<f32>) -> tensor<f32>
+  %l2 = forge.mul %lr, %lr : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  return %mean, %n, %l2 : tensor<f32>, tensor<f32>, tensor<f32>
+}
+
+// -----
+
+// CHECK-LABEL: func @lone_mean
+// CHECK: forge.reduce_mean
+// CHECK-NOT: forge.fusion
+func.func @lone_mean(%l: tensor<6xf32>) -> tensor<f32> {
+  %mean = forge.reduce_mean %l {axes = array<i64: 0>, keepdims = false} : (tensor<6xf32>) -> tensor<f32>
+  return %mean : tensor<f32>
+}
+
+// -----
+
 // View chains: the head splits of a fused qkv projection read it directly
 // (view regions: slice, reshape, transpose); the split goes. A transpose of a
 // reshape alone is left as it is (nothing to save).
