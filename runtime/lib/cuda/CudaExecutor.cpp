@@ -121,12 +121,20 @@ struct Transfer {
   void *host;   // pinned
   void *device; // in the arena
   size_t bytes;
+  size_t staged = 0; // inputs: the offset in the routine's device staging buffers
 };
 
 struct RoutineState {
   std::vector<Step> steps;
   std::vector<Transfer> inputs;
   std::vector<Transfer> outputs[2]; // read-back buffers by run parity
+  // Inputs are uploaded, outside the step (and its graph), into device
+  // staging buffers by run parity on the copy stream; the step copies them
+  // into the arena. The upload of step s+1 so overlaps step s, which still
+  // reads its inputs from the arena (nothing but step s-1 reads the staging
+  // buffers it overwrites: stagingFree). Graphs are per parity already.
+  void *staging[2] = {nullptr, nullptr};
+  cudaEvent_t stagingFree[2] = {nullptr, nullptr}, stagingFilled[2] = {nullptr, nullptr};
   bool warmedUp = false;
   cudaGraphExec_t graph[2] = {nullptr, nullptr};
   std::vector<cudaEvent_t> profileEvents; // created by the first runProfiled()
@@ -145,7 +153,7 @@ struct CudaExecutor::Impl {
   size_t workspaceBytes = 0;
   cudaStream_t compute = nullptr, copy = nullptr;
   // Stream-ordering events (within a run, also inside graph captures) ...
-  cudaEvent_t startEvent = nullptr, inputsEvent = nullptr, computeEvent = nullptr;
+  cudaEvent_t computeEvent = nullptr;
   cudaEvent_t outputsEvent[2] = {nullptr, nullptr}; // by run parity
   // ... and the ones the host waits on: recorded as external event nodes
   // when captured (an event recorded only as a capture dependency cannot be
@@ -184,6 +192,13 @@ struct CudaExecutor::Impl {
           cudaGraphExecDestroy(g);
       for (cudaEvent_t e : r.profileEvents)
         cudaEventDestroy(e);
+      if (r.staging[0])
+        cudaFree(r.staging[0]); // both parities' buffers
+      for (int parity : {0, 1}) {
+        for (cudaEvent_t e : {r.stagingFree[parity], r.stagingFilled[parity]})
+          if (e)
+            cudaEventDestroy(e);
+      }
     }
     routines.clear(); // plans before the handle
     if (module && driver)
@@ -192,7 +207,7 @@ struct CudaExecutor::Impl {
       lt->cublasLtDestroy(ltHandle);
     if (dnnHandle && dnn)
       dnn->cudnnDestroy(dnnHandle);
-    for (cudaEvent_t e : {startEvent, inputsEvent, computeEvent, outputsEvent[0], outputsEvent[1],
+    for (cudaEvent_t e : {computeEvent, outputsEvent[0], outputsEvent[1],
                           inputsDone, outputsDone[0], outputsDone[1]})
       if (e)
         cudaEventDestroy(e);
@@ -270,6 +285,31 @@ struct CudaExecutor::Impl {
     const std::vector<cudaEvent_t> *timing = nullptr;
   };
 
+  /// Uploads the staged host inputs into `r`'s device staging buffers of
+  /// `parity` on the copy stream, once the run that last read them (two runs
+  /// ago) is done; the compute stream's next work waits for the upload. Not
+  /// captured: a graph launch waits for all earlier work on its stream, so an
+  /// upload inside the graph could not overlap the previous step.
+  Status uploadInputs(RoutineState &r, int parity) {
+    CUDA_TRY(cudaStreamWaitEvent(copy, r.stagingFree[parity], 0), "stream wait");
+    for (const Transfer &t : r.inputs)
+      if (t.bytes)
+        CUDA_TRY(cudaMemcpyAsync(static_cast<char *>(r.staging[parity]) + t.staged, t.host,
+                                 t.bytes, cudaMemcpyHostToDevice, copy),
+                 "input upload");
+    CUDA_TRY(cudaEventRecord(inputsDone, copy), "event record");
+    CUDA_TRY(cudaEventRecord(r.stagingFilled[parity], copy), "event record");
+    CUDA_TRY(cudaStreamWaitEvent(compute, r.stagingFilled[parity], 0), "stream wait");
+    return Status::ok();
+  }
+
+  /// After a run of `parity` is enqueued: its staging buffers are free once
+  /// the compute stream gets here.
+  Status releaseInputs(RoutineState &r, int parity) {
+    CUDA_TRY(cudaEventRecord(r.stagingFree[parity], compute), "event record");
+    return Status::ok();
+  }
+
   /// Enqueues the whole routine (inputs in, instructions, outputs out).
   Status enqueue(const std::string &origin, const bundle::Routine &proto, RoutineState &r,
                  int parity, EnqueueMode mode) {
@@ -279,18 +319,15 @@ struct CudaExecutor::Impl {
     auto mark = [&](size_t i, cudaStream_t stream) {
       return mode.timing ? cudaEventRecord((*mode.timing)[i], stream) : cudaSuccess;
     };
-    // Inputs: the copy stream waits for earlier compute (the arena is reused).
-    CUDA_TRY(cudaEventRecord(startEvent, compute), "event record");
-    CUDA_TRY(cudaStreamWaitEvent(copy, startEvent, 0), "stream wait");
-    CUDA_TRY(mark(0, copy), "event record");
+    // Inputs: from this parity's staging buffers (uploadInputs) into the
+    // arena, after the previous step (the stream's order).
+    CUDA_TRY(mark(0, compute), "event record");
     for (const Transfer &t : r.inputs)
       if (t.bytes)
-        CUDA_TRY(cudaMemcpyAsync(t.device, t.host, t.bytes, cudaMemcpyHostToDevice, copy),
-                 "input upload");
-    CUDA_TRY(mark(1, copy), "event record");
-    CUDA_TRY(cudaEventRecordWithFlags(inputsDone, copy, hostVisible), "event record");
-    CUDA_TRY(cudaEventRecord(inputsEvent, copy), "event record");
-    CUDA_TRY(cudaStreamWaitEvent(compute, inputsEvent, 0), "stream wait");
+        CUDA_TRY(cudaMemcpyAsync(t.device, static_cast<char *>(r.staging[parity]) + t.staged,
+                                 t.bytes, cudaMemcpyDeviceToDevice, compute),
+                 "input copy into the arena");
+    CUDA_TRY(mark(1, compute), "event record");
     for (size_t i = 0; i < n; ++i) {
       Step &s = r.steps[i];
       // The first (checked) run picks each convolution's fastest algorithm on
@@ -466,7 +503,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
 
   CUDA_TRY(cudaStreamCreateWithFlags(&im.compute, cudaStreamNonBlocking), "compute stream");
   CUDA_TRY(cudaStreamCreateWithFlags(&im.copy, cudaStreamNonBlocking), "copy stream");
-  for (cudaEvent_t *ev : {&im.startEvent, &im.inputsEvent, &im.computeEvent, &im.outputsEvent[0],
+  for (cudaEvent_t *ev : {&im.computeEvent, &im.outputsEvent[0],
                           &im.outputsEvent[1], &im.inputsDone, &im.outputsDone[0],
                           &im.outputsDone[1]})
     CUDA_TRY(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event");
@@ -590,12 +627,28 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   for (int routine = 0; routine < p.routines_size(); ++routine) {
     const bundle::Routine &proto = p.routines(routine);
     RoutineState r;
+    size_t staged = 0;
     for (int32_t t : proto.inputs()) {
       auto buf = allocPinned(byteSize(p.tensors(t)), "input '" + p.tensors(t).name() + "'");
       if (!buf)
         return buf.status();
-      r.inputs.push_back({buf->get(), im.devicePtr[t], byteSize(p.tensors(t))});
+      r.inputs.push_back({buf->get(), im.devicePtr[t], byteSize(p.tensors(t)), staged});
+      staged += (byteSize(p.tensors(t)) + 255) / 256 * 256;
       im.inputStage[t] = buf.take();
+    }
+    // One allocation holds both parities' staging buffers (staging[1] points into it).
+    if (staged && cudaMalloc(&r.staging[0], 2 * staged) != cudaSuccess) {
+      cudaGetLastError();
+      return Status::error("{}: out of GPU memory for routine '{}''s input staging buffers "
+                           "(2 x {:.1f} MiB)",
+                           origin, proto.name(), staged / 1048576.0);
+    }
+    if (staged)
+      r.staging[1] = static_cast<char *>(r.staging[0]) + staged;
+    for (int parity : {0, 1}) {
+      CUDA_TRY(cudaEventCreateWithFlags(&r.stagingFree[parity], cudaEventDisableTiming), "event");
+      CUDA_TRY(cudaEventCreateWithFlags(&r.stagingFilled[parity], cudaEventDisableTiming),
+               "event");
     }
     for (int32_t t : proto.outputs())
       for (int parity : {0, 1}) {
@@ -781,45 +834,52 @@ Status CudaExecutor::run(int routine) {
   struct PopRange {
     ~PopRange() { nvtxRangePop(); }
   } pop;
-  if (r.graph[parity]) {
+  FORGE_RETURN_IF_ERROR(im.uploadInputs(r, parity));
+  auto launchStep = [&]() -> Status {
+    if (r.graph[parity]) {
+      CUDA_TRY(cudaGraphLaunch(r.graph[parity], im.compute), "{}: replaying routine '{}'",
+               bundle_.origin(), proto.name());
+      return Status::ok();
+    }
+    // FORGE_CUDA_CHECK=1: every run instruction by instruction, synchronized.
+    static const bool alwaysChecked = [] {
+      const char *v = std::getenv("FORGE_CUDA_CHECK");
+      return v && *v && std::string(v) != "0";
+    }();
+    if (!r.warmedUp || !im.options.graphs || alwaysChecked) {
+      FORGE_RETURN_IF_ERROR(im.enqueue(bundle_.origin(), proto, r, parity,
+                                       {.checked = !r.warmedUp || alwaysChecked}));
+      r.warmedUp = true;
+      return Status::ok();
+    }
+    // The first run of each parity after the warm-up: capture a graph (one per
+    // parity: they differ in their read-back buffers), then replay it.
+    CUDA_TRY(cudaStreamBeginCapture(im.compute, cudaStreamCaptureModeThreadLocal),
+             "{}: capturing routine '{}'", bundle_.origin(), proto.name());
+    Status st = im.enqueue(bundle_.origin(), proto, r, parity, {.capturing = true});
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(im.compute, &graph);
+    if (st.isOk() && e == cudaSuccess)
+      e = cudaGraphInstantiate(&r.graph[parity], graph, 0);
+    if (graph)
+      cudaGraphDestroy(graph);
+    if (!st.isOk() || e != cudaSuccess) {
+      cudaGetLastError();
+      r.graph[parity] = nullptr;
+      im.options.graphs = false; // keep running, launch by launch
+      fmt::print(stderr, "forge-train: warning: {}: CUDA graph capture of routine '{}' failed ({}); "
+                 "launching instruction by instruction\n",
+                 bundle_.origin(), proto.name(), st.isOk() ? errorString(e) : st.message());
+      return im.enqueue(bundle_.origin(), proto, r, parity, {});
+    }
     CUDA_TRY(cudaGraphLaunch(r.graph[parity], im.compute), "{}: replaying routine '{}'",
              bundle_.origin(), proto.name());
     return Status::ok();
-  }
-  // FORGE_CUDA_CHECK=1: every run instruction by instruction, synchronized.
-  static const bool alwaysChecked = [] {
-    const char *v = std::getenv("FORGE_CUDA_CHECK");
-    return v && *v && std::string(v) != "0";
-  }();
-  if (!r.warmedUp || !im.options.graphs || alwaysChecked) {
-    FORGE_RETURN_IF_ERROR(im.enqueue(bundle_.origin(), proto, r, parity,
-                                     {.checked = !r.warmedUp || alwaysChecked}));
-    r.warmedUp = true;
-    return Status::ok();
-  }
-  // The first run of each parity after the warm-up: capture a graph (one per
-  // parity: they differ in their read-back buffers), then replay it.
-  CUDA_TRY(cudaStreamBeginCapture(im.compute, cudaStreamCaptureModeThreadLocal),
-           "{}: capturing routine '{}'", bundle_.origin(), proto.name());
-  Status st = im.enqueue(bundle_.origin(), proto, r, parity, {.capturing = true});
-  cudaGraph_t graph = nullptr;
-  cudaError_t e = cudaStreamEndCapture(im.compute, &graph);
-  if (st.isOk() && e == cudaSuccess)
-    e = cudaGraphInstantiate(&r.graph[parity], graph, 0);
-  if (graph)
-    cudaGraphDestroy(graph);
-  if (!st.isOk() || e != cudaSuccess) {
-    cudaGetLastError();
-    r.graph[parity] = nullptr;
-    im.options.graphs = false; // keep running, launch by launch
-    fmt::print(stderr, "forge-train: warning: {}: CUDA graph capture of routine '{}' failed ({}); "
-               "launching instruction by instruction\n",
-               bundle_.origin(), proto.name(), st.isOk() ? errorString(e) : st.message());
-    return im.enqueue(bundle_.origin(), proto, r, parity, {});
-  }
-  CUDA_TRY(cudaGraphLaunch(r.graph[parity], im.compute), "{}: replaying routine '{}'",
-           bundle_.origin(), proto.name());
-  return Status::ok();
+  };
+  Status st = launchStep();
+  if (st.isOk())
+    st = im.releaseInputs(r, parity);
+  return st;
 }
 
 Status CudaExecutor::wait() { return impl_->finish(bundle_.origin()); }
@@ -888,9 +948,11 @@ Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
     for (cudaEvent_t &e : r.profileEvents)
       CUDA_TRY(cudaEventCreate(&e), "profiling events");
   }
+  FORGE_RETURN_IF_ERROR(im.uploadInputs(r, parity));
   FORGE_RETURN_IF_ERROR(im.enqueue(bundle_.origin(), proto, r, parity,
                                    {.checked = false, .capturing = false,
                                     .timing = &r.profileEvents}));
+  FORGE_RETURN_IF_ERROR(im.releaseInputs(r, parity));
   FORGE_RETURN_IF_ERROR(im.finish(bundle_.origin()));
 
   auto ev = [&](size_t i) { return r.profileEvents[i]; };
