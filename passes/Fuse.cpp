@@ -886,24 +886,17 @@ bool fuseGemmEpilogues(func::FuncOp func) {
 }
 
 /// A reduce_sum of a whole static f32 tensor to a scalar.
-bool isWholeSum(Operation *op) {
-  auto sum = dyn_cast<ReduceSumOp>(op);
-  if (!sum || sum.getKeepdims())
+template <typename ReduceOpT> bool isWholeReduction(Operation *op) {
+  auto r = dyn_cast<ReduceOpT>(op);
+  if (!r || r.getKeepdims())
     return false;
-  auto in = dyn_cast<RankedTensorType>(sum.getInput().getType());
+  auto in = dyn_cast<RankedTensorType>(r.getInput().getType());
   return in && in.hasStaticShape() && in.getNumElements() > 0 && in.getElementType().isF32() &&
-         static_cast<int64_t>(sum.getAxes().size()) == in.getRank() && in.getRank() > 0;
+         static_cast<int64_t>(r.getAxes().size()) == in.getRank() && in.getRank() > 0;
 }
-
+bool isWholeSum(Operation *op) { return isWholeReduction<ReduceSumOp>(op); }
 /// A reduce_mean of a whole static f32 tensor to a scalar (a loss's mean).
-bool isWholeMean(Operation *op) {
-  auto mean = dyn_cast<ReduceMeanOp>(op);
-  if (!mean || mean.getKeepdims())
-    return false;
-  auto in = dyn_cast<RankedTensorType>(mean.getInput().getType());
-  return in && in.hasStaticShape() && in.getNumElements() > 0 && in.getElementType().isF32() &&
-         static_cast<int64_t>(mean.getAxes().size()) == in.getRank() && in.getRank() > 0;
-}
+bool isWholeMean(Operation *op) { return isWholeReduction<ReduceMeanOp>(op); }
 
 /// mean(x) = sum(x) / n: the sum can join a multi_reduce region and the
 /// division a scalar region (a loss's mean costs no launch of its own).

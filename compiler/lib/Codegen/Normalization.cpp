@@ -36,6 +36,24 @@ std::optional<std::function<Value(Body &, Value)>> paramIndex(RankedTensorType p
     return at;
   };
 }
+/// The mean and 1/sqrt(var + eps) of a row held in registers (`xv`, one
+/// value per column a thread holds), as Body::moments computes them: the
+/// mean, then the centered variance. `reduce` sums a term over the row.
+std::pair<Value, Value> rowMoments(Body &k, ArrayRef<Value> xv, double cols, double eps,
+                                   function_ref<Value(function_ref<Value(int64_t)>)> reduce) {
+  OpBuilder &b = k.b;
+  Type f32 = b.getF32Type();
+  Value invCols = k.fconst(f32, 1.0 / cols);
+  Value mean = b.create<arith::MulFOp>(k.loc, reduce([&](int64_t t) { return xv[t]; }), invCols);
+  Value var = b.create<arith::MulFOp>(k.loc, reduce([&](int64_t t) {
+                                        Value d = b.create<arith::SubFOp>(k.loc, xv[t], mean);
+                                        return b.create<arith::MulFOp>(k.loc, d, d).getResult();
+                                      }),
+                                      invCols);
+  Value rstd = b.create<math::RsqrtOp>(
+      k.loc, b.create<arith::AddFOp>(k.loc, var, k.fconst(f32, eps)));
+  return {mean, rstd};
+}
 } // namespace
 
 std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op,
@@ -79,7 +97,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
   int64_t perThread = (cols + block - 1) / block;
   if (perThread <= kRowCache) {
     bool ragged = cols % block != 0;
-    Value zero = k.fconst(f32, 0.0), invCols = k.fconst(f32, 1.0 / static_cast<double>(cols));
+    Value zero = k.fconst(f32, 0.0);
     SmallVector<Value> col, valid, xv;
     for (int64_t t = 0; t < perThread; ++t) {
       col.push_back(k.add(k.tid(), k.idx(t * block)));
@@ -89,14 +107,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
     auto reduce = [&](function_ref<Value(int64_t)> term) {
       return k.reduceColumns(valid, block / kWarp, sh, zero, addf, term);
     };
-    // As Body::moments: the mean, then the centered variance.
-    Value mean = mulf(reduce([&](int64_t t) { return xv[t]; }), invCols);
-    Value var = mulf(reduce([&](int64_t t) {
-                       Value d = subf(xv[t], mean);
-                       return mulf(d, d);
-                     }),
-                     invCols);
-    Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+    auto [mean, rstd] = rowMoments(k, xv, static_cast<double>(cols), eps, reduce);
     for (int64_t t = 0; t < perThread; ++t) {
       auto store = [&] {
         Value y = mulf(mulf(subf(xv[t], mean), rstd),
@@ -221,14 +232,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
           ValueRange acc = carried.take_front(2 * perThread);
           SmallVector<Value> xv(carried.slice(2 * perThread, perThread));
           SmallVector<Value> dyv(carried.slice(3 * perThread, perThread)), xh;
-          // As Body::moments: the mean, then the centered variance.
-          Value mean = mulf(reduce([&](int64_t t) { return xv[t]; }), invCols);
-          Value var = mulf(reduce([&](int64_t t) {
-                             Value d = subf(xv[t], mean);
-                             return mulf(d, d);
-                           }),
-                           invCols);
-          Value rstd = b.create<math::RsqrtOp>(k.loc, addf(var, k.fconst(f32, eps)));
+          auto [mean, rstd] = rowMoments(k, xv, static_cast<double>(cols), eps, reduce);
           for (int64_t t = 0; t < perThread; ++t)
             xh.push_back(mulf(subf(xv[t], mean), rstd));
           if (wantDx) {
