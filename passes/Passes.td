@@ -165,7 +165,10 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     matmul product, and a bias gradient (a reduce_sum over all but the last
     axis) of a tensor that a weight gradient's GEMM reads as its transposed
     2-D lhs (or plain rhs), i.e. the same sum over the contraction, join the
-    product in a `forge.fusion "gemm"` region; the bias gradient only when the
+    product in a `forge.fusion "gemm"` region, and so does a residual linear
+    layer, add(add(product, bias row), r) with r of the product's shape: r
+    becomes gemm's C (beta 1) and the bias row the region's last argument
+    (GPT-2's attention and MLP outputs); the bias gradient only when the
     contraction is no longer than the product's larger side (cuBLASLt's
     bias-gradient epilogue gives up split-K: GPT-2's weight gradients over
     16384 tokens ran ~1.5x slower with it). forge-select-library states
@@ -229,7 +232,8 @@ def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {
     A `forge.fusion "gemm"` (forge-fuse) whose product has a cuBLASLt form
     gets the library marks itself, with the epilogue in `forge.matmul`:
     `epilogue = "relu"` (RELU, or RELU_BIAS with a bias row; not with a full
-    C), `"bgrad_lhs"` or `"bgrad_rhs"` (the bias gradient, its second result,
+    C), `"bias"` (BIAS from the region's last input, after a full C),
+    `"bgrad_lhs"` or `"bgrad_rhs"` (the bias gradient, its second result,
     summed from that operand as cuBLASLt reads it; one product, no C). One
     that has no such form becomes its ops again, marked as loose ops are.
   }];

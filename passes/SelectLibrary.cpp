@@ -67,7 +67,7 @@ struct MatmulForm {
   bool transA = false, transB = false;
   StringRef c = "none"; // none | full | bias
   double alpha = 1.0, beta = 0.0;
-  // A gemm region's epilogue: relu | bgrad_lhs | bgrad_rhs (none: not stated).
+  // A gemm region's epilogue: relu | bias | bgrad_lhs | bgrad_rhs (none: not stated).
   StringRef epilogue = "none";
 };
 
@@ -164,8 +164,9 @@ DictionaryAttr formAttr(MLIRContext *ctx, const MatmulForm &f) {
 
 /// The cuBLASLt problem of a forge.fusion "gemm" (its product and epilogue,
 /// which the region's verifier fixed): RELU (RELU_BIAS with a bias row) after
-/// a product without a full C; a bias gradient (BGRADB/BGRADA: cuBLASLt's B is
-/// the lhs here) of one product, no C.
+/// a product without a full C; BIAS from the region's last input after a
+/// product with a full C; a bias gradient (BGRADB/BGRADA: cuBLASLt's B is the
+/// lhs here) of one product, no C.
 std::optional<MatmulForm> cublasForm(FusionOp region) {
   Operation *product = &region.getBlock().front();
   std::optional<MatmulForm> f;
@@ -176,6 +177,13 @@ std::optional<MatmulForm> cublasForm(FusionOp region) {
   if (!f)
     return std::nullopt;
   Operation *epilogue = product->getNextNode();
+  if (isa<AddOp>(epilogue)) {
+    // The bias row (BIAS) beside a full C (the residual forge-fuse put there).
+    if (f->c != "full")
+      return std::nullopt;
+    f->epilogue = "bias";
+    return f;
+  }
   if (isa<ReluOp>(epilogue)) {
     if (f->c == "full")
       return std::nullopt;

@@ -238,3 +238,44 @@ TEST(LibraryCallTest, GemmRegionEpiloguesThatDoNotFitAreRefused) {
     makeReluRegion(p).mutable_matmul()->set_c(fb::MatmulProblem::FULL_C);
   }, "takes no full C", "instruction #1 'fc/Gemm'");
 }
+
+namespace {
+
+/// Makes instruction #1 a residual linear layer's gemm region: z = x2 @ w +
+/// y2 (full C, beta 1) + bias as the BIAS epilogue, the bias its input 3.
+fb::Instruction &makeBiasRegion(fb::Program &p) {
+  addTensor(p, "residual", fb::TensorInfo::INPUT, {4, 5}, 4096);
+  p.set_arena_size(8192);
+  fb::Instruction *g = p.mutable_routines(0)->mutable_instructions(1);
+  g->set_op("fusion");
+  g->clear_inputs();
+  for (int t : {3, 4, 7, 5})
+    g->add_inputs(t);
+  fb::Instruction *gemm = g->add_body();
+  gemm->set_op("gemm");
+  for (int t : {3, 4, 7})
+    gemm->add_inputs(t);
+  gemm->add_outputs(6);
+  fb::MatmulProblem *pr = g->mutable_matmul();
+  pr->set_c(fb::MatmulProblem::FULL_C);
+  pr->set_epilogue(fb::MatmulProblem::BIAS);
+  p.mutable_routines(0)->add_inputs(7);
+  return *g;
+}
+
+} // namespace
+
+TEST(LibraryCallTest, BiasEpilogueAfterAFullC) {
+  Status st = check([](fb::Program &p) { makeBiasRegion(p); });
+  EXPECT_TRUE(st.isOk()) << st.message();
+  const std::string at = "instruction #1 'fc/Gemm'";
+  // The bias row has n elements.
+  expectRefused([](fb::Program &p) {
+    makeBiasRegion(p);
+    p.mutable_tensors(5)->set_shape(0, 4);
+  }, "the bias row must be f32 of 5 elements", at);
+  // Without a full C (C a bias row) the epilogue's row has no place.
+  expectRefused([](fb::Program &p) {
+    makeBiasRegion(p).mutable_matmul()->set_c(fb::MatmulProblem::BIAS_ROW);
+  }, "the bias epilogue needs a full C", at);
+}

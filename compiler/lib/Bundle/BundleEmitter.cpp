@@ -215,9 +215,10 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
                                          : pb::MatmulProblem::NO_C);
       if (epilogue) {
         StringRef e = epilogue.getValue();
-        if (e != "relu" && e != "bgrad_lhs" && e != "bgrad_rhs")
-          return op.emitError("forge.matmul's epilogue must be relu, bgrad_lhs or bgrad_rhs");
+        if (e != "relu" && e != "bias" && e != "bgrad_lhs" && e != "bgrad_rhs")
+          return op.emitError("forge.matmul's epilogue must be relu, bias, bgrad_lhs or bgrad_rhs");
         pr->set_epilogue(e == "relu"        ? pb::MatmulProblem::RELU
+                         : e == "bias"      ? pb::MatmulProblem::BIAS
                          : e == "bgrad_lhs" ? pb::MatmulProblem::BGRAD_LHS
                                             : pb::MatmulProblem::BGRAD_RHS);
       }

@@ -646,11 +646,31 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
   if (ops.size() != 2 || !isa<GemmOp, MatMulOp>(ops[0]))
     return fusion.emitOpError("a gemm region holds one gemm or matmul and one epilogue op");
   Operation *product = ops[0], *epilogue = ops[1];
-  if (!llvm::equal(product->getOperands(), block.getArguments()))
+  // A bias epilogue reads one more argument, the last: the bias row.
+  bool biasEpilogue = isa<AddOp>(epilogue);
+  auto productArgs = block.getArguments().drop_back(biasEpilogue ? 1 : 0);
+  if (!llvm::equal(product->getOperands(), productArgs))
     return product->emitOpError("must take the gemm region's arguments, in order, as operands");
   for (Type t : product->getOperandTypes())
     if (!cast<RankedTensorType>(t).getElementType().isF32())
       return product->emitOpError("of a gemm region must be f32");
+  if (biasEpilogue) {
+    Value bias = block.getArguments().back();
+    auto out = cast<RankedTensorType>(product->getResult(0).getType());
+    auto row = cast<RankedTensorType>(bias.getType());
+    bool reads = (epilogue->getOperand(0) == product->getResult(0) &&
+                  epilogue->getOperand(1) == bias) ||
+                 (epilogue->getOperand(1) == product->getResult(0) &&
+                  epilogue->getOperand(0) == bias);
+    if (!reads || !product->getResult(0).hasOneUse() || row.getRank() != 1 ||
+        out.getRank() != 2 || row.getDimSize(0) != out.getDimSize(1) ||
+        !row.getElementType().isF32())
+      return epilogue->emitOpError("must add the bias row (the gemm region's last argument, of "
+                                   "the product's columns) to the product it alone reads");
+    if (!llvm::equal(yield.getValues(), epilogue->getResults()))
+      return fusion.emitOpError("with a bias epilogue must yield the sum alone");
+    return success();
+  }
   if (auto relu = dyn_cast<ReluOp>(epilogue)) {
     if (relu->getOperand(0) != product->getResult(0) || !product->getResult(0).hasOneUse())
       return relu.emitOpError("must alone read the product of its gemm region");
@@ -660,8 +680,8 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
   }
   auto sum = dyn_cast<ReduceSumOp>(epilogue);
   if (!sum)
-    return epilogue->emitOpError("is no gemm epilogue (relu of the product, or reduce_sum of an "
-                                 "operand over its contraction axis)");
+    return epilogue->emitOpError("is no gemm epilogue (relu of the product, a bias row added to "
+                                 "it, or reduce_sum of an operand over its contraction axis)");
   auto in = cast<RankedTensorType>(sum.getInput().getType());
   bool lhs = sum.getInput() == block.getArgument(0), rhs = sum.getInput() == block.getArgument(1);
   auto gemm = dyn_cast<GemmOp>(product);

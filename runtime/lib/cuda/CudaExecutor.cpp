@@ -106,7 +106,8 @@ struct Step {
   std::unique_ptr<ConvPlan> conv;
   std::vector<const void *> convIn;
   const void *lhs = nullptr, *rhs = nullptr, *c = nullptr;
-  void *out = nullptr, *biasGrad = nullptr; // biasGrad: a gemm region's second output
+  // vector: a gemm region's epilogue row (its bias input, or its bias-gradient output)
+  void *out = nullptr, *vector = nullptr;
   // Copy
   void *dst = nullptr;
   const void *src = nullptr;
@@ -250,7 +251,7 @@ struct CudaExecutor::Impl {
     case Step::Library:
       if (s.conv)
         return s.conv->run(s.convIn, s.out, workspace);
-      return s.matmul->run(compute, s.lhs, s.rhs, s.c, s.out, s.biasGrad, workspace);
+      return s.matmul->run(compute, s.lhs, s.rhs, s.c, s.out, s.vector, workspace);
     case Step::Copy:
       if (s.dst != s.src && s.bytes > 0)
         CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, compute),
@@ -337,7 +338,7 @@ struct CudaExecutor::Impl {
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       // Likewise each matmul problem's fastest cuBLASLt algorithm.
       if (mode.checked && s.kind == Step::Library && s.matmul)
-        if (Status st = s.matmul->tune(compute, s.lhs, s.rhs, s.c, s.out, s.biasGrad, workspace); !st.isOk())
+        if (Status st = s.matmul->tune(compute, s.lhs, s.rhs, s.c, s.out, s.vector, workspace); !st.isOk())
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       if (mode.timing)
         nvtxRangePushA(fmt::format("#{} {} {}", s.index, s.inst->op(), s.inst->name()).c_str());
@@ -728,7 +729,9 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
                                                             : nullptr;
         s.out = im.devicePtr[inst.outputs(0)];
         if (inst.outputs_size() > 1)
-          s.biasGrad = im.devicePtr[inst.outputs(1)];
+          s.vector = im.devicePtr[inst.outputs(1)];
+        else if (inst.matmul().epilogue() == bundle::MatmulProblem::BIAS)
+          s.vector = im.devicePtr[inst.inputs(3)]; // checked by matmulProblem
         break;
       }
       case bundle::DEVICE_COPY: {

@@ -110,6 +110,18 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
       return Status::error("{}: cuBLASLt's ReLU epilogue takes no full C", inst.op());
     pr.epilogue = MatmulProblem::Epilogue::Relu;
     break;
+  case bundle::MatmulProblem::BIAS: {
+    // After a full C: inputs lhs, rhs, C, then the bias row of n.
+    if (!pr.fullC || inst.inputs_size() != 4)
+      return Status::error("{}: the bias epilogue needs a full C and the bias row as input 3",
+                           inst.op());
+    int32_t v = inst.inputs(3);
+    if (v < 0 || v >= p.tensors_size() || p.tensors(v).dtype() != bundle::F32 ||
+        elements(v) != pr.n)
+      return Status::error("{}: the bias row must be f32 of {} elements", inst.op(), pr.n);
+    pr.epilogue = MatmulProblem::Epilogue::Bias;
+    break;
+  }
   case bundle::MatmulProblem::BGRAD_LHS:
   case bundle::MatmulProblem::BGRAD_RHS: {
     bool lhs = b.epilogue() == bundle::MatmulProblem::BGRAD_LHS;
@@ -176,6 +188,9 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
     break;
   case MatmulProblem::Epilogue::Relu:
     epilogue = pr.bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    break;
+  case MatmulProblem::Epilogue::Bias:
+    epilogue = CUBLASLT_EPILOGUE_BIAS;
     break;
   case MatmulProblem::Epilogue::BgradLhs:
     epilogue = CUBLASLT_EPILOGUE_BGRADB;
@@ -248,16 +263,18 @@ MatmulPlan::~MatmulPlan() {
 }
 
 Status MatmulPlan::run(cudaStream_t stream, const void *lhs, const void *rhs, const void *c,
-                       void *out, void *biasGrad, void *workspace) const {
+                       void *out, void *vector, void *workspace) const {
   const CublasLtApi &api = *api_;
-  // The bias pointer is the bias row read, or the bias gradient written.
+  // The bias pointer is the bias row read (C's, or the epilogue's own), or
+  // the bias gradient written.
   if (problem_.bias)
     LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c,
                                                 sizeof(c)));
-  if (problem_.epilogue == MatmulProblem::Epilogue::BgradLhs ||
+  if (problem_.epilogue == MatmulProblem::Epilogue::Bias ||
+      problem_.epilogue == MatmulProblem::Epilogue::BgradLhs ||
       problem_.epilogue == MatmulProblem::Epilogue::BgradRhs)
     LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                &biasGrad, sizeof(biasGrad)));
+                                                &vector, sizeof(vector)));
   const void *cPtr = problem_.fullC ? c : out;
   float beta = problem_.fullC ? problem_.beta : 0.0f;
   LT_CHECK(api.cublasLtMatmul(handle_, desc_, &problem_.alpha, rhs, a_, lhs, b_, &beta, cPtr, c_,
@@ -266,7 +283,7 @@ Status MatmulPlan::run(cudaStream_t stream, const void *lhs, const void *rhs, co
 }
 
 Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, const void *c,
-                        void *out, void *biasGrad, void *workspace) {
+                        void *out, void *vector, void *workspace) {
   if (tuned_)
     return Status::ok();
   const std::string key = problem_.key();
@@ -281,7 +298,7 @@ Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, c
     return Status::ok();
   }
   if (out == lhs || out == rhs || (c && out == c) ||
-      (biasGrad && (biasGrad == lhs || biasGrad == rhs)))
+      (vector && (vector == out || vector == lhs || vector == rhs)))
     return Status::ok(); // a later plan of this problem times them
   tuned_ = true;
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -294,14 +311,14 @@ Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, c
   Status lastFailure;
   for (const cublasLtMatmulAlgo_t &candidate : candidates) {
     algo_ = candidate;
-    Status status = run(stream, lhs, rhs, c, out, biasGrad, workspace); // warm-up (does it run at all?)
+    Status status = run(stream, lhs, rhs, c, out, vector, workspace); // warm-up (does it run at all?)
     if (!status.isOk()) {
       lastFailure = status;
       continue;
     }
     cudaEventRecord(start, stream);
     for (int i = 0; i < kRuns && status.isOk(); ++i)
-      status = run(stream, lhs, rhs, c, out, biasGrad, workspace);
+      status = run(stream, lhs, rhs, c, out, vector, workspace);
     cudaEventRecord(stop, stream);
     float ms = 0;
     if (status.isOk() && (cudaEventSynchronize(stop) != cudaSuccess ||

@@ -6,8 +6,8 @@
 // layouts (stride 0 broadcasts an operand); a lhs batch over a matrix rhs is
 // folded into M. gemm's C is either a full [M, N] matrix scaled by beta or a
 // bias row [N] applied with the BIAS epilogue. A fused gemm region adds RELU
-// (RELU_BIAS) or a bias gradient: BGRADB for the lhs (cuBLASLt's B), BGRADA
-// for the rhs (its A). The compiler states each
+// (RELU_BIAS), a bias row after a full C (BIAS), or a bias gradient: BGRADB
+// for the lhs (cuBLASLt's B), BGRADA for the rhs (its A). The compiler states each
 // problem (forge-select-library -> Instruction.matmul); the runtime checks it
 // against the tensors' sizes and runs it, deriving nothing from shapes.
 //
@@ -36,9 +36,9 @@ struct MatmulProblem {
   int64_t lhsBatchStride = 0, rhsBatchStride = 0;
   bool fullC = false, bias = false;
   // A gemm region's epilogue (bundle MatmulProblem.epilogue): relu of the
-  // output, or the bias gradient of the lhs / rhs (summed over k) written to
-  // a second output.
-  enum class Epilogue { None, Relu, BgradLhs, BgradRhs } epilogue = Epilogue::None;
+  // output, a bias row (its own input) added after a full C, or the bias
+  // gradient of the lhs / rhs (summed over k) written to a second output.
+  enum class Epilogue { None, Relu, Bias, BgradLhs, BgradRhs } epilogue = Epilogue::None;
   float alpha = 1, beta = 0;
   bool tf32 = false;
   std::string key() const;
@@ -66,16 +66,17 @@ public:
                                                       std::shared_ptr<MatmulAlgoCache> cache);
   ~MatmulPlan();
   /// Enqueues Y = alpha op(lhs) op(rhs) (+ beta C | + bias) on `stream`, with
-  /// the problem's epilogue (`biasGrad`: a bias-gradient epilogue's output).
+  /// the problem's epilogue (`vector`: the Bias epilogue's row, read, or a
+  /// bias-gradient epilogue's output, written).
   Status run(cudaStream_t stream, const void *lhs, const void *rhs, const void *c, void *out,
-             void *biasGrad, void *workspace) const;
+             void *vector, void *workspace) const;
   /// Picks the fastest candidate for this problem: the one already timed by a
   /// plan of the same problem, or times each (a warm-up then a few runs) on
   /// these operands, which must be computed (the first checked run). A
   /// candidate that fails is dropped. Skipped (the heuristic's choice stays)
   /// when the output aliases an operand, since repeated runs would change it.
   Status tune(cudaStream_t stream, const void *lhs, const void *rhs, const void *c, void *out,
-              void *biasGrad, void *workspace);
+              void *vector, void *workspace);
 
 private:
   MatmulPlan() = default;

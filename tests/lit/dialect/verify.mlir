@@ -367,3 +367,16 @@ func.func @gemm_region_sum_yield_order(%dy: tensor<6x5xf32>, %x: tensor<6x8xf32>
   }
   return %r#0, %r#1 : tensor<1x5xf32>, tensor<5x8xf32>
 }
+
+// -----
+
+func.func @gemm_region_bias_not_a_row(%x: tensor<6x8xf32>, %w: tensor<5x8xf32>, %r: tensor<6x5xf32>, %b: tensor<6x5xf32>) -> tensor<6x5xf32> {
+  %0 = forge.fusion "gemm"(%x, %w, %r, %b) : (tensor<6x8xf32>, tensor<5x8xf32>, tensor<6x5xf32>, tensor<6x5xf32>) -> tensor<6x5xf32> {
+  ^bb0(%a0: tensor<6x8xf32>, %a1: tensor<5x8xf32>, %a2: tensor<6x5xf32>, %a3: tensor<6x5xf32>):
+    %p = forge.gemm %a0, %a1, %a2 {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = true} : (tensor<6x8xf32>, tensor<5x8xf32>, tensor<6x5xf32>) -> tensor<6x5xf32>
+    // expected-error @+1 {{must add the bias row (the gemm region's last argument, of the product's columns) to the product it alone reads}}
+    %s = forge.add %p, %a3 : (tensor<6x5xf32>, tensor<6x5xf32>) -> tensor<6x5xf32>
+    forge.yield %s : tensor<6x5xf32>
+  }
+  return %0 : tensor<6x5xf32>
+}

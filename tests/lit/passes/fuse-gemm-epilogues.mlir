@@ -26,6 +26,46 @@ func.func @relu(%x: tensor<4x8xf32>, %w: tensor<5x8xf32>, %b: tensor<5xf32>, %ze
 
 // -----
 
+// A residual linear layer (GPT-2's attention and MLP outputs): the residual
+// becomes gemm's C (beta 1) and the bias row the region's last argument, the
+// batch folding into M; the result is viewed back as [2, 3, 5].
+// CHECK-LABEL: func @residual
+// CHECK: %[[A:.*]] = forge.reshape %arg0 {shape = array<i64: 6, 8>}
+// CHECK: %[[C:.*]] = forge.reshape %arg3 {shape = array<i64: 6, 5>}
+// CHECK: %[[R:.*]] = forge.fusion "gemm"(%[[A]], %arg1, %[[C]], %arg2) : (tensor<6x8xf32>, tensor<5x8xf32>, tensor<6x5xf32>, tensor<5xf32>) -> tensor<6x5xf32> {
+// CHECK:   %[[P:.*]] = forge.gemm %{{.*}}, %{{.*}}, %{{.*}} {alpha = 1.000000e+00 : f64, beta = 1.000000e+00 : f64, transA = false, transB = true}
+// CHECK:   %[[S:.*]] = forge.add %[[P]], %{{.*}} : (tensor<6x5xf32>, tensor<5xf32>) -> tensor<6x5xf32>
+// CHECK:   forge.yield %[[S]]
+// CHECK: forge.reshape %[[R]] {shape = array<i64: 2, 3, 5>}
+// OFF-LABEL: func @residual
+// OFF-NOT: "gemm"
+func.func @residual(%x: tensor<2x3x8xf32>, %w: tensor<5x8xf32>, %b: tensor<5xf32>, %r: tensor<2x3x5xf32>) -> tensor<2x3x5xf32> {
+  %p = forge.matmul %x, %w {transB = true} : (tensor<2x3x8xf32>, tensor<5x8xf32>) -> tensor<2x3x5xf32>
+  %a = forge.add %b, %p : (tensor<5xf32>, tensor<2x3x5xf32>) -> tensor<2x3x5xf32>
+  %s = forge.add %r, %a : (tensor<2x3x5xf32>, tensor<2x3x5xf32>) -> tensor<2x3x5xf32>
+  return %s : tensor<2x3x5xf32>
+}
+
+// -----
+
+// Not: a residual that broadcasts (C must be the product's shape); a biased
+// product read twice.
+// CHECK-LABEL: func @not_residual
+// CHECK-NOT: "gemm"
+// CHECK: return
+func.func @not_residual(%x: tensor<4x8xf32>, %w: tensor<8x5xf32>, %b: tensor<5xf32>, %r: tensor<1x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>, tensor<4x5xf32>) {
+  %p = forge.matmul %x, %w : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
+  %a = forge.add %p, %b : (tensor<4x5xf32>, tensor<5xf32>) -> tensor<4x5xf32>
+  %s = forge.add %a, %r : (tensor<4x5xf32>, tensor<1x5xf32>) -> tensor<4x5xf32>
+  %q = forge.matmul %w, %w {transA = true} : (tensor<8x5xf32>, tensor<8x5xf32>) -> tensor<5x5xf32>
+  %p2 = forge.matmul %x, %w : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
+  %a2 = forge.add %p2, %b : (tensor<4x5xf32>, tensor<5xf32>) -> tensor<4x5xf32>
+  %s2 = forge.add %a2, %p2 : (tensor<4x5xf32>, tensor<4x5xf32>) -> tensor<4x5xf32>
+  return %s, %s2, %a2 : tensor<4x5xf32>, tensor<4x5xf32>, tensor<4x5xf32>
+}
+
+// -----
+
 // A weight gradient dW = dy^T x (dy [K, M] read transposed) and the bias
 // gradient sum(dy, rows) beside it: one region yielding both, the sum viewed
 // back as the original [M]. The reader of dW between them moves after the region.

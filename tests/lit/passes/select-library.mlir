@@ -104,3 +104,19 @@ func.func @gemm_regions(%x: tensor<4x8xf32>, %w: tensor<5x8xf32>, %b: tensor<5xf
   }
   return %0, %1#0, %1#1, %2#0, %2#1, %3 : tensor<4x5xf32>, tensor<5x8xf32>, tensor<1x5xf32>, tensor<8x5xf32>, tensor<1x5xf32>, tensor<2x3x4x5xf32>
 }
+
+// -----
+
+// A residual linear layer's region: the full C and the bias row (input 3) as
+// cuBLASLt's BIAS epilogue.
+// CHECK-LABEL: func @bias_after_full_c
+// CHECK: forge.fusion "gemm"(%arg0, %arg1, %arg2, %arg3) {forge.library = "cublaslt", forge.matmul = {alpha = 1.000000e+00 : f64, batch = 1 : i64, beta = 1.000000e+00 : f64, c = "full", epilogue = "bias", k = 8 : i64, lhs_batch_stride = 0 : i64, m = 6 : i64, n = 5 : i64, rhs_batch_stride = 0 : i64, trans_a = false, trans_b = true}}
+func.func @bias_after_full_c(%x: tensor<6x8xf32>, %w: tensor<5x8xf32>, %r: tensor<6x5xf32>, %b: tensor<5xf32>) -> tensor<6x5xf32> {
+  %0 = forge.fusion "gemm"(%x, %w, %r, %b) : (tensor<6x8xf32>, tensor<5x8xf32>, tensor<6x5xf32>, tensor<5xf32>) -> tensor<6x5xf32> {
+  ^bb0(%a0: tensor<6x8xf32>, %a1: tensor<5x8xf32>, %a2: tensor<6x5xf32>, %a3: tensor<5xf32>):
+    %p = forge.gemm %a0, %a1, %a2 {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = true} : (tensor<6x8xf32>, tensor<5x8xf32>, tensor<6x5xf32>) -> tensor<6x5xf32>
+    %s = forge.add %p, %a3 : (tensor<6x5xf32>, tensor<5xf32>) -> tensor<6x5xf32>
+    forge.yield %s : tensor<6x5xf32>
+  }
+  return %0 : tensor<6x5xf32>
+}

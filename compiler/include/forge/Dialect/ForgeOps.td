@@ -609,11 +609,14 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
 
     `kind = "gemm"`: one `forge.gemm` or `forge.matmul` whose operands are the
     region's arguments in order (lhs, rhs, then gemm's C), and its epilogue,
-    which a GEMM library applies as it writes the product: either a
-    `forge.relu` that alone reads the product (the region yields the ReLU's
-    result), or a `forge.reduce_sum` of the 2-D lhs (or rhs) over its leading
-    axis, i.e. over the product's contraction (a bias gradient beside a
-    weight gradient; the region yields the product, then the sum). On CUDA
+    which a GEMM library applies as it writes the product: a `forge.relu`
+    that alone reads the product (the region yields the ReLU's result); a
+    `forge.add` of the product (2-D, alone read by it) and a bias row of its
+    columns, the region's last argument (a linear layer's bias beside a
+    residual added as gemm's C; the region yields the sum); or a
+    `forge.reduce_sum` of the 2-D lhs (or rhs) over its leading axis, i.e.
+    over the product's contraction (a bias gradient beside a weight
+    gradient; the region yields the product, then the sum). On CUDA
     forge-select-library states the cuBLASLt epilogue (`forge.matmul`'s
     `epilogue`) and the region runs as one library call; a CPU bundle runs
     the body's ops.
