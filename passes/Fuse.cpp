@@ -762,109 +762,97 @@ FusionOp createGemmRegion(Operation *product, Operation *epilogue, Operation *at
   return region;
 }
 
-/// GEMM epilogues (see Passes.td): a ReLU that alone reads an f32 product,
-/// and a bias gradient (reduce_sum over all but the last axis) of the tensor
-/// that a weight gradient's GEMM contracts over its rows, join the product in
-/// a forge.fusion "gemm". Before loop fusion, which would otherwise take the
-/// ReLU into a loop region.
-bool fuseGemmEpilogues(func::FuncOp func) {
+/// A ReLU that alone reads `product`: one gemm region yielding the ReLU.
+bool fuseReluEpilogue(Operation *product) {
+  Value y = product->getResult(0);
+  if (!y.hasOneUse() || !isa<ReluOp>(*y.getUsers().begin()))
+    return false;
+  Operation *relu = *y.getUsers().begin();
+  if (relu->getBlock() != product->getBlock())
+    return false;
+  FusionOp region = createGemmRegion(product, relu, relu, {relu->getResult(0)});
+  relu->getResult(0).replaceAllUsesWith(region.getResult(0));
+  relu->erase();
+  product->erase();
+  return true;
+}
+
+/// Residual linear layers: add(add(P, b), r), P = matmul(A, W) (W a matrix,
+/// A not transposed; A's batch folds into M) or a gemm without C, b a row of
+/// P's columns, r of P's shape: gemm(A, W, C = r, beta 1) with b as the BIAS
+/// epilogue, one call instead of the product and a kernel reading it, b and
+/// r (GPT-2's attention and MLP outputs). cuBLASLt adds C before the bias:
+/// the body does too (fp32 reassociation of the two adds).
+bool fuseResidualEpilogue(func::FuncOp func, Operation *product) {
+  Value y = product->getResult(0);
+  auto type = cast<RankedTensorType>(y.getType());
+  if (!y.hasOneUse() || type.getRank() < 2)
+    return false;
+  auto addBias = dyn_cast<AddOp>(*y.getUsers().begin());
+  if (!addBias || addBias->getBlock() != product->getBlock() ||
+      !addBias.getResult().hasOneUse() || addBias.getType() != type)
+    return false;
+  Value bias = addBias.getLhs() == y ? addBias.getRhs() : addBias.getLhs();
+  auto biasType = cast<RankedTensorType>(bias.getType());
+  int64_t n = type.getShape().back();
+  if (biasType.getRank() != 1 || biasType.getDimSize(0) != n || !biasType.getElementType().isF32())
+    return false;
+  auto addResidual = dyn_cast<AddOp>(*addBias.getResult().getUsers().begin());
+  if (!addResidual || addResidual->getBlock() != product->getBlock() ||
+      addResidual.getType() != type)
+    return false;
+  Value residual =
+      addResidual.getLhs() == addBias.getResult() ? addResidual.getRhs() : addResidual.getLhs();
+  if (residual.getType() != type || residual == addBias.getResult())
+    return false;
+  auto gemm = dyn_cast<GemmOp>(product);
+  auto matmul = dyn_cast<MatMulOp>(product);
+  Value lhs = product->getOperand(0), rhs = product->getOperand(1);
+  auto lhsType = cast<RankedTensorType>(lhs.getType());
+  if (cast<RankedTensorType>(rhs.getType()).getRank() != 2 || (gemm && gemm.getC()) ||
+      (matmul && (matmul.getTransA() || lhsType.getRank() < 2)))
+    return false;
+  int64_t k = lhsType.getShape().back(), m = type.getNumElements() / n;
+  OpBuilder b(addResidual);
+  Location loc = FusedLoc::get(func.getContext(),
+                               {product->getLoc(), addBias.getLoc(), addResidual.getLoc()});
+  auto f32 = type.getElementType();
+  auto flat = [&](Value v, ArrayRef<int64_t> shape) -> Value {
+    if (cast<RankedTensorType>(v.getType()).getShape() == shape)
+      return v;
+    return b.create<ReshapeOp>(loc, RankedTensorType::get(shape, f32), v,
+                               b.getDenseI64ArrayAttr(shape));
+  };
+  Value a = gemm ? lhs : flat(lhs, {m, k});
+  Value c = flat(residual, {m, n});
+  auto matrix = RankedTensorType::get({m, n}, f32);
+  IRMapping map;
+  FusionOp region = createRegion(b, loc, matrix, ValueRange{a, rhs, c, bias}, "gemm", map);
+  OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+  Value p = inner.create<GemmOp>(
+      loc, matrix, map.lookup(a), map.lookup(rhs), map.lookup(c),
+      inner.getBoolAttr(gemm ? gemm.getTransA() : false),
+      inner.getBoolAttr(gemm ? gemm.getTransB() : matmul.getTransB()),
+      gemm ? gemm.getAlphaAttr() : inner.getF64FloatAttr(1.0), inner.getF64FloatAttr(1.0));
+  Value sum = inner.create<AddOp>(loc, matrix, p, map.lookup(bias));
+  inner.create<YieldOp>(loc, sum);
+  b.setInsertionPointAfter(region);
+  Value out = region.getResult(0);
+  if (type.getShape() != matrix.getShape())
+    out = b.create<ReshapeOp>(loc, type, out, b.getDenseI64ArrayAttr(type.getShape()));
+  addResidual.getResult().replaceAllUsesWith(out);
+  addResidual->erase();
+  addBias->erase();
+  product->erase();
+  return true;
+}
+
+/// Bias gradients: reduce_sum(X) over all but X's last axis beside a GEMM
+/// whose transposed lhs (or plain rhs) is X viewed as [K, M]: the same sum
+/// over the contraction, which the GEMM's BGRAD epilogue computes as it
+/// reads the operand.
+bool fuseBiasGradients(func::FuncOp func, llvm::SmallPtrSetImpl<Operation *> &taken) {
   bool changed = false;
-  SmallVector<Operation *> products;
-  func.walk([&](Operation *op) {
-    if (isa<GemmOp, MatMulOp>(op) && !op->getParentOfType<FusionOp>() && isF32Product(op))
-      products.push_back(op);
-  });
-  llvm::SmallPtrSet<Operation *, 16> taken;
-  for (Operation *product : products) {
-    Value y = product->getResult(0);
-    if (!y.hasOneUse() || !isa<ReluOp>(*y.getUsers().begin()))
-      continue;
-    Operation *relu = *y.getUsers().begin();
-    if (relu->getBlock() != product->getBlock())
-      continue;
-    FusionOp region = createGemmRegion(product, relu, relu, {relu->getResult(0)});
-    relu->getResult(0).replaceAllUsesWith(region.getResult(0));
-    relu->erase();
-    product->erase();
-    taken.insert(product);
-    changed = true;
-  }
-  // Residual linear layers: add(add(P, b), r), P = matmul(A, W) (W a matrix,
-  // A not transposed; A's batch folds into M) or a gemm without C, b a row of
-  // P's columns, r of P's shape: gemm(A, W, C = r, beta 1) with b as the BIAS
-  // epilogue, one call instead of the product and a kernel reading it, b and
-  // r (GPT-2's attention and MLP outputs). cuBLASLt adds C before the bias:
-  // the body does too (fp32 reassociation of the two adds).
-  for (Operation *product : products) {
-    if (taken.count(product))
-      continue;
-    Value y = product->getResult(0);
-    auto type = cast<RankedTensorType>(y.getType());
-    if (!y.hasOneUse() || type.getRank() < 2)
-      continue;
-    auto addBias = dyn_cast<AddOp>(*y.getUsers().begin());
-    if (!addBias || addBias->getBlock() != product->getBlock() ||
-        !addBias.getResult().hasOneUse() || addBias.getType() != type)
-      continue;
-    Value bias = addBias.getLhs() == y ? addBias.getRhs() : addBias.getLhs();
-    auto biasType = cast<RankedTensorType>(bias.getType());
-    int64_t n = type.getShape().back();
-    if (biasType.getRank() != 1 || biasType.getDimSize(0) != n || !biasType.getElementType().isF32())
-      continue;
-    auto addResidual = dyn_cast<AddOp>(*addBias.getResult().getUsers().begin());
-    if (!addResidual || addResidual->getBlock() != product->getBlock() ||
-        addResidual.getType() != type)
-      continue;
-    Value residual =
-        addResidual.getLhs() == addBias.getResult() ? addResidual.getRhs() : addResidual.getLhs();
-    if (residual.getType() != type || residual == addBias.getResult())
-      continue;
-    auto gemm = dyn_cast<GemmOp>(product);
-    auto matmul = dyn_cast<MatMulOp>(product);
-    Value lhs = product->getOperand(0), rhs = product->getOperand(1);
-    auto lhsType = cast<RankedTensorType>(lhs.getType());
-    if (cast<RankedTensorType>(rhs.getType()).getRank() != 2 || (gemm && gemm.getC()) ||
-        (matmul && (matmul.getTransA() || lhsType.getRank() < 2)))
-      continue;
-    int64_t k = lhsType.getShape().back(), m = type.getNumElements() / n;
-    OpBuilder b(addResidual);
-    Location loc = FusedLoc::get(func.getContext(),
-                                 {product->getLoc(), addBias.getLoc(), addResidual.getLoc()});
-    auto f32 = type.getElementType();
-    auto flat = [&](Value v, ArrayRef<int64_t> shape) -> Value {
-      if (cast<RankedTensorType>(v.getType()).getShape() == shape)
-        return v;
-      return b.create<ReshapeOp>(loc, RankedTensorType::get(shape, f32), v,
-                                 b.getDenseI64ArrayAttr(shape));
-    };
-    Value a = gemm ? lhs : flat(lhs, {m, k});
-    Value c = flat(residual, {m, n});
-    auto matrix = RankedTensorType::get({m, n}, f32);
-    IRMapping map;
-    FusionOp region = createRegion(b, loc, matrix, ValueRange{a, rhs, c, bias}, "gemm", map);
-    OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
-    Value p = inner.create<GemmOp>(
-        loc, matrix, map.lookup(a), map.lookup(rhs), map.lookup(c),
-        inner.getBoolAttr(gemm ? gemm.getTransA() : false),
-        inner.getBoolAttr(gemm ? gemm.getTransB() : matmul.getTransB()),
-        gemm ? gemm.getAlphaAttr() : inner.getF64FloatAttr(1.0), inner.getF64FloatAttr(1.0));
-    Value sum = inner.create<AddOp>(loc, matrix, p, map.lookup(bias));
-    inner.create<YieldOp>(loc, sum);
-    b.setInsertionPointAfter(region);
-    Value out = region.getResult(0);
-    if (type.getShape() != matrix.getShape())
-      out = b.create<ReshapeOp>(loc, type, out, b.getDenseI64ArrayAttr(type.getShape()));
-    addResidual.getResult().replaceAllUsesWith(out);
-    addResidual->erase();
-    addBias->erase();
-    product->erase();
-    taken.insert(product);
-    changed = true;
-  }
-  // Bias gradients: reduce_sum(X) over all but X's last axis beside a GEMM
-  // whose transposed lhs (or plain rhs) is X viewed as [K, M]: the same sum
-  // over the contraction, which the GEMM's BGRAD epilogue computes as it
-  // reads the operand.
   for (ReduceSumOp sum : unfusedOps<ReduceSumOp>(func)) {
     auto in = cast<RankedTensorType>(sum.getInput().getType());
     if (!in.hasStaticShape() || in.getRank() < 2 || !in.getElementType().isF32() ||
@@ -955,6 +943,28 @@ bool fuseGemmEpilogues(func::FuncOp func) {
     changed = true;
   }
   return changed;
+}
+
+/// GEMM epilogues (see Passes.td): a ReLU that alone reads an f32 product, a
+/// residual linear layer's bias and residual, and a bias gradient
+/// (reduce_sum over all but the last axis) of the tensor that a weight
+/// gradient's GEMM contracts over its rows, join the product in a
+/// forge.fusion "gemm". Before loop fusion, which would otherwise take the
+/// ReLU and the adds into loop regions.
+bool fuseGemmEpilogues(func::FuncOp func) {
+  SmallVector<Operation *> products;
+  func.walk([&](Operation *op) {
+    if (isa<GemmOp, MatMulOp>(op) && !op->getParentOfType<FusionOp>() && isF32Product(op))
+      products.push_back(op);
+  });
+  bool changed = false;
+  llvm::SmallPtrSet<Operation *, 16> taken; // erased: their products are in regions
+  for (Operation *product : products)
+    if (fuseReluEpilogue(product) || fuseResidualEpilogue(func, product)) {
+      taken.insert(product);
+      changed = true;
+    }
+  return fuseBiasGradients(func, taken) || changed;
 }
 
 /// A reduce_sum of a whole static f32 tensor to a scalar.
