@@ -762,10 +762,18 @@ FusionOp createGemmRegion(Operation *product, Operation *epilogue, Operation *at
   return region;
 }
 
+/// Whether `values` are pairwise distinct: a gemm region binds one argument
+/// to each (x @ x^T would need one value bound to two arguments).
+bool distinct(ValueRange values) {
+  llvm::SmallPtrSet<void *, 4> seen;
+  return llvm::all_of(values, [&](Value v) { return seen.insert(v.getAsOpaquePointer()).second; });
+}
+
 /// A ReLU that alone reads `product`: one gemm region yielding the ReLU.
 bool fuseReluEpilogue(Operation *product) {
   Value y = product->getResult(0);
-  if (!y.hasOneUse() || !isa<ReluOp>(*y.getUsers().begin()))
+  if (!y.hasOneUse() || !isa<ReluOp>(*y.getUsers().begin()) ||
+      !distinct(product->getOperands()))
     return false;
   Operation *relu = *y.getUsers().begin();
   if (relu->getBlock() != product->getBlock())
@@ -811,6 +819,8 @@ bool fuseResidualEpilogue(func::FuncOp func, Operation *product) {
   auto lhsType = cast<RankedTensorType>(lhs.getType());
   if (cast<RankedTensorType>(rhs.getType()).getRank() != 2 || (gemm && gemm.getC()) ||
       (matmul && (matmul.getTransA() || lhsType.getRank() < 2)))
+    return false;
+  if (!distinct({lhs, rhs, residual, bias}))
     return false;
   int64_t k = lhsType.getShape().back(), m = type.getNumElements() / n;
   OpBuilder b(addResidual);

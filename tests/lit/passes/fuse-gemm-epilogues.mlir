@@ -113,6 +113,19 @@ func.func @long_contraction(%dy: tensor<64x5xf32>, %x: tensor<64x8xf32>) -> (ten
 
 // -----
 
+// Not: a product of one value with itself (x x^T: one value for two region
+// arguments).
+// CHECK-LABEL: func @self_product
+// CHECK-NOT: "gemm"
+// CHECK: forge.relu
+func.func @self_product(%x: tensor<4x8xf32>) -> tensor<4x4xf32> {
+  %p = forge.matmul %x, %x {transB = true} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
+  %y = forge.relu %p : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}
+
+// -----
+
 // Not: a product read by more than the ReLU (cuBLASLt writes only the ReLU);
 // a sum over the contraction of an lhs read untransposed (its axis 0 is M, not
 // K); a sum over the last axis; f16; a gemm with a full C beside a bias gradient.
