@@ -2,6 +2,7 @@
 // header fields, checksums, bad references) is an error naming the problem,
 // never a crash.
 #include "forge/runtime/Bundle.h"
+#include "BundleTestUtil.h"
 
 #include <cstring>
 #include <fstream>
@@ -10,27 +11,10 @@
 #include <zlib.h>
 
 using namespace forge::rt;
+using namespace forge::rt::testing;
 namespace fb = forge::bundle;
 
 namespace {
-
-std::vector<uint8_t> floatBytes(std::vector<float> v) {
-  std::vector<uint8_t> out(v.size() * 4);
-  std::memcpy(out.data(), v.data(), out.size());
-  return out;
-}
-
-fb::TensorInfo *addTensor(fb::Program &p, std::string name, fb::TensorInfo::Kind kind,
-                          std::vector<int64_t> shape, int64_t arenaOffset = 0) {
-  fb::TensorInfo *t = p.add_tensors();
-  t->set_name(std::move(name));
-  t->set_dtype(fb::F32);
-  t->set_kind(kind);
-  for (int64_t d : shape)
-    t->add_shape(d);
-  t->set_arena_offset(arenaOffset);
-  return t;
-}
 
 /// x[2,3] (input) @ w[3,2] (constant) -> y[2,2] (output), plus a second section.
 BundleWriter makeWriter() {
@@ -45,7 +29,7 @@ BundleWriter makeWriter() {
     aux[i] = static_cast<uint8_t>(i * 7);
   w.addSection("aux", aux);
   addTensor(p, "x", fb::TensorInfo::INPUT, {2, 3}, 0);
-  fb::TensorInfo *wt = addTensor(p, "w", fb::TensorInfo::CONSTANT, {3, 2});
+  fb::TensorInfo *wt = p.mutable_tensors(addTensor(p, "w", fb::TensorInfo::CONSTANT, {3, 2}));
   wt->set_section(weights);
   wt->set_data_offset(0);
   wt->set_data_size(24);
@@ -412,7 +396,7 @@ TEST(BundleTest, RoutineChecks) {
 TEST(BundleTest, StateTensors) {
   // Zero-initialized state needs no section bytes.
   BundleWriter w = makeWriter();
-  fb::TensorInfo *s = addTensor(w.program(), "m", fb::TensorInfo::STATE, {3, 2});
+  fb::TensorInfo *s = w.program().mutable_tensors(addTensor(w.program(), "m", fb::TensorInfo::STATE, {3, 2}));
   s->set_section(99); // ignored without data
   auto ok = Bundle::fromBytes(w.serialize());
   ASSERT_TRUE(ok.isOk()) << ok.status().message();

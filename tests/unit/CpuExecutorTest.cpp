@@ -2,33 +2,17 @@
 // section) run and compared with hand-computed values; clear errors for a
 // missing kernel and for bad inputs.
 #include "forge/runtime/CpuExecutor.h"
+#include "BundleTestUtil.h"
 
 #include <cstring>
 
 #include <gtest/gtest.h>
 
 using namespace forge::rt;
+using namespace forge::rt::testing;
 namespace fb = forge::bundle;
 
 namespace {
-
-std::vector<uint8_t> floatBytes(const std::vector<float> &v) {
-  std::vector<uint8_t> out(v.size() * 4);
-  std::memcpy(out.data(), v.data(), out.size());
-  return out;
-}
-
-int32_t addTensor(fb::Program &p, std::string name, fb::TensorInfo::Kind kind,
-                  std::vector<int64_t> shape, int64_t arenaOffset = 0) {
-  fb::TensorInfo *t = p.add_tensors();
-  t->set_name(std::move(name));
-  t->set_dtype(fb::F32);
-  t->set_kind(kind);
-  for (int64_t d : shape)
-    t->add_shape(d);
-  t->set_arena_offset(arenaOffset);
-  return p.tensors_size() - 1;
-}
 
 int32_t addSectionTensor(BundleWriter &w, std::string name, fb::TensorInfo::Kind kind,
                          std::vector<int64_t> shape, uint32_t section, uint64_t offset) {

@@ -3,26 +3,17 @@
 // with a message naming the instruction, never run past a buffer's end. No GPU needed.
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/Executor.h"
+#include "BundleTestUtil.h"
 
 #include <functional>
 
 #include <gtest/gtest.h>
 
 using namespace forge::rt;
+using namespace forge::rt::testing;
 namespace fb = forge::bundle;
 
 namespace {
-
-void addTensor(fb::Program &p, const std::string &name, fb::TensorInfo::Kind kind,
-               std::vector<int64_t> shape, int64_t offset) {
-  fb::TensorInfo *t = p.add_tensors();
-  t->set_name(name);
-  t->set_dtype(fb::F32);
-  t->set_kind(kind);
-  for (int64_t d : shape)
-    t->add_shape(d);
-  t->set_arena_offset(offset);
-}
 
 /// a[2,3,4,8] @ b[2,3,8,5] -> y[2,3,4,5] (batch 6, strides 32 and 40), then
 /// gemm y2[4,8] @ w[8,5] + bias[5] -> z[4,5]; `mutate` edits the program first.
