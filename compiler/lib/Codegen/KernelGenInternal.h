@@ -320,7 +320,12 @@ struct Body {
         [&](OpBuilder &nb, Location l) { nb.create<scf::YieldOp>(l, otherwise); });
     return branch.getResult(0);
   }
+  /// `body()` where `cond` holds; a null `cond` always holds (no branch).
   void ifThen(Value cond, function_ref<void()> body) {
+    if (!cond) {
+      body();
+      return;
+    }
     b.create<scf::IfOp>(loc, cond, [&](OpBuilder &nb, Location l) {
       OpBuilder::InsertionGuard g(b);
       b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());

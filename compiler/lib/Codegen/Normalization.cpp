@@ -116,10 +116,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
           y = addf(y, k.load(fn.getArgument(2), at[1](k, col[t]), elem));
         k.store(y, out, k.add(base, col[t]), elem);
       };
-      if (valid[t])
-        k.ifThen(valid[t], store);
-      else
-        store();
+      k.ifThen(valid[t], store);
     }
     b.create<gpu::ReturnOp>(k.loc);
     return KernelLaunch{name.str(), rows, block};
@@ -244,10 +241,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
                 k.store(mulf(rstd, subf(subf(mulf(dyv[t], wv[t]), m1), mulf(xh[t], m2))), dx,
                         k.add(base, col[t]), elem);
               };
-              if (valid[t])
-                k.ifThen(valid[t], store);
-              else
-                store();
+              k.ifThen(valid[t], store);
             }
           }
           SmallVector<Value> next;
@@ -268,10 +262,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
                                         loop.getResult(perThread + t), dbias,
                                         ValueRange{(*dbiasAt)(k, col[t])});
       };
-      if (valid[t])
-        k.ifThen(valid[t], flush);
-      else
-        flush();
+      k.ifThen(valid[t], flush);
     }
     b.create<gpu::ReturnOp>(k.loc);
     KernelLaunch launch{name.str(), grid, block};

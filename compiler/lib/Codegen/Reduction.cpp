@@ -256,10 +256,7 @@ bool emitRowBody(Body &k, Operation *op, int64_t cols, int64_t block, Value sh, 
   auto write = [&](function_ref<Value(Pos)> value) {
     if (cached) {
       for (int64_t t = 0; t < perThread; ++t) {
-        if (valid[t])
-          k.ifThen(valid[t], [&] { io.store(positions[t].c, value(positions[t])); });
-        else
-          io.store(positions[t].c, value(positions[t]));
+        k.ifThen(valid[t], [&] { io.store(positions[t].c, value(positions[t])); });
       }
       return;
     }
