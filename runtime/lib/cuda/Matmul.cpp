@@ -12,13 +12,6 @@ std::vector<int64_t> shapeOf(const bundle::Program &p, int32_t t) {
   return {s.begin(), s.end()};
 }
 
-int64_t product(const std::vector<int64_t> &v, size_t begin, size_t end) {
-  int64_t r = 1;
-  for (size_t i = begin; i < end; ++i)
-    r *= v[i];
-  return r;
-}
-
 
 #define LT_CHECK(call)                                                                          \
   do {                                                                                          \
@@ -77,10 +70,7 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   pr.bias = b.c() == bundle::MatmulProblem::BIAS_ROW;
   // What cuBLASLt will read and write must be exactly the tensors: a corrupt
   // bundle is refused here, never run past a buffer's end.
-  auto elements = [&](int32_t t) {
-    std::vector<int64_t> shape = shapeOf(p, t);
-    return product(shape, 0, shape.size());
-  };
+  auto elements = [&](int32_t t) { return numElements(shapeOf(p, t)); };
   auto fits = [](int64_t a, int64_t b) { return a > 0 && b > 0 && a <= (int64_t{1} << 62) / b; };
   if (!fits(pr.m, pr.k) || !fits(pr.k, pr.n) || !fits(pr.m, pr.n) || pr.batch < 1 ||
       !fits(pr.batch, pr.m * pr.n) || !fits(pr.batch, pr.m * pr.k) || !fits(pr.batch, pr.k * pr.n))
