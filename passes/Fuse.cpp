@@ -731,16 +731,6 @@ bool fuseBatchNorms(func::FuncOp func) {
   return changed;
 }
 
-/// Whether every operand and the result of `product` (a gemm or matmul) are
-/// static f32 tensors: what cuBLASLt's epilogues take here.
-bool isF32Product(Operation *product) {
-  auto f32 = [](Type t) {
-    auto tt = dyn_cast<RankedTensorType>(t);
-    return tt && tt.hasStaticShape() && tt.getNumElements() > 0 && tt.getElementType().isF32();
-  };
-  return llvm::all_of(product->getOperandTypes(), f32) && f32(product->getResult(0).getType());
-}
-
 /// The region "gemm" of `product` and `epilogue` at `at` (one of them); the
 /// region's arguments are the product's operands and the body clones both ops
 /// (the epilogue reading `epilogueInput`'s clone), yielding `yielded`'s clones.
@@ -884,7 +874,7 @@ bool fuseBiasGradients(func::FuncOp func, llvm::SmallPtrSetImpl<Operation *> &ta
       if (cast<RankedTensorType>(view.getType()).getRank() != 2)
         continue;
       for (Operation *user : view.getUsers()) {
-        if (!isa<GemmOp, MatMulOp>(user) || taken.count(user) || !isF32Product(user) ||
+        if (!isa<GemmOp, MatMulOp>(user) || taken.count(user) || !isStaticNonEmptyF32(user) ||
             user->getBlock() != sum->getBlock())
           continue;
         auto gemm = dyn_cast<GemmOp>(user);
@@ -964,7 +954,7 @@ bool fuseBiasGradients(func::FuncOp func, llvm::SmallPtrSetImpl<Operation *> &ta
 bool fuseGemmEpilogues(func::FuncOp func) {
   SmallVector<Operation *> products;
   func.walk([&](Operation *op) {
-    if (isa<GemmOp, MatMulOp>(op) && !op->getParentOfType<FusionOp>() && isF32Product(op))
+    if (isa<GemmOp, MatMulOp>(op) && !op->getParentOfType<FusionOp>() && isStaticNonEmptyF32(op))
       products.push_back(op);
   });
   bool changed = false;

@@ -14,6 +14,12 @@ namespace mlir::forge {
 #define GEN_PASS_REGISTRATION
 #include "Passes.h.inc"
 
+/// Whether every operand and result of `op` is a static f32 tensor with
+/// elements: what the GPU libraries' calls take (cuBLASLt refuses k = 0, and
+/// an op whose results are empty is a zero-byte copy). forge-select-library
+/// marks only such ops; forge-fuse forms GEMM epilogue regions only of them.
+bool isStaticNonEmptyF32(Operation *op);
+
 } // namespace mlir::forge
 
 #endif // FORGE_PASSES_PASSES_H

@@ -17,19 +17,6 @@ using namespace mlir::forge;
 
 namespace {
 
-/// Static f32 operands and results, and some result to compute (an op whose
-/// results are all empty is a zero-byte copy, forge-generate-kernels).
-bool staticF32(Operation *op) {
-  SmallVector<Type> types(op->getOperandTypes());
-  llvm::append_range(types, op->getResultTypes());
-  auto f32 = [](Type type) {
-    auto t = dyn_cast<RankedTensorType>(type);
-    return t && t.hasStaticShape() && t.getElementType().isF32();
-  };
-  auto empty = [](Type type) { return cast<RankedTensorType>(type).getNumElements() == 0; };
-  return llvm::all_of(types, f32) && !llvm::all_of(op->getResultTypes(), empty);
-}
-
 /// conv, conv_transpose, conv_grad_weight: 1-3 spatial dims, symmetric pads.
 bool cudnnTakes(Operation *op) {
   auto x = cast<RankedTensorType>(op->getOperand(0).getType());
@@ -211,7 +198,7 @@ bool foldBiasEpilogue(AddOp add) {
       bias = y;
       break;
     }
-  if (!matmul || matmul.getTransA() || !staticF32(add) || !staticF32(matmul))
+  if (!matmul || matmul.getTransA() || !isStaticNonEmptyF32(add) || !isStaticNonEmptyF32(matmul))
     return false;
   auto a = cast<RankedTensorType>(matmul.getLhs().getType());
   auto w = cast<RankedTensorType>(matmul.getRhs().getType());
@@ -262,7 +249,7 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
     }
     getOperation().walk([&](Operation *op) {
       if (!isa<MatMulOp, GemmOp, ConvOp, ConvTransposeOp, ConvGradWeightOp>(op) ||
-          !staticF32(op) || op->getParentOfType<FusionOp>())
+          !isStaticNonEmptyF32(op) || op->getParentOfType<FusionOp>())
         return;
       StringRef library;
       std::optional<MatmulForm> form;
@@ -287,3 +274,11 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
 };
 
 } // namespace
+
+bool mlir::forge::isStaticNonEmptyF32(Operation *op) {
+  auto f32 = [](Type type) {
+    auto t = dyn_cast<RankedTensorType>(type);
+    return t && t.hasStaticShape() && t.getNumElements() > 0 && t.getElementType().isF32();
+  };
+  return llvm::all_of(op->getOperandTypes(), f32) && llvm::all_of(op->getResultTypes(), f32);
+}

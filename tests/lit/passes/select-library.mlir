@@ -24,15 +24,18 @@ func.func @matmuls(%a: tensor<2x3x4x8xf32>, %b: tensor<2x3x8x5xf32>, %m: tensor<
 
 // -----
 
-// Not: batches broadcast on both sides, a vector operand, f16, an empty result.
+// Not: batches broadcast on both sides, a vector operand, f16, an empty result,
+// an empty contraction (k = 0: cuBLASLt's problem would be refused; a kernel
+// writes the zeros).
 // CHECK-LABEL: func @not_matmuls
 // CHECK-NOT: forge.library
-func.func @not_matmuls(%a: tensor<2x1x4x8xf32>, %b: tensor<1x3x8x5xf32>, %v: tensor<8xf32>, %h: tensor<4x8xf16>, %hb: tensor<8x5xf16>, %e: tensor<0x8xf32>, %m: tensor<8x5xf32>) -> (tensor<2x3x4x5xf32>, tensor<2x1x4xf32>, tensor<4x5xf16>, tensor<0x5xf32>) {
+func.func @not_matmuls(%a: tensor<2x1x4x8xf32>, %b: tensor<1x3x8x5xf32>, %v: tensor<8xf32>, %h: tensor<4x8xf16>, %hb: tensor<8x5xf16>, %e: tensor<0x8xf32>, %m: tensor<8x5xf32>, %zk: tensor<4x0xf32>, %zn: tensor<0x5xf32>) -> (tensor<2x3x4x5xf32>, tensor<2x1x4xf32>, tensor<4x5xf16>, tensor<0x5xf32>, tensor<4x5xf32>) {
   %0 = forge.matmul %a, %b : (tensor<2x1x4x8xf32>, tensor<1x3x8x5xf32>) -> tensor<2x3x4x5xf32>
   %1 = forge.matmul %a, %v : (tensor<2x1x4x8xf32>, tensor<8xf32>) -> tensor<2x1x4xf32>
   %2 = forge.matmul %h, %hb : (tensor<4x8xf16>, tensor<8x5xf16>) -> tensor<4x5xf16>
   %3 = forge.matmul %e, %m : (tensor<0x8xf32>, tensor<8x5xf32>) -> tensor<0x5xf32>
-  return %0, %1, %2, %3 : tensor<2x3x4x5xf32>, tensor<2x1x4xf32>, tensor<4x5xf16>, tensor<0x5xf32>
+  %4 = forge.matmul %zk, %zn : (tensor<4x0xf32>, tensor<0x5xf32>) -> tensor<4x5xf32>
+  return %0, %1, %2, %3, %4 : tensor<2x3x4x5xf32>, tensor<2x1x4xf32>, tensor<4x5xf16>, tensor<0x5xf32>, tensor<4x5xf32>
 }
 
 // -----
