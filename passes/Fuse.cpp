@@ -386,9 +386,17 @@ FusionOp rematerialize(FusionOp consumer, FusionOp producer, ArrayRef<unsigned> 
   for (auto [i, v] : llvm::enumerate(consumer.getInputs()))
     if (!removed.contains(i))
       inputs.insert(v);
+  // Reads removed, and the producer's writes of results only this consumer
+  // reads (dropped afterwards), against the producer's inputs read instead
+  // (a GELU's derivative saved by the forward: recomputing it from x reads x
+  // instead of it, and the forward no longer writes it).
   int64_t removedBytes = 0, addedBytes = 0;
-  for (unsigned i : indices)
-    removedBytes += bytesOf(consumer.getInputs()[i]);
+  for (unsigned i : indices) {
+    Value v = consumer.getInputs()[i];
+    removedBytes += bytesOf(v);
+    if (llvm::all_of(v.getUsers(), [&](Operation *u) { return u == consumer.getOperation(); }))
+      removedBytes += bytesOf(v);
+  }
   for (unsigned a : pArgs) {
     Value v = producer.getInputs()[a];
     if (inputs.insert(v))
@@ -428,6 +436,31 @@ FusionOp rematerialize(FusionOp consumer, FusionOp producer, ArrayRef<unsigned> 
 bool rematerializeRegions(func::FuncOp func) {
   bool changed = false;
   for (Block &block : func.getBody()) {
+    // A lone pointwise op reading a loop region's result of its shape (a
+    // GELU's gradient applied to the incoming gradient) is a consumer too: as
+    // a loop region of its own, kept only when the rematerialization below
+    // takes it (else it becomes the op again).
+    SmallVector<FusionOp> wrapped;
+    for (Operation &op : llvm::make_early_inc_range(block)) {
+      if (isa<FusionOp>(op) || !isLoopFusible(&op) ||
+          llvm::none_of(op.getOperands(), [&](Value v) {
+            auto producer = v.getDefiningOp<FusionOp>();
+            return producer && producer.getKind() == "loop" && !producer.isViewRegion() &&
+                   producer.getIterationShape() == shapeOf(&op);
+          }))
+        continue;
+      OpBuilder b(&op);
+      IRMapping map;
+      llvm::SetVector<Value> inputs(op.getOperands().begin(), op.getOperands().end());
+      FusionOp region = createRegion(b, op.getLoc(), op.getResultTypes(), inputs.getArrayRef(),
+                                     "loop", map);
+      OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+      inner.create<YieldOp>(op.getLoc(), inner.clone(op, map)->getResults());
+      op.replaceAllUsesWith(region->getResults());
+      op.erase();
+      wrapped.push_back(region);
+    }
+    llvm::DenseSet<Operation *> lone(wrapped.begin(), wrapped.end());
     for (FusionOp consumer : llvm::to_vector(block.getOps<FusionOp>())) {
       if (consumer.getKind() != "loop")
         continue;
@@ -442,12 +475,17 @@ bool rematerializeRegions(func::FuncOp func) {
         }
         for (auto &[producer, indices] : byProducer)
           if (FusionOp remat = rematerialize(consumer, cast<FusionOp>(producer), indices)) {
+            lone.erase(consumer.getOperation());
             consumer = remat;
             progress = changed = true;
             break;
           }
       }
     }
+    // The wrapped ops that nothing rematerialized into: ops again.
+    for (FusionOp region : wrapped)
+      if (lone.contains(region.getOperation()))
+        region.inlineBody();
     for (FusionOp fusion : llvm::to_vector(block.getOps<FusionOp>()))
       changed |= dropUnusedResults(fusion);
   }

@@ -62,6 +62,22 @@ def FoldConstants : Pass<"forge-fold-constants", "::mlir::func::FuncOp"> {
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+def RecognizeComposites : Pass<"forge-recognize-composites", "::mlir::func::FuncOp"> {
+  let summary = "Replace exporters' elementwise spellings of an op by the op";
+  let description = [{
+    The tanh GELU that PyTorch writes below opset 20,
+    0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) (operands in
+    either order; x^3 as x * (x * x), (x * x) * x or pow(x, 3); the 0.5 on
+    the product or on x), becomes `forge.gelu {approximate = "tanh"}`: its own
+    gradient rule, and a GEMM epilogue can compute it. The constants must be
+    one-element forge.constant values within 1e-6 (relative), and every
+    intermediate read by the chain alone. The chain's ops are left dead for
+    forge-eliminate-dead-code; nothing is folded (initializers are still
+    constants in the import-cleanup stage, where the pipeline runs it).
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 def EliminateDeadCode : Pass<"forge-eliminate-dead-code", "::mlir::func::FuncOp"> {
   let summary = "Erase side-effect-free ops whose results are unused";
   let description = [{

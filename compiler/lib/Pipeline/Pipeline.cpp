@@ -89,6 +89,9 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // multi-output nodes nobody reads), so the train step differentiates only
   // live ops. Nothing that folds: initializers are still constants here and
   // must reach the train-step stage unchanged to become parameters.
+  // Composites first (the tanh GELU as one op), so that the train step
+  // differentiates the op by its own rule; they leave their chains dead.
+  pm.addNestedPass<func::FuncOp>(createRecognizeComposites());
   pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
   // Stage "train-step construction": @main -> @train_step + @eval. Before the
   // graph cleanup, which would fold parameter initializers into constants;
@@ -115,7 +118,9 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
 }
 
 void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options) {
-  // No train step: initializers are constants and may fold.
+  // No train step: initializers are constants and may fold. Composites
+  // first, before folding could take their constants apart.
+  pm.addNestedPass<func::FuncOp>(createRecognizeComposites());
   addGraphCleanup(pm, options);
   addFusion(pm, options);
   addPlacement(pm, options);

@@ -212,21 +212,22 @@ func.func @remat(%x: tensor<4x8xf32>, %b: tensor<8xf32>, %w: tensor<8x8xf32>) ->
 // -----
 
 // Negative: recomputing h would read x and b (160 bytes) instead of h (128
-// bytes), so the consumer keeps reading h; with rematerialize=false nothing
-// is recomputed either.
+// bytes), and h is returned too, so the producer writes it anyway: the
+// consumer keeps reading h; with rematerialize=false nothing is recomputed
+// either.
 // CHECK-LABEL: func @no_remat
 // CHECK: %[[F:.*]]:2 = forge.fusion "loop"(%arg0, %arg1)
 // CHECK: forge.fusion "loop"(%{{.*}}, %[[F]]#0) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
 // CHECK-NOT: forge.add %arg
 // OFF-LABEL: func @remat
 // OFF: forge.fusion "loop"(%{{.*}}, %{{.*}}#{{[0-9]}}, %{{.*}}#{{[0-9]}}, %{{.*}}#{{[0-9]}}) : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
-func.func @no_remat(%x: tensor<4x8xf32>, %b: tensor<8xf32>, %w: tensor<8x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+func.func @no_remat(%x: tensor<4x8xf32>, %b: tensor<8xf32>, %w: tensor<8x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) {
   %h = forge.add %x, %b : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
   %y = forge.tanh %h : (tensor<4x8xf32>) -> tensor<4x8xf32>
   %m = forge.matmul %y, %w : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
   %u = forge.mul %m, %h : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
   %d = forge.exp %u : (tensor<4x8xf32>) -> tensor<4x8xf32>
-  return %m, %d : tensor<4x8xf32>, tensor<4x8xf32>
+  return %m, %d, %h : tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>
 }
 
 // -----
