@@ -255,9 +255,11 @@ def run(a):
             "compile_ms": 1e3 * c_dt, "forge_samples_s": batch / f_dt,
             "eager_samples_s": batch / e_dt, "compile_samples_s": batch / c_dt,
             "first_losses_max_rel": rel, "forge_losses": f_losses[:k],
-            "eager_losses": e_losses[:k], "forge_top": top}
+            "eager_losses": e_losses[:k], "forge_last_loss": f_losses[-1],
+            "eager_last_loss": e_losses[-1], "forge_top": top}
         print(f"{name:8s} B={batch}: forge {1e3 * f_dt:8.3f} ms | eager {1e3 * e_dt:8.3f} ms | "
-              f"compile {1e3 * c_dt:8.3f} ms | first {k} losses max rel {rel:.2e}")
+              f"compile {1e3 * c_dt:8.3f} ms | first {k} losses max rel {rel:.2e} | "
+              f"last loss forge {f_losses[-1]:.4g} eager {e_losses[-1]:.4g}")
         if top:
             print("  forge " + top.replace("\n", "\n  "))
         with open(os.path.join(a.dir, "results.json"), "w") as f:  # after every model
