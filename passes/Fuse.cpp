@@ -813,8 +813,49 @@ bool fuseReluEpilogue(Operation *product) {
   return true;
 }
 
-/// Residual linear layers: add(add(P, b), r), P = matmul(A, W) (W a matrix,
-/// A not transposed; A's batch folds into M) or a gemm without C, b a row of
+/// A product that one 2-D GEMM computes: P = matmul(A, W) (W a matrix, A not
+/// transposed; A's batch dims fold into M) or a gemm without C.
+struct FlatProduct {
+  int64_t m = 0, k = 0, n = 0;
+};
+std::optional<FlatProduct> flatProduct(Operation *product) {
+  auto type = cast<RankedTensorType>(product->getResult(0).getType());
+  auto gemm = dyn_cast<GemmOp>(product);
+  auto matmul = dyn_cast<MatMulOp>(product);
+  Value lhs = product->getOperand(0), rhs = product->getOperand(1);
+  auto lhsType = cast<RankedTensorType>(lhs.getType());
+  if (type.getRank() < 2 || cast<RankedTensorType>(rhs.getType()).getRank() != 2 ||
+      (gemm && gemm.getC()) || (matmul && (matmul.getTransA() || lhsType.getRank() < 2)))
+    return std::nullopt;
+  FlatProduct f;
+  f.n = type.getShape().back();
+  f.m = type.getNumElements() / f.n;
+  f.k = gemm && gemm.getTransA() ? lhsType.getDimSize(0) : lhsType.getShape().back();
+  return f;
+}
+
+/// `v` viewed as `shape` (itself when it has that shape).
+Value viewAs(OpBuilder &b, Location loc, Value v, ArrayRef<int64_t> shape) {
+  auto t = cast<RankedTensorType>(v.getType());
+  if (t.getShape() == shape)
+    return v;
+  return b.create<ReshapeOp>(loc, RankedTensorType::get(shape, t.getElementType()), v,
+                             b.getDenseI64ArrayAttr(shape));
+}
+
+/// The flat product's 2-D GEMM in a region body, on the region's arguments
+/// `a` (the lhs as [M, K]) and `w`, with C = `c` (or none) scaled by `beta`.
+Value cloneAsGemm(OpBuilder &inner, Location loc, Operation *product, const FlatProduct &f,
+                  Value a, Value w, Value c, double beta) {
+  auto gemm = dyn_cast<GemmOp>(product);
+  auto matrix = RankedTensorType::get({f.m, f.n}, inner.getF32Type());
+  return inner.create<GemmOp>(
+      loc, matrix, a, w, c, inner.getBoolAttr(gemm ? gemm.getTransA() : false),
+      inner.getBoolAttr(gemm ? gemm.getTransB() : cast<MatMulOp>(product).getTransB()),
+      gemm ? gemm.getAlphaAttr() : inner.getF64FloatAttr(1.0), inner.getF64FloatAttr(beta));
+}
+
+/// Residual linear layers: add(add(P, b), r), P a flat product, b a row of
 /// P's columns, r of P's shape: gemm(A, W, C = r, beta 1) with b as the BIAS
 /// epilogue, one call instead of the product and a kernel reading it, b and
 /// r (GPT-2's attention and MLP outputs). cuBLASLt adds C before the bias:
@@ -822,7 +863,8 @@ bool fuseReluEpilogue(Operation *product) {
 bool fuseResidualEpilogue(func::FuncOp func, Operation *product) {
   Value y = product->getResult(0);
   auto type = cast<RankedTensorType>(y.getType());
-  if (!y.hasOneUse() || type.getRank() < 2)
+  std::optional<FlatProduct> f = flatProduct(product);
+  if (!f || !y.hasOneUse())
     return false;
   auto addBias = dyn_cast<AddOp>(*y.getUsers().begin());
   if (!addBias || addBias->getBlock() != product->getBlock() ||
@@ -830,8 +872,8 @@ bool fuseResidualEpilogue(func::FuncOp func, Operation *product) {
     return false;
   Value bias = addBias.getLhs() == y ? addBias.getRhs() : addBias.getLhs();
   auto biasType = cast<RankedTensorType>(bias.getType());
-  int64_t n = type.getShape().back();
-  if (biasType.getRank() != 1 || biasType.getDimSize(0) != n || !biasType.getElementType().isF32())
+  if (biasType.getRank() != 1 || biasType.getDimSize(0) != f->n ||
+      !biasType.getElementType().isF32())
     return false;
   auto addResidual = dyn_cast<AddOp>(*addBias.getResult().getUsers().begin());
   if (!addResidual || addResidual->getBlock() != product->getBlock() ||
@@ -839,48 +881,166 @@ bool fuseResidualEpilogue(func::FuncOp func, Operation *product) {
     return false;
   Value residual =
       addResidual.getLhs() == addBias.getResult() ? addResidual.getRhs() : addResidual.getLhs();
-  if (residual.getType() != type || residual == addBias.getResult())
-    return false;
-  auto gemm = dyn_cast<GemmOp>(product);
-  auto matmul = dyn_cast<MatMulOp>(product);
   Value lhs = product->getOperand(0), rhs = product->getOperand(1);
-  auto lhsType = cast<RankedTensorType>(lhs.getType());
-  if (cast<RankedTensorType>(rhs.getType()).getRank() != 2 || (gemm && gemm.getC()) ||
-      (matmul && (matmul.getTransA() || lhsType.getRank() < 2)))
+  if (residual.getType() != type || residual == addBias.getResult() ||
+      !distinct({lhs, rhs, residual, bias}))
     return false;
-  if (!distinct({lhs, rhs, residual, bias}))
-    return false;
-  int64_t k = lhsType.getShape().back(), m = type.getNumElements() / n;
   OpBuilder b(addResidual);
   Location loc = FusedLoc::get(func.getContext(),
                                {product->getLoc(), addBias.getLoc(), addResidual.getLoc()});
-  auto f32 = type.getElementType();
-  auto flat = [&](Value v, ArrayRef<int64_t> shape) -> Value {
-    if (cast<RankedTensorType>(v.getType()).getShape() == shape)
-      return v;
-    return b.create<ReshapeOp>(loc, RankedTensorType::get(shape, f32), v,
-                               b.getDenseI64ArrayAttr(shape));
-  };
-  Value a = gemm ? lhs : flat(lhs, {m, k});
-  Value c = flat(residual, {m, n});
-  auto matrix = RankedTensorType::get({m, n}, f32);
+  Value a = isa<GemmOp>(product) ? lhs : viewAs(b, loc, lhs, {f->m, f->k});
+  Value c = viewAs(b, loc, residual, {f->m, f->n});
+  auto matrix = RankedTensorType::get({f->m, f->n}, type.getElementType());
   IRMapping map;
   FusionOp region = createRegion(b, loc, matrix, ValueRange{a, rhs, c, bias}, "gemm", map);
   OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
-  Value p = inner.create<GemmOp>(
-      loc, matrix, map.lookup(a), map.lookup(rhs), map.lookup(c),
-      inner.getBoolAttr(gemm ? gemm.getTransA() : false),
-      inner.getBoolAttr(gemm ? gemm.getTransB() : matmul.getTransB()),
-      gemm ? gemm.getAlphaAttr() : inner.getF64FloatAttr(1.0), inner.getF64FloatAttr(1.0));
+  Value p = cloneAsGemm(inner, loc, product, *f, map.lookup(a), map.lookup(rhs), map.lookup(c), 1.0);
   Value sum = inner.create<AddOp>(loc, matrix, p, map.lookup(bias));
   inner.create<YieldOp>(loc, sum);
   b.setInsertionPointAfter(region);
-  Value out = region.getResult(0);
-  if (type.getShape() != matrix.getShape())
-    out = b.create<ReshapeOp>(loc, type, out, b.getDenseI64ArrayAttr(type.getShape()));
-  addResidual.getResult().replaceAllUsesWith(out);
+  addResidual.getResult().replaceAllUsesWith(viewAs(b, loc, region.getResult(0), type.getShape()));
   addResidual->erase();
   addBias->erase();
+  product->erase();
+  return true;
+}
+
+/// The tanh GELU of a linear layer: gelu(add(P, b)) or gelu(P), P a flat
+/// product, b a row of P's columns: one gemm region whose GEMM adds b as C
+/// and applies the GELU (cuBLASLt's GELU_BIAS / GELU). When anything else
+/// reads the GELU's input (the backward pass's gelu_grad), the region also
+/// yields it as the epilogue's aux output (GELU_AUX_BIAS / GELU_AUX), so the
+/// pre-activation is written by the GEMM instead of by a kernel of its own.
+bool fuseGeluEpilogue(func::FuncOp func, Operation *product) {
+  Value y = product->getResult(0);
+  auto type = cast<RankedTensorType>(y.getType());
+  std::optional<FlatProduct> f = flatProduct(product);
+  if (!f || !distinct(product->getOperands()))
+    return false;
+  auto isTanhGelu = [&](Operation *op, Value x) {
+    auto gelu = dyn_cast<GeluOp>(op);
+    return gelu && gelu.getInput() == x && gelu.getApproximate() == "tanh" &&
+           gelu->getBlock() == product->getBlock();
+  };
+  AddOp addBias;
+  Value bias, pre = y;
+  if (y.hasOneUse() && (addBias = dyn_cast<AddOp>(*y.getUsers().begin()))) {
+    bias = addBias.getLhs() == y ? addBias.getRhs() : addBias.getLhs();
+    auto biasType = cast<RankedTensorType>(bias.getType());
+    if (addBias->getBlock() != product->getBlock() || addBias.getType() != type ||
+        biasType.getRank() != 1 || biasType.getDimSize(0) != f->n ||
+        !biasType.getElementType().isF32() || !distinct({product->getOperand(0), product->getOperand(1), bias}))
+      return false;
+    pre = addBias.getResult();
+  }
+  GeluOp gelu;
+  for (Operation *user : pre.getUsers())
+    if (isTanhGelu(user, pre))
+      gelu = cast<GeluOp>(user);
+  if (!gelu || (!addBias && llvm::any_of(pre.getUsers(), [&](Operation *u) {
+                  return u != gelu && u->isBeforeInBlock(gelu);
+                })))
+    return false; // without a bias the region replaces P at the GELU: readers before it stay unfused
+  bool aux = !pre.hasOneUse();
+  Operation *at = addBias ? addBias.getOperation() : gelu.getOperation();
+  OpBuilder b(at);
+  SmallVector<Location> locs{product->getLoc(), gelu.getLoc()};
+  if (addBias)
+    locs.push_back(addBias.getLoc());
+  Location loc = FusedLoc::get(func.getContext(), locs);
+  Value lhs = product->getOperand(0), rhs = product->getOperand(1);
+  Value a = isa<GemmOp>(product) ? lhs : viewAs(b, loc, lhs, {f->m, f->k});
+  SmallVector<Value> inputs{a, rhs};
+  if (bias)
+    inputs.push_back(bias);
+  auto matrix = RankedTensorType::get({f->m, f->n}, type.getElementType());
+  SmallVector<Type> results(aux ? 2 : 1, matrix);
+  IRMapping map;
+  FusionOp region = createRegion(b, loc, results, inputs, "gemm", map);
+  OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+  Value p = cloneAsGemm(inner, loc, product, *f, map.lookup(a), map.lookup(rhs),
+                        bias ? map.lookup(bias) : Value(), 1.0);
+  Value g = inner.create<GeluOp>(loc, matrix, p, inner.getStringAttr("tanh"));
+  SmallVector<Value> yielded{g};
+  if (aux)
+    yielded.push_back(p);
+  inner.create<YieldOp>(loc, yielded);
+  b.setInsertionPointAfter(region);
+  Value out = viewAs(b, loc, region.getResult(0), type.getShape());
+  if (aux)
+    pre.replaceAllUsesExcept(viewAs(b, loc, region.getResult(1), type.getShape()), gelu);
+  gelu.getResult().replaceAllUsesWith(out);
+  gelu->erase();
+  if (addBias)
+    addBias->erase();
+  product->erase();
+  return true;
+}
+
+/// The tanh GELU's gradient after the GEMM that produces its grad_output:
+/// gelu_grad(P, X), P a flat product that only it reads: one gemm region
+/// with cuBLASLt's DGELU epilogue reading X (the forward's aux output). When
+/// a reduce_sum over all but the last axis reads the gradient (a bias
+/// gradient), it joins as DGELU_BGRAD.
+bool fuseGeluGradEpilogue(func::FuncOp func, Operation *product) {
+  Value y = product->getResult(0);
+  std::optional<FlatProduct> f = flatProduct(product);
+  if (!f || !y.hasOneUse())
+    return false;
+  // The product itself or its one reshape (a 2-D gemm's [M, N] viewed as the
+  // activation's [B, T, N]).
+  auto view = dyn_cast<ReshapeOp>(*y.getUsers().begin());
+  if (view && (view->getBlock() != product->getBlock() || !view.getResult().hasOneUse()))
+    return false;
+  if (view)
+    y = view.getResult();
+  auto type = cast<RankedTensorType>(y.getType());
+  auto grad = dyn_cast<GeluGradOp>(*y.getUsers().begin());
+  Value lhs = product->getOperand(0), rhs = product->getOperand(1);
+  if (!grad || grad.getGradOutput() != y || grad.getApproximate() != "tanh" ||
+      grad->getBlock() != product->getBlock() || grad.getInput().getType() != type ||
+      !distinct({lhs, rhs, grad.getInput()}))
+    return false;
+  // A bias gradient of the result: reduce_sum over every axis but the last.
+  ReduceSumOp biasGrad;
+  SmallVector<int64_t> leading = llvm::to_vector(llvm::seq<int64_t>(0, type.getRank() - 1));
+  for (Operation *user : grad.getResult().getUsers())
+    if (auto sum = dyn_cast<ReduceSumOp>(user);
+        sum && sum->getBlock() == grad->getBlock() &&
+        ArrayRef<int64_t>(sum.getAxes()) == ArrayRef<int64_t>(leading))
+      biasGrad = sum;
+  OpBuilder b(grad);
+  SmallVector<Location> locs{product->getLoc(), grad.getLoc()};
+  if (biasGrad)
+    locs.push_back(biasGrad.getLoc());
+  Location loc = FusedLoc::get(func.getContext(), locs);
+  Value a = isa<GemmOp>(product) ? lhs : viewAs(b, loc, lhs, {f->m, f->k});
+  Value x = viewAs(b, loc, grad.getInput(), {f->m, f->n});
+  auto matrix = RankedTensorType::get({f->m, f->n}, type.getElementType());
+  auto row = RankedTensorType::get({1, f->n}, type.getElementType());
+  SmallVector<Type> results{matrix};
+  if (biasGrad)
+    results.push_back(row);
+  IRMapping map;
+  FusionOp region = createRegion(b, loc, results, ValueRange{a, rhs, x}, "gemm", map);
+  OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+  Value p = cloneAsGemm(inner, loc, product, *f, map.lookup(a), map.lookup(rhs), Value(), 0.0);
+  Value dx = inner.create<GeluGradOp>(loc, matrix, p, map.lookup(x), inner.getStringAttr("tanh"));
+  SmallVector<Value> yielded{dx};
+  if (biasGrad)
+    yielded.push_back(inner.create<ReduceSumOp>(loc, row, dx, inner.getDenseI64ArrayAttr({0}),
+                                                inner.getBoolAttr(true)));
+  inner.create<YieldOp>(loc, yielded);
+  b.setInsertionPointAfter(region);
+  if (biasGrad) {
+    biasGrad.getResult().replaceAllUsesWith(viewAs(
+        b, loc, region.getResult(1), cast<RankedTensorType>(biasGrad.getType()).getShape()));
+    biasGrad->erase();
+  }
+  grad.getResult().replaceAllUsesWith(viewAs(b, loc, region.getResult(0), type.getShape()));
+  grad->erase();
+  if (view)
+    view->erase();
   product->erase();
   return true;
 }
@@ -998,7 +1158,8 @@ bool fuseGemmEpilogues(func::FuncOp func) {
   bool changed = false;
   llvm::SmallPtrSet<Operation *, 16> taken; // erased: their products are in regions
   for (Operation *product : products)
-    if (fuseReluEpilogue(product) || fuseResidualEpilogue(func, product)) {
+    if (fuseReluEpilogue(product) || fuseResidualEpilogue(func, product) ||
+        fuseGeluEpilogue(func, product) || fuseGeluGradEpilogue(func, product)) {
       taken.insert(product);
       changed = true;
     }

@@ -54,7 +54,8 @@ struct MatmulForm {
   bool transA = false, transB = false;
   StringRef c = "none"; // none | full | bias
   double alpha = 1.0, beta = 0.0;
-  // A gemm region's epilogue: relu | bias | bgrad_lhs | bgrad_rhs (none: not stated).
+  // A gemm region's epilogue: relu | bias | bgrad_lhs | bgrad_rhs | gelu | gelu_aux |
+  // dgelu | dgelu_bgrad (none: not stated).
   StringRef epilogue = "none";
 };
 
@@ -153,7 +154,9 @@ DictionaryAttr formAttr(MLIRContext *ctx, const MatmulForm &f) {
 /// which the region's verifier fixed): RELU (RELU_BIAS with a bias row) after
 /// a product without a full C; BIAS from the region's last input after a
 /// product with a full C; a bias gradient (BGRADB/BGRADA: cuBLASLt's B is the
-/// lhs here) of one product, no C.
+/// lhs here) of one product, no C; the tanh GELU (GELU[_AUX][_BIAS]) and its
+/// gradient (DGELU[_BGRAD], the GELU's input the region's last argument),
+/// whose aux matrices need n a multiple of 8.
 std::optional<MatmulForm> cublasForm(FusionOp region) {
   Operation *product = &region.getBlock().front();
   std::optional<MatmulForm> f;
@@ -175,6 +178,22 @@ std::optional<MatmulForm> cublasForm(FusionOp region) {
     if (f->c == "full")
       return std::nullopt;
     f->epilogue = "relu";
+    return f;
+  }
+  if (isa<GeluOp>(epilogue)) {
+    // GELU(_BIAS), and GELU_AUX(_BIAS) when the region yields the product too.
+    // The aux matrix's leading dimension (n) must be a multiple of 8.
+    bool aux = region.getNumResults() == 2;
+    if (f->c == "full" || (aux && (f->n % 8 != 0 || f->batch != 1)))
+      return std::nullopt;
+    f->epilogue = aux ? "gelu_aux" : "gelu";
+    return f;
+  }
+  if (isa<GeluGradOp>(epilogue)) {
+    // DGELU reading the region's last argument; DGELU_BGRAD with the sum.
+    if (f->batch != 1 || f->c != "none" || f->n % 8 != 0)
+      return std::nullopt;
+    f->epilogue = region.getNumResults() == 2 ? "dgelu_bgrad" : "dgelu";
     return f;
   }
   if (f->batch != 1 || f->c != "none")

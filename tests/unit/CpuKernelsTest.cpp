@@ -389,6 +389,7 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "batch_norm_training_grad",
                                         "layer_norm_grad",
                                         "group_norm_grad",
+                                        "gelu_grad",
                                         "softmax_grad",
                                         "log_softmax_grad",
                                         "nll_loss_grad",
@@ -742,6 +743,29 @@ TEST(CpuKernels, UnaryFloat) {
         tol *= 4;
       expectNear(y, want, tol, tol, c.op.inst.op() + " " + std::string(dtypeName(t)));
     }
+}
+
+// gelu_grad against central differences of the float64 GELUs above (an
+// independent reference: the kernel evaluates the closed-form derivative).
+TEST(CpuKernels, GeluGradMatchesDifferencesOfGelu) {
+  for (auto [approx, f] : {std::pair<const char *, double (*)(double)>{"none", refGeluErf},
+                           std::pair<const char *, double (*)(double)>{"tanh", refGeluTanh}})
+    for (DType t : {bundle::F32, bundle::F64}) {
+      const int64_t n = 4001;
+      HT x = randomTensor(t, {n}, -6, 6), dy = randomTensor(t, {n}, -2, 2), dx(t, {n});
+      ASSERT_OK(Op("gelu_grad").s("approximate", approx).run({&dy, &x}, {&dx}));
+      std::vector<double> want(n);
+      const double h = 1e-5;
+      for (int64_t i = 0; i < n; ++i)
+        want[i] = dy.at(i) * (f(x.at(i) + h) - f(x.at(i) - h)) / (2 * h);
+      // The differences' own error is ~1e-10; f32's rounding dominates.
+      double tol = t == bundle::F32 ? 2e-6 : 1e-8;
+      expectNear(dx, want, tol, tol, std::string("gelu_grad ") + approx);
+    }
+  HT a = randomTensor(bundle::F32, {4}), b = randomTensor(bundle::F32, {5}), c(bundle::F32, {4});
+  Status st = Op("gelu_grad").s("approximate", "tanh").run({&a, &b}, {&c});
+  EXPECT_FALSE(st.isOk()); // input of another shape than grad_output
+  EXPECT_FALSE(Op("gelu_grad").s("approximate", "fast").run({&a, &a}, {&c}).isOk());
 }
 
 TEST(CpuKernels, UnaryIntegerAndErrors) {

@@ -270,3 +270,117 @@ TEST(LibraryCallTest, BiasEpilogueAfterAFullC) {
     makeBiasRegion(p).mutable_matmul()->set_c(fb::MatmulProblem::BIAS_ROW);
   }, "the bias epilogue needs a full C", at);
 }
+
+namespace {
+
+/// Adds an MLP's GELU layer and its gradient as gemm-region calls (n = 8, a
+/// multiple of 8 as aux matrices need): #2 g = gelu(x @ w + b) with the
+/// pre-activation as its aux output (GELU_AUX_BIAS), #3 dh = (dy @ w2) *
+/// gelu'(pre) and db = dh summed over its rows (DGELU_BGRAD).
+void addGeluCalls(fb::Program &p) {
+  addTensor(p, "x", fb::TensorInfo::INPUT, {6, 8}, 4096);      // 7
+  addTensor(p, "w", fb::TensorInfo::INPUT, {8, 8}, 4352);      // 8
+  addTensor(p, "b", fb::TensorInfo::INPUT, {8}, 4608);         // 9
+  addTensor(p, "g", fb::TensorInfo::OUTPUT, {6, 8}, 4864);     // 10
+  addTensor(p, "pre", fb::TensorInfo::OUTPUT, {6, 8}, 5120);   // 11
+  addTensor(p, "dy", fb::TensorInfo::INPUT, {6, 8}, 5376);     // 12
+  addTensor(p, "dh", fb::TensorInfo::OUTPUT, {6, 8}, 5632);    // 13
+  addTensor(p, "db", fb::TensorInfo::OUTPUT, {1, 8}, 5888);    // 14
+  p.set_arena_size(8192);
+  fb::Routine *r = p.mutable_routines(0);
+  auto call = [&](const char *name, std::initializer_list<int> in, std::initializer_list<int> out,
+                  fb::MatmulProblem::Epilogue e) -> fb::Instruction & {
+    fb::Instruction *f = r->add_instructions();
+    f->set_op("fusion");
+    f->set_name(name);
+    f->set_placement(fb::LIBRARY);
+    for (int t : in)
+      f->add_inputs(t);
+    for (int t : out)
+      f->add_outputs(t);
+    fb::MatmulProblem *pr = f->mutable_matmul();
+    pr->set_m(6);
+    pr->set_n(8);
+    pr->set_k(8);
+    pr->set_batch(1);
+    pr->set_alpha(1.0);
+    pr->set_dtype(fb::F32);
+    pr->set_epilogue(e);
+    fb::Instruction *gemm = f->add_body(); // the loader wants a body; the GPU runs the call
+    gemm->set_op("gemm");
+    gemm->add_inputs(*in.begin());
+    gemm->add_inputs(*(in.begin() + 1));
+    gemm->add_outputs(*out.begin());
+    return *f;
+  };
+  fb::Instruction &fwd = call("mlp/gelu", {7, 8, 9}, {10, 11}, fb::MatmulProblem::GELU_AUX);
+  fwd.mutable_matmul()->set_c(fb::MatmulProblem::BIAS_ROW);
+  fwd.mutable_matmul()->set_beta(1.0);
+  call("mlp/dgelu", {12, 8, 11}, {13, 14}, fb::MatmulProblem::DGELU_BGRAD);
+  for (int t : {7, 8, 9, 12})
+    r->add_inputs(t);
+  for (int t : {10, 13, 14})
+    r->add_outputs(t);
+}
+
+fb::Instruction &instruction(fb::Program &p, int i) {
+  return *p.mutable_routines(0)->mutable_instructions(i);
+}
+
+} // namespace
+
+TEST(LibraryCallTest, GeluEpiloguesThatFitRun) {
+  Status st = check([](fb::Program &p) { addGeluCalls(p); });
+  EXPECT_TRUE(st.isOk()) << st.message();
+  // Without the aux output (GELU_BIAS) and without the bias gradient (DGELU).
+  st = check([](fb::Program &p) {
+    addGeluCalls(p);
+    instruction(p, 2).mutable_matmul()->set_epilogue(fb::MatmulProblem::GELU);
+    instruction(p, 2).mutable_outputs()->RemoveLast();
+    instruction(p, 3).mutable_matmul()->set_epilogue(fb::MatmulProblem::DGELU);
+    instruction(p, 3).mutable_outputs()->RemoveLast();
+  });
+  EXPECT_TRUE(st.isOk()) << st.message();
+}
+
+TEST(LibraryCallTest, GeluEpiloguesThatDoNotFitAreRefused) {
+  const std::string fwd = "instruction #2 'mlp/gelu'", bwd = "instruction #3 'mlp/dgelu'";
+  // The aux output is a second output.
+  expectRefused([](fb::Program &p) {
+    addGeluCalls(p);
+    instruction(p, 2).mutable_outputs()->RemoveLast();
+  }, "two outputs", fwd);
+  // It has the output's elements.
+  expectRefused([](fb::Program &p) {
+    addGeluCalls(p);
+    p.mutable_tensors(11)->set_shape(0, 5);
+  }, "aux matrix (output 1) must be f32 of 48 elements", fwd);
+  // GELU takes no full C.
+  expectRefused([](fb::Program &p) {
+    addGeluCalls(p);
+    instruction(p, 2).mutable_matmul()->set_c(fb::MatmulProblem::FULL_C);
+  }, "takes no full C", fwd);
+  // The aux matrix's leading dimension n must be a multiple of 8: the
+  // gemm of #1 (n = 5) as a GELU_AUX_BIAS region with an aux output.
+  expectRefused([](fb::Program &p) {
+    addTensor(p, "aux5", fb::TensorInfo::OUTPUT, {4, 5}, 6144);
+    p.set_arena_size(8192);
+    fb::Instruction &f = makeReluRegion(p);
+    f.mutable_matmul()->set_epilogue(fb::MatmulProblem::GELU_AUX);
+    f.add_outputs(7);
+  }, "multiple of 8", "instruction #1 'fc/Gemm'");
+  // DGELU reads the GELU's input as input 2 and takes no C.
+  expectRefused([](fb::Program &p) {
+    addGeluCalls(p);
+    instruction(p, 3).add_inputs(9);
+  }, "GELU-gradient epilogue needs one product without C", bwd);
+  expectRefused([](fb::Program &p) {
+    addGeluCalls(p);
+    instruction(p, 3).set_inputs(2, 9); // the bias row: not of the output's shape
+  }, "aux matrix (input 2) must be f32 of 48 elements", bwd);
+  // DGELU_BGRAD's bias gradient has n elements.
+  expectRefused([](fb::Program &p) {
+    addGeluCalls(p);
+    p.mutable_tensors(14)->set_shape(1, 6);
+  }, "the bias gradient must be f32 of 8 elements", bwd);
+}

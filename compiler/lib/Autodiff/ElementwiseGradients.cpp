@@ -347,30 +347,14 @@ FORGE_GRADIENT(ThresholdedReluOp) {
 }
 
 FORGE_GRADIENT(GeluOp) {
-  bool tanhApprox = getApproximate() == "tanh";
-  return unaryRule(
-      *this, builder, resultGrads, operandGrads, [&](GradientBuilder &gb, Value g, Value x, Value) {
-        Value half = gb.scalarLike(x, 0.5), one = gb.scalarLike(x, 1.0);
-        if (tanhApprox) {
-          // u = k (x + c x^3), t = tanh(u):
-          // y' = (1 + t)/2 + x (1 - t^2) k (1 + 3 c x^2) / 2.
-          const double k = std::sqrt(2.0 / M_PI), c = 0.044715;
-          Value x2 = gb.mul(x, x);
-          Value u = gb.mulScalar(gb.mul(x, gb.addScalar(gb.mulScalar(x2, c), 1.0)), k);
-          Value t = gb.tanh(u);
-          Value du = gb.mulScalar(gb.addScalar(gb.mulScalar(x2, 3.0 * c), 1.0), k);
-          Value sech2 = gb.sub(one, gb.mul(t, t));
-          Value d =
-              gb.add(gb.mul(half, gb.add(one, t)), gb.mul(gb.mul(half, x), gb.mul(sech2, du)));
-          return gb.mul(g, d);
-        }
-        // y' = Phi(x) + x phi(x), Phi(x) = (1 + erf(x/sqrt2))/2,
-        // phi(x) = exp(-x^2/2)/sqrt(2 pi).
-        Value cdf = gb.mul(half, gb.add(one, gb.erf(gb.mulScalar(x, M_SQRT1_2))));
-        Value pdf =
-            gb.mulScalar(gb.exp(gb.mulScalar(gb.mul(x, x), -0.5)), 1.0 / std::sqrt(2.0 * M_PI));
-        return gb.mul(g, gb.add(cdf, gb.mul(x, pdf)));
-      });
+  // One gelu_grad op (its derivative: compiler/lib/Codegen/Scalar.cpp and the
+  // CPU's Backward.cpp), which forge-fuse can hand to cuBLASLt's DGELU
+  // epilogue with the GEMM that produces g.
+  StringRef approximate = getApproximate();
+  return unaryRule(*this, builder, resultGrads, operandGrads,
+                   [&](GradientBuilder &gb, Value g, Value x, Value) {
+                     return gb.create1("gelu_grad", {g, x}, {gb.attr("approximate", approximate)});
+                   });
 }
 
 FORGE_GRADIENT(HardSigmoidOp) {

@@ -21,6 +21,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSwitch.h"
 
 #include <functional>
 #include <map>
@@ -214,13 +215,21 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
                 : c.getValue() == "bias" ? pb::MatmulProblem::BIAS_ROW
                                          : pb::MatmulProblem::NO_C);
       if (epilogue) {
-        StringRef e = epilogue.getValue();
-        if (e != "relu" && e != "bias" && e != "bgrad_lhs" && e != "bgrad_rhs")
-          return op.emitError("forge.matmul's epilogue must be relu, bias, bgrad_lhs or bgrad_rhs");
-        pr->set_epilogue(e == "relu"        ? pb::MatmulProblem::RELU
-                         : e == "bias"      ? pb::MatmulProblem::BIAS
-                         : e == "bgrad_lhs" ? pb::MatmulProblem::BGRAD_LHS
-                                            : pb::MatmulProblem::BGRAD_RHS);
+        std::optional<pb::MatmulProblem::Epilogue> e =
+            llvm::StringSwitch<std::optional<pb::MatmulProblem::Epilogue>>(epilogue.getValue())
+                .Case("relu", pb::MatmulProblem::RELU)
+                .Case("bias", pb::MatmulProblem::BIAS)
+                .Case("bgrad_lhs", pb::MatmulProblem::BGRAD_LHS)
+                .Case("bgrad_rhs", pb::MatmulProblem::BGRAD_RHS)
+                .Case("gelu", pb::MatmulProblem::GELU)
+                .Case("gelu_aux", pb::MatmulProblem::GELU_AUX)
+                .Case("dgelu", pb::MatmulProblem::DGELU)
+                .Case("dgelu_bgrad", pb::MatmulProblem::DGELU_BGRAD)
+                .Default(std::nullopt);
+        if (!e)
+          return op.emitError("forge.matmul's epilogue must be relu, bias, bgrad_lhs, bgrad_rhs, "
+                              "gelu, gelu_aux, dgelu or dgelu_bgrad");
+        pr->set_epilogue(*e);
       }
       pr->set_alpha(*alpha);
       pr->set_beta(*beta);

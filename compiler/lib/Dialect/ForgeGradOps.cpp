@@ -234,6 +234,17 @@ LogicalResult GroupNormGradOp::canonicalize(GroupNormGradOp op, PatternRewriter 
 // Softmax, loss
 //===----------------------------------------------------------------------===//
 
+FORGE_INFER(GeluGradOp) {
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  auto x = rankedOrNull(adaptor.getInput().getType());
+  if (!dy || dy != x || !isa<FloatType>(dy.getElementType()))
+    return failInference(loc, "grad_output and input must be float tensors of one type");
+  if (adaptor.getApproximate() != "none" && adaptor.getApproximate() != "tanh")
+    return failInference(loc, "approximate must be 'none' or 'tanh'");
+  inferred.push_back(dy);
+  return success();
+}
+
 template <typename Adaptor>
 static LogicalResult inferSoftmaxGrad(std::optional<Location> loc, Adaptor adaptor,
                                       SmallVectorImpl<Type> &inferred) {

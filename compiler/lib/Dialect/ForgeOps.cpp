@@ -643,18 +643,56 @@ FORGE_INFER(TransposeOp) {
 /// its leading (contraction) axis.
 static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yield) {
   auto ops = llvm::map_to_vector(block.without_terminator(), [](Operation &op) { return &op; });
-  if (ops.size() != 2 || !isa<GemmOp, MatMulOp>(ops[0]))
-    return fusion.emitOpError("a gemm region holds one gemm or matmul and one epilogue op");
+  bool dgeluBgrad = ops.size() == 3 && isa<GeluGradOp>(ops[1]);
+  if ((ops.size() != 2 && !dgeluBgrad) || !isa<GemmOp, MatMulOp>(ops[0]))
+    return fusion.emitOpError("a gemm region holds one gemm or matmul and one epilogue op "
+                              "(gelu_grad and its bias gradient: two)");
   Operation *product = ops[0], *epilogue = ops[1];
-  // A bias epilogue reads one more argument, the last: the bias row.
-  bool biasEpilogue = isa<AddOp>(epilogue);
-  auto productArgs = block.getArguments().drop_back(biasEpilogue ? 1 : 0);
+  // A bias or GELU-gradient epilogue reads one more argument, the last: the
+  // bias row, or the GELU's input saved by the forward pass.
+  bool extraArg = isa<AddOp, GeluGradOp>(epilogue);
+  auto productArgs = block.getArguments().drop_back(extraArg ? 1 : 0);
   if (!llvm::equal(product->getOperands(), productArgs))
     return product->emitOpError("must take the gemm region's arguments, in order, as operands");
   for (Type t : product->getOperandTypes())
     if (!cast<RankedTensorType>(t).getElementType().isF32())
       return product->emitOpError("of a gemm region must be f32");
-  if (biasEpilogue) {
+  if (auto gelu = dyn_cast<GeluOp>(epilogue)) {
+    // GELU (GELU_BIAS with a bias row as C), yielding the pre-activation too
+    // as the aux output.
+    Value p = product->getResult(0);
+    if (gelu.getInput() != p || gelu.getApproximate() != "tanh")
+      return gelu.emitOpError("must be the tanh GELU of its gemm region's product");
+    if (!(llvm::equal(yield.getValues(), gelu->getResults()) ||
+          (yield.getValues().size() == 2 && yield.getValues()[0] == gelu.getResult() &&
+           yield.getValues()[1] == p)))
+      return fusion.emitOpError("with a GELU epilogue must yield the GELU, then optionally the "
+                                "product (the aux output)");
+    return success();
+  }
+  if (auto grad = dyn_cast<GeluGradOp>(epilogue)) {
+    Value p = product->getResult(0), x = block.getArguments().back();
+    if (grad.getGradOutput() != p || grad.getInput() != x || grad.getApproximate() != "tanh" ||
+        x.getType() != p.getType() || cast<RankedTensorType>(p.getType()).getRank() != 2 ||
+        (!dgeluBgrad && !p.hasOneUse()))
+      return grad.emitOpError("must be the tanh GELU's gradient of its gemm region's product, "
+                              "with the GELU's input as the region's last argument");
+    if (dgeluBgrad) {
+      auto sum = dyn_cast<ReduceSumOp>(ops[2]);
+      if (!sum || sum.getInput() != grad.getResult() || sum.getAxes().size() != 1 ||
+          sum.getAxes()[0] != 0 || !sum.getKeepdims())
+        return ops[2]->emitOpError("must sum the GELU gradient over its rows (axis 0, keepdims)");
+      if (yield.getValues().size() != 2 || yield.getValues()[0] != grad.getResult() ||
+          yield.getValues()[1] != sum.getResult())
+        return fusion.emitOpError("with a GELU-gradient epilogue and its bias gradient must "
+                                  "yield both, in order");
+      return success();
+    }
+    if (!llvm::equal(yield.getValues(), grad->getResults()))
+      return fusion.emitOpError("with a GELU-gradient epilogue must yield the gradient alone");
+    return success();
+  }
+  if (isa<AddOp>(epilogue)) {
     Value bias = block.getArguments().back();
     auto out = cast<RankedTensorType>(product->getResult(0).getType());
     auto row = cast<RankedTensorType>(bias.getType());
@@ -680,8 +718,9 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
   }
   auto sum = dyn_cast<ReduceSumOp>(epilogue);
   if (!sum)
-    return epilogue->emitOpError("is no gemm epilogue (relu of the product, a bias row added to "
-                                 "it, or reduce_sum of an operand over its contraction axis)");
+    return epilogue->emitOpError("is no gemm epilogue (relu or tanh gelu of the product, a bias "
+                                 "row added to it, gelu_grad of it, or reduce_sum of an operand "
+                                 "over its contraction axis)");
   auto in = cast<RankedTensorType>(sum.getInput().getType());
   bool lhs = sum.getInput() == block.getArgument(0), rhs = sum.getInput() == block.getArgument(1);
   auto gemm = dyn_cast<GemmOp>(product);

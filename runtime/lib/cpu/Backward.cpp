@@ -1,6 +1,6 @@
 // Backward-only CPU kernels (compiler/include/forge/Dialect/ForgeGradOps.td):
 // conv_grad_weight, max_pool_grad, avg_pool_grad, batch_norm_training_grad,
-// layer_norm_grad, group_norm_grad, softmax_grad, log_softmax_grad,
+// layer_norm_grad, group_norm_grad, gelu_grad, softmax_grad, log_softmax_grad,
 // nll_loss_grad, gather_grad, gather_elements_grad, slice_grad and pad_grad.
 //
 // Invariants:
@@ -524,6 +524,45 @@ Status groupNormGradKernel(KernelContext &ctx) {
 }
 
 //===----------------------------------------------------------------------===//
+// gelu_grad (operands: grad_output, the forward input x; attribute approximate)
+//===----------------------------------------------------------------------===//
+
+/// gelu'(x) in double: the tanh form's (1 + t)/2 + x (1 - t^2) k (1 + 3 c x^2)/2
+/// with t = tanh(k (x + c x^3)), or the exact Phi(x) + x phi(x).
+double geluDerivative(double x, bool tanhApprox) {
+  if (tanhApprox) {
+    const double k = 0.7978845608028654, c = 0.044715; // sqrt(2 / pi)
+    double t = std::tanh(k * (x + c * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x);
+  }
+  return 0.5 * (1 + std::erf(x * 0.7071067811865476)) +
+         x * std::exp(-0.5 * x * x) * 0.3989422804014327; // 1 / sqrt(2 pi)
+}
+
+Status geluGradKernel(KernelContext &ctx) {
+  const TensorView &dy = ctx.inputs[0], &x = ctx.inputs[1];
+  TensorView &dx = ctx.outputs[0];
+  CPU_ASSIGN_OR_RETURN(std::string approx, ctx.attrs.getString("approximate"));
+  if (approx != "none" && approx != "tanh")
+    return Status::error("gelu_grad approximate must be 'none' or 'tanh', got '{}'", approx);
+  FORGE_RETURN_IF_ERROR(checkDType(x, dy.dtype, "input"));
+  FORGE_RETURN_IF_ERROR(checkShape(x, dy.shape, "input"));
+  FORGE_RETURN_IF_ERROR(checkDType(dx, dy.dtype, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(dx, dy.shape));
+  const bool tanhApprox = approx == "tanh";
+  return visitGradTypes(dy.dtype, ctx, &geluGradKernel, [&](auto tag) -> Status {
+    using T = typename decltype(tag)::type;
+    const T *pdy = dy.as<const T>(), *px = x.as<const T>();
+    T *pdx = dx.as<T>();
+    ctx.pool.parallelFor(dy.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        pdx[i] = static_cast<T>(double(pdy[i]) * geluDerivative(double(px[i]), tanhApprox));
+    });
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
 // softmax_grad / log_softmax_grad (operands: forward result y, grad_output)
 //===----------------------------------------------------------------------===//
 
@@ -803,6 +842,7 @@ void registerBackwardKernels(Registry &r) {
   r.add("batch_norm_training_grad", &batchNormTrainingGradKernel, 3, 3, 1, 3);
   r.add("layer_norm_grad", &layerNormGradKernel, 3, 3, 1, 3);
   r.add("group_norm_grad", &groupNormGradKernel, 3, 3, 1, 3);
+  r.add("gelu_grad", &geluGradKernel, 2, 2);
   r.add("softmax_grad", &softmaxGradKernel<false>, 2, 2);
   r.add("log_softmax_grad", &softmaxGradKernel<true>, 2, 2);
   r.add("nll_loss_grad", &nllLossGradKernel, 2, 3);

@@ -105,9 +105,8 @@ struct Step {
   std::unique_ptr<MatmulPlan> matmul;
   std::unique_ptr<ConvPlan> conv;
   std::vector<const void *> convIn;
-  const void *lhs = nullptr, *rhs = nullptr, *c = nullptr;
-  // vector: a gemm region's epilogue row (its bias input, or its bias-gradient output)
-  void *out = nullptr, *vector = nullptr;
+  MatmulOperands mm; // a cuBLASLt call's operands (matmulTensors)
+  void *out = nullptr; // a cuDNN call's output
   // Copy
   void *dst = nullptr;
   const void *src = nullptr;
@@ -251,7 +250,7 @@ struct CudaExecutor::Impl {
     case Step::Library:
       if (s.conv)
         return s.conv->run(s.convIn, s.out, workspace);
-      return s.matmul->run(compute, s.lhs, s.rhs, s.c, s.out, s.vector, workspace);
+      return s.matmul->run(compute, s.mm, workspace);
     case Step::Copy:
       if (s.dst != s.src && s.bytes > 0)
         CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, compute),
@@ -338,7 +337,7 @@ struct CudaExecutor::Impl {
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       // Likewise each matmul problem's fastest cuBLASLt algorithm.
       if (mode.checked && s.kind == Step::Library && s.matmul)
-        if (Status st = s.matmul->tune(compute, s.lhs, s.rhs, s.c, s.out, s.vector, workspace); !st.isOk())
+        if (Status st = s.matmul->tune(compute, s.mm, workspace); !st.isOk())
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       if (mode.timing)
         nvtxRangePushA(fmt::format("#{} {} {}", s.index, s.inst->op(), s.inst->name()).c_str());
@@ -723,15 +722,10 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           break;
         }
         s.matmul = std::move(matmuls.at(&inst));
-        s.lhs = im.devicePtr[inst.inputs(0)];
-        s.rhs = im.devicePtr[inst.inputs(1)];
-        s.c = inst.inputs_size() > 2 && inst.inputs(2) >= 0 ? im.devicePtr[inst.inputs(2)]
-                                                            : nullptr;
-        s.out = im.devicePtr[inst.outputs(0)];
-        if (inst.outputs_size() > 1)
-          s.vector = im.devicePtr[inst.outputs(1)];
-        else if (inst.matmul().epilogue() == bundle::MatmulProblem::BIAS)
-          s.vector = im.devicePtr[inst.inputs(3)]; // checked by matmulProblem
+        // The tensors were checked by matmulProblem when the plan was made.
+        MatmulTensors t = matmulTensors(inst, s.matmul->problem());
+        auto ptr = [&](int32_t id) -> void * { return id >= 0 ? im.devicePtr[id] : nullptr; };
+        s.mm = {ptr(t.lhs), ptr(t.rhs), ptr(t.c), ptr(t.out), ptr(t.vector), ptr(t.aux)};
         break;
       }
       case bundle::DEVICE_COPY: {

@@ -33,9 +33,14 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                                       bool tf32) {
   if (inst.op() != "matmul" && inst.op() != "gemm" && inst.op() != "fusion")
     return Status::error("op '{}' is not a matmul", inst.op());
-  const bool bgrad = inst.has_matmul() &&
-                     (inst.matmul().epilogue() == bundle::MatmulProblem::BGRAD_LHS ||
-                      inst.matmul().epilogue() == bundle::MatmulProblem::BGRAD_RHS);
+  const auto e = inst.has_matmul() ? inst.matmul().epilogue() : bundle::MatmulProblem::NO_EPILOGUE;
+  // Epilogues with a second output (a bias gradient, the GELU's aux matrix).
+  const bool bgrad = e == bundle::MatmulProblem::BGRAD_LHS ||
+                     e == bundle::MatmulProblem::BGRAD_RHS ||
+                     e == bundle::MatmulProblem::GELU_AUX || e == bundle::MatmulProblem::DGELU_BGRAD;
+  // Epilogues that read one more input after lhs, rhs and C: BIAS's row
+  // (input 3), DGELU's aux matrix (input 2: these take no C).
+  const bool dgelu = e == bundle::MatmulProblem::DGELU || e == bundle::MatmulProblem::DGELU_BGRAD;
   if (inst.op() == "fusion" && (!inst.has_matmul() ||
                                 inst.matmul().epilogue() == bundle::MatmulProblem::NO_EPILOGUE))
     return Status::error("a fusion placed in a library must be a gemm region with a cuBLASLt "
@@ -43,7 +48,9 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   if (inst.inputs_size() < 2 || inst.outputs_size() != (bgrad ? 2 : 1) || inst.inputs(0) < 0 ||
       inst.inputs(1) < 0)
     return Status::error("{} needs lhs, rhs and {}", inst.op(),
-                         bgrad ? "two outputs (the product, the bias gradient)" : "one output");
+                         bgrad ? "two outputs (the product, then the bias gradient or the aux "
+                                 "matrix)"
+                               : "one output");
   if (!inst.has_matmul())
     return Status::error("{} has no cuBLASLt problem (Instruction.matmul; a bundle from an older "
                          "forgec? compile it again)",
@@ -92,6 +99,18 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                          inst.op(), elements(inst.inputs(0)), elements(inst.inputs(1)),
                          elements(inst.outputs(0)), pr.m, pr.n, pr.k, pr.batch, lhsWant, rhsWant,
                          outWant);
+  // A GELU epilogue's aux matrix: the output's shape and layout, leading
+  // dimension n, which cuBLASLt wants a multiple of 8.
+  auto auxMatrix = [&](int32_t t, const char *what) -> Status {
+    if (t < 0 || t >= p.tensors_size() || p.tensors(t).dtype() != bundle::F32 ||
+        elements(t) != outWant)
+      return Status::error("{}: the GELU epilogue's aux matrix ({}) must be f32 of {} elements",
+                           inst.op(), what, outWant);
+    if (pr.n % 8 != 0)
+      return Status::error("{}: the GELU epilogue's aux matrix needs n = {} to be a multiple of 8",
+                           inst.op(), pr.n);
+    return Status::ok();
+  };
   switch (b.epilogue()) {
   case bundle::MatmulProblem::NO_EPILOGUE:
     break;
@@ -129,11 +148,45 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
     pr.epilogue = lhs ? MatmulProblem::Epilogue::BgradLhs : MatmulProblem::Epilogue::BgradRhs;
     break;
   }
+  case bundle::MatmulProblem::GELU:
+  case bundle::MatmulProblem::GELU_AUX: {
+    bool aux = b.epilogue() == bundle::MatmulProblem::GELU_AUX;
+    if (pr.fullC || (aux && pr.batch != 1))
+      return Status::error("{}: cuBLASLt's GELU epilogue takes no full C{}", inst.op(),
+                           aux ? ", and one product with its aux output" : "");
+    if (aux) {
+      FORGE_RETURN_IF_ERROR(auxMatrix(inst.outputs(1), "output 1"));
+      pr.epilogue = MatmulProblem::Epilogue::GeluAux;
+    } else {
+      pr.epilogue = MatmulProblem::Epilogue::Gelu;
+    }
+    break;
+  }
+  case bundle::MatmulProblem::DGELU:
+  case bundle::MatmulProblem::DGELU_BGRAD: {
+    // Inputs lhs, rhs and the GELU's input (no C).
+    if (pr.batch != 1 || pr.fullC || pr.bias || inst.inputs_size() != 3)
+      return Status::error("{}: a GELU-gradient epilogue needs one product without C and the "
+                           "GELU's input as input 2",
+                           inst.op());
+    FORGE_RETURN_IF_ERROR(auxMatrix(inst.inputs(2), "input 2"));
+    if (b.epilogue() == bundle::MatmulProblem::DGELU_BGRAD) {
+      int32_t g = inst.outputs(1);
+      if (g < 0 || g >= p.tensors_size() || p.tensors(g).dtype() != bundle::F32 ||
+          elements(g) != pr.n)
+        return Status::error("{}: the bias gradient must be f32 of {} elements", inst.op(), pr.n);
+      pr.epilogue = MatmulProblem::Epilogue::DgeluBgrad;
+    } else {
+      pr.epilogue = MatmulProblem::Epilogue::Dgelu;
+    }
+    break;
+  }
   default:
     return Status::error("{}: unknown cuBLASLt epilogue {}", inst.op(),
                          static_cast<int>(b.epilogue()));
   }
-  bool hasC = inst.inputs_size() > 2 && inst.inputs(2) >= 0;
+  // C is input 2, unless it is DGELU's aux matrix.
+  bool hasC = !dgelu && inst.inputs_size() > 2 && inst.inputs(2) >= 0;
   if (hasC != (pr.fullC || pr.bias))
     return Status::error("{}: the cuBLASLt problem {} a C operand but the instruction {} one",
                          inst.op(), hasC ? "has no" : "has", hasC ? "has" : "lacks");
@@ -147,6 +200,31 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                            pr.fullC ? outWant : pr.n);
   }
   return pr;
+}
+
+MatmulTensors matmulTensors(const bundle::Instruction &inst, const MatmulProblem &pr) {
+  MatmulTensors t;
+  t.lhs = inst.inputs(0);
+  t.rhs = inst.inputs(1);
+  t.out = inst.outputs(0);
+  switch (pr.epilogue) {
+  case MatmulProblem::Epilogue::Dgelu:
+  case MatmulProblem::Epilogue::DgeluBgrad:
+    t.aux = inst.inputs(2);
+    break;
+  case MatmulProblem::Epilogue::GeluAux:
+    t.aux = inst.outputs(1);
+    break;
+  default:
+    break;
+  }
+  if (!pr.hasAux() && inst.inputs_size() > 2)
+    t.c = inst.inputs(2);
+  if (pr.epilogue == MatmulProblem::Epilogue::Bias)
+    t.vector = inst.inputs(3);
+  else if (pr.hasVector())
+    t.vector = inst.outputs(1);
+  return t;
 }
 
 Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
@@ -188,10 +266,27 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   case MatmulProblem::Epilogue::BgradRhs:
     epilogue = CUBLASLT_EPILOGUE_BGRADA;
     break;
+  case MatmulProblem::Epilogue::Gelu:
+    epilogue = pr.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    break;
+  case MatmulProblem::Epilogue::GeluAux:
+    epilogue = pr.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    break;
+  case MatmulProblem::Epilogue::Dgelu:
+    epilogue = CUBLASLT_EPILOGUE_DGELU;
+    break;
+  case MatmulProblem::Epilogue::DgeluBgrad:
+    epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    break;
   }
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
     LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                 &epilogue, sizeof(epilogue)));
+  if (pr.hasAux()) {
+    int64_t ld = pr.n; // the aux matrix is laid out as D (column-major n x m)
+    LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                &ld, sizeof(ld)));
+  }
   auto layout = [&](cublasLtMatrixLayout_t *l, int64_t rows, int64_t cols, int64_t stride)
       -> Status {
     LT_CHECK(api.cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<uint64_t>(rows),
@@ -252,28 +347,27 @@ MatmulPlan::~MatmulPlan() {
   if (desc_) api_->cublasLtMatmulDescDestroy(desc_);
 }
 
-Status MatmulPlan::run(cudaStream_t stream, const void *lhs, const void *rhs, const void *c,
-                       void *out, void *vector, void *workspace) const {
+Status MatmulPlan::run(cudaStream_t stream, const MatmulOperands &ops, void *workspace) const {
   const CublasLtApi &api = *api_;
   // The bias pointer is the bias row read (C's, or the epilogue's own), or
   // the bias gradient written.
   if (problem_.bias)
-    LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c,
-                                                sizeof(c)));
-  if (problem_.epilogue == MatmulProblem::Epilogue::Bias ||
-      problem_.epilogue == MatmulProblem::Epilogue::BgradLhs ||
-      problem_.epilogue == MatmulProblem::Epilogue::BgradRhs)
+    LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ops.c,
+                                                sizeof(ops.c)));
+  if (problem_.hasVector())
     LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                &vector, sizeof(vector)));
-  const void *cPtr = problem_.fullC ? c : out;
+                                                &ops.vector, sizeof(ops.vector)));
+  if (problem_.hasAux())
+    LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &ops.aux, sizeof(ops.aux)));
+  const void *cPtr = problem_.fullC ? ops.c : ops.out;
   float beta = problem_.fullC ? problem_.beta : 0.0f;
-  LT_CHECK(api.cublasLtMatmul(handle_, desc_, &problem_.alpha, rhs, a_, lhs, b_, &beta, cPtr, c_,
-                              out, c_, &algo_, workspace, workspaceBytes_, stream));
+  LT_CHECK(api.cublasLtMatmul(handle_, desc_, &problem_.alpha, ops.rhs, a_, ops.lhs, b_, &beta,
+                              cPtr, c_, ops.out, c_, &algo_, workspace, workspaceBytes_, stream));
   return Status::ok();
 }
 
-Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, const void *c,
-                        void *out, void *vector, void *workspace) {
+Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *workspace) {
   if (tuned_)
     return Status::ok();
   const std::string key = problem_.key();
@@ -287,9 +381,16 @@ Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, c
     tuned_ = true;
     return Status::ok();
   }
-  if (out == lhs || out == rhs || (c && out == c) ||
-      (vector && (vector == out || vector == lhs || vector == rhs)))
-    return Status::ok(); // a later plan of this problem times them
+  // Outputs: out, and the vector or aux when the epilogue writes them.
+  std::vector<const void *> written{ops.out}, read{ops.lhs, ops.rhs, ops.c};
+  bool writesVector = problem_.epilogue != MatmulProblem::Epilogue::Bias;
+  bool writesAux = problem_.epilogue == MatmulProblem::Epilogue::GeluAux;
+  (writesVector ? written : read).push_back(ops.vector);
+  (writesAux ? written : read).push_back(ops.aux);
+  for (const void *w : written)
+    if (w && (std::count(written.begin(), written.end(), w) > 1 ||
+              std::find(read.begin(), read.end(), w) != read.end()))
+      return Status::ok(); // a later plan of this problem times them
   tuned_ = true;
   cudaEvent_t start = nullptr, stop = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess)
@@ -301,14 +402,14 @@ Status MatmulPlan::tune(cudaStream_t stream, const void *lhs, const void *rhs, c
   Status lastFailure;
   for (const cublasLtMatmulAlgo_t &candidate : candidates) {
     algo_ = candidate;
-    Status status = run(stream, lhs, rhs, c, out, vector, workspace); // warm-up (does it run at all?)
+    Status status = run(stream, ops, workspace); // warm-up (does it run at all?)
     if (!status.isOk()) {
       lastFailure = status;
       continue;
     }
     cudaEventRecord(start, stream);
     for (int i = 0; i < kRuns && status.isOk(); ++i)
-      status = run(stream, lhs, rhs, c, out, vector, workspace);
+      status = run(stream, ops, workspace);
     cudaEventRecord(stop, stream);
     float ms = 0;
     if (status.isOk() && (cudaEventSynchronize(stop) != cudaSuccess ||

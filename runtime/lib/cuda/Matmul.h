@@ -6,8 +6,11 @@
 // layouts (stride 0 broadcasts an operand); a lhs batch over a matrix rhs is
 // folded into M. gemm's C is either a full [M, N] matrix scaled by beta or a
 // bias row [N] applied with the BIAS epilogue. A fused gemm region adds RELU
-// (RELU_BIAS), a bias row after a full C (BIAS), or a bias gradient: BGRADB
-// for the lhs (cuBLASLt's B), BGRADA for the rhs (its A). The compiler states each
+// (RELU_BIAS), a bias row after a full C (BIAS), a bias gradient (BGRADB for
+// the lhs, cuBLASLt's B; BGRADA for the rhs, its A), the tanh GELU
+// (GELU[_AUX][_BIAS]: the aux matrix is the GELU's input, written) or its
+// gradient (DGELU[_BGRAD]: the aux matrix read). Aux matrices have the
+// output's layout, leading dimension N (a multiple of 8), one batch. The compiler states each
 // problem (forge-select-library -> Instruction.matmul); the runtime checks it
 // against the tensors' sizes and runs it, deriving nothing from shapes.
 //
@@ -36,17 +39,48 @@ struct MatmulProblem {
   int64_t lhsBatchStride = 0, rhsBatchStride = 0;
   bool fullC = false, bias = false;
   // A gemm region's epilogue (bundle MatmulProblem.epilogue): relu of the
-  // output, a bias row (its own input) added after a full C, or the bias
-  // gradient of the lhs / rhs (summed over k) written to a second output.
-  enum class Epilogue { None, Relu, Bias, BgradLhs, BgradRhs } epilogue = Epilogue::None;
+  // output, a bias row (its own input) added after a full C, the bias
+  // gradient of the lhs / rhs (summed over k) written to a second output, the
+  // tanh GELU (with its input written as the aux output: GeluAux), or the
+  // GELU's gradient reading that aux (with the output's bias gradient:
+  // DgeluBgrad).
+  enum class Epilogue {
+    None, Relu, Bias, BgradLhs, BgradRhs, Gelu, GeluAux, Dgelu, DgeluBgrad
+  } epilogue = Epilogue::None;
   float alpha = 1, beta = 0;
   bool tf32 = false;
   std::string key() const;
+  /// Whether the epilogue reads or writes a vector (the bias pointer): BIAS's
+  /// row, or a bias gradient.
+  bool hasVector() const {
+    return epilogue == Epilogue::Bias || epilogue == Epilogue::BgradLhs ||
+           epilogue == Epilogue::BgradRhs || epilogue == Epilogue::DgeluBgrad;
+  }
+  /// Whether it writes (GeluAux) or reads (Dgelu*) an aux matrix.
+  bool hasAux() const {
+    return epilogue == Epilogue::GeluAux || epilogue == Epilogue::Dgelu ||
+           epilogue == Epilogue::DgeluBgrad;
+  }
 };
 
 /// The problem of a matmul/gemm instruction (tensor shapes from the program).
 Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::Instruction &inst,
                                       bool tf32);
+
+/// Which tensors of an instruction whose problem matmulProblem accepted the
+/// call reads and writes (-1: none): lhs, rhs, C (a full C or the bias row),
+/// the output, the epilogue's vector (the BIAS row read, or a bias gradient
+/// written) and its aux matrix (the GELU input written, or read by DGELU).
+struct MatmulTensors {
+  int32_t lhs = -1, rhs = -1, c = -1, out = -1, vector = -1, aux = -1;
+};
+MatmulTensors matmulTensors(const bundle::Instruction &inst, const MatmulProblem &pr);
+
+/// Device pointers of a call's MatmulTensors.
+struct MatmulOperands {
+  const void *lhs = nullptr, *rhs = nullptr, *c = nullptr;
+  void *out = nullptr, *vector = nullptr, *aux = nullptr;
+};
 
 /// By MatmulProblem::key(): the heuristic's candidates (best first; one query
 /// per distinct problem: a GPT step has ~550 matmuls of ~15 problems) and the
@@ -66,17 +100,15 @@ public:
                                                       std::shared_ptr<MatmulAlgoCache> cache);
   ~MatmulPlan();
   /// Enqueues Y = alpha op(lhs) op(rhs) (+ beta C | + bias) on `stream`, with
-  /// the problem's epilogue (`vector`: the Bias epilogue's row, read, or a
-  /// bias-gradient epilogue's output, written).
-  Status run(cudaStream_t stream, const void *lhs, const void *rhs, const void *c, void *out,
-             void *vector, void *workspace) const;
+  /// the problem's epilogue (its vector and aux operands).
+  Status run(cudaStream_t stream, const MatmulOperands &ops, void *workspace) const;
   /// Picks the fastest candidate for this problem: the one already timed by a
   /// plan of the same problem, or times each (a warm-up then a few runs) on
   /// these operands, which must be computed (the first checked run). A
   /// candidate that fails is dropped. Skipped (the heuristic's choice stays)
-  /// when the output aliases an operand, since repeated runs would change it.
-  Status tune(cudaStream_t stream, const void *lhs, const void *rhs, const void *c, void *out,
-              void *vector, void *workspace);
+  /// when an output aliases an operand, since repeated runs would change it.
+  Status tune(cudaStream_t stream, const MatmulOperands &ops, void *workspace);
+  const MatmulProblem &problem() const { return problem_; }
 
 private:
   MatmulPlan() = default;

@@ -380,3 +380,65 @@ func.func @gemm_region_bias_not_a_row(%x: tensor<6x8xf32>, %w: tensor<5x8xf32>, 
   }
   return %0 : tensor<6x5xf32>
 }
+
+// -----
+
+func.func @gemm_region_erf_gelu(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<4x8xf32> {
+  %r = forge.fusion "gemm"(%x, %w) : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32> {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x8xf32>):
+    %p = forge.matmul %a, %b : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    // expected-error @+1 {{must be the tanh GELU of its gemm region's product}}
+    %g = forge.gelu %p {approximate = "none"} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    forge.yield %g : tensor<4x8xf32>
+  }
+  return %r : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @gemm_region_gelu_aux_order(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  // expected-error @+1 {{with a GELU epilogue must yield the GELU, then optionally the product}}
+  %r:2 = forge.fusion "gemm"(%x, %w) : (tensor<4x8xf32>, tensor<8x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x8xf32>):
+    %p = forge.matmul %a, %b : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %g = forge.gelu %p {approximate = "tanh"} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    forge.yield %p, %g : tensor<4x8xf32>, tensor<4x8xf32>
+  }
+  return %r#0, %r#1 : tensor<4x8xf32>, tensor<4x8xf32>
+}
+
+// -----
+
+func.func @gemm_region_gelu_grad_not_of_last_argument(%dy: tensor<4x8xf32>, %w: tensor<8x8xf32>, %h: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %r = forge.fusion "gemm"(%dy, %w, %h) : (tensor<4x8xf32>, tensor<8x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32> {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x8xf32>, %c: tensor<4x8xf32>):
+    %p = forge.matmul %a, %b : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    // expected-error @+1 {{must be the tanh GELU's gradient of its gemm region's product, with the GELU's input as the region's last argument}}
+    %d = forge.gelu_grad %p, %a {approximate = "tanh"} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+    forge.yield %d : tensor<4x8xf32>
+  }
+  return %r : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @gemm_region_gelu_grad_sum_over_columns(%dy: tensor<4x8xf32>, %w: tensor<8x8xf32>, %h: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x1xf32>) {
+  %r:2 = forge.fusion "gemm"(%dy, %w, %h) : (tensor<4x8xf32>, tensor<8x8xf32>, tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x1xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x8xf32>, %c: tensor<4x8xf32>):
+    %p = forge.matmul %a, %b : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+    %d = forge.gelu_grad %p, %c {approximate = "tanh"} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+    // expected-error @+1 {{must sum the GELU gradient over its rows (axis 0, keepdims)}}
+    %s = forge.reduce_sum %d {axes = array<i64: 1>, keepdims = true} : (tensor<4x8xf32>) -> tensor<4x1xf32>
+    forge.yield %d, %s : tensor<4x8xf32>, tensor<4x1xf32>
+  }
+  return %r#0, %r#1 : tensor<4x8xf32>, tensor<4x1xf32>
+}
+
+// -----
+
+func.func @gelu_grad_shapes(%dy: tensor<4x8xf32>, %x: tensor<4x7xf32>) -> tensor<4x8xf32> {
+  // expected-error @+2 {{grad_output and input must be float tensors of one type}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %d = forge.gelu_grad %dy, %x {approximate = "tanh"} : (tensor<4x8xf32>, tensor<4x7xf32>) -> tensor<4x8xf32>
+  return %d : tensor<4x8xf32>
+}

@@ -143,3 +143,70 @@ func.func @not_epilogues(%x: tensor<4x8xf32>, %w: tensor<8x5xf32>, %dy: tensor<4
   %db = forge.reduce_sum %x {axes = array<i64: 0>, keepdims = false} : (tensor<4x8xf32>) -> tensor<8xf32>
   return %y, %p, %s, %t, %r, %dw, %db : tensor<4x5xf32>, tensor<4x5xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4x5xf16>, tensor<5x8xf32>, tensor<8xf32>
 }
+
+// -----
+
+// A linear layer's tanh GELU whose input the backward reads: one region with
+// the bias as gemm's C, yielding the GELU and the pre-activation (cuBLASLt's
+// GELU_AUX_BIAS); the backward's gelu_grad after the GEMM of its grad_output
+// (viewed as [2, 3, 8]) becomes a region reading that pre-activation as its
+// last argument, with the bias gradient beside it (DGELU_BGRAD).
+// CHECK-LABEL: func @gelu
+// CHECK: %[[A:.*]] = forge.reshape %arg0 {shape = array<i64: 6, 4>}
+// CHECK: %[[F:.*]]:2 = forge.fusion "gemm"(%[[A]], %arg1, %arg2) : (tensor<6x4xf32>, tensor<4x8xf32>, tensor<8xf32>) -> (tensor<6x8xf32>, tensor<6x8xf32>) {
+// CHECK:   %[[P:.*]] = forge.gemm %{{.*}}, %{{.*}}, %{{.*}} {alpha = 1.000000e+00 : f64, beta = 1.000000e+00 : f64, transA = false, transB = false}
+// CHECK:   %[[G:.*]] = forge.gelu %[[P]] {approximate = "tanh"}
+// CHECK:   forge.yield %[[G]], %[[P]]
+// CHECK: %[[PRE:.*]] = forge.reshape %[[F]]#1 {shape = array<i64: 2, 3, 8>}
+// CHECK: %[[X:.*]] = forge.reshape %[[PRE]] {shape = array<i64: 6, 8>}
+// CHECK: %[[B:.*]]:2 = forge.fusion "gemm"(%arg3, %arg4, %[[X]]) : (tensor<6x5xf32>, tensor<5x8xf32>, tensor<6x8xf32>) -> (tensor<6x8xf32>, tensor<1x8xf32>) {
+// CHECK:   %[[Q:.*]] = forge.gemm %{{.*}}, %{{.*}} {alpha = 1.000000e+00 : f64, beta = 0.000000e+00 : f64, transA = false, transB = false}
+// CHECK:   %[[D:.*]] = forge.gelu_grad %[[Q]], %{{.*}} {approximate = "tanh"}
+// CHECK:   %[[S:.*]] = forge.reduce_sum %[[D]] {axes = array<i64: 0>, keepdims = true}
+// CHECK:   forge.yield %[[D]], %[[S]]
+// CHECK-NOT: forge.gelu_grad
+// CHECK: return
+// OFF-LABEL: func @gelu
+// OFF-NOT: "gemm"
+func.func @gelu(%x: tensor<2x3x4xf32>, %w: tensor<4x8xf32>, %b: tensor<8xf32>, %dy: tensor<6x5xf32>, %w2: tensor<5x8xf32>) -> (tensor<2x3x8xf32>, tensor<2x3x8xf32>, tensor<1x1x8xf32>) {
+  %p = forge.matmul %x, %w : (tensor<2x3x4xf32>, tensor<4x8xf32>) -> tensor<2x3x8xf32>
+  %h = forge.add %b, %p : (tensor<8xf32>, tensor<2x3x8xf32>) -> tensor<2x3x8xf32>
+  %g = forge.gelu %h {approximate = "tanh"} : (tensor<2x3x8xf32>) -> tensor<2x3x8xf32>
+  %q = forge.gemm %dy, %w2 {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = false} : (tensor<6x5xf32>, tensor<5x8xf32>) -> tensor<6x8xf32>
+  %qv = forge.reshape %q {shape = array<i64: 2, 3, 8>} : (tensor<6x8xf32>) -> tensor<2x3x8xf32>
+  %d = forge.gelu_grad %qv, %h {approximate = "tanh"} : (tensor<2x3x8xf32>, tensor<2x3x8xf32>) -> tensor<2x3x8xf32>
+  %db = forge.reduce_sum %d {axes = array<i64: 0, 1>, keepdims = true} : (tensor<2x3x8xf32>) -> tensor<1x1x8xf32>
+  return %g, %d, %db : tensor<2x3x8xf32>, tensor<2x3x8xf32>, tensor<1x1x8xf32>
+}
+
+// -----
+
+// Inference: nothing else reads the GELU's input, so the region yields the
+// GELU alone (GELU_BIAS).
+// CHECK-LABEL: func @gelu_inference
+// CHECK: %[[F:.*]] = forge.fusion "gemm"(%arg0, %arg1, %arg2) : (tensor<6x4xf32>, tensor<4x8xf32>, tensor<8xf32>) -> tensor<6x8xf32> {
+// CHECK:   forge.gelu
+// CHECK:   forge.yield
+// CHECK: return %[[F]]
+func.func @gelu_inference(%x: tensor<6x4xf32>, %w: tensor<4x8xf32>, %b: tensor<8xf32>) -> tensor<6x8xf32> {
+  %p = forge.matmul %x, %w : (tensor<6x4xf32>, tensor<4x8xf32>) -> tensor<6x8xf32>
+  %h = forge.add %p, %b : (tensor<6x8xf32>, tensor<8xf32>) -> tensor<6x8xf32>
+  %g = forge.gelu %h {approximate = "tanh"} : (tensor<6x8xf32>) -> tensor<6x8xf32>
+  return %g : tensor<6x8xf32>
+}
+
+// -----
+
+// Not: the exact (erf) GELU, which cuBLASLt's epilogue does not compute; a
+// gelu_grad whose grad_output's product something else reads too.
+// CHECK-LABEL: func @not_gelu
+// CHECK-NOT: "gemm"
+// CHECK: return
+func.func @not_gelu(%x: tensor<6x4xf32>, %w: tensor<4x8xf32>, %b: tensor<8xf32>, %dy: tensor<6x5xf32>, %w2: tensor<5x8xf32>) -> (tensor<6x8xf32>, tensor<6x8xf32>, tensor<6x8xf32>) {
+  %p = forge.matmul %x, %w : (tensor<6x4xf32>, tensor<4x8xf32>) -> tensor<6x8xf32>
+  %h = forge.add %p, %b : (tensor<6x8xf32>, tensor<8xf32>) -> tensor<6x8xf32>
+  %g = forge.gelu %h {approximate = "none"} : (tensor<6x8xf32>) -> tensor<6x8xf32>
+  %q = forge.matmul %dy, %w2 : (tensor<6x5xf32>, tensor<5x8xf32>) -> tensor<6x8xf32>
+  %d = forge.gelu_grad %q, %h {approximate = "tanh"} : (tensor<6x8xf32>, tensor<6x8xf32>) -> tensor<6x8xf32>
+  return %g, %d, %q : tensor<6x8xf32>, tensor<6x8xf32>, tensor<6x8xf32>
+}

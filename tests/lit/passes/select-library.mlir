@@ -123,3 +123,45 @@ func.func @bias_after_full_c(%x: tensor<6x8xf32>, %w: tensor<5x8xf32>, %r: tenso
   }
   return %0 : tensor<6x5xf32>
 }
+
+// -----
+
+// GELU regions: GELU_AUX_BIAS (the pre-activation yielded too), GELU_BIAS
+// (the GELU alone) and DGELU_BGRAD (the GELU's input as the last argument,
+// the bias gradient beside it); n = 5 is no multiple of 8, which aux matrices
+// need, so that region goes back to a GEMM and a kernel.
+// CHECK-LABEL: func @gelu
+// CHECK: forge.fusion "gemm"(%arg0, %arg1, %arg2) {forge.library = "cublaslt", forge.matmul = {{{.*}}c = "bias", epilogue = "gelu_aux", k = 4 : i64{{.*}}m = 6 : i64, n = 8 : i64
+// CHECK: forge.fusion "gemm"(%arg0, %arg1, %arg2) {forge.library = "cublaslt", forge.matmul = {{{.*}}c = "bias", epilogue = "gelu", k = 4 : i64
+// CHECK: forge.fusion "gemm"(%arg3, %arg4, %arg5) {forge.library = "cublaslt", forge.matmul = {{{.*}}c = "none", epilogue = "dgelu_bgrad", k = 5 : i64{{.*}}m = 6 : i64, n = 8 : i64
+// CHECK-NOT: forge.fusion "gemm"
+// CHECK: forge.gemm {{.*}}forge.library = "cublaslt"
+// CHECK: forge.gelu_grad
+func.func @gelu(%x: tensor<6x4xf32>, %w: tensor<4x8xf32>, %b: tensor<8xf32>, %dy: tensor<6x5xf32>, %w2: tensor<5x8xf32>, %h: tensor<6x8xf32>, %w5: tensor<8x5xf32>, %h5: tensor<6x5xf32>) -> (tensor<6x8xf32>, tensor<6x8xf32>, tensor<6x8xf32>, tensor<6x8xf32>, tensor<1x8xf32>, tensor<6x5xf32>) {
+  %0:2 = forge.fusion "gemm"(%x, %w, %b) : (tensor<6x4xf32>, tensor<4x8xf32>, tensor<8xf32>) -> (tensor<6x8xf32>, tensor<6x8xf32>) {
+  ^bb0(%a0: tensor<6x4xf32>, %a1: tensor<4x8xf32>, %a2: tensor<8xf32>):
+    %p = forge.gemm %a0, %a1, %a2 {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<6x4xf32>, tensor<4x8xf32>, tensor<8xf32>) -> tensor<6x8xf32>
+    %g = forge.gelu %p {approximate = "tanh"} : (tensor<6x8xf32>) -> tensor<6x8xf32>
+    forge.yield %g, %p : tensor<6x8xf32>, tensor<6x8xf32>
+  }
+  %1 = forge.fusion "gemm"(%x, %w, %b) : (tensor<6x4xf32>, tensor<4x8xf32>, tensor<8xf32>) -> tensor<6x8xf32> {
+  ^bb0(%a0: tensor<6x4xf32>, %a1: tensor<4x8xf32>, %a2: tensor<8xf32>):
+    %p = forge.gemm %a0, %a1, %a2 {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<6x4xf32>, tensor<4x8xf32>, tensor<8xf32>) -> tensor<6x8xf32>
+    %g = forge.gelu %p {approximate = "tanh"} : (tensor<6x8xf32>) -> tensor<6x8xf32>
+    forge.yield %g : tensor<6x8xf32>
+  }
+  %2:2 = forge.fusion "gemm"(%dy, %w2, %h) : (tensor<6x5xf32>, tensor<5x8xf32>, tensor<6x8xf32>) -> (tensor<6x8xf32>, tensor<1x8xf32>) {
+  ^bb0(%a0: tensor<6x5xf32>, %a1: tensor<5x8xf32>, %a2: tensor<6x8xf32>):
+    %q = forge.gemm %a0, %a1 {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = false} : (tensor<6x5xf32>, tensor<5x8xf32>) -> tensor<6x8xf32>
+    %d = forge.gelu_grad %q, %a2 {approximate = "tanh"} : (tensor<6x8xf32>, tensor<6x8xf32>) -> tensor<6x8xf32>
+    %s = forge.reduce_sum %d {axes = array<i64: 0>, keepdims = true} : (tensor<6x8xf32>) -> tensor<1x8xf32>
+    forge.yield %d, %s : tensor<6x8xf32>, tensor<1x8xf32>
+  }
+  %3 = forge.fusion "gemm"(%h, %w5, %h5) : (tensor<6x8xf32>, tensor<8x5xf32>, tensor<6x5xf32>) -> tensor<6x5xf32> {
+  ^bb0(%a0: tensor<6x8xf32>, %a1: tensor<8x5xf32>, %a2: tensor<6x5xf32>):
+    %q = forge.gemm %a0, %a1 {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = false} : (tensor<6x8xf32>, tensor<8x5xf32>) -> tensor<6x5xf32>
+    %d = forge.gelu_grad %q, %a2 {approximate = "tanh"} : (tensor<6x5xf32>, tensor<6x5xf32>) -> tensor<6x5xf32>
+    forge.yield %d : tensor<6x5xf32>
+  }
+  return %0#0, %0#1, %1, %2#0, %2#1, %3 : tensor<6x8xf32>, tensor<6x8xf32>, tensor<6x8xf32>, tensor<6x8xf32>, tensor<1x8xf32>, tensor<6x5xf32>
+}

@@ -81,6 +81,22 @@ def Forge_AvgPoolGradOp : Forge_GradOp<"avg_pool_grad", "AveragePool", FusionRed
 }
 
 //===----------------------------------------------------------------------===//
+// Activations
+//===----------------------------------------------------------------------===//
+
+// One op rather than gelu's derivative spelled in primitives: a fusion region
+// still evaluates it per element, and cuBLASLt's DGELU epilogue (forge-fuse's
+// GEMM regions) matches one op after the GEMM that produces grad_output.
+def Forge_GeluGradOp : Forge_GradOp<"gelu_grad", "Gelu", FusionElementwise, PrecisionFollowsInput> {
+  let summary = "dx = grad_output * gelu'(input), gelu's `approximate` (none | tanh)";
+  let arguments = (ins AnyForgeTensor:$grad_output, AnyForgeTensor:$input,
+                       StrAttr:$approximate);
+  let results = (outs AnyForgeTensor:$grad_input);
+  let assemblyFormat = "$grad_output `,` $input attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 16;
+}
+
+//===----------------------------------------------------------------------===//
 // Normalizations, softmax, losses
 //===----------------------------------------------------------------------===//
 
