@@ -1436,6 +1436,33 @@ bool fuseOptimizerRegions(func::FuncOp func, int64_t maxOperands) {
   return changed;
 }
 
+/// A one-element constant that the function returns (a fixed learning rate
+/// as a metric) needs a buffer of its own, which forge-plan-memory would fill
+/// with a copy, a launch of its own; written by a loop region instead (at the
+/// constant, so no reader of a scalar region sits between them), it joins the
+/// step's scalar horizontal region (fuseScalarRegions) and costs nothing.
+bool materializeReturnedScalars(func::FuncOp func) {
+  auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
+  bool changed = false;
+  for (OpOperand &use : ret->getOpOperands()) {
+    auto constant = use.get().getDefiningOp<ConstantOp>();
+    auto type = dyn_cast<RankedTensorType>(use.get().getType());
+    if (!constant || !type || !type.hasStaticShape() || type.getNumElements() != 1 ||
+        !isa<FloatType>(type.getElementType()))
+      continue;
+    // Constants stay outside regions (their arguments): the body yields it.
+    OpBuilder b(constant->getBlock(), std::next(Block::iterator(constant)));
+    IRMapping map;
+    FusionOp region =
+        createRegion(b, constant.getLoc(), type, ValueRange{constant.getResult()}, "loop", map);
+    OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+    inner.create<YieldOp>(constant.getLoc(), map.lookup(constant.getResult()));
+    use.set(region.getResult(0));
+    changed = true;
+  }
+  return changed;
+}
+
 /// Scalar regions side by side: loop regions whose results have one element
 /// (a clipped gradient norm's scale, a learning-rate schedule) and that do not
 /// read each other become one horizontal region, one launch instead of one
@@ -1778,7 +1805,10 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     for (auto func : getOperation().getOps<func::FuncOp>())
       changed |= fuseOptimizerRegions(func, maxHorizontalOperands);
     for (auto func : getOperation().getOps<func::FuncOp>())
+    {
+      changed |= materializeReturnedScalars(func);
       changed |= fuseScalarRegions(func);
+    }
     if (!changed)
       markAllAnalysesPreserved();
   }

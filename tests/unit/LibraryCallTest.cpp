@@ -4,6 +4,7 @@
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/Executor.h"
 #include "BundleTestUtil.h"
+#include "cuda/Matmul.h"
 
 #include <functional>
 
@@ -383,4 +384,30 @@ TEST(LibraryCallTest, GeluEpiloguesThatDoNotFitAreRefused) {
     addGeluCalls(p);
     p.mutable_tensors(14)->set_shape(1, 6);
   }, "the bias gradient must be f32 of 8 elements", bwd);
+}
+
+// Which tensor each cuBLASLt pointer is: C and the GELU's bias row are input
+// 2, but DGELU's input 2 is its aux matrix; the aux output is output 1.
+TEST(LibraryCallTest, GeluEpilogueOperandsAreTheStatedTensors) {
+  BundleWriter w;
+  fb::Program &p = w.program();
+  addTensor(p, "unused", fb::TensorInfo::INPUT, {1}, 0); // tensors 0..6 as in check()
+  for (int i = 1; i < 7; ++i)
+    addTensor(p, "t" + std::to_string(i), fb::TensorInfo::INPUT, {1}, 64 * i);
+  p.add_routines();
+  addGeluCalls(p);
+  const fb::Routine &r = p.routines(0);
+  auto fwd = cuda::matmulProblem(p, r.instructions(0), false);
+  ASSERT_TRUE(fwd) << fwd.status().message();
+  cuda::MatmulTensors t = cuda::matmulTensors(r.instructions(0), *fwd);
+  EXPECT_EQ(fwd->epilogue, cuda::MatmulProblem::Epilogue::GeluAux);
+  EXPECT_TRUE(fwd->bias);
+  EXPECT_EQ(std::vector<int32_t>({t.lhs, t.rhs, t.c, t.out, t.vector, t.aux}),
+            std::vector<int32_t>({7, 8, 9, 10, -1, 11}));
+  auto bwd = cuda::matmulProblem(p, r.instructions(1), false);
+  ASSERT_TRUE(bwd) << bwd.status().message();
+  t = cuda::matmulTensors(r.instructions(1), *bwd);
+  EXPECT_EQ(bwd->epilogue, cuda::MatmulProblem::Epilogue::DgeluBgrad);
+  EXPECT_EQ(std::vector<int32_t>({t.lhs, t.rhs, t.c, t.out, t.vector, t.aux}),
+            std::vector<int32_t>({12, 8, -1, 13, 14, 11}));
 }

@@ -958,10 +958,11 @@ bool mlir::forge::isInnermostRowOp(Operation *op) {
 void FusionOp::inlineBody() {
   Block &block = getBlock();
   auto yield = cast<YieldOp>(block.getTerminator());
-  SmallVector<Value> yielded(yield.getValues());
   SmallVector<FusionOp> members;
   for (auto [arg, input] : llvm::zip(block.getArguments(), getInputs()))
     arg.replaceAllUsesWith(input);
+  // After the arguments' replacement: a region may yield an argument itself.
+  SmallVector<Value> yielded(yield.getValues());
   yield.erase();
   for (Operation &op : llvm::make_early_inc_range(block)) {
     op.moveBefore(*this);

@@ -218,7 +218,10 @@ MatmulTensors matmulTensors(const bundle::Instruction &inst, const MatmulProblem
   default:
     break;
   }
-  if (!pr.hasAux() && inst.inputs_size() > 2)
+  // Input 2 is C (a full C or the bias row), but DGELU's aux matrix.
+  bool dgelu = pr.epilogue == MatmulProblem::Epilogue::Dgelu ||
+               pr.epilogue == MatmulProblem::Epilogue::DgeluBgrad;
+  if (!dgelu && inst.inputs_size() > 2)
     t.c = inst.inputs(2);
   if (pr.epilogue == MatmulProblem::Epilogue::Bias)
     t.vector = inst.inputs(3);

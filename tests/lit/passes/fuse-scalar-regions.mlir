@@ -48,3 +48,32 @@ func.func @read_between(%sum: tensor<f32>, %max: tensor<f32>, %step: tensor<f32>
   %t = forge.neg %s : (tensor<f32>) -> tensor<f32>
   return %big, %t : tensor<4xf32>, tensor<f32>
 }
+
+// -----
+
+// A returned one-element constant (a fixed learning rate as a metric) is
+// written by the scalar horizontal region instead of a copy of its own; the
+// other reader keeps reading the constant.
+// CHECK-LABEL: func @returned_constant
+// CHECK: %[[LR:.*]] = forge.constant dense<1.000000e-03>
+// CHECK: %[[H:.*]]:2 = forge.fusion "horizontal"(%[[LR]], %arg0, %arg1)
+// CHECK: forge.mul %[[LR]], %arg2
+// CHECK: return %[[H]]#0, %[[H]]#1, %{{.*}}
+func.func @returned_constant(%sum: tensor<f32>, %max: tensor<f32>, %g: tensor<4xf32>) -> (tensor<f32>, tensor<f32>, tensor<4xf32>) {
+  %lr = forge.constant dense<1.0e-03> : tensor<f32>
+  %n = forge.sqrt %sum : (tensor<f32>) -> tensor<f32>
+  %c = forge.div %max, %n : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %u = forge.mul %lr, %g : (tensor<f32>, tensor<4xf32>) -> tensor<4xf32>
+  return %lr, %c, %u : tensor<f32>, tensor<f32>, tensor<4xf32>
+}
+
+// -----
+
+// Not: a returned constant of several elements (a copy is its cheapest writer).
+// CHECK-LABEL: func @returned_vector_constant
+// CHECK-NOT: forge.fusion
+// CHECK: return
+func.func @returned_vector_constant() -> tensor<2xf32> {
+  %c = forge.constant dense<[1.0, 2.0]> : tensor<2xf32>
+  return %c : tensor<2xf32>
+}
