@@ -1143,6 +1143,75 @@ bool fuseBiasGradients(func::FuncOp func, llvm::SmallPtrSetImpl<Operation *> &ta
   return changed;
 }
 
+/// Whether `v` is a constant 0 of one element (a gradient rule's scalarLike 0).
+bool isScalarZero(Value v) {
+  auto c = v.getDefiningOp<ConstantOp>();
+  auto attr = c ? dyn_cast<DenseElementsAttr>(c.getValue()) : DenseElementsAttr();
+  return attr && attr.getNumElements() == 1 && isa<FloatType>(attr.getElementType()) &&
+         attr.getSplatValue<APFloat>().isZero();
+}
+
+/// A ReLU's gradient after a GEMM: where(greater(R, 0), P, 0) with R a gemm
+/// region's ReLU and P a 2-D product of R's shape that only it reads. The
+/// forward region also yields R's bit mask (cuBLASLt's RELU_AUX[_BIAS]) and
+/// P joins a region that masks it as it is written (DRELU): the backward
+/// reads 1 bit per element instead of R's 4 bytes, and its kernel is gone.
+bool fuseReluGradEpilogue(func::FuncOp func, WhereOp where) {
+  auto greater = where.getCondition().getDefiningOp<GreaterOp>();
+  if (!greater || !isScalarZero(greater.getRhs()) || !isScalarZero(where.getY()))
+    return false;
+  auto forward = greater.getLhs().getDefiningOp<FusionOp>();
+  Operation *product = where.getX().getDefiningOp();
+  if (!forward || forward.getKind() != "gemm" || forward.getNumResults() != 1 ||
+      forward->hasAttr("forge.library") || !product || !isa<GemmOp, MatMulOp>(product) ||
+      product->getParentOp() != func || !product->getResult(0).hasOneUse() ||
+      !isStaticNonEmptyF32(product))
+    return false;
+  Block &body = forward.getBlock();
+  auto relu = dyn_cast<ReluOp>(*std::next(body.begin()));
+  auto type = cast<RankedTensorType>(where.getType());
+  std::optional<FlatProduct> f = flatProduct(product);
+  if (!relu || !f || type.getRank() != 2 || greater.getLhs().getType() != type ||
+      product->getResult(0).getType() != type || where->getBlock() != forward->getBlock() ||
+      !distinct({product->getOperand(0), product->getOperand(1)}))
+    return false;
+  // The forward region again, yielding the mask too.
+  OpBuilder b(forward);
+  IRMapping map;
+  // Rows of ceil(n / 128) * 16 bytes (ForgeGradOps.td).
+  auto maskType = RankedTensorType::get({f->m, (f->n + 127) / 128 * 16}, b.getI8Type());
+  FusionOp withMask = createRegion(b, forward.getLoc(), {type, maskType}, forward.getInputs(),
+                                   "gemm", map);
+  for (auto [arg, input] : llvm::zip(body.getArguments(), forward.getInputs()))
+    map.map(arg, map.lookup(input)); // the old body's arguments are the new body's
+  OpBuilder inner = OpBuilder::atBlockEnd(&withMask.getBlock());
+  for (Operation &op : body.without_terminator())
+    inner.clone(op, map);
+  Value y = map.lookup(relu.getResult());
+  Value mask = inner.create<ReluBitmaskOp>(relu.getLoc(), maskType, y);
+  inner.create<YieldOp>(forward.getLoc(), ValueRange{y, mask});
+  forward.getResult(0).replaceAllUsesWith(withMask.getResult(0));
+  forward->erase();
+  // The gradient's region, at the where.
+  b.setInsertionPoint(where);
+  Location loc = FusedLoc::get(func.getContext(), {product->getLoc(), where.getLoc()});
+  IRMapping bmap;
+  FusionOp backward =
+      createRegion(b, loc, type, ValueRange{product->getOperand(0), product->getOperand(1),
+                                           withMask.getResult(1)},
+                   "gemm", bmap);
+  OpBuilder binner = OpBuilder::atBlockEnd(&backward.getBlock());
+  Value p = binner.clone(*product, bmap)->getResult(0);
+  Value dx = binner.create<ReluGradBitmaskOp>(loc, type, p, bmap.lookup(withMask.getResult(1)));
+  binner.create<YieldOp>(loc, dx);
+  where.getResult().replaceAllUsesWith(backward.getResult(0));
+  where->erase();
+  product->erase();
+  if (greater->use_empty())
+    greater->erase();
+  return true;
+}
+
 /// GEMM epilogues (see Passes.td): a ReLU that alone reads an f32 product, a
 /// residual linear layer's bias and residual, and a bias gradient
 /// (reduce_sum over all but the last axis) of the tensor that a weight
@@ -1163,7 +1232,12 @@ bool fuseGemmEpilogues(func::FuncOp func) {
       taken.insert(product);
       changed = true;
     }
-  return fuseBiasGradients(func, taken) || changed;
+  changed |= fuseBiasGradients(func, taken);
+  // After the ReLU regions (forward) and bias gradients, which may take the
+  // backward's product first (its region then already has its epilogue).
+  for (WhereOp where : llvm::to_vector(func.getBody().front().getOps<WhereOp>()))
+    changed |= fuseReluGradEpilogue(func, where);
+  return changed;
 }
 
 /// A reduce_sum of a whole static f32 tensor to a scalar.

@@ -187,9 +187,17 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     (GPT-2's attention and MLP outputs); the bias gradient only when the
     contraction is no longer than the product's larger side (cuBLASLt's
     bias-gradient epilogue gives up split-K: GPT-2's weight gradients over
-    16384 tokens ran ~1.5x slower with it). forge-select-library states
-    the cuBLASLt epilogue (RELU/RELU_BIAS, BGRADA/BGRADB) that computes it as
-    the product is written.
+    16384 tokens ran ~1.5x slower with it). A linear layer's tanh GELU,
+    gelu(add(product, bias row)) or gelu(product), joins as well: the bias
+    becomes gemm's C, and when anything else reads the GELU's input (the
+    backward's gelu_grad) the region yields it too, as the epilogue's aux
+    output. A gelu_grad (tanh) whose grad_output is a product (or its one
+    reshape) that nothing else reads joins that product with the GELU's
+    input as the region's last argument, and a bias gradient of the
+    gelu_grad (reduce_sum over all but the last axis) joins it too.
+    forge-select-library states the cuBLASLt epilogue (RELU/RELU_BIAS,
+    BGRADA/BGRADB, BIAS, GELU[_AUX][_BIAS], DGELU[_BGRAD]) that computes it
+    as the product is written.
 
     Before everything, row fusion of the classification loss:
     nll_loss(log_softmax(x, axis 1), t) over [N, C] logits (no class weights,

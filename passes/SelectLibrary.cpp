@@ -54,8 +54,8 @@ struct MatmulForm {
   bool transA = false, transB = false;
   StringRef c = "none"; // none | full | bias
   double alpha = 1.0, beta = 0.0;
-  // A gemm region's epilogue: relu | bias | bgrad_lhs | bgrad_rhs | gelu | gelu_aux |
-  // dgelu | dgelu_bgrad (none: not stated).
+  // A gemm region's epilogue: relu | relu_aux | drelu | bias | bgrad_lhs | bgrad_rhs |
+  // gelu | gelu_aux | dgelu | dgelu_bgrad (none: not stated).
   StringRef epilogue = "none";
 };
 
@@ -175,9 +175,18 @@ std::optional<MatmulForm> cublasForm(FusionOp region) {
     return f;
   }
   if (isa<ReluOp>(epilogue)) {
-    if (f->c == "full")
+    // RELU_AUX(_BIAS) when the region yields the bitmask too (one product).
+    bool aux = region.getNumResults() == 2;
+    if (f->c == "full" || (aux && f->batch != 1))
       return std::nullopt;
-    f->epilogue = "relu";
+    f->epilogue = aux ? "relu_aux" : "relu";
+    return f;
+  }
+  if (isa<ReluGradBitmaskOp>(epilogue)) {
+    // DRELU reading the bitmask, the region's last argument.
+    if (f->batch != 1 || f->c != "none")
+      return std::nullopt;
+    f->epilogue = "drelu";
     return f;
   }
   if (isa<GeluOp>(epilogue)) {

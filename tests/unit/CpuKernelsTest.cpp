@@ -390,6 +390,8 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "layer_norm_grad",
                                         "group_norm_grad",
                                         "gelu_grad",
+                                        "relu_bitmask",
+                                        "relu_grad_bitmask",
                                         "softmax_grad",
                                         "log_softmax_grad",
                                         "nll_loss_grad",
@@ -766,6 +768,32 @@ TEST(CpuKernels, GeluGradMatchesDifferencesOfGelu) {
   Status st = Op("gelu_grad").s("approximate", "tanh").run({&a, &b}, {&c});
   EXPECT_FALSE(st.isOk()); // input of another shape than grad_output
   EXPECT_FALSE(Op("gelu_grad").s("approximate", "fast").run({&a, &a}, {&c}).isOk());
+}
+
+// The ReLU bitmask against its definition (rows of ceil(N / 128) * 16 bytes,
+// bit j % 8 of byte j / 8), and the gradient it masks.
+TEST(CpuKernels, ReluBitmaskAndItsGradient) {
+  const int64_t m = 3, n = 130, bytes = 32; // two 128-bit words per row
+  HT x = randomTensor(bundle::F32, {m, n}, -1, 1), mask(bundle::I8, {m, bytes});
+  x.data<float>()[5] = 0.0f; // 0 is not > 0
+  ASSERT_OK(Op("relu_bitmask").run({&x}, {&mask}));
+  std::vector<double> want(m * bytes, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      if (x.at(i * n + j) > 0) {
+        int64_t at = i * bytes + j / 8;
+        int v = static_cast<int>(want[at]) & 0xff;
+        v |= 1 << (j % 8);
+        want[at] = static_cast<double>(static_cast<int8_t>(v));
+      }
+  for (int64_t k = 0; k < m * bytes; ++k)
+    ASSERT_EQ(mask.at(k), want[k]) << "byte " << k;
+  HT dy = randomTensor(bundle::F32, {m, n}), dx(bundle::F32, {m, n});
+  ASSERT_OK(Op("relu_grad_bitmask").run({&dy, &mask}, {&dx}));
+  for (int64_t k = 0; k < m * n; ++k)
+    ASSERT_EQ(dx.at(k), x.at(k) > 0 ? dy.at(k) : 0.0) << "element " << k;
+  HT small(bundle::I8, {m, 16});
+  EXPECT_FALSE(Op("relu_bitmask").run({&x}, {&small}).isOk()); // rows of 16 bytes hold 128 bits
 }
 
 TEST(CpuKernels, UnaryIntegerAndErrors) {

@@ -225,10 +225,12 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
                 .Case("gelu_aux", pb::MatmulProblem::GELU_AUX)
                 .Case("dgelu", pb::MatmulProblem::DGELU)
                 .Case("dgelu_bgrad", pb::MatmulProblem::DGELU_BGRAD)
+                .Case("relu_aux", pb::MatmulProblem::RELU_AUX)
+                .Case("drelu", pb::MatmulProblem::DRELU)
                 .Default(std::nullopt);
         if (!e)
-          return op.emitError("forge.matmul's epilogue must be relu, bias, bgrad_lhs, bgrad_rhs, "
-                              "gelu, gelu_aux, dgelu or dgelu_bgrad");
+          return op.emitError("forge.matmul's epilogue must be relu, relu_aux, drelu, bias, "
+                              "bgrad_lhs, bgrad_rhs, gelu, gelu_aux, dgelu or dgelu_bgrad");
         pr->set_epilogue(*e);
       }
       pr->set_alpha(*alpha);

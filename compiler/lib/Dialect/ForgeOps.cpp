@@ -643,14 +643,16 @@ FORGE_INFER(TransposeOp) {
 /// its leading (contraction) axis.
 static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yield) {
   auto ops = llvm::map_to_vector(block.without_terminator(), [](Operation &op) { return &op; });
-  bool dgeluBgrad = ops.size() == 3 && isa<GeluGradOp>(ops[1]);
-  if ((ops.size() != 2 && !dgeluBgrad) || !isa<GemmOp, MatMulOp>(ops[0]))
+  // Two epilogue ops: gelu_grad and its bias gradient, relu and its bitmask.
+  bool twoOps = ops.size() == 3 && (isa<GeluGradOp>(ops[1]) || isa<ReluOp>(ops[1]));
+  bool dgeluBgrad = twoOps && isa<GeluGradOp>(ops[1]);
+  if ((ops.size() != 2 && !twoOps) || !isa<GemmOp, MatMulOp>(ops[0]))
     return fusion.emitOpError("a gemm region holds one gemm or matmul and one epilogue op "
-                              "(gelu_grad and its bias gradient: two)");
+                              "(gelu_grad and its bias gradient, relu and its bitmask: two)");
   Operation *product = ops[0], *epilogue = ops[1];
-  // A bias or GELU-gradient epilogue reads one more argument, the last: the
-  // bias row, or the GELU's input saved by the forward pass.
-  bool extraArg = isa<AddOp, GeluGradOp>(epilogue);
+  // A bias or GELU/ReLU-gradient epilogue reads one more argument, the last:
+  // the bias row, the GELU's input or the ReLU's bitmask saved by the forward.
+  bool extraArg = isa<AddOp, GeluGradOp, ReluGradBitmaskOp>(epilogue);
   auto productArgs = block.getArguments().drop_back(extraArg ? 1 : 0);
   if (!llvm::equal(product->getOperands(), productArgs))
     return product->emitOpError("must take the gemm region's arguments, in order, as operands");
@@ -712,8 +714,27 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
   if (auto relu = dyn_cast<ReluOp>(epilogue)) {
     if (relu->getOperand(0) != product->getResult(0) || !product->getResult(0).hasOneUse())
       return relu.emitOpError("must alone read the product of its gemm region");
+    if (twoOps) { // RELU_AUX: the ReLU, then its bitmask
+      auto mask = dyn_cast<ReluBitmaskOp>(ops[2]);
+      if (!mask || mask.getInput() != relu.getResult())
+        return ops[2]->emitOpError("must be the bitmask of the gemm region's ReLU");
+      if (yield.getValues().size() != 2 || yield.getValues()[0] != relu.getResult() ||
+          yield.getValues()[1] != mask.getResult())
+        return fusion.emitOpError("with a ReLU and its bitmask must yield both, in order");
+      return success();
+    }
     if (!llvm::equal(yield.getValues(), relu->getResults()))
       return fusion.emitOpError("with a ReLU epilogue must yield the ReLU's result alone");
+    return success();
+  }
+  if (auto grad = dyn_cast<ReluGradBitmaskOp>(epilogue)) {
+    Value p = product->getResult(0);
+    if (grad.getGradOutput() != p || grad.getMask() != block.getArguments().back() ||
+        !p.hasOneUse())
+      return grad.emitOpError("must mask its gemm region's product with the region's last "
+                              "argument");
+    if (!llvm::equal(yield.getValues(), grad->getResults()))
+      return fusion.emitOpError("with a ReLU-gradient epilogue must yield the gradient alone");
     return success();
   }
   auto sum = dyn_cast<ReduceSumOp>(epilogue);

@@ -1,6 +1,7 @@
 // Backward-only CPU kernels (compiler/include/forge/Dialect/ForgeGradOps.td):
 // conv_grad_weight, max_pool_grad, avg_pool_grad, batch_norm_training_grad,
-// layer_norm_grad, group_norm_grad, gelu_grad, softmax_grad, log_softmax_grad,
+// layer_norm_grad, group_norm_grad, gelu_grad, relu_bitmask, relu_grad_bitmask,
+// softmax_grad, log_softmax_grad,
 // nll_loss_grad, gather_grad, gather_elements_grad, slice_grad and pad_grad.
 //
 // Invariants:
@@ -563,6 +564,66 @@ Status geluGradKernel(KernelContext &ctx) {
 }
 
 //===----------------------------------------------------------------------===//
+// relu_bitmask / relu_grad_bitmask: cuBLASLt's RELU_AUX mask (rows of
+// ceil(N / 128) * 16 bytes, bit j % 8 of byte j / 8 set when x[i, j] > 0)
+//===----------------------------------------------------------------------===//
+
+int64_t bitmaskRowBytes(int64_t n) { return (n + 127) / 128 * 16; }
+
+Status reluBitmaskKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0];
+  TensorView &mask = ctx.outputs[0];
+  if (x.rank() != 2)
+    return Status::error("relu_bitmask takes a 2-D input, got rank {}", x.rank());
+  const int64_t m = x.shape[0], n = x.shape[1], bytes = bitmaskRowBytes(n);
+  FORGE_RETURN_IF_ERROR(checkDType(mask, bundle::I8, "mask"));
+  FORGE_RETURN_IF_ERROR(checkShape(mask, {m, bytes}, "mask"));
+  return visitGradTypes(x.dtype, ctx, &reluBitmaskKernel, [&](auto tag) -> Status {
+    using T = typename decltype(tag)::type;
+    const T *px = x.as<const T>();
+    uint8_t *pm = mask.as<uint8_t>();
+    ctx.pool.parallelFor(m, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)),
+                         [&](int64_t b, int64_t e) {
+                           for (int64_t i = b; i < e; ++i) {
+                             uint8_t *row = pm + i * bytes;
+                             std::fill(row, row + bytes, uint8_t(0));
+                             for (int64_t j = 0; j < n; ++j)
+                               if (px[i * n + j] > T(0))
+                                 row[j / 8] |= uint8_t(1u << (j % 8));
+                           }
+                         });
+    return Status::ok();
+  });
+}
+
+Status reluGradBitmaskKernel(KernelContext &ctx) {
+  const TensorView &dy = ctx.inputs[0], &mask = ctx.inputs[1];
+  TensorView &dx = ctx.outputs[0];
+  if (dy.rank() != 2)
+    return Status::error("relu_grad_bitmask takes a 2-D grad_output, got rank {}", dy.rank());
+  const int64_t m = dy.shape[0], n = dy.shape[1], bytes = bitmaskRowBytes(n);
+  FORGE_RETURN_IF_ERROR(checkDType(mask, bundle::I8, "mask"));
+  FORGE_RETURN_IF_ERROR(checkShape(mask, {m, bytes}, "mask"));
+  FORGE_RETURN_IF_ERROR(checkDType(dx, dy.dtype, "result"));
+  FORGE_RETURN_IF_ERROR(checkShape(dx, dy.shape));
+  return visitGradTypes(dy.dtype, ctx, &reluGradBitmaskKernel, [&](auto tag) -> Status {
+    using T = typename decltype(tag)::type;
+    const T *pdy = dy.as<const T>();
+    const uint8_t *pm = mask.as<const uint8_t>();
+    T *pdx = dx.as<T>();
+    ctx.pool.parallelFor(m, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)),
+                         [&](int64_t b, int64_t e) {
+                           for (int64_t i = b; i < e; ++i)
+                             for (int64_t j = 0; j < n; ++j)
+                               pdx[i * n + j] = (pm[i * bytes + j / 8] >> (j % 8)) & 1u
+                                                    ? pdy[i * n + j]
+                                                    : T(0);
+                         });
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
 // softmax_grad / log_softmax_grad (operands: forward result y, grad_output)
 //===----------------------------------------------------------------------===//
 
@@ -843,6 +904,8 @@ void registerBackwardKernels(Registry &r) {
   r.add("layer_norm_grad", &layerNormGradKernel, 3, 3, 1, 3);
   r.add("group_norm_grad", &groupNormGradKernel, 3, 3, 1, 3);
   r.add("gelu_grad", &geluGradKernel, 2, 2);
+  r.add("relu_bitmask", &reluBitmaskKernel, 1, 1);
+  r.add("relu_grad_bitmask", &reluGradBitmaskKernel, 2, 2);
   r.add("softmax_grad", &softmaxGradKernel<false>, 2, 2);
   r.add("log_softmax_grad", &softmaxGradKernel<true>, 2, 2);
   r.add("nll_loss_grad", &nllLossGradKernel, 2, 3);

@@ -37,10 +37,12 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   // Epilogues with a second output (a bias gradient, the GELU's aux matrix).
   const bool bgrad = e == bundle::MatmulProblem::BGRAD_LHS ||
                      e == bundle::MatmulProblem::BGRAD_RHS ||
-                     e == bundle::MatmulProblem::GELU_AUX || e == bundle::MatmulProblem::DGELU_BGRAD;
+                     e == bundle::MatmulProblem::GELU_AUX ||
+                     e == bundle::MatmulProblem::DGELU_BGRAD || e == bundle::MatmulProblem::RELU_AUX;
   // Epilogues that read one more input after lhs, rhs and C: BIAS's row
   // (input 3), DGELU's aux matrix (input 2: these take no C).
-  const bool dgelu = e == bundle::MatmulProblem::DGELU || e == bundle::MatmulProblem::DGELU_BGRAD;
+  const bool dgelu = e == bundle::MatmulProblem::DGELU || e == bundle::MatmulProblem::DGELU_BGRAD ||
+                     e == bundle::MatmulProblem::DRELU;
   if (inst.op() == "fusion" && (!inst.has_matmul() ||
                                 inst.matmul().epilogue() == bundle::MatmulProblem::NO_EPILOGUE))
     return Status::error("a fusion placed in a library must be a gemm region with a cuBLASLt "
@@ -111,6 +113,15 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                            inst.op(), pr.n);
     return Status::ok();
   };
+  // A ReLU epilogue's bitmask: I8 rows of ceil(n / 128) * 16 bytes.
+  auto bitmask = [&](int32_t t, const char *what) -> Status {
+    int64_t bytes = pr.m * ((pr.n + 127) / 128 * 16);
+    if (t < 0 || t >= p.tensors_size() || p.tensors(t).dtype() != bundle::I8 ||
+        elements(t) != bytes)
+      return Status::error("{}: the ReLU epilogue's bitmask ({}) must be i8 of {} elements",
+                           inst.op(), what, bytes);
+    return Status::ok();
+  };
   switch (b.epilogue()) {
   case bundle::MatmulProblem::NO_EPILOGUE:
     break;
@@ -148,6 +159,22 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
     pr.epilogue = lhs ? MatmulProblem::Epilogue::BgradLhs : MatmulProblem::Epilogue::BgradRhs;
     break;
   }
+  case bundle::MatmulProblem::RELU_AUX:
+    if (pr.fullC || pr.batch != 1)
+      return Status::error("{}: cuBLASLt's ReLU epilogue takes no full C, and one product with "
+                           "its bitmask",
+                           inst.op());
+    FORGE_RETURN_IF_ERROR(bitmask(inst.outputs(1), "output 1"));
+    pr.epilogue = MatmulProblem::Epilogue::ReluAux;
+    break;
+  case bundle::MatmulProblem::DRELU:
+    if (pr.batch != 1 || pr.fullC || pr.bias || inst.inputs_size() != 3)
+      return Status::error("{}: a ReLU-gradient epilogue needs one product without C and the "
+                           "ReLU's bitmask as input 2",
+                           inst.op());
+    FORGE_RETURN_IF_ERROR(bitmask(inst.inputs(2), "input 2"));
+    pr.epilogue = MatmulProblem::Epilogue::Drelu;
+    break;
   case bundle::MatmulProblem::GELU:
   case bundle::MatmulProblem::GELU_AUX: {
     bool aux = b.epilogue() == bundle::MatmulProblem::GELU_AUX;
@@ -207,21 +234,13 @@ MatmulTensors matmulTensors(const bundle::Instruction &inst, const MatmulProblem
   t.lhs = inst.inputs(0);
   t.rhs = inst.inputs(1);
   t.out = inst.outputs(0);
-  switch (pr.epilogue) {
-  case MatmulProblem::Epilogue::Dgelu:
-  case MatmulProblem::Epilogue::DgeluBgrad:
+  // Input 2 is C (a full C or the bias row), but the aux matrix of the
+  // epilogues that read one (DGELU, DRELU); the written aux is output 1.
+  if (pr.readsAux())
     t.aux = inst.inputs(2);
-    break;
-  case MatmulProblem::Epilogue::GeluAux:
+  else if (pr.hasAux())
     t.aux = inst.outputs(1);
-    break;
-  default:
-    break;
-  }
-  // Input 2 is C (a full C or the bias row), but DGELU's aux matrix.
-  bool dgelu = pr.epilogue == MatmulProblem::Epilogue::Dgelu ||
-               pr.epilogue == MatmulProblem::Epilogue::DgeluBgrad;
-  if (!dgelu && inst.inputs_size() > 2)
+  if (!pr.readsAux() && inst.inputs_size() > 2)
     t.c = inst.inputs(2);
   if (pr.epilogue == MatmulProblem::Epilogue::Bias)
     t.vector = inst.inputs(3);
@@ -281,12 +300,18 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   case MatmulProblem::Epilogue::DgeluBgrad:
     epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
     break;
+  case MatmulProblem::Epilogue::ReluAux:
+    epilogue = pr.bias ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_AUX;
+    break;
+  case MatmulProblem::Epilogue::Drelu:
+    epilogue = CUBLASLT_EPILOGUE_DRELU;
+    break;
   }
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
     LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                 &epilogue, sizeof(epilogue)));
   if (pr.hasAux()) {
-    int64_t ld = pr.n; // the aux matrix is laid out as D (column-major n x m)
+    int64_t ld = pr.auxLd(); // laid out as D (column-major n x m): elements or bits
     LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                 &ld, sizeof(ld)));
   }
@@ -387,7 +412,7 @@ Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *wo
   // Outputs: out, and the vector or aux when the epilogue writes them.
   std::vector<const void *> written{ops.out}, read{ops.lhs, ops.rhs, ops.c};
   bool writesVector = problem_.epilogue != MatmulProblem::Epilogue::Bias;
-  bool writesAux = problem_.epilogue == MatmulProblem::Epilogue::GeluAux;
+  bool writesAux = problem_.hasAux() && !problem_.readsAux();
   (writesVector ? written : read).push_back(ops.vector);
   (writesAux ? written : read).push_back(ops.aux);
   for (const void *w : written)

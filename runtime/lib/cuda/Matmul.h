@@ -9,8 +9,10 @@
 // (RELU_BIAS), a bias row after a full C (BIAS), a bias gradient (BGRADB for
 // the lhs, cuBLASLt's B; BGRADA for the rhs, its A), the tanh GELU
 // (GELU[_AUX][_BIAS]: the aux matrix is the GELU's input, written) or its
-// gradient (DGELU[_BGRAD]: the aux matrix read). Aux matrices have the
-// output's layout, leading dimension N (a multiple of 8), one batch. The compiler states each
+// gradient (DGELU[_BGRAD]: the aux matrix read), RELU_AUX[_BIAS] (the aux
+// is the ReLU's bitmask) and DRELU (reading it). Aux matrices have the
+// output's layout, one batch, leading dimension N (GELU: a multiple of 8) or
+// N rounded up to 128 bits (the bitmask). The compiler states each
 // problem (forge-select-library -> Instruction.matmul); the runtime checks it
 // against the tensors' sizes and runs it, deriving nothing from shapes.
 //
@@ -45,7 +47,7 @@ struct MatmulProblem {
   // GELU's gradient reading that aux (with the output's bias gradient:
   // DgeluBgrad).
   enum class Epilogue {
-    None, Relu, Bias, BgradLhs, BgradRhs, Gelu, GeluAux, Dgelu, DgeluBgrad
+    None, Relu, Bias, BgradLhs, BgradRhs, Gelu, GeluAux, Dgelu, DgeluBgrad, ReluAux, Drelu
   } epilogue = Epilogue::None;
   float alpha = 1, beta = 0;
   bool tf32 = false;
@@ -56,10 +58,23 @@ struct MatmulProblem {
     return epilogue == Epilogue::Bias || epilogue == Epilogue::BgradLhs ||
            epilogue == Epilogue::BgradRhs || epilogue == Epilogue::DgeluBgrad;
   }
-  /// Whether it writes (GeluAux) or reads (Dgelu*) an aux matrix.
+  /// Whether it writes (GeluAux, ReluAux) or reads (Dgelu*, Drelu) an aux
+  /// matrix: the GELU's input, or the ReLU's bitmask.
   bool hasAux() const {
     return epilogue == Epilogue::GeluAux || epilogue == Epilogue::Dgelu ||
-           epilogue == Epilogue::DgeluBgrad;
+           epilogue == Epilogue::DgeluBgrad || epilogue == Epilogue::ReluAux ||
+           epilogue == Epilogue::Drelu;
+  }
+  /// Whether the aux matrix is read (input 2, in place of C).
+  bool readsAux() const {
+    return epilogue == Epilogue::Dgelu || epilogue == Epilogue::DgeluBgrad ||
+           epilogue == Epilogue::Drelu;
+  }
+  /// The aux matrix's leading dimension: n elements (the GELU's input), or
+  /// the bitmask's n bits rounded up to a multiple of 128.
+  int64_t auxLd() const {
+    bool relu = epilogue == Epilogue::ReluAux || epilogue == Epilogue::Drelu;
+    return relu ? (n + 127) / 128 * 128 : n;
   }
 };
 

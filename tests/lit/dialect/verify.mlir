@@ -322,7 +322,7 @@ func.func @gemm_region_two_epilogues(%x: tensor<4x8xf32>, %w: tensor<8x5xf32>) -
   %r = forge.fusion "gemm"(%x, %w) : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32> {
   ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x5xf32>):
     %p = forge.matmul %a, %b : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
-    %y = forge.relu %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
+    %y = forge.neg %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
     %z = forge.neg %y : (tensor<4x5xf32>) -> tensor<4x5xf32>
     forge.yield %z : tensor<4x5xf32>
   }
@@ -441,4 +441,40 @@ func.func @gelu_grad_shapes(%dy: tensor<4x8xf32>, %x: tensor<4x7xf32>) -> tensor
   // expected-error @+1 {{failed to infer returned types}}
   %d = forge.gelu_grad %dy, %x {approximate = "tanh"} : (tensor<4x8xf32>, tensor<4x7xf32>) -> tensor<4x8xf32>
   return %d : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @gemm_region_relu_then_not_its_bitmask(%x: tensor<4x8xf32>, %w: tensor<8x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>) {
+  %r:2 = forge.fusion "gemm"(%x, %w) : (tensor<4x8xf32>, tensor<8x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x5xf32>):
+    %p = forge.matmul %a, %b : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
+    %y = forge.relu %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
+    // expected-error @+1 {{must be the bitmask of the gemm region's ReLU}}
+    %z = forge.neg %y : (tensor<4x5xf32>) -> tensor<4x5xf32>
+    forge.yield %y, %z : tensor<4x5xf32>, tensor<4x5xf32>
+  }
+  return %r#0, %r#1 : tensor<4x5xf32>, tensor<4x5xf32>
+}
+
+// -----
+
+func.func @gemm_region_drelu_mask_not_last(%dy: tensor<4x8xf32>, %w: tensor<8x5xf32>, %m: tensor<4x16xi8>) -> tensor<4x5xf32> {
+  %r = forge.fusion "gemm"(%m, %dy, %w) : (tensor<4x16xi8>, tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32> {
+  ^bb0(%c: tensor<4x16xi8>, %a: tensor<4x8xf32>, %b: tensor<8x5xf32>):
+    // expected-error @+1 {{must take the gemm region's arguments, in order, as operands}}
+    %p = forge.matmul %a, %b : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
+    %d = forge.relu_grad_bitmask %p, %c : (tensor<4x5xf32>, tensor<4x16xi8>) -> tensor<4x5xf32>
+    forge.yield %d : tensor<4x5xf32>
+  }
+  return %r : tensor<4x5xf32>
+}
+
+// -----
+
+func.func @relu_bitmask_row_bytes(%dy: tensor<4x130xf32>, %m: tensor<4x17xi8>) -> tensor<4x130xf32> {
+  // expected-error @+2 {{mask has shape [4x17], expected [4x32]}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %d = forge.relu_grad_bitmask %dy, %m : (tensor<4x130xf32>, tensor<4x17xi8>) -> tensor<4x130xf32>
+  return %d : tensor<4x130xf32>
 }

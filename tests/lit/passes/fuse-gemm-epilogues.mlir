@@ -210,3 +210,48 @@ func.func @not_gelu(%x: tensor<6x4xf32>, %w: tensor<4x8xf32>, %b: tensor<8xf32>,
   %d = forge.gelu_grad %q, %h {approximate = "tanh"} : (tensor<6x8xf32>, tensor<6x8xf32>) -> tensor<6x8xf32>
   return %g, %d, %q : tensor<6x8xf32>, tensor<6x8xf32>, tensor<6x8xf32>
 }
+
+// -----
+
+// A ReLU's gradient after the GEMM of its incoming gradient: the forward region
+// also yields the ReLU's bitmask (RELU_AUX_BIAS) and the gradient's GEMM masks
+// its product with it (DRELU); the backward reads no f32 output and runs no kernel.
+// CHECK-LABEL: func @drelu
+// CHECK: %[[F:.*]]:2 = forge.fusion "gemm"(%arg0, %arg1, %arg2) : (tensor<4x8xf32>, tensor<5x8xf32>, tensor<5xf32>) -> (tensor<4x5xf32>, tensor<4x16xi8>) {
+// CHECK:   %[[Y:.*]] = forge.relu
+// CHECK:   %[[M:.*]] = forge.relu_bitmask %[[Y]]
+// CHECK:   forge.yield %[[Y]], %[[M]]
+// CHECK: %[[B:.*]] = forge.fusion "gemm"(%arg3, %arg4, %[[F]]#1) : (tensor<4x3xf32>, tensor<3x5xf32>, tensor<4x16xi8>) -> tensor<4x5xf32> {
+// CHECK:   %[[P:.*]] = forge.matmul
+// CHECK:   forge.relu_grad_bitmask %[[P]], %{{.*}}
+// CHECK-NOT: forge.where
+// CHECK: return %[[F]]#0, %[[B]]
+func.func @drelu(%x: tensor<4x8xf32>, %w: tensor<5x8xf32>, %b: tensor<5xf32>, %g: tensor<4x3xf32>, %w2: tensor<3x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>) {
+  %zero = forge.constant dense<0.0> : tensor<f32>
+  %p = forge.gemm %x, %w, %b {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = true} : (tensor<4x8xf32>, tensor<5x8xf32>, tensor<5xf32>) -> tensor<4x5xf32>
+  %y = forge.relu %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
+  %q = forge.matmul %g, %w2 : (tensor<4x3xf32>, tensor<3x5xf32>) -> tensor<4x5xf32>
+  %m = forge.greater %y, %zero : (tensor<4x5xf32>, tensor<f32>) -> tensor<4x5xi1>
+  %d = forge.where %m, %q, %zero : (tensor<4x5xi1>, tensor<4x5xf32>, tensor<f32>) -> tensor<4x5xf32>
+  return %y, %d : tensor<4x5xf32>, tensor<4x5xf32>
+}
+
+// -----
+
+// Not: a mask that is not the ReLU's (y > 1), a product read twice.
+// CHECK-LABEL: func @not_drelu
+// CHECK-NOT: forge.relu_bitmask
+// CHECK: return
+func.func @not_drelu(%x: tensor<4x8xf32>, %w: tensor<5x8xf32>, %g: tensor<4x3xf32>, %w2: tensor<3x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>, tensor<4x5xf32>, tensor<4x5xf32>) {
+  %zero = forge.constant dense<0.0> : tensor<f32>
+  %one = forge.constant dense<1.0> : tensor<f32>
+  %p = forge.matmul %x, %w {transB = true} : (tensor<4x8xf32>, tensor<5x8xf32>) -> tensor<4x5xf32>
+  %y = forge.relu %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
+  %q = forge.matmul %g, %w2 : (tensor<4x3xf32>, tensor<3x5xf32>) -> tensor<4x5xf32>
+  %m = forge.greater %y, %one : (tensor<4x5xf32>, tensor<f32>) -> tensor<4x5xi1>
+  %d = forge.where %m, %q, %zero : (tensor<4x5xi1>, tensor<4x5xf32>, tensor<f32>) -> tensor<4x5xf32>
+  %q2 = forge.matmul %g, %w2 : (tensor<4x3xf32>, tensor<3x5xf32>) -> tensor<4x5xf32>
+  %m2 = forge.greater %y, %zero : (tensor<4x5xf32>, tensor<f32>) -> tensor<4x5xi1>
+  %d2 = forge.where %m2, %q2, %zero : (tensor<4x5xi1>, tensor<4x5xf32>, tensor<f32>) -> tensor<4x5xf32>
+  return %y, %d, %d2, %q2 : tensor<4x5xf32>, tensor<4x5xf32>, tensor<4x5xf32>, tensor<4x5xf32>
+}

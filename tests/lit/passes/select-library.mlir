@@ -165,3 +165,27 @@ func.func @gelu(%x: tensor<6x4xf32>, %w: tensor<4x8xf32>, %b: tensor<8xf32>, %dy
   }
   return %0#0, %0#1, %1, %2#0, %2#1, %3 : tensor<6x8xf32>, tensor<6x8xf32>, tensor<6x8xf32>, tensor<6x8xf32>, tensor<1x8xf32>, tensor<6x5xf32>
 }
+
+// -----
+
+// A ReLU region yielding its bitmask (RELU_AUX_BIAS) and the region masking a
+// product with it (DRELU).
+// CHECK-LABEL: func @relu_bitmask
+// CHECK: forge.fusion "gemm"(%arg0, %arg1, %arg2) {forge.library = "cublaslt", forge.matmul = {{{.*}}c = "bias", epilogue = "relu_aux"
+// CHECK: forge.fusion "gemm"(%arg3, %arg4, %{{.*}}) {forge.library = "cublaslt", forge.matmul = {{{.*}}c = "none", epilogue = "drelu"
+func.func @relu_bitmask(%x: tensor<4x8xf32>, %w: tensor<5x8xf32>, %b: tensor<5xf32>, %g: tensor<4x3xf32>, %w2: tensor<3x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>) {
+  %0:2 = forge.fusion "gemm"(%x, %w, %b) : (tensor<4x8xf32>, tensor<5x8xf32>, tensor<5xf32>) -> (tensor<4x5xf32>, tensor<4x16xi8>) {
+  ^bb0(%a0: tensor<4x8xf32>, %a1: tensor<5x8xf32>, %a2: tensor<5xf32>):
+    %p = forge.gemm %a0, %a1, %a2 {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = true} : (tensor<4x8xf32>, tensor<5x8xf32>, tensor<5xf32>) -> tensor<4x5xf32>
+    %y = forge.relu %p : (tensor<4x5xf32>) -> tensor<4x5xf32>
+    %m = forge.relu_bitmask %y : (tensor<4x5xf32>) -> tensor<4x16xi8>
+    forge.yield %y, %m : tensor<4x5xf32>, tensor<4x16xi8>
+  }
+  %1 = forge.fusion "gemm"(%g, %w2, %0#1) : (tensor<4x3xf32>, tensor<3x5xf32>, tensor<4x16xi8>) -> tensor<4x5xf32> {
+  ^bb0(%a0: tensor<4x3xf32>, %a1: tensor<3x5xf32>, %a2: tensor<4x16xi8>):
+    %q = forge.matmul %a0, %a1 : (tensor<4x3xf32>, tensor<3x5xf32>) -> tensor<4x5xf32>
+    %d = forge.relu_grad_bitmask %q, %a2 : (tensor<4x5xf32>, tensor<4x16xi8>) -> tensor<4x5xf32>
+    forge.yield %d : tensor<4x5xf32>
+  }
+  return %0#0, %1 : tensor<4x5xf32>, tensor<4x5xf32>
+}

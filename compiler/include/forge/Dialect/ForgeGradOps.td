@@ -96,6 +96,26 @@ def Forge_GeluGradOp : Forge_GradOp<"gelu_grad", "Gelu", FusionElementwise, Prec
   let flopsPerElement = 16;
 }
 
+// ReLU's saved mask as cuBLASLt's RELU_AUX epilogue writes it, and the
+// gradient that its DRELU epilogue computes from it: forge-fuse puts them in
+// gemm regions (a linear layer's ReLU and the GEMM of its gradient), so a
+// mask of 1 bit per element is saved instead of the f32 output being read.
+// Row i of x [M, N] is `bytes` = ceil(N / 128) * 16 bytes of the mask, bit
+// j % 8 of byte j / 8 set when x[i, j] > 0 (padding bits 0).
+def Forge_ReluBitmaskOp : Forge_GradOp<"relu_bitmask", "Relu", FusionOpaque, PrecisionFollowsInput> {
+  let summary = "Bits of x > 0, rows padded to 128 bits: [M, ceil(N / 128) * 16] i8";
+  let arguments = (ins AnyForgeTensor:$input);
+  let results = (outs TensorOf<[I8]>:$mask);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Forge_ReluGradBitmaskOp : Forge_GradOp<"relu_grad_bitmask", "Relu", FusionOpaque, PrecisionFollowsInput> {
+  let summary = "dx = grad_output where the mask's bit is set, else 0";
+  let arguments = (ins AnyForgeTensor:$grad_output, TensorOf<[I8]>:$mask);
+  let results = (outs AnyForgeTensor:$grad_input);
+  let assemblyFormat = "$grad_output `,` $mask attr-dict `:` functional-type(operands, results)";
+}
+
 //===----------------------------------------------------------------------===//
 // Normalizations, softmax, losses
 //===----------------------------------------------------------------------===//
