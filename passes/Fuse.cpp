@@ -1218,7 +1218,7 @@ bool fuseReluGradEpilogue(func::FuncOp func, WhereOp where) {
 /// gradient's GEMM contracts over its rows, join the product in a
 /// forge.fusion "gemm". Before loop fusion, which would otherwise take the
 /// ReLU and the adds into loop regions.
-bool fuseGemmEpilogues(func::FuncOp func) {
+bool fuseGemmEpilogues(func::FuncOp func, bool auxEpilogues) {
   SmallVector<Operation *> products;
   func.walk([&](Operation *op) {
     if (isa<GemmOp, MatMulOp>(op) && !op->getParentOfType<FusionOp>() && isStaticNonEmptyF32(op))
@@ -1228,15 +1228,17 @@ bool fuseGemmEpilogues(func::FuncOp func) {
   llvm::SmallPtrSet<Operation *, 16> taken; // erased: their products are in regions
   for (Operation *product : products)
     if (fuseReluEpilogue(product) || fuseResidualEpilogue(func, product) ||
-        fuseGeluEpilogue(func, product) || fuseGeluGradEpilogue(func, product)) {
+        (auxEpilogues &&
+         (fuseGeluEpilogue(func, product) || fuseGeluGradEpilogue(func, product)))) {
       taken.insert(product);
       changed = true;
     }
   changed |= fuseBiasGradients(func, taken);
   // After the ReLU regions (forward) and bias gradients, which may take the
   // backward's product first (its region then already has its epilogue).
-  for (WhereOp where : llvm::to_vector(func.getBody().front().getOps<WhereOp>()))
-    changed |= fuseReluGradEpilogue(func, where);
+  if (auxEpilogues)
+    for (WhereOp where : llvm::to_vector(func.getBody().front().getOps<WhereOp>()))
+      changed |= fuseReluGradEpilogue(func, where);
   return changed;
 }
 
@@ -1845,7 +1847,7 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     // before the multi-reductions (a bias gradient is no whole-tensor sum).
     if (gemmEpilogues)
       for (auto func : getOperation().getOps<func::FuncOp>())
-        changed |= fuseGemmEpilogues(func);
+        changed |= fuseGemmEpilogues(func, auxEpilogues);
     for (auto func : getOperation().getOps<func::FuncOp>())
       changed |= fuseMultiReductions(func, maxHorizontalOperands);
     for (auto func : getOperation().getOps<func::FuncOp>())

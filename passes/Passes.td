@@ -187,14 +187,17 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     (GPT-2's attention and MLP outputs); the bias gradient only when the
     contraction is no longer than the product's larger side (cuBLASLt's
     bias-gradient epilogue gives up split-K: GPT-2's weight gradients over
-    16384 tokens ran ~1.5x slower with it). A linear layer's tanh GELU,
+    16384 tokens ran ~1.5x slower with it). With `aux-epilogues` (off by
+    default: slower than unfused in f32/TF32), a linear layer's tanh GELU,
     gelu(add(product, bias row)) or gelu(product), joins as well: the bias
     becomes gemm's C, and when anything else reads the GELU's input (the
     backward's gelu_grad) the region yields it too, as the epilogue's aux
     output. A gelu_grad (tanh) whose grad_output is a product (or its one
     reshape) that nothing else reads joins that product with the GELU's
     input as the region's last argument, and a bias gradient of the
-    gelu_grad (reduce_sum over all but the last axis) joins it too.
+    gelu_grad (reduce_sum over all but the last axis) joins it too; and a
+    ReLU region also yields the ReLU's bitmask, which the GEMM of the ReLU's
+    gradient, where(y > 0, P, 0), reads to mask P.
     forge-select-library states the cuBLASLt epilogue (RELU/RELU_BIAS,
     BGRADA/BGRADB, BIAS, GELU[_AUX][_BIAS], DGELU[_BGRAD]) that computes it
     as the product is written.
@@ -216,6 +219,12 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     Option<"gemmEpilogues", "gemm-epilogues", "bool", /*default=*/"false",
            "Fuse ReLUs of GEMM products and bias gradients beside weight gradients into "
            "gemm regions (a GEMM library's epilogues: CUDA only)">,
+    Option<"auxEpilogues", "aux-epilogues", "bool", /*default=*/"false",
+           "With gemm-epilogues, also the epilogues that save a tensor for the backward "
+           "or read one: the tanh GELU with its input (GELU_AUX_BIAS), its gradient "
+           "(DGELU[_BGRAD]), the ReLU's bitmask (RELU_AUX) and gradient (DRELU). Off: in "
+           "f32/TF32 cuBLASLt's kernels for them ran slower than the plain GEMM and a "
+           "kernel (GPT-2 +3 ms/step on an H200, bench/RESULTS.md)">,
     Option<"maxHorizontalOperands", "max-horizontal-operands", "int64_t", /*default=*/"120",
            "Most operands plus results of one horizontal region: its kernel takes one "
            "pointer per tensor (CUDA's parameter space is 4 KiB), and LLVM's time on one "
