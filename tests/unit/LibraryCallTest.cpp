@@ -411,3 +411,59 @@ TEST(LibraryCallTest, GeluEpilogueOperandsAreTheStatedTensors) {
   EXPECT_EQ(std::vector<int32_t>({t.lhs, t.rhs, t.c, t.out, t.vector, t.aux}),
             std::vector<int32_t>({12, 8, -1, 13, 14, 11}));
 }
+
+namespace {
+
+/// The GELU calls of addGeluCalls as ReLU calls: #2 RELU_AUX_BIAS writing the
+/// bitmask (tensor 11, i8 [6, 16]: rows of 8 bits padded to 128), #3 DRELU reading it.
+void addReluCalls(fb::Program &p) {
+  addGeluCalls(p);
+  fb::TensorInfo &mask = *p.mutable_tensors(11);
+  mask.set_dtype(fb::I8);
+  mask.set_shape(1, 16);
+  int n = p.routines(0).instructions_size(); // the GELU calls are the last two
+  instruction(p, n - 2).mutable_matmul()->set_epilogue(fb::MatmulProblem::RELU_AUX);
+  fb::Instruction &bwd = instruction(p, n - 1);
+  bwd.mutable_matmul()->set_epilogue(fb::MatmulProblem::DRELU);
+  bwd.mutable_outputs()->RemoveLast();
+  p.mutable_routines(0)->mutable_outputs()->RemoveLast();
+}
+
+} // namespace
+
+TEST(LibraryCallTest, ReluBitmaskEpilogues) {
+  Status st = check([](fb::Program &p) { addReluCalls(p); });
+  EXPECT_TRUE(st.isOk()) << st.message();
+  const std::string fwd = "instruction #2 'mlp/gelu'", bwd = "instruction #3 'mlp/dgelu'";
+  // The bitmask is i8 of m rows of ceil(n / 128) * 16 bytes.
+  expectRefused([](fb::Program &p) {
+    addReluCalls(p);
+    p.mutable_tensors(11)->set_shape(1, 8);
+  }, "bitmask (output 1) must be i8 of 96 elements", fwd);
+  expectRefused([](fb::Program &p) {
+    addReluCalls(p);
+    p.mutable_tensors(11)->set_dtype(fb::F32);
+  }, "bitmask (output 1) must be i8", fwd);
+  // DRELU reads it as input 2 and takes no C.
+  expectRefused([](fb::Program &p) {
+    addReluCalls(p);
+    instruction(p, 3).add_inputs(9);
+  }, "ReLU-gradient epilogue needs one product without C", bwd);
+  // Which tensor each pointer is: the bias row is C, the bitmask the aux.
+  BundleWriter w;
+  fb::Program &p = w.program();
+  for (int i = 0; i < 7; ++i)
+    addTensor(p, "t" + std::to_string(i), fb::TensorInfo::INPUT, {1}, 64 * i);
+  p.add_routines();
+  addReluCalls(p);
+  auto f = cuda::matmulProblem(p, p.routines(0).instructions(0), false);
+  ASSERT_TRUE(f) << f.status().message();
+  cuda::MatmulTensors t = cuda::matmulTensors(p.routines(0).instructions(0), *f);
+  EXPECT_EQ(f->auxLd(), 128);
+  EXPECT_EQ(std::vector<int32_t>({t.c, t.out, t.aux}), std::vector<int32_t>({9, 10, 11}));
+  auto b = cuda::matmulProblem(p, p.routines(0).instructions(1), false);
+  ASSERT_TRUE(b) << b.status().message();
+  t = cuda::matmulTensors(p.routines(0).instructions(1), *b);
+  EXPECT_EQ(std::vector<int32_t>({t.c, t.out, t.vector, t.aux}),
+            std::vector<int32_t>({-1, 13, -1, 11}));
+}
