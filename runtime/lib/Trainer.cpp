@@ -21,10 +21,6 @@ namespace forge::rt {
 
 namespace {
 
-std::vector<int64_t> shapeOf(const bundle::TensorInfo &t) {
-  return {t.shape().begin(), t.shape().end()};
-}
-
 std::string buildOption(const bundle::Program &p, const std::string &key) {
   auto it = p.build_options().find(key);
   return it == p.build_options().end() ? std::string() : it->second;

@@ -40,10 +40,6 @@ namespace bundle = forge::bundle;
 
 namespace {
 
-std::vector<int64_t> shapeOf(const bundle::TensorInfo &t) {
-  return {t.shape().begin(), t.shape().end()};
-}
-
 const char *kindName(bundle::TensorInfo::Kind k) {
   switch (k) {
   case bundle::TensorInfo::INTERMEDIATE:

@@ -1,5 +1,6 @@
 // cuBLASLt matmul plans (Matmul.h).
 #include "cuda/Matmul.h"
+#include "forge/runtime/Bundle.h"
 
 #include <algorithm>
 
@@ -7,10 +8,6 @@ namespace forge::rt::cuda {
 
 namespace {
 
-std::vector<int64_t> shapeOf(const bundle::Program &p, int32_t t) {
-  const auto &s = p.tensors(t).shape();
-  return {s.begin(), s.end()};
-}
 
 
 #define LT_CHECK(call)                                                                          \
@@ -79,7 +76,7 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   pr.bias = b.c() == bundle::MatmulProblem::BIAS_ROW;
   // What cuBLASLt will read and write must be exactly the tensors: a corrupt
   // bundle is refused here, never run past a buffer's end.
-  auto elements = [&](int32_t t) { return numElements(shapeOf(p, t)); };
+  auto elements = [&](int32_t t) { return numElements(shapeOf(p.tensors(t))); };
   auto fits = [](int64_t a, int64_t b) { return a > 0 && b > 0 && a <= (int64_t{1} << 62) / b; };
   if (!fits(pr.m, pr.k) || !fits(pr.k, pr.n) || !fits(pr.m, pr.n) || pr.batch < 1 ||
       !fits(pr.batch, pr.m * pr.n) || !fits(pr.batch, pr.m * pr.k) || !fits(pr.batch, pr.k * pr.n))
