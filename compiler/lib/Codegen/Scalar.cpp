@@ -242,6 +242,30 @@ SafeDivisor safeDivisor(Body &k, Value c, Type ct, bool isUnsigned) {
   return d;
 }
 
+/// gelu_grad's dy * gelu'(x) in x's float type; the tanh form: with
+/// u = k (x + c x^3), t = tanh(u), gelu' = (1 + t)/2 + x (1 - t^2) k (1 + 3 c x^2) / 2;
+/// the exact form: Phi(x) + x phi(x).
+Value emitGeluGrad(Body &k, Operation *op, Value dy, Value x) {
+  OpBuilder &b = k.b;
+  Location loc = k.loc;
+  auto cf = [&](double v) { return k.fconst(x.getType(), v); };
+  auto mul = [&](Value p, Value q) { return b.create<arith::MulFOp>(loc, p, q); };
+  auto add = [&](Value p, Value q) { return b.create<arith::AddFOp>(loc, p, q); };
+  Value x2 = mul(x, x), d;
+  if (op->getAttrOfType<StringAttr>("approximate").getValue() == "tanh") {
+    const double kk = 0.7978845608028654, c = 0.044715;
+    Value t = b.create<math::TanhOp>(loc, mul(cf(kk), mul(x, add(cf(1), mul(cf(c), x2)))));
+    Value du = mul(cf(kk), add(cf(1), mul(cf(3 * c), x2)));
+    Value sech2 = b.create<arith::SubFOp>(loc, cf(1), mul(t, t));
+    d = add(mul(cf(0.5), add(cf(1), t)), mul(mul(cf(0.5), x), mul(sech2, du)));
+  } else {
+    Value cdf = mul(cf(0.5), add(cf(1), b.create<math::ErfOp>(loc, mul(x, cf(0.7071067811865476)))));
+    Value pdf = mul(b.create<math::ExpOp>(loc, mul(x2, cf(-0.5))), cf(0.3989422804014327));
+    d = add(cdf, mul(x, pdf));
+  }
+  return mul(dy, d);
+}
+
 /// One element of an elementwise op. `argElems` are the operands' tensor
 /// element types (the first one's signedness picks the integer ops).
 Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> argElems,
@@ -302,27 +326,8 @@ Value emitScalar(Body &k, Operation *op, ArrayRef<Value> args, ArrayRef<Type> ar
   }
   if (isa<WhereOp>(op))
     return select(args[0], args[1], args[2]);
-  if (isa<GeluGradOp>(op) && fl && args.size() == 2) {
-    // dy * gelu'(x); the tanh form: with u = k (x + c x^3), t = tanh(u),
-    // gelu' = (1 + t)/2 + x (1 - t^2) k (1 + 3 c x^2) / 2; the exact form:
-    // Phi(x) + x phi(x).
-    Value dy = args[0], x = args[1];
-    auto mul = [&](Value p, Value q) { return b.create<arith::MulFOp>(loc, p, q); };
-    auto add = [&](Value p, Value q) { return b.create<arith::AddFOp>(loc, p, q); };
-    Value x2 = mul(x, x), d;
-    if (op->getAttrOfType<StringAttr>("approximate").getValue() == "tanh") {
-      const double kk = 0.7978845608028654, c = 0.044715;
-      Value t = b.create<math::TanhOp>(loc, mul(cf(kk), mul(x, add(cf(1), mul(cf(c), x2)))));
-      Value du = mul(cf(kk), add(cf(1), mul(cf(3 * c), x2)));
-      Value sech2 = b.create<arith::SubFOp>(loc, cf(1), mul(t, t));
-      d = add(mul(cf(0.5), add(cf(1), t)), mul(mul(cf(0.5), x), mul(sech2, du)));
-    } else {
-      Value cdf = mul(cf(0.5), add(cf(1), b.create<math::ErfOp>(loc, mul(x, cf(0.7071067811865476)))));
-      Value pdf = mul(b.create<math::ExpOp>(loc, mul(x2, cf(-0.5))), cf(0.3989422804014327));
-      d = add(cdf, mul(x, pdf));
-    }
-    return mul(dy, d);
-  }
+  if (isa<GeluGradOp>(op) && fl && args.size() == 2)
+    return emitGeluGrad(k, op, args[0], args[1]);
 
   if (args.size() == 2) {
     Value a = args[0], c = args[1];
