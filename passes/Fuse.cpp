@@ -1880,8 +1880,8 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     // as a step counter, join the optimizer's region first).
     for (auto func : getOperation().getOps<func::FuncOp>())
       changed |= fuseOptimizerRegions(func, maxHorizontalOperands);
-    for (auto func : getOperation().getOps<func::FuncOp>())
-    {
+    // A returned scalar constant becomes a scalar region first, so that it joins them.
+    for (auto func : getOperation().getOps<func::FuncOp>()) {
       changed |= materializeReturnedScalars(func);
       changed |= fuseScalarRegions(func);
     }
