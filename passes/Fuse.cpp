@@ -1178,8 +1178,8 @@ bool fuseReluGradEpilogue(func::FuncOp func, WhereOp where) {
   // The forward region again, yielding the mask too.
   OpBuilder b(forward);
   IRMapping map;
-  // Rows of ceil(n / 128) * 16 bytes (ForgeGradOps.td).
-  auto maskType = RankedTensorType::get({f->m, (f->n + 127) / 128 * 16}, b.getI8Type());
+  auto maskType =
+      RankedTensorType::get({f->m, ReluBitmaskOp::rowBytes(f->n)}, b.getI8Type());
   FusionOp withMask = createRegion(b, forward.getLoc(), {type, maskType}, forward.getInputs(),
                                    "gemm", map);
   for (auto [arg, input] : llvm::zip(body.getArguments(), forward.getInputs()))

@@ -234,15 +234,11 @@ LogicalResult GroupNormGradOp::canonicalize(GroupNormGradOp op, PatternRewriter 
 // Softmax, loss
 //===----------------------------------------------------------------------===//
 
-/// The bytes per row of a ReLU bitmask over rows of n (cuBLASLt's: a leading
-/// dimension of a multiple of 128 bits).
-static int64_t bitmaskRowBytes(int64_t n) { return (n + 127) / 128 * 16; }
-
 FORGE_INFER(ReluBitmaskOp) {
   auto x = rankedOrNull(adaptor.getInput().getType());
   if (!x || x.getRank() != 2 || !isa<FloatType>(x.getElementType()))
     return failInference(loc, "relu_bitmask takes a static 2-D float tensor");
-  inferred.push_back(RankedTensorType::get({x.getDimSize(0), bitmaskRowBytes(x.getDimSize(1))},
+  inferred.push_back(RankedTensorType::get({x.getDimSize(0), ReluBitmaskOp::rowBytes(x.getDimSize(1))},
                                            IntegerType::get(context, 8)));
   return success();
 }
@@ -252,7 +248,7 @@ FORGE_INFER(ReluGradBitmaskOp) {
   auto mask = rankedOrNull(adaptor.getMask().getType());
   if (!dy || !mask || dy.getRank() != 2 || !isa<FloatType>(dy.getElementType()))
     return failInference(loc, "relu_grad_bitmask takes a static 2-D float grad_output");
-  if (failed(requireShape(loc, mask, {dy.getDimSize(0), bitmaskRowBytes(dy.getDimSize(1))},
+  if (failed(requireShape(loc, mask, {dy.getDimSize(0), ReluBitmaskOp::rowBytes(dy.getDimSize(1))},
                           "mask")))
     return failure();
   inferred.push_back(dy);

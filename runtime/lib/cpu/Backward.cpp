@@ -16,6 +16,7 @@
 //    disjoint outputs, reductions across rows run in a fixed order.
 #include "Im2Col.h"
 #include "KernelUtil.h"
+#include "forge/runtime/Bundle.h"
 
 #include <algorithm>
 
@@ -568,14 +569,12 @@ Status geluGradKernel(KernelContext &ctx) {
 // ceil(N / 128) * 16 bytes, bit j % 8 of byte j / 8 set when x[i, j] > 0)
 //===----------------------------------------------------------------------===//
 
-int64_t bitmaskRowBytes(int64_t n) { return (n + 127) / 128 * 16; }
-
 Status reluBitmaskKernel(KernelContext &ctx) {
   const TensorView &x = ctx.inputs[0];
   TensorView &mask = ctx.outputs[0];
   if (x.rank() != 2)
     return Status::error("relu_bitmask takes a 2-D input, got rank {}", x.rank());
-  const int64_t m = x.shape[0], n = x.shape[1], bytes = bitmaskRowBytes(n);
+  const int64_t m = x.shape[0], n = x.shape[1], bytes = reluBitmaskRowBytes(n);
   FORGE_RETURN_IF_ERROR(checkDType(mask, bundle::I8, "mask"));
   FORGE_RETURN_IF_ERROR(checkShape(mask, {m, bytes}, "mask"));
   return visitGradTypes(x.dtype, ctx, &reluBitmaskKernel, [&](auto tag) -> Status {
@@ -601,7 +600,7 @@ Status reluGradBitmaskKernel(KernelContext &ctx) {
   TensorView &dx = ctx.outputs[0];
   if (dy.rank() != 2)
     return Status::error("relu_grad_bitmask takes a 2-D grad_output, got rank {}", dy.rank());
-  const int64_t m = dy.shape[0], n = dy.shape[1], bytes = bitmaskRowBytes(n);
+  const int64_t m = dy.shape[0], n = dy.shape[1], bytes = reluBitmaskRowBytes(n);
   FORGE_RETURN_IF_ERROR(checkDType(mask, bundle::I8, "mask"));
   FORGE_RETURN_IF_ERROR(checkShape(mask, {m, bytes}, "mask"));
   FORGE_RETURN_IF_ERROR(checkDType(dx, dy.dtype, "result"));

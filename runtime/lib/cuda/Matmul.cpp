@@ -1,14 +1,11 @@
 // cuBLASLt matmul plans (Matmul.h).
 #include "cuda/Matmul.h"
-#include "forge/runtime/Bundle.h"
 
 #include <algorithm>
 
 namespace forge::rt::cuda {
 
 namespace {
-
-
 
 #define LT_CHECK(call)                                                                          \
   do {                                                                                          \
@@ -31,25 +28,22 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   if (inst.op() != "matmul" && inst.op() != "gemm" && inst.op() != "fusion")
     return Status::error("op '{}' is not a matmul", inst.op());
   const auto e = inst.has_matmul() ? inst.matmul().epilogue() : bundle::MatmulProblem::NO_EPILOGUE;
-  // Epilogues with a second output (a bias gradient, the GELU's aux matrix).
-  const bool bgrad = e == bundle::MatmulProblem::BGRAD_LHS ||
-                     e == bundle::MatmulProblem::BGRAD_RHS ||
-                     e == bundle::MatmulProblem::GELU_AUX ||
-                     e == bundle::MatmulProblem::DGELU_BGRAD || e == bundle::MatmulProblem::RELU_AUX;
-  // Epilogues that read one more input after lhs, rhs and C: BIAS's row
-  // (input 3), DGELU's aux matrix (input 2: these take no C).
-  const bool dgelu = e == bundle::MatmulProblem::DGELU || e == bundle::MatmulProblem::DGELU_BGRAD ||
-                     e == bundle::MatmulProblem::DRELU;
+  // Epilogues with a second output (a bias gradient, an aux matrix).
+  const bool twoOutputs = e == bundle::MatmulProblem::BGRAD_LHS ||
+                          e == bundle::MatmulProblem::BGRAD_RHS ||
+                          e == bundle::MatmulProblem::GELU_AUX ||
+                          e == bundle::MatmulProblem::DGELU_BGRAD ||
+                          e == bundle::MatmulProblem::RELU_AUX;
   if (inst.op() == "fusion" && (!inst.has_matmul() ||
                                 inst.matmul().epilogue() == bundle::MatmulProblem::NO_EPILOGUE))
     return Status::error("a fusion placed in a library must be a gemm region with a cuBLASLt "
                          "epilogue");
-  if (inst.inputs_size() < 2 || inst.outputs_size() != (bgrad ? 2 : 1) || inst.inputs(0) < 0 ||
+  if (inst.inputs_size() < 2 || inst.outputs_size() != (twoOutputs ? 2 : 1) || inst.inputs(0) < 0 ||
       inst.inputs(1) < 0)
     return Status::error("{} needs lhs, rhs and {}", inst.op(),
-                         bgrad ? "two outputs (the product, then the bias gradient or the aux "
-                                 "matrix)"
-                               : "one output");
+                         twoOutputs ? "two outputs (the product, then the bias gradient or the "
+                                      "aux matrix)"
+                                    : "one output");
   if (!inst.has_matmul())
     return Status::error("{} has no cuBLASLt problem (Instruction.matmul; a bundle from an older "
                          "forgec? compile it again)",
@@ -77,6 +71,11 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   // What cuBLASLt will read and write must be exactly the tensors: a corrupt
   // bundle is refused here, never run past a buffer's end.
   auto elements = [&](int32_t t) { return numElements(shapeOf(p.tensors(t))); };
+  // Whether tensor t exists and is f32 of n elements (an epilogue's vector or aux).
+  auto f32Of = [&](int32_t t, int64_t n) {
+    return t >= 0 && t < p.tensors_size() && p.tensors(t).dtype() == bundle::F32 &&
+           elements(t) == n;
+  };
   auto fits = [](int64_t a, int64_t b) { return a > 0 && b > 0 && a <= (int64_t{1} << 62) / b; };
   if (!fits(pr.m, pr.k) || !fits(pr.k, pr.n) || !fits(pr.m, pr.n) || pr.batch < 1 ||
       !fits(pr.batch, pr.m * pr.n) || !fits(pr.batch, pr.m * pr.k) || !fits(pr.batch, pr.k * pr.n))
@@ -101,8 +100,7 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   // A GELU epilogue's aux matrix: the output's shape and layout, leading
   // dimension n, which cuBLASLt wants a multiple of 8.
   auto auxMatrix = [&](int32_t t, const char *what) -> Status {
-    if (t < 0 || t >= p.tensors_size() || p.tensors(t).dtype() != bundle::F32 ||
-        elements(t) != outWant)
+    if (!f32Of(t, outWant))
       return Status::error("{}: the GELU epilogue's aux matrix ({}) must be f32 of {} elements",
                            inst.op(), what, outWant);
     if (pr.n % 8 != 0)
@@ -112,7 +110,7 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   };
   // A ReLU epilogue's bitmask: I8 rows of ceil(n / 128) * 16 bytes.
   auto bitmask = [&](int32_t t, const char *what) -> Status {
-    int64_t bytes = pr.m * ((pr.n + 127) / 128 * 16);
+    int64_t bytes = pr.m * reluBitmaskRowBytes(pr.n);
     if (t < 0 || t >= p.tensors_size() || p.tensors(t).dtype() != bundle::I8 ||
         elements(t) != bytes)
       return Status::error("{}: the ReLU epilogue's bitmask ({}) must be i8 of {} elements",
@@ -132,9 +130,7 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
     if (!pr.fullC || inst.inputs_size() != 4)
       return Status::error("{}: the bias epilogue needs a full C and the bias row as input 3",
                            inst.op());
-    int32_t v = inst.inputs(3);
-    if (v < 0 || v >= p.tensors_size() || p.tensors(v).dtype() != bundle::F32 ||
-        elements(v) != pr.n)
+    if (!f32Of(inst.inputs(3), pr.n))
       return Status::error("{}: the bias row must be f32 of {} elements", inst.op(), pr.n);
     pr.epilogue = MatmulProblem::Epilogue::Bias;
     break;
@@ -148,9 +144,7 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
       return Status::error("{}: a bias-gradient epilogue needs one product without C and the "
                            "{} stored as [k, {}]",
                            inst.op(), lhs ? "lhs" : "rhs", lhs ? "m" : "n");
-    int32_t g = inst.outputs(1);
-    if (g < 0 || g >= p.tensors_size() || p.tensors(g).dtype() != bundle::F32 ||
-        elements(g) != (lhs ? pr.m : pr.n))
+    if (!f32Of(inst.outputs(1), lhs ? pr.m : pr.n))
       return Status::error("{}: the bias gradient must be f32 of {} elements", inst.op(),
                            lhs ? pr.m : pr.n);
     pr.epilogue = lhs ? MatmulProblem::Epilogue::BgradLhs : MatmulProblem::Epilogue::BgradRhs;
@@ -195,9 +189,7 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                            inst.op());
     FORGE_RETURN_IF_ERROR(auxMatrix(inst.inputs(2), "input 2"));
     if (b.epilogue() == bundle::MatmulProblem::DGELU_BGRAD) {
-      int32_t g = inst.outputs(1);
-      if (g < 0 || g >= p.tensors_size() || p.tensors(g).dtype() != bundle::F32 ||
-          elements(g) != pr.n)
+      if (!f32Of(inst.outputs(1), pr.n))
         return Status::error("{}: the bias gradient must be f32 of {} elements", inst.op(), pr.n);
       pr.epilogue = MatmulProblem::Epilogue::DgeluBgrad;
     } else {
@@ -209,8 +201,8 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
     return Status::error("{}: unknown cuBLASLt epilogue {}", inst.op(),
                          static_cast<int>(b.epilogue()));
   }
-  // C is input 2, unless it is DGELU's aux matrix.
-  bool hasC = !dgelu && inst.inputs_size() > 2 && inst.inputs(2) >= 0;
+  // C is input 2, unless it is the aux matrix an epilogue reads (DGELU, DRELU).
+  bool hasC = !pr.readsAux() && inst.inputs_size() > 2 && inst.inputs(2) >= 0;
   if (hasC != (pr.fullC || pr.bias))
     return Status::error("{}: the cuBLASLt problem {} a C operand but the instruction {} one",
                          inst.op(), hasC ? "has no" : "has", hasC ? "has" : "lacks");

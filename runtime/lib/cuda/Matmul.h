@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cuda/CudaApi.h"
+#include "forge/runtime/Bundle.h"
 #include "forge/runtime/Tensor.h"
 #include "program.pb.h"
 
@@ -74,7 +75,7 @@ struct MatmulProblem {
   /// the bitmask's n bits rounded up to a multiple of 128.
   int64_t auxLd() const {
     bool relu = epilogue == Epilogue::ReluAux || epilogue == Epilogue::Drelu;
-    return relu ? (n + 127) / 128 * 128 : n;
+    return relu ? reluBitmaskRowBytes(n) * 8 : n;
   }
 };
 

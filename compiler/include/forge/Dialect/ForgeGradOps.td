@@ -107,6 +107,10 @@ def Forge_ReluBitmaskOp : Forge_GradOp<"relu_bitmask", "Relu", FusionOpaque, Pre
   let arguments = (ins AnyForgeTensor:$input);
   let results = (outs TensorOf<[I8]>:$mask);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let extraDecl = [{
+    /// Bytes of the mask per row of n elements (n bits rounded up to 128).
+    static int64_t rowBytes(int64_t n) { return (n + 127) / 128 * 16; }
+  }];
 }
 
 def Forge_ReluGradBitmaskOp : Forge_GradOp<"relu_grad_bitmask", "Relu", FusionOpaque, PrecisionFollowsInput> {

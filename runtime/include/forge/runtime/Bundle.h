@@ -30,6 +30,10 @@ inline constexpr char kBundleMagic[8] = {'F', 'O', 'R', 'G', 'E', 'B', 'N', 0};
 inline constexpr uint32_t kBundleFormatVersion = 6; // 3: placements, kernel module, external data; 4: kernel faults; 5: copy_input launches (scatters), eval sample weights, dropout masks; 6: fusion instructions with bodies, LOCAL tensors
 inline constexpr uint64_t kSectionAlignment = 64;
 
+/// Bytes per row of a ReLU bitmask over rows of n elements (the RELU_AUX
+/// epilogue's output, the relu_bitmask op's): n bits rounded up to 128.
+inline int64_t reluBitmaskRowBytes(int64_t n) { return (n + 127) / 128 * 16; }
+
 /// A tensor's static shape, as a vector.
 inline std::vector<int64_t> shapeOf(const bundle::TensorInfo &t) {
   return {t.shape().begin(), t.shape().end()};
