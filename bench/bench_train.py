@@ -128,6 +128,8 @@ def compile_(a):
                               f"weight_decay={WD}", "-o", os.path.join(d, "model.forge")]
         if a.tf32:
             cmd.append("--tf32")
+        if a.precision != "fp32":
+            cmd += ["--precision", a.precision]
         subprocess.run(cmd, check=True)
         print(f"compiled {name}")
 
@@ -158,7 +160,10 @@ def torch_step(a, name, d, compiled):
     torch.backends.cudnn.allow_tf32 = a.tf32
     classes = MODELS[name][2]
     model = build(name).cuda().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    # bf16: autocast and the fused AdamW, what PyTorch users run (fp32 masters either way).
+    bf16 = a.precision == "bf16"
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                            fused=bf16)
     data = np.load(os.path.join(d, "data.npz"))
     x = torch.from_numpy(data[input_name(name)]).cuda()
     y = torch.from_numpy(data["labels"]).cuda()
@@ -166,7 +171,8 @@ def torch_step(a, name, d, compiled):
 
     def step(xb, yb):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb).reshape(-1, classes), yb.reshape(-1))
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(model(xb).reshape(-1, classes), yb.reshape(-1))
         loss.backward()
         opt.step()
         return loss
@@ -239,7 +245,7 @@ def profile(a):
 def run(a):
     import torch
     results = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-               "tf32": a.tf32, "warmup": a.warmup, "steps": a.steps, "models": {}}
+               "tf32": a.tf32, "precision": a.precision, "warmup": a.warmup, "steps": a.steps, "models": {}}
     for name in a.models:
         d = os.path.join(a.dir, name)
         batch = MODELS[name][0]
@@ -277,6 +283,9 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--check", type=int, default=5, help="first losses compared with eager")
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: forgec --precision bf16; PyTorch under autocast bf16 with the "
+                         "fused AdamW")
     ap.add_argument("--top", type=int, default=25, help="kernels listed by `profile`")
     a = ap.parse_args()
     if a.stage == "profile":

@@ -233,6 +233,49 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+// Stage "precision" (after fusion, so that casts fall into regions).
+
+def AssignPrecision : Pass<"forge-assign-precision", "::mlir::ModuleOp"> {
+  let summary = "Store the training step's tensors in bf16/f16 where that is safe";
+  let description = [{
+    Decides the storage type of every tensor of `@train_step` between
+    kernels (kernels compute in f32 whatever they load and convert as they
+    store). With `precision=bf16` (or fp16), a float tensor of 2 or more
+    elements is stored low when every reader takes it low:
+      * a GEMM (matmul, gemm, gemm region) as its lhs or rhs: tensor cores;
+      * a loop or row region reading it at the iteration shape, unless as
+        operand 0 of a KeepFP32 op (the logits into the loss, a norm's input:
+        the residual stream, softmax's scores);
+      * a view (reshape, transpose, slice, view region) whose own readers all
+        take it low.
+    It is never stored low when the optimizer, the gradient norm or a
+    routine result reads it (parameter gradients, metrics), nor when it is
+    a GEMM's output over a full C (the residual stream).
+    Where it is stored low, the region that makes it converts before its
+    yield (a gemm region's product and epilogue take the type: cuBLASLt
+    writes D low); regions that read it convert after loading.
+
+    Every GEMM then reads low lhs and rhs: an f32 operand gets a low copy.
+    A parameter's copy is a state argument (`forge.kind = "state"`,
+    `forge.copy_of = "<parameter>"`, named `<parameter>.bf16`) that the
+    optimizer's update writes each step as one more output of the member
+    that updates the master (returned with `forge.updates`); the runtime
+    derives it from the master whenever that is loaded. A view of a
+    parameter is the same view of its copy. A loop region's result gets one
+    more, low, output. Anything else (a data input, a library output read by
+    both) gets a loop region of one cast, counted in a remark.
+
+    Parameters, optimizer state and @eval stay f32. `precision=fp32` and
+    `tf32` change nothing (TF32 is cuBLASLt's compute type, the bundle's
+    build option).
+  }];
+  let options = [
+    Option<"precision", "precision", "std::string", /*default=*/"\"fp32\"",
+           "fp32 | tf32 | bf16 | fp16: the storage type of low-precision tensors">,
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 // Stage "placement" (the last before the bundle): where each op runs.
 
 def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {

@@ -212,6 +212,30 @@ std::optional<MatmulForm> cublasForm(FusionOp region) {
   return f;
 }
 
+/// cuBLASLt's element types (runtime/lib/cuda/Matmul.cpp): lhs and rhs f32,
+/// bf16 or f16 of one type, the output f32 or theirs, a full C the output's
+/// type and a bias row f32; static shapes with elements.
+bool cublasTypes(Operation *op) {
+  auto elem = [](Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); };
+  auto nonEmpty = [](Value v) {
+    auto t = dyn_cast<RankedTensorType>(v.getType());
+    return t && t.hasStaticShape() && t.getNumElements() > 0;
+  };
+  if (!llvm::all_of(op->getOperands(), nonEmpty) || !llvm::all_of(op->getResults(), nonEmpty))
+    return false;
+  Type ab = elem(op->getOperand(0)), out = elem(op->getResult(0));
+  if (!(ab.isF32() || ab.isBF16() || ab.isF16()) || elem(op->getOperand(1)) != ab ||
+      !(out.isF32() || out == ab))
+    return false;
+  if (op->getNumOperands() > 2) {
+    auto c = cast<RankedTensorType>(op->getOperand(2).getType());
+    bool full = c.getShape() == cast<RankedTensorType>(op->getResult(0).getType()).getShape();
+    if (c.getElementType() != (full ? out : Type(Float32Type::get(op->getContext()))))
+      return false;
+  }
+  return true;
+}
+
 /// add(matmul(A, W), b) with W a matrix and b a row of N: one gemm with
 /// cuBLASLt's bias epilogue over A's rows (A's batch dims fold into M), so the
 /// bias is added as the product is written instead of by a kernel of its own
@@ -226,15 +250,20 @@ bool foldBiasEpilogue(AddOp add) {
       bias = y;
       break;
     }
-  if (!matmul || matmul.getTransA() || !isStaticNonEmptyF32(add) || !isStaticNonEmptyF32(matmul))
+  if (!matmul || matmul.getTransA() || !cublasTypes(matmul))
     return false;
   auto a = cast<RankedTensorType>(matmul.getLhs().getType());
   auto w = cast<RankedTensorType>(matmul.getRhs().getType());
   auto out = cast<RankedTensorType>(add.getType());
   auto b = cast<RankedTensorType>(bias.getType());
   int64_t n = out.getShape().back();
+  // The sum is written in the product's place: f32, or the operands' type
+  // (forge-assign-precision stores it low); the bias row is f32.
+  Type outElem = out.getElementType();
   if (a.getRank() < 2 || w.getRank() != 2 || b.getRank() != 1 || b.getDimSize(0) != n ||
-      out != matmul.getType())
+      out.getShape() != matmul.getType().getShape() || !b.getElementType().isF32() ||
+      !(outElem.isF32() || outElem == a.getElementType()) || !out.hasStaticShape() ||
+      out.getNumElements() == 0)
     return false;
   int64_t k = a.getShape().back(), m = a.getNumElements() / std::max<int64_t>(k, 1);
   OpBuilder builder(add);
@@ -268,7 +297,10 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
       if (region.getKind() != "gemm")
         continue;
       changed = true;
-      if (std::optional<MatmulForm> form = cublasForm(region)) {
+      std::optional<MatmulForm> form;
+      if (cublasTypes(&region.getBlock().front()))
+        form = cublasForm(region);
+      if (form) {
         region->setAttr("forge.matmul", formAttr(region->getContext(), *form));
         region->setAttr("forge.library", StringAttr::get(region->getContext(), "cublaslt"));
       } else {
@@ -277,7 +309,10 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
     }
     getOperation().walk([&](Operation *op) {
       if (!isa<MatMulOp, GemmOp, ConvOp, ConvTransposeOp, ConvGradWeightOp>(op) ||
-          !isStaticNonEmptyF32(op) || op->getParentOfType<FusionOp>())
+          op->getParentOfType<FusionOp>())
+        return;
+      bool takes = isa<MatMulOp, GemmOp>(op) ? cublasTypes(op) : isStaticNonEmptyF32(op);
+      if (!takes)
         return;
       StringRef library;
       std::optional<MatmulForm> form;

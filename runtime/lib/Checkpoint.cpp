@@ -42,8 +42,20 @@ uint32_t crc32Of(const void *data, size_t n) {
       ::crc32_z(::crc32_z(0, nullptr, 0), static_cast<const Bytef *>(data), n));
 }
 
+/// What a checkpoint holds: every PARAMETER and STATE tensor but the
+/// low-precision copies, which are derived from their parameters (so fp32
+/// and bf16 bundles of one model share checkpoints).
 bool isPersistent(const bundle::TensorInfo &t) {
-  return t.kind() == bundle::TensorInfo::PARAMETER || t.kind() == bundle::TensorInfo::STATE;
+  return (t.kind() == bundle::TensorInfo::PARAMETER || t.kind() == bundle::TensorInfo::STATE) &&
+         t.copy_of().empty();
+}
+
+std::vector<int32_t> checkpointed(const Executor &ex) {
+  std::vector<int32_t> out;
+  for (int32_t t : ex.persistentTensors())
+    if (!ex.isDerivedCopy(t))
+      out.push_back(t);
+  return out;
 }
 
 const char *kindName(const bundle::TensorInfo &t) {
@@ -127,7 +139,7 @@ Status writeCheckpoint(const std::string &path, const Executor &ex,
   meta["training_options"] = trainingOptions(p);
   nlohmann::json tensors = nlohmann::json::array();
   std::map<std::string, TensorView> arrays;
-  for (int32_t t : ex.persistentTensors()) {
+  for (int32_t t : checkpointed(ex)) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
     TensorView v = ex.view(t);
     std::string member = memberName(info);
@@ -232,7 +244,7 @@ Expected<CheckpointState> readCheckpoint(const std::string &path, Executor &ex,
   std::map<std::string, const Entry *> byName;
   for (const Entry &e : entries)
     byName[e.kind + "/" + e.name] = &e;
-  for (int32_t t : ex.persistentTensors()) {
+  for (int32_t t : checkpointed(ex)) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
     std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
     auto it = byName.find(memberName(info));
@@ -248,11 +260,11 @@ Expected<CheckpointState> readCheckpoint(const std::string &path, Executor &ex,
                                 path, kindName(info), info.name(), describe(e.dtype, e.shape),
                                 describe(std::string(dtypeName(info.dtype())), shape)));
   }
-  if (entries.size() != ex.persistentTensors().size() || fingerprint != persistentFingerprint(p)) {
+  if (entries.size() != checkpointed(ex).size() || fingerprint != persistentFingerprint(p)) {
     std::vector<std::string> extra;
     for (const Entry &e : entries) {
       bool known = false;
-      for (int32_t t : ex.persistentTensors())
+      for (int32_t t : checkpointed(ex))
         known |= memberName(ex.tensorInfo(t)) == e.kind + "/" + e.name;
       if (!known)
         extra.push_back(fmt::format("{} '{}'", e.kind, e.name));
@@ -267,7 +279,7 @@ Expected<CheckpointState> readCheckpoint(const std::string &path, Executor &ex,
 
   // Every tensor present, the right size, and its own CRC.
   std::vector<std::pair<int32_t, const HostTensor *>> values;
-  for (int32_t t : ex.persistentTensors()) {
+  for (int32_t t : checkpointed(ex)) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
     const Entry &e = *byName.at(memberName(info));
     auto m = npz->find(memberName(info));

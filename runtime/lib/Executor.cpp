@@ -10,6 +10,7 @@
 #include <zlib.h>
 #include <cstring>
 
+#include "cpu/KernelUtil.h"
 #include "forge/runtime/CpuExecutor.h"
 #ifdef FORGE_HAVE_CUDA
 #include "cuda/CudaExecutor.h"
@@ -48,6 +49,56 @@ Executor::Executor(const Bundle &bundle) : bundle_(bundle) {
       for (int32_t t : inst.outputs())
         if (p.tensors(t).kind() == bundle::TensorInfo::PARAMETER)
           writable_[t] = true;
+  // Low-precision copies (validated by the bundle loader: a PARAMETER of the
+  // same shape exists by that name).
+  for (int t = 0; t < p.tensors_size(); ++t) {
+    if (p.tensors(t).copy_of().empty())
+      continue;
+    for (int32_t m : persistent_)
+      if (p.tensors(m).kind() == bundle::TensorInfo::PARAMETER &&
+          p.tensors(m).name() == p.tensors(t).copy_of())
+        copies_.push_back({t, m});
+  }
+}
+
+namespace {
+/// f32 bytes as `to` (bf16/f16 rounded to nearest even, or f32).
+std::vector<uint8_t> convertFloats(std::span<const uint8_t> f32, bundle::DType to) {
+  size_t n = f32.size() / sizeof(float);
+  const float *src = reinterpret_cast<const float *>(f32.data());
+  if (to == bundle::F32)
+    return {f32.begin(), f32.end()};
+  std::vector<uint8_t> out(n * 2);
+  auto *dst = reinterpret_cast<uint16_t *>(out.data());
+  for (size_t i = 0; i < n; ++i)
+    dst[i] = to == bundle::BF16 ? cpu::floatToBf16(src[i]) : cpu::floatToHalf(src[i]);
+  return out;
+}
+} // namespace
+
+bool Executor::isDerivedCopy(int32_t index) const {
+  return std::any_of(copies_.begin(), copies_.end(),
+                     [&](const auto &c) { return c.first == index; });
+}
+
+Status Executor::refreshCopies(int32_t master) {
+  for (auto [copy, m] : copies_) {
+    if (master >= 0 && m != master)
+      continue;
+    const bundle::TensorInfo &info = tensorInfo(m);
+    if (info.dtype() != bundle::F32)
+      return Status::error("{}: '{}' copies parameter '{}', which is {} (f32 expected)",
+                           bundle_.origin(), tensorInfo(copy).name(), info.name(),
+                           dtypeName(info.dtype()));
+    TensorView v = view(m);
+    if (!v.data)
+      return Status::error("{}: cannot read parameter '{}'", bundle_.origin(), info.name());
+    std::vector<uint8_t> bytes = convertFloats(
+        {static_cast<const uint8_t *>(v.data), v.bytes()}, tensorInfo(copy).dtype());
+    if (!bytes.empty())
+      FORGE_RETURN_IF_ERROR(writePersistent(copy, bytes));
+  }
+  return Status::ok();
 }
 
 const std::string &Executor::routineName(int routine) const {
@@ -155,7 +206,8 @@ Status Executor::setPersistent(int32_t index, std::span<const uint8_t> bytes) {
                            bundle_.origin(), info.name());
     return Status::ok();
   }
-  return writePersistent(index, bytes);
+  FORGE_RETURN_IF_ERROR(writePersistent(index, bytes));
+  return refreshCopies(index);
 }
 
 std::vector<std::string> externalParameters(const Bundle &bundle) {
@@ -262,6 +314,7 @@ Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
     auto ex = CpuExecutor::create(bundle, CpuExecutorOptions{options.threads});
     if (!ex)
       return ex.status();
+    FORGE_RETURN_IF_ERROR((*ex)->refreshCopies());
     return std::unique_ptr<Executor>(ex.take());
   }
   if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
@@ -280,6 +333,7 @@ Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
                                                                options.cudaGraphs});
     if (!ex)
       return ex.status();
+    FORGE_RETURN_IF_ERROR((*ex)->refreshCopies());
     return std::unique_ptr<Executor>(ex.take());
 #else
     return Status::error("this build of Forge has no CUDA device (configure with the CUDA "

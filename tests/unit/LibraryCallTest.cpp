@@ -106,6 +106,15 @@ TEST(LibraryCallTest, StatedProblemsThatFitRun) {
     matmul(p, 0).set_rhs_batch_stride(0);
   });
   EXPECT_TRUE(st.isOk()) << st.message();
+  // forge-assign-precision's forms: bf16 operands written as f32 (the gemm with
+  // its f32 bias row) and as bf16 (the batched matmul).
+  st = check([](fb::Program &p) {
+    for (int t : {0, 1, 2, 3, 4})
+      p.mutable_tensors(t)->set_dtype(fb::BF16);
+    matmul(p, 0).set_dtype(fb::BF16);
+    matmul(p, 1).set_dtype(fb::BF16);
+  });
+  EXPECT_TRUE(st.isOk()) << st.message();
 }
 
 TEST(LibraryCallTest, ProblemsThatDoNotFitAreRefused) {
@@ -120,7 +129,28 @@ TEST(LibraryCallTest, ProblemsThatDoNotFitAreRefused) {
   expectRefused([](fb::Program &p) { matmul(p, 0).set_rhs_batch_stride(41); }, "batch strides");
   expectRefused([](fb::Program &p) { matmul(p, 0).set_m(int64_t{1} << 61); }, "out of range");
   expectRefused([](fb::Program &p) { matmul(p, 0).set_k(0); }, "out of range");
-  expectRefused([](fb::Program &p) { matmul(p, 0).set_dtype(fb::F16); }, "dtype is not f32");
+  expectRefused([](fb::Program &p) { matmul(p, 0).set_dtype(fb::F16); },
+                "the operands are f32 and f32, the cuBLASLt problem states f16");
+  expectRefused([](fb::Program &p) { matmul(p, 0).set_dtype(fb::I32); },
+                "(f32, bf16 or f16 expected)");
+  // bf16 operands: the output f32 or bf16, a full C the output's type, a bias row f32.
+  auto lowOperands = [](fb::Program &p, int inst, int lhs, int rhs) {
+    p.mutable_tensors(lhs)->set_dtype(fb::BF16);
+    p.mutable_tensors(rhs)->set_dtype(fb::BF16);
+    matmul(p, inst).set_dtype(fb::BF16);
+  };
+  expectRefused([&](fb::Program &p) {
+    lowOperands(p, 0, 0, 1);
+    p.mutable_tensors(2)->set_dtype(fb::F16);
+  }, "a product of bf16 operands is written as f32 or bf16, not f16");
+  expectRefused([&](fb::Program &p) {
+    lowOperands(p, 1, 3, 4);
+    p.mutable_tensors(5)->set_dtype(fb::BF16);
+  }, "bias row must be f32", "instruction #1 'fc/Gemm'");
+  expectRefused([&](fb::Program &p) {
+    p.mutable_tensors(0)->set_dtype(fb::BF16);
+    matmul(p, 0).set_dtype(fb::BF16);
+  }, "the operands are bf16 and f32");
   expectRefused([](fb::Program &p) { matmul(p, 1).set_c(fb::MatmulProblem::NO_C); },
                 "C operand", "instruction #1 'fc/Gemm'");
   expectRefused([](fb::Program &p) { matmul(p, 1).set_c(fb::MatmulProblem::FULL_C); },

@@ -53,6 +53,12 @@ static cl::opt<bool> tf32("tf32",
                           cl::desc("CUDA: f32 matmuls on TF32 tensor cores (cuBLASLt "
                                    "CUBLAS_COMPUTE_32F_FAST_TF32; ~1e-3 relative error)"),
                           cl::init(false), cl::cat(forgecCategory));
+static cl::opt<std::string> precision(
+    "precision", cl::init("fp32"),
+    cl::desc("fp32 (default) | tf32 (as --tf32) | bf16: the training step's activations, "
+             "gradients and GEMM operands in bf16 on tensor cores, with fp32 master weights, "
+             "optimizer and statistics (forge-assign-precision)"),
+    cl::cat(forgecCategory));
 static cl::opt<bool> memoryReport(
     "memory-report",
     cl::desc("Print each routine's arena, its peak of live tensors and the largest tensors live "
@@ -284,6 +290,14 @@ int main(int argc, char **argv) {
   pipelineOptions.target = target;
   pipelineOptions.train = trainFlags();
   pipelineOptions.memoryReport = memoryReport;
+  if (precision != "fp32" && precision != "tf32" && precision != "bf16")
+    return fail("unknown --precision '" + precision +
+                "' (fp32, tf32, bf16; fp16 needs loss scaling and fp8 per-tensor scales, not "
+                "built yet)");
+  if (precision == "bf16" && inferenceOnly)
+    return fail("--precision bf16 applies to the training step; use it without "
+                "--inference-only");
+  pipelineOptions.precision = precision;
   if (gemmPadMinFlops < 0)
     return fail("--gemm-pad-min-flops must be >= 0, got " + std::to_string(gemmPadMinFlops));
   pipelineOptions.gemmPadMinFlops = gemmPadMinFlops;
@@ -382,8 +396,11 @@ int main(int argc, char **argv) {
   emitOptions.sourceHash = sourceHash;
   auto &build = emitOptions.buildOptions;
   build["mode"] = inferenceOnly ? "inference" : "training";
-  if (tf32)
+  // TF32 for what stays f32 (bf16 GEMMs compute in f32 whatever the flag).
+  if (tf32 || precision != "fp32")
     build["tf32"] = "1";
+  if (precision != "fp32")
+    build["precision"] = precision;
   build["weights"] = weights;
   if (batch > 0)
     build["batch"] = std::to_string(batch);

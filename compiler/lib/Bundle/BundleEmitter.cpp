@@ -130,6 +130,8 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
   pb::TensorInfo *info = program.mutable_tensors(*index);
   if (auto role = func.getArgAttrOfType<StringAttr>(i, "forge.role"))
     info->set_role(role.str());
+  if (auto master = func.getArgAttrOfType<StringAttr>(i, "forge.copy_of"))
+    info->set_copy_of(master.str());
   // Thin bundle: the initial value stays in the model's external-data file.
   auto module = func->getParentOfType<ModuleOp>();
   auto thin = module ? module->getAttrOfType<DictionaryAttr>("forge.external_weights") : nullptr;
@@ -235,7 +237,8 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
       }
       pr->set_alpha(*alpha);
       pr->set_beta(*beta);
-      pr->set_dtype(dtypeFromType(cast<RankedTensorType>(op.getResult(0).getType()).getElementType()));
+      // The operands' type; the runtime reads the output's from its tensor.
+      pr->set_dtype(dtypeFromType(cast<RankedTensorType>(op.getOperand(0).getType()).getElementType()));
     }
     return success();
   }

@@ -159,7 +159,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
   // 4 consecutive output elements lie in one input, contiguously: q divides
   // by 4, or the axis is innermost and every input's extent divides by 4.
   Type elem = out.getElementType();
-  int64_t width = elem.isF32() && (q % kVector == 0 ||
+  // Inputs stored in another float type than the output (forge-assign-
+  // precision): each element through its f32 compute value.
+  bool mixed = llvm::any_of(op->getOperandTypes(), [&](Type t) {
+    return cast<RankedTensorType>(t).getElementType() != elem;
+  });
+  int64_t width = !mixed && elem.isF32() && (q % kVector == 0 ||
                                    (q == 1 && llvm::all_of(sizes, [](int64_t s) {
                                       return s % kVector == 0;
                                     })))
@@ -170,6 +175,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
     for (Type &t : args)
       t = flatMemref(elem, cast<MemRefType>(t).getNumElements(), /*vector=*/true);
   Type valueType = width > 1 ? Type(VectorType::get({width}, elem))
+                   : mixed   ? Body::computeTypeOf(elem)
                              : cast<MemRefType>(args[n]).getElementType();
   return elementKernel(
       name, args, out.getNumElements() / width, op->getLoc(),
@@ -183,6 +189,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
             Value src = k.add(k.mul(k.add(k.mul(pi, k.idx(sizes[lo])), local), k.idx(q)), qi);
             if (width > 1)
               src = k.div(src, width);
+            if (mixed)
+              return k.load(fn.getArgument(lo), src,
+                            tensorType(op->getOperand(lo)).getElementType());
             return k.b.create<memref::LoadOp>(k.loc, fn.getArgument(lo), src);
           }
           unsigned mid = (lo + hi) / 2;
@@ -196,7 +205,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
           return branch.getResult(0);
         };
         Value v = pick(0, n);
-        k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(n), width > 1 ? unit : i);
+        if (mixed)
+          k.store(v, fn.getArgument(n), i, elem);
+        else
+          k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(n), width > 1 ? unit : i);
       });
 }
 
@@ -511,6 +523,18 @@ std::optional<KernelLaunch> KernelGenerator::Impl::remapKernel(Operation *op, St
       Value diff = b.create<arith::SubIOp>(k.loc, o[rank - 1], o[rank - 2]);
       valid = b.create<arith::CmpIOp>(
           k.loc, upper ? arith::CmpIPredicate::sge : arith::CmpIPredicate::sle, diff, k.idx(kk));
+    }
+    Type outElem = out.getElementType();
+    if (outElem != elem) {
+      // Stored in another float type (forge-assign-precision: a padded f32
+      // weight read by bf16 GEMMs): through the compute value.
+      Value v = k.load(fn.getArgument(0), src, elem);
+      if (opName != "tile") {
+        double value = isa<PadOp>(op) ? op->getAttrOfType<FloatAttr>("value").getValueAsDouble() : 0.0;
+        v = b.create<arith::SelectOp>(k.loc, valid, v, k.fconst(v.getType(), value));
+      }
+      k.store(v, fn.getArgument(1), i, outElem);
+      return;
     }
     Value v = b.create<memref::LoadOp>(k.loc, fn.getArgument(0), src);
     if (opName != "tile") {

@@ -155,10 +155,31 @@ struct Body {
   Value tid() { return b.create<gpu::ThreadIdOp>(loc, gpu::Dimension::x); }
   Value bid() { return b.create<gpu::BlockIdOp>(loc, gpu::Dimension::x); }
 
+  /// The element type a tensor is stored as: the memref's when it is a float
+  /// (forge-assign-precision stores one op's operands and results in
+  /// different float types), else `elem` (i1 and float8 are stored as bytes).
+  static Type storedAs(Value memref, Type elem) {
+    Type stored = cast<MemRefType>(memref.getType()).getElementType();
+    return isa<FloatType>(stored) && isa<FloatType>(elem) ? stored : elem;
+  }
   /// storage element -> compute value
   Value load(Value memref, Value index, Type elem) {
     Value v = b.create<memref::LoadOp>(loc, memref, index);
-    return toCompute(v, elem);
+    Type stored = storedAs(memref, elem);
+    Value c = toCompute(v, stored);
+    // An f32 value in a kernel that computes in another float type.
+    Type want = computeTypeOf(elem);
+    if (stored != elem && c.getType() != want && isa<FloatType>(want))
+      c = want.getIntOrFloatBitWidth() > c.getType().getIntOrFloatBitWidth()
+              ? Value(b.create<arith::ExtFOp>(loc, want, c))
+              : Value(b.create<arith::TruncFOp>(loc, want, c));
+    return c;
+  }
+  /// The register type of `elem`: f32 for f16/bf16, else itself.
+  static Type computeTypeOf(Type elem) {
+    if (elem.isF16() || elem.isBF16())
+      return Float32Type::get(elem.getContext());
+    return elem;
   }
   Value toCompute(Value v, Type elem) {
     if (elem.isInteger(1))
@@ -211,7 +232,16 @@ struct Body {
     return v;
   }
   void store(Value v, Value memref, Value index, Type elem) {
-    b.create<memref::StoreOp>(loc, toStorage(v, elem), memref, index);
+    Type stored = storedAs(memref, elem);
+    if (stored != elem && isa<FloatType>(v.getType())) {
+      // Through the stored type's register type (f32 for f16/bf16).
+      Type want = computeTypeOf(stored);
+      if (v.getType() != want)
+        v = want.getIntOrFloatBitWidth() > v.getType().getIntOrFloatBitWidth()
+                ? Value(b.create<arith::ExtFOp>(loc, want, v))
+                : Value(b.create<arith::TruncFOp>(loc, want, v));
+    }
+    b.create<memref::StoreOp>(loc, toStorage(v, stored), memref, index);
   }
 
   /// for (i = blockIdx*blockDim + threadIdx; i < n; i += gridDim*blockDim)

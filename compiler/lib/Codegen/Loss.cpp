@@ -110,7 +110,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
       return std::nullopt;
     reduction = r.getValue();
   }
-  if (elem.isF32() && stride % kVector == 0)
+  // The vector variant loads and stores f32 vectors: every float operand and
+  // result f32 (forge-assign-precision may store the gradient low).
+  bool allF32 = llvm::all_of(op->getResultTypes(), [](Type t) {
+    return cast<RankedTensorType>(t).getElementType().isF32();
+  });
+  if (elem.isF32() && allF32 && stride % kVector == 0)
     return crossEntropyVectorKernel(op, name, grad, rows, stride, cols, reduction);
   Type f32 = Float32Type::get(context);
   Type smem = sharedBuffer(kWarp, f32);

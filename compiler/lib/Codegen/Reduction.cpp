@@ -72,8 +72,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   auto outType = tensorType(op->getResult(0));
   auto axes = op->getAttrOfType<DenseI64ArrayAttr>("axes");
   Type elem = inType.getElementType();
-  if (!kind || !axes || !isFloat(elem) || outType.getElementType() != elem ||
-      inType.getNumElements() == 0)
+  // The result may be stored in another float type (forge-assign-precision:
+  // a bf16 gradient summed into an f32 bias gradient).
+  Type outElem = outType.getElementType();
+  if (!kind || !axes || !isFloat(elem) || !isFloat(outElem) ||
+      (outElem != elem && (isFloat8(elem) || isFloat8(outElem))) || inType.getNumElements() == 0)
     return std::nullopt;
 
   // Kept and reduced dimension groups (size-1 dims dropped, adjacent dims of
@@ -107,7 +110,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   // Too few output blocks to fill the GPU: split the reduced range over more
   // blocks, whose partial sums are added atomically (f32 or f64 sums and means;
   // the order of the additions, and so the last bits, may vary run to run).
-  bool additive = (isa<ReduceSumOp>(op) || isa<ReduceMeanOp>(op)) && elem == accType;
+  bool additive = (isa<ReduceSumOp>(op) || isa<ReduceMeanOp>(op)) && outElem == accType;
   int64_t perBlock = (rowLayout ? block : block / kWarp) * 16; // reduced elements per chunk, at least
   int64_t splits = 1;
   if (additive && outBlocks < 2 * target.typicalSMs)
@@ -119,7 +122,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
 
   OpBuilder b(context);
   auto fn = newKernel(b, name, {flatMemref(elem, inType.getNumElements()),
-                                flatMemref(elem, outType.getNumElements())},
+                                flatMemref(outElem, outType.getNumElements())},
                       block, {smem});
   Body k = Body::of(b, op->getLoc(), fn);
   Value in = fn.getArgument(0), out = fn.getArgument(1), sh = fn.getWorkgroupAttributions()[0];
@@ -137,7 +140,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     if (splits > 1)
       b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, acc, out, ValueRange{o});
     else
-      k.store(acc, out, o, elem);
+      k.store(acc, out, o, outElem);
   };
   // This block's output block and its chunk [rBegin, rEnd) of the reduced range.
   Value outBlock = splits > 1 ? k.rem(k.bid(), outBlocks) : k.bid();

@@ -656,9 +656,16 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
   auto productArgs = block.getArguments().drop_back(extraArg ? 1 : 0);
   if (!llvm::equal(product->getOperands(), productArgs))
     return product->emitOpError("must take the gemm region's arguments, in order, as operands");
-  for (Type t : product->getOperandTypes())
+  // cuBLASLt's operands: f32, or bf16/f16 (forge-assign-precision) of one type.
+  Type lhsElem = cast<RankedTensorType>(product->getOperand(0).getType()).getElementType();
+  for (Type t : TypeRange(product->getOperandTypes()).take_front(2))
+    if (Type e = cast<RankedTensorType>(t).getElementType();
+        e != lhsElem || !(e.isF32() || e.isBF16() || e.isF16()))
+      return product->emitOpError("of a gemm region must take f32, bf16 or f16 operands of one "
+                                  "type");
+  for (Type t : TypeRange(product->getOperandTypes()).drop_front(2))
     if (!cast<RankedTensorType>(t).getElementType().isF32())
-      return product->emitOpError("of a gemm region must be f32");
+      return product->emitOpError("of a gemm region must take an f32 C");
   if (auto gelu = dyn_cast<GeluOp>(epilogue)) {
     // GELU (GELU_BIAS with a bias row as C), yielding the pre-activation too
     // as the aux output.
@@ -1257,3 +1264,17 @@ FORGE_INFER(DropoutMaskOp) {
 
 #define GET_OP_CLASSES
 #include "forge/Dialect/ForgeOps.cpp.inc"
+
+bool mlir::forge::isStorageCompatible(TypeRange inferred, TypeRange actual) {
+  if (inferred.size() != actual.size())
+    return false;
+  for (auto [i, a] : llvm::zip(inferred, actual)) {
+    if (i == a)
+      continue;
+    auto it = dyn_cast<RankedTensorType>(i), at = dyn_cast<RankedTensorType>(a);
+    if (!it || !at || it.getShape() != at.getShape() ||
+        !isa<FloatType>(it.getElementType()) || !isa<FloatType>(at.getElementType()))
+      return false;
+  }
+  return true;
+}

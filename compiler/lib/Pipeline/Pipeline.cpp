@@ -111,8 +111,16 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // canonical form: folded constants, no duplicates, no dead ops.
   addGraphCleanup(pm, options);
   addFusion(pm, options);
-  // Still to come, in this order: precision (on fusion regions, so casts fuse
-  // into them), layout, partition, schedule.
+  // Stage "precision": after fusion, so that each cast lands in the region
+  // that makes or reads the value (and a parameter's low copy in the
+  // optimizer's region) instead of running as a kernel of its own; before
+  // placement, which states each GEMM's operand types to cuBLASLt.
+  if (options.precision == "bf16" || options.precision == "fp16") {
+    AssignPrecisionOptions precision;
+    precision.precision = options.precision;
+    pm.addPass(createAssignPrecision(precision));
+  }
+  // Still to come, in this order: layout, partition, schedule.
   addPlacement(pm, options);
   addMemoryPlan(pm, options);
 }
@@ -160,6 +168,8 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
                                llvm::cl::init(false)};
   Option<std::string> batchnormRunningVar{*this, "batchnorm-running-var",
                                           llvm::cl::desc("as forgec --batchnorm-running-var")};
+  Option<std::string> precision{*this, "precision", llvm::cl::desc("as forgec --precision"),
+                                llvm::cl::init("fp32")};
 };
 } // namespace
 
@@ -188,6 +198,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.freeze.assign(cl.freeze.begin(), cl.freeze.end());
         options.train.exposeGradients = cl.exposeGradients;
         options.train.batchnormRunningVar = cl.batchnormRunningVar;
+        options.precision = cl.precision;
         buildTrainingPipeline(pm, options);
       });
 }

@@ -207,6 +207,32 @@ Status validateTensors(const bundle::Program &p) {
                              dtypeName(t.dtype()), bytes);
     }
   }
+  // Low-precision copies: a zero-initialized STATE tensor, float, named after
+  // an f32 PARAMETER of its shape.
+  for (int i = 0; i < p.tensors_size(); ++i) {
+    const bundle::TensorInfo &t = p.tensors(i);
+    if (t.copy_of().empty())
+      continue;
+    std::string label = tensorLabel(p, i);
+    if (t.kind() != bundle::TensorInfo::STATE || t.data_size() != 0 || t.has_external() ||
+        (t.dtype() != bundle::BF16 && t.dtype() != bundle::F16 && t.dtype() != bundle::F32))
+      return Status::error("{}: a copy of parameter '{}' must be a STATE tensor of bf16, f16 or "
+                           "f32 without initial bytes",
+                           label, t.copy_of());
+    const bundle::TensorInfo *master = nullptr;
+    for (const bundle::TensorInfo &m : p.tensors())
+      if (m.kind() == bundle::TensorInfo::PARAMETER && m.name() == t.copy_of())
+        master = &m;
+    if (!master)
+      return Status::error("{}: copy_of names no parameter '{}'", label, t.copy_of());
+    if (master->dtype() != bundle::F32 ||
+        !std::equal(master->shape().begin(), master->shape().end(), t.shape().begin(),
+                    t.shape().end()))
+      return Status::error("{}: copy of parameter '{}' ({} {}) must have its shape, and it must "
+                           "be f32",
+                           label, t.copy_of(), dtypeName(master->dtype()),
+                           shapeString({master->shape().begin(), master->shape().end()}));
+  }
   return Status::ok();
 }
 

@@ -286,8 +286,23 @@ Status runCpuKernel(const bundle::Instruction &inst, std::span<const TensorView>
   Status st = cpu::checkOperands(*info, inputs, outputs);
   if (st) {
     KernelContext ctx{inst, inputs, outputs, pool, AttrReader(inst)};
+    // Mixed storage precision (forge-assign-precision: a bf16 GEMM writing
+    // f32, a norm storing bf16): the op computes in f32 on f32 copies of its
+    // half operands and results, as a GPU kernel computes in registers.
+    auto has = [&](DType d) {
+      auto is = [&](const TensorView &t) { return t.present() && t.dtype == d; };
+      return std::any_of(inputs.begin(), inputs.end(), is) ||
+             std::any_of(outputs.begin(), outputs.end(), is);
+    };
+    // (A cast converts between the types itself.)
+    bool mixed = inst.op() != "cast" && has(bundle::F32) && (has(bundle::BF16) || has(bundle::F16));
     try {
-      st = info->fn(ctx);
+      if (mixed && has(bundle::BF16))
+        st = cpu::runInFloat<cpu::BFloat16>(ctx, info->fn);
+      else if (mixed)
+        st = cpu::runInFloat<cpu::Half>(ctx, info->fn);
+      else
+        st = info->fn(ctx);
     } catch (const std::exception &e) { // e.g. bad_alloc of a scratch buffer
       st = Status::error("{}", e.what());
     }

@@ -18,9 +18,10 @@ namespace {
 } // namespace
 
 std::string MatmulProblem::key() const {
-  return fmt::format("{}x{}x{} b{} t{}{} s{},{} c{}{} a{} b{} tf{} e{}", m, n, k, batch, transA,
-                     transB, lhsBatchStride, rhsBatchStride, fullC, bias, alpha, beta, tf32,
-                     static_cast<int>(epilogue));
+  return fmt::format("{}x{}x{} b{} t{}{} s{},{} c{}{} a{} b{} tf{} e{} d{},{}", m, n, k, batch,
+                     transA, transB, lhsBatchStride, rhsBatchStride, fullC, bias, alpha, beta,
+                     tf32, static_cast<int>(epilogue), static_cast<int>(ab),
+                     static_cast<int>(out));
 }
 
 Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::Instruction &inst,
@@ -49,13 +50,25 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                          "forgec? compile it again)",
                          inst.op());
   for (int32_t t : {inst.inputs(0), inst.inputs(1), inst.outputs(0)})
-    if (t >= p.tensors_size() || p.tensors(t).dtype() != bundle::F32)
-      return Status::error("{} on the GPU takes f32 tensors; tensor {} is not", inst.op(), t);
+    if (t >= p.tensors_size())
+      return Status::error("{}: tensor {} does not exist", inst.op(), t);
   const bundle::MatmulProblem &b = inst.matmul();
-  if (b.dtype() != bundle::F32)
-    return Status::error("{}: the cuBLASLt problem's dtype is not f32", inst.op());
+  // Operands f32, bf16 or f16 (the problem's dtype); the output f32 or theirs.
+  const bundle::DType ab = b.dtype(), out = p.tensors(inst.outputs(0)).dtype();
+  if (ab != bundle::F32 && ab != bundle::BF16 && ab != bundle::F16)
+    return Status::error("{}: the cuBLASLt problem's dtype is {} (f32, bf16 or f16 expected)",
+                         inst.op(), dtypeName(ab));
+  if (p.tensors(inst.inputs(0)).dtype() != ab || p.tensors(inst.inputs(1)).dtype() != ab)
+    return Status::error("{}: the operands are {} and {}, the cuBLASLt problem states {}",
+                         inst.op(), dtypeName(p.tensors(inst.inputs(0)).dtype()),
+                         dtypeName(p.tensors(inst.inputs(1)).dtype()), dtypeName(ab));
+  if (out != bundle::F32 && out != ab)
+    return Status::error("{}: a product of {} operands is written as f32 or {}, not {}",
+                         inst.op(), dtypeName(ab), dtypeName(ab), dtypeName(out));
   MatmulProblem pr;
-  pr.tf32 = tf32;
+  pr.tf32 = tf32 && ab == bundle::F32;
+  pr.ab = ab;
+  pr.out = out;
   pr.m = b.m();
   pr.n = b.n();
   pr.k = b.k();
@@ -71,10 +84,14 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   // What cuBLASLt will read and write must be exactly the tensors: a corrupt
   // bundle is refused here, never run past a buffer's end.
   auto elements = [&](int32_t t) { return numElements(shapeOf(p.tensors(t))); };
-  // Whether tensor t exists and is f32 of n elements (an epilogue's vector or aux).
+  // Whether tensor t exists and is f32 of n elements (an epilogue's vector).
   auto f32Of = [&](int32_t t, int64_t n) {
     return t >= 0 && t < p.tensors_size() && p.tensors(t).dtype() == bundle::F32 &&
            elements(t) == n;
+  };
+  // Likewise of the output's type (a GELU's aux matrix).
+  auto outOf = [&](int32_t t, int64_t n) {
+    return t >= 0 && t < p.tensors_size() && p.tensors(t).dtype() == out && elements(t) == n;
   };
   auto fits = [](int64_t a, int64_t b) { return a > 0 && b > 0 && a <= (int64_t{1} << 62) / b; };
   if (!fits(pr.m, pr.k) || !fits(pr.k, pr.n) || !fits(pr.m, pr.n) || pr.batch < 1 ||
@@ -100,9 +117,9 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   // A GELU epilogue's aux matrix: the output's shape and layout, leading
   // dimension n, which cuBLASLt wants a multiple of 8.
   auto auxMatrix = [&](int32_t t, const char *what) -> Status {
-    if (!f32Of(t, outWant))
-      return Status::error("{}: the GELU epilogue's aux matrix ({}) must be f32 of {} elements",
-                           inst.op(), what, outWant);
+    if (!outOf(t, outWant))
+      return Status::error("{}: the GELU epilogue's aux matrix ({}) must be {} of {} elements",
+                           inst.op(), what, dtypeName(out), outWant);
     if (pr.n % 8 != 0)
       return Status::error("{}: the GELU epilogue's aux matrix needs n = {} to be a multiple of 8",
                            inst.op(), pr.n);
@@ -208,8 +225,11 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                          inst.op(), hasC ? "has no" : "has", hasC ? "has" : "lacks");
   if (hasC) {
     int32_t c = inst.inputs(2);
-    if (c >= p.tensors_size() || p.tensors(c).dtype() != bundle::F32)
-      return Status::error("{}'s C must be f32 on the GPU", inst.op());
+    // A full C has the output's type; a bias row is f32.
+    bundle::DType want = pr.fullC ? out : bundle::F32;
+    if (c >= p.tensors_size() || p.tensors(c).dtype() != want)
+      return Status::error("{}'s {} must be {} on the GPU", inst.op(),
+                           pr.fullC ? "C" : "bias row", dtypeName(want));
     if (elements(c) != (pr.fullC ? outWant : pr.n) || (pr.bias && pr.beta != 1.0f))
       return Status::error("{}: C of {} elements does not fit the cuBLASLt problem ({} {})",
                            inst.op(), elements(c), pr.fullC ? "full C of" : "bias row of",
@@ -249,8 +269,19 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   plan->problem_ = pr;
   plan->workspaceBytes_ = workspaceBytes;
   plan->cache_ = cache;
+  // bf16/f16 operands accumulate in f32 (CUBLAS_COMPUTE_32F) with f32 scales.
   cublasComputeType_t compute = pr.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LT_CHECK(api.cublasLtMatmulDescCreate(&plan->desc_, compute, CUDA_R_32F));
+  auto cudaType = [](bundle::DType d) {
+    return d == bundle::BF16 ? CUDA_R_16BF : d == bundle::F16 ? CUDA_R_16F : CUDA_R_32F;
+  };
+  if ((pr.hasVector() || pr.bias) && pr.out != bundle::F32) {
+    // The bias row read and the bias gradient written stay f32 (cuBLASLt's
+    // default is D's type).
+    cudaDataType_t f32 = CUDA_R_32F;
+    LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                &f32, sizeof(f32)));
+  }
   // cuBLASLt A = rhs^T view (N x K), B = lhs^T view (K x M), D = Y^T (N x M).
   cublasOperation_t opA = pr.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opB = pr.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -304,9 +335,9 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
     LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                 &ld, sizeof(ld)));
   }
-  auto layout = [&](cublasLtMatrixLayout_t *l, int64_t rows, int64_t cols, int64_t stride)
-      -> Status {
-    LT_CHECK(api.cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<uint64_t>(rows),
+  auto layout = [&](cublasLtMatrixLayout_t *l, bundle::DType type, int64_t rows, int64_t cols,
+                    int64_t stride) -> Status {
+    LT_CHECK(api.cublasLtMatrixLayoutCreate(l, cudaType(type), static_cast<uint64_t>(rows),
                                             static_cast<uint64_t>(cols), rows));
     if (pr.batch > 1) {
       int32_t count = static_cast<int32_t>(pr.batch);
@@ -319,11 +350,11 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   };
   // Stored (column-major) shapes: rhs is N x K when transB, else... its memory
   // is row-major [K, N] (or [N, K] with transB), i.e. column-major N x K (K x N).
-  FORGE_RETURN_IF_ERROR(layout(&plan->a_, pr.transB ? pr.k : pr.n, pr.transB ? pr.n : pr.k,
-                               pr.rhsBatchStride));
-  FORGE_RETURN_IF_ERROR(layout(&plan->b_, pr.transA ? pr.m : pr.k, pr.transA ? pr.k : pr.m,
-                               pr.lhsBatchStride));
-  FORGE_RETURN_IF_ERROR(layout(&plan->c_, pr.n, pr.m, pr.m * pr.n));
+  FORGE_RETURN_IF_ERROR(layout(&plan->a_, pr.ab, pr.transB ? pr.k : pr.n,
+                               pr.transB ? pr.n : pr.k, pr.rhsBatchStride));
+  FORGE_RETURN_IF_ERROR(layout(&plan->b_, pr.ab, pr.transA ? pr.m : pr.k,
+                               pr.transA ? pr.k : pr.m, pr.lhsBatchStride));
+  FORGE_RETURN_IF_ERROR(layout(&plan->c_, pr.out, pr.n, pr.m, pr.m * pr.n));
 
   const std::string key = pr.key();
   if (auto hit = cache->candidates.find(key); hit != cache->candidates.end()) {

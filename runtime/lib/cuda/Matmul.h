@@ -51,7 +51,11 @@ struct MatmulProblem {
     None, Relu, Bias, BgradLhs, BgradRhs, Gelu, GeluAux, Dgelu, DgeluBgrad, ReluAux, Drelu
   } epilogue = Epilogue::None;
   float alpha = 1, beta = 0;
-  bool tf32 = false;
+  bool tf32 = false; // f32 operands only
+  // Element types: of lhs and rhs (f32, bf16, f16), and of the output, a
+  // full C and a GELU aux matrix (f32 or the operands'). Bias rows and bias
+  // gradients are f32.
+  bundle::DType ab = bundle::F32, out = bundle::F32;
   std::string key() const;
   /// Whether the epilogue reads or writes a vector (the bias pointer): BIAS's
   /// row, or a bias gradient.

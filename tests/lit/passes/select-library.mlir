@@ -24,15 +24,16 @@ func.func @matmuls(%a: tensor<2x3x4x8xf32>, %b: tensor<2x3x8x5xf32>, %m: tensor<
 
 // -----
 
-// Not: batches broadcast on both sides, a vector operand, f16, an empty result,
+// Not: batches broadcast on both sides, a vector operand, f16 with f32 (cuBLASLt's
+// operands share one type), an empty result,
 // an empty contraction (k = 0: cuBLASLt's problem would be refused; a kernel
 // writes the zeros).
 // CHECK-LABEL: func @not_matmuls
 // CHECK-NOT: forge.library
-func.func @not_matmuls(%a: tensor<2x1x4x8xf32>, %b: tensor<1x3x8x5xf32>, %v: tensor<8xf32>, %h: tensor<4x8xf16>, %hb: tensor<8x5xf16>, %e: tensor<0x8xf32>, %m: tensor<8x5xf32>, %zk: tensor<4x0xf32>, %zn: tensor<0x5xf32>) -> (tensor<2x3x4x5xf32>, tensor<2x1x4xf32>, tensor<4x5xf16>, tensor<0x5xf32>, tensor<4x5xf32>) {
+func.func @not_matmuls(%a: tensor<2x1x4x8xf32>, %b: tensor<1x3x8x5xf32>, %v: tensor<8xf32>, %h: tensor<4x8xf16>, %hb: tensor<8x5xf32>, %e: tensor<0x8xf32>, %m: tensor<8x5xf32>, %zk: tensor<4x0xf32>, %zn: tensor<0x5xf32>) -> (tensor<2x3x4x5xf32>, tensor<2x1x4xf32>, tensor<4x5xf16>, tensor<0x5xf32>, tensor<4x5xf32>) {
   %0 = forge.matmul %a, %b : (tensor<2x1x4x8xf32>, tensor<1x3x8x5xf32>) -> tensor<2x3x4x5xf32>
   %1 = forge.matmul %a, %v : (tensor<2x1x4x8xf32>, tensor<8xf32>) -> tensor<2x1x4xf32>
-  %2 = forge.matmul %h, %hb : (tensor<4x8xf16>, tensor<8x5xf16>) -> tensor<4x5xf16>
+  %2 = forge.matmul %h, %hb : (tensor<4x8xf16>, tensor<8x5xf32>) -> tensor<4x5xf16>
   %3 = forge.matmul %e, %m : (tensor<0x8xf32>, tensor<8x5xf32>) -> tensor<0x5xf32>
   %4 = forge.matmul %zk, %zn : (tensor<4x0xf32>, tensor<0x5xf32>) -> tensor<4x5xf32>
   return %0, %1, %2, %3, %4 : tensor<2x3x4x5xf32>, tensor<2x1x4xf32>, tensor<4x5xf16>, tensor<0x5xf32>, tensor<4x5xf32>
@@ -188,4 +189,21 @@ func.func @relu_bitmask(%x: tensor<4x8xf32>, %w: tensor<5x8xf32>, %b: tensor<5xf
     forge.yield %d : tensor<4x5xf32>
   }
   return %0#0, %1 : tensor<4x5xf32>, tensor<4x5xf32>
+}
+
+// -----
+
+// bf16 operands (forge-assign-precision): the product written as f32 or bf16,
+// a bias row f32; a bf16 product over a full C of another type is not taken.
+// CHECK-LABEL: func @low_precision
+// CHECK: forge.gemm %arg0, %arg1, %arg2 {{.*}}forge.library = "cublaslt"{{.*}} -> tensor<4x5xf32>
+// CHECK: forge.gemm %arg0, %arg1 {{.*}}forge.library = "cublaslt"{{.*}} -> tensor<4x5xbf16>
+// CHECK: forge.gemm %arg0, %arg1, %arg3
+// CHECK-NOT: forge.library
+// CHECK-SAME: -> tensor<4x5xbf16>
+func.func @low_precision(%a: tensor<4x8xbf16>, %b: tensor<8x5xbf16>, %bias: tensor<5xf32>, %c: tensor<4x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xbf16>, tensor<4x5xbf16>) {
+  %0 = forge.gemm %a, %b, %bias {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<4x8xbf16>, tensor<8x5xbf16>, tensor<5xf32>) -> tensor<4x5xf32>
+  %1 = forge.gemm %a, %b {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = false} : (tensor<4x8xbf16>, tensor<8x5xbf16>) -> tensor<4x5xbf16>
+  %2 = forge.gemm %a, %b, %c {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<4x8xbf16>, tensor<8x5xbf16>, tensor<4x5xf32>) -> tensor<4x5xbf16>
+  return %0, %1, %2 : tensor<4x5xf32>, tensor<4x5xbf16>, tensor<4x5xbf16>
 }

@@ -75,6 +75,12 @@ class Forge_Op<string mnemonic, string onnx, string fusion, string precision,
     static constexpr ::mlir::forge::PrecisionClass kPrecisionClass =
         ::mlir::forge::PrecisionClass::}] # precision # [{;
     static constexpr bool kDifferentiable = }] # !if(diff, "true", "false") # [{;
+    /// A float result may be stored in another float type than the inferred
+    /// one (forge-assign-precision): the op computes as inferred and its
+    /// store converts. Shapes and every other element type must match.
+    static bool isCompatibleReturnTypes(::mlir::TypeRange inferred, ::mlir::TypeRange actual) {
+      return ::mlir::forge::isStorageCompatible(inferred, actual);
+    }
   }] # !if(diff, [{
     /// The reverse-mode rule (compiler/lib/Autodiff); call it through
     /// DifferentiableOpInterface::buildGradient, which checks the contract.

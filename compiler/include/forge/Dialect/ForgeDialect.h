@@ -79,6 +79,11 @@ Value createLeadingSlice(OpBuilder &b, Location loc, Value v, ArrayRef<int64_t> 
 /// axis of a statically shaped tensor: the op a forge.fusion "row" is built around.
 bool isInnermostRowOp(Operation *op);
 
+/// Result-type check of every forge op: `actual` equals `inferred`, except
+/// that a float tensor may have another float element type (its storage
+/// precision, set by forge-assign-precision).
+bool isStorageCompatible(TypeRange inferred, TypeRange actual);
+
 } // namespace mlir::forge
 
 #include "forge/Dialect/ForgeDialect.h.inc"

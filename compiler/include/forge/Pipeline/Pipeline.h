@@ -24,12 +24,13 @@ struct PipelineOptions {
   TrainFlags train;           // the train-step stage (training pipeline only)
   bool memoryReport = false;  // the memory plan prints its peak (forgec --memory-report)
   int64_t gemmPadMinFlops = int64_t(1) << 30; // forge-pad-contractions (forgec --gemm-pad-min-flops)
+  std::string precision = "fp32"; // forge-assign-precision (forgec --precision)
 };
 
 /// The pipeline of a training bundle, in named stages (DESIGN.md §4): import
 /// cleanup -> train-step construction -> graph cleanup -> fusion -> placement
-/// -> memory plan (precision, layout, partition and schedule go between fusion
-/// and placement as those passes land). The ordering constraint of every stage
+/// -> precision -> placement -> memory plan (layout, partition and schedule go
+/// between precision and placement as those passes land). The ordering constraint of every stage
 /// is commented in Pipeline.cpp.
 void buildTrainingPipeline(OpPassManager &pm, const PipelineOptions &options);
 /// The pipeline of an inference bundle (`forgec --inference-only`): the

@@ -97,8 +97,15 @@ public:
   /// a PARAMETER of a training bundle or one that some instruction writes).
   bool isWritable(int32_t index) const;
   /// Overwrites persistent tensor `index` with `bytes` (its exact byte size).
-  /// A read-only parameter accepts only its current value.
+  /// A read-only parameter accepts only its current value. The parameter's
+  /// low-precision copies (TensorInfo.copy_of) follow.
   Status setPersistent(int32_t index, std::span<const uint8_t> bytes);
+  /// Whether `index` is a low-precision copy of a parameter (derived from it:
+  /// checkpoints leave it out).
+  bool isDerivedCopy(int32_t index) const;
+  /// Sets every low-precision copy (or those of parameter `master`) from
+  /// its parameter's current value. createExecutor() calls it once.
+  Status refreshCopies(int32_t master = -1);
 
 protected:
   explicit Executor(const Bundle &bundle);
@@ -111,6 +118,7 @@ protected:
   std::vector<std::vector<int32_t>> routineInputs_, routineOutputs_;
   std::vector<bool> writable_;
   std::vector<int32_t> persistent_;
+  std::vector<std::pair<int32_t, int32_t>> copies_; // (copy, its parameter)
 };
 
 struct ExecutorOptions {

@@ -1,0 +1,512 @@
+//===- AssignPrecision.cpp - storage precision of the training step -------===//
+//
+// forge-assign-precision: which tensors of @train_step are stored in bf16
+// (or f16) between kernels. Kernels compute in f32 whatever they load
+// (KernelGen's Body::load/store convert), so the decision here is one of
+// storage: a value goes low when every reader takes it low; tensor-core ops
+// (matmul, gemm, gemm regions) must read low operands, which get a low copy
+// written where the value is made. Invariants:
+//  * Kept f32: parameters and optimizer state (fp32 masters), everything the
+//    optimizer, the gradient norm and the returned metrics read (parameter
+//    gradients), operand 0 of a KeepFP32 op (logits into the loss, a norm's
+//    input, i.e. the residual stream, softmax's scores), a gemm's full C and
+//    the product written over it (the residual stream again), scalars.
+//  * A cast is never its own kernel where a neighbour can do it: a region
+//    stores its result low (the cast before its yield), a region reads a low
+//    input (the cast after its block argument, free in registers), a
+//    parameter's low copy is one more output of its optimizer update, and
+//    views follow their input's type. What has no such neighbour (a data
+//    input, a library op's output read by both) gets a loop region with one
+//    cast, counted in the pass's remark.
+//
+//===----------------------------------------------------------------------===//
+#include "Passes.h"
+
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/DenseSet.h"
+
+namespace mlir::forge {
+#define GEN_PASS_DEF_ASSIGNPRECISION
+#include "Passes.h.inc"
+} // namespace mlir::forge
+
+using namespace mlir;
+using namespace mlir::forge;
+
+namespace {
+
+RankedTensorType tensorOf(Value v) { return dyn_cast<RankedTensorType>(v.getType()); }
+
+bool isF32Tensor(Value v) {
+  auto t = tensorOf(v);
+  return t && t.hasStaticShape() && t.getElementType().isF32();
+}
+
+/// Ops whose result is a view or copy of operand 0 in its element type: they
+/// follow their input's precision.
+bool followsInput(Operation *op) {
+  if (isa<ReshapeOp, TransposeOp, SliceOp>(op))
+    return true;
+  auto fusion = dyn_cast<FusionOp>(op);
+  return fusion && fusion.isViewRegion();
+}
+
+/// A tensor-core op run as one GEMM: a standalone matmul/gemm or a gemm region.
+bool isGemm(Operation *op) {
+  if (isa<MatMulOp, GemmOp>(op))
+    return op->getParentOp() && isa<func::FuncOp>(op->getParentOp());
+  auto fusion = dyn_cast<FusionOp>(op);
+  return fusion && fusion.getKind() == "gemm";
+}
+
+/// The product of a GEMM op (itself, or a gemm region's first body op).
+Operation *productOf(Operation *gemm) {
+  if (auto fusion = dyn_cast<FusionOp>(gemm))
+    return &fusion.getBlock().front();
+  return gemm;
+}
+
+/// Whether a GEMM adds a full C (the residual): its output stays f32.
+bool hasFullC(Operation *gemm) {
+  auto g = dyn_cast<GemmOp>(productOf(gemm));
+  if (!g || !g.getC())
+    return false;
+  return tensorOf(g.getC()).getShape() == tensorOf(g.getResult()).getShape();
+}
+
+/// Whether a body value read at `use` must be f32 in memory: operand 0 of a
+/// forward KeepFP32 op (logits into a loss, a norm's input, softmax's
+/// input). Their gradients read what the forward saved, in its type.
+bool sensitiveUse(OpOperand &use) {
+  Operation *op = use.getOwner();
+  auto iface = dyn_cast<ForgeOpInterface>(op);
+  return iface && iface.getPrecisionClass() == PrecisionClass::KeepFP32 &&
+         !op->getName().getStringRef().ends_with("_grad") && use.getOperandNumber() == 0;
+}
+
+struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<AssignPrecisionPass> {
+  using AssignPrecisionBase::AssignPrecisionBase;
+
+  Type low;
+  func::FuncOp func;
+  /// Values stored low (decided in reverse program order).
+  llvm::DenseSet<Value> lowValues;
+  /// Results of view ops whose readers all take them low.
+  llvm::DenseSet<Value> viewWantsLow;
+  /// Low copies made for GEMM operands, by the f32 value.
+  llvm::DenseMap<Value, Value> lowCopy;
+  int standaloneCasts = 0, paramCopies = 0;
+
+  void runOnOperation() override {
+    if (precision == "fp32" || precision == "tf32") {
+      markAllAnalysesPreserved();
+      return;
+    }
+    if (precision != "bf16" && precision != "fp16") {
+      getOperation().emitError() << "forge-assign-precision: unknown precision '" << precision
+                                 << "' (fp32, tf32, bf16, fp16)";
+      return signalPassFailure();
+    }
+    Builder b(&getContext());
+    low = precision == "bf16" ? Type(b.getBF16Type()) : Type(b.getF16Type());
+    func = getOperation().lookupSymbol<func::FuncOp>("train_step");
+    if (!func) {
+      markAllAnalysesPreserved();
+      return;
+    }
+    decide();
+    materialize();
+    if (failed(fixGemmOperands()))
+      return signalPassFailure();
+    syncFunctionType();
+    func->setAttr("forge.precision", b.getStringAttr(precision));
+    if (standaloneCasts)
+      func.emitRemark() << "forge-assign-precision: " << standaloneCasts
+                        << " cast(s) have no neighbouring kernel and run as their own";
+  }
+
+  //===--------------------------------------------------------------------===//
+  // 1. Decision
+  //===--------------------------------------------------------------------===//
+
+  /// Whether `use`'s owner takes the value low.
+  bool accepts(OpOperand &use) {
+    Operation *user = use.getOwner();
+    unsigned i = use.getOperandNumber();
+    if (followsInput(user))
+      return i == 0 && viewWantsLow.contains(user->getResult(0));
+    if (isGemm(user))
+      return i < 2; // lhs and rhs; never C or an epilogue's row
+    if (isa<ReduceSumOp>(user))
+      return true; // sums in f32 and keeps its result's type (a bias gradient)
+    auto fusion = dyn_cast<FusionOp>(user);
+    if (!fusion || (fusion.getKind() != "loop" && fusion.getKind() != "row"))
+      return false; // return, the optimizer's and norm's regions, loose ops
+    // The body reads it through casts of the iteration shape (the region's
+    // verifier wants every body value to have it): no broadcast inputs.
+    BlockArgument arg = fusion.getBlock().getArgument(i);
+    if (tensorOf(arg).getShape() != fusion.getIterationShape())
+      return false;
+    return llvm::none_of(arg.getUses(), [](OpOperand &inner) { return sensitiveUse(inner); });
+  }
+
+  /// Whether the op making `v` may store it low.
+  bool producerStoresLow(Value v) {
+    Operation *def = v.getDefiningOp();
+    if (!def || isa<ConstantOp>(def))
+      return false; // arguments: masters and inputs keep their type
+    if (isGemm(def))
+      return cast<OpResult>(v).getResultNumber() == 0 && !hasFullC(def);
+    if (auto fusion = dyn_cast<FusionOp>(def))
+      return fusion.getKind() == "loop" || fusion.getKind() == "row";
+    // Loose ops store any float type (isStorageCompatible); views follow.
+    return isa<ForgeOpInterface>(def);
+  }
+
+  void decide() {
+    Block &body = func.front();
+    for (Operation &op : llvm::reverse(body.without_terminator())) {
+      for (Value v : op.getResults()) {
+        if (!isF32Tensor(v) || tensorOf(v).getNumElements() < 2 || v.use_empty())
+          continue;
+        bool all = llvm::all_of(v.getUses(), [&](OpOperand &u) { return accepts(u); });
+        if (!all)
+          continue;
+        if (followsInput(&op))
+          viewWantsLow.insert(v);
+        else if (producerStoresLow(v))
+          lowValues.insert(v);
+      }
+    }
+  }
+
+  //===--------------------------------------------------------------------===//
+  // 2. Materialization (program order: operands are final when an op is seen)
+  //===--------------------------------------------------------------------===//
+
+  Type withElement(Value v, Type elem) { return tensorOf(v).clone(elem); }
+
+  /// A region input that became low: its block argument takes the new type,
+  /// and (but in a gemm region, whose product reads it as an operand, and a
+  /// view region) each reader gets a cast back to f32 right before it, free
+  /// in registers. One cast per reader keeps a row region's prologue (read
+  /// by its row op alone) and epilogue apart.
+  void retypeRegionInput(FusionOp fusion, unsigned i) {
+    Value input = fusion.getInputs()[i];
+    BlockArgument arg = fusion.getBlock().getArgument(i);
+    Type old = arg.getType();
+    if (old == input.getType())
+      return;
+    arg.setType(input.getType());
+    if (fusion.getKind() == "gemm" || fusion.isViewRegion())
+      return;
+    Type f32 = cast<RankedTensorType>(old).getElementType();
+    for (OpOperand *use : llvm::map_to_vector(arg.getUses(), [](OpOperand &u) { return &u; })) {
+      OpBuilder b(use->getOwner());
+      auto toF32 = b.create<CastOp>(fusion.getLoc(), old, arg, TypeAttr::get(f32),
+                                    b.getBoolAttr(true));
+      use->set(toF32.getResult());
+    }
+  }
+
+  /// Stores result `r` of a loop/row region low: a cast before the yield.
+  void storeRegionResultLow(FusionOp fusion, unsigned r) {
+    Operation *yield = fusion.getBlock().getTerminator();
+    OpBuilder b(yield);
+    Value v = yield->getOperand(r);
+    auto cast = b.create<CastOp>(fusion.getLoc(), withElement(v, low), v, TypeAttr::get(low),
+                                 b.getBoolAttr(true));
+    yield->setOperand(r, cast.getResult());
+    fusion.getResult(r).setType(cast.getType());
+  }
+
+  /// A gemm region's output 0 low: the product and the epilogue op it
+  /// yields (relu, bias add) take the type; cuBLASLt writes D low.
+  void storeGemmRegionLow(FusionOp fusion) {
+    Operation *yield = fusion.getBlock().getTerminator();
+    Operation *product = &fusion.getBlock().front();
+    Value out = yield->getOperand(0);
+    product->getResult(0).setType(withElement(product->getResult(0), low));
+    if (out != product->getResult(0))
+      out.setType(withElement(out, low));
+    fusion.getResult(0).setType(withElement(fusion.getResult(0), low));
+  }
+
+  /// A view region's body follows its (now low) input.
+  void followViewRegion(FusionOp fusion) {
+    Type elem = tensorOf(fusion.getInputs()[0]).getElementType();
+    for (Operation &op : fusion.getBlock().without_terminator())
+      op.getResult(0).setType(withElement(op.getResult(0), elem));
+    fusion.getResult(0).setType(withElement(fusion.getResult(0), elem));
+  }
+
+  void materialize() {
+    for (Operation &op : llvm::make_early_inc_range(func.front().without_terminator())) {
+      auto fusion = dyn_cast<FusionOp>(&op);
+      if (fusion)
+        for (unsigned i = 0; i < fusion.getInputs().size(); ++i)
+          retypeRegionInput(fusion, i);
+      if (followsInput(&op)) {
+        Type elem = tensorOf(op.getOperand(0)).getElementType();
+        if (fusion)
+          followViewRegion(fusion);
+        else
+          op.getResult(0).setType(withElement(op.getResult(0), elem));
+        continue;
+      }
+      for (Value v : op.getResults()) {
+        if (!lowValues.contains(v))
+          continue;
+        if (fusion && fusion.getKind() == "gemm")
+          storeGemmRegionLow(fusion);
+        else if (fusion)
+          storeRegionResultLow(fusion, cast<OpResult>(v).getResultNumber());
+        else
+          v.setType(withElement(v, low));
+      }
+    }
+  }
+
+  //===--------------------------------------------------------------------===//
+  // 3. GEMM operands that are still f32 get a low copy
+  //===--------------------------------------------------------------------===//
+
+  bool isLow(Value v) { return tensorOf(v) && tensorOf(v).getElementType() == low; }
+
+  StringAttr argAttr(unsigned i, StringRef name) {
+    return func.getArgAttrOfType<StringAttr>(i, name);
+  }
+
+  /// A loop region with one cast, right after `v` is made.
+  Value standaloneCast(Value v) {
+    OpBuilder b(func.getContext());
+    if (auto arg = dyn_cast<BlockArgument>(v))
+      b.setInsertionPointToStart(arg.getOwner());
+    else
+      b.setInsertionPointAfter(v.getDefiningOp());
+    Location loc = v.getLoc();
+    auto region = b.create<FusionOp>(loc, TypeRange{withElement(v, low)}, ValueRange{v},
+                                     b.getStringAttr("loop"));
+    Block *block = b.createBlock(&region.getBody(), {}, {v.getType()}, {loc});
+    auto cast = b.create<CastOp>(loc, withElement(v, low), block->getArgument(0),
+                                 TypeAttr::get(low), b.getBoolAttr(true));
+    b.create<YieldOp>(loc, ValueRange{cast.getResult()});
+    ++standaloneCasts;
+    return region.getResult(0);
+  }
+
+  /// Rebuilds `fusion` with one more result: `extra`'s low cast, made in
+  /// its body before the yield. Returns the new region (the old is erased).
+  FusionOp addLowOutput(FusionOp fusion, Value yielded) {
+    Operation *yield = fusion.getBlock().getTerminator();
+    OpBuilder b(yield);
+    auto cast = b.create<CastOp>(fusion.getLoc(), withElement(yielded, low), yielded,
+                                 TypeAttr::get(low), b.getBoolAttr(true));
+    SmallVector<Value> values(yield->getOperands());
+    values.push_back(cast.getResult());
+    yield->setOperands(values);
+    SmallVector<Type> types(fusion.getResultTypes());
+    types.push_back(cast.getType());
+    b.setInsertionPoint(fusion);
+    auto grown = b.create<FusionOp>(fusion.getLoc(), types, fusion.getInputs(),
+                                    fusion.getKindAttr());
+    grown->setAttrs(fusion->getAttrs());
+    grown.getBody().takeBody(fusion.getBody());
+    for (unsigned r = 0; r < fusion.getNumResults(); ++r)
+      fusion.getResult(r).replaceAllUsesWith(grown.getResult(r));
+    // Copies already made of (or by) the old region's results.
+    auto moved = [&](Value v) {
+      auto r = dyn_cast<OpResult>(v);
+      return r && r.getOwner() == fusion.getOperation() ? grown.getResult(r.getResultNumber()) : v;
+    };
+    llvm::DenseMap<Value, Value> remapped;
+    for (auto [from, to] : lowCopy)
+      remapped[moved(from)] = moved(to);
+    lowCopy = std::move(remapped);
+    fusion.erase();
+    return grown;
+  }
+
+  /// The low copy of result `r` of a horizontal region's member: one more
+  /// member output, and the horizontal region rebuilt to yield its members'
+  /// results in member order.
+  Value lowFromHorizontal(FusionOp horizontal, unsigned r) {
+    Operation *hYield = horizontal.getBlock().getTerminator();
+    auto memberResult = cast<OpResult>(hYield->getOperand(r));
+    auto member = cast<FusionOp>(memberResult.getOwner());
+    unsigned mr = memberResult.getResultNumber();
+    Value inner = member.getBlock().getTerminator()->getOperand(mr);
+    FusionOp grown = addLowOutput(member, inner);
+    // The horizontal region's results in member order again.
+    SmallVector<Value> yielded;
+    for (Operation &m : horizontal.getBlock().without_terminator())
+      llvm::append_range(yielded, m.getResults());
+    // Old result k is the old yield's operand k (now a grown member's result).
+    SmallVector<Value> oldYield(hYield->getOperands());
+    hYield->setOperands(yielded);
+    OpBuilder b(horizontal);
+    auto rebuilt = b.create<FusionOp>(horizontal.getLoc(), ValueRange(yielded).getTypes(),
+                                      horizontal.getInputs(), horizontal.getKindAttr());
+    rebuilt->setAttrs(horizontal->getAttrs());
+    rebuilt.getBody().takeBody(horizontal.getBody());
+    for (auto [k, v] : llvm::enumerate(oldYield)) {
+      unsigned at = llvm::find(yielded, v) - yielded.begin();
+      horizontal.getResult(k).replaceAllUsesWith(rebuilt.getResult(at));
+    }
+    horizontal.erase();
+    Value copy = grown.getResults().back();
+    return rebuilt.getResult(llvm::find(yielded, copy) - yielded.begin());
+  }
+
+  /// A parameter's low copy: a state argument the optimizer's update writes
+  /// each step (one more output of the member that updates the master) and
+  /// that the runtime derives from the master on load (forge.copy_of).
+  Value lowParameter(BlockArgument param) {
+    unsigned i = param.getArgNumber();
+    StringAttr name = argAttr(i, "forge.name");
+    std::string copyName = (name.getValue() + "." + precision).str();
+    MLIRContext *ctx = func.getContext();
+    Builder b(ctx);
+    NamedAttrList attrs;
+    attrs.set("forge.kind", b.getStringAttr("state"));
+    attrs.set("forge.name", b.getStringAttr(copyName));
+    attrs.set("forge.role", b.getStringAttr("low_precision_copy"));
+    attrs.set("forge.copy_of", name);
+    unsigned at = func.getNumArguments();
+    (void)func.insertArgument(at, withElement(param, low), attrs.getDictionary(ctx),
+                              param.getLoc());
+    Value copy = func.getArgument(at);
+    ++paramCopies;
+    // Its update: the low cast of the master's new value.
+    auto ret = cast<func::ReturnOp>(func.front().getTerminator());
+    for (unsigned r = 0; r < ret.getNumOperands(); ++r) {
+      auto updates = func.getResultAttrOfType<StringAttr>(r, "forge.updates");
+      if (!updates || updates != name)
+        continue;
+      Value master = ret.getOperand(r);
+      Value next;
+      auto def = master.getDefiningOp<FusionOp>();
+      if (def && def.getKind() == "horizontal")
+        next = lowFromHorizontal(def, cast<OpResult>(master).getResultNumber());
+      else if (def && def.getKind() == "loop" && !def.isViewRegion())
+        next = addLowOutput(def, def.getBlock().getTerminator()->getOperand(
+                                     cast<OpResult>(master).getResultNumber()))
+                   .getResults()
+                   .back();
+      else
+        next = standaloneCast(master);
+      ret = cast<func::ReturnOp>(func.front().getTerminator());
+      SmallVector<Value> values(ret.getOperands());
+      values.push_back(next);
+      ret->setOperands(values);
+      unsigned resultIndex = values.size() - 1;
+      (void)func.insertResult(resultIndex, next.getType(),
+                              b.getDictionaryAttr(b.getNamedAttr("forge.updates",
+                                                                 b.getStringAttr(copyName))));
+      break;
+    }
+    return copy;
+  }
+
+  /// The low copy of f32 value `v` for a GEMM operand.
+  Value lowCopyOf(Value v) {
+    if (auto it = lowCopy.find(v); it != lowCopy.end())
+      return it->second;
+    Value copy;
+    if (auto arg = dyn_cast<BlockArgument>(v)) {
+      StringAttr kind = argAttr(arg.getArgNumber(), "forge.kind");
+      copy = kind && kind.getValue() == "parameter" ? lowParameter(arg) : standaloneCast(v);
+    } else if (Operation *def = v.getDefiningOp(); def && followsInput(def) && !isa<FusionOp>(def)) {
+      // A view of a master (a reshaped or transposed weight): the same view
+      // of its low copy.
+      Value source = lowCopyOf(def->getOperand(0)); // made next to its own source
+      OpBuilder b(def);
+      Operation *view = b.clone(*def);
+      view->setOperand(0, source);
+      view->getResult(0).setType(withElement(v, low));
+      copy = view->getResult(0);
+    } else if (auto fusion = v.getDefiningOp<FusionOp>();
+               fusion && fusion.getKind() == "loop" && !fusion.isViewRegion()) {
+      unsigned r = cast<OpResult>(v).getResultNumber();
+      FusionOp grown = addLowOutput(fusion, fusion.getBlock().getTerminator()->getOperand(r));
+      copy = grown.getResults().back();
+      v = grown.getResult(r);
+    } else if (Operation *def = v.getDefiningOp(); def && isLoosePointwise(def)) {
+      // A loose pointwise op (a residual gradient's add) becomes a loop
+      // region that writes its result and the low copy.
+      FusionOp region = wrapInLoop(def);
+      FusionOp grown = addLowOutput(region, region.getBlock().getTerminator()->getOperand(0));
+      copy = grown.getResults().back();
+      v = grown.getResult(0);
+    } else {
+      copy = standaloneCast(v);
+    }
+    lowCopy[v] = copy;
+    return copy;
+  }
+
+  /// A top-level pointwise op of one float result at the shape every operand
+  /// broadcasts to.
+  static bool isLoosePointwise(Operation *op) {
+    auto iface = dyn_cast<ForgeOpInterface>(op);
+    if (!iface || iface.getFusionClass() != FusionClass::Elementwise ||
+        op->getNumResults() != 1 || !isa<func::FuncOp>(op->getParentOp()) || isa<FusionOp>(op))
+      return false;
+    auto shape = tensorOf(op->getResult(0)).getShape();
+    return llvm::all_of(op->getOperands(), [&](Value v) {
+      auto t = tensorOf(v);
+      auto joint = t ? broadcastShapes(t.getShape(), shape) : FailureOr<SmallVector<int64_t>>();
+      return succeeded(joint) && ArrayRef<int64_t>(*joint) == shape;
+    });
+  }
+
+  /// `op` as the one op of a loop region (its operands the region's inputs).
+  FusionOp wrapInLoop(Operation *op) {
+    OpBuilder b(op);
+    Location loc = op->getLoc();
+    auto region = b.create<FusionOp>(loc, op->getResultTypes(), op->getOperands(),
+                                     b.getStringAttr("loop"));
+    Block *block = b.createBlock(&region.getBody(), {}, op->getOperandTypes(),
+                                 SmallVector<Location>(op->getNumOperands(), loc));
+    IRMapping map;
+    map.map(op->getOperands(), block->getArguments());
+    Operation *inner = b.clone(*op, map);
+    b.create<YieldOp>(loc, inner->getResults());
+    op->getResult(0).replaceAllUsesWith(region.getResult(0));
+    op->erase();
+    return region;
+  }
+
+  LogicalResult fixGemmOperands() {
+    SmallVector<Operation *> gemms;
+    for (Operation &op : func.front().without_terminator())
+      if (isGemm(&op))
+        gemms.push_back(&op);
+    for (Operation *gemm : gemms) {
+      for (unsigned i = 0; i < 2; ++i) {
+        Value v = gemm->getOperand(i);
+        if (isLow(v) || !isF32Tensor(v))
+          continue;
+        gemm->setOperand(i, lowCopyOf(v));
+        if (auto fusion = dyn_cast<FusionOp>(gemm))
+          fusion.getBlock().getArgument(i).setType(gemm->getOperand(i).getType());
+      }
+      // A low copy placed after its reader (a parameter view made before
+      // the step's first op): move the reader's operands' ops up is never
+      // needed, since copies are made next to their sources; check it.
+      for (Value v : gemm->getOperands())
+        if (Operation *def = v.getDefiningOp(); def && !def->isBeforeInBlock(gemm))
+          return gemm->emitError("forge-assign-precision: an operand's low copy comes after "
+                                 "its GEMM");
+    }
+    return success();
+  }
+
+  void syncFunctionType() {
+    auto ret = cast<func::ReturnOp>(func.front().getTerminator());
+    func.setType(FunctionType::get(func.getContext(), func.front().getArgumentTypes(),
+                                   ret.getOperandTypes()));
+  }
+};
+
+} // namespace

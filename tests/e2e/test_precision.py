@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""bf16 training (forgec --precision bf16, forge-assign-precision) against PyTorch's fp32 run
+of the fixtures in tests/fixtures/ (ctest e2e_precision).
+
+For the adamw fixtures (mlp, gpt, cnn), on the CPU (or --target/--device on a GPU):
+  forgec model.onnx --precision bf16 --batch B --loss cross_entropy:logits,labels ...
+  forge-train T/m.forge --data batches.npz --no-shuffle --steps 20 --threads 1 \
+         --metrics T/metrics.jsonl --dump-params T/params20.npz
+Checks:
+  bf16_in_effect  the bundle stores tensors in bf16: the dump holds a '<param>.bf16' copy of
+                  every weight some GEMM reads (forge.copy_of), and the losses differ from
+                  PyTorch's fp32 ones (an fp32 run matches them to 1e-4: test_parity.py)
+  copies_exact    every copy equals its fp32 master rounded to bf16 (round to nearest even),
+                  bit for bit, after 20 steps: the optimizer's update writes both
+  masters_fp32    the masters and optimizer moments stay fp32 in the dump
+  losses          per step |forge - torch| / |torch| <= 5e-3 (bf16 keeps 8 significant bits,
+                  2^-8 = 3.9e-3 per rounding; the logits, the loss and the residual stream stay
+                  f32; measured on the CPU: <= 5.1e-4)
+  resume_exact    (mlp) 10 steps, a checkpoint, --resume to 20: the losses of steps 11-20
+                  equal the uninterrupted run's bit for bit (the copies are derived from the
+                  masters on resume), and the checkpoint holds no '.bf16' copy
+  params_step20   per parameter ||forge - torch|| / ||torch|| <= 3e-2 (measured <= 1.2e-2:
+                  small vectors such as a norm's bias, whose 20 updates see bf16 gradients)
+GPU machines have no forgec: --compile-only --bundles DIR compiles the bundles into DIR here,
+and --bundles DIR alone later trains them there (--device cuda; exit 77, skipped, without a GPU).
+Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+import forge_e2e as e2e
+from forge_e2e import Report, optimizer_spec, rel
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_FIXTURES = os.path.normpath(os.path.join(HERE, "..", "fixtures"))
+TIMEOUT_S = 600
+LOSS_TOL = 5e-3
+PARAM_TOL = 3e-2
+FIXTURES = ["mlp_adamw", "gpt_adamw", "cnn_adamw"]
+
+
+def bf16_round(x):
+    """float32 -> the float32 value of its bf16 rounding (nearest even), as the runtime does."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    out = (rounded & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+    return np.where(nan, np.float32(np.nan), out)
+
+
+def bf16_values(raw):
+    """A dumped bf16 tensor (NumPy has no bf16: raw uint16 bits) as float32."""
+    return (np.asarray(raw).astype(np.uint32) << 16).view(np.float32)
+
+
+def compile_fixture(rep, name, fdir, forgec, target, bundle):
+    m = json.load(open(os.path.join(fdir, "manifest.json")))
+    cmd = [forgec, os.path.join(fdir, "model.onnx"), "--target", target, "--batch",
+           str(m["batch_size"]), "--loss", "cross_entropy:logits,labels", "--optimizer",
+           optimizer_spec(m["optimizer_hparams"]), "--precision", "bf16", "-o", bundle]
+    rc, _, out = e2e.run(cmd, TIMEOUT_S)
+    return rep.check(f"{name} compile", rc == 0, e2e.failure(rc, out) if rc else "")
+
+
+def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp):
+    m = json.load(open(os.path.join(fdir, "manifest.json")))
+    metrics = os.path.join(tmp, f"{name}.jsonl")
+    params = os.path.join(tmp, f"{name}.params20.npz")
+    cmd = [forge_train, bundle, "--data", os.path.join(fdir, "batches.npz"), "--no-shuffle",
+           "--steps", str(m["steps"]), "--threads", "1", "--device", device,
+           "--metrics", metrics, "--dump-params", params]
+    rc, _, out = e2e.run(cmd, TIMEOUT_S)
+    if not rep.check(f"{name} train", rc == 0, e2e.failure(rc, out) if rc else ""):
+        return
+    losses = np.array(e2e.metric_losses(metrics))
+    torch_losses = np.load(os.path.join(fdir, "losses.npy"))
+    dump = dict(np.load(params))
+    init = dict(np.load(os.path.join(fdir, "init_params.npz")))
+    copies = sorted(k for k in dump if k.endswith(".bf16"))
+    masters = [k[: -len(".bf16")] for k in copies]
+    differs = losses.shape == torch_losses.shape and not np.allclose(losses, torch_losses,
+                                                                     rtol=1e-6, atol=0)
+    rep.check(f"{name} bf16_in_effect", len(copies) > 0 and all(k in init for k in masters)
+              and differs,
+              f"{len(copies)} copies ({', '.join(copies[:3])}...), losses differ from fp32: "
+              f"{differs}")
+    bad = []
+    for c, mname in zip(copies, masters):
+        got = bf16_values(dump[c])
+        want = bf16_round(dump[mname])
+        if got.shape != want.shape or not np.array_equal(got.view(np.uint32),
+                                                         want.view(np.uint32)):
+            bad.append(c)
+    rep.check(f"{name} copies_exact", copies and not bad,
+              f"{len(copies) - len(bad)}/{len(copies)} copies equal bf16(master)"
+              + (f"; differ: {', '.join(bad[:4])}" if bad else ""))
+    wide = [k for k in dump if not k.endswith(".bf16") and dump[k].dtype != np.float32]
+    rep.check(f"{name} masters_fp32", not wide,
+              "every master and moment f32" if not wide else f"not f32: {', '.join(wide[:4])}")
+    if losses.shape != torch_losses.shape:
+        rep.check(f"{name} losses", False, f"{losses.shape} losses, torch {torch_losses.shape}")
+        return
+    worst = float(np.max(np.abs(losses - torch_losses) / np.abs(torch_losses)))
+    rep.check(f"{name} losses", worst <= LOSS_TOL, f"max rel {worst:.2e} (<= {LOSS_TOL:g})")
+    if name.startswith("mlp"):
+        check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, m["steps"])
+    torch_params = dict(np.load(os.path.join(fdir, "params_step20.npz")))
+    errs = {k: rel(dump[k], v) for k, v in torch_params.items() if k in dump}
+    worst_p = max(errs.values()) if errs else float("inf")
+    which = max(errs, key=errs.get) if errs else "none"
+    rep.check(f"{name} params_step20", errs and worst_p <= PARAM_TOL and
+              len(errs) == len(torch_params),
+              f"{len(errs)}/{len(torch_params)} parameters, max rel {worst_p:.2e} ({which}) "
+              f"(<= {PARAM_TOL:g})")
+
+
+def check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, steps):
+    ckpt = os.path.join(tmp, f"{name}.ckpt")
+    metrics = os.path.join(tmp, f"{name}.resume.jsonl")
+    base = [forge_train, bundle, "--data", os.path.join(fdir, "batches.npz"), "--no-shuffle",
+            "--threads", "1", "--device", device, "--metrics", metrics, "--ckpt-dir", ckpt]
+    half = steps // 2
+    for extra in (["--steps", str(half), "--ckpt-every", str(half)],
+                  ["--steps", str(steps), "--resume"]):
+        rc, _, out = e2e.run(base + extra, TIMEOUT_S)
+        if rc != 0:
+            rep.check(f"{name} resume_exact", False, e2e.failure(rc, out))
+            return
+    resumed = np.array(e2e.metric_losses(metrics))
+    files = [f for f in os.listdir(ckpt) if f.endswith(".forgeckpt")]
+    members = list(np.load(os.path.join(ckpt, sorted(files)[0])).keys()) if files else []
+    copies = [k for k in members if k.endswith(".bf16")]
+    same = resumed.shape == losses.shape and np.array_equal(resumed, losses)
+    rep.check(f"{name} resume_exact", same and members and not copies,
+              f"losses {'equal' if same else 'differ'} after a resume at step {half}; "
+              f"{len(members)} checkpoint members, copies among them: {copies[:3]}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    e2e.add_tool_args(ap)
+    ap.add_argument("--fixtures-dir", default=DEFAULT_FIXTURES)
+    ap.add_argument("--target", default="cpu")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--bundles", help="directory of the compiled bundles (see above)")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("fixtures", nargs="*", default=FIXTURES)
+    a = ap.parse_args()
+    if a.compile_only and not a.bundles:
+        ap.error("--compile-only needs --bundles DIR")
+    replay = a.bundles and not a.compile_only
+    if replay:
+        forgec = None
+        forge_train = a.forge_train or e2e.find_tool("forge-train", a.bin_dir)
+        if not forge_train:
+            print("test_precision.py: need forge-train (--forge-train)", file=sys.stderr)
+            return 2
+    else:
+        tools = e2e.find_tools(a, "test_precision.py")
+        if not tools:
+            return 2
+        forgec, forge_train = tools
+    if a.device == "cuda" and not a.compile_only and not e2e.gpu_present():
+        print("SKIP: no GPU (nvidia-smi -L failed)")
+        return 77
+    rep = Report()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = a.bundles or tmp
+        os.makedirs(out, exist_ok=True)
+        for name in a.fixtures:
+            fdir = os.path.join(a.fixtures_dir, name)
+            bundle = os.path.join(out, f"{name}.forge")
+            if not replay and not compile_fixture(rep, name, fdir, forgec, a.target, bundle):
+                continue
+            if not a.compile_only:
+                check_fixture(rep, name, fdir, bundle, forge_train, a.device, tmp)
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

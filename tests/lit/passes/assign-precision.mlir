@@ -1,0 +1,95 @@
+// RUN: forge-opt %s --split-input-file --forge-assign-precision=precision=bf16 | FileCheck %s
+// RUN: forge-opt %s --split-input-file --forge-assign-precision=precision=fp32 | FileCheck %s --check-prefix=FP32
+
+// A linear layer with ReLU (gemm region), logits (a GEMM the softmax reads),
+// the probabilities read by a GEMM, and the optimizer's update of w.
+//  * w gets a bf16 state copy (forge.copy_of) that the optimizer's member
+//    writes as one more output, returned with forge.updates = "w.bf16";
+//  * the data input x has no kernel before its GEMM: one loop region casts it;
+//  * the ReLU's product is stored bf16 (cuBLASLt writes D low);
+//  * the logits stay f32 (operand 0 of softmax, a KeepFP32 op) and the
+//    softmax's row region stores its result bf16 (a cast before its yield);
+//  * the gradient the optimizer reads stays f32.
+// CHECK-LABEL: func @train_step
+// CHECK-SAME: %[[W2:arg[0-9]+]]: tensor<3x16xf32> {{{.*}}forge.name = "w2"
+// CHECK-SAME: %[[WC:arg[0-9]+]]: tensor<16x8xbf16> {forge.copy_of = "w", forge.kind = "state", forge.name = "w.bf16", forge.role = "low_precision_copy"}
+// CHECK-SAME: %[[W2C:arg[0-9]+]]: tensor<3x16xbf16> {forge.copy_of = "w2", forge.kind = "state", forge.name = "w2.bf16", forge.role = "low_precision_copy"}
+// CHECK-SAME: -> (tensor<16x8xf32> {forge.updates = "w"}, tensor<16x8xbf16> {forge.updates = "w.bf16"})
+// CHECK: %[[XC:.+]] = forge.fusion "loop"(%arg0) : (tensor<4x8xf32>) -> tensor<4x8xbf16>
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: forge.cast %{{.*}} {to = bf16}
+// CHECK: %[[H:.+]] = forge.fusion "gemm"(%[[XC]], %[[WC]]) : (tensor<4x8xbf16>, tensor<16x8xbf16>) -> tensor<4x16xbf16>
+// CHECK: forge.gemm {{.*}} -> tensor<4x16xbf16>
+// CHECK-NEXT: forge.relu {{.*}} -> tensor<4x16xbf16>
+// CHECK: %[[Y:.+]] = forge.gemm %[[H]], %[[W2C]] {{.*}} : (tensor<4x16xbf16>, tensor<3x16xbf16>) -> tensor<4x3xf32>
+// CHECK: %[[P:.+]] = forge.fusion "row"(%[[Y]]) : (tensor<4x3xf32>) -> tensor<4x3xbf16>
+// CHECK: forge.softmax
+// CHECK-NEXT: forge.cast %{{.*}} {to = bf16}
+// A sum reads a bf16 product (the matmul writes it low) into an f32 result.
+// CHECK: %[[G:.+]] = forge.matmul %[[P]], %[[P]] {transA = true} : (tensor<4x3xbf16>, tensor<4x3xbf16>) -> tensor<3x3xbf16>
+// CHECK: forge.reduce_sum %[[G]] {{.*}} : (tensor<3x3xbf16>) -> tensor<f32>
+// CHECK: %[[U:.+]]:2 = forge.fusion "horizontal"
+// CHECK: forge.fusion "loop"{{.*}} -> (tensor<16x8xf32>, tensor<16x8xbf16>)
+// CHECK: forge.cast %{{.*}} {to = bf16}
+// CHECK-NEXT: forge.yield %{{.*}}, %{{.*}} : tensor<16x8xf32>, tensor<16x8xbf16>
+// CHECK: return %[[U]]#0, %[[U]]#1
+// FP32-LABEL: func @train_step
+// FP32-NOT: bf16
+func.func @train_step(%x: tensor<4x8xf32> {forge.kind = "input", forge.name = "x"},
+                      %w: tensor<16x8xf32> {forge.kind = "parameter", forge.name = "w", forge.initial_value = dense<0.5> : tensor<16x8xf32>},
+                      %w2: tensor<3x16xf32> {forge.kind = "parameter", forge.name = "w2", forge.initial_value = dense<0.25> : tensor<3x16xf32>},
+                      %g: tensor<16x8xf32> {forge.kind = "input", forge.name = "g"})
+    -> (tensor<16x8xf32> {forge.updates = "w"}) {
+  %h = forge.fusion "gemm"(%x, %w) : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32> {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<16x8xf32>):
+    %0 = forge.gemm %a, %b {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = true} : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+    %1 = forge.relu %0 : (tensor<4x16xf32>) -> tensor<4x16xf32>
+    forge.yield %1 : tensor<4x16xf32>
+  }
+  %y = forge.gemm %h, %w2 {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = true} : (tensor<4x16xf32>, tensor<3x16xf32>) -> tensor<4x3xf32>
+  %p = forge.fusion "row"(%y) : (tensor<4x3xf32>) -> tensor<4x3xf32> {
+  ^bb0(%a: tensor<4x3xf32>):
+    %0 = forge.softmax %a {axis = 1 : i64} : (tensor<4x3xf32>) -> tensor<4x3xf32>
+    forge.yield %0 : tensor<4x3xf32>
+  }
+  %gg = forge.matmul %p, %p {transA = true} : (tensor<4x3xf32>, tensor<4x3xf32>) -> tensor<3x3xf32>
+  %s = forge.reduce_sum %gg {axes = array<i64: 0, 1>, keepdims = false} : (tensor<3x3xf32>) -> tensor<f32>
+  %u = forge.fusion "horizontal"(%w, %g, %s) : (tensor<16x8xf32>, tensor<16x8xf32>, tensor<f32>) -> tensor<16x8xf32> {
+  ^bb0(%a: tensor<16x8xf32>, %b: tensor<16x8xf32>, %c: tensor<f32>):
+    %0 = forge.fusion "loop"(%a, %b, %c) : (tensor<16x8xf32>, tensor<16x8xf32>, tensor<f32>) -> tensor<16x8xf32> {
+    ^bb1(%i: tensor<16x8xf32>, %j: tensor<16x8xf32>, %k: tensor<f32>):
+      %1 = forge.mul %j, %k : (tensor<16x8xf32>, tensor<f32>) -> tensor<16x8xf32>
+      %2 = forge.sub %i, %1 : (tensor<16x8xf32>, tensor<16x8xf32>) -> tensor<16x8xf32>
+      forge.yield %2 : tensor<16x8xf32>
+    }
+    forge.yield %0 : tensor<16x8xf32>
+  }
+  return %u : tensor<16x8xf32>
+}
+
+// -----
+
+// Kept f32: a GEMM's output over a full C (the residual stream) and what a
+// routine returns; a broadcast input of a loop region is not read through a
+// cast (the region's verifier wants the iteration shape): its producer keeps f32.
+// CHECK-LABEL: func @train_step
+// CHECK: %[[R:.+]] = forge.gemm {{.*}} -> tensor<4x4xf32>
+// CHECK: %[[V:.+]] = forge.fusion "loop"{{.*}} -> tensor<4xf32>
+// CHECK: return %[[R]]
+func.func @train_step(%x: tensor<4x4xf32> {forge.kind = "input", forge.name = "x"},
+                      %c: tensor<4x4xf32> {forge.kind = "input", forge.name = "c"},
+                      %v: tensor<4xf32> {forge.kind = "input", forge.name = "v"})
+    -> (tensor<4x4xf32>, tensor<4x4xf32>) {
+  %r = forge.gemm %x, %x, %c {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %b = forge.fusion "loop"(%v) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %0 = forge.exp %a : (tensor<4xf32>) -> tensor<4xf32>
+    forge.yield %0 : tensor<4xf32>
+  }
+  %o = forge.fusion "loop"(%r, %b) : (tensor<4x4xf32>, tensor<4xf32>) -> tensor<4x4xf32> {
+  ^bb0(%a: tensor<4x4xf32>, %d: tensor<4xf32>):
+    %0 = forge.add %a, %d : (tensor<4x4xf32>, tensor<4xf32>) -> tensor<4x4xf32>
+    forge.yield %0 : tensor<4x4xf32>
+  }
+  return %r, %o : tensor<4x4xf32>, tensor<4x4xf32>
+}
