@@ -491,13 +491,40 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
         if (auto fusion = dyn_cast<FusionOp>(gemm))
           fusion.getBlock().getArgument(i).setType(gemm->getOperand(i).getType());
       }
-      // A low copy placed after its reader (a parameter view made before
-      // the step's first op): move the reader's operands' ops up is never
-      // needed, since copies are made next to their sources; check it.
+      // A bias row beside a low output has the output's type (cuBLASLt's
+      // RELU_BIAS takes no f32 bias beside a bf16 D): its low copy.
+      Operation *product = productOf(gemm);
+      if (isLow(product->getResult(0)) && gemm->getNumOperands() > 2 &&
+          product->getNumOperands() > 2 && isF32Tensor(gemm->getOperand(2))) {
+        gemm->setOperand(2, lowCopyOf(gemm->getOperand(2)));
+        if (auto fusion = dyn_cast<FusionOp>(gemm))
+          fusion.getBlock().getArgument(2).setType(gemm->getOperand(2).getType());
+      }
+      // Copies are made next to their sources, before their readers; checked.
       for (Value v : gemm->getOperands())
         if (Operation *def = v.getDefiningOp(); def && !def->isBeforeInBlock(gemm))
           return gemm->emitError("forge-assign-precision: an operand's low copy comes after "
                                  "its GEMM");
+    }
+    // A loose add of a product (read by it alone) and a bias row, stored
+    // low, becomes the product's BIAS epilogue in forge-select-library when
+    // all three share a type (the add's operands must anyway): the product
+    // is stored low (the epilogue adds in f32 before it rounds) and the row
+    // is its low copy.
+    for (auto add : llvm::to_vector(func.front().getOps<AddOp>())) {
+      if (!isLow(add.getResult()))
+        continue;
+      for (unsigned i = 0; i < 2; ++i) {
+        Value row = add->getOperand(i), product = add->getOperand(1 - i);
+        auto t = tensorOf(row);
+        Operation *def = product.getDefiningOp();
+        if (!t || t.getRank() != 1 || !isF32Tensor(row) || !isF32Tensor(product) || !def ||
+            !isa<MatMulOp, GemmOp>(def) || !product.hasOneUse() || !isLow(def->getOperand(0)))
+          continue;
+        product.setType(withElement(product, low));
+        add->setOperand(i, lowCopyOf(row));
+        break;
+      }
     }
     return success();
   }

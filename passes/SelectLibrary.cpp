@@ -213,8 +213,8 @@ std::optional<MatmulForm> cublasForm(FusionOp region) {
 }
 
 /// cuBLASLt's element types (runtime/lib/cuda/Matmul.cpp): lhs and rhs f32,
-/// bf16 or f16 of one type, the output f32 or theirs, a full C the output's
-/// type and a bias row f32; static shapes with elements.
+/// bf16 or f16 of one type, the output f32 or theirs, C (full or a bias row)
+/// the output's type; static shapes with elements.
 bool cublasTypes(Operation *op) {
   auto elem = [](Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); };
   auto nonEmpty = [](Value v) {
@@ -227,12 +227,8 @@ bool cublasTypes(Operation *op) {
   if (!(ab.isF32() || ab.isBF16() || ab.isF16()) || elem(op->getOperand(1)) != ab ||
       !(out.isF32() || out == ab))
     return false;
-  if (op->getNumOperands() > 2) {
-    auto c = cast<RankedTensorType>(op->getOperand(2).getType());
-    bool full = c.getShape() == cast<RankedTensorType>(op->getResult(0).getType()).getShape();
-    if (c.getElementType() != (full ? out : Type(Float32Type::get(op->getContext()))))
-      return false;
-  }
+  if (op->getNumOperands() > 2 && elem(op->getOperand(2)) != out)
+    return false;
   return true;
 }
 
@@ -258,10 +254,10 @@ bool foldBiasEpilogue(AddOp add) {
   auto b = cast<RankedTensorType>(bias.getType());
   int64_t n = out.getShape().back();
   // The sum is written in the product's place: f32, or the operands' type
-  // (forge-assign-precision stores it low); the bias row is f32.
+  // (forge-assign-precision stores it low, with a bias row of that type).
   Type outElem = out.getElementType();
   if (a.getRank() < 2 || w.getRank() != 2 || b.getRank() != 1 || b.getDimSize(0) != n ||
-      out.getShape() != matmul.getType().getShape() || !b.getElementType().isF32() ||
+      out.getShape() != matmul.getType().getShape() || b.getElementType() != outElem ||
       !(outElem.isF32() || outElem == a.getElementType()) || !out.hasStaticShape() ||
       out.getNumElements() == 0)
     return false;

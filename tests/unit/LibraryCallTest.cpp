@@ -107,9 +107,16 @@ TEST(LibraryCallTest, StatedProblemsThatFitRun) {
   });
   EXPECT_TRUE(st.isOk()) << st.message();
   // forge-assign-precision's forms: bf16 operands written as f32 (the gemm with
-  // its f32 bias row) and as bf16 (the batched matmul).
+  // its f32 bias row) and as bf16 (the batched matmul; a gemm with a bf16 row).
   st = check([](fb::Program &p) {
     for (int t : {0, 1, 2, 3, 4})
+      p.mutable_tensors(t)->set_dtype(fb::BF16);
+    matmul(p, 0).set_dtype(fb::BF16);
+    matmul(p, 1).set_dtype(fb::BF16);
+  });
+  EXPECT_TRUE(st.isOk()) << st.message();
+  st = check([](fb::Program &p) {
+    for (int t : {0, 1, 2, 3, 4, 5, 6})
       p.mutable_tensors(t)->set_dtype(fb::BF16);
     matmul(p, 0).set_dtype(fb::BF16);
     matmul(p, 1).set_dtype(fb::BF16);
@@ -145,8 +152,8 @@ TEST(LibraryCallTest, ProblemsThatDoNotFitAreRefused) {
   }, "a product of bf16 operands is written as f32 or bf16, not f16");
   expectRefused([&](fb::Program &p) {
     lowOperands(p, 1, 3, 4);
-    p.mutable_tensors(5)->set_dtype(fb::BF16);
-  }, "bias row must be f32", "instruction #1 'fc/Gemm'");
+    p.mutable_tensors(6)->set_dtype(fb::BF16);
+  }, "bias row must be bf16", "instruction #1 'fc/Gemm'");
   expectRefused([&](fb::Program &p) {
     p.mutable_tensors(0)->set_dtype(fb::BF16);
     matmul(p, 0).set_dtype(fb::BF16);

@@ -663,9 +663,10 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
         e != lhsElem || !(e.isF32() || e.isBF16() || e.isF16()))
       return product->emitOpError("of a gemm region must take f32, bf16 or f16 operands of one "
                                   "type");
+  Type outElem = cast<RankedTensorType>(product->getResult(0).getType()).getElementType();
   for (Type t : TypeRange(product->getOperandTypes()).drop_front(2))
-    if (!cast<RankedTensorType>(t).getElementType().isF32())
-      return product->emitOpError("of a gemm region must take an f32 C");
+    if (cast<RankedTensorType>(t).getElementType() != outElem)
+      return product->emitOpError("of a gemm region must take a C of its result's type");
   if (auto gelu = dyn_cast<GeluOp>(epilogue)) {
     // GELU (GELU_BIAS with a bias row as C), yielding the pre-activation too
     // as the aux output.
@@ -711,7 +712,7 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
                   epilogue->getOperand(0) == bias);
     if (!reads || !product->getResult(0).hasOneUse() || row.getRank() != 1 ||
         out.getRank() != 2 || row.getDimSize(0) != out.getDimSize(1) ||
-        !row.getElementType().isF32())
+        row.getElementType() != out.getElementType())
       return epilogue->emitOpError("must add the bias row (the gemm region's last argument, of "
                                    "the product's columns) to the product it alone reads");
     if (!llvm::equal(yield.getValues(), epilogue->getResults()))

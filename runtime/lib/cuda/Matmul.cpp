@@ -84,12 +84,8 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   // What cuBLASLt will read and write must be exactly the tensors: a corrupt
   // bundle is refused here, never run past a buffer's end.
   auto elements = [&](int32_t t) { return numElements(shapeOf(p.tensors(t))); };
-  // Whether tensor t exists and is f32 of n elements (an epilogue's vector).
-  auto f32Of = [&](int32_t t, int64_t n) {
-    return t >= 0 && t < p.tensors_size() && p.tensors(t).dtype() == bundle::F32 &&
-           elements(t) == n;
-  };
-  // Likewise of the output's type (a GELU's aux matrix).
+  // Whether tensor t exists and is of the output's type with n elements (an
+  // epilogue's vector or a GELU's aux matrix).
   auto outOf = [&](int32_t t, int64_t n) {
     return t >= 0 && t < p.tensors_size() && p.tensors(t).dtype() == out && elements(t) == n;
   };
@@ -147,8 +143,9 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
     if (!pr.fullC || inst.inputs_size() != 4)
       return Status::error("{}: the bias epilogue needs a full C and the bias row as input 3",
                            inst.op());
-    if (!f32Of(inst.inputs(3), pr.n))
-      return Status::error("{}: the bias row must be f32 of {} elements", inst.op(), pr.n);
+    if (!outOf(inst.inputs(3), pr.n))
+      return Status::error("{}: the bias row must be {} of {} elements", inst.op(),
+                           dtypeName(out), pr.n);
     pr.epilogue = MatmulProblem::Epilogue::Bias;
     break;
   }
@@ -161,9 +158,9 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
       return Status::error("{}: a bias-gradient epilogue needs one product without C and the "
                            "{} stored as [k, {}]",
                            inst.op(), lhs ? "lhs" : "rhs", lhs ? "m" : "n");
-    if (!f32Of(inst.outputs(1), lhs ? pr.m : pr.n))
-      return Status::error("{}: the bias gradient must be f32 of {} elements", inst.op(),
-                           lhs ? pr.m : pr.n);
+    if (!outOf(inst.outputs(1), lhs ? pr.m : pr.n))
+      return Status::error("{}: the bias gradient must be {} of {} elements", inst.op(),
+                           dtypeName(out), lhs ? pr.m : pr.n);
     pr.epilogue = lhs ? MatmulProblem::Epilogue::BgradLhs : MatmulProblem::Epilogue::BgradRhs;
     break;
   }
@@ -206,8 +203,9 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                            inst.op());
     FORGE_RETURN_IF_ERROR(auxMatrix(inst.inputs(2), "input 2"));
     if (b.epilogue() == bundle::MatmulProblem::DGELU_BGRAD) {
-      if (!f32Of(inst.outputs(1), pr.n))
-        return Status::error("{}: the bias gradient must be f32 of {} elements", inst.op(), pr.n);
+      if (!outOf(inst.outputs(1), pr.n))
+        return Status::error("{}: the bias gradient must be {} of {} elements", inst.op(),
+                             dtypeName(out), pr.n);
       pr.epilogue = MatmulProblem::Epilogue::DgeluBgrad;
     } else {
       pr.epilogue = MatmulProblem::Epilogue::Dgelu;
@@ -225,8 +223,8 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                          inst.op(), hasC ? "has no" : "has", hasC ? "has" : "lacks");
   if (hasC) {
     int32_t c = inst.inputs(2);
-    // A full C has the output's type; a bias row is f32.
-    bundle::DType want = pr.fullC ? out : bundle::F32;
+    // A full C and a bias row have the output's type.
+    bundle::DType want = out;
     if (c >= p.tensors_size() || p.tensors(c).dtype() != want)
       return Status::error("{}'s {} must be {} on the GPU", inst.op(),
                            pr.fullC ? "C" : "bias row", dtypeName(want));
@@ -275,13 +273,9 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   auto cudaType = [](bundle::DType d) {
     return d == bundle::BF16 ? CUDA_R_16BF : d == bundle::F16 ? CUDA_R_16F : CUDA_R_32F;
   };
-  if ((pr.hasVector() || pr.bias) && pr.out != bundle::F32) {
-    // The bias row read and the bias gradient written stay f32 (cuBLASLt's
-    // default is D's type).
-    cudaDataType_t f32 = CUDA_R_32F;
-    LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                &f32, sizeof(f32)));
-  }
+  // Bias rows and bias gradients have D's type (cuBLASLt's default: its
+  // RELU_BIAS refuses an f32 bias beside a bf16 D on sm_90).
+
   // cuBLASLt A = rhs^T view (N x K), B = lhs^T view (K x M), D = Y^T (N x M).
   cublasOperation_t opA = pr.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opB = pr.transA ? CUBLAS_OP_T : CUBLAS_OP_N;

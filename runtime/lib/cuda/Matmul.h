@@ -52,9 +52,9 @@ struct MatmulProblem {
   } epilogue = Epilogue::None;
   float alpha = 1, beta = 0;
   bool tf32 = false; // f32 operands only
-  // Element types: of lhs and rhs (f32, bf16, f16), and of the output, a
-  // full C and a GELU aux matrix (f32 or the operands'). Bias rows and bias
-  // gradients are f32.
+  // Element types: of lhs and rhs (f32, bf16, f16), and of the output (f32
+  // or the operands'), which a full C, a bias row, a bias gradient and a
+  // GELU's aux matrix share.
   bundle::DType ab = bundle::F32, out = bundle::F32;
   std::string key() const;
   /// Whether the epilogue reads or writes a vector (the bias pointer): BIAS's
