@@ -59,11 +59,13 @@ struct Padding {
 /// too small to pay.
 std::optional<Padding> planPadding(RankedTensorType lhs, RankedTensorType rhs,
                                    RankedTensorType out, bool transA, bool transB,
-                                   int64_t minFlops) {
+                                   int64_t minFlops, int64_t minElements) {
   if (!lhs.hasStaticShape() || !rhs.hasStaticShape() || !out.hasStaticShape() ||
       lhs.getRank() < 2 || rhs.getRank() < 2 || out.getNumElements() == 0)
     return std::nullopt;
   int64_t align = alignmentOf(out.getElementType());
+  if (align != 0 && minElements > align)
+    align = minElements; // stored in a narrower type later (forge-assign-precision)
   if (align == 0 || lhs.getElementType() != out.getElementType() ||
       rhs.getElementType() != out.getElementType())
     return std::nullopt;
@@ -110,11 +112,12 @@ PaddedOperands padOperands(OpBuilder &b, Location loc, Value lhs, Value rhs,
   return {lhs, rhs, RankedTensorType::get(shape, out.getElementType())};
 }
 
-bool padMatmul(MatMulOp op, int64_t minFlops) {
+bool padMatmul(MatMulOp op, int64_t minFlops, int64_t minElements) {
   auto lhs = cast<RankedTensorType>(op.getLhs().getType());
   auto rhs = cast<RankedTensorType>(op.getRhs().getType());
   auto out = cast<RankedTensorType>(op.getType());
-  std::optional<Padding> p = planPadding(lhs, rhs, out, op.getTransA(), op.getTransB(), minFlops);
+  std::optional<Padding> p = planPadding(lhs, rhs, out, op.getTransA(), op.getTransB(), minFlops,
+                                         minElements);
   if (!p)
     return false;
   OpBuilder b(op);
@@ -127,13 +130,14 @@ bool padMatmul(MatMulOp op, int64_t minFlops) {
   return true;
 }
 
-bool padGemm(GemmOp op, int64_t minFlops) {
+bool padGemm(GemmOp op, int64_t minFlops, int64_t minElements) {
   auto lhs = cast<RankedTensorType>(op.getA().getType());
   auto rhs = cast<RankedTensorType>(op.getB().getType());
   auto out = cast<RankedTensorType>(op.getType());
   if (lhs.getRank() != 2 || rhs.getRank() != 2)
     return false;
-  std::optional<Padding> p = planPadding(lhs, rhs, out, op.getTransA(), op.getTransB(), minFlops);
+  std::optional<Padding> p = planPadding(lhs, rhs, out, op.getTransA(), op.getTransB(), minFlops,
+                                         minElements);
   if (!p)
     return false;
   OpBuilder b(op);
@@ -169,9 +173,9 @@ struct PadContractionsPass
     });
     for (Operation *op : ops) {
       if (auto matmul = dyn_cast<MatMulOp>(op))
-        changed |= padMatmul(matmul, minFlops);
+        changed |= padMatmul(matmul, minFlops, minElements);
       else
-        changed |= padGemm(cast<GemmOp>(op), minFlops);
+        changed |= padGemm(cast<GemmOp>(op), minFlops, minElements);
     }
     if (!changed)
       markAllAnalysesPreserved();

@@ -119,6 +119,9 @@ def PadContractions : Pass<"forge-pad-contractions", "::mlir::func::FuncOp"> {
     Option<"minFlops", "min-flops", "int64_t", /*default=*/"1073741824",
            "Smallest contraction (2*M*N*K per batch, summed) to pad: below it the pads' "
            "and slices' launches cost more than the unaligned GEMM loses">,
+    Option<"minElements", "min-elements", "int64_t", /*default=*/"0",
+           "Align to at least this many elements (8: the training step is stored in "
+           "bf16/f16 later by forge-assign-precision, whose 16 bytes are 8 elements)">,
   ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

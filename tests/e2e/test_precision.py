@@ -16,9 +16,12 @@ Checks:
   losses          per step |forge - torch| / |torch| <= 5e-3 (bf16 keeps 8 significant bits,
                   2^-8 = 3.9e-3 per rounding; the logits, the loss and the residual stream stay
                   f32; measured on the CPU: <= 5.1e-4)
-  resume_exact    (mlp) 10 steps, a checkpoint, --resume to 20: the losses of steps 11-20
-                  equal the uninterrupted run's bit for bit (the copies are derived from the
-                  masters on resume), and the checkpoint holds no '.bf16' copy
+  resume_exact    (mlp) 10 steps, a checkpoint, --resume to 20: the checkpoint holds no
+                  '.bf16' copy, the resumed run's copies equal bf16(master) at step 20 (they
+                  are derived from the masters on resume), and its losses of steps 11-20
+                  equal the uninterrupted run's bit for bit on the CPU, within 1e-4 relative
+                  on a GPU (its cuBLASLt algorithms are timed per process and its split
+                  reductions add atomically: the last bits may differ run to run)
   params_step20   per parameter ||forge - torch|| / ||torch|| <= 3e-2 (measured <= 1.2e-2:
                   small vectors such as a norm's bias, whose 20 updates see bf16 gradients)
 GPU machines have no forgec: --compile-only --bundles DIR compiles the bundles into DIR here,
@@ -125,8 +128,9 @@ def check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, step
     base = [forge_train, bundle, "--data", os.path.join(fdir, "batches.npz"), "--no-shuffle",
             "--threads", "1", "--device", device, "--metrics", metrics, "--ckpt-dir", ckpt]
     half = steps // 2
+    params = os.path.join(tmp, f"{name}.resume.params.npz")
     for extra in (["--steps", str(half), "--ckpt-every", str(half)],
-                  ["--steps", str(steps), "--resume"]):
+                  ["--steps", str(steps), "--resume", "--dump-params", params]):
         rc, _, out = e2e.run(base + extra, TIMEOUT_S)
         if rc != 0:
             rep.check(f"{name} resume_exact", False, e2e.failure(rc, out))
@@ -135,10 +139,18 @@ def check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, step
     files = [f for f in os.listdir(ckpt) if f.endswith(".forgeckpt")]
     members = list(np.load(os.path.join(ckpt, sorted(files)[0])).keys()) if files else []
     copies = [k for k in members if k.endswith(".bf16")]
-    same = resumed.shape == losses.shape and np.array_equal(resumed, losses)
-    rep.check(f"{name} resume_exact", same and members and not copies,
-              f"losses {'equal' if same else 'differ'} after a resume at step {half}; "
-              f"{len(members)} checkpoint members, copies among them: {copies[:3]}")
+    dump = dict(np.load(params))
+    derived = [k for k in dump if k.endswith(".bf16")]
+    stale = [k for k in derived if not np.array_equal(
+        bf16_values(dump[k]).view(np.uint32), bf16_round(dump[k[: -len(".bf16")]]).view(np.uint32))]
+    worst = (float(np.max(np.abs(resumed - losses) / np.abs(losses)))
+             if resumed.shape == losses.shape else float("inf"))
+    same = worst == 0.0 if device == "cpu" else worst <= 1e-4
+    rep.check(f"{name} resume_exact", same and members and not copies and derived and not stale,
+              f"losses after a resume at step {half}: max rel {worst:.2e} "
+              f"({'bit for bit' if device == 'cpu' else '<= 1e-4'}); {len(members)} checkpoint "
+              f"members, copies among them: {copies[:3]}; {len(derived) - len(stale)}/"
+              f"{len(derived)} copies equal bf16(master) after the resumed run")
 
 
 def main():

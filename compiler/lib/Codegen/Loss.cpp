@@ -115,7 +115,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
   bool allF32 = llvm::all_of(op->getResultTypes(), [](Type t) {
     return cast<RankedTensorType>(t).getElementType().isF32();
   });
-  if (elem.isF32() && allF32 && stride % kVector == 0)
+  if (elem.isF32() && (allF32 || grad) && stride % kVector == 0)
     return crossEntropyVectorKernel(op, name, grad, rows, stride, cols, reduction);
   Type f32 = Float32Type::get(context);
   Type smem = sharedBuffer(kWarp, f32);
@@ -285,8 +285,11 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name, b
   int64_t vectors = stride / kVector;
   SmallVector<Type> args = flatArgs(op);
   args[0] = flatMemref(f32, rows * stride, /*vector=*/true);
+  // The gradient may be stored in bf16/f16 (forge-assign-precision): 4 lanes
+  // rounded together, one 8-byte store.
+  Type outElem = tensorType(op->getResult(0)).getElementType();
   if (grad)
-    args[4] = flatMemref(f32, rows * stride, /*vector=*/true);
+    args[4] = flatMemref(outElem, rows * stride, /*vector=*/true);
   Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, vectors, 32, 2 * kWarp * 4);
   OpBuilder b(context);
@@ -414,6 +417,8 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name, b
             out.push_back(d);
           }
           Value result = b.create<vector::FromElementsOp>(l, VectorType::get({kVector}, f32), out);
+          if (outElem != f32)
+            result = b.create<arith::TruncFOp>(l, VectorType::get({kVector}, outElem), result);
           b.create<memref::StoreOp>(l, result, fn.getArgument(4), k.add(base, v));
           b.create<scf::YieldOp>(l);
         });

@@ -38,6 +38,9 @@ void addGraphCleanup(OpPassManager &pm, const PipelineOptions &options) {
     pm.addNestedPass<func::FuncOp>(createSymmetrizeConvPadding());
     PadContractionsOptions pad;
     pad.minFlops = options.gemmPadMinFlops;
+    // bf16/f16 storage (the precision stage, later) needs rows of 8 elements.
+    if (options.precision == "bf16" || options.precision == "fp16")
+      pad.minElements = 8;
     pm.addNestedPass<func::FuncOp>(createPadContractions(pad));
   }
   pm.addPass(createCSEPass());

@@ -1,5 +1,6 @@
 // RUN: forge-opt %s --split-input-file --forge-pad-contractions="min-flops=0" | FileCheck %s
 // RUN: forge-opt %s --split-input-file --forge-pad-contractions | FileCheck %s --check-prefix=SMALL
+// RUN: forge-opt %s --split-input-file --forge-pad-contractions="min-flops=0 min-elements=8" | FileCheck %s --check-prefix=LOW
 
 // An LM head: N = 10 is no multiple of 4 f32s. The weight's rows (N, with
 // transB) are zero-padded to 12, the product's columns sliced back to 10.
@@ -8,6 +9,9 @@
 // CHECK: %[[P:.*]] = forge.matmul %arg0, %[[W]] {transB = true} : (tensor<2x3x8xf32>, tensor<12x8xf32>) -> tensor<2x3x12xf32>
 // CHECK: %[[S:.*]] = forge.slice %[[P]] {ends = array<i64: 2, 3, 10>, starts = array<i64: 0, 0, 0>, steps = array<i64: 1, 1, 1>} : (tensor<2x3x12xf32>) -> tensor<2x3x10xf32>
 // CHECK: return %[[S]]
+// For bf16 storage later (min-elements=8), rows of 8 elements: 10 -> 16.
+// LOW-LABEL: func @lm_head
+// LOW: forge.pad %arg1 {{.*}}pads = array<i64: 0, 0, 6, 0>{{.*}} : (tensor<10x8xf32>) -> tensor<16x8xf32>
 // Below the default size (2^30 FLOPs) nothing changes.
 // SMALL-LABEL: func @lm_head
 // SMALL-NOT: forge.pad
