@@ -33,6 +33,7 @@ struct BuildTrainStepPass
     flags.freeze.assign(freeze.begin(), freeze.end());
     flags.exposeGradients = exposeGradients;
     flags.batchnormRunningVar = batchnormRunningVar;
+    flags.lossScale = lossScale;
     std::string error;
     FailureOr<TrainOptions> options = parseTrainFlags(flags, error);
     if (failed(options)) {

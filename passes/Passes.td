@@ -40,6 +40,8 @@ def BuildTrainStep : Pass<"forge-build-train-step", "::mlir::ModuleOp"> {
            "Also return every parameter's gradient (forge.grad.NAME)">,
     Option<"batchnormRunningVar", "batchnorm-running-var", "std::string", /*default=*/"",
            "biased | unbiased (default: unbiased for PyTorch exports)">,
+    Option<"lossScale", "loss-scale", "std::string", /*default=*/"",
+           "none | dynamic[:init=S,interval=N,growth=G,backoff=B] (fp16)">,
   ];
   let dependentDialects = ["::mlir::forge::ForgeDialect", "::mlir::func::FuncDialect"];
 }

@@ -226,12 +226,6 @@ llvm::DenseSet<Value> PlanMemoryPass::placeUpdates(func::FuncOp func) {
     copy->setAttr("forge.placement", b.getStringAttr("copy"));
     return copy.getResult();
   };
-  // Updates that cannot be in place: copies after everything else, in result order.
-  for (auto [i, name] : copies) {
-    Value copy = copyOf(returned[i], "update " + name.str());
-    ret.setOperand(i, copy);
-    inPlace.insert(copy);
-  }
   // Outputs that need a buffer of their own: copies, named after the output.
   llvm::DenseSet<Value> claimed;
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
@@ -250,6 +244,14 @@ llvm::DenseSet<Value> PlanMemoryPass::placeUpdates(func::FuncOp func) {
     Value copy = copyOf(v, "output " + output);
     ret.setOperand(i, copy);
     claimed.insert(copy);
+  }
+  // Updates that cannot be in place: copies after everything else (after the
+  // output copies too, which may read a persistent tensor's old value: a loss
+  // scale reported and updated by one step), in result order.
+  for (auto [i, name] : copies) {
+    Value copy = copyOf(returned[i], "update " + name.str());
+    ret.setOperand(i, copy);
+    inPlace.insert(copy);
   }
   return inPlace;
 }

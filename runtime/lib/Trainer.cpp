@@ -193,6 +193,14 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->train_.loss = *loss;
   tr->train_.extra1 = *lr;
   tr->train_.extra2 = *gradNorm;
+  auto scale = scalarOutput(ex, tr->train_.index, "forge.loss_scale_used", false);
+  if (!scale)
+    return scale.status();
+  auto skipped = scalarOutput(ex, tr->train_.index, "forge.skipped", false);
+  if (!skipped)
+    return skipped.status();
+  tr->train_.scale = *scale;
+  tr->train_.skipped = *skipped;
 
   // Gradient outputs (forgec --expose-gradients): forge.grad.NAME.
   const std::string gradPrefix = "forge.grad.";
@@ -360,6 +368,18 @@ Expected<StepResult> Trainer::collect() {
     if (!norm)
       return norm.status();
     r.gradNorm = *norm;
+  }
+  if (train_.scale >= 0) {
+    auto scale = read(train_.scale);
+    if (!scale)
+      return scale.status();
+    r.lossScale = *scale;
+  }
+  if (train_.skipped >= 0) {
+    auto skipped = read(train_.skipped);
+    if (!skipped)
+      return skipped.status();
+    r.skipped = *skipped != 0.0f;
   }
   --inFlight_;
   r.step = ++step_;

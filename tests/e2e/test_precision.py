@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""bf16 training (forgec --precision bf16, forge-assign-precision) against PyTorch's fp32 run
-of the fixtures in tests/fixtures/ (ctest e2e_precision).
+"""bf16 and fp16 training (forgec --precision bf16|fp16, forge-assign-precision; fp16 with
+dynamic loss scaling) against PyTorch's fp32 run of the fixtures in tests/fixtures/ (ctest
+e2e_precision).
 
-For the adamw fixtures (mlp, gpt, cnn), on the CPU (or --target/--device on a GPU):
-  forgec model.onnx --precision bf16 --batch B --loss cross_entropy:logits,labels ...
+For the adamw fixtures (mlp, gpt, cnn), each precision P, on the CPU (or --target/--device on
+a GPU):
+  forgec model.onnx --precision P --batch B --loss cross_entropy:logits,labels ...
   forge-train T/m.forge --data batches.npz --no-shuffle --steps 20 --threads 1 \
          --metrics T/metrics.jsonl --dump-params T/params20.npz
 Checks:
-  bf16_in_effect  the bundle stores tensors in bf16: the dump holds a '<param>.bf16' copy of
+  in_effect       the bundle stores tensors in P: the dump holds a '<param>.P' copy of
                   every weight some GEMM reads (forge.copy_of), and the losses differ from
                   PyTorch's fp32 ones (an fp32 run matches them to 1e-4: test_parity.py)
-  copies_exact    every copy equals its fp32 master rounded to bf16 (round to nearest even),
+  copies_exact    every copy equals its fp32 master rounded to P (round to nearest even),
                   bit for bit, after 20 steps: the optimizer's update writes both
   masters_fp32    the masters and optimizer moments stay fp32 in the dump
   losses          per step |forge - torch| / |torch| <= 5e-3 (bf16 keeps 8 significant bits,
@@ -24,6 +26,11 @@ Checks:
                   reductions add atomically: the last bits may differ run to run)
   params_step20   per parameter ||forge - torch|| / ||torch|| <= 3e-2 (measured <= 1.2e-2:
                   small vectors such as a norm's bias, whose 20 updates see bf16 gradients)
+  loss_scale      (fp16) every step reports the scale it used (65536 at first) and whether it
+                  skipped; at most 2 of the 20 steps skip
+  overflow_skips  (mlp, fp16, --loss-scale dynamic:init=1e30) the first step's gradients
+                  overflow: it reports skipped, its parameters and moments are exactly the
+                  initial ones, and the scale halves every step until steps go through
 GPU machines have no forgec: --compile-only --bundles DIR compiles the bundles into DIR here,
 and --bundles DIR alone later trains them there (--device cuda; exit 77, skipped, without a GPU).
 Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
@@ -61,16 +68,29 @@ def bf16_values(raw):
     return (np.asarray(raw).astype(np.uint32) << 16).view(np.float32)
 
 
-def compile_fixture(rep, name, fdir, forgec, target, bundle):
+def copy_bits(raw, prec):
+    """A dumped low-precision copy's 16-bit patterns (bf16: raw bits; fp16: NumPy float16)."""
+    raw = np.asarray(raw)
+    return raw.astype(np.uint16) if prec == "bf16" else raw.view(np.uint16)
+
+
+def rounded_bits(master, prec):
+    """The 16-bit patterns of an f32 master rounded to nearest even in `prec`."""
+    if prec == "bf16":
+        return (bf16_round(master).view(np.uint32) >> 16).astype(np.uint16)
+    return np.asarray(master, dtype=np.float32).astype(np.float16).view(np.uint16)
+
+
+def compile_fixture(rep, name, fdir, forgec, target, bundle, prec, extra=()):
     m = json.load(open(os.path.join(fdir, "manifest.json")))
     cmd = [forgec, os.path.join(fdir, "model.onnx"), "--target", target, "--batch",
            str(m["batch_size"]), "--loss", "cross_entropy:logits,labels", "--optimizer",
-           optimizer_spec(m["optimizer_hparams"]), "--precision", "bf16", "-o", bundle]
+           optimizer_spec(m["optimizer_hparams"]), "--precision", prec, "-o", bundle, *extra]
     rc, _, out = e2e.run(cmd, TIMEOUT_S)
     return rep.check(f"{name} compile", rc == 0, e2e.failure(rc, out) if rc else "")
 
 
-def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp):
+def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec):
     m = json.load(open(os.path.join(fdir, "manifest.json")))
     metrics = os.path.join(tmp, f"{name}.jsonl")
     params = os.path.join(tmp, f"{name}.params20.npz")
@@ -84,25 +104,25 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp):
     torch_losses = np.load(os.path.join(fdir, "losses.npy"))
     dump = dict(np.load(params))
     init = dict(np.load(os.path.join(fdir, "init_params.npz")))
-    copies = sorted(k for k in dump if k.endswith(".bf16"))
-    masters = [k[: -len(".bf16")] for k in copies]
+    suffix = "." + prec
+    copies = sorted(k for k in dump if k.endswith(suffix))
+    masters = [k[: -len(suffix)] for k in copies]
     differs = losses.shape == torch_losses.shape and not np.allclose(losses, torch_losses,
                                                                      rtol=1e-6, atol=0)
-    rep.check(f"{name} bf16_in_effect", len(copies) > 0 and all(k in init for k in masters)
+    rep.check(f"{name} in_effect", len(copies) > 0 and all(k in init for k in masters)
               and differs,
               f"{len(copies)} copies ({', '.join(copies[:3])}...), losses differ from fp32: "
               f"{differs}")
     bad = []
     for c, mname in zip(copies, masters):
-        got = bf16_values(dump[c])
-        want = bf16_round(dump[mname])
-        if got.shape != want.shape or not np.array_equal(got.view(np.uint32),
-                                                         want.view(np.uint32)):
+        got, want = copy_bits(dump[c], prec), rounded_bits(dump[mname], prec)
+        if got.shape != want.shape or not np.array_equal(got, want):
             bad.append(c)
     rep.check(f"{name} copies_exact", copies and not bad,
-              f"{len(copies) - len(bad)}/{len(copies)} copies equal bf16(master)"
+              f"{len(copies) - len(bad)}/{len(copies)} copies equal {prec}(master)"
               + (f"; differ: {', '.join(bad[:4])}" if bad else ""))
-    wide = [k for k in dump if not k.endswith(".bf16") and dump[k].dtype != np.float32]
+    wide = [k for k in dump if not k.endswith(suffix) and dump[k].dtype != np.float32
+            and not k.startswith("forge.")]
     rep.check(f"{name} masters_fp32", not wide,
               "every master and moment f32" if not wide else f"not f32: {', '.join(wide[:4])}")
     if losses.shape != torch_losses.shape:
@@ -110,8 +130,15 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp):
         return
     worst = float(np.max(np.abs(losses - torch_losses) / np.abs(torch_losses)))
     rep.check(f"{name} losses", worst <= LOSS_TOL, f"max rel {worst:.2e} (<= {LOSS_TOL:g})")
-    if name.startswith("mlp"):
-        check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, m["steps"])
+    if prec == "fp16":
+        recs = [json.loads(l) for l in open(metrics) if l.strip()]
+        scales = [r.get("loss_scale") for r in recs]
+        skipped = sum(int(r.get("skipped", 0)) for r in recs)
+        rep.check(f"{name} loss_scale", all(x is not None for x in scales) and
+                  scales[0] == 65536.0 and skipped <= 2,
+                  f"scales {scales[0]} .. {scales[-1]}, {skipped} of {len(recs)} steps skipped")
+    if name.startswith("mlp") and prec == "bf16":
+        check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, m["steps"], prec)
     torch_params = dict(np.load(os.path.join(fdir, "params_step20.npz")))
     errs = {k: rel(dump[k], v) for k, v in torch_params.items() if k in dump}
     worst_p = max(errs.values()) if errs else float("inf")
@@ -122,7 +149,38 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp):
               f"(<= {PARAM_TOL:g})")
 
 
-def check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, steps):
+def check_overflow(rep, name, fdir, bundle, forge_train, device, tmp):
+    """fp16 with an initial scale of 1e30: the first step overflows and must change nothing."""
+    metrics = os.path.join(tmp, f"{name}.overflow.jsonl")
+    params = os.path.join(tmp, f"{name}.overflow.npz")
+    cmd = [forge_train, bundle, "--data", os.path.join(fdir, "batches.npz"), "--no-shuffle",
+           "--threads", "1", "--device", device, "--metrics", metrics, "--steps", "1",
+           "--dump-params", params]
+    rc, _, out = e2e.run(cmd, TIMEOUT_S)
+    if rc != 0:
+        rep.check(f"{name} overflow_skips", False, e2e.failure(rc, out))
+        return
+    rec = [json.loads(l) for l in open(metrics) if l.strip()][0]
+    dump = dict(np.load(params))
+    init = dict(np.load(os.path.join(fdir, "init_params.npz")))
+    changed = [k for k, v in init.items() if k not in dump or not np.array_equal(dump[k], v)]
+    moments = [k for k in dump if k.endswith((".exp_avg", ".exp_avg_sq")) and np.any(dump[k])]
+    # Then 200 steps from the start: the scale halves until a step goes through.
+    cmd[cmd.index("--steps") + 1] = "200"
+    cmd = cmd[:-2]
+    rc, _, out = e2e.run(cmd, TIMEOUT_S)
+    recs = [json.loads(l) for l in open(metrics) if l.strip()] if rc == 0 else []
+    first_ok = next((r["step"] for r in recs if not r["skipped"]), None)
+    halving = all(abs(recs[i]["loss_scale"] - 1e30 / 2 ** i) <= 1e-6 * 1e30 / 2 ** i
+                  for i in range((first_ok or 1) - 1))
+    rep.check(f"{name} overflow_skips", rec.get("skipped") == 1 and abs(rec.get("loss_scale", 0) - 1e30) <= 1e24
+              and not changed and not moments and first_ok is not None and halving,
+              f"step 1 skipped={rec.get('skipped')} at scale {rec.get('loss_scale')}; parameters "
+              f"changed: {changed[:3]}; moments non-zero: {moments[:3]}; first update at step "
+              f"{first_ok}, the scale halving every skipped step: {halving}")
+
+
+def check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, steps, prec):
     ckpt = os.path.join(tmp, f"{name}.ckpt")
     metrics = os.path.join(tmp, f"{name}.resume.jsonl")
     base = [forge_train, bundle, "--data", os.path.join(fdir, "batches.npz"), "--no-shuffle",
@@ -138,11 +196,12 @@ def check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, step
     resumed = np.array(e2e.metric_losses(metrics))
     files = [f for f in os.listdir(ckpt) if f.endswith(".forgeckpt")]
     members = list(np.load(os.path.join(ckpt, sorted(files)[0])).keys()) if files else []
-    copies = [k for k in members if k.endswith(".bf16")]
+    suffix = "." + prec
+    copies = [k for k in members if k.endswith(suffix)]
     dump = dict(np.load(params))
-    derived = [k for k in dump if k.endswith(".bf16")]
+    derived = [k for k in dump if k.endswith(suffix)]
     stale = [k for k in derived if not np.array_equal(
-        bf16_values(dump[k]).view(np.uint32), bf16_round(dump[k[: -len(".bf16")]]).view(np.uint32))]
+        copy_bits(dump[k], prec), rounded_bits(dump[k[: -len(suffix)]], prec))]
     worst = (float(np.max(np.abs(resumed - losses) / np.abs(losses)))
              if resumed.shape == losses.shape else float("inf"))
     same = worst == 0.0 if device == "cpu" else worst <= 1e-4
@@ -185,13 +244,23 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = a.bundles or tmp
         os.makedirs(out, exist_ok=True)
-        for name in a.fixtures:
-            fdir = os.path.join(a.fixtures_dir, name)
-            bundle = os.path.join(out, f"{name}.forge")
-            if not replay and not compile_fixture(rep, name, fdir, forgec, a.target, bundle):
-                continue
-            if not a.compile_only:
-                check_fixture(rep, name, fdir, bundle, forge_train, a.device, tmp)
+        for prec in ("bf16", "fp16"):
+            for fixture in a.fixtures:
+                fdir = os.path.join(a.fixtures_dir, fixture)
+                name = f"{fixture} {prec}"
+                bundle = os.path.join(out, f"{fixture}.{prec}.forge")
+                if replay or compile_fixture(rep, name, fdir, forgec, a.target, bundle, prec):
+                    if not a.compile_only:
+                        check_fixture(rep, name, fdir, bundle, forge_train, a.device, tmp, prec)
+                if prec != "fp16" or not fixture.startswith("mlp"):
+                    continue
+                bundle = os.path.join(out, f"{fixture}.overflow.forge")
+                if replay or compile_fixture(rep, f"{fixture} fp16 overflow", fdir, forgec,
+                                             a.target, bundle, prec,
+                                             ("--loss-scale", "dynamic:init=1e30")):
+                    if not a.compile_only:
+                        check_overflow(rep, f"{fixture} fp16", fdir, bundle, forge_train,
+                                       a.device, tmp)
     return rep.summary()
 
 

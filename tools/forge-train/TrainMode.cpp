@@ -442,6 +442,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
   const auto start = Clock::now();
   double stepSeconds = 0, windowSeconds = 0;
   int64_t ranSteps = 0, windowSteps = 0;
+  int64_t skippedSteps = 0; // loss-scaled steps that skipped their update (this run)
   int64_t lastCkpt = -1;
   float lastLoss = std::nanf("");
   const bool tokens = tr.tokensPerStep() > 0;
@@ -531,6 +532,11 @@ Expected<int> train(const Options &opts, Progress &progress) {
                                    jsonNumber(tr.samplesPerStep() / dt));
     if (tokens)
       line += fmt::format(R"(, "tokens_per_s": {})", jsonNumber(tr.tokensPerStep() / dt));
+    if (r->lossScale) {
+      line += fmt::format(R"(, "loss_scale": {}, "skipped": {})", jsonNumber(*r->lossScale),
+                          r->skipped ? 1 : 0);
+      skippedSteps += r->skipped ? 1 : 0;
+    }
     line += fmt::format(R"(, "time_s": {})", jsonNumber(secondsSince(start)));
     if (ev) {
       line += fmt::format(R"(, "eval_loss": {})", jsonNumber(ev->loss));
@@ -555,6 +561,8 @@ Expected<int> train(const Options &opts, Progress &progress) {
                                      tr.epochsDone(), r->loss);
       if (r->lr)
         text += fmt::format(" | lr {:.3g}", *r->lr);
+      if (r->lossScale)
+        text += fmt::format(" | scale {:g} ({} skipped)", *r->lossScale, skippedSteps);
       const double stepsPerSecond = static_cast<double>(windowSteps) / windowSeconds;
       text += fmt::format(" | {} {}", rate(unitsPerStep * stepsPerSecond), unit);
       if (tr.flopsPerStep() > 0) {

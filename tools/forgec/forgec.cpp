@@ -55,9 +55,10 @@ static cl::opt<bool> tf32("tf32",
                           cl::init(false), cl::cat(forgecCategory));
 static cl::opt<std::string> precision(
     "precision", cl::init("fp32"),
-    cl::desc("fp32 (default) | tf32 (as --tf32) | bf16: the training step's activations, "
-             "gradients and GEMM operands in bf16 on tensor cores, with fp32 master weights, "
-             "optimizer and statistics (forge-assign-precision)"),
+    cl::desc("fp32 (default) | tf32 (as --tf32) | bf16 | fp16: the training step's "
+             "activations, gradients and GEMM operands in bf16 (or fp16, with dynamic loss "
+             "scaling) on tensor cores, with fp32 master weights, optimizer and statistics "
+             "(forge-assign-precision)"),
     cl::cat(forgecCategory));
 static cl::opt<bool> memoryReport(
     "memory-report",
@@ -101,6 +102,13 @@ static cl::opt<std::string> lrSchedule("lr-schedule",
                                        cl::desc("constant | cosine:warmup=N,total=N[,min_ratio=R] | "
                                                 "linear:warmup=N,total=N[,min_ratio=R]"),
                                        cl::init("constant"), cl::cat(trainCategory));
+static cl::opt<std::string> lossScale(
+    "loss-scale",
+    cl::desc("none | dynamic[:init=S,interval=N,growth=G,backoff=B]: multiply the loss by a scale "
+             "before the backward pass, divide the gradients after, skip steps whose gradients "
+             "are not finite (scale x backoff) and grow it after N finite steps (defaults 65536, "
+             "2000, 2, 0.5). Default: dynamic with --precision fp16, else none"),
+    cl::cat(trainCategory));
 static cl::opt<double> clipGradNorm("clip-grad-norm", cl::desc("Clip the global gradient norm (0: off)"),
                                     cl::init(0.0), cl::cat(trainCategory));
 static cl::opt<int64_t> microBatches("micro-batches",
@@ -256,6 +264,9 @@ static mlir::forge::TrainFlags trainFlags() {
   t.freeze.assign(freeze.begin(), freeze.end());
   t.exposeGradients = exposeGradients;
   t.batchnormRunningVar = batchnormRunningVar;
+  t.lossScale = lossScale.getNumOccurrences() ? lossScale.getValue()
+                : precision == "fp16"         ? std::string("dynamic")
+                                              : std::string();
   return t;
 }
 
@@ -290,13 +301,12 @@ int main(int argc, char **argv) {
   pipelineOptions.target = target;
   pipelineOptions.train = trainFlags();
   pipelineOptions.memoryReport = memoryReport;
-  if (precision != "fp32" && precision != "tf32" && precision != "bf16")
+  if (precision != "fp32" && precision != "tf32" && precision != "bf16" && precision != "fp16")
     return fail("unknown --precision '" + precision +
-                "' (fp32, tf32, bf16; fp16 needs loss scaling and fp8 per-tensor scales, not "
-                "built yet)");
-  if (precision == "bf16" && inferenceOnly)
-    return fail("--precision bf16 applies to the training step; use it without "
-                "--inference-only");
+                "' (fp32, tf32, bf16, fp16; fp8 needs per-tensor scales, not built yet)");
+  if ((precision == "bf16" || precision == "fp16") && inferenceOnly)
+    return fail("--precision " + precision +
+                " applies to the training step; use it without --inference-only");
   pipelineOptions.precision = precision;
   if (gemmPadMinFlops < 0)
     return fail("--gemm-pad-min-flops must be >= 0, got " + std::to_string(gemmPadMinFlops));

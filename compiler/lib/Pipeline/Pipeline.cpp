@@ -109,6 +109,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   train.freeze = options.train.freeze;
   train.exposeGradients = options.train.exposeGradients;
   train.batchnormRunningVar = options.train.batchnormRunningVar;
+  train.lossScale = options.train.lossScale;
   pm.addPass(createBuildTrainStep(train));
   // Stage "graph cleanup" (see addGraphCleanup). Later stages need its
   // canonical form: folded constants, no duplicates, no dead ops.
@@ -173,6 +174,7 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
                                           llvm::cl::desc("as forgec --batchnorm-running-var")};
   Option<std::string> precision{*this, "precision", llvm::cl::desc("as forgec --precision"),
                                 llvm::cl::init("fp32")};
+  Option<std::string> lossScale{*this, "loss-scale", llvm::cl::desc("as forgec --loss-scale")};
 };
 } // namespace
 
@@ -201,6 +203,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.freeze.assign(cl.freeze.begin(), cl.freeze.end());
         options.train.exposeGradients = cl.exposeGradients;
         options.train.batchnormRunningVar = cl.batchnormRunningVar;
+        options.train.lossScale = cl.lossScale;
         options.precision = cl.precision;
         buildTrainingPipeline(pm, options);
       });

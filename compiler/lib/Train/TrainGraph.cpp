@@ -16,6 +16,9 @@
 //===----------------------------------------------------------------------===//
 #include "forge/Train/TrainGraph.h"
 
+#include <cmath>
+#include <limits>
+
 #include "forge/Dialect/ForgeDialect.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -148,6 +151,42 @@ FailureOr<OptimizerSpec> mlir::forge::parseOptimizerSpec(StringRef text, std::st
   return spec;
 }
 
+FailureOr<LossScaleSpec> mlir::forge::parseLossScaleSpec(StringRef text, std::string &error) {
+  LossScaleSpec spec;
+  if (text.empty() || text == "none")
+    return spec;
+  std::string kind;
+  SmallVector<std::pair<std::string, std::string>> kv;
+  if (!splitSpec(text, kind, kv, error))
+    return failure();
+  if (kind != "dynamic") {
+    error = "unknown loss scaling '" + kind + "' (none, dynamic)";
+    return failure();
+  }
+  spec.dynamic = true;
+  for (auto &[k, v] : kv) {
+    double d;
+    if (!toDouble(v, d)) {
+      error = "'" + k + "' needs a finite number, got '" + v + "'";
+      return failure();
+    }
+    if (k == "init" && d >= 1.0 && d <= 3.0e38)
+      spec.init = d;
+    else if (k == "interval" && d >= 1 && d == std::floor(d) && d <= 1e9)
+      spec.interval = static_cast<int64_t>(d);
+    else if (k == "growth" && d > 1.0 && d <= 1024.0)
+      spec.growth = d;
+    else if (k == "backoff" && d > 0.0 && d < 1.0)
+      spec.backoff = d;
+    else {
+      error = "'" + k + "=" + v + "' is not a dynamic loss scaling option (init in [1, 3e38], "
+              "interval >= 1, growth in (1, 1024], backoff in (0, 1))";
+      return failure();
+    }
+  }
+  return spec;
+}
+
 FailureOr<TrainOptions> mlir::forge::parseTrainFlags(const TrainFlags &flags,
                                                     std::string &error) {
   TrainOptions t;
@@ -173,6 +212,10 @@ FailureOr<TrainOptions> mlir::forge::parseTrainFlags(const TrainFlags &flags,
   if (!(flags.clipGradNorm >= 0))
     return fail("--clip-grad-norm must be >= 0 (0 turns clipping off)");
   t.clipGradNorm = flags.clipGradNorm;
+  auto scaling = parseLossScaleSpec(flags.lossScale, why);
+  if (failed(scaling))
+    return fail("--loss-scale: " + why);
+  t.lossScale = *scaling;
   if (flags.microBatches < 1)
     return fail("--micro-batches must be >= 1");
   t.microBatches = flags.microBatches;
@@ -614,6 +657,20 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
       argTypes.push_back(p.initial.getType());
       argAttrs.push_back(named(p.name + "." + m, "state", "optimizer"));
     }
+  // Dynamic loss scaling: the scale and the count of finite steps since it
+  // last changed, f32 scalars of state.
+  const LossScaleSpec &scaling = options.lossScale;
+  auto f32Scalar = [&](double v) {
+    return DenseElementsAttr::get(RankedTensorType::get({}, b.getF32Type()),
+                                  b.getF32FloatAttr(static_cast<float>(v)));
+  };
+  unsigned scaleIndex = argTypes.size();
+  if (scaling.dynamic) {
+    argTypes.push_back(RankedTensorType::get({}, b.getF32Type()));
+    argAttrs.push_back(named("forge.loss_scale", "state", "loss_scale", f32Scalar(scaling.init)));
+    argTypes.push_back(RankedTensorType::get({}, b.getF32Type()));
+    argAttrs.push_back(named("forge.good_steps", "state", "loss_scale", f32Scalar(0.0)));
+  }
   unsigned stepIndex = argTypes.size();
   argTypes.push_back(RankedTensorType::get({}, b.getF32Type()));
   argAttrs.push_back(named("forge.step", "input"));
@@ -705,7 +762,10 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     auto loss = buildLoss(bb, options.loss, output, label, /*wantCorrect=*/false);
     if (failed(loss))
       return failure();
+    // The backward starts from 1/K (accumulation), times the loss scale.
     Value seed = bb.scalar(1.0 / double(k), Builder::elementOf(loss->first));
+    if (scaling.dynamic)
+      seed = bb.mul(seed, bb.castTo(entry->getArgument(scaleIndex), Builder::elementOf(seed)));
     auto grads = differentiate(b, *entry, loss->first, seed, paramArgs);
     if (failed(grads))
       return failure();
@@ -720,21 +780,43 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   }
   Value lossMean = k > 1 ? bb.mulScalar(lossSum, 1.0 / double(k)) : lossSum;
 
+  // Loss scaling: the gradients stay scaled until the optimizer reads them
+  // (times 1/scale, with the clipping factor): the norm's sum of squares is
+  // unscaled as a scalar, so that the optimizer and the norm are a
+  // gradient's only readers (forge-assign-precision keeps it f32, fusion
+  // puts the factor into the update) and no unscaled copy is written.
+  Value scaleNow, finite, invScale;
+  if (scaling.dynamic) {
+    scaleNow = entry->getArgument(scaleIndex);
+    invScale = bb.div(bb.scalar(1.0), scaleNow);
+  }
   // Global gradient norm (reported) and clipping.
   Value normSq;
   for (Value g : gradSum) {
     Value s = bb.sumAll(bb.mul(g, g));
     normSq = normSq ? bb.add(normSq, s) : s;
   }
+  if (invScale)
+    normSq = bb.mul(normSq, bb.castTo(bb.mul(invScale, invScale), Builder::elementOf(normSq)));
   Value gradNorm = bb.sqrt(normSq);
+  if (scaling.dynamic) // every gradient finite iff the sum of squares is (NaN < inf is false)
+    finite = b.create<LessOp>(loc, normSq,
+                              bb.scalar(std::numeric_limits<double>::infinity(),
+                                        Builder::elementOf(normSq)));
   SmallVector<Value> exposed(options.exposeGradients ? gradSum : SmallVector<Value>());
+  if (invScale)
+    for (Value &g : exposed)
+      g = bb.mul(g, bb.castTo(invScale, Builder::elementOf(g)));
+  Value factor = invScale;
   if (options.clipGradNorm > 0) {
     // scale = min(1, clip / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_.
     Value scale = b.create<MinOp>(loc, bb.scalar(1.0),
                                   bb.div(bb.scalar(options.clipGradNorm), bb.add(gradNorm, bb.scalar(1e-6))));
-    for (Value &g : gradSum)
-      g = bb.mul(g, bb.castTo(scale, Builder::elementOf(g)));
+    factor = factor ? bb.mul(factor, scale) : scale;
   }
+  if (factor)
+    for (Value &g : gradSum)
+      g = bb.mul(g, bb.castTo(factor, Builder::elementOf(g)));
 
   Value step = entry->getArgument(stepIndex);
   Value lr = learningRate(bb, step);
@@ -742,7 +824,11 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   SmallVector<Value> results = {lossMean, lr, gradNorm};
   SmallVector<std::string> resultNames = {"loss", "forge.lr", "forge.grad_norm"};
   SmallVector<std::string> updates = {"", "", ""};
-  auto update = [&](Value v, const std::string &name) {
+  // A skipped step (gradients not finite) keeps every optimizer update's old
+  // value: `old` is what the step read.
+  auto update = [&](Value v, const std::string &name, Value old = {}) {
+    if (finite && old)
+      v = b.create<WhereOp>(loc, finite, v, old);
     results.push_back(v);
     resultNames.push_back("");
     updates.push_back(name);
@@ -776,9 +862,9 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
       Value denom = bb.add(bb.div(bb.sqrt(v2), bb.castTo(bc2Sqrt, e)), bb.scalar(opt.eps, e));
       Value stepSize = bb.castTo(bb.div(bb.castTo(lr, Builder::elementOf(bc1)), bc1), e);
       Value w2 = bb.sub(w, bb.mul(stepSize, bb.div(m2, denom)));
-      update(w2, p.name);
-      update(m2, p.name + ".exp_avg");
-      update(v2, p.name + ".exp_avg_sq");
+      update(w2, p.name, paramArgs[i]);
+      update(m2, p.name + ".exp_avg", m);
+      update(v2, p.name + ".exp_avg_sq", v);
     } else {
       if (wd > 0)
         g = bb.add(g, bb.mulScalar(w, wd));
@@ -786,16 +872,36 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
         Value buf = entry->getArgument(momentBase + i);
         Value buf2 = bb.add(bb.mulScalar(buf, opt.momentum), g);
         Value dir = opt.nesterov ? bb.add(g, bb.mulScalar(buf2, opt.momentum)) : buf2;
-        update(bb.sub(w, bb.mul(lrE, dir)), p.name);
-        update(buf2, p.name + ".momentum");
+        update(bb.sub(w, bb.mul(lrE, dir)), p.name, paramArgs[i]);
+        update(buf2, p.name + ".momentum", buf);
       } else {
-        update(bb.sub(w, bb.mul(lrE, g)), p.name);
+        update(bb.sub(w, bb.mul(lrE, g)), p.name, paramArgs[i]);
       }
     }
   }
   for (auto [s, value] : llvm::zip(states, stateValues))
     if (value != s.constant.getResult())
       update(value, s.name);
+  if (scaling.dynamic) {
+    // good' = finite ? good + 1 : 0; grown = good' >= interval;
+    // scale' = finite ? (grown ? scale * growth : scale) : scale * backoff;
+    // good'' = grown ? 0 : good'. Reported: the scale this step used and
+    // whether it skipped (1) or updated (0).
+    Value good = entry->getArgument(scaleIndex + 1);
+    Value zero = bb.scalar(0.0), one = bb.scalar(1.0);
+    Value counted = b.create<WhereOp>(loc, finite, bb.add(good, one), zero);
+    Value grown = b.create<LessOp>(loc, bb.scalar(double(scaling.interval) - 0.5), counted);
+    Value kept = b.create<WhereOp>(loc, grown, bb.mulScalar(scaleNow, scaling.growth), scaleNow);
+    Value next = b.create<WhereOp>(loc, finite, kept, bb.mulScalar(scaleNow, scaling.backoff));
+    update(next, "forge.loss_scale");
+    update(b.create<WhereOp>(loc, grown, zero, counted), "forge.good_steps");
+    results.push_back(scaleNow);
+    resultNames.push_back("forge.loss_scale_used");
+    updates.push_back("");
+    results.push_back(b.create<WhereOp>(loc, finite, zero, one));
+    resultNames.push_back("forge.skipped");
+    updates.push_back("");
+  }
   for (auto [p, g] : llvm::zip(params, exposed)) {
     results.push_back(g);
     resultNames.push_back("forge.grad." + p.name);

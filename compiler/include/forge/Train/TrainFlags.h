@@ -24,6 +24,7 @@ struct TrainFlags {
   std::vector<std::string> freeze;    // glob patterns of initializer names
   bool exposeGradients = false;
   std::string batchnormRunningVar;    // "", "biased" or "unbiased"
+  std::string lossScale;              // "" (none) | dynamic[:init=,interval=,growth=,backoff=]
 };
 
 } // namespace mlir::forge

@@ -50,12 +50,30 @@ struct ScheduleSpec {
   double minRatio = 0.0;
 };
 
+/// Dynamic loss scaling (fp16): the loss is multiplied by `scale` before the
+/// backward pass and the gradients divided by it after; a step whose
+/// gradients are not finite changes nothing but the scale (times `backoff`),
+/// and `interval` finite steps in a row multiply it by `growth`. The scale
+/// and the count of good steps are state (forge.loss_scale,
+/// forge.good_steps); the step reports the scale it used and whether it
+/// skipped (forge.skipped).
+struct LossScaleSpec {
+  bool dynamic = false;
+  double init = 65536.0;
+  int64_t interval = 2000;
+  double growth = 2.0, backoff = 0.5;
+};
+
+/// Parses "dynamic[:init=S,interval=N,growth=G,backoff=B]" ("" or "none": off).
+FailureOr<LossScaleSpec> parseLossScaleSpec(llvm::StringRef text, std::string &error);
+
 struct TrainOptions {
   LossSpec loss;
   OptimizerSpec optimizer;
   ScheduleSpec schedule;
   /// Clip the global gradient norm to this value (0: off).
   double clipGradNorm = 0.0;
+  LossScaleSpec lossScale;
   /// Gradient accumulation: micro-batches per optimizer step.
   int64_t microBatches = 1;
   /// Glob patterns of initializer names that stay frozen.

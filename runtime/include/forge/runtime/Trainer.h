@@ -43,6 +43,10 @@ struct StepResult {
   int64_t step = 0; // 1-based global step just completed
   float loss = 0;
   std::optional<float> lr, gradNorm;
+  // Dynamic loss scaling (forgec --loss-scale): the scale the step used, and
+  // whether it skipped its update (gradients not finite).
+  std::optional<float> lossScale;
+  bool skipped = false;
 };
 
 struct EvalResult {
@@ -126,6 +130,7 @@ private:
   struct Routine {
     int index = -1;
     int32_t loss = -1, extra1 = -1, extra2 = -1; // train: lr, grad_norm; eval: correct
+    int32_t scale = -1, skipped = -1;             // train: forge.loss_scale_used, forge.skipped
   };
 
   std::unique_ptr<Executor> exec_;
