@@ -160,21 +160,30 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
   // by 4, or the axis is innermost and every input's extent divides by 4.
   Type elem = out.getElementType();
   // Inputs stored in another float type than the output (forge-assign-
-  // precision): each element through its f32 compute value.
+  // precision: a bf16 gradient concatenated from f32 ones): each element, or
+  // 4-lane vector, through its f32 compute value.
   bool mixed = llvm::any_of(op->getOperandTypes(), [&](Type t) {
     return cast<RankedTensorType>(t).getElementType() != elem;
   });
-  int64_t width = !mixed && elem.isF32() && (q % kVector == 0 ||
-                                   (q == 1 && llvm::all_of(sizes, [](int64_t s) {
-                                      return s % kVector == 0;
-                                    })))
+  auto halfOrF32 = [](Type t) { return t.isF32() || t.isBF16() || t.isF16(); };
+  bool vectorTypes = mixed ? halfOrF32(elem) && llvm::all_of(op->getOperandTypes(), [&](Type t) {
+    return halfOrF32(cast<RankedTensorType>(t).getElementType());
+  })
+                           : halfOrF32(elem);
+  int64_t width = vectorTypes && (q % kVector == 0 ||
+                                  (q == 1 && llvm::all_of(sizes, [](int64_t s) {
+                                     return s % kVector == 0;
+                                   })))
                       ? kVector
                       : 1;
   SmallVector<Type> args = flatArgs(op);
   if (width > 1)
-    for (Type &t : args)
-      t = flatMemref(elem, cast<MemRefType>(t).getNumElements(), /*vector=*/true);
-  Type valueType = width > 1 ? Type(VectorType::get({width}, elem))
+    for (auto [i, t] : llvm::enumerate(args)) {
+      Type e = i < n ? tensorType(op->getOperand(i)).getElementType() : elem;
+      t = flatMemref(e, cast<MemRefType>(t).getNumElements(), /*vector=*/true);
+    }
+  Type f32 = Float32Type::get(op->getContext());
+  Type valueType = width > 1 ? Type(VectorType::get({width}, mixed ? f32 : elem))
                    : mixed   ? Body::computeTypeOf(elem)
                              : cast<MemRefType>(args[n]).getElementType();
   return elementKernel(
@@ -189,6 +198,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
             Value src = k.add(k.mul(k.add(k.mul(pi, k.idx(sizes[lo])), local), k.idx(q)), qi);
             if (width > 1)
               src = k.div(src, width);
+            if (mixed && width > 1) {
+              Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(lo), src);
+              if (!tensorType(op->getOperand(lo)).getElementType().isF32())
+                v = k.b.create<arith::ExtFOp>(k.loc, valueType, v);
+              return v;
+            }
             if (mixed)
               return k.load(fn.getArgument(lo), src,
                             tensorType(op->getOperand(lo)).getElementType());
@@ -205,7 +220,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
           return branch.getResult(0);
         };
         Value v = pick(0, n);
-        if (mixed)
+        if (mixed && width > 1) {
+          if (!elem.isF32())
+            v = k.b.create<arith::TruncFOp>(k.loc, VectorType::get({width}, elem), v);
+          k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(n), unit);
+        } else if (mixed)
           k.store(v, fn.getArgument(n), i, elem);
         else
           k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(n), width > 1 ? unit : i);
