@@ -260,7 +260,10 @@ def AssignPrecision : Pass<"forge-assign-precision", "::mlir::ModuleOp"> {
     yield (a gemm region's product and epilogue take the type: cuBLASLt
     writes D low); regions that read it convert after loading.
 
-    Every GEMM then reads low lhs and rhs: an f32 operand gets a low copy.
+    Every GEMM then reads low lhs and rhs: an f32 operand gets a low copy;
+    so does the bias row beside a low output (cuBLASLt wants it in D's type),
+    and a loose add of a product and a bias row, stored low, gets a low
+    product and row (forge-select-library folds it into the BIAS epilogue).
     A parameter's copy is a state argument (`forge.kind = "state"`,
     `forge.copy_of = "<parameter>"`, named `<parameter>.bf16`) that the
     optimizer's update writes each step as one more output of the member
