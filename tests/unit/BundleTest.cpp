@@ -412,3 +412,43 @@ TEST(BundleTest, StateTensors) {
   s->set_section(7);
   expectError(w.serialize(), "tensor #3 'm': section index 7 out of range");
 }
+
+TEST(BundleTest, LowPrecisionCopies) {
+  // A bf16 copy of parameter 'p' (TensorInfo.copy_of): zero-initialized STATE of its shape.
+  auto build = [](auto mutate) {
+    BundleWriter w = makeWriter();
+    fb::Program &p = w.program();
+    fb::TensorInfo *param = p.mutable_tensors(addTensor(p, "p", fb::TensorInfo::PARAMETER, {3, 2}));
+    param->set_section(0);
+    param->set_data_size(24);
+    fb::TensorInfo *copy = p.mutable_tensors(addTensor(p, "p.bf16", fb::TensorInfo::STATE, {3, 2}));
+    copy->set_dtype(fb::BF16);
+    copy->set_copy_of("p");
+    mutate(p, *copy);
+    return w.serialize();
+  };
+  auto ok = Bundle::fromBytes(build([](fb::Program &, fb::TensorInfo &) {}));
+  ASSERT_TRUE(ok.isOk()) << ok.status().message();
+  EXPECT_EQ((*ok)->program().tensors(4).copy_of(), "p");
+  expectError(build([](fb::Program &, fb::TensorInfo &c) { c.set_copy_of("q"); }),
+              "tensor #4 'p.bf16': copy_of names no parameter 'q'");
+  expectError(build([](fb::Program &, fb::TensorInfo &c) { c.set_copy_of("w"); }),
+              "copy_of names no parameter 'w'"); // 'w' is a CONSTANT
+  expectError(build([](fb::Program &, fb::TensorInfo &c) {
+                c.clear_shape();
+                c.add_shape(6);
+              }),
+              "copy of parameter 'p' (f32 [3, 2]) must have its shape");
+  expectError(build([](fb::Program &, fb::TensorInfo &c) { c.set_dtype(fb::I32); }),
+              "must be a STATE tensor of bf16, f16 or f32 without initial bytes");
+  expectError(build([](fb::Program &, fb::TensorInfo &c) { // initial bytes: not derived
+                c.set_section(0);
+                c.set_data_size(12);
+              }),
+              "must be a STATE tensor of bf16, f16 or f32 without initial bytes");
+  expectError(build([](fb::Program &p, fb::TensorInfo &) {
+                p.mutable_tensors(3)->set_dtype(fb::F16);
+                p.mutable_tensors(3)->set_data_size(12);
+              }),
+              "copy of parameter 'p' (f16 [3, 2]) must have its shape, and it must be f32");
+}

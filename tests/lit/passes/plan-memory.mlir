@@ -33,6 +33,20 @@ func.func @read_later(%x: tensor<4xf32> {forge.kind = "input", forge.name = "x"}
 
 // -----
 
+// A state both reported and updated by the step (a loss scale): the output's
+// copy of the old value comes before the update's copy of the new one.
+// CHECK-LABEL: func @report_and_update
+// CHECK: %[[NEW:.*]] = forge.mul %arg0, %arg0
+// CHECK: %[[OLD:.*]] = forge.copy %arg0 {{.*}} loc("output used")
+// CHECK: %[[UPD:.*]] = forge.copy %[[NEW]] {{.*}} loc("update s")
+// CHECK: return %[[UPD]], %[[OLD]]
+func.func @report_and_update(%s: tensor<f32> {forge.kind = "state", forge.name = "s"}) -> (tensor<f32> {forge.updates = "s"}, tensor<f32> {forge.name = "used"}) {
+  %n = forge.mul %s, %s : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  return %n, %s : tensor<f32>, tensor<f32>
+}
+
+// -----
+
 // An output that is an input, or a value already returned, gets a copy of its
 // own; an unnamed one is named after its position.
 // CHECK-LABEL: func @outputs
