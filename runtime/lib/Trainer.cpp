@@ -357,23 +357,15 @@ Expected<StepResult> Trainer::collect() {
   if (!loss)
     return loss.status();
   r.loss = *loss;
-  if (train_.extra1 >= 0) {
-    auto lr = read(train_.extra1);
-    if (!lr)
-      return lr.status();
-    r.lr = *lr;
-  }
-  if (train_.extra2 >= 0) {
-    auto norm = read(train_.extra2);
-    if (!norm)
-      return norm.status();
-    r.gradNorm = *norm;
-  }
-  if (train_.scale >= 0) {
-    auto scale = read(train_.scale);
-    if (!scale)
-      return scale.status();
-    r.lossScale = *scale;
+  // The optional scalar outputs (-1: the bundle has none).
+  for (auto [t, into] : {std::pair{train_.extra1, &r.lr}, std::pair{train_.extra2, &r.gradNorm},
+                         std::pair{train_.scale, &r.lossScale}}) {
+    if (t < 0)
+      continue;
+    auto v = read(t);
+    if (!v)
+      return v.status();
+    *into = *v;
   }
   if (train_.skipped >= 0) {
     auto skipped = read(train_.skipped);

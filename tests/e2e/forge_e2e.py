@@ -64,6 +64,18 @@ def find_tools(a, script):
     return forgec, forge_train
 
 
+def tools_for_halves(a, script):
+    """(forgec, forge_train) for a test with a compile half and a run half: with --bundles and
+    without --compile-only only forge-train is needed (forgec is None); None after a message."""
+    if a.bundles and not a.compile_only:
+        forge_train = a.forge_train or find_tool("forge-train", a.bin_dir)
+        if not forge_train:
+            print(f"{script}: need forge-train (--forge-train or --bin-dir)", file=sys.stderr)
+            return None
+        return None, forge_train
+    return find_tools(a, script)
+
+
 def tail(text, n=4):
     """The last n non-blank lines of text, joined with ' | '."""
     return " | ".join([l for l in text.strip().splitlines() if l.strip()][-n:])

@@ -227,17 +227,10 @@ def main():
     if a.compile_only and not a.bundles:
         ap.error("--compile-only needs --bundles DIR")
     replay = a.bundles and not a.compile_only
-    if replay:
-        forgec = None
-        forge_train = a.forge_train or e2e.find_tool("forge-train", a.bin_dir)
-        if not forge_train:
-            print("test_precision.py: need forge-train (--forge-train)", file=sys.stderr)
-            return 2
-    else:
-        tools = e2e.find_tools(a, "test_precision.py")
-        if not tools:
-            return 2
-        forgec, forge_train = tools
+    tools = e2e.tools_for_halves(a, "test_precision.py")
+    if not tools:
+        return 2
+    forgec, forge_train = tools
     if a.device == "cuda" and not a.compile_only and not e2e.gpu_present():
         print("SKIP: no GPU (nvidia-smi -L failed)")
         return 77
