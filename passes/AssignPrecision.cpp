@@ -408,6 +408,23 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     return copy;
   }
 
+  /// Whether every reader of `v` is a GEMM reading it as lhs or rhs.
+  static bool onlyGemmOperand(Value v) {
+    return llvm::all_of(v.getUses(), [](OpOperand &u) {
+      return isGemm(u.getOwner()) && u.getOperandNumber() < 2;
+    });
+  }
+
+  /// A data input that only GEMMs read: the input itself becomes low (the
+  /// runtime's data loader converts f32 arrays to it), so no kernel casts it.
+  Value lowInput(BlockArgument arg) {
+    arg.setType(withElement(arg, low));
+    for (OpOperand &u : arg.getUses())
+      if (auto fusion = dyn_cast<FusionOp>(u.getOwner()))
+        fusion.getBlock().getArgument(u.getOperandNumber()).setType(arg.getType());
+    return arg;
+  }
+
   /// The low copy of f32 value `v` for a GEMM operand.
   Value lowCopyOf(Value v) {
     if (auto it = lowCopy.find(v); it != lowCopy.end())
@@ -415,7 +432,12 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     Value copy;
     if (auto arg = dyn_cast<BlockArgument>(v)) {
       StringAttr kind = argAttr(arg.getArgNumber(), "forge.kind");
-      copy = kind && kind.getValue() == "parameter" ? lowParameter(arg) : standaloneCast(v);
+      if (kind && kind.getValue() == "parameter")
+        copy = lowParameter(arg);
+      else if (kind && kind.getValue() == "input" && onlyGemmOperand(arg))
+        copy = lowInput(arg);
+      else
+        copy = standaloneCast(v);
     } else if (Operation *def = v.getDefiningOp(); def && followsInput(def) && !isa<FusionOp>(def)) {
       // A view of a master (a reshaped or transposed weight): the same view
       // of its low copy.

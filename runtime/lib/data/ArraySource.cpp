@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 
 #include "DataUtil.h"
+#include "cpu/KernelUtil.h"
 #include "forge/runtime/DataSource.h"
 #include "forge/runtime/Npy.h"
 
@@ -56,7 +57,10 @@ public:
       if (t.shape.empty())
         return Status::error("{} is a scalar; expected {} {} (one sample per row)", where,
                              dtypeName(f.dtype), batchShape(f));
-      if (t.dtype != f.dtype)
+      // f32 data for a bf16/f16 input (forgec --precision stores a GEMM's data
+      // input low): converted once here, rounded to nearest even.
+      bool narrows = t.dtype == bundle::F32 && (f.dtype == bundle::BF16 || f.dtype == bundle::F16);
+      if (t.dtype != f.dtype && !narrows)
         return Status::error("{} has dtype {}, the bundle input '{}' needs {} {} (no implicit "
                              "conversion; e.g. numpy .astype)",
                              where, dtypeName(t.dtype), f.name, dtypeName(f.dtype), batchShape(f));
@@ -77,7 +81,16 @@ public:
       if (f.numClasses > 0 && data::isIntegerType(t.dtype))
         FORGE_RETURN_IF_ERROR(checkLabels(a, f));
       size_t sampleBytes = static_cast<size_t>(numElements(f.sampleShape)) * dtypeSize(f.dtype);
-      bound_.push_back({&a, sampleBytes});
+      bound_.push_back({&a, sampleBytes, {}});
+      if (narrows) {
+        const float *v = reinterpret_cast<const float *>(t.bytes.data());
+        size_t n = t.bytes.size() / sizeof(float);
+        std::vector<uint8_t> &out = bound_.back().converted;
+        out.resize(n * 2);
+        auto *bits = reinterpret_cast<uint16_t *>(out.data());
+        for (size_t i = 0; i < n; ++i)
+          bits[i] = f.dtype == bundle::BF16 ? cpu::floatToBf16(v[i]) : cpu::floatToHalf(v[i]);
+      }
     }
     return Status::ok();
   }
@@ -90,7 +103,8 @@ public:
                            bound_.size());
     for (size_t f = 0; f < bound_.size(); ++f) {
       const Bound &b = bound_[f];
-      const uint8_t *src = b.array->tensor.bytes.data();
+      const uint8_t *src =
+          b.converted.empty() ? b.array->tensor.bytes.data() : b.converted.data();
       uint8_t *dst = static_cast<uint8_t *>(outs[f]);
       for (size_t i = 0; i < indices.size(); ++i) {
         int64_t idx = indices[i];
@@ -124,6 +138,7 @@ private:
   struct Bound {
     const Array *array;
     size_t sampleBytes;
+    std::vector<uint8_t> converted; // the array in the input's type, when it narrows
   };
 
   const Array *find(const std::string &name) const {

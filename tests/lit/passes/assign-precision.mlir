@@ -5,20 +5,19 @@
 // the probabilities read by a GEMM, and the optimizer's update of w.
 //  * w gets a bf16 state copy (forge.copy_of) that the optimizer's member
 //    writes as one more output, returned with forge.updates = "w.bf16";
-//  * the data input x has no kernel before its GEMM: one loop region casts it;
+//  * the data input x, which only GEMMs read, becomes a bf16 input (the data
+//    loader converts f32 arrays);
 //  * the ReLU's product is stored bf16 (cuBLASLt writes D low);
 //  * the logits stay f32 (operand 0 of softmax, a KeepFP32 op) and the
 //    softmax's row region stores its result bf16 (a cast before its yield);
 //  * the gradient the optimizer reads stays f32.
 // CHECK-LABEL: func @train_step
+// CHECK-SAME: %arg0: tensor<4x8xbf16> {forge.kind = "input", forge.name = "x"}
 // CHECK-SAME: %[[W2:arg[0-9]+]]: tensor<3x16xf32> {{{.*}}forge.name = "w2"
 // CHECK-SAME: %[[WC:arg[0-9]+]]: tensor<16x8xbf16> {forge.copy_of = "w", forge.kind = "state", forge.name = "w.bf16", forge.role = "low_precision_copy"}
 // CHECK-SAME: %[[W2C:arg[0-9]+]]: tensor<3x16xbf16> {forge.copy_of = "w2", forge.kind = "state", forge.name = "w2.bf16", forge.role = "low_precision_copy"}
 // CHECK-SAME: -> (tensor<16x8xf32> {forge.updates = "w"}, tensor<16x8xbf16> {forge.updates = "w.bf16"})
-// CHECK: %[[XC:.+]] = forge.fusion "loop"(%arg0) : (tensor<4x8xf32>) -> tensor<4x8xbf16>
-// CHECK-NEXT: ^bb0
-// CHECK-NEXT: forge.cast %{{.*}} {to = bf16}
-// CHECK: %[[H:.+]] = forge.fusion "gemm"(%[[XC]], %[[WC]]) : (tensor<4x8xbf16>, tensor<16x8xbf16>) -> tensor<4x16xbf16>
+// CHECK: %[[H:.+]] = forge.fusion "gemm"(%arg0, %[[WC]]) : (tensor<4x8xbf16>, tensor<16x8xbf16>) -> tensor<4x16xbf16>
 // CHECK: forge.gemm {{.*}} -> tensor<4x16xbf16>
 // CHECK-NEXT: forge.relu {{.*}} -> tensor<4x16xbf16>
 // CHECK: %[[Y:.+]] = forge.gemm %[[H]], %[[W2C]] {{.*}} : (tensor<4x16xbf16>, tensor<3x16xbf16>) -> tensor<4x3xf32>
@@ -71,15 +70,21 @@ func.func @train_step(%x: tensor<4x8xf32> {forge.kind = "input", forge.name = "x
 
 // Kept f32: a GEMM's output over a full C (the residual stream) and what a
 // routine returns; a broadcast input of a loop region is not read through a
-// cast (the region's verifier wants the iteration shape): its producer keeps f32.
+// cast (the region's verifier wants the iteration shape): its producer keeps
+// f32. A data input that something else than a GEMM reads stays f32, and its
+// GEMM reads a loop region's cast of it.
 // CHECK-LABEL: func @train_step
-// CHECK: %[[R:.+]] = forge.gemm {{.*}} -> tensor<4x4xf32>
+// CHECK-SAME: %arg0: tensor<4x4xf32>
+// CHECK: %[[XC:.+]] = forge.fusion "loop"(%arg0) : (tensor<4x4xf32>) -> tensor<4x4xbf16>
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: forge.cast %{{.*}} {to = bf16}
+// CHECK: %[[R:.+]] = forge.gemm %[[XC]], %[[XC]], %arg1 {{.*}} -> tensor<4x4xf32>
 // CHECK: %[[V:.+]] = forge.fusion "loop"{{.*}} -> tensor<4xf32>
 // CHECK: return %[[R]]
 func.func @train_step(%x: tensor<4x4xf32> {forge.kind = "input", forge.name = "x"},
                       %c: tensor<4x4xf32> {forge.kind = "input", forge.name = "c"},
                       %v: tensor<4xf32> {forge.kind = "input", forge.name = "v"})
-    -> (tensor<4x4xf32>, tensor<4x4xf32>) {
+    -> (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) {
   %r = forge.gemm %x, %x, %c {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
   %b = forge.fusion "loop"(%v) : (tensor<4xf32>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xf32>):
@@ -91,5 +96,10 @@ func.func @train_step(%x: tensor<4x4xf32> {forge.kind = "input", forge.name = "x
     %0 = forge.add %a, %d : (tensor<4x4xf32>, tensor<4xf32>) -> tensor<4x4xf32>
     forge.yield %0 : tensor<4x4xf32>
   }
-  return %r, %o : tensor<4x4xf32>, tensor<4x4xf32>
+  %e = forge.fusion "loop"(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32> {
+  ^bb0(%a: tensor<4x4xf32>):
+    %0 = forge.exp %a : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    forge.yield %0 : tensor<4x4xf32>
+  }
+  return %r, %o, %e : tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>
 }
