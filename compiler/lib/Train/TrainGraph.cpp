@@ -508,6 +508,28 @@ FailureOr<std::pair<Value, Value>> buildWeightedEvalLoss(Builder &bb, const Loss
   return std::make_pair(weightedMean(terms), Value());
 }
 
+/// Dynamic loss scaling's state after a step (LossScaleSpec): the next scale
+/// and count of finite steps, and whether the step skipped (1) or updated (0).
+struct LossScaleStep {
+  Value scale, goodSteps, skipped;
+};
+
+/// good' = finite ? good + 1 : 0; grown = good' >= interval;
+/// scale' = finite ? (grown ? scale * growth : scale) : scale * backoff;
+/// good'' = grown ? 0 : good'.
+LossScaleStep nextLossScale(Builder &bb, const LossScaleSpec &spec, Value scale, Value good,
+                            Value finite) {
+  OpBuilder &b = bb.b;
+  Location loc = bb.loc;
+  Value zero = bb.scalar(0.0), one = bb.scalar(1.0);
+  Value counted = b.create<WhereOp>(loc, finite, bb.add(good, one), zero);
+  Value grown = b.create<LessOp>(loc, bb.scalar(double(spec.interval) - 0.5), counted);
+  Value kept = b.create<WhereOp>(loc, grown, bb.mulScalar(scale, spec.growth), scale);
+  Value next = b.create<WhereOp>(loc, finite, kept, bb.mulScalar(scale, spec.backoff));
+  Value goodNext = b.create<WhereOp>(loc, grown, zero, counted);
+  return {next, goodNext, b.create<WhereOp>(loc, finite, zero, one)};
+}
+
 class TrainGraphBuilder {
 public:
   TrainGraphBuilder(ModuleOp module, const TrainOptions &options)
@@ -883,22 +905,14 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     if (value != s.constant.getResult())
       update(value, s.name);
   if (scaling.dynamic) {
-    // good' = finite ? good + 1 : 0; grown = good' >= interval;
-    // scale' = finite ? (grown ? scale * growth : scale) : scale * backoff;
-    // good'' = grown ? 0 : good'. Reported: the scale this step used and
-    // whether it skipped (1) or updated (0).
-    Value good = entry->getArgument(scaleIndex + 1);
-    Value zero = bb.scalar(0.0), one = bb.scalar(1.0);
-    Value counted = b.create<WhereOp>(loc, finite, bb.add(good, one), zero);
-    Value grown = b.create<LessOp>(loc, bb.scalar(double(scaling.interval) - 0.5), counted);
-    Value kept = b.create<WhereOp>(loc, grown, bb.mulScalar(scaleNow, scaling.growth), scaleNow);
-    Value next = b.create<WhereOp>(loc, finite, kept, bb.mulScalar(scaleNow, scaling.backoff));
-    update(next, "forge.loss_scale");
-    update(b.create<WhereOp>(loc, grown, zero, counted), "forge.good_steps");
+    LossScaleStep next =
+        nextLossScale(bb, scaling, scaleNow, entry->getArgument(scaleIndex + 1), finite);
+    update(next.scale, "forge.loss_scale");
+    update(next.goodSteps, "forge.good_steps");
     results.push_back(scaleNow);
     resultNames.push_back("forge.loss_scale_used");
     updates.push_back("");
-    results.push_back(b.create<WhereOp>(loc, finite, zero, one));
+    results.push_back(next.skipped);
     resultNames.push_back("forge.skipped");
     updates.push_back("");
   }
