@@ -49,12 +49,6 @@ std::string instLabel(const std::string &routine, const bundle::Instruction &ins
              : fmt::format("routine '{}' instruction #{} '{}'", routine, index, inst.name());
 }
 
-uint64_t byteSize(const bundle::TensorInfo &t) {
-  // Validated by the loader: no overflow.
-  return static_cast<uint64_t>(numElements({t.shape().begin(), t.shape().end()})) *
-         dtypeSize(t.dtype());
-}
-
 } // namespace
 
 CpuExecutor::CpuExecutor(const Bundle &bundle, CpuExecutorOptions options)

@@ -42,8 +42,6 @@ std::string locName(Location loc) {
   return "";
 }
 
-uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
 } // namespace
 
 namespace {
@@ -149,7 +147,7 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
   // Initial value: parameters always have one; state only when given.
   if (auto init = func.getArgAttrOfType<ElementsAttr>(i, "forge.initial_value")) {
     std::vector<uint8_t> bytes = elementsToBytes(init);
-    constantData.resize(alignUp(constantData.size(), ::forge::rt::kSectionAlignment));
+    constantData.resize(::forge::rt::alignUp(constantData.size(), ::forge::rt::kSectionAlignment));
     info->set_section(0);
     info->set_data_offset(constantData.size());
     info->set_data_size(bytes.size());
@@ -288,7 +286,7 @@ LogicalResult ProgramEmitter::emitBody(FusionOp fusion, pb::Instruction &inst,
           return failure();
         pb::TensorInfo *info = program.mutable_tensors(*index);
         info->set_arena_offset(static_cast<int64_t>(offset));
-        offset += alignUp(std::max<uint64_t>(::forge::rt::numElements(
+        offset += ::forge::rt::alignUp(std::max<uint64_t>(::forge::rt::numElements(
                                                  {info->shape().begin(), info->shape().end()}) *
                                                  ::forge::rt::dtypeSize(info->dtype()),
                                              1),
@@ -377,7 +375,7 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     if (failed(index))
       return failure();
     std::vector<uint8_t> bytes = elementsToBytes(constant.getValue());
-    constantData.resize(alignUp(constantData.size(), ::forge::rt::kSectionAlignment));
+    constantData.resize(::forge::rt::alignUp(constantData.size(), ::forge::rt::kSectionAlignment));
     pb::TensorInfo *info = program.mutable_tensors(*index);
     info->set_section(0);
     info->set_data_offset(constantData.size());

@@ -53,8 +53,6 @@ bool rangeInside(uint64_t offset, uint64_t size, uint64_t limit) {
   return addOk(offset, size, end) && end <= limit;
 }
 
-uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
 uint32_t crc32Of(std::span<const uint8_t> bytes) {
   // crc32_z takes a size_t length, so multi-GiB sections need no chunking.
   return static_cast<uint32_t>(::crc32_z(::crc32_z(0, nullptr, 0), bytes.data(), bytes.size()));

@@ -24,13 +24,6 @@ namespace {
 constexpr uint64_t kDeviceAlign = 256;
 constexpr size_t kWorkspaceBytes = size_t(32) << 20; // cuBLASLt
 
-uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-uint64_t byteSize(const bundle::TensorInfo &t) {
-  return static_cast<uint64_t>(numElements({t.shape().begin(), t.shape().end()})) *
-         dtypeSize(t.dtype());
-}
-
 #define CUDA_TRY(call, ...)                                                                     \
   do {                                                                                          \
     cudaError_t err_ = (call);                                                                  \

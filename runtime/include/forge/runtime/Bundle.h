@@ -39,6 +39,14 @@ inline std::vector<int64_t> shapeOf(const bundle::TensorInfo &t) {
   return {t.shape().begin(), t.shape().end()};
 }
 
+/// A tensor's bytes (of a loaded bundle: the loader checked that they fit).
+inline uint64_t byteSize(const bundle::TensorInfo &t) {
+  return static_cast<uint64_t>(numElements(shapeOf(t))) * dtypeSize(t.dtype());
+}
+
+/// v rounded up to a multiple of a (sections, the arena, device buffers).
+inline uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
 struct BundleHeader {
   char magic[8];
   uint32_t formatVersion;
