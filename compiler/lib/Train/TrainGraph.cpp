@@ -540,6 +540,9 @@ private:
   LogicalResult collectParams(func::FuncOp main);
   FailureOr<Value> labelFor(func::FuncOp main, RankedTensorType &type);
   LogicalResult buildTrainStep(func::FuncOp main);
+  void appendOptimizerUpdates(Builder &bb, Value step, Value lr, ArrayRef<Value> paramArgs,
+                              ArrayRef<Value> gradSum, ValueRange moments,
+                              function_ref<void(Value, const std::string &, Value)> update);
   LogicalResult buildEval(func::FuncOp main);
   Value learningRate(Builder &bb, Value step);
 
@@ -620,6 +623,65 @@ Value TrainGraphBuilder::learningRate(Builder &bb, Value step) {
   // lr * warm * (min + (1 - min) * decay)
   Value factor = bb.add(bb.scalar(s.minRatio), bb.mulScalar(decay, 1.0 - s.minRatio));
   return bb.mulScalar(bb.mul(warm, factor), lr);
+}
+
+/// The optimizer's update of every parameter and its moments, in parameter
+/// order, each returned through `update(value, name, old value)`. `moments`
+/// are the moment arguments: exp_avg then exp_avg_sq of every parameter
+/// (Adam), or momentum (SGD with momentum).
+void TrainGraphBuilder::appendOptimizerUpdates(
+    Builder &bb, Value step, Value lr, ArrayRef<Value> paramArgs, ArrayRef<Value> gradSum,
+    ValueRange moments, function_ref<void(Value, const std::string &, Value)> update) {
+  OpBuilder &b = bb.b;
+  Location loc = bb.loc;
+  const OptimizerSpec &opt = options.optimizer;
+  bool adam = opt.kind == "adam" || opt.kind == "adamw";
+  // Adam's bias corrections 1 - beta^t, in f64 like PyTorch (Python floats):
+  // in f32, beta2 = 0.999 rounds to 0.99900001, so 1 - beta2^t is off by
+  // ~1.3e-5 relative for all early steps, a systematic error in the step size.
+  Value bc1, bc2Sqrt;
+  if (adam) {
+    Type f64 = b.getF64Type();
+    Value step64 = bb.castTo(step, f64);
+    bc1 = bb.sub(bb.scalar(1.0, f64), b.create<PowOp>(loc, bb.scalar(opt.beta1, f64), step64));
+    bc2Sqrt = bb.sqrt(
+        bb.sub(bb.scalar(1.0, f64), b.create<PowOp>(loc, bb.scalar(opt.beta2, f64), step64)));
+  }
+  for (auto [i, p] : llvm::enumerate(params)) {
+    Value w = paramArgs[i], g = gradSum[i];
+    Type e = Builder::elementOf(w);
+    Value lrE = bb.castTo(lr, e);
+    double wd = decays(p.role) ? opt.weightDecay : 0.0;
+    if (adam) {
+      Value m = moments[i];
+      Value v = moments[params.size() + i];
+      if (opt.kind == "adam" && wd > 0)
+        g = bb.add(g, bb.mulScalar(w, wd));
+      if (opt.kind == "adamw" && wd > 0) // decoupled: p *= 1 - lr * wd
+        w = bb.mul(w, bb.sub(bb.scalar(1.0, e), bb.mulScalar(lrE, wd)));
+      Value m2 = bb.add(bb.mulScalar(m, opt.beta1), bb.mulScalar(g, 1 - opt.beta1));
+      Value v2 = bb.add(bb.mulScalar(v, opt.beta2), bb.mulScalar(bb.mul(g, g), 1 - opt.beta2));
+      // p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps), as torch's single-tensor AdamW.
+      Value denom = bb.add(bb.div(bb.sqrt(v2), bb.castTo(bc2Sqrt, e)), bb.scalar(opt.eps, e));
+      Value stepSize = bb.castTo(bb.div(bb.castTo(lr, Builder::elementOf(bc1)), bc1), e);
+      Value w2 = bb.sub(w, bb.mul(stepSize, bb.div(m2, denom)));
+      update(w2, p.name, paramArgs[i]);
+      update(m2, p.name + ".exp_avg", m);
+      update(v2, p.name + ".exp_avg_sq", v);
+    } else {
+      if (wd > 0)
+        g = bb.add(g, bb.mulScalar(w, wd));
+      if (opt.momentum > 0) {
+        Value buf = moments[i];
+        Value buf2 = bb.add(bb.mulScalar(buf, opt.momentum), g);
+        Value dir = opt.nesterov ? bb.add(g, bb.mulScalar(buf2, opt.momentum)) : buf2;
+        update(bb.sub(w, bb.mul(lrE, dir)), p.name, paramArgs[i]);
+        update(buf2, p.name + ".momentum", buf);
+      } else {
+        update(bb.sub(w, bb.mul(lrE, g)), p.name, paramArgs[i]);
+      }
+    }
+  }
 }
 
 LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
@@ -855,52 +917,10 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     resultNames.push_back("");
     updates.push_back(name);
   };
-  // Adam's bias corrections 1 - beta^t, in f64 like PyTorch (Python floats):
-  // in f32, beta2 = 0.999 rounds to 0.99900001, so 1 - beta2^t is off by
-  // ~1.3e-5 relative for all early steps, a systematic error in the step size.
-  Value bc1, bc2Sqrt;
-  if (adam) {
-    Type f64 = b.getF64Type();
-    Value step64 = bb.castTo(step, f64);
-    bc1 = bb.sub(bb.scalar(1.0, f64), b.create<PowOp>(loc, bb.scalar(opt.beta1, f64), step64));
-    bc2Sqrt = bb.sqrt(
-        bb.sub(bb.scalar(1.0, f64), b.create<PowOp>(loc, bb.scalar(opt.beta2, f64), step64)));
-  }
-  for (auto [i, p] : llvm::enumerate(params)) {
-    Value w = paramArgs[i], g = gradSum[i];
-    Type e = Builder::elementOf(w);
-    Value lrE = bb.castTo(lr, e);
-    double wd = decays(p.role) ? opt.weightDecay : 0.0;
-    if (adam) {
-      Value m = entry->getArgument(momentBase + i);
-      Value v = entry->getArgument(momentBase + params.size() + i);
-      if (opt.kind == "adam" && wd > 0)
-        g = bb.add(g, bb.mulScalar(w, wd));
-      if (opt.kind == "adamw" && wd > 0) // decoupled: p *= 1 - lr * wd
-        w = bb.mul(w, bb.sub(bb.scalar(1.0, e), bb.mulScalar(lrE, wd)));
-      Value m2 = bb.add(bb.mulScalar(m, opt.beta1), bb.mulScalar(g, 1 - opt.beta1));
-      Value v2 = bb.add(bb.mulScalar(v, opt.beta2), bb.mulScalar(bb.mul(g, g), 1 - opt.beta2));
-      // p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps), as torch's single-tensor AdamW.
-      Value denom = bb.add(bb.div(bb.sqrt(v2), bb.castTo(bc2Sqrt, e)), bb.scalar(opt.eps, e));
-      Value stepSize = bb.castTo(bb.div(bb.castTo(lr, Builder::elementOf(bc1)), bc1), e);
-      Value w2 = bb.sub(w, bb.mul(stepSize, bb.div(m2, denom)));
-      update(w2, p.name, paramArgs[i]);
-      update(m2, p.name + ".exp_avg", m);
-      update(v2, p.name + ".exp_avg_sq", v);
-    } else {
-      if (wd > 0)
-        g = bb.add(g, bb.mulScalar(w, wd));
-      if (opt.momentum > 0) {
-        Value buf = entry->getArgument(momentBase + i);
-        Value buf2 = bb.add(bb.mulScalar(buf, opt.momentum), g);
-        Value dir = opt.nesterov ? bb.add(g, bb.mulScalar(buf2, opt.momentum)) : buf2;
-        update(bb.sub(w, bb.mul(lrE, dir)), p.name, paramArgs[i]);
-        update(buf2, p.name + ".momentum", buf);
-      } else {
-        update(bb.sub(w, bb.mul(lrE, g)), p.name, paramArgs[i]);
-      }
-    }
-  }
+  appendOptimizerUpdates(bb, step, lr, paramArgs, gradSum,
+                         ValueRange(entry->getArguments().slice(
+                             momentBase, momentNames.size() * params.size())),
+                         update);
   for (auto [s, value] : llvm::zip(states, stateValues))
     if (value != s.constant.getResult())
       update(value, s.name);
