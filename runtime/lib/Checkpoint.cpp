@@ -113,7 +113,7 @@ std::string persistentFingerprint(const bundle::Program &program) {
 nlohmann::json trainingOptions(const bundle::Program &p) {
   nlohmann::json o = nlohmann::json::object();
   for (const char *key : {"optimizer", "loss", "label_input", "lr_schedule", "micro_batches",
-                          "clip_grad_norm", "batch", "tf32"}) {
+                          "clip_grad_norm", "batch", "tf32", "precision", "loss_scale"}) {
     auto it = p.build_options().find(key);
     o[key] = it == p.build_options().end() ? "" : it->second;
   }

@@ -411,6 +411,8 @@ int main(int argc, char **argv) {
     build["tf32"] = "1";
   if (precision != "fp32")
     build["precision"] = precision;
+  if (!inferenceOnly && !trainFlags().lossScale.empty())
+    build["loss_scale"] = trainFlags().lossScale;
   build["weights"] = weights;
   if (batch > 0)
     build["batch"] = std::to_string(batch);
