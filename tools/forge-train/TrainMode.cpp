@@ -174,6 +174,30 @@ std::string buildOption(const bundle::Program &p, const std::string &key) {
   return it == p.build_options().end() ? std::string() : it->second;
 }
 
+/// One --metrics JSONL line: the step's numbers, its throughput over `dt`
+/// seconds, the run's `elapsed` seconds, and the evaluation after it.
+std::string metricsLine(const Trainer &tr, const StepResult &r, double dt, bool tokens,
+                        double elapsed, const std::optional<EvalResult> &ev) {
+  std::string line = fmt::format(R"({{"step": {}, "epoch": {}, "loss": {}, "lr": {}, )"
+                                 R"("grad_norm": {}, "samples_per_s": {})",
+                                 r.step, jsonNumber(tr.epochsDone()), jsonNumber(r.loss),
+                                 r.lr ? jsonNumber(*r.lr) : "null",
+                                 r.gradNorm ? jsonNumber(*r.gradNorm) : "null",
+                                 jsonNumber(tr.samplesPerStep() / dt));
+  if (tokens)
+    line += fmt::format(R"(, "tokens_per_s": {})", jsonNumber(tr.tokensPerStep() / dt));
+  if (r.lossScale)
+    line += fmt::format(R"(, "loss_scale": {}, "skipped": {})", jsonNumber(*r.lossScale),
+                        r.skipped ? 1 : 0);
+  line += fmt::format(R"(, "time_s": {})", jsonNumber(elapsed));
+  if (ev) {
+    line += fmt::format(R"(, "eval_loss": {})", jsonNumber(ev->loss));
+    if (ev->accuracy)
+      line += fmt::format(R"(, "eval_accuracy": {})", jsonNumber(*ev->accuracy));
+  }
+  return line + "}";
+}
+
 Status dumpParams(const std::string &path, const Executor &ex) {
   std::map<std::string, TensorView> arrays;
   for (int32_t t : ex.persistentTensors())
@@ -524,26 +548,9 @@ Expected<int> train(const Options &opts, Progress &progress) {
       ev = *e;
     }
 
-    std::string line = fmt::format(R"({{"step": {}, "epoch": {}, "loss": {}, "lr": {}, )"
-                                   R"("grad_norm": {}, "samples_per_s": {})",
-                                   s, jsonNumber(tr.epochsDone()), jsonNumber(r->loss),
-                                   r->lr ? jsonNumber(*r->lr) : "null",
-                                   r->gradNorm ? jsonNumber(*r->gradNorm) : "null",
-                                   jsonNumber(tr.samplesPerStep() / dt));
-    if (tokens)
-      line += fmt::format(R"(, "tokens_per_s": {})", jsonNumber(tr.tokensPerStep() / dt));
-    if (r->lossScale) {
-      line += fmt::format(R"(, "loss_scale": {}, "skipped": {})", jsonNumber(*r->lossScale),
-                          r->skipped ? 1 : 0);
-      skippedSteps += r->skipped ? 1 : 0;
-    }
-    line += fmt::format(R"(, "time_s": {})", jsonNumber(secondsSince(start)));
-    if (ev) {
-      line += fmt::format(R"(, "eval_loss": {})", jsonNumber(ev->loss));
-      if (ev->accuracy)
-        line += fmt::format(R"(, "eval_accuracy": {})", jsonNumber(*ev->accuracy));
-    }
-    FORGE_RETURN_IF_ERROR(metrics.write(line + "}"));
+    skippedSteps += r->skipped ? 1 : 0;
+    FORGE_RETURN_IF_ERROR(
+        metrics.write(metricsLine(tr, *r, dt, tokens, secondsSince(start), ev)));
 
     if (!std::isfinite(r->loss)) {
       // Bad data first: then the learning rate is not to blame.
