@@ -95,7 +95,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   llvm::DenseSet<Value> viewWantsLow;
   /// Low copies made for GEMM operands, by the f32 value.
   llvm::DenseMap<Value, Value> lowCopy;
-  int standaloneCasts = 0, paramCopies = 0;
+  int standaloneCasts = 0;
 
   void runOnOperation() override {
     if (precision == "fp32" || precision == "tf32") {
@@ -186,6 +186,12 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
 
   Type withElement(Value v, Type elem) { return tensorOf(v).clone(elem); }
 
+  /// forge.cast of `v` to element type `elem`, at b's insertion point.
+  Value castOf(OpBuilder &b, Location loc, Value v, Type elem) {
+    return b.create<CastOp>(loc, withElement(v, elem), v, TypeAttr::get(elem),
+                            b.getBoolAttr(true));
+  }
+
   /// A region input that became low: its block argument takes the new type,
   /// and (but in a gemm region, whose product reads it as an operand, and a
   /// view region) each reader gets a cast back to f32 right before it, free
@@ -203,9 +209,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     Type f32 = cast<RankedTensorType>(old).getElementType();
     for (OpOperand *use : llvm::map_to_vector(arg.getUses(), [](OpOperand &u) { return &u; })) {
       OpBuilder b(use->getOwner());
-      auto toF32 = b.create<CastOp>(fusion.getLoc(), old, arg, TypeAttr::get(f32),
-                                    b.getBoolAttr(true));
-      use->set(toF32.getResult());
+      use->set(castOf(b, fusion.getLoc(), arg, f32));
     }
   }
 
@@ -213,11 +217,9 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   void storeRegionResultLow(FusionOp fusion, unsigned r) {
     Operation *yield = fusion.getBlock().getTerminator();
     OpBuilder b(yield);
-    Value v = yield->getOperand(r);
-    auto cast = b.create<CastOp>(fusion.getLoc(), withElement(v, low), v, TypeAttr::get(low),
-                                 b.getBoolAttr(true));
-    yield->setOperand(r, cast.getResult());
-    fusion.getResult(r).setType(cast.getType());
+    Value lowered = castOf(b, fusion.getLoc(), yield->getOperand(r), low);
+    yield->setOperand(r, lowered);
+    fusion.getResult(r).setType(lowered.getType());
   }
 
   /// A gemm region's output 0 low: the product and the epilogue op it
@@ -247,11 +249,11 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
         for (unsigned i = 0; i < fusion.getInputs().size(); ++i)
           retypeRegionInput(fusion, i);
       if (followsInput(&op)) {
-        Type elem = tensorOf(op.getOperand(0)).getElementType();
         if (fusion)
           followViewRegion(fusion);
         else
-          op.getResult(0).setType(withElement(op.getResult(0), elem));
+          op.getResult(0).setType(
+              withElement(op.getResult(0), tensorOf(op.getOperand(0)).getElementType()));
         continue;
       }
       for (Value v : op.getResults()) {
@@ -284,29 +286,22 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       b.setInsertionPointToStart(arg.getOwner());
     else
       b.setInsertionPointAfter(v.getDefiningOp());
-    Location loc = v.getLoc();
-    auto region = b.create<FusionOp>(loc, TypeRange{withElement(v, low)}, ValueRange{v},
-                                     b.getStringAttr("loop"));
-    Block *block = b.createBlock(&region.getBody(), {}, {v.getType()}, {loc});
-    auto cast = b.create<CastOp>(loc, withElement(v, low), block->getArgument(0),
-                                 TypeAttr::get(low), b.getBoolAttr(true));
-    b.create<YieldOp>(loc, ValueRange{cast.getResult()});
     ++standaloneCasts;
-    return region.getResult(0);
+    return wrapInLoop(castOf(b, v.getLoc(), v, low).getDefiningOp()).getResult(0);
   }
 
-  /// Rebuilds `fusion` with one more result: `extra`'s low cast, made in
-  /// its body before the yield. Returns the new region (the old is erased).
+  /// Rebuilds `fusion` with one more result: the low cast of `yielded` (a
+  /// value of its body), made before the yield. Returns the new region (the
+  /// old is erased).
   FusionOp addLowOutput(FusionOp fusion, Value yielded) {
     Operation *yield = fusion.getBlock().getTerminator();
     OpBuilder b(yield);
-    auto cast = b.create<CastOp>(fusion.getLoc(), withElement(yielded, low), yielded,
-                                 TypeAttr::get(low), b.getBoolAttr(true));
+    Value lowered = castOf(b, fusion.getLoc(), yielded, low);
     SmallVector<Value> values(yield->getOperands());
-    values.push_back(cast.getResult());
+    values.push_back(lowered);
     yield->setOperands(values);
     SmallVector<Type> types(fusion.getResultTypes());
-    types.push_back(cast.getType());
+    types.push_back(lowered.getType());
     b.setInsertionPoint(fusion);
     auto grown = b.create<FusionOp>(fusion.getLoc(), types, fusion.getInputs(),
                                     fusion.getKindAttr());
@@ -376,7 +371,6 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     (void)func.insertArgument(at, withElement(param, low), attrs.getDictionary(ctx),
                               param.getLoc());
     Value copy = func.getArgument(at);
-    ++paramCopies;
     // Its update: the low cast of the master's new value.
     auto ret = cast<func::ReturnOp>(func.front().getTerminator());
     for (unsigned r = 0; r < ret.getNumOperands(); ++r) {
@@ -499,6 +493,14 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     return region;
   }
 
+  /// Operand i of a GEMM (and, in a gemm region, the block argument its
+  /// product reads) becomes `v`.
+  static void setGemmOperand(Operation *gemm, unsigned i, Value v) {
+    gemm->setOperand(i, v);
+    if (auto fusion = dyn_cast<FusionOp>(gemm))
+      fusion.getBlock().getArgument(i).setType(v.getType());
+  }
+
   LogicalResult fixGemmOperands() {
     SmallVector<Operation *> gemms;
     for (Operation &op : func.front().without_terminator())
@@ -509,19 +511,14 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
         Value v = gemm->getOperand(i);
         if (isLow(v) || !isF32Tensor(v))
           continue;
-        gemm->setOperand(i, lowCopyOf(v));
-        if (auto fusion = dyn_cast<FusionOp>(gemm))
-          fusion.getBlock().getArgument(i).setType(gemm->getOperand(i).getType());
+        setGemmOperand(gemm, i, lowCopyOf(v));
       }
       // A bias row beside a low output has the output's type (cuBLASLt's
       // RELU_BIAS takes no f32 bias beside a bf16 D): its low copy.
       Operation *product = productOf(gemm);
       if (isLow(product->getResult(0)) && gemm->getNumOperands() > 2 &&
-          product->getNumOperands() > 2 && isF32Tensor(gemm->getOperand(2))) {
-        gemm->setOperand(2, lowCopyOf(gemm->getOperand(2)));
-        if (auto fusion = dyn_cast<FusionOp>(gemm))
-          fusion.getBlock().getArgument(2).setType(gemm->getOperand(2).getType());
-      }
+          product->getNumOperands() > 2 && isF32Tensor(gemm->getOperand(2)))
+        setGemmOperand(gemm, 2, lowCopyOf(gemm->getOperand(2)));
       // Copies are made next to their sources, before their readers; checked.
       for (Value v : gemm->getOperands())
         if (Operation *def = v.getDefiningOp(); def && !def->isBeforeInBlock(gemm))

@@ -10,7 +10,6 @@
 #include <zlib.h>
 #include <cstring>
 
-#include "cpu/KernelUtil.h"
 #include "forge/runtime/CpuExecutor.h"
 #ifdef FORGE_HAVE_CUDA
 #include "cuda/CudaExecutor.h"
@@ -61,21 +60,6 @@ Executor::Executor(const Bundle &bundle) : bundle_(bundle) {
   }
 }
 
-namespace {
-/// f32 bytes as `to` (bf16/f16 rounded to nearest even, or f32).
-std::vector<uint8_t> convertFloats(std::span<const uint8_t> f32, bundle::DType to) {
-  size_t n = f32.size() / sizeof(float);
-  const float *src = reinterpret_cast<const float *>(f32.data());
-  if (to == bundle::F32)
-    return {f32.begin(), f32.end()};
-  std::vector<uint8_t> out(n * 2);
-  auto *dst = reinterpret_cast<uint16_t *>(out.data());
-  for (size_t i = 0; i < n; ++i)
-    dst[i] = to == bundle::BF16 ? cpu::floatToBf16(src[i]) : cpu::floatToHalf(src[i]);
-  return out;
-}
-} // namespace
-
 bool Executor::isDerivedCopy(int32_t index) const {
   return std::any_of(copies_.begin(), copies_.end(),
                      [&](const auto &c) { return c.first == index; });
@@ -93,8 +77,8 @@ Status Executor::refreshCopies(int32_t master) {
     TensorView v = view(m);
     if (!v.data)
       return Status::error("{}: cannot read parameter '{}'", bundle_.origin(), info.name());
-    std::vector<uint8_t> bytes = convertFloats(
-        {static_cast<const uint8_t *>(v.data), v.bytes()}, tensorInfo(copy).dtype());
+    std::vector<uint8_t> bytes =
+        narrowFloats(static_cast<const uint8_t *>(v.data), v.bytes(), tensorInfo(copy).dtype());
     if (!bytes.empty())
       FORGE_RETURN_IF_ERROR(writePersistent(copy, bytes));
   }

@@ -7,6 +7,8 @@
 // callers that validated shapes (the bundle loader) never see -1.
 #include "forge/runtime/Tensor.h"
 
+#include "cpu/KernelUtil.h"
+
 #include <limits>
 
 #include <fmt/format.h>
@@ -94,6 +96,18 @@ int64_t numElements(const std::vector<int64_t> &shape) {
 
 std::string shapeString(const std::vector<int64_t> &shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+std::vector<uint8_t> narrowFloats(const uint8_t *f32, size_t bytes, DType to) {
+  if (to == bundle::F32)
+    return {f32, f32 + bytes};
+  const size_t n = bytes / sizeof(float);
+  const auto *src = reinterpret_cast<const float *>(f32);
+  std::vector<uint8_t> out(n * 2);
+  auto *dst = reinterpret_cast<uint16_t *>(out.data());
+  for (size_t i = 0; i < n; ++i)
+    dst[i] = to == bundle::BF16 ? cpu::floatToBf16(src[i]) : cpu::floatToHalf(src[i]);
+  return out;
 }
 
 } // namespace forge::rt

@@ -184,23 +184,17 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   auto loss = scalarOutput(ex, tr->train_.index, "loss", true);
   if (!loss)
     return loss.status();
-  auto lr = scalarOutput(ex, tr->train_.index, "forge.lr", false);
-  if (!lr)
-    return lr.status();
-  auto gradNorm = scalarOutput(ex, tr->train_.index, "forge.grad_norm", false);
-  if (!gradNorm)
-    return gradNorm.status();
   tr->train_.loss = *loss;
-  tr->train_.extra1 = *lr;
-  tr->train_.extra2 = *gradNorm;
-  auto scale = scalarOutput(ex, tr->train_.index, "forge.loss_scale_used", false);
-  if (!scale)
-    return scale.status();
-  auto skipped = scalarOutput(ex, tr->train_.index, "forge.skipped", false);
-  if (!skipped)
-    return skipped.status();
-  tr->train_.scale = *scale;
-  tr->train_.skipped = *skipped;
+  // Optional scalar outputs (-1 when the bundle has none).
+  for (auto [name, into] : {std::pair{"forge.lr", &tr->train_.extra1},
+                            std::pair{"forge.grad_norm", &tr->train_.extra2},
+                            std::pair{"forge.loss_scale_used", &tr->train_.scale},
+                            std::pair{"forge.skipped", &tr->train_.skipped}}) {
+    auto t = scalarOutput(ex, tr->train_.index, name, false);
+    if (!t)
+      return t.status();
+    *into = *t;
+  }
 
   // Gradient outputs (forgec --expose-gradients): forge.grad.NAME.
   const std::string gradPrefix = "forge.grad.";

@@ -14,7 +14,6 @@
 #include <fmt/ranges.h>
 
 #include "DataUtil.h"
-#include "cpu/KernelUtil.h"
 #include "forge/runtime/DataSource.h"
 #include "forge/runtime/Npy.h"
 
@@ -82,15 +81,8 @@ public:
         FORGE_RETURN_IF_ERROR(checkLabels(a, f));
       size_t sampleBytes = static_cast<size_t>(numElements(f.sampleShape)) * dtypeSize(f.dtype);
       bound_.push_back({&a, sampleBytes, {}});
-      if (narrows) {
-        const float *v = reinterpret_cast<const float *>(t.bytes.data());
-        size_t n = t.bytes.size() / sizeof(float);
-        std::vector<uint8_t> &out = bound_.back().converted;
-        out.resize(n * 2);
-        auto *bits = reinterpret_cast<uint16_t *>(out.data());
-        for (size_t i = 0; i < n; ++i)
-          bits[i] = f.dtype == bundle::BF16 ? cpu::floatToBf16(v[i]) : cpu::floatToHalf(v[i]);
-      }
+      if (narrows)
+        bound_.back().converted = narrowFloats(t.bytes.data(), t.bytes.size(), f.dtype);
     }
     return Status::ok();
   }

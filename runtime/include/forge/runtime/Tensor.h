@@ -21,6 +21,11 @@ std::string_view dtypeName(DType t);
 DType dtypeFromName(std::string_view name);
 bool isFloatType(DType t);
 
+/// f32 bytes (a whole number of floats) in `to`: bf16 or f16 rounded to
+/// nearest even, or f32 unchanged. Parameters' low-precision copies and
+/// data narrowed for a bf16/f16 input.
+std::vector<uint8_t> narrowFloats(const uint8_t *f32, size_t bytes, DType to);
+
 int64_t numElements(const std::vector<int64_t> &shape);
 std::string shapeString(const std::vector<int64_t> &shape);
 
