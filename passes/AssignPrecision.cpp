@@ -10,7 +10,10 @@
 //    optimizer, the gradient norm and the returned metrics read (parameter
 //    gradients), operand 0 of a KeepFP32 op (logits into the loss, a norm's
 //    input, i.e. the residual stream, softmax's scores), a gemm's full C and
-//    the product written over it (the residual stream again), scalars.
+//    the product written over it (the residual stream again), scalars,
+//    attention's lse.
+//  * Attention (cuDNN's flash attention) reads q, k, v, o and grad_output
+//    low and writes o and the gradients low, whoever reads them.
 //  * A cast is never its own kernel where a neighbour can do it: a region
 //    stores its result low (the cast before its yield), a region reads a low
 //    input (the cast after its block argument, free in registers), a
@@ -57,6 +60,24 @@ bool isGemm(Operation *op) {
     return op->getParentOp() && isa<func::FuncOp>(op->getParentOp());
   auto fusion = dyn_cast<FusionOp>(op);
   return fusion && fusion.getKind() == "gemm";
+}
+
+/// Operand i of an attention op that cuDNN's flash attention reads in the
+/// low type: q, k, v (and o and grad_output of attention_grad), not lse.
+bool isAttentionLowOperand(Operation *op, unsigned i) {
+  if (isa<AttentionOp>(op))
+    return i < 3;
+  return isa<AttentionGradOp>(op) && i != 4;
+}
+
+/// A result cuDNN's flash attention writes in the low type (all but lse).
+bool isAttentionLowResult(Value v) {
+  auto r = dyn_cast<OpResult>(v);
+  if (!r)
+    return false;
+  if (isa<AttentionOp>(r.getOwner()))
+    return r.getResultNumber() == 0;
+  return isa<AttentionGradOp>(r.getOwner());
 }
 
 /// The product of a GEMM op (itself, or a gemm region's first body op).
@@ -119,6 +140,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     if (failed(fixGemmOperands()))
       return signalPassFailure();
     syncFunctionType();
+    if (auto eval = getOperation().lookupSymbol<func::FuncOp>("eval"))
+      lowerAttention(eval);
     func->setAttr("forge.precision", b.getStringAttr(precision));
     if (standaloneCasts)
       func.emitRemark() << "forge-assign-precision: " << standaloneCasts
@@ -137,6 +160,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       return i == 0 && viewWantsLow.contains(user->getResult(0));
     if (isGemm(user))
       return i < 2; // lhs and rhs; never C or an epilogue's row
+    if (isa<AttentionOp, AttentionGradOp>(user))
+      return isAttentionLowOperand(user, i);
     if (isa<ReduceSumOp>(user))
       return true; // sums in f32 and keeps its result's type (a bias gradient)
     auto fusion = dyn_cast<FusionOp>(user);
@@ -167,6 +192,10 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     Block &body = func.front();
     for (Operation &op : llvm::reverse(body.without_terminator())) {
       for (Value v : op.getResults()) {
+        if (isF32Tensor(v) && isAttentionLowResult(v)) { // cuDNN writes it low, read or not
+          lowValues.insert(v);
+          continue;
+        }
         if (!isF32Tensor(v) || tensorOf(v).getNumElements() < 2 || v.use_empty())
           continue;
         bool all = llvm::all_of(v.getUses(), [&](OpOperand &u) { return accepts(u); });
@@ -525,6 +554,14 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
           return gemm->emitError("forge-assign-precision: an operand's low copy comes after "
                                  "its GEMM");
     }
+    // Attention's operands: cuDNN reads them low.
+    for (Operation &op : func.front().without_terminator()) {
+      if (!isa<AttentionOp, AttentionGradOp>(op))
+        continue;
+      for (unsigned i = 0; i < op.getNumOperands(); ++i)
+        if (isAttentionLowOperand(&op, i) && isF32Tensor(op.getOperand(i)))
+          op.setOperand(i, lowCopyOf(op.getOperand(i)));
+    }
     // A loose add of a product (read by it alone) and a bias row, stored
     // low, becomes the product's BIAS epilogue in forge-select-library when
     // all three share a type (the add's operands must anyway): the product
@@ -546,6 +583,38 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       }
     }
     return success();
+  }
+
+  /// @eval stays f32 but for attention, which cuDNN runs in the low type
+  /// only: its operands get low casts and its output a cast back, each a
+  /// loop region of its own.
+  void lowerAttention(func::FuncOp f) {
+    llvm::DenseMap<Value, Value> lowered; // one cast per value
+    for (auto op : llvm::to_vector(f.front().getOps<AttentionOp>())) {
+      OpBuilder b(op);
+      Location loc = op.getLoc();
+      for (unsigned i = 0; i < 3; ++i) {
+        Value v = op->getOperand(i);
+        if (!isF32Tensor(v))
+          continue;
+        Value &cast = lowered[v];
+        if (!cast) {
+          ++standaloneCasts;
+          cast = wrapInLoop(castOf(b, loc, v, low).getDefiningOp()).getResult(0);
+        }
+        op->setOperand(i, cast);
+      }
+      Value o = op.getO();
+      if (!isF32Tensor(o))
+        continue;
+      Type f32 = tensorOf(o).getElementType();
+      o.setType(withElement(o, low));
+      b.setInsertionPointAfter(op);
+      Value back = castOf(b, loc, o, f32);
+      o.replaceAllUsesExcept(back, back.getDefiningOp());
+      ++standaloneCasts;
+      wrapInLoop(back.getDefiningOp());
+    }
   }
 
   void syncFunctionType() {

@@ -76,7 +76,21 @@ def RecognizeComposites : Pass<"forge-recognize-composites", "::mlir::func::Func
     intermediate read by the chain alone. The chain's ops are left dead for
     forge-eliminate-dead-code; nothing is folded (initializers are still
     constants in the import-cleanup stage, where the pipeline runs it).
+
+    Attention as exporters (and the importer, for ONNX Attention) write it:
+    matmul(q, k^T) [* scale | / c] [where(causal mask, -inf, .)],
+    softmax(last axis), matmul(., v), on [batch, heads, seq, head_dim]
+    tensors, becomes `forge.attention` (the scale 1 when absent; the mask a
+    boolean constant that is exactly the top-left causal triangle, -inf or a
+    value <= -1e9 where masked). `attention` says where: `all` (the CPU,
+    which has a kernel for every form), `cudnn` (only forms cuDNN's flash
+    attention takes: head sizes equal, a multiple of 8, at most 128) or
+    `none`. A match left unfused is counted in one remark with the reason.
   }];
+  let options = [
+    Option<"attention", "attention", "std::string", /*default=*/"\"all\"",
+           "Which attention chains become forge.attention: all | cudnn | none">,
+  ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 

@@ -1,10 +1,12 @@
 //===- RecognizeComposites.cpp - one op for what exporters decompose --------===//
 //
 // Exporters spell some ops as chains of elementwise ops (PyTorch below opset
-// 20 writes the tanh GELU as 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))).
-// One op is what later stages can reason about: its own gradient rule, and a
-// GEMM epilogue that computes it. The chain's ops are left dead (the
-// import-cleanup stage's dead-code elimination follows).
+// 20 writes the tanh GELU as 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+// and attention as matmul, scale, mask, softmax, matmul). One op is what later
+// stages can reason about: its own gradient rule, a GEMM epilogue that
+// computes the GELU, one fused kernel that never stores attention's T x T
+// scores. The chain's ops are left dead (the import-cleanup stage's dead-code
+// elimination follows).
 //
 // A match needs the exact constants (within 1e-6, relative) as one-element
 // forge.constant operands, and every intermediate read by the chain alone.
@@ -13,9 +15,12 @@
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
+#include "forge/Conversion/Conversion.h"
+
 #include "mlir/IR/Builders.h"
 
 #include <cmath>
+#include <limits>
 
 namespace mlir::forge {
 #define GEN_PASS_DEF_RECOGNIZECOMPOSITES
@@ -100,12 +105,168 @@ Value tanhGeluInput(MulOp root) {
   return nullptr;
 }
 
+/// Whether `v` is a one-element float constant that masks a score: -inf, or
+/// a finite value so negative that exp() of it is 0 in f32.
+bool isMaskFill(Value v) {
+  auto c = v.getDefiningOp<ConstantOp>();
+  auto dense = c ? dyn_cast<DenseElementsAttr>(c.getValue()) : DenseElementsAttr();
+  if (!dense || dense.getNumElements() != 1 || !isa<FloatType>(dense.getElementType()))
+    return false;
+  return (*dense.getValues<APFloat>().begin()).convertToDouble() <= -1e9;
+}
+
+/// Whether `mask` is a boolean constant of shape [1..., Tq, Tk] that is the
+/// top-left causal triangle: set where key j > query i (`setAbove`), or
+/// set where j <= i (`!setAbove`).
+bool isCausalMask(Value mask, int64_t tq, int64_t tk, bool setAbove) {
+  auto c = mask.getDefiningOp<ConstantOp>();
+  auto t = dyn_cast<RankedTensorType>(mask.getType());
+  if (!c || !t || !t.getElementType().isInteger(1) || t.getRank() < 2 ||
+      t.getDimSize(t.getRank() - 2) != tq || t.getDimSize(t.getRank() - 1) != tk)
+    return false;
+  for (int64_t d = 0; d + 2 < t.getRank(); ++d)
+    if (t.getDimSize(d) != 1)
+      return false;
+  auto values = dyn_cast<ElementsAttr>(c.getValue());
+  if (!values)
+    return false;
+  std::vector<uint8_t> bytes = elementsToBytes(values);
+  for (int64_t i = 0; i < tq; ++i)
+    for (int64_t j = 0; j < tk; ++j)
+      if ((bytes[i * tk + j] != 0) != (setAbove ? j > i : j <= i))
+        return false;
+  return true;
+}
+
+/// The value of a one-element float constant.
+std::optional<double> scalarOf(Value c) {
+  auto op = c.getDefiningOp<ConstantOp>();
+  auto dense = op ? dyn_cast<DenseElementsAttr>(op.getValue()) : DenseElementsAttr();
+  if (!dense || dense.getNumElements() != 1 || !isa<FloatType>(dense.getElementType()))
+    return std::nullopt;
+  return (*dense.getValues<APFloat>().begin()).convertToDouble();
+}
+
+/// An attention chain rooted at `pv` = matmul(softmax(...), v).
+struct AttentionMatch {
+  Value q, v;
+  /// k = transpose(kSource, kPerm) (no op when kPerm is the identity).
+  Value kSource;
+  SmallVector<int64_t> kPerm;
+  double scale = 1.0;
+  bool causal = false;
+};
+
+std::optional<AttentionMatch> matchAttention(MatMulOp pv) {
+  auto rank4 = [](Value x) {
+    auto t = dyn_cast<RankedTensorType>(x.getType());
+    return t && t.hasStaticShape() && t.getRank() == 4 && isa<FloatType>(t.getElementType());
+  };
+  if (!rank4(pv.getLhs()) || !rank4(pv.getRhs()) || !rank4(pv.getResult()) ||
+      pv.getTransA() || pv.getTransB())
+    return std::nullopt;
+  auto softmax = pv.getLhs().getDefiningOp<SoftmaxOp>();
+  if (!softmax || !pv.getLhs().hasOneUse() || softmax.getAxis() != 3)
+    return std::nullopt;
+  AttentionMatch m;
+  m.v = pv.getRhs();
+  Value s = softmax.getInput();
+  auto scores = cast<RankedTensorType>(s.getType());
+  int64_t tq = scores.getDimSize(2), tk = scores.getDimSize(3);
+  // [where(mask, fill, s) | where(mask, s, fill)]
+  if (auto where = s.getDefiningOp<WhereOp>(); where && s.hasOneUse()) {
+    Value cond = where.getCondition();
+    if (isMaskFill(where.getX()) && isCausalMask(cond, tq, tk, /*setAbove=*/true))
+      s = where.getY();
+    else if (isMaskFill(where.getY()) && isCausalMask(cond, tq, tk, /*setAbove=*/false))
+      s = where.getX();
+    else
+      return std::nullopt;
+    m.causal = true;
+    if (s.getType() != scores)
+      return std::nullopt;
+  }
+  // [s * c | c * s | s / c]
+  if (auto mul = s.getDefiningOp<MulOp>(); mul && s.hasOneUse()) {
+    for (auto [x, c] : {std::pair(mul.getLhs(), mul.getRhs()), std::pair(mul.getRhs(), mul.getLhs())})
+      if (auto value = scalarOf(c); value && x.getType() == scores) {
+        m.scale = *value;
+        s = x;
+        break;
+      }
+  } else if (auto div = s.getDefiningOp<DivOp>(); div && s.hasOneUse()) {
+    if (auto value = scalarOf(div.getRhs()); value && *value != 0 && div.getLhs().getType() == scores) {
+      m.scale = 1.0 / *value;
+      s = div.getLhs();
+    }
+  }
+  auto qk = s.getDefiningOp<MatMulOp>();
+  if (!qk || !s.hasOneUse() || qk.getTransA() || qk.getTransB() || !rank4(qk.getLhs()) ||
+      !rank4(qk.getRhs()) || !std::isfinite(m.scale) || m.scale <= 0)
+    return std::nullopt;
+  m.q = qk.getLhs();
+  // k^T = transpose(x, p) gives k = transpose(x, p with its last two swapped);
+  // any other k^T, k = transpose(k^T, (0, 1, 3, 2)).
+  m.kSource = qk.getRhs();
+  m.kPerm = {0, 1, 3, 2};
+  if (auto transpose = m.kSource.getDefiningOp<TransposeOp>(); transpose && m.kSource.hasOneUse()) {
+    ArrayRef<int64_t> p = transpose.getPerm();
+    m.kSource = transpose.getInput();
+    m.kPerm = {p[0], p[1], p[3], p[2]};
+  }
+  // ONNX Attention's import scales q and k by sqrt(scale) each.
+  auto q0 = m.q.getDefiningOp<MulOp>(), k0 = m.kSource.getDefiningOp<MulOp>();
+  if (q0 && k0 && m.q.hasOneUse() && m.kSource.hasOneUse() && m.scale == 1.0) {
+    auto qc = scalarOf(q0.getRhs()), kc = scalarOf(k0.getRhs());
+    if (qc && kc && *qc == *kc && q0.getLhs().getType() == m.q.getType() &&
+        k0.getLhs().getType() == m.kSource.getType()) {
+      m.scale = *qc * *kc;
+      m.q = q0.getLhs();
+      m.kSource = k0.getLhs();
+    }
+  }
+  auto q = cast<RankedTensorType>(m.q.getType()), kT = cast<RankedTensorType>(qk.getRhs().getType());
+  auto v = cast<RankedTensorType>(m.v.getType());
+  // One batch and head count (a broadcast k/v is GQA spelled out: not yet).
+  if (kT.getShape().take_front(2) != q.getShape().take_front(2) ||
+      v.getShape().take_front(2) != q.getShape().take_front(2) ||
+      kT.getElementType() != q.getElementType() || v.getElementType() != q.getElementType())
+    return std::nullopt;
+  return m;
+}
+
+/// Why cuDNN's flash attention would not take `m` ("" when it would).
+std::string cudnnRefusal(const AttentionMatch &m) {
+  int64_t d = cast<RankedTensorType>(m.q.getType()).getDimSize(3);
+  int64_t dv = cast<RankedTensorType>(m.v.getType()).getDimSize(3);
+  if (d != dv)
+    return "head sizes of q and v differ";
+  if (d % 8 != 0 || d > 128)
+    return "head size " + std::to_string(d) + " is not a multiple of 8 up to 128";
+  return "";
+}
+
+/// k as the match states it: kSource itself, or its transpose by kPerm.
+Value keyOf(OpBuilder &b, Location loc, const AttentionMatch &m) {
+  if (llvm::equal(m.kPerm, llvm::seq<int64_t>(0, 4)))
+    return m.kSource;
+  auto t = cast<RankedTensorType>(m.kSource.getType());
+  SmallVector<int64_t> shape;
+  for (int64_t p : m.kPerm)
+    shape.push_back(t.getDimSize(p));
+  return b.create<TransposeOp>(loc, RankedTensorType::get(shape, t.getElementType()), m.kSource,
+                               b.getDenseI64ArrayAttr(m.kPerm));
+}
+
 struct RecognizeCompositesPass
     : public mlir::forge::impl::RecognizeCompositesBase<RecognizeCompositesPass> {
+  using RecognizeCompositesBase::RecognizeCompositesBase;
+
   void runOnOperation() override {
     bool changed = false;
     SmallVector<MulOp> roots;
     getOperation().walk([&](MulOp op) { roots.push_back(op); });
+    changed |= recognizeAttention();
     for (MulOp root : roots) {
       auto type = dyn_cast<RankedTensorType>(root.getType());
       if (!type || !isa<FloatType>(type.getElementType()))
@@ -121,6 +282,46 @@ struct RecognizeCompositesPass
     }
     if (!changed)
       markAllAnalysesPreserved();
+  }
+
+  bool recognizeAttention() {
+    if (attention != "all" && attention != "cudnn" && attention != "none") {
+      getOperation().emitError() << "forge-recognize-composites: attention must be all, cudnn "
+                                    "or none, got '" << attention << "'";
+      signalPassFailure();
+      return false;
+    }
+    SmallVector<MatMulOp> roots;
+    getOperation().walk([&](MatMulOp op) { roots.push_back(op); });
+    bool changed = false;
+    int unfused = 0;
+    std::string why;
+    for (MatMulOp root : roots) {
+      std::optional<AttentionMatch> m = matchAttention(root);
+      if (!m)
+        continue;
+      std::string refusal = attention == "none"    ? "this target has no fused attention at "
+                                                     "this precision"
+                            : attention == "cudnn" ? cudnnRefusal(*m)
+                                                   : "";
+      if (!refusal.empty()) {
+        ++unfused;
+        why = refusal;
+        continue;
+      }
+      OpBuilder b(root);
+      Location loc = root.getLoc();
+      Value k = keyOf(b, loc, *m);
+      auto op = b.create<AttentionOp>(loc, m->q, k, m->v, b.getF64FloatAttr(m->scale),
+                                      b.getBoolAttr(m->causal));
+      root.getResult().replaceAllUsesWith(op.getO());
+      root.erase();
+      changed = true;
+    }
+    if (unfused)
+      getOperation().emitRemark() << "forge-recognize-composites: " << unfused
+                                  << " attention chain(s) left unfused (" << why << ")";
+    return changed;
   }
 };
 

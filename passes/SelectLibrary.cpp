@@ -46,6 +46,30 @@ bool cudnnTakes(Operation *op) {
   return true;
 }
 
+/// Why cuDNN's flash attention (runtime/lib/cuda/Attention.h) does not take
+/// an attention or attention_grad op ("" when it does): q, k, v (and o,
+/// grad_output and the gradients) in one of bf16/f16, lse f32, head sizes
+/// equal, a multiple of 8 up to 128.
+std::string cudnnAttentionRefusal(Operation *op) {
+  auto q = cast<RankedTensorType>(op->getOperand(0).getType());
+  Type elem = q.getElementType();
+  if (!elem.isBF16() && !elem.isF16())
+    return "cuDNN's flash attention takes bf16 or f16 operands (compile with --precision bf16 "
+           "or fp16)";
+  SmallVector<Value> values(op->getOperands());
+  llvm::append_range(values, op->getResults());
+  for (Value v : values) {
+    auto t = cast<RankedTensorType>(v.getType());
+    bool lse = isa<AttentionOp>(op) ? v == op->getResult(1) : v == op->getOperand(4);
+    if (t.getElementType() != (lse ? Type(Float32Type::get(op->getContext())) : elem))
+      return lse ? "its lse must be f32" : "its operands and results must share one type";
+  }
+  int64_t d = q.getDimSize(3), dv = cast<RankedTensorType>(op->getOperand(2).getType()).getDimSize(3);
+  if (d != dv || d % 8 != 0 || d > 128)
+    return "head sizes must be equal, a multiple of 8, at most 128";
+  return "";
+}
+
 /// A cuBLASLt problem (the bundle's MatmulProblem; runtime/lib/cuda/Matmul.h
 /// executes it as stated): row-major Y = alpha op(lhs) op(rhs) (+ beta C |
 /// + bias row) over `batch` strided batches.
@@ -303,6 +327,23 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
         region.inlineBody();
       }
     }
+    // Attention has no generated kernel: cuDNN's flash attention runs it
+    // (forge-recognize-composites formed it only in the forms cuDNN takes,
+    // and forge-assign-precision gave it bf16/f16 operands).
+    WalkResult attention = getOperation().walk([&](Operation *op) {
+      if (!isa<AttentionOp, AttentionGradOp>(op))
+        return WalkResult::advance();
+      if (std::string why = cudnnAttentionRefusal(op); !why.empty()) {
+        op->emitError() << "forge-select-library: no CUDA kernel for " << op->getName() << ": "
+                        << why;
+        return WalkResult::interrupt();
+      }
+      op->setAttr("forge.library", StringAttr::get(op->getContext(), "cudnn"));
+      changed = true;
+      return WalkResult::advance();
+    });
+    if (attention.wasInterrupted())
+      return signalPassFailure();
     getOperation().walk([&](Operation *op) {
       if (!isa<MatMulOp, GemmOp, ConvOp, ConvTransposeOp, ConvGradWeightOp>(op) ||
           op->getParentOfType<FusionOp>())

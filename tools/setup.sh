@@ -43,6 +43,16 @@ if ! .venv/bin/python3 -c "import numpy, onnx" 2>/dev/null; then
   .venv/bin/pip install -q -r tools/requirements-test.txt
 fi
 
+# Where CUDA is present, the header-only cuDNN frontend (fused attention): the
+# nvidia-cudnn-frontend wheel's include/, found by CMake at configure time and never
+# copied into the tree (DESIGN.md §3). Headers only: --no-deps skips its Python stack.
+if [ -d /usr/local/cuda ] || command -v nvcc >/dev/null 2>&1; then
+  if ! ls .venv/lib/python3*/site-packages/include/cudnn_frontend.h >/dev/null 2>&1; then
+    .venv/bin/pip install -q --no-deps nvidia-cudnn-frontend==1.32.0 ||
+      echo "warning: nvidia-cudnn-frontend not installed; CUDA bundles with fused attention will be refused" >&2
+  fi
+fi
+
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
 # Share cache hits between clones at different paths (CI, worktrees).
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}

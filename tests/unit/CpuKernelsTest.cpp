@@ -351,6 +351,7 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "batch_norm_training",
                                         "layer_norm",
                                         "group_norm",
+                                        "attention",
                                         "softmax",
                                         "log_softmax",
                                         "nll_loss",
@@ -401,6 +402,7 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "gather_elements_grad",
                                         "slice_grad",
                                         "pad_grad",
+                                        "attention_grad",
                                         // Bundle-level op (BundleEmitter write-back).
                                         "copy"};
   for (const std::string &op : ops)

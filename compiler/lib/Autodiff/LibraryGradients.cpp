@@ -226,3 +226,22 @@ FORGE_GRADIENT(AvgPoolOp) {
   }));
   return gb.status();
 }
+
+//===----------------------------------------------------------------------===//
+// attention: one attention_grad (flash attention's backward recomputes the
+// probabilities from q, k and the forward's lse; nothing T x T is saved)
+//===----------------------------------------------------------------------===//
+
+FORGE_GRADIENT(AttentionOp) {
+  if (resultGrads[1])
+    return emitOpError("has no gradient rule for its lse result (it is read only by "
+                       "attention_grad)");
+  GradientBuilder gb(builder, getLoc());
+  SmallVector<Value> grads =
+      gb.create("attention_grad", {getQ(), getK(), getV(), getO(), getLse(), resultGrads[0]},
+                {gb.attr("scale", getScale().convertToDouble()), gb.attr("causal", getCausal())});
+  if (grads.size() != 3)
+    return failure();
+  operandGrads.append(grads.begin(), grads.end());
+  return gb.status();
+}

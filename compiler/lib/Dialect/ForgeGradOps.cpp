@@ -279,6 +279,32 @@ static LogicalResult inferSoftmaxGrad(std::optional<Location> loc, Adaptor adapt
   return success();
 }
 
+FORGE_INFER(AttentionGradOp) {
+  Type q = adaptor.getQ().getType(), k = adaptor.getK().getType(), v = adaptor.getV().getType();
+  auto shape = attentionShape(loc, q, k, v);
+  if (failed(shape))
+    return failure();
+  auto o = rankedOrNull(adaptor.getO().getType());
+  auto lse = rankedOrNull(adaptor.getLse().getType());
+  auto dout = rankedOrNull(adaptor.getGradOutput().getType());
+  if (!o || !lse || !dout)
+    return failInference(loc, "attention_grad: o, lse and grad_output must be static tensors");
+  if (failed(requireShape(loc, o, *shape, "attention_grad: o")) ||
+      failed(requireShape(loc, dout, *shape, "attention_grad: grad_output")) ||
+      failed(requireShape(loc, lse, ArrayRef<int64_t>(*shape).drop_back(), "attention_grad: lse")))
+    return failure();
+  inferred.append({q, k, v});
+  return success();
+}
+
+OpCost AttentionGradOp::computeCost() {
+  OpCost cost = estimateDefaultCost(getOperation(), 0);
+  // Five products: the recomputed scores, dv, dP, dq and dk.
+  cost.flops = attentionFlops(getQ().getType(), getK().getType(), getV().getType(),
+                              getCausal()) * 5 / 2;
+  return cost;
+}
+
 FORGE_INFER(SoftmaxGradOp) { return inferSoftmaxGrad(loc, adaptor, inferred); }
 FORGE_INFER(LogSoftmaxGradOp) { return inferSoftmaxGrad(loc, adaptor, inferred); }
 

@@ -528,6 +528,25 @@ FORGE_INFER(GroupNormOp) {
     return failInference(loc, "channels must be divisible by num_groups");
   return success();
 }
+FORGE_INFER(AttentionOp) {
+  auto shape = attentionShape(loc, adaptor.getQ().getType(), adaptor.getK().getType(),
+                              adaptor.getV().getType());
+  if (failed(shape))
+    return failure();
+  inferred.push_back(withShape(adaptor.getQ().getType(), *shape));
+  // f32 beside low and f32 operands; f64 beside f64 ones (the gradient checks).
+  Type q = cast<RankedTensorType>(adaptor.getQ().getType()).getElementType();
+  Type lse = q.isF64() ? q : Float32Type::get(context);
+  inferred.push_back(RankedTensorType::get(ArrayRef<int64_t>(*shape).drop_back(), lse));
+  return success();
+}
+
+OpCost AttentionOp::computeCost() {
+  OpCost cost = estimateDefaultCost(getOperation(), 0);
+  cost.flops = attentionFlops(getQ().getType(), getK().getType(), getV().getType(), getCausal());
+  return cost;
+}
+
 FORGE_INFER(SoftmaxOp) {
   if (failed(inferSameAsInput(loc, adaptor.getInput(), inferred)))
     return failure();

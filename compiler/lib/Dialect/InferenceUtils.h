@@ -28,6 +28,37 @@ inline Type withShape(Type t, ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, cast<RankedTensorType>(t).getElementType());
 }
 
+/// attention's operands: q [B, H, Tq, D], k [B, Hk, Tk, D], v [B, Hk, Tk, Dv],
+/// H % Hk == 0, one float type. Returns o's shape [B, H, Tq, Dv].
+inline FailureOr<SmallVector<int64_t>> attentionShape(std::optional<Location> loc, Type qType,
+                                                      Type kType, Type vType) {
+  auto q = rankedOrNull(qType), k = rankedOrNull(kType), v = rankedOrNull(vType);
+  if (!q || !k || !v || q.getRank() != 4 || k.getRank() != 4 || v.getRank() != 4)
+    return failInference(loc, "attention: q, k and v must be static [batch, heads, seq, "
+                              "head_dim] tensors");
+  if (!isa<FloatType>(q.getElementType()) || k.getElementType() != q.getElementType() ||
+      v.getElementType() != q.getElementType())
+    return failInference(loc, "attention: q, k and v must have one float element type");
+  int64_t b = q.getDimSize(0), h = q.getDimSize(1), hk = k.getDimSize(1);
+  if (k.getDimSize(0) != b || v.getDimSize(0) != b || v.getDimSize(1) != hk || hk <= 0 ||
+      h % hk != 0)
+    return failInference(loc, "attention: k and v need q's batch and a head count dividing q's");
+  if (k.getDimSize(3) != q.getDimSize(3) || v.getDimSize(2) != k.getDimSize(2))
+    return failInference(loc, "attention: k needs q's head size and v k's sequence length");
+  return SmallVector<int64_t>{b, h, q.getDimSize(2), v.getDimSize(3)};
+}
+
+/// FLOPs of attention's two products, [B, H, Tq, Tk] x D each, the causal
+/// mask skipping about half.
+inline int64_t attentionFlops(Type qType, Type kType, Type vType, bool causal) {
+  auto q = cast<RankedTensorType>(qType), k = cast<RankedTensorType>(kType);
+  auto v = cast<RankedTensorType>(vType);
+  int64_t pairs = q.getDimSize(0) * q.getDimSize(1) * q.getDimSize(2) * k.getDimSize(2);
+  if (causal)
+    pairs /= 2;
+  return 2 * pairs * (q.getDimSize(3) + v.getDimSize(3));
+}
+
 /// Output extent of a sliding window (conv, pools; ONNX formula).
 inline int64_t windowOutput(int64_t in, int64_t kernel, int64_t stride, int64_t padBegin,
                             int64_t padEnd, int64_t dilation, bool ceilMode) {

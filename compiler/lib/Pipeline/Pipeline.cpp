@@ -58,6 +58,17 @@ void addFusion(OpPassManager &pm, const PipelineOptions &options) {
   pm.addPass(createFuse(fuse));
 }
 
+/// Which attention chains forge-recognize-composites turns into one op.
+RecognizeCompositesOptions recognizeOptions(const PipelineOptions &options, bool training) {
+  RecognizeCompositesOptions recognize;
+  bool low = training && (options.precision == "bf16" || options.precision == "fp16");
+  if (StringRef(options.target).starts_with("cuda"))
+    recognize.attention = low ? "cudnn" : "none";
+  else
+    recognize.attention = "all";
+  return recognize;
+}
+
 /// Stage "placement", last: where each op runs, decided on the final graph
 /// (later stages would change what a kernel computes). CUDA: library calls
 /// are marked first, so that the kernel generator skips them; the generator
@@ -94,7 +105,11 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // must reach the train-step stage unchanged to become parameters.
   // Composites first (the tanh GELU as one op), so that the train step
   // differentiates the op by its own rule; they leave their chains dead.
-  pm.addNestedPass<func::FuncOp>(createRecognizeComposites());
+  // Attention is formed only where the target has a fused kernel for it (the
+  // CPU always; CUDA: cuDNN's flash attention, which takes bf16/fp16 only,
+  // the types forge-assign-precision gives it later); elsewhere its chain
+  // stays, and the remark says why.
+  pm.addNestedPass<func::FuncOp>(createRecognizeComposites(recognizeOptions(options, true)));
   pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
   // Stage "train-step construction": @main -> @train_step + @eval. Before the
   // graph cleanup, which would fold parameter initializers into constants;
@@ -131,8 +146,9 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
 
 void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOptions &options) {
   // No train step: initializers are constants and may fold. Composites
-  // first, before folding could take their constants apart.
-  pm.addNestedPass<func::FuncOp>(createRecognizeComposites());
+  // first, before folding could take their constants apart. No precision
+  // pass here: CUDA keeps attention's chain (cuDNN takes no f32).
+  pm.addNestedPass<func::FuncOp>(createRecognizeComposites(recognizeOptions(options, false)));
   addGraphCleanup(pm, options);
   addFusion(pm, options);
   addPlacement(pm, options);

@@ -23,22 +23,6 @@
 namespace forge::rt::cpu {
 namespace {
 
-/// f32/f64 natively, f16/bf16 through f32 copies of the operands of that dtype.
-template <typename F> Status visitGradTypes(DType t, KernelContext &ctx, KernelFn self, F &&f) {
-  switch (t) {
-  case bundle::F16:
-    return runInFloat<Half>(ctx, self);
-  case bundle::BF16:
-    return runInFloat<BFloat16>(ctx, self);
-  case bundle::F32:
-    return f(Tag<float>{});
-  case bundle::F64:
-    return f(Tag<double>{});
-  default:
-    return unsupportedDType(t);
-  }
-}
-
 /// Reads the window attributes shared by conv and the pools; `sp` spatial dims.
 struct WindowAttrs {
   std::vector<int64_t> kernel, strides, pads, dilations;

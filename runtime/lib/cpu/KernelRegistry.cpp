@@ -204,6 +204,7 @@ const Registry &cpuRegistry() {
     registerMovementKernels(r);
     registerLossKernels(r);
     registerBackwardKernels(r);
+    registerAttentionKernels(r);
     registerRandomKernels(r);
     r.add("copy", &copyKernel, 1, 1);
     return r;

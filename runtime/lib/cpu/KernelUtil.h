@@ -346,6 +346,24 @@ template <typename T> Status runInFloat(KernelContext &ctx, KernelFn fn) {
   return Status::ok();
 }
 
+/// f32/f64 natively (f(Tag<T>{})), f16/bf16 through f32 copies of the operands of
+/// that dtype (runInFloat of `self`).
+template <typename F> Status visitGradTypes(DType t, KernelContext &ctx, KernelFn self, F &&f) {
+  switch (t) {
+  case bundle::F16:
+    return runInFloat<Half>(ctx, self);
+  case bundle::BF16:
+    return runInFloat<BFloat16>(ctx, self);
+  case bundle::F32:
+    return f(Tag<float>{});
+  case bundle::F64:
+    return f(Tag<double>{});
+  default:
+    return unsupportedDType(t);
+  }
+}
+
+
 //===----------------------------------------------------------------------===//
 // Registry
 //===----------------------------------------------------------------------===//
@@ -378,6 +396,7 @@ void registerNormKernels(Registry &r);
 void registerMovementKernels(Registry &r);
 void registerLossKernels(Registry &r);
 void registerBackwardKernels(Registry &r);
+void registerAttentionKernels(Registry &r);
 void registerRandomKernels(Registry &r);
 
 /// The registry with every CPU kernel (built on first use).

@@ -103,3 +103,45 @@ func.func @train_step(%x: tensor<4x4xf32> {forge.kind = "input", forge.name = "x
   }
   return %r, %o, %e : tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>
 }
+
+// -----
+
+// Attention (cuDNN's flash attention reads and writes bf16 only): q, k, v made
+// by a loop region are stored bf16 there; o and the gradients are bf16 whoever
+// reads them (the f32 readers' regions cast after their block arguments); lse
+// stays f32. @eval keeps f32 around it: casts to bf16 before, back after.
+// CHECK-LABEL: func @train_step
+// CHECK: %[[QKV:.+]]:3 = forge.fusion "loop"{{.*}} -> (tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>)
+// CHECK: %[[O:.+]], %[[L:.+]] = forge.attention %[[QKV]]#0, %[[QKV]]#1, %[[QKV]]#2 {{.*}} -> (tensor<1x2x8x16xbf16>, tensor<1x2x8xf32>)
+// CHECK: %[[Y:.+]]:2 = forge.fusion "loop"(%[[O]]) : (tensor<1x2x8x16xbf16>) -> (tensor<1x2x8x16xf32>, tensor<1x2x8x16xbf16>)
+// CHECK-NEXT: ^bb0(%{{.*}}: tensor<1x2x8x16xbf16>):
+// CHECK-NEXT: forge.cast %{{.*}} {to = f32}
+// CHECK: forge.attention_grad %[[QKV]]#0, %[[QKV]]#1, %[[QKV]]#2, %[[O]], %[[L]], %[[Y]]#1 {{.*}} : (tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8xf32>, tensor<1x2x8x16xbf16>) -> (tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>)
+// CHECK-LABEL: func @eval
+// CHECK: %[[C:.+]] = forge.fusion "loop"(%arg0) : (tensor<1x2x8x16xf32>) -> tensor<1x2x8x16xbf16>
+// CHECK: %[[EO:.+]], %{{.+}} = forge.attention %[[C]], %[[C]], %[[C]] {{.*}} -> (tensor<1x2x8x16xbf16>, tensor<1x2x8xf32>)
+// CHECK: %[[B:.+]] = forge.fusion "loop"(%[[EO]]) : (tensor<1x2x8x16xbf16>) -> tensor<1x2x8x16xf32>
+// CHECK: return %[[B]]
+// FP32-LABEL: func @train_step
+// FP32-NOT: bf16
+func.func @train_step(%x: tensor<1x2x8x16xf32> {forge.kind = "input", forge.name = "x"})
+    -> (tensor<1x2x8x16xf32> {forge.output = "y"}, tensor<1x2x8x16xf32> {forge.output = "dq"}) {
+  %qkv:3 = forge.fusion "loop"(%x) : (tensor<1x2x8x16xf32>) -> (tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>) {
+  ^bb0(%a: tensor<1x2x8x16xf32>):
+    %n = forge.neg %a : (tensor<1x2x8x16xf32>) -> tensor<1x2x8x16xf32>
+    %e = forge.exp %a : (tensor<1x2x8x16xf32>) -> tensor<1x2x8x16xf32>
+    forge.yield %a, %n, %e : tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>
+  }
+  %o, %lse = forge.attention %qkv#0, %qkv#1, %qkv#2 {causal = true, scale = 2.500000e-01 : f64} : (tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>) -> (tensor<1x2x8x16xf32>, tensor<1x2x8xf32>)
+  %y = forge.fusion "loop"(%o) : (tensor<1x2x8x16xf32>) -> tensor<1x2x8x16xf32> {
+  ^bb0(%a: tensor<1x2x8x16xf32>):
+    %t = forge.tanh %a : (tensor<1x2x8x16xf32>) -> tensor<1x2x8x16xf32>
+    forge.yield %t : tensor<1x2x8x16xf32>
+  }
+  %dq, %dk, %dv = forge.attention_grad %qkv#0, %qkv#1, %qkv#2, %o, %lse, %y {causal = true, scale = 2.500000e-01 : f64} : (tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>, tensor<1x2x8xf32>, tensor<1x2x8x16xf32>) -> (tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>)
+  return %y, %dq : tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>
+}
+func.func @eval(%x: tensor<1x2x8x16xf32> {forge.kind = "input", forge.name = "x"}) -> tensor<1x2x8x16xf32> {
+  %o, %lse = forge.attention %x, %x, %x {causal = false, scale = 2.500000e-01 : f64} : (tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>) -> (tensor<1x2x8x16xf32>, tensor<1x2x8xf32>)
+  return %o : tensor<1x2x8x16xf32>
+}

@@ -207,3 +207,15 @@ func.func @low_precision(%a: tensor<4x8xbf16>, %b: tensor<8x5xbf16>, %bias: tens
   %2 = forge.gemm %a, %b, %c {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<4x8xbf16>, tensor<8x5xbf16>, tensor<4x5xf32>) -> tensor<4x5xbf16>
   return %0, %1, %2 : tensor<4x5xf32>, tensor<4x5xbf16>, tensor<4x5xbf16>
 }
+
+// -----
+
+// Attention and its gradient in bf16 (f32 lse), head size 64: cuDNN's flash attention.
+// CHECK-LABEL: func @attention_bf16
+// CHECK: forge.attention %arg0, %arg1, %arg2 {causal = true, forge.library = "cudnn", scale = 1.250000e-01 : f64}
+// CHECK: forge.attention_grad {{.*}}forge.library = "cudnn"
+func.func @attention_bf16(%q: tensor<1x2x16x64xbf16>, %k: tensor<1x2x16x64xbf16>, %v: tensor<1x2x16x64xbf16>, %do: tensor<1x2x16x64xbf16>) -> (tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>) {
+  %o, %lse = forge.attention %q, %k, %v {causal = true, scale = 1.250000e-01 : f64} : (tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>) -> (tensor<1x2x16x64xbf16>, tensor<1x2x16xf32>)
+  %dq, %dk, %dv = forge.attention_grad %q, %k, %v, %o, %lse, %do {causal = true, scale = 1.250000e-01 : f64} : (tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16xf32>, tensor<1x2x16x64xbf16>) -> (tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>)
+  return %o, %dq : tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>
+}

@@ -85,8 +85,8 @@ TEST(DialectTable, EveryOpHasAllFacts) {
 }
 
 // The library class means a cuBLASLt/cuDNN (OpenBLAS on the CPU) call: only
-// GEMMs and convolutions. Pools are generated window reductions.
-TEST(DialectTable, LibraryClassIsGemmsAndConvolutions) {
+// GEMMs, convolutions and fused attention. Pools are generated window reductions.
+TEST(DialectTable, LibraryClassIsGemmsConvolutionsAndAttention) {
   MLIRContext ctx;
   ctx.loadDialect<ForgeDialect>();
   std::set<std::string> library;
@@ -95,7 +95,7 @@ TEST(DialectTable, LibraryClassIsGemmsAndConvolutions) {
         facts && facts->getFusionClass() == FusionClass::Library)
       library.insert(name.stripDialect().str());
   EXPECT_EQ(library, (std::set<std::string>{"matmul", "gemm", "conv", "conv_transpose",
-                                            "conv_grad_weight"}));
+                                            "conv_grad_weight", "attention", "attention_grad"}));
 }
 
 TEST(DialectTable, IntegerAndMaskOpsAreNotDifferentiable) {

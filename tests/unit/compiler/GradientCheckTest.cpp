@@ -418,6 +418,23 @@ std::vector<Case> allCases() {
          {I("num_groups", 3), F("epsilon", 1e-5)}));
   add(mk("group_norm", "instance", {var({2, 3, 4}), var({3}), var({3})},
          {I("num_groups", 3), F("epsilon", 1e-3)}));
+  // attention: o enters the loss (lse is read only by attention_grad). Causal
+  // and not, Tq != Tk, GQA (4 query heads on 2 key/value heads), Dv != D.
+  {
+    Case c = mk("attention", "causal", {var({2, 2, 5, 4}), var({2, 2, 5, 4}), var({2, 2, 5, 4})},
+                {F("scale", 0.5), B("causal", true)});
+    c.lossResults = 1;
+    add(c);
+    c = mk("attention", "cross_gqa", {var({1, 4, 3, 8}), var({1, 2, 6, 8}), var({1, 2, 6, 5})},
+           {F("scale", 0.35), B("causal", false)});
+    c.lossResults = 1;
+    add(c);
+    c = mk("attention", "causal_gqa_long_keys",
+           {var({2, 2, 3, 4}), var({2, 1, 7, 4}), var({2, 1, 7, 4})},
+           {F("scale", 1.0), B("causal", true)});
+    c.lossResults = 1;
+    add(c);
+  }
   for (std::string op : {"softmax", "log_softmax"}) {
     add(mk(op, "rows", {var({3, 5}, uniform(-2, 2))}, {I("axis", 1)}));
     add(mk(op, "middle_axis", {var({2, 3, 4}, uniform(-2, 2))}, {I("axis", 1)}));

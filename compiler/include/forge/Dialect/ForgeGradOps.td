@@ -169,6 +169,26 @@ def Forge_GroupNormGradOp : Forge_NormGradOp<"group_norm_grad", "GroupNormalizat
   let summary = "Backward of group_norm (per-channel scale and bias of shape [C])";
 }
 
+// The whole attention backward as one op (cuDNN's flash attention backward):
+// the probabilities are recomputed from q, k and the forward's lse, never read.
+def Forge_AttentionGradOp : Forge_GradOp<"attention_grad", "Attention", FusionLibrary, PrecisionTensorCore> {
+  let summary = "Gradients of attention w.r.t. q, k and v";
+  let description = [{
+    With P = exp(scale q k^T [masked] - lse) and D_i = sum_d do[i, d] o[i, d]:
+    dv = P^T do, dP = do v^T, dS = P * (dP - D), dq = scale dS k,
+    dk = scale dS^T q; a key/value head shared by several query heads (GQA)
+    sums their contributions. Operands and attributes are the forward's.
+  }];
+  let arguments = (ins AnyForgeTensor:$q, AnyForgeTensor:$k, AnyForgeTensor:$v,
+                       AnyForgeTensor:$o, AnyForgeTensor:$lse, AnyForgeTensor:$grad_output,
+                       F64Attr:$scale, BoolAttr:$causal);
+  let results = (outs AnyForgeTensor:$grad_q, AnyForgeTensor:$grad_k, AnyForgeTensor:$grad_v);
+  let assemblyFormat = "$q `,` $k `,` $v `,` $o `,` $lse `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let opsetMin = 23;
+  let opsetMax = 23;
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
 def Forge_SoftmaxGradOp : Forge_GradOp<"softmax_grad", "Softmax", FusionReduction, PrecisionKeepFP32> {
   let summary = "dx = y * (dy - sum(dy * y)) along `axis`, y the softmax result";
   let arguments = (ins AnyForgeTensor:$result, AnyForgeTensor:$grad_output, I64Attr:$axis);

@@ -310,6 +310,30 @@ def Forge_GroupNormOp : Forge_Op<"group_norm", "GroupNormalization,InstanceNorma
   let flopsPerElement = 8;
 }
 
+// One op for what exporters spell as matmul, scale, mask, softmax, matmul
+// (forge-recognize-composites) and for ONNX Attention: its own gradient rule,
+// and one fused kernel (cuDNN's flash attention) where the T x T scores are
+// never stored. forge-decompose-attention expands it back into those ops where
+// the target has no fused kernel for its form.
+def Forge_AttentionOp : Forge_Op<"attention", "Attention", FusionLibrary, PrecisionTensorCore, 1> {
+  let summary = "softmax(scale q k^T [causal]) v and each row's log-sum-exp";
+  let description = [{
+    q [B, H, Tq, D], k [B, Hk, Tk, D], v [B, Hk, Tk, Dv] with H % Hk == 0:
+    query head h reads key/value head h / (H / Hk) (GQA, MQA). `causal`: key j
+    is visible to query i iff j <= i (the top-left diagonal). Results: o
+    [B, H, Tq, Dv] in q's type, and lse [B, H, Tq] f32 (f64 beside f64 q), the natural-log
+    log-sum-exp of each row of scaled, masked scores, from which the backward
+    recomputes the probabilities.
+  }];
+  let arguments = (ins AnyForgeTensor:$q, AnyForgeTensor:$k, AnyForgeTensor:$v,
+                       F64Attr:$scale, BoolAttr:$causal);
+  let results = (outs AnyForgeTensor:$o, AnyForgeTensor:$lse);
+  let assemblyFormat = "$q `,` $k `,` $v attr-dict `:` functional-type(operands, results)";
+  let opsetMin = 23;
+  let opsetMax = 23;
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
 def Forge_SoftmaxOp : Forge_Op<"softmax", "Softmax", FusionReduction, PrecisionKeepFP32, 1> {
   let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis);
   let results = (outs AnyForgeTensor:$result);

@@ -1,0 +1,184 @@
+// attention / attention_grad (ForgeOps.td, ForgeGradOps.td): the reference
+// kernels of the fused flash attention the CUDA target runs through cuDNN.
+//
+// Invariants:
+//  * one query row at a time: scores of a row are made, used and dropped, so
+//    nothing T x T is ever stored (the backward recomputes the probabilities
+//    from q, k and lse, as flash attention does);
+//  * causal: key j is visible to query i iff j <= i (the top-left diagonal);
+//    query head h reads key/value head h / (H / Hk);
+//  * f32/f64 compute natively with double accumulation; f16/bf16 are staged
+//    through f32 copies by the registry; lse is f32 (f64 beside f64 operands);
+//  * results do not depend on the thread count: the forward splits rows, the
+//    backward splits key/value heads, and each sums in a fixed order.
+#include "KernelUtil.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace forge::rt::cpu {
+namespace {
+
+struct AttentionShape {
+  int64_t b, h, hk, tq, tk, d, dv;
+  double scale;
+  bool causal;
+  /// Keys visible to query row i.
+  int64_t keys(int64_t i) const { return causal ? std::min(tk, i + 1) : tk; }
+};
+
+Expected<AttentionShape> readShape(KernelContext &ctx) {
+  const TensorView &q = ctx.inputs[0], &k = ctx.inputs[1], &v = ctx.inputs[2];
+  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4)
+    return Status::error("q, k and v must be [batch, heads, seq, head_dim], got ranks {}, {}, {}",
+                         q.rank(), k.rank(), v.rank());
+  AttentionShape s{q.shape[0], q.shape[1], k.shape[1], q.shape[2],
+                   k.shape[2], q.shape[3], v.shape[3], 0.0,        false};
+  if (s.hk <= 0 || s.h % s.hk != 0 || k.shape[0] != s.b || v.shape[0] != s.b ||
+      v.shape[1] != s.hk || k.shape[3] != s.d || v.shape[2] != s.tk)
+    return Status::error("k and v do not fit q (q [{}, {}, {}, {}], k [{}, {}, {}, {}], "
+                         "v [{}, {}, {}, {}])",
+                         q.shape[0], q.shape[1], q.shape[2], q.shape[3], k.shape[0], k.shape[1],
+                         k.shape[2], k.shape[3], v.shape[0], v.shape[1], v.shape[2], v.shape[3]);
+  FORGE_RETURN_IF_ERROR(checkDType(k, q.dtype, "k"));
+  FORGE_RETURN_IF_ERROR(checkDType(v, q.dtype, "v"));
+  CPU_ASSIGN_OR_RETURN(s.scale, ctx.attrs.getFloat("scale"));
+  CPU_ASSIGN_OR_RETURN(int64_t causal, ctx.attrs.getInt("causal"));
+  s.causal = causal != 0;
+  return s;
+}
+
+DType lseType(DType q) { return q == bundle::F64 ? bundle::F64 : bundle::F32; }
+
+Status attentionKernel(KernelContext &ctx) {
+  CPU_ASSIGN_OR_RETURN(AttentionShape s, readShape(ctx));
+  const TensorView &q = ctx.inputs[0];
+  TensorView &o = ctx.outputs[0], &lse = ctx.outputs[1];
+  FORGE_RETURN_IF_ERROR(checkDType(o, q.dtype, "o"));
+  FORGE_RETURN_IF_ERROR(checkShape(o, {s.b, s.h, s.tq, s.dv}, "o"));
+  if (q.dtype == bundle::F32 || q.dtype == bundle::F64)
+    FORGE_RETURN_IF_ERROR(checkDType(lse, lseType(q.dtype), "lse"));
+  FORGE_RETURN_IF_ERROR(checkShape(lse, {s.b, s.h, s.tq}, "lse"));
+  return visitGradTypes(q.dtype, ctx, &attentionKernel, [&](auto tag) -> Status {
+    using T = typename decltype(tag)::type;
+    using L = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const T *pq = q.as<const T>(), *pk = ctx.inputs[1].as<const T>(),
+            *pv = ctx.inputs[2].as<const T>();
+    T *po = o.as<T>();
+    L *pl = lse.as<L>();
+    const int64_t rows = s.b * s.h * s.tq, group = s.h / s.hk;
+    const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(s.tk * s.d, 1));
+    ctx.pool.parallelFor(rows, grain, [&](int64_t begin, int64_t end) {
+      std::vector<double> p(s.tk), acc(s.dv);
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t i = r % s.tq, bh = r / s.tq, bi = bh / s.h, hi = bh % s.h;
+        const int64_t kvBase = (bi * s.hk + hi / group) * s.tk;
+        const T *qi = pq + r * s.d;
+        const int64_t n = s.keys(i);
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          const T *kj = pk + (kvBase + j) * s.d;
+          double dot = 0;
+          for (int64_t c = 0; c < s.d; ++c)
+            dot += double(qi[c]) * double(kj[c]);
+          p[j] = s.scale * dot;
+          m = std::max(m, p[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j)
+          sum += (p[j] = std::exp(p[j] - m));
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < n; ++j) {
+          const T *vj = pv + (kvBase + j) * s.dv;
+          for (int64_t c = 0; c < s.dv; ++c)
+            acc[c] += p[j] * double(vj[c]);
+        }
+        for (int64_t c = 0; c < s.dv; ++c)
+          po[r * s.dv + c] = static_cast<T>(acc[c] / sum);
+        pl[r] = static_cast<L>(m + std::log(sum));
+      }
+    });
+    return Status::ok();
+  });
+}
+
+/// Inputs q, k, v, o, lse, grad_output; outputs dq, dk, dv.
+Status attentionGradKernel(KernelContext &ctx) {
+  CPU_ASSIGN_OR_RETURN(AttentionShape s, readShape(ctx));
+  const TensorView &q = ctx.inputs[0], &o = ctx.inputs[3], &lse = ctx.inputs[4],
+                   &dout = ctx.inputs[5];
+  FORGE_RETURN_IF_ERROR(checkDType(o, q.dtype, "o"));
+  FORGE_RETURN_IF_ERROR(checkShape(o, {s.b, s.h, s.tq, s.dv}, "o"));
+  FORGE_RETURN_IF_ERROR(checkDType(dout, q.dtype, "grad_output"));
+  FORGE_RETURN_IF_ERROR(checkShape(dout, {s.b, s.h, s.tq, s.dv}, "grad_output"));
+  if (q.dtype == bundle::F32 || q.dtype == bundle::F64)
+    FORGE_RETURN_IF_ERROR(checkDType(lse, lseType(q.dtype), "lse"));
+  FORGE_RETURN_IF_ERROR(checkShape(lse, {s.b, s.h, s.tq}, "lse"));
+  for (int i = 0; i < 3; ++i) {
+    FORGE_RETURN_IF_ERROR(checkDType(ctx.outputs[i], q.dtype, "result"));
+    FORGE_RETURN_IF_ERROR(checkShape(ctx.outputs[i], ctx.inputs[i].shape, "result"));
+  }
+  return visitGradTypes(q.dtype, ctx, &attentionGradKernel, [&](auto tag) -> Status {
+    using T = typename decltype(tag)::type;
+    using L = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const T *pq = q.as<const T>(), *pk = ctx.inputs[1].as<const T>(),
+            *pv = ctx.inputs[2].as<const T>(), *po = o.as<const T>(), *pdo = dout.as<const T>();
+    const L *pl = lse.as<const L>();
+    T *pdq = ctx.outputs[0].as<T>(), *pdk = ctx.outputs[1].as<T>(), *pdv = ctx.outputs[2].as<T>();
+    const int64_t group = s.h / s.hk;
+    // One unit per key/value head: it owns dk and dv of that head and dq of
+    // the query heads reading it.
+    ctx.pool.parallelFor(s.b * s.hk, 1, [&](int64_t begin, int64_t end) {
+      std::vector<double> dk(s.tk * s.d), dv(s.tk * s.dv), dq(s.d), p(s.tk);
+      for (int64_t u = begin; u < end; ++u) {
+        const int64_t bi = u / s.hk, kvh = u % s.hk, kvBase = u * s.tk;
+        std::fill(dk.begin(), dk.end(), 0.0);
+        std::fill(dv.begin(), dv.end(), 0.0);
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t hi = kvh * group + g;
+          for (int64_t i = 0; i < s.tq; ++i) {
+            const int64_t r = (bi * s.h + hi) * s.tq + i, n = s.keys(i);
+            const T *qi = pq + r * s.d, *doi = pdo + r * s.dv, *oi = po + r * s.dv;
+            double di = 0;
+            for (int64_t c = 0; c < s.dv; ++c)
+              di += double(doi[c]) * double(oi[c]);
+            std::fill(dq.begin(), dq.end(), 0.0);
+            for (int64_t j = 0; j < n; ++j) {
+              const T *kj = pk + (kvBase + j) * s.d, *vj = pv + (kvBase + j) * s.dv;
+              double dot = 0, dp = 0;
+              for (int64_t c = 0; c < s.d; ++c)
+                dot += double(qi[c]) * double(kj[c]);
+              const double pij = std::exp(s.scale * dot - double(pl[r]));
+              for (int64_t c = 0; c < s.dv; ++c) {
+                dp += double(doi[c]) * double(vj[c]);
+                dv[j * s.dv + c] += pij * double(doi[c]);
+              }
+              const double ds = pij * (dp - di) * s.scale;
+              for (int64_t c = 0; c < s.d; ++c) {
+                dq[c] += ds * double(kj[c]);
+                dk[j * s.d + c] += ds * double(qi[c]);
+              }
+            }
+            for (int64_t c = 0; c < s.d; ++c)
+              pdq[r * s.d + c] = static_cast<T>(dq[c]);
+          }
+        }
+        for (int64_t x = 0; x < s.tk * s.d; ++x)
+          pdk[kvBase * s.d + x] = static_cast<T>(dk[x]);
+        for (int64_t x = 0; x < s.tk * s.dv; ++x)
+          pdv[kvBase * s.dv + x] = static_cast<T>(dv[x]);
+      }
+    });
+    return Status::ok();
+  });
+}
+
+} // namespace
+
+void registerAttentionKernels(Registry &r) {
+  r.add("attention", &attentionKernel, 3, 3, 2, 2);
+  r.add("attention_grad", &attentionGradKernel, 6, 6, 3, 3);
+}
+
+} // namespace forge::rt::cpu

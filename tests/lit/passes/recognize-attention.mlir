@@ -1,0 +1,116 @@
+// RUN: forge-opt %s --split-input-file --forge-recognize-composites --forge-eliminate-dead-code | FileCheck %s
+// RUN: forge-opt %s --split-input-file --forge-recognize-composites="attention=cudnn" --forge-eliminate-dead-code 2>/dev/null | FileCheck %s --check-prefix=CUDNN
+// RUN: forge-opt %s --split-input-file --forge-recognize-composites="attention=cudnn" 2>&1 >/dev/null | FileCheck %s --check-prefix=CUDNN-REMARK
+// RUN: forge-opt %s --split-input-file --forge-recognize-composites="attention=none" --forge-eliminate-dead-code 2>/dev/null | FileCheck %s --check-prefix=NONE
+// RUN: forge-opt %s --split-input-file --forge-recognize-composites="attention=none" 2>&1 >/dev/null | FileCheck %s --check-prefix=NONE-REMARK
+// RUN: not forge-opt %s --forge-recognize-composites="attention=fast" 2>&1 | FileCheck %s --check-prefix=BAD
+
+// BAD: attention must be all, cudnn or none, got 'fast'
+
+// The TorchScript GPT (models/make_models.py): q @ k^T (k^T a transpose of the
+// split's view), * 1/sqrt(d), where(~tril, -inf, .), softmax, @ v. One
+// forge.attention reading k through one transpose of the view (0,2,1,3).
+// CHECK-LABEL: func @gpt_causal
+// CHECK: %[[K:.*]] = forge.transpose %arg1 {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x8x4x16xf32>) -> tensor<2x4x8x16xf32>
+// CHECK-NEXT: %[[O:.*]], %{{.*}} = forge.attention %arg0, %[[K]], %arg2 {causal = true, scale = 2.500000e-01 : f64} : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>) -> (tensor<2x4x8x16xf32>, tensor<2x4x8xf32>)
+// CHECK-NEXT: return %[[O]]
+// CHECK-NOT: forge.softmax
+// CUDNN-LABEL: func @gpt_causal
+// CUDNN: forge.attention
+// NONE-REMARK: remark: forge-recognize-composites: 1 attention chain(s) left unfused (this target has no fused attention at this precision)
+// NONE-LABEL: func @gpt_causal
+// NONE-NOT: forge.attention
+// NONE: forge.softmax
+func.func @gpt_causal(%q: tensor<2x4x8x16xf32>, %kv: tensor<2x8x4x16xf32>, %v: tensor<2x4x8x16xf32>) -> tensor<2x4x8x16xf32> {
+  %kt = forge.transpose %kv {perm = array<i64: 0, 2, 3, 1>} : (tensor<2x8x4x16xf32>) -> tensor<2x4x16x8xf32>
+  %s = forge.matmul %q, %kt : (tensor<2x4x8x16xf32>, tensor<2x4x16x8xf32>) -> tensor<2x4x8x8xf32>
+  %c = forge.constant dense<2.500000e-01> : tensor<f32>
+  %s2 = forge.mul %s, %c : (tensor<2x4x8x8xf32>, tensor<f32>) -> tensor<2x4x8x8xf32>
+  %mask = forge.constant dense<[[[[false, true, true, true, true, true, true, true],
+                                  [false, false, true, true, true, true, true, true],
+                                  [false, false, false, true, true, true, true, true],
+                                  [false, false, false, false, true, true, true, true],
+                                  [false, false, false, false, false, true, true, true],
+                                  [false, false, false, false, false, false, true, true],
+                                  [false, false, false, false, false, false, false, true],
+                                  [false, false, false, false, false, false, false, false]]]]> : tensor<1x1x8x8xi1>
+  %ninf = forge.constant dense<0xFF800000> : tensor<f32>
+  %s3 = forge.where %mask, %ninf, %s2 : (tensor<1x1x8x8xi1>, tensor<f32>, tensor<2x4x8x8xf32>) -> tensor<2x4x8x8xf32>
+  %p = forge.softmax %s3 {axis = 3 : i64} : (tensor<2x4x8x8xf32>) -> tensor<2x4x8x8xf32>
+  %o = forge.matmul %p, %v : (tensor<2x4x8x8xf32>, tensor<2x4x8x16xf32>) -> tensor<2x4x8x16xf32>
+  return %o : tensor<2x4x8x16xf32>
+}
+
+// -----
+
+// No mask, the scale as a division, k^T not a transpose: a new transpose of
+// k^T; the mask kept as where(tril, s, -1e9) (the other polarity).
+// CHECK-LABEL: func @bidirectional_div
+// CHECK: %[[K:.*]] = forge.transpose %arg1 {perm = array<i64: 0, 1, 3, 2>}
+// CHECK-NEXT: forge.attention %arg0, %[[K]], %arg2 {causal = false, scale = 1.250000e-01 : f64} : (tensor<1x2x3x8xf32>, tensor<1x2x5x8xf32>, tensor<1x2x5x8xf32>) -> (tensor<1x2x3x8xf32>, tensor<1x2x3xf32>)
+// CHECK-NOT: forge.softmax
+func.func @bidirectional_div(%q: tensor<1x2x3x8xf32>, %kt: tensor<1x2x8x5xf32>, %v: tensor<1x2x5x8xf32>) -> tensor<1x2x3x8xf32> {
+  %s = forge.matmul %q, %kt : (tensor<1x2x3x8xf32>, tensor<1x2x8x5xf32>) -> tensor<1x2x3x5xf32>
+  %c = forge.constant dense<8.000000e+00> : tensor<1xf32>
+  %s2 = forge.div %s, %c : (tensor<1x2x3x5xf32>, tensor<1xf32>) -> tensor<1x2x3x5xf32>
+  %p = forge.softmax %s2 {axis = 3 : i64} : (tensor<1x2x3x5xf32>) -> tensor<1x2x3x5xf32>
+  %o = forge.matmul %p, %v : (tensor<1x2x3x5xf32>, tensor<1x2x5x8xf32>) -> tensor<1x2x3x8xf32>
+  return %o : tensor<1x2x3x8xf32>
+}
+
+// -----
+
+// where(tril, s, -1e9): causal spelled with the mask's other polarity.
+// k^T was k's own transpose: attention reads k.
+// CHECK-LABEL: func @causal_keep_mask
+// CHECK-NOT: forge.transpose
+// CHECK: forge.attention %arg0, %arg1, %arg2 {causal = true, scale = 1.000000e+00
+func.func @causal_keep_mask(%q: tensor<1x1x3x8xf32>, %k: tensor<1x1x3x8xf32>, %v: tensor<1x1x3x8xf32>) -> tensor<1x1x3x8xf32> {
+  %kt = forge.transpose %k {perm = array<i64: 0, 1, 3, 2>} : (tensor<1x1x3x8xf32>) -> tensor<1x1x8x3xf32>
+  %s = forge.matmul %q, %kt : (tensor<1x1x3x8xf32>, tensor<1x1x8x3xf32>) -> tensor<1x1x3x3xf32>
+  %mask = forge.constant dense<[[true, false, false], [true, true, false], [true, true, true]]> : tensor<3x3xi1>
+  %fill = forge.constant dense<-1.000000e+09> : tensor<f32>
+  %s3 = forge.where %mask, %s, %fill : (tensor<3x3xi1>, tensor<1x1x3x3xf32>, tensor<f32>) -> tensor<1x1x3x3xf32>
+  %p = forge.softmax %s3 {axis = 3 : i64} : (tensor<1x1x3x3xf32>) -> tensor<1x1x3x3xf32>
+  %o = forge.matmul %p, %v : (tensor<1x1x3x3xf32>, tensor<1x1x3x8xf32>) -> tensor<1x1x3x8xf32>
+  return %o : tensor<1x1x3x8xf32>
+}
+
+// -----
+
+// Negative: a mask that is not the causal triangle (a padding mask), an
+// additive mask, and probabilities read twice all stay unfused.
+// CHECK-LABEL: func @not_attention
+// CHECK-NOT: forge.attention
+// CHECK-COUNT-3: forge.softmax
+func.func @not_attention(%q: tensor<1x1x2x8xf32>, %kt: tensor<1x1x8x2xf32>, %v: tensor<1x1x2x8xf32>, %add: tensor<1x1x1x2xf32>) -> (tensor<1x1x2x8xf32>, tensor<1x1x2x8xf32>, tensor<1x1x2x8xf32>, tensor<1x1x2x2xf32>) {
+  %s = forge.matmul %q, %kt : (tensor<1x1x2x8xf32>, tensor<1x1x8x2xf32>) -> tensor<1x1x2x2xf32>
+  %mask = forge.constant dense<[[false, true], [false, true]]> : tensor<2x2xi1>
+  %ninf = forge.constant dense<0xFF800000> : tensor<f32>
+  %s3 = forge.where %mask, %ninf, %s : (tensor<2x2xi1>, tensor<f32>, tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32>
+  %p = forge.softmax %s3 {axis = 3 : i64} : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32>
+  %o = forge.matmul %p, %v : (tensor<1x1x2x2xf32>, tensor<1x1x2x8xf32>) -> tensor<1x1x2x8xf32>
+  %t = forge.matmul %q, %kt : (tensor<1x1x2x8xf32>, tensor<1x1x8x2xf32>) -> tensor<1x1x2x2xf32>
+  %t2 = forge.add %t, %add : (tensor<1x1x2x2xf32>, tensor<1x1x1x2xf32>) -> tensor<1x1x2x2xf32>
+  %p2 = forge.softmax %t2 {axis = 3 : i64} : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32>
+  %o2 = forge.matmul %p2, %v : (tensor<1x1x2x2xf32>, tensor<1x1x2x8xf32>) -> tensor<1x1x2x8xf32>
+  %u = forge.matmul %q, %kt : (tensor<1x1x2x8xf32>, tensor<1x1x8x2xf32>) -> tensor<1x1x2x2xf32>
+  %p3 = forge.softmax %u {axis = 3 : i64} : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32>
+  %o3 = forge.matmul %p3, %v : (tensor<1x1x2x2xf32>, tensor<1x1x2x8xf32>) -> tensor<1x1x2x8xf32>
+  return %o, %o2, %o3, %p3 : tensor<1x1x2x8xf32>, tensor<1x1x2x8xf32>, tensor<1x1x2x8xf32>, tensor<1x1x2x2xf32>
+}
+
+// -----
+
+// cudnn: a head size cuDNN does not take (12) stays unfused, with the reason.
+// CUDNN-REMARK: remark: forge-recognize-composites: 1 attention chain(s) left unfused (head size 12 is not a multiple of 8 up to 128)
+// CUDNN-LABEL: func @odd_head
+// CUDNN-NOT: forge.attention
+// CHECK-LABEL: func @odd_head
+// CHECK: forge.attention
+func.func @odd_head(%q: tensor<1x1x4x12xf32>, %kt: tensor<1x1x12x4xf32>, %v: tensor<1x1x4x12xf32>) -> tensor<1x1x4x12xf32> {
+  %s = forge.matmul %q, %kt : (tensor<1x1x4x12xf32>, tensor<1x1x12x4xf32>) -> tensor<1x1x4x4xf32>
+  %p = forge.softmax %s {axis = 3 : i64} : (tensor<1x1x4x4xf32>) -> tensor<1x1x4x4xf32>
+  %o = forge.matmul %p, %v : (tensor<1x1x4x4xf32>, tensor<1x1x4x12xf32>) -> tensor<1x1x4x12xf32>
+  return %o : tensor<1x1x4x12xf32>
+}

@@ -1,0 +1,28 @@
+// RUN: forge-opt %s --split-input-file --forge-select-library --verify-diagnostics
+
+// Attention has no generated kernel on CUDA: an f32 one (the recognizer forms it
+// there only under --precision bf16/fp16) is an error naming the reason.
+func.func @attention_f32(%q: tensor<1x2x16x64xf32>, %k: tensor<1x2x16x64xf32>, %v: tensor<1x2x16x64xf32>) -> tensor<1x2x16x64xf32> {
+  // expected-error @+1 {{forge-select-library: no CUDA kernel for forge.attention: cuDNN's flash attention takes bf16 or f16 operands}}
+  %o, %lse = forge.attention %q, %k, %v {causal = false, scale = 1.0 : f64} : (tensor<1x2x16x64xf32>, tensor<1x2x16x64xf32>, tensor<1x2x16x64xf32>) -> (tensor<1x2x16x64xf32>, tensor<1x2x16xf32>)
+  return %o : tensor<1x2x16x64xf32>
+}
+
+// -----
+
+// A head size cuDNN does not take.
+func.func @attention_head_12(%q: tensor<1x2x16x12xbf16>, %k: tensor<1x2x16x12xbf16>, %v: tensor<1x2x16x12xbf16>) -> tensor<1x2x16x12xbf16> {
+  // expected-error @+1 {{head sizes must be equal, a multiple of 8, at most 128}}
+  %o, %lse = forge.attention %q, %k, %v {causal = false, scale = 1.0 : f64} : (tensor<1x2x16x12xbf16>, tensor<1x2x16x12xbf16>, tensor<1x2x16x12xbf16>) -> (tensor<1x2x16x12xbf16>, tensor<1x2x16xf32>)
+  return %o : tensor<1x2x16x12xbf16>
+}
+
+// -----
+
+// Inference rejects a head count that does not divide q's.
+func.func @attention_heads(%q: tensor<1x3x16x8xbf16>, %k: tensor<1x2x16x8xbf16>, %v: tensor<1x2x16x8xbf16>) -> tensor<1x3x16x8xbf16> {
+  // expected-error @+2 {{attention: k and v need q's batch and a head count dividing q's}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %o, %lse = forge.attention %q, %k, %v {causal = false, scale = 1.0 : f64} : (tensor<1x3x16x8xbf16>, tensor<1x2x16x8xbf16>, tensor<1x2x16x8xbf16>) -> (tensor<1x3x16x8xbf16>, tensor<1x3x16xf32>)
+  return %o : tensor<1x3x16x8xbf16>
+}
