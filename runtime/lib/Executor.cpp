@@ -12,6 +12,7 @@
 
 #include "forge/runtime/CpuExecutor.h"
 #ifdef FORGE_HAVE_CUDA
+#include "cuda/Attention.h"
 #include "cuda/CudaExecutor.h"
 #include "cuda/Matmul.h"
 #endif
@@ -273,12 +274,16 @@ Status checkLibraryCalls(const Bundle &bundle) {
   for (const bundle::Routine &r : p.routines())
     for (int i = 0; i < r.instructions_size(); ++i) {
       const bundle::Instruction &inst = r.instructions(i);
-      if (inst.placement() != bundle::LIBRARY ||
-          (inst.op() != "matmul" && inst.op() != "gemm" && !inst.has_matmul()))
+      if (inst.placement() != bundle::LIBRARY)
         continue;
-      if (auto problem = cuda::matmulProblem(p, inst, false); !problem)
-        return problem.status().prefix(fmt::format("routine '{}' instruction #{} '{}' (op {})",
-                                                   r.name(), i, inst.name(), inst.op()));
+      Status st;
+      if (cuda::isAttentionOp(inst.op()))
+        st = cuda::checkAttention(p, inst);
+      else if (inst.op() == "matmul" || inst.op() == "gemm" || inst.has_matmul())
+        st = cuda::matmulProblem(p, inst, false).status();
+      if (!st.isOk())
+        return st.prefix(fmt::format("routine '{}' instruction #{} '{}' (op {})", r.name(), i,
+                                     inst.name(), inst.op()));
     }
   return Status::ok();
 #else

@@ -1,4 +1,4 @@
-// Run-time resolution of the driver API and cuBLASLt (CudaApi.h).
+// Run-time resolution of the driver API, cuBLASLt and cuDNN (CudaApi.h).
 #include "cuda/CudaApi.h"
 
 #include <dlfcn.h>
@@ -94,6 +94,7 @@ Expected<const CudnnApi *> cudnnApi() {
     void *lib = openLibrary({"libcudnn.so.9", "libcudnn.so"}, "cuDNN", error);
     if (!lib)
       return;
+    api.library = lib;
     auto resolve = FORGE_RESOLVE_FROM(lib, "cuDNN");
 #define FORGE_RESOLVE(f) resolve(api.f, #f);
     FORGE_CUDNN_FUNCTIONS(FORGE_RESOLVE)

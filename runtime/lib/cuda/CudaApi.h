@@ -75,6 +75,8 @@ struct CudnnApi {
 #define FORGE_DECLARE(f) decltype(&::f) f = nullptr;
   FORGE_CUDNN_FUNCTIONS(FORGE_DECLARE)
 #undef FORGE_DECLARE
+  /// The dlopen handle of libcudnn (the cuDNN frontend resolves its symbols on it: Attention.cpp).
+  void *library = nullptr;
 };
 
 struct DriverApi {

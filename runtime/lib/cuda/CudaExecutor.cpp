@@ -10,6 +10,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "cuda/CudaApi.h"
+#include "cuda/Attention.h"
 #include "cuda/Conv.h"
 #include "cuda/Matmul.h"
 #include "forge/runtime/Kernels.h"
@@ -98,6 +99,8 @@ struct Step {
   std::unique_ptr<MatmulPlan> matmul;
   std::unique_ptr<ConvPlan> conv;
   std::vector<const void *> convIn;
+  std::unique_ptr<AttentionPlan> attention;
+  std::vector<void *> attnIn, attnOut; // its operands, in order
   MatmulOperands mm; // a cuBLASLt call's operands (matmulTensors)
   void *out = nullptr; // a cuDNN call's output
   // Copy
@@ -219,7 +222,7 @@ struct CudaExecutor::Impl {
     if (s.kind == Step::Kernel)
       label += fmt::format(", kernel {}", s.inst->launch().kernel());
     else if (s.kind == Step::Library)
-      label += s.conv ? ", cuDNN" : ", cuBLASLt";
+      label += s.conv || s.attention ? ", cuDNN" : ", cuBLASLt";
     else if (s.kind == Step::Host)
       label += ", on the host";
     return label + ")";
@@ -243,6 +246,8 @@ struct CudaExecutor::Impl {
     case Step::Library:
       if (s.conv)
         return s.conv->run(s.convIn, s.out, workspace);
+      if (s.attention)
+        return s.attention->run(s.attnIn, s.attnOut, workspace);
       return s.matmul->run(compute, s.mm, workspace);
     case Step::Copy:
       if (s.dst != s.src && s.bytes > 0)
@@ -506,6 +511,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   bool tf32 = opt != p.build_options().end() && opt->second == "1";
   std::map<const bundle::Instruction *, std::unique_ptr<MatmulPlan>> matmuls;
   std::map<const bundle::Instruction *, std::unique_ptr<ConvPlan>> convs;
+  std::map<const bundle::Instruction *, std::unique_ptr<AttentionPlan>> attentions;
+  AttentionCache attentionGraphs; // plans share the graphs (each holds its own)
   auto algos = std::make_shared<MatmulAlgoCache>();
   for (const bundle::Routine &proto : p.routines())
     for (int i = 0; i < proto.instructions_size(); ++i) {
@@ -546,6 +553,14 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           if (st != CUDNN_STATUS_SUCCESS)
             return Status::error("cuDNN initialization failed: {}",
                                  im.dnn->cudnnGetErrorString(st));
+        }
+        if (isAttentionOp(inst.op())) {
+          auto plan = AttentionPlan::create(*im.dnn, im.dnnHandle, p, inst, &attentionGraphs);
+          if (!plan)
+            return fail(plan.status());
+          im.workspaceBytes = std::max(im.workspaceBytes, (*plan)->workspaceBytes());
+          attentions[&inst] = plan.take();
+          continue;
         }
         auto plan = ConvPlan::create(*im.dnn, im.dnnHandle, p, inst, tf32);
         if (!plan)
@@ -712,6 +727,15 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
             if (t >= 0)
               s.convIn.push_back(im.devicePtr[t]);
           s.out = im.devicePtr[inst.outputs(0)];
+          break;
+        }
+        if (auto attn = attentions.find(&inst); attn != attentions.end()) {
+          s.attention = std::move(attn->second);
+          // Every operand is present (checked by attentionProblem).
+          for (int32_t t : inst.inputs())
+            s.attnIn.push_back(im.devicePtr[t]);
+          for (int32_t t : inst.outputs())
+            s.attnOut.push_back(im.devicePtr[t]);
           break;
         }
         s.matmul = std::move(matmuls.at(&inst));

@@ -136,8 +136,8 @@ Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
 bool cudaAvailable();
 
 /// Checks a CUDA bundle's library calls as the CUDA executor does before it
-/// runs them (each matmul/gemm's stated cuBLASLt problem against its tensors),
-/// without a GPU. Errors name the routine and instruction.
+/// runs them (each matmul/gemm's stated cuBLASLt problem against its tensors,
+/// each attention/attention_grad's shapes, dtypes and attributes), without a GPU. Errors name the routine and instruction.
 Status checkLibraryCalls(const Bundle &bundle);
 
 /// Names of the parameters of a thin bundle (forgec --weights external) whose

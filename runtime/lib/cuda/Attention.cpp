@@ -1,0 +1,338 @@
+// cuDNN fused flash attention plans (Attention.h), through the cuDNN frontend's graph API.
+//
+// The frontend (header-only, found at configure time: runtime/CMakeLists.txt) is compiled
+// here alone, with
+// NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING: it resolves every cuDNN symbol with dlsym on
+// cudnn_frontend::cudnn_dlhandle, which is the libcudnn handle CudaApi.cpp dlopens, so
+// forge-train still starts without cuDNN. In that mode the frontend also dlopens
+// libcudart.so.12/.13 itself for a few runtime calls (device properties, ...), while the
+// runtime links cudart statically: two cudart copies in the process, both on the device's
+// primary context, which is harmless; but libcudart.so must be findable (LD_LIBRARY_PATH,
+// e.g. /usr/local/cuda/lib64) where attention runs. Frontend exceptions never escape: they
+// become a Status.
+//
+// The backward asks for cuDNN's deterministic algorithm (training is deterministic, README
+// invariants); where cuDNN refuses it, the default backward is used (deterministic() is
+// false then).
+// Built without the frontend (FORGE_HAVE_CUDNN_FRONTEND unset), the checks stay and plans
+// are refused with a message saying so.
+#ifdef FORGE_HAVE_CUDNN_FRONTEND
+#define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
+#include <cudnn_frontend.h>
+#endif
+
+#include "cuda/Attention.h"
+
+#include <cmath>
+#include <exception>
+#include <unordered_map>
+
+#ifdef FORGE_HAVE_CUDNN_FRONTEND
+namespace cudnn_frontend {
+void *cudnn_dlhandle = nullptr;
+} // namespace cudnn_frontend
+#endif
+
+namespace forge::rt::cuda {
+
+#ifdef FORGE_HAVE_CUDNN_FRONTEND
+namespace fe = cudnn_frontend;
+#endif
+
+namespace {
+
+std::vector<int64_t> shapeOf(const bundle::Program &p, int32_t t) {
+  return {p.tensors(t).shape().begin(), p.tensors(t).shape().end()};
+}
+
+std::vector<int64_t> packedStrides(const std::vector<int64_t> &dims) {
+  std::vector<int64_t> s(dims.size(), 1);
+  for (int d = static_cast<int>(dims.size()) - 2; d >= 0; --d)
+    s[d] = s[d + 1] * dims[d + 1];
+  return s;
+}
+
+// Operand uids: the instruction's inputs then its outputs, from 1.
+enum Uid : int64_t { Q = 1, K, V, O, Lse, DO, DQ, DK, DV };
+
+} // namespace
+
+Expected<AttentionProblem> attentionProblem(const bundle::Program &p,
+                                            const bundle::Instruction &inst) {
+  AttentionProblem pr;
+  const std::string &op = inst.op();
+  if (!isAttentionOp(op))
+    return Status::error("op '{}' is not attention or attention_grad", op);
+  pr.grad = op == "attention_grad";
+  const int nIn = pr.grad ? 6 : 3, nOut = pr.grad ? 3 : 2;
+  if (inst.inputs_size() != nIn || inst.outputs_size() != nOut)
+    return Status::error("{} needs {} inputs ({}) and {} outputs ({}), not {} and {}", op, nIn,
+                         pr.grad ? "q, k, v, o, lse, do" : "q, k, v", nOut,
+                         pr.grad ? "dq, dk, dv" : "o, lse", inst.inputs_size(),
+                         inst.outputs_size());
+  for (int32_t t : inst.inputs())
+    if (t < 0 || t >= p.tensors_size())
+      return Status::error("{} has an absent or unknown operand", op);
+  for (int32_t t : inst.outputs())
+    if (t < 0 || t >= p.tensors_size())
+      return Status::error("{} has an absent or unknown result", op);
+
+  // Operand names and their expected shapes ("q" = [B, H, Tq, D], "k" = [B, Hk, Tk, D]).
+  const char *const fwdNames[] = {"q", "k", "v", "o", "lse"};
+  const char *const gradNames[] = {"q", "k", "v", "o", "lse", "do", "dq", "dk", "dv"};
+  std::vector<int32_t> ids(inst.inputs().begin(), inst.inputs().end());
+  ids.insert(ids.end(), inst.outputs().begin(), inst.outputs().end());
+  auto name = [&](size_t i) { return pr.grad ? gradNames[i] : fwdNames[i]; };
+
+  std::vector<int64_t> q = shapeOf(p, ids[0]), k = shapeOf(p, ids[1]);
+  if (q.size() != 4 || k.size() != 4)
+    return Status::error("{}: q and k must be rank 4 ([B, H, Tq, D] and [B, Hk, Tk, D]); q is "
+                         "{}, k is {}",
+                         op, shapeString(q), shapeString(k));
+  for (int64_t d : q)
+    if (d < 1)
+      return Status::error("{}: q {} has an empty dim", op, shapeString(q));
+  for (int64_t d : k)
+    if (d < 1)
+      return Status::error("{}: k {} has an empty dim", op, shapeString(k));
+  pr.batch = q[0];
+  pr.heads = q[1];
+  pr.queries = q[2];
+  pr.headDim = q[3];
+  pr.kvHeads = k[1];
+  pr.keys = k[2];
+  if (k[0] != pr.batch || k[3] != pr.headDim)
+    return Status::error("{}: k {} does not match q {} (batch and head dim)", op, shapeString(k),
+                         shapeString(q));
+  if (pr.heads % pr.kvHeads != 0)
+    return Status::error("{}: q's {} heads are not a multiple of k/v's {} heads", op, pr.heads,
+                         pr.kvHeads);
+  if (pr.headDim % 8 != 0 || pr.headDim > 128)
+    return Status::error("{}: head dim {} is not a multiple of 8 at most 128 (cuDNN's fused "
+                         "attention)",
+                         op, pr.headDim);
+  const std::vector<int64_t> qShape = q, kShape = k,
+                             lseShape = {pr.batch, pr.heads, pr.queries};
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::string n = name(i);
+    const std::vector<int64_t> &want =
+        n == "lse" ? lseShape : (n == "k" || n == "v" || n == "dk" || n == "dv") ? kShape : qShape;
+    std::vector<int64_t> got = shapeOf(p, ids[i]);
+    if (got != want)
+      return Status::error("{}: {} is {}, expected {}", op, n, shapeString(got),
+                           shapeString(want));
+  }
+  pr.dtype = p.tensors(ids[0]).dtype();
+  if (pr.dtype != bundle::BF16 && pr.dtype != bundle::F16)
+    return Status::error("{}: q is {}; cuDNN's fused attention takes bf16 or f16", op,
+                         dtypeName(pr.dtype));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::string n = name(i);
+    DType want = n == "lse" ? bundle::F32 : pr.dtype;
+    if (p.tensors(ids[i]).dtype() != want)
+      return Status::error("{}: {} is {}, expected {}", op, n, dtypeName(p.tensors(ids[i]).dtype()),
+                           dtypeName(want));
+  }
+
+  auto scale = inst.attrs().find("scale");
+  if (scale == inst.attrs().end() || scale->second.value_case() != bundle::Attribute::kF ||
+      !std::isfinite(scale->second.f()) || scale->second.f() == 0.0)
+    return Status::error("{}: attribute 'scale' must be a finite nonzero float", op);
+  pr.scale = scale->second.f();
+  auto causal = inst.attrs().find("causal");
+  if (causal == inst.attrs().end() || causal->second.value_case() != bundle::Attribute::kI ||
+      (causal->second.i() != 0 && causal->second.i() != 1))
+    return Status::error("{}: attribute 'causal' must be an integer, 0 or 1", op);
+  pr.causal = causal->second.i() == 1;
+  return pr;
+}
+
+#ifdef FORGE_HAVE_CUDNN_FRONTEND
+
+struct AttentionCache::Entry {
+  std::shared_ptr<fe::graph::Graph> graph; // built: execute() only
+  size_t workspace = 0;
+  bool deterministic = true;
+};
+
+struct AttentionPlan::Impl {
+  std::shared_ptr<AttentionCache::Entry> built;
+  mutable std::unordered_map<int64_t, void *> pack; // uid -> device pointer, filled by run()
+};
+
+AttentionPlan::~AttentionPlan() = default;
+size_t AttentionPlan::workspaceBytes() const { return impl_->built->workspace; }
+bool AttentionPlan::deterministic() const { return impl_->built->deterministic; }
+
+namespace {
+
+std::string feMessage(fe::error_t e) {
+  return fmt::format("cuDNN frontend error {}: {}", static_cast<int>(e.get_code()),
+                     e.get_message());
+}
+
+/// The graph for `pr`, built and planned; the error is the frontend's.
+Expected<std::shared_ptr<fe::graph::Graph>> buildGraph(cudnnHandle_t handle,
+                                                       const AttentionProblem &pr,
+                                                       bool deterministic) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(pr.dtype == bundle::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const std::vector<int64_t> qDims = {pr.batch, pr.heads, pr.queries, pr.headDim},
+                             kDims = {pr.batch, pr.kvHeads, pr.keys, pr.headDim},
+                             lseDims = {pr.batch, pr.heads, pr.queries, 1};
+  auto tensor = [&](const char *name, int64_t uid, const std::vector<int64_t> &dims) {
+    return g->tensor(fe::graph::Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim(dims)
+                         .set_stride(packedStrides(dims)));
+  };
+  auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes> &t, int64_t uid,
+                    const std::vector<int64_t> &dims) {
+    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(packedStrides(dims));
+  };
+  auto q = tensor("q", Q, qDims), k = tensor("k", K, kDims), v = tensor("v", V, kDims);
+  const float scale = static_cast<float>(pr.scale);
+  if (!pr.grad) {
+    auto attrs = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true)
+                     .set_attn_scale(scale);
+    if (pr.causal)
+      attrs.set_causal_mask(true);
+    auto [o, stats] = g->sdpa(q, k, v, attrs);
+    output(o, O, qDims);
+    output(stats, Lse, lseDims);
+    stats->set_data_type(fe::DataType_t::FLOAT);
+  } else {
+    auto o = tensor("o", O, qDims), dO = tensor("do", DO, qDims);
+    auto lse = tensor("lse", Lse, lseDims);
+    lse->set_data_type(fe::DataType_t::FLOAT);
+    auto attrs = fe::graph::SDPA_backward_attributes().set_name("attention_grad")
+                     .set_attn_scale(scale);
+    if (pr.causal)
+      attrs.set_causal_mask(true);
+    if (deterministic)
+      attrs.set_deterministic_algorithm(true);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dO, lse, attrs);
+    output(dq, DQ, qDims);
+    output(dk, DK, kDims);
+    output(dv, DV, kDims);
+  }
+  fe::error_t e = g->validate();
+  if (e.is_good())
+    e = g->build_operation_graph(handle);
+  if (e.is_good())
+    e = g->create_execution_plans({fe::HeurMode_t::A});
+  if (e.is_good())
+    e = g->check_support(handle);
+  if (e.is_good())
+    e = g->build_plans(handle);
+  if (e.is_bad())
+    return Status::error("{}", feMessage(e));
+  return g;
+}
+
+} // namespace
+
+Expected<std::unique_ptr<AttentionPlan>> AttentionPlan::create(const CudnnApi &api,
+                                                               cudnnHandle_t handle,
+                                                               const bundle::Program &p,
+                                                               const bundle::Instruction &inst,
+                                                               AttentionCache *cache) {
+  auto pr = attentionProblem(p, inst);
+  if (!pr)
+    return pr.status();
+  if (!api.library)
+    return Status::error("{}: cuDNN is not loaded", inst.op());
+  fe::cudnn_dlhandle = api.library; // the same handle every time
+  std::unique_ptr<AttentionPlan> plan(new AttentionPlan());
+  plan->handle_ = handle;
+  plan->problem_ = *pr;
+  plan->impl_ = std::make_unique<Impl>();
+  const std::string key = fmt::format(
+      "{} {} q [{}, {}, {}, {}] k/v [{}, {}, {}, {}]{} scale {}", inst.op(), dtypeName(pr->dtype),
+      pr->batch, pr->heads, pr->queries, pr->headDim, pr->batch, pr->kvHeads, pr->keys,
+      pr->headDim, pr->causal ? " causal" : "", static_cast<float>(pr->scale));
+  if (cache)
+    if (auto it = cache->built.find(key); it != cache->built.end())
+      plan->impl_->built = it->second;
+  if (!plan->impl_->built) {
+    auto entry = std::make_shared<AttentionCache::Entry>();
+    try {
+      auto g = buildGraph(handle, *pr, pr->grad);
+      if (!g && pr->grad) { // cuDNN refused the deterministic backward: its default one
+        entry->deterministic = false;
+        g = buildGraph(handle, *pr, false);
+      }
+      if (!g)
+        return g.status().prefix(fmt::format("cuDNN has no fused attention for {}", key));
+      int64_t ws = 0;
+      if (fe::error_t e = (*g)->get_workspace_size(ws); e.is_bad())
+        return Status::error("{}: workspace size: {}", inst.op(), feMessage(e));
+      entry->workspace = static_cast<size_t>(std::max<int64_t>(ws, 0));
+      entry->graph = g.take();
+    } catch (const std::exception &ex) {
+      return Status::error("{}: the cuDNN frontend failed: {}", inst.op(), ex.what());
+    }
+    plan->impl_->built = entry;
+    if (cache)
+      cache->built[key] = std::move(entry);
+  }
+  for (int64_t uid = Q; uid <= (pr->grad ? DV : Lse); ++uid)
+    plan->impl_->pack[uid] = nullptr;
+  return plan;
+}
+
+Status AttentionPlan::run(const std::vector<void *> &inputs, const std::vector<void *> &outputs,
+                          void *workspace) const {
+  const size_t nIn = problem_.grad ? 6 : 3, nOut = problem_.grad ? 3 : 2;
+  if (inputs.size() != nIn || outputs.size() != nOut)
+    return Status::error("attention: {} inputs and {} outputs given, expected {} and {}",
+                         inputs.size(), outputs.size(), nIn, nOut);
+  auto &pack = impl_->pack;
+  if (!problem_.grad) {
+    pack[Q] = inputs[0], pack[K] = inputs[1], pack[V] = inputs[2];
+    pack[O] = outputs[0], pack[Lse] = outputs[1];
+  } else {
+    for (int64_t i = 0; i < 6; ++i)
+      pack[Q + i] = inputs[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < 3; ++i)
+      pack[DQ + i] = outputs[static_cast<size_t>(i)];
+  }
+  try {
+    if (fe::error_t e = impl_->built->graph->execute(handle_, pack, workspace); e.is_bad())
+      return Status::error("cuDNN attention failed: {}", feMessage(e));
+  } catch (const std::exception &ex) {
+    return Status::error("cuDNN attention failed: {}", ex.what());
+  }
+  return Status::ok();
+}
+
+#else // no cuDNN frontend
+
+struct AttentionCache::Entry {};
+struct AttentionPlan::Impl {};
+AttentionPlan::~AttentionPlan() = default;
+size_t AttentionPlan::workspaceBytes() const { return 0; }
+bool AttentionPlan::deterministic() const { return false; }
+
+Expected<std::unique_ptr<AttentionPlan>> AttentionPlan::create(const CudnnApi &, cudnnHandle_t,
+                                                               const bundle::Program &p,
+                                                               const bundle::Instruction &inst,
+                                                               AttentionCache *) {
+  if (auto pr = attentionProblem(p, inst); !pr)
+    return pr.status();
+  return Status::error("{}: this build has no cuDNN frontend (tools/setup.sh installs the "
+                       "nvidia-cudnn-frontend headers where CUDA is present; rebuild)",
+                       inst.op());
+}
+
+Status AttentionPlan::run(const std::vector<void *> &, const std::vector<void *> &,
+                          void *) const {
+  return Status::error("attention: this build has no cuDNN frontend");
+}
+
+#endif // FORGE_HAVE_CUDNN_FRONTEND
+
+} // namespace forge::rt::cuda

@@ -1,0 +1,442 @@
+// cuDNN fused attention as a library call of the CUDA executor (cuda/Attention.h): hand-built
+// bundles with one "attention" and one "attention_grad" instruction, run on the GPU and
+// compared with a float64 reference computed here from the same bf16/f16-rounded inputs.
+// Skipped without a GPU. The checks of a malformed instruction need no GPU and always run.
+#include "forge/runtime/Bundle.h"
+#include "forge/runtime/Executor.h"
+#include "BundleTestUtil.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include <gtest/gtest.h>
+
+using namespace forge::rt;
+using namespace forge::rt::testing;
+namespace fb = forge::bundle;
+
+namespace {
+
+struct Case {
+  const char *name;
+  fb::DType dtype;
+  int64_t B, H, Hk, Tq, Tk, D;
+  bool causal;
+};
+
+int64_t alignUp(int64_t v) { return (v + 63) / 64 * 64; }
+
+/// Routine "forward": attention(q, k, v) -> o, lse. Routine "backward":
+/// attention_grad(gq, gk, gv, go, glse, gdo) -> dq, dk, dv. `mutate` edits the program.
+std::unique_ptr<Bundle> makeBundle(const Case &c,
+                                   const std::function<void(fb::Program &)> &mutate = {}) {
+  BundleWriter w;
+  fb::Program &p = w.program();
+  p.set_target("cuda:sm_90");
+  p.set_producer("AttentionGpuTest");
+  const std::vector<int64_t> qs = {c.B, c.H, c.Tq, c.D}, ks = {c.B, c.Hk, c.Tk, c.D},
+                             ls = {c.B, c.H, c.Tq};
+  int64_t offset = 0;
+  auto add = [&](const char *name, fb::TensorInfo::Kind kind, const std::vector<int64_t> &shape,
+                 fb::DType dtype) {
+    int32_t t = addTensor(p, name, kind, shape, offset);
+    p.mutable_tensors(t)->set_dtype(dtype);
+    offset += alignUp(numElements(shape) * static_cast<int64_t>(dtypeSize(dtype)));
+    return t;
+  };
+  const auto IN = fb::TensorInfo::INPUT, OUT = fb::TensorInfo::OUTPUT;
+  std::vector<int32_t> fwd = {add("q", IN, qs, c.dtype), add("k", IN, ks, c.dtype),
+                              add("v", IN, ks, c.dtype), add("o", OUT, qs, c.dtype),
+                              add("lse", OUT, ls, fb::F32)};
+  std::vector<int32_t> bwd = {add("gq", IN, qs, c.dtype),  add("gk", IN, ks, c.dtype),
+                              add("gv", IN, ks, c.dtype),  add("go", IN, qs, c.dtype),
+                              add("glse", IN, ls, fb::F32), add("gdo", IN, qs, c.dtype),
+                              add("dq", OUT, qs, c.dtype), add("dk", OUT, ks, c.dtype),
+                              add("dv", OUT, ks, c.dtype)};
+  p.set_arena_size(offset);
+  auto routine = [&](const char *name, const char *op, const std::vector<int32_t> &ts,
+                     int nIn) {
+    fb::Routine *r = p.add_routines();
+    r->set_name(name);
+    fb::Instruction *inst = r->add_instructions();
+    inst->set_op(op);
+    inst->set_name(std::string("layer0/") + op);
+    inst->set_placement(fb::LIBRARY);
+    for (int i = 0; i < static_cast<int>(ts.size()); ++i) {
+      (i < nIn ? inst->add_inputs(ts[i]) : inst->add_outputs(ts[i]));
+      (i < nIn ? r->add_inputs(ts[i]) : r->add_outputs(ts[i]));
+    }
+    (*inst->mutable_attrs())["scale"].set_f(1.0 / std::sqrt(static_cast<double>(c.D)));
+    (*inst->mutable_attrs())["causal"].set_i(c.causal ? 1 : 0);
+  };
+  routine("forward", "attention", fwd, 3);
+  routine("backward", "attention_grad", bwd, 6);
+  if (mutate)
+    mutate(p);
+  auto bundle = Bundle::fromBytes(w.serialize(), "attention.forge");
+  EXPECT_TRUE(bundle.isOk()) << bundle.status().message();
+  return bundle ? bundle.take() : nullptr;
+}
+
+// bf16 / f16 <-> float (the test's own decoding; narrowFloats rounds).
+double decode(const uint8_t *p, fb::DType t) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  if (t == fb::BF16) {
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
+  double v = exp == 0 ? std::ldexp(man, -24) : std::ldexp(1024 + man, exp - 25);
+  return sign ? -v : v;
+}
+
+/// Random values in [-a, a) rounded to `t`: the bytes and the rounded values.
+std::pair<std::vector<uint8_t>, std::vector<double>> randomTensor(size_t n, fb::DType t,
+                                                                  float a, std::mt19937 &rng) {
+  std::uniform_real_distribution<float> u(-a, a);
+  std::vector<float> f(n);
+  for (float &x : f)
+    x = u(rng);
+  std::vector<uint8_t> bytes = narrowFloats(reinterpret_cast<const uint8_t *>(f.data()),
+                                            n * sizeof(float), t);
+  std::vector<double> d(n);
+  for (size_t i = 0; i < n; ++i)
+    d[i] = decode(bytes.data() + 2 * i, t);
+  return {bytes, d};
+}
+
+std::vector<double> toDoubles(const TensorView &v) {
+  std::vector<double> d(static_cast<size_t>(v.numel()));
+  for (size_t i = 0; i < d.size(); ++i)
+    d[i] = v.dtype == fb::F32 ? static_cast<const float *>(v.data)[i]
+                              : decode(static_cast<const uint8_t *>(v.data) + 2 * i, v.dtype);
+  return d;
+}
+
+struct Reference {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+
+/// float64 attention and its gradients. The backward's D = rowsum(dO * O) uses `oUsed`
+/// (the O fed to attention_grad, as cuDNN does).
+Reference reference(const Case &c, const std::vector<double> &q, const std::vector<double> &k,
+                    const std::vector<double> &v, const std::vector<double> &dO,
+                    const std::vector<double> *oUsed) {
+  Reference r;
+  const int64_t B = c.B, H = c.H, Hk = c.Hk, Tq = c.Tq, Tk = c.Tk, D = c.D, group = H / Hk;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  r.o.assign(B * H * Tq * D, 0);
+  r.lse.assign(B * H * Tq, 0);
+  r.dq.assign(B * H * Tq * D, 0);
+  r.dk.assign(B * Hk * Tk * D, 0);
+  r.dv.assign(B * Hk * Tk * D, 0);
+  std::vector<double> P(Tq * Tk), dS(Tq * Tk);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kh = h / group;
+      const double *Q = &q[(b * H + h) * Tq * D], *K = &k[(b * Hk + kh) * Tk * D],
+                   *V = &v[(b * Hk + kh) * Tk * D], *dOh = &dO[(b * H + h) * Tq * D];
+      double *Oh = &r.o[(b * H + h) * Tq * D];
+      for (int64_t i = 0; i < Tq; ++i) {
+        double m = -INFINITY;
+        for (int64_t j = 0; j < Tk; ++j) {
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d)
+            s += Q[i * D + d] * K[j * D + d];
+          P[i * Tk + j] = (c.causal && j > i) ? -INFINITY : scale * s;
+          m = std::max(m, P[i * Tk + j]);
+        }
+        double l = 0;
+        for (int64_t j = 0; j < Tk; ++j)
+          l += std::exp(P[i * Tk + j] - m);
+        double lse = m + std::log(l);
+        r.lse[(b * H + h) * Tq + i] = lse;
+        for (int64_t j = 0; j < Tk; ++j)
+          P[i * Tk + j] = std::exp(P[i * Tk + j] - lse);
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j < Tk; ++j)
+            acc += P[i * Tk + j] * V[j * D + d];
+          Oh[i * D + d] = acc;
+        }
+      }
+      const double *Ou = oUsed ? &(*oUsed)[(b * H + h) * Tq * D] : Oh;
+      double *dQ = &r.dq[(b * H + h) * Tq * D], *dK = &r.dk[(b * Hk + kh) * Tk * D],
+             *dV = &r.dv[(b * Hk + kh) * Tk * D];
+      for (int64_t i = 0; i < Tq; ++i) {
+        double Di = 0;
+        for (int64_t d = 0; d < D; ++d)
+          Di += dOh[i * D + d] * Ou[i * D + d];
+        for (int64_t j = 0; j < Tk; ++j) {
+          double dP = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dP += dOh[i * D + d] * V[j * D + d];
+          dS[i * Tk + j] = P[i * Tk + j] * (dP - Di);
+          for (int64_t d = 0; d < D; ++d)
+            dV[j * D + d] += P[i * Tk + j] * dOh[i * D + d];
+        }
+      }
+      for (int64_t i = 0; i < Tq; ++i)
+        for (int64_t j = 0; j < Tk; ++j)
+          for (int64_t d = 0; d < D; ++d) {
+            dQ[i * D + d] += scale * dS[i * Tk + j] * K[j * D + d];
+            dK[j * D + d] += scale * dS[i * Tk + j] * Q[i * D + d];
+          }
+    }
+  return r;
+}
+
+double maxAbs(const std::vector<double> &a) {
+  double m = 0;
+  for (double x : a)
+    m = std::max(m, std::fabs(x));
+  return m;
+}
+double maxErr(const std::vector<double> &a, const std::vector<double> &b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+void runCase(const Case &c) {
+  SCOPED_TRACE(c.name);
+  auto bundle = makeBundle(c);
+  ASSERT_TRUE(bundle);
+  ASSERT_TRUE(checkLibraryCalls(*bundle).isOk());
+  auto ex = createExecutor(*bundle, ExecutorOptions{"cuda", 0, true});
+  ASSERT_TRUE(ex.isOk()) << ex.status().message();
+  Executor &e = **ex;
+  std::mt19937 rng(1234);
+  const std::vector<int64_t> qs = {c.B, c.H, c.Tq, c.D}, ks = {c.B, c.Hk, c.Tk, c.D},
+                             ls = {c.B, c.H, c.Tq};
+  auto [qb, q] = randomTensor(numElements(qs), c.dtype, 1.0f, rng);
+  auto [kb, k] = randomTensor(numElements(ks), c.dtype, 1.0f, rng);
+  auto [vb, v] = randomTensor(numElements(ks), c.dtype, 1.0f, rng);
+  auto [dob, dO] = randomTensor(numElements(qs), c.dtype, 1.0f, rng);
+  auto set = [&](int routine, const char *name, std::vector<uint8_t> &bytes, fb::DType t,
+                 const std::vector<int64_t> &shape) {
+    Status st = e.setInput(routine, name, TensorView{bytes.data(), t, shape});
+    ASSERT_TRUE(st.isOk()) << st.message();
+  };
+  auto output = [&](int routine, const char *name) {
+    auto t = e.findOutput(routine, name);
+    EXPECT_TRUE(t.isOk());
+    return toDoubles(e.view(*t));
+  };
+  // Three runs each: the first checked, then CUDA graph capture and replay.
+  std::vector<uint8_t> oBytes, lseBytes;
+  for (int run = 0; run < 3; ++run) {
+    set(0, "q", qb, c.dtype, qs);
+    set(0, "k", kb, c.dtype, ks);
+    set(0, "v", vb, c.dtype, ks);
+    Status st = e.run(0);
+    ASSERT_TRUE(st.isOk()) << st.message();
+    st = e.wait();
+    ASSERT_TRUE(st.isOk()) << st.message();
+  }
+  std::vector<double> o = output(0, "o"), lse = output(0, "lse");
+  {
+    TensorView ov = e.view(*e.findOutput(0, "o")), lv = e.view(*e.findOutput(0, "lse"));
+    oBytes.assign(static_cast<uint8_t *>(ov.data), static_cast<uint8_t *>(ov.data) + ov.bytes());
+    lseBytes.assign(static_cast<uint8_t *>(lv.data),
+                    static_cast<uint8_t *>(lv.data) + lv.bytes());
+  }
+  std::vector<uint8_t> firstDq;
+  for (int run = 0; run < 3; ++run) {
+    set(1, "gq", qb, c.dtype, qs);
+    set(1, "gk", kb, c.dtype, ks);
+    set(1, "gv", vb, c.dtype, ks);
+    set(1, "go", oBytes, c.dtype, qs);
+    set(1, "glse", lseBytes, fb::F32, ls);
+    set(1, "gdo", dob, c.dtype, qs);
+    Status st = e.run(1);
+    ASSERT_TRUE(st.isOk()) << st.message();
+    st = e.wait();
+    ASSERT_TRUE(st.isOk()) << st.message();
+    TensorView dqv = e.view(*e.findOutput(1, "dq"));
+    std::vector<uint8_t> dqBytes(static_cast<uint8_t *>(dqv.data),
+                                 static_cast<uint8_t *>(dqv.data) + dqv.bytes());
+    if (run == 0)
+      firstDq = dqBytes;
+    else // cuDNN's deterministic backward: bit-identical runs (the last one a graph replay)
+      EXPECT_TRUE(dqBytes == firstDq) << "dq differs between run 1 and run " << run + 1;
+  }
+  std::vector<double> dq = output(1, "dq"), dk = output(1, "dk"), dv = output(1, "dv");
+  Reference r = reference(c, q, k, v, dO, &o);
+
+  // Tolerances: o (bf16/f16 output of an f32-accumulated softmax) within 2e-2 absolute +
+  // 2e-2 relative per element; lse (f32) within 1e-3 absolute; the gradients (bf16/f16,
+  // summed over keys or queries) within 3e-2 of the largest reference magnitude.
+  double oErr = 0;
+  for (size_t i = 0; i < o.size(); ++i) {
+    double err = std::fabs(o[i] - r.o[i]);
+    oErr = std::max(oErr, err);
+    ASSERT_LE(err, 2e-2 + 2e-2 * std::fabs(r.o[i])) << "o[" << i << "]";
+  }
+  double lseErr = maxErr(lse, r.lse);
+  EXPECT_LE(lseErr, 1e-3);
+  double dqErr = maxErr(dq, r.dq) / maxAbs(r.dq), dkErr = maxErr(dk, r.dk) / maxAbs(r.dk),
+         dvErr = maxErr(dv, r.dv) / maxAbs(r.dv);
+  EXPECT_LE(dqErr, 3e-2);
+  EXPECT_LE(dkErr, 3e-2);
+  EXPECT_LE(dvErr, 3e-2);
+  std::printf("[%s] max |o err| %.3g, |lse err| %.3g, grads err / max: dq %.3g dk %.3g dv %.3g\n",
+              c.name, oErr, lseErr, dqErr, dkErr, dvErr);
+}
+
+bool haveGpu() { return cudaAvailable(); }
+
+} // namespace
+
+TEST(AttentionGpuTest, Bf16Causal) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  runCase({"bf16 causal", fb::BF16, 2, 4, 4, 128, 128, 64, true});
+}
+
+TEST(AttentionGpuTest, Bf16NonCausalTqNeTk) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  runCase({"bf16 non-causal Tq!=Tk", fb::BF16, 2, 3, 3, 80, 144, 64, false});
+}
+
+TEST(AttentionGpuTest, F16Causal) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  runCase({"f16 causal D128", fb::F16, 1, 4, 4, 128, 128, 128, true});
+}
+
+TEST(AttentionGpuTest, GqaCausalAndNonCausal) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  runCase({"bf16 GQA 8/2 causal", fb::BF16, 2, 8, 2, 128, 128, 64, true});
+  runCase({"bf16 MQA 4/1 non-causal Tq!=Tk", fb::BF16, 1, 4, 1, 64, 192, 32, false});
+}
+
+// Two layers of one problem (the second reads the first's o as q, k and v) share one
+// built cuDNN graph (AttentionCache), each plan with its own operands.
+TEST(AttentionGpuTest, TwoLayersShareAGraph) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  const Case c{"two layers", fb::BF16, 1, 2, 2, 64, 64, 64, true};
+  const std::vector<int64_t> s4 = {c.B, c.H, c.Tq, c.D}, s3 = {c.B, c.H, c.Tq};
+  BundleWriter w;
+  fb::Program &p = w.program();
+  p.set_target("cuda:sm_90");
+  p.set_producer("AttentionGpuTest");
+  int64_t offset = 0;
+  auto add = [&](const char *name, fb::TensorInfo::Kind kind, const std::vector<int64_t> &shape,
+                 fb::DType dtype) {
+    int32_t t = addTensor(p, name, kind, shape, offset);
+    p.mutable_tensors(t)->set_dtype(dtype);
+    offset += alignUp(numElements(shape) * static_cast<int64_t>(dtypeSize(dtype)));
+    return t;
+  };
+  int32_t q = add("q", fb::TensorInfo::INPUT, s4, c.dtype),
+          k = add("k", fb::TensorInfo::INPUT, s4, c.dtype),
+          v = add("v", fb::TensorInfo::INPUT, s4, c.dtype),
+          o1 = add("o1", fb::TensorInfo::OUTPUT, s4, c.dtype),
+          l1 = add("l1", fb::TensorInfo::OUTPUT, s3, fb::F32),
+          o2 = add("o2", fb::TensorInfo::OUTPUT, s4, c.dtype),
+          l2 = add("l2", fb::TensorInfo::OUTPUT, s3, fb::F32);
+  p.set_arena_size(offset);
+  fb::Routine *r = p.add_routines();
+  r->set_name("forward");
+  for (int32_t t : {q, k, v})
+    r->add_inputs(t);
+  for (int32_t t : {o1, l1, o2, l2})
+    r->add_outputs(t);
+  auto layer = [&](const char *name, std::vector<int32_t> in, std::vector<int32_t> out) {
+    fb::Instruction *inst = r->add_instructions();
+    inst->set_op("attention");
+    inst->set_name(name);
+    inst->set_placement(fb::LIBRARY);
+    for (int32_t t : in)
+      inst->add_inputs(t);
+    for (int32_t t : out)
+      inst->add_outputs(t);
+    (*inst->mutable_attrs())["scale"].set_f(1.0 / std::sqrt(static_cast<double>(c.D)));
+    (*inst->mutable_attrs())["causal"].set_i(1);
+  };
+  layer("h0/attention", {q, k, v}, {o1, l1});
+  layer("h1/attention", {o1, o1, o1}, {o2, l2});
+  auto bundle = Bundle::fromBytes(w.serialize(), "two-layers.forge");
+  ASSERT_TRUE(bundle.isOk()) << bundle.status().message();
+  auto ex = createExecutor(**bundle, ExecutorOptions{"cuda", 0, true});
+  ASSERT_TRUE(ex.isOk()) << ex.status().message();
+  Executor &e = **ex;
+  std::mt19937 rng(99);
+  auto [qb, qd] = randomTensor(numElements(s4), c.dtype, 1.0f, rng);
+  auto [kb, kd] = randomTensor(numElements(s4), c.dtype, 1.0f, rng);
+  auto [vb, vd] = randomTensor(numElements(s4), c.dtype, 1.0f, rng);
+  ASSERT_TRUE(e.setInput(0, "q", TensorView{qb.data(), c.dtype, s4}).isOk());
+  ASSERT_TRUE(e.setInput(0, "k", TensorView{kb.data(), c.dtype, s4}).isOk());
+  ASSERT_TRUE(e.setInput(0, "v", TensorView{vb.data(), c.dtype, s4}).isOk());
+  ASSERT_TRUE(e.run(0).isOk());
+  Status st = e.wait();
+  ASSERT_TRUE(st.isOk()) << st.message();
+  std::vector<double> out1 = toDoubles(e.view(o1)), lse1 = toDoubles(e.view(l1)),
+                      out2 = toDoubles(e.view(o2)), lse2 = toDoubles(e.view(l2));
+  Reference r1 = reference(c, qd, kd, vd, qd, nullptr);
+  Reference r2 = reference(c, out1, out1, out1, out1, nullptr); // from layer 0's real output
+  EXPECT_LE(maxErr(out1, r1.o), 2e-2);
+  EXPECT_LE(maxErr(lse1, r1.lse), 1e-3);
+  EXPECT_LE(maxErr(out2, r2.o), 2e-2);
+  EXPECT_LE(maxErr(lse2, r2.lse), 1e-3);
+  std::printf("[two layers] max |o err| %.3g / %.3g, |lse err| %.3g / %.3g\n",
+              maxErr(out1, r1.o), maxErr(out2, r2.o), maxErr(lse1, r1.lse), maxErr(lse2, r2.lse));
+}
+
+// Without a GPU: malformed instructions are refused by the executor's checks
+// (checkLibraryCalls -> checkAttention) with a message naming the instruction.
+namespace {
+void expectRefused(const Case &c, const std::function<void(fb::Program &)> &mutate,
+                   const std::string &needle,
+                   const std::string &where = "instruction #0 'layer0/attention'") {
+  auto bundle = makeBundle(c, mutate);
+  ASSERT_TRUE(bundle);
+  Status st = checkLibraryCalls(*bundle);
+  ASSERT_FALSE(st.isOk()) << "expected an error containing: " << needle;
+  EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(where), std::string::npos) << st.message();
+}
+} // namespace
+
+TEST(AttentionGpuTest, MalformedInstructionsAreRefused) {
+  const Case ok{"ok", fb::BF16, 2, 4, 2, 16, 24, 64, false};
+  {
+    auto bundle = makeBundle(ok);
+    ASSERT_TRUE(bundle);
+    Status st = checkLibraryCalls(*bundle);
+    EXPECT_TRUE(st.isOk()) << st.message();
+  }
+  expectRefused({"d", fb::BF16, 2, 4, 2, 16, 24, 12, false}, {}, "head dim 12");
+  expectRefused({"d", fb::BF16, 2, 4, 2, 16, 24, 256, false}, {}, "head dim 256");
+  expectRefused({"f32", fb::F32, 2, 4, 2, 16, 24, 64, false}, {}, "q is f32");
+  expectRefused({"gqa", fb::BF16, 2, 6, 4, 16, 24, 64, false}, {},
+                "6 heads are not a multiple of k/v's 4 heads");
+  // One operand of the wrong dtype or shape, in the backward.
+  const std::string grad = "instruction #0 'layer0/attention_grad'";
+  expectRefused(ok, [](fb::Program &p) { p.mutable_tensors(9)->set_dtype(fb::BF16); },
+                "lse is bf16, expected f32", grad);
+  expectRefused(ok, [](fb::Program &p) { p.mutable_tensors(12)->set_shape(2, 20); },
+                "dk is [2, 2, 20, 64], expected [2, 2, 24, 64]", grad);
+  expectRefused(ok, [](fb::Program &p) { p.mutable_tensors(1)->set_shape(0, 3); },
+                "k [3, 2, 24, 64] does not match q");
+  expectRefused(ok, [](fb::Program &p) {
+    p.mutable_routines(0)->mutable_instructions(0)->mutable_attrs()->erase("scale");
+  }, "attribute 'scale'");
+  expectRefused(ok, [](fb::Program &p) {
+    (*p.mutable_routines(0)->mutable_instructions(0)->mutable_attrs())["causal"].set_i(2);
+  }, "attribute 'causal'");
+  expectRefused(ok, [](fb::Program &p) {
+    p.mutable_routines(0)->mutable_instructions(0)->mutable_outputs()->RemoveLast();
+  }, "attention needs 3 inputs (q, k, v) and 2 outputs (o, lse), not 3 and 1");
+}
