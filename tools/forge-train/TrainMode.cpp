@@ -273,7 +273,10 @@ public:
         const bundle::Instruction &inst = r.instructions(s.instruction);
         std::string kernel = inst.placement() == bundle::KERNEL    ? inst.launch().kernel()
                              : inst.placement() == bundle::LIBRARY
-                                 ? (inst.op().rfind("conv", 0) == 0 ? "cuDNN" : "cuBLASLt")
+                                 ? (inst.op().rfind("conv", 0) == 0 ||
+                                            inst.op().rfind("attention", 0) == 0
+                                        ? "cuDNN"
+                                        : "cuBLASLt")
                              : inst.placement() == bundle::HOST    ? "host (CPU kernel)"
                              : inst.placement() == bundle::DEVICE_COPY ? "memcpy"
                                                                        : "cpu";
