@@ -164,6 +164,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       return isAttentionLowOperand(user, i);
     if (isa<ReduceSumOp>(user))
       return true; // sums in f32 and keeps its result's type (a bias gradient)
+    if (isa<SplitOp, ConcatOp>(user)) // copies: low in when every part goes out low
+      return llvm::all_of(user->getResults(), [&](Value r) { return lowValues.contains(r); });
     auto fusion = dyn_cast<FusionOp>(user);
     if (!fusion || (fusion.getKind() != "loop" && fusion.getKind() != "row"))
       return false; // return, the optimizer's and norm's regions, loose ops

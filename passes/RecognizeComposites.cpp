@@ -313,7 +313,7 @@ struct RecognizeCompositesPass
       Location loc = root.getLoc();
       Value k = keyOf(b, loc, *m);
       auto op = b.create<AttentionOp>(loc, m->q, k, m->v, b.getF64FloatAttr(m->scale),
-                                      b.getBoolAttr(m->causal));
+                                      b.getBoolAttr(m->causal), b.getStringAttr("bhsd"));
       root.getResult().replaceAllUsesWith(op.getO());
       root.erase();
       changed = true;

@@ -25,7 +25,20 @@ struct Case {
   fb::DType dtype;
   int64_t B, H, Hk, Tq, Tk, D;
   bool causal;
+  bool bshd = false; // layout "bshd": q/k/v/o and their gradients stored [B, T, H, D]
 };
+
+/// [B, T, H, D] <-> [B, H, T, D] (the reference works in the latter).
+std::vector<double> swapHeadsAndSeq(const std::vector<double> &x, int64_t b, int64_t n1,
+                                    int64_t n2, int64_t d) {
+  std::vector<double> y(x.size());
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t a = 0; a < n1; ++a)
+      for (int64_t c = 0; c < n2; ++c)
+        for (int64_t e = 0; e < d; ++e)
+          y[((i * n2 + c) * n1 + a) * d + e] = x[((i * n1 + a) * n2 + c) * d + e];
+  return y;
+}
 
 int64_t alignUp(int64_t v) { return (v + 63) / 64 * 64; }
 
@@ -37,7 +50,10 @@ std::unique_ptr<Bundle> makeBundle(const Case &c,
   fb::Program &p = w.program();
   p.set_target("cuda:sm_90");
   p.set_producer("AttentionGpuTest");
-  const std::vector<int64_t> qs = {c.B, c.H, c.Tq, c.D}, ks = {c.B, c.Hk, c.Tk, c.D},
+  const std::vector<int64_t> qs = c.bshd ? std::vector<int64_t>{c.B, c.Tq, c.H, c.D}
+                                        : std::vector<int64_t>{c.B, c.H, c.Tq, c.D},
+                             ks = c.bshd ? std::vector<int64_t>{c.B, c.Tk, c.Hk, c.D}
+                                         : std::vector<int64_t>{c.B, c.Hk, c.Tk, c.D},
                              ls = {c.B, c.H, c.Tq};
   int64_t offset = 0;
   auto add = [&](const char *name, fb::TensorInfo::Kind kind, const std::vector<int64_t> &shape,
@@ -71,6 +87,8 @@ std::unique_ptr<Bundle> makeBundle(const Case &c,
     }
     (*inst->mutable_attrs())["scale"].set_f(1.0 / std::sqrt(static_cast<double>(c.D)));
     (*inst->mutable_attrs())["causal"].set_i(c.causal ? 1 : 0);
+    if (c.bshd)
+      (*inst->mutable_attrs())["layout"].set_s("bshd");
   };
   routine("forward", "attention", fwd, 3);
   routine("backward", "attention_grad", bwd, 6);
@@ -214,7 +232,10 @@ void runCase(const Case &c) {
   ASSERT_TRUE(ex.isOk()) << ex.status().message();
   Executor &e = **ex;
   std::mt19937 rng(1234);
-  const std::vector<int64_t> qs = {c.B, c.H, c.Tq, c.D}, ks = {c.B, c.Hk, c.Tk, c.D},
+  const std::vector<int64_t> qs = c.bshd ? std::vector<int64_t>{c.B, c.Tq, c.H, c.D}
+                                        : std::vector<int64_t>{c.B, c.H, c.Tq, c.D},
+                             ks = c.bshd ? std::vector<int64_t>{c.B, c.Tk, c.Hk, c.D}
+                                         : std::vector<int64_t>{c.B, c.Hk, c.Tk, c.D},
                              ls = {c.B, c.H, c.Tq};
   auto [qb, q] = randomTensor(numElements(qs), c.dtype, 1.0f, rng);
   auto [kb, k] = randomTensor(numElements(ks), c.dtype, 1.0f, rng);
@@ -269,7 +290,19 @@ void runCase(const Case &c) {
       EXPECT_TRUE(dqBytes == firstDq) << "dq differs between run 1 and run " << run + 1;
   }
   std::vector<double> dq = output(1, "dq"), dk = output(1, "dk"), dv = output(1, "dv");
-  Reference r = reference(c, q, k, v, dO, &o);
+  Reference r;
+  if (c.bshd) { // the reference in [B, H, T, D], its results back in [B, T, H, D]
+    auto qh = [&](const std::vector<double> &x) { return swapHeadsAndSeq(x, c.B, c.Tq, c.H, c.D); };
+    auto kh = [&](const std::vector<double> &x) { return swapHeadsAndSeq(x, c.B, c.Tk, c.Hk, c.D); };
+    std::vector<double> oh = qh(o);
+    r = reference(c, qh(q), kh(k), kh(v), qh(dO), &oh);
+    r.o = swapHeadsAndSeq(r.o, c.B, c.H, c.Tq, c.D);
+    r.dq = swapHeadsAndSeq(r.dq, c.B, c.H, c.Tq, c.D);
+    r.dk = swapHeadsAndSeq(r.dk, c.B, c.Hk, c.Tk, c.D);
+    r.dv = swapHeadsAndSeq(r.dv, c.B, c.Hk, c.Tk, c.D);
+  } else {
+    r = reference(c, q, k, v, dO, &o);
+  }
 
   // Tolerances: o (bf16/f16 output of an f32-accumulated softmax) within 2e-2 absolute +
   // 2e-2 relative per element; lse (f32) within 1e-3 absolute; the gradients (bf16/f16,
@@ -335,6 +368,15 @@ TEST(AttentionGpuTest, SmallHeads) {
     GTEST_SKIP() << "no GPU";
   runCase({"bf16 causal D16 T32", fb::BF16, 4, 4, 4, 32, 32, 16, true});
   runCase({"f16 causal D16 T32", fb::F16, 4, 4, 4, 32, 32, 16, true});
+}
+
+// Layout bshd (the compiler's folded head transposes): cuDNN reads [B, T, H, D] strided.
+TEST(AttentionGpuTest, BshdLayout) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  runCase({"bf16 bshd causal (GPT-2's heads)", fb::BF16, 2, 12, 12, 512, 512, 64, true,
+           true});
+  runCase({"f16 bshd GQA 8/2 non-causal Tq!=Tk", fb::F16, 2, 8, 2, 96, 160, 32, false, true});
 }
 
 TEST(AttentionGpuTest, GqaCausalAndNonCausal) {

@@ -239,7 +239,8 @@ FORGE_GRADIENT(AttentionOp) {
   GradientBuilder gb(builder, getLoc());
   SmallVector<Value> grads =
       gb.create("attention_grad", {getQ(), getK(), getV(), getO(), getLse(), resultGrads[0]},
-                {gb.attr("scale", getScale().convertToDouble()), gb.attr("causal", getCausal())});
+                {gb.attr("scale", getScale().convertToDouble()), gb.attr("causal", getCausal()),
+                 gb.attr("layout", getLayout())});
   if (grads.size() != 3)
     return failure();
   operandGrads.append(grads.begin(), grads.end());

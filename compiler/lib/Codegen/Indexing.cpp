@@ -245,12 +245,17 @@ std::optional<KernelLaunch> KernelGenerator::Impl::splitKernel(Operation *op, St
   if (in.getNumElements() == 0 || at != total)
     return std::nullopt;
   // One pass over the input; each element is stored into the output whose
-  // range holds its axis coordinate.
+  // range holds its axis coordinate. Outputs stored in another float type
+  // (forge-assign-precision) convert on the store.
+  Type elem = in.getElementType();
+  bool mixed = llvm::any_of(op->getResults(),
+                            [&](Value v) { return tensorType(v).getElementType() != elem; });
   return elementKernel(name, flatArgs(op), in.getNumElements(), op->getLoc(),
                        [&](Body &k, gpu::GPUFuncOp fn, Value i) {
                          Value qi = k.rem(i, q), r = k.div(i, q);
                          Value a = k.rem(r, total), pi = k.div(r, total);
-                         Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
+                         Value v = mixed ? k.load(fn.getArgument(0), i, elem)
+                                         : k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
                          for (unsigned j = 0; j < sizes.size(); ++j) {
                            if (sizes[j] == 0)
                              continue;
@@ -261,7 +266,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::splitKernel(Operation *op, St
                              Value local = k.b.create<arith::SubIOp>(k.loc, a, k.idx(offsets[j]));
                              Value dst = k.add(
                                  k.mul(k.add(k.mul(pi, k.idx(sizes[j])), local), k.idx(q)), qi);
-                             k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1 + j), dst);
+                             if (mixed)
+                               k.store(v, fn.getArgument(1 + j), dst, elem);
+                             else
+                               k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1 + j), dst);
                            });
                          }
                        });

@@ -281,7 +281,8 @@ static LogicalResult inferSoftmaxGrad(std::optional<Location> loc, Adaptor adapt
 
 FORGE_INFER(AttentionGradOp) {
   Type q = adaptor.getQ().getType(), k = adaptor.getK().getType(), v = adaptor.getV().getType();
-  auto shape = attentionShape(loc, q, k, v);
+  StringRef layout = adaptor.getLayout();
+  auto shape = attentionShape(loc, q, k, v, layout);
   if (failed(shape))
     return failure();
   auto o = rankedOrNull(adaptor.getO().getType());
@@ -291,7 +292,7 @@ FORGE_INFER(AttentionGradOp) {
     return failInference(loc, "attention_grad: o, lse and grad_output must be static tensors");
   if (failed(requireShape(loc, o, *shape, "attention_grad: o")) ||
       failed(requireShape(loc, dout, *shape, "attention_grad: grad_output")) ||
-      failed(requireShape(loc, lse, ArrayRef<int64_t>(*shape).drop_back(), "attention_grad: lse")))
+      failed(requireShape(loc, lse, attentionLseShape(*shape, layout), "attention_grad: lse")))
     return failure();
   inferred.append({q, k, v});
   return success();
@@ -300,8 +301,8 @@ FORGE_INFER(AttentionGradOp) {
 OpCost AttentionGradOp::computeCost() {
   OpCost cost = estimateDefaultCost(getOperation(), 0);
   // Five products: the recomputed scores, dv, dP, dq and dk.
-  cost.flops = attentionFlops(getQ().getType(), getK().getType(), getV().getType(),
-                              getCausal()) * 5 / 2;
+  cost.flops = attentionFlops(getQ().getType(), getK().getType(), getV().getType(), getCausal(),
+                              getLayout()) * 5 / 2;
   return cost;
 }
 

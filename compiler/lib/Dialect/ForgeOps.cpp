@@ -529,22 +529,80 @@ FORGE_INFER(GroupNormOp) {
   return success();
 }
 FORGE_INFER(AttentionOp) {
+  StringRef layout = adaptor.getLayout();
   auto shape = attentionShape(loc, adaptor.getQ().getType(), adaptor.getK().getType(),
-                              adaptor.getV().getType());
+                              adaptor.getV().getType(), layout);
   if (failed(shape))
     return failure();
   inferred.push_back(withShape(adaptor.getQ().getType(), *shape));
   // f32 beside low and f32 operands; f64 beside f64 ones (the gradient checks).
   Type q = cast<RankedTensorType>(adaptor.getQ().getType()).getElementType();
   Type lse = q.isF64() ? q : Float32Type::get(context);
-  inferred.push_back(RankedTensorType::get(ArrayRef<int64_t>(*shape).drop_back(), lse));
+  inferred.push_back(RankedTensorType::get(attentionLseShape(*shape, layout), lse));
   return success();
 }
 
 OpCost AttentionOp::computeCost() {
   OpCost cost = estimateDefaultCost(getOperation(), 0);
-  cost.flops = attentionFlops(getQ().getType(), getK().getType(), getV().getType(), getCausal());
+  cost.flops = attentionFlops(getQ().getType(), getK().getType(), getV().getType(), getCausal(),
+                              getLayout());
   return cost;
+}
+
+namespace {
+/// attention (or attention_grad) whose 4-d operands are all [B, T, H, D]
+/// tensors transposed to [B, H, T, D] reads them as they are (layout bshd):
+/// cuDNN takes the strides, so the transposes, and the ones the results go
+/// through back to [B, T, H, D] (which cancel with the new ones), vanish.
+template <typename OpT> struct FoldAttentionTransposes : public OpRewritePattern<OpT> {
+  using OpRewritePattern<OpT>::OpRewritePattern;
+  LogicalResult matchAndRewrite(OpT op, PatternRewriter &rewriter) const override {
+    if (op.getLayout() != "bhsd")
+      return failure();
+    const int64_t swap[] = {0, 2, 1, 3};
+    SmallVector<Value> operands(op->getOperands());
+    for (auto [i, v] : llvm::enumerate(operands)) {
+      if (cast<RankedTensorType>(v.getType()).getRank() != 4)
+        continue; // lse
+      auto t = v.template getDefiningOp<TransposeOp>();
+      if (!t || t.getPerm() != ArrayRef<int64_t>(swap))
+        return failure();
+      operands[i] = t.getInput();
+    }
+    SmallVector<Type> types;
+    for (Value r : op->getResults()) {
+      auto t = cast<RankedTensorType>(r.getType());
+      if (t.getRank() != 4) {
+        types.push_back(t);
+        continue;
+      }
+      types.push_back(t.clone({t.getDimSize(0), t.getDimSize(2), t.getDimSize(1), t.getDimSize(3)}));
+    }
+    OperationState state(op.getLoc(), op->getName(), operands, types, op->getAttrs());
+    Operation *folded = rewriter.create(state);
+    folded->setAttr("layout", rewriter.getStringAttr("bshd"));
+    SmallVector<Value> replacements;
+    for (auto [old, now] : llvm::zip(op->getResults(), folded->getResults())) {
+      if (cast<RankedTensorType>(now.getType()).getRank() != 4) {
+        replacements.push_back(now);
+        continue;
+      }
+      replacements.push_back(rewriter.create<TransposeOp>(op.getLoc(), old.getType(), now,
+                                                          rewriter.getDenseI64ArrayAttr(swap)));
+    }
+    rewriter.replaceOp(op, replacements);
+    return success();
+  }
+};
+} // namespace
+
+void AttentionOp::getCanonicalizationPatterns(RewritePatternSet &patterns, MLIRContext *context) {
+  patterns.add<FoldAttentionTransposes<AttentionOp>>(context);
+}
+
+void AttentionGradOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                                  MLIRContext *context) {
+  patterns.add<FoldAttentionTransposes<AttentionGradOp>>(context);
 }
 
 FORGE_INFER(SoftmaxOp) {

@@ -28,32 +28,47 @@ inline Type withShape(Type t, ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, cast<RankedTensorType>(t).getElementType());
 }
 
-/// attention's operands: q [B, H, Tq, D], k [B, Hk, Tk, D], v [B, Hk, Tk, Dv],
-/// H % Hk == 0, one float type. Returns o's shape [B, H, Tq, Dv].
+/// attention's operands in `layout` "bhsd": q [B, H, Tq, D], k [B, Hk, Tk, D],
+/// v [B, Hk, Tk, Dv]; "bshd": q [B, Tq, H, D], k [B, Tk, Hk, D], v [B, Tk, Hk, Dv].
+/// H % Hk == 0, one float type. Returns o's shape (in the layout).
 inline FailureOr<SmallVector<int64_t>> attentionShape(std::optional<Location> loc, Type qType,
-                                                      Type kType, Type vType) {
+                                                      Type kType, Type vType,
+                                                      StringRef layout) {
   auto q = rankedOrNull(qType), k = rankedOrNull(kType), v = rankedOrNull(vType);
+  if (layout != "bhsd" && layout != "bshd")
+    return failInference(loc, "attention: layout must be bhsd or bshd, got '" + layout + "'");
   if (!q || !k || !v || q.getRank() != 4 || k.getRank() != 4 || v.getRank() != 4)
     return failInference(loc, "attention: q, k and v must be static [batch, heads, seq, "
-                              "head_dim] tensors");
+                              "head_dim] tensors (bshd: [batch, seq, heads, head_dim])");
   if (!isa<FloatType>(q.getElementType()) || k.getElementType() != q.getElementType() ||
       v.getElementType() != q.getElementType())
     return failInference(loc, "attention: q, k and v must have one float element type");
-  int64_t b = q.getDimSize(0), h = q.getDimSize(1), hk = k.getDimSize(1);
-  if (k.getDimSize(0) != b || v.getDimSize(0) != b || v.getDimSize(1) != hk || hk <= 0 ||
+  const int hd = layout == "bshd" ? 2 : 1, sd = layout == "bshd" ? 1 : 2;
+  int64_t b = q.getDimSize(0), h = q.getDimSize(hd), hk = k.getDimSize(hd);
+  if (k.getDimSize(0) != b || v.getDimSize(0) != b || v.getDimSize(hd) != hk || hk <= 0 ||
       h % hk != 0)
     return failInference(loc, "attention: k and v need q's batch and a head count dividing q's");
-  if (k.getDimSize(3) != q.getDimSize(3) || v.getDimSize(2) != k.getDimSize(2))
+  if (k.getDimSize(3) != q.getDimSize(3) || v.getDimSize(sd) != k.getDimSize(sd))
     return failInference(loc, "attention: k needs q's head size and v k's sequence length");
-  return SmallVector<int64_t>{b, h, q.getDimSize(2), v.getDimSize(3)};
+  SmallVector<int64_t> o = {b, 0, 0, v.getDimSize(3)};
+  o[hd] = h;
+  o[sd] = q.getDimSize(sd);
+  return o;
+}
+
+/// lse's shape [B, H, Tq] from o's shape in `layout`.
+inline SmallVector<int64_t> attentionLseShape(ArrayRef<int64_t> o, StringRef layout) {
+  return layout == "bshd" ? SmallVector<int64_t>{o[0], o[2], o[1]}
+                          : SmallVector<int64_t>{o[0], o[1], o[2]};
 }
 
 /// FLOPs of attention's two products, [B, H, Tq, Tk] x D each, the causal
 /// mask skipping about half.
-inline int64_t attentionFlops(Type qType, Type kType, Type vType, bool causal) {
+inline int64_t attentionFlops(Type qType, Type kType, Type vType, bool causal, StringRef layout) {
   auto q = cast<RankedTensorType>(qType), k = cast<RankedTensorType>(kType);
   auto v = cast<RankedTensorType>(vType);
-  int64_t pairs = q.getDimSize(0) * q.getDimSize(1) * q.getDimSize(2) * k.getDimSize(2);
+  const int sd = layout == "bshd" ? 1 : 2, hd = 3 - sd;
+  int64_t pairs = q.getDimSize(0) * q.getDimSize(hd) * q.getDimSize(sd) * k.getDimSize(sd);
   if (causal)
     pairs /= 2;
   return 2 * pairs * (q.getDimSize(3) + v.getDimSize(3));

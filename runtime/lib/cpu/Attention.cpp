@@ -6,7 +6,8 @@
 //    nothing T x T is ever stored (the backward recomputes the probabilities
 //    from q, k and lse, as flash attention does);
 //  * causal: key j is visible to query i iff j <= i (the top-left diagonal);
-//    query head h reads key/value head h / (H / Hk);
+//    query head h reads key/value head h / (H / Hk); layout "bshd" stores
+//    q/k/v/o as [B, T, H, D] (head vectors contiguous in both layouts);
 //  * f32/f64 compute natively with double accumulation; f16/bf16 are staged
 //    through f32 copies by the registry; lse is f32 (f64 beside f64 operands);
 //  * results do not depend on the thread count: the forward splits rows, the
@@ -24,29 +25,52 @@ struct AttentionShape {
   int64_t b, h, hk, tq, tk, d, dv;
   double scale;
   bool causal;
+  bool bshd; // q/k/v/o are [B, T, H, D] (else [B, H, T, D])
   /// Keys visible to query row i.
   int64_t keys(int64_t i) const { return causal ? std::min(tk, i + 1) : tk; }
+  /// Element offsets of the head vectors (contiguous in both layouts).
+  int64_t qRow(int64_t bi, int64_t hi, int64_t i, int64_t width) const {
+    return (bshd ? (bi * tq + i) * h + hi : (bi * h + hi) * tq + i) * width;
+  }
+  int64_t kRow(int64_t bi, int64_t kh, int64_t j, int64_t width) const {
+    return (bshd ? (bi * tk + j) * hk + kh : (bi * hk + kh) * tk + j) * width;
+  }
 };
 
 Expected<AttentionShape> readShape(KernelContext &ctx) {
   const TensorView &q = ctx.inputs[0], &k = ctx.inputs[1], &v = ctx.inputs[2];
   if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4)
-    return Status::error("q, k and v must be [batch, heads, seq, head_dim], got ranks {}, {}, {}",
-                         q.rank(), k.rank(), v.rank());
-  AttentionShape s{q.shape[0], q.shape[1], k.shape[1], q.shape[2],
-                   k.shape[2], q.shape[3], v.shape[3], 0.0,        false};
+    return Status::error("q, k and v must be rank 4, got ranks {}, {}, {}", q.rank(), k.rank(),
+                         v.rank());
+  std::string layout = "bhsd";
+  if (ctx.attrs.has("layout")) {
+    CPU_ASSIGN_OR_RETURN(layout, ctx.attrs.getString("layout"));
+  }
+  if (layout != "bhsd" && layout != "bshd")
+    return Status::error("layout must be bhsd or bshd, got '{}'", layout);
+  const bool bshd = layout == "bshd";
+  const int hd = bshd ? 2 : 1, sd = bshd ? 1 : 2;
+  AttentionShape s{q.shape[0], q.shape[hd], k.shape[hd], q.shape[sd], k.shape[sd],
+                   q.shape[3], v.shape[3],  0.0,         false,       bshd};
   if (s.hk <= 0 || s.h % s.hk != 0 || k.shape[0] != s.b || v.shape[0] != s.b ||
-      v.shape[1] != s.hk || k.shape[3] != s.d || v.shape[2] != s.tk)
-    return Status::error("k and v do not fit q (q [{}, {}, {}, {}], k [{}, {}, {}, {}], "
-                         "v [{}, {}, {}, {}])",
-                         q.shape[0], q.shape[1], q.shape[2], q.shape[3], k.shape[0], k.shape[1],
-                         k.shape[2], k.shape[3], v.shape[0], v.shape[1], v.shape[2], v.shape[3]);
+      v.shape[hd] != s.hk || k.shape[3] != s.d || v.shape[sd] != s.tk)
+    return Status::error("k and v do not fit q (layout {}: q [{}, {}, {}, {}], k [{}, {}, {}, "
+                         "{}], v [{}, {}, {}, {}])",
+                         layout, q.shape[0], q.shape[1], q.shape[2], q.shape[3], k.shape[0],
+                         k.shape[1], k.shape[2], k.shape[3], v.shape[0], v.shape[1], v.shape[2],
+                         v.shape[3]);
   FORGE_RETURN_IF_ERROR(checkDType(k, q.dtype, "k"));
   FORGE_RETURN_IF_ERROR(checkDType(v, q.dtype, "v"));
   CPU_ASSIGN_OR_RETURN(s.scale, ctx.attrs.getFloat("scale"));
   CPU_ASSIGN_OR_RETURN(int64_t causal, ctx.attrs.getInt("causal"));
   s.causal = causal != 0;
   return s;
+}
+
+/// o's (and grad_output's) shape in the layout.
+std::vector<int64_t> outShape(const AttentionShape &s) {
+  return s.bshd ? std::vector<int64_t>{s.b, s.tq, s.h, s.dv}
+                : std::vector<int64_t>{s.b, s.h, s.tq, s.dv};
 }
 
 DType lseType(DType q) { return q == bundle::F64 ? bundle::F64 : bundle::F32; }
@@ -56,7 +80,7 @@ Status attentionKernel(KernelContext &ctx) {
   const TensorView &q = ctx.inputs[0];
   TensorView &o = ctx.outputs[0], &lse = ctx.outputs[1];
   FORGE_RETURN_IF_ERROR(checkDType(o, q.dtype, "o"));
-  FORGE_RETURN_IF_ERROR(checkShape(o, {s.b, s.h, s.tq, s.dv}, "o"));
+  FORGE_RETURN_IF_ERROR(checkShape(o, outShape(s), "o"));
   if (q.dtype == bundle::F32 || q.dtype == bundle::F64)
     FORGE_RETURN_IF_ERROR(checkDType(lse, lseType(q.dtype), "lse"));
   FORGE_RETURN_IF_ERROR(checkShape(lse, {s.b, s.h, s.tq}, "lse"));
@@ -73,12 +97,12 @@ Status attentionKernel(KernelContext &ctx) {
       std::vector<double> p(s.tk), acc(s.dv);
       for (int64_t r = begin; r < end; ++r) {
         const int64_t i = r % s.tq, bh = r / s.tq, bi = bh / s.h, hi = bh % s.h;
-        const int64_t kvBase = (bi * s.hk + hi / group) * s.tk;
-        const T *qi = pq + r * s.d;
+        const int64_t kh = hi / group;
+        const T *qi = pq + s.qRow(bi, hi, i, s.d);
         const int64_t n = s.keys(i);
         double m = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < n; ++j) {
-          const T *kj = pk + (kvBase + j) * s.d;
+          const T *kj = pk + s.kRow(bi, kh, j, s.d);
           double dot = 0;
           for (int64_t c = 0; c < s.d; ++c)
             dot += double(qi[c]) * double(kj[c]);
@@ -90,12 +114,13 @@ Status attentionKernel(KernelContext &ctx) {
           sum += (p[j] = std::exp(p[j] - m));
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = 0; j < n; ++j) {
-          const T *vj = pv + (kvBase + j) * s.dv;
+          const T *vj = pv + s.kRow(bi, kh, j, s.dv);
           for (int64_t c = 0; c < s.dv; ++c)
             acc[c] += p[j] * double(vj[c]);
         }
+        T *oi = po + s.qRow(bi, hi, i, s.dv);
         for (int64_t c = 0; c < s.dv; ++c)
-          po[r * s.dv + c] = static_cast<T>(acc[c] / sum);
+          oi[c] = static_cast<T>(acc[c] / sum);
         pl[r] = static_cast<L>(m + std::log(sum));
       }
     });
@@ -109,9 +134,9 @@ Status attentionGradKernel(KernelContext &ctx) {
   const TensorView &q = ctx.inputs[0], &o = ctx.inputs[3], &lse = ctx.inputs[4],
                    &dout = ctx.inputs[5];
   FORGE_RETURN_IF_ERROR(checkDType(o, q.dtype, "o"));
-  FORGE_RETURN_IF_ERROR(checkShape(o, {s.b, s.h, s.tq, s.dv}, "o"));
+  FORGE_RETURN_IF_ERROR(checkShape(o, outShape(s), "o"));
   FORGE_RETURN_IF_ERROR(checkDType(dout, q.dtype, "grad_output"));
-  FORGE_RETURN_IF_ERROR(checkShape(dout, {s.b, s.h, s.tq, s.dv}, "grad_output"));
+  FORGE_RETURN_IF_ERROR(checkShape(dout, outShape(s), "grad_output"));
   if (q.dtype == bundle::F32 || q.dtype == bundle::F64)
     FORGE_RETURN_IF_ERROR(checkDType(lse, lseType(q.dtype), "lse"));
   FORGE_RETURN_IF_ERROR(checkShape(lse, {s.b, s.h, s.tq}, "lse"));
@@ -132,20 +157,21 @@ Status attentionGradKernel(KernelContext &ctx) {
     ctx.pool.parallelFor(s.b * s.hk, 1, [&](int64_t begin, int64_t end) {
       std::vector<double> dk(s.tk * s.d), dv(s.tk * s.dv), dq(s.d), p(s.tk);
       for (int64_t u = begin; u < end; ++u) {
-        const int64_t bi = u / s.hk, kvh = u % s.hk, kvBase = u * s.tk;
+        const int64_t bi = u / s.hk, kvh = u % s.hk;
         std::fill(dk.begin(), dk.end(), 0.0);
         std::fill(dv.begin(), dv.end(), 0.0);
         for (int64_t g = 0; g < group; ++g) {
           const int64_t hi = kvh * group + g;
           for (int64_t i = 0; i < s.tq; ++i) {
             const int64_t r = (bi * s.h + hi) * s.tq + i, n = s.keys(i);
-            const T *qi = pq + r * s.d, *doi = pdo + r * s.dv, *oi = po + r * s.dv;
+            const int64_t qr = s.qRow(bi, hi, i, s.d), orow = s.qRow(bi, hi, i, s.dv);
+            const T *qi = pq + qr, *doi = pdo + orow, *oi = po + orow;
             double di = 0;
             for (int64_t c = 0; c < s.dv; ++c)
               di += double(doi[c]) * double(oi[c]);
             std::fill(dq.begin(), dq.end(), 0.0);
             for (int64_t j = 0; j < n; ++j) {
-              const T *kj = pk + (kvBase + j) * s.d, *vj = pv + (kvBase + j) * s.dv;
+              const T *kj = pk + s.kRow(bi, kvh, j, s.d), *vj = pv + s.kRow(bi, kvh, j, s.dv);
               double dot = 0, dp = 0;
               for (int64_t c = 0; c < s.d; ++c)
                 dot += double(qi[c]) * double(kj[c]);
@@ -161,13 +187,15 @@ Status attentionGradKernel(KernelContext &ctx) {
               }
             }
             for (int64_t c = 0; c < s.d; ++c)
-              pdq[r * s.d + c] = static_cast<T>(dq[c]);
+              pdq[qr + c] = static_cast<T>(dq[c]);
           }
         }
-        for (int64_t x = 0; x < s.tk * s.d; ++x)
-          pdk[kvBase * s.d + x] = static_cast<T>(dk[x]);
-        for (int64_t x = 0; x < s.tk * s.dv; ++x)
-          pdv[kvBase * s.dv + x] = static_cast<T>(dv[x]);
+        for (int64_t j = 0; j < s.tk; ++j) {
+          for (int64_t c = 0; c < s.d; ++c)
+            pdk[s.kRow(bi, kvh, j, s.d) + c] = static_cast<T>(dk[j * s.d + c]);
+          for (int64_t c = 0; c < s.dv; ++c)
+            pdv[s.kRow(bi, kvh, j, s.dv) + c] = static_cast<T>(dv[j * s.dv + c]);
+        }
       }
     });
     return Status::ok();

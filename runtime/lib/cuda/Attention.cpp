@@ -84,7 +84,19 @@ Expected<AttentionProblem> attentionProblem(const bundle::Program &p,
   ids.insert(ids.end(), inst.outputs().begin(), inst.outputs().end());
   auto name = [&](size_t i) { return pr.grad ? gradNames[i] : fwdNames[i]; };
 
-  std::vector<int64_t> q = shapeOf(p, ids[0]), k = shapeOf(p, ids[1]);
+  if (auto layout = inst.attrs().find("layout"); layout != inst.attrs().end()) {
+    if (layout->second.value_case() != bundle::Attribute::kS ||
+        (layout->second.s() != "bhsd" && layout->second.s() != "bshd"))
+      return Status::error("{}: attribute 'layout' must be \"bhsd\" or \"bshd\"", op);
+    pr.bshd = layout->second.s() == "bshd";
+  }
+  // [B, T, H, D] read as [B, H, T, D] from here on (and back for the checks below).
+  auto logical = [&](std::vector<int64_t> x) {
+    if (pr.bshd && x.size() == 4)
+      std::swap(x[1], x[2]);
+    return x;
+  };
+  std::vector<int64_t> q = logical(shapeOf(p, ids[0])), k = logical(shapeOf(p, ids[1]));
   if (q.size() != 4 || k.size() != 4)
     return Status::error("{}: q and k must be rank 4 ([B, H, Tq, D] and [B, Hk, Tk, D]); q is "
                          "{}, k is {}",
@@ -117,7 +129,7 @@ Expected<AttentionProblem> attentionProblem(const bundle::Program &p,
     std::string n = name(i);
     const std::vector<int64_t> &want =
         n == "lse" ? lseShape : (n == "k" || n == "v" || n == "dk" || n == "dv") ? kShape : qShape;
-    std::vector<int64_t> got = shapeOf(p, ids[i]);
+    std::vector<int64_t> got = n == "lse" ? shapeOf(p, ids[i]) : logical(shapeOf(p, ids[i]));
     if (got != want)
       return Status::error("{}: {} is {}, expected {}", op, n, shapeString(got),
                            shapeString(want));
@@ -182,16 +194,22 @@ Expected<std::shared_ptr<fe::graph::Graph>> buildGraph(cudnnHandle_t handle,
   const std::vector<int64_t> qDims = {pr.batch, pr.heads, pr.queries, pr.headDim},
                              kDims = {pr.batch, pr.kvHeads, pr.keys, pr.headDim},
                              lseDims = {pr.batch, pr.heads, pr.queries, 1};
+  // cuDNN's dims are [B, H, T, D]; layout bshd stores [B, T, H, D]: the strides say so.
+  auto strides = [&](const std::vector<int64_t> &dims) {
+    if (!pr.bshd || dims[3] == 1) // lse is [B, H, Tq(, 1)] in both layouts
+      return packedStrides(dims);
+    return std::vector<int64_t>{dims[2] * dims[1] * dims[3], dims[3], dims[1] * dims[3], 1};
+  };
   auto tensor = [&](const char *name, int64_t uid, const std::vector<int64_t> &dims) {
     return g->tensor(fe::graph::Tensor_attributes()
                          .set_name(name)
                          .set_uid(uid)
                          .set_dim(dims)
-                         .set_stride(packedStrides(dims)));
+                         .set_stride(strides(dims)));
   };
   auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes> &t, int64_t uid,
                     const std::vector<int64_t> &dims) {
-    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(packedStrides(dims));
+    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides(dims));
   };
   auto q = tensor("q", Q, qDims), k = tensor("k", K, kDims), v = tensor("v", V, kDims);
   const float scale = static_cast<float>(pr.scale);
@@ -251,9 +269,10 @@ Expected<std::unique_ptr<AttentionPlan>> AttentionPlan::create(const CudnnApi &a
   plan->problem_ = *pr;
   plan->impl_ = std::make_unique<Impl>();
   const std::string key = fmt::format(
-      "{} {} q [{}, {}, {}, {}] k/v [{}, {}, {}, {}]{} scale {}", inst.op(), dtypeName(pr->dtype),
+      "{} {} q [{}, {}, {}, {}] k/v [{}, {}, {}, {}]{}{} scale {}", inst.op(), dtypeName(pr->dtype),
       pr->batch, pr->heads, pr->queries, pr->headDim, pr->batch, pr->kvHeads, pr->keys,
-      pr->headDim, pr->causal ? " causal" : "", static_cast<float>(pr->scale));
+      pr->headDim, pr->causal ? " causal" : "", pr->bshd ? " bshd" : "",
+      static_cast<float>(pr->scale));
   if (cache)
     if (auto it = cache->built.find(key); it != cache->built.end())
       plan->impl_->built = it->second;

@@ -9,7 +9,9 @@
 // head h reads kv head h / (H / Hk)); lse [B, H, Tq] f32, the natural-log log-sum-exp over
 // the visible keys of scale * q.k (cuDNN's softmax Stats, [B, H, Tq, 1] in its view). q, k,
 // v, o, do, dq, dk, dv are all bf16 or all f16; dense row-major. causal: key j is visible to
-// query i iff j <= i (top-left diagonal). D is a multiple of 8, at most 128.
+// query i iff j <= i (top-left diagonal). D is a multiple of 8, at most 128. Attribute
+// "layout" "bshd" (optional; default "bhsd"): the 4-d tensors are [B, T, H, D] instead, which
+// cuDNN reads through strides (the compiler folds the exporters' head transposes into it).
 //
 // This header is light on purpose: only Attention.cpp includes the frontend's headers.
 #pragma once
@@ -32,6 +34,7 @@ struct AttentionProblem {
   int64_t batch = 0, heads = 0, kvHeads = 0, queries = 0, keys = 0, headDim = 0;
   double scale = 1.0;
   bool causal = false;
+  bool bshd = false; // layout "bshd": q/k/v/o (and their gradients) are [B, T, H, D]
 };
 
 /// Checks an attention/attention_grad instruction (op, operand counts, ranks, shapes,

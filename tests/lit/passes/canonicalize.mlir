@@ -118,3 +118,39 @@ func.func @gemm_with_c(%a: tensor<4x3xf32>, %b: tensor<3x5xf32>, %c: tensor<5xf3
   %t = forge.transpose %g {perm = array<i64: 1, 0>} : (tensor<4x5xf32>) -> tensor<5x4xf32>
   return %t : tensor<5x4xf32>
 }
+
+// -----
+
+// Attention whose q, k, v (and attention_grad's o and grad_output) are head
+// transposes (0, 2, 1, 3) of [B, T, H, D] tensors reads those tensors (layout
+// bshd); the results' transposes back cancel: no transpose is left.
+// CHECK-LABEL: func @attention_bshd
+// CHECK-NOT: forge.transpose
+// CHECK: %[[O:.*]], %[[L:.*]] = forge.attention %arg0, %arg1, %arg2 {causal = true, layout = "bshd", scale = 1.250000e-01 : f64} : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> (tensor<2x16x4x8xf32>, tensor<2x4x16xf32>)
+// CHECK: %{{.*}}, %[[DK:.*]], %{{.*}} = forge.attention_grad %arg0, %arg1, %arg2, %[[O]], %[[L]], %arg3 {causal = true, layout = "bshd", scale = 1.250000e-01 : f64} : {{.*}} -> (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>)
+// CHECK-NOT: forge.transpose
+// CHECK: return %[[O]], %[[DK]]
+func.func @attention_bshd(%q: tensor<2x16x4x8xf32>, %k: tensor<2x16x4x8xf32>, %v: tensor<2x16x4x8xf32>, %g: tensor<2x16x4x8xf32>) -> (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) {
+  %qt = forge.transpose %q {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x16x4x8xf32>) -> tensor<2x4x16x8xf32>
+  %kt = forge.transpose %k {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x16x4x8xf32>) -> tensor<2x4x16x8xf32>
+  %vt = forge.transpose %v {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x16x4x8xf32>) -> tensor<2x4x16x8xf32>
+  %o, %lse = forge.attention %qt, %kt, %vt {causal = true, scale = 1.250000e-01 : f64} : (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>) -> (tensor<2x4x16x8xf32>, tensor<2x4x16xf32>)
+  %y = forge.transpose %o {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x4x16x8xf32>) -> tensor<2x16x4x8xf32>
+  %gt = forge.transpose %g {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x16x4x8xf32>) -> tensor<2x4x16x8xf32>
+  %dq, %dk, %dv = forge.attention_grad %qt, %kt, %vt, %o, %lse, %gt {causal = true, scale = 1.250000e-01 : f64} : (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16xf32>, tensor<2x4x16x8xf32>) -> (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>)
+  %dkt = forge.transpose %dk {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x4x16x8xf32>) -> tensor<2x16x4x8xf32>
+  return %y, %dkt : tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>
+}
+
+// -----
+
+// Negative: one operand is not a head transpose (v is already [B, H, T, D]): unchanged.
+// CHECK-LABEL: func @attention_mixed
+// CHECK: forge.transpose
+// CHECK: forge.attention %{{.*}}, %{{.*}}, %arg2 {causal = false, scale = 1.000000e+00 : f64}
+func.func @attention_mixed(%q: tensor<1x8x2x8xf32>, %k: tensor<1x8x2x8xf32>, %v: tensor<1x2x8x8xf32>) -> tensor<1x2x8x8xf32> {
+  %qt = forge.transpose %q {perm = array<i64: 0, 2, 1, 3>} : (tensor<1x8x2x8xf32>) -> tensor<1x2x8x8xf32>
+  %kt = forge.transpose %k {perm = array<i64: 0, 2, 1, 3>} : (tensor<1x8x2x8xf32>) -> tensor<1x2x8x8xf32>
+  %o, %lse = forge.attention %qt, %kt, %v {causal = false, scale = 1.0 : f64} : (tensor<1x2x8x8xf32>, tensor<1x2x8x8xf32>, tensor<1x2x8x8xf32>) -> (tensor<1x2x8x8xf32>, tensor<1x2x8xf32>)
+  return %o : tensor<1x2x8x8xf32>
+}

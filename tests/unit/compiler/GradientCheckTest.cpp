@@ -434,6 +434,11 @@ std::vector<Case> allCases() {
            {F("scale", 1.0), B("causal", true)});
     c.lossResults = 1;
     add(c);
+    // layout bshd: [B, T, H, D] operands (GQA 4/2, causal, Dv != D).
+    c = mk("attention", "bshd_causal_gqa", {var({2, 5, 4, 4}), var({2, 5, 2, 4}), var({2, 5, 2, 6})},
+           {F("scale", 0.5), B("causal", true), S("layout", "bshd")});
+    c.lossResults = 1;
+    add(c);
   }
   for (std::string op : {"softmax", "log_softmax"}) {
     add(mk(op, "rows", {var({3, 5}, uniform(-2, 2))}, {I("axis", 1)}));

@@ -181,9 +181,11 @@ def Forge_AttentionGradOp : Forge_GradOp<"attention_grad", "Attention", FusionLi
   }];
   let arguments = (ins AnyForgeTensor:$q, AnyForgeTensor:$k, AnyForgeTensor:$v,
                        AnyForgeTensor:$o, AnyForgeTensor:$lse, AnyForgeTensor:$grad_output,
-                       F64Attr:$scale, BoolAttr:$causal);
+                       F64Attr:$scale, BoolAttr:$causal,
+                       DefaultValuedAttr<StrAttr, "\"bhsd\"">:$layout);
   let results = (outs AnyForgeTensor:$grad_q, AnyForgeTensor:$grad_k, AnyForgeTensor:$grad_v);
   let assemblyFormat = "$q `,` $k `,` $v `,` $o `,` $lse `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let hasCanonicalizer = 1;
   let opsetMin = 23;
   let opsetMax = 23;
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];

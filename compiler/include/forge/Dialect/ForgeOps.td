@@ -323,12 +323,17 @@ def Forge_AttentionOp : Forge_Op<"attention", "Attention", FusionLibrary, Precis
     is visible to query i iff j <= i (the top-left diagonal). Results: o
     [B, H, Tq, Dv] in q's type, and lse [B, H, Tq] f32 (f64 beside f64 q), the natural-log
     log-sum-exp of each row of scaled, masked scores, from which the backward
-    recomputes the probabilities.
+    recomputes the probabilities. `layout` "bshd" means q, k, v and o are
+    [B, T, H, D] instead (the exporters' tensors before their head transposes,
+    which canonicalization folds in; cuDNN reads them strided); lse is
+    [B, H, Tq] in both.
   }];
   let arguments = (ins AnyForgeTensor:$q, AnyForgeTensor:$k, AnyForgeTensor:$v,
-                       F64Attr:$scale, BoolAttr:$causal);
+                       F64Attr:$scale, BoolAttr:$causal,
+                       DefaultValuedAttr<StrAttr, "\"bhsd\"">:$layout);
   let results = (outs AnyForgeTensor:$o, AnyForgeTensor:$lse);
   let assemblyFormat = "$q `,` $k `,` $v attr-dict `:` functional-type(operands, results)";
+  let hasCanonicalizer = 1;
   let opsetMin = 23;
   let opsetMax = 23;
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
