@@ -297,6 +297,32 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
         else
           v.setType(withElement(v, low));
       }
+      if (!fusion && isLoosePointwise(&op) && hasMixedFloatOperands(&op))
+        readLowInLoop(wrapInLoop(&op));
+    }
+  }
+
+  /// Whether `op` reads low and f32 float tensors side by side (a low value
+  /// that must be low, attention's dk, beside an f32 one).
+  bool hasMixedFloatOperands(Operation *op) {
+    bool anyLow = false, anyF32 = false;
+    for (Value v : op->getOperands()) {
+      anyLow |= isLow(v);
+      anyF32 |= isF32Tensor(v);
+    }
+    return anyLow && anyF32;
+  }
+
+  /// A loop region's body reads its low inputs through casts back to f32
+  /// (operand types never mix inside a body).
+  void readLowInLoop(FusionOp region) {
+    for (BlockArgument arg : region.getBlock().getArguments()) {
+      if (!isLow(arg))
+        continue;
+      for (OpOperand *use : llvm::map_to_vector(arg.getUses(), [](OpOperand &u) { return &u; })) {
+        OpBuilder b(use->getOwner());
+        use->set(castOf(b, region.getLoc(), arg, Float32Type::get(region.getContext())));
+      }
     }
   }
 

@@ -311,10 +311,26 @@ struct RecognizeCompositesPass
       }
       OpBuilder b(root);
       Location loc = root.getLoc();
-      Value k = keyOf(b, loc, *m);
-      auto op = b.create<AttentionOp>(loc, m->q, k, m->v, b.getF64FloatAttr(m->scale),
-                                      b.getBoolAttr(m->causal), b.getStringAttr("bhsd"));
-      root.getResult().replaceAllUsesWith(op.getO());
+      // q, k and v all head transposes (0, 2, 1, 3) of [B, T, H, D] views (the
+      // exporters' split heads): layout bshd reads those, so that autodiff
+      // sees no transpose around attention (canonicalization would fold them
+      // later too, but not across the gradient rule's dk centering).
+      const SmallVector<int64_t> swap = {0, 2, 1, 3};
+      auto headView = [&](Value x) -> Value {
+        auto t = x.getDefiningOp<TransposeOp>();
+        return t && t.getPerm() == ArrayRef<int64_t>(swap) ? t.getInput() : Value();
+      };
+      Value qs = headView(m->q), vs = headView(m->v);
+      bool bshd = qs && vs && m->kPerm == swap;
+      Value q = bshd ? qs : m->q, v = bshd ? vs : m->v;
+      Value k = bshd ? m->kSource : keyOf(b, loc, *m);
+      auto op = b.create<AttentionOp>(loc, q, k, v, b.getF64FloatAttr(m->scale),
+                                      b.getBoolAttr(m->causal),
+                                      b.getStringAttr(bshd ? "bshd" : "bhsd"));
+      Value o = op.getO();
+      if (bshd)
+        o = b.create<TransposeOp>(loc, root.getType(), o, b.getDenseI64ArrayAttr(swap));
+      root.getResult().replaceAllUsesWith(o);
       root.erase();
       changed = true;
     }

@@ -321,15 +321,19 @@ void runCase(const Case &c) {
   EXPECT_LE(dkErr, 3e-2);
   EXPECT_LE(dvErr, 3e-2);
   // A systematic error (one that does not cancel between rows) shows in the sums over all
-  // rows, which is what a bias before the attention (a LayerNorm's) accumulates: within
-  // 3e-2 of the largest reference sum.
+  // rows, which is what a bias before the attention (a LayerNorm's) accumulates: each
+  // column's sum within 3e-2 of the largest column sum of magnitudes. (Not of the sums
+  // themselves: dk's are exactly 0 in exact arithmetic, softmax ignoring a shift of every
+  // key, so a bf16 kernel's residue there is all noise; the compiler's gradient rule
+  // centres dk over the keys for that reason, see LibraryGradients.cpp.)
   auto sumErr = [&](const std::vector<double> &got, const std::vector<double> &want) {
-    std::vector<double> a(c.D, 0.0), b(c.D, 0.0);
+    std::vector<double> a(c.D, 0.0), b(c.D, 0.0), mag(c.D, 0.0);
     for (size_t i = 0; i < got.size(); ++i) {
       a[i % c.D] += got[i];
       b[i % c.D] += want[i];
+      mag[i % c.D] += std::fabs(want[i]);
     }
-    return maxErr(a, b) / std::max(maxAbs(b), 1e-30);
+    return maxErr(a, b) / std::max(maxAbs(mag), 1e-30);
   };
   double dqSum = sumErr(dq, r.dq), dkSum = sumErr(dk, r.dk), dvSum = sumErr(dv, r.dv);
   EXPECT_LE(dqSum, 3e-2);

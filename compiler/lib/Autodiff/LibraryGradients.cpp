@@ -243,6 +243,15 @@ FORGE_GRADIENT(AttentionOp) {
                  gb.attr("layout", getLayout())});
   if (grads.size() != 3)
     return failure();
+  // Sum_j dk_j = 0 exactly: shifting every key by one vector shifts each
+  // query's scores by a constant, which softmax ignores. Low-precision kernels
+  // (cuDNN's flash attention rounds dS to bf16 before dk = dS^T q) leave a
+  // residue there that a bias before the keys (a LayerNorm's) sums over every
+  // token: dk minus its mean over the keys removes it (a no-op in exact math).
+  int64_t seqAxis = getLayout() == "bshd" ? 1 : 2;
+  Value mean = gb.create1("reduce_mean", {grads[1]},
+                          {gb.attr("axes", ArrayRef<int64_t>{seqAxis}), gb.attr("keepdims", true)});
+  grads[1] = gb.sub(grads[1], mean);
   operandGrads.append(grads.begin(), grads.end());
   return gb.status();
 }

@@ -114,3 +114,26 @@ func.func @odd_head(%q: tensor<1x1x4x12xf32>, %kt: tensor<1x1x12x4xf32>, %v: ten
   %o = forge.matmul %p, %v : (tensor<1x1x4x4xf32>, tensor<1x1x4x12xf32>) -> tensor<1x1x4x12xf32>
   return %o : tensor<1x1x4x12xf32>
 }
+
+// -----
+
+// q, k and v all head transposes of [B, T, H, D] views (the TorchScript GPT's
+// split heads): layout bshd reads the views, o goes back through one transpose
+// (which cancels with the exporter's own in canonicalization).
+// CUDNN-LABEL: func @split_heads
+// CUDNN: forge.attention {{.*}}layout = "bshd"
+// CHECK-LABEL: func @split_heads
+// CHECK: %[[O:.*]], %{{.*}} = forge.attention %arg0, %arg1, %arg2 {causal = false, layout = "bshd", scale = 1.250000e-01 : f64} : (tensor<2x6x4x8xf32>, tensor<2x6x4x8xf32>, tensor<2x6x4x8xf32>) -> (tensor<2x6x4x8xf32>, tensor<2x4x6xf32>)
+// CHECK-NEXT: %[[T:.*]] = forge.transpose %[[O]] {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x6x4x8xf32>) -> tensor<2x4x6x8xf32>
+// CHECK-NEXT: return %[[T]]
+func.func @split_heads(%q: tensor<2x6x4x8xf32>, %k: tensor<2x6x4x8xf32>, %v: tensor<2x6x4x8xf32>) -> tensor<2x4x6x8xf32> {
+  %qt = forge.transpose %q {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x6x4x8xf32>) -> tensor<2x4x6x8xf32>
+  %kt = forge.transpose %k {perm = array<i64: 0, 2, 3, 1>} : (tensor<2x6x4x8xf32>) -> tensor<2x4x8x6xf32>
+  %vt = forge.transpose %v {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x6x4x8xf32>) -> tensor<2x4x6x8xf32>
+  %s = forge.matmul %qt, %kt : (tensor<2x4x6x8xf32>, tensor<2x4x8x6xf32>) -> tensor<2x4x6x6xf32>
+  %c = forge.constant dense<1.250000e-01> : tensor<f32>
+  %s2 = forge.mul %s, %c : (tensor<2x4x6x6xf32>, tensor<f32>) -> tensor<2x4x6x6xf32>
+  %p = forge.softmax %s2 {axis = 3 : i64} : (tensor<2x4x6x6xf32>) -> tensor<2x4x6x6xf32>
+  %o = forge.matmul %p, %vt : (tensor<2x4x6x6xf32>, tensor<2x4x6x8xf32>) -> tensor<2x4x6x8xf32>
+  return %o : tensor<2x4x6x8xf32>
+}
