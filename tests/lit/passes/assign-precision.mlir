@@ -145,3 +145,26 @@ func.func @eval(%x: tensor<1x2x8x16xf32> {forge.kind = "input", forge.name = "x"
   %o, %lse = forge.attention %x, %x, %x {causal = false, scale = 2.500000e-01 : f64} : (tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>) -> (tensor<1x2x8x16xf32>, tensor<1x2x8xf32>)
   return %o : tensor<1x2x8x16xf32>
 }
+
+// -----
+
+// attention_grad's dk is bf16 whoever reads it; a loose sub reading it beside
+// an f32 mean (the gradient rule's centring over the keys) becomes a loop
+// region that reads dk through a cast: operand types never mix in an op.
+// CHECK-LABEL: func @train_step
+// CHECK: %{{.*}}, %[[DK:.*]], %{{.*}} = forge.attention_grad
+// CHECK: %[[M:.*]] = forge.reduce_mean %[[DK]] {{.*}} : (tensor<1x2x8x16xbf16>) -> tensor<1x2x1x16xf32>
+// CHECK: forge.fusion "loop"(%[[DK]], %[[M]]) : (tensor<1x2x8x16xbf16>, tensor<1x2x1x16xf32>) -> tensor<1x2x8x16xf32>
+// CHECK-NEXT: ^bb0(%[[A:.*]]: tensor<1x2x8x16xbf16>, %[[B:.*]]: tensor<1x2x1x16xf32>):
+// CHECK-NEXT: %[[C:.*]] = forge.cast %[[A]] {to = f32}
+// CHECK-NEXT: forge.sub %[[C]], %[[B]]
+// FP32-LABEL: func @train_step
+// FP32: forge.sub %grad_k
+func.func @train_step(%q: tensor<1x2x8x16xbf16> {forge.kind = "input", forge.name = "q"},
+                      %lse: tensor<1x2x8xf32> {forge.kind = "input", forge.name = "lse"})
+    -> (tensor<1x2x8x16xf32> {forge.output = "dk"}) {
+  %dq, %dk, %dv = forge.attention_grad %q, %q, %q, %q, %lse, %q {causal = true, scale = 2.500000e-01 : f64} : (tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8xf32>, tensor<1x2x8x16xbf16>) -> (tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>, tensor<1x2x8x16xf32>)
+  %m = forge.reduce_mean %dk {axes = array<i64: 2>, keepdims = true} : (tensor<1x2x8x16xf32>) -> tensor<1x2x1x16xf32>
+  %c = forge.sub %dk, %m : (tensor<1x2x8x16xf32>, tensor<1x2x1x16xf32>) -> tensor<1x2x8x16xf32>
+  return %c : tensor<1x2x8x16xf32>
+}
