@@ -20,6 +20,8 @@ if [ "$mode" = compile ]; then
   b=build/bin
   rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
   cp "$b/forge-train" "$b/forge-replay" "$dir/bin/"
+  # cuDNN fused attention against a float64 reference (a unit test that skips without a GPU).
+  [ -x build/tests/unit/AttentionGpuTest ] && strip -o "$dir/bin/AttentionGpuTest" build/tests/unit/AttentionGpuTest
   # Libraries the GPU image lacks (not libc/libstdc++/libgcc: Ubuntu's are newer).
   for lib in $(ldd "$b/forge-train" "$b/forge-replay" | awk '/=> \//{print $3}' | sort -u); do
     case "$(basename "$lib")" in
@@ -72,5 +74,12 @@ suite gpu_data_faults $py tests/gpu/test_data_faults.py --bundles "$dir/faults" 
 suite gpu_float8_casts $py tests/gpu/test_float8_casts.py --bundles "$dir/float8" --replay "$rp" --device cuda
 suite gpu_dropout $py tests/e2e/test_dropout.py --bundles "$dir/dropout" --forge-train "$ft" --device cuda
 suite gpu_precision $py tests/e2e/test_precision.py --bundles "$dir/precision" --forge-train "$ft" --device cuda
+# cuDNN fused attention (AttentionGpuTest, gtest): its summary as "N passed, N failed".
+if [ -x "$dir/bin/AttentionGpuTest" ]; then
+  suite gpu_attention bash -c 'out=$("$1" 2>&1); rc=$?; echo "$out"
+    p=$(echo "$out" | sed -n "s/^\[  PASSED  \] \([0-9]*\) test.*/\1/p")
+    f=$(echo "$out" | sed -n "s/^\[  FAILED  \] \([0-9]*\) test.*/\1/p")
+    echo "${p:-0} passed, ${f:-0} failed"; exit $rc' _ "$dir/bin/AttentionGpuTest"
+fi
 echo "=== summary"
 printf '%s\n' "${summary[@]}"

@@ -28,6 +28,9 @@ struct Case {
   bool bshd = false; // layout "bshd": q/k/v/o and their gradients stored [B, T, H, D]
 };
 
+/// gtest (and ctest's test names) print a case by its name.
+void PrintTo(const Case &c, std::ostream *os) { *os << c.name; }
+
 /// [B, T, H, D] <-> [B, H, T, D] (the reference works in the latter).
 std::vector<double> swapHeadsAndSeq(const std::vector<double> &x, int64_t b, int64_t n1,
                                     int64_t n2, int64_t d) {
@@ -348,47 +351,30 @@ bool haveGpu() { return cudaAvailable(); }
 
 } // namespace
 
-TEST(AttentionGpuTest, Bf16Causal) {
+// One test per case: bf16/f16, causal or not, Tq != Tk, GQA/MQA, the gpt fixture's small
+// heads (tests/fixtures/gpt_*: head size 16, 32 tokens), and layout bshd (the compiler's
+// folded head transposes: cuDNN reads [B, T, H, D] strided).
+class AttentionCaseTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionCaseTest, MatchesFloat64Reference) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU";
-  runCase({"bf16 causal", fb::BF16, 2, 4, 4, 128, 128, 64, true});
+  runCase(GetParam());
 }
 
-TEST(AttentionGpuTest, Bf16NonCausalTqNeTk) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  runCase({"bf16 non-causal Tq!=Tk", fb::BF16, 2, 3, 3, 80, 144, 64, false});
-}
-
-TEST(AttentionGpuTest, F16Causal) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  runCase({"f16 causal D128", fb::F16, 1, 4, 4, 128, 128, 128, true});
-}
-
-// The gpt fixture's shape (tests/fixtures/gpt_*): head size 16, 32 tokens.
-TEST(AttentionGpuTest, SmallHeads) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  runCase({"bf16 causal D16 T32", fb::BF16, 4, 4, 4, 32, 32, 16, true});
-  runCase({"f16 causal D16 T32", fb::F16, 4, 4, 4, 32, 32, 16, true});
-}
-
-// Layout bshd (the compiler's folded head transposes): cuDNN reads [B, T, H, D] strided.
-TEST(AttentionGpuTest, BshdLayout) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  runCase({"bf16 bshd causal (GPT-2's heads)", fb::BF16, 2, 12, 12, 512, 512, 64, true,
-           true});
-  runCase({"f16 bshd GQA 8/2 non-causal Tq!=Tk", fb::F16, 2, 8, 2, 96, 160, 32, false, true});
-}
-
-TEST(AttentionGpuTest, GqaCausalAndNonCausal) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU";
-  runCase({"bf16 GQA 8/2 causal", fb::BF16, 2, 8, 2, 128, 128, 64, true});
-  runCase({"bf16 MQA 4/1 non-causal Tq!=Tk", fb::BF16, 1, 4, 1, 64, 192, 32, false});
-}
+INSTANTIATE_TEST_SUITE_P(
+    AttentionGpuTest, AttentionCaseTest,
+    ::testing::Values(
+        Case{"bf16 causal", fb::BF16, 2, 4, 4, 128, 128, 64, true},
+        Case{"bf16 non-causal Tq!=Tk", fb::BF16, 2, 3, 3, 80, 144, 64, false},
+        Case{"f16 causal D128", fb::F16, 1, 4, 4, 128, 128, 128, true},
+        Case{"bf16 causal D16 T32", fb::BF16, 4, 4, 4, 32, 32, 16, true},
+        Case{"f16 causal D16 T32", fb::F16, 4, 4, 4, 32, 32, 16, true},
+        Case{"bf16 bshd causal (GPT-2's heads)", fb::BF16, 2, 12, 12, 512, 512, 64, true, true},
+        Case{"f16 bshd GQA 8/2 non-causal Tq!=Tk", fb::F16, 2, 8, 2, 96, 160, 32, false, true},
+        Case{"bf16 GQA 8/2 causal", fb::BF16, 2, 8, 2, 128, 128, 64, true},
+        Case{"bf16 MQA 4/1 non-causal Tq!=Tk", fb::BF16, 1, 4, 1, 64, 192, 32, false}),
+    [](const ::testing::TestParamInfo<Case> &info) { return std::to_string(info.index); });
 
 // Two layers of one problem (the second reads the first's o as q, k and v) share one
 // built cuDNN graph (AttentionCache), each plan with its own operands.
