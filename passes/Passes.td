@@ -82,7 +82,8 @@ def RecognizeComposites : Pass<"forge-recognize-composites", "::mlir::func::Func
     softmax(last axis), matmul(., v), on [batch, heads, seq, head_dim]
     tensors, becomes `forge.attention` (the scale 1 when absent; the mask a
     boolean constant that is exactly the top-left causal triangle, -inf or a
-    value <= -1e9 where masked). `attention` says where: `all` (the CPU,
+    value <= -1e9 where masked; GQA's k and v repeated per query-head group,
+    reshape(broadcast(reshape)), read unrepeated). `attention` says where: `all` (the CPU,
     which has a kernel for every form), `cudnn` (only forms cuDNN's flash
     attention takes: head sizes equal, a multiple of 8, at most 128) or
     `none`. A match left unfused is counted in one remark with the reason.

@@ -147,6 +147,29 @@ std::optional<double> scalarOf(Value c) {
   return (*dense.getValues<APFloat>().begin()).convertToDouble();
 }
 
+/// x [B, Hk, T, D] when `r` is x with each head repeated G times in place,
+/// reshape(broadcast(reshape(x, [B, Hk, 1, T, D]), [B, Hk, G, T, D]),
+/// [B, Hk G, T, D]) read by the chain alone; else null.
+Value unrepeatHeads(Value r) {
+  auto outer = r.getDefiningOp<ReshapeOp>();
+  auto bc = outer ? outer.getInput().getDefiningOp<BroadcastOp>() : BroadcastOp();
+  auto inner = bc ? bc.getInput().getDefiningOp<ReshapeOp>() : ReshapeOp();
+  if (!inner || !r.hasOneUse() || !outer.getInput().hasOneUse() || !bc.getInput().hasOneUse())
+    return nullptr;
+  auto x = cast<RankedTensorType>(inner.getInput().getType());
+  auto in5 = cast<RankedTensorType>(inner.getType()), b5 = cast<RankedTensorType>(bc.getType());
+  auto out = cast<RankedTensorType>(r.getType());
+  if (x.getRank() != 4 || in5.getRank() != 5 || b5.getRank() != 5)
+    return nullptr;
+  int64_t b = x.getDimSize(0), hk = x.getDimSize(1), t = x.getDimSize(2), d = x.getDimSize(3);
+  int64_t g = b5.getDimSize(2);
+  if (in5.getShape() != ArrayRef<int64_t>{b, hk, 1, t, d} ||
+      b5.getShape() != ArrayRef<int64_t>{b, hk, g, t, d} ||
+      out.getShape() != ArrayRef<int64_t>{b, hk * g, t, d})
+    return nullptr;
+  return inner.getInput();
+}
+
 /// An attention chain rooted at `pv` = matmul(softmax(...), v).
 struct AttentionMatch {
   Value q, v;
@@ -227,11 +250,21 @@ std::optional<AttentionMatch> matchAttention(MatMulOp pv) {
   }
   auto q = cast<RankedTensorType>(m.q.getType()), kT = cast<RankedTensorType>(qk.getRhs().getType());
   auto v = cast<RankedTensorType>(m.v.getType());
-  // One batch and head count (a broadcast k/v is GQA spelled out: not yet).
+  // One batch and head count (k^T's and v's as the products see them).
   if (kT.getShape().take_front(2) != q.getShape().take_front(2) ||
       v.getShape().take_front(2) != q.getShape().take_front(2) ||
       kT.getElementType() != q.getElementType() || v.getElementType() != q.getElementType())
     return std::nullopt;
+  // GQA spelled out: k and v repeated per group of query heads
+  // (repeat_interleave / expand: reshape(broadcast(reshape(x)))): the op reads
+  // x, query head h reading key/value head h / G.
+  if (llvm::equal(m.kPerm, llvm::seq<int64_t>(0, 4)))
+    if (Value k0 = unrepeatHeads(m.kSource), v0 = unrepeatHeads(m.v); k0 && v0 &&
+        cast<RankedTensorType>(k0.getType()).getDimSize(1) ==
+            cast<RankedTensorType>(v0.getType()).getDimSize(1)) {
+      m.kSource = k0;
+      m.v = v0;
+    }
   return m;
 }
 

@@ -137,3 +137,26 @@ func.func @split_heads(%q: tensor<2x6x4x8xf32>, %k: tensor<2x6x4x8xf32>, %v: ten
   %o = forge.matmul %p, %vt : (tensor<2x4x6x6xf32>, tensor<2x4x6x8xf32>) -> tensor<2x4x6x8xf32>
   return %o : tensor<2x4x6x8xf32>
 }
+
+// -----
+
+// GQA spelled out (repeat_interleave / expand): 4 query heads on 2 key/value
+// heads, each repeated twice in place. The op reads the 2-head k and v.
+// CHECK-LABEL: func @gqa_repeated
+// CHECK: forge.attention %arg0, %arg1, %arg2 {causal = false, scale = 2.500000e-01 : f64} : (tensor<1x4x5x16xf32>, tensor<1x2x5x16xf32>, tensor<1x2x5x16xf32>) -> (tensor<1x4x5x16xf32>, tensor<1x4x5xf32>)
+// CHECK-NOT: forge.broadcast
+func.func @gqa_repeated(%q: tensor<1x4x5x16xf32>, %k: tensor<1x2x5x16xf32>, %v: tensor<1x2x5x16xf32>) -> tensor<1x4x5x16xf32> {
+  %k5 = forge.reshape %k {shape = array<i64: 1, 2, 1, 5, 16>} : (tensor<1x2x5x16xf32>) -> tensor<1x2x1x5x16xf32>
+  %kb = forge.broadcast %k5 {shape = array<i64: 1, 2, 2, 5, 16>} : (tensor<1x2x1x5x16xf32>) -> tensor<1x2x2x5x16xf32>
+  %kr = forge.reshape %kb {shape = array<i64: 1, 4, 5, 16>} : (tensor<1x2x2x5x16xf32>) -> tensor<1x4x5x16xf32>
+  %v5 = forge.reshape %v {shape = array<i64: 1, 2, 1, 5, 16>} : (tensor<1x2x5x16xf32>) -> tensor<1x2x1x5x16xf32>
+  %vb = forge.broadcast %v5 {shape = array<i64: 1, 2, 2, 5, 16>} : (tensor<1x2x1x5x16xf32>) -> tensor<1x2x2x5x16xf32>
+  %vr = forge.reshape %vb {shape = array<i64: 1, 4, 5, 16>} : (tensor<1x2x2x5x16xf32>) -> tensor<1x4x5x16xf32>
+  %kt = forge.transpose %kr {perm = array<i64: 0, 1, 3, 2>} : (tensor<1x4x5x16xf32>) -> tensor<1x4x16x5xf32>
+  %s = forge.matmul %q, %kt : (tensor<1x4x5x16xf32>, tensor<1x4x16x5xf32>) -> tensor<1x4x5x5xf32>
+  %c = forge.constant dense<2.500000e-01> : tensor<f32>
+  %s2 = forge.mul %c, %s : (tensor<f32>, tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
+  %p = forge.softmax %s2 {axis = 3 : i64} : (tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
+  %o = forge.matmul %p, %vr : (tensor<1x4x5x5xf32>, tensor<1x4x5x16xf32>) -> tensor<1x4x5x16xf32>
+  return %o : tensor<1x4x5x16xf32>
+}
