@@ -45,6 +45,19 @@ std::vector<double> swapHeadsAndSeq(const std::vector<double> &x, int64_t b, int
 
 int64_t alignUp(int64_t v) { return (v + 63) / 64 * 64; }
 
+/// Adds tensors of a dtype to `p`, one after another in its arena (64-byte aligned).
+struct ArenaTensors {
+  fb::Program &p;
+  int64_t offset = 0;
+  int32_t operator()(const char *name, fb::TensorInfo::Kind kind,
+                     const std::vector<int64_t> &shape, fb::DType dtype) {
+    int32_t t = addTensor(p, name, kind, shape, offset);
+    p.mutable_tensors(t)->set_dtype(dtype);
+    offset += alignUp(numElements(shape) * static_cast<int64_t>(dtypeSize(dtype)));
+    return t;
+  }
+};
+
 /// Routine "forward": attention(q, k, v) -> o, lse. Routine "backward":
 /// attention_grad(gq, gk, gv, go, glse, gdo) -> dq, dk, dv. `mutate` edits the program.
 std::unique_ptr<Bundle> makeBundle(const Case &c,
@@ -58,14 +71,7 @@ std::unique_ptr<Bundle> makeBundle(const Case &c,
                              ks = c.bshd ? std::vector<int64_t>{c.B, c.Tk, c.Hk, c.D}
                                          : std::vector<int64_t>{c.B, c.Hk, c.Tk, c.D},
                              ls = {c.B, c.H, c.Tq};
-  int64_t offset = 0;
-  auto add = [&](const char *name, fb::TensorInfo::Kind kind, const std::vector<int64_t> &shape,
-                 fb::DType dtype) {
-    int32_t t = addTensor(p, name, kind, shape, offset);
-    p.mutable_tensors(t)->set_dtype(dtype);
-    offset += alignUp(numElements(shape) * static_cast<int64_t>(dtypeSize(dtype)));
-    return t;
-  };
+  ArenaTensors add{p};
   const auto IN = fb::TensorInfo::INPUT, OUT = fb::TensorInfo::OUTPUT;
   std::vector<int32_t> fwd = {add("q", IN, qs, c.dtype), add("k", IN, ks, c.dtype),
                               add("v", IN, ks, c.dtype), add("o", OUT, qs, c.dtype),
@@ -75,7 +81,7 @@ std::unique_ptr<Bundle> makeBundle(const Case &c,
                               add("glse", IN, ls, fb::F32), add("gdo", IN, qs, c.dtype),
                               add("dq", OUT, qs, c.dtype), add("dk", OUT, ks, c.dtype),
                               add("dv", OUT, ks, c.dtype)};
-  p.set_arena_size(offset);
+  p.set_arena_size(add.offset);
   auto routine = [&](const char *name, const char *op, const std::vector<int32_t> &ts,
                      int nIn) {
     fb::Routine *r = p.add_routines();
@@ -387,14 +393,7 @@ TEST(AttentionGpuTest, TwoLayersShareAGraph) {
   fb::Program &p = w.program();
   p.set_target("cuda:sm_90");
   p.set_producer("AttentionGpuTest");
-  int64_t offset = 0;
-  auto add = [&](const char *name, fb::TensorInfo::Kind kind, const std::vector<int64_t> &shape,
-                 fb::DType dtype) {
-    int32_t t = addTensor(p, name, kind, shape, offset);
-    p.mutable_tensors(t)->set_dtype(dtype);
-    offset += alignUp(numElements(shape) * static_cast<int64_t>(dtypeSize(dtype)));
-    return t;
-  };
+  ArenaTensors add{p};
   int32_t q = add("q", fb::TensorInfo::INPUT, s4, c.dtype),
           k = add("k", fb::TensorInfo::INPUT, s4, c.dtype),
           v = add("v", fb::TensorInfo::INPUT, s4, c.dtype),
@@ -402,7 +401,7 @@ TEST(AttentionGpuTest, TwoLayersShareAGraph) {
           l1 = add("l1", fb::TensorInfo::OUTPUT, s3, fb::F32),
           o2 = add("o2", fb::TensorInfo::OUTPUT, s4, c.dtype),
           l2 = add("l2", fb::TensorInfo::OUTPUT, s3, fb::F32);
-  p.set_arena_size(offset);
+  p.set_arena_size(add.offset);
   fb::Routine *r = p.add_routines();
   r->set_name("forward");
   for (int32_t t : {q, k, v})
