@@ -237,10 +237,15 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     arg.setType(input.getType());
     if (fusion.getKind() == "gemm" || fusion.isViewRegion())
       return;
-    Type f32 = cast<RankedTensorType>(old).getElementType();
+    castEachRead(arg, cast<RankedTensorType>(old).getElementType(), fusion.getLoc());
+  }
+
+  /// Every reader of `arg` reads it through its own cast to `elem`, made
+  /// right before the reader.
+  void castEachRead(BlockArgument arg, Type elem, Location loc) {
     for (OpOperand *use : llvm::map_to_vector(arg.getUses(), [](OpOperand &u) { return &u; })) {
       OpBuilder b(use->getOwner());
-      use->set(castOf(b, fusion.getLoc(), arg, f32));
+      use->set(castOf(b, loc, arg, elem));
     }
   }
 
@@ -316,14 +321,9 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   /// A loop region's body reads its low inputs through casts back to f32
   /// (operand types never mix inside a body).
   void readLowInLoop(FusionOp region) {
-    for (BlockArgument arg : region.getBlock().getArguments()) {
-      if (!isLow(arg))
-        continue;
-      for (OpOperand *use : llvm::map_to_vector(arg.getUses(), [](OpOperand &u) { return &u; })) {
-        OpBuilder b(use->getOwner());
-        use->set(castOf(b, region.getLoc(), arg, Float32Type::get(region.getContext())));
-      }
-    }
+    for (BlockArgument arg : region.getBlock().getArguments())
+      if (isLow(arg))
+        castEachRead(arg, Float32Type::get(region.getContext()), region.getLoc());
   }
 
   //===--------------------------------------------------------------------===//

@@ -19,6 +19,10 @@ namespace mlir::forge {
 /// an op whose results are empty is a zero-byte copy). forge-select-library
 /// marks only such ops; forge-fuse forms GEMM epilogue regions only of them.
 bool isStaticNonEmptyF32(Operation *op);
+/// Why cuDNN's flash attention takes no attention of head sizes `d` (q, k)
+/// and `dv` (v) ("" when it does): equal, a multiple of 8, at most 128.
+/// forge-recognize-composites and forge-select-library state it once here.
+std::string cudnnAttentionHeadRefusal(int64_t d, int64_t dv);
 
 } // namespace mlir::forge
 

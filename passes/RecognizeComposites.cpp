@@ -32,16 +32,19 @@ using namespace mlir::forge;
 
 namespace {
 
+/// The value of a one-element float constant.
+std::optional<double> scalarOf(Value c) {
+  auto op = c.getDefiningOp<ConstantOp>();
+  auto dense = op ? dyn_cast<DenseElementsAttr>(op.getValue()) : DenseElementsAttr();
+  if (!dense || dense.getNumElements() != 1 || !isa<FloatType>(dense.getElementType()))
+    return std::nullopt;
+  return (*dense.getValues<APFloat>().begin()).convertToDouble();
+}
+
 /// Whether `v` is a one-element constant equal to `want`.
 bool isScalar(Value v, double want) {
-  auto c = v.getDefiningOp<ConstantOp>();
-  if (!c)
-    return false;
-  auto dense = dyn_cast<DenseElementsAttr>(c.getValue());
-  if (!dense || dense.getNumElements() != 1 || !isa<FloatType>(dense.getElementType()))
-    return false;
-  double got = (*dense.getValues<APFloat>().begin()).convertToDouble();
-  return std::abs(got - want) <= 1e-6 * std::max(1.0, std::abs(want));
+  std::optional<double> got = scalarOf(v);
+  return got && std::abs(*got - want) <= 1e-6 * std::max(1.0, std::abs(want));
 }
 
 /// The operand of the binary op defining `v` that is not `known` (either
@@ -108,11 +111,8 @@ Value tanhGeluInput(MulOp root) {
 /// Whether `v` is a one-element float constant that masks a score: -inf, or
 /// a finite value so negative that exp() of it is 0 in f32.
 bool isMaskFill(Value v) {
-  auto c = v.getDefiningOp<ConstantOp>();
-  auto dense = c ? dyn_cast<DenseElementsAttr>(c.getValue()) : DenseElementsAttr();
-  if (!dense || dense.getNumElements() != 1 || !isa<FloatType>(dense.getElementType()))
-    return false;
-  return (*dense.getValues<APFloat>().begin()).convertToDouble() <= -1e9;
+  std::optional<double> fill = scalarOf(v);
+  return fill && *fill <= -1e9;
 }
 
 /// Whether `mask` is a boolean constant of shape [1..., Tq, Tk] that is the
@@ -136,15 +136,6 @@ bool isCausalMask(Value mask, int64_t tq, int64_t tk, bool setAbove) {
       if ((bytes[i * tk + j] != 0) != (setAbove ? j > i : j <= i))
         return false;
   return true;
-}
-
-/// The value of a one-element float constant.
-std::optional<double> scalarOf(Value c) {
-  auto op = c.getDefiningOp<ConstantOp>();
-  auto dense = op ? dyn_cast<DenseElementsAttr>(op.getValue()) : DenseElementsAttr();
-  if (!dense || dense.getNumElements() != 1 || !isa<FloatType>(dense.getElementType()))
-    return std::nullopt;
-  return (*dense.getValues<APFloat>().begin()).convertToDouble();
 }
 
 /// x [B, Hk, T, D] when `r` is x with each head repeated G times in place,
@@ -268,15 +259,11 @@ std::optional<AttentionMatch> matchAttention(MatMulOp pv) {
   return m;
 }
 
-/// Why cuDNN's flash attention would not take `m` ("" when it would).
+/// Why cuDNN's flash attention would not take `m` ("" when it would): its
+/// head sizes (the types come later, from forge-assign-precision).
 std::string cudnnRefusal(const AttentionMatch &m) {
-  int64_t d = cast<RankedTensorType>(m.q.getType()).getDimSize(3);
-  int64_t dv = cast<RankedTensorType>(m.v.getType()).getDimSize(3);
-  if (d != dv)
-    return "head sizes of q and v differ";
-  if (d % 8 != 0 || d > 128)
-    return "head size " + std::to_string(d) + " is not a multiple of 8 up to 128";
-  return "";
+  return cudnnAttentionHeadRefusal(cast<RankedTensorType>(m.q.getType()).getDimSize(3),
+                                   cast<RankedTensorType>(m.v.getType()).getDimSize(3));
 }
 
 /// k as the match states it: kSource itself, or its transpose by kPerm.

@@ -64,10 +64,8 @@ std::string cudnnAttentionRefusal(Operation *op) {
     if (t.getElementType() != (lse ? Type(Float32Type::get(op->getContext())) : elem))
       return lse ? "its lse must be f32" : "its operands and results must share one type";
   }
-  int64_t d = q.getDimSize(3), dv = cast<RankedTensorType>(op->getOperand(2).getType()).getDimSize(3);
-  if (d != dv || d % 8 != 0 || d > 128)
-    return "head sizes must be equal, a multiple of 8, at most 128";
-  return "";
+  return cudnnAttentionHeadRefusal(q.getDimSize(3),
+                                   cast<RankedTensorType>(op->getOperand(2).getType()).getDimSize(3));
 }
 
 /// A cuBLASLt problem (the bundle's MatmulProblem; runtime/lib/cuda/Matmul.h
@@ -374,6 +372,14 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
 };
 
 } // namespace
+
+std::string mlir::forge::cudnnAttentionHeadRefusal(int64_t d, int64_t dv) {
+  if (d != dv)
+    return "head sizes of q and v differ";
+  if (d % 8 != 0 || d > 128)
+    return "head size " + std::to_string(d) + " is not a multiple of 8 up to 128";
+  return "";
+}
 
 bool mlir::forge::isStaticNonEmptyF32(Operation *op) {
   auto f32 = [](Type type) {

@@ -12,7 +12,7 @@ func.func @attention_f32(%q: tensor<1x2x16x64xf32>, %k: tensor<1x2x16x64xf32>, %
 
 // A head size cuDNN does not take.
 func.func @attention_head_12(%q: tensor<1x2x16x12xbf16>, %k: tensor<1x2x16x12xbf16>, %v: tensor<1x2x16x12xbf16>) -> tensor<1x2x16x12xbf16> {
-  // expected-error @+1 {{head sizes must be equal, a multiple of 8, at most 128}}
+  // expected-error @+1 {{forge-select-library: no CUDA kernel for forge.attention: head size 12 is not a multiple of 8 up to 128}}
   %o, %lse = forge.attention %q, %k, %v {causal = false, scale = 1.0 : f64} : (tensor<1x2x16x12xbf16>, tensor<1x2x16x12xbf16>, tensor<1x2x16x12xbf16>) -> (tensor<1x2x16x12xbf16>, tensor<1x2x16xf32>)
   return %o : tensor<1x2x16x12xbf16>
 }
