@@ -21,6 +21,7 @@ the GPU machine writes the same weights again (same PyTorch, same seed).
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -153,6 +154,20 @@ def time_forge(a, name, d):
     return statistics.median(dts), [r["loss"] for r in recs], out.stdout + out.stderr
 
 
+PLAN_RE = re.compile(r"\(plan ([0-9.]+) (GiB|MiB)\)")
+
+
+def forge_device_bytes(log):
+    """What forge-train allocated on the GPU (its progress line's "plan": the arena,
+    parameters, optimizer state and library workspace, one cudaMalloc), or None. The
+    counterpart of PyTorch's max_memory_allocated (tensors only, not the CUDA context)."""
+    m = PLAN_RE.findall(log)
+    if not m:
+        return None
+    value, unit = m[-1]
+    return float(value) * (1 << 30 if unit == "GiB" else 1 << 20)
+
+
 def torch_step(a, name, d, compiled):
     """PyTorch's training step for `name` (seeded model, AdamW) and its data on the GPU."""
     import torch
@@ -189,6 +204,7 @@ def time_torch(a, name, d, compiled):
     torch._dynamo.reset()
     torch.cuda.empty_cache()
     fn, x, y = torch_step(a, name, d, compiled)
+    torch.cuda.reset_peak_memory_stats()
     losses, dts = [], []
     for i in range(a.warmup + a.steps):
         j = i % batches
@@ -198,7 +214,7 @@ def time_torch(a, name, d, compiled):
         loss = fn(xb, yb)
         losses.append(float(loss.detach()))  # the read-back synchronizes, as forge-train's does
         dts.append(time.perf_counter() - t0)
-    return statistics.median(dts[a.warmup:]), losses
+    return statistics.median(dts[a.warmup:]), losses, torch.cuda.max_memory_allocated()
 
 
 def profile(a):
@@ -251,8 +267,9 @@ def run(a):
         batch = MODELS[name][0]
         make_data(a, name, d)
         f_dt, f_losses, log = time_forge(a, name, d)
-        e_dt, e_losses = time_torch(a, name, d, False)
-        c_dt, _ = time_torch(a, name, d, True)
+        e_dt, e_losses, e_peak = time_torch(a, name, d, False)
+        c_dt, _, c_peak = time_torch(a, name, d, True)
+        f_peak = forge_device_bytes(log)
         k = min(a.check, len(f_losses), len(e_losses))
         rel = max(abs(f - e) / abs(e) for f, e in zip(f_losses[:k], e_losses[:k]))
         top = log[log.find("top instructions:"):].strip() if "top instructions:" in log else ""
@@ -262,10 +279,15 @@ def run(a):
             "eager_samples_s": batch / e_dt, "compile_samples_s": batch / c_dt,
             "first_losses_max_rel": rel, "forge_losses": f_losses[:k],
             "eager_losses": e_losses[:k], "forge_last_loss": f_losses[-1],
-            "eager_last_loss": e_losses[-1], "forge_top": top}
+            "eager_last_loss": e_losses[-1], "forge_top": top,
+            "forge_device_bytes": f_peak, "eager_peak_bytes": e_peak,
+            "compile_peak_bytes": c_peak}
         print(f"{name:8s} B={batch}: forge {1e3 * f_dt:8.3f} ms | eager {1e3 * e_dt:8.3f} ms | "
               f"compile {1e3 * c_dt:8.3f} ms | first {k} losses max rel {rel:.2e} | "
               f"last loss forge {f_losses[-1]:.4g} eager {e_losses[-1]:.4g}")
+        gb = lambda b: f"{b / 1e9:.2f} GB" if b is not None else "?"
+        print(f"{'':8s} GPU memory: forge {gb(f_peak)} (allocated) | eager {gb(e_peak)} | "
+              f"compile {gb(c_peak)} (peak allocated)")
         if top:
             print("  forge " + top.replace("\n", "\n  "))
         with open(os.path.join(a.dir, "results.json"), "w") as f:  # after every model

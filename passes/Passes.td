@@ -299,6 +299,38 @@ def AssignPrecision : Pass<"forge-assign-precision", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+// A module pass, as forge-fuse: a function pass beside placement's would
+// share its per-function adaptor, and this pass's dump would show placement.
+def ChunkCrossEntropy : Pass<"forge-chunk-cross-entropy", "::mlir::ModuleOp"> {
+  let summary = "Run a language model's loss head (logits, cross-entropy, their gradients) in row chunks";
+  let description = [{
+    A `cross_entropy_grad` whose logits [N, V] (more than `max-bytes`) are
+    made by a matmul or gemm of rows `h` [.., K] (through a reshape) and read
+    only by their `cross_entropy` and its gradient, and whose gradient D is
+    read only by gemms without C, each either rows of D times a matrix (the
+    hidden state's gradient) or a sum over D's rows (the weight's gradient,
+    D^T B or A^T D), is rewritten into chunks of ceil(N / chunks) rows. Each
+    chunk slices h's and the target's rows, makes its logits, loss and D,
+    then its rows of the hidden gradient, and adds its part of the weight
+    gradient to the previous chunks' (a gemm with C and beta 1). A mean's
+    1/N is applied to the upstream gradient once (the chunks sum). The
+    chunks' losses and hidden gradients are concatenated.
+
+    Results: every value equals the unchunked head's except the weight
+    gradient, whose row sum is reassociated chunk by chunk (fp32). Peak
+    memory: one chunk's logits and D instead of all of them (GPT-2 B16: 4.6
+    GiB -> 1.2 GiB). A head over the size that does not match gets a remark
+    naming why. After forge-assign-precision (the chunks keep the types it
+    chose) and before placement (which states each new GEMM's problem).
+  }];
+  let options = [
+    Option<"maxBytes", "max-bytes", "int64_t", /*default=*/"1073741824",
+           "Largest logits tensor left whole; a larger one runs in chunks of at most this "
+           "many bytes (0: never chunk)">,
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 // Stage "placement" (the last before the bundle): where each op runs.
 
 def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {

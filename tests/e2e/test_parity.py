@@ -58,6 +58,10 @@ DEFAULT_FIXTURES = os.path.normpath(os.path.join(HERE, "..", "fixtures"))
 TIMEOUT_S = 600
 
 # The bounds this test applies (see the docstring); manifest.json must agree.
+# forge-chunk-cross-entropy on the gpt fixtures: their logits [64, 64] f32 (16 KiB) in 3
+# chunks of 22, 22 and 20 rows.
+CHUNK_BYTES = 6000
+CHUNKED = ("--loss-chunk-bytes", str(CHUNK_BYTES))
 TOLERANCES = {
     "losses_rel": 1e-4,             # per step, |a-b|/|b|
     "logits_step1_rel": 1e-4,       # ||a-b||/||b||
@@ -169,12 +173,15 @@ class Setup:
         self.target, self.device = target, device
         self.bundles, self.compile_only = bundles, compile_only
 
+    def bundle_path(self, tmp, fixture, name):
+        return os.path.join(tmp if not self.bundles else os.path.join(self.bundles, fixture),
+                            name)
+
     def compile(self, rep, label, name, fixture, tmp, args):
         """The bundle `fixture`/`name`: compiled by forgec into tmp (or --bundles), or, with
         --bundles and no --compile-only, the one compiled earlier. None on failure."""
-        where = tmp if not self.bundles else os.path.join(self.bundles, fixture)
-        os.makedirs(where, exist_ok=True)
-        bundle = os.path.join(where, name)
+        bundle = self.bundle_path(tmp, fixture, name)
+        os.makedirs(os.path.dirname(bundle), exist_ok=True)
         if self.bundles and not self.compile_only:
             return bundle if rep.check(label, os.path.exists(bundle), f"prebuilt {bundle}") \
                 else None
@@ -227,12 +234,38 @@ def check_fixture(rep, name, d, tmp, setup, strict_delta):
     if not self_check(rep, name, d, m):
         return
     check_forward(rep, name, d, m, tmp, setup)
-    tol = TOLERANCES
     out = run_forge(rep, name, d, m, tmp, setup)
     if out is None:
         if setup.compile_only and m["state_buffers"]:  # the biased variant's bundle too
             run_forge(rep, name, d, m, tmp, setup, "_biased", ("--batchnorm-running-var", "biased"))
+        if setup.compile_only and m["model"] == "gpt":
+            run_forge(rep, name, d, m, tmp, setup, "_chunked", CHUNKED)
         return
+    compare_run(rep, name, d, m, out, strict_delta)
+    if m["model"] == "gpt":
+        # The loss head in row chunks (forge-chunk-cross-entropy), against the same PyTorch
+        # numbers. Its bundle must differ (the pass ran: forgec remarks a head it leaves).
+        chunked = run_forge(rep, name, d, m, tmp, setup, "_chunked", CHUNKED)
+        if chunked is not None:
+            bundles = [setup.bundle_path(tmp, name, b) for b in ("m.forge", "m_chunked.forge")]
+            same = [open(b, "rb").read() for b in bundles]
+            rep.check(f"{name} --loss-chunk-bytes {CHUNK_BYTES} bundle differs",
+                      same[0] != same[1],
+                      "differs from m.forge" if same[0] != same[1] else
+                      "same bytes as m.forge: the loss head was not chunked")
+            compare_run(rep, f"{name} --loss-chunk-bytes {CHUNK_BYTES}", d, m, chunked,
+                        strict_delta)
+    if m["state_buffers"]:  # ONNX's biased rule on request
+        out = run_forge(rep, name, d, m, tmp, setup, "_biased",
+                        ("--batchnorm-running-var", "biased"))
+        if out is not None and os.path.exists(out[1]):
+            check_running_stats(rep, f"{name} --batchnorm-running-var biased", d, m,
+                                np.load(out[1]), "onnx")
+
+
+def compare_run(rep, name, d, m, out, strict_delta):
+    """One run's losses, step-1 gradients and step-20 parameters against PyTorch's."""
+    tol = TOLERANCES
     metrics, params20, grads1 = out
 
     ref_losses = np.load(os.path.join(d, "losses.npy"))
@@ -264,12 +297,6 @@ def check_fixture(rep, name, d, tmp, setup, strict_delta):
                        delta_tol=tol["params_step20_delta_rel"], strict_delta=strict_delta)
         if m["state_buffers"]:
             check_running_stats(rep, name, d, m, got_p, "torch")
-    if m["state_buffers"]:  # ONNX's biased rule on request
-        out = run_forge(rep, name, d, m, tmp, setup, "_biased",
-                        ("--batchnorm-running-var", "biased"))
-        if out is not None and os.path.exists(out[1]):
-            check_running_stats(rep, f"{name} --batchnorm-running-var biased", d, m,
-                                np.load(out[1]), "onnx")
 
 
 def check_running_stats(rep, name, d, m, got_p, expected):

@@ -70,6 +70,12 @@ static cl::opt<int64_t> gemmPadMinFlops(
     cl::desc("CUDA: the smallest matmul/gemm (2*M*N*K FLOPs) whose unaligned dims are "
              "zero-padded for cuBLASLt's aligned kernels (0: every one)"),
     cl::init(int64_t(1) << 30), cl::cat(forgecCategory));
+static cl::opt<int64_t> lossChunkBytes(
+    "loss-chunk-bytes",
+    cl::desc("Largest logits tensor of a cross-entropy loss head computed whole; a larger one "
+             "(a language model's vocabulary) runs in row chunks of at most this many bytes, "
+             "its logits and their gradient never all live (0: never chunk)"),
+    cl::init(int64_t(1) << 30), cl::cat(forgecCategory));
 static cl::opt<bool> inferenceOnly("inference-only",
                                    cl::desc("Compile the forward graph only (no training step)"),
                                    cl::cat(forgecCategory));
@@ -311,6 +317,9 @@ int main(int argc, char **argv) {
   if (gemmPadMinFlops < 0)
     return fail("--gemm-pad-min-flops must be >= 0, got " + std::to_string(gemmPadMinFlops));
   pipelineOptions.gemmPadMinFlops = gemmPadMinFlops;
+  if (lossChunkBytes < 0)
+    return fail("--loss-chunk-bytes must be >= 0, got " + std::to_string(lossChunkBytes));
+  pipelineOptions.lossChunkBytes = lossChunkBytes;
   std::string trainError;
   FailureOr<mlir::forge::TrainOptions> trainOptions =
       inferenceOnly ? FailureOr<mlir::forge::TrainOptions>(mlir::forge::TrainOptions{})

@@ -109,6 +109,22 @@ void gatherOrScatter(Body &k, gpu::GPUFuncOp fn, Value i, Value at, bool grad) {
     k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
   }
 }
+
+/// The vector width of a concat or split moving `whole` (its one side) from
+/// or into `parts` (extents `sizes` along an axis with `q` elements after
+/// it): 4 when 4 consecutive elements of `whole` lie in one part
+/// contiguously (q divides by 4, or the axis is innermost and every extent
+/// divides by 4) and every type is f32, bf16 or f16 (converted through f32
+/// where they differ); else 1.
+int64_t concatSplitWidth(Type whole, TypeRange parts, int64_t q, ArrayRef<int64_t> sizes) {
+  auto halfOrF32 = [](Type t) { return t.isF32() || t.isBF16() || t.isF16(); };
+  bool types = halfOrF32(whole) && llvm::all_of(parts, [&](Type t) {
+    return halfOrF32(cast<RankedTensorType>(t).getElementType());
+  });
+  bool contiguous = q % kVector == 0 ||
+                    (q == 1 && llvm::all_of(sizes, [](int64_t s) { return s % kVector == 0; }));
+  return types && contiguous ? kVector : 1;
+}
 } // namespace
 
 std::optional<KernelLaunch> KernelGenerator::Impl::gatherKernel(Operation *op, StringRef name,
@@ -165,17 +181,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
   bool mixed = llvm::any_of(op->getOperandTypes(), [&](Type t) {
     return cast<RankedTensorType>(t).getElementType() != elem;
   });
-  auto halfOrF32 = [](Type t) { return t.isF32() || t.isBF16() || t.isF16(); };
-  bool vectorTypes = mixed ? halfOrF32(elem) && llvm::all_of(op->getOperandTypes(), [&](Type t) {
-    return halfOrF32(cast<RankedTensorType>(t).getElementType());
-  })
-                           : halfOrF32(elem);
-  int64_t width = vectorTypes && (q % kVector == 0 ||
-                                  (q == 1 && llvm::all_of(sizes, [](int64_t s) {
-                                     return s % kVector == 0;
-                                   })))
-                      ? kVector
-                      : 1;
+  int64_t width = concatSplitWidth(elem, op->getOperandTypes(), q, sizes);
   SmallVector<Type> args = flatArgs(op);
   if (width > 1)
     for (auto [i, t] : llvm::enumerate(args)) {
@@ -246,33 +252,61 @@ std::optional<KernelLaunch> KernelGenerator::Impl::splitKernel(Operation *op, St
     return std::nullopt;
   // One pass over the input; each element is stored into the output whose
   // range holds its axis coordinate. Outputs stored in another float type
-  // (forge-assign-precision) convert on the store.
+  // (forge-assign-precision) convert on the store. 4-element vectors when 4
+  // consecutive input elements go to one output contiguously (q divides by
+  // 4, or the axis is innermost and every output's extent divides by 4), as
+  // concat does: a transformer's qkv split moves 8- or 16-byte vectors, one
+  // index computation per vector instead of per element.
   Type elem = in.getElementType();
   bool mixed = llvm::any_of(op->getResults(),
                             [&](Value v) { return tensorType(v).getElementType() != elem; });
-  return elementKernel(name, flatArgs(op), in.getNumElements(), op->getLoc(),
-                       [&](Body &k, gpu::GPUFuncOp fn, Value i) {
-                         Value qi = k.rem(i, q), r = k.div(i, q);
-                         Value a = k.rem(r, total), pi = k.div(r, total);
-                         Value v = mixed ? k.load(fn.getArgument(0), i, elem)
-                                         : k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
-                         for (unsigned j = 0; j < sizes.size(); ++j) {
-                           if (sizes[j] == 0)
-                             continue;
-                           Value lo = k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge,
-                                                                a, k.idx(offsets[j]));
-                           Value hi = k.ult(a, k.idx(offsets[j] + sizes[j]));
-                           k.ifThen(k.b.create<arith::AndIOp>(k.loc, lo, hi), [&] {
-                             Value local = k.b.create<arith::SubIOp>(k.loc, a, k.idx(offsets[j]));
-                             Value dst = k.add(
-                                 k.mul(k.add(k.mul(pi, k.idx(sizes[j])), local), k.idx(q)), qi);
-                             if (mixed)
-                               k.store(v, fn.getArgument(1 + j), dst, elem);
-                             else
-                               k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1 + j), dst);
-                           });
-                         }
-                       });
+  int64_t width = concatSplitWidth(elem, op->getResultTypes(), q, sizes);
+  SmallVector<Type> args = flatArgs(op);
+  if (width > 1)
+    for (auto [i, t] : llvm::enumerate(args)) {
+      Type e = i == 0 ? elem : tensorType(op->getResult(i - 1)).getElementType();
+      t = flatMemref(e, cast<MemRefType>(t).getNumElements(), /*vector=*/true);
+    }
+  return elementKernel(
+      name, args, in.getNumElements() / width, op->getLoc(),
+      [&](Body &k, gpu::GPUFuncOp fn, Value unit) {
+        Value i = width > 1 ? k.mul(unit, k.idx(width)) : unit;
+        Value qi = k.rem(i, q), r = k.div(i, q);
+        Value a = k.rem(r, total), pi = k.div(r, total);
+        Value v;
+        if (width > 1)
+          v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), unit);
+        else
+          v = mixed ? k.load(fn.getArgument(0), i, elem)
+                    : k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), i);
+        for (unsigned j = 0; j < sizes.size(); ++j) {
+          if (sizes[j] == 0)
+            continue;
+          Value lo =
+              k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, a, k.idx(offsets[j]));
+          Value hi = k.ult(a, k.idx(offsets[j] + sizes[j]));
+          k.ifThen(k.b.create<arith::AndIOp>(k.loc, lo, hi), [&] {
+            Value local = k.b.create<arith::SubIOp>(k.loc, a, k.idx(offsets[j]));
+            Value dst = k.add(k.mul(k.add(k.mul(pi, k.idx(sizes[j])), local), k.idx(q)), qi);
+            Type outElem = tensorType(op->getResult(j)).getElementType();
+            if (width > 1) {
+              Value w = v;
+              if (outElem != elem) { // through f32: bf16 <-> f16 has no direct conversion
+                Type f32 = Float32Type::get(op->getContext());
+                if (!elem.isF32())
+                  w = k.b.create<arith::ExtFOp>(k.loc, VectorType::get({width}, f32), w);
+                if (!outElem.isF32())
+                  w = k.b.create<arith::TruncFOp>(k.loc, VectorType::get({width}, outElem), w);
+              }
+              k.b.create<memref::StoreOp>(k.loc, w, fn.getArgument(1 + j), k.div(dst, width));
+            } else if (mixed) {
+              k.store(v, fn.getArgument(1 + j), dst, elem);
+            } else {
+              k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1 + j), dst);
+            }
+          });
+        }
+      });
 }
 
 /// slice_grad (a strided store into zeros) and pad_grad (every grad_output

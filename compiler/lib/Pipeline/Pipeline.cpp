@@ -139,6 +139,14 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
     precision.precision = options.precision;
     pm.addPass(createAssignPrecision(precision));
   }
+  // Stage "memory shaping": the loss head in row chunks, so that its logits
+  // and their gradient are never all live. After fusion, which forms the
+  // cross_entropy ops it matches, and after precision, whose types the
+  // chunks keep; before placement, which states the new GEMMs' problems, and
+  // the memory plan, which reuses one chunk's buffers for the next.
+  ChunkCrossEntropyOptions chunk;
+  chunk.maxBytes = options.lossChunkBytes;
+  pm.addPass(createChunkCrossEntropy(chunk));
   // Still to come, in this order: layout, partition, schedule.
   addPlacement(pm, options);
   addMemoryPlan(pm, options);
@@ -191,6 +199,9 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
   Option<std::string> precision{*this, "precision", llvm::cl::desc("as forgec --precision"),
                                 llvm::cl::init("fp32")};
   Option<std::string> lossScale{*this, "loss-scale", llvm::cl::desc("as forgec --loss-scale")};
+  Option<int64_t> lossChunkBytes{*this, "loss-chunk-bytes",
+                                 llvm::cl::desc("as forgec --loss-chunk-bytes"),
+                                 llvm::cl::init(int64_t(1) << 30)};
 };
 } // namespace
 
@@ -221,6 +232,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.batchnormRunningVar = cl.batchnormRunningVar;
         options.train.lossScale = cl.lossScale;
         options.precision = cl.precision;
+        options.lossChunkBytes = cl.lossChunkBytes;
         buildTrainingPipeline(pm, options);
       });
 }

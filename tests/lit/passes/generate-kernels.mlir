@@ -227,3 +227,23 @@ func.func @bn_broadcast_epilogue(%x: tensor<2x4x2x4xf32>, %s: tensor<4xf32>, %ro
   }
   return %r#0, %r#1, %r#2 : tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>
 }
+
+// -----
+
+// A split moves 4-element vectors when 4 consecutive input elements go to one
+// output contiguously: a transformer's qkv split (axis innermost, every
+// extent a multiple of 4), 2x24 bf16 elements as 12 vectors, each stored to
+// the output its axis coordinate lies in (here one in f32, converted on the
+// store). Extents 3 and 5 leave it one element per thread.
+// CHECK-LABEL: func @splits
+// CHECK: forge.split %arg0 {{.*}}forge.launch = {block = 32 : i64, grid = 1 : i64, kernel = "k0_split"}
+// CHECK: forge.split %arg1 {{.*}}forge.launch = {block = 32 : i64, grid = 1 : i64, kernel = "k1_split"}
+// CHECK: gpu.func @k0_split(%arg0: memref<12xvector<4xbf16>>, %arg1: memref<4xvector<4xbf16>>, %arg2: memref<4xvector<4xbf16>>, %arg3: memref<4xvector<4xf32>>)
+// CHECK: memref.load %arg0[%{{.*}}] : memref<12xvector<4xbf16>>
+// CHECK: arith.extf %{{.*}} : vector<4xbf16> to vector<4xf32>
+// CHECK: gpu.func @k1_split(%arg0: memref<16xf32>, %arg1: memref<6xf32>, %arg2: memref<10xf32>)
+func.func @splits(%x: tensor<2x24xbf16>, %y: tensor<2x8xf32>) -> (tensor<2x8xbf16>, tensor<2x8xbf16>, tensor<2x8xf32>, tensor<2x3xf32>, tensor<2x5xf32>) {
+  %s:3 = forge.split %x {axis = 1 : i64, sizes = array<i64: 8, 8, 8>} : (tensor<2x24xbf16>) -> (tensor<2x8xbf16>, tensor<2x8xbf16>, tensor<2x8xf32>)
+  %t:2 = forge.split %y {axis = 1 : i64, sizes = array<i64: 3, 5>} : (tensor<2x8xf32>) -> (tensor<2x3xf32>, tensor<2x5xf32>)
+  return %s#0, %s#1, %s#2, %t#0, %t#1 : tensor<2x8xbf16>, tensor<2x8xbf16>, tensor<2x8xf32>, tensor<2x3xf32>, tensor<2x5xf32>
+}
