@@ -63,10 +63,11 @@ bool isGemm(Operation *op) {
 }
 
 /// Operand i of an attention op that cuDNN's flash attention reads in the
-/// low type: q, k, v (and o and grad_output of attention_grad), not lse.
+/// low type: q, k, v and the bias (and o and grad_output of attention_grad),
+/// not lse.
 bool isAttentionLowOperand(Operation *op, unsigned i) {
   if (isa<AttentionOp>(op))
-    return i < 3;
+    return true;
   return isa<AttentionGradOp>(op) && i != 4;
 }
 
@@ -621,7 +622,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     for (auto op : llvm::to_vector(f.front().getOps<AttentionOp>())) {
       OpBuilder b(op);
       Location loc = op.getLoc();
-      for (unsigned i = 0; i < 3; ++i) {
+      for (unsigned i = 0; i < op->getNumOperands(); ++i) { // q, k, v, bias
         Value v = op->getOperand(i);
         if (!isF32Tensor(v))
           continue;

@@ -18,6 +18,7 @@
 #include "forge/Conversion/Conversion.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseSet.h"
 
 #include <cmath>
 #include <limits>
@@ -169,7 +170,50 @@ struct AttentionMatch {
   SmallVector<int64_t> kPerm;
   double scale = 1.0;
   bool causal = false;
+  /// An additive mask on the scaled scores (null: none), as the add read it
+  /// (rank <= 4, broadcasting to the scores).
+  Value bias;
+  /// A boolean mask that is not the causal triangle (a padding mask):
+  /// where(cond, s, fill) or where(cond, fill, s), which becomes the bias
+  /// where(cond, 0, fill) or where(cond, fill, 0).
+  WhereOp maskWhere;
+  bool maskKeepsX = false; // the scores are the where's x (cond true keeps them)
 };
+
+/// Whether `t` (static, rank <= 4) broadcasts to `scores` (numpy rules).
+bool broadcastsTo(RankedTensorType t, RankedTensorType scores) {
+  if (!t || !t.hasStaticShape() || t.getRank() > 4)
+    return false;
+  for (int64_t d = 0; d < t.getRank(); ++d) {
+    int64_t dim = t.getDimSize(t.getRank() - 1 - d);
+    if (dim != 1 && dim != scores.getDimSize(3 - d))
+      return false;
+  }
+  return true;
+}
+
+/// Whether a trainable initializer (a float constant of more than one
+/// element with `forge.initializer`: build-train-step makes it a parameter)
+/// reaches `v`: an attention bias of that kind (a learned position bias)
+/// needs a gradient, which attention does not give its bias.
+bool reachedByWeights(Value v) {
+  SmallVector<Value> work{v};
+  llvm::DenseSet<Operation *> seen;
+  while (!work.empty()) {
+    Operation *def = work.pop_back_val().getDefiningOp();
+    if (!def || !seen.insert(def).second)
+      continue;
+    if (auto c = dyn_cast<ConstantOp>(def)) {
+      auto t = cast<RankedTensorType>(c.getType());
+      if (c->hasAttr("forge.initializer") && isa<FloatType>(t.getElementType()) &&
+          t.getNumElements() > 1)
+        return true;
+      continue;
+    }
+    llvm::append_range(work, def->getOperands());
+  }
+  return false;
+}
 
 std::optional<AttentionMatch> matchAttention(MatMulOp pv) {
   auto rank4 = [](Value x) {
@@ -179,24 +223,64 @@ std::optional<AttentionMatch> matchAttention(MatMulOp pv) {
   if (!rank4(pv.getLhs()) || !rank4(pv.getRhs()) || !rank4(pv.getResult()) ||
       pv.getTransA() || pv.getTransB())
     return std::nullopt;
-  auto softmax = pv.getLhs().getDefiningOp<SoftmaxOp>();
-  if (!softmax || !pv.getLhs().hasOneUse() || softmax.getAxis() != 3)
+  // [where(isnan(p), 0, p)]: the NaN guard torch's SDPA export puts after the
+  // softmax (a row whose every key is masked is 0/0); the op's fully masked
+  // rows are 0 already.
+  Value probs = pv.getLhs();
+  if (auto guard = probs.getDefiningOp<WhereOp>(); guard && probs.hasOneUse()) {
+    auto isnan = guard.getCondition().getDefiningOp<IsNaNOp>();
+    std::optional<double> zero = scalarOf(guard.getX());
+    if (!isnan || isnan.getInput() != guard.getY() || !zero || *zero != 0.0 ||
+        guard.getY().getType() != probs.getType() ||
+        !llvm::all_of(guard.getY().getUsers(),
+                      [&](Operation *u) { return u == guard || u == isnan; }))
+      return std::nullopt;
+    probs = guard.getY();
+  } else if (!probs.hasOneUse()) {
+    return std::nullopt;
+  }
+  auto softmax = probs.getDefiningOp<SoftmaxOp>();
+  if (!softmax || softmax.getAxis() != 3)
     return std::nullopt;
   AttentionMatch m;
   m.v = pv.getRhs();
   Value s = softmax.getInput();
   auto scores = cast<RankedTensorType>(s.getType());
   int64_t tq = scores.getDimSize(2), tk = scores.getDimSize(3);
+  // [s + bias | bias + s]: an additive or padding mask that broadcasts to
+  // the scores (HF's extended attention mask, LLaMA's 4-d causal mask).
+  if (auto add = s.getDefiningOp<AddOp>(); add && s.hasOneUse()) {
+    for (auto [x, bias] : {std::pair(add.getLhs(), add.getRhs()), std::pair(add.getRhs(), add.getLhs())}) {
+      auto t = dyn_cast<RankedTensorType>(bias.getType());
+      if (x.getType() != scores || !broadcastsTo(t, scores) ||
+          t.getElementType() != scores.getElementType() || reachedByWeights(bias))
+        continue;
+      m.bias = bias;
+      s = x;
+      break;
+    }
+    if (!m.bias)
+      return std::nullopt;
+  }
   // [where(mask, fill, s) | where(mask, s, fill)]
   if (auto where = s.getDefiningOp<WhereOp>(); where && s.hasOneUse()) {
     Value cond = where.getCondition();
-    if (isMaskFill(where.getX()) && isCausalMask(cond, tq, tk, /*setAbove=*/true))
+    auto condType = dyn_cast<RankedTensorType>(cond.getType());
+    if (isMaskFill(where.getX()) && isCausalMask(cond, tq, tk, /*setAbove=*/true)) {
       s = where.getY();
-    else if (isMaskFill(where.getY()) && isCausalMask(cond, tq, tk, /*setAbove=*/false))
+      m.causal = true;
+    } else if (isMaskFill(where.getY()) && isCausalMask(cond, tq, tk, /*setAbove=*/false)) {
       s = where.getX();
-    else
+      m.causal = true;
+    } else if (!m.bias && broadcastsTo(condType, scores) &&
+               (isMaskFill(where.getX()) || isMaskFill(where.getY()))) {
+      // Any other boolean mask (padding, masked_fill of an input's mask).
+      m.maskWhere = where;
+      m.maskKeepsX = isMaskFill(where.getY());
+      s = m.maskKeepsX ? where.getX() : where.getY();
+    } else {
       return std::nullopt;
-    m.causal = true;
+    }
     if (s.getType() != scores)
       return std::nullopt;
   }
@@ -344,7 +428,32 @@ struct RecognizeCompositesPass
       bool bshd = qs && vs && m->kPerm == swap;
       Value q = bshd ? qs : m->q, v = bshd ? vs : m->v;
       Value k = bshd ? m->kSource : keyOf(b, loc, *m);
-      auto op = b.create<AttentionOp>(loc, q, k, v, b.getF64FloatAttr(m->scale),
+      // A boolean mask as the additive bias: 0 where the scores are kept, the
+      // fill where they are masked.
+      Value bias = m->bias;
+      if (WhereOp where = m->maskWhere) {
+        auto scores = cast<RankedTensorType>(m->maskKeepsX ? where.getX().getType()
+                                                           : where.getY().getType());
+        Value fill = m->maskKeepsX ? where.getY() : where.getX();
+        auto scalar = RankedTensorType::get({}, scores.getElementType());
+        Value zero = b.create<ConstantOp>(loc, DenseElementsAttr::get(
+                                                   scalar, b.getFloatAttr(scores.getElementType(), 0.0)));
+        Value f = b.create<ConstantOp>(
+            loc, DenseElementsAttr::get(scalar, b.getFloatAttr(scores.getElementType(),
+                                                               *scalarOf(fill))));
+        auto cond = cast<RankedTensorType>(where.getCondition().getType());
+        bias = b.create<WhereOp>(loc, RankedTensorType::get(cond.getShape(), scores.getElementType()),
+                                 where.getCondition(), m->maskKeepsX ? zero : f,
+                                 m->maskKeepsX ? f : zero);
+      }
+      // The bias as rank 4 (numpy broadcasting prepends ones).
+      if (auto t = bias ? cast<RankedTensorType>(bias.getType()) : nullptr; t && t.getRank() < 4) {
+        SmallVector<int64_t> shape(4 - t.getRank(), 1);
+        llvm::append_range(shape, t.getShape());
+        bias = b.create<ReshapeOp>(loc, RankedTensorType::get(shape, t.getElementType()), bias,
+                                   b.getDenseI64ArrayAttr(shape));
+      }
+      auto op = b.create<AttentionOp>(loc, q, k, v, bias, b.getF64FloatAttr(m->scale),
                                       b.getBoolAttr(m->causal),
                                       b.getStringAttr(bshd ? "bshd" : "bhsd"));
       Value o = op.getO();

@@ -319,7 +319,8 @@ Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
                            bundle.origin(), target);
 #ifdef FORGE_HAVE_CUDA
     auto ex = CudaExecutor::create(bundle, CudaExecutorOptions{index, options.threads,
-                                                               options.cudaGraphs});
+                                                               options.cudaGraphs,
+                                                               options.deterministicAttention});
     if (!ex)
       return ex.status();
     FORGE_RETURN_IF_ERROR((*ex)->refreshCopies());

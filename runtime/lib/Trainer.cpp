@@ -76,7 +76,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   if (!train)
     return Status::error("no training data");
   auto exec = createExecutor(bundle, ExecutorOptions{options.device, options.threads,
-                                                     options.cudaGraphs});
+                                                     options.cudaGraphs,
+                                                     options.deterministicAttention});
   if (!exec)
     return exec.status();
   std::unique_ptr<Trainer> tr(new Trainer());

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -26,7 +27,17 @@ struct Case {
   int64_t B, H, Hk, Tq, Tk, D;
   bool causal;
   bool bshd = false; // layout "bshd": q/k/v/o and their gradients stored [B, T, H, D]
+  std::vector<int64_t> bias = {}; // the additive bias's shape ([B|1, H|1, Tq|1, Tk]); none
 };
+
+/// Element offset of the bias at scores (b, h, i, j): dims of 1 broadcast.
+int64_t biasAt(const Case &c, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const int64_t at[4] = {b, h, i, j};
+  int64_t off = 0;
+  for (int d = 0; d < 4; ++d)
+    off = off * c.bias[d] + (c.bias[d] == 1 ? 0 : at[d]);
+  return off;
+}
 
 /// gtest (and ctest's test names) print a case by its name.
 void PrintTo(const Case &c, std::ostream *os) { *os << c.name; }
@@ -73,14 +84,20 @@ std::unique_ptr<Bundle> makeBundle(const Case &c,
                              ls = {c.B, c.H, c.Tq};
   ArenaTensors add{p};
   const auto IN = fb::TensorInfo::INPUT, OUT = fb::TensorInfo::OUTPUT;
+  const bool bias = !c.bias.empty();
   std::vector<int32_t> fwd = {add("q", IN, qs, c.dtype), add("k", IN, ks, c.dtype),
-                              add("v", IN, ks, c.dtype), add("o", OUT, qs, c.dtype),
-                              add("lse", OUT, ls, fb::F32)};
+                              add("v", IN, ks, c.dtype)};
+  if (bias)
+    fwd.push_back(add("bias", IN, c.bias, c.dtype));
+  fwd.push_back(add("o", OUT, qs, c.dtype));
+  fwd.push_back(add("lse", OUT, ls, fb::F32));
   std::vector<int32_t> bwd = {add("gq", IN, qs, c.dtype),  add("gk", IN, ks, c.dtype),
                               add("gv", IN, ks, c.dtype),  add("go", IN, qs, c.dtype),
-                              add("glse", IN, ls, fb::F32), add("gdo", IN, qs, c.dtype),
-                              add("dq", OUT, qs, c.dtype), add("dk", OUT, ks, c.dtype),
-                              add("dv", OUT, ks, c.dtype)};
+                              add("glse", IN, ls, fb::F32), add("gdo", IN, qs, c.dtype)};
+  if (bias)
+    bwd.push_back(add("gbias", IN, c.bias, c.dtype));
+  for (auto [n, s] : {std::pair("dq", qs), std::pair("dk", ks), std::pair("dv", ks)})
+    bwd.push_back(add(n, OUT, s, c.dtype));
   p.set_arena_size(add.offset);
   auto routine = [&](const char *name, const char *op, const std::vector<int32_t> &ts,
                      int nIn) {
@@ -99,8 +116,8 @@ std::unique_ptr<Bundle> makeBundle(const Case &c,
     if (c.bshd)
       (*inst->mutable_attrs())["layout"].set_s("bshd");
   };
-  routine("forward", "attention", fwd, 3);
-  routine("backward", "attention_grad", bwd, 6);
+  routine("forward", "attention", fwd, bias ? 4 : 3);
+  routine("backward", "attention_grad", bwd, bias ? 7 : 6);
   if (mutate)
     mutate(p);
   auto bundle = Bundle::fromBytes(w.serialize(), "attention.forge");
@@ -154,7 +171,7 @@ struct Reference {
 /// (the O fed to attention_grad, as cuDNN does).
 Reference reference(const Case &c, const std::vector<double> &q, const std::vector<double> &k,
                     const std::vector<double> &v, const std::vector<double> &dO,
-                    const std::vector<double> *oUsed) {
+                    const std::vector<double> *oUsed, const std::vector<double> &bias = {}) {
   Reference r;
   const int64_t B = c.B, H = c.H, Hk = c.Hk, Tq = c.Tq, Tk = c.Tk, D = c.D, group = H / Hk;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -176,8 +193,14 @@ Reference reference(const Case &c, const std::vector<double> &q, const std::vect
           double s = 0;
           for (int64_t d = 0; d < D; ++d)
             s += Q[i * D + d] * K[j * D + d];
-          P[i * Tk + j] = (c.causal && j > i) ? -INFINITY : scale * s;
+          P[i * Tk + j] = (c.causal && j > i) ? -INFINITY
+                          : scale * s + (bias.empty() ? 0.0 : bias[biasAt(c, b, h, i, j)]);
           m = std::max(m, P[i * Tk + j]);
+        }
+        if (m == -INFINITY) { // every key masked: o = 0, lse = -inf, no gradient
+          r.lse[(b * H + h) * Tq + i] = -INFINITY;
+          std::fill(&P[i * Tk], &P[i * Tk] + Tk, 0.0);
+          continue;
         }
         double l = 0;
         for (int64_t j = 0; j < Tk; ++j)
@@ -250,6 +273,24 @@ void runCase(const Case &c) {
   auto [kb, k] = randomTensor(numElements(ks), c.dtype, 1.0f, rng);
   auto [vb, v] = randomTensor(numElements(ks), c.dtype, 1.0f, rng);
   auto [dob, dO] = randomTensor(numElements(qs), c.dtype, 1.0f, rng);
+  // A mask-like bias: values in [-4, 4), a quarter of them -1e4 (hidden keys).
+  std::vector<uint8_t> bb;
+  std::vector<double> bias;
+  if (!c.bias.empty()) {
+    std::tie(bb, bias) = randomTensor(numElements(c.bias), c.dtype, 4.0f, rng);
+    std::vector<float> f(bias.begin(), bias.end());
+    for (size_t i = 0; i < f.size(); i += 4)
+      f[i] = -1e4f;
+    // With queries of their own (Tq > 1 in the bias): query row 1 of batch 0 (and of every
+    // head the bias broadcasts over) sees no key at all: o = 0 there, lse = -inf.
+    if (c.bias[2] > 1)
+      for (int64_t j = 0; j < c.Tk; ++j)
+        f[static_cast<size_t>(biasAt(c, 0, 0, 1, j))] = -INFINITY;
+    bb = narrowFloats(reinterpret_cast<const uint8_t *>(f.data()), f.size() * sizeof(float),
+                      c.dtype);
+    for (size_t i = 0; i < f.size(); ++i)
+      bias[i] = decode(bb.data() + 2 * i, c.dtype);
+  }
   auto set = [&](int routine, const char *name, std::vector<uint8_t> &bytes, fb::DType t,
                  const std::vector<int64_t> &shape) {
     Status st = e.setInput(routine, name, TensorView{bytes.data(), t, shape});
@@ -266,6 +307,8 @@ void runCase(const Case &c) {
     set(0, "q", qb, c.dtype, qs);
     set(0, "k", kb, c.dtype, ks);
     set(0, "v", vb, c.dtype, ks);
+    if (!c.bias.empty())
+      set(0, "bias", bb, c.dtype, c.bias);
     Status st = e.run(0);
     ASSERT_TRUE(st.isOk()) << st.message();
     st = e.wait();
@@ -286,6 +329,8 @@ void runCase(const Case &c) {
     set(1, "go", oBytes, c.dtype, qs);
     set(1, "glse", lseBytes, fb::F32, ls);
     set(1, "gdo", dob, c.dtype, qs);
+    if (!c.bias.empty())
+      set(1, "gbias", bb, c.dtype, c.bias);
     Status st = e.run(1);
     ASSERT_TRUE(st.isOk()) << st.message();
     st = e.wait();
@@ -304,13 +349,13 @@ void runCase(const Case &c) {
     auto qh = [&](const std::vector<double> &x) { return swapHeadsAndSeq(x, c.B, c.Tq, c.H, c.D); };
     auto kh = [&](const std::vector<double> &x) { return swapHeadsAndSeq(x, c.B, c.Tk, c.Hk, c.D); };
     std::vector<double> oh = qh(o);
-    r = reference(c, qh(q), kh(k), kh(v), qh(dO), &oh);
+    r = reference(c, qh(q), kh(k), kh(v), qh(dO), &oh, bias);
     r.o = swapHeadsAndSeq(r.o, c.B, c.H, c.Tq, c.D);
     r.dq = swapHeadsAndSeq(r.dq, c.B, c.H, c.Tq, c.D);
     r.dk = swapHeadsAndSeq(r.dk, c.B, c.Hk, c.Tk, c.D);
     r.dv = swapHeadsAndSeq(r.dv, c.B, c.Hk, c.Tk, c.D);
   } else {
-    r = reference(c, q, k, v, dO, &o);
+    r = reference(c, q, k, v, dO, &o, bias);
   }
 
   // Tolerances: o (bf16/f16 output of an f32-accumulated softmax) within 2e-2 absolute +
@@ -322,8 +367,19 @@ void runCase(const Case &c) {
     oErr = std::max(oErr, err);
     ASSERT_LE(err, 2e-2 + 2e-2 * std::fabs(r.o[i])) << "o[" << i << "]";
   }
-  double lseErr = maxErr(lse, r.lse);
+  // lse where a row sees keys; -inf (or below -1e30) where it sees none.
+  double lseErr = 0;
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(r.lse[i])) {
+      EXPECT_TRUE(lse[i] < -1e30) << "lse[" << i << "] = " << lse[i] << " of a fully masked row";
+      continue;
+    }
+    lseErr = std::max(lseErr, std::fabs(lse[i] - r.lse[i]));
+  }
   EXPECT_LE(lseErr, 1e-3);
+  for (auto [name, g] : {std::pair("dq", &dq), std::pair("dk", &dk), std::pair("dv", &dv)})
+    EXPECT_TRUE(std::all_of(g->begin(), g->end(), [](double x) { return std::isfinite(x); }))
+        << name << " has a non-finite element";
   double dqErr = maxErr(dq, r.dq) / maxAbs(r.dq), dkErr = maxErr(dk, r.dk) / maxAbs(r.dk),
          dvErr = maxErr(dv, r.dv) / maxAbs(r.dv);
   EXPECT_LE(dqErr, 3e-2);
@@ -379,7 +435,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16 bshd causal (GPT-2's heads)", fb::BF16, 2, 12, 12, 512, 512, 64, true, true},
         Case{"f16 bshd GQA 8/2 non-causal Tq!=Tk", fb::F16, 2, 8, 2, 96, 160, 32, false, true},
         Case{"bf16 GQA 8/2 causal", fb::BF16, 2, 8, 2, 128, 128, 64, true},
-        Case{"bf16 MQA 4/1 non-causal Tq!=Tk", fb::BF16, 1, 4, 1, 64, 192, 32, false}),
+        Case{"bf16 MQA 4/1 non-causal Tq!=Tk", fb::BF16, 1, 4, 1, 64, 192, 32, false},
+        // Additive biases: a padding mask [B, 1, 1, Tk], a full [B, H, Tq, Tk] one beside
+        // the causal mask in layout bshd, and LLaMA's [1, 1, Tq, Tk] with GQA.
+        Case{"bf16 padding bias", fb::BF16, 2, 4, 4, 64, 96, 64, false, false, {2, 1, 1, 96}},
+        Case{"f16 bshd causal full bias", fb::F16, 2, 4, 4, 64, 64, 32, true, true, {2, 4, 64, 64}},
+        Case{"bf16 GQA 8/2 [1, 1, Tq, Tk] bias", fb::BF16, 1, 8, 2, 128, 128, 64, false, false,
+             {1, 1, 128, 128}}),
     [](const ::testing::TestParamInfo<Case> &info) { return std::to_string(info.index); });
 
 // Two layers of one problem (the second reads the first's o as q, k and v) share one
@@ -493,5 +555,19 @@ TEST(AttentionGpuTest, MalformedInstructionsAreRefused) {
   }, "attribute 'causal'");
   expectRefused(ok, [](fb::Program &p) {
     p.mutable_routines(0)->mutable_instructions(0)->mutable_outputs()->RemoveLast();
-  }, "attention needs 3 inputs (q, k, v) and 2 outputs (o, lse), not 3 and 1");
+  }, "attention needs 3 inputs (q, k, v, and optionally a bias) and 2 outputs (o, lse), not 3 "
+     "and 1");
+  // The bias (tensor 3, the forward's fourth input): a shape that does not broadcast to the
+  // scores, another dtype.
+  const Case biased{"bias", fb::BF16, 2, 4, 2, 16, 24, 64, false, false, {2, 1, 1, 24}};
+  {
+    auto bundle = makeBundle(biased);
+    ASSERT_TRUE(bundle);
+    Status st = checkLibraryCalls(*bundle);
+    EXPECT_TRUE(st.isOk()) << st.message();
+  }
+  expectRefused(biased, [](fb::Program &p) { p.mutable_tensors(3)->set_shape(3, 23); },
+                "bias is [2, 1, 1, 23], expected [B, H, Tq, Tk] = [2, 4, 16, 24]");
+  expectRefused(biased, [](fb::Program &p) { p.mutable_tensors(3)->set_dtype(fb::F16); },
+                "bias is f16, expected bf16");
 }

@@ -13,6 +13,7 @@ struct Options {
   std::string device = "auto";
   std::string weightsDir; // thin bundles: where the external-data files are // cpu, cuda, cuda:N, auto (Executor.h)
   bool noCudaGraph = false;
+  std::string attentionBackward = "deterministic"; // deterministic | fast (cuDNN)
   bool noPipeline = false;
   unsigned threads = 0;
 

@@ -376,6 +376,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
   trainerOptions.threads = opts.threads;
   trainerOptions.device = opts.device;
   trainerOptions.cudaGraphs = !opts.noCudaGraph;
+  trainerOptions.deterministicAttention = opts.attentionBackward != "fast";
   trainerOptions.seed = opts.seed;
   trainerOptions.shuffle = !opts.noShuffle;
   auto created = Trainer::create(bundle, trainData.take(), std::move(evalData), trainerOptions);

@@ -322,6 +322,13 @@ void addOptions(CLI::App &app, Options &opts) {
   app.add_flag("--no-cuda-graph", opts.noCudaGraph,
                "CUDA: launch every instruction each step instead of replaying a CUDA graph")
       ->group(loop);
+  app.add_option("--attention-backward", opts.attentionBackward,
+                 "CUDA: cuDNN's fused attention backward: deterministic (bit-identical "
+                 "gradients run to run) or fast (its default algorithm, which adds dq "
+                 "atomically)")
+      ->check(CLI::IsMember({"deterministic", "fast"}))
+      ->capture_default_str()
+      ->group(loop);
   app.add_option("--recipe", opts.recipe,
                  "TOML file of options (keys = long option names without --, e.g. "
                  "steps = 1000, data = [\"train.npz\"], resume = true); command-line flags "

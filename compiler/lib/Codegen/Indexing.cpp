@@ -105,6 +105,14 @@ void gatherOrScatter(Body &k, gpu::GPUFuncOp fn, Value i, Value at, bool grad) {
     k.b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, g, fn.getArgument(2),
                                     ValueRange{at});
   } else {
+    // A table stored in another float type than the result (forge-assign-
+    // precision: an f32 embedding gathered into bf16 rows) converts per element.
+    auto src = cast<MemRefType>(fn.getArgument(0).getType()).getElementType();
+    auto dst = cast<MemRefType>(fn.getArgument(2).getType()).getElementType();
+    if (src != dst && isa<FloatType>(src) && isa<FloatType>(dst)) {
+      k.store(k.load(fn.getArgument(0), at, src), fn.getArgument(2), i, dst);
+      return;
+    }
     Value v = k.b.create<memref::LoadOp>(k.loc, fn.getArgument(0), at);
     k.b.create<memref::StoreOp>(k.loc, v, fn.getArgument(2), i);
   }

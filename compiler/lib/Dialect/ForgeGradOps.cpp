@@ -283,7 +283,9 @@ FORGE_INFER(AttentionGradOp) {
   Type q = adaptor.getQ().getType(), k = adaptor.getK().getType(), v = adaptor.getV().getType();
   StringRef layout = adaptor.getLayout();
   auto shape = attentionShape(loc, q, k, v, layout);
-  if (failed(shape))
+  if (failed(shape) ||
+      failed(checkAttentionBias(loc, adaptor.getBias() ? adaptor.getBias().getType() : Type(), q,
+                                k, *shape, layout)))
     return failure();
   auto o = rankedOrNull(adaptor.getO().getType());
   auto lse = rankedOrNull(adaptor.getLse().getType());

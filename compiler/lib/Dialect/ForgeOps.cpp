@@ -532,7 +532,10 @@ FORGE_INFER(AttentionOp) {
   StringRef layout = adaptor.getLayout();
   auto shape = attentionShape(loc, adaptor.getQ().getType(), adaptor.getK().getType(),
                               adaptor.getV().getType(), layout);
-  if (failed(shape))
+  if (failed(shape) ||
+      failed(checkAttentionBias(loc, adaptor.getBias() ? adaptor.getBias().getType() : Type(),
+                                adaptor.getQ().getType(), adaptor.getK().getType(), *shape,
+                                layout)))
     return failure();
   inferred.push_back(withShape(adaptor.getQ().getType(), *shape));
   // f32 beside low and f32 operands; f64 beside f64 ones (the gradient checks).
@@ -562,8 +565,8 @@ template <typename OpT> struct FoldAttentionTransposes : public OpRewritePattern
     const int64_t swap[] = {0, 2, 1, 3};
     SmallVector<Value> operands(op->getOperands());
     for (auto [i, v] : llvm::enumerate(operands)) {
-      if (cast<RankedTensorType>(v.getType()).getRank() != 4)
-        continue; // lse
+      if (cast<RankedTensorType>(v.getType()).getRank() != 4 || v == op.getBias())
+        continue; // lse, and the bias (the scores' layout in both)
       auto t = v.template getDefiningOp<TransposeOp>();
       if (!t || t.getPerm() != ArrayRef<int64_t>(swap))
         return failure();

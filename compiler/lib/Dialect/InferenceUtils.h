@@ -56,6 +56,25 @@ inline FailureOr<SmallVector<int64_t>> attentionShape(std::optional<Location> lo
   return o;
 }
 
+/// attention's optional bias: q's element type, rank 4, each dim 1 or the
+/// scores' [B, H, Tq, Tk] (in both layouts), `o` o's shape in `layout`.
+inline LogicalResult checkAttentionBias(std::optional<Location> loc, Type biasType, Type qType,
+                                        Type kType, ArrayRef<int64_t> o, StringRef layout) {
+  if (!biasType)
+    return success();
+  auto bias = rankedOrNull(biasType);
+  auto q = cast<RankedTensorType>(qType), k = cast<RankedTensorType>(kType);
+  const int hd = layout == "bshd" ? 2 : 1, sd = layout == "bshd" ? 1 : 2;
+  const int64_t scores[] = {o[0], o[hd], o[sd], k.getDimSize(sd)};
+  if (!bias || bias.getRank() != 4 || bias.getElementType() != q.getElementType())
+    return failInference(loc, "attention: bias must be a static rank-4 tensor of q's type");
+  for (int d = 0; d < 4; ++d)
+    if (bias.getDimSize(d) != 1 && bias.getDimSize(d) != scores[d])
+      return failInference(loc, "attention: bias must broadcast to the scores [batch, heads, "
+                                "queries, keys]");
+  return success();
+}
+
 /// lse's shape [B, H, Tq] from o's shape in `layout`.
 inline SmallVector<int64_t> attentionLseShape(ArrayRef<int64_t> o, StringRef layout) {
   return layout == "bshd" ? SmallVector<int64_t>{o[0], o[2], o[1]}

@@ -11,7 +11,11 @@
 //  * f32/f64 compute natively with double accumulation; f16/bf16 are staged
 //    through f32 copies by the registry; lse is f32 (f64 beside f64 operands);
 //  * results do not depend on the thread count: the forward splits rows, the
-//    backward splits key/value heads, and each sums in a fixed order.
+//    backward splits key/value heads, and each sums in a fixed order;
+//  * an optional last input, the bias [B|1, H|1, Tq|1, Tk|1] in q's type, is
+//    added to the scaled scores (before the causal mask) in both kernels;
+//  * a row whose every score is -inf (all keys masked) has o = 0 and
+//    lse = -inf, and no gradient (the exporters' NaN guard after softmax).
 #include "KernelUtil.h"
 
 #include <algorithm>
@@ -26,6 +30,13 @@ struct AttentionShape {
   double scale;
   bool causal;
   bool bshd; // q/k/v/o are [B, T, H, D] (else [B, H, T, D])
+  // The bias's element strides over [B, H, Tq, Tk], 0 along broadcast dims;
+  // bias < 0: none.
+  int bias = -1;
+  int64_t biasStride[4] = {0, 0, 0, 0};
+  int64_t biasAt(int64_t bi, int64_t hi, int64_t i, int64_t j) const {
+    return bi * biasStride[0] + hi * biasStride[1] + i * biasStride[2] + j * biasStride[3];
+  }
   /// Keys visible to query row i.
   int64_t keys(int64_t i) const { return causal ? std::min(tk, i + 1) : tk; }
   /// Element offsets of the head vectors (contiguous in both layouts).
@@ -67,6 +78,28 @@ Expected<AttentionShape> readShape(KernelContext &ctx) {
   return s;
 }
 
+/// Reads the optional bias, input `index` (absent: no bias).
+Status readBias(KernelContext &ctx, size_t index, AttentionShape &s) {
+  if (ctx.inputs.size() <= index)
+    return Status::ok();
+  const TensorView &bias = ctx.inputs[index];
+  FORGE_RETURN_IF_ERROR(checkDType(bias, ctx.inputs[0].dtype, "bias"));
+  const int64_t scores[4] = {s.b, s.h, s.tq, s.tk};
+  if (bias.rank() != 4)
+    return Status::error("bias must be rank 4 ([B, H, Tq, Tk], dims 1 broadcast), got rank {}",
+                         bias.rank());
+  int64_t stride = 1;
+  for (int d = 3; d >= 0; --d) {
+    if (bias.shape[d] != 1 && bias.shape[d] != scores[d])
+      return Status::error("bias dim {} is {}, neither 1 nor the scores' {}", d, bias.shape[d],
+                           scores[d]);
+    s.biasStride[d] = bias.shape[d] == 1 ? 0 : stride;
+    stride *= bias.shape[d];
+  }
+  s.bias = static_cast<int>(index);
+  return Status::ok();
+}
+
 /// o's (and grad_output's) shape in the layout.
 std::vector<int64_t> outShape(const AttentionShape &s) {
   return s.bshd ? std::vector<int64_t>{s.b, s.tq, s.h, s.dv}
@@ -77,6 +110,7 @@ DType lseType(DType q) { return q == bundle::F64 ? bundle::F64 : bundle::F32; }
 
 Status attentionKernel(KernelContext &ctx) {
   CPU_ASSIGN_OR_RETURN(AttentionShape s, readShape(ctx));
+  FORGE_RETURN_IF_ERROR(readBias(ctx, 3, s));
   const TensorView &q = ctx.inputs[0];
   TensorView &o = ctx.outputs[0], &lse = ctx.outputs[1];
   FORGE_RETURN_IF_ERROR(checkDType(o, q.dtype, "o"));
@@ -89,6 +123,7 @@ Status attentionKernel(KernelContext &ctx) {
     using L = std::conditional_t<std::is_same_v<T, double>, double, float>;
     const T *pq = q.as<const T>(), *pk = ctx.inputs[1].as<const T>(),
             *pv = ctx.inputs[2].as<const T>();
+    const T *pb = s.bias >= 0 ? ctx.inputs[s.bias].as<const T>() : nullptr;
     T *po = o.as<T>();
     L *pl = lse.as<L>();
     const int64_t rows = s.b * s.h * s.tq, group = s.h / s.hk;
@@ -106,8 +141,14 @@ Status attentionKernel(KernelContext &ctx) {
           double dot = 0;
           for (int64_t c = 0; c < s.d; ++c)
             dot += double(qi[c]) * double(kj[c]);
-          p[j] = s.scale * dot;
+          p[j] = s.scale * dot + (pb ? double(pb[s.biasAt(bi, hi, i, j)]) : 0.0);
           m = std::max(m, p[j]);
+        }
+        T *oi = po + s.qRow(bi, hi, i, s.dv);
+        if (m == -std::numeric_limits<double>::infinity()) { // every key masked
+          std::fill(oi, oi + s.dv, static_cast<T>(0));
+          pl[r] = static_cast<L>(m);
+          continue;
         }
         double sum = 0;
         for (int64_t j = 0; j < n; ++j)
@@ -118,7 +159,6 @@ Status attentionKernel(KernelContext &ctx) {
           for (int64_t c = 0; c < s.dv; ++c)
             acc[c] += p[j] * double(vj[c]);
         }
-        T *oi = po + s.qRow(bi, hi, i, s.dv);
         for (int64_t c = 0; c < s.dv; ++c)
           oi[c] = static_cast<T>(acc[c] / sum);
         pl[r] = static_cast<L>(m + std::log(sum));
@@ -128,9 +168,10 @@ Status attentionKernel(KernelContext &ctx) {
   });
 }
 
-/// Inputs q, k, v, o, lse, grad_output; outputs dq, dk, dv.
+/// Inputs q, k, v, o, lse, grad_output[, bias]; outputs dq, dk, dv.
 Status attentionGradKernel(KernelContext &ctx) {
   CPU_ASSIGN_OR_RETURN(AttentionShape s, readShape(ctx));
+  FORGE_RETURN_IF_ERROR(readBias(ctx, 6, s));
   const TensorView &q = ctx.inputs[0], &o = ctx.inputs[3], &lse = ctx.inputs[4],
                    &dout = ctx.inputs[5];
   FORGE_RETURN_IF_ERROR(checkDType(o, q.dtype, "o"));
@@ -150,6 +191,7 @@ Status attentionGradKernel(KernelContext &ctx) {
     const T *pq = q.as<const T>(), *pk = ctx.inputs[1].as<const T>(),
             *pv = ctx.inputs[2].as<const T>(), *po = o.as<const T>(), *pdo = dout.as<const T>();
     const L *pl = lse.as<const L>();
+    const T *pb = s.bias >= 0 ? ctx.inputs[s.bias].as<const T>() : nullptr;
     T *pdq = ctx.outputs[0].as<T>(), *pdk = ctx.outputs[1].as<T>(), *pdv = ctx.outputs[2].as<T>();
     const int64_t group = s.h / s.hk;
     // One unit per key/value head: it owns dk and dv of that head and dq of
@@ -170,12 +212,15 @@ Status attentionGradKernel(KernelContext &ctx) {
             for (int64_t c = 0; c < s.dv; ++c)
               di += double(doi[c]) * double(oi[c]);
             std::fill(dq.begin(), dq.end(), 0.0);
-            for (int64_t j = 0; j < n; ++j) {
+            const bool masked = double(pl[r]) == -std::numeric_limits<double>::infinity();
+            for (int64_t j = 0; j < (masked ? 0 : n); ++j) {
               const T *kj = pk + s.kRow(bi, kvh, j, s.d), *vj = pv + s.kRow(bi, kvh, j, s.dv);
               double dot = 0, dp = 0;
               for (int64_t c = 0; c < s.d; ++c)
                 dot += double(qi[c]) * double(kj[c]);
-              const double pij = std::exp(s.scale * dot - double(pl[r]));
+              const double pij =
+                  std::exp(s.scale * dot + (pb ? double(pb[s.biasAt(bi, hi, i, j)]) : 0.0) -
+                           double(pl[r]));
               for (int64_t c = 0; c < s.dv; ++c) {
                 dp += double(doi[c]) * double(vj[c]);
                 dv[j * s.dv + c] += pij * double(doi[c]);
@@ -205,8 +250,8 @@ Status attentionGradKernel(KernelContext &ctx) {
 } // namespace
 
 void registerAttentionKernels(Registry &r) {
-  r.add("attention", &attentionKernel, 3, 3, 2, 2);
-  r.add("attention_grad", &attentionGradKernel, 6, 6, 3, 3);
+  r.add("attention", &attentionKernel, 3, 4, 2, 2);
+  r.add("attention_grad", &attentionGradKernel, 6, 7, 3, 3);
 }
 
 } // namespace forge::rt::cpu

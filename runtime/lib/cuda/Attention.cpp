@@ -25,6 +25,7 @@
 
 #include <cmath>
 #include <exception>
+#include <fmt/ranges.h>
 #include <unordered_map>
 
 #ifdef FORGE_HAVE_CUDNN_FRONTEND
@@ -52,8 +53,8 @@ std::vector<int64_t> packedStrides(const std::vector<int64_t> &dims) {
   return s;
 }
 
-// Operand uids: the instruction's inputs then its outputs, from 1.
-enum Uid : int64_t { Q = 1, K, V, O, Lse, DO, DQ, DK, DV };
+// Operand uids: the instruction's inputs then its outputs, from 1; the bias last.
+enum Uid : int64_t { Q = 1, K, V, O, Lse, DO, DQ, DK, DV, Bias };
 
 } // namespace
 
@@ -65,11 +66,14 @@ Expected<AttentionProblem> attentionProblem(const bundle::Program &p,
     return Status::error("op '{}' is not attention or attention_grad", op);
   pr.grad = op == "attention_grad";
   const int nIn = pr.grad ? 6 : 3, nOut = pr.grad ? 3 : 2;
-  if (inst.inputs_size() != nIn || inst.outputs_size() != nOut)
-    return Status::error("{} needs {} inputs ({}) and {} outputs ({}), not {} and {}", op, nIn,
-                         pr.grad ? "q, k, v, o, lse, do" : "q, k, v", nOut,
+  if ((inst.inputs_size() != nIn && inst.inputs_size() != nIn + 1) ||
+      inst.outputs_size() != nOut)
+    return Status::error("{} needs {} inputs ({}, and optionally a bias) and {} outputs ({}), "
+                         "not {} and {}",
+                         op, nIn, pr.grad ? "q, k, v, o, lse, do" : "q, k, v", nOut,
                          pr.grad ? "dq, dk, dv" : "o, lse", inst.inputs_size(),
                          inst.outputs_size());
+  pr.bias = inst.inputs_size() == nIn + 1;
   for (int32_t t : inst.inputs())
     if (t < 0 || t >= p.tensors_size())
       return Status::error("{} has an absent or unknown operand", op);
@@ -80,7 +84,7 @@ Expected<AttentionProblem> attentionProblem(const bundle::Program &p,
   // Operand names and their expected shapes ("q" = [B, H, Tq, D], "k" = [B, Hk, Tk, D]).
   const char *const fwdNames[] = {"q", "k", "v", "o", "lse"};
   const char *const gradNames[] = {"q", "k", "v", "o", "lse", "do", "dq", "dk", "dv"};
-  std::vector<int32_t> ids(inst.inputs().begin(), inst.inputs().end());
+  std::vector<int32_t> ids(inst.inputs().begin(), inst.inputs().begin() + nIn);
   ids.insert(ids.end(), inst.outputs().begin(), inst.outputs().end());
   auto name = [&](size_t i) { return pr.grad ? gradNames[i] : fwdNames[i]; };
 
@@ -144,6 +148,26 @@ Expected<AttentionProblem> attentionProblem(const bundle::Program &p,
     if (p.tensors(ids[i]).dtype() != want)
       return Status::error("{}: {} is {}, expected {}", op, n, dtypeName(p.tensors(ids[i]).dtype()),
                            dtypeName(want));
+  }
+
+  if (pr.bias) {
+    const int32_t id = inst.inputs(nIn);
+    std::vector<int64_t> b = shapeOf(p, id);
+    const int64_t scores[4] = {pr.batch, pr.heads, pr.queries, pr.keys};
+    bool fits = b.size() == 4;
+    for (size_t d = 0; fits && d < 4; ++d)
+      fits = b[d] == 1 || b[d] == scores[d];
+    if (!fits)
+      return Status::error("{}: bias is {}, expected [B, H, Tq, Tk] = [{}, {}, {}, {}] with "
+                           "dims of 1 broadcast",
+                           op, shapeString(b), pr.batch, pr.heads, pr.queries, pr.keys);
+    if (p.tensors(id).dtype() != pr.dtype)
+      return Status::error("{}: bias is {}, expected {}", op, dtypeName(p.tensors(id).dtype()),
+                           dtypeName(pr.dtype));
+    pr.biasStrides = packedStrides(b);
+    for (size_t d = 0; d < 4; ++d)
+      if (b[d] == 1)
+        pr.biasStrides[d] = 0;
   }
 
   auto scale = inst.attrs().find("scale");
@@ -213,11 +237,20 @@ Expected<std::shared_ptr<fe::graph::Graph>> buildGraph(cudnnHandle_t handle,
   };
   auto q = tensor("q", Q, qDims), k = tensor("k", K, kDims), v = tensor("v", V, kDims);
   const float scale = static_cast<float>(pr.scale);
+  std::shared_ptr<fe::graph::Tensor_attributes> bias;
+  if (pr.bias)
+    bias = g->tensor(fe::graph::Tensor_attributes()
+                         .set_name("bias")
+                         .set_uid(Bias)
+                         .set_dim({pr.batch, pr.heads, pr.queries, pr.keys})
+                         .set_stride(pr.biasStrides));
   if (!pr.grad) {
     auto attrs = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true)
                      .set_attn_scale(scale);
     if (pr.causal)
       attrs.set_causal_mask(true);
+    if (bias)
+      attrs.set_bias(bias);
     auto [o, stats] = g->sdpa(q, k, v, attrs);
     output(o, O, qDims);
     output(stats, Lse, lseDims);
@@ -232,6 +265,8 @@ Expected<std::shared_ptr<fe::graph::Graph>> buildGraph(cudnnHandle_t handle,
       attrs.set_causal_mask(true);
     if (deterministic)
       attrs.set_deterministic_algorithm(true);
+    if (bias)
+      attrs.set_bias(bias);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dO, lse, attrs);
     output(dq, DQ, qDims);
     output(dk, DK, kDims);
@@ -257,7 +292,8 @@ Expected<std::unique_ptr<AttentionPlan>> AttentionPlan::create(const CudnnApi &a
                                                                cudnnHandle_t handle,
                                                                const bundle::Program &p,
                                                                const bundle::Instruction &inst,
-                                                               AttentionCache *cache) {
+                                                               AttentionCache *cache,
+                                                               bool deterministic) {
   auto pr = attentionProblem(p, inst);
   if (!pr)
     return pr.status();
@@ -268,19 +304,25 @@ Expected<std::unique_ptr<AttentionPlan>> AttentionPlan::create(const CudnnApi &a
   plan->handle_ = handle;
   plan->problem_ = *pr;
   plan->impl_ = std::make_unique<Impl>();
-  const std::string key = fmt::format(
+  std::string key = fmt::format(
       "{} {} q [{}, {}, {}, {}] k/v [{}, {}, {}, {}]{}{} scale {}", inst.op(), dtypeName(pr->dtype),
       pr->batch, pr->heads, pr->queries, pr->headDim, pr->batch, pr->kvHeads, pr->keys,
       pr->headDim, pr->causal ? " causal" : "", pr->bshd ? " bshd" : "",
       static_cast<float>(pr->scale));
+  if (pr->bias)
+    key += fmt::format(" bias strides [{}]", fmt::join(pr->biasStrides, ", "));
+  if (pr->grad && !deterministic)
+    key += " fast"; // the default backward: another graph
   if (cache)
     if (auto it = cache->built.find(key); it != cache->built.end())
       plan->impl_->built = it->second;
   if (!plan->impl_->built) {
     auto entry = std::make_shared<AttentionCache::Entry>();
     try {
-      auto g = buildGraph(handle, *pr, pr->grad);
-      if (!g && pr->grad) { // cuDNN refused the deterministic backward: its default one
+      // The forward is deterministic either way.
+      entry->deterministic = !pr->grad || deterministic;
+      auto g = buildGraph(handle, *pr, pr->grad && deterministic);
+      if (!g && pr->grad && deterministic) { // cuDNN refused the deterministic backward: its default one
         entry->deterministic = false;
         g = buildGraph(handle, *pr, false);
       }
@@ -300,12 +342,15 @@ Expected<std::unique_ptr<AttentionPlan>> AttentionPlan::create(const CudnnApi &a
   }
   for (int64_t uid = Q; uid <= (pr->grad ? DV : Lse); ++uid)
     plan->impl_->pack[uid] = nullptr;
+  if (pr->bias)
+    plan->impl_->pack[Bias] = nullptr;
   return plan;
 }
 
 Status AttentionPlan::run(const std::vector<void *> &inputs, const std::vector<void *> &outputs,
                           void *workspace) const {
-  const size_t nIn = problem_.grad ? 6 : 3, nOut = problem_.grad ? 3 : 2;
+  const size_t nIn = (problem_.grad ? 6 : 3) + (problem_.bias ? 1 : 0);
+  const size_t nOut = problem_.grad ? 3 : 2;
   if (inputs.size() != nIn || outputs.size() != nOut)
     return Status::error("attention: {} inputs and {} outputs given, expected {} and {}",
                          inputs.size(), outputs.size(), nIn, nOut);
@@ -319,6 +364,8 @@ Status AttentionPlan::run(const std::vector<void *> &inputs, const std::vector<v
     for (int64_t i = 0; i < 3; ++i)
       pack[DQ + i] = outputs[static_cast<size_t>(i)];
   }
+  if (problem_.bias)
+    pack[Bias] = inputs.back();
   try {
     if (fe::error_t e = impl_->built->graph->execute(handle_, pack, workspace); e.is_bad())
       return Status::error("cuDNN attention failed: {}", feMessage(e));
@@ -339,7 +386,7 @@ bool AttentionPlan::deterministic() const { return false; }
 Expected<std::unique_ptr<AttentionPlan>> AttentionPlan::create(const CudnnApi &, cudnnHandle_t,
                                                                const bundle::Program &p,
                                                                const bundle::Instruction &inst,
-                                                               AttentionCache *) {
+                                                               AttentionCache *, bool) {
   if (auto pr = attentionProblem(p, inst); !pr)
     return pr.status();
   return Status::error("{}: this build has no cuDNN frontend (tools/setup.sh installs the "

@@ -1,9 +1,13 @@
 // attention and attention_grad instructions as cuDNN's fused flash attention (SDPA through
 // the cuDNN graph API, built with the header-only cuDNN frontend).
 //
-//   attention       inputs [q, k, v]                 outputs [o, lse]
-//   attention_grad  inputs [q, k, v, o, lse, do]     outputs [dq, dk, dv]
+//   attention       inputs [q, k, v(, bias)]             outputs [o, lse]
+//   attention_grad  inputs [q, k, v, o, lse, do(, bias)] outputs [dq, dk, dv]
 //   attrs: "scale" (f), "causal" (i, 0 or 1)
+//
+// bias (optional, q's type): added to the scaled scores before the causal mask and the
+// softmax (an additive or padding mask), [B, H, Tq, Tk] with dims of 1 broadcast (stride 0
+// to cuDNN), in both layouts; no gradient.
 //
 // q, o, do, dq [B, H, Tq, D]; k, v, dk, dv [B, Hk, Tk, D] with H % Hk == 0 (GQA/MQA: query
 // head h reads kv head h / (H / Hk)); lse [B, H, Tq] f32, the natural-log log-sum-exp over
@@ -35,6 +39,8 @@ struct AttentionProblem {
   double scale = 1.0;
   bool causal = false;
   bool bshd = false; // layout "bshd": q/k/v/o (and their gradients) are [B, T, H, D]
+  bool bias = false;
+  std::vector<int64_t> biasStrides; // over [B, H, Tq, Tk], 0 along broadcast dims
 };
 
 /// Checks an attention/attention_grad instruction (op, operand counts, ranks, shapes,
@@ -62,12 +68,14 @@ public:
   /// Builds the cuDNN graph for `inst` (checked by attentionProblem first) and its
   /// execution plan (heuristics mode A, the first plan that builds). A configuration cuDNN
   /// does not support is an error carrying cuDNN's message. A problem already in `cache`
-  /// (optional) reuses its graph.
+  /// (optional) reuses its graph. `deterministic`: the backward asks for cuDNN's
+  /// deterministic algorithm (else its default, faster one, whose dq adds atomically).
   static Expected<std::unique_ptr<AttentionPlan>> create(const CudnnApi &api,
                                                          cudnnHandle_t handle,
                                                          const bundle::Program &p,
                                                          const bundle::Instruction &inst,
-                                                         AttentionCache *cache = nullptr);
+                                                         AttentionCache *cache = nullptr,
+                                                         bool deterministic = true);
   ~AttentionPlan();
   size_t workspaceBytes() const;
   /// Enqueues the attention on the handle's stream. `inputs`/`outputs` are the

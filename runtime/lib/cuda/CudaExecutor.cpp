@@ -555,7 +555,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
                                  im.dnn->cudnnGetErrorString(st));
         }
         if (isAttentionOp(inst.op())) {
-          auto plan = AttentionPlan::create(*im.dnn, im.dnnHandle, p, inst, &attentionGraphs);
+          auto plan = AttentionPlan::create(*im.dnn, im.dnnHandle, p, inst, &attentionGraphs,
+                                            im.options.deterministicAttention);
           if (!plan)
             return fail(plan.status());
           im.workspaceBytes = std::max(im.workspaceBytes, (*plan)->workspaceBytes());

@@ -35,6 +35,7 @@ struct CudaExecutorOptions {
   int device = 0;
   unsigned threads = 0; // CPU threads for HOST instructions
   bool graphs = true;
+  bool deterministicAttention = true; // ExecutorOptions::deterministicAttention
 };
 
 class CudaExecutor final : public Executor {

@@ -78,26 +78,85 @@ func.func @causal_keep_mask(%q: tensor<1x1x3x8xf32>, %k: tensor<1x1x3x8xf32>, %v
 
 // -----
 
-// Negative: a mask that is not the causal triangle (a padding mask), an
-// additive mask, and probabilities read twice all stay unfused.
+// A where-mask that is not the causal triangle (a padding mask, masked_fill
+// of a boolean) becomes the bias where(mask, fill, 0); probabilities read
+// twice (negative) stay unfused.
 // CHECK-LABEL: func @not_attention
+// CHECK: %[[Z:.*]] = forge.constant dense<0.000000e+00> : tensor<f32>
+// CHECK: %[[F:.*]] = forge.constant dense<0xFF800000> : tensor<f32>
+// CHECK: %[[W:.*]] = forge.where %{{.*}}, %[[F]], %[[Z]] : (tensor<2x2xi1>, tensor<f32>, tensor<f32>) -> tensor<2x2xf32>
+// CHECK: %[[B:.*]] = forge.reshape %[[W]] {shape = array<i64: 1, 1, 2, 2>}
+// CHECK: forge.attention %arg0, %{{.*}}, %arg2, %[[B]] {causal = false
 // CHECK-NOT: forge.attention
-// CHECK-COUNT-3: forge.softmax
-func.func @not_attention(%q: tensor<1x1x2x8xf32>, %kt: tensor<1x1x8x2xf32>, %v: tensor<1x1x2x8xf32>, %add: tensor<1x1x1x2xf32>) -> (tensor<1x1x2x8xf32>, tensor<1x1x2x8xf32>, tensor<1x1x2x8xf32>, tensor<1x1x2x2xf32>) {
+// CHECK: forge.softmax
+// CHECK-NOT: forge.attention
+func.func @not_attention(%q: tensor<1x1x2x8xf32>, %kt: tensor<1x1x8x2xf32>, %v: tensor<1x1x2x8xf32>) -> (tensor<1x1x2x8xf32>, tensor<1x1x2x8xf32>, tensor<1x1x2x2xf32>) {
   %s = forge.matmul %q, %kt : (tensor<1x1x2x8xf32>, tensor<1x1x8x2xf32>) -> tensor<1x1x2x2xf32>
   %mask = forge.constant dense<[[false, true], [false, true]]> : tensor<2x2xi1>
   %ninf = forge.constant dense<0xFF800000> : tensor<f32>
   %s3 = forge.where %mask, %ninf, %s : (tensor<2x2xi1>, tensor<f32>, tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32>
   %p = forge.softmax %s3 {axis = 3 : i64} : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32>
   %o = forge.matmul %p, %v : (tensor<1x1x2x2xf32>, tensor<1x1x2x8xf32>) -> tensor<1x1x2x8xf32>
-  %t = forge.matmul %q, %kt : (tensor<1x1x2x8xf32>, tensor<1x1x8x2xf32>) -> tensor<1x1x2x2xf32>
-  %t2 = forge.add %t, %add : (tensor<1x1x2x2xf32>, tensor<1x1x1x2xf32>) -> tensor<1x1x2x2xf32>
-  %p2 = forge.softmax %t2 {axis = 3 : i64} : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32>
-  %o2 = forge.matmul %p2, %v : (tensor<1x1x2x2xf32>, tensor<1x1x2x8xf32>) -> tensor<1x1x2x8xf32>
   %u = forge.matmul %q, %kt : (tensor<1x1x2x8xf32>, tensor<1x1x8x2xf32>) -> tensor<1x1x2x2xf32>
   %p3 = forge.softmax %u {axis = 3 : i64} : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32>
   %o3 = forge.matmul %p3, %v : (tensor<1x1x2x2xf32>, tensor<1x1x2x8xf32>) -> tensor<1x1x2x8xf32>
-  return %o, %o2, %o3, %p3 : tensor<1x1x2x8xf32>, tensor<1x1x2x8xf32>, tensor<1x1x2x8xf32>, tensor<1x1x2x2xf32>
+  return %o, %o3, %p3 : tensor<1x1x2x8xf32>, tensor<1x1x2x8xf32>, tensor<1x1x2x2xf32>
+}
+
+// -----
+
+// An additive mask after the scale (HF BERT's extended attention mask, a
+// padding mask [B, 1, 1, Tk] made from an input): the op's bias. A rank-2 one
+// ([Tq, Tk], LLaMA's causal mask) is reshaped to rank 4; beside a causal
+// where-mask (HF GPT-2: the where, then the add) both stay.
+// CHECK-LABEL: func @additive_masks
+// CHECK: %[[O1:.*]], %{{.*}} = forge.attention %arg0, %arg1, %arg2, %arg3 {causal = false, scale = 1.250000e-01 : f64} : (tensor<2x2x3x8xf32>, tensor<2x2x3x8xf32>, tensor<2x2x3x8xf32>, tensor<2x1x1x3xf32>) -> (tensor<2x2x3x8xf32>, tensor<2x2x3xf32>)
+// CHECK: %[[B:.*]] = forge.reshape %arg4 {shape = array<i64: 1, 1, 3, 3>} : (tensor<3x3xf32>) -> tensor<1x1x3x3xf32>
+// CHECK: %[[O2:.*]], %{{.*}} = forge.attention %arg0, %arg1, %arg2, %[[B]] {causal = false, {{.*}}scale = 5.000000e-01 : f64}
+// CHECK: %[[O3:.*]], %{{.*}} = forge.attention %arg0, %arg1, %arg2, %arg3 {causal = true,
+// CHECK-NOT: forge.softmax
+// CHECK: return %[[O1]], %[[O2]], %[[O3]]
+func.func @additive_masks(%q: tensor<2x2x3x8xf32>, %k: tensor<2x2x3x8xf32>, %v: tensor<2x2x3x8xf32>, %pad: tensor<2x1x1x3xf32>, %causal: tensor<3x3xf32>) -> (tensor<2x2x3x8xf32>, tensor<2x2x3x8xf32>, tensor<2x2x3x8xf32>) {
+  %kt = forge.transpose %k {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x2x3x8xf32>) -> tensor<2x2x8x3xf32>
+  %s = forge.matmul %q, %kt : (tensor<2x2x3x8xf32>, tensor<2x2x8x3xf32>) -> tensor<2x2x3x3xf32>
+  %c = forge.constant dense<8.0> : tensor<f32>
+  %s1 = forge.div %s, %c : (tensor<2x2x3x3xf32>, tensor<f32>) -> tensor<2x2x3x3xf32>
+  %s2 = forge.add %s1, %pad : (tensor<2x2x3x3xf32>, tensor<2x1x1x3xf32>) -> tensor<2x2x3x3xf32>
+  %p = forge.softmax %s2 {axis = 3 : i64} : (tensor<2x2x3x3xf32>) -> tensor<2x2x3x3xf32>
+  %o = forge.matmul %p, %v : (tensor<2x2x3x3xf32>, tensor<2x2x3x8xf32>) -> tensor<2x2x3x8xf32>
+  %kt2 = forge.transpose %k {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x2x3x8xf32>) -> tensor<2x2x8x3xf32>
+  %t = forge.matmul %q, %kt2 : (tensor<2x2x3x8xf32>, tensor<2x2x8x3xf32>) -> tensor<2x2x3x3xf32>
+  %h = forge.constant dense<0.5> : tensor<f32>
+  %t1 = forge.mul %h, %t : (tensor<f32>, tensor<2x2x3x3xf32>) -> tensor<2x2x3x3xf32>
+  %t2 = forge.add %causal, %t1 : (tensor<3x3xf32>, tensor<2x2x3x3xf32>) -> tensor<2x2x3x3xf32>
+  %p2 = forge.softmax %t2 {axis = 3 : i64} : (tensor<2x2x3x3xf32>) -> tensor<2x2x3x3xf32>
+  %o2 = forge.matmul %p2, %v : (tensor<2x2x3x3xf32>, tensor<2x2x3x8xf32>) -> tensor<2x2x3x8xf32>
+  %kt3 = forge.transpose %k {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x2x3x8xf32>) -> tensor<2x2x8x3xf32>
+  %u = forge.matmul %q, %kt3 : (tensor<2x2x3x8xf32>, tensor<2x2x8x3xf32>) -> tensor<2x2x3x3xf32>
+  %u1 = forge.div %u, %c : (tensor<2x2x3x3xf32>, tensor<f32>) -> tensor<2x2x3x3xf32>
+  %tri = forge.constant dense<[[true, false, false], [true, true, false], [true, true, true]]> : tensor<3x3xi1>
+  %min = forge.constant dense<-3.4e38> : tensor<f32>
+  %u2 = forge.where %tri, %u1, %min : (tensor<3x3xi1>, tensor<2x2x3x3xf32>, tensor<f32>) -> tensor<2x2x3x3xf32>
+  %u3 = forge.add %u2, %pad : (tensor<2x2x3x3xf32>, tensor<2x1x1x3xf32>) -> tensor<2x2x3x3xf32>
+  %p3 = forge.softmax %u3 {axis = 3 : i64} : (tensor<2x2x3x3xf32>) -> tensor<2x2x3x3xf32>
+  %o3 = forge.matmul %p3, %v : (tensor<2x2x3x3xf32>, tensor<2x2x3x8xf32>) -> tensor<2x2x3x8xf32>
+  return %o, %o2, %o3 : tensor<2x2x3x8xf32>, tensor<2x2x3x8xf32>, tensor<2x2x3x8xf32>
+}
+
+// -----
+
+// Negative: a learned bias (a trainable initializer reaches it: T5's relative
+// position bias) needs a gradient the op does not give its bias: unfused.
+// CHECK-LABEL: func @learned_bias
+// CHECK-NOT: forge.attention
+// CHECK: forge.softmax
+func.func @learned_bias(%q: tensor<1x2x3x8xf32>, %kt: tensor<1x2x8x3xf32>, %v: tensor<1x2x3x8xf32>) -> tensor<1x2x3x8xf32> {
+  %w = forge.constant {forge.initializer = "rel_bias"} dense<0.25> : tensor<2x3x3xf32>
+  %s = forge.matmul %q, %kt : (tensor<1x2x3x8xf32>, tensor<1x2x8x3xf32>) -> tensor<1x2x3x3xf32>
+  %s2 = forge.add %s, %w : (tensor<1x2x3x3xf32>, tensor<2x3x3xf32>) -> tensor<1x2x3x3xf32>
+  %p = forge.softmax %s2 {axis = 3 : i64} : (tensor<1x2x3x3xf32>) -> tensor<1x2x3x3xf32>
+  %o = forge.matmul %p, %v : (tensor<1x2x3x3xf32>, tensor<1x2x3x8xf32>) -> tensor<1x2x3x8xf32>
+  return %o : tensor<1x2x3x8xf32>
 }
 
 // -----
@@ -159,4 +218,33 @@ func.func @gqa_repeated(%q: tensor<1x4x5x16xf32>, %k: tensor<1x2x5x16xf32>, %v: 
   %p = forge.softmax %s2 {axis = 3 : i64} : (tensor<1x4x5x5xf32>) -> tensor<1x4x5x5xf32>
   %o = forge.matmul %p, %vr : (tensor<1x4x5x5xf32>, tensor<1x4x5x16xf32>) -> tensor<1x4x5x16xf32>
   return %o : tensor<1x4x5x16xf32>
+}
+
+// -----
+
+// torch's SDPA export with a boolean mask (HF BERT/GPT-2/LLaMA under
+// torch.onnx): q and k^T each scaled by sqrt(scale), the additive bias
+// where(mask, 0, -inf), and the NaN guard where(isnan(p), 0, p) after the
+// softmax (the op gives a fully masked row o = 0 itself).
+// CHECK-LABEL: func @sdpa_export
+// CHECK: %[[B:.*]] = forge.where %arg3, %{{.*}}, %{{.*}} : (tensor<2x1x4x4xi1>, tensor<1xf32>, tensor<1xf32>) -> tensor<2x1x4x4xf32>
+// CHECK: %[[O:.*]], %{{.*}} = forge.attention %arg0, %{{.*}}, %arg2, %[[B]] {causal = false, scale = 2.500000e-01 : f64}
+// CHECK-NOT: forge.isnan
+// CHECK-NOT: forge.softmax
+// CHECK: return %[[O]]
+func.func @sdpa_export(%q: tensor<2x2x4x16xf32>, %kt: tensor<2x2x16x4xf32>, %v: tensor<2x2x4x16xf32>, %mask: tensor<2x1x4x4xi1>) -> tensor<2x2x4x16xf32> {
+  %h = forge.constant dense<5.000000e-01> : tensor<f32>
+  %qs = forge.mul %q, %h : (tensor<2x2x4x16xf32>, tensor<f32>) -> tensor<2x2x4x16xf32>
+  %ks = forge.mul %kt, %h : (tensor<2x2x16x4xf32>, tensor<f32>) -> tensor<2x2x16x4xf32>
+  %s = forge.matmul %qs, %ks : (tensor<2x2x4x16xf32>, tensor<2x2x16x4xf32>) -> tensor<2x2x4x4xf32>
+  %z = forge.constant dense<0.000000e+00> : tensor<1xf32>
+  %ninf = forge.constant dense<0xFF800000> : tensor<1xf32>
+  %bias = forge.where %mask, %z, %ninf : (tensor<2x1x4x4xi1>, tensor<1xf32>, tensor<1xf32>) -> tensor<2x1x4x4xf32>
+  %s2 = forge.add %s, %bias : (tensor<2x2x4x4xf32>, tensor<2x1x4x4xf32>) -> tensor<2x2x4x4xf32>
+  %p = forge.softmax %s2 {axis = 3 : i64} : (tensor<2x2x4x4xf32>) -> tensor<2x2x4x4xf32>
+  %nan = forge.isnan %p : (tensor<2x2x4x4xf32>) -> tensor<2x2x4x4xi1>
+  %z2 = forge.constant dense<0.000000e+00> : tensor<1xf32>
+  %pg = forge.where %nan, %z2, %p : (tensor<2x2x4x4xi1>, tensor<1xf32>, tensor<2x2x4x4xf32>) -> tensor<2x2x4x4xf32>
+  %o = forge.matmul %pg, %v : (tensor<2x2x4x4xf32>, tensor<2x2x4x16xf32>) -> tensor<2x2x4x16xf32>
+  return %o : tensor<2x2x4x16xf32>
 }

@@ -439,6 +439,19 @@ std::vector<Case> allCases() {
            {F("scale", 0.5), B("causal", true), S("layout", "bshd")});
     c.lossResults = 1;
     add(c);
+    // An additive bias (a mask: a constant, no gradient of its own) on the
+    // scores: a padding mask [B, 1, 1, Tk] broadcast over heads and queries,
+    // and a full [B, H, Tq, Tk] one beside the causal mask in layout bshd.
+    c = mk("attention", "padding_bias",
+           {var({2, 2, 3, 4}), var({2, 2, 5, 4}), var({2, 2, 5, 4}), constant({2, 1, 1, 5}, uniform(-3, 1))},
+           {F("scale", 0.5), B("causal", false)});
+    c.lossResults = 1;
+    add(c);
+    c = mk("attention", "bshd_causal_gqa_bias",
+           {var({1, 5, 4, 4}), var({1, 5, 2, 4}), var({1, 5, 2, 6}), constant({1, 4, 5, 5}, uniform(-2, 2))},
+           {F("scale", 0.5), B("causal", true), S("layout", "bshd")});
+    c.lossResults = 1;
+    add(c);
   }
   for (std::string op : {"softmax", "log_softmax"}) {
     add(mk(op, "rows", {var({3, 5}, uniform(-2, 2))}, {I("axis", 1)}));

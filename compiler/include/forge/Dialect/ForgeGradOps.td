@@ -177,14 +177,16 @@ def Forge_AttentionGradOp : Forge_GradOp<"attention_grad", "Attention", FusionLi
     With P = exp(scale q k^T [masked] - lse) and D_i = sum_d do[i, d] o[i, d]:
     dv = P^T do, dP = do v^T, dS = P * (dP - D), dq = scale dS k,
     dk = scale dS^T q; a key/value head shared by several query heads (GQA)
-    sums their contributions. Operands and attributes are the forward's.
+    sums their contributions. Operands and attributes are the forward's; its
+    optional `bias` (last) enters the scores as there.
   }];
   let arguments = (ins AnyForgeTensor:$q, AnyForgeTensor:$k, AnyForgeTensor:$v,
                        AnyForgeTensor:$o, AnyForgeTensor:$lse, AnyForgeTensor:$grad_output,
+                       Optional<AnyForgeTensor>:$bias,
                        F64Attr:$scale, BoolAttr:$causal,
                        DefaultValuedAttr<StrAttr, "\"bhsd\"">:$layout);
   let results = (outs AnyForgeTensor:$grad_q, AnyForgeTensor:$grad_k, AnyForgeTensor:$grad_v);
-  let assemblyFormat = "$q `,` $k `,` $v `,` $o `,` $lse `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = "$q `,` $k `,` $v `,` $o `,` $lse `,` $grad_output (`,` $bias^)? attr-dict `:` functional-type(operands, results)";
   let hasCanonicalizer = 1;
   let opsetMin = 23;
   let opsetMax = 23;

@@ -326,13 +326,21 @@ def Forge_AttentionOp : Forge_Op<"attention", "Attention", FusionLibrary, Precis
     recomputes the probabilities. `layout` "bshd" means q, k, v and o are
     [B, T, H, D] instead (the exporters' tensors before their head transposes,
     which canonicalization folds in; cuDNN reads them strided); lse is
-    [B, H, Tq] in both.
+    [B, H, Tq] in both. `bias` (optional, q's type) is added to the scaled
+    scores before the causal mask and the softmax: an additive or padding
+    mask (-inf or a large negative where a key is hidden), [B, H, Tq, Tk] with
+    any dims 1 (broadcast) in both layouts. It has no gradient: the op is
+    formed only where nothing trainable reaches it (forge-recognize-composites).
+    A row whose every score is -inf (all keys masked) gives o = 0 and
+    lse = -inf, and no gradient (what the exporters' NaN guard after the
+    softmax, where(isnan(p), 0, p), makes of it).
   }];
   let arguments = (ins AnyForgeTensor:$q, AnyForgeTensor:$k, AnyForgeTensor:$v,
+                       Optional<AnyForgeTensor>:$bias,
                        F64Attr:$scale, BoolAttr:$causal,
                        DefaultValuedAttr<StrAttr, "\"bhsd\"">:$layout);
   let results = (outs AnyForgeTensor:$o, AnyForgeTensor:$lse);
-  let assemblyFormat = "$q `,` $k `,` $v attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = "$q `,` $k `,` $v (`,` $bias^)? attr-dict `:` functional-type(operands, results)";
   let hasCanonicalizer = 1;
   let opsetMin = 23;
   let opsetMax = 23;

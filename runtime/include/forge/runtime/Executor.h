@@ -125,6 +125,9 @@ struct ExecutorOptions {
   std::string device = "cpu"; // cpu, cuda, cuda:N, auto
   unsigned threads = 0;       // CPU threads (0: hardware concurrency)
   bool cudaGraphs = true;     // capture each routine into a CUDA graph after warm-up
+  // CUDA: cuDNN's deterministic attention backward (bit-identical dq/dk/dv run to run);
+  // false: its default backward, faster, which accumulates dq with atomics.
+  bool deterministicAttention = true;
 };
 
 /// The executor for `options.device`. "auto" picks CUDA for a CUDA bundle when

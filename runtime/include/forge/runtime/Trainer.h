@@ -37,6 +37,7 @@ struct TrainerOptions {
   bool shuffle = true;  // false: visit samples in file order every epoch
   std::string device = "cpu"; // Executor.h: cpu, cuda, cuda:N, auto
   bool cudaGraphs = true;
+  bool deterministicAttention = true; // ExecutorOptions::deterministicAttention
 };
 
 struct StepResult {
