@@ -84,6 +84,8 @@ def run(form, fixture, manifest):
             logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, fx.VOCAB), y.reshape(-1))
         loss.backward()
+        if k == 0:
+            grads1 = {n: p.grad.detach().float().cpu().numpy() for n, p in model.named_parameters()}
         losses.append(loss.item())
         opt.step()
     ref_losses = np.load(os.path.join(fixture, "losses.npy"))
@@ -93,7 +95,7 @@ def run(form, fixture, manifest):
     return {"losses_max_rel": float(np.max(np.abs(np.array(losses) - ref_losses) /
                                            np.abs(ref_losses))),
             "params_worst": worst, "params_worst_rel": errs[worst],
-            "ln1_bias_rel": errs["blocks.0.ln1.bias"], "params_rel": errs}
+            "ln1_bias_rel": errs["blocks.0.ln1.bias"], "params_rel": errs, "grads1": grads1}
 
 
 def main():
@@ -101,6 +103,7 @@ def main():
     ap.add_argument("--fixture", default=os.path.join(HERE, "..", "tests", "fixtures", "gpt_adamw"))
     ap.add_argument("--json")
     ap.add_argument("--cpu", action="store_true", help="CPU autocast (to try the script)")
+    ap.add_argument("--grads-dir", help="write each form's step-1 gradients there (npz)")
     a = ap.parse_args()
     global DEVICE
     DEVICE = "cpu" if a.cpu else "cuda"
@@ -115,6 +118,10 @@ def main():
         except RuntimeError as e:  # a backend that does not take this shape
             print(f"{form:9s}: not run ({str(e).splitlines()[0][:100]})")
             continue
+        if a.grads_dir:  # step 1's gradients, for comparing with forge-train --dump-grads
+            np.savez(os.path.join(a.grads_dir, f"grads1_{form}.npz"), **r.pop("grads1"))
+        else:
+            r.pop("grads1")
         out["forms"][form] = r
         print(f"{form:9s}: losses max rel {r['losses_max_rel']:.2e} | params worst "
               f"{r['params_worst_rel']:.2e} ({r['params_worst']}) | blocks.0.ln1.bias "

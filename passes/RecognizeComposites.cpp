@@ -170,6 +170,7 @@ struct AttentionMatch {
   SmallVector<int64_t> kPerm;
   double scale = 1.0;
   bool causal = false;
+  WhereOp causalWhere; // the causal where-mask (when `causal`)
   /// An additive mask on the scaled scores (null: none), as the add read it
   /// (rank <= 4, broadcasting to the scores).
   Value bias;
@@ -269,9 +270,11 @@ std::optional<AttentionMatch> matchAttention(MatMulOp pv) {
     if (isMaskFill(where.getX()) && isCausalMask(cond, tq, tk, /*setAbove=*/true)) {
       s = where.getY();
       m.causal = true;
+      m.causalWhere = where;
     } else if (isMaskFill(where.getY()) && isCausalMask(cond, tq, tk, /*setAbove=*/false)) {
       s = where.getX();
       m.causal = true;
+      m.causalWhere = where;
     } else if (!m.bias && broadcastsTo(condType, scores) &&
                (isMaskFill(where.getX()) || isMaskFill(where.getY()))) {
       // Any other boolean mask (padding, masked_fill of an input's mask).
@@ -430,21 +433,38 @@ struct RecognizeCompositesPass
       Value k = bshd ? m->kSource : keyOf(b, loc, *m);
       // A boolean mask as the additive bias: 0 where the scores are kept, the
       // fill where they are masked.
-      Value bias = m->bias;
-      if (WhereOp where = m->maskWhere) {
-        auto scores = cast<RankedTensorType>(m->maskKeepsX ? where.getX().getType()
-                                                           : where.getY().getType());
-        Value fill = m->maskKeepsX ? where.getY() : where.getX();
-        auto scalar = RankedTensorType::get({}, scores.getElementType());
-        Value zero = b.create<ConstantOp>(loc, DenseElementsAttr::get(
-                                                   scalar, b.getFloatAttr(scores.getElementType(), 0.0)));
+      auto asBias = [&](WhereOp where, bool keepsX) -> Value {
+        Type elem = cast<RankedTensorType>(keepsX ? where.getX().getType() : where.getY().getType())
+                        .getElementType();
+        auto scalar = RankedTensorType::get({}, elem);
+        Value zero = b.create<ConstantOp>(loc, DenseElementsAttr::get(scalar, b.getFloatAttr(elem, 0.0)));
         Value f = b.create<ConstantOp>(
-            loc, DenseElementsAttr::get(scalar, b.getFloatAttr(scores.getElementType(),
-                                                               *scalarOf(fill))));
+            loc, DenseElementsAttr::get(
+                     scalar, b.getFloatAttr(elem, *scalarOf(keepsX ? where.getY() : where.getX()))));
         auto cond = cast<RankedTensorType>(where.getCondition().getType());
-        bias = b.create<WhereOp>(loc, RankedTensorType::get(cond.getShape(), scores.getElementType()),
-                                 where.getCondition(), m->maskKeepsX ? zero : f,
-                                 m->maskKeepsX ? f : zero);
+        return b.create<WhereOp>(loc, RankedTensorType::get(cond.getShape(), elem),
+                                 where.getCondition(), keepsX ? zero : f, keepsX ? f : zero);
+      };
+      Value bias = m->bias;
+      if (WhereOp where = m->maskWhere)
+        bias = asBias(where, m->maskKeepsX);
+      // With a bias, the causal triangle joins it (causal = false): cuDNN's
+      // causal mask hides keys with a finite fill, so a row whose visible keys
+      // the bias all sets to -inf would average the hidden ones instead of
+      // giving 0 (the op's fully masked row).
+      bool causal = m->causal;
+      if (bias && causal) {
+        WhereOp where = m->causalWhere;
+        Value tri = asBias(where, isMaskFill(where.getY()));
+        auto a = cast<RankedTensorType>(bias.getType()), c = cast<RankedTensorType>(tri.getType());
+        SmallVector<int64_t> shape(std::max(a.getRank(), c.getRank()), 1);
+        for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+          int64_t da = d < a.getRank() ? a.getDimSize(a.getRank() - 1 - d) : 1;
+          int64_t dc = d < c.getRank() ? c.getDimSize(c.getRank() - 1 - d) : 1;
+          shape[shape.size() - 1 - d] = std::max(da, dc);
+        }
+        bias = b.create<AddOp>(loc, RankedTensorType::get(shape, a.getElementType()), bias, tri);
+        causal = false;
       }
       // The bias as rank 4 (numpy broadcasting prepends ones).
       if (auto t = bias ? cast<RankedTensorType>(bias.getType()) : nullptr; t && t.getRank() < 4) {
@@ -454,7 +474,7 @@ struct RecognizeCompositesPass
                                    b.getDenseI64ArrayAttr(shape));
       }
       auto op = b.create<AttentionOp>(loc, q, k, v, bias, b.getF64FloatAttr(m->scale),
-                                      b.getBoolAttr(m->causal),
+                                      b.getBoolAttr(causal),
                                       b.getStringAttr(bshd ? "bshd" : "bhsd"));
       Value o = op.getO();
       if (bshd)

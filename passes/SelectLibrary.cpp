@@ -64,6 +64,10 @@ std::string cudnnAttentionRefusal(Operation *op) {
     if (t.getElementType() != (lse ? Type(Float32Type::get(op->getContext())) : elem))
       return lse ? "its lse must be f32" : "its operands and results must share one type";
   }
+  bool bias = op->getNumOperands() > (isa<AttentionOp>(op) ? 3u : 6u);
+  if (bias && op->getAttrOfType<BoolAttr>("causal").getValue())
+    return "cuDNN's causal mask beside a bias hides a fully masked row's keys with a finite "
+           "fill (forge-recognize-composites folds the triangle into the bias)";
   return cudnnAttentionHeadRefusal(q.getDimSize(3),
                                    cast<RankedTensorType>(op->getOperand(2).getType()).getDimSize(3));
 }

@@ -180,6 +180,11 @@ Expected<AttentionProblem> attentionProblem(const bundle::Program &p,
       (causal->second.i() != 0 && causal->second.i() != 1))
     return Status::error("{}: attribute 'causal' must be an integer, 0 or 1", op);
   pr.causal = causal->second.i() == 1;
+  if (pr.causal && pr.bias)
+    return Status::error("{}: causal with a bias: cuDNN's causal mask hides keys with a finite "
+                         "fill, so a row whose visible keys the bias all masks would not be 0; "
+                         "give the triangle in the bias instead",
+                         op);
   return pr;
 }
 

@@ -5,9 +5,10 @@
 //   attention_grad  inputs [q, k, v, o, lse, do(, bias)] outputs [dq, dk, dv]
 //   attrs: "scale" (f), "causal" (i, 0 or 1)
 //
-// bias (optional, q's type): added to the scaled scores before the causal mask and the
-// softmax (an additive or padding mask), [B, H, Tq, Tk] with dims of 1 broadcast (stride 0
-// to cuDNN), in both layouts; no gradient.
+// bias (optional, q's type): added to the scaled scores before the softmax (an additive or
+// padding mask), [B, H, Tq, Tk] with dims of 1 broadcast (stride 0 to cuDNN), in both
+// layouts; no gradient; not beside causal (cuDNN's causal fill is finite, so a row whose
+// visible keys the bias all masks would average the hidden ones instead of being 0).
 //
 // q, o, do, dq [B, H, Tq, D]; k, v, dk, dv [B, Hk, Tk, D] with H % Hk == 0 (GQA/MQA: query
 // head h reads kv head h / (H / Hk)); lse [B, H, Tq] f32, the natural-log log-sum-exp over

@@ -107,13 +107,17 @@ func.func @not_attention(%q: tensor<1x1x2x8xf32>, %kt: tensor<1x1x8x2xf32>, %v: 
 
 // An additive mask after the scale (HF BERT's extended attention mask, a
 // padding mask [B, 1, 1, Tk] made from an input): the op's bias. A rank-2 one
-// ([Tq, Tk], LLaMA's causal mask) is reshaped to rank 4; beside a causal
-// where-mask (HF GPT-2: the where, then the add) both stay.
+// ([Tq, Tk], LLaMA's causal mask) is reshaped to rank 4. Beside a causal
+// where-mask (HF GPT-2: the where, then the add) the triangle joins the bias
+// and causal is false (cuDNN's causal fill is finite: a row whose visible keys
+// the bias all masks would not come out 0).
 // CHECK-LABEL: func @additive_masks
 // CHECK: %[[O1:.*]], %{{.*}} = forge.attention %arg0, %arg1, %arg2, %arg3 {causal = false, scale = 1.250000e-01 : f64} : (tensor<2x2x3x8xf32>, tensor<2x2x3x8xf32>, tensor<2x2x3x8xf32>, tensor<2x1x1x3xf32>) -> (tensor<2x2x3x8xf32>, tensor<2x2x3xf32>)
 // CHECK: %[[B:.*]] = forge.reshape %arg4 {shape = array<i64: 1, 1, 3, 3>} : (tensor<3x3xf32>) -> tensor<1x1x3x3xf32>
 // CHECK: %[[O2:.*]], %{{.*}} = forge.attention %arg0, %arg1, %arg2, %[[B]] {causal = false, {{.*}}scale = 5.000000e-01 : f64}
-// CHECK: %[[O3:.*]], %{{.*}} = forge.attention %arg0, %arg1, %arg2, %arg3 {causal = true,
+// CHECK: %[[TRI:.*]] = forge.where %{{.*}}, %{{.*}}, %{{.*}} : (tensor<3x3xi1>, tensor<f32>, tensor<f32>) -> tensor<3x3xf32>
+// CHECK: %[[B3:.*]] = forge.add %arg3, %[[TRI]] : (tensor<2x1x1x3xf32>, tensor<3x3xf32>) -> tensor<2x1x3x3xf32>
+// CHECK: %[[O3:.*]], %{{.*}} = forge.attention %arg0, %arg1, %arg2, %[[B3]] {causal = false,
 // CHECK-NOT: forge.softmax
 // CHECK: return %[[O1]], %[[O2]], %[[O3]]
 func.func @additive_masks(%q: tensor<2x2x3x8xf32>, %k: tensor<2x2x3x8xf32>, %v: tensor<2x2x3x8xf32>, %pad: tensor<2x1x1x3xf32>, %causal: tensor<3x3xf32>) -> (tensor<2x2x3x8xf32>, tensor<2x2x3x8xf32>, tensor<2x2x3x8xf32>) {

@@ -26,3 +26,24 @@ func.func @attention_heads(%q: tensor<1x3x16x8xbf16>, %k: tensor<1x2x16x8xbf16>,
   %o, %lse = forge.attention %q, %k, %v {causal = false, scale = 1.0 : f64} : (tensor<1x3x16x8xbf16>, tensor<1x2x16x8xbf16>, tensor<1x2x16x8xbf16>) -> (tensor<1x3x16x8xbf16>, tensor<1x3x16xf32>)
   return %o : tensor<1x3x16x8xbf16>
 }
+
+// -----
+
+// causal beside a bias: cuDNN hides the causal keys with a finite fill, so a
+// row whose visible keys the bias all masks would not be 0 (the recognizer
+// folds the triangle into the bias instead).
+func.func @attention_causal_bias(%q: tensor<1x2x16x64xbf16>, %k: tensor<1x2x16x64xbf16>, %v: tensor<1x2x16x64xbf16>, %b: tensor<1x1x1x16xbf16>) -> tensor<1x2x16x64xbf16> {
+  // expected-error @+1 {{forge-select-library: no CUDA kernel for forge.attention: cuDNN's causal mask beside a bias}}
+  %o, %lse = forge.attention %q, %k, %v, %b {causal = true, scale = 1.0 : f64} : (tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x1x1x16xbf16>) -> (tensor<1x2x16x64xbf16>, tensor<1x2x16xf32>)
+  return %o : tensor<1x2x16x64xbf16>
+}
+
+// -----
+
+// A bias that does not broadcast to the scores [1, 2, 16, 16].
+func.func @attention_bias_shape(%q: tensor<1x2x16x64xbf16>, %k: tensor<1x2x16x64xbf16>, %v: tensor<1x2x16x64xbf16>, %b: tensor<1x3x1x16xbf16>) -> tensor<1x2x16x64xbf16> {
+  // expected-error @+2 {{attention: bias must broadcast to the scores [batch, heads, queries, keys]}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %o, %lse = forge.attention %q, %k, %v, %b {causal = false, scale = 1.0 : f64} : (tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x3x1x16xbf16>) -> (tensor<1x2x16x64xbf16>, tensor<1x2x16xf32>)
+  return %o : tensor<1x2x16x64xbf16>
+}
