@@ -136,7 +136,9 @@ double decode(const uint8_t *p, fb::DType t) {
     return f;
   }
   int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
-  double v = exp == 0 ? std::ldexp(man, -24) : std::ldexp(1024 + man, exp - 25);
+  double v = exp == 31 ? (man ? NAN : INFINITY) // inf and nan (a fully masked row's -inf)
+             : exp == 0 ? std::ldexp(man, -24)
+                        : std::ldexp(1024 + man, exp - 25);
   return sign ? -v : v;
 }
 
