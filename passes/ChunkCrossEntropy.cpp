@@ -28,6 +28,8 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SetVector.h"
 
+#include <functional>
+
 namespace mlir::forge {
 #define GEN_PASS_DEF_CHUNKCROSSENTROPY
 #include "Passes.h.inc"
@@ -57,7 +59,7 @@ struct Head {
   CrossEntropyGradOp grad;
   SmallVector<GradUser> users;
   SmallVector<ReshapeOp> dViews; // views of D that only lead to users
-  int64_t rows = 0, classes = 0;
+  int64_t rows = 0;
 };
 
 /// Why `grad`'s head cannot be chunked ("" when it can); fills `head`.
@@ -71,7 +73,6 @@ std::string matchHead(CrossEntropyGradOp grad, Head &head) {
   if (!type.hasStaticShape() || type.getRank() != 2)
     return "the logits are not a static matrix";
   head.rows = type.getDimSize(0);
-  head.classes = type.getDimSize(1);
   for (Operation *user : logits.getUsers())
     if (user != head.ce.getOperation() && user != grad.getOperation())
       return "the logits have a user other than the loss and its gradient";
