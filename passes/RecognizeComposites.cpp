@@ -181,16 +181,12 @@ struct AttentionMatch {
   bool maskKeepsX = false; // the scores are the where's x (cond true keeps them)
 };
 
-/// Whether `t` (static, rank <= 4) broadcasts to `scores` (numpy rules).
+/// Whether `t` (static) broadcasts to `scores` (numpy rules).
 bool broadcastsTo(RankedTensorType t, RankedTensorType scores) {
-  if (!t || !t.hasStaticShape() || t.getRank() > 4)
+  if (!t || !t.hasStaticShape())
     return false;
-  for (int64_t d = 0; d < t.getRank(); ++d) {
-    int64_t dim = t.getDimSize(t.getRank() - 1 - d);
-    if (dim != 1 && dim != scores.getDimSize(3 - d))
-      return false;
-  }
-  return true;
+  FailureOr<SmallVector<int64_t>> shape = broadcastShapes(t.getShape(), scores.getShape());
+  return succeeded(shape) && ArrayRef<int64_t>(*shape) == scores.getShape();
 }
 
 /// Whether a trainable initializer (a float constant of more than one
@@ -441,9 +437,7 @@ struct RecognizeCompositesPass
         Value f = b.create<ConstantOp>(
             loc, DenseElementsAttr::get(
                      scalar, b.getFloatAttr(elem, *scalarOf(keepsX ? where.getY() : where.getX()))));
-        auto cond = cast<RankedTensorType>(where.getCondition().getType());
-        return b.create<WhereOp>(loc, RankedTensorType::get(cond.getShape(), elem),
-                                 where.getCondition(), keepsX ? zero : f, keepsX ? f : zero);
+        return b.create<WhereOp>(loc, where.getCondition(), keepsX ? zero : f, keepsX ? f : zero);
       };
       Value bias = m->bias;
       if (WhereOp where = m->maskWhere)
@@ -455,15 +449,7 @@ struct RecognizeCompositesPass
       bool causal = m->causal;
       if (bias && causal) {
         WhereOp where = m->causalWhere;
-        Value tri = asBias(where, isMaskFill(where.getY()));
-        auto a = cast<RankedTensorType>(bias.getType()), c = cast<RankedTensorType>(tri.getType());
-        SmallVector<int64_t> shape(std::max(a.getRank(), c.getRank()), 1);
-        for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
-          int64_t da = d < a.getRank() ? a.getDimSize(a.getRank() - 1 - d) : 1;
-          int64_t dc = d < c.getRank() ? c.getDimSize(c.getRank() - 1 - d) : 1;
-          shape[shape.size() - 1 - d] = std::max(da, dc);
-        }
-        bias = b.create<AddOp>(loc, RankedTensorType::get(shape, a.getElementType()), bias, tri);
+        bias = b.create<AddOp>(loc, bias, asBias(where, isMaskFill(where.getY())));
         causal = false;
       }
       // The bias as rank 4 (numpy broadcasting prepends ones).

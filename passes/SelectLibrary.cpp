@@ -64,8 +64,10 @@ std::string cudnnAttentionRefusal(Operation *op) {
     if (t.getElementType() != (lse ? Type(Float32Type::get(op->getContext())) : elem))
       return lse ? "its lse must be f32" : "its operands and results must share one type";
   }
-  bool bias = op->getNumOperands() > (isa<AttentionOp>(op) ? 3u : 6u);
-  if (bias && op->getAttrOfType<BoolAttr>("causal").getValue())
+  auto fwd = dyn_cast<AttentionOp>(op);
+  auto grad = dyn_cast<AttentionGradOp>(op);
+  bool bias = fwd ? bool(fwd.getBias()) : bool(grad.getBias());
+  if (bias && (fwd ? fwd.getCausal() : grad.getCausal()))
     return "cuDNN's causal mask beside a bias hides a fully masked row's keys with a finite "
            "fill (forge-recognize-composites folds the triangle into the bias)";
   return cudnnAttentionHeadRefusal(q.getDimSize(3),

@@ -133,6 +133,16 @@ int64_t concatSplitWidth(Type whole, TypeRange parts, int64_t q, ArrayRef<int64_
                     (q == 1 && llvm::all_of(sizes, [](int64_t s) { return s % kVector == 0; }));
   return types && contiguous ? kVector : 1;
 }
+
+/// Flat memref arguments as memrefs of 4-element vectors of their element
+/// types (every operand and result moved a vector at a time).
+void vectorizeArgs(SmallVectorImpl<Type> &args) {
+  for (Type &t : args) {
+    auto m = cast<MemRefType>(t);
+    t = MemRefType::get({m.getNumElements() / kVector},
+                        VectorType::get({kVector}, m.getElementType()));
+  }
+}
 } // namespace
 
 std::optional<KernelLaunch> KernelGenerator::Impl::gatherKernel(Operation *op, StringRef name,
@@ -192,10 +202,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::concatKernel(Operation *op, S
   int64_t width = concatSplitWidth(elem, op->getOperandTypes(), q, sizes);
   SmallVector<Type> args = flatArgs(op);
   if (width > 1)
-    for (auto [i, t] : llvm::enumerate(args)) {
-      Type e = i < n ? tensorType(op->getOperand(i)).getElementType() : elem;
-      t = flatMemref(e, cast<MemRefType>(t).getNumElements(), /*vector=*/true);
-    }
+    vectorizeArgs(args);
   Type f32 = Float32Type::get(op->getContext());
   Type valueType = width > 1 ? Type(VectorType::get({width}, mixed ? f32 : elem))
                    : mixed   ? Body::computeTypeOf(elem)
@@ -271,10 +278,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::splitKernel(Operation *op, St
   int64_t width = concatSplitWidth(elem, op->getResultTypes(), q, sizes);
   SmallVector<Type> args = flatArgs(op);
   if (width > 1)
-    for (auto [i, t] : llvm::enumerate(args)) {
-      Type e = i == 0 ? elem : tensorType(op->getResult(i - 1)).getElementType();
-      t = flatMemref(e, cast<MemRefType>(t).getNumElements(), /*vector=*/true);
-    }
+    vectorizeArgs(args);
   return elementKernel(
       name, args, in.getNumElements() / width, op->getLoc(),
       [&](Body &k, gpu::GPUFuncOp fn, Value unit) {

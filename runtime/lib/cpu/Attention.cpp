@@ -84,18 +84,13 @@ Status readBias(KernelContext &ctx, size_t index, AttentionShape &s) {
     return Status::ok();
   const TensorView &bias = ctx.inputs[index];
   FORGE_RETURN_IF_ERROR(checkDType(bias, ctx.inputs[0].dtype, "bias"));
-  const int64_t scores[4] = {s.b, s.h, s.tq, s.tk};
   if (bias.rank() != 4)
     return Status::error("bias must be rank 4 ([B, H, Tq, Tk], dims 1 broadcast), got rank {}",
                          bias.rank());
-  int64_t stride = 1;
-  for (int d = 3; d >= 0; --d) {
-    if (bias.shape[d] != 1 && bias.shape[d] != scores[d])
-      return Status::error("bias dim {} is {}, neither 1 nor the scores' {}", d, bias.shape[d],
-                           scores[d]);
-    s.biasStride[d] = bias.shape[d] == 1 ? 0 : stride;
-    stride *= bias.shape[d];
-  }
+  auto strides = broadcastStrides(bias.shape, {s.b, s.h, s.tq, s.tk});
+  if (!strides)
+    return strides.status().prefix("bias");
+  std::copy(strides->begin(), strides->end(), s.biasStride);
   s.bias = static_cast<int>(index);
   return Status::ok();
 }
