@@ -1091,10 +1091,15 @@ bool fuseBiasGradients(func::FuncOp func, llvm::SmallPtrSetImpl<Operation *> &ta
         // cuBLASLt's bias-gradient epilogue runs without split-K, so a weight
         // gradient over many rows (GPT-2's: k = 16384 tokens, 768 x 768 to
         // 768 x 3072 products) ran ~1.5x slower than the plain GEMM and its
-        // separate column sum together (bench/RESULTS.md, 2026-12-02).
+        // separate column sum together (bench/RESULTS.md, 2026-12-02). A
+        // small product (under 2^28 FLOPs: a fraction of a microsecond of
+        // tensor-core time) costs its launch whatever its split, so there
+        // the epilogue saves the column sum's launch (the MLP's layers).
         auto out = cast<RankedTensorType>(user->getResult(0).getType());
         int64_t k = cast<RankedTensorType>(view.getType()).getDimSize(0);
-        if (k > std::max(out.getDimSize(0), out.getDimSize(1)))
+        int64_t m = out.getDimSize(0), n = out.getDimSize(1);
+        bool small = 2 * m * n * k < (int64_t(1) << 28);
+        if (!small && k > std::max(m, n))
           continue;
         product = user;
         break;

@@ -331,6 +331,23 @@ def ChunkCrossEntropy : Pass<"forge-chunk-cross-entropy", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+// A module pass, as forge-chunk-cross-entropy (its dump is its own stage).
+def MergeCrossEntropyGrad : Pass<"forge-merge-cross-entropy-grad", "::mlir::ModuleOp"> {
+  let summary = "Merge a cross_entropy and its gradient into one cross_entropy_with_grad";
+  let description = [{
+    cross_entropy(logits, t) -> (loss, lse) and cross_entropy_grad(logits,
+    lse, t, g) of the same logits, target and classes, whose lse nothing
+    else reads, become cross_entropy_with_grad(logits, t, g) -> (loss, d) at
+    the loss's place: one row kernel reads the logits from memory once (a
+    row's second read hits L2) where two kernels read them twice (GPT-2 B16:
+    3.3 GB per step). g must not depend on the loss; its producers that
+    come after the loss (the backward seed, 1/K times a loss scale) move
+    before it when they are pure. Values are the two ops' (lse stays in
+    registers). After forge-chunk-cross-entropy, which matches the pair.
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 // Stage "placement" (the last before the bundle): where each op runs.
 
 def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {

@@ -47,7 +47,9 @@ bool isPersistent(func::FuncOp func, unsigned i) {
 /// result j, and no other element of the operand after that: then the
 /// result may be written over the operand. Pointwise ops and loop regions
 /// (per element; an operand of the result's shape is not broadcast), and
-/// cross_entropy_grad's logits (one thread per element, lse given). Not a
+/// cross_entropy_grad's logits (one thread per element, lse given) and
+/// cross_entropy_with_grad's (a row's statistics are read before its
+/// gradient is written, by the threads that write it). Not a
 /// horizontal region: its members run in no order.
 bool readsBeforeWrites(Operation *op, unsigned k, unsigned j) {
   auto in = cast<RankedTensorType>(op->getOperand(k).getType());
@@ -59,6 +61,8 @@ bool readsBeforeWrites(Operation *op, unsigned k, unsigned j) {
     return fusion.getKind() == "loop" && !fusion.isViewRegion(); // a view moves elements
   if (isa<CrossEntropyGradOp>(op))
     return k == 0;
+  if (isa<CrossEntropyWithGradOp>(op)) // the gradient over the logits
+    return k == 0 && j == 1;
   auto iface = dyn_cast<ForgeOpInterface>(op);
   return iface && iface.getFusionClass() == FusionClass::Elementwise;
 }

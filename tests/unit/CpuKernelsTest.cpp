@@ -398,6 +398,7 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "nll_loss_grad",
                                         "cross_entropy",
                                         "cross_entropy_grad",
+                                        "cross_entropy_with_grad",
                                         "gather_grad",
                                         "gather_elements_grad",
                                         "slice_grad",
@@ -1840,6 +1841,19 @@ TEST(CpuKernels, CrossEntropy) {
                                 (j == int64_t(target.at(i)) ? 1.0 : 0.0)));
         }
         expectNear(dx, want, "cross_entropy_grad " + red);
+        // cross_entropy_with_grad: both from the logits in one op, the
+        // same float64 reference; then written over the logits (in place,
+        // as forge-plan-memory may place it).
+        HT loss2(t, {n}), dx2(t, {n, c});
+        ASSERT_OK(Op("cross_entropy_with_grad").s("reduction", red).run({&x, &target, &dy},
+                                                                        {&loss2, &dx2}));
+        expectNear(loss2, wantLoss, "cross_entropy_with_grad loss " + red);
+        expectNear(dx2, want, "cross_entropy_with_grad " + red);
+        HT inPlace = x;
+        ASSERT_OK(Op("cross_entropy_with_grad").s("reduction", red).run({&inPlace, &target, &dy},
+                                                                        {&loss2, &inPlace}));
+        expectNear(loss2, wantLoss, "cross_entropy_with_grad in place, loss " + red);
+        expectNear(inPlace, want, "cross_entropy_with_grad in place " + red);
       }
     }
   HT x = randomTensor(bundle::F32, {2, 3});

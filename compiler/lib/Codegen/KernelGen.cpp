@@ -54,7 +54,7 @@ std::string kernelgen::faultOf(Operation *op) {
     return "an index is outside [-size, size) of its axis";
   if (isa<NllLossOp>(op))
     return "a target class is outside [0, classes) and not the ignore_index";
-  if (isa<CrossEntropyOp>(op))
+  if (isa<CrossEntropyOp, CrossEntropyWithGradOp>(op))
     return "a target class is outside [0, classes)";
   if (isa<DivOp>(op) && isa<IntegerType>(tensorType(op->getResult(0)).getElementType()))
     return "integer division by zero";
@@ -116,8 +116,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return batchNormTrainingKernel(op, name, isa<BatchNormTrainingGradOp>(op));
   if (isa<TopKOp>(op))
     return topKKernel(op, name);
-  if (isa<CrossEntropyOp, CrossEntropyGradOp>(op))
-    return crossEntropyKernel(op, name, isa<CrossEntropyGradOp>(op));
+  if (isa<CrossEntropyOp>(op))
+    return crossEntropyKernel(op, name, CrossEntropyMode::Forward);
+  if (isa<CrossEntropyGradOp>(op))
+    return crossEntropyKernel(op, name, CrossEntropyMode::Gradient);
+  if (isa<CrossEntropyWithGradOp>(op))
+    return crossEntropyKernel(op, name, CrossEntropyMode::Both);
   if (op->getNumResults() != 1)
     return std::nullopt;
   auto outShape = tensorType(op->getResult(0)).getShape();

@@ -600,8 +600,16 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> nllLossKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> nllLossGradKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> nllLossGradRowKernel(Operation *op, StringRef name);
-  std::optional<KernelLaunch> crossEntropyKernel(Operation *op, StringRef name, bool grad);
-  std::optional<KernelLaunch> crossEntropyVectorKernel(Operation *op, StringRef name, bool grad,
+  /// cross_entropy, cross_entropy_grad, cross_entropy_with_grad.
+  enum class CrossEntropyMode { Forward, Gradient, Both };
+  /// Argument positions of a cross-entropy kernel (-1: not an argument).
+  struct CrossEntropyArgs {
+    int target = -1, lse = -1, dy = -1, loss = -1, lseOut = -1, d = -1;
+  };
+  std::optional<KernelLaunch> crossEntropyKernel(Operation *op, StringRef name,
+                                                 CrossEntropyMode mode);
+  std::optional<KernelLaunch> crossEntropyVectorKernel(Operation *op, StringRef name,
+                                                       CrossEntropyMode mode, CrossEntropyArgs a,
                                                        int64_t rows, int64_t stride,
                                                        int64_t cols, StringRef reduction);
   std::optional<KernelLaunch> argmaxKernel(Operation *op, StringRef name);

@@ -1,7 +1,8 @@
 //===- Loss.cpp - classifier losses -----------------------------------------===//
 //
 // nll_loss and cross_entropy (a row kernel per sample: log-sum-exp and the
-// target's logit, never a materialized softmax), forward and backward.
+// target's logit, never a materialized softmax), forward and backward, and
+// cross_entropy_with_grad (both in one row kernel).
 //
 //===----------------------------------------------------------------------===//
 #include "KernelGenInternal.h"
@@ -83,18 +84,25 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, 
   return KernelLaunch{name.str(), 1, block};
 }
 
-/// cross_entropy (logits, target) -> (loss, lse) and cross_entropy_grad
-/// (logits, lse, target, dy) -> dlogits: one block per row of [N, C] logits,
-/// block reductions as the row kernels. The forward reads the row twice (max,
-/// then the sum of exponentials) and writes two scalars per row; the gradient
-/// reads it once and writes g * (exp(x - lse) - [c == target]).
+/// cross_entropy (logits, target) -> (loss, lse), cross_entropy_grad
+/// (logits, lse, target, dy) -> dlogits and cross_entropy_with_grad (logits,
+/// target, dy) -> (loss, dlogits): one block per row of [N, C] logits, block
+/// reductions as the row kernels. The statistics read the row twice (max,
+/// then the sum of exponentials); the gradient reads it once more and writes
+/// g * (exp(x - lse) - [c == target]). With both, the row's second and third
+/// reads hit L2 and lse stays in registers; a barrier between the statistics
+/// and the gradient orders every read of the row before its first write, so
+/// the gradient may be written over the logits (forge-plan-memory).
 std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation *op,
-                                                                      StringRef name, bool grad) {
+                                                                      StringRef name,
+                                                                      CrossEntropyMode mode) {
   auto in = tensorType(op->getOperand(0));
   Type elem = in.getElementType();
   if (in.getRank() != 2 || !(elem.isF32() || elem.isF16() || elem.isBF16()) ||
       in.getNumElements() == 0)
     return std::nullopt;
+  const bool stats = mode != CrossEntropyMode::Gradient;
+  const bool grad = mode != CrossEntropyMode::Forward;
   // A row holds `stride` values, of which the first `cols` are logits (the
   // rest padding: ignored, their gradient zero).
   int64_t rows = in.getDimSize(0), stride = in.getDimSize(1), cols = stride;
@@ -110,13 +118,26 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
       return std::nullopt;
     reduction = r.getValue();
   }
-  // The vector variant loads and stores f32 vectors: every float operand and
-  // result f32 (forge-assign-precision may store the gradient low).
-  bool allF32 = llvm::all_of(op->getResultTypes(), [](Type t) {
-    return cast<RankedTensorType>(t).getElementType().isF32();
-  });
-  if (elem.isF32() && (allF32 || grad) && stride % kVector == 0)
-    return crossEntropyVectorKernel(op, name, grad, rows, stride, cols, reduction);
+  // Arguments per mode: (logits, target, loss, lse), (logits, lse, target,
+  // dy, d), (logits, target, dy, loss, d).
+  CrossEntropyArgs args;
+  switch (mode) {
+  case CrossEntropyMode::Forward:
+    args = {/*target=*/1, /*lse=*/-1, /*dy=*/-1, /*loss=*/2, /*lseOut=*/3, /*d=*/-1};
+    break;
+  case CrossEntropyMode::Gradient:
+    args = {2, 1, 3, -1, -1, 4};
+    break;
+  case CrossEntropyMode::Both:
+    args = {1, -1, 2, 3, -1, 4};
+    break;
+  }
+  // The vector variant loads the logits as f32 vectors and stores the loss
+  // and lse as f32 (the gradient may be stored low: forge-assign-precision).
+  bool statsF32 = !stats || (tensorType(op->getResult(0)).getElementType().isF32() &&
+                             (args.lseOut < 0 || tensorType(op->getResult(1)).getElementType().isF32()));
+  if (elem.isF32() && statsF32 && stride % kVector == 0)
+    return crossEntropyVectorKernel(op, name, mode, args, rows, stride, cols, reduction);
   Type f32 = Float32Type::get(context);
   Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
@@ -131,27 +152,37 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
   auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
   auto expf = [&](Value a) -> Value { return b.create<math::ExpOp>(k.loc, a); };
   Value zero = k.fconst(f32, 0.0);
-  unsigned targetArg = grad ? 2 : 1;
-  auto [raw, tc] = loadTarget(k, fn.getArgument(targetArg), row, cols);
-  if (!grad) {
+  auto [raw, tc] = loadTarget(k, fn.getArgument(args.target), row, cols);
+  Value lse;
+  if (stats) {
+    Value xt = ld(tc); // before the gradient may overwrite it
     auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
     Value m = k.blockAccumulate(cols, block, sh, k.fconst(f32, -INFINITY), maxf, ld);
     Value s = k.blockAccumulate(cols, block, sh, zero, addf,
                                 [&](Value c) { return expf(subf(ld(c), m)); });
-    Value lse = addf(m, b.create<math::LogOp>(k.loc, s));
+    lse = addf(m, b.create<math::LogOp>(k.loc, s));
     Value outside = targetOutside(k, raw, cols);
     k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
       k.fault(outside);
-      k.store(subf(lse, ld(tc)), fn.getArgument(2), row, elem);
-      k.store(lse, fn.getArgument(3), row, elem);
+      k.store(subf(lse, xt), fn.getArgument(args.loss), row,
+              tensorType(op->getResult(0)).getElementType());
+      if (args.lseOut >= 0)
+        k.store(lse, fn.getArgument(args.lseOut), row, elem);
     });
   } else {
-    Value lse = k.load(fn.getArgument(1), row, elem);
-    Value dy = k.load(fn.getArgument(3), reduction == "none" ? row : k.idx(0), elem);
+    lse = k.load(fn.getArgument(args.lse), row, elem);
+  }
+  if (grad) {
+    // Every read of the statistics (the target's logit too) before the
+    // gradient may overwrite the row in place (one barrier per row).
+    if (stats)
+      b.create<gpu::BarrierOp>(k.loc);
+    Value dy = k.load(fn.getArgument(args.dy), reduction == "none" ? row : k.idx(0), elem);
     Value g = reduction == "mean"
                   ? Value(b.create<arith::DivFOp>(k.loc, dy, k.fconst(f32, double(rows))))
                   : dy;
     Value one = k.fconst(f32, 1.0);
+    Value d = fn.getArgument(args.d);
     b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
                          [&](OpBuilder &nb, Location l, Value c, ValueRange) {
                            OpBuilder::InsertionGuard guard(b);
@@ -159,8 +190,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
                            Value p = expf(subf(ld(c), lse));
                            Value hit = b.create<arith::CmpIOp>(l, arith::CmpIPredicate::eq, c, tc);
                            p = b.create<arith::SelectOp>(l, hit, subf(p, one), p);
-                           k.store(b.create<arith::MulFOp>(l, g, p), fn.getArgument(4),
-                                   k.add(base, c), elem);
+                           k.store(b.create<arith::MulFOp>(l, g, p), d, k.add(base, c), elem);
                            b.create<scf::YieldOp>(l);
                          });
     if (stride > cols) // the padding's gradient
@@ -168,7 +198,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
                            ValueRange{}, [&](OpBuilder &nb, Location l, Value c, ValueRange) {
                              OpBuilder::InsertionGuard guard(b);
                              b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                             k.store(zero, fn.getArgument(4), k.add(base, c), elem);
+                             k.store(zero, d, k.add(base, c), elem);
                              b.create<scf::YieldOp>(l);
                            });
   }
@@ -271,25 +301,30 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operatio
   return KernelLaunch{name.str(), grid, block};
 }
 
-/// cross_entropy(_grad) over f32 rows whose stride divides by 4 (GPT-2's
-/// padded vocabulary): 16-byte vector loads and stores. The forward is one
-/// pass (online softmax: each thread keeps a running max and the sum of
-/// exponentials relative to it; pairs combine as (max(m1, m2), s1 e^(m1-m)
-/// + s2 e^(m2-m)) across the block), so it reads the row once instead of
-/// twice. Columns from `cols` on (padding) count as -inf; their gradient is 0.
+/// cross_entropy(_grad, _with_grad) over f32 rows whose stride divides by 4
+/// (GPT-2's padded vocabulary): 16-byte vector loads and stores. The
+/// statistics take one pass (online softmax: each thread keeps a running max
+/// and the sum of exponentials relative to it; pairs combine as (max(m1, m2),
+/// s1 e^(m1-m) + s2 e^(m2-m)) across the block), so the forward reads the
+/// row once, and with the gradient the row's second read hits L2. Columns
+/// from `cols` on (padding) count as -inf; their gradient is 0. In-place as
+/// crossEntropyKernel (a barrier between the passes).
 std::optional<KernelLaunch>
-KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name, bool grad,
+KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
+                                                CrossEntropyMode mode, CrossEntropyArgs a,
                                                 int64_t rows, int64_t stride, int64_t cols,
                                                 StringRef reduction) {
+  const bool stats = mode != CrossEntropyMode::Gradient;
+  const bool grad = mode != CrossEntropyMode::Forward;
   Type f32 = Float32Type::get(context);
   int64_t vectors = stride / kVector;
   SmallVector<Type> args = flatArgs(op);
   args[0] = flatMemref(f32, rows * stride, /*vector=*/true);
   // The gradient may be stored in bf16/f16 (forge-assign-precision): 4 lanes
   // rounded together, one 8-byte store.
-  Type outElem = tensorType(op->getResult(0)).getElementType();
+  Type outElem = tensorType(op->getResult(op->getNumResults() - 1)).getElementType();
   if (grad)
-    args[4] = flatMemref(outElem, rows * stride, /*vector=*/true);
+    args[a.d] = flatMemref(outElem, rows * stride, /*vector=*/true);
   Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, vectors, 32, 2 * kWarp * 4);
   OpBuilder b(context);
@@ -298,11 +333,11 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name, b
   Value shM = fn.getWorkgroupAttributions()[0], shS = fn.getWorkgroupAttributions()[1];
   Value row = k.bid();
   Value base = k.mul(row, k.idx(vectors));
-  auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
-  auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
-  auto mulf = [&](Value a, Value c) -> Value { return b.create<arith::MulFOp>(k.loc, a, c); };
-  auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
-  auto expf = [&](Value a) -> Value { return b.create<math::ExpOp>(k.loc, a); };
+  auto addf = [&](Value x, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, x, c); };
+  auto subf = [&](Value x, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, x, c); };
+  auto mulf = [&](Value x, Value c) -> Value { return b.create<arith::MulFOp>(k.loc, x, c); };
+  auto maxf = [&](Value x, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, x, c); };
+  auto expf = [&](Value x) -> Value { return b.create<math::ExpOp>(k.loc, x); };
   auto lane = [&](Value vec, int64_t l) -> Value {
     return b.create<vector::ExtractOp>(k.loc, vec, l);
   };
@@ -314,9 +349,19 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name, b
       return Value();
     return k.ult(c, k.idx(cols));
   };
-  unsigned targetArg = grad ? 2 : 1;
-  auto [raw, tc] = loadTarget(k, fn.getArgument(targetArg), row, cols);
-  if (!grad) {
+  auto [raw, tc] = loadTarget(k, fn.getArgument(a.target), row, cols);
+  Value lse;
+  if (stats) {
+    // The target's logit, lane tc % 4 of vector tc / 4, read before the
+    // gradient may overwrite it.
+    Value tvec =
+        b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.add(base, k.div(tc, kVector)));
+    Value which = k.rem(tc, kVector);
+    Value xt = lane(tvec, 0);
+    for (int64_t i = 1; i < kVector; ++i)
+      xt = b.create<arith::SelectOp>(
+          k.loc, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, which, k.idx(i)),
+          lane(tvec, i), xt);
     // (m, s) with s the sum of exp(x - m); an empty pair is (-inf, 0).
     auto combine = [&](Value m1, Value s1, Value m2, Value s2) -> std::pair<Value, Value> {
       Value m = maxf(m1, m2);
@@ -376,25 +421,23 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name, b
                                       zero);
       warpCombine(m, sum);
     }
-    Value lse = addf(m, b.create<math::LogOp>(k.loc, sum));
+    lse = addf(m, b.create<math::LogOp>(k.loc, sum));
     Value outside = targetOutside(k, raw, cols);
     k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
       k.fault(outside);
-      // The target's logit: lane tc % 4 of vector tc / 4.
-      Value vec = b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.add(base, k.div(tc, kVector)));
-      Value which = k.rem(tc, kVector);
-      Value xt = lane(vec, 0);
-      for (int64_t i = 1; i < kVector; ++i)
-        xt = b.create<arith::SelectOp>(
-            k.loc, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, which, k.idx(i)),
-            lane(vec, i), xt);
-      b.create<memref::StoreOp>(k.loc, subf(lse, xt), fn.getArgument(2), row);
-      b.create<memref::StoreOp>(k.loc, lse, fn.getArgument(3), row);
+      b.create<memref::StoreOp>(k.loc, subf(lse, xt), fn.getArgument(a.loss), row);
+      if (a.lseOut >= 0)
+        b.create<memref::StoreOp>(k.loc, lse, fn.getArgument(a.lseOut), row);
     });
   } else {
-    Value lse = b.create<memref::LoadOp>(k.loc, fn.getArgument(1), row);
-    Value dy = b.create<memref::LoadOp>(k.loc, fn.getArgument(3),
-                                        reduction == "none" ? row : k.idx(0));
+    lse = k.load(fn.getArgument(a.lse), row, f32);
+  }
+  if (grad) {
+    // Every read of the statistics (the target's logit too) before the
+    // gradient may overwrite the row in place (one barrier per row).
+    if (stats)
+      b.create<gpu::BarrierOp>(k.loc);
+    Value dy = k.load(fn.getArgument(a.dy), reduction == "none" ? row : k.idx(0), f32);
     Value g = reduction == "mean"
                   ? Value(b.create<arith::DivFOp>(k.loc, dy, k.fconst(f32, double(rows))))
                   : dy;
@@ -419,7 +462,7 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name, b
           Value result = b.create<vector::FromElementsOp>(l, VectorType::get({kVector}, f32), out);
           if (outElem != f32)
             result = b.create<arith::TruncFOp>(l, VectorType::get({kVector}, outElem), result);
-          b.create<memref::StoreOp>(l, result, fn.getArgument(4), k.add(base, v));
+          b.create<memref::StoreOp>(l, result, fn.getArgument(a.d), k.add(base, v));
           b.create<scf::YieldOp>(l);
         });
   }

@@ -311,6 +311,16 @@ OpCost AttentionGradOp::computeCost() {
 FORGE_INFER(SoftmaxGradOp) { return inferSoftmaxGrad(loc, adaptor, inferred); }
 FORGE_INFER(LogSoftmaxGradOp) { return inferSoftmaxGrad(loc, adaptor, inferred); }
 
+/// cross_entropy_grad's and cross_entropy_with_grad's reduction and the
+/// shape of their upstream gradient: [N] for none, a scalar otherwise.
+static LogicalResult checkCrossEntropyUpstream(std::optional<Location> loc, StringRef reduction,
+                                               RankedTensorType dy, int64_t n) {
+  if (reduction != "none" && reduction != "sum" && reduction != "mean")
+    return failInference(loc, "reduction must be none, sum or mean");
+  return requireShape(loc, dy, reduction == "none" ? ArrayRef<int64_t>(n) : ArrayRef<int64_t>(),
+                      "grad_output");
+}
+
 FORGE_INFER(CrossEntropyOp) {
   auto x = rankedOrNull(adaptor.getLogits().getType());
   auto target = rankedOrNull(adaptor.getTarget().getType());
@@ -343,14 +353,35 @@ FORGE_INFER(CrossEntropyGradOp) {
   if (failed(requireShape(loc, lse, {n}, "lse")) ||
       failed(requireShape(loc, target, {n}, "target")))
     return failure();
-  StringRef reduction = adaptor.getReduction();
-  if (reduction != "none" && reduction != "sum" && reduction != "mean")
-    return failInference(loc, "reduction must be none, sum or mean");
-  if (failed(requireShape(loc, dy, reduction == "none" ? ArrayRef<int64_t>(n) : ArrayRef<int64_t>(),
-                          "grad_output")))
+  if (failed(checkCrossEntropyUpstream(loc, adaptor.getReduction(), dy, n)))
     return failure();
   inferred.push_back(x);
   return success();
+}
+
+FORGE_INFER(CrossEntropyWithGradOp) {
+  auto x = rankedOrNull(adaptor.getLogits().getType());
+  auto target = rankedOrNull(adaptor.getTarget().getType());
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  if (!x || !target || !dy || x.getRank() != 2 || !isa<FloatType>(x.getElementType()))
+    return failInference(loc, "cross_entropy_with_grad needs float logits [N, C], target [N] "
+                              "and grad_output");
+  const int64_t n = x.getDimSize(0);
+  if (failed(requireShape(loc, target, {n}, "target")))
+    return failure();
+  if (failed(checkCrossEntropyUpstream(loc, adaptor.getReduction(), dy, n)))
+    return failure();
+  inferred.push_back(withShape(x, ArrayRef<int64_t>(n)));
+  inferred.push_back(x);
+  return success();
+}
+
+OpCost CrossEntropyWithGradOp::computeCost() {
+  // One read of the logits from memory (the second read of a row hits L2) and
+  // one write of the gradient; the statistics' 4 FLOPs and the gradient's 4.
+  OpCost cost = estimateDefaultCost(getOperation(), 0);
+  cost.flops = 8 * cast<RankedTensorType>(getLogits().getType()).getNumElements();
+  return cost;
 }
 
 FORGE_INFER(NllLossGradOp) {

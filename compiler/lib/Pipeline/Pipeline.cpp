@@ -147,6 +147,10 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   ChunkCrossEntropyOptions chunk;
   chunk.maxBytes = options.lossChunkBytes;
   pm.addPass(createChunkCrossEntropy(chunk));
+  // Then each loss and its gradient in one row kernel: after chunking, which
+  // matches them as a pair (and whose chunks each merge); before placement,
+  // which gives the merged op its kernel.
+  pm.addPass(createMergeCrossEntropyGrad());
   // Still to come, in this order: layout, partition, schedule.
   addPlacement(pm, options);
   addMemoryPlan(pm, options);

@@ -97,19 +97,64 @@ Status crossEntropyShapes(KernelContext &ctx, const TensorView &x, const TensorV
   return Status::ok();
 }
 
-Status crossEntropyKernel(KernelContext &ctx) {
+/// log(sum_j exp(row[j])) over the first c values, in double.
+template <typename T> double rowLogSumExp(const T *row, int64_t c) {
+  double m = -INFINITY;
+  for (int64_t j = 0; j < c; ++j)
+    m = std::max(m, double(load(row[j])));
+  double e = 0;
+  for (int64_t j = 0; j < c; ++j)
+    e += std::exp(double(load(row[j])) - m);
+  return m + std::log(e);
+}
+
+/// g of row i: dy[i] (none), dy / n (mean) or dy (sum).
+template <typename T>
+double upstreamOf(const std::string &reduction, const T *dy, int64_t i, int64_t n) {
+  return reduction == "none"   ? double(load(dy[i]))
+         : reduction == "mean" ? double(load(dy[0])) / double(n)
+                               : double(load(dy[0]));
+}
+
+/// A row's gradient g (exp(x - lse) - [j == t]) over its c logits, zero over
+/// the padding up to `stride`; d may be the row itself (each value is read
+/// before it is written).
+template <typename T>
+void rowGradient(const T *row, double lse, double g, int64_t t, int64_t c, int64_t stride,
+                 T *d) {
+  for (int64_t j = 0; j < c; ++j)
+    d[j] = store<T>(g * (std::exp(double(load(row[j])) - lse) - (j == t ? 1.0 : 0.0)));
+  for (int64_t j = c; j < stride; ++j)
+    d[j] = store<T>(0.0);
+}
+
+/// cross_entropy (loss, lse) and cross_entropy_with_grad (loss and the
+/// gradient from dy, one row at a time: the row's statistics, its loss, then
+/// its gradient, which may be written over the logits since every value is
+/// read before it is written).
+Status crossEntropyRowsKernel(KernelContext &ctx, bool withGrad) {
   const TensorView &x = ctx.inputs[0], &target = ctx.inputs[1];
-  TensorView &loss = ctx.outputs[0], &lse = ctx.outputs[1];
+  TensorView &loss = ctx.outputs[0], &second = ctx.outputs[1]; // lse, or the gradient
+  std::string reduction = "none";
+  if (withGrad) {
+    CPU_ASSIGN_OR_RETURN(reduction, ctx.attrs.getString("reduction"));
+  }
   int64_t n = 0, c = 0, stride = 0;
-  FORGE_RETURN_IF_ERROR(crossEntropyShapes(ctx, x, target, "none", n, c, stride));
+  FORGE_RETURN_IF_ERROR(crossEntropyShapes(ctx, x, target, reduction, n, c, stride));
   FORGE_RETURN_IF_ERROR(checkDType(loss, x.dtype, "loss"));
-  FORGE_RETURN_IF_ERROR(checkDType(lse, x.dtype, "lse"));
   FORGE_RETURN_IF_ERROR(checkShape(loss, {n}));
-  FORGE_RETURN_IF_ERROR(checkShape(lse, {n}));
+  FORGE_RETURN_IF_ERROR(checkDType(second, x.dtype, withGrad ? "result" : "lse"));
+  FORGE_RETURN_IF_ERROR(checkShape(second, withGrad ? x.shape : std::vector<int64_t>{n}));
+  const TensorView *dy = withGrad ? &ctx.inputs[2] : nullptr;
+  if (dy) {
+    FORGE_RETURN_IF_ERROR(checkDType(*dy, x.dtype, "grad_output"));
+    FORGE_RETURN_IF_ERROR(checkShape(*dy, reduction == "none" ? std::vector<int64_t>{n}
+                                                              : std::vector<int64_t>{}));
+  }
   return visitFloat(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T *px = x.as<const T>();
-    T *pl = loss.as<T>(), *pe = lse.as<T>();
+    const T *px = x.as<const T>(), *pg = dy ? dy->as<const T>() : nullptr;
+    T *pl = loss.as<T>(), *p2 = second.as<T>();
     return visitIndex(target.dtype, [&](auto itag) -> Status {
       using I = typename decltype(itag)::type;
       const I *pt = target.as<const I>();
@@ -118,20 +163,20 @@ Status crossEntropyKernel(KernelContext &ctx) {
         if (t < 0 || t >= c)
           return Status::error("target {} at position {} is outside [0, {})", t, i, c);
         const T *row = px + i * stride;
-        double m = -INFINITY;
-        for (int64_t j = 0; j < c; ++j)
-          m = std::max(m, double(load(row[j])));
-        double e = 0;
-        for (int64_t j = 0; j < c; ++j)
-          e += std::exp(double(load(row[j])) - m);
-        const double l = m + std::log(e);
-        pe[i] = store<T>(l);
+        const double l = rowLogSumExp(row, c);
         pl[i] = store<T>(l - double(load(row[t])));
+        if (withGrad)
+          rowGradient(row, l, upstreamOf(reduction, pg, i, n), t, c, stride, p2 + i * stride);
+        else
+          p2[i] = store<T>(l);
       }
       return Status::ok();
     });
   });
 }
+
+Status crossEntropyKernel(KernelContext &ctx) { return crossEntropyRowsKernel(ctx, false); }
+Status crossEntropyWithGradKernel(KernelContext &ctx) { return crossEntropyRowsKernel(ctx, true); }
 
 Status crossEntropyGradKernel(KernelContext &ctx) {
   const TensorView &x = ctx.inputs[0], &lse = ctx.inputs[1], &target = ctx.inputs[2],
@@ -158,20 +203,14 @@ Status crossEntropyGradKernel(KernelContext &ctx) {
         const int64_t t = static_cast<int64_t>(pt[i]);
         if (t < 0 || t >= c)
           return Status::error("target {} at position {} is outside [0, {})", t, i, c);
-        const double g = reduction == "none"   ? double(load(pg[i]))
-                         : reduction == "mean" ? double(load(pg[0])) / double(n)
-                                               : double(load(pg[0]));
-        const double l = double(load(pe[i]));
-        for (int64_t j = 0; j < c; ++j)
-          pd[i * stride + j] = store<T>(
-              g * (std::exp(double(load(px[i * stride + j])) - l) - (j == t ? 1.0 : 0.0)));
-        for (int64_t j = c; j < stride; ++j)
-          pd[i * stride + j] = store<T>(0.0);
+        rowGradient(px + i * stride, double(load(pe[i])), upstreamOf(reduction, pg, i, n), t, c,
+                    stride, pd + i * stride);
       }
       return Status::ok();
     });
   });
 }
+
 
 } // namespace
 
@@ -179,6 +218,7 @@ void registerLossKernels(Registry &r) {
   r.add("nll_loss", &nllLossKernel, 2, 3);
   r.add("cross_entropy", &crossEntropyKernel, 2, 2, 2, 2);
   r.add("cross_entropy_grad", &crossEntropyGradKernel, 4, 4);
+  r.add("cross_entropy_with_grad", &crossEntropyWithGradKernel, 3, 3, 2, 2);
 }
 
 } // namespace forge::rt::cpu

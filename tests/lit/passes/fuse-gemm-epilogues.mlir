@@ -104,11 +104,26 @@ func.func @bgrad_rhs_3d(%dy: tensor<2x3x5xf32>, %x: tensor<6x8xf32>) -> (tensor<
 // -----
 
 // Not: a bias gradient over a contraction longer than the product's sides
-// (k = 64 > 8: the GEMM needs split-K, which the epilogue gives up).
+// (k = 16384 > 128: the GEMM needs split-K, which the epilogue gives up) of a
+// product that is not small (2 m n k = 2^28 FLOPs).
 // CHECK-LABEL: func @long_contraction
 // CHECK-NOT: "gemm"
 // CHECK: forge.reduce_sum
-func.func @long_contraction(%dy: tensor<64x5xf32>, %x: tensor<64x8xf32>) -> (tensor<5x8xf32>, tensor<5xf32>) {
+func.func @long_contraction(%dy: tensor<16384x64xf32>, %x: tensor<16384x128xf32>) -> (tensor<64x128xf32>, tensor<64xf32>) {
+  %dw = forge.gemm %dy, %x {alpha = 1.0 : f64, beta = 0.0 : f64, transA = true, transB = false} : (tensor<16384x64xf32>, tensor<16384x128xf32>) -> tensor<64x128xf32>
+  %db = forge.reduce_sum %dy {axes = array<i64: 0>, keepdims = false} : (tensor<16384x64xf32>) -> tensor<64xf32>
+  return %dw, %db : tensor<64x128xf32>, tensor<64xf32>
+}
+
+// -----
+
+// A long contraction (k = 64 > 8) of a small product (under 2^28 FLOPs: its
+// cost is its launch, split or not) takes the epilogue: the column sum's
+// launch saved.
+// CHECK-LABEL: func @long_contraction_small
+// CHECK: forge.fusion "gemm"(%arg0, %arg1) : (tensor<64x5xf32>, tensor<64x8xf32>) -> (tensor<5x8xf32>, tensor<1x5xf32>)
+// CHECK: forge.reduce_sum %{{.*}} {axes = array<i64: 0>, keepdims = true}
+func.func @long_contraction_small(%dy: tensor<64x5xf32>, %x: tensor<64x8xf32>) -> (tensor<5x8xf32>, tensor<5xf32>) {
   %dw = forge.gemm %dy, %x {alpha = 1.0 : f64, beta = 0.0 : f64, transA = true, transB = false} : (tensor<64x5xf32>, tensor<64x8xf32>) -> tensor<5x8xf32>
   %db = forge.reduce_sum %dy {axes = array<i64: 0>, keepdims = false} : (tensor<64x5xf32>) -> tensor<5xf32>
   return %dw, %db : tensor<5x8xf32>, tensor<5xf32>

@@ -248,6 +248,27 @@ def Forge_CrossEntropyGradOp : Forge_GradOp<"cross_entropy_grad", "SoftmaxCrossE
   let flopsPerElement = 4;
 }
 
+def Forge_CrossEntropyWithGradOp : Forge_GradOp<"cross_entropy_with_grad", "SoftmaxCrossEntropyLoss", FusionReduction, PrecisionKeepFP32> {
+  let summary = "cross_entropy and cross_entropy_grad in one pass over the logits";
+  let description = [{
+    loss[n] = lse[n] - logits[n, target[n]] as cross_entropy, and
+    result[n, c] = g[n] * (exp(logits[n, c] - lse[n]) - (c == target[n])) as
+    cross_entropy_grad, with g from `grad_output` and `reduction` as there.
+    Legal only where grad_output does not depend on the loss (the backward
+    pass's seed: 1/K, a loss scale). One row kernel computes a row's
+    statistics and then its gradient, so the logits are read from memory once
+    (the second read of a row hits L2) instead of once by each of two
+    kernels; lse is never stored. Formed by forge-merge-cross-entropy-grad
+    after the loss head's chunking. `classes` as cross_entropy's.
+  }];
+  let arguments = (ins AnyForgeTensor:$logits, TensorOf<[I32, I64]>:$target,
+                       AnyForgeTensor:$grad_output, StrAttr:$reduction,
+                       OptionalAttr<I64Attr>:$classes);
+  let results = (outs AnyForgeTensor:$loss, AnyForgeTensor:$result);
+  let assemblyFormat = "$logits `,` $target `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
 def Forge_NllLossGradOp : Forge_GradOp<"nll_loss_grad", "NegativeLogLikelihoodLoss", FusionReduction, PrecisionKeepFP32> {
   let summary = "Gradient of nll_loss w.r.t. its input [N, num_classes, ...]";
   let description = [{
