@@ -168,13 +168,18 @@ def forge_device_bytes(log):
     return float(value) * (1 << 30 if unit == "GiB" else 1 << 20)
 
 
-def torch_step(a, name, d, compiled):
-    """PyTorch's training step for `name` (seeded model, AdamW) and its data on the GPU."""
+def torch_step(a, name, d, compiled, sdpa=False):
+    """PyTorch's training step for `name` (seeded model, AdamW) and its data on the GPU;
+    sdpa: GPT-2's attention as F.scaled_dot_product_attention (flash attention, what a
+    PyTorch user writes) instead of the written-out softmax the ONNX export holds."""
     import torch
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.backends.cudnn.allow_tf32 = a.tf32
     classes = MODELS[name][2]
     model = build(name).cuda().train()
+    for m in model.modules():
+        if hasattr(m, "sdpa"):
+            m.sdpa = sdpa
     # bf16: autocast and the fused AdamW, what PyTorch users run (fp32 masters either way).
     bf16 = a.precision == "bf16"
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
@@ -195,7 +200,7 @@ def torch_step(a, name, d, compiled):
     return (torch.compile(step) if compiled else step), x, y
 
 
-def time_torch(a, name, d, compiled):
+def time_torch(a, name, d, compiled, sdpa=False):
     import torch
     batch, _, _, batches = MODELS[name]
     # One `step` code object serves every model: without a reset, dynamo's recompile
@@ -203,7 +208,7 @@ def time_torch(a, name, d, compiled):
     # GPT-2 timed as eager, 62 ms, against 38 compiled on its own).
     torch._dynamo.reset()
     torch.cuda.empty_cache()
-    fn, x, y = torch_step(a, name, d, compiled)
+    fn, x, y = torch_step(a, name, d, compiled, sdpa)
     torch.cuda.reset_peak_memory_stats()
     losses, dts = [], []
     for i in range(a.warmup + a.steps):
@@ -218,7 +223,8 @@ def time_torch(a, name, d, compiled):
 
 
 def profile(a):
-    """PyTorch's side of a profile: torch.compile's (and eager's) top CUDA kernels per step,
+    """PyTorch's side of a profile: torch.compile's (and eager's; GPT-2 also compiled with
+    F.scaled_dot_product_attention) top CUDA kernels per step,
     and the share of step time in cuBLAS/cuDNN kernels, to set beside forge-train's
     --profile trace (`run` writes it to D/<model>/forge_trace.json)."""
     import torch
@@ -227,11 +233,12 @@ def profile(a):
     for name in a.models:
         d = os.path.join(a.dir, name)
         make_data(a, name, d)
-        for compiled in (True, False):
+        variants = [(True, False), (False, False)] + ([(True, True)] if name == "gpt2" else [])
+        for compiled, sdpa in variants:
             batch = MODELS[name][0]
             torch._dynamo.reset()  # as in time_torch
             torch.cuda.empty_cache()
-            fn, x, y = torch_step(a, name, d, compiled)
+            fn, x, y = torch_step(a, name, d, compiled, sdpa)
             x, y = x[:batch], y[:batch]
             for _ in range(a.warmup):
                 fn(x, y)
@@ -248,7 +255,7 @@ def profile(a):
                     kernels[e.name] = (t + e.device_time, n + 1)
             total = sum(t for t, _ in kernels.values())
             in_lib = sum(t for k, (t, _) in kernels.items() if any(w in k.lower() for w in lib))
-            label = "compile" if compiled else "eager"
+            label = ("compile" if compiled else "eager") + (" with SDPA" if sdpa else "")
             print(f"{name} {label}: {total / steps / 1e3:.1f} ms of kernels per step, "
                   f"{100 * in_lib / max(total, 1e-9):.1f}% in cuBLAS/cuDNN; "
                   f"{sum(n for _, n in kernels.values()) // steps} kernels per step")
@@ -269,6 +276,10 @@ def run(a):
         f_dt, f_losses, log = time_forge(a, name, d)
         e_dt, e_losses, e_peak = time_torch(a, name, d, False)
         c_dt, _, c_peak = time_torch(a, name, d, True)
+        # GPT-2 also with PyTorch's fused attention (the stronger baseline).
+        s_dt, s_peak = None, None
+        if name == "gpt2":
+            s_dt, _, s_peak = time_torch(a, name, d, True, sdpa=True)
         f_peak = forge_device_bytes(log)
         k = min(a.check, len(f_losses), len(e_losses))
         rel = max(abs(f - e) / abs(e) for f, e in zip(f_losses[:k], e_losses[:k]))
@@ -281,13 +292,18 @@ def run(a):
             "eager_losses": e_losses[:k], "forge_last_loss": f_losses[-1],
             "eager_last_loss": e_losses[-1], "forge_top": top,
             "forge_device_bytes": f_peak, "eager_peak_bytes": e_peak,
-            "compile_peak_bytes": c_peak}
+            "compile_peak_bytes": c_peak,
+            "compile_sdpa_ms": 1e3 * s_dt if s_dt else None, "compile_sdpa_peak_bytes": s_peak}
         print(f"{name:8s} B={batch}: forge {1e3 * f_dt:8.3f} ms | eager {1e3 * e_dt:8.3f} ms | "
               f"compile {1e3 * c_dt:8.3f} ms | first {k} losses max rel {rel:.2e} | "
               f"last loss forge {f_losses[-1]:.4g} eager {e_losses[-1]:.4g}")
+        if s_dt:
+            print(f"{'':8s} compile with SDPA {1e3 * s_dt:8.3f} ms "
+                  f"(forge {s_dt / f_dt:.3f}x its speed)")
         gb = lambda b: f"{b / 1e9:.2f} GB" if b is not None else "?"
         print(f"{'':8s} GPU memory: forge {gb(f_peak)} (allocated) | eager {gb(e_peak)} | "
-              f"compile {gb(c_peak)} (peak allocated)")
+              f"compile {gb(c_peak)} (peak allocated)"
+              + (f" | compile with SDPA {gb(s_peak)}" if s_peak else ""))
         if top:
             print("  forge " + top.replace("\n", "\n  "))
         with open(os.path.join(a.dir, "results.json"), "w") as f:  # after every model

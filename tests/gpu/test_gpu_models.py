@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The bundled models trained on the GPU against the CPU (ctest gpu_models, label gpu).
 
-For each model in models/ (the losses of tests/e2e/test_overfit.py), one CUDA bundle
+For each model in models/ (the losses of tests/e2e/test_overfit.py) and two generated wide
+classifier heads (GENERATED), one CUDA bundle
   forgec M.onnx --target cuda:sm_90 --batch 8 --loss ... --optimizer sgd:lr=0.01,momentum=0.9
          --expose-gradients -o B/M.forge
 runs STEPS steps in file order on both devices (the CPU runs a CUDA bundle's ops with its own
@@ -47,7 +48,15 @@ sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 import forge_e2e as e2e  # noqa: E402
 from forge_e2e import Report  # noqa: E402
 
-MODELS = e2e.MODEL_LOSSES
+MODELS = dict(e2e.MODEL_LOSSES)
+# Generated here (no models/ file): a classifier head over a vocabulary wide enough for the
+# loss's persistent row kernel (cross_entropy_with_grad with rows of >= 16384 f32 and more
+# rows than SMs: 320 rows of [8, 40] tokens), even (16384: the vector kernel, unpadded) and
+# odd (16381: the scalar kernel; under --gemm-pad-min-flops=0 padded to 16384 and read with
+# `classes`).
+GENERATED = {"wide_head": 16384, "wide_head_odd": 16381}
+GENERATED_TOKENS, GENERATED_DIM = 40, 8
+MODELS.update({name: ("cross_entropy:logits,labels", "classes") for name in GENERATED})
 BATCH, STEPS = 8, 10
 TOL = {"loss1": 1e-4, "grads1": 1e-4, "losses": 1e-4, "params": 1e-4, "momentum": 1e-4}
 TF32_TOL = {"loss1": 2e-3, "grads1": 2e-3, "losses": 2e-3, "params": 2e-3, "momentum": 5e-2}
@@ -55,11 +64,37 @@ ZERO_GRAD_FLOOR = 1e-2  # of the global gradient norm
 SKIP_EXIT = 77  # ctest SKIP_RETURN_CODE
 
 
+def make_generated(name, out, rng):
+    """GENERATED[name]: logits [N, 40, V] = x [N, 40, 8] W [8, V] + b; its ONNX in `out`
+    and its two batches of data."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    vocab, t, d = GENERATED[name], GENERATED_TOKENS, GENERATED_DIM
+    w = (0.5 * rng.standard_normal((d, vocab))).astype(np.float32)
+    bias = (0.1 * rng.standard_normal(vocab)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["p"], name="head"),
+         helper.make_node("Add", ["p", "b"], ["logits"], name="head_bias")],
+        name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", t, d])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", t, vocab])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    path = os.path.join(out, name + ".onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    data = {"x": rng.standard_normal((2 * BATCH, t, d)).astype(np.float32),
+            "labels": rng.integers(0, vocab, size=(2 * BATCH, t)).astype(np.int64)}
+    return path, data
+
+
 def prepare(rep, a, forgec, out):
     manifest = json.load(open(os.path.join(a.models_dir, "manifest.json")))["models"]
     rng = np.random.default_rng(0)
     for name, (loss, kind) in MODELS.items():
         if a.only and name not in a.only:
+            continue
+        if name in GENERATED:
+            onnx_path, data = make_generated(name, out, rng)
+            np.savez(os.path.join(out, name + ".npz"), **data)
+            compile_bundle(rep, a, forgec, out, name, onnx_path, loss)
             continue
         ref = np.load(os.path.join(a.models_dir, name + ".ref.npz"))
         info = manifest[name]
@@ -78,13 +113,17 @@ def prepare(rep, a, forgec, out):
         else:
             data[label] = rng.uniform(-0.9, 0.9, size=(2 * BATCH,) + y.shape[1:]).astype(y.dtype)
         np.savez(os.path.join(out, name + ".npz"), **data)
-        rc, t, log = e2e.run([forgec, os.path.join(a.models_dir, name + ".onnx"),
-                              "--target", a.target, "--batch", str(BATCH), "--loss", loss,
-                              "--optimizer", "sgd:lr=0.01,momentum=0.9", "--expose-gradients",
-                              "-o", os.path.join(out, name + ".forge")] +
-                             (["--tf32"] if a.tf32 else []) + a.forgec_arg, 900)
-        rep.check(f"{name} forgec --target {a.target}", rc == 0,
-                  f"{t:.1f}s {e2e.tail(log, 3) if rc == 0 else e2e.failure(rc, log)}")
+        compile_bundle(rep, a, forgec, out, name, os.path.join(a.models_dir, name + ".onnx"),
+                       loss)
+
+
+def compile_bundle(rep, a, forgec, out, name, onnx_path, loss):
+    rc, t, log = e2e.run([forgec, onnx_path, "--target", a.target, "--batch", str(BATCH),
+                          "--loss", loss, "--optimizer", "sgd:lr=0.01,momentum=0.9",
+                          "--expose-gradients", "-o", os.path.join(out, name + ".forge")] +
+                         (["--tf32"] if a.tf32 else []) + a.forgec_arg, 900)
+    rep.check(f"{name} forgec --target {a.target}", rc == 0,
+              f"{t:.1f}s {e2e.tail(log, 3) if rc == 0 else e2e.failure(rc, log)}")
 
 
 def train(forge_train, bundle, data, device, tmp):

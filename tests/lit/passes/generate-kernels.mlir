@@ -109,25 +109,28 @@ func.func @rows(%qk: tensor<2x3x40xf32>, %scale: tensor<f32>, %mask: tensor<1x3x
 
 // -----
 
-// A multi_reduce region is one kernel: each sum on its own blocks (a 40960-
-// element tensor takes 40 blocks of 256 threads, a 4-element one 1), the
+// A multi_reduce region is one kernel: each sum on its own blocks, the
 // squares computed as elements are read, one atomic add per block into a
-// scalar zeroed before the launch.
+// scalar zeroed before the launch. A member whose elements divide by 4 reads
+// 16-byte vectors, about 16 elements per thread (the 40960-element tensor
+// takes 10 blocks of 256 threads); the 5-element one reads scalars (1 block).
 // CHECK-LABEL: func @norms
-// CHECK: forge.fusion "multi_reduce"(%arg0, %arg1) {forge.launch = {block = 256 : i64, grid = 41 : i64, kernel = "k0_fusion", zero_outputs}}
-// CHECK: gpu.func @k0_fusion(%arg0: memref<40960xf32>, %arg1: memref<4xf32>, %arg2: memref<1xf32>, %arg3: memref<1xf32>)
-// CHECK: arith.cmpi ult, %{{.*}}, %c40
-// CHECK: arith.mulf
+// CHECK: forge.fusion "multi_reduce"(%arg0, %arg1) {forge.launch = {block = 256 : i64, grid = 11 : i64, kernel = "k0_fusion", zero_outputs}}
+// CHECK: gpu.func @k0_fusion(%arg0: memref<10240xvector<4xf32>>, %arg1: memref<5xf32>, %arg2: memref<1xf32>, %arg3: memref<1xf32>)
+// CHECK: arith.cmpi ult, %{{.*}}, %c10
+// CHECK: memref.load %arg0[{{.*}}] : memref<10240xvector<4xf32>>
+// CHECK-COUNT-4: vector.extract
 // CHECK: memref.atomic_rmw addf %{{.*}}, %arg2[
+// CHECK: memref.load %arg1[{{.*}}] : memref<5xf32>
 // CHECK: arith.mulf
 // CHECK: memref.atomic_rmw addf %{{.*}}, %arg3[
-func.func @norms(%g: tensor<40x1024xf32>, %h: tensor<4xf32>) -> (tensor<f32>, tensor<f32>) {
-  %r:2 = forge.fusion "multi_reduce"(%g, %h) : (tensor<40x1024xf32>, tensor<4xf32>) -> (tensor<f32>, tensor<f32>) {
-  ^bb0(%a: tensor<40x1024xf32>, %b: tensor<4xf32>):
+func.func @norms(%g: tensor<40x1024xf32>, %h: tensor<5xf32>) -> (tensor<f32>, tensor<f32>) {
+  %r:2 = forge.fusion "multi_reduce"(%g, %h) : (tensor<40x1024xf32>, tensor<5xf32>) -> (tensor<f32>, tensor<f32>) {
+  ^bb0(%a: tensor<40x1024xf32>, %b: tensor<5xf32>):
     %aa = forge.mul %a, %a : (tensor<40x1024xf32>, tensor<40x1024xf32>) -> tensor<40x1024xf32>
     %s = forge.reduce_sum %aa {axes = array<i64: 0, 1>, keepdims = false} : (tensor<40x1024xf32>) -> tensor<f32>
-    %bb = forge.mul %b, %b : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
-    %t = forge.reduce_sum %bb {axes = array<i64: 0>, keepdims = false} : (tensor<4xf32>) -> tensor<f32>
+    %bb = forge.mul %b, %b : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+    %t = forge.reduce_sum %bb {axes = array<i64: 0>, keepdims = false} : (tensor<5xf32>) -> tensor<f32>
     forge.yield %s, %t : tensor<f32>, tensor<f32>
   }
   return %r#0, %r#1 : tensor<f32>, tensor<f32>
