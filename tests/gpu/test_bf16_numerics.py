@@ -11,7 +11,8 @@ Two halves (the GPU machines have no forgec; both need PyTorch and onnx):
          exports the same weights again (seeded; forgec recorded their CRC), builds the text
          stream, trains four runs from those weights on the same batches:
            Forge fp32 (no TF32), Forge --precision bf16,
-           PyTorch fp32 (no TF32), PyTorch autocast bf16
+           PyTorch fp32 (no TF32), PyTorch autocast bf16 (and, printed only, autocast with
+           F.scaled_dot_product_attention: flash attention's bf16 P and dS, as Forge's cuDNN)
          and exits 77 (skipped) without a GPU.
 The text: this repository's own prose and code (README.md; docs/, compiler/, passes/, runtime/,
 tools/, bench/, models/: .md, .td, .cpp, .h, .py; ~2.4 MB), sorted by path, as bytes: token
@@ -137,11 +138,14 @@ def forge_losses(a, bundle, data, weights, steps, tmp):
     return e2e.metric_losses(metrics)
 
 
-def torch_losses(data, steps, autocast):
+def torch_losses(data, steps, autocast, sdpa=False):
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = gpt2_model().cuda().train()  # seeded: the exported weights
+    for m in model.modules():  # sdpa: PyTorch's flash attention, as Forge's cuDNN one
+        if hasattr(m, "sdpa"):
+            m.sdpa = sdpa
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
     d = np.load(data)
     ids, labels = torch.from_numpy(d["ids"]).cuda(), torch.from_numpy(d["labels"]).cuda()
@@ -182,20 +186,24 @@ def run_half(a, rep):
             runs[f"forge_{name}"] = forge_losses(a, os.path.join(a.bundles, f"{name}.forge"),
                                                  data, weights, a.steps, tmp)
             print(f"forge {name}: last loss {runs[f'forge_{name}'][-1]:.4f}", flush=True)
-        for name, autocast in (("torch_fp32", False), ("torch_autocast", True)):
-            runs[name] = torch_losses(data, a.steps, autocast)
+        for name, autocast, sdpa in (("torch_fp32", False, False), ("torch_autocast", True, False),
+                                     ("torch_autocast_sdpa", True, True)):
+            runs[name] = torch_losses(data, a.steps, autocast, sdpa)
             print(f"{name}: last loss {runs[name][-1]:.4f}", flush=True)
     w = {k: windows(v) for k, v in runs.items()}
     rel = lambda x, y: [abs(p - q) / abs(q) for p, q in zip(x, y)]  # noqa: E731
     agree = rel(w["forge_fp32"], w["torch_fp32"])
     forge_gap = rel(w["forge_bf16"], w["forge_fp32"])
     torch_gap = rel(w["torch_autocast"], w["torch_fp32"])
-    print("window  forge_fp32  forge_bf16  torch_fp32  autocast   forge gap  autocast gap")
+    # Informative: autocast with PyTorch's flash attention (bf16 P and dS, as cuDNN's).
+    sdpa_gap = rel(w["torch_autocast_sdpa"], w["torch_fp32"])
+    print("window  forge_fp32  forge_bf16  torch_fp32  autocast   forge gap  autocast gap"
+          "  autocast+SDPA gap")
     for i in range(len(forge_gap)):
         lo = FIRST + i * WINDOW + 1
         print(f"{lo:3d}-{lo + WINDOW - 1:3d} {w['forge_fp32'][i]:10.4f} {w['forge_bf16'][i]:11.4f} "
               f"{w['torch_fp32'][i]:11.4f} {w['torch_autocast'][i]:9.4f}   {forge_gap[i]:9.2%} "
-              f"{torch_gap[i]:12.2%}")
+              f"{torch_gap[i]:12.2%} {sdpa_gap[i]:18.2%}")
     n = len(forge_gap)
     rep.check("fp32_agrees", n > 0 and max(agree) <= 0.01,
               f"Forge fp32 vs PyTorch fp32: max window rel {max(agree):.2%} (<= 1%)")
@@ -206,6 +214,7 @@ def run_half(a, rep):
               f"windows where Forge's gap exceeds autocast's (+0.1%): {len(worse)} of {n}")
     with open(os.path.join(a.bundles, "numerics.json"), "w") as f:
         json.dump({"runs": runs, "windows": w, "forge_gap": forge_gap, "autocast_gap": torch_gap,
+                   "autocast_sdpa_gap": sdpa_gap,
                    "fp32_agreement": agree}, f, indent=1)
     return True
 
