@@ -250,3 +250,20 @@ func.func @splits(%x: tensor<2x24xbf16>, %y: tensor<2x8xf32>) -> (tensor<2x8xbf1
   %t:2 = forge.split %y {axis = 1 : i64, sizes = array<i64: 3, 5>} : (tensor<2x8xf32>) -> (tensor<2x3xf32>, tensor<2x5xf32>)
   return %s#0, %s#1, %s#2, %t#0, %t#1 : tensor<2x8xbf16>, tensor<2x8xbf16>, tensor<2x8xf32>, tensor<2x3xf32>, tensor<2x5xf32>
 }
+
+// -----
+
+// A column sum (a bias gradient: [tokens, features] over the tokens) whose
+// kept dim divides by 4 reads 4 consecutive outputs per lane in one vector
+// (8 bytes of bf16) and keeps 4 accumulators; shared memory holds them lane
+// by lane (4 x 256 values). 6 features keep one output per lane.
+// CHECK-LABEL: func @column_sums
+// CHECK: gpu.func @k0_reduce_sum(%arg0: memref<1024xvector<4xbf16>>, %arg1: memref<16xf32>) workgroup(%arg2 : memref<1024xf32, #gpu.address_space<workgroup>>)
+// CHECK: memref.load %arg0[%{{.*}}] : memref<1024xvector<4xbf16>>
+// CHECK-COUNT-4: vector.extract
+// CHECK: gpu.func @k1_reduce_sum(%arg0: memref<1536xbf16>, %arg1: memref<6xf32>)
+func.func @column_sums(%d: tensor<256x16xbf16>, %e: tensor<256x6xbf16>) -> (tensor<16xf32>, tensor<6xf32>) {
+  %s = forge.reduce_sum %d {axes = array<i64: 0>, keepdims = false} : (tensor<256x16xbf16>) -> tensor<16xf32>
+  %t = forge.reduce_sum %e {axes = array<i64: 0>, keepdims = false} : (tensor<256x6xbf16>) -> tensor<6xf32>
+  return %s, %t : tensor<16xf32>, tensor<6xf32>
+}
