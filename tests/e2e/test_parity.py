@@ -367,16 +367,10 @@ def main():
             d = os.path.join(a.fixtures_dir, n)
             self_check(rep, n, d, load_fixture(d))
     else:
-        if a.bundles and not a.compile_only:  # no forgec needed
-            forgec, forge_train = None, a.forge_train or e2e.find_tool("forge-train", a.bin_dir)
-            if not forge_train:
-                print("test_parity: no forge-train (--forge-train or --bin-dir)", file=sys.stderr)
-                return 2
-        else:
-            tools = e2e.find_tools(a, "test_parity")
-            if not tools:
-                return 2
-            forgec, forge_train = tools
+        tools = e2e.tools_for_halves(a, "test_parity")  # forgec None: a run half alone
+        if not tools:
+            return 2
+        forgec, forge_train = tools
         setup = Setup(forgec, forge_train, a.target, a.device, a.bundles, a.compile_only)
         tmp_root = tempfile.mkdtemp(prefix="forge-parity-")
         try:

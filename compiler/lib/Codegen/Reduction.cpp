@@ -166,19 +166,25 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     acc = k.blockReduce(acc, block / kWarp, sh, identity, combine);
     k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)),
              [&] { finish(acc, o); });
-  } else if (lanes > 1) {
-    // As below, with `lanes` consecutive outputs per thread (one vector load
-    // of each row) and `lanes` accumulators; shared memory holds them lane by
-    // lane: sh[l * block + t].
+  } else {
+    // lanes: 32 threads of `lanes` consecutive outputs each (4 in one vector
+    // load of each row when `lanes` is 4); warps: slices of the reduced
+    // range. Shared memory holds the accumulators output by output:
+    // sh[l * block + t].
     Value t = k.tid();
     Value lane = k.rem(t, kWarp), warp = k.div(t, kWarp);
-    Value o = k.mul(k.add(k.mul(outBlock, k.idx(kWarp)), lane), k.idx(lanes)); // first output
+    Value o = k.add(k.mul(outBlock, k.idx(kWarp)), lane); // the thread's first output
+    if (lanes > 1)
+      o = k.mul(o, k.idx(lanes));
     Value valid = k.ult(o, k.idx(outputs));
     Value oc = b.create<arith::MinUIOp>(k.loc, o, k.idx(outputs - lanes));
-    Type vecType = VectorType::get({lanes}, storageType(elem));
-    auto rowVector = [&](Value r) { // the lanes outputs' elements of reduced row r
-      Value at = k.div(k.add(oc, reduced.offset(k, r)), lanes);
-      Value v = b.create<memref::LoadOp>(k.loc, in, at);
+    Value base = lanes == 1 ? kept.offset(k, oc) : Value();
+    auto plus = [&](Value v, int64_t offset) { return offset ? k.add(v, k.idx(offset)) : v; };
+    // The thread's outputs' elements of reduced row r.
+    auto rowValues = [&](Value r) -> SmallVector<Value> {
+      if (lanes == 1)
+        return {element(base, r)};
+      Value v = b.create<memref::LoadOp>(k.loc, in, k.div(k.add(oc, reduced.offset(k, r)), lanes));
       SmallVector<Value> xs;
       for (int64_t l = 0; l < lanes; ++l) {
         Value x = k.toCompute(b.create<vector::ExtractOp>(k.loc, v, l), elem);
@@ -186,7 +192,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
       }
       return xs;
     };
-    (void)vecType;
+    // Each iteration takes `unroll` of the warp's rows (r, r + warps, ...)
+    // and loads them all before it combines: one load in flight per thread
+    // left the bias gradients of [tokens, features] at ~2.7 TB/s. Rows past
+    // the chunk load a row inside it and combine nothing; the order of the
+    // combines is the one-row-per-iteration order (the same bits).
     int64_t warps = block / kWarp, unroll = 4;
     Value lastRow = k.b.create<arith::SubIOp>(k.loc, rEnd, k.idx(1));
     SmallVector<Value> init(lanes, identity);
@@ -200,7 +210,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
           for (int64_t j = 0; j < unroll; ++j) {
             Value rj = k.add(r, k.idx(j * warps));
             inRange.push_back(k.ult(rj, rEnd));
-            rows.push_back(rowVector(b.create<arith::MinUIOp>(k.loc, rj, lastRow)));
+            rows.push_back(rowValues(b.create<arith::MinUIOp>(k.loc, rj, lastRow)));
           }
           SmallVector<Value> next(acc.begin(), acc.end());
           for (int64_t j = 0; j < unroll; ++j)
@@ -212,54 +222,17 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
           b.create<scf::YieldOp>(l, next);
         });
     for (int64_t ln = 0; ln < lanes; ++ln)
-      b.create<memref::StoreOp>(k.loc, loop.getResult(ln), sh, k.add(t, k.idx(ln * block)));
+      b.create<memref::StoreOp>(k.loc, loop.getResult(ln), sh, plus(t, ln * block));
     b.create<gpu::BarrierOp>(k.loc);
     Value first = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, warp, k.idx(0));
     k.ifThen(b.create<arith::AndIOp>(k.loc, first, valid), [&] {
       for (int64_t ln = 0; ln < lanes; ++ln) {
-        Value total = b.create<memref::LoadOp>(k.loc, sh, k.add(lane, k.idx(ln * block)));
+        Value total = b.create<memref::LoadOp>(k.loc, sh, plus(lane, ln * block));
         for (int64_t w = 1; w < warps; ++w)
-          total = combine(total, b.create<memref::LoadOp>(
-                                     k.loc, sh, k.add(lane, k.idx(ln * block + w * kWarp))));
-        finish(total, k.add(o, k.idx(ln)));
+          total = combine(total,
+                          b.create<memref::LoadOp>(k.loc, sh, plus(lane, ln * block + w * kWarp)));
+        finish(total, plus(o, ln));
       }
-    });
-  } else {
-    // lanes: 32 consecutive outputs; warps: slices of the reduced range.
-    Value t = k.tid();
-    Value lane = k.rem(t, kWarp), warp = k.div(t, kWarp);
-    Value o = k.add(k.mul(outBlock, k.idx(kWarp)), lane);
-    Value valid = k.ult(o, k.idx(outputs));
-    Value oc = b.create<arith::MinUIOp>(k.loc, o, k.idx(outputs - 1));
-    Value base = kept.offset(k, oc);
-    // Each iteration takes `unroll` of the warp's rows (r, r + warps, ...)
-    // and loads them all before it combines: one load in flight per thread
-    // left the bias gradients of [tokens, features] at ~2.7 TB/s. Rows past
-    // the chunk load a row inside it and combine nothing; the order of the
-    // combines is the one-row-per-iteration order (the same bits).
-    int64_t warps = block / kWarp, unroll = 4;
-    Value lastRow = k.b.create<arith::SubIOp>(k.loc, rEnd, k.idx(1));
-    Value acc = k.loopAcc(
-        k.add(rBegin, warp), rEnd, k.idx(warps * unroll), identity, [&](Value r, Value a) {
-          SmallVector<Value> xs, inRange;
-          for (int64_t j = 0; j < unroll; ++j) {
-            Value rj = k.add(r, k.idx(j * warps));
-            inRange.push_back(k.ult(rj, rEnd));
-            xs.push_back(element(base, b.create<arith::MinUIOp>(k.loc, rj, lastRow)));
-          }
-          for (int64_t j = 0; j < unroll; ++j)
-            a = j == 0 ? combine(a, xs[j])
-                       : b.create<arith::SelectOp>(k.loc, inRange[j], combine(a, xs[j]), a);
-          return a;
-        });
-    b.create<memref::StoreOp>(k.loc, acc, sh, t);
-    b.create<gpu::BarrierOp>(k.loc);
-    Value first = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, warp, k.idx(0));
-    k.ifThen(b.create<arith::AndIOp>(k.loc, first, valid), [&] {
-      Value total = b.create<memref::LoadOp>(k.loc, sh, lane);
-      for (int64_t w = 1; w < block / kWarp; ++w)
-        total = combine(total, b.create<memref::LoadOp>(k.loc, sh, k.add(lane, k.idx(w * kWarp))));
-      finish(total, o);
     });
   }
   b.create<gpu::ReturnOp>(k.loc);
@@ -657,21 +630,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
       if (!tensorType(v).getElementType().isF32() && !tensorType(v).getElementType().isInteger(1))
         return std::nullopt;
   }
-  for (ReduceSumOp sum : sums) {
-    int64_t n = tensorType(sum.getInput()).getNumElements();
-    // Every argument a member reads has the member's elements, or one.
-    SmallVector<Value> worklist{sum.getInput()};
-    while (!worklist.empty()) {
-      Value v = worklist.pop_back_val();
-      if (auto arg = dyn_cast<BlockArgument>(v)) {
-        int64_t m = tensorType(arg).getNumElements();
-        if (m != n && m != 1)
-          return std::nullopt;
-        continue;
-      }
-      llvm::append_range(worklist, v.getDefiningOp()->getOperands());
-    }
-  }
+  // Every argument a member reads has the member's elements (reads[i]: those
+  // member i reads), or one.
+  //
   // 16-byte vectors for a member whose elements divide by 4 and whose inputs
   // that are not scalars are f32 (an input read by a member that cannot take
   // vectors makes every member reading it scalar): each thread then loads 4
@@ -681,11 +642,15 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
   SmallVector<llvm::SmallSetVector<unsigned, 4>> reads(sums.size());
   SmallVector<bool> vectorized(sums.size());
   for (auto [i, sum] : llvm::enumerate(sums)) {
+    int64_t n = tensorType(sum.getInput()).getNumElements();
     SmallVector<Value> worklist{sum.getInput()};
     while (!worklist.empty()) {
       Value v = worklist.pop_back_val();
       if (auto arg = dyn_cast<BlockArgument>(v)) {
-        if (tensorType(arg).getNumElements() != 1)
+        int64_t m = tensorType(arg).getNumElements();
+        if (m != n && m != 1)
+          return std::nullopt;
+        if (m != 1)
           reads[i].insert(arg.getArgNumber());
         continue;
       }
