@@ -181,7 +181,7 @@ def torch_step(a, name, d, compiled, sdpa=False):
         if hasattr(m, "sdpa"):
             m.sdpa = sdpa
     # bf16: autocast and the fused AdamW, what PyTorch users run (fp32 masters either way).
-    bf16 = a.precision == "bf16"
+    bf16 = a.precision in ("bf16", "fp8")  # fp8: PyTorch's baseline is bf16
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                             fused=bf16)
     data = np.load(os.path.join(d, "data.npz"))
@@ -321,9 +321,10 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--check", type=int, default=5, help="first losses compared with eager")
     ap.add_argument("--tf32", action="store_true")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp8"],
                     help="bf16: forgec --precision bf16; PyTorch under autocast bf16 with the "
-                         "fused AdamW")
+                         "fused AdamW. fp8: forgec --precision fp8 (float8 forward GEMMs), "
+                         "PyTorch as bf16 (its float8 training needs torchao)")
     ap.add_argument("--top", type=int, default=25, help="kernels listed by `profile`")
     a = ap.parse_args()
     if a.stage == "profile":

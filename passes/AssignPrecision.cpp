@@ -21,12 +21,24 @@
 //    views follow their input's type. What has no such neighbour (a data
 //    input, a library op's output read by both) gets a loop region with one
 //    cast, counted in the pass's remark.
+//  * precision=fp8 is bf16 plus float8 forward GEMMs: each product in the
+//    layout Hopper's float8 GEMMs read (lhs [M, K], rhs [N, K]; K, N
+//    multiples of 16) whose lhs and rhs are bf16 becomes a scaled_gemm of
+//    E4M3 copies, each scaled per tensor by the current step's amax
+//    ("current scaling": q = x * 448 / amax, the GEMM multiplies back by
+//    amax / 448 each). A copy is two kernels after the value is made: a
+//    multi_reduce of max(|x|, 1e-30) (read once per value, all weights in
+//    one launch) and a loop region that scales and casts (saturating). The
+//    loss head's matmul stays bf16 (forge-chunk-cross-entropy takes it).
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/MapVector.h"
+
+#include <numeric>
 
 namespace mlir::forge {
 #define GEN_PASS_DEF_ASSIGNPRECISION
@@ -124,13 +136,13 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       markAllAnalysesPreserved();
       return;
     }
-    if (precision != "bf16" && precision != "fp16") {
+    if (precision != "bf16" && precision != "fp16" && precision != "fp8") {
       getOperation().emitError() << "forge-assign-precision: unknown precision '" << precision
-                                 << "' (fp32, tf32, bf16, fp16)";
+                                 << "' (fp32, tf32, bf16, fp16, fp8)";
       return signalPassFailure();
     }
     Builder b(&getContext());
-    low = precision == "bf16" ? Type(b.getBF16Type()) : Type(b.getF16Type());
+    low = precision == "fp16" ? Type(b.getF16Type()) : Type(b.getBF16Type());
     func = getOperation().lookupSymbol<func::FuncOp>("train_step");
     if (!func) {
       markAllAnalysesPreserved();
@@ -140,6 +152,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     materialize();
     if (failed(fixGemmOperands()))
       return signalPassFailure();
+    if (precision == "fp8")
+      quantizeGemms();
     syncFunctionType();
     if (auto eval = getOperation().lookupSymbol<func::FuncOp>("eval"))
       lowerAttention(eval);
@@ -147,6 +161,10 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     if (standaloneCasts)
       func.emitRemark() << "forge-assign-precision: " << standaloneCasts
                         << " cast(s) have no neighbouring kernel and run as their own";
+    if (precision == "fp8")
+      func.emitRemark() << "forge-assign-precision: " << scaledGemms
+                        << " GEMM(s) run in float8 (E4M3) from " << quantized.size()
+                        << " scaled copies";
   }
 
   //===--------------------------------------------------------------------===//
@@ -417,7 +435,9 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   Value lowParameter(BlockArgument param) {
     unsigned i = param.getArgNumber();
     StringAttr name = argAttr(i, "forge.name");
-    std::string copyName = (name.getValue() + "." + precision).str();
+    // fp8 keeps bf16 copies (the float8 ones are made each step).
+    StringRef suffix = precision == "fp8" ? StringRef("bf16") : StringRef(precision);
+    std::string copyName = (name.getValue() + "." + suffix).str();
     MLIRContext *ctx = func.getContext();
     Builder b(ctx);
     NamedAttrList attrs;
@@ -644,6 +664,279 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       ++standaloneCasts;
       wrapInLoop(back.getDefiningOp());
     }
+  }
+
+  //===--------------------------------------------------------------------===//
+  // 4. Float8 GEMMs (precision=fp8)
+  //===--------------------------------------------------------------------===//
+
+  /// E4M3FN's largest finite value, and the floor of an amax (an all-zero
+  /// tensor still divides by it: its copy is zeros).
+  static constexpr double kE4M3Max = 448.0, kAmaxFloor = 1e-30;
+  Value e4m3Max, amaxFloor; // f32 scalars at the function's entry
+  struct Quantized {
+    Value q, amax;
+  };
+  llvm::MapVector<Value, Quantized> quantized;
+  int scaledGemms = 0;
+
+  RankedTensorType scalarF32() { return RankedTensorType::get({}, Float32Type::get(func.getContext())); }
+
+  Value scalarConstant(OpBuilder &b, Location loc, double v) {
+    return b.create<ConstantOp>(loc, scalarF32(),
+                                DenseElementsAttr::get(scalarF32(), static_cast<float>(v)));
+  }
+
+  /// v (bf16 or f32) in f32, inside a region body.
+  Value inF32(OpBuilder &b, Location loc, Value v) {
+    return isF32Tensor(v) ? v : castOf(b, loc, v, Float32Type::get(v.getContext()));
+  }
+
+  /// The E4M3 copy of `v` and its amax, made right after `v` (after the
+  /// constants for an argument): a multi_reduce of max(|v|, floor), then a
+  /// loop region writing saturate(v * 448 / amax).
+  Quantized quantize(Value v) {
+    if (auto it = quantized.find(v); it != quantized.end())
+      return it->second;
+    OpBuilder b(func.getContext());
+    if (Operation *def = v.getDefiningOp())
+      b.setInsertionPointAfter(def);
+    else
+      b.setInsertionPointAfter(amaxFloor.getDefiningOp());
+    Location loc = v.getLoc();
+    auto type = tensorOf(v);
+    SmallVector<int64_t> axes(type.getRank());
+    std::iota(axes.begin(), axes.end(), 0);
+    auto amaxRegion = b.create<FusionOp>(loc, TypeRange{scalarF32()}, ValueRange{v, amaxFloor},
+                                         b.getStringAttr("multi_reduce"));
+    {
+      Block *body = b.createBlock(&amaxRegion.getBody(), {}, {v.getType(), scalarF32()}, {loc, loc});
+      OpBuilder in = OpBuilder::atBlockEnd(body);
+      Value x = inF32(in, loc, body->getArgument(0));
+      Value abs = in.create<AbsOp>(loc, x.getType(), x);
+      Value floored = in.create<MaxOp>(loc, x.getType(), abs, body->getArgument(1));
+      Value amax = in.create<ReduceMaxOp>(loc, scalarF32(), floored, in.getDenseI64ArrayAttr(axes),
+                                          in.getBoolAttr(false));
+      in.create<YieldOp>(loc, ValueRange{amax});
+    }
+    b.setInsertionPointAfter(amaxRegion);
+    Type e4m3 = Float8E4M3FNType::get(func.getContext());
+    Value amax = amaxRegion.getResult(0);
+    auto castRegion = b.create<FusionOp>(loc, TypeRange{type.clone(e4m3)},
+                                         ValueRange{v, amax, e4m3Max}, b.getStringAttr("loop"));
+    {
+      Block *body = b.createBlock(&castRegion.getBody(), {},
+                                  {v.getType(), scalarF32(), scalarF32()}, {loc, loc, loc});
+      OpBuilder in = OpBuilder::atBlockEnd(body);
+      Value x = inF32(in, loc, body->getArgument(0));
+      Value scaled = in.create<MulOp>(loc, x.getType(), x, body->getArgument(2));
+      Value unit = in.create<DivOp>(loc, x.getType(), scaled, body->getArgument(1));
+      Value q = castOf(in, loc, unit, e4m3);
+      in.create<YieldOp>(loc, ValueRange{q});
+    }
+    return quantized[v] = Quantized{castRegion.getResult(0), amax};
+  }
+
+  /// Whether a product of lhs [M, K] and rhs [N, K] (K-major both) in bf16
+  /// suits a float8 GEMM: K and N multiples of 16, an f32 or bf16 result.
+  bool float8Layout(Value lhs, Value rhs, bool transA, bool transB, Value result) {
+    auto l = tensorOf(lhs), r = tensorOf(rhs);
+    Type out = tensorOf(result).getElementType();
+    return !transA && transB && l && r && r.getRank() == 2 && l.getRank() >= 2 &&
+           l.getElementType().isBF16() && r.getElementType().isBF16() &&
+           l.getShape().back() % 16 == 0 && r.getDimSize(0) % 16 == 0 &&
+           (out.isF32() || out.isBF16());
+  }
+
+  /// Whether `v` reaches a loss (through views): the loss head's matmul,
+  /// which forge-chunk-cross-entropy splits.
+  static bool feedsLoss(Value v) {
+    for (Operation *user : v.getUsers()) {
+      if (isa<CrossEntropyOp, CrossEntropyGradOp, LogSoftmaxOp, SoftmaxOp>(user))
+        return true;
+      if (isa<ReshapeOp>(user) && feedsLoss(user->getResult(0)))
+        return true;
+    }
+    return false;
+  }
+
+  /// alpha * (q_a * amax_a / 448) (q_b * amax_b / 448) [+ beta C].
+  Value scaledProduct(OpBuilder &b, Location loc, Type result, Value lhs, Value rhs, Value c,
+                      double alpha, double beta) {
+    Quantized a = quantize(lhs), w = quantize(rhs);
+    ++scaledGemms;
+    return b.create<ScaledGemmOp>(loc, result, a.q, w.q, a.amax, w.amax, c, b.getBoolAttr(false),
+                                  b.getBoolAttr(true),
+                                  b.getF64FloatAttr(alpha / (kE4M3Max * kE4M3Max)),
+                                  b.getF64FloatAttr(beta));
+  }
+
+  /// A standalone matmul (lhs [..., K], rhs [N, K]) as a scaled_gemm over the
+  /// lhs's rows; a bf16 bias row that a loose add puts on it becomes the
+  /// GEMM's bias (cuBLASLt's BIAS epilogue, bf16 beside float8).
+  void quantizeMatMul(MatMulOp mm) {
+    Value lhs = mm.getLhs(), rhs = mm.getRhs(), out = mm.getResult();
+    auto lt = tensorOf(lhs), ot = tensorOf(out);
+    int64_t k = lt.getShape().back(), m = lt.getNumElements() / k;
+    int64_t n = tensorOf(rhs).getDimSize(0);
+    OpBuilder b(mm);
+    Location loc = mm.getLoc();
+    Value rows = lhs;
+    if (lt.getRank() != 2)
+      rows = b.create<ReshapeOp>(loc, lt.clone({m, k}), lhs, b.getDenseI64ArrayAttr({m, k}));
+    // The loose add of a bias row (fixGemmOperands made both low).
+    AddOp biasAdd;
+    Value row;
+    if (out.hasOneUse())
+      if (auto add = dyn_cast<AddOp>(*out.getUsers().begin()))
+        for (Value other : add->getOperands())
+          if (other != out && tensorOf(other) && tensorOf(other).getRank() == 1 &&
+              tensorOf(other).getDimSize(0) == n && tensorOf(other).getElementType().isBF16() &&
+              tensorOf(add.getResult()).getElementType().isBF16() &&
+              other.getDefiningOp() != mm && (!other.getDefiningOp() ||
+                                             other.getDefiningOp()->isBeforeInBlock(mm))) {
+            biasAdd = add;
+            row = other;
+          }
+    Type elem = ot.getElementType();
+    Value product = scaledProduct(b, loc, RankedTensorType::get({m, n}, elem), rows, rhs, row,
+                                  1.0, row ? 1.0 : 0.0);
+    if (ot.getRank() != 2)
+      product = b.create<ReshapeOp>(loc, ot, product, b.getDenseI64ArrayAttr(ot.getShape()));
+    if (biasAdd) {
+      biasAdd.getResult().replaceAllUsesWith(product);
+      biasAdd.erase();
+    } else {
+      out.replaceAllUsesWith(product);
+    }
+    mm.erase();
+  }
+
+  /// A gemm region whose product is a gemm: the same region over the
+  /// float8 copies and their amaxes (arguments 2 and 3), the product a
+  /// scaled_gemm. Epilogues that read no f32 bias row (cuBLASLt takes a
+  /// bf16 one only beside float8): relu, gelu (and their aux outputs).
+  void quantizeGemmRegion(FusionOp region) {
+    auto gemm = cast<GemmOp>(&region.getBlock().front());
+    Quantized a = quantize(region.getInputs()[0]), w = quantize(region.getInputs()[1]);
+    SmallVector<Value> inputs{a.q, w.q, a.amax, w.amax};
+    llvm::append_range(inputs, region.getInputs().drop_front(2));
+    OpBuilder b(region);
+    auto rebuilt = b.create<FusionOp>(region.getLoc(), region.getResultTypes(), inputs,
+                                      region.getKindAttr());
+    rebuilt->setAttrs(region->getAttrs());
+    rebuilt.getBody().takeBody(region.getBody());
+    Block &body = rebuilt.getBlock();
+    body.getArgument(0).setType(a.q.getType());
+    body.getArgument(1).setType(w.q.getType());
+    body.insertArgument(2u, scalarF32(), region.getLoc());
+    body.insertArgument(3u, scalarF32(), region.getLoc());
+    OpBuilder in(gemm);
+    ++scaledGemms;
+    Value product = in.create<ScaledGemmOp>(
+        gemm.getLoc(), gemm.getType(), body.getArgument(0), body.getArgument(1),
+        body.getArgument(2), body.getArgument(3), gemm.getC(), in.getBoolAttr(false),
+        in.getBoolAttr(true),
+        in.getF64FloatAttr(gemm.getAlpha().convertToDouble() / (kE4M3Max * kE4M3Max)),
+        gemm.getBetaAttr());
+    gemm.getResult().replaceAllUsesWith(product);
+    gemm.erase();
+    region.replaceAllUsesWith(rebuilt.getResults());
+    region.erase();
+  }
+
+  void quantizeGemms() {
+    OpBuilder b = OpBuilder::atBlockBegin(&func.front());
+    e4m3Max = scalarConstant(b, func.getLoc(), kE4M3Max);
+    amaxFloor = scalarConstant(b, func.getLoc(), kAmaxFloor);
+    // Collected first: a rewrite erases the loose add after its matmul.
+    SmallVector<Operation *> candidates;
+    for (Operation &op : func.front().without_terminator())
+      if (isa<MatMulOp, GemmOp, FusionOp>(op))
+        candidates.push_back(&op);
+    for (Operation *opp : candidates) {
+      Operation &op = *opp;
+      if (auto mm = dyn_cast<MatMulOp>(&op)) {
+        if (float8Layout(mm.getLhs(), mm.getRhs(), mm.getTransA(), mm.getTransB(), mm.getResult()) &&
+            !feedsLoss(mm.getResult()))
+          quantizeMatMul(mm);
+        continue;
+      }
+      if (auto gemm = dyn_cast<GemmOp>(&op)) {
+        // A loose gemm: its C absent, a bf16 bias row or a full C of its type.
+        Value c = gemm.getC();
+        bool cFits = !c || (tensorOf(c).getRank() == 1 ? tensorOf(c).getElementType().isBF16()
+                                                      : tensorOf(c).getShape() ==
+                                                            tensorOf(gemm.getResult()).getShape());
+        if (cFits && float8Layout(gemm.getA(), gemm.getB(), gemm.getTransA(), gemm.getTransB(),
+                                  gemm.getResult())) {
+          OpBuilder b(gemm);
+          Value product = scaledProduct(b, gemm.getLoc(), gemm.getType(), gemm.getA(), gemm.getB(),
+                                        c, gemm.getAlpha().convertToDouble(),
+                                        gemm.getBeta().convertToDouble());
+          gemm.getResult().replaceAllUsesWith(product);
+          gemm.erase();
+        }
+        continue;
+      }
+      auto region = dyn_cast<FusionOp>(&op);
+      if (!region || region.getKind() != "gemm")
+        continue;
+      auto gemm = dyn_cast<GemmOp>(&region.getBlock().front());
+      Operation *epilogue = gemm ? gemm->getNextNode() : nullptr;
+      if (gemm && isa<ReluOp, GeluOp>(epilogue) &&
+          float8Layout(gemm.getA(), gemm.getB(), gemm.getTransA(), gemm.getTransB(),
+                       gemm.getResult()) &&
+          (!gemm.getC() || tensorOf(gemm.getC()).getElementType().isBF16()))
+        quantizeGemmRegion(region);
+    }
+    // The weights' amaxes (arguments, read at the entry): one multi_reduce.
+    mergeArgumentAmaxes();
+  }
+
+  /// The entry's multi_reduce regions (one per quantized argument) as one
+  /// launch: their bodies side by side.
+  void mergeArgumentAmaxes() {
+    SmallVector<FusionOp> regions;
+    for (auto &[v, qz] : quantized)
+      if (isa<BlockArgument>(v))
+        regions.push_back(qz.amax.getDefiningOp<FusionOp>());
+    if (regions.size() < 2)
+      return;
+    SmallVector<Value> inputs;
+    SmallVector<Type> types;
+    for (FusionOp r : regions) {
+      inputs.push_back(r.getInputs()[0]);
+      types.push_back(r.getResult(0).getType());
+    }
+    inputs.push_back(amaxFloor);
+    OpBuilder b(regions.back());
+    Location loc = regions.front().getLoc();
+    auto merged = b.create<FusionOp>(loc, types, inputs, b.getStringAttr("multi_reduce"));
+    SmallVector<Type> argTypes(ValueRange(inputs).getTypes());
+    Block *body = b.createBlock(&merged.getBody(), {}, argTypes,
+                                SmallVector<Location>(inputs.size(), loc));
+    OpBuilder in = OpBuilder::atBlockEnd(body);
+    SmallVector<Value> yielded;
+    for (auto [i, r] : llvm::enumerate(regions)) {
+      IRMapping map;
+      map.map(r.getBlock().getArgument(0), body->getArgument(i));
+      map.map(r.getBlock().getArgument(1), body->getArguments().back());
+      for (Operation &op : r.getBlock().without_terminator())
+        in.clone(op, map);
+      yielded.push_back(map.lookup(r.getBlock().getTerminator()->getOperand(0)));
+    }
+    in.create<YieldOp>(loc, yielded);
+    // Every cast region comes after the last of them (the merged one's place).
+    for (auto [i, r] : llvm::enumerate(regions)) {
+      r.getResult(0).replaceAllUsesWith(merged.getResult(i));
+      r.erase();
+    }
+    for (auto &[v, qz] : quantized)
+      if (isa<BlockArgument>(v)) {
+        qz.amax = merged.getResult(llvm::find(inputs, v) - inputs.begin());
+        qz.q.getDefiningOp()->moveAfter(merged);
+      }
   }
 
   void syncFunctionType() {

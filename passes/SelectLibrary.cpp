@@ -85,6 +85,8 @@ struct MatmulForm {
   // A gemm region's epilogue: relu | relu_aux | drelu | bias | bgrad_lhs | bgrad_rhs |
   // gelu | gelu_aux | dgelu | dgelu_bgrad (none: not stated).
   StringRef epilogue = "none";
+  // A scaled_gemm: float8 lhs/rhs and their scales (inputs 2 and 3).
+  bool scaled = false;
 };
 
 /// gemm: 2-d operands; C absent, a full [M, N] matrix (scaled by beta), or a
@@ -115,6 +117,40 @@ std::optional<MatmulForm> cublasForm(GemmOp gemm) {
   bool row = (c.getRank() == 1 && c.getDimSize(0) == n) ||
              (c.getRank() == 2 && c.getDimSize(0) == 1 && c.getDimSize(1) == n && n > 1);
   if (!row || beta != 1.0)
+    return std::nullopt;
+  f.c = "bias";
+  f.beta = 1.0;
+  return f;
+}
+
+/// scaled_gemm: as gemm, in the one layout Hopper's float8 GEMMs read (both
+/// operands K-major: lhs [M, K], rhs [N, K]), with K and N multiples of 16
+/// (16-byte rows of float8 and of the output); no full C beside a bias row
+/// of another type is possible, so C is absent, a row or a full matrix.
+std::optional<MatmulForm> cublasForm(ScaledGemmOp gemm) {
+  auto lhs = cast<RankedTensorType>(gemm.getA().getType());
+  auto rhs = cast<RankedTensorType>(gemm.getB().getType());
+  auto out = cast<RankedTensorType>(gemm.getResult().getType());
+  if (gemm.getTransA() || !gemm.getTransB() || lhs.getRank() != 2 || rhs.getRank() != 2)
+    return std::nullopt;
+  MatmulForm f;
+  f.scaled = true;
+  f.transB = true;
+  f.m = lhs.getDimSize(0);
+  f.k = lhs.getDimSize(1);
+  f.n = rhs.getDimSize(0);
+  if (f.k % 16 != 0 || f.n % 16 != 0)
+    return std::nullopt;
+  f.alpha = gemm.getAlpha().convertToDouble();
+  if (!gemm.getC())
+    return f;
+  auto c = cast<RankedTensorType>(gemm.getC().getType());
+  if (c.getShape() == out.getShape()) {
+    f.c = "full";
+    f.beta = gemm.getBeta().convertToDouble();
+    return f;
+  }
+  if (c.getRank() != 1 || c.getDimSize(0) != f.n || gemm.getBeta().convertToDouble() != 1.0)
     return std::nullopt;
   f.c = "bias";
   f.beta = 1.0;
@@ -175,6 +211,8 @@ DictionaryAttr formAttr(MLIRContext *ctx, const MatmulForm &f) {
   });
   if (f.epilogue != "none")
     attrs.push_back(b.getNamedAttr("epilogue", b.getStringAttr(f.epilogue)));
+  if (f.scaled)
+    attrs.push_back(b.getNamedAttr("scaled", b.getBoolAttr(true)));
   return b.getDictionaryAttr(attrs);
 }
 
@@ -190,14 +228,18 @@ std::optional<MatmulForm> cublasForm(FusionOp region) {
   std::optional<MatmulForm> f;
   if (auto matmul = dyn_cast<MatMulOp>(product))
     f = cublasForm(matmul);
+  else if (auto scaled = dyn_cast<ScaledGemmOp>(product))
+    f = cublasForm(scaled);
   else
     f = cublasForm(cast<GemmOp>(product));
   if (!f)
     return std::nullopt;
   Operation *epilogue = product->getNextNode();
   if (isa<AddOp>(epilogue)) {
-    // The bias row (BIAS) beside a full C (the residual forge-fuse put there).
-    if (f->c != "full")
+    // The bias row (BIAS) beside a full C (the residual forge-fuse put there);
+    // beside float8 operands cuBLASLt takes a bf16 row only.
+    Type row = cast<RankedTensorType>(region.getInputs().back().getType()).getElementType();
+    if (f->c != "full" || (f->scaled && !row.isBF16()))
       return std::nullopt;
     f->epilogue = "bias";
     return f;
@@ -242,7 +284,10 @@ std::optional<MatmulForm> cublasForm(FusionOp region) {
 
 /// cuBLASLt's element types (runtime/lib/cuda/Matmul.cpp): lhs and rhs f32,
 /// bf16 or f16 of one type, the output f32 or theirs, C (full or a bias row)
-/// the output's type; static shapes with elements.
+/// the output's type; static shapes with elements. A scaled_gemm's lhs and
+/// rhs are float8 (E4M3 or E5M2, not both E5M2), its output f32 or bf16, a
+/// bias row bf16 (cuBLASLt takes no other beside float8 operands), a full C
+/// the output's type.
 bool cublasTypes(Operation *op) {
   auto elem = [](Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); };
   auto nonEmpty = [](Value v) {
@@ -252,6 +297,17 @@ bool cublasTypes(Operation *op) {
   if (!llvm::all_of(op->getOperands(), nonEmpty) || !llvm::all_of(op->getResults(), nonEmpty))
     return false;
   Type ab = elem(op->getOperand(0)), out = elem(op->getResult(0));
+  if (auto scaled = dyn_cast<ScaledGemmOp>(op)) {
+    if (elem(scaled.getA()).isFloat8E5M2() && elem(scaled.getB()).isFloat8E5M2())
+      return false;
+    if (!(out.isF32() || out.isBF16()))
+      return false;
+    if (Value c = scaled.getC()) {
+      bool row = cast<RankedTensorType>(c.getType()).getRank() == 1;
+      return row ? elem(c).isBF16() : elem(c) == out;
+    }
+    return true;
+  }
   if (!(ab.isF32() || ab.isBF16() || ab.isF16()) || elem(op->getOperand(1)) != ab ||
       !(out.isF32() || out == ab))
     return false;
@@ -348,11 +404,24 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
     });
     if (attention.wasInterrupted())
       return signalPassFailure();
+    // A scaled_gemm has no generated kernel: cuBLASLt must take it
+    // (forge-assign-precision made it only in forms cublasForm accepts).
+    WalkResult scaled = getOperation().walk([&](ScaledGemmOp op) {
+      if (op->getParentOfType<FusionOp>() || (cublasTypes(op) && cublasForm(op)))
+        return WalkResult::advance();
+      op->emitError() << "forge-select-library: cuBLASLt takes no form of this scaled_gemm (it "
+                         "needs lhs [M, K] and rhs [N, K] with K and N multiples of 16, not both "
+                         "E5M2, an f32 or bf16 output and a bf16 bias row)";
+      return WalkResult::interrupt();
+    });
+    if (scaled.wasInterrupted())
+      return signalPassFailure();
     getOperation().walk([&](Operation *op) {
-      if (!isa<MatMulOp, GemmOp, ConvOp, ConvTransposeOp, ConvGradWeightOp>(op) ||
+      if (!isa<MatMulOp, GemmOp, ScaledGemmOp, ConvOp, ConvTransposeOp, ConvGradWeightOp>(op) ||
           op->getParentOfType<FusionOp>())
         return;
-      bool takes = isa<MatMulOp, GemmOp>(op) ? cublasTypes(op) : isStaticNonEmptyF32(op);
+      bool takes =
+          isa<MatMulOp, GemmOp, ScaledGemmOp>(op) ? cublasTypes(op) : isStaticNonEmptyF32(op);
       if (!takes)
         return;
       StringRef library;
@@ -361,6 +430,8 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
         form = cublasForm(matmul);
       else if (auto gemm = dyn_cast<GemmOp>(op))
         form = cublasForm(gemm);
+      else if (auto scaled = dyn_cast<ScaledGemmOp>(op))
+        form = cublasForm(scaled);
       else
         library = cudnnTakes(op) ? "cudnn" : "";
       if (form) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""bf16 and fp16 training (forgec --precision bf16|fp16, forge-assign-precision; fp16 with
-dynamic loss scaling) against PyTorch's fp32 run of the fixtures in tests/fixtures/ (ctest
-e2e_precision).
+"""bf16, fp16 and fp8 training (forgec --precision bf16|fp16|fp8, forge-assign-precision; fp16
+with dynamic loss scaling; fp8: bf16 with float8 E4M3 forward GEMMs scaled per tensor) against
+PyTorch's fp32 run of the fixtures in tests/fixtures/ (ctest e2e_precision).
 
 For the adamw fixtures (mlp, gpt, cnn), each precision P, on the CPU (or --target/--device on
 a GPU):
@@ -32,6 +32,11 @@ Checks:
   overflow_skips  (mlp, fp16, --loss-scale dynamic:init=1e30) the first step's gradients
                   overflow: it reports skipped, its parameters and moments are exactly the
                   initial ones, and the scale halves every step until steps go through
+  float8_gemms    (fp8; mlp and gpt, whose GEMMs have K and N multiples of 16) forgec's remark
+                  names at least one GEMM run in float8; the copies above are the bf16 ones,
+                  and losses / params_step20 take FP8_LOSS_TOL / FP8_PARAM_TOL (E4M3 keeps 4
+                  significant bits; measured on the CPU: losses <= 8.2e-4, parameters <= 0.122:
+                  blocks.0.ln1.bias, a small vector whose Adam steps follow its gradient's sign)
 GPU machines have no forgec: --compile-only --bundles DIR compiles the bundles into DIR here,
 and --bundles DIR alone later trains them there (--device cuda; exit 77, skipped, without a GPU).
 Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
@@ -39,6 +44,7 @@ Prints one line per check and 'N passed, N failed'; exit status 1 if anything fa
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -52,7 +58,11 @@ DEFAULT_FIXTURES = os.path.normpath(os.path.join(HERE, "..", "fixtures"))
 TIMEOUT_S = 600
 LOSS_TOL = 5e-3
 PARAM_TOL = 3e-2
+FP8_LOSS_TOL = 1e-2
+FP8_PARAM_TOL = 0.15
 FIXTURES = ["mlp_adamw", "gpt_adamw", "cnn_adamw"]
+# Fixtures with a GEMM float8 takes (K and N multiples of 16); the cnn's are convolutions.
+FP8_FIXTURES = ("mlp_adamw", "gpt_adamw")
 
 
 def bf16_round(x):
@@ -88,7 +98,21 @@ def compile_fixture(rep, name, fdir, forgec, target, bundle, prec, extra=()):
            str(m["batch_size"]), "--loss", "cross_entropy:logits,labels", "--optimizer",
            optimizer_spec(m["optimizer_hparams"]), "--precision", prec, "-o", bundle, *extra]
     rc, _, out = e2e.run(cmd, TIMEOUT_S)
-    return rep.check(f"{name} compile", rc == 0, e2e.failure(rc, out) if rc else "")
+    ok = rep.check(f"{name} compile", rc == 0, e2e.failure(rc, out) if rc else "")
+    if ok and prec == "fp8":
+        # forgec's remark, kept beside the bundle for the half that trains it.
+        found = re.search(r"(\d+) GEMM\(s\) run in float8", out)
+        with open(bundle + ".float8", "w") as f:
+            f.write(found.group(1) if found else "0")
+    return ok
+
+
+def check_float8(rep, name, bundle):
+    try:
+        n = int(open(bundle + ".float8").read())
+    except (OSError, ValueError):
+        n = 0
+    rep.check(f"{name} float8_gemms", n >= 1, f"{n} GEMM(s) in float8 (forgec's remark)")
 
 
 def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec):
@@ -105,7 +129,8 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec):
     torch_losses = np.load(os.path.join(fdir, "losses.npy"))
     dump = dict(np.load(params))
     init = dict(np.load(os.path.join(fdir, "init_params.npz")))
-    suffix = "." + prec
+    copy_prec = "bf16" if prec == "fp8" else prec  # fp8 keeps bf16 copies (and float8 ones per step)
+    suffix = "." + copy_prec
     copies = sorted(k for k in dump if k.endswith(suffix))
     masters = [k[: -len(suffix)] for k in copies]
     differs = losses.shape == torch_losses.shape and not np.allclose(losses, torch_losses,
@@ -116,11 +141,11 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec):
               f"{differs}")
     bad = []
     for c, mname in zip(copies, masters):
-        got, want = copy_bits(dump[c], prec), rounded_bits(dump[mname], prec)
+        got, want = copy_bits(dump[c], copy_prec), rounded_bits(dump[mname], copy_prec)
         if got.shape != want.shape or not np.array_equal(got, want):
             bad.append(c)
     rep.check(f"{name} copies_exact", copies and not bad,
-              f"{len(copies) - len(bad)}/{len(copies)} copies equal {prec}(master)"
+              f"{len(copies) - len(bad)}/{len(copies)} copies equal {copy_prec}(master)"
               + (f"; differ: {', '.join(bad[:4])}" if bad else ""))
     wide = [k for k in dump if not k.endswith(suffix) and dump[k].dtype != np.float32
             and not k.startswith("forge.")]
@@ -130,7 +155,8 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec):
         rep.check(f"{name} losses", False, f"{losses.shape} losses, torch {torch_losses.shape}")
         return
     worst = float(np.max(np.abs(losses - torch_losses) / np.abs(torch_losses)))
-    rep.check(f"{name} losses", worst <= LOSS_TOL, f"max rel {worst:.2e} (<= {LOSS_TOL:g})")
+    loss_tol = FP8_LOSS_TOL if prec == "fp8" else LOSS_TOL
+    rep.check(f"{name} losses", worst <= loss_tol, f"max rel {worst:.2e} (<= {loss_tol:g})")
     if prec == "fp16":
         recs = [json.loads(l) for l in open(metrics) if l.strip()]
         scales = [r.get("loss_scale") for r in recs]
@@ -144,10 +170,11 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec):
     errs = {k: rel(dump[k], v) for k, v in torch_params.items() if k in dump}
     worst_p = max(errs.values()) if errs else float("inf")
     which = max(errs, key=errs.get) if errs else "none"
-    rep.check(f"{name} params_step20", errs and worst_p <= PARAM_TOL and
+    param_tol = FP8_PARAM_TOL if prec == "fp8" else PARAM_TOL
+    rep.check(f"{name} params_step20", errs and worst_p <= param_tol and
               len(errs) == len(torch_params),
               f"{len(errs)}/{len(torch_params)} parameters, max rel {worst_p:.2e} ({which}) "
-              f"(<= {PARAM_TOL:g})")
+              f"(<= {param_tol:g})")
 
 
 def check_overflow(rep, name, fdir, bundle, forge_train, device, tmp):
@@ -238,12 +265,16 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = a.bundles or tmp
         os.makedirs(out, exist_ok=True)
-        for prec in ("bf16", "fp16"):
+        for prec in ("bf16", "fp16", "fp8"):
             for fixture in a.fixtures:
+                if prec == "fp8" and fixture not in FP8_FIXTURES:
+                    continue
                 fdir = os.path.join(a.fixtures_dir, fixture)
                 name = f"{fixture} {prec}"
                 bundle = os.path.join(out, f"{fixture}.{prec}.forge")
                 if replay or compile_fixture(rep, name, fdir, forgec, a.target, bundle, prec):
+                    if prec == "fp8":
+                        check_float8(rep, name, bundle)
                     if not a.compile_only:
                         check_fixture(rep, name, fdir, bundle, forge_train, a.device, tmp, prec)
                 if prec != "fp16" or not fixture.startswith("mlp"):

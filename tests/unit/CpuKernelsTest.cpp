@@ -343,6 +343,7 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "where",
                                         "matmul",
                                         "gemm",
+                                        "scaled_gemm",
                                         "conv",
                                         "conv_transpose",
                                         "max_pool",
@@ -1426,6 +1427,67 @@ TEST(CpuKernels, Gemm) {
   HT a = randomTensor(bundle::F32, {2, 3}), b = randomTensor(bundle::F32, {3, 2});
   HT y(bundle::F32, {2, 2});
   EXPECT_FALSE(Op("gemm").i("transA", 0).i("transB", 0).f("alpha", 1).run({&a, &b}, {&y}).isOk());
+}
+
+/// An E4M3FN (bias 7, max 448) or E5M2 (bias 15) byte as the value it
+/// stands for, by the formats' definition (independent of the runtime's).
+double float8Value(uint8_t byte, bool e5m2) {
+  int mantissaBits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+  int exponent = (byte & 0x7F) >> mantissaBits, mantissa = byte & ((1 << mantissaBits) - 1);
+  double magnitude = exponent == 0
+                         ? std::ldexp(mantissa, 1 - bias - mantissaBits)
+                         : std::ldexp((1 << mantissaBits) + mantissa, exponent - bias - mantissaBits);
+  return byte & 0x80 ? -magnitude : magnitude;
+}
+
+TEST(CpuKernels, ScaledGemm) {
+  // y = alpha (sa A)(sb B^T) + beta C over float8 codes (no NaN/Inf codes),
+  // against float64; outputs f32 and bf16, C absent, a bf16 bias row, full.
+  const int64_t m = 6, k = 16, n = 5;
+  std::uniform_int_distribution<int> code(0, 255);
+  for (bool e5m2Lhs : {false, true})
+    for (DType out : {bundle::F32, bundle::BF16})
+      for (int cKind : {0, 1, 2}) {
+        auto codes = [&](std::vector<int64_t> shape, bool e5m2) {
+          HT t(e5m2 ? bundle::F8E5M2 : bundle::F8E4M3, shape);
+          for (uint8_t &b : t.bytes) {
+            do
+              b = static_cast<uint8_t>(code(rng()));
+            while (e5m2 ? (b & 0x7C) == 0x7C : (b & 0x7F) == 0x7F); // Inf/NaN codes
+          }
+          return t;
+        };
+        HT a = codes({m, k}, e5m2Lhs), b = codes({n, k}, false);
+        HT sa = make(bundle::F32, {}, {0.125}), sb = make(bundle::F32, {}, {3.0});
+        HT c = cKind == 1   ? randomTensor(bundle::BF16, {n})
+               : cKind == 2 ? randomTensor(out, {m, n})
+                            : HT();
+        double alpha = 0.5, beta = cKind ? 1.0 : 0.0;
+        HT y(out, {m, n});
+        ASSERT_OK(Op("scaled_gemm")
+                      .i("transA", 0)
+                      .i("transB", 1)
+                      .f("alpha", alpha)
+                      .f("beta", beta)
+                      .run({&a, &b, &sa, &sb, cKind ? &c : nullptr}, {&y}));
+        std::vector<double> want(m * n);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double acc = 0;
+            for (int64_t p = 0; p < k; ++p)
+              acc += 0.125 * float8Value(a.bytes[i * k + p], e5m2Lhs) * 3.0 *
+                     float8Value(b.bytes[j * k + p], false);
+            double cv = cKind == 1 ? c.at(j) : cKind == 2 ? c.at(i * n + j) : 0.0;
+            want[i * n + j] = alpha * acc + beta * cv;
+          }
+        expectNear(y, want, out == bundle::BF16 ? 1e-2 : 1e-5, out == bundle::BF16 ? 1e-1 : 1e-3,
+                   "scaled_gemm");
+      }
+  // Non-float8 operands and non-scalar scales are refused.
+  HT a = randomTensor(bundle::F32, {2, 16}), b = randomTensor(bundle::F32, {2, 16});
+  HT s = make(bundle::F32, {}, {1.0}), y(bundle::F32, {2, 2});
+  EXPECT_FALSE(Op("scaled_gemm").i("transA", 0).i("transB", 1).f("alpha", 1).f("beta", 0)
+                   .run({&a, &b, &s, &s}, {&y}).isOk());
 }
 
 //===----------------------------------------------------------------------===//

@@ -55,10 +55,11 @@ static cl::opt<bool> tf32("tf32",
                           cl::init(false), cl::cat(forgecCategory));
 static cl::opt<std::string> precision(
     "precision", cl::init("fp32"),
-    cl::desc("fp32 (default) | tf32 (as --tf32) | bf16 | fp16: the training step's "
+    cl::desc("fp32 (default) | tf32 (as --tf32) | bf16 | fp16 | fp8: the training step's "
              "activations, gradients and GEMM operands in bf16 (or fp16, with dynamic loss "
              "scaling) on tensor cores, with fp32 master weights, optimizer and statistics "
-             "(forge-assign-precision)"),
+             "(forge-assign-precision); fp8 (experimental): bf16 with the forward GEMMs in "
+             "float8 E4M3, scaled per tensor"),
     cl::cat(forgecCategory));
 static cl::opt<bool> memoryReport(
     "memory-report",
@@ -307,10 +308,13 @@ int main(int argc, char **argv) {
   pipelineOptions.target = target;
   pipelineOptions.train = trainFlags();
   pipelineOptions.memoryReport = memoryReport;
-  if (precision != "fp32" && precision != "tf32" && precision != "bf16" && precision != "fp16")
-    return fail("unknown --precision '" + precision +
-                "' (fp32, tf32, bf16, fp16; fp8 needs per-tensor scales, not built yet)");
-  if ((precision == "bf16" || precision == "fp16") && inferenceOnly)
+  if (precision != "fp32" && precision != "tf32" && precision != "bf16" && precision != "fp16" &&
+      precision != "fp8")
+    return fail("unknown --precision '" + precision + "' (fp32, tf32, bf16, fp16, fp8)");
+  if (precision == "fp8" && target == "cuda:sm_80")
+    return fail("--precision fp8 needs float8 tensor cores (cuda:sm_89 or cuda:sm_90), not " +
+                target);
+  if ((precision == "bf16" || precision == "fp16" || precision == "fp8") && inferenceOnly)
     return fail("--precision " + precision +
                 " applies to the training step; use it without --inference-only");
   pipelineOptions.precision = precision;

@@ -237,6 +237,11 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
       pr->set_beta(*beta);
       // The operands' type; the runtime reads the output's from its tensor.
       pr->set_dtype(dtypeFromType(cast<RankedTensorType>(op.getOperand(0).getType()).getElementType()));
+      if (auto scaled = form.getAs<BoolAttr>("scaled"); scaled && scaled.getValue()) {
+        pr->set_scaled(true);
+        pr->set_rhs_dtype(
+            dtypeFromType(cast<RankedTensorType>(op.getOperand(1).getType()).getElementType()));
+      }
     }
     return success();
   }

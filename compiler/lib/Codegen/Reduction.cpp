@@ -11,6 +11,8 @@
 //===----------------------------------------------------------------------===//
 #include "KernelGenInternal.h"
 
+#include <functional>
+
 
 std::optional<ReduceKind> kernelgen::reduceKind(Operation *op) {
   auto addf = [](Body &k, Value a, Value c) -> Value { return k.b.create<arith::AddFOp>(k.loc, a, c); };
@@ -614,21 +616,40 @@ std::optional<KernelLaunch> KernelGenerator::Impl::cumsumKernel(Operation *op, S
 /// its elements (capped at a few waves; its grid-stride loop covers the
 /// rest), picked by a binary decision tree on blockIdx.x as in horizontal
 /// regions. Each block sums its share, then one atomic add per block into the
-/// member's scalar (zeroed before the launch). Inputs are read at the flat
-/// element index (in 4-element vectors where every size allows), or are
-/// scalars.
+/// member's scalar (zeroed before the launch). A member may instead be the
+/// maximum of an abs (float8 scaling's amax): non-negative floats order as
+/// their bits do as signed integers, so the block's maximum goes in by an
+/// integer atomic max (NaN's bits exceed infinity's: a NaN wins, as it
+/// must). Inputs are read at the flat element index (in 4-element vectors
+/// where every size allows and all are f32), or are scalars; bf16/f16
+/// inputs are read one element at a time.
 std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fusion,
                                                                      StringRef name) {
   Block &body = fusion.getBlock();
-  SmallVector<ReduceSumOp> sums;
+  SmallVector<Operation *> sums; // reduce_sum, or reduce_max of non-negative values
+  SmallVector<bool> isMax;
+  // abs(x), or max(y, z) of a non-negative y or z.
+  std::function<bool(Value)> nonNegative = [&](Value v) {
+    Operation *def = v.getDefiningOp();
+    if (isa_and_nonnull<AbsOp>(def))
+      return true;
+    return isa_and_nonnull<MaxOp>(def) &&
+           (nonNegative(def->getOperand(0)) || nonNegative(def->getOperand(1)));
+  };
   for (Operation &op : body.without_terminator()) {
-    if (auto sum = dyn_cast<ReduceSumOp>(op))
-      sums.push_back(sum);
+    if (isa<ReduceSumOp>(op) || (isa<ReduceMaxOp>(op) && nonNegative(op.getOperand(0)))) {
+      sums.push_back(&op);
+      isMax.push_back(isa<ReduceMaxOp>(op));
+    } else if (isa<ReduceMaxOp>(op)) {
+      return std::nullopt; // a maximum of possibly negative values: not by integer atomics
+    }
     if (!faultOf(&op).empty())
       return std::nullopt;
-    for (Value v : op.getOperands())
-      if (!tensorType(v).getElementType().isF32() && !tensorType(v).getElementType().isInteger(1))
+    for (Value v : op.getOperands()) {
+      Type e = tensorType(v).getElementType();
+      if (!e.isF32() && !e.isInteger(1) && !e.isBF16() && !e.isF16())
         return std::nullopt;
+    }
   }
   // Every argument a member reads has the member's elements (reads[i]: those
   // member i reads), or one.
@@ -642,8 +663,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
   SmallVector<llvm::SmallSetVector<unsigned, 4>> reads(sums.size());
   SmallVector<bool> vectorized(sums.size());
   for (auto [i, sum] : llvm::enumerate(sums)) {
-    int64_t n = tensorType(sum.getInput()).getNumElements();
-    SmallVector<Value> worklist{sum.getInput()};
+    int64_t n = tensorType(sum->getOperand(0)).getNumElements();
+    SmallVector<Value> worklist{sum->getOperand(0)};
     while (!worklist.empty()) {
       Value v = worklist.pop_back_val();
       if (auto arg = dyn_cast<BlockArgument>(v)) {
@@ -656,7 +677,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
       }
       llvm::append_range(worklist, v.getDefiningOp()->getOperands());
     }
-    vectorized[i] = tensorType(sum.getInput()).getNumElements() % kVector == 0 &&
+    vectorized[i] = tensorType(sum->getOperand(0)).getNumElements() % kVector == 0 &&
                     llvm::all_of(reads[i], [&](unsigned a) {
                       return tensorType(body.getArgument(a)).getElementType().isF32();
                     });
@@ -681,15 +702,15 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
   for (auto [a, v] : llvm::enumerate(fusion.getInputs()))
     args.push_back(flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements(),
                               vectorArg[a]));
-  for (Value v : fusion.getResults())
-    args.push_back(flatMemref(tensorType(v).getElementType(), 1));
-  Type f32 = Float32Type::get(context);
+  Type f32 = Float32Type::get(context), i32 = IntegerType::get(context, 32);
+  for (auto [i, v] : llvm::enumerate(fusion.getResults()))
+    args.push_back(flatMemref(isMax[i] ? i32 : tensorType(v).getElementType(), 1));
   int64_t block = 256;
   const int64_t cap = 4 * target.typicalSMs * std::max<int64_t>(1, target.maxThreadsPerSM / block);
   SmallVector<int64_t> first, blocks;
   int64_t grid = 0;
   for (auto [i, sum] : llvm::enumerate(sums)) {
-    int64_t n = tensorType(sum.getInput()).getNumElements();
+    int64_t n = tensorType(sum->getOperand(0)).getNumElements();
     first.push_back(grid);
     // About 4 loads (of `width` elements) per thread, at least one block.
     int64_t perBlock = 4 * (vectorized[i] ? kVector : 1) * block;
@@ -704,6 +725,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
   unsigned numInputs = fusion.getInputs().size();
   bool ok = true;
   auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
+  auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
   Value zero = k.fconst(f32, 0.0);
   // Body argument at flat element e (scalars at 0).
   auto evalAt = [&](Value v, Value e, llvm::DenseMap<Value, Value> &stored) {
@@ -713,26 +735,28 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
     });
   };
   emitBlockRanges(k, bid, first, [&](size_t lo) {
-    ReduceSumOp sum = sums[lo];
-    int64_t n = tensorType(sum.getInput()).getNumElements();
+    Operation *sum = sums[lo];
+    Value input = sum->getOperand(0);
+    auto combine = [&, max = isMax[lo]](Value a, Value c) { return max ? maxf(a, c) : addf(a, c); };
+    int64_t n = tensorType(input).getNumElements();
     Value local = b.create<arith::SubIOp>(k.loc, bid, k.idx(first[lo]));
     Value start = k.add(k.mul(local, k.idx(block)), k.tid());
     const int64_t width = vectorized[lo] ? kVector : 1;
     Value acc = k.loopAcc(start, n / width, k.idx(blocks[lo] * block), zero, [&](Value e, Value a) {
       if (!vectorized[lo]) {
         llvm::DenseMap<Value, Value> stored;
-        Value x = evalAt(sum.getInput(), e, stored);
+        Value x = evalAt(input, e, stored);
         if (!x) {
           ok = false;
           return a;
         }
-        return addf(a, k.toCompute(x, f32));
+        return combine(a, k.toCompute(x, f32));
       }
       // Vector e of every input, loaded once; the body evaluated per lane.
       llvm::DenseMap<unsigned, Value> vectors;
       for (int64_t l = 0; l < kVector; ++l) {
         llvm::DenseMap<Value, Value> stored;
-        Value x = evalBodyValue(k, sum.getInput(), stored, [&](BlockArgument arg) -> Value {
+        Value x = evalBodyValue(k, input, stored, [&](BlockArgument arg) -> Value {
           Value mem = fn.getArgument(arg.getArgNumber());
           if (tensorType(arg).getNumElements() == 1)
             return b.create<memref::LoadOp>(k.loc, mem, k.idx(0));
@@ -745,14 +769,20 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
           ok = false;
           return a;
         }
-        a = addf(a, k.toCompute(x, f32));
+        a = combine(a, k.toCompute(x, f32));
       }
       return a;
     });
-    acc = k.blockReduce(acc, block / kWarp, sh, zero, addf);
+    acc = k.blockReduce(acc, block / kWarp, sh, zero, combine);
     k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
-      b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, acc,
-                                    fn.getArgument(numInputs + lo), ValueRange{k.idx(0)});
+      Value out = fn.getArgument(numInputs + lo);
+      if (isMax[lo])
+        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::maxs,
+                                      b.create<arith::BitcastOp>(k.loc, i32, acc), out,
+                                      ValueRange{k.idx(0)});
+      else
+        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, acc, out,
+                                      ValueRange{k.idx(0)});
     });
   });
   if (!ok || sums.empty()) {

@@ -367,38 +367,83 @@ void TransposeOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
   patterns.add<GemmOfTransposedResult, MatMulOfTransposedResult>(context);
 }
 
-FORGE_INFER(GemmOp) {
-  auto a = rankedOrNull(adaptor.getA().getType());
-  auto b = rankedOrNull(adaptor.getB().getType());
+/// [M, N] of a gemm-like op (gemm, scaled_gemm): rank-2 operands whose
+/// contraction dims agree, a C (if any) broadcasting to [M, N].
+static LogicalResult inferGemmShape(std::optional<Location> loc, StringRef op, Type aType,
+                                    Type bType, bool transA, bool transB, Value c,
+                                    SmallVectorImpl<int64_t> &mn) {
+  auto a = rankedOrNull(aType);
+  auto b = rankedOrNull(bType);
   if (!a || !b || a.getRank() != 2 || b.getRank() != 2)
-    return failInference(loc, "gemm operands must be static rank-2 tensors");
-  int64_t m = adaptor.getTransA() ? a.getDimSize(1) : a.getDimSize(0);
-  int64_t ka = adaptor.getTransA() ? a.getDimSize(0) : a.getDimSize(1);
-  int64_t kb = adaptor.getTransB() ? b.getDimSize(1) : b.getDimSize(0);
-  int64_t n = adaptor.getTransB() ? b.getDimSize(0) : b.getDimSize(1);
+    return failInference(loc, (op + " operands must be static rank-2 tensors").str());
+  int64_t m = transA ? a.getDimSize(1) : a.getDimSize(0);
+  int64_t ka = transA ? a.getDimSize(0) : a.getDimSize(1);
+  int64_t kb = transB ? b.getDimSize(1) : b.getDimSize(0);
+  int64_t n = transB ? b.getDimSize(0) : b.getDimSize(1);
   if (ka != kb) {
     std::string text;
     llvm::raw_string_ostream os(text);
-    os << "gemm contraction dims differ: A " << a << (adaptor.getTransA() ? " (transA)" : "")
-       << " has " << ka << ", B " << b << (adaptor.getTransB() ? " (transB)" : "") << " has " << kb;
+    os << op << " contraction dims differ: A " << a << (transA ? " (transA)" : "") << " has "
+       << ka << ", B " << b << (transB ? " (transB)" : "") << " has " << kb;
     return failInference(loc, text);
   }
-  if (Value c = adaptor.getC()) {
+  if (c) {
     auto ct = rankedOrNull(c.getType());
     if (!ct || failed(broadcastShapes({m, n}, ct.getShape())) || ct.getRank() > 2)
-      return failInference(loc, "gemm C does not broadcast to [M, N]");
+      return failInference(loc, (op + " C does not broadcast to [M, N]").str());
   }
-  inferred.push_back(withShape(a, {m, n}));
+  mn.assign({m, n});
   return success();
 }
 
-OpCost GemmOp::computeCost() {
-  OpCost cost = estimateDefaultCost(getOperation(), 0);
-  auto a = cast<RankedTensorType>(getA().getType());
-  int64_t k = getTransA() ? a.getDimSize(0) : a.getDimSize(1);
-  cost.flops = 2 * k * cast<RankedTensorType>(getType()).getNumElements();
+FORGE_INFER(GemmOp) {
+  SmallVector<int64_t> mn;
+  if (failed(inferGemmShape(loc, "gemm", adaptor.getA().getType(), adaptor.getB().getType(),
+                            adaptor.getTransA(), adaptor.getTransB(), adaptor.getC(), mn)))
+    return failure();
+  inferred.push_back(withShape(cast<RankedTensorType>(adaptor.getA().getType()), mn));
+  return success();
+}
+
+/// 2 K FLOPs per output element of a gemm-like op.
+template <typename GemmLike> static OpCost gemmCost(GemmLike op) {
+  OpCost cost = estimateDefaultCost(op.getOperation(), 0);
+  auto a = cast<RankedTensorType>(op.getA().getType());
+  int64_t k = op.getTransA() ? a.getDimSize(0) : a.getDimSize(1);
+  cost.flops = 2 * k * cast<RankedTensorType>(op.getType()).getNumElements();
   return cost;
 }
+
+OpCost GemmOp::computeCost() { return gemmCost(*this); }
+
+FORGE_INFER(ScaledGemmOp) {
+  SmallVector<int64_t> mn;
+  if (failed(inferGemmShape(loc, "scaled_gemm", adaptor.getA().getType(),
+                            adaptor.getB().getType(), adaptor.getTransA(), adaptor.getTransB(),
+                            adaptor.getC(), mn)))
+    return failure();
+  // The float8 operands decode to f32, the product's type (stored bf16 where
+  // forge-assign-precision says so).
+  inferred.push_back(RankedTensorType::get(mn, Float32Type::get(context)));
+  return success();
+}
+
+LogicalResult ScaledGemmOp::verify() {
+  auto isFloat8 = [](Value v) {
+    Type e = cast<RankedTensorType>(v.getType()).getElementType();
+    return e.isFloat8E4M3FN() || e.isFloat8E5M2();
+  };
+  if (!isFloat8(getA()) || !isFloat8(getB()))
+    return emitOpError("takes float8 (f8E4M3FN or f8E5M2) operands");
+  for (Value s : {getAScale(), getBScale()}) {
+    auto t = cast<RankedTensorType>(s.getType());
+    if (t.getRank() != 0 || !t.getElementType().isF32())
+      return emitOpError("takes f32 scalar scales");
+  }
+  return success();
+}
+
+OpCost ScaledGemmOp::computeCost() { return gemmCost(*this); }
 
 FORGE_INFER(ConvOp) {
   auto x = rankedOrNull(adaptor.getInput().getType());
@@ -726,9 +771,10 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
   // Two epilogue ops: gelu_grad and its bias gradient, relu and its bitmask.
   bool twoOps = ops.size() == 3 && (isa<GeluGradOp>(ops[1]) || isa<ReluOp>(ops[1]));
   bool dgeluBgrad = twoOps && isa<GeluGradOp>(ops[1]);
-  if ((ops.size() != 2 && !twoOps) || !isa<GemmOp, MatMulOp>(ops[0]))
-    return fusion.emitOpError("a gemm region holds one gemm or matmul and one epilogue op "
-                              "(gelu_grad and its bias gradient, relu and its bitmask: two)");
+  if ((ops.size() != 2 && !twoOps) || !isa<GemmOp, MatMulOp, ScaledGemmOp>(ops[0]))
+    return fusion.emitOpError("a gemm region holds one gemm, scaled_gemm or matmul and one "
+                              "epilogue op (gelu_grad and its bias gradient, relu and its "
+                              "bitmask: two)");
   Operation *product = ops[0], *epilogue = ops[1];
   // A bias or GELU/ReLU-gradient epilogue reads one more argument, the last:
   // the bias row, the GELU's input or the ReLU's bitmask saved by the forward.
@@ -736,15 +782,17 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
   auto productArgs = block.getArguments().drop_back(extraArg ? 1 : 0);
   if (!llvm::equal(product->getOperands(), productArgs))
     return product->emitOpError("must take the gemm region's arguments, in order, as operands");
-  // cuBLASLt's operands: f32, or bf16/f16 (forge-assign-precision) of one type.
+  // cuBLASLt's operands: f32, or bf16/f16 (forge-assign-precision) of one
+  // type; a scaled_gemm's are float8 (its verifier), then its two scales.
+  bool scaled = isa<ScaledGemmOp>(product);
   Type lhsElem = cast<RankedTensorType>(product->getOperand(0).getType()).getElementType();
   for (Type t : TypeRange(product->getOperandTypes()).take_front(2))
     if (Type e = cast<RankedTensorType>(t).getElementType();
-        e != lhsElem || !(e.isF32() || e.isBF16() || e.isF16()))
+        !scaled && (e != lhsElem || !(e.isF32() || e.isBF16() || e.isF16())))
       return product->emitOpError("of a gemm region must take f32, bf16 or f16 operands of one "
                                   "type");
   Type outElem = cast<RankedTensorType>(product->getResult(0).getType()).getElementType();
-  for (Type t : TypeRange(product->getOperandTypes()).drop_front(2))
+  for (Type t : TypeRange(product->getOperandTypes()).drop_front(scaled ? 4 : 2))
     if (cast<RankedTensorType>(t).getElementType() != outElem)
       return product->emitOpError("of a gemm region must take a C of its result's type");
   if (auto gelu = dyn_cast<GeluOp>(epilogue)) {
@@ -832,6 +880,8 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
                                  "over its contraction axis)");
   auto in = cast<RankedTensorType>(sum.getInput().getType());
   bool lhs = sum.getInput() == block.getArgument(0), rhs = sum.getInput() == block.getArgument(1);
+  if (scaled) // the sum of a float8 operand would be of its encoded values
+    return sum.emitOpError("cannot sum an operand of a scaled_gemm");
   auto gemm = dyn_cast<GemmOp>(product);
   bool transA = gemm ? gemm.getTransA() : cast<MatMulOp>(product).getTransA();
   bool transB = gemm ? gemm.getTransB() : cast<MatMulOp>(product).getTransB();
@@ -884,21 +934,23 @@ LogicalResult FusionOp::verify() {
     return success();
   }
   if (getKind() == "multi_reduce") {
-    // Sums of whole tensors; each member's prologue only feeds it.
+    // Sums (or maxima: float8 scaling's amax) of whole tensors; each member's
+    // prologue only feeds it.
     SmallVector<Value> sums;
     for (Operation &op : block.without_terminator()) {
-      if (auto sum = dyn_cast<ReduceSumOp>(op)) {
-        auto in = cast<RankedTensorType>(sum.getInput().getType());
-        if (cast<RankedTensorType>(sum.getType()).getRank() != 0 ||
-            static_cast<int64_t>(sum.getAxes().size()) != in.getRank())
+      if (isa<ReduceSumOp, ReduceMaxOp>(op)) {
+        auto in = cast<RankedTensorType>(op.getOperand(0).getType());
+        auto axes = op.getAttrOfType<DenseI64ArrayAttr>("axes");
+        if (cast<RankedTensorType>(op.getResult(0).getType()).getRank() != 0 ||
+            static_cast<int64_t>(axes.size()) != in.getRank())
           return op.emitOpError("is not a reduction of a whole tensor to a scalar");
-        sums.push_back(sum.getResult());
+        sums.push_back(op.getResult(0));
         continue;
       }
       auto iface = dyn_cast<ForgeOpInterface>(op);
       if (!iface || iface.getFusionClass() != FusionClass::Elementwise || !op.hasOneUse())
-        return op.emitOpError("is neither a whole-tensor reduce_sum nor a pointwise op that "
-                              "only one reduction reads");
+        return op.emitOpError("is neither a whole-tensor reduce_sum/reduce_max nor a pointwise "
+                              "op that only one reduction reads");
     }
     if (!llvm::equal(sums, yield.getValues()))
       return emitOpError("must yield its reductions' sums in order");

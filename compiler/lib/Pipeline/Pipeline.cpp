@@ -39,7 +39,7 @@ void addGraphCleanup(OpPassManager &pm, const PipelineOptions &options) {
     PadContractionsOptions pad;
     pad.minFlops = options.gemmPadMinFlops;
     // bf16/f16 storage (the precision stage, later) needs rows of 8 elements.
-    if (options.precision == "bf16" || options.precision == "fp16")
+    if (options.precision == "bf16" || options.precision == "fp16" || options.precision == "fp8")
       pad.minElements = 8;
     pm.addNestedPass<func::FuncOp>(createPadContractions(pad));
   }
@@ -61,7 +61,8 @@ void addFusion(OpPassManager &pm, const PipelineOptions &options) {
 /// Which attention chains forge-recognize-composites turns into one op.
 RecognizeCompositesOptions recognizeOptions(const PipelineOptions &options, bool training) {
   RecognizeCompositesOptions recognize;
-  bool low = training && (options.precision == "bf16" || options.precision == "fp16");
+  bool low = training && (options.precision == "bf16" || options.precision == "fp16" ||
+                          options.precision == "fp8");
   if (StringRef(options.target).starts_with("cuda"))
     recognize.attention = low ? "cudnn" : "none";
   else
@@ -134,7 +135,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // that makes or reads the value (and a parameter's low copy in the
   // optimizer's region) instead of running as a kernel of its own; before
   // placement, which states each GEMM's operand types to cuBLASLt.
-  if (options.precision == "bf16" || options.precision == "fp16") {
+  if (options.precision == "bf16" || options.precision == "fp16" || options.precision == "fp8") {
     AssignPrecisionOptions precision;
     precision.precision = options.precision;
     pm.addPass(createAssignPrecision(precision));

@@ -836,6 +836,8 @@ Status whereKernel(KernelContext &ctx) {
 
 } // namespace
 
+double decodeFloat8(uint8_t byte, DType type) { return float8ToDouble(byte, float8Format(type)); }
+
 void registerElementwiseKernels(Registry &r) {
   r.add("add", &binaryKernel<AddOp>, 2, 2);
   r.add("sub", &binaryKernel<SubOp>, 2, 2);

@@ -300,6 +300,10 @@ Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double al
             int64_t ldy);
 
 /// f16/bf16 tensors run the f32 kernels on converted copies.
+/// The value a float8 byte of `type` (F8E4M3, F8E5M2 or their FNUZ
+/// variants) stands for, exactly (Elementwise.cpp, as Cast decodes).
+double decodeFloat8(uint8_t byte, DType type);
+
 template <typename T> std::vector<float> toFloatVector(const TensorView &t) {
   std::vector<float> out(t.present() ? t.numel() : 0);
   const T *p = t.as<const T>();

@@ -182,25 +182,41 @@ Status matmulKernel(KernelContext &ctx) {
 // gemm
 //===----------------------------------------------------------------------===//
 
+/// A gemm-like kernel's attributes and sizes: y[m, n] = alpha op(a) op(b) +
+/// beta C with rank-2 operands (checked, y's shape too).
+struct GemmForm {
+  int64_t transA = 0, transB = 0, m = 0, n = 0, k = 0;
+  double alpha = 1, beta = 0;
+};
+Status readGemmForm(KernelContext &ctx, const char *op, GemmForm &f) {
+  const TensorView &a = ctx.inputs[0], &b = ctx.inputs[1];
+  CPU_ASSIGN_OR_RETURN(f.transA, ctx.attrs.getInt("transA"));
+  CPU_ASSIGN_OR_RETURN(f.transB, ctx.attrs.getInt("transB"));
+  CPU_ASSIGN_OR_RETURN(f.alpha, ctx.attrs.getFloat("alpha"));
+  CPU_ASSIGN_OR_RETURN(f.beta, ctx.attrs.getFloat("beta"));
+  if (a.rank() != 2 || b.rank() != 2)
+    return Status::error("{} operands must have rank 2, got {} and {}", op, shapeString(a.shape),
+                         shapeString(b.shape));
+  f.m = f.transA ? a.shape[1] : a.shape[0];
+  f.k = f.transA ? a.shape[0] : a.shape[1];
+  const int64_t kb = f.transB ? b.shape[1] : b.shape[0];
+  f.n = f.transB ? b.shape[0] : b.shape[1];
+  if (f.k != kb)
+    return Status::error("contraction dims differ: A {} vs B {}", shapeString(a.shape),
+                         shapeString(b.shape));
+  return checkShape(ctx.outputs[0], {f.m, f.n});
+}
+
 Status gemmKernel(KernelContext &ctx) {
   const TensorView &a = ctx.inputs[0], &b = ctx.inputs[1];
   const TensorView *c = ctx.inputs.size() > 2 && ctx.inputs[2].present() ? &ctx.inputs[2] : nullptr;
   TensorView &y = ctx.outputs[0];
-  CPU_ASSIGN_OR_RETURN(int64_t transA, ctx.attrs.getInt("transA"));
-  CPU_ASSIGN_OR_RETURN(int64_t transB, ctx.attrs.getInt("transB"));
-  CPU_ASSIGN_OR_RETURN(double alpha, ctx.attrs.getFloat("alpha"));
-  CPU_ASSIGN_OR_RETURN(double beta, ctx.attrs.getFloat("beta"));
   FORGE_RETURN_IF_ERROR(checkDType(b, a.dtype, "B"));
   FORGE_RETURN_IF_ERROR(checkDType(y, a.dtype, "result"));
-  if (a.rank() != 2 || b.rank() != 2)
-    return Status::error("gemm operands must have rank 2, got {} and {}", shapeString(a.shape),
-                         shapeString(b.shape));
-  const int64_t m = transA ? a.shape[1] : a.shape[0], k = transA ? a.shape[0] : a.shape[1];
-  const int64_t kb = transB ? b.shape[1] : b.shape[0], n = transB ? b.shape[0] : b.shape[1];
-  if (k != kb)
-    return Status::error("contraction dims differ: A {} vs B {}", shapeString(a.shape),
-                         shapeString(b.shape));
-  FORGE_RETURN_IF_ERROR(checkShape(y, {m, n}));
+  GemmForm f;
+  FORGE_RETURN_IF_ERROR(readGemmForm(ctx, "gemm", f));
+  const int64_t m = f.m, n = f.n, k = f.k, transA = f.transA, transB = f.transB;
+  const double alpha = f.alpha, beta = f.beta;
   std::vector<int64_t> sc;
   if (c) {
     FORGE_RETURN_IF_ERROR(checkDType(*c, a.dtype, "C"));
@@ -225,11 +241,71 @@ Status gemmKernel(KernelContext &ctx) {
   });
 }
 
+//===----------------------------------------------------------------------===//
+// scaled_gemm: float8 operands decoded (exactly) and multiplied by their
+// scales, then an f32 gemm; y and C f32 or bf16 (a bias row of either).
+//===----------------------------------------------------------------------===//
+
+Status scaledGemmKernel(KernelContext &ctx) {
+  const TensorView &a = ctx.inputs[0], &b = ctx.inputs[1];
+  const TensorView &as = ctx.inputs[2], &bs = ctx.inputs[3];
+  const TensorView *c = ctx.inputs.size() > 4 && ctx.inputs[4].present() ? &ctx.inputs[4] : nullptr;
+  TensorView &y = ctx.outputs[0];
+  auto float8 = [](DType t) { return t == bundle::F8E4M3 || t == bundle::F8E5M2; };
+  if (!float8(a.dtype) || !float8(b.dtype))
+    return Status::error("scaled_gemm takes float8 (E4M3 or E5M2) operands, got {} and {}",
+                         dtypeName(a.dtype), dtypeName(b.dtype));
+  FORGE_RETURN_IF_ERROR(checkDType(as, bundle::F32, "A's scale"));
+  FORGE_RETURN_IF_ERROR(checkDType(bs, bundle::F32, "B's scale"));
+  if (as.numel() != 1 || bs.numel() != 1)
+    return Status::error("scaled_gemm scales must be scalars");
+  GemmForm f;
+  FORGE_RETURN_IF_ERROR(readGemmForm(ctx, "scaled_gemm", f));
+  const int64_t m = f.m, n = f.n, k = f.k;
+  if (y.dtype != bundle::F32 && y.dtype != bundle::BF16)
+    return unsupportedDType(y.dtype, "scaled_gemm result (f32 or bf16)");
+  auto decoded = [](const TensorView &t, float scale) {
+    std::vector<float> v(t.numel());
+    const uint8_t *bytes = t.as<const uint8_t>();
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<float>(decodeFloat8(bytes[i], t.dtype)) * scale;
+    return v;
+  };
+  std::vector<float> pa = decoded(a, *as.as<const float>()), pb = decoded(b, *bs.as<const float>());
+  auto asFloat = [](const TensorView &t) {
+    return t.dtype == bundle::BF16 ? toFloatVector<BFloat16>(t)
+                                   : std::vector<float>(t.as<const float>(),
+                                                        t.as<const float>() + t.numel());
+  };
+  std::vector<float> py(static_cast<size_t>(m * n), 0.0f);
+  double blasBeta = 0.0;
+  if (c && f.beta != 0.0) {
+    if (c->dtype != bundle::F32 && c->dtype != bundle::BF16)
+      return unsupportedDType(c->dtype, "scaled_gemm C (f32 or bf16)");
+    if (c->rank() > 2)
+      return Status::error("scaled_gemm C must have rank <= 2, got {}", shapeString(c->shape));
+    CPU_ASSIGN_OR_RETURN(std::vector<int64_t> sc, broadcastStrides(c->shape, {m, n}));
+    std::vector<float> pc = asFloat(*c);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        py[i * n + j] = pc[i * sc[0] + j * sc[1]];
+    blasBeta = f.beta;
+  }
+  FORGE_RETURN_IF_ERROR(gemmAny(ctx.pool, f.transA != 0, f.transB != 0, m, n, k, f.alpha, pa.data(),
+                                a.shape[1], pb.data(), b.shape[1], blasBeta, py.data(), n));
+  if (y.dtype == bundle::BF16)
+    storeFloatVector<BFloat16>(py, y);
+  else
+    std::copy(py.begin(), py.end(), y.as<float>());
+  return Status::ok();
+}
+
 } // namespace
 
 void registerMatMulKernels(Registry &r) {
   r.add("matmul", &matmulKernel, 2, 2);
   r.add("gemm", &gemmKernel, 2, 3);
+  r.add("scaled_gemm", &scaledGemmKernel, 4, 5);
 }
 
 } // namespace forge::rt::cpu

@@ -743,7 +743,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         // The tensors were checked by matmulProblem when the plan was made.
         MatmulTensors t = matmulTensors(inst, s.matmul->problem());
         auto ptr = [&](int32_t id) -> void * { return id >= 0 ? im.devicePtr[id] : nullptr; };
-        s.mm = {ptr(t.lhs), ptr(t.rhs), ptr(t.c), ptr(t.out), ptr(t.vector), ptr(t.aux)};
+        s.mm = {ptr(t.lhs),    ptr(t.rhs),      ptr(t.c),       ptr(t.out),
+                ptr(t.vector), ptr(t.aux), ptr(t.lhsScale), ptr(t.rhsScale)};
         break;
       }
       case bundle::DEVICE_COPY: {

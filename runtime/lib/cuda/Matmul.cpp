@@ -18,15 +18,52 @@ namespace {
 } // namespace
 
 std::string MatmulProblem::key() const {
-  return fmt::format("{}x{}x{} b{} t{}{} s{},{} c{}{} a{} b{} tf{} e{} d{},{}", m, n, k, batch,
-                     transA, transB, lhsBatchStride, rhsBatchStride, fullC, bias, alpha, beta,
-                     tf32, static_cast<int>(epilogue), static_cast<int>(ab),
-                     static_cast<int>(out));
+  return fmt::format("{}x{}x{} b{} t{}{} s{},{} c{}{} a{} b{} tf{} e{} d{},{},{}{}", m, n, k,
+                     batch, transA, transB, lhsBatchStride, rhsBatchStride, fullC, bias, alpha,
+                     beta, tf32, static_cast<int>(epilogue), static_cast<int>(ab),
+                     static_cast<int>(out), static_cast<int>(rhsDType()), scaled ? " scaled" : "");
 }
+
+namespace {
+
+bool isFloat8(bundle::DType d) { return d == bundle::F8E4M3 || d == bundle::F8E5M2; }
+
+/// The problem of `inst` with a scaled problem's two scale inputs taken out
+/// (`scaled`: they were; the float8 types and bf16 bias rows apply).
+Expected<MatmulProblem> unscaledProblem(const bundle::Program &p, const bundle::Instruction &inst,
+                                        bool tf32, bool scaled);
+
+} // namespace
 
 Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::Instruction &inst,
                                       bool tf32) {
-  if (inst.op() != "matmul" && inst.op() != "gemm" && inst.op() != "fusion")
+  if (!inst.has_matmul() || !inst.matmul().scaled())
+    return unscaledProblem(p, inst, tf32, false);
+  // Inputs lhs, rhs, the two scales, then what an unscaled problem has.
+  if (inst.inputs_size() < 4)
+    return Status::error("{}: a scaled cuBLASLt problem needs lhs, rhs and their two scales",
+                         inst.op());
+  for (int i = 2; i < 4; ++i) {
+    int32_t t = inst.inputs(i);
+    if (t < 0 || t >= p.tensors_size() || p.tensors(t).dtype() != bundle::F32 ||
+        numElements(shapeOf(p.tensors(t))) != 1)
+      return Status::error("{}: the scaled problem's input {} (the {}'s scale) must be an f32 "
+                           "scalar",
+                           inst.op(), i, i == 2 ? "lhs" : "rhs");
+  }
+  bundle::Instruction rest = inst;
+  rest.clear_body(); // not read; a region's body can be long
+  rest.mutable_inputs()->erase(rest.mutable_inputs()->begin() + 2,
+                               rest.mutable_inputs()->begin() + 4);
+  return unscaledProblem(p, rest, tf32, true);
+}
+
+namespace {
+
+Expected<MatmulProblem> unscaledProblem(const bundle::Program &p, const bundle::Instruction &inst,
+                                        bool tf32, bool scaled) {
+  if (inst.op() != "matmul" && inst.op() != "gemm" && inst.op() != "scaled_gemm" &&
+      inst.op() != "fusion")
     return Status::error("op '{}' is not a matmul", inst.op());
   const auto e = inst.has_matmul() ? inst.matmul().epilogue() : bundle::MatmulProblem::NO_EPILOGUE;
   // Epilogues with a second output (a bias gradient, an aux matrix).
@@ -54,18 +91,33 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
       return Status::error("{}: tensor {} does not exist", inst.op(), t);
   const bundle::MatmulProblem &b = inst.matmul();
   // Operands f32, bf16 or f16 (the problem's dtype); the output f32 or theirs.
+  // Scaled: float8 operands (E4M3 or E5M2, not both E5M2), the output f32 or
+  // bf16.
   const bundle::DType ab = b.dtype(), out = p.tensors(inst.outputs(0)).dtype();
-  if (ab != bundle::F32 && ab != bundle::BF16 && ab != bundle::F16)
+  const bundle::DType rhsType = scaled ? b.rhs_dtype() : ab;
+  if (scaled) {
+    if (!isFloat8(ab) || !isFloat8(rhsType) || (ab == bundle::F8E5M2 && rhsType == bundle::F8E5M2))
+      return Status::error("{}: a scaled cuBLASLt problem takes float8 operands, not both E5M2 "
+                           "({} and {})",
+                           inst.op(), dtypeName(ab), dtypeName(rhsType));
+    if (out != bundle::F32 && out != bundle::BF16)
+      return Status::error("{}: a float8 product is written as f32 or bf16, not {}", inst.op(),
+                           dtypeName(out));
+  } else if (ab != bundle::F32 && ab != bundle::BF16 && ab != bundle::F16) {
     return Status::error("{}: the cuBLASLt problem's dtype is {} (f32, bf16 or f16 expected)",
                          inst.op(), dtypeName(ab));
-  if (p.tensors(inst.inputs(0)).dtype() != ab || p.tensors(inst.inputs(1)).dtype() != ab)
-    return Status::error("{}: the operands are {} and {}, the cuBLASLt problem states {}",
-                         inst.op(), dtypeName(p.tensors(inst.inputs(0)).dtype()),
-                         dtypeName(p.tensors(inst.inputs(1)).dtype()), dtypeName(ab));
-  if (out != bundle::F32 && out != ab)
+  } else if (out != bundle::F32 && out != ab) {
     return Status::error("{}: a product of {} operands is written as f32 or {}, not {}",
                          inst.op(), dtypeName(ab), dtypeName(ab), dtypeName(out));
+  }
+  if (p.tensors(inst.inputs(0)).dtype() != ab || p.tensors(inst.inputs(1)).dtype() != rhsType)
+    return Status::error("{}: the operands are {} and {}, the cuBLASLt problem states {} and {}",
+                         inst.op(), dtypeName(p.tensors(inst.inputs(0)).dtype()),
+                         dtypeName(p.tensors(inst.inputs(1)).dtype()), dtypeName(ab),
+                         dtypeName(rhsType));
   MatmulProblem pr;
+  pr.scaled = scaled;
+  pr.rhsType = rhsType;
   pr.tf32 = tf32 && ab == bundle::F32;
   pr.ab = ab;
   pr.out = out;
@@ -89,6 +141,8 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   auto outOf = [&](int32_t t, int64_t n) {
     return t >= 0 && t < p.tensors_size() && p.tensors(t).dtype() == out && elements(t) == n;
   };
+  // A bias row read: the output's type, bf16 beside float8 operands.
+  const bundle::DType rowType = scaled ? bundle::BF16 : out;
   auto fits = [](int64_t a, int64_t b) { return a > 0 && b > 0 && a <= (int64_t{1} << 62) / b; };
   if (!fits(pr.m, pr.k) || !fits(pr.k, pr.n) || !fits(pr.m, pr.n) || pr.batch < 1 ||
       !fits(pr.batch, pr.m * pr.n) || !fits(pr.batch, pr.m * pr.k) || !fits(pr.batch, pr.k * pr.n))
@@ -143,9 +197,10 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
     if (!pr.fullC || inst.inputs_size() != 4)
       return Status::error("{}: the bias epilogue needs a full C and the bias row as input 3",
                            inst.op());
-    if (!outOf(inst.inputs(3), pr.n))
+    if (inst.inputs(3) < 0 || inst.inputs(3) >= p.tensors_size() ||
+        p.tensors(inst.inputs(3)).dtype() != rowType || elements(inst.inputs(3)) != pr.n)
       return Status::error("{}: the bias row must be {} of {} elements", inst.op(),
-                           dtypeName(out), pr.n);
+                           dtypeName(rowType), pr.n);
     pr.epilogue = MatmulProblem::Epilogue::Bias;
     break;
   }
@@ -223,8 +278,8 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
                          inst.op(), hasC ? "has no" : "has", hasC ? "has" : "lacks");
   if (hasC) {
     int32_t c = inst.inputs(2);
-    // A full C and a bias row have the output's type.
-    bundle::DType want = out;
+    // A full C has the output's type, a bias row too (bf16 when scaled).
+    bundle::DType want = pr.fullC ? out : rowType;
     if (c >= p.tensors_size() || p.tensors(c).dtype() != want)
       return Status::error("{}'s {} must be {} on the GPU", inst.op(),
                            pr.fullC ? "C" : "bias row", dtypeName(want));
@@ -236,8 +291,23 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
   return pr;
 }
 
+} // namespace
+
 MatmulTensors matmulTensors(const bundle::Instruction &inst, const MatmulProblem &pr) {
   MatmulTensors t;
+  if (pr.scaled) { // the scales, then the instruction as an unscaled one
+    bundle::Instruction rest;
+    *rest.mutable_inputs() = inst.inputs();
+    *rest.mutable_outputs() = inst.outputs();
+    rest.mutable_inputs()->erase(rest.mutable_inputs()->begin() + 2,
+                                 rest.mutable_inputs()->begin() + 4);
+    MatmulProblem unscaled = pr;
+    unscaled.scaled = false;
+    t = matmulTensors(rest, unscaled);
+    t.lhsScale = inst.inputs(2);
+    t.rhsScale = inst.inputs(3);
+    return t;
+  }
   t.lhs = inst.inputs(0);
   t.rhs = inst.inputs(1);
   t.out = inst.outputs(0);
@@ -271,8 +341,27 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   cublasComputeType_t compute = pr.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LT_CHECK(api.cublasLtMatmulDescCreate(&plan->desc_, compute, CUDA_R_32F));
   auto cudaType = [](bundle::DType d) {
-    return d == bundle::BF16 ? CUDA_R_16BF : d == bundle::F16 ? CUDA_R_16F : CUDA_R_32F;
+    switch (d) {
+    case bundle::BF16: return CUDA_R_16BF;
+    case bundle::F16: return CUDA_R_16F;
+    case bundle::F8E4M3: return CUDA_R_8F_E4M3;
+    case bundle::F8E5M2: return CUDA_R_8F_E5M2;
+    default: return CUDA_R_32F;
+    }
   };
+  if (pr.scaled) {
+    // Float8: fast accumulation (Hopper's float8 MMA accumulates in reduced
+    // precision; the output is promoted to f32 every few K steps either
+    // way) as TransformerEngine's forward GEMMs; bias rows bf16.
+    int8_t fast = 1;
+    LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                &fast, sizeof(fast)));
+    if (pr.bias || pr.epilogue == MatmulProblem::Epilogue::Bias) {
+      cudaDataType_t row = CUDA_R_16BF;
+      LT_CHECK(api.cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                  &row, sizeof(row)));
+    }
+  }
   // Bias rows and bias gradients have D's type (cuBLASLt's default: its
   // RELU_BIAS refuses an f32 bias beside a bf16 D on sm_90).
 
@@ -344,7 +433,7 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   };
   // Stored (column-major) shapes: rhs is N x K when transB, else... its memory
   // is row-major [K, N] (or [N, K] with transB), i.e. column-major N x K (K x N).
-  FORGE_RETURN_IF_ERROR(layout(&plan->a_, pr.ab, pr.transB ? pr.k : pr.n,
+  FORGE_RETURN_IF_ERROR(layout(&plan->a_, pr.rhsDType(), pr.transB ? pr.k : pr.n,
                                pr.transB ? pr.n : pr.k, pr.rhsBatchStride));
   FORGE_RETURN_IF_ERROR(layout(&plan->b_, pr.ab, pr.transA ? pr.m : pr.k,
                                pr.transA ? pr.k : pr.m, pr.lhsBatchStride));
@@ -402,6 +491,19 @@ Status MatmulPlan::run(cudaStream_t stream, const MatmulOperands &ops, void *wor
   if (problem_.hasAux())
     LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                 &ops.aux, sizeof(ops.aux)));
+  if (problem_.scaled) {
+    // cuBLASLt's A is the rhs. It refuses (NOT_SUPPORTED, at this call)
+    // scale pointers that are not 16-byte aligned (bench/fp8_gemm_probe.cpp);
+    // the arena's 64-byte sections are.
+    if (reinterpret_cast<uintptr_t>(ops.lhsScale) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(ops.rhsScale) % 16 != 0)
+      return Status::error("a float8 GEMM's scales must be 16-byte aligned (a bundle whose "
+                           "memory plan misplaces them)");
+    LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                &ops.rhsScale, sizeof(ops.rhsScale)));
+    LT_CHECK(api.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                &ops.lhsScale, sizeof(ops.lhsScale)));
+  }
   const void *cPtr = problem_.fullC ? ops.c : ops.out;
   float beta = problem_.fullC ? problem_.beta : 0.0f;
   LT_CHECK(api.cublasLtMatmul(handle_, desc_, &problem_.alpha, ops.rhs, a_, ops.lhs, b_, &beta,
@@ -424,7 +526,8 @@ Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *wo
     return Status::ok();
   }
   // Outputs: out, and the vector or aux when the epilogue writes them.
-  std::vector<const void *> written{ops.out}, read{ops.lhs, ops.rhs, ops.c};
+  std::vector<const void *> written{ops.out}, read{ops.lhs, ops.rhs, ops.c, ops.lhsScale,
+                                                   ops.rhsScale};
   bool writesVector = problem_.epilogue != MatmulProblem::Epilogue::Bias;
   bool writesAux = problem_.hasAux() && !problem_.readsAux();
   (writesVector ? written : read).push_back(ops.vector);

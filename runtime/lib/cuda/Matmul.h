@@ -56,6 +56,13 @@ struct MatmulProblem {
   // or the operands'), which a full C, a bias row, a bias gradient and a
   // GELU's aux matrix share.
   bundle::DType ab = bundle::F32, out = bundle::F32;
+  // A scaled_gemm: float8 lhs (ab) and rhs (rhsType), each multiplied by an
+  // f32 scalar (inputs 2 and 3; cuBLASLt's B and A scale pointers); a bias
+  // row is then bf16.
+  bool scaled = false;
+  bundle::DType rhsType = bundle::F32;
+  /// The rhs's element type (cuBLASLt's A).
+  bundle::DType rhsDType() const { return scaled ? rhsType : ab; }
   std::string key() const;
   /// Whether the epilogue reads or writes a vector (the bias pointer): BIAS's
   /// row, or a bias gradient.
@@ -93,6 +100,7 @@ Expected<MatmulProblem> matmulProblem(const bundle::Program &p, const bundle::In
 /// written) and its aux matrix (the GELU input written, or read by DGELU).
 struct MatmulTensors {
   int32_t lhs = -1, rhs = -1, c = -1, out = -1, vector = -1, aux = -1;
+  int32_t lhsScale = -1, rhsScale = -1; // a scaled problem's inputs 2 and 3
 };
 MatmulTensors matmulTensors(const bundle::Instruction &inst, const MatmulProblem &pr);
 
@@ -100,6 +108,7 @@ MatmulTensors matmulTensors(const bundle::Instruction &inst, const MatmulProblem
 struct MatmulOperands {
   const void *lhs = nullptr, *rhs = nullptr, *c = nullptr;
   void *out = nullptr, *vector = nullptr, *aux = nullptr;
+  const void *lhsScale = nullptr, *rhsScale = nullptr;
 };
 
 /// By MatmulProblem::key(): the heuristic's candidates (best first; one query

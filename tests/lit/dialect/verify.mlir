@@ -318,7 +318,7 @@ func.func @gemm_region_product_read_twice(%x: tensor<4x8xf32>, %w: tensor<8x5xf3
 // -----
 
 func.func @gemm_region_two_epilogues(%x: tensor<4x8xf32>, %w: tensor<8x5xf32>) -> tensor<4x5xf32> {
-  // expected-error @+1 {{a gemm region holds one gemm or matmul and one epilogue op}}
+  // expected-error @+1 {{a gemm region holds one gemm, scaled_gemm or matmul and one epilogue op}}
   %r = forge.fusion "gemm"(%x, %w) : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32> {
   ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x5xf32>):
     %p = forge.matmul %a, %b : (tensor<4x8xf32>, tensor<8x5xf32>) -> tensor<4x5xf32>
@@ -477,4 +477,20 @@ func.func @relu_bitmask_row_bytes(%dy: tensor<4x130xf32>, %m: tensor<4x17xi8>) -
   // expected-error @+1 {{failed to infer returned types}}
   %d = forge.relu_grad_bitmask %dy, %m : (tensor<4x130xf32>, tensor<4x17xi8>) -> tensor<4x130xf32>
   return %d : tensor<4x130xf32>
+}
+
+// -----
+
+func.func @scaled_gemm_not_float8(%a: tensor<8x32xbf16>, %b: tensor<16x32xbf16>, %s: tensor<f32>) -> tensor<8x16xf32> {
+  // expected-error @+1 {{takes float8 (f8E4M3FN or f8E5M2) operands}}
+  %0 = forge.scaled_gemm %a, %b, %s, %s {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = true} : (tensor<8x32xbf16>, tensor<16x32xbf16>, tensor<f32>, tensor<f32>) -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
+}
+
+// -----
+
+func.func @scaled_gemm_scale_not_scalar(%a: tensor<8x32xf8E4M3FN>, %b: tensor<16x32xf8E4M3FN>, %s: tensor<1xf32>) -> tensor<8x16xf32> {
+  // expected-error @+1 {{takes f32 scalar scales}}
+  %0 = forge.scaled_gemm %a, %b, %s, %s {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = true} : (tensor<8x32xf8E4M3FN>, tensor<16x32xf8E4M3FN>, tensor<1xf32>, tensor<1xf32>) -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
 }

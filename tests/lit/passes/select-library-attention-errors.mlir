@@ -47,3 +47,13 @@ func.func @attention_bias_shape(%q: tensor<1x2x16x64xbf16>, %k: tensor<1x2x16x64
   %o, %lse = forge.attention %q, %k, %v, %b {causal = false, scale = 1.0 : f64} : (tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x3x1x16xbf16>) -> (tensor<1x2x16x64xbf16>, tensor<1x2x16xf32>)
   return %o : tensor<1x2x16x64xbf16>
 }
+
+// -----
+
+// A scaled_gemm cuBLASLt cannot take (a transposed lhs: float8 GEMMs read
+// both operands K-major) has no kernel either.
+func.func @scaled_transposed(%a: tensor<32x8xf8E4M3FN>, %b: tensor<16x32xf8E4M3FN>, %sa: tensor<f32>, %sb: tensor<f32>) -> tensor<8x16xf32> {
+  // expected-error @+1 {{cuBLASLt takes no form of this scaled_gemm}}
+  %0 = forge.scaled_gemm %a, %b, %sa, %sb {alpha = 1.0 : f64, beta = 0.0 : f64, transA = true, transB = true} : (tensor<32x8xf8E4M3FN>, tensor<16x32xf8E4M3FN>, tensor<f32>, tensor<f32>) -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
+}

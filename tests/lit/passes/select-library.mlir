@@ -219,3 +219,14 @@ func.func @attention_bf16(%q: tensor<1x2x16x64xbf16>, %k: tensor<1x2x16x64xbf16>
   %dq, %dk, %dv = forge.attention_grad %q, %k, %v, %o, %lse, %do {causal = true, scale = 1.250000e-01 : f64} : (tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16xf32>, tensor<1x2x16x64xbf16>) -> (tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>)
   return %o, %dq : tensor<1x2x16x64xbf16>, tensor<1x2x16x64xbf16>
 }
+
+// -----
+
+// A scaled_gemm (float8 operands, forge-assign-precision's fp8) states its
+// problem with `scaled`; a bf16 bias row is cuBLASLt's BIAS epilogue.
+// CHECK-LABEL: func @scaled
+// CHECK: forge.scaled_gemm {{.*}}forge.library = "cublaslt", forge.matmul = {alpha = 5.000000e-01 : f64, batch = 1 : i64, beta = 1.000000e+00 : f64, c = "bias", k = 32 : i64, lhs_batch_stride = 0 : i64, m = 8 : i64, n = 16 : i64, rhs_batch_stride = 0 : i64, scaled = true, trans_a = false, trans_b = true}
+func.func @scaled(%a: tensor<8x32xf8E4M3FN>, %b: tensor<16x32xf8E4M3FN>, %sa: tensor<f32>, %sb: tensor<f32>, %row: tensor<16xbf16>) -> tensor<8x16xbf16> {
+  %0 = forge.scaled_gemm %a, %b, %sa, %sb, %row {alpha = 0.5 : f64, beta = 1.0 : f64, transA = false, transB = true} : (tensor<8x32xf8E4M3FN>, tensor<16x32xf8E4M3FN>, tensor<f32>, tensor<f32>, tensor<16xbf16>) -> tensor<8x16xbf16>
+  return %0 : tensor<8x16xbf16>
+}

@@ -94,8 +94,9 @@ TEST(DialectTable, LibraryClassIsGemmsConvolutionsAndAttention) {
     if (auto *facts = name.getInterface<ForgeOpInterface>();
         facts && facts->getFusionClass() == FusionClass::Library)
       library.insert(name.stripDialect().str());
-  EXPECT_EQ(library, (std::set<std::string>{"matmul", "gemm", "conv", "conv_transpose",
-                                            "conv_grad_weight", "attention", "attention_grad"}));
+  EXPECT_EQ(library, (std::set<std::string>{"matmul", "gemm", "scaled_gemm", "conv",
+                                            "conv_transpose", "conv_grad_weight", "attention",
+                                            "attention_grad"}));
 }
 
 TEST(DialectTable, IntegerAndMaskOpsAreNotDifferentiable) {

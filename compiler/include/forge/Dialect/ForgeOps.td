@@ -212,6 +212,26 @@ def Forge_GemmOp : Forge_Op<"gemm", "Gemm", FusionLibrary, PrecisionTensorCore, 
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
 }
 
+// Made by forge-assign-precision (precision=fp8) from the forward's Gemm and
+// MatMul only; no gradient rule (it appears after autodiff).
+def Forge_ScaledGemmOp : Forge_Op<"scaled_gemm", "Gemm,MatMul", FusionLibrary, PrecisionTensorCore, 0> {
+  let summary = "alpha * (a_scale * op(A)) * (b_scale * op(B)) + beta * C, float8 A and B";
+  let description = [{
+    A float8 GEMM with per-tensor dequantization: `a` and `b` are float8
+    (E4M3FN or E5M2) matrices, `a_scale` and `b_scale` f32 scalars that each
+    multiplies its operand's decoded values. C as in forge.gemm. cuBLASLt
+    runs it with the scales as its A/B scale pointers (Hopper and Ada take
+    float8 only with both operands K-major: transA false, transB true).
+  }];
+  let arguments = (ins AnyForgeTensor:$a, AnyForgeTensor:$b, AnyForgeTensor:$a_scale,
+                       AnyForgeTensor:$b_scale, Optional<AnyForgeTensor>:$c,
+                       BoolAttr:$transA, BoolAttr:$transB, F64Attr:$alpha, F64Attr:$beta);
+  let results = (outs AnyForgeTensor:$result);
+  let hasVerifier = 1;
+  let assemblyFormat = "$a `,` $b `,` $a_scale `,` $b_scale (`,` $c^)? attr-dict `:` functional-type(operands, results)";
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
 def Forge_ConvOp : Forge_Op<"conv", "Conv", FusionLibrary, PrecisionTensorCore, 1> {
   let summary = "N-d grouped convolution, NC[D]HW, explicit pads (auto_pad resolved)";
   let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$weight,
