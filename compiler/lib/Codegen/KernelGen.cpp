@@ -213,6 +213,9 @@ KernelGenerator::Impl::Impl(MLIRContext *ctx, CudaTarget t)
   module->getOperation()->setAttr(gpu::GPUDialect::getContainerModuleAttrName(), b.getUnitAttr());
   b.setInsertionPointToEnd(module->getBody());
   gpuModule = b.create<gpu::GPUModuleOp>(module->getLoc(), "forge_kernels");
+  // Ada and Hopper convert to float8 in hardware (encodeFloat8).
+  if (this->target.chip == "sm_89" || this->target.chip == "sm_90")
+    gpuModule->setAttr(kFloat8CvtAttr, b.getUnitAttr());
 }
 
 KernelGenerator::KernelGenerator(MLIRContext *context, CudaTarget target)

@@ -68,6 +68,10 @@ inline int64_t chooseBlockSize(const CudaTarget &t, int64_t work, int64_t regsPe
 }
 
 inline bool isFloat(Type t) { return isa<FloatType>(t); }
+/// On the kernels' gpu.module: the chip converts f32 to float8 in hardware
+/// (sm_89+, PTX cvt.rn.satfinite.e4m3x2.f32).
+inline constexpr llvm::StringLiteral kFloat8CvtAttr = "forge.float8_cvt";
+
 /// float8 E4M3FN / E5M2: bytes in memory, decoded to f32 on load
 /// (Body::toCompute); only casts produce them (emitScalar encodes).
 inline bool isFloat8(Type t) {
@@ -143,6 +147,7 @@ struct Body {
   OpBuilder &b;
   Location loc;
   Value faultWord = nullptr, faultCode = nullptr; // kernels that check their data (fault)
+  bool float8Cvt = false; // the chip converts f32 to float8 in hardware (kFloat8CvtAttr)
 
   Value idx(int64_t v) { return b.create<arith::ConstantIndexOp>(loc, v); }
   Value i32(int32_t v) { return b.create<arith::ConstantIntOp>(loc, v, 32); }
@@ -300,6 +305,8 @@ struct Body {
   /// A builder for the body of `fn`, bound to its fault arguments if it has them.
   static Body of(OpBuilder &b, Location loc, gpu::GPUFuncOp fn) {
     Body k{b, loc};
+    auto kernels = fn->getParentOfType<gpu::GPUModuleOp>();
+    k.float8Cvt = kernels && kernels->hasAttr(kFloat8CvtAttr);
     if (fn->hasAttr(kFaultAttr)) {
       unsigned n = fn.getNumArguments();
       k.faultWord = fn.getArgument(n - 2);
@@ -545,10 +552,10 @@ struct KernelGenerator::Impl {
                            gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
   }
 
-  static Type flatMemref(Type elem, int64_t n, bool vector = false) {
+  static Type flatMemref(Type elem, int64_t n, bool vector = false, int64_t width = kVector) {
     Type s = storageType(elem);
     if (vector)
-      return MemRefType::get({n / kVector}, VectorType::get({kVector}, s));
+      return MemRefType::get({n / width}, VectorType::get({width}, s));
     return MemRefType::get({n}, s);
   }
 
@@ -566,6 +573,7 @@ struct KernelGenerator::Impl {
     SmallVector<OperandMap> maps;
     SmallVector<bool> scalar, identity; // per operand: one element; read at the output's index
     bool vector = false;
+    int64_t width = kVector; // elements per vector (8 for 2-byte tensors)
     int64_t work = 0;
     SmallVector<Type> inTypes, outTypes, outStorage;
   };

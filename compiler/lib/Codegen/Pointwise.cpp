@@ -5,9 +5,12 @@
 // (elementwise ops with broadcasting, cast, where, transpose, broadcast,
 // slice). Adjacent dimensions that every operand walks contiguously are
 // merged first; when every operand is contiguous, a scalar, or rows read
-// with stride 1 (a broadcast bias) and the sizes divide by 4, operands are
-// read and written as 4-element vectors (16-byte accesses for f32). A loop fusion region is one map kernel evaluating its
-// body per element; a horizontal region gives each member a block range.
+// with stride 1 (a broadcast bias) and the sizes divide by the width, operands
+// are read and written as vectors of 4 elements (16-byte accesses for f32),
+// or of 8 when some tensor has 2-byte or smaller elements (16 bytes of bf16:
+// 8-byte accesses left bf16 kernels at ~2.5 TB/s). A loop fusion region is
+// one map kernel evaluating its body per element; a horizontal region gives
+// each member a block range.
 //
 //===----------------------------------------------------------------------===//
 #include "KernelGenInternal.h"
@@ -54,29 +57,43 @@ KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<Op
   p.maps = std::move(maps);
   // Vector form: every operand contiguous (strides of the output) or a scalar.
   p.outStrides = contiguousStrides(p.shape);
-  p.vector = n % kVector == 0;
   p.scalar.resize(p.maps.size());
   p.identity.resize(p.maps.size());
   for (size_t m = 0; m < p.maps.size(); ++m) {
     p.scalar[m] = inSizes[m] == 1;
     p.identity[m] = p.maps[m].offset == 0 && p.maps[m].strides == p.outStrides;
-    // Otherwise 4 consecutive outputs must read 4 consecutive, aligned
-    // elements (a bias row broadcast over the outer dims, a view's rows):
-    // stride 1 in the innermost dim, which divides by 4, as do the offset
-    // and the outer strides.
-    bool rows = !p.shape.empty() && p.maps[m].strides.back() == 1 &&
-                p.shape.back() % kVector == 0 && p.maps[m].offset % kVector == 0 &&
-                llvm::all_of(ArrayRef<int64_t>(p.maps[m].strides).drop_back(),
-                             [](int64_t st) { return st % kVector == 0; });
-    p.vector &= p.scalar[m] || p.identity[m] || rows;
   }
+  // Otherwise `width` consecutive outputs must read as many consecutive,
+  // aligned elements (a bias row broadcast over the outer dims, a view's
+  // rows): stride 1 in the innermost dim, which divides by the width, as do
+  // the offset and the outer strides.
+  auto vectorizes = [&](int64_t width) {
+    if (n % width != 0)
+      return false;
+    for (size_t m = 0; m < p.maps.size(); ++m) {
+      bool rows = !p.shape.empty() && p.maps[m].strides.back() == 1 &&
+                  p.shape.back() % width == 0 && p.maps[m].offset % width == 0 &&
+                  llvm::all_of(ArrayRef<int64_t>(p.maps[m].strides).drop_back(),
+                               [&](int64_t st) { return st % width == 0; });
+      if (!(p.scalar[m] || p.identity[m] || rows))
+        return false;
+    }
+    return true;
+  };
+  auto bytes = [](Type e) { return storageType(e).getIntOrFloatBitWidth() / 8; };
+  bool narrow = llvm::any_of(outElems, [&](Type e) { return bytes(e) <= 2; });
   for (size_t m = 0; m < p.maps.size(); ++m)
-    p.inTypes.push_back(flatMemref(inElems[m], inSizes[m], p.vector && !p.scalar[m]));
+    narrow |= !p.scalar[m] && bytes(inElems[m]) <= 2;
+  p.width = narrow && vectorizes(2 * kVector) ? 2 * kVector : kVector;
+  p.vector = vectorizes(p.width);
+  for (size_t m = 0; m < p.maps.size(); ++m)
+    p.inTypes.push_back(
+        flatMemref(inElems[m], inSizes[m], p.vector && !p.scalar[m], p.width));
   for (Type e : outElems) {
-    p.outTypes.push_back(flatMemref(e, n, p.vector));
+    p.outTypes.push_back(flatMemref(e, n, p.vector, p.width));
     p.outStorage.push_back(storageType(e));
   }
-  p.work = p.vector ? n / kVector : n;
+  p.work = p.vector ? n / p.width : n;
   return p;
 }
 
@@ -92,7 +109,7 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
       SmallVector<Value> first;
       auto rowVector = [&](size_t m) {
         if (first.empty()) {
-          Value rest = k.mul(i, k.idx(kVector));
+          Value rest = k.mul(i, k.idx(p.width));
           first.resize(p.shape.size());
           for (int64_t d = static_cast<int64_t>(p.shape.size()) - 1; d >= 0; --d) {
             first[d] = d == 0 ? rest : k.rem(rest, p.shape[d]);
@@ -104,7 +121,7 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
         for (size_t d = 0; d < p.shape.size(); ++d)
           if (p.maps[m].strides[d] != 0)
             at = k.add(at, k.mul(first[d], k.idx(p.maps[m].strides[d])));
-        return k.div(at, kVector);
+        return k.div(at, p.width);
       };
       SmallVector<Value> loaded;
       for (size_t m = 0; m < numIn; ++m)
@@ -112,7 +129,7 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
             k.loc, fn.getArgument(inArgs[m]),
             p.scalar[m] ? k.idx(0) : p.identity[m] ? i : rowVector(m)));
       SmallVector<SmallVector<Value>> lanes(p.outTypes.size());
-      for (int64_t l = 0; l < kVector && ok; ++l) {
+      for (int64_t l = 0; l < p.width && ok; ++l) {
         SmallVector<Value> in;
         for (size_t m = 0; m < numIn; ++m)
           in.push_back(p.scalar[m] ? loaded[m]
@@ -129,7 +146,7 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
         return;
       for (size_t o = 0; o < p.outTypes.size(); ++o) {
         Value vec = b.create<vector::FromElementsOp>(
-            k.loc, VectorType::get({kVector}, p.outStorage[o]), lanes[o]);
+            k.loc, VectorType::get({p.width}, p.outStorage[o]), lanes[o]);
         b.create<memref::StoreOp>(k.loc, vec, fn.getArgument(outArgs[o]), i);
       }
       return;
