@@ -14,10 +14,14 @@ Two halves (the GPU machines have no forgec; both need PyTorch and onnx):
            PyTorch fp32 (no TF32), PyTorch autocast bf16 (and, printed only, autocast with
            F.scaled_dot_product_attention: flash attention's bf16 P and dS, as Forge's cuDNN)
          and exits 77 (skipped) without a GPU.
-The text: this repository's own prose and code (README.md; docs/, compiler/, passes/, runtime/,
-tools/, bench/, models/: .md, .td, .cpp, .h, .py; ~2.4 MB), sorted by path, as bytes: token
-ids 0-255 of GPT-2's vocabulary, a byte-level language model on real text (the stream cycles
-after ~2.3k samples; 200 steps take 3.2k). Sample i is the 1024 bytes from offset i * 1024 (cycling), its labels the next bytes.
+The text: this repository's own prose and code as of commit TEXT_COMMIT (README.md; docs/,
+compiler/, passes/, runtime/, tools/, bench/, models/: .md, .td, .cpp, .h, .py; ~2.4 MB), read
+with `git show` by the compile half into DIR/text.bin, so that every run trains on the same
+bytes whatever the tree has become (the working tree's text changed with every commit, and
+runs of different sessions were not comparable). Sorted by path, as bytes: token ids 0-255 of
+GPT-2's vocabulary, a byte-level language model on real text (the stream cycles after ~2.3k
+samples; 200 steps take 3.2k). Sample i is the 1024 bytes from offset i * 1024 (cycling), its
+labels the next bytes.
 AdamW lr 3e-4, betas (0.9, 0.95), eps 1e-8, no weight decay (Forge and PyTorch then agree on
 what decays), global gradient norm clipped to 1, batch 16, constant rate.
 Checks on 20-step window means of the loss, steps 21-200 (9 windows):
@@ -25,12 +29,15 @@ Checks on 20-step window means of the loss, steps 21-200 (9 windows):
   bf16_within_1pc Forge bf16 within 1% of Forge fp32 in every window
   not_worse       in every window, |Forge bf16 - Forge fp32| <= |autocast - PyTorch fp32| +
                   1e-3 relative (the noise floor of two fp32 runs of one model)
+  not_worse_sdpa  the same against autocast with F.scaled_dot_product_attention (flash
+                  attention, bf16 P and dS: what Forge's cuDNN attention does), the like-for-like
+                  baseline; not_worse (issue #11's wording) compares with written-out attention
 Prints one line per check, the window table, and 'N passed, N failed'; writes DIR/numerics.json.
 """
 import argparse
-import glob
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -93,6 +100,8 @@ def export(d):
 
 def compile_half(a, rep):
     os.makedirs(a.bundles, exist_ok=True)
+    nbytes, nfiles = write_text(os.path.join(a.bundles, "text.bin"))
+    rep.check("text", nbytes > 1 << 20, f"{nbytes} bytes from {nfiles} files at {TEXT_COMMIT}")
     onnx_path = export(os.path.join(a.bundles, "export"))
     for name, extra in (("fp32", []), ("bf16", ["--precision", "bf16"])):
         cmd = [a.forgec, onnx_path, "--target", "cuda:sm_90", "--weights", "external", "--batch",
@@ -103,22 +112,35 @@ def compile_half(a, rep):
         rep.check(f"compile {name}", rc == 0, e2e.failure(rc, out) if rc else "")
 
 
-def text_stream():
-    files = []
-    for top in ("README.md", "docs", "compiler", "passes", "runtime", "tools", "bench", "models"):
-        path = os.path.join(ROOT, top)
-        if os.path.isfile(path):
-            files.append(path)
-        for d, _, names in os.walk(path):
-            files += [os.path.join(d, n) for n in names
-                      if n.endswith((".md", ".td", ".cpp", ".h", ".py"))]
-    files = sorted(set(files))
-    data = b"".join(open(f, "rb").read() for f in files)
-    return np.frombuffer(data, dtype=np.uint8).astype(np.int64), len(files)
+# The tree whose text the model trains on (the seventh session's end).
+TEXT_COMMIT = "cc8a4f0"
+TEXT_TOPS = ("README.md", "docs/", "compiler/", "passes/", "runtime/", "tools/", "bench/",
+             "models/")
 
 
-def make_data(path, steps):
-    text, nfiles = text_stream()
+def write_text(path):
+    """The text at TEXT_COMMIT, from git (the compile half runs in a clone)."""
+    names = subprocess.run(["git", "-C", ROOT, "ls-tree", "-r", "--name-only", TEXT_COMMIT],
+                           check=True, capture_output=True, text=True).stdout.split()
+    files = sorted(n for n in names if (n == "README.md" or n.startswith(TEXT_TOPS[1:]))
+                   and n.endswith((".md", ".td", ".cpp", ".h", ".py")))
+    data = b"".join(subprocess.run(["git", "-C", ROOT, "show", f"{TEXT_COMMIT}:{n}"], check=True,
+                                   capture_output=True).stdout for n in files)
+    with open(path, "wb") as f:
+        f.write(data)
+    return len(data), len(files)
+
+
+def text_stream(bundles):
+    path = os.path.join(bundles, "text.bin")
+    if not os.path.isfile(path):
+        sys.exit(f"{path} is missing: the compile half (--compile-only) writes it")
+    data = open(path, "rb").read()
+    return np.frombuffer(data, dtype=np.uint8).astype(np.int64), TEXT_COMMIT
+
+
+def make_data(path, steps, bundles):
+    text, nfiles = text_stream(bundles)
     n = steps * B
     starts = (np.arange(n) * T) % (len(text) - T - 1)
     idx = starts[:, None] + np.arange(T + 1)[None, :]
@@ -178,8 +200,8 @@ def run_half(a, rep):
         weights = os.path.join(tmp, "export")
         export(weights)
         data = os.path.join(tmp, "text.npz")
-        nbytes, nfiles = make_data(data, a.steps)
-        print(f"text: {nbytes} bytes from {nfiles} files; {a.steps} steps of "
+        nbytes, commit = make_data(data, a.steps, a.bundles)
+        print(f"text: {nbytes} bytes (the tree at {commit}); {a.steps} steps of "
               f"{B} x {T} tokens", flush=True)
         runs = {}
         for name in ("fp32", "bf16"):
@@ -212,6 +234,10 @@ def run_half(a, rep):
     worse = [i for i in range(n) if forge_gap[i] > torch_gap[i] + 1e-3]
     rep.check("not_worse", n > 0 and not worse,
               f"windows where Forge's gap exceeds autocast's (+0.1%): {len(worse)} of {n}")
+    worse_sdpa = [i for i in range(n) if forge_gap[i] > sdpa_gap[i] + 1e-3]
+    rep.check("not_worse_sdpa", n > 0 and not worse_sdpa,
+              f"windows where Forge's gap exceeds autocast+SDPA's (+0.1%): {len(worse_sdpa)} "
+              f"of {n}")
     with open(os.path.join(a.bundles, "numerics.json"), "w") as f:
         json.dump({"runs": runs, "windows": w, "forge_gap": forge_gap, "autocast_gap": torch_gap,
                    "autocast_sdpa_gap": sdpa_gap,

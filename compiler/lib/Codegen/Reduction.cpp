@@ -621,8 +621,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::cumsumKernel(Operation *op, S
 /// their bits do as signed integers, so the block's maximum goes in by an
 /// integer atomic max (NaN's bits exceed infinity's: a NaN wins, as it
 /// must). Inputs are read at the flat element index (in 4-element vectors
-/// where every size allows and all are f32), or are scalars; bf16/f16
-/// inputs are read one element at a time.
+/// where every size allows: 16 bytes of f32, 8 of bf16/f16), or are scalars.
 std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fusion,
                                                                      StringRef name) {
   Block &body = fusion.getBlock();
@@ -654,8 +653,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
   // Every argument a member reads has the member's elements (reads[i]: those
   // member i reads), or one.
   //
-  // 16-byte vectors for a member whose elements divide by 4 and whose inputs
-  // that are not scalars are f32 (an input read by a member that cannot take
+  // 4-element vectors for a member whose elements divide by 4 and whose inputs
+  // that are not scalars are f32, bf16 or f16 (an input read by a member that cannot take
   // vectors makes every member reading it scalar): each thread then loads 4
   // elements at once and sums 16 (the gradient norm of every parameter: a
   // bandwidth-bound pass over all gradients; scalar loads of ~4 elements per
@@ -679,7 +678,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
     }
     vectorized[i] = tensorType(sum->getOperand(0)).getNumElements() % kVector == 0 &&
                     llvm::all_of(reads[i], [&](unsigned a) {
-                      return tensorType(body.getArgument(a)).getElementType().isF32();
+                      Type e = tensorType(body.getArgument(a)).getElementType();
+                      return e.isF32() || e.isBF16() || e.isF16();
                     });
   }
   SmallVector<bool> vectorArg(fusion.getInputs().size());
