@@ -1,5 +1,5 @@
-// RUN: forge-opt %s --forge-assign-precision=precision=fp8 2>/dev/null | FileCheck %s
-// RUN: forge-opt %s --forge-assign-precision=precision=fp8 2>&1 >/dev/null | FileCheck %s --check-prefix=REMARK
+// RUN: forge-opt %s --split-input-file --forge-assign-precision=precision=fp8 2>/dev/null | FileCheck %s
+// RUN: forge-opt %s --split-input-file --forge-assign-precision=precision=fp8 2>&1 >/dev/null | FileCheck %s --check-prefix=REMARK
 
 // precision=fp8: bf16 storage, and the GEMM in float8's layout (lhs [M, K], rhs
 // [N, K], K and N multiples of 16) runs as a scaled_gemm of E4M3 copies:
@@ -52,4 +52,29 @@ func.func @train_step(%x: tensor<32x16xf32> {forge.kind = "input", forge.name = 
     forge.yield %2 : tensor<32x16xf32>
   }
   return %u : tensor<32x16xf32>
+}
+
+// -----
+
+// A loose matmul over a 3-d lhs runs on its rows (reshapes around the
+// scaled_gemm); the loss head's matmul (logits into cross_entropy) stays a
+// bf16 matmul for forge-chunk-cross-entropy.
+// CHECK-LABEL: func @train_step
+// CHECK: %[[ROWS:.+]] = forge.reshape %arg0 {shape = array<i64: 16, 32>} : (tensor<2x8x32xbf16>) -> tensor<16x32xbf16>
+// CHECK: %[[P:.+]] = forge.scaled_gemm {{.*}} : (tensor<16x32xf8E4M3FN>, tensor<32x32xf8E4M3FN>, tensor<f32>, tensor<f32>) -> tensor<16x32xf32>
+// CHECK-NEXT: forge.reshape %[[P]] {shape = array<i64: 2, 8, 32>}
+// CHECK: forge.matmul %{{.*}}, %{{.*}} {transB = true} : (tensor<2x8x32xbf16>, tensor<64x32xbf16>) -> tensor<2x8x64xf32>
+// CHECK-NOT: forge.scaled_gemm
+// CHECK: forge.cross_entropy
+// REMARK: 1 GEMM(s) run in float8 (E4M3) from 2 scaled copies
+func.func @train_step(%x: tensor<2x8x32xf32> {forge.kind = "input", forge.name = "x"},
+                      %t: tensor<16xi64> {forge.kind = "input", forge.name = "t"},
+                      %w: tensor<64x32xf32> {forge.kind = "parameter", forge.name = "w", forge.initial_value = dense<0.5> : tensor<64x32xf32>},
+                      %w2: tensor<32x32xf32> {forge.kind = "parameter", forge.name = "w2", forge.initial_value = dense<0.5> : tensor<32x32xf32>})
+    -> (tensor<16xf32>, tensor<2x8x32xf32>) {
+  %h = forge.matmul %x, %w2 {transB = true} : (tensor<2x8x32xf32>, tensor<32x32xf32>) -> tensor<2x8x32xf32>
+  %g = forge.matmul %h, %w {transB = true} : (tensor<2x8x32xf32>, tensor<64x32xf32>) -> tensor<2x8x64xf32>
+  %r = forge.reshape %g {shape = array<i64: 16, 64>} : (tensor<2x8x64xf32>) -> tensor<16x64xf32>
+  %l, %lse = forge.cross_entropy %r, %t : (tensor<16x64xf32>, tensor<16xi64>) -> (tensor<16xf32>, tensor<16xf32>)
+  return %l, %h : tensor<16xf32>, tensor<2x8x32xf32>
 }
