@@ -254,13 +254,7 @@ struct Body {
     Value start = add(mul(bid(), b.create<gpu::BlockDimOp>(loc, gpu::Dimension::x)), tid());
     Value step = mul(b.create<gpu::GridDimOp>(loc, gpu::Dimension::x),
                      b.create<gpu::BlockDimOp>(loc, gpu::Dimension::x));
-    b.create<scf::ForOp>(loc, start, idx(n), step, ValueRange{},
-                         [&](OpBuilder &nb, Location l, Value i, ValueRange) {
-                           OpBuilder::InsertionGuard g(b);
-                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                           body(i);
-                           b.create<scf::YieldOp>(l);
-                         });
+    loop(start, idx(n), step, body);
   }
   /// The same over a share of the grid: `blocks` blocks numbered from
   /// `blockIndex` (a horizontal fusion gives each member region a share).
@@ -268,7 +262,11 @@ struct Body {
                       function_ref<void(Value)> body) {
     Value dim = b.create<gpu::BlockDimOp>(loc, gpu::Dimension::x);
     Value start = add(mul(blockIndex, dim), tid());
-    b.create<scf::ForOp>(loc, start, idx(n), mul(idx(blocks), dim), ValueRange{},
+    loop(start, idx(n), mul(idx(blocks), dim), body);
+  }
+  /// for (i = from; i < n; i += step) body(i), built with `b` (an scf.for).
+  void loop(Value from, Value n, Value step, function_ref<void(Value)> body) {
+    b.create<scf::ForOp>(loc, from, n, step, ValueRange{},
                          [&](OpBuilder &nb, Location l, Value i, ValueRange) {
                            OpBuilder::InsertionGuard g(b);
                            b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());

@@ -7,6 +7,17 @@
 //===----------------------------------------------------------------------===//
 #include "KernelGenInternal.h"
 
+namespace {
+/// The upstream gradient a cross-entropy row's gradient scales by: dy of the
+/// row (reduction "none") or the scalar dy, divided by the rows for "mean".
+Value rowUpstream(Body &k, Value dy, StringRef reduction, Value row, int64_t rows, Type elem) {
+  Value g = k.load(dy, reduction == "none" ? row : k.idx(0), elem);
+  if (reduction != "mean")
+    return g;
+  return k.b.create<arith::DivFOp>(k.loc, g, k.fconst(k.b.getF32Type(), double(rows)));
+}
+} // namespace
+
 std::optional<KernelLaunch> KernelGenerator::Impl::nllLossKernel(Operation *op, StringRef name) {
   auto in = tensorType(op->getOperand(0));
   auto reduction = op->getAttrOfType<StringAttr>("reduction");
@@ -177,30 +188,18 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
     // gradient may overwrite the row in place (one barrier per row).
     if (stats)
       b.create<gpu::BarrierOp>(k.loc);
-    Value dy = k.load(fn.getArgument(args.dy), reduction == "none" ? row : k.idx(0), elem);
-    Value g = reduction == "mean"
-                  ? Value(b.create<arith::DivFOp>(k.loc, dy, k.fconst(f32, double(rows))))
-                  : dy;
+    Value g = rowUpstream(k, fn.getArgument(args.dy), reduction, row, rows, elem);
     Value one = k.fconst(f32, 1.0);
     Value d = fn.getArgument(args.d);
-    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
-                         [&](OpBuilder &nb, Location l, Value c, ValueRange) {
-                           OpBuilder::InsertionGuard guard(b);
-                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                           Value p = expf(subf(ld(c), lse));
-                           Value hit = b.create<arith::CmpIOp>(l, arith::CmpIPredicate::eq, c, tc);
-                           p = b.create<arith::SelectOp>(l, hit, subf(p, one), p);
-                           k.store(b.create<arith::MulFOp>(l, g, p), d, k.add(base, c), elem);
-                           b.create<scf::YieldOp>(l);
-                         });
+    k.loop(k.tid(), k.idx(cols), k.idx(block), [&](Value c) {
+      Value p = expf(subf(ld(c), lse));
+      Value hit = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, c, tc);
+      p = b.create<arith::SelectOp>(k.loc, hit, subf(p, one), p);
+      k.store(b.create<arith::MulFOp>(k.loc, g, p), d, k.add(base, c), elem);
+    });
     if (stride > cols) // the padding's gradient
-      b.create<scf::ForOp>(k.loc, k.add(k.tid(), k.idx(cols)), k.idx(stride), k.idx(block),
-                           ValueRange{}, [&](OpBuilder &nb, Location l, Value c, ValueRange) {
-                             OpBuilder::InsertionGuard guard(b);
-                             b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                             k.store(zero, d, k.add(base, c), elem);
-                             b.create<scf::YieldOp>(l);
-                           });
+      k.loop(k.add(k.tid(), k.idx(cols)), k.idx(stride), k.idx(block),
+             [&](Value c) { k.store(zero, d, k.add(base, c), elem); });
   }
   b.create<gpu::ReturnOp>(k.loc);
   return KernelLaunch{name.str(), rows, block};
@@ -481,10 +480,7 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
       // next row's statistics reuse the shared memory (one barrier per row).
       if (stats)
         b.create<gpu::BarrierOp>(k.loc);
-      Value dy = k.load(fn.getArgument(a.dy), reduction == "none" ? row : k.idx(0), f32);
-      Value g = reduction == "mean"
-                    ? Value(b.create<arith::DivFOp>(k.loc, dy, k.fconst(f32, double(rows))))
-                    : dy;
+      Value g = rowUpstream(k, fn.getArgument(a.dy), reduction, row, rows, f32);
       Value one = k.fconst(f32, 1.0);
       forVectors(ValueRange{}, [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange) {
         SmallVector<Value> vecs = loadVectors(base, vs, in);
@@ -518,13 +514,7 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
   };
 
   if (persistent) {
-    b.create<scf::ForOp>(k.loc, k.bid(), k.idx(rows), k.idx(grid), ValueRange{},
-                         [&](OpBuilder &nb, Location l, Value row, ValueRange) {
-                           OpBuilder::InsertionGuard g(b);
-                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                           emitRow(row);
-                           b.create<scf::YieldOp>(l);
-                         });
+    k.loop(k.bid(), k.idx(rows), k.idx(grid), emitRow);
   } else {
     emitRow(k.bid());
   }

@@ -122,17 +122,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
     return KernelLaunch{name.str(), rows, block};
   }
   auto [mean, var, rstd] = k.moments(cols, block, sh, eps, x);
-  b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
-                       [&](OpBuilder &nb, Location l, Value c, ValueRange) {
-                         OpBuilder::InsertionGuard g(b);
-                         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                         Value y = mulf(mulf(subf(x(c), mean), rstd),
-                                        k.load(fn.getArgument(1), at[0](k, c), elem));
-                         if (hasBias)
-                           y = addf(y, k.load(fn.getArgument(2), at[1](k, c), elem));
-                         k.store(y, out, k.add(base, c), elem);
-                         b.create<scf::YieldOp>(l);
-                       });
+  k.loop(k.tid(), k.idx(cols), k.idx(block), [&](Value c) {
+    Value y = mulf(mulf(subf(x(c), mean), rstd), k.load(fn.getArgument(1), at[0](k, c), elem));
+    if (hasBias)
+      y = addf(y, k.load(fn.getArgument(2), at[1](k, c), elem));
+    k.store(y, out, k.add(base, c), elem);
+  });
   b.create<gpu::ReturnOp>(k.loc);
   return KernelLaunch{name.str(), rows, block};
 }
@@ -497,25 +492,21 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   // The output pass likewise: `body(unit)` loads a unit and returns what
   // computes and stores it; the stores of units past the end are skipped.
   auto forEach = [&](function_ref<std::function<void()>(Value)> body) {
-    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(units), k.idx(block * unroll), ValueRange{},
-                         [&](OpBuilder &nb, Location l, Value u, ValueRange) {
-                           OpBuilder::InsertionGuard g(b);
-                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                           SmallVector<std::function<void()>> stores;
-                           SmallVector<Value> inRange;
-                           for (int64_t j = 0; j < unroll; ++j) {
-                             auto [uj, valid] = unitAt(u, j);
-                             stores.push_back(body(uj));
-                             inRange.push_back(valid);
-                           }
-                           for (int64_t j = 0; j < unroll; ++j) {
-                             if (j == 0)
-                               stores[j]();
-                             else
-                               k.ifThen(inRange[j], stores[j]);
-                           }
-                           b.create<scf::YieldOp>(l);
-                         });
+    k.loop(k.tid(), k.idx(units), k.idx(block * unroll), [&](Value u) {
+      SmallVector<std::function<void()>> stores;
+      SmallVector<Value> inRange;
+      for (int64_t j = 0; j < unroll; ++j) {
+        auto [uj, valid] = unitAt(u, j);
+        stores.push_back(body(uj));
+        inRange.push_back(valid);
+      }
+      for (int64_t j = 0; j < unroll; ++j) {
+        if (j == 0)
+          stores[j]();
+        else
+          k.ifThen(inRange[j], stores[j]);
+      }
+    });
   };
   SmallVector<Value> init(grad ? 4 : 2, zero);
   auto pass = b.create<scf::ForOp>(
@@ -684,13 +675,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::groupNormKernel(Operation *op
   auto [mean, var, rstd] = k.moments(cols, block, sh, eps, xAt);
   auto xhat = [&](Value j) { return mulf(subf(xAt(j), mean), rstd); };
   auto forEach = [&](function_ref<void(Value)> body) {
-    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
-                         [&](OpBuilder &nb, Location l, Value j, ValueRange) {
-                           OpBuilder::InsertionGuard g(b);
-                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                           body(j);
-                           b.create<scf::YieldOp>(l);
-                         });
+    k.loop(k.tid(), k.idx(cols), k.idx(block), body);
   };
   KernelLaunch launch{name.str(), n * groups, block};
   if (!grad) { // (x, scale, bias) -> y

@@ -305,13 +305,7 @@ bool emitRowBody(Body &k, Operation *op, int64_t cols, int64_t block, Value sh, 
       }
       return;
     }
-    b.create<scf::ForOp>(k.loc, k.tid(), k.idx(cols), k.idx(block), ValueRange{},
-                         [&](OpBuilder &nb, Location l, Value c, ValueRange) {
-                           OpBuilder::InsertionGuard g(b);
-                           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                           io.store(c, value({c, -1}));
-                           b.create<scf::YieldOp>(l);
-                         });
+    k.loop(k.tid(), k.idx(cols), k.idx(block), [&](Value c) { io.store(c, value({c, -1})); });
   };
 
   if (isa<SoftmaxOp>(op) || isa<LogSoftmaxOp>(op)) {
