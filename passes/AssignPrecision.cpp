@@ -13,7 +13,9 @@
 //    the product written over it (the residual stream again), scalars,
 //    attention's lse.
 //  * Attention (cuDNN's flash attention) reads q, k, v, o and grad_output
-//    low and writes o and the gradients low, whoever reads them.
+//    low and writes o and the gradients low, whoever reads them. So do the
+//    convolutions (cuDNN's legacy API: one type for every operand), the
+//    weight gradient included: the optimizer reads it through a cast.
 //  * A cast is never its own kernel where a neighbour can do it: a region
 //    stores its result low (the cast before its yield), a region reads a low
 //    input (the cast after its block argument, free in registers), a
@@ -74,6 +76,17 @@ bool isGemm(Operation *op) {
   return fusion && fusion.getKind() == "gemm";
 }
 
+/// A channels-last convolution (conv, conv_transpose, conv_grad_weight at
+/// the top level, made by forge-assign-layout) runs on cuDNN's tensor cores:
+/// its legacy API takes one type for all operands and the result, so it reads
+/// every operand low and writes its result low. Channels-first ones stay f32
+/// (TF32): their batch norms' kernels read f32.
+bool isConvolution(Operation *op) {
+  auto last = op->getAttrOfType<BoolAttr>("channels_last");
+  return isa<ConvOp, ConvTransposeOp, ConvGradWeightOp>(op) && last && last.getValue() &&
+         op->getParentOp() && isa<func::FuncOp>(op->getParentOp());
+}
+
 /// Operand i of an attention op that cuDNN's flash attention reads in the
 /// low type: q, k, v and the bias (and o and grad_output of attention_grad),
 /// not lse.
@@ -83,11 +96,14 @@ bool isAttentionLowOperand(Operation *op, unsigned i) {
   return isa<AttentionGradOp>(op) && i != 4;
 }
 
-/// A result cuDNN's flash attention writes in the low type (all but lse).
+/// A result cuDNN's flash attention writes in the low type (all but lse), or
+/// a convolution's.
 bool isAttentionLowResult(Value v) {
   auto r = dyn_cast<OpResult>(v);
   if (!r)
     return false;
+  if (isConvolution(r.getOwner()))
+    return true;
   if (isa<AttentionOp>(r.getOwner()))
     return r.getResultNumber() == 0;
   return isa<AttentionGradOp>(r.getOwner());
@@ -181,17 +197,27 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       return i < 2; // lhs and rhs; never C or an epilogue's row
     if (isa<AttentionOp, AttentionGradOp>(user))
       return isAttentionLowOperand(user, i);
+    if (isConvolution(user))
+      return true;
     if (isa<ReduceSumOp>(user))
       return true; // sums in f32 and keeps its result's type (a bias gradient)
     if (isa<SplitOp, ConcatOp>(user)) // copies: low in when every part goes out low
       return llvm::all_of(user->getResults(), [&](Value r) { return lowValues.contains(r); });
     auto fusion = dyn_cast<FusionOp>(user);
-    if (!fusion || (fusion.getKind() != "loop" && fusion.getKind() != "row"))
+    if (!fusion || (fusion.getKind() != "loop" && fusion.getKind() != "row" &&
+                    fusion.getKind() != "column_reduce"))
       return false; // return, the optimizer's and norm's regions, loose ops
     // The body reads it through casts of the iteration shape (the region's
     // verifier wants every body value to have it): no broadcast inputs.
     BlockArgument arg = fusion.getBlock().getArgument(i);
-    if (tensorOf(arg).getShape() != fusion.getIterationShape())
+    ArrayRef<int64_t> iteration = fusion.getIterationShape();
+    if (fusion.getKind() == "column_reduce") // the shape its sums read
+      for (Operation &op : fusion.getBlock().without_terminator())
+        if (isa<ReduceSumOp>(op)) {
+          iteration = tensorOf(op.getOperand(0)).getShape();
+          break;
+        }
+    if (tensorOf(arg).getShape() != iteration)
       return false;
     return llvm::none_of(arg.getUses(), [](OpOperand &inner) { return sensitiveUse(inner); });
   }
@@ -201,6 +227,13 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     Operation *def = v.getDefiningOp();
     if (!def || isa<ConstantOp>(def))
       return false; // arguments: masters and inputs keep their type
+    if (isa<MaxPoolGradOp>(def))
+      return false; // its kernel adds each window's gradient atomically, in f32
+    if (isa<ReduceSumOp, ReduceMeanOp>(def))
+      return false; // sums stay f32 (and their kernels split rows over blocks that add
+                    // atomically into an f32 result: a batch norm's column sums)
+    if (isa<ConvOp, ConvTransposeOp, ConvGradWeightOp>(def))
+      return isConvolution(def); // cuDNN: the operands' type (f32 when channels-first)
     if (isGemm(def))
       return cast<OpResult>(v).getResultNumber() == 0 && !hasFullC(def);
     if (auto fusion = dyn_cast<FusionOp>(def))
@@ -306,6 +339,10 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       if (followsInput(&op)) {
         if (fusion)
           followViewRegion(fusion);
+        else if (isa<SliceOp, TransposeOp>(op) && !viewWantsLow.contains(op.getResult(0)))
+          ; // a copy kernel (no view) keeps its f32 result for readers that want
+            // f32 (a batch norm's shift, read broadcast by a loop region; a
+            // pool's input beside its f32 gradient), converting as it copies
         else
           op.getResult(0).setType(
               withElement(op.getResult(0), tensorOf(op.getOperand(0)).getElementType()));
@@ -603,12 +640,13 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
           return gemm->emitError("forge-assign-precision: an operand's low copy comes after "
                                  "its GEMM");
     }
-    // Attention's operands: cuDNN reads them low.
+    // Attention's and the convolutions' operands: cuDNN reads them low.
     for (Operation &op : func.front().without_terminator()) {
-      if (!isa<AttentionOp, AttentionGradOp>(op))
+      if (!isa<AttentionOp, AttentionGradOp>(op) && !isConvolution(&op))
         continue;
       for (unsigned i = 0; i < op.getNumOperands(); ++i)
-        if (isAttentionLowOperand(&op, i) && isF32Tensor(op.getOperand(i)))
+        if ((isConvolution(&op) || isAttentionLowOperand(&op, i)) &&
+            isF32Tensor(op.getOperand(i)))
           op.setOperand(i, lowCopyOf(op.getOperand(i)));
     }
     // A loose add of a product (read by it alone) and a bias row, stored

@@ -1327,6 +1327,175 @@ void outlineMultiReduce(ArrayRef<std::pair<Operation *, Operation *>> group) {
   }
 }
 
+/// A column sum: reduce_sum of a static f32 tensor [..., C] over every dim
+/// but the last, to [C] (a batch norm's statistics and gradients, a bias
+/// gradient).
+bool isColumnSum(Operation *op) {
+  auto r = dyn_cast<ReduceSumOp>(op);
+  if (!r || r.getKeepdims())
+    return false;
+  auto in = dyn_cast<RankedTensorType>(r.getInput().getType());
+  if (!in || !in.hasStaticShape() || in.getRank() < 2 || in.getNumElements() == 0 ||
+      !in.getElementType().isF32())
+    return false;
+  return llvm::equal(r.getAxes(), llvm::seq<int64_t>(0, in.getRank() - 1));
+}
+
+/// The pointwise ops that compute a column sum's input from values that are
+/// not themselves recomputed (its leaves): ops at the iteration shape whose
+/// operands are at it, per column (C elements, all other dims 1) or one
+/// element. At most `limit` ops; program order. Null when the input is no
+/// such op.
+std::optional<SmallVector<Operation *>> columnCone(Operation *sum, int64_t limit) {
+  auto shape = cast<RankedTensorType>(sum->getOperand(0).getType()).getShape();
+  int64_t columns = shape.back();
+  auto perColumn = [&](Value v) {
+    auto t = cast<RankedTensorType>(v.getType());
+    if (t.getNumElements() == 1)
+      return true;
+    return t.getRank() >= 1 && t.getShape().back() == columns && t.getNumElements() == columns &&
+           t.getRank() <= static_cast<int64_t>(shape.size());
+  };
+  llvm::SetVector<Operation *> cone;
+  SmallVector<Value> stack{sum->getOperand(0)};
+  while (!stack.empty()) {
+    Value v = stack.pop_back_val();
+    Operation *def = v.getDefiningOp();
+    auto t = cast<RankedTensorType>(v.getType());
+    if (t.getShape() != shape)
+      continue; // a per-column or scalar leaf
+    if (!def || !isLoopFusible(def) || def->getBlock() != sum->getBlock())
+      continue; // a leaf at the iteration shape
+    if (cone.contains(def))
+      continue;
+    if (!llvm::all_of(def->getOperands(), [&](Value o) {
+          return cast<RankedTensorType>(o.getType()).getShape() == shape || perColumn(o);
+        }))
+      continue;
+    cone.insert(def);
+    if (static_cast<int64_t>(cone.size()) > limit)
+      return std::nullopt;
+    llvm::append_range(stack, def->getOperands());
+  }
+  SmallVector<Operation *> ordered(cone.begin(), cone.end());
+  llvm::sort(ordered, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
+  return ordered;
+}
+
+/// Column sums over one iteration shape that read a common leaf (a batch
+/// norm's sum of x - k and of its square; its gradient's sum of dy and of dy *
+/// (x - k)) become one forge.fusion "column_reduce" at the last one's place:
+/// one pass over their inputs instead of one per sum, and no pointwise
+/// prologue written to memory (the region recomputes it per element; the
+/// originals stay for their other readers). Before loop fusion, which would
+/// take the prologues into loop regions.
+bool fuseColumnReductions(func::FuncOp func) {
+  constexpr int64_t kConeLimit = 12, kMaxSums = 4;
+  bool changed = false;
+  for (Block &block : func.getBody()) {
+    SmallVector<Operation *> sums;
+    for (Operation &op : block)
+      if (isColumnSum(&op))
+        sums.push_back(&op);
+    llvm::DenseSet<Operation *> done;
+    for (Operation *seed : sums) {
+      if (done.contains(seed))
+        continue;
+      auto seedCone = columnCone(seed, kConeLimit);
+      if (!seedCone)
+        continue;
+      auto leavesOf = [](Operation *sum, ArrayRef<Operation *> cone) {
+        llvm::SetVector<Value> leaves;
+        llvm::SmallPtrSet<Operation *, 16> in(cone.begin(), cone.end());
+        for (Operation *op : cone)
+          for (Value v : op->getOperands())
+            if (!in.count(v.getDefiningOp()))
+              leaves.insert(v);
+        if (cone.empty())
+          leaves.insert(sum->getOperand(0));
+        return leaves;
+      };
+      auto shape = cast<RankedTensorType>(seed->getOperand(0).getType()).getShape();
+      SmallVector<std::pair<Operation *, SmallVector<Operation *>>> group{{seed, *seedCone}};
+      llvm::SetVector<Value> leaves = leavesOf(seed, *seedCone);
+      for (Operation *other : sums) {
+        if (other == seed || done.contains(other) || !seed->isBeforeInBlock(other) ||
+            static_cast<int64_t>(group.size()) >= kMaxSums ||
+            cast<RankedTensorType>(other->getOperand(0).getType()).getShape() != shape)
+          continue;
+        auto cone = columnCone(other, kConeLimit);
+        if (!cone)
+          continue;
+        llvm::SetVector<Value> mine = leavesOf(other, *cone);
+        bool shares = llvm::any_of(mine, [&](Value v) {
+          return cast<RankedTensorType>(v.getType()).getShape() == shape && leaves.contains(v);
+        });
+        if (!shares)
+          continue;
+        // Its leaves must not depend on an earlier member (they are the region's inputs).
+        llvm::SmallPtrSet<Operation *, 8> members;
+        for (auto &m : group)
+          members.insert(m.first);
+        SmallVector<Operation *> heads;
+        for (Value v : mine)
+          if (Operation *def = v.getDefiningOp())
+            heads.push_back(def);
+        if (!heads.empty() && readsAny(heads, members, seed))
+          continue;
+        group.push_back({other, *cone});
+        leaves.insert(mine.begin(), mine.end());
+      }
+      if (group.size() < 2)
+        continue;
+      Operation *last = group.back().first;
+      llvm::SmallPtrSet<Operation *, 8> members;
+      for (auto &m : group)
+        members.insert(m.first);
+      SmallVector<Operation *> toMove = usersToMove(seed, last, members);
+      llvm::SmallPtrSet<Operation *, 16> moving(toMove.begin(), toMove.end());
+      if (llvm::any_of(leaves, [&](Value v) { return moving.count(v.getDefiningOp()); }))
+        continue;
+      SmallVector<Type> resultTypes;
+      SmallVector<Location> locs;
+      for (auto &m : group) {
+        resultTypes.push_back(m.first->getResult(0).getType());
+        locs.push_back(m.first->getLoc());
+      }
+      OpBuilder b(last);
+      IRMapping map;
+      auto region = createRegion(b, FusedLoc::get(func.getContext(), locs), resultTypes,
+                                 leaves.getArrayRef(), "column_reduce", map);
+      OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+      SmallVector<Value> yielded;
+      for (auto &[sum, cone] : group) {
+        for (Operation *op : cone)
+          if (!map.contains(op->getResult(0)))
+            inner.clone(*op, map);
+        yielded.push_back(inner.clone(*sum, map)->getResult(0));
+      }
+      inner.create<YieldOp>(region.getLoc(), yielded);
+      for (auto [i, m] : llvm::enumerate(group))
+        m.first->getResult(0).replaceAllUsesWith(region.getResult(i));
+      moveAfter(toMove, region);
+      for (auto &[sum, cone] : llvm::reverse(group)) {
+        done.insert(sum);
+        sum->erase();
+      }
+      // Prologue ops no one else reads go with their sums.
+      SmallVector<Operation *> dead;
+      for (auto &[sum, cone] : group)
+        dead.append(cone.begin(), cone.end());
+      llvm::sort(dead, [](Operation *a, Operation *b) { return b->isBeforeInBlock(a); });
+      dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
+      for (Operation *op : dead)
+        if (op->use_empty())
+          op->erase();
+      changed = true;
+    }
+  }
+  return changed;
+}
+
 /// Multi-tensor reduction (before loop fusion, which would otherwise take
 /// the squares into the optimizer's regions as extra results): the
 /// whole-tensor sums of a block, with a pointwise prologue that only they
@@ -1853,6 +2022,10 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     if (gemmEpilogues)
       for (auto func : getOperation().getOps<func::FuncOp>())
         changed |= fuseGemmEpilogues(func, auxEpilogues);
+    // Column sums side by side before the multi-reductions and loop fusion,
+    // which would take their prologues.
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      changed |= fuseColumnReductions(func);
     for (auto func : getOperation().getOps<func::FuncOp>())
       changed |= fuseMultiReductions(func, maxHorizontalOperands);
     for (auto func : getOperation().getOps<func::FuncOp>())

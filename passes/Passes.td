@@ -118,6 +118,26 @@ def SymmetrizeConvPadding : Pass<"forge-symmetrize-conv-padding", "::mlir::func:
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+def AssignLayout : Pass<"forge-assign-layout", "::mlir::func::FuncOp"> {
+  let summary = "Run 2-d convolution nets channels-last (NHWC) between cancelling transposes";
+  let description = [{
+    With layout=nhwc, every rank-4 conv, conv_transpose and conv_grad_weight
+    takes its `channels_last` form between transposes ([0, 2, 3, 1] before,
+    [0, 3, 1, 2] after; weights included), batch norms over rank-4 inputs are
+    expanded into channels-last column sums and pointwise ops with [C]
+    coefficients, and the transposes are then sunk through pointwise ops and
+    keepdims reductions and cancelled in pairs. A transpose that moves only
+    unit dims becomes a reshape. Functions without a rank-4 convolution are
+    unchanged; layout=nchw changes nothing. The pipeline runs it for CUDA
+    targets (forgec --layout), before fusion.
+  }];
+  let options = [
+    Option<"layout", "layout", "std::string", /*default=*/"\"nhwc\"",
+           "nchw | nhwc: the layout of 2-d convolution nets">,
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 def PadContractions : Pass<"forge-pad-contractions", "::mlir::func::FuncOp"> {
   let summary = "Zero-pad matmul/gemm dims so every matrix row is 16-byte aligned (for cuBLASLt)";
   let description = [{

@@ -17,9 +17,35 @@ using namespace mlir::forge;
 
 namespace {
 
+/// `v`'s type in the channels-first form [N, C, spatial...] (a channels-last
+/// convolution's operands and result are [N, spatial..., C]).
+RankedTensorType channelsFirstType(Operation *op, Value v) {
+  auto t = cast<RankedTensorType>(v.getType());
+  auto last = op->getAttrOfType<BoolAttr>("channels_last");
+  if (!last || !last.getValue() || t.getRank() < 3)
+    return t;
+  SmallVector<int64_t> shape(t.getShape());
+  std::rotate(shape.begin() + 1, shape.end() - 1, shape.end());
+  return RankedTensorType::get(shape, t.getElementType());
+}
+
+/// Whether cuDNN's legacy convolution API takes the operand types: f32, or
+/// bf16/f16 for every operand and the result (its "pseudo" configurations
+/// accumulate in f32).
+bool cudnnTypes(Operation *op) {
+  auto type = [](Type t) {
+    auto r = dyn_cast<RankedTensorType>(t);
+    return r && r.hasStaticShape() && r.getNumElements() > 0 ? r.getElementType() : Type();
+  };
+  Type elem = type(op->getResult(0).getType());
+  if (!elem || !(elem.isF32() || elem.isBF16() || elem.isF16()))
+    return false;
+  return llvm::all_of(op->getOperandTypes(), [&](Type t) { return type(t) == elem; });
+}
+
 /// conv, conv_transpose, conv_grad_weight: 1-3 spatial dims, symmetric pads.
 bool cudnnTakes(Operation *op) {
-  auto x = cast<RankedTensorType>(op->getOperand(0).getType());
+  auto x = channelsFirstType(op, op->getOperand(0));
   int64_t spatial = x.getRank() - 2;
   auto pads = op->getAttrOfType<DenseI64ArrayAttr>("pads");
   if (spatial < 1 || spatial > 3 || !pads || pads.size() != 2 * spatial)
@@ -31,8 +57,8 @@ bool cudnnTakes(Operation *op) {
   // its input, which must then follow the conv formula: not so when
   // output_padding reaches the stride (the extra outputs see no input).
   if (auto transpose = dyn_cast<ConvTransposeOp>(op)) {
-    auto y = cast<RankedTensorType>(transpose.getResult().getType());
-    auto w = cast<RankedTensorType>(op->getOperand(1).getType());
+    auto y = channelsFirstType(op, transpose.getResult());
+    auto w = channelsFirstType(op, op->getOperand(1));
     auto strides = op->getAttrOfType<DenseI64ArrayAttr>("strides");
     auto dilations = op->getAttrOfType<DenseI64ArrayAttr>("dilations");
     if (!strides || !dilations || strides.size() != spatial || dilations.size() != spatial)
@@ -421,7 +447,7 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
           op->getParentOfType<FusionOp>())
         return;
       bool takes =
-          isa<MatMulOp, GemmOp, ScaledGemmOp>(op) ? cublasTypes(op) : isStaticNonEmptyF32(op);
+          isa<MatMulOp, GemmOp, ScaledGemmOp>(op) ? cublasTypes(op) : cudnnTypes(op);
       if (!takes)
         return;
       StringRef library;

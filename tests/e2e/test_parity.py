@@ -62,6 +62,9 @@ TIMEOUT_S = 600
 # chunks of 22, 22 and 20 rows.
 CHUNK_BYTES = 6000
 CHUNKED = ("--loss-chunk-bytes", str(CHUNK_BYTES))
+# forge-assign-layout on the conv fixtures: channels-last convolutions, batch norms expanded
+# into column sums (the same tolerances: a reordering of fp32 sums).
+NHWC = ("--layout", "nhwc")
 TOLERANCES = {
     "losses_rel": 1e-4,             # per step, |a-b|/|b|
     "logits_step1_rel": 1e-4,       # ||a-b||/||b||
@@ -240,6 +243,8 @@ def check_fixture(rep, name, d, tmp, setup, strict_delta):
             run_forge(rep, name, d, m, tmp, setup, "_biased", ("--batchnorm-running-var", "biased"))
         if setup.compile_only and m["model"] == "gpt":
             run_forge(rep, name, d, m, tmp, setup, "_chunked", CHUNKED)
+        if setup.compile_only and m["state_buffers"]:
+            run_forge(rep, name, d, m, tmp, setup, "_nhwc", NHWC)
         return
     compare_run(rep, name, d, m, out, strict_delta)
     if m["model"] == "gpt":
@@ -255,6 +260,17 @@ def check_fixture(rep, name, d, tmp, setup, strict_delta):
                       "same bytes as m.forge: the loss head was not chunked")
             compare_run(rep, f"{name} --loss-chunk-bytes {CHUNK_BYTES}", d, m, chunked,
                         strict_delta)
+    if m["state_buffers"]:
+        # The conv net channels-last, against the same PyTorch numbers; its bundle must
+        # differ (the layout pass ran).
+        nhwc = run_forge(rep, name, d, m, tmp, setup, "_nhwc", NHWC)
+        if nhwc is not None:
+            bundles = [setup.bundle_path(tmp, name, b) for b in ("m.forge", "m_nhwc.forge")]
+            same = [open(b, "rb").read() for b in bundles]
+            rep.check(f"{name} --layout nhwc bundle differs", same[0] != same[1],
+                      "differs from m.forge" if same[0] != same[1] else
+                      "same bytes as m.forge: the layout pass changed nothing")
+            compare_run(rep, f"{name} --layout nhwc", d, m, nhwc, strict_delta)
     if m["state_buffers"]:  # ONNX's biased rule on request
         out = run_forge(rep, name, d, m, tmp, setup, "_biased",
                         ("--batchnorm-running-var", "biased"))

@@ -26,7 +26,9 @@ Checks:
                   reductions add atomically: the last bits differ run to run, and 10 steps
                   of training grow them; measured 4.4e-5 and 1.2e-4 on an H200)
   params_step20   per parameter ||forge - torch|| / ||torch|| <= 3e-2 (measured <= 1.2e-2:
-                  small vectors such as a norm's bias, whose 20 updates see bf16 gradients)
+                  small vectors such as a norm's bias, whose 20 updates see bf16 gradients);
+                  the cnn on a GPU (bf16/f16 convolutions) <= CONV_PARAM_TOL = 0.2 (PyTorch's
+                  autocast: 0.155; Forge on an H200: 0.115 bf16, 0.029-0.082 fp16)
   loss_scale      (fp16) every step reports the scale it used (65536 at first) and whether it
                   skipped; at most 2 of the 20 steps skip
   overflow_skips  (mlp, fp16, --loss-scale dynamic:init=1e30) the first step's gradients
@@ -60,6 +62,11 @@ LOSS_TOL = 5e-3
 PARAM_TOL = 3e-2
 FP8_LOSS_TOL = 1e-2
 FP8_PARAM_TOL = 0.15
+# The cnn on a GPU: forge-assign-layout runs its convolutions channels-last on cuDNN in
+# bf16/f16 (on the CPU they stay f32). PyTorch's own autocast bf16 lands 0.155 from the fp32
+# parameters on this fixture (features.1.bias, a BN bias whose 20 Adam steps follow its
+# gradient's sign; bench/fixture_autocast_cnn.py), so 3e-2 would ask more than PyTorch does.
+CONV_PARAM_TOL = 0.2
 FIXTURES = ["mlp_adamw", "gpt_adamw", "cnn_adamw"]
 # Fixtures with a GEMM float8 takes (K and N multiples of 16); the cnn's are convolutions.
 FP8_FIXTURES = ("mlp_adamw", "gpt_adamw")
@@ -170,7 +177,8 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec):
     errs = {k: rel(dump[k], v) for k, v in torch_params.items() if k in dump}
     worst_p = max(errs.values()) if errs else float("inf")
     which = max(errs, key=errs.get) if errs else "none"
-    param_tol = FP8_PARAM_TOL if prec == "fp8" else PARAM_TOL
+    param_tol = (FP8_PARAM_TOL if prec == "fp8"
+                 else CONV_PARAM_TOL if name.startswith("cnn") and device == "cuda" else PARAM_TOL)
     rep.check(f"{name} params_step20", errs and worst_p <= param_tol and
               len(errs) == len(torch_params),
               f"{len(errs)}/{len(torch_params)} parameters, max rel {worst_p:.2e} ({which}) "

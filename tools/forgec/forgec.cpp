@@ -61,6 +61,12 @@ static cl::opt<std::string> precision(
              "(forge-assign-precision); fp8 (experimental): bf16 with the forward GEMMs in "
              "float8 E4M3, scaled per tensor"),
     cl::cat(forgecCategory));
+static cl::opt<std::string> layout(
+    "layout", cl::init("auto"),
+    cl::desc("auto (default) | nchw | nhwc: the layout of 2-d convolution nets in the training "
+             "step (forge-assign-layout); auto is nhwc for CUDA targets with --precision "
+             "bf16, fp16 or fp8 (convolutions on tensor cores in low precision), else nchw"),
+    cl::cat(forgecCategory));
 static cl::opt<bool> memoryReport(
     "memory-report",
     cl::desc("Print each routine's arena, its peak of live tensors and the largest tensors live "
@@ -318,6 +324,15 @@ int main(int argc, char **argv) {
     return fail("--precision " + precision +
                 " applies to the training step; use it without --inference-only");
   pipelineOptions.precision = precision;
+  if (layout != "auto" && layout != "nchw" && layout != "nhwc")
+    return fail("unknown --layout '" + layout + "' (auto, nchw, nhwc)");
+  // auto: channels-last where it is faster today, i.e. with bf16/fp16 convolutions (ResNet-50
+  // bf16 on an H200: 32.7 ms NHWC, 43.1 NCHW; TF32: 49.5 NHWC, ~43 NCHW, whose batch norms'
+  // one-block-per-channel kernels still beat the expanded ones; bench/RESULTS.md).
+  const bool lowConvs = precision == "bf16" || precision == "fp16" || precision == "fp8";
+  pipelineOptions.layout = layout != "auto" ? std::string(layout)
+                           : target != "cpu" && lowConvs ? "nhwc"
+                                                         : "nchw";
   if (gemmPadMinFlops < 0)
     return fail("--gemm-pad-min-flops must be >= 0, got " + std::to_string(gemmPadMinFlops));
   pipelineOptions.gemmPadMinFlops = gemmPadMinFlops;

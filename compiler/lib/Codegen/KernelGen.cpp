@@ -85,6 +85,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
       return rowFusionKernel(fusion, name);
     if (fusion.getKind() == "multi_reduce")
       return multiReduceKernel(fusion, name);
+    if (fusion.getKind() == "column_reduce")
+      return columnReduceKernel(fusion, name);
     if (fusion.getKind() == "batch_norm") {
       for (Operation &op : fusion.getBlock().without_terminator())
         if (isa<BatchNormTrainingOp, BatchNormTrainingGradOp>(op))

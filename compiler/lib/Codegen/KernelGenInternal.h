@@ -600,6 +600,7 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> rowKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> rowFusionKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> multiReduceKernel(FusionOp fusion, StringRef name);
+  std::optional<KernelLaunch> columnReduceKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> layerNormKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> layerNormGradKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> gatherKernel(Operation *op, StringRef name, bool grad);

@@ -788,3 +788,155 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
   launch.zeroOutputs = true;
   return launch;
 }
+
+/// A column_reduce region: sums over the rows of [R, C] (every dim but the
+/// last), each of its pointwise prologue evaluated per element. A thread owns
+/// `lanes` consecutive columns (one 4-element vector load per input and row:
+/// 16 bytes of f32, 8 of bf16) and every `slots`-th row of its block's chunk;
+/// a block covers up to 256 column groups, and the rows are split over enough
+/// blocks to fill the GPU. Per-thread partial sums meet in shared memory,
+/// then one atomic add per block, sum and column into the zeroed f32 results
+/// (the order of the additions, and so the last bits, may vary run to run).
+/// Inputs are at the iteration shape (read at the row and column), per column
+/// (C elements: read at the column) or scalars.
+std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp fusion,
+                                                                      StringRef name) {
+  Block &body = fusion.getBlock();
+  SmallVector<Operation *> sums;
+  for (Operation &op : body.without_terminator()) {
+    if (isa<ReduceSumOp>(op))
+      sums.push_back(&op);
+    if (!faultOf(&op).empty())
+      return std::nullopt;
+  }
+  if (sums.empty())
+    return std::nullopt;
+  auto shape = tensorType(sums[0]->getOperand(0));
+  int64_t cols = shape.getShape().back(), total = shape.getNumElements();
+  if (cols == 0 || total == 0)
+    return std::nullopt;
+  int64_t rows = total / cols;
+  enum Kind { Full, Column, Scalar };
+  SmallVector<Kind> kinds;
+  bool vectorizable = cols % kVector == 0;
+  for (BlockArgument arg : body.getArguments()) {
+    int64_t n = tensorType(arg).getNumElements();
+    Type e = tensorType(arg).getElementType();
+    if (n == 1) {
+      kinds.push_back(Scalar);
+      continue;
+    }
+    if (n == total && tensorType(arg).getShape() == shape.getShape())
+      kinds.push_back(Full);
+    else if (n == cols)
+      kinds.push_back(Column);
+    else
+      return std::nullopt;
+    vectorizable &= e.isF32() || e.isBF16() || e.isF16();
+  }
+  for (Value r : fusion.getResults())
+    if (!tensorType(r).getElementType().isF32())
+      return std::nullopt; // f32 sums, added atomically
+  const int64_t lanes = vectorizable ? kVector : 1, nsum = sums.size();
+  const int64_t groups = cols / lanes, block = 256;
+  const int64_t perBlockGroups = std::min(groups, block);
+  const int64_t colBlocks = (groups + perBlockGroups - 1) / perBlockGroups;
+  const int64_t slots = block / perBlockGroups; // rows a block walks side by side
+  const int64_t cap = 4 * target.typicalSMs * std::max<int64_t>(1, target.maxThreadsPerSM / block);
+  int64_t splits = std::clamp<int64_t>(cap / colBlocks, 1,
+                                       std::max<int64_t>(1, rows / (slots * 4)));
+  splits = std::min<int64_t>(splits, 65535);
+  const int64_t chunk = (rows + splits - 1) / splits;
+  const int64_t grid = colBlocks * splits;
+
+  SmallVector<Type> args;
+  for (auto [a, v] : llvm::enumerate(fusion.getInputs()))
+    args.push_back(flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements(),
+                              lanes > 1 && kinds[a] != Scalar));
+  Type f32 = Float32Type::get(context);
+  for (Value v : fusion.getResults())
+    args.push_back(flatMemref(f32, tensorType(v).getNumElements()));
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, args, block, {sharedBuffer(block * nsum * lanes, f32)});
+  Body k = Body::of(b, fusion.getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  unsigned numInputs = fusion.getInputs().size();
+  Value zero = k.fconst(f32, 0.0);
+  Value t = k.tid();
+  Value local = k.rem(t, perBlockGroups), slot = k.div(t, perBlockGroups);
+  Value colBlock = colBlocks > 1 ? k.rem(k.bid(), colBlocks) : k.idx(0);
+  Value split = colBlocks > 1 ? k.div(k.bid(), colBlocks) : k.bid();
+  Value g = k.add(k.mul(colBlock, k.idx(perBlockGroups)), local);
+  Value active = b.create<arith::AndIOp>(k.loc, k.ult(slot, k.idx(slots)), k.ult(g, k.idx(groups)));
+  Value rBegin = k.mul(split, k.idx(chunk));
+  Value rEnd = b.create<arith::MinUIOp>(k.loc, k.add(rBegin, k.idx(chunk)), k.idx(rows));
+  Value start = b.create<arith::SelectOp>(k.loc, active, k.add(rBegin, slot), rEnd);
+  bool ok = true;
+  SmallVector<Value> init(nsum * lanes, zero);
+  auto loop = b.create<scf::ForOp>(
+      k.loc, start, rEnd, k.idx(slots), init,
+      [&](OpBuilder &nb, Location l, Value r, ValueRange acc) {
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        // Each input's value(s) at (r, g), loaded once per row.
+        llvm::DenseMap<unsigned, Value> loaded;
+        auto leaf = [&](BlockArgument arg, int64_t lane) -> Value {
+          unsigned a = arg.getArgNumber();
+          Value mem = fn.getArgument(a);
+          if (kinds[a] == Scalar)
+            return b.create<memref::LoadOp>(k.loc, mem, k.idx(0));
+          Value &v = loaded[a];
+          Value at = kinds[a] == Column ? g : k.add(k.mul(r, k.idx(groups)), g);
+          if (lanes == 1) {
+            if (!v)
+              v = b.create<memref::LoadOp>(k.loc, mem, at);
+            return v;
+          }
+          if (!v)
+            v = b.create<memref::LoadOp>(k.loc, mem, at);
+          return b.create<vector::ExtractOp>(k.loc, v, lane);
+        };
+        SmallVector<Value> next;
+        for (auto [i, sum] : llvm::enumerate(sums))
+          for (int64_t lane = 0; lane < lanes; ++lane) {
+            llvm::DenseMap<Value, Value> stored;
+            Value x = evalBodyValue(k, sum->getOperand(0), stored,
+                                    [&](BlockArgument arg) { return leaf(arg, lane); });
+            if (!x) {
+              ok = false;
+              x = zero;
+            }
+            next.push_back(b.create<arith::AddFOp>(k.loc, acc[i * lanes + lane],
+                                                   k.toCompute(x, f32)));
+          }
+        b.create<scf::YieldOp>(l, next);
+      });
+  if (!ok) {
+    fn.erase();
+    return std::nullopt;
+  }
+  // Partials to shared memory (thread t's at t * nsum * lanes), then the
+  // first `perBlockGroups` threads add up their group's slots.
+  const int64_t width = nsum * lanes;
+  for (int64_t j = 0; j < width; ++j)
+    b.create<memref::StoreOp>(k.loc, loop.getResult(j), sh, k.add(k.mul(t, k.idx(width)), k.idx(j)));
+  b.create<gpu::BarrierOp>(k.loc);
+  Value first = b.create<arith::AndIOp>(k.loc, k.ult(t, k.idx(perBlockGroups)), k.ult(g, k.idx(groups)));
+  k.ifThen(first, [&] {
+    for (int64_t j = 0; j < width; ++j) {
+      Value totalJ = k.loopAcc(k.idx(0), slots, k.idx(1), zero, [&](Value s, Value a) {
+        Value at = k.add(k.mul(k.add(k.mul(s, k.idx(perBlockGroups)), local), k.idx(width)),
+                         k.idx(j));
+        return b.create<arith::AddFOp>(k.loc, a, b.create<memref::LoadOp>(k.loc, sh, at));
+      });
+      int64_t i = j / lanes, lane = j % lanes;
+      Value col = k.add(k.mul(g, k.idx(lanes)), k.idx(lane));
+      b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, totalJ,
+                                    fn.getArgument(numInputs + i), ValueRange{col});
+    }
+  });
+  b.create<gpu::ReturnOp>(k.loc);
+  KernelLaunch launch{name.str(), grid, block};
+  launch.zeroOutputs = true;
+  return launch;
+}

@@ -306,9 +306,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::convKernel(Operation *op, Str
   auto res = tensorType(op->getResult(0));
   Type elem = res.getElementType();
   auto group = op->getAttrOfType<IntegerAttr>("group");
+  auto channelsLast = op->getAttrOfType<BoolAttr>("channels_last");
   if (!isFloat(elem) || x.getElementType() != elem || second.getElementType() != elem || !group ||
-      group.getInt() < 1 || x.getRank() < 3)
-    return std::nullopt;
+      group.getInt() < 1 || x.getRank() < 3 || (channelsLast && channelsLast.getValue()))
+    return std::nullopt; // channels-last convolutions are cuDNN's (forge-layout makes no other)
   int64_t groups = group.getInt();
   bool hasBias = opName != "conv_grad_weight" && op->getNumOperands() > 2 && op->getOperand(2);
   Type accType = computeType(elem);

@@ -36,8 +36,9 @@ static LogicalResult requireShape(std::optional<Location> loc, RankedTensorType 
 //===----------------------------------------------------------------------===//
 
 FORGE_INFER(ConvGradWeightOp) {
-  auto x = rankedOrNull(adaptor.getInput().getType());
-  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  bool last = adaptor.getChannelsLast();
+  auto x = channelsFirst(rankedOrNull(adaptor.getInput().getType()), last);
+  auto dy = channelsFirst(rankedOrNull(adaptor.getGradOutput().getType()), last);
   if (!x || !dy || x.getRank() < 3 || dy.getRank() != x.getRank())
     return failInference(loc, "conv_grad_weight needs input and grad_output of equal rank >= 3");
   int64_t spatial = x.getRank() - 2, group = adaptor.getGroup();
@@ -59,7 +60,7 @@ FORGE_INFER(ConvGradWeightOp) {
     return failure();
   SmallVector<int64_t> shape = {dy.getDimSize(1), x.getDimSize(1) / group};
   llvm::append_range(shape, adaptor.getKernelShape());
-  inferred.push_back(withShape(x, shape));
+  inferred.push_back(withShape(x, last ? channelsLastShape(shape) : shape));
   return success();
 }
 

@@ -446,8 +446,9 @@ LogicalResult ScaledGemmOp::verify() {
 OpCost ScaledGemmOp::computeCost() { return gemmCost(*this); }
 
 FORGE_INFER(ConvOp) {
-  auto x = rankedOrNull(adaptor.getInput().getType());
-  auto w = rankedOrNull(adaptor.getWeight().getType());
+  bool last = adaptor.getChannelsLast();
+  auto x = channelsFirst(rankedOrNull(adaptor.getInput().getType()), last);
+  auto w = channelsFirst(rankedOrNull(adaptor.getWeight().getType()), last);
   if (!x || !w || x.getRank() < 3 || w.getRank() != x.getRank())
     return failInference(loc, "conv input and weight must be static N-d tensors of equal rank >= 3");
   int64_t spatial = x.getRank() - 2;
@@ -460,13 +461,13 @@ FORGE_INFER(ConvOp) {
                                  adaptor.getStrides()[i], adaptor.getPads()[i],
                                  adaptor.getPads()[i + spatial], adaptor.getDilations()[i],
                                  false));
-  inferred.push_back(withShape(x, shape));
+  inferred.push_back(withShape(x, last ? channelsLastShape(shape) : shape));
   return success();
 }
 
 LogicalResult ConvOp::verify() {
-  auto x = cast<RankedTensorType>(getInput().getType());
-  auto w = cast<RankedTensorType>(getWeight().getType());
+  auto x = channelsFirst(cast<RankedTensorType>(getInput().getType()), getChannelsLast());
+  auto w = channelsFirst(cast<RankedTensorType>(getWeight().getType()), getChannelsLast());
   int64_t group = getGroup();
   if (group <= 0 || x.getDimSize(1) != w.getDimSize(1) * group)
     return emitOpError() << "input channels " << x.getDimSize(1) << " != weight channels "
@@ -481,14 +482,15 @@ LogicalResult ConvOp::verify() {
 OpCost ConvOp::computeCost() {
   OpCost cost = estimateDefaultCost(getOperation(), 0);
   auto w = cast<RankedTensorType>(getWeight().getType());
-  int64_t perOutput = w.getNumElements() / w.getDimSize(0);
+  int64_t perOutput = w.getNumElements() / w.getDimSize(0); // dim 0 in both layouts
   cost.flops = 2 * perOutput * cast<RankedTensorType>(getType()).getNumElements();
   return cost;
 }
 
 FORGE_INFER(ConvTransposeOp) {
-  auto x = rankedOrNull(adaptor.getInput().getType());
-  auto w = rankedOrNull(adaptor.getWeight().getType());
+  bool last = adaptor.getChannelsLast();
+  auto x = channelsFirst(rankedOrNull(adaptor.getInput().getType()), last);
+  auto w = channelsFirst(rankedOrNull(adaptor.getWeight().getType()), last);
   if (!x || !w || x.getRank() < 3 || w.getRank() != x.getRank())
     return failInference(loc, "conv_transpose input and weight must be static N-d tensors");
   int64_t spatial = x.getRank() - 2;
@@ -502,7 +504,7 @@ FORGE_INFER(ConvTransposeOp) {
                     adaptor.getOutputPadding()[i] +
                     (w.getDimSize(i + 2) - 1) * adaptor.getDilations()[i] + 1 -
                     adaptor.getPads()[i] - adaptor.getPads()[i + spatial]);
-  inferred.push_back(withShape(x, shape));
+  inferred.push_back(withShape(x, last ? channelsLastShape(shape) : shape));
   return success();
 }
 
@@ -954,6 +956,31 @@ LogicalResult FusionOp::verify() {
     }
     if (!llvm::equal(sums, yield.getValues()))
       return emitOpError("must yield its reductions' sums in order");
+    return success();
+  }
+  if (getKind() == "column_reduce") {
+    // Column sums (reduce_sum over every dim but the last) of one iteration
+    // shape, each with its pointwise prologue at that shape.
+    SmallVector<Value> sums;
+    ArrayRef<int64_t> shape;
+    for (Operation &op : block.without_terminator()) {
+      if (auto sum = dyn_cast<ReduceSumOp>(op)) {
+        auto in = cast<RankedTensorType>(sum.getInput().getType());
+        if (sum.getKeepdims() || in.getRank() < 2 ||
+            !llvm::equal(sum.getAxes(), llvm::seq<int64_t>(0, in.getRank() - 1)))
+          return op.emitOpError("is not a column sum (reduce_sum over every dim but the last)");
+        if (!shape.empty() && in.getShape() != shape)
+          return op.emitOpError("sums another shape than the region's first column sum");
+        shape = in.getShape();
+        sums.push_back(sum.getResult());
+        continue;
+      }
+      auto iface = dyn_cast<ForgeOpInterface>(op);
+      if (!iface || iface.getFusionClass() != FusionClass::Elementwise)
+        return op.emitOpError("is neither a column sum nor a pointwise op");
+    }
+    if (sums.empty() || !llvm::equal(sums, yield.getValues()))
+      return emitOpError("must yield its column sums in order");
     return success();
   }
   if (getKind() == "batch_norm") {

@@ -28,6 +28,28 @@ inline Type withShape(Type t, ArrayRef<int64_t> shape) {
   return RankedTensorType::get(shape, cast<RankedTensorType>(t).getElementType());
 }
 
+/// Channels-last shapes ([N, spatial..., C], set by forge-layout) and their
+/// channels-first form [N, C, spatial...]: the last dim moved to position 1,
+/// and back. Convolutions infer and verify in the channels-first form.
+inline SmallVector<int64_t> channelsFirstShape(ArrayRef<int64_t> s) {
+  SmallVector<int64_t> r(s.begin(), s.end());
+  if (r.size() >= 3)
+    std::rotate(r.begin() + 1, r.end() - 1, r.end());
+  return r;
+}
+inline SmallVector<int64_t> channelsLastShape(ArrayRef<int64_t> s) {
+  SmallVector<int64_t> r(s.begin(), s.end());
+  if (r.size() >= 3)
+    std::rotate(r.begin() + 1, r.begin() + 2, r.end());
+  return r;
+}
+/// `t` in the channels-first form when `channelsLast`, else `t`.
+inline RankedTensorType channelsFirst(RankedTensorType t, bool channelsLast) {
+  if (!t || !channelsLast)
+    return t;
+  return RankedTensorType::get(channelsFirstShape(t.getShape()), t.getElementType());
+}
+
 /// attention's operands in `layout` "bhsd": q [B, H, Tq, D], k [B, Hk, Tk, D],
 /// v [B, Hk, Tk, Dv]; "bshd": q [B, Tq, H, D], k [B, Tk, Hk, D], v [B, Tk, Hk, Dv].
 /// H % Hk == 0, one float type. Returns o's shape (in the layout).

@@ -130,6 +130,19 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // Stage "graph cleanup" (see addGraphCleanup). Later stages need its
   // canonical form: folded constants, no duplicates, no dead ops.
   addGraphCleanup(pm, options);
+  // Stage "layout": after the graph cleanup (convolution pads made symmetric,
+  // constants folded, duplicates merged), so that each convolution is
+  // converted once; before fusion, which fuses the pointwise ops and column
+  // sums that the expanded batch norms become (DESIGN.md puts layout after
+  // precision: see the design notes). CSE then merges the forward's and the
+  // gradient's batch statistics and the transposes of shared operands.
+  if (options.layout == "nhwc") {
+    AssignLayoutOptions layout;
+    layout.layout = options.layout;
+    pm.addNestedPass<func::FuncOp>(createAssignLayout(layout));
+    pm.addPass(createCSEPass());
+    pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
+  }
   addFusion(pm, options);
   // Stage "precision": after fusion, so that each cast lands in the region
   // that makes or reads the value (and a parameter's low copy in the
@@ -152,7 +165,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // matches them as a pair (and whose chunks each merge); before placement,
   // which gives the merged op its kernel.
   pm.addPass(createMergeCrossEntropyGrad());
-  // Still to come, in this order: layout, partition, schedule.
+  // Still to come, in this order: partition, schedule.
   addPlacement(pm, options);
   addMemoryPlan(pm, options);
 }
@@ -203,6 +216,9 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
                                           llvm::cl::desc("as forgec --batchnorm-running-var")};
   Option<std::string> precision{*this, "precision", llvm::cl::desc("as forgec --precision"),
                                 llvm::cl::init("fp32")};
+  Option<std::string> layout{*this, "layout",
+                             llvm::cl::desc("nchw | nhwc (forgec --layout after resolving auto)"),
+                             llvm::cl::init("nchw")};
   Option<std::string> lossScale{*this, "loss-scale", llvm::cl::desc("as forgec --loss-scale")};
   Option<int64_t> lossChunkBytes{*this, "loss-chunk-bytes",
                                  llvm::cl::desc("as forgec --loss-chunk-bytes"),
@@ -237,6 +253,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.batchnormRunningVar = cl.batchnormRunningVar;
         options.train.lossScale = cl.lossScale;
         options.precision = cl.precision;
+        options.layout = cl.layout;
         options.lossChunkBytes = cl.lossChunkBytes;
         buildTrainingPipeline(pm, options);
       });

@@ -297,13 +297,17 @@ Status runCpuKernel(const bundle::Instruction &inst, std::span<const TensorView>
     };
     // (A cast converts between the types itself.)
     bool mixed = inst.op() != "cast" && has(bundle::F32) && (has(bundle::BF16) || has(bundle::F16));
-    try {
+    auto run = [&](KernelContext &c) -> Status {
       if (mixed && has(bundle::BF16))
-        st = cpu::runInFloat<cpu::BFloat16>(ctx, info->fn);
-      else if (mixed)
-        st = cpu::runInFloat<cpu::Half>(ctx, info->fn);
-      else
-        st = info->fn(ctx);
+        return cpu::runInFloat<cpu::BFloat16>(c, info->fn);
+      if (mixed)
+        return cpu::runInFloat<cpu::Half>(c, info->fn);
+      return info->fn(c);
+    };
+    // forge-layout's channels-last convolutions run the channels-first kernels.
+    bool channelsLast = ctx.attrs.has("channels_last") && *ctx.attrs.getInt("channels_last") != 0;
+    try {
+      st = channelsLast ? cpu::runChannelsFirst(ctx, run) : run(ctx);
     } catch (const std::exception &e) { // e.g. bad_alloc of a scratch buffer
       st = Status::error("{}", e.what());
     }

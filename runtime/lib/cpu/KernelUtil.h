@@ -350,6 +350,60 @@ template <typename T> Status runInFloat(KernelContext &ctx, KernelFn fn) {
   return Status::ok();
 }
 
+/// Runs `run` (a kernel taking channels-first operands, [N, C, spatial...])
+/// on an instruction whose operands of rank >= 3 are channels-last
+/// ([N, spatial..., C]; forge-layout's convolutions, whose weights are
+/// [M, k..., C/group]: the same move of the last dim to position 1): each
+/// such input is copied channels-first, the results are computed into
+/// channels-first scratch and copied back. A reference path, not a fast one.
+template <typename F> Status runChannelsFirst(KernelContext &ctx, F &&run) {
+  auto permute = [](const TensorView &from, TensorView &to, bool toFirst) {
+    // from [N, s..., C] to [N, C, s...] (toFirst) or back; a plane is s... .
+    int64_t n = from.shape[0], c = toFirst ? from.shape.back() : from.shape[1];
+    int64_t plane = from.numel() / std::max<int64_t>(1, n * c);
+    size_t e = dtypeSize(from.dtype);
+    const char *src = static_cast<const char *>(from.data);
+    char *dst = static_cast<char *>(to.data);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t p = 0; p < plane; ++p)
+        for (int64_t ch = 0; ch < c; ++ch) {
+          int64_t last = (i * plane + p) * c + ch, first = (i * c + ch) * plane + p;
+          std::memcpy(dst + (toFirst ? first : last) * e, src + (toFirst ? last : first) * e, e);
+        }
+  };
+  auto firstShape = [](std::vector<int64_t> s) {
+    std::rotate(s.begin() + 1, s.end() - 1, s.end());
+    return s;
+  };
+  std::vector<std::vector<char>> bufs;
+  bufs.reserve(ctx.inputs.size() + ctx.outputs.size());
+  std::vector<TensorView> ins, outs;
+  for (const TensorView &t : ctx.inputs) {
+    if (!t.present() || t.rank() < 3) {
+      ins.push_back(t);
+      continue;
+    }
+    bufs.emplace_back(t.bytes());
+    TensorView view{bufs.back().data(), t.dtype, firstShape(t.shape)};
+    permute(t, view, true);
+    ins.push_back(view);
+  }
+  for (const TensorView &t : ctx.outputs) {
+    if (t.rank() < 3) {
+      outs.push_back(t);
+      continue;
+    }
+    bufs.emplace_back(t.bytes());
+    outs.push_back(TensorView{bufs.back().data(), t.dtype, firstShape(t.shape)});
+  }
+  KernelContext staged{ctx.inst, ins, outs, ctx.pool, ctx.attrs};
+  FORGE_RETURN_IF_ERROR(run(staged));
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (ctx.outputs[i].rank() >= 3)
+      permute(outs[i], ctx.outputs[i], false);
+  return Status::ok();
+}
+
 /// f32/f64 natively (f(Tag<T>{})), f16/bf16 through f32 copies of the operands of
 /// that dtype (runInFloat of `self`).
 template <typename F> Status visitGradTypes(DType t, KernelContext &ctx, KernelFn self, F &&f) {

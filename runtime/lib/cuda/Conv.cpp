@@ -50,11 +50,30 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
   if (inst.inputs_size() < 2 || inst.inputs(0) < 0 || inst.inputs(1) < 0 ||
       inst.outputs_size() != 1)
     return Status::error("{} needs two inputs and one output", op);
-  for (int32_t t : {inst.inputs(0), inst.inputs(1), inst.outputs(0)})
-    if (p.tensors(t).dtype() != bundle::F32)
-      return Status::error("{} on cuDNN takes f32 tensors", op);
-  std::vector<int> x = dimsOf(p, inst.inputs(0)), second = dimsOf(p, inst.inputs(1));
-  std::vector<int> y = dimsOf(p, inst.outputs(0));
+  // One storage type for every operand (cuDNN's legacy API; bf16/f16 are its
+  // "pseudo" configurations, which accumulate in f32).
+  const bundle::DType dtype = p.tensors(inst.outputs(0)).dtype();
+  if (dtype != bundle::F32 && dtype != bundle::BF16 && dtype != bundle::F16)
+    return Status::error("{} on cuDNN takes f32, bf16 or f16 tensors", op);
+  for (int i = 0; i < inst.inputs_size(); ++i)
+    if (inst.inputs(i) >= 0 && p.tensors(inst.inputs(i)).dtype() != dtype)
+      return Status::error("{} on cuDNN takes operands of one type (input {} differs)", op, i);
+  const cudnnDataType_t dnnType = dtype == bundle::F32    ? CUDNN_DATA_FLOAT
+                                  : dtype == bundle::BF16 ? CUDNN_DATA_BFLOAT16
+                                                          : CUDNN_DATA_HALF;
+  // forge-layout's channels-last form: tensors [N, spatial..., C] and filters
+  // [M, k..., C/group] in memory; cuDNN's descriptors take the channels-first
+  // dims with NHWC strides (filters: the NHWC format).
+  auto last = inst.attrs().find("channels_last");
+  const bool channelsLast = last != inst.attrs().end() && last->second.i() != 0;
+  auto logical = [&](std::vector<int> d) {
+    if (channelsLast && d.size() >= 3)
+      std::rotate(d.begin() + 1, d.end() - 1, d.end());
+    return d;
+  };
+  std::vector<int> x = logical(dimsOf(p, inst.inputs(0)));
+  std::vector<int> second = logical(dimsOf(p, inst.inputs(1)));
+  std::vector<int> y = logical(dimsOf(p, inst.outputs(0)));
   const int spatial = static_cast<int>(x.size()) - 2;
   if (spatial < 1 || spatial > 3)
     return Status::error("{} with {} spatial dims has no cuDNN form", op, spatial);
@@ -87,22 +106,37 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
     dilationA.push_back(1);
   }
   const int nd = static_cast<int>(a.size());
+  // Strides of logical dims `d` (channels-first order): packed channels-first,
+  // or packed channels-last (the channel innermost, then the spatial dims).
+  auto stridesOf = [&](const std::vector<int> &d) {
+    if (!channelsLast)
+      return packedStrides(d);
+    std::vector<int> s(d.size());
+    int step = 1;
+    s[1] = step;
+    step *= d[1];
+    for (int i = static_cast<int>(d.size()) - 1; i >= 2; --i) {
+      s[i] = step;
+      step *= d[i];
+    }
+    s[0] = step;
+    return s;
+  };
   DNN_CHECK(api.cudnnCreateTensorDescriptor(&plan->a_));
   DNN_CHECK(api.cudnnCreateTensorDescriptor(&plan->b_));
   DNN_CHECK(api.cudnnCreateFilterDescriptor(&plan->w_));
   DNN_CHECK(api.cudnnCreateConvolutionDescriptor(&plan->conv_));
-  DNN_CHECK(api.cudnnSetTensorNdDescriptor(plan->a_, CUDNN_DATA_FLOAT, nd, a.data(),
-                                           packedStrides(a).data()));
-  DNN_CHECK(api.cudnnSetTensorNdDescriptor(plan->b_, CUDNN_DATA_FLOAT, nd, b.data(),
-                                           packedStrides(b).data()));
-  DNN_CHECK(api.cudnnSetFilterNdDescriptor(plan->w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, nd,
-                                           w.data()));
+  DNN_CHECK(api.cudnnSetTensorNdDescriptor(plan->a_, dnnType, nd, a.data(), stridesOf(a).data()));
+  DNN_CHECK(api.cudnnSetTensorNdDescriptor(plan->b_, dnnType, nd, b.data(), stridesOf(b).data()));
+  DNN_CHECK(api.cudnnSetFilterNdDescriptor(
+      plan->w_, dnnType, channelsLast ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, nd, w.data()));
   DNN_CHECK(api.cudnnSetConvolutionNdDescriptor(plan->conv_, nd - 2, padA.data(), strideA.data(),
                                                 dilationA.data(), CUDNN_CROSS_CORRELATION,
                                                 CUDNN_DATA_FLOAT));
   DNN_CHECK(api.cudnnSetConvolutionGroupCount(plan->conv_, groups));
-  DNN_CHECK(api.cudnnSetConvolutionMathType(plan->conv_,
-                                            tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  // bf16/f16 run on tensor cores; f32 on them (TF32) only with --tf32.
+  DNN_CHECK(api.cudnnSetConvolutionMathType(
+      plan->conv_, dtype != bundle::F32 || tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
   if (inst.inputs_size() > 2 && inst.inputs(2) >= 0 && plan->kind_ != BackwardFilter) {
     plan->hasBias_ = true;
     std::vector<int> bias(static_cast<size_t>(nd), 1);
@@ -110,7 +144,7 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
     if (plan->kind_ == BackwardData)
       bias[1] = a[1];
     DNN_CHECK(api.cudnnCreateTensorDescriptor(&plan->bias_));
-    DNN_CHECK(api.cudnnSetTensorNdDescriptor(plan->bias_, CUDNN_DATA_FLOAT, nd, bias.data(),
+    DNN_CHECK(api.cudnnSetTensorNdDescriptor(plan->bias_, dnnType, nd, bias.data(),
                                              packedStrides(bias).data()));
   }
 

@@ -3,7 +3,9 @@
 // conv is cudnnConvolutionForward (+ cudnnAddTensor for the bias); conv_transpose is the
 // backward-data pass of the convolution it transposes (ONNX's ConvTranspose weight
 // [C, M/group, k...] is exactly that convolution's filter); conv_grad_weight is
-// cudnnConvolutionBackwardFilter. NCHW (and NCDHW) f32; 1-d convolutions get a unit second
+// cudnnConvolutionBackwardFilter. NCHW (and NCDHW), or channels-last (forge-layout's
+// channels_last: [N, spatial..., C], filters [M, k..., C/group]); f32, or bf16/f16 on tensor
+// cores, one type for all operands; 1-d convolutions get a unit second
 // spatial dim. cuDNN pads symmetrically, so the compiler places only symmetric-pad
 // convolutions on the library (passes/SelectLibrary.cpp). Math: FMA only
 // (exact fp32) unless the bundle was built with --tf32. The algorithm is cuDNN's first

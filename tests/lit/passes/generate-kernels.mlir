@@ -267,3 +267,28 @@ func.func @column_sums(%d: tensor<256x16xbf16>, %e: tensor<256x6xbf16>) -> (tens
   %t = forge.reduce_sum %e {axes = array<i64: 0>, keepdims = false} : (tensor<256x6xbf16>) -> tensor<6xf32>
   return %s, %t : tensor<16xf32>, tensor<6xf32>
 }
+
+// -----
+
+// A column_reduce region is one kernel: a thread owns 4 columns (one vector load of each
+// input per row: the image and the per-column shift), 32 column groups of 128 columns
+// side by side with 8 row slots per block, rows split over blocks that add their sums
+// atomically into the zeroed f32 results.
+// CHECK-LABEL: func @column_sums
+// CHECK: forge.fusion "column_reduce"(%arg0, %arg1) {forge.launch = {block = 256 : i64, grid = {{[0-9]+}} : i64, kernel = "k0_fusion", zero_outputs}}
+// CHECK: gpu.func @k0_fusion(%arg0: memref<16384xvector<4xf32>>, %arg1: memref<32xvector<4xf32>>, %arg2: memref<128xf32>, %arg3: memref<128xf32>)
+// CHECK: scf.for {{.*}} -> (f32, f32, f32, f32, f32, f32, f32, f32)
+// CHECK: gpu.barrier
+// CHECK: memref.atomic_rmw addf %{{.*}}, %arg2[
+// CHECK: memref.atomic_rmw addf %{{.*}}, %arg3[
+func.func @column_sums(%x: tensor<8x8x8x128xf32>, %k: tensor<128xf32>) -> (tensor<128xf32>, tensor<128xf32>) {
+  %r:2 = forge.fusion "column_reduce"(%x, %k) : (tensor<8x8x8x128xf32>, tensor<128xf32>) -> (tensor<128xf32>, tensor<128xf32>) {
+  ^bb0(%a: tensor<8x8x8x128xf32>, %b: tensor<128xf32>):
+    %s = forge.sub %a, %b : (tensor<8x8x8x128xf32>, tensor<128xf32>) -> tensor<8x8x8x128xf32>
+    %t = forge.reduce_sum %s {axes = array<i64: 0, 1, 2>, keepdims = false} : (tensor<8x8x8x128xf32>) -> tensor<128xf32>
+    %q = forge.mul %s, %s : (tensor<8x8x8x128xf32>, tensor<8x8x8x128xf32>) -> tensor<8x8x8x128xf32>
+    %u = forge.reduce_sum %q {axes = array<i64: 0, 1, 2>, keepdims = false} : (tensor<8x8x8x128xf32>) -> tensor<128xf32>
+    forge.yield %t, %u : tensor<128xf32>, tensor<128xf32>
+  }
+  return %r#0, %r#1 : tensor<128xf32>, tensor<128xf32>
+}

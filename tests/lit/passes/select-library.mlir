@@ -69,6 +69,23 @@ func.func @convs(%x: tensor<1x3x8x8xf32>, %w: tensor<4x3x3x3xf32>) -> (tensor<1x
 
 // -----
 
+// Channels-last (forge-assign-layout) and bf16 convolutions are cuDNN's when every operand
+// has the result's type (its legacy API's bf16 configuration); a conv_transpose checked in
+// its channels-first form. Mixed types stay off the library.
+// CHECK-LABEL: func @convs_channels_last
+// CHECK: forge.conv %arg0, %arg1 {channels_last = true{{.*}}forge.library = "cudnn"
+// CHECK: forge.conv_transpose %arg2, %arg1 {channels_last = true{{.*}}forge.library = "cudnn"
+// CHECK: forge.conv %arg3, %arg1 {channels_last = true
+// CHECK-NOT: forge.library
+func.func @convs_channels_last(%x: tensor<2x8x8x3xbf16>, %w: tensor<4x3x3x3xbf16>, %dy: tensor<2x8x8x4xbf16>, %xf: tensor<2x8x8x3xf32>) -> (tensor<2x8x8x4xbf16>, tensor<2x8x8x3xbf16>, tensor<2x8x8x4xf32>) {
+  %0 = forge.conv %x, %w {channels_last = true, strides = array<i64: 1, 1>, pads = array<i64: 1, 1, 1, 1>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<2x8x8x3xbf16>, tensor<4x3x3x3xbf16>) -> tensor<2x8x8x4xbf16>
+  %1 = forge.conv_transpose %dy, %w {channels_last = true, strides = array<i64: 1, 1>, pads = array<i64: 1, 1, 1, 1>, dilations = array<i64: 1, 1>, output_padding = array<i64: 0, 0>, group = 1 : i64} : (tensor<2x8x8x4xbf16>, tensor<4x3x3x3xbf16>) -> tensor<2x8x8x3xbf16>
+  %2 = forge.conv %xf, %w {channels_last = true, strides = array<i64: 1, 1>, pads = array<i64: 1, 1, 1, 1>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<2x8x8x3xf32>, tensor<4x3x3x3xbf16>) -> tensor<2x8x8x4xf32>
+  return %0, %1, %2 : tensor<2x8x8x4xbf16>, tensor<2x8x8x3xbf16>, tensor<2x8x8x4xf32>
+}
+
+// -----
+
 // GEMM regions (forge-fuse) carry the library marks and their epilogue; the
 // body stays unmarked (the CPU runs it). A region whose product has no
 // cuBLASLt form (batches broadcast on both sides) becomes its ops again.

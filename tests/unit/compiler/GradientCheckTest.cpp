@@ -1192,7 +1192,7 @@ TEST_F(GradientContract, UnneededConvGradientsAreRemoved) {
   auto func = beginFunc({x, w, bias});
   auto conv = b.create<ConvOp>(loc, func.getArgument(0), func.getArgument(1), func.getArgument(2),
                                b.getDenseI64ArrayAttr({1, 1}), b.getDenseI64ArrayAttr({1, 1, 1, 1}),
-                               b.getDenseI64ArrayAttr({1, 1}), b.getI64IntegerAttr(1));
+                               b.getDenseI64ArrayAttr({1, 1}), b.getI64IntegerAttr(1), b.getBoolAttr(false));
   SmallVector<Value> grads;
   ASSERT_TRUE(succeeded(grad(conv, {splat(conv.getType(), 1)}, grads)));
   ASSERT_EQ(grads.size(), 3u);

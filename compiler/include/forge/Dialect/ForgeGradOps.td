@@ -42,11 +42,13 @@ def Forge_ConvGradWeightOp : Forge_GradOp<"conv_grad_weight", "Conv", FusionLibr
     grad_output[n, m, o] * input[n, g*C/group + c, o*stride - pad_begin + k*dilation]
     (g the group of m). grad_output's spatial extents follow the conv formula
     for `input`; it is also the weight gradient of conv_transpose with the
-    roles of its input and output swapped.
+    roles of its input and output swapped. With `channels_last` the input and
+    grad_output are [N, spatial..., C] and the result [M, k..., C/group].
   }];
   let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$grad_output,
                        DenseI64ArrayAttr:$kernel_shape, DenseI64ArrayAttr:$strides,
-                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations, I64Attr:$group);
+                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations, I64Attr:$group,
+                       DefaultValuedAttr<BoolAttr, "false">:$channels_last);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$input `,` $grad_output attr-dict `:` functional-type(operands, results)";
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];

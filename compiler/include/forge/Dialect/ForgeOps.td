@@ -233,10 +233,16 @@ def Forge_ScaledGemmOp : Forge_Op<"scaled_gemm", "Gemm,MatMul", FusionLibrary, P
 }
 
 def Forge_ConvOp : Forge_Op<"conv", "Conv", FusionLibrary, PrecisionTensorCore, 1> {
-  let summary = "N-d grouped convolution, NC[D]HW, explicit pads (auto_pad resolved)";
+  let summary = "N-d grouped convolution, NC[D]HW (or N[D]HWC), explicit pads (auto_pad resolved)";
+  let description = [{
+    With `channels_last` (set by forge-layout) the input and result are
+    [N, spatial..., C] and the weight [M, k..., C/group]; the attributes keep
+    their meaning (per spatial dim, in order).
+  }];
   let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$weight,
                        Optional<AnyForgeTensor>:$bias, DenseI64ArrayAttr:$strides,
-                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations, I64Attr:$group);
+                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations, I64Attr:$group,
+                       DefaultValuedAttr<BoolAttr, "false">:$channels_last);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$input `,` $weight (`,` $bias^)? attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -245,10 +251,15 @@ def Forge_ConvOp : Forge_Op<"conv", "Conv", FusionLibrary, PrecisionTensorCore, 
 
 def Forge_ConvTransposeOp : Forge_Op<"conv_transpose", "ConvTranspose", FusionLibrary, PrecisionTensorCore, 1> {
   let summary = "N-d grouped transposed convolution; output_shape resolved into pads";
+  let description = [{
+    With `channels_last` the input and result are [N, spatial..., C] and the
+    weight [C, k..., M/group].
+  }];
   let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$weight,
                        Optional<AnyForgeTensor>:$bias, DenseI64ArrayAttr:$strides,
                        DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations,
-                       DenseI64ArrayAttr:$output_padding, I64Attr:$group);
+                       DenseI64ArrayAttr:$output_padding, I64Attr:$group,
+                       DefaultValuedAttr<BoolAttr, "false">:$channels_last);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$input `,` $weight (`,` $bias^)? attr-dict `:` functional-type(operands, results)";
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];

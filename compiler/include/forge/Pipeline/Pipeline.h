@@ -25,6 +25,7 @@ struct PipelineOptions {
   bool memoryReport = false;  // the memory plan prints its peak (forgec --memory-report)
   int64_t gemmPadMinFlops = int64_t(1) << 30; // forge-pad-contractions (forgec --gemm-pad-min-flops)
   std::string precision = "fp32"; // forge-assign-precision (forgec --precision)
+  std::string layout = "nchw";    // forge-assign-layout (forgec --layout)
   int64_t lossChunkBytes = int64_t(1) << 30; // forge-chunk-cross-entropy (forgec --loss-chunk-bytes)
 };
 
