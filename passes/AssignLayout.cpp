@@ -21,8 +21,10 @@
 //    transpose) and keepdims reductions, and cancelled in pairs
 //    (transpose's folder). A transpose that only moves unit dims becomes a
 //    reshape (a view). What is left is a transpose at the net's input, at
-//    layout-unaware consumers (pools: NCHW kernels), and of each weight and
+//    layout-unaware consumers (average pools), and of each weight and
 //    weight gradient.
+//  * Rank-4 max pools and their gradients take their channels_last form the
+//    same way (their windows run over the middle dims).
 //  * A function without a rank-4 convolution is left untouched.
 //
 //===----------------------------------------------------------------------===//
@@ -141,13 +143,15 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
       return signalPassFailure();
     }
     func::FuncOp func = getOperation();
-    SmallVector<Operation *> convs, norms;
+    SmallVector<Operation *> convs, norms, pools;
     func.walk([&](Operation *op) {
       if (op->getParentOfType<FusionOp>())
         return;
       if (isa<ConvOp, ConvTransposeOp, ConvGradWeightOp>(op) &&
           isStaticRank4Float(op->getOperand(0)) && isStaticRank4Float(op->getResult(0)))
         convs.push_back(op);
+      else if (isa<MaxPoolOp, MaxPoolGradOp>(op) && isStaticRank4Float(op->getOperand(0)))
+        pools.push_back(op);
       else if (isa<BatchNormTrainingOp, BatchNormTrainingGradOp, BatchNormOp>(op) &&
                isStaticRank4Float(op->getOperand(0)))
         norms.push_back(op);
@@ -157,6 +161,8 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
       return;
     }
     for (Operation *op : convs)
+      convertConvolution(op);
+    for (Operation *op : pools) // max pools take the same form
       convertConvolution(op);
     for (Operation *op : norms)
       expandBatchNorm(op);

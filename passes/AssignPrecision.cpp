@@ -168,6 +168,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     materialize();
     if (failed(fixGemmOperands()))
       return signalPassFailure();
+    unifyPoolGradOperands();
     if (precision == "fp8")
       quantizeGemms();
     syncFunctionType();
@@ -390,6 +391,21 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
 
   StringAttr argAttr(unsigned i, StringRef name) {
     return func.getArgAttrOfType<StringAttr>(i, name);
+  }
+
+  /// max_pool_grad reads its input and gradient in one type: a low one beside
+  /// an f32 one (a channels-last convolution's gradient beside the pool's f32
+  /// input) is read through an f32 copy (a loop region with one cast).
+  void unifyPoolGradOperands() {
+    for (auto grad : llvm::to_vector(func.front().getOps<MaxPoolGradOp>())) {
+      if (!isF32Tensor(grad.getInput()) || !isLow(grad.getGradOutput()))
+        continue;
+      Value dy = grad.getGradOutput();
+      OpBuilder b(grad);
+      ++standaloneCasts;
+      grad->setOperand(1, wrapInLoop(castOf(b, grad.getLoc(), dy, b.getF32Type()).getDefiningOp())
+                              .getResult(0));
+    }
   }
 
   /// A loop region with one cast, right after `v` is made.

@@ -123,7 +123,7 @@ Value isNaN(Body &k, Value v) {
 }
 } // namespace
 
-/// N-d max pooling (NC<spatial>) and its gradient. The window's choice is the
+/// N-d max pooling (NC<spatial>, or channels-last) and its gradient. The window's choice is the
 /// CPU kernel's: the first strictly greater in-image tap in odometer order; a
 /// NaN wins once seen. Integer inputs (forward only) compare as their sign says.
 std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, StringRef name,
@@ -131,7 +131,28 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
   auto x = tensorType(op->getOperand(0));
   auto y = tensorType(grad ? op->getOperand(1) : op->getResult(0));
   Type elem = x.getElementType();
-  auto g = WindowGeometry::of(op, x, y);
+  // Channels-last ([N, spatial..., C]): the geometry of the channels-first
+  // form; element (plane n, position p, channel c) lies at (n * size + p) * C
+  // + c, so consecutive threads take consecutive channels (coalesced).
+  auto lastAttr = op->getAttrOfType<BoolAttr>("channels_last");
+  const bool cl = lastAttr && lastAttr.getValue() && x.getRank() >= 3;
+  const int64_t channels = cl ? x.getShape().back() : 1;
+  auto firstForm = [&](RankedTensorType t) {
+    if (!cl)
+      return t;
+    SmallVector<int64_t> s(t.getShape());
+    std::rotate(s.begin() + 1, s.end() - 1, s.end());
+    return RankedTensorType::get(s, t.getElementType());
+  };
+  auto g = WindowGeometry::of(op, firstForm(x), firstForm(y));
+  // Flat index i: (channel, rest) where rest walks the channels-first planes.
+  auto split = [&](Body &k, Value i) -> std::pair<Value, Value> {
+    if (!cl)
+      return {Value(), i};
+    return {k.rem(i, channels), k.div(i, channels)};
+  };
+  // The element at plane offset `at` (plane base included) of channel c.
+  auto element = [&](Body &k, Value at, Value c) { return cl ? k.add(k.mul(at, k.idx(channels)), c) : at; };
   bool fl = isFloat(elem);
   if (!g || elem.isInteger(1) || (grad && !fl))
     return std::nullopt;
@@ -147,13 +168,14 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
   };
   // The chosen tap of window `o` of the plane at `base`: (value, plane offset
   // or -1 if none).
-  auto choose = [&](Body &k, Value image, Value base, ArrayRef<Value> o) -> std::pair<Value, Value> {
+  auto choose = [&](Body &k, Value image, Value base, ArrayRef<Value> o,
+                    Value c) -> std::pair<Value, Value> {
     OpBuilder &b = k.b;
     SmallVector<Value> chosen = k.foldRange(
         g->taps, ValueRange{lowest(k), k.idx(-1)}, kUnrollTaps,
         [&](Value t, ValueRange acc) -> SmallVector<Value> {
           auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
-          Value v = k.load(image, k.add(base, off), elem);
+          Value v = k.load(image, element(k, k.add(base, off), c), elem);
           Value best = acc[0];
           Value take;
           if (fl) {
@@ -176,10 +198,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
     return elementKernel(name, flatArgs(op), y.getNumElements(), op->getLoc(),
                          [&](Body &k, gpu::GPUFuncOp fn, Value i) {
                            Value plane;
-                           SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, plane);
+                           auto [c, rest] = split(k, i);
+                           SmallVector<Value> o = WindowGeometry::unravel(k, rest, g->out, plane);
                            Value base = k.mul(plane, k.idx(g->imageSize));
-                           k.store(choose(k, fn.getArgument(0), base, o).first, fn.getArgument(1),
-                                   i, elem);
+                           k.store(choose(k, fn.getArgument(0), base, o, c).first,
+                                   fn.getArgument(1), i, elem);
                          });
   // f32 gradient, scattered per window: each window adds its gradient to the
   // tap it chose with an f32 atomic into the zeroed output. Nine loads per
@@ -193,14 +216,15 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
         [&](Body &k, gpu::GPUFuncOp fn, Value i) {
           OpBuilder &b = k.b;
           Value plane;
-          SmallVector<Value> o = WindowGeometry::unravel(k, i, g->out, plane);
+          auto [c, rest] = split(k, i);
+          SmallVector<Value> o = WindowGeometry::unravel(k, rest, g->out, plane);
           Value base = k.mul(plane, k.idx(g->imageSize));
-          Value off = choose(k, fn.getArgument(0), base, o).second;
+          Value off = choose(k, fn.getArgument(0), base, o, c).second;
           Value some = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, off, k.idx(0));
-          k.ifThen(some, [&] {
+          k.ifThen(some, [&, c = c] {
             Value dy = k.load(fn.getArgument(1), i, elem);
             b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, dy, fn.getArgument(2),
-                                          ValueRange{k.add(base, off)});
+                                          ValueRange{element(k, k.add(base, off), c)});
           });
         });
     launch.zeroOutputs = true;
@@ -214,15 +238,18 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
       name, flatArgs(op), x.getNumElements(), op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value i) {
         OpBuilder &b = k.b;
         Value plane;
-        SmallVector<Value> at = WindowGeometry::unravel(k, i, g->image, plane);
+        auto [c, rest] = split(k, i);
+        SmallVector<Value> at = WindowGeometry::unravel(k, rest, g->image, plane);
         Value base = k.mul(plane, k.idx(g->imageSize));
-        Value self = k.rem(i, g->imageSize);
+        Value self = k.rem(rest, g->imageSize);
         Value acc = k.foldValue(g->taps, k.fconst(ct, 0.0), kUnrollTaps, [&](Value t, Value a) {
           auto [hit, woff, o] = g->windowAt(k, at, g->tap(k, t));
           return k.valueIf(hit, [&, woff = woff, o = o]() -> Value {
             Value chosen = b.create<arith::CmpIOp>(
-                k.loc, arith::CmpIPredicate::eq, choose(k, fn.getArgument(0), base, o).second, self);
-            Value dy = k.load(fn.getArgument(1), k.add(k.mul(plane, k.idx(g->outSize)), woff), elem);
+                k.loc, arith::CmpIPredicate::eq, choose(k, fn.getArgument(0), base, o, c).second,
+                self);
+            Value dy = k.load(fn.getArgument(1),
+                              element(k, k.add(k.mul(plane, k.idx(g->outSize)), woff), c), elem);
             return b.create<arith::SelectOp>(k.loc, chosen, b.create<arith::AddFOp>(k.loc, a, dy), a);
           }, a);
         });

@@ -77,15 +77,17 @@ OpCost ConvGradWeightOp::computeCost() {
 //===----------------------------------------------------------------------===//
 
 FORGE_INFER(MaxPoolGradOp) {
-  auto x = rankedOrNull(adaptor.getInput().getType());
-  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  bool last = adaptor.getChannelsLast();
+  auto stored = rankedOrNull(adaptor.getInput().getType());
+  auto x = channelsFirst(stored, last);
+  auto dy = channelsFirst(rankedOrNull(adaptor.getGradOutput().getType()), last);
   if (!x || !dy || x.getElementType() != dy.getElementType())
     return failInference(loc, "max_pool_grad needs static input and grad_output of one type");
   auto shape = poolOutputShape(loc, x.getShape(), adaptor.getKernelShape(), adaptor.getStrides(),
                                adaptor.getPads(), adaptor.getDilations(), adaptor.getCeilMode());
   if (failed(shape) || failed(requireShape(loc, dy, *shape, "grad_output")))
     return failure();
-  inferred.push_back(x);
+  inferred.push_back(stored);
   return success();
 }
 

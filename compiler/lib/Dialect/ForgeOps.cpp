@@ -530,7 +530,19 @@ static LogicalResult inferPool(std::optional<Location> loc, Adaptor adaptor,
   return success();
 }
 
-FORGE_INFER(MaxPoolOp) { return inferPool(loc, adaptor, inferred); }
+FORGE_INFER(MaxPoolOp) {
+  if (!adaptor.getChannelsLast())
+    return inferPool(loc, adaptor, inferred);
+  auto x = channelsFirst(rankedOrNull(adaptor.getInput().getType()), true);
+  if (!x)
+    return failInference(loc, "pool input must be a static N-d tensor");
+  auto shape = poolOutputShape(loc, x.getShape(), adaptor.getKernelShape(), adaptor.getStrides(),
+                               adaptor.getPads(), adaptor.getDilations(), adaptor.getCeilMode());
+  if (failed(shape))
+    return failure();
+  inferred.push_back(withShape(x, channelsLastShape(*shape)));
+  return success();
+}
 FORGE_INFER(AvgPoolOp) { return inferPool(loc, adaptor, inferred); }
 
 //===----------------------------------------------------------------------===//

@@ -152,6 +152,8 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
     AssignPrecisionOptions precision;
     precision.precision = options.precision;
     pm.addPass(createAssignPrecision(precision));
+    // The f32 views its low copies replaced (a transposed weight) are dead.
+    pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
   }
   // Stage "memory shaping": the loss head in row chunks, so that its logits
   // and their gradient are never all live. After fusion, which forms the

@@ -86,3 +86,22 @@ func.func @no_conv2d(%x: tensor<2x3x8xf32>, %w: tensor<4x3x3xf32>, %i: tensor<2x
   %t = forge.transpose %i {perm = array<i64: 0, 2, 3, 1>} : (tensor<2x4x8x8xf32>) -> tensor<2x8x8x4xf32>
   return %y, %n, %t : tensor<2x4x6xf32>, tensor<2x4x8x8xf32>, tensor<2x8x8x4xf32>
 }
+
+// -----
+
+// A max pool between convolutions and its gradient take the channels_last form too: no
+// transpose is left around them.
+// CHECK-LABEL: func @conv_pool_conv
+// CHECK: forge.conv {{.*}}channels_last = true
+// CHECK-NEXT: forge.max_pool %{{.*}} {ceil_mode = false, channels_last = true{{.*}} : (tensor<2x8x8x4xf32>) -> tensor<2x4x4x4xf32>
+// CHECK-NEXT: forge.reshape
+// CHECK-NEXT: forge.conv {{.*}}channels_last = true
+// CHECK: forge.max_pool_grad {{.*}}channels_last = true{{.*}} : (tensor<2x8x8x4xf32>, tensor<2x4x4x4xf32>) -> tensor<2x8x8x4xf32>
+// CHECK-NOT: forge.transpose %{{.*}} {perm = array<i64: 0, 3, 1, 2>} : (tensor<2x4x4x4xf32>)
+func.func @conv_pool_conv(%x: tensor<2x3x8x8xf32>, %w1: tensor<4x3x3x3xf32>, %w2: tensor<5x4x1x1xf32>, %g: tensor<2x4x4x4xf32>) -> (tensor<2x5x4x4xf32>, tensor<2x4x8x8xf32>) {
+  %y = forge.conv %x, %w1 {strides = array<i64: 1, 1>, pads = array<i64: 1, 1, 1, 1>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<2x3x8x8xf32>, tensor<4x3x3x3xf32>) -> tensor<2x4x8x8xf32>
+  %p = forge.max_pool %y {kernel_shape = array<i64: 2, 2>, strides = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, dilations = array<i64: 1, 1>, ceil_mode = false} : (tensor<2x4x8x8xf32>) -> tensor<2x4x4x4xf32>
+  %z = forge.conv %p, %w2 {strides = array<i64: 1, 1>, pads = array<i64: 0, 0, 0, 0>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<2x4x4x4xf32>, tensor<5x4x1x1xf32>) -> tensor<2x5x4x4xf32>
+  %d = forge.max_pool_grad %y, %g {kernel_shape = array<i64: 2, 2>, strides = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, dilations = array<i64: 1, 1>, ceil_mode = false} : (tensor<2x4x8x8xf32>, tensor<2x4x4x4xf32>) -> tensor<2x4x8x8xf32>
+  return %z, %d : tensor<2x5x4x4xf32>, tensor<2x4x8x8xf32>
+}

@@ -292,3 +292,16 @@ func.func @column_sums(%x: tensor<8x8x8x128xf32>, %k: tensor<128xf32>) -> (tenso
   }
   return %r#0, %r#1 : tensor<128xf32>, tensor<128xf32>
 }
+
+// -----
+
+// A channels-last max pool: the flat index's remainder by C is the channel (consecutive
+// threads read consecutive channels: coalesced), the quotient walks the windows.
+// CHECK-LABEL: func @max_pool_channels_last
+// CHECK: gpu.func @k0_max_pool(%arg0: memref<2048xf32>, %arg1: memref<512xf32>)
+// CHECK: %[[C:.*]] = arith.remui %[[I:.*]], %c16
+// CHECK: arith.divui %[[I]], %c16
+func.func @max_pool_channels_last(%x: tensor<2x8x8x16xf32>) -> tensor<2x4x4x16xf32> {
+  %p = forge.max_pool %x {channels_last = true, kernel_shape = array<i64: 2, 2>, strides = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, dilations = array<i64: 1, 1>, ceil_mode = false} : (tensor<2x8x8x16xf32>) -> tensor<2x4x4x16xf32>
+  return %p : tensor<2x4x4x16xf32>
+}

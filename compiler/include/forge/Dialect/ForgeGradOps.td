@@ -60,12 +60,13 @@ def Forge_MaxPoolGradOp : Forge_GradOp<"max_pool_grad", "MaxPool", FusionReducti
     Attributes are the forward op's. Within a window the maximum is chosen
     exactly as the forward kernel does (the first tap in row-major order that
     is strictly greater than all before it), so ties send the whole gradient
-    to one position; overlapping windows accumulate.
+    to one position; overlapping windows accumulate. With `channels_last`
+    the tensors are [N, spatial..., C].
   }];
   let arguments = (ins AnyForgeTensor:$input, AnyForgeTensor:$grad_output,
                        DenseI64ArrayAttr:$kernel_shape, DenseI64ArrayAttr:$strides,
                        DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations,
-                       BoolAttr:$ceil_mode);
+                       BoolAttr:$ceil_mode, DefaultValuedAttr<BoolAttr, "false">:$channels_last);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$input `,` $grad_output attr-dict `:` functional-type(operands, results)";
   let flopsPerElement = 2;

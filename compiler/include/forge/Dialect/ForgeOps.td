@@ -268,9 +268,11 @@ def Forge_ConvTransposeOp : Forge_Op<"conv_transpose", "ConvTranspose", FusionLi
 // Pools are window reductions, generated kernels on every target (not library
 // calls: cuDNN's pooling is not used, design notes "CUDA backend").
 def Forge_MaxPoolOp : Forge_Op<"max_pool", "MaxPool", FusionReduction, PrecisionFollowsInput, 1> {
+  let summary = "N-d max pooling, NC[D]HW (or N[D]HWC with `channels_last`, set by forge-assign-layout)";
   let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$kernel_shape,
                        DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads,
-                       DenseI64ArrayAttr:$dilations, BoolAttr:$ceil_mode);
+                       DenseI64ArrayAttr:$dilations, BoolAttr:$ceil_mode,
+                       DefaultValuedAttr<BoolAttr, "false">:$channels_last);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
 }
