@@ -516,33 +516,23 @@ OpCost ConvTransposeOp::computeCost() {
   return cost;
 }
 
+/// A pool's result: its windows over the spatial dims of the input, which is
+/// [N, C, spatial...] or, with `channelsLast`, [N, spatial..., C].
 template <typename Adaptor>
 static LogicalResult inferPool(std::optional<Location> loc, Adaptor adaptor,
-                               SmallVectorImpl<Type> &inferred) {
-  auto x = rankedOrNull(adaptor.getInput().getType());
+                               SmallVectorImpl<Type> &inferred, bool channelsLast = false) {
+  auto x = channelsFirst(rankedOrNull(adaptor.getInput().getType()), channelsLast);
   if (!x)
     return failInference(loc, "pool input must be a static N-d tensor");
   auto shape = poolOutputShape(loc, x.getShape(), adaptor.getKernelShape(), adaptor.getStrides(),
                                adaptor.getPads(), adaptor.getDilations(), adaptor.getCeilMode());
   if (failed(shape))
     return failure();
-  inferred.push_back(withShape(x, *shape));
+  inferred.push_back(withShape(x, channelsLast ? channelsLastShape(*shape) : *shape));
   return success();
 }
 
-FORGE_INFER(MaxPoolOp) {
-  if (!adaptor.getChannelsLast())
-    return inferPool(loc, adaptor, inferred);
-  auto x = channelsFirst(rankedOrNull(adaptor.getInput().getType()), true);
-  if (!x)
-    return failInference(loc, "pool input must be a static N-d tensor");
-  auto shape = poolOutputShape(loc, x.getShape(), adaptor.getKernelShape(), adaptor.getStrides(),
-                               adaptor.getPads(), adaptor.getDilations(), adaptor.getCeilMode());
-  if (failed(shape))
-    return failure();
-  inferred.push_back(withShape(x, channelsLastShape(*shape)));
-  return success();
-}
+FORGE_INFER(MaxPoolOp) { return inferPool(loc, adaptor, inferred, adaptor.getChannelsLast()); }
 FORGE_INFER(AvgPoolOp) { return inferPool(loc, adaptor, inferred); }
 
 //===----------------------------------------------------------------------===//
