@@ -64,8 +64,8 @@ static cl::opt<std::string> precision(
 static cl::opt<std::string> layout(
     "layout", cl::init("auto"),
     cl::desc("auto (default) | nchw | nhwc: the layout of 2-d convolution nets in the training "
-             "step (forge-assign-layout); auto is nhwc for CUDA targets with --precision "
-             "bf16, fp16 or fp8 (convolutions on tensor cores in low precision), else nchw"),
+             "step (forge-assign-layout); auto is nhwc for CUDA targets whose convolutions "
+             "run on tensor cores (--tf32, or --precision tf32, bf16, fp16, fp8), else nchw"),
     cl::cat(forgecCategory));
 static cl::opt<bool> memoryReport(
     "memory-report",
@@ -326,13 +326,13 @@ int main(int argc, char **argv) {
   pipelineOptions.precision = precision;
   if (layout != "auto" && layout != "nchw" && layout != "nhwc")
     return fail("unknown --layout '" + layout + "' (auto, nchw, nhwc)");
-  // auto: channels-last where it is faster today, i.e. with bf16/fp16 convolutions (ResNet-50
-  // bf16 on an H200: 32.7 ms NHWC, 43.1 NCHW; TF32: 49.5 NHWC, ~43 NCHW, whose batch norms'
-  // one-block-per-channel kernels still beat the expanded ones; bench/RESULTS.md).
-  const bool lowConvs = precision == "bf16" || precision == "fp16" || precision == "fp8";
+  // auto: channels-last for convolutions on tensor cores (ResNet-50 on an H200: bf16 22.3 ms
+  // NHWC, 43.1 NCHW; TF32 38.7 NHWC, ~43 NCHW; bench/RESULTS.md); strict fp32 (FMA) keeps
+  // NCHW, the layout its tests and cuDNN's FMA kernels were tuned on.
+  const bool tensorCores = tf32 || precision != "fp32";
   pipelineOptions.layout = layout != "auto" ? std::string(layout)
-                           : target != "cpu" && lowConvs ? "nhwc"
-                                                         : "nchw";
+                           : target != "cpu" && tensorCores ? "nhwc"
+                                                            : "nchw";
   if (gemmPadMinFlops < 0)
     return fail("--gemm-pad-min-flops must be >= 0, got " + std::to_string(gemmPadMinFlops));
   pipelineOptions.gemmPadMinFlops = gemmPadMinFlops;
