@@ -30,6 +30,8 @@
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
+#include "forge/Dialect/ForgeBuilder.h"
+
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
@@ -74,19 +76,12 @@ Value transposed(OpBuilder &b, Location loc, Value v, ArrayRef<int64_t> perm) {
                                v, b.getDenseI64ArrayAttr(perm));
 }
 
-/// Pointwise builders over forge ops (result types inferred).
-struct Math {
-  OpBuilder &b;
-  Location loc;
+/// Forge ops at one location in the element type of the image being
+/// normalized, and its column sums.
+struct Math : ForgeBuilder {
+  Math(OpBuilder &b, Location loc, Type elem) : ForgeBuilder(b, loc), elem(elem) {}
   Type elem;
-  Value constant(double v) {
-    auto type = RankedTensorType::get({}, elem);
-    return b.create<ConstantOp>(loc, DenseElementsAttr::get(type, b.getFloatAttr(elem, v)));
-  }
-  Value add(Value x, Value y) { return b.create<AddOp>(loc, x, y); }
-  Value sub(Value x, Value y) { return b.create<SubOp>(loc, x, y); }
-  Value mul(Value x, Value y) { return b.create<MulOp>(loc, x, y); }
-  Value max(Value x, Value y) { return b.create<MaxOp>(loc, x, y); }
+  Value constant(double v) { return scalar(v, elem); }
   /// Sum over the rows [N, H, W] of a channels-last image: [C].
   Value columnSum(Value x) {
     return b.create<ReduceSumOp>(loc, x, b.getDenseI64ArrayAttr({0, 1, 2}), b.getBoolAttr(false));
@@ -120,7 +115,7 @@ Statistics statisticsOf(Math &m, Value x, double epsilon) {
   Value flatShift = b.create<ReshapeOp>(m.loc, RankedTensorType::get({c}, t.getElementType()),
                                         s.shift, b.getDenseI64ArrayAttr({c}));
   s.mean = m.add(flatShift, s.m1);
-  s.rstd = b.create<ReciprocalOp>(m.loc, b.create<SqrtOp>(m.loc, m.add(s.var, m.constant(epsilon))));
+  s.rstd = m.reciprocal(m.sqrt(m.add(s.var, m.constant(epsilon))));
   return s;
 }
 
@@ -196,7 +191,7 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
     Location loc = op->getLoc();
     auto xType = tensorOf(op->getOperand(0));
     int64_t c = xType.getDimSize(1);
-    Math m{b, loc, xType.getElementType()};
+    Math m(b, loc, xType.getElementType());
     auto back = [&](Value v) { return transposed(b, loc, v, kToFirst); };
     if (auto norm = dyn_cast<BatchNormTrainingOp>(op)) {
       if (!perChannel(norm.getScale(), c) || !perChannel(norm.getBias(), c) ||
@@ -226,9 +221,8 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
           !perChannel(norm.getMean(), c) || !perChannel(norm.getVar(), c))
         return;
       Value x = transposed(b, loc, norm.getInput(), kToLast);
-      Value rstd = b.create<ReciprocalOp>(
-          loc, b.create<SqrtOp>(loc, m.add(norm.getVar(),
-                                           m.constant(norm.getEpsilon().convertToDouble()))));
+      Value rstd =
+          m.reciprocal(m.sqrt(m.add(norm.getVar(), m.constant(norm.getEpsilon().convertToDouble()))));
       Value y = m.add(m.mul(m.sub(x, norm.getMean()), m.mul(norm.getScale(), rstd)),
                       norm.getBias());
       norm.getResult().replaceAllUsesWith(back(y));
@@ -252,17 +246,11 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
     SmallVector<Value> results;
     if (grad.getInputGrad())
       results.push_back(back(m.add(m.add(m.mul(dy, g), m.mul(m.sub(x, s.mean), c1)), c0)));
-    Type paramType = grad.getScale().getType();
-    auto asParam = [&](Value v) {
-      return v.getType() == paramType ? v
-                                      : Value(b.create<CastOp>(loc, paramType, v,
-                                                               TypeAttr::get(cast<RankedTensorType>(paramType).getElementType()),
-                                                               b.getBoolAttr(true)));
-    };
+    Type paramElem = ForgeBuilder::elementOf(grad.getScale());
     if (grad.getScaleGrad())
-      results.push_back(asParam(dscale));
+      results.push_back(m.castTo(dscale, paramElem));
     if (grad.getBiasGrad())
-      results.push_back(asParam(sumDy));
+      results.push_back(m.castTo(sumDy, paramElem));
     for (auto [old, now] : llvm::zip(grad.getResults(), results))
       old.replaceAllUsesWith(now);
     op->erase();

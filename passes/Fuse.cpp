@@ -1279,6 +1279,54 @@ Operation *splitMean(Operation *mean) {
   return sum;
 }
 
+/// Sums (program order) of one reduction region, each with the pointwise
+/// ops that compute its input in the region (program order).
+using SumsWithPrologues = SmallVector<std::pair<Operation *, SmallVector<Operation *>>>;
+
+/// Replaces the sums of `group` by one forge.fusion of `kind` reading
+/// `inputs`, at the last sum's place: each sum's prologue ops are cloned into
+/// the region (once when sums share them), the originals erased when no one
+/// else reads them. `toMove` (outside users of earlier sums that sit before
+/// the last one) moves after the region.
+FusionOp outlineSums(const SumsWithPrologues &group, ArrayRef<Value> inputs, StringRef kind,
+                     ArrayRef<Operation *> toMove) {
+  Operation *last = group.back().first;
+  SmallVector<Type> resultTypes;
+  SmallVector<Location> locs;
+  for (auto &[sum, prologue] : group) {
+    resultTypes.push_back(sum->getResult(0).getType());
+    locs.push_back(sum->getLoc());
+  }
+  OpBuilder b(last);
+  IRMapping map;
+  auto region = createRegion(b, FusedLoc::get(last->getContext(), locs), resultTypes, inputs,
+                             kind, map);
+  OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+  SmallVector<Value> yielded;
+  for (auto &[sum, prologue] : group) {
+    for (Operation *op : prologue)
+      if (!map.contains(op->getResult(0)))
+        inner.clone(*op, map);
+    yielded.push_back(inner.clone(*sum, map)->getResult(0));
+  }
+  inner.create<YieldOp>(region.getLoc(), yielded);
+  for (auto [i, member] : llvm::enumerate(group))
+    member.first->getResult(0).replaceAllUsesWith(region.getResult(i));
+  moveAfter(toMove, region);
+  SmallVector<Operation *> dead;
+  for (auto &[sum, prologue] : llvm::reverse(group)) {
+    sum->erase();
+    dead.append(prologue.begin(), prologue.end());
+  }
+  // Readers before producers; each op once.
+  llvm::sort(dead, [](Operation *a, Operation *c) { return c->isBeforeInBlock(a); });
+  dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
+  for (Operation *op : dead)
+    if (op->use_empty())
+      op->erase();
+  return region;
+}
+
 /// Replaces the independent whole-tensor sums `group` (program order), each
 /// with its prologue (a pointwise op that only it reads, or none), by one
 /// forge.fusion "multi_reduce" at the last one's place. Outside users of an
@@ -1297,34 +1345,13 @@ void outlineMultiReduce(ArrayRef<std::pair<Operation *, Operation *>> group) {
     first = pro;
   SmallVector<Operation *> toMove = usersToMove(first, last, members);
   llvm::SetVector<Value> inputs;
-  SmallVector<Type> resultTypes;
-  SmallVector<Location> locs;
+  SumsWithPrologues sums;
   for (auto [sum, pro] : group) {
     for (Value v : (pro ? pro : sum)->getOperands())
       inputs.insert(v);
-    resultTypes.push_back(sum->getResult(0).getType());
-    locs.push_back(sum->getLoc());
+    sums.push_back({sum, pro ? SmallVector<Operation *>{pro} : SmallVector<Operation *>{}});
   }
-  OpBuilder b(last);
-  IRMapping map;
-  auto region = createRegion(b, FusedLoc::get(last->getContext(), locs), resultTypes,
-                             inputs.getArrayRef(), "multi_reduce", map);
-  OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
-  SmallVector<Value> yielded;
-  for (auto [sum, pro] : group) {
-    if (pro)
-      inner.clone(*pro, map);
-    yielded.push_back(inner.clone(*sum, map)->getResult(0));
-  }
-  inner.create<YieldOp>(region.getLoc(), yielded);
-  for (auto [i, member] : llvm::enumerate(group))
-    member.first->getResult(0).replaceAllUsesWith(region.getResult(i));
-  moveAfter(toMove, region);
-  for (auto [sum, pro] : llvm::reverse(group)) {
-    sum->erase();
-    if (pro && pro->use_empty())
-      pro->erase();
-  }
+  outlineSums(sums, inputs.getArrayRef(), "multi_reduce", toMove);
 }
 
 /// A column sum: reduce_sum of a static f32 tensor [..., C] over every dim
@@ -1416,7 +1443,7 @@ bool fuseColumnReductions(func::FuncOp func) {
         return leaves;
       };
       auto shape = cast<RankedTensorType>(seed->getOperand(0).getType()).getShape();
-      SmallVector<std::pair<Operation *, SmallVector<Operation *>>> group{{seed, *seedCone}};
+      SumsWithPrologues group{{seed, *seedCone}};
       llvm::SetVector<Value> leaves = leavesOf(seed, *seedCone);
       for (Operation *other : sums) {
         if (other == seed || done.contains(other) || !seed->isBeforeInBlock(other) ||
@@ -1455,41 +1482,9 @@ bool fuseColumnReductions(func::FuncOp func) {
       llvm::SmallPtrSet<Operation *, 16> moving(toMove.begin(), toMove.end());
       if (llvm::any_of(leaves, [&](Value v) { return moving.count(v.getDefiningOp()); }))
         continue;
-      SmallVector<Type> resultTypes;
-      SmallVector<Location> locs;
-      for (auto &m : group) {
-        resultTypes.push_back(m.first->getResult(0).getType());
-        locs.push_back(m.first->getLoc());
-      }
-      OpBuilder b(last);
-      IRMapping map;
-      auto region = createRegion(b, FusedLoc::get(func.getContext(), locs), resultTypes,
-                                 leaves.getArrayRef(), "column_reduce", map);
-      OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
-      SmallVector<Value> yielded;
-      for (auto &[sum, cone] : group) {
-        for (Operation *op : cone)
-          if (!map.contains(op->getResult(0)))
-            inner.clone(*op, map);
-        yielded.push_back(inner.clone(*sum, map)->getResult(0));
-      }
-      inner.create<YieldOp>(region.getLoc(), yielded);
-      for (auto [i, m] : llvm::enumerate(group))
-        m.first->getResult(0).replaceAllUsesWith(region.getResult(i));
-      moveAfter(toMove, region);
-      for (auto &[sum, cone] : llvm::reverse(group)) {
-        done.insert(sum);
-        sum->erase();
-      }
-      // Prologue ops no one else reads go with their sums.
-      SmallVector<Operation *> dead;
-      for (auto &[sum, cone] : group)
-        dead.append(cone.begin(), cone.end());
-      llvm::sort(dead, [](Operation *a, Operation *b) { return b->isBeforeInBlock(a); });
-      dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
-      for (Operation *op : dead)
-        if (op->use_empty())
-          op->erase();
+      outlineSums(group, leaves.getArrayRef(), "column_reduce", toMove);
+      for (auto &m : group)
+        done.insert(m.first);
       changed = true;
     }
   }

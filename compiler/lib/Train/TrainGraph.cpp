@@ -19,6 +19,7 @@
 #include <cmath>
 #include <limits>
 
+#include "forge/Dialect/ForgeBuilder.h"
 #include "forge/Dialect/ForgeDialect.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -303,48 +304,7 @@ std::string roleOf(ConstantOp c) {
 
 bool decays(StringRef role) { return role == "weight" || role == "embedding"; }
 
-class Builder {
-public:
-  Builder(OpBuilder &b, Location loc) : b(b), loc(loc) {}
-  OpBuilder &b;
-  Location loc;
-
-  Value scalar(double v, Type element = {}) {
-    element = element ? element : b.getF32Type();
-    auto type = RankedTensorType::get({}, element);
-    return b.create<ConstantOp>(loc, DenseElementsAttr::get(type, b.getFloatAttr(element, v)));
-  }
-  Value add(Value x, Value y) { return b.create<AddOp>(loc, x, y); }
-  Value sub(Value x, Value y) { return b.create<SubOp>(loc, x, y); }
-  Value mul(Value x, Value y) { return b.create<MulOp>(loc, x, y); }
-  Value div(Value x, Value y) { return b.create<DivOp>(loc, x, y); }
-  Value sqrt(Value x) { return b.create<SqrtOp>(loc, x); }
-  Value mulScalar(Value x, double s) { return mul(x, scalar(s, elementOf(x))); }
-  Value sumAll(Value x) {
-    auto type = cast<RankedTensorType>(x.getType());
-    SmallVector<int64_t> axes;
-    for (int64_t d = 0; d < type.getRank(); ++d)
-      axes.push_back(d);
-    if (axes.empty())
-      return x;
-    return b.create<ReduceSumOp>(loc, x, b.getDenseI64ArrayAttr(axes), b.getBoolAttr(false));
-  }
-  Value meanAll(Value x) {
-    auto type = cast<RankedTensorType>(x.getType());
-    return mulScalar(sumAll(x), 1.0 / std::max<int64_t>(1, type.getNumElements()));
-  }
-  Value reshape(Value x, ArrayRef<int64_t> shape) {
-    if (cast<RankedTensorType>(x.getType()).getShape() == shape)
-      return x;
-    return b.create<ReshapeOp>(loc, x, b.getDenseI64ArrayAttr(shape));
-  }
-  Value castTo(Value x, Type element) {
-    if (elementOf(x) == element)
-      return x;
-    return b.create<CastOp>(loc, x, TypeAttr::get(element), b.getBoolAttr(true));
-  }
-  static Type elementOf(Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); }
-};
+using Builder = ForgeBuilder;
 
 /// Reverse-mode differentiation of `loss` (a scalar) w.r.t. `wrt`, over the
 /// ops of `block` before the insertion point. Gradients of values that do not
