@@ -220,7 +220,11 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
         }
     if (tensorOf(arg).getShape() != iteration)
       return false;
-    return llvm::none_of(arg.getUses(), [](OpOperand &inner) { return sensitiveUse(inner); });
+    // A column sum reads a low input as a loose reduce_sum does: summing in f32.
+    bool sums = fusion.getKind() == "column_reduce";
+    return llvm::none_of(arg.getUses(), [&](OpOperand &inner) {
+      return sensitiveUse(inner) && !(sums && isa<ReduceSumOp>(inner.getOwner()));
+    });
   }
 
   /// Whether the op making `v` may store it low.
@@ -290,6 +294,11 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     arg.setType(input.getType());
     if (fusion.getKind() == "gemm" || fusion.isViewRegion())
       return;
+    if (fusion.getKind() == "horizontal") { // its readers are loop regions: each casts inside
+      for (OpOperand &use : llvm::make_early_inc_range(arg.getUses()))
+        retypeRegionInput(cast<FusionOp>(use.getOwner()), use.getOperandNumber());
+      return;
+    }
     castEachRead(arg, cast<RankedTensorType>(old).getElementType(), fusion.getLoc());
   }
 

@@ -365,15 +365,34 @@ bool dropUnusedResults(FusionOp fusion) {
 FusionOp rematerialize(FusionOp consumer, FusionOp producer, ArrayRef<unsigned> indices) {
   Block &pBody = producer.getBlock();
   Operation *pYield = pBody.getTerminator();
-  // The producer's ops those results need, and its arguments they read.
+  // The producer's results that stay written (another reader needs them),
+  // by body value: the consumer reads such a value rather than recompute it
+  // (a masked gradient g that the residual path reads: the consumer of g *
+  // scale reads g, and the producer no longer writes the product).
+  llvm::DenseSet<unsigned> removedResults;
+  for (unsigned i : indices)
+    removedResults.insert(cast<OpResult>(consumer.getInputs()[i]).getResultNumber());
+  llvm::DenseMap<Value, unsigned> keptResult;
+  for (auto [j, y] : llvm::enumerate(pYield->getOperands()))
+    if (!removedResults.contains(j) &&
+        llvm::any_of(producer.getResult(j).getUsers(),
+                     [&](Operation *u) { return u != consumer.getOperation(); }))
+      keptResult.try_emplace(y, static_cast<unsigned>(j));
+  // The producer's ops those results need, its arguments and the kept
+  // results they read.
   llvm::SmallPtrSet<Operation *, 16> slice;
-  llvm::SetVector<unsigned> pArgs;
+  llvm::SetVector<unsigned> pArgs, pResults;
   SmallVector<Value> worklist;
   for (unsigned i : indices)
     worklist.push_back(
         pYield->getOperand(cast<OpResult>(consumer.getInputs()[i]).getResultNumber()));
+  llvm::DenseSet<Value> starts(worklist.begin(), worklist.end());
   while (!worklist.empty()) {
     Value v = worklist.pop_back_val();
+    if (auto kept = keptResult.find(v); kept != keptResult.end() && !starts.contains(v)) {
+      pResults.insert(kept->second);
+      continue;
+    }
     if (auto arg = dyn_cast<BlockArgument>(v)) {
       pArgs.insert(arg.getArgNumber());
       continue;
@@ -402,6 +421,11 @@ FusionOp rematerialize(FusionOp consumer, FusionOp producer, ArrayRef<unsigned> 
     if (inputs.insert(v))
       addedBytes += bytesOf(v);
   }
+  for (unsigned j : pResults) {
+    Value v = producer.getResult(j);
+    if (inputs.insert(v))
+      addedBytes += bytesOf(v);
+  }
   if (addedBytes >= removedBytes)
     return nullptr;
 
@@ -412,6 +436,8 @@ FusionOp rematerialize(FusionOp consumer, FusionOp producer, ArrayRef<unsigned> 
   Block *body = &remat.getBlock();
   for (unsigned a : pArgs)
     map.map(pBody.getArgument(a), argOf.lookupOrNull(producer.getInputs()[a]));
+  for (unsigned j : pResults)
+    map.map(pYield->getOperand(j), argOf.lookupOrNull(producer.getResult(j)));
   OpBuilder inner = OpBuilder::atBlockEnd(body);
   for (Operation &op : pBody.without_terminator())
     if (slice.contains(&op))
@@ -1368,12 +1394,33 @@ bool isColumnSum(Operation *op) {
   return llvm::equal(r.getAxes(), llvm::seq<int64_t>(0, in.getRank() - 1));
 }
 
+/// Whether `op` is a poor op to recompute in a column sum's prologue when
+/// the plain cone grew too large (a residual network's gradient chain, which
+/// reaches back through every block's residual add): its result is written
+/// to memory anyway, because a reader that no loop or reduction region takes
+/// needs it (a convolution reads a ReLU's output), or because several ops
+/// read it and recomputing it reads more tensors than reading it (a
+/// gradient masked by a ReLU, which the residual path also reads).
+bool isLeafWhenPruned(Operation *op, ArrayRef<int64_t> shape) {
+  Value r = op->getResult(0);
+  if (llvm::any_of(r.getUsers(),
+                   [](Operation *u) { return !isLoopFusible(u) && !isa<ReduceSumOp, ReshapeOp>(u); }))
+    return true;
+  int64_t full = llvm::count_if(op->getOperands(), [&](Value o) {
+    return cast<RankedTensorType>(o.getType()).getShape() == shape;
+  });
+  return !r.hasOneUse() && full >= 2;
+}
+
 /// The pointwise ops that compute a column sum's input from values that are
 /// not themselves recomputed (its leaves): ops at the iteration shape whose
 /// operands are at it, per column (C elements, all other dims 1) or one
 /// element. At most `limit` ops; program order. Null when the input is no
-/// such op.
-std::optional<SmallVector<Operation *>> columnCone(Operation *sum, int64_t limit) {
+/// such op or the cone is larger. Values in `stop` are leaves (the region
+/// reads them anyway); with `pruned`, so are those isLeafWhenPruned says.
+std::optional<SmallVector<Operation *>> columnCone(Operation *sum, int64_t limit,
+                                                    bool pruned = false,
+                                                    const llvm::SetVector<Value> *stop = nullptr) {
   auto shape = cast<RankedTensorType>(sum->getOperand(0).getType()).getShape();
   int64_t columns = shape.back();
   auto perColumn = [&](Value v) {
@@ -1393,6 +1440,10 @@ std::optional<SmallVector<Operation *>> columnCone(Operation *sum, int64_t limit
       continue; // a per-column or scalar leaf
     if (!def || !isLoopFusible(def) || def->getBlock() != sum->getBlock())
       continue; // a leaf at the iteration shape
+    if (stop && stop->contains(v))
+      continue;
+    if (pruned && v != sum->getOperand(0) && isLeafWhenPruned(def, shape))
+      continue;
     if (cone.contains(def))
       continue;
     if (!llvm::all_of(def->getOperands(), [&](Value o) {
@@ -1428,7 +1479,17 @@ bool fuseColumnReductions(func::FuncOp func) {
     for (Operation *seed : sums) {
       if (done.contains(seed))
         continue;
-      auto seedCone = columnCone(seed, kConeLimit);
+      // The full cone; when that is too large, the pruned one (isLeafWhenPruned).
+      llvm::DenseSet<Operation *> pruned;
+      auto coneOf = [&](Operation *sum) {
+        if (auto cone = columnCone(sum, kConeLimit))
+          return cone;
+        auto cone = columnCone(sum, kConeLimit, /*pruned=*/true);
+        if (cone)
+          pruned.insert(sum);
+        return cone;
+      };
+      auto seedCone = coneOf(seed);
       if (!seedCone)
         continue;
       auto leavesOf = [](Operation *sum, ArrayRef<Operation *> cone) {
@@ -1450,12 +1511,20 @@ bool fuseColumnReductions(func::FuncOp func) {
             static_cast<int64_t>(group.size()) >= kMaxSums ||
             cast<RankedTensorType>(other->getOperand(0).getType()).getShape() != shape)
           continue;
-        auto cone = columnCone(other, kConeLimit);
+        auto cone = coneOf(other);
         if (!cone)
           continue;
         llvm::SetVector<Value> mine = leavesOf(other, *cone);
-        bool shares = llvm::any_of(mine, [&](Value v) {
-          return cast<RankedTensorType>(v.getType()).getShape() == shape && leaves.contains(v);
+        // It shares a full-size value with the group: a leaf, or a value one
+        // cone computes that the other reads (a masked gradient).
+        llvm::SetVector<Value> theirs = leaves, ours = mine;
+        for (auto &m : group)
+          for (Operation *op : m.second)
+            theirs.insert(op->getResult(0));
+        for (Operation *op : *cone)
+          ours.insert(op->getResult(0));
+        bool shares = llvm::any_of(ours, [&](Value v) {
+          return cast<RankedTensorType>(v.getType()).getShape() == shape && theirs.contains(v);
         });
         if (!shares)
           continue;
@@ -1474,6 +1543,26 @@ bool fuseColumnReductions(func::FuncOp func) {
       }
       if (group.size() < 2)
         continue;
+      // A value that one member reads as a leaf the region reads anyway: no
+      // member recomputes it (a masked gradient that a pruned cone reads is
+      // not recomputed beside it from the mask and the incoming gradient).
+      // Cones only shrink, so this ends.
+      for (bool shrunk = true; shrunk;) {
+        shrunk = false;
+        llvm::SetVector<Value> next;
+        for (auto &[sum, cone] : group) {
+          auto fewer = columnCone(sum, kConeLimit, pruned.contains(sum), &leaves);
+          if (fewer->size() != cone.size())
+            shrunk = true;
+          cone = std::move(*fewer);
+          llvm::SetVector<Value> mine = leavesOf(sum, cone);
+          next.insert(mine.begin(), mine.end());
+        }
+        if (shrunk)
+          leaves.insert(next.begin(), next.end());
+        else
+          leaves = std::move(next);
+      }
       Operation *last = group.back().first;
       llvm::SmallPtrSet<Operation *, 8> members;
       for (auto &m : group)
@@ -1646,17 +1735,27 @@ bool fuseOptimizerRegions(func::FuncOp func, int64_t maxOperands) {
         return true;
     return false;
   };
+  // Members are chosen from the last update back: a state update that a
+  // later one reads (a batch norm's region that also updates its running
+  // statistics, read by the rest of the step) stays out. In program order
+  // such a region, as the first member, kept every later update out
+  // (ResNet-50 had no horizontal optimizer region: 53 weight updates, 53
+  // launches).
+  SmallVector<FusionOp> candidates;
+  for (Operation &op : block)
+    if (auto f = dyn_cast<FusionOp>(op); f && f.getKind() == "loop" && updatesState(f))
+      candidates.push_back(f);
   SmallVector<FusionOp> group;
-  llvm::SmallPtrSet<Operation *, 16> members;
-  for (Operation &op : block) {
-    auto f = dyn_cast<FusionOp>(op);
-    if (!f || f.getKind() != "loop" || !updatesState(f))
-      continue;
-    if (!group.empty() && readsAny({f.getOperation()}, members, group.front()))
-      continue; // depends on an earlier member (e.g. through a clipped gradient norm)
+  SmallVector<Operation *> memberOps;
+  for (FusionOp f : llvm::reverse(candidates)) {
+    llvm::SmallPtrSet<Operation *, 1> self;
+    self.insert(f);
+    if (!memberOps.empty() && readsAny(memberOps, self, f))
+      continue; // a later member depends on it (e.g. through a clipped gradient norm)
     group.push_back(f);
-    members.insert(f);
+    memberOps.push_back(f);
   }
+  std::reverse(group.begin(), group.end());
   if (group.size() < 2)
     return false;
   bool changed = false;

@@ -62,3 +62,41 @@ func.func @apart(%x: tensor<2x4x4x8xf32>, %y: tensor<2x4x4x8xf32>, %w: tensor<4x
   %d = forge.reduce_sum %x {axes = array<i64: 1, 2>, keepdims = false} : (tensor<2x4x4x8xf32>) -> tensor<2x8xf32>
   return %a, %b, %c, %d : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<2x8xf32>
 }
+
+// -----
+
+// A residual network's gradient: g is masked from a chain of more pointwise ops than a
+// prologue recomputes (12), and other ops read g (here the return). The sums then read g
+// itself, and the mask's input t (returned: written anyway) is no reason to recompute
+// it: one region reads g, x and k, and g * (x - k) is never written.
+// CHECK-LABEL: func @pruned_grad_sums
+// CHECK: %[[L:.*]]:2 = forge.fusion "loop"
+// CHECK: %[[R:.*]]:2 = forge.fusion "column_reduce"(%[[L]]#1, %arg3, %arg4) : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>, tensor<1x1x1x8xf32>)
+// CHECK-NEXT: ^bb0(%[[G:.*]]: tensor<2x4x4x8xf32>, %[[X:.*]]: tensor<2x4x4x8xf32>, %[[K:.*]]: tensor<1x1x1x8xf32>):
+// CHECK-NEXT: forge.reduce_sum %[[G]]
+// CHECK-NEXT: %[[S:.*]] = forge.sub %[[X]], %[[K]]
+// CHECK-NEXT: %[[P:.*]] = forge.mul %[[G]], %[[S]]
+// CHECK-NEXT: forge.reduce_sum %[[P]]
+// CHECK-NEXT: forge.yield
+// CHECK: return %[[R]]#0, %[[R]]#1, %[[L]]#1, %[[L]]#0
+func.func @pruned_grad_sums(%m: tensor<2x4x4x8xi1>, %y: tensor<2x4x4x8xf32>, %z: tensor<f32>, %x: tensor<2x4x4x8xf32>, %k: tensor<1x1x1x8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) {
+  %t1 = forge.add %y, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t2 = forge.add %t1, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t3 = forge.add %t2, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t4 = forge.add %t3, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t5 = forge.add %t4, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t6 = forge.add %t5, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t7 = forge.add %t6, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t8 = forge.add %t7, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t9 = forge.add %t8, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t10 = forge.add %t9, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t11 = forge.add %t10, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t12 = forge.add %t11, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %t13 = forge.add %t12, %y : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %g = forge.where %m, %t13, %z : (tensor<2x4x4x8xi1>, tensor<2x4x4x8xf32>, tensor<f32>) -> tensor<2x4x4x8xf32>
+  %a = forge.reduce_sum %g {axes = array<i64: 0, 1, 2>, keepdims = false} : (tensor<2x4x4x8xf32>) -> tensor<8xf32>
+  %s = forge.sub %x, %k : (tensor<2x4x4x8xf32>, tensor<1x1x1x8xf32>) -> tensor<2x4x4x8xf32>
+  %p = forge.mul %g, %s : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+  %b = forge.reduce_sum %p {axes = array<i64: 0, 1, 2>, keepdims = false} : (tensor<2x4x4x8xf32>) -> tensor<8xf32>
+  return %a, %b, %g, %t13 : tensor<8xf32>, tensor<8xf32>, tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>
+}

@@ -417,3 +417,49 @@ func.func @qkv_views(%qkv: tensor<2x4x24xf32>, %o: tensor<2x4x8xf32>) -> (tensor
   %uh = forge.transpose %u {perm = array<i64: 0, 2, 1, 3>} : (tensor<2x4x2x4xf32>) -> tensor<2x2x4x4xf32>
   return %qh, %kh, %vh, %uh : tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>
 }
+
+// -----
+
+// Rematerialization reads a result the producer writes anyway: the consumer of
+// gs = g * c (which must wait for a sum of g, so it cannot join g's region)
+// reads g, kept for the return, and computes g * c itself instead of reading
+// the producer's saved product (64 + 32 bytes read instead of 128 read and
+// written); recomputing g from a and b (160 bytes) would not pay. The
+// producer then writes g alone.
+// CHECK-LABEL: func @remat_reads_kept
+// CHECK: %[[P:.*]] = forge.fusion "loop"(%arg0, %arg1) : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xf32>
+// CHECK: %[[S:.*]] = forge.reduce_sum %[[P]]
+// CHECK: forge.fusion "loop"(%[[S]], %arg2, %[[P]]) : (tensor<8xf32>, tensor<8xf32>, tensor<2x8xf32>) -> tensor<2x8xf32>
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: forge.mul
+// CHECK-NEXT: forge.add
+// OFF-LABEL: func @remat_reads_kept
+// OFF: forge.fusion "loop"(%arg0, %arg1, %arg2) : (tensor<2x8xf32>, tensor<2x8xf32>, tensor<8xf32>) -> (tensor<2x8xf32>, tensor<2x8xf32>)
+func.func @remat_reads_kept(%a: tensor<2x8xf32>, %b: tensor<2x8xf32>, %c: tensor<8xf32>) -> (tensor<2x8xf32>, tensor<2x8xf32>) {
+  %g = forge.add %a, %b : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xf32>
+  %gs = forge.mul %g, %c : (tensor<2x8xf32>, tensor<8xf32>) -> tensor<2x8xf32>
+  %r = forge.reduce_sum %g {axes = array<i64: 0>, keepdims = false} : (tensor<2x8xf32>) -> tensor<8xf32>
+  %y = forge.add %gs, %r : (tensor<2x8xf32>, tensor<8xf32>) -> tensor<2x8xf32>
+  return %y, %g : tensor<2x8xf32>, tensor<2x8xf32>
+}
+
+// -----
+
+// A state update that the rest of the step also reads (a batch norm's running
+// mean, here through a sum) is no member of the optimizer's horizontal region,
+// and as the first state update in program order it no longer keeps the
+// independent parameter updates after it (which read it) apart.
+// CHECK-LABEL: func @bn_state_first
+// CHECK: %[[M:.*]] = forge.fusion "loop"(%arg4, %arg5)
+// CHECK: %[[H:.*]]:2 = forge.fusion "horizontal"
+// CHECK: return %[[H]]#0, %[[H]]#1, %[[M]]
+func.func @bn_state_first(%p: tensor<8xf32>, %g: tensor<8xf32>, %q: tensor<4xf32>, %h: tensor<4xf32>, %rm: tensor<4xf32>, %lr: tensor<f32>) -> (tensor<8xf32> {forge.updates = "p"}, tensor<4xf32> {forge.updates = "q"}, tensor<4xf32> {forge.updates = "rm"}) {
+  %rm1 = forge.mul %rm, %lr : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
+  %rm2 = forge.add %rm1, %rm : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %n = forge.reduce_sum %rm2 {axes = array<i64: 0>, keepdims = false} : (tensor<4xf32>) -> tensor<f32>
+  %s = forge.mul %g, %n : (tensor<8xf32>, tensor<f32>) -> tensor<8xf32>
+  %p2 = forge.sub %p, %s : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %t = forge.mul %h, %n : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
+  %q2 = forge.sub %q, %t : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %p2, %q2, %rm2 : tensor<8xf32>, tensor<4xf32>, tensor<4xf32>
+}

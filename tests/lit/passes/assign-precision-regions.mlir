@@ -1,0 +1,68 @@
+// RUN: forge-opt %s --split-input-file --forge-assign-precision=precision=bf16 | FileCheck %s
+// The output parses and verifies.
+// RUN: forge-opt %s --split-input-file --forge-assign-precision=precision=bf16 | forge-opt --split-input-file --verify-each > /dev/null
+
+// A masked gradient g that a column_reduce region sums directly (and a matmul reads) is
+// stored bf16: the region's sums read it as a loose reduce_sum would, through a cast to
+// f32, and add in f32 (a residual network's gradient, read by its batch norm's sums).
+// CHECK-LABEL: func @train_step
+// CHECK: %[[G:.*]] = forge.fusion "loop"(%arg0, %arg1) : (tensor<16x8xf32>, tensor<16x8xf32>) -> tensor<16x8xbf16>
+// CHECK: forge.cast %{{.*}} {to = bf16}
+// CHECK: forge.fusion "column_reduce"(%[[G]], %arg0) : (tensor<16x8xbf16>, tensor<16x8xf32>) -> (tensor<8xf32>, tensor<8xf32>)
+// CHECK-NEXT: ^bb0(%[[A:.*]]: tensor<16x8xbf16>, %{{.*}}: tensor<16x8xf32>):
+// CHECK-NEXT: %[[C:.*]] = forge.cast %[[A]] {to = f32}
+// CHECK-NEXT: forge.reduce_sum %[[C]] {{.*}} : (tensor<16x8xf32>) -> tensor<8xf32>
+func.func @train_step(%x: tensor<16x8xf32> {forge.kind = "input", forge.name = "x"},
+                      %y: tensor<16x8xf32> {forge.kind = "input", forge.name = "y"},
+                      %w: tensor<8x4xf32> {forge.kind = "input", forge.name = "w"})
+    -> (tensor<8xf32>, tensor<8xf32>, tensor<16x4xf32>) {
+  %g = forge.fusion "loop"(%x, %y) : (tensor<16x8xf32>, tensor<16x8xf32>) -> tensor<16x8xf32> {
+  ^bb0(%a: tensor<16x8xf32>, %b: tensor<16x8xf32>):
+    %0 = forge.add %a, %b : (tensor<16x8xf32>, tensor<16x8xf32>) -> tensor<16x8xf32>
+    forge.yield %0 : tensor<16x8xf32>
+  }
+  %s:2 = forge.fusion "column_reduce"(%g, %x) : (tensor<16x8xf32>, tensor<16x8xf32>) -> (tensor<8xf32>, tensor<8xf32>) {
+  ^bb0(%a: tensor<16x8xf32>, %b: tensor<16x8xf32>):
+    %0 = forge.reduce_sum %a {axes = array<i64: 0>, keepdims = false} : (tensor<16x8xf32>) -> tensor<8xf32>
+    %1 = forge.mul %a, %b : (tensor<16x8xf32>, tensor<16x8xf32>) -> tensor<16x8xf32>
+    %2 = forge.reduce_sum %1 {axes = array<i64: 0>, keepdims = false} : (tensor<16x8xf32>) -> tensor<8xf32>
+    forge.yield %0, %2 : tensor<8xf32>, tensor<8xf32>
+  }
+  %p = forge.matmul %g, %w : (tensor<16x8xf32>, tensor<8x4xf32>) -> tensor<16x4xf32>
+  return %s#0, %s#1, %p : tensor<8xf32>, tensor<8xf32>, tensor<16x4xf32>
+}
+
+// -----
+
+// A channels-last 1x1 convolution's weight gradient is written bf16 (cuDNN writes its
+// operands' type) and reaches the optimizer's horizontal region through a reshape (a
+// view). The region's operand and block argument take bf16, and the member loop region
+// that reads it casts it back to f32 inside its own body: a horizontal region's body holds
+// loop regions only.
+// CHECK-LABEL: func @train_step
+// CHECK: %[[DW:.*]] = forge.conv_grad_weight {{.*}} -> tensor<4x1x1x3xbf16>
+// CHECK: %[[R:.*]] = forge.reshape %[[DW]] {{.*}} -> tensor<4x3x1x1xbf16>
+// CHECK: forge.fusion "horizontal"(%arg2, %[[R]], %arg3) : (tensor<4x3x1x1xf32>, tensor<4x3x1x1xbf16>, tensor<f32>)
+// CHECK-NEXT: ^bb0(%{{.*}}: tensor<4x3x1x1xf32>, %[[B:.*]]: tensor<4x3x1x1xbf16>, %{{.*}}: tensor<f32>):
+// CHECK-NEXT: forge.fusion "loop"(%{{.*}}, %[[B]], %{{.*}}) : (tensor<4x3x1x1xf32>, tensor<4x3x1x1xbf16>, tensor<f32>)
+// CHECK-NEXT: ^bb0(%{{.*}}: tensor<4x3x1x1xf32>, %[[L:.*]]: tensor<4x3x1x1xbf16>, %{{.*}}: tensor<f32>):
+// CHECK-NEXT: forge.cast %[[L]] {to = f32}
+func.func @train_step(%x: tensor<2x8x8x3xf32> {forge.kind = "input", forge.name = "x"},
+                      %dy: tensor<2x8x8x4xf32> {forge.kind = "input", forge.name = "dy"},
+                      %w: tensor<4x3x1x1xf32> {forge.kind = "parameter", forge.name = "w", forge.initial_value = dense<0.5> : tensor<4x3x1x1xf32>},
+                      %lr: tensor<f32> {forge.kind = "input", forge.name = "lr"})
+    -> (tensor<4x3x1x1xf32> {forge.updates = "w"}) {
+  %dw = forge.conv_grad_weight %x, %dy {channels_last = true, kernel_shape = array<i64: 1, 1>, strides = array<i64: 1, 1>, pads = array<i64: 0, 0, 0, 0>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<2x8x8x3xf32>, tensor<2x8x8x4xf32>) -> tensor<4x1x1x3xf32>
+  %g = forge.reshape %dw {shape = array<i64: 4, 3, 1, 1>} : (tensor<4x1x1x3xf32>) -> tensor<4x3x1x1xf32>
+  %u = forge.fusion "horizontal"(%w, %g, %lr) : (tensor<4x3x1x1xf32>, tensor<4x3x1x1xf32>, tensor<f32>) -> tensor<4x3x1x1xf32> {
+  ^bb0(%a: tensor<4x3x1x1xf32>, %b: tensor<4x3x1x1xf32>, %c: tensor<f32>):
+    %0 = forge.fusion "loop"(%a, %b, %c) : (tensor<4x3x1x1xf32>, tensor<4x3x1x1xf32>, tensor<f32>) -> tensor<4x3x1x1xf32> {
+    ^bb1(%i: tensor<4x3x1x1xf32>, %j: tensor<4x3x1x1xf32>, %k: tensor<f32>):
+      %1 = forge.mul %j, %k : (tensor<4x3x1x1xf32>, tensor<f32>) -> tensor<4x3x1x1xf32>
+      %2 = forge.sub %i, %1 : (tensor<4x3x1x1xf32>, tensor<4x3x1x1xf32>) -> tensor<4x3x1x1xf32>
+      forge.yield %2 : tensor<4x3x1x1xf32>
+    }
+    forge.yield %0 : tensor<4x3x1x1xf32>
+  }
+  return %u : tensor<4x3x1x1xf32>
+}
