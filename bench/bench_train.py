@@ -34,8 +34,11 @@ MODELS = {
     "mlp": (256, (784,), 10, 40),
     "gpt2": (16, (1024,), 50257, 4),          # GPT-2 124M: 12 layers, 12 heads, d 768
     "resnet50": (128, (3, 224, 224), 1000, 2),
+    # MobileNetV2 (depthwise separable convolutions, ReLU6): issue #12's depthwise-class model.
+    "mobilenet_v2": (128, (3, 224, 224), 1000, 2),
 }
-THIN = {"gpt2", "resnet50"}
+THIN = {"gpt2", "resnet50", "mobilenet_v2"}
+CONV_NETS = {"resnet50", "mobilenet_v2"}
 
 
 def gpt2():
@@ -61,6 +64,9 @@ def build(name):
     if name == "resnet50":
         import torchvision
         return torchvision.models.resnet50(weights=None)
+    if name == "mobilenet_v2":
+        import torchvision
+        return torchvision.models.mobilenet_v2(weights=None)
     raise ValueError(name)
 
 
@@ -189,7 +195,7 @@ def torch_step(a, name, d, compiled, sdpa=False):
     y = torch.from_numpy(data["labels"]).cuda()
     # On tensor cores a conv net runs channels-last, as PyTorch recommends for AMP (and as
     # forgec's --layout auto does).
-    if name == "resnet50" and (bf16 or a.tf32):
+    if name in CONV_NETS and (bf16 or a.tf32):
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     loss_fn = torch.nn.CrossEntropyLoss()

@@ -178,7 +178,6 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     Value o = k.add(k.mul(outBlock, k.idx(kWarp)), lane); // the thread's first output
     if (lanes > 1)
       o = k.mul(o, k.idx(lanes));
-    Value valid = k.ult(o, k.idx(outputs));
     Value oc = b.create<arith::MinUIOp>(k.loc, o, k.idx(outputs - lanes));
     Value base = lanes == 1 ? kept.offset(k, oc) : Value();
     auto plus = [&](Value v, int64_t offset) { return offset ? k.add(v, k.idx(offset)) : v; };
@@ -226,16 +225,24 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     for (int64_t ln = 0; ln < lanes; ++ln)
       b.create<memref::StoreOp>(k.loc, loop.getResult(ln), sh, plus(t, ln * block));
     b.create<gpu::BarrierOp>(k.loc);
-    Value first = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, warp, k.idx(0));
-    k.ifThen(b.create<arith::AndIOp>(k.loc, first, valid), [&] {
-      for (int64_t ln = 0; ln < lanes; ++ln) {
-        Value total = b.create<memref::LoadOp>(k.loc, sh, plus(lane, ln * block));
+    // The block's kWarp * lanes outputs, one per thread (output q of the
+    // block by thread q): adjacent threads write adjacent outputs (coalesced;
+    // warp 0 alone, `lanes` outputs per thread, wrote with stride `lanes`).
+    const int64_t perBlock = kWarp * lanes;
+    for (int64_t q0 = 0; q0 < perBlock; q0 += block) {
+      Value q = plus(t, q0);
+      Value owner = k.div(q, lanes), ln = k.rem(q, lanes);
+      Value oq = k.add(k.mul(outBlock, k.idx(perBlock)), q);
+      Value mine = b.create<arith::AndIOp>(k.loc, k.ult(q, k.idx(perBlock)),
+                                           k.ult(oq, k.idx(outputs)));
+      k.ifThen(mine, [&] {
+        Value at = k.add(k.mul(ln, k.idx(block)), owner);
+        Value total = b.create<memref::LoadOp>(k.loc, sh, at);
         for (int64_t w = 1; w < warps; ++w)
-          total = combine(total,
-                          b.create<memref::LoadOp>(k.loc, sh, plus(lane, ln * block + w * kWarp)));
-        finish(total, plus(o, ln));
-      }
-    });
+          total = combine(total, b.create<memref::LoadOp>(k.loc, sh, plus(at, w * kWarp)));
+        finish(total, oq);
+      });
+    }
   }
   b.create<gpu::ReturnOp>(k.loc);
   KernelLaunch launch{name.str(), grid, block};
@@ -854,7 +861,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
   // blocks' atomics (one per block, sum and column) stay few. With ~6 rows
   // per block ResNet-50's [25088, 1024] sums ran 4224 blocks whose 8.6M
   // atomics on 2048 addresses took 0.24 ms (215 GB/s).
-  constexpr int64_t kUnroll = 4, kRowsPerThread = 32;
+  // Measured on ResNet-50 bf16 (bench/RESULTS.md, tenth session): 32 rows / 4
+  // per iteration 21.15 ms per step; 64 / 8 20.66; 64 / 8 pipelined 20.37; 64
+  // / 16 pipelined 20.21; 128 or more rows per thread fewer blocks and slower.
+  constexpr int64_t kUnroll = 16, kRowsPerThread = 64;
   int64_t splits = std::clamp<int64_t>(cap / colBlocks, 1,
                                        std::max<int64_t>(1, rows / (slots * kRowsPerThread)));
   splits = std::min<int64_t>(splits, 65535);
@@ -884,35 +894,50 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
   Value rEnd = b.create<arith::MinUIOp>(k.loc, k.add(rBegin, k.idx(chunk)), k.idx(rows));
   Value start = b.create<arith::SelectOp>(k.loc, active, k.add(rBegin, slot), rEnd);
   bool ok = true;
-  SmallVector<Value> init(nsum * lanes, zero);
-  // kUnroll rows per iteration (r, r + slots, ...), every row's loads issued
-  // before the sums; a row past the chunk reads the chunk's last row and adds 0.
+  // kUnroll rows per iteration (r, r + slots, ...), software-pipelined: the
+  // next iteration's rows are loaded before this one's sums and carried by
+  // the loop, so they are in flight while it adds (issued in the body, ptxas
+  // interleaved each load with its sums: one or two rows in flight, 1.3 TB/s
+  // on ResNet-50's statistics). Rows past the chunk read its last row (any
+  // index is clamped) and add 0.
   Value lastRow = b.create<arith::SubIOp>(k.loc, rEnd, k.idx(1));
+  SmallVector<unsigned> fullArgs;
+  for (auto [a, kind] : llvm::enumerate(kinds))
+    if (kind == Full)
+      fullArgs.push_back(a);
+  auto loadRows = [&](Value r0) {
+    SmallVector<Value> out; // row u, input fullArgs[i] at u * fullArgs.size() + i
+    for (int64_t u = 0; u < kUnroll; ++u) {
+      Value r = b.create<arith::MinUIOp>(k.loc, k.add(r0, k.idx(u * slots)), lastRow);
+      for (unsigned a : fullArgs)
+        out.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(a),
+                                               k.add(k.mul(r, k.idx(groups)), g)));
+    }
+    return out;
+  };
+  SmallVector<Value> init(nsum * lanes, zero);
+  llvm::append_range(init, loadRows(start));
+  const int64_t numAcc = nsum * lanes;
   auto loop = b.create<scf::ForOp>(
       k.loc, start, rEnd, k.idx(slots * kUnroll), init,
-      [&](OpBuilder &nb, Location l, Value r0, ValueRange acc) {
+      [&](OpBuilder &nb, Location l, Value r0, ValueRange carried) {
         OpBuilder::InsertionGuard guard(b);
         b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-        SmallVector<Value> rowOf, validOf;
-        // Each input's value(s) at (row u, g), loaded once per row.
-        SmallVector<llvm::DenseMap<unsigned, Value>> loaded(kUnroll);
-        for (int64_t u = 0; u < kUnroll; ++u) {
-          Value r = u ? k.add(r0, k.idx(u * slots)) : r0;
-          validOf.push_back(u ? k.ult(r, rEnd) : Value());
-          rowOf.push_back(u ? Value(b.create<arith::MinUIOp>(k.loc, r, lastRow)) : r);
-          for (auto [a, kind] : llvm::enumerate(kinds))
-            if (kind == Full)
-              loaded[u][a] = b.create<memref::LoadOp>(
-                  k.loc, fn.getArgument(a), k.add(k.mul(rowOf[u], k.idx(groups)), g));
-        }
+        ValueRange acc = carried.take_front(numAcc), rowsNow = carried.drop_front(numAcc);
+        SmallVector<Value> prefetched = loadRows(k.add(r0, k.idx(slots * kUnroll)));
+        SmallVector<Value> validOf;
+        for (int64_t u = 0; u < kUnroll; ++u)
+          validOf.push_back(u ? k.ult(k.add(r0, k.idx(u * slots)), rEnd) : Value());
         llvm::DenseMap<unsigned, Value> perColumn;
         auto leaf = [&](BlockArgument arg, int64_t u, int64_t lane) -> Value {
           unsigned a = arg.getArgNumber();
           Value mem = fn.getArgument(a);
           if (kinds[a] == Scalar)
             return b.create<memref::LoadOp>(k.loc, mem, k.idx(0));
-          Value v = kinds[a] == Full ? loaded[u][a] : perColumn[a];
-          if (!v)
+          Value v;
+          if (kinds[a] == Full)
+            v = rowsNow[u * fullArgs.size() + llvm::find(fullArgs, a) - fullArgs.begin()];
+          else if (!(v = perColumn[a]))
             v = perColumn[a] = b.create<memref::LoadOp>(k.loc, mem, g);
           return lanes == 1 ? v : Value(b.create<vector::ExtractOp>(k.loc, v, lane));
         };
@@ -934,32 +959,47 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
               Value &a = next[i * lanes + lane];
               a = b.create<arith::AddFOp>(k.loc, a, x);
             }
+        llvm::append_range(next, prefetched);
         b.create<scf::YieldOp>(l, next);
       });
   if (!ok) {
     fn.erase();
     return std::nullopt;
   }
-  // Partials to shared memory (thread t's at t * nsum * lanes), then the
-  // first `perBlockGroups` threads add up their group's slots.
+  // Partials to shared memory: sum i's lane l of thread t at
+  // (i * block + t) * lanes + l. Then every thread adds up the slots of one
+  // (sum, column group, lane) triple at a time, lanes fastest: adjacent
+  // threads read adjacent words (no bank conflicts) and add atomically into
+  // adjacent columns (coalesced; forge-check-coalescing checks it). The
+  // first column groups' threads alone, with a partial each in turn, took
+  // 16-way bank conflicts and serial atomics.
   const int64_t width = nsum * lanes;
   for (int64_t j = 0; j < width; ++j)
-    b.create<memref::StoreOp>(k.loc, loop.getResult(j), sh, k.add(k.mul(t, k.idx(width)), k.idx(j)));
+    b.create<memref::StoreOp>(
+        k.loc, loop.getResult(j), sh,
+        k.add(k.mul(t, k.idx(lanes)), k.idx((j / lanes) * block * lanes + j % lanes)));
   b.create<gpu::BarrierOp>(k.loc);
-  Value first = b.create<arith::AndIOp>(k.loc, k.ult(t, k.idx(perBlockGroups)), k.ult(g, k.idx(groups)));
-  k.ifThen(first, [&] {
-    for (int64_t j = 0; j < width; ++j) {
-      Value totalJ = k.loopAcc(k.idx(0), slots, k.idx(1), zero, [&](Value s, Value a) {
-        Value at = k.add(k.mul(k.add(k.mul(s, k.idx(perBlockGroups)), local), k.idx(width)),
-                         k.idx(j));
+  const int64_t pairs = width * perBlockGroups;
+  for (int64_t p0 = 0; p0 < pairs; p0 += block) {
+    Value p = k.add(t, k.idx(p0));
+    Value lane = k.rem(p, lanes), own = k.rem(k.div(p, lanes), perBlockGroups);
+    Value which = k.div(p, lanes * perBlockGroups);
+    Value gj = k.add(k.mul(colBlock, k.idx(perBlockGroups)), own);
+    Value inRange = b.create<arith::AndIOp>(k.loc, k.ult(p, k.idx(pairs)), k.ult(gj, k.idx(groups)));
+    k.ifThen(inRange, [&] {
+      Value base = k.add(k.mul(k.add(k.mul(which, k.idx(block)), own), k.idx(lanes)), lane);
+      Value total = k.loopAcc(k.idx(0), slots, k.idx(1), zero, [&](Value s, Value a) {
+        Value at = k.add(base, k.mul(s, k.idx(perBlockGroups * lanes)));
         return b.create<arith::AddFOp>(k.loc, a, b.create<memref::LoadOp>(k.loc, sh, at));
       });
-      int64_t i = j / lanes, lane = j % lanes;
-      Value col = k.add(k.mul(g, k.idx(lanes)), k.idx(lane));
-      b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, totalJ,
-                                    fn.getArgument(numInputs + i), ValueRange{col});
-    }
-  });
+      Value col = k.add(k.mul(gj, k.idx(lanes)), lane);
+      for (int64_t i = 0; i < nsum; ++i)
+        k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, which, k.idx(i)), [&] {
+          b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, total,
+                                        fn.getArgument(numInputs + i), ValueRange{col});
+        });
+    });
+  }
   b.create<gpu::ReturnOp>(k.loc);
   KernelLaunch launch{name.str(), grid, block};
   launch.zeroOutputs = true;

@@ -463,3 +463,42 @@ func.func @bn_state_first(%p: tensor<8xf32>, %g: tensor<8xf32>, %q: tensor<4xf32
   %q2 = forge.sub %q, %t : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
   return %p2, %q2, %rm2 : tensor<8xf32>, tensor<4xf32>, tensor<4xf32>
 }
+
+// -----
+
+// Sibling fusion: two small loop regions of one shape that read a common input and do not
+// depend on each other become one region at the later one's place (a batch norm's [C]
+// coefficients beside its parameters' update); the reader of the first one's result that
+// sat between them moves after the merged region.
+// CHECK-LABEL: func @siblings
+// CHECK: %[[M:.*]]:2 = forge.fusion "loop"(%arg0, %arg1, %arg2) : (tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>)
+// CHECK-NOT: forge.fusion "loop"
+// CHECK: forge.reduce_sum %[[M]]#0
+// CHECK: return
+func.func @siblings(%a: tensor<8xf32>, %b: tensor<8xf32>, %c: tensor<8xf32>) -> (tensor<8xf32>, tensor<f32>) {
+  %0 = forge.mul %a, %b : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %1 = forge.add %0, %b : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %n = forge.reduce_sum %1 {axes = array<i64: 0>, keepdims = false} : (tensor<8xf32>) -> tensor<f32>
+  %2 = forge.sub %a, %c : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %3 = forge.mul %2, %c : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  return %3, %n : tensor<8xf32>, tensor<f32>
+}
+
+// -----
+
+// Negative: the second region reads the first's result (through a sum), and regions over
+// more than 64k elements stay apart however they relate.
+// CHECK-LABEL: func @not_siblings
+// CHECK-COUNT-4: forge.fusion "loop"
+func.func @not_siblings(%a: tensor<8xf32>, %b: tensor<8xf32>, %x: tensor<256x512xf32>, %y: tensor<256x512xf32>) -> (tensor<8xf32>, tensor<256x512xf32>, tensor<256x512xf32>) {
+  %0 = forge.mul %a, %b : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %1 = forge.add %0, %b : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %n = forge.reduce_sum %1 {axes = array<i64: 0>, keepdims = false} : (tensor<8xf32>) -> tensor<f32>
+  %2 = forge.mul %a, %n : (tensor<8xf32>, tensor<f32>) -> tensor<8xf32>
+  %3 = forge.add %2, %a : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %4 = forge.mul %x, %y : (tensor<256x512xf32>, tensor<256x512xf32>) -> tensor<256x512xf32>
+  %5 = forge.add %4, %y : (tensor<256x512xf32>, tensor<256x512xf32>) -> tensor<256x512xf32>
+  %6 = forge.sub %x, %y : (tensor<256x512xf32>, tensor<256x512xf32>) -> tensor<256x512xf32>
+  %7 = forge.mul %6, %y : (tensor<256x512xf32>, tensor<256x512xf32>) -> tensor<256x512xf32>
+  return %3, %5, %7 : tensor<8xf32>, tensor<256x512xf32>, tensor<256x512xf32>
+}

@@ -273,11 +273,17 @@ func.func @column_sums(%d: tensor<256x16xbf16>, %e: tensor<256x6xbf16>) -> (tens
 // A column_reduce region is one kernel: a thread owns 4 columns (one vector load of each
 // input per row: the image and the per-column shift), 32 column groups of 128 columns
 // side by side with 8 row slots per block, rows split over blocks that add their sums
-// atomically into the zeroed f32 results.
+// atomically into the zeroed f32 results. The loop is software-pipelined: its 16 rows'
+// image vectors for the first iteration are loaded before it, and each iteration loads
+// the next one's before its sums (the loop carries them after the 8 partial sums). The
+// partials meet in shared memory as [partial][thread]; each sum has its own atomic add.
 // CHECK-LABEL: func @column_sums
 // CHECK: forge.fusion "column_reduce"(%arg0, %arg1) {forge.launch = {block = 256 : i64, grid = {{[0-9]+}} : i64, kernel = "k0_fusion", zero_outputs}}
 // CHECK: gpu.func @k0_fusion(%arg0: memref<16384xvector<4xf32>>, %arg1: memref<32xvector<4xf32>>, %arg2: memref<128xf32>, %arg3: memref<128xf32>)
-// CHECK: scf.for {{.*}} -> (f32, f32, f32, f32, f32, f32, f32, f32)
+// CHECK-COUNT-16: memref.load %arg0[{{.*}}] : memref<16384xvector<4xf32>>
+// CHECK: scf.for {{.*}} -> (f32, f32, f32, f32, f32, f32, f32, f32, vector<4xf32>
+// CHECK-COUNT-16: memref.load %arg0[{{.*}}] : memref<16384xvector<4xf32>>
+// CHECK: scf.yield
 // CHECK: gpu.barrier
 // CHECK: memref.atomic_rmw addf %{{.*}}, %arg2[
 // CHECK: memref.atomic_rmw addf %{{.*}}, %arg3[

@@ -46,4 +46,25 @@ def GenerateKernels : Pass<"forge-generate-kernels", "::mlir::ModuleOp"> {
   ];
 }
 
+def CheckCoalescing : Pass<"forge-check-coalescing", "::mlir::ModuleOp"> {
+  let summary = "Check that every generated kernel's global loads and stores are coalesced";
+  let description = [{
+    An analysis of the kernels forge-generate-kernels made (`gpu.func`s in the
+    module's `gpu.module`s): for every load, store and atomic on global memory
+    it evaluates the index expression for each thread of a warp (thread id x
+    0..31 of block 1; every loop's induction variable at its first value).
+    An access is coalesced when the warp's indices form one contiguous range
+    (consecutive threads at consecutive elements, 16-byte vectors when the
+    memref holds vectors; a broadcast; a per-column vector read cyclically).
+    An index read from memory (a gather or scatter) is data-dependent and
+    counted as such. Each other access is an error naming the kernel, the op
+    and the strides between adjacent threads; with `report`, every kernel
+    gets a remark with its counts.
+  }];
+  let options = [
+    Option<"report", "report", "bool", /*default=*/"false",
+           "A remark per kernel: coalesced, broadcast and data-dependent accesses">,
+  ];
+}
+
 #endif // FORGE_CODEGEN_PASSES_TD

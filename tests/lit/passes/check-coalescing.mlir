@@ -1,0 +1,57 @@
+// RUN: forge-opt %s --split-input-file --forge-check-coalescing=report --verify-diagnostics
+
+// A pointwise copy: thread t of block b at b * 128 + t, read and written (coalesced); a
+// scalar read by every thread (a broadcast); a per-column vector of 8 read at t % 8
+// (cyclic, contiguous per warp); an index array read per thread (coalesced) and the value
+// it points at (a gather: data-dependent).
+module attributes {gpu.container_module} {
+  gpu.module @kernels {
+    // expected-remark @below {{kernel copy: 4 coalesced, 1 broadcast, 1 data-dependent, 0 strided}}
+    gpu.func @copy(%a: memref<1024xf32>, %b: memref<1024xf32>, %s: memref<1xf32>, %c: memref<8xf32>, %idx: memref<1024xindex>) kernel attributes {known_block_size = array<i32: 128, 1, 1>} {
+      %bid = gpu.block_id x
+      %bdim = gpu.block_dim x
+      %tid = gpu.thread_id x
+      %c0 = arith.constant 0 : index
+      %c8 = arith.constant 8 : index
+      %0 = arith.muli %bid, %bdim : index
+      %1 = arith.addi %0, %tid : index
+      %v = memref.load %a[%1] : memref<1024xf32>
+      %k = memref.load %s[%c0] : memref<1xf32>
+      %col = arith.remui %tid, %c8 : index
+      %w = memref.load %c[%col] : memref<8xf32>
+      %j = memref.load %idx[%1] : memref<1024xindex>
+      %g = memref.load %a[%j] : memref<1024xf32>
+      %x = arith.addf %v, %k : f32
+      %y = arith.addf %x, %w : f32
+      %z = arith.addf %y, %g : f32
+      memref.store %z, %b[%1] : memref<1024xf32>
+      gpu.return
+    }
+  }
+}
+
+// -----
+
+// Negative: a transpose of [32, 32] reads a column per warp (stride 32 between adjacent
+// threads); its write is coalesced. A loop walks rows from the thread's first row.
+module attributes {gpu.container_module} {
+  gpu.module @kernels {
+    // expected-remark @below {{kernel transpose: 1 coalesced, 0 broadcast, 0 data-dependent, 1 strided}}
+    gpu.func @transpose(%a: memref<1024xf32>, %b: memref<1024xf32>) kernel attributes {known_block_size = array<i32: 32, 1, 1>} {
+      %tid = gpu.thread_id x
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c32 = arith.constant 32 : index
+      scf.for %r = %c0 to %c32 step %c1 {
+        %in = arith.muli %tid, %c32 : index
+        %i = arith.addi %in, %r : index
+        // expected-error @below {{kernel transpose: memref.load on a global memref is not coalesced: index strides between adjacent threads 32, 32, 32, 32, 32, 32, 32, 32, ...}}
+        %v = memref.load %a[%i] : memref<1024xf32>
+        %rn = arith.muli %r, %c32 : index
+        %o = arith.addi %rn, %tid : index
+        memref.store %v, %b[%o] : memref<1024xf32>
+      }
+      gpu.return
+    }
+  }
+}
