@@ -185,7 +185,9 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     region's inputs when this reads fewer bytes (a GELU's backward recomputes
     its intermediates from the GELU's input instead of reading four saved
     tensors); results that nobody reads any more are dropped from the
-    producer, and so are inputs it no longer needs.
+    producer, and so are inputs it no longer needs. A result the producer
+    keeps writing for another reader is read rather than recomputed (the
+    consumer of g * scale reads g, which a residual path also reads).
 
     Then row fusion: a softmax-family op over the innermost axis (softmax,
     log_softmax and their gradients) absorbs the loop regions or pointwise ops
@@ -206,15 +208,35 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     of its shape that alone computes its dy (a ReLU's mask applied to the
     incoming gradient), when that stage's inputs have its shape or one element.
 
+    Then sibling fusion: small loop regions (at most 64k elements) of one
+    iteration shape that read a common input and do not depend on each other
+    become one, at the later one's place (a batch norm's [C] coefficients
+    beside its parameters' update).
+
     After it, horizontal fusion of the optimizer: the loop regions that update
     persistent state (a result returned with `forge.updates`) and do not
     depend on each other become one `forge.fusion "horizontal"` region, one
-    launch for every parameter's update. Then the scalar loop regions (one
+    launch for every parameter's update. Members are chosen from the last
+    update back, so an update that later ones read (a batch norm's running
+    statistics, read by the rest of the step) stays out without keeping the
+    others out. Then the scalar loop regions (one
     element: a clip scale, a learning rate) that do not read each other become
     one horizontal region, when no op between them reads the first; a lone
     pointwise op of one element (a loss's mean: the multi-reduction takes a
     whole-tensor reduce_mean beside other sums as a sum, and the division by n
     stays outside) joins them as a loop region of its own.
+
+    Before loop fusion, reductions side by side: column sums (reduce_sum over
+    every dim but the last, f32) of one iteration shape that read a common
+    leaf become one `forge.fusion "column_reduce"` with their pointwise
+    prologues recomputed per element (a channels-last batch norm's two
+    statistics; its gradient's sum(dy) and sum(dy * (x - k))). A prologue
+    cone of more than 12 ops is pruned: values written anyway (read by a
+    non-fusible op, or by several ops and computed from two full-size
+    tensors: a residual network's masked gradient) become leaves, and no
+    member recomputes a value another member reads. Then the whole-tensor
+    sums of a block (a gradient norm's squares, a loss's mean) become
+    `forge.fusion "multi_reduce"` regions.
 
     With `gemm-epilogues` (forgec sets it for CUDA targets), before loop
     fusion: GEMM epilogues. A `forge.relu` that alone reads an f32 gemm or
