@@ -190,6 +190,14 @@ bool readsAny(ArrayRef<Operation *> starts, const llvm::SmallPtrSetImpl<Operatio
   return false;
 }
 
+/// Whether an op of `starts` transitively reads a result of `op` (readsAny
+/// with `op` alone as member and floor).
+bool readsOp(ArrayRef<Operation *> starts, Operation *op) {
+  llvm::SmallPtrSet<Operation *, 1> member;
+  member.insert(op);
+  return readsAny(starts, member, op);
+}
+
 /// Whether a value defined outside `group` depends on one defined inside it, in
 /// the current IR (earlier regions already outlined). The grouper avoids such
 /// groups; this check on the real graph is what guarantees that contracting
@@ -1745,17 +1753,13 @@ bool fuseOptimizerRegions(func::FuncOp func, int64_t maxOperands) {
   for (Operation &op : block)
     if (auto f = dyn_cast<FusionOp>(op); f && f.getKind() == "loop" && updatesState(f))
       candidates.push_back(f);
+  SmallVector<Operation *> later; // members, last first
+  for (FusionOp f : llvm::reverse(candidates))
+    if (!readsOp(later, f)) // else a later member depends on it (e.g. a clipped norm)
+      later.push_back(f);
   SmallVector<FusionOp> group;
-  SmallVector<Operation *> memberOps;
-  for (FusionOp f : llvm::reverse(candidates)) {
-    llvm::SmallPtrSet<Operation *, 1> self;
-    self.insert(f);
-    if (!memberOps.empty() && readsAny(memberOps, self, f))
-      continue; // a later member depends on it (e.g. through a clipped gradient norm)
-    group.push_back(f);
-    memberOps.push_back(f);
-  }
-  std::reverse(group.begin(), group.end());
+  for (Operation *f : llvm::reverse(later))
+    group.push_back(cast<FusionOp>(f));
   if (group.size() < 2)
     return false;
   bool changed = false;
@@ -1848,9 +1852,7 @@ bool fuseSiblingLoops(func::FuncOp func, int64_t maxOperands) {
             continue;
           int64_t n = a->getNumOperands() + a->getNumResults() + b->getNumOperands() +
                       b->getNumResults();
-          llvm::SmallPtrSet<Operation *, 1> first;
-          first.insert(a);
-          if (n > maxOperands || readsAny({b.getOperation()}, first, a))
+          if (n > maxOperands || readsOp({b.getOperation()}, a))
             continue;
           mergeSiblings(a, b);
           merged = changed = true;

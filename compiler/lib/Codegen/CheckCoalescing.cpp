@@ -1,7 +1,8 @@
 //===- CheckCoalescing.cpp - global accesses of generated kernels --------===//
 //
 // forge-check-coalescing (Passes.td): evaluates each global load, store and
-// atomic's index for adjacent threads of a warp and checks the stride.
+// atomic's index for the threads of a warp and checks that the indices form
+// one contiguous range.
 //
 // Invariants the evaluation relies on, all true of forge-generate-kernels'
 // output: kernels are 1-d (thread id x, block id x), global memrefs are 1-d
@@ -212,19 +213,18 @@ struct CheckCoalescingPass
           ++coalesced;
           return;
         }
-        SmallVector<int64_t> strides;
-        for (int64_t t = 0; t + 1 < warp; ++t)
-          strides.push_back(*at[t + 1] - *at[t]);
         ++strided;
         failed = true;
+        // The first 8 strides between adjacent threads name the pattern.
         std::string text;
         llvm::raw_string_ostream os(text);
-        for (int64_t i = 0; i < std::min<int64_t>(8, strides.size()); ++i)
-          os << (i ? ", " : "") << strides[i];
+        int64_t shown = std::min<int64_t>(8, warp - 1);
+        for (int64_t t = 0; t < shown; ++t)
+          os << (t ? ", " : "") << *at[t + 1] - *at[t];
         op->emitError() << "forge-check-coalescing: kernel " << fn.getName() << ": "
                         << op->getName() << " on a global memref is not coalesced: index "
                            "strides between adjacent threads "
-                        << text << (strides.size() > 8 ? ", ..." : "");
+                        << text << (warp - 1 > shown ? ", ..." : "");
       });
       if (report)
         fn.emitRemark() << "forge-check-coalescing: kernel " << fn.getName() << ": " << coalesced

@@ -901,10 +901,13 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
   // on ResNet-50's statistics). Rows past the chunk read its last row (any
   // index is clamped) and add 0.
   Value lastRow = b.create<arith::SubIOp>(k.loc, rEnd, k.idx(1));
-  SmallVector<unsigned> fullArgs;
+  SmallVector<unsigned> fullArgs;       // the Full inputs' argument numbers
+  SmallVector<int64_t> fullIndex(kinds.size(), -1); // argument -> its place in fullArgs
   for (auto [a, kind] : llvm::enumerate(kinds))
-    if (kind == Full)
+    if (kind == Full) {
+      fullIndex[a] = fullArgs.size();
       fullArgs.push_back(a);
+    }
   auto loadRows = [&](Value r0) {
     SmallVector<Value> out; // row u, input fullArgs[i] at u * fullArgs.size() + i
     for (int64_t u = 0; u < kUnroll; ++u) {
@@ -936,7 +939,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
             return b.create<memref::LoadOp>(k.loc, mem, k.idx(0));
           Value v;
           if (kinds[a] == Full)
-            v = rowsNow[u * fullArgs.size() + llvm::find(fullArgs, a) - fullArgs.begin()];
+            v = rowsNow[u * fullArgs.size() + fullIndex[a]];
           else if (!(v = perColumn[a]))
             v = perColumn[a] = b.create<memref::LoadOp>(k.loc, mem, g);
           return lanes == 1 ? v : Value(b.create<vector::ExtractOp>(k.loc, v, lane));
