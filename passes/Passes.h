@@ -23,6 +23,9 @@ bool isStaticNonEmptyF32(Operation *op);
 /// and `dv` (v) ("" when it does): equal, a multiple of 8, at most 128.
 /// forge-recognize-composites and forge-select-library state it once here.
 std::string cudnnAttentionHeadRefusal(int64_t d, int64_t dv);
+/// Bytes for a person: "768.0 MiB" (powers of 1024). The memory plan's report
+/// and forge-rematerialize's remark.
+std::string formatBytes(uint64_t bytes);
 
 } // namespace mlir::forge
 

@@ -163,6 +163,37 @@ def PadContractions : Pass<"forge-pad-contractions", "::mlir::func::FuncOp"> {
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+// Stage "recomputation" (after the last CSE, which would merge a clone back;
+// before fusion, which fuses the recomputed chain as it fuses the forward's).
+
+def Rematerialize : Pass<"forge-rematerialize", "::mlir::func::FuncOp"> {
+  let summary = "Recompute large forward values in the backward pass instead of keeping them";
+  let description = [{
+    In a train step (a routine with a result named "loss"), a forward value
+    (one the loss depends on) that backward ops read is kept from the forward
+    pass to its first backward reader. With `recompute=attention`, each
+    softmax whose scores a matmul makes (an unfused attention's
+    probabilities, [B, H, Tq, Tk]) is recomputed instead: its cone (the
+    matmul and the pointwise ops between it and the softmax, at most 12 pure
+    ops, one library call, nothing opaque) is cloned before its first
+    backward reader, from leaves the backward pass keeps anyway (Q and K,
+    which dQ and dK read; constants; arguments), and every backward reader
+    reads the clone. The forward probabilities then die at the forward's
+    P V product: GPT-2 124M B16 T1024 in f32 keeps 12 x 768 MiB less, and
+    pays one Q K^T matmul and one softmax pass per layer in the backward.
+
+    Results are bit-identical (the same ops on the same inputs). A value the
+    routine returns is kept. A remark says how many values were recomputed
+    and how many bytes are no longer kept, or why nothing was (bf16/fp16
+    attention is fused: cuDNN recomputes its probabilities itself).
+  }];
+  let options = [
+    Option<"recompute", "recompute", "std::string", /*default=*/"\"none\"",
+           "none | attention: which forward values the backward pass recomputes">,
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 // A module pass (it fuses each function): a function pass right after the
 // function passes of the graph cleanup would share their per-function
 // adaptor, and the dump after the cleanup would already show regions.

@@ -30,6 +30,17 @@ namespace mlir::forge {
 using namespace mlir;
 using namespace mlir::forge;
 
+std::string mlir::forge::formatBytes(uint64_t bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return llvm::formatv("{0:F1} {1}", v, units[u]).str();
+}
+
 namespace {
 
 uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -120,16 +131,6 @@ struct PlanMemoryPass : public mlir::forge::impl::PlanMemoryBase<PlanMemoryPass>
                    function_ref<std::pair<int64_t, int64_t>(int64_t)> lastOf);
 };
 
-std::string formatBytes(uint64_t bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return llvm::formatv("{0:F1} {1}", v, units[u]).str();
-}
 
 /// What a tensor is called in the report: its op's location name, or the
 /// argument's forge.name.

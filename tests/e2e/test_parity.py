@@ -35,7 +35,9 @@ Usage:
   test_parity.py [--bin-dir DIR | --forgec F --forge-train F] [--fixtures-dir DIR]
                  [--target cpu|cuda:sm_90] [--device cpu|cuda] [--bundles DIR [--compile-only]]
                  [--self-check] [--keep] [--strict-delta] [FIXTURE ...]
---target/--device run the same checks on a GPU (tests/gpu). Where forgec cannot run (the GPU
+--target/--device run the same checks on a GPU (tests/gpu), or a CUDA target's bundles on the
+CPU (ctest e2e_parity_cuda_bundles: fp32 attention unfused, and the gpt fixtures' --recompute
+attention variant, which a CUDA target alone has). Where forgec cannot run (the GPU
 machines have no MLIR), --compile-only --bundles DIR compiles every bundle into DIR here, and
 --bundles DIR alone later runs forge-train on those bundles without forgec.
 --self-check only validates the fixture files (numpy only; no Forge binaries needed).
@@ -65,6 +67,10 @@ CHUNKED = ("--loss-chunk-bytes", str(CHUNK_BYTES))
 # forge-assign-layout on the conv fixtures: channels-last convolutions, batch norms expanded
 # into column sums (the same tolerances: a reordering of fp32 sums).
 NHWC = ("--layout", "nhwc")
+# forge-rematerialize on the gpt fixtures: attention probabilities recomputed in the backward
+# pass (bit-identical ops). For CUDA targets only: fp32 attention stays unfused there, while
+# the CPU target forms one attention op (nothing to recompute: forgec remarks it).
+RECOMPUTE = ("--recompute", "attention")
 TOLERANCES = {
     "losses_rel": 1e-4,             # per step, |a-b|/|b|
     "logits_step1_rel": 1e-4,       # ||a-b||/||b||
@@ -232,6 +238,23 @@ def read_losses(path):
     return losses
 
 
+def variants(m, setup):
+    """(bundle suffix, forgec flags, label, why the bundle would equal m.forge) of the passes
+    a fixture also runs with: the loss head in row chunks (forge-chunk-cross-entropy; forgec
+    remarks a head it leaves), attention probabilities recomputed (forge-rematerialize; CUDA
+    targets), the conv nets channels-last (forge-assign-layout)."""
+    out = []
+    if m["model"] == "gpt":
+        out.append(("_chunked", CHUNKED, f"--loss-chunk-bytes {CHUNK_BYTES}",
+                    "the loss head was not chunked"))
+        if setup.target.startswith("cuda"):
+            out.append(("_recompute", RECOMPUTE, "--recompute attention",
+                        "nothing was recomputed"))
+    if m["state_buffers"]:
+        out.append(("_nhwc", NHWC, "--layout nhwc", "the layout pass changed nothing"))
+    return out
+
+
 def check_fixture(rep, name, d, tmp, setup, strict_delta):
     m = load_fixture(d)
     if not self_check(rep, name, d, m):
@@ -241,36 +264,21 @@ def check_fixture(rep, name, d, tmp, setup, strict_delta):
     if out is None:
         if setup.compile_only and m["state_buffers"]:  # the biased variant's bundle too
             run_forge(rep, name, d, m, tmp, setup, "_biased", ("--batchnorm-running-var", "biased"))
-        if setup.compile_only and m["model"] == "gpt":
-            run_forge(rep, name, d, m, tmp, setup, "_chunked", CHUNKED)
-        if setup.compile_only and m["state_buffers"]:
-            run_forge(rep, name, d, m, tmp, setup, "_nhwc", NHWC)
+        for variant, extra, _, _ in variants(m, setup) if setup.compile_only else ():
+            run_forge(rep, name, d, m, tmp, setup, variant, extra)
         return
     compare_run(rep, name, d, m, out, strict_delta)
-    if m["model"] == "gpt":
-        # The loss head in row chunks (forge-chunk-cross-entropy), against the same PyTorch
-        # numbers. Its bundle must differ (the pass ran: forgec remarks a head it leaves).
-        chunked = run_forge(rep, name, d, m, tmp, setup, "_chunked", CHUNKED)
-        if chunked is not None:
-            bundles = [setup.bundle_path(tmp, name, b) for b in ("m.forge", "m_chunked.forge")]
+    for variant, extra, label, why_same in variants(m, setup):
+        # A pass's variant against the same PyTorch numbers; its bundle must differ from
+        # m.forge (the pass ran).
+        got = run_forge(rep, name, d, m, tmp, setup, variant, extra)
+        if got is not None:
+            bundles = [setup.bundle_path(tmp, name, b) for b in ("m.forge", f"m{variant}.forge")]
             same = [open(b, "rb").read() for b in bundles]
-            rep.check(f"{name} --loss-chunk-bytes {CHUNK_BYTES} bundle differs",
-                      same[0] != same[1],
+            rep.check(f"{name} {label} bundle differs", same[0] != same[1],
                       "differs from m.forge" if same[0] != same[1] else
-                      "same bytes as m.forge: the loss head was not chunked")
-            compare_run(rep, f"{name} --loss-chunk-bytes {CHUNK_BYTES}", d, m, chunked,
-                        strict_delta)
-    if m["state_buffers"]:
-        # The conv net channels-last, against the same PyTorch numbers; its bundle must
-        # differ (the layout pass ran).
-        nhwc = run_forge(rep, name, d, m, tmp, setup, "_nhwc", NHWC)
-        if nhwc is not None:
-            bundles = [setup.bundle_path(tmp, name, b) for b in ("m.forge", "m_nhwc.forge")]
-            same = [open(b, "rb").read() for b in bundles]
-            rep.check(f"{name} --layout nhwc bundle differs", same[0] != same[1],
-                      "differs from m.forge" if same[0] != same[1] else
-                      "same bytes as m.forge: the layout pass changed nothing")
-            compare_run(rep, f"{name} --layout nhwc", d, m, nhwc, strict_delta)
+                      f"same bytes as m.forge: {why_same}")
+            compare_run(rep, f"{name} {label}", d, m, got, strict_delta)
     if m["state_buffers"]:  # ONNX's biased rule on request
         out = run_forge(rep, name, d, m, tmp, setup, "_biased",
                         ("--batchnorm-running-var", "biased"))

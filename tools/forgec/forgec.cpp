@@ -83,6 +83,13 @@ static cl::opt<int64_t> lossChunkBytes(
              "(a language model's vocabulary) runs in row chunks of at most this many bytes, "
              "its logits and their gradient never all live (0: never chunk)"),
     cl::init(int64_t(1) << 30), cl::cat(forgecCategory));
+static cl::opt<std::string> recompute(
+    "recompute",
+    cl::desc("none (default) | attention: recompute in the backward pass what the forward pass "
+             "would keep for it (forge-rematerialize); attention: an unfused attention's "
+             "probabilities [B, H, T, T] (fp32/TF32 on CUDA), made again from Q and K by one "
+             "matmul and one softmax pass per layer"),
+    cl::init("none"), cl::cat(forgecCategory));
 static cl::opt<bool> inferenceOnly("inference-only",
                                    cl::desc("Compile the forward graph only (no training step)"),
                                    cl::cat(forgecCategory));
@@ -339,6 +346,9 @@ int main(int argc, char **argv) {
   if (lossChunkBytes < 0)
     return fail("--loss-chunk-bytes must be >= 0, got " + std::to_string(lossChunkBytes));
   pipelineOptions.lossChunkBytes = lossChunkBytes;
+  if (recompute != "none" && recompute != "attention")
+    return fail("--recompute must be none or attention, got '" + recompute + "'");
+  pipelineOptions.recompute = recompute;
   std::string trainError;
   FailureOr<mlir::forge::TrainOptions> trainOptions =
       inferenceOnly ? FailureOr<mlir::forge::TrainOptions>(mlir::forge::TrainOptions{})

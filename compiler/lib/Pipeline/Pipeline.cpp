@@ -143,6 +143,14 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
     pm.addPass(createCSEPass());
     pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
   }
+  // Stage "recomputation": after the last CSE, which would merge each clone
+  // back into its original; before fusion, which fuses a recomputed chain
+  // (scale, mask, softmax) into one row region as it does the forward's.
+  if (options.recompute != "none") {
+    RematerializeOptions remat;
+    remat.recompute = options.recompute;
+    pm.addNestedPass<func::FuncOp>(createRematerialize(remat));
+  }
   addFusion(pm, options);
   // Stage "precision": after fusion, so that each cast lands in the region
   // that makes or reads the value (and a parameter's low copy in the
@@ -225,6 +233,8 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
   Option<int64_t> lossChunkBytes{*this, "loss-chunk-bytes",
                                  llvm::cl::desc("as forgec --loss-chunk-bytes"),
                                  llvm::cl::init(int64_t(1) << 30)};
+  Option<std::string> recompute{*this, "recompute", llvm::cl::desc("as forgec --recompute"),
+                                llvm::cl::init("none")};
 };
 } // namespace
 
@@ -257,6 +267,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.precision = cl.precision;
         options.layout = cl.layout;
         options.lossChunkBytes = cl.lossChunkBytes;
+        options.recompute = cl.recompute;
         buildTrainingPipeline(pm, options);
       });
 }

@@ -27,13 +27,14 @@ struct PipelineOptions {
   std::string precision = "fp32"; // forge-assign-precision (forgec --precision)
   std::string layout = "nchw";    // forge-assign-layout (forgec --layout)
   int64_t lossChunkBytes = int64_t(1) << 30; // forge-chunk-cross-entropy (forgec --loss-chunk-bytes)
+  std::string recompute = "none"; // forge-rematerialize (forgec --recompute)
 };
 
 /// The pipeline of a training bundle, in named stages (DESIGN.md §4): import
-/// cleanup -> train-step construction -> graph cleanup -> fusion -> placement
-/// -> precision -> placement -> memory plan (layout, partition and schedule go
-/// between precision and placement as those passes land). The ordering constraint of every stage
-/// is commented in Pipeline.cpp.
+/// cleanup -> train-step construction -> graph cleanup -> layout ->
+/// recomputation -> fusion -> precision -> memory shaping -> placement ->
+/// memory plan (partition and schedule go before placement as those passes
+/// land). The ordering constraint of every stage is commented in Pipeline.cpp.
 void buildTrainingPipeline(OpPassManager &pm, const PipelineOptions &options);
 /// The pipeline of an inference bundle (`forgec --inference-only`): the
 /// training pipeline without the train-step stage.
