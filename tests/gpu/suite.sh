@@ -68,7 +68,7 @@ suite() { # name, command...
 suite gpu_models $py tests/gpu/test_gpu_models.py --bundles "$dir/gpu_models" --forge-train "$ft"
 suite gpu_models_tf32 $py tests/gpu/test_gpu_models.py --bundles "$dir/gpu_models_tf32" --forge-train "$ft" --tf32
 suite gpu_models_padded $py tests/gpu/test_gpu_models.py --bundles "$dir/gpu_models_padded" --forge-train "$ft"
-suite gpu_parity $py tests/e2e/test_parity.py --bundles "$dir/parity" --forge-train "$ft" --device cuda --strict-delta
+suite gpu_parity $py tests/e2e/test_parity.py --bundles "$dir/parity" --forge-train "$ft" --target cuda:sm_90 --device cuda --strict-delta
 suite gpu_conformance "$rp" "$dir/conf" --device cuda
 suite gpu_gradients "$rp" "$dir/grad" --device cuda
 suite gpu_data_faults $py tests/gpu/test_data_faults.py --bundles "$dir/faults" --replay "$rp" --device cuda
