@@ -11,9 +11,12 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include <fmt/ranges.h>
 
@@ -215,6 +218,15 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->trainData_ = std::move(train);
   tr->sampler_ = std::make_unique<EpochSampler>(tr->trainData_->numSamples(), perStep,
                                                 options.seed, options.shuffle);
+  for (const DataField &f : tr->fields_)
+    tr->sampleBytes_.push_back(static_cast<size_t>(numElements(f.sampleShape)) *
+                               dtypeSize(f.dtype));
+  {
+    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    unsigned workers = options.workers ? options.workers : std::min(8u, hw);
+    if (workers > 1 && tr->trainData_->concurrentFill() && tr->batch_ > 1)
+      tr->dataPool_ = std::make_unique<ThreadPool>(workers);
+  }
   tr->microOuts_.assign(static_cast<size_t>(micro), {});
   for (int64_t k = 0; k < micro; ++k)
     for (size_t f = 0; f < tr->fields_.size(); ++f)
@@ -309,11 +321,13 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
   if (indices.size() != static_cast<size_t>(samplesPerStep()))
     return Status::error("internal: the sampler returned {} indices, expected {}",
                          indices.size(), samplesPerStep());
+  const auto t0 = std::chrono::steady_clock::now();
   FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
-  for (int64_t k = 0; k < micro_; ++k)
-    FORGE_RETURN_IF_ERROR(trainData_->fill(
-        indices.subspan(static_cast<size_t>(k * batch_), static_cast<size_t>(batch_)),
-        microOuts_[k]));
+  FORGE_RETURN_IF_ERROR(fillStep(indices));
+  const double inputSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::optional<uint64_t> run =
+      profile ? std::nullopt : std::optional<uint64_t>(exec_->runsIssued());
   if (stepInput_ >= 0) {
     float s = static_cast<float>(step_ + inFlight_ + 1);
     std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
@@ -327,6 +341,38 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
     FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
   }
   ++inFlight_;
+  launched_.emplace_back(run, inputSeconds);
+  return Status::ok();
+}
+
+Status Trainer::fillStep(std::span<const int64_t> indices) {
+  // Each micro-batch's samples, split over the data workers: sample i of
+  // micro-batch k lands at i * sampleBytes_[f] of field f's buffer, so the
+  // bytes do not depend on how many workers there are.
+  for (int64_t k = 0; k < micro_; ++k) {
+    std::span<const int64_t> part =
+        indices.subspan(static_cast<size_t>(k * batch_), static_cast<size_t>(batch_));
+    if (!dataPool_) {
+      FORGE_RETURN_IF_ERROR(trainData_->fill(part, microOuts_[k]));
+      continue;
+    }
+    std::mutex mutex;
+    Status first = Status::ok();
+    dataPool_->parallelFor(batch_, 1, [&](int64_t begin, int64_t end) {
+      std::vector<void *> outs;
+      for (size_t f = 0; f < microOuts_[k].size(); ++f)
+        outs.push_back(static_cast<uint8_t *>(microOuts_[k][f]) +
+                       static_cast<size_t>(begin) * sampleBytes_[f]);
+      Status st = trainData_->fill(
+          part.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin)), outs);
+      if (!st.isOk()) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (first.isOk())
+          first = std::move(st);
+      }
+    });
+    FORGE_RETURN_IF_ERROR(first);
+  }
   return Status::ok();
 }
 
@@ -370,6 +416,12 @@ Expected<StepResult> Trainer::collect() {
   }
   --inFlight_;
   r.step = ++step_;
+  if (!launched_.empty()) {
+    r.inputSeconds = launched_.front().second;
+    if (launched_.front().first)
+      r.idleSeconds = exec_->idleBefore(*launched_.front().first);
+    launched_.pop_front();
+  }
   return r;
 }
 

@@ -44,6 +44,7 @@ if [ "$mode" = compile ]; then
   $py tests/e2e/test_dropout.py --bin-dir "$b" --bundles "$dir/dropout" --compile-only
   $py tests/e2e/test_precision.py --bin-dir "$b" --target cuda:sm_90 --bundles "$dir/precision" --compile-only
   $py tests/gpu/test_masked_attention.py --forgec "$b/forgec" --bundles "$dir/masked_attention" --compile-only
+  $py tests/e2e/test_input_pipeline.py --bin-dir "$b" --bundles "$dir/input_pipeline" --compile-only
   # Every library call's stated cuBLASLt problem is checked here, without a GPU, the same
   # way the CUDA executor checks it: a refusal shows before device time is spent.
   find "$dir" -name '*.forge' -print0 | xargs -0 "$b/forge-replay" --check-library > "$dir/check-library.txt" 2>&1 \
@@ -76,6 +77,7 @@ suite gpu_float8_casts $py tests/gpu/test_float8_casts.py --bundles "$dir/float8
 suite gpu_dropout $py tests/e2e/test_dropout.py --bundles "$dir/dropout" --forge-train "$ft" --device cuda
 suite gpu_precision $py tests/e2e/test_precision.py --bundles "$dir/precision" --forge-train "$ft" --device cuda
 suite gpu_masked_attention $py tests/gpu/test_masked_attention.py --bundles "$dir/masked_attention" --forge-train "$ft"
+suite gpu_input_pipeline $py tests/e2e/test_input_pipeline.py --bundles "$dir/input_pipeline" --forge-train "$ft" --device cuda
 # cuDNN fused attention (AttentionGpuTest, gtest): its summary as "N passed, N failed".
 if [ -x "$dir/bin/AttentionGpuTest" ]; then
   suite gpu_attention bash -c 'out=$("$1" 2>&1); rc=$?; echo "$out"

@@ -16,6 +16,7 @@ struct Options {
   std::string attentionBackward = "deterministic"; // deterministic | fast (cuDNN)
   bool noPipeline = false;
   unsigned threads = 0;
+  unsigned workers = 0; // data workers (TrainerOptions::workers)
 
   // --info / --forward
   bool info = false;

@@ -189,6 +189,9 @@ std::string metricsLine(const Trainer &tr, const StepResult &r, double dt, bool 
   if (r.lossScale)
     line += fmt::format(R"(, "loss_scale": {}, "skipped": {})", jsonNumber(*r.lossScale),
                         r.skipped ? 1 : 0);
+  line += fmt::format(R"(, "input_s": {})", jsonNumber(r.inputSeconds));
+  if (r.idleSeconds)
+    line += fmt::format(R"(, "gpu_idle_s": {})", jsonNumber(*r.idleSeconds));
   line += fmt::format(R"(, "time_s": {})", jsonNumber(elapsed));
   if (ev) {
     line += fmt::format(R"(, "eval_loss": {})", jsonNumber(ev->loss));
@@ -374,6 +377,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
   }
   TrainerOptions trainerOptions;
   trainerOptions.threads = opts.threads;
+  trainerOptions.workers = opts.workers;
   trainerOptions.device = opts.device;
   trainerOptions.cudaGraphs = !opts.noCudaGraph;
   trainerOptions.deterministicAttention = opts.attentionBackward != "fast";
@@ -469,6 +473,9 @@ Expected<int> train(const Options &opts, Progress &progress) {
 
   const auto start = Clock::now();
   double stepSeconds = 0, windowSeconds = 0;
+  // The compute stream's idle time before steps (GPU), over the run and the
+  // progress window: the input stall.
+  double idleSeconds = 0, windowIdle = 0, timedSeconds = 0, windowTimed = 0;
   int64_t ranSteps = 0, windowSteps = 0;
   int64_t skippedSteps = 0; // loss-scaled steps that skipped their update (this run)
   int64_t lastCkpt = -1;
@@ -530,6 +537,12 @@ Expected<int> train(const Options &opts, Progress &progress) {
     ++ranSteps;
     ++windowSteps;
     lastLoss = r->loss;
+    if (r->idleSeconds) {
+      idleSeconds += *r->idleSeconds;
+      windowIdle += *r->idleSeconds;
+      timedSeconds += dt;
+      windowTimed += dt;
+    }
     const int64_t s = r->step;
     if (profileThis) {
       trace->addStep(*tr.executor().findRoutine("train_step"), s, spans);
@@ -586,10 +599,14 @@ Expected<int> train(const Options &opts, Progress &progress) {
         text += fmt::format(" | mem {} (plan {})",
                             bytesText(static_cast<double>(tr.executor().deviceInfo().memoryUsed)),
                             bytesText(static_cast<double>(device.planBytes)));
+      if (windowTimed > 0)
+        text += fmt::format(" | stall {:.1f}%", 100.0 * windowIdle / windowTimed);
       text += fmt::format(" | ETA {}", duration(perStep * static_cast<double>(total - s)));
       progress.draw(text);
       windowSeconds = 0;
       windowSteps = 0;
+      windowIdle = 0;
+      windowTimed = 0;
     }
     if (ev)
       progress.message(fmt::format("step {}: {}", s, evalText(*ev)));
@@ -627,6 +644,11 @@ Expected<int> train(const Options &opts, Progress &progress) {
                                  ranSteps == 1 ? "" : "s", duration(wall),
                                  rate(unitsPerStep * static_cast<double>(ranSteps) / stepSeconds),
                                  unit, lastLoss));
+    if (timedSeconds > 0)
+      progress.message(fmt::format("input stall: the GPU waited {:.1f} ms over {:.1f} s of steps "
+                                   "({:.1f}%) for its batches or their launch",
+                                   1e3 * idleSeconds, timedSeconds,
+                                   100.0 * idleSeconds / timedSeconds));
   }
   if (!opts.dumpParams.empty()) {
     FORGE_RETURN_IF_ERROR(dumpParams(opts.dumpParams, tr.executor()));

@@ -296,6 +296,12 @@ void addOptions(CLI::App &app, Options &opts) {
   app.add_option("--threads", opts.threads, "CPU worker threads (0: all cores)")
       ->check(CLI::NonNegativeNumber)
       ->group(loop);
+  app.add_option("--workers", opts.workers,
+                 "Data workers filling each batch side by side (.npz/.npy arrays; 0: one per "
+                 "core, at most 8; 1: the training thread alone). The batch's bytes do not "
+                 "depend on it")
+      ->check(CLI::NonNegativeNumber)
+      ->group(loop);
   app.add_option("--device", opts.device,
                  "Where to run: cpu, cuda, cuda:N or auto (CUDA for a CUDA bundle when a GPU is "
                  "present, else the CPU)")
@@ -344,7 +350,8 @@ void addOptions(CLI::App &app, Options &opts) {
       ->group(out);
   app.add_option("--metrics", opts.metricsPath,
                  "Write one JSON object per step to this file (JSONL): step, epoch, loss, lr, "
-                 "grad_norm, samples_per_s (and tokens_per_s), time_s, plus eval_loss and "
+                 "grad_norm, samples_per_s (and tokens_per_s), input_s, gpu_idle_s (GPU: the input "
+                 "stall before the step), time_s, plus eval_loss and "
                  "eval_accuracy on eval steps. With --resume, lines after the restored step "
                  "are dropped and new ones appended")
       ->group(out);

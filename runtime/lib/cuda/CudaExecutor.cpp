@@ -155,6 +155,12 @@ struct CudaExecutor::Impl {
   // when captured (an event recorded only as a capture dependency cannot be
   // waited on from the host).
   cudaEvent_t inputsDone = nullptr, outputsDone[2] = {nullptr, nullptr};
+  // Timed events on the compute stream around each run (outside its graph),
+  // by run index % kRunTimes: the idle gap before run n is runEnd[n - 1] ->
+  // runBegin[n]. Four slots: with two runs in flight the collected one, its
+  // predecessor and its successor are distinct.
+  static constexpr uint64_t kRunTimes = 4;
+  cudaEvent_t runBegin[kRunTimes] = {}, runEnd[kRunTimes] = {};
   void *deviceBase = nullptr;
   uint64_t deviceBytes = 0;
   void *workspace = nullptr;
@@ -207,6 +213,10 @@ struct CudaExecutor::Impl {
                           inputsDone, outputsDone[0], outputsDone[1]})
       if (e)
         cudaEventDestroy(e);
+    for (uint64_t i = 0; i < kRunTimes; ++i)
+      for (cudaEvent_t e : {runBegin[i], runEnd[i]})
+        if (e)
+          cudaEventDestroy(e);
     for (cudaStream_t s : {compute, copy})
       if (s)
         cudaStreamDestroy(s);
@@ -505,6 +515,9 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
                           &im.outputsEvent[1], &im.inputsDone, &im.outputsDone[0],
                           &im.outputsDone[1]})
     CUDA_TRY(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event");
+  for (uint64_t i = 0; i < Impl::kRunTimes; ++i)
+    for (cudaEvent_t *ev : {&im.runBegin[i], &im.runEnd[i]})
+      CUDA_TRY(cudaEventCreate(ev), "event");
 
   // Library plans (their workspace is part of the one allocation below).
   auto opt = p.build_options().find("tf32");
@@ -844,7 +857,8 @@ Status CudaExecutor::run(int routine) {
   const bundle::Routine &proto = *routines_[routine];
   RoutineState &r = im.routines[routine];
   im.lastRoutine = routine;
-  const int parity = static_cast<int>(im.runs++ % 2);
+  const uint64_t runIndex = im.runs++;
+  const int parity = static_cast<int>(runIndex % 2);
   im.lastParity = parity;
   nvtxRangePushA(proto.name().c_str()); // the host side of the step (Nsight Systems)
   struct PopRange {
@@ -892,10 +906,38 @@ Status CudaExecutor::run(int routine) {
              bundle_.origin(), proto.name());
     return Status::ok();
   };
+  // The run's start once its inputs are on the device (uploadInputs made the
+  // compute stream wait for them): an idle gap before it is the stream
+  // waiting for this batch or for the host to launch it.
+  CUDA_TRY(cudaEventRecord(im.runBegin[runIndex % Impl::kRunTimes], im.compute), "event record");
   Status st = launchStep();
   if (st.isOk())
     st = im.releaseInputs(r, parity);
+  if (st.isOk())
+    CUDA_TRY(cudaEventRecord(im.runEnd[runIndex % Impl::kRunTimes], im.compute), "event record");
   return st;
+}
+
+uint64_t CudaExecutor::runsIssued() const { return impl_->runs; }
+
+std::optional<double> CudaExecutor::idleBefore(uint64_t run) {
+  Impl &im = *impl_;
+  // Both events must still hold runs run-1 and run (not overwritten by later
+  // runs) and be complete.
+  if (run == 0 || run >= im.runs || im.runs - run + 1 >= Impl::kRunTimes)
+    return std::nullopt;
+  cudaEvent_t end = im.runEnd[(run - 1) % Impl::kRunTimes];
+  cudaEvent_t begin = im.runBegin[run % Impl::kRunTimes];
+  if (cudaEventQuery(begin) != cudaSuccess || cudaEventQuery(end) != cudaSuccess) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, end, begin) != cudaSuccess) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
+  return std::max(0.0, static_cast<double>(ms) * 1e-3);
 }
 
 Status CudaExecutor::wait() { return impl_->finish(bundle_.origin()); }
@@ -956,7 +998,8 @@ Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
   const bundle::Routine &proto = *routines_[routine];
   RoutineState &r = im.routines[routine];
   im.lastRoutine = routine;
-  const int parity = static_cast<int>(im.runs++ % 2);
+  const uint64_t runIndex = im.runs++;
+  const int parity = static_cast<int>(runIndex % 2);
   im.lastParity = parity;
   const size_t n = r.steps.size();
   if (r.profileEvents.empty()) {
@@ -965,10 +1008,13 @@ Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
       CUDA_TRY(cudaEventCreate(&e), "profiling events");
   }
   FORGE_RETURN_IF_ERROR(im.uploadInputs(r, parity));
+  // Its idle-gap events too (idleBefore of this run and the next).
+  CUDA_TRY(cudaEventRecord(im.runBegin[runIndex % Impl::kRunTimes], im.compute), "event record");
   FORGE_RETURN_IF_ERROR(im.enqueue(bundle_.origin(), proto, r, parity,
                                    {.checked = false, .capturing = false,
                                     .timing = &r.profileEvents}));
   FORGE_RETURN_IF_ERROR(im.releaseInputs(r, parity));
+  CUDA_TRY(cudaEventRecord(im.runEnd[runIndex % Impl::kRunTimes], im.compute), "event record");
   FORGE_RETURN_IF_ERROR(im.finish(bundle_.origin()));
 
   auto ev = [&](size_t i) { return r.profileEvents[i]; };

@@ -51,6 +51,8 @@ public:
   Status wait() override;
   bool canPipeline() const override { return true; }
   Status waitInputsConsumed() override;
+  uint64_t runsIssued() const override;
+  std::optional<double> idleBefore(uint64_t run) override;
   Expected<TensorView> previousOutput(int32_t index) override;
   TensorView view(int32_t index) const override;
   DeviceInfo deviceInfo() const override;

@@ -111,6 +111,9 @@ public:
     return Status::ok();
   }
 
+  // fill() only reads the arrays, which bind() left unchanged.
+  bool concurrentFill() const override { return true; }
+
   std::string describe() const override {
     std::set<std::string> files;
     for (const Array &a : arrays_)

@@ -53,6 +53,9 @@ public:
   virtual int64_t numSamples() const = 0;
   /// Writes samples `indices` into outs[i] for the i-th bound field.
   virtual Status fill(std::span<const int64_t> indices, std::span<void *const> outs) = 0;
+  /// Whether fill() may run on several threads at once, each with its own
+  /// indices and buffers (data workers split a batch that way).
+  virtual bool concurrentFill() const { return false; }
   /// The file(s) behind this source, for messages.
   virtual std::string describe() const = 0;
   /// Arrays the last bind() did not use (callers may warn about them).

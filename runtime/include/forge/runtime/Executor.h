@@ -64,6 +64,13 @@ public:
   /// Waits until the last run() no longer reads its inputBuffer()s (they may
   /// be refilled for the next run).
   virtual Status waitInputsConsumed() { return Status::ok(); }
+  /// Runs issued so far (run() and runProfiled() calls of any routine).
+  virtual uint64_t runsIssued() const { return 0; }
+  /// Seconds the device's compute stream sat idle between run `run - 1`'s
+  /// end and run `run`'s start (0-based, as counted by runsIssued() before
+  /// that run), once run `run` has finished; nullopt where the device does
+  /// not know (the CPU, the first run, a run too old to remember).
+  virtual std::optional<double> idleBefore(uint64_t run) { return std::nullopt; }
   /// Output `index` of the run before the last one (waits for its read-back).
   virtual Expected<TensorView> previousOutput(int32_t index) {
     return Status::error("this device does not pipeline runs");

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,11 +29,16 @@
 #include "forge/runtime/Checkpoint.h"
 #include "forge/runtime/Executor.h"
 #include "forge/runtime/DataSource.h"
+#include "forge/runtime/ThreadPool.h"
 
 namespace forge::rt {
 
 struct TrainerOptions {
   unsigned threads = 0; // CPU threads (0: all cores)
+  /// Data workers: threads that fill a step's batch side by side, each its own
+  /// samples (sources whose fill() may run concurrently: arrays). 0: one per
+  /// hardware thread, at most 8; 1: the calling thread alone.
+  unsigned workers = 0;
   uint64_t seed = 0;    // shuffling seed
   bool shuffle = true;  // false: visit samples in file order every epoch
   std::string device = "cpu"; // Executor.h: cpu, cuda, cuda:N, auto
@@ -48,6 +54,12 @@ struct StepResult {
   // whether it skipped its update (gradients not finite).
   std::optional<float> lossScale;
   bool skipped = false;
+  /// Input pipeline: host seconds launch() spent making the step's batch
+  /// (waiting for the device to take the previous inputs, then filling), and,
+  /// on a GPU, how long the compute stream sat idle before the step began
+  /// (waiting for its batch or its launch); nullopt where unknown.
+  double inputSeconds = 0;
+  std::optional<double> idleSeconds;
 };
 
 struct EvalResult {
@@ -127,6 +139,8 @@ public:
 
 private:
   Trainer() = default;
+  /// Fills the input buffers of every micro-batch with the step's samples.
+  Status fillStep(std::span<const int64_t> indices);
 
   struct Routine {
     int index = -1;
@@ -147,6 +161,11 @@ private:
   static constexpr const char *kSampleWeight = "forge.sample_weight";
   double flopsPerStep_ = 0;
   int inFlight_ = 0; // launched, not collected
+  // Per launched step, oldest first: its executor run and its input seconds.
+  // (A profiled step has no run to ask the executor about.)
+  std::deque<std::pair<std::optional<uint64_t>, double>> launched_;
+  std::unique_ptr<ThreadPool> dataPool_; // --workers > 1 and a concurrent source
+  std::vector<size_t> sampleBytes_;      // per field: bytes of one sample
   std::vector<std::vector<void *>> microOuts_; // [k][field] -> input buffer
   std::vector<void *> evalOuts_;
   std::vector<int64_t> evalIndices_;
