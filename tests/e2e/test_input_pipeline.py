@@ -6,7 +6,10 @@ Trains a fixture's bundle (tests/fixtures/mlp_adamw: .npz arrays, shuffled) for 
 
   same batches      the losses of every step and every parameter after the last are equal bit
                     for bit across the worker counts (each worker copies its own samples into
-                    their places; the order comes from the seeded sampler alone)
+                    their places; the order comes from the seeded sampler alone). On a GPU the
+                    first loss is equal bit for bit and the rest within GPU_REL: its column
+                    sums (bias gradients) add atomically, so two runs of one bundle differ in
+                    the last bits from step 2 on; a misplaced sample moves a loss by percents
   input_s           every --metrics line reports the host seconds spent making its batch (a
                     finite number >= 0)
   gpu_idle_s        on a GPU (--device cuda): every step after the first reports how long the
@@ -35,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.normpath(os.path.join(HERE, "..", "fixtures", "mlp_adamw"))
 STEPS = 12
 WORKERS = (1, 3, 0)
+GPU_REL = 1e-4  # GPU: losses (per step, relative) and parameters (relative L2) across runs
 
 
 def main():
@@ -80,13 +84,25 @@ def main():
             recs = [json.loads(line) for line in open(metrics) if line.strip()]
             runs[w] = (recs, dict(np.load(params)), log)
         base_recs, base_params, _ = runs[WORKERS[0]]
+        gpu = a.device.startswith("cuda")
         for w in WORKERS[1:]:
             recs, params, _ = runs[w]
-            same_losses = [r["loss"] for r in recs] == [r["loss"] for r in base_recs]
-            rep.check(f"--workers {w}: losses == --workers 1", same_losses and len(recs) == STEPS,
-                      f"{len(recs)} steps, last {recs[-1]['loss']!r} vs {base_recs[-1]['loss']!r}")
-            differ = [k for k in base_params if not np.array_equal(params.get(k), base_params[k])]
-            rep.check(f"--workers {w}: parameters == --workers 1", not differ and params,
+            got, want = [r["loss"] for r in recs], [r["loss"] for r in base_recs]
+            if gpu:
+                worst = max(abs(g - b) / abs(b) for g, b in zip(got, want)) if got else math.inf
+                ok = len(got) == STEPS == len(want) and got[0] == want[0] and worst <= GPU_REL
+                rep.check(f"--workers {w}: losses match --workers 1", ok,
+                          f"{len(got)} steps, step 1 {got[0]!r} vs {want[0]!r}, max rel "
+                          f"{worst:.2e} (<= {GPU_REL:g})")
+                differ = [k for k in base_params
+                          if k not in params or e2e.rel(params[k], base_params[k]) > GPU_REL]
+            else:
+                rep.check(f"--workers {w}: losses == --workers 1",
+                          got == want and len(got) == STEPS,
+                          f"{len(got)} steps, last {got[-1]!r} vs {want[-1]!r}")
+                differ = [k for k in base_params
+                          if not np.array_equal(params.get(k), base_params[k])]
+            rep.check(f"--workers {w}: parameters match --workers 1", not differ and params,
                       f"{len(params)} tensors" + (f", differ: {differ[:4]}" if differ else ""))
         for w, (recs, _, log) in runs.items():
             bad = [r.get("input_s") for r in recs

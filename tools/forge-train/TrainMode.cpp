@@ -474,7 +474,8 @@ Expected<int> train(const Options &opts, Progress &progress) {
   const auto start = Clock::now();
   double stepSeconds = 0, windowSeconds = 0;
   // The compute stream's idle time before steps (GPU), over the run and the
-  // progress window: the input stall.
+  // progress window: the input stall. From this run's 4th step: before it
+  // the host also warms up and captures the CUDA graphs (one per parity).
   double idleSeconds = 0, windowIdle = 0, timedSeconds = 0, windowTimed = 0;
   int64_t ranSteps = 0, windowSteps = 0;
   int64_t skippedSteps = 0; // loss-scaled steps that skipped their update (this run)
@@ -537,7 +538,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
     ++ranSteps;
     ++windowSteps;
     lastLoss = r->loss;
-    if (r->idleSeconds) {
+    if (r->idleSeconds && ranSteps > 3) {
       idleSeconds += *r->idleSeconds;
       windowIdle += *r->idleSeconds;
       timedSeconds += dt;
@@ -645,8 +646,8 @@ Expected<int> train(const Options &opts, Progress &progress) {
                                  rate(unitsPerStep * static_cast<double>(ranSteps) / stepSeconds),
                                  unit, lastLoss));
     if (timedSeconds > 0)
-      progress.message(fmt::format("input stall: the GPU waited {:.1f} ms over {:.1f} s of steps "
-                                   "({:.1f}%) for its batches or their launch",
+      progress.message(fmt::format("input stall: the GPU waited {:.1f} ms over {:.3f} s of steps "
+                                   "after the warm-up ({:.1f}%) for its batches or their launch",
                                    1e3 * idleSeconds, timedSeconds,
                                    100.0 * idleSeconds / timedSeconds));
   }

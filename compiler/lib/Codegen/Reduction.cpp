@@ -856,16 +856,21 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
   const int64_t perBlockGroups = std::min(groups, block);
   const int64_t colBlocks = (groups + perBlockGroups - 1) / perBlockGroups;
   const int64_t slots = block / perBlockGroups; // rows a block walks side by side
-  const int64_t cap = 4 * target.typicalSMs * std::max<int64_t>(1, target.maxThreadsPerSM / block);
-  // Each thread walks at least kRowsPerThread rows (unrolled by kUnroll): the
+  // One wave: as many blocks as the GPU holds at once (ptxas gives this
+  // kernel 64 registers, so 4 blocks of 256 threads per SM), each thread
+  // walking at least kRowsPerThread rows (unrolled by kUnroll) so that the
   // blocks' atomics (one per block, sum and column) stay few. With ~6 rows
   // per block ResNet-50's [25088, 1024] sums ran 4224 blocks whose 8.6M
-  // atomics on 2048 addresses took 0.24 ms (215 GB/s).
-  // Measured on ResNet-50 bf16 (bench/RESULTS.md, tenth session): 32 rows / 4
-  // per iteration 21.15 ms per step; 64 / 8 20.66; 64 / 8 pipelined 20.37; 64
-  // / 16 pipelined 20.21; 128 or more rows per thread fewer blocks and slower.
-  constexpr int64_t kUnroll = 16, kRowsPerThread = 64;
-  int64_t splits = std::clamp<int64_t>(cap / colBlocks, 1,
+  // atomics on 2048 addresses took 0.24 ms (215 GB/s). At least 64 rows per
+  // thread left 24-98 blocks for the [6272, 2048] sums of its last stage
+  // (under one per SM). Measured on ResNet-50 B128 (bench/RESULTS.md,
+  // eleventh session; column_reduce per step, step time): >= 64 rows and up
+  // to 4 waves 3.64 ms, 18.95 ms (bf16) / 5.33 ms, 33.86 ms (TF32); >= 16
+  // rows, one wave 3.18 ms, 18.52 ms / 5.11 ms, 33.67 ms; two waves or >= 32
+  // rows or 8 rows per iteration no better.
+  constexpr int64_t kUnroll = 16, kRowsPerThread = 16, kBlocksPerSM = 4;
+  const int64_t wave = kBlocksPerSM * target.typicalSMs;
+  int64_t splits = std::clamp<int64_t>(wave / colBlocks, 1,
                                        std::max<int64_t>(1, rows / (slots * kRowsPerThread)));
   splits = std::min<int64_t>(splits, 65535);
   const int64_t chunk = (rows + splits - 1) / splits;
