@@ -578,3 +578,45 @@ TEST(AttentionGpuTest, MalformedInstructionsAreRefused) {
     (*p.mutable_routines(0)->mutable_instructions(0)->mutable_attrs())["causal"].set_i(1);
   }, "causal with a bias");
 }
+
+// The CUDA executor's other GPU checks live in this binary too (the GPU machines carry it).
+// A plan larger than the device: the error names the planned arena at the bundle's batch
+// and a batch that would fit (about batch * (90% of free - the rest) / arena, a multiple of
+// 8 from 8 on), never a crash. A 400 GB arena at batch 64 on a GPU of 24-141 GB: 3-20.
+TEST(CudaExecutorGpuTest, OutOfMemoryNamesABatchThatFits) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU";
+  BundleWriter w;
+  fb::Program &p = w.program();
+  p.set_target("cuda:sm_90");
+  p.set_producer("CudaExecutorGpuTest");
+  ArenaTensors add{p};
+  int32_t x = add("x", fb::TensorInfo::INPUT, {64, 4}, fb::F32);
+  int32_t y = add("y", fb::TensorInfo::OUTPUT, {64, 4}, fb::F32);
+  p.set_arena_size(int64_t(400) * 1000 * 1000 * 1000);
+  (*p.mutable_build_options())["batch"] = "64";
+  fb::Routine *r = p.add_routines();
+  r->set_name("forward");
+  r->add_inputs(x);
+  r->add_outputs(y);
+  fb::Instruction *inst = r->add_instructions();
+  inst->set_op("copy");
+  inst->set_name("copy");
+  inst->set_placement(fb::DEVICE_COPY);
+  inst->add_inputs(x);
+  inst->add_outputs(y);
+  auto bundle = Bundle::fromBytes(w.serialize(), "huge.forge");
+  ASSERT_TRUE(bundle.isOk()) << bundle.status().message();
+  auto ex = createExecutor(**bundle, ExecutorOptions{"cuda", 0, true});
+  ASSERT_FALSE(ex.isOk());
+  const std::string m = ex.status().message();
+  EXPECT_NE(m.find("cannot allocate"), std::string::npos) << m;
+  EXPECT_NE(m.find("at batch 64"), std::string::npos) << m;
+  size_t at = m.find("a batch of about ");
+  ASSERT_NE(at, std::string::npos) << m;
+  int n = std::atoi(m.c_str() + at + std::strlen("a batch of about "));
+  EXPECT_GE(n, 1) << m;
+  EXPECT_LT(n, 64) << m;
+  if (n >= 8)
+    EXPECT_EQ(n % 8, 0) << m;
+}

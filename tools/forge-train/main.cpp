@@ -98,6 +98,10 @@ Status runInfo(const Options &opts) {
     numInstructions += r.instructions_size();
   fmt::print("instructions: {}\n", numInstructions);
   fmt::print("arena size:   {} bytes\n", p.arena_size());
+  // What forgec --batch auto fits into --device-memory (CUDA: one allocation).
+  fmt::print("device plan:  {} bytes (arena, parameters, state and constants, aligned) + {} "
+             "bytes of GEMM workspace\n",
+             plannedTensorBytes(p), kGemmWorkspaceBytes);
   fmt::print("sections:     {}\n", p.sections_size());
   for (int i = 0; i < p.sections_size(); ++i)
     fmt::print("  [{}] {:<24} offset {:>12}  size {:>12}  crc32 {:#010x}\n", i,

@@ -21,6 +21,7 @@
 #include "mlir/Support/Timing.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/FileSystem.h"
@@ -32,6 +33,9 @@
 #define TOML_EXCEPTIONS 0  // forgec is built without exceptions (LLVM flags)
 #define TOML_HEADER_ONLY 1 // so the exception mode need not match the shared library
 #include <toml++/toml.h>
+
+#include <map>
+#include <optional>
 
 using namespace mlir;
 namespace cl = llvm::cl;
@@ -93,8 +97,20 @@ static cl::opt<std::string> recompute(
 static cl::opt<bool> inferenceOnly("inference-only",
                                    cl::desc("Compile the forward graph only (no training step)"),
                                    cl::cat(forgecCategory));
-static cl::opt<int64_t> batch("batch", cl::desc("Value of dim 0 of every input whose dim 0 is symbolic"),
-                              cl::init(0), cl::cat(forgecCategory));
+static cl::opt<std::string> batchFlag(
+    "batch",
+    cl::desc("Value of dim 0 of every input whose dim 0 is symbolic; auto: the largest batch "
+             "whose planned device memory fits in --device-memory (a multiple of 8 from 8 on)"),
+    cl::value_desc("N|auto"), cl::init(""), cl::cat(forgecCategory));
+static cl::opt<std::string> deviceMemory(
+    "device-memory",
+    cl::desc("--batch auto: the GPU's memory (e.g. 80GB, 141GB, 24GiB); the plan (arena, "
+             "parameters, optimizer state, constants, GEMM workspace) must fit in 90% of it, "
+             "the rest left to the CUDA context and cuDNN's workspaces"),
+    cl::value_desc("SIZE"), cl::init(""), cl::cat(forgecCategory));
+/// --batch as a number (0: not given; with --batch auto, the batch being tried).
+static int64_t batch = 0;
+static bool batchAuto = false;
 static cl::list<std::string> shapes("shape", cl::desc("Static shape of an input: NAME=d0,d1,..."),
                                     cl::value_desc("NAME=DIMS"), cl::cat(forgecCategory));
 static cl::opt<std::string> shapesFrom(
@@ -187,8 +203,17 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
       return given + (count > 1 ? " configure" : " configures") +
              " training and cannot be used with --inference-only";
   }
-  if (batch.getNumOccurrences() && batch <= 0)
-    return "--batch must be a positive number of samples (got " + std::to_string(batch) + ")";
+  if (!batchFlag.empty()) {
+    batchAuto = batchFlag == "auto";
+    if (!batchAuto && (StringRef(batchFlag).getAsInteger(10, batch) || batch <= 0))
+      return "--batch must be a positive number of samples or auto (got '" + batchFlag + "')";
+    if (batchAuto && inferenceOnly)
+      return "--batch auto sizes a training step; give a number with --inference-only";
+    if (batchAuto && deviceMemory.empty())
+      return "--batch auto needs --device-memory (the GPU's memory, e.g. 80GB or 141GB)";
+  }
+  if (!deviceMemory.empty() && !batchAuto)
+    return "--device-memory applies to --batch auto";
   o.batch = batch;
   o.keepFloatInitializers = !inferenceOnly; // they become parameters
   o.untieSharedInitializers = !inferenceOnly && !keepSharedInitializers;
@@ -251,11 +276,16 @@ static std::string applyRecipe() {
       ok = node.is_number();
       if (ok && !clipGradNorm.getNumOccurrences())
         clipGradNorm = *node.value<double>();
-    } else if (k == "micro-batches" || k == "batch") {
+    } else if (k == "batch") {
+      // An integer, or "auto".
+      ok = node.is_integer() || (node.is_string() && *node.value<std::string>() == "auto");
+      if (ok && !batchFlag.getNumOccurrences())
+        batchFlag = node.is_integer() ? std::to_string(*node.value<int64_t>())
+                                      : *node.value<std::string>();
+    } else if (k == "micro-batches") {
       ok = node.is_integer();
-      auto &o = k == "batch" ? batch : microBatches;
-      if (ok && !o.getNumOccurrences())
-        o = *node.value<int64_t>();
+      if (ok && !microBatches.getNumOccurrences())
+        microBatches = *node.value<int64_t>();
     } else if (k == "freeze") {
       ok = node.is_array();
       if (ok && !freeze.getNumOccurrences())
@@ -288,6 +318,139 @@ static mlir::forge::TrainFlags trainFlags() {
                 : precision == "fp16"         ? std::string("dynamic")
                                               : std::string();
   return t;
+}
+
+/// Bytes from a size like "80GB", "141 GB", "24GiB", "1.5TB" or "4096" (bytes):
+/// decimal units (kB, MB, GB, TB) and binary ones (KiB, MiB, GiB, TiB).
+static std::optional<uint64_t> parseBytes(StringRef text) {
+  text = text.trim();
+  size_t digits = text.find_first_not_of("0123456789.");
+  double value;
+  if (digits == 0 || text.substr(0, digits).getAsDouble(value) || value <= 0)
+    return std::nullopt;
+  StringRef unit = text.substr(digits == StringRef::npos ? text.size() : digits).trim();
+  static const std::pair<const char *, double> units[] = {
+      {"", 1},         {"B", 1},           {"kB", 1e3},        {"KB", 1e3},
+      {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12},       {"KiB", 1024.0},
+      {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  for (auto [name, scale] : units)
+    if (unit == name)
+      return static_cast<uint64_t>(value * scale);
+  return std::nullopt;
+}
+
+static std::string gib(uint64_t bytes) {
+  return bytes >= (uint64_t(1) << 30) ? llvm::formatv("{0:F2} GiB", bytes / 1073741824.0).str()
+                                      : llvm::formatv("{0:F2} MiB", bytes / 1048576.0).str();
+}
+
+/// --batch auto: the largest batch whose planned device bytes (`planAt`, a
+/// trial compile) fit in 90% of `memory`: from 8 on a multiple of 8 (tensor
+/// cores take dims in multiples of 8), else 1..7. The plan grows about
+/// linearly with the batch, so after two multiples of 8 the search tries the
+/// line's prediction and its neighbour, and falls back to doubling and
+/// bisection when the line misses.
+/// A trial compile of --batch auto: its planned device bytes, or why it did
+/// not compile (a batch too large for 32-bit kernel indices does not fit).
+struct Trial {
+  bool compiled = false;
+  uint64_t bytes = 0;
+  std::string error;
+};
+
+static std::optional<int64_t>
+autoBatch(StringRef memory, llvm::function_ref<Trial(int64_t)> planAt) {
+  std::optional<uint64_t> total = parseBytes(memory);
+  if (!total) {
+    fail("--device-memory '" + memory + "': expected a size such as 80GB, 141GB or 24GiB");
+    return std::nullopt;
+  }
+  const uint64_t allowed = *total / 10 * 9;
+  std::map<int64_t, uint64_t> plans; // batch -> planned bytes (UINT64_MAX: did not compile)
+  std::map<int64_t, std::string> errors;
+  int trials = 0;
+  const bool error = false; // a trial that fails to compile does not fit
+  auto fits = [&](int64_t b) {
+    if (!plans.count(b)) {
+      Trial t = planAt(b);
+      ++trials;
+      plans[b] = t.compiled ? t.bytes : UINT64_MAX;
+      if (!t.compiled)
+        errors[b] = t.error;
+    }
+    return plans[b] <= allowed;
+  };
+  int64_t best = 0, over = 0; // largest batch that fits; smallest candidate that does not
+  if (!fits(8)) {
+    if (error)
+      return std::nullopt;
+    over = 8;
+    for (int64_t b = 7; b >= 1 && !best; --b) {
+      if (fits(b))
+        best = b;
+      else
+        over = b;
+    }
+    if (error)
+      return std::nullopt;
+  } else {
+    // Multiples of 8: m * 8. The plan of m is about linear: extrapolate from
+    // the two largest that fit (at most 4x the larger) until one does not,
+    // then interpolate inside the bracket, bisecting every other step so that
+    // a bad line cannot stall the search.
+    int64_t lo = 1, hi = 0; // lo fits; hi (if > 0) does not
+    int64_t prev = 0;       // the fitting m before lo (0: none yet)
+    auto planOf = [&](int64_t m) { return double(plans[8 * m]); };
+    for (int step = 0; !error && (hi == 0 || hi > lo + 1); ++step) {
+      int64_t m;
+      if (hi == 0) {
+        m = 2 * lo;
+        if (prev && planOf(lo) > planOf(prev)) {
+          double slope = (planOf(lo) - planOf(prev)) / double(lo - prev);
+          m = lo + int64_t((double(allowed) - planOf(lo)) / slope);
+        }
+        m = std::clamp<int64_t>(m, lo + 1, 4 * lo);
+        if (m > (int64_t(1) << 20))
+          break;
+      } else if (step % 2 == 0 && planOf(hi) > planOf(lo)) {
+        m = lo + int64_t((double(allowed) - planOf(lo)) * double(hi - lo) /
+                         (planOf(hi) - planOf(lo)));
+        m = std::clamp<int64_t>(m, lo + 1, hi - 1);
+      } else {
+        m = lo + (hi - lo) / 2;
+      }
+      if (fits(8 * m)) {
+        prev = lo;
+        lo = m;
+      } else {
+        hi = m;
+      }
+    }
+    if (error)
+      return std::nullopt;
+    best = 8 * lo;
+    over = hi ? 8 * hi : 0;
+  }
+  if (!best && errors.count(1)) {
+    fail("--batch auto: a batch of 1 does not compile: " + errors[1]);
+    return std::nullopt;
+  }
+  if (!best) {
+    fail(llvm::formatv("--batch auto: even a batch of 1 plans {0} on the device, more than the "
+                       "{1} allowed (90% of --device-memory {2}); use a smaller model, "
+                       "--precision bf16, or --recompute attention",
+                       gib(plans[1]), gib(allowed), memory)
+             .str());
+    return std::nullopt;
+  }
+  std::string next = !over || !plans.count(over) ? std::string()
+                     : errors.count(over)
+                         ? llvm::formatv("; {0} does not compile: {1}", over, errors[over]).str()
+                         : llvm::formatv("; {0} needs {1}", over, gib(plans[over])).str();
+  llvm::errs() << llvm::formatv("forgec: --batch auto: {0} (plan {1} of the {2} allowed, 90% of "
+                                "--device-memory {3}{4}; {5} trial compiles)\n",
+                                best, gib(plans[best]), gib(allowed), memory, next, trials);
+  return best;
 }
 
 int main(int argc, char **argv) {
@@ -397,50 +560,59 @@ int main(int argc, char **argv) {
   applyDefaultTimingManagerCLOptions(timing);
   TimingScope rootTiming = timing.getRootScope();
 
-  OwningOpRef<ModuleOp> module;
-  {
-    TimingScope importTiming = rootTiming.nest("import");
-    module = mlir::forge::importOnnxBytes(&context, (*source)->getBuffer(), inputFile, importOptions);
-  }
-  if (!module)
-    return 1;
-  if (auto untied = (*module)->getAttrOfType<DictionaryAttr>("forge.untied_initializers")) {
-    llvm::errs() << "forgec: untied " << untied.size()
-                 << " parameter(s) that the exporter had merged into shared initializers (each "
-                    "Identity of an initializer is its own parameter again; "
-                    "--keep-shared-initializers keeps them merged)\n";
-    (*module)->removeAttr("forge.untied_initializers");
-  }
-  if (!dumpDir.empty() && failed(mlir::forge::writeStageDump(*module, dumpDir, 0, "import")))
-    return 1;
-  PassManager pm(&context);
-  if (failed(applyPassManagerCLOptions(pm)))
-    return 1;
-  TimingScope pipelineTiming = rootTiming.nest("pipeline");
-  pm.enableTiming(pipelineTiming);
-  if (!dumpDir.empty())
-    mlir::forge::addDumpInstrumentation(pm, dumpDir, 1);
-  if (inferenceOnly)
-    mlir::forge::buildInferencePipeline(pm, pipelineOptions);
-  else
-    mlir::forge::buildTrainingPipeline(pm, pipelineOptions);
-  if (failed(pm.run(*module)))
-    return 1;
+  // Import and the pipeline at batch `b`. A trial (--batch auto's search)
+  // writes no dumps and no memory report, and keeps its diagnostics to itself
+  // (its first error in trialError: a batch too large to compile, e.g. a
+  // tensor of 2^31 elements, does not fit).
+  std::string trialError;
+  auto compileAt = [&](int64_t b, bool trial, OwningOpRef<ModuleOp> &module) -> LogicalResult {
+    std::optional<ScopedDiagnosticHandler> quiet;
+    trialError.clear();
+    if (trial)
+      quiet.emplace(&context, [&](Diagnostic &d) {
+        if (d.getSeverity() == DiagnosticSeverity::Error && trialError.empty())
+          trialError = d.str();
+        return success();
+      });
+    importOptions.batch = b;
+    {
+      TimingScope importTiming = rootTiming.nest("import");
+      module = mlir::forge::importOnnxBytes(&context, (*source)->getBuffer(), inputFile,
+                                            importOptions);
+    }
+    if (!module)
+      return failure();
+    if (auto untied = (*module)->getAttrOfType<DictionaryAttr>("forge.untied_initializers")) {
+      if (!trial)
+        llvm::errs() << "forgec: untied " << untied.size()
+                     << " parameter(s) that the exporter had merged into shared initializers "
+                        "(each Identity of an initializer is its own parameter again; "
+                        "--keep-shared-initializers keeps them merged)\n";
+      (*module)->removeAttr("forge.untied_initializers");
+    }
+    if (!trial && !dumpDir.empty() &&
+        failed(mlir::forge::writeStageDump(*module, dumpDir, 0, "import")))
+      return failure();
+    PassManager pm(&context);
+    if (failed(applyPassManagerCLOptions(pm)))
+      return failure();
+    TimingScope pipelineTiming = rootTiming.nest("pipeline");
+    if (!trial) {
+      pm.enableTiming(pipelineTiming);
+      if (!dumpDir.empty())
+        mlir::forge::addDumpInstrumentation(pm, dumpDir, 1);
+    }
+    mlir::forge::PipelineOptions options = pipelineOptions;
+    options.memoryReport = pipelineOptions.memoryReport && !trial;
+    if (inferenceOnly)
+      mlir::forge::buildInferencePipeline(pm, options);
+    else
+      mlir::forge::buildTrainingPipeline(pm, options);
+    return pm.run(*module);
+  };
 
-  if (emit == EmitKind::Mlir) {
-    std::error_code ec;
-    llvm::raw_fd_ostream out(output, ec);
-    if (ec)
-      return fail("cannot write '" + output + "': " + ec.message());
-    module->print(out);
-    return 0;
-  }
-
-  TimingScope emitTiming = rootTiming.nest("emit bundle");
-  ::forge::rt::BundleWriter writer;
   mlir::forge::BundleEmitOptions emitOptions;
   emitOptions.target = target;
-  emitOptions.kernelDumpDir = dumpDir;
   emitOptions.sourceHash = sourceHash;
   auto &build = emitOptions.buildOptions;
   build["mode"] = inferenceOnly ? "inference" : "training";
@@ -452,8 +624,6 @@ int main(int argc, char **argv) {
   if (!inferenceOnly && !trainFlags().lossScale.empty())
     build["loss_scale"] = trainFlags().lossScale;
   build["weights"] = weights;
-  if (batch > 0)
-    build["batch"] = std::to_string(batch);
   SmallString<256> absolute(inputFile.getValue());
   (void)llvm::sys::fs::make_absolute(absolute);
   build["source_onnx"] = absolute.str().str();
@@ -467,6 +637,49 @@ int main(int argc, char **argv) {
     if (clipGradNorm > 0)
       build["clip_grad_norm"] = std::to_string(clipGradNorm);
   }
+
+  if (batchAuto) {
+    auto chosen = autoBatch(deviceMemory, [&](int64_t b) -> Trial {
+      OwningOpRef<ModuleOp> trial;
+      if (failed(compileAt(b, true, trial)))
+        return {false, 0, trialError.empty() ? "the compile failed" : trialError};
+      ::forge::rt::BundleWriter w;
+      mlir::forge::BundleEmitOptions o = emitOptions;
+      ScopedDiagnosticHandler quiet(&context, [&](Diagnostic &d) {
+        if (d.getSeverity() == DiagnosticSeverity::Error && trialError.empty())
+          trialError = d.str();
+        return success();
+      });
+      if (failed(mlir::forge::emitBundle(*trial, o, w)))
+        return {false, 0, trialError.empty() ? "the bundle failed" : trialError};
+      return {true,
+              ::forge::rt::plannedTensorBytes(w.program()) + ::forge::rt::kGemmWorkspaceBytes,
+              ""};
+    });
+    if (!chosen)
+      return 1;
+    batch = *chosen;
+    build["device_memory"] = deviceMemory;
+  }
+  if (batch > 0)
+    build["batch"] = std::to_string(batch);
+
+  OwningOpRef<ModuleOp> module;
+  if (failed(compileAt(batch, false, module)))
+    return 1;
+
+  if (emit == EmitKind::Mlir) {
+    std::error_code ec;
+    llvm::raw_fd_ostream out(output, ec);
+    if (ec)
+      return fail("cannot write '" + output + "': " + ec.message());
+    module->print(out);
+    return 0;
+  }
+
+  TimingScope emitTiming = rootTiming.nest("emit bundle");
+  ::forge::rt::BundleWriter writer;
+  emitOptions.kernelDumpDir = dumpDir;
   if (failed(mlir::forge::emitBundle(*module, emitOptions, writer)))
     return 1;
   ::forge::rt::Status status = writer.writeFile(output);

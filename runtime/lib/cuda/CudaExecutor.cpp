@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -22,8 +23,7 @@ using namespace cuda;
 
 namespace {
 
-constexpr uint64_t kDeviceAlign = 256;
-constexpr size_t kWorkspaceBytes = size_t(32) << 20; // cuBLASLt
+constexpr size_t kWorkspaceBytes = kGemmWorkspaceBytes; // cuBLASLt
 
 #define CUDA_TRY(call, ...)                                                                     \
   do {                                                                                          \
@@ -584,7 +584,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       }
     }
 
-  // Device memory: arena, persistent and constant tensors, workspace.
+  // Device memory: arena, persistent and constant tensors, workspace (the
+  // layout plannedTensorBytes states for forgec --batch auto).
   std::vector<uint64_t> offset(p.tensors_size(), 0);
   uint64_t total = alignUp(p.arena_size(), kDeviceAlign);
   for (int t = 0; t < p.tensors_size(); ++t) {
@@ -604,11 +605,35 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
     size_t freeBytes = 0, totalBytes = 0;
     cudaGetLastError();
     cudaMemGetInfo(&freeBytes, &totalBytes);
-    return Status::error("{}: cannot allocate {:.1f} MiB on {} ({:.1f} MiB free): the arena "
-                         "({:.1f} MiB) and the parameters, state and constants do not fit; use "
-                         "a smaller batch (forgec --batch) or --micro-batches",
+    // A batch that would fit: the arena grows about linearly with the batch,
+    // the rest (parameters, state, constants, workspace) does not.
+    std::string hint = "use a smaller batch (forgec --batch, or --batch auto --device-memory) "
+                       "or --micro-batches";
+    auto batchOpt = p.build_options().find("batch");
+    int64_t batch = 0;
+    if (batchOpt != p.build_options().end() && p.arena_size() > 0 &&
+        std::from_chars(batchOpt->second.data(),
+                        batchOpt->second.data() + batchOpt->second.size(), batch)
+                .ec == std::errc()) {
+      const double fixed = double(total - alignUp(p.arena_size(), kDeviceAlign));
+      const double room = 0.9 * double(freeBytes) - fixed;
+      int64_t fits = room > 0 ? int64_t(double(batch) * room / double(p.arena_size())) : 0;
+      if (fits >= 8)
+        fits = fits / 8 * 8;
+      if (fits >= 1 && fits < batch)
+        hint = fmt::format("a batch of about {} would fit (forgec --batch {}, or --batch auto "
+                           "--device-memory {:.0f}MB), or keep {} with --micro-batches",
+                           fits, fits, freeBytes / 1e6, batch);
+      else if (fits < 1)
+        hint = "even a batch of 1 would not fit beside the parameters and optimizer state: "
+               "free device memory, or use --precision bf16 or forgec --recompute attention";
+    }
+    return Status::error("{}: cannot allocate {:.1f} MiB on {} ({:.1f} MiB free): the plan "
+                         "(arena {:.1f} MiB at batch {}, then the parameters, state, constants "
+                         "and {:.1f} MiB of library workspace) does not fit; {}",
                          origin, total / 1048576.0, im.props.name, freeBytes / 1048576.0,
-                         p.arena_size() / 1048576.0);
+                         p.arena_size() / 1048576.0, batch ? std::to_string(batch) : "?",
+                         im.workspaceBytes / 1048576.0, hint);
   }
   im.deviceBytes = total;
   auto *base = static_cast<uint8_t *>(im.deviceBase);

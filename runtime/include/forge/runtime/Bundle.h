@@ -12,6 +12,7 @@
 // and the routines (docs/bundle-format.md).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -46,6 +47,22 @@ inline uint64_t byteSize(const bundle::TensorInfo &t) {
 
 /// v rounded up to a multiple of a (sections, the arena, device buffers).
 inline uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/// The CUDA executor's one device allocation: the arena, then each
+/// parameter, state and constant tensor, each at a multiple of
+/// kDeviceAlign, then the library workspace (kGemmWorkspaceBytes for
+/// cuBLASLt, or more when a cuDNN plan needs more) and a fault word.
+constexpr uint64_t kDeviceAlign = 256;
+constexpr uint64_t kGemmWorkspaceBytes = uint64_t(32) << 20;
+/// Those bytes before the workspace (what the bundle alone decides).
+inline uint64_t plannedTensorBytes(const bundle::Program &p) {
+  uint64_t total = alignUp(p.arena_size(), kDeviceAlign);
+  for (const bundle::TensorInfo &t : p.tensors())
+    if (t.kind() == bundle::TensorInfo::PARAMETER || t.kind() == bundle::TensorInfo::STATE ||
+        t.kind() == bundle::TensorInfo::CONSTANT)
+      total += alignUp(std::max<uint64_t>(byteSize(t), 1), kDeviceAlign);
+  return total;
+}
 
 struct BundleHeader {
   char magic[8];

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""forgec --batch auto: the largest batch whose planned device memory fits (issue #13 item 4).
+
+Compiles tests/fixtures/mlp_adamw for cuda:sm_90 (no GPU needed: the plan is static) and reads
+each bundle's plan from `forge-train --info` ("device plan: N bytes ... + W bytes of GEMM
+workspace"), the bytes the CUDA executor allocates in one piece. Checks:
+
+  multiple of 8     --device-memory 200MB: forgec names a batch B, a multiple of 8, stored in
+                    the bundle's options; B's plan fits in 90% of 200 MB and B + 8's (compiled
+                    with --batch B+8) does not
+  below 8           a memory between the plans of batches 3 and 4 (from their own compiles):
+                    B = 3, and the bundle trains 2 steps on the CPU
+  recipe            batch = "auto" in a --recipe file works the same
+  errors            a memory below batch 1's plan, --batch auto without --device-memory, a size
+                    that is not one, and --device-memory without --batch auto fail with a
+                    message naming the problem
+
+  test_batch_auto.py [--bin-dir DIR | --forgec F --forge-train T]
+Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+
+import numpy as np
+
+import forge_e2e as e2e
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURE = os.path.normpath(os.path.join(HERE, "..", "fixtures", "mlp_adamw"))
+SHARE = 0.9  # the share of --device-memory a plan may take
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    e2e.add_tool_args(ap)
+    a = ap.parse_args()
+    tools = e2e.find_tools(a, "test_batch_auto")
+    if not tools:
+        return 2
+    forgec, forge_train = tools
+    m = json.load(open(os.path.join(FIXTURE, "manifest.json")))
+    rep = e2e.Report()
+    base = [forgec, os.path.join(FIXTURE, "model.onnx"), "--target", "cuda:sm_90",
+            "--loss", "cross_entropy:logits,labels",
+            "--optimizer", e2e.optimizer_spec(m["optimizer_hparams"])]
+
+    with tempfile.TemporaryDirectory(prefix="forge-batch-auto-") as tmp:
+        def compile_(label, extra, name):
+            out = os.path.join(tmp, name)
+            rc, _, log = e2e.run(base + list(extra) + ["-o", out])
+            return rc, log, out
+
+        def plan(bundle):
+            """(planned bytes incl. the workspace, batch option) from forge-train --info."""
+            rc, _, info = e2e.run([forge_train, bundle, "--info"])
+            p = re.search(r"device plan:\s+(\d+) bytes .*\+ (\d+) bytes of GEMM workspace", info)
+            b = re.search(r"option:\s+batch = (\d+)", info)
+            if rc != 0 or not p or not b:
+                return None, None
+            return int(p.group(1)) + int(p.group(2)), int(b.group(1))
+
+        def chosen(log):
+            g = re.search(r"--batch auto: (\d+) \(", log)
+            return int(g.group(1)) if g else None
+
+        # Multiple of 8.
+        mem = 200_000_000
+        rc, log, out = compile_("auto", ["--batch", "auto", "--device-memory", "200MB"], "a.forge")
+        b = chosen(log)
+        if rep.check("--batch auto --device-memory 200MB", rc == 0 and b is not None,
+                     e2e.tail(log, 1)):
+            bytes_b, opt = plan(out)
+            rep.check("batch is a multiple of 8, stored in the bundle", b % 8 == 0 and opt == b,
+                      f"B = {b}, bundle option batch = {opt}")
+            rep.check("B's plan fits", bytes_b is not None and bytes_b <= SHARE * mem,
+                      f"{bytes_b} bytes <= {SHARE * mem:.0f}")
+            rc2, log2, out2 = compile_("next", ["--batch", str(b + 8)], "next.forge")
+            bytes_n, _ = plan(out2) if rc2 == 0 else (None, None)
+            rep.check("B + 8's plan does not fit", bytes_n is not None and bytes_n > SHARE * mem,
+                      f"{bytes_n} bytes > {SHARE * mem:.0f}" if bytes_n else e2e.tail(log2, 1))
+
+        # Below 8: a memory between the plans of batches 3 and 4.
+        plans = {}
+        for n in (3, 4):
+            rc, log, out = compile_(f"b{n}", ["--batch", str(n)], f"b{n}.forge")
+            plans[n] = plan(out)[0] if rc == 0 else None
+        if rep.check("plans of batches 3 and 4", None not in plans.values() and
+                     plans[3] < plans[4], f"{plans}"):
+            mem = int((plans[3] + plans[4]) / 2 / SHARE)
+            rc, log, out = compile_("small", ["--batch", "auto", "--device-memory", str(mem)],
+                                    "small.forge")
+            b = chosen(log)
+            rep.check(f"--device-memory {mem}: batch 3", rc == 0 and b == 3, e2e.tail(log, 1))
+            if rc == 0 and b == 3:
+                metrics = os.path.join(tmp, "small.jsonl")
+                rc, _, tlog = e2e.run([forge_train, out, "--data",
+                                       os.path.join(FIXTURE, "batches.npz"), "--steps", "2",
+                                       "--device", "cpu", "--metrics", metrics])
+                ok = rc == 0 and len(e2e.metric_losses(metrics)) == 2 and \
+                    all(np.isfinite(e2e.metric_losses(metrics)))
+                rep.check("the batch-3 bundle trains 2 steps on the CPU", ok, e2e.tail(tlog, 1))
+
+        # Recipe.
+        recipe = os.path.join(tmp, "r.toml")
+        with open(recipe, "w") as f:
+            f.write('batch = "auto"\n')
+        rc, log, out = compile_("recipe", ["--recipe", recipe, "--device-memory", "200MB"],
+                                "r.forge")
+        rep.check('recipe batch = "auto"', rc == 0 and chosen(log) is not None and
+                  plan(out)[1] == chosen(log), e2e.tail(log, 1))
+
+        # Errors.
+        for label, extra, want in [
+                ("memory below batch 1", ["--batch", "auto", "--device-memory", "1MB"],
+                 "even a batch of 1 plans"),
+                ("no --device-memory", ["--batch", "auto"], "--batch auto needs --device-memory"),
+                ("not a size", ["--batch", "auto", "--device-memory", "lots"],
+                 "--device-memory 'lots': expected a size"),
+                ("--device-memory alone", ["--batch", "8", "--device-memory", "80GB"],
+                 "--device-memory applies to --batch auto"),
+                ("--batch 0", ["--batch", "0"], "--batch must be a positive number")]:
+            rc, log, _ = compile_(label, extra, "bad.forge")
+            rep.check(f"error: {label}", rc not in (0, None) and want in log, e2e.tail(log, 1))
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
