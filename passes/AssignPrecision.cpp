@@ -542,20 +542,48 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     return copy;
   }
 
-  /// Whether every reader of `v` is a GEMM reading it as lhs or rhs.
-  static bool onlyGemmOperand(Value v) {
-    return llvm::all_of(v.getUses(), [](OpOperand &u) {
-      return isGemm(u.getOwner()) && u.getOperandNumber() < 2;
+  /// Whether a GEMM or a channels-last convolution reads `u` as an operand
+  /// (in the low type once its operands are fixed).
+  static bool lowOperandUse(OpOperand &u) {
+    return (isGemm(u.getOwner()) && u.getOperandNumber() < 2) || isConvolution(u.getOwner());
+  }
+
+  /// Whether every reader of data input `arg` takes it low directly: a GEMM
+  /// operand, or a view copy (a channels-last transpose of an image) that
+  /// only GEMM and convolution operands read. Then the input itself becomes
+  /// low and the view copies low: no cast kernel, half the view's bytes.
+  bool inputReadLowOnly(BlockArgument arg) {
+    StringAttr kind = argAttr(arg.getArgNumber(), "forge.kind");
+    if (!kind || kind.getValue() != "input")
+      return false;
+    return llvm::all_of(arg.getUses(), [&](OpOperand &u) {
+      Operation *user = u.getOwner();
+      if (lowOperandUse(u))
+        return true;
+      return followsInput(user) && !isa<FusionOp>(user) && u.getOperandNumber() == 0 &&
+             viewWantsLow.contains(user->getResult(0)) &&
+             llvm::all_of(user->getResult(0).getUses(), lowOperandUse);
     });
   }
 
-  /// A data input that only GEMMs read: the input itself becomes low (the
-  /// runtime's data loader converts f32 arrays to it), so no kernel casts it.
+  /// A data input that only GEMMs and convolutions read (inputReadLowOnly):
+  /// the input itself becomes low (the runtime's data loader converts f32
+  /// arrays to it), so no kernel casts it.
   Value lowInput(BlockArgument arg) {
     arg.setType(withElement(arg, low));
     for (OpOperand &u : arg.getUses())
       if (auto fusion = dyn_cast<FusionOp>(u.getOwner()))
         fusion.getBlock().getArgument(u.getOperandNumber()).setType(arg.getType());
+    return arg;
+  }
+
+  /// lowInput for an input that inputReadLowOnly accepts: its view copies
+  /// follow it.
+  Value lowInputAndViews(BlockArgument arg) {
+    lowInput(arg);
+    for (Operation *user : arg.getUsers())
+      if (followsInput(user) && !isa<FusionOp>(user))
+        user->getResult(0).setType(withElement(user->getResult(0), low));
     return arg;
   }
 
@@ -568,10 +596,18 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       StringAttr kind = argAttr(arg.getArgNumber(), "forge.kind");
       if (kind && kind.getValue() == "parameter")
         copy = lowParameter(arg);
-      else if (kind && kind.getValue() == "input" && onlyGemmOperand(arg))
-        copy = lowInput(arg);
+      else if (inputReadLowOnly(arg))
+        copy = lowInputAndViews(arg);
       else
         copy = standaloneCast(v);
+    } else if (Operation *def = v.getDefiningOp();
+               def && followsInput(def) && !isa<FusionOp>(def) &&
+               isa<BlockArgument>(def->getOperand(0)) &&
+               inputReadLowOnly(cast<BlockArgument>(def->getOperand(0)))) {
+      // A view of a data input that only low readers read: the input and its
+      // views become low in place (the data loader converts the f32 array).
+      lowInputAndViews(cast<BlockArgument>(def->getOperand(0)));
+      copy = v;
     } else if (Operation *def = v.getDefiningOp(); def && followsInput(def) && !isa<FusionOp>(def)) {
       // A view of a master (a reshaped or transposed weight): the same view
       // of its low copy.

@@ -66,3 +66,47 @@ func.func @train_step(%x: tensor<2x8x8x3xf32> {forge.kind = "input", forge.name 
   }
   return %u : tensor<4x3x1x1xf32>
 }
+
+// -----
+
+// An image input [N, C, H, W] that only its channels-last transpose reads, read in turn
+// only by convolutions (the stem's forward and weight gradient): the input itself becomes
+// bf16 (the data loader converts the f32 array) and the transpose copies bf16. No cast
+// kernel; the transpose moves half the bytes. So does an input that a convolution reads
+// directly (dy).
+// CHECK-LABEL: func @train_step
+// CHECK-SAME: %arg0: tensor<2x3x8x8xbf16> {forge.kind = "input", forge.name = "x"}
+// CHECK-SAME: %arg1: tensor<2x8x8x4xbf16> {forge.kind = "input", forge.name = "dy"}
+// CHECK-NOT: forge.cast
+// CHECK: %[[T:.*]] = forge.transpose %arg0 {{.*}} : (tensor<2x3x8x8xbf16>) -> tensor<2x8x8x3xbf16>
+// CHECK: forge.conv %[[T]], {{.*}} -> tensor<2x8x8x4xbf16>
+// CHECK: forge.conv_grad_weight %[[T]], {{.*}} -> tensor<4x3x3x3xbf16>
+func.func @train_step(%x: tensor<2x3x8x8xf32> {forge.kind = "input", forge.name = "x"},
+                      %dy: tensor<2x8x8x4xf32> {forge.kind = "input", forge.name = "dy"},
+                      %w: tensor<4x3x3x3xf32> {forge.kind = "parameter", forge.name = "w", forge.initial_value = dense<0.5> : tensor<4x3x3x3xf32>})
+    -> (tensor<2x8x8x4xf32>, tensor<4x3x3x3xf32>) {
+  %t = forge.transpose %x {perm = array<i64: 0, 2, 3, 1>} : (tensor<2x3x8x8xf32>) -> tensor<2x8x8x3xf32>
+  %y = forge.conv %t, %w {channels_last = true, strides = array<i64: 1, 1>, pads = array<i64: 1, 1, 1, 1>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<2x8x8x3xf32>, tensor<4x3x3x3xf32>) -> tensor<2x8x8x4xf32>
+  %dw = forge.conv_grad_weight %t, %dy {channels_last = true, kernel_shape = array<i64: 3, 3>, strides = array<i64: 1, 1>, pads = array<i64: 1, 1, 1, 1>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<2x8x8x3xf32>, tensor<2x8x8x4xf32>) -> tensor<4x3x3x3xf32>
+  return %y, %dw : tensor<2x8x8x4xf32>, tensor<4x3x3x3xf32>
+}
+
+// -----
+
+// Negative: the transposed image is also read by a loop region (f32 arithmetic): the
+// input stays f32 and the convolutions read a bf16 copy made by a cast of their own.
+// CHECK-LABEL: func @train_step
+// CHECK-SAME: %arg0: tensor<2x3x8x8xf32> {forge.kind = "input", forge.name = "x"}
+// CHECK: forge.cast
+func.func @train_step(%x: tensor<2x3x8x8xf32> {forge.kind = "input", forge.name = "x"},
+                      %w: tensor<4x3x3x3xf32> {forge.kind = "parameter", forge.name = "w", forge.initial_value = dense<0.5> : tensor<4x3x3x3xf32>})
+    -> (tensor<2x8x8x4xf32>, tensor<2x8x8x3xf32>) {
+  %t = forge.transpose %x {perm = array<i64: 0, 2, 3, 1>} : (tensor<2x3x8x8xf32>) -> tensor<2x8x8x3xf32>
+  %y = forge.conv %t, %w {channels_last = true, strides = array<i64: 1, 1>, pads = array<i64: 1, 1, 1, 1>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<2x8x8x3xf32>, tensor<4x3x3x3xf32>) -> tensor<2x8x8x4xf32>
+  %e = forge.fusion "loop"(%t) : (tensor<2x8x8x3xf32>) -> tensor<2x8x8x3xf32> {
+  ^bb0(%a: tensor<2x8x8x3xf32>):
+    %0 = forge.exp %a : (tensor<2x8x8x3xf32>) -> tensor<2x8x8x3xf32>
+    forge.yield %0 : tensor<2x8x8x3xf32>
+  }
+  return %y, %e : tensor<2x8x8x4xf32>, tensor<2x8x8x3xf32>
+}
