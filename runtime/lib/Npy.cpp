@@ -26,11 +26,13 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <span>
 #include <string_view>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -276,8 +278,16 @@ private:
   size_t pos_ = 0;
 };
 
-/// Parses a .npy image; errors are not yet prefixed with the origin.
-Expected<HostTensor> parseNpyBytes(Bytes b) {
+/// A .npy image's header: its array's type and shape, and where its data lie.
+struct NpyHeader {
+  DType dtype = bundle::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+  uint64_t dataOffset = 0, dataBytes = 0;
+};
+
+/// Parses and checks a .npy image's header (the data must fill the rest of
+/// the image exactly); errors are not yet prefixed with the origin.
+Expected<NpyHeader> parseNpyHeader(Bytes b) {
   if (b.size() < 10)
     return Status::error("truncated: {} bytes, a .npy file needs at least 10", b.size());
   if (std::memcmp(b.data(), kNpyMagic, sizeof(kNpyMagic)) != 0)
@@ -310,23 +320,37 @@ Expected<HostTensor> parseNpyBytes(Bytes b) {
   if (header->fortranOrder)
     return Status::error("fortran_order arrays are not supported; save a C-contiguous array "
                          "(np.ascontiguousarray)");
-  HostTensor t;
-  t.dtype = *dtype;
-  t.shape = header->shape;
-  int64_t numel = numElements(t.shape);
+  NpyHeader h;
+  h.dtype = *dtype;
+  h.shape = header->shape;
+  int64_t numel = numElements(h.shape);
   uint64_t bytes;
-  if (numel < 0 || __builtin_mul_overflow(static_cast<uint64_t>(numel), dtypeSize(t.dtype), &bytes))
-    return Status::error("shape {} overflows the element count", shapeString(t.shape));
+  if (numel < 0 || __builtin_mul_overflow(static_cast<uint64_t>(numel), dtypeSize(h.dtype), &bytes))
+    return Status::error("shape {} overflows the element count", shapeString(h.shape));
   uint64_t dataOffset = prefix + headerLen;
   uint64_t available = b.size() - dataOffset;
   if (available < bytes)
     return Status::error("truncated: shape {} of {} needs {} data bytes at offset {}, the file "
                          "has {}",
-                         shapeString(t.shape), dtypeName(t.dtype), bytes, dataOffset, available);
+                         shapeString(h.shape), dtypeName(h.dtype), bytes, dataOffset, available);
   if (available > bytes)
     return Status::error("{} unexpected trailing bytes after the array data (offset {})",
                          available - bytes, dataOffset + bytes);
-  t.bytes.assign(b.begin() + dataOffset, b.end());
+  h.dataOffset = dataOffset;
+  h.dataBytes = bytes;
+  return h;
+}
+
+/// Parses a .npy image into a tensor of its own; errors are not yet prefixed
+/// with the origin.
+Expected<HostTensor> parseNpyBytes(Bytes b) {
+  auto h = parseNpyHeader(b);
+  if (!h)
+    return h.status();
+  HostTensor t;
+  t.dtype = h->dtype;
+  t.shape = std::move(h->shape);
+  t.bytes.assign(b.begin() + static_cast<std::ptrdiff_t>(h->dataOffset), b.end());
   return t;
 }
 
@@ -511,7 +535,11 @@ Expected<std::vector<ZipMember>> readCentralDirectory(Bytes z) {
   return members;
 }
 
-Expected<std::vector<uint8_t>> extractMember(Bytes z, const ZipMember &m) {
+uint32_t crc32Of(Bytes b) { return crc32Update(crc32Update(0, nullptr, 0), b.data(), b.size()); }
+
+/// A member's data as stored in the archive (compressed or not), after its
+/// local header; a stored member's size and CRC checked.
+Expected<Bytes> memberData(Bytes z, const ZipMember &m) {
   if (m.flags & 0x1)
     return Status::error("member is encrypted");
   if (!rangeInside(m.localOffset, 30, z.size()) || rd32(z.data() + m.localOffset) != kLocalSig)
@@ -522,12 +550,25 @@ Expected<std::vector<uint8_t>> extractMember(Bytes z, const ZipMember &m) {
     return Status::error("data [{}, +{}) lies outside the {}-byte archive", dataStart,
                          m.compressedSize, z.size());
   Bytes in = z.subspan(dataStart, m.compressedSize);
-  std::vector<uint8_t> out;
   if (m.method == 0) {
     if (m.compressedSize != m.size)
       return Status::error("stored member has compressed size {} != size {}", m.compressedSize,
                            m.size);
+    if (uint32_t crc = crc32Of(in); crc != m.crc)
+      return Status::error("CRC32 mismatch (stored {:#010x}, computed {:#010x})", m.crc, crc);
+  }
+  return in;
+}
+
+Expected<std::vector<uint8_t>> extractMember(Bytes z, const ZipMember &m) {
+  auto data = memberData(z, m);
+  if (!data)
+    return data.status();
+  Bytes in = *data;
+  std::vector<uint8_t> out;
+  if (m.method == 0) {
     out.assign(in.begin(), in.end());
+    return out; // its CRC checked by memberData
   } else if (m.method == 8) {
     // Deflate expands at most ~1032:1; a larger claim is corruption, and
     // must not turn into a huge allocation.
@@ -570,10 +611,58 @@ Expected<std::vector<uint8_t>> extractMember(Bytes z, const ZipMember &m) {
   } else {
     return Status::error("unsupported compression method {} (only stored and deflate)", m.method);
   }
-  uint32_t crc = crc32Update(crc32Update(0, nullptr, 0), out.data(), out.size());
-  if (crc != m.crc)
+  if (uint32_t crc = crc32Of(out); crc != m.crc)
     return Status::error("CRC32 mismatch (stored {:#010x}, computed {:#010x})", m.crc, crc);
   return out;
+}
+
+/// A file mapped read-only; unmapped with the last reference.
+struct FileMap {
+  void *base = nullptr;
+  size_t size = 0;
+  ~FileMap() {
+    if (base)
+      ::munmap(base, size);
+  }
+  Bytes bytes() const { return {static_cast<const uint8_t *>(base), size}; }
+};
+
+Expected<std::shared_ptr<FileMap>> mapWholeFile(const std::string &path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return Status::error("{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::error("{}: not a regular file", path);
+  }
+  auto map = std::make_shared<FileMap>();
+  if (st.st_size > 0) {
+    void *p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      return Status::error("{}: cannot map {} bytes: {}", path, st.st_size, std::strerror(e));
+    }
+    map->base = p;
+    map->size = static_cast<size_t>(st.st_size);
+  }
+  ::close(fd);
+  return map;
+}
+
+/// An array over `image` (a .npy image inside `owner`'s bytes).
+Expected<MappedArray> mappedArray(Bytes image, std::shared_ptr<const void> owner) {
+  auto h = parseNpyHeader(image);
+  if (!h)
+    return h.status();
+  MappedArray a;
+  a.dtype = h->dtype;
+  a.shape = std::move(h->shape);
+  a.data = image.data() + h->dataOffset;
+  a.size = h->dataBytes;
+  a.owner = std::move(owner);
+  return a;
 }
 
 void put16(std::vector<uint8_t> &v, uint16_t x) {
@@ -659,6 +748,57 @@ Expected<std::map<std::string, HostTensor>> parseNpz(const std::vector<uint8_t> 
       if (!t)
         return t.status().prefix(where);
       out.emplace(std::move(key), t.take());
+    }
+    return out;
+  } catch (const std::bad_alloc &) {
+    return Status::error("{}: out of memory", path);
+  }
+}
+
+Expected<MappedArray> mapNpy(const std::string &path) {
+  auto map = mapWholeFile(path);
+  if (!map)
+    return map.status();
+  auto a = mappedArray((*map)->bytes(), *map);
+  if (!a)
+    return a.status().prefix(path);
+  return a;
+}
+
+Expected<std::map<std::string, MappedArray>> mapNpz(const std::string &path) {
+  auto mapped = mapWholeFile(path);
+  if (!mapped)
+    return mapped.status();
+  std::shared_ptr<FileMap> map = *mapped;
+  try {
+    auto members = readCentralDirectory(map->bytes());
+    if (!members)
+      return members.status().prefix(path);
+    std::map<std::string, MappedArray> out;
+    for (const ZipMember &m : *members) {
+      // numpy.load exposes only "*.npy" members as arrays (as readNpz).
+      if (m.name.size() < 4 || m.name.compare(m.name.size() - 4, 4, ".npy") != 0)
+        continue;
+      std::string key = m.name.substr(0, m.name.size() - 4);
+      std::string where = fmt::format("{}: member '{}'", path, m.name);
+      if (out.count(key))
+        return Status::error("{}: duplicate member", where);
+      auto a = [&]() -> Expected<MappedArray> {
+        if (m.method == 0) { // stored: the array's bytes are the file's
+          auto data = memberData(map->bytes(), m);
+          if (!data)
+            return data.status();
+          return mappedArray(*data, map);
+        }
+        auto bytes = extractMember(map->bytes(), m); // compressed: inflated
+        if (!bytes)
+          return bytes.status();
+        auto owned = std::make_shared<std::vector<uint8_t>>(bytes.take());
+        return mappedArray(Bytes(*owned), owned);
+      }();
+      if (!a)
+        return a.status().prefix(where);
+      out.emplace(std::move(key), a.take());
     }
     return out;
   } catch (const std::bad_alloc &) {

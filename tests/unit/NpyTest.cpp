@@ -231,6 +231,25 @@ TEST(NpyTest, WriteAndReadFile) {
   ASSERT_TRUE(back.isOk()) << back.status().message();
   EXPECT_EQ(back->bytes, t.bytes);
   EXPECT_FALSE(readNpy(tempPath("missing.npy")).isOk());
+  // Mapped: the same array in place; every truncation of the file (an empty one too) is
+  // an error naming the file, as readNpy's.
+  auto mapped = mapNpy(path);
+  ASSERT_TRUE(mapped.isOk()) << mapped.status().message();
+  EXPECT_EQ(mapped->dtype, t.dtype);
+  EXPECT_EQ(mapped->shape, t.shape);
+  ASSERT_EQ(mapped->size, t.bytes.size());
+  EXPECT_TRUE(std::equal(t.bytes.begin(), t.bytes.end(), mapped->data));
+  std::vector<uint8_t> full = encodeNpy(t.view());
+  std::string cut = tempPath("cut.npy");
+  for (size_t n = 0; n < full.size(); ++n) {
+    writeBytes(cut, {full.begin(), full.begin() + n});
+    auto m = mapNpy(cut);
+    ASSERT_FALSE(m.isOk()) << "prefix " << n;
+    EXPECT_NE(m.status().message().find(cut), std::string::npos) << m.status().message();
+  }
+  auto missing = mapNpy(tempPath("missing.npy"));
+  ASSERT_FALSE(missing.isOk());
+  EXPECT_NE(missing.status().message().find("cannot open"), std::string::npos);
 }
 
 TEST(NpyTest, HandBuiltV1Fixtures) {
@@ -384,6 +403,22 @@ TEST(NpyTest, NpzStoredDeflatedAndZip64Members) {
     EXPECT_EQ(z->at("x").bytes, x.bytes);
     EXPECT_EQ(z->at("zeros").shape, (std::vector<int64_t>{1000}));
     EXPECT_EQ(z->at("zeros").bytes, std::vector<uint8_t>(8000));
+    // Mapped (the data loader's reader): the stored member points into the file's mapping,
+    // the deflated one into memory of its own; the same arrays, alive without the map.
+    auto m = mapNpz(path);
+    ASSERT_TRUE(m.isOk()) << m.status().message();
+    ASSERT_EQ(m->size(), 2u);
+    const MappedArray &mx = m->at("x"), &mz = m->at("zeros");
+    EXPECT_EQ(mx.dtype, x.dtype);
+    EXPECT_EQ(mx.shape, x.shape);
+    ASSERT_EQ(mx.size, x.bytes.size());
+    EXPECT_TRUE(std::equal(x.bytes.begin(), x.bytes.end(), mx.data));
+    EXPECT_EQ(mz.shape, (std::vector<int64_t>{1000}));
+    ASSERT_EQ(mz.size, 8000u);
+    EXPECT_TRUE(std::all_of(mz.data, mz.data + mz.size, [](uint8_t b) { return b == 0; }));
+    MappedArray kept = mx;
+    m->clear(); // the last other reference to the mapping
+    EXPECT_TRUE(std::equal(x.bytes.begin(), x.bytes.end(), kept.data));
   }
 }
 
@@ -392,18 +427,23 @@ TEST(NpyTest, DamagedNpzIsAClearError) {
   std::vector<uint8_t> xNpy = encodeNpy(x.view());
   std::vector<uint8_t> good = buildZip({{"x.npy", xNpy, true}, {"y.npy", xNpy, false}});
   std::string path = tempPath("damaged.npz");
+  // readNpz and the mapped reader (mapNpz) refuse the same files with the same words.
   auto expectZipError = [&](const std::vector<uint8_t> &bytes, const std::string &needle) {
     writeBytes(path, bytes);
     auto z = readNpz(path);
+    auto m = mapNpz(path);
     ASSERT_FALSE(z.isOk()) << needle;
-    std::string msg = z.status().message();
-    EXPECT_NE(msg.find(path), std::string::npos) << msg;
-    EXPECT_NE(msg.find(needle), std::string::npos) << "message: " << msg;
+    ASSERT_FALSE(m.isOk()) << needle;
+    for (const std::string &msg : {z.status().message(), m.status().message()}) {
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      EXPECT_NE(msg.find(needle), std::string::npos) << "message: " << msg;
+    }
   };
   // Every truncation: the end record goes first, so all fail cleanly.
   for (size_t n = 0; n < good.size(); ++n) {
     writeBytes(path, {good.begin(), good.begin() + n});
     EXPECT_FALSE(readNpz(path).isOk()) << "prefix " << n;
+    EXPECT_FALSE(mapNpz(path).isOk()) << "prefix " << n;
   }
   expectZipError({'n', 'o', 't', ' ', 'a', ' ', 'z', 'i', 'p'}, "not a zip archive");
   expectZipError(std::vector<uint8_t>(100, 0), "not a zip archive");

@@ -27,7 +27,7 @@ class ArraySource final : public DataSource {
 public:
   struct Array {
     std::string name;
-    HostTensor tensor;
+    MappedArray tensor; // mapped from its file, or owning its bytes
     std::string origin;
   };
 
@@ -51,7 +51,7 @@ public:
     const Array *first = nullptr;
     for (const DataField &f : fields) {
       const Array &a = *find(f.name);
-      const HostTensor &t = a.tensor;
+      const MappedArray &t = a.tensor;
       std::string where = fmt::format("{}: array '{}'", a.origin, a.name);
       if (t.shape.empty())
         return Status::error("{} is a scalar; expected {} {} (one sample per row)", where,
@@ -82,7 +82,7 @@ public:
       size_t sampleBytes = static_cast<size_t>(numElements(f.sampleShape)) * dtypeSize(f.dtype);
       bound_.push_back({&a, sampleBytes, {}});
       if (narrows)
-        bound_.back().converted = narrowFloats(t.bytes.data(), t.bytes.size(), f.dtype);
+        bound_.back().converted = narrowFloats(t.data, t.size, f.dtype);
     }
     return Status::ok();
   }
@@ -96,7 +96,7 @@ public:
     for (size_t f = 0; f < bound_.size(); ++f) {
       const Bound &b = bound_[f];
       const uint8_t *src =
-          b.converted.empty() ? b.array->tensor.bytes.data() : b.converted.data();
+          b.converted.empty() ? b.array->tensor.data : b.converted.data();
       uint8_t *dst = static_cast<uint8_t *>(outs[f]);
       for (size_t i = 0; i < indices.size(); ++i) {
         int64_t idx = indices[i];
@@ -144,12 +144,12 @@ private:
   }
 
   static Status checkLabels(const Array &a, const DataField &f) {
-    const HostTensor &t = a.tensor;
+    const MappedArray &t = a.tensor;
     const size_t width = dtypeSize(t.dtype);
     const int64_t perSample = std::max<int64_t>(1, numElements(f.sampleShape));
     const int64_t n = numElements(t.shape);
     for (int64_t i = 0; i < n; ++i) {
-      std::optional<int64_t> v = data::loadInt(t.bytes.data() + static_cast<size_t>(i) * width,
+      std::optional<int64_t> v = data::loadInt(t.data + static_cast<size_t>(i) * width,
                                                t.dtype);
       if (!v || !data::labelOk(f, *v)) {
         std::string value = v ? std::to_string(*v) : std::string("(over int64)");
@@ -185,11 +185,17 @@ std::string stem(const std::string &path) {
 Expected<std::unique_ptr<DataSource>> openTokenShards(const std::vector<std::string> &paths,
                                                       TokenDType dtype);
 
+/// A tensor in memory as an array that owns it.
+static MappedArray own(HostTensor t) {
+  auto owner = std::make_shared<HostTensor>(std::move(t));
+  return {owner->dtype, owner->shape, owner->bytes.data(), owner->bytes.size(), owner};
+}
+
 std::unique_ptr<DataSource> makeArraySource(std::vector<std::pair<std::string, HostTensor>> arrays,
                                             std::vector<std::string> origins) {
   std::vector<ArraySource::Array> list;
   for (size_t i = 0; i < arrays.size(); ++i)
-    list.push_back({std::move(arrays[i].first), std::move(arrays[i].second),
+    list.push_back({std::move(arrays[i].first), own(std::move(arrays[i].second)),
                     i < origins.size() ? origins[i] : std::string("<memory>")});
   return std::make_unique<ArraySource>(std::move(list));
 }
@@ -201,7 +207,7 @@ Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::stri
   std::vector<std::string> shards;
   std::vector<ArraySource::Array> arrays;
   std::map<std::string, std::string> seen; // array name -> file
-  auto add = [&](std::string name, HostTensor t, const std::string &file) -> Status {
+  auto add = [&](std::string name, MappedArray t, const std::string &file) -> Status {
     auto [it, fresh] = seen.emplace(name, file);
     if (!fresh)
       return Status::error("array '{}' is given twice ({} and {})", name, it->second, file);
@@ -214,12 +220,12 @@ Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::stri
       std::string name = spec.substr(0, eq), file = spec.substr(eq + 1);
       if (name.empty() || file.empty() || !endsWith(file, ".npy"))
         return Status::error("data '{}': expected NAME=FILE.npy", spec);
-      auto t = readNpy(file);
+      auto t = mapNpy(file);
       if (!t)
         return t.status();
       FORGE_RETURN_IF_ERROR(add(name, t.take(), file));
     } else if (endsWith(spec, ".npz")) {
-      auto npz = readNpz(spec);
+      auto npz = mapNpz(spec);
       if (!npz)
         return npz.status();
       if (npz->empty())
@@ -227,7 +233,7 @@ Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::stri
       for (auto &[name, t] : *npz)
         FORGE_RETURN_IF_ERROR(add(name, std::move(t), spec));
     } else if (endsWith(spec, ".npy")) {
-      auto t = readNpy(spec);
+      auto t = mapNpy(spec);
       if (!t)
         return t.status();
       FORGE_RETURN_IF_ERROR(add(stem(spec), t.take(), spec));

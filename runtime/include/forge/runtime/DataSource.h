@@ -77,7 +77,8 @@ struct DataSourceOptions {
 Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::string> &specs,
                                                      const DataSourceOptions &options = {});
 
-/// Arrays in memory (tests, and the .npz/.npy loader): first dim = sample.
+/// Arrays in memory (tests): first dim = sample. openDataSource maps .npy
+/// files and stored .npz members instead (mapNpy, mapNpz).
 /// `origins` names the file of each array for messages (default "<memory>").
 std::unique_ptr<DataSource> makeArraySource(std::vector<std::pair<std::string, HostTensor>> arrays,
                                             std::vector<std::string> origins = {});
