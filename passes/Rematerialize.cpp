@@ -169,7 +169,12 @@ struct RematerializePass : public mlir::forge::impl::RematerializeBase<Remateria
       OpBuilder builder(first);
       IRMapping map;
       for (Operation *c : ordered)
-        position[builder.clone(*c, map)] = position[first]; // read just before `first`
+        builder.clone(*c, map);
+      // Positions again (the clones sit before `first`): a later candidate's
+      // first reader may be one of them.
+      n = 0;
+      for (Operation &o : block)
+        position[&o] = n++;
       Value clone = map.lookup(value);
       for (OpOperand *use : late)
         use->set(clone);

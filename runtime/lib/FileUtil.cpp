@@ -6,10 +6,42 @@
 #include <filesystem>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 namespace forge::rt {
+
+Expected<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string &path) {
+  // O_NONBLOCK: opening a FIFO (or other special file) must not wait for a
+  // writer; it is refused as not a regular file below. No effect on regular files.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return Status::error("{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::error("{}: not a regular file", path);
+  }
+  std::shared_ptr<MappedFile> map(new MappedFile());
+  if (st.st_size > 0) {
+    void *p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      return Status::error("{}: cannot map {} bytes: {}", path, st.st_size, std::strerror(e));
+    }
+    map->base_ = p;
+    map->size_ = static_cast<size_t>(st.st_size);
+  }
+  ::close(fd);
+  return std::shared_ptr<const MappedFile>(std::move(map));
+}
+
+MappedFile::~MappedFile() {
+  if (base_)
+    ::munmap(base_, size_);
+}
 
 AtomicFileWriter::AtomicFileWriter(std::string path)
     : path_(std::move(path)), tmp_(path_ + ".tmp.XXXXXX") {}

@@ -32,7 +32,6 @@
 #include <string_view>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -616,41 +615,6 @@ Expected<std::vector<uint8_t>> extractMember(Bytes z, const ZipMember &m) {
   return out;
 }
 
-/// A file mapped read-only; unmapped with the last reference.
-struct FileMap {
-  void *base = nullptr;
-  size_t size = 0;
-  ~FileMap() {
-    if (base)
-      ::munmap(base, size);
-  }
-  Bytes bytes() const { return {static_cast<const uint8_t *>(base), size}; }
-};
-
-Expected<std::shared_ptr<FileMap>> mapWholeFile(const std::string &path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
-    return Status::error("{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::error("{}: not a regular file", path);
-  }
-  auto map = std::make_shared<FileMap>();
-  if (st.st_size > 0) {
-    void *p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      int e = errno;
-      ::close(fd);
-      return Status::error("{}: cannot map {} bytes: {}", path, st.st_size, std::strerror(e));
-    }
-    map->base = p;
-    map->size = static_cast<size_t>(st.st_size);
-  }
-  ::close(fd);
-  return map;
-}
-
 /// An array over `image` (a .npy image inside `owner`'s bytes).
 Expected<MappedArray> mappedArray(Bytes image, std::shared_ptr<const void> owner) {
   auto h = parseNpyHeader(image);
@@ -756,7 +720,7 @@ Expected<std::map<std::string, HostTensor>> parseNpz(const std::vector<uint8_t> 
 }
 
 Expected<MappedArray> mapNpy(const std::string &path) {
-  auto map = mapWholeFile(path);
+  auto map = MappedFile::open(path);
   if (!map)
     return map.status();
   auto a = mappedArray((*map)->bytes(), *map);
@@ -766,10 +730,10 @@ Expected<MappedArray> mapNpy(const std::string &path) {
 }
 
 Expected<std::map<std::string, MappedArray>> mapNpz(const std::string &path) {
-  auto mapped = mapWholeFile(path);
+  auto mapped = MappedFile::open(path);
   if (!mapped)
     return mapped.status();
-  std::shared_ptr<FileMap> map = *mapped;
+  std::shared_ptr<const MappedFile> map = *mapped;
   try {
     auto members = readCentralDirectory(map->bytes());
     if (!members)

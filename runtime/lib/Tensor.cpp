@@ -9,6 +9,7 @@
 
 #include "cpu/KernelUtil.h"
 
+#include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
@@ -98,15 +99,25 @@ std::string shapeString(const std::vector<int64_t> &shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-std::vector<uint8_t> narrowFloats(const uint8_t *f32, size_t bytes, DType to) {
-  if (to == bundle::F32)
-    return {f32, f32 + bytes};
+void narrowFloatsInto(const uint8_t *f32, size_t bytes, DType to, uint8_t *out) {
+  if (to == bundle::F32) {
+    std::memcpy(out, f32, bytes);
+    return;
+  }
+  // Element by element through memcpy: the source may be unaligned (an .npz
+  // member mapped in place), and so may the destination.
   const size_t n = bytes / sizeof(float);
-  const auto *src = reinterpret_cast<const float *>(f32);
-  std::vector<uint8_t> out(n * 2);
-  auto *dst = reinterpret_cast<uint16_t *>(out.data());
-  for (size_t i = 0; i < n; ++i)
-    dst[i] = to == bundle::BF16 ? cpu::floatToBf16(src[i]) : cpu::floatToHalf(src[i]);
+  for (size_t i = 0; i < n; ++i) {
+    float x;
+    std::memcpy(&x, f32 + i * sizeof(float), sizeof(float));
+    uint16_t y = to == bundle::BF16 ? cpu::floatToBf16(x) : cpu::floatToHalf(x);
+    std::memcpy(out + i * 2, &y, 2);
+  }
+}
+
+std::vector<uint8_t> narrowFloats(const uint8_t *f32, size_t bytes, DType to) {
+  std::vector<uint8_t> out(to == bundle::F32 ? bytes : bytes / sizeof(float) * 2);
+  narrowFloatsInto(f32, bytes, to, out.data());
   return out;
 }
 

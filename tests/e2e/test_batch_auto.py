@@ -12,8 +12,8 @@ workspace"), the bytes the CUDA executor allocates in one piece. Checks:
                     B = 3, and the bundle trains 2 steps on the CPU
   recipe            batch = "auto" in a --recipe file works the same
   errors            a memory below batch 1's plan, --batch auto without --device-memory, a size
-                    that is not one, and --device-memory without --batch auto fail with a
-                    message naming the problem
+                    that is not one, --device-memory without --batch auto, and a model whose
+                    input has a fixed batch dimension fail with a message naming the problem
 
   test_batch_auto.py [--bin-dir DIR | --forgec F --forge-train T]
 Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
@@ -125,6 +125,23 @@ def main():
                 ("--batch 0", ["--batch", "0"], "--batch must be a positive number")]:
             rc, log, _ = compile_(label, extra, "bad.forge")
             rep.check(f"error: {label}", rc not in (0, None) and want in log, e2e.tail(log, 1))
+
+        # A model whose input has a fixed batch dimension: --batch changes nothing, so the
+        # search must stop at once instead of doubling forever.
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+        fixed = os.path.join(tmp, "fixed.onnx")
+        g = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["logits"], name="mm")], "fixed",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [4, 3])],
+            [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), fixed)
+        rc, _, log = e2e.run([forgec, fixed, "--target", "cuda:sm_90", "--batch", "auto",
+                              "--device-memory", "1GB", "--loss", "cross_entropy:logits,labels",
+                              "--optimizer", "sgd", "-o", os.path.join(tmp, "fixed.forge")], 120)
+        rep.check("error: a fixed batch dimension", rc not in (0, None) and
+                  "the plan does not grow with the batch" in log, e2e.tail(log, 1))
     return rep.summary()
 
 

@@ -334,8 +334,12 @@ static std::optional<uint64_t> parseBytes(StringRef text) {
       {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12},       {"KiB", 1024.0},
       {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
   for (auto [name, scale] : units)
-    if (unit == name)
-      return static_cast<uint64_t>(value * scale);
+    if (unit.equals_insensitive(name)) {
+      double bytes = value * scale;
+      if (bytes >= 1.8e19) // beyond uint64
+        return std::nullopt;
+      return static_cast<uint64_t>(bytes);
+    }
   return std::nullopt;
 }
 
@@ -394,6 +398,14 @@ autoBatch(StringRef memory, llvm::function_ref<Trial(int64_t)> planAt) {
     if (error)
       return std::nullopt;
   } else {
+    // A model whose inputs have a fixed batch dimension ignores --batch: its
+    // plan does not grow, and the search would never end.
+    fits(16);
+    if (!errors.count(16) && plans[16] == plans[8]) {
+      fail("--batch auto: the plan does not grow with the batch (" + gib(plans[8]) +
+           " at 8 and at 16): the model's inputs have a fixed batch dimension");
+      return std::nullopt;
+    }
     // Multiples of 8: m * 8. The plan of m is about linear: extrapolate from
     // the two largest that fit (at most 4x the larger) until one does not,
     // then interpolate inside the bracket, bisecting every other step so that

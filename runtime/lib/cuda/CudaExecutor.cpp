@@ -949,7 +949,8 @@ std::optional<double> CudaExecutor::idleBefore(uint64_t run) {
   Impl &im = *impl_;
   // Both events must still hold runs run-1 and run (not overwritten by later
   // runs) and be complete.
-  if (run == 0 || run >= im.runs || im.runs - run + 1 >= Impl::kRunTimes)
+  // Run run-1's slot is reused by run run+3.
+  if (run == 0 || run >= im.runs || im.runs - run > Impl::kRunTimes - 1)
     return std::nullopt;
   cudaEvent_t end = im.runEnd[(run - 1) % Impl::kRunTimes];
   cudaEvent_t begin = im.runBegin[run % Impl::kRunTimes];

@@ -57,7 +57,7 @@ public:
         return Status::error("{} is a scalar; expected {} {} (one sample per row)", where,
                              dtypeName(f.dtype), batchShape(f));
       // f32 data for a bf16/f16 input (forgec --precision stores a GEMM's data
-      // input low): converted once here, rounded to nearest even.
+      // input low): converted sample by sample in fill(), rounded to nearest even.
       bool narrows = t.dtype == bundle::F32 && (f.dtype == bundle::BF16 || f.dtype == bundle::F16);
       if (t.dtype != f.dtype && !narrows)
         return Status::error("{} has dtype {}, the bundle input '{}' needs {} {} (no implicit "
@@ -80,9 +80,9 @@ public:
       if (f.numClasses > 0 && data::isIntegerType(t.dtype))
         FORGE_RETURN_IF_ERROR(checkLabels(a, f));
       size_t sampleBytes = static_cast<size_t>(numElements(f.sampleShape)) * dtypeSize(f.dtype);
-      bound_.push_back({&a, sampleBytes, {}});
-      if (narrows)
-        bound_.back().converted = narrowFloats(t.data, t.size, f.dtype);
+      // Narrowed per sample as fill() copies it (the array stays mapped, not
+      // converted whole in memory).
+      bound_.push_back({&a, sampleBytes, narrows ? f.dtype : bundle::DTYPE_UNSPECIFIED});
     }
     return Status::ok();
   }
@@ -95,17 +95,23 @@ public:
                            bound_.size());
     for (size_t f = 0; f < bound_.size(); ++f) {
       const Bound &b = bound_[f];
-      const uint8_t *src =
-          b.converted.empty() ? b.array->tensor.data : b.converted.data();
+      const uint8_t *src = b.array->tensor.data;
+      // Bytes of one sample in the array (f32 where the input narrows it).
+      const size_t srcBytes = b.narrowTo != bundle::DTYPE_UNSPECIFIED ? b.sampleBytes * 2
+                                                                       : b.sampleBytes;
       uint8_t *dst = static_cast<uint8_t *>(outs[f]);
       for (size_t i = 0; i < indices.size(); ++i) {
         int64_t idx = indices[i];
         if (idx < 0 || idx >= numSamples_)
           return Status::error("{}: sample index {} out of range [0, {})", describe(), idx,
                                numSamples_);
-        if (b.sampleBytes)
-          std::memcpy(dst + i * b.sampleBytes, src + static_cast<size_t>(idx) * b.sampleBytes,
-                      b.sampleBytes);
+        if (!b.sampleBytes)
+          continue;
+        const uint8_t *from = src + static_cast<size_t>(idx) * srcBytes;
+        if (b.narrowTo != bundle::DTYPE_UNSPECIFIED)
+          narrowFloatsInto(from, srcBytes, b.narrowTo, dst + i * b.sampleBytes);
+        else
+          std::memcpy(dst + i * b.sampleBytes, from, b.sampleBytes);
       }
     }
     return Status::ok();
@@ -132,8 +138,8 @@ public:
 private:
   struct Bound {
     const Array *array;
-    size_t sampleBytes;
-    std::vector<uint8_t> converted; // the array in the input's type, when it narrows
+    size_t sampleBytes; // in the input's type
+    DType narrowTo;     // bf16/f16 for f32 data of a low input, else DTYPE_UNSPECIFIED
   };
 
   const Array *find(const std::string &name) const {

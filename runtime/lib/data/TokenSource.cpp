@@ -17,15 +17,12 @@
 #include <cerrno>
 #include <cstring>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <fmt/ranges.h>
 
 #include "DataUtil.h"
 #include "forge/runtime/DataSource.h"
+#include "forge/runtime/FileUtil.h"
 
 namespace forge::rt {
 
@@ -39,17 +36,12 @@ struct Shard {
   const uint8_t *tokens = nullptr;
   int64_t count = 0;
   size_t width = 2;
-  void *map = nullptr;
-  size_t mapSize = 0;
-  std::vector<uint32_t> owned; // in-memory shards (tests)
+  std::shared_ptr<const MappedFile> file; // the shard's mapping
+  std::vector<uint32_t> owned;             // in-memory shards (tests)
 
   Shard() = default;
   Shard(const Shard &) = delete;
   Shard &operator=(const Shard &) = delete;
-  ~Shard() {
-    if (map)
-      ::munmap(map, mapSize);
-  }
   uint32_t at(int64_t i) const {
     if (width == 2) {
       uint16_t v;
@@ -67,29 +59,12 @@ Expected<std::unique_ptr<Shard>> openShard(const std::string &path, TokenDType d
   shard->origin = path;
   shard->width = dtype == TokenDType::U16 ? 2 : 4;
   const char *typeName = dtype == TokenDType::U16 ? "uint16" : "uint32";
-  // O_NONBLOCK: opening a FIFO (or other special file) must not wait for a
-  // writer; it is refused as not a regular file below. No effect on regular files.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
-    return Status::error("{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::error("{}: not a regular file", path);
-  }
-  size_t size = static_cast<size_t>(st.st_size);
-  if (size > 0) {
-    void *m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      Status s = Status::error("{}: mmap failed: {}", path, std::strerror(errno));
-      ::close(fd);
-      return s;
-    }
-    shard->map = m;
-    shard->mapSize = size;
-  }
-  ::close(fd);
-  const uint8_t *bytes = static_cast<const uint8_t *>(shard->map);
+  auto file = MappedFile::open(path);
+  if (!file)
+    return file.status();
+  shard->file = *file;
+  const size_t size = shard->file->bytes().size();
+  const uint8_t *bytes = shard->file->bytes().data();
   size_t offset = 0;
   if (size >= kLlmcHeaderBytes) {
     int32_t header[3];

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,6 +47,26 @@ Status writeFileAtomically(const std::string &path, std::span<const uint8_t> byt
 inline Status writeFileAtomically(const std::string &path, std::string_view text) {
   return writeFileAtomically(path, {reinterpret_cast<const uint8_t *>(text.data()), text.size()});
 }
+
+/// A regular file mapped read-only (never copied whole: pages are read as
+/// they are touched); unmapped when the last reference goes.
+class MappedFile {
+public:
+  /// Refuses what is not a regular file (a FIFO is not waited on), naming
+  /// `path`. An empty file maps to no bytes.
+  static Expected<std::shared_ptr<const MappedFile>> open(const std::string &path);
+  ~MappedFile();
+  MappedFile(const MappedFile &) = delete;
+  MappedFile &operator=(const MappedFile &) = delete;
+  std::span<const uint8_t> bytes() const {
+    return {static_cast<const uint8_t *>(base_), size_};
+  }
+
+private:
+  MappedFile() = default;
+  void *base_ = nullptr;
+  size_t size_ = 0;
+};
 
 /// fsync of the directory holding `path`, so a rename in it is durable.
 /// File systems that cannot sync directories (EINVAL) are not an error.

@@ -25,6 +25,9 @@ bool isFloatType(DType t);
 /// nearest even, or f32 unchanged. Parameters' low-precision copies and
 /// data narrowed for a bf16/f16 input.
 std::vector<uint8_t> narrowFloats(const uint8_t *f32, size_t bytes, DType to);
+/// The same into `out` (bytes / 4 * 2 bytes, or `bytes` for f32); neither
+/// pointer needs any alignment.
+void narrowFloatsInto(const uint8_t *f32, size_t bytes, DType to, uint8_t *out);
 
 int64_t numElements(const std::vector<int64_t> &shape);
 std::string shapeString(const std::vector<int64_t> &shape);
