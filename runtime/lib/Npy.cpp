@@ -31,9 +31,6 @@
 #include <span>
 #include <string_view>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <fmt/ranges.h>
 #include <zlib.h>
@@ -397,37 +394,15 @@ Status checkEncodable(const TensorView &t) {
 // --- files ---------------------------------------------------------------------
 
 Expected<std::vector<uint8_t>> readWholeFile(const std::string &path) {
-  // O_NONBLOCK: opening a FIFO (or other special file) must not wait for a
-  // writer; it is refused as not a regular file below. No effect on regular files.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
-    return Status::error("{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::error("{}: not a regular file", path);
-  }
-  std::vector<uint8_t> out;
+  auto map = MappedFile::open(path);
+  if (!map)
+    return map.status();
+  std::span<const uint8_t> bytes = (*map)->bytes();
   try {
-    out.resize(static_cast<size_t>(st.st_size));
+    return std::vector<uint8_t>(bytes.begin(), bytes.end());
   } catch (const std::exception &) {
-    ::close(fd);
-    return Status::error("{}: cannot allocate {} bytes to read it", path, st.st_size);
+    return Status::error("{}: cannot allocate {} bytes to read it", path, bytes.size());
   }
-  size_t done = 0;
-  while (done < out.size()) {
-    ssize_t n = ::read(fd, out.data() + done, out.size() - done);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0) {
-      ::close(fd);
-      return Status::error("{}: read failed at offset {}: {}", path, done,
-                           n == 0 ? "unexpected end of file" : std::strerror(errno));
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return out;
 }
 
 // --- zip -----------------------------------------------------------------------
