@@ -617,6 +617,34 @@ void put64(std::vector<uint8_t> &v, uint64_t x) {
   put32(v, static_cast<uint32_t>(x >> 32));
 }
 
+/// The "*.npy" members of archive `z` (numpy.load exposes only those as
+/// arrays), each made by `make` and keyed by its name without the suffix;
+/// errors name `path` and the member. readNpz and mapNpz share it.
+template <typename T, typename Make>
+Expected<std::map<std::string, T>> npyMembers(Bytes z, const std::string &path, Make make) {
+  try {
+    auto members = readCentralDirectory(z);
+    if (!members)
+      return members.status().prefix(path);
+    std::map<std::string, T> out;
+    for (const ZipMember &m : *members) {
+      if (m.name.size() < 4 || m.name.compare(m.name.size() - 4, 4, ".npy") != 0)
+        continue;
+      std::string key = m.name.substr(0, m.name.size() - 4);
+      std::string where = fmt::format("{}: member '{}'", path, m.name);
+      if (out.count(key))
+        return Status::error("{}: duplicate member", where);
+      Expected<T> a = make(m);
+      if (!a)
+        return a.status().prefix(where);
+      out.emplace(std::move(key), a.take());
+    }
+    return out;
+  } catch (const std::bad_alloc &) {
+    return Status::error("{}: out of memory", path);
+  }
+}
+
 } // namespace
 
 // --- public API --------------------------------------------------------------------
@@ -667,31 +695,12 @@ Expected<std::map<std::string, HostTensor>> readNpz(const std::string &path) {
 
 Expected<std::map<std::string, HostTensor>> parseNpz(const std::vector<uint8_t> &file,
                                                      const std::string &path) {
-  try {
-    auto members = readCentralDirectory(file);
-    if (!members)
-      return members.status().prefix(path);
-    std::map<std::string, HostTensor> out;
-    for (const ZipMember &m : *members) {
-      // numpy.load exposes only "*.npy" members as arrays.
-      if (m.name.size() < 4 || m.name.compare(m.name.size() - 4, 4, ".npy") != 0)
-        continue;
-      std::string key = m.name.substr(0, m.name.size() - 4);
-      std::string where = fmt::format("{}: member '{}'", path, m.name);
-      if (out.count(key))
-        return Status::error("{}: duplicate member", where);
-      auto bytes = extractMember(file, m);
-      if (!bytes)
-        return bytes.status().prefix(where);
-      auto t = parseNpyBytes(*bytes);
-      if (!t)
-        return t.status().prefix(where);
-      out.emplace(std::move(key), t.take());
-    }
-    return out;
-  } catch (const std::bad_alloc &) {
-    return Status::error("{}: out of memory", path);
-  }
+  return npyMembers<HostTensor>(file, path, [&](const ZipMember &m) -> Expected<HostTensor> {
+    auto bytes = extractMember(file, m);
+    if (!bytes)
+      return bytes.status();
+    return parseNpyBytes(*bytes);
+  });
 }
 
 Expected<MappedArray> mapNpy(const std::string &path) {
@@ -709,40 +718,20 @@ Expected<std::map<std::string, MappedArray>> mapNpz(const std::string &path) {
   if (!mapped)
     return mapped.status();
   std::shared_ptr<const MappedFile> map = *mapped;
-  try {
-    auto members = readCentralDirectory(map->bytes());
-    if (!members)
-      return members.status().prefix(path);
-    std::map<std::string, MappedArray> out;
-    for (const ZipMember &m : *members) {
-      // numpy.load exposes only "*.npy" members as arrays (as readNpz).
-      if (m.name.size() < 4 || m.name.compare(m.name.size() - 4, 4, ".npy") != 0)
-        continue;
-      std::string key = m.name.substr(0, m.name.size() - 4);
-      std::string where = fmt::format("{}: member '{}'", path, m.name);
-      if (out.count(key))
-        return Status::error("{}: duplicate member", where);
-      auto a = [&]() -> Expected<MappedArray> {
-        if (m.method == 0) { // stored: the array's bytes are the file's
-          auto data = memberData(map->bytes(), m);
-          if (!data)
-            return data.status();
-          return mappedArray(*data, map);
-        }
-        auto bytes = extractMember(map->bytes(), m); // compressed: inflated
-        if (!bytes)
-          return bytes.status();
-        auto owned = std::make_shared<std::vector<uint8_t>>(bytes.take());
-        return mappedArray(Bytes(*owned), owned);
-      }();
-      if (!a)
-        return a.status().prefix(where);
-      out.emplace(std::move(key), a.take());
+  return npyMembers<MappedArray>(map->bytes(), path, [&](const ZipMember &m)
+                                                         -> Expected<MappedArray> {
+    if (m.method == 0) { // stored: the array's bytes are the file's
+      auto data = memberData(map->bytes(), m);
+      if (!data)
+        return data.status();
+      return mappedArray(*data, map);
     }
-    return out;
-  } catch (const std::bad_alloc &) {
-    return Status::error("{}: out of memory", path);
-  }
+    auto bytes = extractMember(map->bytes(), m); // compressed: inflated
+    if (!bytes)
+      return bytes.status();
+    auto owned = std::make_shared<std::vector<uint8_t>>(bytes.take());
+    return mappedArray(Bytes(*owned), owned);
+  });
 }
 
 Status writeNpz(const std::string &path, const std::map<std::string, TensorView> &arrays) {

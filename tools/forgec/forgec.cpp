@@ -373,7 +373,7 @@ autoBatch(StringRef memory, llvm::function_ref<Trial(int64_t)> planAt) {
   std::map<int64_t, uint64_t> plans; // batch -> planned bytes (UINT64_MAX: did not compile)
   std::map<int64_t, std::string> errors;
   int trials = 0;
-  const bool error = false; // a trial that fails to compile does not fit
+  // A trial that fails to compile (a tensor of 2^31 elements) does not fit.
   auto fits = [&](int64_t b) {
     if (!plans.count(b)) {
       Trial t = planAt(b);
@@ -386,8 +386,6 @@ autoBatch(StringRef memory, llvm::function_ref<Trial(int64_t)> planAt) {
   };
   int64_t best = 0, over = 0; // largest batch that fits; smallest candidate that does not
   if (!fits(8)) {
-    if (error)
-      return std::nullopt;
     over = 8;
     for (int64_t b = 7; b >= 1 && !best; --b) {
       if (fits(b))
@@ -395,8 +393,6 @@ autoBatch(StringRef memory, llvm::function_ref<Trial(int64_t)> planAt) {
       else
         over = b;
     }
-    if (error)
-      return std::nullopt;
   } else {
     // A model whose inputs have a fixed batch dimension ignores --batch: its
     // plan does not grow, and the search would never end.
@@ -413,7 +409,7 @@ autoBatch(StringRef memory, llvm::function_ref<Trial(int64_t)> planAt) {
     int64_t lo = 1, hi = 0; // lo fits; hi (if > 0) does not
     int64_t prev = 0;       // the fitting m before lo (0: none yet)
     auto planOf = [&](int64_t m) { return double(plans[8 * m]); };
-    for (int step = 0; !error && (hi == 0 || hi > lo + 1); ++step) {
+    for (int step = 0; hi == 0 || hi > lo + 1; ++step) {
       int64_t m;
       if (hi == 0) {
         m = 2 * lo;
@@ -438,8 +434,6 @@ autoBatch(StringRef memory, llvm::function_ref<Trial(int64_t)> planAt) {
         hi = m;
       }
     }
-    if (error)
-      return std::nullopt;
     best = 8 * lo;
     over = hi ? 8 * hi : 0;
   }
@@ -573,19 +567,8 @@ int main(int argc, char **argv) {
   TimingScope rootTiming = timing.getRootScope();
 
   // Import and the pipeline at batch `b`. A trial (--batch auto's search)
-  // writes no dumps and no memory report, and keeps its diagnostics to itself
-  // (its first error in trialError: a batch too large to compile, e.g. a
-  // tensor of 2^31 elements, does not fit).
-  std::string trialError;
+  // writes no dumps and no memory report.
   auto compileAt = [&](int64_t b, bool trial, OwningOpRef<ModuleOp> &module) -> LogicalResult {
-    std::optional<ScopedDiagnosticHandler> quiet;
-    trialError.clear();
-    if (trial)
-      quiet.emplace(&context, [&](Diagnostic &d) {
-        if (d.getSeverity() == DiagnosticSeverity::Error && trialError.empty())
-          trialError = d.str();
-        return success();
-      });
     importOptions.batch = b;
     {
       TimingScope importTiming = rootTiming.nest("import");
@@ -652,18 +635,19 @@ int main(int argc, char **argv) {
 
   if (batchAuto) {
     auto chosen = autoBatch(deviceMemory, [&](int64_t b) -> Trial {
-      OwningOpRef<ModuleOp> trial;
-      if (failed(compileAt(b, true, trial)))
-        return {false, 0, trialError.empty() ? "the compile failed" : trialError};
-      ::forge::rt::BundleWriter w;
-      mlir::forge::BundleEmitOptions o = emitOptions;
+      // A trial keeps its diagnostics to itself; its first error says why the
+      // batch does not compile (e.g. a tensor of 2^31 elements): no fit.
+      std::string error;
       ScopedDiagnosticHandler quiet(&context, [&](Diagnostic &d) {
-        if (d.getSeverity() == DiagnosticSeverity::Error && trialError.empty())
-          trialError = d.str();
+        if (d.getSeverity() == DiagnosticSeverity::Error && error.empty())
+          error = d.str();
         return success();
       });
-      if (failed(mlir::forge::emitBundle(*trial, o, w)))
-        return {false, 0, trialError.empty() ? "the bundle failed" : trialError};
+      OwningOpRef<ModuleOp> trial;
+      ::forge::rt::BundleWriter w;
+      if (failed(compileAt(b, true, trial)) ||
+          failed(mlir::forge::emitBundle(*trial, emitOptions, w)))
+        return {false, 0, error.empty() ? "the compile failed" : error};
       return {true,
               ::forge::rt::plannedTensorBytes(w.program()) + ::forge::rt::kGemmWorkspaceBytes,
               ""};
