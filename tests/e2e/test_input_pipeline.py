@@ -6,16 +6,20 @@ Trains a fixture's bundle (tests/fixtures/mlp_adamw: .npz arrays, shuffled) for 
 
   same batches      the losses of every step and every parameter after the last are equal bit
                     for bit across the worker counts (each worker copies its own samples into
-                    their places; the order comes from the seeded sampler alone). On a GPU the
-                    first loss is equal bit for bit and the rest within GPU_REL: its column
-                    sums (bias gradients) add atomically, so two runs of one bundle differ in
-                    the last bits from step 2 on; a misplaced sample moves a loss by percents
+                    their places; the order comes from the seeded sampler alone). On a GPU every
+                    loss is within GPU_REL: each process times its own cuBLASLt algorithms
+                    (step 1 then differs in the last bits between runs) and the column sums
+                    (bias gradients) add atomically; a misplaced sample moves a loss by
+                    percents
   input_s           every --metrics line reports the host seconds spent making its batch (a
                     finite number >= 0)
   gpu_idle_s        on a GPU (--device cuda): every step after the first reports how long the
                     compute stream sat idle before it (>= 0 and below the step's own time), and
                     forge-train ends with its "input stall" line; on the CPU there is no such
                     field (the CPU does not wait for a batch: it fills it)
+  GPU sensors       on a GPU, the last step's metrics line has NVML's power, temperature, SM
+                    clock and busy percentage within physical bounds, and the run ends with a
+                    "GPU sensors (NVML" line; on the CPU neither appears
 
   test_input_pipeline.py [--bin-dir DIR | --forgec F --forge-train T] [--device cpu|cuda]
                          [--bundles DIR [--compile-only]]
@@ -90,7 +94,9 @@ def main():
             got, want = [r["loss"] for r in recs], [r["loss"] for r in base_recs]
             if gpu:
                 worst = max(abs(g - b) / abs(b) for g, b in zip(got, want)) if got else math.inf
-                ok = len(got) == STEPS == len(want) and got[0] == want[0] and worst <= GPU_REL
+                # Not bit for bit: each process times its own library algorithms, and
+                # the choice can differ between runs (step 1 within ~1e-7).
+                ok = len(got) == STEPS == len(want) and worst <= GPU_REL
                 rep.check(f"--workers {w}: losses match --workers 1", ok,
                           f"{len(got)} steps, step 1 {got[0]!r} vs {want[0]!r}, max rel "
                           f"{worst:.2e} (<= {GPU_REL:g})")
@@ -120,9 +126,23 @@ def main():
                           f"{max((v for v, _ in steps), default=float('nan')):.2e} s")
                 line = next((l for l in log.splitlines() if "input stall" in l), "")
                 rep.check(f"--workers {w}: input stall line", bool(line), line or e2e.tail(log))
+                # NVML (a driver library, present where a GPU is): the last step's metrics
+                # line samples the sensors, and the run ends with their summary.
+                last = recs[-1] if recs else {}
+                sane = (0 < last.get("gpu_power_w", -1) < 2000 and
+                        0 < last.get("gpu_temp_c", -1) < 120 and
+                        0 < last.get("gpu_sm_clock_mhz", -1) < 5000 and
+                        0 <= last.get("gpu_busy_pct", -1) <= 100)
+                rep.check(f"--workers {w}: GPU sensors on the last step", sane,
+                          str({k: v for k, v in last.items() if k.startswith("gpu_")}))
+                line = next((l for l in log.splitlines() if "GPU sensors (NVML" in l), "")
+                rep.check(f"--workers {w}: GPU sensors line", bool(line), line or e2e.tail(log))
             else:
                 rep.check(f"--workers {w}: no gpu_idle_s on the CPU", idle.count(None) == len(recs),
                           f"{len(recs) - idle.count(None)} lines have it")
+                sensed = [k for r in recs for k in r if k.startswith("gpu_")]
+                rep.check(f"--workers {w}: no GPU sensors on the CPU",
+                          not sensed and "GPU sensors" not in log, f"fields {sensed[:4]}")
     return rep.summary()
 
 

@@ -22,6 +22,8 @@ if [ "$mode" = compile ]; then
   cp "$b/forge-train" "$b/forge-replay" "$dir/bin/"
   # cuDNN fused attention against a float64 reference (a unit test that skips without a GPU).
   [ -x build/tests/unit/AttentionGpuTest ] && strip -o "$dir/bin/AttentionGpuTest" build/tests/unit/AttentionGpuTest
+  # cuDNN convolutions against the CPU executor (gtest; run with each cuDNN API).
+  [ -x build/tests/unit/ConvGpuTest ] && strip -o "$dir/bin/ConvGpuTest" build/tests/unit/ConvGpuTest
   # Libraries the GPU image lacks (not libc/libstdc++/libgcc: Ubuntu's are newer).
   for lib in $(ldd "$b/forge-train" "$b/forge-replay" | awk '/=> \//{print $3}' | sort -u); do
     case "$(basename "$lib")" in
@@ -78,12 +80,19 @@ suite gpu_dropout $py tests/e2e/test_dropout.py --bundles "$dir/dropout" --forge
 suite gpu_precision $py tests/e2e/test_precision.py --bundles "$dir/precision" --forge-train "$ft" --device cuda
 suite gpu_masked_attention $py tests/gpu/test_masked_attention.py --bundles "$dir/masked_attention" --forge-train "$ft"
 suite gpu_input_pipeline $py tests/e2e/test_input_pipeline.py --bundles "$dir/input_pipeline" --forge-train "$ft" --device cuda
-# cuDNN fused attention (AttentionGpuTest, gtest): its summary as "N passed, N failed".
-if [ -x "$dir/bin/AttentionGpuTest" ]; then
-  suite gpu_attention bash -c 'out=$("$1" 2>&1); rc=$?; echo "$out"
+# gtest binaries (skipped without a GPU): their summary as "N passed, N failed".
+gtest_suite() { # name, binary, env...
+  local name=$1 bin=$2; shift 2
+  [ -x "$bin" ] || return 0
+  suite "$name" env "$@" bash -c 'out=$("$1" 2>&1); rc=$?; echo "$out"
     p=$(echo "$out" | sed -n "s/^\[  PASSED  \] \([0-9]*\) test.*/\1/p")
     f=$(echo "$out" | sed -n "s/^\[  FAILED  \] \([0-9]*\) test.*/\1/p")
-    echo "${p:-0} passed, ${f:-0} failed"; exit $rc' _ "$dir/bin/AttentionGpuTest"
-fi
+    echo "${p:-0} passed, ${f:-0} failed"; exit $rc' _ "$bin"
+}
+# cuDNN fused attention (AttentionGpuTest).
+gtest_suite gpu_attention "$dir/bin/AttentionGpuTest"
+# cuDNN convolutions against the CPU, through the graph API (the default) and the legacy one.
+gtest_suite gpu_convolution "$dir/bin/ConvGpuTest"
+gtest_suite gpu_convolution_legacy "$dir/bin/ConvGpuTest" FORGE_CONV_API=legacy
 echo "=== summary"
 printf '%s\n' "${summary[@]}"

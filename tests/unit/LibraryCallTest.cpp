@@ -5,6 +5,7 @@
 #include "forge/runtime/Executor.h"
 #include "BundleTestUtil.h"
 #include "cuda/Matmul.h"
+#include "cuda/Nvml.h"
 
 #include <functional>
 
@@ -503,4 +504,18 @@ TEST(LibraryCallTest, ReluBitmaskEpilogues) {
   t = cuda::matmulTensors(p.routines(0).instructions(1), *b);
   EXPECT_EQ(std::vector<int32_t>({t.c, t.out, t.vector, t.aux}),
             std::vector<int32_t>({-1, 13, -1, 11}));
+}
+
+// GPU telemetry: a missing NVML library (or device) is no reading, not an error; the CPU
+// executor has no sensors.
+TEST(NvmlTest, AbsentLibraryGivesNoReading) {
+  EXPECT_FALSE(cuda::Nvml::open("00000000:00:00.0", "libforge-test-no-such-nvml.so.1"));
+  BundleWriter w;
+  w.program().set_producer("NvmlTest");
+  auto bundle = Bundle::fromBytes(w.serialize(), "empty.forge");
+  ASSERT_TRUE(bundle.isOk()) << bundle.status().message();
+  auto cpu = createExecutor(**bundle, ExecutorOptions{"cpu", 1, true});
+  ASSERT_TRUE(cpu.isOk()) << cpu.status().message();
+  Executor::Telemetry t = (*cpu)->telemetry();
+  EXPECT_FALSE(t.powerWatts || t.smClockMHz || t.temperatureC || t.busyPercent);
 }

@@ -174,10 +174,56 @@ std::string buildOption(const bundle::Program &p, const std::string &key) {
   return it == p.build_options().end() ? std::string() : it->second;
 }
 
+/// The GPU's sensor readings of a run (Executor::telemetry), for its closing line.
+class SensorLog {
+public:
+  void add(const Executor::Telemetry &t) {
+    if (t.powerWatts)
+      power_.push_back(*t.powerWatts);
+    if (t.smClockMHz)
+      clock_.push_back(*t.smClockMHz);
+    if (t.temperatureC)
+      temperature_.push_back(*t.temperatureC);
+    if (t.busyPercent)
+      busy_.push_back(*t.busyPercent);
+  }
+  /// "GPU sensors (NVML, N readings): busy X% | power X W (max Y) | SM clock X MHz (min Y) |
+  /// temperature max X C", or nothing without readings.
+  std::optional<std::string> summary() const {
+    std::vector<std::string> parts;
+    auto mean = [](const std::vector<double> &v) {
+      double sum = 0;
+      for (double x : v)
+        sum += x;
+      return sum / static_cast<double>(v.size());
+    };
+    if (!busy_.empty())
+      parts.push_back(fmt::format("busy {:.0f}%", mean(busy_)));
+    if (!power_.empty())
+      parts.push_back(fmt::format("power {:.0f} W (max {:.0f})", mean(power_),
+                                  *std::max_element(power_.begin(), power_.end())));
+    if (!clock_.empty())
+      parts.push_back(fmt::format("SM clock {:.0f} MHz (min {:.0f})", mean(clock_),
+                                  *std::min_element(clock_.begin(), clock_.end())));
+    if (!temperature_.empty())
+      parts.push_back(fmt::format("temperature max {:.0f} C",
+                                  *std::max_element(temperature_.begin(), temperature_.end())));
+    if (parts.empty())
+      return std::nullopt;
+    size_t n = std::max({busy_.size(), power_.size(), clock_.size(), temperature_.size()});
+    return fmt::format("GPU sensors (NVML, {} reading{} after the warm-up): {}", n,
+                       n == 1 ? "" : "s", fmt::join(parts, " | "));
+  }
+
+private:
+  std::vector<double> power_, clock_, temperature_, busy_;
+};
+
 /// One --metrics JSONL line: the step's numbers, its throughput over `dt`
 /// seconds, the run's `elapsed` seconds, and the evaluation after it.
 std::string metricsLine(const Trainer &tr, const StepResult &r, double dt, bool tokens,
-                        double elapsed, const std::optional<EvalResult> &ev) {
+                        double elapsed, const std::optional<EvalResult> &ev,
+                        const Executor::Telemetry &gpu) {
   std::string line = fmt::format(R"({{"step": {}, "epoch": {}, "loss": {}, "lr": {}, )"
                                  R"("grad_norm": {}, "samples_per_s": {})",
                                  r.step, jsonNumber(tr.epochsDone()), jsonNumber(r.loss),
@@ -193,6 +239,15 @@ std::string metricsLine(const Trainer &tr, const StepResult &r, double dt, bool 
   if (r.idleSeconds)
     line += fmt::format(R"(, "gpu_idle_s": {})", jsonNumber(*r.idleSeconds));
   line += fmt::format(R"(, "time_s": {})", jsonNumber(elapsed));
+  // The GPU's sensors where this line sampled them (at each progress line).
+  if (gpu.powerWatts)
+    line += fmt::format(R"(, "gpu_power_w": {})", jsonNumber(*gpu.powerWatts));
+  if (gpu.smClockMHz)
+    line += fmt::format(R"(, "gpu_sm_clock_mhz": {})", *gpu.smClockMHz);
+  if (gpu.temperatureC)
+    line += fmt::format(R"(, "gpu_temp_c": {})", *gpu.temperatureC);
+  if (gpu.busyPercent)
+    line += fmt::format(R"(, "gpu_busy_pct": {})", *gpu.busyPercent);
   if (ev) {
     line += fmt::format(R"(, "eval_loss": {})", jsonNumber(ev->loss));
     if (ev->accuracy)
@@ -493,6 +548,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
   int64_t profiled = 0;
   const int64_t profileFrom = std::min<int64_t>(3, total - tr.stepsDone());
   const Executor::DeviceInfo device = tr.executor().deviceInfo();
+  SensorLog sensors;
 
   auto saveCheckpoint = [&]() -> Status {
     auto path = ckpt->save(tr.executor(), tr.state());
@@ -567,8 +623,15 @@ Expected<int> train(const Options &opts, Progress &progress) {
     }
 
     skippedSteps += r->skipped ? 1 : 0;
+    const bool report = progress.due(s, last) || ev;
+    // After the warm-up, each progress line samples the GPU's sensors (NVML).
+    Executor::Telemetry gpu;
+    if (report && ranSteps > 3) {
+      gpu = tr.executor().telemetry();
+      sensors.add(gpu);
+    }
     FORGE_RETURN_IF_ERROR(
-        metrics.write(metricsLine(tr, *r, dt, tokens, secondsSince(start), ev)));
+        metrics.write(metricsLine(tr, *r, dt, tokens, secondsSince(start), ev, gpu)));
 
     if (!std::isfinite(r->loss)) {
       // Bad data first: then the learning rate is not to blame.
@@ -580,7 +643,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
                            r->loss, s);
     }
 
-    if (progress.due(s, last) || ev) {
+    if (report) {
       double perStep = stepSeconds / static_cast<double>(ranSteps);
       std::string text = fmt::format("step {}/{} | epoch {:.2f} | loss {:.4f}", s, total,
                                      tr.epochsDone(), r->loss);
@@ -602,6 +665,8 @@ Expected<int> train(const Options &opts, Progress &progress) {
                             bytesText(static_cast<double>(device.planBytes)));
       if (windowTimed > 0)
         text += fmt::format(" | stall {:.1f}%", 100.0 * windowIdle / windowTimed);
+      if (gpu.powerWatts)
+        text += fmt::format(" | {:.0f} W", *gpu.powerWatts);
       text += fmt::format(" | ETA {}", duration(perStep * static_cast<double>(total - s)));
       progress.draw(text);
       windowSeconds = 0;
@@ -645,11 +710,24 @@ Expected<int> train(const Options &opts, Progress &progress) {
                                  ranSteps == 1 ? "" : "s", duration(wall),
                                  rate(unitsPerStep * static_cast<double>(ranSteps) / stepSeconds),
                                  unit, lastLoss));
+    if (tr.flopsPerStep() > 0 && stepSeconds > 0) {
+      const double flops = tr.flopsPerStep() * static_cast<double>(ranSteps) / stepSeconds;
+      std::string text = fmt::format("utilization: {:.2f} TFLOP/s", flops / 1e12);
+      if (device.peakFlops > 0)
+        text += fmt::format(" (MFU {:.1f}% of {:.0f} TFLOP/s)", 100.0 * flops / device.peakFlops,
+                            device.peakFlops / 1e12);
+      if (device.planBytes > 0)
+        text += fmt::format(", device memory {} (one allocation)",
+                            bytesText(static_cast<double>(device.planBytes)));
+      progress.message(text);
+    }
     if (timedSeconds > 0)
       progress.message(fmt::format("input stall: the GPU waited {:.1f} ms over {:.3f} s of steps "
                                    "after the warm-up ({:.1f}%) for its batches or their launch",
                                    1e3 * idleSeconds, timedSeconds,
                                    100.0 * idleSeconds / timedSeconds));
+    if (std::optional<std::string> text = sensors.summary())
+      progress.message(*text);
   }
   if (!opts.dumpParams.empty()) {
     FORGE_RETURN_IF_ERROR(dumpParams(opts.dumpParams, tr.executor()));

@@ -2,6 +2,9 @@
 #include "cuda/Conv.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <fmt/ranges.h>
 
 namespace forge::rt::cuda {
 
@@ -37,9 +40,73 @@ std::vector<int> packedStrides(const std::vector<int> &dims) {
 
 } // namespace
 
+Expected<TimedCandidates> timeCandidates(size_t count, cudaStream_t stream,
+                                         const std::function<Status(size_t)> &run) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess)
+    return Status::error("cudaEventCreate failed while tuning a convolution");
+  // A candidate that does not run (cuDNN ranks some it then rejects for these
+  // operands) is dropped, not fatal; tuning fails only when none runs.
+  constexpr int kRuns = 3; // after one untimed run of each candidate
+  TimedCandidates result;
+  float best = 0;
+  Status lastFailure;
+  for (size_t c = 0; c < count; ++c) {
+    Status status = run(c); // warm-up (and: does it run at all?)
+    if (!status.isOk()) {
+      lastFailure = status;
+      continue;
+    }
+    cudaEventRecord(start, stream);
+    for (int i = 0; i < kRuns && status.isOk(); ++i)
+      status = run(c);
+    cudaEventRecord(stop, stream);
+    if (!status.isOk()) {
+      lastFailure = status;
+      continue;
+    }
+    float ms = 0;
+    if (cudaEventSynchronize(stop) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      return Status::error("CUDA error while timing convolution candidate {}: {}", c,
+                           cudaGetErrorString(cudaGetLastError()));
+    }
+    if (result.ran.empty() || ms < best) {
+      best = ms;
+      result.fastest = c;
+    }
+    result.ran.push_back(c);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (result.ran.empty())
+    return lastFailure;
+  return result;
+}
+
+ConvApi convApi() {
+  static const ConvApi api = [] {
+    const char *v = std::getenv("FORGE_CONV_API");
+    return v && std::string(v) == "legacy" ? ConvApi::Legacy : ConvApi::Graph;
+  }();
+  return api;
+}
+
+std::string ConvGeometry::key() const {
+  return fmt::format("{} {} tf32 {} bias {} a [{}]/[{}] b [{}]/[{}] w [{}]/[{}] pads [{}] "
+                     "strides [{}] dilations [{}]",
+                     static_cast<int>(kind), static_cast<int>(dtype), tf32, hasBias,
+                     fmt::join(a, ","), fmt::join(aStrides, ","), fmt::join(b, ","),
+                     fmt::join(bStrides, ","), fmt::join(w, ","), fmt::join(wStrides, ","),
+                     fmt::join(pads, ","), fmt::join(strides, ","), fmt::join(dilations, ","));
+}
+
 Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnHandle_t handle,
                                                      const bundle::Program &p,
-                                                     const bundle::Instruction &inst, bool tf32) {
+                                                     const bundle::Instruction &inst, bool tf32,
+                                                     ConvGraphCache *graphs) {
   std::unique_ptr<ConvPlan> plan(new ConvPlan());
   plan->api_ = &api;
   plan->handle_ = handle;
@@ -148,6 +215,26 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
                                              packedStrides(bias).data()));
   }
 
+  // Tensor-core math through the graph API when asked (its engines include ones the
+  // legacy algorithms do not reach); a problem it refuses runs legacy.
+  if (convApi() == ConvApi::Graph && (dtype != bundle::F32 || tf32)) {
+    ConvGeometry g;
+    g.kind = static_cast<ConvGeometry::Kind>(plan->kind_);
+    g.dtype = dtype;
+    g.tf32 = tf32;
+    g.hasBias = plan->hasBias_;
+    auto widen = [](const std::vector<int> &v) { return std::vector<int64_t>(v.begin(), v.end()); };
+    g.a = widen(a), g.aStrides = widen(stridesOf(a));
+    g.b = widen(b), g.bStrides = widen(stridesOf(b));
+    g.w = widen(w), g.wStrides = widen(stridesOf(w));
+    g.pads = widen(padA), g.strides = widen(strideA), g.dilations = widen(dilationA);
+    auto built = buildGraph(api, handle, g, graphs);
+    if (built) {
+      plan->graph_ = built.take();
+      return plan;
+    }
+  }
+
   // cuDNN's heuristic ranking: the algorithms that work within the limit are
   // the candidates (tune() times them), the first is the choice until then.
   constexpr int kCandidates = 8;
@@ -212,6 +299,8 @@ ConvPlan::~ConvPlan() {
 }
 
 size_t ConvPlan::workspaceBytes() const {
+  if (graph_)
+    return graphWorkspaceBytes();
   size_t bytes = 0;
   for (const Candidate &c : candidates_)
     bytes = std::max(bytes, c.workspace);
@@ -220,53 +309,22 @@ size_t ConvPlan::workspaceBytes() const {
 
 Status ConvPlan::tune(const std::vector<const void *> &in, void *out, void *workspace,
                       cudaStream_t stream) {
+  if (graph_)
+    return graphTune(in, out, workspace, stream);
   if (tuned_ || candidates_.size() < 2)
     return Status::ok();
   tuned_ = true;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess)
-    return Status::error("cudaEventCreate failed while tuning a convolution");
-  // A candidate that does not run (cuDNN ranks some it then rejects for these
-  // operands) is dropped, not fatal; the step fails only when none runs.
-  constexpr int kRuns = 3; // after one untimed run of each candidate
+  auto timed = timeCandidates(candidates_.size(), stream, [&](size_t i) {
+    algo_ = candidates_[i].algo;
+    workspace_ = candidates_[i].workspace;
+    return run(in, out, workspace);
+  });
+  if (!timed)
+    return timed.status();
   std::vector<Candidate> working;
-  float best = 0;
-  Candidate chosen{};
-  Status lastFailure;
-  for (const Candidate &c : candidates_) {
-    algo_ = c.algo;
-    workspace_ = c.workspace;
-    Status status = run(in, out, workspace); // warm-up (and: does it run at all?)
-    if (!status.isOk()) {
-      lastFailure = status;
-      continue;
-    }
-    cudaEventRecord(start, stream);
-    for (int i = 0; i < kRuns && status.isOk(); ++i)
-      status = run(in, out, workspace);
-    cudaEventRecord(stop, stream);
-    if (!status.isOk()) {
-      lastFailure = status;
-      continue;
-    }
-    float ms = 0;
-    if (cudaEventSynchronize(stop) != cudaSuccess ||
-        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
-      return Status::error("CUDA error while timing convolution algorithm {}: {}", c.algo,
-                           cudaGetErrorString(cudaGetLastError()));
-    }
-    if (working.empty() || ms < best) {
-      best = ms;
-      chosen = c;
-    }
-    working.push_back(c);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (working.empty())
-    return lastFailure;
+  for (size_t i : timed->ran)
+    working.push_back(candidates_[i]);
+  const Candidate chosen = candidates_[timed->fastest];
   candidates_ = std::move(working);
   algo_ = chosen.algo;
   workspace_ = chosen.workspace;
@@ -274,6 +332,8 @@ Status ConvPlan::tune(const std::vector<const void *> &in, void *out, void *work
 }
 
 Status ConvPlan::run(const std::vector<const void *> &in, void *out, void *workspace) const {
+  if (graph_)
+    return graphRun(in, out, workspace);
   const CudnnApi &api = *api_;
   const float one = 1.0f, zero = 0.0f;
   switch (kind_) {

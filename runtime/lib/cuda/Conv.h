@@ -9,10 +9,23 @@
 // spatial dim. cuDNN pads symmetrically, so the compiler places only symmetric-pad
 // convolutions on the library (passes/SelectLibrary.cpp). Math: FMA only
 // (exact fp32) unless the bundle was built with --tf32. The algorithm is cuDNN's first
-// heuristic choice whose workspace fits kMaxWorkspace.
+// heuristic choice whose workspace fits kMaxWorkspace, until tune() times the candidates.
+//
+// Two cuDNN interfaces (FORGE_CONV_API=legacy forces the first; see convApi()):
+//  * legacy: cudnnConvolutionForward/BackwardData/BackwardFilter with the algorithms of
+//    cudnnGet*Algorithm_v7 (+ cudnnAddTensor for a bias);
+//  * graph: the cuDNN frontend's graph API (ConvGraph.cpp): conv_fprop/dgrad/wgrad, a bias
+//    as a fused pointwise add, and every engine cuDNN's heuristics (mode A, then the
+//    fallback list) offer, which include engines the legacy algorithms do not reach. Only
+//    for tensor-core math (bf16/f16, or f32 with --tf32), the default there: strict fp32
+//    stays legacy (FMA). A problem cuDNN's graph API refuses falls back to legacy. Engines
+//    that down-convert f32 inputs or reduce in less than f32 are excluded.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cuda/CudaApi.h"
@@ -23,12 +36,47 @@ namespace forge::rt::cuda {
 
 inline constexpr size_t kMaxConvWorkspace = size_t(1) << 30;
 
+enum class ConvApi { Legacy, Graph };
+/// FORGE_CONV_API (legacy|graph; default graph), read once.
+ConvApi convApi();
+
+/// One convolution in the channels-first logical form both interfaces take: dims and
+/// element strides of the forward convolution's input `a`, output `b` and filter `w`
+/// (channels-last tensors are channels-first dims with NHWC strides).
+struct ConvGeometry {
+  enum Kind { Forward, BackwardData, BackwardFilter } kind = Forward;
+  bundle::DType dtype = bundle::F32;
+  bool tf32 = false, hasBias = false;
+  std::vector<int64_t> a, aStrides, b, bStrides, w, wStrides;
+  std::vector<int64_t> pads, strides, dilations; // per spatial dim (symmetric pads)
+  std::string key() const; // equal problems, equal keys
+};
+
+/// Times candidates 0..count-1 on `stream` (one untimed run each, then three timed; `run(i)`
+/// runs candidate i and may fail, which drops it). Fails only when none runs.
+struct TimedCandidates {
+  std::vector<size_t> ran; // in order
+  size_t fastest = 0;
+};
+Expected<TimedCandidates> timeCandidates(size_t count, cudaStream_t stream,
+                                         const std::function<Status(size_t)> &run);
+
+/// Built graph-API convolutions by problem, shared by an executor's plans (a net repeats
+/// its convolutions; a plan build can compile kernels).
+struct ConvGraphCache {
+  struct Entry; // ConvGraph.cpp
+  std::map<std::string, std::shared_ptr<Entry>> built;
+};
+
 class ConvPlan {
 public:
   static Expected<std::unique_ptr<ConvPlan>> create(const CudnnApi &api, cudnnHandle_t handle,
                                                     const bundle::Program &p,
-                                                    const bundle::Instruction &inst, bool tf32);
+                                                    const bundle::Instruction &inst, bool tf32,
+                                                    ConvGraphCache *graphs = nullptr);
   ~ConvPlan();
+  /// Which interface runs it.
+  ConvApi api() const { return graph_ ? ConvApi::Graph : ConvApi::Legacy; }
   /// Workspace that any candidate algorithm fits in (tune() may pick any).
   size_t workspaceBytes() const;
   /// `in` are the instruction's present inputs in order, `out` its output.
@@ -56,6 +104,16 @@ private:
   int algo_ = 0;                      // the chosen candidate
   size_t workspace_ = 0;
   bool hasBias_ = false, tuned_ = false;
+  std::shared_ptr<ConvGraphCache::Entry> graph_; // set: the graph API runs it
+
+  // ConvGraph.cpp: the graph-API form of `g`, or an error (cuDNN refuses it).
+  static Expected<std::shared_ptr<ConvGraphCache::Entry>>
+  buildGraph(const CudnnApi &api, cudnnHandle_t handle, const ConvGeometry &g,
+             ConvGraphCache *cache);
+  size_t graphWorkspaceBytes() const;
+  Status graphRun(const std::vector<const void *> &in, void *out, void *workspace) const;
+  Status graphTune(const std::vector<const void *> &in, void *out, void *workspace,
+                   cudaStream_t stream);
 };
 
 } // namespace forge::rt::cuda

@@ -14,6 +14,7 @@
 #include "cuda/Attention.h"
 #include "cuda/Conv.h"
 #include "cuda/Matmul.h"
+#include "cuda/Nvml.h"
 #include "forge/runtime/Kernels.h"
 #include "forge/runtime/ThreadPool.h"
 
@@ -185,6 +186,9 @@ struct CudaExecutor::Impl {
   std::vector<RoutineState> routines;
   int lastRoutine = -1;
   int hostInstructions = 0;
+  int convs = 0, graphConvs = 0; // cuDNN convolutions, and those the graph API runs
+  bool nvmlTried = false;
+  std::optional<Nvml> nvml; // telemetry(); empty without NVML
   std::string graphWarning;
 
   ~Impl() {
@@ -526,6 +530,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   std::map<const bundle::Instruction *, std::unique_ptr<ConvPlan>> convs;
   std::map<const bundle::Instruction *, std::unique_ptr<AttentionPlan>> attentions;
   AttentionCache attentionGraphs; // plans share the graphs (each holds its own)
+  ConvGraphCache convGraphs;
   auto algos = std::make_shared<MatmulAlgoCache>();
   for (const bundle::Routine &proto : p.routines())
     for (int i = 0; i < proto.instructions_size(); ++i) {
@@ -576,10 +581,12 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           attentions[&inst] = plan.take();
           continue;
         }
-        auto plan = ConvPlan::create(*im.dnn, im.dnnHandle, p, inst, tf32);
+        auto plan = ConvPlan::create(*im.dnn, im.dnnHandle, p, inst, tf32, &convGraphs);
         if (!plan)
           return fail(plan.status());
         im.workspaceBytes = std::max(im.workspaceBytes, (*plan)->workspaceBytes());
+        ++im.convs;
+        im.graphConvs += (*plan)->api() == ConvApi::Graph;
         convs[&inst] = plan.take();
       }
     }
@@ -859,6 +866,9 @@ std::string CudaExecutor::describe() const {
   if (im.hostInstructions)
     s += fmt::format(", {} host instruction{}", im.hostInstructions,
                      im.hostInstructions == 1 ? "" : "s");
+  if (im.graphConvs)
+    s += fmt::format(", {} of {} convolutions through cuDNN's graph API", im.graphConvs,
+                     im.convs);
   if (!im.options.graphs)
     s += ", no CUDA graphs";
   return s;
@@ -991,6 +1001,19 @@ Expected<TensorView> CudaExecutor::previousOutput(int32_t index) {
   v.shape.assign(info.shape().begin(), info.shape().end());
   v.data = im.outputStage[parity][index].get();
   return v;
+}
+
+Executor::Telemetry CudaExecutor::telemetry() {
+  Impl &im = *impl_;
+  if (!im.nvmlTried) { // once: NVML's absence is not an error
+    im.nvmlTried = true;
+    char bus[32] = {};
+    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), im.options.device) == cudaSuccess)
+      im.nvml = Nvml::open(bus);
+    else
+      cudaGetLastError();
+  }
+  return im.nvml ? im.nvml->read() : Telemetry{};
 }
 
 Executor::DeviceInfo CudaExecutor::deviceInfo() const {

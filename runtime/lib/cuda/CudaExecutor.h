@@ -56,6 +56,7 @@ public:
   Expected<TensorView> previousOutput(int32_t index) override;
   TensorView view(int32_t index) const override;
   DeviceInfo deviceInfo() const override;
+  Telemetry telemetry() override;
   Expected<std::vector<Span>> runProfiled(int routine) override;
 
   struct Impl;

@@ -86,6 +86,14 @@ public:
     uint64_t planBytes = 0;          // what this executor allocated for the bundle
   };
   virtual DeviceInfo deviceInfo() const = 0;
+  /// A reading of the device's sensors (CUDA: NVML); fields the device or its driver does
+  /// not give stay empty, and the CPU gives none.
+  struct Telemetry {
+    std::optional<double> powerWatts;
+    std::optional<unsigned> smClockMHz, temperatureC;
+    std::optional<unsigned> busyPercent; // time a kernel ran over the driver's last sample period
+  };
+  virtual Telemetry telemetry() { return {}; }
   /// One timed span of a profiled run (microseconds from the run's start).
   struct Span {
     int instruction = -1; // -1: a transfer (inputs in, outputs out)
