@@ -356,8 +356,10 @@ Status Trainer::fillStep(std::span<const int64_t> indices) {
       FORGE_RETURN_IF_ERROR(trainData_->fill(part, microOuts_[k]));
       continue;
     }
+    // A bad sample's error is the first sample's of the batch, however the work was split.
     std::mutex mutex;
     Status first = Status::ok();
+    int64_t firstBegin = batch_;
     dataPool_->parallelFor(batch_, 1, [&](int64_t begin, int64_t end) {
       std::vector<void *> outs;
       for (size_t f = 0; f < microOuts_[k].size(); ++f)
@@ -367,8 +369,10 @@ Status Trainer::fillStep(std::span<const int64_t> indices) {
           part.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin)), outs);
       if (!st.isOk()) {
         std::lock_guard<std::mutex> lock(mutex);
-        if (first.isOk())
+        if (begin < firstBegin) {
+          firstBegin = begin;
           first = std::move(st);
+        }
       }
     });
     FORGE_RETURN_IF_ERROR(first);

@@ -91,8 +91,10 @@ gtest_suite() { # name, binary, env...
 }
 # cuDNN fused attention (AttentionGpuTest).
 gtest_suite gpu_attention "$dir/bin/AttentionGpuTest"
-# cuDNN convolutions against the CPU, through the graph API (the default) and the legacy one.
+# cuDNN convolutions against the CPU: the default APIs (graph for bf16), all on the legacy
+# API, and TF32 on the graph API too.
 gtest_suite gpu_convolution "$dir/bin/ConvGpuTest"
 gtest_suite gpu_convolution_legacy "$dir/bin/ConvGpuTest" FORGE_CONV_API=legacy
+gtest_suite gpu_convolution_graph "$dir/bin/ConvGpuTest" FORGE_CONV_API=graph
 echo "=== summary"
 printf '%s\n' "${summary[@]}"

@@ -15,6 +15,8 @@
 #include <fstream>
 #include <set>
 
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "TrainTestUtil.h"
@@ -259,6 +261,41 @@ TEST(DataSourceTest, TokenShardsGiveNextTokenWindows) {
   auto two = makeTokenSource(tokens, "tok.bin");
   DataField f{"x", fb::F32, {4}};
   EXPECT_HAS(two->bind({f}), "token shards feed integer [B, T] inputs");
+}
+
+// Data workers split a batch into ranges of samples, each filled by its own fill() call into
+// its place in the buffers: the bytes equal one fill() of the whole batch.
+TEST(DataSourceTest, TokenShardsFillConcurrently) {
+  std::vector<uint32_t> tokens(4001);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<uint32_t>((i * 7919) % 50);
+  auto src = makeTokenSource(tokens, "tok.bin");
+  EXPECT_TRUE(src->concurrentFill());
+  const int64_t T = 16;
+  DataField in{"input_ids", fb::I32, {T}}, lab{"labels", fb::I64, {T}};
+  lab.isLabel = true;
+  lab.numClasses = 50;
+  ASSERT_TRUE(src->bind({in, lab}).isOk());
+  EpochSampler sampler(src->numSamples(), 64, 3);
+  std::span<const int64_t> idx = sampler.next();
+  std::vector<int32_t> a(64 * T), a4(64 * T);
+  std::vector<int64_t> l(64 * T), l4(64 * T);
+  void *outs[] = {a.data(), l.data()};
+  ASSERT_TRUE(src->fill(idx, outs).isOk());
+  std::vector<std::thread> threads;
+  std::vector<Status> status(4);
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&, w] {
+      void *part[] = {a4.data() + w * 16 * T, l4.data() + w * 16 * T};
+      status[w] = src->fill(idx.subspan(static_cast<size_t>(w) * 16, 16), part);
+    });
+  for (std::thread &t : threads)
+    t.join();
+  for (const Status &st : status)
+    ASSERT_TRUE(st.isOk()) << st.message();
+  EXPECT_EQ(a, a4);
+  EXPECT_EQ(l, l4);
+  EXPECT_NE(a, std::vector<int32_t>(64 * T, 0));
 }
 
 TEST(DataSourceTest, TokenShardFilesAndLlmcHeader) {

@@ -89,7 +89,8 @@ Expected<TimedCandidates> timeCandidates(size_t count, cudaStream_t stream,
 ConvApi convApi() {
   static const ConvApi api = [] {
     const char *v = std::getenv("FORGE_CONV_API");
-    return v && std::string(v) == "legacy" ? ConvApi::Legacy : ConvApi::Graph;
+    const std::string api = v ? v : "";
+    return api == "legacy" ? ConvApi::Legacy : api == "graph" ? ConvApi::Graph : ConvApi::Auto;
   }();
   return api;
 }
@@ -215,9 +216,11 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
                                              packedStrides(bias).data()));
   }
 
-  // Tensor-core math through the graph API when asked (its engines include ones the
-  // legacy algorithms do not reach); a problem it refuses runs legacy.
-  if (convApi() == ConvApi::Graph && (dtype != bundle::F32 || tf32)) {
+  // bf16/f16 (and TF32 when asked) through the graph API, whose engines include ones the
+  // legacy algorithms do not reach; a problem it refuses runs legacy (Conv.h).
+  const ConvApi which = convApi();
+  if ((which == ConvApi::Auto && dtype != bundle::F32) ||
+      (which == ConvApi::Graph && (dtype != bundle::F32 || tf32))) {
     ConvGeometry g;
     g.kind = static_cast<ConvGeometry::Kind>(plan->kind_);
     g.dtype = dtype;

@@ -11,15 +11,20 @@
 // (exact fp32) unless the bundle was built with --tf32. The algorithm is cuDNN's first
 // heuristic choice whose workspace fits kMaxWorkspace, until tune() times the candidates.
 //
-// Two cuDNN interfaces (FORGE_CONV_API=legacy forces the first; see convApi()):
+// Two cuDNN interfaces (see convApi()):
 //  * legacy: cudnnConvolutionForward/BackwardData/BackwardFilter with the algorithms of
 //    cudnnGet*Algorithm_v7 (+ cudnnAddTensor for a bias);
 //  * graph: the cuDNN frontend's graph API (ConvGraph.cpp): conv_fprop/dgrad/wgrad, a bias
 //    as a fused pointwise add, and every engine cuDNN's heuristics (mode A, then the
-//    fallback list) offer, which include engines the legacy algorithms do not reach. Only
-//    for tensor-core math (bf16/f16, or f32 with --tf32), the default there: strict fp32
-//    stays legacy (FMA). A problem cuDNN's graph API refuses falls back to legacy. Engines
-//    that down-convert f32 inputs or reduce in less than f32 are excluded.
+//    fallback list) offer, which include engines the legacy algorithms do not reach (the
+//    channels-last depthwise kernels: MobileNetV2 bf16 4x faster). Engines that
+//    down-convert f32 inputs or reduce in less than f32 are excluded. A problem the graph
+//    API refuses runs legacy.
+// By default bf16/f16 convolutions take the graph API and f32 ones (TF32 or not) the legacy
+// one: with --tf32 the graph API was no faster on ResNet-50 and gpu_models_tf32's cnn came
+// out with step-1 gradients 2.5-4.5% off the CPU's (not understood yet; docs/design-notes.md).
+// FORGE_CONV_API=graph also puts TF32 convolutions on the graph API, =legacy every one on
+// the legacy API.
 #pragma once
 
 #include <functional>
@@ -36,8 +41,8 @@ namespace forge::rt::cuda {
 
 inline constexpr size_t kMaxConvWorkspace = size_t(1) << 30;
 
-enum class ConvApi { Legacy, Graph };
-/// FORGE_CONV_API (legacy|graph; default graph), read once.
+enum class ConvApi { Legacy, Auto, Graph };
+/// FORGE_CONV_API (legacy|graph; else Auto: the graph API for bf16/f16), read once.
 ConvApi convApi();
 
 /// One convolution in the channels-first logical form both interfaces take: dims and
@@ -75,8 +80,8 @@ public:
                                                     const bundle::Instruction &inst, bool tf32,
                                                     ConvGraphCache *graphs = nullptr);
   ~ConvPlan();
-  /// Which interface runs it.
-  ConvApi api() const { return graph_ ? ConvApi::Graph : ConvApi::Legacy; }
+  /// Whether cuDNN's graph API runs it.
+  bool usesGraphApi() const { return graph_ != nullptr; }
   /// Workspace that any candidate algorithm fits in (tune() may pick any).
   size_t workspaceBytes() const;
   /// `in` are the instruction's present inputs in order, `out` its output.

@@ -586,7 +586,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           return fail(plan.status());
         im.workspaceBytes = std::max(im.workspaceBytes, (*plan)->workspaceBytes());
         ++im.convs;
-        im.graphConvs += (*plan)->api() == ConvApi::Graph;
+        im.graphConvs += (*plan)->usesGraphApi();
         convs[&inst] = plan.take();
       }
     }

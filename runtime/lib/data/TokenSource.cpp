@@ -138,6 +138,8 @@ public:
   }
 
   int64_t numSamples() const override { return firstSample_.empty() ? 0 : firstSample_.back(); }
+  /// fill() only reads the mapped shards: data workers may split a batch.
+  bool concurrentFill() const override { return true; }
 
   Status fill(std::span<const int64_t> indices, std::span<void *const> outs) override {
     if (outs.size() != fields_.size())

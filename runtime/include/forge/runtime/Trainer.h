@@ -36,7 +36,7 @@ namespace forge::rt {
 struct TrainerOptions {
   unsigned threads = 0; // CPU threads (0: all cores)
   /// Data workers: threads that fill a step's batch side by side, each its own
-  /// samples (sources whose fill() may run concurrently: arrays). 0: one per
+  /// samples (sources whose fill() may run concurrently: arrays, token shards). 0: one per
   /// hardware thread, at most 8; 1: the calling thread alone.
   unsigned workers = 0;
   uint64_t seed = 0;    // shuffling seed
