@@ -11,9 +11,13 @@ workspace"), the bytes the CUDA executor allocates in one piece. Checks:
   below 8           a memory between the plans of batches 3 and 4 (from their own compiles):
                     B = 3, and the bundle trains 2 steps on the CPU
   recipe            batch = "auto" in a --recipe file works the same
+  recompute auto    the gpt fixture at batch 512: with a memory between its plans with and
+                    without recomputation forgec recomputes the attention probabilities (and
+                    that plan fits); with more memory it does not; the choice is stored
   errors            a memory below batch 1's plan, --batch auto without --device-memory, a size
-                    that is not one, --device-memory without --batch auto, and a model whose
-                    input has a fixed batch dimension fail with a message naming the problem
+                    that is not one, --device-memory without --batch auto or --recompute auto,
+                    --recompute auto without --device-memory, and a model whose input has a
+                    fixed batch dimension fail with a message naming the problem
 
   test_batch_auto.py [--bin-dir DIR | --forgec F --forge-train T]
 Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
@@ -121,10 +125,39 @@ def main():
                 ("not a size", ["--batch", "auto", "--device-memory", "lots"],
                  "--device-memory 'lots': expected a size"),
                 ("--device-memory alone", ["--batch", "8", "--device-memory", "80GB"],
-                 "--device-memory applies to --batch auto"),
+                 "--device-memory applies to --batch auto and --recompute auto"),
+                ("--recompute auto without --device-memory", ["--batch", "8", "--recompute",
+                                                              "auto"],
+                 "--recompute auto needs --device-memory"),
                 ("--batch 0", ["--batch", "0"], "--batch must be a positive number")]:
             rc, log, _ = compile_(label, extra, "bad.forge")
             rep.check(f"error: {label}", rc not in (0, None) and want in log, e2e.tail(log, 1))
+
+        # --recompute auto on the gpt fixture (unfused fp32 attention on cuda:sm_90) at batch
+        # 512: its plan is ~78 MB without recomputation and ~74 MB with; 90% of 84 MB lies
+        # between them, 90% of 200 MB above both. Each choice is stored in the bundle.
+        gpt = os.path.join(HERE, "..", "fixtures", "gpt_adamw", "model.onnx")
+        recomputed = {}
+        for mem in ("84MB", "200MB"):
+            out = os.path.join(tmp, f"gpt_{mem}.forge")
+            rc, _, log = e2e.run([forgec, gpt, "--target", "cuda:sm_90", "--batch", "512",
+                                  "--recompute", "auto", "--device-memory", mem,
+                                  "--loss", "cross_entropy:logits,labels", "--optimizer", "sgd",
+                                  "-o", out], 300)
+            rc2, _, info = e2e.run([forge_train, out, "--info"])
+            said = re.search(r"--recompute auto: (\w+)", log)
+            stored = re.search(r"option:\s+recompute = (\w+)", info)
+            p = re.search(r"device plan:\s+(\d+) bytes .*\+ (\d+) bytes of GEMM workspace", info)
+            recomputed[mem] = (rc == 0 and rc2 == 0 and said and stored and p and
+                               said.group(1) == stored.group(1) and
+                               (said.group(1), int(p.group(1)) + int(p.group(2))))
+        mb = 1000 * 1000
+        rep.check("--recompute auto at 84MB: attention, and its plan fits",
+                  bool(recomputed["84MB"]) and recomputed["84MB"][0] == "attention" and
+                  recomputed["84MB"][1] <= SHARE * 84 * mb, str(recomputed["84MB"]))
+        rep.check("--recompute auto at 200MB: none (it fits without)",
+                  bool(recomputed["200MB"]) and recomputed["200MB"][0] == "none" and
+                  recomputed["200MB"][1] > SHARE * 84 * mb, str(recomputed["200MB"]))
 
         # A model whose input has a fixed batch dimension: --batch changes nothing, so the
         # search must stop at once instead of doubling forever.

@@ -89,10 +89,11 @@ static cl::opt<int64_t> lossChunkBytes(
     cl::init(int64_t(1) << 30), cl::cat(forgecCategory));
 static cl::opt<std::string> recompute(
     "recompute",
-    cl::desc("none (default) | attention: recompute in the backward pass what the forward pass "
-             "would keep for it (forge-rematerialize); attention: an unfused attention's "
+    cl::desc("none (default) | attention | auto: recompute in the backward pass what the forward "
+             "pass would keep for it (forge-rematerialize); attention: an unfused attention's "
              "probabilities [B, H, T, T] (fp32/TF32 on CUDA), made again from Q and K by one "
-             "matmul and one softmax pass per layer"),
+             "matmul and one softmax pass per layer; auto: attention only where the plan does "
+             "not fit --device-memory without it"),
     cl::init("none"), cl::cat(forgecCategory));
 static cl::opt<bool> inferenceOnly("inference-only",
                                    cl::desc("Compile the forward graph only (no training step)"),
@@ -104,7 +105,7 @@ static cl::opt<std::string> batchFlag(
     cl::value_desc("N|auto"), cl::init(""), cl::cat(forgecCategory));
 static cl::opt<std::string> deviceMemory(
     "device-memory",
-    cl::desc("--batch auto: the GPU's memory (e.g. 80GB, 141GB, 24GiB); the plan (arena, "
+    cl::desc("--batch auto, --recompute auto: the GPU's memory (e.g. 80GB, 141GB, 24GiB); the plan (arena, "
              "parameters, optimizer state, constants, GEMM workspace) must fit in 90% of it, "
              "the rest left to the CUDA context and cuDNN's workspaces"),
     cl::value_desc("SIZE"), cl::init(""), cl::cat(forgecCategory));
@@ -212,8 +213,10 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
     if (batchAuto && deviceMemory.empty())
       return "--batch auto needs --device-memory (the GPU's memory, e.g. 80GB or 141GB)";
   }
-  if (!deviceMemory.empty() && !batchAuto)
-    return "--device-memory applies to --batch auto";
+  if (recompute == "auto" && deviceMemory.empty())
+    return "--recompute auto needs --device-memory (the GPU's memory, e.g. 80GB or 141GB)";
+  if (!deviceMemory.empty() && !batchAuto && recompute != "auto")
+    return "--device-memory applies to --batch auto and --recompute auto";
   o.batch = batch;
   o.keepFloatInitializers = !inferenceOnly; // they become parameters
   o.untieSharedInitializers = !inferenceOnly && !keepSharedInitializers;
@@ -362,14 +365,21 @@ struct Trial {
   std::string error;
 };
 
-static std::optional<int64_t>
-autoBatch(StringRef memory, llvm::function_ref<Trial(int64_t)> planAt) {
+/// 90% of --device-memory (the rest: the CUDA context, cuDNN's workspaces), or nullopt
+/// after an error naming the value.
+static std::optional<uint64_t> allowedBytes(StringRef memory) {
   std::optional<uint64_t> total = parseBytes(memory);
   if (!total) {
     fail("--device-memory '" + memory + "': expected a size such as 80GB, 141GB or 24GiB");
     return std::nullopt;
   }
-  const uint64_t allowed = *total / 10 * 9;
+  return *total / 10 * 9;
+}
+
+/// The largest batch whose plan fits `allowed`, or nullopt with `error` saying why none does.
+static std::optional<int64_t> autoBatch(StringRef memory, uint64_t allowed,
+                                        llvm::function_ref<Trial(int64_t)> planAt,
+                                        std::string &error) {
   std::map<int64_t, uint64_t> plans; // batch -> planned bytes (UINT64_MAX: did not compile)
   std::map<int64_t, std::string> errors;
   int trials = 0;
@@ -398,8 +408,8 @@ autoBatch(StringRef memory, llvm::function_ref<Trial(int64_t)> planAt) {
     // plan does not grow, and the search would never end.
     fits(16);
     if (!errors.count(16) && plans[16] == plans[8]) {
-      fail("--batch auto: the plan does not grow with the batch (" + gib(plans[8]) +
-           " at 8 and at 16): the model's inputs have a fixed batch dimension");
+      error = "--batch auto: the plan does not grow with the batch (" + gib(plans[8]) +
+              " at 8 and at 16): the model's inputs have a fixed batch dimension";
       return std::nullopt;
     }
     // Multiples of 8: m * 8. The plan of m is about linear: extrapolate from
@@ -438,15 +448,15 @@ autoBatch(StringRef memory, llvm::function_ref<Trial(int64_t)> planAt) {
     over = hi ? 8 * hi : 0;
   }
   if (!best && errors.count(1)) {
-    fail("--batch auto: a batch of 1 does not compile: " + errors[1]);
+    error = "--batch auto: a batch of 1 does not compile: " + errors[1];
     return std::nullopt;
   }
   if (!best) {
-    fail(llvm::formatv("--batch auto: even a batch of 1 plans {0} on the device, more than the "
-                       "{1} allowed (90% of --device-memory {2}); use a smaller model, "
-                       "--precision bf16, or --recompute attention",
-                       gib(plans[1]), gib(allowed), memory)
-             .str());
+    error = llvm::formatv("--batch auto: even a batch of 1 plans {0} on the device, more than "
+                          "the {1} allowed (90% of --device-memory {2}); use a smaller model, "
+                          "--precision bf16, or --recompute attention",
+                          gib(plans[1]), gib(allowed), memory)
+                .str();
     return std::nullopt;
   }
   std::string next = !over || !plans.count(over) ? std::string()
@@ -515,9 +525,10 @@ int main(int argc, char **argv) {
   if (lossChunkBytes < 0)
     return fail("--loss-chunk-bytes must be >= 0, got " + std::to_string(lossChunkBytes));
   pipelineOptions.lossChunkBytes = lossChunkBytes;
-  if (recompute != "none" && recompute != "attention")
-    return fail("--recompute must be none or attention, got '" + recompute + "'");
-  pipelineOptions.recompute = recompute;
+  if (recompute != "none" && recompute != "attention" && recompute != "auto")
+    return fail("--recompute must be none, attention or auto, got '" + recompute + "'");
+  // auto: trial plans without recomputation first (below).
+  pipelineOptions.recompute = recompute == "auto" ? std::string("none") : recompute.getValue();
   std::string trainError;
   FailureOr<mlir::forge::TrainOptions> trainOptions =
       inferenceOnly ? FailureOr<mlir::forge::TrainOptions>(mlir::forge::TrainOptions{})
@@ -633,30 +644,67 @@ int main(int argc, char **argv) {
       build["clip_grad_norm"] = std::to_string(clipGradNorm);
   }
 
-  if (batchAuto) {
-    auto chosen = autoBatch(deviceMemory, [&](int64_t b) -> Trial {
-      // A trial keeps its diagnostics to itself; its first error says why the
-      // batch does not compile (e.g. a tensor of 2^31 elements): no fit.
-      std::string error;
-      ScopedDiagnosticHandler quiet(&context, [&](Diagnostic &d) {
-        if (d.getSeverity() == DiagnosticSeverity::Error && error.empty())
-          error = d.str();
-        return success();
-      });
-      OwningOpRef<ModuleOp> trial;
-      ::forge::rt::BundleWriter w;
-      if (failed(compileAt(b, true, trial)) ||
-          failed(mlir::forge::emitBundle(*trial, emitOptions, w)))
-        return {false, 0, error.empty() ? "the compile failed" : error};
-      return {true,
-              ::forge::rt::plannedTensorBytes(w.program()) + ::forge::rt::kGemmWorkspaceBytes,
-              ""};
+  // The plan at batch b, from a quiet compile and emit (--batch auto, --recompute auto).
+  auto trialAt = [&](int64_t b) -> Trial {
+    // A trial keeps its diagnostics to itself; its first error says why the
+    // batch does not compile (e.g. a tensor of 2^31 elements): no fit.
+    std::string error;
+    ScopedDiagnosticHandler quiet(&context, [&](Diagnostic &d) {
+      if (d.getSeverity() == DiagnosticSeverity::Error && error.empty())
+        error = d.str();
+      return success();
     });
+    OwningOpRef<ModuleOp> trial;
+    ::forge::rt::BundleWriter w;
+    if (failed(compileAt(b, true, trial)) ||
+        failed(mlir::forge::emitBundle(*trial, emitOptions, w)))
+      return {false, 0, error.empty() ? "the compile failed" : error};
+    return {true,
+            ::forge::rt::plannedTensorBytes(w.program()) + ::forge::rt::kGemmWorkspaceBytes,
+            ""};
+  };
+  std::optional<uint64_t> allowed;
+  if (!deviceMemory.empty() && !(allowed = allowedBytes(deviceMemory)))
+    return 1;
+  const bool recomputeAuto = recompute == "auto";
+  if (batchAuto) {
+    // --recompute auto: the largest batch without recomputation; with it only when not
+    // even a batch of 1 fits without (recomputing costs time on every step).
+    std::string error;
+    auto chosen = autoBatch(deviceMemory, *allowed, trialAt, error);
+    if (!chosen && recomputeAuto) {
+      llvm::errs() << "forgec: --recompute auto: " << error << "; trying --recompute attention\n";
+      pipelineOptions.recompute = "attention";
+      error.clear();
+      chosen = autoBatch(deviceMemory, *allowed, trialAt, error);
+    }
     if (!chosen)
-      return 1;
+      return fail(error);
     batch = *chosen;
     build["device_memory"] = deviceMemory;
+  } else if (recomputeAuto) {
+    Trial without = trialAt(batch);
+    if (!without.compiled || without.bytes > *allowed) {
+      pipelineOptions.recompute = "attention";
+      Trial with = trialAt(batch);
+      llvm::errs() << llvm::formatv(
+          "forgec: --recompute auto: attention (the plan is {0} without recomputation, {1} "
+          "with it, of the {2} allowed: 90% of --device-memory {3})\n",
+          without.compiled ? gib(without.bytes) : "not compiled (" + without.error + ")",
+          with.compiled ? gib(with.bytes) : "not compiled (" + with.error + ")", gib(*allowed),
+          deviceMemory);
+      if (!with.compiled || with.bytes > *allowed)
+        llvm::errs() << "forgec: warning: --recompute auto: the plan does not fit with "
+                        "recomputation either; use a smaller --batch, or --batch auto\n";
+    } else {
+      llvm::errs() << llvm::formatv("forgec: --recompute auto: none (the plan is {0} of the {1} "
+                                    "allowed: 90% of --device-memory {2})\n",
+                                    gib(without.bytes), gib(*allowed), deviceMemory);
+    }
+    build["device_memory"] = deviceMemory;
   }
+  if (!inferenceOnly)
+    build["recompute"] = pipelineOptions.recompute;
   if (batch > 0)
     build["batch"] = std::to_string(batch);
 
