@@ -50,15 +50,10 @@ std::string feMessage(fe::error_t e) {
 
 constexpr int64_t kCandidates = 8;
 
-} // namespace
-
+/// The graph of `geo` with its candidate plans built, or cuDNN's refusal.
 Expected<std::shared_ptr<ConvGraphCache::Entry>>
-ConvPlan::buildGraph(const CudnnApi &api, cudnnHandle_t handle, const ConvGeometry &geo,
-                     ConvGraphCache *cache) {
-  const std::string key = geo.key();
-  if (cache)
-    if (auto it = cache->built.find(key); it != cache->built.end())
-      return it->second;
+buildEntry(const CudnnApi &api, cudnnHandle_t handle, const ConvGeometry &geo,
+           const std::string &key) {
   if (!api.library)
     return Status::error("cuDNN is not loaded");
   fe::cudnn_dlhandle = api.library;
@@ -147,8 +142,26 @@ ConvPlan::buildGraph(const CudnnApi &api, cudnnHandle_t handle, const ConvGeomet
   } catch (const std::exception &ex) {
     return Status::error("the cuDNN frontend failed: {}", ex.what());
   }
+  return entry;
+}
+
+} // namespace
+
+Expected<std::shared_ptr<ConvGraphCache::Entry>>
+ConvPlan::buildGraph(const CudnnApi &api, cudnnHandle_t handle, const ConvGeometry &geo,
+                     ConvGraphCache *cache) {
+  // Refusals are remembered too (null): a net repeats its problems, and asking cuDNN's
+  // heuristics again would only cost load time.
+  const std::string key = geo.key();
   if (cache)
-    cache->built[key] = entry;
+    if (auto it = cache->built.find(key); it != cache->built.end()) {
+      if (!it->second)
+        return Status::error("cuDNN's graph API refused {} before", key);
+      return it->second;
+    }
+  auto entry = buildEntry(api, handle, geo, key);
+  if (cache)
+    cache->built[key] = entry ? *entry : nullptr;
   return entry;
 }
 
