@@ -538,37 +538,26 @@ std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
     return std::nullopt;
   for (size_t k = 0; k < fields_.size(); ++k) {
     const DataField &f = fields_[k];
-    if (f.dtype != bundle::F32 && f.dtype != bundle::F64 && f.dtype != bundle::BF16 &&
-        f.dtype != bundle::F16)
-      continue;
     const int64_t per = numElements(f.sampleShape);
     std::vector<int64_t> bad;
     double firstBad = 0;
-    // The value as the step saw it (f32 data narrowed to a bf16/f16 input included).
-    auto valueAt = [&](int64_t e) -> double {
-      const uint8_t *p = buffers[k].data();
-      switch (f.dtype) {
-      case bundle::F32:
-        return reinterpret_cast<const float *>(p)[e];
-      case bundle::F64:
-        return reinterpret_cast<const double *>(p)[e];
-      default: {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * e, 2);
-        return f.dtype == bundle::BF16 ? cpu::bf16ToFloat(h) : cpu::halfToFloat(h);
-      }
-      }
-    };
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < per; ++j) {
-        double v = valueAt(i * per + j);
-        if (!std::isfinite(v)) {
-          if (bad.empty())
-            firstBad = v;
-          bad.push_back(indices[i]);
-          break;
+    // Float inputs as the step saw them (f32 data narrowed to a bf16/f16 input included);
+    // other dtypes cannot hold a NaN: visitFloat refuses them, and `bad` stays empty.
+    (void)cpu::visitFloat(f.dtype, [&](auto tag) -> Status {
+      using T = typename decltype(tag)::type;
+      const T *values = reinterpret_cast<const T *>(buffers[k].data());
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < per; ++j) {
+          double v = static_cast<double>(values[i * per + j]);
+          if (!std::isfinite(v)) {
+            if (bad.empty())
+              firstBad = v;
+            bad.push_back(indices[i]);
+            break;
+          }
         }
-      }
+      return Status::ok();
+    });
     if (!bad.empty()) {
       std::sort(bad.begin(), bad.end());
       std::vector<int64_t> shown(bad.begin(), bad.begin() + std::min<size_t>(bad.size(), 8));
