@@ -95,6 +95,30 @@ ConvApi convApi() {
   return api;
 }
 
+bool convTrace() {
+  static const bool on = std::getenv("FORGE_CONV_TRACE") != nullptr;
+  return on;
+}
+
+bool graphKindAllowed(int kind) {
+  static const std::string kinds = [] {
+    const char *v = std::getenv("FORGE_CONV_GRAPH_KINDS");
+    return v ? "," + std::string(v) + "," : std::string();
+  }();
+  if (kinds.empty())
+    return true;
+  static const char *names[] = {",fprop,", ",dgrad,", ",wgrad,"};
+  return kind >= 0 && kind < 3 && kinds.find(names[kind]) != std::string::npos;
+}
+
+int forcedGraphPlan() {
+  static const int plan = [] {
+    const char *v = std::getenv("FORGE_CONV_GRAPH_PLAN");
+    return v && *v ? std::atoi(v) : -1;
+  }();
+  return plan;
+}
+
 std::string ConvGeometry::key() const {
   return fmt::format("{} {} tf32 {} bias {} a [{}]/[{}] b [{}]/[{}] w [{}]/[{}] pads [{}] "
                      "strides [{}] dilations [{}]",
@@ -216,11 +240,16 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
                                              packedStrides(bias).data()));
   }
 
+  if (convTrace())
+    plan->problem_ = fmt::format("{} '{}' a [{}] b [{}] w [{}] dtype {} tf32 {}", op, inst.name(),
+                                 fmt::join(a, ","), fmt::join(b, ","), fmt::join(w, ","),
+                                 static_cast<int>(dtype), tf32);
   // bf16/f16 (and TF32 when asked) through the graph API, whose engines include ones the
   // legacy algorithms do not reach; a problem it refuses runs legacy (Conv.h).
   const ConvApi which = convApi();
-  if ((which == ConvApi::Auto && dtype != bundle::F32) ||
-      (which == ConvApi::Graph && (dtype != bundle::F32 || tf32))) {
+  if (((which == ConvApi::Auto && dtype != bundle::F32) ||
+       (which == ConvApi::Graph && (dtype != bundle::F32 || tf32))) &&
+      graphKindAllowed(plan->kind_)) {
     ConvGeometry g;
     g.kind = static_cast<ConvGeometry::Kind>(plan->kind_);
     g.dtype = dtype;
@@ -331,6 +360,9 @@ Status ConvPlan::tune(const std::vector<const void *> &in, void *out, void *work
   candidates_ = std::move(working);
   algo_ = chosen.algo;
   workspace_ = chosen.workspace;
+  if (convTrace())
+    fmt::print(stderr, "conv trace: {}: legacy algorithm {} (of {} that ran)\n", problem_, algo_,
+               candidates_.size());
   return Status::ok(); // the caller then runs the chosen algorithm
 }
 

@@ -21,8 +21,10 @@
 //    down-convert f32 inputs or reduce in less than f32 are excluded. A problem the graph
 //    API refuses runs legacy.
 // By default bf16/f16 convolutions take the graph API and f32 ones (TF32 or not) the legacy
-// one: with --tf32 the graph API was no faster on ResNet-50 and gpu_models_tf32's cnn came
-// out with step-1 gradients 2.5-4.5% off the CPU's (not understood yet; docs/design-notes.md).
+// one: with --tf32 the graph API was barely faster on ResNet-50 (0.8%), and its engines do
+// genuine TF32 where the legacy heuristics pick exact FMA algorithms for small problems, which
+// gpu_models_tf32's cnn amplifies to 2.5-4.9% in its step-1 gradients (reproduced on the CPU
+// by bench/tf32_sensitivity_cnn.py; docs/design-notes.md).
 // FORGE_CONV_API=graph also puts TF32 convolutions on the graph API, =legacy every one on
 // the legacy API.
 #pragma once
@@ -44,6 +46,15 @@ inline constexpr size_t kMaxConvWorkspace = size_t(1) << 30;
 enum class ConvApi { Legacy, Auto, Graph };
 /// FORGE_CONV_API (legacy|graph; else Auto: the graph API for bf16/f16), read once.
 ConvApi convApi();
+
+/// Diagnostics, read once. FORGE_CONV_TRACE (any value): each tuned problem prints its
+/// chosen algorithm or graph plan to stderr. FORGE_CONV_GRAPH_KINDS (a comma list of
+/// fprop, dgrad, wgrad): only those kinds may take the graph API, to bisect a mismatch.
+/// FORGE_CONV_GRAPH_PLAN=i: graph-API problems take their i-th candidate plan untimed
+/// (-1 when unset), to compare engines' results.
+bool convTrace();
+bool graphKindAllowed(int kind); // ConvGeometry::Kind
+int forcedGraphPlan();
 
 /// One convolution in the channels-first logical form both interfaces take: dims and
 /// element strides of the forward convolution's input `a`, output `b` and filter `w`
@@ -110,6 +121,7 @@ private:
   size_t workspace_ = 0;
   bool hasBias_ = false, tuned_ = false;
   std::shared_ptr<ConvGraphCache::Entry> graph_; // set: the graph API runs it
+  std::string problem_; // the instruction's name and shapes (FORGE_CONV_TRACE)
 
   // ConvGraph.cpp: the graph-API form of `g`, or an error (cuDNN refuses it).
   static Expected<std::shared_ptr<ConvGraphCache::Entry>>
@@ -119,6 +131,7 @@ private:
   Status graphRun(const std::vector<const void *> &in, void *out, void *workspace) const;
   Status graphTune(const std::vector<const void *> &in, void *out, void *workspace,
                    cudaStream_t stream);
+  void traceChoice(const ConvGraphCache::Entry &e, const std::string &why) const;
 };
 
 } // namespace forge::rt::cuda

@@ -19,6 +19,8 @@
 
 #include <exception>
 
+#include <fmt/ranges.h>
+
 namespace forge::rt::cuda {
 
 #ifdef FORGE_HAVE_CUDNN_FRONTEND
@@ -116,7 +118,7 @@ buildEntry(const CudnnApi &api, cudnnHandle_t handle, const ConvGeometry &geo,
       e = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
     if (e.is_good()) {
       // Engines that convert f32 inputs to f16, or reduce in less than f32, are not the
-      // arithmetic the bundle asked for (TF32 gradients 2-5% off in gpu_models_tf32).
+      // arithmetic the bundle asked for.
       g->deselect_numeric_notes(
           {fe::NumericalNote_t::DOWN_CONVERT_INPUTS, fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION});
       g->deselect_workspace_greater_than(static_cast<int64_t>(kMaxConvWorkspace));
@@ -202,12 +204,45 @@ Status ConvPlan::graphRun(const std::vector<const void *> &in, void *out, void *
   return Status::ok();
 }
 
+void ConvPlan::traceChoice(const ConvGraphCache::Entry &e, const std::string &why) const {
+  if (!convTrace())
+    return;
+  auto name = [&](int64_t index) {
+    std::string n;
+    try {
+      if (e.graph->get_plan_name_at_index(index, n).is_bad())
+        n = "?";
+    } catch (const std::exception &) {
+      n = "?";
+    }
+    return n;
+  };
+  std::vector<std::string> all;
+  for (const auto &c : e.candidates)
+    all.push_back(fmt::format("{} {}", c.index, name(c.index)));
+  fmt::print(stderr, "conv trace: {}: graph plan {} '{}' ({}; candidates: {})\n", problem_,
+             e.chosen.index, name(e.chosen.index), why, fmt::join(all, ", "));
+}
+
 Status ConvPlan::graphTune(const std::vector<const void *> &in, void *out, void *workspace,
                            cudaStream_t stream) {
   ConvGraphCache::Entry &e = *graph_;
-  if (e.tuned || e.candidates.size() < 2)
+  if (e.tuned)
     return Status::ok();
   e.tuned = true;
+  if (const int forced = forcedGraphPlan(); forced >= 0) { // a diagnostic (Conv.h)
+    if (static_cast<size_t>(forced) >= e.candidates.size())
+      return Status::error("FORGE_CONV_GRAPH_PLAN={}: {} has {} candidates", forced, problem_,
+                           e.candidates.size());
+    e.chosen = e.candidates[static_cast<size_t>(forced)];
+    e.candidates = {e.chosen};
+    traceChoice(e, "forced");
+    return Status::ok();
+  }
+  if (e.candidates.size() < 2) {
+    traceChoice(e, "the only candidate");
+    return Status::ok();
+  }
   auto timed = timeCandidates(e.candidates.size(), stream, [&](size_t i) {
     e.chosen = e.candidates[i];
     return graphRun(in, out, workspace);
@@ -219,6 +254,7 @@ Status ConvPlan::graphTune(const std::vector<const void *> &in, void *out, void 
     working.push_back(e.candidates[i]);
   e.chosen = e.candidates[timed->fastest];
   e.candidates = std::move(working);
+  traceChoice(e, fmt::format("the fastest of {} that ran", e.candidates.size()));
   return Status::ok();
 }
 
@@ -237,6 +273,7 @@ Status ConvPlan::graphRun(const std::vector<const void *> &, void *, void *) con
 Status ConvPlan::graphTune(const std::vector<const void *> &, void *, void *, cudaStream_t) {
   return Status::error("convolution: this build has no cuDNN frontend");
 }
+void ConvPlan::traceChoice(const ConvGraphCache::Entry &, const std::string &) const {}
 
 #endif // FORGE_HAVE_CUDNN_FRONTEND
 
