@@ -29,6 +29,11 @@ struct Options {
   std::string recipe;
   std::vector<std::string> data, evalData;
   std::string tokenDType = "uint16";
+  // Image folders (--data DIR): decoding and normalization.
+  int64_t imageResize = 0;
+  std::vector<float> imageMean, imageStd;
+  std::string imageNormalize; // "imagenet": ImageNet's mean/std unless given
+  std::string badRecords = "fail";
   int64_t steps = 0, epochs = 0;
   uint64_t seed = 0;
   bool seedGiven = false;

@@ -420,6 +420,16 @@ Expected<int> train(const Options &opts, Progress &progress) {
 
   DataSourceOptions dataOptions;
   dataOptions.tokenDType = opts.tokenDType == "uint32" ? TokenDType::U32 : TokenDType::U16;
+  dataOptions.image.resize = opts.imageResize;
+  dataOptions.image.mean = opts.imageMean;
+  dataOptions.image.std = opts.imageStd;
+  if (opts.imageNormalize == "imagenet") {
+    if (dataOptions.image.mean.empty())
+      dataOptions.image.mean = {0.485f, 0.456f, 0.406f};
+    if (dataOptions.image.std.empty())
+      dataOptions.image.std = {0.229f, 0.224f, 0.225f};
+  }
+  dataOptions.image.skipBadRecords = opts.badRecords == "skip";
   auto trainData = openDataSource(opts.data, dataOptions);
   if (!trainData)
     return trainData.status().prefix("--data");

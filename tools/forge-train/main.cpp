@@ -250,8 +250,9 @@ void addOptions(CLI::App &app, Options &opts) {
   const char *data = "Training data";
   app.add_option("--data", opts.data,
                  "Training data (repeatable): FILE.npz (arrays named like the bundle's data "
-                 "inputs, dim 0 = sample), NAME=FILE.npy, or FILE.bin (raw token shard: the "
-                 "token input [B,T] gets tokens[o:o+T], the label input tokens[o+1:o+T+1])")
+                 "inputs, dim 0 = sample), NAME=FILE.npy, FILE.bin (raw token shard: the "
+                 "token input [B,T] gets tokens[o:o+T], the label input tokens[o+1:o+T+1]), or "
+                 "an image folder DIR (DIR/CLASS/*.jpg|png: the image input and class labels)")
       ->group(data);
   app.add_option("--eval-data", opts.evalData,
                  "Evaluation data, same forms as --data (runs the routine 'eval')")
@@ -259,6 +260,30 @@ void addOptions(CLI::App &app, Options &opts) {
   app.add_option("--token-dtype", opts.tokenDType, "Element type of .bin token shards")
       ->check(CLI::IsMember({"uint16", "uint32"}))
       ->default_str("uint16")
+      ->group(data);
+  app.add_option("--image-resize", opts.imageResize,
+                 "Image folders: scale the shorter side to N pixels before the centre crop to "
+                 "the image input's H x W (default: the smallest scale that covers the crop)")
+      ->group(data);
+  app.add_option("--image-mean", opts.imageMean,
+                 "Image folders: per-channel mean R,G,B subtracted from pixel/255 (float inputs)")
+      ->delimiter(',')
+      ->expected(3)
+      ->group(data);
+  app.add_option("--image-std", opts.imageStd,
+                 "Image folders: per-channel std R,G,B dividing pixel/255 - mean (float inputs)")
+      ->delimiter(',')
+      ->expected(3)
+      ->group(data);
+  app.add_option("--image-normalize", opts.imageNormalize,
+                 "Image folders: 'imagenet' for ImageNet's mean and std (0.485,0.456,0.406 / "
+                 "0.229,0.224,0.225) where --image-mean/--image-std are not given")
+      ->check(CLI::IsMember({"imagenet", "none"}))
+      ->group(data);
+  app.add_option("--bad-records", opts.badRecords,
+                 "A file that does not read or decode: 'fail' (default) stops with its path and "
+                 "sample index; 'skip' warns once per file and uses the next good sample")
+      ->check(CLI::IsMember({"fail", "skip"}))
       ->group(data);
   app.add_option("--seed", opts.seed,
                  "Shuffling seed (same seed, data and --threads: bit-identical losses); "

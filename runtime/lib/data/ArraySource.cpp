@@ -8,6 +8,7 @@
 //    Every message names the file and the array.
 //  * fill() is a memcpy per sample and field; it cannot fail after bind().
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -220,7 +221,17 @@ Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::stri
     arrays.push_back({std::move(name), std::move(t), file});
     return Status::ok();
   };
+  std::error_code ec;
+  if (std::filesystem::is_directory(specs.front(), ec)) {
+    if (specs.size() != 1)
+      return Status::error("an image folder ({}) is the only data of a run; got {} specs",
+                           specs.front(), specs.size());
+    return openImageFolder(specs.front(), options.image);
+  }
   for (const std::string &spec : specs) {
+    if (std::filesystem::is_directory(spec, ec))
+      return Status::error("data '{}' is a folder (an image folder is the only data of a run)",
+                           spec);
     size_t eq = spec.find('=');
     if (eq != std::string::npos) {
       std::string name = spec.substr(0, eq), file = spec.substr(eq + 1);
@@ -246,8 +257,8 @@ Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::stri
     } else if (endsWith(spec, ".bin")) {
       shards.push_back(spec);
     } else {
-      return Status::error("data '{}': expected FILE.npz, NAME=FILE.npy or FILE.bin (token "
-                           "shard)",
+      return Status::error("data '{}': expected FILE.npz, NAME=FILE.npy, FILE.bin (token "
+                           "shard) or an image folder",
                            spec);
     }
   }

@@ -65,17 +65,31 @@ public:
 /// Token shard element type.
 enum class TokenDType { U16, U32 };
 
+/// How image folders become input tensors (ImageFolderSource.cpp).
+struct ImageOptions {
+  int64_t resize = 0;           // shorter side before the centre crop; 0: just cover the crop
+  std::vector<float> mean, std; // per channel (R, G, B) of pixel / 255, float inputs only
+  bool skipBadRecords = false;  // a bad file: a warning and the next good sample, not an error
+};
+
 struct DataSourceOptions {
   TokenDType tokenDType = TokenDType::U16;
+  ImageOptions image;
 };
 
 /// Opens the data named by `specs`, each one of:
 ///   FILE.npz          arrays by name (several archives merge; a name twice is an error)
 ///   NAME=FILE.npy     one array
 ///   FILE.bin          raw little-endian token ids (GPT-style next-token batches)
-/// Token shards cannot be mixed with arrays. Errors name the file.
+///   DIR               an image folder: DIR/CLASS/*.jpg|jpeg|png (ImageNet's layout)
+/// Token shards, image folders and arrays do not mix. Errors name the file.
 Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::string> &specs,
                                                      const DataSourceOptions &options = {});
+
+/// An image folder (DIR/CLASS/IMAGE, classes in name order), decoded on the CPU
+/// (libjpeg-turbo, libpng) into an image input and a class-index label input.
+Expected<std::unique_ptr<DataSource>> openImageFolder(const std::string &root,
+                                                      const ImageOptions &options = {});
 
 /// Arrays in memory (tests): first dim = sample. openDataSource maps .npy
 /// files and stored .npz members instead (mapNpy, mapNpz).

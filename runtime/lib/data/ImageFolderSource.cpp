@@ -1,0 +1,429 @@
+// Image folders as a data source (DataSource.h): ImageNet's layout, one
+// subfolder per class holding JPEG/PNG files, decoded on the CPU.
+//
+// Layout: classes are the subfolders of the root in byte order of their names
+// (class i = the i-th name, as torchvision's ImageFolder numbers them); samples
+// are the .jpg/.jpeg/.png files (any case) of each class folder, class after
+// class, each folder's files in byte order of their names. Hidden entries and
+// other files are ignored (and counted); a class folder without an image is an
+// error, so a label is never silently renumbered.
+//
+// Decoding: libjpeg-turbo (with its DCT scaling, the smallest 1/8..1 factor that
+// still covers the crop) and libpng's simplified API, to 8-bit RGB; then one
+// bilinear pass (half-pixel centres) that scales the shorter side to `resize`
+// (0: the smallest scale that covers the crop) and takes the centre crop the
+// bundle's input asks for. Float inputs get (pixel / 255 - mean[c]) / std[c];
+// uint8 inputs the pixels themselves.
+//
+// Invariants:
+//  * bind() needs exactly an image input ([3, H, W] or [H, W, 3] of f32, bf16,
+//    f16 or u8) and an integer label input ([] or [1] per sample) whose class
+//    count, when known, covers the folder's classes.
+//  * fill() reads files with plain read()s (no mapping: a truncated file is a
+//    bad record, never a SIGBUS) and may run on several threads.
+//  * A file that fails to read or decode, or decodes with a libjpeg warning
+//    (truncated data), is a bad record, named with its path and sample index:
+//    an error, or with skipBadRecords a warning (once per file) and the next
+//    good sample in folder order in its place. No record is silently wrong.
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <set>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <fmt/ranges.h>
+
+#include "DataUtil.h"
+#include "forge/runtime/DataSource.h"
+#include "forge/runtime/Tensor.h"
+
+namespace forge::rt {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kMaxFileBytes = int64_t(1) << 28;   // 256 MiB per image file
+constexpr int64_t kMaxDecodedPixels = int64_t(1) << 27; // after DCT scaling
+
+struct Rgb {
+  int width = 0, height = 0;
+  std::vector<uint8_t> pixels; // height * width * 3
+};
+
+bool hasImageExtension(const std::string &name) {
+  std::string ext = fs::path(name).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+Status readWhole(const std::string &path, std::vector<uint8_t> &out) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return Status::error("cannot open: {}", std::strerror(errno));
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::error("not a regular file");
+  }
+  if (st.st_size > kMaxFileBytes) {
+    ::close(fd);
+    return Status::error("{} bytes is more than an image file may have ({})", st.st_size,
+                         kMaxFileBytes);
+  }
+  out.resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      ::close(fd);
+      return Status::error("read failed at byte {}: {}", done,
+                           n < 0 ? std::strerror(errno) : "the file got shorter");
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return Status::ok();
+}
+
+/// One decompressor per thread (tjInitDecompress allocates).
+struct TjHandle {
+  tjhandle h = tjInitDecompress();
+  ~TjHandle() {
+    if (h)
+      tjDestroy(h);
+  }
+};
+
+/// Decodes a JPEG, shrunk by its DCT by the largest of 8, 4 and 2 that leaves at
+/// least the size the crop's scaling makes of the image (so the bilinear pass never
+/// enlarges what the DCT shrank): Pillow's draft() rule, so that a reference can
+/// reproduce it. `scaleOf(w, h)` is the crop's scaling of a w x h image.
+template <typename ScaleOf>
+Status decodeJpeg(std::span<const uint8_t> bytes, ScaleOf scaleOf, Rgb &out) {
+  thread_local TjHandle tj;
+  if (!tj.h)
+    return Status::error("libjpeg-turbo: {}", tjGetErrorStr2(nullptr));
+  unsigned char *src = const_cast<unsigned char *>(bytes.data());
+  const unsigned long size = static_cast<unsigned long>(bytes.size());
+  int w = 0, h = 0, subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(tj.h, src, size, &w, &h, &subsamp, &colorspace) != 0)
+    return Status::error("not a readable JPEG: {}", tjGetErrorStr2(tj.h));
+  if (w <= 0 || h <= 0)
+    return Status::error("not a readable JPEG (its header gives {}x{} pixels)", w, h);
+  const double s = scaleOf(w, h);
+  const int64_t needW = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(w * s - 1e-9)));
+  const int64_t needH = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(h * s - 1e-9)));
+  const int64_t room = std::min(w / needW, h / needH);
+  const int shrink = room >= 8 ? 8 : room >= 4 ? 4 : room >= 2 ? 2 : 1;
+  const tjscalingfactor factor{1, shrink};
+  const int bestW = TJSCALED(w, factor), bestH = TJSCALED(h, factor);
+  if (static_cast<int64_t>(bestW) * bestH > kMaxDecodedPixels)
+    return Status::error("JPEG of {}x{} pixels is too large to decode ({}x{} after scaling)", w,
+                         h, bestW, bestH);
+  out.width = bestW, out.height = bestH;
+  out.pixels.resize(static_cast<size_t>(bestW) * bestH * 3);
+  // Warnings (truncated or corrupt data that libjpeg pads with grey) are errors here.
+  if (tjDecompress2(tj.h, src, size, out.pixels.data(), bestW, 0, bestH, TJPF_RGB,
+                    TJFLAG_STOPONWARNING) != 0)
+    return Status::error("corrupt JPEG data: {}", tjGetErrorStr2(tj.h));
+  return Status::ok();
+}
+
+Status decodePng(std::span<const uint8_t> bytes, Rgb &out) {
+  png_image image;
+  std::memset(&image, 0, sizeof(image));
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size()))
+    return Status::error("not a readable PNG: {}", image.message);
+  if (static_cast<int64_t>(image.width) * image.height > kMaxDecodedPixels) {
+    png_image_free(&image);
+    return Status::error("PNG of {}x{} pixels is too large to decode", image.width,
+                         image.height);
+  }
+  image.format = PNG_FORMAT_RGB; // alpha composited over black, 16-bit reduced, grey expanded
+  out.width = static_cast<int>(image.width), out.height = static_cast<int>(image.height);
+  out.pixels.resize(PNG_IMAGE_SIZE(image));
+  if (!png_image_finish_read(&image, nullptr, out.pixels.data(), 0, nullptr))
+    return Status::error("corrupt PNG data: {}", image.message);
+  return Status::ok();
+}
+
+bool isPng(std::span<const uint8_t> b) {
+  static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  return b.size() >= 8 && std::memcmp(b.data(), sig, 8) == 0;
+}
+
+struct Sample {
+  std::string path;
+  int64_t label;
+};
+
+class ImageFolderSource final : public DataSource {
+public:
+  ImageFolderSource(std::string root, std::vector<std::string> classes, std::vector<Sample> samples,
+                    int64_t ignored, ImageOptions options)
+      : root_(std::move(root)), classes_(std::move(classes)), samples_(std::move(samples)),
+        ignored_(ignored), options_(std::move(options)) {}
+
+  Status bind(const std::vector<DataField> &fields) override {
+    fields_ = fields;
+    imageField_ = labelField_ = -1;
+    auto describeFields = [&] {
+      std::vector<std::string> list;
+      for (const DataField &f : fields)
+        list.push_back(fmt::format("{} {}{}", f.name, dtypeName(f.dtype), data::batchShape(f)));
+      return fmt::format("{}", fmt::join(list, ", "));
+    };
+    // The label: the loss's label input, else the one integer input of rank <= 1.
+    for (size_t i = 0; i < fields.size(); ++i)
+      if (fields[i].isLabel)
+        labelField_ = static_cast<int>(i);
+    for (size_t i = 0; i < fields.size() && labelField_ < 0; ++i)
+      if (data::isIntegerType(fields[i].dtype) && fields[i].sampleShape.size() <= 1)
+        labelField_ = static_cast<int>(i);
+    if (fields.size() != 2)
+      return Status::error("{}: an image folder feeds one image input and one label input; the "
+                           "bundle's data inputs are {}",
+                           describe(), describeFields());
+    imageField_ = labelField_ == 0 ? 1 : 0;
+    if (imageField_ < 0 || labelField_ < 0)
+      return Status::error("{}: an image folder feeds an image input [B, 3, H, W] or [B, H, W, 3] "
+                           "and an integer label input [B]; the bundle's data inputs are {}",
+                           describe(), describeFields());
+    const DataField &img = fields[imageField_], &lab = fields[labelField_];
+    const auto &s = img.sampleShape;
+    const bool floatType =
+        img.dtype == bundle::F32 || img.dtype == bundle::BF16 || img.dtype == bundle::F16;
+    if (!(floatType || img.dtype == bundle::U8) || s.size() != 3 || (s[0] != 3 && s[2] != 3))
+      return Status::error("{}: the image input '{}' is {} {}; an image folder feeds [B, 3, H, W] "
+                           "or [B, H, W, 3] of f32, bf16, f16 or u8",
+                           describe(), img.name, dtypeName(img.dtype), data::batchShape(img));
+    channelsFirst_ = s[0] == 3;
+    height_ = channelsFirst_ ? s[1] : s[0];
+    width_ = channelsFirst_ ? s[2] : s[1];
+    if (height_ <= 0 || width_ <= 0)
+      return Status::error("{}: the image input '{}' has {}x{} pixels", describe(), img.name,
+                           height_, width_);
+    if (!data::isIntegerType(lab.dtype) || lab.dtype == bundle::BOOL ||
+        !(lab.sampleShape.empty() || (lab.sampleShape.size() == 1 && lab.sampleShape[0] == 1)))
+      return Status::error("{}: the label input '{}' is {} {}; an image folder feeds class "
+                           "indices [B] of an integer type",
+                           describe(), lab.name, dtypeName(lab.dtype), data::batchShape(lab));
+    const int64_t classes = static_cast<int64_t>(classes_.size());
+    if ((lab.numClasses > 0 && classes > lab.numClasses) ||
+        classes - 1 > data::maxOfIntType(lab.dtype))
+      return Status::error("{}: {} class folders, but the label input '{}' takes {} classes", describe(),
+                           classes, lab.name,
+                           lab.numClasses > 0 ? lab.numClasses : data::maxOfIntType(lab.dtype) + 1);
+    if (img.dtype == bundle::U8 && (!options_.mean.empty() || !options_.std.empty()))
+      return Status::error("{}: the image input '{}' is u8 (raw pixels); --image-mean/--image-std "
+                           "apply to float inputs only",
+                           describe(), img.name);
+    mean_ = options_.mean.empty() ? std::vector<float>(3, 0.0f) : options_.mean;
+    invStd_.assign(3, 1.0f);
+    for (size_t c = 0; c < 3 && !options_.std.empty(); ++c)
+      invStd_[c] = 1.0f / options_.std[c];
+    return Status::ok();
+  }
+
+  int64_t numSamples() const override { return static_cast<int64_t>(samples_.size()); }
+  bool concurrentFill() const override { return true; }
+
+  Status fill(std::span<const int64_t> indices, std::span<void *const> outs) override {
+    if (outs.size() != fields_.size() || imageField_ < 0)
+      return Status::error("{}: fill with {} buffers, {} fields bound", describe(), outs.size(),
+                           fields_.size());
+    const DataField &img = fields_[imageField_], &lab = fields_[labelField_];
+    const size_t pixels = static_cast<size_t>(height_ * width_);
+    const size_t imageBytes = pixels * 3 * dtypeSize(img.dtype);
+    uint8_t *imgOut = static_cast<uint8_t *>(outs[imageField_]);
+    uint8_t *labOut = static_cast<uint8_t *>(outs[labelField_]);
+    std::vector<uint8_t> file;
+    Rgb rgb;
+    std::vector<float> f32;
+    for (size_t i = 0; i < indices.size(); ++i) {
+      const int64_t idx = indices[i];
+      if (idx < 0 || idx >= numSamples())
+        return Status::error("{}: sample index {} out of range [0, {})", describe(), idx,
+                             numSamples());
+      // A bad record: an error, or the next good sample in folder order.
+      int64_t used = idx;
+      for (int64_t tries = 0;; ++tries) {
+        const Sample &s = samples_[static_cast<size_t>(used)];
+        Status st = readWhole(s.path, file);
+        if (st.isOk())
+          st = isPng(file) ? decodePng(file, rgb)
+                           : decodeJpeg(file, [&](int w, int h) { return scaleOf(w, h); }, rgb);
+        if (st.isOk())
+          break;
+        Status bad = Status::error("{} (sample {} of {}): {}", s.path, used, root_, st.message());
+        if (!options_.skipBadRecords)
+          return bad;
+        warnOnce(s.path, bad.message());
+        if (tries + 1 >= numSamples())
+          return Status::error("{}: no image decodes (the last: {})", describe(), bad.message());
+        used = (used + 1) % numSamples();
+      }
+      uint8_t *dst = imgOut + i * imageBytes;
+      if (img.dtype == bundle::U8) {
+        cropInto(rgb, [&](size_t o, int c, float v) {
+          dst[o * 3 + static_cast<size_t>(c)] =
+              static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L));
+        });
+        if (channelsFirst_)
+          toChannelsFirst(dst, pixels);
+      } else {
+        f32.resize(pixels * 3);
+        cropInto(rgb, [&](size_t o, int c, float v) {
+          const size_t at = channelsFirst_ ? static_cast<size_t>(c) * pixels + o : o * 3 + c;
+          f32[at] = (v * (1.0f / 255.0f) - mean_[c]) * invStd_[c];
+        });
+        if (img.dtype == bundle::F32)
+          std::memcpy(dst, f32.data(), imageBytes);
+        else
+          narrowFloatsInto(reinterpret_cast<const uint8_t *>(f32.data()), f32.size() * 4,
+                           img.dtype, dst);
+      }
+      data::storeInt(labOut + i * dtypeSize(lab.dtype), lab.dtype,
+                     samples_[static_cast<size_t>(used)].label);
+    }
+    return Status::ok();
+  }
+
+  std::string describe() const override {
+    return fmt::format("image folder {} ({} classes, {} images{})", root_, classes_.size(),
+                       samples_.size(),
+                       ignored_ ? fmt::format(", {} other files ignored", ignored_) : "");
+  }
+
+private:
+  /// Scales `rgb` so that the shorter side is options_.resize (or just covers the
+  /// crop) and calls put(pixel offset, channel, value in [0, 255]) for the centre
+  /// crop, bilinear with half-pixel centres.
+  double scaleOf(int w, int h) const {
+    const double cover =
+        std::max(static_cast<double>(width_) / w, static_cast<double>(height_) / h);
+    const double scale =
+        options_.resize > 0 ? static_cast<double>(options_.resize) / std::min(w, h) : cover;
+    return std::max(scale, cover); // the crop never leaves the image
+  }
+
+  template <typename Put> void cropInto(const Rgb &rgb, Put put) const {
+    const double scale = scaleOf(rgb.width, rgb.height);
+    const double offX = (rgb.width * scale - width_) / 2, offY = (rgb.height * scale - height_) / 2;
+    for (int64_t y = 0; y < height_; ++y) {
+      const double sy = std::clamp((y + offY + 0.5) / scale - 0.5, 0.0, rgb.height - 1.0);
+      const int y0 = static_cast<int>(sy), y1 = std::min(y0 + 1, rgb.height - 1);
+      const float fy = static_cast<float>(sy - y0);
+      for (int64_t x = 0; x < width_; ++x) {
+        const double sx = std::clamp((x + offX + 0.5) / scale - 0.5, 0.0, rgb.width - 1.0);
+        const int x0 = static_cast<int>(sx), x1 = std::min(x0 + 1, rgb.width - 1);
+        const float fx = static_cast<float>(sx - x0);
+        const uint8_t *p00 = &rgb.pixels[(static_cast<size_t>(y0) * rgb.width + x0) * 3];
+        const uint8_t *p01 = &rgb.pixels[(static_cast<size_t>(y0) * rgb.width + x1) * 3];
+        const uint8_t *p10 = &rgb.pixels[(static_cast<size_t>(y1) * rgb.width + x0) * 3];
+        const uint8_t *p11 = &rgb.pixels[(static_cast<size_t>(y1) * rgb.width + x1) * 3];
+        const size_t o = static_cast<size_t>(y * width_ + x);
+        for (int c = 0; c < 3; ++c) {
+          const float top = p00[c] + (p01[c] - p00[c]) * fx;
+          const float bottom = p10[c] + (p11[c] - p10[c]) * fx;
+          put(o, c, top + (bottom - top) * fy);
+        }
+      }
+    }
+  }
+
+  static void toChannelsFirst(uint8_t *hwc, size_t pixels) {
+    std::vector<uint8_t> tmp(hwc, hwc + pixels * 3);
+    for (size_t o = 0; o < pixels; ++o)
+      for (size_t c = 0; c < 3; ++c)
+        hwc[c * pixels + o] = tmp[o * 3 + c];
+  }
+
+  void warnOnce(const std::string &path, const std::string &message) {
+    std::lock_guard<std::mutex> lock(warnMutex_);
+    if (warned_.insert(path).second)
+      fmt::print(stderr, "warning: skipping a bad record: {}\n", message);
+  }
+
+  std::string root_;
+  std::vector<std::string> classes_;
+  std::vector<Sample> samples_;
+  int64_t ignored_ = 0;
+  ImageOptions options_;
+  std::vector<DataField> fields_;
+  int imageField_ = -1, labelField_ = -1;
+  bool channelsFirst_ = true;
+  int64_t height_ = 0, width_ = 0;
+  std::vector<float> mean_, invStd_;
+  std::mutex warnMutex_;
+  std::set<std::string> warned_;
+};
+
+} // namespace
+
+Expected<std::unique_ptr<DataSource>> openImageFolder(const std::string &root,
+                                                      const ImageOptions &options) {
+  for (const auto *v : {&options.mean, &options.std})
+    if (!v->empty() && v->size() != 3)
+      return Status::error("--image-mean/--image-std take 3 values (R, G, B), not {}", v->size());
+  for (float s : options.std)
+    if (!(s > 0) || !std::isfinite(s))
+      return Status::error("--image-std values must be positive, not {}", s);
+  if (options.resize < 0)
+    return Status::error("--image-resize must not be negative, not {}", options.resize);
+  std::error_code ec;
+  if (!fs::is_directory(root, ec))
+    return Status::error("{}: not a directory", root);
+  std::vector<std::string> classes;
+  for (const auto &e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.empty() && name[0] != '.' && e.is_directory(ec))
+      classes.push_back(name);
+  }
+  if (ec)
+    return Status::error("{}: cannot list: {}", root, ec.message());
+  if (classes.empty())
+    return Status::error("{}: an image folder holds one subfolder per class; found none", root);
+  std::sort(classes.begin(), classes.end());
+  std::vector<Sample> samples;
+  int64_t ignored = 0;
+  for (size_t c = 0; c < classes.size(); ++c) {
+    const fs::path dir = fs::path(root) / classes[c];
+    std::vector<std::string> files;
+    for (const auto &e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.empty() || name[0] == '.')
+        continue;
+      if (e.is_regular_file(ec) && hasImageExtension(name))
+        files.push_back(name);
+      else
+        ++ignored;
+    }
+    if (ec)
+      return Status::error("{}: cannot list: {}", dir.string(), ec.message());
+    if (files.empty())
+      return Status::error("{}: class folder '{}' (class {}) holds no .jpg/.jpeg/.png file", root,
+                           classes[c], c);
+    std::sort(files.begin(), files.end());
+    for (const std::string &f : files)
+      samples.push_back({(dir / f).string(), static_cast<int64_t>(c)});
+  }
+  return std::unique_ptr<DataSource>(std::make_unique<ImageFolderSource>(
+      root, std::move(classes), std::move(samples), ignored, options));
+}
+
+} // namespace forge::rt

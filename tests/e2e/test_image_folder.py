@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Image folders as training data (issue #13: forge-train --data DIR, decoded on the CPU).
+
+Writes an ImageNet-style folder (class subfolders of JPEG and PNG files of several sizes,
+Pillow-encoded, including JPEGs large enough for the DCT's 1/2..1/8 scaling), compiles the
+cnn fixture (x [B, 3, 16, 16], 10 classes) for the CPU and checks:
+
+  same as Pillow   training on the folder gives the losses of training on an .npz that
+                   Pillow and numpy made from the same files (Pillow's decoder with its
+                   draft() DCT scaling, then a float64 bilinear centre crop, normalized,
+                   labels by class folder in name order): every step within REL. A wrong
+                   channel order, layout, label, crop or normalization moves a loss by
+                   percents
+  resize           the same with --image-resize 24 (the shorter side scaled to 24, then the
+                   16x16 centre crop), ImageNet's mean/std and 3 data workers decoding
+  learns           40 shuffled steps on two colour classes lower the loss below half its start
+  bad records      a truncated JPEG (libjpeg's "premature end" warning) and a text file
+                   named .jpg stop the run with the path and
+                   sample index (--bad-records fail, the default); with --bad-records skip the
+                   run finishes and warns once per bad file
+  refusals         an empty class folder, a folder without class subfolders and a bundle whose
+                   input is not an image ([B, 784]) are errors naming the folder or input
+
+  test_image_folder.py [--bin-dir DIR | --forgec F --forge-train T]
+Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
+"""
+import argparse
+import math
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+import forge_e2e as e2e
+
+try:
+    from PIL import Image
+except ImportError:  # tools/requirements-test.txt installs Pillow
+    print("FAIL: Pillow is not installed (pip install -r tools/requirements-test.txt)")
+    sys.exit(1)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.normpath(os.path.join(HERE, "..", "fixtures"))
+H = W = 16
+BATCH = 4
+REL = 1e-4  # per-step loss, relative: f32 pixel arithmetic against float64
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def write_folder(root, rng, per_class=6, classes=("a_red", "b_green", "c_blue")):
+    """Class c's images lean towards colour channel c; sizes from 9x13 to 150x97."""
+    sizes = [(20, 17), (33, 16), (16, 40), (9, 13), (150, 97), (64, 130)]
+    for c, name in enumerate(classes):
+        os.makedirs(os.path.join(root, name))
+        for i in range(per_class):
+            w, h = sizes[i % len(sizes)]
+            px = rng.integers(0, 120, size=(h, w, 3))
+            px[:, :, c] += 120
+            yy, xx = np.mgrid[0:h, 0:w]  # a gradient, so the crop's position matters
+            px = np.clip(px + (xx * 40 // w)[:, :, None], 0, 255).astype(np.uint8)
+            img = Image.fromarray(px, "RGB")
+            if i % 3 == 2:
+                img.save(os.path.join(root, name, f"img{i:02d}.png"))
+            else:
+                img.save(os.path.join(root, name, f"img{i:02d}.JPEG" if i == 1 else f"img{i:02d}.jpg"),
+                         quality=90)
+        with open(os.path.join(root, name, "notes.txt"), "w") as f:  # ignored
+            f.write("not an image\n")
+
+
+def folder_samples(root):
+    classes = sorted(d for d in os.listdir(root)
+                     if not d.startswith(".") and os.path.isdir(os.path.join(root, d)))
+    out = []
+    for c, name in enumerate(classes):
+        files = sorted(f for f in os.listdir(os.path.join(root, name))
+                       if os.path.splitext(f)[1].lower() in (".jpg", ".jpeg", ".png"))
+        out += [(os.path.join(root, name, f), c) for f in files]
+    return out
+
+
+def reference_image(path, resize, mean, std):
+    """The documented transform in float64: [3, H, W]."""
+    img = Image.open(path)
+    w, h = img.size
+
+    def scale_of(w, h):
+        cover = max(W / w, H / h)
+        s = resize / min(w, h) if resize > 0 else cover
+        return max(s, cover)
+
+    if img.format == "JPEG":
+        s = scale_of(w, h)
+        need = (max(1, math.ceil(w * s - 1e-9)), max(1, math.ceil(h * s - 1e-9)))
+        img.draft("RGB", need)  # the DCT shrink by 8, 4 or 2 that keeps `need`
+    rgb = np.asarray(img.convert("RGB"), dtype=np.float64)
+    h, w = rgb.shape[:2]
+    s = scale_of(w, h)
+    off_x, off_y = (w * s - W) / 2, (h * s - H) / 2
+    out = np.zeros((3, H, W))
+    for y in range(H):
+        sy = min(max((y + off_y + 0.5) / s - 0.5, 0.0), h - 1.0)
+        y0 = int(sy)
+        y1, fy = min(y0 + 1, h - 1), sy - y0
+        for x in range(W):
+            sx = min(max((x + off_x + 0.5) / s - 0.5, 0.0), w - 1.0)
+            x0 = int(sx)
+            x1, fx = min(x0 + 1, w - 1), sx - x0
+            top = rgb[y0, x0] + (rgb[y0, x1] - rgb[y0, x0]) * fx
+            bottom = rgb[y1, x0] + (rgb[y1, x1] - rgb[y1, x0]) * fx
+            out[:, y, x] = top + (bottom - top) * fy
+    return (out / 255.0 - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
+
+
+def train(forge_train, bundle, data, tmp, tag, extra=(), steps=None):
+    metrics = os.path.join(tmp, tag + ".jsonl")
+    rc, _, log = e2e.run([forge_train, bundle, "--data", data, "--metrics", metrics,
+                          "--device", "cpu", "--threads", "1"] +
+                         (["--steps", str(steps)] if steps else ["--epochs", "1"]) + list(extra),
+                         300)
+    losses = e2e.metric_losses(metrics) if rc == 0 and os.path.exists(metrics) else []
+    return rc, log, losses
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    e2e.add_tool_args(ap)
+    a = ap.parse_args()
+    tools = e2e.find_tools(a, "test_image_folder")
+    if not tools:
+        return 2
+    forgec, forge_train = tools
+    rep = e2e.Report()
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="forge-images-") as tmp:
+        bundle = os.path.join(tmp, "cnn.forge")
+        rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
+                              "--target", "cpu", "--batch", str(BATCH),
+                              "--loss", "cross_entropy:logits,labels",
+                              "--optimizer", "sgd:lr=0.05,momentum=0.9", "-o", bundle])
+        if not rep.check("forgec cnn", rc == 0, e2e.failure(rc, log)):
+            return rep.summary()
+        root = os.path.join(tmp, "train")
+        write_folder(root, rng)
+        samples = folder_samples(root)
+
+        for label, resize, mean, std, extra in (
+                ("same as Pillow", 0, (0, 0, 0), (1, 1, 1), ["--no-shuffle"]),
+                ("resize", 24, IMAGENET_MEAN, IMAGENET_STD,
+                 ["--no-shuffle", "--image-resize", "24", "--image-normalize", "imagenet",
+                  "--workers", "3"])):
+            x = np.stack([reference_image(p, resize, mean, std) for p, _ in samples])
+            ref = os.path.join(tmp, f"ref{resize}.npz")
+            np.savez(ref, x=x.astype(np.float32), labels=np.array([c for _, c in samples]))
+            rc1, log1, got = train(forge_train, bundle, root, tmp, f"folder{resize}", extra)
+            rc2, log2, want = train(forge_train, bundle, ref, tmp, f"npz{resize}", extra)
+            ok = rc1 == 0 and rc2 == 0 and len(got) == len(want) == len(samples) // BATCH
+            err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf"))
+            rep.check(label, ok and err <= REL,
+                      f"{len(got)} steps, max rel {err:.2e} (<= {REL})" if ok else
+                      f"{e2e.failure(rc1, log1)} | {e2e.failure(rc2, log2)} | {got} {want}")
+
+        two = os.path.join(tmp, "two")
+        write_folder(two, rng, per_class=8, classes=("red", "blue"))
+        rc, log, losses = train(forge_train, bundle, two, tmp, "learns", steps=40)
+        rep.check("learns", rc == 0 and len(losses) == 40 and
+                  np.mean(losses[-5:]) < 0.5 * np.mean(losses[:3]),
+                  f"loss {np.mean(losses[:3]):.3f} -> {np.mean(losses[-5:]):.3f}" if losses
+                  else e2e.failure(rc, log))
+
+        # Bad records: a truncated JPEG and text under a .jpg name.
+        bad = os.path.join(tmp, "bad")
+        write_folder(bad, rng, per_class=4, classes=("red", "blue"))
+        cut = os.path.join(bad, "red", "img01.JPEG")
+        data = open(cut, "rb").read()
+        open(cut, "wb").write(data[:len(data) * 9 // 10])  # libjpeg: "premature end" warning
+        fake = os.path.join(bad, "red", "img03.jpg")
+        open(fake, "w").write("hello\n")
+        rc, _, log = e2e.run([forge_train, bundle, "--data", bad, "--device", "cpu",
+                              "--no-shuffle", "--steps", "2"], 120)
+        index = [p for p, _ in folder_samples(bad)].index(cut)
+        rep.check("bad record fails", rc not in (0, None) and cut in log and
+                  f"(sample {index} of" in log, e2e.failure(rc, log, 1))
+        rc, _, log = e2e.run([forge_train, bundle, "--data", bad, "--device", "cpu",
+                              "--no-shuffle", "--steps", "4",
+                              "--bad-records", "skip"], 120)
+        warned = [l for l in log.splitlines() if "skipping a bad record" in l]
+        rep.check("bad records skipped", rc == 0 and len(warned) == 2 and
+                  any(cut in l for l in warned) and any(fake in l for l in warned),
+                  " | ".join(warned) if rc == 0 else e2e.failure(rc, log))
+
+        # Refusals.
+        empty = os.path.join(tmp, "empty")
+        write_folder(empty, rng, per_class=2, classes=("a", "b"))
+        os.makedirs(os.path.join(empty, "c_none"))
+        rc, _, log = e2e.run([forge_train, bundle, "--data", empty, "--device", "cpu",
+                              "--steps", "1"], 60)
+        rep.check("empty class folder", rc not in (0, None) and "c_none" in log and
+                  "holds no" in log, e2e.tail(log, 1))
+        flat = os.path.join(tmp, "flat")
+        os.makedirs(flat)
+        Image.new("RGB", (8, 8)).save(os.path.join(flat, "x.png"))
+        rc, _, log = e2e.run([forge_train, bundle, "--data", flat, "--device", "cpu",
+                              "--steps", "1"], 60)
+        rep.check("no class folders", rc not in (0, None) and flat in log and
+                  "subfolder per class" in log, e2e.tail(log, 1))
+        mlp = os.path.join(tmp, "mlp.forge")
+        rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "mlp_adamw", "model.onnx"),
+                              "--target", "cpu", "--batch", "4", "--loss",
+                              "cross_entropy:logits,labels", "--optimizer", "sgd:lr=0.1", "-o",
+                              mlp])
+        rep.check("forgec mlp", rc == 0, e2e.failure(rc, log))
+        rc, _, log = e2e.run([forge_train, mlp, "--data", root, "--device", "cpu", "--steps",
+                              "1"], 60)
+        rep.check("not an image input", rc not in (0, None) and "image input 'x'" in log,
+                  e2e.tail(log, 1))
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
