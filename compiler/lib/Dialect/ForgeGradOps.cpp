@@ -276,7 +276,9 @@ static LogicalResult inferSoftmaxGrad(std::optional<Location> loc, Adaptor adapt
   auto dy = rankedOrNull(adaptor.getGradOutput().getType());
   if (!y || y != dy)
     return failInference(loc, "result and grad_output must be static tensors of one type");
-  if (adaptor.getAxis() < 0 || adaptor.getAxis() >= std::max<int64_t>(y.getRank(), 1))
+  // getAxis() is unsigned: a negative axis arrives as a huge value.
+  const int64_t axis = static_cast<int64_t>(adaptor.getAxis());
+  if (axis < 0 || axis >= std::max<int64_t>(y.getRank(), 1))
     return failInference(loc, "axis out of range");
   inferred.push_back(y);
   return success();
@@ -398,9 +400,10 @@ FORGE_INFER(NllLossGradOp) {
   ArrayRef<int64_t> expected = reduction == "none" ? target.getShape() : ArrayRef<int64_t>();
   if (failed(requireShape(loc, dy, expected, "grad_output")))
     return failure();
-  if (adaptor.getNumClasses() <= 0)
+  const int64_t classes = static_cast<int64_t>(adaptor.getNumClasses());
+  if (classes <= 0)
     return failInference(loc, "num_classes must be positive");
-  SmallVector<int64_t> shape = {target.getDimSize(0), adaptor.getNumClasses()};
+  SmallVector<int64_t> shape = {target.getDimSize(0), classes};
   llvm::append_range(shape, target.getShape().drop_front());
   inferred.push_back(withShape(dy, shape));
   return success();

@@ -498,7 +498,8 @@ FORGE_INFER(ConvTransposeOp) {
                                adaptor.getDilations())) ||
       (int64_t)adaptor.getOutputPadding().size() != spatial)
     return failure();
-  SmallVector<int64_t> shape = {x.getDimSize(0), w.getDimSize(1) * adaptor.getGroup()};
+  SmallVector<int64_t> shape = {x.getDimSize(0),
+                               w.getDimSize(1) * static_cast<int64_t>(adaptor.getGroup())};
   for (int64_t i = 0; i < spatial; ++i)
     shape.push_back(adaptor.getStrides()[i] * (x.getDimSize(i + 2) - 1) +
                     adaptor.getOutputPadding()[i] +
