@@ -354,6 +354,8 @@ FailureOr<Value> NodeImporter::transpose(Value v, ArrayRef<int64_t> perm) {
 }
 
 FailureOr<Value> NodeImporter::cast(Value v, Type element) {
+  if (!v)
+    return error() << "missing input";
   if (llvm::cast<RankedTensorType>(v.getType()).getElementType() == element)
     return v;
   return create1("cast", {v}, {named("to", TypeAttr::get(element))});
@@ -523,7 +525,10 @@ LogicalResult GraphImporter::checkSupported(const onnx::GraphProto &graph, int64
   }
   // Required attributes, from ONNX's own schemas (a Concat without `axis` used
   // to import with axis 0).
-  std::vector<std::string> missing;
+  std::vector<std::string> missing, arity;
+  const auto &versions = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+  const auto known = versions.find(onnx::ONNX_DOMAIN);
+  const int64_t knownOpset = known != versions.end() ? known->second.second : 0;
   for (const auto &node : graph.node()) {
     bool defaultDomain = node.domain().empty() || node.domain() == "ai.onnx";
     const onnx::OpSchema *schema =
@@ -531,6 +536,30 @@ LogicalResult GraphImporter::checkSupported(const onnx::GraphProto &graph, int64
                       : nullptr;
     if (!schema)
       continue;
+    // Input and output counts, and no empty name for a required input (op
+    // imports may then take input(i) as present). Only where this libonnx knows
+    // the model's opset: for a newer one Schema() answers with an older version
+    // (ReduceMean-13's one input for opset 20's ReduceMean-18, which takes two).
+    const int inputs = node.input_size(), outputs = node.output_size();
+    const std::string label = node.op_type() + " node '" + node.name() + "': ";
+    if (opset > knownOpset)
+      ; // the op imports check what they take
+    else if (inputs < schema->min_input() || inputs > schema->max_input())
+      arity.push_back(label + std::to_string(inputs) + " inputs, the op takes " +
+                      std::to_string(schema->min_input()) + " to " +
+                      std::to_string(schema->max_input()));
+    for (int i = 0; opset <= knownOpset && i < inputs &&
+                    i < static_cast<int>(schema->inputs().size());
+         ++i)
+      if (node.input(i).empty() &&
+          schema->inputs()[i].GetOption() == onnx::OpSchema::FormalParameterOption::Single)
+        arity.push_back(label + "required input " + std::to_string(i) + " ('" +
+                        schema->inputs()[i].GetName() + "') is empty");
+    if (opset <= knownOpset &&
+        (outputs < schema->min_output() || outputs > schema->max_output()))
+      arity.push_back(label + std::to_string(outputs) + " outputs, the op gives " +
+                      std::to_string(schema->min_output()) + " to " +
+                      std::to_string(schema->max_output()));
     for (const auto &[name, attr] : schema->attributes()) {
       if (!attr.required)
         continue;
@@ -546,6 +575,14 @@ LogicalResult GraphImporter::checkSupported(const onnx::GraphProto &graph, int64
     auto diag = error() << missing.size() << " node" << (missing.size() > 1 ? "s" : "")
                         << " without a required attribute (opset " << opset << "):";
     for (const auto &m : missing)
+      diag << "\n  " << m;
+    return diag;
+  }
+  if (!arity.empty()) {
+    auto diag = error() << arity.size() << " node" << (arity.size() > 1 ? "s" : "")
+                        << " with inputs or outputs their op does not take (opset " << opset
+                        << "):";
+    for (const auto &m : arity)
       diag << "\n  " << m;
     return diag;
   }
