@@ -324,23 +324,33 @@ private:
   template <typename Put> void cropInto(const Rgb &rgb, Put put) const {
     const double scale = scaleOf(rgb.width, rgb.height);
     const double offX = (rgb.width * scale - width_) / 2, offY = (rgb.height * scale - height_) / 2;
+    // Each output column's two source columns (byte offsets) and weight, once per image.
+    thread_local std::vector<int> left, right;
+    thread_local std::vector<float> wx;
+    left.resize(static_cast<size_t>(width_)), right.resize(left.size()), wx.resize(left.size());
+    for (int64_t x = 0; x < width_; ++x) {
+      const double sx = std::clamp((x + offX + 0.5) / scale - 0.5, 0.0, rgb.width - 1.0);
+      const int x0 = static_cast<int>(sx);
+      left[static_cast<size_t>(x)] = x0 * 3;
+      right[static_cast<size_t>(x)] = std::min(x0 + 1, rgb.width - 1) * 3;
+      wx[static_cast<size_t>(x)] = static_cast<float>(sx - x0);
+    }
+    const size_t stride = static_cast<size_t>(rgb.width) * 3;
     for (int64_t y = 0; y < height_; ++y) {
       const double sy = std::clamp((y + offY + 0.5) / scale - 0.5, 0.0, rgb.height - 1.0);
       const int y0 = static_cast<int>(sy), y1 = std::min(y0 + 1, rgb.height - 1);
       const float fy = static_cast<float>(sy - y0);
-      for (int64_t x = 0; x < width_; ++x) {
-        const double sx = std::clamp((x + offX + 0.5) / scale - 0.5, 0.0, rgb.width - 1.0);
-        const int x0 = static_cast<int>(sx), x1 = std::min(x0 + 1, rgb.width - 1);
-        const float fx = static_cast<float>(sx - x0);
-        const uint8_t *p00 = &rgb.pixels[(static_cast<size_t>(y0) * rgb.width + x0) * 3];
-        const uint8_t *p01 = &rgb.pixels[(static_cast<size_t>(y0) * rgb.width + x1) * 3];
-        const uint8_t *p10 = &rgb.pixels[(static_cast<size_t>(y1) * rgb.width + x0) * 3];
-        const uint8_t *p11 = &rgb.pixels[(static_cast<size_t>(y1) * rgb.width + x1) * 3];
-        const size_t o = static_cast<size_t>(y * width_ + x);
+      const uint8_t *row0 = rgb.pixels.data() + static_cast<size_t>(y0) * stride;
+      const uint8_t *row1 = rgb.pixels.data() + static_cast<size_t>(y1) * stride;
+      const size_t base = static_cast<size_t>(y * width_);
+      for (size_t x = 0; x < static_cast<size_t>(width_); ++x) {
+        const uint8_t *p00 = row0 + left[x], *p01 = row0 + right[x];
+        const uint8_t *p10 = row1 + left[x], *p11 = row1 + right[x];
+        const float fx = wx[x];
         for (int c = 0; c < 3; ++c) {
           const float top = p00[c] + (p01[c] - p00[c]) * fx;
           const float bottom = p10[c] + (p11[c] - p10[c]) * fx;
-          put(o, c, top + (bottom - top) * fy);
+          put(base + x, c, top + (bottom - top) * fy);
         }
       }
     }
