@@ -104,6 +104,31 @@ def EliminateDeadCode : Pass<"forge-eliminate-dead-code", "::mlir::func::FuncOp"
   }];
 }
 
+def AugmentInputs : Pass<"forge-augment-inputs", "::mlir::func::FuncOp"> {
+  let summary = "Take an image input as raw pixels and normalize it in the graph";
+  let description = [{
+    The input transforms of `forgec --augment`, on @main before the train
+    step is built (so train_step and eval both get them). `input` names a
+    rank-4 float model input [B, C, H, W]. With `pixels`, the function takes
+    u8 pixels [B, H, W, C] instead (what an image decoder produces: a quarter
+    of f32's upload) and casts them to the model's type, scaled by 1/255;
+    `mean`/`std` (C values each) then normalize, (x - mean) / std, as one
+    multiply-add with [C] coefficients; a transpose gives the model its
+    channels-first view (forge-assign-layout cancels it against the
+    convolutions' NHWC transposes). All of it is pointwise, so forge-fuse
+    makes one kernel of it together with the model's first ops. Errors name
+    the input. A function without that input is left alone.
+  }];
+  let options = [
+    Option<"input", "input", "std::string", /*default=*/"", "the model input to transform">,
+    Option<"pixels", "pixels", "bool", /*default=*/"false",
+           "take u8 [B, H, W, C] pixels (scaled by 1/255) instead of [B, C, H, W] floats">,
+    ListOption<"mean", "mean", "double", "per-channel mean subtracted (after the 1/255)">,
+    ListOption<"stddev", "std", "double", "per-channel standard deviation divided by">
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 def SymmetrizeConvPadding : Pass<"forge-symmetrize-conv-padding", "::mlir::func::FuncOp"> {
   let summary = "Turn asymmetric convolution padding into explicit pads (for cuDNN)";
   let description = [{

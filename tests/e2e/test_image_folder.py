@@ -13,6 +13,9 @@ cnn fixture (x [B, 3, 16, 16], 10 classes) for the CPU and checks:
                    percents
   resize           the same with --image-resize 24 (the shorter side scaled to 24, then the
                    16x16 centre crop), ImageNet's mean/std and 3 data workers decoding
+  augment pixels   a bundle compiled with --augment pixels,normalize=imagenet (u8 [B, H, W, 3]
+                   pixels, normalized in the graph) trains on the folder with the losses of the
+                   plain bundle on the reference made from the same pixels rounded to u8
   learns           40 shuffled steps on two colour classes lower the loss below half its start
   bad records      a truncated JPEG (libjpeg's "premature end" warning) and a text file
                    named .jpg stop the run with the path and
@@ -80,8 +83,9 @@ def folder_samples(root):
     return out
 
 
-def reference_image(path, resize, mean, std):
-    """The documented transform in float64: [3, H, W]."""
+def reference_image(path, resize, mean, std, pixels=False):
+    """The documented transform in float64: [3, H, W] (pixels: the crop rounded to u8 first,
+    as the u8 input of an --augment pixels bundle gets it)."""
     img = Image.open(path)
     w, h = img.size
 
@@ -98,18 +102,25 @@ def reference_image(path, resize, mean, std):
     h, w = rgb.shape[:2]
     s = scale_of(w, h)
     off_x, off_y = (w * s - W) / 2, (h * s - H) / 2
-    out = np.zeros((3, H, W))
+    # pixels: rounded to u8, which takes forge-train's f32 arithmetic (weights as f32) to land
+    # on the same side of every .5; float64 otherwise.
+    ft = np.float32 if pixels else np.float64
+    rgb = rgb.astype(ft)
+    out = np.zeros((3, H, W), dtype=ft)
     for y in range(H):
         sy = min(max((y + off_y + 0.5) / s - 0.5, 0.0), h - 1.0)
         y0 = int(sy)
-        y1, fy = min(y0 + 1, h - 1), sy - y0
+        y1, fy = min(y0 + 1, h - 1), ft(sy - y0)
         for x in range(W):
             sx = min(max((x + off_x + 0.5) / s - 0.5, 0.0), w - 1.0)
             x0 = int(sx)
-            x1, fx = min(x0 + 1, w - 1), sx - x0
+            x1, fx = min(x0 + 1, w - 1), ft(sx - x0)
             top = rgb[y0, x0] + (rgb[y0, x1] - rgb[y0, x0]) * fx
             bottom = rgb[y1, x0] + (rgb[y1, x1] - rgb[y1, x0]) * fx
             out[:, y, x] = top + (bottom - top) * fy
+    out = out.astype(np.float64)
+    if pixels:
+        out = np.clip(np.floor(out + 0.5), 0, 255)
     return (out / 255.0 - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
 
 
@@ -160,6 +171,40 @@ def main():
             rep.check(label, ok and err <= REL,
                       f"{len(got)} steps, max rel {err:.2e} (<= {REL})" if ok else
                       f"{e2e.failure(rc1, log1)} | {e2e.failure(rc2, log2)} | {got} {want}")
+
+        # --augment pixels,normalize=imagenet: the bundle takes u8 [B, H, W, 3] pixels and
+        # normalizes them in the graph; its losses equal the plain bundle's on the reference
+        # made from the same rounded pixels.
+        aug = os.path.join(tmp, "cnn_u8.forge")
+        rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
+                              "--target", "cpu", "--batch", str(BATCH),
+                              "--loss", "cross_entropy:logits,labels",
+                              "--optimizer", "sgd:lr=0.05,momentum=0.9",
+                              "--augment", "pixels,normalize=imagenet", "-o", aug])
+        if rep.check("forgec --augment", rc == 0, e2e.failure(rc, log)):
+            x = np.stack([reference_image(p, 24, IMAGENET_MEAN, IMAGENET_STD, pixels=True)
+                          for p, _ in samples])
+            ref = os.path.join(tmp, "ref_u8.npz")
+            np.savez(ref, x=x.astype(np.float32), labels=np.array([c for _, c in samples]))
+            rc1, log1, got = train(forge_train, aug, root, tmp, "augment",
+                                   ["--no-shuffle", "--image-resize", "24"])
+            rc2, log2, want = train(forge_train, bundle, ref, tmp, "augment_ref", ["--no-shuffle"])
+            ok = rc1 == 0 and rc2 == 0 and len(got) == len(want) == len(samples) // BATCH
+            err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf"))
+            rep.check("augment pixels", ok and err <= REL,
+                      f"{len(got)} steps, max rel {err:.2e} (<= {REL})" if ok else
+                      f"{e2e.failure(rc1, log1)} | {e2e.failure(rc2, log2)} | {got} {want}")
+        rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
+                              "--target", "cpu", "--batch", str(BATCH), "--loss",
+                              "cross_entropy:logits,labels", "--augment", "pixels,blur", "-o", aug])
+        rep.check("augment unknown transform", rc not in (0, None) and
+                  "unknown transform 'blur'" in log, e2e.tail(log, 1))
+        rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "mlp_adamw", "model.onnx"),
+                              "--target", "cpu", "--batch", "4", "--loss",
+                              "cross_entropy:logits,labels", "--optimizer", "sgd:lr=0.1",
+                              "--augment", "pixels", "-o", aug])
+        rep.check("augment without an image input", rc not in (0, None) and
+                  "0 rank-4 float inputs" in log, e2e.tail(log, 1))
 
         two = os.path.join(tmp, "two")
         write_folder(two, rng, per_class=8, classes=("red", "blue"))

@@ -14,6 +14,7 @@
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/Npy.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
@@ -70,6 +71,13 @@ static cl::opt<std::string> layout(
     cl::desc("auto (default) | nchw | nhwc: the layout of 2-d convolution nets in the training "
              "step (forge-assign-layout); auto is nhwc for CUDA targets whose convolutions "
              "run on tensor cores (--tf32, or --precision tf32, bf16, fp16, fp8), else nchw"),
+    cl::cat(forgecCategory));
+static cl::opt<std::string> augment(
+    "augment",
+    cl::desc("[INPUT:]ITEM,... input transforms compiled into the graph (forge-augment-inputs), "
+             "for a rank-4 float image input [B,C,H,W] (INPUT: the only one when not named): "
+             "pixels (the bundle takes u8 [B,H,W,C] pixels, as forge-train's image folders give "
+             "them, scaled by 1/255 on the device), normalize=imagenet, mean=R/G/B, std=R/G/B"),
     cl::cat(forgecCategory));
 static cl::opt<bool> memoryReport(
     "memory-report",
@@ -469,6 +477,47 @@ static std::optional<int64_t> autoBatch(StringRef memory, uint64_t allowed,
   return best;
 }
 
+/// --augment's [INPUT:]ITEM,... into `out`; an error message, or "".
+static std::string parseAugment(StringRef spec, mlir::forge::PipelineOptions::Augment &out) {
+  auto [head, rest] = spec.split(':');
+  StringRef items = spec;
+  if (!rest.empty() || spec.ends_with(":")) {
+    out.input = head.str();
+    items = rest;
+  }
+  auto values = [](StringRef list, std::vector<double> &to) {
+    SmallVector<StringRef> parts;
+    list.split(parts, '/');
+    for (StringRef p : parts) {
+      double v;
+      if (p.trim().getAsDouble(v))
+        return false;
+      to.push_back(v);
+    }
+    return !to.empty();
+  };
+  SmallVector<StringRef> list;
+  items.split(list, ',', -1, false);
+  if (list.empty())
+    return "no transforms given";
+  for (StringRef item : list) {
+    auto [key, value] = item.trim().split('=');
+    if (key == "pixels" && value.empty()) {
+      out.pixels = true;
+    } else if (key == "normalize" && value == "imagenet") {
+      out.mean = {0.485, 0.456, 0.406};
+      out.std = {0.229, 0.224, 0.225};
+    } else if (key == "mean" && (out.mean.clear(), values(value, out.mean))) {
+    } else if (key == "std" && (out.std.clear(), values(value, out.std))) {
+    } else {
+      return ("unknown transform '" + item.trim() +
+              "' (pixels, normalize=imagenet, mean=R/G/B, std=R/G/B)")
+          .str();
+    }
+  }
+  return "";
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM initLLVM(argc, argv);
   registerMLIRContextCLOptions();
@@ -529,6 +578,11 @@ int main(int argc, char **argv) {
     return fail("--recompute must be none, attention or auto, got '" + recompute + "'");
   // auto: trial plans without recomputation first (below).
   pipelineOptions.recompute = recompute == "auto" ? std::string("none") : recompute.getValue();
+  if (!augment.empty()) {
+    std::string error = parseAugment(augment, pipelineOptions.augment);
+    if (!error.empty())
+      return fail("--augment '" + augment + "': " + error);
+  }
   std::string trainError;
   FailureOr<mlir::forge::TrainOptions> trainOptions =
       inferenceOnly ? FailureOr<mlir::forge::TrainOptions>(mlir::forge::TrainOptions{})
@@ -588,6 +642,23 @@ int main(int argc, char **argv) {
     }
     if (!module)
       return failure();
+    if (!augment.empty() && pipelineOptions.augment.input.empty()) {
+      // The image input: the only static rank-4 float input of the model.
+      std::vector<std::string> images;
+      for (auto f : module->getOps<func::FuncOp>())
+        for (unsigned i = 0; i < f.getNumArguments(); ++i) {
+          auto t = dyn_cast<RankedTensorType>(f.getArgument(i).getType());
+          auto name = f.getArgAttrOfType<StringAttr>(i, "forge.name");
+          if (t && name && t.getRank() == 4 && isa<FloatType>(t.getElementType()))
+            images.push_back(name.str());
+        }
+      if (images.size() != 1) {
+        llvm::errs() << "forgec: error: --augment: the model has " << images.size()
+                     << " rank-4 float inputs; name the image input (--augment INPUT:...)\n";
+        return failure();
+      }
+      pipelineOptions.augment.input = images.front();
+    }
     if (auto untied = (*module)->getAttrOfType<DictionaryAttr>("forge.untied_initializers")) {
       if (!trial)
         llvm::errs() << "forgec: untied " << untied.size()

@@ -70,6 +70,19 @@ RecognizeCompositesOptions recognizeOptions(const PipelineOptions &options, bool
   return recognize;
 }
 
+/// forge-augment-inputs when --augment asks for it (before anything folds or
+/// fuses: its ops then fuse with the model's first ones).
+void addAugmentInputs(OpPassManager &pm, const PipelineOptions &options) {
+  if (options.augment.input.empty())
+    return;
+  AugmentInputsOptions augment;
+  augment.input = options.augment.input;
+  augment.pixels = options.augment.pixels;
+  augment.mean = options.augment.mean;
+  augment.stddev = options.augment.std;
+  pm.addNestedPass<func::FuncOp>(createAugmentInputs(augment));
+}
+
 /// Stage "placement", last: where each op runs, decided on the final graph
 /// (later stages would change what a kernel computes). CUDA: library calls
 /// are marked first, so that the kernel generator skips them; the generator
@@ -112,6 +125,9 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // stays, and the remark says why.
   pm.addNestedPass<func::FuncOp>(createRecognizeComposites(recognizeOptions(options, true)));
   pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
+  // The input transforms (--augment) belong to the model's forward: before
+  // the train step is built, so that train_step and eval both take them.
+  addAugmentInputs(pm, options);
   // Stage "train-step construction": @main -> @train_step + @eval. Before the
   // graph cleanup, which would fold parameter initializers into constants;
   // after it, the forward, backward and optimizer are one graph that the
@@ -185,6 +201,7 @@ void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOption
   // first, before folding could take their constants apart. No precision
   // pass here: CUDA keeps attention's chain (cuDNN takes no f32).
   pm.addNestedPass<func::FuncOp>(createRecognizeComposites(recognizeOptions(options, false)));
+  addAugmentInputs(pm, options);
   addGraphCleanup(pm, options);
   addFusion(pm, options);
   addPlacement(pm, options);

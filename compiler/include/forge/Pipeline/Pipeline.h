@@ -3,6 +3,7 @@
 #define FORGE_PIPELINE_PIPELINE_H
 
 #include <string>
+#include <vector>
 
 #include "forge/Train/TrainFlags.h"
 
@@ -28,6 +29,12 @@ struct PipelineOptions {
   std::string layout = "nchw";    // forge-assign-layout (forgec --layout)
   int64_t lossChunkBytes = int64_t(1) << 30; // forge-chunk-cross-entropy (forgec --loss-chunk-bytes)
   std::string recompute = "none"; // forge-rematerialize (forgec --recompute)
+  /// forge-augment-inputs (forgec --augment): the image input, raw u8 pixels, normalization.
+  struct Augment {
+    std::string input; // empty: no augmentation
+    bool pixels = false;
+    std::vector<double> mean, std;
+  } augment;
 };
 
 /// The pipeline of a training bundle, in named stages (DESIGN.md §4): import
