@@ -5,7 +5,8 @@
 //   cast -> mul by 1/(255 std) -> add (-mean / std) -> transpose [0, 3, 1, 2]
 // (one multiply-add with [C] coefficients, the channels last so that they
 // broadcast), and without `pixels` the float input itself is normalized with
-// [C, 1, 1] coefficients. Invariants: the uses of the old argument see a value
+// [C, 1, 1] coefficients; `flip` mirrors training samples along the width
+// (randomFlip). Invariants: the uses of the old argument see a value
 // of its type; the argument keeps its forge.name (the data pipeline feeds it by
 // name); nothing is folded here (the pipeline's graph cleanup does).
 //
@@ -24,6 +25,26 @@ using namespace mlir;
 using namespace mlir::forge;
 
 namespace {
+
+/// where(draw > 1, x mirrored along `widthAxis`, x), draw = dropout(ones[B, 1, 1, 1],
+/// ratio 1/2): 2 or 0 per sample in train_step (Philox, keyed by the step), 1 in eval.
+Value randomFlip(OpBuilder &b, Location loc, Value x, int64_t widthAxis) {
+  auto type = cast<RankedTensorType>(x.getType());
+  auto drawType = RankedTensorType::get({type.getDimSize(0), 1, 1, 1}, b.getF32Type());
+  Value ones = b.create<ConstantOp>(loc, DenseElementsAttr::get(drawType, 1.0f));
+  constexpr int64_t kFlipSeed = 0x466c6970; // "Flip": the draws' own Philox key
+  auto draw = b.create<DropoutOp>(loc, ones, b.getF64FloatAttr(0.5), b.getI64IntegerAttr(kFlipSeed));
+  Value half = b.create<ConstantOp>(
+      loc, DenseElementsAttr::get(RankedTensorType::get({}, b.getF32Type()), 1.5f));
+  Value mirror = b.create<GreaterOp>(loc, draw.getResult(), half);
+  SmallVector<int64_t> starts(4, 0), ends(type.getShape()), steps(4, 1);
+  starts[widthAxis] = type.getDimSize(widthAxis) - 1;
+  ends[widthAxis] = -1;
+  steps[widthAxis] = -1;
+  Value mirrored = b.create<SliceOp>(loc, type, x, b.getDenseI64ArrayAttr(starts),
+                                     b.getDenseI64ArrayAttr(ends), b.getDenseI64ArrayAttr(steps));
+  return b.create<WhereOp>(loc, mirror, mirrored, x);
+}
 
 struct AugmentInputsPass : public mlir::forge::impl::AugmentInputsBase<AugmentInputsPass> {
   using AugmentInputsBase::AugmentInputsBase;
@@ -59,7 +80,7 @@ struct AugmentInputsPass : public mlir::forge::impl::AugmentInputsBase<AugmentIn
     for (double s : stds)
       if (!(s > 0))
         return fail("std values must be positive");
-    if (!pixels && means.empty() && stds.empty())
+    if (!pixels && means.empty() && stds.empty() && !flip)
       return;
 
     // x' = x * scale[c] + shift[c]: scale = 1 / (255^pixels * std), shift = -mean / std.
@@ -107,6 +128,8 @@ struct AugmentInputsPass : public mlir::forge::impl::AugmentInputsBase<AugmentIn
       Value t = coefficients(shift, coefShape);
       y = fb.add(y, t);
     }
+    if (flip)
+      y = randomFlip(b, loc, y, /*widthAxis=*/pixels ? 2 : 3);
     if (pixels)
       y = b.create<TransposeOp>(loc, y, b.getDenseI64ArrayAttr({0, 3, 1, 2}));
     for (OpOperand *use : uses)

@@ -115,16 +115,23 @@ def AugmentInputs : Pass<"forge-augment-inputs", "::mlir::func::FuncOp"> {
     `mean`/`std` (C values each) then normalize, (x - mean) / std, as one
     multiply-add with [C] coefficients; a transpose gives the model its
     channels-first view (forge-assign-layout cancels it against the
-    convolutions' NHWC transposes). All of it is pointwise, so forge-fuse
-    makes one kernel of it together with the model's first ops. Errors name
-    the input. A function without that input is left alone.
+    convolutions' NHWC transposes). `flip` mirrors each sample along its
+    width with probability 1/2 in train_step only: the draw is a dropout of
+    ratio 1/2 over a [B, 1, 1, 1] tensor of ones (the train step builder gives
+    it Philox's per-step mask, a distinct key per micro-batch, and makes it
+    the identity in eval), and `where(draw > 1, mirrored, x)` selects. All of
+    it is pointwise or a view, so forge-fuse makes one kernel of it together
+    with the model's first ops. Errors name the input. A function without
+    that input is left alone.
   }];
   let options = [
     Option<"input", "input", "std::string", /*default=*/"", "the model input to transform">,
     Option<"pixels", "pixels", "bool", /*default=*/"false",
            "take u8 [B, H, W, C] pixels (scaled by 1/255) instead of [B, C, H, W] floats">,
     ListOption<"mean", "mean", "double", "per-channel mean subtracted (after the 1/255)">,
-    ListOption<"stddev", "std", "double", "per-channel standard deviation divided by">
+    ListOption<"stddev", "std", "double", "per-channel standard deviation divided by">,
+    Option<"flip", "flip", "bool", /*default=*/"false",
+           "mirror each training sample along its width with probability 1/2">
   ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

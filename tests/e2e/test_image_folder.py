@@ -16,6 +16,9 @@ cnn fixture (x [B, 3, 16, 16], 10 classes) for the CPU and checks:
   augment pixels   a bundle compiled with --augment pixels,normalize=imagenet (u8 [B, H, W, 3]
                    pixels, normalized in the graph) trains on the folder with the losses of the
                    plain bundle on the reference made from the same pixels rounded to u8
+  flip             --augment pixels,flip: a model blind to mirroring (global average pool +
+                   linear) trains as without flip (1e-6); the cnn's losses change; two runs
+                   of one bundle agree bit for bit
   learns           40 shuffled steps on two colour classes lower the loss below half its start
   bad records      a truncated JPEG (libjpeg's "premature end" warning) and a text file
                    named .jpg stop the run with the path and
@@ -205,6 +208,49 @@ def main():
                               "--augment", "pixels", "-o", aug])
         rep.check("augment without an image input", rc not in (0, None) and
                   "0 rank-4 float inputs" in log, e2e.tail(log, 1))
+
+        # flip: a model blind to mirroring (global average pool, then a linear layer) trains
+        # the same with and without it; the cnn does not, and repeats itself.
+        import onnx
+        from onnx import helper as oh, TensorProto as OT, numpy_helper as onh
+        gap = os.path.join(tmp, "gap.onnx")
+        w = rng.standard_normal((10, 3)).astype(np.float32)
+        g = oh.make_graph([oh.make_node("GlobalAveragePool", ["x"], ["p"]),
+                           oh.make_node("Flatten", ["p"], ["f"]),
+                           oh.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["logits"],
+                                        transB=1)], "gap",
+                          [oh.make_tensor_value_info("x", OT.FLOAT, ["batch", 3, H, W])],
+                          [oh.make_tensor_value_info("logits", OT.FLOAT, ["batch", 10])],
+                          [onh.from_array(w, "fc.weight"),
+                           onh.from_array(np.zeros(10, np.float32), "fc.bias")])
+        onnx.save(oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]), gap)
+        runs = {}
+        for model, onnx_path in (("gap", gap),
+                                 ("cnn", os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"))):
+            for tag, spec in (("plain", "pixels"), ("flip", "pixels,flip"), ("flip2", "pixels,flip")):
+                out = os.path.join(tmp, f"{model}_{tag}.forge")
+                rc, _, log = e2e.run([forgec, onnx_path, "--target", "cpu", "--batch", str(BATCH),
+                                      "--loss", "cross_entropy:logits,labels",
+                                      "--optimizer", "sgd:lr=0.05", "--augment", spec, "-o", out])
+                if rc != 0:
+                    runs[model, tag] = (None, e2e.failure(rc, log))
+                    continue
+                rc, log, losses = train(forge_train, out, root, tmp, f"{model}_{tag}",
+                                        ["--no-shuffle"], steps=8)
+                runs[model, tag] = (losses if rc == 0 else None, e2e.failure(rc, log))
+        def cmp(a, b):
+            la, lb = runs[a][0], runs[b][0]
+            if not la or not lb or len(la) != len(lb):
+                return None, f"{runs[a][1]} | {runs[b][1]}"
+            return max(abs(x - y) / abs(y) for x, y in zip(la, lb)), ""
+        e, why = cmp(("gap", "flip"), ("gap", "plain"))
+        rep.check("flip: a mirror-blind model trains the same", e is not None and e <= 1e-6,
+                  f"max rel {e:.1e} (<= 1e-6)" if e is not None else why)
+        e, why = cmp(("cnn", "flip"), ("cnn", "plain"))
+        rep.check("flip: the cnn's losses change", e is not None and e > 1e-4,
+                  f"max rel {e:.1e} (> 1e-4)" if e is not None else why)
+        e, why = cmp(("cnn", "flip"), ("cnn", "flip2"))
+        rep.check("flip: repeatable", e == 0.0, f"max rel {e:.1e}" if e is not None else why)
 
         two = os.path.join(tmp, "two")
         write_folder(two, rng, per_class=8, classes=("red", "blue"))

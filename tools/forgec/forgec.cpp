@@ -77,7 +77,8 @@ static cl::opt<std::string> augment(
     cl::desc("[INPUT:]ITEM,... input transforms compiled into the graph (forge-augment-inputs), "
              "for a rank-4 float image input [B,C,H,W] (INPUT: the only one when not named): "
              "pixels (the bundle takes u8 [B,H,W,C] pixels, as forge-train's image folders give "
-             "them, scaled by 1/255 on the device), normalize=imagenet, mean=R/G/B, std=R/G/B"),
+             "them, scaled by 1/255 on the device), flip (each training sample mirrored along its "
+             "width with probability 1/2; eval never), normalize=imagenet, mean=R/G/B, std=R/G/B"),
     cl::cat(forgecCategory));
 static cl::opt<bool> memoryReport(
     "memory-report",
@@ -504,6 +505,8 @@ static std::string parseAugment(StringRef spec, mlir::forge::PipelineOptions::Au
     auto [key, value] = item.trim().split('=');
     if (key == "pixels" && value.empty()) {
       out.pixels = true;
+    } else if (key == "flip" && value.empty()) {
+      out.flip = true;
     } else if (key == "normalize" && value == "imagenet") {
       out.mean = {0.485, 0.456, 0.406};
       out.std = {0.229, 0.224, 0.225};
@@ -511,7 +514,7 @@ static std::string parseAugment(StringRef spec, mlir::forge::PipelineOptions::Au
     } else if (key == "std" && (out.std.clear(), values(value, out.std))) {
     } else {
       return ("unknown transform '" + item.trim() +
-              "' (pixels, normalize=imagenet, mean=R/G/B, std=R/G/B)")
+              "' (pixels, flip, normalize=imagenet, mean=R/G/B, std=R/G/B)")
           .str();
     }
   }

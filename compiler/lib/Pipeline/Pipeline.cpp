@@ -80,6 +80,7 @@ void addAugmentInputs(OpPassManager &pm, const PipelineOptions &options) {
   augment.pixels = options.augment.pixels;
   augment.mean = options.augment.mean;
   augment.stddev = options.augment.std;
+  augment.flip = options.augment.flip;
   pm.addNestedPass<func::FuncOp>(createAugmentInputs(augment));
 }
 

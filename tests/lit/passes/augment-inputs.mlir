@@ -1,6 +1,8 @@
 // RUN: forge-opt %s --split-input-file --forge-augment-inputs="input=x pixels=1 mean=0.5,0.25,0 std=0.5,0.25,2" | FileCheck %s
 // RUN: forge-opt %s --split-input-file --forge-augment-inputs="input=x mean=1,2,3" | FileCheck %s --check-prefix=FLOAT
 // RUN: forge-opt %s --split-input-file --forge-augment-inputs="input=y pixels=1" | FileCheck %s --check-prefix=NONE
+// RUN: forge-opt %s --split-input-file --forge-augment-inputs="input=x pixels=1 flip=1" | FileCheck %s --check-prefix=FLIP
+// RUN: forge-opt %s --split-input-file --forge-augment-inputs="input=x flip=1" | FileCheck %s --check-prefix=FLIPF
 // RUN: not forge-opt %s --split-input-file --forge-augment-inputs="input=x mean=1,2" 2>&1 | FileCheck %s --check-prefix=COUNT
 // RUN: not forge-opt %s --split-input-file --forge-augment-inputs="input=x std=1,0,1" 2>&1 | FileCheck %s --check-prefix=STD
 
@@ -22,6 +24,21 @@
 // FLOAT: %[[B:.*]] = forge.constant dense<{{\[\[\[}}-1.000000e+00]], {{\[\[}}-2.000000e+00]], {{\[\[}}-3.000000e+00]]]> : tensor<3x1x1xf32>
 // FLOAT-NEXT: %[[N:.*]] = forge.add %[[ARG]], %[[B]]
 // FLOAT-NEXT: forge.relu %[[N]]
+// flip: a per-sample draw (dropout of ratio 1/2 over [B, 1, 1, 1] ones: 2 or 0 in train_step,
+// 1 in eval), and where(draw > 1.5, x mirrored along the width, x); on the NHWC pixels the
+// width is axis 2, before the transpose.
+// FLIP-LABEL: func @image
+// FLIP: %[[X:.*]] = forge.mul
+// FLIP: %[[ONES:.*]] = forge.constant dense<1.000000e+00> : tensor<2x1x1x1xf32>
+// FLIP: %[[DRAW:.*]], %{{.*}} = forge.dropout %[[ONES]] {ratio = 5.000000e-01 : f64
+// FLIP: %[[HALF:.*]] = forge.constant dense<1.500000e+00> : tensor<f32>
+// FLIP: %[[SEL:.*]] = forge.greater %[[DRAW]], %[[HALF]]
+// FLIP: %[[MIR:.*]] = forge.slice %[[X]] {ends = array<i64: 2, 4, -1, 3>, starts = array<i64: 0, 0, 4, 0>, steps = array<i64: 1, 1, -1, 1>}
+// FLIP: %[[W:.*]] = forge.where %[[SEL]], %[[MIR]], %[[X]]
+// FLIP: forge.transpose %[[W]] {perm = array<i64: 0, 3, 1, 2>}
+// On a float [B, C, H, W] input the width is axis 3.
+// FLIPF-LABEL: func @image
+// FLIPF: forge.slice %arg0 {ends = array<i64: 2, 3, 4, -1>, starts = array<i64: 0, 0, 0, 4>, steps = array<i64: 1, 1, 1, -1>}
 // An input the function does not have: nothing changes.
 // NONE-LABEL: func @image
 // NONE-SAME: (%[[ARG:.*]]: tensor<2x3x4x5xf32> {forge.name = "x"})

@@ -32,7 +32,7 @@ struct PipelineOptions {
   /// forge-augment-inputs (forgec --augment): the image input, raw u8 pixels, normalization.
   struct Augment {
     std::string input; // empty: no augmentation
-    bool pixels = false;
+    bool pixels = false, flip = false;
     std::vector<double> mean, std;
   } augment;
 };
