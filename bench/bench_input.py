@@ -9,7 +9,9 @@ same bundle fed from in-memory arrays, on one GPU.
       [--workers 8 16] [--steps 40] [--warmup 10]
       trains B from X.npz (its arrays: the GPU's own speed) and from D with each --workers
       count (forge-train --image-resize 256 --image-normalize imagenet: decode, scale, centre
-      crop on the CPU workers), and prints one line per run: median step time after the
+      crop on the CPU workers), and with --augmented A.forge (B compiled with forgec --augment
+      pixels,normalize=imagenet[,flip]: u8 pixels, normalized on the GPU) from D with the
+      last --workers count; prints one line per run: median step time after the
       warm-up, images/s, and forge-train's input-stall line (how long the compute stream
       waited for its batches)
 
@@ -73,6 +75,12 @@ def run(a):
         dt, log = train(a, a.images, ["--workers", str(w), "--image-resize", "256",
                                       "--image-normalize", "imagenet"], f"jpeg{w}")
         rows.append((f"JPEG folder, --workers {w}", dt, log))
+    if a.augmented:
+        w = a.workers[-1]
+        bundle, a.bundle = a.bundle, a.augmented
+        dt, log = train(a, a.images, ["--workers", str(w), "--image-resize", "256"], "aug")
+        a.bundle = bundle
+        rows.append((f"JPEG folder, --workers {w}, u8 pixels (--augment bundle)", dt, log))
     batch = len(np.load(a.npz)["labels"]) // a.npz_batches if a.npz_batches else None
     for label, dt, log in rows:
         if dt is None:
@@ -96,6 +104,7 @@ def main():
     p.add_argument("--weights")
     p.add_argument("--images", required=True)
     p.add_argument("--npz", required=True)
+    p.add_argument("--augmented", help="the bundle compiled with forgec --augment pixels,...")
     p.add_argument("--npz-batches", type=int, default=2, help="batches in --npz (images/s)")
     p.add_argument("--workers", type=int, nargs="+", default=[8, 16])
     p.add_argument("--steps", type=int, default=40)
