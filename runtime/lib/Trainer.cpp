@@ -325,6 +325,7 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
                          indices.size(), samplesPerStep());
   const auto t0 = std::chrono::steady_clock::now();
   FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
+  trainData_->setEpoch(sampler_->position().epoch); // the epoch of `indices`
   FORGE_RETURN_IF_ERROR(fillStep(indices));
   const double inputSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -534,7 +535,10 @@ std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
                          dtypeSize(f.dtype));
     outs.push_back(buffers.back().data());
   }
-  if (!trainData_->fill(indices, outs).isOk())
+  trainData_->setEpoch(static_cast<uint64_t>((step - 1) / perEpoch));
+  const bool filled = trainData_->fill(indices, outs).isOk();
+  trainData_->setEpoch(sampler_->position().epoch);
+  if (!filled)
     return std::nullopt;
   for (size_t k = 0; k < fields_.size(); ++k) {
     const DataField &f = fields_[k];

@@ -11,6 +11,9 @@ cnn fixture (x [B, 3, 16, 16], 10 classes) for the CPU and checks:
                    labels by class folder in name order): every step within REL. A wrong
                    channel order, layout, label, crop or normalization moves a loss by
                    percents
+  random crop      --random-resized-crop over 2 epochs (3 workers) against a reference whose
+                   boxes come from its own Philox4x32 (keyed by seed, epoch, sample), Pillow
+                   decodes with the same draft() shrink, float64 crops: every step within REL
   resize           the same with --image-resize 24 (the shorter side scaled to 24, then the
                    16x16 centre crop), ImageNet's mean/std and 3 data workers decoding
   augment pixels   a bundle compiled with --augment pixels,normalize=imagenet (u8 [B, H, W, 3]
@@ -127,6 +130,65 @@ def reference_image(path, resize, mean, std, pixels=False):
     return (out / 255.0 - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
 
 
+M64 = (1 << 64) - 1
+
+
+def philox4x32(c, k):
+    """Philox4x32-10 (runtime/include/forge/runtime/Philox.h), for the crop draws."""
+    c, k = list(c), list(k)
+    for r in range(10):
+        if r:
+            k = [(k[0] + 0x9E3779B9) & 0xFFFFFFFF, (k[1] + 0xBB67AE85) & 0xFFFFFFFF]
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [((p1 >> 32) ^ c[1] ^ k[0]) & 0xFFFFFFFF, p1 & 0xFFFFFFFF,
+             ((p0 >> 32) ^ c[3] ^ k[1]) & 0xFFFFFFFF, p0 & 0xFFFFFFFF]
+    return c
+
+
+def random_box(w, h, sample, epoch, seed, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """--random-resized-crop's box (ImageFolderSource.cpp randomBox), independently."""
+    area = float(w) * h
+    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    for attempt in range(10):
+        r = philox4x32([sample & 0xFFFFFFFF, sample >> 32, epoch & 0xFFFFFFFF, attempt],
+                       [(seed & 0xFFFFFFFF) ^ 0x52524331, seed >> 32])
+        u = [(x >> 8) / 16777216.0 for x in r]
+        target = area * (scale[0] + (scale[1] - scale[0]) * u[0])
+        ar = math.exp(lo + (hi - lo) * u[1])
+        bw, bh = float(round(math.sqrt(target * ar))), float(round(math.sqrt(target / ar)))
+        if 0 < bw <= w and 0 < bh <= h:
+            return math.floor(u[2] * (w - bw + 1)), math.floor(u[3] * (h - bh + 1)), bw, bh
+    raise AssertionError("the test's images always fit a box in 10 tries")
+
+
+def reference_random_crop(path, sample, epoch, seed):
+    """The random-resized crop of `path` in float64: [3, H, W], pixels / 255."""
+    img = Image.open(path)
+    w, h = img.size
+    x0, y0, bw, bh = random_box(w, h, sample, epoch, seed)
+    if img.format == "JPEG":
+        s = max(W / bw, H / bh)
+        img.draft("RGB", (max(1, math.ceil(w * s - 1e-9)), max(1, math.ceil(h * s - 1e-9))))
+    rgb = np.asarray(img.convert("RGB"), dtype=np.float64)
+    rh, rw = rgb.shape[:2]
+    fx, fy = rw / w, rh / h
+    sx_, sy_ = W / (bw * fx), H / (bh * fy)
+    off_x, off_y = x0 * fx * sx_, y0 * fy * sy_
+    out = np.zeros((3, H, W))
+    for y in range(H):
+        sy = min(max((y + off_y + 0.5) / sy_ - 0.5, 0.0), rh - 1.0)
+        y0i = int(sy)
+        y1, wy = min(y0i + 1, rh - 1), sy - y0i
+        for x in range(W):
+            sx = min(max((x + off_x + 0.5) / sx_ - 0.5, 0.0), rw - 1.0)
+            x0i = int(sx)
+            x1, wx = min(x0i + 1, rw - 1), sx - x0i
+            top = rgb[y0i, x0i] + (rgb[y0i, x1] - rgb[y0i, x0i]) * wx
+            bottom = rgb[y1, x0i] + (rgb[y1, x1] - rgb[y1, x0i]) * wx
+            out[:, y, x] = top + (bottom - top) * wy
+    return out / 255.0
+
+
 def train(forge_train, bundle, data, tmp, tag, extra=(), steps=None):
     metrics = os.path.join(tmp, tag + ".jsonl")
     rc, _, log = e2e.run([forge_train, bundle, "--data", data, "--metrics", metrics,
@@ -174,6 +236,29 @@ def main():
             rep.check(label, ok and err <= REL,
                       f"{len(got)} steps, max rel {err:.2e} (<= {REL})" if ok else
                       f"{e2e.failure(rc1, log1)} | {e2e.failure(rc2, log2)} | {got} {want}")
+
+        # --random-resized-crop: the boxes of two epochs (seed 7) against the reference's
+        # own Philox draws, Pillow decodes and float64 crops; epoch e's first 16 samples are
+        # rows [16 e, 16 e + 16) of the reference (4 steps per epoch, 2 samples dropped).
+        per_epoch = len(samples) // BATCH * BATCH
+        x = np.stack([reference_random_crop(p, i, e, 7) for e in (0, 1)
+                      for i, (p, _) in enumerate(samples[:per_epoch])])
+        ref = os.path.join(tmp, "ref_rrc.npz")
+        np.savez(ref, x=x.astype(np.float32),
+                 labels=np.array([c for _ in (0, 1) for _, c in samples[:per_epoch]]))
+        rc1, log1, got = train(forge_train, bundle, root, tmp, "rrc",
+                               ["--no-shuffle", "--seed", "7", "--random-resized-crop",
+                                "--workers", "3"], steps=2 * per_epoch // BATCH)
+        rc2, log2, want = train(forge_train, bundle, ref, tmp, "rrc_ref", ["--no-shuffle"])
+        ok = rc1 == 0 and rc2 == 0 and len(got) == len(want) == 2 * per_epoch // BATCH
+        err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf"))
+        rep.check("random-resized-crop", ok and err <= REL,
+                  f"{len(got)} steps over 2 epochs, max rel {err:.2e} (<= {REL})" if ok else
+                  f"{e2e.failure(rc1, log1)} | {e2e.failure(rc2, log2)} | {got} {want}")
+        rc, _, log = e2e.run([forge_train, bundle, "--data", root, "--device", "cpu",
+                              "--steps", "1", "--crop-scale", "0.5,1"], 60)
+        rep.check("--crop-scale alone", rc not in (0, None) and "--random-resized-crop" in log,
+                  e2e.tail(log, 1))
 
         # --augment pixels,normalize=imagenet: the bundle takes u8 [B, H, W, 3] pixels and
         # normalizes them in the graph; its losses equal the plain bundle's on the reference

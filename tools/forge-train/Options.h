@@ -34,6 +34,8 @@ struct Options {
   std::vector<float> imageMean, imageStd;
   std::string imageNormalize; // "imagenet": ImageNet's mean/std unless given
   std::string badRecords = "fail";
+  bool randomResizedCrop = false;
+  std::vector<double> cropScale; // min,max of the area share (--random-resized-crop)
   int64_t steps = 0, epochs = 0;
   uint64_t seed = 0;
   bool seedGiven = false;

@@ -430,7 +430,14 @@ Expected<int> train(const Options &opts, Progress &progress) {
       dataOptions.image.std = {0.229f, 0.224f, 0.225f};
   }
   dataOptions.image.skipBadRecords = opts.badRecords == "skip";
-  auto trainData = openDataSource(opts.data, dataOptions);
+  if (!opts.cropScale.empty() && !opts.randomResizedCrop)
+    return Status::error("--crop-scale applies to --random-resized-crop, which is not given");
+  DataSourceOptions trainOptions = dataOptions; // eval data keeps the centre crop
+  trainOptions.image.randomResizedCrop = opts.randomResizedCrop;
+  trainOptions.image.seed = opts.seed;
+  if (opts.cropScale.size() == 2)
+    trainOptions.image.scaleMin = opts.cropScale[0], trainOptions.image.scaleMax = opts.cropScale[1];
+  auto trainData = openDataSource(opts.data, trainOptions);
   if (!trainData)
     return trainData.status().prefix("--data");
   std::unique_ptr<DataSource> evalData;

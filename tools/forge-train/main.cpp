@@ -280,6 +280,18 @@ void addOptions(CLI::App &app, Options &opts) {
                  "0.229,0.224,0.225) where --image-mean/--image-std are not given")
       ->check(CLI::IsMember({"imagenet", "none"}))
       ->group(data);
+  app.add_flag("--random-resized-crop", opts.randomResizedCrop,
+               "Image folders, --data only: a random box per sample and epoch (area share "
+               "in --crop-scale, aspect ratio 3/4..4/3 log-uniform, as torchvision's "
+               "RandomResizedCrop) scaled to the image input instead of the centre crop; "
+               "seeded by --seed, the epoch and the sample (--eval-data keeps the centre "
+               "crop)")
+      ->group(data);
+  app.add_option("--crop-scale", opts.cropScale,
+                 "--random-resized-crop's area share MIN,MAX (default 0.08,1)")
+      ->delimiter(',')
+      ->expected(2)
+      ->group(data);
   app.add_option("--bad-records", opts.badRecords,
                  "A file that does not read or decode: 'fail' (default) stops with its path and "
                  "sample index; 'skip' warns once per file and uses the next good sample")

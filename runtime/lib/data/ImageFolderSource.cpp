@@ -12,8 +12,12 @@
 // still covers the crop) and libpng's simplified API, to 8-bit RGB; then one
 // bilinear pass (half-pixel centres) that scales the shorter side to `resize`
 // (0: the smallest scale that covers the crop) and takes the centre crop the
-// bundle's input asks for. Float inputs get (pixel / 255 - mean[c]) / std[c];
-// uint8 inputs the pixels themselves.
+// bundle's input asks for. With randomResizedCrop (training) the crop is instead a
+// random box (area share and log-uniform aspect ratio, as torchvision's
+// RandomResizedCrop) scaled to the input's size, drawn from Philox keyed by
+// (seed, epoch, sample index): independent of workers, repeated on resume.
+// Float inputs get (pixel / 255 - mean[c]) / std[c]; uint8 inputs the pixels
+// themselves.
 //
 // Invariants:
 //  * bind() needs exactly an image input ([3, H, W] or [H, W, 3] of f32, bf16,
@@ -44,6 +48,7 @@
 
 #include "DataUtil.h"
 #include "forge/runtime/DataSource.h"
+#include "forge/runtime/Philox.h"
 #include "forge/runtime/Tensor.h"
 
 namespace forge::rt {
@@ -241,6 +246,7 @@ public:
 
   int64_t numSamples() const override { return static_cast<int64_t>(samples_.size()); }
   bool concurrentFill() const override { return true; }
+  void setEpoch(uint64_t epoch) override { epoch_ = epoch; }
 
   Status fill(std::span<const int64_t> indices, std::span<void *const> outs) override {
     if (outs.size() != fields_.size() || imageField_ < 0)
@@ -261,12 +267,24 @@ public:
                              numSamples());
       // A bad record: an error, or the next good sample in folder order.
       int64_t used = idx;
+      Box box{};
+      int origW = 0, origH = 0;
+      // The crop's scaling of a w x h image (JPEGs: before decoding, for the DCT shrink).
+      auto scaling = [&](int w, int h) {
+        origW = w, origH = h;
+        if (!options_.randomResizedCrop)
+          return scaleOf(w, h);
+        box = randomBox(w, h, idx);
+        return std::max(width_ / box.w, height_ / box.h);
+      };
       for (int64_t tries = 0;; ++tries) {
         const Sample &s = samples_[static_cast<size_t>(used)];
         Status st = readWhole(s.path, file);
-        if (st.isOk())
-          st = isPng(file) ? decodePng(file, rgb)
-                           : decodeJpeg(file, [&](int w, int h) { return scaleOf(w, h); }, rgb);
+        if (st.isOk()) {
+          st = isPng(file) ? decodePng(file, rgb) : decodeJpeg(file, scaling, rgb);
+          if (st.isOk() && isPng(file))
+            scaling(rgb.width, rgb.height);
+        }
         if (st.isOk())
           break;
         Status bad = Status::error("{} (sample {} of {}): {}", s.path, used, root_, st.message());
@@ -277,11 +295,15 @@ public:
           return Status::error("{}: no image decodes (the last: {})", describe(), bad.message());
         used = (used + 1) % numSamples();
       }
+      const Geometry geometry =
+          options_.randomResizedCrop
+              ? boxGeometry(box, double(rgb.width) / origW, double(rgb.height) / origH)
+              : centre(rgb.width, rgb.height);
       uint8_t *dst = imgOut + i * imageBytes;
       if (img.dtype == bundle::U8) {
         // Round half up (v is a bilinear mix of u8 values, within [0, 255]); in double, so
         // that v + 0.5 is exact (std::lround's call per value tripled the fill time).
-        cropInto(rgb, [&](size_t o, int c, float v) {
+        cropInto(rgb, geometry, [&](size_t o, int c, float v) {
           dst[o * 3 + static_cast<size_t>(c)] =
               static_cast<uint8_t>(std::min(255.0, std::max(0.0, static_cast<double>(v) + 0.5)));
         });
@@ -289,7 +311,7 @@ public:
           toChannelsFirst(dst, pixels);
       } else {
         f32.resize(pixels * 3);
-        cropInto(rgb, [&](size_t o, int c, float v) {
+        cropInto(rgb, geometry, [&](size_t o, int c, float v) {
           const size_t at = channelsFirst_ ? static_cast<size_t>(c) * pixels + o : o * 3 + c;
           f32[at] = (v * (1.0f / 255.0f) - mean_[c]) * invStd_[c];
         });
@@ -315,6 +337,56 @@ private:
   /// Scales `rgb` so that the shorter side is options_.resize (or just covers the
   /// crop) and calls put(pixel offset, channel, value in [0, 255]) for the centre
   /// crop, bilinear with half-pixel centres.
+  /// Output pixel (x, y) samples source (x + offX + 0.5) / scaleX - 0.5 (and so for y).
+  struct Geometry {
+    double scaleX, scaleY, offX, offY;
+  };
+  /// The centre crop of a w x h image (the shorter side to options_.resize first).
+  Geometry centre(int w, int h) const {
+    const double s = scaleOf(w, h);
+    return {s, s, (w * s - width_) / 2, (h * s - height_) / 2};
+  }
+  /// A random-resized crop's box in a w x h image, as torchvision draws it: up to 10
+  /// tries of an area share and a log-uniform aspect ratio whose box fits, then the
+  /// centre crop at the ratio clamped to the range. Philox keyed by (seed, epoch, sample).
+  struct Box {
+    double x0, y0, w, h;
+  };
+  Box randomBox(int w, int h, int64_t sample) const {
+    const uint64_t seed = options_.seed;
+    auto uniforms = [&](uint32_t attempt) {
+      auto r = philox4x32({uint32_t(sample), uint32_t(uint64_t(sample) >> 32),
+                           uint32_t(epoch_), attempt},
+                          {uint32_t(seed) ^ 0x52524331u, uint32_t(seed >> 32)});
+      std::array<double, 4> u;
+      for (int i = 0; i < 4; ++i)
+        u[i] = (r[i] >> 8) * (1.0 / 16777216.0); // [0, 1) on a 2^-24 grid
+      return u;
+    };
+    const double area = double(w) * h;
+    const double logLo = std::log(options_.ratioMin), logHi = std::log(options_.ratioMax);
+    for (uint32_t attempt = 0; attempt < 10; ++attempt) {
+      auto u = uniforms(attempt);
+      const double target = area * (options_.scaleMin + (options_.scaleMax - options_.scaleMin) * u[0]);
+      const double ratio = std::exp(logLo + (logHi - logLo) * u[1]);
+      const double bw = std::round(std::sqrt(target * ratio)), bh = std::round(std::sqrt(target / ratio));
+      if (bw > 0 && bw <= w && bh > 0 && bh <= h)
+        return {std::floor(u[2] * (w - bw + 1)), std::floor(u[3] * (h - bh + 1)), bw, bh};
+    }
+    const double ratio = double(w) / h;
+    double bw = w, bh = h;
+    if (ratio < options_.ratioMin)
+      bh = std::round(w / options_.ratioMin);
+    else if (ratio > options_.ratioMax)
+      bw = std::round(h * options_.ratioMax);
+    return {std::floor((w - bw) / 2), std::floor((h - bh) / 2), bw, bh};
+  }
+  /// The box's geometry on the decoded image (`fx`, `fy`: decoded over original size).
+  Geometry boxGeometry(const Box &b, double fx, double fy) const {
+    const double sx = width_ / (b.w * fx), sy = height_ / (b.h * fy);
+    return {sx, sy, b.x0 * fx * sx, b.y0 * fy * sy};
+  }
+
   double scaleOf(int w, int h) const {
     const double cover =
         std::max(static_cast<double>(width_) / w, static_cast<double>(height_) / h);
@@ -323,15 +395,14 @@ private:
     return std::max(scale, cover); // the crop never leaves the image
   }
 
-  template <typename Put> void cropInto(const Rgb &rgb, Put put) const {
-    const double scale = scaleOf(rgb.width, rgb.height);
-    const double offX = (rgb.width * scale - width_) / 2, offY = (rgb.height * scale - height_) / 2;
+  template <typename Put> void cropInto(const Rgb &rgb, const Geometry &g, Put put) const {
+    const double scaleX = g.scaleX, scaleY = g.scaleY, offX = g.offX, offY = g.offY;
     // Each output column's two source columns (byte offsets) and weight, once per image.
     thread_local std::vector<int> left, right;
     thread_local std::vector<float> wx;
     left.resize(static_cast<size_t>(width_)), right.resize(left.size()), wx.resize(left.size());
     for (int64_t x = 0; x < width_; ++x) {
-      const double sx = std::clamp((x + offX + 0.5) / scale - 0.5, 0.0, rgb.width - 1.0);
+      const double sx = std::clamp((x + offX + 0.5) / scaleX - 0.5, 0.0, rgb.width - 1.0);
       const int x0 = static_cast<int>(sx);
       left[static_cast<size_t>(x)] = x0 * 3;
       right[static_cast<size_t>(x)] = std::min(x0 + 1, rgb.width - 1) * 3;
@@ -339,7 +410,7 @@ private:
     }
     const size_t stride = static_cast<size_t>(rgb.width) * 3;
     for (int64_t y = 0; y < height_; ++y) {
-      const double sy = std::clamp((y + offY + 0.5) / scale - 0.5, 0.0, rgb.height - 1.0);
+      const double sy = std::clamp((y + offY + 0.5) / scaleY - 0.5, 0.0, rgb.height - 1.0);
       const int y0 = static_cast<int>(sy), y1 = std::min(y0 + 1, rgb.height - 1);
       const float fy = static_cast<float>(sy - y0);
       const uint8_t *row0 = rgb.pixels.data() + static_cast<size_t>(y0) * stride;
@@ -381,6 +452,7 @@ private:
   bool channelsFirst_ = true;
   int64_t height_ = 0, width_ = 0;
   std::vector<float> mean_, invStd_;
+  uint64_t epoch_ = 0;
   std::mutex warnMutex_;
   std::set<std::string> warned_;
 };
@@ -395,6 +467,12 @@ Expected<std::unique_ptr<DataSource>> openImageFolder(const std::string &root,
   for (float s : options.std)
     if (!(s > 0) || !std::isfinite(s))
       return Status::error("--image-std values must be positive, not {}", s);
+  if (options.randomResizedCrop &&
+      !(options.scaleMin > 0 && options.scaleMin <= options.scaleMax && options.scaleMax <= 1 &&
+        options.ratioMin > 0 && options.ratioMin <= options.ratioMax))
+    return Status::error("--random-resized-crop needs 0 < scale min <= max <= 1 and 0 < ratio "
+                         "min <= max (got scale {}..{}, ratio {}..{})",
+                         options.scaleMin, options.scaleMax, options.ratioMin, options.ratioMax);
   if (options.resize < 0)
     return Status::error("--image-resize must not be negative, not {}", options.resize);
   std::error_code ec;

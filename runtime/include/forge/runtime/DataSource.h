@@ -56,6 +56,9 @@ public:
   /// Whether fill() may run on several threads at once, each with its own
   /// indices and buffers (data workers split a batch that way).
   virtual bool concurrentFill() const { return false; }
+  /// The epoch of the samples the next fill() calls take (random augmentation is a
+  /// pure function of seed, epoch and sample index; the trainer sets it per step).
+  virtual void setEpoch(uint64_t epoch) { (void)epoch; }
   /// The file(s) behind this source, for messages.
   virtual std::string describe() const = 0;
   /// Arrays the last bind() did not use (callers may warn about them).
@@ -70,6 +73,12 @@ struct ImageOptions {
   int64_t resize = 0;           // shorter side before the centre crop; 0: just cover the crop
   std::vector<float> mean, std; // per channel (R, G, B) of pixel / 255, float inputs only
   bool skipBadRecords = false;  // a bad file: a warning and the next good sample, not an error
+  /// Random-resized crop (training): a box of a random share of the area in [scaleMin,
+  /// scaleMax] and aspect ratio in [ratioMin, ratioMax] (log-uniform) instead of the centre
+  /// crop, drawn from Philox keyed by seed, epoch and sample index.
+  bool randomResizedCrop = false;
+  double scaleMin = 0.08, scaleMax = 1.0, ratioMin = 3.0 / 4.0, ratioMax = 4.0 / 3.0;
+  uint64_t seed = 0;
 };
 
 struct DataSourceOptions {
