@@ -11,7 +11,7 @@ same bundle fed from in-memory arrays, on one GPU.
       count (forge-train --image-resize 256 --image-normalize imagenet: decode, scale, centre
       crop on the CPU workers), and with --augmented A.forge (B compiled with forgec --augment
       pixels,normalize=imagenet[,flip]: u8 pixels, normalized on the GPU) from D with the
-      last --workers count; prints one line per run: median step time after the
+      last --workers count, centre crops and --random-resized-crop; prints one line per run: median step time after the
       warm-up, images/s, and forge-train's input-stall line (how long the compute stream
       waited for its batches)
 
@@ -78,9 +78,12 @@ def run(a):
     if a.augmented:
         w = a.workers[-1]
         bundle, a.bundle = a.bundle, a.augmented
-        dt, log = train(a, a.images, ["--workers", str(w), "--image-resize", "256"], "aug")
+        for extra in ([], ["--random-resized-crop"]):
+            dt, log = train(a, a.images, ["--workers", str(w), "--image-resize", "256"] + extra,
+                            "aug")
+            rows.append((f"JPEG folder, --workers {w}, u8 pixels (--augment bundle) "
+                         f"{' '.join(extra)}", dt, log))
         a.bundle = bundle
-        rows.append((f"JPEG folder, --workers {w}, u8 pixels (--augment bundle)", dt, log))
     batch = len(np.load(a.npz)["labels"]) // a.npz_batches if a.npz_batches else None
     for label, dt, log in rows:
         if dt is None:
