@@ -18,8 +18,9 @@ Trains a fixture's bundle (tests/fixtures/mlp_adamw: .npz arrays, shuffled) for 
                     forge-train ends with its "input stall" line; on the CPU there is no such
                     field (the CPU does not wait for a batch: it fills it)
   GPU sensors       on a GPU, the last step's metrics line has NVML's power, temperature, SM
-                    clock and busy percentage within physical bounds, and the run ends with a
-                    "GPU sensors (NVML" line; on the CPU neither appears
+                    clock and busy percentage within physical bounds, the last progress line
+                    shows watts, MHz and busy %, and the run ends with a "GPU sensors (NVML"
+                    line; on the CPU neither appears
 
   test_input_pipeline.py [--bin-dir DIR | --forgec F --forge-train T] [--device cpu|cuda]
                          [--bundles DIR [--compile-only]]
@@ -31,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 
@@ -137,6 +139,14 @@ def main():
                           str({k: v for k, v in last.items() if k.startswith("gpu_")}))
                 line = next((l for l in log.splitlines() if "GPU sensors (NVML" in l), "")
                 rep.check(f"--workers {w}: GPU sensors line", bool(line), line or e2e.tail(log))
+                # The last progress line shows them too: watts, SM clock, busy share (and
+                # a stall share that is a share: it once printed 13474%).
+                progress = [l for l in log.replace("\r", "\n").splitlines() if "ETA" in l]
+                shown = progress and re.search(r"\| \d+ W \d+ MHz busy \d+% \|", progress[-1])
+                stall = re.search(r"stall ([0-9.]+)%", progress[-1]) if progress else None
+                shown = shown and (stall is None or float(stall.group(1)) <= 100)
+                rep.check(f"--workers {w}: sensors on the progress line", bool(shown),
+                          progress[-1] if progress else e2e.tail(log))
             else:
                 rep.check(f"--workers {w}: no gpu_idle_s on the CPU", idle.count(None) == len(recs),
                           f"{len(recs) - idle.count(None)} lines have it")

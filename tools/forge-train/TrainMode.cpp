@@ -612,8 +612,12 @@ Expected<int> train(const Options &opts, Progress &progress) {
     ++windowSteps;
     lastLoss = r->loss;
     if (r->idleSeconds && ranSteps > 3) {
-      idleSeconds += *r->idleSeconds;
-      windowIdle += *r->idleSeconds;
+      // A gap can reach back before this step's wall time (the first counted step's
+      // covers a graph capture): at most the step's own time counts as its stall. A
+      // tiny MLP printed "stall 13474%" on an H200 without this.
+      const double idle = std::min(*r->idleSeconds, dt);
+      idleSeconds += idle;
+      windowIdle += idle;
       timedSeconds += dt;
       windowTimed += dt;
     }
@@ -682,8 +686,14 @@ Expected<int> train(const Options &opts, Progress &progress) {
                             bytesText(static_cast<double>(device.planBytes)));
       if (windowTimed > 0)
         text += fmt::format(" | stall {:.1f}%", 100.0 * windowIdle / windowTimed);
+      // The NVML readings that say whether the GPU works flat out: power, SM clock
+      // (throttling), the driver's busy share.
       if (gpu.powerWatts)
         text += fmt::format(" | {:.0f} W", *gpu.powerWatts);
+      if (gpu.smClockMHz)
+        text += fmt::format(" {} MHz", *gpu.smClockMHz);
+      if (gpu.busyPercent)
+        text += fmt::format(" busy {}%", *gpu.busyPercent);
       text += fmt::format(" | ETA {}", duration(perStep * static_cast<double>(total - s)));
       progress.draw(text);
       windowSeconds = 0;
