@@ -222,10 +222,13 @@ Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::stri
     return Status::ok();
   };
   std::error_code ec;
-  if (std::filesystem::is_directory(specs.front(), ec)) {
+  const bool lmdbFile = endsWith(specs.front(), ".mdb");
+  if (std::filesystem::is_directory(specs.front(), ec) || lmdbFile) {
     if (specs.size() != 1)
-      return Status::error("an image folder ({}) is the only data of a run; got {} specs",
+      return Status::error("an image folder or LMDB ({}) is the only data of a run; got {} specs",
                            specs.front(), specs.size());
+    if (lmdbFile || std::filesystem::exists(specs.front() + "/data.mdb", ec))
+      return openImageLmdb(specs.front(), options.image);
     return openImageFolder(specs.front(), options.image);
   }
   for (const std::string &spec : specs) {

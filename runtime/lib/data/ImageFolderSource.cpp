@@ -41,6 +41,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <lmdb.h>
 #include <png.h>
 #include <turbojpeg.h>
 
@@ -176,12 +177,27 @@ struct Sample {
   int64_t label;
 };
 
-class ImageFolderSource final : public DataSource {
+/// One record of an image source: encoded bytes (JPEG/PNG), or raw 8-bit pixels in
+/// `rgb` (channels-last RGB) when `raw`; its label; its name for messages.
+struct Record {
+  std::vector<uint8_t> bytes;
+  bool raw = false;
+  Rgb rgb;
+  int64_t label = 0;
+  std::string name;
+};
+
+/// Decoding, crops, normalization and bad-record handling of images from a source of
+/// records (an image folder, an LMDB); subclasses say how many records there are, how
+/// many classes, and read one.
+class ImageSource : public DataSource {
 public:
-  ImageFolderSource(std::string root, std::vector<std::string> classes, std::vector<Sample> samples,
-                    int64_t ignored, ImageOptions options)
-      : root_(std::move(root)), classes_(std::move(classes)), samples_(std::move(samples)),
-        ignored_(ignored), options_(std::move(options)) {}
+  explicit ImageSource(ImageOptions options) : options_(std::move(options)) {}
+  virtual int64_t numRecords() const = 0;
+  virtual int64_t numClasses() const = 0;
+  virtual const char *classesNoun() const = 0; // "class folders", "classes"
+  /// Reads record `index` (thread-safe).
+  virtual Status readRecord(int64_t index, Record &out) = 0;
 
   Status bind(const std::vector<DataField> &fields) override {
     fields_ = fields;
@@ -227,11 +243,11 @@ public:
       return Status::error("{}: the label input '{}' is {} {}; an image folder feeds class "
                            "indices [B] of an integer type",
                            describe(), lab.name, dtypeName(lab.dtype), data::batchShape(lab));
-    const int64_t classes = static_cast<int64_t>(classes_.size());
-    if ((lab.numClasses > 0 && classes > lab.numClasses) ||
-        classes - 1 > data::maxOfIntType(lab.dtype))
-      return Status::error("{}: {} class folders, but the label input '{}' takes {} classes", describe(),
-                           classes, lab.name,
+    const int64_t classes = numClasses(); // < 0: not known before reading (checked per record)
+    if (classes >= 0 && ((lab.numClasses > 0 && classes > lab.numClasses) ||
+                         classes - 1 > data::maxOfIntType(lab.dtype)))
+      return Status::error("{}: {} {}, but the label input '{}' takes {} classes", describe(),
+                           classes, classesNoun(), lab.name,
                            lab.numClasses > 0 ? lab.numClasses : data::maxOfIntType(lab.dtype) + 1);
     if (img.dtype == bundle::U8 && (!options_.mean.empty() || !options_.std.empty()))
       return Status::error("{}: the image input '{}' is u8 (raw pixels); --image-mean/--image-std "
@@ -244,7 +260,7 @@ public:
     return Status::ok();
   }
 
-  int64_t numSamples() const override { return static_cast<int64_t>(samples_.size()); }
+  int64_t numSamples() const override { return numRecords(); }
   bool concurrentFill() const override { return true; }
   void setEpoch(uint64_t epoch) override { epoch_ = epoch; }
 
@@ -257,7 +273,7 @@ public:
     const size_t imageBytes = pixels * 3 * dtypeSize(img.dtype);
     uint8_t *imgOut = static_cast<uint8_t *>(outs[imageField_]);
     uint8_t *labOut = static_cast<uint8_t *>(outs[labelField_]);
-    std::vector<uint8_t> file;
+    Record record;
     Rgb rgb;
     std::vector<float> f32;
     for (size_t i = 0; i < indices.size(); ++i) {
@@ -278,19 +294,23 @@ public:
         return std::max(width_ / box.w, height_ / box.h);
       };
       for (int64_t tries = 0;; ++tries) {
-        const Sample &s = samples_[static_cast<size_t>(used)];
-        Status st = readWhole(s.path, file);
-        if (st.isOk()) {
+        Status st = readRecord(used, record);
+        if (st.isOk() && record.raw) {
+          std::swap(rgb, record.rgb);
+          scaling(rgb.width, rgb.height);
+        } else if (st.isOk()) {
+          const std::vector<uint8_t> &file = record.bytes;
           st = isPng(file) ? decodePng(file, rgb) : decodeJpeg(file, scaling, rgb);
           if (st.isOk() && isPng(file))
             scaling(rgb.width, rgb.height);
         }
         if (st.isOk())
           break;
-        Status bad = Status::error("{} (sample {} of {}): {}", s.path, used, root_, st.message());
+        Status bad = Status::error("{} (sample {} of {}): {}", record.name, used, origin(),
+                                   st.message());
         if (!options_.skipBadRecords)
           return bad;
-        warnOnce(s.path, bad.message());
+        warnOnce(record.name, bad.message());
         if (tries + 1 >= numSamples())
           return Status::error("{}: no image decodes (the last: {})", describe(), bad.message());
         used = (used + 1) % numSamples();
@@ -321,17 +341,20 @@ public:
           narrowFloatsInto(reinterpret_cast<const uint8_t *>(f32.data()), f32.size() * 4,
                            img.dtype, dst);
       }
-      data::storeInt(labOut + i * dtypeSize(lab.dtype), lab.dtype,
-                     samples_[static_cast<size_t>(used)].label);
+      if ((lab.numClasses > 0 && !data::labelOk(lab, record.label)) || record.label < 0 ||
+          record.label > data::maxOfIntType(lab.dtype))
+        return Status::error("{} (sample {} of {}): label {} is outside [0, {})", record.name,
+                             used, origin(), record.label,
+                             lab.numClasses > 0 ? lab.numClasses
+                                                : data::maxOfIntType(lab.dtype) + 1);
+      data::storeInt(labOut + i * dtypeSize(lab.dtype), lab.dtype, record.label);
     }
     return Status::ok();
   }
 
-  std::string describe() const override {
-    return fmt::format("image folder {} ({} classes, {} images{})", root_, classes_.size(),
-                       samples_.size(),
-                       ignored_ ? fmt::format(", {} other files ignored", ignored_) : "");
-  }
+protected:
+  /// The file or folder behind the source (messages).
+  virtual std::string origin() const = 0;
 
 private:
   /// Scales `rgb` so that the shorter side is options_.resize (or just covers the
@@ -442,10 +465,6 @@ private:
       fmt::print(stderr, "warning: skipping a bad record: {}\n", message);
   }
 
-  std::string root_;
-  std::vector<std::string> classes_;
-  std::vector<Sample> samples_;
-  int64_t ignored_ = 0;
   ImageOptions options_;
   std::vector<DataField> fields_;
   int imageField_ = -1, labelField_ = -1;
@@ -457,7 +476,202 @@ private:
   std::set<std::string> warned_;
 };
 
+class ImageFolderSource final : public ImageSource {
+public:
+  ImageFolderSource(std::string root, std::vector<std::string> classes, std::vector<Sample> samples,
+                    int64_t ignored, ImageOptions options)
+      : ImageSource(std::move(options)), root_(std::move(root)), classes_(std::move(classes)),
+        samples_(std::move(samples)), ignored_(ignored) {}
+
+  int64_t numRecords() const override { return static_cast<int64_t>(samples_.size()); }
+  int64_t numClasses() const override { return static_cast<int64_t>(classes_.size()); }
+  const char *classesNoun() const override { return "class folders"; }
+  Status readRecord(int64_t index, Record &out) override {
+    const Sample &s = samples_[static_cast<size_t>(index)];
+    out.raw = false;
+    out.label = s.label;
+    out.name = s.path;
+    return readWhole(s.path, out.bytes);
+  }
+  std::string describe() const override {
+    return fmt::format("image folder {} ({} classes, {} images{})", root_, classes_.size(),
+                       samples_.size(),
+                       ignored_ ? fmt::format(", {} other files ignored", ignored_) : "");
+  }
+
+protected:
+  std::string origin() const override { return root_; }
+
+private:
+  std::string root_;
+  std::vector<std::string> classes_;
+  std::vector<Sample> samples_;
+  int64_t ignored_ = 0;
+};
+
+/// Caffe's Datum (caffe.proto: channels 1, height 2, width 3, data 4, label 5,
+/// float_data 6, encoded 7), parsed by hand: the one message an image LMDB holds.
+Status parseDatum(std::span<const uint8_t> b, Record &out) {
+  int64_t channels = 0, height = 0, width = 0;
+  bool encoded = false, floats = false;
+  std::span<const uint8_t> data;
+  size_t at = 0;
+  auto varint = [&](uint64_t &v) {
+    v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (at >= b.size())
+        return false;
+      const uint8_t byte = b[at++];
+      v |= uint64_t(byte & 0x7f) << shift;
+      if (!(byte & 0x80))
+        return true;
+    }
+    return false;
+  };
+  out.label = 0;
+  while (at < b.size()) {
+    uint64_t key = 0, v = 0;
+    if (!varint(key))
+      return Status::error("not a Caffe Datum: a truncated field key at byte {}", at);
+    const uint64_t field = key >> 3, wire = key & 7;
+    if (wire == 0) {
+      if (!varint(v))
+        return Status::error("not a Caffe Datum: a truncated number at byte {}", at);
+      if (field == 1)
+        channels = static_cast<int64_t>(v);
+      else if (field == 2)
+        height = static_cast<int64_t>(v);
+      else if (field == 3)
+        width = static_cast<int64_t>(v);
+      else if (field == 5)
+        out.label = static_cast<int32_t>(v); // int32 (negative as 10-byte varints)
+      else if (field == 7)
+        encoded = v != 0;
+    } else if (wire == 2) {
+      if (!varint(v) || v > b.size() - at)
+        return Status::error("not a Caffe Datum: field {} runs past the record's {} bytes", field,
+                             b.size());
+      if (field == 4)
+        data = b.subspan(at, static_cast<size_t>(v));
+      floats |= field == 6;
+      at += static_cast<size_t>(v);
+    } else if (wire == 5 || wire == 1) {
+      const size_t n = wire == 5 ? 4 : 8;
+      if (b.size() - at < n)
+        return Status::error("not a Caffe Datum: a truncated field {}", field);
+      floats |= field == 6;
+      at += n;
+    } else {
+      return Status::error("not a Caffe Datum: wire type {} of field {}", wire, field);
+    }
+  }
+  if (encoded) {
+    out.raw = false;
+    out.bytes.assign(data.begin(), data.end());
+    return Status::ok();
+  }
+  if (data.empty() && floats)
+    return Status::error("a Datum of float_data (not 8-bit pixels) is not an image record");
+  if ((channels != 1 && channels != 3) || height <= 0 || width <= 0 ||
+      height * width > kMaxDecodedPixels || static_cast<int64_t>(data.size()) != channels * height * width)
+    return Status::error("a raw Datum of {} bytes for {} x {} x {} pixels", data.size(), channels,
+                         height, width);
+  // Caffe stores raw pixels channels-first in OpenCV's BGR order.
+  out.raw = true;
+  out.rgb.width = static_cast<int>(width), out.rgb.height = static_cast<int>(height);
+  out.rgb.pixels.resize(static_cast<size_t>(height * width * 3));
+  const size_t plane = static_cast<size_t>(height * width);
+  for (size_t o = 0; o < plane; ++o)
+    for (size_t c = 0; c < 3; ++c)
+      out.rgb.pixels[o * 3 + c] = channels == 1 ? data[o] : data[(2 - c) * plane + o];
+  return Status::ok();
+}
+
+/// An LMDB of Caffe Datum records (convert_imageset's output; encoded JPEG/PNG or raw
+/// pixels), samples in key order. Opened read-only without the lock file: nothing may
+/// write the database while training reads it.
+class LmdbImageSource final : public ImageSource {
+public:
+  LmdbImageSource(std::string path, MDB_env *env, MDB_dbi dbi, std::vector<std::string> keys,
+                  ImageOptions options)
+      : ImageSource(std::move(options)), path_(std::move(path)), env_(env), dbi_(dbi),
+        keys_(std::move(keys)) {}
+  ~LmdbImageSource() override { mdb_env_close(env_); }
+
+  int64_t numRecords() const override { return static_cast<int64_t>(keys_.size()); }
+  int64_t numClasses() const override { return -1; }
+  const char *classesNoun() const override { return "classes"; }
+  Status readRecord(int64_t index, Record &out) override {
+    const std::string &key = keys_[static_cast<size_t>(index)];
+    out.name = fmt::format("{} record '{}'", path_, key);
+    MDB_txn *txn = nullptr;
+    if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn); rc != 0)
+      return Status::error("LMDB: {}", mdb_strerror(rc));
+    MDB_val k{key.size(), const_cast<char *>(key.data())}, v{};
+    int rc = mdb_get(txn, dbi_, &k, &v);
+    Status st = rc != 0 ? Status::error("LMDB: {}", mdb_strerror(rc))
+                        : parseDatum({static_cast<const uint8_t *>(v.mv_data), v.mv_size}, out);
+    mdb_txn_abort(txn);
+    return st;
+  }
+  std::string describe() const override {
+    return fmt::format("LMDB {} ({} records)", path_, keys_.size());
+  }
+
+protected:
+  std::string origin() const override { return path_; }
+
+private:
+  std::string path_;
+  MDB_env *env_;
+  MDB_dbi dbi_;
+  std::vector<std::string> keys_;
+};
+
 } // namespace
+
+Expected<std::unique_ptr<DataSource>> openImageLmdb(const std::string &path,
+                                                    const ImageOptions &options) {
+  std::error_code ec;
+  const bool dir = fs::is_directory(path, ec);
+  MDB_env *env = nullptr;
+  if (int rc = mdb_env_create(&env); rc != 0)
+    return Status::error("{}: LMDB: {}", path, mdb_strerror(rc));
+  const unsigned flags = MDB_RDONLY | MDB_NOTLS | MDB_NOLOCK | (dir ? 0 : MDB_NOSUBDIR);
+  if (int rc = mdb_env_open(env, path.c_str(), flags, 0); rc != 0) {
+    mdb_env_close(env);
+    return Status::error("{}: not a readable LMDB: {}", path, mdb_strerror(rc));
+  }
+  MDB_txn *txn = nullptr;
+  MDB_dbi dbi = 0;
+  MDB_cursor *cursor = nullptr;
+  std::vector<std::string> keys;
+  int rc = mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn);
+  if (rc == 0)
+    rc = mdb_dbi_open(txn, nullptr, 0, &dbi);
+  if (rc == 0)
+    rc = mdb_cursor_open(txn, dbi, &cursor);
+  if (rc == 0) {
+    MDB_val k{}, v{};
+    while ((rc = mdb_cursor_get(cursor, &k, &v, MDB_NEXT)) == 0)
+      keys.emplace_back(static_cast<const char *>(k.mv_data), k.mv_size);
+    if (rc == MDB_NOTFOUND)
+      rc = 0;
+    mdb_cursor_close(cursor);
+  }
+  if (txn)
+    mdb_txn_abort(txn);
+  if (rc != 0) {
+    mdb_env_close(env);
+    return Status::error("{}: LMDB: {}", path, mdb_strerror(rc));
+  }
+  if (keys.empty()) {
+    mdb_env_close(env);
+    return Status::error("{}: the LMDB holds no records", path);
+  }
+  return std::unique_ptr<DataSource>(
+      std::make_unique<LmdbImageSource>(path, env, dbi, std::move(keys), options));
+}
 
 Expected<std::unique_ptr<DataSource>> openImageFolder(const std::string &root,
                                                       const ImageOptions &options) {

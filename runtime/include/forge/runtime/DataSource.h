@@ -90,7 +90,8 @@ struct DataSourceOptions {
 ///   FILE.npz          arrays by name (several archives merge; a name twice is an error)
 ///   NAME=FILE.npy     one array
 ///   FILE.bin          raw little-endian token ids (GPT-style next-token batches)
-///   DIR               an image folder: DIR/CLASS/*.jpg|jpeg|png (ImageNet's layout)
+///   DIR               an image folder: DIR/CLASS/*.jpg|jpeg|png (ImageNet's layout), or an
+///                     LMDB of Caffe Datum records (DIR/data.mdb; also FILE.mdb)
 /// Token shards, image folders and arrays do not mix. Errors name the file.
 Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::string> &specs,
                                                      const DataSourceOptions &options = {});
@@ -99,6 +100,11 @@ Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::stri
 /// (libjpeg-turbo, libpng) into an image input and a class-index label input.
 Expected<std::unique_ptr<DataSource>> openImageFolder(const std::string &root,
                                                       const ImageOptions &options = {});
+
+/// An LMDB of Caffe Datum records (encoded JPEG/PNG, or raw 8-bit BGR pixels), in key
+/// order, labels from the records: the same decoding and crops as image folders.
+Expected<std::unique_ptr<DataSource>> openImageLmdb(const std::string &path,
+                                                    const ImageOptions &options = {});
 
 /// Arrays in memory (tests): first dim = sample. openDataSource maps .npy
 /// files and stored .npz members instead (mapNpy, mapNpz).
