@@ -84,8 +84,19 @@ FailureOr<LossSpec> mlir::forge::parseLossSpec(StringRef text, std::string &erro
     error = "unknown loss '" + spec.kind + "' (cross_entropy, mse, bce, output)";
     return failure();
   }
+  if (parts.size() == 3 && spec.kind == "cross_entropy" && parts[2].starts_with("smoothing=")) {
+    double v = 0;
+    if (!toDouble(parts[2].drop_front(10), v) || v < 0 || v >= 1) {
+      error = "--loss cross_entropy:...,smoothing=S takes 0 <= S < 1, not '" +
+              parts[2].drop_front(10).str() + "'";
+      return failure();
+    }
+    spec.smoothing = v;
+    parts.pop_back();
+  }
   if (parts.size() != 2 || parts[0].empty() || parts[1].empty()) {
-    error = "--loss " + spec.kind + ":OUTPUT,LABEL names a model output and the label input to add";
+    error = "--loss " + spec.kind + ":OUTPUT,LABEL names a model output and the label input to add" +
+            (spec.kind == "cross_entropy" ? " (and optionally smoothing=S)" : "");
     return failure();
   }
   spec.output = parts[0].str();
@@ -415,6 +426,9 @@ FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, 
     ClassRows c = classRows(bb, output, label);
     Value loss = b.create<NllLossOp>(loc, c.logProb, c.labels, Value(), b.getStringAttr("mean"),
                                      IntegerAttr());
+    if (spec.smoothing > 0) // (1 - s) NLL + s mean(-log p): every row's class mean, averaged
+      loss = bb.sub(bb.mulScalar(loss, 1.0 - spec.smoothing),
+                    bb.mulScalar(bb.meanAll(c.logProb), spec.smoothing));
     return std::make_pair(loss, wantCorrect ? bb.sumAll(c.hits(bb)) : Value());
   }
   Value target = bb.castTo(label, type.getElementType());

@@ -28,6 +28,9 @@ struct LossSpec {
   std::string output;
   /// Name of the label input Forge adds (not used for "output").
   std::string label;
+  /// cross_entropy's label smoothing (PyTorch's label_smoothing): the training loss is
+  /// (1 - s) * NLL + s * mean over classes of -log p; eval reports the plain NLL.
+  double smoothing = 0.0;
 };
 
 struct OptimizerSpec {
