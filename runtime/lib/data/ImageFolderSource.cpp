@@ -246,9 +246,11 @@ public:
     const int64_t classes = numClasses(); // < 0: not known before reading (checked per record)
     if (classes >= 0 && ((lab.numClasses > 0 && classes > lab.numClasses) ||
                          classes - 1 > data::maxOfIntType(lab.dtype)))
-      return Status::error("{}: {} {}, but the label input '{}' takes {} classes", describe(),
-                           classes, classesNoun(), lab.name,
-                           lab.numClasses > 0 ? lab.numClasses : data::maxOfIntType(lab.dtype) + 1);
+      return Status::error("{}: {} {}, but the label input '{}' takes {}", describe(), classes,
+                           classesNoun(), lab.name,
+                           lab.numClasses > 0
+                               ? fmt::format("{} classes", lab.numClasses)
+                               : fmt::format("labels up to {}", data::maxOfIntType(lab.dtype)));
     if (img.dtype == bundle::U8 && (!options_.mean.empty() || !options_.std.empty()))
       return Status::error("{}: the image input '{}' is u8 (raw pixels); --image-mean/--image-std "
                            "apply to float inputs only",
@@ -343,10 +345,11 @@ public:
       }
       if ((lab.numClasses > 0 && !data::labelOk(lab, record.label)) || record.label < 0 ||
           record.label > data::maxOfIntType(lab.dtype))
-        return Status::error("{} (sample {} of {}): label {} is outside [0, {})", record.name,
-                             used, origin(), record.label,
-                             lab.numClasses > 0 ? lab.numClasses
-                                                : data::maxOfIntType(lab.dtype) + 1);
+        return Status::error("{} (sample {} of {}): label {} is outside {}", record.name, used,
+                             origin(), record.label,
+                             lab.numClasses > 0
+                                 ? fmt::format("[0, {})", lab.numClasses)
+                                 : fmt::format("[0, {}]", data::maxOfIntType(lab.dtype)));
       data::storeInt(labOut + i * dtypeSize(lab.dtype), lab.dtype, record.label);
     }
     return Status::ok();
@@ -509,6 +512,27 @@ private:
   int64_t ignored_ = 0;
 };
 
+/// Records held in memory: encoded images, or Caffe Datum messages (tests, fuzzing).
+class MemoryImageSource final : public ImageSource {
+public:
+  MemoryImageSource(std::vector<std::vector<uint8_t>> records, bool datums, ImageOptions options)
+      : ImageSource(std::move(options)), records_(std::move(records)), datums_(datums) {}
+  int64_t numRecords() const override { return static_cast<int64_t>(records_.size()); }
+  int64_t numClasses() const override { return -1; }
+  const char *classesNoun() const override { return "classes"; }
+  Status readRecord(int64_t index, Record &out) override;
+  std::string describe() const override {
+    return fmt::format("{} in-memory image records", records_.size());
+  }
+
+protected:
+  std::string origin() const override { return "<memory>"; }
+
+private:
+  std::vector<std::vector<uint8_t>> records_;
+  bool datums_;
+};
+
 /// Caffe's Datum (caffe.proto: channels 1, height 2, width 3, data 4, label 5,
 /// float_data 6, encoded 7), parsed by hand: the one message an image LMDB holds.
 Status parseDatum(std::span<const uint8_t> b, Record &out) {
@@ -572,8 +596,11 @@ Status parseDatum(std::span<const uint8_t> b, Record &out) {
   }
   if (data.empty() && floats)
     return Status::error("a Datum of float_data (not 8-bit pixels) is not an image record");
+  // Each side first: their product must not overflow (FuzzImageRecords found that).
   if ((channels != 1 && channels != 3) || height <= 0 || width <= 0 ||
-      height * width > kMaxDecodedPixels || static_cast<int64_t>(data.size()) != channels * height * width)
+      height > kMaxDecodedPixels || width > kMaxDecodedPixels ||
+      height * width > kMaxDecodedPixels ||
+      static_cast<int64_t>(data.size()) != channels * height * width)
     return Status::error("a raw Datum of {} bytes for {} x {} x {} pixels", data.size(), channels,
                          height, width);
   // Caffe stores raw pixels channels-first in OpenCV's BGR order.
@@ -584,6 +611,17 @@ Status parseDatum(std::span<const uint8_t> b, Record &out) {
   for (size_t o = 0; o < plane; ++o)
     for (size_t c = 0; c < 3; ++c)
       out.rgb.pixels[o * 3 + c] = channels == 1 ? data[o] : data[(2 - c) * plane + o];
+  return Status::ok();
+}
+
+Status MemoryImageSource::readRecord(int64_t index, Record &out) {
+  const std::vector<uint8_t> &r = records_[static_cast<size_t>(index)];
+  out.name = fmt::format("record {}", index);
+  if (datums_)
+    return parseDatum(r, out);
+  out.raw = false;
+  out.label = 0;
+  out.bytes = r;
   return Status::ok();
 }
 
@@ -629,6 +667,11 @@ private:
 };
 
 } // namespace
+
+std::unique_ptr<DataSource> makeImageRecordSource(std::vector<std::vector<uint8_t>> records,
+                                                  bool datums, const ImageOptions &options) {
+  return std::make_unique<MemoryImageSource>(std::move(records), datums, options);
+}
 
 Expected<std::unique_ptr<DataSource>> openImageLmdb(const std::string &path,
                                                     const ImageOptions &options) {

@@ -106,6 +106,11 @@ Expected<std::unique_ptr<DataSource>> openImageFolder(const std::string &root,
 Expected<std::unique_ptr<DataSource>> openImageLmdb(const std::string &path,
                                                     const ImageOptions &options = {});
 
+/// Image records in memory (tests, fuzzing): encoded JPEG/PNG bytes, or with `datums`
+/// Caffe Datum messages; decoded, cropped and normalized as image folders are.
+std::unique_ptr<DataSource> makeImageRecordSource(std::vector<std::vector<uint8_t>> records,
+                                                  bool datums, const ImageOptions &options = {});
+
 /// Arrays in memory (tests): first dim = sample. openDataSource maps .npy
 /// files and stored .npz members instead (mapNpy, mapNpz).
 /// `origins` names the file of each array for messages (default "<memory>").
