@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -140,6 +141,31 @@ Expected<int32_t> Executor::findOutput(int routine, const std::string &name) con
 
 const bundle::TensorInfo &Executor::tensorInfo(int32_t index) const {
   return bundle_.program().tensors(index);
+}
+
+namespace {
+void freeAligned(void *p) { std::free(p); }
+} // namespace
+
+Expected<Executor::HostBuffer> Executor::allocateHostBuffer(size_t bytes,
+                                                            const std::string &what) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void *p = std::aligned_alloc(64, rounded);
+  if (!p)
+    return Status::error("cannot allocate {} bytes of host memory for {}", bytes, what);
+  return HostBuffer(p, HostFree{freeAligned});
+}
+
+Status Executor::bindInput(int32_t index, const void *host) {
+  if (index < 0 || index >= bundle_.program().tensors_size())
+    return Status::error("{}: no tensor #{}", bundle_.origin(), index);
+  void *dst = inputBuffer(index);
+  if (!dst)
+    return Status::error("{}: tensor '{}' is not a routine input", bundle_.origin(),
+                         tensorInfo(index).name());
+  if (host && host != dst)
+    std::memcpy(dst, host, byteSize(tensorInfo(index)));
+  return Status::ok();
 }
 
 Status Executor::setInput(int routine, const std::string &name, const TensorView &data) {

@@ -3,7 +3,12 @@
 // Invariants:
 //  * All binding happens in create(): input tensors are looked up once and
 //    step() fills the executor's input buffers in place (no allocation, no
-//    name lookups), sets forge.step and runs the routine.
+//    name lookups), sets forge.step and runs the routine. With a prefetch
+//    ring, a producer thread fills the ring's buffers (allocated in create())
+//    ahead of the steps and launch() points the inputs at them (bindInput).
+//  * The ring changes when a batch is made, never what it holds: the producer
+//    draws from a copy of the sampler at the same position, and launch()
+//    checks each slot's indices against the sampler's own.
 //  * The only state that changes between steps, besides the executor's
 //    persistent tensors, is step_ and the sampler's position; state() and
 //    restore() carry exactly that, so resuming is bit-exact.
@@ -18,6 +23,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include <fmt/ranges.h>
@@ -230,9 +236,31 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       tr->dataPool_ = std::make_unique<ThreadPool>(workers);
   }
   tr->microOuts_.assign(static_cast<size_t>(micro), {});
+  tr->microInputs_.assign(static_cast<size_t>(micro), {});
   for (int64_t k = 0; k < micro; ++k)
-    for (size_t f = 0; f < tr->fields_.size(); ++f)
+    for (size_t f = 0; f < tr->fields_.size(); ++f) {
       tr->microOuts_[k].push_back(ex.inputBuffer(tensors[f][k]));
+      tr->microInputs_[k].push_back(tensors[f][k]);
+    }
+  if (options.prefetch > 0) {
+    // The ring's buffers: prefetch + 1 sets (the one the device reads, and the
+    // batches ahead of it).
+    tr->ring_.resize(static_cast<size_t>(options.prefetch) + 1);
+    for (size_t i = 0; i < tr->ring_.size(); ++i) {
+      Slot &slot = tr->ring_[i];
+      slot.outs.assign(static_cast<size_t>(micro), {});
+      for (int64_t k = 0; k < micro; ++k)
+        for (size_t f = 0; f < tr->fields_.size(); ++f) {
+          auto buf = ex.allocateHostBuffer(
+              static_cast<size_t>(tr->batch_) * tr->sampleBytes_[f],
+              fmt::format("prefetched batch {} of input '{}'", i, tr->fields_[f].name));
+          if (!buf)
+            return buf.status();
+          slot.outs[k].push_back(buf->get());
+          slot.buffers.push_back(buf.take());
+        }
+    }
+  }
 
   // Tokens: one integer [B, T] data input besides the label.
   int tokenInputs = 0;
@@ -319,14 +347,42 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
     return Status::error("internal: two steps are in flight; collect one first");
   if (profile && inFlight_ != 0)
     return Status::error("internal: a profiled step needs the device idle");
+  if (!ring_.empty() && !producer_.joinable())
+    FORGE_RETURN_IF_ERROR(startProducer()); // from the sampler's position, before next()
   std::span<const int64_t> indices = sampler_->next();
   if (indices.size() != static_cast<size_t>(samplesPerStep()))
     return Status::error("internal: the sampler returned {} indices, expected {}",
                          indices.size(), samplesPerStep());
   const auto t0 = std::chrono::steady_clock::now();
   FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
-  trainData_->setEpoch(sampler_->position().epoch); // the epoch of `indices`
-  FORGE_RETURN_IF_ERROR(fillStep(indices));
+  if (ring_.empty()) {
+    std::lock_guard<std::mutex> fill(fillMutex_);
+    trainData_->setEpoch(sampler_->position().epoch); // the epoch of `indices`
+    FORGE_RETURN_IF_ERROR(fillStep(indices, microOuts_));
+  } else {
+    // The device has taken the last run's inputs: its slot is free. Then wait
+    // for this step's batch (the stall) and point the inputs at it.
+    Slot *slot;
+    {
+      std::unique_lock<std::mutex> lock(ringMutex_);
+      inUse_ = -1;
+      ringCv_.notify_all();
+      const size_t at = static_cast<size_t>(consumed_ % static_cast<int64_t>(ring_.size()));
+      ringCv_.wait(lock, [&] { return ring_[at].ready; });
+      slot = &ring_[at];
+      slot->ready = false;
+      inUse_ = static_cast<int>(at);
+      ++consumed_;
+    }
+    ringCv_.notify_all();
+    FORGE_RETURN_IF_ERROR(slot->status);
+    if (!std::equal(indices.begin(), indices.end(), slot->indices.begin(), slot->indices.end()))
+      return Status::error("internal: the prefetched batch holds other samples than step {}'s",
+                           step_ + inFlight_ + 1);
+    for (size_t k = 0; k < microInputs_.size(); ++k)
+      for (size_t f = 0; f < microInputs_[k].size(); ++f)
+        FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], slot->outs[k][f]));
+  }
   const double inputSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::optional<uint64_t> run =
@@ -348,15 +404,87 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
   return Status::ok();
 }
 
-Status Trainer::fillStep(std::span<const int64_t> indices) {
+Status Trainer::startProducer() {
+  stopProducer();
+  lookahead_ = std::make_unique<EpochSampler>(trainData_->numSamples(), samplesPerStep(),
+                                              options_.seed, options_.shuffle);
+  lookahead_->seek(sampler_->position());
+  for (Slot &slot : ring_)
+    slot.ready = false;
+  produced_ = consumed_ = 0;
+  inUse_ = -1;
+  stopProducer_ = false;
+  try {
+    producer_ = std::thread(&Trainer::produce, this);
+  } catch (const std::system_error &e) {
+    return Status::error("cannot start the data prefetch thread: {}", e.what());
+  }
+  return Status::ok();
+}
+
+void Trainer::stopProducer() {
+  if (!producer_.joinable())
+    return;
+  {
+    std::lock_guard<std::mutex> lock(ringMutex_);
+    stopProducer_ = true;
+  }
+  ringCv_.notify_all();
+  producer_.join();
+}
+
+void Trainer::produce() {
+  const size_t n = ring_.size();
+  for (;;) {
+    Slot *slot;
+    {
+      std::unique_lock<std::mutex> lock(ringMutex_);
+      ringCv_.wait(lock, [&] {
+        const size_t at = static_cast<size_t>(produced_ % static_cast<int64_t>(n));
+        return stopProducer_ || (!ring_[at].ready && static_cast<int>(at) != inUse_);
+      });
+      if (stopProducer_)
+        return;
+      slot = &ring_[static_cast<size_t>(produced_ % static_cast<int64_t>(n))];
+    }
+    // The slot is neither ready nor read by the device: only this thread touches it.
+    std::span<const int64_t> indices = lookahead_->next();
+    slot->indices.assign(indices.begin(), indices.end());
+    {
+      std::lock_guard<std::mutex> fill(fillMutex_);
+      trainData_->setEpoch(lookahead_->position().epoch); // the epoch of `indices`
+      slot->status = fillStep(indices, slot->outs);
+    }
+    const bool failed = !slot->status.isOk();
+    {
+      std::lock_guard<std::mutex> lock(ringMutex_);
+      slot->ready = true;
+      ++produced_;
+    }
+    ringCv_.notify_all();
+    if (failed) // launch() reports it with the step that needs this batch
+      return;
+  }
+}
+
+Trainer::~Trainer() {
+  stopProducer();
+  // The ring's buffers go before the executor: let the device finish reading them.
+  if (exec_ && !ring_.empty())
+    (void)exec_->waitInputsConsumed();
+}
+
+Status Trainer::fillStep(std::span<const int64_t> indices,
+                         const std::vector<std::vector<void *>> &outsPerMicro) {
   // Each micro-batch's samples, split over the data workers: sample i of
   // micro-batch k lands at i * sampleBytes_[f] of field f's buffer, so the
   // bytes do not depend on how many workers there are.
   for (int64_t k = 0; k < micro_; ++k) {
     std::span<const int64_t> part =
         indices.subspan(static_cast<size_t>(k * batch_), static_cast<size_t>(batch_));
+    const std::vector<void *> &micro = outsPerMicro[static_cast<size_t>(k)];
     if (!dataPool_) {
-      FORGE_RETURN_IF_ERROR(trainData_->fill(part, microOuts_[k]));
+      FORGE_RETURN_IF_ERROR(trainData_->fill(part, micro));
       continue;
     }
     // A bad sample's error is the first sample's of the batch, however the work was split.
@@ -365,8 +493,8 @@ Status Trainer::fillStep(std::span<const int64_t> indices) {
     int64_t firstBegin = batch_;
     dataPool_->parallelFor(batch_, 1, [&](int64_t begin, int64_t end) {
       std::vector<void *> outs;
-      for (size_t f = 0; f < microOuts_[k].size(); ++f)
-        outs.push_back(static_cast<uint8_t *>(microOuts_[k][f]) +
+      for (size_t f = 0; f < micro.size(); ++f)
+        outs.push_back(static_cast<uint8_t *>(micro[f]) +
                        static_cast<size_t>(begin) * sampleBytes_[f]);
       Status st = trainData_->fill(
           part.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin)), outs);
@@ -510,6 +638,12 @@ Status Trainer::restore(const CheckpointState &state) {
   if (state.index < 0 || state.index > state.trainSamples)
     return Status::error("the checkpoint's data position {} is outside [0, {}]", state.index,
                          state.trainSamples);
+  if (inFlight_ != 0)
+    return Status::error("internal: restore() with {} step(s) in flight", inFlight_);
+  // The prefetched batches belong to the old position: drop them (the ring
+  // restarts at the next launch()).
+  stopProducer();
+  FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
   options_.seed = state.seed;
   options_.shuffle = state.shuffle;
   sampler_ = std::make_unique<EpochSampler>(trainData_->numSamples(), samplesPerStep(),
@@ -535,9 +669,14 @@ std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
                          dtypeSize(f.dtype));
     outs.push_back(buffers.back().data());
   }
-  trainData_->setEpoch(static_cast<uint64_t>((step - 1) / perEpoch));
-  const bool filled = trainData_->fill(indices, outs).isOk();
-  trainData_->setEpoch(sampler_->position().epoch);
+  bool filled;
+  {
+    // The prefetch thread may be filling: one fill (with its epoch) at a time.
+    std::lock_guard<std::mutex> fill(fillMutex_);
+    trainData_->setEpoch(static_cast<uint64_t>((step - 1) / perEpoch));
+    filled = trainData_->fill(indices, outs).isOk();
+    trainData_->setEpoch(sampler_->position().epoch);
+  }
   if (!filled)
     return std::nullopt;
   for (size_t k = 0; k < fields_.size(); ++k) {

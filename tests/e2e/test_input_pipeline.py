@@ -2,11 +2,14 @@
 """Data workers and the input-stall report (issue #13, first slice).
 
 Trains a fixture's bundle (tests/fixtures/mlp_adamw: .npz arrays, shuffled) for 12 steps with
-`--workers 1` (the training thread alone), 3 and 0 (one per core, at most 8), then checks:
+`--workers 1 --prefetch 0` (the training thread alone fills each batch), `--workers 3
+--prefetch 2` and `--workers 0 --prefetch 5` (one worker per core, at most 8; a producer thread
+fills a ring of batches ahead of the steps), then checks:
 
   same batches      the losses of every step and every parameter after the last are equal bit
-                    for bit across the worker counts (each worker copies its own samples into
-                    their places; the order comes from the seeded sampler alone). On a GPU every
+                    for bit across the worker counts and prefetch depths (each worker copies its
+                    own samples into their places; the order comes from the seeded sampler
+                    alone, the ring's copy of it included). On a GPU every
                     loss is within GPU_REL: each process times its own cuBLASLt algorithms
                     (step 1 then differs in the last bits between runs) and the column sums
                     (bias gradients) add atomically; a misplaced sample moves a loss by
@@ -43,7 +46,7 @@ import forge_e2e as e2e
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.normpath(os.path.join(HERE, "..", "fixtures", "mlp_adamw"))
 STEPS = 12
-WORKERS = (1, 3, 0)
+WORKERS = ("--workers 1 --prefetch 0", "--workers 3 --prefetch 2", "--workers 0 --prefetch 5")
 GPU_REL = 1e-4  # GPU: losses (per step, relative) and parameters (relative L2) across runs
 
 
@@ -79,13 +82,13 @@ def main():
             if a.compile_only:
                 return rep.summary()
         runs = {}
-        for w in WORKERS:
-            metrics, params = (os.path.join(tmp, f"w{w}.{x}") for x in ("jsonl", "npz"))
+        for i, w in enumerate(WORKERS):
+            metrics, params = (os.path.join(tmp, f"run{i}.{x}") for x in ("jsonl", "npz"))
             rc, _, log = e2e.run([forge_train, bundle, "--data",
                                   os.path.join(FIXTURE, "batches.npz"), "--steps", str(STEPS),
-                                  "--workers", str(w), "--seed", "5", "--device", a.device,
+                                  *w.split(), "--seed", "5", "--device", a.device,
                                   "--metrics", metrics, "--dump-params", params], 600)
-            if not rep.check(f"forge-train --workers {w}", rc == 0, e2e.failure(rc, log)):
+            if not rep.check(f"forge-train {w}", rc == 0, e2e.failure(rc, log)):
                 return rep.summary()
             recs = [json.loads(line) for line in open(metrics) if line.strip()]
             runs[w] = (recs, dict(np.load(params)), log)
@@ -99,35 +102,35 @@ def main():
                 # Not bit for bit: each process times its own library algorithms, and
                 # the choice can differ between runs (step 1 within ~1e-7).
                 ok = len(got) == STEPS == len(want) and worst <= GPU_REL
-                rep.check(f"--workers {w}: losses match --workers 1", ok,
+                rep.check(f"{w}: losses match {WORKERS[0]}", ok,
                           f"{len(got)} steps, step 1 {got[0]!r} vs {want[0]!r}, max rel "
                           f"{worst:.2e} (<= {GPU_REL:g})")
                 differ = [k for k in base_params
                           if k not in params or e2e.rel(params[k], base_params[k]) > GPU_REL]
             else:
-                rep.check(f"--workers {w}: losses == --workers 1",
+                rep.check(f"{w}: losses == {WORKERS[0]}",
                           got == want and len(got) == STEPS,
                           f"{len(got)} steps, last {got[-1]!r} vs {want[-1]!r}")
                 differ = [k for k in base_params
                           if not np.array_equal(params.get(k), base_params[k])]
-            rep.check(f"--workers {w}: parameters match --workers 1", not differ and params,
+            rep.check(f"{w}: parameters match {WORKERS[0]}", not differ and params,
                       f"{len(params)} tensors" + (f", differ: {differ[:4]}" if differ else ""))
         for w, (recs, _, log) in runs.items():
             bad = [r.get("input_s") for r in recs
                    if not (isinstance(r.get("input_s"), (int, float)) and
                            math.isfinite(r["input_s"]) and r["input_s"] >= 0)]
-            rep.check(f"--workers {w}: input_s on every step", not bad,
+            rep.check(f"{w}: input_s on every step", not bad,
                       f"{len(recs)} lines" + (f", bad values {bad[:3]}" if bad else ""))
             idle = [r.get("gpu_idle_s") for r in recs]
             if a.device.startswith("cuda"):
                 # Step 1 may lack it (no run before it); later steps have it, below the step.
                 steps = [(r["gpu_idle_s"], r) for r in recs[1:] if "gpu_idle_s" in r]
                 ok = len(steps) == len(recs) - 1 and all(0 <= v < 60 for v, _ in steps)
-                rep.check(f"--workers {w}: gpu_idle_s after step 1", ok,
+                rep.check(f"{w}: gpu_idle_s after step 1", ok,
                           f"{len(steps)} of {len(recs) - 1} steps, max "
                           f"{max((v for v, _ in steps), default=float('nan')):.2e} s")
                 line = next((l for l in log.splitlines() if "input stall" in l), "")
-                rep.check(f"--workers {w}: input stall line", bool(line), line or e2e.tail(log))
+                rep.check(f"{w}: input stall line", bool(line), line or e2e.tail(log))
                 # NVML (a driver library, present where a GPU is): the last step's metrics
                 # line samples the sensors, and the run ends with their summary.
                 last = recs[-1] if recs else {}
@@ -135,23 +138,23 @@ def main():
                         0 < last.get("gpu_temp_c", -1) < 120 and
                         0 < last.get("gpu_sm_clock_mhz", -1) < 5000 and
                         0 <= last.get("gpu_busy_pct", -1) <= 100)
-                rep.check(f"--workers {w}: GPU sensors on the last step", sane,
+                rep.check(f"{w}: GPU sensors on the last step", sane,
                           str({k: v for k, v in last.items() if k.startswith("gpu_")}))
                 line = next((l for l in log.splitlines() if "GPU sensors (NVML" in l), "")
-                rep.check(f"--workers {w}: GPU sensors line", bool(line), line or e2e.tail(log))
+                rep.check(f"{w}: GPU sensors line", bool(line), line or e2e.tail(log))
                 # The last progress line shows them too: watts, SM clock, busy share (and
                 # a stall share that is a share: it once printed 13474%).
                 progress = [l for l in log.replace("\r", "\n").splitlines() if "ETA" in l]
                 shown = progress and re.search(r"\| \d+ W \d+ MHz busy \d+% \|", progress[-1])
                 stall = re.search(r"stall ([0-9.]+)%", progress[-1]) if progress else None
                 shown = shown and (stall is None or float(stall.group(1)) <= 100)
-                rep.check(f"--workers {w}: sensors on the progress line", bool(shown),
+                rep.check(f"{w}: sensors on the progress line", bool(shown),
                           progress[-1] if progress else e2e.tail(log))
             else:
-                rep.check(f"--workers {w}: no gpu_idle_s on the CPU", idle.count(None) == len(recs),
+                rep.check(f"{w}: no gpu_idle_s on the CPU", idle.count(None) == len(recs),
                           f"{len(recs) - idle.count(None)} lines have it")
                 sensed = [k for r in recs for k in r if k.startswith("gpu_")]
-                rep.check(f"--workers {w}: no GPU sensors on the CPU",
+                rep.check(f"{w}: no GPU sensors on the CPU",
                           not sensed and "GPU sensors" not in log, f"fields {sensed[:4]}")
     return rep.summary()
 

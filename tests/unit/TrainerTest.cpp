@@ -10,6 +10,7 @@
 #include "forge/runtime/Trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -72,12 +73,13 @@ std::unique_ptr<Bundle> load(BundleWriter w, const std::string &origin = "linear
 }
 
 std::unique_ptr<Trainer> makeTrainer(const Bundle &bundle, int64_t n, uint64_t seed,
-                                     int64_t evalN = 0, bool shuffle = true) {
-  TrainerOptions o;
+                                     int64_t evalN = 0, bool shuffle = true,
+                                     TrainerOptions o = {},
+                                     std::unique_ptr<DataSource> train = nullptr) {
   o.threads = 2;
   o.seed = seed;
   o.shuffle = shuffle;
-  auto tr = Trainer::create(bundle, linearSource(n),
+  auto tr = Trainer::create(bundle, train ? std::move(train) : linearSource(n),
                             evalN ? makeArraySource(linearData(evalN), {"val.npz", "val.npz"})
                                   : nullptr,
                             o);
@@ -383,6 +385,105 @@ TEST(TrainerTest, MicroBatchesEqualOneLargerBatch) {
   ASSERT_EQ(l1.size(), l2.size());
   for (size_t i = 0; i < l1.size(); ++i)
     EXPECT_NEAR(l1[i], l2[i], 1e-5f * std::max(1.0f, std::abs(l1[i]))) << "step " << i + 1;
+}
+
+/// The linear data, except that filling sample `bad` fails (a corrupt record).
+class FailingSource final : public DataSource {
+public:
+  FailingSource(int64_t n, int64_t bad) : inner_(linearSource(n)), bad_(bad) {}
+  Status bind(const std::vector<DataField> &fields) override { return inner_->bind(fields); }
+  int64_t numSamples() const override { return inner_->numSamples(); }
+  Status fill(std::span<const int64_t> indices, std::span<void *const> outs) override {
+    for (int64_t i : indices)
+      if (i == bad_)
+        return Status::error("sample {} is corrupt", i);
+    return inner_->fill(indices, outs);
+  }
+  bool concurrentFill() const override { return true; }
+  std::string describe() const override { return "failing.npz"; }
+
+private:
+  std::unique_ptr<DataSource> inner_;
+  int64_t bad_;
+};
+
+TEST(TrainerTest, PrefetchRingKeepsTheBatchesAndTheLosses) {
+  // Two micro-batches of 2 over 22 samples: 5 steps an epoch, 13 steps cross two
+  // epoch boundaries (each a fresh permutation) while the ring runs ahead.
+  LinearSpec spec;
+  spec.batch = 2;
+  spec.micro = 2;
+  auto bundle = load(makeLinearBundle(spec));
+  ASSERT_TRUE(bundle);
+  std::vector<float> reference;
+  std::vector<uint8_t> referenceW;
+  for (unsigned prefetch : {0u, 1u, 4u})
+    for (unsigned workers : {1u, 3u}) {
+      TrainerOptions o;
+      o.prefetch = prefetch;
+      o.workers = workers;
+      auto tr = makeTrainer(*bundle, 22, 5, 0, true, o);
+      ASSERT_TRUE(tr);
+      std::vector<float> losses = run(*tr, 13);
+      ASSERT_EQ(losses.size(), 13u);
+      if (reference.empty()) {
+        reference = losses;
+        referenceW = bytesOf(tr->executor(), "w");
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(losses.data(), reference.data(), reference.size() * 4), 0)
+          << "prefetch " << prefetch << ", workers " << workers;
+      EXPECT_EQ(bytesOf(tr->executor(), "w"), referenceW)
+          << "prefetch " << prefetch << ", workers " << workers;
+    }
+}
+
+TEST(TrainerTest, PrefetchRingRestartsAtARestoredPosition) {
+  // The ring has run ahead of step 4 when the trainer goes back to it: the
+  // batches it made for steps 5.. of the first pass are dropped, and the
+  // replayed steps equal the first pass bit for bit.
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  std::string dir = freshDir("prefetch_restore");
+  TrainerOptions o;
+  o.prefetch = 3;
+  auto tr = makeTrainer(*bundle, 22, 17, 0, true, o);
+  ASSERT_TRUE(tr);
+  ASSERT_EQ(run(*tr, 4).size(), 4u);
+  CheckpointDir ckpt(dir);
+  ASSERT_TRUE(ckpt.save(tr->executor(), tr->state()).isOk());
+  std::vector<float> first = run(*tr, 5);
+  ASSERT_EQ(first.size(), 5u);
+  auto state = ckpt.resume(tr->executor(), [](const std::string &w) { ADD_FAILURE() << w; });
+  ASSERT_TRUE(state.isOk() && state->has_value()) << state.status().message();
+  ASSERT_TRUE(tr->restore(**state).isOk());
+  EXPECT_EQ(tr->stepsDone(), 4);
+  std::vector<float> again = run(*tr, 5);
+  ASSERT_EQ(again.size(), 5u);
+  EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * 4), 0);
+}
+
+TEST(TrainerTest, APrefetchedBadBatchFailsAtItsOwnStep) {
+  // Sample 9 (unshuffled, batch 4: step 3) cannot be read. The ring reads it
+  // while steps 1 and 2 run; they still succeed, and step 3 reports it.
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  for (unsigned prefetch : {0u, 4u}) {
+    TrainerOptions o;
+    o.prefetch = prefetch;
+    auto tr = makeTrainer(*bundle, 22, 1, 0, /*shuffle=*/false, o,
+                          std::make_unique<FailingSource>(22, 9));
+    ASSERT_TRUE(tr);
+    for (int s = 1; s <= 2; ++s) {
+      auto r = tr->step();
+      EXPECT_TRUE(r.isOk()) << "prefetch " << prefetch << ", step " << s << ": "
+                            << r.status().message();
+    }
+    auto r = tr->step();
+    ASSERT_FALSE(r.isOk()) << "prefetch " << prefetch;
+    EXPECT_HAS(r.status(), "sample 9 is corrupt");
+    EXPECT_EQ(tr->stepsDone(), 2);
+  }
 }
 
 /// Mean squared error and accuracy (|error| < 0.5) of the linear bundle's

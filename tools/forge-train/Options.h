@@ -17,6 +17,7 @@ struct Options {
   bool noPipeline = false;
   unsigned threads = 0;
   unsigned workers = 0; // data workers (TrainerOptions::workers)
+  unsigned prefetch = 2; // batches made ahead (TrainerOptions::prefetch)
 
   // --info / --forward
   bool info = false;

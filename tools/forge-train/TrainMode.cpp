@@ -450,6 +450,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
   TrainerOptions trainerOptions;
   trainerOptions.threads = opts.threads;
   trainerOptions.workers = opts.workers;
+  trainerOptions.prefetch = opts.prefetch;
   trainerOptions.device = opts.device;
   trainerOptions.cudaGraphs = !opts.noCudaGraph;
   trainerOptions.deterministicAttention = opts.attentionBackward != "fast";

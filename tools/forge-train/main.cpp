@@ -343,6 +343,13 @@ void addOptions(CLI::App &app, Options &opts) {
                  "depend on it")
       ->check(CLI::NonNegativeNumber)
       ->group(loop);
+  app.add_option("--prefetch", opts.prefetch,
+                 "Batches made ahead of the step that takes them, by a producer thread into a "
+                 "ring of (pinned) host buffers; 0: each step fills its own batch while the GPU "
+                 "runs the step before. The batches' bytes do not depend on it")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 64u))
+      ->group(loop);
   app.add_option("--device", opts.device,
                  "Where to run: cpu, cuda, cuda:N or auto (CUDA for a CUDA bundle when a GPU is "
                  "present, else the CPU)")

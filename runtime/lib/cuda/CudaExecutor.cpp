@@ -115,10 +115,11 @@ struct Step {
 };
 
 struct Transfer {
-  void *host;   // pinned
-  void *device; // in the arena
+  void *host;       // pinned (inputs: inputBuffer, or what bindInput named; only read)
+  void *device;     // in the arena
   size_t bytes;
   size_t staged = 0; // inputs: the offset in the routine's device staging buffers
+  int32_t tensor = -1; // inputs: the tensor (bindInput)
 };
 
 struct RoutineState {
@@ -686,7 +687,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       auto buf = allocPinned(byteSize(p.tensors(t)), "input '" + p.tensors(t).name() + "'");
       if (!buf)
         return buf.status();
-      r.inputs.push_back({buf->get(), im.devicePtr[t], byteSize(p.tensors(t)), staged});
+      r.inputs.push_back({buf->get(), im.devicePtr[t], byteSize(p.tensors(t)), staged, t});
       staged += (byteSize(p.tensors(t)) + 255) / 256 * 256;
       im.inputStage[t] = buf.take();
     }
@@ -878,6 +879,31 @@ void *CudaExecutor::inputBuffer(int32_t index) {
   if (index < 0 || static_cast<size_t>(index) >= impl_->inputStage.size())
     return nullptr;
   return impl_->inputStage[index].get();
+}
+
+namespace {
+void freePinned(void *p) { cudaFreeHost(p); }
+} // namespace
+
+Expected<Executor::HostBuffer> CudaExecutor::allocateHostBuffer(size_t bytes,
+                                                                const std::string &what) {
+  auto buf = allocPinned(bytes, what);
+  if (!buf)
+    return buf.status();
+  return HostBuffer(buf->release(), HostFree{freePinned});
+}
+
+Status CudaExecutor::bindInput(int32_t index, const void *host) {
+  void *own = inputBuffer(index);
+  if (!own)
+    return Status::error("{}: tensor #{} is not a routine input", bundle_.origin(), index);
+  // Uploads read Transfer::host on the copy stream (uploadInputs): a pointer swap.
+  // cudaMemcpyAsync from pageable memory would still be correct, only synchronous.
+  for (RoutineState &r : impl_->routines)
+    for (Transfer &t : r.inputs)
+      if (t.tensor == index)
+        t.host = host ? const_cast<void *>(host) : own;
+  return Status::ok();
 }
 
 Status CudaExecutor::run(int routine) {

@@ -46,6 +46,8 @@ public:
 
   std::string describe() const override;
   void *inputBuffer(int32_t index) override;
+  Expected<HostBuffer> allocateHostBuffer(size_t bytes, const std::string &what) override;
+  Status bindInput(int32_t index, const void *host) override;
   using Executor::run;
   Status run(int routine) override;
   Status wait() override;

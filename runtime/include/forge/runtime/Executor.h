@@ -51,6 +51,25 @@ public:
   }
   /// Host memory of routine input `index` (see the invariants above).
   virtual void *inputBuffer(int32_t index) = 0;
+  /// Host memory that inputs can be filled into outside the executor (the
+  /// trainer's prefetch ring): pinned on a GPU, so uploads from it run
+  /// asynchronously on the copy stream. Freed by the buffer's deleter.
+  struct HostFree {
+    void (*release)(void *) = nullptr;
+    void operator()(void *p) const {
+      if (p && release)
+        release(p);
+    }
+  };
+  using HostBuffer = std::unique_ptr<void, HostFree>;
+  virtual Expected<HostBuffer> allocateHostBuffer(size_t bytes, const std::string &what);
+  /// The next run()s read routine input `index` from `host` (its byte size,
+  /// e.g. an allocateHostBuffer) instead of inputBuffer(index), until it is
+  /// bound again; nullptr binds inputBuffer(index) again. `host` must stay
+  /// unchanged until waitInputsConsumed() returns after the last run that reads
+  /// it. The default copies into inputBuffer(index) at once (devices whose run()
+  /// reads its inputs before returning).
+  virtual Status bindInput(int32_t index, const void *host);
   /// Starts routine `routine` (a GPU may still be running it on return).
   virtual Status run(int routine) = 0;
   Status run() { return run(0); }

@@ -21,8 +21,11 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -39,6 +42,12 @@ struct TrainerOptions {
   /// samples (sources whose fill() may run concurrently: arrays, token shards). 0: one per
   /// hardware thread, at most 8; 1: the calling thread alone.
   unsigned workers = 0;
+  /// Batches made ahead of the step that takes them: a producer thread (with the
+  /// data workers) fills the next `prefetch` steps' batches into a ring of
+  /// prefetch + 1 host buffer sets (pinned on a GPU), so a slow batch is absorbed
+  /// by the ones before it. 0: launch() fills each batch itself (still while the
+  /// GPU runs the step before). The batches' bytes do not depend on it.
+  unsigned prefetch = 2;
   uint64_t seed = 0;    // shuffling seed
   bool shuffle = true;  // false: visit samples in file order every epoch
   std::string device = "cpu"; // Executor.h: cpu, cuda, cuda:N, auto
@@ -55,7 +64,8 @@ struct StepResult {
   std::optional<float> lossScale;
   bool skipped = false;
   /// Input pipeline: host seconds launch() spent making the step's batch
-  /// (waiting for the device to take the previous inputs, then filling), and,
+  /// (waiting for the device to take the previous inputs, then filling it, or
+  /// with a prefetch ring waiting for it to be ready), and,
   /// on a GPU, how long the compute stream sat idle before the step began
   /// (waiting for its batch or its launch); nullopt where unknown.
   double inputSeconds = 0;
@@ -136,11 +146,16 @@ public:
   /// Continues from `state` (after readCheckpoint restored the tensors);
   /// refuses a state taken with other data or another batch layout.
   Status restore(const CheckpointState &state);
+  ~Trainer();
 
 private:
   Trainer() = default;
-  /// Fills the input buffers of every micro-batch with the step's samples.
-  Status fillStep(std::span<const int64_t> indices);
+  /// Fills `outs` ([micro-batch][field] -> buffer) with the step's samples.
+  Status fillStep(std::span<const int64_t> indices, const std::vector<std::vector<void *>> &outs);
+  /// The prefetch ring (TrainerOptions::prefetch > 0).
+  Status startProducer();
+  void stopProducer();
+  void produce();
 
   struct Routine {
     int index = -1;
@@ -167,6 +182,27 @@ private:
   std::unique_ptr<ThreadPool> dataPool_; // --workers > 1 and a concurrent source
   std::vector<size_t> sampleBytes_;      // per field: bytes of one sample
   std::vector<std::vector<void *>> microOuts_; // [k][field] -> input buffer
+  std::vector<std::vector<int32_t>> microInputs_; // [k][field] -> input tensor
+  // Prefetch ring: the producer thread fills slot (seq % size) with the batch of
+  // the seq-th step after the ring (re)started, drawn from `lookahead_` (a copy
+  // of the sampler that runs ahead); launch() takes the slots in order. A slot
+  // stays `inUse_` until the next launch() saw the device take its inputs.
+  struct Slot {
+    std::vector<Executor::HostBuffer> buffers;
+    std::vector<std::vector<void *>> outs; // [k][field]
+    std::vector<int64_t> indices;
+    Status status;
+    bool ready = false;
+  };
+  std::vector<Slot> ring_;
+  std::unique_ptr<EpochSampler> lookahead_;
+  std::thread producer_;
+  std::mutex ringMutex_;                  // guards the fields below and Slot::ready
+  std::mutex fillMutex_;                  // one fill (and its setEpoch) at a time
+  std::condition_variable ringCv_;
+  bool stopProducer_ = false;
+  int64_t produced_ = 0, consumed_ = 0;  // steps filled / taken since the ring started
+  int inUse_ = -1;                        // slot the last launched run reads (-1: none)
   std::vector<void *> evalOuts_;
   std::vector<int64_t> evalIndices_;
   std::vector<std::pair<std::string, int32_t>> gradOutputs_;
