@@ -6,12 +6,12 @@ same bundle fed from in-memory arrays, on one GPU.
       writes an ImageNet-like folder D/CLASS/N.jpg (Pillow, quality 85; sizes 320-500 x
       240-400 pixels, smooth colour fields with noise, ~30 KB each), seeded
   bench_input.py run --forge-train FT --bundle B.forge [--weights DIR] --images D --npz X.npz
-      [--workers 8 16] [--steps 40] [--warmup 10]
+      [--workers 8 16] [--prefetch 0 2 4] [--steps 40] [--warmup 10]
       trains B from X.npz (its arrays: the GPU's own speed) and from D with each --workers
       count (forge-train --image-resize 256 --image-normalize imagenet: decode, scale, centre
       crop on the CPU workers), and with --augmented A.forge (B compiled with forgec --augment
-      pixels,normalize=imagenet[,flip]: u8 pixels, normalized on the GPU) from D with the
-      last --workers count, centre crops and --random-resized-crop; prints one line per run: median step time after the
+      pixels,normalize=imagenet[,flip]: u8 pixels, normalized on the GPU) from D with each
+      --workers count and --prefetch depth, centre crops and --random-resized-crop; prints one line per run: median step time after the
       warm-up, images/s, and forge-train's input-stall line (how long the compute stream
       waited for its batches)
 
@@ -76,13 +76,14 @@ def run(a):
                                       "--image-normalize", "imagenet"], f"jpeg{w}")
         rows.append((f"JPEG folder, --workers {w}", dt, log))
     if a.augmented:
-        w = a.workers[-1]
         bundle, a.bundle = a.bundle, a.augmented
-        for extra in ([], ["--random-resized-crop"]):
-            dt, log = train(a, a.images, ["--workers", str(w), "--image-resize", "256"] + extra,
-                            "aug")
-            rows.append((f"JPEG folder, --workers {w}, u8 pixels (--augment bundle) "
-                         f"{' '.join(extra)}", dt, log))
+        for w in a.workers:
+            for extra in ([], ["--random-resized-crop"]):
+                for pf in a.prefetch:
+                    dt, log = train(a, a.images, ["--workers", str(w), "--image-resize", "256",
+                                                  "--prefetch", str(pf)] + extra, "aug")
+                    rows.append((f"JPEG folder, --workers {w} --prefetch {pf}, u8 pixels "
+                                 f"(--augment bundle) {' '.join(extra)}", dt, log))
         a.bundle = bundle
     batch = len(np.load(a.npz)["labels"]) // a.npz_batches if a.npz_batches else None
     for label, dt, log in rows:
@@ -110,6 +111,8 @@ def main():
     p.add_argument("--augmented", help="the bundle compiled with forgec --augment pixels,...")
     p.add_argument("--npz-batches", type=int, default=2, help="batches in --npz (images/s)")
     p.add_argument("--workers", type=int, nargs="+", default=[8, 16])
+    p.add_argument("--prefetch", type=int, nargs="+", default=[2],
+                   help="forge-train --prefetch depths for the --augmented runs")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=10)
     a = ap.parse_args()

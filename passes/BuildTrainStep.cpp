@@ -30,6 +30,7 @@ struct BuildTrainStepPass
     flags.lrSchedule = lrSchedule;
     flags.clipGradNorm = clipGradNorm;
     flags.microBatches = microBatches;
+    flags.dataParallel = dataParallel;
     flags.freeze.assign(freeze.begin(), freeze.end());
     flags.exposeGradients = exposeGradients;
     flags.batchnormRunningVar = batchnormRunningVar;

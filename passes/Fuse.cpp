@@ -1626,11 +1626,13 @@ bool fuseMultiReductions(func::FuncOp func, int64_t maxOperands) {
             })))
         pro = nullptr;
       Operation *head = pro ? pro : &op;
-      // A member may not depend on an earlier one (e.g. through a clipped gradient).
+      // A member may not depend on an earlier one (e.g. through a clipped
+      // gradient, or a data-parallel all_reduce that averaged the loss with
+      // the gradients): such a sum starts the next group.
       if (!group.empty() && readsAny({head}, members, group.front().second
                                                           ? group.front().second
                                                           : group.front().first))
-        continue;
+        flush();
       int64_t n = static_cast<int64_t>(head->getNumOperands()) + 1;
       if (!group.empty() && operands + n > maxOperands)
         flush();

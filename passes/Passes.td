@@ -34,6 +34,9 @@ def BuildTrainStep : Pass<"forge-build-train-step", "::mlir::ModuleOp"> {
            "Clip the global gradient norm (0: off)">,
     Option<"microBatches", "micro-batches", "int64_t", /*default=*/"1",
            "Accumulate gradients over this many micro-batches">,
+    Option<"dataParallel", "data-parallel", "int64_t", /*default=*/"0",
+           "Ranks of the data-parallel group: gradients and loss averaged by forge.all_reduce "
+           "(0: none; 1: a group of one)">,
     ListOption<"freeze", "freeze", "std::string",
                "Glob patterns of initializers that stay frozen">,
     Option<"exposeGradients", "expose-gradients", "bool", /*default=*/"false",
@@ -450,6 +453,30 @@ def MergeCrossEntropyGrad : Pass<"forge-merge-cross-entropy-grad", "::mlir::Modu
     before it when they are pure. Values are the two ops' (lse stays in
     registers). After forge-chunk-cross-entropy, which matches the pair.
   }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
+// Stage "partition": after the graph is final (fusion, precision, the loss
+// head), before placement, which places the collectives.
+def Partition : Pass<"forge-partition", "::mlir::func::FuncOp"> {
+  let summary = "Data parallelism: the gradient all-reduce in size-capped buckets";
+  let description = [{
+    forge-build-train-step (`--dp D`) averages every gradient and the loss
+    over the data-parallel ranks with one forge.all_reduce placed after the
+    whole backward pass. This pass splits each such op into buckets of at
+    most `bucket-bytes` (PyTorch DDP's default, 25 MiB; a larger tensor is a
+    bucket of its own): operands are taken in the order the step makes them
+    (the backward pass makes the last layer's gradients first), and each
+    bucket's all_reduce is placed right after its last operand is made, so
+    its transfer can overlap the rest of the backward pass. Buckets keep
+    that order, which is the same on every rank (each runs this program).
+    `bucket-bytes=0`: one all_reduce per tensor. Values are unchanged (an
+    element-wise mean is the same whichever bucket it is in).
+  }];
+  let options = [
+    Option<"bucketBytes", "bucket-bytes", "int64_t", /*default=*/"25 << 20",
+           "Largest bucket in bytes (0: one all_reduce per tensor)">,
+  ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 

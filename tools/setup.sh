@@ -22,7 +22,7 @@ packages=(
   llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
   libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
   libopenblas-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libtomlplusplus-dev
-  libgtest-dev libgmock-dev zlib1g-dev libzstd-dev libturbojpeg0-dev libpng-dev liblmdb-dev
+  libgtest-dev libgmock-dev zlib1g-dev libzstd-dev libturbojpeg0-dev libpng-dev liblmdb-dev libgloo-dev
   python3 python3-venv python3-pip
 )
 missing=()

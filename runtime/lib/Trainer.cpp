@@ -37,6 +37,18 @@ std::string buildOption(const bundle::Program &p, const std::string &key) {
   return it == p.build_options().end() ? std::string() : it->second;
 }
 
+/// A positive integer build option (1 when absent).
+Expected<int64_t> positiveBuildOption(const Bundle &bundle, const std::string &key) {
+  int64_t v = 1;
+  if (std::string s = buildOption(bundle.program(), key); !s.empty()) {
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || end != s.data() + s.size() || v < 1)
+      return Status::error("{}: build option {} = '{}' is not a positive integer",
+                           bundle.origin(), key, s);
+  }
+  return v;
+}
+
 /// The class count of the (first) nll_loss in the bundle: its input 0 is
 /// [N, C, ...]. Zero when there is none.
 void classesOf(const bundle::Program &p, int64_t &numClasses, std::optional<int64_t> &ignore) {
@@ -112,13 +124,10 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     tr->flopsPerStep_ += static_cast<double>(inst.flops());
 
   // Micro-batches and the label input, from the build options.
-  int64_t micro = 1;
-  if (std::string m = buildOption(p, "micro_batches"); !m.empty()) {
-    auto [end, ec] = std::from_chars(m.data(), m.data() + m.size(), micro);
-    if (ec != std::errc() || end != m.data() + m.size() || micro < 1)
-      return Status::error("{}: build option micro_batches = '{}' is not a positive integer",
-                           origin, m);
-  }
+  auto microOption = positiveBuildOption(bundle, "micro_batches");
+  if (!microOption)
+    return microOption.status();
+  const int64_t micro = *microOption;
   tr->micro_ = micro;
   const std::string label = buildOption(p, "label_input");
   int64_t numClasses = 0;
@@ -216,13 +225,31 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       tr->gradOutputs_.emplace_back(name.substr(gradPrefix.size()), t);
   }
 
+  // Data parallelism: the bundle's group size and this process's must agree.
+  auto dpOption = positiveBuildOption(bundle, "data_parallel");
+  if (!dpOption)
+    return dpOption.status();
+  const int64_t dp = *dpOption;
+  if (options.worldSize < 1 || options.rank < 0 || options.rank >= options.worldSize)
+    return Status::error("rank {} of {} is not a data-parallel rank", options.rank,
+                         options.worldSize);
+  if (dp != options.worldSize)
+    return Status::error("{} was compiled for {} data-parallel rank{} (forgec --dp {}), this run "
+                         "has {}: {}",
+                         origin, dp, dp > 1 ? "s" : "", dp, options.worldSize,
+                         dp > 1 ? fmt::format("start it with forge-train --nproc {} (or WORLD_SIZE="
+                                              "{} from a launcher)",
+                                              dp, dp)
+                                : std::string("compile it with forgec --dp N for N ranks"));
+
   FORGE_RETURN_IF_ERROR(train->bind(tr->fields_));
-  const int64_t perStep = tr->samplesPerStep();
+  const int64_t perStep = tr->globalSamplesPerStep();
   if (train->numSamples() < perStep)
-    return Status::error("{}: {} training samples, fewer than one step needs ({} micro-batch{} "
+    return Status::error("{}: {} training samples, fewer than one step needs ({}{} micro-batch{} "
                          "x batch {} = {})",
-                         train->describe(), train->numSamples(), micro, micro > 1 ? "es" : "",
-                         tr->batch_, perStep);
+                         train->describe(), train->numSamples(),
+                         dp > 1 ? fmt::format("{} ranks x ", dp) : std::string(), micro,
+                         micro > 1 ? "es" : "", tr->batch_, perStep);
   tr->trainData_ = std::move(train);
   tr->sampler_ = std::make_unique<EpochSampler>(tr->trainData_->numSamples(), perStep,
                                                 options.seed, options.shuffle);
@@ -349,10 +376,11 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
     return Status::error("internal: a profiled step needs the device idle");
   if (!ring_.empty() && !producer_.joinable())
     FORGE_RETURN_IF_ERROR(startProducer()); // from the sampler's position, before next()
-  std::span<const int64_t> indices = sampler_->next();
-  if (indices.size() != static_cast<size_t>(samplesPerStep()))
+  std::span<const int64_t> global = sampler_->next();
+  if (global.size() != static_cast<size_t>(globalSamplesPerStep()))
     return Status::error("internal: the sampler returned {} indices, expected {}",
-                         indices.size(), samplesPerStep());
+                         global.size(), globalSamplesPerStep());
+  std::span<const int64_t> indices = rankShare(global);
   const auto t0 = std::chrono::steady_clock::now();
   FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
   if (ring_.empty()) {
@@ -406,7 +434,7 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
 
 Status Trainer::startProducer() {
   stopProducer();
-  lookahead_ = std::make_unique<EpochSampler>(trainData_->numSamples(), samplesPerStep(),
+  lookahead_ = std::make_unique<EpochSampler>(trainData_->numSamples(), globalSamplesPerStep(),
                                               options_.seed, options_.shuffle);
   lookahead_->seek(sampler_->position());
   for (Slot &slot : ring_)
@@ -448,7 +476,7 @@ void Trainer::produce() {
       slot = &ring_[static_cast<size_t>(produced_ % static_cast<int64_t>(n))];
     }
     // The slot is neither ready nor read by the device: only this thread touches it.
-    std::span<const int64_t> indices = lookahead_->next();
+    std::span<const int64_t> indices = rankShare(lookahead_->next());
     slot->indices.assign(indices.begin(), indices.end());
     {
       std::lock_guard<std::mutex> fill(fillMutex_);
@@ -607,7 +635,7 @@ Expected<EvalResult> Trainer::evaluate() {
 }
 
 double Trainer::epochsDone() const {
-  const int64_t perEpoch = stepsPerEpoch() * samplesPerStep();
+  const int64_t perEpoch = stepsPerEpoch() * globalSamplesPerStep();
   if (perEpoch <= 0)
     return 0;
   EpochSampler::Position pos = sampler_->position();
@@ -623,7 +651,7 @@ CheckpointState Trainer::state() const {
   s.seed = options_.seed;
   s.shuffle = options_.shuffle;
   s.trainSamples = trainData_->numSamples();
-  s.samplesPerStep = samplesPerStep();
+  s.samplesPerStep = globalSamplesPerStep(); // the global layout: resumable on another --dp
   return s;
 }
 
@@ -632,9 +660,13 @@ Status Trainer::restore(const CheckpointState &state) {
     return Status::error("the checkpoint was taken with {} training samples, the data ({}) has "
                          "{}; resuming needs the same training data",
                          state.trainSamples, trainData_->describe(), trainData_->numSamples());
-  if (state.samplesPerStep != samplesPerStep())
-    return Status::error("the checkpoint was taken with {} samples per step, this bundle takes {}",
-                         state.samplesPerStep, samplesPerStep());
+  if (state.samplesPerStep != globalSamplesPerStep())
+    return Status::error("the checkpoint was taken with {} samples per step, this bundle takes {}"
+                         "{}",
+                         state.samplesPerStep, globalSamplesPerStep(),
+                         options_.worldSize > 1
+                             ? fmt::format(" ({} ranks x {})", options_.worldSize, samplesPerStep())
+                             : std::string());
   if (state.index < 0 || state.index > state.trainSamples)
     return Status::error("the checkpoint's data position {} is outside [0, {}]", state.index,
                          state.trainSamples);
@@ -646,7 +678,7 @@ Status Trainer::restore(const CheckpointState &state) {
   FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
   options_.seed = state.seed;
   options_.shuffle = state.shuffle;
-  sampler_ = std::make_unique<EpochSampler>(trainData_->numSamples(), samplesPerStep(),
+  sampler_ = std::make_unique<EpochSampler>(trainData_->numSamples(), globalSamplesPerStep(),
                                             state.seed, state.shuffle);
   sampler_->seek({state.epoch, state.index});
   step_ = state.step;
@@ -655,12 +687,13 @@ Status Trainer::restore(const CheckpointState &state) {
 
 std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
   const int64_t perEpoch = sampler_->stepsPerEpoch(), n = samplesPerStep();
+  const int64_t global = globalSamplesPerStep();
   if (step < 1 || perEpoch <= 0)
     return std::nullopt;
   // The sampler is a pure function of (seed, epoch): the step's samples again.
-  EpochSampler replay(trainData_->numSamples(), n, options_.seed, options_.shuffle);
+  EpochSampler replay(trainData_->numSamples(), global, options_.seed, options_.shuffle);
   std::vector<int64_t> order = replay.orderOf(static_cast<uint64_t>((step - 1) / perEpoch));
-  const int64_t first = ((step - 1) % perEpoch) * n;
+  const int64_t first = ((step - 1) % perEpoch) * global + options_.rank * n; // this rank's share
   std::vector<int64_t> indices(order.begin() + first, order.begin() + first + n);
   std::vector<std::vector<uint8_t>> buffers;
   std::vector<void *> outs;

@@ -47,6 +47,7 @@ if [ "$mode" = compile ]; then
   $py tests/e2e/test_precision.py --bin-dir "$b" --target cuda:sm_90 --bundles "$dir/precision" --compile-only
   $py tests/gpu/test_masked_attention.py --forgec "$b/forgec" --bundles "$dir/masked_attention" --compile-only
   $py tests/e2e/test_input_pipeline.py --bin-dir "$b" --bundles "$dir/input_pipeline" --compile-only
+  $py tests/gpu/test_data_parallel_gpu.py --bin-dir "$b" --bundles "$dir/data_parallel" --compile-only
   # Every library call's stated cuBLASLt problem is checked here, without a GPU, the same
   # way the CUDA executor checks it: a refusal shows before device time is spent.
   find "$dir" -name '*.forge' -print0 | xargs -0 "$b/forge-replay" --check-library > "$dir/check-library.txt" 2>&1 \
@@ -80,6 +81,7 @@ suite gpu_dropout $py tests/e2e/test_dropout.py --bundles "$dir/dropout" --forge
 suite gpu_precision $py tests/e2e/test_precision.py --bundles "$dir/precision" --forge-train "$ft" --device cuda
 suite gpu_masked_attention $py tests/gpu/test_masked_attention.py --bundles "$dir/masked_attention" --forge-train "$ft"
 suite gpu_input_pipeline $py tests/e2e/test_input_pipeline.py --bundles "$dir/input_pipeline" --forge-train "$ft" --device cuda
+suite gpu_data_parallel $py tests/gpu/test_data_parallel_gpu.py --bundles "$dir/data_parallel" --forge-train "$ft"
 # gtest binaries (skipped without a GPU): their summary as "N passed, N failed".
 gtest_suite() { # name, binary, env...
   local name=$1 bin=$2; shift 2

@@ -406,7 +406,9 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         "pad_grad",
                                         "attention_grad",
                                         // Bundle-level op (BundleEmitter write-back).
-                                        "copy"};
+                                        "copy",
+                                        // The data-parallel collective (forgec --dp).
+                                        "all_reduce"};
   for (const std::string &op : ops)
     EXPECT_NE(findCpuKernel(op), nullptr) << op;
   std::vector<std::string> names = cpuKernelNames();

@@ -18,6 +18,8 @@ struct Options {
   unsigned threads = 0;
   unsigned workers = 0; // data workers (TrainerOptions::workers)
   unsigned prefetch = 2; // batches made ahead (TrainerOptions::prefetch)
+  int nproc = 0;          // --nproc: start this many ranks (Launch.h); 0: this process is one
+  double timeoutSeconds = 600; // collectives and the rendezvous (data parallelism)
 
   // --info / --forward
   bool info = false;

@@ -31,6 +31,7 @@
 #include "Options.h"
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/Checkpoint.h"
+#include "forge/runtime/Collectives.h"
 #include "forge/runtime/FileUtil.h"
 #include "forge/runtime/Npy.h"
 #include "forge/runtime/Trainer.h"
@@ -90,7 +91,11 @@ public:
       return secondsSince(lastDraw_) >= 0.1;
     return step % logEvery_ == 0;
   }
+  /// Ranks other than 0 of a data-parallel group draw nothing and print only errors.
+  void setQuiet(bool quiet) { quiet_ = quiet; }
   void draw(const std::string &line) {
+    if (quiet_)
+      return;
     if (tty_) {
       std::string padded = line;
       if (padded.size() < width_)
@@ -106,6 +111,8 @@ public:
   }
   /// A line of its own (eval results, checkpoints, warnings).
   void message(const std::string &text) {
+    if (quiet_ && text.find("error") == std::string::npos)
+      return;
     if (open_) {
       fmt::print(stderr, "\n");
       open_ = false;
@@ -122,6 +129,7 @@ public:
 
 private:
   bool tty_;
+  bool quiet_ = false;
   int64_t logEvery_;
   bool open_ = false;
   size_t width_ = 0;
@@ -456,6 +464,32 @@ Expected<int> train(const Options &opts, Progress &progress) {
   trainerOptions.deterministicAttention = opts.attentionBackward != "fast";
   trainerOptions.seed = opts.seed;
   trainerOptions.shuffle = !opts.noShuffle;
+  // Data parallelism (forgec --dp): this process is one rank of a group when a launcher
+  // (forge-train --nproc, torchrun, Slurm, mpirun) set WORLD_SIZE. The group outlives the
+  // trainer (declared first); rank 0 alone writes metrics, checkpoints and files.
+  auto rendezvous = rendezvousFromEnvironment();
+  if (!rendezvous)
+    return rendezvous.status();
+  std::unique_ptr<Communicator> group;
+  struct Unset {
+    ~Unset() { setCollectiveGroup("dp", nullptr); }
+  } unset;
+  if (*rendezvous && (*rendezvous)->size > 1) {
+    Rendezvous r = **rendezvous;
+    r.timeout = std::chrono::milliseconds(static_cast<int64_t>(opts.timeoutSeconds * 1000));
+    auto connected = connectCpuGroup(r);
+    if (!connected)
+      return connected.status();
+    group = connected.take();
+    setCollectiveGroup("dp", group.get());
+    trainerOptions.rank = r.rank;
+    trainerOptions.worldSize = r.size;
+    if (opts.device == "cuda") // one GPU per rank, by its local rank
+      trainerOptions.device = fmt::format("cuda:{}", r.localRank);
+    progress.setQuiet(r.rank != 0);
+    progress.message(fmt::format("data parallel: {} ranks ({})", r.size, group->describe()));
+  }
+  const bool lead = trainerOptions.rank == 0;
   auto created = Trainer::create(bundle, trainData.take(), std::move(evalData), trainerOptions);
   if (!created)
     return created.status();
@@ -491,7 +525,8 @@ Expected<int> train(const Options &opts, Progress &progress) {
     ckpt.emplace(opts.ckptDir);
     // Checkpoints are written after the last step at the latest: a directory
     // that cannot take them fails now, not hours into the run.
-    FORGE_RETURN_IF_ERROR(ckpt->prepare([&](const std::string &w) {
+    if (lead)
+      FORGE_RETURN_IF_ERROR(ckpt->prepare([&](const std::string &w) {
                                 progress.message("forge-train: warning: " + w);
                               }).prefix("--ckpt-dir"));
   }
@@ -555,8 +590,9 @@ Expected<int> train(const Options &opts, Progress &progress) {
   int64_t lastCkpt = -1;
   float lastLoss = std::nanf("");
   const bool tokens = tr.tokensPerStep() > 0;
-  const double unitsPerStep =
-      static_cast<double>(tokens ? tr.tokensPerStep() : tr.samplesPerStep());
+  const double unitsPerStep = // over every data-parallel rank
+      static_cast<double>((tokens ? tr.tokensPerStep() : tr.samplesPerStep()) *
+                          (tr.globalSamplesPerStep() / tr.samplesPerStep()));
   const char *unit = tokens ? "tok/s" : "samples/s";
 
   // --profile: steps 3.. of this run (the first two warm up and capture the graph).
@@ -569,6 +605,10 @@ Expected<int> train(const Options &opts, Progress &progress) {
   SensorLog sensors;
 
   auto saveCheckpoint = [&]() -> Status {
+    if (!lead) { // rank 0 writes the group's checkpoint (every rank holds the same state)
+      lastCkpt = tr.stepsDone();
+      return Status::ok();
+    }
     auto path = ckpt->save(tr.executor(), tr.state());
     if (!path)
       return path.status();
@@ -769,11 +809,22 @@ Expected<int> train(const Options &opts, Progress &progress) {
 
 } // namespace
 
-int runTrainMode(const Options &opts) {
+int runTrainMode(const Options &given) {
+  Options opts = given;
+  // A data-parallel rank other than 0 writes no files: rank 0 writes the group's.
+  if (auto r = rendezvousFromEnvironment(); r && *r && (*r)->rank != 0) {
+    opts.metricsPath.clear();
+    opts.dumpParams.clear();
+    opts.dumpGrads.clear();
+    opts.exportOnnx.clear();
+    opts.profilePath.clear();
+  }
   Progress progress(opts.logEvery);
   auto rc = train(opts, progress);
   if (!rc) {
-    progress.message(fmt::format("forge-train: error: {}", rc.status().message()));
+    auto r = rendezvousFromEnvironment();
+    const std::string who = r && *r && (*r)->size > 1 ? fmt::format("rank {}: ", (*r)->rank) : "";
+    progress.message(fmt::format("forge-train: {}error: {}", who, rc.status().message()));
     return 1;
   }
   return *rc;

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "Launch.h"
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -350,6 +352,19 @@ void addOptions(CLI::App &app, Options &opts) {
       ->capture_default_str()
       ->check(CLI::Range(0u, 64u))
       ->group(loop);
+  app.add_option("--nproc", opts.nproc,
+                 "Start N ranks of this command on this host, one data-parallel group (a bundle "
+                 "from forgec --dp N): each gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
+                 "MASTER_PORT as from torchrun. Without it, those variables (torchrun, Slurm, "
+                 "mpirun) make this process one rank")
+      ->check(CLI::Range(1, 4096))
+      ->group(loop);
+  app.add_option("--timeout", opts.timeoutSeconds,
+                 "Seconds a rank waits for the others (rendezvous, each collective) before it "
+                 "stops with an error naming what it waited for")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group(loop);
   app.add_option("--device", opts.device,
                  "Where to run: cpu, cuda, cuda:N or auto (CUDA for a CUDA bundle when a GPU is "
                  "present, else the CPU)")
@@ -503,6 +518,9 @@ Status validate(const Options &o) {
   if (o.info || o.forward) {
     if (training)
       return Status::error("--data is for training; it cannot be combined with --info/--forward");
+    if (o.nproc > 0)
+      return Status::error("--nproc starts training ranks; it cannot be combined with "
+                           "--info/--forward");
     return Status::ok();
   }
   if (!training)
@@ -568,6 +586,21 @@ int realMain(int argc, char **argv) {
   }
 
   Status s = validate(opts);
+  if (s.isOk() && opts.nproc > 0) {
+    // The launcher: the same command line without --nproc, once per rank.
+    std::vector<std::string> args;
+    for (int i = 0; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "--nproc") {
+        ++i;
+        continue;
+      }
+      if (a.rfind("--nproc=", 0) == 0)
+        continue;
+      args.push_back(a);
+    }
+    return forge::train::launchRanks(opts.nproc, args);
+  }
   if (s.isOk()) {
     if (opts.info)
       s = runInfo(opts);

@@ -160,6 +160,12 @@ static cl::opt<double> clipGradNorm("clip-grad-norm", cl::desc("Clip the global 
 static cl::opt<int64_t> microBatches("micro-batches",
                                      cl::desc("Accumulate gradients over K micro-batches of --batch each"),
                                      cl::init(1), cl::cat(trainCategory));
+static cl::opt<int64_t> dataParallel(
+    "dp",
+    cl::desc("Data parallelism over D ranks (forge-train --nproc D, or RANK/WORLD_SIZE from a "
+             "launcher): each rank trains on its own --batch; gradients and loss are averaged "
+             "over the ranks. --dp 1 builds the same collectives for one rank"),
+    cl::init(0), cl::cat(trainCategory));
 static cl::opt<bool> exposeGradients("expose-gradients",
                                      cl::desc("Also output every parameter's gradient from train_step "
                                               "(forge.grad.NAME; for parity checks)"),
@@ -206,7 +212,8 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
     std::string given;
     int count = 0;
     for (cl::Option *o : std::initializer_list<cl::Option *>{&loss, &optimizer, &lrSchedule,
-                                                             &clipGradNorm, &microBatches})
+                                                             &clipGradNorm, &microBatches,
+                                                             &dataParallel})
       if (o->getNumOccurrences())
         given += (count++ ? ", --" : "--") + o->ArgStr.str();
     if (count)
@@ -298,6 +305,10 @@ static std::string applyRecipe() {
       ok = node.is_integer();
       if (ok && !microBatches.getNumOccurrences())
         microBatches = *node.value<int64_t>();
+    } else if (k == "dp") {
+      ok = node.is_integer();
+      if (ok && !dataParallel.getNumOccurrences())
+        dataParallel = *node.value<int64_t>();
     } else if (k == "freeze") {
       ok = node.is_array();
       if (ok && !freeze.getNumOccurrences())
@@ -323,6 +334,7 @@ static mlir::forge::TrainFlags trainFlags() {
   t.lrSchedule = lrSchedule;
   t.clipGradNorm = clipGradNorm;
   t.microBatches = microBatches;
+  t.dataParallel = dataParallel;
   t.freeze.assign(freeze.begin(), freeze.end());
   t.exposeGradients = exposeGradients;
   t.batchnormRunningVar = batchnormRunningVar;
@@ -714,6 +726,8 @@ int main(int argc, char **argv) {
     build["optimizer"] = optimizer;
     build["lr_schedule"] = lrSchedule;
     build["micro_batches"] = std::to_string(microBatches);
+    if (dataParallel > 0)
+      build["data_parallel"] = std::to_string(dataParallel);
     if (clipGradNorm > 0)
       build["clip_grad_norm"] = std::to_string(clipGradNorm);
   }

@@ -254,6 +254,10 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
     inst.set_placement(pb::HOST);
     return success();
   }
+  if (placement && placement.getValue() == "collective") {
+    inst.set_placement(pb::COLLECTIVE);
+    return success();
+  }
   return op.emitError("has no placement for the CUDA target (forge-generate-kernels places "
                       "every op)");
 }

@@ -89,8 +89,10 @@ struct GenerateKernelsPass
           auto tt = dyn_cast<RankedTensorType>(t);
           return tt && tt.hasStaticShape() && tt.getNumElements() == 0;
         };
-        if ((op.getNumResults() > 0 && llvm::all_of(op.getResultTypes(), empty)) ||
-            isCopyOp(op.getName().stripDialect())) {
+        if (isa<AllReduceOp>(op)) { // NCCL, on the group its attributes name
+          op.setAttr("forge.placement", b.getStringAttr("collective"));
+        } else if ((op.getNumResults() > 0 && llvm::all_of(op.getResultTypes(), empty)) ||
+                   isCopyOp(op.getName().stripDialect())) {
           op.setAttr("forge.placement", b.getStringAttr("copy"));
         } else if (std::optional<KernelLaunch> launch = kernels.kernelFor(&op)) {
           op.setAttr("forge.launch", launchAttr(b, *launch));

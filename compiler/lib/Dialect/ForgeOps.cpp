@@ -903,6 +903,23 @@ static LogicalResult verifyGemmRegion(FusionOp fusion, Block &block, YieldOp yie
   return success();
 }
 
+LogicalResult AllReduceOp::verify() {
+  if (getInputs().size() != getResults().size())
+    return emitOpError() << "has " << getInputs().size() << " operands but "
+                         << getResults().size() << " results";
+  for (auto [i, pair] : llvm::enumerate(llvm::zip(getInputs().getTypes(), getResultTypes())))
+    if (std::get<0>(pair) != std::get<1>(pair))
+      return emitOpError() << "result " << i << " is " << std::get<1>(pair) << ", operand " << i
+                           << " is " << std::get<0>(pair);
+  if (getReduction() != "sum" && getReduction() != "mean")
+    return emitOpError() << "reduction '" << getReduction() << "' is neither 'sum' nor 'mean'";
+  if (getSize() < 1)
+    return emitOpError() << "group size " << getSize() << " is not positive";
+  if (getGroup().empty())
+    return emitOpError() << "has an empty group name";
+  return success();
+}
+
 LogicalResult FusionOp::verify() {
   Block &block = getBlock();
   if (block.getNumArguments() != getInputs().size())

@@ -139,6 +139,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   train.lrSchedule = options.train.lrSchedule;
   train.clipGradNorm = options.train.clipGradNorm;
   train.microBatches = options.train.microBatches;
+  train.dataParallel = options.train.dataParallel;
   train.freeze = options.train.freeze;
   train.exposeGradients = options.train.exposeGradients;
   train.batchnormRunningVar = options.train.batchnormRunningVar;
@@ -192,7 +193,14 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // matches them as a pair (and whose chunks each merge); before placement,
   // which gives the merged op its kernel.
   pm.addPass(createMergeCrossEntropyGrad());
-  // Still to come, in this order: partition, schedule.
+  // Stage "partition": the gradient all-reduce (--dp) in buckets placed as
+  // the backward pass makes them. After everything that changes what the
+  // step computes or where its values are made (fusion, precision, the loss
+  // head); before placement, which places the collectives. Only with --dp:
+  // without a collective it has nothing to do (and no dump of its own).
+  if (options.train.dataParallel >= 1)
+    pm.addNestedPass<func::FuncOp>(createPartition());
+  // Still to come: schedule.
   addPlacement(pm, options);
   addMemoryPlan(pm, options);
 }
@@ -236,6 +244,7 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
                               llvm::cl::desc("as forgec --clip-grad-norm"), llvm::cl::init(0.0)};
   Option<int64_t> microBatches{*this, "micro-batches",
                                llvm::cl::desc("as forgec --micro-batches"), llvm::cl::init(1)};
+  Option<int64_t> dataParallel{*this, "dp", llvm::cl::desc("as forgec --dp"), llvm::cl::init(0)};
   ListOption<std::string> freeze{*this, "freeze", llvm::cl::desc("as forgec --freeze")};
   Option<bool> exposeGradients{*this, "expose-gradients",
                                llvm::cl::desc("as forgec --expose-gradients"),
@@ -278,6 +287,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.lrSchedule = cl.lrSchedule;
         options.train.clipGradNorm = cl.clipGradNorm;
         options.train.microBatches = cl.microBatches;
+        options.train.dataParallel = cl.dataParallel;
         options.train.freeze.assign(cl.freeze.begin(), cl.freeze.end());
         options.train.exposeGradients = cl.exposeGradients;
         options.train.batchnormRunningVar = cl.batchnormRunningVar;

@@ -9,7 +9,9 @@
 //    parameter; nothing is built for frozen parameters or integer inputs;
 //  * with K micro-batches the step sums K forward/backward passes (each loss a
 //    mean over its micro-batch) and scales by 1/K, which equals one K-times
-//    larger batch for mean-reduced losses;
+//    larger batch for mean-reduced losses; with D data-parallel ranks the
+//    gradients and the loss are then averaged over the ranks (forge.all_reduce),
+//    which equals one D-times larger batch again;
 //  * the optimizer math follows PyTorch's formulas exactly (so parity tests
 //    can compare at fp32 rounding level).
 //
@@ -231,6 +233,9 @@ FailureOr<TrainOptions> mlir::forge::parseTrainFlags(const TrainFlags &flags,
   if (flags.microBatches < 1)
     return fail("--micro-batches must be >= 1");
   t.microBatches = flags.microBatches;
+  if (flags.dataParallel < 0)
+    return fail("--dp must be >= 1");
+  t.dataParallel = flags.dataParallel;
   t.freeze = flags.freeze;
   t.exposeGradients = flags.exposeGradients;
   if (flags.batchnormRunningVar == "biased" || flags.batchnormRunningVar == "unbiased")
@@ -837,6 +842,22 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     }
   }
   Value lossMean = k > 1 ? bb.mulScalar(lossSum, 1.0 / double(k)) : lossSum;
+
+  // Data parallelism: every rank made its gradients from its own batch; their
+  // mean over the ranks is the gradient of the global batch (each loss a mean
+  // over an equal share), and the loss reported is the global mean. One
+  // collective here, before anything reads a gradient (the norm, clipping,
+  // the optimizer); forge-partition splits it into buckets issued as the
+  // backward pass makes them.
+  if (options.dataParallel >= 1) {
+    SmallVector<Value> operands(gradSum.begin(), gradSum.end());
+    operands.push_back(lossMean);
+    auto reduce = b.create<AllReduceOp>(loc, ValueRange(operands).getTypes(), operands, "dp",
+                                        "mean", options.dataParallel);
+    for (auto [i, g] : llvm::enumerate(gradSum))
+      g = reduce.getResult(i);
+    lossMean = reduce.getResults().back();
+  }
 
   // Loss scaling: the gradients stay scaled until the optimizer reads them
   // (times 1/scale, with the clipping factor): the norm's sum of squares is

@@ -290,7 +290,7 @@ Status validateInstruction(const bundle::Program &p, const bundle::Instruction &
       return Status::error("{}: output {} writes {}, which is a constant",
                            instructionLabel(inst, i), j, tensorLabel(p, t));
   }
-  if (inst.placement() < bundle::PLACEMENT_DEFAULT || inst.placement() > bundle::HOST)
+  if (inst.placement() < bundle::PLACEMENT_DEFAULT || inst.placement() > bundle::COLLECTIVE)
     return Status::error("{}: unknown placement {}", instructionLabel(inst, i),
                          static_cast<int>(inst.placement()));
   if (inst.placement() == bundle::KERNEL) {

@@ -206,6 +206,7 @@ const Registry &cpuRegistry() {
     registerBackwardKernels(r);
     registerAttentionKernels(r);
     registerRandomKernels(r);
+    registerCollectiveKernels(r);
     r.add("copy", &copyKernel, 1, 1);
     return r;
   }();

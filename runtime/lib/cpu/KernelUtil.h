@@ -454,6 +454,7 @@ void registerNormKernels(Registry &r);
 void registerMovementKernels(Registry &r);
 void registerLossKernels(Registry &r);
 void registerBackwardKernels(Registry &r);
+void registerCollectiveKernels(Registry &r);
 void registerAttentionKernels(Registry &r);
 void registerRandomKernels(Registry &r);
 

@@ -105,4 +105,22 @@ Expected<const CudnnApi *> cudnnApi() {
   return &api;
 }
 
+Expected<const NcclApi *> ncclApi() {
+  static NcclApi api;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void *lib = openLibrary({"libnccl.so.2", "libnccl.so"}, "NCCL", error);
+    if (!lib)
+      return;
+    auto resolve = FORGE_RESOLVE_FROM(lib, "NCCL");
+#define FORGE_RESOLVE(f) resolve(api.f, #f);
+    FORGE_NCCL_FUNCTIONS(FORGE_RESOLVE)
+#undef FORGE_RESOLVE
+  });
+  if (!error.empty())
+    return Status::error("{}", error);
+  return &api;
+}
+
 } // namespace forge::rt::cuda

@@ -12,6 +12,7 @@
 
 #include <cublasLt.h>
 #include <cudnn.h>
+#include <nccl.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -71,6 +72,23 @@ namespace forge::rt::cuda {
   X(cudnnConvolutionBackwardFilter)                                                             \
   X(cudnnAddTensor)
 
+#define FORGE_NCCL_FUNCTIONS(X)                                                                 \
+  X(ncclGetUniqueId)                                                                            \
+  X(ncclCommInitRank)                                                                           \
+  X(ncclCommDestroy)                                                                            \
+  X(ncclCommAbort)                                                                              \
+  X(ncclAllReduce)                                                                              \
+  X(ncclGroupStart)                                                                             \
+  X(ncclGroupEnd)                                                                               \
+  X(ncclGetErrorString)                                                                         \
+  X(ncclGetLastError)
+
+struct NcclApi {
+#define FORGE_DECLARE(f) decltype(&::f) f = nullptr;
+  FORGE_NCCL_FUNCTIONS(FORGE_DECLARE)
+#undef FORGE_DECLARE
+};
+
 struct CudnnApi {
 #define FORGE_DECLARE(f) decltype(&::f) f = nullptr;
   FORGE_CUDNN_FUNCTIONS(FORGE_DECLARE)
@@ -95,6 +113,8 @@ struct CublasLtApi {
 Expected<const DriverApi *> driverApi();
 Expected<const CublasLtApi *> cublasLtApi();
 Expected<const CudnnApi *> cudnnApi();
+/// NCCL (libnccl.so.2), for data-parallel bundles' collectives only.
+Expected<const NcclApi *> ncclApi();
 
 /// "cudaErrorMemoryAllocation: out of memory"
 std::string errorString(cudaError_t e);

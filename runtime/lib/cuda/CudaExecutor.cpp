@@ -15,6 +15,7 @@
 #include "cuda/Conv.h"
 #include "cuda/Matmul.h"
 #include "cuda/Nvml.h"
+#include "forge/runtime/Collectives.h"
 #include "forge/runtime/Kernels.h"
 #include "forge/runtime/ThreadPool.h"
 
@@ -76,7 +77,7 @@ struct HostCall {
 };
 
 struct Step {
-  enum Kind { Kernel, Library, Copy, Host } kind = Kernel;
+  enum Kind { Kernel, Library, Copy, Host, Collective } kind = Kernel;
   int index = 0;
   const bundle::Instruction *inst = nullptr;
   // Kernel
@@ -110,6 +111,16 @@ struct Step {
   size_t bytes = 0;
   // Host: device pointers of the operands, staged through call->in/out
   std::unique_ptr<HostCall> call;
+  // Collective: one NCCL all-reduce per operand, in one group call, on the compute stream
+  struct Reduce {
+    const void *in;
+    void *out;
+    size_t count;
+    ncclDataType_t type;
+  };
+  std::vector<Reduce> reduces;
+  ncclRedOp_t reduceOp = ncclSum;
+  ncclComm_t comm = nullptr;
   std::vector<std::pair<const void *, size_t>> hostIn;
   std::vector<std::pair<void *, size_t>> hostOut;
 };
@@ -147,6 +158,8 @@ struct CudaExecutor::Impl {
   const CublasLtApi *lt = nullptr;
   cublasLtHandle_t ltHandle = nullptr;
   const CudnnApi *dnn = nullptr;
+  const NcclApi *nccl = nullptr;                 // data-parallel bundles only
+  std::map<std::string, ncclComm_t> comms;       // by collective group ("dp")
   cudnnHandle_t dnnHandle = nullptr;
   size_t workspaceBytes = 0;
   cudaStream_t compute = nullptr, copy = nullptr;
@@ -208,6 +221,9 @@ struct CudaExecutor::Impl {
       }
     }
     routines.clear(); // plans before the handle
+    for (auto &[group, comm] : comms)
+      if (comm && nccl)
+        nccl->ncclCommDestroy(comm);
     if (module && driver)
       driver->cuModuleUnload(module);
     if (ltHandle && lt)
@@ -229,6 +245,50 @@ struct CudaExecutor::Impl {
       cudaFree(deviceBase);
   }
 
+  /// The NCCL communicator of collective group `group` of `size` ranks, made
+  /// on first use: rank 0 makes NCCL's unique id and the process's CPU group
+  /// (Collectives.h, Gloo) broadcasts it; a group of one needs no CPU group.
+  Expected<ncclComm_t> communicator(const std::string &origin, const std::string &group,
+                                    int64_t size) {
+    if (auto it = comms.find(group); it != comms.end())
+      return it->second;
+    if (!nccl) {
+      auto api = ncclApi();
+      if (!api)
+        return api.status();
+      nccl = *api;
+    }
+    Communicator *cpu = collectiveGroup(group);
+    if (!cpu && size != 1)
+      return Status::error("{} was compiled for {} data-parallel ranks (forgec --dp {}), but "
+                           "this process is not one of a group '{}': start it with forge-train "
+                           "--nproc {} (or RANK/WORLD_SIZE from a launcher)",
+                           origin, size, size, group, size);
+    if (cpu && cpu->size() != size)
+      return Status::error("group '{}' has {} ranks, {} was compiled for {} (forgec --dp)", group,
+                           cpu->size(), origin, size);
+    const int rank = cpu ? cpu->rank() : 0;
+    ncclUniqueId id{};
+    if (rank == 0) {
+      ncclResult_t r = nccl->ncclGetUniqueId(&id);
+      if (r != ncclSuccess)
+        return Status::error("ncclGetUniqueId: {}", nccl->ncclGetErrorString(r));
+    }
+    if (cpu)
+      FORGE_RETURN_IF_ERROR(cpu->broadcast(&id, sizeof id, 0));
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = nccl->ncclCommInitRank(&comm, static_cast<int>(size), id, rank);
+    if (r != ncclSuccess)
+      return Status::error("ncclCommInitRank (rank {} of {}, group '{}'): {}{}", rank, size, group,
+                           nccl->ncclGetErrorString(r),
+                           r == ncclInvalidUsage
+                               ? "; NCCL needs one GPU per rank: give each rank its own device "
+                                 "(forge-train --device cuda takes cuda:LOCAL_RANK)"
+                               : "");
+    comms[group] = comm;
+    return comm;
+  }
+
   std::string stepLabel(const std::string &origin, const bundle::Routine &r, const Step &s) const {
     std::string label = fmt::format("{}: routine '{}' instruction #{}", origin, r.name(), s.index);
     if (!s.inst->name().empty())
@@ -240,6 +300,8 @@ struct CudaExecutor::Impl {
       label += s.conv || s.attention ? ", cuDNN" : ", cuBLASLt";
     else if (s.kind == Step::Host)
       label += ", on the host";
+    else if (s.kind == Step::Collective)
+      label += ", NCCL";
     return label + ")";
   }
 
@@ -269,6 +331,19 @@ struct CudaExecutor::Impl {
         CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, compute),
                  "device copy");
       return Status::ok();
+    case Step::Collective: {
+      ncclResult_t r = nccl->ncclGroupStart();
+      for (const Step::Reduce &x : s.reduces)
+        if (r == ncclSuccess)
+          r = nccl->ncclAllReduce(x.in, x.out, x.count, x.type, s.reduceOp, s.comm, compute);
+      ncclResult_t end = nccl->ncclGroupEnd();
+      if (r == ncclSuccess)
+        r = end;
+      if (r != ncclSuccess)
+        return Status::error("NCCL all-reduce failed: {} ({})", nccl->ncclGetErrorString(r),
+                             nccl->ncclGetLastError(s.comm));
+      return Status::ok();
+    }
     case Step::Host: {
       for (size_t i = 0; i < s.hostIn.size(); ++i)
         if (s.hostIn[i].second > 0)
@@ -805,6 +880,42 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         s.bytes = byteSize(p.tensors(inst.outputs(0)));
         if (byteSize(p.tensors(inst.inputs(0))) != s.bytes)
           return fail("a device copy between tensors of different sizes");
+        break;
+      }
+      case bundle::COLLECTIVE: {
+        s.kind = Step::Collective;
+        AttrReader attrs(inst);
+        auto group = attrs.getString("group");
+        auto reduction = attrs.getString("reduction");
+        auto size = attrs.getInt("size");
+        if (!group || !reduction || !size)
+          return fail("a collective needs the attributes group, reduction and size");
+        if (inst.op() != "all_reduce" || (*reduction != "sum" && *reduction != "mean"))
+          return fail("only all_reduce with reduction sum or mean is a collective");
+        if (inst.inputs_size() != inst.outputs_size())
+          return fail("an all_reduce has as many outputs as inputs");
+        auto comm = im.communicator(origin, *group, *size);
+        if (!comm)
+          return fail(comm.status().message());
+        s.comm = *comm;
+        s.reduceOp = *reduction == "mean" ? ncclAvg : ncclSum;
+        for (int k = 0; k < inst.inputs_size(); ++k) {
+          int32_t in = inst.inputs(k), out = inst.outputs(k);
+          if (in < 0 || byteSize(p.tensors(in)) != byteSize(p.tensors(out)) ||
+              p.tensors(in).dtype() != p.tensors(out).dtype())
+            return fail(fmt::format("operand {} and result {} differ", k, k));
+          ncclDataType_t type;
+          switch (p.tensors(in).dtype()) {
+          case bundle::F32: type = ncclFloat32; break;
+          case bundle::F16: type = ncclFloat16; break;
+          case bundle::BF16: type = ncclBfloat16; break;
+          case bundle::F64: type = ncclFloat64; break;
+          default:
+            return fail(fmt::format("NCCL reduces no {} tensors", dtypeName(p.tensors(in).dtype())));
+          }
+          s.reduces.push_back({im.devicePtr[in], im.devicePtr[out],
+                               static_cast<size_t>(numElements(shapeOf(p.tensors(in)))), type});
+        }
         break;
       }
       case bundle::HOST:

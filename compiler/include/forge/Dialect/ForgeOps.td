@@ -739,6 +739,30 @@ def Forge_CopyOp : Op<Forge_Dialect, "copy", [Pure, SameOperandsAndResultType]> 
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
+def Forge_AllReduceOp : Op<Forge_Dialect, "all_reduce"> {
+  let summary = "Element-wise sum or mean of each operand over a group of ranks";
+  let description = [{
+    Made by forge-build-train-step for data parallelism (`forgec --dp D`), not
+    by import: result i is operand i summed (or averaged: `reduction =
+    "mean"`) element by element over the `size` ranks of the collective
+    `group` ("dp"), each rank running the same program on its own slice of
+    the batch. forge-partition splits the one op the train step gets into
+    size-capped buckets, each issued where its last operand is made, so the
+    reduction of one bucket overlaps the backward pass of the next.
+
+    Every rank issues the same collectives in the same order; so the op is
+    deterministic per rank, but not Pure: it must neither be merged with
+    another nor moved across another collective, and a rank may not skip it.
+    The runtime runs it through the process's communicator of `group`
+    (CPU ranks: Gloo; CUDA: on the host for now).
+  }];
+  let arguments = (ins Variadic<AnyForgeTensor>:$inputs, StrAttr:$group, StrAttr:$reduction,
+                       I64Attr:$size);
+  let results = (outs Variadic<AnyForgeTensor>:$results);
+  let assemblyFormat = "$inputs attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 // Backward-only ops (created by gradient rules).
 include "forge/Dialect/ForgeGradOps.td"
 

@@ -21,6 +21,7 @@ struct TrainFlags {
   std::string lrSchedule = "constant";
   double clipGradNorm = 0.0;          // 0: off
   int64_t microBatches = 1;
+  int64_t dataParallel = 0;           // ranks of the data-parallel group (forgec --dp; 0: none)
   std::vector<std::string> freeze;    // glob patterns of initializer names
   bool exposeGradients = false;
   std::string batchnormRunningVar;    // "", "biased" or "unbiased"

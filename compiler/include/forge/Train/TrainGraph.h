@@ -79,6 +79,12 @@ struct TrainOptions {
   LossScaleSpec lossScale;
   /// Gradient accumulation: micro-batches per optimizer step.
   int64_t microBatches = 1;
+  /// Data parallelism: the step runs on `dataParallel` ranks, each on its own
+  /// batch; the gradients (and the reported loss) are averaged over them by one
+  /// forge.all_reduce (group "dp") before the norm and the optimizer, which
+  /// forge-partition splits into buckets. 0: no collective; 1: the collective
+  /// over a group of one (the code path of D ranks, on one device).
+  int64_t dataParallel = 0;
   /// Glob patterns of initializer names that stay frozen.
   std::vector<std::string> freeze;
   /// Also return every parameter's gradient (after accumulation, before

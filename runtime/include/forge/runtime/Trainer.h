@@ -48,6 +48,12 @@ struct TrainerOptions {
   /// by the ones before it. 0: launch() fills each batch itself (still while the
   /// GPU runs the step before). The batches' bytes do not depend on it.
   unsigned prefetch = 2;
+  /// Data parallelism (forgec --dp D): this process is rank `rank` of `worldSize`
+  /// (D), connected through collectiveGroup("dp"). Every rank draws the same global
+  /// order of D * K * B samples per step and takes its own share
+  /// [rank * K * B, (rank + 1) * K * B); checkpoints store the global layout, so a
+  /// run resumes on another D with the same global batch.
+  int rank = 0, worldSize = 1;
   uint64_t seed = 0;    // shuffling seed
   bool shuffle = true;  // false: visit samples in file order every epoch
   std::string device = "cpu"; // Executor.h: cpu, cuda, cuda:N, auto
@@ -115,6 +121,8 @@ public:
   int64_t batchSize() const { return batch_; }
   int64_t microBatches() const { return micro_; }
   int64_t samplesPerStep() const { return batch_ * micro_; }
+  /// Samples of one step over every data-parallel rank.
+  int64_t globalSamplesPerStep() const { return samplesPerStep() * options_.worldSize; }
   int64_t stepsPerEpoch() const { return sampler_->stepsPerEpoch(); }
   int64_t trainSamples() const { return trainData_->numSamples(); }
   int64_t evalSamples() const { return evalData_ ? evalData_->numSamples() : 0; }
@@ -152,6 +160,11 @@ private:
   Trainer() = default;
   /// Fills `outs` ([micro-batch][field] -> buffer) with the step's samples.
   Status fillStep(std::span<const int64_t> indices, const std::vector<std::vector<void *>> &outs);
+  /// This rank's share of a step's global indices (TrainerOptions::rank).
+  std::span<const int64_t> rankShare(std::span<const int64_t> global) const {
+    return global.subspan(static_cast<size_t>(options_.rank * samplesPerStep()),
+                          static_cast<size_t>(samplesPerStep()));
+  }
   /// The prefetch ring (TrainerOptions::prefetch > 0).
   Status startProducer();
   void stopProducer();

@@ -1,0 +1,223 @@
+// CPU collective groups over Gloo's TCP transport (Collectives.h), with the
+// rendezvous through TcpStore.h: the CPU ranks that CI trains data-parallel
+// bundles on, and the same bootstrap NCCL's unique id will take.
+#include "forge/runtime/Collectives.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "TcpStore.h"
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+namespace forge::rt {
+
+namespace {
+
+/// Gloo's rendezvous store over the TCP store client (Gloo reports failures by
+/// throwing; connectCpuGroup catches them).
+class StoreAdapter final : public gloo::rendezvous::Store {
+public:
+  explicit StoreAdapter(dist::TcpStoreClient &client) : client_(client) {}
+  void set(const std::string &key, const std::vector<char> &data) override {
+    Status s = client_.set(key, data);
+    if (!s.isOk())
+      throw std::runtime_error(s.message());
+  }
+  std::vector<char> get(const std::string &key) override {
+    auto v = client_.get(key);
+    if (!v)
+      throw std::runtime_error(v.status().message());
+    return v.take();
+  }
+  void wait(const std::vector<std::string> &keys) override {
+    for (const std::string &k : keys)
+      (void)get(k);
+  }
+  void wait(const std::vector<std::string> &keys, const std::chrono::milliseconds &) override {
+    wait(keys); // the client's socket timeout bounds each get
+  }
+
+private:
+  dist::TcpStoreClient &client_;
+};
+
+class GlooGroup final : public Communicator {
+public:
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string describe() const override {
+    return fmt::format("gloo/tcp, rank {} of {}", rank_, size_);
+  }
+
+  Status allReduceSum(float *data, size_t count) override {
+    if (count == 0)
+      return Status::ok();
+    try {
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(data, count);
+      opts.setReduceFunction(static_cast<void (*)(void *, const void *, const void *, size_t)>(
+          &gloo::sum<float>));
+      opts.setTag(tag_++);
+      opts.setTimeout(timeout_);
+      gloo::allreduce(opts);
+    } catch (const std::exception &e) {
+      return Status::error("all_reduce of {} values (rank {} of {}) failed: {} (another rank "
+                           "stopped, or did not arrive within {} s)",
+                           count, rank_, size_, e.what(), timeout_.count() / 1000.0);
+    }
+    return Status::ok();
+  }
+
+  Status broadcast(void *data, size_t bytes, int root) override {
+    try {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(static_cast<uint8_t *>(data), bytes);
+      opts.setRoot(root);
+      opts.setTag(tag_++);
+      opts.setTimeout(timeout_);
+      gloo::broadcast(opts);
+    } catch (const std::exception &e) {
+      return Status::error("broadcast of {} bytes from rank {} (rank {} of {}) failed: {}", bytes,
+                           root, rank_, size_, e.what());
+    }
+    return Status::ok();
+  }
+
+  Status barrier() override {
+    try {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(tag_++);
+      opts.setTimeout(timeout_);
+      gloo::barrier(opts);
+    } catch (const std::exception &e) {
+      return Status::error("barrier (rank {} of {}) failed: {}", rank_, size_, e.what());
+    }
+    return Status::ok();
+  }
+
+  int rank_ = 0, size_ = 1;
+  uint32_t tag_ = 1;
+  std::chrono::milliseconds timeout_{0};
+  std::unique_ptr<dist::TcpStoreServer> server_; // rank 0
+  std::unique_ptr<dist::TcpStoreClient> client_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+};
+
+Expected<int> envInt(const char *name, bool required, int fallback) {
+  const char *v = std::getenv(name);
+  if (!v || !*v) {
+    if (required)
+      return Status::error("{} is not set (with WORLD_SIZE, a launcher sets RANK, "
+                           "MASTER_ADDR and MASTER_PORT too)",
+                           name);
+    return fallback;
+  }
+  char *end = nullptr;
+  errno = 0;
+  long n = std::strtol(v, &end, 10);
+  if (errno || end == v || *end || n < 0 || n > 1 << 24)
+    return Status::error("{}='{}' is not a non-negative integer", name, v);
+  return static_cast<int>(n);
+}
+
+bool isLoopback(const std::string &host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+} // namespace
+
+Expected<std::optional<Rendezvous>> rendezvousFromEnvironment() {
+  // torchrun (and forge-train --nproc) set WORLD_SIZE/RANK/LOCAL_RANK; mpirun (Open MPI)
+  // and srun (Slurm) set their own names, taken when WORLD_SIZE is absent.
+  struct Names {
+    const char *size, *rank, *local;
+  };
+  const Names launchers[] = {{"WORLD_SIZE", "RANK", "LOCAL_RANK"},
+                             {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                              "OMPI_COMM_WORLD_LOCAL_RANK"},
+                             {"SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"}};
+  const Names *names = nullptr;
+  for (const Names &n : launchers)
+    if (const char *v = std::getenv(n.size); v && *v) {
+      names = &n;
+      break;
+    }
+  if (!names)
+    return std::optional<Rendezvous>();
+  Rendezvous r;
+  auto size = envInt(names->size, true, 1);
+  if (!size)
+    return size.status();
+  if (*size < 1)
+    return Status::error("{}={} must be at least 1", names->size, *size);
+  r.size = *size;
+  auto rank = envInt(names->rank, r.size > 1, 0);
+  if (!rank)
+    return rank.status();
+  if (*rank >= r.size)
+    return Status::error("{}={} is not below {}={}", names->rank, *rank, names->size, r.size);
+  r.rank = *rank;
+  auto local = envInt(names->local, false, r.rank);
+  if (!local)
+    return local.status();
+  r.localRank = *local;
+  if (const char *addr = std::getenv("MASTER_ADDR"); addr && *addr)
+    r.masterAddr = addr;
+  else if (r.size > 1)
+    return Status::error("MASTER_ADDR is not set (the host of rank 0)");
+  auto port = envInt("MASTER_PORT", r.size > 1, 29500);
+  if (!port)
+    return port.status();
+  if (*port < 1 || *port > 65535)
+    return Status::error("MASTER_PORT={} is not a TCP port", *port);
+  r.masterPort = *port;
+  // Under torchrun, its agent's own store listens on MASTER_PORT: ours takes the next port.
+  if (const char *run = std::getenv("TORCHELASTIC_RUN_ID"); run && *run)
+    r.masterPort = *port < 65535 ? *port + 1 : *port - 1;
+  return std::optional<Rendezvous>(r);
+}
+
+Expected<std::unique_ptr<Communicator>> connectCpuGroup(const Rendezvous &r) {
+  auto g = std::make_unique<GlooGroup>();
+  g->rank_ = r.rank;
+  g->size_ = r.size;
+  g->timeout_ = r.timeout;
+  if (r.rank == 0) {
+    auto server = dist::TcpStoreServer::start(r.masterPort);
+    if (!server)
+      return server.status();
+    g->server_ = server.take();
+  }
+  auto client = dist::TcpStoreClient::connect(r.masterAddr, r.masterPort, r.timeout);
+  if (!client)
+    return client.status();
+  g->client_ = client.take();
+  try {
+    gloo::transport::tcp::attr attr;
+    // One host: the loopback interface. Several: this host's name, or the
+    // interface named by GLOO_SOCKET_IFNAME (as PyTorch's Gloo backend).
+    if (const char *iface = std::getenv("GLOO_SOCKET_IFNAME"); iface && *iface)
+      attr.iface = iface;
+    else if (isLoopback(r.masterAddr))
+      attr.hostname = "127.0.0.1";
+    g->device_ = gloo::transport::tcp::CreateDevice(attr);
+    g->context_ = std::make_shared<gloo::rendezvous::Context>(r.rank, r.size);
+    g->context_->setTimeout(r.timeout);
+    StoreAdapter store(*g->client_);
+    g->context_->connectFullMesh(store, g->device_);
+  } catch (const std::exception &e) {
+    return Status::error("connecting rank {} of {} through {}:{}: {}", r.rank, r.size,
+                         r.masterAddr, r.masterPort, e.what());
+  }
+  return std::unique_ptr<Communicator>(std::move(g));
+}
+
+} // namespace forge::rt

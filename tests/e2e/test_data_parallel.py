@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Data parallelism on CPU ranks (issue #14; ctest e2e_data_parallel).
+
+Each case compiles a fixture's model twice (hyperparameters from its manifest.json):
+  forgec model.onnx --batch B --dp D [--micro-batches K] -o T/dp.forge    (per rank: K x B)
+  forgec model.onnx --batch D*K*B                       -o T/one.forge   (one process)
+and trains both 20 steps with shuffling (--seed 3), the first as `forge-train --nproc D` (D
+processes over Gloo/TCP on this host), the second alone. Step s of both consumes the same
+D*K*B samples (every rank draws the global order and takes its share), and the mean of the
+ranks' gradients is the gradient of the global batch, so the runs differ by fp32 summation
+order only. Required (relative, L2 per tensor, float64):
+  losses            rank 0's metrics (the loss averaged over the ranks) vs one process: 1e-5
+  final parameters  rank 0's --dump-params vs one process: 1e-5
+Cases: mlp_adamw D=2; mlp_adamw D=3 with K=2; gpt_adamw D=2 (token data, layer norms).
+
+Resume on another group size: the D=2 mlp run writes a checkpoint at step 10 (rank 0
+alone writes it); the one-process bundle resumes from it and trains to step 20: losses of
+steps 11-20 and the final parameters as the uninterrupted D=2 run's (1e-5).
+
+Errors, each a clear message: the D=2 bundle without a group ("compiled for 2 data-parallel
+ranks", naming --nproc); --nproc 3 for it ("this run has 3"); a rank whose peer never
+arrives (WORLD_SIZE=2 RANK=0 alone, --timeout 2) stops within the timeout naming the
+rendezvous; --nproc with --info is refused.
+
+  test_data_parallel.py [--bin-dir DIR | --forgec F --forge-train T] [--fixtures-dir DIR]
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import forge_e2e as e2e
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 20
+TOL = 1e-5
+
+
+def compile_(forgec, fixture, out, batch, extra):
+    m = json.load(open(os.path.join(fixture, "manifest.json")))
+    loss = m["loss"]["forge"].split()[-1] if isinstance(m.get("loss"), dict) else \
+        "cross_entropy:logits,labels"
+    cmd = [forgec, os.path.join(fixture, "model.onnx"), "--batch", str(batch), "--loss", loss,
+           "--optimizer", e2e.optimizer_spec(m["optimizer_hparams"]), "-o", out] + extra
+    rc, _, log = e2e.run(cmd, 300)
+    return rc, log
+
+
+def train(forge_train, bundle, data, tmp, tag, extra, env=None):
+    metrics, params = (os.path.join(tmp, f"{tag}.{x}") for x in ("jsonl", "npz"))
+    cmd = [forge_train, bundle, "--data", data, "--seed", "3", "--threads", "1",
+           "--metrics", metrics, "--dump-params", params] + extra
+    old = dict(os.environ)
+    if env:
+        os.environ.update(env)
+    try:
+        rc, _, log = e2e.run(cmd, 300)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    if rc != 0:
+        return rc, log, None, None
+    return rc, log, e2e.metric_losses(metrics), dict(np.load(params))
+
+
+def worst_rel(a, b):
+    return max((abs(x - y) / abs(y) for x, y in zip(a, b)), default=float("inf"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    e2e.add_tool_args(ap)
+    ap.add_argument("--fixtures-dir", default=os.path.join(HERE, "..", "fixtures"))
+    a = ap.parse_args()
+    tools = e2e.find_tools(a, "test_data_parallel")
+    if not tools:
+        return 2
+    forgec, forge_train = tools
+    rep = e2e.Report()
+    cases = [("mlp_adamw", 2, 1, 4), ("mlp_adamw", 3, 2, 2), ("gpt_adamw", 2, 1, 2)]
+    with tempfile.TemporaryDirectory(prefix="forge-dp-") as tmp:
+        for fixture_name, d, k, b in cases:
+            fixture = os.path.join(a.fixtures_dir, fixture_name)
+            data = os.path.join(fixture, "batches.npz")
+            tag = f"{fixture_name} --dp {d}" + (f" --micro-batches {k}" if k > 1 else "")
+            dp, one = (os.path.join(tmp, f"{fixture_name}_{d}_{k}_{x}.forge") for x in ("dp", "one"))
+            extra = ["--dp", str(d)] + (["--micro-batches", str(k)] if k > 1 else [])
+            rc1, log1 = compile_(forgec, fixture, dp, b, extra)
+            rc2, log2 = compile_(forgec, fixture, one, d * k * b, [])
+            if not rep.check(f"{tag}: forgec", rc1 == 0 and rc2 == 0,
+                             e2e.failure(rc1, log1) if rc1 else e2e.failure(rc2, log2)):
+                continue
+            ckpt = os.path.join(tmp, f"ckpt_{fixture_name}_{d}_{k}")
+            resume = fixture_name == "mlp_adamw" and d == 2
+            rc, log, losses, params = train(
+                forge_train, dp, data, tmp, f"dp{d}{k}{fixture_name}",
+                ["--nproc", str(d), "--steps", str(STEPS)] +
+                (["--ckpt-dir", ckpt, "--ckpt-every", "10"] if resume else []))
+            if not rep.check(f"{tag}: forge-train --nproc {d}", rc == 0, e2e.failure(rc, log)):
+                continue
+            rc, log, ref_losses, ref_params = train(forge_train, one, data, tmp,
+                                                    f"one{d}{k}{fixture_name}",
+                                                    ["--steps", str(STEPS)])
+            if not rep.check(f"{tag}: one process, batch {d * k * b}", rc == 0,
+                             e2e.failure(rc, log)):
+                continue
+            w = worst_rel(losses, ref_losses)
+            rep.check(f"{tag}: losses == one process", len(losses) == STEPS and w <= TOL,
+                      f"{len(losses)} steps, worst rel {w:.2e} (<= {TOL:g}), last "
+                      f"{losses[-1]!r} vs {ref_losses[-1]!r}")
+            worst = max(e2e.rel(params[n], ref_params[n]) for n in ref_params)
+            rep.check(f"{tag}: parameters == one process", set(params) == set(ref_params) and
+                      worst <= TOL, f"{len(params)} tensors, worst rel {worst:.2e}")
+            if resume:
+                files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+                rep.check(f"{tag}: rank 0 wrote the checkpoints", any("ckpt-10" in f for f in files)
+                          and any("ckpt-20" in f for f in files), str(files))
+                os.remove(os.path.join(ckpt, "ckpt-20.forgeckpt"))
+                with open(os.path.join(ckpt, "latest"), "w") as f:
+                    f.write("ckpt-10.forgeckpt\n")
+                rc, log, res_losses, res_params = train(
+                    forge_train, one, data, tmp, "resumed",
+                    ["--steps", str(STEPS), "--ckpt-dir", ckpt, "--resume"])
+                ok = rc == 0
+                if rep.check(f"{tag}: resume the D={d} checkpoint in one process", ok,
+                             e2e.failure(rc, log)):
+                    w = worst_rel(res_losses[-10:], losses[-10:])
+                    rep.check(f"{tag}: resumed losses 11-20 == the D={d} run's",
+                              len(res_losses) >= 10 and w <= TOL, f"worst rel {w:.2e}")
+                    worst = max(e2e.rel(res_params[n], params[n]) for n in params)
+                    rep.check(f"{tag}: resumed parameters == the D={d} run's", worst <= TOL,
+                              f"worst rel {worst:.2e}")
+
+        # Errors.
+        fixture = os.path.join(a.fixtures_dir, "mlp_adamw")
+        data = os.path.join(fixture, "batches.npz")
+        dp2 = os.path.join(tmp, "mlp_adamw_2_1_dp.forge")
+        rc, _, log = e2e.run([forge_train, dp2, "--data", data, "--steps", "2"], 120)
+        rep.check("dp bundle without a group", rc not in (0, None) and
+                  "compiled for 2 data-parallel ranks" in log and "--nproc 2" in log,
+                  e2e.tail(log, 2))
+        rc, _, log = e2e.run([forge_train, dp2, "--data", data, "--steps", "2", "--nproc", "3"],
+                             120)
+        rep.check("--nproc 3 for a --dp 2 bundle", rc not in (0, None) and "this run has 3" in log
+                  and "rank" in log, e2e.tail(log, 2))
+        with socket.socket() as sk:  # a port nobody listens on
+            sk.bind(("127.0.0.1", 0))
+            port = sk.getsockname()[1]
+        env = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        t0 = time.monotonic()
+        rc, log, _, _ = train(forge_train, dp2, data, tmp, "alone", ["--steps", "2", "--timeout",
+                                                                        "2"], env)
+        rep.check("rank 0 alone stops within --timeout", rc not in (0, None) and
+                  time.monotonic() - t0 < 60 and "within 2 s" in log, e2e.tail(log, 2))
+        rc, _, log = e2e.run([forge_train, dp2, "--info", "--nproc", "2"], 60)
+        rep.check("--nproc with --info", rc not in (0, None) and "--nproc" in log,
+                  e2e.tail(log, 1))
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+// forge-train --nproc N: starts N ranks of this same command on this host
+// (docs/multi-gpu.md), as torchrun does: each child gets RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT,
+// and the command line without --nproc.
+//
+// Invariants: the launcher returns only when every child has ended; when one
+// fails (non-zero status or a signal), the others get SIGTERM at once and
+// SIGKILL after a grace period, and the launcher's status is the first
+// failure's, named with its rank. No child outlives the launcher.
+#include "Launch.h"
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+namespace forge::train {
+
+namespace {
+
+/// A TCP port nobody listens on now (rank 0's store takes it moments later).
+int freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return 29500;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  int port = 29500;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string describeStatus(int status) {
+  if (WIFEXITED(status))
+    return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                       strsignal(WTERMSIG(status)));
+  return "ended";
+}
+
+} // namespace
+
+int launchRanks(int nproc, const std::vector<std::string> &args) {
+  const int port = freePort();
+  std::vector<pid_t> pids(static_cast<size_t>(nproc), -1);
+  std::vector<std::string> keep; // environment of the children, minus what we set
+  for (char **e = environ; *e; ++e) {
+    std::string kv = *e;
+    for (const char *name : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
+                             "MASTER_ADDR=", "MASTER_PORT="})
+      if (kv.rfind(name, 0) == 0)
+        goto skip;
+    keep.push_back(kv);
+  skip:;
+  }
+  int running = 0;
+  for (int r = 0; r < nproc; ++r) {
+    std::vector<std::string> env = keep;
+    env.push_back(fmt::format("RANK={}", r));
+    env.push_back(fmt::format("LOCAL_RANK={}", r));
+    env.push_back(fmt::format("WORLD_SIZE={}", nproc));
+    env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", nproc));
+    env.push_back("MASTER_ADDR=127.0.0.1");
+    env.push_back(fmt::format("MASTER_PORT={}", port));
+    std::vector<char *> envp, argv;
+    for (std::string &s : env)
+      envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> a = args;
+    for (std::string &s : a)
+      argv.push_back(s.data());
+    argv.push_back(nullptr);
+    pid_t pid;
+    int rc = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data());
+    if (rc != 0) {
+      fmt::print(stderr, "forge-train: error: cannot start rank {}: {}\n", r, std::strerror(rc));
+      for (pid_t p : pids)
+        if (p > 0)
+          ::kill(p, SIGTERM);
+      break;
+    }
+    pids[static_cast<size_t>(r)] = pid;
+    ++running;
+  }
+  int result = running == nproc ? 0 : 1;
+  bool stopping = running != nproc;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
+    if (pid < 0 && errno == EINTR)
+      continue;
+    if (pid < 0)
+      break;
+    if (pid == 0) { // stopping: the others still run
+      if (std::chrono::steady_clock::now() > deadline)
+        for (pid_t p : pids)
+          if (p > 0)
+            ::kill(p, SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    int rank = -1;
+    for (size_t i = 0; i < pids.size(); ++i)
+      if (pids[i] == pid)
+        rank = static_cast<int>(i), pids[i] = -1;
+    if (rank < 0)
+      continue;
+    --running;
+    const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    if (failed && result == 0) {
+      result = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (running > 0)
+        fmt::print(stderr, "forge-train: rank {} of {} {}; stopping the other rank{}\n", rank,
+                   nproc, describeStatus(status), running > 1 ? "s" : "");
+      else
+        fmt::print(stderr, "forge-train: rank {} of {} {}\n", rank, nproc,
+                   describeStatus(status));
+      stopping = true;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      for (pid_t p : pids)
+        if (p > 0)
+          ::kill(p, SIGTERM);
+    }
+  }
+  return result;
+}
+
+} // namespace forge::train
