@@ -27,7 +27,9 @@ rendezvous; --nproc with --info is refused.
 import argparse
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,6 +68,41 @@ def train(forge_train, bundle, data, tmp, tag, extra, env=None):
     if rc != 0:
         return rc, log, None, None
     return rc, log, e2e.metric_losses(metrics), dict(np.load(params))
+
+
+def fault_run(forge_train, bundle, data, sig):
+    """Trains `bundle` on 2 ranks for a long time, sends `sig` to rank 1 once both are
+    stepping, and waits for the launcher: (status, output, seconds after the signal)."""
+    p = subprocess.Popen([forge_train, bundle, "--data", data, "--steps", "1000000", "--nproc",
+                          "2", "--threads", "1", "--timeout", "3", "--log-every", "1000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rank1 = None
+    deadline = time.monotonic() + 60
+    while rank1 is None and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.2)
+        for child in os.popen(f"pgrep -P {p.pid}").read().split():
+            try:
+                env = open(f"/proc/{child}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"RANK=1" in env:
+                rank1 = int(child)
+    time.sleep(1.0)  # both ranks past the rendezvous, stepping
+    t0 = time.monotonic()
+    if rank1 is not None:
+        os.kill(rank1, sig)
+    try:
+        out, _ = p.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        return None, out, time.monotonic() - t0
+    if sig == signal.SIGSTOP and rank1 is not None:
+        try:
+            os.kill(rank1, signal.SIGKILL)
+        except OSError:
+            pass
+    return p.returncode, out, time.monotonic() - t0
 
 
 def worst_rel(a, b):
@@ -157,6 +194,14 @@ def main():
                                                                         "2"], env)
         rep.check("rank 0 alone stops within --timeout", rc not in (0, None) and
                   time.monotonic() - t0 < 60 and "within 2 s" in log, e2e.tail(log, 2))
+        # A rank that dies (SIGKILL) or hangs (SIGSTOP) mid-run: the other stops with an
+        # error, and the launcher ends within its bounds, naming the rank.
+        for sig, name in ((signal.SIGKILL, "killed"), (signal.SIGSTOP, "stopped")):
+            rc, log, dt = fault_run(forge_train, dp2, data, sig)
+            want = "killed by signal 9" if sig == signal.SIGKILL else "timed out"
+            rep.check(f"a rank {name} mid-run stops the group", rc not in (0, None) and
+                      dt < 60 and ("rank 1 of 2" in log or "rank 0 of 2" in log) and
+                      (want in log.lower() or "failed" in log), f"{dt:.1f} s: " + e2e.tail(log, 3))
         rc, _, log = e2e.run([forge_train, dp2, "--info", "--nproc", "2"], 60)
         rep.check("--nproc with --info", rc not in (0, None) and "--nproc" in log,
                   e2e.tail(log, 1))
