@@ -8,7 +8,9 @@
 //    the routine's output buffer;
 //  * two arena tensors share bytes only if their live ranges [definition,
 //    last use] are disjoint, so a kernel never reads an operand that aliases
-//    its own output, except a reshape, whose result is its operand's bytes.
+//    its own output, except a reshape, whose result is its operand's bytes;
+//  * a collective's operands live until the first reader of its results (the
+//    CUDA executor runs it on its own stream and waits for it there).
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
@@ -304,6 +306,29 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   for (Tensor &t : tensors)
     if (t.input || t.output)
       t.end = last;
+  // A collective runs on a stream of its own (CUDA): the step goes on while it
+  // reads its operands, and waits for it only before the first reader of a
+  // result. Its operands stay live until then, so nothing reuses their bytes
+  // under it.
+  llvm::DenseMap<Operation *, int64_t> positionOf, collectiveEnd;
+  for (auto [i, op] : llvm::enumerate(steps))
+    positionOf[op] = static_cast<int64_t>(i);
+  for (auto [at, op] : llvm::enumerate(steps)) {
+    if (!isa<AllReduceOp>(op))
+      continue;
+    int64_t firstReader = last;
+    for (Value r : op->getResults())
+      for (Operation *user : r.getUsers()) {
+        while (user && user->getBlock() != &body)
+          user = user->getParentOp();
+        if (auto it = positionOf.find(user); it != positionOf.end())
+          firstReader = std::min(firstReader, it->second);
+      }
+    for (Value v : op->getOperands())
+      if (auto it = indexOf.find(v); it != indexOf.end())
+        tensors[it->second].end = std::max(tensors[it->second].end, firstReader);
+    collectiveEnd[op] = firstReader;
+  }
 
   // A reshape's result shares its operand's bytes: one interval per chain,
   // planned at its root; not from an input to an output.
@@ -321,7 +346,10 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   }
   // A result may take the bytes of an operand that dies at its op when the
   // op reads each element of that operand before writing the same element
-  // of the result (readsBeforeWrites): logits become their gradient.
+  // of the result (readsBeforeWrites): logits become their gradient. An
+  // all_reduce reduces operand k into result k in place (NCCL and the CPU
+  // kernel take equal send and receive buffers) when nothing else reads it:
+  // its operands "die" where the collective is waited for.
   std::vector<int64_t> groupEnd(tensors.size(), 0);
   std::vector<bool> groupHasOutput(tensors.size(), false);
   for (size_t t = 0; t < tensors.size(); ++t) {
@@ -333,12 +361,15 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
       auto out = indexOf.find(result);
       if (out == indexOf.end() || root[out->second] != out->second)
         continue;
+      const bool collective = isa<AllReduceOp>(op);
+      const int64_t diesAt = collective ? collectiveEnd[op] : static_cast<int64_t>(at);
       for (auto [k, operand] : llvm::enumerate(op->getOperands())) {
         auto in = indexOf.find(operand);
-        if (in == indexOf.end() || !readsBeforeWrites(op, k, j))
+        if (in == indexOf.end() || !(collective ? k == j && operand.hasOneUse()
+                                                : readsBeforeWrites(op, k, j)))
           continue;
         int64_t r = root[in->second];
-        if (tensors[r].input || groupHasOutput[r] || groupEnd[r] != static_cast<int64_t>(at) ||
+        if (tensors[r].input || groupHasOutput[r] || groupEnd[r] != diesAt ||
             r == out->second)
           continue;
         int64_t t = out->second;

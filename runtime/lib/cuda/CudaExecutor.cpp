@@ -121,6 +121,12 @@ struct Step {
   std::vector<Reduce> reduces;
   ncclRedOp_t reduceOp = ncclSum;
   ncclComm_t comm = nullptr;
+  // On the collective stream: `ready` (compute reached it) starts it, `done`
+  // is waited for by the first step that reads a result (waitFor), or by the
+  // routine's end. The memory plan keeps its operands live until then.
+  cudaEvent_t ready = nullptr, done = nullptr;
+  // Any step: collectives' `done` events to wait for before it launches.
+  std::vector<cudaEvent_t> waitFor;
   std::vector<std::pair<const void *, size_t>> hostIn;
   std::vector<std::pair<void *, size_t>> hostOut;
 };
@@ -135,6 +141,7 @@ struct Transfer {
 
 struct RoutineState {
   std::vector<Step> steps;
+  std::vector<cudaEvent_t> endWaits; // collectives whose results only the routine returns
   std::vector<Transfer> inputs;
   std::vector<Transfer> outputs[2]; // read-back buffers by run parity
   // Inputs are uploaded, outside the step (and its graph), into device
@@ -163,6 +170,7 @@ struct CudaExecutor::Impl {
   cudnnHandle_t dnnHandle = nullptr;
   size_t workspaceBytes = 0;
   cudaStream_t compute = nullptr, copy = nullptr;
+  cudaStream_t collective = nullptr; // NCCL (data-parallel bundles), made with the first collective
   // Stream-ordering events (within a run, also inside graph captures) ...
   cudaEvent_t computeEvent = nullptr;
   cudaEvent_t outputsEvent[2] = {nullptr, nullptr}; // by run parity
@@ -220,6 +228,11 @@ struct CudaExecutor::Impl {
             cudaEventDestroy(e);
       }
     }
+    for (RoutineState &r : routines)
+      for (Step &s : r.steps)
+        for (cudaEvent_t e : {s.ready, s.done})
+          if (e)
+            cudaEventDestroy(e);
     routines.clear(); // plans before the handle
     for (auto &[group, comm] : comms)
       if (comm && nccl)
@@ -238,7 +251,7 @@ struct CudaExecutor::Impl {
       for (cudaEvent_t e : {runBegin[i], runEnd[i]})
         if (e)
           cudaEventDestroy(e);
-    for (cudaStream_t s : {compute, copy})
+    for (cudaStream_t s : {compute, copy, collective})
       if (s)
         cudaStreamDestroy(s);
     if (deviceBase)
@@ -332,16 +345,20 @@ struct CudaExecutor::Impl {
                  "device copy");
       return Status::ok();
     case Step::Collective: {
+      // Forked off the compute stream, which goes on with the backward pass.
+      CUDA_TRY(cudaEventRecord(s.ready, compute), "event record");
+      CUDA_TRY(cudaStreamWaitEvent(collective, s.ready, 0), "stream wait");
       ncclResult_t r = nccl->ncclGroupStart();
       for (const Step::Reduce &x : s.reduces)
         if (r == ncclSuccess)
-          r = nccl->ncclAllReduce(x.in, x.out, x.count, x.type, s.reduceOp, s.comm, compute);
+          r = nccl->ncclAllReduce(x.in, x.out, x.count, x.type, s.reduceOp, s.comm, collective);
       ncclResult_t end = nccl->ncclGroupEnd();
       if (r == ncclSuccess)
         r = end;
       if (r != ncclSuccess)
         return Status::error("NCCL all-reduce failed: {} ({})", nccl->ncclGetErrorString(r),
                              nccl->ncclGetLastError(s.comm));
+      CUDA_TRY(cudaEventRecord(s.done, collective), "event record");
       return Status::ok();
     }
     case Step::Host: {
@@ -429,6 +446,8 @@ struct CudaExecutor::Impl {
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       if (mode.timing)
         nvtxRangePushA(fmt::format("#{} {} {}", s.index, s.inst->op(), s.inst->name()).c_str());
+      for (cudaEvent_t e : s.waitFor) // a collective's results are read from here on
+        CUDA_TRY(cudaStreamWaitEvent(compute, e, 0), "stream wait");
       CUDA_TRY(mark(2 + 2 * i, compute), "event record");
       Status st = launch(s);
       CUDA_TRY(mark(3 + 2 * i, compute), "event record");
@@ -449,6 +468,8 @@ struct CudaExecutor::Impl {
       if (!st.isOk())
         return st.prefix(stepLabel(origin, proto, s));
     }
+    for (cudaEvent_t e : r.endWaits) // joins the collective stream back
+      CUDA_TRY(cudaStreamWaitEvent(compute, e, 0), "stream wait");
     CUDA_TRY(cudaEventRecord(computeEvent, compute), "event record");
     CUDA_TRY(cudaStreamWaitEvent(copy, computeEvent, 0), "stream wait");
     CUDA_TRY(mark(2 * n + 2, copy), "event record");
@@ -899,6 +920,11 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           return fail(comm.status().message());
         s.comm = *comm;
         s.reduceOp = *reduction == "mean" ? ncclAvg : ncclSum;
+        if (!im.collective)
+          CUDA_TRY(cudaStreamCreateWithFlags(&im.collective, cudaStreamNonBlocking),
+                   "collective stream");
+        CUDA_TRY(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming), "event");
+        CUDA_TRY(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "event");
         for (int k = 0; k < inst.inputs_size(); ++k) {
           int32_t in = inst.inputs(k), out = inst.outputs(k);
           if (in < 0 || byteSize(p.tensors(in)) != byteSize(p.tensors(out)) ||
@@ -963,6 +989,22 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         return fail(fmt::format("unknown placement {}", static_cast<int>(inst.placement())));
       }
       r.steps.push_back(std::move(s));
+    }
+    // Each collective is waited for by the first later step that reads one of its
+    // results (what the memory plan assumed), else at the routine's end.
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      if (r.steps[i].kind != Step::Collective)
+        continue;
+      const auto &outs = r.steps[i].inst->outputs();
+      size_t j = i + 1;
+      for (; j < r.steps.size(); ++j) {
+        const auto &ins = r.steps[j].inst->inputs();
+        if (std::any_of(ins.begin(), ins.end(), [&](int32_t t) {
+              return std::find(outs.begin(), outs.end(), t) != outs.end();
+            }))
+          break;
+      }
+      (j < r.steps.size() ? r.steps[j].waitFor : r.endWaits).push_back(r.steps[i].done);
     }
     im.routines.push_back(std::move(r));
   }

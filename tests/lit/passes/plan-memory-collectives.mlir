@@ -1,0 +1,26 @@
+// RUN: forge-opt %s --split-input-file --forge-plan-memory | FileCheck %s
+
+// A collective runs on a stream of its own (CUDA) until the first step that
+// reads one of its results. %g, read by the all_reduce alone, is reduced in
+// place (result 0 takes its bytes, 64); %h is read again after it, so
+// result 1 gets bytes of its own (192). Both operands stay live until the
+// first reader of a result (the first mul): the add between them may not
+// take their bytes (it gets 256, a fresh slot, where a plan for sequential
+// steps would have reused one).
+// CHECK-LABEL: func @collective
+// CHECK-SAME: forge.offset = 0 : i64
+// CHECK: forge.neg %arg0 {forge.offsets = array<i64: 64>}
+// CHECK: forge.abs %arg0 {forge.offsets = array<i64: 128>}
+// CHECK: forge.all_reduce {{.*}} {forge.offsets = array<i64: 64, 192>
+// CHECK: forge.add %arg0, %arg0 {forge.offsets = array<i64: 256>}
+// CHECK: forge.mul
+func.func @collective(%x: tensor<16xf32> {forge.kind = "input", forge.name = "x"})
+    -> (tensor<16xf32> {forge.name = "y"}, tensor<16xf32> {forge.name = "z"}) {
+  %g = forge.neg %x : (tensor<16xf32>) -> tensor<16xf32>
+  %h = forge.abs %x : (tensor<16xf32>) -> tensor<16xf32>
+  %r:2 = forge.all_reduce %g, %h {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<16xf32>, tensor<16xf32>) -> (tensor<16xf32>, tensor<16xf32>)
+  %a = forge.add %x, %x : (tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>
+  %y = forge.mul %r#0, %a : (tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>
+  %z = forge.mul %r#1, %h : (tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>
+  return %y, %z : tensor<16xf32>, tensor<16xf32>
+}
