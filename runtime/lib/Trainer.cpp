@@ -396,7 +396,9 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
       inUse_ = -1;
       ringCv_.notify_all();
       const size_t at = static_cast<size_t>(consumed_ % static_cast<int64_t>(ring_.size()));
-      ringCv_.wait(lock, [&] { return ring_[at].ready; });
+      ringCv_.wait(lock, [&] { return ring_[at].ready || producerDone_; });
+      if (!ring_[at].ready)
+        return Status::error("the data prefetch thread stopped after an earlier failed batch");
       slot = &ring_[at];
       slot->ready = false;
       inUse_ = static_cast<int>(at);
@@ -442,6 +444,7 @@ Status Trainer::startProducer() {
   produced_ = consumed_ = 0;
   inUse_ = -1;
   stopProducer_ = false;
+  producerDone_ = false;
   try {
     producer_ = std::thread(&Trainer::produce, this);
   } catch (const std::system_error &e) {
@@ -463,6 +466,16 @@ void Trainer::stopProducer() {
 
 void Trainer::produce() {
   const size_t n = ring_.size();
+  struct Done { // wakes a launch() waiting for a batch this thread will not make
+    Trainer &t;
+    ~Done() {
+      {
+        std::lock_guard<std::mutex> lock(t.ringMutex_);
+        t.producerDone_ = true;
+      }
+      t.ringCv_.notify_all();
+    }
+  } done{*this};
   for (;;) {
     Slot *slot;
     {

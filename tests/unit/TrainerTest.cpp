@@ -483,6 +483,11 @@ TEST(TrainerTest, APrefetchedBadBatchFailsAtItsOwnStep) {
     ASSERT_FALSE(r.isOk()) << "prefetch " << prefetch;
     EXPECT_HAS(r.status(), "sample 9 is corrupt");
     EXPECT_EQ(tr->stepsDone(), 2);
+    if (prefetch > 0) { // a step after it: an error, not a wait for a batch nobody makes
+      auto again = tr->step();
+      ASSERT_FALSE(again.isOk());
+      EXPECT_HAS(again.status(), "prefetch thread stopped");
+    }
   }
 }
 

@@ -214,6 +214,7 @@ private:
   std::mutex fillMutex_;                  // one fill (and its setEpoch) at a time
   std::condition_variable ringCv_;
   bool stopProducer_ = false;
+  bool producerDone_ = false;            // produce() returned (stopped, or after a bad batch)
   int64_t produced_ = 0, consumed_ = 0;  // steps filled / taken since the ring started
   int inUse_ = -1;                        // slot the last launched run reads (-1: none)
   std::vector<void *> evalOuts_;
