@@ -311,3 +311,15 @@ func.func @max_pool_channels_last(%x: tensor<2x8x8x16xf32>) -> tensor<2x4x4x16xf
   %p = forge.max_pool %x {channels_last = true, kernel_shape = array<i64: 2, 2>, strides = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, dilations = array<i64: 1, 1>, ceil_mode = false} : (tensor<2x8x8x16xf32>) -> tensor<2x4x4x16xf32>
   return %p : tensor<2x4x4x16xf32>
 }
+
+// -----
+
+// A data-parallel bundle's all_reduce is a collective (NCCL), not a kernel or
+// a host op: no warning, no kernel.
+// CHECK-LABEL: func @collective
+// CHECK: forge.all_reduce {{.*}}forge.placement = "collective"
+// CHECK-NOT: run on the host
+func.func @collective(%g: tensor<64xf32>, %l: tensor<f32>) -> (tensor<64xf32>, tensor<f32>) {
+  %r:2 = forge.all_reduce %g, %l {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<64xf32>, tensor<f32>) -> (tensor<64xf32>, tensor<f32>)
+  return %r#0, %r#1 : tensor<64xf32>, tensor<f32>
+}
