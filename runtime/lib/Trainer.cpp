@@ -717,11 +717,11 @@ std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
   }
   bool filled;
   {
-    // The prefetch thread may be filling: one fill (with its epoch) at a time.
+    // The prefetch thread may be filling: one fill (with its epoch) at a time;
+    // every fill sets its own epoch first, so none is restored after this one.
     std::lock_guard<std::mutex> fill(fillMutex_);
     trainData_->setEpoch(static_cast<uint64_t>((step - 1) / perEpoch));
     filled = trainData_->fill(indices, outs).isOk();
-    trainData_->setEpoch(sampler_->position().epoch);
   }
   if (!filled)
     return std::nullopt;

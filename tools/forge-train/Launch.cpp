@@ -9,10 +9,12 @@
 // failure's, named with its rank. No child outlives the launcher.
 #include "Launch.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,14 +65,14 @@ int launchRanks(int nproc, const std::vector<std::string> &args) {
   const int port = freePort();
   std::vector<pid_t> pids(static_cast<size_t>(nproc), -1);
   std::vector<std::string> keep; // environment of the children, minus what we set
+  const std::initializer_list<const char *> ours = {"RANK=",     "WORLD_SIZE=",
+                                                     "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
+                                                     "MASTER_ADDR=", "MASTER_PORT="};
   for (char **e = environ; *e; ++e) {
     std::string kv = *e;
-    for (const char *name : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
-                             "MASTER_ADDR=", "MASTER_PORT="})
-      if (kv.rfind(name, 0) == 0)
-        goto skip;
-    keep.push_back(kv);
-  skip:;
+    if (std::none_of(ours.begin(), ours.end(),
+                     [&](const char *name) { return kv.rfind(name, 0) == 0; }))
+      keep.push_back(kv);
   }
   int running = 0;
   for (int r = 0; r < nproc; ++r) {

@@ -33,22 +33,16 @@ Status allReduceKernel(KernelContext &ctx) {
                            ctx.inputs[i].numel(), i, ctx.outputs[i].numel());
     total += static_cast<size_t>(ctx.inputs[i].numel());
   }
-  Communicator *comm = collectiveGroup(*group);
-  if (!comm) {
-    if (*size == 1) { // a group of one: the identity
-      for (size_t i = 0; i < ctx.inputs.size(); ++i)
-        if (ctx.outputs[i].data != ctx.inputs[i].data)
-          std::memmove(ctx.outputs[i].data, ctx.inputs[i].data, ctx.inputs[i].bytes());
-      return Status::ok();
-    }
-    return Status::error("this bundle was compiled for {} data-parallel ranks (forgec --dp {}), "
-                         "but this process is not one of a group '{}': start it with "
-                         "forge-train --nproc {} (or RANK/WORLD_SIZE from a launcher)",
-                         *size, *size, *group, *size);
+  auto found = communicatorFor(*group, *size, "this bundle");
+  if (!found)
+    return found.status();
+  Communicator *comm = *found;
+  if (!comm) { // a group of one: the identity
+    for (size_t i = 0; i < ctx.inputs.size(); ++i)
+      if (ctx.outputs[i].data != ctx.inputs[i].data)
+        std::memmove(ctx.outputs[i].data, ctx.inputs[i].data, ctx.inputs[i].bytes());
+    return Status::ok();
   }
-  if (comm->size() != *size)
-    return Status::error("group '{}' has {} ranks, the bundle was compiled for {} (forgec --dp)",
-                         *group, comm->size(), *size);
   // One packed buffer per call (a bucket): a collective's messages cost more than the copies.
   std::vector<float> packed(total);
   size_t at = 0;

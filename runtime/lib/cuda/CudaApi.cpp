@@ -2,6 +2,7 @@
 #include "cuda/CudaApi.h"
 
 #include <dlfcn.h>
+#include <initializer_list>
 
 #include <mutex>
 #include <type_traits>
@@ -56,71 +57,60 @@ void *openLibrary(std::initializer_list<const char *> names, const char *what,
   error = fmt::format("cannot load {} ({}); add its directory to LD_LIBRARY_PATH", what, tried);
   return nullptr;
 }
-} // namespace
 
-#define FORGE_RESOLVE_FROM(lib, what)                                                           \
-  [&](auto &fn, const char *name) {                                                             \
-    if (!error.empty())                                                                         \
-      return;                                                                                   \
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));            \
-    if (!fn)                                                                                    \
-      error = fmt::format("{} has no symbol {}", what, name);                                   \
-  }
-
-Expected<const CublasLtApi *> cublasLtApi() {
-  static CublasLtApi api;
+/// Loads `Api` once per process (a function-local static per instantiation):
+/// dlopen's the first of `names`, then `resolveAll(api, lib, resolve)` resolves
+/// each entry point with resolve(api.f, "f"); the first failure is the error
+/// every later call returns.
+template <typename Api, typename ResolveAll>
+Expected<const Api *> loadOnce(std::initializer_list<const char *> names, const char *what,
+                               ResolveAll resolveAll) {
+  static Api api;
   static std::string error;
   static std::once_flag once;
-  std::call_once(once, [] {
-    void *lib = openLibrary({"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"},
-                            "cuBLASLt", error);
+  std::call_once(once, [&] {
+    void *lib = openLibrary(names, what, error);
     if (!lib)
       return;
-    auto resolve = FORGE_RESOLVE_FROM(lib, "cuBLASLt");
-#define FORGE_RESOLVE(f) resolve(api.f, #f);
-    FORGE_CUBLASLT_FUNCTIONS(FORGE_RESOLVE)
-#undef FORGE_RESOLVE
+    auto resolve = [&](auto &fn, const char *name) {
+      if (!error.empty())
+        return;
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (!fn)
+        error = fmt::format("{} has no symbol {}", what, name);
+    };
+    resolveAll(api, lib, resolve);
   });
   if (!error.empty())
     return Status::error("{}", error);
   return &api;
+}
+} // namespace
+
+#define FORGE_RESOLVE(f) resolve(api.f, #f);
+
+Expected<const CublasLtApi *> cublasLtApi() {
+  return loadOnce<CublasLtApi>({"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"},
+                               "cuBLASLt", [](CublasLtApi &api, void *, auto &resolve) {
+                                 FORGE_CUBLASLT_FUNCTIONS(FORGE_RESOLVE)
+                               });
 }
 
 Expected<const CudnnApi *> cudnnApi() {
-  static CudnnApi api;
-  static std::string error;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void *lib = openLibrary({"libcudnn.so.9", "libcudnn.so"}, "cuDNN", error);
-    if (!lib)
-      return;
-    api.library = lib;
-    auto resolve = FORGE_RESOLVE_FROM(lib, "cuDNN");
-#define FORGE_RESOLVE(f) resolve(api.f, #f);
-    FORGE_CUDNN_FUNCTIONS(FORGE_RESOLVE)
-#undef FORGE_RESOLVE
-  });
-  if (!error.empty())
-    return Status::error("{}", error);
-  return &api;
+  return loadOnce<CudnnApi>({"libcudnn.so.9", "libcudnn.so"}, "cuDNN",
+                            [](CudnnApi &api, void *lib, auto &resolve) {
+                              api.library = lib;
+                              FORGE_CUDNN_FUNCTIONS(FORGE_RESOLVE)
+                            });
 }
 
 Expected<const NcclApi *> ncclApi() {
-  static NcclApi api;
-  static std::string error;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void *lib = openLibrary({"libnccl.so.2", "libnccl.so"}, "NCCL", error);
-    if (!lib)
-      return;
-    auto resolve = FORGE_RESOLVE_FROM(lib, "NCCL");
-#define FORGE_RESOLVE(f) resolve(api.f, #f);
-    FORGE_NCCL_FUNCTIONS(FORGE_RESOLVE)
-#undef FORGE_RESOLVE
-  });
-  if (!error.empty())
-    return Status::error("{}", error);
-  return &api;
+  return loadOnce<NcclApi>({"libnccl.so.2", "libnccl.so"}, "NCCL",
+                           [](NcclApi &api, void *, auto &resolve) {
+                             FORGE_NCCL_FUNCTIONS(FORGE_RESOLVE)
+                           });
 }
+
+#undef FORGE_RESOLVE
 
 } // namespace forge::rt::cuda

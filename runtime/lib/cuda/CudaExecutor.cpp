@@ -271,15 +271,10 @@ struct CudaExecutor::Impl {
         return api.status();
       nccl = *api;
     }
-    Communicator *cpu = collectiveGroup(group);
-    if (!cpu && size != 1)
-      return Status::error("{} was compiled for {} data-parallel ranks (forgec --dp {}), but "
-                           "this process is not one of a group '{}': start it with forge-train "
-                           "--nproc {} (or RANK/WORLD_SIZE from a launcher)",
-                           origin, size, size, group, size);
-    if (cpu && cpu->size() != size)
-      return Status::error("group '{}' has {} ranks, {} was compiled for {} (forgec --dp)", group,
-                           cpu->size(), origin, size);
+    auto found = communicatorFor(group, size, origin);
+    if (!found)
+      return found.status();
+    Communicator *cpu = *found;
     const int rank = cpu ? cpu->rank() : 0;
     ncclUniqueId id{};
     if (rank == 0) {

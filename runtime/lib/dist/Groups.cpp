@@ -32,4 +32,18 @@ Communicator *collectiveGroup(const std::string &group) {
   return it == groups().end() ? nullptr : it->second;
 }
 
+Expected<Communicator *> communicatorFor(const std::string &group, int64_t size,
+                                         const std::string &what) {
+  Communicator *comm = collectiveGroup(group);
+  if (!comm && size != 1)
+    return Status::error("{} was compiled for {} data-parallel ranks (forgec --dp {}), but this "
+                         "process is not one of a group '{}': start it with forge-train --nproc "
+                         "{} (or RANK/WORLD_SIZE from a launcher)",
+                         what, size, size, group, size);
+  if (comm && comm->size() != size)
+    return Status::error("group '{}' has {} ranks, {} was compiled for {} (forgec --dp)", group,
+                         comm->size(), what, size);
+  return comm;
+}
+
 } // namespace forge::rt

@@ -41,6 +41,13 @@ public:
 void setCollectiveGroup(const std::string &group, Communicator *comm);
 /// nullptr when this process has none for `group`.
 Communicator *collectiveGroup(const std::string &group);
+/// The communicator a collective of `group` compiled for `size` ranks runs on
+/// (the CPU kernels and the CUDA executor): nullptr for a group of one that
+/// this process has none for (the identity); an error saying how to start the
+/// ranks when this process is in no group of that size. `what` names the
+/// bundle in messages.
+Expected<Communicator *> communicatorFor(const std::string &group, int64_t size,
+                                         const std::string &what);
 
 /// Where the ranks of a group meet: the usual launcher environment
 /// (torchrun, Slurm, mpirun set these; forge-train --nproc does too).
