@@ -31,6 +31,7 @@ struct BuildTrainStepPass
     flags.clipGradNorm = clipGradNorm;
     flags.microBatches = microBatches;
     flags.dataParallel = dataParallel;
+    flags.zero = zero;
     flags.freeze.assign(freeze.begin(), freeze.end());
     flags.exposeGradients = exposeGradients;
     flags.batchnormRunningVar = batchnormRunningVar;

@@ -44,7 +44,10 @@ struct PartitionPass : public mlir::forge::impl::PartitionBase<PartitionPass> {
       return signalPassFailure();
     }
     SmallVector<AllReduceOp> ops;
-    getOperation().walk([&](AllReduceOp op) { ops.push_back(op); });
+    getOperation().walk([&](AllReduceOp op) {
+      if (op.getGroup() == "dp") // tensor parallelism's sums are each in place already
+        ops.push_back(op);
+    });
     for (AllReduceOp op : ops)
       split(op);
   }

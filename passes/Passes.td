@@ -37,6 +37,9 @@ def BuildTrainStep : Pass<"forge-build-train-step", "::mlir::ModuleOp"> {
     Option<"dataParallel", "data-parallel", "int64_t", /*default=*/"0",
            "Ranks of the data-parallel group: gradients and loss averaged by forge.all_reduce "
            "(0: none; 1: a group of one)">,
+    Option<"zero", "zero", "int64_t", /*default=*/"0",
+           "ZeRO stage: 1 splits the optimizer state over the data-parallel ranks (needs "
+           "data-parallel)">,
     ListOption<"freeze", "freeze", "std::string",
                "Glob patterns of initializers that stay frozen">,
     Option<"exposeGradients", "expose-gradients", "bool", /*default=*/"false",
@@ -453,6 +456,34 @@ def MergeCrossEntropyGrad : Pass<"forge-merge-cross-entropy-grad", "::mlir::Modu
     before it when they are pure. Values are the two ops' (lse stays in
     registers). After forge-chunk-cross-entropy, which matches the pair.
   }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
+// Stage "tensor parallelism": on the forward graph, before the train step.
+def ShardTensorParallel : Pass<"forge-shard-tensor-parallel", "::mlir::func::FuncOp"> {
+  let summary = "Tensor parallelism: Megatron's column/row splits of matmul pairs";
+  let description = [{
+    Splits each pair of matmuls (forge.matmul or forge.gemm with an
+    initializer as the weight) joined by pointwise ops, as a transformer's
+    MLP or a classifier's hidden layer, over the `size` ranks of group "tp"
+    (Megatron-LM): the first weight by columns (its bias too), the second by
+    rows. Each rank then computes its own columns of the hidden activation
+    and a partial product of the output; forge.all_reduce (sum) adds those
+    (Megatron's g), and the pair's input passes forge.enter_group (the
+    identity, whose gradient is summed over the group: Megatron's f). The
+    second weight's bias is added after the sum. Split initializers become
+    forge.shard ops, which forge-build-train-step turns into parameters of
+    the slice's type; the runtime loads each rank's slice.
+
+    A pair is split only when every hidden value has one reader (the next op
+    of the chain), the weights are read by nothing else, the hidden width
+    divides by `size`, and a gemm has alpha = beta = 1 and no transposed
+    input; each pair left whole gets a remark saying why. It is an error
+    when no pair can be split. `size` 1: nothing to do.
+  }];
+  let options = [
+    Option<"size", "size", "int64_t", /*default=*/"1", "Ranks of the tensor-parallel group">,
+  ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 

@@ -103,7 +103,7 @@ std::string persistentFingerprint(const bundle::Program &program) {
     mix(t.name());
     mix(kindName(t));
     mix(dtypeName(t.dtype()));
-    mix(shapeString({t.shape().begin(), t.shape().end()}));
+    mix(shapeString(wholeShape(t))); // a split tensor's whole: any layout resumes
   }
   return fmt::format("{:016x}", h);
 }
@@ -121,7 +121,7 @@ nlohmann::json trainingOptions(const bundle::Program &p) {
 }
 
 Status writeCheckpoint(const std::string &path, const Executor &ex,
-                       const CheckpointState &state) {
+                       const CheckpointState &state, const WholeTensors *whole) {
   const bundle::Program &p = ex.bundle().program();
   nlohmann::json meta;
   meta["format"] = kFormatName;
@@ -141,7 +141,10 @@ Status writeCheckpoint(const std::string &path, const Executor &ex,
   std::map<std::string, TensorView> arrays;
   for (int32_t t : checkpointed(ex)) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
-    TensorView v = ex.view(t);
+    TensorView v = wholeView(ex, t, whole);
+    if (info.has_shard() && info.shard().size() > 1 && (!whole || !whole->count(t)))
+      return Status::error("{}: '{}' is split over ranks and was not gathered", path,
+                           info.name());
     std::string member = memberName(info);
     if (arrays.count(member))
       return Status::error("{}: two persistent tensors are named '{}'", path, info.name());
@@ -286,7 +289,7 @@ Expected<CheckpointState> readCheckpoint(const std::string &path, Executor &ex,
     if (m == npz->end())
       return fail(kind, Status::error("{}: member '{}' is missing", path, memberName(info)));
     const HostTensor &v = m->second;
-    if (v.bytes.size() != ex.view(t).bytes() || dtypeSize(v.dtype) != dtypeSize(info.dtype()))
+    if (v.bytes.size() != wholeBytes(info) || dtypeSize(v.dtype) != dtypeSize(info.dtype()))
       return fail(kind, Status::error("{}: member '{}' holds {} {}, expected {}", path,
                                       memberName(info), dtypeName(v.dtype), shapeString(v.shape),
                                       describe(e.dtype, e.shape)));
@@ -298,7 +301,16 @@ Expected<CheckpointState> readCheckpoint(const std::string &path, Executor &ex,
     values.emplace_back(t, &v);
   }
   for (const auto &[t, v] : values) {
-    Status s = ex.setPersistent(t, v->bytes);
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    std::vector<uint8_t> slice;
+    if (info.has_shard()) { // a whole tensor: this rank's slice
+      auto index = shardIndex(info);
+      if (!index)
+        return fail(CheckpointError::Mismatch, index.status().prefix(path));
+      slice = sliceShard(info, v->bytes, *index);
+    }
+    Status s = ex.setPersistent(t, info.has_shard() ? std::span<const uint8_t>(slice)
+                                                    : std::span<const uint8_t>(v->bytes));
     if (!s.isOk()) // only a read-only parameter with a different value
       return fail(CheckpointError::Mismatch, s.prefix(path));
   }
@@ -360,8 +372,8 @@ std::vector<std::string> CheckpointDir::list() const {
   return out;
 }
 
-Expected<std::string> CheckpointDir::save(const Executor &ex,
-                                          const CheckpointState &state) const {
+Expected<std::string> CheckpointDir::save(const Executor &ex, const CheckpointState &state,
+                                          const WholeTensors *whole) const {
   FORGE_RETURN_IF_ERROR(create());
   namespace fs = std::filesystem;
   std::string name = fmt::format("ckpt-{}.forgeckpt", state.step);
@@ -372,7 +384,7 @@ Expected<std::string> CheckpointDir::save(const Executor &ex,
     name = fmt::format("ckpt-{}.{}.forgeckpt", state.step, n);
   }
   std::string path = (fs::path(dir_) / name).string();
-  FORGE_RETURN_IF_ERROR(writeCheckpoint(path, ex, state));
+  FORGE_RETURN_IF_ERROR(writeCheckpoint(path, ex, state, whole));
   FORGE_RETURN_IF_ERROR(writeFileAtomically((fs::path(dir_) / "latest").string(), name + "\n"));
   return path;
 }

@@ -136,6 +136,8 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
     case bundle::TensorInfo::PARAMETER:
     case bundle::TensorInfo::STATE: {
       std::span<const uint8_t> bytes = bundle.tensorData(info);
+      if (info.has_shard()) // the whole tensor: createExecutor loads this rank's slice
+        bytes = {};
       if (writable[t]) {
         uint8_t *dst = ex->arena_ + persistentOffset[t];
         if (!bytes.empty())

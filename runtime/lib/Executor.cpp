@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "forge/runtime/CpuExecutor.h"
+#include "forge/runtime/Shards.h"
 #ifdef FORGE_HAVE_CUDA
 #include "cuda/Attention.h"
 #include "cuda/CudaExecutor.h"
@@ -280,6 +281,12 @@ Status loadExternalWeights(Executor &ex, const std::string &dir) {
                              "bundle was compiled against {:08x}: a different weights file",
                              info.name(), e.offset(), path, crc, e.crc32());
     }
+    if (info.has_shard()) { // the whole tensor: this rank's slice
+      auto index = shardIndex(info);
+      if (!index)
+        return index.status();
+      bytes = sliceShard(info, bytes, *index);
+    }
     FORGE_RETURN_IF_ERROR(ex.setPersistent(t, bytes).prefix(fmt::format("parameter '{}'",
                                                                           info.name())));
   }
@@ -318,6 +325,26 @@ Status checkLibraryCalls(const Bundle &bundle) {
 #endif
 }
 
+namespace {
+/// Split parameters (forgec --tp): this rank's slice of each whole initial value
+/// the bundle holds (thin bundles: loadExternalWeights slices).
+Status loadShards(Executor &ex) {
+  for (int32_t t : ex.persistentTensors()) {
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    if (!info.has_shard())
+      continue;
+    auto index = shardIndex(info);
+    if (!index)
+      return index.status().prefix(ex.bundle().origin());
+    std::span<const uint8_t> whole = ex.bundle().tensorData(info);
+    if (whole.empty())
+      continue; // zero-initialized state, or external data
+    FORGE_RETURN_IF_ERROR(ex.setPersistent(t, sliceShard(info, whole, *index)));
+  }
+  return Status::ok();
+}
+} // namespace
+
 Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
                                                    const ExecutorOptions &options) {
   const std::string &target = bundle.program().target();
@@ -329,6 +356,7 @@ Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
     auto ex = CpuExecutor::create(bundle, CpuExecutorOptions{options.threads});
     if (!ex)
       return ex.status();
+    FORGE_RETURN_IF_ERROR(loadShards(**ex));
     FORGE_RETURN_IF_ERROR((*ex)->refreshCopies());
     return std::unique_ptr<Executor>(ex.take());
   }
@@ -349,6 +377,7 @@ Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
                                                                options.deterministicAttention});
     if (!ex)
       return ex.status();
+    FORGE_RETURN_IF_ERROR(loadShards(**ex));
     FORGE_RETURN_IF_ERROR((*ex)->refreshCopies());
     return std::unique_ptr<Executor>(ex.take());
 #else

@@ -225,22 +225,36 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       tr->gradOutputs_.emplace_back(name.substr(gradPrefix.size()), t);
   }
 
-  // Data parallelism: the bundle's group size and this process's must agree.
+  // Data and tensor parallelism: the bundle's layout (D x T ranks, the T of a
+  // tensor-parallel group consecutive) and this process's group must agree.
   auto dpOption = positiveBuildOption(bundle, "data_parallel");
   if (!dpOption)
     return dpOption.status();
-  const int64_t dp = *dpOption;
+  auto tpOption = positiveBuildOption(bundle, "tensor_parallel");
+  if (!tpOption)
+    return tpOption.status();
+  const int64_t dp = *dpOption, tp = *tpOption;
   if (options.worldSize < 1 || options.rank < 0 || options.rank >= options.worldSize)
     return Status::error("rank {} of {} is not a data-parallel rank", options.rank,
                          options.worldSize);
-  if (dp != options.worldSize)
-    return Status::error("{} was compiled for {} data-parallel rank{} (forgec --dp {}), this run "
-                         "has {}: {}",
-                         origin, dp, dp > 1 ? "s" : "", dp, options.worldSize,
-                         dp > 1 ? fmt::format("start it with forge-train --nproc {} (or WORLD_SIZE="
-                                              "{} from a launcher)",
-                                              dp, dp)
-                                : std::string("compile it with forgec --dp N for N ranks"));
+  if (dp * tp != options.worldSize) {
+    const std::string layout =
+        tp > 1 ? fmt::format("{} rank{} ({} data-parallel x {} tensor-parallel: forgec --dp {} "
+                             "--tp {})",
+                             dp * tp, dp * tp > 1 ? "s" : "", dp, tp, dp, tp)
+               : fmt::format("{} data-parallel rank{} (forgec --dp {})", dp, dp > 1 ? "s" : "",
+                             dp);
+    return Status::error("{} was compiled for {}, this run has {}: {}", origin, layout,
+                         options.worldSize,
+                         dp * tp > 1
+                             ? fmt::format("start it with forge-train --nproc {} (or WORLD_SIZE="
+                                           "{} from a launcher)",
+                                           dp * tp, dp * tp)
+                             : std::string("compile it with forgec --dp N for N ranks"));
+  }
+  tr->dpSize_ = dp;
+  tr->tpSize_ = tp;
+  tr->dpRank_ = options.rank / tp;
 
   FORGE_RETURN_IF_ERROR(train->bind(tr->fields_));
   const int64_t perStep = tr->globalSamplesPerStep();
@@ -677,8 +691,8 @@ Status Trainer::restore(const CheckpointState &state) {
     return Status::error("the checkpoint was taken with {} samples per step, this bundle takes {}"
                          "{}",
                          state.samplesPerStep, globalSamplesPerStep(),
-                         options_.worldSize > 1
-                             ? fmt::format(" ({} ranks x {})", options_.worldSize, samplesPerStep())
+                         dpSize_ > 1
+                             ? fmt::format(" ({} ranks x {})", dpSize_, samplesPerStep())
                              : std::string());
   if (state.index < 0 || state.index > state.trainSamples)
     return Status::error("the checkpoint's data position {} is outside [0, {}]", state.index,
@@ -706,7 +720,7 @@ std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
   // The sampler is a pure function of (seed, epoch): the step's samples again.
   EpochSampler replay(trainData_->numSamples(), global, options_.seed, options_.shuffle);
   std::vector<int64_t> order = replay.orderOf(static_cast<uint64_t>((step - 1) / perEpoch));
-  const int64_t first = ((step - 1) % perEpoch) * global + options_.rank * n; // this rank's share
+  const int64_t first = ((step - 1) % perEpoch) * global + dpRank_ * n; // this rank's share
   std::vector<int64_t> indices(order.begin() + first, order.begin() + first + n);
   std::vector<std::vector<uint8_t>> buffers;
   std::vector<void *> outs;

@@ -11,7 +11,10 @@ ranks' gradients is the gradient of the global batch, so the runs differ by fp32
 order only. Required (relative, L2 per tensor, float64):
   losses            rank 0's metrics (the loss averaged over the ranks) vs one process: 1e-5
   final parameters  rank 0's --dump-params vs one process: 1e-5
-Cases: mlp_adamw D=2; mlp_adamw D=3 with K=2; gpt_adamw D=2 (token data, layer norms).
+Cases: mlp_adamw D=2; mlp_adamw D=3 with K=2; gpt_adamw D=2 (token data, layer norms); and
+with ZeRO-1 (--zero 1: Adam's moments split over the ranks, gradients reduce-scattered,
+parameters all-gathered), mlp_adamw and gpt_adamw D=2 (the D=2 mlp's checkpoint, holding
+whole moments, resumes in one process).
 
 Resume on another group size: the D=2 mlp run writes a checkpoint at step 10 (rank 0
 alone writes it); the one-process bundle resumes from it and trains to step 20: losses of
@@ -27,6 +30,7 @@ rendezvous; --nproc with --info is refused.
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -119,23 +123,37 @@ def main():
         return 2
     forgec, forge_train = tools
     rep = e2e.Report()
-    cases = [("mlp_adamw", 2, 1, 4), ("mlp_adamw", 3, 2, 2), ("gpt_adamw", 2, 1, 2)]
+    cases = [("mlp_adamw", 2, 1, 4, []), ("mlp_adamw", 3, 2, 2, []), ("gpt_adamw", 2, 1, 2, []),
+             ("mlp_adamw", 2, 1, 4, ["--zero", "1"]), ("gpt_adamw", 2, 1, 2, ["--zero", "1"])]
     with tempfile.TemporaryDirectory(prefix="forge-dp-") as tmp:
-        for fixture_name, d, k, b in cases:
+        for fixture_name, d, k, b, flags in cases:
             fixture = os.path.join(a.fixtures_dir, fixture_name)
             data = os.path.join(fixture, "batches.npz")
-            tag = f"{fixture_name} --dp {d}" + (f" --micro-batches {k}" if k > 1 else "")
-            dp, one = (os.path.join(tmp, f"{fixture_name}_{d}_{k}_{x}.forge") for x in ("dp", "one"))
-            extra = ["--dp", str(d)] + (["--micro-batches", str(k)] if k > 1 else [])
+            zero = "--zero" in flags
+            tag = f"{fixture_name} --dp {d}" + (f" --micro-batches {k}" if k > 1 else "") + \
+                (" --zero 1" if zero else "")
+            dp, one = (os.path.join(tmp, f"{fixture_name}_{d}_{k}{'_z' if zero else ''}_{x}.forge")
+                       for x in ("dp", "one"))
+            extra = ["--dp", str(d)] + (["--micro-batches", str(k)] if k > 1 else []) + flags
             rc1, log1 = compile_(forgec, fixture, dp, b, extra)
             rc2, log2 = compile_(forgec, fixture, one, d * k * b, [])
             if not rep.check(f"{tag}: forgec", rc1 == 0 and rc2 == 0,
                              e2e.failure(rc1, log1) if rc1 else e2e.failure(rc2, log2)):
                 continue
-            ckpt = os.path.join(tmp, f"ckpt_{fixture_name}_{d}_{k}")
+            if zero:  # Adam's two moments, split over D ranks where dim 0 divides by D
+                _, _, info = e2e.run([forge_train, "--info", dp], 60)
+                m = re.search(r"(\d+) parameter \((\d+) bytes\), (\d+) state \((\d+) bytes\)",
+                              info)
+                pbytes, sbytes = (int(m.group(2)), int(m.group(4))) if m else (0, -1)
+                # The mlp's every dim 0 is even: its state is 2/D of the parameters'.
+                want = sbytes == 2 * pbytes // d if fixture_name == "mlp_adamw" else \
+                    0 < sbytes < 2 * pbytes
+                rep.check(f"{tag}: the optimizer state is split", want,
+                          f"parameters {pbytes} bytes, state {sbytes} bytes per rank")
+            ckpt = os.path.join(tmp, f"ckpt_{fixture_name}_{d}_{k}{'_z' if zero else ''}")
             resume = fixture_name == "mlp_adamw" and d == 2
             rc, log, losses, params = train(
-                forge_train, dp, data, tmp, f"dp{d}{k}{fixture_name}",
+                forge_train, dp, data, tmp, f"dp{d}{k}{fixture_name}{'z' if zero else ''}",
                 ["--nproc", str(d), "--steps", str(STEPS)] +
                 (["--ckpt-dir", ckpt, "--ckpt-every", "10"] if resume else []))
             if not rep.check(f"{tag}: forge-train --nproc {d}", rc == 0, e2e.failure(rc, log)):
@@ -161,7 +179,7 @@ def main():
                 with open(os.path.join(ckpt, "latest"), "w") as f:
                     f.write("ckpt-10.forgeckpt\n")
                 rc, log, res_losses, res_params = train(
-                    forge_train, one, data, tmp, "resumed",
+                    forge_train, one, data, tmp, f"resumed{'z' if zero else ''}",
                     ["--steps", str(STEPS), "--ckpt-dir", ckpt, "--resume"])
                 ok = rc == 0
                 if rep.check(f"{tag}: resume the D={d} checkpoint in one process", ok,

@@ -4,8 +4,11 @@
 #include "forge/runtime/Collectives.h"
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/Kernels.h"
+#include "forge/runtime/Shards.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <thread>
 #include <vector>
@@ -128,4 +131,138 @@ TEST(CollectivesTest, AllReduceKernelWithoutAGroupNamesTheLauncher) {
   s = runCpuKernel(inst, std::span<const TensorView>(&in, 1), std::span<TensorView>(&out, 1), pool);
   ASSERT_TRUE(s.isOk()) << s.message();
   EXPECT_EQ(y[1], 2.0f);
+}
+
+// Tensor parallelism's layout on four ranks: subgroups {0,1}, {2,3} ("tp") and
+// {0,2}, {1,3} ("dp") made from the world group, each summing and gathering
+// within itself only.
+TEST(CollectivesTest, SubgroupsOfFourRanksSumAndGatherWithinThemselves) {
+  const int n = 4, port = freePort();
+  std::vector<std::unique_ptr<Communicator>> world(n), tp(n), dp(n);
+  std::vector<std::string> errors(n);
+  std::vector<std::vector<float>> sums(n), gathered(n);
+  {
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < n; ++r)
+      ranks.emplace_back([&, r] {
+        auto c = connectCpuGroup(rendezvous(r, n, port));
+        if (!c) {
+          errors[r] = c.status().message();
+          return;
+        }
+        world[r] = c.take();
+        auto t = world[r]->subgroup("tp", {r / 2 * 2, r / 2 * 2 + 1});
+        auto d = t ? world[r]->subgroup("dp", {r % 2, r % 2 + 2})
+                   : Expected<std::unique_ptr<Communicator>>(t.status());
+        if (!t || !d) {
+          errors[r] = (!t ? t.status() : d.status()).message();
+          return;
+        }
+        tp[r] = t.take();
+        dp[r] = d.take();
+        sums[r] = {static_cast<float>(r), 1.0f};
+        float mine[2] = {static_cast<float>(10 * r), static_cast<float>(10 * r + 1)};
+        gathered[r].resize(4);
+        Status s = tp[r]->allReduceSum(sums[r].data(), 2);
+        if (s.isOk())
+          s = dp[r]->allGather(mine, gathered[r].data(), sizeof mine);
+        if (!s.isOk())
+          errors[r] = s.message();
+      });
+    for (std::thread &t : ranks)
+      t.join();
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
+    EXPECT_EQ(tp[r]->rank(), r % 2);
+    EXPECT_EQ(dp[r]->size(), 2);
+    // tp sums: ranks {0,1} -> 1, {2,3} -> 5.
+    EXPECT_EQ(sums[r][0], r < 2 ? 1.0f : 5.0f) << "rank " << r;
+    EXPECT_EQ(sums[r][1], 2.0f);
+    // dp gathers in rank order: {0,2} -> 0,1,20,21; {1,3} -> 10,11,30,31.
+    const float first = static_cast<float>(10 * (r % 2));
+    EXPECT_EQ(gathered[r], (std::vector<float>{first, first + 1, first + 20, first + 21}))
+        << "rank " << r;
+  }
+  // A list without this rank is refused.
+  auto bad = world[0]->subgroup("x", {1, 2});
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("holds rank 0"), std::string::npos)
+      << bad.status().message();
+}
+
+// Slicing a whole tensor into a rank's part and joining the parts back
+// (Shards.h), against indices computed here: the whole [2, 6, 4] split
+// along axis 1 into two [2, 3, 4] slices.
+TEST(ShardsTest, SliceAndJoinAlongAnInnerAxis) {
+  bundle::TensorInfo info;
+  info.set_name("w");
+  info.set_dtype(bundle::F32);
+  for (int64_t d : {2, 3, 4})
+    info.add_shape(d);
+  info.mutable_shard()->set_axis(1);
+  info.mutable_shard()->set_size(2);
+  info.mutable_shard()->set_group("tp");
+  EXPECT_EQ(wholeShape(info), (std::vector<int64_t>{2, 6, 4}));
+  EXPECT_EQ(wholeBytes(info), 48 * sizeof(float));
+  std::vector<float> whole(48);
+  for (size_t i = 0; i < whole.size(); ++i)
+    whole[i] = static_cast<float>(i);
+  auto bytes = [](const std::vector<float> &v) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t *>(v.data()),
+                                    v.size() * sizeof(float));
+  };
+  std::vector<uint8_t> parts;
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<uint8_t> slice = sliceShard(info, bytes(whole), r);
+    ASSERT_EQ(slice.size(), 24 * sizeof(float));
+    const float *f = reinterpret_cast<const float *>(slice.data());
+    for (int o = 0; o < 2; ++o)
+      for (int row = 0; row < 3; ++row)
+        for (int k = 0; k < 4; ++k)
+          ASSERT_EQ(f[(o * 3 + row) * 4 + k],
+                    static_cast<float>((o * 6 + r * 3 + row) * 4 + k))
+              << "rank " << r << " at " << o << "," << row << "," << k;
+    parts.insert(parts.end(), slice.begin(), slice.end());
+  }
+  std::vector<uint8_t> joined = joinShards(info, parts);
+  ASSERT_EQ(joined.size(), whole.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(joined.data(), whole.data(), joined.size()), 0);
+  // Without a group of two this process holds no slice: the error names the tensor.
+  auto index = shardIndex(info);
+  ASSERT_FALSE(index.isOk());
+  EXPECT_NE(index.status().message().find("'w' is split over the 2 ranks of group 'tp'"),
+            std::string::npos)
+      << index.status().message();
+}
+
+// ZeRO-1's kernels in a process of its own: a group of one is the identity (the
+// whole tensor is the one part), and a group of two that this process is not in is
+// an error naming the launcher.
+TEST(CollectivesTest, ZeroKernelsAloneAndWithoutTheirGroup) {
+  ThreadPool pool(1);
+  float x[4] = {1, 2, 3, 4}, y[4] = {0, 0, 0, 0};
+  for (const char *op : {"reduce_scatter", "all_gather", "rank_slice"}) {
+    SCOPED_TRACE(op);
+    bundle::Instruction inst;
+    inst.set_op(op);
+    (*inst.mutable_attrs())["group"].set_s("zero-test");
+    (*inst.mutable_attrs())["reduction"].set_s("mean");
+    (*inst.mutable_attrs())["size"].set_i(1);
+    TensorView in{x, bundle::F32, {4}}, out{y, bundle::F32, {4}};
+    std::fill(y, y + 4, 0.0f);
+    Status s = runCpuKernel(inst, std::span<const TensorView>(&in, 1),
+                            std::span<TensorView>(&out, 1), pool);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    EXPECT_EQ(std::vector<float>(y, y + 4), (std::vector<float>{1, 2, 3, 4}));
+    (*inst.mutable_attrs())["size"].set_i(2);
+    const bool gather = std::string(op) == "all_gather";
+    TensorView part{y, bundle::F32, {2}};
+    s = gather ? runCpuKernel(inst, std::span<const TensorView>(&part, 1),
+                              std::span<TensorView>(&in, 1), pool)
+               : runCpuKernel(inst, std::span<const TensorView>(&in, 1),
+                              std::span<TensorView>(&part, 1), pool);
+    ASSERT_FALSE(s.isOk());
+    EXPECT_NE(s.message().find("forge-train --nproc 2"), std::string::npos) << s.message();
+  }
 }

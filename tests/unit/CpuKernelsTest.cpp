@@ -408,7 +408,11 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         // Bundle-level op (BundleEmitter write-back).
                                         "copy",
                                         // The data-parallel collective (forgec --dp).
-                                        "all_reduce"};
+                                        "all_reduce",
+                                        // ZeRO-1's (forgec --zero 1).
+                                        "reduce_scatter",
+                                        "all_gather",
+                                        "rank_slice"};
   for (const std::string &op : ops)
     EXPECT_NE(findCpuKernel(op), nullptr) << op;
   std::vector<std::string> names = cpuKernelNames();

@@ -50,6 +50,9 @@ struct Options {
   bool resume = false;
   std::string exportOnnx, onnxModel;
   std::string dumpParams;
+  /// Another rank writes --dump-params: this one takes part in gathering its
+  /// split tensors (forgec --tp).
+  bool dumpParamsElsewhere = false;
   std::string dumpGrads;
   int64_t logEvery = 10;
   std::string profilePath; // --profile trace.json

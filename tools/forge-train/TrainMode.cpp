@@ -34,6 +34,7 @@
 #include "forge/runtime/Collectives.h"
 #include "forge/runtime/FileUtil.h"
 #include "forge/runtime/Npy.h"
+#include "forge/runtime/Shards.h"
 #include "forge/runtime/Trainer.h"
 #ifdef FORGE_HAVE_ONNX_EXPORT
 #include "forge/runtime/OnnxExport.h"
@@ -264,10 +265,12 @@ std::string metricsLine(const Trainer &tr, const StepResult &r, double dt, bool 
   return line + "}";
 }
 
-Status dumpParams(const std::string &path, const Executor &ex) {
+/// --dump-params: whole tensors (`whole`: the split ones, gathered).
+Status dumpParams(const std::string &path, const Executor &ex, const WholeTensors &whole) {
   std::map<std::string, TensorView> arrays;
   for (int32_t t : ex.persistentTensors())
-    arrays[ex.tensorInfo(t).name()] = ex.view(t);
+    if (!ex.tensorInfo(t).has_shard() || whole.count(t))
+      arrays[ex.tensorInfo(t).name()] = wholeView(ex, t, &whole);
   return writeNpz(path, arrays);
 }
 
@@ -470,10 +473,19 @@ Expected<int> train(const Options &opts, Progress &progress) {
   auto rendezvous = rendezvousFromEnvironment();
   if (!rendezvous)
     return rendezvous.status();
-  std::unique_ptr<Communicator> group;
+  // Tensor parallelism (forgec --tp T): the world of D x T ranks splits into D
+  // groups "tp" of T consecutive ranks (which read one batch) and T groups "dp"
+  // of the ranks with the same place in theirs. Subgroups before the world goes.
+  std::unique_ptr<Communicator> group, tpGroup, dpGroup;
   struct Unset {
-    ~Unset() { setCollectiveGroup("dp", nullptr); }
+    ~Unset() {
+      setCollectiveGroup("dp", nullptr);
+      setCollectiveGroup("tp", nullptr);
+    }
   } unset;
+  int64_t tp = 1;
+  if (std::string t = buildOption(bundle.program(), "tensor_parallel"); !t.empty())
+    tp = std::max<int64_t>(1, std::atoll(t.c_str())); // the trainer checks it
   if (*rendezvous && (*rendezvous)->size > 1) {
     Rendezvous r = **rendezvous;
     r.timeout = std::chrono::milliseconds(static_cast<int64_t>(opts.timeoutSeconds * 1000));
@@ -481,13 +493,40 @@ Expected<int> train(const Options &opts, Progress &progress) {
     if (!connected)
       return connected.status();
     group = connected.take();
-    setCollectiveGroup("dp", group.get());
     trainerOptions.rank = r.rank;
     trainerOptions.worldSize = r.size;
     if (opts.device == "cuda") // one GPU per rank, by its local rank
       trainerOptions.device = fmt::format("cuda:{}", r.localRank);
     progress.setQuiet(r.rank != 0);
-    progress.message(fmt::format("data parallel: {} ranks ({})", r.size, group->describe()));
+    if (tp > 1 && r.size % tp != 0)
+      return Status::error("{} was compiled for groups of {} tensor-parallel ranks (forgec --tp "
+                           "{}), this run has {}: start D x {} ranks (--nproc)",
+                           bundle.origin(), tp, tp, r.size, tp);
+    if (tp > 1) {
+      const int dp = r.size / static_cast<int>(tp), me = r.rank;
+      std::vector<int> tpRanks, dpRanks;
+      for (int i = 0; i < tp; ++i)
+        tpRanks.push_back(me / static_cast<int>(tp) * static_cast<int>(tp) + i);
+      for (int d = 0; d < dp; ++d)
+        dpRanks.push_back(d * static_cast<int>(tp) + me % static_cast<int>(tp));
+      auto t = group->subgroup("tp", tpRanks);
+      if (!t)
+        return t.status();
+      tpGroup = t.take();
+      setCollectiveGroup("tp", tpGroup.get());
+      if (dp > 1) {
+        auto d = group->subgroup("dp", dpRanks);
+        if (!d)
+          return d.status();
+        dpGroup = d.take();
+        setCollectiveGroup("dp", dpGroup.get());
+      }
+      progress.message(fmt::format("{} ranks: {} data-parallel x {} tensor-parallel ({})",
+                                   r.size, dp, tp, group->describe()));
+    } else {
+      setCollectiveGroup("dp", group.get());
+      progress.message(fmt::format("data parallel: {} ranks ({})", r.size, group->describe()));
+    }
   }
   const bool lead = trainerOptions.rank == 0;
   auto created = Trainer::create(bundle, trainData.take(), std::move(evalData), trainerOptions);
@@ -605,11 +644,15 @@ Expected<int> train(const Options &opts, Progress &progress) {
   SensorLog sensors;
 
   auto saveCheckpoint = [&]() -> Status {
+    // Split tensors (--tp) whole, from every rank: checkpoints hold whole tensors.
+    auto whole = gatherShards(tr.executor());
+    if (!whole)
+      return whole.status().prefix("checkpoint");
     if (!lead) { // rank 0 writes the group's checkpoint (every rank holds the same state)
       lastCkpt = tr.stepsDone();
       return Status::ok();
     }
-    auto path = ckpt->save(tr.executor(), tr.state());
+    auto path = ckpt->save(tr.executor(), tr.state(), &*whole);
     if (!path)
       return path.status();
     lastCkpt = tr.stepsDone();
@@ -797,8 +840,15 @@ Expected<int> train(const Options &opts, Progress &progress) {
     if (std::optional<std::string> text = sensors.summary())
       progress.message(*text);
   }
+  WholeTensors gathered;
+  if (!opts.dumpParams.empty() || opts.dumpParamsElsewhere) {
+    auto whole = gatherShards(tr.executor()); // every rank: a collective with --tp
+    if (!whole)
+      return whole.status().prefix("--dump-params");
+    gathered = whole.take();
+  }
   if (!opts.dumpParams.empty()) {
-    FORGE_RETURN_IF_ERROR(dumpParams(opts.dumpParams, tr.executor()));
+    FORGE_RETURN_IF_ERROR(dumpParams(opts.dumpParams, tr.executor(), gathered));
     progress.message(fmt::format("wrote {} tensors to {}", tr.executor().persistentTensors().size(),
                                  opts.dumpParams));
   }
@@ -814,6 +864,7 @@ int runTrainMode(const Options &given) {
   // A data-parallel rank other than 0 writes no files: rank 0 writes the group's.
   if (auto r = rendezvousFromEnvironment(); r && *r && (*r)->rank != 0) {
     opts.metricsPath.clear();
+    opts.dumpParamsElsewhere = !opts.dumpParams.empty();
     opts.dumpParams.clear();
     opts.dumpGrads.clear();
     opts.exportOnnx.clear();

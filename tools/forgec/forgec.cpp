@@ -166,6 +166,18 @@ static cl::opt<int64_t> dataParallel(
              "launcher): each rank trains on its own --batch; gradients and loss are averaged "
              "over the ranks. --dp 1 builds the same collectives for one rank"),
     cl::init(0), cl::cat(trainCategory));
+static cl::opt<int64_t> zeroStage(
+    "zero",
+    cl::desc("ZeRO stage with --dp D: 1 splits the optimizer state (Adam's moments, momentum) "
+             "of every parameter whose first dim divides by D over the ranks; each rank reduces "
+             "and applies its part of the gradient, then the ranks gather the parameters"),
+    cl::init(0), cl::cat(trainCategory));
+static cl::opt<int64_t> tensorParallel(
+    "tp",
+    cl::desc("Tensor parallelism over T ranks (Megatron): each pair of matmuls joined by "
+             "pointwise ops (an MLP) is split by columns, then rows, over the ranks, which all "
+             "read the same batch. With --dp D the run has D x T ranks"),
+    cl::init(1), cl::cat(trainCategory));
 static cl::opt<bool> exposeGradients("expose-gradients",
                                      cl::desc("Also output every parameter's gradient from train_step "
                                               "(forge.grad.NAME; for parity checks)"),
@@ -213,7 +225,8 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
     int count = 0;
     for (cl::Option *o : std::initializer_list<cl::Option *>{&loss, &optimizer, &lrSchedule,
                                                              &clipGradNorm, &microBatches,
-                                                             &dataParallel})
+                                                             &dataParallel, &tensorParallel,
+                                                             &zeroStage})
       if (o->getNumOccurrences())
         given += (count++ ? ", --" : "--") + o->ArgStr.str();
     if (count)
@@ -309,6 +322,14 @@ static std::string applyRecipe() {
       ok = node.is_integer();
       if (ok && !dataParallel.getNumOccurrences())
         dataParallel = *node.value<int64_t>();
+    } else if (k == "zero") {
+      ok = node.is_integer();
+      if (ok && !zeroStage.getNumOccurrences())
+        zeroStage = *node.value<int64_t>();
+    } else if (k == "tp") {
+      ok = node.is_integer();
+      if (ok && !tensorParallel.getNumOccurrences())
+        tensorParallel = *node.value<int64_t>();
     } else if (k == "freeze") {
       ok = node.is_array();
       if (ok && !freeze.getNumOccurrences())
@@ -335,6 +356,7 @@ static mlir::forge::TrainFlags trainFlags() {
   t.clipGradNorm = clipGradNorm;
   t.microBatches = microBatches;
   t.dataParallel = dataParallel;
+  t.zero = zeroStage;
   t.freeze.assign(freeze.begin(), freeze.end());
   t.exposeGradients = exposeGradients;
   t.batchnormRunningVar = batchnormRunningVar;
@@ -591,6 +613,9 @@ int main(int argc, char **argv) {
   pipelineOptions.lossChunkBytes = lossChunkBytes;
   if (recompute != "none" && recompute != "attention" && recompute != "auto")
     return fail("--recompute must be none, attention or auto, got '" + recompute + "'");
+  if (tensorParallel < 1)
+    return fail("--tp must be >= 1, got " + std::to_string(tensorParallel));
+  pipelineOptions.tensorParallel = tensorParallel;
   // auto: trial plans without recomputation first (below).
   pipelineOptions.recompute = recompute == "auto" ? std::string("none") : recompute.getValue();
   if (!augment.empty()) {
@@ -728,6 +753,10 @@ int main(int argc, char **argv) {
     build["micro_batches"] = std::to_string(microBatches);
     if (dataParallel > 0)
       build["data_parallel"] = std::to_string(dataParallel);
+    if (tensorParallel > 1)
+      build["tensor_parallel"] = std::to_string(tensorParallel);
+    if (zeroStage > 0)
+      build["zero"] = std::to_string(zeroStage);
     if (clipGradNorm > 0)
       build["clip_grad_norm"] = std::to_string(clipGradNorm);
   }

@@ -130,6 +130,17 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
     info->set_role(role.str());
   if (auto master = func.getArgAttrOfType<StringAttr>(i, "forge.copy_of"))
     info->set_copy_of(master.str());
+  if (auto shard = func.getArgAttrOfType<DictionaryAttr>(i, "forge.shard")) {
+    auto axis = shard.getAs<IntegerAttr>("axis"), size = shard.getAs<IntegerAttr>("size");
+    auto group = shard.getAs<StringAttr>("group");
+    if (!axis || !size || !group)
+      return func.emitError() << "forge.shard of '" << name.getValue()
+                              << "' needs axis, group and size";
+    pb::Shard *s = info->mutable_shard();
+    s->set_axis(axis.getInt());
+    s->set_group(group.str());
+    s->set_size(size.getInt());
+  }
   // Thin bundle: the initial value stays in the model's external-data file.
   auto module = func->getParentOfType<ModuleOp>();
   auto thin = module ? module->getAttrOfType<DictionaryAttr>("forge.external_weights") : nullptr;

@@ -920,6 +920,70 @@ LogicalResult AllReduceOp::verify() {
   return success();
 }
 
+/// ZeRO-1's collectives: `part` is `whole` with dim 0 divided by `size`.
+static LogicalResult verifyParts(Operation *op, Type wholeType, Type partType, int64_t size,
+                                 StringRef group) {
+  auto whole = cast<RankedTensorType>(wholeType), part = cast<RankedTensorType>(partType);
+  if (size < 1)
+    return op->emitOpError() << "group size " << size << " is not positive";
+  if (group.empty())
+    return op->emitOpError() << "has an empty group name";
+  if (whole.getRank() < 1 || whole.getDimSize(0) % size != 0)
+    return op->emitOpError() << whole << " has no dim 0 that splits into " << size
+                             << " equal parts";
+  SmallVector<int64_t> shape(whole.getShape());
+  shape[0] /= size;
+  if (part.getElementType() != whole.getElementType() || part.getShape() != ArrayRef<int64_t>(shape))
+    return op->emitOpError() << part << " is not part 1/" << size << " of " << whole
+                             << " along dim 0";
+  return success();
+}
+
+LogicalResult ReduceScatterOp::verify() {
+  if (getReduction() != "sum" && getReduction() != "mean")
+    return emitOpError() << "reduction '" << getReduction() << "' is neither 'sum' nor 'mean'";
+  return verifyParts(*this, getInput().getType(), getType(), getSize(), getGroup());
+}
+
+LogicalResult AllGatherOp::verify() {
+  return verifyParts(*this, getType(), getInput().getType(), getSize(), getGroup());
+}
+
+LogicalResult RankSliceOp::verify() {
+  return verifyParts(*this, getInput().getType(), getType(), getSize(), getGroup());
+}
+
+OpFoldResult EnterGroupOp::fold(FoldAdaptor) {
+  // The identity once nothing differentiates it any more. Before the train
+  // step is built nothing folds (the pipeline runs no canonicalization
+  // there), so the gradient rule still sees it.
+  return getInput();
+}
+
+LogicalResult ShardOp::verify() {
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  const int64_t axis = getAxis(), size = getSize();
+  if (size < 1)
+    return emitOpError() << "group size " << size << " is not positive";
+  if (getGroup().empty())
+    return emitOpError() << "has an empty group name";
+  if (axis < 0 || axis >= in.getRank())
+    return emitOpError() << "axis " << axis << " is out of range for rank " << in.getRank();
+  if (in.getDimSize(axis) % size != 0)
+    return emitOpError() << "axis " << axis << " of size " << in.getDimSize(axis)
+                         << " does not split into " << size << " equal parts";
+  SmallVector<int64_t> shape(in.getShape());
+  shape[axis] /= size;
+  if (out.getElementType() != in.getElementType() || out.getShape() != ArrayRef<int64_t>(shape))
+    return emitOpError() << "result " << out << " is not part 1/" << size << " of " << in
+                         << " along axis " << axis;
+  auto c = getInput().getDefiningOp<ConstantOp>();
+  if (!c || !c->hasAttr("forge.initializer"))
+    return emitOpError("must split an initializer (a forge.constant with forge.initializer)");
+  return success();
+}
+
 LogicalResult FusionOp::verify() {
   Block &block = getBlock();
   if (block.getNumArguments() != getInputs().size())

@@ -129,6 +129,16 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // The input transforms (--augment) belong to the model's forward: before
   // the train step is built, so that train_step and eval both take them.
   addAugmentInputs(pm, options);
+  // Stage "tensor parallelism" (--tp): Megatron's column/row splits of the
+  // forward's matmul pairs, with the collectives they imply. Before the train
+  // step, which differentiates the collectives by their rules (so the
+  // backward gets its own) and makes each split initializer a parameter of
+  // its slice's type; after the import cleanup, so only live ops are split.
+  if (options.tensorParallel > 1) {
+    ShardTensorParallelOptions tp;
+    tp.size = options.tensorParallel;
+    pm.addNestedPass<func::FuncOp>(createShardTensorParallel(tp));
+  }
   // Stage "train-step construction": @main -> @train_step + @eval. Before the
   // graph cleanup, which would fold parameter initializers into constants;
   // after it, the forward, backward and optimizer are one graph that the
@@ -140,6 +150,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   train.clipGradNorm = options.train.clipGradNorm;
   train.microBatches = options.train.microBatches;
   train.dataParallel = options.train.dataParallel;
+  train.zero = options.train.zero;
   train.freeze = options.train.freeze;
   train.exposeGradients = options.train.exposeGradients;
   train.batchnormRunningVar = options.train.batchnormRunningVar;
@@ -245,6 +256,8 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
   Option<int64_t> microBatches{*this, "micro-batches",
                                llvm::cl::desc("as forgec --micro-batches"), llvm::cl::init(1)};
   Option<int64_t> dataParallel{*this, "dp", llvm::cl::desc("as forgec --dp"), llvm::cl::init(0)};
+  Option<int64_t> tensorParallel{*this, "tp", llvm::cl::desc("as forgec --tp"), llvm::cl::init(1)};
+  Option<int64_t> zero{*this, "zero", llvm::cl::desc("as forgec --zero"), llvm::cl::init(0)};
   ListOption<std::string> freeze{*this, "freeze", llvm::cl::desc("as forgec --freeze")};
   Option<bool> exposeGradients{*this, "expose-gradients",
                                llvm::cl::desc("as forgec --expose-gradients"),
@@ -288,6 +301,8 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.clipGradNorm = cl.clipGradNorm;
         options.train.microBatches = cl.microBatches;
         options.train.dataParallel = cl.dataParallel;
+        options.tensorParallel = cl.tensorParallel;
+        options.train.zero = cl.zero;
         options.train.freeze.assign(cl.freeze.begin(), cl.freeze.end());
         options.train.exposeGradients = cl.exposeGradients;
         options.train.batchnormRunningVar = cl.batchnormRunningVar;

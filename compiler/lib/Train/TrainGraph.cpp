@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "forge/Dialect/ForgeBuilder.h"
 #include "forge/Dialect/ForgeDialect.h"
@@ -236,6 +237,14 @@ FailureOr<TrainOptions> mlir::forge::parseTrainFlags(const TrainFlags &flags,
   if (flags.dataParallel < 0)
     return fail("--dp must be >= 1");
   t.dataParallel = flags.dataParallel;
+  if (flags.zero != 0 && flags.zero != 1)
+    return fail("--zero must be 0 or 1 (ZeRO-1: the optimizer state split over the "
+                "data-parallel ranks), got " + std::to_string(flags.zero));
+  if (flags.zero == 1 && flags.dataParallel < 1)
+    return fail("--zero 1 splits the optimizer state over data-parallel ranks: it needs --dp");
+  if (flags.zero == 1 && flags.exposeGradients)
+    return fail("--expose-gradients with --zero 1: each rank holds only its part of a gradient");
+  t.zero = flags.zero;
   t.freeze = flags.freeze;
   t.exposeGradients = flags.exposeGradients;
   if (flags.batchnormRunningVar == "biased" || flags.batchnormRunningVar == "unbiased")
@@ -296,13 +305,54 @@ namespace {
 struct Param {
   std::string name;
   std::string role;
-  DenseElementsAttr initial;
-  ConstantOp constant; // in @main
+  DenseElementsAttr initial; // the whole initializer, also of a split one
+  // Op handles (mutable: their accessors are not const).
+  mutable ConstantOp constant; // in @main
+  /// Tensor parallelism (forge-shard-tensor-parallel): the forge.shard that
+  /// @main reads this initializer through; the parameter is its slice.
+  mutable ShardOp shard;
+  /// The value @main reads (the shard's, else the constant's), and its type:
+  /// the parameter's and its optimizer state's.
+  Value value() const { return shard ? shard.getResult() : constant.getResult(); }
+  RankedTensorType type() const { return cast<RankedTensorType>(value().getType()); }
+  /// The arguments' forge.shard attribute ({axis, group, size}), or null.
+  DictionaryAttr shardAttr() const {
+    if (!shard)
+      return {};
+    mlir::Builder b(shard.getContext());
+    return b.getDictionaryAttr({b.getNamedAttr("axis", shard.getAxisAttr()),
+                                b.getNamedAttr("group", shard.getGroupAttr()),
+                                b.getNamedAttr("size", shard.getSizeAttr())});
+  }
+  /// ZeRO-1: the optimizer state is split over `zeroParts` data-parallel ranks
+  /// along dim 0 (0: not split).
+  int64_t zeroParts = 0;
+  RankedTensorType momentType() const {
+    RankedTensorType t = type();
+    if (!zeroParts)
+      return t;
+    SmallVector<int64_t> shape(t.getShape());
+    shape[0] /= zeroParts;
+    return RankedTensorType::get(shape, t.getElementType());
+  }
+  DictionaryAttr momentShard() const {
+    if (!zeroParts)
+      return shardAttr();
+    mlir::Builder b(constant.getContext());
+    return b.getDictionaryAttr({b.getNamedAttr("axis", b.getI64IntegerAttr(0)),
+                                b.getNamedAttr("group", b.getStringAttr("dp")),
+                                b.getNamedAttr("size", b.getI64IntegerAttr(zeroParts))});
+  }
 };
 
 /// Role from the first use that decides it; roles are never positional.
 std::string roleOf(ConstantOp c) {
-  for (OpOperand &use : c->getUses()) {
+  // A split initializer (tensor parallelism) is read through its shard.
+  Value read = c.getResult();
+  if (c->hasOneUse())
+    if (auto shard = dyn_cast<ShardOp>(*c->user_begin()))
+      read = shard.getResult();
+  for (OpOperand &use : read.getUses()) {
     Operation *user = use.getOwner();
     unsigned i = use.getOperandNumber();
     if (isa<ConvOp, ConvTransposeOp>(user))
@@ -552,13 +602,26 @@ LogicalResult TrainGraphBuilder::collectParams(func::FuncOp main) {
       patternUsed[i] = patternUsed[i] || g.match(name.getValue());
     std::string role = roleOf(c);
     auto value = cast<DenseElementsAttr>(c.getValue());
+    ShardOp shard;
+    for (Operation *user : c->getUsers())
+      if (auto s = dyn_cast<ShardOp>(user))
+        shard = s;
+    if (shard && !c->hasOneUse())
+      return shard.emitOpError() << "splits initializer '" << name.getValue()
+                                 << "', which is also read whole";
+    bool isFrozen = llvm::any_of(
+        frozen, [&](const llvm::GlobPattern &g) { return g.match(name.getValue()); });
+    if (shard && (role == "running_stat" || isFrozen))
+      return shard.emitOpError() << "splits initializer '" << name.getValue() << "', which is "
+                                 << (isFrozen ? "frozen (--freeze)" : "a running statistic")
+                                 << ": only trained parameters can be split over ranks";
     if (role == "running_stat") {
-      states.push_back({name.str(), role, value, c});
+      states.push_back({name.str(), role, value, c, {}});
       continue;
     }
-    if (llvm::any_of(frozen, [&](const llvm::GlobPattern &g) { return g.match(name.getValue()); }))
+    if (isFrozen)
       continue; // frozen parameters stay constants: no gradient is built for them
-    params.push_back({name.str(), role, value, c});
+    params.push_back({name.str(), role, value, c, shard});
   }
   // A pattern that matches nothing is almost always a typo that would
   // silently train what the user meant to freeze.
@@ -673,13 +736,16 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   // state, step.
   SmallVector<Type> argTypes;
   SmallVector<DictionaryAttr> argAttrs;
-  auto named = [&](StringRef name, StringRef kind, StringRef role = {}, Attribute init = {}) {
+  auto named = [&](StringRef name, StringRef kind, StringRef role = {}, Attribute init = {},
+                   DictionaryAttr shard = {}) {
     SmallVector<NamedAttribute> attrs = {b.getNamedAttr("forge.name", b.getStringAttr(name)),
                                          b.getNamedAttr("forge.kind", b.getStringAttr(kind))};
     if (!role.empty())
       attrs.push_back(b.getNamedAttr("forge.role", b.getStringAttr(role)));
     if (init)
       attrs.push_back(b.getNamedAttr("forge.initial_value", init));
+    if (shard) // this rank's slice of `init` (tensor parallelism)
+      attrs.push_back(b.getNamedAttr("forge.shard", shard));
     return b.getDictionaryAttr(attrs);
   };
   unsigned numData = main.getNumArguments();
@@ -696,10 +762,20 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
       argAttrs.push_back(named(k > 1 ? n + "@" + std::to_string(m) : n, "input"));
     }
   }
+  // ZeRO-1: which parameters' optimizer state is split (a dim 0 that divides
+  // by the ranks; a parameter split by tensor parallelism keeps it whole).
+  for (Param &p : params) {
+    RankedTensorType t = p.type();
+    const int64_t d = options.dataParallel;
+    p.zeroParts = options.zero == 1 && d > 1 && !p.shard && t.getRank() >= 1 &&
+                          t.getDimSize(0) % d == 0
+                      ? d
+                      : 0;
+  }
   unsigned paramBase = argTypes.size();
   for (const Param &p : params) {
-    argTypes.push_back(p.initial.getType());
-    argAttrs.push_back(named(p.name, "parameter", p.role, p.initial));
+    argTypes.push_back(p.type());
+    argAttrs.push_back(named(p.name, "parameter", p.role, p.initial, p.shardAttr()));
   }
   unsigned stateBase = argTypes.size();
   for (const Param &s : states) {
@@ -717,8 +793,8 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   unsigned momentBase = argTypes.size();
   for (const std::string &m : momentNames)
     for (const Param &p : params) {
-      argTypes.push_back(p.initial.getType());
-      argAttrs.push_back(named(p.name + "." + m, "state", "optimizer"));
+      argTypes.push_back(p.momentType());
+      argAttrs.push_back(named(p.name + "." + m, "state", "optimizer", {}, p.momentShard()));
     }
   // Dynamic loss scaling: the scale and the count of finite steps since it
   // last changed, f32 scalars of state.
@@ -762,13 +838,13 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     for (unsigned i = 0; i < numData; ++i)
       map.map(main.getArgument(i), entry->getArgument(m * perMicro + i));
     for (auto [p, arg] : llvm::zip(params, paramArgs))
-      map.map(p.constant.getResult(), arg);
+      map.map(p.value(), arg);
     for (auto [s, value] : llvm::zip(states, stateValues))
       map.map(s.constant.getResult(), value);
     for (Operation &op : main.getBody().front()) {
       if (isa<func::ReturnOp>(op))
         continue;
-      if (auto c = dyn_cast<ConstantOp>(op); c && map.contains(c.getResult()))
+      if (isa<ConstantOp, ShardOp>(op) && map.contains(op.getResult(0)))
         continue;
       // Dropout draws its mask from the step counter (and, per micro-batch,
       // a distinct key); the backward of `where` reuses the mask.
@@ -849,14 +925,26 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   // collective here, before anything reads a gradient (the norm, clipping,
   // the optimizer); forge-partition splits it into buckets issued as the
   // backward pass makes them.
+  // ZeRO-1: a split parameter's gradient is reduced to this rank's part
+  // instead (forge.reduce_scatter, mean), the part its optimizer updates.
   if (options.dataParallel >= 1) {
-    SmallVector<Value> operands(gradSum.begin(), gradSum.end());
+    SmallVector<Value> operands;
+    SmallVector<unsigned> whole;
+    for (auto [i, p] : llvm::enumerate(params))
+      if (!p.zeroParts) {
+        operands.push_back(gradSum[i]);
+        whole.push_back(i);
+      }
     operands.push_back(lossMean);
     auto reduce = b.create<AllReduceOp>(loc, ValueRange(operands).getTypes(), operands, "dp",
                                         "mean", options.dataParallel);
-    for (auto [i, g] : llvm::enumerate(gradSum))
-      g = reduce.getResult(i);
+    for (auto [k, i] : llvm::enumerate(whole))
+      gradSum[i] = reduce.getResult(k);
     lossMean = reduce.getResults().back();
+    for (auto [i, p] : llvm::enumerate(params))
+      if (p.zeroParts)
+        gradSum[i] = b.create<ReduceScatterOp>(loc, p.momentType(), gradSum[i], "dp", "mean",
+                                               p.zeroParts);
   }
 
   // Loss scaling: the gradients stay scaled until the optimizer reads them
@@ -870,10 +958,26 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     invScale = bb.div(bb.scalar(1.0), scaleNow);
   }
   // Global gradient norm (reported) and clipping.
+  // A split parameter's gradient is this rank's slice of it: the squares of
+  // the slices are summed over their group (once for all of them), the
+  // replicated ones' counted once.
   Value normSq;
-  for (Value g : gradSum) {
+  std::map<std::pair<std::string, int64_t>, Value> splitSq; // (group, size) -> sum
+  for (auto [p, g] : llvm::zip(params, gradSum)) {
     Value s = bb.sumAll(bb.mul(g, g));
+    if (p.shard || p.zeroParts) {
+      Value &acc = p.shard ? splitSq[{p.shard.getGroup().str(), p.shard.getSize()}]
+                           : splitSq[{"dp", p.zeroParts}];
+      acc = acc ? bb.add(acc, s) : s;
+      continue;
+    }
     normSq = normSq ? bb.add(normSq, s) : s;
+  }
+  for (auto &[group, s] : splitSq) {
+    Value sum = b.create<AllReduceOp>(loc, TypeRange{s.getType()}, ValueRange{s}, group.first,
+                                      "sum", group.second)
+                    .getResult(0);
+    normSq = normSq ? bb.add(normSq, sum) : sum;
   }
   if (invScale)
     normSq = bb.mul(normSq, bb.castTo(bb.mul(invScale, invScale), Builder::elementOf(normSq)));
@@ -905,14 +1009,26 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   SmallVector<std::string> updates = {"", "", ""};
   // A skipped step (gradients not finite) keeps every optimizer update's old
   // value: `old` is what the step read.
+  // ZeRO-1: the optimizer reads this rank's part of a split parameter and
+  // updates it (and its state's parts); the ranks then gather the parameter.
+  SmallVector<Value> optimizerParams(paramArgs.begin(), paramArgs.end());
+  std::map<std::string, const Param *> gathered;
+  for (auto [i, p] : llvm::enumerate(params))
+    if (p.zeroParts) {
+      optimizerParams[i] = b.create<RankSliceOp>(loc, p.momentType(), paramArgs[i], "dp",
+                                                 p.zeroParts);
+      gathered[p.name] = &p;
+    }
   auto update = [&](Value v, const std::string &name, Value old = {}) {
     if (finite && old)
       v = b.create<WhereOp>(loc, finite, v, old);
+    if (auto it = gathered.find(name); it != gathered.end())
+      v = b.create<AllGatherOp>(loc, it->second->type(), v, "dp", it->second->zeroParts);
     results.push_back(v);
     resultNames.push_back("");
     updates.push_back(name);
   };
-  appendOptimizerUpdates(bb, step, lr, paramArgs, gradSum,
+  appendOptimizerUpdates(bb, step, lr, optimizerParams, gradSum,
                          ValueRange(entry->getArguments().slice(
                              momentBase, momentNames.size() * params.size())),
                          update);
@@ -973,7 +1089,7 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
     argTypes.push_back(RankedTensorType::get({batch}, b.getF32Type()));
   unsigned paramBase = argTypes.size();
   for (const Param &p : params)
-    argTypes.push_back(p.initial.getType());
+    argTypes.push_back(p.type());
   for (const Param &s : states)
     argTypes.push_back(s.initial.getType());
   auto func = func::FuncOp::create(loc, "eval", b.getFunctionType(argTypes, {}));
@@ -990,6 +1106,8 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
     func.setArgAttr(i, "forge.kind", b.getStringAttr(kind));
     func.setArgAttr(i, "forge.role", b.getStringAttr(p.role));
     func.setArgAttr(i, "forge.initial_value", p.initial);
+    if (DictionaryAttr shard = p.shardAttr())
+      func.setArgAttr(i, "forge.shard", shard);
   };
   for (auto [i, p] : llvm::enumerate(params))
     setPersistent(paramBase + i, p, "parameter");
@@ -1001,13 +1119,13 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
   for (unsigned i = 0; i < numData; ++i)
     map.map(main.getArgument(i), entry->getArgument(i));
   for (auto [i, p] : llvm::enumerate(params))
-    map.map(p.constant.getResult(), entry->getArgument(paramBase + i));
+    map.map(p.value(), entry->getArgument(paramBase + i));
   for (auto [i, s] : llvm::enumerate(states))
     map.map(s.constant.getResult(), entry->getArgument(paramBase + params.size() + i));
   for (Operation &op : main.getBody().front()) {
     if (isa<func::ReturnOp>(op))
       continue;
-    if (auto c = dyn_cast<ConstantOp>(op); c && map.contains(c.getResult()))
+    if (isa<ConstantOp, ShardOp>(op) && map.contains(op.getResult(0)))
       continue;
     // Evaluation does not drop.
     if (auto d = dyn_cast<DropoutOp>(op)) {

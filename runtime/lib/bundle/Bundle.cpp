@@ -168,6 +168,25 @@ Status validateTensors(const bundle::Program &p) {
         return Status::error("{}: arena bytes [{}, +{}) exceed arena_size {}", label,
                              t.arena_offset(), bytes, p.arena_size());
     } else {
+      // A split tensor (forgec --tp) is one of shard.size slices along
+      // shard.axis; its initial bytes are the whole tensor's.
+      if (t.has_shard()) {
+        const bundle::Shard &s = t.shard();
+        if ((t.kind() != bundle::TensorInfo::PARAMETER && t.kind() != bundle::TensorInfo::STATE) ||
+            !t.copy_of().empty())
+          return Status::error("{}: only parameters and their optimizer state can be split "
+                               "(shard)",
+                               label);
+        if (s.size() < 1 || s.size() > (1 << 20) || s.axis() < 0 || s.axis() >= t.shape_size() ||
+            s.group().empty())
+          return Status::error("{}: shard axis {} of {} ranks of group '{}' is malformed for "
+                               "shape [{}]",
+                               label, s.axis(), s.size(), s.group(), fmt::join(t.shape(), ", "));
+        if (bytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(s.size()))
+          return Status::error("{}: the whole of a {}-way split overflows a 64-bit byte count",
+                               label, s.size());
+        bytes *= static_cast<uint64_t>(s.size());
+      }
       // A STATE tensor without bytes starts as zeros; with bytes it is
       // checked like a parameter.
       if (t.kind() == bundle::TensorInfo::STATE && t.data_size() == 0)

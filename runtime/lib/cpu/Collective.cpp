@@ -1,3 +1,5 @@
+// Collectives of CPU ranks (the rest of this header is all_reduce's; ZeRO-1's
+// reduce_scatter, all_gather and rank_slice follow it).
 // all_reduce (forge.all_reduce, forgec --dp): each operand summed or averaged
 // over the ranks of its group through the process's communicator
 // (Collectives.h). The operands of one op (a bucket) are packed into one f32
@@ -65,8 +67,94 @@ Status allReduceKernel(KernelContext &ctx) {
   return Status::ok();
 }
 
+/// ZeRO-1's collectives split dim 0 into `size` equal parts (contiguous: the
+/// outermost dim), part r belonging to rank r of the group.
+struct Parts {
+  Communicator *comm = nullptr; // nullptr: a group of one
+  int64_t size = 1;
+  std::string group;
+};
+Expected<Parts> partsOf(KernelContext &ctx, const TensorView &whole, const TensorView &part) {
+  Parts p;
+  auto group = ctx.attrs.getString("group");
+  FORGE_RETURN_IF_ERROR(group.status());
+  auto size = ctx.attrs.getInt("size");
+  FORGE_RETURN_IF_ERROR(size.status());
+  if (*size < 1 || whole.numel() != part.numel() * *size || whole.dtype != part.dtype)
+    return Status::error("{} is not {} parts of {}", shapeString(part.shape), *size,
+                         shapeString(whole.shape));
+  auto found = communicatorFor(*group, *size, "this bundle");
+  if (!found)
+    return found.status();
+  p.comm = *found;
+  p.size = *size;
+  p.group = *group;
+  return p;
+}
+
+/// reduce_scatter: this rank's part of the sum (or mean) over the group. Gloo's
+/// all-reduce of the whole, then the part (CPU ranks: twice a true
+/// reduce-scatter's traffic, one collective per tensor).
+Status reduceScatterKernel(KernelContext &ctx) {
+  const TensorView &in = ctx.inputs[0];
+  TensorView &out = ctx.outputs[0];
+  if (in.dtype != bundle::F32)
+    return Status::error("CPU ranks reduce f32 tensors only, got {}", dtypeName(in.dtype));
+  auto parts = partsOf(ctx, in, out);
+  FORGE_RETURN_IF_ERROR(parts.status());
+  auto reduction = ctx.attrs.getString("reduction");
+  FORGE_RETURN_IF_ERROR(reduction.status());
+  if (*reduction != "sum" && *reduction != "mean")
+    return Status::error("reduction '{}' is neither 'sum' nor 'mean'", *reduction);
+  const int rank = parts->comm ? parts->comm->rank() : 0;
+  std::vector<float> whole(in.as<float>(), in.as<float>() + in.numel());
+  if (parts->comm) {
+    Status s = parts->comm->allReduceSum(whole.data(), whole.size());
+    if (!s.isOk())
+      return Status::error("group '{}': {}", parts->group, s.message());
+  }
+  const float divisor = *reduction == "mean" ? static_cast<float>(parts->size) : 1.0f;
+  const float *src = whole.data() + static_cast<size_t>(rank) * static_cast<size_t>(out.numel());
+  float *dst = out.as<float>();
+  for (int64_t j = 0; j < out.numel(); ++j)
+    dst[j] = src[j] / divisor;
+  return Status::ok();
+}
+
+/// all_gather: every rank's part, in rank order along dim 0.
+Status allGatherKernel(KernelContext &ctx) {
+  const TensorView &in = ctx.inputs[0];
+  TensorView &out = ctx.outputs[0];
+  auto parts = partsOf(ctx, out, in);
+  FORGE_RETURN_IF_ERROR(parts.status());
+  if (!parts->comm) {
+    std::memmove(out.data, in.data, in.bytes());
+    return Status::ok();
+  }
+  Status s = parts->comm->allGather(in.data, out.data, in.bytes());
+  if (!s.isOk())
+    return Status::error("group '{}': {}", parts->group, s.message());
+  return Status::ok();
+}
+
+/// rank_slice: this rank's part of a tensor every rank holds whole.
+Status rankSliceKernel(KernelContext &ctx) {
+  const TensorView &in = ctx.inputs[0];
+  TensorView &out = ctx.outputs[0];
+  auto parts = partsOf(ctx, in, out);
+  FORGE_RETURN_IF_ERROR(parts.status());
+  const size_t rank = parts->comm ? static_cast<size_t>(parts->comm->rank()) : 0;
+  std::memmove(out.data, static_cast<const uint8_t *>(in.data) + rank * out.bytes(), out.bytes());
+  return Status::ok();
+}
+
 } // namespace
 
-void registerCollectiveKernels(Registry &r) { r.add("all_reduce", &allReduceKernel, 1, -1, 1, -1); }
+void registerCollectiveKernels(Registry &r) {
+  r.add("all_reduce", &allReduceKernel, 1, -1, 1, -1);
+  r.add("reduce_scatter", &reduceScatterKernel, 1, 1, 1, 1);
+  r.add("all_gather", &allGatherKernel, 1, 1, 1, 1);
+  r.add("rank_slice", &rankSliceKernel, 1, 1, 1, 1);
+}
 
 } // namespace forge::rt::cpu

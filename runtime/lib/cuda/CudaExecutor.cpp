@@ -756,6 +756,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         kind == bundle::TensorInfo::CONSTANT) {
       im.devicePtr[t] = base + offset[t];
       std::span<const uint8_t> bytes = bundle.tensorData(info);
+      if (info.has_shard()) // the whole tensor: createExecutor loads this rank's slice
+        bytes = {};
       if (!bytes.empty())
         CUDA_TRY(cudaMemcpy(im.devicePtr[t], bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
                  "uploading '{}'", info.name());

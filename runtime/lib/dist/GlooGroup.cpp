@@ -3,16 +3,21 @@
 // bundles on, and the same bootstrap NCCL's unique id will take.
 #include "forge/runtime/Collectives.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "TcpStore.h"
 
+#include <fmt/ranges.h>
+
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
@@ -53,7 +58,8 @@ public:
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string describe() const override {
-    return fmt::format("gloo/tcp, rank {} of {}", rank_, size_);
+    return label_.empty() ? fmt::format("gloo/tcp, rank {} of {}", rank_, size_)
+                          : fmt::format("gloo/tcp, {}, rank {} of {}", label_, rank_, size_);
   }
 
   Status allReduceSum(float *data, size_t count) override {
@@ -90,6 +96,53 @@ public:
     return Status::ok();
   }
 
+  Status allGather(const void *in, void *out, size_t bytes) override {
+    if (bytes == 0)
+      return Status::ok();
+    try {
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(const_cast<uint8_t *>(static_cast<const uint8_t *>(in)), bytes);
+      opts.setOutput(static_cast<uint8_t *>(out), bytes * static_cast<size_t>(size_));
+      opts.setTag(tag_++);
+      opts.setTimeout(timeout_);
+      gloo::allgather(opts);
+    } catch (const std::exception &e) {
+      return Status::error("all_gather of {} bytes (rank {} of {}) failed: {} (another rank "
+                           "stopped, or did not arrive within {} s)",
+                           bytes, rank_, size_, e.what(), timeout_.count() / 1000.0);
+    }
+    return Status::ok();
+  }
+
+  Expected<std::unique_ptr<Communicator>> subgroup(const std::string &name,
+                                                   const std::vector<int> &ranks) override {
+    auto me = std::find(ranks.begin(), ranks.end(), rank_);
+    if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()) ||
+        ranks.front() < 0 || ranks.back() >= size_)
+      return Status::error("subgroup '{}' of ranks [{}] is not an ascending list of ranks of "
+                           "this group of {} that holds rank {}",
+                           name, fmt::join(ranks, ", "), size_, rank_);
+    auto g = std::make_unique<GlooGroup>();
+    g->rank_ = static_cast<int>(me - ranks.begin());
+    g->size_ = static_cast<int>(ranks.size());
+    g->timeout_ = timeout_;
+    g->device_ = device_;
+    g->label_ = fmt::format("{} ranks [{}]", name, fmt::join(ranks, ", "));
+    try {
+      g->context_ = std::make_shared<gloo::rendezvous::Context>(g->rank_, g->size_);
+      g->context_->setTimeout(timeout_);
+      StoreAdapter store(*root().client_);
+      // The subgroup's own keys: its name and first rank tell the groups apart.
+      gloo::rendezvous::PrefixStore prefixed(fmt::format("{}/{}", name, ranks.front()), store);
+      g->context_->connectFullMesh(prefixed, device_);
+    } catch (const std::exception &e) {
+      return Status::error("connecting subgroup {} (rank {} of {}): {}", g->label_, rank_,
+                           size_, e.what());
+    }
+    g->parent_ = &root();
+    return std::unique_ptr<Communicator>(std::move(g));
+  }
+
   Status barrier() override {
     try {
       gloo::BarrierOptions opts(context_);
@@ -102,8 +155,13 @@ public:
     return Status::ok();
   }
 
+  /// The group whose store this one's subgroups meet through.
+  GlooGroup &root() { return parent_ ? *parent_ : *this; }
+
   int rank_ = 0, size_ = 1;
   uint32_t tag_ = 1;
+  std::string label_;             // a subgroup's name and ranks
+  GlooGroup *parent_ = nullptr;   // a subgroup's world group
   std::chrono::milliseconds timeout_{0};
   std::unique_ptr<dist::TcpStoreServer> server_; // rank 0
   std::unique_ptr<dist::TcpStoreClient> client_;

@@ -35,14 +35,18 @@ Communicator *collectiveGroup(const std::string &group) {
 Expected<Communicator *> communicatorFor(const std::string &group, int64_t size,
                                          const std::string &what) {
   Communicator *comm = collectiveGroup(group);
+  const bool tp = group == "tp";
+  const char *kind = tp ? "tensor-parallel" : "data-parallel";
+  const char *flag = tp ? "--tp" : "--dp";
   if (!comm && size != 1)
-    return Status::error("{} was compiled for {} data-parallel ranks (forgec --dp {}), but this "
-                         "process is not one of a group '{}': start it with forge-train --nproc "
-                         "{} (or RANK/WORLD_SIZE from a launcher)",
-                         what, size, size, group, size);
+    return Status::error("{} was compiled for {} {} ranks (forgec {} {}), but this process is not "
+                         "one of a group '{}': start it with forge-train --nproc {} (or RANK/"
+                         "WORLD_SIZE from a launcher)",
+                         what, size, kind, flag, size, group,
+                         tp ? fmt::format("D x {} with --dp D", size) : std::to_string(size));
   if (comm && comm->size() != size)
-    return Status::error("group '{}' has {} ranks, {} was compiled for {} (forgec --dp)", group,
-                         comm->size(), what, size);
+    return Status::error("group '{}' has {} ranks, {} was compiled for {} (forgec {})", group,
+                         comm->size(), what, size, flag);
   return comm;
 }
 

@@ -494,3 +494,45 @@ func.func @scaled_gemm_scale_not_scalar(%a: tensor<8x32xf8E4M3FN>, %b: tensor<16
   %0 = forge.scaled_gemm %a, %b, %s, %s {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = true} : (tensor<8x32xf8E4M3FN>, tensor<16x32xf8E4M3FN>, tensor<1xf32>, tensor<1xf32>) -> tensor<8x16xf32>
   return %0 : tensor<8x16xf32>
 }
+
+// -----
+
+// forge.shard (tensor parallelism) splits an initializer into equal parts.
+func.func @bad_shard(%x: tensor<6xf32>) -> tensor<3xf32> {
+  // expected-error @+1 {{must split an initializer}}
+  %s = forge.shard %x {axis = 0 : i64, group = "tp", size = 2 : i64} : (tensor<6xf32>) -> tensor<3xf32>
+  return %s : tensor<3xf32>
+}
+
+// -----
+
+func.func @bad_parts() -> tensor<2xf32> {
+  %w = forge.constant {forge.initializer = "w"} dense<1.0> : tensor<6xf32>
+  // expected-error @+1 {{result 'tensor<2xf32>' is not part 1/2 of 'tensor<6xf32>' along axis 0}}
+  %s = forge.shard %w {axis = 0 : i64, group = "tp", size = 2 : i64} : (tensor<6xf32>) -> tensor<2xf32>
+  return %s : tensor<2xf32>
+}
+
+// -----
+
+func.func @all_reduce_reduction(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{reduction 'max' is neither 'sum' nor 'mean'}}
+  %r = forge.all_reduce %x {group = "tp", reduction = "max", size = 2 : i64} : (tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @reduce_scatter_parts(%x: tensor<5x3xf32>) -> tensor<2x3xf32> {
+  // expected-error @+1 {{has no dim 0 that splits into 2 equal parts}}
+  %r = forge.reduce_scatter %x {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<5x3xf32>) -> tensor<2x3xf32>
+  return %r : tensor<2x3xf32>
+}
+
+// -----
+
+func.func @all_gather_parts(%x: tensor<2x3xf32>) -> tensor<4x4xf32> {
+  // expected-error @+1 {{'tensor<2x3xf32>' is not part 1/2 of 'tensor<4x4xf32>' along dim 0}}
+  %r = forge.all_gather %x {group = "dp", size = 2 : i64} : (tensor<2x3xf32>) -> tensor<4x4xf32>
+  return %r : tensor<4x4xf32>
+}

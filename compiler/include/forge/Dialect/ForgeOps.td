@@ -739,7 +739,8 @@ def Forge_CopyOp : Op<Forge_Dialect, "copy", [Pure, SameOperandsAndResultType]> 
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
-def Forge_AllReduceOp : Op<Forge_Dialect, "all_reduce"> {
+def Forge_AllReduceOp : Op<Forge_Dialect, "all_reduce",
+    [DeclareOpInterfaceMethods<Forge_DifferentiableOpInterface>]> {
   let summary = "Element-wise sum or mean of each operand over a group of ranks";
   let description = [{
     Made by forge-build-train-step for data parallelism (`forgec --dp D`), not
@@ -754,12 +755,108 @@ def Forge_AllReduceOp : Op<Forge_Dialect, "all_reduce"> {
     deterministic per rank, but not Pure: it must neither be merged with
     another nor moved across another collective, and a rank may not skip it.
     The runtime runs it through the process's communicator of `group`
-    (CPU ranks: Gloo; CUDA: on the host for now).
+    (CPU ranks: Gloo; CUDA: NCCL on the collective stream).
+
+    forge-shard-tensor-parallel (`forgec --tp T`) makes one in the forward
+    pass: the sum over group "tp" of a row-parallel matmul's partial
+    products (Megatron's g). Its gradient rule is for that use: every rank of
+    the group holds the same cotangent of the sum (what follows it is
+    replicated), which is each operand's gradient. A "mean" has no rule (the
+    data-parallel one is made after differentiation).
   }];
   let arguments = (ins Variadic<AnyForgeTensor>:$inputs, StrAttr:$group, StrAttr:$reduction,
                        I64Attr:$size);
   let results = (outs Variadic<AnyForgeTensor>:$results);
   let assemblyFormat = "$inputs attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    static constexpr bool kDifferentiable = true;
+    ::llvm::LogicalResult buildGradientRule(::mlir::OpBuilder &builder,
+        ::mlir::ValueRange resultGrads, ::llvm::SmallVectorImpl<::mlir::Value> &operandGrads);
+  }];
+}
+
+// ZeRO-1 (forgec --zero 1): made by forge-build-train-step after
+// differentiation, not differentiable. Each splits dim 0 (the outermost, so a
+// rank's slice is contiguous) into `size` equal parts, part r held by rank r
+// of `group`.
+def Forge_ReduceScatterOp : Op<Forge_Dialect, "reduce_scatter"> {
+  let summary = "This rank's part (along dim 0) of the sum or mean of the operand over a group";
+  let description = [{
+    Every rank of `group` passes a whole tensor; rank r gets part r of their
+    element-wise sum (or mean: `reduction = "mean"`). ZeRO-1's gradient
+    reduction: each rank updates only its part of a parameter. Not Pure, as
+    forge.all_reduce: every rank must issue it, in the same order.
+  }];
+  let arguments = (ins AnyForgeTensor:$input, StrAttr:$group, StrAttr:$reduction, I64Attr:$size);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Forge_AllGatherOp : Op<Forge_Dialect, "all_gather"> {
+  let summary = "The whole tensor from every rank's part along dim 0";
+  let description = [{
+    Rank r of `group` passes part r; every rank gets the parts concatenated
+    along dim 0 in rank order. ZeRO-1's parameter gather after each rank
+    updated its part. Not Pure (a collective).
+  }];
+  let arguments = (ins AnyForgeTensor:$input, StrAttr:$group, I64Attr:$size);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Forge_RankSliceOp : Op<Forge_Dialect, "rank_slice", [Pure]> {
+  let summary = "This rank's part (along dim 0) of a tensor every rank holds whole";
+  let description = [{
+    Part r of `input` for rank r of `group`: the slice of a replicated
+    parameter that ZeRO-1's optimizer updates on this rank. No
+    communication; the part depends on the process's rank.
+  }];
+  let arguments = (ins AnyForgeTensor:$input, StrAttr:$group, I64Attr:$size);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Forge_EnterGroupOp : Op<Forge_Dialect, "enter_group",
+    [Pure, SameOperandsAndResultType,
+     DeclareOpInterfaceMethods<Forge_DifferentiableOpInterface>]> {
+  let summary = "Identity whose gradient is summed over a group of ranks (Megatron's f)";
+  let description = [{
+    Made by forge-shard-tensor-parallel (`forgec --tp T`) where a replicated
+    value enters a column-parallel matmul: each of the `size` ranks of
+    `group` reads it whole and computes its own columns, so its gradient is
+    the sum of every rank's partial gradient: the rule is forge.all_reduce
+    (sum) of the cotangent. The forward is the identity, folded away once
+    the train step is built.
+  }];
+  let arguments = (ins AnyForgeTensor:$input, StrAttr:$group, I64Attr:$size);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasFolder = 1;
+  let extraClassDeclaration = [{
+    static constexpr bool kDifferentiable = true;
+    ::llvm::LogicalResult buildGradientRule(::mlir::OpBuilder &builder,
+        ::mlir::ValueRange resultGrads, ::llvm::SmallVectorImpl<::mlir::Value> &operandGrads);
+  }];
+}
+
+def Forge_ShardOp : Op<Forge_Dialect, "shard", [Pure]> {
+  let summary = "This rank's slice of an initializer split over a group of ranks";
+  let description = [{
+    Made by forge-shard-tensor-parallel (`forgec --tp T`): rank r of the
+    `size` ranks of `group` holds slice r of `input` (an initializer, a
+    forge.constant with forge.initializer) along `axis`, the axis divided
+    into `size` equal parts. forge-build-train-step makes the parameter of
+    the result's type, with the initializer's whole value as its initial
+    value and the split as its `forge.shard` attribute; the runtime loads
+    each rank's slice. Nothing else may read a shard: it has no kernel.
+  }];
+  let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis, StrAttr:$group, I64Attr:$size);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 

@@ -29,6 +29,7 @@ struct PipelineOptions {
   std::string layout = "nchw";    // forge-assign-layout (forgec --layout)
   int64_t lossChunkBytes = int64_t(1) << 30; // forge-chunk-cross-entropy (forgec --loss-chunk-bytes)
   std::string recompute = "none"; // forge-rematerialize (forgec --recompute)
+  int64_t tensorParallel = 1;     // forge-shard-tensor-parallel (forgec --tp; 1: none)
   /// forge-augment-inputs (forgec --augment): the image input, raw u8 pixels, normalization.
   struct Augment {
     std::string input; // empty: no augmentation

@@ -85,6 +85,12 @@ struct TrainOptions {
   /// forge-partition splits into buckets. 0: no collective; 1: the collective
   /// over a group of one (the code path of D ranks, on one device).
   int64_t dataParallel = 0;
+  /// ZeRO-1 (with dataParallel >= 1): the optimizer state of each parameter
+  /// whose dim 0 divides by dataParallel is split over the ranks along it;
+  /// each rank reduces its part of the gradient (forge.reduce_scatter),
+  /// updates its part of the parameter and state, and the ranks gather the
+  /// parameter (forge.all_gather). 0: off.
+  int64_t zero = 0;
   /// Glob patterns of initializer names that stay frozen.
   std::vector<std::string> freeze;
   /// Also return every parameter's gradient (after accumulation, before

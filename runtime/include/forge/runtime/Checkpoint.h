@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "forge/runtime/Executor.h"
+#include "forge/runtime/Shards.h"
 #include "forge/runtime/Status.h"
 
 namespace forge::rt {
@@ -60,8 +61,10 @@ enum class CheckpointError {
 std::string persistentFingerprint(const bundle::Program &program);
 
 /// Writes `ex`'s persistent tensors and `state` to `path` (atomically).
+/// `whole`: the split tensors (forgec --tp) made whole by gatherShards; a
+/// checkpoint holds whole tensors, so it resumes on another layout.
 Status writeCheckpoint(const std::string &path, const Executor &ex,
-                       const CheckpointState &state);
+                       const CheckpointState &state, const WholeTensors *whole = nullptr);
 
 /// Validates `path` against `ex`'s bundle and restores every persistent
 /// tensor. On error `ex` is unchanged and `*error` (if given) says why.
@@ -85,7 +88,8 @@ public:
   Status prepare(const std::function<void(const std::string &)> &warn) const;
   /// Writes a checkpoint for state.step under a fresh name, then points
   /// `latest` at it. Returns the file's path.
-  Expected<std::string> save(const Executor &ex, const CheckpointState &state) const;
+  Expected<std::string> save(const Executor &ex, const CheckpointState &state,
+                             const WholeTensors *whole = nullptr) const;
   /// Checkpoint files, newest (highest step, then suffix) first.
   std::vector<std::string> list() const;
   /// Restores the newest valid checkpoint (highest step; `latest` is only a

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "forge/runtime/Status.h"
 #include "forge/runtime/Tensor.h"
@@ -32,6 +33,16 @@ public:
   virtual Status barrier() = 0;
   /// Copies `bytes` bytes at `data` of rank `root` to every rank's `data`.
   virtual Status broadcast(void *data, size_t bytes, int root) = 0;
+  /// Every rank's `bytes` bytes at `in`, in rank order, into each rank's `out`
+  /// (size() * bytes).
+  virtual Status allGather(const void *in, void *out, size_t bytes) = 0;
+  /// A group of the ranks `ranks` of this one (ascending; this rank among them),
+  /// named `name`: every rank of this group calls it at the same point, each with
+  /// the list of its own subgroup (tensor parallelism's "tp" and "dp" groups of a
+  /// D x T layout). The subgroup uses this group's connections to meet, so it must
+  /// not outlive it.
+  virtual Expected<std::unique_ptr<Communicator>> subgroup(const std::string &name,
+                                                           const std::vector<int> &ranks) = 0;
   /// "gloo/tcp, rank 1 of 4".
   virtual std::string describe() const = 0;
 };

@@ -122,7 +122,13 @@ public:
   int64_t microBatches() const { return micro_; }
   int64_t samplesPerStep() const { return batch_ * micro_; }
   /// Samples of one step over every data-parallel rank.
-  int64_t globalSamplesPerStep() const { return samplesPerStep() * options_.worldSize; }
+  int64_t globalSamplesPerStep() const { return samplesPerStep() * dpSize_; }
+  /// The layout of the ranks (forgec --dp D --tp T, world D x T): this rank's
+  /// data-parallel rank and the group's size; the T ranks of one tensor-parallel
+  /// group (consecutive ranks) read the same batch.
+  int64_t dataParallelRank() const { return dpRank_; }
+  int64_t dataParallelSize() const { return dpSize_; }
+  int64_t tensorParallelSize() const { return tpSize_; }
   int64_t stepsPerEpoch() const { return sampler_->stepsPerEpoch(); }
   int64_t trainSamples() const { return trainData_->numSamples(); }
   int64_t evalSamples() const { return evalData_ ? evalData_->numSamples() : 0; }
@@ -162,7 +168,7 @@ private:
   Status fillStep(std::span<const int64_t> indices, const std::vector<std::vector<void *>> &outs);
   /// This rank's share of a step's global indices (TrainerOptions::rank).
   std::span<const int64_t> rankShare(std::span<const int64_t> global) const {
-    return global.subspan(static_cast<size_t>(options_.rank * samplesPerStep()),
+    return global.subspan(static_cast<size_t>(dpRank_ * samplesPerStep()),
                           static_cast<size_t>(samplesPerStep()));
   }
   /// The prefetch ring (TrainerOptions::prefetch > 0).
@@ -184,6 +190,7 @@ private:
   Routine train_, eval_;
   int32_t stepInput_ = -1;
   int64_t batch_ = 0, micro_ = 1, evalBatch_ = 0, step_ = 0, tokensPerStep_ = 0;
+  int64_t dpRank_ = 0, dpSize_ = 1, tpSize_ = 1; // dataParallelRank() ...
   int64_t evalLabelElements_ = 0;
   int32_t evalWeight_ = -1; // eval input forge.sample_weight (-1: none)
   static constexpr const char *kSampleWeight = "forge.sample_weight";

@@ -1,0 +1,263 @@
+//===- ShardTensorParallel.cpp - Megatron's column/row matmul splits ------===//
+//
+// Invariants: on every rank, the function computes the same values as
+// before wherever it did not split (the sum over the group of the
+// row-parallel partial products is the whole product); a split pair's
+// hidden values are each rank's columns and are read by nothing outside the
+// pair; every split initializer is read through exactly one forge.shard, the
+// parameter forge-build-train-step makes of it. Every rank runs this same
+// program, so all issue the same collectives in the same order.
+//
+//===----------------------------------------------------------------------===//
+#include "Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/SmallPtrSet.h"
+
+namespace mlir::forge {
+#define GEN_PASS_DEF_SHARDTENSORPARALLEL
+#include "Passes.h.inc"
+} // namespace mlir::forge
+
+using namespace mlir;
+using namespace mlir::forge;
+
+namespace {
+
+constexpr StringLiteral kGroup = "tp";
+
+/// An initializer read by `user` alone (a weight nothing else shares).
+ConstantOp ownInitializer(Value v) {
+  auto c = v.getDefiningOp<ConstantOp>();
+  if (!c || !c->hasAttr("forge.initializer") || !c->hasOneUse() ||
+      !isa<FloatType>(cast<RankedTensorType>(c.getType()).getElementType()))
+    return {};
+  return c;
+}
+
+/// One matmul or gemm of a pair: its activation operand, weight initializer
+/// and (gemm) bias, and whether the weight is stored transposed.
+struct Product {
+  Operation *op = nullptr;
+  Value input;
+  ConstantOp weight;
+  Value bias; // gemm's C, else null
+  bool transB = false;
+};
+
+/// `op` as a product of an activation and a 2-D weight initializer; `why`
+/// says what is missing when it is not one.
+std::optional<Product> asProduct(Operation *op, std::string &why) {
+  Product p;
+  p.op = op;
+  if (auto m = dyn_cast<MatMulOp>(op)) {
+    p.input = m.getLhs();
+    p.weight = ownInitializer(m.getRhs());
+    p.transB = m.getTransB();
+    if (m.getTransA()) {
+      why = "its activation is transposed";
+      return std::nullopt;
+    }
+  } else if (auto g = dyn_cast<GemmOp>(op)) {
+    p.input = g.getA();
+    p.weight = ownInitializer(g.getB());
+    p.bias = g.getC();
+    p.transB = g.getTransB();
+    if (g.getTransA() || g.getAlpha().convertToDouble() != 1.0 ||
+        (p.bias && g.getBeta().convertToDouble() != 1.0)) {
+      why = "it is a gemm with a transposed A or alpha/beta other than 1";
+      return std::nullopt;
+    }
+  } else {
+    return std::nullopt;
+  }
+  if (!p.weight || cast<RankedTensorType>(p.weight.getType()).getRank() != 2) {
+    why = "its weight is no 2-D initializer of its own";
+    return std::nullopt;
+  }
+  return p;
+}
+
+RankedTensorType splitType(Type type, int64_t axis, int64_t parts) {
+  auto t = cast<RankedTensorType>(type);
+  SmallVector<int64_t> shape(t.getShape());
+  shape[axis] /= parts;
+  return RankedTensorType::get(shape, t.getElementType());
+}
+
+/// Whether `v` broadcasts against anything without a dim of its own (a scalar
+/// operand of a pointwise op in the hidden chain: a GELU's constants).
+bool isScalarLike(Value v) {
+  auto t = dyn_cast<RankedTensorType>(v.getType());
+  return t && t.hasStaticShape() && t.getNumElements() == 1;
+}
+
+struct ShardTensorParallelPass
+    : public mlir::forge::impl::ShardTensorParallelBase<ShardTensorParallelPass> {
+  using ShardTensorParallelBase::ShardTensorParallelBase;
+
+  void runOnOperation() override {
+    func::FuncOp func = getOperation();
+    if (size < 1) {
+      func.emitError() << "forge-shard-tensor-parallel: size " << int64_t(size) << " is not positive";
+      return signalPassFailure();
+    }
+    if (size == 1)
+      return;
+    SmallVector<Operation *> candidates;
+    func.walk([&](Operation *op) {
+      if (isa<MatMulOp, GemmOp>(op))
+        candidates.push_back(op);
+    });
+    llvm::SmallPtrSet<Operation *, 16> used;
+    int splits = 0;
+    for (Operation *op : candidates) {
+      if (used.contains(op))
+        continue;
+      std::string why;
+      std::optional<Product> first = asProduct(op, why);
+      if (!first)
+        continue; // not a layer with a weight of its own: nothing to split
+      if (trySplit(*first, used, why))
+        ++splits;
+      else if (!why.empty())
+        op->emitRemark() << "forge-shard-tensor-parallel: not split over " << int64_t(size)
+                         << " ranks: " << why;
+    }
+    if (splits == 0) {
+      func.emitError() << "--tp " << int64_t(size)
+                       << ": no pair of matmuls to split (a matmul/gemm with a weight "
+                          "initializer, pointwise ops, then another such matmul reading them)";
+      return signalPassFailure();
+    }
+  }
+
+  /// Splits the pair that starts at `first` when it is one; else `why`.
+  bool trySplit(const Product &first, llvm::SmallPtrSetImpl<Operation *> &used,
+                std::string &why) {
+    Value hidden = first.op->getResult(0);
+    auto hiddenType = cast<RankedTensorType>(hidden.getType());
+    const int64_t width = hiddenType.getShape().back();
+    // The hidden chain: a bias row (a matmul's), then pointwise ops, each the
+    // only reader of the value before it.
+    ConstantOp bias;
+    SmallVector<Operation *> chain;
+    Value v = hidden;
+    if (first.bias) {
+      bias = ownInitializer(first.bias);
+      auto bt = cast<RankedTensorType>(first.bias.getType());
+      if (!bias || bt.getRank() < 1 || bt.getShape().back() != width ||
+          bt.getNumElements() != width) {
+        why = "its bias is no row initializer of its own";
+        return false;
+      }
+    }
+    std::optional<Product> second;
+    while (!second) {
+      if (!v.hasOneUse()) {
+        why = "its hidden value has " + std::to_string(std::distance(v.use_begin(), v.use_end())) +
+              " readers";
+        return false;
+      }
+      Operation *user = *v.user_begin();
+      if (isa<MatMulOp, GemmOp>(user) && user->getOperand(0) == v) {
+        std::string secondWhy;
+        second = asProduct(user, secondWhy);
+        if (!second) {
+          why = "the matmul after it: " + (secondWhy.empty() ? std::string("no weight") : secondWhy);
+          return false;
+        }
+        break;
+      }
+      if (auto add = dyn_cast<AddOp>(user); add && !first.bias && !bias && chain.empty() &&
+                                             v == hidden) {
+        Value other = add.getLhs() == v ? add.getRhs() : add.getLhs();
+        auto ot = cast<RankedTensorType>(other.getType());
+        if (ConstantOp c = ownInitializer(other);
+            c && ot.getRank() >= 1 && ot.getShape().back() == width &&
+            ot.getNumElements() == width && add.getType() == hiddenType) {
+          bias = c;
+          chain.push_back(add);
+          v = add.getResult();
+          continue;
+        }
+      }
+      auto iface = dyn_cast<ForgeOpInterface>(user);
+      bool pointwise = iface && iface.getFusionClass() == FusionClass::Elementwise &&
+                       user->getNumResults() == 1 &&
+                       cast<RankedTensorType>(user->getResult(0).getType()).getShape() ==
+                           hiddenType.getShape() &&
+                       llvm::all_of(user->getOperands(),
+                                    [&](Value o) { return o == v || isScalarLike(o); });
+      if (!pointwise) // not a pair (a model's last layer, say): nothing to remark
+        return false;
+      chain.push_back(user);
+      v = user->getResult(0);
+    }
+    if (width % size != 0) {
+      why = "its hidden width " + std::to_string(width) + " does not divide by " +
+            std::to_string(size);
+      return false;
+    }
+    const int64_t rowAxis = second->transB ? 1 : 0;
+    if (cast<RankedTensorType>(second->weight.getType()).getDimSize(rowAxis) != width) {
+      why = "the second weight's rows are not the hidden width";
+      return false;
+    }
+
+    OpBuilder b(first.op);
+    Location loc = first.op->getLoc();
+    auto shard = [&](ConstantOp c, int64_t axis) {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointAfter(c);
+      return b.create<ShardOp>(c.getLoc(), splitType(c.getType(), axis, size), c.getResult(),
+                               b.getI64IntegerAttr(axis), b.getStringAttr(kGroup),
+                               b.getI64IntegerAttr(size))
+          .getResult();
+    };
+    // Megatron's f: the replicated input, whose gradient sums over the ranks.
+    b.setInsertionPoint(first.op);
+    Value input = b.create<EnterGroupOp>(loc, first.input.getType(), first.input,
+                                         b.getStringAttr(kGroup), b.getI64IntegerAttr(size));
+    first.op->setOperand(0, input);
+    first.op->setOperand(1, shard(first.weight, first.transB ? 0 : 1));
+    if (bias) {
+      Value sliced = shard(bias, cast<RankedTensorType>(bias.getType()).getRank() - 1);
+      if (first.bias)
+        first.op->setOperand(2, sliced);
+      else
+        chain.front()->setOperand(chain.front()->getOperand(0) == hidden ? 1 : 0, sliced);
+    }
+    // The hidden values: this rank's columns.
+    hidden.setType(splitType(hidden.getType(), hiddenType.getRank() - 1, size));
+    for (Operation *op : chain)
+      op->getResult(0).setType(splitType(op->getResult(0).getType(), hiddenType.getRank() - 1,
+                                         size));
+    // The row-parallel product, its partial sums added over the ranks
+    // (Megatron's g); a gemm's bias after the sum, once.
+    Operation *product = second->op;
+    product->setOperand(1, shard(second->weight, rowAxis));
+    b.setInsertionPointAfter(product);
+    Value partial = product->getResult(0);
+    if (auto g = dyn_cast<GemmOp>(product); g && g.getC()) {
+      auto plain = b.create<GemmOp>(g.getLoc(), g.getType(), g.getA(), g.getB(), Value(),
+                                    g.getTransAAttr(), g.getTransBAttr(), g.getAlphaAttr(),
+                                    g.getBetaAttr());
+      auto sum = b.create<AllReduceOp>(g.getLoc(), TypeRange{g.getType()},
+                                       ValueRange{plain.getResult()}, kGroup, "sum", size);
+      auto add = b.create<AddOp>(g.getLoc(), sum.getResult(0), g.getC());
+      g.getResult().replaceAllUsesWith(add.getResult());
+      g.erase();
+      product = plain;
+    } else {
+      auto sum = b.create<AllReduceOp>(product->getLoc(), TypeRange{partial.getType()},
+                                       ValueRange{partial}, kGroup, "sum", size);
+      partial.replaceAllUsesExcept(sum.getResult(0), sum);
+    }
+    used.insert(first.op);
+    used.insert(product);
+    return true;
+  }
+};
+
+} // namespace

@@ -1,0 +1,117 @@
+// Tensors split over a group's ranks (Shards.h): slicing the whole tensor a
+// bundle or checkpoint holds into this rank's part, and joining the parts back.
+#include "forge/runtime/Shards.h"
+
+#include <cstring>
+
+#include "forge/runtime/Collectives.h"
+#include "forge/runtime/Executor.h"
+
+namespace forge::rt {
+
+namespace {
+/// The slice as [outer, rows, inner bytes]: `rows` of the slice along the axis.
+struct Layout {
+  size_t outer = 1, rows = 1, inner = 1;
+};
+Layout layoutOf(const bundle::TensorInfo &info) {
+  Layout l;
+  const int64_t axis = info.shard().axis();
+  l.inner = dtypeSize(info.dtype());
+  for (int d = 0; d < info.shape_size(); ++d) {
+    if (d < axis)
+      l.outer *= static_cast<size_t>(info.shape(d));
+    else if (d == axis)
+      l.rows = static_cast<size_t>(info.shape(d));
+    else
+      l.inner *= static_cast<size_t>(info.shape(d));
+  }
+  return l;
+}
+} // namespace
+
+std::vector<int64_t> wholeShape(const bundle::TensorInfo &info) {
+  std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
+  if (info.has_shard() && info.shard().axis() >= 0 &&
+      info.shard().axis() < static_cast<int64_t>(shape.size()))
+    shape[info.shard().axis()] *= info.shard().size();
+  return shape;
+}
+
+size_t wholeBytes(const bundle::TensorInfo &info) {
+  return static_cast<size_t>(numElements(wholeShape(info))) * dtypeSize(info.dtype());
+}
+
+Expected<int64_t> shardIndex(const bundle::TensorInfo &info) {
+  if (!info.has_shard() || info.shard().size() == 1)
+    return int64_t{0};
+  const bundle::Shard &s = info.shard();
+  Communicator *comm = collectiveGroup(s.group());
+  if (!comm || comm->size() != s.size())
+    return Status::error("'{}' is split over the {} ranks of group '{}' (forgec --tp {}), but this "
+                         "process is {}: start the run with forge-train --nproc (D x {} ranks "
+                         "with --dp D)",
+                         info.name(), s.size(), s.group(), s.size(),
+                         comm ? fmt::format("in a group of {}", comm->size())
+                              : std::string("in no such group"),
+                         s.size());
+  return int64_t{comm->rank()};
+}
+
+std::vector<uint8_t> sliceShard(const bundle::TensorInfo &info, std::span<const uint8_t> whole,
+                                int64_t index) {
+  const Layout l = layoutOf(info);
+  const size_t parts = static_cast<size_t>(info.shard().size());
+  std::vector<uint8_t> out(l.outer * l.rows * l.inner);
+  const size_t block = l.rows * l.inner; // one outer index of the slice
+  for (size_t o = 0; o < l.outer; ++o)
+    std::memcpy(out.data() + o * block,
+                whole.data() + (o * parts + static_cast<size_t>(index)) * block, block);
+  return out;
+}
+
+std::vector<uint8_t> joinShards(const bundle::TensorInfo &info, std::span<const uint8_t> parts) {
+  const Layout l = layoutOf(info);
+  const size_t n = static_cast<size_t>(info.shard().size());
+  const size_t block = l.rows * l.inner, slice = l.outer * block;
+  std::vector<uint8_t> whole(slice * n);
+  for (size_t r = 0; r < n; ++r)
+    for (size_t o = 0; o < l.outer; ++o)
+      std::memcpy(whole.data() + (o * n + r) * block, parts.data() + r * slice + o * block, block);
+  return whole;
+}
+
+Expected<WholeTensors> gatherShards(const Executor &ex) {
+  WholeTensors whole;
+  for (int32_t t : ex.persistentTensors()) {
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    if (!info.has_shard() || ex.isDerivedCopy(t))
+      continue;
+    TensorView v = ex.view(t);
+    if (!v.data)
+      return Status::error("cannot read '{}'", info.name());
+    if (info.shard().size() == 1) {
+      const uint8_t *p = static_cast<const uint8_t *>(v.data);
+      whole[t].assign(p, p + v.bytes());
+      continue;
+    }
+    FORGE_RETURN_IF_ERROR(shardIndex(info).status());
+    Communicator *comm = collectiveGroup(info.shard().group());
+    std::vector<uint8_t> parts(v.bytes() * static_cast<size_t>(comm->size()));
+    FORGE_RETURN_IF_ERROR(comm->allGather(v.data, parts.data(), v.bytes())
+                              .prefix(fmt::format("gathering '{}'", info.name())));
+    whole[t] = joinShards(info, parts);
+  }
+  return whole;
+}
+
+TensorView wholeView(const Executor &ex, int32_t t, const WholeTensors *whole) {
+  if (whole)
+    if (auto it = whole->find(t); it != whole->end()) {
+      const bundle::TensorInfo &info = ex.tensorInfo(t);
+      return TensorView{const_cast<uint8_t *>(it->second.data()), info.dtype(), wholeShape(info)};
+    }
+  return ex.view(t);
+}
+
+} // namespace forge::rt

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Tensor parallelism on CPU ranks (forgec --tp T [--dp D], forge-train --nproc D*T).
+
+For each case the fixture's model is compiled twice:
+  forgec model.onnx --batch B --tp T [--dp D] -o T/tp.forge    (per data-parallel rank: B)
+  forgec model.onnx --batch D*B               -o T/one.forge   (one process)
+and trained 20 steps from the fixture's batches with the same seed: the ranks' loss
+trajectory (rank 0's metrics) equals the single process's within 1e-5 relative, and so do
+the parameters rank 0 dumps (gathered whole from the ranks' slices). The ranks of one
+tensor-parallel group read the same batch; the D groups take the global batch's shares.
+
+Cases: mlp_adamw T=2 (with gradient clipping: the norm sums the slices' squares over the
+group); mlp_adamw D=2 x T=2 (four ranks), and the same with ZeRO-1 (--zero 1: the optimizer
+state of the parameters left whole by --tp split over the D ranks).
+Checkpoints hold whole tensors: the T=2 run's step-10 checkpoint resumes in one process
+with the unsplit bundle, and steps 11-20 match. Errors: a --tp bundle without a group
+names --tp and --nproc; a model with nothing to split is refused by forgec.
+
+Usage:
+  test_tensor_parallel.py [--bin-dir DIR | --forgec F --forge-train T] [--fixtures-dir DIR]
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+import forge_e2e as e2e
+from test_data_parallel import compile_, train, worst_rel
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 20
+TOL = 1e-5
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    e2e.add_tool_args(ap)
+    ap.add_argument("--fixtures-dir", default=os.path.join(HERE, "..", "fixtures"))
+    a = ap.parse_args()
+    tools = e2e.find_tools(a, "test_tensor_parallel")
+    if not tools:
+        return 2
+    forgec, forge_train = tools
+    rep = e2e.Report()
+    fixture = os.path.join(a.fixtures_dir, "mlp_adamw")
+    data = os.path.join(fixture, "batches.npz")
+    # (tensor-parallel size, data-parallel size, batch per data-parallel rank, flags of both
+    # bundles, flags of the partitioned one only)
+    cases = [(2, 1, 8, ["--clip-grad-norm", "0.5"], []), (2, 2, 4, [], []),
+             (2, 2, 4, [], ["--zero", "1"])]
+    with tempfile.TemporaryDirectory(prefix="forge-tp-") as tmp:
+        for t, d, b, flags, own in cases:
+            tag = f"mlp_adamw --tp {t}" + (f" --dp {d}" if d > 1 else "") + \
+                (" " + " ".join(own) if own else "")
+            z = "z" if own else ""
+            tp, one = (os.path.join(tmp, f"tp{t}dp{d}{z}_{x}.forge") for x in ("tp", "one"))
+            extra = ["--tp", str(t)] + (["--dp", str(d)] if d > 1 else []) + flags + own
+            rc1, log1 = compile_(forgec, fixture, tp, b, extra)
+            rc2, log2 = compile_(forgec, fixture, one, d * b, flags)
+            if not rep.check(f"{tag}: forgec", rc1 == 0 and rc2 == 0,
+                             e2e.failure(rc1, log1) if rc1 else e2e.failure(rc2, log2)):
+                continue
+            ckpt = os.path.join(tmp, f"ckpt{t}{d}{z}")
+            resume = d == 1
+            rc, log, losses, params = train(
+                forge_train, tp, data, tmp, f"tp{t}{d}{z}",
+                ["--nproc", str(t * d), "--steps", str(STEPS)] +
+                (["--ckpt-dir", ckpt, "--ckpt-every", "10"] if resume else []))
+            if not rep.check(f"{tag}: forge-train --nproc {t * d}", rc == 0, e2e.failure(rc, log)):
+                continue
+            rep.check(f"{tag}: the layout is reported",
+                      f"{d} data-parallel x {t} tensor-parallel" in log, e2e.tail(log, 3))
+            rc, log, ref_losses, ref_params = train(forge_train, one, data, tmp, f"one{t}{d}",
+                                                    ["--steps", str(STEPS)])
+            if not rep.check(f"{tag}: one process, batch {d * b}", rc == 0, e2e.failure(rc, log)):
+                continue
+            w = worst_rel(losses, ref_losses)
+            rep.check(f"{tag}: losses == one process", len(losses) == STEPS and w <= TOL,
+                      f"{len(losses)} steps, worst rel {w:.2e} (<= {TOL:g}), last "
+                      f"{losses[-1]!r} vs {ref_losses[-1]!r}")
+            shapes_ok = set(params) == set(ref_params) and all(
+                params[n].shape == ref_params[n].shape for n in ref_params)
+            worst = max(e2e.rel(params[n], ref_params[n]) for n in ref_params) if shapes_ok \
+                else float("inf")
+            rep.check(f"{tag}: whole parameters == one process", shapes_ok and worst <= TOL,
+                      f"{len(params)} tensors, shapes "
+                      f"{ {n: params[n].shape for n in params} if not shapes_ok else 'equal'}, "
+                      f"worst rel {worst:.2e}")
+            if resume:
+                files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+                if not rep.check(f"{tag}: rank 0 wrote the checkpoints",
+                                 "ckpt-10.forgeckpt" in files and "ckpt-20.forgeckpt" in files,
+                                 str(files)):
+                    continue
+                os.remove(os.path.join(ckpt, "ckpt-20.forgeckpt"))
+                with open(os.path.join(ckpt, "latest"), "w") as f:
+                    f.write("ckpt-10.forgeckpt\n")
+                rc, log, res_losses, res_params = train(
+                    forge_train, one, data, tmp, "resumed",
+                    ["--steps", str(STEPS), "--ckpt-dir", ckpt, "--resume"])
+                if rep.check(f"{tag}: resume the T={t} checkpoint in one process", rc == 0,
+                             e2e.failure(rc, log)):
+                    w = worst_rel(res_losses[-10:], losses[-10:])
+                    rep.check(f"{tag}: resumed losses 11-20 == the T={t} run's",
+                              len(res_losses) >= 10 and w <= TOL, f"worst rel {w:.2e}")
+                    worst = max(e2e.rel(res_params[n], params[n]) for n in params)
+                    rep.check(f"{tag}: resumed parameters == the T={t} run's", worst <= TOL,
+                              f"worst rel {worst:.2e}")
+
+        # Errors.
+        tp2 = os.path.join(tmp, "tp2dp1_tp.forge")
+        rc, _, log = e2e.run([forge_train, tp2, "--data", data, "--steps", "2"], 120)
+        rep.check("tp bundle without a group", rc not in (0, None) and "--tp 2" in log and
+                  "--nproc" in log, e2e.tail(log, 2))
+        rc, _, log = e2e.run([forge_train, tp2, "--data", data, "--steps", "2", "--nproc", "3"],
+                             120)
+        rep.check("--nproc 3 for a --tp 2 bundle", rc not in (0, None) and "this run has 3" in log,
+                  e2e.tail(log, 2))
+        cnn = os.path.join(a.fixtures_dir, "cnn_adamw")
+        rc, log = compile_(forgec, cnn, os.path.join(tmp, "cnn.forge"), 4, ["--tp", "2"])
+        rep.check("forgec --tp on a model without a matmul pair", rc not in (0, None) and
+                  "no pair of matmuls to split" in log, e2e.tail(log, 2))
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
