@@ -314,7 +314,7 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   for (auto [i, op] : llvm::enumerate(steps))
     positionOf[op] = static_cast<int64_t>(i);
   for (auto [at, op] : llvm::enumerate(steps)) {
-    if (!isa<AllReduceOp>(op))
+    if (!isa<AllReduceOp, ReduceScatterOp, AllGatherOp, RankSliceOp>(op))
       continue;
     int64_t firstReader = last;
     for (Value r : op->getResults())

@@ -74,11 +74,12 @@ def train(forge_train, bundle, data, tmp, tag, extra, env=None):
     return rc, log, e2e.metric_losses(metrics), dict(np.load(params))
 
 
-def fault_run(forge_train, bundle, data, sig):
+def fault_run(forge_train, bundle, data, sig, extra=()):
     """Trains `bundle` on 2 ranks for a long time, sends `sig` to rank 1 once both are
     stepping, and waits for the launcher: (status, output, seconds after the signal)."""
     p = subprocess.Popen([forge_train, bundle, "--data", data, "--steps", "1000000", "--nproc",
-                          "2", "--threads", "1", "--timeout", "3", "--log-every", "1000"],
+                          "2", "--threads", "1", "--timeout", "3", "--log-every", "1000"] +
+                         list(extra),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rank1 = None
     deadline = time.monotonic() + 60
@@ -224,6 +225,23 @@ def main():
                       dt < 60 and want in log and
                       (sig == signal.SIGKILL or "timed out" in log.lower()),
                       f"{dt:.1f} s: " + e2e.tail(log, 3))
+        # Ctrl-C reaching one rank only: the ranks agree on the step to stop after, rank 0
+        # writes the checkpoint of that step, every rank exits 130 (no failure), and the
+        # checkpoint resumes.
+        ckpt = os.path.join(tmp, "ckpt_interrupted")
+        rc, log, dt = fault_run(forge_train, dp2, data, signal.SIGINT, ["--ckpt-dir", ckpt])
+        m = re.search(r"interrupted after step (\d+)", log or "")
+        stopped = int(m.group(1)) if m else -1
+        rep.check("Ctrl-C to one rank stops both after the same step", rc == 130 and dt < 60 and
+                  stopped > 0 and "stopping the other" not in log and "timed out" not in log,
+                  f"status {rc}, {dt:.1f} s: " + e2e.tail(log, 3))
+        rep.check("... and rank 0 wrote that step's checkpoint",
+                  os.path.exists(os.path.join(ckpt, f"ckpt-{stopped}.forgeckpt")),
+                  str(sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else "no directory"))
+        rc, _, log = e2e.run([forge_train, dp2, "--data", data, "--nproc", "2", "--threads", "1",
+                              "--steps", str(stopped + 2), "--ckpt-dir", ckpt, "--resume"], 120)
+        rep.check("... which resumes on 2 ranks", rc == 0 and f"at step {stopped}" in log,
+                  e2e.tail(log, 2))
         rc, _, log = e2e.run([forge_train, dp2, "--info", "--nproc", "2"], 60)
         rep.check("--nproc with --info", rc not in (0, None) and "--nproc" in log,
                   e2e.tail(log, 1))

@@ -64,10 +64,12 @@ def main():
                 continue
             ckpt = os.path.join(tmp, f"ckpt{t}{d}{z}")
             resume = d == 1
+            exported = os.path.join(tmp, f"tp{t}{d}{z}.onnx")
             rc, log, losses, params = train(
                 forge_train, tp, data, tmp, f"tp{t}{d}{z}",
                 ["--nproc", str(t * d), "--steps", str(STEPS)] +
-                (["--ckpt-dir", ckpt, "--ckpt-every", "10"] if resume else []))
+                (["--ckpt-dir", ckpt, "--ckpt-every", "10", "--export-onnx", exported]
+                 if resume else []))
             if not rep.check(f"{tag}: forge-train --nproc {t * d}", rc == 0, e2e.failure(rc, log)):
                 continue
             rep.check(f"{tag}: the layout is reported",
@@ -88,7 +90,18 @@ def main():
                       f"{len(params)} tensors, shapes "
                       f"{ {n: params[n].shape for n in params} if not shapes_ok else 'equal'}, "
                       f"worst rel {worst:.2e}")
-            if resume:
+            if resume:  # --export-onnx writes the whole trained tensors too
+                import onnx
+                from onnx import numpy_helper
+                inits = {i.name: numpy_helper.to_array(i)
+                         for i in onnx.load(exported).graph.initializer} \
+                    if os.path.exists(exported) else {}
+                same = [n for n in params if n in inits and inits[n].shape == params[n].shape
+                        and np.array_equal(inits[n], params[n])]
+                rep.check(f"{tag}: --export-onnx holds the whole trained parameters",
+                          len(same) == 4 and len(same) == len([n for n in params
+                                                               if n in inits]),
+                          f"{len(same)} equal of {sorted(inits)}")
                 files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
                 if not rep.check(f"{tag}: rank 0 wrote the checkpoints",
                                  "ckpt-10.forgeckpt" in files and "ckpt-20.forgeckpt" in files,

@@ -6,10 +6,15 @@
 // Invariants: the launcher returns only when every child has ended; when one
 // fails (non-zero status or a signal), the others get SIGTERM at once and
 // SIGKILL after a grace period, and the launcher's status is the first
-// failure's, named with its rank. No child outlives the launcher.
+// failure's, named with its rank. No child outlives the launcher. Ctrl-C or
+// SIGTERM to the launcher reaches every rank as SIGINT (a terminal's Ctrl-C
+// also reaches them directly): the ranks agree on the step to stop after,
+// write their checkpoint and exit 130, which is no failure; the launcher
+// then exits 130.
 #include "Launch.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -59,9 +64,20 @@ std::string describeStatus(int status) {
   return "ended";
 }
 
+std::atomic<bool> gLauncherInterrupted{false};
+extern "C" void onLauncherInterrupt(int) { gLauncherInterrupted = true; }
+
 } // namespace
 
 int launchRanks(int nproc, const std::vector<std::string> &args) {
+  // Forwarded to the ranks from the wait loop below (not from the handler).
+  struct sigaction sa {};
+  sa.sa_handler = onLauncherInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0; // no SA_RESTART: waitpid returns EINTR
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  bool forwarded = false;
   const int port = freePort();
   std::vector<pid_t> pids(static_cast<size_t>(nproc), -1);
   std::vector<std::string> keep; // environment of the children, minus what we set
@@ -107,6 +123,12 @@ int launchRanks(int nproc, const std::vector<std::string> &args) {
   bool stopping = running != nproc;
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
+    if (gLauncherInterrupted && !forwarded) {
+      forwarded = true;
+      for (pid_t p : pids)
+        if (p > 0)
+          ::kill(p, SIGINT);
+    }
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
     if (pid < 0 && errno == EINTR)
@@ -128,6 +150,17 @@ int launchRanks(int nproc, const std::vector<std::string> &args) {
     if (rank < 0)
       continue;
     --running;
+    // 130: the rank was interrupted and stopped with the others after the step they
+    // agreed on. Not a failure; the rest are given a grace period to do the same.
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {
+      if (result == 0)
+        result = 130;
+      if (!stopping && running > 0) {
+        stopping = true;
+        deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      }
+      continue;
+    }
     const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
     if (failed && result == 0) {
       result = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

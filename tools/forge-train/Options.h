@@ -50,9 +50,9 @@ struct Options {
   bool resume = false;
   std::string exportOnnx, onnxModel;
   std::string dumpParams;
-  /// Another rank writes --dump-params: this one takes part in gathering its
-  /// split tensors (forgec --tp).
-  bool dumpParamsElsewhere = false;
+  /// Rank 0 writes --dump-params or --export-onnx: this rank takes part in
+  /// gathering their split tensors (forgec --tp, --zero 1).
+  bool gatherForRankZero = false;
   std::string dumpGrads;
   int64_t logEvery = 10;
   std::string profilePath; // --profile trace.json

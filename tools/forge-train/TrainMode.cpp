@@ -286,7 +286,8 @@ Status dumpGrads(const std::string &path, const Trainer &tr) {
 /// --export-onnx; with `checkOnly`, before training: the source model must
 /// exist and match the bundle (found after hours of training, it was too late).
 Status exportModel(const Options &opts, const Bundle &bundle, const Executor &ex,
-                   Progress &progress, bool checkOnly = false) {
+                   Progress &progress, bool checkOnly = false,
+                   const WholeTensors *whole = nullptr) {
 #ifdef FORGE_HAVE_ONNX_EXPORT
   std::string source = opts.onnxModel.empty() ? buildOption(bundle.program(), "source_onnx")
                                               : opts.onnxModel;
@@ -294,7 +295,7 @@ Status exportModel(const Options &opts, const Bundle &bundle, const Executor &ex
     return Status::error("--export-onnx: {} does not record its source model (build option "
                          "source_onnx); give --onnx-model PATH",
                          bundle.origin());
-  auto report = exportOnnx(source, checkOnly ? "" : opts.exportOnnx, ex);
+  auto report = exportOnnx(source, checkOnly ? "" : opts.exportOnnx, ex, whole);
   if (!report)
     return report.status().prefix("--export-onnx");
   if (checkOnly)
@@ -672,7 +673,26 @@ Expected<int> train(const Options &opts, Progress &progress) {
            (ckpt && opts.ckptEvery > 0 && s % opts.ckptEvery == 0);
   };
 
-  while ((tr.stepsDone() < total && !gInterrupted) || tr.inFlight() > 0) {
+  // Ctrl-C or SIGTERM with several ranks: a rank that got the signal may be a step
+  // ahead of another, and one stopping alone would leave the rest waiting in a
+  // collective until --timeout. So before each step the ranks agree (the sum of
+  // their flags over the world group, one small all-reduce), and all stop after
+  // the same step and write one checkpoint together.
+  bool stop = false;
+  auto agreeStop = [&]() -> Status {
+    if (!group) {
+      stop = gInterrupted;
+      return Status::ok();
+    }
+    float flag = gInterrupted ? 1.0f : 0.0f;
+    FORGE_RETURN_IF_ERROR(group->allReduceSum(&flag, 1).prefix("agreeing on an interrupt"));
+    stop = flag > 0;
+    return Status::ok();
+  };
+  for (;;) {
+    FORGE_RETURN_IF_ERROR(agreeStop());
+    if (!((tr.stepsDone() < total && !stop) || tr.inFlight() > 0))
+      break;
     auto t0 = Clock::now();
     std::vector<Executor::Span> spans;
     const bool profileThis = trace && tr.inFlight() == 0 && ranSteps + 1 >= profileFrom &&
@@ -683,7 +703,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
       const int64_t next = tr.stepsDone() + 1;
       if (tr.inFlight() == 0)
         FORGE_RETURN_IF_ERROR(tr.launch());
-      if (tr.inFlight() == 1 && !gInterrupted && !quietAfter(next, ranSteps))
+      if (tr.inFlight() == 1 && !stop && !quietAfter(next, ranSteps))
         FORGE_RETURN_IF_ERROR(tr.launch()); // step next+1 overlaps next's read-back
       return tr.collect();
     }();
@@ -797,7 +817,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
                                  profiled == 1 ? "" : "s", opts.profilePath, trace->top(8)));
   }
 
-  if (gInterrupted) {
+  if (stop) {
     progress.message(fmt::format("interrupted after step {}", tr.stepsDone()));
     if (ckpt && lastCkpt != tr.stepsDone() && ranSteps > 0)
       FORGE_RETURN_IF_ERROR(saveCheckpoint());
@@ -841,7 +861,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
       progress.message(*text);
   }
   WholeTensors gathered;
-  if (!opts.dumpParams.empty() || opts.dumpParamsElsewhere) {
+  if (!opts.dumpParams.empty() || !opts.exportOnnx.empty() || opts.gatherForRankZero) {
     auto whole = gatherShards(tr.executor()); // every rank: a collective with --tp
     if (!whole)
       return whole.status().prefix("--dump-params");
@@ -853,7 +873,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
                                  opts.dumpParams));
   }
   if (!opts.exportOnnx.empty())
-    FORGE_RETURN_IF_ERROR(exportModel(opts, bundle, tr.executor(), progress));
+    FORGE_RETURN_IF_ERROR(exportModel(opts, bundle, tr.executor(), progress, false, &gathered));
   return 0;
 }
 
@@ -864,7 +884,7 @@ int runTrainMode(const Options &given) {
   // A data-parallel rank other than 0 writes no files: rank 0 writes the group's.
   if (auto r = rendezvousFromEnvironment(); r && *r && (*r)->rank != 0) {
     opts.metricsPath.clear();
-    opts.dumpParamsElsewhere = !opts.dumpParams.empty();
+    opts.gatherForRankZero = !opts.dumpParams.empty() || !opts.exportOnnx.empty();
     opts.dumpParams.clear();
     opts.dumpGrads.clear();
     opts.exportOnnx.clear();

@@ -89,7 +89,9 @@ struct GenerateKernelsPass
           auto tt = dyn_cast<RankedTensorType>(t);
           return tt && tt.hasStaticShape() && tt.getNumElements() == 0;
         };
-        if (isa<AllReduceOp>(op)) { // NCCL, on the group its attributes name
+        if (isa<AllReduceOp, ReduceScatterOp, AllGatherOp, RankSliceOp>(op)) {
+          // NCCL, on the group its attributes name (rank_slice: a copy of this
+          // rank's part, on the same stream)
           op.setAttr("forge.placement", b.getStringAttr("collective"));
         } else if ((op.getNumResults() > 0 && llvm::all_of(op.getResultTypes(), empty)) ||
                    isCopyOp(op.getName().stripDialect())) {

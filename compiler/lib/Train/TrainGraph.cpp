@@ -767,7 +767,8 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   for (Param &p : params) {
     RankedTensorType t = p.type();
     const int64_t d = options.dataParallel;
-    p.zeroParts = options.zero == 1 && d > 1 && !p.shard && t.getRank() >= 1 &&
+    // --dp 1 --zero 1: a group of one, the code path of D ranks on one device.
+    p.zeroParts = options.zero == 1 && d >= 1 && !p.shard && t.getRank() >= 1 &&
                           t.getDimSize(0) % d == 0
                       ? d
                       : 0;

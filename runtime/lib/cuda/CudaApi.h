@@ -78,6 +78,8 @@ namespace forge::rt::cuda {
   X(ncclCommDestroy)                                                                            \
   X(ncclCommAbort)                                                                              \
   X(ncclAllReduce)                                                                              \
+  X(ncclReduceScatter)                                                                          \
+  X(ncclAllGather)                                                                              \
   X(ncclGroupStart)                                                                             \
   X(ncclGroupEnd)                                                                               \
   X(ncclGetErrorString)                                                                         \

@@ -111,12 +111,18 @@ struct Step {
   size_t bytes = 0;
   // Host: device pointers of the operands, staged through call->in/out
   std::unique_ptr<HostCall> call;
-  // Collective: one NCCL all-reduce per operand, in one group call, on the compute stream
+  // Collective: one NCCL call per operand (all_reduce: an all-reduce each), in one
+  // group call, on the collective stream. ZeRO-1's: reduce_scatter (count: the
+  // rank's part), all_gather (count: the rank's part) and rank_slice (no NCCL: a
+  // copy of the rank's part, `offset` bytes into the whole).
+  enum class CollectiveOp { AllReduce, ReduceScatter, AllGather, RankSlice };
+  CollectiveOp collectiveOp = CollectiveOp::AllReduce;
   struct Reduce {
     const void *in;
     void *out;
     size_t count;
     ncclDataType_t type;
+    size_t offset = 0, bytes = 0; // rank_slice
   };
   std::vector<Reduce> reduces;
   ncclRedOp_t reduceOp = ncclSum;
@@ -343,16 +349,42 @@ struct CudaExecutor::Impl {
       // Forked off the compute stream, which goes on with the backward pass.
       CUDA_TRY(cudaEventRecord(s.ready, compute), "event record");
       CUDA_TRY(cudaStreamWaitEvent(collective, s.ready, 0), "stream wait");
+      if (s.collectiveOp == Step::CollectiveOp::RankSlice) {
+        for (const Step::Reduce &x : s.reduces)
+          CUDA_TRY(cudaMemcpyAsync(x.out, static_cast<const uint8_t *>(x.in) + x.offset, x.bytes,
+                                   cudaMemcpyDeviceToDevice, collective),
+                   "rank slice");
+        CUDA_TRY(cudaEventRecord(s.done, collective), "event record");
+        return Status::ok();
+      }
       ncclResult_t r = nccl->ncclGroupStart();
-      for (const Step::Reduce &x : s.reduces)
-        if (r == ncclSuccess)
+      for (const Step::Reduce &x : s.reduces) {
+        if (r != ncclSuccess)
+          break;
+        switch (s.collectiveOp) {
+        case Step::CollectiveOp::AllReduce:
           r = nccl->ncclAllReduce(x.in, x.out, x.count, x.type, s.reduceOp, s.comm, collective);
+          break;
+        case Step::CollectiveOp::ReduceScatter:
+          r = nccl->ncclReduceScatter(x.in, x.out, x.count, x.type, s.reduceOp, s.comm,
+                                      collective);
+          break;
+        case Step::CollectiveOp::AllGather:
+          r = nccl->ncclAllGather(x.in, x.out, x.count, x.type, s.comm, collective);
+          break;
+        case Step::CollectiveOp::RankSlice:
+          break;
+        }
+      }
       ncclResult_t end = nccl->ncclGroupEnd();
       if (r == ncclSuccess)
         r = end;
       if (r != ncclSuccess)
-        return Status::error("NCCL all-reduce failed: {} ({})", nccl->ncclGetErrorString(r),
-                             nccl->ncclGetLastError(s.comm));
+        return Status::error("NCCL {} failed: {} ({})",
+                             s.collectiveOp == Step::CollectiveOp::AllReduce       ? "all-reduce"
+                             : s.collectiveOp == Step::CollectiveOp::ReduceScatter ? "reduce-scatter"
+                                                                                   : "all-gather",
+                             nccl->ncclGetErrorString(r), nccl->ncclGetLastError(s.comm));
       CUDA_TRY(cudaEventRecord(s.done, collective), "event record");
       return Status::ok();
     }
@@ -903,19 +935,40 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       case bundle::COLLECTIVE: {
         s.kind = Step::Collective;
         AttrReader attrs(inst);
+        const std::string &op = inst.op();
+        const bool reduces = op == "all_reduce" || op == "reduce_scatter";
         auto group = attrs.getString("group");
-        auto reduction = attrs.getString("reduction");
+        auto reduction = reduces ? attrs.getString("reduction") : Expected<std::string>(std::string("sum"));
         auto size = attrs.getInt("size");
         if (!group || !reduction || !size)
-          return fail("a collective needs the attributes group, reduction and size");
-        if (inst.op() != "all_reduce" || (*reduction != "sum" && *reduction != "mean"))
-          return fail("only all_reduce with reduction sum or mean is a collective");
-        if (inst.inputs_size() != inst.outputs_size())
-          return fail("an all_reduce has as many outputs as inputs");
-        auto comm = im.communicator(origin, *group, *size);
-        if (!comm)
-          return fail(comm.status().message());
-        s.comm = *comm;
+          return fail("a collective needs the attributes group, size (and reduction)");
+        if (op == "all_reduce")
+          s.collectiveOp = Step::CollectiveOp::AllReduce;
+        else if (op == "reduce_scatter")
+          s.collectiveOp = Step::CollectiveOp::ReduceScatter;
+        else if (op == "all_gather")
+          s.collectiveOp = Step::CollectiveOp::AllGather;
+        else if (op == "rank_slice")
+          s.collectiveOp = Step::CollectiveOp::RankSlice;
+        else
+          return fail("only all_reduce, reduce_scatter, all_gather and rank_slice are collectives");
+        if (*reduction != "sum" && *reduction != "mean")
+          return fail("a collective's reduction is sum or mean");
+        if (inst.inputs_size() != inst.outputs_size() ||
+            (s.collectiveOp != Step::CollectiveOp::AllReduce && inst.inputs_size() != 1))
+          return fail("a collective has as many outputs as inputs (one, but for all_reduce)");
+        int rank = 0; // rank_slice's part: this process's rank in the group
+        if (s.collectiveOp == Step::CollectiveOp::RankSlice) {
+          auto found = communicatorFor(*group, *size, origin);
+          if (!found)
+            return fail(found.status().message());
+          rank = *found ? (*found)->rank() : 0;
+        } else {
+          auto comm = im.communicator(origin, *group, *size);
+          if (!comm)
+            return fail(comm.status().message());
+          s.comm = *comm;
+        }
         s.reduceOp = *reduction == "mean" ? ncclAvg : ncclSum;
         if (!im.collective)
           CUDA_TRY(cudaStreamCreateWithFlags(&im.collective, cudaStreamNonBlocking),
@@ -924,9 +977,19 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         CUDA_TRY(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "event");
         for (int k = 0; k < inst.inputs_size(); ++k) {
           int32_t in = inst.inputs(k), out = inst.outputs(k);
-          if (in < 0 || byteSize(p.tensors(in)) != byteSize(p.tensors(out)) ||
-              p.tensors(in).dtype() != p.tensors(out).dtype())
+          if (in < 0 || p.tensors(in).dtype() != p.tensors(out).dtype())
             return fail(fmt::format("operand {} and result {} differ", k, k));
+          // all_reduce: equal sizes; ZeRO-1's: the part is 1/size of the whole.
+          const size_t inBytes = byteSize(p.tensors(in)), outBytes = byteSize(p.tensors(out));
+          const size_t n = static_cast<size_t>(*size);
+          const bool partIn = s.collectiveOp == Step::CollectiveOp::AllGather;
+          const bool partOut = s.collectiveOp == Step::CollectiveOp::ReduceScatter ||
+                               s.collectiveOp == Step::CollectiveOp::RankSlice;
+          if ((partIn && inBytes * n != outBytes) || (partOut && outBytes * n != inBytes) ||
+              (!partIn && !partOut && inBytes != outBytes))
+            return fail(fmt::format("operand {} ({} bytes) and result {} ({} bytes) do not "
+                                    "match a group of {}",
+                                    k, inBytes, k, outBytes, n));
           ncclDataType_t type;
           switch (p.tensors(in).dtype()) {
           case bundle::F32: type = ncclFloat32; break;
@@ -936,8 +999,11 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           default:
             return fail(fmt::format("NCCL reduces no {} tensors", dtypeName(p.tensors(in).dtype())));
           }
-          s.reduces.push_back({im.devicePtr[in], im.devicePtr[out],
-                               static_cast<size_t>(numElements(shapeOf(p.tensors(in)))), type});
+          // NCCL counts: all_reduce the whole; reduce_scatter and all_gather the part.
+          const size_t count =
+              static_cast<size_t>(numElements(shapeOf(p.tensors(partIn ? in : partOut ? out : in))));
+          s.reduces.push_back({im.devicePtr[in], im.devicePtr[out], count, type,
+                               static_cast<size_t>(rank) * outBytes, outBytes});
         }
         break;
       }

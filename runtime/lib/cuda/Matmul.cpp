@@ -1,6 +1,8 @@
 // cuBLASLt matmul plans (Matmul.h).
 #include "cuda/Matmul.h"
 
+#include <cstdlib>
+#include <string_view>
 #include <algorithm>
 
 namespace forge::rt::cuda {
@@ -511,9 +513,27 @@ Status MatmulPlan::run(cudaStream_t stream, const MatmulOperands &ops, void *wor
   return Status::ok();
 }
 
+namespace {
+/// FORGE_MATMUL_TUNING=off: keep cuBLASLt's first heuristic algorithm instead of
+/// timing the candidates. Timing picks whichever ran fastest in this process, so two
+/// processes may round a bf16 GEMM differently; tests that compare two runs (and
+/// anyone who needs a run to repeat bit for bit) turn it off.
+bool tuningOff() {
+  static const bool off = [] {
+    const char *v = std::getenv("FORGE_MATMUL_TUNING");
+    return v && std::string_view(v) == "off";
+  }();
+  return off;
+}
+} // namespace
+
 Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *workspace) {
   if (tuned_)
     return Status::ok();
+  if (tuningOff()) {
+    tuned_ = true;
+    return Status::ok();
+  }
   const std::string key = problem_.key();
   if (auto hit = cache_->tuned.find(key); hit != cache_->tuned.end()) {
     algo_ = hit->second;

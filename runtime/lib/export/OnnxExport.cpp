@@ -59,7 +59,7 @@ int onnxTypeOf(DType t) {
 } // namespace
 
 Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::string &outPath,
-                                      const Executor &ex) {
+                                      const Executor &ex, const WholeTensors *whole) {
   forge_onnx::ModelProto model;
   {
     std::ifstream in(sourcePath, std::ios::binary);
@@ -84,7 +84,7 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
       continue;
     const bundle::TensorInfo &info = ex.tensorInfo(it->second);
     std::vector<int64_t> dims(init.dims().begin(), init.dims().end());
-    std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
+    std::vector<int64_t> shape = wholeShape(info);
     int type = onnxTypeOf(info.dtype());
     if (type == 0 || init.data_type() != type)
       return Status::error("{}: initializer '{}' has ONNX element type {}, the bundle's tensor is "
@@ -127,7 +127,7 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
       continue;
     const bundle::TensorInfo &info = ex.tensorInfo(it->second);
     std::vector<int64_t> dims(source->second->dims().begin(), source->second->dims().end());
-    std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
+    std::vector<int64_t> shape = wholeShape(info);
     if (source->second->data_type() != onnxTypeOf(info.dtype()) || dims != shape)
       return Status::error("{}: '{}' (Identity of initializer '{}') does not match the bundle's "
                            "tensor ({}{}); cannot export it",
@@ -147,8 +147,13 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
       report.replaced.push_back(ex.tensorInfo(t).name());
     return report;
   }
+  for (int32_t t : ex.persistentTensors()) {
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    if (info.has_shard() && info.shard().size() > 1 && (!whole || !whole->count(t)))
+      return Status::error("'{}' is split over ranks and was not gathered", info.name());
+  }
   for (const auto &[tensor, t] : updates) {
-    TensorView v = ex.view(t);
+    TensorView v = wholeView(ex, t, whole);
     tensor->clear_float_data();
     tensor->clear_int32_data();
     tensor->clear_int64_data();
@@ -168,7 +173,7 @@ Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::
     init->set_name(info.name());
     init->set_data_type(source->data_type());
     *init->mutable_dims() = source->dims();
-    TensorView v = ex.view(t);
+    TensorView v = wholeView(ex, t, whole);
     init->set_raw_data(v.data, v.bytes());
     graph->mutable_node()->DeleteSubrange(index, 1);
     report.replaced.push_back(info.name());

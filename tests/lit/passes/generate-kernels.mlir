@@ -323,3 +323,19 @@ func.func @collective(%g: tensor<64xf32>, %l: tensor<f32>) -> (tensor<64xf32>, t
   %r:2 = forge.all_reduce %g, %l {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<64xf32>, tensor<f32>) -> (tensor<64xf32>, tensor<f32>)
   return %r#0, %r#1 : tensor<64xf32>, tensor<f32>
 }
+
+// -----
+
+// ZeRO-1's collectives are too (NCCL reduce-scatter and all-gather; rank_slice
+// a copy of this rank's part on the collective stream).
+// CHECK-LABEL: func @zero
+// CHECK: forge.reduce_scatter {{.*}}forge.placement = "collective"
+// CHECK: forge.rank_slice {{.*}}forge.placement = "collective"
+// CHECK: forge.all_gather {{.*}}forge.placement = "collective"
+// CHECK-NOT: run on the host
+func.func @zero(%g: tensor<64x4xf32>, %w: tensor<64x4xf32>) -> (tensor<32x4xf32>, tensor<64x4xf32>) {
+  %r = forge.reduce_scatter %g {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<64x4xf32>) -> tensor<32x4xf32>
+  %p = forge.rank_slice %w {group = "dp", size = 2 : i64} : (tensor<64x4xf32>) -> tensor<32x4xf32>
+  %a = forge.all_gather %p {group = "dp", size = 2 : i64} : (tensor<32x4xf32>) -> tensor<64x4xf32>
+  return %r, %a : tensor<32x4xf32>, tensor<64x4xf32>
+}

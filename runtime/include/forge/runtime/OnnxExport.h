@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "forge/runtime/Executor.h"
+#include "forge/runtime/Shards.h"
 #include "forge/runtime/Status.h"
 
 namespace forge::rt {
@@ -23,8 +24,10 @@ struct OnnxExportReport {
 /// writes the model to `outPath` atomically. The initializer's element type
 /// and dims must match the tensor's; anything else is an error naming it, and
 /// so is a model none of whose initializers names a tensor of `ex`. An empty
-/// `outPath` only checks (forge-train does so before training).
+/// `outPath` only checks (forge-train does so before training). A tensor split
+/// over ranks (forgec --tp, ZeRO-1's state) is matched and written whole: its
+/// value from `whole` (gatherShards).
 Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::string &outPath,
-                                      const Executor &ex);
+                                      const Executor &ex, const WholeTensors *whole = nullptr);
 
 } // namespace forge::rt
