@@ -464,7 +464,8 @@ def ShardTensorParallel : Pass<"forge-shard-tensor-parallel", "::mlir::func::Fun
   let summary = "Tensor parallelism: Megatron's column/row splits of matmul pairs";
   let description = [{
     Splits each pair of matmuls (forge.matmul or forge.gemm with an
-    initializer as the weight) joined by pointwise ops, as a transformer's
+    initializer as the weight, or a 2-D transpose of one that only the
+    matmul reads: PyTorch's Linear) joined by pointwise ops, as a transformer's
     MLP or a classifier's hidden layer, over the `size` ranks of group "tp"
     (Megatron-LM): the first weight by columns (its bias too), the second by
     rows. Each rank then computes its own columns of the hidden activation

@@ -36,14 +36,40 @@ ConstantOp ownInitializer(Value v) {
 }
 
 /// One matmul or gemm of a pair: its activation operand, weight initializer
-/// and (gemm) bias, and whether the weight is stored transposed.
+/// and (gemm) bias, and whether the weight is stored transposed: by the op's
+/// transB, or by a transpose of the initializer that only the op reads
+/// (PyTorch's Linear imported as MatMul(x, Transpose(W))).
 struct Product {
   Operation *op = nullptr;
   Value input;
   ConstantOp weight;
-  Value bias; // gemm's C, else null
-  bool transB = false;
+  TransposeOp transpose; // between the weight and the op, or null
+  Value bias;            // gemm's C, else null
+  bool transB = false;   // the initializer is [out, in]
 };
+
+/// `rhs` as an initializer, seeing through a 2-D transpose only `p`'s op reads.
+void takeWeight(Product &p, Value rhs) {
+  if (auto t = rhs.getDefiningOp<TransposeOp>();
+      t && t->hasOneUse() && t.getPerm() == ArrayRef<int64_t>{1, 0}) {
+    p.transpose = t;
+    p.transB = !p.transB;
+    rhs = t.getInput();
+  }
+  p.weight = ownInitializer(rhs);
+}
+
+/// Points `p`'s op (or its transpose) at `sliced`, the weight's slice.
+void setWeight(Product &p, Value sliced) {
+  if (!p.transpose) {
+    p.op->setOperand(1, sliced);
+    return;
+  }
+  p.transpose->setOperand(0, sliced);
+  auto t = cast<RankedTensorType>(sliced.getType());
+  p.transpose.getResult().setType(
+      RankedTensorType::get({t.getDimSize(1), t.getDimSize(0)}, t.getElementType()));
+}
 
 /// `op` as a product of an activation and a 2-D weight initializer; `why`
 /// says what is missing when it is not one.
@@ -52,17 +78,17 @@ std::optional<Product> asProduct(Operation *op, std::string &why) {
   p.op = op;
   if (auto m = dyn_cast<MatMulOp>(op)) {
     p.input = m.getLhs();
-    p.weight = ownInitializer(m.getRhs());
     p.transB = m.getTransB();
+    takeWeight(p, m.getRhs());
     if (m.getTransA()) {
       why = "its activation is transposed";
       return std::nullopt;
     }
   } else if (auto g = dyn_cast<GemmOp>(op)) {
     p.input = g.getA();
-    p.weight = ownInitializer(g.getB());
     p.bias = g.getC();
     p.transB = g.getTransB();
+    takeWeight(p, g.getB());
     if (g.getTransA() || g.getAlpha().convertToDouble() != 1.0 ||
         (p.bias && g.getBeta().convertToDouble() != 1.0)) {
       why = "it is a gemm with a transposed A or alpha/beta other than 1";
@@ -220,7 +246,8 @@ struct ShardTensorParallelPass
     Value input = b.create<EnterGroupOp>(loc, first.input.getType(), first.input,
                                          b.getStringAttr(kGroup), b.getI64IntegerAttr(size));
     first.op->setOperand(0, input);
-    first.op->setOperand(1, shard(first.weight, first.transB ? 0 : 1));
+    Product firstProduct = first;
+    setWeight(firstProduct, shard(first.weight, first.transB ? 0 : 1));
     if (bias) {
       Value sliced = shard(bias, cast<RankedTensorType>(bias.getType()).getRank() - 1);
       if (first.bias)
@@ -236,7 +263,7 @@ struct ShardTensorParallelPass
     // The row-parallel product, its partial sums added over the ranks
     // (Megatron's g); a gemm's bias after the sum, once.
     Operation *product = second->op;
-    product->setOperand(1, shard(second->weight, rowAxis));
+    setWeight(*second, shard(second->weight, rowAxis));
     b.setInsertionPointAfter(product);
     Value partial = product->getResult(0);
     if (auto g = dyn_cast<GemmOp>(product); g && g.getC()) {

@@ -11,7 +11,8 @@ tensor-parallel group read the same batch; the D groups take the global batch's 
 
 Cases: mlp_adamw T=2 (with gradient clipping: the norm sums the slices' squares over the
 group); mlp_adamw D=2 x T=2 (four ranks), and the same with ZeRO-1 (--zero 1: the optimizer
-state of the parameters left whole by --tp split over the D ranks).
+state of the parameters left whole by --tp split over the D ranks); gpt_adamw T=2 (each
+block's MLP, PyTorch Linears imported as MatMul of a transposed weight, split over 2 ranks).
 Checkpoints hold whole tensors: the T=2 run's step-10 checkpoint resumes in one process
 with the unsplit bundle, and steps 11-20 match. Errors: a --tp bundle without a group
 names --tp and --nproc; a model with nothing to split is refused by forgec.
@@ -44,17 +45,18 @@ def main():
         return 2
     forgec, forge_train = tools
     rep = e2e.Report()
-    fixture = os.path.join(a.fixtures_dir, "mlp_adamw")
-    data = os.path.join(fixture, "batches.npz")
-    # (tensor-parallel size, data-parallel size, batch per data-parallel rank, flags of both
-    # bundles, flags of the partitioned one only)
-    cases = [(2, 1, 8, ["--clip-grad-norm", "0.5"], []), (2, 2, 4, [], []),
-             (2, 2, 4, [], ["--zero", "1"])]
+    # (fixture, tensor-parallel size, data-parallel size, batch per data-parallel rank,
+    # flags of both bundles, flags of the partitioned one only)
+    cases = [("mlp_adamw", 2, 1, 8, ["--clip-grad-norm", "0.5"], []),
+             ("mlp_adamw", 2, 2, 4, [], []), ("mlp_adamw", 2, 2, 4, [], ["--zero", "1"]),
+             ("gpt_adamw", 2, 1, 4, [], [])]
     with tempfile.TemporaryDirectory(prefix="forge-tp-") as tmp:
-        for t, d, b, flags, own in cases:
-            tag = f"mlp_adamw --tp {t}" + (f" --dp {d}" if d > 1 else "") + \
+        for fixture_name, t, d, b, flags, own in cases:
+            fixture = os.path.join(a.fixtures_dir, fixture_name)
+            data = os.path.join(fixture, "batches.npz")
+            tag = f"{fixture_name} --tp {t}" + (f" --dp {d}" if d > 1 else "") + \
                 (" " + " ".join(own) if own else "")
-            z = "z" if own else ""
+            z = ("z" if own else "") + fixture_name[:3]
             tp, one = (os.path.join(tmp, f"tp{t}dp{d}{z}_{x}.forge") for x in ("tp", "one"))
             extra = ["--tp", str(t)] + (["--dp", str(d)] if d > 1 else []) + flags + own
             rc1, log1 = compile_(forgec, fixture, tp, b, extra)
@@ -63,7 +65,7 @@ def main():
                              e2e.failure(rc1, log1) if rc1 else e2e.failure(rc2, log2)):
                 continue
             ckpt = os.path.join(tmp, f"ckpt{t}{d}{z}")
-            resume = d == 1
+            resume = d == 1 and fixture_name == "mlp_adamw"
             exported = os.path.join(tmp, f"tp{t}{d}{z}.onnx")
             rc, log, losses, params = train(
                 forge_train, tp, data, tmp, f"tp{t}{d}{z}",
@@ -123,7 +125,9 @@ def main():
                               f"worst rel {worst:.2e}")
 
         # Errors.
-        tp2 = os.path.join(tmp, "tp2dp1_tp.forge")
+        fixture = os.path.join(a.fixtures_dir, "mlp_adamw")
+        data = os.path.join(fixture, "batches.npz")
+        tp2 = os.path.join(tmp, "tp2dp1mlp_tp.forge")
         rc, _, log = e2e.run([forge_train, tp2, "--data", data, "--steps", "2"], 120)
         rep.check("tp bundle without a group", rc not in (0, None) and "--tp 2" in log and
                   "--nproc" in log, e2e.tail(log, 2))

@@ -81,3 +81,33 @@ func.func @unsplittable(%x: tensor<5x8xf32> {forge.name = "x"}) -> (tensor<5x4xf
   return %y, %z : tensor<5x4xf32>, tensor<5x5xf32>
 }
 
+
+// -----
+
+// PyTorch's Linear imported as MatMul(x, Transpose(W)), W [out, in], on a 3-D
+// activation (a transformer's MLP, bias first in the add, tanh GELU): the
+// shards go on the initializers, under their transposes, which take the
+// slices' transposed types.
+// CHECK-LABEL: func @transformer_mlp
+// CHECK-DAG: %[[S1:.*]] = forge.shard %{{.*}} {axis = 0 : i64, group = "tp", size = 2 : i64} : (tensor<16x4xf32>) -> tensor<8x4xf32>
+// CHECK-DAG: %[[SB:.*]] = forge.shard %{{.*}} {axis = 0 : i64, group = "tp", size = 2 : i64} : (tensor<16xf32>) -> tensor<8xf32>
+// CHECK-DAG: %[[S2:.*]] = forge.shard %{{.*}} {axis = 1 : i64, group = "tp", size = 2 : i64} : (tensor<4x16xf32>) -> tensor<4x8xf32>
+// CHECK: forge.transpose %[[S1]] {perm = array<i64: 1, 0>} : (tensor<8x4xf32>) -> tensor<4x8xf32>
+// CHECK: forge.matmul %{{.*}}, %{{.*}} : (tensor<2x3x4xf32>, tensor<4x8xf32>) -> tensor<2x3x8xf32>
+// CHECK: forge.add %[[SB]], %{{.*}} : (tensor<8xf32>, tensor<2x3x8xf32>) -> tensor<2x3x8xf32>
+// CHECK: forge.gelu %{{.*}} : (tensor<2x3x8xf32>) -> tensor<2x3x8xf32>
+// CHECK: forge.transpose %[[S2]] {perm = array<i64: 1, 0>} : (tensor<4x8xf32>) -> tensor<8x4xf32>
+// CHECK: %[[P:.*]] = forge.matmul %{{.*}}, %{{.*}} : (tensor<2x3x8xf32>, tensor<8x4xf32>) -> tensor<2x3x4xf32>
+// CHECK: forge.all_reduce %[[P]] {group = "tp", reduction = "sum", size = 2 : i64}
+func.func @transformer_mlp(%x: tensor<2x3x4xf32> {forge.name = "x"}) -> (tensor<2x3x4xf32> {forge.name = "y"}) {
+  %w1 = forge.constant {forge.initializer = "fc.weight"} dense<0.25> : tensor<16x4xf32>
+  %b1 = forge.constant {forge.initializer = "fc.bias"} dense<0.5> : tensor<16xf32>
+  %w2 = forge.constant {forge.initializer = "proj.weight"} dense<0.125> : tensor<4x16xf32>
+  %t1 = forge.transpose %w1 {perm = array<i64: 1, 0>} : (tensor<16x4xf32>) -> tensor<4x16xf32>
+  %h = forge.matmul %x, %t1 : (tensor<2x3x4xf32>, tensor<4x16xf32>) -> tensor<2x3x16xf32>
+  %hb = forge.add %b1, %h : (tensor<16xf32>, tensor<2x3x16xf32>) -> tensor<2x3x16xf32>
+  %g = forge.gelu %hb {approximate = "tanh"} : (tensor<2x3x16xf32>) -> tensor<2x3x16xf32>
+  %t2 = forge.transpose %w2 {perm = array<i64: 1, 0>} : (tensor<4x16xf32>) -> tensor<16x4xf32>
+  %y = forge.matmul %g, %t2 : (tensor<2x3x16xf32>, tensor<16x4xf32>) -> tensor<2x3x4xf32>
+  return %y : tensor<2x3x4xf32>
+}
