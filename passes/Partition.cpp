@@ -50,6 +50,22 @@ struct PartitionPass : public mlir::forge::impl::PartitionBase<PartitionPass> {
     });
     for (AllReduceOp op : ops)
       split(op);
+    // ZeRO-1: each gradient's reduce-scatter right after the gradient is made
+    // (one tensor each: a reduce-scatter has no buckets), so it overlaps the
+    // rest of the backward pass as the all-reduce buckets do. Their order
+    // follows the program's, the same on every rank.
+    SmallVector<ReduceScatterOp> scatters;
+    getOperation().walk([&](ReduceScatterOp op) {
+      if (op.getGroup() == "dp")
+        scatters.push_back(op);
+    });
+    for (ReduceScatterOp op : scatters) {
+      Operation *def = op.getInput().getDefiningOp();
+      while (def && def->getBlock() != op->getBlock())
+        def = def->getParentOp();
+      if (def && def->isBeforeInBlock(op))
+        op->moveAfter(def);
+    }
   }
 
   void split(AllReduceOp op) {

@@ -503,7 +503,8 @@ def Partition : Pass<"forge-partition", "::mlir::func::FuncOp"> {
     its transfer can overlap the rest of the backward pass. Buckets keep
     that order, which is the same on every rank (each runs this program).
     `bucket-bytes=0`: one all_reduce per tensor. Values are unchanged (an
-    element-wise mean is the same whichever bucket it is in).
+    element-wise mean is the same whichever bucket it is in). ZeRO-1's
+    reduce_scatter ops (one gradient each) move right after their gradient.
   }];
   let options = [
     Option<"bucketBytes", "bucket-bytes", "int64_t", /*default=*/"25 << 20",

@@ -22,6 +22,7 @@ Usage:
 """
 import argparse
 import os
+import re
 import sys
 import tempfile
 
@@ -128,6 +129,16 @@ def main():
         fixture = os.path.join(a.fixtures_dir, "mlp_adamw")
         data = os.path.join(fixture, "batches.npz")
         tp2 = os.path.join(tmp, "tp2dp1mlp_tp.forge")
+        # Evaluation runs the split forward on every rank: the same eval losses.
+        one2 = os.path.join(tmp, "tp2dp1mlp_one.forge")
+        runs = [e2e.run([forge_train, bundle, "--data", data, "--eval-data", data, "--eval-every",
+                         "5", "--steps", "10", "--threads", "1", "--seed", "3"] + extra, 120)
+                for bundle, extra in ((tp2, ["--nproc", "2"]), (one2, []))]
+        ev = [[float(x) for x in re.findall(r"eval loss ([0-9.eE+-]+)", log)]
+              for _, _, log in runs]
+        rep.check("mlp_adamw --tp 2: eval losses == one process",
+                  all(rc == 0 for rc, _, _ in runs) and len(ev[0]) == 2 and len(ev[1]) == 2 and
+                  all(abs(a - b) <= TOL * abs(b) for a, b in zip(*ev)), str(ev))
         rc, _, log = e2e.run([forge_train, tp2, "--data", data, "--steps", "2"], 120)
         rep.check("tp bundle without a group", rc not in (0, None) and "--tp 2" in log and
                   "--nproc" in log, e2e.tail(log, 2))

@@ -72,3 +72,20 @@ func.func @bad_reduction(%x: tensor<4xf32>) -> tensor<4xf32> {
   %r = forge.all_reduce %x {group = "dp", reduction = "max", size = 2 : i64} : (tensor<4xf32>) -> tensor<4xf32>
   return %r : tensor<4xf32>
 }
+
+// -----
+
+// ZeRO-1: the train step leaves each gradient's reduce_scatter after the whole
+// backward pass; each moves right after its gradient, in production order.
+// CHECK-LABEL: func @zero
+// CHECK: %[[G2:.*]] = forge.matmul %arg1, %arg2
+// CHECK-NEXT: forge.reduce_scatter %[[G2]]
+// CHECK-NEXT: %[[G1:.*]] = forge.matmul %arg0, %arg3
+// CHECK-NEXT: forge.reduce_scatter %[[G1]]
+func.func @zero(%h: tensor<16x4xf32>, %x: tensor<16x4xf32>, %d2: tensor<16x4xf32>, %d1: tensor<16x4xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+  %g2 = forge.matmul %x, %d2 {transA = true} : (tensor<16x4xf32>, tensor<16x4xf32>) -> tensor<4x4xf32>
+  %g1 = forge.matmul %h, %d1 {transA = true} : (tensor<16x4xf32>, tensor<16x4xf32>) -> tensor<4x4xf32>
+  %r2 = forge.reduce_scatter %g2 {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<4x4xf32>) -> tensor<2x4xf32>
+  %r1 = forge.reduce_scatter %g1 {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<4x4xf32>) -> tensor<2x4xf32>
+  return %r1, %r2 : tensor<2x4xf32>, tensor<2x4xf32>
+}
