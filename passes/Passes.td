@@ -476,6 +476,12 @@ def ShardTensorParallel : Pass<"forge-shard-tensor-parallel", "::mlir::func::Fun
     forge.shard ops, which forge-build-train-step turns into parameters of
     the slice's type; the runtime loads each rank's slice.
 
+    Self-attention splits by heads: a fused q/k/v projection (weight and
+    bias by the columns of this rank's heads in each of q, k and v: a shard
+    of 3 blocks), the split into q, k, v, their reshapes to [.., heads, head
+    size], a forge.attention of layout bshd, transposes, the reshape back and
+    the output projection (by rows), then the sum.
+
     A pair is split only when every hidden value has one reader (the next op
     of the chain), the weights are read by nothing else, the hidden width
     divides by `size`, and a gemm has alpha = beta = 1 and no transposed

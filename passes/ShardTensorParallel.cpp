@@ -12,6 +12,7 @@
 #include "Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::forge {
@@ -144,7 +145,8 @@ struct ShardTensorParallelPass
       std::optional<Product> first = asProduct(op, why);
       if (!first)
         continue; // not a layer with a weight of its own: nothing to split
-      if (trySplit(*first, used, why))
+      if (trySplit(*first, used, why) ||
+          (why.empty() && trySplitAttention(*first, used, why)))
         ++splits;
       else if (!why.empty())
         op->emitRemark() << "forge-shard-tensor-parallel: not split over " << int64_t(size)
@@ -156,6 +158,64 @@ struct ShardTensorParallelPass
                           "initializer, pointwise ops, then another such matmul reading them)";
       return signalPassFailure();
     }
+  }
+
+  /// `c`'s slice along `axis` (`blocks` blocks, each split over the group).
+  Value shardOf(ConstantOp c, int64_t axis, int64_t blocks) {
+    OpBuilder b(c->getContext());
+    b.setInsertionPointAfter(c);
+    auto t = cast<RankedTensorType>(c.getType());
+    return b.create<ShardOp>(c.getLoc(), splitType(t, axis, size), c.getResult(),
+                             b.getI64IntegerAttr(axis), b.getStringAttr(kGroup),
+                             b.getI64IntegerAttr(size), b.getI64IntegerAttr(blocks))
+        .getResult();
+  }
+
+  /// The column-parallel side: forge.enter_group on the input (Megatron's f),
+  /// the weight by output columns and a gemm's bias with it. Returns the bias's
+  /// slice (null without a bias) for a matmul's separate bias add to read.
+  Value splitFirst(const Product &first, ConstantOp bias, int64_t blocks) {
+    OpBuilder b(first.op);
+    Value input = b.create<EnterGroupOp>(first.op->getLoc(), first.input.getType(), first.input,
+                                         b.getStringAttr(kGroup), b.getI64IntegerAttr(size));
+    first.op->setOperand(0, input);
+    Product p = first;
+    setWeight(p, shardOf(first.weight, first.transB ? 0 : 1, blocks));
+    Value sliced;
+    if (bias) {
+      sliced = shardOf(bias, cast<RankedTensorType>(bias.getType()).getRank() - 1, blocks);
+      if (first.bias)
+        first.op->setOperand(2, sliced);
+    }
+    auto t = cast<RankedTensorType>(first.op->getResult(0).getType());
+    first.op->getResult(0).setType(splitType(t, t.getRank() - 1, size));
+    return sliced;
+  }
+
+  /// The row-parallel side: the weight by input rows, the partial products
+  /// added over the ranks (Megatron's g), a gemm's bias after the sum, once.
+  /// Returns the product op (a new gemm when the bias moved).
+  Operation *splitSecond(Product &second, int64_t rowAxis) {
+    Operation *product = second.op;
+    setWeight(second, shardOf(second.weight, rowAxis, 1));
+    OpBuilder b(product->getContext());
+    b.setInsertionPointAfter(product);
+    Value partial = product->getResult(0);
+    if (auto g = dyn_cast<GemmOp>(product); g && g.getC()) {
+      auto plain = b.create<GemmOp>(g.getLoc(), g.getType(), g.getA(), g.getB(), Value(),
+                                    g.getTransAAttr(), g.getTransBAttr(), g.getAlphaAttr(),
+                                    g.getBetaAttr());
+      auto sum = b.create<AllReduceOp>(g.getLoc(), TypeRange{g.getType()},
+                                       ValueRange{plain.getResult()}, kGroup, "sum", size);
+      auto add = b.create<AddOp>(g.getLoc(), sum.getResult(0), g.getC());
+      g.getResult().replaceAllUsesWith(add.getResult());
+      g.erase();
+      return plain;
+    }
+    auto sum = b.create<AllReduceOp>(product->getLoc(), TypeRange{partial.getType()},
+                                     ValueRange{partial}, kGroup, "sum", size);
+    partial.replaceAllUsesExcept(sum.getResult(0), sum);
+    return product;
   }
 
   /// Splits the pair that starts at `first` when it is one; else `why`.
@@ -231,59 +291,152 @@ struct ShardTensorParallelPass
       return false;
     }
 
-    OpBuilder b(first.op);
-    Location loc = first.op->getLoc();
-    auto shard = [&](ConstantOp c, int64_t axis) {
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointAfter(c);
-      return b.create<ShardOp>(c.getLoc(), splitType(c.getType(), axis, size), c.getResult(),
-                               b.getI64IntegerAttr(axis), b.getStringAttr(kGroup),
-                               b.getI64IntegerAttr(size))
-          .getResult();
-    };
-    // Megatron's f: the replicated input, whose gradient sums over the ranks.
-    b.setInsertionPoint(first.op);
-    Value input = b.create<EnterGroupOp>(loc, first.input.getType(), first.input,
-                                         b.getStringAttr(kGroup), b.getI64IntegerAttr(size));
-    first.op->setOperand(0, input);
-    Product firstProduct = first;
-    setWeight(firstProduct, shard(first.weight, first.transB ? 0 : 1));
-    if (bias) {
-      Value sliced = shard(bias, cast<RankedTensorType>(bias.getType()).getRank() - 1);
-      if (first.bias)
-        first.op->setOperand(2, sliced);
-      else
-        chain.front()->setOperand(chain.front()->getOperand(0) == hidden ? 1 : 0, sliced);
-    }
-    // The hidden values: this rank's columns.
-    hidden.setType(splitType(hidden.getType(), hiddenType.getRank() - 1, size));
+    // Megatron's f on the input, the first weight (and bias) by columns.
+    Value sliced = splitFirst(first, bias, /*blocks=*/1);
+    if (bias && !first.bias)
+      chain.front()->setOperand(chain.front()->getOperand(0) == hidden ? 1 : 0, sliced);
+    // The hidden values after it: this rank's columns too.
     for (Operation *op : chain)
       op->getResult(0).setType(splitType(op->getResult(0).getType(), hiddenType.getRank() - 1,
                                          size));
-    // The row-parallel product, its partial sums added over the ranks
-    // (Megatron's g); a gemm's bias after the sum, once.
-    Operation *product = second->op;
-    setWeight(*second, shard(second->weight, rowAxis));
-    b.setInsertionPointAfter(product);
-    Value partial = product->getResult(0);
-    if (auto g = dyn_cast<GemmOp>(product); g && g.getC()) {
-      auto plain = b.create<GemmOp>(g.getLoc(), g.getType(), g.getA(), g.getB(), Value(),
-                                    g.getTransAAttr(), g.getTransBAttr(), g.getAlphaAttr(),
-                                    g.getBetaAttr());
-      auto sum = b.create<AllReduceOp>(g.getLoc(), TypeRange{g.getType()},
-                                       ValueRange{plain.getResult()}, kGroup, "sum", size);
-      auto add = b.create<AddOp>(g.getLoc(), sum.getResult(0), g.getC());
-      g.getResult().replaceAllUsesWith(add.getResult());
-      g.erase();
-      product = plain;
-    } else {
-      auto sum = b.create<AllReduceOp>(product->getLoc(), TypeRange{partial.getType()},
-                                       ValueRange{partial}, kGroup, "sum", size);
-      partial.replaceAllUsesExcept(sum.getResult(0), sum);
-    }
+    Operation *product = splitSecond(*second, rowAxis);
     used.insert(first.op);
     used.insert(product);
     return true;
+  }
+
+  /// Self-attention by heads (Megatron): a fused q/k/v projection (its
+  /// weight and bias by the columns of this rank's heads in each of q, k and
+  /// v: three blocks), the split into q, k, v, each reshaped to [.., heads,
+  /// head size] for an attention of layout bshd, transposes, the reshape back,
+  /// and the output projection by the rows of those heads.
+  bool trySplitAttention(const Product &first, llvm::SmallPtrSetImpl<Operation *> &used,
+                         std::string &why) {
+    Value v = first.op->getResult(0);
+    auto type = cast<RankedTensorType>(v.getType());
+    const int64_t rank = type.getRank(), width = type.getShape().back();
+    if (width % 3 != 0)
+      return false;
+    const int64_t d = width / 3;
+    auto biasRow = [&](Value b) -> ConstantOp {
+      ConstantOp c = ownInitializer(b);
+      auto t = cast<RankedTensorType>(b.getType());
+      return c && t.getRank() >= 1 && t.getNumElements() == width && t.getShape().back() == width
+                 ? c
+                 : ConstantOp();
+    };
+    ConstantOp bias;
+    AddOp biasAdd;
+    if (first.bias && !(bias = biasRow(first.bias)))
+      return false;
+    if (!first.bias && v.hasOneUse())
+      if (auto add = dyn_cast<AddOp>(*v.user_begin()); add && add.getType() == type)
+        if ((bias = biasRow(add.getLhs() == v ? add.getRhs() : add.getLhs()))) {
+          biasAdd = add;
+          v = add.getResult();
+        }
+    if (!v.hasOneUse())
+      return false;
+    auto split = dyn_cast<SplitOp>(*v.user_begin());
+    if (!split || static_cast<int64_t>(split.getAxis()) != rank - 1 ||
+        split.getSizes() != ArrayRef<int64_t>{d, d, d})
+      return false;
+    SmallVector<ReshapeOp, 3> heads;
+    AttentionOp attention;
+    for (auto [i, part] : llvm::enumerate(split.getResults())) {
+      auto r = part.hasOneUse() ? dyn_cast<ReshapeOp>(*part.user_begin()) : ReshapeOp();
+      if (!r || !r.getResult().hasOneUse())
+        return false;
+      auto a = dyn_cast<AttentionOp>(*r.getResult().user_begin());
+      ArrayRef<int64_t> shape = r.getShape();
+      if (!a || (attention && a != attention) || a->getOperand(i) != r.getResult() ||
+          static_cast<int64_t>(shape.size()) != rank + 1 ||
+          shape[rank - 1] * shape[rank] != d || (!heads.empty() &&
+                                                 heads.front().getShape() != shape))
+        return false;
+      attention = a;
+      heads.push_back(r);
+    }
+    if (attention.getLayout() != "bshd" || attention.getBias() || !attention.getLse().use_empty())
+      return false;
+    const int64_t numHeads = heads.front().getShape()[rank - 1];
+    if (numHeads % size != 0) {
+      why = "its " + std::to_string(numHeads) + " attention heads do not divide by " +
+            std::to_string(size);
+      return false;
+    }
+    // After the attention: transposes, then the reshape back to [.., d].
+    SmallVector<Operation *> after;
+    Value o = attention.getO();
+    ReshapeOp back;
+    while (!back) {
+      if (!o.hasOneUse())
+        return false;
+      Operation *user = *o.user_begin();
+      if (auto t = dyn_cast<TransposeOp>(user)) {
+        after.push_back(t);
+        o = t.getResult();
+        continue;
+      }
+      back = dyn_cast<ReshapeOp>(user);
+      if (!back || back.getShape().size() != static_cast<size_t>(rank) ||
+          back.getShape().back() != d || !back.getResult().hasOneUse())
+        return false;
+    }
+    Operation *user = *back.getResult().user_begin();
+    std::string secondWhy;
+    std::optional<Product> second =
+        isa<MatMulOp, GemmOp>(user) && user->getOperand(0) == back.getResult()
+            ? asProduct(user, secondWhy)
+            : std::nullopt;
+    const int64_t rowAxis = second && second->transB ? 1 : 0;
+    if (!second || cast<RankedTensorType>(second->weight.getType()).getDimSize(rowAxis) != d)
+      return false;
+
+    // The q/k/v projection by this rank's heads of each of q, k and v.
+    Value sliced = splitFirst(first, bias, /*blocks=*/3);
+    if (biasAdd) {
+      biasAdd->setOperand(biasAdd.getLhs() == first.op->getResult(0) ? 1 : 0, sliced);
+      biasAdd.getResult().setType(cast<RankedTensorType>(first.op->getResult(0).getType()));
+    }
+    SmallVector<int64_t> parts(3, d / size);
+    split.setSizes(parts);
+    for (Value part : split.getResults())
+      part.setType(splitType(part.getType(), rank - 1, size));
+    for (ReshapeOp r : heads) {
+      SmallVector<int64_t> shape(r.getShape());
+      shape[rank - 1] /= size;
+      r.setShape(shape);
+      r.getResult().setType(RankedTensorType::get(shape, type.getElementType()));
+    }
+    if (failed(reinfer(attention)))
+      return false;
+    for (Operation *t : after)
+      if (failed(reinfer(t)))
+        return false;
+    SmallVector<int64_t> shape(back.getShape());
+    shape.back() /= size;
+    back.setShape(shape);
+    back.getResult().setType(splitType(back.getResult().getType(), rank - 1, size));
+    Operation *product = splitSecond(*second, rowAxis);
+    used.insert(first.op);
+    used.insert(product);
+    return true;
+  }
+
+  /// Sets `op`'s result types to what its type inference says of its operands.
+  static LogicalResult reinfer(Operation *op) {
+    auto iface = dyn_cast<InferTypeOpInterface>(op);
+    SmallVector<Type> types;
+    if (!iface ||
+        failed(iface.inferReturnTypes(op->getContext(), op->getLoc(), op->getOperands(),
+                                      op->getRawDictionaryAttrs(), op->getPropertiesStorage(),
+                                      op->getRegions(), types)) ||
+        types.size() != op->getNumResults())
+      return failure();
+    for (auto [r, t] : llvm::zip(op->getResults(), types))
+      r.setType(t);
+    return success();
   }
 };
 

@@ -65,6 +65,15 @@ def main():
             if not rep.check(f"{tag}: forgec", rc1 == 0 and rc2 == 0,
                              e2e.failure(rc1, log1) if rc1 else e2e.failure(rc2, log2)):
                 continue
+            # Each rank holds less of the parameters: the split ones by 1/T (gpt: the MLPs and
+            # the attentions' q/k/v and output projections of both blocks).
+            pb = []
+            for bundle in (tp, one):
+                _, _, info = e2e.run([forge_train, "--info", bundle], 60)
+                m = re.search(r"(\d+) parameter \((\d+) bytes\)", info)
+                pb.append(int(m.group(2)) if m else -1)
+            rep.check(f"{tag}: parameters split", 0 < pb[0] < pb[1],
+                      f"{pb[0]} bytes per rank vs {pb[1]} whole")
             ckpt = os.path.join(tmp, f"ckpt{t}{d}{z}")
             resume = d == 1 and fixture_name == "mlp_adamw"
             exported = os.path.join(tmp, f"tp{t}{d}{z}.onnx")

@@ -266,3 +266,38 @@ TEST(CollectivesTest, ZeroKernelsAloneAndWithoutTheirGroup) {
     EXPECT_NE(s.message().find("forge-train --nproc 2"), std::string::npos) << s.message();
   }
 }
+
+// A fused q/k/v weight split by heads: the axis is 3 blocks, each split in two;
+// rank r holds part r of every block.
+TEST(ShardsTest, BlocksSplitEachBlockAlike) {
+  bundle::TensorInfo info;
+  info.set_name("qkv");
+  info.set_dtype(bundle::F32);
+  info.add_shape(2);
+  info.add_shape(6); // the slice: 3 blocks x 2 columns
+  info.mutable_shard()->set_axis(1);
+  info.mutable_shard()->set_size(2);
+  info.mutable_shard()->set_blocks(3);
+  info.mutable_shard()->set_group("tp");
+  EXPECT_EQ(wholeShape(info), (std::vector<int64_t>{2, 12}));
+  std::vector<float> whole(24);
+  for (size_t i = 0; i < whole.size(); ++i)
+    whole[i] = static_cast<float>(i);
+  std::span<const uint8_t> wholeBytes(reinterpret_cast<const uint8_t *>(whole.data()),
+                                      whole.size() * sizeof(float));
+  std::vector<uint8_t> parts;
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<uint8_t> slice = sliceShard(info, wholeBytes, r);
+    ASSERT_EQ(slice.size(), 12 * sizeof(float));
+    const float *f = reinterpret_cast<const float *>(slice.data());
+    for (int row = 0; row < 2; ++row)
+      for (int k = 0; k < 3; ++k)
+        for (int c = 0; c < 2; ++c)
+          ASSERT_EQ(f[row * 6 + k * 2 + c], static_cast<float>(row * 12 + k * 4 + r * 2 + c))
+              << "rank " << r << " row " << row << " block " << k << " column " << c;
+    parts.insert(parts.end(), slice.begin(), slice.end());
+  }
+  std::vector<uint8_t> joined = joinShards(info, parts);
+  ASSERT_EQ(joined.size(), wholeBytes.size());
+  EXPECT_EQ(std::memcmp(joined.data(), whole.data(), joined.size()), 0);
+}

@@ -140,6 +140,8 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
     s->set_axis(axis.getInt());
     s->set_group(group.str());
     s->set_size(size.getInt());
+    if (auto blocks = shard.getAs<IntegerAttr>("blocks"))
+      s->set_blocks(blocks.getInt());
   }
   // Thin bundle: the initial value stays in the model's external-data file.
   auto module = func->getParentOfType<ModuleOp>();

@@ -970,9 +970,10 @@ LogicalResult ShardOp::verify() {
     return emitOpError() << "has an empty group name";
   if (axis < 0 || axis >= in.getRank())
     return emitOpError() << "axis " << axis << " is out of range for rank " << in.getRank();
-  if (in.getDimSize(axis) % size != 0)
+  if (getBlocks() < 1 || in.getDimSize(axis) % (size * getBlocks()) != 0)
     return emitOpError() << "axis " << axis << " of size " << in.getDimSize(axis)
-                         << " does not split into " << size << " equal parts";
+                         << " does not split into " << getBlocks() << " block(s) of " << size
+                         << " equal parts";
   SmallVector<int64_t> shape(in.getShape());
   shape[axis] /= size;
   if (out.getElementType() != in.getElementType() || out.getShape() != ArrayRef<int64_t>(shape))

@@ -320,9 +320,12 @@ struct Param {
     if (!shard)
       return {};
     mlir::Builder b(shard.getContext());
-    return b.getDictionaryAttr({b.getNamedAttr("axis", shard.getAxisAttr()),
-                                b.getNamedAttr("group", shard.getGroupAttr()),
-                                b.getNamedAttr("size", shard.getSizeAttr())});
+    SmallVector<NamedAttribute> attrs = {b.getNamedAttr("axis", shard.getAxisAttr()),
+                                         b.getNamedAttr("group", shard.getGroupAttr()),
+                                         b.getNamedAttr("size", shard.getSizeAttr())};
+    if (shard.getBlocks() > 1)
+      attrs.push_back(b.getNamedAttr("blocks", shard.getBlocksAttr()));
+    return b.getDictionaryAttr(attrs);
   }
   /// ZeRO-1: the optimizer state is split over `zeroParts` data-parallel ranks
   /// along dim 0 (0: not split).

@@ -178,7 +178,8 @@ Status validateTensors(const bundle::Program &p) {
                                "(shard)",
                                label);
         if (s.size() < 1 || s.size() > (1 << 20) || s.axis() < 0 || s.axis() >= t.shape_size() ||
-            s.group().empty())
+            s.group().empty() || s.blocks() < 0 || s.blocks() > (1 << 20) ||
+            (s.blocks() > 1 && t.shape(static_cast<int>(s.axis())) % s.blocks() != 0))
           return Status::error("{}: shard axis {} of {} ranks of group '{}' is malformed for "
                                "shape [{}]",
                                label, s.axis(), s.size(), s.group(), fmt::join(t.shape(), ", "));

@@ -10,22 +10,27 @@
 namespace forge::rt {
 
 namespace {
-/// The slice as [outer, rows, inner bytes]: `rows` of the slice along the axis.
+/// The slice as [outer x blocks, part]: `outer` the dims before the axis, each
+/// holding `blocks` parts (one per block of the whole axis) of `part` bytes (the
+/// part's rows of the axis times the inner dims). The whole holds `size` parts
+/// per block, rank r's the r-th.
 struct Layout {
-  size_t outer = 1, rows = 1, inner = 1;
+  size_t outer = 1, blocks = 1, part = 1;
 };
 Layout layoutOf(const bundle::TensorInfo &info) {
   Layout l;
   const int64_t axis = info.shard().axis();
-  l.inner = dtypeSize(info.dtype());
+  l.blocks = info.shard().blocks() > 1 ? static_cast<size_t>(info.shard().blocks()) : 1;
+  size_t rows = 1, inner = dtypeSize(info.dtype());
   for (int d = 0; d < info.shape_size(); ++d) {
     if (d < axis)
       l.outer *= static_cast<size_t>(info.shape(d));
     else if (d == axis)
-      l.rows = static_cast<size_t>(info.shape(d));
+      rows = static_cast<size_t>(info.shape(d));
     else
-      l.inner *= static_cast<size_t>(info.shape(d));
+      inner *= static_cast<size_t>(info.shape(d));
   }
+  l.part = rows / l.blocks * inner;
   return l;
 }
 } // namespace
@@ -62,22 +67,23 @@ std::vector<uint8_t> sliceShard(const bundle::TensorInfo &info, std::span<const 
                                 int64_t index) {
   const Layout l = layoutOf(info);
   const size_t parts = static_cast<size_t>(info.shard().size());
-  std::vector<uint8_t> out(l.outer * l.rows * l.inner);
-  const size_t block = l.rows * l.inner; // one outer index of the slice
-  for (size_t o = 0; o < l.outer; ++o)
-    std::memcpy(out.data() + o * block,
-                whole.data() + (o * parts + static_cast<size_t>(index)) * block, block);
+  const size_t n = l.outer * l.blocks; // parts in the slice
+  std::vector<uint8_t> out(n * l.part);
+  for (size_t j = 0; j < n; ++j)
+    std::memcpy(out.data() + j * l.part,
+                whole.data() + (j * parts + static_cast<size_t>(index)) * l.part, l.part);
   return out;
 }
 
 std::vector<uint8_t> joinShards(const bundle::TensorInfo &info, std::span<const uint8_t> parts) {
   const Layout l = layoutOf(info);
-  const size_t n = static_cast<size_t>(info.shard().size());
-  const size_t block = l.rows * l.inner, slice = l.outer * block;
-  std::vector<uint8_t> whole(slice * n);
-  for (size_t r = 0; r < n; ++r)
-    for (size_t o = 0; o < l.outer; ++o)
-      std::memcpy(whole.data() + (o * n + r) * block, parts.data() + r * slice + o * block, block);
+  const size_t size = static_cast<size_t>(info.shard().size());
+  const size_t n = l.outer * l.blocks, slice = n * l.part;
+  std::vector<uint8_t> whole(slice * size);
+  for (size_t r = 0; r < size; ++r)
+    for (size_t j = 0; j < n; ++j)
+      std::memcpy(whole.data() + (j * size + r) * l.part, parts.data() + r * slice + j * l.part,
+                  l.part);
   return whole;
 }
 

@@ -111,3 +111,40 @@ func.func @transformer_mlp(%x: tensor<2x3x4xf32> {forge.name = "x"}) -> (tensor<
   %y = forge.matmul %g, %t2 : (tensor<2x3x16xf32>, tensor<16x4xf32>) -> tensor<2x3x4xf32>
   return %y : tensor<2x3x4xf32>
 }
+
+// -----
+
+// Self-attention by heads: the fused q/k/v weight and bias by the columns of
+// this rank's heads in each of q, k and v (blocks = 3), the split and the
+// head reshapes halved, the attention on 2 of the 4 heads, the output
+// projection by the rows of those heads, then the sum over the group.
+// CHECK-LABEL: func @attention
+// CHECK-DAG: %[[W:.*]] = forge.shard %{{.*}} {axis = 0 : i64, blocks = 3 : i64, group = "tp", size = 2 : i64} : (tensor<24x8xf32>) -> tensor<12x8xf32>
+// CHECK-DAG: %[[B:.*]] = forge.shard %{{.*}} {axis = 0 : i64, blocks = 3 : i64, group = "tp", size = 2 : i64} : (tensor<24xf32>) -> tensor<12xf32>
+// CHECK-DAG: %[[WO:.*]] = forge.shard %{{.*}} {axis = 1 : i64, group = "tp", size = 2 : i64} : (tensor<8x8xf32>) -> tensor<8x4xf32>
+// CHECK: %[[X:.*]] = forge.enter_group %arg0
+// CHECK: forge.matmul %[[X]], %{{.*}} : (tensor<2x3x8xf32>, tensor<8x12xf32>) -> tensor<2x3x12xf32>
+// CHECK: forge.add %{{.*}}, %[[B]] : (tensor<2x3x12xf32>, tensor<12xf32>) -> tensor<2x3x12xf32>
+// CHECK: forge.split %{{.*}} {axis = 2 : i64, sizes = array<i64: 4, 4, 4>}
+// CHECK-COUNT-3: forge.reshape %{{.*}} {shape = array<i64: 2, 3, 2, 2>} : (tensor<2x3x4xf32>) -> tensor<2x3x2x2xf32>
+// CHECK: forge.attention {{.*}} -> (tensor<2x3x2x2xf32>, tensor<2x2x3xf32>)
+// CHECK: forge.reshape %{{.*}} {shape = array<i64: 2, 3, 4>} : (tensor<2x3x2x2xf32>) -> tensor<2x3x4xf32>
+// CHECK: %[[P:.*]] = forge.matmul %{{.*}}, %{{.*}} : (tensor<2x3x4xf32>, tensor<4x8xf32>) -> tensor<2x3x8xf32>
+// CHECK: forge.all_reduce %[[P]] {group = "tp", reduction = "sum", size = 2 : i64}
+func.func @attention(%x: tensor<2x3x8xf32> {forge.name = "x"}) -> (tensor<2x3x8xf32> {forge.name = "y"}) {
+  %wqkv = forge.constant {forge.initializer = "qkv.weight"} dense<0.25> : tensor<24x8xf32>
+  %bqkv = forge.constant {forge.initializer = "qkv.bias"} dense<0.5> : tensor<24xf32>
+  %wo = forge.constant {forge.initializer = "o.weight"} dense<0.125> : tensor<8x8xf32>
+  %t = forge.transpose %wqkv {perm = array<i64: 1, 0>} : (tensor<24x8xf32>) -> tensor<8x24xf32>
+  %p = forge.matmul %x, %t : (tensor<2x3x8xf32>, tensor<8x24xf32>) -> tensor<2x3x24xf32>
+  %pb = forge.add %p, %bqkv : (tensor<2x3x24xf32>, tensor<24xf32>) -> tensor<2x3x24xf32>
+  %s:3 = forge.split %pb {axis = 2 : i64, sizes = array<i64: 8, 8, 8>} : (tensor<2x3x24xf32>) -> (tensor<2x3x8xf32>, tensor<2x3x8xf32>, tensor<2x3x8xf32>)
+  %q = forge.reshape %s#0 {shape = array<i64: 2, 3, 4, 2>} : (tensor<2x3x8xf32>) -> tensor<2x3x4x2xf32>
+  %k = forge.reshape %s#1 {shape = array<i64: 2, 3, 4, 2>} : (tensor<2x3x8xf32>) -> tensor<2x3x4x2xf32>
+  %v = forge.reshape %s#2 {shape = array<i64: 2, 3, 4, 2>} : (tensor<2x3x8xf32>) -> tensor<2x3x4x2xf32>
+  %o, %lse = forge.attention %q, %k, %v {causal = true, layout = "bshd", scale = 0.70710678118654757 : f64} : (tensor<2x3x4x2xf32>, tensor<2x3x4x2xf32>, tensor<2x3x4x2xf32>) -> (tensor<2x3x4x2xf32>, tensor<2x4x3xf32>)
+  %r = forge.reshape %o {shape = array<i64: 2, 3, 8>} : (tensor<2x3x4x2xf32>) -> tensor<2x3x8xf32>
+  %tw = forge.transpose %wo {perm = array<i64: 1, 0>} : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %y = forge.matmul %r, %tw : (tensor<2x3x8xf32>, tensor<8x8xf32>) -> tensor<2x3x8xf32>
+  return %y : tensor<2x3x8xf32>
+}

@@ -849,12 +849,15 @@ def Forge_ShardOp : Op<Forge_Dialect, "shard", [Pure]> {
     Made by forge-shard-tensor-parallel (`forgec --tp T`): rank r of the
     `size` ranks of `group` holds slice r of `input` (an initializer, a
     forge.constant with forge.initializer) along `axis`, the axis divided
-    into `size` equal parts. forge-build-train-step makes the parameter of
-    the result's type, with the initializer's whole value as its initial
+    into `size` equal parts. With `blocks` > 1 the axis is `blocks` equal
+    blocks, each split so: rank r holds part r of every block (a fused q, k,
+    v projection split by heads). forge-build-train-step makes the parameter
+    of the result's type, with the initializer's whole value as its initial
     value and the split as its `forge.shard` attribute; the runtime loads
     each rank's slice. Nothing else may read a shard: it has no kernel.
   }];
-  let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis, StrAttr:$group, I64Attr:$size);
+  let arguments = (ins AnyForgeTensor:$input, I64Attr:$axis, StrAttr:$group, I64Attr:$size,
+                       DefaultValuedAttr<I64Attr, "1">:$blocks);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
