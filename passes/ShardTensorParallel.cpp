@@ -3,8 +3,8 @@
 // Invariants: on every rank, the function computes the same values as
 // before wherever it did not split (the sum over the group of the
 // row-parallel partial products is the whole product); a split pair's
-// hidden values are each rank's columns and are read by nothing outside the
-// pair; every split initializer is read through exactly one forge.shard, the
+// hidden values are each rank's columns (an attention's: its heads) and are
+// read by nothing outside the pair; every split initializer is read through exactly one forge.shard, the
 // parameter forge-build-train-step makes of it. Every rank runs this same
 // program, so all issue the same collectives in the same order.
 //
