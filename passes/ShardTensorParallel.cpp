@@ -105,6 +105,16 @@ std::optional<Product> asProduct(Operation *op, std::string &why) {
   return p;
 }
 
+/// `b` as a bias row of `width` (an initializer of its own holding `width`
+/// elements along its last dim), or null.
+ConstantOp biasRow(Value b, int64_t width) {
+  ConstantOp c = ownInitializer(b);
+  auto t = cast<RankedTensorType>(b.getType());
+  return c && t.getRank() >= 1 && t.getShape().back() == width && t.getNumElements() == width
+             ? c
+             : ConstantOp();
+}
+
 RankedTensorType splitType(Type type, int64_t axis, int64_t parts) {
   auto t = cast<RankedTensorType>(type);
   SmallVector<int64_t> shape(t.getShape());
@@ -229,14 +239,9 @@ struct ShardTensorParallelPass
     ConstantOp bias;
     SmallVector<Operation *> chain;
     Value v = hidden;
-    if (first.bias) {
-      bias = ownInitializer(first.bias);
-      auto bt = cast<RankedTensorType>(first.bias.getType());
-      if (!bias || bt.getRank() < 1 || bt.getShape().back() != width ||
-          bt.getNumElements() != width) {
-        why = "its bias is no row initializer of its own";
-        return false;
-      }
+    if (first.bias && !(bias = biasRow(first.bias, width))) {
+      why = "its bias is no row initializer of its own";
+      return false;
     }
     std::optional<Product> second;
     while (!second) {
@@ -258,10 +263,7 @@ struct ShardTensorParallelPass
       if (auto add = dyn_cast<AddOp>(user); add && !first.bias && !bias && chain.empty() &&
                                              v == hidden) {
         Value other = add.getLhs() == v ? add.getRhs() : add.getLhs();
-        auto ot = cast<RankedTensorType>(other.getType());
-        if (ConstantOp c = ownInitializer(other);
-            c && ot.getRank() >= 1 && ot.getShape().back() == width &&
-            ot.getNumElements() == width && add.getType() == hiddenType) {
+        if (ConstantOp c = biasRow(other, width); c && add.getType() == hiddenType) {
           bias = c;
           chain.push_back(add);
           v = add.getResult();
@@ -318,20 +320,13 @@ struct ShardTensorParallelPass
     if (width % 3 != 0)
       return false;
     const int64_t d = width / 3;
-    auto biasRow = [&](Value b) -> ConstantOp {
-      ConstantOp c = ownInitializer(b);
-      auto t = cast<RankedTensorType>(b.getType());
-      return c && t.getRank() >= 1 && t.getNumElements() == width && t.getShape().back() == width
-                 ? c
-                 : ConstantOp();
-    };
     ConstantOp bias;
     AddOp biasAdd;
-    if (first.bias && !(bias = biasRow(first.bias)))
+    if (first.bias && !(bias = biasRow(first.bias, width)))
       return false;
     if (!first.bias && v.hasOneUse())
       if (auto add = dyn_cast<AddOp>(*v.user_begin()); add && add.getType() == type)
-        if ((bias = biasRow(add.getLhs() == v ? add.getRhs() : add.getLhs()))) {
+        if ((bias = biasRow(add.getLhs() == v ? add.getRhs() : add.getLhs(), width))) {
           biasAdd = add;
           v = add.getResult();
         }
