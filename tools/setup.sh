@@ -23,7 +23,7 @@ packages=(
   libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
   libopenblas-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev zlib1g-dev libzstd-dev libturbojpeg0-dev libpng-dev liblmdb-dev libgloo-dev
-  python3 python3-venv python3-pip
+  python3 python3-venv python3-pip python3-dev
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -39,7 +39,7 @@ fi
 if [ ! -x .venv/bin/python3 ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python3 -c "import numpy, onnx, PIL, lmdb" 2>/dev/null; then
+if ! .venv/bin/python3 -c "import numpy, onnx, PIL, lmdb, nanobind, pytest" 2>/dev/null; then
   .venv/bin/pip install -q -r tools/requirements-test.txt
 fi
 

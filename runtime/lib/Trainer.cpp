@@ -96,8 +96,6 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                                                    TrainerOptions options) {
   const bundle::Program &p = bundle.program();
   const std::string &origin = bundle.origin();
-  if (!train)
-    return Status::error("no training data");
   auto exec = createExecutor(bundle, ExecutorOptions{options.device, options.threads,
                                                      options.cudaGraphs,
                                                      options.deterministicAttention});
@@ -256,24 +254,27 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->tpSize_ = tp;
   tr->dpRank_ = options.rank / tp;
 
-  FORGE_RETURN_IF_ERROR(train->bind(tr->fields_));
   const int64_t perStep = tr->globalSamplesPerStep();
-  if (train->numSamples() < perStep)
-    return Status::error("{}: {} training samples, fewer than one step needs ({}{} micro-batch{} "
-                         "x batch {} = {})",
-                         train->describe(), train->numSamples(),
-                         dp > 1 ? fmt::format("{} ranks x ", dp) : std::string(), micro,
-                         micro > 1 ? "es" : "", tr->batch_, perStep);
-  tr->trainData_ = std::move(train);
-  tr->sampler_ = std::make_unique<EpochSampler>(tr->trainData_->numSamples(), perStep,
-                                                options.seed, options.shuffle);
+  if (train) {
+    FORGE_RETURN_IF_ERROR(train->bind(tr->fields_));
+    if (train->numSamples() < perStep)
+      return Status::error("{}: {} training samples, fewer than one step needs ({}{} "
+                           "micro-batch{} x batch {} = {})",
+                           train->describe(), train->numSamples(),
+                           dp > 1 ? fmt::format("{} ranks x ", dp) : std::string(), micro,
+                           micro > 1 ? "es" : "", tr->batch_, perStep);
+    tr->trainData_ = std::move(train);
+    tr->sampler_ = std::make_unique<EpochSampler>(tr->trainData_->numSamples(), perStep,
+                                                  options.seed, options.shuffle);
+  }
   for (const DataField &f : tr->fields_)
     tr->sampleBytes_.push_back(static_cast<size_t>(numElements(f.sampleShape)) *
                                dtypeSize(f.dtype));
   {
     unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     unsigned workers = options.workers ? options.workers : std::min(8u, hw);
-    if (workers > 1 && tr->trainData_->concurrentFill() && tr->batch_ > 1)
+    // Without a source, stepOn()'s batches are arrays (concurrent fills).
+    if (workers > 1 && (!tr->trainData_ || tr->trainData_->concurrentFill()) && tr->batch_ > 1)
       tr->dataPool_ = std::make_unique<ThreadPool>(workers);
   }
   tr->microOuts_.assign(static_cast<size_t>(micro), {});
@@ -283,7 +284,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       tr->microOuts_[k].push_back(ex.inputBuffer(tensors[f][k]));
       tr->microInputs_[k].push_back(tensors[f][k]);
     }
-  if (options.prefetch > 0) {
+  if (options.prefetch > 0 && tr->trainData_) {
     // The ring's buffers: prefetch + 1 sets (the one the device reads, and the
     // batches ahead of it).
     tr->ring_.resize(static_cast<size_t>(options.prefetch) + 1);
@@ -316,71 +317,91 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   if (tokenInputs == 1 && nonLabel == 1)
     tr->tokensPerStep_ = perStep * seqLen;
 
-  // Evaluation.
-  if (eval) {
-    auto evalIndex = ex.findRoutine("eval");
-    if (!evalIndex)
-      return Status::error("eval data was given but {} has no 'eval' routine", origin);
-    tr->eval_.index = *evalIndex;
-    std::vector<int32_t> evalTensors;
-    for (int32_t t : ex.inputs(tr->eval_.index)) {
-      const bundle::TensorInfo &info = ex.tensorInfo(t);
-      if (info.name() == kSampleWeight) { // not data: evaluate() fills it
-        if (info.dtype() != bundle::F32 || info.shape_size() != 1)
-          return Status::error("{}: eval input '{}' must be f32 [batch], is {}{}", origin,
-                               info.name(), dtypeName(info.dtype()),
-                               shapeString(shapeOf(info)));
-        tr->evalWeight_ = t;
-        continue;
-      }
-      if (info.shape_size() == 0)
-        return Status::error("{}: eval input '{}' is a scalar; data inputs need a batch dim 0",
-                             origin, info.name());
-      DataField f;
-      f.name = info.name();
-      f.dtype = info.dtype();
-      f.sampleShape.assign(info.shape().begin() + 1, info.shape().end());
-      f.isLabel = !label.empty() && f.name == label;
-      if (f.isLabel) {
-        f.numClasses = numClasses;
-        f.ignoreValue = ignore;
-        tr->evalLabelElements_ = numElements(shapeOf(info));
-      }
-      if (tr->evalBatch_ == 0)
-        tr->evalBatch_ = info.shape(0);
-      else if (info.shape(0) != tr->evalBatch_)
-        return Status::error("{}: eval inputs disagree on the batch size: '{}' has {}, expected "
-                             "{}",
-                             origin, f.name, info.shape(0), tr->evalBatch_);
-      tr->evalFields_.push_back(f);
-      evalTensors.push_back(t);
-    }
-    if (tr->evalFields_.empty() || tr->evalBatch_ <= 0)
-      return Status::error("{}: the eval routine has no data inputs", origin);
-    if (tr->evalLabelElements_ == 0)
-      tr->evalLabelElements_ = tr->evalBatch_;
-    auto evalLoss = scalarOutput(ex, tr->eval_.index, "loss", true);
-    if (!evalLoss)
-      return evalLoss.status();
-    auto correct = scalarOutput(ex, tr->eval_.index, "forge.correct", false);
-    if (!correct)
-      return correct.status();
-    tr->eval_.loss = *evalLoss;
-    tr->eval_.extra1 = *correct;
-    FORGE_RETURN_IF_ERROR(eval->bind(tr->evalFields_));
-    if (eval->numSamples() < tr->evalBatch_)
-      return Status::error("{}: {} eval samples, fewer than one batch ({})", eval->describe(),
-                           eval->numSamples(), tr->evalBatch_);
-    tr->evalData_ = std::move(eval);
-    for (int32_t t : evalTensors)
-      tr->evalOuts_.push_back(ex.inputBuffer(t));
-    tr->evalIndices_.resize(static_cast<size_t>(tr->evalBatch_));
-    if (tr->evalWeight_ >= 0 && ex.tensorInfo(tr->evalWeight_).shape(0) != tr->evalBatch_)
-      return Status::error("{}: eval input '{}' has {} weights for batches of {}", origin,
-                           kSampleWeight, ex.tensorInfo(tr->evalWeight_).shape(0),
-                           tr->evalBatch_);
-  }
+  if (eval)
+    FORGE_RETURN_IF_ERROR(tr->setEvalData(std::move(eval)));
   return tr;
+}
+
+Status Trainer::setEvalData(std::unique_ptr<DataSource> eval) {
+  if (!eval)
+    return Status::error("internal: setEvalData without a source");
+  if (inFlight_ != 0)
+    return Status::error("internal: setEvalData() with {} step(s) in flight", inFlight_);
+  const bundle::Program &p = exec_->bundle().program();
+  const std::string &origin = exec_->bundle().origin();
+  const std::string label = buildOption(p, "label_input");
+  int64_t numClasses = 0;
+  std::optional<int64_t> ignore;
+  classesOf(p, numClasses, ignore);
+  // A second source replaces the first: the binding starts over.
+  evalData_.reset();
+  evalFields_.clear();
+  evalOuts_.clear();
+  evalBatch_ = 0;
+  evalLabelElements_ = 0;
+  evalWeight_ = -1;
+  auto evalIndex = exec_->findRoutine("eval");
+  if (!evalIndex)
+    return Status::error("eval data was given but {} has no 'eval' routine", origin);
+  eval_.index = *evalIndex;
+  std::vector<int32_t> evalTensors;
+  for (int32_t t : exec_->inputs(eval_.index)) {
+    const bundle::TensorInfo &info = exec_->tensorInfo(t);
+    if (info.name() == kSampleWeight) { // not data: evaluate() fills it
+      if (info.dtype() != bundle::F32 || info.shape_size() != 1)
+        return Status::error("{}: eval input '{}' must be f32 [batch], is {}{}", origin,
+                             info.name(), dtypeName(info.dtype()),
+                             shapeString(shapeOf(info)));
+      evalWeight_ = t;
+      continue;
+    }
+    if (info.shape_size() == 0)
+      return Status::error("{}: eval input '{}' is a scalar; data inputs need a batch dim 0",
+                           origin, info.name());
+    DataField f;
+    f.name = info.name();
+    f.dtype = info.dtype();
+    f.sampleShape.assign(info.shape().begin() + 1, info.shape().end());
+    f.isLabel = !label.empty() && f.name == label;
+    if (f.isLabel) {
+      f.numClasses = numClasses;
+      f.ignoreValue = ignore;
+      evalLabelElements_ = numElements(shapeOf(info));
+    }
+    if (evalBatch_ == 0)
+      evalBatch_ = info.shape(0);
+    else if (info.shape(0) != evalBatch_)
+      return Status::error("{}: eval inputs disagree on the batch size: '{}' has {}, expected "
+                           "{}",
+                           origin, f.name, info.shape(0), evalBatch_);
+    evalFields_.push_back(f);
+    evalTensors.push_back(t);
+  }
+  if (evalFields_.empty() || evalBatch_ <= 0)
+    return Status::error("{}: the eval routine has no data inputs", origin);
+  if (evalLabelElements_ == 0)
+    evalLabelElements_ = evalBatch_;
+  auto evalLoss = scalarOutput(*exec_, eval_.index, "loss", true);
+  if (!evalLoss)
+    return evalLoss.status();
+  auto correct = scalarOutput(*exec_, eval_.index, "forge.correct", false);
+  if (!correct)
+    return correct.status();
+  eval_.loss = *evalLoss;
+  eval_.extra1 = *correct;
+  FORGE_RETURN_IF_ERROR(eval->bind(evalFields_));
+  if (eval->numSamples() < evalBatch_)
+    return Status::error("{}: {} eval samples, fewer than one batch ({})", eval->describe(),
+                         eval->numSamples(), evalBatch_);
+  evalData_ = std::move(eval);
+  for (int32_t t : evalTensors)
+    evalOuts_.push_back(exec_->inputBuffer(t));
+  evalIndices_.resize(static_cast<size_t>(evalBatch_));
+  if (evalWeight_ >= 0 && exec_->tensorInfo(evalWeight_).shape(0) != evalBatch_)
+    return Status::error("{}: eval input '{}' has {} weights for batches of {}", origin,
+                         kSampleWeight, exec_->tensorInfo(evalWeight_).shape(0),
+                         evalBatch_);
+  return Status::ok();
 }
 
 Status Trainer::launch(std::vector<Executor::Span> *profile) {
@@ -388,6 +409,9 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
     return Status::error("internal: two steps are in flight; collect one first");
   if (profile && inFlight_ != 0)
     return Status::error("internal: a profiled step needs the device idle");
+  if (!trainData_)
+    return Status::error("this trainer has no training data: pass each batch to the step "
+                         "(Trainer::stepOn)");
   if (!ring_.empty() && !producer_.joinable())
     FORGE_RETURN_IF_ERROR(startProducer()); // from the sampler's position, before next()
   std::span<const int64_t> global = sampler_->next();
@@ -400,7 +424,7 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
   if (ring_.empty()) {
     std::lock_guard<std::mutex> fill(fillMutex_);
     trainData_->setEpoch(sampler_->position().epoch); // the epoch of `indices`
-    FORGE_RETURN_IF_ERROR(fillStep(indices, microOuts_));
+    FORGE_RETURN_IF_ERROR(fillStep(*trainData_, indices, microOuts_));
   } else {
     // The device has taken the last run's inputs: its slot is free. Then wait
     // for this step's batch (the stall) and point the inputs at it.
@@ -508,7 +532,7 @@ void Trainer::produce() {
     {
       std::lock_guard<std::mutex> fill(fillMutex_);
       trainData_->setEpoch(lookahead_->position().epoch); // the epoch of `indices`
-      slot->status = fillStep(indices, slot->outs);
+      slot->status = fillStep(*trainData_, indices, slot->outs);
     }
     const bool failed = !slot->status.isOk();
     {
@@ -529,7 +553,7 @@ Trainer::~Trainer() {
     (void)exec_->waitInputsConsumed();
 }
 
-Status Trainer::fillStep(std::span<const int64_t> indices,
+Status Trainer::fillStep(DataSource &source, std::span<const int64_t> indices,
                          const std::vector<std::vector<void *>> &outsPerMicro) {
   // Each micro-batch's samples, split over the data workers: sample i of
   // micro-batch k lands at i * sampleBytes_[f] of field f's buffer, so the
@@ -539,7 +563,7 @@ Status Trainer::fillStep(std::span<const int64_t> indices,
         indices.subspan(static_cast<size_t>(k * batch_), static_cast<size_t>(batch_));
     const std::vector<void *> &micro = outsPerMicro[static_cast<size_t>(k)];
     if (!dataPool_) {
-      FORGE_RETURN_IF_ERROR(trainData_->fill(part, micro));
+      FORGE_RETURN_IF_ERROR(source.fill(part, micro));
       continue;
     }
     // A bad sample's error is the first sample's of the batch, however the work was split.
@@ -551,7 +575,7 @@ Status Trainer::fillStep(std::span<const int64_t> indices,
       for (size_t f = 0; f < micro.size(); ++f)
         outs.push_back(static_cast<uint8_t *>(micro[f]) +
                        static_cast<size_t>(begin) * sampleBytes_[f]);
-      Status st = trainData_->fill(
+      Status st = source.fill(
           part.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin)), outs);
       if (!st.isOk()) {
         std::lock_guard<std::mutex> lock(mutex);
@@ -622,6 +646,38 @@ Expected<StepResult> Trainer::step(std::vector<Executor::Span> *profile) {
   return collect();
 }
 
+Expected<StepResult> Trainer::stepOn(DataSource &batch) {
+  if (inFlight_ != 0)
+    return Status::error("internal: stepOn() with {} step(s) in flight", inFlight_);
+  FORGE_RETURN_IF_ERROR(batch.bind(fields_));
+  if (batch.numSamples() != samplesPerStep())
+    return Status::error("{}: the batch has {} samples, a step takes {}{}", batch.describe(),
+                         batch.numSamples(), samplesPerStep(),
+                         micro_ > 1 ? fmt::format(" ({} micro-batches x {})", micro_, batch_)
+                                    : std::string());
+  std::vector<int64_t> indices(static_cast<size_t>(samplesPerStep()));
+  for (size_t i = 0; i < indices.size(); ++i)
+    indices[i] = static_cast<int64_t>(i);
+  const auto t0 = std::chrono::steady_clock::now();
+  FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
+  // A ring launch may have pointed the inputs at a slot: fill the executor's own buffers.
+  for (const std::vector<int32_t> &micro : microInputs_)
+    for (int32_t t : micro)
+      FORGE_RETURN_IF_ERROR(exec_->bindInput(t, nullptr));
+  FORGE_RETURN_IF_ERROR(fillStep(batch, indices, microOuts_));
+  const double inputSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const uint64_t run = exec_->runsIssued();
+  if (stepInput_ >= 0) {
+    float s = static_cast<float>(step_ + 1);
+    std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
+  }
+  FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
+  ++inFlight_;
+  launched_.emplace_back(run, inputSeconds);
+  return collect();
+}
+
 Expected<EvalResult> Trainer::evaluate() {
   if (!evalData_)
     return Status::error("no eval data");
@@ -662,6 +718,8 @@ Expected<EvalResult> Trainer::evaluate() {
 }
 
 double Trainer::epochsDone() const {
+  if (!sampler_)
+    return 0;
   const int64_t perEpoch = stepsPerEpoch() * globalSamplesPerStep();
   if (perEpoch <= 0)
     return 0;
@@ -673,16 +731,25 @@ double Trainer::epochsDone() const {
 CheckpointState Trainer::state() const {
   CheckpointState s;
   s.step = step_;
-  s.epoch = sampler_->position().epoch;
-  s.index = sampler_->position().index;
+  if (sampler_) {
+    s.epoch = sampler_->position().epoch;
+    s.index = sampler_->position().index;
+  }
   s.seed = options_.seed;
   s.shuffle = options_.shuffle;
-  s.trainSamples = trainData_->numSamples();
+  s.trainSamples = trainData_ ? trainData_->numSamples() : 0;
   s.samplesPerStep = globalSamplesPerStep(); // the global layout: resumable on another --dp
   return s;
 }
 
 Status Trainer::restore(const CheckpointState &state) {
+  if (!trainData_) {
+    // Batches come from stepOn(): only the step count continues (forge.step, the schedule).
+    if (inFlight_ != 0)
+      return Status::error("internal: restore() with {} step(s) in flight", inFlight_);
+    step_ = state.step;
+    return Status::ok();
+  }
   if (state.trainSamples != trainData_->numSamples())
     return Status::error("the checkpoint was taken with {} training samples, the data ({}) has "
                          "{}; resuming needs the same training data",
@@ -713,6 +780,8 @@ Status Trainer::restore(const CheckpointState &state) {
 }
 
 std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
+  if (!trainData_)
+    return std::nullopt;
   const int64_t perEpoch = sampler_->stepsPerEpoch(), n = samplesPerStep();
   const int64_t global = globalSamplesPerStep();
   if (step < 1 || perEpoch <= 0)

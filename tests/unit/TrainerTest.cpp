@@ -527,6 +527,97 @@ TEST(TrainerTest, EvaluateCoversAPartialLastBatch) {
   EXPECT_NEAR(*e->accuracy, accuracy, 1e-12);
 }
 
+TEST(TrainerTest, StepOnTakesTheCallersBatchesWithoutASource) {
+  // A trainer without a training source (the Python API) trains on batches the
+  // caller passes: the rows of an unshuffled source, step by step, give its losses
+  // and parameters bit for bit; the batch is checked as data files are.
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  auto ref = makeTrainer(*bundle, 16, 0, 0, /*shuffle=*/false);
+  TrainerOptions o;
+  o.threads = 2;
+  auto made = Trainer::create(*bundle, nullptr, nullptr, o);
+  ASSERT_TRUE(made.isOk()) << made.status().message();
+  auto tr = made.take();
+  ASSERT_TRUE(ref);
+  EXPECT_FALSE(tr->hasTrainData());
+  EXPECT_EQ(tr->trainSamples(), 0);
+  EXPECT_EQ(tr->stepsPerEpoch(), 0);
+  auto data = linearData(16);
+  for (int s = 0; s < 4; ++s) {
+    std::vector<std::pair<std::string, MappedArray>> views;
+    for (auto &[name, t] : data) {
+      const size_t row = t.bytes.size() / 16;
+      MappedArray m;
+      m.dtype = t.dtype;
+      m.shape = t.shape;
+      m.shape[0] = 4;
+      m.data = t.bytes.data() + static_cast<size_t>(s) * 4 * row;
+      m.size = 4 * row;
+      views.emplace_back(name, m);
+    }
+    auto batch = makeArrayViewSource(std::move(views), "batch");
+    auto a = ref->step();
+    auto b = tr->stepOn(*batch);
+    ASSERT_TRUE(a.isOk() && b.isOk()) << b.status().message();
+    EXPECT_EQ(b->step, s + 1);
+    EXPECT_EQ(std::memcmp(&a->loss, &b->loss, 4), 0) << "step " << s + 1;
+  }
+  EXPECT_EQ(bytesOf(ref->executor(), "w"), bytesOf(tr->executor(), "w"));
+  // step() has nothing to draw from; a batch of the wrong size or dtype is refused.
+  auto none = tr->step();
+  ASSERT_FALSE(none.isOk());
+  EXPECT_NE(none.status().message().find("no training data"), std::string::npos);
+  auto three = makeArraySource(linearData(3), {"b.npz", "b.npz"});
+  auto r3 = tr->stepOn(*three);
+  ASSERT_FALSE(r3.isOk());
+  EXPECT_NE(r3.status().message().find("the batch has 3 samples, a step takes 4"),
+            std::string::npos) << r3.status().message();
+  std::vector<std::pair<std::string, HostTensor>> wrong = linearData(4);
+  wrong[0].second.dtype = forge::bundle::I32;
+  auto bad = makeArraySource(std::move(wrong), {"b.npz", "b.npz"});
+  auto rb = tr->stepOn(*bad);
+  ASSERT_FALSE(rb.isOk());
+  EXPECT_NE(rb.status().message().find("array 'x' has dtype i32"), std::string::npos)
+      << rb.status().message();
+  EXPECT_EQ(tr->stepsDone(), 4);
+  // The checkpoint state without a source: the step only; restore() continues it.
+  CheckpointState st = tr->state();
+  EXPECT_EQ(st.step, 4);
+  EXPECT_EQ(st.trainSamples, 0);
+  st.step = 9;
+  ASSERT_TRUE(tr->restore(st).isOk());
+  EXPECT_EQ(tr->stepsDone(), 9);
+}
+
+TEST(TrainerTest, SetEvalDataBindsAndReplacesTheEvalSource) {
+  LinearSpec spec;
+  spec.sampleWeights = true;
+  auto bundle = load(makeLinearBundle(spec));
+  ASSERT_TRUE(bundle);
+  auto tr = makeTrainer(*bundle, 8, 1);
+  ASSERT_TRUE(tr);
+  EXPECT_FALSE(tr->hasEval());
+  ASSERT_TRUE(tr->setEvalData(makeArraySource(linearData(12), {"v.npz", "v.npz"})).isOk());
+  auto e = tr->evaluate();
+  ASSERT_TRUE(e.isOk()) << e.status().message();
+  auto [mse, accuracy] = linearEvalReference(12);
+  EXPECT_EQ(e->samples, 12);
+  EXPECT_NEAR(e->loss, mse, 1e-5);
+  // A replacement of another size; a bad one is refused and leaves no eval data.
+  ASSERT_TRUE(tr->setEvalData(makeArraySource(linearData(7), {"w.npz", "w.npz"})).isOk());
+  auto e7 = tr->evaluate();
+  ASSERT_TRUE(e7.isOk()) << e7.status().message();
+  EXPECT_EQ(e7->samples, 7);
+  auto bad = linearData(7);
+  bad.pop_back(); // no 'y'
+  Status st = tr->setEvalData(makeArraySource(std::move(bad), {"u.npz"}));
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("no array for the bundle input 'y'"), std::string::npos)
+      << st.message();
+  EXPECT_FALSE(tr->hasEval());
+}
+
 TEST(TrainerTest, EvaluateAveragesFullBatches) {
   auto bundle = load(makeLinearBundle());
   ASSERT_TRUE(bundle);

@@ -207,6 +207,14 @@ std::unique_ptr<DataSource> makeArraySource(std::vector<std::pair<std::string, H
   return std::make_unique<ArraySource>(std::move(list));
 }
 
+std::unique_ptr<DataSource> makeArrayViewSource(std::vector<std::pair<std::string, MappedArray>> arrays,
+                                                const std::string &origin) {
+  std::vector<ArraySource::Array> list;
+  for (auto &[name, tensor] : arrays)
+    list.push_back({std::move(name), std::move(tensor), origin});
+  return std::make_unique<ArraySource>(std::move(list));
+}
+
 Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::string> &specs,
                                                      const DataSourceOptions &options) {
   if (specs.empty())

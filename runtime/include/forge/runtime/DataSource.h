@@ -117,6 +117,12 @@ std::unique_ptr<DataSource> makeImageRecordSource(std::vector<std::vector<uint8_
 std::unique_ptr<DataSource> makeArraySource(std::vector<std::pair<std::string, HostTensor>> arrays,
                                             std::vector<std::string> origins = {});
 
+/// Arrays the caller owns (the Python API's batches, read in place): the same
+/// checks and fills as makeArraySource, without a copy; the memory must outlive
+/// the source. `origin` names them in messages.
+std::unique_ptr<DataSource> makeArrayViewSource(std::vector<std::pair<std::string, MappedArray>> arrays,
+                                                const std::string &origin);
+
 /// Token ids (already in memory; tests) as a token source: sample i is the
 /// window starting at token i*T, the token field gets tokens[o, o+T) and the
 /// label field tokens[o+1, o+T+1).

@@ -86,7 +86,9 @@ struct EvalResult {
 
 class Trainer {
 public:
-  /// `eval` may be null (no evaluation). The bundle must outlive the trainer.
+  /// `eval` may be null (no evaluation). `train` may be null too: the trainer
+  /// then takes every batch from stepOn() (the Python API's step(batch)), and
+  /// step()/launch() refuse. The bundle must outlive the trainer.
   static Expected<std::unique_ptr<Trainer>> create(const Bundle &bundle,
                                                    std::unique_ptr<DataSource> train,
                                                    std::unique_ptr<DataSource> eval,
@@ -95,6 +97,13 @@ public:
   /// Runs one optimizer step on the next K*B samples (launch() then collect(),
   /// with nothing in flight before or after).
   Expected<StepResult> step(std::vector<Executor::Span> *profile = nullptr);
+
+  /// One optimizer step on the caller's samples instead of the training
+  /// source's: `batch` is bound to the data fields as a training source is
+  /// (the same checks and messages) and must hold exactly samplesPerStep()
+  /// samples, micro-batch k taking [k*B, (k+1)*B). forge.step advances; the
+  /// sampler does not. Nothing may be in flight; `batch` is not kept.
+  Expected<StepResult> stepOn(DataSource &batch);
 
   /// Pipelined stepping, for devices that can (Executor::canPipeline): launch()
   /// starts the next step on the next K*B samples without waiting for the
@@ -115,6 +124,9 @@ public:
   /// partial batch included, when the bundle's eval routine takes
   /// forge.sample_weight; else over the full batches).
   Expected<EvalResult> evaluate();
+  /// Binds (or replaces) the eval data: the bundle's `eval` routine and the
+  /// source are checked as create() checks them.
+  Status setEvalData(std::unique_ptr<DataSource> eval);
   bool hasEval() const { return evalData_ != nullptr; }
 
   int64_t stepsDone() const { return step_; }
@@ -129,8 +141,10 @@ public:
   int64_t dataParallelRank() const { return dpRank_; }
   int64_t dataParallelSize() const { return dpSize_; }
   int64_t tensorParallelSize() const { return tpSize_; }
-  int64_t stepsPerEpoch() const { return sampler_->stepsPerEpoch(); }
-  int64_t trainSamples() const { return trainData_->numSamples(); }
+  /// Without a training source (stepOn() only): 0 steps per epoch, 0 samples.
+  int64_t stepsPerEpoch() const { return sampler_ ? sampler_->stepsPerEpoch() : 0; }
+  int64_t trainSamples() const { return trainData_ ? trainData_->numSamples() : 0; }
+  bool hasTrainData() const { return trainData_ != nullptr; }
   int64_t evalSamples() const { return evalData_ ? evalData_->numSamples() : 0; }
   /// Tokens per step when the data input is an integer [B, T] tensor, else 0.
   int64_t tokensPerStep() const { return tokensPerStep_; }
@@ -138,7 +152,7 @@ public:
   double epochsDone() const;
   /// Names of the data inputs (without micro-batch suffixes) and the label input.
   const std::vector<DataField> &dataFields() const { return fields_; }
-  const DataSource &trainData() const { return *trainData_; }
+  const DataSource &trainData() const { return *trainData_; } // hasTrainData()
   const DataSource *evalData() const { return evalData_.get(); }
   /// The train_step outputs `forge.grad.NAME` (forgec --expose-gradients),
   /// as (NAME, tensor index) in output order; empty for other bundles. Read
@@ -164,8 +178,9 @@ public:
 
 private:
   Trainer() = default;
-  /// Fills `outs` ([micro-batch][field] -> buffer) with the step's samples.
-  Status fillStep(std::span<const int64_t> indices, const std::vector<std::vector<void *>> &outs);
+  /// Fills `outs` ([micro-batch][field] -> buffer) with the step's samples of `source`.
+  Status fillStep(DataSource &source, std::span<const int64_t> indices,
+                  const std::vector<std::vector<void *>> &outs);
   /// This rank's share of a step's global indices (TrainerOptions::rank).
   std::span<const int64_t> rankShare(std::span<const int64_t> global) const {
     return global.subspan(static_cast<size_t>(dpRank_ * samplesPerStep()),

@@ -1,0 +1,286 @@
+"""The forge Python package (python/forge) against forge-train (issue #19).
+
+The reference for every trajectory is forge-train itself on the same bundle, data, seed and
+thread count: the package binds the same runtime, so losses (float32, as forge-train's
+--metrics prints them: shortest round-trip) and parameters (--dump-params) must match bit
+for bit. Run by ctest (python_api; python_api_gpu with --device cuda):
+
+  FORGEC=... FORGE_TRAIN=... PYTHONPATH=build/python python -m pytest tests/python [--device cuda]
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import forge
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODEL = os.path.join(ROOT, "models", "digits_mlp.onnx")
+TRAIN = os.path.join(ROOT, "models", "data", "digits_train.npz")
+TEST = os.path.join(ROOT, "models", "data", "digits_test.npz")
+LOSS = "cross_entropy:logits,labels"
+B = 32
+
+
+def forge_train():
+    return os.environ.get("FORGE_TRAIN") or shutil.which("forge-train")
+
+
+def run_forge_train(args, tmp_path, tag):
+    """forge-train with `args`; returns its --metrics records."""
+    metrics = tmp_path / f"{tag}.jsonl"
+    proc = subprocess.run([forge_train(), *map(str, args), "--metrics", str(metrics)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(line) for line in open(metrics)]
+
+
+def f32(v):
+    return np.float32(v)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    with np.load(TRAIN) as d:
+        return {k: d[k] for k in d.files}
+
+
+@pytest.fixture(scope="module")
+def bundle(device, target):
+    return forge.compile(MODEL, batch=B, target=target, loss=LOSS, optimizer="adamw:lr=1e-3",
+                         clip_grad_norm=1.0)
+
+
+def make_trainer(bundle, device, **kw):
+    kw.setdefault("threads", 1)
+    return forge.Trainer(bundle, device=device, **kw)
+
+
+# --- the trajectory equals forge-train's ------------------------------------------------
+
+def test_data_trajectory_equals_forge_train(bundle, device, tmp_path):
+    steps, seed = 12, 7
+    ref = run_forge_train([bundle.path, "--data", TRAIN, "--seed", seed, "--threads", 1,
+                           "--steps", steps, "--device", device,
+                           "--dump-params", tmp_path / "ref.npz"], tmp_path, "ref")
+    tr = make_trainer(bundle, device, data=TRAIN, seed=seed)
+    got = [tr.step() for _ in range(steps)]
+    assert [g["step"] for g in got] == list(range(1, steps + 1))
+    assert [f32(g["loss"]) for g in got] == [f32(r["loss"]) for r in ref]
+    assert [f32(g["grad_norm"]) for g in got] == [f32(r["grad_norm"]) for r in ref]
+    params = tr.parameters()
+    with np.load(tmp_path / "ref.npz") as want:
+        inits = {i.name for i in onnx.load(MODEL).graph.initializer}
+        assert set(params) == inits  # the ONNX initializer (state_dict) names
+        for name, value in params.items():
+            np.testing.assert_array_equal(value, want[name], err_msg=name)
+
+
+def test_batches_from_python_equal_the_data_file(bundle, device, digits, tmp_path):
+    """step(batch) with the rows forge-train --no-shuffle visits: the same losses."""
+    steps = 8
+    ref = run_forge_train([bundle.path, "--data", TRAIN, "--no-shuffle", "--threads", 1,
+                           "--steps", steps, "--device", device], tmp_path, "noshuffle")
+    tr = make_trainer(bundle, device)
+    losses = []
+    for s in range(steps):
+        batch = {k: v[s * B:(s + 1) * B] for k, v in digits.items()}
+        losses.append(f32(tr.step(batch)["loss"]))
+    assert losses == [f32(r["loss"]) for r in ref]
+    assert tr.steps_done == steps
+
+
+class DLPackOnly:
+    """A tensor that offers only the DLPack protocol (as a PyTorch CPU tensor does)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_dlpack_and_strided_batches(bundle, device, digits):
+    """DLPack objects and non-contiguous arrays train exactly as contiguous NumPy."""
+    first = {k: v[:B] for k, v in digits.items()}
+    a = make_trainer(bundle, device)
+    want = [a.step(first)["loss"], a.step(first)["loss"]]
+    b = make_trainer(bundle, device)
+    # x as the transpose of a transposed copy (strides reversed), labels through DLPack.
+    x_strided = np.ascontiguousarray(first["x"].T).T
+    assert not x_strided.flags.c_contiguous
+    got = [b.step({"x": x_strided, "labels": DLPackOnly(first["labels"])})["loss"],
+           b.step({"x": DLPackOnly(first["x"]), "labels": first["labels"]})["loss"]]
+    assert got == want
+
+
+def test_micro_batches(device, target, digits, tmp_path):
+    """A bundle with 2 micro-batches takes 2 x B rows per step, as forge-train does."""
+    bundle = forge.compile(MODEL, batch=16, target=target, loss=LOSS, optimizer="sgd:lr=0.1",
+                           micro_batches=2)
+    assert bundle.inputs()[0][0] == "x@0"
+    ref = run_forge_train([bundle.path, "--data", TRAIN, "--no-shuffle", "--threads", 1,
+                           "--steps", 3, "--device", device], tmp_path, "micro")
+    tr = make_trainer(bundle, device)
+    assert tr.samples_per_step == 32 and tr.micro_batches == 2
+    got = [f32(tr.step({k: v[s * 32:(s + 1) * 32] for k, v in digits.items()})["loss"])
+           for s in range(3)]
+    assert got == [f32(r["loss"]) for r in ref]
+
+
+# --- evaluation, checkpoints, export -----------------------------------------------------
+
+def test_evaluate_equals_forge_train(bundle, device, tmp_path):
+    ref = run_forge_train([bundle.path, "--data", TRAIN, "--eval-data", TEST, "--threads", 1,
+                           "--steps", 5, "--eval-every", 5, "--device", device],
+                          tmp_path, "eval")
+    tr = make_trainer(bundle, device, data=TRAIN, eval_data=TEST)
+    for _ in range(5):
+        tr.step()
+    e = tr.evaluate()
+    assert e["samples"] == 360 and e["batches"] == 12  # 360 = 11 x 32 + 8: a partial batch
+    # forge-train prints doubles with 9 significant digits: the same digits.
+    assert float(f'{e["loss"]:.9g}') == ref[-1]["eval_loss"]
+    assert float(f'{e["accuracy"]:.9g}') == ref[-1]["eval_accuracy"]
+    # The same samples as a list of uneven batches: the same result.
+    with np.load(TEST) as t:
+        test = {k: t[k] for k in t.files}
+    parts = [{k: v[i:i + 100] for k, v in test.items()} for i in range(0, 360, 100)]
+    e2 = tr.evaluate(parts)
+    assert e2["samples"] == 360
+    assert e2["loss"] == pytest.approx(e["loss"], rel=1e-12)
+    assert e2["accuracy"] == e["accuracy"]
+    assert tr.steps_done == 5  # evaluation does not train
+
+
+def test_checkpoint_resume_is_exact(bundle, device, tmp_path):
+    full = make_trainer(bundle, device, data=TRAIN, seed=3)
+    losses = [full.step()["loss"] for _ in range(6)]
+    part = make_trainer(bundle, device, data=TRAIN, seed=3)
+    for _ in range(3):
+        part.step()
+    path = part.save_checkpoint(tmp_path / "c.forgeckpt")
+    fresh = make_trainer(bundle, device, data=TRAIN, seed=3)
+    assert fresh.resume(path) == 3
+    assert [fresh.step()["loss"] for _ in range(3)] == losses[3:]
+
+
+def test_checkpoints_cross_between_python_and_forge_train(bundle, device, tmp_path):
+    """forge-train resumes Python's checkpoint directory, and Python resumes forge-train's."""
+    ref = run_forge_train([bundle.path, "--data", TRAIN, "--threads", 1, "--steps", 6,
+                           "--device", device], tmp_path, "full")
+    tr = make_trainer(bundle, device, data=TRAIN)
+    for _ in range(3):
+        tr.step()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    tr.save_checkpoint(ckpt)
+    rest = run_forge_train([bundle.path, "--data", TRAIN, "--threads", 1, "--steps", 6,
+                            "--device", device, "--ckpt-dir", ckpt, "--resume"],
+                           tmp_path, "rest")
+    assert [r["step"] for r in rest] == [4, 5, 6]
+    assert [f32(r["loss"]) for r in rest] == [f32(r["loss"]) for r in ref[3:]]
+    # forge-train's directory (now with its step-6 checkpoint) back into Python.
+    back = make_trainer(bundle, device, data=TRAIN)
+    assert back.resume(ckpt) == 6
+    assert back.step()["step"] == 7
+
+
+def test_export_onnx_and_parameters(bundle, device, digits, tmp_path):
+    tr = make_trainer(bundle, device)
+    for s in range(3):
+        tr.step({k: v[s * B:(s + 1) * B] for k, v in digits.items()})
+    out = tmp_path / "trained.onnx"
+    replaced = tr.export_onnx(out)
+    params = tr.parameters()
+    assert sorted(replaced) == sorted(params)
+    exported = {i.name: numpy_helper.to_array(i) for i in onnx.load(out).graph.initializer}
+    for name, value in params.items():
+        np.testing.assert_array_equal(exported[name], value, err_msg=name)
+    initial = {i.name: numpy_helper.to_array(i) for i in onnx.load(MODEL).graph.initializer}
+    assert any(not np.array_equal(initial[n], params[n]) for n in params)  # it trained
+    state = tr.state()
+    assert set(params) < set(state)  # AdamW's moments as well
+
+
+def test_compile_from_modelproto_and_save_load(device, target, digits, tmp_path):
+    model = onnx.load(MODEL)
+    b = forge.compile(model, batch=B, target=target, loss=LOSS, optimizer="sgd:lr=0.05")
+    dest = tmp_path / "saved.forge"
+    b.save(dest)
+    again = forge.Bundle.load(dest)
+    assert again.routines == ["train_step", "eval"]
+    assert again.inputs() == b.inputs()
+    batch = {k: v[:B] for k, v in digits.items()}
+    assert (make_trainer(b, device).step(batch)["loss"] ==
+            make_trainer(again, device).step(batch)["loss"])
+    # The ModelProto's temporary file lives with the bundle: export needs no onnx_model.
+    t = make_trainer(b, device)
+    t.step(batch)
+    assert t.export_onnx(tmp_path / "e.onnx")
+
+
+# --- errors carry the runtime's and forgec's messages --------------------------------------
+
+def test_compile_errors_raise_with_forgec_message(target):
+    with pytest.raises(forge.CompileError, match="--batch"):
+        forge.compile(MODEL, batch=0, target=target, loss=LOSS, optimizer="sgd")
+    with pytest.raises(forge.CompileError, match="nope"):
+        forge.compile(MODEL, batch=B, target=target, loss="cross_entropy:nope,labels",
+                      optimizer="sgd")
+    with pytest.raises(forge.CompileError):
+        forge.compile(os.path.join(HERE, "no-such-model.onnx"), batch=B, target=target)
+    assert issubclass(forge.CompileError, forge.ForgeError)
+
+
+def test_bad_batches_raise_naming_the_input(bundle, device, digits):
+    tr = make_trainer(bundle, device)
+    ok = {k: v[:B] for k, v in digits.items()}
+    with pytest.raises(forge.ForgeError, match="31 samples, a step takes 32"):
+        tr.step({k: v[:31] for k, v in ok.items()})
+    with pytest.raises(forge.ForgeError, match="'x' has dtype f64"):
+        tr.step({"x": ok["x"].astype(np.float64), "labels": ok["labels"]})
+    with pytest.raises(forge.ForgeError, match="no array for the bundle input 'labels'"):
+        tr.step({"x": ok["x"]})
+    bad = ok["labels"].copy()
+    bad[5] = 10
+    # Caught by the loss kernel (this bundle records no class count for a check up front).
+    with pytest.raises(forge.ForgeError, match="target 10 at position 5 is outside"):
+        tr.step({"x": ok["x"], "labels": bad})
+    with pytest.raises(forge.ForgeError, match="not a host array"):
+        tr.step({"x": "not an array", "labels": ok["labels"]})
+    assert tr.steps_done == 0  # nothing ran
+    assert tr.step(ok)["step"] == 1  # and the trainer still works
+    with pytest.raises(forge.ForgeError, match="no training data"):
+        tr.step()
+
+
+def test_bad_files_raise(bundle, device, target, tmp_path):
+    corrupt = tmp_path / "corrupt.forge"
+    corrupt.write_bytes(open(bundle.path, "rb").read()[:100])
+    with pytest.raises(forge.ForgeError, match="corrupt.forge"):
+        forge.Bundle.load(corrupt)
+    with pytest.raises(forge.ForgeError, match="mlp.ref.npz: no array for the bundle input 'labels'"):
+        make_trainer(bundle, device, data=os.path.join(ROOT, "models", "mlp.ref.npz"))
+    # A checkpoint of another bundle is refused and changes nothing.
+    other = forge.compile(MODEL, batch=16, target=target, loss=LOSS, optimizer="sgd:lr=0.1")
+    o = make_trainer(other, device, data=TRAIN)
+    o.step()
+    path = o.save_checkpoint(tmp_path / "other.forgeckpt")
+    tr = make_trainer(bundle, device, data=TRAIN)
+    before = tr.parameters()
+    with pytest.raises(forge.ForgeError, match="other.forgeckpt"):
+        tr.resume(path)
+    for k, v in tr.parameters().items():
+        np.testing.assert_array_equal(v, before[k])
+    with pytest.raises(forge.ForgeError, match="no-such"):
+        tr.resume(tmp_path / "no-such.forgeckpt")
