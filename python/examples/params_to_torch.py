@@ -5,8 +5,10 @@ export is the module's state_dict name. After training, the module with those we
 computes the held-out loss Forge's evaluate() reports (to float32 rounding); the check
 fails otherwise. Needs torch.
 
-  PYTHONPATH=build/python python python/examples/params_to_torch.py
+  PYTHONPATH=build/python python python/examples/params_to_torch.py [--bundle FILE]
+      (--bundle: compiled before, e.g. from models/digits_mlp.onnx, which has these layers)
 """
+import argparse
 import os
 import tempfile
 
@@ -19,12 +21,18 @@ from train_from_dataloader import digits, export, mlp
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bundle", help="a compiled bundle of this MLP (skips export and compile)")
+    a = ap.parse_args()
     module = mlp()
     with tempfile.TemporaryDirectory() as tmp:
-        onnx_path = os.path.join(tmp, "mlp.onnx")
-        export(module, onnx_path)
-        bundle = forge.compile(onnx_path, batch=32, loss="cross_entropy:logits,labels",
-                               optimizer="sgd:lr=0.1,momentum=0.9")
+        if a.bundle:
+            bundle = forge.Bundle.load(a.bundle)
+        else:
+            onnx_path = os.path.join(tmp, "mlp.onnx")
+            export(module, onnx_path)
+            bundle = forge.compile(onnx_path, batch=32, loss="cross_entropy:logits,labels",
+                                   optimizer="sgd:lr=0.1,momentum=0.9")
         trainer = forge.Trainer(bundle)
         x, y = digits("train")
         for s in range(200):

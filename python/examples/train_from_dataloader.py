@@ -6,6 +6,8 @@ forge.Trainer on batches a DataLoader yields (CPU tensors, taken through DLPack 
 copy); the held-out accuracy is printed. Needs torch (not needed by Forge itself).
 
   PYTHONPATH=build/python python python/examples/train_from_dataloader.py [--device cuda]
+      [--bundle FILE]   a bundle compiled before (e.g. on a machine with forgec, from
+                        models/digits_mlp.onnx: the same layers) instead of compiling here
 """
 import argparse
 import os
@@ -42,14 +44,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--bundle", help="a compiled bundle of this MLP (skips export and compile)")
     a = ap.parse_args()
     batch = 32
     with tempfile.TemporaryDirectory() as tmp:
-        onnx_path = os.path.join(tmp, "mlp.onnx")
-        export(mlp(), onnx_path)
-        bundle = forge.compile(onnx_path, batch=batch, loss="cross_entropy:logits,labels",
-                               optimizer="adamw:lr=2e-3",
-                               target="cuda:sm_90" if a.device.startswith("cuda") else "cpu")
+        if a.bundle:
+            bundle = forge.Bundle.load(a.bundle)
+        else:
+            onnx_path = os.path.join(tmp, "mlp.onnx")
+            export(mlp(), onnx_path)
+            bundle = forge.compile(onnx_path, batch=batch, loss="cross_entropy:logits,labels",
+                                   optimizer="adamw:lr=2e-3",
+                                   target="cuda:sm_90" if a.device.startswith("cuda") else "cpu")
         trainer = forge.Trainer(bundle, device=a.device)
         # drop_last: a bundle has a fixed batch (forgec --batch); pin_memory speeds the
         # upload when training on the GPU.

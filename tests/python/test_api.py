@@ -3,9 +3,12 @@
 The reference for every trajectory is forge-train itself on the same bundle, data, seed and
 thread count: the package binds the same runtime, so losses (float32, as forge-train's
 --metrics prints them: shortest round-trip) and parameters (--dump-params) must match bit
-for bit. Run by ctest (python_api; python_api_gpu with --device cuda):
+for bit. Run by ctest (python_api; python_api_gpu with --device cuda), or in two halves for a GPU
+machine without forgec (tests/gpu/suite.sh; conftest.py's options):
 
   FORGEC=... FORGE_TRAIN=... PYTHONPATH=build/python python -m pytest tests/python [--device cuda]
+  ... pytest tests/python --device cuda --bundles DIR --compile-only     # here
+  ... pytest tests/python --device cuda --bundles DIR                    # there
 """
 import json
 import os
@@ -51,10 +54,16 @@ def digits():
         return {k: d[k] for k in d.files}
 
 
-@pytest.fixture(scope="module")
-def bundle(device, target):
-    return forge.compile(MODEL, batch=B, target=target, loss=LOSS, optimizer="adamw:lr=1e-3",
-                         clip_grad_norm=1.0)
+def adamw_bundle(bundles):
+    return bundles.get("adamw", MODEL, batch=B, loss=LOSS, optimizer="adamw:lr=1e-3",
+                       clip_grad_norm=1.0)
+
+
+@pytest.fixture
+def bundle(bundles):
+    b = adamw_bundle(bundles)
+    bundles.ready()
+    return b
 
 
 def make_trainer(bundle, device, **kw):
@@ -123,10 +132,24 @@ def test_dlpack_and_strided_batches(bundle, device, digits):
     assert got == want
 
 
-def test_micro_batches(device, target, digits, tmp_path):
+def test_torch_tensors(bundle, device, digits):
+    """PyTorch CPU tensors (DLPack) train as NumPy does; a CUDA tensor is refused by name.
+    Needs torch (not a test dependency: skipped where it is missing)."""
+    torch = pytest.importorskip("torch")
+    first = {k: v[:B] for k, v in digits.items()}
+    want = make_trainer(bundle, device).step(first)["loss"]
+    tr = make_trainer(bundle, device)
+    assert tr.step({k: torch.from_numpy(v) for k, v in first.items()})["loss"] == want
+    if torch.cuda.is_available():
+        with pytest.raises(forge.ForgeError, match="'x' is not a host array.*cuda"):
+            tr.step({"x": torch.from_numpy(first["x"]).cuda(), "labels": first["labels"]})
+
+
+def test_micro_batches(bundles, device, digits, tmp_path):
     """A bundle with 2 micro-batches takes 2 x B rows per step, as forge-train does."""
-    bundle = forge.compile(MODEL, batch=16, target=target, loss=LOSS, optimizer="sgd:lr=0.1",
-                           micro_batches=2)
+    bundle = bundles.get("micro", MODEL, batch=16, loss=LOSS, optimizer="sgd:lr=0.1",
+                         micro_batches=2)
+    bundles.ready()
     assert bundle.inputs()[0][0] == "x@0"
     ref = run_forge_train([bundle.path, "--data", TRAIN, "--no-shuffle", "--threads", 1,
                            "--steps", 3, "--device", device], tmp_path, "micro")
@@ -212,7 +235,7 @@ def test_export_onnx_and_parameters(bundle, device, digits, tmp_path):
     assert set(params) < set(state)  # AdamW's moments as well
 
 
-def test_compile_from_modelproto_and_save_load(device, target, digits, tmp_path):
+def test_compile_from_modelproto_and_save_load(forgec, device, target, digits, tmp_path):
     model = onnx.load(MODEL)
     b = forge.compile(model, batch=B, target=target, loss=LOSS, optimizer="sgd:lr=0.05")
     dest = tmp_path / "saved.forge"
@@ -231,7 +254,7 @@ def test_compile_from_modelproto_and_save_load(device, target, digits, tmp_path)
 
 # --- errors carry the runtime's and forgec's messages --------------------------------------
 
-def test_compile_errors_raise_with_forgec_message(target):
+def test_compile_errors_raise_with_forgec_message(forgec, target):
     with pytest.raises(forge.CompileError, match="--batch"):
         forge.compile(MODEL, batch=0, target=target, loss=LOSS, optimizer="sgd")
     with pytest.raises(forge.CompileError, match="nope"):
@@ -264,7 +287,10 @@ def test_bad_batches_raise_naming_the_input(bundle, device, digits):
         tr.step()
 
 
-def test_bad_files_raise(bundle, device, target, tmp_path):
+def test_bad_files_raise(bundles, device, tmp_path):
+    bundle = adamw_bundle(bundles)
+    other = bundles.get("other", MODEL, batch=16, loss=LOSS, optimizer="sgd:lr=0.1")
+    bundles.ready()
     corrupt = tmp_path / "corrupt.forge"
     corrupt.write_bytes(open(bundle.path, "rb").read()[:100])
     with pytest.raises(forge.ForgeError, match="corrupt.forge"):
@@ -272,7 +298,6 @@ def test_bad_files_raise(bundle, device, target, tmp_path):
     with pytest.raises(forge.ForgeError, match="mlp.ref.npz: no array for the bundle input 'labels'"):
         make_trainer(bundle, device, data=os.path.join(ROOT, "models", "mlp.ref.npz"))
     # A checkpoint of another bundle is refused and changes nothing.
-    other = forge.compile(MODEL, batch=16, target=target, loss=LOSS, optimizer="sgd:lr=0.1")
     o = make_trainer(other, device, data=TRAIN)
     o.step()
     path = o.save_checkpoint(tmp_path / "other.forgeckpt")
