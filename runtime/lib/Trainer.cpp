@@ -412,6 +412,7 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
   if (!trainData_)
     return Status::error("this trainer has no training data: pass each batch to the step "
                          "(Trainer::stepOn)");
+  FORGE_RETURN_IF_ERROR(failedError());
   if (!ring_.empty() && !producer_.joinable())
     FORGE_RETURN_IF_ERROR(startProducer()); // from the sampler's position, before next()
   std::span<const int64_t> global = sampler_->next();
@@ -606,11 +607,19 @@ Expected<StepResult> Trainer::collect() {
     }
     return v;
   };
+  // A failure the device reports after the run: the step (and any after it) is lost.
+  auto abandon = [&](const Status &st) {
+    failed_ = fmt::format("step {} failed on the device ({})", step_ + 1, st.message());
+    inFlight_ = 0;
+    launched_.clear();
+    return st;
+  };
   if (inFlight_ == 1)
-    FORGE_RETURN_IF_ERROR(exec_->wait());
+    if (Status st = exec_->wait(); !st.isOk())
+      return abandon(st);
   auto loss = read(train_.loss);
   if (!loss)
-    return loss.status();
+    return abandon(loss.status());
   r.loss = *loss;
   // The optional scalar outputs (-1: the bundle has none).
   for (auto [t, into] : {std::pair{train_.extra1, &r.lr}, std::pair{train_.extra2, &r.gradNorm},
@@ -646,9 +655,18 @@ Expected<StepResult> Trainer::step(std::vector<Executor::Span> *profile) {
   return collect();
 }
 
+Status Trainer::failedError() const {
+  if (failed_.empty())
+    return Status::ok();
+  return Status::error("{}: its update may be partly applied and the device stays failed; "
+                       "continue with a new trainer (a new process) resumed from a checkpoint",
+                       failed_);
+}
+
 Expected<StepResult> Trainer::stepOn(DataSource &batch) {
   if (inFlight_ != 0)
     return Status::error("internal: stepOn() with {} step(s) in flight", inFlight_);
+  FORGE_RETURN_IF_ERROR(failedError());
   FORGE_RETURN_IF_ERROR(batch.bind(fields_));
   if (batch.numSamples() != samplesPerStep())
     return Status::error("{}: the batch has {} samples, a step takes {}{}", batch.describe(),

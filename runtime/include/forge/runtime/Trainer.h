@@ -116,6 +116,8 @@ public:
   /// With `profile` (nothing in flight), the step is timed instruction by
   /// instruction (Executor::runProfiled) into it.
   Status launch(std::vector<Executor::Span> *profile = nullptr);
+  /// A step whose run fails on the device (found here, after it ran) leaves nothing in
+  /// flight and the trainer refusing further steps (failedError()).
   Expected<StepResult> collect();
   int inFlight() const { return inFlight_; }
   /// FLOPs of one train_step by the compiler's cost model (0 if unknown).
@@ -211,6 +213,11 @@ private:
   static constexpr const char *kSampleWeight = "forge.sample_weight";
   double flopsPerStep_ = 0;
   int inFlight_ = 0; // launched, not collected
+  /// Set when a launched step failed on the device (a kernel fault found after the
+  /// run): its update may be partly applied and the executor stays failed (CUDA's
+  /// fault word), so launch()/stepOn() refuse from then on, naming the step.
+  std::string failed_;
+  Status failedError() const;
   // Per launched step, oldest first: its executor run and its input seconds.
   // (A profiled step has no run to ask the executor about.)
   std::deque<std::pair<std::optional<uint64_t>, double>> launched_;
