@@ -8,7 +8,8 @@
 //    (the same text forge-train prints); nothing here aborts the process.
 //  * Batches are read in place: a C-contiguous host array (NumPy, or any object with
 //    __dlpack__ on the CPU) is viewed, not copied, until the step has filled the
-//    device's input buffers from it; other layouts are made contiguous once.
+//    device's input buffers from it; other layouts are made contiguous once. A batch of
+//    CUDA arrays (all of it) is copied device to device by the executor.
 //  * The GIL is released while a step or an evaluation runs; the arrays it reads are
 //    held by the call's arguments until it returns.
 //  * A Trainer keeps its Bundle alive (the executor reads the bundle's sections).
@@ -20,6 +21,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+
+#include <fmt/format.h>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -155,10 +158,11 @@ std::vector<std::pair<std::string, rt::MappedArray>> viewArrays(nb::dict batch,
     if (!nb::try_cast<HostArray>(value, a, /*convert=*/true)) {
       std::string type = nb::cast<std::string>(nb::str(value.type()));
       nb::object device = nb::getattr(value, "device", nb::none());
-      throw Error(std::string(what) + ": '" + name + "' is not a host array (" + type +
+      throw Error(std::string(what) + ": '" + name + "' is not an array (" + type +
                   (device.is_none() ? std::string()
                                     : ", device " + nb::cast<std::string>(nb::str(device))) +
-                  "); pass a NumPy array or a CPU tensor with __dlpack__");
+                  "); pass NumPy arrays, or tensors with __dlpack__ (all on the CPU, or all on "
+                  "the trainer's GPU)");
     }
     rt::MappedArray m;
     m.dtype = dtypeOf(a.dtype(), std::string(what) + ": '" + name + "'");
@@ -286,11 +290,63 @@ struct PyTrainer {
     }
   }
 
+  /// A batch of CUDA arrays (e.g. PyTorch CUDA tensors): checked here (the device cannot
+  /// be read for messages), then copied device to device into the step's inputs.
+  rt::StepResult stepOnDevice(nb::dict batch) {
+    std::vector<const void *> ptrs;
+    std::vector<nb::ndarray<nb::ro>> keep;
+    const int64_t rows = trainer->samplesPerStep();
+    for (const rt::DataField &f : trainer->dataFields()) {
+      nb::object value = batch.contains(f.name.c_str()) ? nb::borrow(batch[f.name.c_str()])
+                                                          : nb::object();
+      std::vector<int64_t> want{rows};
+      want.insert(want.end(), f.sampleShape.begin(), f.sampleShape.end());
+      const std::string needs = fmt::format("{} {}", rt::dtypeName(f.dtype), rt::shapeString(want));
+      if (!value.is_valid())
+        throw Error(fmt::format("step(batch): no array for the bundle input '{}' ({})", f.name,
+                                needs));
+      nb::ndarray<nb::ro> a;
+      if (!nb::try_cast(value, a, false) || a.device_type() != nb::device::cuda::value)
+        throw Error(fmt::format("step(batch): '{}' is not a CUDA array, the others are (a "
+                                "batch is all host or all CUDA arrays)",
+                                f.name));
+      const rt::DType dt = dtypeOf(a.dtype(), "step(batch): '" + f.name + "'");
+      std::vector<int64_t> shape;
+      for (size_t d = 0; d < a.ndim(); ++d)
+        shape.push_back(static_cast<int64_t>(a.shape(d)));
+      if (dt != f.dtype || shape != want)
+        throw Error(fmt::format("step(batch): CUDA array '{}' is {} {}, the bundle input needs "
+                                "{} (no conversion on the device)",
+                                f.name, rt::dtypeName(dt), rt::shapeString(shape), needs));
+      int64_t stride = 1;
+      for (size_t d = a.ndim(); d-- > 0;) {
+        if (a.shape(d) != 1 && a.stride(d) != stride)
+          throw Error(fmt::format("step(batch): CUDA array '{}' is not C-contiguous (e.g. "
+                                  "call .contiguous())",
+                                  f.name));
+        stride *= static_cast<int64_t>(a.shape(d));
+      }
+      ptrs.push_back(a.data());
+      keep.push_back(a);
+    }
+    nb::gil_scoped_release release;
+    return take(trainer->stepOnDevice(ptrs));
+  }
+
   nb::dict step(std::optional<nb::dict> batch) {
     rt::StepResult r;
+    bool device = false;
+    if (batch)
+      for (auto [key, value] : *batch) {
+        nb::ndarray<nb::ro> a;
+        if (nb::try_cast(value, a, false) && a.device_type() == nb::device::cuda::value)
+          device = true;
+      }
     if (!batch) {
       nb::gil_scoped_release release;
       r = take(trainer->step());
+    } else if (device) {
+      r = stepOnDevice(*batch);
     } else {
       std::vector<HostArray> keep;
       auto arrays = viewArrays(*batch, keep, "step(batch)");

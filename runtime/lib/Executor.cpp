@@ -169,6 +169,13 @@ Status Executor::bindInput(int32_t index, const void *host) {
   return Status::ok();
 }
 
+Status Executor::bindDeviceInput(int32_t index, const void *device) {
+  (void)index;
+  (void)device;
+  return Status::error("{}: this device ({}) reads inputs from host memory only", bundle_.origin(),
+                       describe());
+}
+
 Status Executor::setInput(int routine, const std::string &name, const TensorView &data) {
   auto t = findInput(routine, name);
   if (!t)

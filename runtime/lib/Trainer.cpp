@@ -696,6 +696,44 @@ Expected<StepResult> Trainer::stepOn(DataSource &batch) {
   return collect();
 }
 
+Expected<StepResult> Trainer::stepOnDevice(std::span<const void *const> fields) {
+  if (inFlight_ != 0)
+    return Status::error("internal: stepOnDevice() with {} step(s) in flight", inFlight_);
+  FORGE_RETURN_IF_ERROR(failedError());
+  if (fields.size() != fields_.size())
+    return Status::error("internal: {} device arrays for {} data fields", fields.size(),
+                         fields_.size());
+  FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
+  auto rebindHost = [&] {
+    for (const std::vector<int32_t> &micro : microInputs_)
+      for (int32_t t : micro)
+        (void)exec_->bindInput(t, nullptr);
+  };
+  for (int64_t k = 0; k < micro_; ++k)
+    for (size_t f = 0; f < fields_.size(); ++f) {
+      const auto *at = static_cast<const uint8_t *>(fields[f]) +
+                       static_cast<size_t>(k * batch_) * sampleBytes_[f];
+      if (Status st = exec_->bindDeviceInput(microInputs_[k][f], at); !st.isOk()) {
+        rebindHost();
+        return st;
+      }
+    }
+  const uint64_t run = exec_->runsIssued();
+  if (stepInput_ >= 0) {
+    float s = static_cast<float>(step_ + 1);
+    std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
+  }
+  if (Status st = exec_->run(train_.index); !st.isOk()) {
+    rebindHost();
+    return st;
+  }
+  ++inFlight_;
+  launched_.emplace_back(run, 0.0);
+  auto r = collect(); // waits for the run, so the caller's arrays are read
+  rebindHost();
+  return r;
+}
+
 Expected<EvalResult> Trainer::evaluate() {
   if (!evalData_)
     return Status::error("no eval data");

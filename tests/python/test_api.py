@@ -133,16 +133,32 @@ def test_dlpack_and_strided_batches(bundle, device, digits):
 
 
 def test_torch_tensors(bundle, device, digits):
-    """PyTorch CPU tensors (DLPack) train as NumPy does; a CUDA tensor is refused by name.
-    Needs torch (not a test dependency: skipped where it is missing)."""
+    """PyTorch CPU tensors (DLPack) train as NumPy does; CUDA tensors too on the GPU (device
+    to device), and are refused by a CPU trainer. Needs torch (not a test dependency:
+    skipped where it is missing)."""
     torch = pytest.importorskip("torch")
     first = {k: v[:B] for k, v in digits.items()}
     want = make_trainer(bundle, device).step(first)["loss"]
     tr = make_trainer(bundle, device)
     assert tr.step({k: torch.from_numpy(v) for k, v in first.items()})["loss"] == want
-    if torch.cuda.is_available():
-        with pytest.raises(forge.ForgeError, match="'x' is not a host array.*cuda"):
-            tr.step({"x": torch.from_numpy(first["x"]).cuda(), "labels": first["labels"]})
+    if not torch.cuda.is_available():
+        return
+    on_gpu = {k: torch.from_numpy(v).cuda() for k, v in first.items()}
+    if device == "cpu":
+        with pytest.raises(forge.ForgeError, match="reads inputs from host memory only"):
+            tr.step(on_gpu)
+        return
+    # CUDA tensors are copied device to device: the same step as from host memory.
+    g = make_trainer(bundle, device)
+    assert g.step(on_gpu)["loss"] == want
+    with pytest.raises(forge.ForgeError, match="'x' is not C-contiguous"):
+        g.step({"x": on_gpu["x"].t().contiguous().t(), "labels": on_gpu["labels"]})
+    with pytest.raises(forge.ForgeError, match="all host or all CUDA"):
+        g.step({"x": on_gpu["x"], "labels": first["labels"]})
+    with pytest.raises(forge.ForgeError, match="'x' is f64 .* needs f32"):
+        g.step({"x": on_gpu["x"].double(), "labels": on_gpu["labels"]})
+    assert g.steps_done == 1
+    assert g.step(first)["step"] == 2  # host batches again after device ones
 
 
 def test_micro_batches(bundles, device, digits, tmp_path):
@@ -281,7 +297,7 @@ def test_bad_batches_raise_naming_the_input(bundle, device, digits, tmp_path):
     with pytest.raises(forge.ForgeError,
                        match="target 10 at position 5 is outside|a target class is outside"):
         tr.step({"x": ok["x"], "labels": bad})
-    with pytest.raises(forge.ForgeError, match="not a host array"):
+    with pytest.raises(forge.ForgeError, match="'x' is not an array"):
         tr.step({"x": "not an array", "labels": ok["labels"]})
     assert tr.steps_done == 0  # nothing trained
     if device == "cpu":

@@ -580,6 +580,12 @@ TEST(TrainerTest, StepOnTakesTheCallersBatchesWithoutASource) {
   ASSERT_FALSE(rb.isOk());
   EXPECT_NE(rb.status().message().find("array 'x' has dtype i32"), std::string::npos)
       << rb.status().message();
+  // Device arrays need a device with its own memory.
+  const void *fake[2] = {nullptr, nullptr};
+  auto rd = tr->stepOnDevice(fake);
+  ASSERT_FALSE(rd.isOk());
+  EXPECT_NE(rd.status().message().find("reads inputs from host memory only"), std::string::npos)
+      << rd.status().message();
   EXPECT_EQ(tr->stepsDone(), 4);
   // The checkpoint state without a source: the step only; restore() continues it.
   CheckpointState st = tr->state();

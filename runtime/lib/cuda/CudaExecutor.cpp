@@ -143,6 +143,7 @@ struct Transfer {
   size_t bytes;
   size_t staged = 0; // inputs: the offset in the routine's device staging buffers
   int32_t tensor = -1; // inputs: the tensor (bindInput)
+  bool fromDevice = false; // inputs: `host` is device memory (bindDeviceInput)
 };
 
 struct RoutineState {
@@ -423,11 +424,17 @@ struct CudaExecutor::Impl {
   /// captured: a graph launch waits for all earlier work on its stream, so an
   /// upload inside the graph could not overlap the previous step.
   Status uploadInputs(RoutineState &r, int parity) {
+    // A caller's device memory (bindDeviceInput) is written on a stream this executor does
+    // not know: wait for the whole device before reading it.
+    if (std::any_of(r.inputs.begin(), r.inputs.end(), [](const Transfer &t) { return t.fromDevice; }))
+      CUDA_TRY(cudaDeviceSynchronize(), "waiting for the device inputs' producer");
     CUDA_TRY(cudaStreamWaitEvent(copy, r.stagingFree[parity], 0), "stream wait");
     for (const Transfer &t : r.inputs)
       if (t.bytes)
         CUDA_TRY(cudaMemcpyAsync(static_cast<char *>(r.staging[parity]) + t.staged, t.host,
-                                 t.bytes, cudaMemcpyHostToDevice, copy),
+                                 t.bytes,
+                                 t.fromDevice ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
+                                 copy),
                  "input upload");
     CUDA_TRY(cudaEventRecord(inputsDone, copy), "event record");
     CUDA_TRY(cudaEventRecord(r.stagingFilled[parity], copy), "event record");
@@ -1117,8 +1124,37 @@ Status CudaExecutor::bindInput(int32_t index, const void *host) {
   // cudaMemcpyAsync from pageable memory would still be correct, only synchronous.
   for (RoutineState &r : impl_->routines)
     for (Transfer &t : r.inputs)
-      if (t.tensor == index)
+      if (t.tensor == index) {
         t.host = host ? const_cast<void *>(host) : own;
+        t.fromDevice = false;
+      }
+  return Status::ok();
+}
+
+Status CudaExecutor::bindDeviceInput(int32_t index, const void *device) {
+  if (!inputBuffer(index))
+    return Status::error("{}: tensor #{} is not a routine input", bundle_.origin(), index);
+  cudaPointerAttributes attr{};
+  cudaError_t e = cudaPointerGetAttributes(&attr, device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status::error("input '{}': not CUDA memory ({})", tensorInfo(index).name(),
+                         errorString(e));
+  }
+  if ((attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
+      attr.device != impl_->options.device)
+    return Status::error("input '{}': the memory is {}, this executor runs on cuda:{}",
+                         tensorInfo(index).name(),
+                         attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged
+                             ? fmt::format("on cuda:{}", attr.device)
+                             : std::string("not device memory"),
+                         impl_->options.device);
+  for (RoutineState &r : impl_->routines)
+    for (Transfer &t : r.inputs)
+      if (t.tensor == index) {
+        t.host = const_cast<void *>(device);
+        t.fromDevice = true;
+      }
   return Status::ok();
 }
 

@@ -48,6 +48,7 @@ public:
   void *inputBuffer(int32_t index) override;
   Expected<HostBuffer> allocateHostBuffer(size_t bytes, const std::string &what) override;
   Status bindInput(int32_t index, const void *host) override;
+  Status bindDeviceInput(int32_t index, const void *device) override;
   using Executor::run;
   Status run(int routine) override;
   Status wait() override;

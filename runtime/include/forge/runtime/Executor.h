@@ -70,6 +70,11 @@ public:
   /// it. The default copies into inputBuffer(index) at once (devices whose run()
   /// reads its inputs before returning).
   virtual Status bindInput(int32_t index, const void *host);
+  /// As bindInput, but `device` is memory of this executor's GPU (a caller's CUDA tensor,
+  /// the Python API's): the next run()s copy it device to device, after waiting for all
+  /// work on the device (the producer's stream is not known). bindInput() rebinds host
+  /// memory. Devices without device memory refuse.
+  virtual Status bindDeviceInput(int32_t index, const void *device);
   /// Starts routine `routine` (a GPU may still be running it on return).
   virtual Status run(int routine) = 0;
   Status run() { return run(0); }

@@ -104,6 +104,11 @@ public:
   /// samples, micro-batch k taking [k*B, (k+1)*B). forge.step advances; the
   /// sampler does not. Nothing may be in flight; `batch` is not kept.
   Expected<StepResult> stepOn(DataSource &batch);
+  /// The same on arrays in the executor's device memory (Executor::bindDeviceInput):
+  /// `fields[f]` holds samplesPerStep() samples of dataFields()[f], in its dtype (the
+  /// caller checked dtype and shape; the device cannot check label ranges before the
+  /// step, its kernels fault on bad ones). The inputs are host-bound again afterwards.
+  Expected<StepResult> stepOnDevice(std::span<const void *const> fields);
 
   /// Pipelined stepping, for devices that can (Executor::canPipeline): launch()
   /// starts the next step on the next K*B samples without waiting for the
