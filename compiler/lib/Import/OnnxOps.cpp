@@ -376,8 +376,9 @@ LogicalResult importReshape(NodeImporter &n) {
       inferIndex = i;
     } else if (d < 0) {
       return n.error() << "invalid shape entry " << d;
-    } else {
-      known *= d;
+    } else if (llvm::MulOverflow(known, d, known)) {
+      return n.error() << "shape entries multiply past 2^63 elements (at entry " << i << ", "
+                       << d << ")";
     }
     shape.push_back(d);
   }
