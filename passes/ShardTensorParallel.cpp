@@ -301,6 +301,9 @@ struct ShardTensorParallelPass
     for (Operation *op : chain)
       op->getResult(0).setType(splitType(op->getResult(0).getType(), hiddenType.getRank() - 1,
                                          size));
+    // Marked before the split: splitSecond may erase it (a gemm whose bias moves), and the
+    // pass's list of candidates still holds it.
+    used.insert(second->op);
     Operation *product = splitSecond(*second, rowAxis);
     used.insert(first.op);
     used.insert(product);
@@ -413,6 +416,9 @@ struct ShardTensorParallelPass
     shape.back() /= size;
     back.setShape(shape);
     back.getResult().setType(splitType(back.getResult().getType(), rank - 1, size));
+    // Marked before the split: splitSecond may erase it (a gemm whose bias moves), and the
+    // pass's list of candidates still holds it.
+    used.insert(second->op);
     Operation *product = splitSecond(*second, rowAxis);
     used.insert(first.op);
     used.insert(product);

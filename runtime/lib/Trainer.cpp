@@ -134,6 +134,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
 
   // Data inputs of train_step, grouped by name over micro-batches.
   std::vector<std::vector<int32_t>> tensors; // [field][k]
+  int32_t rankInput = -1;                    // forge.dp_rank
   std::map<std::string, size_t> fieldOf;
   for (int32_t t : ex.inputs(tr->train_.index)) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
@@ -143,6 +144,13 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
         return Status::error("{}: input 'forge.step' is {}{}, expected an f32 scalar", origin,
                              dtypeName(info.dtype()), shapeString(shapeOf(info)));
       tr->stepInput_ = t;
+      continue;
+    }
+    if (name == "forge.dp_rank") { // dropout masks by global sample (DropoutMaskOp)
+      if (info.dtype() != bundle::I64 || numElements(shapeOf(info)) != 1)
+        return Status::error("{}: input 'forge.dp_rank' is {}{}, expected an i64 scalar", origin,
+                             dtypeName(info.dtype()), shapeString(shapeOf(info)));
+      rankInput = t;
       continue;
     }
     std::string base = name;
@@ -253,6 +261,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->dpSize_ = dp;
   tr->tpSize_ = tp;
   tr->dpRank_ = options.rank / tp;
+  if (rankInput >= 0) // the same every step: the executor uploads it with each step's inputs
+    std::memcpy(ex.inputBuffer(rankInput), &tr->dpRank_, sizeof(int64_t));
 
   const int64_t perStep = tr->globalSamplesPerStep();
   if (train) {

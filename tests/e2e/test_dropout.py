@@ -12,6 +12,11 @@ an element is kept, 0 where it is dropped. With SGD lr=1 the parameters after st
   repeat      a second run gives the bit-identical step-1 mask (no hidden state)
   eval        the eval loss after step 2 equals sum(w2) (evaluation does not drop)
   layers      two Dropout nodes in one model draw different masks (their own seeds)
+  splits      (CPU) a sample's mask depends on its place in the step's global batch only: one
+              batch of 4, 2 micro-batches of 2, 2 data-parallel ranks (forge-train --nproc 2)
+              of 2, and 2 ranks x 2 micro-batches of 1 train the same step bit for bit. Row s
+              of x is 2^s, so the update of w (SGD lr=1, loss = sum) spells out every sample's
+              mask: w0 - w1 = 2 * sum_s 2^s mask_s, divided by K x D (the averaging).
 With --device cuda (tests/gpu, gpu_dropout), step 1's mask on the GPU must equal the CPU's bit for bit.
 
   test_dropout.py [--bin-dir DIR | --forgec F --forge-train T] [--device cpu|cuda]
@@ -51,6 +56,58 @@ def model(path, ratio, layers=1):
 
 
 CASES = {"r50": (0.5, 1), "r20": (0.2, 1), "two": (0.5, 2)}
+
+
+def batch_model(path):
+    """loss = ReduceSum(Dropout(x, 0.5) * w), x [batch, N] (symbolic batch), w [N] ones."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    inits = [numpy_helper.from_array(np.ones(N, np.float32), "w"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+             numpy_helper.from_array(np.array(True), "train")]
+    nodes = [helper.make_node("Dropout", ["x", "ratio", "train"], ["d"], name="drop"),
+             helper.make_node("Mul", ["d", "w"], ["p"], name="scale"),
+             helper.make_node("ReduceSum", ["p"], ["loss"], name="sum", keepdims=0)]
+    graph = helper.make_graph(nodes, "dropout_batch",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", N])],
+                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+# (tag, batch, micro-batches, data-parallel ranks): each step takes the same 4 samples.
+SPLITS = [("b4", 4, 1, 1), ("k2", 2, 2, 1), ("d2", 2, 1, 2), ("d2k2", 1, 2, 2)]
+
+
+def check_splits(rep, forgec, forge_train, out):
+    onnx_path = os.path.join(out, "batch.onnx")
+    batch_model(onnx_path)
+    data = os.path.join(out, "rows.npz")
+    np.savez(data, x=np.repeat(2.0 ** np.arange(4, dtype=np.float32)[:, None], N, axis=1))
+    updates = {}
+    for tag, b, k, d in SPLITS:
+        bundle = os.path.join(out, f"split_{tag}.forge")
+        rc, t, log = e2e.run([forgec, onnx_path, "--batch", str(b), "--micro-batches", str(k),
+                              *(["--dp", str(d)] if d > 1 else []), "--loss", "output:loss",
+                              "--optimizer", "sgd:lr=1", "-o", bundle])
+        if not rep.check(f"splits: forgec {tag}", rc == 0, e2e.failure(rc, log)):
+            continue
+        params = os.path.join(out, f"split_{tag}.p.npz")
+        rc, t, log = e2e.run([forge_train, bundle, "--data", data, "--no-shuffle", "--steps", "1",
+                              "--dump-params", params,
+                              *(["--nproc", str(d)] if d > 1 else [])])
+        if rep.check(f"splits: forge-train {tag}", rc == 0, e2e.failure(rc, log)):
+            updates[tag] = (np.float32(1) - np.load(params)["w"]) * np.float32(k * d)
+    if "b4" not in updates:
+        return
+    ref = updates["b4"]
+    bits = ref / np.float32(2)  # sum_s 2^s mask_s, an integer in [0, 15]
+    rep.check("splits: the one-batch update spells out 4 masks", np.all(bits == np.round(bits))
+              and bits.min() >= 0 and bits.max() <= 15 and len(np.unique(bits)) > 8,
+              f"values {np.unique(bits)[:8]}")
+    for tag, u in updates.items():
+        if tag != "b4":
+            rep.check(f"splits: {tag} draws the one batch's masks (bit for bit)",
+                      np.array_equal(u, ref), f"{np.count_nonzero(u != ref)} of {N} differ")
 
 
 def compile_all(rep, forgec, out, target):
@@ -138,6 +195,9 @@ def main():
         if not a.compile_only:
             forge_train = a.forge_train or e2e.find_tool("forge-train", a.bin_dir)
             check(rep, forge_train, out, a.device)
+            if a.device == "cpu":
+                check_splits(rep, a.forgec or e2e.find_tool("forgec", a.bin_dir), forge_train,
+                             out)
     return rep.summary()
 
 

@@ -447,10 +447,21 @@ TEST(CpuKernels, DropoutMask) {
   // dropout_mask equals dropoutKeep element by element whatever the thread
   // split (the pool has 4 threads), keeps ~(1 - ratio), and depends on the step.
   const int64_t n = 10007; // not a multiple of 4: the last Philox block is partial
-  auto maskAt = [&](double ratio, int64_t seed, float step) {
-    HT s = make(bundle::F32, {}, {step}), m(bundle::BOOL, {n});
-    EXPECT_OK(Op("dropout_mask").f("ratio", ratio).i("seed", seed).run({&s}, {&m}));
+  auto maskOf = [&](double ratio, int64_t seed, float step, std::vector<int64_t> shape,
+                    int64_t rank, int64_t first, int64_t rankSamples, int64_t batch) {
+    HT s = make(bundle::F32, {}, {step}), r = make(bundle::I64, {}, {double(rank)}),
+       m(bundle::BOOL, shape);
+    EXPECT_OK(Op("dropout_mask")
+                  .f("ratio", ratio)
+                  .i("seed", seed)
+                  .i("first_sample", first)
+                  .i("rank_samples", rankSamples)
+                  .i("batch", batch)
+                  .run({&s, &r}, {&m}));
     return m.values();
+  };
+  auto maskAt = [&](double ratio, int64_t seed, float step) {
+    return maskOf(ratio, seed, step, {n}, 0, 0, 0, 1);
   };
   std::vector<double> a = maskAt(0.3, 12345, 7), b = maskAt(0.3, 12345, 8);
   uint64_t threshold = dropoutThreshold(0.3);
@@ -468,8 +479,34 @@ TEST(CpuKernels, DropoutMask) {
     ASSERT_EQ(v, 1.0);
   for (double v : maskAt(1.0, 1, 1))        // ratio 1 drops all
     ASSERT_EQ(v, 0.0);
-  HT bad = make(bundle::F32, {}, {-1}), m(bundle::BOOL, {4});
-  EXPECT_FALSE(Op("dropout_mask").f("ratio", 0.5).i("seed", 1).run({&bad}, {&m}).isOk());
+  // By global sample: a step of 2 ranks x 2 micro-batches x 3 samples of 5 elements
+  // is the mask of the whole 12 x 5 batch, whichever part a kernel makes.
+  std::vector<double> whole = maskOf(0.5, 99, 3, {12, 5}, 0, 0, 0, 12);
+  for (int64_t rank = 0; rank < 2; ++rank)
+    for (int64_t micro = 0; micro < 2; ++micro) {
+      std::vector<double> part = maskOf(0.5, 99, 3, {3, 5}, rank, micro * 3, 6, 3);
+      const int64_t at = (rank * 6 + micro * 3) * 5;
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + at))
+          << "rank " << rank << " micro-batch " << micro;
+    }
+  HT bad = make(bundle::F32, {}, {-1}), r0 = make(bundle::I64, {}, {0}), m(bundle::BOOL, {4});
+  EXPECT_FALSE(Op("dropout_mask")
+                   .f("ratio", 0.5)
+                   .i("seed", 1)
+                   .i("first_sample", 0)
+                   .i("rank_samples", 0)
+                   .i("batch", 1)
+                   .run({&bad, &r0}, {&m})
+                   .isOk());
+  HT s1 = make(bundle::F32, {}, {1});
+  EXPECT_FALSE(Op("dropout_mask") // a batch that does not divide the elements
+                   .f("ratio", 0.5)
+                   .i("seed", 1)
+                   .i("first_sample", 0)
+                   .i("rank_samples", 0)
+                   .i("batch", 3)
+                   .run({&s1, &r0}, {&m})
+                   .isOk());
 }
 
 TEST(CpuKernels, UnknownOpAndArityErrors) {

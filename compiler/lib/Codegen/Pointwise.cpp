@@ -530,8 +530,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::horizontalFusionKernel(Fusion
   return KernelLaunch{name.str(), grid, block};
 }
 
-/// dropout_mask: element i keeps when word i % 4 of Philox4x32-10(key = seed,
-/// counter = (i / 4, 0, step, 0)) is >= the ratio's threshold, with the rounds,
+/// dropout_mask: element i keeps when word j % 4 of Philox4x32-10(key = seed,
+/// counter = (j / 4 low, j / 4 high, step, 0)) is >= the ratio's threshold, j = i plus
+/// the offset of the mask's first sample in the step's global batch (DropoutMaskOp:
+/// (rank * rank_samples + first_sample) * numel / batch), with the rounds,
 /// constants and threshold of forge/runtime/Philox.h (the CPU kernel), so the
 /// masks are bit-identical. One thread per element computes its block's four
 /// words and keeps one: 4x redundant integer work, which is cheap next to the
@@ -539,10 +541,15 @@ std::optional<KernelLaunch> KernelGenerator::Impl::horizontalFusionKernel(Fusion
 std::optional<KernelLaunch> KernelGenerator::Impl::dropoutMaskKernel(Operation *op,
                                                                     StringRef name) {
   auto out = tensorType(op->getResult(0));
-  if (!tensorType(op->getOperand(0)).getElementType().isF32() || out.getNumElements() == 0)
+  if (!tensorType(op->getOperand(0)).getElementType().isF32() ||
+      !tensorType(op->getOperand(1)).getElementType().isInteger(64) || out.getNumElements() == 0)
     return std::nullopt;
   double ratio = op->getAttrOfType<FloatAttr>("ratio").getValueAsDouble();
   uint64_t seed = static_cast<uint64_t>(op->getAttrOfType<IntegerAttr>("seed").getInt());
+  const int64_t first = op->getAttrOfType<IntegerAttr>("first_sample").getInt();
+  const int64_t rankSamples = op->getAttrOfType<IntegerAttr>("rank_samples").getInt();
+  const int64_t perSample =
+      out.getNumElements() / op->getAttrOfType<IntegerAttr>("batch").getInt();
   uint64_t threshold = ::forge::rt::dropoutThreshold(ratio);
   Type outElem = out.getElementType();
   return elementKernel(name, flatArgs(op), out.getNumElements(), op->getLoc(),
@@ -555,8 +562,19 @@ std::optional<KernelLaunch> KernelGenerator::Impl::dropoutMaskKernel(Operation *
     };
     Value step = b.create<arith::FPToUIOp>(
         k.loc, i32, b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.idx(0)));
-    Value block = b.create<arith::IndexCastUIOp>(k.loc, i32, k.div(i, 4));
-    std::array<Value, 4> c = {block, c32(0), step, c32(0)};
+    // j = (rank * rank_samples + first_sample) * per_sample + i, in 64 bits.
+    Value rank = b.create<memref::LoadOp>(k.loc, fn.getArgument(1), k.idx(0));
+    Value base = b.create<arith::MulIOp>(
+        k.loc,
+        b.create<arith::AddIOp>(k.loc, b.create<arith::MulIOp>(k.loc, rank, intConst(k, i64, rankSamples)),
+                                intConst(k, i64, first)),
+        intConst(k, i64, perSample));
+    Value j = b.create<arith::AddIOp>(k.loc, base, b.create<arith::IndexCastUIOp>(k.loc, i64, i));
+    Value block64 = b.create<arith::ShRUIOp>(k.loc, j, intConst(k, i64, 2));
+    Value blockLo = b.create<arith::TruncIOp>(k.loc, i32, block64);
+    Value blockHi = b.create<arith::TruncIOp>(
+        k.loc, i32, b.create<arith::ShRUIOp>(k.loc, block64, intConst(k, i64, 32)));
+    std::array<Value, 4> c = {blockLo, blockHi, step, c32(0)};
     std::array<Value, 2> key = {c32(static_cast<uint32_t>(seed)),
                                 c32(static_cast<uint32_t>(seed >> 32))};
     for (int round = 0; round < 10; ++round) {
@@ -569,14 +587,15 @@ std::optional<KernelLaunch> KernelGenerator::Impl::dropoutMaskKernel(Operation *
       c = {xor3(p1.getHigh(), c[1], key[0]), p1.getLow(), xor3(p0.getHigh(), c[3], key[1]),
            p0.getLow()};
     }
-    Value lane = k.rem(i, 4), word = c[3];
+    Value lane = b.create<arith::AndIOp>(k.loc, j, intConst(k, i64, 3)), word = c[3];
     for (int w = 2; w >= 0; --w)
       word = b.create<arith::SelectOp>(
-          k.loc, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, lane, k.idx(w)), c[w],
-          word);
+          k.loc,
+          b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, lane, intConst(k, i64, w)),
+          c[w], word);
     Value keep = b.create<arith::CmpIOp>(
         k.loc, arith::CmpIPredicate::uge, b.create<arith::ExtUIOp>(k.loc, i64, word),
         intConst(k, i64, static_cast<int64_t>(threshold)));
-    k.store(keep, fn.getArgument(1), i, outElem);
+    k.store(keep, fn.getArgument(2), i, outElem);
   });
 }

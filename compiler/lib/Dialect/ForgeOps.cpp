@@ -1503,6 +1503,14 @@ FORGE_INFER(DropoutMaskOp) {
     return failInference(loc, "dropout ratio must be in [0, 1]");
   if (llvm::any_of(adaptor.getShape(), [](int64_t d) { return d < 0; }))
     return failInference(loc, "dropout_mask shape must be static");
+  auto rank = rankedOrNull(adaptor.getRank().getType());
+  if (!rank || rank.getRank() != 0 || !rank.getElementType().isInteger(64))
+    return failInference(loc, "dropout_mask takes the data-parallel rank, an i64 scalar");
+  const int64_t numel = ShapedType::getNumElements(adaptor.getShape());
+  if (adaptor.getBatch() < 1 || numel % adaptor.getBatch() != 0 ||
+      adaptor.getFirstSample() < 0 || adaptor.getRankSamples() < 0)
+    return failInference(loc, "dropout_mask: batch must divide the mask's elements, and the "
+                              "sample offsets be non-negative");
   inferred.push_back(RankedTensorType::get(adaptor.getShape(), IntegerType::get(context, 1)));
   return success();
 }

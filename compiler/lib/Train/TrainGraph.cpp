@@ -817,6 +817,15 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   unsigned stepIndex = argTypes.size();
   argTypes.push_back(RankedTensorType::get({}, b.getF32Type()));
   argAttrs.push_back(named("forge.step", "input"));
+  // Dropout with several data-parallel ranks: the rank (an i64 scalar the trainer
+  // feeds) places each rank's samples in the step's global batch for the masks.
+  const bool hasDropout =
+      llvm::any_of(main.getBody().front(), [](Operation &op) { return isa<DropoutOp>(op); });
+  const int64_t rankIndex = options.dataParallel > 1 && hasDropout ? argTypes.size() : -1;
+  if (rankIndex >= 0) {
+    argTypes.push_back(RankedTensorType::get({}, b.getI64Type()));
+    argAttrs.push_back(named("forge.dp_rank", "input"));
+  }
 
   auto func = func::FuncOp::create(loc, "train_step", b.getFunctionType(argTypes, {}));
   module.push_back(func);
@@ -831,6 +840,19 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     paramArgs.push_back(entry->getArgument(paramBase + i));
   for (unsigned i = 0; i < states.size(); ++i)
     stateValues.push_back(entry->getArgument(stateBase + i));
+
+  // Dropout masks are keyed by the sample's index in the step's global batch:
+  // micro-batch m of rank r starts at sample r * K * B + m * B.
+  Value dpRank;
+  if (hasDropout)
+    dpRank = rankIndex >= 0
+                 ? Value(entry->getArgument(static_cast<unsigned>(rankIndex)))
+                 : b.create<ConstantOp>(loc, DenseElementsAttr::get(
+                                                 RankedTensorType::get({}, b.getI64Type()),
+                                                 b.getI64IntegerAttr(0)))
+                       .getResult();
+  const int64_t microBatch =
+      numData > 0 ? cast<RankedTensorType>(main.getArgument(0).getType()).getDimSize(0) : 1;
 
   // K forward/backward passes, gradients summed.
   SmallVector<Value> gradSum;
@@ -850,17 +872,22 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
         continue;
       if (isa<ConstantOp, ShardOp>(op) && map.contains(op.getResult(0)))
         continue;
-      // Dropout draws its mask from the step counter (and, per micro-batch,
-      // a distinct key); the backward of `where` reuses the mask.
+      // Dropout draws its mask from the step counter and the global index of
+      // each element's sample (DropoutMaskOp); the backward of `where` reuses it.
       if (auto d = dyn_cast<DropoutOp>(op)) {
         Value x = map.lookupOrDefault(d.getInput());
         auto type = cast<RankedTensorType>(x.getType());
-        uint64_t seed = static_cast<uint64_t>(d.getSeed()) ^ (uint64_t(m) * 0x9E3779B97F4A7C15ull);
         double ratio = d.getRatio().convertToDouble();
+        // A mask that is not sample-major in B samples (its elements do not divide
+        // by B) is one block per micro-batch: still distinct per rank and micro-batch.
+        const int64_t numel = type.getNumElements();
+        const int64_t batch = microBatch > 0 && numel % microBatch == 0 ? microBatch : 1;
+        const int64_t unit = batch == microBatch ? 1 : microBatch; // samples per row 0 step
         Value mask = b.create<DropoutMaskOp>(
-            d.getLoc(), entry->getArgument(stepIndex), d.getRatioAttr(),
-            b.getI64IntegerAttr(static_cast<int64_t>(seed)),
-            b.getDenseI64ArrayAttr(type.getShape()));
+            d.getLoc(), entry->getArgument(stepIndex), dpRank, d.getRatioAttr(),
+            b.getI64IntegerAttr(d.getSeed()), b.getDenseI64ArrayAttr(type.getShape()),
+            b.getI64IntegerAttr(m * microBatch / unit),
+            b.getI64IntegerAttr(k * microBatch / unit), b.getI64IntegerAttr(batch));
         Value scaled = bb.mulScalar(x, 1.0 / (1.0 - ratio));
         Value zero = b.create<ConstantOp>(
             d.getLoc(), DenseElementsAttr::get(RankedTensorType::get({}, type.getElementType()),

@@ -1,9 +1,9 @@
 // Dropout CPU kernels: dropout_mask (Philox4x32-10 keep mask, Philox.h) and
 // dropout as it runs outside train_step (the identity, every element kept).
 //
-// Invariants: the mask depends on (seed, step, element index) only, never on
-// the thread count or the order of work, and equals the CUDA kernel's bit for
-// bit (tests/e2e/test_dropout.py).
+// Invariants: the mask depends on (seed, step, the element's index in the step's
+// global batch) only, never on the thread count or the order of work, and equals
+// the CUDA kernel's bit for bit (tests/e2e/test_dropout.py).
 #include "KernelUtil.h"
 #include "forge/runtime/Philox.h"
 
@@ -15,12 +15,25 @@ namespace forge::rt::cpu {
 namespace {
 
 Status dropoutMaskKernel(KernelContext &ctx) {
-  const TensorView &step = ctx.inputs[0];
+  const TensorView &step = ctx.inputs[0], &rank = ctx.inputs[1];
   TensorView &mask = ctx.outputs[0];
   CPU_ASSIGN_OR_RETURN(double ratio, ctx.attrs.getFloat("ratio"));
   CPU_ASSIGN_OR_RETURN(int64_t seed, ctx.attrs.getInt("seed"));
+  CPU_ASSIGN_OR_RETURN(int64_t first, ctx.attrs.getInt("first_sample"));
+  CPU_ASSIGN_OR_RETURN(int64_t rankSamples, ctx.attrs.getInt("rank_samples"));
+  CPU_ASSIGN_OR_RETURN(int64_t batch, ctx.attrs.getInt("batch"));
   FORGE_RETURN_IF_ERROR(checkDType(mask, bundle::BOOL, "result"));
   FORGE_RETURN_IF_ERROR(checkShape(step, {}, "step"));
+  FORGE_RETURN_IF_ERROR(checkShape(rank, {}, "rank"));
+  FORGE_RETURN_IF_ERROR(checkDType(rank, bundle::I64, "rank"));
+  const int64_t r = rank.as<const int64_t>()[0];
+  if (batch < 1 || mask.numel() % batch != 0 || r < 0 || first < 0 || rankSamples < 0)
+    return Status::error("dropout_mask: rank {}, first sample {}, {} samples per rank and batch "
+                         "{} do not place {} elements",
+                         r, first, rankSamples, batch, mask.numel());
+  // The element index in the step's global batch (DropoutMaskOp).
+  const uint64_t base = static_cast<uint64_t>(r * rankSamples + first) *
+                        static_cast<uint64_t>(mask.numel() / batch);
   if (!(ratio >= 0 && ratio <= 1))
     return Status::error("dropout ratio {} is outside [0, 1]", ratio);
   double s = 0;
@@ -36,7 +49,7 @@ Status dropoutMaskKernel(KernelContext &ctx) {
   uint8_t *out = mask.as<uint8_t>();
   ctx.pool.parallelFor(mask.numel(), kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
-      out[i] = dropoutKeep(key, stepWord, static_cast<uint64_t>(i), threshold);
+      out[i] = dropoutKeep(key, stepWord, base + static_cast<uint64_t>(i), threshold);
   });
   return Status::ok();
 }
@@ -56,7 +69,7 @@ Status dropoutKernel(KernelContext &ctx) {
 } // namespace
 
 void registerRandomKernels(Registry &r) {
-  r.add("dropout_mask", &dropoutMaskKernel, 1, 1);
+  r.add("dropout_mask", &dropoutMaskKernel, 2, 2);
   r.add("dropout", &dropoutKernel, 1, 1, 2, 2);
 }
 

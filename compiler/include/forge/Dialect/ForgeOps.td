@@ -609,16 +609,22 @@ def Forge_DropoutOp : Forge_Op<"dropout", "Dropout", FusionOpaque, PrecisionFoll
 def Forge_DropoutMaskOp : Forge_Op<"dropout_mask", "Dropout", FusionOpaque, PrecisionFollowsInput, 0> {
   let summary = "Dropout's keep mask from a counter-based RNG (Philox4x32-10)";
   let description = [{
-    Element i of the [shape] result is kept (true) when 32-bit word i % 4 of
-    Philox4x32-10(key = seed, counter = (i / 4 low, i / 4 high, step, 0)) is
-    at least round(ratio * 2^32): independent of device, thread count and
-    launch shape, so the CPU and CUDA kernels give bit-identical masks.
-    `step` is train_step's step counter (f32 scalar, an integer value).
+    Element i of the [shape] result is kept (true) when 32-bit word j % 4 of
+    Philox4x32-10(key = seed, counter = (j / 4 low, j / 4 high, step, 0)) is
+    at least round(ratio * 2^32), where j = (rank * rank_samples + first_sample)
+    * (numel / batch) + i: the element's index in the step's whole global batch
+    when the mask is sample-major with `batch` samples (row 0 is global sample
+    rank * rank_samples + first_sample). So a sample gets the same mask however
+    the step is split into micro-batches and data-parallel ranks, and masks do
+    not depend on device, thread count or launch shape: the CPU and CUDA kernels
+    are bit-identical. `step` is train_step's step counter (f32 scalar, an
+    integer value); `rank` the data-parallel rank (i64 scalar).
   }];
-  let arguments = (ins AnyForgeTensor:$step, F64Attr:$ratio, I64Attr:$seed,
-                       DenseI64ArrayAttr:$shape);
+  let arguments = (ins AnyForgeTensor:$step, AnyForgeTensor:$rank, F64Attr:$ratio,
+                       I64Attr:$seed, DenseI64ArrayAttr:$shape, I64Attr:$first_sample,
+                       I64Attr:$rank_samples, I64Attr:$batch);
   let results = (outs TensorOf<[I1]>:$result);
-  let assemblyFormat = "$step attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = "$step `,` $rank attr-dict `:` functional-type(operands, results)";
 }
 
 //===----------------------------------------------------------------------===//
