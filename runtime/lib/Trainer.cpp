@@ -673,6 +673,18 @@ Status Trainer::failedError() const {
                        failed_);
 }
 
+Status Trainer::runNextStep(double inputSeconds) {
+  const uint64_t run = exec_->runsIssued();
+  if (stepInput_ >= 0) {
+    float s = static_cast<float>(step_ + inFlight_ + 1);
+    std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
+  }
+  FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
+  ++inFlight_;
+  launched_.emplace_back(run, inputSeconds);
+  return Status::ok();
+}
+
 Expected<StepResult> Trainer::stepOn(DataSource &batch) {
   if (inFlight_ != 0)
     return Status::error("internal: stepOn() with {} step(s) in flight", inFlight_);
@@ -695,14 +707,7 @@ Expected<StepResult> Trainer::stepOn(DataSource &batch) {
   FORGE_RETURN_IF_ERROR(fillStep(batch, indices, microOuts_));
   const double inputSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const uint64_t run = exec_->runsIssued();
-  if (stepInput_ >= 0) {
-    float s = static_cast<float>(step_ + 1);
-    std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
-  }
-  FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
-  ++inFlight_;
-  launched_.emplace_back(run, inputSeconds);
+  FORGE_RETURN_IF_ERROR(runNextStep(inputSeconds));
   return collect();
 }
 
@@ -728,17 +733,10 @@ Expected<StepResult> Trainer::stepOnDevice(std::span<const void *const> fields) 
         return st;
       }
     }
-  const uint64_t run = exec_->runsIssued();
-  if (stepInput_ >= 0) {
-    float s = static_cast<float>(step_ + 1);
-    std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
-  }
-  if (Status st = exec_->run(train_.index); !st.isOk()) {
+  if (Status st = runNextStep(0.0); !st.isOk()) {
     rebindHost();
     return st;
   }
-  ++inFlight_;
-  launched_.emplace_back(run, 0.0);
   auto r = collect(); // waits for the run, so the caller's arrays are read
   rebindHost();
   return r;

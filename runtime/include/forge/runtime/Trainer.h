@@ -188,6 +188,8 @@ private:
   /// Fills `outs` ([micro-batch][field] -> buffer) with the step's samples of `source`.
   Status fillStep(DataSource &source, std::span<const int64_t> indices,
                   const std::vector<std::vector<void *>> &outs);
+  /// stepOn()/stepOnDevice(): feeds forge.step and runs train_step on the bound inputs.
+  Status runNextStep(double inputSeconds);
   /// This rank's share of a step's global indices (TrainerOptions::rank).
   std::span<const int64_t> rankShare(std::span<const int64_t> global) const {
     return global.subspan(static_cast<size_t>(dpRank_ * samplesPerStep()),
