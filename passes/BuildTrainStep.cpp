@@ -32,6 +32,7 @@ struct BuildTrainStepPass
     flags.microBatches = microBatches;
     flags.dataParallel = dataParallel;
     flags.zero = zero;
+    flags.pipeline = pipeline;
     flags.freeze.assign(freeze.begin(), freeze.end());
     flags.exposeGradients = exposeGradients;
     flags.batchnormRunningVar = batchnormRunningVar;

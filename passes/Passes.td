@@ -37,6 +37,9 @@ def BuildTrainStep : Pass<"forge-build-train-step", "::mlir::ModuleOp"> {
     Option<"dataParallel", "data-parallel", "int64_t", /*default=*/"0",
            "Ranks of the data-parallel group: gradients and loss averaged by forge.all_reduce "
            "(0: none; 1: a group of one)">,
+    Option<"pipeline", "pipeline", "int64_t", /*default=*/"1",
+           "Pipeline stages: the ops carry forge-assign-pipeline-stages' marks, which the "
+           "gradients and optimizer updates inherit (1: none)">,
     Option<"zero", "zero", "int64_t", /*default=*/"0",
            "ZeRO stage: 1 splits the optimizer state over the data-parallel ranks (needs "
            "data-parallel)">,
@@ -496,6 +499,49 @@ def ShardTensorParallel : Pass<"forge-shard-tensor-parallel", "::mlir::func::Fun
 
 // Stage "partition": after the graph is final (fusion, precision, the loss
 // head), before placement, which places the collectives.
+def AssignPipelineStages : Pass<"forge-assign-pipeline-stages", "::mlir::func::FuncOp"> {
+  let summary = "Pipeline parallelism: cost-balanced stages of the forward graph";
+  let description = [{
+    Cuts @main (the forward graph, before the train step is built) into
+    `stages` contiguous runs of its ops in program order, balanced by each
+    op's estimated cost (FLOPs plus bytes moved), and marks every op but the
+    constants with `forge.stage`. Program order makes every value flow from
+    a stage to itself or a later one. forge-build-train-step carries the
+    marks to each op's gradient and to each parameter's optimizer update;
+    forge-split-pipeline-stages then gives every stage its own routine. A
+    remark states each stage's ops and share of the cost. Fails when the
+    graph has fewer ops than stages.
+  }];
+  let options = [
+    Option<"stages", "stages", "int64_t", /*default=*/"2", "Pipeline stages (ranks of group pp)">,
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
+def SplitPipelineStages : Pass<"forge-split-pipeline-stages", "::mlir::ModuleOp"> {
+  let summary = "Pipeline parallelism: one routine per stage, with send/recv and a 1F1B order";
+  let description = [{
+    Splits each routine whose ops carry `forge.stage` (train_step and eval,
+    as forge-build-train-step made them with --pp) into one routine per stage,
+    `<name>@pp<s>`. An op's stage is its mark; an op without one runs where
+    its operands are (the latest of their stages: a sum of a gradient's
+    contributions, the gradient norm's partial sums), and ops that read only
+    constants and inputs are copied to every stage that reads them. A
+    parameter (and its optimizer state) lives on the stage of its first
+    forward use; another stage reading it gets it by message. A value made on
+    one stage and read on another travels as forge.send/forge.recv (group
+    "pp", one tag per value and reader). Every routine keeps the whole
+    signature; it returns the updates of its own state and every metric
+    (loss, lr, gradient norm: the ones made elsewhere arrive by message).
+
+    The train step's micro-batches are reordered into the 1F1B schedule:
+    stage s first runs min(P-1-s, K) forward passes, then alternates one
+    forward and one backward, then the remaining backwards; the optimizer
+    runs last. The module's `forge.pipeline_schedule` shows it per stage.
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect", "::mlir::func::FuncDialect"];
+}
+
 def Partition : Pass<"forge-partition", "::mlir::func::FuncOp"> {
   let summary = "Data parallelism: the gradient all-reduce in size-capped buckets";
   let description = [{

@@ -106,11 +106,20 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->options_ = options;
   Executor &ex = *tr->exec_;
 
-  auto trainIndex = ex.findRoutine("train_step");
+  // Pipeline parallelism (forgec --pp P): rank r runs stage r % P, whose
+  // routines are train_step@pp<s> and eval@pp<s>.
+  auto ppOption = positiveBuildOption(bundle, "pipeline_parallel");
+  if (!ppOption)
+    return ppOption.status();
+  tr->ppSize_ = *ppOption;
+  if (tr->ppSize_ > 1)
+    tr->routineSuffix_ = fmt::format("@pp{}", options.rank % tr->ppSize_);
+  const std::string trainName = "train_step" + tr->routineSuffix_;
+  auto trainIndex = ex.findRoutine(trainName);
   if (!trainIndex)
-    return Status::error("{}: not a training bundle (no routine 'train_step'; routines: {}); "
+    return Status::error("{}: not a training bundle (no routine '{}'; routines: {}); "
                          "compile it with forgec --loss/--optimizer, without --inference-only",
-                         origin, [&] {
+                         origin, trainName, [&] {
                            std::vector<std::string> names;
                            for (int r = 0; r < ex.numRoutines(); ++r)
                              names.push_back(ex.routineName(r));
@@ -239,11 +248,17 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   auto tpOption = positiveBuildOption(bundle, "tensor_parallel");
   if (!tpOption)
     return tpOption.status();
-  const int64_t dp = *dpOption, tp = *tpOption;
+  const int64_t dp = *dpOption, tp = *tpOption, pp = tr->ppSize_;
   if (options.worldSize < 1 || options.rank < 0 || options.rank >= options.worldSize)
     return Status::error("rank {} of {} is not a data-parallel rank", options.rank,
                          options.worldSize);
-  if (dp * tp != options.worldSize) {
+  if (pp > 1 && dp * tp * pp != options.worldSize)
+    return Status::error("{} was compiled for {} pipeline stages (forgec --pp {}), this run has "
+                         "{} rank{}: start it with forge-train --nproc {} (or WORLD_SIZE={} from "
+                         "a launcher)",
+                         origin, pp, pp, options.worldSize, options.worldSize > 1 ? "s" : "",
+                         dp * tp * pp, dp * tp * pp);
+  if (pp == 1 && dp * tp != options.worldSize) {
     const std::string layout =
         tp > 1 ? fmt::format("{} rank{} ({} data-parallel x {} tensor-parallel: forgec --dp {} "
                              "--tp {})",
@@ -260,7 +275,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   }
   tr->dpSize_ = dp;
   tr->tpSize_ = tp;
-  tr->dpRank_ = options.rank / tp;
+  tr->dpRank_ = options.rank / (tp * pp);
   if (rankInput >= 0) // the same every step: the executor uploads it with each step's inputs
     std::memcpy(ex.inputBuffer(rankInput), &tr->dpRank_, sizeof(int64_t));
 
@@ -350,9 +365,10 @@ Status Trainer::setEvalData(std::unique_ptr<DataSource> eval) {
   evalBatch_ = 0;
   evalLabelElements_ = 0;
   evalWeight_ = -1;
-  auto evalIndex = exec_->findRoutine("eval");
+  auto evalIndex = exec_->findRoutine("eval" + routineSuffix_);
   if (!evalIndex)
-    return Status::error("eval data was given but {} has no 'eval' routine", origin);
+    return Status::error("eval data was given but {} has no 'eval{}' routine", origin,
+                         routineSuffix_);
   eval_.index = *evalIndex;
   std::vector<int32_t> evalTensors;
   for (int32_t t : exec_->inputs(eval_.index)) {

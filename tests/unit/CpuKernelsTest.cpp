@@ -412,7 +412,10 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
                                         // ZeRO-1's (forgec --zero 1).
                                         "reduce_scatter",
                                         "all_gather",
-                                        "rank_slice"};
+                                        "rank_slice",
+                                        // Pipeline messages (forgec --pp).
+                                        "send",
+                                        "recv"};
   for (const std::string &op : ops)
     EXPECT_NE(findCpuKernel(op), nullptr) << op;
   std::vector<std::string> names = cpuKernelNames();

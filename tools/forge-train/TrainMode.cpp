@@ -482,8 +482,12 @@ Expected<int> train(const Options &opts, Progress &progress) {
     ~Unset() {
       setCollectiveGroup("dp", nullptr);
       setCollectiveGroup("tp", nullptr);
+      setCollectiveGroup("pp", nullptr);
     }
   } unset;
+  int64_t pp = 1;
+  if (std::string p = buildOption(bundle.program(), "pipeline_parallel"); !p.empty())
+    pp = std::max<int64_t>(1, std::atoll(p.c_str())); // the trainer checks it
   int64_t tp = 1;
   if (std::string t = buildOption(bundle.program(), "tensor_parallel"); !t.empty())
     tp = std::max<int64_t>(1, std::atoll(t.c_str())); // the trainer checks it
@@ -503,7 +507,11 @@ Expected<int> train(const Options &opts, Progress &progress) {
       return Status::error("{} was compiled for groups of {} tensor-parallel ranks (forgec --tp "
                            "{}), this run has {}: start D x {} ranks (--nproc)",
                            bundle.origin(), tp, tp, r.size, tp);
-    if (tp > 1) {
+    if (pp > 1) { // stages alone (forgec refuses --pp with --dp or --tp for now)
+      setCollectiveGroup("pp", group.get());
+      progress.message(fmt::format("pipeline parallel: {} stages ({})", r.size,
+                                   group->describe()));
+    } else if (tp > 1) {
       const int dp = r.size / static_cast<int>(tp), me = r.rank;
       std::vector<int> tpRanks, dpRanks;
       for (int i = 0; i < tp; ++i)
@@ -727,7 +735,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
     }
     const int64_t s = r->step;
     if (profileThis) {
-      trace->addStep(*tr.executor().findRoutine("train_step"), s, spans);
+      trace->addStep(tr.trainRoutine(), s, spans);
       ++profiled;
     }
     const bool last = s == total;

@@ -178,6 +178,13 @@ static cl::opt<int64_t> tensorParallel(
              "pointwise ops (an MLP) is split by columns, then rows, over the ranks, which all "
              "read the same batch. With --dp D the run has D x T ranks"),
     cl::init(1), cl::cat(trainCategory));
+static cl::opt<int64_t> pipelineParallel(
+    "pp",
+    cl::desc("Pipeline parallelism over P ranks: the forward graph is cut into P stages of "
+             "about equal cost, each rank runs one stage's forward and backward passes over "
+             "the --micro-batches in the 1F1B order and updates its own parameters; values "
+             "cross between stages by send/recv"),
+    cl::init(1), cl::cat(trainCategory));
 static cl::opt<bool> exposeGradients("expose-gradients",
                                      cl::desc("Also output every parameter's gradient from train_step "
                                               "(forge.grad.NAME; for parity checks)"),
@@ -226,7 +233,7 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
     for (cl::Option *o : std::initializer_list<cl::Option *>{&loss, &optimizer, &lrSchedule,
                                                              &clipGradNorm, &microBatches,
                                                              &dataParallel, &tensorParallel,
-                                                             &zeroStage})
+                                                             &pipelineParallel, &zeroStage})
       if (o->getNumOccurrences())
         given += (count++ ? ", --" : "--") + o->ArgStr.str();
     if (count)
@@ -330,6 +337,10 @@ static std::string applyRecipe() {
       ok = node.is_integer();
       if (ok && !tensorParallel.getNumOccurrences())
         tensorParallel = *node.value<int64_t>();
+    } else if (k == "pp") {
+      ok = node.is_integer();
+      if (ok && !pipelineParallel.getNumOccurrences())
+        pipelineParallel = *node.value<int64_t>();
     } else if (k == "freeze") {
       ok = node.is_array();
       if (ok && !freeze.getNumOccurrences())
@@ -616,6 +627,14 @@ int main(int argc, char **argv) {
   if (tensorParallel < 1)
     return fail("--tp must be >= 1, got " + std::to_string(tensorParallel));
   pipelineOptions.tensorParallel = tensorParallel;
+  if (pipelineParallel < 1)
+    return fail("--pp must be >= 1, got " + std::to_string(pipelineParallel));
+  if (pipelineParallel > 1 && tensorParallel > 1)
+    return fail("--pp with --tp is not supported yet (pipeline stages alone for now)");
+  if (pipelineParallel > 1 && precision != "fp32" && precision != "tf32")
+    return fail("--pp with --precision " + precision.getValue() +
+                " is not supported yet (pipeline stages train in fp32/TF32 for now)");
+  pipelineOptions.train.pipeline = pipelineParallel;
   // auto: trial plans without recomputation first (below).
   pipelineOptions.recompute = recompute == "auto" ? std::string("none") : recompute.getValue();
   if (!augment.empty()) {
@@ -755,6 +774,8 @@ int main(int argc, char **argv) {
       build["data_parallel"] = std::to_string(dataParallel);
     if (tensorParallel > 1)
       build["tensor_parallel"] = std::to_string(tensorParallel);
+    if (pipelineParallel > 1)
+      build["pipeline_parallel"] = std::to_string(pipelineParallel);
     if (zeroStage > 0)
       build["zero"] = std::to_string(zeroStage);
     if (clipGradNorm > 0)

@@ -89,7 +89,12 @@ struct GenerateKernelsPass
           auto tt = dyn_cast<RankedTensorType>(t);
           return tt && tt.hasStaticShape() && tt.getNumElements() == 0;
         };
-        if (isa<AllReduceOp, ReduceScatterOp, AllGatherOp, RankSliceOp>(op)) {
+        if (isa<SendOp, RecvOp>(op)) {
+          // Pipeline messages go through the host's communicator for now
+          // (NCCL send/recv on the collective stream is #15's).
+          op.setAttr("forge.placement", b.getStringAttr("host"));
+          ++hostOps[op.getName().stripDialect().str()];
+        } else if (isa<AllReduceOp, ReduceScatterOp, AllGatherOp, RankSliceOp>(op)) {
           // NCCL, on the group its attributes name (rank_slice: a copy of this
           // rank's part, on the same stream)
           op.setAttr("forge.placement", b.getStringAttr("collective"));

@@ -949,6 +949,43 @@ LogicalResult AllGatherOp::verify() {
   return verifyParts(*this, getType(), getInput().getType(), getSize(), getGroup());
 }
 
+/// A pipeline message's endpoints: a peer inside a group of at least two
+/// that is not this stage's own place is checked where the stage is known
+/// (forge-split-pipeline-stages); here the attributes alone.
+static LogicalResult verifyMessage(Operation *op, StringRef group, int64_t peer, int64_t tag,
+                                   int64_t size) {
+  if (group.empty())
+    return op->emitOpError() << "has an empty group name";
+  if (size < 2)
+    return op->emitOpError() << "group size " << size << " is below 2";
+  if (peer < 0 || peer >= size)
+    return op->emitOpError() << "peer " << peer << " is outside the group of " << size;
+  if (tag < 0)
+    return op->emitOpError() << "tag " << tag << " is negative";
+  return success();
+}
+
+/// A message's order token: tensor<0xi1>, no bytes.
+static LogicalResult verifyToken(Operation *op, Type t, StringRef what) {
+  auto tt = dyn_cast<RankedTensorType>(t);
+  if (!tt || tt.getRank() != 1 || tt.getDimSize(0) != 0 || !tt.getElementType().isInteger(1))
+    return op->emitOpError() << what << " must be an order token, tensor<0xi1>, got " << t;
+  return success();
+}
+
+/// forge.send and forge.recv alike: their tokens, then their endpoints.
+template <typename MessageOp>
+static LogicalResult verifyMessageOp(MessageOp op) {
+  if (op.getAfter() && failed(verifyToken(op, op.getAfter().getType(), "'after'")))
+    return failure();
+  if (failed(verifyToken(op, op.getToken().getType(), "the token")))
+    return failure();
+  return verifyMessage(op, op.getGroup(), op.getPeer(), op.getTag(), op.getSize());
+}
+
+LogicalResult SendOp::verify() { return verifyMessageOp(*this); }
+LogicalResult RecvOp::verify() { return verifyMessageOp(*this); }
+
 LogicalResult RankSliceOp::verify() {
   return verifyParts(*this, getInput().getType(), getType(), getSize(), getGroup());
 }

@@ -139,6 +139,15 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
     tp.size = options.tensorParallel;
     pm.addNestedPass<func::FuncOp>(createShardTensorParallel(tp));
   }
+  // Stage "pipeline stages" (--pp): the forward cut into cost-balanced
+  // stages. After tensor parallelism (which would see the marks as noise) and
+  // before the train step, which carries each forward op's stage to its
+  // gradient and each parameter's to its update.
+  if (options.train.pipeline > 1) {
+    AssignPipelineStagesOptions stages;
+    stages.stages = options.train.pipeline;
+    pm.addNestedPass<func::FuncOp>(createAssignPipelineStages(stages));
+  }
   // Stage "train-step construction": @main -> @train_step + @eval. Before the
   // graph cleanup, which would fold parameter initializers into constants;
   // after it, the forward, backward and optimizer are one graph that the
@@ -155,7 +164,13 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   train.exposeGradients = options.train.exposeGradients;
   train.batchnormRunningVar = options.train.batchnormRunningVar;
   train.lossScale = options.train.lossScale;
+  train.pipeline = options.train.pipeline;
   pm.addPass(createBuildTrainStep(train));
+  // Then one routine per stage, with its sends and receives, in 1F1B order:
+  // right after construction, before the graph cleanup (whose folding and
+  // CSE make ops without marks, and would merge ops of different stages).
+  if (options.train.pipeline > 1)
+    pm.addPass(createSplitPipelineStages());
   // Stage "graph cleanup" (see addGraphCleanup). Later stages need its
   // canonical form: folded constants, no duplicates, no dead ops.
   addGraphCleanup(pm, options);
@@ -258,6 +273,7 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
   Option<int64_t> dataParallel{*this, "dp", llvm::cl::desc("as forgec --dp"), llvm::cl::init(0)};
   Option<int64_t> tensorParallel{*this, "tp", llvm::cl::desc("as forgec --tp"), llvm::cl::init(1)};
   Option<int64_t> zero{*this, "zero", llvm::cl::desc("as forgec --zero"), llvm::cl::init(0)};
+  Option<int64_t> pipeline{*this, "pp", llvm::cl::desc("as forgec --pp"), llvm::cl::init(1)};
   ListOption<std::string> freeze{*this, "freeze", llvm::cl::desc("as forgec --freeze")};
   Option<bool> exposeGradients{*this, "expose-gradients",
                                llvm::cl::desc("as forgec --expose-gradients"),
@@ -303,6 +319,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.dataParallel = cl.dataParallel;
         options.tensorParallel = cl.tensorParallel;
         options.train.zero = cl.zero;
+        options.train.pipeline = cl.pipeline;
         options.train.freeze.assign(cl.freeze.begin(), cl.freeze.end());
         options.train.exposeGradients = cl.exposeGradients;
         options.train.batchnormRunningVar = cl.batchnormRunningVar;

@@ -245,6 +245,20 @@ FailureOr<TrainOptions> mlir::forge::parseTrainFlags(const TrainFlags &flags,
   if (flags.zero == 1 && flags.exposeGradients)
     return fail("--expose-gradients with --zero 1: each rank holds only its part of a gradient");
   t.zero = flags.zero;
+  if (flags.pipeline < 1)
+    return fail("--pp must be >= 1");
+  if (flags.pipeline > 1) {
+    // Not yet: each of these needs its collectives split by stage.
+    if (flags.dataParallel >= 1)
+      return fail("--pp with --dp is not supported yet (pipeline stages alone for now)");
+    if (!flags.lossScale.empty())
+      return fail("--pp with --loss-scale is not supported yet (the skip decision would "
+                  "have to reach every stage)");
+    if (flags.exposeGradients)
+      return fail("--pp with --expose-gradients is not supported (each stage holds its own "
+                  "parameters' gradients)");
+  }
+  t.pipeline = flags.pipeline;
   t.freeze = flags.freeze;
   t.exposeGradients = flags.exposeGradients;
   if (flags.batchnormRunningVar == "biased" || flags.batchnormRunningVar == "unbiased")
@@ -375,11 +389,51 @@ bool decays(StringRef role) { return role == "weight" || role == "embedding"; }
 
 using Builder = ForgeBuilder;
 
+/// The pipeline stage forge-assign-pipeline-stages gave `op`, if any.
+std::optional<int64_t> stageOf(Operation *op) {
+  if (!op)
+    return std::nullopt;
+  if (auto a = op->getAttrOfType<IntegerAttr>("forge.stage"))
+    return a.getInt();
+  return std::nullopt;
+}
+
+/// Pipeline marks (TrainOptions::pipeline): stamp() gives the ops appended to
+/// `block` since the last stamp the marks they lack (forge.stage,
+/// forge.micro, forge.backward). Off, it does nothing.
+class Marks {
+public:
+  Marks(Block *block, bool on) : block(block), on(on) { advance(); }
+  void stamp(std::optional<int64_t> stage, std::optional<int64_t> micro = std::nullopt,
+             bool backward = false) {
+    if (!on)
+      return;
+    mlir::Builder b(block->getParent()->getContext());
+    for (auto it = last ? std::next(Block::iterator(last)) : block->begin(); it != block->end();
+         ++it) {
+      if (stage && !it->hasAttr("forge.stage"))
+        it->setAttr("forge.stage", b.getI64IntegerAttr(*stage));
+      if (micro && !it->hasAttr("forge.micro"))
+        it->setAttr("forge.micro", b.getI64IntegerAttr(*micro));
+      if (backward && !it->hasAttr("forge.backward"))
+        it->setAttr("forge.backward", b.getUnitAttr());
+    }
+    advance();
+  }
+
+private:
+  void advance() { last = on && !block->empty() ? &block->back() : nullptr; }
+  Block *block;
+  bool on;
+  Operation *last = nullptr;
+};
+
 /// Reverse-mode differentiation of `loss` (a scalar) w.r.t. `wrt`, over the
 /// ops of `block` before the insertion point. Gradients of values that do not
 /// depend on `wrt` are never requested.
 FailureOr<SmallVector<Value>> differentiate(OpBuilder &b, Block &block, Value loss, Value seed,
-                                            ArrayRef<Value> wrt) {
+                                            ArrayRef<Value> wrt, Marks *marks = nullptr,
+                                            int64_t micro = 0) {
   // Forward pass: which values depend on a differentiated argument.
   llvm::DenseSet<Value> needs(wrt.begin(), wrt.end());
   SmallVector<Operation *> tape;
@@ -427,9 +481,13 @@ FailureOr<SmallVector<Value>> differentiate(OpBuilder &b, Block &block, Value lo
     if (operandGrads.size() != op->getNumOperands())
       return op->emitError() << "gradient rule returned " << operandGrads.size()
                              << " gradients for " << op->getNumOperands() << " operands";
+    if (marks) // a rule's ops run on its forward op's stage
+      marks->stamp(stageOf(op), micro, /*backward=*/true);
     for (auto [operand, g] : llvm::zip(op->getOperands(), operandGrads))
       if (g && needs.contains(operand))
         accumulate(operand, g);
+    if (marks) // a sum of contributions: where they are (the split decides)
+      marks->stamp(std::nullopt, micro, /*backward=*/true);
   }
   SmallVector<Value> result;
   for (Value v : wrt) {
@@ -585,6 +643,10 @@ private:
   int64_t outputIndex = -1;
   RankedTensorType labelType;
   bool unbiasedRunningVar = false; // TrainOptions::unbiasedRunningVar, resolved
+  // Pipeline marks of the train step being built (null without --pp), and
+  // each parameter's stage: that of its first forward use.
+  Marks *marks = nullptr;
+  std::vector<int64_t> paramStage;
 };
 
 LogicalResult TrainGraphBuilder::collectParams(func::FuncOp main) {
@@ -692,6 +754,8 @@ void TrainGraphBuilder::appendOptimizerUpdates(
     bc2Sqrt = bb.sqrt(
         bb.sub(bb.scalar(1.0, f64), b.create<PowOp>(loc, bb.scalar(opt.beta2, f64), step64)));
   }
+  if (marks) // what came before (the bias corrections: the step's alone) is no parameter's
+    marks->stamp(std::nullopt);
   for (auto [i, p] : llvm::enumerate(params)) {
     Value w = paramArgs[i], g = gradSum[i];
     Type e = Builder::elementOf(w);
@@ -726,6 +790,8 @@ void TrainGraphBuilder::appendOptimizerUpdates(
         update(bb.sub(w, bb.mul(lrE, g)), p.name, paramArgs[i]);
       }
     }
+    if (marks) // the update runs where the parameter lives
+      marks->stamp(paramStage[i]);
   }
 }
 
@@ -834,6 +900,19 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     func.setArgAttrs(i, argAttrs[i]);
   b.setInsertionPointToStart(entry);
   Builder bb(b, loc);
+  // Pipeline marks (--pp): each parameter's stage is its first forward use's.
+  Marks stageMarks(entry, options.pipeline > 1);
+  if (options.pipeline > 1) {
+    marks = &stageMarks;
+    paramStage.assign(params.size(), 0);
+    for (auto [i, p] : llvm::enumerate(params)) {
+      std::optional<int64_t> first;
+      for (Operation *user : p.value().getUsers())
+        if (std::optional<int64_t> s = stageOf(user))
+          first = first ? std::min(*first, *s) : *s;
+      paramStage[i] = first.value_or(0);
+    }
+  }
 
   SmallVector<Value> paramArgs, stateValues;
   for (unsigned i = 0; i < params.size(); ++i)
@@ -867,7 +946,10 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
       map.map(p.value(), arg);
     for (auto [s, value] : llvm::zip(states, stateValues))
       map.map(s.constant.getResult(), value);
+    Operation *previous = nullptr; // what its clone(s) were made from (pipeline marks)
     for (Operation &op : main.getBody().front()) {
+      stageMarks.stamp(stageOf(previous), m);
+      previous = &op;
       if (isa<func::ReturnOp>(op))
         continue;
       if (isa<ConstantOp, ShardOp>(op) && map.contains(op.getResult(0)))
@@ -932,11 +1014,12 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     auto loss = buildLoss(bb, options.loss, output, label, /*wantCorrect=*/false);
     if (failed(loss))
       return failure();
+    stageMarks.stamp(stageOf(output.getDefiningOp()), m); // the loss: where the output is
     // The backward starts from 1/K (accumulation), times the loss scale.
     Value seed = bb.scalar(1.0 / double(k), Builder::elementOf(loss->first));
     if (scaling.dynamic)
       seed = bb.mul(seed, bb.castTo(entry->getArgument(scaleIndex), Builder::elementOf(seed)));
-    auto grads = differentiate(b, *entry, loss->first, seed, paramArgs);
+    auto grads = differentiate(b, *entry, loss->first, seed, paramArgs, marks, m);
     if (failed(grads))
       return failure();
     if (gradSum.empty()) {
@@ -947,8 +1030,10 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
         acc = bb.add(acc, g);
       lossSum = bb.add(lossSum, loss->first);
     }
+    stageMarks.stamp(std::nullopt, m, /*backward=*/true);
   }
   Value lossMean = k > 1 ? bb.mulScalar(lossSum, 1.0 / double(k)) : lossSum;
+  stageMarks.stamp(std::nullopt);
 
   // Data parallelism: every rank made its gradients from its own batch; their
   // mean over the ranks is the gradient of the global batch (each loss a mean
@@ -1028,9 +1113,13 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
                                   bb.div(bb.scalar(options.clipGradNorm), bb.add(gradNorm, bb.scalar(1e-6))));
     factor = factor ? bb.mul(factor, scale) : scale;
   }
+  stageMarks.stamp(std::nullopt); // the norm and the factor: where their operands are
   if (factor)
-    for (Value &g : gradSum)
+    for (auto [i, g] : llvm::enumerate(gradSum)) {
       g = bb.mul(g, bb.castTo(factor, Builder::elementOf(g)));
+      if (marks)
+        marks->stamp(paramStage[i]);
+    }
 
   Value step = entry->getArgument(stepIndex);
   Value lr = learningRate(bb, step);
@@ -1085,6 +1174,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   }
 
   b.create<func::ReturnOp>(loc, results);
+  marks = nullptr; // stageMarks ends here
   SmallVector<Type> resultTypes;
   for (Value v : results)
     resultTypes.push_back(v.getType());
@@ -1153,7 +1243,11 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
     map.map(p.value(), entry->getArgument(paramBase + i));
   for (auto [i, s] : llvm::enumerate(states))
     map.map(s.constant.getResult(), entry->getArgument(paramBase + params.size() + i));
+  Marks evalMarks(entry, options.pipeline > 1); // as the train step's (no micro-batches)
+  Operation *previous = nullptr;
   for (Operation &op : main.getBody().front()) {
+    evalMarks.stamp(stageOf(previous));
+    previous = &op;
     if (isa<func::ReturnOp>(op))
       continue;
     if (isa<ConstantOp, ShardOp>(op) && map.contains(op.getResult(0)))
@@ -1190,6 +1284,7 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
                                    hasLabel ? entry->getArgument(numData) : Value(), wantCorrect);
   if (failed(loss))
     return failure();
+  evalMarks.stamp(stageOf(output.getDefiningOp()));
   SmallVector<Value> results = {loss->first};
   if (loss->second)
     results.push_back(loss->second);

@@ -148,9 +148,55 @@ Status rankSliceKernel(KernelContext &ctx) {
   return Status::ok();
 }
 
+/// send / recv (forgec --pp): a pipeline stage's message to or from the rank
+/// at place `peer` of `group`, matched by `tag`.
+Expected<Communicator *> messageGroup(KernelContext &ctx, int64_t &peer, uint64_t &tag) {
+  auto group = ctx.attrs.getString("group");
+  FORGE_RETURN_IF_ERROR(group.status());
+  auto size = ctx.attrs.getInt("size");
+  FORGE_RETURN_IF_ERROR(size.status());
+  auto p = ctx.attrs.getInt("peer");
+  FORGE_RETURN_IF_ERROR(p.status());
+  auto t = ctx.attrs.getInt("tag");
+  FORGE_RETURN_IF_ERROR(t.status());
+  if (*size < 2 || *p < 0 || *p >= *size || *t < 0)
+    return Status::error("peer {} and tag {} in a group of {} are not a message's", *p, *t,
+                         *size);
+  auto found = communicatorFor(*group, *size, "this bundle");
+  if (!found)
+    return found.status();
+  if (!*found) // communicatorFor gives none only for a group of one
+    return Status::error("group '{}' of {} ranks has no communicator", *group, *size);
+  if ((*found)->rank() == *p)
+    return Status::error("a message to this rank's own place {} in group '{}'", *p, *group);
+  peer = *p;
+  tag = static_cast<uint64_t>(*t);
+  return *found;
+}
+
+Status sendKernel(KernelContext &ctx) {
+  int64_t peer = 0;
+  uint64_t tag = 0;
+  auto comm = messageGroup(ctx, peer, tag);
+  FORGE_RETURN_IF_ERROR(comm.status());
+  return (*comm)->send(ctx.inputs[0].data, ctx.inputs[0].bytes(), static_cast<int>(peer), tag);
+}
+
+Status recvKernel(KernelContext &ctx) {
+  int64_t peer = 0;
+  uint64_t tag = 0;
+  auto comm = messageGroup(ctx, peer, tag);
+  FORGE_RETURN_IF_ERROR(comm.status());
+  return (*comm)->recv(ctx.outputs[0].data, ctx.outputs[0].bytes(), static_cast<int>(peer), tag);
+}
+
 } // namespace
 
 void registerCollectiveKernels(Registry &r) {
+  // Operand and result counts with the order token (tensor<0xi1>, no bytes):
+  // send (input[, after]) -> token, recv ([after]) -> (result, token).
+  r.add("send", &sendKernel, 1, 2, 1, 1);
+  r.add("recv", &recvKernel, 0, 1, 2, 2);
   r.add("all_reduce", &allReduceKernel, 1, -1, 1, -1);
   r.add("reduce_scatter", &reduceScatterKernel, 1, 1, 1, 1);
   r.add("all_gather", &allGatherKernel, 1, 1, 1, 1);

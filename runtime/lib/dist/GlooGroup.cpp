@@ -4,6 +4,7 @@
 #include "forge/runtime/Collectives.h"
 
 #include <algorithm>
+#include <deque>
 #include <cstdlib>
 #include <cstring>
 
@@ -20,6 +21,8 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 namespace forge::rt {
 
@@ -114,6 +117,55 @@ public:
     return Status::ok();
   }
 
+  ~GlooGroup() override {
+    // Messages still in flight (the last step's) go before the context does.
+    while (!pending_.empty()) {
+      try {
+        pending_.front().buffer->waitSend(nullptr, timeout_);
+      } catch (const std::exception &) {
+      }
+      pending_.pop_front();
+    }
+  }
+
+  Status send(const void *data, size_t bytes, int peer, uint64_t tag) override {
+    if (bytes == 0)
+      return Status::ok(); // the receiver expects none either (same shape)
+    try {
+      // A bounded number in flight: waiting for the oldest cannot deadlock,
+      // as its receiver takes this rank's messages in the order they are sent.
+      while (pending_.size() >= kMaxPendingSends) {
+        pending_.front().buffer->waitSend(nullptr, timeout_);
+        pending_.pop_front();
+      }
+      PendingSend p;
+      p.bytes.assign(static_cast<const uint8_t *>(data), static_cast<const uint8_t *>(data) + bytes);
+      p.buffer = context_->createUnboundBuffer(p.bytes.data(), bytes);
+      p.buffer->send(peer, messageSlot(tag));
+      pending_.push_back(std::move(p));
+    } catch (const std::exception &e) {
+      return Status::error("send of {} bytes (tag {}) to rank {} (rank {} of {}) failed: {}",
+                           bytes, tag, peer, rank_, size_, e.what());
+    }
+    return Status::ok();
+  }
+
+  Status recv(void *data, size_t bytes, int peer, uint64_t tag) override {
+    if (bytes == 0)
+      return Status::ok();
+    try {
+      auto buffer = context_->createUnboundBuffer(data, bytes);
+      buffer->recv(peer, messageSlot(tag));
+      buffer->waitRecv(nullptr, timeout_);
+    } catch (const std::exception &e) {
+      return Status::error("recv of {} bytes (tag {}) from rank {} (rank {} of {}) failed: {} "
+                           "(rank {} stopped, or did not send within {} s)",
+                           bytes, tag, peer, rank_, size_, e.what(), peer,
+                           timeout_.count() / 1000.0);
+    }
+    return Status::ok();
+  }
+
   Expected<std::unique_ptr<Communicator>> subgroup(const std::string &name,
                                                    const std::vector<int> &ranks) override {
     auto me = std::find(ranks.begin(), ranks.end(), rank_);
@@ -157,6 +209,15 @@ public:
 
   /// The group whose store this one's subgroups meet through.
   GlooGroup &root() { return parent_ ? *parent_ : *this; }
+
+  /// Point-to-point slots apart from the collectives' (Gloo's prefixes 1-8).
+  static uint64_t messageSlot(uint64_t tag) { return gloo::Slot::build(0x70, static_cast<uint32_t>(tag)); }
+  static constexpr size_t kMaxPendingSends = 256;
+  struct PendingSend {
+    std::vector<uint8_t> bytes; // the staged copy the transport reads
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  };
+  std::deque<PendingSend> pending_;
 
   int rank_ = 0, size_ = 1;
   uint32_t tag_ = 1;

@@ -35,9 +35,9 @@ Communicator *collectiveGroup(const std::string &group) {
 Expected<Communicator *> communicatorFor(const std::string &group, int64_t size,
                                          const std::string &what) {
   Communicator *comm = collectiveGroup(group);
-  const bool tp = group == "tp";
-  const char *kind = tp ? "tensor-parallel" : "data-parallel";
-  const char *flag = tp ? "--tp" : "--dp";
+  const bool tp = group == "tp", pp = group == "pp";
+  const char *kind = tp ? "tensor-parallel" : pp ? "pipeline-parallel" : "data-parallel";
+  const char *flag = tp ? "--tp" : pp ? "--pp" : "--dp";
   if (!comm && size != 1)
     return Status::error("{} was compiled for {} {} ranks (forgec {} {}), but this process is not "
                          "one of a group '{}': start it with forge-train --nproc {} (or RANK/"

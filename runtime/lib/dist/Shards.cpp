@@ -2,6 +2,7 @@
 // bundle or checkpoint holds into this rank's part, and joining the parts back.
 #include "forge/runtime/Shards.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "forge/runtime/Collectives.h"
@@ -87,8 +88,47 @@ std::vector<uint8_t> joinShards(const bundle::TensorInfo &info, std::span<const 
   return whole;
 }
 
+std::map<int32_t, int> pipelineOwners(const Executor &ex) {
+  std::map<int32_t, int> owner;
+  const bundle::Program &p = ex.bundle().program();
+  for (int r = 0; r < ex.numRoutines(); ++r) {
+    const std::string &name = ex.routineName(r);
+    const std::string prefix = "train_step@pp";
+    if (name.compare(0, prefix.size(), prefix) != 0)
+      continue;
+    const int stage = std::atoi(name.c_str() + prefix.size());
+    for (const bundle::Instruction &inst : p.routines(r).instructions())
+      for (int32_t t : inst.outputs()) {
+        auto kind = p.tensors(t).kind();
+        if (kind == bundle::TensorInfo::PARAMETER || kind == bundle::TensorInfo::STATE)
+          owner.emplace(t, stage);
+      }
+  }
+  return owner;
+}
+
 Expected<WholeTensors> gatherShards(const Executor &ex) {
   WholeTensors whole;
+  // Pipeline stages (forgec --pp): each persistent tensor is current only on
+  // the stage that updates it; every rank gets it from there.
+  if (Communicator *pp = collectiveGroup("pp"))
+    for (auto [t, stage] : pipelineOwners(ex)) {
+      if (ex.isDerivedCopy(t))
+        continue;
+      const bundle::TensorInfo &info = ex.tensorInfo(t);
+      if (stage >= pp->size())
+        return Status::error("'{}' is updated by stage {}, the group has {}", info.name(), stage,
+                             pp->size());
+      TensorView v = ex.view(t);
+      if (!v.data)
+        return Status::error("cannot read '{}'", info.name());
+      const uint8_t *bytes = static_cast<const uint8_t *>(v.data);
+      std::vector<uint8_t> &out = whole[t];
+      out.assign(bytes, bytes + v.bytes());
+      FORGE_RETURN_IF_ERROR(pp->broadcast(out.data(), out.size(), stage)
+                                .prefix(fmt::format("gathering '{}' from stage {}", info.name(),
+                                                    stage)));
+    }
   for (int32_t t : ex.persistentTensors()) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
     if (!info.has_shard() || ex.isDerivedCopy(t))

@@ -536,3 +536,37 @@ func.func @all_gather_parts(%x: tensor<2x3xf32>) -> tensor<4x4xf32> {
   %r = forge.all_gather %x {group = "dp", size = 2 : i64} : (tensor<2x3xf32>) -> tensor<4x4xf32>
   return %r : tensor<4x4xf32>
 }
+
+// -----
+
+// Pipeline messages: a peer inside the group, a group of two or more, order
+// tokens of type tensor<0xi1>.
+func.func @send_peer_outside(%x: tensor<4xf32>) -> tensor<0xi1> {
+  // expected-error @+1 {{peer 2 is outside the group of 2}}
+  %t = forge.send %x {group = "pp", peer = 2 : i64, tag = 0 : i64, size = 2 : i64} : (tensor<4xf32>) -> tensor<0xi1>
+  return %t : tensor<0xi1>
+}
+
+// -----
+
+func.func @recv_group_of_one() -> tensor<4xf32> {
+  // expected-error @+1 {{group size 1 is below 2}}
+  %r, %t = forge.recv {group = "pp", peer = 0 : i64, tag = 0 : i64, size = 1 : i64} : () -> (tensor<4xf32>, tensor<0xi1>)
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @send_bad_token(%x: tensor<4xf32>, %after: tensor<1xi1>) -> tensor<0xi1> {
+  // expected-error @+1 {{'after' must be an order token, tensor<0xi1>, got 'tensor<1xi1>'}}
+  %t = forge.send %x, %after {group = "pp", peer = 1 : i64, tag = 0 : i64, size = 2 : i64} : (tensor<4xf32>, tensor<1xi1>) -> tensor<0xi1>
+  return %t : tensor<0xi1>
+}
+
+// -----
+
+func.func @recv_negative_tag() -> tensor<4xf32> {
+  // expected-error @+1 {{tag -1 is negative}}
+  %r, %t = forge.recv {group = "pp", peer = 1 : i64, tag = -1 : i64, size = 2 : i64} : () -> (tensor<4xf32>, tensor<0xi1>)
+  return %r : tensor<4xf32>
+}

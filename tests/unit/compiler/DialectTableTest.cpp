@@ -29,8 +29,8 @@ namespace {
 const std::set<std::string> &structuralOps() {
   static const std::set<std::string> ops = {
       "forge.all_gather",     "forge.all_reduce", "forge.copy",       "forge.enter_group",
-      "forge.fusion",         "forge.rank_slice", "forge.reduce_scatter", "forge.shard",
-      "forge.yield"};
+      "forge.fusion",         "forge.rank_slice", "forge.recv",       "forge.reduce_scatter",
+      "forge.send",           "forge.shard",      "forge.yield"};
   return ops;
 }
 bool isStructural(RegisteredOperationName name) {

@@ -813,6 +813,51 @@ def Forge_AllGatherOp : Op<Forge_Dialect, "all_gather"> {
   let hasVerifier = 1;
 }
 
+// Pipeline parallelism (forgec --pp P): made by forge-split-pipeline-stages,
+// which gives each stage its own routine. A value made on one stage and read
+// on another travels as one send on the producer's routine and one recv, with
+// the same tag, on the reader's. Neither is Pure: each is one half of a
+// message the other rank waits for, so neither may be dropped, merged or moved
+// across another send or recv (1F1B's order is what keeps the ranks from
+// waiting on each other).
+
+def Forge_SendOp : Op<Forge_Dialect, "send"> {
+  let summary = "Sends a tensor to another stage of a pipeline group";
+  let description = [{
+    Copies `input` to the rank at place `peer` of the `size` ranks of
+    `group` ("pp"), where the forge.recv of the same `tag` receives it. The
+    copy is taken when the op runs (the runtime stages it), so the input's
+    bytes may be reused right after; the op does not wait for the receiver.
+
+    Order: `after` is the token of the routine's previous send or recv, and
+    `token` (a tensor<0xi1>, no bytes) this one's, so the messages form one
+    chain of data dependences: no pass can reorder them, and one that moves
+    a send later (fusion moves the users of a region's values after it)
+    moves every later message with it.
+  }];
+  let arguments = (ins AnyForgeTensor:$input, Optional<AnyForgeTensor>:$after, StrAttr:$group,
+                       I64Attr:$peer, I64Attr:$tag, I64Attr:$size);
+  let results = (outs AnyForgeTensor:$token);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Forge_RecvOp : Op<Forge_Dialect, "recv"> {
+  let summary = "Receives a tensor from another stage of a pipeline group";
+  let description = [{
+    Waits for the forge.send of the same `tag` on the rank at place `peer` of
+    `group` and writes its bytes into `result` (the sent tensor's type). A
+    peer that does not send within the group's timeout fails the step with
+    the group, the peer and the tag. `after` and `token` chain it with the
+    routine's other messages, as forge.send's.
+  }];
+  let arguments = (ins Optional<AnyForgeTensor>:$after, StrAttr:$group, I64Attr:$peer,
+                       I64Attr:$tag, I64Attr:$size);
+  let results = (outs AnyForgeTensor:$result, AnyForgeTensor:$token);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 def Forge_RankSliceOp : Op<Forge_Dialect, "rank_slice", [Pure]> {
   let summary = "This rank's part (along dim 0) of a tensor every rank holds whole";
   let description = [{

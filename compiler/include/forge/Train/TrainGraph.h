@@ -85,6 +85,13 @@ struct TrainOptions {
   /// forge-partition splits into buckets. 0: no collective; 1: the collective
   /// over a group of one (the code path of D ranks, on one device).
   int64_t dataParallel = 0;
+  /// Pipeline parallelism: the forward's ops carry forge.stage marks
+  /// (forge-assign-pipeline-stages) and every op the step builds from them is
+  /// marked too: a gradient rule's ops with its forward op's stage, an
+  /// optimizer update with its parameter's stage (that of its first forward
+  /// use), and each micro-batch's ops with forge.micro (and forge.backward),
+  /// which forge-split-pipeline-stages needs for the 1F1B order. 1: none.
+  int64_t pipeline = 1;
   /// ZeRO-1 (with dataParallel >= 1): the optimizer state of each parameter
   /// whose dim 0 divides by dataParallel is split over the ranks along it;
   /// each rank reduces its part of the gradient (forge.reduce_scatter),

@@ -36,6 +36,20 @@ public:
   /// Every rank's `bytes` bytes at `in`, in rank order, into each rank's `out`
   /// (size() * bytes).
   virtual Status allGather(const void *in, void *out, size_t bytes) = 0;
+  /// Pipeline messages (forge.send / forge.recv): sends `bytes` bytes at
+  /// `data` to rank `peer` of this group, where the recv of the same `tag`
+  /// takes them. The bytes are copied before it returns (the caller may reuse
+  /// them at once), and it does not wait for the receiver.
+  virtual Status send(const void *data, size_t bytes, int peer, uint64_t tag) {
+    (void)data, (void)bytes, (void)peer, (void)tag;
+    return Status::error("{} has no point-to-point messages", describe());
+  }
+  /// Receives into `data` the `bytes` bytes of rank `peer`'s send of `tag`,
+  /// waiting up to the group's timeout.
+  virtual Status recv(void *data, size_t bytes, int peer, uint64_t tag) {
+    (void)data, (void)bytes, (void)peer, (void)tag;
+    return Status::error("{} has no point-to-point messages", describe());
+  }
   /// A group of the ranks `ranks` of this one (ascending; this rank among them),
   /// named `name`: every rank of this group calls it at the same point, each with
   /// the list of its own subgroup (tensor parallelism's "tp" and "dp" groups of a

@@ -37,7 +37,9 @@ std::vector<uint8_t> sliceShard(const bundle::TensorInfo &info, std::span<const 
 /// The whole tensor from every rank's slice, `parts` holding them in rank order.
 std::vector<uint8_t> joinShards(const bundle::TensorInfo &info, std::span<const uint8_t> parts);
 /// Every split persistent tensor of `ex`, whole (an all-gather over each group, so
-/// every rank calls it, in the same order); tensor index -> bytes.
+/// every rank calls it, in the same order); with pipeline stages (group "pp"),
+/// also every state tensor a stage updates, as that stage holds it (a broadcast
+/// from it); tensor index -> bytes.
 Expected<WholeTensors> gatherShards(const Executor &ex);
 /// A view of persistent tensor `t`: its whole value from `whole` when split, else
 /// the executor's.

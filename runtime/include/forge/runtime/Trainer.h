@@ -148,6 +148,10 @@ public:
   int64_t dataParallelRank() const { return dpRank_; }
   int64_t dataParallelSize() const { return dpSize_; }
   int64_t tensorParallelSize() const { return tpSize_; }
+  /// Pipeline stages (forgec --pp P): this rank runs stage rank % P.
+  int64_t pipelineSize() const { return ppSize_; }
+  /// The routine index of this rank's training step (train_step, or its stage's).
+  int trainRoutine() const { return train_.index; }
   /// Without a training source (stepOn() only): 0 steps per epoch, 0 samples.
   int64_t stepsPerEpoch() const { return sampler_ ? sampler_->stepsPerEpoch() : 0; }
   int64_t trainSamples() const { return trainData_ ? trainData_->numSamples() : 0; }
@@ -215,6 +219,8 @@ private:
   int32_t stepInput_ = -1;
   int64_t batch_ = 0, micro_ = 1, evalBatch_ = 0, step_ = 0, tokensPerStep_ = 0;
   int64_t dpRank_ = 0, dpSize_ = 1, tpSize_ = 1; // dataParallelRank() ...
+  int64_t ppSize_ = 1;         // pipeline stages (forgec --pp)
+  std::string routineSuffix_;  // "@pp<stage>" with --pp, else ""
   int64_t evalLabelElements_ = 0;
   int32_t evalWeight_ = -1; // eval input forge.sample_weight (-1: none)
   static constexpr const char *kSampleWeight = "forge.sample_weight";

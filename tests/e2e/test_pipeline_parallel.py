@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Pipeline parallelism on CPU ranks (forgec --pp P --micro-batches K, forge-train --nproc P).
+
+For each case the fixture's model is compiled twice:
+  forgec model.onnx --batch B --micro-batches K --pp P -o pp.forge    (P stages, 1F1B)
+  forgec model.onnx --batch B --micro-batches K        -o one.forge   (one process)
+and trained 20 steps from the fixture's batches with the same seed: the stages' loss
+trajectory (rank 0's metrics: the loss arrives from the last stage) equals the single
+process's within 1e-5 relative, and so do the parameters rank 0 dumps (each gathered from
+the stage that updates it). Both runs see the same global batch (every stage reads it; the
+first stage uses the inputs, the last the labels).
+
+Cases: mlp_adamw P=2 K=4 with gradient clipping (the norm's partial sums cross stages, the
+clipping factor comes back); mlp_adamw P=3 K=3 (a middle stage that only relays); gpt_adamw
+P=2 K=2 (a tied embedding: the weight lives on stage 0, the loss head on stage 1 receives
+it and sends its gradient back). The compiled schedule is 1F1B (forgec --dump-dir:
+forge.pipeline_schedule; stage 0 of 2 runs two forward passes before its first backward).
+Checkpoints hold every stage's tensors: the P=2 mlp run's step-10 checkpoint resumes in one
+process with the unsplit bundle, and steps 11-20 match. Errors: a --pp bundle run without
+its ranks names --pp and --nproc; forgec refuses --pp with --dp and more stages than ops.
+
+Usage:
+  test_pipeline_parallel.py [--bin-dir DIR | --forgec F --forge-train T] [--fixtures-dir DIR]
+"""
+import argparse
+import os
+import re
+import sys
+import tempfile
+
+import forge_e2e as e2e
+from test_data_parallel import compile_, train, worst_rel
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 20
+TOL = 1e-5
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    e2e.add_tool_args(ap)
+    ap.add_argument("--fixtures-dir", default=os.path.join(HERE, "..", "fixtures"))
+    a = ap.parse_args()
+    tools = e2e.find_tools(a, "test_pipeline_parallel")
+    if not tools:
+        return 2
+    forgec, forge_train = tools
+    rep = e2e.Report()
+    # (fixture, stages, micro-batches, batch per micro-batch, flags of both bundles)
+    cases = [("mlp_adamw", 2, 4, 2, ["--clip-grad-norm", "0.5"]),
+             ("mlp_adamw", 3, 3, 2, []),
+             ("gpt_adamw", 2, 2, 2, [])]
+    with tempfile.TemporaryDirectory(prefix="forge-pp-") as tmp:
+        for fixture_name, p, k, b, flags in cases:
+            fixture = os.path.join(a.fixtures_dir, fixture_name)
+            data = os.path.join(fixture, "batches.npz")
+            tag = f"{fixture_name} --pp {p} --micro-batches {k}"
+            name = f"{fixture_name[:3]}p{p}k{k}"
+            pp, one = (os.path.join(tmp, f"{name}_{x}.forge") for x in ("pp", "one"))
+            dump = os.path.join(tmp, f"{name}_dump")
+            common = ["--micro-batches", str(k)] + flags
+            rc1, log1 = compile_(forgec, fixture, pp, b,
+                                 common + ["--pp", str(p), "--dump-dir", dump])
+            rc2, log2 = compile_(forgec, fixture, one, b, common)
+            if not rep.check(f"{tag}: forgec", rc1 == 0 and rc2 == 0,
+                             e2e.failure(rc1, log1) if rc1 else e2e.failure(rc2, log2)):
+                continue
+            # The stages and the 1F1B order, from the dump of the split.
+            split = [f for f in sorted(os.listdir(dump)) if f.endswith(
+                "forge-split-pipeline-stages.mlir")] if os.path.isdir(dump) else []
+            text = open(os.path.join(dump, split[0])).read() if split else ""
+            sched = re.search(r'forge.pipeline_schedule = "([^"]*)"', text)
+            sched = sched.group(1).replace("\\0A", "\n") if sched else ""
+            first = " ".join(["F0", "F1"] if p >= 2 and k >= 2 else ["F0"])
+            rep.check(f"{tag}: one routine per stage, 1F1B",
+                      all(f'@"train_step@pp{s}"' in text for s in range(p))
+                      and f"train_step stage 0: {first}" in sched
+                      and f"train_step stage {p - 1}: F0 B0" in sched
+                      and "forge.send" in text and "forge.recv" in text,
+                      sched or e2e.tail(text, 5))
+            resume = fixture_name == "mlp_adamw" and p == 2
+            ckpt = os.path.join(tmp, f"ckpt_{name}")
+            rc, log, losses, params = train(
+                forge_train, pp, data, tmp, name,
+                ["--nproc", str(p), "--steps", str(STEPS), "--timeout", "60"] +
+                (["--ckpt-dir", ckpt, "--ckpt-every", "10"] if resume else []))
+            if not rep.check(f"{tag}: forge-train --nproc {p}", rc == 0, e2e.failure(rc, log)):
+                continue
+            rep.check(f"{tag}: the layout is reported", f"pipeline parallel: {p} stages" in log,
+                      e2e.tail(log, 3))
+            rc, log, ref_losses, ref_params = train(forge_train, one, data, tmp, f"one_{name}",
+                                                    ["--steps", str(STEPS)])
+            if not rep.check(f"{tag}: one process", rc == 0, e2e.failure(rc, log)):
+                continue
+            w = worst_rel(losses, ref_losses)
+            rep.check(f"{tag}: losses == one process", len(losses) == STEPS and w <= TOL,
+                      f"{len(losses)} steps, worst rel {w:.2e} (<= {TOL:g}), last "
+                      f"{losses[-1]!r} vs {ref_losses[-1]!r}")
+            same = set(params) == set(ref_params)
+            worst = max(e2e.rel(params[n], ref_params[n]) for n in ref_params) if same \
+                else float("inf")
+            rep.check(f"{tag}: every stage's parameters == one process", same and worst <= TOL,
+                      f"{len(params)} tensors vs {len(ref_params)}, worst rel {worst:.2e}")
+            if resume:
+                files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+                if not rep.check(f"{tag}: rank 0 wrote the checkpoints",
+                                 "ckpt-10.forgeckpt" in files, str(files)):
+                    continue
+                for f in files:
+                    if f.startswith("ckpt-") and f != "ckpt-10.forgeckpt":
+                        os.remove(os.path.join(ckpt, f))
+                with open(os.path.join(ckpt, "latest"), "w") as f:
+                    f.write("ckpt-10.forgeckpt\n")
+                rc, log, res_losses, res_params = train(
+                    forge_train, one, data, tmp, "resumed",
+                    ["--steps", str(STEPS), "--ckpt-dir", ckpt, "--resume"])
+                if rep.check(f"{tag}: resume the P={p} checkpoint in one process", rc == 0,
+                             e2e.failure(rc, log)):
+                    w = worst_rel(res_losses[-10:], losses[-10:])
+                    rep.check(f"{tag}: resumed losses 11-20 == the P={p} run's",
+                              len(res_losses) >= 10 and w <= TOL, f"worst rel {w:.2e}")
+
+        # Errors.
+        fixture = os.path.join(a.fixtures_dir, "mlp_adamw")
+        data = os.path.join(fixture, "batches.npz")
+        pp2 = os.path.join(tmp, "mlpp2k4_pp.forge")
+        if os.path.exists(pp2):
+            rc, _, log = e2e.run([forge_train, pp2, "--data", data, "--steps", "1"], 60)
+            rep.check("a --pp 2 bundle in one process is refused, naming --pp and --nproc",
+                      rc != 0 and "--pp 2" in log and "--nproc 2" in log, e2e.tail(log, 3))
+        rc, log = compile_(forgec, fixture, os.path.join(tmp, "bad.forge"), 2,
+                           ["--pp", "2", "--dp", "2"])
+        rep.check("forgec refuses --pp with --dp (not yet), saying so",
+                  rc != 0 and "--pp with --dp" in log, e2e.tail(log, 3))
+        rc, log = compile_(forgec, fixture, os.path.join(tmp, "bad.forge"), 2, ["--pp", "64"])
+        rep.check("forgec refuses more stages than the forward has ops",
+                  rc != 0 and "fewer than the stages" in log, e2e.tail(log, 3))
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
