@@ -109,6 +109,10 @@ struct SplitPipelineStagesPass
       return f.emitError("forge-split-pipeline-stages: a routine of one block is expected");
     Block &body = f.getBody().front();
     auto ret = cast<func::ReturnOp>(body.getTerminator());
+    // Data parallelism (--dp with --pp): the one all_reduce of every gradient
+    // and the loss becomes one per stage, of the operands made there (each
+    // stage's data-parallel group averages its own gradients).
+    splitAllReduces(f, body);
 
     // Homes: arguments first (inputs everywhere; state where its first marked
     // reader is), then ops in program order.
@@ -304,6 +308,46 @@ struct SplitPipelineStagesPass
              << sent.size() << " sends and " << received.size() << " recvs do not pair up";
     f.erase();
     return success();
+  }
+
+  /// The stage an operand of an all_reduce is made on, as split() will find
+  /// it: its producer's mark, else the latest of the producer's operands'
+  /// (memoized), -1 for constants and arguments.
+  int64_t stageOfValue(Value v, llvm::DenseMap<Operation *, int64_t> &memo) {
+    Operation *def = v.getDefiningOp();
+    if (!def || isa<ConstantOp>(def))
+      return kEverywhere;
+    if (auto it = memo.find(def); it != memo.end())
+      return it->second;
+    int64_t h = kEverywhere;
+    if (std::optional<int64_t> s = intAttr(def, "forge.stage"))
+      h = *s;
+    else
+      for (Value operand : def->getOperands())
+        h = std::max(h, stageOfValue(operand, memo));
+    memo[def] = h;
+    return h;
+  }
+
+  void splitAllReduces(func::FuncOp f, Block &body) {
+    llvm::DenseMap<Operation *, int64_t> memo;
+    for (AllReduceOp op : llvm::to_vector(body.getOps<AllReduceOp>())) {
+      std::map<int64_t, SmallVector<unsigned>> byStage;
+      for (auto [i, v] : llvm::enumerate(op.getInputs()))
+        byStage[std::max<int64_t>(stageOfValue(v, memo), 0)].push_back(i);
+      OpBuilder b(op);
+      for (auto &[stage, members] : byStage) {
+        SmallVector<Value> inputs;
+        for (unsigned i : members)
+          inputs.push_back(op.getInputs()[i]);
+        auto part = b.create<AllReduceOp>(op.getLoc(), ValueRange(inputs).getTypes(), inputs,
+                                          op.getGroup(), op.getReduction(), op.getSize());
+        part->setAttr("forge.stage", b.getI64IntegerAttr(stage));
+        for (auto [k, i] : llvm::enumerate(members))
+          op.getResult(i).replaceAllUsesWith(part.getResult(k));
+      }
+      op.erase();
+    }
   }
 
   /// Sorts the routine's ops into `order` (stable within a pass); ops of no

@@ -13,11 +13,13 @@ first stage uses the inputs, the last the labels).
 Cases: mlp_adamw P=2 K=4 with gradient clipping (the norm's partial sums cross stages, the
 clipping factor comes back); mlp_adamw P=3 K=3 (a middle stage that only relays); gpt_adamw
 P=2 K=2 (a tied embedding: the weight lives on stage 0, the loss head on stage 1 receives
-it and sends its gradient back). The compiled schedule is 1F1B (forgec --dump-dir:
+it and sends its gradient back); mlp_adamw D=2 x P=2 K=2 with clipping on 4 ranks (each
+stage's gradients averaged over its data-parallel group; one process runs D x K = 4
+micro-batches). The compiled schedule is 1F1B (forgec --dump-dir:
 forge.pipeline_schedule; stage 0 of 2 runs two forward passes before its first backward).
 Checkpoints hold every stage's tensors: the P=2 mlp run's step-10 checkpoint resumes in one
 process with the unsplit bundle, and steps 11-20 match. Errors: a --pp bundle run without
-its ranks names --pp and --nproc; forgec refuses --pp with --dp and more stages than ops.
+its ranks names --pp and --nproc; forgec refuses --pp with --zero 1 and more stages than ops.
 
 Usage:
   test_pipeline_parallel.py [--bin-dir DIR | --forgec F --forge-train T] [--fixtures-dir DIR]
@@ -46,22 +48,26 @@ def main():
         return 2
     forgec, forge_train = tools
     rep = e2e.Report()
-    # (fixture, stages, micro-batches, batch per micro-batch, flags of both bundles)
-    cases = [("mlp_adamw", 2, 4, 2, ["--clip-grad-norm", "0.5"]),
-             ("mlp_adamw", 3, 3, 2, []),
-             ("gpt_adamw", 2, 2, 2, [])]
+    # (fixture, stages, data-parallel ranks, micro-batches, batch per micro-batch, flags of
+    # both bundles). One process runs the same global batch as D x K micro-batches of B.
+    cases = [("mlp_adamw", 2, 1, 4, 2, ["--clip-grad-norm", "0.5"]),
+             ("mlp_adamw", 3, 1, 3, 2, []),
+             ("gpt_adamw", 2, 1, 2, 2, []),
+             ("mlp_adamw", 2, 2, 2, 2, ["--clip-grad-norm", "0.5"])]
     with tempfile.TemporaryDirectory(prefix="forge-pp-") as tmp:
-        for fixture_name, p, k, b, flags in cases:
+        for fixture_name, p, d, k, b, flags in cases:
             fixture = os.path.join(a.fixtures_dir, fixture_name)
             data = os.path.join(fixture, "batches.npz")
-            tag = f"{fixture_name} --pp {p} --micro-batches {k}"
-            name = f"{fixture_name[:3]}p{p}k{k}"
+            tag = f"{fixture_name} --pp {p}" + (f" --dp {d}" if d > 1 else "") + \
+                f" --micro-batches {k}"
+            name = f"{fixture_name[:3]}p{p}d{d}k{k}"
             pp, one = (os.path.join(tmp, f"{name}_{x}.forge") for x in ("pp", "one"))
             dump = os.path.join(tmp, f"{name}_dump")
-            common = ["--micro-batches", str(k)] + flags
             rc1, log1 = compile_(forgec, fixture, pp, b,
-                                 common + ["--pp", str(p), "--dump-dir", dump])
-            rc2, log2 = compile_(forgec, fixture, one, b, common)
+                                 ["--micro-batches", str(k), "--pp", str(p), "--dump-dir", dump]
+                                 + (["--dp", str(d)] if d > 1 else []) + flags)
+            rc2, log2 = compile_(forgec, fixture, one, b,
+                                 ["--micro-batches", str(d * k)] + flags)
             if not rep.check(f"{tag}: forgec", rc1 == 0 and rc2 == 0,
                              e2e.failure(rc1, log1) if rc1 else e2e.failure(rc2, log2)):
                 continue
@@ -78,15 +84,17 @@ def main():
                       and f"train_step stage {p - 1}: F0 B0" in sched
                       and "forge.send" in text and "forge.recv" in text,
                       sched or e2e.tail(text, 5))
-            resume = fixture_name == "mlp_adamw" and p == 2
+            resume = fixture_name == "mlp_adamw" and p == 2 and d == 1
             ckpt = os.path.join(tmp, f"ckpt_{name}")
             rc, log, losses, params = train(
                 forge_train, pp, data, tmp, name,
-                ["--nproc", str(p), "--steps", str(STEPS), "--timeout", "60"] +
+                ["--nproc", str(p * d), "--steps", str(STEPS), "--timeout", "60"] +
                 (["--ckpt-dir", ckpt, "--ckpt-every", "10"] if resume else []))
-            if not rep.check(f"{tag}: forge-train --nproc {p}", rc == 0, e2e.failure(rc, log)):
+            if not rep.check(f"{tag}: forge-train --nproc {p * d}", rc == 0,
+                             e2e.failure(rc, log)):
                 continue
-            rep.check(f"{tag}: the layout is reported", f"pipeline parallel: {p} stages" in log,
+            rep.check(f"{tag}: the layout is reported",
+                      f"pipeline parallel: {p * d} ranks: {d} data-parallel x {p} stages" in log,
                       e2e.tail(log, 3))
             rc, log, ref_losses, ref_params = train(forge_train, one, data, tmp, f"one_{name}",
                                                     ["--steps", str(STEPS)])
@@ -123,15 +131,15 @@ def main():
         # Errors.
         fixture = os.path.join(a.fixtures_dir, "mlp_adamw")
         data = os.path.join(fixture, "batches.npz")
-        pp2 = os.path.join(tmp, "mlpp2k4_pp.forge")
+        pp2 = os.path.join(tmp, "mlpp2d1k4_pp.forge")
         if os.path.exists(pp2):
             rc, _, log = e2e.run([forge_train, pp2, "--data", data, "--steps", "1"], 60)
             rep.check("a --pp 2 bundle in one process is refused, naming --pp and --nproc",
                       rc != 0 and "--pp 2" in log and "--nproc 2" in log, e2e.tail(log, 3))
         rc, log = compile_(forgec, fixture, os.path.join(tmp, "bad.forge"), 2,
-                           ["--pp", "2", "--dp", "2"])
-        rep.check("forgec refuses --pp with --dp (not yet), saying so",
-                  rc != 0 and "--pp with --dp" in log, e2e.tail(log, 3))
+                           ["--pp", "2", "--dp", "2", "--zero", "1"])
+        rep.check("forgec refuses --pp with --zero 1 (not yet), saying so",
+                  rc != 0 and "--pp with --zero 1" in log, e2e.tail(log, 3))
         rc, log = compile_(forgec, fixture, os.path.join(tmp, "bad.forge"), 2, ["--pp", "64"])
         rep.check("forgec refuses more stages than the forward has ops",
                   rc != 0 and "fewer than the stages" in log, e2e.tail(log, 3))

@@ -301,3 +301,73 @@ TEST(ShardsTest, BlocksSplitEachBlockAlike) {
   ASSERT_EQ(joined.size(), wholeBytes.size());
   EXPECT_EQ(std::memcmp(joined.data(), whole.data(), joined.size()), 0);
 }
+
+// Pipeline messages (forge.send / forge.recv): matched by peer and tag whatever the
+// order they are posted in, the sender's bytes reusable at once (the send stages a copy),
+// more messages in flight than the send queue holds, and a recv nobody sends fails within
+// the timeout naming the peer and the tag.
+TEST(CollectivesTest, SendRecvMatchByTagAndTimeOutNamingThePeer) {
+  const int n = 2, port = freePort();
+  std::vector<std::unique_ptr<Communicator>> comms(n);
+  std::vector<std::string> errors(n);
+  {
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < n; ++r)
+      ranks.emplace_back([&, r] {
+        auto c = connectCpuGroup(rendezvous(r, n, port, /*timeoutMs=*/2000));
+        if (c)
+          comms[r] = c.take();
+        else
+          errors[r] = c.status().message();
+      });
+    for (std::thread &t : ranks)
+      t.join();
+  }
+  for (int r = 0; r < n; ++r)
+    ASSERT_TRUE(comms[r]) << "rank " << r << ": " << errors[r];
+
+  // Rank 0 sends tags 0..599 (more than the 256 in flight), overwriting its buffer after
+  // each send; rank 1 receives tag 7 first, then the rest in order.
+  constexpr int kMessages = 600;
+  std::vector<std::vector<float>> got(kMessages, std::vector<float>(64, -1.0f));
+  std::thread sender([&] {
+    std::vector<float> buf(64);
+    for (int t = 0; t < kMessages && errors[0].empty(); ++t) {
+      for (size_t i = 0; i < buf.size(); ++i)
+        buf[i] = static_cast<float>(t) + 0.25f * static_cast<float>(i);
+      Status s = comms[0]->send(buf.data(), buf.size() * sizeof(float), 1, t);
+      if (!s.isOk())
+        errors[0] = s.message();
+      std::fill(buf.begin(), buf.end(), -7.0f); // the staged copy is what travels
+    }
+  });
+  std::thread receiver([&] {
+    auto take = [&](int t) {
+      Status s = comms[1]->recv(got[t].data(), got[t].size() * sizeof(float), 0, t);
+      if (!s.isOk() && errors[1].empty())
+        errors[1] = s.message();
+    };
+    take(7);
+    for (int t = 0; t < kMessages; ++t)
+      if (t != 7)
+        take(t);
+  });
+  sender.join();
+  receiver.join();
+  ASSERT_TRUE(errors[0].empty()) << errors[0];
+  ASSERT_TRUE(errors[1].empty()) << errors[1];
+  for (int t = 0; t < kMessages; ++t)
+    for (size_t i = 0; i < got[t].size(); ++i)
+      ASSERT_EQ(got[t][i], static_cast<float>(t) + 0.25f * static_cast<float>(i))
+          << "tag " << t << " element " << i;
+
+  // Nobody sends tag 9999: the recv gives up after the group's timeout, naming both.
+  float x = 0;
+  const auto start = std::chrono::steady_clock::now();
+  Status s = comms[1]->recv(&x, sizeof x, 0, 9999);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("tag 9999"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("from rank 0"), std::string::npos) << s.message();
+  EXPECT_LT(waited, 10.0);
+}

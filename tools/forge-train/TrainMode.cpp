@@ -507,10 +507,34 @@ Expected<int> train(const Options &opts, Progress &progress) {
       return Status::error("{} was compiled for groups of {} tensor-parallel ranks (forgec --tp "
                            "{}), this run has {}: start D x {} ranks (--nproc)",
                            bundle.origin(), tp, tp, r.size, tp);
-    if (pp > 1) { // stages alone (forgec refuses --pp with --dp or --tp for now)
-      setCollectiveGroup("pp", group.get());
-      progress.message(fmt::format("pipeline parallel: {} stages ({})", r.size,
-                                   group->describe()));
+    if (pp > 1 && r.size % pp != 0)
+      return Status::error("{} was compiled for {} pipeline stages (forgec --pp {}), this run "
+                           "has {} ranks: start D x {} ranks (--nproc)",
+                           bundle.origin(), pp, pp, r.size, pp);
+    if (pp > 1) { // D x P ranks: a pipeline of P consecutive ranks per data-parallel rank
+      const int dp = r.size / static_cast<int>(pp), me = r.rank, p = static_cast<int>(pp);
+      if (dp == 1) {
+        setCollectiveGroup("pp", group.get());
+      } else {
+        std::vector<int> ppRanks, dpRanks;
+        for (int i = 0; i < p; ++i)
+          ppRanks.push_back(me / p * p + i);
+        for (int d = 0; d < dp; ++d)
+          dpRanks.push_back(d * p + me % p);
+        auto t = group->subgroup("pp", ppRanks);
+        if (!t)
+          return t.status();
+        tpGroup = t.take(); // the pipeline's group (tensor parallelism is refused with --pp)
+        setCollectiveGroup("pp", tpGroup.get());
+        auto d = group->subgroup("dp", dpRanks);
+        if (!d)
+          return d.status();
+        dpGroup = d.take();
+        setCollectiveGroup("dp", dpGroup.get());
+      }
+      progress.message(fmt::format("pipeline parallel: {} ranks: {} data-parallel x {} stages "
+                                   "({})",
+                                   r.size, dp, pp, group->describe()));
     } else if (tp > 1) {
       const int dp = r.size / static_cast<int>(tp), me = r.rank;
       std::vector<int> tpRanks, dpRanks;

@@ -1,5 +1,6 @@
 // RUN: forge-opt %s --mlir-print-op-on-diagnostic=false --forge-assign-pipeline-stages="stages=2" --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 pipeline=2" --forge-split-pipeline-stages 2>&1 | FileCheck %s
 // RUN: forge-opt %s --forge-split-pipeline-stages | FileCheck %s --check-prefix=NONE
+// RUN: forge-opt %s --mlir-print-op-on-diagnostic=false --forge-assign-pipeline-stages="stages=2" --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 pipeline=2 data-parallel=2" --forge-split-pipeline-stages 2>&1 | FileCheck %s --check-prefix=DP
 
 // Two layers over two stages, two micro-batches. Stage 0 runs both forward
 // passes before its first backward (1F1B's warm-up), stage 1 alternates.
@@ -40,6 +41,14 @@
 // CHECK-LABEL: func.func @"eval@pp1"
 // CHECK: forge.recv {{.*}} tag = 7 : i64
 // CHECK-NOT: func.func @train_step(
+// With --dp 2 the one all_reduce of the train step becomes one per stage: stage
+// 0 averages w1's gradient over its data-parallel group, stage 1 w2's and the loss.
+// DP-LABEL: func.func @"train_step@pp0"
+// DP: forge.all_reduce %{{.*}} {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<3x5xf32>) -> tensor<3x5xf32>
+// DP-NOT: forge.all_reduce
+// DP-LABEL: func.func @"train_step@pp1"
+// DP: forge.all_reduce %{{.*}}, %{{.*}} {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<5x2xf32>, tensor<f32>) -> (tensor<5x2xf32>, tensor<f32>)
+// DP-NOT: forge.all_reduce
 // Without marks the pass changes nothing.
 // NONE-NOT: forge.send
 // NONE-NOT: @pp0
