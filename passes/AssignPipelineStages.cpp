@@ -2,13 +2,15 @@
 //
 // Invariants: every op of @main but the constants gets `forge.stage` in
 // [0, stages); stages are contiguous runs of program order and never
-// decrease along it, so every value flows to its own stage or a later one;
-// every stage gets at least one op. Nothing else changes.
+// decrease along it (but for ops of initializers alone, which take their
+// first reader's stage), so every value flows to its own stage or a later
+// one; every stage gets at least one op. Nothing else changes.
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/Support/Format.h"
 
 namespace mlir::forge {
@@ -99,6 +101,27 @@ struct AssignPipelineStagesPass
       share[s] += cost[i];
       ++count[s];
     }
+    // An op of initializers alone (PyTorch's Linear exports a weight's
+    // transpose; a tied weight's) runs where its first reader does: else the
+    // weight would live on an earlier stage and cross to its reader every step.
+    llvm::DenseSet<Operation *> weightOnly;
+    for (Operation *op : ops)
+      if (llvm::all_of(op->getOperands(), [&](Value v) {
+            Operation *def = v.getDefiningOp();
+            return def && (isa<ConstantOp>(def) || weightOnly.contains(def));
+          }))
+        weightOnly.insert(op);
+    for (Operation *op : llvm::reverse(ops)) {
+      if (!weightOnly.contains(op))
+        continue;
+      std::optional<int64_t> first;
+      for (Operation *user : op->getUsers())
+        if (auto a = user->getAttrOfType<IntegerAttr>("forge.stage"))
+          first = first ? std::min(*first, a.getInt()) : a.getInt();
+      if (first)
+        op->setAttr("forge.stage", b.getI64IntegerAttr(*first));
+    }
+
     std::string text;
     llvm::raw_string_ostream os(text);
     os << "forge-assign-pipeline-stages: " << static_cast<int64_t>(stages) << " stages:";

@@ -8,7 +8,7 @@
 // written where the value is made. Invariants:
 //  * Kept f32: parameters and optimizer state (fp32 masters), everything the
 //    optimizer, the gradient norm and the returned metrics read (parameter
-//    gradients), operand 0 of a KeepFP32 op (logits into the loss, a norm's
+//    gradients, and each micro-batch's term of their sum), operand 0 of a KeepFP32 op (logits into the loss, a norm's
 //    input, i.e. the residual stream, softmax's scores), a gemm's full C and
 //    the product written over it (the residual stream again), scalars,
 //    attention's lse.
@@ -40,7 +40,9 @@
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
 
+#include <map>
 #include <numeric>
+#include <tuple>
 
 namespace mlir::forge {
 #define GEN_PASS_DEF_ASSIGNPRECISION
@@ -129,6 +131,11 @@ bool hasFullC(Operation *gemm) {
 /// input). Their gradients read what the forward saved, in its type.
 bool sensitiveUse(OpOperand &use) {
   Operation *op = use.getOwner();
+  // A micro-batch's contribution to a parameter's gradient (the sum over
+  // --micro-batches, forge.accumulates from forge-build-train-step): the sum
+  // is the optimizer's input, and its terms are as sensitive as it is.
+  if (op->hasAttr("forge.accumulates"))
+    return true;
   auto iface = dyn_cast<ForgeOpInterface>(op);
   return iface && iface.getPrecisionClass() == PrecisionClass::KeepFP32 &&
          !op->getName().getStringRef().ends_with("_grad") && use.getOperandNumber() == 0;
@@ -159,20 +166,83 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     }
     Builder b(&getContext());
     low = precision == "fp16" ? Type(b.getF16Type()) : Type(b.getBF16Type());
-    func = getOperation().lookupSymbol<func::FuncOp>("train_step");
-    if (!func) {
+    // The training step, or each pipeline stage's (train_step@pp<s>, with its
+    // eval@pp<s>): each is assigned on its own.
+    SmallVector<std::pair<func::FuncOp, func::FuncOp>> steps;
+    for (auto f : getOperation().getOps<func::FuncOp>()) {
+      StringRef name = f.getSymName();
+      if (name == "train_step" || name.starts_with("train_step@"))
+        steps.push_back({f, getOperation().lookupSymbol<func::FuncOp>(
+                                ("eval" + name.drop_front(StringRef("train_step").size())).str())});
+    }
+    if (steps.empty()) {
       markAllAnalysesPreserved();
       return;
     }
+    for (auto [train, eval] : steps) {
+      func = train;
+      lowValues.clear();
+      viewWantsLow.clear();
+      lowCopy.clear();
+      quantized.clear();
+      standaloneCasts = scaledGemms = 0;
+      e4m3Max = amaxFloor = Value();
+      if (failed(assign(eval)))
+        return signalPassFailure();
+    }
+    if (failed(matchMessageTypes()))
+      return signalPassFailure();
+  }
+
+  /// A pipeline message travels in the type its sender holds: where a stage
+  /// decided to read a received value in another type, the recv takes the
+  /// sender's and a cast follows it.
+  LogicalResult matchMessageTypes() {
+    // (the receiving routine, tag) -> the type sent
+    std::map<std::tuple<std::string, int64_t, int64_t>, Type> sent;
+    for (auto f : getOperation().getOps<func::FuncOp>()) {
+      auto [name, stage] = f.getSymName().rsplit("@pp");
+      if (stage.empty())
+        continue;
+      f.walk([&, name = name](SendOp op) {
+        sent[{name.str() + "@" + std::to_string(op.getPeer()), op.getTag(), 0}] =
+            op.getInput().getType();
+      });
+    }
+    for (auto f : getOperation().getOps<func::FuncOp>()) {
+      auto [name, stage] = f.getSymName().rsplit("@pp");
+      if (stage.empty())
+        continue;
+      for (RecvOp op : llvm::to_vector(f.getOps<RecvOp>())) {
+        auto it = sent.find({name.str() + "@" + stage.str(), op.getTag(), 0});
+        if (it == sent.end())
+          return op.emitError("forge-assign-precision: internal: no send for this recv");
+        if (it->second == op.getResult().getType())
+          continue;
+        Type wanted = op.getResult().getType();
+        OpBuilder b(op->getContext());
+        b.setInsertionPointAfter(op);
+        op.getResult().setType(mlir::cast<RankedTensorType>(it->second));
+        Type element = cast<RankedTensorType>(wanted).getElementType();
+        auto convert = b.create<CastOp>(op.getLoc(), wanted, op.getResult(),
+                                        TypeAttr::get(element), b.getBoolAttr(true));
+        op.getResult().replaceAllUsesExcept(convert.getResult(), convert);
+      }
+    }
+    return success();
+  }
+
+  LogicalResult assign(func::FuncOp eval) {
+    Builder b(&getContext());
     decide();
     materialize();
     if (failed(fixGemmOperands()))
-      return signalPassFailure();
+      return failure();
     unifyPoolGradOperands();
     if (precision == "fp8")
       quantizeGemms();
     syncFunctionType();
-    if (auto eval = getOperation().lookupSymbol<func::FuncOp>("eval"))
+    if (eval)
       lowerAttention(eval);
     func->setAttr("forge.precision", b.getStringAttr(precision));
     if (standaloneCasts)
@@ -182,6 +252,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       func.emitRemark() << "forge-assign-precision: " << scaledGemms
                         << " GEMM(s) run in float8 (E4M3) from " << quantized.size()
                         << " scaled copies";
+    return success();
   }
 
   //===--------------------------------------------------------------------===//
@@ -232,8 +303,10 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     Operation *def = v.getDefiningOp();
     if (!def || isa<ConstantOp>(def))
       return false; // arguments: masters and inputs keep their type
-    if (isa<MaxPoolGradOp>(def))
-      return false; // its kernel adds each window's gradient atomically, in f32
+    if (isa<MaxPoolGradOp, GatherGradOp, GatherElementsGradOp, PadGradOp, SliceGradOp,
+            ScatterElementsOp>(def))
+      return false; // their kernels add (or store) into the result with f32 atomics: an
+                    // embedding's gradient, a window's
     if (isa<ReduceSumOp, ReduceMeanOp>(def))
       return false; // sums stay f32 (and their kernels split rows over blocks that add
                     // atomically into an f32 result: a batch norm's column sums)

@@ -14,3 +14,4 @@ config.environment["PATH"] = path
 config.substitutions.append(("%python", config.python_executable))
 config.substitutions.append(("%models", os.path.join(config.forge_src_root, "models")))
 config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "Inputs")))
+config.substitutions.append(("%fixtures", os.path.join(config.forge_src_root, "tests", "fixtures")))

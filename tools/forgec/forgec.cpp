@@ -631,9 +631,8 @@ int main(int argc, char **argv) {
     return fail("--pp must be >= 1, got " + std::to_string(pipelineParallel));
   if (pipelineParallel > 1 && tensorParallel > 1)
     return fail("--pp with --tp is not supported yet (pipeline stages alone for now)");
-  if (pipelineParallel > 1 && precision != "fp32" && precision != "tf32")
-    return fail("--pp with --precision " + precision.getValue() +
-                " is not supported yet (pipeline stages train in fp32/TF32 for now)");
+  if (pipelineParallel > 1 && precision == "fp8")
+    return fail("--pp with --precision fp8 is not supported yet (bf16 is)");
   pipelineOptions.train.pipeline = pipelineParallel;
   // auto: trial plans without recomputation first (below).
   pipelineOptions.recompute = recompute == "auto" ? std::string("none") : recompute.getValue();

@@ -19,6 +19,7 @@
 #include "forge/Train/TrainGraph.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 
@@ -1027,8 +1028,12 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
       gradSum.assign(grads->begin(), grads->end());
       lossSum = loss->first;
     } else {
-      for (auto [acc, g] : llvm::zip(gradSum, *grads))
+      // The sum over micro-batches stays f32 in every term (forge-assign-precision).
+      for (auto [acc, g] : llvm::zip(gradSum, *grads)) {
         acc = bb.add(acc, g);
+        if (Operation *sum = acc.getDefiningOp())
+          sum->setAttr("forge.accumulates", b.getUnitAttr());
+      }
       lossSum = bb.add(lossSum, loss->first);
     }
     stageMarks.stamp(std::nullopt, m, /*backward=*/true);
@@ -1080,7 +1085,26 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   // replicated ones' counted once.
   Value normSq;
   std::map<std::pair<std::string, int64_t>, Value> splitSq; // (group, size) -> sum
-  for (auto [p, g] : llvm::zip(params, gradSum)) {
+  // Pipeline stages: each stage's squares summed where they are made, the
+  // stages' partial sums then in stage order (one message per stage).
+  std::map<int64_t, Value> stageSq;
+  // Where a gradient is made, as forge-split-pipeline-stages will find it: its
+  // producer's mark, else the latest of its operands' (a tied weight's sum of
+  // contributions); -1 for constants and arguments.
+  llvm::DenseMap<Operation *, int64_t> madeOn;
+  std::function<int64_t(Value)> stageMaking = [&](Value v) -> int64_t {
+    Operation *def = v.getDefiningOp();
+    if (!def || isa<ConstantOp>(def))
+      return -1;
+    if (auto it = madeOn.find(def); it != madeOn.end())
+      return it->second;
+    int64_t h = stageOf(def).value_or(-1);
+    if (!stageOf(def))
+      for (Value operand : def->getOperands())
+        h = std::max(h, stageMaking(operand));
+    return madeOn[def] = h;
+  };
+  for (auto [i, p, g] : llvm::enumerate(params, gradSum)) {
     Value s = bb.sumAll(bb.mul(g, g));
     if (p.shard || p.zeroParts) {
       Value &acc = p.shard ? splitSq[{p.shard.getGroup().str(), p.shard.getSize()}]
@@ -1088,8 +1112,15 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
       acc = acc ? bb.add(acc, s) : s;
       continue;
     }
+    if (marks) {
+      Value &acc = stageSq[std::max<int64_t>(stageMaking(g), paramStage[i])];
+      acc = acc ? bb.add(acc, s) : s;
+      continue;
+    }
     normSq = normSq ? bb.add(normSq, s) : s;
   }
+  for (auto &[stage, s] : stageSq)
+    normSq = normSq ? bb.add(normSq, s) : s;
   for (auto &[group, s] : splitSq) {
     Value sum = b.create<AllReduceOp>(loc, TypeRange{s.getType()}, ValueRange{s}, group.first,
                                       "sum", group.second)

@@ -112,9 +112,7 @@ Expected<WholeTensors> gatherShards(const Executor &ex) {
   // Pipeline stages (forgec --pp): each persistent tensor is current only on
   // the stage that updates it; every rank gets it from there.
   if (Communicator *pp = collectiveGroup("pp"))
-    for (auto [t, stage] : pipelineOwners(ex)) {
-      if (ex.isDerivedCopy(t))
-        continue;
+    for (auto [t, stage] : pipelineOwners(ex)) { // low-precision copies too (--dump-params)
       const bundle::TensorInfo &info = ex.tensorInfo(t);
       if (stage >= pp->size())
         return Status::error("'{}' is updated by stage {}, the group has {}", info.name(), stage,
