@@ -19,7 +19,8 @@ micro-batches); gpt_adamw P=2 in bf16 (each stage's storage precision assigned o
 losses within 1e-3, parameters 1e-2). The compiled schedule is 1F1B (forgec --dump-dir:
 forge.pipeline_schedule; stage 0 of 2 runs two forward passes before its first backward).
 Checkpoints hold every stage's tensors: the P=2 mlp run's step-10 checkpoint resumes in one
-process with the unsplit bundle, and steps 11-20 match. Errors: a --pp bundle run without
+process with the unsplit bundle and on the 2 stages again, and steps 11-20 match. A stage
+that hangs mid-run stops the pipeline within --timeout, naming the message it waited for. Errors: a --pp bundle run without
 its ranks names --pp and --nproc; forgec refuses --pp with --zero 1 and more stages than ops.
 
 Usage:
@@ -28,11 +29,12 @@ Usage:
 import argparse
 import os
 import re
+import signal
 import sys
 import tempfile
 
 import forge_e2e as e2e
-from test_data_parallel import compile_, train, worst_rel
+from test_data_parallel import compile_, fault_run, train, worst_rel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 20
@@ -137,12 +139,39 @@ def main():
                     w = worst_rel(res_losses[-10:], losses[-10:])
                     rep.check(f"{tag}: resumed losses 11-20 == the P={p} run's",
                               len(res_losses) >= 10 and w <= TOL, f"worst rel {w:.2e}")
+                # And on the stages again: each loads the whole checkpoint, keeps its own.
+                for f in os.listdir(ckpt):
+                    if f.startswith("ckpt-") and f != "ckpt-10.forgeckpt":
+                        os.remove(os.path.join(ckpt, f))
+                with open(os.path.join(ckpt, "latest"), "w") as f:
+                    f.write("ckpt-10.forgeckpt\n")
+                rc, log, res_losses, _ = train(
+                    forge_train, pp, data, tmp, "resumed_pp",
+                    ["--nproc", str(p), "--steps", str(STEPS), "--timeout", "60",
+                     "--ckpt-dir", ckpt, "--resume"])
+                if rep.check(f"{tag}: resume the P={p} checkpoint on {p} stages", rc == 0,
+                             e2e.failure(rc, log)):
+                    w = worst_rel(res_losses[-10:], losses[-10:])
+                    rep.check(f"{tag}: resumed (stages) losses 11-20 == the first run's",
+                              len(res_losses) >= 10 and w <= TOL, f"worst rel {w:.2e}")
 
         # Errors.
         fixture = os.path.join(a.fixtures_dir, "mlp_adamw")
         data = os.path.join(fixture, "batches.npz")
         pp2 = os.path.join(tmp, "mlpp2d1k4_pp.forge")
         if os.path.exists(pp2):
+            # A stage that hangs (SIGSTOP) mid-run: the other times out (in a message or in
+            # the step's interrupt agreement, whichever it waits in), and the launcher
+            # stops the group naming it.
+            rc, log, dt = fault_run(forge_train, pp2, data, signal.SIGSTOP)
+            rep.check("a stage stopped mid-run stops the pipeline within --timeout",
+                      rc not in (0, None) and dt < 60 and "rank 0 of 2 exited with status 1"
+                      in log and "timed out" in (log or "").lower(),
+                      f"{dt:.1f} s: " + e2e.tail(log, 3))
+            rc, log, dt = fault_run(forge_train, pp2, data, signal.SIGKILL)
+            rep.check("a stage killed mid-run stops the pipeline, named",
+                      rc not in (0, None) and dt < 60 and "rank 1 of 2 was killed by signal 9"
+                      in log, f"{dt:.1f} s: " + e2e.tail(log, 3))
             rc, _, log = e2e.run([forge_train, pp2, "--data", data, "--steps", "1"], 60)
             rep.check("a --pp 2 bundle in one process is refused, naming --pp and --nproc",
                       rc != 0 and "--pp 2" in log and "--nproc 2" in log, e2e.tail(log, 3))
