@@ -24,7 +24,7 @@ tools=(--bin-dir "$logs/bin")
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(models overfit parity parity_gpt precision accumulation
   optimizers thin_bundle untie dropout eval_export image_folder input_pipeline batch_auto
-  data_parallel tensor_parallel)
+  data_parallel tensor_parallel pipeline_parallel)
 status=0
 for s in "${suites[@]}"; do
   case $s in
