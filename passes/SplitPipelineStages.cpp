@@ -22,6 +22,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FormatVariadic.h"
 
 namespace mlir::forge {
 #define GEN_PASS_DEF_SPLITPIPELINESTAGES
@@ -72,6 +73,7 @@ struct Schedule {
 struct SplitPipelineStagesPass
     : public mlir::forge::impl::SplitPipelineStagesBase<SplitPipelineStagesPass> {
   int64_t nextTag = 0;
+  int64_t micro = 0; // micro-batches of the train step (0: none marked)
   std::string scheduleText;
 
   void runOnOperation() override {
@@ -101,6 +103,18 @@ struct SplitPipelineStagesPass
       if (failed(split(f, stages)))
         return signalPassFailure();
     Builder b(&getContext());
+    // 1F1B's bubble: each stage idles (P - 1) of (K + P - 1) pass slots.
+    if (micro > 0) {
+      const double bubble = double(stages - 1) / double(micro + stages - 1);
+      scheduleText += llvm::formatv("\nbubble: {0} of {1} slots per stage idle ({2:P})",
+                                    stages - 1, micro + stages - 1, bubble)
+                          .str();
+      if (micro < stages)
+        module.emitWarning() << "--pp " << stages << " with " << micro
+                             << " micro-batch(es): each stage idles "
+                             << static_cast<int64_t>(100 * bubble + 0.5) << "% of the step; use --micro-batches >= " << stages
+                             << " (4x the stages keeps the bubble near 20%)";
+    }
     module->setAttr("forge.pipeline_schedule", b.getStringAttr(scheduleText));
   }
 
@@ -184,10 +198,11 @@ struct SplitPipelineStagesPass
         if (resultHome[i] == kEverywhere || resultHome[i] == s)
           need(ret.getOperand(i), s);
 
-    int64_t micro = 0;
+    int64_t k = 0; // this routine's micro-batches (eval: none)
     for (Operation &op : body)
       if (std::optional<int64_t> m = intAttr(&op, "forge.micro"))
-        micro = std::max(micro, *m + 1);
+        k = std::max(k, *m + 1);
+    micro = std::max(micro, k);
 
     OpBuilder b(f.getContext());
     auto tokenType = RankedTensorType::get({0}, b.getI1Type());
@@ -267,9 +282,9 @@ struct SplitPipelineStagesPass
         results.push_back(map.lookup(ret.getOperand(i)));
       }
       b.create<func::ReturnOp>(ret.getLoc(), results);
-      if (micro > 0) {
-        Schedule order(s, stages, micro);
-        if (failed(reorder(stage, order, micro)))
+      if (k > 0) {
+        Schedule order(s, stages, k);
+        if (failed(reorder(stage, order, k)))
           return failure();
         text += (text.empty() ? "" : "\n") + f.getSymName().str() + " stage " +
                 std::to_string(s) + ": " + order.text;
