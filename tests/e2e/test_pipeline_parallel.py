@@ -16,7 +16,8 @@ P=2 K=2 (a tied embedding: the weight lives on stage 0, the loss head on stage 1
 it and sends its gradient back); mlp_adamw D=2 x P=2 K=2 with clipping on 4 ranks (each
 stage's gradients averaged over its data-parallel group; one process runs D x K = 4
 micro-batches); gpt_adamw P=2 in bf16 (each stage's storage precision assigned on its own;
-losses within 1e-3, parameters 1e-2). The compiled schedule is 1F1B (forgec --dump-dir:
+losses within 1e-3, parameters 1e-2); cnn_sgd_momentum P=2 (convolutions and batch norms:
+the running statistics are state of the stage that updates them). The compiled schedule is 1F1B (forgec --dump-dir:
 forge.pipeline_schedule; stage 0 of 2 runs two forward passes before its first backward).
 Checkpoints hold every stage's tensors: the P=2 mlp run's step-10 checkpoint resumes in one
 process with the unsplit bundle and on the 2 stages again, and steps 11-20 match. A stage
@@ -57,7 +58,8 @@ def main():
              ("mlp_adamw", 3, 1, 3, 2, []),
              ("gpt_adamw", 2, 1, 2, 2, []),
              ("mlp_adamw", 2, 2, 2, 2, ["--clip-grad-norm", "0.5"]),
-             ("gpt_adamw", 2, 1, 2, 2, ["--precision", "bf16"])]
+             ("gpt_adamw", 2, 1, 2, 2, ["--precision", "bf16"]),
+             ("cnn_sgd_momentum", 2, 1, 2, 2, [])]
     with tempfile.TemporaryDirectory(prefix="forge-pp-") as tmp:
         for fixture_name, p, d, k, b, flags in cases:
             fixture = os.path.join(a.fixtures_dir, fixture_name)
