@@ -17,12 +17,14 @@ it and sends its gradient back); mlp_adamw D=2 x P=2 K=2 with clipping on 4 rank
 stage's gradients averaged over its data-parallel group; one process runs D x K = 4
 micro-batches); gpt_adamw P=2 in bf16 (each stage's storage precision assigned on its own;
 losses within 1e-3, parameters 1e-2); cnn_sgd_momentum P=2 (convolutions and batch norms:
-the running statistics are state of the stage that updates them). The compiled schedule is 1F1B (forgec --dump-dir:
+the running statistics are state of the stage that updates them); mlp_adamw D=2 x P=2 with
+ZeRO-1 (each stage's optimizer state split over its data-parallel group; the dump joins the
+parts on the owning stage, then takes them from there). The compiled schedule is 1F1B (forgec --dump-dir:
 forge.pipeline_schedule; stage 0 of 2 runs two forward passes before its first backward).
 Checkpoints hold every stage's tensors: the P=2 mlp run's step-10 checkpoint resumes in one
 process with the unsplit bundle and on the 2 stages again, and steps 11-20 match. A stage
 that hangs mid-run stops the pipeline within --timeout, naming the message it waited for. Errors: a --pp bundle run without
-its ranks names --pp and --nproc; forgec refuses --pp with --zero 1 and more stages than ops.
+its ranks names --pp and --nproc; forgec refuses --pp with --tp and more stages than ops.
 
 Usage:
   test_pipeline_parallel.py [--bin-dir DIR | --forgec F --forge-train T] [--fixtures-dir DIR]
@@ -59,15 +61,19 @@ def main():
              ("gpt_adamw", 2, 1, 2, 2, []),
              ("mlp_adamw", 2, 2, 2, 2, ["--clip-grad-norm", "0.5"]),
              ("gpt_adamw", 2, 1, 2, 2, ["--precision", "bf16"]),
-             ("cnn_sgd_momentum", 2, 1, 2, 2, [])]
+             ("cnn_sgd_momentum", 2, 1, 2, 2, []),
+             ("mlp_adamw", 2, 2, 2, 2, ["--clip-grad-norm", "0.5", "--zero", "1"])]
     with tempfile.TemporaryDirectory(prefix="forge-pp-") as tmp:
         for fixture_name, p, d, k, b, flags in cases:
+            own = [f for f in flags if f in ("--zero", "1")] if "--zero" in flags else []
+            flags = [f for f in flags if f not in own]
             fixture = os.path.join(a.fixtures_dir, fixture_name)
             data = os.path.join(fixture, "batches.npz")
             bf16 = "bf16" in flags
             tag = f"{fixture_name} --pp {p}" + (f" --dp {d}" if d > 1 else "") + \
-                f" --micro-batches {k}" + (" --precision bf16" if bf16 else "")
-            name = f"{fixture_name[:3]}p{p}d{d}k{k}" + ("bf" if bf16 else "")
+                f" --micro-batches {k}" + (" --precision bf16" if bf16 else "") + \
+                (" --zero 1" if own else "")
+            name = f"{fixture_name[:3]}p{p}d{d}k{k}" + ("bf" if bf16 else "") + ("z" if own else "")
             # bf16: each stage decides its tensors' storage on its own (a value that
             # crosses stages stays f32), so the runs agree to bf16 rounding, not to f32's.
             tol, ptol = (1e-3, 1e-2) if bf16 else (TOL, TOL)
@@ -75,7 +81,7 @@ def main():
             dump = os.path.join(tmp, f"{name}_dump")
             rc1, log1 = compile_(forgec, fixture, pp, b,
                                  ["--micro-batches", str(k), "--pp", str(p), "--dump-dir", dump]
-                                 + (["--dp", str(d)] if d > 1 else []) + flags)
+                                 + (["--dp", str(d)] if d > 1 else []) + flags + own)
             rc2, log2 = compile_(forgec, fixture, one, b,
                                  ["--micro-batches", str(d * k)] + flags)
             if not rep.check(f"{tag}: forgec", rc1 == 0 and rc2 == 0,
@@ -178,9 +184,9 @@ def main():
             rep.check("a --pp 2 bundle in one process is refused, naming --pp and --nproc",
                       rc != 0 and "--pp 2" in log and "--nproc 2" in log, e2e.tail(log, 3))
         rc, log = compile_(forgec, fixture, os.path.join(tmp, "bad.forge"), 2,
-                           ["--pp", "2", "--dp", "2", "--zero", "1"])
-        rep.check("forgec refuses --pp with --zero 1 (not yet), saying so",
-                  rc != 0 and "--pp with --zero 1" in log, e2e.tail(log, 3))
+                           ["--pp", "2", "--tp", "2"])
+        rep.check("forgec refuses --pp with --tp (not yet), saying so",
+                  rc != 0 and "--pp with --tp" in log, e2e.tail(log, 3))
         rc, log = compile_(forgec, fixture, os.path.join(tmp, "bad.forge"), 2, ["--pp", "64"])
         rep.check("forgec refuses more stages than the forward has ops",
                   rc != 0 and "fewer than the stages" in log, e2e.tail(log, 3))

@@ -250,9 +250,6 @@ FailureOr<TrainOptions> mlir::forge::parseTrainFlags(const TrainFlags &flags,
     return fail("--pp must be >= 1");
   if (flags.pipeline > 1) {
     // Not yet: each of these needs its collectives split by stage.
-    if (flags.zero == 1)
-      return fail("--pp with --zero 1 is not supported yet (each stage would split its own "
-                  "optimizer state)");
     if (!flags.lossScale.empty())
       return fail("--pp with --loss-scale is not supported yet (the skip decision would "
                   "have to reach every stage)");

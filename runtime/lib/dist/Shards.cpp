@@ -109,24 +109,7 @@ std::map<int32_t, int> pipelineOwners(const Executor &ex) {
 
 Expected<WholeTensors> gatherShards(const Executor &ex) {
   WholeTensors whole;
-  // Pipeline stages (forgec --pp): each persistent tensor is current only on
-  // the stage that updates it; every rank gets it from there.
-  if (Communicator *pp = collectiveGroup("pp"))
-    for (auto [t, stage] : pipelineOwners(ex)) { // low-precision copies too (--dump-params)
-      const bundle::TensorInfo &info = ex.tensorInfo(t);
-      if (stage >= pp->size())
-        return Status::error("'{}' is updated by stage {}, the group has {}", info.name(), stage,
-                             pp->size());
-      TensorView v = ex.view(t);
-      if (!v.data)
-        return Status::error("cannot read '{}'", info.name());
-      const uint8_t *bytes = static_cast<const uint8_t *>(v.data);
-      std::vector<uint8_t> &out = whole[t];
-      out.assign(bytes, bytes + v.bytes());
-      FORGE_RETURN_IF_ERROR(pp->broadcast(out.data(), out.size(), stage)
-                                .prefix(fmt::format("gathering '{}' from stage {}", info.name(),
-                                                    stage)));
-    }
+  // Split tensors (--tp, ZeRO-1's parts) first: an all-gather over each group.
   for (int32_t t : ex.persistentTensors()) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
     if (!info.has_shard() || ex.isDerivedCopy(t))
@@ -146,6 +129,28 @@ Expected<WholeTensors> gatherShards(const Executor &ex) {
                               .prefix(fmt::format("gathering '{}'", info.name())));
     whole[t] = joinShards(info, parts);
   }
+  // Then pipeline stages (forgec --pp): each persistent tensor is current only
+  // on the stage that updates it (whole, after the gather above: with --zero 1
+  // that stage's data-parallel group joined its parts); every rank takes it
+  // from there. Low-precision copies too (--dump-params).
+  if (Communicator *pp = collectiveGroup("pp"))
+    for (auto [t, stage] : pipelineOwners(ex)) {
+      const bundle::TensorInfo &info = ex.tensorInfo(t);
+      if (stage >= pp->size())
+        return Status::error("'{}' is updated by stage {}, the group has {}", info.name(), stage,
+                             pp->size());
+      std::vector<uint8_t> &out = whole[t];
+      if (out.empty()) {
+        TensorView v = ex.view(t);
+        if (!v.data)
+          return Status::error("cannot read '{}'", info.name());
+        const uint8_t *bytes = static_cast<const uint8_t *>(v.data);
+        out.assign(bytes, bytes + v.bytes());
+      }
+      FORGE_RETURN_IF_ERROR(pp->broadcast(out.data(), out.size(), stage)
+                                .prefix(fmt::format("gathering '{}' from stage {}", info.name(),
+                                                    stage)));
+    }
   return whole;
 }
 
