@@ -112,7 +112,8 @@ struct SplitPipelineStagesPass
       if (micro < stages)
         module.emitWarning() << "--pp " << stages << " with " << micro
                              << " micro-batch(es): each stage idles "
-                             << static_cast<int64_t>(100 * bubble + 0.5) << "% of the step; use --micro-batches >= " << stages
+                             << static_cast<int64_t>(100 * bubble + 0.5)
+                             << "% of the step; use --micro-batches >= " << stages
                              << " (4x the stages keeps the bubble near 20%)";
     }
     module->setAttr("forge.pipeline_schedule", b.getStringAttr(scheduleText));
