@@ -44,6 +44,7 @@ if [ "$mode" = compile ]; then
   $py tests/gpu/test_data_faults.py --forgec "$b/forgec" --bundles "$dir/faults" --compile-only
   $py tests/gpu/test_float8_casts.py --forgec "$b/forgec" --bundles "$dir/float8" --compile-only
   $py tests/e2e/test_dropout.py --bin-dir "$b" --bundles "$dir/dropout" --compile-only
+  $py tests/e2e/test_inference_layout.py --bin-dir "$b" --bundles "$dir/inference_layout" --compile-only
   $py tests/e2e/test_precision.py --bin-dir "$b" --target cuda:sm_90 --bundles "$dir/precision" --compile-only
   $py tests/gpu/test_masked_attention.py --forgec "$b/forgec" --bundles "$dir/masked_attention" --compile-only
   $py tests/e2e/test_input_pipeline.py --bin-dir "$b" --bundles "$dir/input_pipeline" --compile-only
@@ -78,6 +79,7 @@ suite gpu_gradients "$rp" "$dir/grad" --device cuda
 suite gpu_data_faults $py tests/gpu/test_data_faults.py --bundles "$dir/faults" --replay "$rp" --device cuda
 suite gpu_float8_casts $py tests/gpu/test_float8_casts.py --bundles "$dir/float8" --replay "$rp" --device cuda
 suite gpu_dropout $py tests/e2e/test_dropout.py --bundles "$dir/dropout" --forge-train "$ft" --device cuda
+suite gpu_inference_layout $py tests/e2e/test_inference_layout.py --bundles "$dir/inference_layout" --forge-train "$ft" --device cuda
 suite gpu_precision $py tests/e2e/test_precision.py --bundles "$dir/precision" --forge-train "$ft" --device cuda
 suite gpu_masked_attention $py tests/gpu/test_masked_attention.py --bundles "$dir/masked_attention" --forge-train "$ft"
 suite gpu_input_pipeline $py tests/e2e/test_input_pipeline.py --bundles "$dir/input_pipeline" --forge-train "$ft" --device cuda

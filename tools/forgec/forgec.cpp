@@ -69,7 +69,8 @@ static cl::opt<std::string> precision(
 static cl::opt<std::string> layout(
     "layout", cl::init("auto"),
     cl::desc("auto (default) | nchw | nhwc: the layout of 2-d convolution nets in the training "
-             "step (forge-assign-layout); auto is nhwc for CUDA targets whose convolutions "
+             "step, or the forward of --inference-only (forge-assign-layout); auto is nhwc for "
+             "CUDA targets whose convolutions "
              "run on tensor cores (--tf32, or --precision tf32, bf16, fp16, fp8), else nchw"),
     cl::cat(forgecCategory));
 static cl::opt<std::string> augment(

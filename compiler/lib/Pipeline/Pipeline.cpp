@@ -238,6 +238,17 @@ void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOption
   pm.addNestedPass<func::FuncOp>(createRecognizeComposites(recognizeOptions(options, false)));
   addAugmentInputs(pm, options);
   addGraphCleanup(pm, options);
+  // Layout, as in training (after the cleanup, before fusion): channels-last
+  // convolutions for a forward on tensor cores. The weights are constants
+  // here, so their transposes fold (training transposes parameters per step).
+  if (options.layout == "nhwc") {
+    AssignLayoutOptions layout;
+    layout.layout = options.layout;
+    pm.addNestedPass<func::FuncOp>(createAssignLayout(layout));
+    pm.addNestedPass<func::FuncOp>(createFoldConstants());
+    pm.addPass(createCSEPass());
+    pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
+  }
   addFusion(pm, options);
   addPlacement(pm, options);
   addMemoryPlan(pm, options);
