@@ -23,7 +23,8 @@ parts on the owning stage, then takes them from there). The compiled schedule is
 forge.pipeline_schedule; stage 0 of 2 runs two forward passes before its first backward).
 Checkpoints hold every stage's tensors: the P=2 mlp run's step-10 checkpoint resumes in one
 process with the unsplit bundle and on the 2 stages again, and steps 11-20 match. A stage
-that hangs mid-run stops the pipeline within --timeout, naming the message it waited for. Errors: a --pp bundle run without
+that hangs mid-run stops the pipeline within --timeout, naming the message it waited for.
+Evaluation (eval@pp<s> on every stage) gives one process's eval losses. Errors: a --pp bundle run without
 its ranks names --pp and --nproc; forgec refuses --pp with --tp and more stages than ops.
 
 Usage:
@@ -183,6 +184,20 @@ def main():
             rc, _, log = e2e.run([forge_train, pp2, "--data", data, "--steps", "1"], 60)
             rep.check("a --pp 2 bundle in one process is refused, naming --pp and --nproc",
                       rc != 0 and "--pp 2" in log and "--nproc 2" in log, e2e.tail(log, 3))
+        # Evaluation runs eval@pp<s> on every stage (the loss arrives from the last): the
+        # same eval losses as one process.
+        one2 = os.path.join(tmp, "mlpp2d1k4_one.forge")
+        if os.path.exists(pp2) and os.path.exists(one2):
+            runs = [e2e.run([forge_train, bundle, "--data", data, "--eval-data", data,
+                             "--eval-every", "5", "--steps", "10", "--threads", "1", "--seed",
+                             "3"] + extra, 120)
+                    for bundle, extra in ((pp2, ["--nproc", "2", "--timeout", "60"]), (one2, []))]
+            ev = [[float(x) for x in re.findall(r"eval loss ([0-9.eE+-]+)", log)]
+                  for _, _, log in runs]
+            rep.check("mlp_adamw --pp 2: eval losses == one process",
+                      all(rc == 0 for rc, _, _ in runs) and len(ev[0]) == 2 and
+                      len(ev[1]) == 2 and all(abs(x - y) <= TOL * abs(y) for x, y in zip(*ev)),
+                      str(ev))
         rc, log = compile_(forgec, fixture, os.path.join(tmp, "bad.forge"), 2,
                            ["--pp", "2", "--tp", "2"])
         rep.check("forgec refuses --pp with --tp (not yet), saying so",
