@@ -351,6 +351,8 @@ struct SplitPipelineStagesPass
       std::map<int64_t, SmallVector<unsigned>> byStage;
       for (auto [i, v] : llvm::enumerate(op.getInputs()))
         byStage[std::max<int64_t>(stageOfValue(v, memo), 0)].push_back(i);
+      if (byStage.size() < 2)
+        continue; // one stage's already (tensor parallelism's sums, in their pass)
       OpBuilder b(op);
       for (auto &[stage, members] : byStage) {
         SmallVector<Value> inputs;
@@ -358,6 +360,9 @@ struct SplitPipelineStagesPass
           inputs.push_back(op.getInputs()[i]);
         auto part = b.create<AllReduceOp>(op.getLoc(), ValueRange(inputs).getTypes(), inputs,
                                           op.getGroup(), op.getReduction(), op.getSize());
+        for (StringRef mark : {"forge.micro", "forge.backward"})
+          if (Attribute a = op->getAttr(mark))
+            part->setAttr(mark, a);
         part->setAttr("forge.stage", b.getI64IntegerAttr(stage));
         for (auto [k, i] : llvm::enumerate(members))
           op.getResult(i).replaceAllUsesWith(part.getResult(k));
@@ -393,8 +398,9 @@ struct SplitPipelineStagesPass
     for (Operation &op : body)
       for (Value v : op.getOperands())
         if (Operation *def = v.getDefiningOp(); def && position[def] > position[&op])
-          return op.emitError("forge-split-pipeline-stages: internal: the 1F1B order puts "
-                              "this op before the producer of its operand");
+          return op.emitError("forge-split-pipeline-stages: internal: the 1F1B order puts ")
+                 << op.getName() << " " << op.getAttrDictionary() << " before the producer of "
+                 << "its operand, " << def->getName() << " " << def->getAttrDictionary();
     return success();
   }
 };

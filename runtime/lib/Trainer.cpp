@@ -106,14 +106,18 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->options_ = options;
   Executor &ex = *tr->exec_;
 
-  // Pipeline parallelism (forgec --pp P): rank r runs stage r % P, whose
-  // routines are train_step@pp<s> and eval@pp<s>.
+  // Pipeline parallelism (forgec --pp P): ranks are laid out D x P x T (the T
+  // ranks of a tensor-parallel group consecutive, then the stages), so rank r
+  // runs stage (r / T) % P, whose routines are train_step@pp<s> and eval@pp<s>.
   auto ppOption = positiveBuildOption(bundle, "pipeline_parallel");
   if (!ppOption)
     return ppOption.status();
+  auto tpEarly = positiveBuildOption(bundle, "tensor_parallel");
+  if (!tpEarly)
+    return tpEarly.status();
   tr->ppSize_ = *ppOption;
   if (tr->ppSize_ > 1)
-    tr->routineSuffix_ = fmt::format("@pp{}", options.rank % tr->ppSize_);
+    tr->routineSuffix_ = fmt::format("@pp{}", options.rank / *tpEarly % tr->ppSize_);
   const std::string trainName = "train_step" + tr->routineSuffix_;
   auto trainIndex = ex.findRoutine(trainName);
   if (!trainIndex)

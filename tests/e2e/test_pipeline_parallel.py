@@ -19,13 +19,14 @@ micro-batches); gpt_adamw P=2 in bf16 (each stage's storage precision assigned o
 losses within 1e-3, parameters 1e-2); cnn_sgd_momentum P=2 (convolutions and batch norms:
 the running statistics are state of the stage that updates them); mlp_adamw D=2 x P=2 with
 ZeRO-1 (each stage's optimizer state split over its data-parallel group; the dump joins the
-parts on the owning stage, then takes them from there). The compiled schedule is 1F1B (forgec --dump-dir:
+parts on the owning stage, then takes them from there); gpt_adamw P=2 x T=2 on 4 ranks
+(each stage's MLPs and attentions split over its tensor-parallel group). The compiled schedule is 1F1B (forgec --dump-dir:
 forge.pipeline_schedule; stage 0 of 2 runs two forward passes before its first backward).
 Checkpoints hold every stage's tensors: the P=2 mlp run's step-10 checkpoint resumes in one
 process with the unsplit bundle and on the 2 stages again, and steps 11-20 match. A stage
 that hangs mid-run stops the pipeline within --timeout, naming the message it waited for.
 Evaluation (eval@pp<s> on every stage) gives one process's eval losses. Errors: a --pp bundle run without
-its ranks names --pp and --nproc; forgec refuses --pp with --tp and more stages than ops.
+its ranks names --pp and --nproc; forgec refuses --pp with fp8 and more stages than ops.
 
 Usage:
   test_pipeline_parallel.py [--bin-dir DIR | --forgec F --forge-train T] [--fixtures-dir DIR]
@@ -63,18 +64,27 @@ def main():
              ("mlp_adamw", 2, 2, 2, 2, ["--clip-grad-norm", "0.5"]),
              ("gpt_adamw", 2, 1, 2, 2, ["--precision", "bf16"]),
              ("cnn_sgd_momentum", 2, 1, 2, 2, []),
-             ("mlp_adamw", 2, 2, 2, 2, ["--clip-grad-norm", "0.5", "--zero", "1"])]
+             ("mlp_adamw", 2, 2, 2, 2, ["--clip-grad-norm", "0.5", "--zero", "1"]),
+             ("gpt_adamw", 2, 1, 2, 2, ["--tp", "2"])]
     with tempfile.TemporaryDirectory(prefix="forge-pp-") as tmp:
         for fixture_name, p, d, k, b, flags in cases:
-            own = [f for f in flags if f in ("--zero", "1")] if "--zero" in flags else []
-            flags = [f for f in flags if f not in own]
+            # --zero and --tp: the partitioned bundle's only (one process has neither).
+            own, rest = [], []
+            for i, f in enumerate(flags):
+                if f in ("--zero", "--tp") or (i > 0 and flags[i - 1] in ("--zero", "--tp")):
+                    own.append(f)
+                else:
+                    rest.append(f)
+            flags = rest
+            t = int(own[own.index("--tp") + 1]) if "--tp" in own else 1
             fixture = os.path.join(a.fixtures_dir, fixture_name)
             data = os.path.join(fixture, "batches.npz")
             bf16 = "bf16" in flags
             tag = f"{fixture_name} --pp {p}" + (f" --dp {d}" if d > 1 else "") + \
                 f" --micro-batches {k}" + (" --precision bf16" if bf16 else "") + \
-                (" --zero 1" if own else "")
-            name = f"{fixture_name[:3]}p{p}d{d}k{k}" + ("bf" if bf16 else "") + ("z" if own else "")
+                (" " + " ".join(own) if own else "")
+            name = f"{fixture_name[:3]}p{p}d{d}k{k}" + ("bf" if bf16 else "") + \
+                "".join(f[2] for f in own if f.startswith("--"))
             # bf16: each stage decides its tensors' storage on its own (a value that
             # crosses stages stays f32), so the runs agree to bf16 rounding, not to f32's.
             tol, ptol = (1e-3, 1e-2) if bf16 else (TOL, TOL)
@@ -105,14 +115,14 @@ def main():
             ckpt = os.path.join(tmp, f"ckpt_{name}")
             rc, log, losses, params = train(
                 forge_train, pp, data, tmp, name,
-                ["--nproc", str(p * d), "--steps", str(STEPS), "--timeout", "60"] +
+                ["--nproc", str(p * d * t), "--steps", str(STEPS), "--timeout", "60"] +
                 (["--ckpt-dir", ckpt, "--ckpt-every", "10"] if resume else []))
-            if not rep.check(f"{tag}: forge-train --nproc {p * d}", rc == 0,
+            if not rep.check(f"{tag}: forge-train --nproc {p * d * t}", rc == 0,
                              e2e.failure(rc, log)):
                 continue
             rep.check(f"{tag}: the layout is reported",
-                      f"pipeline parallel: {p * d} ranks: {d} data-parallel x {p} stages" in log,
-                      e2e.tail(log, 3))
+                      f"pipeline parallel: {p * d * t} ranks: {d} data-parallel x {p} stages" +
+                      (f" x {t} tensor-parallel" if t > 1 else "") in log, e2e.tail(log, 3))
             rc, log, ref_losses, ref_params = train(forge_train, one, data, tmp, f"one_{name}",
                                                     ["--steps", str(STEPS)])
             if not rep.check(f"{tag}: one process", rc == 0, e2e.failure(rc, log)):
@@ -199,9 +209,9 @@ def main():
                       len(ev[1]) == 2 and all(abs(x - y) <= TOL * abs(y) for x, y in zip(*ev)),
                       str(ev))
         rc, log = compile_(forgec, fixture, os.path.join(tmp, "bad.forge"), 2,
-                           ["--pp", "2", "--tp", "2"])
-        rep.check("forgec refuses --pp with --tp (not yet), saying so",
-                  rc != 0 and "--pp with --tp" in log, e2e.tail(log, 3))
+                           ["--pp", "2", "--precision", "fp8"])
+        rep.check("forgec refuses --pp with fp8 (not yet), saying so",
+                  rc != 0 and "--pp with --precision fp8" in log, e2e.tail(log, 3))
         rc, log = compile_(forgec, fixture, os.path.join(tmp, "bad.forge"), 2, ["--pp", "64"])
         rep.check("forgec refuses more stages than the forward has ops",
                   rc != 0 and "fewer than the stages" in log, e2e.tail(log, 3))

@@ -477,7 +477,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
   // Tensor parallelism (forgec --tp T): the world of D x T ranks splits into D
   // groups "tp" of T consecutive ranks (which read one batch) and T groups "dp"
   // of the ranks with the same place in theirs. Subgroups before the world goes.
-  std::unique_ptr<Communicator> group, tpGroup, dpGroup;
+  std::unique_ptr<Communicator> group, tpGroup, dpGroup, ppGroup;
   struct Unset {
     ~Unset() {
       setCollectiveGroup("dp", nullptr);
@@ -507,34 +507,48 @@ Expected<int> train(const Options &opts, Progress &progress) {
       return Status::error("{} was compiled for groups of {} tensor-parallel ranks (forgec --tp "
                            "{}), this run has {}: start D x {} ranks (--nproc)",
                            bundle.origin(), tp, tp, r.size, tp);
-    if (pp > 1 && r.size % pp != 0)
-      return Status::error("{} was compiled for {} pipeline stages (forgec --pp {}), this run "
+    if (pp > 1 && r.size % (pp * tp) != 0)
+      return Status::error("{} was compiled for {} pipeline stages (forgec --pp {}{}), this run "
                            "has {} ranks: start D x {} ranks (--nproc)",
-                           bundle.origin(), pp, pp, r.size, pp);
-    if (pp > 1) { // D x P ranks: a pipeline of P consecutive ranks per data-parallel rank
-      const int dp = r.size / static_cast<int>(pp), me = r.rank, p = static_cast<int>(pp);
-      if (dp == 1) {
-        setCollectiveGroup("pp", group.get());
-      } else {
-        std::vector<int> ppRanks, dpRanks;
-        for (int i = 0; i < p; ++i)
-          ppRanks.push_back(me / p * p + i);
-        for (int d = 0; d < dp; ++d)
-          dpRanks.push_back(d * p + me % p);
-        auto t = group->subgroup("pp", ppRanks);
-        if (!t)
-          return t.status();
-        tpGroup = t.take(); // the pipeline's group (tensor parallelism is refused with --pp)
-        setCollectiveGroup("pp", tpGroup.get());
-        auto d = group->subgroup("dp", dpRanks);
-        if (!d)
-          return d.status();
-        dpGroup = d.take();
-        setCollectiveGroup("dp", dpGroup.get());
-      }
-      progress.message(fmt::format("pipeline parallel: {} ranks: {} data-parallel x {} stages "
+                           bundle.origin(), pp, pp, tp > 1 ? fmt::format(" --tp {}", tp) : "",
+                           r.size, pp * tp);
+    if (pp > 1) {
+      // D x P x T ranks: rank = (d * P + s) * T + t. The T ranks of a tensor-parallel
+      // group are consecutive, a pipeline is the P ranks of one (d, t), a data-parallel
+      // group the D ranks of one (s, t).
+      const int p = static_cast<int>(pp), t = static_cast<int>(tp), me = r.rank;
+      const int dp = r.size / (p * t), d = me / (p * t), s = me / t % p, ti = me % t;
+      auto join = [&](const char *name, std::vector<int> ranks,
+                      std::unique_ptr<Communicator> &slot) -> Status {
+        if (static_cast<int>(ranks.size()) == r.size) {
+          setCollectiveGroup(name, group.get());
+          return Status::ok();
+        }
+        auto g = group->subgroup(name, ranks);
+        if (!g)
+          return g.status();
+        slot = g.take();
+        setCollectiveGroup(name, slot.get());
+        return Status::ok();
+      };
+      std::vector<int> ppRanks, dpRanks, tpRanks;
+      for (int i = 0; i < p; ++i)
+        ppRanks.push_back((d * p + i) * t + ti);
+      for (int i = 0; i < dp; ++i)
+        dpRanks.push_back((i * p + s) * t + ti);
+      for (int i = 0; i < t; ++i)
+        tpRanks.push_back((d * p + s) * t + i);
+      // Every rank makes the same subgroups in the same order (each is a rendezvous).
+      FORGE_RETURN_IF_ERROR(join("pp", ppRanks, ppGroup));
+      if (dp > 1)
+        FORGE_RETURN_IF_ERROR(join("dp", dpRanks, dpGroup));
+      if (t > 1)
+        FORGE_RETURN_IF_ERROR(join("tp", tpRanks, tpGroup));
+      progress.message(fmt::format("pipeline parallel: {} ranks: {} data-parallel x {} stages{} "
                                    "({})",
-                                   r.size, dp, pp, group->describe()));
+                                   r.size, dp, pp,
+                                   t > 1 ? fmt::format(" x {} tensor-parallel", t) : "",
+                                   group->describe()));
     } else if (tp > 1) {
       const int dp = r.size / static_cast<int>(tp), me = r.rank;
       std::vector<int> tpRanks, dpRanks;

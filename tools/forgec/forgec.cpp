@@ -630,8 +630,6 @@ int main(int argc, char **argv) {
   pipelineOptions.tensorParallel = tensorParallel;
   if (pipelineParallel < 1)
     return fail("--pp must be >= 1, got " + std::to_string(pipelineParallel));
-  if (pipelineParallel > 1 && tensorParallel > 1)
-    return fail("--pp with --tp is not supported yet (pipeline stages alone for now)");
   if (pipelineParallel > 1 && precision == "fp8")
     return fail("--pp with --precision fp8 is not supported yet (bf16 is)");
   pipelineOptions.train.pipeline = pipelineParallel;
