@@ -42,7 +42,6 @@
 
 #include <map>
 #include <numeric>
-#include <tuple>
 
 namespace mlir::forge {
 #define GEN_PASS_DEF_ASSIGNPRECISION
@@ -199,13 +198,13 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   /// sender's and a cast follows it.
   LogicalResult matchMessageTypes() {
     // (the receiving routine, tag) -> the type sent
-    std::map<std::tuple<std::string, int64_t, int64_t>, Type> sent;
+    std::map<std::pair<std::string, int64_t>, Type> sent;
     for (auto f : getOperation().getOps<func::FuncOp>()) {
       auto [name, stage] = f.getSymName().rsplit("@pp");
       if (stage.empty())
         continue;
       f.walk([&, name = name](SendOp op) {
-        sent[{name.str() + "@" + std::to_string(op.getPeer()), op.getTag(), 0}] =
+        sent[{name.str() + "@" + std::to_string(op.getPeer()), op.getTag()}] =
             op.getInput().getType();
       });
     }
@@ -214,7 +213,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       if (stage.empty())
         continue;
       for (RecvOp op : llvm::to_vector(f.getOps<RecvOp>())) {
-        auto it = sent.find({name.str() + "@" + stage.str(), op.getTag(), 0});
+        auto it = sent.find({name.str() + "@" + stage.str(), op.getTag()});
         if (it == sent.end())
           return op.emitError("forge-assign-precision: internal: no send for this recv");
         if (it->second == op.getResult().getType())

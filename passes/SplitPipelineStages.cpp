@@ -15,6 +15,8 @@
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
+#include "forge/Train/TrainGraph.h"
+
 #include <map>
 #include <set>
 #include <tuple>
@@ -83,7 +85,7 @@ struct SplitPipelineStagesPass
     for (auto f : module.getOps<func::FuncOp>()) {
       bool any = false;
       f.walk([&](Operation *op) {
-        if (std::optional<int64_t> s = intAttr(op, "forge.stage")) {
+        if (std::optional<int64_t> s = pipelineStageOf(op)) {
           any = true;
           stages = std::max(stages, *s + 1);
         }
@@ -137,7 +139,7 @@ struct SplitPipelineStagesPass
       int64_t h = kEverywhere;
       if (!kind || kind.getValue() != "input")
         for (Operation *user : arg.getUsers())
-          if (std::optional<int64_t> s = intAttr(user, "forge.stage"))
+          if (std::optional<int64_t> s = pipelineStageOf(user))
             h = h == kEverywhere ? *s : std::min(h, *s);
       home[arg] = h;
     }
@@ -146,7 +148,7 @@ struct SplitPipelineStagesPass
       int64_t h = kEverywhere;
       if (isa<ConstantOp>(op)) {
         h = kEverywhere;
-      } else if (std::optional<int64_t> s = intAttr(&op, "forge.stage")) {
+      } else if (std::optional<int64_t> s = pipelineStageOf(&op)) {
         h = *s;
       } else {
         // Unmarked (a sum of gradient contributions, the norm's partial sums,
@@ -326,31 +328,12 @@ struct SplitPipelineStagesPass
     return success();
   }
 
-  /// The stage an operand of an all_reduce is made on, as split() will find
-  /// it: its producer's mark, else the latest of the producer's operands'
-  /// (memoized), -1 for constants and arguments.
-  int64_t stageOfValue(Value v, llvm::DenseMap<Operation *, int64_t> &memo) {
-    Operation *def = v.getDefiningOp();
-    if (!def || isa<ConstantOp>(def))
-      return kEverywhere;
-    if (auto it = memo.find(def); it != memo.end())
-      return it->second;
-    int64_t h = kEverywhere;
-    if (std::optional<int64_t> s = intAttr(def, "forge.stage"))
-      h = *s;
-    else
-      for (Value operand : def->getOperands())
-        h = std::max(h, stageOfValue(operand, memo));
-    memo[def] = h;
-    return h;
-  }
-
   void splitAllReduces(func::FuncOp f, Block &body) {
     llvm::DenseMap<Operation *, int64_t> memo;
     for (AllReduceOp op : llvm::to_vector(body.getOps<AllReduceOp>())) {
       std::map<int64_t, SmallVector<unsigned>> byStage;
       for (auto [i, v] : llvm::enumerate(op.getInputs()))
-        byStage[std::max<int64_t>(stageOfValue(v, memo), 0)].push_back(i);
+        byStage[std::max<int64_t>(pipelineStageMaking(v, memo), 0)].push_back(i);
       if (byStage.size() < 2)
         continue; // one stage's already (tensor parallelism's sums, in their pass)
       OpBuilder b(op);

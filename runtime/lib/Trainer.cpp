@@ -112,12 +112,12 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   auto ppOption = positiveBuildOption(bundle, "pipeline_parallel");
   if (!ppOption)
     return ppOption.status();
-  auto tpEarly = positiveBuildOption(bundle, "tensor_parallel");
-  if (!tpEarly)
-    return tpEarly.status();
+  auto tpOption = positiveBuildOption(bundle, "tensor_parallel");
+  if (!tpOption)
+    return tpOption.status();
   tr->ppSize_ = *ppOption;
   if (tr->ppSize_ > 1)
-    tr->routineSuffix_ = fmt::format("@pp{}", options.rank / *tpEarly % tr->ppSize_);
+    tr->routineSuffix_ = fmt::format("@pp{}", options.rank / *tpOption % tr->ppSize_);
   const std::string trainName = "train_step" + tr->routineSuffix_;
   auto trainIndex = ex.findRoutine(trainName);
   if (!trainIndex)
@@ -244,14 +244,12 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       tr->gradOutputs_.emplace_back(name.substr(gradPrefix.size()), t);
   }
 
-  // Data and tensor parallelism: the bundle's layout (D x T ranks, the T of a
-  // tensor-parallel group consecutive) and this process's group must agree.
+  // Data, pipeline and tensor parallelism: the bundle's layout (D x P x T
+  // ranks, the T of a tensor-parallel group consecutive) and this process's
+  // group must agree.
   auto dpOption = positiveBuildOption(bundle, "data_parallel");
   if (!dpOption)
     return dpOption.status();
-  auto tpOption = positiveBuildOption(bundle, "tensor_parallel");
-  if (!tpOption)
-    return tpOption.status();
   const int64_t dp = *dpOption, tp = *tpOption, pp = tr->ppSize_;
   if (options.worldSize < 1 || options.rank < 0 || options.rank >= options.worldSize)
     return Status::error("rank {} of {} is not a data-parallel rank", options.rank,

@@ -46,6 +46,25 @@ Rendezvous rendezvous(int rank, int size, int port, int timeoutMs = 20000) {
   return r;
 }
 
+/// Connects `n` ranks (one thread each) into one CPU group: comms[r] is rank r's
+/// communicator, or errors[r] says why it has none.
+void connectRanks(int n, int port, std::vector<std::unique_ptr<Communicator>> &comms,
+                  std::vector<std::string> &errors, int timeoutMs = 20000) {
+  comms.resize(n);
+  errors.assign(n, "");
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      auto c = connectCpuGroup(rendezvous(r, n, port, timeoutMs));
+      if (c)
+        comms[r] = c.take();
+      else
+        errors[r] = c.status().message();
+    });
+  for (std::thread &t : ranks)
+    t.join();
+}
+
 } // namespace
 
 TEST(TcpStoreTest, GetWaitsForSetAndTimesOut) {
@@ -70,21 +89,9 @@ TEST(TcpStoreTest, GetWaitsForSetAndTimesOut) {
 
 TEST(CollectivesTest, ThreeRanksSumOverTcp) {
   const int n = 3, port = freePort();
-  std::vector<std::unique_ptr<Communicator>> comms(n);
-  std::vector<std::string> errors(n);
-  {
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < n; ++r)
-      ranks.emplace_back([&, r] {
-        auto c = connectCpuGroup(rendezvous(r, n, port));
-        if (c)
-          comms[r] = c.take();
-        else
-          errors[r] = c.status().message();
-      });
-    for (std::thread &t : ranks)
-      t.join();
-  }
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::string> errors;
+  connectRanks(n, port, comms, errors);
   for (int r = 0; r < n; ++r)
     ASSERT_TRUE(comms[r]) << "rank " << r << ": " << errors[r];
   EXPECT_EQ(comms[1]->rank(), 1);
@@ -308,21 +315,9 @@ TEST(ShardsTest, BlocksSplitEachBlockAlike) {
 // the timeout naming the peer and the tag.
 TEST(CollectivesTest, SendRecvMatchByTagAndTimeOutNamingThePeer) {
   const int n = 2, port = freePort();
-  std::vector<std::unique_ptr<Communicator>> comms(n);
-  std::vector<std::string> errors(n);
-  {
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < n; ++r)
-      ranks.emplace_back([&, r] {
-        auto c = connectCpuGroup(rendezvous(r, n, port, /*timeoutMs=*/2000));
-        if (c)
-          comms[r] = c.take();
-        else
-          errors[r] = c.status().message();
-      });
-    for (std::thread &t : ranks)
-      t.join();
-  }
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::string> errors;
+  connectRanks(n, port, comms, errors, /*timeoutMs=*/2000);
   for (int r = 0; r < n; ++r)
     ASSERT_TRUE(comms[r]) << "rank " << r << ": " << errors[r];
 

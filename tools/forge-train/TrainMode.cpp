@@ -474,9 +474,10 @@ Expected<int> train(const Options &opts, Progress &progress) {
   auto rendezvous = rendezvousFromEnvironment();
   if (!rendezvous)
     return rendezvous.status();
-  // Tensor parallelism (forgec --tp T): the world of D x T ranks splits into D
-  // groups "tp" of T consecutive ranks (which read one batch) and T groups "dp"
-  // of the ranks with the same place in theirs. Subgroups before the world goes.
+  // Tensor and pipeline parallelism (forgec --tp T, --pp P): the world of
+  // D x P x T ranks splits into groups "tp" (T consecutive ranks, which read one
+  // batch), "pp" (a pipeline's stages) and "dp" (the ranks with the same place
+  // in their pipeline). Subgroups go before the world does.
   std::unique_ptr<Communicator> group, tpGroup, dpGroup, ppGroup;
   struct Unset {
     ~Unset() {
@@ -512,68 +513,49 @@ Expected<int> train(const Options &opts, Progress &progress) {
                            "has {} ranks: start D x {} ranks (--nproc)",
                            bundle.origin(), pp, pp, tp > 1 ? fmt::format(" --tp {}", tp) : "",
                            r.size, pp * tp);
-    if (pp > 1) {
-      // D x P x T ranks: rank = (d * P + s) * T + t. The T ranks of a tensor-parallel
-      // group are consecutive, a pipeline is the P ranks of one (d, t), a data-parallel
-      // group the D ranks of one (s, t).
-      const int p = static_cast<int>(pp), t = static_cast<int>(tp), me = r.rank;
-      const int dp = r.size / (p * t), d = me / (p * t), s = me / t % p, ti = me % t;
-      auto join = [&](const char *name, std::vector<int> ranks,
-                      std::unique_ptr<Communicator> &slot) -> Status {
-        if (static_cast<int>(ranks.size()) == r.size) {
-          setCollectiveGroup(name, group.get());
-          return Status::ok();
-        }
-        auto g = group->subgroup(name, ranks);
-        if (!g)
-          return g.status();
-        slot = g.take();
-        setCollectiveGroup(name, slot.get());
+    // D x P x T ranks: rank = (d * P + s) * T + t. The T ranks of a tensor-parallel
+    // group are consecutive, a pipeline is the P ranks of one (d, t), a data-parallel
+    // group the D ranks of one (s, t). A group of every rank is the world itself.
+    const int p = static_cast<int>(pp), t = static_cast<int>(tp), me = r.rank;
+    const int dp = r.size / (p * t), d = me / (p * t), s = me / t % p, ti = me % t;
+    auto join = [&](const char *name, std::vector<int> ranks,
+                    std::unique_ptr<Communicator> &slot) -> Status {
+      if (static_cast<int>(ranks.size()) == r.size) {
+        setCollectiveGroup(name, group.get());
         return Status::ok();
-      };
-      std::vector<int> ppRanks, dpRanks, tpRanks;
-      for (int i = 0; i < p; ++i)
-        ppRanks.push_back((d * p + i) * t + ti);
-      for (int i = 0; i < dp; ++i)
-        dpRanks.push_back((i * p + s) * t + ti);
-      for (int i = 0; i < t; ++i)
-        tpRanks.push_back((d * p + s) * t + i);
-      // Every rank makes the same subgroups in the same order (each is a rendezvous).
+      }
+      auto g = group->subgroup(name, ranks);
+      if (!g)
+        return g.status();
+      slot = g.take();
+      setCollectiveGroup(name, slot.get());
+      return Status::ok();
+    };
+    std::vector<int> ppRanks, dpRanks, tpRanks;
+    for (int i = 0; i < p; ++i)
+      ppRanks.push_back((d * p + i) * t + ti);
+    for (int i = 0; i < dp; ++i)
+      dpRanks.push_back((i * p + s) * t + ti);
+    for (int i = 0; i < t; ++i)
+      tpRanks.push_back((d * p + s) * t + i);
+    // Every rank makes the same subgroups in the same order (each is a rendezvous).
+    if (p > 1)
       FORGE_RETURN_IF_ERROR(join("pp", ppRanks, ppGroup));
-      if (dp > 1)
-        FORGE_RETURN_IF_ERROR(join("dp", dpRanks, dpGroup));
-      if (t > 1)
-        FORGE_RETURN_IF_ERROR(join("tp", tpRanks, tpGroup));
+    if (dp > 1)
+      FORGE_RETURN_IF_ERROR(join("dp", dpRanks, dpGroup));
+    if (t > 1)
+      FORGE_RETURN_IF_ERROR(join("tp", tpRanks, tpGroup));
+    if (p > 1)
       progress.message(fmt::format("pipeline parallel: {} ranks: {} data-parallel x {} stages{} "
                                    "({})",
-                                   r.size, dp, pp,
+                                   r.size, dp, p,
                                    t > 1 ? fmt::format(" x {} tensor-parallel", t) : "",
                                    group->describe()));
-    } else if (tp > 1) {
-      const int dp = r.size / static_cast<int>(tp), me = r.rank;
-      std::vector<int> tpRanks, dpRanks;
-      for (int i = 0; i < tp; ++i)
-        tpRanks.push_back(me / static_cast<int>(tp) * static_cast<int>(tp) + i);
-      for (int d = 0; d < dp; ++d)
-        dpRanks.push_back(d * static_cast<int>(tp) + me % static_cast<int>(tp));
-      auto t = group->subgroup("tp", tpRanks);
-      if (!t)
-        return t.status();
-      tpGroup = t.take();
-      setCollectiveGroup("tp", tpGroup.get());
-      if (dp > 1) {
-        auto d = group->subgroup("dp", dpRanks);
-        if (!d)
-          return d.status();
-        dpGroup = d.take();
-        setCollectiveGroup("dp", dpGroup.get());
-      }
+    else if (t > 1)
       progress.message(fmt::format("{} ranks: {} data-parallel x {} tensor-parallel ({})",
-                                   r.size, dp, tp, group->describe()));
-    } else {
-      setCollectiveGroup("dp", group.get());
+                                   r.size, dp, t, group->describe()));
+    else
       progress.message(fmt::format("data parallel: {} ranks ({})", r.size, group->describe()));
-    }
   }
   const bool lead = trainerOptions.rank == 0;
   auto created = Trainer::create(bundle, trainData.take(), std::move(evalData), trainerOptions);

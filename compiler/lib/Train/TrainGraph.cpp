@@ -19,7 +19,6 @@
 #include "forge/Train/TrainGraph.h"
 
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <map>
 
@@ -388,14 +387,6 @@ bool decays(StringRef role) { return role == "weight" || role == "embedding"; }
 
 using Builder = ForgeBuilder;
 
-/// The pipeline stage forge-assign-pipeline-stages gave `op`, if any.
-std::optional<int64_t> stageOf(Operation *op) {
-  if (!op)
-    return std::nullopt;
-  if (auto a = op->getAttrOfType<IntegerAttr>("forge.stage"))
-    return a.getInt();
-  return std::nullopt;
-}
 
 /// Pipeline marks (TrainOptions::pipeline): stamp() gives the ops appended to
 /// `block` since the last stamp the marks they lack (forge.stage,
@@ -481,7 +472,7 @@ FailureOr<SmallVector<Value>> differentiate(OpBuilder &b, Block &block, Value lo
       return op->emitError() << "gradient rule returned " << operandGrads.size()
                              << " gradients for " << op->getNumOperands() << " operands";
     if (marks) // a rule's ops run on its forward op's stage
-      marks->stamp(stageOf(op), micro, /*backward=*/true);
+      marks->stamp(pipelineStageOf(op), micro, /*backward=*/true);
     for (auto [operand, g] : llvm::zip(op->getOperands(), operandGrads))
       if (g && needs.contains(operand))
         accumulate(operand, g);
@@ -907,7 +898,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     for (auto [i, p] : llvm::enumerate(params)) {
       std::optional<int64_t> first;
       for (Operation *user : p.value().getUsers())
-        if (std::optional<int64_t> s = stageOf(user))
+        if (std::optional<int64_t> s = pipelineStageOf(user))
           first = first ? std::min(*first, *s) : *s;
       paramStage[i] = first.value_or(0);
     }
@@ -947,7 +938,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
       map.map(s.constant.getResult(), value);
     Operation *previous = nullptr; // what its clone(s) were made from (pipeline marks)
     for (Operation &op : main.getBody().front()) {
-      stageMarks.stamp(stageOf(previous), m);
+      stageMarks.stamp(pipelineStageOf(previous), m);
       previous = &op;
       if (isa<func::ReturnOp>(op))
         continue;
@@ -1013,7 +1004,8 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     auto loss = buildLoss(bb, options.loss, output, label, /*wantCorrect=*/false);
     if (failed(loss))
       return failure();
-    stageMarks.stamp(stageOf(output.getDefiningOp()), m); // the loss: where the output is
+    // The loss runs where the output is made.
+    stageMarks.stamp(pipelineStageOf(output.getDefiningOp()), m);
     // The backward starts from 1/K (accumulation), times the loss scale.
     Value seed = bb.scalar(1.0 / double(k), Builder::elementOf(loss->first));
     if (scaling.dynamic)
@@ -1085,22 +1077,9 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   // Pipeline stages: each stage's squares summed where they are made, the
   // stages' partial sums then in stage order (one message per stage).
   std::map<int64_t, Value> stageSq;
-  // Where a gradient is made, as forge-split-pipeline-stages will find it: its
-  // producer's mark, else the latest of its operands' (a tied weight's sum of
-  // contributions); -1 for constants and arguments.
+  // Where a gradient is made, as forge-split-pipeline-stages will find it (a
+  // tied weight's sum of contributions: on the latest contributing stage).
   llvm::DenseMap<Operation *, int64_t> madeOn;
-  std::function<int64_t(Value)> stageMaking = [&](Value v) -> int64_t {
-    Operation *def = v.getDefiningOp();
-    if (!def || isa<ConstantOp>(def))
-      return -1;
-    if (auto it = madeOn.find(def); it != madeOn.end())
-      return it->second;
-    int64_t h = stageOf(def).value_or(-1);
-    if (!stageOf(def))
-      for (Value operand : def->getOperands())
-        h = std::max(h, stageMaking(operand));
-    return madeOn[def] = h;
-  };
   for (auto [i, p, g] : llvm::enumerate(params, gradSum)) {
     Value s = bb.sumAll(bb.mul(g, g));
     if (p.shard || p.zeroParts) {
@@ -1110,7 +1089,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
       continue;
     }
     if (marks) {
-      Value &acc = stageSq[std::max<int64_t>(stageMaking(g), paramStage[i])];
+      Value &acc = stageSq[std::max<int64_t>(pipelineStageMaking(g, madeOn), paramStage[i])];
       acc = acc ? bb.add(acc, s) : s;
       continue;
     }
@@ -1275,7 +1254,7 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
   Marks evalMarks(entry, options.pipeline > 1); // as the train step's (no micro-batches)
   Operation *previous = nullptr;
   for (Operation &op : main.getBody().front()) {
-    evalMarks.stamp(stageOf(previous));
+    evalMarks.stamp(pipelineStageOf(previous));
     previous = &op;
     if (isa<func::ReturnOp>(op))
       continue;
@@ -1313,7 +1292,7 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
                                    hasLabel ? entry->getArgument(numData) : Value(), wantCorrect);
   if (failed(loss))
     return failure();
-  evalMarks.stamp(stageOf(output.getDefiningOp()));
+  evalMarks.stamp(pipelineStageOf(output.getDefiningOp()));
   SmallVector<Value> results = {loss->first};
   if (loss->second)
     results.push_back(loss->second);
@@ -1386,6 +1365,26 @@ LogicalResult TrainGraphBuilder::run() {
 }
 
 } // namespace
+
+std::optional<int64_t> mlir::forge::pipelineStageOf(Operation *op) {
+  if (auto a = op ? op->getAttrOfType<IntegerAttr>("forge.stage") : IntegerAttr())
+    return a.getInt();
+  return std::nullopt;
+}
+
+int64_t mlir::forge::pipelineStageMaking(Value v, llvm::DenseMap<Operation *, int64_t> &memo) {
+  Operation *def = v.getDefiningOp();
+  if (!def || isa<ConstantOp>(def))
+    return -1;
+  if (auto it = memo.find(def); it != memo.end())
+    return it->second;
+  std::optional<int64_t> mark = pipelineStageOf(def);
+  int64_t stage = mark.value_or(-1);
+  if (!mark)
+    for (Value operand : def->getOperands())
+      stage = std::max(stage, pipelineStageMaking(operand, memo));
+  return memo[def] = stage;
+}
 
 LogicalResult mlir::forge::buildTrainingModule(ModuleOp module, const TrainOptions &options) {
   return TrainGraphBuilder(module, options).run();

@@ -17,6 +17,7 @@
 
 #include "forge/Train/TrainFlags.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/DenseMap.h"
 
 namespace mlir::forge {
 
@@ -122,6 +123,15 @@ FailureOr<TrainOptions> parseTrainFlags(const TrainFlags &flags, std::string &er
 
 /// Replaces `@main` with `@train_step` and `@eval`.
 LogicalResult buildTrainingModule(ModuleOp module, const TrainOptions &options);
+
+/// Pipeline stages (forgec --pp): the stage forge-assign-pipeline-stages (or
+/// the train step built from its marks) gave `op`, its `forge.stage`, if any.
+std::optional<int64_t> pipelineStageOf(Operation *op);
+/// The stage `v` is made on as forge-split-pipeline-stages places it: its
+/// producer's mark, else the latest of its operands' stages (a sum of
+/// gradient contributions); -1 for constants and arguments. `memo` caches the
+/// producers seen (one per routine).
+int64_t pipelineStageMaking(Value v, llvm::DenseMap<Operation *, int64_t> &memo);
 
 } // namespace mlir::forge
 
