@@ -490,9 +490,25 @@ def ShardTensorParallel : Pass<"forge-shard-tensor-parallel", "::mlir::func::Fun
     divides by `size`, and a gemm has alpha = beta = 1 and no transposed
     input; each pair left whole gets a remark saying why. It is an error
     when no pair can be split. `size` 1: nothing to do.
+
+    The vocabulary (with `loss` a cross_entropy spec): the matmul or gemm
+    that makes the loss's logits output is split by columns, so each rank
+    computes its [classes / size] of every row and the logits are never
+    whole; the output gets `forge.shard = {axis, group, size}` and
+    forge-build-train-step builds the sharded loss on it (Megatron's
+    vocabulary-parallel cross-entropy). A weight the embedding's row lookups
+    share (a tied embedding, [classes, hidden]) is split by rows with it:
+    each forward forge.gather looks the ids up in this rank's rows
+    (forge.rank_slice gives the shard's first class), zeroes the rows of
+    other ranks' ids and sums over the group. Left whole, with a remark,
+    when the classes do not divide by `size` or the weight or logits have
+    other readers.
   }];
   let options = [
     Option<"size", "size", "int64_t", /*default=*/"1", "Ranks of the tensor-parallel group">,
+    Option<"loss", "loss", "std::string", /*default=*/"",
+           "forge-build-train-step's loss spec: with cross_entropy:OUTPUT,LABEL the "
+           "OUTPUT's vocabulary is split too">,
   ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

@@ -6,11 +6,16 @@
 // hidden values are each rank's columns (an attention's: its heads) and are
 // read by nothing outside the pair; every split initializer is read through exactly one forge.shard, the
 // parameter forge-build-train-step makes of it. Every rank runs this same
-// program, so all issue the same collectives in the same order.
+// program, so all issue the same collectives in the same order. A
+// vocabulary split (the cross-entropy loss's logits output) leaves that
+// output holding this rank's classes, marked forge.shard on the result, and
+// every forward gather of the split embedding summed over the group.
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
+#include "forge/Dialect/ForgeBuilder.h"
+#include "forge/Train/TrainGraph.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "llvm/ADT/SmallPtrSet.h"
@@ -27,13 +32,24 @@ namespace {
 
 constexpr StringLiteral kGroup = "tp";
 
-/// An initializer read by `user` alone (a weight nothing else shares).
-ConstantOp ownInitializer(Value v) {
+/// Whether `use` is a row lookup in the initializer: an embedding's
+/// forge.gather along axis 0 reading it as the table.
+bool isRowLookup(OpOperand &use) {
+  auto g = dyn_cast<GatherOp>(use.getOwner());
+  return g && use.getOperandNumber() == 0 && g.getAxis() == 0;
+}
+
+/// An initializer read by `user` alone (a weight nothing else shares); with
+/// `lookups`, also by row lookups (a language model's tied embedding).
+ConstantOp ownInitializer(Value v, bool lookups = false) {
   auto c = v.getDefiningOp<ConstantOp>();
-  if (!c || !c->hasAttr("forge.initializer") || !c->hasOneUse() ||
+  if (!c || !c->hasAttr("forge.initializer") ||
       !isa<FloatType>(cast<RankedTensorType>(c.getType()).getElementType()))
     return {};
-  return c;
+  int64_t others = 0;
+  for (OpOperand &use : c->getUses())
+    others += !(lookups && isRowLookup(use));
+  return others == 1 ? c : ConstantOp();
 }
 
 /// One matmul or gemm of a pair: its activation operand, weight initializer
@@ -50,14 +66,14 @@ struct Product {
 };
 
 /// `rhs` as an initializer, seeing through a 2-D transpose only `p`'s op reads.
-void takeWeight(Product &p, Value rhs) {
+void takeWeight(Product &p, Value rhs, bool lookups) {
   if (auto t = rhs.getDefiningOp<TransposeOp>();
       t && t->hasOneUse() && t.getPerm() == ArrayRef<int64_t>{1, 0}) {
     p.transpose = t;
     p.transB = !p.transB;
     rhs = t.getInput();
   }
-  p.weight = ownInitializer(rhs);
+  p.weight = ownInitializer(rhs, lookups);
 }
 
 /// Points `p`'s op (or its transpose) at `sliced`, the weight's slice.
@@ -73,14 +89,15 @@ void setWeight(Product &p, Value sliced) {
 }
 
 /// `op` as a product of an activation and a 2-D weight initializer; `why`
-/// says what is missing when it is not one.
-std::optional<Product> asProduct(Operation *op, std::string &why) {
+/// says what is missing when it is not one. With `lookups`, row lookups may
+/// share the weight (a tied embedding).
+std::optional<Product> asProduct(Operation *op, std::string &why, bool lookups = false) {
   Product p;
   p.op = op;
   if (auto m = dyn_cast<MatMulOp>(op)) {
     p.input = m.getLhs();
     p.transB = m.getTransB();
-    takeWeight(p, m.getRhs());
+    takeWeight(p, m.getRhs(), lookups);
     if (m.getTransA()) {
       why = "its activation is transposed";
       return std::nullopt;
@@ -89,7 +106,7 @@ std::optional<Product> asProduct(Operation *op, std::string &why) {
     p.input = g.getA();
     p.bias = g.getC();
     p.transB = g.getTransB();
-    takeWeight(p, g.getB());
+    takeWeight(p, g.getB(), lookups);
     if (g.getTransA() || g.getAlpha().convertToDouble() != 1.0 ||
         (p.bias && g.getBeta().convertToDouble() != 1.0)) {
       why = "it is a gemm with a transposed A or alpha/beta other than 1";
@@ -162,12 +179,105 @@ struct ShardTensorParallelPass
         op->emitRemark() << "forge-shard-tensor-parallel: not split over " << int64_t(size)
                          << " ranks: " << why;
     }
+    // The loss head after the pairs: a classifier's last layer that a pair
+    // already split by rows stays so.
+    if (splitVocabulary(func, used))
+      ++splits;
     if (splits == 0) {
       func.emitError() << "--tp " << int64_t(size)
                        << ": no pair of matmuls to split (a matmul/gemm with a weight "
                           "initializer, pointwise ops, then another such matmul reading them)";
       return signalPassFailure();
     }
+  }
+
+  /// Megatron's vocabulary parallelism, for the logits output that a
+  /// cross-entropy `loss` reads: its matmul split by columns (classes; each
+  /// rank computes its [V / size] of every row, the logits never whole), the
+  /// result marked forge.shard {axis, group, size} for forge-build-train-step's
+  /// sharded loss. A tied embedding (the weight also read by row lookups)
+  /// splits with it by rows: each rank looks up the ids in its rows, zeroes
+  /// the others and the group sums (forge.all_reduce). Returns whether it split;
+  /// a remark says why an output that qualifies otherwise is left whole.
+  bool splitVocabulary(func::FuncOp func, llvm::SmallPtrSetImpl<Operation *> &used) {
+    std::string error;
+    FailureOr<LossSpec> spec = parseLossSpec(loss, error);
+    if (loss.empty() || failed(spec) || spec->kind != "cross_entropy")
+      return false; // BuildTrainStep reports a bad spec
+    auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
+    int64_t index = -1;
+    for (unsigned i = 0; i < func.getNumResults(); ++i)
+      if (auto name = func.getResultAttrOfType<StringAttr>(i, "forge.name");
+          name && name.getValue() == spec->output)
+        index = i;
+    if (index < 0)
+      return false;
+    Value logits = ret.getOperand(index);
+    Operation *op = logits.getDefiningOp();
+    if (!op || !isa<MatMulOp, GemmOp>(op) || used.contains(op))
+      return false; // not a linear head, or split as a pair's second layer
+    auto remark = [&](const Twine &why) {
+      op->emitRemark() << "forge-shard-tensor-parallel: the vocabulary of '" << spec->output
+                       << "' is not split over " << int64_t(size) << " ranks: " << why;
+      return false;
+    };
+    std::string why;
+    std::optional<Product> head = asProduct(op, why, /*lookups=*/true);
+    if (!head)
+      return remark(why.empty() ? "its weight is no initializer of its own" : why);
+    auto type = cast<RankedTensorType>(logits.getType());
+    const int64_t classes = type.getShape().back(), axis = head->transB ? 0 : 1;
+    if (!logits.hasOneUse())
+      return remark("the logits have readers besides the return");
+    if (classes % size != 0)
+      return remark(Twine(classes) + " classes do not divide by " + Twine(int64_t(size)));
+    SmallVector<GatherOp> lookups;
+    for (OpOperand &use : head->weight->getUses())
+      if (isRowLookup(use))
+        lookups.push_back(cast<GatherOp>(use.getOwner()));
+    if (!lookups.empty() && axis != 0)
+      return remark("its weight is [hidden, classes] but row lookups read it as [classes, "
+                    "hidden]");
+    ConstantOp bias;
+    if (head->bias && !(bias = biasRow(head->bias, classes)))
+      return remark("its bias is no row initializer of its own");
+
+    splitFirst(*head, bias, /*blocks=*/1);
+    used.insert(op);
+    SmallVector<Type> results(func.getResultTypes());
+    results[index] = logits.getType();
+    func.setFunctionType(FunctionType::get(&getContext(), func.getArgumentTypes(), results));
+    Builder attrs(&getContext());
+    func.setResultAttr(index, "forge.shard",
+                       attrs.getDictionaryAttr(
+                           {attrs.getNamedAttr("axis", attrs.getI64IntegerAttr(type.getRank() - 1)),
+                            attrs.getNamedAttr("group", attrs.getStringAttr(kGroup)),
+                            attrs.getNamedAttr("size", attrs.getI64IntegerAttr(size))}));
+    if (lookups.empty())
+      return true;
+    // The shard splitFirst made (the op's weight, or its transpose's input).
+    Value shard = head->transpose ? head->transpose.getInput() : op->getOperand(1);
+    const int64_t rows = classes / size;
+    for (GatherOp g : lookups) {
+      OpBuilder b(g);
+      ForgeBuilder fb(b, g.getLoc());
+      Value ids = fb.castTo(g.getIndices(), b.getI64Type());
+      Value local = fb.sub(ids, fb.rankOffset(kGroup, size, rows));
+      Value mine = fb.inRange(local, rows);
+      Value rowsOf =
+          b.create<GatherOp>(g.getLoc(), shard, fb.where(mine, local, fb.intScalar(0)),
+                             g.getAxisAttr())
+              .getResult();
+      SmallVector<int64_t> maskShape(cast<RankedTensorType>(mine.getType()).getShape());
+      maskShape.push_back(1);
+      Value kept = fb.where(fb.reshape(mine, maskShape), rowsOf,
+                            fb.scalar(0.0, ForgeBuilder::elementOf(rowsOf)));
+      auto sum = b.create<AllReduceOp>(g.getLoc(), TypeRange{g.getType()}, ValueRange{kept}, kGroup,
+                                       "sum", size);
+      g.getResult().replaceAllUsesWith(sum.getResult(0));
+      g.erase();
+    }
+    return true;
   }
 
   /// `c`'s slice along `axis` (`blocks` blocks, each split over the group).

@@ -12,15 +12,20 @@ tensor-parallel group read the same batch; the D groups take the global batch's 
 Cases: mlp_adamw T=2 (with gradient clipping: the norm sums the slices' squares over the
 group); mlp_adamw D=2 x T=2 (four ranks), and the same with ZeRO-1 (--zero 1: the optimizer
 state of the parameters left whole by --tp split over the D ranks); gpt_adamw T=2 (each
-block's MLP, PyTorch Linears imported as MatMul of a transposed weight, split over 2 ranks).
+block's MLP, PyTorch Linears imported as MatMul of a transposed weight, split over 2 ranks,
+and its vocabulary: the tied embedding's rows and the logits' classes, the cross-entropy
+computed on the split logits; the dump shows the logits output as this rank's 32 of 64
+classes); cnn_adamw T=2 (nothing but its classifier head to split: its 10 classes).
 Checkpoints hold whole tensors: the T=2 run's step-10 checkpoint resumes in one process
 with the unsplit bundle, and steps 11-20 match. Errors: a --tp bundle without a group
-names --tp and --nproc; a model with nothing to split is refused by forgec.
+names --tp and --nproc; a model with nothing to split (the cnn with an mse loss: no pair and
+no classes) is refused by forgec.
 
 Usage:
   test_tensor_parallel.py [--bin-dir DIR | --forgec F --forge-train T] [--fixtures-dir DIR]
 """
 import argparse
+import json
 import os
 import re
 import sys
@@ -50,7 +55,7 @@ def main():
     # flags of both bundles, flags of the partitioned one only)
     cases = [("mlp_adamw", 2, 1, 8, ["--clip-grad-norm", "0.5"], []),
              ("mlp_adamw", 2, 2, 4, [], []), ("mlp_adamw", 2, 2, 4, [], ["--zero", "1"]),
-             ("gpt_adamw", 2, 1, 4, [], [])]
+             ("gpt_adamw", 2, 1, 4, [], []), ("cnn_adamw", 2, 1, 4, [], [])]
     with tempfile.TemporaryDirectory(prefix="forge-tp-") as tmp:
         for fixture_name, t, d, b, flags, own in cases:
             fixture = os.path.join(a.fixtures_dir, fixture_name)
@@ -74,6 +79,19 @@ def main():
                 pb.append(int(m.group(2)) if m else -1)
             rep.check(f"{tag}: parameters split", 0 < pb[0] < pb[1],
                       f"{pb[0]} bytes per rank vs {pb[1]} whole")
+            if fixture_name == "gpt_adamw":  # the vocabulary: the logits are this rank's classes
+                dump = os.path.join(tmp, "gpt-dump")
+                rc, log = compile_(forgec, fixture, os.path.join(tmp, "gptdump.forge"), b,
+                                   extra + ["--dump-dir", dump])
+                names = sorted(os.listdir(dump)) if os.path.isdir(dump) else []
+                shard = [n for n in names if n.endswith("forge-shard-tensor-parallel.mlir")]
+                text = open(os.path.join(dump, shard[0])).read() if shard else ""
+                rep.check(f"{tag}: the vocabulary is split (logits: 32 of 64 classes)",
+                          rc == 0 and f"tensor<{b}x16x32xf32> {{forge.name = \"logits\", "
+                          "forge.shard = {axis = 2 : i64, group = \"tp\", size = 2 : i64}}" in text
+                          and "forge.shard %0 {axis = 0 : i64, group = \"tp\", size = 2 : i64} : "
+                          "(tensor<64x32xf32>) -> tensor<32x32xf32>" in text,
+                          e2e.failure(rc, log) if rc else str(shard))
             ckpt = os.path.join(tmp, f"ckpt{t}{d}{z}")
             resume = d == 1 and fixture_name == "mlp_adamw"
             exported = os.path.join(tmp, f"tp{t}{d}{z}.onnx")
@@ -148,6 +166,35 @@ def main():
         rep.check("mlp_adamw --tp 2: eval losses == one process",
                   all(rc == 0 for rc, _, _ in runs) and len(ev[0]) == 2 and len(ev[1]) == 2 and
                   all(abs(a - b) <= TOL * abs(b) for a, b in zip(*ev)), str(ev))
+        # The vocabulary-parallel loss with label smoothing (its class mean summed over the
+        # group) and its eval (loss and accuracy from the split logits), gpt T=2 vs one process.
+        gpt = os.path.join(a.fixtures_dir, "gpt_adamw")
+        gdata = os.path.join(gpt, "batches.npz")
+        runs = []
+        for name, extra in (("gs_tp", ["--tp", "2"]), ("gs_one", [])):
+            bundle = os.path.join(tmp, name + ".forge")
+            rc, _, log = e2e.run([forgec, os.path.join(gpt, "model.onnx"), "--batch", "4",
+                                  "--loss", "cross_entropy:logits,labels,smoothing=0.1",
+                                  "--optimizer", "adamw:lr=0.01", "-o", bundle] + extra, 300)
+            if not rep.check(f"gpt smoothing {' '.join(extra) or 'one'}: forgec", rc == 0,
+                             e2e.failure(rc, log)):
+                break
+            metrics = os.path.join(tmp, name + ".jsonl")
+            runs.append(e2e.run([forge_train, bundle, "--data", gdata, "--eval-data", gdata,
+                                 "--eval-every", "5", "--steps", "10", "--threads", "1",
+                                 "--seed", "3", "--metrics", metrics] +
+                                (["--nproc", "2"] if extra else []), 300) + (metrics,))
+        if len(runs) == 2 and rep.check("gpt smoothing --tp 2 and one process: forge-train",
+                                        all(r[0] == 0 for r in runs),
+                                        "; ".join(e2e.failure(r[0], r[2]) for r in runs)):
+            rows = [[json.loads(line) for line in open(r[3])] for r in runs]
+            keys = ("loss", "eval_loss", "eval_accuracy")
+            got = [[(row[k]) for row in rs for k in keys if k in row] for rs in rows]
+            evals = sum(1 for row in rows[0] if "eval_loss" in row)
+            w = max((abs(x - y) / max(abs(y), 1e-12) for x, y in zip(*got)), default=float("inf"))
+            rep.check("gpt smoothing --tp 2: losses, eval losses and accuracies == one process",
+                      len(got[0]) == len(got[1]) == 10 + 2 * evals and evals == 2 and w <= TOL,
+                      f"{len(got[0])} vs {len(got[1])} values, {evals} evals, worst rel {w:.2e}")
         rc, _, log = e2e.run([forge_train, tp2, "--data", data, "--steps", "2"], 120)
         rep.check("tp bundle without a group", rc not in (0, None) and "--tp 2" in log and
                   "--nproc" in log, e2e.tail(log, 2))
@@ -155,10 +202,12 @@ def main():
                              120)
         rep.check("--nproc 3 for a --tp 2 bundle", rc not in (0, None) and "this run has 3" in log,
                   e2e.tail(log, 2))
-        cnn = os.path.join(a.fixtures_dir, "cnn_adamw")
-        rc, log = compile_(forgec, cnn, os.path.join(tmp, "cnn.forge"), 4, ["--tp", "2"])
-        rep.check("forgec --tp on a model without a matmul pair", rc not in (0, None) and
-                  "no pair of matmuls to split" in log, e2e.tail(log, 2))
+        cnn = os.path.join(a.fixtures_dir, "cnn_adamw", "model.onnx")
+        rc, _, log = e2e.run([forgec, cnn, "--batch", "4", "--loss", "mse:logits,target",
+                              "--optimizer", "adamw", "--tp", "2",
+                              "-o", os.path.join(tmp, "cnn.forge")], 300)
+        rep.check("forgec --tp on a model without a matmul pair or classes", rc not in (0, None)
+                  and "no pair of matmuls to split" in log, e2e.tail(log, 2))
     return rep.summary()
 
 

@@ -5,8 +5,11 @@
 // rank's gradient is a part of the whole, so the rule sums them over the
 // group; where the row-parallel matmul's partial products are summed
 // (forge.all_reduce, "sum"), every rank holds the same cotangent of the sum,
-// which is each partial product's gradient. The data-parallel mean is made
-// after differentiation and has no rule.
+// which is each partial product's gradient. The vocabulary-parallel loss
+// gathers every rank's log-sum-exp (forge.all_gather) and computes on the
+// whole replicated: rank r's gradient is part r of the cotangent. The
+// data-parallel mean and ZeRO-1's collectives are made after differentiation
+// and have no rule.
 //
 //===----------------------------------------------------------------------===//
 #include "RuleUtils.h"
@@ -29,5 +32,12 @@ FORGE_GRADIENT(AllReduceOp) {
                          << "' (only the tensor-parallel sum is differentiated)";
   for (Value g : resultGrads)
     operandGrads.push_back(g);
+  return success();
+}
+
+FORGE_GRADIENT(AllGatherOp) {
+  auto part = builder.create<RankSliceOp>(getLoc(), getInput().getType(), resultGrads[0],
+                                          getGroup(), getSize());
+  operandGrads.push_back(part.getResult());
   return success();
 }

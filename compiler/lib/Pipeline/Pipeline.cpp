@@ -137,6 +137,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   if (options.tensorParallel > 1) {
     ShardTensorParallelOptions tp;
     tp.size = options.tensorParallel;
+    tp.loss = options.train.loss; // a cross_entropy's logits: split by vocabulary
     pm.addNestedPass<func::FuncOp>(createShardTensorParallel(tp));
   }
   // Stage "pipeline stages" (--pp): the forward cut into cost-balanced

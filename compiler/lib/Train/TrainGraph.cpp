@@ -490,35 +490,120 @@ FailureOr<SmallVector<Value>> differentiate(OpBuilder &b, Block &block, Value lo
   return result;
 }
 
+/// A logits output split by vocabulary (forge-shard-tensor-parallel's
+/// forge.shard on the result): rank r of the `size` ranks of `group` holds
+/// classes [r C, (r + 1) C) of every row, C the output's last dim.
+struct ClassShard {
+  std::string group;
+  int64_t size = 1;
+};
+
 /// Cross-entropy's view of a model output: classes on the last dim ([N, C] or
-/// [N, T, C]) as rows of C, the labels as one per row, and the log-softmax.
+/// [N, T, C]) as rows of C, the labels as one per row, and either the
+/// log-softmax (whole classes) or, for a vocabulary split (`shard`), the
+/// pieces of Megatron's vocabulary-parallel cross-entropy: every row's
+/// log-sum-exp over all ranks' classes and its label's logit. No rank ever
+/// holds a row's whole logits: each makes its part's log-sum-exp, the group
+/// gathers those [ranks, rows] (forge.all_gather, whose rule hands each rank
+/// its row of the cotangent) and combines them; the label's logit is read
+/// on the rank holding it, zero elsewhere, and summed (forge.all_reduce).
 struct ClassRows {
   int64_t rows = 0;
-  Value logits, labels, logProb;
-  /// 1 where the row's argmax is its label (f32, [rows]).
+  Value logits, labels, logProb; // logProb: whole classes only
+  const ClassShard *shard = nullptr;
+  Value lse, picked, localMax; // split: [rows] f32, [rows] f32, [rows, 1]
+
+  /// Per row: -log p(label), [rows].
+  Value terms(Builder &bb) const {
+    if (!shard)
+      return bb.b.create<NllLossOp>(bb.loc, logProb, labels, Value(), bb.b.getStringAttr("none"),
+                                    IntegerAttr());
+    return bb.sub(lse, picked);
+  }
+  /// The mean over rows of terms(): nll_loss's own mean for whole classes.
+  Value meanTerms(Builder &bb) const {
+    if (!shard)
+      return bb.b.create<NllLossOp>(bb.loc, logProb, labels, Value(), bb.b.getStringAttr("mean"),
+                                    IntegerAttr());
+    return bb.meanAll(terms(bb));
+  }
+  /// The mean of log p over every row and class (label smoothing's term):
+  /// split, (sum of all logits - classes * sum of lse) / (rows * classes).
+  Value meanLogProb(Builder &bb) const {
+    if (!shard)
+      return bb.meanAll(logProb);
+    int64_t classes = cast<RankedTensorType>(logits.getType()).getDimSize(1) * shard->size;
+    Value sum = bb.sumAll(logits);
+    sum = bb.b.create<AllReduceOp>(bb.loc, TypeRange{sum.getType()}, ValueRange{sum},
+                                   shard->group, "sum", shard->size)
+              .getResult(0);
+    Value total = bb.sub(sum, bb.mulScalar(bb.sumAll(lse), double(classes)));
+    return bb.mulScalar(total, 1.0 / double(rows * classes));
+  }
+  /// 1 where the row's argmax is its label (f32, [rows]). Split: where the
+  /// label's logit is the largest of the row's (an exact tie with a smaller
+  /// class counts as a hit here, not for argmax).
   Value hits(Builder &bb) const {
     OpBuilder &b = bb.b;
+    if (shard) {
+      Value best = bb.reduceMax(gatherRows(bb, localMax), {0}, false);
+      return bb.where(bb.less(picked, best), bb.scalar(0.0), bb.scalar(1.0));
+    }
     Value pred = b.create<ArgMaxOp>(bb.loc, logits, b.getI64IntegerAttr(1), b.getBoolAttr(false),
                                     b.getBoolAttr(false));
     Value hit = b.create<EqualOp>(bb.loc, pred, bb.castTo(labels, b.getI64Type()));
     return bb.castTo(hit, b.getF32Type());
   }
+  /// Every rank's [rows, 1] column `v` as the rows of a [ranks, rows].
+  Value gatherRows(Builder &bb, Value v) const {
+    auto type = RankedTensorType::get({shard->size, rows}, Builder::elementOf(v));
+    return bb.b.create<AllGatherOp>(bb.loc, type, bb.reshape(v, {1, rows}), shard->group,
+                                    shard->size)
+        .getResult();
+  }
 };
 
-ClassRows classRows(Builder &bb, Value output, Value label) {
+ClassRows classRows(Builder &bb, Value output, Value label, const ClassShard *shard) {
   auto type = cast<RankedTensorType>(output.getType());
   ClassRows c;
   int64_t classes = type.getShape().back();
   c.rows = type.getNumElements() / classes;
   c.logits = bb.reshape(output, {c.rows, classes});
   c.labels = bb.reshape(label, {c.rows});
-  c.logProb = bb.b.create<LogSoftmaxOp>(bb.loc, c.logits, bb.b.getI64IntegerAttr(1));
+  c.shard = shard;
+  if (!shard) {
+    c.logProb = bb.b.create<LogSoftmaxOp>(bb.loc, c.logits, bb.b.getI64IntegerAttr(1));
+    return c;
+  }
+  // This part's log-sum-exp, then the whole row's from the gathered parts:
+  // both shifted by their maximum (no overflow).
+  auto logSumExp = [&](Value x, int64_t axis, Value &max) {
+    max = bb.reduceMax(x, {axis}, true);
+    return bb.add(bb.log(bb.reduceSum(bb.exp(bb.sub(x, max)), {axis}, true)), max);
+  };
+  Value partMax, rowMax;
+  Value part = logSumExp(c.logits, 1, partMax);
+  c.localMax = partMax;
+  c.lse = bb.reshape(logSumExp(c.gatherRows(bb, part), 0, rowMax), {c.rows});
+  // The label's logit, on the rank whose classes hold it.
+  Value local = bb.sub(bb.castTo(c.labels, bb.b.getI64Type()),
+                       bb.rankOffset(shard->group, shard->size, classes));
+  Value mine = bb.inRange(local, classes);
+  Value column = bb.reshape(bb.where(mine, local, bb.intScalar(0)), {c.rows, 1});
+  Value logit = bb.reshape(
+      bb.b.create<GatherElementsOp>(bb.loc, c.logits, column, bb.b.getI64IntegerAttr(1)),
+      {c.rows});
+  logit = bb.where(mine, logit, bb.scalar(0.0, Builder::elementOf(logit)));
+  c.picked = bb.b.create<AllReduceOp>(bb.loc, TypeRange{logit.getType()}, ValueRange{logit},
+                                      shard->group, "sum", shard->size)
+                 .getResult(0);
   return c;
 }
 
 /// The loss on top of a model output; returns {loss, correct-count or null}.
 FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, Value output,
-                                             Value label, bool wantCorrect) {
+                                             Value label, bool wantCorrect,
+                                             const ClassShard *shard) {
   OpBuilder &b = bb.b;
   Location loc = bb.loc;
   if (spec.kind == "output") {
@@ -529,12 +614,11 @@ FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, 
   }
   auto type = cast<RankedTensorType>(output.getType());
   if (spec.kind == "cross_entropy") {
-    ClassRows c = classRows(bb, output, label);
-    Value loss = b.create<NllLossOp>(loc, c.logProb, c.labels, Value(), b.getStringAttr("mean"),
-                                     IntegerAttr());
+    ClassRows c = classRows(bb, output, label, shard);
+    Value loss = c.meanTerms(bb);
     if (spec.smoothing > 0) // (1 - s) NLL + s mean(-log p): every row's class mean, averaged
       loss = bb.sub(bb.mulScalar(loss, 1.0 - spec.smoothing),
-                    bb.mulScalar(bb.meanAll(c.logProb), spec.smoothing));
+                    bb.mulScalar(c.meanLogProb(bb), spec.smoothing));
     return std::make_pair(loss, wantCorrect ? bb.sumAll(c.hits(bb)) : Value());
   }
   Value target = bb.castTo(label, type.getElementType());
@@ -555,7 +639,8 @@ FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, 
 /// form (the model's own scalar, or an output without the batch on dim 0).
 FailureOr<std::pair<Value, Value>> buildWeightedEvalLoss(Builder &bb, const LossSpec &spec,
                                                          Value output, Value label,
-                                                         Value weight, bool wantCorrect) {
+                                                         Value weight, bool wantCorrect,
+                                                         const ClassShard *shard) {
   OpBuilder &b = bb.b;
   Location loc = bb.loc;
   Type f32 = b.getF32Type();
@@ -571,9 +656,8 @@ FailureOr<std::pair<Value, Value>> buildWeightedEvalLoss(Builder &bb, const Loss
     return bb.div(bb.sumAll(bb.mul(perSample, w)), denominator);
   };
   if (spec.kind == "cross_entropy") {
-    ClassRows c = classRows(bb, output, label);
-    Value terms = b.create<NllLossOp>(loc, c.logProb, c.labels, Value(), b.getStringAttr("none"),
-                                      IntegerAttr());
+    ClassRows c = classRows(bb, output, label, shard);
+    Value terms = c.terms(bb);
     Value correct;
     if (wantCorrect)
       correct = bb.sumAll(bb.mul(bb.reshape(c.hits(bb), {n, c.rows / n}), w));
@@ -631,6 +715,7 @@ private:
   MLIRContext *ctx;
   std::vector<Param> params, states;
   int64_t outputIndex = -1;
+  std::optional<ClassShard> outputShard; // the loss's logits split by vocabulary
   RankedTensorType labelType;
   bool unbiasedRunningVar = false; // TrainOptions::unbiasedRunningVar, resolved
   // Pipeline marks of the train step being built (null without --pp), and
@@ -1001,7 +1086,8 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     }
     Value output = map.lookup(ret.getOperand(outputIndex));
     Value label = hasLabel ? entry->getArgument(m * perMicro + numData) : Value();
-    auto loss = buildLoss(bb, options.loss, output, label, /*wantCorrect=*/false);
+    auto loss = buildLoss(bb, options.loss, output, label, /*wantCorrect=*/false,
+                          outputShard ? &*outputShard : nullptr);
     if (failed(loss))
       return failure();
     // The loss runs where the output is made.
@@ -1287,9 +1373,11 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
   bool wantCorrect = options.loss.kind == "cross_entropy";
   auto loss = weighted ? buildWeightedEvalLoss(bb, options.loss, output,
                                                entry->getArgument(numData),
-                                               entry->getArgument(weightArg), wantCorrect)
+                                               entry->getArgument(weightArg), wantCorrect,
+                                               outputShard ? &*outputShard : nullptr)
                        : buildLoss(bb, options.loss, output,
-                                   hasLabel ? entry->getArgument(numData) : Value(), wantCorrect);
+                                   hasLabel ? entry->getArgument(numData) : Value(), wantCorrect,
+                                   outputShard ? &*outputShard : nullptr);
   if (failed(loss))
     return failure();
   evalMarks.stamp(pipelineStageOf(output.getDefiningOp()));
@@ -1350,11 +1438,26 @@ LogicalResult TrainGraphBuilder::run() {
   if (failed(collectParams(main)))
     return failure();
   auto outType = cast<RankedTensorType>(main.getResultTypes()[outputIndex]);
+  if (auto split = main.getResultAttrOfType<DictionaryAttr>(outputIndex, "forge.shard")) {
+    auto axis = split.getAs<IntegerAttr>("axis");
+    auto group = split.getAs<StringAttr>("group");
+    auto size = split.getAs<IntegerAttr>("size");
+    if (!axis || !group || !size || size.getInt() < 1 ||
+        axis.getInt() != outType.getRank() - 1)
+      return main.emitError() << "output '" << options.loss.output
+                              << "': forge.shard must be {axis = its last dim, group, size}, not "
+                              << split;
+    outputShard = ClassShard{group.getValue().str(), size.getInt()};
+  }
   if (options.loss.kind == "cross_entropy") {
     if (outType.getRank() < 2 || !isa<FloatType>(outType.getElementType()))
       return main.emitError() << "cross_entropy needs float logits of rank >= 2, '"
                               << options.loss.output << "' is " << outType;
     labelType = RankedTensorType::get(outType.getShape().drop_back(), IntegerType::get(ctx, 64));
+  } else if (main.getResultAttr(outputIndex, "forge.shard")) {
+    return main.emitError() << "output '" << options.loss.output
+                            << "' is split by vocabulary (forge.shard): only a cross_entropy "
+                               "loss reads it";
   } else if (options.loss.kind != "output") {
     labelType = outType;
   }

@@ -2,8 +2,9 @@
 //
 // Builds forge pointwise ops, scalars, sums and casts at one location with
 // inferred result types: what the train-step construction (the optimizer and
-// the loss) and forge-assign-layout (expanded batch norms) write their math
-// with. Included by those two only (it pulls in the ops' declarations).
+// the loss), forge-assign-layout (expanded batch norms) and
+// forge-shard-tensor-parallel (the vocabulary-parallel embedding) write their
+// math with. Included by those only (it pulls in the ops' declarations).
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -27,12 +28,47 @@ public:
     auto type = RankedTensorType::get({}, element);
     return b.create<ConstantOp>(loc, DenseElementsAttr::get(type, b.getFloatAttr(element, v)));
   }
+  /// A rank-0 integer constant of `element` (i64 when null).
+  Value intScalar(int64_t v, Type element = {}) {
+    element = element ? element : b.getI64Type();
+    auto type = RankedTensorType::get({}, element);
+    return b.create<ConstantOp>(loc, DenseElementsAttr::get(type, b.getIntegerAttr(element, v)));
+  }
+  /// This rank's `r * stride` as a [1] i64 tensor, r its place in the `size`
+  /// ranks of `group`: forge.rank_slice of the constant [0, stride, ..]. A
+  /// vocabulary-parallel shard's first class (stride: the classes per rank).
+  Value rankOffset(StringRef group, int64_t size, int64_t stride) {
+    SmallVector<int64_t> offsets;
+    for (int64_t r = 0; r < size; ++r)
+      offsets.push_back(r * stride);
+    auto whole = RankedTensorType::get({size}, b.getI64Type());
+    Value c = b.create<ConstantOp>(loc, DenseElementsAttr::get(whole, ArrayRef<int64_t>(offsets)));
+    return b.create<RankSliceOp>(loc, RankedTensorType::get({1}, b.getI64Type()), c, group, size)
+        .getResult();
+  }
   Value add(Value x, Value y) { return b.create<AddOp>(loc, x, y); }
   Value sub(Value x, Value y) { return b.create<SubOp>(loc, x, y); }
   Value mul(Value x, Value y) { return b.create<MulOp>(loc, x, y); }
   Value div(Value x, Value y) { return b.create<DivOp>(loc, x, y); }
   Value max(Value x, Value y) { return b.create<MaxOp>(loc, x, y); }
   Value sqrt(Value x) { return b.create<SqrtOp>(loc, x); }
+  Value exp(Value x) { return b.create<ExpOp>(loc, x); }
+  Value log(Value x) { return b.create<LogOp>(loc, x); }
+  Value where(Value c, Value x, Value y) { return b.create<WhereOp>(loc, c, x, y); }
+  Value less(Value x, Value y) { return b.create<LessOp>(loc, x, y); }
+  Value greater(Value x, Value y) { return b.create<GreaterOp>(loc, x, y); }
+  Value logicalAnd(Value x, Value y) { return b.create<AndOp>(loc, x, y); }
+  Value reduceSum(Value x, ArrayRef<int64_t> axes, bool keepdims) {
+    return b.create<ReduceSumOp>(loc, x, b.getDenseI64ArrayAttr(axes), b.getBoolAttr(keepdims));
+  }
+  Value reduceMax(Value x, ArrayRef<int64_t> axes, bool keepdims) {
+    return b.create<ReduceMaxOp>(loc, x, b.getDenseI64ArrayAttr(axes), b.getBoolAttr(keepdims));
+  }
+  /// Whether 0 <= x < n, for integer x (a class index and a shard's width).
+  Value inRange(Value x, int64_t n) {
+    Type e = elementOf(x);
+    return logicalAnd(greater(x, intScalar(-1, e)), less(x, intScalar(n, e)));
+  }
   Value reciprocal(Value x) { return b.create<ReciprocalOp>(loc, x); }
   Value mulScalar(Value x, double s) { return mul(x, scalar(s, elementOf(x))); }
   Value sumAll(Value x) {

@@ -800,17 +800,29 @@ def Forge_ReduceScatterOp : Op<Forge_Dialect, "reduce_scatter"> {
   let hasVerifier = 1;
 }
 
-def Forge_AllGatherOp : Op<Forge_Dialect, "all_gather"> {
+def Forge_AllGatherOp : Op<Forge_Dialect, "all_gather",
+    [DeclareOpInterfaceMethods<Forge_DifferentiableOpInterface>]> {
   let summary = "The whole tensor from every rank's part along dim 0";
   let description = [{
     Rank r of `group` passes part r; every rank gets the parts concatenated
     along dim 0 in rank order. ZeRO-1's parameter gather after each rank
-    updated its part. Not Pure (a collective).
+    updated its part (made after differentiation), and the vocabulary-parallel
+    loss's gather of every rank's log-sum-exp (forge-build-train-step, on a
+    logits output split by forge-shard-tensor-parallel). Not Pure (a
+    collective). Its gradient rule is for the loss's use: what follows the
+    gather is replicated over the group, so every rank holds the same
+    cotangent of the whole, and part r of it (forge.rank_slice) is rank r's
+    gradient.
   }];
   let arguments = (ins AnyForgeTensor:$input, StrAttr:$group, I64Attr:$size);
   let results = (outs AnyForgeTensor:$result);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    static constexpr bool kDifferentiable = true;
+    ::llvm::LogicalResult buildGradientRule(::mlir::OpBuilder &builder,
+        ::mlir::ValueRange resultGrads, ::llvm::SmallVectorImpl<::mlir::Value> &operandGrads);
+  }];
 }
 
 // Pipeline parallelism (forgec --pp P): made by forge-split-pipeline-stages,
