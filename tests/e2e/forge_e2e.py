@@ -116,6 +116,24 @@ def failure(rc, out, n=4):
     return tail(out, n) if rc is None else f"exit {rc}: {tail(out, n)}"
 
 
+def keep_only_checkpoint(ckpt_dir, name):
+    """Removes every checkpoint in ckpt_dir but `name` (a file, or a sharded checkpoint's
+    directory of rank files) and points `latest` at it, as if the run had stopped there."""
+    for f in os.listdir(ckpt_dir):
+        if f.startswith("ckpt-") and f != name:
+            path = os.path.join(ckpt_dir, f)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    with open(os.path.join(ckpt_dir, "latest"), "w") as f:
+        f.write(name + "\n")
+
+
+def sharded_checkpoint(ckpt_dir, name, ranks):
+    """Whether ckpt_dir/name is a sharded checkpoint: a directory of one file per rank."""
+    path = os.path.join(ckpt_dir, name)
+    want = {f"rank-{r:05d}-of-{ranks:05d}.forgeckpt" for r in range(ranks)}
+    return os.path.isdir(path) and set(os.listdir(path)) == want
+
+
 def rel(a, b):
     """||a - b|| / ||b|| (L2, float64; ||a - b|| when b is all zeros)."""
     a = np.asarray(a, dtype=np.float64)

@@ -156,7 +156,9 @@ def main():
             rc, log, losses, params = train(
                 forge_train, dp, data, tmp, f"dp{d}{k}{fixture_name}{'z' if zero else ''}",
                 ["--nproc", str(d), "--steps", str(STEPS)] +
-                (["--ckpt-dir", ckpt, "--ckpt-every", "10"] if resume else []))
+                (["--ckpt-dir", ckpt, "--ckpt-every", "10"] if resume else []) +
+                # Sharded checkpoints (a file per rank) by default; one whole file on request.
+                (["--ckpt-format", "whole"] if resume and not zero else []))
             if not rep.check(f"{tag}: forge-train --nproc {d}", rc == 0, e2e.failure(rc, log)):
                 continue
             rc, log, ref_losses, ref_params = train(forge_train, one, data, tmp,
@@ -174,11 +176,15 @@ def main():
                       worst <= TOL, f"{len(params)} tensors, worst rel {worst:.2e}")
             if resume:
                 files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
-                rep.check(f"{tag}: rank 0 wrote the checkpoints", any("ckpt-10" in f for f in files)
-                          and any("ckpt-20" in f for f in files), str(files))
-                os.remove(os.path.join(ckpt, "ckpt-20.forgeckpt"))
-                with open(os.path.join(ckpt, "latest"), "w") as f:
-                    f.write("ckpt-10.forgeckpt\n")
+                if zero:
+                    rep.check(f"{tag}: the ranks wrote sharded checkpoints (a file each)",
+                              all(e2e.sharded_checkpoint(ckpt, f"ckpt-{s}.forgeckpt", d)
+                                  for s in (10, 20)), str(files))
+                else:
+                    rep.check(f"{tag}: --ckpt-format whole: rank 0 wrote one file each",
+                              all(os.path.isfile(os.path.join(ckpt, f"ckpt-{s}.forgeckpt"))
+                                  for s in (10, 20)), str(files))
+                e2e.keep_only_checkpoint(ckpt, "ckpt-10.forgeckpt")
                 rc, log, res_losses, res_params = train(
                     forge_train, one, data, tmp, f"resumed{'z' if zero else ''}",
                     ["--steps", str(STEPS), "--ckpt-dir", ckpt, "--resume"])
@@ -235,8 +241,8 @@ def main():
         rep.check("Ctrl-C to one rank stops both after the same step", rc == 130 and dt < 60 and
                   stopped > 0 and "stopping the other" not in log and "timed out" not in log,
                   f"status {rc}, {dt:.1f} s: " + e2e.tail(log, 3))
-        rep.check("... and rank 0 wrote that step's checkpoint",
-                  os.path.exists(os.path.join(ckpt, f"ckpt-{stopped}.forgeckpt")),
+        rep.check("... and the ranks wrote that step's checkpoint",
+                  e2e.sharded_checkpoint(ckpt, f"ckpt-{stopped}.forgeckpt", 2),
                   str(sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else "no directory"))
         rc, _, log = e2e.run([forge_train, dp2, "--data", data, "--nproc", "2", "--threads", "1",
                               "--steps", str(stopped + 2), "--ckpt-dir", ckpt, "--resume"], 120)

@@ -142,14 +142,11 @@ def main():
                       f"{len(names)} tensors vs {len(params)}, worst rel {worst:.2e}")
             if resume:
                 files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
-                if not rep.check(f"{tag}: rank 0 wrote the checkpoints",
-                                 "ckpt-10.forgeckpt" in files, str(files)):
+                if not rep.check(f"{tag}: the stages wrote sharded checkpoints (a file each)",
+                                 e2e.sharded_checkpoint(ckpt, "ckpt-10.forgeckpt", p * d * t),
+                                 str(files)):
                     continue
-                for f in files:
-                    if f.startswith("ckpt-") and f != "ckpt-10.forgeckpt":
-                        os.remove(os.path.join(ckpt, f))
-                with open(os.path.join(ckpt, "latest"), "w") as f:
-                    f.write("ckpt-10.forgeckpt\n")
+                e2e.keep_only_checkpoint(ckpt, "ckpt-10.forgeckpt")
                 rc, log, res_losses, res_params = train(
                     forge_train, one, data, tmp, "resumed",
                     ["--steps", str(STEPS), "--ckpt-dir", ckpt, "--resume"])
@@ -159,11 +156,7 @@ def main():
                     rep.check(f"{tag}: resumed losses 11-20 == the P={p} run's",
                               len(res_losses) >= 10 and w <= TOL, f"worst rel {w:.2e}")
                 # And on the stages again: each loads the whole checkpoint, keeps its own.
-                for f in os.listdir(ckpt):
-                    if f.startswith("ckpt-") and f != "ckpt-10.forgeckpt":
-                        os.remove(os.path.join(ckpt, f))
-                with open(os.path.join(ckpt, "latest"), "w") as f:
-                    f.write("ckpt-10.forgeckpt\n")
+                e2e.keep_only_checkpoint(ckpt, "ckpt-10.forgeckpt")
                 rc, log, res_losses, _ = train(
                     forge_train, pp, data, tmp, "resumed_pp",
                     ["--nproc", str(p), "--steps", str(STEPS), "--timeout", "60",

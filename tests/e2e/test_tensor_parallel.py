@@ -56,6 +56,7 @@ def main():
     cases = [("mlp_adamw", 2, 1, 8, ["--clip-grad-norm", "0.5"], []),
              ("mlp_adamw", 2, 2, 4, [], []), ("mlp_adamw", 2, 2, 4, [], ["--zero", "1"]),
              ("gpt_adamw", 2, 1, 4, [], []), ("cnn_adamw", 2, 1, 4, [], [])]
+    t2_run = None  # (checkpoint directory, losses) of the mlp T=2 run
     with tempfile.TemporaryDirectory(prefix="forge-tp-") as tmp:
         for fixture_name, t, d, b, flags, own in cases:
             fixture = os.path.join(a.fixtures_dir, fixture_name)
@@ -133,13 +134,12 @@ def main():
                                                                if n in inits]),
                           f"{len(same)} equal of {sorted(inits)}")
                 files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
-                if not rep.check(f"{tag}: rank 0 wrote the checkpoints",
-                                 "ckpt-10.forgeckpt" in files and "ckpt-20.forgeckpt" in files,
-                                 str(files)):
+                if not rep.check(f"{tag}: the ranks wrote sharded checkpoints (a file each)",
+                                 all(e2e.sharded_checkpoint(ckpt, f"ckpt-{s}.forgeckpt", t * d)
+                                     for s in (10, 20)), str(files)):
                     continue
-                os.remove(os.path.join(ckpt, "ckpt-20.forgeckpt"))
-                with open(os.path.join(ckpt, "latest"), "w") as f:
-                    f.write("ckpt-10.forgeckpt\n")
+                t2_run = (ckpt, losses)
+                e2e.keep_only_checkpoint(ckpt, "ckpt-10.forgeckpt")
                 rc, log, res_losses, res_params = train(
                     forge_train, one, data, tmp, "resumed",
                     ["--steps", str(STEPS), "--ckpt-dir", ckpt, "--resume"])
@@ -151,6 +151,41 @@ def main():
                     worst = max(e2e.rel(res_params[n], params[n]) for n in params)
                     rep.check(f"{tag}: resumed parameters == the T={t} run's", worst <= TOL,
                               f"worst rel {worst:.2e}")
+
+        # The T=2 run's sharded step-10 checkpoint on another layout: D=2 x T=2 with ZeRO-1
+        # (4 ranks, global batch 8 as before, the same clipping), each rank joining the
+        # pieces it needs.
+        z22 = os.path.join(tmp, "resume22.forge")
+        rc, log = compile_(forgec, os.path.join(a.fixtures_dir, "mlp_adamw"), z22, 4,
+                           ["--tp", "2", "--dp", "2", "--zero", "1", "--clip-grad-norm", "0.5"])
+        if rep.check("a T=2 run and a D=2 x T=2 bundle to resume it on",
+                     t2_run is not None and rc == 0, e2e.failure(rc, log)):
+            ckpt, t2_losses = t2_run
+            e2e.keep_only_checkpoint(ckpt, "ckpt-10.forgeckpt")
+            data = os.path.join(a.fixtures_dir, "mlp_adamw", "batches.npz")
+            rc, log, res_losses, _ = train(forge_train, z22, data, tmp, "resumed22",
+                                           ["--nproc", "4", "--steps", str(STEPS), "--ckpt-dir",
+                                            ckpt, "--resume"])
+            if rep.check("resume the T=2 sharded checkpoint on D=2 x T=2 with ZeRO-1", rc == 0
+                         and "resumed from" in log, e2e.failure(rc, log)):
+                w = worst_rel(res_losses[-10:], t2_losses[-10:])
+                rep.check("... losses 11-20 == the T=2 run's", len(res_losses) >= 10 and
+                          w <= TOL, f"worst rel {w:.2e}")
+                # Its final checkpoint: 4 ranks' files, each piece once (ZeRO's parts of the
+                # replicated fc2.bias state on the first tensor-parallel place only).
+                rep.check("... and its own checkpoint is sharded over the 4 ranks",
+                          e2e.sharded_checkpoint(ckpt, "ckpt-20.forgeckpt", 4),
+                          str(sorted(os.listdir(ckpt))))
+            # A rank's file alone is not a checkpoint; a missing rank's file is found.
+            part = os.path.join(ckpt, "ckpt-20.forgeckpt", "rank-00003-of-00004.forgeckpt")
+            if os.path.exists(part):
+                os.remove(part)
+                rc, log, _, _ = train(forge_train, z22, data, tmp, "resumed22b",
+                                      ["--nproc", "4", "--steps", str(STEPS + 2), "--ckpt-dir",
+                                       ckpt, "--resume"])
+                rep.check("a sharded checkpoint missing a rank's file is skipped, saying so",
+                          rc == 0 and "rank 3's file of 4 is missing" in log and
+                          "resumed from" in log and "at step 10" in log, e2e.tail(log, 4))
 
         # Errors.
         fixture = os.path.join(a.fixtures_dir, "mlp_adamw")

@@ -19,6 +19,8 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <zlib.h>
 
 #include "TrainTestUtil.h"
 
@@ -835,6 +837,90 @@ TEST(CheckpointTest, CorruptTruncatedAndForeignCheckpointsAreRefusedAndKept) {
   EXPECT_HAS(r.status(), "checkpoint of another model (source hash linear-test, this bundle has "
                          "another-model)");
   EXPECT_EQ(readFile(path), good);
+}
+
+// A sharded checkpoint (one file per rank, forge-train with several ranks) as its
+// ranks write it: here `w` [3, 1] split in 3 pieces along dim 0, one per rank file,
+// the state `m` whole in rank 0's. Reading the directory joins the pieces; a
+// missing rank's file, a missing piece or one rank's file alone is refused with
+// the executor unchanged.
+TEST(CheckpointTest, ShardedDirectoryJoinsPiecesAndRefusesIncompleteOnes) {
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  std::string dir = freshDir("sharded");
+  auto tr = makeTrainer(*bundle, 12, 1);
+  ASSERT_TRUE(tr);
+  run(*tr, 2);
+  ASSERT_TRUE(writeCheckpoint(dir + "/whole.forgeckpt", tr->executor(), tr->state()).isOk());
+  auto whole = readNpz(dir + "/whole.forgeckpt");
+  ASSERT_TRUE(whole.isOk());
+  const HostTensor &metaT = whole->at("forge_checkpoint");
+  const nlohmann::json meta = nlohmann::json::parse(metaT.bytes.begin(), metaT.bytes.end());
+  const HostTensor &w = whole->at("param/w");
+  ASSERT_EQ(w.shape, (std::vector<int64_t>{3, 1}));
+  const std::string ck = dir + "/ckpt-2.forgeckpt";
+  std::filesystem::create_directory(ck);
+  auto rankFile = [&](int r) { return ck + "/rank-0000" + std::to_string(r) + "-of-00003.forgeckpt"; };
+  // Rank r's file: w's piece r (and on rank 0 everything else, whole).
+  auto writeRank = [&](int r, bool withPiece) {
+    nlohmann::json m = meta;
+    m["version"] = 2;
+    m["shard"] = {{"rank", r}, {"ranks", 3}};
+    nlohmann::json tensors = nlohmann::json::array();
+    std::map<std::string, TensorView> arrays;
+    std::vector<uint8_t> piece(w.bytes.begin() + 4 * r, w.bytes.begin() + 4 * (r + 1));
+    for (const auto &t : meta["tensors"]) {
+      if (t["name"] == "w") {
+        if (!withPiece)
+          continue;
+        nlohmann::json e = t;
+        e["shape"] = {1, 1};
+        e["crc32"] = ::crc32_z(::crc32_z(0, nullptr, 0), piece.data(), piece.size());
+        e["part"] = {{"axis", 0}, {"index", r}, {"parts", 3}, {"blocks", 1}};
+        tensors.push_back(e);
+        arrays["param/w"] = TensorView{piece.data(), forge::bundle::F32, {1, 1}};
+      } else if (r == 0) {
+        tensors.push_back(t);
+        std::string member = t["kind"].get<std::string>() + "/" + t["name"].get<std::string>();
+        arrays[member] = whole->at(member).view();
+      }
+    }
+    m["tensors"] = tensors;
+    std::string text = m.dump();
+    std::vector<uint8_t> bytes(text.begin(), text.end());
+    arrays["forge_checkpoint"] = TensorView{bytes.data(), forge::bundle::U8,
+                                            {static_cast<int64_t>(bytes.size())}};
+    ASSERT_TRUE(writeNpz(rankFile(r), arrays).isOk());
+  };
+  for (int r = 0; r < 3; ++r)
+    writeRank(r, true);
+
+  auto target = makeTrainer(*bundle, 12, 1);
+  ASSERT_TRUE(target);
+  const std::vector<uint8_t> w0 = bytesOf(target->executor(), "w");
+  ASSERT_NE(w0, bytesOf(tr->executor(), "w"));
+  CheckpointError kind;
+  auto state = readCheckpoint(ck, target->executor(), &kind);
+  ASSERT_TRUE(state.isOk()) << state.status().message();
+  EXPECT_EQ(state->step, 2);
+  EXPECT_EQ(bytesOf(target->executor(), "w"), bytesOf(tr->executor(), "w"));
+  EXPECT_EQ(bytesOf(target->executor(), "m"), bytesOf(tr->executor(), "m"));
+  ASSERT_TRUE(target->executor().setPersistent(0, w0).isOk());
+
+  // One rank's file alone is not a checkpoint.
+  auto alone = readCheckpoint(rankFile(1), target->executor(), &kind);
+  EXPECT_HAS(alone.status(), "one rank's file of a sharded checkpoint");
+  // A piece in no rank's file.
+  writeRank(2, false);
+  auto noPiece = readCheckpoint(ck, target->executor(), &kind);
+  EXPECT_EQ(kind, CheckpointError::Corrupt);
+  EXPECT_HAS(noPiece.status(), "piece 2 of 3 of param 'w' is in no rank's file");
+  // A rank's file missing (a run killed while writing): refused, and skipped by resume.
+  std::filesystem::remove(rankFile(2));
+  auto missing = readCheckpoint(ck, target->executor(), &kind);
+  EXPECT_EQ(kind, CheckpointError::Corrupt);
+  EXPECT_HAS(missing.status(), "rank 2's file of 3 is missing");
+  EXPECT_EQ(bytesOf(target->executor(), "w"), w0);
 }
 
 TEST(CheckpointTest, DirectoryNeverOverwritesAndResumeSkipsCorruptOnes) {

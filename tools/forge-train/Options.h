@@ -47,6 +47,9 @@ struct Options {
   std::string metricsPath;
   std::string ckptDir;
   int64_t ckptEvery = 0;
+  /// auto | whole | sharded: with several ranks, auto is sharded (one file per
+  /// rank in a directory, no gather); whole gathers every tensor to rank 0.
+  std::string ckptFormat = "auto";
   bool resume = false;
   std::string exportOnnx, onnxModel;
   std::string dumpParams;

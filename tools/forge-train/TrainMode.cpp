@@ -672,7 +672,19 @@ Expected<int> train(const Options &opts, Progress &progress) {
   const Executor::DeviceInfo device = tr.executor().deviceInfo();
   SensorLog sensors;
 
+  // Several ranks write a sharded checkpoint (each its own pieces) unless
+  // --ckpt-format whole asks for one file that rank 0 writes.
+  const bool sharded = group && opts.ckptFormat != "whole";
   auto saveCheckpoint = [&]() -> Status {
+    if (sharded) { // every rank writes its file; a collective
+      auto path = ckpt->saveSharded(tr.executor(), tr.state(), *group);
+      if (!path)
+        return path.status().prefix("checkpoint");
+      lastCkpt = tr.stepsDone();
+      progress.message(fmt::format("checkpoint {} (step {}, {} ranks' files)", *path,
+                                   tr.stepsDone(), group->size()));
+      return Status::ok();
+    }
     // Split tensors (--tp) whole, from every rank: checkpoints hold whole tensors.
     auto whole = gatherShards(tr.executor());
     if (!whole)

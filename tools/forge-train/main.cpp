@@ -425,6 +425,14 @@ void addOptions(CLI::App &app, Options &opts) {
   app.add_option("--ckpt-every", opts.ckptEvery, "Checkpoint every N steps (needs --ckpt-dir)")
       ->check(positive)
       ->group(out);
+  app.add_option("--ckpt-format", opts.ckptFormat,
+                 "auto | whole | sharded: with several ranks (--nproc, a launcher), sharded "
+                 "writes D/ckpt-<step>.forgeckpt/ as a directory of one file per rank, each "
+                 "holding that rank's slices and parts, nothing gathered (auto: sharded with "
+                 "several ranks); whole gathers every tensor to rank 0, which writes one file. "
+                 "--resume reads either, on any layout")
+      ->check(CLI::IsMember({"auto", "whole", "sharded"}))
+      ->group(out);
   app.add_flag("--resume", opts.resume,
                "Continue from the newest valid checkpoint in --ckpt-dir (bit-identical to an "
                "uninterrupted run; corrupt checkpoints are skipped, another bundle's refused); "

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "forge/runtime/Collectives.h"
 #include "forge/runtime/Executor.h"
@@ -152,6 +153,32 @@ Expected<WholeTensors> gatherShards(const Executor &ex) {
                                                     stage)));
     }
   return whole;
+}
+
+std::vector<int32_t> checkpointPieces(const Executor &ex) {
+  const std::map<int32_t, int> owners = pipelineOwners(ex);
+  std::vector<int32_t> out;
+  for (int32_t t : ex.persistentTensors()) {
+    if (ex.isDerivedCopy(t))
+      continue;
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    const std::string split =
+        info.has_shard() && info.shard().size() > 1 ? info.shard().group() : std::string();
+    bool mine = true;
+    for (const char *g : {"dp", "tp", "pp"}) {
+      Communicator *comm = collectiveGroup(g);
+      if (!comm || comm->size() == 1 || split == g)
+        continue; // the tensor's own split: every place writes its piece
+      // A stage's tensors are current on that stage only (a tensor no stage
+      // updates, say a frozen one, is the same everywhere: stage 0's).
+      auto owner = owners.find(t);
+      const int first = std::string_view(g) == "pp" && owner != owners.end() ? owner->second : 0;
+      mine &= comm->rank() == first;
+    }
+    if (mine)
+      out.push_back(t);
+  }
+  return out;
 }
 
 TensorView wholeView(const Executor &ex, int32_t t, const WholeTensors *whole) {

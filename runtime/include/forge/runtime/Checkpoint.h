@@ -8,6 +8,14 @@
 //                      fingerprint, tensors [{name, kind, dtype, shape, crc32}]
 //   param/NAME, state/NAME   the tensor values (bf16/f8 as raw uint16/uint8)
 //
+// Sharded (several ranks, forge-train --ckpt-format sharded, the default with
+// more than one rank): a directory ckpt-<step>.forgeckpt/ of one such file per
+// rank, rank-<r>-of-<n>.forgeckpt (version 2; metadata "shard": {rank, ranks}),
+// each holding the pieces that rank writes (checkpointPieces: every piece of
+// the world once); a split tensor's entry has "part": {axis, index, parts,
+// blocks} and the piece's shape. Reading joins the pieces into whole tensors,
+// so a sharded checkpoint resumes on any layout, as a whole file does.
+//
 // Invariants:
 //  * Writes are atomic: temporary file, fsync, rename, directory fsync. A
 //    checkpoint file is never overwritten or deleted by Forge; CheckpointDir
@@ -32,7 +40,11 @@
 
 namespace forge::rt {
 
-inline constexpr int kCheckpointVersion = 1;
+class Communicator;
+
+/// The newest format written: 2 (a sharded checkpoint's rank files; whole
+/// files are still written as version 1).
+inline constexpr int kCheckpointVersion = 2;
 
 struct CheckpointState {
   int64_t step = 0;   // optimizer steps completed
@@ -66,8 +78,15 @@ std::string persistentFingerprint(const bundle::Program &program);
 Status writeCheckpoint(const std::string &path, const Executor &ex,
                        const CheckpointState &state, const WholeTensors *whole = nullptr);
 
-/// Validates `path` against `ex`'s bundle and restores every persistent
-/// tensor. On error `ex` is unchanged and `*error` (if given) says why.
+/// Writes this rank's file of a sharded checkpoint to `path` (atomically): the
+/// pieces of checkpointPieces(ex), as this rank holds them.
+Status writeCheckpointShard(const std::string &path, const Executor &ex,
+                            const CheckpointState &state, int64_t rank, int64_t ranks);
+
+/// Validates `path` (a checkpoint file, or a sharded checkpoint's directory:
+/// every rank's file present and of one checkpoint) against `ex`'s bundle
+/// and restores every persistent tensor (this rank's slice of a split one).
+/// On error `ex` is unchanged and `*error` (if given) says why.
 Expected<CheckpointState> readCheckpoint(const std::string &path, Executor &ex,
                                          CheckpointError *error = nullptr);
 
@@ -90,7 +109,15 @@ public:
   /// `latest` at it. Returns the file's path.
   Expected<std::string> save(const Executor &ex, const CheckpointState &state,
                              const WholeTensors *whole = nullptr) const;
-  /// Checkpoint files, newest (highest step, then suffix) first.
+  /// A sharded checkpoint for state.step, written by every rank of `world`
+  /// together (a collective: all call it at the same step): rank 0 picks the
+  /// fresh name and makes the directory, each rank writes its file, and once
+  /// all succeeded rank 0 points `latest` at it. A rank that fails fails every
+  /// rank's call, and `latest` stays. Returns the directory's path.
+  Expected<std::string> saveSharded(const Executor &ex, const CheckpointState &state,
+                                    Communicator &world) const;
+  /// Checkpoints (files or sharded directories), newest (highest step, then
+  /// suffix) first.
   std::vector<std::string> list() const;
   /// Restores the newest valid checkpoint (highest step; `latest` is only a
   /// hint for other tools, a newer valid file wins). Corrupt or unreadable

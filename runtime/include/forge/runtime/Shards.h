@@ -41,6 +41,13 @@ std::vector<uint8_t> joinShards(const bundle::TensorInfo &info, std::span<const 
 /// also every state tensor a stage updates, as that stage holds it (a broadcast
 /// from it); tensor index -> bytes.
 Expected<WholeTensors> gatherShards(const Executor &ex);
+/// The persistent tensors (not derived low copies) whose piece this rank writes
+/// in a sharded checkpoint (one file per rank): each piece exactly once over the
+/// world. A tensor split over a group (--tp, ZeRO-1's parts) is written by every
+/// rank of that group, of the replicas that the other groups make the first one
+/// (place 0 in "dp" and "tp", the stage that updates it in "pp"); a tensor held
+/// whole by the first replica alone. No communication.
+std::vector<int32_t> checkpointPieces(const Executor &ex);
 /// A view of persistent tensor `t`: its whole value from `whole` when split, else
 /// the executor's.
 TensorView wholeView(const Executor &ex, int32_t t, const WholeTensors *whole);
