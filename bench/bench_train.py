@@ -141,12 +141,16 @@ def compile_(a):
         print(f"compiled {name}")
 
 
-def time_forge(a, name, d):
-    metrics = os.path.join(d, "forge.jsonl")
+def time_forge(a, name, d, bundle="model.forge", profile=True):
+    """Median step time of D/<bundle> (with --profile: its trace, steps 3-7 left out)."""
+    metrics = os.path.join(d, bundle.replace(".forge", ".jsonl") if bundle != "model.forge"
+                           else "forge.jsonl")
     steps = a.warmup + a.steps
-    cmd = [a.forge_train, os.path.join(d, "model.forge"), "--data", os.path.join(d, "data.npz"),
+    cmd = [a.forge_train, os.path.join(d, bundle), "--data", os.path.join(d, "data.npz"),
            "--no-shuffle", "--steps", str(steps), "--device", "cuda", "--metrics", metrics,
-           "--log-every", str(steps), "--profile", os.path.join(d, "forge_trace.json")]
+           "--log-every", str(steps)]
+    if profile:
+        cmd += ["--profile", os.path.join(d, "forge_trace.json")]
     if name in THIN:
         cmd += ["--weights", d]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -156,7 +160,7 @@ def time_forge(a, name, d):
     t = [r["time_s"] for r in recs]
     dts = [t[i] - t[i - 1] for i in range(a.warmup, len(t))]
     # --profile times steps 3..7 instruction by instruction (slower): leave them out.
-    dts = [dt for i, dt in enumerate(dts, start=a.warmup + 1) if not 3 <= i <= 7]
+    dts = [dt for i, dt in enumerate(dts, start=a.warmup + 1) if not (profile and 3 <= i <= 7)]
     return statistics.median(dts), [r["loss"] for r in recs], out.stdout + out.stderr
 
 

@@ -976,7 +976,12 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
             return fail(comm.status().message());
           s.comm = *comm;
         }
-        s.reduceOp = *reduction == "mean" ? ncclAvg : ncclSum;
+        // A mean over a group of one is the sum: NCCL runs ncclAvg as a pre-multiply by
+        // 1/n, which for one rank is a kernel of its own rewriting every byte (on at most 32
+        // blocks, beside the backward pass), where an in-place sum of one rank launches
+        // nothing (NCCL's ncclLaunchOneRank). Over more ranks the multiply is fused into the
+        // reduction's own pass.
+        s.reduceOp = *reduction == "mean" && *size > 1 ? ncclAvg : ncclSum;
         if (!im.collective)
           CUDA_TRY(cudaStreamCreateWithFlags(&im.collective, cudaStreamNonBlocking),
                    "collective stream");
