@@ -522,6 +522,8 @@ Expected<CheckpointState> readCheckpoint(const std::string &path, Executor &ex,
   }
   for (const auto &[t, v] : values) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
+    if (!ex.isPresent(t))
+      continue; // another pipeline stage's (checked above, restored there)
     std::vector<uint8_t> slice;
     if (info.has_shard()) { // a whole tensor: this rank's slice
       auto index = shardIndex(info);

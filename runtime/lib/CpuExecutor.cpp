@@ -52,7 +52,7 @@ std::string instLabel(const std::string &routine, const bundle::Instruction &ins
 } // namespace
 
 CpuExecutor::CpuExecutor(const Bundle &bundle, CpuExecutorOptions options)
-    : Executor(bundle), pool_(options.threads) {}
+    : Executor(bundle, options.routines), pool_(options.threads) {}
 
 std::string CpuExecutor::describe() const {
   return fmt::format("cpu, {} thread{}", pool_.size(), pool_.size() == 1 ? "" : "s");
@@ -97,7 +97,7 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
     return Status::error("{}: arena_size {} is too large", origin, p.arena_size());
   std::vector<uint64_t> persistentOffset(p.tensors_size(), 0);
   for (int t = 0; t < p.tensors_size(); ++t) {
-    if (!writable[t])
+    if (!writable[t] || !ex->isPresent(t)) // absent: another pipeline stage's
       continue;
     uint64_t bytes;
     persistentOffset[t] = total;
@@ -118,6 +118,7 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
     return Status::error("{}: cannot allocate {} bytes for the arena (arena_size {}) and the "
                          "persistent tensors",
                          origin, total, p.arena_size());
+  ex->allocated_ = total;
   uintptr_t base = reinterpret_cast<uintptr_t>(ex->storage_.get());
   ex->arena_ = ex->storage_.get() + ((kAlign - base % kAlign) % kAlign);
 
@@ -138,7 +139,9 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
       std::span<const uint8_t> bytes = bundle.tensorData(info);
       if (info.has_shard()) // the whole tensor: createExecutor loads this rank's slice
         bytes = {};
-      if (writable[t]) {
+      if (!ex->isPresent(t)) {
+        v.data = nullptr; // no storage: no loaded routine touches it
+      } else if (writable[t]) {
         uint8_t *dst = ex->arena_ + persistentOffset[t];
         if (!bytes.empty())
           std::memcpy(dst, bytes.data(), bytes.size());
@@ -172,15 +175,19 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Bundle &bundle,
   return ex;
 }
 
-Status CpuExecutor::run(int routine) { return runInstructions(routine, nullptr); }
+Status CpuExecutor::run(int routine) {
+  FORGE_RETURN_IF_ERROR(checkLoaded(routine));
+  return runInstructions(routine, nullptr);
+}
 
 Executor::DeviceInfo CpuExecutor::deviceInfo() const {
   DeviceInfo info;
-  info.planBytes = bundle_.program().arena_size();
+  info.planBytes = allocated_;
   return info;
 }
 
 Expected<std::vector<Executor::Span>> CpuExecutor::runProfiled(int routine) {
+  FORGE_RETURN_IF_ERROR(checkLoaded(routine));
   std::vector<Span> spans;
   FORGE_RETURN_IF_ERROR(runInstructions(routine, &spans));
   return spans;

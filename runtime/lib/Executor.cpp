@@ -30,12 +30,15 @@ std::string nameList(const bundle::Program &p, const std::vector<int32_t> &tenso
 }
 } // namespace
 
-Executor::Executor(const Bundle &bundle) : bundle_(bundle) {
+Executor::Executor(const Bundle &bundle, const std::vector<std::string> &routines)
+    : bundle_(bundle) {
   const bundle::Program &p = bundle.program();
   for (const bundle::Routine &r : p.routines()) {
     routines_.push_back(&r);
     routineInputs_.emplace_back(r.inputs().begin(), r.inputs().end());
     routineOutputs_.emplace_back(r.outputs().begin(), r.outputs().end());
+    loaded_.push_back(routines.empty() ||
+                      std::find(routines.begin(), routines.end(), r.name()) != routines.end());
   }
   // Which persistent tensors get private writable storage.
   writable_.assign(p.tensors_size(), false);
@@ -61,6 +64,60 @@ Executor::Executor(const Bundle &bundle) : bundle_(bundle) {
           p.tensors(m).name() == p.tensors(t).copy_of())
         copies_.push_back({t, m});
   }
+  // What the loaded routines touch; a parameter and its low copies go together
+  // (the copy is made from the parameter).
+  present_.assign(p.tensors_size(), true);
+  if (!routines.empty()) {
+    for (int32_t t : persistent_)
+      present_[t] = false;
+    for (int r = 0; r < p.routines_size(); ++r) {
+      if (!loaded_[r])
+        continue;
+      for (const bundle::Instruction &inst : p.routines(r).instructions()) {
+        for (int32_t t : inst.inputs())
+          if (t >= 0)
+            present_[t] = true;
+        for (int32_t t : inst.outputs())
+          present_[t] = true;
+      }
+    }
+    for (auto [copy, m] : copies_)
+      present_[copy] = present_[m] = present_[copy] || present_[m];
+  }
+}
+
+bool Executor::isLoaded(int routine) const {
+  return routine >= 0 && static_cast<size_t>(routine) < loaded_.size() && loaded_[routine];
+}
+
+bool Executor::isPresent(int32_t index) const {
+  return index >= 0 && static_cast<size_t>(index) < present_.size() && present_[index];
+}
+
+std::pair<uint64_t, uint64_t> Executor::persistentBytes() const {
+  uint64_t held = 0, all = 0;
+  for (int32_t t : persistent_) {
+    all += byteSize(tensorInfo(t));
+    held += isPresent(t) ? byteSize(tensorInfo(t)) : 0;
+  }
+  return {held, all};
+}
+
+Status Executor::checkLoaded(int routine) const {
+  if (routine < 0 || routine >= numRoutines())
+    return Status::error("{}: no routine #{} (the bundle has {})", bundle_.origin(), routine,
+                         numRoutines());
+  if (!isLoaded(routine))
+    return Status::error("{}: routine '{}' was not loaded by this executor (it runs {})",
+                         bundle_.origin(), routineName(routine), [&] {
+                           std::string names;
+                           for (int r = 0; r < numRoutines(); ++r)
+                             if (isLoaded(r))
+                               names += fmt::format("{}'{}'", names.empty() ? "" : ", ",
+                                                    routineName(r));
+                           return names;
+                         }());
+  return Status::ok();
 }
 
 bool Executor::isDerivedCopy(int32_t index) const {
@@ -70,7 +127,7 @@ bool Executor::isDerivedCopy(int32_t index) const {
 
 Status Executor::refreshCopies(int32_t master) {
   for (auto [copy, m] : copies_) {
-    if (master >= 0 && m != master)
+    if ((master >= 0 && m != master) || !isPresent(copy))
       continue;
     const bundle::TensorInfo &info = tensorInfo(m);
     if (info.dtype() != bundle::F32)
@@ -209,6 +266,10 @@ Status Executor::setPersistent(int32_t index, std::span<const uint8_t> bytes) {
   if (info.kind() != bundle::TensorInfo::PARAMETER && info.kind() != bundle::TensorInfo::STATE)
     return Status::error("{}: tensor '{}' is not a parameter or state tensor", bundle_.origin(),
                          info.name());
+  if (!isPresent(index))
+    return Status::error("{}: tensor '{}' is not held here (none of this executor's routines "
+                         "uses it: another pipeline stage's)",
+                         bundle_.origin(), info.name());
   std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
   size_t expected = static_cast<size_t>(numElements(shape)) * dtypeSize(info.dtype());
   if (bytes.size() != expected)
@@ -242,7 +303,7 @@ Status loadExternalWeights(Executor &ex, const std::string &dir) {
   std::vector<uint8_t> bytes;
   for (int32_t t : ex.persistentTensors()) {
     const bundle::TensorInfo &info = p.tensors(t);
-    if (!info.has_external())
+    if (!info.has_external() || !ex.isPresent(t)) // another pipeline stage's
       continue;
     const bundle::ExternalData &e = info.external();
     // As forgec required: a relative path that stays inside the weights
@@ -338,7 +399,7 @@ namespace {
 Status loadShards(Executor &ex) {
   for (int32_t t : ex.persistentTensors()) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
-    if (!info.has_shard())
+    if (!info.has_shard() || !ex.isPresent(t))
       continue;
     auto index = shardIndex(info);
     if (!index)
@@ -359,8 +420,12 @@ Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
   std::string device = options.device;
   if (device == "auto")
     device = cudaBundle && cudaAvailable() ? "cuda" : "cpu";
+  for (const std::string &name : options.routines)
+    if (std::none_of(bundle.program().routines().begin(), bundle.program().routines().end(),
+                     [&](const bundle::Routine &r) { return r.name() == name; }))
+      return Status::error("{} has no routine '{}' to load", bundle.origin(), name);
   if (device == "cpu") {
-    auto ex = CpuExecutor::create(bundle, CpuExecutorOptions{options.threads});
+    auto ex = CpuExecutor::create(bundle, CpuExecutorOptions{options.threads, options.routines});
     if (!ex)
       return ex.status();
     FORGE_RETURN_IF_ERROR(loadShards(**ex));
@@ -381,7 +446,8 @@ Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
 #ifdef FORGE_HAVE_CUDA
     auto ex = CudaExecutor::create(bundle, CudaExecutorOptions{index, options.threads,
                                                                options.cudaGraphs,
-                                                               options.deterministicAttention});
+                                                               options.deterministicAttention,
+                                                               options.routines});
     if (!ex)
       return ex.status();
     FORGE_RETURN_IF_ERROR(loadShards(**ex));

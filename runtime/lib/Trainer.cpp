@@ -96,28 +96,37 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                                                    TrainerOptions options) {
   const bundle::Program &p = bundle.program();
   const std::string &origin = bundle.origin();
-  auto exec = createExecutor(bundle, ExecutorOptions{options.device, options.threads,
-                                                     options.cudaGraphs,
-                                                     options.deterministicAttention});
-  if (!exec)
-    return exec.status();
-  std::unique_ptr<Trainer> tr(new Trainer());
-  tr->exec_ = exec.take();
-  tr->options_ = options;
-  Executor &ex = *tr->exec_;
-
   // Pipeline parallelism (forgec --pp P): ranks are laid out D x P x T (the T
   // ranks of a tensor-parallel group consecutive, then the stages), so rank r
-  // runs stage (r / T) % P, whose routines are train_step@pp<s> and eval@pp<s>.
+  // runs stage (r / T) % P, whose routines are train_step@pp<s> and eval@pp<s>:
+  // the executor loads those alone, and holds only the parameters and state
+  // they touch (the stage's own).
   auto ppOption = positiveBuildOption(bundle, "pipeline_parallel");
   if (!ppOption)
     return ppOption.status();
   auto tpOption = positiveBuildOption(bundle, "tensor_parallel");
   if (!tpOption)
     return tpOption.status();
+  std::string suffix;
+  std::vector<std::string> stageRoutines;
+  if (*ppOption > 1) {
+    suffix = fmt::format("@pp{}", options.rank / *tpOption % *ppOption);
+    for (const bundle::Routine &r : p.routines())
+      if (r.name() == "train_step" + suffix || r.name() == "eval" + suffix)
+        stageRoutines.push_back(r.name()); // none: reported below, with the routines there are
+  }
+  auto exec = createExecutor(bundle, ExecutorOptions{options.device, options.threads,
+                                                     options.cudaGraphs,
+                                                     options.deterministicAttention,
+                                                     stageRoutines});
+  if (!exec)
+    return exec.status();
+  std::unique_ptr<Trainer> tr(new Trainer());
+  tr->exec_ = exec.take();
+  tr->options_ = options;
+  Executor &ex = *tr->exec_;
   tr->ppSize_ = *ppOption;
-  if (tr->ppSize_ > 1)
-    tr->routineSuffix_ = fmt::format("@pp{}", options.rank / *tpOption % tr->ppSize_);
+  tr->routineSuffix_ = suffix;
   const std::string trainName = "train_step" + tr->routineSuffix_;
   auto trainIndex = ex.findRoutine(trainName);
   if (!trainIndex)

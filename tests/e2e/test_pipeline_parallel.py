@@ -20,9 +20,11 @@ losses within 1e-3, parameters 1e-2); cnn_sgd_momentum P=2 (convolutions and bat
 the running statistics are state of the stage that updates them); mlp_adamw D=2 x P=2 with
 ZeRO-1 (each stage's optimizer state split over its data-parallel group; the dump joins the
 parts on the owning stage, then takes them from there); gpt_adamw P=2 x T=2 on 4 ranks
-(each stage's MLPs and attentions split over its tensor-parallel group). The compiled schedule is 1F1B (forgec --dump-dir:
+(each stage's MLPs, attentions and vocabulary split over its tensor-parallel group), and
+the same as D=2 x P=2 x T=2 on 8 ranks. Each rank holds only its stage's parameters and
+state (rank 0 reports stage 0's bytes). The compiled schedule is 1F1B (forgec --dump-dir:
 forge.pipeline_schedule; stage 0 of 2 runs two forward passes before its first backward).
-Checkpoints hold every stage's tensors: the P=2 mlp run's step-10 checkpoint resumes in one
+Checkpoints are sharded (a file per stage, each its own tensors): the P=2 mlp run's step-10 checkpoint resumes in one
 process with the unsplit bundle and on the 2 stages again, and steps 11-20 match. A stage
 that hangs mid-run stops the pipeline within --timeout, naming the message it waited for.
 Evaluation (eval@pp<s> on every stage) gives one process's eval losses. Errors: a --pp bundle run without
@@ -65,7 +67,9 @@ def main():
              ("gpt_adamw", 2, 1, 2, 2, ["--precision", "bf16"]),
              ("cnn_sgd_momentum", 2, 1, 2, 2, []),
              ("mlp_adamw", 2, 2, 2, 2, ["--clip-grad-norm", "0.5", "--zero", "1"]),
-             ("gpt_adamw", 2, 1, 2, 2, ["--tp", "2"])]
+             ("gpt_adamw", 2, 1, 2, 2, ["--tp", "2"]),
+             # Eight ranks: D=2 x P=2 x T=2.
+             ("gpt_adamw", 2, 2, 2, 2, ["--tp", "2"])]
     with tempfile.TemporaryDirectory(prefix="forge-pp-") as tmp:
         for fixture_name, p, d, k, b, flags in cases:
             # --zero and --tp: the partitioned bundle's only (one process has neither).
@@ -123,6 +127,11 @@ def main():
             rep.check(f"{tag}: the layout is reported",
                       f"pipeline parallel: {p * d * t} ranks: {d} data-parallel x {p} stages" +
                       (f" x {t} tensor-parallel" if t > 1 else "") in log, e2e.tail(log, 3))
+            # Each stage holds only its own parameters and optimizer state (rank 0: stage 0).
+            m = re.search(r"pipeline stage 0 holds (\d+) of the (\d+) bytes", log)
+            held, whole = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+            rep.check(f"{tag}: stage 0 holds only its own parameters and state",
+                      0 < held < whole, f"{held} of {whole} bytes")
             rc, log, ref_losses, ref_params = train(forge_train, one, data, tmp, f"one_{name}",
                                                     ["--steps", str(STEPS)])
             if not rep.check(f"{tag}: one process", rc == 0, e2e.failure(rc, log)):

@@ -923,6 +923,39 @@ TEST(CheckpointTest, ShardedDirectoryJoinsPiecesAndRefusesIncompleteOnes) {
   EXPECT_EQ(bytesOf(target->executor(), "w"), w0);
 }
 
+// ExecutorOptions::routines (a pipeline stage's executor): only the named
+// routines run, and persistent tensors none of them touches get no storage.
+TEST(ExecutorRoutinesTest, LoadsOnlyTheNamedRoutinesAndTheirTensors) {
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  ExecutorOptions options;
+  options.routines = {"eval"};
+  auto ex = createExecutor(*bundle, options);
+  ASSERT_TRUE(ex.isOk()) << ex.status().message();
+  Executor &e = **ex;
+  auto train = e.findRoutine("train_step"), eval = e.findRoutine("eval");
+  ASSERT_TRUE(train.isOk() && eval.isOk());
+  EXPECT_TRUE(e.isLoaded(*eval));
+  EXPECT_FALSE(e.isLoaded(*train));
+  EXPECT_HAS(e.run(*train), "routine 'train_step' was not loaded by this executor (it runs "
+                            "'eval')");
+  int32_t w = -1, m = -1;
+  for (int32_t t : e.persistentTensors())
+    (e.tensorInfo(t).name() == "w" ? w : m) = t;
+  ASSERT_GE(w, 0);
+  ASSERT_GE(m, 0);
+  EXPECT_TRUE(e.isPresent(w)); // eval reads the weight
+  EXPECT_FALSE(e.isPresent(m)); // only train_step's momentum update touches it
+  EXPECT_EQ(e.view(m).data, nullptr);
+  std::vector<uint8_t> zeros(byteSize(e.tensorInfo(m)), 0);
+  EXPECT_HAS(e.setPersistent(m, zeros), "'opt.m.w' is not held here");
+  auto [held, all] = e.persistentBytes();
+  EXPECT_EQ(held, byteSize(e.tensorInfo(w)));
+  EXPECT_EQ(all, byteSize(e.tensorInfo(w)) + byteSize(e.tensorInfo(m)));
+  options.routines = {"no_such"};
+  EXPECT_HAS(createExecutor(*bundle, options).status(), "has no routine 'no_such' to load");
+}
+
 TEST(CheckpointTest, DirectoryNeverOverwritesAndResumeSkipsCorruptOnes) {
   auto bundle = load(makeLinearBundle());
   ASSERT_TRUE(bundle);

@@ -562,6 +562,13 @@ Expected<int> train(const Options &opts, Progress &progress) {
   if (!created)
     return created.status();
   Trainer &tr = **created;
+  if (pp > 1) { // each stage holds its own parameters and optimizer state
+    auto [held, all] = tr.executor().persistentBytes();
+    progress.message(fmt::format("pipeline stage {} holds {} of the {} bytes of parameters and "
+                                 "state ({:.0f}%)",
+                                 trainerOptions.rank / tp % pp, held, all,
+                                 all ? 100.0 * double(held) / double(all) : 0.0));
+  }
 
   for (const std::string &a : tr.trainData().unusedArrays())
     progress.message(fmt::format("forge-train: warning: --data array {} is not an input of the "

@@ -583,8 +583,8 @@ int cudaDeviceCount() {
   return n;
 }
 
-CudaExecutor::CudaExecutor(const Bundle &bundle)
-    : Executor(bundle), impl_(std::make_unique<Impl>()) {}
+CudaExecutor::CudaExecutor(const Bundle &bundle, const std::vector<std::string> &routines)
+    : Executor(bundle, routines), impl_(std::make_unique<Impl>()) {}
 
 CudaExecutor::~CudaExecutor() = default;
 
@@ -603,7 +603,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
     return Status::error("CUDA device {} does not exist ({} device{} visible)", options.device,
                          count, count == 1 ? "" : "s");
 
-  std::unique_ptr<CudaExecutor> ex(new CudaExecutor(bundle));
+  std::unique_ptr<CudaExecutor> ex(new CudaExecutor(bundle, options.routines));
   Impl &im = *ex->impl_;
   im.options = options;
   CUDA_TRY(cudaSetDevice(options.device), "cudaSetDevice({})", options.device);
@@ -728,6 +728,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   uint64_t total = alignUp(p.arena_size(), kDeviceAlign);
   for (int t = 0; t < p.tensors_size(); ++t) {
     auto kind = p.tensors(t).kind();
+    if (!ex->isPresent(t)) // another pipeline stage's parameter or state
+      continue;
     if (kind == bundle::TensorInfo::PARAMETER || kind == bundle::TensorInfo::STATE ||
         kind == bundle::TensorInfo::CONSTANT) {
       offset[t] = total;
@@ -791,6 +793,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   for (int t = 0; t < p.tensors_size(); ++t) {
     const bundle::TensorInfo &info = p.tensors(t);
     auto kind = info.kind();
+    if (!ex->isPresent(t))
+      continue; // no storage (devicePtr null): no loaded routine touches it
     if (kind == bundle::TensorInfo::PARAMETER || kind == bundle::TensorInfo::STATE ||
         kind == bundle::TensorInfo::CONSTANT) {
       im.devicePtr[t] = base + offset[t];
@@ -814,6 +818,10 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   for (int routine = 0; routine < p.routines_size(); ++routine) {
     const bundle::Routine &proto = p.routines(routine);
     RoutineState r;
+    if (!ex->isLoaded(routine)) { // another pipeline stage's: never run here
+      im.routines.push_back(std::move(r));
+      continue;
+    }
     size_t staged = 0;
     for (int32_t t : proto.inputs()) {
       auto buf = allocPinned(byteSize(p.tensors(t)), "input '" + p.tensors(t).name() + "'");
@@ -1164,9 +1172,7 @@ Status CudaExecutor::bindDeviceInput(int32_t index, const void *device) {
 }
 
 Status CudaExecutor::run(int routine) {
-  if (routine < 0 || routine >= numRoutines())
-    return Status::error("{}: no routine #{} (the bundle has {})", bundle_.origin(), routine,
-                         numRoutines());
+  FORGE_RETURN_IF_ERROR(checkLoaded(routine));
   Impl &im = *impl_;
   // No wait for the previous run: the stream orders the arena's reuse, and its
   // read-back buffers are the other parity's (the caller reads them with
@@ -1322,8 +1328,7 @@ Executor::DeviceInfo CudaExecutor::deviceInfo() const {
 }
 
 Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
-  if (routine < 0 || routine >= numRoutines())
-    return Status::error("{}: no routine #{}", bundle_.origin(), routine);
+  FORGE_RETURN_IF_ERROR(checkLoaded(routine));
   Impl &im = *impl_;
   if (im.lastRoutine >= 0)
     FORGE_RETURN_IF_ERROR(im.finish(bundle_.origin()));
@@ -1370,6 +1375,8 @@ TensorView CudaExecutor::view(int32_t index) const {
     return {};
   const Impl &im = *impl_;
   const bundle::TensorInfo &info = p.tensors(index);
+  if (!isPresent(index))
+    return {};
   TensorView v;
   v.dtype = info.dtype();
   v.shape.assign(info.shape().begin(), info.shape().end());

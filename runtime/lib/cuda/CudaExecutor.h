@@ -36,6 +36,7 @@ struct CudaExecutorOptions {
   unsigned threads = 0; // CPU threads for HOST instructions
   bool graphs = true;
   bool deterministicAttention = true; // ExecutorOptions::deterministicAttention
+  std::vector<std::string> routines;   // ExecutorOptions::routines (empty: all)
 };
 
 class CudaExecutor final : public Executor {
@@ -65,7 +66,7 @@ public:
   struct Impl;
 
 private:
-  explicit CudaExecutor(const Bundle &bundle);
+  CudaExecutor(const Bundle &bundle, const std::vector<std::string> &routines);
   Status writePersistent(int32_t index, std::span<const uint8_t> bytes) override;
 
   std::unique_ptr<Impl> impl_;

@@ -89,8 +89,12 @@ std::vector<uint8_t> joinShards(const bundle::TensorInfo &info, std::span<const 
   return whole;
 }
 
+/// With pipeline stages: each persistent tensor's stage, the one whose
+/// train_step@pp<s> writes it, or for a tensor no stage writes (a frozen
+/// parameter) the first that reads it. From the bundle alone, so every rank
+/// agrees, whatever it loaded.
 std::map<int32_t, int> pipelineOwners(const Executor &ex) {
-  std::map<int32_t, int> owner;
+  std::map<int32_t, int> owner, reader;
   const bundle::Program &p = ex.bundle().program();
   for (int r = 0; r < ex.numRoutines(); ++r) {
     const std::string &name = ex.routineName(r);
@@ -98,13 +102,21 @@ std::map<int32_t, int> pipelineOwners(const Executor &ex) {
     if (name.compare(0, prefix.size(), prefix) != 0)
       continue;
     const int stage = std::atoi(name.c_str() + prefix.size());
-    for (const bundle::Instruction &inst : p.routines(r).instructions())
-      for (int32_t t : inst.outputs()) {
-        auto kind = p.tensors(t).kind();
-        if (kind == bundle::TensorInfo::PARAMETER || kind == bundle::TensorInfo::STATE)
+    auto persistent = [&](int32_t t) {
+      auto kind = p.tensors(t).kind();
+      return kind == bundle::TensorInfo::PARAMETER || kind == bundle::TensorInfo::STATE;
+    };
+    for (const bundle::Instruction &inst : p.routines(r).instructions()) {
+      for (int32_t t : inst.outputs())
+        if (persistent(t))
           owner.emplace(t, stage);
-      }
+      for (int32_t t : inst.inputs())
+        if (t >= 0 && persistent(t) && (!reader.count(t) || reader[t] > stage))
+          reader[t] = stage;
+    }
   }
+  for (auto [t, stage] : reader)
+    owner.emplace(t, stage); // no effect where a stage writes it
   return owner;
 }
 
@@ -113,7 +125,8 @@ Expected<WholeTensors> gatherShards(const Executor &ex) {
   // Split tensors (--tp, ZeRO-1's parts) first: an all-gather over each group.
   for (int32_t t : ex.persistentTensors()) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
-    if (!info.has_shard() || ex.isDerivedCopy(t))
+    // An absent tensor (another stage's) comes whole from its stage below.
+    if (!info.has_shard() || ex.isDerivedCopy(t) || !ex.isPresent(t))
       continue;
     TensorView v = ex.view(t);
     if (!v.data)
@@ -141,7 +154,9 @@ Expected<WholeTensors> gatherShards(const Executor &ex) {
         return Status::error("'{}' is updated by stage {}, the group has {}", info.name(), stage,
                              pp->size());
       std::vector<uint8_t> &out = whole[t];
-      if (out.empty()) {
+      if (out.empty() && !ex.isPresent(t)) { // another stage's: receive it whole
+        out.assign(wholeBytes(info), 0);
+      } else if (out.empty()) {
         TensorView v = ex.view(t);
         if (!v.data)
           return Status::error("cannot read '{}'", info.name());
@@ -159,7 +174,7 @@ std::vector<int32_t> checkpointPieces(const Executor &ex) {
   const std::map<int32_t, int> owners = pipelineOwners(ex);
   std::vector<int32_t> out;
   for (int32_t t : ex.persistentTensors()) {
-    if (ex.isDerivedCopy(t))
+    if (ex.isDerivedCopy(t) || !ex.isPresent(t))
       continue;
     const bundle::TensorInfo &info = ex.tensorInfo(t);
     const std::string split =

@@ -18,6 +18,7 @@ namespace forge::rt {
 
 struct CpuExecutorOptions {
   unsigned threads = 0; // 0: hardware concurrency
+  std::vector<std::string> routines; // ExecutorOptions::routines (empty: all)
 };
 
 class CpuExecutor final : public Executor {
@@ -47,6 +48,7 @@ private:
   };
   std::unique_ptr<uint8_t[], FreeDeleter> storage_;
   uint8_t *arena_ = nullptr;
+  uint64_t allocated_ = 0; // arena, persistent and local storage (deviceInfo().planBytes)
   std::vector<TensorView> views_;
   std::vector<size_t> firstOperand_; // per routine, into views_
   /// Per routine, what runs in order: an instruction, or for a fused

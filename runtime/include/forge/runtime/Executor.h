@@ -130,8 +130,17 @@ public:
   virtual Expected<std::vector<Span>> runProfiled(int routine) = 0;
 
   // --- persistent tensors (checkpoints, export) ------------------------------
-  /// Every PARAMETER and STATE tensor, in tensor-table order.
+  /// Every PARAMETER and STATE tensor, in tensor-table order (present or not).
   const std::vector<int32_t> &persistentTensors() const { return persistent_; }
+  /// Whether routine `routine` was loaded (ExecutorOptions::routines) and may run.
+  bool isLoaded(int routine) const;
+  /// Whether this executor holds tensor `index`: every tensor but the
+  /// persistent ones that no loaded routine touches (a pipeline stage holds
+  /// its own parameters and state only). An absent tensor has no storage: its
+  /// view is empty and setPersistent refuses it.
+  bool isPresent(int32_t index) const;
+  /// Bytes of the persistent tensors this executor holds, and of all of them.
+  std::pair<uint64_t, uint64_t> persistentBytes() const;
   /// True when the tensor has private writable storage (every STATE tensor;
   /// a PARAMETER of a training bundle or one that some instruction writes).
   bool isWritable(int32_t index) const;
@@ -147,7 +156,11 @@ public:
   Status refreshCopies(int32_t master = -1);
 
 protected:
-  explicit Executor(const Bundle &bundle);
+  /// `routines`: the names of the routines to load (empty: all; the caller
+  /// checked that they exist).
+  explicit Executor(const Bundle &bundle, const std::vector<std::string> &routines = {});
+  /// The error for running routine `routine` when it was not loaded, else ok.
+  Status checkLoaded(int routine) const;
   /// Device part of setPersistent (arguments already checked; `bytes` non-empty
   /// and the tensor writable).
   virtual Status writePersistent(int32_t index, std::span<const uint8_t> bytes) = 0;
@@ -158,6 +171,7 @@ protected:
   std::vector<bool> writable_;
   std::vector<int32_t> persistent_;
   std::vector<std::pair<int32_t, int32_t>> copies_; // (copy, its parameter)
+  std::vector<bool> loaded_, present_;               // per routine, per tensor
 };
 
 struct ExecutorOptions {
@@ -167,6 +181,10 @@ struct ExecutorOptions {
   // CUDA: cuDNN's deterministic attention backward (bit-identical dq/dk/dv run to run);
   // false: its default backward, faster, which accumulates dq with atomics.
   bool deterministicAttention = true;
+  // The routines this process runs (empty: all): a pipeline stage's
+  // (train_step@pp<s>, eval@pp<s>). Persistent tensors that none of them
+  // touches get no storage.
+  std::vector<std::string> routines;
 };
 
 /// The executor for `options.device`. "auto" picks CUDA for a CUDA bundle when
