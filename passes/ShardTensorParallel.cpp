@@ -202,8 +202,8 @@ struct ShardTensorParallelPass
   bool splitVocabulary(func::FuncOp func, llvm::SmallPtrSetImpl<Operation *> &used) {
     std::string error;
     FailureOr<LossSpec> spec = parseLossSpec(loss, error);
-    if (loss.empty() || failed(spec) || spec->kind != "cross_entropy")
-      return false; // BuildTrainStep reports a bad spec
+    if (loss.empty() || failed(spec) || spec->kind != "cross_entropy" || spec->probs)
+      return false; // BuildTrainStep reports a bad spec; probabilities: whole classes
     auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
     int64_t index = -1;
     for (unsigned i = 0; i < func.getNumResults(); ++i)

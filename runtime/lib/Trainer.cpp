@@ -68,6 +68,23 @@ void classesOf(const bundle::Program &p, int64_t &numClasses, std::optional<int6
     }
 }
 
+/// Whether the bundle's loss takes class probabilities (forgec --loss
+/// cross_entropy:OUT,LABEL,probs): a label row of C values is one prediction.
+bool labelsAreProbabilities(const bundle::Program &p) {
+  const std::string loss = buildOption(p, "loss");
+  size_t colon = loss.find(':');
+  if (loss.compare(0, colon, "cross_entropy") != 0 || colon == std::string::npos)
+    return false;
+  int part = 0; // OUTPUT, LABEL, then options
+  for (size_t at = colon + 1; at <= loss.size(); ++part) {
+    size_t comma = std::min(loss.find(',', at), loss.size());
+    if (part >= 2 && loss.compare(at, comma - at, "probs") == 0)
+      return true;
+    at = comma + 1;
+  }
+  return false;
+}
+
 /// A scalar f32 output (numel 1) of `routine`, or an error / -1 when optional.
 Expected<int32_t> scalarOutput(const Executor &ex, int routine, const std::string &name,
                                bool required) {
@@ -404,6 +421,8 @@ Status Trainer::setEvalData(std::unique_ptr<DataSource> eval) {
       f.numClasses = numClasses;
       f.ignoreValue = ignore;
       evalLabelElements_ = numElements(shapeOf(info));
+      if (labelsAreProbabilities(p) && info.shape_size() > 1) // a row of C per prediction
+        evalLabelElements_ /= info.shape(info.shape_size() - 1);
     }
     if (evalBatch_ == 0)
       evalBatch_ = info.shape(0);

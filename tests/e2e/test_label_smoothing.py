@@ -10,6 +10,13 @@ losses after the first step depend on the gradient, so the backward of the smoot
 checked too. Also: smoothing=0 compiles to the plain loss (equal losses), and a smoothing
 outside [0, 1) is refused with the value named.
 
+Probability targets (`cross_entropy:OUT,LABEL,probs`: the label input holds [N, C] class
+probabilities, PyTorch's probability targets, for one-hot, mixup or distillation targets):
+seeded soft rows (Dirichlet) trained against the same reference with that target matrix,
+without and with smoothing 0.1 ((1 - s) q + s / C); one-hot rows equal the class-index loss
+step for step (1e-6), and eval reports the same loss and accuracy (a row's most probable
+class as its label); a probs bundle given index labels is refused by the data check.
+
   test_label_smoothing.py [--bin-dir DIR | --forgec F --forge-train T]
 """
 import argparse
@@ -28,7 +35,8 @@ STEPS, BATCH, LR, MOMENTUM = 6, 8, 0.05, 0.9
 TOL = 1e-5
 
 
-def reference(smoothing):
+def reference(smoothing, probs=None):
+    """Per-step losses in float64; `probs`: [samples, C] target rows instead of the labels."""
     p = {k: v.astype(np.float64) for k, v in np.load(os.path.join(FIXTURE, "init_params.npz")).items()}
     data = np.load(os.path.join(FIXTURE, "batches.npz"))
     bufs, losses = {}, []
@@ -41,10 +49,13 @@ def reference(smoothing):
         zs = z - z.max(1, keepdims=True)
         lp = zs - np.log(np.exp(zs).sum(1, keepdims=True))
         n, c = z.shape
-        nll = -lp[np.arange(n), y].mean()
-        losses.append((1 - smoothing) * nll + smoothing * -lp.mean())
-        target = np.full((n, c), smoothing / c)
-        target[np.arange(n), y] += 1 - smoothing
+        if probs is None:
+            q = np.zeros((n, c))
+            q[np.arange(n), y] = 1
+        else:
+            q = probs[step * BATCH:(step + 1) * BATCH].astype(np.float64)
+        target = (1 - smoothing) * q + smoothing / c
+        losses.append(-(target * lp).sum(1).mean())
         dz = (np.exp(lp) - target) / n
         g = {"fc2.weight": dz.T @ a, "fc2.bias": dz.sum(0)}
         da = dz @ p["fc2.weight"] * (h > 0)
@@ -65,7 +76,7 @@ def main():
     forgec, forge_train = tools
     rep = e2e.Report()
     with tempfile.TemporaryDirectory(prefix="forge-smoothing-") as tmp:
-        def train(loss, tag):
+        def train(loss, tag, data=os.path.join(FIXTURE, "batches.npz"), extra=()):
             bundle = os.path.join(tmp, tag + ".forge")
             rc, _, log = e2e.run([forgec, os.path.join(FIXTURE, "model.onnx"), "--target", "cpu",
                                   "--batch", str(BATCH), "--loss", loss, "--optimizer",
@@ -73,12 +84,12 @@ def main():
             if rc != 0:
                 return None, e2e.failure(rc, log)
             metrics = os.path.join(tmp, tag + ".jsonl")
-            rc, _, log = e2e.run([forge_train, bundle, "--data",
-                                  os.path.join(FIXTURE, "batches.npz"), "--no-shuffle",
-                                  "--steps", str(STEPS), "--device", "cpu", "--metrics", metrics])
+            rc, _, log = e2e.run([forge_train, bundle, "--data", data, "--no-shuffle",
+                                  "--steps", str(STEPS), "--device", "cpu", "--metrics",
+                                  metrics] + list(extra))
             if rc != 0:
                 return None, e2e.failure(rc, log)
-            return e2e.metric_losses(metrics), ""
+            return e2e.metric_losses(metrics), metrics
         for s in (0.1, 0.3):
             got, why = train(f"cross_entropy:logits,labels,smoothing={s}", f"s{s}")
             want = reference(s)
@@ -86,6 +97,42 @@ def main():
                 if got and len(got) == STEPS else float("inf")
             rep.check(f"smoothing {s}", err <= TOL,
                       f"{STEPS} steps, max rel {err:.1e} (<= {TOL})" if got else why)
+        # Probability targets: soft rows, then one-hot rows against class indices.
+        arrays = dict(np.load(os.path.join(FIXTURE, "batches.npz")))
+        soft = np.random.default_rng(7).dirichlet(np.ones(10), len(arrays["labels"]))
+        soft_npz, onehot_npz = (os.path.join(tmp, f) for f in ("soft.npz", "onehot.npz"))
+        np.savez(soft_npz, x=arrays["x"], labels=soft.astype(np.float32))
+        np.savez(onehot_npz, x=arrays["x"],
+                 labels=np.eye(10, dtype=np.float32)[arrays["labels"]])
+        for s in (0.0, 0.1):
+            got, why = train("cross_entropy:logits,labels,probs" +
+                             (f",smoothing={s}" if s else ""), f"p{s}", soft_npz)
+            want = reference(s, soft.astype(np.float32))
+            err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf")) \
+                if got and len(got) == STEPS else float("inf")
+            rep.check(f"soft targets, smoothing {s}", err <= TOL,
+                      f"{STEPS} steps, max rel {err:.1e} (<= {TOL})" if got else why)
+        evals = ["--eval-data", None, "--eval-every", str(STEPS)]
+        runs = []
+        for loss, data in (("cross_entropy:logits,labels,probs", onehot_npz),
+                           ("cross_entropy:logits,labels", os.path.join(FIXTURE, "batches.npz"))):
+            evals[1] = data
+            runs.append(train(loss, "onehot" if "probs" in loss else "index", data, evals))
+        if rep.check("one-hot targets and class indices train", all(r[0] for r in runs),
+                     " | ".join(r[1] for r in runs if not r[0])):
+            (a, ma), (b, mb) = runs
+            err = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+            rep.check("one-hot targets == class indices, step for step", err <= 1e-6,
+                      f"max rel {err:.1e} (<= 1e-6)")
+            ea, eb = ([json.loads(line) for line in open(m) if "eval_loss" in line] for m in (ma, mb))
+            rep.check("... and their eval loss and accuracy", len(ea) == len(eb) == 1 and
+                      abs(ea[0]["eval_loss"] - eb[0]["eval_loss"]) <= 1e-6 * eb[0]["eval_loss"]
+                      and ea[0]["eval_accuracy"] == eb[0]["eval_accuracy"] > 0,
+                      f"{ea} vs {eb}")
+        got, why = train("cross_entropy:logits,labels,probs", "wrong",
+                         os.path.join(FIXTURE, "batches.npz"))
+        rep.check("a probs bundle refuses class-index labels", got is None and "labels" in why,
+                  why)
         plain, why1 = train("cross_entropy:logits,labels", "plain")
         zero, why2 = train("cross_entropy:logits,labels,smoothing=0", "zero")
         rep.check("smoothing 0 is the plain loss", plain is not None and plain == zero,

@@ -138,7 +138,7 @@ static cl::OptionCategory trainCategory("training options (also from --recipe FI
 static cl::opt<std::string> recipe("recipe", cl::desc("TOML file with training options (keys = option names)"),
                                    cl::value_desc("FILE"), cl::cat(trainCategory));
 static cl::opt<std::string> loss("loss",
-                                 cl::desc("Loss: cross_entropy:OUTPUT,LABEL | mse:OUTPUT,LABEL | "
+                                 cl::desc("Loss: cross_entropy:OUTPUT,LABEL[,smoothing=S][,probs: LABEL holds class probabilities] | mse:OUTPUT,LABEL | "
                                           "bce:OUTPUT,LABEL (on logits) | output:NAME (model computes it)"),
                                  cl::cat(trainCategory));
 static cl::opt<std::string> optimizer("optimizer",

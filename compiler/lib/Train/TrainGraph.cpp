@@ -87,19 +87,29 @@ FailureOr<LossSpec> mlir::forge::parseLossSpec(StringRef text, std::string &erro
     error = "unknown loss '" + spec.kind + "' (cross_entropy, mse, bce, output)";
     return failure();
   }
-  if (parts.size() == 3 && spec.kind == "cross_entropy" && parts[2].starts_with("smoothing=")) {
-    double v = 0;
-    if (!toDouble(parts[2].drop_front(10), v) || v < 0 || v >= 1) {
-      error = "--loss cross_entropy:...,smoothing=S takes 0 <= S < 1, not '" +
-              parts[2].drop_front(10).str() + "'";
-      return failure();
+  // cross_entropy's options after OUTPUT,LABEL: smoothing=S and probs, in any order.
+  while (parts.size() > 2 && spec.kind == "cross_entropy") {
+    StringRef option = parts.back();
+    if (option.starts_with("smoothing=")) {
+      double v = 0;
+      if (!toDouble(option.drop_front(10), v) || v < 0 || v >= 1) {
+        error = "--loss cross_entropy:...,smoothing=S takes 0 <= S < 1, not '" +
+                option.drop_front(10).str() + "'";
+        return failure();
+      }
+      spec.smoothing = v;
+    } else if (option == "probs") {
+      spec.probs = true;
+    } else {
+      break;
     }
-    spec.smoothing = v;
     parts.pop_back();
   }
   if (parts.size() != 2 || parts[0].empty() || parts[1].empty()) {
     error = "--loss " + spec.kind + ":OUTPUT,LABEL names a model output and the label input to add" +
-            (spec.kind == "cross_entropy" ? " (and optionally smoothing=S)" : "");
+            (spec.kind == "cross_entropy"
+                 ? " (and optionally smoothing=S and probs: the label holds class probabilities)"
+                 : "");
     return failure();
   }
   spec.output = parts[0].str();
@@ -510,19 +520,22 @@ struct ClassShard {
 struct ClassRows {
   int64_t rows = 0;
   Value logits, labels, logProb; // logProb: whole classes only
+  bool probs = false;            // labels: [rows, C] class probabilities (LossSpec::probs)
   const ClassShard *shard = nullptr;
   Value lse, picked, localMax; // split: [rows] f32, [rows] f32, [rows, 1]
 
-  /// Per row: -log p(label), [rows].
+  /// Per row: -log p(label), [rows] (probabilities: -sum_c q_c log p_c).
   Value terms(Builder &bb) const {
+    if (probs)
+      return bb.mulScalar(bb.reduceSum(bb.mul(labels, logProb), {1}, false), -1.0);
     if (!shard)
       return bb.b.create<NllLossOp>(bb.loc, logProb, labels, Value(), bb.b.getStringAttr("none"),
                                     IntegerAttr());
     return bb.sub(lse, picked);
   }
-  /// The mean over rows of terms(): nll_loss's own mean for whole classes.
+  /// The mean over rows of terms(): nll_loss's own mean for class indices.
   Value meanTerms(Builder &bb) const {
-    if (!shard)
+    if (!shard && !probs)
       return bb.b.create<NllLossOp>(bb.loc, logProb, labels, Value(), bb.b.getStringAttr("mean"),
                                     IntegerAttr());
     return bb.meanAll(terms(bb));
@@ -551,7 +564,12 @@ struct ClassRows {
     }
     Value pred = b.create<ArgMaxOp>(bb.loc, logits, b.getI64IntegerAttr(1), b.getBoolAttr(false),
                                     b.getBoolAttr(false));
-    Value hit = b.create<EqualOp>(bb.loc, pred, bb.castTo(labels, b.getI64Type()));
+    // Probabilities: the most probable class is the label.
+    Value label = probs ? b.create<ArgMaxOp>(bb.loc, labels, b.getI64IntegerAttr(1),
+                                             b.getBoolAttr(false), b.getBoolAttr(false))
+                              .getResult()
+                        : bb.castTo(labels, b.getI64Type());
+    Value hit = b.create<EqualOp>(bb.loc, pred, label);
     return bb.castTo(hit, b.getF32Type());
   }
   /// Every rank's [rows, 1] column `v` as the rows of a [ranks, rows].
@@ -563,13 +581,16 @@ struct ClassRows {
   }
 };
 
-ClassRows classRows(Builder &bb, Value output, Value label, const ClassShard *shard) {
+ClassRows classRows(Builder &bb, Value output, Value label, const ClassShard *shard,
+                    bool probs) {
   auto type = cast<RankedTensorType>(output.getType());
   ClassRows c;
   int64_t classes = type.getShape().back();
   c.rows = type.getNumElements() / classes;
   c.logits = bb.reshape(output, {c.rows, classes});
-  c.labels = bb.reshape(label, {c.rows});
+  c.probs = probs;
+  c.labels = probs ? bb.castTo(bb.reshape(label, {c.rows, classes}), bb.elementOf(c.logits))
+                   : bb.reshape(label, {c.rows});
   c.shard = shard;
   if (!shard) {
     c.logProb = bb.b.create<LogSoftmaxOp>(bb.loc, c.logits, bb.b.getI64IntegerAttr(1));
@@ -614,7 +635,7 @@ FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, 
   }
   auto type = cast<RankedTensorType>(output.getType());
   if (spec.kind == "cross_entropy") {
-    ClassRows c = classRows(bb, output, label, shard);
+    ClassRows c = classRows(bb, output, label, shard, spec.probs);
     Value loss = c.meanTerms(bb);
     if (spec.smoothing > 0) // (1 - s) NLL + s mean(-log p): every row's class mean, averaged
       loss = bb.sub(bb.mulScalar(loss, 1.0 - spec.smoothing),
@@ -656,7 +677,7 @@ FailureOr<std::pair<Value, Value>> buildWeightedEvalLoss(Builder &bb, const Loss
     return bb.div(bb.sumAll(bb.mul(perSample, w)), denominator);
   };
   if (spec.kind == "cross_entropy") {
-    ClassRows c = classRows(bb, output, label, shard);
+    ClassRows c = classRows(bb, output, label, shard, spec.probs);
     Value terms = c.terms(bb);
     Value correct;
     if (wantCorrect)
@@ -1453,7 +1474,14 @@ LogicalResult TrainGraphBuilder::run() {
     if (outType.getRank() < 2 || !isa<FloatType>(outType.getElementType()))
       return main.emitError() << "cross_entropy needs float logits of rank >= 2, '"
                               << options.loss.output << "' is " << outType;
-    labelType = RankedTensorType::get(outType.getShape().drop_back(), IntegerType::get(ctx, 64));
+    labelType = options.loss.probs // class probabilities, as the logits; else indices
+                    ? RankedTensorType::get(outType.getShape(), Float32Type::get(ctx))
+                    : RankedTensorType::get(outType.getShape().drop_back(),
+                                            IntegerType::get(ctx, 64));
+    if (options.loss.probs && outputShard)
+      return main.emitError() << "output '" << options.loss.output
+                              << "' is split by vocabulary (forge.shard): its loss takes class "
+                                 "indices, not probabilities";
   } else if (main.getResultAttr(outputIndex, "forge.shard")) {
     return main.emitError() << "output '" << options.loss.output
                             << "' is split by vocabulary (forge.shard): only a cross_entropy "

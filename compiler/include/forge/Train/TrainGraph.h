@@ -32,6 +32,11 @@ struct LossSpec {
   /// cross_entropy's label smoothing (PyTorch's label_smoothing): the training loss is
   /// (1 - s) * NLL + s * mean over classes of -log p; eval reports the plain NLL.
   double smoothing = 0.0;
+  /// cross_entropy's `probs`: the label input holds class probabilities (float, the
+  /// output's shape: one-hot, soft or mixed targets, PyTorch's probability targets)
+  /// instead of class indices. The loss is -sum_c q_c log p_c per row, q smoothed
+  /// as (1 - s) q + s / C with smoothing S.
+  bool probs = false;
 };
 
 struct OptimizerSpec {
