@@ -237,7 +237,6 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     materialize();
     if (failed(fixGemmOperands()))
       return failure();
-    unifyPoolGradOperands();
     if (precision == "fp8")
       quantizeGemms();
     syncFunctionType();
@@ -272,6 +271,11 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       return true;
     if (isa<ReduceSumOp>(user))
       return true; // sums in f32 and keeps its result's type (a bias gradient)
+    if (isa<MaxPoolOp>(user))
+      return i == 0; // the pooled image: the kernel loads any float type
+    if (isa<MaxPoolGradOp>(user))
+      return true; // the image and the gradient in any float types; the result stays f32
+                   // (producerStoresLow: the GPU kernel adds into it with f32 atomics)
     if (isa<SplitOp, ConcatOp>(user)) // copies: low in when every part goes out low
       return llvm::all_of(user->getResults(), [&](Value r) { return lowValues.contains(r); });
     auto fusion = dyn_cast<FusionOp>(user);
@@ -472,21 +476,6 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
 
   StringAttr argAttr(unsigned i, StringRef name) {
     return func.getArgAttrOfType<StringAttr>(i, name);
-  }
-
-  /// max_pool_grad reads its input and gradient in one type: a low one beside
-  /// an f32 one (a channels-last convolution's gradient beside the pool's f32
-  /// input) is read through an f32 copy (a loop region with one cast).
-  void unifyPoolGradOperands() {
-    for (auto grad : llvm::to_vector(func.front().getOps<MaxPoolGradOp>())) {
-      if (!isF32Tensor(grad.getInput()) || !isLow(grad.getGradOutput()))
-        continue;
-      Value dy = grad.getGradOutput();
-      OpBuilder b(grad);
-      ++standaloneCasts;
-      grad->setOperand(1, wrapInLoop(castOf(b, grad.getLoc(), dy, b.getF32Type()).getDefiningOp())
-                              .getResult(0));
-    }
   }
 
   /// A loop region with one cast, right after `v` is made.

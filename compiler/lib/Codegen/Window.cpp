@@ -205,12 +205,13 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
                                    fn.getArgument(1), i, elem);
                          });
   // f32 gradient, scattered per window: each window adds its gradient to the
-  // tap it chose with an f32 atomic into the zeroed output. Nine loads per
+  // tap it chose with an f32 atomic into the zeroed output (the image and the
+  // window gradients may be stored low: a bf16 step keeps the result f32). Nine loads per
   // window instead of ~20 per input element (recomputing every window that
   // holds it); where windows overlap, an element chosen by several gets their
   // sum in an order that may vary run to run (the last bits, as the atomic
   // reductions).
-  if (elem.isF32()) {
+  if (grad && tensorType(op->getResult(0)).getElementType().isF32()) {
     KernelLaunch launch = elementKernel(
         name, flatArgs(op), y.getNumElements(), op->getLoc(),
         [&](Body &k, gpu::GPUFuncOp fn, Value i) {

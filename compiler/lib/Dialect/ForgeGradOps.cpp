@@ -81,13 +81,20 @@ FORGE_INFER(MaxPoolGradOp) {
   auto stored = rankedOrNull(adaptor.getInput().getType());
   auto x = channelsFirst(stored, last);
   auto dy = channelsFirst(rankedOrNull(adaptor.getGradOutput().getType()), last);
-  if (!x || !dy || x.getElementType() != dy.getElementType())
-    return failInference(loc, "max_pool_grad needs static input and grad_output of one type");
+  // One type, or (forge-assign-precision) a 16-bit float image and/or gradient beside
+  // f32: the overlapping windows' gradients then add into an f32 result.
+  auto half = [](Type t) { return t.isBF16() || t.isF16(); };
+  Type xe = x ? x.getElementType() : Type(), dye = dy ? dy.getElementType() : Type();
+  bool mixed = x && dy && (half(xe) || half(dye)) && (xe == dye || xe.isF32() || dye.isF32());
+  if (!x || !dy || (xe != dye && !mixed))
+    return failInference(loc, "max_pool_grad needs static input and grad_output of one type (or "
+                              "bf16/f16 beside f32)");
   auto shape = poolOutputShape(loc, x.getShape(), adaptor.getKernelShape(), adaptor.getStrides(),
                                adaptor.getPads(), adaptor.getDilations(), adaptor.getCeilMode());
   if (failed(shape) || failed(requireShape(loc, dy, *shape, "grad_output")))
     return failure();
-  inferred.push_back(stored);
+  inferred.push_back(mixed ? RankedTensorType::get(stored.getShape(), Float32Type::get(context))
+                           : stored);
   return success();
 }
 

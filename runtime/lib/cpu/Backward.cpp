@@ -189,6 +189,18 @@ template <typename Visit> void forEachWindow(const PoolGeom &g, Visit &&visit) {
 Status maxPoolGradKernel(KernelContext &ctx) {
   const TensorView &x = ctx.inputs[0], &dy = ctx.inputs[1];
   TensorView &dx = ctx.outputs[0];
+  // A bf16/f16 image or gradient beside an f32 result (a low-precision step keeps
+  // the result f32): the low operands are read as f32, as the GPU kernel does.
+  auto halfType = [](DType t) { return t == bundle::BF16 || t == bundle::F16; };
+  if (dx.dtype == bundle::F32 && (halfType(x.dtype) || halfType(dy.dtype))) {
+    const DType low = halfType(x.dtype) ? x.dtype : dy.dtype;
+    for (const TensorView *t : {&x, &dy})
+      if (t->dtype != low && t->dtype != bundle::F32)
+        return Status::error("max_pool_grad: input {} and grad_output {} beside an f32 result",
+                             dtypeName(x.dtype), dtypeName(dy.dtype));
+    return low == bundle::BF16 ? runInFloat<BFloat16>(ctx, &maxPoolGradKernel)
+                               : runInFloat<Half>(ctx, &maxPoolGradKernel);
+  }
   FORGE_RETURN_IF_ERROR(checkDType(dy, x.dtype, "grad_output"));
   FORGE_RETURN_IF_ERROR(checkDType(dx, x.dtype, "result"));
   FORGE_RETURN_IF_ERROR(checkShape(dx, x.shape));

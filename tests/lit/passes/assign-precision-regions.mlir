@@ -110,3 +110,65 @@ func.func @train_step(%x: tensor<2x3x8x8xf32> {forge.kind = "input", forge.name 
   }
   return %y, %e : tensor<2x8x8x4xf32>, tensor<2x8x8x3xf32>
 }
+
+// -----
+
+// A max pool's image (a batch norm's ReLU'd output, saved for the gradient) is stored
+// bf16: the pool and its gradient read any float type. The pool's gradient dy (a sum
+// of two convolution gradients, a loose add) is stored bf16 too; the gradient's result
+// stays f32 (the GPU kernel adds into it with f32 atomics), read by its loop region as is.
+// CHECK-LABEL: func @train_step
+// CHECK: %[[X:.*]] = forge.fusion "loop"(%arg0) : (tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xbf16>
+// CHECK: forge.max_pool %[[X]] {{.*}} : (tensor<2x4x4x8xbf16>) -> tensor<2x2x2x8xbf16>
+// CHECK: %[[DY:.*]] = forge.add %arg1, %arg2 : (tensor<2x2x2x8xf32>, tensor<2x2x2x8xf32>) -> tensor<2x2x2x8xbf16>
+// CHECK: %[[DX:.*]] = forge.max_pool_grad %[[X]], %[[DY]] {{.*}} : (tensor<2x4x4x8xbf16>, tensor<2x2x2x8xbf16>) -> tensor<2x4x4x8xf32>
+// CHECK-NOT: forge.cast
+// CHECK: forge.fusion "loop"(%[[DX]], %arg0) : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>)
+func.func @train_step(%x: tensor<2x4x4x8xf32> {forge.kind = "input", forge.name = "x"},
+                      %d1: tensor<2x2x2x8xf32> {forge.kind = "input", forge.name = "d1"},
+                      %d2: tensor<2x2x2x8xf32> {forge.kind = "input", forge.name = "d2"})
+    -> (tensor<2x2x2x8xf32>, tensor<2x4x4x8xf32>) {
+  %r = forge.fusion "loop"(%x) : (tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32> {
+  ^bb0(%a: tensor<2x4x4x8xf32>):
+    %0 = forge.relu %a : (tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+    forge.yield %0 : tensor<2x4x4x8xf32>
+  }
+  %p = forge.max_pool %r {ceil_mode = false, channels_last = true, dilations = array<i64: 1, 1>, kernel_shape = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, strides = array<i64: 2, 2>} : (tensor<2x4x4x8xf32>) -> tensor<2x2x2x8xf32>
+  %q = forge.fusion "loop"(%p) : (tensor<2x2x2x8xf32>) -> tensor<2x2x2x8xf32> {
+  ^bb0(%a: tensor<2x2x2x8xf32>):
+    %0 = forge.relu %a : (tensor<2x2x2x8xf32>) -> tensor<2x2x2x8xf32>
+    forge.yield %0 : tensor<2x2x2x8xf32>
+  }
+  %dy = forge.add %d1, %d2 : (tensor<2x2x2x8xf32>, tensor<2x2x2x8xf32>) -> tensor<2x2x2x8xf32>
+  %dx = forge.max_pool_grad %r, %dy {ceil_mode = false, channels_last = true, dilations = array<i64: 1, 1>, kernel_shape = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, strides = array<i64: 2, 2>} : (tensor<2x4x4x8xf32>, tensor<2x2x2x8xf32>) -> tensor<2x4x4x8xf32>
+  %g = forge.fusion "loop"(%dx, %x) : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32> {
+  ^bb0(%a: tensor<2x4x4x8xf32>, %b: tensor<2x4x4x8xf32>):
+    %0 = forge.mul %a, %b : (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+    forge.yield %0 : tensor<2x4x4x8xf32>
+  }
+  return %q, %g : tensor<2x2x2x8xf32>, tensor<2x4x4x8xf32>
+}
+
+// -----
+
+// Negative: an image that something else reads in f32 (here the return) stays f32; the
+// pool's gradient reads it so beside a bf16 dy (no cast of dy: the kernel takes both).
+// CHECK-LABEL: func @train_step
+// CHECK: %[[X:.*]] = forge.fusion "loop"(%arg0) : (tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+// CHECK: forge.max_pool_grad %[[X]], %{{.*}} {{.*}} : (tensor<2x4x4x8xf32>, tensor<2x2x2x8xbf16>) -> tensor<2x4x4x8xf32>
+func.func @train_step(%x: tensor<2x4x4x8xf32> {forge.kind = "input", forge.name = "x"},
+                      %d1: tensor<2x2x2x8xf32> {forge.kind = "input", forge.name = "d1"})
+    -> (tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>) {
+  %r = forge.fusion "loop"(%x) : (tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32> {
+  ^bb0(%a: tensor<2x4x4x8xf32>):
+    %0 = forge.relu %a : (tensor<2x4x4x8xf32>) -> tensor<2x4x4x8xf32>
+    forge.yield %0 : tensor<2x4x4x8xf32>
+  }
+  %dy = forge.fusion "loop"(%d1) : (tensor<2x2x2x8xf32>) -> tensor<2x2x2x8xf32> {
+  ^bb0(%a: tensor<2x2x2x8xf32>):
+    %0 = forge.relu %a : (tensor<2x2x2x8xf32>) -> tensor<2x2x2x8xf32>
+    forge.yield %0 : tensor<2x2x2x8xf32>
+  }
+  %dx = forge.max_pool_grad %r, %dy {ceil_mode = false, channels_last = true, dilations = array<i64: 1, 1>, kernel_shape = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, strides = array<i64: 2, 2>} : (tensor<2x4x4x8xf32>, tensor<2x2x2x8xf32>) -> tensor<2x4x4x8xf32>
+  return %r, %dx : tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>
+}
