@@ -61,7 +61,7 @@ public:
         if (!def || !groupOf.count(def) || shapeOf(def) != shapeOf(&op))
           continue;
         Operation *g = groupOf[def];
-        if (g == leader || !canJoin(&op, g))
+        if (g == leader || !canJoin(&op, g) || staysApart(&op, g))
           continue;
         if (!leader) {
           leader = g;
@@ -100,6 +100,39 @@ public:
   }
 
 private:
+  /// Whether `op` should stay out of its producer group `g` although it may
+  /// join: `g` is a region without it (two ops or more), every value `op`
+  /// reads from `g` is written anyway (another reader is no pointwise op: a
+  /// convolution, a pool), and its readers are pointwise ops of its shape that
+  /// cannot join `g` (each also reads a value made after `g`: the backward
+  /// pass), whose region takes `op` in. Joining would make `g` write `op`'s
+  /// result too, kept until those readers run (a ReLU's mask beside the ReLU's
+  /// output that a convolution reads); apart, the readers' region computes it
+  /// from the value kept anyway: as many bytes moved, none kept.
+  bool staysApart(Operation *op, Operation *g) {
+    if (members[g].size() < 2)
+      return false; // joining makes the region (a lone op is no region)
+    bool fromG = false;
+    for (Value v : op->getOperands()) {
+      Operation *def = v.getDefiningOp();
+      if (!def || groupOf.lookup(def) != g)
+        continue;
+      fromG = true;
+      if (llvm::none_of(v.getUsers(), [&](Operation *u) { return u != op && !isLoopFusible(u); }))
+        return false; // written for `op` alone (or for pointwise readers)
+    }
+    if (!fromG || op->getResult(0).use_empty())
+      return false;
+    return llvm::all_of(op->getResult(0).getUsers(), [&](Operation *u) {
+      return isLoopFusible(u) && shapeOf(u) == shapeOf(op) &&
+             llvm::any_of(u->getOperands(), [&](Value w) {
+               Operation *def = w.getDefiningOp();
+               return w != op->getResult(0) && def && groupOf.lookup(def) != g &&
+                      dependsOn(def, g);
+             });
+    });
+  }
+
   /// Whether `op` may join group `g`: none of its operands from outside `g`
   /// depends on `g` (that path would become a cycle through the region).
   bool canJoin(Operation *op, Operation *g) {

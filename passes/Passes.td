@@ -246,7 +246,12 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     per element by one kernel; operands of other shapes enter the region as
     broadcast inputs. A pointwise op joins the region of a producer with its
     result shape unless that would make a cycle (a path from the region
-    through an op outside it back into the op). Values used outside the region
+    through an op outside it back into the op), or unless it only adds a
+    result kept for later readers: when the region has two ops or more, every
+    value the op reads from it is written anyway (a non-pointwise reader), and
+    the op's readers are pointwise ops that cannot join the region (the
+    backward pass), the op goes to its readers' region instead (a ReLU's mask
+    is computed there from the ReLU's output, not saved). Values used outside the region
     become its results (so a region may have several, e.g. an optimizer's new
     parameter and moments). Ops with a zero-element result and single-op
     groups stay as they are. Program order is otherwise kept: the region takes

@@ -502,3 +502,27 @@ func.func @not_siblings(%a: tensor<8xf32>, %b: tensor<8xf32>, %x: tensor<256x512
   %7 = forge.mul %6, %y : (tensor<256x512xf32>, tensor<256x512xf32>) -> tensor<256x512xf32>
   return %3, %5, %7 : tensor<8xf32>, tensor<256x512xf32>, tensor<256x512xf32>
 }
+
+// -----
+
+// A ReLU's mask for the backward pass stays out of the forward region: the
+// ReLU's output is written anyway (a reduction reads it), and the mask's reader
+// must wait for that reduction, so the reader's region computes the mask from
+// the output instead of the forward region writing an i1 mask kept until then.
+// CHECK-LABEL: func @mask_stays_apart
+// CHECK: %[[Y:.*]] = forge.fusion "loop"(%arg0, %arg1) : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+// CHECK: %[[R:.*]] = forge.reduce_sum %[[Y]]
+// CHECK: forge.fusion "loop"({{.*}}%[[Y]]{{.*}}) : ({{.*}}) -> tensor<4x8xf32>
+// CHECK: forge.greater
+// CHECK: forge.where
+// CHECK-NOT: xi1>)
+func.func @mask_stays_apart(%x: tensor<4x8xf32>, %s: tensor<8xf32>, %d: tensor<4x8xf32>) -> (tensor<8xf32>, tensor<4x8xf32>) {
+  %zero = forge.constant dense<0.0> : tensor<f32>
+  %a = forge.mul %x, %s : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %y = forge.relu %a : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %r = forge.reduce_sum %y {axes = array<i64: 0>, keepdims = false} : (tensor<4x8xf32>) -> tensor<8xf32>
+  %t = forge.mul %d, %r : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %m = forge.greater %y, %zero : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xi1>
+  %g = forge.where %m, %t, %zero : (tensor<4x8xi1>, tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+  return %r, %g : tensor<8xf32>, tensor<4x8xf32>
+}
