@@ -90,6 +90,15 @@ std::string checkpointName(int64_t step, int n) {
   return n == 0 ? fmt::format("ckpt-{}.forgeckpt", step) : fmt::format("ckpt-{}.{}.forgeckpt", step, n);
 }
 
+/// The first n whose checkpointName(step, n) is free in `dir` (nothing there).
+Expected<int> freeCheckpointName(const std::string &dir, int64_t step) {
+  std::error_code ec;
+  for (int n = 0; n <= 1000000; ++n)
+    if (!std::filesystem::exists(std::filesystem::path(dir) / checkpointName(step, n), ec) && !ec)
+      return n;
+  return Status::error("{}: no free checkpoint name for step {}", dir, step);
+}
+
 } // namespace
 
 std::string persistentFingerprint(const bundle::Program &program) {
@@ -598,13 +607,10 @@ Expected<std::string> CheckpointDir::save(const Executor &ex, const CheckpointSt
                                           const WholeTensors *whole) const {
   FORGE_RETURN_IF_ERROR(create());
   namespace fs = std::filesystem;
-  std::string name = checkpointName(state.step, 0);
-  std::error_code ec;
-  for (int n = 1; fs::exists(fs::path(dir_) / name, ec) || ec; ++n) {
-    if (n > 1000000)
-      return Status::error("{}: no free checkpoint name for step {}", dir_, state.step);
-    name = checkpointName(state.step, n);
-  }
+  auto n = freeCheckpointName(dir_, state.step);
+  if (!n)
+    return n.status();
+  const std::string name = checkpointName(state.step, *n);
   std::string path = (fs::path(dir_) / name).string();
   FORGE_RETURN_IF_ERROR(writeCheckpoint(path, ex, state, whole));
   FORGE_RETURN_IF_ERROR(writeFileAtomically((fs::path(dir_) / "latest").string(), name + "\n"));
@@ -615,26 +621,23 @@ Expected<std::string> CheckpointDir::saveSharded(const Executor &ex, const Check
                                                  Communicator &world) const {
   namespace fs = std::filesystem;
   const int rank = world.rank(), ranks = world.size();
-  // Rank 0 picks the name (its suffix + 1; 0: the plain name; -1: failed) and
+  // Rank 0 picks the name (its suffix n, 0: the plain name; -1: failed) and
   // makes the directory; the others learn it from a sum over the world.
   float code = 0;
   std::string problem;
   if (rank == 0) {
     Status made = create();
+    Expected<int> n = made.isOk() ? freeCheckpointName(dir_, state.step) : Expected<int>(made);
+    if (!n)
+      made = n.status();
+    const fs::path dir = fs::path(dir_) / checkpointName(state.step, n ? *n : 0);
     std::error_code ec;
-    int n = 0;
-    for (; made.isOk() && (fs::exists(fs::path(dir_) / checkpointName(state.step, n), ec) || ec);
-         ++n)
-      if (n > 1000000) {
-        made = Status::error("{}: no free checkpoint name for step {}", dir_, state.step);
-        break;
-      }
-    if (made.isOk() && !fs::create_directory(fs::path(dir_) / checkpointName(state.step, n), ec))
-      made = Status::error("{}: cannot create {}: {}", dir_, checkpointName(state.step, n),
+    if (made.isOk() && !fs::create_directory(dir, ec))
+      made = Status::error("{}: cannot create {}: {}", dir_, dir.filename().string(),
                            ec ? ec.message() : "it exists");
     if (made.isOk()) // the new directory's entry is durable before any rank writes in it
-      made = syncDirectoryOf((fs::path(dir_) / checkpointName(state.step, n)).string());
-    code = made.isOk() ? static_cast<float>(n) : -1.0f;
+      made = syncDirectoryOf(dir.string());
+    code = made.isOk() ? static_cast<float>(*n) : -1.0f;
     if (!made.isOk())
       problem = made.message();
   }
