@@ -249,10 +249,7 @@ struct ShardTensorParallelPass
     func.setFunctionType(FunctionType::get(&getContext(), func.getArgumentTypes(), results));
     Builder attrs(&getContext());
     func.setResultAttr(index, "forge.shard",
-                       attrs.getDictionaryAttr(
-                           {attrs.getNamedAttr("axis", attrs.getI64IntegerAttr(type.getRank() - 1)),
-                            attrs.getNamedAttr("group", attrs.getStringAttr(kGroup)),
-                            attrs.getNamedAttr("size", attrs.getI64IntegerAttr(size))}));
+                       shardSpec(attrs, type.getRank() - 1, kGroup, size));
     if (lookups.empty())
       return true;
     // The shard splitFirst made (the op's weight, or its transpose's input).

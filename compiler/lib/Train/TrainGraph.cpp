@@ -342,12 +342,7 @@ struct Param {
     if (!shard)
       return {};
     mlir::Builder b(shard.getContext());
-    SmallVector<NamedAttribute> attrs = {b.getNamedAttr("axis", shard.getAxisAttr()),
-                                         b.getNamedAttr("group", shard.getGroupAttr()),
-                                         b.getNamedAttr("size", shard.getSizeAttr())};
-    if (shard.getBlocks() > 1)
-      attrs.push_back(b.getNamedAttr("blocks", shard.getBlocksAttr()));
-    return b.getDictionaryAttr(attrs);
+    return shardSpec(b, shard.getAxis(), shard.getGroup(), shard.getSize(), shard.getBlocks());
   }
   /// ZeRO-1: the optimizer state is split over `zeroParts` data-parallel ranks
   /// along dim 0 (0: not split).
@@ -364,9 +359,7 @@ struct Param {
     if (!zeroParts)
       return shardAttr();
     mlir::Builder b(constant.getContext());
-    return b.getDictionaryAttr({b.getNamedAttr("axis", b.getI64IntegerAttr(0)),
-                                b.getNamedAttr("group", b.getStringAttr("dp")),
-                                b.getNamedAttr("size", b.getI64IntegerAttr(zeroParts))});
+    return shardSpec(b, 0, "dp", zeroParts);
   }
 };
 

@@ -97,4 +97,18 @@ public:
   static Type elementOf(Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); }
 };
 
+/// The `forge.shard` attribute of a value split over a group of ranks
+/// ({axis, group, size}, and blocks when > 1): on a split parameter and its
+/// state (forge-build-train-step) and on a logits output split by vocabulary
+/// (forge-shard-tensor-parallel).
+inline DictionaryAttr shardSpec(Builder &b, int64_t axis, StringRef group, int64_t size,
+                                int64_t blocks = 1) {
+  SmallVector<NamedAttribute> attrs = {b.getNamedAttr("axis", b.getI64IntegerAttr(axis)),
+                                       b.getNamedAttr("group", b.getStringAttr(group)),
+                                       b.getNamedAttr("size", b.getI64IntegerAttr(size))};
+  if (blocks > 1)
+    attrs.push_back(b.getNamedAttr("blocks", b.getI64IntegerAttr(blocks)));
+  return b.getDictionaryAttr(attrs);
+}
+
 } // namespace mlir::forge
