@@ -637,6 +637,48 @@ def InlineFusions : Pass<"forge-inline-fusions", "::mlir::func::FuncOp"> {
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+// Stage "schedule" (after placement: what runs where is known; before the
+// memory plan, which bounds live ranges by the streams' order).
+
+def Schedule : Pass<"forge-schedule", "::mlir::func::FuncOp"> {
+  let summary = "Order the routine for a lower peak and put its work on streams with event edges";
+  let description = [{
+    Order (`order=memory`, the default): each op whose only effect is its
+    results (not a collective, a pipeline message or a host call) moves,
+    last first, to just before its first reader when every operand it reads
+    is still read there or later, so the move shortens its results' live
+    ranges and lengthens none: a weight's cast or transpose made at the start
+    of the step and first read deep in the forward pass is made there. The
+    new order is kept only if the estimated peak of live bytes (op results
+    from their op to their last reader) does not grow. `order=program`
+    keeps the order it is given.
+
+    Streams: the function gets `forge.streams` (["compute"], plus
+    "collective" when it has collectives), each collective `forge.stream =
+    1` (NCCL runs it beside the compute stream), every other op the compute
+    stream. Event edges follow from data flow (StreamOrder.h): an op reading
+    a value made on another stream waits (`forge.waits`) for the event
+    recorded after its producer (`forge.event`), unless its stream is
+    already ordered after it; `forge.joins` lists the events the routine's
+    end waits for (a collective whose results only the routine returns).
+    forge-plan-memory keeps a tensor's bytes from reuse until the compute
+    stream is ordered after its last reader on another stream.
+
+    `report` prints per routine a timeline, one line per op in its stream's
+    column with its waits and event; `report-file` appends it to a file
+    (`forgec --schedule-report`, and `schedule.txt` in `--dump-dir`).
+  }];
+  let options = [
+    Option<"order", "order", "std::string", /*default=*/"\"memory\"",
+           "memory (move ops to their readers when the peak does not grow) or program">,
+    Option<"report", "report", "bool", /*default=*/"false",
+           "Print the timeline of each routine (stdout)">,
+    Option<"reportFile", "report-file", "std::string", /*default=*/"\"\"",
+           "Append the timeline of each routine to this file">,
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 // Stage "memory plan" (after placement, which decides what is a kernel).
 
 def PlanMemory : Pass<"forge-plan-memory", "::mlir::func::FuncOp"> {
@@ -668,12 +710,29 @@ def PlanMemory : Pass<"forge-plan-memory", "::mlir::func::FuncOp"> {
     written in place), `forge.offset` on each input argument, and
     `forge.arena_size` on the function. The bundle emitter reads them.
 
+    Library workspace: every op marked `forge.library = "cudnn"` (a
+    convolution or an attention; cuBLASLt keeps its fixed 32 MiB workspace)
+    gets scratch bytes of the arena, `forge.workspace = array<i64: offset,
+    bytes>`, live at that op only: the largest gap the placed tensors leave
+    free at its position, rounded down to a power of two (ops of one problem
+    then share cuDNN plans) and at most `workspace-cap`. Where no gap of
+    `workspace-floor` bytes is free (near the peak), it gets that floor
+    above the tensors live there, growing the arena by what the floor
+    exceeds. The runtime chooses among the algorithms that fit, so the
+    workspace costs memory only where the step has none to spare, instead of
+    one buffer of the largest candidate's size beside the arena.
+
     With `report`, prints per function the arena, the peak of the bytes live
     at once (the arena minus fragmentation), the op where it occurs, and the
     largest tensors live there (what to recompute or shard): `forgec
-    --memory-report`.
+    --memory-report`; then the library workspaces (how many, their sizes,
+    and what the floor added to the arena).
   }];
   let options = [
+    Option<"workspaceFloor", "workspace-floor", "int64_t", /*default=*/"64 << 20",
+           "Least workspace of a cuDNN op, in bytes (the arena grows for it)">,
+    Option<"workspaceCap", "workspace-cap", "int64_t", /*default=*/"1 << 30",
+           "Most workspace of a cuDNN op, in bytes">,
     Option<"report", "report", "bool", /*default=*/"false",
            "Print the peak and the largest tensors live at it (stdout)">,
     Option<"reportTop", "report-top", "int64_t", /*default=*/"20",

@@ -9,17 +9,22 @@
 //  * two arena tensors share bytes only if their live ranges [definition,
 //    last use] are disjoint, so a kernel never reads an operand that aliases
 //    its own output, except a reshape, whose result is its operand's bytes;
-//  * a collective's operands live until the first reader of its results (the
-//    CUDA executor runs it on its own stream and waits for it there).
+//  * an op off the compute stream (a collective) holds its operands' and
+//    results' bytes until the compute stream is ordered after it, and its
+//    results' from the last compute op it is ordered after (StreamOrder.h);
+//  * a cuDNN op's forge.workspace bytes overlap no tensor live at that op
+//    (other ops' workspaces may share them: each lives at its op only).
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
+#include "StreamOrder.h"
 
 #include "forge/Conversion/Conversion.h"
 #include "forge/runtime/Bundle.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MathExtras.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <map>
@@ -306,28 +311,27 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   for (Tensor &t : tensors)
     if (t.input || t.output)
       t.end = last;
-  // A collective runs on a stream of its own (CUDA): the step goes on while it
-  // reads its operands, and waits for it only before the first reader of a
-  // result. Its operands stay live until then, so nothing reuses their bytes
-  // under it.
-  llvm::DenseMap<Operation *, int64_t> positionOf, collectiveEnd;
-  for (auto [i, op] : llvm::enumerate(steps))
-    positionOf[op] = static_cast<int64_t>(i);
+  // An op on another stream than the compute stream (a collective) runs
+  // beside it: its operands and results keep their bytes until the compute
+  // stream is ordered after it (`until`: a wait for it or a later op of its
+  // stream, else the end), and its results have them from the last compute
+  // op it is ordered after on (`after`), since the compute ops between may
+  // still be running when it writes them.
+  StreamOrder order = deriveStreamOrder(func);
+  llvm::DenseMap<Operation *, int64_t> collectiveEnd;
   for (auto [at, op] : llvm::enumerate(steps)) {
-    if (!isa<AllReduceOp, ReduceScatterOp, AllGatherOp, RankSliceOp>(op))
+    if (order.stream[at] == 0)
       continue;
-    int64_t firstReader = last;
-    for (Value r : op->getResults())
-      for (Operation *user : r.getUsers()) {
-        while (user && user->getBlock() != &body)
-          user = user->getParentOp();
-        if (auto it = positionOf.find(user); it != positionOf.end())
-          firstReader = std::min(firstReader, it->second);
-      }
+    const int64_t until = std::min(order.until[at], last);
     for (Value v : op->getOperands())
       if (auto it = indexOf.find(v); it != indexOf.end())
-        tensors[it->second].end = std::max(tensors[it->second].end, firstReader);
-    collectiveEnd[op] = firstReader;
+        tensors[it->second].end = std::max(tensors[it->second].end, until);
+    for (Value r : op->getResults())
+      if (auto it = indexOf.find(r); it != indexOf.end()) {
+        tensors[it->second].begin = std::min(tensors[it->second].begin, order.after[at] + 1);
+        tensors[it->second].end = std::max(tensors[it->second].end, until);
+      }
+    collectiveEnd[op] = until;
   }
 
   // A reshape's result shares its operand's bytes: one interval per chain,
@@ -361,8 +365,9 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
       auto out = indexOf.find(result);
       if (out == indexOf.end() || root[out->second] != out->second)
         continue;
-      const bool collective = isa<AllReduceOp>(op);
-      const int64_t diesAt = collective ? collectiveEnd[op] : static_cast<int64_t>(at);
+      auto aside = collectiveEnd.find(op);
+      const bool collective = isa<AllReduceOp>(op) && aside != collectiveEnd.end();
+      const int64_t diesAt = collective ? aside->second : static_cast<int64_t>(at);
       for (auto [k, operand] : llvm::enumerate(op->getOperands())) {
         auto in = indexOf.find(operand);
         if (in == indexOf.end() || !(collective ? k == j && operand.hasOneUse()
@@ -399,6 +404,49 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
     intervals.push_back(iv);
   std::vector<int64_t> offsets(tensors.size(), -1);
   uint64_t arena = ::planArena(intervals, offsets);
+  const uint64_t tensorArena = arena;
+  Builder b(func.getContext());
+
+  // cuDNN workspaces: per op, bytes no tensor live there holds (the largest
+  // gap, a power of two up to the cap), or the floor above the live ones.
+  const uint64_t align = ::forge::rt::kSectionAlignment;
+  const uint64_t floorBytes = alignUp(static_cast<uint64_t>(std::max<int64_t>(workspaceFloor, 1)), align);
+  const uint64_t capBytes = std::max(floorBytes, static_cast<uint64_t>(std::max<int64_t>(workspaceCap, 1)));
+  auto powerOfTwoAtMost = [](uint64_t v) { return v ? uint64_t(1) << llvm::Log2_64(v) : 0; };
+  struct Workspace {
+    uint64_t offset, bytes;
+    bool floored;
+  };
+  std::vector<Workspace> workspaces;
+  for (auto [at, op] : llvm::enumerate(steps)) {
+    auto library = op->getAttrOfType<StringAttr>("forge.library");
+    if (!library || library.getValue() != "cudnn")
+      continue;
+    std::vector<std::pair<uint64_t, uint64_t>> busy;
+    for (const Interval &iv : intervals)
+      if (iv.begin <= static_cast<int64_t>(at) && static_cast<int64_t>(at) <= iv.end) {
+        uint64_t lo = static_cast<uint64_t>(offsets[iv.tensor]);
+        busy.push_back({lo, lo + alignUp(std::max<uint64_t>(iv.bytes, 1), align)});
+      }
+    std::sort(busy.begin(), busy.end());
+    uint64_t gapAt = 0, gap = 0, cursor = 0;
+    auto consider = [&](uint64_t lo, uint64_t hi) {
+      if (hi > lo && hi - lo > gap)
+        gapAt = lo, gap = hi - lo;
+    };
+    for (auto [lo, hi] : busy) {
+      consider(cursor, lo);
+      cursor = std::max(cursor, hi);
+    }
+    consider(cursor, tensorArena);
+    Workspace w{gapAt, powerOfTwoAtMost(std::min(gap, capBytes)), false};
+    if (w.bytes < floorBytes)
+      w = {cursor, floorBytes, true}; // above every tensor live here
+    arena = std::max(arena, w.offset + w.bytes);
+    workspaces.push_back(w);
+    op->setAttr("forge.workspace", b.getDenseI64ArrayAttr({static_cast<int64_t>(w.offset),
+                                                            static_cast<int64_t>(w.bytes)}));
+  }
   if (report)
     printReport(
         func, intervals, arena, [&](int64_t t) { return tensors[t].value; },
@@ -411,8 +459,21 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
             }
           return std::pair<int64_t, int64_t>(last, count - 1);
         });
+  if (report && !workspaces.empty()) {
+    uint64_t least = UINT64_MAX, most = 0;
+    int64_t floored = 0;
+    for (const Workspace &w : workspaces) {
+      least = std::min(least, w.bytes);
+      most = std::max(most, w.bytes);
+      floored += w.floored;
+    }
+    llvm::outs() << "  cuDNN workspace of " << workspaces.size() << " op"
+                 << (workspaces.size() > 1 ? "s" : "") << " in the arena: "
+                 << formatBytes(least) << " to " << formatBytes(most) << "; " << floored
+                 << " at the floor (" << formatBytes(floorBytes) << "), which added "
+                 << formatBytes(arena - tensorArena) << " to the arena\n";
+  }
 
-  Builder b(func.getContext());
   auto offsetOf = [&](Value v) -> int64_t {
     auto it = indexOf.find(v);
     return it == indexOf.end() ? -1 : offsets[root[it->second]];
@@ -495,6 +556,10 @@ void PlanMemoryPass::runOnOperation() {
     return signalPassFailure();
   }
   llvm::DenseSet<Value> inPlace = placeUpdates(func);
+  // The copies just added run on the compute stream: a copy of a collective's
+  // result waits for it like any reader (the edges are derived again).
+  if (func->hasAttr("forge.streams"))
+    writeStreamOrder(func, deriveStreamOrder(func));
   if (failed(planArena(func, inPlace)))
     signalPassFailure();
 }

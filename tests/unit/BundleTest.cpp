@@ -344,6 +344,82 @@ TEST(BundleTest, InstructionChecks) {
   EXPECT_TRUE(Bundle::fromBytes(w.serialize()).isOk());
 }
 
+TEST(BundleTest, WorkspaceChecks) {
+  auto inst = [](fb::Program &p) { return p.mutable_routines(0)->mutable_instructions(0); };
+  // Arena workspace belongs to library calls, inside the arena, aligned.
+  expectProgramError([&](fb::Program &p) { inst(p)->set_workspace_bytes(64); },
+                     "only a library call has arena workspace");
+  expectProgramError(
+      [&](fb::Program &p) {
+        inst(p)->set_placement(fb::LIBRARY);
+        inst(p)->set_workspace_offset(64);
+        inst(p)->set_workspace_bytes(128);
+      },
+      "workspace bytes [64, +128) are not 64-byte aligned inside arena_size 128");
+  expectProgramError(
+      [&](fb::Program &p) {
+        inst(p)->set_placement(fb::LIBRARY);
+        inst(p)->set_workspace_offset(32);
+        inst(p)->set_workspace_bytes(32);
+      },
+      "workspace bytes [32, +32)");
+  BundleWriter w = makeWriter();
+  inst(w.program())->set_placement(fb::LIBRARY);
+  inst(w.program())->set_workspace_offset(64);
+  inst(w.program())->set_workspace_bytes(64);
+  EXPECT_TRUE(Bundle::fromBytes(w.serialize()).isOk());
+}
+
+TEST(BundleTest, ScheduleChecks) {
+  // forward: relu (compute, event 1) then the matmul on the collective stream, waiting for it.
+  auto schedule = [](fb::Program &p) {
+    fb::Routine *r = p.mutable_routines(0);
+    r->add_streams("compute");
+    r->add_streams("collective");
+    r->set_events(2);
+    fb::Instruction first = r->instructions(0);
+    first.set_op("relu");
+    first.clear_inputs();
+    first.add_inputs(0);
+    first.set_outputs(0, 3);
+    first.set_event(1);
+    addTensor(p, "t", fb::TensorInfo::INTERMEDIATE, {2, 3}, 0);
+    *r->mutable_instructions()->Add() = r->instructions(0);
+    r->mutable_instructions()->SwapElements(0, 1);
+    *r->mutable_instructions(0) = first;
+    fb::Instruction *second = r->mutable_instructions(1);
+    second->set_stream(1);
+    second->add_waits(1);
+    second->set_event(2);
+    r->add_joins(2);
+    return r;
+  };
+  BundleWriter w = makeWriter();
+  schedule(w.program());
+  ASSERT_TRUE(Bundle::fromBytes(w.serialize()).isOk()) << Bundle::fromBytes(w.serialize()).status().message();
+  expectProgramError([&](fb::Program &p) { schedule(p)->set_streams(1, "dma"); },
+                     "stream 1 is 'dma'");
+  expectProgramError([&](fb::Program &p) { schedule(p)->set_streams(0, "collective"); },
+                     "stream 0 is 'collective'");
+  expectProgramError([&](fb::Program &p) { schedule(p)->mutable_instructions(1)->set_stream(2); },
+                     "instruction #1 (matmul 'node0'): stream 2 of 2");
+  // A wait for an event recorded later, by nobody, or on its own stream.
+  expectProgramError(
+      [&](fb::Program &p) {
+        fb::Routine *r = schedule(p);
+        r->mutable_instructions(0)->add_waits(2);
+      },
+      "instruction #0 (relu 'node0'): waits for event 2, which no earlier instruction records");
+  expectProgramError([&](fb::Program &p) { schedule(p)->mutable_instructions(1)->set_waits(0, 3); },
+                     "waits for event 3");
+  expectProgramError([&](fb::Program &p) { schedule(p)->mutable_instructions(1)->set_stream(0); },
+                     "waits for event 1 of its own stream");
+  expectProgramError([&](fb::Program &p) { schedule(p)->mutable_instructions(1)->set_event(1); },
+                     "event 1 is out of range or recorded twice");
+  expectProgramError([&](fb::Program &p) { schedule(p)->set_joins(0, 3); },
+                     "the end waits for event 3, which no instruction records");
+}
+
 TEST(BundleTest, RoutineInputOutputChecks) {
   auto in = [](fb::Program &p) { return p.mutable_routines(0)->mutable_inputs(); };
   auto out = [](fb::Program &p) { return p.mutable_routines(0)->mutable_outputs(); };

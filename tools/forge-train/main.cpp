@@ -113,6 +113,17 @@ Status runInfo(const Options &opts) {
   for (const bundle::Routine &r : p.routines()) {
     fmt::print("  {}: {}, {}, {}\n", r.name(), count(r.instructions_size(), "instruction"),
                count(r.inputs_size(), "input"), count(r.outputs_size(), "output"));
+    if (r.streams_size() > 1) { // forge-schedule's streams beside the compute stream
+      std::vector<int> per(r.streams_size(), 0);
+      for (const bundle::Instruction &inst : r.instructions())
+        if (inst.stream() < per.size())
+          ++per[inst.stream()];
+      std::vector<std::string> parts;
+      for (int s = 0; s < r.streams_size(); ++s)
+        parts.push_back(fmt::format("{} {}", r.streams(s), per[s]));
+      fmt::print("    streams {}; {}, {} at the end\n", fmt::join(parts, ", "),
+                 count(r.events(), "event"), r.joins_size());
+    }
     for (int32_t t : r.inputs())
       fmt::print("    in  {}\n", describeTensor(p.tensors(t)));
     for (int32_t t : r.outputs())

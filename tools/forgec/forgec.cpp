@@ -86,6 +86,16 @@ static cl::opt<bool> memoryReport(
     cl::desc("Print each routine's arena, its peak of live tensors and the largest tensors live "
              "at the peak (what to recompute or shard)"),
     cl::init(false), cl::cat(forgecCategory));
+static cl::opt<bool> scheduleReport(
+    "schedule-report",
+    cl::desc("Print each routine's schedule: its ops in order, one column per stream, with the "
+             "events they record and wait for (--dump-dir writes it to schedule.txt)"),
+    cl::init(false), cl::cat(forgecCategory));
+static cl::opt<std::string> scheduleOrder(
+    "schedule-order",
+    cl::desc("memory: move ops to their first readers where that lowers the peak of live "
+             "memory (default); program: keep the order the passes made"),
+    cl::init("memory"), cl::cat(forgecCategory));
 static cl::opt<int64_t> gemmPadMinFlops(
     "gemm-pad-min-flops",
     cl::desc("CUDA: the smallest matmul/gemm (2*M*N*K FLOPs) whose unaligned dims are "
@@ -598,6 +608,8 @@ int main(int argc, char **argv) {
   pipelineOptions.target = target;
   pipelineOptions.train = trainFlags();
   pipelineOptions.memoryReport = memoryReport;
+  pipelineOptions.scheduleReport = scheduleReport;
+  pipelineOptions.scheduleOrder = scheduleOrder;
   if (precision != "fp32" && precision != "tf32" && precision != "bf16" && precision != "fp16" &&
       precision != "fp8")
     return fail("unknown --precision '" + precision + "' (fp32, tf32, bf16, fp16, fp8)");
@@ -738,6 +750,13 @@ int main(int argc, char **argv) {
     }
     mlir::forge::PipelineOptions options = pipelineOptions;
     options.memoryReport = pipelineOptions.memoryReport && !trial;
+    options.scheduleReport = pipelineOptions.scheduleReport && !trial;
+    if (!trial && !dumpDir.empty()) { // appended per routine: start it afresh
+      llvm::SmallString<256> file(dumpDir);
+      llvm::sys::path::append(file, "schedule.txt");
+      llvm::sys::fs::remove(file);
+      options.scheduleFile = std::string(file);
+    }
     if (inferenceOnly)
       mlir::forge::buildInferencePipeline(pm, options);
     else

@@ -194,6 +194,12 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
   }
   if (op.hasAttr("forge.library")) {
     inst.set_placement(pb::LIBRARY);
+    if (auto ws = op.getAttrOfType<DenseI64ArrayAttr>("forge.workspace")) {
+      if (ws.size() != 2 || ws[0] < 0 || ws[1] <= 0)
+        return op.emitError("forge.workspace must be [offset, bytes] in the arena");
+      inst.set_workspace_offset(static_cast<uint64_t>(ws[0]));
+      inst.set_workspace_bytes(static_cast<uint64_t>(ws[1]));
+    }
     if (auto form = op.getAttrOfType<DictionaryAttr>("forge.matmul")) {
       auto i64 = [&](StringRef key) -> std::optional<int64_t> {
         auto a = form.getAs<IntegerAttr>(key);
@@ -337,6 +343,16 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     return func.emitError("routines must have a single block");
   pb::Routine *routine = program.add_routines();
   routine->set_name(func.getSymName() == "main" ? "forward" : func.getSymName().str());
+  // forge-schedule's streams and event edges (none: all on the compute stream).
+  if (auto streams = func->getAttrOfType<ArrayAttr>("forge.streams")) {
+    for (Attribute a : streams)
+      routine->add_streams(cast<StringAttr>(a).str());
+    if (auto events = func->getAttrOfType<IntegerAttr>("forge.events"))
+      routine->set_events(static_cast<uint32_t>(events.getInt()));
+    if (auto joins = func->getAttrOfType<DenseI64ArrayAttr>("forge.joins"))
+      for (int64_t e : joins.asArrayRef())
+        routine->add_joins(static_cast<uint32_t>(e));
+  }
 
   // Arguments: routine inputs, or persistent tensors shared by name.
   for (auto [i, arg] : llvm::enumerate(func.getArguments())) {
@@ -431,6 +447,13 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     inst->set_name(node);
     if (failed(place(op, *inst)))
       return failure();
+    if (auto stream = op.getAttrOfType<IntegerAttr>("forge.stream"))
+      inst->set_stream(static_cast<uint32_t>(stream.getInt()));
+    if (auto event = op.getAttrOfType<IntegerAttr>("forge.event"))
+      inst->set_event(static_cast<uint32_t>(event.getInt()));
+    if (auto waits = op.getAttrOfType<DenseI64ArrayAttr>("forge.waits"))
+      for (int64_t e : waits.asArrayRef())
+        inst->add_waits(static_cast<uint32_t>(e));
     OpCost cost;
     if (fusion)
       cost = fusion.getCost();

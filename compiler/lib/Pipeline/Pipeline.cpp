@@ -101,6 +101,19 @@ void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
   }
 }
 
+/// Stage "schedule", after placement (what is a kernel, a library call or a
+/// collective is known: the streams follow from it) and before the memory
+/// plan, which keeps bytes from reuse until the streams are ordered after
+/// their readers, and whose copies (added at the end) are on the compute
+/// stream. The CPU runs the same order (its streams are ignored).
+void addSchedule(OpPassManager &pm, const PipelineOptions &options) {
+  ScheduleOptions schedule;
+  schedule.order = options.scheduleOrder;
+  schedule.report = options.scheduleReport;
+  schedule.reportFile = options.scheduleFile;
+  pm.addNestedPass<func::FuncOp>(createSchedule(schedule));
+}
+
 /// Stage "memory plan", after placement: whether an update may be written in
 /// place depends on how its op runs (a pointwise kernel reads each element
 /// before writing it; a horizontal region's kernel does not order its
@@ -227,8 +240,8 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // without a collective it has nothing to do (and no dump of its own).
   if (options.train.dataParallel >= 1)
     pm.addNestedPass<func::FuncOp>(createPartition());
-  // Still to come: schedule.
   addPlacement(pm, options);
+  addSchedule(pm, options);
   addMemoryPlan(pm, options);
 }
 
@@ -252,11 +265,13 @@ void mlir::forge::buildInferencePipeline(OpPassManager &pm, const PipelineOption
   }
   addFusion(pm, options);
   addPlacement(pm, options);
+  addSchedule(pm, options);
   addMemoryPlan(pm, options);
 }
 
 void mlir::forge::buildBackendPipeline(OpPassManager &pm, const PipelineOptions &options) {
   addPlacement(pm, options);
+  addSchedule(pm, options);
   addMemoryPlan(pm, options);
 }
 

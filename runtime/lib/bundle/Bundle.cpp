@@ -324,6 +324,17 @@ Status validateInstruction(const bundle::Program &p, const bundle::Instruction &
                            "1..1024)",
                            instructionLabel(inst, i), l.kernel(), l.grid(), l.block());
   }
+  if (inst.workspace_bytes() > 0 || inst.workspace_offset() > 0) {
+    if (inst.placement() != bundle::LIBRARY)
+      return Status::error("{}: only a library call has arena workspace",
+                           instructionLabel(inst, i));
+    if (inst.workspace_offset() % kSectionAlignment != 0 ||
+        !rangeInside(inst.workspace_offset(), inst.workspace_bytes(), p.arena_size()))
+      return Status::error("{}: workspace bytes [{}, +{}) are not {}-byte aligned inside "
+                           "arena_size {}",
+                           instructionLabel(inst, i), inst.workspace_offset(),
+                           inst.workspace_bytes(), kSectionAlignment, p.arena_size());
+  }
   return Status::ok();
 }
 
@@ -339,6 +350,50 @@ Status validateKernelModule(const bundle::Program &p) {
   if (!km.kernels().empty() && km.ptx_section() < 0 && km.cubin_section() < 0)
     return Status::error("kernel module: {} kernels but no PTX or cubin section",
                          km.kernels_size());
+  return Status::ok();
+}
+
+/// forge-schedule's streams and events: "compute" first, then known kinds;
+/// each event recorded by one instruction and waited for only after it (a wait
+/// for an event not yet recorded would hang or read stale work), on another
+/// stream than the recorder's.
+Status validateSchedule(const bundle::Routine &routine) {
+  const int streams = routine.streams_size();
+  for (int s = 0; s < streams; ++s) {
+    const std::string &name = routine.streams(s);
+    bool known = s == 0 ? name == "compute"
+                        : name == "collective" || (name.rfind("compute.", 0) == 0 && name.size() > 8);
+    if (!known)
+      return Status::error("stream {} is '{}' (the first is \"compute\", the others "
+                           "\"collective\" or \"compute.N\")",
+                           s, name);
+  }
+  if (routine.events() > (1u << 20))
+    return Status::error("{} events is more than a routine has", routine.events());
+  std::vector<int> recordedBy(routine.events() + 1, -1);
+  for (int i = 0; i < routine.instructions_size(); ++i) {
+    const bundle::Instruction &inst = routine.instructions(i);
+    if (inst.stream() >= static_cast<uint32_t>(std::max(streams, 1)))
+      return Status::error("{}: stream {} of {}", instructionLabel(inst, i), inst.stream(),
+                           std::max(streams, 1));
+    for (uint32_t e : inst.waits()) {
+      if (e < 1 || e > routine.events() || recordedBy[e] < 0)
+        return Status::error("{}: waits for event {}, which no earlier instruction records",
+                             instructionLabel(inst, i), e);
+      if (routine.instructions(recordedBy[e]).stream() == inst.stream())
+        return Status::error("{}: waits for event {} of its own stream",
+                             instructionLabel(inst, i), e);
+    }
+    if (inst.event() != 0) {
+      if (inst.event() > routine.events() || recordedBy[inst.event()] >= 0)
+        return Status::error("{}: event {} is out of range or recorded twice",
+                             instructionLabel(inst, i), inst.event());
+      recordedBy[inst.event()] = i;
+    }
+  }
+  for (uint32_t e : routine.joins())
+    if (e < 1 || e > routine.events() || recordedBy[e] < 0)
+      return Status::error("the end waits for event {}, which no instruction records", e);
   return Status::ok();
 }
 
@@ -381,6 +436,7 @@ Status validateRoutines(const bundle::Program &p) {
         for (int32_t t : inst.outputs())
           FORGE_RETURN_IF_ERROR(claim(t, r));
       }
+      FORGE_RETURN_IF_ERROR(validateSchedule(routine));
       for (int j = 0; j < routine.inputs_size(); ++j) {
         int64_t t = routine.inputs(j);
         if (t < 0 || t >= numTensors)

@@ -121,17 +121,18 @@ int forcedGraphPlan() {
 
 std::string ConvGeometry::key() const {
   return fmt::format("{} {} tf32 {} bias {} a [{}]/[{}] b [{}]/[{}] w [{}]/[{}] pads [{}] "
-                     "strides [{}] dilations [{}]",
+                     "strides [{}] dilations [{}] workspace {}",
                      static_cast<int>(kind), static_cast<int>(dtype), tf32, hasBias,
                      fmt::join(a, ","), fmt::join(aStrides, ","), fmt::join(b, ","),
                      fmt::join(bStrides, ","), fmt::join(w, ","), fmt::join(wStrides, ","),
-                     fmt::join(pads, ","), fmt::join(strides, ","), fmt::join(dilations, ","));
+                     fmt::join(pads, ","), fmt::join(strides, ","), fmt::join(dilations, ","),
+                     maxWorkspace);
 }
 
 Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnHandle_t handle,
                                                      const bundle::Program &p,
                                                      const bundle::Instruction &inst, bool tf32,
-                                                     ConvGraphCache *graphs) {
+                                                     ConvGraphCache *graphs, size_t maxWorkspace) {
   std::unique_ptr<ConvPlan> plan(new ConvPlan());
   plan->api_ = &api;
   plan->handle_ = handle;
@@ -260,6 +261,7 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
     g.b = widen(b), g.bStrides = widen(stridesOf(b));
     g.w = widen(w), g.wStrides = widen(stridesOf(w));
     g.pads = widen(padA), g.strides = widen(strideA), g.dilations = widen(dilationA);
+    g.maxWorkspace = maxWorkspace;
     auto built = buildGraph(api, handle, g, graphs);
     if (built) {
       plan->graph_ = built.take();
@@ -276,8 +278,7 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
       if (results[i].status != CUDNN_STATUS_SUCCESS)
         continue;
       size_t bytes = 0;
-      if (workspaceOf(results[i].algo, bytes) != CUDNN_STATUS_SUCCESS ||
-          bytes > kMaxConvWorkspace)
+      if (workspaceOf(results[i].algo, bytes) != CUDNN_STATUS_SUCCESS || bytes > maxWorkspace)
         continue;
       plan->candidates_.push_back({static_cast<int>(results[i].algo), bytes});
     }
@@ -286,9 +287,10 @@ Expected<std::unique_ptr<ConvPlan>> ConvPlan::create(const CudnnApi &api, cudnnH
       plan->workspace_ = plan->candidates_[0].workspace;
       return Status::ok();
     }
-    return Status::error("cuDNN offers no algorithm for {} (x {}, filter {}, groups {})", op,
-                         shapeString({a.begin(), a.end()}), shapeString({w.begin(), w.end()}),
-                         groups);
+    return Status::error("cuDNN offers no algorithm for {} (x {}, filter {}, groups {}) within "
+                         "{} bytes of workspace",
+                         op, shapeString({a.begin(), a.end()}), shapeString({w.begin(), w.end()}),
+                         groups, maxWorkspace);
   };
   if (plan->kind_ == Forward) {
     cudnnConvolutionFwdAlgoPerf_t r[kCandidates];

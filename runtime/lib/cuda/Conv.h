@@ -65,6 +65,7 @@ struct ConvGeometry {
   bool tf32 = false, hasBias = false;
   std::vector<int64_t> a, aStrides, b, bStrides, w, wStrides;
   std::vector<int64_t> pads, strides, dilations; // per spatial dim (symmetric pads)
+  size_t maxWorkspace = kMaxConvWorkspace; // candidates need at most this much
   std::string key() const; // equal problems, equal keys
 };
 
@@ -89,7 +90,8 @@ public:
   static Expected<std::unique_ptr<ConvPlan>> create(const CudnnApi &api, cudnnHandle_t handle,
                                                     const bundle::Program &p,
                                                     const bundle::Instruction &inst, bool tf32,
-                                                    ConvGraphCache *graphs = nullptr);
+                                                    ConvGraphCache *graphs = nullptr,
+                                                    size_t maxWorkspace = kMaxConvWorkspace);
   ~ConvPlan();
   /// Whether cuDNN's graph API runs it.
   bool usesGraphApi() const { return graph_ != nullptr; }
@@ -116,7 +118,7 @@ private:
     int algo;
     size_t workspace;
   };
-  std::vector<Candidate> candidates_; // cuDNN's heuristic order, each within kMaxConvWorkspace
+  std::vector<Candidate> candidates_; // cuDNN's heuristic order, each within maxWorkspace
   int algo_ = 0;                      // the chosen candidate
   size_t workspace_ = 0;
   bool hasBias_ = false, tuned_ = false;

@@ -3,7 +3,8 @@
 // One graph per problem (ConvGraphCache): conv_fprop, conv_dgrad or conv_wgrad, plus a
 // pointwise add of the bias for conv and conv_transpose (cuDNN's runtime fusion; the legacy
 // path adds it with a second call). The candidates are the first kCandidates execution
-// plans of heuristics mode A then the fallback list that build within kMaxConvWorkspace;
+// plans of heuristics mode A then the fallback list that build within the problem's
+// workspace limit (its arena bytes, forge-plan-memory; kMaxConvWorkspace at most);
 // tune() times them on the real operands once per problem (plans of one problem share the
 // choice) and keeps the fastest.
 //
@@ -121,7 +122,7 @@ buildEntry(const CudnnApi &api, cudnnHandle_t handle, const ConvGeometry &geo,
       // arithmetic the bundle asked for.
       g->deselect_numeric_notes(
           {fe::NumericalNote_t::DOWN_CONVERT_INPUTS, fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION});
-      g->deselect_workspace_greater_than(static_cast<int64_t>(kMaxConvWorkspace));
+      g->deselect_workspace_greater_than(static_cast<int64_t>(geo.maxWorkspace));
       e = g->check_support(handle);
     }
     if (e.is_bad())
@@ -133,7 +134,7 @@ buildEntry(const CudnnApi &api, cudnnHandle_t handle, const ConvGeometry &geo,
         continue;
       int64_t ws = 0;
       if (g->get_workspace_size_plan_at_index(i, ws).is_bad() || ws < 0 ||
-          static_cast<size_t>(ws) > kMaxConvWorkspace)
+          static_cast<size_t>(ws) > geo.maxWorkspace)
         continue;
       entry->candidates.push_back({i, static_cast<size_t>(ws)});
     }

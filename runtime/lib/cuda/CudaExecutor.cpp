@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstring>
 #include <map>
+#include <set>
 #include <mutex>
 
 #include <nvtx3/nvToolsExt.h>
@@ -105,6 +106,7 @@ struct Step {
   std::vector<void *> attnIn, attnOut; // its operands, in order
   MatmulOperands mm; // a cuBLASLt call's operands (matmulTensors)
   void *out = nullptr; // a cuDNN call's output
+  void *workspace = nullptr; // its arena bytes (forge-plan-memory), else the shared workspace
   // Copy
   void *dst = nullptr;
   const void *src = nullptr;
@@ -127,12 +129,13 @@ struct Step {
   std::vector<Reduce> reduces;
   ncclRedOp_t reduceOp = ncclSum;
   ncclComm_t comm = nullptr;
-  // On the collective stream: `ready` (compute reached it) starts it, `done`
-  // is waited for by the first step that reads a result (waitFor), or by the
-  // routine's end. The memory plan keeps its operands live until then.
-  cudaEvent_t ready = nullptr, done = nullptr;
-  // Any step: collectives' `done` events to wait for before it launches.
-  std::vector<cudaEvent_t> waitFor;
+  // Any step (forge-schedule's edges): the stream it runs on, the events of
+  // other streams' steps it waits for first, and its own event, recorded after
+  // it. The memory plan keeps bytes a step on another stream than compute
+  // reads or writes from reuse until the compute stream has waited for it.
+  cudaStream_t stream = nullptr;
+  std::vector<cudaEvent_t> waits;
+  cudaEvent_t record = nullptr;
   std::vector<std::pair<const void *, size_t>> hostIn;
   std::vector<std::pair<void *, size_t>> hostOut;
 };
@@ -148,7 +151,10 @@ struct Transfer {
 
 struct RoutineState {
   std::vector<Step> steps;
-  std::vector<cudaEvent_t> endWaits; // collectives whose results only the routine returns
+  std::vector<cudaEvent_t> events;    // by event id - 1 (forge-schedule)
+  std::vector<cudaEvent_t> joins;     // the compute stream waits for them at the end
+  std::vector<cudaStream_t> sides;    // streams but compute that its steps use
+  cudaEvent_t start = nullptr;        // the sides wait for it: the inputs are in the arena
   std::vector<Transfer> inputs;
   std::vector<Transfer> outputs[2]; // read-back buffers by run parity
   // Inputs are uploaded, outside the step (and its graph), into device
@@ -178,6 +184,7 @@ struct CudaExecutor::Impl {
   size_t workspaceBytes = 0;
   cudaStream_t compute = nullptr, copy = nullptr;
   cudaStream_t collective = nullptr; // NCCL (data-parallel bundles), made with the first collective
+  std::vector<cudaStream_t> extraCompute; // "compute.N" streams of the routines' schedules
   // Stream-ordering events (within a run, also inside graph captures) ...
   cudaEvent_t computeEvent = nullptr;
   cudaEvent_t outputsEvent[2] = {nullptr, nullptr}; // by run parity
@@ -235,11 +242,13 @@ struct CudaExecutor::Impl {
             cudaEventDestroy(e);
       }
     }
-    for (RoutineState &r : routines)
-      for (Step &s : r.steps)
-        for (cudaEvent_t e : {s.ready, s.done})
-          if (e)
-            cudaEventDestroy(e);
+    for (RoutineState &r : routines) {
+      for (cudaEvent_t e : r.events)
+        if (e)
+          cudaEventDestroy(e);
+      if (r.start)
+        cudaEventDestroy(r.start);
+    }
     routines.clear(); // plans before the handle
     for (auto &[group, comm] : comms)
       if (comm && nccl)
@@ -261,6 +270,8 @@ struct CudaExecutor::Impl {
     for (cudaStream_t s : {compute, copy, collective})
       if (s)
         cudaStreamDestroy(s);
+    for (cudaStream_t s : extraCompute)
+      cudaStreamDestroy(s);
     if (deviceBase)
       cudaFree(deviceBase);
   }
@@ -324,12 +335,12 @@ struct CudaExecutor::Impl {
     switch (s.kind) {
     case Step::Kernel: {
       for (const auto &[ptr, bytes] : s.zero)
-        CUDA_TRY(cudaMemsetAsync(ptr, 0, bytes, compute), "zeroing a kernel's output");
+        CUDA_TRY(cudaMemsetAsync(ptr, 0, bytes, s.stream), "zeroing a kernel's output");
       if (s.copyBytes && s.copyTo != s.copyFrom)
         CUDA_TRY(cudaMemcpyAsync(s.copyTo, s.copyFrom, s.copyBytes, cudaMemcpyDeviceToDevice,
-                                 compute),
+                                 s.stream),
                  "copying a kernel's input into its output");
-      CUresult r = driver->cuLaunchKernel(s.function, s.grid, 1, 1, s.block, 1, 1, 0, compute,
+      CUresult r = driver->cuLaunchKernel(s.function, s.grid, 1, 1, s.block, 1, 1, 0, s.stream,
                                           s.params.data(), nullptr);
       if (r != CUDA_SUCCESS)
         return Status::error("kernel launch failed: {}", errorString(*driver, r));
@@ -337,25 +348,23 @@ struct CudaExecutor::Impl {
     }
     case Step::Library:
       if (s.conv)
-        return s.conv->run(s.convIn, s.out, workspace);
+        return s.conv->run(s.convIn, s.out, s.workspace);
       if (s.attention)
-        return s.attention->run(s.attnIn, s.attnOut, workspace);
+        return s.attention->run(s.attnIn, s.attnOut, s.workspace);
       return s.matmul->run(compute, s.mm, workspace);
     case Step::Copy:
       if (s.dst != s.src && s.bytes > 0)
-        CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, compute),
+        CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, s.stream),
                  "device copy");
       return Status::ok();
     case Step::Collective: {
-      // Forked off the compute stream, which goes on with the backward pass.
-      CUDA_TRY(cudaEventRecord(s.ready, compute), "event record");
-      CUDA_TRY(cudaStreamWaitEvent(collective, s.ready, 0), "stream wait");
+      // On its stream (the collective stream: the compute stream goes on with
+      // the backward pass), after the events it waits for.
       if (s.collectiveOp == Step::CollectiveOp::RankSlice) {
         for (const Step::Reduce &x : s.reduces)
           CUDA_TRY(cudaMemcpyAsync(x.out, static_cast<const uint8_t *>(x.in) + x.offset, x.bytes,
-                                   cudaMemcpyDeviceToDevice, collective),
+                                   cudaMemcpyDeviceToDevice, s.stream),
                    "rank slice");
-        CUDA_TRY(cudaEventRecord(s.done, collective), "event record");
         return Status::ok();
       }
       ncclResult_t r = nccl->ncclGroupStart();
@@ -364,14 +373,14 @@ struct CudaExecutor::Impl {
           break;
         switch (s.collectiveOp) {
         case Step::CollectiveOp::AllReduce:
-          r = nccl->ncclAllReduce(x.in, x.out, x.count, x.type, s.reduceOp, s.comm, collective);
+          r = nccl->ncclAllReduce(x.in, x.out, x.count, x.type, s.reduceOp, s.comm, s.stream);
           break;
         case Step::CollectiveOp::ReduceScatter:
           r = nccl->ncclReduceScatter(x.in, x.out, x.count, x.type, s.reduceOp, s.comm,
-                                      collective);
+                                      s.stream);
           break;
         case Step::CollectiveOp::AllGather:
-          r = nccl->ncclAllGather(x.in, x.out, x.count, x.type, s.comm, collective);
+          r = nccl->ncclAllGather(x.in, x.out, x.count, x.type, s.comm, s.stream);
           break;
         case Step::CollectiveOp::RankSlice:
           break;
@@ -386,7 +395,6 @@ struct CudaExecutor::Impl {
                              : s.collectiveOp == Step::CollectiveOp::ReduceScatter ? "reduce-scatter"
                                                                                    : "all-gather",
                              nccl->ncclGetErrorString(r), nccl->ncclGetLastError(s.comm));
-      CUDA_TRY(cudaEventRecord(s.done, collective), "event record");
       return Status::ok();
     }
     case Step::Host: {
@@ -467,12 +475,18 @@ struct CudaExecutor::Impl {
                                  t.bytes, cudaMemcpyDeviceToDevice, compute),
                  "input copy into the arena");
     CUDA_TRY(mark(1, compute), "event record");
+    // Every other stream starts here (which also brings it into a capture).
+    if (!r.sides.empty()) {
+      CUDA_TRY(cudaEventRecord(r.start, compute), "event record");
+      for (cudaStream_t side : r.sides)
+        CUDA_TRY(cudaStreamWaitEvent(side, r.start, 0), "stream wait");
+    }
     for (size_t i = 0; i < n; ++i) {
       Step &s = r.steps[i];
       // The first (checked) run picks each convolution's fastest algorithm on
       // its real operands, which the previous instructions have just computed.
       if (mode.checked && s.kind == Step::Library && s.conv)
-        if (Status st = s.conv->tune(s.convIn, s.out, workspace, compute); !st.isOk())
+        if (Status st = s.conv->tune(s.convIn, s.out, s.workspace, compute); !st.isOk())
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       // Likewise each matmul problem's fastest cuBLASLt algorithm.
       if (mode.checked && s.kind == Step::Library && s.matmul)
@@ -480,15 +494,19 @@ struct CudaExecutor::Impl {
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       if (mode.timing)
         nvtxRangePushA(fmt::format("#{} {} {}", s.index, s.inst->op(), s.inst->name()).c_str());
-      for (cudaEvent_t e : s.waitFor) // a collective's results are read from here on
-        CUDA_TRY(cudaStreamWaitEvent(compute, e, 0), "stream wait");
-      CUDA_TRY(mark(2 + 2 * i, compute), "event record");
+      for (cudaEvent_t e : s.waits) // other streams' steps whose results it reads
+        CUDA_TRY(cudaStreamWaitEvent(s.stream, e, 0), "stream wait");
+      CUDA_TRY(mark(2 + 2 * i, s.stream), "event record");
       Status st = launch(s);
-      CUDA_TRY(mark(3 + 2 * i, compute), "event record");
+      CUDA_TRY(mark(3 + 2 * i, s.stream), "event record");
+      if (st.isOk() && s.record)
+        st = cudaEventRecord(s.record, s.stream) == cudaSuccess
+                 ? Status::ok()
+                 : Status::error("CUDA error: recording the step's event");
       if (mode.timing)
         nvtxRangePop();
       if (st.isOk() && mode.checked) {
-        cudaError_t e = cudaStreamSynchronize(compute);
+        cudaError_t e = cudaStreamSynchronize(s.stream);
         if (e == cudaSuccess)
           e = cudaGetLastError();
         if (e != cudaSuccess)
@@ -502,7 +520,7 @@ struct CudaExecutor::Impl {
       if (!st.isOk())
         return st.prefix(stepLabel(origin, proto, s));
     }
-    for (cudaEvent_t e : r.endWaits) // joins the collective stream back
+    for (cudaEvent_t e : r.joins) // joins the other streams back
       CUDA_TRY(cudaStreamWaitEvent(compute, e, 0), "stream wait");
     CUDA_TRY(cudaEventRecord(computeEvent, compute), "event record");
     CUDA_TRY(cudaStreamWaitEvent(copy, computeEvent, 0), "stream wait");
@@ -660,6 +678,9 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   std::map<const bundle::Instruction *, std::unique_ptr<MatmulPlan>> matmuls;
   std::map<const bundle::Instruction *, std::unique_ptr<ConvPlan>> convs;
   std::map<const bundle::Instruction *, std::unique_ptr<AttentionPlan>> attentions;
+  // cuDNN calls whose workspace is their arena bytes (forge-plan-memory placed them where no
+  // tensor lives at that instruction); the others use the shared workspace.
+  std::set<const bundle::Instruction *> arenaWorkspace;
   AttentionCache attentionGraphs; // plans share the graphs (each holds its own)
   ConvGraphCache convGraphs;
   auto algos = std::make_shared<MatmulAlgoCache>();
@@ -708,14 +729,28 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
                                             im.options.deterministicAttention);
           if (!plan)
             return fail(plan.status());
-          im.workspaceBytes = std::max(im.workspaceBytes, (*plan)->workspaceBytes());
+          if (inst.workspace_bytes() > 0 && (*plan)->workspaceBytes() <= inst.workspace_bytes())
+            arenaWorkspace.insert(&inst);
+          else
+            im.workspaceBytes = std::max(im.workspaceBytes, (*plan)->workspaceBytes());
           attentions[&inst] = plan.take();
           continue;
         }
-        auto plan = ConvPlan::create(*im.dnn, im.dnnHandle, p, inst, tf32, &convGraphs);
+        // Algorithms that fit the instruction's arena workspace; when none does, any (up to
+        // kMaxConvWorkspace) with the shared workspace.
+        bool inArena = inst.workspace_bytes() > 0;
+        auto plan = ConvPlan::create(*im.dnn, im.dnnHandle, p, inst, tf32, &convGraphs,
+                                     inArena ? inst.workspace_bytes() : kMaxConvWorkspace);
+        if (!plan && inArena) {
+          inArena = false;
+          plan = ConvPlan::create(*im.dnn, im.dnnHandle, p, inst, tf32, &convGraphs);
+        }
         if (!plan)
           return fail(plan.status());
-        im.workspaceBytes = std::max(im.workspaceBytes, (*plan)->workspaceBytes());
+        if (inArena)
+          arenaWorkspace.insert(&inst);
+        else
+          im.workspaceBytes = std::max(im.workspaceBytes, (*plan)->workspaceBytes());
         ++im.convs;
         im.graphConvs += (*plan)->usesGraphApi();
         convs[&inst] = plan.take();
@@ -853,6 +888,37 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         r.outputs[parity].push_back({buf->get(), im.devicePtr[t], byteSize(p.tensors(t))});
         im.outputStage[parity][t] = buf.take();
       }
+    // The schedule's streams (none: everything on the compute stream) and events.
+    std::vector<cudaStream_t> streams{im.compute};
+    for (int k = 1; k < proto.streams_size(); ++k) {
+      cudaStream_t *side = nullptr;
+      if (proto.streams(k) == "collective") {
+        side = &im.collective;
+      } else { // "compute.N": the N-th further compute stream
+        size_t nth = static_cast<size_t>(std::strtoul(proto.streams(k).c_str() + 8, nullptr, 10));
+        if (nth == 0 || nth > 16)
+          return Status::error("{}: routine '{}': stream '{}' (compute.1 to compute.16)", origin,
+                               proto.name(), proto.streams(k));
+        if (im.extraCompute.size() < nth)
+          im.extraCompute.resize(nth, nullptr);
+        side = &im.extraCompute[nth - 1];
+      }
+      if (!*side)
+        CUDA_TRY(cudaStreamCreateWithFlags(side, cudaStreamNonBlocking), "stream");
+      streams.push_back(*side);
+      // Only a stream with work forks off the compute stream: a capture ends
+      // only once every stream it reached has joined back.
+      if (std::any_of(proto.instructions().begin(), proto.instructions().end(),
+                      [&](const bundle::Instruction &inst) {
+                        return inst.stream() == static_cast<uint32_t>(k);
+                      }))
+        r.sides.push_back(*side);
+    }
+    if (!r.sides.empty())
+      CUDA_TRY(cudaEventCreateWithFlags(&r.start, cudaEventDisableTiming), "event");
+    r.events.assign(proto.events(), nullptr);
+    for (cudaEvent_t &e : r.events)
+      CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
     for (int i = 0; i < proto.instructions_size(); ++i) {
       const bundle::Instruction &inst = proto.instructions(i);
       Step s;
@@ -862,6 +928,16 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         return Status::error("{}: routine '{}' instruction #{} '{}' (op {}): {}", origin,
                              proto.name(), i, inst.name(), inst.op(), why);
       };
+      // forge-schedule's stream and edges (the bundle was validated: events in
+      // range, recorded before they are waited for).
+      s.stream = streams[inst.stream()];
+      if ((inst.placement() == bundle::LIBRARY || inst.placement() == bundle::HOST) &&
+          s.stream != im.compute)
+        return fail("library calls and host instructions run on the compute stream");
+      for (uint32_t e : inst.waits())
+        s.waits.push_back(r.events[e - 1]);
+      if (inst.event())
+        s.record = r.events[inst.event() - 1];
       switch (inst.placement()) {
       case bundle::KERNEL: {
         s.kind = Step::Kernel;
@@ -908,6 +984,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       }
       case bundle::LIBRARY: {
         s.kind = Step::Library;
+        s.workspace = arenaWorkspace.count(&inst) ? base + inst.workspace_offset() : im.workspace;
         if (auto conv = convs.find(&inst); conv != convs.end()) {
           s.conv = std::move(conv->second);
           for (int32_t t : inst.inputs())
@@ -990,11 +1067,6 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         // nothing (NCCL's ncclLaunchOneRank). Over more ranks the multiply is fused into the
         // reduction's own pass.
         s.reduceOp = *reduction == "mean" && *size > 1 ? ncclAvg : ncclSum;
-        if (!im.collective)
-          CUDA_TRY(cudaStreamCreateWithFlags(&im.collective, cudaStreamNonBlocking),
-                   "collective stream");
-        CUDA_TRY(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming), "event");
-        CUDA_TRY(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "event");
         for (int k = 0; k < inst.inputs_size(); ++k) {
           int32_t in = inst.inputs(k), out = inst.outputs(k);
           if (in < 0 || p.tensors(in).dtype() != p.tensors(out).dtype())
@@ -1073,22 +1145,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       }
       r.steps.push_back(std::move(s));
     }
-    // Each collective is waited for by the first later step that reads one of its
-    // results (what the memory plan assumed), else at the routine's end.
-    for (size_t i = 0; i < r.steps.size(); ++i) {
-      if (r.steps[i].kind != Step::Collective)
-        continue;
-      const auto &outs = r.steps[i].inst->outputs();
-      size_t j = i + 1;
-      for (; j < r.steps.size(); ++j) {
-        const auto &ins = r.steps[j].inst->inputs();
-        if (std::any_of(ins.begin(), ins.end(), [&](int32_t t) {
-              return std::find(outs.begin(), outs.end(), t) != outs.end();
-            }))
-          break;
-      }
-      (j < r.steps.size() ? r.steps[j].waitFor : r.endWaits).push_back(r.steps[i].done);
-    }
+    for (uint32_t e : proto.joins())
+      r.joins.push_back(r.events[e - 1]);
     im.routines.push_back(std::move(r));
   }
   im.mirror.resize(p.tensors_size());

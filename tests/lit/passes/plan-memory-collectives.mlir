@@ -24,3 +24,27 @@ func.func @collective(%x: tensor<16xf32> {forge.kind = "input", forge.name = "x"
   %z = forge.mul %r#1, %h : (tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>
   return %y, %z : tensor<16xf32>, tensor<16xf32>
 }
+
+// -----
+
+// The collective stream is ordered only after %g's producer (op 0): the
+// compute ops after it (exp, transpose) may still run when the all_reduce writes
+// its result, which has bytes of its own (%g is read again). So the result
+// may not take the bytes of %t, which dies before the all_reduce in program
+// order (it would, were the collective on the compute stream).
+// CHECK-LABEL: func @result_after_its_wait
+// CHECK: forge.neg %arg0 {forge.offsets = array<i64: [[G:[0-9]+]]>}
+// CHECK: forge.exp %arg0 {forge.offsets = array<i64: [[T:[0-9]+]]>}
+// CHECK: forge.all_reduce
+// CHECK-NOT: array<i64: [[T]]>
+// CHECK-SAME: forge.offsets = array<i64: {{[0-9]+}}>
+func.func @result_after_its_wait(%x: tensor<4x4xf32> {forge.kind = "input", forge.name = "x"})
+    -> (tensor<4x4xf32> {forge.name = "y"}) {
+  %g = forge.neg %x : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  %t = forge.exp %x : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  %u = forge.transpose %t {perm = array<i64: 1, 0>} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  %r = forge.all_reduce %g {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  %v = forge.mul %r, %g : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %y = forge.add %u, %v : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}

@@ -24,6 +24,9 @@ struct PipelineOptions {
   std::string target = "cpu"; // cpu | cuda:sm_NN
   TrainFlags train;           // the train-step stage (training pipeline only)
   bool memoryReport = false;  // the memory plan prints its peak (forgec --memory-report)
+  std::string scheduleOrder = "memory"; // forge-schedule's order (forgec --schedule-order)
+  bool scheduleReport = false;  // forge-schedule prints its timeline (forgec --schedule-report)
+  std::string scheduleFile;     // ... and appends it here (forgec --dump-dir: schedule.txt)
   int64_t gemmPadMinFlops = int64_t(1) << 30; // forge-pad-contractions (forgec --gemm-pad-min-flops)
   std::string precision = "fp32"; // forge-assign-precision (forgec --precision)
   std::string layout = "nchw";    // forge-assign-layout (forgec --layout)

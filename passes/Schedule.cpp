@@ -1,0 +1,258 @@
+//===- Schedule.cpp - order, streams and event edges of a routine ---------===//
+//
+// Invariants established for forge-plan-memory and the bundle emitter:
+//  * program order stays a topological order of the data flow; only ops
+//    without effects beyond their results move (not collectives, messages,
+//    host calls), and an op moves later only to just before its first reader,
+//    when each of its operands is still read there or later (its move then
+//    shortens its results' live ranges and lengthens none);
+//  * the estimated peak of live bytes never grows (else the order is kept);
+//  * every collective is on the "collective" stream (forge.stream = 1),
+//    everything else on the compute stream (0);
+//  * forge.event / forge.waits / forge.joins are exactly deriveStreamOrder's
+//    edges (StreamOrder.h): a reader on another stream waits for its
+//    producer, no wait is repeated, and the end joins every stream.
+//
+//===----------------------------------------------------------------------===//
+#include "Passes.h"
+#include "StreamOrder.h"
+
+#include "forge/Conversion/Conversion.h"
+#include "forge/runtime/Bundle.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+
+namespace mlir::forge {
+#define GEN_PASS_DEF_SCHEDULE
+#include "Passes.h.inc"
+} // namespace mlir::forge
+
+using namespace mlir;
+using namespace mlir::forge;
+
+namespace {
+
+/// Positions of the body's ops (constants left out; the terminator last).
+llvm::DenseMap<Operation *, int64_t> positions(Block &body) {
+  llvm::DenseMap<Operation *, int64_t> at;
+  int64_t p = 0;
+  for (Operation &op : body)
+    if (!isa<ConstantOp>(op))
+      at[&op] = p++;
+  return at;
+}
+
+/// The body's op that holds `user` (itself, or the region op it is nested in).
+Operation *topLevel(Operation *user, Block &body) {
+  while (user && user->getBlock() != &body)
+    user = user->getParentOp();
+  return user;
+}
+
+uint64_t bytesOf(Value v) {
+  auto type = dyn_cast<RankedTensorType>(v.getType());
+  if (!type || !type.hasStaticShape())
+    return 0;
+  return static_cast<uint64_t>(type.getNumElements()) *
+         ::forge::rt::dtypeSize(dtypeFromType(type.getElementType()));
+}
+
+/// The most bytes of op results live at once, each from its op to its last
+/// reader (the return: the end). Inputs, parameters and constants are left
+/// out: no order changes them. The plan's in-place reuse is not modelled.
+uint64_t estimatePeak(Block &body) {
+  auto at = positions(body);
+  std::vector<int64_t> delta(at.size() + 2, 0);
+  for (Operation &op : body) {
+    if (isa<ConstantOp>(op) || op.hasTrait<OpTrait::IsTerminator>())
+      continue;
+    for (Value r : op.getResults()) {
+      int64_t last = at[&op];
+      for (Operation *user : r.getUsers())
+        if (Operation *top = topLevel(user, body))
+          last = std::max(last, at[top]);
+      delta[at[&op]] += static_cast<int64_t>(bytesOf(r));
+      delta[last + 1] -= static_cast<int64_t>(bytesOf(r));
+    }
+  }
+  int64_t live = 0, peak = 0;
+  for (int64_t d : delta)
+    peak = std::max(peak, live += d);
+  return static_cast<uint64_t>(peak);
+}
+
+/// Ops the schedule may move: those whose only effect is their results.
+bool movable(Operation &op) {
+  if (isa<ConstantOp>(op) || op.getNumResults() == 0 || op.hasTrait<OpTrait::IsTerminator>() ||
+      isCollectiveOp(&op) || isa<SendOp, RecvOp>(op))
+    return false;
+  auto placement = op.getAttrOfType<StringAttr>("forge.placement");
+  return !placement || placement.getValue() != "host";
+}
+
+/// Moves each movable op, last first, to just before its first reader when
+/// every operand is still read there or later; returns how many moved.
+int64_t sinkToReaders(Block &body) {
+  int64_t moved = 0;
+  SmallVector<Operation *> order;
+  for (Operation &op : body.without_terminator())
+    if (!isa<ConstantOp>(op))
+      order.push_back(&op);
+  for (Operation *op : llvm::reverse(order)) {
+    if (!movable(*op))
+      continue;
+    auto at = positions(body);
+    Operation *first = nullptr;
+    for (Value r : op->getResults())
+      for (Operation *user : r.getUsers())
+        if (Operation *top = topLevel(user, body); top && (!first || at[top] < at[first]))
+          first = top;
+    if (!first || at[first] <= at[op] + 1)
+      continue;
+    bool operandsLive = true;
+    for (Value v : op->getOperands()) {
+      Operation *def = v.getDefiningOp();
+      if (!def || isa<ConstantOp>(def))
+        continue; // an argument or a constant: not in the arena's live ranges
+      bool readLater = false;
+      for (Operation *user : v.getUsers())
+        if (Operation *top = topLevel(user, body); top && top != op && at[top] >= at[first])
+          readLater = true;
+      operandsLive &= readLater;
+    }
+    if (!operandsLive)
+      continue;
+    op->moveBefore(first);
+    ++moved;
+  }
+  return moved;
+}
+
+/// "conv 'layer1/conv1'", "fusion loop 'ln'", "all_reduce".
+std::string label(Operation *op) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << op->getName().getStringRef().drop_front(op->getName().getDialectNamespace().size() + 1);
+  if (auto fusion = dyn_cast<FusionOp>(op))
+    os << " " << fusion.getKind();
+  Location loc = op->getLoc();
+  if (auto fused = dyn_cast<FusedLoc>(loc); fused && !fused.getLocations().empty())
+    loc = fused.getLocations().front();
+  if (auto name = dyn_cast<NameLoc>(loc))
+    os << " '" << name.getName().getValue() << "'";
+  return text;
+}
+
+struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
+  using ScheduleBase::ScheduleBase;
+
+  void runOnOperation() override {
+    func::FuncOp func = getOperation();
+    if (!func.getBody().hasOneBlock() ||
+        !isa<func::ReturnOp>(func.getBody().front().getTerminator())) {
+      func.emitError("routines must have a single block ending in return");
+      return signalPassFailure();
+    }
+    if (func->hasAttr("forge.streams")) {
+      func.emitError("the routine is already scheduled");
+      return signalPassFailure();
+    }
+    if (order != "memory" && order != "program") {
+      func.emitError("forge-schedule: order must be memory or program, not '") << order << "'";
+      return signalPassFailure();
+    }
+    Block &body = func.getBody().front();
+    const uint64_t before = estimatePeak(body);
+    uint64_t after = before;
+    int64_t sunk = 0;
+    if (order == "memory") {
+      SmallVector<Operation *> original;
+      for (Operation &op : body.without_terminator())
+        original.push_back(&op);
+      sunk = sinkToReaders(body);
+      after = estimatePeak(body);
+      if (after > before) { // never worse than the order it was given
+        for (Operation *op : original)
+          op->moveBefore(body.getTerminator());
+        sunk = 0;
+        after = before;
+      }
+    }
+
+    Builder b(func.getContext());
+    SmallVector<Attribute> streams{b.getStringAttr("compute")};
+    for (Operation &op : body.without_terminator())
+      if (isCollectiveOp(&op)) {
+        if (streams.size() == 1)
+          streams.push_back(b.getStringAttr("collective"));
+        op.setAttr("forge.stream", b.getI64IntegerAttr(1));
+      }
+    func->setAttr("forge.streams", b.getArrayAttr(streams));
+    StreamOrder o = deriveStreamOrder(func);
+    writeStreamOrder(func, o);
+
+    if (report)
+      printTimeline(func, o, before, after, sunk, llvm::outs());
+    if (!reportFile.empty()) {
+      std::error_code ec;
+      llvm::raw_fd_ostream os(reportFile, ec, llvm::sys::fs::OF_Append);
+      if (ec) {
+        func.emitError("cannot write the schedule to '") << reportFile << "': " << ec.message();
+        return signalPassFailure();
+      }
+      printTimeline(func, o, before, after, sunk, os);
+    }
+  }
+
+  /// One line per op, in a column per stream, with its waits and its event.
+  void printTimeline(func::FuncOp func, const StreamOrder &o, uint64_t before, uint64_t after,
+                     int64_t sunk, llvm::raw_ostream &os) {
+    os << "schedule of @" << func.getSymName() << ": " << o.ops.size() << " ops on "
+       << o.streams.size() << " stream" << (o.streams.size() > 1 ? "s" : "") << " (";
+    llvm::interleaveComma(o.streams, os);
+    os << "), " << o.events << " event" << (o.events == 1 ? "" : "s") << "; order " << order;
+    if (order == "memory")
+      os << " (ops moved to their first readers: " << sunk << "; estimated peak "
+         << formatBytes(before) << " -> " << formatBytes(after) << ")";
+    os << "\n";
+    constexpr int kWidth = 44;
+    os << llvm::formatv("  {0,5}", "#");
+    for (const std::string &s : o.streams)
+      os << "  " << llvm::left_justify(s, kWidth);
+    os << "\n";
+    for (size_t p = 0; p < o.ops.size(); ++p) {
+      std::string cell = label(o.ops[p]);
+      if (!o.waits[p].empty()) {
+        cell += " (waits";
+        for (int64_t e : o.waits[p])
+          cell += " e" + std::to_string(e);
+        cell += ")";
+      }
+      if (o.event[p])
+        cell += " -> e" + std::to_string(o.event[p]);
+      os << llvm::formatv("  {0,5}", p);
+      for (size_t s = 0; s < o.streams.size(); ++s) {
+        if (s != o.stream[p]) {
+          if (s < o.stream[p])
+            os << "  " << std::string(kWidth, ' ');
+          continue;
+        }
+        os << "  " << cell;
+      }
+      os << "\n";
+    }
+    if (!o.joins.empty()) {
+      os << "    end  compute waits";
+      for (int64_t e : o.joins)
+        os << " e" << e;
+      os << "\n";
+    }
+  }
+};
+
+} // namespace

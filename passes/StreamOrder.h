@@ -1,0 +1,57 @@
+//===- StreamOrder.h - how a routine's ops are ordered across streams -----===//
+//
+// forge-schedule puts each op of a routine on a stream (`forge.stream`, an
+// index into the function's `forge.streams`; absent: 0, the compute stream)
+// and derives the event edges from data flow; forge-plan-memory derives them
+// again after adding its copies, and bounds live ranges by them. One
+// derivation serves both (deriveStreamOrder), so the plan and the edges the
+// runtime executes cannot disagree.
+//
+// Model (what the CUDA executor does): each stream runs its ops in program
+// order; every other stream starts after the routine's inputs are in the arena
+// (it waits for the compute stream there); an op on stream s that reads a value
+// made on stream t waits for an event recorded after the producer, unless s is
+// already ordered after it (an earlier wait, directly or through another
+// stream's); the compute stream waits at the end (`forge.joins`) for the last
+// op of every stream it has not waited for.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/SmallVector.h"
+
+#include <string>
+
+namespace mlir::forge {
+
+/// Whether `op` runs as a collective (all_reduce, reduce_scatter, all_gather,
+/// rank_slice): the ops forge-schedule puts on the "collective" stream.
+bool isCollectiveOp(Operation *op);
+
+struct StreamOrder {
+  SmallVector<Operation *> ops;           // program order, constants left out
+  SmallVector<std::string> streams;       // "compute" first
+  SmallVector<unsigned> stream;           // per position
+  SmallVector<int64_t> event;             // per position: 0 none, else its event id
+  SmallVector<SmallVector<int64_t>> waits; // per position: event ids
+  SmallVector<int64_t> joins;             // event ids the routine's end waits for
+  int64_t events = 0;
+  // Per position, for reusing bytes: `after` is the last compute position
+  // the op is ordered after (-1: only the inputs' arrival), `until` the first
+  // compute position ordered after the op (ops.size(): the routine's end).
+  // A compute op at p has after = p - 1 and until = p.
+  SmallVector<int64_t> after, until;
+};
+
+/// The order of `func`'s single block: streams from the ops' forge.stream and
+/// the function's forge.streams; a function without forge.streams (not
+/// scheduled) has its collectives on a "collective" stream. Events are made
+/// fresh from data flow (earlier forge.event/forge.waits are ignored).
+StreamOrder deriveStreamOrder(func::FuncOp func);
+
+/// Writes `order`'s edges: forge.event and forge.waits on the ops (removing
+/// stale ones), forge.streams, forge.events and forge.joins on the function.
+void writeStreamOrder(func::FuncOp func, const StreamOrder &order);
+
+} // namespace mlir::forge
