@@ -664,6 +664,16 @@ def Schedule : Pass<"forge-schedule", "::mlir::func::FuncOp"> {
     forge-plan-memory keeps a tensor's bytes from reuse until the compute
     stream is ordered after its last reader on another stream.
 
+    Further compute streams (`compute-streams=N`, "compute.1" ...): an op
+    continues the stream whose latest op produced one of its operands (a
+    chain stays on its stream); one that continues none (a second reader of
+    an older value: a weight gradient beside the data gradient, or an op of
+    arguments only) forks onto the compute stream idle the longest. Host
+    calls, cuDNN calls (one handle) and pipeline messages stay on the
+    compute stream. Kept only when the estimated peak, with the longer live
+    ranges the other streams' work needs, grows by at most
+    `stream-memory-growth` percent (1).
+
     `report` prints per routine a timeline, one line per op in its stream's
     column with its waits and event; `report-file` appends it to a file
     (`forgec --schedule-report`, and `schedule.txt` in `--dump-dir`).
@@ -671,6 +681,10 @@ def Schedule : Pass<"forge-schedule", "::mlir::func::FuncOp"> {
   let options = [
     Option<"order", "order", "std::string", /*default=*/"\"memory\"",
            "memory (move ops to their readers when the peak does not grow) or program">,
+    Option<"computeStreams", "compute-streams", "int64_t", /*default=*/"1",
+           "Compute streams for independent work (1 to 16)">,
+    Option<"streamMemoryGrowth", "stream-memory-growth", "int64_t", /*default=*/"1",
+           "How much the estimated peak may grow for further compute streams, in percent">,
     Option<"report", "report", "bool", /*default=*/"false",
            "Print the timeline of each routine (stdout)">,
     Option<"reportFile", "report-file", "std::string", /*default=*/"\"\"",

@@ -28,6 +28,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <map>
+#include <mutex>
 
 namespace mlir::forge {
 #define GEN_PASS_DEF_PLANMEMORY
@@ -130,10 +131,15 @@ struct PlanMemoryPass : public mlir::forge::impl::PlanMemoryBase<PlanMemoryPass>
   /// Marks the updates written in place and makes the copies the others and
   /// the outputs need; returns the values written in place.
   llvm::DenseSet<Value> placeUpdates(func::FuncOp func);
+  /// Per op writing a persistent tensor's bytes (an update in place, or its
+  /// copy): the ops that read the tensor's old value.
+  llvm::DenseMap<Operation *, SmallVector<Operation *, 4>>
+  overwrites(func::FuncOp func, const llvm::DenseSet<Value> &inPlace);
   LogicalResult planArena(func::FuncOp func, const llvm::DenseSet<Value> &inPlace);
   /// `lastOf(root)`: the last value the buffer holds (other values written
   /// over the root's, in place or as reshapes), and how many there are.
-  void printReport(func::FuncOp func, ArrayRef<Interval> intervals, uint64_t arena,
+  void printReport(llvm::raw_ostream &os, func::FuncOp func, ArrayRef<Interval> intervals,
+                   uint64_t arena,
                    function_ref<Value(int64_t)> valueOf,
                    function_ref<std::pair<int64_t, int64_t>(int64_t)> lastOf);
 };
@@ -268,6 +274,31 @@ llvm::DenseSet<Value> PlanMemoryPass::placeUpdates(func::FuncOp func) {
   return inPlace;
 }
 
+llvm::DenseMap<Operation *, SmallVector<Operation *, 4>>
+PlanMemoryPass::overwrites(func::FuncOp func, const llvm::DenseSet<Value> &inPlace) {
+  llvm::DenseMap<Operation *, SmallVector<Operation *, 4>> edges;
+  Block &body = func.getBody().front();
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+    auto updates = func.getResultAttrOfType<StringAttr>(i, "forge.updates");
+    Operation *writer = v.getDefiningOp();
+    if (!updates || !writer || !inPlace.contains(v))
+      continue;
+    for (auto [a, arg] : llvm::enumerate(func.getArguments())) {
+      auto name = func.getArgAttrOfType<StringAttr>(a, "forge.name");
+      if (!isPersistent(func, a) || name != updates)
+        continue;
+      for (Operation *user : arg.getUsers()) {
+        while (user && user->getBlock() != &body)
+          user = user->getParentOp();
+        if (user && user != writer)
+          edges[writer].push_back(user);
+      }
+    }
+  }
+  return edges;
+}
+
 LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<Value> &inPlace) {
   Block &body = func.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
@@ -317,7 +348,7 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   // stream, else the end), and its results have them from the last compute
   // op it is ordered after on (`after`), since the compute ops between may
   // still be running when it writes them.
-  StreamOrder order = deriveStreamOrder(func);
+  StreamOrder order = deriveStreamOrder(func, overwrites(func, inPlace));
   llvm::DenseMap<Operation *, int64_t> collectiveEnd;
   for (auto [at, op] : llvm::enumerate(steps)) {
     if (order.stream[at] == 0)
@@ -416,40 +447,58 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   struct Workspace {
     uint64_t offset, bytes;
     bool floored;
+    int64_t lo, hi; // the positions it is live over
   };
   std::vector<Workspace> workspaces;
-  for (auto [at, op] : llvm::enumerate(steps)) {
-    auto library = op->getAttrOfType<StringAttr>("forge.library");
-    if (!library || library.getValue() != "cudnn")
-      continue;
+  auto place = [&](int64_t lo, int64_t hi) {
     std::vector<std::pair<uint64_t, uint64_t>> busy;
     for (const Interval &iv : intervals)
-      if (iv.begin <= static_cast<int64_t>(at) && static_cast<int64_t>(at) <= iv.end) {
-        uint64_t lo = static_cast<uint64_t>(offsets[iv.tensor]);
-        busy.push_back({lo, lo + alignUp(std::max<uint64_t>(iv.bytes, 1), align)});
+      if (iv.begin <= hi && lo <= iv.end) {
+        uint64_t at = static_cast<uint64_t>(offsets[iv.tensor]);
+        busy.push_back({at, at + alignUp(std::max<uint64_t>(iv.bytes, 1), align)});
       }
+    for (const Workspace &w : workspaces) // another stream's, live meanwhile
+      if (w.lo <= hi && lo <= w.hi)
+        busy.push_back({w.offset, w.offset + w.bytes});
     std::sort(busy.begin(), busy.end());
     uint64_t gapAt = 0, gap = 0, cursor = 0;
-    auto consider = [&](uint64_t lo, uint64_t hi) {
-      if (hi > lo && hi - lo > gap)
-        gapAt = lo, gap = hi - lo;
+    auto consider = [&](uint64_t a, uint64_t z) {
+      if (z > a && z - a > gap)
+        gapAt = a, gap = z - a;
     };
-    for (auto [lo, hi] : busy) {
-      consider(cursor, lo);
-      cursor = std::max(cursor, hi);
+    for (auto [a, z] : busy) {
+      consider(cursor, a);
+      cursor = std::max(cursor, z);
     }
     consider(cursor, tensorArena);
-    Workspace w{gapAt, powerOfTwoAtMost(std::min(gap, capBytes)), false};
+    Workspace w{gapAt, powerOfTwoAtMost(std::min(gap, capBytes)), false, lo, hi};
     if (w.bytes < floorBytes)
-      w = {cursor, floorBytes, true}; // above every tensor live here
-    arena = std::max(arena, w.offset + w.bytes);
-    workspaces.push_back(w);
-    op->setAttr("forge.workspace", b.getDenseI64ArrayAttr({static_cast<int64_t>(w.offset),
-                                                            static_cast<int64_t>(w.bytes)}));
-  }
+      w = {cursor, floorBytes, true, lo, hi}; // above every tensor live here
+    return w;
+  };
+  // Ops on further compute streams first: their workspace is theirs from the
+  // last compute op they follow until the compute stream follows them (as
+  // their results are), and the compute stream's ops (each live at its own
+  // position only) keep clear of it.
+  for (bool aside : {true, false})
+    for (auto [at, op] : llvm::enumerate(steps)) {
+      auto library = op->getAttrOfType<StringAttr>("forge.library");
+      if (!library || library.getValue() != "cudnn" || (order.stream[at] != 0) != aside)
+        continue;
+      const int64_t lo = aside ? order.after[at] + 1 : static_cast<int64_t>(at);
+      const int64_t hi = aside ? order.until[at] : static_cast<int64_t>(at);
+      Workspace w = place(lo, hi);
+      arena = std::max(arena, w.offset + w.bytes);
+      workspaces.push_back(w);
+      op->setAttr("forge.workspace", b.getDenseI64ArrayAttr({static_cast<int64_t>(w.offset),
+                                                              static_cast<int64_t>(w.bytes)}));
+    }
+  // One write per routine: the routines of a module are planned in parallel.
+  std::string text;
+  llvm::raw_string_ostream reportText(text);
   if (report)
     printReport(
-        func, intervals, arena, [&](int64_t t) { return tensors[t].value; },
+        reportText, func, intervals, arena, [&](int64_t t) { return tensors[t].value; },
         [&](int64_t r) {
           int64_t last = r, count = 0;
           for (size_t t = 0; t < tensors.size(); ++t)
@@ -467,11 +516,17 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
       most = std::max(most, w.bytes);
       floored += w.floored;
     }
-    llvm::outs() << "  cuDNN workspace of " << workspaces.size() << " op"
+    reportText << "  cuDNN workspace of " << workspaces.size() << " op"
                  << (workspaces.size() > 1 ? "s" : "") << " in the arena: "
                  << formatBytes(least) << " to " << formatBytes(most) << "; " << floored
                  << " at the floor (" << formatBytes(floorBytes) << "), which added "
                  << formatBytes(arena - tensorArena) << " to the arena\n";
+  }
+  if (report) {
+    static std::mutex stdoutMutex;
+    std::lock_guard<std::mutex> lock(stdoutMutex);
+    llvm::outs() << text;
+    llvm::outs().flush();
   }
 
   auto offsetOf = [&](Value v) -> int64_t {
@@ -491,7 +546,8 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   return success();
 }
 
-void PlanMemoryPass::printReport(func::FuncOp func, ArrayRef<Interval> intervals,
+void PlanMemoryPass::printReport(llvm::raw_ostream &os, func::FuncOp func,
+                                 ArrayRef<Interval> intervals,
                                  uint64_t arena, function_ref<Value(int64_t)> valueOf,
                                  function_ref<std::pair<int64_t, int64_t>(int64_t)> lastOf) {
   // Live bytes per position (-1: before the first op), by a sweep.
@@ -525,7 +581,6 @@ void PlanMemoryPass::printReport(func::FuncOp func, ArrayRef<Interval> intervals
   for (Operation &op : func.getBody().front().without_terminator())
     if (!isa<ConstantOp>(op) && position++ == at)
       peakOp = &op;
-  llvm::raw_ostream &os = llvm::outs();
   os << "memory plan of @" << func.getSymName() << ": arena " << formatBytes(arena)
      << ", peak of live tensors " << formatBytes(static_cast<uint64_t>(peak)) << " ("
      << intervals.size() << " buffers)";
@@ -557,9 +612,11 @@ void PlanMemoryPass::runOnOperation() {
   }
   llvm::DenseSet<Value> inPlace = placeUpdates(func);
   // The copies just added run on the compute stream: a copy of a collective's
-  // result waits for it like any reader (the edges are derived again).
+  // result waits for it like any reader (the edges are derived again). An op
+  // writing a persistent tensor in place (or its copy) waits for the readers
+  // of the old value on other streams (placeUpdates put them all before it).
   if (func->hasAttr("forge.streams"))
-    writeStreamOrder(func, deriveStreamOrder(func));
+    writeStreamOrder(func, deriveStreamOrder(func, overwrites(func, inPlace)));
   if (failed(planArena(func, inPlace)))
     signalPassFailure();
 }

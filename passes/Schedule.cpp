@@ -26,6 +26,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <mutex>
 
 namespace mlir::forge {
 #define GEN_PASS_DEF_SCHEDULE
@@ -133,6 +134,106 @@ int64_t sinkToReaders(Block &body) {
   return moved;
 }
 
+/// Whether `op` may run on a further compute stream: not a collective (its
+/// own stream), a host call (the compute stream's callbacks), a pipeline
+/// message (ordered by tokens on the compute stream) or a cuDNN call (the
+/// executor's one cuDNN handle is not used from two streams at once;
+/// cuBLASLt calls take their stream and workspace per call).
+bool mayRunAside(Operation &op) {
+  if (isCollectiveOp(&op) || isa<SendOp, RecvOp>(op))
+    return false;
+  if (auto library = op.getAttrOfType<StringAttr>("forge.library"); library && library.getValue() == "cudnn")
+    return false;
+  auto placement = op.getAttrOfType<StringAttr>("forge.placement");
+  return !placement || placement.getValue() != "host";
+}
+
+/// Independent work on further compute streams (`streams`: their indices,
+/// the compute stream's 0 first). An op continues the stream whose latest op
+/// produced one of its operands (a chain stays on its stream, without
+/// events); an op that continues none (a second reader of an older value,
+/// e.g. a weight gradient beside the data gradient, or one reading only
+/// arguments) forks onto the compute stream that has been without work the
+/// longest. Returns how many ops are off the compute stream.
+int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
+  llvm::DenseMap<Operation *, int64_t> position;
+  llvm::DenseMap<Operation *, unsigned> streamOf;
+  llvm::DenseMap<unsigned, int64_t> tail; // stream -> position of its latest op
+  llvm::DenseMap<unsigned, Operation *> tailOp;
+  for (unsigned s : streams)
+    tail[s] = -1;
+  int64_t p = 0, aside = 0;
+  for (Operation &op : body.without_terminator()) {
+    if (isa<ConstantOp>(op))
+      continue;
+    position[&op] = p;
+    if (auto mark = op.getAttrOfType<IntegerAttr>("forge.stream")) { // a collective
+      streamOf[&op] = static_cast<unsigned>(mark.getInt());
+      ++p;
+      continue;
+    }
+    std::optional<unsigned> chosen;
+    if (!mayRunAside(op)) {
+      chosen = 0;
+    } else {
+      for (Value v : op.getOperands())
+        if (Operation *def = v.getDefiningOp(); def && streamOf.count(def)) {
+          unsigned s = streamOf[def];
+          if (tail.count(s) && tailOp.lookup(s) == def) {
+            chosen = s;
+            break;
+          }
+        }
+      if (!chosen) { // a fork: the stream idle the longest
+        chosen = streams.front();
+        for (unsigned s : streams)
+          if (tail[s] < tail[*chosen])
+            chosen = s;
+      }
+    }
+    streamOf[&op] = *chosen;
+    tail[*chosen] = p;
+    tailOp[*chosen] = &op;
+    if (*chosen != 0) {
+      op.setAttr("forge.stream", IntegerAttr::get(IntegerType::get(op.getContext(), 64), *chosen));
+      ++aside;
+    }
+    ++p;
+  }
+  return aside;
+}
+
+/// The peak of live op results under the streams' order (StreamOrder.h): an
+/// op off the compute stream holds its operands until the compute stream is
+/// ordered after it, and its results from the last compute op it follows.
+uint64_t estimatePeak(const StreamOrder &o, Block &body) {
+  const int64_t n = static_cast<int64_t>(o.ops.size());
+  llvm::DenseMap<Operation *, int64_t> at;
+  for (int64_t p = 0; p < n; ++p)
+    at[o.ops[p]] = p;
+  llvm::DenseMap<Value, std::pair<int64_t, int64_t>> range;
+  for (int64_t p = 0; p < n; ++p) {
+    const bool aside = o.stream[p] != 0;
+    for (Value r : o.ops[p]->getResults())
+      range[r] = {aside ? o.after[p] + 1 : p, aside ? o.until[p] : p};
+    for (Value v : o.ops[p]->getOperands())
+      if (auto it = range.find(v); it != range.end())
+        it->second.second = std::max(it->second.second, aside ? o.until[p] : p);
+  }
+  for (Value v : body.getTerminator()->getOperands())
+    if (auto it = range.find(v); it != range.end())
+      it->second.second = n;
+  std::vector<int64_t> delta(static_cast<size_t>(n) + 2, 0);
+  for (auto &[v, r] : range) {
+    delta[std::max<int64_t>(r.first, 0)] += static_cast<int64_t>(bytesOf(v));
+    delta[std::min(r.second, n) + 1] -= static_cast<int64_t>(bytesOf(v));
+  }
+  int64_t live = 0, peak = 0;
+  for (int64_t d : delta)
+    peak = std::max(peak, live += d);
+  return static_cast<uint64_t>(peak);
+}
+
 /// "conv 'layer1/conv1'", "fusion loop 'ln'", "all_reduce".
 std::string label(Operation *op) {
   std::string text;
@@ -150,6 +251,9 @@ std::string label(Operation *op) {
 
 struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
   using ScheduleBase::ScheduleBase;
+  int64_t aside = 0;      // ops on further compute streams
+  uint64_t asidePeak = 0; // the estimated peak with them
+  bool refused = false;   // further streams were tried and would raise the peak
 
   void runOnOperation() override {
     func::FuncOp func = getOperation();
@@ -167,6 +271,7 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
       return signalPassFailure();
     }
     Block &body = func.getBody().front();
+    aside = 0, asidePeak = 0, refused = false;
     const uint64_t before = estimatePeak(body);
     uint64_t after = before;
     int64_t sunk = 0;
@@ -184,6 +289,11 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
       }
     }
 
+    if (computeStreams < 1 || computeStreams > 16) {
+      func.emitError("forge-schedule: compute-streams must be 1 to 16, not ")
+          << static_cast<int64_t>(computeStreams);
+      return signalPassFailure();
+    }
     Builder b(func.getContext());
     SmallVector<Attribute> streams{b.getStringAttr("compute")};
     for (Operation &op : body.without_terminator())
@@ -194,10 +304,49 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
       }
     func->setAttr("forge.streams", b.getArrayAttr(streams));
     StreamOrder o = deriveStreamOrder(func);
+    aside = 0;
+    if (computeStreams > 1) {
+      // Further compute streams, kept only if the peak (with the longer live
+      // ranges their work has) grows by at most stream-memory-growth percent.
+      const uint64_t oneStream = estimatePeak(o, body);
+      SmallVector<unsigned> compute{0};
+      for (int64_t k = 1; k < computeStreams; ++k) {
+        compute.push_back(static_cast<unsigned>(streams.size()));
+        streams.push_back(b.getStringAttr("compute." + std::to_string(k)));
+      }
+      func->setAttr("forge.streams", b.getArrayAttr(streams));
+      aside = assignComputeStreams(body, compute);
+      StreamOrder several = deriveStreamOrder(func);
+      asidePeak = estimatePeak(several, body);
+      if (aside > 0 && asidePeak <= oneStream + oneStream / 100 * std::max<int64_t>(
+                                                              streamMemoryGrowth, 0)) {
+        o = std::move(several);
+      } else { // back to one compute stream
+        streams.resize(streams.size() - static_cast<size_t>(computeStreams - 1));
+        func->setAttr("forge.streams", b.getArrayAttr(streams));
+        for (Operation &op : body.without_terminator())
+          if (auto mark = op.getAttrOfType<IntegerAttr>("forge.stream");
+              mark && !isCollectiveOp(&op))
+            op.removeAttr("forge.stream");
+        refused = aside > 0;
+        aside = 0;
+        o = deriveStreamOrder(func);
+      }
+    }
     writeStreamOrder(func, o);
 
-    if (report)
-      printTimeline(func, o, before, after, sunk, llvm::outs());
+    if (!report && reportFile.empty())
+      return;
+    // One write per routine: the routines of a module are scheduled in parallel.
+    std::string text;
+    llvm::raw_string_ostream timeline(text);
+    printTimeline(func, o, before, after, sunk, timeline);
+    if (report) {
+      static std::mutex stdoutMutex;
+      std::lock_guard<std::mutex> lock(stdoutMutex);
+      llvm::outs() << text;
+      llvm::outs().flush();
+    }
     if (!reportFile.empty()) {
       std::error_code ec;
       llvm::raw_fd_ostream os(reportFile, ec, llvm::sys::fs::OF_Append);
@@ -205,7 +354,7 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
         func.emitError("cannot write the schedule to '") << reportFile << "': " << ec.message();
         return signalPassFailure();
       }
-      printTimeline(func, o, before, after, sunk, os);
+      os << text;
     }
   }
 
@@ -219,6 +368,12 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
     if (order == "memory")
       os << " (ops moved to their first readers: " << sunk << "; estimated peak "
          << formatBytes(before) << " -> " << formatBytes(after) << ")";
+    if (aside > 0)
+      os << "; " << aside << " ops on further compute streams (estimated peak "
+         << formatBytes(asidePeak) << ")";
+    else if (refused)
+      os << "; one compute stream (further ones would raise the estimated peak to "
+         << formatBytes(asidePeak) << ")";
     os << "\n";
     constexpr int kWidth = 44;
     os << llvm::formatv("  {0,5}", "#");

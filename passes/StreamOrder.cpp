@@ -14,7 +14,8 @@ bool mlir::forge::isCollectiveOp(Operation *op) {
   return isa<AllReduceOp, ReduceScatterOp, AllGatherOp, RankSliceOp>(op);
 }
 
-StreamOrder mlir::forge::deriveStreamOrder(func::FuncOp func) {
+StreamOrder mlir::forge::deriveStreamOrder(
+    func::FuncOp func, const llvm::DenseMap<Operation *, SmallVector<Operation *, 4>> &overwrites) {
   StreamOrder o;
   Block &body = func.getBody().front();
   auto names = func->getAttrOfType<ArrayAttr>("forge.streams");
@@ -92,6 +93,11 @@ StreamOrder mlir::forge::deriveStreamOrder(func::FuncOp func) {
       if (d >= 0 && o.stream[d] != s)
         latest[o.stream[d]] = std::max(latest[o.stream[d]], d);
     }
+    if (auto it = overwrites.find(op); it != overwrites.end())
+      for (Operation *reader : it->second)
+        if (auto r = position.find(reader); r != position.end() && r->second < int64_t(p) &&
+                                            o.stream[r->second] != s)
+          latest[o.stream[r->second]] = std::max(latest[o.stream[r->second]], r->second);
     for (size_t t = 0; t < streams; ++t)
       if (latest[t] > ordered[s][t]) {
         o.waits[p].push_back(eventAt(latest[t]));

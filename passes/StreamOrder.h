@@ -19,6 +19,7 @@
 #pragma once
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallVector.h"
 
 #include <string>
@@ -48,7 +49,14 @@ struct StreamOrder {
 /// the function's forge.streams; a function without forge.streams (not
 /// scheduled) has its collectives on a "collective" stream. Events are made
 /// fresh from data flow (earlier forge.event/forge.waits are ignored).
-StreamOrder deriveStreamOrder(func::FuncOp func);
+/// `overwrites` adds edges that data flow does not show: an op that writes
+/// over a buffer (a persistent tensor updated in place) must be ordered after
+/// the listed ops, which read the buffer's old value.
+StreamOrder deriveStreamOrder(
+    func::FuncOp func, const llvm::DenseMap<Operation *, SmallVector<Operation *, 4>> &overwrites);
+inline StreamOrder deriveStreamOrder(func::FuncOp func) {
+  return deriveStreamOrder(func, llvm::DenseMap<Operation *, SmallVector<Operation *, 4>>());
+}
 
 /// Writes `order`'s edges: forge.event and forge.waits on the ops (removing
 /// stale ones), forge.streams, forge.events and forge.joins on the function.

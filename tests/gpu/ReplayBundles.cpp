@@ -5,7 +5,10 @@
 //   forge-replay DIR [--device cuda] [--rtol 1e-3] [--atol 1e-7] [--cpu-rtol 1e-4]
 //                    [--cpu-atol 1e-6] [--queue] [-v]
 //   forge-replay --check-library BUNDLE...   (no GPU: each library call's stated problem
-//                                              against its tensors, as the CUDA executor does)
+//                                              against its tensors, as the CUDA executor does,
+//                                              and the schedule against the memory plan: no
+//                                              two instructions that may run at once on
+//                                              different streams touch the same bytes)
 //
 // DIR/NAME/model.forge with DIR/NAME/set_K.npz holding the routine's inputs by tensor name,
 // `expected:O` (ONNX's reference, the runner's tolerance) and `cpu:O` (the CPU executor's
@@ -135,6 +138,8 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; ++i) {
       auto bundle = Bundle::open(argv[i]);
       Status st = bundle ? checkLibraryCalls(**bundle) : bundle.status();
+      if (st.isOk())
+        st = checkScheduleRaces((*bundle)->program());
       if (!st.isOk()) {
         fmt::print(stderr, "forge-replay: {}: {}\n", argv[i], st.message());
         ++bad;

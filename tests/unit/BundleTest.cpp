@@ -420,6 +420,46 @@ TEST(BundleTest, ScheduleChecks) {
                      "the end waits for event 3, which no instruction records");
 }
 
+TEST(BundleTest, ScheduleRaces) {
+  // relu x -> t on the compute stream, then the matmul on compute.1 writing y; y and t
+  // share bytes [64, 128) unless t moves. Without a wait the two may run at once.
+  auto program = [](bool wait, int64_t tOffset) {
+    BundleWriter w = makeWriter();
+    fb::Program &p = w.program();
+    p.set_arena_size(256);
+    addTensor(p, "t", fb::TensorInfo::INTERMEDIATE, {2, 3}, tOffset);
+    fb::Routine *r = p.mutable_routines(0);
+    r->add_streams("compute");
+    r->add_streams("compute.1");
+    r->set_events(1);
+    fb::Instruction relu;
+    relu.set_op("relu");
+    relu.set_name("first");
+    relu.add_inputs(0);
+    relu.add_outputs(3);
+    relu.set_event(1);
+    *r->mutable_instructions()->Add() = r->instructions(0);
+    *r->mutable_instructions(0) = relu;
+    fb::Instruction *mm = r->mutable_instructions(1);
+    mm->set_stream(1);
+    if (wait)
+      mm->add_waits(1);
+    return p;
+  };
+  Status race = checkScheduleRaces(program(false, 64));
+  ASSERT_FALSE(race.isOk());
+  EXPECT_NE(race.message().find("routine 'forward': instruction #0 (relu 'first') (stream 0) and "
+                                "instruction #1 (matmul 'node0') (stream 1) may run at once"),
+            std::string::npos)
+      << race.message();
+  EXPECT_NE(race.message().find("tensor #3 't' bytes [64, 88), one writing them"),
+            std::string::npos)
+      << race.message();
+  EXPECT_TRUE(checkScheduleRaces(program(true, 64)).isOk());   // ordered by the event
+  // Apart in memory: both still read x, and reads never race.
+  EXPECT_TRUE(checkScheduleRaces(program(false, 128)).isOk());
+}
+
 TEST(BundleTest, RoutineInputOutputChecks) {
   auto in = [](fb::Program &p) { return p.mutable_routines(0)->mutable_inputs(); };
   auto out = [](fb::Program &p) { return p.mutable_routines(0)->mutable_outputs(); };

@@ -96,6 +96,17 @@ static cl::opt<std::string> scheduleOrder(
     cl::desc("memory: move ops to their first readers where that lowers the peak of live "
              "memory (default); program: keep the order the passes made"),
     cl::init("memory"), cl::cat(forgecCategory));
+static cl::opt<int64_t> computeStreams(
+    "compute-streams",
+    cl::desc("CUDA: compute streams for independent work (a weight gradient beside the data "
+             "gradient), 1 to 16 (default 2); kept where it does not raise the peak of live "
+             "memory (--stream-memory-growth)"),
+    cl::init(2), cl::cat(forgecCategory));
+static cl::opt<int64_t> streamMemoryGrowth(
+    "stream-memory-growth",
+    cl::desc("How much (percent) further compute streams may raise the estimated peak of live "
+             "memory before one stream is kept (default 1)"),
+    cl::init(1), cl::cat(forgecCategory));
 static cl::opt<int64_t> gemmPadMinFlops(
     "gemm-pad-min-flops",
     cl::desc("CUDA: the smallest matmul/gemm (2*M*N*K FLOPs) whose unaligned dims are "
@@ -610,6 +621,8 @@ int main(int argc, char **argv) {
   pipelineOptions.memoryReport = memoryReport;
   pipelineOptions.scheduleReport = scheduleReport;
   pipelineOptions.scheduleOrder = scheduleOrder;
+  pipelineOptions.computeStreams = computeStreams;
+  pipelineOptions.streamMemoryGrowth = streamMemoryGrowth;
   if (precision != "fp32" && precision != "tf32" && precision != "bf16" && precision != "fp16" &&
       precision != "fp8")
     return fail("unknown --precision '" + precision + "' (fp32, tf32, bf16, fp16, fp8)");

@@ -109,6 +109,10 @@ void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
 void addSchedule(OpPassManager &pm, const PipelineOptions &options) {
   ScheduleOptions schedule;
   schedule.order = options.scheduleOrder;
+  // The CPU runs one op at a time: further streams would only lengthen live ranges.
+  schedule.computeStreams =
+      StringRef(options.target).starts_with("cuda") ? options.computeStreams : 1;
+  schedule.streamMemoryGrowth = options.streamMemoryGrowth;
   schedule.report = options.scheduleReport;
   schedule.reportFile = options.scheduleFile;
   pm.addNestedPass<func::FuncOp>(createSchedule(schedule));

@@ -675,3 +675,94 @@ std::span<const uint8_t> Bundle::tensorData(const bundle::TensorInfo &tensor) co
 }
 
 } // namespace forge::rt
+
+namespace forge::rt {
+
+Status checkScheduleRaces(const bundle::Program &p) {
+  // Byte ranges an instruction touches: arena tensors at their offsets, each
+  // persistent tensor in an address space of its own above the arena.
+  struct Range {
+    uint64_t lo, hi;
+    int32_t tensor; // -1: a workspace
+  };
+  const uint64_t persistentBase = p.arena_size() + kSectionAlignment;
+  auto rangeOf = [&](int32_t t) -> Range {
+    const bundle::TensorInfo &info = p.tensors(t);
+    if (isArenaKind(info.kind())) {
+      uint64_t lo = static_cast<uint64_t>(info.arena_offset());
+      return {lo, lo + std::max<uint64_t>(byteSize(info), 1), t};
+    }
+    uint64_t lo = persistentBase + static_cast<uint64_t>(t) * 2;
+    return {lo, lo + 1, t};
+  };
+  for (const bundle::Routine &r : p.routines()) {
+    const int n = r.instructions_size();
+    const size_t streams = std::max(r.streams_size(), 1);
+    // seen[i][s]: the last instruction of stream s that completes before i
+    // starts (-1: none; every stream starts after the inputs arrived).
+    std::vector<std::vector<int>> seen(n), after(n);
+    std::vector<std::vector<int>> cur(streams, std::vector<int>(streams, -1));
+    std::vector<int> recorder(r.events() + 1, -1);
+    for (int i = 0; i < n; ++i) {
+      const bundle::Instruction &inst = r.instructions(i);
+      const size_t s = inst.stream();
+      for (uint32_t e : inst.waits()) {
+        const std::vector<int> &then = after[recorder[e]];
+        for (size_t u = 0; u < streams; ++u)
+          cur[s][u] = std::max(cur[s][u], then[u]);
+      }
+      seen[i] = cur[s];
+      cur[s][s] = i;
+      after[i] = cur[s];
+      if (inst.event())
+        recorder[inst.event()] = i;
+    }
+    std::vector<std::vector<Range>> reads(n), writes(n);
+    for (int i = 0; i < n; ++i) {
+      const bundle::Instruction &inst = r.instructions(i);
+      for (int32_t t : inst.inputs())
+        if (t >= 0 && p.tensors(t).kind() != bundle::TensorInfo::CONSTANT)
+          reads[i].push_back(rangeOf(t));
+      // A reshape whose result is its operand's bytes (the plan's rule) copies nothing.
+      const bool alias = inst.placement() == bundle::DEVICE_COPY && inst.inputs_size() == 1 &&
+                         inst.outputs_size() == 1 && inst.inputs(0) >= 0 &&
+                         rangeOf(inst.inputs(0)).lo == rangeOf(inst.outputs(0)).lo;
+      for (int32_t t : inst.outputs())
+        if (!alias)
+          writes[i].push_back(rangeOf(t));
+      if (inst.workspace_bytes())
+        writes[i].push_back({inst.workspace_offset(), inst.workspace_offset() + inst.workspace_bytes(), -1});
+    }
+    auto overlap = [](const std::vector<Range> &a, const std::vector<Range> &b) -> const Range * {
+      for (const Range &x : a)
+        for (const Range &y : b)
+          if (x.lo < y.hi && y.lo < x.hi)
+            return &x;
+      return nullptr;
+    };
+    for (int j = 0; j < n; ++j) {
+      const size_t sj = r.instructions(j).stream();
+      for (int i = 0; i < j; ++i) {
+        const size_t si = r.instructions(i).stream();
+        if (si == sj || seen[j][si] >= i)
+          continue; // i completes before j starts
+        const Range *hit = overlap(writes[i], reads[j]);
+        if (!hit)
+          hit = overlap(writes[i], writes[j]);
+        if (!hit)
+          hit = overlap(reads[i], writes[j]);
+        if (hit)
+          return Status::error(
+              "routine '{}': {} (stream {}) and {} (stream {}) may run at once and both touch "
+              "{} bytes [{}, {}), one writing them",
+              r.name(), instructionLabel(r.instructions(i), i), si,
+              instructionLabel(r.instructions(j), j), sj,
+              hit->tensor >= 0 ? tensorLabel(p, hit->tensor) : std::string("workspace"),
+              hit->lo, hit->hi);
+      }
+    }
+  }
+  return Status::ok();
+}
+
+} // namespace forge::rt

@@ -200,7 +200,8 @@ struct CudaExecutor::Impl {
   cudaEvent_t runBegin[kRunTimes] = {}, runEnd[kRunTimes] = {};
   void *deviceBase = nullptr;
   uint64_t deviceBytes = 0;
-  void *workspace = nullptr;
+  void *workspace = nullptr;     // the compute stream's; compute.N's is N strides on
+  uint64_t workspaceStride = 0;
   // The fault word: a checking kernel stores its instruction's code here when
   // its data is bad (an index out of range, ...). Zeroed once, when the device
   // memory is, and never by a run: it is sticky, so the copy read back with
@@ -349,9 +350,12 @@ struct CudaExecutor::Impl {
     case Step::Library:
       if (s.conv)
         return s.conv->run(s.convIn, s.out, s.workspace);
+      // cuDNN calls run on the compute stream (the handle's); cuBLASLt's on any compute stream.
+      if (s.conv)
+        return s.conv->run(s.convIn, s.out, s.workspace);
       if (s.attention)
         return s.attention->run(s.attnIn, s.attnOut, s.workspace);
-      return s.matmul->run(compute, s.mm, workspace);
+      return s.matmul->run(s.stream, s.mm, s.workspace);
     case Step::Copy:
       if (s.dst != s.src && s.bytes > 0)
         CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, s.stream),
@@ -771,8 +775,18 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       total += alignUp(std::max<uint64_t>(byteSize(p.tensors(t)), 1), kDeviceAlign);
     }
   }
+  // One shared workspace per compute stream (library calls on different streams may run
+  // at once): "compute.N" of any routine's schedule needs N + 1.
+  size_t workspaceSlots = 1;
+  for (const bundle::Routine &r : p.routines())
+    for (const std::string &name : r.streams())
+      if (name.rfind("compute.", 0) == 0)
+        workspaceSlots = std::max<size_t>(
+            workspaceSlots, 1 + std::strtoul(name.c_str() + 8, nullptr, 10));
+  workspaceSlots = std::min<size_t>(workspaceSlots, 17);
   uint64_t workspaceOffset = total;
-  total += alignUp(im.workspaceBytes, kDeviceAlign);
+  im.workspaceStride = alignUp(im.workspaceBytes, kDeviceAlign);
+  total += workspaceSlots * im.workspaceStride;
   uint64_t faultOffset = total;
   total += kDeviceAlign;
   e = cudaMalloc(&im.deviceBase, total);
@@ -890,12 +904,15 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       }
     // The schedule's streams (none: everything on the compute stream) and events.
     std::vector<cudaStream_t> streams{im.compute};
+    std::vector<int> slotOf{0}; // per stream: its shared workspace slot (-1: no library calls)
     for (int k = 1; k < proto.streams_size(); ++k) {
       cudaStream_t *side = nullptr;
       if (proto.streams(k) == "collective") {
         side = &im.collective;
+        slotOf.push_back(-1);
       } else { // "compute.N": the N-th further compute stream
         size_t nth = static_cast<size_t>(std::strtoul(proto.streams(k).c_str() + 8, nullptr, 10));
+        slotOf.push_back(static_cast<int>(std::min<size_t>(nth, 16)));
         if (nth == 0 || nth > 16)
           return Status::error("{}: routine '{}': stream '{}' (compute.1 to compute.16)", origin,
                                proto.name(), proto.streams(k));
@@ -931,9 +948,14 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       // forge-schedule's stream and edges (the bundle was validated: events in
       // range, recorded before they are waited for).
       s.stream = streams[inst.stream()];
-      if ((inst.placement() == bundle::LIBRARY || inst.placement() == bundle::HOST) &&
-          s.stream != im.compute)
-        return fail("library calls and host instructions run on the compute stream");
+      // One cuDNN handle, bound to the compute stream: two streams' cuDNN calls at once
+      // on it computed wrong results on an H200 (mobilenet_v3 with two compute streams).
+      const bool cudnnCall = inst.placement() == bundle::LIBRARY && !inst.has_matmul() &&
+                             inst.op() != "matmul" && inst.op() != "gemm";
+      if (((inst.placement() == bundle::HOST || cudnnCall) && s.stream != im.compute) ||
+          (inst.placement() == bundle::LIBRARY && slotOf[inst.stream()] < 0))
+        return fail("host instructions and cuDNN calls run on the compute stream, cuBLASLt "
+                    "calls on a compute stream");
       for (uint32_t e : inst.waits())
         s.waits.push_back(r.events[e - 1]);
       if (inst.event())
@@ -984,7 +1006,10 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       }
       case bundle::LIBRARY: {
         s.kind = Step::Library;
-        s.workspace = arenaWorkspace.count(&inst) ? base + inst.workspace_offset() : im.workspace;
+        s.workspace = arenaWorkspace.count(&inst)
+                          ? base + inst.workspace_offset()
+                          : static_cast<uint8_t *>(im.workspace) +
+                                slotOf[inst.stream()] * im.workspaceStride;
         if (auto conv = convs.find(&inst); conv != convs.end()) {
           s.conv = std::move(conv->second);
           for (int32_t t : inst.inputs())

@@ -3,6 +3,11 @@
 // RUN: forge-opt %s --split-input-file --forge-schedule=order=program | FileCheck %s --check-prefix=PROGRAM
 // RUN: not forge-opt %s --split-input-file --forge-schedule --forge-schedule 2>&1 | FileCheck %s --check-prefix=TWICE
 // RUN: not forge-opt %s --split-input-file --forge-schedule=order=random 2>&1 | FileCheck %s --check-prefix=BADORDER
+// RUN: forge-opt %s --split-input-file --forge-schedule="order=program compute-streams=2" | FileCheck %s --check-prefix=STREAMS
+// RUN: forge-opt %s --split-input-file --forge-schedule="order=program compute-streams=2 report=true" -o /dev/null | FileCheck %s --check-prefix=STREAMS-REPORT
+// RUN: forge-opt %s --split-input-file --forge-schedule="order=program compute-streams=2" --forge-plan-memory | FileCheck %s --check-prefix=STREAMS-PLAN
+// RUN: not forge-opt %s --split-input-file --forge-schedule=compute-streams=0 2>&1 | FileCheck %s --check-prefix=BADSTREAMS
+// BADSTREAMS: error: forge-schedule: compute-streams must be 1 to 16, not 0
 // TWICE: error: the routine is already scheduled
 // BADORDER: error: forge-schedule: order must be memory or program, not 'random'
 
@@ -80,4 +85,66 @@ func.func @streams(%x: tensor<16xf32> {forge.kind = "input", forge.name = "x"})
   %y = forge.mul %r, %a : (tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>
   %s = forge.all_reduce %a {group = "dp", reduction = "sum", size = 2 : i64} : (tensor<16xf32>) -> tensor<16xf32>
   return %y, %s : tensor<16xf32>, tensor<16xf32>
+}
+
+// -----
+
+// Further compute streams (compute-streams=2): %c reads only an argument, so
+// it forks onto compute.1 (idle the longest) and runs beside the chain; %e
+// continues %d's stream and waits for %c's event. The estimated peak stays.
+// STREAMS-LABEL: func @fork
+// STREAMS-SAME: forge.events = 1 : i64, forge.joins = array<i64>, forge.streams = ["compute", "compute.1"]
+// STREAMS: forge.exp %arg0 :
+// STREAMS-NEXT: forge.abs
+// STREAMS-NEXT: forge.neg %arg0 {forge.event = 1 : i64, forge.stream = 1 : i64}
+// STREAMS-NEXT: forge.sqrt
+// STREAMS-NEXT: forge.mul {{.*}}{forge.waits = array<i64: 1>}
+// STREAMS-REPORT: schedule of @fork: 5 ops on 2 streams (compute, compute.1), 1 event; order program; 1 ops on further compute streams (estimated peak 768.0 B)
+// STREAMS-REPORT: 2 neg -> e1
+// STREAMS-REPORT: 4 mul (waits e1)
+func.func @fork(%x: tensor<64xf32> {forge.kind = "input", forge.name = "x"})
+    -> (tensor<64xf32> {forge.name = "y"}) {
+  %a = forge.exp %x : (tensor<64xf32>) -> tensor<64xf32>
+  %b = forge.abs %a : (tensor<64xf32>) -> tensor<64xf32>
+  %c = forge.neg %x : (tensor<64xf32>) -> tensor<64xf32>
+  %d = forge.sqrt %b : (tensor<64xf32>) -> tensor<64xf32>
+  %e = forge.mul %d, %c : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>
+  return %e : tensor<64xf32>
+}
+
+// -----
+
+// %c forks off %a, which a side stream's read would keep live until the
+// compute stream waits for it: the peak would grow, so one compute stream.
+// STREAMS-LABEL: func @refused
+// STREAMS-SAME: forge.streams = ["compute"]
+// STREAMS-NOT: forge.stream =
+// STREAMS: return
+// STREAMS-REPORT: schedule of @refused: {{.*}}; one compute stream (further ones would raise the estimated peak to 1.0 KiB)
+func.func @refused(%x: tensor<64xf32> {forge.kind = "input", forge.name = "x"})
+    -> (tensor<64xf32> {forge.name = "y"}) {
+  %a = forge.exp %x : (tensor<64xf32>) -> tensor<64xf32>
+  %b = forge.abs %a : (tensor<64xf32>) -> tensor<64xf32>
+  %c = forge.neg %a : (tensor<64xf32>) -> tensor<64xf32>
+  %d = forge.sqrt %b : (tensor<64xf32>) -> tensor<64xf32>
+  %e = forge.mul %d, %c : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>
+  return %e : tensor<64xf32>
+}
+
+// -----
+
+// A parameter read on compute.1 and updated in place on the compute stream:
+// the update waits for the read (the edge forge-plan-memory adds: data flow
+// alone would let it overwrite w under the read).
+// STREAMS-PLAN-LABEL: func @overwrite
+// STREAMS-PLAN: forge.exp %arg0
+// STREAMS-PLAN-NEXT: forge.neg %arg1 {forge.event = 1 : i64, forge.offsets = array<i64: {{[0-9]+}}>, forge.stream = 1 : i64}
+// STREAMS-PLAN-NEXT: forge.sub %arg1, %{{.*}} {forge.offsets = array<i64: -1>, forge.waits = array<i64: 1>}
+func.func @overwrite(%x: tensor<64xf32> {forge.kind = "input", forge.name = "x"},
+                     %w: tensor<64xf32> {forge.kind = "parameter", forge.name = "w"})
+    -> (tensor<64xf32> {forge.name = "y"}, tensor<64xf32> {forge.updates = "w"}) {
+  %a = forge.exp %x : (tensor<64xf32>) -> tensor<64xf32>
+  %r = forge.neg %w : (tensor<64xf32>) -> tensor<64xf32>
+  %w2 = forge.sub %w, %a : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>
+  return %r, %w2 : tensor<64xf32>, tensor<64xf32>
 }

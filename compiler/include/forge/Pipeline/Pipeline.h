@@ -25,6 +25,8 @@ struct PipelineOptions {
   TrainFlags train;           // the train-step stage (training pipeline only)
   bool memoryReport = false;  // the memory plan prints its peak (forgec --memory-report)
   std::string scheduleOrder = "memory"; // forge-schedule's order (forgec --schedule-order)
+  int64_t computeStreams = 2;   // forge-schedule's compute streams, CUDA (forgec --compute-streams)
+  int64_t streamMemoryGrowth = 1; // ... and the peak growth they may cost, % (--stream-memory-growth)
   bool scheduleReport = false;  // forge-schedule prints its timeline (forgec --schedule-report)
   std::string scheduleFile;     // ... and appends it here (forgec --dump-dir: schedule.txt)
   int64_t gemmPadMinFlops = int64_t(1) << 30; // forge-pad-contractions (forgec --gemm-pad-min-flops)

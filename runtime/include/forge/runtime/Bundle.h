@@ -94,6 +94,13 @@ private:
   std::vector<uint8_t> data_;
 };
 
+/// Checks a CUDA bundle's schedule against its memory plan: any two instructions
+/// that may run at once (on different streams, neither waiting for the other,
+/// directly or through other streams' events) must not touch the same bytes when
+/// one of them writes them (arena tensors and workspaces, and each persistent
+/// tensor). Returns the first such pair, naming both instructions and the bytes.
+Status checkScheduleRaces(const bundle::Program &p);
+
 /// A validated, read-only bundle (memory-mapped when opened from a file).
 class Bundle {
 public:
