@@ -113,11 +113,9 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                                                    TrainerOptions options) {
   const bundle::Program &p = bundle.program();
   const std::string &origin = bundle.origin();
-  // Pipeline parallelism (forgec --pp P): ranks are laid out D x P x T (the T
-  // ranks of a tensor-parallel group consecutive, then the stages), so rank r
-  // runs stage (r / T) % P, whose routines are train_step@pp<s> and eval@pp<s>:
-  // the executor loads those alone, and holds only the parameters and state
-  // they touch (the stage's own).
+  // Pipeline parallelism (forgec --pp P): rank r runs its stage s (RankLayout),
+  // whose routines are train_step@pp<s> and eval@pp<s>: the executor loads those
+  // alone, and holds only the parameters and state they touch (the stage's own).
   auto ppOption = positiveBuildOption(bundle, "pipeline_parallel");
   if (!ppOption)
     return ppOption.status();
@@ -127,7 +125,10 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   std::string suffix;
   std::vector<std::string> stageRoutines;
   if (*ppOption > 1) {
-    suffix = fmt::format("@pp{}", options.rank / *tpOption % *ppOption);
+    suffix = fmt::format("@pp{}", RankLayout::of(options.rank, options.worldSize,
+                                                 static_cast<int>(*ppOption),
+                                                 static_cast<int>(*tpOption))
+                                      .stage);
     for (const bundle::Routine &r : p.routines())
       if (r.name() == "train_step" + suffix || r.name() == "eval" + suffix)
         stageRoutines.push_back(r.name()); // none: reported below, with the routines there are

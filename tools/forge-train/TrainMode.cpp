@@ -513,11 +513,10 @@ Expected<int> train(const Options &opts, Progress &progress) {
                            "has {} ranks: start D x {} ranks (--nproc)",
                            bundle.origin(), pp, pp, tp > 1 ? fmt::format(" --tp {}", tp) : "",
                            r.size, pp * tp);
-    // D x P x T ranks: rank = (d * P + s) * T + t. The T ranks of a tensor-parallel
-    // group are consecutive, a pipeline is the P ranks of one (d, t), a data-parallel
-    // group the D ranks of one (s, t). A group of every rank is the world itself.
-    const int p = static_cast<int>(pp), t = static_cast<int>(tp), me = r.rank;
-    const int dp = r.size / (p * t), d = me / (p * t), s = me / t % p, ti = me % t;
+    // D x P x T ranks (RankLayout). A group of every rank is the world itself.
+    const RankLayout place = RankLayout::of(r.rank, r.size, static_cast<int>(pp),
+                                            static_cast<int>(tp));
+    const int p = place.pp, t = place.tp, dp = place.dp;
     auto join = [&](const char *name, std::vector<int> ranks,
                     std::unique_ptr<Communicator> &slot) -> Status {
       if (static_cast<int>(ranks.size()) == r.size) {
@@ -533,11 +532,11 @@ Expected<int> train(const Options &opts, Progress &progress) {
     };
     std::vector<int> ppRanks, dpRanks, tpRanks;
     for (int i = 0; i < p; ++i)
-      ppRanks.push_back((d * p + i) * t + ti);
+      ppRanks.push_back(place.rankOf(place.d, i, place.t));
     for (int i = 0; i < dp; ++i)
-      dpRanks.push_back((i * p + s) * t + ti);
+      dpRanks.push_back(place.rankOf(i, place.stage, place.t));
     for (int i = 0; i < t; ++i)
-      tpRanks.push_back((d * p + s) * t + i);
+      tpRanks.push_back(place.rankOf(place.d, place.stage, i));
     // Every rank makes the same subgroups in the same order (each is a rendezvous).
     if (p > 1)
       FORGE_RETURN_IF_ERROR(join("pp", ppRanks, ppGroup));
@@ -566,7 +565,10 @@ Expected<int> train(const Options &opts, Progress &progress) {
     auto [held, all] = tr.executor().persistentBytes();
     progress.message(fmt::format("pipeline stage {} holds {} of the {} bytes of parameters and "
                                  "state ({:.0f}%)",
-                                 trainerOptions.rank / tp % pp, held, all,
+                                 RankLayout::of(trainerOptions.rank, trainerOptions.worldSize,
+                                                static_cast<int>(pp), static_cast<int>(tp))
+                                     .stage,
+                                 held, all,
                                  all ? 100.0 * double(held) / double(all) : 0.0));
   }
 

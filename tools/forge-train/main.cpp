@@ -102,8 +102,9 @@ Status runInfo(const Options &opts) {
   fmt::print("arena size:   {} bytes\n", p.arena_size());
   // What forgec --batch auto fits into --device-memory (CUDA: one allocation).
   fmt::print("device plan:  {} bytes (arena, parameters, state and constants, aligned) + {} "
-             "bytes of GEMM workspace\n",
-             plannedTensorBytes(p), kGemmWorkspaceBytes);
+             "bytes of GEMM workspace ({} per compute stream)\n",
+             plannedTensorBytes(p), kGemmWorkspaceBytes * computeStreamCount(p),
+             kGemmWorkspaceBytes);
   fmt::print("sections:     {}\n", p.sections_size());
   for (int i = 0; i < p.sections_size(); ++i)
     fmt::print("  [{}] {:<24} offset {:>12}  size {:>12}  crc32 {:#010x}\n", i,

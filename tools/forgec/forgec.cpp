@@ -107,6 +107,11 @@ static cl::opt<int64_t> streamMemoryGrowth(
     cl::desc("How much (percent) further compute streams may raise the estimated peak of live "
              "memory before one stream is kept (default 1)"),
     cl::init(1), cl::cat(forgecCategory));
+static cl::opt<bool> gemmAuxEpilogues(
+    "gemm-aux-epilogues",
+    cl::desc("CUDA: also the cuBLASLt epilogues that save a tensor for the backward or read "
+             "one (GELU_AUX/DGELU, RELU_AUX/DRELU); off: slower in TF32 on GPT-2"),
+    cl::init(false), cl::cat(forgecCategory));
 static cl::opt<int64_t> gemmPadMinFlops(
     "gemm-pad-min-flops",
     cl::desc("CUDA: the smallest matmul/gemm (2*M*N*K FLOPs) whose unaligned dims are "
@@ -619,6 +624,7 @@ int main(int argc, char **argv) {
   pipelineOptions.target = target;
   pipelineOptions.train = trainFlags();
   pipelineOptions.memoryReport = memoryReport;
+  pipelineOptions.auxEpilogues = gemmAuxEpilogues;
   pipelineOptions.scheduleReport = scheduleReport;
   pipelineOptions.scheduleOrder = scheduleOrder;
   pipelineOptions.computeStreams = computeStreams;
@@ -828,7 +834,8 @@ int main(int argc, char **argv) {
         failed(mlir::forge::emitBundle(*trial, emitOptions, w)))
       return {false, 0, error.empty() ? "the compile failed" : error};
     return {true,
-            ::forge::rt::plannedTensorBytes(w.program()) + ::forge::rt::kGemmWorkspaceBytes,
+            ::forge::rt::plannedTensorBytes(w.program()) +
+                ::forge::rt::kGemmWorkspaceBytes * ::forge::rt::computeStreamCount(w.program()),
             ""};
   };
   std::optional<uint64_t> allowed;
@@ -894,6 +901,11 @@ int main(int argc, char **argv) {
   emitOptions.kernelDumpDir = dumpDir;
   if (failed(mlir::forge::emitBundle(*module, emitOptions, writer)))
     return 1;
+  // The schedule against the memory plan, as the runtime will run them: a race
+  // between streams is a compiler bug, caught here rather than as wrong numbers.
+  if (::forge::rt::Status races = ::forge::rt::checkScheduleRaces(writer.program());
+      !races.isOk())
+    return fail("internal error: the schedule and the memory plan disagree: " + races.message());
   ::forge::rt::Status status = writer.writeFile(output);
   if (!status.isOk())
     return fail(status.message());

@@ -55,6 +55,7 @@ void addFusion(OpPassManager &pm, const PipelineOptions &options) {
   FuseOptions fuse;
   // GEMM epilogues are a GEMM library's (cuBLASLt): CUDA only.
   fuse.gemmEpilogues = StringRef(options.target).starts_with("cuda");
+  fuse.auxEpilogues = fuse.gemmEpilogues && options.auxEpilogues;
   pm.addPass(createFuse(fuse));
 }
 

@@ -777,13 +777,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   }
   // One shared workspace per compute stream (library calls on different streams may run
   // at once): "compute.N" of any routine's schedule needs N + 1.
-  size_t workspaceSlots = 1;
-  for (const bundle::Routine &r : p.routines())
-    for (const std::string &name : r.streams())
-      if (name.rfind("compute.", 0) == 0)
-        workspaceSlots = std::max<size_t>(
-            workspaceSlots, 1 + std::strtoul(name.c_str() + 8, nullptr, 10));
-  workspaceSlots = std::min<size_t>(workspaceSlots, 17);
+  const uint64_t workspaceSlots = computeStreamCount(p);
   uint64_t workspaceOffset = total;
   im.workspaceStride = alignUp(im.workspaceBytes, kDeviceAlign);
   total += workspaceSlots * im.workspaceStride;

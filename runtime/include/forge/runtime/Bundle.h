@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -51,9 +52,20 @@ inline uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 /// The CUDA executor's one device allocation: the arena, then each
 /// parameter, state and constant tensor, each at a multiple of
 /// kDeviceAlign, then the library workspace (kGemmWorkspaceBytes for
-/// cuBLASLt, or more when a cuDNN plan needs more) and a fault word.
+/// cuBLASLt, or more when a cuDNN call fits in no arena workspace) once per
+/// compute stream, and a fault word.
 constexpr uint64_t kDeviceAlign = 256;
 constexpr uint64_t kGemmWorkspaceBytes = uint64_t(32) << 20;
+/// Compute streams of the routines' schedules: 1 + the largest N of their
+/// "compute.N" streams (at most 17); each has a library workspace of its own.
+inline uint64_t computeStreamCount(const bundle::Program &p) {
+  uint64_t n = 1;
+  for (const bundle::Routine &r : p.routines())
+    for (const std::string &name : r.streams())
+      if (name.rfind("compute.", 0) == 0)
+        n = std::max<uint64_t>(n, 1 + std::strtoull(name.c_str() + 8, nullptr, 10));
+  return std::min<uint64_t>(n, 17);
+}
 /// Those bytes before the workspace (what the bundle alone decides).
 inline uint64_t plannedTensorBytes(const bundle::Program &p) {
   uint64_t total = alignUp(p.arena_size(), kDeviceAlign);

@@ -18,6 +18,7 @@
 //    evaluate().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -35,6 +36,24 @@
 #include "forge/runtime/ThreadPool.h"
 
 namespace forge::rt {
+
+/// Where a rank sits among D x P x T ranks (forgec --dp, --pp P, --tp T): rank =
+/// (d * P + stage) * T + t. The T ranks of a tensor-parallel group are consecutive,
+/// a pipeline is the P ranks of one (d, t), a data-parallel group the D ranks of
+/// one (stage, t). The one statement of the layout: the trainer picks the stage's
+/// routines by it, forge-train makes the groups by it.
+struct RankLayout {
+  int dp = 1, pp = 1, tp = 1; // group sizes (world = dp * pp * tp)
+  int d = 0, stage = 0, t = 0; // this rank's place
+  static RankLayout of(int rank, int world, int pp, int tp) {
+    RankLayout l;
+    l.pp = std::max(pp, 1), l.tp = std::max(tp, 1);
+    l.dp = std::max(world / (l.pp * l.tp), 1);
+    l.d = rank / (l.pp * l.tp), l.stage = rank / l.tp % l.pp, l.t = rank % l.tp;
+    return l;
+  }
+  int rankOf(int d_, int stage_, int t_) const { return (d_ * pp + stage_) * tp + t_; }
+};
 
 struct TrainerOptions {
   unsigned threads = 0; // CPU threads (0: all cores)
