@@ -180,7 +180,10 @@ struct CudaExecutor::Impl {
   const CudnnApi *dnn = nullptr;
   const NcclApi *nccl = nullptr;                 // data-parallel bundles only
   std::map<std::string, ncclComm_t> comms;       // by collective group ("dp")
-  cudnnHandle_t dnnHandle = nullptr;
+  cudnnHandle_t dnnHandle = nullptr; // bound to the compute stream
+  // Per "compute.N" stream (N - 1): a cuDNN handle bound to it. Two streams'
+  // calls through one handle computed wrong results inside CUDA graphs.
+  std::vector<cudnnHandle_t> dnnSide;
   size_t workspaceBytes = 0;
   cudaStream_t compute = nullptr, copy = nullptr;
   cudaStream_t collective = nullptr; // NCCL (data-parallel bundles), made with the first collective
@@ -258,6 +261,9 @@ struct CudaExecutor::Impl {
       driver->cuModuleUnload(module);
     if (ltHandle && lt)
       lt->cublasLtDestroy(ltHandle);
+    for (cudnnHandle_t h : dnnSide)
+      if (h && dnn)
+        dnn->cudnnDestroy(h);
     if (dnnHandle && dnn)
       dnn->cudnnDestroy(dnnHandle);
     for (cudaEvent_t e : {computeEvent, outputsEvent[0], outputsEvent[1],
@@ -350,7 +356,7 @@ struct CudaExecutor::Impl {
     case Step::Library:
       if (s.conv)
         return s.conv->run(s.convIn, s.out, s.workspace);
-      // cuDNN calls run on the compute stream (the handle's); cuBLASLt's on any compute stream.
+      // A convolution runs through its stream's cuDNN handle; cuBLASLt takes the stream.
       if (s.conv)
         return s.conv->run(s.convIn, s.out, s.workspace);
       if (s.attention)
@@ -490,7 +496,7 @@ struct CudaExecutor::Impl {
       // The first (checked) run picks each convolution's fastest algorithm on
       // its real operands, which the previous instructions have just computed.
       if (mode.checked && s.kind == Step::Library && s.conv)
-        if (Status st = s.conv->tune(s.convIn, s.out, s.workspace, compute); !st.isOk())
+        if (Status st = s.conv->tune(s.convIn, s.out, s.workspace, s.stream); !st.isOk())
           return st.prefix(stepLabel(origin, proto, s) + ": tuning");
       // Likewise each matmul problem's fastest cuBLASLt algorithm.
       if (mode.checked && s.kind == Step::Library && s.matmul)
@@ -686,7 +692,34 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   // tensor lives at that instruction); the others use the shared workspace.
   std::set<const bundle::Instruction *> arenaWorkspace;
   AttentionCache attentionGraphs; // plans share the graphs (each holds its own)
-  ConvGraphCache convGraphs;
+  std::map<cudnnHandle_t, ConvGraphCache> convGraphs; // graphs are built per handle
+  // The cuDNN handle of the stream an instruction runs on (a "compute.N" stream's own,
+  // made here with the stream; the step construction below finds the stream made).
+  auto dnnHandleFor = [&](const bundle::Routine &proto,
+                          const bundle::Instruction &inst) -> Expected<cudnnHandle_t> {
+    if (inst.stream() == 0 || static_cast<int>(inst.stream()) >= proto.streams_size() ||
+        proto.streams(static_cast<int>(inst.stream())).rfind("compute.", 0) != 0)
+      return im.dnnHandle;
+    const std::string &name = proto.streams(static_cast<int>(inst.stream()));
+    const size_t nth = static_cast<size_t>(std::strtoul(name.c_str() + 8, nullptr, 10));
+    if (nth == 0 || nth > 16)
+      return Status::error("stream '{}' (compute.1 to compute.16)", name);
+    if (im.extraCompute.size() < nth)
+      im.extraCompute.resize(nth, nullptr);
+    if (!im.extraCompute[nth - 1])
+      CUDA_TRY(cudaStreamCreateWithFlags(&im.extraCompute[nth - 1], cudaStreamNonBlocking),
+               "stream");
+    if (im.dnnSide.size() < nth)
+      im.dnnSide.resize(nth, nullptr);
+    if (!im.dnnSide[nth - 1]) {
+      cudnnStatus_t st = im.dnn->cudnnCreate(&im.dnnSide[nth - 1]);
+      if (st == CUDNN_STATUS_SUCCESS)
+        st = im.dnn->cudnnSetStream(im.dnnSide[nth - 1], im.extraCompute[nth - 1]);
+      if (st != CUDNN_STATUS_SUCCESS)
+        return Status::error("cuDNN handle for {}: {}", name, im.dnn->cudnnGetErrorString(st));
+    }
+    return im.dnnSide[nth - 1];
+  };
   auto algos = std::make_shared<MatmulAlgoCache>();
   for (const bundle::Routine &proto : p.routines())
     for (int i = 0; i < proto.instructions_size(); ++i) {
@@ -743,11 +776,14 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         // Algorithms that fit the instruction's arena workspace; when none does, any (up to
         // kMaxConvWorkspace) with the shared workspace.
         bool inArena = inst.workspace_bytes() > 0;
-        auto plan = ConvPlan::create(*im.dnn, im.dnnHandle, p, inst, tf32, &convGraphs,
+        auto handle = dnnHandleFor(proto, inst);
+        if (!handle)
+          return fail(handle.status());
+        auto plan = ConvPlan::create(*im.dnn, *handle, p, inst, tf32, &convGraphs[*handle],
                                      inArena ? inst.workspace_bytes() : kMaxConvWorkspace);
         if (!plan && inArena) {
           inArena = false;
-          plan = ConvPlan::create(*im.dnn, im.dnnHandle, p, inst, tf32, &convGraphs);
+          plan = ConvPlan::create(*im.dnn, *handle, p, inst, tf32, &convGraphs[*handle]);
         }
         if (!plan)
           return fail(plan.status());
@@ -942,14 +978,12 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       // forge-schedule's stream and edges (the bundle was validated: events in
       // range, recorded before they are waited for).
       s.stream = streams[inst.stream()];
-      // One cuDNN handle, bound to the compute stream: two streams' cuDNN calls at once
-      // on it computed wrong results on an H200 (mobilenet_v3 with two compute streams).
-      const bool cudnnCall = inst.placement() == bundle::LIBRARY && !inst.has_matmul() &&
-                             inst.op() != "matmul" && inst.op() != "gemm";
-      if (((inst.placement() == bundle::HOST || cudnnCall) && s.stream != im.compute) ||
+      // Attention's cuDNN graphs are built for the compute stream's handle.
+      if (((inst.placement() == bundle::HOST || isAttentionOp(inst.op())) &&
+           s.stream != im.compute) ||
           (inst.placement() == bundle::LIBRARY && slotOf[inst.stream()] < 0))
-        return fail("host instructions and cuDNN calls run on the compute stream, cuBLASLt "
-                    "calls on a compute stream");
+        return fail("host instructions and attention run on the compute stream, other "
+                    "library calls on a compute stream");
       for (uint32_t e : inst.waits())
         s.waits.push_back(r.events[e - 1]);
       if (inst.event())
