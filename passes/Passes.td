@@ -669,9 +669,8 @@ def Schedule : Pass<"forge-schedule", "::mlir::func::FuncOp"> {
     chain stays on its stream); one that continues none (a second reader of
     an older value: a weight gradient beside the data gradient, or an op of
     arguments only) forks onto the compute stream idle the longest. Host
-    calls, cuDNN attention (its graphs are per handle) and pipeline messages
-    stay on the compute stream; convolutions run through their stream's own
-    cuDNN handle. Kept only when the estimated peak, with the longer live
+    calls and pipeline messages stay on the compute stream; cuDNN calls run
+    through their stream's own cuDNN handle. Kept only when the estimated peak, with the longer live
     ranges the other streams' work needs, grows by at most
     `stream-memory-growth` percent (1).
 

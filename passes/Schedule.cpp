@@ -135,13 +135,12 @@ int64_t sinkToReaders(Block &body) {
 }
 
 /// Whether `op` may run on a further compute stream: not a collective (its
-/// own stream), a host call (the compute stream's callbacks), a pipeline
-/// message (ordered by tokens on the compute stream) or a cuDNN attention
-/// (its graphs are built for the compute stream's handle). Convolutions run
-/// through a cuDNN handle of their stream's own; cuBLASLt calls take their
-/// stream and workspace per call.
+/// own stream), a host call (the compute stream's callbacks) or a pipeline
+/// message (ordered by tokens on the compute stream). cuDNN calls run through
+/// a handle of their stream's own; cuBLASLt calls take their stream and
+/// workspace per call.
 bool mayRunAside(Operation &op) {
-  if (isCollectiveOp(&op) || isa<SendOp, RecvOp, AttentionOp, AttentionGradOp>(op))
+  if (isCollectiveOp(&op) || isa<SendOp, RecvOp>(op))
     return false;
   auto placement = op.getAttrOfType<StringAttr>("forge.placement");
   return !placement || placement.getValue() != "host";

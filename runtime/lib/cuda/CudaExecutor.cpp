@@ -691,7 +691,8 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   // cuDNN calls whose workspace is their arena bytes (forge-plan-memory placed them where no
   // tensor lives at that instruction); the others use the shared workspace.
   std::set<const bundle::Instruction *> arenaWorkspace;
-  AttentionCache attentionGraphs; // plans share the graphs (each holds its own)
+  // Plans share the graphs (each holds its own), built per cuDNN handle.
+  std::map<cudnnHandle_t, AttentionCache> attentionGraphs;
   std::map<cudnnHandle_t, ConvGraphCache> convGraphs; // graphs are built per handle
   // The cuDNN handle of the stream an instruction runs on (a "compute.N" stream's own,
   // made here with the stream; the step construction below finds the stream made).
@@ -762,7 +763,10 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
                                  im.dnn->cudnnGetErrorString(st));
         }
         if (isAttentionOp(inst.op())) {
-          auto plan = AttentionPlan::create(*im.dnn, im.dnnHandle, p, inst, &attentionGraphs,
+          auto handle = dnnHandleFor(proto, inst);
+          if (!handle)
+            return fail(handle.status());
+          auto plan = AttentionPlan::create(*im.dnn, *handle, p, inst, &attentionGraphs[*handle],
                                             im.options.deterministicAttention);
           if (!plan)
             return fail(plan.status());
@@ -978,12 +982,10 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       // forge-schedule's stream and edges (the bundle was validated: events in
       // range, recorded before they are waited for).
       s.stream = streams[inst.stream()];
-      // Attention's cuDNN graphs are built for the compute stream's handle.
-      if (((inst.placement() == bundle::HOST || isAttentionOp(inst.op())) &&
-           s.stream != im.compute) ||
+      if ((inst.placement() == bundle::HOST && s.stream != im.compute) ||
           (inst.placement() == bundle::LIBRARY && slotOf[inst.stream()] < 0))
-        return fail("host instructions and attention run on the compute stream, other "
-                    "library calls on a compute stream");
+        return fail("host instructions run on the compute stream, library calls on a compute "
+                    "stream");
       for (uint32_t e : inst.waits())
         s.waits.push_back(r.events[e - 1]);
       if (inst.event())
