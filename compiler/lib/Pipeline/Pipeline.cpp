@@ -290,6 +290,17 @@ namespace {
 struct InferencePipelineCLOptions : public PassPipelineOptions<InferencePipelineCLOptions> {
   Option<std::string> target{*this, "target", llvm::cl::desc("cpu | cuda:sm_NN"),
                              llvm::cl::init("cpu")};
+  Option<int64_t> computeStreams{*this, "compute-streams",
+                                 llvm::cl::desc("as forgec --compute-streams"), llvm::cl::init(2)};
+  Option<int64_t> streamMemoryGrowth{*this, "stream-memory-growth",
+                                     llvm::cl::desc("as forgec --stream-memory-growth"),
+                                     llvm::cl::init(1)};
+  Option<std::string> scheduleOrder{*this, "schedule-order",
+                                    llvm::cl::desc("as forgec --schedule-order"),
+                                    llvm::cl::init("memory")};
+  Option<bool> gemmAuxEpilogues{*this, "gemm-aux-epilogues",
+                                llvm::cl::desc("as forgec --gemm-aux-epilogues"),
+                                llvm::cl::init(false)};
 };
 struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCLOptions> {
   Option<std::string> target{*this, "target", llvm::cl::desc("cpu | cuda:sm_NN"),
@@ -323,7 +334,26 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
                                  llvm::cl::init(int64_t(1) << 30)};
   Option<std::string> recompute{*this, "recompute", llvm::cl::desc("as forgec --recompute"),
                                 llvm::cl::init("none")};
+  Option<int64_t> computeStreams{*this, "compute-streams",
+                                 llvm::cl::desc("as forgec --compute-streams"), llvm::cl::init(2)};
+  Option<int64_t> streamMemoryGrowth{*this, "stream-memory-growth",
+                                     llvm::cl::desc("as forgec --stream-memory-growth"),
+                                     llvm::cl::init(1)};
+  Option<std::string> scheduleOrder{*this, "schedule-order",
+                                    llvm::cl::desc("as forgec --schedule-order"),
+                                    llvm::cl::init("memory")};
+  Option<bool> gemmAuxEpilogues{*this, "gemm-aux-epilogues",
+                                llvm::cl::desc("as forgec --gemm-aux-epilogues"),
+                                llvm::cl::init(false)};
 };
+
+/// The options forge-opt's pipelines share with forgec's schedule and fusion flags.
+template <typename CL> void scheduleOptions(const CL &cl, PipelineOptions &options) {
+  options.computeStreams = cl.computeStreams;
+  options.streamMemoryGrowth = cl.streamMemoryGrowth;
+  options.scheduleOrder = cl.scheduleOrder;
+  options.auxEpilogues = cl.gemmAuxEpilogues;
+}
 } // namespace
 
 void mlir::forge::registerForgePassesAndPipelines() {
@@ -336,6 +366,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
       [](OpPassManager &pm, const InferencePipelineCLOptions &cl) {
         PipelineOptions options;
         options.target = cl.target;
+        scheduleOptions(cl, options);
         buildInferencePipeline(pm, options);
       });
   PassPipelineRegistration<TrainingPipelineCLOptions>(
@@ -360,6 +391,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.layout = cl.layout;
         options.lossChunkBytes = cl.lossChunkBytes;
         options.recompute = cl.recompute;
+        scheduleOptions(cl, options);
         buildTrainingPipeline(pm, options);
       });
 }
