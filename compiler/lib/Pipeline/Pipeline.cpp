@@ -287,24 +287,32 @@ void mlir::forge::registerForgeDialects(DialectRegistry &registry) {
 
 namespace {
 /// forge-opt's options of the named pipelines: forgec's flags of the same names.
-struct InferencePipelineCLOptions : public PassPipelineOptions<InferencePipelineCLOptions> {
-  Option<std::string> target{*this, "target", llvm::cl::desc("cpu | cuda:sm_NN"),
-                             llvm::cl::init("cpu")};
-  Option<int64_t> computeStreams{*this, "compute-streams",
-                                 llvm::cl::desc("as forgec --compute-streams"), llvm::cl::init(2)};
-  Option<int64_t> streamMemoryGrowth{*this, "stream-memory-growth",
-                                     llvm::cl::desc("as forgec --stream-memory-growth"),
-                                     llvm::cl::init(1)};
-  Option<std::string> scheduleOrder{*this, "schedule-order",
-                                    llvm::cl::desc("as forgec --schedule-order"),
-                                    llvm::cl::init("memory")};
-  Option<bool> gemmAuxEpilogues{*this, "gemm-aux-epilogues",
-                                llvm::cl::desc("as forgec --gemm-aux-epilogues"),
-                                llvm::cl::init(false)};
+/// The options both pipelines take: forgec's target, schedule and fusion flags.
+template <typename Derived> struct CommonPipelineCLOptions : public PassPipelineOptions<Derived> {
+  template <typename T> using Opt = mlir::detail::PassOptions::Option<T>;
+  Opt<std::string> target{*this, "target", llvm::cl::desc("cpu | cuda:sm_NN"),
+                          llvm::cl::init("cpu")};
+  Opt<int64_t> computeStreams{*this, "compute-streams",
+                              llvm::cl::desc("as forgec --compute-streams"), llvm::cl::init(2)};
+  Opt<int64_t> streamMemoryGrowth{*this, "stream-memory-growth",
+                                  llvm::cl::desc("as forgec --stream-memory-growth"),
+                                  llvm::cl::init(1)};
+  Opt<std::string> scheduleOrder{*this, "schedule-order",
+                                 llvm::cl::desc("as forgec --schedule-order"),
+                                 llvm::cl::init("memory")};
+  Opt<bool> gemmAuxEpilogues{*this, "gemm-aux-epilogues",
+                             llvm::cl::desc("as forgec --gemm-aux-epilogues"),
+                             llvm::cl::init(false)};
+  void apply(PipelineOptions &options) const {
+    options.target = target;
+    options.computeStreams = computeStreams;
+    options.streamMemoryGrowth = streamMemoryGrowth;
+    options.scheduleOrder = scheduleOrder;
+    options.auxEpilogues = gemmAuxEpilogues;
+  }
 };
-struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCLOptions> {
-  Option<std::string> target{*this, "target", llvm::cl::desc("cpu | cuda:sm_NN"),
-                             llvm::cl::init("cpu")};
+struct InferencePipelineCLOptions : public CommonPipelineCLOptions<InferencePipelineCLOptions> {};
+struct TrainingPipelineCLOptions : public CommonPipelineCLOptions<TrainingPipelineCLOptions> {
   Option<std::string> loss{*this, "loss", llvm::cl::desc("as forgec --loss")};
   Option<std::string> optimizer{*this, "optimizer", llvm::cl::desc("as forgec --optimizer")};
   Option<std::string> lrSchedule{*this, "lr-schedule", llvm::cl::desc("as forgec --lr-schedule"),
@@ -334,26 +342,7 @@ struct TrainingPipelineCLOptions : public PassPipelineOptions<TrainingPipelineCL
                                  llvm::cl::init(int64_t(1) << 30)};
   Option<std::string> recompute{*this, "recompute", llvm::cl::desc("as forgec --recompute"),
                                 llvm::cl::init("none")};
-  Option<int64_t> computeStreams{*this, "compute-streams",
-                                 llvm::cl::desc("as forgec --compute-streams"), llvm::cl::init(2)};
-  Option<int64_t> streamMemoryGrowth{*this, "stream-memory-growth",
-                                     llvm::cl::desc("as forgec --stream-memory-growth"),
-                                     llvm::cl::init(1)};
-  Option<std::string> scheduleOrder{*this, "schedule-order",
-                                    llvm::cl::desc("as forgec --schedule-order"),
-                                    llvm::cl::init("memory")};
-  Option<bool> gemmAuxEpilogues{*this, "gemm-aux-epilogues",
-                                llvm::cl::desc("as forgec --gemm-aux-epilogues"),
-                                llvm::cl::init(false)};
 };
-
-/// The options forge-opt's pipelines share with forgec's schedule and fusion flags.
-template <typename CL> void scheduleOptions(const CL &cl, PipelineOptions &options) {
-  options.computeStreams = cl.computeStreams;
-  options.streamMemoryGrowth = cl.streamMemoryGrowth;
-  options.scheduleOrder = cl.scheduleOrder;
-  options.auxEpilogues = cl.gemmAuxEpilogues;
-}
 } // namespace
 
 void mlir::forge::registerForgePassesAndPipelines() {
@@ -365,15 +354,14 @@ void mlir::forge::registerForgePassesAndPipelines() {
       "forge-inference-pipeline", "The Forge pipeline of inference bundles (forgec --inference-only)",
       [](OpPassManager &pm, const InferencePipelineCLOptions &cl) {
         PipelineOptions options;
-        options.target = cl.target;
-        scheduleOptions(cl, options);
+        cl.apply(options);
         buildInferencePipeline(pm, options);
       });
   PassPipelineRegistration<TrainingPipelineCLOptions>(
       "forge-training-pipeline", "The Forge pipeline of training bundles (forgec's default)",
       [](OpPassManager &pm, const TrainingPipelineCLOptions &cl) {
         PipelineOptions options;
-        options.target = cl.target;
+        cl.apply(options);
         options.train.loss = cl.loss;
         options.train.optimizer = cl.optimizer;
         options.train.lrSchedule = cl.lrSchedule;
@@ -391,7 +379,6 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.layout = cl.layout;
         options.lossChunkBytes = cl.lossChunkBytes;
         options.recompute = cl.recompute;
-        scheduleOptions(cl, options);
         buildTrainingPipeline(pm, options);
       });
 }
