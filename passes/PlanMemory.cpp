@@ -135,7 +135,8 @@ struct PlanMemoryPass : public mlir::forge::impl::PlanMemoryBase<PlanMemoryPass>
   /// copy): the ops that read the tensor's old value.
   llvm::DenseMap<Operation *, SmallVector<Operation *, 4>>
   overwrites(func::FuncOp func, const llvm::DenseSet<Value> &inPlace);
-  LogicalResult planArena(func::FuncOp func, const llvm::DenseSet<Value> &inPlace);
+  LogicalResult planArena(func::FuncOp func, const llvm::DenseSet<Value> &inPlace,
+                          const StreamOrder &order);
   /// `lastOf(root)`: the last value the buffer holds (other values written
   /// over the root's, in place or as reshapes), and how many there are.
   void printReport(llvm::raw_ostream &os, func::FuncOp func, ArrayRef<Interval> intervals,
@@ -288,18 +289,16 @@ PlanMemoryPass::overwrites(func::FuncOp func, const llvm::DenseSet<Value> &inPla
       auto name = func.getArgAttrOfType<StringAttr>(a, "forge.name");
       if (!isPersistent(func, a) || name != updates)
         continue;
-      for (Operation *user : arg.getUsers()) {
-        while (user && user->getBlock() != &body)
-          user = user->getParentOp();
-        if (user && user != writer)
-          edges[writer].push_back(user);
-      }
+      for (Operation *user : arg.getUsers())
+        if (Operation *reader = body.findAncestorOpInBlock(*user); reader && reader != writer)
+          edges[writer].push_back(reader);
     }
   }
   return edges;
 }
 
-LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<Value> &inPlace) {
+LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<Value> &inPlace,
+                                        const StreamOrder &order) {
   Block &body = func.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
   // Planning indices in the bundle's tensor order: inputs, then op results.
@@ -348,7 +347,6 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   // stream, else the end), and its results have them from the last compute
   // op it is ordered after on (`after`), since the compute ops between may
   // still be running when it writes them.
-  StreamOrder order = deriveStreamOrder(func, overwrites(func, inPlace));
   llvm::DenseMap<Operation *, int64_t> collectiveEnd;
   for (auto [at, op] : llvm::enumerate(steps)) {
     if (order.stream[at] == 0)
@@ -615,9 +613,10 @@ void PlanMemoryPass::runOnOperation() {
   // result waits for it like any reader (the edges are derived again). An op
   // writing a persistent tensor in place (or its copy) waits for the readers
   // of the old value on other streams (placeUpdates put them all before it).
+  StreamOrder order = deriveStreamOrder(func, overwrites(func, inPlace));
   if (func->hasAttr("forge.streams"))
-    writeStreamOrder(func, deriveStreamOrder(func, overwrites(func, inPlace)));
-  if (failed(planArena(func, inPlace)))
+    writeStreamOrder(func, order);
+  if (failed(planArena(func, inPlace, order)))
     signalPassFailure();
 }
 

@@ -48,13 +48,6 @@ llvm::DenseMap<Operation *, int64_t> positions(Block &body) {
   return at;
 }
 
-/// The body's op that holds `user` (itself, or the region op it is nested in).
-Operation *topLevel(Operation *user, Block &body) {
-  while (user && user->getBlock() != &body)
-    user = user->getParentOp();
-  return user;
-}
-
 uint64_t bytesOf(Value v) {
   auto type = dyn_cast<RankedTensorType>(v.getType());
   if (!type || !type.hasStaticShape())
@@ -63,37 +56,23 @@ uint64_t bytesOf(Value v) {
          ::forge::rt::dtypeSize(dtypeFromType(type.getElementType()));
 }
 
-/// The most bytes of op results live at once, each from its op to its last
-/// reader (the return: the end). Inputs, parameters and constants are left
-/// out: no order changes them. The plan's in-place reuse is not modelled.
-uint64_t estimatePeak(Block &body) {
-  auto at = positions(body);
-  std::vector<int64_t> delta(at.size() + 2, 0);
-  for (Operation &op : body) {
-    if (isa<ConstantOp>(op) || op.hasTrait<OpTrait::IsTerminator>())
-      continue;
-    for (Value r : op.getResults()) {
-      int64_t last = at[&op];
-      for (Operation *user : r.getUsers())
-        if (Operation *top = topLevel(user, body))
-          last = std::max(last, at[top]);
-      delta[at[&op]] += static_cast<int64_t>(bytesOf(r));
-      delta[last + 1] -= static_cast<int64_t>(bytesOf(r));
-    }
-  }
-  int64_t live = 0, peak = 0;
-  for (int64_t d : delta)
-    peak = std::max(peak, live += d);
-  return static_cast<uint64_t>(peak);
-}
-
-/// Ops the schedule may move: those whose only effect is their results.
-bool movable(Operation &op) {
-  if (isa<ConstantOp>(op) || op.getNumResults() == 0 || op.hasTrait<OpTrait::IsTerminator>() ||
-      isCollectiveOp(&op) || isa<SendOp, RecvOp>(op))
+/// Whether `op` may run on a further compute stream: not a collective (its
+/// own stream), a host call (the compute stream's callbacks) or a pipeline
+/// message (ordered by tokens on the compute stream). cuDNN calls run through
+/// a handle of their stream's own; cuBLASLt calls take their stream and
+/// workspace per call.
+bool mayRunAside(Operation &op) {
+  if (isCollectiveOp(&op) || isa<SendOp, RecvOp>(op))
     return false;
   auto placement = op.getAttrOfType<StringAttr>("forge.placement");
   return !placement || placement.getValue() != "host";
+}
+
+/// Ops the schedule may move: those whose only effect is their results (the
+/// ops that may also run on another stream).
+bool movable(Operation &op) {
+  return !isa<ConstantOp>(op) && op.getNumResults() > 0 &&
+         !op.hasTrait<OpTrait::IsTerminator>() && mayRunAside(op);
 }
 
 /// Moves each movable op, last first, to just before its first reader when
@@ -111,7 +90,8 @@ int64_t sinkToReaders(Block &body) {
     Operation *first = nullptr;
     for (Value r : op->getResults())
       for (Operation *user : r.getUsers())
-        if (Operation *top = topLevel(user, body); top && (!first || at[top] < at[first]))
+        if (Operation *top = body.findAncestorOpInBlock(*user);
+            top && (!first || at[top] < at[first]))
           first = top;
     if (!first || at[first] <= at[op] + 1)
       continue;
@@ -122,7 +102,8 @@ int64_t sinkToReaders(Block &body) {
         continue; // an argument or a constant: not in the arena's live ranges
       bool readLater = false;
       for (Operation *user : v.getUsers())
-        if (Operation *top = topLevel(user, body); top && top != op && at[top] >= at[first])
+        if (Operation *top = body.findAncestorOpInBlock(*user);
+            top && top != op && at[top] >= at[first])
           readLater = true;
       operandsLive &= readLater;
     }
@@ -132,18 +113,6 @@ int64_t sinkToReaders(Block &body) {
     ++moved;
   }
   return moved;
-}
-
-/// Whether `op` may run on a further compute stream: not a collective (its
-/// own stream), a host call (the compute stream's callbacks) or a pipeline
-/// message (ordered by tokens on the compute stream). cuDNN calls run through
-/// a handle of their stream's own; cuBLASLt calls take their stream and
-/// workspace per call.
-bool mayRunAside(Operation &op) {
-  if (isCollectiveOp(&op) || isa<SendOp, RecvOp>(op))
-    return false;
-  auto placement = op.getAttrOfType<StringAttr>("forge.placement");
-  return !placement || placement.getValue() != "host";
 }
 
 /// Independent work on further compute streams (`streams`: their indices,
@@ -201,9 +170,12 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
   return aside;
 }
 
-/// The peak of live op results under the streams' order (StreamOrder.h): an
-/// op off the compute stream holds its operands until the compute stream is
-/// ordered after it, and its results from the last compute op it follows.
+/// The most bytes of op results live at once under the streams' order
+/// (StreamOrder.h), each from its op to its last reader (the return: the
+/// end); an op off the compute stream holds its operands until the compute
+/// stream is ordered after it, and its results from the last compute op it
+/// follows. Inputs, parameters and constants are left out: no order changes
+/// them. The plan's in-place reuse is not modelled.
 uint64_t estimatePeak(const StreamOrder &o, Block &body) {
   const int64_t n = static_cast<int64_t>(o.ops.size());
   llvm::DenseMap<Operation *, int64_t> at;
@@ -268,9 +240,16 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
       func.emitError("forge-schedule: order must be memory or program, not '") << order << "'";
       return signalPassFailure();
     }
+    if (computeStreams < 1 || computeStreams > 16) {
+      func.emitError("forge-schedule: compute-streams must be 1 to 16, not ")
+          << static_cast<int64_t>(computeStreams);
+      return signalPassFailure();
+    }
     Block &body = func.getBody().front();
     aside = 0, asidePeak = 0, refused = false;
-    const uint64_t before = estimatePeak(body);
+    // The order's peaks before streams are set: collectives on their own
+    // stream (an unscheduled function's), everything else on one.
+    const uint64_t before = estimatePeak(deriveStreamOrder(func), body);
     uint64_t after = before;
     int64_t sunk = 0;
     if (order == "memory") {
@@ -278,7 +257,7 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
       for (Operation &op : body.without_terminator())
         original.push_back(&op);
       sunk = sinkToReaders(body);
-      after = estimatePeak(body);
+      after = estimatePeak(deriveStreamOrder(func), body);
       if (after > before) { // never worse than the order it was given
         for (Operation *op : original)
           op->moveBefore(body.getTerminator());
@@ -287,11 +266,6 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
       }
     }
 
-    if (computeStreams < 1 || computeStreams > 16) {
-      func.emitError("forge-schedule: compute-streams must be 1 to 16, not ")
-          << static_cast<int64_t>(computeStreams);
-      return signalPassFailure();
-    }
     Builder b(func.getContext());
     SmallVector<Attribute> streams{b.getStringAttr("compute")};
     for (Operation &op : body.without_terminator())
@@ -302,7 +276,6 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
       }
     func->setAttr("forge.streams", b.getArrayAttr(streams));
     StreamOrder o = deriveStreamOrder(func);
-    aside = 0;
     if (computeStreams > 1) {
       // Further compute streams, kept only if the peak (with the longer live
       // ranges their work has) grows by at most stream-memory-growth percent.

@@ -362,11 +362,11 @@ Status validateSchedule(const bundle::Routine &routine) {
   for (int s = 0; s < streams; ++s) {
     const std::string &name = routine.streams(s);
     bool known = s == 0 ? name == "compute"
-                        : name == "collective" || (name.rfind("compute.", 0) == 0 && name.size() > 8);
+                        : name == "collective" || computeStreamIndex(name) >= 1;
     if (!known)
       return Status::error("stream {} is '{}' (the first is \"compute\", the others "
-                           "\"collective\" or \"compute.N\")",
-                           s, name);
+                           "\"collective\" or \"compute.N\", N from 1 to {})",
+                           s, name, kMaxComputeStreams - 1);
   }
   if (routine.events() > (1u << 20))
     return Status::error("{} events is more than a routine has", routine.events());

@@ -283,6 +283,17 @@ struct CudaExecutor::Impl {
       cudaFree(deviceBase);
   }
 
+  /// Compute stream n: 0 the compute stream, n >= 1 "compute.n" (made on first use).
+  Expected<cudaStream_t> computeStreamAt(int n) {
+    if (n == 0)
+      return compute;
+    if (extraCompute.size() < static_cast<size_t>(n))
+      extraCompute.resize(static_cast<size_t>(n), nullptr);
+    if (!extraCompute[n - 1])
+      CUDA_TRY(cudaStreamCreateWithFlags(&extraCompute[n - 1], cudaStreamNonBlocking), "stream");
+    return extraCompute[n - 1];
+  }
+
   /// The NCCL communicator of collective group `group` of `size` ranks, made
   /// on first use: rank 0 makes NCCL's unique id and the process's CPU group
   /// (Collectives.h, Gloo) broadcasts it; a group of one needs no CPU group.
@@ -354,9 +365,7 @@ struct CudaExecutor::Impl {
       return Status::ok();
     }
     case Step::Library:
-      if (s.conv)
-        return s.conv->run(s.convIn, s.out, s.workspace);
-      // A convolution runs through its stream's cuDNN handle; cuBLASLt takes the stream.
+      // A cuDNN call runs through its stream's handle; cuBLASLt takes the stream.
       if (s.conv)
         return s.conv->run(s.convIn, s.out, s.workspace);
       if (s.attention)
@@ -695,31 +704,28 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   std::map<cudnnHandle_t, AttentionCache> attentionGraphs;
   std::map<cudnnHandle_t, ConvGraphCache> convGraphs; // graphs are built per handle
   // The cuDNN handle of the stream an instruction runs on (a "compute.N" stream's own,
-  // made here with the stream; the step construction below finds the stream made).
+  // bound to it; the bundle was validated: its stream names are known).
   auto dnnHandleFor = [&](const bundle::Routine &proto,
                           const bundle::Instruction &inst) -> Expected<cudnnHandle_t> {
-    if (inst.stream() == 0 || static_cast<int>(inst.stream()) >= proto.streams_size() ||
-        proto.streams(static_cast<int>(inst.stream())).rfind("compute.", 0) != 0)
+    const int n = static_cast<int>(inst.stream()) < proto.streams_size()
+                      ? computeStreamIndex(proto.streams(static_cast<int>(inst.stream())))
+                      : 0;
+    if (n <= 0)
       return im.dnnHandle;
-    const std::string &name = proto.streams(static_cast<int>(inst.stream()));
-    const size_t nth = static_cast<size_t>(std::strtoul(name.c_str() + 8, nullptr, 10));
-    if (nth == 0 || nth > 16)
-      return Status::error("stream '{}' (compute.1 to compute.16)", name);
-    if (im.extraCompute.size() < nth)
-      im.extraCompute.resize(nth, nullptr);
-    if (!im.extraCompute[nth - 1])
-      CUDA_TRY(cudaStreamCreateWithFlags(&im.extraCompute[nth - 1], cudaStreamNonBlocking),
-               "stream");
-    if (im.dnnSide.size() < nth)
-      im.dnnSide.resize(nth, nullptr);
-    if (!im.dnnSide[nth - 1]) {
-      cudnnStatus_t st = im.dnn->cudnnCreate(&im.dnnSide[nth - 1]);
+    auto stream = im.computeStreamAt(n);
+    if (!stream)
+      return stream.status();
+    if (im.dnnSide.size() < static_cast<size_t>(n))
+      im.dnnSide.resize(static_cast<size_t>(n), nullptr);
+    if (!im.dnnSide[n - 1]) {
+      cudnnStatus_t st = im.dnn->cudnnCreate(&im.dnnSide[n - 1]);
       if (st == CUDNN_STATUS_SUCCESS)
-        st = im.dnn->cudnnSetStream(im.dnnSide[nth - 1], im.extraCompute[nth - 1]);
+        st = im.dnn->cudnnSetStream(im.dnnSide[n - 1], *stream);
       if (st != CUDNN_STATUS_SUCCESS)
-        return Status::error("cuDNN handle for {}: {}", name, im.dnn->cudnnGetErrorString(st));
+        return Status::error("cuDNN handle for compute.{}: {}", n,
+                             im.dnn->cudnnGetErrorString(st));
     }
-    return im.dnnSide[nth - 1];
+    return im.dnnSide[n - 1];
   };
   auto algos = std::make_shared<MatmulAlgoCache>();
   for (const bundle::Routine &proto : p.routines())
@@ -940,30 +946,29 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
     std::vector<cudaStream_t> streams{im.compute};
     std::vector<int> slotOf{0}; // per stream: its shared workspace slot (-1: no library calls)
     for (int k = 1; k < proto.streams_size(); ++k) {
-      cudaStream_t *side = nullptr;
-      if (proto.streams(k) == "collective") {
-        side = &im.collective;
-        slotOf.push_back(-1);
-      } else { // "compute.N": the N-th further compute stream
-        size_t nth = static_cast<size_t>(std::strtoul(proto.streams(k).c_str() + 8, nullptr, 10));
-        slotOf.push_back(static_cast<int>(std::min<size_t>(nth, 16)));
-        if (nth == 0 || nth > 16)
-          return Status::error("{}: routine '{}': stream '{}' (compute.1 to compute.16)", origin,
-                               proto.name(), proto.streams(k));
-        if (im.extraCompute.size() < nth)
-          im.extraCompute.resize(nth, nullptr);
-        side = &im.extraCompute[nth - 1];
+      // "compute.N" (validated), else the collective stream.
+      const int n = computeStreamIndex(proto.streams(k));
+      slotOf.push_back(n);
+      cudaStream_t side = nullptr;
+      if (n > 0) {
+        auto stream = im.computeStreamAt(n);
+        if (!stream)
+          return stream.status();
+        side = *stream;
+      } else {
+        if (!im.collective)
+          CUDA_TRY(cudaStreamCreateWithFlags(&im.collective, cudaStreamNonBlocking),
+                   "collective stream");
+        side = im.collective;
       }
-      if (!*side)
-        CUDA_TRY(cudaStreamCreateWithFlags(side, cudaStreamNonBlocking), "stream");
-      streams.push_back(*side);
+      streams.push_back(side);
       // Only a stream with work forks off the compute stream: a capture ends
       // only once every stream it reached has joined back.
       if (std::any_of(proto.instructions().begin(), proto.instructions().end(),
                       [&](const bundle::Instruction &inst) {
                         return inst.stream() == static_cast<uint32_t>(k);
                       }))
-        r.sides.push_back(*side);
+        r.sides.push_back(side);
     }
     if (!r.sides.empty())
       CUDA_TRY(cudaEventCreateWithFlags(&r.start, cudaEventDisableTiming), "event");

@@ -56,15 +56,33 @@ inline uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 /// compute stream, and a fault word.
 constexpr uint64_t kDeviceAlign = 256;
 constexpr uint64_t kGemmWorkspaceBytes = uint64_t(32) << 20;
+/// The compute stream a schedule's stream name is: 0 for "compute", N for
+/// "compute.N" (1 to kMaxComputeStreams - 1), -1 for anything else (the
+/// "collective" stream, or a name no executor knows).
+constexpr int kMaxComputeStreams = 17;
+inline int computeStreamIndex(const std::string &name) {
+  if (name == "compute")
+    return 0;
+  if (name.rfind("compute.", 0) != 0 || name.size() == 8)
+    return -1;
+  int n = 0;
+  for (size_t i = 8; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9')
+      return -1;
+    n = n * 10 + (name[i] - '0');
+    if (n >= kMaxComputeStreams)
+      return -1;
+  }
+  return n >= 1 ? n : -1;
+}
 /// Compute streams of the routines' schedules: 1 + the largest N of their
-/// "compute.N" streams (at most 17); each has a library workspace of its own.
+/// "compute.N" streams; each has a library workspace of its own.
 inline uint64_t computeStreamCount(const bundle::Program &p) {
-  uint64_t n = 1;
+  int n = 1;
   for (const bundle::Routine &r : p.routines())
     for (const std::string &name : r.streams())
-      if (name.rfind("compute.", 0) == 0)
-        n = std::max<uint64_t>(n, 1 + std::strtoull(name.c_str() + 8, nullptr, 10));
-  return std::min<uint64_t>(n, 17);
+      n = std::max(n, computeStreamIndex(name) + 1);
+  return static_cast<uint64_t>(n);
 }
 /// Those bytes before the workspace (what the bundle alone decides).
 inline uint64_t plannedTensorBytes(const bundle::Program &p) {
