@@ -30,6 +30,7 @@ struct BuildTrainStepPass
     flags.lrSchedule = lrSchedule;
     flags.clipGradNorm = clipGradNorm;
     flags.microBatches = microBatches;
+    flags.accumulate = accumulate;
     flags.dataParallel = dataParallel;
     flags.zero = zero;
     flags.pipeline = pipeline;

@@ -5,10 +5,13 @@
 //    ops, one iteration shape, broadcastable inputs;
 //  * no cycles: a region's inputs never depend on its results;
 //  * each op outside regions keeps its relative order; the block stays in
-//    dominance order, so later passes and the bundle emitter see program order.
+//    dominance order, so later passes and the bundle emitter see program order;
+//  * no region takes ops from both sides of a forge.accumulated cut (CutSides).
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
+
+#include <optional>
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
@@ -42,9 +45,41 @@ ArrayRef<int64_t> shapeOf(Operation *op) {
   return cast<RankedTensorType>(op->getResult(0).getType()).getShape();
 }
 
+/// forge.accumulated (gradient accumulation in a loop) cuts a training step
+/// in two: what its sums depend on (one micro-batch's forward and backward)
+/// and the rest, which forge-split-accumulation makes two routines. No region
+/// may take ops of both sides. Without a cut every op is on one side.
+class CutSides {
+public:
+  explicit CutSides(Block &block) {
+    SmallVector<Operation *> work;
+    for (Operation &op : block)
+      if (auto cut = dyn_cast<AccumulatedOp>(op))
+        if (Operation *def = cut.getSum().getDefiningOp(); def && micro.insert(def).second)
+          work.push_back(def);
+    while (!work.empty()) {
+      Operation *op = work.pop_back_val();
+      op->walk([&](Operation *inner) {
+        for (Value v : inner->getOperands()) {
+          Operation *def = v.getDefiningOp();
+          while (def && def->getBlock() != &block)
+            def = def->getParentOp();
+          if (def && def != op && micro.insert(def).second)
+            work.push_back(def);
+        }
+      });
+    }
+  }
+  /// Whether `a` and `b` are on different sides.
+  bool apart(Operation *a, Operation *b) const { return micro.contains(a) != micro.contains(b); }
+
+private:
+  llvm::DenseSet<Operation *> micro;
+};
+
 class LoopGrouper {
 public:
-  explicit LoopGrouper(Block &block) {
+  explicit LoopGrouper(Block &block) : sides(block) {
     int64_t i = 0;
     for (Operation &op : block)
       position[&op] = i++;
@@ -61,7 +96,7 @@ public:
         if (!def || !groupOf.count(def) || shapeOf(def) != shapeOf(&op))
           continue;
         Operation *g = groupOf[def];
-        if (g == leader || !canJoin(&op, g) || staysApart(&op, g))
+        if (g == leader || !canJoin(&op, g) || staysApart(&op, g) || sides.apart(&op, g))
           continue;
         if (!leader) {
           leader = g;
@@ -195,6 +230,7 @@ private:
     return false;
   }
 
+  CutSides sides;
   llvm::DenseMap<Operation *, int64_t> position;
   llvm::DenseMap<Operation *, Operation *> groupOf;            // op -> group leader
   llvm::MapVector<Operation *, SmallVector<Operation *>> members; // leader -> ops
@@ -1512,6 +1548,7 @@ bool fuseColumnReductions(func::FuncOp func) {
   constexpr int64_t kConeLimit = 12, kMaxSums = 4;
   bool changed = false;
   for (Block &block : func.getBody()) {
+    CutSides sides(block);
     SmallVector<Operation *> sums;
     for (Operation &op : block)
       if (isColumnSum(&op))
@@ -1549,7 +1586,7 @@ bool fuseColumnReductions(func::FuncOp func) {
       llvm::SetVector<Value> leaves = leavesOf(seed, *seedCone);
       for (Operation *other : sums) {
         if (other == seed || done.contains(other) || !seed->isBeforeInBlock(other) ||
-            static_cast<int64_t>(group.size()) >= kMaxSums ||
+            sides.apart(seed, other) || static_cast<int64_t>(group.size()) >= kMaxSums ||
             cast<RankedTensorType>(other->getOperand(0).getType()).getShape() != shape)
           continue;
         auto cone = coneOf(other);
@@ -1629,6 +1666,7 @@ bool fuseColumnReductions(func::FuncOp func) {
 bool fuseMultiReductions(func::FuncOp func, int64_t maxOperands) {
   bool changed = false;
   for (Block &block : func.getBody()) {
+    CutSides sides(block);
     SmallVector<std::pair<Operation *, Operation *>> group; // sum, prologue
     llvm::SmallPtrSet<Operation *, 16> members;
     int64_t operands = 0;
@@ -1662,9 +1700,10 @@ bool fuseMultiReductions(func::FuncOp func, int64_t maxOperands) {
       // A member may not depend on an earlier one (e.g. through a clipped
       // gradient, or a data-parallel all_reduce that averaged the loss with
       // the gradients): such a sum starts the next group.
-      if (!group.empty() && readsAny({head}, members, group.front().second
-                                                          ? group.front().second
-                                                          : group.front().first))
+      if (!group.empty() && (sides.apart(&op, group.front().first) ||
+                             readsAny({head}, members, group.front().second
+                                                           ? group.front().second
+                                                           : group.front().first)))
         flush();
       int64_t n = static_cast<int64_t>(head->getNumOperands()) + 1;
       if (!group.empty() && operands + n > maxOperands)
@@ -1788,9 +1827,13 @@ bool fuseOptimizerRegions(func::FuncOp func, int64_t maxOperands) {
   for (Operation &op : block)
     if (auto f = dyn_cast<FusionOp>(op); f && f.getKind() == "loop" && updatesState(f))
       candidates.push_back(f);
+  // Only on the side of the cut (CutSides) where the last update is: the
+  // optimizer's (a batch norm's running statistics are updated before it).
+  CutSides sides(block);
   SmallVector<Operation *> later; // members, last first
   for (FusionOp f : llvm::reverse(candidates))
-    if (!readsOp(later, f)) // else a later member depends on it (e.g. a clipped norm)
+    if (!readsOp(later, f) && // else a later member depends on it (e.g. a clipped norm)
+        !sides.apart(f, candidates.back()))
       later.push_back(f);
   SmallVector<FusionOp> group;
   for (Operation *f : llvm::reverse(later))
@@ -1869,12 +1912,14 @@ bool fuseSiblingLoops(func::FuncOp func, int64_t maxOperands) {
   constexpr int64_t kSmall = 1 << 16;
   bool changed = false;
   for (Block &block : func.getBody()) {
+    std::optional<CutSides> sides;
     auto small = [&](FusionOp f) {
       return f.getKind() == "loop" && !f.isViewRegion() &&
              ShapedType::getNumElements(f.getIterationShape()) <= kSmall;
     };
     for (bool merged = true; merged;) {
       merged = false;
+      sides.emplace(block);
       SmallVector<FusionOp> regions;
       for (auto f : block.getOps<FusionOp>())
         if (small(f))
@@ -1887,7 +1932,7 @@ bool fuseSiblingLoops(func::FuncOp func, int64_t maxOperands) {
             continue;
           int64_t n = a->getNumOperands() + a->getNumResults() + b->getNumOperands() +
                       b->getNumResults();
-          if (n > maxOperands || readsOp({b.getOperation()}, a))
+          if (n > maxOperands || readsOp({b.getOperation()}, a) || sides->apart(a, b))
             continue;
           mergeSiblings(a, b);
           merged = changed = true;
@@ -1949,8 +1994,11 @@ bool fuseScalarRegions(func::FuncOp func) {
   };
   SmallVector<Operation *> group;
   llvm::SmallPtrSet<Operation *, 8> members;
+  CutSides sides(block);
   for (Operation &op : block) {
-    if (!scalar(op) || (!group.empty() && readsAny({&op}, members, group.front())))
+    if (!scalar(op) ||
+        (!group.empty() && (sides.apart(&op, group.front()) ||
+                            readsAny({&op}, members, group.front()))))
       continue;
     group.push_back(&op);
     members.insert(&op);

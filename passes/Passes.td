@@ -34,6 +34,10 @@ def BuildTrainStep : Pass<"forge-build-train-step", "::mlir::ModuleOp"> {
            "Clip the global gradient norm (0: off)">,
     Option<"microBatches", "micro-batches", "int64_t", /*default=*/"1",
            "Accumulate gradients over this many micro-batches">,
+    Option<"accumulate", "accumulate", "std::string", /*default=*/"",
+           "loop (default with micro-batches; not with pipeline stages) | unroll: one "
+           "micro-batch's forward and backward adding into persistent accumulators "
+           "(forge.accumulated, cut by forge-split-accumulation), or K unrolled copies">,
     Option<"dataParallel", "data-parallel", "int64_t", /*default=*/"0",
            "Ranks of the data-parallel group: gradients and loss averaged by forge.all_reduce "
            "(0: none; 1: a group of one)">,
@@ -584,6 +588,30 @@ def Partition : Pass<"forge-partition", "::mlir::func::FuncOp"> {
            "Largest bucket in bytes (0: one all_reduce per tensor)">,
   ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
+def SplitAccumulation : Pass<"forge-split-accumulation", "::mlir::ModuleOp"> {
+  let summary = "Gradient accumulation in a loop: @train_step cut into @accumulate and the rest";
+  let description = [{
+    forge-build-train-step with `--micro-batches K --accumulate loop` builds
+    one micro-batch's forward and backward, whose gradients (and loss) it adds
+    into persistent f32 accumulators, and the rest of the step (gradient norm,
+    collectives, optimizer) reading the sums through forge.accumulated. This
+    pass cuts the step there. @accumulate gets every op that a forge.accumulated
+    operand depends on, the arguments they read, and returns each sum as the
+    new value of its accumulator (and the other updates those ops make: batch
+    norms' running statistics). The runtime runs it once per micro-batch, then
+    @train_step, which keeps the other ops, reads each accumulator where the
+    sum was read, and drops the data inputs it no longer reads. So the step
+    is one graph body run K times, not K unrolled copies.
+
+    A value of the micro-batch part that the rest reads other than through
+    forge.accumulated is recomputed there when it depends only on constants
+    and arguments other than data inputs (forge.step allowed); otherwise, and
+    for an output (not an update) made by the micro-batch part, the pass
+    fails naming it. Without forge.accumulated the pass does nothing.
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect", "::mlir::func::FuncDialect"];
 }
 
 // Stage "placement" (the last before the bundle): where each op runs.

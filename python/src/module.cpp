@@ -474,8 +474,9 @@ NB_MODULE(_forge, m) {
            "Opens and validates the bundle at `path` (raises ForgeError naming the problem).")
       .def_ro("path", &PyBundle::path, "The file the bundle was opened from.")
       .def_prop_ro("routines", &PyBundle::routines,
-                   "Routine names: 'train_step' and 'eval' for a training bundle, 'forward' "
-                   "for an inference bundle.")
+                   "Routine names: 'train_step' and 'eval' for a training bundle (and "
+                   "'accumulate', one micro-batch's forward and backward, with an "
+                   "accumulation loop), 'forward' for an inference bundle.")
       .def_prop_ro("build_options", &PyBundle::buildOptions,
                    "The options forgec recorded (target, batch, loss, optimizer, ...).")
       .def("inputs", [](const PyBundle &b, const std::string &r) { return b.signature(r, false); },

@@ -46,15 +46,20 @@ uint32_t crc32Of(const void *data, size_t n) {
 /// What a checkpoint holds: every PARAMETER and STATE tensor but the
 /// low-precision copies, which are derived from their parameters (so fp32
 /// and bf16 bundles of one model share checkpoints).
+/// Nor the gradient accumulators of an accumulation loop (forgec --accumulate
+/// loop): zero between steps, so such a bundle and its unrolled form (or a run
+/// without micro-batches of the same batch) share checkpoints too.
+bool isAccumulator(const bundle::TensorInfo &t) { return t.role() == "grad_accumulator"; }
+
 bool isPersistent(const bundle::TensorInfo &t) {
   return (t.kind() == bundle::TensorInfo::PARAMETER || t.kind() == bundle::TensorInfo::STATE) &&
-         t.copy_of().empty();
+         t.copy_of().empty() && !isAccumulator(t);
 }
 
 std::vector<int32_t> checkpointed(const Executor &ex) {
   std::vector<int32_t> out;
   for (int32_t t : ex.persistentTensors())
-    if (!ex.isDerivedCopy(t))
+    if (!ex.isDerivedCopy(t) && !isAccumulator(ex.tensorInfo(t)))
       out.push_back(t);
   return out;
 }

@@ -167,6 +167,20 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     return microOption.status();
   const int64_t micro = *microOption;
   tr->micro_ = micro;
+  // The accumulation loop: its body reads the data, K times a step.
+  if (suffix.empty())
+    if (auto acc = ex.findRoutine("accumulate")) {
+      if (micro < 2)
+        return Status::error("{}: routine 'accumulate' with micro_batches = {} (an "
+                             "accumulation loop needs 2 or more)",
+                             origin, micro);
+      tr->accum_.index = *acc;
+      for (const bundle::Instruction &inst : p.routines(*acc).instructions())
+        tr->flopsPerStep_ += static_cast<double>(micro) * static_cast<double>(inst.flops());
+    }
+  const bool loop = tr->accum_.index >= 0;
+  const int dataRoutine = loop ? tr->accum_.index : tr->train_.index;
+  const char *dataRoutineName = loop ? "accumulate" : "train_step";
   const std::string label = buildOption(p, "label_input");
   int64_t numClasses = 0;
   std::optional<int64_t> ignore;
@@ -176,14 +190,34 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   std::vector<std::vector<int32_t>> tensors; // [field][k]
   int32_t rankInput = -1;                    // forge.dp_rank
   std::map<std::string, size_t> fieldOf;
-  for (int32_t t : ex.inputs(tr->train_.index)) {
+  auto checkScalar = [&](const bundle::TensorInfo &info, bundle::DType dtype,
+                         const char *what) -> Status {
+    if (info.dtype() != dtype || numElements(shapeOf(info)) != 1)
+      return Status::error("{}: input '{}' is {}{}, expected {} scalar", origin, info.name(),
+                           dtypeName(info.dtype()), shapeString(shapeOf(info)), what);
+    return Status::ok();
+  };
+  if (loop) // the rest of the step reads no data
+    for (int32_t t : ex.inputs(tr->train_.index)) {
+      const bundle::TensorInfo &info = ex.tensorInfo(t);
+      if (info.name() != "forge.step")
+        return Status::error("{}: train_step reads input '{}'; with an accumulation loop only "
+                             "'accumulate' reads the data",
+                             origin, info.name());
+      FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::F32, "an f32"));
+      tr->stepInput_ = t;
+    }
+  for (int32_t t : ex.inputs(dataRoutine)) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
     const std::string &name = info.name();
     if (name == "forge.step") {
-      if (info.dtype() != bundle::F32 || numElements(shapeOf(info)) != 1)
-        return Status::error("{}: input 'forge.step' is {}{}, expected an f32 scalar", origin,
-                             dtypeName(info.dtype()), shapeString(shapeOf(info)));
-      tr->stepInput_ = t;
+      FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::F32, "an f32"));
+      (loop ? tr->accumStepInput_ : tr->stepInput_) = t;
+      continue;
+    }
+    if (loop && name == "forge.micro_index") { // dropout masks by global sample
+      FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::I64, "an i64"));
+      tr->microIndexInput_ = t;
       continue;
     }
     if (name == "forge.dp_rank") { // dropout masks by global sample (DropoutMaskOp)
@@ -195,7 +229,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     }
     std::string base = name;
     int64_t k = 0;
-    if (micro > 1) {
+    if (micro > 1 && !loop) {
       size_t at = name.rfind('@');
       const char *first = name.data() + (at == std::string::npos ? 0 : at + 1);
       const char *last = name.data() + name.size();
@@ -229,8 +263,11 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       return Status::error("{}: micro-batch inputs of '{}' differ: '{}' is {}{}", origin, base,
                            name, dtypeName(info.dtype()), shapeString(shapeOf(info)));
     if (tensors[it->second][k] >= 0)
-      return Status::error("{}: train_step has input '{}' twice", origin, name);
-    tensors[it->second][k] = t;
+      return Status::error("{}: {} has input '{}' twice", origin, dataRoutineName, name);
+    if (loop) // every micro-batch's run reads it
+      std::fill(tensors[it->second].begin(), tensors[it->second].end(), t);
+    else
+      tensors[it->second][k] = t;
     if (tr->batch_ == 0)
       tr->batch_ = info.shape(0);
     else if (info.shape(0) != tr->batch_)
@@ -238,7 +275,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                            origin, name, info.shape(0), tr->batch_);
   }
   if (tr->fields_.empty())
-    return Status::error("{}: train_step has no data inputs", origin);
+    return Status::error("{}: {} has no data inputs", origin, dataRoutineName);
   if (tr->batch_ <= 0)
     return Status::error("{}: the batch size (dim 0 of the data inputs) is {}", origin,
                          tr->batch_);
@@ -307,6 +344,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->dpRank_ = options.rank / (tp * pp);
   if (rankInput >= 0) // the same every step: the executor uploads it with each step's inputs
     std::memcpy(ex.inputBuffer(rankInput), &tr->dpRank_, sizeof(int64_t));
+  for (int64_t k = 0; loop && k < micro; ++k) // micro-batch k's place among the ranks' steps
+    tr->microIndex_.push_back(tr->dpRank_ * micro + k);
 
   const int64_t perStep = tr->globalSamplesPerStep();
   if (train) {
@@ -335,7 +374,17 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->microInputs_.assign(static_cast<size_t>(micro), {});
   for (int64_t k = 0; k < micro; ++k)
     for (size_t f = 0; f < tr->fields_.size(); ++f) {
-      tr->microOuts_[k].push_back(ex.inputBuffer(tensors[f][k]));
+      void *out = ex.inputBuffer(tensors[f][k]);
+      if (loop) { // one input, K batches: each its own buffer, bound for its run
+        auto buf = ex.allocateHostBuffer(
+            static_cast<size_t>(tr->batch_) * tr->sampleBytes_[f],
+            fmt::format("micro-batch {} of input '{}'", k, tr->fields_[f].name));
+        if (!buf)
+          return buf.status();
+        out = buf->get();
+        tr->loopBuffers_.push_back(buf.take());
+      }
+      tr->microOuts_[k].push_back(out);
       tr->microInputs_[k].push_back(tensors[f][k]);
     }
   if (options.prefetch > 0 && tr->trainData_) {
@@ -479,6 +528,7 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
   std::span<const int64_t> indices = rankShare(global);
   const auto t0 = std::chrono::steady_clock::now();
   FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
+  const std::vector<std::vector<void *>> *outs = &microOuts_; // the step's batch, per k
   if (ring_.empty()) {
     std::lock_guard<std::mutex> fill(fillMutex_);
     trainData_->setEpoch(sampler_->position().epoch); // the epoch of `indices`
@@ -505,26 +555,18 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
     if (!std::equal(indices.begin(), indices.end(), slot->indices.begin(), slot->indices.end()))
       return Status::error("internal: the prefetched batch holds other samples than step {}'s",
                            step_ + inFlight_ + 1);
-    for (size_t k = 0; k < microInputs_.size(); ++k)
-      for (size_t f = 0; f < microInputs_[k].size(); ++f)
-        FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], slot->outs[k][f]));
+    outs = &slot->outs;
+    if (accum_.index < 0) // an accumulation loop binds each micro-batch for its run
+      for (size_t k = 0; k < microInputs_.size(); ++k)
+        for (size_t f = 0; f < microInputs_[k].size(); ++f)
+          FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], slot->outs[k][f]));
   }
   const double inputSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::optional<uint64_t> run =
       profile ? std::nullopt : std::optional<uint64_t>(exec_->runsIssued());
-  if (stepInput_ >= 0) {
-    float s = static_cast<float>(step_ + inFlight_ + 1);
-    std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
-  }
-  if (profile) {
-    auto spans = exec_->runProfiled(train_.index);
-    if (!spans)
-      return spans.status();
-    *profile = spans.take();
-  } else {
-    FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
-  }
+  FORGE_RETURN_IF_ERROR(
+      runStep([&](int64_t k) { return bindMicroBatch(*outs, k); }, profile));
   ++inFlight_;
   launched_.emplace_back(run, inputSeconds);
   return Status::ok();
@@ -720,13 +762,51 @@ Status Trainer::failedError() const {
                        failed_);
 }
 
-Status Trainer::runNextStep(double inputSeconds) {
-  const uint64_t run = exec_->runsIssued();
-  if (stepInput_ >= 0) {
-    float s = static_cast<float>(step_ + inFlight_ + 1);
-    std::memcpy(exec_->inputBuffer(stepInput_), &s, sizeof(s));
+Status Trainer::bindMicroBatch(const std::vector<std::vector<void *>> &outs, int64_t k) {
+  for (size_t f = 0; f < microInputs_[k].size(); ++f)
+    FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], outs[k][f]));
+  if (microIndexInput_ >= 0)
+    FORGE_RETURN_IF_ERROR(exec_->bindInput(microIndexInput_, &microIndex_[k]));
+  return Status::ok();
+}
+
+Status Trainer::runStep(const std::function<Status(int64_t)> &bind,
+                        std::vector<Executor::Span> *profile) {
+  const float s = static_cast<float>(step_ + inFlight_ + 1);
+  for (int32_t t : {stepInput_, accumStepInput_})
+    if (t >= 0)
+      std::memcpy(exec_->inputBuffer(t), &s, sizeof(s));
+  if (profile)
+    profile->clear();
+  auto runOne = [&](int routine) -> Status {
+    if (!profile)
+      return exec_->run(routine);
+    auto spans = exec_->runProfiled(routine);
+    if (!spans)
+      return spans.status();
+    double end = 0; // the runs end to end, 1 us apart
+    for (const Executor::Span &sp : *profile)
+      end = std::max(end, sp.startUs + sp.durationUs);
+    const double offset = profile->empty() ? 0.0 : end + 1.0;
+    for (Executor::Span &sp : *spans) {
+      if (accum_.index >= 0)
+        sp.routine = routine;
+      sp.startUs += offset;
+      profile->push_back(std::move(sp));
+    }
+    return Status::ok();
+  };
+  for (int64_t k = 0; accum_.index >= 0 && k < micro_; ++k) {
+    FORGE_RETURN_IF_ERROR(bind(k));
+    FORGE_RETURN_IF_ERROR(runOne(accum_.index));
   }
-  FORGE_RETURN_IF_ERROR(exec_->run(train_.index));
+  return runOne(train_.index);
+}
+
+Status Trainer::runNextStep(double inputSeconds, const std::function<Status(int64_t)> &bind) {
+  const uint64_t run = exec_->runsIssued();
+  FORGE_RETURN_IF_ERROR(runStep(bind ? bind : [&](int64_t k) { return bindMicroBatch(microOuts_, k); },
+                                nullptr));
   ++inFlight_;
   launched_.emplace_back(run, inputSeconds);
   return Status::ok();
@@ -771,16 +851,22 @@ Expected<StepResult> Trainer::stepOnDevice(std::span<const void *const> fields) 
       for (int32_t t : micro)
         (void)exec_->bindInput(t, nullptr);
   };
-  for (int64_t k = 0; k < micro_; ++k)
+  auto bindDevice = [&](int64_t k) -> Status {
     for (size_t f = 0; f < fields_.size(); ++f) {
       const auto *at = static_cast<const uint8_t *>(fields[f]) +
                        static_cast<size_t>(k * batch_) * sampleBytes_[f];
-      if (Status st = exec_->bindDeviceInput(microInputs_[k][f], at); !st.isOk()) {
-        rebindHost();
-        return st;
-      }
+      FORGE_RETURN_IF_ERROR(exec_->bindDeviceInput(microInputs_[k][f], at));
     }
-  if (Status st = runNextStep(0.0); !st.isOk()) {
+    if (microIndexInput_ >= 0)
+      FORGE_RETURN_IF_ERROR(exec_->bindInput(microIndexInput_, &microIndex_[k]));
+    return Status::ok();
+  };
+  for (int64_t k = 0; accum_.index < 0 && k < micro_; ++k) // a loop binds k for its run
+    if (Status st = bindDevice(k); !st.isOk()) {
+      rebindHost();
+      return st;
+    }
+  if (Status st = runNextStep(0.0, bindDevice); !st.isOk()) {
     rebindHost();
     return st;
   }

@@ -17,6 +17,14 @@ order only. Required, relative, per step / per tensor (norms L2 over the tensor,
 and the same with shuffling on and the same --seed for both bundles (both take 16 samples per
 step, so the seeded permutation, a function of seed and epoch, is the same).
 
+Loop and unrolled forms (forgec --accumulate loop, the default, and --accumulate unroll): the
+K=2 bundle must have the routine `accumulate` (forge-train --info) and its unrolled twin the
+inputs x@0/x@1 and none; trained alike (no shuffle), their losses, step-1 gradients and final
+parameters must be bit-identical (both sum (0 +) g0 + g1 in f32 in that order, then scale).
+Checkpoints: the loop bundle trains 10 steps with a checkpoint, the unrolled one resumes from
+it for 10 more; its losses of steps 11..20 must equal the loop's uninterrupted run bit for
+bit (the accumulators are not in checkpoints: zero between steps).
+
 Determinism: the K=2 sgd bundle trains 25 steps with shuffling, --seed 7, --threads 2, twice:
 the "loss" values of metrics.jsonl must be identical as JSON text and as floats (bit for
 bit); --seed 8 must give a different sequence (the seed is used).
@@ -96,6 +104,60 @@ def compare_runs(rep, label, a, b, params):
                   "; ".join(problems + [f"max rel {worst:.2e} ({worst_name}); bound {TOL:g}"]))
 
 
+def info(forge_train, bundle):
+    _, _, out = e2e.run([forge_train, "--info", bundle], TIMEOUT_S)
+    return out
+
+
+def check_loop_vs_unrolled(rep, forge_train, opt, bundles, data, params, tmp):
+    loop, unrolled = info(forge_train, bundles["k2"]), info(forge_train, bundles["k2u"])
+    rep.check(f"{opt} loop bundle has the routine accumulate, x without @k",
+              "accumulate:" in loop and "in  x f32[8," in loop and "x@0" not in loop,
+              "forge-train --info lists: " + ", ".join(re.findall(r"^  (\w+):", loop, re.M)))
+    rep.check(f"{opt} unrolled bundle has x@0, x@1 and no accumulate",
+              "accumulate:" not in unrolled and "in  x@0" in unrolled and "in  x@1" in unrolled,
+              "forge-train --info lists: " + ", ".join(re.findall(r"^  (\w+):", unrolled, re.M)))
+    outs = {}
+    for tag in ("k2", "k2u"):
+        base = os.path.join(tmp, f"{opt}_{tag}_exact")
+        outs[tag] = (base + ".jsonl", base + "_p.npz", base + "_g.npz")
+        ok, log = run([forge_train, bundles[tag], "--data", data, "--no-shuffle",
+                       "--steps", str(STEPS), "--threads", "1", "--metrics", outs[tag][0],
+                       "--dump-params", outs[tag][1], "--dump-grads", outs[tag][2]])
+        if not rep.check(f"{opt} {tag} exact run", ok, log or "ok"):
+            return
+    la, lb = read_losses(outs["k2"][0]), read_losses(outs["k2u"][0])
+    same = (len(la) == STEPS and np.array([x[2] for x in la], np.float32).tobytes()
+            == np.array([x[2] for x in lb], np.float32).tobytes())
+    rep.check(f"{opt} loop == unrolled losses, bit for bit", same,
+              f"{len(la)} steps; first: loop {la[0][1] if la else '-'}, "
+              f"unrolled {lb[0][1] if lb else '-'}")
+    for what, i in (("grads step 1", 2), ("params step 20", 1)):
+        za, zb = np.load(outs["k2"][i]), np.load(outs["k2u"][i])
+        differ = [n for n in params if n not in za.files or n not in zb.files
+                  or za[n].tobytes() != zb[n].tobytes()]
+        rep.check(f"{opt} loop == unrolled {what}, bit for bit", not differ,
+                  f"differ: {differ}" if differ else f"{len(params)} tensors equal")
+    # A checkpoint of the loop bundle resumes the unrolled one.
+    ckpt = os.path.join(tmp, f"{opt}_ckpt")
+    first = os.path.join(tmp, f"{opt}_first.jsonl")
+    ok, log = run([forge_train, bundles["k2"], "--data", data, "--no-shuffle", "--steps", "10",
+                   "--threads", "1", "--metrics", first, "--ckpt-dir", ckpt])
+    if not rep.check(f"{opt} loop bundle 10 steps with a checkpoint", ok, log or "ok"):
+        return
+    ok, log = run([forge_train, bundles["k2u"], "--data", data, "--no-shuffle", "--steps",
+                   str(STEPS), "--threads", "1", "--metrics", first, "--ckpt-dir", ckpt,
+                   "--resume"])
+    if not rep.check(f"{opt} unrolled bundle resumes the loop's checkpoint", ok, log or "ok"):
+        return
+    resumed = [x for x in read_losses(first) if x[0] > 10]
+    full = [x for x in la if x[0] > 10]
+    rep.check(f"{opt} resumed steps 11..{STEPS} == the loop's own, bit for bit",
+              len(resumed) == STEPS - 10 and [x[2] for x in resumed] == [x[2] for x in full],
+              f"{len(resumed)} steps; step 11: resumed {resumed[0][1] if resumed else '-'}, "
+              f"uninterrupted {full[0][1] if full else '-'}")
+
+
 def main():
     ap = argparse.ArgumentParser(description="Forge e2e: micro-batch accumulation == one large "
                                              "batch; same seed => identical losses")
@@ -119,14 +181,15 @@ def main():
             params = m["parameters"]
             data = os.path.join(d, "batches.npz")
             bundles = {}
-            for tag, batch, micro in (("k2", 8, 2), ("k1", 16, 1)):
+            for tag, batch, micro, extra in (("k2", 8, 2, []), ("k1", 16, 1, []),
+                                             ("k2u", 8, 2, ["--accumulate", "unroll"])):
                 bundles[tag] = os.path.join(tmp, f"{opt}_{tag}.forge")
                 ok, log = run([forgec, os.path.join(d, "model.onnx"), "--target", "cpu",
-                               "--batch", str(batch), "--micro-batches", str(micro),
+                               "--batch", str(batch), "--micro-batches", str(micro), *extra,
                                "--loss", "cross_entropy:logits,labels",
                                "--optimizer", optimizer_spec(m["optimizer_hparams"]),
                                "--expose-gradients", "-o", bundles[tag]])
-                if not rep.check(f"{opt} forgec --batch {batch} --micro-batches {micro}", ok,
+                if not rep.check(f"{opt} forgec --batch {batch} --micro-batches {micro} {' '.join(extra)}".rstrip(), ok,
                                  log or "ok"):
                     bundles = None
                     break
@@ -150,6 +213,7 @@ def main():
                 if outs:
                     compare_runs(rep, f"{opt} {order} K=2x8 vs K=1x16", outs["k2"], outs["k1"],
                                  params)
+            check_loop_vs_unrolled(rep, forge_train, opt, bundles, data, params, tmp)
 
         # Same seed, same thread count => bit-identical losses; another seed differs.
         if k2_sgd:

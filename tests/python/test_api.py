@@ -166,7 +166,11 @@ def test_micro_batches(bundles, device, digits, tmp_path):
     bundle = bundles.get("micro", MODEL, batch=16, loss=LOSS, optimizer="sgd:lr=0.1",
                          micro_batches=2)
     bundles.ready()
-    assert bundle.inputs()[0][0] == "x@0"
+    # The accumulation loop (forgec --accumulate loop, the default): one micro-batch's
+    # inputs, run twice a step; train_step reads no data.
+    assert "accumulate" in bundle.routines
+    assert bundle.inputs("accumulate")[0][0] == "x"
+    assert [i[0] for i in bundle.inputs()] == ["forge.step"]
     ref = run_forge_train([bundle.path, "--data", TRAIN, "--no-shuffle", "--threads", 1,
                            "--steps", 3, "--device", device], tmp_path, "micro")
     tr = make_trainer(bundle, device)

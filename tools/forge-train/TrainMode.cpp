@@ -265,11 +265,13 @@ std::string metricsLine(const Trainer &tr, const StepResult &r, double dt, bool 
   return line + "}";
 }
 
-/// --dump-params: whole tensors (`whole`: the split ones, gathered).
+/// --dump-params: whole tensors (`whole`: the split ones, gathered); not an
+/// accumulation loop's accumulators (zero between steps, as in checkpoints).
 Status dumpParams(const std::string &path, const Executor &ex, const WholeTensors &whole) {
   std::map<std::string, TensorView> arrays;
   for (int32_t t : ex.persistentTensors())
-    if (!ex.tensorInfo(t).has_shard() || whole.count(t))
+    if ((!ex.tensorInfo(t).has_shard() || whole.count(t)) &&
+        ex.tensorInfo(t).role() != "grad_accumulator")
       arrays[ex.tensorInfo(t).name()] = wholeView(ex, t, &whole);
   return writeNpz(path, arrays);
 }
@@ -340,7 +342,9 @@ public:
                           {"ts", offset_ + s.startUs}, {"dur", s.durationUs}};
       nlohmann::json args = {{"step", step}};
       if (s.instruction >= 0) {
-        const bundle::Instruction &inst = r.instructions(s.instruction);
+        const bundle::Instruction &inst =
+            (s.routine >= 0 ? ex_.bundle().program().routines(s.routine) : r)
+                .instructions(s.instruction);
         std::string kernel = inst.placement() == bundle::KERNEL    ? inst.launch().kernel()
                              : inst.placement() == bundle::LIBRARY
                                  ? (inst.op().rfind("conv", 0) == 0 ||

@@ -187,6 +187,12 @@ static cl::opt<double> clipGradNorm("clip-grad-norm", cl::desc("Clip the global 
 static cl::opt<int64_t> microBatches("micro-batches",
                                      cl::desc("Accumulate gradients over K micro-batches of --batch each"),
                                      cl::init(1), cl::cat(trainCategory));
+static cl::opt<std::string> accumulate(
+    "accumulate",
+    cl::desc("loop | unroll: with --micro-batches K, run one micro-batch's forward and backward "
+             "K times (a routine of its own, adding into fp32 gradient accumulators; the default) "
+             "or build K unrolled copies into the step (what --pp needs, and its default)"),
+    cl::cat(trainCategory));
 static cl::opt<int64_t> dataParallel(
     "dp",
     cl::desc("Data parallelism over D ranks (forge-train --nproc D, or RANK/WORLD_SIZE from a "
@@ -259,6 +265,7 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
     int count = 0;
     for (cl::Option *o : std::initializer_list<cl::Option *>{&loss, &optimizer, &lrSchedule,
                                                              &clipGradNorm, &microBatches,
+                                                             &accumulate,
                                                              &dataParallel, &tensorParallel,
                                                              &pipelineParallel, &zeroStage})
       if (o->getNumOccurrences())
@@ -352,6 +359,8 @@ static std::string applyRecipe() {
       ok = node.is_integer();
       if (ok && !microBatches.getNumOccurrences())
         microBatches = *node.value<int64_t>();
+    } else if (k == "accumulate") {
+      ok = str(accumulate);
     } else if (k == "dp") {
       ok = node.is_integer();
       if (ok && !dataParallel.getNumOccurrences())
@@ -393,6 +402,7 @@ static mlir::forge::TrainFlags trainFlags() {
   t.lrSchedule = lrSchedule;
   t.clipGradNorm = clipGradNorm;
   t.microBatches = microBatches;
+  t.accumulate = accumulate;
   t.dataParallel = dataParallel;
   t.zero = zeroStage;
   t.freeze.assign(freeze.begin(), freeze.end());
@@ -806,6 +816,8 @@ int main(int argc, char **argv) {
     build["optimizer"] = optimizer;
     build["lr_schedule"] = lrSchedule;
     build["micro_batches"] = std::to_string(microBatches);
+    if (trainOptions->accumulateLoop)
+      build["accumulate"] = "loop";
     if (dataParallel > 0)
       build["data_parallel"] = std::to_string(dataParallel);
     if (tensorParallel > 1)

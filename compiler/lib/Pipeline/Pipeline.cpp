@@ -177,6 +177,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   train.lrSchedule = options.train.lrSchedule;
   train.clipGradNorm = options.train.clipGradNorm;
   train.microBatches = options.train.microBatches;
+  train.accumulate = options.train.accumulate;
   train.dataParallel = options.train.dataParallel;
   train.zero = options.train.zero;
   train.freeze = options.train.freeze;
@@ -245,6 +246,14 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // without a collective it has nothing to do (and no dump of its own).
   if (options.train.dataParallel >= 1)
     pm.addNestedPass<func::FuncOp>(createPartition());
+  // Stage "accumulation" (--micro-batches K, the loop): the step cut into
+  // @accumulate, one micro-batch's forward and backward that the runtime runs
+  // K times, and the rest. Last of the graph stages, so that every one
+  // before it sees the whole step (the gradient buckets read the sums;
+  // nothing fuses across forge.accumulated); before placement, which places
+  // each routine's ops, and the schedule and memory plan, one per routine.
+  if (options.train.microBatches > 1)
+    pm.addPass(createSplitAccumulation());
   addPlacement(pm, options);
   addSchedule(pm, options);
   addMemoryPlan(pm, options);
@@ -321,6 +330,7 @@ struct TrainingPipelineCLOptions : public CommonPipelineCLOptions<TrainingPipeli
                               llvm::cl::desc("as forgec --clip-grad-norm"), llvm::cl::init(0.0)};
   Option<int64_t> microBatches{*this, "micro-batches",
                                llvm::cl::desc("as forgec --micro-batches"), llvm::cl::init(1)};
+  Option<std::string> accumulate{*this, "accumulate", llvm::cl::desc("as forgec --accumulate")};
   Option<int64_t> dataParallel{*this, "dp", llvm::cl::desc("as forgec --dp"), llvm::cl::init(0)};
   Option<int64_t> tensorParallel{*this, "tp", llvm::cl::desc("as forgec --tp"), llvm::cl::init(1)};
   Option<int64_t> zero{*this, "zero", llvm::cl::desc("as forgec --zero"), llvm::cl::init(0)};
@@ -367,6 +377,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.lrSchedule = cl.lrSchedule;
         options.train.clipGradNorm = cl.clipGradNorm;
         options.train.microBatches = cl.microBatches;
+        options.train.accumulate = cl.accumulate;
         options.train.dataParallel = cl.dataParallel;
         options.tensorParallel = cl.tensorParallel;
         options.train.zero = cl.zero;

@@ -267,6 +267,14 @@ FailureOr<TrainOptions> mlir::forge::parseTrainFlags(const TrainFlags &flags,
                   "parameters' gradients)");
   }
   t.pipeline = flags.pipeline;
+  // The loop by default; pipeline stages reorder the unrolled copies (1F1B).
+  if (flags.accumulate == "loop" && flags.pipeline > 1)
+    return fail("--accumulate loop with --pp: pipeline stages interleave the unrolled "
+                "micro-batches (1F1B); use --accumulate unroll");
+  if (!flags.accumulate.empty() && flags.accumulate != "loop" && flags.accumulate != "unroll")
+    return fail("--accumulate must be loop or unroll (got '" + flags.accumulate + "')");
+  t.accumulateLoop = flags.microBatches > 1 && flags.accumulate != "unroll" &&
+                     flags.pipeline == 1;
   t.freeze = flags.freeze;
   t.exposeGradients = flags.exposeGradients;
   if (flags.batchnormRunningVar == "biased" || flags.batchnormRunningVar == "unbiased")
@@ -888,10 +896,14 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   OpBuilder b(ctx);
   Location loc = main.getLoc();
   int64_t k = options.microBatches;
+  // The loop builds one micro-batch's forward and backward (forge.accumulated
+  // marks where forge-split-accumulation cuts it); else K unrolled copies.
+  const bool loop = options.accumulateLoop && k > 1;
+  const int64_t copies = loop ? 1 : k;
   bool hasLabel = options.loss.kind != "output";
 
   // Signature: data inputs (x K), labels (x K), params, states, optimizer
-  // state, step.
+  // state, (accumulators,) step.
   SmallVector<Type> argTypes;
   SmallVector<DictionaryAttr> argAttrs;
   auto named = [&](StringRef name, StringRef kind, StringRef role = {}, Attribute init = {},
@@ -907,17 +919,17 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     return b.getDictionaryAttr(attrs);
   };
   unsigned numData = main.getNumArguments();
-  for (int64_t m = 0; m < k; ++m) {
+  for (int64_t m = 0; m < copies; ++m) {
     for (unsigned i = 0; i < numData; ++i) {
       auto name = main.getArgAttrOfType<StringAttr>(i, "forge.name");
       std::string n = name ? name.str() : "input" + std::to_string(i);
       argTypes.push_back(main.getArgumentTypes()[i]);
-      argAttrs.push_back(named(k > 1 ? n + "@" + std::to_string(m) : n, "input"));
+      argAttrs.push_back(named(copies > 1 ? n + "@" + std::to_string(m) : n, "input"));
     }
     if (hasLabel) {
       argTypes.push_back(labelType);
       std::string n = options.loss.label;
-      argAttrs.push_back(named(k > 1 ? n + "@" + std::to_string(m) : n, "input"));
+      argAttrs.push_back(named(copies > 1 ? n + "@" + std::to_string(m) : n, "input"));
     }
   }
   // ZeRO-1: which parameters' optimizer state is split (a dim 0 that divides
@@ -962,6 +974,17 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     return DenseElementsAttr::get(RankedTensorType::get({}, b.getF32Type()),
                                   b.getF32FloatAttr(static_cast<float>(v)));
   };
+  // The loop's accumulators: each gradient's running sum (f32, the gradient's
+  // type before any reduction over ranks) and the losses', zero between steps.
+  unsigned accumBase = argTypes.size();
+  if (loop) {
+    for (const Param &p : params) {
+      argTypes.push_back(p.type());
+      argAttrs.push_back(named(p.name + ".grad_accum", "state", "grad_accumulator"));
+    }
+    argTypes.push_back(RankedTensorType::get({}, b.getF32Type()));
+    argAttrs.push_back(named("forge.loss_accum", "state", "grad_accumulator", f32Scalar(0.0)));
+  }
   unsigned scaleIndex = argTypes.size();
   if (scaling.dynamic) {
     argTypes.push_back(RankedTensorType::get({}, b.getF32Type()));
@@ -976,10 +999,13 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   // feeds) places each rank's samples in the step's global batch for the masks.
   const bool hasDropout =
       llvm::any_of(main.getBody().front(), [](Operation &op) { return isa<DropoutOp>(op); });
-  const int64_t rankIndex = options.dataParallel > 1 && hasDropout ? argTypes.size() : -1;
+  // In the loop, the micro-batch's place instead: rank * K + micro-batch (the
+  // trainer feeds it each run), whose samples start at that times B.
+  const int64_t rankIndex =
+      (options.dataParallel > 1 || loop) && hasDropout ? argTypes.size() : -1;
   if (rankIndex >= 0) {
     argTypes.push_back(RankedTensorType::get({}, b.getI64Type()));
-    argAttrs.push_back(named("forge.dp_rank", "input"));
+    argAttrs.push_back(named(loop ? "forge.micro_index" : "forge.dp_rank", "input"));
   }
 
   auto func = func::FuncOp::create(loc, "train_step", b.getFunctionType(argTypes, {}));
@@ -1027,7 +1053,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   Value lossSum;
   unsigned perMicro = numData + (hasLabel ? 1 : 0);
   auto ret = cast<func::ReturnOp>(main.getBody().front().getTerminator());
-  for (int64_t m = 0; m < k; ++m) {
+  for (int64_t m = 0; m < copies; ++m) {
     IRMapping map;
     for (unsigned i = 0; i < numData; ++i)
       map.map(main.getArgument(i), entry->getArgument(m * perMicro + i));
@@ -1058,7 +1084,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
             d.getLoc(), entry->getArgument(stepIndex), dpRank, d.getRatioAttr(),
             b.getI64IntegerAttr(d.getSeed()), b.getDenseI64ArrayAttr(type.getShape()),
             b.getI64IntegerAttr(m * microBatch / unit),
-            b.getI64IntegerAttr(k * microBatch / unit), b.getI64IntegerAttr(batch));
+            b.getI64IntegerAttr(copies * microBatch / unit), b.getI64IntegerAttr(batch));
         Value scaled = bb.mulScalar(x, 1.0 / (1.0 - ratio));
         Value zero = b.create<ConstantOp>(
             d.getLoc(), DenseElementsAttr::get(RankedTensorType::get({}, type.getElementType()),
@@ -1113,7 +1139,20 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     auto grads = differentiate(b, *entry, loss->first, seed, paramArgs, marks, m);
     if (failed(grads))
       return failure();
-    if (gradSum.empty()) {
+    if (loop) {
+      // Added to the accumulators; the rest of the step reads their sums once
+      // every micro-batch has added its own (forge.accumulated).
+      auto accumulated = [&](Value acc, Value term, StringRef name) {
+        Value sum = bb.add(acc, term);
+        sum.getDefiningOp()->setAttr("forge.accumulates", b.getUnitAttr());
+        return b.create<AccumulatedOp>(loc, sum, b.getStringAttr(name)).getResult();
+      };
+      for (auto [i, g] : llvm::enumerate(*grads))
+        gradSum.push_back(accumulated(entry->getArgument(accumBase + i), g,
+                                      params[i].name + ".grad_accum"));
+      lossSum = accumulated(entry->getArgument(accumBase + params.size()), loss->first,
+                            "forge.loss_accum");
+    } else if (gradSum.empty()) {
       gradSum.assign(grads->begin(), grads->end());
       lossSum = loss->first;
     } else {
@@ -1263,6 +1302,16 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   for (auto [s, value] : llvm::zip(states, stateValues))
     if (value != s.constant.getResult())
       update(value, s.name);
+  // The accumulators start the next step at zero.
+  if (loop) {
+    for (auto [i, p] : llvm::enumerate(params)) {
+      auto type = cast<RankedTensorType>(entry->getArgument(accumBase + i).getType());
+      update(b.create<BroadcastOp>(loc, type, bb.scalar(0.0, type.getElementType()),
+                                   b.getDenseI64ArrayAttr(type.getShape())),
+             p.name + ".grad_accum");
+    }
+    update(bb.scalar(0.0, b.getF32Type()), "forge.loss_accum");
+  }
   if (scaling.dynamic) {
     LossScaleStep next =
         nextLossScale(bb, scaling, scaleNow, entry->getArgument(scaleIndex + 1), finite);

@@ -745,6 +745,27 @@ def Forge_CopyOp : Op<Forge_Dialect, "copy", [Pure, SameOperandsAndResultType]> 
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
+def Forge_AccumulatedOp : Op<Forge_Dialect, "accumulated", [SameOperandsAndResultType]> {
+  let summary = "A running sum over micro-batches, read once the last one has added to it";
+  let description = [{
+    Made by forge-build-train-step for gradient accumulation in a loop
+    (`forgec --micro-batches K`, `--accumulate loop`), not by import. `sum` is
+    the new value of the persistent f32 tensor named `accumulator` (its old
+    value plus this micro-batch's term); the result is that sum once all K
+    micro-batches have added theirs. forge-split-accumulation cuts the step
+    here: what `sum` depends on becomes the routine @accumulate, which the
+    runtime runs once per micro-batch and which writes `sum` into the
+    accumulator; what reads the result stays in @train_step, which reads the
+    accumulator instead. Until the cut the op is the identity.
+
+    Not Pure: it is never merged, moved or erased, and no fusion region takes
+    it, so nothing fuses across the cut.
+  }];
+  let arguments = (ins AnyForgeTensor:$sum, StrAttr:$accumulator);
+  let results = (outs AnyForgeTensor:$result);
+  let assemblyFormat = "$sum attr-dict `:` type($result)";
+}
+
 def Forge_AllReduceOp : Op<Forge_Dialect, "all_reduce",
     [DeclareOpInterfaceMethods<Forge_DifferentiableOpInterface>]> {
   let summary = "Element-wise sum or mean of each operand over a group of ranks";

@@ -21,6 +21,7 @@ struct TrainFlags {
   std::string lrSchedule = "constant";
   double clipGradNorm = 0.0;          // 0: off
   int64_t microBatches = 1;
+  std::string accumulate;             // "" (auto) | loop | unroll (forgec --accumulate)
   int64_t dataParallel = 0;           // ranks of the data-parallel group (forgec --dp; 0: none)
   int64_t pipeline = 1;               // pipeline stages (forgec --pp; 1: none)
   int64_t zero = 0;                   // ZeRO stage (forgec --zero; 0: none, 1: optimizer state split)

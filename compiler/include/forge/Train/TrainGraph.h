@@ -85,6 +85,12 @@ struct TrainOptions {
   LossScaleSpec lossScale;
   /// Gradient accumulation: micro-batches per optimizer step.
   int64_t microBatches = 1;
+  /// With microBatches > 1: one micro-batch's forward and backward, run K times
+  /// (the routine @accumulate after forge-split-accumulation), adding each
+  /// gradient into a persistent f32 accumulator (state "NAME.grad_accum", role
+  /// "grad_accumulator"), which the step's optimizer reads and zeroes. False:
+  /// K unrolled copies in one step (what pipeline stages reorder into 1F1B).
+  bool accumulateLoop = false;
   /// Data parallelism: the step runs on `dataParallel` ranks, each on its own
   /// batch; the gradients (and the reported loss) are averaged over them by one
   /// forge.all_reduce (group "dp") before the norm and the optimizer, which

@@ -124,6 +124,8 @@ public:
     int stream = 0;       // 0 compute, 1 copy, 2 host
     std::string what;     // for transfers
     double startUs = 0, durationUs = 0;
+    int routine = -1; // whose instruction; -1: the routine run (Trainer sets it for the
+                      // runs of a step with an accumulation loop)
   };
   /// Runs `routine` once, timing every instruction (CUDA: events around each
   /// launch, no graph), and returns the spans in start order.

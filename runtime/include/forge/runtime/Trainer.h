@@ -8,6 +8,11 @@
 //    the routines and their outputs, the data inputs (with micro-batches K,
 //    `NAME@0..NAME@{K-1}`; a common batch size B), and the data against them
 //    (DataSource::bind). Errors name the bundle input and the file.
+//  * A bundle with an accumulation loop (forgec --accumulate loop, the
+//    default with K > 1) has a routine `accumulate` (one micro-batch's forward
+//    and backward, data inputs NAME) that a step runs K times, each on its
+//    micro-batch's buffers (and forge.micro_index = rank * K + k), then
+//    train_step once; such steps are not pipelined (canPipeline() is false).
 //  * Step s (1-based) feeds forge.step = s and the next K*B samples of the
 //    EpochSampler (micro-batch k gets samples [k*B, (k+1)*B)), so the losses
 //    are a function of (bundle, data, seed, thread count) only, and a run
@@ -21,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <condition_variable>
 #include <mutex>
@@ -136,7 +142,9 @@ public:
   /// are launched and not collected. stepsDone() counts collected steps;
   /// state(), evaluate() and the executor's persistent tensors are meaningful
   /// only when nothing is in flight (inFlight() == 0).
-  bool canPipeline() const { return exec_->canPipeline(); }
+  bool canPipeline() const { return exec_->canPipeline() && accum_.index < 0; }
+  /// The routine index of the accumulation loop's body (-1: none).
+  int accumulateRoutine() const { return accum_.index; }
   /// With `profile` (nothing in flight), the step is timed instruction by
   /// instruction (Executor::runProfiled) into it.
   Status launch(std::vector<Executor::Span> *profile = nullptr);
@@ -212,7 +220,17 @@ private:
   Status fillStep(DataSource &source, std::span<const int64_t> indices,
                   const std::vector<std::vector<void *>> &outs);
   /// stepOn()/stepOnDevice(): feeds forge.step and runs train_step on the bound inputs.
-  Status runNextStep(double inputSeconds);
+  /// With an accumulation loop, `bind(k)` points accumulate's inputs at micro-batch k
+  /// before its run (default: microOuts_[k]).
+  Status runNextStep(double inputSeconds,
+                     const std::function<Status(int64_t)> &bind = nullptr);
+  /// The runs of one step: accumulate K times (binding micro-batch k with
+  /// `bind`), then train_step; profiled into `profile` when given (each span
+  /// naming its routine, the runs laid end to end).
+  Status runStep(const std::function<Status(int64_t)> &bind,
+                 std::vector<Executor::Span> *profile);
+  /// Points accumulate's data inputs at `outs[k]` and forge.micro_index at k's value.
+  Status bindMicroBatch(const std::vector<std::vector<void *>> &outs, int64_t k);
   /// This rank's share of a step's global indices (TrainerOptions::rank).
   std::span<const int64_t> rankShare(std::span<const int64_t> global) const {
     return global.subspan(static_cast<size_t>(dpRank_ * samplesPerStep()),
@@ -236,6 +254,14 @@ private:
   std::vector<DataField> fields_, evalFields_;
   Routine train_, eval_;
   int32_t stepInput_ = -1;
+  // The accumulation loop (accum_.index >= 0): accumulate's forge.step and
+  // forge.micro_index inputs, the values fed to the latter (one per k, bound
+  // per run, unchanged), and the host buffers its data inputs read from when
+  // no prefetch slot holds the batch (microOuts_ points into them).
+  Routine accum_;
+  int32_t accumStepInput_ = -1, microIndexInput_ = -1;
+  std::vector<int64_t> microIndex_;
+  std::vector<Executor::HostBuffer> loopBuffers_;
   int64_t batch_ = 0, micro_ = 1, evalBatch_ = 0, step_ = 0, tokensPerStep_ = 0;
   int64_t dpRank_ = 0, dpSize_ = 1, tpSize_ = 1; // dataParallelRank() ...
   int64_t ppSize_ = 1;         // pipeline stages (forgec --pp)

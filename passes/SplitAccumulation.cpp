@@ -1,0 +1,289 @@
+//===- SplitAccumulation.cpp - @train_step -> @accumulate + @train_step ---===//
+//
+// Invariants of the two routines that replace a train step holding
+// forge.accumulated ops (forgec --micro-batches K, --accumulate loop):
+//  * @accumulate holds exactly the ops some forge.accumulated operand depends
+//    on, in their order; it returns each such operand as the update of the
+//    op's accumulator (by name) and every update of the step those ops made
+//    (batch norms' running statistics); it has no outputs;
+//  * @train_step keeps every other op; where it read a forge.accumulated
+//    result it reads the accumulator's argument, which holds that sum once
+//    the runtime has run @accumulate on each micro-batch; a micro-batch value
+//    it reads otherwise is recomputed from its constants and non-data
+//    arguments, or the pass fails;
+//  * @train_step's data inputs that nothing reads any more are dropped:
+//    the runtime feeds them to @accumulate only. Both keep forge.step.
+//
+//===----------------------------------------------------------------------===//
+#include "Passes.h"
+
+#include <functional>
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "llvm/ADT/BitVector.h"
+#include "llvm/ADT/SetVector.h"
+
+namespace mlir::forge {
+#define GEN_PASS_DEF_SPLITACCUMULATION
+#include "Passes.h.inc"
+} // namespace mlir::forge
+
+using namespace mlir;
+using namespace mlir::forge;
+
+namespace {
+
+constexpr StringLiteral kRoutine = "accumulate";
+
+StringRef argString(func::FuncOp f, unsigned i, StringRef attr) {
+  auto a = f.getArgAttrOfType<StringAttr>(i, attr);
+  return a ? a.getValue() : StringRef();
+}
+
+/// A data input: fed per micro-batch, so the rest of the step cannot read it.
+bool isDataInput(func::FuncOp f, unsigned i) {
+  return argString(f, i, "forge.kind") == "input" && argString(f, i, "forge.name") != "forge.step";
+}
+
+/// The top-level op of `body` that `v` is defined by (nullptr: an argument).
+Operation *topLevelDef(Value v, Block &body) {
+  Operation *def = v.getDefiningOp();
+  while (def && def->getBlock() != &body)
+    def = def->getParentOp();
+  return def;
+}
+
+/// The op of `body` that holds `op` (itself, or the region op around it).
+Operation *topLevelOp(Operation *op, Block &body) {
+  while (op && op->getBlock() != &body)
+    op = op->getParentOp();
+  return op;
+}
+
+/// Every value `op` (and the ops nested in it) reads from outside itself.
+SmallVector<Value> valuesRead(Operation *op) {
+  SmallVector<Value> read;
+  op->walk([&](Operation *inner) {
+    for (Value v : inner->getOperands()) {
+      Operation *owner = v.getDefiningOp();
+      if (!owner)
+        owner = cast<BlockArgument>(v).getOwner()->getParentOp();
+      if (owner != op && !op->isProperAncestor(owner))
+        read.push_back(v);
+    }
+  });
+  return read;
+}
+
+struct SplitAccumulationPass
+    : public mlir::forge::impl::SplitAccumulationBase<SplitAccumulationPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto train = module.lookupSymbol<func::FuncOp>("train_step");
+    SmallVector<AccumulatedOp> cuts;
+    if (train)
+      train.walk([&](AccumulatedOp op) { cuts.push_back(op); });
+    if (cuts.empty()) {
+      markAllAnalysesPreserved();
+      return;
+    }
+    if (module.lookupSymbol(kRoutine)) {
+      module.emitError() << "forge-split-accumulation: the module already has @" << kRoutine;
+      return signalPassFailure();
+    }
+    if (failed(split(train, cuts)))
+      signalPassFailure();
+  }
+
+  LogicalResult split(func::FuncOp train, ArrayRef<AccumulatedOp> cuts) {
+    Block &body = train.front();
+    auto ret = cast<func::ReturnOp>(body.getTerminator());
+    // Dead ops (the pipeline removed them already; forge-opt's input may not
+    // have) would read the micro-batch's values for nothing.
+    SmallVector<Operation *> ops;
+    for (Operation &op : body.without_terminator())
+      ops.push_back(&op);
+    for (Operation *op : llvm::reverse(ops))
+      if (op->use_empty() && isMemoryEffectFree(op))
+        op->erase();
+
+    // 1. The micro-batch part: what the sums depend on.
+    llvm::DenseSet<Operation *> micro;
+    SmallVector<Operation *> work;
+    auto reach = [&](Value v) {
+      if (Operation *def = topLevelDef(v, body); def && micro.insert(def).second)
+        work.push_back(def);
+    };
+    for (AccumulatedOp cut : cuts) {
+      if (cut->getBlock() != &body)
+        return cut.emitError("forge-split-accumulation: forge.accumulated inside a region");
+      reach(cut.getSum());
+    }
+    while (!work.empty())
+      for (Value v : valuesRead(work.pop_back_val()))
+        reach(v);
+    for (AccumulatedOp cut : cuts)
+      if (micro.contains(cut))
+        return cut.emitError("forge-split-accumulation: a micro-batch sum depends on another "
+                             "accumulated sum");
+
+    // 2. The rest may read a micro-batch value only where it can recompute it:
+    // pure ops over constants and non-data arguments.
+    llvm::DenseMap<Operation *, bool> recomputable;
+    std::function<bool(Operation *)> canRecompute = [&](Operation *op) {
+      if (auto it = recomputable.find(op); it != recomputable.end())
+        return it->second;
+      recomputable[op] = false; // no cycles in a block; a guard all the same
+      bool ok = isMemoryEffectFree(op);
+      for (Value v : valuesRead(op)) {
+        if (!ok)
+          break;
+        if (auto arg = dyn_cast<BlockArgument>(v); arg && arg.getOwner() == &body)
+          ok = !isDataInput(train, arg.getArgNumber());
+        else if (Operation *def = topLevelDef(v, body))
+          ok = canRecompute(def);
+      }
+      return recomputable[op] = ok;
+    };
+    llvm::SetVector<Operation *> copies; // micro-batch ops the rest recomputes
+    std::function<void(Operation *)> copy = [&](Operation *op) {
+      for (Value v : valuesRead(op))
+        if (Operation *def = topLevelDef(v, body); def && micro.contains(def))
+          copy(def);
+      copies.insert(op);
+    };
+    for (Operation &op : body.without_terminator()) {
+      if (micro.contains(&op) || isa<AccumulatedOp>(op))
+        continue;
+      for (Value v : valuesRead(&op)) {
+        Operation *def = topLevelDef(v, body);
+        if (!def || !micro.contains(def))
+          continue;
+        if (!canRecompute(def))
+          return op.emitError("forge-split-accumulation: reads a value of the micro-batch's "
+                              "forward/backward (")
+                 << def->getName() << ") other than through forge.accumulated";
+        copy(def);
+      }
+    }
+
+    // 3. The step's results: the micro-batch part's updates move to @accumulate.
+    SmallVector<unsigned> moved;
+    for (auto [r, v] : llvm::enumerate(ret.getOperands())) {
+      Operation *def = topLevelDef(v, body);
+      if (!def || !micro.contains(def))
+        continue;
+      if (!train.getResultAttr(r, "forge.updates")) {
+        auto name = train.getResultAttrOfType<StringAttr>(r, "forge.name");
+        return train.emitError("forge-split-accumulation: output '")
+               << (name ? name.getValue() : StringRef("?"))
+               << "' is made by the micro-batch's forward/backward; the loop returns only "
+                  "the sums (use --accumulate unroll)";
+      }
+      if (copies.contains(def))
+        continue; // recomputed where the step returns it
+      moved.push_back(static_cast<unsigned>(r));
+    }
+
+    // 4. @accumulate: the micro-batch ops over the arguments they read.
+    MLIRContext *ctx = train.getContext();
+    OpBuilder b(ctx);
+    llvm::SetVector<unsigned> argsRead;
+    for (Operation &op : body.without_terminator())
+      if (micro.contains(&op))
+        for (Value v : valuesRead(&op))
+          if (auto arg = dyn_cast<BlockArgument>(v); arg && arg.getOwner() == &body)
+            argsRead.insert(arg.getArgNumber());
+    SmallVector<unsigned> args(argsRead.begin(), argsRead.end());
+    llvm::sort(args);
+    SmallVector<Type> argTypes;
+    for (unsigned i : args)
+      argTypes.push_back(train.getArgument(i).getType());
+    b.setInsertionPoint(train);
+    auto acc = b.create<func::FuncOp>(train.getLoc(), kRoutine, b.getFunctionType(argTypes, {}));
+    for (NamedAttribute a : train->getDiscardableAttrs())
+      acc->setAttr(a.getName(), a.getValue());
+    Block *entry = acc.addEntryBlock();
+    IRMapping map;
+    for (auto [k, i] : llvm::enumerate(args)) {
+      if (DictionaryAttr attrs = train.getArgAttrDict(i))
+        acc.setArgAttrs(k, attrs);
+      map.map(train.getArgument(i), entry->getArgument(k));
+    }
+    b.setInsertionPointToStart(entry);
+    for (Operation &op : body.without_terminator())
+      if (micro.contains(&op))
+        b.clone(op, map);
+    SmallVector<Value> results;
+    SmallVector<DictionaryAttr> resultAttrs;
+    auto updates = [&](StringRef name) {
+      return b.getDictionaryAttr(b.getNamedAttr("forge.updates", b.getStringAttr(name)));
+    };
+    for (AccumulatedOp cut : cuts) {
+      results.push_back(map.lookup(cut.getSum()));
+      resultAttrs.push_back(updates(cut.getAccumulator()));
+    }
+    for (unsigned r : moved) {
+      results.push_back(map.lookup(ret.getOperand(r)));
+      resultAttrs.push_back(train.getResultAttrDict(r));
+    }
+    b.create<func::ReturnOp>(train.getLoc(), results);
+    acc.setFunctionType(b.getFunctionType(argTypes, ValueRange(results).getTypes()));
+    for (auto [r, attrs] : llvm::enumerate(resultAttrs))
+      if (attrs)
+        acc.setResultAttrs(r, attrs);
+
+    // 5. @train_step: the accumulators where the sums were read, the
+    // recomputed values before their first reader, the micro-batch part gone.
+    llvm::StringMap<BlockArgument> persistent;
+    for (BlockArgument arg : train.getArguments())
+      if (StringRef name = argString(train, arg.getArgNumber(), "forge.name"); !name.empty())
+        persistent[name] = arg;
+    for (AccumulatedOp cut : cuts) {
+      auto it = persistent.find(cut.getAccumulator());
+      if (it == persistent.end() || it->second.getType() != cut.getType())
+        return cut.emitError("forge-split-accumulation: no argument '")
+               << cut.getAccumulator() << "' of the sum's type to read it from";
+      cut.getResult().replaceAllUsesWith(it->second);
+    }
+    IRMapping again;
+    b.setInsertionPointToStart(&body);
+    for (Operation *op : copies) {
+      Operation *clone = b.clone(*op, again);
+      for (auto [from, to] : llvm::zip(op->getResults(), clone->getResults()))
+        from.replaceUsesWithIf(to, [&](OpOperand &use) {
+          return !micro.contains(topLevelOp(use.getOwner(), body));
+        });
+    }
+    SmallVector<Value> kept;
+    llvm::BitVector dropResults(ret.getNumOperands());
+    for (unsigned r : moved)
+      dropResults.set(r);
+    for (auto [r, v] : llvm::enumerate(ret.getOperands()))
+      if (!dropResults.test(r))
+        kept.push_back(v);
+    ret->setOperands(kept);
+    train.eraseResults(dropResults);
+    for (AccumulatedOp cut : cuts)
+      cut->erase();
+    SmallVector<Operation *> gone;
+    for (Operation &op : body.without_terminator())
+      if (micro.contains(&op))
+        gone.push_back(&op);
+    for (Operation *op : llvm::reverse(gone)) {
+      if (!op->use_empty())
+        return op->emitError("forge-split-accumulation: internal: a micro-batch op is still read");
+      op->erase();
+    }
+    llvm::BitVector dropArgs(train.getNumArguments());
+    for (BlockArgument arg : train.getArguments())
+      if (arg.use_empty() && isDataInput(train, arg.getArgNumber()))
+        dropArgs.set(arg.getArgNumber());
+    train.eraseArguments(dropArgs);
+    return success();
+  }
+};
+
+} // namespace

@@ -1,0 +1,58 @@
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2" --forge-split-accumulation | FileCheck %s
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 data-parallel=2" --forge-split-accumulation | FileCheck %s --check-prefix=DP
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=unroll" --forge-split-accumulation | FileCheck %s --check-prefix=UNROLL
+// RUN: not forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=loop pipeline=2" 2>&1 | FileCheck %s --check-prefix=PP
+// RUN: not forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=loops" 2>&1 | FileCheck %s --check-prefix=BAD
+
+// Two micro-batches in a loop: @accumulate is one micro-batch's forward and
+// backward over its data inputs (no @k suffix), adding each gradient and the
+// loss into the accumulators, whose sums it returns as their updates.
+// CHECK-LABEL: func.func @accumulate(
+// CHECK-SAME: forge.name = "x"
+// CHECK-SAME: forge.name = "t"
+// CHECK-SAME: %[[A1:[a-z0-9]+]]: tensor<3x5xf32> {forge.kind = "state", forge.name = "w1.grad_accum", forge.role = "grad_accumulator"}
+// CHECK-SAME: %[[A2:[a-z0-9]+]]: tensor<5x2xf32> {forge.kind = "state", forge.name = "w2.grad_accum", forge.role = "grad_accumulator"}
+// CHECK-SAME: forge.name = "forge.loss_accum"
+// CHECK-SAME: -> (tensor<3x5xf32> {forge.updates = "w1.grad_accum"}, tensor<5x2xf32> {forge.updates = "w2.grad_accum"}, tensor<f32> {forge.updates = "forge.loss_accum"})
+// CHECK-NOT: forge.accumulated
+// CHECK: %[[S1:.*]] = forge.add %[[A1]], %{{.*}} {forge.accumulates}
+// CHECK: %[[S2:.*]] = forge.add %[[A2]], %{{.*}} {forge.accumulates}
+// CHECK: return %[[S1]], %[[S2]], %{{.*}} :
+// The rest of the step reads the accumulators where it read the sums (the
+// norm, the update), has no data inputs and zeroes the accumulators.
+// CHECK-LABEL: func.func @train_step(
+// CHECK-NOT: forge.kind = "input", forge.name = "x"
+// CHECK-SAME: %[[W1:[a-z0-9]+]]: tensor<3x5xf32> {{{.*}}forge.name = "w1"
+// CHECK-SAME: %[[G1:[a-z0-9]+]]: tensor<3x5xf32> {forge.kind = "state", forge.name = "w1.grad_accum"
+// CHECK-SAME: forge.name = "forge.step"
+// CHECK-SAME: tensor<3x5xf32> {forge.updates = "w1.grad_accum"}
+// CHECK-NOT: forge.accumulated
+// CHECK: forge.mul %[[G1]], %[[G1]]
+// CHECK: forge.sub %[[W1]],
+// CHECK: %[[Z:.*]] = forge.broadcast %{{.*}} {shape = array<i64: 3, 5>}
+// CHECK: return {{.*}}%[[Z]]
+// CHECK-LABEL: func.func @eval(
+
+// Data parallelism: the one all_reduce runs after the loop, on the sums.
+// DP-LABEL: func.func @accumulate(
+// DP-NOT: forge.all_reduce
+// DP-LABEL: func.func @train_step(
+// DP: forge.all_reduce %{{.*}}, %{{.*}}, %{{.*}} {group = "dp", reduction = "mean", size = 2 : i64}
+
+// Unrolled: one step with each micro-batch's inputs, no cut.
+// UNROLL-NOT: @accumulate
+// UNROLL: forge.name = "x@0"
+// UNROLL-SAME: forge.name = "x@1"
+// UNROLL-NOT: forge.accumulated
+// UNROLL-NOT: @accumulate
+
+// PP: --accumulate loop with --pp: pipeline stages interleave the unrolled micro-batches (1F1B); use --accumulate unroll
+// BAD: --accumulate must be loop or unroll (got 'loops')
+func.func @main(%x: tensor<4x3xf32> {forge.name = "x"}) -> (tensor<4x2xf32> {forge.name = "y"}) {
+  %w1 = forge.constant {forge.initializer = "w1"} dense<0.5> : tensor<3x5xf32>
+  %w2 = forge.constant {forge.initializer = "w2"} dense<0.25> : tensor<5x2xf32>
+  %h = forge.matmul %x, %w1 : (tensor<4x3xf32>, tensor<3x5xf32>) -> tensor<4x5xf32>
+  %r = forge.relu %h : (tensor<4x5xf32>) -> tensor<4x5xf32>
+  %y = forge.matmul %r, %w2 : (tensor<4x5xf32>, tensor<5x2xf32>) -> tensor<4x2xf32>
+  return %y : tensor<4x2xf32>
+}
