@@ -595,7 +595,8 @@ def SplitAccumulation : Pass<"forge-split-accumulation", "::mlir::ModuleOp"> {
   let description = [{
     forge-build-train-step with `--micro-batches K --accumulate loop` builds
     one micro-batch's forward and backward, whose gradients (and loss) it adds
-    into persistent f32 accumulators, and the rest of the step (gradient norm,
+    into persistent f32 accumulators (the first micro-batch's replace their
+    values), and the rest of the step (gradient norm,
     collectives, optimizer) reading the sums through forge.accumulated. This
     pass cuts the step there. @accumulate gets every op that a forge.accumulated
     operand depends on, the arguments they read, and returns each sum as the

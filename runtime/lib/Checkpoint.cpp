@@ -47,8 +47,9 @@ uint32_t crc32Of(const void *data, size_t n) {
 /// low-precision copies, which are derived from their parameters (so fp32
 /// and bf16 bundles of one model share checkpoints).
 /// Nor the gradient accumulators of an accumulation loop (forgec --accumulate
-/// loop): zero between steps, so such a bundle and its unrolled form (or a run
-/// without micro-batches of the same batch) share checkpoints too.
+/// loop): each step's first micro-batch overwrites them, so such a bundle and
+/// its unrolled form (or a run without micro-batches of the same batch) share
+/// checkpoints too.
 bool isAccumulator(const bundle::TensorInfo &t) { return t.role() == "grad_accumulator"; }
 
 bool isPersistent(const bundle::TensorInfo &t) {

@@ -266,7 +266,7 @@ std::string metricsLine(const Trainer &tr, const StepResult &r, double dt, bool 
 }
 
 /// --dump-params: whole tensors (`whole`: the split ones, gathered); not an
-/// accumulation loop's accumulators (zero between steps, as in checkpoints).
+/// accumulation loop's accumulators (scratch between steps, as in checkpoints).
 Status dumpParams(const std::string &path, const Executor &ex, const WholeTensors &whole) {
   std::map<std::string, TensorView> arrays;
   for (int32_t t : ex.persistentTensors())

@@ -1000,9 +1000,10 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   const bool hasDropout =
       llvm::any_of(main.getBody().front(), [](Operation &op) { return isa<DropoutOp>(op); });
   // In the loop, the micro-batch's place instead: rank * K + micro-batch (the
-  // trainer feeds it each run), whose samples start at that times B.
+  // trainer feeds it each run), whose samples start at that times B; the first
+  // micro-batch (index % K == 0) overwrites the accumulators.
   const int64_t rankIndex =
-      (options.dataParallel > 1 || loop) && hasDropout ? argTypes.size() : -1;
+      loop || (options.dataParallel > 1 && hasDropout) ? argTypes.size() : -1;
   if (rankIndex >= 0) {
     argTypes.push_back(RankedTensorType::get({}, b.getI64Type()));
     argAttrs.push_back(named(loop ? "forge.micro_index" : "forge.dp_rank", "input"));
@@ -1140,11 +1141,23 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     if (failed(grads))
       return failure();
     if (loop) {
-      // Added to the accumulators; the rest of the step reads their sums once
-      // every micro-batch has added its own (forge.accumulated).
+      // Added to the accumulators (the first micro-batch's term replaces what
+      // they hold: no zeroing between steps, and nothing left from an earlier
+      // one, NaN included, reaches this one); the rest of the step reads their
+      // sums once every micro-batch has added its own (forge.accumulated).
+      Value index = entry->getArgument(static_cast<unsigned>(rankIndex));
+      auto i64Scalar = [&](int64_t v) {
+        return b.create<ConstantOp>(loc, DenseElementsAttr::get(
+                                             RankedTensorType::get({}, b.getI64Type()),
+                                             b.getI64IntegerAttr(v)));
+      };
+      Value first = b.create<EqualOp>(
+          loc, b.create<ModOp>(loc, index, i64Scalar(k), b.getBoolAttr(false)), i64Scalar(0));
       auto accumulated = [&](Value acc, Value term, StringRef name) {
-        Value sum = bb.add(acc, term);
-        sum.getDefiningOp()->setAttr("forge.accumulates", b.getUnitAttr());
+        Value plus = bb.add(acc, term);
+        Value sum = bb.where(first, term, plus);
+        for (Value v : {plus, sum}) // its terms stay f32 (forge-assign-precision)
+          v.getDefiningOp()->setAttr("forge.accumulates", b.getUnitAttr());
         return b.create<AccumulatedOp>(loc, sum, b.getStringAttr(name)).getResult();
       };
       for (auto [i, g] : llvm::enumerate(*grads))
@@ -1302,16 +1315,6 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   for (auto [s, value] : llvm::zip(states, stateValues))
     if (value != s.constant.getResult())
       update(value, s.name);
-  // The accumulators start the next step at zero.
-  if (loop) {
-    for (auto [i, p] : llvm::enumerate(params)) {
-      auto type = cast<RankedTensorType>(entry->getArgument(accumBase + i).getType());
-      update(b.create<BroadcastOp>(loc, type, bb.scalar(0.0, type.getElementType()),
-                                   b.getDenseI64ArrayAttr(type.getShape())),
-             p.name + ".grad_accum");
-    }
-    update(bb.scalar(0.0, b.getF32Type()), "forge.loss_accum");
-  }
   if (scaling.dynamic) {
     LossScaleStep next =
         nextLossScale(bb, scaling, scaleNow, entry->getArgument(scaleIndex + 1), finite);

@@ -174,8 +174,8 @@ std::vector<int32_t> checkpointPieces(const Executor &ex) {
   const std::map<int32_t, int> owners = pipelineOwners(ex);
   std::vector<int32_t> out;
   for (int32_t t : ex.persistentTensors()) {
-    // Low-precision copies and accumulation loops' accumulators (zero between
-    // steps) are not checkpointed (Checkpoint.cpp).
+    // Low-precision copies and accumulation loops' accumulators (overwritten by
+    // each step's first micro-batch) are not checkpointed (Checkpoint.cpp).
     if (ex.isDerivedCopy(t) || !ex.isPresent(t) ||
         ex.tensorInfo(t).role() == "grad_accumulator")
       continue;

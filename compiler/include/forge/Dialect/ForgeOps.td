@@ -751,8 +751,8 @@ def Forge_AccumulatedOp : Op<Forge_Dialect, "accumulated", [SameOperandsAndResul
     Made by forge-build-train-step for gradient accumulation in a loop
     (`forgec --micro-batches K`, `--accumulate loop`), not by import. `sum` is
     the new value of the persistent f32 tensor named `accumulator` (its old
-    value plus this micro-batch's term); the result is that sum once all K
-    micro-batches have added theirs. forge-split-accumulation cuts the step
+    value plus this micro-batch's term; the first micro-batch's term alone);
+    the result is that sum once all K micro-batches have added theirs. forge-split-accumulation cuts the step
     here: what `sum` depends on becomes the routine @accumulate, which the
     runtime runs once per micro-batch and which writes `sum` into the
     accumulator; what reads the result stays in @train_step, which reads the

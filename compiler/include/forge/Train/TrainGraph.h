@@ -88,7 +88,8 @@ struct TrainOptions {
   /// With microBatches > 1: one micro-batch's forward and backward, run K times
   /// (the routine @accumulate after forge-split-accumulation), adding each
   /// gradient into a persistent f32 accumulator (state "NAME.grad_accum", role
-  /// "grad_accumulator"), which the step's optimizer reads and zeroes. False:
+  /// "grad_accumulator"; the first micro-batch's gradient replaces its value),
+  /// which the rest of the step (norm, collectives, optimizer) reads. False:
   /// K unrolled copies in one step (what pipeline stages reorder into 1F1B).
   bool accumulateLoop = false;
   /// Data parallelism: the step runs on `dataParallel` ranks, each on its own
