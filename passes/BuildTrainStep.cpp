@@ -31,6 +31,7 @@ struct BuildTrainStepPass
     flags.clipGradNorm = clipGradNorm;
     flags.microBatches = microBatches;
     flags.accumulate = accumulate;
+    flags.dynamicMicroBatches = dynamicMicroBatches;
     flags.dataParallel = dataParallel;
     flags.zero = zero;
     flags.pipeline = pipeline;

@@ -48,7 +48,10 @@ ArrayRef<int64_t> shapeOf(Operation *op) {
 /// forge.accumulated (gradient accumulation in a loop) cuts a training step
 /// in two: what its sums depend on (one micro-batch's forward and backward)
 /// and the rest, which forge-split-accumulation makes two routines. No region
-/// may take ops of both sides. Without a cut every op is on one side.
+/// may take ops of both sides. An op of the first that the rest reads too (a
+/// scalar such as 1 / forge.micro_count) is a side of its own: the split
+/// recomputes it in the rest, which it can only if no region mixed it with
+/// the micro-batch's ops. Without a cut every op is on one side.
 class CutSides {
 public:
   explicit CutSides(Block &block) {
@@ -69,12 +72,24 @@ public:
         }
       });
     }
+    for (Operation *op : micro)
+      for (Operation *user : op->getUsers()) {
+        while (user && user->getBlock() != &block)
+          user = user->getParentOp();
+        if (user && !micro.contains(user) && !isa<AccumulatedOp, func::ReturnOp>(user)) {
+          shared.insert(op);
+          break;
+        }
+      }
   }
   /// Whether `a` and `b` are on different sides.
-  bool apart(Operation *a, Operation *b) const { return micro.contains(a) != micro.contains(b); }
+  bool apart(Operation *a, Operation *b) const { return side(a) != side(b); }
 
 private:
-  llvm::DenseSet<Operation *> micro;
+  int side(Operation *op) const {
+    return shared.contains(op) ? 2 : micro.contains(op) ? 1 : 0;
+  }
+  llvm::DenseSet<Operation *> micro, shared;
 };
 
 class LoopGrouper {

@@ -38,6 +38,9 @@ def BuildTrainStep : Pass<"forge-build-train-step", "::mlir::ModuleOp"> {
            "loop (default with micro-batches; not with pipeline stages) | unroll: one "
            "micro-batch's forward and backward adding into persistent accumulators "
            "(forge.accumulated, cut by forge-split-accumulation), or K unrolled copies">,
+    Option<"dynamicMicroBatches", "dynamic-micro-batches", "bool", /*default=*/"false",
+           "The loop runs a varying number of times per step, at most micro-batches "
+           "(forgec --batch-schedule): the count is the input forge.micro_count">,
     Option<"dataParallel", "data-parallel", "int64_t", /*default=*/"0",
            "Ranks of the data-parallel group: gradients and loss averaged by forge.all_reduce "
            "(0: none; 1: a group of one)">,

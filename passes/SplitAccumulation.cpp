@@ -12,7 +12,8 @@
 //    it reads otherwise is recomputed from its constants and non-data
 //    arguments, or the pass fails;
 //  * @train_step's data inputs that nothing reads any more are dropped:
-//    the runtime feeds them to @accumulate only. Both keep forge.step.
+//    the runtime feeds them to @accumulate only. Both keep forge.step (and
+//    forge.micro_count where they read it).
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
@@ -43,8 +44,12 @@ StringRef argString(func::FuncOp f, unsigned i, StringRef attr) {
 }
 
 /// A data input: fed per micro-batch, so the rest of the step cannot read it.
+/// forge.step and forge.micro_count (the step's count of micro-batches) are
+/// the step's own.
 bool isDataInput(func::FuncOp f, unsigned i) {
-  return argString(f, i, "forge.kind") == "input" && argString(f, i, "forge.name") != "forge.step";
+  StringRef name = argString(f, i, "forge.name");
+  return argString(f, i, "forge.kind") == "input" && name != "forge.step" &&
+         name != "forge.micro_count";
 }
 
 /// The top-level op of `body` that `v` is defined by (nullptr: an argument).
@@ -60,6 +65,19 @@ Operation *topLevelOp(Operation *op, Block &body) {
   while (op && op->getBlock() != &body)
     op = op->getParentOp();
   return op;
+}
+
+/// Whether `op` computes without side effects: a pure op, or a fusion region
+/// of pure ops (fusion puts a scalar chain such as 1 / forge.micro_count into
+/// a region).
+bool computesOnly(Operation *op) {
+  if (auto fusion = dyn_cast<FusionOp>(op)) {
+    WalkResult r = fusion.getBody().walk([](Operation *inner) {
+      return isMemoryEffectFree(inner) ? WalkResult::advance() : WalkResult::interrupt();
+    });
+    return !r.wasInterrupted();
+  }
+  return isMemoryEffectFree(op);
 }
 
 /// Every value `op` (and the ops nested in it) reads from outside itself.
@@ -136,7 +154,7 @@ struct SplitAccumulationPass
       if (auto it = recomputable.find(op); it != recomputable.end())
         return it->second;
       recomputable[op] = false; // no cycles in a block; a guard all the same
-      bool ok = isMemoryEffectFree(op);
+      bool ok = computesOnly(op);
       for (Value v : valuesRead(op)) {
         if (!ok)
           break;

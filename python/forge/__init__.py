@@ -297,7 +297,8 @@ class Trainer:
 
     @property
     def samples_per_step(self) -> int:
-        """Rows a step's batch holds: micro_batches x batch_size."""
+        """Rows the next step's batch holds: micro_batches x batch_size (with a
+        batch-size schedule, forgec --batch-schedule, the next step's size)."""
         return self._native.samples_per_step
 
     @property

@@ -295,7 +295,7 @@ struct PyTrainer {
   rt::StepResult stepOnDevice(nb::dict batch) {
     std::vector<const void *> ptrs;
     std::vector<nb::ndarray<nb::ro>> keep;
-    const int64_t rows = trainer->samplesPerStep();
+    const int64_t rows = trainer->samplesAt(trainer->stepsDone() + 1); // a schedule's step's
     for (const rt::DataField &f : trainer->dataFields()) {
       nb::object value = batch.contains(f.name.c_str()) ? nb::borrow(batch[f.name.c_str()])
                                                           : nb::object();
@@ -514,6 +514,6 @@ NB_MODULE(_forge, m) {
       .def_prop_ro("batch_size", [](const PyTrainer &t) { return t.trainer->batchSize(); })
       .def_prop_ro("micro_batches", [](const PyTrainer &t) { return t.trainer->microBatches(); })
       .def_prop_ro("samples_per_step",
-                   [](const PyTrainer &t) { return t.trainer->samplesPerStep(); })
+                   [](const PyTrainer &t) { return t.trainer->samplesAt(t.trainer->stepsDone() + 1); })
       .def_prop_ro("device", [](const PyTrainer &t) { return t.trainer->executor().describe(); });
 }

@@ -159,7 +159,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                          }());
   tr->train_.index = *trainIndex;
   for (const bundle::Instruction &inst : p.routines(*trainIndex).instructions())
-    tr->flopsPerStep_ += static_cast<double>(inst.flops());
+    tr->trainFlops_ += static_cast<double>(inst.flops());
+  tr->flopsPerStep_ = tr->trainFlops_;
 
   // Micro-batches and the label input, from the build options.
   auto microOption = positiveBuildOption(bundle, "micro_batches");
@@ -176,7 +177,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                              origin, micro);
       tr->accum_.index = *acc;
       for (const bundle::Instruction &inst : p.routines(*acc).instructions())
-        tr->flopsPerStep_ += static_cast<double>(micro) * static_cast<double>(inst.flops());
+        tr->accumFlops_ += static_cast<double>(inst.flops());
+      tr->flopsPerStep_ += static_cast<double>(micro) * tr->accumFlops_;
     }
   const bool loop = tr->accum_.index >= 0;
   const int dataRoutine = loop ? tr->accum_.index : tr->train_.index;
@@ -200,6 +202,11 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   if (loop) // the rest of the step reads no data
     for (int32_t t : ex.inputs(tr->train_.index)) {
       const bundle::TensorInfo &info = ex.tensorInfo(t);
+      if (info.name() == "forge.micro_count") {
+        FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::I64, "an i64"));
+        tr->trainCountInput_ = t;
+        continue;
+      }
       if (info.name() != "forge.step")
         return Status::error("{}: train_step reads input '{}'; with an accumulation loop only "
                              "'accumulate' reads the data",
@@ -218,6 +225,11 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     if (loop && name == "forge.micro_index") { // dropout masks by global sample
       FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::I64, "an i64"));
       tr->microIndexInput_ = t;
+      continue;
+    }
+    if (loop && name == "forge.micro_count") { // the step's micro-batches (a schedule)
+      FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::I64, "an i64"));
+      tr->accumCountInput_ = t;
       continue;
     }
     if (name == "forge.dp_rank") { // dropout masks by global sample (DropoutMaskOp)
@@ -344,8 +356,25 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->dpRank_ = options.rank / (tp * pp);
   if (rankInput >= 0) // the same every step: the executor uploads it with each step's inputs
     std::memcpy(ex.inputBuffer(rankInput), &tr->dpRank_, sizeof(int64_t));
-  for (int64_t k = 0; loop && k < micro; ++k) // micro-batch k's place among the ranks' steps
-    tr->microIndex_.push_back(tr->dpRank_ * micro + k);
+  tr->microIndex_.assign(static_cast<size_t>(micro), 0); // set per step (runStep)
+  // A batch-size schedule: K per step, at most the bundle's micro-batches.
+  if (const std::string text = buildOption(p, "batch_schedule"); !text.empty()) {
+    std::string why;
+    if (!BatchSchedule::parse(text, tr->schedule_, why))
+      return Status::error("{}: build option batch_schedule: {}", origin, why);
+    if (!loop || tr->accumCountInput_ < 0)
+      return Status::error("{}: a batch-size schedule needs the accumulation loop with input "
+                           "forge.micro_count (compile it with forgec --batch-schedule)",
+                           origin);
+    for (const BatchSchedule::Stage &s : tr->schedule_.stages)
+      if (s.samples % tr->batch_ != 0 || s.samples > micro * tr->batch_)
+        return Status::error("{}: batch_schedule '{}': {} samples is not a multiple of the "
+                             "micro-batch {} up to {} micro-batches",
+                             origin, text, s.samples, tr->batch_, micro);
+  } else if (tr->accumCountInput_ >= 0 || tr->trainCountInput_ >= 0) {
+    return Status::error("{}: input forge.micro_count without a batch_schedule build option",
+                         origin);
+  }
 
   const int64_t perStep = tr->globalSamplesPerStep();
   if (train) {
@@ -417,8 +446,10 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     }
   size_t nonLabel = std::count_if(tr->fields_.begin(), tr->fields_.end(),
                                   [](const DataField &f) { return !f.isLabel; });
-  if (tokenInputs == 1 && nonLabel == 1)
+  if (tokenInputs == 1 && nonLabel == 1) {
     tr->tokensPerStep_ = perStep * seqLen;
+    tr->seqLen_ = seqLen;
+  }
 
   if (eval)
     FORGE_RETURN_IF_ERROR(tr->setEvalData(std::move(eval)));
@@ -521,11 +552,12 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
   FORGE_RETURN_IF_ERROR(failedError());
   if (!ring_.empty() && !producer_.joinable())
     FORGE_RETURN_IF_ERROR(startProducer()); // from the sampler's position, before next()
-  std::span<const int64_t> global = sampler_->next();
-  if (global.size() != static_cast<size_t>(globalSamplesPerStep()))
+  const int64_t s = step_ + inFlight_ + 1;
+  std::span<const int64_t> global = sampler_->next(globalSamplesAt(s));
+  if (global.size() != static_cast<size_t>(globalSamplesAt(s)))
     return Status::error("internal: the sampler returned {} indices, expected {}",
-                         global.size(), globalSamplesPerStep());
-  std::span<const int64_t> indices = rankShare(global);
+                         global.size(), globalSamplesAt(s));
+  std::span<const int64_t> indices = rankShare(global, samplesAt(s));
   const auto t0 = std::chrono::steady_clock::now();
   FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
   const std::vector<std::vector<void *>> *outs = &microOuts_; // the step's batch, per k
@@ -580,6 +612,7 @@ Status Trainer::startProducer() {
   for (Slot &slot : ring_)
     slot.ready = false;
   produced_ = consumed_ = 0;
+  ringStep_ = step_ + inFlight_;
   inUse_ = -1;
   stopProducer_ = false;
   producerDone_ = false;
@@ -627,7 +660,9 @@ void Trainer::produce() {
       slot = &ring_[static_cast<size_t>(produced_ % static_cast<int64_t>(n))];
     }
     // The slot is neither ready nor read by the device: only this thread touches it.
-    std::span<const int64_t> indices = rankShare(lookahead_->next());
+    const int64_t step = ringStep_ + produced_ + 1; // produced_ is this thread's alone to change
+    std::span<const int64_t> indices =
+        rankShare(lookahead_->next(globalSamplesAt(step)), samplesAt(step));
     slot->indices.assign(indices.begin(), indices.end());
     {
       std::lock_guard<std::mutex> fill(fillMutex_);
@@ -658,7 +693,8 @@ Status Trainer::fillStep(DataSource &source, std::span<const int64_t> indices,
   // Each micro-batch's samples, split over the data workers: sample i of
   // micro-batch k lands at i * sampleBytes_[f] of field f's buffer, so the
   // bytes do not depend on how many workers there are.
-  for (int64_t k = 0; k < micro_; ++k) {
+  const int64_t micro = static_cast<int64_t>(indices.size()) / batch_; // this step's
+  for (int64_t k = 0; k < micro; ++k) {
     std::span<const int64_t> part =
         indices.subspan(static_cast<size_t>(k * batch_), static_cast<size_t>(batch_));
     const std::vector<void *> &micro = outsPerMicro[static_cast<size_t>(k)];
@@ -738,6 +774,8 @@ Expected<StepResult> Trainer::collect() {
   }
   --inFlight_;
   r.step = ++step_;
+  r.samples = samplesAt(r.step);
+  r.flops = flopsAt(r.step);
   if (!launched_.empty()) {
     r.inputSeconds = launched_.front().second;
     if (launched_.front().first)
@@ -772,10 +810,20 @@ Status Trainer::bindMicroBatch(const std::vector<std::vector<void *>> &outs, int
 
 Status Trainer::runStep(const std::function<Status(int64_t)> &bind,
                         std::vector<Executor::Span> *profile) {
-  const float s = static_cast<float>(step_ + inFlight_ + 1);
-  for (int32_t t : {stepInput_, accumStepInput_})
-    if (t >= 0)
-      std::memcpy(exec_->inputBuffer(t), &s, sizeof(s));
+  const int64_t step = step_ + inFlight_ + 1;
+  const float s = static_cast<float>(step);
+  const int64_t micro = microAt(step);
+  // A routine's scalar inputs right before its run: on the CPU an input's
+  // buffer is arena memory, which another run (another micro-batch's, or
+  // accumulate's before train_step) may have reused.
+  auto scalars = [&](int32_t stepInput, int32_t countInput) {
+    if (stepInput >= 0)
+      std::memcpy(exec_->inputBuffer(stepInput), &s, sizeof(s));
+    if (countInput >= 0)
+      std::memcpy(exec_->inputBuffer(countInput), &micro, sizeof(micro));
+  };
+  for (int64_t k = 0; k < micro; ++k) // micro-batch k's place among the ranks' micro-batches
+    microIndex_[static_cast<size_t>(k)] = dpRank_ * micro + k;
   if (profile)
     profile->clear();
   auto runOne = [&](int routine) -> Status {
@@ -796,10 +844,12 @@ Status Trainer::runStep(const std::function<Status(int64_t)> &bind,
     }
     return Status::ok();
   };
-  for (int64_t k = 0; accum_.index >= 0 && k < micro_; ++k) {
+  for (int64_t k = 0; accum_.index >= 0 && k < micro; ++k) {
     FORGE_RETURN_IF_ERROR(bind(k));
+    scalars(accumStepInput_, accumCountInput_);
     FORGE_RETURN_IF_ERROR(runOne(accum_.index));
   }
+  scalars(stepInput_, trainCountInput_);
   return runOne(train_.index);
 }
 
@@ -817,12 +867,16 @@ Expected<StepResult> Trainer::stepOn(DataSource &batch) {
     return Status::error("internal: stepOn() with {} step(s) in flight", inFlight_);
   FORGE_RETURN_IF_ERROR(failedError());
   FORGE_RETURN_IF_ERROR(batch.bind(fields_));
-  if (batch.numSamples() != samplesPerStep())
-    return Status::error("{}: the batch has {} samples, a step takes {}{}", batch.describe(),
-                         batch.numSamples(), samplesPerStep(),
-                         micro_ > 1 ? fmt::format(" ({} micro-batches x {})", micro_, batch_)
-                                    : std::string());
-  std::vector<int64_t> indices(static_cast<size_t>(samplesPerStep()));
+  const int64_t next = step_ + 1, micro = microAt(next);
+  if (batch.numSamples() != samplesAt(next))
+    return Status::error("{}: the batch has {} samples, a step takes {}{}{}", batch.describe(),
+                         batch.numSamples(), samplesAt(next),
+                         micro > 1 ? fmt::format(" ({} micro-batches x {})", micro, batch_)
+                                   : std::string(),
+                         schedule_.empty()
+                             ? std::string()
+                             : fmt::format(" (step {} of the batch-size schedule)", next));
+  std::vector<int64_t> indices(static_cast<size_t>(samplesAt(next)));
   for (size_t i = 0; i < indices.size(); ++i)
     indices[i] = static_cast<int64_t>(i);
   const auto t0 = std::chrono::steady_clock::now();
@@ -914,10 +968,29 @@ Expected<EvalResult> Trainer::evaluate() {
   return r;
 }
 
+int64_t Trainer::stepsForEpochs(int64_t epochs) const {
+  if (schedule_.empty() || !trainData_)
+    return epochs * stepsPerEpoch();
+  // The schedule's steps differ: walk the sampler's positions (no orders drawn).
+  const int64_t n = trainData_->numSamples();
+  EpochSampler::Position pos;
+  int64_t steps = 0;
+  for (;;) {
+    const int64_t count = globalSamplesAt(steps + 1);
+    EpochSampler::Position start = EpochSampler::startOf(pos, count, n);
+    if (count > n || start.epoch >= static_cast<uint64_t>(epochs))
+      return steps;
+    pos = {start.epoch, start.index + count};
+    ++steps;
+  }
+}
+
 double Trainer::epochsDone() const {
   if (!sampler_)
     return 0;
-  const int64_t perEpoch = stepsPerEpoch() * globalSamplesPerStep();
+  const int64_t perStep = globalSamplesAt(step_ + 1);
+  const int64_t perEpoch =
+      trainData_ && perStep > 0 ? trainData_->numSamples() / perStep * perStep : 0;
   if (perEpoch <= 0)
     return 0;
   EpochSampler::Position pos = sampler_->position();
@@ -979,14 +1052,22 @@ Status Trainer::restore(const CheckpointState &state) {
 std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
   if (!trainData_)
     return std::nullopt;
-  const int64_t perEpoch = sampler_->stepsPerEpoch(), n = samplesPerStep();
-  const int64_t global = globalSamplesPerStep();
-  if (step < 1 || perEpoch <= 0)
+  const int64_t n = samplesAt(step), global = globalSamplesAt(step);
+  const int64_t numSamples = trainData_->numSamples();
+  if (step < 1 || global > numSamples)
     return std::nullopt;
-  // The sampler is a pure function of (seed, epoch): the step's samples again.
-  EpochSampler replay(trainData_->numSamples(), global, options_.seed, options_.shuffle);
-  std::vector<int64_t> order = replay.orderOf(static_cast<uint64_t>((step - 1) / perEpoch));
-  const int64_t first = ((step - 1) % perEpoch) * global + dpRank_ * n; // this rank's share
+  // The sampler is a pure function of (seed, epoch): the step's samples again,
+  // from where steps 1..step-1 left it (their sizes may differ: a schedule).
+  EpochSampler::Position pos;
+  for (int64_t i = 1; i < step; ++i) {
+    const int64_t count = globalSamplesAt(i);
+    EpochSampler::Position start = EpochSampler::startOf(pos, count, numSamples);
+    pos = {start.epoch, start.index + count};
+  }
+  pos = EpochSampler::startOf(pos, global, numSamples);
+  EpochSampler replay(numSamples, global, options_.seed, options_.shuffle);
+  std::vector<int64_t> order = replay.orderOf(pos.epoch);
+  const int64_t first = pos.index + dpRank_ * n; // this rank's share
   std::vector<int64_t> indices(order.begin() + first, order.begin() + first + n);
   std::vector<std::vector<uint8_t>> buffers;
   std::vector<void *> outs;
@@ -1000,7 +1081,7 @@ std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
     // The prefetch thread may be filling: one fill (with its epoch) at a time;
     // every fill sets its own epoch first, so none is restored after this one.
     std::lock_guard<std::mutex> fill(fillMutex_);
-    trainData_->setEpoch(static_cast<uint64_t>((step - 1) / perEpoch));
+    trainData_->setEpoch(pos.epoch);
     filled = trainData_->fill(indices, outs).isOk();
   }
   if (!filled)

@@ -25,6 +25,15 @@ Checkpoints: the loop bundle trains 10 steps with a checkpoint, the unrolled one
 it for 10 more; its losses of steps 11..20 must equal the loop's uninterrupted run bit for
 bit (the accumulators are not in checkpoints: zero between steps).
 
+Batch-size schedule (forgec --batch 8 --batch-schedule 16:5,32: 2 micro-batches a step for
+steps 1..5, then 4): its losses of steps 1..5 must equal the fixed K=2 loop bundle's bit for
+bit; a checkpoint after step 5 resumed by a fixed K=4 bundle (same global samples per step
+as the schedule's largest) must continue with steps 6..10 equal to the schedule's own run bit
+for bit (the sampler's position, the 1/K scaling and the first micro-batch's overwrite
+follow K per step); `--epochs 2` must run 12 steps (epoch 0: 5 x 16 + 2 x 32 samples of 160,
+the last 16 dropped; epoch 1: 5 x 32); forgec must refuse a size that is not a multiple of
+--batch and --batch-schedule with --micro-batches, naming them.
+
 Determinism: the K=2 sgd bundle trains 25 steps with shuffling, --seed 7, --threads 2, twice:
 the "loss" values of metrics.jsonl must be identical as JSON text and as floats (bit for
 bit); --seed 8 must give a different sequence (the seed is used).
@@ -158,6 +167,58 @@ def check_loop_vs_unrolled(rep, forge_train, opt, bundles, data, params, tmp):
               f"uninterrupted {full[0][1] if full else '-'}")
 
 
+def check_batch_schedule(rep, forgec, forge_train, d, m, data, tmp):
+    model = os.path.join(d, "model.onnx")
+    common = ["--target", "cpu", "--loss", "cross_entropy:logits,labels",
+              "--optimizer", optimizer_spec(m["optimizer_hparams"])]
+    bundles = {}
+    for tag, extra in (("sched", ["--batch", "8", "--batch-schedule", "16:5,32"]),
+                       ("k2", ["--batch", "8", "--micro-batches", "2"]),
+                       ("k4", ["--batch", "8", "--micro-batches", "4"])):
+        bundles[tag] = os.path.join(tmp, f"bs_{tag}.forge")
+        ok, log = run([forgec, model, *common, *extra, "-o", bundles[tag]])
+        if not rep.check(f"schedule: forgec {' '.join(extra)}", ok, log or "ok"):
+            return
+    for extra, want in ((["--batch-schedule", "16:5,36"], "36 is not a multiple of --batch 8"),
+                        (["--batch-schedule", "16:5,32", "--micro-batches", "2"],
+                         "drop --micro-batches")):
+        rc, _, out = e2e.run([forgec, model, *common, "--batch", "8", *extra, "-o",
+                              os.path.join(tmp, "bad.forge")], TIMEOUT_S)
+        rep.check(f"schedule: forgec refuses {' '.join(extra)}", rc not in (0, None) and
+                  want in out, e2e.tail(out, 1))
+    metrics = {}
+    for tag, steps in (("sched", STEPS), ("k2", 5)):
+        metrics[tag] = os.path.join(tmp, f"bs_{tag}.jsonl")
+        ok, log = run([forge_train, bundles[tag], "--data", data, "--no-shuffle", "--steps",
+                       str(steps), "--threads", "1", "--metrics", metrics[tag]])
+        if not rep.check(f"schedule: {tag} forge-train", ok, log or "ok"):
+            return
+    ls, l2 = read_losses(metrics["sched"]), read_losses(metrics["k2"])
+    rep.check("schedule: steps 1..5 (2 micro-batches) == the K=2 bundle's, bit for bit",
+              len(ls) == STEPS and [x[2] for x in ls[:5]] == [x[2] for x in l2],
+              f"step 5: schedule {ls[4][1] if len(ls) > 4 else '-'}, "
+              f"K=2 {l2[4][1] if len(l2) > 4 else '-'}")
+    ckpt, resumed = os.path.join(tmp, "bs_ckpt"), os.path.join(tmp, "bs_resumed.jsonl")
+    ok, log = run([forge_train, bundles["sched"], "--data", data, "--no-shuffle", "--steps",
+                   "5", "--threads", "1", "--metrics", resumed, "--ckpt-dir", ckpt])
+    ok = ok and run([forge_train, bundles["k4"], "--data", data, "--no-shuffle", "--steps",
+                     str(STEPS), "--threads", "1", "--metrics", resumed, "--ckpt-dir", ckpt,
+                     "--resume"])[0]
+    if rep.check("schedule: 5 steps, then a K=4 bundle resumes the checkpoint", ok, log or "ok"):
+        lr = [x for x in read_losses(resumed) if x[0] > 5]
+        rep.check("schedule: steps 6..10 (4 micro-batches) == the resumed K=4 bundle's, "
+                  "bit for bit", len(lr) == STEPS - 5 and
+                  [x[2] for x in lr] == [x[2] for x in ls[5:]],
+                  f"step 6: schedule {ls[5][1] if len(ls) > 5 else '-'}, "
+                  f"K=4 {lr[0][1] if lr else '-'}")
+    epochs = os.path.join(tmp, "bs_epochs.jsonl")
+    ok, log = run([forge_train, bundles["sched"], "--data", data, "--no-shuffle", "--epochs",
+                   "2", "--threads", "1", "--metrics", epochs])
+    n = len(read_losses(epochs)) if ok else 0
+    rep.check("schedule: --epochs 2 runs 12 steps (7 in epoch 0, 5 in epoch 1)", ok and n == 12,
+              log or f"{n} steps")
+
+
 def main():
     ap = argparse.ArgumentParser(description="Forge e2e: micro-batch accumulation == one large "
                                              "batch; same seed => identical losses")
@@ -214,6 +275,8 @@ def main():
                     compare_runs(rep, f"{opt} {order} K=2x8 vs K=1x16", outs["k2"], outs["k1"],
                                  params)
             check_loop_vs_unrolled(rep, forge_train, opt, bundles, data, params, tmp)
+            if opt == "adamw":
+                check_batch_schedule(rep, forgec, forge_train, d, m, data, tmp)
 
         # Same seed, same thread count => bit-identical losses; another seed differs.
         if k2_sgd:

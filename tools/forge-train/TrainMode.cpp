@@ -238,9 +238,11 @@ std::string metricsLine(const Trainer &tr, const StepResult &r, double dt, bool 
                                  r.step, jsonNumber(tr.epochsDone()), jsonNumber(r.loss),
                                  r.lr ? jsonNumber(*r.lr) : "null",
                                  r.gradNorm ? jsonNumber(*r.gradNorm) : "null",
-                                 jsonNumber(tr.samplesPerStep() / dt));
+                                 jsonNumber(static_cast<double>(r.samples) / dt));
   if (tokens)
-    line += fmt::format(R"(, "tokens_per_s": {})", jsonNumber(tr.tokensPerStep() / dt));
+    line += fmt::format(R"(, "tokens_per_s": {})",
+                        jsonNumber(static_cast<double>(tr.globalTokensAt(r.step) /
+                                                       tr.dataParallelSize()) / dt));
   if (r.lossScale)
     line += fmt::format(R"(, "loss_scale": {}, "skipped": {})", jsonNumber(*r.lossScale),
                         r.skipped ? 1 : 0);
@@ -586,11 +588,15 @@ Expected<int> train(const Options &opts, Progress &progress) {
                                    "of the bundle; ignored",
                                    a));
 
-  const int64_t total = opts.steps > 0 ? opts.steps : opts.epochs * tr.stepsPerEpoch();
-  std::string layout = tr.microBatches() > 1
-                           ? fmt::format("{} micro-batches x batch {}", tr.microBatches(),
-                                         tr.batchSize())
-                           : fmt::format("batch {}", tr.batchSize());
+  const int64_t total = opts.steps > 0 ? opts.steps : tr.stepsForEpochs(opts.epochs);
+  std::string layout =
+      !tr.batchSchedule().empty()
+          ? fmt::format("batch schedule {} of micro-batches of {}",
+                        buildOption(tr.executor().bundle().program(), "batch_schedule"),
+                        tr.batchSize())
+      : tr.microBatches() > 1 ? fmt::format("{} micro-batches x batch {}", tr.microBatches(),
+                                            tr.batchSize())
+                              : fmt::format("batch {}", tr.batchSize());
   progress.message(fmt::format(
       "forge-train: {}: {} training samples ({}), {} steps/epoch, {} steps{}; {}",
       opts.bundlePath, tr.trainSamples(), layout, tr.stepsPerEpoch(), total,
@@ -671,9 +677,12 @@ Expected<int> train(const Options &opts, Progress &progress) {
   int64_t lastCkpt = -1;
   float lastLoss = std::nanf("");
   const bool tokens = tr.tokensPerStep() > 0;
-  const double unitsPerStep = // over every data-parallel rank
-      static_cast<double>((tokens ? tr.tokensPerStep() : tr.samplesPerStep()) *
-                          (tr.globalSamplesPerStep() / tr.samplesPerStep()));
+  // Throughput over every data-parallel rank, summed per step (a batch-size
+  // schedule's steps differ), over the run and the progress window.
+  auto unitsOf = [&](int64_t step) {
+    return static_cast<double>(tokens ? tr.globalTokensAt(step) : tr.globalSamplesAt(step));
+  };
+  double runUnits = 0, windowUnits = 0, runFlops = 0, windowFlops = 0;
   const char *unit = tokens ? "tok/s" : "samples/s";
 
   // --profile: steps 3.. of this run (the first two warm up and capture the graph).
@@ -767,6 +776,10 @@ Expected<int> train(const Options &opts, Progress &progress) {
     windowSeconds += dt;
     ++ranSteps;
     ++windowSteps;
+    runUnits += unitsOf(r->step);
+    windowUnits += unitsOf(r->step);
+    runFlops += r->flops;
+    windowFlops += r->flops;
     lastLoss = r->loss;
     if (r->idleSeconds && ranSteps > 3) {
       // A gap can reach back before this step's wall time (the first counted step's
@@ -829,10 +842,9 @@ Expected<int> train(const Options &opts, Progress &progress) {
         text += fmt::format(" | lr {:.3g}", *r->lr);
       if (r->lossScale)
         text += fmt::format(" | scale {:g} ({} skipped)", *r->lossScale, skippedSteps);
-      const double stepsPerSecond = static_cast<double>(windowSteps) / windowSeconds;
-      text += fmt::format(" | {} {}", rate(unitsPerStep * stepsPerSecond), unit);
+      text += fmt::format(" | {} {}", rate(windowUnits / windowSeconds), unit);
       if (tr.flopsPerStep() > 0) {
-        double flops = tr.flopsPerStep() * stepsPerSecond;
+        double flops = windowFlops / windowSeconds;
         text += fmt::format(" | {:.2f} TFLOP/s", flops / 1e12);
         if (device.peakFlops > 0)
           text += fmt::format(" (MFU {:.1f}%)", 100.0 * flops / device.peakFlops);
@@ -855,6 +867,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
       progress.draw(text);
       windowSeconds = 0;
       windowSteps = 0;
+      windowUnits = windowFlops = 0;
       windowIdle = 0;
       windowTimed = 0;
     }
@@ -892,10 +905,10 @@ Expected<int> train(const Options &opts, Progress &progress) {
     double wall = secondsSince(start);
     progress.message(fmt::format("trained {} step{} in {} ({} {}); final loss {:.6g}", ranSteps,
                                  ranSteps == 1 ? "" : "s", duration(wall),
-                                 rate(unitsPerStep * static_cast<double>(ranSteps) / stepSeconds),
+                                 rate(runUnits / stepSeconds),
                                  unit, lastLoss));
     if (tr.flopsPerStep() > 0 && stepSeconds > 0) {
-      const double flops = tr.flopsPerStep() * static_cast<double>(ranSteps) / stepSeconds;
+      const double flops = runFlops / stepSeconds;
       std::string text = fmt::format("utilization: {:.2f} TFLOP/s", flops / 1e12);
       if (device.peakFlops > 0)
         text += fmt::format(" (MFU {:.1f}% of {:.0f} TFLOP/s)", 100.0 * flops / device.peakFlops,

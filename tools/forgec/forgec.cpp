@@ -11,6 +11,7 @@
 #include "forge/Import/OnnxImporter.h"
 #include "forge/Pipeline/Pipeline.h"
 #include "forge/Train/TrainGraph.h"
+#include "forge/runtime/BatchSchedule.h"
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/Npy.h"
 
@@ -187,6 +188,13 @@ static cl::opt<double> clipGradNorm("clip-grad-norm", cl::desc("Clip the global 
 static cl::opt<int64_t> microBatches("micro-batches",
                                      cl::desc("Accumulate gradients over K micro-batches of --batch each"),
                                      cl::init(1), cl::cat(trainCategory));
+static cl::opt<std::string> batchSchedule(
+    "batch-schedule",
+    cl::desc("S1:N1,S2:N2,...,Sn: samples per optimizer step (per rank) by step: S1 up to step "
+             "N1, then S2 up to N2, ..., Sn after (e.g. 64:1000,256). Each S a multiple of "
+             "--batch, which is the micro-batch: a step runs S / batch micro-batches of the "
+             "accumulation loop (one compiled shape serves every size)"),
+    cl::cat(trainCategory));
 static cl::opt<std::string> accumulate(
     "accumulate",
     cl::desc("loop | unroll: with --micro-batches K, run one micro-batch's forward and backward "
@@ -265,7 +273,7 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
     int count = 0;
     for (cl::Option *o : std::initializer_list<cl::Option *>{&loss, &optimizer, &lrSchedule,
                                                              &clipGradNorm, &microBatches,
-                                                             &accumulate,
+                                                             &accumulate, &batchSchedule,
                                                              &dataParallel, &tensorParallel,
                                                              &pipelineParallel, &zeroStage})
       if (o->getNumOccurrences())
@@ -282,6 +290,29 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
       return "--batch auto sizes a training step; give a number with --inference-only";
     if (batchAuto && deviceMemory.empty())
       return "--batch auto needs --device-memory (the GPU's memory, e.g. 80GB or 141GB)";
+  }
+  if (!batchSchedule.empty()) {
+    // The micro-batch is --batch; each stage's size a multiple of it, the
+    // largest one's count of micro-batches what the bundle's loop runs at most.
+    ::forge::rt::BatchSchedule schedule;
+    std::string why;
+    if (!::forge::rt::BatchSchedule::parse(batchSchedule.getValue(), schedule, why))
+      return "--batch-schedule: " + why;
+    if (batchAuto || batch <= 0)
+      return "--batch-schedule needs --batch N, the micro-batch that every size is a multiple of";
+    if (microBatches.getNumOccurrences())
+      return "--batch-schedule sets the micro-batches of each step; drop --micro-batches";
+    if (accumulate == "unroll" || pipelineParallel > 1)
+      return "--batch-schedule runs the accumulation loop a varying number of times: it "
+             "cannot be used with --accumulate unroll or --pp";
+    for (const auto &s : schedule.stages)
+      if (s.samples % batch != 0)
+        return "--batch-schedule: " + std::to_string(s.samples) + " is not a multiple of --batch " +
+               std::to_string(batch);
+    if (schedule.maxSamples() / batch < 2)
+      return "--batch-schedule '" + batchSchedule.getValue() + "' never takes more than --batch " +
+             std::to_string(batch) + " samples a step: drop it, or lower --batch";
+    microBatches = schedule.maxSamples() / batch;
   }
   if (recompute == "auto" && deviceMemory.empty())
     return "--recompute auto needs --device-memory (the GPU's memory, e.g. 80GB or 141GB)";
@@ -361,6 +392,8 @@ static std::string applyRecipe() {
         microBatches = *node.value<int64_t>();
     } else if (k == "accumulate") {
       ok = str(accumulate);
+    } else if (k == "batch-schedule") {
+      ok = str(batchSchedule);
     } else if (k == "dp") {
       ok = node.is_integer();
       if (ok && !dataParallel.getNumOccurrences())
@@ -402,6 +435,7 @@ static mlir::forge::TrainFlags trainFlags() {
   t.lrSchedule = lrSchedule;
   t.clipGradNorm = clipGradNorm;
   t.microBatches = microBatches;
+  t.dynamicMicroBatches = !batchSchedule.empty();
   t.accumulate = accumulate;
   t.dataParallel = dataParallel;
   t.zero = zeroStage;
@@ -818,6 +852,8 @@ int main(int argc, char **argv) {
     build["micro_batches"] = std::to_string(microBatches);
     if (trainOptions->accumulateLoop)
       build["accumulate"] = "loop";
+    if (!batchSchedule.empty())
+      build["batch_schedule"] = batchSchedule;
     if (dataParallel > 0)
       build["data_parallel"] = std::to_string(dataParallel);
     if (tensorParallel > 1)

@@ -178,6 +178,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   train.clipGradNorm = options.train.clipGradNorm;
   train.microBatches = options.train.microBatches;
   train.accumulate = options.train.accumulate;
+  train.dynamicMicroBatches = options.train.dynamicMicroBatches;
   train.dataParallel = options.train.dataParallel;
   train.zero = options.train.zero;
   train.freeze = options.train.freeze;
@@ -331,6 +332,10 @@ struct TrainingPipelineCLOptions : public CommonPipelineCLOptions<TrainingPipeli
   Option<int64_t> microBatches{*this, "micro-batches",
                                llvm::cl::desc("as forgec --micro-batches"), llvm::cl::init(1)};
   Option<std::string> accumulate{*this, "accumulate", llvm::cl::desc("as forgec --accumulate")};
+  Option<bool> dynamicMicroBatches{*this, "dynamic-micro-batches",
+                                   llvm::cl::desc("as forgec --batch-schedule (at most "
+                                                  "micro-batches per step)"),
+                                   llvm::cl::init(false)};
   Option<int64_t> dataParallel{*this, "dp", llvm::cl::desc("as forgec --dp"), llvm::cl::init(0)};
   Option<int64_t> tensorParallel{*this, "tp", llvm::cl::desc("as forgec --tp"), llvm::cl::init(1)};
   Option<int64_t> zero{*this, "zero", llvm::cl::desc("as forgec --zero"), llvm::cl::init(0)};
@@ -378,6 +383,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.clipGradNorm = cl.clipGradNorm;
         options.train.microBatches = cl.microBatches;
         options.train.accumulate = cl.accumulate;
+        options.train.dynamicMicroBatches = cl.dynamicMicroBatches;
         options.train.dataParallel = cl.dataParallel;
         options.tensorParallel = cl.tensorParallel;
         options.train.zero = cl.zero;

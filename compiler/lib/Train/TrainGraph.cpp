@@ -275,6 +275,10 @@ FailureOr<TrainOptions> mlir::forge::parseTrainFlags(const TrainFlags &flags,
     return fail("--accumulate must be loop or unroll (got '" + flags.accumulate + "')");
   t.accumulateLoop = flags.microBatches > 1 && flags.accumulate != "unroll" &&
                      flags.pipeline == 1;
+  if (flags.dynamicMicroBatches && !t.accumulateLoop)
+    return fail("a varying number of micro-batches (--batch-schedule) needs the accumulation "
+                "loop: --micro-batches >= 2, not --accumulate unroll or --pp");
+  t.dynamicMicroBatches = flags.dynamicMicroBatches;
   t.freeze = flags.freeze;
   t.exposeGradients = flags.exposeGradients;
   if (flags.batchnormRunningVar == "biased" || flags.batchnormRunningVar == "unbiased")
@@ -1008,6 +1012,13 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     argTypes.push_back(RankedTensorType::get({}, b.getI64Type()));
     argAttrs.push_back(named(loop ? "forge.micro_index" : "forge.dp_rank", "input"));
   }
+  // A varying number of micro-batches (--batch-schedule): this step's count.
+  const bool dynamicK = loop && options.dynamicMicroBatches;
+  const int64_t countIndex = dynamicK ? argTypes.size() : -1;
+  if (dynamicK) {
+    argTypes.push_back(RankedTensorType::get({}, b.getI64Type()));
+    argAttrs.push_back(named("forge.micro_count", "input"));
+  }
 
   auto func = func::FuncOp::create(loc, "train_step", b.getFunctionType(argTypes, {}));
   module.push_back(func);
@@ -1048,6 +1059,12 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
                        .getResult();
   const int64_t microBatch =
       numData > 0 ? cast<RankedTensorType>(main.getArgument(0).getType()).getDimSize(0) : 1;
+
+  // 1/K: a constant, or 1/forge.micro_count (f32 division, rounded as the
+  // constant is).
+  Value count = dynamicK ? Value(entry->getArgument(static_cast<unsigned>(countIndex))) : Value();
+  Value invCount = dynamicK ? bb.div(bb.scalar(1.0), bb.castTo(count, b.getF32Type()))
+                            : bb.scalar(1.0 / double(k));
 
   // K forward/backward passes, gradients summed.
   SmallVector<Value> gradSum;
@@ -1134,7 +1151,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     // The loss runs where the output is made.
     stageMarks.stamp(pipelineStageOf(output.getDefiningOp()), m);
     // The backward starts from 1/K (accumulation), times the loss scale.
-    Value seed = bb.scalar(1.0 / double(k), Builder::elementOf(loss->first));
+    Value seed = bb.castTo(invCount, Builder::elementOf(loss->first));
     if (scaling.dynamic)
       seed = bb.mul(seed, bb.castTo(entry->getArgument(scaleIndex), Builder::elementOf(seed)));
     auto grads = differentiate(b, *entry, loss->first, seed, paramArgs, marks, m);
@@ -1152,7 +1169,8 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
                                              b.getI64IntegerAttr(v)));
       };
       Value first = b.create<EqualOp>(
-          loc, b.create<ModOp>(loc, index, i64Scalar(k), b.getBoolAttr(false)), i64Scalar(0));
+          loc, b.create<ModOp>(loc, index, count ? count : i64Scalar(k), b.getBoolAttr(false)),
+          i64Scalar(0));
       auto accumulated = [&](Value acc, Value term, StringRef name) {
         Value plus = bb.add(acc, term);
         Value sum = bb.where(first, term, plus);
@@ -1179,7 +1197,8 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     }
     stageMarks.stamp(std::nullopt, m, /*backward=*/true);
   }
-  Value lossMean = k > 1 ? bb.mulScalar(lossSum, 1.0 / double(k)) : lossSum;
+  Value lossMean = k > 1 ? bb.mul(lossSum, bb.castTo(invCount, Builder::elementOf(lossSum)))
+                         : lossSum;
   stageMarks.stamp(std::nullopt);
 
   // Data parallelism: every rank made its gradients from its own batch; their

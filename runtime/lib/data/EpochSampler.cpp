@@ -60,16 +60,13 @@ void EpochSampler::makeOrder(uint64_t epoch) {
 
 void EpochSampler::seek(Position p) { pos_ = p; }
 
-std::span<const int64_t> EpochSampler::next() {
-  if (samplesPerStep_ == 0 || samplesPerStep_ > numSamples_)
+std::span<const int64_t> EpochSampler::next(int64_t count) {
+  if (count <= 0 || count > numSamples_)
     return {};
-  if (pos_.index < 0 || pos_.index + samplesPerStep_ > numSamples_) {
-    ++pos_.epoch;
-    pos_.index = 0;
-  }
+  pos_ = startOf(pos_, count, numSamples_);
   makeOrder(pos_.epoch);
-  std::span<const int64_t> out(order_.data() + pos_.index, static_cast<size_t>(samplesPerStep_));
-  pos_.index += samplesPerStep_;
+  std::span<const int64_t> out(order_.data() + pos_.index, static_cast<size_t>(count));
+  pos_.index += count;
   return out;
 }
 

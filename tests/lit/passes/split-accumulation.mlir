@@ -1,6 +1,8 @@
 // RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2" --forge-split-accumulation | FileCheck %s
 // RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 data-parallel=2" --forge-split-accumulation | FileCheck %s --check-prefix=DP
 // RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=unroll" --forge-split-accumulation | FileCheck %s --check-prefix=UNROLL
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=4 dynamic-micro-batches=1" --forge-split-accumulation | FileCheck %s --check-prefix=DYN
+// RUN: not forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=unroll dynamic-micro-batches=1" 2>&1 | FileCheck %s --check-prefix=DYNBAD
 // RUN: not forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=loop pipeline=2" 2>&1 | FileCheck %s --check-prefix=PP
 // RUN: not forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=loops" 2>&1 | FileCheck %s --check-prefix=BAD
 
@@ -52,6 +54,20 @@
 // UNROLL-NOT: forge.accumulated
 // UNROLL-NOT: @accumulate
 
+// A varying count (forgec --batch-schedule): both routines read forge.micro_count; the
+// first micro-batch is index % count == 0, the seed and the loss mean 1 / count, which
+// the rest of the step computes again from the input (recomputed, not read across).
+// DYN-LABEL: func.func @accumulate(
+// DYN-SAME: %[[I:[a-z0-9]+]]: tensor<i64> {forge.kind = "input", forge.name = "forge.micro_index"}
+// DYN-SAME: %[[C:[a-z0-9]+]]: tensor<i64> {forge.kind = "input", forge.name = "forge.micro_count"}
+// DYN: forge.cast %[[C]] {to = f32}
+// DYN: forge.mod %[[I]], %[[C]] {fmod = false}
+// DYN-LABEL: func.func @train_step(
+// DYN-NOT: forge.micro_index
+// DYN-SAME: %[[C2:[a-z0-9]+]]: tensor<i64> {forge.kind = "input", forge.name = "forge.micro_count"}
+// DYN: %[[F:.*]] = forge.cast %[[C2]] {to = f32}
+// DYN: forge.div %{{.*}}, %[[F]]
+// DYNBAD: a varying number of micro-batches (--batch-schedule) needs the accumulation loop
 // PP: --accumulate loop with --pp: pipeline stages interleave the unrolled micro-batches (1F1B); use --accumulate unroll
 // BAD: --accumulate must be loop or unroll (got 'loops')
 func.func @main(%x: tensor<4x3xf32> {forge.name = "x"}) -> (tensor<4x2xf32> {forge.name = "y"}) {

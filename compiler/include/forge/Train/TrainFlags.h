@@ -22,6 +22,7 @@ struct TrainFlags {
   double clipGradNorm = 0.0;          // 0: off
   int64_t microBatches = 1;
   std::string accumulate;             // "" (auto) | loop | unroll (forgec --accumulate)
+  bool dynamicMicroBatches = false;   // K varies per step, <= microBatches (--batch-schedule)
   int64_t dataParallel = 0;           // ranks of the data-parallel group (forgec --dp; 0: none)
   int64_t pipeline = 1;               // pipeline stages (forgec --pp; 1: none)
   int64_t zero = 0;                   // ZeRO stage (forgec --zero; 0: none, 1: optimizer state split)

@@ -92,6 +92,11 @@ struct TrainOptions {
   /// which the rest of the step (norm, collectives, optimizer) reads. False:
   /// K unrolled copies in one step (what pipeline stages reorder into 1F1B).
   bool accumulateLoop = false;
+  /// The loop runs a varying number of times per step (forgec --batch-schedule;
+  /// at most microBatches): the step reads its count as the i64 input
+  /// forge.micro_count (the first micro-batch is index % count == 0; the
+  /// gradients and the loss are scaled by 1 / count) instead of constants.
+  bool dynamicMicroBatches = false;
   /// Data parallelism: the step runs on `dataParallel` ranks, each on its own
   /// batch; the gradients (and the reported loss) are averaged over them by one
   /// forge.all_reduce (group "dp") before the norm and the optimizer, which

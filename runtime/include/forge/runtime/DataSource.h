@@ -146,7 +146,19 @@ public:
   void seek(Position p);
   /// The next samplesPerStep indices (valid until the next call); starts the
   /// next epoch when fewer remain. Requires stepsPerEpoch() > 0.
-  std::span<const int64_t> next();
+  std::span<const int64_t> next() { return next(samplesPerStep_); }
+  /// The next `count` indices (a step of a batch-size schedule); starts the next
+  /// epoch when fewer remain (the rest of this one is dropped). Empty when the
+  /// data has fewer than `count` samples.
+  std::span<const int64_t> next(int64_t count);
+  /// Where a take of `count` samples from `p` starts (a new epoch when fewer
+  /// remain), without drawing: next(count) from `p` reads [start.index, +count)
+  /// of start.epoch's order and leaves the sampler at start.index + count.
+  static Position startOf(Position p, int64_t count, int64_t numSamples) {
+    if (p.index < 0 || p.index + count > numSamples)
+      return {p.epoch + 1, 0};
+    return p;
+  }
   /// The full order of `epoch` (tests).
   std::vector<int64_t> orderOf(uint64_t epoch) const;
 

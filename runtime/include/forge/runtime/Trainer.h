@@ -13,6 +13,11 @@
 //    and backward, data inputs NAME) that a step runs K times, each on its
 //    micro-batch's buffers (and forge.micro_index = rank * K + k), then
 //    train_step once; such steps are not pipelined (canPipeline() is false).
+//  * A batch-size schedule (forgec --batch-schedule, build option
+//    "batch_schedule") sets K per step: step s takes samplesAt(s) = K_s * B
+//    samples (K_s <= the bundle's micro_batches), runs accumulate K_s times and
+//    feeds forge.micro_count = K_s; when fewer than the step's samples are left
+//    in the epoch, the rest is dropped and the next epoch starts.
 //  * Step s (1-based) feeds forge.step = s and the next K*B samples of the
 //    EpochSampler (micro-batch k gets samples [k*B, (k+1)*B)), so the losses
 //    are a function of (bundle, data, seed, thread count) only, and a run
@@ -36,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "forge/runtime/BatchSchedule.h"
 #include "forge/runtime/Checkpoint.h"
 #include "forge/runtime/Executor.h"
 #include "forge/runtime/DataSource.h"
@@ -88,6 +94,8 @@ struct TrainerOptions {
 
 struct StepResult {
   int64_t step = 0; // 1-based global step just completed
+  int64_t samples = 0; // this rank's samples of the step (Trainer::samplesAt)
+  double flops = 0;    // the step's FLOPs by the compiler's cost model (0 if unknown)
   float loss = 0;
   std::optional<float> lr, gradNorm;
   // Dynamic loss scaling (forgec --loss-scale): the scale the step used, and
@@ -165,8 +173,27 @@ public:
 
   int64_t stepsDone() const { return step_; }
   int64_t batchSize() const { return batch_; }
+  /// Micro-batches per step (at most, with a batch-size schedule).
   int64_t microBatches() const { return micro_; }
+  /// Samples per step (at most, with a batch-size schedule).
   int64_t samplesPerStep() const { return batch_ * micro_; }
+  /// Micro-batches and this rank's samples of (1-based) step `step`.
+  int64_t microAt(int64_t step) const {
+    return schedule_.empty() ? micro_ : schedule_.samplesAt(step) / batch_;
+  }
+  int64_t samplesAt(int64_t step) const { return microAt(step) * batch_; }
+  int64_t globalSamplesAt(int64_t step) const { return samplesAt(step) * dpSize_; }
+  /// Tokens of step `step` over every data-parallel rank (token data), else 0.
+  int64_t globalTokensAt(int64_t step) const { return globalSamplesAt(step) * seqLen_; }
+  /// FLOPs of step `step` by the cost model (0 if unknown).
+  double flopsAt(int64_t step) const {
+    return trainFlops_ + static_cast<double>(microAt(step)) * accumFlops_;
+  }
+  /// The steps that `epochs` epochs of the training data take (a schedule's
+  /// steps differ in size).
+  int64_t stepsForEpochs(int64_t epochs) const;
+  /// The bundle's batch-size schedule (empty: every step takes samplesPerStep()).
+  const BatchSchedule &batchSchedule() const { return schedule_; }
   /// Samples of one step over every data-parallel rank.
   int64_t globalSamplesPerStep() const { return samplesPerStep() * dpSize_; }
   /// The layout of the ranks (forgec --dp D --tp T, world D x T): this rank's
@@ -232,9 +259,8 @@ private:
   /// Points accumulate's data inputs at `outs[k]` and forge.micro_index at k's value.
   Status bindMicroBatch(const std::vector<std::vector<void *>> &outs, int64_t k);
   /// This rank's share of a step's global indices (TrainerOptions::rank).
-  std::span<const int64_t> rankShare(std::span<const int64_t> global) const {
-    return global.subspan(static_cast<size_t>(dpRank_ * samplesPerStep()),
-                          static_cast<size_t>(samplesPerStep()));
+  std::span<const int64_t> rankShare(std::span<const int64_t> global, int64_t perRank) const {
+    return global.subspan(static_cast<size_t>(dpRank_ * perRank), static_cast<size_t>(perRank));
   }
   /// The prefetch ring (TrainerOptions::prefetch > 0).
   Status startProducer();
@@ -260,6 +286,11 @@ private:
   // no prefetch slot holds the batch (microOuts_ points into them).
   Routine accum_;
   int32_t accumStepInput_ = -1, microIndexInput_ = -1;
+  int32_t accumCountInput_ = -1, trainCountInput_ = -1; // forge.micro_count of each
+  BatchSchedule schedule_;
+  double trainFlops_ = 0, accumFlops_ = 0; // per run of train_step / accumulate
+  int64_t seqLen_ = 0;                     // tokens per sample (token data), else 0
+  int64_t ringStep_ = 0;                   // steps done when the prefetch ring (re)started
   std::vector<int64_t> microIndex_;
   std::vector<Executor::HostBuffer> loopBuffers_;
   int64_t batch_ = 0, micro_ = 1, evalBatch_ = 0, step_ = 0, tokensPerStep_ = 0;
