@@ -614,7 +614,19 @@ def SplitAccumulation : Pass<"forge-split-accumulation", "::mlir::ModuleOp"> {
     and arguments other than data inputs (forge.step allowed); otherwise, and
     for an output (not an update) made by the micro-batch part, the pass
     fails naming it. Without forge.accumulated the pass does nothing.
+
+    The micro-batch part comes in two routines: @accumulate_first, which the
+    runtime runs for a step's first micro-batch, writes each term into its
+    accumulator (where(first, term, acc + term) selects the term), and
+    @accumulate adds it. With `gemm-accumulation` (CUDA), a term made by a
+    lone GEMM is that GEMM with the accumulator as C and beta = 1: cuBLASLt
+    adds it as it writes the product, in place, instead of a kernel reading
+    the product and the accumulator again.
   }];
+  let options = [
+    Option<"gemmAccumulation", "gemm-accumulation", "bool", /*default=*/"false",
+           "Add a GEMM-made term into its accumulator through the GEMM's C (CUDA)">,
+  ];
   let dependentDialects = ["::mlir::forge::ForgeDialect", "::mlir::func::FuncDialect"];
 }
 

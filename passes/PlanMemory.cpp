@@ -188,6 +188,14 @@ llvm::DenseSet<Value> PlanMemoryPass::placeUpdates(func::FuncOp func) {
   // Whether the op at a position may read `old` while writing `updated`: it
   // reads each element before writing that same element.
   auto pointwise = [&](Operation *op, Value old, Value updated) {
+    // A GEMM adding the old value as its full C (an accumulation loop's
+    // gradient, forge-split-accumulation): cuBLASLt reads C(i, j) in the
+    // epilogue that writes D(i, j), and allows C == D; the CPU kernel too.
+    if (auto g = dyn_cast<GemmOp>(op);
+        g && g.getC() == old && g.getA() != old && g.getB() != old &&
+        cast<RankedTensorType>(old.getType()).getShape() ==
+            cast<RankedTensorType>(updated.getType()).getShape())
+      return true;
     auto iface = dyn_cast<ForgeOpInterface>(op);
     if (iface && iface.getFusionClass() == FusionClass::Elementwise)
       return true;

@@ -11,6 +11,8 @@
 //    the runtime has run @accumulate on each micro-batch; a micro-batch value
 //    it reads otherwise is recomputed from its constants and non-data
 //    arguments, or the pass fails;
+//  * @accumulate_first is @accumulate for a step's first micro-batch: its
+//    accumulations write the term (no read of the accumulator);
 //  * @train_step's data inputs that nothing reads any more are dropped:
 //    the runtime feeds them to @accumulate only. Both keep forge.step (and
 //    forge.micro_count where they read it).
@@ -37,6 +39,50 @@ using namespace mlir::forge;
 namespace {
 
 constexpr StringLiteral kRoutine = "accumulate";
+constexpr StringLiteral kFirstRoutine = "accumulate_first";
+
+/// An accumulation: where(first, term, acc + term), both ops marked
+/// forge.accumulates (forge-build-train-step), alone in a loop region or loose.
+struct Accumulation {
+  Operation *op;          // the region (or the loose where) whose result is the sum
+  Value acc, term, first; // as the op reads them
+};
+
+std::optional<Accumulation> matchAccumulation(Operation *op) {
+  auto matchWhere = [](WhereOp w, ValueRange args, ValueRange inputs)
+      -> std::optional<std::tuple<Value, Value, Value>> {
+    auto add = w.getOperand(2).getDefiningOp<AddOp>();
+    if (!w->hasAttr("forge.accumulates") || !add || !add->hasAttr("forge.accumulates") ||
+        add.getOperand(1) != w.getOperand(1))
+      return std::nullopt;
+    auto outer = [&](Value v) -> Value { // a region's block argument -> its input
+      if (args.empty())
+        return v;
+      auto arg = dyn_cast<BlockArgument>(v);
+      return arg ? inputs[arg.getArgNumber()] : Value();
+    };
+    Value acc = outer(add.getOperand(0)), term = outer(w.getOperand(1)),
+          first = outer(w.getOperand(0));
+    if (!acc || !term || !first)
+      return std::nullopt;
+    return std::make_tuple(acc, term, first);
+  };
+  if (auto w = dyn_cast<WhereOp>(op)) {
+    if (auto m = matchWhere(w, {}, {}))
+      return Accumulation{op, std::get<0>(*m), std::get<1>(*m), std::get<2>(*m)};
+    return std::nullopt;
+  }
+  auto fusion = dyn_cast<FusionOp>(op);
+  if (!fusion || fusion.getKind() != "loop" || fusion->getNumResults() != 1 ||
+      llvm::range_size(fusion.getBlock().without_terminator()) != 2)
+    return std::nullopt;
+  auto w = dyn_cast<WhereOp>(fusion.getBlock().getTerminator()->getOperand(0).getDefiningOp());
+  if (!w)
+    return std::nullopt;
+  if (auto m = matchWhere(w, fusion.getBlock().getArguments(), fusion.getInputs()))
+    return Accumulation{op, std::get<0>(*m), std::get<1>(*m), std::get<2>(*m)};
+  return std::nullopt;
+}
 
 StringRef argString(func::FuncOp f, unsigned i, StringRef attr) {
   auto a = f.getArgAttrOfType<StringAttr>(i, attr);
@@ -97,6 +143,8 @@ SmallVector<Value> valuesRead(Operation *op) {
 
 struct SplitAccumulationPass
     : public mlir::forge::impl::SplitAccumulationBase<SplitAccumulationPass> {
+  using SplitAccumulationBase::SplitAccumulationBase;
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto train = module.lookupSymbol<func::FuncOp>("train_step");
@@ -113,6 +161,52 @@ struct SplitAccumulationPass
     }
     if (failed(split(train, cuts)))
       signalPassFailure();
+  }
+
+  /// @accumulate_first (`firstMicroBatch`): each accumulation is its term
+  /// (what where(first, ...) selects), so the producer writes the accumulator.
+  /// @accumulate: on CUDA (gemm-accumulation), a term that a lone GEMM makes
+  /// becomes that GEMM with the accumulator as C and beta = 1 (cuBLASLt adds
+  /// it in the epilogue, in place), instead of a kernel reading both.
+  void specialize(func::FuncOp f, bool firstMicroBatch) {
+    SmallVector<Accumulation> found;
+    for (Operation &op : f.front().without_terminator())
+      if (auto m = matchAccumulation(&op))
+        found.push_back(*m);
+    for (Accumulation &a : found) {
+      Value sum = a.op->getResult(0);
+      Operation *add = nullptr; // a loose accumulation's add (a region holds its own)
+      if (auto w = dyn_cast<WhereOp>(a.op))
+        add = w.getOperand(2).getDefiningOp();
+      if (firstMicroBatch) {
+        sum.replaceAllUsesWith(a.term);
+      } else {
+        auto gemm = a.term.getDefiningOp<GemmOp>();
+        if (!gemmAccumulation || !gemm || gemm.getC() || gemm.getBeta().convertToDouble() != 0.0 ||
+            a.term.getType() != a.acc.getType() ||
+            !llvm::all_of(a.term.getUsers(),
+                          [&](Operation *u) { return u == a.op || u == add; }))
+          continue;
+        OpBuilder b(gemm);
+        auto fused = b.create<GemmOp>(gemm.getLoc(), gemm.getType(), gemm.getA(), gemm.getB(),
+                                      a.acc, gemm.getTransAAttr(), gemm.getTransBAttr(),
+                                      gemm.getAlphaAttr(), b.getF64FloatAttr(1.0));
+        fused->setDiscardableAttrs(gemm->getDiscardableAttrDictionary());
+        sum.replaceAllUsesWith(fused.getResult());
+      }
+      a.op->erase();
+      if (add && add->use_empty())
+        add->erase();
+      if (Operation *term = a.term.getDefiningOp(); !firstMicroBatch && term && term->use_empty())
+        term->erase();
+    }
+    // The first-micro-batch flag (and what made it) may be dead now.
+    SmallVector<Operation *> ops;
+    for (Operation &op : f.front().without_terminator())
+      ops.push_back(&op);
+    for (Operation *op : llvm::reverse(ops))
+      if (op->use_empty() && isMemoryEffectFree(op))
+        op->erase();
   }
 
   LogicalResult split(func::FuncOp train, ArrayRef<AccumulatedOp> cuts) {
@@ -252,6 +346,13 @@ struct SplitAccumulationPass
     for (auto [r, attrs] : llvm::enumerate(resultAttrs))
       if (attrs)
         acc.setResultAttrs(r, attrs);
+    // The first micro-batch's routine: each accumulation writes its term.
+    auto first = cast<func::FuncOp>(acc->clone());
+    first.setSymName(kFirstRoutine);
+    b.setInsertionPoint(acc);
+    b.insert(first);
+    specialize(first, /*firstMicroBatch=*/true);
+    specialize(acc, /*firstMicroBatch=*/false);
 
     // 5. @train_step: the accumulators where the sums were read, the
     // recomputed values before their first reader, the micro-batch part gone.

@@ -288,6 +288,38 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   }
   if (tr->fields_.empty())
     return Status::error("{}: {} has no data inputs", origin, dataRoutineName);
+  // The first micro-batch's routine: the same inputs, its own tensors.
+  if (loop)
+    if (auto first = ex.findRoutine("accumulate_first")) {
+      tr->firstAccum_.index = *first;
+      size_t found = 0;
+      for (int32_t t : ex.inputs(*first)) {
+        const bundle::TensorInfo &info = ex.tensorInfo(t);
+        const std::string &name = info.name();
+        int32_t *scalar = name == "forge.step"          ? &tr->firstStepInput_
+                          : name == "forge.micro_index" ? &tr->firstMicroIndexInput_
+                          : name == "forge.micro_count" ? &tr->firstCountInput_
+                                                        : nullptr;
+        if (scalar) {
+          *scalar = t;
+          continue;
+        }
+        auto it = fieldOf.find(name);
+        const int32_t twin = it == fieldOf.end() ? -1 : tensors[it->second][0];
+        if (twin < 0 || info.dtype() != ex.tensorInfo(twin).dtype() ||
+            shapeOf(info) != shapeOf(ex.tensorInfo(twin)))
+          return Status::error("{}: accumulate_first's input '{}' ({}{}) is not one of "
+                               "accumulate's",
+                               origin, name, dtypeName(info.dtype()), shapeString(shapeOf(info)));
+        tensors[it->second][0] = t;
+        ++found;
+      }
+      if (found != tr->fields_.size() ||
+          (tr->firstMicroIndexInput_ < 0) != (tr->microIndexInput_ < 0) ||
+          (tr->firstCountInput_ < 0) != (tr->accumCountInput_ < 0))
+        return Status::error("{}: accumulate_first and accumulate take different inputs",
+                             origin);
+    }
   if (tr->batch_ <= 0)
     return Status::error("{}: the batch size (dim 0 of the data inputs) is {}", origin,
                          tr->batch_);
@@ -803,8 +835,8 @@ Status Trainer::failedError() const {
 Status Trainer::bindMicroBatch(const std::vector<std::vector<void *>> &outs, int64_t k) {
   for (size_t f = 0; f < microInputs_[k].size(); ++f)
     FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], outs[k][f]));
-  if (microIndexInput_ >= 0)
-    FORGE_RETURN_IF_ERROR(exec_->bindInput(microIndexInput_, &microIndex_[k]));
+  if (int32_t t = microIndexInputOf(k); t >= 0)
+    FORGE_RETURN_IF_ERROR(exec_->bindInput(t, &microIndex_[k]));
   return Status::ok();
 }
 
@@ -846,8 +878,9 @@ Status Trainer::runStep(const std::function<Status(int64_t)> &bind,
   };
   for (int64_t k = 0; accum_.index >= 0 && k < micro; ++k) {
     FORGE_RETURN_IF_ERROR(bind(k));
-    scalars(accumStepInput_, accumCountInput_);
-    FORGE_RETURN_IF_ERROR(runOne(accum_.index));
+    const bool first = k == 0 && firstAccum_.index >= 0;
+    scalars(first ? firstStepInput_ : accumStepInput_, first ? firstCountInput_ : accumCountInput_);
+    FORGE_RETURN_IF_ERROR(runOne(first ? firstAccum_.index : accum_.index));
   }
   scalars(stepInput_, trainCountInput_);
   return runOne(train_.index);
@@ -911,8 +944,8 @@ Expected<StepResult> Trainer::stepOnDevice(std::span<const void *const> fields) 
                        static_cast<size_t>(k * batch_) * sampleBytes_[f];
       FORGE_RETURN_IF_ERROR(exec_->bindDeviceInput(microInputs_[k][f], at));
     }
-    if (microIndexInput_ >= 0)
-      FORGE_RETURN_IF_ERROR(exec_->bindInput(microIndexInput_, &microIndex_[k]));
+    if (int32_t t = microIndexInputOf(k); t >= 0)
+      FORGE_RETURN_IF_ERROR(exec_->bindInput(t, &microIndex_[k]));
     return Status::ok();
   };
   for (int64_t k = 0; accum_.index < 0 && k < micro_; ++k) // a loop binds k for its run

@@ -253,8 +253,11 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // before it sees the whole step (the gradient buckets read the sums;
   // nothing fuses across forge.accumulated); before placement, which places
   // each routine's ops, and the schedule and memory plan, one per routine.
-  if (options.train.microBatches > 1)
-    pm.addPass(createSplitAccumulation());
+  if (options.train.microBatches > 1) {
+    SplitAccumulationOptions split;
+    split.gemmAccumulation = StringRef(options.target).starts_with("cuda");
+    pm.addPass(createSplitAccumulation(split));
+  }
   addPlacement(pm, options);
   addSchedule(pm, options);
   addMemoryPlan(pm, options);

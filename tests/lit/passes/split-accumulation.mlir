@@ -1,4 +1,6 @@
 // RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2" --forge-split-accumulation | FileCheck %s
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2" --forge-split-accumulation | FileCheck %s --check-prefix=FIRST
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2" --forge-split-accumulation=gemm-accumulation=1 | FileCheck %s --check-prefix=GEMM
 // RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 data-parallel=2" --forge-split-accumulation | FileCheck %s --check-prefix=DP
 // RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=unroll" --forge-split-accumulation | FileCheck %s --check-prefix=UNROLL
 // RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=4 dynamic-micro-batches=1" --forge-split-accumulation | FileCheck %s --check-prefix=DYN
@@ -20,11 +22,11 @@
 // CHECK-NOT: forge.accumulated
 // The first micro-batch (forge.micro_index % 2 == 0) replaces what they hold.
 // CHECK: %[[M:.*]] = forge.mod %{{.*}}, %{{.*}} {fmod = false}
-// CHECK: %[[FIRST:.*]] = forge.equal %[[M]],
+// CHECK: %[[FLAG:.*]] = forge.equal %[[M]],
 // CHECK: %[[P1:.*]] = forge.add %[[A1]], %[[T1:[^ ]*]] {forge.accumulates}
-// CHECK: %[[S1:.*]] = forge.where %[[FIRST]], %[[T1]], %[[P1]] {forge.accumulates}
+// CHECK: %[[S1:.*]] = forge.where %[[FLAG]], %[[T1]], %[[P1]] {forge.accumulates}
 // CHECK: %[[P2:.*]] = forge.add %[[A2]], %[[T2:[^ ]*]] {forge.accumulates}
-// CHECK: %[[S2:.*]] = forge.where %[[FIRST]], %[[T2]], %[[P2]] {forge.accumulates}
+// CHECK: %[[S2:.*]] = forge.where %[[FLAG]], %[[T2]], %[[P2]] {forge.accumulates}
 // CHECK: return %[[S1]], %[[S2]], %{{.*}} :
 // The rest of the step reads the accumulators where it read the sums (the
 // norm, the update) and has no data inputs; it does not write them.
@@ -40,6 +42,27 @@
 // CHECK: forge.sub %[[W1]],
 // CHECK: return
 // CHECK-LABEL: func.func @eval(
+
+// The first micro-batch's routine writes each term: no where, no add, no read of
+// the accumulators (their arguments unused), the same inputs.
+// FIRST-LABEL: func.func @accumulate_first(
+// FIRST-SAME: forge.name = "x"
+// FIRST-SAME: forge.name = "forge.micro_index"
+// FIRST-NOT: forge.where {{.*}}forge.accumulates
+// FIRST-NOT: forge.accumulates
+// FIRST: %[[W1:.*]] = forge.gemm %{{.*}}, %{{.*}} {alpha = 1.000000e+00 : f64, beta = 0.000000e+00 : f64, transA = true, transB = false} : (tensor<4x3xf32>, tensor<4x5xf32>) -> tensor<3x5xf32>
+// FIRST: return %[[W1]], %{{.*}}, %{{.*}} :
+// FIRST-LABEL: func.func @accumulate(
+
+// CUDA (gemm-accumulation): a weight gradient that a lone GEMM makes is added through
+// the GEMM's C, beta = 1, into the accumulator (the loss keeps its where/add).
+// GEMM-LABEL: func.func @accumulate(
+// GEMM-SAME: %[[A1:[a-z0-9]+]]: tensor<3x5xf32> {forge.kind = "state", forge.name = "w1.grad_accum"
+// GEMM-SAME: %[[A2:[a-z0-9]+]]: tensor<5x2xf32> {forge.kind = "state", forge.name = "w2.grad_accum"
+// GEMM: %[[G2:.*]] = forge.gemm %{{.*}}, %{{.*}}, %[[A2]] {alpha = 1.000000e+00 : f64, beta = 1.000000e+00 : f64
+// GEMM: %[[G1:.*]] = forge.gemm %{{.*}}, %{{.*}}, %[[A1]] {alpha = 1.000000e+00 : f64, beta = 1.000000e+00 : f64
+// GEMM: forge.where {{.*}} {forge.accumulates} : (tensor<i1>, tensor<f32>, tensor<f32>)
+// GEMM: return %[[G1]], %[[G2]], %{{.*}} :
 
 // Data parallelism: the one all_reduce runs after the loop, on the sums.
 // DP-LABEL: func.func @accumulate(

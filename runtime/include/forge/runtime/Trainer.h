@@ -11,7 +11,8 @@
 //  * A bundle with an accumulation loop (forgec --accumulate loop, the
 //    default with K > 1) has a routine `accumulate` (one micro-batch's forward
 //    and backward, data inputs NAME) that a step runs K times, each on its
-//    micro-batch's buffers (and forge.micro_index = rank * K + k), then
+//    micro-batch's buffers (and forge.micro_index = rank * K + k; the first
+//    micro-batch through `accumulate_first` where the bundle has it), then
 //    train_step once; such steps are not pipelined (canPipeline() is false).
 //  * A batch-size schedule (forgec --batch-schedule, build option
 //    "batch_schedule") sets K per step: step s takes samplesAt(s) = K_s * B
@@ -256,6 +257,10 @@ private:
   /// naming its routine, the runs laid end to end).
   Status runStep(const std::function<Status(int64_t)> &bind,
                  std::vector<Executor::Span> *profile);
+  /// forge.micro_index of the routine that runs micro-batch k (-1: none).
+  int32_t microIndexInputOf(int64_t k) const {
+    return k == 0 && firstAccum_.index >= 0 ? firstMicroIndexInput_ : microIndexInput_;
+  }
   /// Points accumulate's data inputs at `outs[k]` and forge.micro_index at k's value.
   Status bindMicroBatch(const std::vector<std::vector<void *>> &outs, int64_t k);
   /// This rank's share of a step's global indices (TrainerOptions::rank).
@@ -286,6 +291,11 @@ private:
   // no prefetch slot holds the batch (microOuts_ points into them).
   Routine accum_;
   int32_t accumStepInput_ = -1, microIndexInput_ = -1;
+  // accumulate_first (forge-split-accumulation): accumulate for a step's first
+  // micro-batch (-1: accumulate runs every micro-batch). Its data inputs are
+  // microInputs_[0].
+  Routine firstAccum_;
+  int32_t firstStepInput_ = -1, firstMicroIndexInput_ = -1, firstCountInput_ = -1;
   int32_t accumCountInput_ = -1, trainCountInput_ = -1; // forge.micro_count of each
   BatchSchedule schedule_;
   double trainFlops_ = 0, accumFlops_ = 0; // per run of train_step / accumulate
