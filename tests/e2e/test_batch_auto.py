@@ -11,6 +11,12 @@ workspace"), the bytes the CUDA executor allocates in one piece. Checks:
   below 8           a memory between the plans of batches 3 and 4 (from their own compiles):
                     B = 3, and the bundle trains 2 steps on the CPU
   recipe            batch = "auto" in a --recipe file works the same
+  samples per step  --samples-per-step 4096 with a memory between the plans of 4096 x 1 and
+                    2048 x 2 (from their own compiles): micro-batch 2048, 2 micro-batches in
+                    the accumulation loop (bundle options batch, micro_batches, accumulate),
+                    the plan fits; with more memory 4096 x 1; the 2048 x 2 bundle trains 2
+                    steps on the CPU; --samples-per-step without --batch auto, with
+                    --micro-batches, or too little memory fail naming the problem
   recompute auto    the gpt fixture at batch 512: with a memory between its plans with and
                     without recomputation forgec recomputes the attention probabilities (and
                     that plan fits); with more memory it does not; the choice is stored
@@ -108,6 +114,47 @@ def main():
                     all(np.isfinite(e2e.metric_losses(metrics)))
                 rep.check("the batch-3 bundle trains 2 steps on the CPU", ok, e2e.tail(tlog, 1))
 
+        # --samples-per-step: the largest micro-batch dividing it that fits, the rest
+        # accumulated in the loop.
+        def options(bundle):
+            rc, _, info = e2e.run([forge_train, bundle, "--info"])
+            return dict(re.findall(r"option:\s+(\S+) = (\S+)", info)) if rc == 0 else {}
+        sps = {}
+        for b, k in ((4096, 1), (2048, 2)):
+            rc, log, out = compile_(f"sps{b}", ["--batch", str(b), "--micro-batches", str(k)],
+                                    f"sps{b}.forge")
+            sps[b] = plan(out)[0] if rc == 0 else None
+        if rep.check("plans of 4096 x 1 and 2048 x 2", None not in sps.values() and
+                     sps[2048] < sps[4096], f"{sps}"):
+            mem = int((sps[2048] + sps[4096]) / 2 / SHARE)
+            rc, log, out = compile_("sps", ["--batch", "auto", "--samples-per-step", "4096",
+                                            "--device-memory", str(mem)], "sps.forge")
+            o = options(out) if rc == 0 else {}
+            rep.check(f"--samples-per-step 4096 --device-memory {mem}: 2048 x 2 in the loop",
+                      rc == 0 and o.get("batch") == "2048" and o.get("micro_batches") == "2"
+                      and o.get("accumulate") == "loop" and "2048 x 2 micro-batches" in log,
+                      e2e.tail(log, 1))
+            bytes_b, _ = plan(out) if rc == 0 else (None, None)
+            rep.check("its plan fits", bytes_b is not None and bytes_b <= SHARE * mem,
+                      f"{bytes_b} bytes <= {SHARE * mem:.0f}")
+            if rc == 0:
+                data = os.path.join(tmp, "sps.npz")
+                rng = np.random.default_rng(0)
+                np.savez(data, x=rng.standard_normal((8192, 64)).astype(np.float32),
+                         labels=rng.integers(0, 10, size=8192).astype(np.int64))
+                metrics = os.path.join(tmp, "sps.jsonl")
+                rc2, _, tlog = e2e.run([forge_train, out, "--data", data, "--steps", "2",
+                                        "--device", "cpu", "--metrics", metrics])
+                ok = rc2 == 0 and len(e2e.metric_losses(metrics)) == 2 and \
+                    all(np.isfinite(e2e.metric_losses(metrics)))
+                rep.check("the 2048 x 2 bundle trains 2 steps on the CPU", ok, e2e.tail(tlog, 1))
+            rc, log, out = compile_("sps big", ["--batch", "auto", "--samples-per-step", "4096",
+                                                "--device-memory", "200MB"], "spsbig.forge")
+            o = options(out) if rc == 0 else {}
+            rep.check("--samples-per-step 4096 --device-memory 200MB: 4096 x 1",
+                      rc == 0 and o.get("batch") == "4096" and o.get("micro_batches") == "1",
+                      e2e.tail(log, 1))
+
         # Recipe.
         recipe = os.path.join(tmp, "r.toml")
         with open(recipe, "w") as f:
@@ -129,7 +176,16 @@ def main():
                 ("--recompute auto without --device-memory", ["--batch", "8", "--recompute",
                                                               "auto"],
                  "--recompute auto needs --device-memory"),
-                ("--batch 0", ["--batch", "0"], "--batch must be a positive number")]:
+                ("--batch 0", ["--batch", "0"], "--batch must be a positive number"),
+                ("--samples-per-step without --batch auto", ["--batch", "8",
+                                                             "--samples-per-step", "64"],
+                 "--samples-per-step picks the micro-batch with --batch auto"),
+                ("--samples-per-step with --micro-batches",
+                 ["--batch", "auto", "--device-memory", "80GB", "--samples-per-step", "64",
+                  "--micro-batches", "2"], "not with --micro-batches"),
+                ("--samples-per-step with too little memory",
+                 ["--batch", "auto", "--device-memory", "20MB", "--samples-per-step", "64"],
+                 "even a micro-batch of 1 plans")]:
             rc, log, _ = compile_(label, extra, "bad.forge")
             rep.check(f"error: {label}", rc not in (0, None) and want in log, e2e.tail(log, 1))
 

@@ -188,6 +188,12 @@ static cl::opt<double> clipGradNorm("clip-grad-norm", cl::desc("Clip the global 
 static cl::opt<int64_t> microBatches("micro-batches",
                                      cl::desc("Accumulate gradients over K micro-batches of --batch each"),
                                      cl::init(1), cl::cat(trainCategory));
+static cl::opt<int64_t> samplesPerStep(
+    "samples-per-step",
+    cl::desc("With --batch auto: the samples of one optimizer step (per rank). forgec picks "
+             "the largest micro-batch that divides it and whose plan fits --device-memory, "
+             "and accumulates the rest in the loop (--micro-batches N / batch)"),
+    cl::init(0), cl::cat(trainCategory));
 static cl::opt<std::string> batchSchedule(
     "batch-schedule",
     cl::desc("S1:N1,S2:N2,...,Sn: samples per optimizer step (per rank) by step: S1 up to step "
@@ -274,6 +280,7 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
     for (cl::Option *o : std::initializer_list<cl::Option *>{&loss, &optimizer, &lrSchedule,
                                                              &clipGradNorm, &microBatches,
                                                              &accumulate, &batchSchedule,
+                                                             &samplesPerStep,
                                                              &dataParallel, &tensorParallel,
                                                              &pipelineParallel, &zeroStage})
       if (o->getNumOccurrences())
@@ -290,6 +297,20 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
       return "--batch auto sizes a training step; give a number with --inference-only";
     if (batchAuto && deviceMemory.empty())
       return "--batch auto needs --device-memory (the GPU's memory, e.g. 80GB or 141GB)";
+  }
+  if (samplesPerStep.getNumOccurrences() || samplesPerStep != 0) {
+    if (samplesPerStep < 1)
+      return "--samples-per-step must be a positive number of samples";
+    if (!batchAuto)
+      return "--samples-per-step picks the micro-batch with --batch auto (with a number, use "
+             "--micro-batches)";
+    if (microBatches.getNumOccurrences() || !batchSchedule.empty() || pipelineParallel > 1 ||
+        accumulate == "unroll")
+      return "--samples-per-step sets the micro-batches of the accumulation loop: not with "
+             "--micro-batches, --batch-schedule, --pp or --accumulate unroll";
+    if (recompute == "auto")
+      return "--samples-per-step with --recompute auto is not supported: give --recompute "
+             "none or attention";
   }
   if (!batchSchedule.empty()) {
     // The micro-batch is --batch; each stage's size a multiple of it, the
@@ -394,6 +415,10 @@ static std::string applyRecipe() {
       ok = str(accumulate);
     } else if (k == "batch-schedule") {
       ok = str(batchSchedule);
+    } else if (k == "samples-per-step") {
+      ok = node.is_integer();
+      if (ok && !samplesPerStep.getNumOccurrences())
+        samplesPerStep = *node.value<int64_t>();
     } else if (k == "dp") {
       ok = node.is_integer();
       if (ok && !dataParallel.getNumOccurrences())
@@ -890,7 +915,56 @@ int main(int argc, char **argv) {
   if (!deviceMemory.empty() && !(allowed = allowedBytes(deviceMemory)))
     return 1;
   const bool recomputeAuto = recompute == "auto";
-  if (batchAuto) {
+  if (batchAuto && samplesPerStep > 0) {
+    // The largest micro-batch B dividing N whose plan (with the loop's accumulators
+    // and K = N / B) fits: plans grow with B, so bisect the divisors.
+    const int64_t n = samplesPerStep;
+    std::vector<int64_t> divisors;
+    for (int64_t d = 1; d <= n; ++d)
+      if (n % d == 0)
+        divisors.push_back(d);
+    std::map<int64_t, Trial> trials;
+    auto fits = [&](int64_t b) {
+      if (!trials.count(b)) {
+        pipelineOptions.train.microBatches = n / b;
+        trials[b] = trialAt(b);
+      }
+      return trials[b].compiled && trials[b].bytes <= *allowed;
+    };
+    int64_t lo = -1, hi = static_cast<int64_t>(divisors.size()); // lo fits, hi does not
+    while (hi - lo > 1) {
+      int64_t mid = (lo + hi) / 2;
+      (fits(divisors[mid]) ? lo : hi) = mid;
+    }
+    if (lo < 0)
+      return fail(llvm::formatv("--batch auto --samples-per-step {0}: even a micro-batch of 1 "
+                                "plans {1}, more than the {2} allowed (90% of --device-memory "
+                                "{3}){4}",
+                                n, trials[1].compiled ? gib(trials[1].bytes) : "nothing",
+                                gib(*allowed), deviceMemory,
+                                trials[1].compiled ? "" : ": " + trials[1].error)
+                      .str());
+    batch = divisors[lo];
+    microBatches = n / batch;
+    pipelineOptions.train.microBatches = microBatches;
+    build["micro_batches"] = std::to_string(microBatches);
+    if (microBatches > 1)
+      build["accumulate"] = "loop";
+    build["device_memory"] = deviceMemory;
+    build["samples_per_step"] = std::to_string(n);
+    llvm::errs() << llvm::formatv(
+        "forgec: --batch auto: {0} x {1} micro-batch{2} = {3} samples per step (plan {4} of "
+        "the {5} allowed, 90% of --device-memory {6}{7}; {8} trial compiles)\n",
+        batch, microBatches, microBatches > 1 ? "es" : "", n, gib(trials[batch].bytes),
+        gib(*allowed), deviceMemory,
+        hi < static_cast<int64_t>(divisors.size())
+            ? llvm::formatv("; a micro-batch of {0} needs {1}", divisors[hi],
+                            trials[divisors[hi]].compiled ? gib(trials[divisors[hi]].bytes)
+                                                          : "a failed compile")
+                  .str()
+            : std::string(),
+        trials.size());
+  } else if (batchAuto) {
     // --recompute auto: the largest batch without recomputation; with it only when not
     // even a batch of 1 fits without (recomputing costs time on every step).
     std::string error;
