@@ -1,4 +1,5 @@
 // RUN: forge-opt %s --split-input-file --forge-assign-layout | FileCheck %s
+// RUN: forge-opt %s --split-input-file --forge-assign-layout=pad-channels=1 | FileCheck %s --check-prefix=PAD
 // RUN: forge-opt %s --split-input-file --forge-assign-layout=layout=nchw | FileCheck %s --check-prefix=NCHW
 // RUN: not forge-opt %s --split-input-file --forge-assign-layout=layout=nwhc 2>&1 | FileCheck %s --check-prefix=BAD
 // BAD: error: forge-assign-layout: unknown layout 'nwhc' (nchw, nhwc)
@@ -16,6 +17,16 @@
 // CHECK: %[[O:.*]] = forge.transpose %[[Z]] {perm = array<i64: 0, 3, 1, 2>} : (tensor<2x8x8x5xf32>) -> tensor<2x5x8x8xf32>
 // CHECK-NEXT: return %[[O]]
 // CHECK-NOT: forge.transpose
+// With pad-channels (off by default), each conv of fewer than 8 input channels reads its
+// input and weight zero-padded to 8 channels (here both: 3 and 4).
+// PAD-LABEL: func @conv_relu_conv
+// PAD: %[[X:.*]] = forge.transpose %arg0 {perm = array<i64: 0, 2, 3, 1>}
+// PAD: %[[W:.*]] = forge.transpose %arg1
+// PAD: %[[XP:.*]] = forge.pad %[[X]] {mode = "constant", pads = array<i64: 0, 0, 0, 0, 0, 0, 0, 5>, value = 0.000000e+00 : f64} : (tensor<2x8x8x3xf32>) -> tensor<2x8x8x8xf32>
+// PAD: %[[WP:.*]] = forge.pad %[[W]] {mode = "constant", pads = array<i64: 0, 0, 0, 0, 0, 0, 0, 5>, value = 0.000000e+00 : f64} : (tensor<4x3x3x3xf32>) -> tensor<4x3x3x8xf32>
+// PAD: forge.conv %[[XP]], %[[WP]] {channels_last = true{{.*}} : (tensor<2x8x8x8xf32>, tensor<4x3x3x8xf32>) -> tensor<2x8x8x4xf32>
+// PAD: forge.pad %{{.*}} {{.*}} : (tensor<2x8x8x4xf32>) -> tensor<2x8x8x8xf32>
+// PAD: forge.conv {{.*}} : (tensor<2x8x8x8xf32>, tensor<5x1x1x8xf32>) -> tensor<2x8x8x5xf32>
 // NCHW-LABEL: func @conv_relu_conv
 // NCHW-NOT: channels_last
 // NCHW-NOT: forge.transpose
@@ -57,6 +68,16 @@ func.func @conv_batch_norm(%x: tensor<2x3x8x8xf32>, %w: tensor<4x3x3x3xf32>, %s:
 // The gradients: conv_transpose (input gradient) and conv_grad_weight in the channels_last
 // form; the weight gradient is transposed back to [M, C, kh, kw] for the optimizer, and
 // that transpose is not sunk into the optimizer's pointwise ops (one per gradient).
+// Padded: the data gradient keeps the 3-channel weight; the weight gradient is computed at
+// 8 channels and sliced to 3, and its transpose still stays out of the optimizer's ops.
+// PAD-LABEL: func @conv_gradients
+// PAD: forge.conv_transpose {{.*}} : (tensor<2x8x8x4xf32>, tensor<4x3x3x3xf32>) -> tensor<2x8x8x3xf32>
+// PAD: %[[XP:.*]] = forge.pad {{.*}} : (tensor<2x8x8x3xf32>) -> tensor<2x8x8x8xf32>
+// PAD: %[[G:.*]] = forge.conv_grad_weight %[[XP]], {{.*}} : (tensor<2x8x8x8xf32>, tensor<2x8x8x4xf32>) -> tensor<4x3x3x8xf32>
+// PAD: %[[S:.*]] = forge.slice %[[G]] {ends = array<i64: 4, 3, 3, 3>, starts = array<i64: 0, 0, 0, 0>, steps = array<i64: 1, 1, 1, 1>} : (tensor<4x3x3x8xf32>) -> tensor<4x3x3x3xf32>
+// PAD: %[[GT:.*]] = forge.transpose %[[S]] {perm = array<i64: 0, 3, 1, 2>}
+// PAD: forge.mul %[[GT]], %{{.*}} : (tensor<4x3x3x3xf32>, tensor<f32>)
+// PAD: forge.mul %[[GT]], %[[GT]]
 // CHECK-LABEL: func @conv_gradients
 // CHECK: forge.conv_transpose {{.*}}channels_last = true{{.*}} : (tensor<2x8x8x4xf32>, tensor<4x3x3x3xf32>) -> tensor<2x8x8x3xf32>
 // CHECK: %[[G:.*]] = forge.conv_grad_weight {{.*}}channels_last = true{{.*}} : (tensor<2x8x8x3xf32>, tensor<2x8x8x4xf32>) -> tensor<4x3x3x3xf32>
