@@ -155,10 +155,11 @@ struct SplitAccumulationPass
       markAllAnalysesPreserved();
       return;
     }
-    if (module.lookupSymbol(kRoutine)) {
-      module.emitError() << "forge-split-accumulation: the module already has @" << kRoutine;
-      return signalPassFailure();
-    }
+    for (StringRef name : {kRoutine, kFirstRoutine})
+      if (module.lookupSymbol(name)) {
+        module.emitError() << "forge-split-accumulation: the module already has @" << name;
+        return signalPassFailure();
+      }
     if (failed(split(train, cuts)))
       signalPassFailure();
   }
