@@ -796,7 +796,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
 
   /// @eval stays f32 but for attention, which cuDNN runs in the low type
   /// only: its operands get low casts and its output a cast back, each a
-  /// loop region of its own.
+  /// loop region of its own, but for the heads a split makes (the qkv
+  /// projection's), which the split stores low.
   void lowerAttention(func::FuncOp f) {
     llvm::DenseMap<Value, Value> lowered; // one cast per value
     for (auto op : llvm::to_vector(f.front().getOps<AttentionOp>())) {
@@ -806,6 +807,15 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
         Value v = op->getOperand(i);
         if (!isF32Tensor(v))
           continue;
+        // A head of the qkv projection's split, seen through its reshape, read by this
+        // attention alone: the split stores it low (its kernel converts as it copies).
+        if (auto view = v.getDefiningOp<ReshapeOp>(); view && v.hasOneUse() &&
+                                                       view.getInput().hasOneUse())
+          if (Value head = view.getInput(); head.getDefiningOp<SplitOp>()) {
+            head.setType(withElement(head, low));
+            v.setType(withElement(v, low));
+            continue;
+          }
         Value &cast = lowered[v];
         if (!cast) {
           ++standaloneCasts;

@@ -168,3 +168,27 @@ func.func @train_step(%q: tensor<1x2x8x16xbf16> {forge.kind = "input", forge.nam
   %c = forge.sub %dk, %m : (tensor<1x2x8x16xf32>, tensor<1x2x1x16xf32>) -> tensor<1x2x8x16xf32>
   return %c : tensor<1x2x8x16xf32>
 }
+
+// -----
+
+// @eval: the heads a split of the qkv projection makes (seen through their reshapes, each
+// read by the attention alone) are stored bf16 by the split itself, as it copies: no cast
+// kernel but the output's.
+// CHECK-LABEL: func @eval
+// CHECK: %[[S:.+]]:3 = forge.split %arg0 {{.*}} -> (tensor<1x8x32xbf16>, tensor<1x8x32xbf16>, tensor<1x8x32xbf16>)
+// CHECK: %[[Q:.+]] = forge.reshape %[[S]]#0 {{.*}} -> tensor<1x8x2x16xbf16>
+// CHECK-NOT: forge.fusion "loop"
+// CHECK: forge.attention %[[Q]],
+// CHECK: forge.fusion "loop"(%{{.*}}) : (tensor<1x8x2x16xbf16>) -> tensor<1x8x2x16xf32>
+func.func @train_step(%x: tensor<4xf32> {forge.kind = "input", forge.name = "x"}) -> (tensor<4xf32> {forge.output = "y"}) {
+  %y = forge.neg %x : (tensor<4xf32>) -> tensor<4xf32>
+  return %y : tensor<4xf32>
+}
+func.func @eval(%x: tensor<1x8x96xf32> {forge.kind = "input", forge.name = "x"}) -> tensor<1x8x2x16xf32> {
+  %q, %k, %v = forge.split %x {axis = 2 : i64, sizes = array<i64: 32, 32, 32>} : (tensor<1x8x96xf32>) -> (tensor<1x8x32xf32>, tensor<1x8x32xf32>, tensor<1x8x32xf32>)
+  %q4 = forge.reshape %q {shape = array<i64: 1, 8, 2, 16>} : (tensor<1x8x32xf32>) -> tensor<1x8x2x16xf32>
+  %k4 = forge.reshape %k {shape = array<i64: 1, 8, 2, 16>} : (tensor<1x8x32xf32>) -> tensor<1x8x2x16xf32>
+  %v4 = forge.reshape %v {shape = array<i64: 1, 8, 2, 16>} : (tensor<1x8x32xf32>) -> tensor<1x8x2x16xf32>
+  %o, %lse = forge.attention %q4, %k4, %v4 {causal = true, layout = "bshd", scale = 2.500000e-01 : f64} : (tensor<1x8x2x16xf32>, tensor<1x8x2x16xf32>, tensor<1x8x2x16xf32>) -> (tensor<1x8x2x16xf32>, tensor<1x2x8xf32>)
+  return %o : tensor<1x8x2x16xf32>
+}
