@@ -39,6 +39,7 @@
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/StringSet.h"
 
 #include <map>
 #include <numeric>
@@ -152,6 +153,10 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   /// Low copies made for GEMM operands, by the f32 value.
   llvm::DenseMap<Value, Value> lowCopy;
   int standaloneCasts = 0;
+  /// Low parameter copies the training steps update (their optimizers write
+  /// them); @eval reads those and casts any other parameter itself.
+  llvm::StringSet<> updatedCopies;
+  bool evalRoutine = false;
 
   void runOnOperation() override {
     if (precision == "fp32" || precision == "tf32") {
@@ -179,15 +184,20 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       return;
     }
     for (auto [train, eval] : steps) {
-      func = train;
-      lowValues.clear();
-      viewWantsLow.clear();
-      lowCopy.clear();
-      quantized.clear();
-      standaloneCasts = scaledGemms = 0;
-      e4m3Max = amaxFloor = Value();
-      if (failed(assign(eval)))
-        return signalPassFailure();
+      for (func::FuncOp f : {train, eval}) {
+        if (!f)
+          continue;
+        func = f;
+        evalRoutine = f == eval;
+        lowValues.clear();
+        viewWantsLow.clear();
+        lowCopy.clear();
+        quantized.clear();
+        standaloneCasts = scaledGemms = 0;
+        e4m3Max = amaxFloor = Value();
+        if (failed(assign()))
+          return signalPassFailure();
+      }
     }
     if (failed(matchMessageTypes()))
       return signalPassFailure();
@@ -231,22 +241,25 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     return success();
   }
 
-  LogicalResult assign(func::FuncOp eval) {
+  /// The training step, or @eval after it: the same decisions (its forward
+  /// runs like the step's, bf16 GEMMs reading the parameters' low copies that
+  /// the step's optimizer writes); no float8 in @eval.
+  LogicalResult assign() {
     Builder b(&getContext());
     decide();
     materialize();
     if (failed(fixGemmOperands()))
       return failure();
-    if (precision == "fp8")
+    if (precision == "fp8" && !evalRoutine)
       quantizeGemms();
     syncFunctionType();
-    if (eval)
-      lowerAttention(eval);
+    if (evalRoutine)
+      lowerAttention(func); // what is still f32 around an attention (nothing, usually)
     func->setAttr("forge.precision", b.getStringAttr(precision));
     if (standaloneCasts)
       func.emitRemark() << "forge-assign-precision: " << standaloneCasts
                         << " cast(s) have no neighbouring kernel and run as their own";
-    if (precision == "fp8")
+    if (precision == "fp8" && !evalRoutine)
       func.emitRemark() << "forge-assign-precision: " << scaledGemms
                         << " GEMM(s) run in float8 (E4M3) from " << quantized.size()
                         << " scaled copies";
@@ -561,6 +574,9 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     // fp8 keeps bf16 copies (the float8 ones are made each step).
     StringRef suffix = precision == "fp8" ? StringRef("bf16") : StringRef(precision);
     std::string copyName = (name.getValue() + "." + suffix).str();
+    // @eval reads a copy only where a training step keeps it current.
+    if (evalRoutine && !updatedCopies.contains(copyName))
+      return standaloneCast(param);
     MLIRContext *ctx = func.getContext();
     Builder b(ctx);
     NamedAttrList attrs;
@@ -598,6 +614,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       (void)func.insertResult(resultIndex, next.getType(),
                               b.getDictionaryAttr(b.getNamedAttr("forge.updates",
                                                                  b.getStringAttr(copyName))));
+      updatedCopies.insert(copyName);
       break;
     }
     return copy;

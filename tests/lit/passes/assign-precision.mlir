@@ -109,7 +109,8 @@ func.func @train_step(%x: tensor<4x4xf32> {forge.kind = "input", forge.name = "x
 // Attention (cuDNN's flash attention reads and writes bf16 only): q, k, v made
 // by a loop region are stored bf16 there; o and the gradients are bf16 whoever
 // reads them (the f32 readers' regions cast after their block arguments); lse
-// stays f32. @eval keeps f32 around it: casts to bf16 before, back after.
+// stays f32. @eval is assigned as the step is: the input's cast before (an argument keeps
+// its type), the output low like the step's.
 // CHECK-LABEL: func @train_step
 // CHECK: %[[QKV:.+]]:3 = forge.fusion "loop"{{.*}} -> (tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>)
 // CHECK: %[[O:.+]], %[[L:.+]] = forge.attention %[[QKV]]#0, %[[QKV]]#1, %[[QKV]]#2 {{.*}} -> (tensor<1x2x8x16xbf16>, tensor<1x2x8xf32>)
@@ -118,10 +119,10 @@ func.func @train_step(%x: tensor<4x4xf32> {forge.kind = "input", forge.name = "x
 // CHECK-NEXT: forge.cast %{{.*}} {to = f32}
 // CHECK: forge.attention_grad %[[QKV]]#0, %[[QKV]]#1, %[[QKV]]#2, %[[O]], %[[L]], %[[Y]]#1 {{.*}} : (tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8xf32>, tensor<1x2x8x16xbf16>) -> (tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>, tensor<1x2x8x16xbf16>)
 // CHECK-LABEL: func @eval
+// CHECK-SAME: -> tensor<1x2x8x16xbf16> attributes {forge.precision = "bf16"}
 // CHECK: %[[C:.+]] = forge.fusion "loop"(%arg0) : (tensor<1x2x8x16xf32>) -> tensor<1x2x8x16xbf16>
 // CHECK: %[[EO:.+]], %{{.+}} = forge.attention %[[C]], %[[C]], %[[C]] {{.*}} -> (tensor<1x2x8x16xbf16>, tensor<1x2x8xf32>)
-// CHECK: %[[B:.+]] = forge.fusion "loop"(%[[EO]]) : (tensor<1x2x8x16xbf16>) -> tensor<1x2x8x16xf32>
-// CHECK: return %[[B]]
+// CHECK-NEXT: return %[[EO]]
 // FP32-LABEL: func @train_step
 // FP32-NOT: bf16
 func.func @train_step(%x: tensor<1x2x8x16xf32> {forge.kind = "input", forge.name = "x"})
@@ -173,13 +174,14 @@ func.func @train_step(%q: tensor<1x2x8x16xbf16> {forge.kind = "input", forge.nam
 
 // @eval: the heads a split of the qkv projection makes (seen through their reshapes, each
 // read by the attention alone) are stored bf16 by the split itself, as it copies: no cast
-// kernel but the output's.
+// kernel.
 // CHECK-LABEL: func @eval
 // CHECK: %[[S:.+]]:3 = forge.split %arg0 {{.*}} -> (tensor<1x8x32xbf16>, tensor<1x8x32xbf16>, tensor<1x8x32xbf16>)
 // CHECK: %[[Q:.+]] = forge.reshape %[[S]]#0 {{.*}} -> tensor<1x8x2x16xbf16>
 // CHECK-NOT: forge.fusion "loop"
 // CHECK: forge.attention %[[Q]],
-// CHECK: forge.fusion "loop"(%{{.*}}) : (tensor<1x8x2x16xbf16>) -> tensor<1x8x2x16xf32>
+// CHECK-NOT: forge.fusion "loop"
+// CHECK: return
 func.func @train_step(%x: tensor<4xf32> {forge.kind = "input", forge.name = "x"}) -> (tensor<4xf32> {forge.output = "y"}) {
   %y = forge.neg %x : (tensor<4xf32>) -> tensor<4xf32>
   return %y : tensor<4xf32>
@@ -191,4 +193,45 @@ func.func @eval(%x: tensor<1x8x96xf32> {forge.kind = "input", forge.name = "x"})
   %v4 = forge.reshape %v {shape = array<i64: 1, 8, 2, 16>} : (tensor<1x8x32xf32>) -> tensor<1x8x2x16xf32>
   %o, %lse = forge.attention %q4, %k4, %v4 {causal = true, layout = "bshd", scale = 2.500000e-01 : f64} : (tensor<1x8x2x16xf32>, tensor<1x8x2x16xf32>, tensor<1x8x2x16xf32>) -> (tensor<1x8x2x16xf32>, tensor<1x2x8xf32>)
   return %o : tensor<1x8x2x16xf32>
+}
+
+// -----
+
+// @eval's GEMMs read the low copies the step's optimizer keeps current (w.bf16, an
+// argument of @eval that it never writes); a parameter the step keeps no copy of (v: the
+// step does not read it through a GEMM) is cast in @eval itself.
+// CHECK-LABEL: func @train_step
+// CHECK-SAME: forge.copy_of = "w"{{.*}}forge.name = "w.bf16"
+// CHECK-LABEL: func @eval
+// CHECK-SAME: %[[X:[a-z0-9]+]]: tensor<4x8xbf16> {forge.kind = "input", forge.name = "x"}
+// CHECK-SAME: %[[V:[a-z0-9]+]]: tensor<16x8xf32> {forge.kind = "parameter", forge.name = "v"}
+// CHECK-SAME: %[[WL:[a-z0-9]+]]: tensor<16x8xbf16> {forge.copy_of = "w", forge.kind = "state", forge.name = "w.bf16", forge.role = "low_precision_copy"}
+// CHECK-NOT: forge.updates
+// CHECK: %[[VL:.+]] = forge.fusion "loop"(%[[V]]) : (tensor<16x8xf32>) -> tensor<16x8xbf16>
+// CHECK: forge.gemm %[[X]], %[[WL]]
+// CHECK: forge.gemm %[[X]], %[[VL]]
+func.func @train_step(%x: tensor<4x8xf32> {forge.kind = "input", forge.name = "x"},
+                      %w: tensor<16x8xf32> {forge.kind = "parameter", forge.name = "w", forge.initial_value = dense<0.5> : tensor<16x8xf32>},
+                      %v: tensor<16x8xf32> {forge.kind = "parameter", forge.name = "v", forge.initial_value = dense<0.5> : tensor<16x8xf32>})
+    -> (tensor<4x16xf32> {forge.name = "y"}, tensor<16x8xf32> {forge.updates = "w"}, tensor<16x8xf32> {forge.updates = "v"}) {
+  %y = forge.gemm %x, %w {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = true} : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %w1 = forge.fusion "loop"(%w) : (tensor<16x8xf32>) -> tensor<16x8xf32> {
+  ^bb0(%a: tensor<16x8xf32>):
+    %n = forge.neg %a : (tensor<16x8xf32>) -> tensor<16x8xf32>
+    forge.yield %n : tensor<16x8xf32>
+  }
+  %v1 = forge.fusion "loop"(%v) : (tensor<16x8xf32>) -> tensor<16x8xf32> {
+  ^bb0(%a: tensor<16x8xf32>):
+    %n = forge.neg %a : (tensor<16x8xf32>) -> tensor<16x8xf32>
+    forge.yield %n : tensor<16x8xf32>
+  }
+  return %y, %w1, %v1 : tensor<4x16xf32>, tensor<16x8xf32>, tensor<16x8xf32>
+}
+func.func @eval(%x: tensor<4x8xf32> {forge.kind = "input", forge.name = "x"},
+                %w: tensor<16x8xf32> {forge.kind = "parameter", forge.name = "w"},
+                %v: tensor<16x8xf32> {forge.kind = "parameter", forge.name = "v"})
+    -> (tensor<4x16xf32>, tensor<4x16xf32>) {
+  %y = forge.gemm %x, %w {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = true} : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  %z = forge.gemm %x, %v {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = true} : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  return %y, %z : tensor<4x16xf32>, tensor<4x16xf32>
 }
