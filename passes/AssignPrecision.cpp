@@ -1,7 +1,7 @@
 //===- AssignPrecision.cpp - storage precision of the training step -------===//
 //
-// forge-assign-precision: which tensors of @train_step are stored in bf16
-// (or f16) between kernels. Kernels compute in f32 whatever they load
+// forge-assign-precision: which tensors of @train_step (and then of @eval,
+// by the same decisions) are stored in bf16 (or f16) between kernels. Kernels compute in f32 whatever they load
 // (KernelGen's Body::load/store convert), so the decision here is one of
 // storage: a value goes low when every reader takes it low; tensor-core ops
 // (matmul, gemm, gemm regions) must read low operands, which get a low copy
@@ -253,8 +253,6 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     if (precision == "fp8" && !evalRoutine)
       quantizeGemms();
     syncFunctionType();
-    if (evalRoutine)
-      lowerAttention(func); // what is still f32 around an attention (nothing, usually)
     func->setAttr("forge.precision", b.getStringAttr(precision));
     if (standaloneCasts)
       func.emitRemark() << "forge-assign-precision: " << standaloneCasts
@@ -809,48 +807,6 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       }
     }
     return success();
-  }
-
-  /// @eval stays f32 but for attention, which cuDNN runs in the low type
-  /// only: its operands get low casts and its output a cast back, each a
-  /// loop region of its own, but for the heads a split makes (the qkv
-  /// projection's), which the split stores low.
-  void lowerAttention(func::FuncOp f) {
-    llvm::DenseMap<Value, Value> lowered; // one cast per value
-    for (auto op : llvm::to_vector(f.front().getOps<AttentionOp>())) {
-      OpBuilder b(op);
-      Location loc = op.getLoc();
-      for (unsigned i = 0; i < op->getNumOperands(); ++i) { // q, k, v, bias
-        Value v = op->getOperand(i);
-        if (!isF32Tensor(v))
-          continue;
-        // A head of the qkv projection's split, seen through its reshape, read by this
-        // attention alone: the split stores it low (its kernel converts as it copies).
-        if (auto view = v.getDefiningOp<ReshapeOp>(); view && v.hasOneUse() &&
-                                                       view.getInput().hasOneUse())
-          if (Value head = view.getInput(); head.getDefiningOp<SplitOp>()) {
-            head.setType(withElement(head, low));
-            v.setType(withElement(v, low));
-            continue;
-          }
-        Value &cast = lowered[v];
-        if (!cast) {
-          ++standaloneCasts;
-          cast = wrapInLoop(castOf(b, loc, v, low).getDefiningOp()).getResult(0);
-        }
-        op->setOperand(i, cast);
-      }
-      Value o = op.getO();
-      if (!isF32Tensor(o))
-        continue;
-      Type f32 = tensorOf(o).getElementType();
-      o.setType(withElement(o, low));
-      b.setInsertionPointAfter(op);
-      Value back = castOf(b, loc, o, f32);
-      o.replaceAllUsesExcept(back, back.getDefiningOp());
-      ++standaloneCasts;
-      wrapInLoop(back.getDefiningOp());
-    }
   }
 
   //===--------------------------------------------------------------------===//

@@ -54,28 +54,10 @@ ArrayRef<int64_t> shapeOf(Operation *op) {
 /// the micro-batch's ops. Without a cut every op is on one side.
 class CutSides {
 public:
-  explicit CutSides(Block &block) {
-    SmallVector<Operation *> work;
-    for (Operation &op : block)
-      if (auto cut = dyn_cast<AccumulatedOp>(op))
-        if (Operation *def = cut.getSum().getDefiningOp(); def && micro.insert(def).second)
-          work.push_back(def);
-    while (!work.empty()) {
-      Operation *op = work.pop_back_val();
-      op->walk([&](Operation *inner) {
-        for (Value v : inner->getOperands()) {
-          Operation *def = v.getDefiningOp();
-          while (def && def->getBlock() != &block)
-            def = def->getParentOp();
-          if (def && def != op && micro.insert(def).second)
-            work.push_back(def);
-        }
-      });
-    }
+  explicit CutSides(Block &block) : micro(accumulationPart(block)) {
     for (Operation *op : micro)
       for (Operation *user : op->getUsers()) {
-        while (user && user->getBlock() != &block)
-          user = user->getParentOp();
+        user = block.findAncestorOpInBlock(*user);
         if (user && !micro.contains(user) && !isa<AccumulatedOp, func::ReturnOp>(user)) {
           shared.insert(op);
           break;

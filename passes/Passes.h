@@ -26,6 +26,11 @@ std::string cudnnAttentionHeadRefusal(int64_t d, int64_t dv);
 /// Bytes for a person: "768.0 MiB" (powers of 1024). The memory plan's report
 /// and forge-rematerialize's remark.
 std::string formatBytes(uint64_t bytes);
+/// The ops of `body` that the operands of its forge.accumulated ops depend on
+/// (reads from nested regions included): one micro-batch's forward and
+/// backward, which forge-split-accumulation cuts out and forge-fuse keeps
+/// apart from the rest. Empty without forge.accumulated.
+llvm::DenseSet<Operation *> accumulationPart(Block &body);
 
 } // namespace mlir::forge
 

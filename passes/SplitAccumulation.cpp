@@ -49,39 +49,35 @@ struct Accumulation {
 };
 
 std::optional<Accumulation> matchAccumulation(Operation *op) {
-  auto matchWhere = [](WhereOp w, ValueRange args, ValueRange inputs)
-      -> std::optional<std::tuple<Value, Value, Value>> {
-    auto add = w.getOperand(2).getDefiningOp<AddOp>();
-    if (!w->hasAttr("forge.accumulates") || !add || !add->hasAttr("forge.accumulates") ||
-        add.getOperand(1) != w.getOperand(1))
+  WhereOp w;
+  ValueRange args, inputs; // a region's block arguments and the inputs they stand for
+  if (auto fusion = dyn_cast<FusionOp>(op)) {
+    if (fusion.getKind() != "loop" || fusion->getNumResults() != 1 ||
+        llvm::range_size(fusion.getBlock().without_terminator()) != 2)
       return std::nullopt;
-    auto outer = [&](Value v) -> Value { // a region's block argument -> its input
-      if (args.empty())
-        return v;
-      auto arg = dyn_cast<BlockArgument>(v);
-      return arg ? inputs[arg.getArgNumber()] : Value();
-    };
-    Value acc = outer(add.getOperand(0)), term = outer(w.getOperand(1)),
-          first = outer(w.getOperand(0));
-    if (!acc || !term || !first)
-      return std::nullopt;
-    return std::make_tuple(acc, term, first);
-  };
-  if (auto w = dyn_cast<WhereOp>(op)) {
-    if (auto m = matchWhere(w, {}, {}))
-      return Accumulation{op, std::get<0>(*m), std::get<1>(*m), std::get<2>(*m)};
-    return std::nullopt;
+    w = dyn_cast_or_null<WhereOp>(
+        fusion.getBlock().getTerminator()->getOperand(0).getDefiningOp());
+    args = fusion.getBlock().getArguments();
+    inputs = fusion.getInputs();
+  } else {
+    w = dyn_cast<WhereOp>(op);
   }
-  auto fusion = dyn_cast<FusionOp>(op);
-  if (!fusion || fusion.getKind() != "loop" || fusion->getNumResults() != 1 ||
-      llvm::range_size(fusion.getBlock().without_terminator()) != 2)
-    return std::nullopt;
-  auto w = dyn_cast<WhereOp>(fusion.getBlock().getTerminator()->getOperand(0).getDefiningOp());
   if (!w)
     return std::nullopt;
-  if (auto m = matchWhere(w, fusion.getBlock().getArguments(), fusion.getInputs()))
-    return Accumulation{op, std::get<0>(*m), std::get<1>(*m), std::get<2>(*m)};
-  return std::nullopt;
+  auto add = w.getOperand(2).getDefiningOp<AddOp>();
+  if (!w->hasAttr("forge.accumulates") || !add || !add->hasAttr("forge.accumulates") ||
+      add.getOperand(1) != w.getOperand(1))
+    return std::nullopt;
+  auto outer = [&](Value v) -> Value { // a block argument -> the region's input
+    if (args.empty())
+      return v;
+    auto arg = dyn_cast<BlockArgument>(v);
+    return arg ? inputs[arg.getArgNumber()] : Value();
+  };
+  Accumulation a{op, outer(add.getOperand(0)), outer(w.getOperand(1)), outer(w.getOperand(0))};
+  if (!a.acc || !a.term || !a.first)
+    return std::nullopt;
+  return a;
 }
 
 StringRef argString(func::FuncOp f, unsigned i, StringRef attr) {
@@ -101,16 +97,7 @@ bool isDataInput(func::FuncOp f, unsigned i) {
 /// The top-level op of `body` that `v` is defined by (nullptr: an argument).
 Operation *topLevelDef(Value v, Block &body) {
   Operation *def = v.getDefiningOp();
-  while (def && def->getBlock() != &body)
-    def = def->getParentOp();
-  return def;
-}
-
-/// The op of `body` that holds `op` (itself, or the region op around it).
-Operation *topLevelOp(Operation *op, Block &body) {
-  while (op && op->getBlock() != &body)
-    op = op->getParentOp();
-  return op;
+  return def ? body.findAncestorOpInBlock(*def) : nullptr;
 }
 
 /// Whether `op` computes without side effects: a pure op, or a fusion region
@@ -139,6 +126,17 @@ SmallVector<Value> valuesRead(Operation *op) {
     }
   });
   return read;
+}
+
+/// Erases the ops of `body` that nothing reads and that have no effect, last
+/// first (forge-eliminate-dead-code's rule, inside this pass).
+void eraseDeadOps(Block &body) {
+  SmallVector<Operation *> ops;
+  for (Operation &op : body.without_terminator())
+    ops.push_back(&op);
+  for (Operation *op : llvm::reverse(ops))
+    if (op->use_empty() && isMemoryEffectFree(op))
+      op->erase();
 }
 
 struct SplitAccumulationPass
@@ -202,12 +200,7 @@ struct SplitAccumulationPass
         term->erase();
     }
     // The first-micro-batch flag (and what made it) may be dead now.
-    SmallVector<Operation *> ops;
-    for (Operation &op : f.front().without_terminator())
-      ops.push_back(&op);
-    for (Operation *op : llvm::reverse(ops))
-      if (op->use_empty() && isMemoryEffectFree(op))
-        op->erase();
+    eraseDeadOps(f.front());
   }
 
   LogicalResult split(func::FuncOp train, ArrayRef<AccumulatedOp> cuts) {
@@ -215,28 +208,13 @@ struct SplitAccumulationPass
     auto ret = cast<func::ReturnOp>(body.getTerminator());
     // Dead ops (the pipeline removed them already; forge-opt's input may not
     // have) would read the micro-batch's values for nothing.
-    SmallVector<Operation *> ops;
-    for (Operation &op : body.without_terminator())
-      ops.push_back(&op);
-    for (Operation *op : llvm::reverse(ops))
-      if (op->use_empty() && isMemoryEffectFree(op))
-        op->erase();
+    eraseDeadOps(body);
 
     // 1. The micro-batch part: what the sums depend on.
-    llvm::DenseSet<Operation *> micro;
-    SmallVector<Operation *> work;
-    auto reach = [&](Value v) {
-      if (Operation *def = topLevelDef(v, body); def && micro.insert(def).second)
-        work.push_back(def);
-    };
-    for (AccumulatedOp cut : cuts) {
+    for (AccumulatedOp cut : cuts)
       if (cut->getBlock() != &body)
         return cut.emitError("forge-split-accumulation: forge.accumulated inside a region");
-      reach(cut.getSum());
-    }
-    while (!work.empty())
-      for (Value v : valuesRead(work.pop_back_val()))
-        reach(v);
+    llvm::DenseSet<Operation *> micro = accumulationPart(body);
     for (AccumulatedOp cut : cuts)
       if (micro.contains(cut))
         return cut.emitError("forge-split-accumulation: a micro-batch sum depends on another "
@@ -374,7 +352,7 @@ struct SplitAccumulationPass
       Operation *clone = b.clone(*op, again);
       for (auto [from, to] : llvm::zip(op->getResults(), clone->getResults()))
         from.replaceUsesWithIf(to, [&](OpOperand &use) {
-          return !micro.contains(topLevelOp(use.getOwner(), body));
+          return !micro.contains(body.findAncestorOpInBlock(*use.getOwner()));
         });
     }
     SmallVector<Value> kept;
@@ -407,3 +385,19 @@ struct SplitAccumulationPass
 };
 
 } // namespace
+
+llvm::DenseSet<Operation *> mlir::forge::accumulationPart(Block &body) {
+  llvm::DenseSet<Operation *> part;
+  SmallVector<Operation *> work;
+  auto reach = [&](Value v) {
+    if (Operation *def = topLevelDef(v, body); def && part.insert(def).second)
+      work.push_back(def);
+  };
+  for (Operation &op : body)
+    if (auto cut = dyn_cast<AccumulatedOp>(op))
+      reach(cut.getSum());
+  while (!work.empty())
+    for (Value v : valuesRead(work.pop_back_val()))
+      reach(v);
+  return part;
+}

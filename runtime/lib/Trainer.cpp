@@ -160,7 +160,6 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->train_.index = *trainIndex;
   for (const bundle::Instruction &inst : p.routines(*trainIndex).instructions())
     tr->trainFlops_ += static_cast<double>(inst.flops());
-  tr->flopsPerStep_ = tr->trainFlops_;
 
   // Micro-batches and the label input, from the build options.
   auto microOption = positiveBuildOption(bundle, "micro_batches");
@@ -178,7 +177,6 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       tr->accum_.index = *acc;
       for (const bundle::Instruction &inst : p.routines(*acc).instructions())
         tr->accumFlops_ += static_cast<double>(inst.flops());
-      tr->flopsPerStep_ += static_cast<double>(micro) * tr->accumFlops_;
     }
   const bool loop = tr->accum_.index >= 0;
   const int dataRoutine = loop ? tr->accum_.index : tr->train_.index;
@@ -478,10 +476,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     }
   size_t nonLabel = std::count_if(tr->fields_.begin(), tr->fields_.end(),
                                   [](const DataField &f) { return !f.isLabel; });
-  if (tokenInputs == 1 && nonLabel == 1) {
-    tr->tokensPerStep_ = perStep * seqLen;
+  if (tokenInputs == 1 && nonLabel == 1)
     tr->seqLen_ = seqLen;
-  }
 
   if (eval)
     FORGE_RETURN_IF_ERROR(tr->setEvalData(std::move(eval)));

@@ -161,8 +161,11 @@ public:
   /// flight and the trainer refusing further steps (failedError()).
   Expected<StepResult> collect();
   int inFlight() const { return inFlight_; }
-  /// FLOPs of one train_step by the compiler's cost model (0 if unknown).
-  double flopsPerStep() const { return flopsPerStep_; }
+  /// FLOPs of one train_step by the compiler's cost model (0 if unknown; with a
+  /// batch-size schedule, of its largest step).
+  double flopsPerStep() const {
+    return trainFlops_ + static_cast<double>(micro_) * accumFlops_; // 0 without a loop
+  }
   /// Mean loss (and accuracy) over every sample of the eval data (a last
   /// partial batch included, when the bundle's eval routine takes
   /// forge.sample_weight; else over the full batches).
@@ -213,7 +216,7 @@ public:
   bool hasTrainData() const { return trainData_ != nullptr; }
   int64_t evalSamples() const { return evalData_ ? evalData_->numSamples() : 0; }
   /// Tokens per step when the data input is an integer [B, T] tensor, else 0.
-  int64_t tokensPerStep() const { return tokensPerStep_; }
+  int64_t tokensPerStep() const { return globalSamplesPerStep() * seqLen_; }
   /// Epochs completed, fractional.
   double epochsDone() const;
   /// Names of the data inputs (without micro-batch suffixes) and the label input.
@@ -303,14 +306,13 @@ private:
   int64_t ringStep_ = 0;                   // steps done when the prefetch ring (re)started
   std::vector<int64_t> microIndex_;
   std::vector<Executor::HostBuffer> loopBuffers_;
-  int64_t batch_ = 0, micro_ = 1, evalBatch_ = 0, step_ = 0, tokensPerStep_ = 0;
+  int64_t batch_ = 0, micro_ = 1, evalBatch_ = 0, step_ = 0;
   int64_t dpRank_ = 0, dpSize_ = 1, tpSize_ = 1; // dataParallelRank() ...
   int64_t ppSize_ = 1;         // pipeline stages (forgec --pp)
   std::string routineSuffix_;  // "@pp<stage>" with --pp, else ""
   int64_t evalLabelElements_ = 0;
   int32_t evalWeight_ = -1; // eval input forge.sample_weight (-1: none)
   static constexpr const char *kSampleWeight = "forge.sample_weight";
-  double flopsPerStep_ = 0;
   int inFlight_ = 0; // launched, not collected
   /// Set when a launched step failed on the device (a kernel fault found after the
   /// run): its update may be partly applied and the executor stays failed (CUDA's
