@@ -68,16 +68,34 @@ bool isPersistent(func::FuncOp func, unsigned i) {
 /// (per element; an operand of the result's shape is not broadcast), and
 /// cross_entropy_grad's logits (one thread per element, lse given) and
 /// cross_entropy_with_grad's (a row's statistics are read before its
-/// gradient is written, by the threads that write it). Not a
-/// horizontal region: its members run in no order.
+/// gradient is written, by the threads that write it). A horizontal
+/// region's members run in no order: only when the loop member that writes
+/// result j is the only one reading operand k (a pointwise region that took
+/// a scalar rider, forge-merge-scalar-regions).
 bool readsBeforeWrites(Operation *op, unsigned k, unsigned j) {
   auto in = cast<RankedTensorType>(op->getOperand(k).getType());
   auto out = cast<RankedTensorType>(op->getResult(j).getType());
   if (in.getShape() != out.getShape() ||
       dtypeSizeOf(in.getElementType()) != dtypeSizeOf(out.getElementType()))
     return false;
-  if (auto fusion = dyn_cast<FusionOp>(op))
+  if (auto fusion = dyn_cast<FusionOp>(op)) {
+    if (fusion.getKind() == "horizontal") {
+      Block &body = fusion.getBlock();
+      Value yielded = body.getTerminator()->getOperand(j);
+      auto writer = dyn_cast_or_null<FusionOp>(yielded.getDefiningOp());
+      if (!writer || writer->getBlock() != &body || writer.getKind() != "loop" ||
+          writer.isViewRegion())
+        return false;
+      // Every operand slot holding the value (members read their own copies).
+      for (auto [i, v] : llvm::enumerate(op->getOperands()))
+        if (v == op->getOperand(k))
+          for (Operation *user : body.getArgument(i).getUsers())
+            if (body.findAncestorOpInBlock(*user) != writer)
+              return false;
+      return true;
+    }
     return fusion.getKind() == "loop" && !fusion.isViewRegion(); // a view moves elements
+  }
   if (isa<CrossEntropyGradOp>(op))
     return k == 0;
   if (isa<CrossEntropyWithGradOp>(op)) // the gradient over the logits

@@ -118,7 +118,7 @@ int64_t sinkToReaders(Block &body) {
 /// Independent work on further compute streams (`streams`: their indices,
 /// the compute stream's 0 first). An op continues the stream whose latest op
 /// produced one of its operands (a chain stays on its stream, without
-/// events); an op that continues none (a second reader of an older value,
+/// events; of several, the most recent one's); an op that continues none (a second reader of an older value,
 /// e.g. a weight gradient beside the data gradient, or one reading only
 /// arguments) forks onto the compute stream that has been without work the
 /// longest. Returns how many ops are off the compute stream.
@@ -143,13 +143,14 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
     if (!mayRunAside(op)) {
       chosen = 0;
     } else {
+      // Of the streams it continues, the one whose operand came last: the
+      // op waits for that one anyway (the optimizer after the gradient norm
+      // stays with the norm, not with an earlier weight gradient's stream).
       for (Value v : op.getOperands())
         if (Operation *def = v.getDefiningOp(); def && streamOf.count(def)) {
           unsigned s = streamOf[def];
-          if (tail.count(s) && tailOp.lookup(s) == def) {
+          if (tail.count(s) && tailOp.lookup(s) == def && (!chosen || tail[s] > tail[*chosen]))
             chosen = s;
-            break;
-          }
         }
       if (!chosen) { // a fork: the stream idle the longest
         chosen = streams.front();

@@ -93,6 +93,11 @@ void addAugmentInputs(OpPassManager &pm, const PipelineOptions &options) {
 /// runs them op by op). After this stage the bundle emitter only serializes.
 void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
   if (StringRef(options.target).starts_with("cuda")) {
+    // Scalar regions into other kernels first: after every pass that
+    // rewrites regions by their kind (precision, the accumulation split), and
+    // before the kernel generator, which gives each region one launch. The
+    // CPU runs regions op by op: a launch saved is nothing there.
+    pm.addNestedPass<func::FuncOp>(createMergeScalarRegions());
     pm.addNestedPass<func::FuncOp>(createSelectLibrary());
     GenerateKernelsOptions generate;
     generate.target = options.target;

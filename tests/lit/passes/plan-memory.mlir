@@ -143,3 +143,49 @@ func.func @horizontal(%w: tensor<4xf32> {forge.kind = "parameter", forge.name = 
   }
   return %h#0, %h#1 : tensor<4xf32>, tensor<4xf32>
 }
+
+// -----
+
+// A pointwise region that took a scalar rider (forge-merge-scalar-regions) is
+// a horizontal region, yet its loop member writes over an operand that only
+// it reads, as it would alone; a second member reading the operand forbids it.
+// CHECK-LABEL: func @horizontal_member_in_place
+// CHECK: forge.neg %arg0 {forge.offsets = array<i64: [[A:[0-9]+]]>}
+// CHECK: forge.fusion "horizontal"{{.*}}forge.offsets = array<i64: [[A]], {{[0-9]+}}>
+// CHECK: forge.neg %arg0 {forge.offsets = array<i64: [[B:[0-9]+]]>}
+// CHECK-NOT: forge.offsets = array<i64: [[B]],
+// CHECK-NOT: forge.offsets = array<i64: {{[0-9]+}}, [[B]]>
+// CHECK: return
+func.func @horizontal_member_in_place(%x: tensor<64xf32> {forge.kind = "input", forge.name = "x"}, %s: tensor<f32> {forge.kind = "input", forge.name = "s"}) -> (tensor<64xf32> {forge.name = "y"}, tensor<f32> {forge.name = "t"}, tensor<64xf32> {forge.name = "y2"}, tensor<64xf32> {forge.name = "t2"}) {
+  %a = forge.neg %x : (tensor<64xf32>) -> tensor<64xf32>
+  %h:2 = forge.fusion "horizontal"(%a, %s) {forge.launch = {block = 64 : i64, grid = 2 : i64, kernel = "k0_fusion"}} : (tensor<64xf32>, tensor<f32>) -> (tensor<64xf32>, tensor<f32>) {
+  ^bb0(%p: tensor<64xf32>, %q: tensor<f32>):
+    %e = forge.fusion "loop"(%p) : (tensor<64xf32>) -> tensor<64xf32> {
+    ^bb0(%v: tensor<64xf32>):
+      %r = forge.exp %v : (tensor<64xf32>) -> tensor<64xf32>
+      forge.yield %r : tensor<64xf32>
+    }
+    %t = forge.fusion "loop"(%q) : (tensor<f32>) -> tensor<f32> {
+    ^bb0(%v: tensor<f32>):
+      %r = forge.sqrt %v : (tensor<f32>) -> tensor<f32>
+      forge.yield %r : tensor<f32>
+    }
+    forge.yield %e, %t : tensor<64xf32>, tensor<f32>
+  }
+  %b = forge.neg %x : (tensor<64xf32>) -> tensor<64xf32>
+  %h2:2 = forge.fusion "horizontal"(%b, %b) {forge.launch = {block = 64 : i64, grid = 2 : i64, kernel = "k1_fusion"}} : (tensor<64xf32>, tensor<64xf32>) -> (tensor<64xf32>, tensor<64xf32>) {
+  ^bb0(%p: tensor<64xf32>, %q: tensor<64xf32>):
+    %e = forge.fusion "loop"(%p) : (tensor<64xf32>) -> tensor<64xf32> {
+    ^bb0(%v: tensor<64xf32>):
+      %r = forge.exp %v : (tensor<64xf32>) -> tensor<64xf32>
+      forge.yield %r : tensor<64xf32>
+    }
+    %t = forge.fusion "loop"(%q) : (tensor<64xf32>) -> tensor<64xf32> {
+    ^bb0(%v: tensor<64xf32>):
+      %r = forge.neg %v : (tensor<64xf32>) -> tensor<64xf32>
+      forge.yield %r : tensor<64xf32>
+    }
+    forge.yield %e, %t : tensor<64xf32>, tensor<64xf32>
+  }
+  return %h#0, %h#1, %h2#0, %h2#1 : tensor<64xf32>, tensor<f32>, tensor<64xf32>, tensor<64xf32>
+}
