@@ -709,6 +709,24 @@ def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+def FoldAttentionViews : Pass<"forge-fold-attention-views", "::mlir::func::FuncOp"> {
+  let summary = "Let cuDNN attention read q, k and v where a fused qkv projection wrote them";
+  let description = [{
+    A `forge.split` along the last axis of a [B, T, N] tensor (a fused qkv
+    projection) whose every piece is read only by reshapes to [B, T, H, D],
+    which are read only as q, k or v operands of cuDNN attention or
+    attention_grad ops (`forge.library = "cudnn"`, layout "bshd"), gets
+    `forge.placement = "view"`: no instruction runs for it, and
+    forge-plan-memory places each piece in its operand's bytes at the
+    piece's offset (the reshapes alias as always). Each such attention op
+    gets `forge.row_strides = [q, k, v]`: the elements between consecutive
+    tokens of each operand (N for a piece, H * D for a packed tensor), which
+    the runtime hands cuDNN as strides. A split with any other reader keeps
+    its kernel. GPT-2 124M bf16: 12 split kernels fewer (0.59 ms of the step).
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 def InlineFusions : Pass<"forge-inline-fusions", "::mlir::func::FuncOp"> {
   let summary = "Replace the fusion regions that have no kernel by their ops";
   let description = [{

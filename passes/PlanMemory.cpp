@@ -391,17 +391,38 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
 
   // A reshape's result shares its operand's bytes: one interval per chain,
   // planned at its root; not from an input to an output.
+  // A split placed as a view (forge-fold-attention-views) likewise: piece i
+  // is its operand's bytes from the pieces before it on (aliasOffset: bytes
+  // from the chain root's start).
   std::vector<int64_t> root(tensors.size());
+  std::vector<uint64_t> aliasOffset(tensors.size(), 0);
   for (size_t t = 0; t < tensors.size(); ++t)
     root[t] = static_cast<int64_t>(t);
   for (Operation *op : steps) {
+    if (auto split = dyn_cast<SplitOp>(op); split && isViewOp(op)) {
+      auto it = indexOf.find(split.getInput());
+      if (it == indexOf.end())
+        continue;
+      int64_t in = it->second;
+      auto type = cast<RankedTensorType>(split.getInput().getType());
+      uint64_t at = aliasOffset[in];
+      for (Value piece : split->getResults()) {
+        int64_t t = indexOf.lookup(piece);
+        root[t] = root[in];
+        aliasOffset[t] = at;
+        at += static_cast<uint64_t>(cast<RankedTensorType>(piece.getType()).getShape().back()) *
+              dtypeSizeOf(type.getElementType());
+      }
+      continue;
+    }
     auto reshape = dyn_cast<ReshapeOp>(op);
     if (!reshape || !indexOf.count(reshape.getInput()) || !indexOf.count(reshape.getResult()))
       continue;
-    int64_t r = root[indexOf[reshape.getInput()]], t = indexOf[reshape.getResult()];
+    int64_t in = indexOf[reshape.getInput()], r = root[in], t = indexOf[reshape.getResult()];
     if (tensors[r].input && tensors[t].output)
       continue;
     root[t] = r;
+    aliasOffset[t] = aliasOffset[in];
   }
   // A result may take the bytes of an operand that dies at its op when the
   // op reads each element of that operand before writing the same element
@@ -555,7 +576,9 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
 
   auto offsetOf = [&](Value v) -> int64_t {
     auto it = indexOf.find(v);
-    return it == indexOf.end() ? -1 : offsets[root[it->second]];
+    return it == indexOf.end() ? -1
+                               : offsets[root[it->second]] +
+                                     static_cast<int64_t>(aliasOffset[it->second]);
   };
   for (auto [i, arg] : llvm::enumerate(func.getArguments()))
     if (!isPersistent(func, i))

@@ -139,6 +139,11 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
       ++p;
       continue;
     }
+    if (isViewOp(&op)) { // no instruction: on no stream's timeline
+      streamOf[&op] = 0;
+      ++p;
+      continue;
+    }
     std::optional<unsigned> chosen;
     if (!mayRunAside(op)) {
       chosen = 0;
@@ -148,6 +153,9 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
       // stays with the norm, not with an earlier weight gradient's stream).
       for (Value v : op.getOperands())
         if (Operation *def = v.getDefiningOp(); def && streamOf.count(def)) {
+          while (isViewOp(def) && def->getOperand(0).getDefiningOp() &&
+                 streamOf.count(def->getOperand(0).getDefiningOp()))
+            def = def->getOperand(0).getDefiningOp(); // a view: its operand's producer
           unsigned s = streamOf[def];
           if (tail.count(s) && tailOp.lookup(s) == def && (!chosen || tail[s] > tail[*chosen]))
             chosen = s;

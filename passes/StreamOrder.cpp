@@ -14,6 +14,11 @@ bool mlir::forge::isCollectiveOp(Operation *op) {
   return isa<AllReduceOp, ReduceScatterOp, AllGatherOp, RankSliceOp>(op);
 }
 
+bool mlir::forge::isViewOp(Operation *op) {
+  auto placement = op->getAttrOfType<StringAttr>("forge.placement");
+  return placement && placement.getValue() == "view";
+}
+
 StreamOrder mlir::forge::deriveStreamOrder(
     func::FuncOp func, const llvm::DenseMap<Operation *, SmallVector<Operation *, 4>> &overwrites) {
   StreamOrder o;
@@ -57,6 +62,8 @@ StreamOrder mlir::forge::deriveStreamOrder(
   std::vector<int64_t> untilSet(streams, -1); // per side stream: positions given `until` so far
   auto producerOf = [&](Value v) -> int64_t {
     Operation *def = v.getDefiningOp();
+    while (def && isViewOp(def)) // a view is its operand's bytes: their producer's
+      def = def->getOperand(0).getDefiningOp();
     auto it = def ? position.find(def) : position.end();
     return it == position.end() ? -1 : it->second;
   };
@@ -85,6 +92,13 @@ StreamOrder mlir::forge::deriveStreamOrder(
   for (size_t p = 0; p < n; ++p) {
     Operation *op = o.ops[p];
     const unsigned s = o.stream[p];
+    if (isViewOp(op)) { // runs nowhere: no wait, no event, orders nothing
+      seen[p] = ordered[s];
+      o.after[p] = s == 0 ? static_cast<int64_t>(p) - 1 : ordered[s][0];
+      if (s == 0)
+        o.until[p] = static_cast<int64_t>(p);
+      continue;
+    }
     // The latest producer per other stream among the operands (of nested
     // regions too: a fusion's body reads only its operands).
     std::vector<int64_t> latest(streams, -1);
@@ -115,7 +129,7 @@ StreamOrder mlir::forge::deriveStreamOrder(
   for (size_t t = 1; t < streams; ++t) {
     int64_t last = -1;
     for (size_t p = 0; p < n; ++p)
-      if (o.stream[p] == t)
+      if (o.stream[p] == t && !isViewOp(o.ops[p]))
         last = static_cast<int64_t>(p);
     if (last > ordered[0][t])
       o.joins.push_back(eventAt(last));

@@ -13,7 +13,9 @@
 // made on stream t waits for an event recorded after the producer, unless s is
 // already ordered after it (an earlier wait, directly or through another
 // stream's); the compute stream waits at the end (`forge.joins`) for the last
-// op of every stream it has not waited for.
+// op of every stream it has not waited for. A view op (no instruction) records
+// no event and waits for nothing: a reader of its results waits for its
+// operand's producer.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -29,6 +31,12 @@ namespace mlir::forge {
 /// Whether `op` runs as a collective (all_reduce, reduce_scatter, all_gather,
 /// rank_slice): the ops forge-schedule puts on the "collective" stream.
 bool isCollectiveOp(Operation *op);
+
+/// Whether `op` runs no instruction: `forge.placement = "view"` (a split
+/// whose pieces cuDNN attention reads in place, forge-fold-attention-views).
+/// It keeps its position in the order but is on no stream's timeline: its
+/// readers depend on what its operand's producer made.
+bool isViewOp(Operation *op);
 
 struct StreamOrder {
   SmallVector<Operation *> ops;           // program order, constants left out

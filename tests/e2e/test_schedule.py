@@ -49,11 +49,15 @@ def main():
         bundles = {}
         # Two compute streams where they cost memory too (--stream-memory-growth): the cnn's
         # and gpt's backward passes on both, checked for races and run on the CPU.
+        # The gpt in bf16 too: cuDNN attention reads q/k/v as views of the qkv projection
+        # (forge-fold-attention-views), whose readers wait for the projection's stream.
         for fx, extra in (("mlp_adamw", []), ("cnn_adamw", ["--stream-memory-growth", "1000"]),
                           ("gpt_adamw", ["--stream-memory-growth", "1000"]),
+                          ("gpt_adamw", ["--precision", "bf16", "--stream-memory-growth", "1000"]),
                           ("gpt_adamw", ["--dp", "2", "--stream-memory-growth", "1000"])):
             for streams in (1, 2):
-                name = f"{fx}{'_dp2' if '--dp' in extra else ''}_s{streams}"
+                tag = "_dp2" if "--dp" in extra else "_bf16" if "bf16" in extra else ""
+                name = f"{fx}{tag}_s{streams}"
                 out = os.path.join(tmp, name + ".forge")
                 rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, fx, "model.onnx"),
                                       "--target", "cuda:sm_90", "--batch", "8",
@@ -86,7 +90,7 @@ def main():
             print(f"  {name}: train_step streams: {train}")
 
         # 3. The CPU runs the same order: bit-identical training.
-        for fx in ("mlp_adamw", "cnn_adamw", "gpt_adamw"):
+        for fx in ("mlp_adamw", "cnn_adamw", "gpt_adamw", "gpt_adamw_bf16"):
             runs = {}
             for streams in (1, 2):
                 name = f"{fx}_s{streams}"
@@ -95,7 +99,8 @@ def main():
                 metrics = os.path.join(tmp, name + ".jsonl")
                 params = os.path.join(tmp, name + ".params.npz")
                 rc, _, log = e2e.run([forge_train, bundles[name], "--data",
-                                      os.path.join(FIXTURES, fx, "batches.npz"), "--steps", "5",
+                                      os.path.join(FIXTURES, fx.replace("_bf16", ""),
+                                                   "batches.npz"), "--steps", "5",
                                       "--seed", "3", "--threads", "1", "--device", "cpu",
                                       "--metrics", metrics, "--dump-params", params], 600)
                 if rep.check(f"{name} forge-train --device cpu", rc == 0, e2e.failure(rc, log)):

@@ -2277,3 +2277,61 @@ TEST(CpuKernels, TriluOneHotConstant) {
 }
 
 } // namespace
+
+TEST(CpuKernels, AttentionReadsQkvViews) {
+  // forge-fold-attention-views: q, k and v as views into a fused projection
+  // [B, T, 3 * H * D] (row_strides = 3 * H * D each) give what packed copies
+  // give, bit for bit, forward and backward; too small a stride is refused.
+  const int64_t B = 2, T = 5, H = 3, D = 4, N = 3 * H * D;
+  HT qkv = randomTensor(bundle::F32, {B, T, N});
+  std::vector<HT> parts;
+  for (int p = 0; p < 3; ++p) {
+    HT x(bundle::F32, {B, T, H, D});
+    for (int64_t t = 0; t < B * T; ++t)
+      for (int64_t c = 0; c < H * D; ++c)
+        x.data<float>()[t * H * D + c] = qkv.data<float>()[t * N + p * H * D + c];
+    parts.push_back(std::move(x));
+  }
+  auto views = [&] {
+    std::vector<TensorView> v;
+    for (int p = 0; p < 3; ++p)
+      v.push_back(TensorView{qkv.data<float>() + p * H * D, bundle::F32, {B, T, H, D}});
+    return v;
+  };
+  auto attention = [&](const std::string &op, bool strided) {
+    Op a(op);
+    a.f("scale", 0.5).i("causal", 1).s("layout", "bshd");
+    if (strided)
+      a.ints("row_strides", {N, N, N});
+    return a;
+  };
+  HT o1(bundle::F32, {B, T, H, D}), l1(bundle::F32, {B, H, T}), o2 = o1, l2 = l1;
+  EXPECT_OK(attention("attention", false).run({&parts[0], &parts[1], &parts[2]}, {&o1, &l1}));
+  std::vector<TensorView> in = views(), out = {o2.view(), l2.view()};
+  EXPECT_OK(runCpuKernel(attention("attention", true).inst, in, out, pool()));
+  EXPECT_EQ(o1.bytes, o2.bytes);
+  EXPECT_EQ(l1.bytes, l2.bytes);
+
+  HT dout = randomTensor(bundle::F32, {B, T, H, D});
+  HT dq1(bundle::F32, {B, T, H, D}), dk1 = dq1, dv1 = dq1, dq2 = dq1, dk2 = dq1, dv2 = dq1;
+  EXPECT_OK(attention("attention_grad", false)
+                .run({&parts[0], &parts[1], &parts[2], &o1, &l1, &dout}, {&dq1, &dk1, &dv1}));
+  in = views();
+  for (HT *h : {&o1, &l1, &dout})
+    in.push_back(h->view());
+  out = {dq2.view(), dk2.view(), dv2.view()};
+  EXPECT_OK(runCpuKernel(attention("attention_grad", true).inst, in, out, pool()));
+  EXPECT_EQ(dq1.bytes, dq2.bytes);
+  EXPECT_EQ(dk1.bytes, dk2.bytes);
+  EXPECT_EQ(dv1.bytes, dv2.bytes);
+  // A nonzero gradient, or the comparison would prove little.
+  EXPECT_NE(dk1.at(0), 0.0);
+
+  in = views();
+  out = {o2.view(), l2.view()};
+  Op small = attention("attention", false);
+  small.ints("row_strides", {N, H * D - 1, N});
+  Status st = runCpuKernel(small.inst, in, out, pool());
+  EXPECT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("row_strides"), std::string::npos) << st.message();
+}

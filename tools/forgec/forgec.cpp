@@ -108,6 +108,12 @@ static cl::opt<int64_t> streamMemoryGrowth(
     cl::desc("How much (percent) further compute streams may raise the estimated peak of live "
              "memory before one stream is kept (default 1)"),
     cl::init(1), cl::cat(forgecCategory));
+static cl::opt<bool> foldAttentionViews(
+    "fold-attention-views",
+    cl::desc("CUDA: cuDNN attention reads q, k and v where a fused qkv projection wrote them "
+             "(no split kernel; forge-fold-attention-views). =false keeps the split, for "
+             "comparisons"),
+    cl::init(true), cl::cat(forgecCategory));
 static cl::opt<bool> gemmAuxEpilogues(
     "gemm-aux-epilogues",
     cl::desc("CUDA: also the cuBLASLt epilogues that save a tensor for the backward or read "
@@ -694,6 +700,7 @@ int main(int argc, char **argv) {
   pipelineOptions.train = trainFlags();
   pipelineOptions.memoryReport = memoryReport;
   pipelineOptions.auxEpilogues = gemmAuxEpilogues;
+  pipelineOptions.foldAttentionViews = foldAttentionViews;
   pipelineOptions.scheduleReport = scheduleReport;
   pipelineOptions.scheduleOrder = scheduleOrder;
   pipelineOptions.computeStreams = computeStreams;

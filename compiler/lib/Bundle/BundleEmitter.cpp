@@ -200,6 +200,14 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
       inst.set_workspace_offset(static_cast<uint64_t>(ws[0]));
       inst.set_workspace_bytes(static_cast<uint64_t>(ws[1]));
     }
+    // cuDNN attention reading q/k/v in a fused projection (forge-fold-attention-views).
+    if (auto rows = op.getAttrOfType<DenseI64ArrayAttr>("forge.row_strides")) {
+      if (rows.size() != 3 || llvm::any_of(rows.asArrayRef(), [](int64_t r) { return r <= 0; }))
+        return op.emitError("forge.row_strides must be three positive token strides (q, k, v)");
+      auto *values = (*inst.mutable_attrs())["row_strides"].mutable_ints();
+      for (int64_t r : rows.asArrayRef())
+        values->add_values(r);
+    }
     if (auto form = op.getAttrOfType<DictionaryAttr>("forge.matmul")) {
       auto i64 = [&](StringRef key) -> std::optional<int64_t> {
         auto a = form.getAs<IntegerAttr>(key);
@@ -430,6 +438,17 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       return op.emitError("has no arena offsets (forge-plan-memory did not run)");
     return offsets[i];
   };
+  // Result i of `op` as an arena tensor at the offset forge-plan-memory gave it.
+  auto addResult = [&](Operation &op, unsigned i, const std::string &name) -> FailureOr<int32_t> {
+    auto index = addTensor(op.getResult(i), pb::TensorInfo::INTERMEDIATE, name);
+    if (failed(index))
+      return failure();
+    FailureOr<int64_t> offset = offsetOf(op, i);
+    if (failed(offset))
+      return failure();
+    program.mutable_tensors(*index)->set_arena_offset(*offset);
+    return static_cast<int32_t>(*index);
+  };
   for (Operation &op : body.without_terminator()) {
     if (isa<ConstantOp>(op))
       continue;
@@ -440,6 +459,18 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       return op.emitError("fusion region without a kernel: the placement stage "
                           "(forge-generate-kernels, or forge-inline-fusions on the CPU) "
                           "did not run");
+    if (auto placement = op.getAttrOfType<StringAttr>("forge.placement");
+        placement && placement.getValue() == "view") {
+      // No instruction: its results are its operand's bytes at the offsets
+      // forge-plan-memory gave them (a split that cuDNN attention reads in place).
+      if (!cuda)
+        return op.emitError("a view placement is for CUDA bundles only");
+      for (auto [i, r] : llvm::enumerate(op.getResults()))
+        if (failed(addResult(op, static_cast<unsigned>(i),
+                             locName(op.getLoc()) + ":" + std::to_string(i))))
+          return failure();
+      continue;
+    }
     pb::Instruction *inst = routine->add_instructions();
     if (failed(encodeInstruction(&op, *inst)))
       return failure();
@@ -475,13 +506,9 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       }
       std::string name = node.empty() ? "t" + std::to_string(program.tensors_size())
                                       : node + (op.getNumResults() > 1 ? ":" + std::to_string(i) : "");
-      auto index = addTensor(r, pb::TensorInfo::INTERMEDIATE, name);
+      FailureOr<int32_t> index = addResult(op, static_cast<unsigned>(i), name);
       if (failed(index))
         return failure();
-      FailureOr<int64_t> offset = offsetOf(op, static_cast<unsigned>(i));
-      if (failed(offset))
-        return failure();
-      program.mutable_tensors(*index)->set_arena_offset(*offset);
       inst->add_outputs(*index);
     }
     if (fusion && failed(emitBody(fusion, *inst, node)))

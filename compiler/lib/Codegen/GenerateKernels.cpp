@@ -83,8 +83,8 @@ struct GenerateKernelsPass
       }
       for (Operation &op : body) {
         if (isa<ConstantOp, FusionOp>(op) || op.hasTrait<OpTrait::IsTerminator>() ||
-            op.hasAttr("forge.library"))
-          continue;
+            op.hasAttr("forge.library") || op.hasAttr("forge.placement"))
+          continue; // a library call, or placed already (a view: no instruction)
         auto empty = [](Type t) {
           auto tt = dyn_cast<RankedTensorType>(t);
           return tt && tt.hasStaticShape() && tt.getNumElements() == 0;

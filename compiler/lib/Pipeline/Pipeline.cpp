@@ -99,6 +99,10 @@ void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
     // CPU runs regions op by op: a launch saved is nothing there.
     pm.addNestedPass<func::FuncOp>(createMergeScalarRegions());
     pm.addNestedPass<func::FuncOp>(createSelectLibrary());
+    // After the library marks (it folds only into cuDNN attention) and before
+    // the generator, which would give a folded split a kernel.
+    if (options.foldAttentionViews)
+      pm.addNestedPass<func::FuncOp>(createFoldAttentionViews());
     GenerateKernelsOptions generate;
     generate.target = options.target;
     pm.addPass(createGenerateKernels(generate));
@@ -321,12 +325,16 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
   Opt<bool> gemmAuxEpilogues{*this, "gemm-aux-epilogues",
                              llvm::cl::desc("as forgec --gemm-aux-epilogues"),
                              llvm::cl::init(false)};
+  Opt<bool> foldAttentionViews{*this, "fold-attention-views",
+                               llvm::cl::desc("as forgec --fold-attention-views"),
+                               llvm::cl::init(true)};
   void apply(PipelineOptions &options) const {
     options.target = target;
     options.computeStreams = computeStreams;
     options.streamMemoryGrowth = streamMemoryGrowth;
     options.scheduleOrder = scheduleOrder;
     options.auxEpilogues = gemmAuxEpilogues;
+    options.foldAttentionViews = foldAttentionViews;
   }
 };
 struct InferencePipelineCLOptions : public CommonPipelineCLOptions<InferencePipelineCLOptions> {};
@@ -441,7 +449,8 @@ GraphSummary summarize(ModuleOp module) {
       if (!forgeOp || isa<ConstantOp>(op))
         return WalkResult::advance();
       ++s.ops;
-      if (isa<ReshapeOp>(op))
+      auto placement = op->getAttrOfType<StringAttr>("forge.placement");
+      if (isa<ReshapeOp>(op) || (placement && placement.getValue() == "view"))
         return WalkResult::advance(); // a view: no launch, no traffic (the memory plan aliases it)
       ++s.launches;
       if (forgeOp.getFusionClass() == FusionClass::Library)

@@ -8,6 +8,7 @@
 #include "KernelUtil.h"
 
 #include <algorithm>
+#include <cstring>
 #include <exception>
 
 namespace forge::rt {
@@ -285,6 +286,37 @@ Status runCpuKernel(const bundle::Instruction &inst, std::span<const TensorView>
   const cpu::KernelInfo *info = cpu::cpuRegistry().find(inst.op());
   if (!info)
     return Status::error("{}: no CPU kernel", context());
+  // cuDNN attention reading q, k and v as views into a fused projection
+  // (attribute row_strides, forge-fold-attention-views; a CUDA bundle run
+  // here): gathered into packed copies, then the packed kernel runs.
+  if (auto rows = inst.attrs().find("row_strides");
+      rows != inst.attrs().end() && (inst.op() == "attention" || inst.op() == "attention_grad")) {
+    auto layout = inst.attrs().find("layout");
+    if (rows->second.value_case() != bundle::Attribute::kInts ||
+        rows->second.ints().values_size() != 3 || inputs.size() < 3 ||
+        layout == inst.attrs().end() || layout->second.s() != "bshd")
+      return Status::error("{}: row_strides must be three token strides (q, k, v) of layout bshd",
+                           context());
+    std::vector<TensorView> ins(inputs.begin(), inputs.end());
+    std::vector<std::vector<uint8_t>> packed(3);
+    for (int i = 0; i < 3; ++i) {
+      const TensorView &v = inputs[i];
+      const int64_t stride = rows->second.ints().values(i);
+      if (v.rank() != 4 || stride < v.shape[2] * v.shape[3])
+        return Status::error("{}: row_strides[{}] = {} is less than a token's row of {}",
+                             context(), i, stride, v.rank() == 4 ? v.shape[2] * v.shape[3] : 0);
+      const size_t e = dtypeSize(v.dtype), row = static_cast<size_t>(v.shape[2] * v.shape[3]) * e;
+      const int64_t tokens = v.shape[0] * v.shape[1];
+      packed[i].resize(static_cast<size_t>(tokens) * row);
+      for (int64_t t = 0; t < tokens; ++t)
+        std::memcpy(packed[i].data() + t * row,
+                    static_cast<const uint8_t *>(v.data) + t * stride * static_cast<int64_t>(e), row);
+      ins[i].data = packed[i].data();
+    }
+    bundle::Instruction plain = inst;
+    plain.mutable_attrs()->erase("row_strides");
+    return runCpuKernel(plain, ins, outputs, pool);
+  }
   Status st = cpu::checkOperands(*info, inputs, outputs);
   if (st) {
     KernelContext ctx{inst, inputs, outputs, pool, AttrReader(inst)};

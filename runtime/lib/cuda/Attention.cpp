@@ -180,6 +180,23 @@ Expected<AttentionProblem> attentionProblem(const bundle::Program &p,
       (causal->second.i() != 0 && causal->second.i() != 1))
     return Status::error("{}: attribute 'causal' must be an integer, 0 or 1", op);
   pr.causal = causal->second.i() == 1;
+  if (auto rows = inst.attrs().find("row_strides"); rows != inst.attrs().end()) {
+    if (rows->second.value_case() != bundle::Attribute::kInts ||
+        rows->second.ints().values_size() != 3)
+      return Status::error("{}: attribute 'row_strides' must be three integers (q, k, v)", op);
+    if (!pr.bshd)
+      return Status::error("{}: attribute 'row_strides' needs layout bshd", op);
+    const int64_t own[3] = {pr.heads * pr.headDim, pr.kvHeads * pr.headDim,
+                            pr.kvHeads * pr.headDim};
+    for (int i = 0; i < 3; ++i) {
+      int64_t r = rows->second.ints().values(i);
+      if (r < own[i])
+        return Status::error("{}: row_strides[{}] = {} is less than the {} elements of a token's "
+                             "{} row",
+                             op, i, r, own[i], "qkv"[i]);
+      pr.rowStrides.push_back(r);
+    }
+  }
   if (pr.causal && pr.bias)
     return Status::error("{}: causal with a bias: cuDNN's causal mask hides keys with a finite "
                          "fill, so a row whose visible keys the bias all masks would not be 0; "
@@ -230,11 +247,18 @@ Expected<std::shared_ptr<fe::graph::Graph>> buildGraph(cudnnHandle_t handle,
     return std::vector<int64_t>{dims[2] * dims[1] * dims[3], dims[3], dims[1] * dims[3], 1};
   };
   auto tensor = [&](const char *name, int64_t uid, const std::vector<int64_t> &dims) {
+    std::vector<int64_t> st = strides(dims);
+    // q, k and v may be views into a fused projection: their tokens are a row apart.
+    const int which = uid == Q ? 0 : uid == K ? 1 : uid == V ? 2 : -1;
+    if (which >= 0 && !pr.rowStrides.empty()) {
+      st[2] = pr.rowStrides[which];     // T
+      st[0] = dims[2] * st[2];          // B
+    }
     return g->tensor(fe::graph::Tensor_attributes()
                          .set_name(name)
                          .set_uid(uid)
                          .set_dim(dims)
-                         .set_stride(strides(dims)));
+                         .set_stride(st));
   };
   auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes> &t, int64_t uid,
                     const std::vector<int64_t> &dims) {
@@ -316,6 +340,8 @@ Expected<std::unique_ptr<AttentionPlan>> AttentionPlan::create(const CudnnApi &a
       static_cast<float>(pr->scale));
   if (pr->bias)
     key += fmt::format(" bias strides [{}]", fmt::join(pr->biasStrides, ", "));
+  if (!pr->rowStrides.empty())
+    key += fmt::format(" row strides [{}]", fmt::join(pr->rowStrides, ", "));
   if (pr->grad && !deterministic)
     key += " fast"; // the default backward: another graph
   if (cache)

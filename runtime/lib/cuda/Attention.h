@@ -42,6 +42,9 @@ struct AttentionProblem {
   bool bshd = false; // layout "bshd": q/k/v/o (and their gradients) are [B, T, H, D]
   bool bias = false;
   std::vector<int64_t> biasStrides; // over [B, H, Tq, Tk], 0 along broadcast dims
+  // bshd only: elements between consecutive tokens of q, k and v (attribute
+  // row_strides: views into a fused qkv projection); empty: packed.
+  std::vector<int64_t> rowStrides;
 };
 
 /// Checks an attention/attention_grad instruction (op, operand counts, ranks, shapes,
