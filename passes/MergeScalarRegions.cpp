@@ -85,6 +85,13 @@ SmallVector<Member> membersOf(FusionOp unit) {
     }
     members.push_back(std::move(m));
   }
+  // Every result a member's (no argument yielded through): rebuilt from its
+  // members, the region must give back all of them.
+  size_t covered = 0;
+  for (const Member &m : members)
+    covered += m.results.size();
+  if (covered != unit->getNumResults())
+    return {};
   return members;
 }
 
@@ -161,6 +168,10 @@ struct MergeScalarRegionsPass
   }
 
   bool run(Block &block) {
+    // Values replaced so far: members are collected before the rewrites; the
+    // replaced ops are erased last (`renamed` keys on their values).
+    Renamed renamed;
+    SmallVector<Operation *> dead;
     // Units: the block's loop and horizontal regions with their members.
     SmallVector<FusionOp> units;
     DenseMap<Operation *, SmallVector<Member>> membersOfUnit;
@@ -205,8 +216,8 @@ struct MergeScalarRegionsPass
       OpBuilder inner = OpBuilder::atBlockEnd(body);
       Operation *clone = inner.clone(op, map);
       inner.create<YieldOp>(op.getLoc(), clone->getResults());
-      op.replaceAllUsesWith(region->getResults());
-      op.erase();
+      replace(renamed, op.getResult(0), region.getResult(0)); // members collected above read it
+      dead.push_back(&op); // erased last: `renamed` keys on its result
       units.push_back(region);
       membersOfUnit[region] = membersOf(region);
       wrapped = true;
@@ -243,8 +254,6 @@ struct MergeScalarRegionsPass
 
     // Hosts first (their riders are cloned out of the donors), then what
     // stays of each donor, then the old regions (by then without uses).
-    SmallVector<Operation *> dead;
-    Renamed renamed;
     for (FusionOp host : hosts) {
       auto it = riders.find(host);
       if (it == riders.end())

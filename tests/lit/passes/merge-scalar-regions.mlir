@@ -159,3 +159,34 @@ func.func @lone(%p: tensor<64xf32>, %l: tensor<8xf32>, %n: tensor<f32>) -> (tens
   }
   return %u, %mean : tensor<64xf32>, tensor<f32>
 }
+
+// -----
+
+// A lone op that rides early is read by a scalar region that rides late: the
+// late rider reads the early host's result (fp16's loss-scale update has
+// this shape).
+// CHECK-LABEL: func @chained
+// CHECK: %[[E:.*]]:2 = forge.fusion "horizontal"(%arg0, %arg1, %arg2)
+// CHECK: forge.div
+// CHECK: %[[L:.*]]:2 = forge.fusion "horizontal"(%arg0, %[[E]]#1)
+// CHECK: forge.sqrt
+// CHECK: return %[[E]]#0, %[[L]]#0, %[[L]]#1
+func.func @chained(%p: tensor<64xf32>, %a: tensor<f32>, %b: tensor<f32>) -> (tensor<64xf32>, tensor<64xf32>, tensor<f32>) {
+  %u = forge.fusion "loop"(%p) : (tensor<64xf32>) -> tensor<64xf32> {
+  ^bb0(%x: tensor<64xf32>):
+    %m = forge.neg %x : (tensor<64xf32>) -> tensor<64xf32>
+    forge.yield %m : tensor<64xf32>
+  }
+  %d = forge.div %a, %b : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %s = forge.fusion "loop"(%d) : (tensor<f32>) -> tensor<f32> {
+  ^bb0(%x: tensor<f32>):
+    %r = forge.sqrt %x : (tensor<f32>) -> tensor<f32>
+    forge.yield %r : tensor<f32>
+  }
+  %w = forge.fusion "loop"(%p) : (tensor<64xf32>) -> tensor<64xf32> {
+  ^bb0(%x: tensor<64xf32>):
+    %m = forge.exp %x : (tensor<64xf32>) -> tensor<64xf32>
+    forge.yield %m : tensor<64xf32>
+  }
+  return %u, %w, %s : tensor<64xf32>, tensor<64xf32>, tensor<f32>
+}
