@@ -321,6 +321,9 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
             ScatterElementsOp>(def))
       return false; // their kernels add (or store) into the result with f32 atomics: an
                     // embedding's gradient, a window's
+    if (isa<LayerNormGradOp>(def) && cast<OpResult>(v).getResultNumber() > 0)
+      return false; // the scale and bias gradients: column sums its kernel adds with f32
+                    // atomics (gpt_dynamo in fp16 stored them low and failed to compile)
     if (isa<ReduceSumOp, ReduceMeanOp>(def))
       return false; // sums stay f32 (and their kernels split rows over blocks that add
                     // atomically into an f32 result: a batch norm's column sums)

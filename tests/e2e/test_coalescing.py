@@ -4,7 +4,7 @@ e2e_coalescing; issue #12 item 2). No GPU needed: the check reads the kernels' i
 expressions.
 
 Each model in models/ (forge_e2e.MODEL_LOSSES) is compiled for cuda:sm_90 in fp32, TF32 with
-the NHWC layout, and bf16 (--dump-dir), and `forge-opt --forge-check-coalescing=report` runs
+the NHWC layout, bf16 and fp16 (loss scaling's regions; --dump-dir), and `forge-opt --forge-check-coalescing=report` runs
 over the stage after forge-generate-kernels. The pass evaluates every global load, store and
 atomic's index for the 32 threads of a warp and calls an access coalesced when the warp's
 indices form one contiguous range. Checked:
@@ -70,7 +70,7 @@ def main():
     rep = Report()
     seen_known = set()
     variants = [("fp32", []), ("tf32-nhwc", ["--tf32", "--layout", "nhwc"]),
-                ("bf16", ["--precision", "bf16"])]
+                ("bf16", ["--precision", "bf16"]), ("fp16", ["--precision", "fp16"])]
     with tempfile.TemporaryDirectory() as tmp:
         for name, (loss, _) in e2e.MODEL_LOSSES.items():
             onnx_path = os.path.join(a.models_dir, name + ".onnx")
