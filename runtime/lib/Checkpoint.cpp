@@ -33,6 +33,8 @@
 
 namespace forge::rt {
 
+bool isGradAccumulator(const bundle::TensorInfo &t) { return t.role() == "grad_accumulator"; }
+
 namespace {
 
 constexpr const char *kMetaMember = "forge_checkpoint";
@@ -46,21 +48,18 @@ uint32_t crc32Of(const void *data, size_t n) {
 /// What a checkpoint holds: every PARAMETER and STATE tensor but the
 /// low-precision copies, which are derived from their parameters (so fp32
 /// and bf16 bundles of one model share checkpoints).
-/// Nor the gradient accumulators of an accumulation loop (forgec --accumulate
-/// loop): each step's first micro-batch overwrites them, so such a bundle and
-/// its unrolled form (or a run without micro-batches of the same batch) share
-/// checkpoints too.
-bool isAccumulator(const bundle::TensorInfo &t) { return t.role() == "grad_accumulator"; }
-
+/// Nor the gradient accumulators of an accumulation loop (isGradAccumulator):
+/// such a bundle and its unrolled form (or a run without micro-batches of the
+/// same batch) share checkpoints too.
 bool isPersistent(const bundle::TensorInfo &t) {
   return (t.kind() == bundle::TensorInfo::PARAMETER || t.kind() == bundle::TensorInfo::STATE) &&
-         t.copy_of().empty() && !isAccumulator(t);
+         t.copy_of().empty() && !isGradAccumulator(t);
 }
 
 std::vector<int32_t> checkpointed(const Executor &ex) {
   std::vector<int32_t> out;
   for (int32_t t : ex.persistentTensors())
-    if (!ex.isDerivedCopy(t) && !isAccumulator(ex.tensorInfo(t)))
+    if (!ex.isDerivedCopy(t) && !isGradAccumulator(ex.tensorInfo(t)))
       out.push_back(t);
   return out;
 }

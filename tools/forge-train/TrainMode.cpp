@@ -273,7 +273,7 @@ Status dumpParams(const std::string &path, const Executor &ex, const WholeTensor
   std::map<std::string, TensorView> arrays;
   for (int32_t t : ex.persistentTensors())
     if ((!ex.tensorInfo(t).has_shard() || whole.count(t)) &&
-        ex.tensorInfo(t).role() != "grad_accumulator")
+        !isGradAccumulator(ex.tensorInfo(t)))
       arrays[ex.tensorInfo(t).name()] = wholeView(ex, t, &whole);
   return writeNpz(path, arrays);
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "forge/runtime/Checkpoint.h"
 #include "forge/runtime/Collectives.h"
 #include "forge/runtime/Executor.h"
 
@@ -176,8 +177,7 @@ std::vector<int32_t> checkpointPieces(const Executor &ex) {
   for (int32_t t : ex.persistentTensors()) {
     // Low-precision copies and accumulation loops' accumulators (overwritten by
     // each step's first micro-batch) are not checkpointed (Checkpoint.cpp).
-    if (ex.isDerivedCopy(t) || !ex.isPresent(t) ||
-        ex.tensorInfo(t).role() == "grad_accumulator")
+    if (ex.isDerivedCopy(t) || !ex.isPresent(t) || isGradAccumulator(ex.tensorInfo(t)))
       continue;
     const bundle::TensorInfo &info = ex.tensorInfo(t);
     const std::string split =

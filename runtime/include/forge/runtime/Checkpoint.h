@@ -68,6 +68,13 @@ enum class CheckpointError {
   Mismatch, // a valid checkpoint of another bundle (or a newer format)
 };
 
+/// Whether `t` is an accumulation loop's gradient accumulator (role
+/// "grad_accumulator", forgec --accumulate loop): scratch between steps that
+/// each step's first micro-batch overwrites, so checkpoints (every form of
+/// them) and --dump-params leave it out, as they leave out the parameters'
+/// low-precision copies (Executor::isDerivedCopy).
+bool isGradAccumulator(const bundle::TensorInfo &t);
+
 /// Hex fingerprint of the bundle's persistent tensors (name, kind, dtype,
 /// shape of every PARAMETER and STATE tensor, in table order).
 std::string persistentFingerprint(const bundle::Program &program);
