@@ -20,6 +20,8 @@
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
+#include "forge/runtime/Bundle.h"
+
 namespace mlir::forge {
 #define GEN_PASS_DEF_FOLDATTENTIONVIEWS
 #include "Passes.h.inc"
@@ -90,14 +92,18 @@ struct FoldAttentionViewsPass
       axis += in.getRank();
     if (axis != in.getRank() - 1)
       return std::nullopt;
-    // cuDNN wants 16-byte aligned pointers and strides: every piece's start.
+    // cuDNN wants 16-byte aligned strides, and a bundle's tensors start on the
+    // arena's alignment (64 bytes): every piece's start. (GPT-2's pieces are
+    // 1,536 bytes apart; a tensor-parallel rank's gpt fixture has 32.)
     const int64_t bytes = std::max<int64_t>(in.getElementTypeBitWidth() / 8, 1);
     if (in.getDimSize(2) * bytes % 16 != 0)
       return std::nullopt;
+    int64_t start = 0;
     for (Value piece : split->getResults()) {
       auto pt = cast<RankedTensorType>(piece.getType());
-      if (piece.use_empty() || pt.getDimSize(2) * bytes % 16 != 0)
+      if (piece.use_empty() || start % static_cast<int64_t>(::forge::rt::kSectionAlignment) != 0)
         return std::nullopt;
+      start += pt.getDimSize(2) * bytes;
       for (Operation *user : piece.getUsers()) {
         auto reshape = dyn_cast<ReshapeOp>(user);
         if (!reshape)

@@ -64,6 +64,24 @@ def find_tools(a, script):
     return forgec, forge_train
 
 
+def replay_tools(script):
+    """(forgec, forge_train, forge_replay) from the command line (add_tool_args and
+    --forge-replay, default next to forgec), or None after a message on stderr."""
+    import argparse
+    ap = argparse.ArgumentParser(description=script)
+    add_tool_args(ap)
+    ap.add_argument("--forge-replay", help="path of forge-replay (default: next to forgec)")
+    a = ap.parse_args()
+    tools = find_tools(a, script)
+    if not tools:
+        return None
+    replay = a.forge_replay or os.path.join(os.path.dirname(tools[0]), "forge-replay")
+    if not os.access(replay, os.X_OK):
+        print(f"{script}: need forge-replay ({replay})", file=sys.stderr)
+        return None
+    return tools[0], tools[1], replay
+
+
 def tools_for_halves(a, script):
     """(forgec, forge_train) for a test with a compile half and a run half: with --bundles and
     without --compile-only only forge-train is needed (forgec is None); None after a message."""

@@ -15,7 +15,6 @@ The mlp, cnn and gpt fixtures are compiled for cuda:sm_90 with one compute strea
 The GPU side (the same bundles against the CPU on an H200) is tests/gpu/test_gpu_models.py
 with --forgec-arg=--compute-streams=2.
 """
-import argparse
 import os
 import re
 import sys
@@ -32,18 +31,10 @@ STREAMS_RE = re.compile(r"^  (\w+): .*\n    streams (.*);", re.M)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    e2e.add_tool_args(ap)
-    ap.add_argument("--forge-replay", help="path of forge-replay (default: next to forgec)")
-    a = ap.parse_args()
-    tools = e2e.find_tools(a, "test_schedule")
+    tools = e2e.replay_tools("test_schedule")
     if not tools:
         return 2
-    forgec, forge_train = tools
-    replay = a.forge_replay or os.path.join(os.path.dirname(forgec), "forge-replay")
-    if not os.access(replay, os.X_OK):
-        print(f"test_schedule: need forge-replay ({replay})", file=sys.stderr)
-        return 2
+    forgec, forge_train, replay = tools
     rep = Report()
     with tempfile.TemporaryDirectory() as tmp:
         bundles = {}
