@@ -1908,6 +1908,21 @@ void mergeSiblings(FusionOp a, FusionOp b) {
 bool fuseSiblingLoops(func::FuncOp func, int64_t maxOperands) {
   constexpr int64_t kSmall = 1 << 16;
   bool changed = false;
+  // At most two parameters' updates (AdamW: parameter and moments, 6 state
+  // results) in one merged region: more go to the optimizer's horizontal
+  // regions (fuseOptimizerRegions), which give each its own blocks, where one
+  // merged loop region does them in turn over a small shape (GPT-2's 15 norm
+  // parameters of [768]: 6 blocks, 28 us a launch). A batch norm's scale and
+  // shift updates still join its coefficients' region (ResNet-50: 14 launches).
+  constexpr int64_t kMergedStateResults = 6;
+  auto stateResults = [&](FusionOp f) {
+    int64_t n = 0;
+    for (OpOperand &use : f->getUses())
+      if (isa<func::ReturnOp>(use.getOwner()) &&
+          func.getResultAttr(use.getOperandNumber(), "forge.updates"))
+        ++n;
+    return n;
+  };
   for (Block &block : func.getBody()) {
     std::optional<CutSides> sides;
     auto small = [&](FusionOp f) {
@@ -1929,7 +1944,8 @@ bool fuseSiblingLoops(func::FuncOp func, int64_t maxOperands) {
             continue;
           int64_t n = a->getNumOperands() + a->getNumResults() + b->getNumOperands() +
                       b->getNumResults();
-          if (n > maxOperands || readsOp({b.getOperation()}, a) || sides->apart(a, b))
+          if (n > maxOperands || readsOp({b.getOperation()}, a) || sides->apart(a, b) ||
+              stateResults(a) + stateResults(b) > kMergedStateResults)
             continue;
           mergeSiblings(a, b);
           merged = changed = true;
