@@ -733,16 +733,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
 
   /// `op` as the one op of a loop region (its operands the region's inputs).
   FusionOp wrapInLoop(Operation *op) {
-    OpBuilder b(op);
-    Location loc = op->getLoc();
-    auto region = b.create<FusionOp>(loc, op->getResultTypes(), op->getOperands(),
-                                     b.getStringAttr("loop"));
-    Block *block = b.createBlock(&region.getBody(), {}, op->getOperandTypes(),
-                                 SmallVector<Location>(op->getNumOperands(), loc));
-    IRMapping map;
-    map.map(op->getOperands(), block->getArguments());
-    Operation *inner = b.clone(*op, map);
-    b.create<YieldOp>(loc, inner->getResults());
+    FusionOp region = cloneIntoLoopRegion(op);
     op->getResult(0).replaceAllUsesWith(region.getResult(0));
     op->erase();
     return region;

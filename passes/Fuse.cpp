@@ -2025,14 +2025,7 @@ bool fuseScalarRegions(func::FuncOp func) {
       regions.push_back(f);
       continue;
     }
-    OpBuilder b(op);
-    IRMapping map;
-    llvm::SetVector<Value> inputs(op->getOperands().begin(), op->getOperands().end());
-    FusionOp region = createRegion(b, op->getLoc(), op->getResultTypes(), inputs.getArrayRef(),
-                                   "loop", map);
-    OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
-    Operation *clone = inner.clone(*op, map);
-    inner.create<YieldOp>(op->getLoc(), clone->getResults());
+    FusionOp region = cloneIntoLoopRegion(op);
     op->replaceAllUsesWith(region->getResults());
     op->erase();
     regions.push_back(region);
@@ -2350,3 +2343,15 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
 };
 
 } // namespace
+
+FusionOp mlir::forge::cloneIntoLoopRegion(Operation *op) {
+  OpBuilder b(op);
+  IRMapping map;
+  llvm::SetVector<Value> inputs(op->getOperands().begin(), op->getOperands().end());
+  FusionOp region =
+      createRegion(b, op->getLoc(), op->getResultTypes(), inputs.getArrayRef(), "loop", map);
+  OpBuilder inner = OpBuilder::atBlockEnd(&region.getBlock());
+  Operation *clone = inner.clone(*op, map);
+  inner.create<YieldOp>(op->getLoc(), clone->getResults());
+  return region;
+}

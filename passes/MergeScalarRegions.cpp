@@ -205,17 +205,7 @@ struct MergeScalarRegionsPass
                    SmallVector<Value>(op.getResults())};
       if (!hostFor(block, &op, loose, hosts))
         continue;
-      OpBuilder b(&op);
-      auto region = b.create<FusionOp>(op.getLoc(), op.getResultTypes(), op.getOperands(),
-                                       b.getStringAttr("loop"));
-      Block *body = new Block();
-      region.getBody().push_back(body);
-      IRMapping map;
-      for (Value v : op.getOperands())
-        map.map(v, body->addArgument(v.getType(), v.getLoc()));
-      OpBuilder inner = OpBuilder::atBlockEnd(body);
-      Operation *clone = inner.clone(op, map);
-      inner.create<YieldOp>(op.getLoc(), clone->getResults());
+      FusionOp region = cloneIntoLoopRegion(&op);
       replace(renamed, op.getResult(0), region.getResult(0)); // members collected above read it
       dead.push_back(&op); // erased last: `renamed` keys on its result
       units.push_back(region);

@@ -31,6 +31,12 @@ std::string formatBytes(uint64_t bytes);
 /// backward, which forge-split-accumulation cuts out and forge-fuse keeps
 /// apart from the rest. Empty without forge.accumulated.
 llvm::DenseSet<Operation *> accumulationPart(Block &body);
+/// A forge.fusion "loop" right before `op` whose body is a clone of it (one
+/// block argument per distinct operand): a lone pointwise op as a region of
+/// its own. The caller replaces op's results with the region's and erases op
+/// (forge-fuse's scalar group, forge-assign-precision's mixed-precision
+/// readers, forge-merge-scalar-regions' riders).
+FusionOp cloneIntoLoopRegion(Operation *op);
 
 } // namespace mlir::forge
 
