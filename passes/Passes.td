@@ -21,7 +21,10 @@ def BuildTrainStep : Pass<"forge-build-train-step", "::mlir::ModuleOp"> {
     become `forge.kind = "parameter"` arguments); `@eval` is the forward pass,
     the loss and, for classification losses, the number of correct
     predictions. The options are forgec's training flags, with the same
-    syntax and errors.
+    syntax and errors. Length buckets (forgec --length-buckets): each
+    further `@"main@len<T>"` (the model imported at sequence length T) gets
+    its own `@"train_step@len<T>"` and `@"eval@len<T>"`; their parameters
+    and state are the same by name.
   }];
   let options = [
     Option<"loss", "loss", "std::string", /*default=*/"",

@@ -406,6 +406,11 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                          origin);
   }
 
+  std::vector<int32_t> plainInputs;
+  for (const std::vector<int32_t> &perField : tensors)
+    plainInputs.push_back(perField[0]);
+  if (const std::string text = buildOption(p, "length_buckets"); !text.empty())
+    FORGE_RETURN_IF_ERROR(tr->bindBuckets(text, plainInputs));
   const int64_t perStep = tr->globalSamplesPerStep();
   if (train) {
     FORGE_RETURN_IF_ERROR(train->bind(tr->fields_));
@@ -416,8 +421,47 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                            dp > 1 ? fmt::format("{} ranks x ", dp) : std::string(), micro,
                            micro > 1 ? "es" : "", tr->batch_, perStep);
     tr->trainData_ = std::move(train);
-    tr->sampler_ = std::make_unique<EpochSampler>(tr->trainData_->numSamples(), perStep,
-                                                  options.seed, options.shuffle);
+    if (tr->trainData_->variableLength()) {
+      // Documents: each sample in the smallest bucket that holds it (without
+      // buckets, the one of train_step's T); a step's samples share a bucket.
+      if (loop || pp > 1 || dp > 1)
+        return Status::error("{}: variable-length data ({}) with {} is not supported yet",
+                             origin, tr->trainData_->describe(),
+                             loop ? "an accumulation loop" : pp > 1 ? "--pp" : "--dp");
+      if (tr->buckets_.empty()) {
+        Bucket plain;
+        plain.length = tr->fields_.front().sampleShape.at(0);
+        plain.flops = tr->trainFlops_;
+        plain.train = tr->train_;
+        plain.stepInput = tr->stepInput_;
+        plain.inputs = plainInputs;
+        tr->buckets_.push_back(plain);
+      }
+      const int64_t n = tr->trainData_->numSamples();
+      tr->sampleBucket_.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t len = tr->trainData_->sampleLength(i);
+        size_t b = 0;
+        while (b + 1 < tr->buckets_.size() && tr->buckets_[b].length < len)
+          ++b;
+        tr->sampleBucket_[static_cast<size_t>(i)] = static_cast<int32_t>(b);
+      }
+      tr->bucketed_ = true;
+    }
+    tr->sampler_ = tr->makeSampler(options.seed, options.shuffle);
+    if (tr->bucketed_ && tr->sampler_->epochSamples() < perStep)
+      return Status::error("{}: no length bucket holds a step's {} samples (the {} samples by "
+                           "bucket: {})",
+                           tr->trainData_->describe(), perStep, tr->trainData_->numSamples(),
+                           [&] {
+                             std::vector<std::string> parts;
+                             for (size_t b = 0; b < tr->buckets_.size(); ++b)
+                               parts.push_back(fmt::format(
+                                   "T={}: {}", tr->buckets_[b].length,
+                                   std::count(tr->sampleBucket_.begin(), tr->sampleBucket_.end(),
+                                              static_cast<int32_t>(b))));
+                             return fmt::format("{}", fmt::join(parts, ", "));
+                           }());
   }
   for (const DataField &f : tr->fields_)
     tr->sampleBytes_.push_back(static_cast<size_t>(numElements(f.sampleShape)) *
@@ -434,7 +478,9 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   for (int64_t k = 0; k < micro; ++k)
     for (size_t f = 0; f < tr->fields_.size(); ++f) {
       void *out = ex.inputBuffer(tensors[f][k]);
-      if (loop) { // one input, K batches: each its own buffer, bound for its run
+      // One input, K batches (a loop), or the inputs of the step's bucket: each
+      // its own buffer, bound for its run.
+      if (loop || tr->bucketed_) {
         auto buf = ex.allocateHostBuffer(
             static_cast<size_t>(tr->batch_) * tr->sampleBytes_[f],
             fmt::format("micro-batch {} of input '{}'", k, tr->fields_[f].name));
@@ -482,6 +528,230 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   if (eval)
     FORGE_RETURN_IF_ERROR(tr->setEvalData(std::move(eval)));
   return tr;
+}
+
+std::unique_ptr<EpochSampler> Trainer::makeSampler(uint64_t seed, bool shuffle) const {
+  auto sampler = std::make_unique<EpochSampler>(trainData_->numSamples(), globalSamplesPerStep(),
+                                                seed, shuffle);
+  if (bucketed_)
+    sampler->setGroups(sampleBucket_);
+  return sampler;
+}
+
+Status Trainer::bindBuckets(const std::string &text, const std::vector<int32_t> &plainInputs) {
+  const std::string &origin = exec_->bundle().origin();
+  std::vector<int64_t> lengths;
+  const size_t eq = text.find('=');
+  for (size_t at = eq == std::string::npos ? text.size() : eq + 1; at < text.size();) {
+    size_t comma = std::min(text.find(',', at), text.size());
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(text.data() + at, text.data() + comma, v);
+    if (ec != std::errc() || end != text.data() + comma || v < 1 ||
+        (!lengths.empty() && v <= lengths.back()))
+      return Status::error("{}: build option length_buckets '{}' is not NAME=T1,T2,... with "
+                           "increasing lengths",
+                           origin, text);
+    lengths.push_back(v);
+    at = comma + 1;
+  }
+  if (lengths.size() < 2)
+    return Status::error("{}: build option length_buckets '{}' names fewer than two lengths",
+                         origin, text);
+  if (accum_.index >= 0 || micro_ > 1 || ppSize_ > 1)
+    return Status::error("{}: length buckets with micro-batches or --pp are not supported",
+                         origin);
+  const int64_t top = lengths.back();
+  // A field's shape at length T: train_step's with each dim of `top` replaced by T.
+  auto shapeAt = [&](const DataField &f, int64_t t) {
+    std::vector<int64_t> shape{batch_};
+    for (int64_t d : f.sampleShape)
+      shape.push_back(d == top ? t : d);
+    return shape;
+  };
+  buckets_.clear();
+  for (int64_t length : lengths) {
+    Bucket b;
+    b.length = length;
+    if (length == top) { // the plain routines
+      b.train = train_;
+      b.stepInput = stepInput_;
+      b.inputs = plainInputs;
+      b.flops = trainFlops_;
+      buckets_.push_back(b);
+      continue;
+    }
+    const std::string name = fmt::format("train_step@len{}", length);
+    auto index = exec_->findRoutine(name);
+    if (!index)
+      return Status::error("{}: build option length_buckets '{}' but no routine '{}'", origin,
+                           text, name);
+    b.train.index = *index;
+    b.inputs.assign(fields_.size(), -1);
+    for (int32_t t : exec_->inputs(*index)) {
+      const bundle::TensorInfo &info = exec_->tensorInfo(t);
+      if (info.name() == "forge.step") {
+        if (info.dtype() != bundle::F32 || numElements(shapeOf(info)) != 1)
+          return Status::error("{}: {} input 'forge.step' is not an f32 scalar", origin, name);
+        b.stepInput = t;
+        continue;
+      }
+      auto f = std::find_if(fields_.begin(), fields_.end(),
+                            [&](const DataField &d) { return d.name == info.name(); });
+      if (f == fields_.end())
+        return Status::error("{}: {} reads input '{}', which train_step does not", origin, name,
+                             info.name());
+      if (info.dtype() != f->dtype || shapeOf(info) != shapeAt(*f, length))
+        return Status::error("{}: {} input '{}' is {}{}, expected {}{} (train_step's at T = {})",
+                             origin, name, info.name(), dtypeName(info.dtype()),
+                             shapeString(shapeOf(info)), dtypeName(f->dtype),
+                             shapeString(shapeAt(*f, length)), length);
+      b.inputs[static_cast<size_t>(f - fields_.begin())] = t;
+    }
+    for (size_t f = 0; f < fields_.size(); ++f)
+      if (b.inputs[f] < 0)
+        return Status::error("{}: {} has no input '{}'", origin, name, fields_[f].name);
+    auto loss = scalarOutput(*exec_, *index, "loss", true);
+    if (!loss)
+      return loss.status();
+    b.train.loss = *loss;
+    for (auto [out, into] : {std::pair{"forge.lr", &b.train.extra1},
+                             std::pair{"forge.grad_norm", &b.train.extra2},
+                             std::pair{"forge.loss_scale_used", &b.train.scale},
+                             std::pair{"forge.skipped", &b.train.skipped}}) {
+      auto t = scalarOutput(*exec_, *index, out, false);
+      if (!t)
+        return t.status();
+      *into = *t;
+    }
+    for (const bundle::Instruction &inst : exec_->bundle().program().routines(*index).instructions())
+      b.flops += static_cast<double>(inst.flops());
+    buckets_.push_back(b);
+  }
+  return Status::ok();
+}
+
+Status Trainer::bindBucketEvals(const std::vector<int32_t> &plainEvalInputs) {
+  const std::string &origin = exec_->bundle().origin();
+  if (buckets_.empty()) { // no length_buckets: the eval routine's T alone
+    Bucket plain;
+    plain.length = evalFields_.front().sampleShape.at(0);
+    plain.train = train_;
+    plain.stepInput = stepInput_;
+    buckets_.push_back(plain);
+  }
+  for (Bucket &b : buckets_) {
+    if (&b == &buckets_.back()) {
+      b.eval = eval_;
+      b.evalInputs = plainEvalInputs;
+      b.evalWeight = evalWeight_;
+      continue;
+    }
+    const std::string name = fmt::format("eval@len{}", b.length);
+    auto index = exec_->findRoutine(name);
+    if (!index)
+      return Status::error("{}: variable-length eval data needs routine '{}'", origin, name);
+    b.eval.index = *index;
+    b.evalInputs.assign(evalFields_.size(), -1);
+    b.evalWeight = -1;
+    for (int32_t t : exec_->inputs(*index)) {
+      const bundle::TensorInfo &info = exec_->tensorInfo(t);
+      if (info.name() == kSampleWeight) {
+        b.evalWeight = t;
+        continue;
+      }
+      auto f = std::find_if(evalFields_.begin(), evalFields_.end(),
+                            [&](const DataField &d) { return d.name == info.name(); });
+      if (f == evalFields_.end() || info.dtype() != f->dtype || info.shape_size() != 2 ||
+          info.shape(0) != evalBatch_ || info.shape(1) != b.length)
+        return Status::error("{}: {} input '{}' ({}{}) is not an eval input at T = {}", origin,
+                             name, info.name(), dtypeName(info.dtype()),
+                             shapeString(shapeOf(info)), b.length);
+      b.evalInputs[static_cast<size_t>(f - evalFields_.begin())] = t;
+    }
+    for (size_t f = 0; f < evalFields_.size(); ++f)
+      if (b.evalInputs[f] < 0)
+        return Status::error("{}: {} has no input '{}'", origin, name, evalFields_[f].name);
+    if ((b.evalWeight < 0) != (evalWeight_ < 0))
+      return Status::error("{}: {} and eval disagree on input '{}'", origin, name, kSampleWeight);
+    auto loss = scalarOutput(*exec_, *index, "loss", true);
+    if (!loss)
+      return loss.status();
+    b.eval.loss = *loss;
+    for (auto [out, into] : {std::pair{"forge.correct", &b.eval.extra1},
+                             std::pair{"forge.label_count", &b.eval.extra2}}) {
+      auto t = scalarOutput(*exec_, *index, out, false);
+      if (!t)
+        return t.status();
+      *into = *t;
+    }
+  }
+  // The batches' buffers, at the largest length (fillAt writes shorter rows packed).
+  evalBuffers_.clear();
+  for (const DataField &f : evalFields_) {
+    auto buf = exec_->allocateHostBuffer(
+        static_cast<size_t>(evalBatch_ * numElements(f.sampleShape)) * dtypeSize(f.dtype),
+        fmt::format("eval batch of input '{}'", f.name));
+    if (!buf)
+      return buf.status();
+    evalBuffers_.push_back(buf.take());
+  }
+  return Status::ok();
+}
+
+Expected<EvalResult> Trainer::evaluateBuckets() {
+  // Each bucket's samples in order, in batches of evalBatch_ (a last partial
+  // one padded with weight-0 repeats), weighted by their labels' count.
+  EvalResult r;
+  const int64_t n = evalData_->numSamples();
+  std::vector<std::vector<int64_t>> members(buckets_.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = evalData_->sampleLength(i);
+    size_t b = 0;
+    while (b + 1 < buckets_.size() && buckets_[b].length < len)
+      ++b;
+    members[b].push_back(i);
+  }
+  std::vector<void *> outs;
+  for (const Executor::HostBuffer &buf : evalBuffers_)
+    outs.push_back(buf.get());
+  double lossSum = 0, correctSum = 0, labelSum = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket &bucket = buckets_[b];
+    const std::vector<int64_t> &list = members[b];
+    if (!list.empty() && bucket.evalWeight < 0 && list.size() % static_cast<size_t>(evalBatch_) != 0)
+      return Status::error("the eval routine has no {} input: {} eval samples of length bucket "
+                           "{} are not whole batches of {}",
+                           kSampleWeight, list.size(), bucket.length, evalBatch_);
+    for (size_t start = 0; start < list.size(); start += static_cast<size_t>(evalBatch_)) {
+      const int64_t real = std::min<int64_t>(evalBatch_, static_cast<int64_t>(list.size() - start));
+      for (int64_t i = 0; i < evalBatch_; ++i)
+        evalIndices_[static_cast<size_t>(i)] = list[start + static_cast<size_t>(i % real)];
+      FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
+      FORGE_RETURN_IF_ERROR(evalData_->fillAt(evalIndices_, outs, bucket.length));
+      for (size_t f = 0; f < bucket.evalInputs.size(); ++f)
+        FORGE_RETURN_IF_ERROR(exec_->bindInput(bucket.evalInputs[f], outs[f]));
+      if (bucket.evalWeight >= 0) {
+        auto *w = static_cast<float *>(exec_->inputBuffer(bucket.evalWeight));
+        for (int64_t i = 0; i < evalBatch_; ++i)
+          w[i] = i < real ? 1.0f : 0.0f;
+      }
+      FORGE_RETURN_IF_ERROR(exec_->run(bucket.eval.index));
+      FORGE_RETURN_IF_ERROR(exec_->wait());
+      const double count = bucket.eval.extra2 >= 0 ? readScalar(*exec_, bucket.eval.extra2)
+                                                   : static_cast<double>(real);
+      if (count > 0)
+        lossSum += static_cast<double>(readScalar(*exec_, bucket.eval.loss)) * count;
+      labelSum += count;
+      if (bucket.eval.extra1 >= 0)
+        correctSum += readScalar(*exec_, bucket.eval.extra1);
+      r.samples += real;
+      ++r.batches;
+    }
+  }
+  r.loss = labelSum > 0 ? lossSum / labelSum : std::nan("");
+  if (buckets_.back().eval.extra1 >= 0)
+    r.accuracy = labelSum > 0 ? correctSum / labelSum : std::nan("");
+  return r;
 }
 
 Status Trainer::setEvalData(std::unique_ptr<DataSource> eval) {
@@ -552,8 +822,12 @@ Status Trainer::setEvalData(std::unique_ptr<DataSource> eval) {
   auto correct = scalarOutput(*exec_, eval_.index, "forge.correct", false);
   if (!correct)
     return correct.status();
+  auto labelCount = scalarOutput(*exec_, eval_.index, "forge.label_count", false);
+  if (!labelCount)
+    return labelCount.status();
   eval_.loss = *evalLoss;
   eval_.extra1 = *correct;
+  eval_.extra2 = *labelCount;
   FORGE_RETURN_IF_ERROR(eval->bind(evalFields_));
   if (eval->numSamples() < evalBatch_)
     return Status::error("{}: {} eval samples, fewer than one batch ({})", eval->describe(),
@@ -561,6 +835,8 @@ Status Trainer::setEvalData(std::unique_ptr<DataSource> eval) {
   evalData_ = std::move(eval);
   for (int32_t t : evalTensors)
     evalOuts_.push_back(exec_->inputBuffer(t));
+  if (evalData_->variableLength())
+    FORGE_RETURN_IF_ERROR(bindBucketEvals(evalTensors));
   evalIndices_.resize(static_cast<size_t>(evalBatch_));
   if (evalWeight_ >= 0 && exec_->tensorInfo(evalWeight_).shape(0) != evalBatch_)
     return Status::error("{}: eval input '{}' has {} weights for batches of {}", origin,
@@ -586,13 +862,20 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
     return Status::error("internal: the sampler returned {} indices, expected {}",
                          global.size(), globalSamplesAt(s));
   std::span<const int64_t> indices = rankShare(global, samplesAt(s));
+  if (bucketed_) { // every sample of a step is of one bucket (the sampler's groups)
+    curBucket_ = static_cast<size_t>(sampleBucket_[static_cast<size_t>(global.front())]);
+    stepRealTokens_ = 0;
+    for (int64_t i : global)
+      stepRealTokens_ += trainData_->sampleLength(i);
+  }
+  const int64_t length = bucketed_ ? buckets_[curBucket_].length : 0;
   const auto t0 = std::chrono::steady_clock::now();
   FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
   const std::vector<std::vector<void *>> *outs = &microOuts_; // the step's batch, per k
   if (ring_.empty()) {
     std::lock_guard<std::mutex> fill(fillMutex_);
     trainData_->setEpoch(sampler_->position().epoch); // the epoch of `indices`
-    FORGE_RETURN_IF_ERROR(fillStep(*trainData_, indices, microOuts_));
+    FORGE_RETURN_IF_ERROR(fillStep(*trainData_, indices, microOuts_, length));
   } else {
     // The device has taken the last run's inputs: its slot is free. Then wait
     // for this step's batch (the stall) and point the inputs at it.
@@ -616,7 +899,7 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
       return Status::error("internal: the prefetched batch holds other samples than step {}'s",
                            step_ + inFlight_ + 1);
     outs = &slot->outs;
-    if (accum_.index < 0) // an accumulation loop binds each micro-batch for its run
+    if (accum_.index < 0 && !bucketed_) // a loop or a bucket binds its inputs for its run
       for (size_t k = 0; k < microInputs_.size(); ++k)
         for (size_t f = 0; f < microInputs_[k].size(); ++f)
           FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], slot->outs[k][f]));
@@ -634,8 +917,7 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
 
 Status Trainer::startProducer() {
   stopProducer();
-  lookahead_ = std::make_unique<EpochSampler>(trainData_->numSamples(), globalSamplesPerStep(),
-                                              options_.seed, options_.shuffle);
+  lookahead_ = makeSampler(options_.seed, options_.shuffle);
   lookahead_->seek(sampler_->position());
   for (Slot &slot : ring_)
     slot.ready = false;
@@ -692,10 +974,15 @@ void Trainer::produce() {
     std::span<const int64_t> indices =
         rankShare(lookahead_->next(globalSamplesAt(step)), samplesAt(step));
     slot->indices.assign(indices.begin(), indices.end());
+    const int64_t length =
+        bucketed_ && !indices.empty()
+            ? buckets_[static_cast<size_t>(sampleBucket_[static_cast<size_t>(indices.front())])]
+                  .length
+            : 0;
     {
       std::lock_guard<std::mutex> fill(fillMutex_);
       trainData_->setEpoch(lookahead_->position().epoch); // the epoch of `indices`
-      slot->status = fillStep(*trainData_, indices, slot->outs);
+      slot->status = fillStep(*trainData_, indices, slot->outs, length);
     }
     const bool failed = !slot->status.isOk();
     {
@@ -717,7 +1004,15 @@ Trainer::~Trainer() {
 }
 
 Status Trainer::fillStep(DataSource &source, std::span<const int64_t> indices,
-                         const std::vector<std::vector<void *>> &outsPerMicro) {
+                         const std::vector<std::vector<void *>> &outsPerMicro, int64_t length) {
+  // At a bucket's length every field is a sequence [length] (DataSource::fillAt).
+  auto bytesOf = [&](size_t f) {
+    return length > 0 ? static_cast<size_t>(length) * dtypeSize(fields_[f].dtype)
+                       : sampleBytes_[f];
+  };
+  auto fillPart = [&](std::span<const int64_t> part, std::span<void *const> outs) {
+    return length > 0 ? source.fillAt(part, outs, length) : source.fill(part, outs);
+  };
   // Each micro-batch's samples, split over the data workers: sample i of
   // micro-batch k lands at i * sampleBytes_[f] of field f's buffer, so the
   // bytes do not depend on how many workers there are.
@@ -727,7 +1022,7 @@ Status Trainer::fillStep(DataSource &source, std::span<const int64_t> indices,
         indices.subspan(static_cast<size_t>(k * batch_), static_cast<size_t>(batch_));
     const std::vector<void *> &micro = outsPerMicro[static_cast<size_t>(k)];
     if (!dataPool_) {
-      FORGE_RETURN_IF_ERROR(source.fill(part, micro));
+      FORGE_RETURN_IF_ERROR(fillPart(part, micro));
       continue;
     }
     // A bad sample's error is the first sample's of the batch, however the work was split.
@@ -737,9 +1032,8 @@ Status Trainer::fillStep(DataSource &source, std::span<const int64_t> indices,
     dataPool_->parallelFor(batch_, 1, [&](int64_t begin, int64_t end) {
       std::vector<void *> outs;
       for (size_t f = 0; f < micro.size(); ++f)
-        outs.push_back(static_cast<uint8_t *>(micro[f]) +
-                       static_cast<size_t>(begin) * sampleBytes_[f]);
-      Status st = source.fill(
+        outs.push_back(static_cast<uint8_t *>(micro[f]) + static_cast<size_t>(begin) * bytesOf(f));
+      Status st = fillPart(
           part.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin)), outs);
       if (!st.isOk()) {
         std::lock_guard<std::mutex> lock(mutex);
@@ -780,13 +1074,14 @@ Expected<StepResult> Trainer::collect() {
   if (inFlight_ == 1)
     if (Status st = exec_->wait(); !st.isOk())
       return abandon(st);
-  auto loss = read(train_.loss);
+  const Routine &routine = stepRoutine();
+  auto loss = read(routine.loss);
   if (!loss)
     return abandon(loss.status());
   r.loss = *loss;
   // The optional scalar outputs (-1: the bundle has none).
-  for (auto [t, into] : {std::pair{train_.extra1, &r.lr}, std::pair{train_.extra2, &r.gradNorm},
-                         std::pair{train_.scale, &r.lossScale}}) {
+  for (auto [t, into] : {std::pair{routine.extra1, &r.lr}, std::pair{routine.extra2, &r.gradNorm},
+                         std::pair{routine.scale, &r.lossScale}}) {
     if (t < 0)
       continue;
     auto v = read(t);
@@ -794,8 +1089,8 @@ Expected<StepResult> Trainer::collect() {
       return v.status();
     *into = *v;
   }
-  if (train_.skipped >= 0) {
-    auto skipped = read(train_.skipped);
+  if (routine.skipped >= 0) {
+    auto skipped = read(routine.skipped);
     if (!skipped)
       return skipped.status();
     r.skipped = *skipped != 0.0f;
@@ -804,6 +1099,11 @@ Expected<StepResult> Trainer::collect() {
   r.step = ++step_;
   r.samples = samplesAt(r.step);
   r.flops = flopsAt(r.step);
+  if (bucketed_) {
+    r.length = buckets_[curBucket_].length;
+    r.realTokens = stepRealTokens_;
+    r.flops = buckets_[curBucket_].flops;
+  }
   if (!launched_.empty()) {
     r.inputSeconds = launched_.front().second;
     if (launched_.front().first)
@@ -829,8 +1129,9 @@ Status Trainer::failedError() const {
 }
 
 Status Trainer::bindMicroBatch(const std::vector<std::vector<void *>> &outs, int64_t k) {
-  for (size_t f = 0; f < microInputs_[k].size(); ++f)
-    FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], outs[k][f]));
+  const std::vector<int32_t> &inputs = bucketed_ ? buckets_[curBucket_].inputs : microInputs_[k];
+  for (size_t f = 0; f < inputs.size(); ++f)
+    FORGE_RETURN_IF_ERROR(exec_->bindInput(inputs[f], outs[k][f]));
   if (int32_t t = microIndexInputOf(k); t >= 0)
     FORGE_RETURN_IF_ERROR(exec_->bindInput(t, &microIndex_[k]));
   return Status::ok();
@@ -878,6 +1179,11 @@ Status Trainer::runStep(const std::function<Status(int64_t)> &bind,
     scalars(first ? firstStepInput_ : accumStepInput_, first ? firstCountInput_ : accumCountInput_);
     FORGE_RETURN_IF_ERROR(runOne(first ? firstAccum_.index : accum_.index));
   }
+  if (bucketed_) { // one run, no accumulation loop (create() refuses one)
+    FORGE_RETURN_IF_ERROR(bind(0));
+    scalars(buckets_[curBucket_].stepInput, -1);
+    return runOne(buckets_[curBucket_].train.index);
+  }
   scalars(stepInput_, trainCountInput_);
   return runOne(train_.index);
 }
@@ -895,6 +1201,9 @@ Expected<StepResult> Trainer::stepOn(DataSource &batch) {
   if (inFlight_ != 0)
     return Status::error("internal: stepOn() with {} step(s) in flight", inFlight_);
   FORGE_RETURN_IF_ERROR(failedError());
+  if (bucketed_)
+    return Status::error("this trainer batches its variable-length data by length; it takes "
+                         "no batches from the caller");
   FORGE_RETURN_IF_ERROR(batch.bind(fields_));
   const int64_t next = step_ + 1, micro = microAt(next);
   if (batch.numSamples() != samplesAt(next))
@@ -925,6 +1234,9 @@ Expected<StepResult> Trainer::stepOnDevice(std::span<const void *const> fields) 
   if (inFlight_ != 0)
     return Status::error("internal: stepOnDevice() with {} step(s) in flight", inFlight_);
   FORGE_RETURN_IF_ERROR(failedError());
+  if (bucketed_)
+    return Status::error("this trainer batches its variable-length data by length; it takes "
+                         "no batches from the caller");
   if (fields.size() != fields_.size())
     return Status::error("internal: {} device arrays for {} data fields", fields.size(),
                          fields_.size());
@@ -961,6 +1273,8 @@ Expected<StepResult> Trainer::stepOnDevice(std::span<const void *const> fields) 
 Expected<EvalResult> Trainer::evaluate() {
   if (!evalData_)
     return Status::error("no eval data");
+  if (evalData_->variableLength())
+    return evaluateBuckets();
   // Every sample counts. A last partial batch is padded by repeating its own
   // samples with weight 0 (forge.sample_weight), so the bundle's loss and
   // correct count cover the real samples only; each batch's mean loss is then
@@ -970,7 +1284,9 @@ Expected<EvalResult> Trainer::evaluate() {
   const int64_t total = evalData_->numSamples();
   const bool weighted = evalWeight_ >= 0;
   r.batches = weighted ? (total + evalBatch_ - 1) / evalBatch_ : total / evalBatch_;
-  double lossSum = 0, correctSum = 0;
+  // With forge.label_count (cross_entropy's ignore=N) a batch's loss is the mean over
+  // its counted labels: batches are weighted by that count, and so is the accuracy.
+  double lossSum = 0, correctSum = 0, labelSum = 0;
   for (int64_t b = 0; b < r.batches; ++b) {
     const int64_t real = std::min(evalBatch_, total - b * evalBatch_);
     for (int64_t i = 0; i < evalBatch_; ++i)
@@ -984,13 +1300,19 @@ Expected<EvalResult> Trainer::evaluate() {
     }
     FORGE_RETURN_IF_ERROR(exec_->run(eval_.index));
     FORGE_RETURN_IF_ERROR(exec_->wait());
-    lossSum += static_cast<double>(readScalar(*exec_, eval_.loss)) * static_cast<double>(real);
+    const double count = eval_.extra2 >= 0 ? readScalar(*exec_, eval_.extra2)
+                                            : static_cast<double>(real);
+    if (count > 0) // a batch of ignored labels only has a NaN mean and no weight
+      lossSum += static_cast<double>(readScalar(*exec_, eval_.loss)) * count;
+    labelSum += count;
     if (eval_.extra1 >= 0)
       correctSum += readScalar(*exec_, eval_.extra1);
     r.samples += real;
   }
-  r.loss = r.samples ? lossSum / static_cast<double>(r.samples) : std::nan("");
-  if (eval_.extra1 >= 0 && r.samples)
+  r.loss = labelSum > 0 ? lossSum / labelSum : std::nan("");
+  if (eval_.extra1 >= 0 && eval_.extra2 >= 0)
+    r.accuracy = labelSum > 0 ? correctSum / labelSum : std::nan("");
+  else if (eval_.extra1 >= 0 && r.samples)
     r.accuracy = correctSum / (static_cast<double>(r.samples) *
                                static_cast<double>(evalLabelElements_) /
                                static_cast<double>(evalBatch_));
@@ -1071,8 +1393,7 @@ Status Trainer::restore(const CheckpointState &state) {
   FORGE_RETURN_IF_ERROR(exec_->waitInputsConsumed());
   options_.seed = state.seed;
   options_.shuffle = state.shuffle;
-  sampler_ = std::make_unique<EpochSampler>(trainData_->numSamples(), globalSamplesPerStep(),
-                                            state.seed, state.shuffle);
+  sampler_ = makeSampler(state.seed, state.shuffle);
   sampler_->seek({state.epoch, state.index});
   step_ = state.step;
   return Status::ok();

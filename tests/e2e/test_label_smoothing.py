@@ -35,14 +35,18 @@ STEPS, BATCH, LR, MOMENTUM = 6, 8, 0.05, 0.9
 TOL = 1e-5
 
 
-def reference(smoothing, probs=None):
-    """Per-step losses in float64; `probs`: [samples, C] target rows instead of the labels."""
+def reference(smoothing, probs=None, labels=None, ignore=None):
+    """Per-step losses in float64; `probs`: [samples, C] target rows instead of the labels;
+    `labels` replaces the fixture's, and rows whose label is `ignore` have no term (the mean
+    and its gradient are over the other rows)."""
     p = {k: v.astype(np.float64) for k, v in np.load(os.path.join(FIXTURE, "init_params.npz")).items()}
     data = np.load(os.path.join(FIXTURE, "batches.npz"))
     bufs, losses = {}, []
     for step in range(STEPS):
         x = data["x"][step * BATCH:(step + 1) * BATCH].astype(np.float64)
-        y = data["labels"][step * BATCH:(step + 1) * BATCH]
+        y = (data["labels"] if labels is None else labels)[step * BATCH:(step + 1) * BATCH]
+        keep = np.ones(len(y), dtype=bool) if ignore is None else y != ignore
+        y = np.where(keep, y, 0)
         h = x @ p["fc1.weight"].T + p["fc1.bias"]
         a = np.maximum(h, 0)
         z = a @ p["fc2.weight"].T + p["fc2.bias"]
@@ -55,15 +59,27 @@ def reference(smoothing, probs=None):
         else:
             q = probs[step * BATCH:(step + 1) * BATCH].astype(np.float64)
         target = (1 - smoothing) * q + smoothing / c
-        losses.append(-(target * lp).sum(1).mean())
-        dz = (np.exp(lp) - target) / n
+        terms = -(target * lp).sum(1)
+        losses.append(terms[keep].mean())
+        dz = (np.exp(lp) - target) * keep[:, None] / keep.sum()
         g = {"fc2.weight": dz.T @ a, "fc2.bias": dz.sum(0)}
         da = dz @ p["fc2.weight"] * (h > 0)
         g["fc1.weight"], g["fc1.bias"] = da.T @ x, da.sum(0)
         for k in p:
             bufs[k] = g[k] if k not in bufs else MOMENTUM * bufs[k] + g[k]
             p[k] = p[k] - LR * bufs[k]
-    return losses
+    if ignore is None:
+        return losses
+    # The eval after the last step: every sample, kept rows only.
+    y = labels
+    z = np.maximum(data["x"] @ p["fc1.weight"].T + p["fc1.bias"], 0) @ p["fc2.weight"].T + p["fc2.bias"]
+    zs = z - z.max(1, keepdims=True)
+    lp = zs - np.log(np.exp(zs).sum(1, keepdims=True))
+    keep = y != ignore
+    yk = np.where(keep, y, 0)
+    eval_loss = -lp[np.arange(len(y)), yk][keep].mean()
+    eval_acc = (z.argmax(1) == yk)[keep].mean()
+    return losses, eval_loss, eval_acc
 
 
 def main():
@@ -112,6 +128,33 @@ def main():
                 if got and len(got) == STEPS else float("inf")
             rep.check(f"soft targets, smoothing {s}", err <= TOL,
                       f"{STEPS} steps, max rel {err:.1e} (<= {TOL})" if got else why)
+        # ignore=-100 (padding of length buckets, PyTorch's ignore_index): every third label
+        # ignored, and one batch with a single kept row; the eval loss is the kept rows' mean.
+        ignored = arrays["labels"].astype(np.int64).copy()
+        ignored[::3] = -100
+        ignored[2 * BATCH:3 * BATCH] = -100
+        ignored[2 * BATCH + 5] = arrays["labels"][2 * BATCH + 5]
+        ignore_npz = os.path.join(tmp, "ignore.npz")
+        np.savez(ignore_npz, x=arrays["x"], labels=ignored)
+        got, metrics = train("cross_entropy:logits,labels,ignore=-100", "ignore", ignore_npz,
+                             ["--eval-data", ignore_npz, "--eval-every", str(STEPS)])
+        want, want_eval, want_acc = reference(0.0, labels=ignored, ignore=-100)
+        err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf")) \
+            if got and len(got) == STEPS else float("inf")
+        rep.check("ignore=-100", err <= TOL,
+                  f"{STEPS} steps, max rel {err:.1e} (<= {TOL})" if got else metrics)
+        if got:
+            ev = [json.loads(line) for line in open(metrics) if "eval_loss" in line]
+            rep.check("... eval: loss and accuracy over the kept labels (forge.label_count)",
+                      len(ev) == 1 and abs(ev[0]["eval_loss"] - want_eval) <= TOL * want_eval
+                      and abs(ev[0]["eval_accuracy"] - want_acc) <= 1e-9,
+                      f"{ev} vs loss {want_eval:.6g}, accuracy {want_acc:.6g}")
+        rc, _, log = e2e.run([forgec, os.path.join(FIXTURE, "model.onnx"), "--target", "cpu",
+                              "--batch", "8", "--loss",
+                              "cross_entropy:logits,labels,ignore=-100,smoothing=0.1",
+                              "--optimizer", "sgd", "-o", os.path.join(tmp, "bad.forge")])
+        rep.check("ignore with smoothing refused", rc not in (0, None) and "ignore=N" in log,
+                  e2e.tail(log, 1))
         evals = ["--eval-data", None, "--eval-every", str(STEPS)]
         runs = []
         for loss, data in (("cross_entropy:logits,labels,probs", onehot_npz),

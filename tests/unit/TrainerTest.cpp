@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <thread>
@@ -180,6 +181,107 @@ TEST(EpochSamplerTest, StepsDropThePartialBatchAndSeekResumes) {
 }
 
 // --- data sources --------------------------------------------------------------------------
+
+// Length buckets: each step's samples come from one group; an epoch visits each full run
+// of a group once; the order is a pure function of (seed, epoch).
+TEST(EpochSamplerTest, GroupsKeepEachStepInOneGroup) {
+  const int64_t n = 103, perStep = 4;
+  std::vector<int32_t> group(n);
+  for (int64_t i = 0; i < n; ++i)
+    group[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % 3);
+  std::map<int32_t, int64_t> counts;
+  for (int32_t g : group)
+    ++counts[g];
+  int64_t full = 0;
+  for (auto [g, c] : counts)
+    full += c / perStep * perStep;
+  EpochSampler s(n, perStep, 11);
+  s.setGroups(group);
+  EXPECT_EQ(s.epochSamples(), full);
+  EXPECT_EQ(s.stepsPerEpoch(), full / perStep);
+  std::set<int64_t> seen;
+  std::set<int32_t> groupsSeen;
+  std::vector<int64_t> firstEpoch;
+  for (int64_t k = 0; k < s.stepsPerEpoch(); ++k) {
+    std::span<const int64_t> step = s.next();
+    ASSERT_EQ(step.size(), static_cast<size_t>(perStep));
+    for (int64_t i : step) {
+      EXPECT_EQ(s.groupOf(i), s.groupOf(step.front())) << "step " << k << " mixes groups";
+      EXPECT_TRUE(seen.insert(i).second) << "sample " << i << " twice in one epoch";
+      firstEpoch.push_back(i);
+    }
+    groupsSeen.insert(s.groupOf(step.front()));
+  }
+  EXPECT_EQ(groupsSeen.size(), 3u);
+  EXPECT_EQ(s.position().epoch, 0u);
+  s.next(); // the next epoch
+  EXPECT_EQ(s.position().epoch, 1u);
+  // Groups interleave (runs are shuffled), and the same seed repeats the order.
+  std::vector<int32_t> runGroups;
+  for (size_t k = 0; k < firstEpoch.size(); k += perStep)
+    runGroups.push_back(group[static_cast<size_t>(firstEpoch[k])]);
+  EXPECT_FALSE(std::is_sorted(runGroups.begin(), runGroups.end()));
+  EpochSampler again(n, perStep, 11);
+  again.setGroups(group);
+  EXPECT_EQ(again.orderOf(0), firstEpoch);
+  EXPECT_NE(again.orderOf(1), firstEpoch);
+  // Resuming at a position continues the same order.
+  EpochSampler resumed(n, perStep, 11);
+  resumed.setGroups(group);
+  resumed.seek({0, 8});
+  std::span<const int64_t> third = resumed.next();
+  EXPECT_EQ(std::vector<int64_t>(third.begin(), third.end()),
+            std::vector<int64_t>(firstEpoch.begin() + 8, firstEpoch.begin() + 12));
+}
+
+// Documents end after the separator; a document of n tokens has n - 1 labelled positions,
+// cut into samples of at most T; fillAt pads tokens with the separator, labels with the
+// ignored label and a mask with 0.
+TEST(DataSourceTest, DocumentsSplitAtTheSeparatorAndPadToTheirBucket) {
+  // Separator 0: documents [5 6 7 0] [8 0] [1 2 3 4 5 6 7 8 9 0] [0] [4 4].
+  std::vector<uint32_t> tokens = {5, 6, 7, 0, 8, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 0, 4, 4};
+  auto src = makeDocumentSource(tokens, 0, "docs.bin");
+  EXPECT_TRUE(src->concurrentFill());
+  DataField in{"input_ids", fb::I64, {4}}, lab{"labels", fb::I64, {4}},
+      mask{"attention_mask", fb::I32, {4}};
+  lab.isLabel = true;
+  lab.numClasses = 10;
+  EXPECT_HAS(src->bind({in, lab}), "compile with forgec --loss cross_entropy:...,labels,ignore=-100");
+  lab.ignoreValue = -100;
+  ASSERT_TRUE(src->bind({in, lab, mask}).isOk());
+  EXPECT_TRUE(src->variableLength());
+  // [5 6 7 0]: 3; [8 0]: 1; the 10-token document: 9 = 4 + 4 + 1; [0]: none; [4 4]: 1.
+  ASSERT_EQ(src->numSamples(), 6);
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < src->numSamples(); ++i)
+    lengths.push_back(src->sampleLength(i));
+  EXPECT_EQ(lengths, (std::vector<int64_t>{3, 1, 4, 4, 1, 1}));
+  std::vector<int64_t> a(6), l(6);
+  std::vector<int32_t> m(6);
+  void *outs[] = {a.data(), l.data(), m.data()};
+  std::vector<int64_t> idx = {0, 4};
+  ASSERT_TRUE(src->fillAt(idx, outs, 3).isOk());
+  EXPECT_EQ(a, (std::vector<int64_t>{5, 6, 7, 9, 0, 0}));
+  EXPECT_EQ(l, (std::vector<int64_t>{6, 7, 0, 0, -100, -100}));
+  EXPECT_EQ(m, (std::vector<int32_t>{1, 1, 1, 1, 0, 0}));
+  std::vector<int64_t> window = {3};
+  ASSERT_TRUE(src->fillAt(window, outs, 2).isOk() == false); // 4 positions do not fit in 2
+  std::vector<int64_t> full(4), fullLabels(4);
+  std::vector<int32_t> fullMask(4);
+  void *fullOuts[] = {full.data(), fullLabels.data(), fullMask.data()};
+  ASSERT_TRUE(src->fill(window, fullOuts).isOk()); // fill() is fillAt(T)
+  EXPECT_EQ(full, (std::vector<int64_t>{5, 6, 7, 8}));
+  EXPECT_EQ(fullLabels, (std::vector<int64_t>{6, 7, 8, 9}));
+  // Errors name the file: a label beyond the classes, a separator the input cannot hold.
+  auto bad = makeDocumentSource({1, 2, 12, 0}, 0, "bad.bin");
+  ASSERT_TRUE(bad->bind({in, lab}).isOk());
+  std::vector<int64_t> first = {0};
+  void *two[] = {a.data(), l.data()};
+  EXPECT_HAS(bad->fill(first, two), "bad.bin: token 12 at offset 2 (a label of 'labels')");
+  auto wide = makeDocumentSource({1, 300, 2}, 300, "wide.bin");
+  DataField small{"input_ids", fb::U8, {4}};
+  EXPECT_HAS(wide->bind({small, lab}), "the document separator 300 does not fit");
+}
 
 TEST(DataSourceTest, ArraySourceChecksArraysAgainstTheBundle) {
   DataField x{"x", fb::F32, {3}};

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct Options {
   std::string recipe;
   std::vector<std::string> data, evalData;
   std::string tokenDType = "uint16";
+  std::optional<int64_t> docSeparator; // token shards as documents (length buckets)
   // Image folders (--data DIR): decoding and normalization.
   int64_t imageResize = 0;
   std::vector<float> imageMean, imageStd;

@@ -239,7 +239,12 @@ std::string metricsLine(const Trainer &tr, const StepResult &r, double dt, bool 
                                  r.lr ? jsonNumber(*r.lr) : "null",
                                  r.gradNorm ? jsonNumber(*r.gradNorm) : "null",
                                  jsonNumber(static_cast<double>(r.samples) / dt));
-  if (tokens)
+  if (r.length > 0) // documents in length buckets: labelled tokens (no padding)
+    line += fmt::format(R"(, "tokens_per_s": {}, "length": {}, "padding": {})",
+                        jsonNumber(static_cast<double>(r.realTokens) / dt), r.length,
+                        jsonNumber(1.0 - static_cast<double>(r.realTokens) /
+                                             static_cast<double>(r.samples * r.length)));
+  else if (tokens)
     line += fmt::format(R"(, "tokens_per_s": {})",
                         jsonNumber(static_cast<double>(tr.globalTokensAt(r.step) /
                                                        tr.dataParallelSize()) / dt));
@@ -438,6 +443,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
 
   DataSourceOptions dataOptions;
   dataOptions.tokenDType = opts.tokenDType == "uint32" ? TokenDType::U32 : TokenDType::U16;
+  dataOptions.docSeparator = opts.docSeparator;
   dataOptions.image.resize = opts.imageResize;
   dataOptions.image.mean = opts.imageMean;
   dataOptions.image.std = opts.imageStd;
@@ -679,8 +685,11 @@ Expected<int> train(const Options &opts, Progress &progress) {
   const bool tokens = tr.tokensPerStep() > 0;
   // Throughput over every data-parallel rank, summed per step (a batch-size
   // schedule's steps differ), over the run and the progress window.
-  auto unitsOf = [&](int64_t step) {
-    return static_cast<double>(tokens ? tr.globalTokensAt(step) : tr.globalSamplesAt(step));
+  // Documents in length buckets count their labelled tokens (padding is not throughput).
+  auto unitsOf = [&](const StepResult &r) {
+    if (r.length > 0)
+      return static_cast<double>(r.realTokens);
+    return static_cast<double>(tokens ? tr.globalTokensAt(r.step) : tr.globalSamplesAt(r.step));
   };
   double runUnits = 0, windowUnits = 0, runFlops = 0, windowFlops = 0;
   const char *unit = tokens ? "tok/s" : "samples/s";
@@ -776,8 +785,8 @@ Expected<int> train(const Options &opts, Progress &progress) {
     windowSeconds += dt;
     ++ranSteps;
     ++windowSteps;
-    runUnits += unitsOf(r->step);
-    windowUnits += unitsOf(r->step);
+    runUnits += unitsOf(*r);
+    windowUnits += unitsOf(*r);
     runFlops += r->flops;
     windowFlops += r->flops;
     lastLoss = r->loss;

@@ -275,6 +275,13 @@ void addOptions(CLI::App &app, Options &opts) {
       ->check(CLI::IsMember({"uint16", "uint32"}))
       ->default_str("uint16")
       ->group(data);
+  app.add_option("--doc-separator", opts.docSeparator,
+                 "Token shards as documents: each ends after token ID (e.g. GPT-2's 50256); a "
+                 "sample is one document (longer ones cut at the token input's T), padded to "
+                 "the smallest length bucket of the bundle that holds it (forgec "
+                 "--length-buckets; labels padded with the loss's ignore=N)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(data);
   app.add_option("--image-resize", opts.imageResize,
                  "Image folders: scale the shorter side to N pixels before the centre crop to "
                  "the image input's H x W (default: the smallest scale that covers the crop)")

@@ -207,6 +207,16 @@ static cl::opt<std::string> batchSchedule(
              "--batch, which is the micro-batch: a step runs S / batch micro-batches of the "
              "accumulation loop (one compiled shape serves every size)"),
     cl::cat(trainCategory));
+static cl::opt<std::string> lengthBuckets(
+    "length-buckets",
+    cl::desc("NAME=T1,T2,...,Tn: compile the step for each value of the symbolic dim NAME "
+             "(a sequence length): the largest is the plain train_step/eval, each smaller Tk "
+             "adds train_step@lenTk and eval@lenTk, sharing the parameters. forge-train "
+             "batches variable-length token data (--doc-separator) by length into them"),
+    cl::cat(trainCategory));
+/// --length-buckets parsed: the dim and its values, ascending (empty: none).
+static std::string bucketDim;
+static std::vector<int64_t> bucketValues;
 static cl::opt<std::string> accumulate(
     "accumulate",
     cl::desc("loop | unroll: with --micro-batches K, run one micro-batch's forward and backward "
@@ -376,6 +386,35 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
       return "--dim expects NAME=N (got '" + s + "')";
     o.dimValues[name.str()] = v;
   }
+  if (!lengthBuckets.empty()) {
+    auto [name, list] = StringRef(lengthBuckets.getValue()).split('=');
+    SmallVector<StringRef> parts;
+    list.split(parts, ',');
+    for (StringRef part : parts) {
+      int64_t v;
+      if (part.trim().getAsInteger(10, v) || v < 1)
+        return "--length-buckets expects NAME=T1,T2,... with positive lengths (got '" +
+               lengthBuckets + "')";
+      bucketValues.push_back(v);
+    }
+    llvm::sort(bucketValues);
+    bucketValues.erase(std::unique(bucketValues.begin(), bucketValues.end()),
+                       bucketValues.end());
+    if (name.empty() || bucketValues.size() < 2)
+      return "--length-buckets expects NAME=T1,T2,... with at least two lengths (got '" +
+             lengthBuckets + "')";
+    bucketDim = name.str();
+    if (o.dimValues.count(bucketDim))
+      return "--length-buckets sets dim '" + bucketDim + "' (its largest length is the plain "
+             "train_step's): drop --dim " + bucketDim + "=...";
+    if (inferenceOnly)
+      return "--length-buckets compiles training steps; drop --inference-only";
+    if (batchAuto || microBatches > 1 || !batchSchedule.empty() || dataParallel > 0 ||
+        tensorParallel > 1 || pipelineParallel > 1)
+      return "--length-buckets is not supported yet with --batch auto, --micro-batches, "
+             "--batch-schedule, --dp, --tp or --pp";
+    o.dimValues[bucketDim] = bucketValues.back();
+  }
   return "";
 }
 
@@ -421,6 +460,8 @@ static std::string applyRecipe() {
       ok = str(accumulate);
     } else if (k == "batch-schedule") {
       ok = str(batchSchedule);
+    } else if (k == "length-buckets") {
+      ok = str(lengthBuckets);
     } else if (k == "samples-per-step") {
       ok = node.is_integer();
       if (ok && !samplesPerStep.getNumOccurrences())
@@ -806,6 +847,29 @@ int main(int argc, char **argv) {
     }
     if (!module)
       return failure();
+    // Length buckets: the model again at each smaller length, its @main
+    // renamed @main@len<T> beside the largest's (the train step builds each).
+    for (size_t i = 0; i + 1 < bucketValues.size(); ++i) {
+      mlir::forge::ImportOptions at = importOptions;
+      at.dimValues[bucketDim] = bucketValues[i];
+      OwningOpRef<ModuleOp> other;
+      {
+        TimingScope importTiming = rootTiming.nest("import");
+        other = mlir::forge::importOnnxBytes(&context, (*source)->getBuffer(), inputFile, at);
+      }
+      if (!other)
+        return failure();
+      auto funcs = llvm::to_vector(other->getOps<func::FuncOp>());
+      if (funcs.size() != 1 || funcs.front().getSymName() != "main") {
+        llvm::errs() << "forgec: error: --length-buckets: the import at " << bucketDim << "="
+                     << bucketValues[i] << " did not give one @main function\n";
+        return failure();
+      }
+      func::FuncOp main = funcs.front();
+      main->remove();
+      main.setSymName(("main@len" + std::to_string(bucketValues[i])));
+      module->push_back(main);
+    }
     if (!augment.empty() && pipelineOptions.augment.input.empty()) {
       // The image input: the only static rank-4 float input of the model.
       std::vector<std::string> images;
@@ -886,6 +950,12 @@ int main(int argc, char **argv) {
       build["accumulate"] = "loop";
     if (!batchSchedule.empty())
       build["batch_schedule"] = batchSchedule;
+    if (!bucketValues.empty()) {
+      std::string list;
+      for (int64_t v : bucketValues)
+        list += (list.empty() ? "" : ",") + std::to_string(v);
+      build["length_buckets"] = bucketDim + "=" + list;
+    }
     if (dataParallel > 0)
       build["data_parallel"] = std::to_string(dataParallel);
     if (tensorParallel > 1)

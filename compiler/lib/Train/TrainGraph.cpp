@@ -87,7 +87,8 @@ FailureOr<LossSpec> mlir::forge::parseLossSpec(StringRef text, std::string &erro
     error = "unknown loss '" + spec.kind + "' (cross_entropy, mse, bce, output)";
     return failure();
   }
-  // cross_entropy's options after OUTPUT,LABEL: smoothing=S and probs, in any order.
+  // cross_entropy's options after OUTPUT,LABEL: smoothing=S, probs and ignore=N, in any
+  // order.
   while (parts.size() > 2 && spec.kind == "cross_entropy") {
     StringRef option = parts.back();
     if (option.starts_with("smoothing=")) {
@@ -100,6 +101,14 @@ FailureOr<LossSpec> mlir::forge::parseLossSpec(StringRef text, std::string &erro
       spec.smoothing = v;
     } else if (option == "probs") {
       spec.probs = true;
+    } else if (option.starts_with("ignore=")) {
+      int64_t v = 0;
+      if (option.drop_front(7).getAsInteger(10, v)) {
+        error = "--loss cross_entropy:...,ignore=N takes an integer label, not '" +
+                option.drop_front(7).str() + "'";
+        return failure();
+      }
+      spec.ignoreIndex = v;
     } else {
       break;
     }
@@ -108,8 +117,18 @@ FailureOr<LossSpec> mlir::forge::parseLossSpec(StringRef text, std::string &erro
   if (parts.size() != 2 || parts[0].empty() || parts[1].empty()) {
     error = "--loss " + spec.kind + ":OUTPUT,LABEL names a model output and the label input to add" +
             (spec.kind == "cross_entropy"
-                 ? " (and optionally smoothing=S and probs: the label holds class probabilities)"
+                 ? " (and optionally smoothing=S, probs: the label holds class probabilities, "
+                   "and ignore=N: label N has no loss term)"
                  : "");
+    return failure();
+  }
+  if (spec.ignoreIndex && spec.probs) {
+    error = "--loss cross_entropy: ignore=N applies to class-index labels, not to probs";
+    return failure();
+  }
+  if (spec.ignoreIndex && spec.smoothing > 0) {
+    error = "--loss cross_entropy: ignore=N with smoothing=S is not supported yet (the "
+            "smoothing term would average over the ignored rows too)";
     return failure();
   }
   spec.output = parts[0].str();
@@ -526,6 +545,7 @@ struct ClassRows {
   int64_t rows = 0;
   Value logits, labels, logProb; // logProb: whole classes only
   bool probs = false;            // labels: [rows, C] class probabilities (LossSpec::probs)
+  std::optional<int64_t> ignore; // LossSpec::ignoreIndex (whole classes only)
   const ClassShard *shard = nullptr;
   Value lse, picked, localMax; // split: [rows] f32, [rows] f32, [rows, 1]
 
@@ -535,14 +555,22 @@ struct ClassRows {
       return bb.mulScalar(bb.reduceSum(bb.mul(labels, logProb), {1}, false), -1.0);
     if (!shard)
       return bb.b.create<NllLossOp>(bb.loc, logProb, labels, Value(), bb.b.getStringAttr("none"),
-                                    IntegerAttr());
+                                    ignoreAttr(bb));
     return bb.sub(lse, picked);
+  }
+  IntegerAttr ignoreAttr(Builder &bb) const {
+    return ignore ? bb.b.getI64IntegerAttr(*ignore) : IntegerAttr();
+  }
+  /// 1 where the row has a target (its label is not the ignored one), f32 [rows].
+  Value valid(Builder &bb) const {
+    return bb.where(bb.b.create<EqualOp>(bb.loc, labels, bb.intScalar(*ignore)), bb.scalar(0.0),
+                    bb.scalar(1.0));
   }
   /// The mean over rows of terms(): nll_loss's own mean for class indices.
   Value meanTerms(Builder &bb) const {
     if (!shard && !probs)
       return bb.b.create<NllLossOp>(bb.loc, logProb, labels, Value(), bb.b.getStringAttr("mean"),
-                                    IntegerAttr());
+                                    ignoreAttr(bb));
     return bb.meanAll(terms(bb));
   }
   /// The mean of log p over every row and class (label smoothing's term):
@@ -574,8 +602,8 @@ struct ClassRows {
                                              b.getBoolAttr(false), b.getBoolAttr(false))
                               .getResult()
                         : bb.castTo(labels, b.getI64Type());
-    Value hit = b.create<EqualOp>(bb.loc, pred, label);
-    return bb.castTo(hit, b.getF32Type());
+    Value hit = bb.castTo(b.create<EqualOp>(bb.loc, pred, label), b.getF32Type());
+    return ignore ? bb.mul(hit, valid(bb)) : hit;
   }
   /// Every rank's [rows, 1] column `v` as the rows of a [ranks, rows].
   Value gatherRows(Builder &bb, Value v) const {
@@ -587,13 +615,14 @@ struct ClassRows {
 };
 
 ClassRows classRows(Builder &bb, Value output, Value label, const ClassShard *shard,
-                    bool probs) {
+                    bool probs, std::optional<int64_t> ignore = std::nullopt) {
   auto type = cast<RankedTensorType>(output.getType());
   ClassRows c;
   int64_t classes = type.getShape().back();
   c.rows = type.getNumElements() / classes;
   c.logits = bb.reshape(output, {c.rows, classes});
   c.probs = probs;
+  c.ignore = ignore;
   c.labels = probs ? bb.castTo(bb.reshape(label, {c.rows, classes}), bb.elementOf(c.logits))
                    : bb.reshape(label, {c.rows});
   c.shard = shard;
@@ -640,7 +669,10 @@ FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, 
   }
   auto type = cast<RankedTensorType>(output.getType());
   if (spec.kind == "cross_entropy") {
-    ClassRows c = classRows(bb, output, label, shard, spec.probs);
+    if (spec.ignoreIndex && shard)
+      return emitError(loc) << "--loss cross_entropy:...,ignore=N on logits split by vocabulary "
+                               "(--tp) is not supported yet";
+    ClassRows c = classRows(bb, output, label, shard, spec.probs, spec.ignoreIndex);
     Value loss = c.meanTerms(bb);
     if (spec.smoothing > 0) // (1 - s) NLL + s mean(-log p): every row's class mean, averaged
       loss = bb.sub(bb.mulScalar(loss, 1.0 - spec.smoothing),
@@ -663,10 +695,15 @@ FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, 
 /// n's terms as in buildLoss; correct = sum of w_n-weighted hits. With all
 /// weights 1 this is buildLoss's value. Null when the loss has no per-sample
 /// form (the model's own scalar, or an output without the batch on dim 0).
-FailureOr<std::pair<Value, Value>> buildWeightedEvalLoss(Builder &bb, const LossSpec &spec,
-                                                         Value output, Value label,
-                                                         Value weight, bool wantCorrect,
-                                                         const ClassShard *shard) {
+/// With cross_entropy's ignore=N, rows whose label is N have no term: the
+/// loss is the w-weighted mean over the other rows, and `count` (else null)
+/// their w-weighted number.
+struct EvalLoss {
+  Value loss, correct, count;
+};
+FailureOr<EvalLoss> buildWeightedEvalLoss(Builder &bb, const LossSpec &spec, Value output,
+                                          Value label, Value weight, bool wantCorrect,
+                                          const ClassShard *shard) {
   OpBuilder &b = bb.b;
   Location loc = bb.loc;
   Type f32 = b.getF32Type();
@@ -682,20 +719,29 @@ FailureOr<std::pair<Value, Value>> buildWeightedEvalLoss(Builder &bb, const Loss
     return bb.div(bb.sumAll(bb.mul(perSample, w)), denominator);
   };
   if (spec.kind == "cross_entropy") {
-    ClassRows c = classRows(bb, output, label, shard, spec.probs);
+    if (spec.ignoreIndex && shard)
+      return emitError(loc) << "--loss cross_entropy:...,ignore=N on logits split by vocabulary "
+                               "(--tp) is not supported yet";
+    ClassRows c = classRows(bb, output, label, shard, spec.probs, spec.ignoreIndex);
     Value terms = c.terms(bb);
     Value correct;
     if (wantCorrect)
       correct = bb.sumAll(bb.mul(bb.reshape(c.hits(bb), {n, c.rows / n}), w));
-    return std::make_pair(weightedMean(terms), correct);
+    if (!spec.ignoreIndex)
+      return EvalLoss{weightedMean(terms), correct, Value()};
+    // Ignored rows' terms are 0 (nll_loss's ignore_index): divide by the
+    // weighted count of the others.
+    Value count = bb.sumAll(bb.mul(bb.reshape(c.valid(bb), {n, c.rows / n}), w));
+    Value sum = bb.sumAll(bb.mul(bb.reshape(bb.castTo(terms, f32), {n, c.rows / n}), w));
+    return EvalLoss{bb.div(sum, count), correct, count};
   }
   Value target = bb.castTo(label, type.getElementType());
   if (spec.kind == "mse") {
     Value diff = bb.sub(output, target);
-    return std::make_pair(weightedMean(bb.mul(diff, diff)), Value());
+    return EvalLoss{weightedMean(bb.mul(diff, diff)), Value(), Value()};
   }
   Value terms = bb.sub(b.create<SoftplusOp>(loc, output), bb.mul(output, target));
-  return std::make_pair(weightedMean(terms), Value());
+  return EvalLoss{weightedMean(terms), Value(), Value()};
 }
 
 /// Dynamic loss scaling's state after a step (LossScaleSpec): the next scale
@@ -722,8 +768,11 @@ LossScaleStep nextLossScale(Builder &bb, const LossScaleSpec &spec, Value scale,
 
 class TrainGraphBuilder {
 public:
-  TrainGraphBuilder(ModuleOp module, const TrainOptions &options)
-      : module(module), options(options), ctx(module.getContext()) {}
+  /// Builds @train_step<suffix> and @eval<suffix> from `main` (@main<suffix>).
+  TrainGraphBuilder(ModuleOp module, const TrainOptions &options, func::FuncOp main,
+                    StringRef suffix)
+      : module(module), options(options), ctx(module.getContext()), main(main),
+        suffix(suffix.str()) {}
   LogicalResult run();
 
 private:
@@ -739,6 +788,8 @@ private:
   ModuleOp module;
   const TrainOptions &options;
   MLIRContext *ctx;
+  func::FuncOp main;
+  std::string suffix; // of the routines' names: "" or a length bucket's "@len<T>"
   std::vector<Param> params, states;
   int64_t outputIndex = -1;
   std::optional<ClassShard> outputShard; // the loss's logits split by vocabulary
@@ -1020,7 +1071,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     argAttrs.push_back(named("forge.micro_count", "input"));
   }
 
-  auto func = func::FuncOp::create(loc, "train_step", b.getFunctionType(argTypes, {}));
+  auto func = func::FuncOp::create(loc, "train_step" + suffix, b.getFunctionType(argTypes, {}));
   module.push_back(func);
   Block *entry = func.addEntryBlock();
   for (unsigned i = 0; i < argAttrs.size(); ++i)
@@ -1392,7 +1443,7 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
     argTypes.push_back(p.type());
   for (const Param &s : states)
     argTypes.push_back(s.initial.getType());
-  auto func = func::FuncOp::create(loc, "eval", b.getFunctionType(argTypes, {}));
+  auto func = func::FuncOp::create(loc, "eval" + suffix, b.getFunctionType(argTypes, {}));
   module.push_back(func);
   Block *entry = func.addEntryBlock();
   for (unsigned i = 0; i < numData; ++i)
@@ -1456,34 +1507,39 @@ LogicalResult TrainGraphBuilder::buildEval(func::FuncOp main) {
   Builder bb(b, loc);
   Value output = map.lookup(ret.getOperand(outputIndex));
   bool wantCorrect = options.loss.kind == "cross_entropy";
-  auto loss = weighted ? buildWeightedEvalLoss(bb, options.loss, output,
-                                               entry->getArgument(numData),
-                                               entry->getArgument(weightArg), wantCorrect,
-                                               outputShard ? &*outputShard : nullptr)
-                       : buildLoss(bb, options.loss, output,
-                                   hasLabel ? entry->getArgument(numData) : Value(), wantCorrect,
-                                   outputShard ? &*outputShard : nullptr);
+  FailureOr<EvalLoss> loss = failure();
+  if (weighted) {
+    loss = buildWeightedEvalLoss(bb, options.loss, output, entry->getArgument(numData),
+                                 entry->getArgument(weightArg), wantCorrect,
+                                 outputShard ? &*outputShard : nullptr);
+  } else if (auto plain = buildLoss(bb, options.loss, output,
+                                    hasLabel ? entry->getArgument(numData) : Value(),
+                                    wantCorrect, outputShard ? &*outputShard : nullptr);
+             succeeded(plain)) {
+    loss = EvalLoss{plain->first, plain->second, Value()};
+  }
   if (failed(loss))
     return failure();
   evalMarks.stamp(pipelineStageOf(output.getDefiningOp()));
-  SmallVector<Value> results = {loss->first};
-  if (loss->second)
-    results.push_back(loss->second);
+  SmallVector<Value> results = {loss->loss};
+  if (loss->correct)
+    results.push_back(loss->correct);
+  if (loss->count)
+    results.push_back(loss->count);
   b.create<func::ReturnOp>(loc, results);
   SmallVector<Type> resultTypes;
   for (Value v : results)
     resultTypes.push_back(v.getType());
   func.setFunctionType(b.getFunctionType(argTypes, resultTypes));
   func.setResultAttr(0, "forge.name", b.getStringAttr("loss"));
-  if (loss->second)
+  if (loss->correct)
     func.setResultAttr(1, "forge.name", b.getStringAttr("forge.correct"));
+  if (loss->count)
+    func.setResultAttr(results.size() - 1, "forge.name", b.getStringAttr("forge.label_count"));
   return success();
 }
 
 LogicalResult TrainGraphBuilder::run() {
-  auto main = module.lookupSymbol<func::FuncOp>("main");
-  if (!main)
-    return module.emitError("no @main function to train");
   if (options.microBatches < 1)
     return main.emitError("--micro-batches must be >= 1");
   auto producer = module->getAttrOfType<StringAttr>("forge.producer");
@@ -1582,5 +1638,17 @@ int64_t mlir::forge::pipelineStageMaking(Value v, llvm::DenseMap<Operation *, in
 }
 
 LogicalResult mlir::forge::buildTrainingModule(ModuleOp module, const TrainOptions &options) {
-  return TrainGraphBuilder(module, options).run();
+  // @main, and with length buckets (forgec --length-buckets) @main@len<T> per
+  // smaller bucket: each gets its own train step and eval; their parameters and
+  // state are shared by name (the bundle emitter checks that their types agree).
+  SmallVector<func::FuncOp> mains;
+  for (auto f : module.getOps<func::FuncOp>())
+    if (f.getSymName() == "main" || f.getSymName().starts_with("main@"))
+      mains.push_back(f);
+  if (mains.empty())
+    return module.emitError("no @main function to train");
+  for (func::FuncOp main : mains)
+    if (failed(TrainGraphBuilder(module, options, main, main.getSymName().drop_front(4)).run()))
+      return failure();
+  return success();
 }

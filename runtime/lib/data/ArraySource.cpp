@@ -190,7 +190,8 @@ std::string stem(const std::string &path) {
 
 // Defined in TokenSource.cpp.
 Expected<std::unique_ptr<DataSource>> openTokenShards(const std::vector<std::string> &paths,
-                                                      TokenDType dtype);
+                                                      TokenDType dtype,
+                                                      std::optional<int64_t> docSeparator);
 
 /// A tensor in memory as an array that owns it.
 static MappedArray own(HostTensor t) {
@@ -277,7 +278,11 @@ Expected<std::unique_ptr<DataSource>> openDataSource(const std::vector<std::stri
     return Status::error("token shards ({}) cannot be mixed with .npz/.npy arrays",
                          fmt::join(shards, ", "));
   if (!shards.empty())
-    return openTokenShards(shards, options.tokenDType);
+    return openTokenShards(shards, options.tokenDType, options.docSeparator);
+  if (options.docSeparator)
+    return Status::error("--doc-separator splits token shards (FILE.bin) into documents; the "
+                         "data is {}",
+                         fmt::join(specs, ", "));
   return std::unique_ptr<DataSource>(std::make_unique<ArraySource>(std::move(arrays)));
 }
 

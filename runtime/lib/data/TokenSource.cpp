@@ -87,6 +87,22 @@ Expected<std::unique_ptr<Shard>> openShard(const std::string &path, TokenDType d
   return shard;
 }
 
+/// "input_ids i64[B, 32], labels i64[B, 32]" (messages).
+std::string fieldList(const std::vector<DataField> &fields) {
+  std::vector<std::string> list;
+  for (const DataField &f : fields)
+    list.push_back(fmt::format("{} {}{}", f.name, dtypeName(f.dtype), data::batchShape(f)));
+  return fmt::format("{}", fmt::join(list, ", "));
+}
+
+/// The shards' files, comma-separated (messages).
+std::string shardList(const std::vector<std::unique_ptr<Shard>> &shards) {
+  std::vector<std::string> names;
+  for (const auto &s : shards)
+    names.push_back(s->origin);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 class TokenSource final : public DataSource {
 public:
   explicit TokenSource(std::vector<std::unique_ptr<Shard>> shards) : shards_(std::move(shards)) {}
@@ -94,12 +110,7 @@ public:
   Status bind(const std::vector<DataField> &fields) override {
     tokenField_ = labelField_ = -1;
     fields_ = fields;
-    auto describeFields = [&] {
-      std::vector<std::string> list;
-      for (const DataField &f : fields)
-        list.push_back(fmt::format("{} {}{}", f.name, dtypeName(f.dtype), data::batchShape(f)));
-      return fmt::format("{}", fmt::join(list, ", "));
-    };
+    auto describeFields = [&] { return fieldList(fields); };
     for (size_t i = 0; i < fields.size(); ++i) {
       int &slot = fields[i].isLabel ? labelField_ : tokenField_;
       if (slot >= 0)
@@ -184,12 +195,7 @@ public:
     return Status::ok();
   }
 
-  std::string describe() const override {
-    std::vector<std::string> names;
-    for (const auto &s : shards_)
-      names.push_back(s->origin);
-    return fmt::format("{}", fmt::join(names, ", "));
-  }
+  std::string describe() const override { return shardList(shards_); }
 
 private:
   std::vector<std::unique_ptr<Shard>> shards_;
@@ -199,10 +205,190 @@ private:
   int64_t seqLen_ = 0;
 };
 
+/// Token shards as documents (DataSourceOptions::docSeparator). A document
+/// ends after each separator token (the last one of a shard at its end); one
+/// of n tokens gives n - 1 positions with a label (n without a label input),
+/// cut into samples of at most T positions: sample k of a document at token a
+/// reads tokens [a + kT, a + kT + len + 1). Samples are numbered shard after
+/// shard, document after document. fillAt pads a sample's tokens with the
+/// separator, its labels with the label field's ignored value (bind() requires
+/// one: a loss compiled with ignore=N) and a mask input (a field whose name
+/// holds "mask") with 0, 1 at real positions.
+class DocumentSource final : public DataSource {
+public:
+  DocumentSource(std::vector<std::unique_ptr<Shard>> shards, int64_t separator)
+      : shards_(std::move(shards)), separator_(separator) {}
+
+  Status bind(const std::vector<DataField> &fields) override {
+    tokenField_ = labelField_ = maskField_ = -1;
+    fields_ = fields;
+    auto describeFields = [&] { return fieldList(fields); };
+    for (size_t i = 0; i < fields.size(); ++i) {
+      int &slot = fields[i].isLabel                                  ? labelField_
+                  : fields[i].name.find("mask") != std::string::npos ? maskField_
+                                                                     : tokenField_;
+      if (slot >= 0)
+        return Status::error("{}: documents feed one token input [B, T], the label input and "
+                             "optionally a mask input (a name with 'mask'); the bundle's data "
+                             "inputs are {}",
+                             describe(), describeFields());
+      slot = static_cast<int>(i);
+    }
+    if (tokenField_ < 0)
+      return Status::error("{}: documents need an integer token input [B, T]; the bundle's data "
+                           "inputs are {}",
+                           describe(), describeFields());
+    for (int i : {tokenField_, labelField_, maskField_}) {
+      if (i < 0)
+        continue;
+      const DataField &f = fields[i];
+      const bool ok = i == maskField_ ? data::isIntegerType(f.dtype) || f.dtype == bundle::F32
+                                      : data::isIntegerType(f.dtype);
+      if (!ok || f.sampleShape.size() != 1)
+        return Status::error("{}: documents feed integer [B, T] inputs (a mask also f32); the "
+                             "bundle input '{}' is {} {}",
+                             describe(), f.name, dtypeName(f.dtype), data::batchShape(f));
+    }
+    seqLen_ = fields[tokenField_].sampleShape[0];
+    for (int i : {labelField_, maskField_})
+      if (i >= 0 && fields[i].sampleShape[0] != seqLen_)
+        return Status::error("{}: the token input '{}' has T = {} but '{}' has T = {}",
+                             describe(), fields[tokenField_].name, seqLen_, fields[i].name,
+                             fields[i].sampleShape[0]);
+    if (seqLen_ <= 0)
+      return Status::error("{}: the token input '{}' has sequence length {}", describe(),
+                           fields[tokenField_].name, seqLen_);
+    if (separator_ < 0 || separator_ > data::maxOfIntType(fields[tokenField_].dtype))
+      return Status::error("{}: the document separator {} does not fit the token input '{}' ({})",
+                           describe(), separator_, fields[tokenField_].name,
+                           dtypeName(fields[tokenField_].dtype));
+    if (labelField_ >= 0 && !fields[labelField_].ignoreValue)
+      return Status::error("{}: documents are padded to their length bucket, and padding needs "
+                           "a label without a loss term: compile with forgec --loss "
+                           "cross_entropy:...,{},ignore=-100",
+                           describe(), fields[labelField_].name);
+    // The samples: documents split at separators, long ones cut into windows.
+    samples_.clear();
+    const int64_t extra = labelField_ >= 0 ? 1 : 0; // a label reads one token further
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      const Shard &shard = *shards_[s];
+      int64_t start = 0;
+      for (int64_t t = 0; t < shard.count; ++t) {
+        if (static_cast<int64_t>(shard.at(t)) != separator_ && t + 1 != shard.count)
+          continue;
+        const int64_t end = t + 1; // the document is [start, end)
+        for (int64_t a = start; end - a - extra >= 1; a += seqLen_)
+          samples_.push_back({static_cast<int32_t>(s), a,
+                              static_cast<int32_t>(std::min(seqLen_, end - a - extra))});
+        start = end;
+      }
+    }
+    return Status::ok();
+  }
+
+  int64_t numSamples() const override { return static_cast<int64_t>(samples_.size()); }
+  bool concurrentFill() const override { return true; }
+  bool variableLength() const override { return true; }
+  int64_t sampleLength(int64_t i) const override {
+    return i >= 0 && i < numSamples() ? samples_[static_cast<size_t>(i)].length : 0;
+  }
+
+  Status fill(std::span<const int64_t> indices, std::span<void *const> outs) override {
+    return fillAt(indices, outs, seqLen_);
+  }
+
+  Status fillAt(std::span<const int64_t> indices, std::span<void *const> outs,
+                int64_t length) override {
+    if (outs.size() != fields_.size())
+      return Status::error("{}: fill with {} buffers, {} fields bound", describe(), outs.size(),
+                           fields_.size());
+    if (length < 1 || length > seqLen_)
+      return Status::error("{}: fill at length {}, outside [1, {}]", describe(), length, seqLen_);
+    const DataField &tf = fields_[tokenField_];
+    const size_t tw = dtypeSize(tf.dtype);
+    const int64_t tmax = data::maxOfIntType(tf.dtype);
+    uint8_t *tokOut = static_cast<uint8_t *>(outs[tokenField_]);
+    const DataField *lf = labelField_ >= 0 ? &fields_[labelField_] : nullptr;
+    uint8_t *labOut = lf ? static_cast<uint8_t *>(outs[labelField_]) : nullptr;
+    const size_t lw = lf ? dtypeSize(lf->dtype) : 0;
+    const int64_t lmax = lf ? data::maxOfIntType(lf->dtype) : 0;
+    const DataField *mf = maskField_ >= 0 ? &fields_[maskField_] : nullptr;
+    uint8_t *maskOut = mf ? static_cast<uint8_t *>(outs[maskField_]) : nullptr;
+    const size_t mw = mf ? dtypeSize(mf->dtype) : 0;
+    for (size_t i = 0; i < indices.size(); ++i) {
+      const int64_t idx = indices[i];
+      if (idx < 0 || idx >= numSamples())
+        return Status::error("{}: sample index {} out of range [0, {})", describe(), idx,
+                             numSamples());
+      const Sample &sm = samples_[static_cast<size_t>(idx)];
+      if (sm.length > length)
+        return Status::error("internal: {}: sample {} has {} positions, filled at {}",
+                             describe(), idx, sm.length, length);
+      const Shard &shard = *shards_[static_cast<size_t>(sm.shard)];
+      for (int64_t t = 0; t < length; ++t) {
+        const bool real = t < sm.length;
+        const size_t at = static_cast<size_t>(static_cast<int64_t>(i) * length + t);
+        int64_t v = real ? shard.at(sm.start + t) : separator_;
+        if (v > tmax)
+          return Status::error("{}: token {} at offset {} does not fit the input '{}' ({})",
+                               shard.origin, v, sm.start + t, tf.name, dtypeName(tf.dtype));
+        data::storeInt(tokOut + at * tw, tf.dtype, v);
+        if (lf) {
+          int64_t l = real ? static_cast<int64_t>(shard.at(sm.start + t + 1)) : *lf->ignoreValue;
+          if (real && ((lf->numClasses > 0 && !data::labelOk(*lf, l)) || l > lmax))
+            return Status::error("{}: token {} at offset {} (a label of '{}') is outside [0, {}) "
+                                 "(the model has {} classes)",
+                                 shard.origin, l, sm.start + t + 1, lf->name,
+                                 lf->numClasses > 0 ? lf->numClasses : lmax + 1,
+                                 lf->numClasses > 0 ? lf->numClasses : lmax + 1);
+          data::storeInt(labOut + at * lw, lf->dtype, l);
+        }
+        if (mf) {
+          if (mf->dtype == bundle::F32) {
+            float one = real ? 1.0f : 0.0f;
+            std::memcpy(maskOut + at * mw, &one, sizeof(one));
+          } else {
+            data::storeInt(maskOut + at * mw, mf->dtype, real ? 1 : 0);
+          }
+        }
+      }
+    }
+    return Status::ok();
+  }
+
+  std::string describe() const override {
+    return fmt::format("{} (documents ending at token {})", shardList(shards_), separator_);
+  }
+
+private:
+  struct Sample {
+    int32_t shard;
+    int64_t start;
+    int32_t length; // positions: 1..T
+  };
+  std::vector<std::unique_ptr<Shard>> shards_;
+  int64_t separator_;
+  std::vector<DataField> fields_;
+  std::vector<Sample> samples_;
+  int tokenField_ = -1, labelField_ = -1, maskField_ = -1;
+  int64_t seqLen_ = 0;
+};
+
+std::unique_ptr<Shard> ownedShard(std::vector<uint32_t> tokens, std::string origin) {
+  auto shard = std::make_unique<Shard>();
+  shard->origin = std::move(origin);
+  shard->owned = std::move(tokens);
+  shard->width = 4;
+  shard->tokens = reinterpret_cast<const uint8_t *>(shard->owned.data());
+  shard->count = static_cast<int64_t>(shard->owned.size());
+  return shard;
+}
+
 } // namespace
 
 Expected<std::unique_ptr<DataSource>> openTokenShards(const std::vector<std::string> &paths,
-                                                      TokenDType dtype) {
+                                                      TokenDType dtype,
+                                                      std::optional<int64_t> docSeparator) {
   std::vector<std::unique_ptr<Shard>> shards;
   for (const std::string &p : paths) {
     auto s = openShard(p, dtype);
@@ -210,19 +396,23 @@ Expected<std::unique_ptr<DataSource>> openTokenShards(const std::vector<std::str
       return s.status();
     shards.push_back(s.take());
   }
+  if (docSeparator)
+    return std::unique_ptr<DataSource>(
+        std::make_unique<DocumentSource>(std::move(shards), *docSeparator));
   return std::unique_ptr<DataSource>(std::make_unique<TokenSource>(std::move(shards)));
 }
 
 std::unique_ptr<DataSource> makeTokenSource(std::vector<uint32_t> tokens, std::string origin) {
-  auto shard = std::make_unique<Shard>();
-  shard->origin = std::move(origin);
-  shard->owned = std::move(tokens);
-  shard->width = 4;
-  shard->tokens = reinterpret_cast<const uint8_t *>(shard->owned.data());
-  shard->count = static_cast<int64_t>(shard->owned.size());
   std::vector<std::unique_ptr<Shard>> shards;
-  shards.push_back(std::move(shard));
+  shards.push_back(ownedShard(std::move(tokens), std::move(origin)));
   return std::make_unique<TokenSource>(std::move(shards));
+}
+
+std::unique_ptr<DataSource> makeDocumentSource(std::vector<uint32_t> tokens, int64_t separator,
+                                               std::string origin) {
+  std::vector<std::unique_ptr<Shard>> shards;
+  shards.push_back(ownedShard(std::move(tokens), std::move(origin)));
+  return std::make_unique<DocumentSource>(std::move(shards), separator);
 }
 
 } // namespace forge::rt

@@ -37,6 +37,10 @@ struct LossSpec {
   /// instead of class indices. The loss is -sum_c q_c log p_c per row, q smoothed
   /// as (1 - s) q + s / C with smoothing S.
   bool probs = false;
+  /// cross_entropy's `ignore=N`: label N marks a position without a target (padding of a
+  /// length bucket, PyTorch's ignore_index): no loss term, no gradient; the mean is over
+  /// the other labels, and eval also returns their count (forge.label_count).
+  std::optional<int64_t> ignoreIndex;
 };
 
 struct OptimizerSpec {

@@ -63,6 +63,20 @@ public:
   virtual std::string describe() const = 0;
   /// Arrays the last bind() did not use (callers may warn about them).
   virtual std::vector<std::string> unusedArrays() const { return {}; }
+
+  // --- variable-length samples (documents: length buckets) ---------------------
+  /// Whether samples have lengths of their own (sampleLength), which fillAt pads.
+  virtual bool variableLength() const { return false; }
+  /// Positions sample i fills, 1..T (T the bound sequence length); valid after bind().
+  virtual int64_t sampleLength(int64_t i) const { (void)i; return 0; }
+  /// fill() with every sequence field [length] instead of [T] (length >= each
+  /// sample's sampleLength): the rest padded (tokens with the pad token, labels
+  /// with the ignored label, a mask with 0). fill() is fillAt(T).
+  virtual Status fillAt(std::span<const int64_t> indices, std::span<void *const> outs,
+                        int64_t length) {
+    (void)indices, (void)outs, (void)length;
+    return Status::error("{}: samples of one length only", describe());
+  }
 };
 
 /// Token shard element type.
@@ -83,6 +97,10 @@ struct ImageOptions {
 
 struct DataSourceOptions {
   TokenDType tokenDType = TokenDType::U16;
+  /// Token shards as documents (forge-train --doc-separator ID): a document ends
+  /// after each separator token; a sample is a document (windows of T + 1 tokens
+  /// for longer ones) of its own length, padded to its length bucket.
+  std::optional<int64_t> docSeparator;
   ImageOptions image;
 };
 
@@ -128,9 +146,18 @@ std::unique_ptr<DataSource> makeArrayViewSource(std::vector<std::pair<std::strin
 /// label field tokens[o+1, o+T+1).
 std::unique_ptr<DataSource> makeTokenSource(std::vector<uint32_t> tokens, std::string origin);
 
+/// Token ids in memory (tests) as documents (DataSourceOptions::docSeparator):
+/// as openDataSource's FILE.bin with --doc-separator.
+std::unique_ptr<DataSource> makeDocumentSource(std::vector<uint32_t> tokens, int64_t separator,
+                                               std::string origin);
+
 /// The visiting order of samples: a seeded permutation per epoch (or the
 /// identity with shuffle off); each step takes the next `samplesPerStep`
 /// indices and a partial remainder at the end of an epoch is dropped.
+/// With groups (setGroups: length buckets), each step's samples are of one
+/// group: the epoch's permutation is dealt into its groups in order, each
+/// group cut into runs of samplesPerStep (its remainder dropped), and the
+/// runs are visited in a seeded order of their own.
 class EpochSampler {
 public:
   struct Position {
@@ -140,7 +167,18 @@ public:
 
   EpochSampler(int64_t numSamples, int64_t samplesPerStep, uint64_t seed, bool shuffle = true);
 
-  int64_t stepsPerEpoch() const { return samplesPerStep_ ? numSamples_ / samplesPerStep_ : 0; }
+  int64_t stepsPerEpoch() const {
+    return samplesPerStep_ ? epochSamples() / samplesPerStep_ : 0;
+  }
+  /// Samples an epoch's order holds: every sample, or with groups the full runs.
+  int64_t epochSamples() const { return groupOf_.empty() ? numSamples_ : grouped_; }
+  /// Groups of samples (groupOf[i] >= 0 for each sample i) that steps of
+  /// samplesPerStep do not mix; call before the first next().
+  void setGroups(std::vector<int32_t> groupOf);
+  /// The group of sample i (0 without groups).
+  int32_t groupOf(int64_t i) const {
+    return groupOf_.empty() ? 0 : groupOf_[static_cast<size_t>(i)];
+  }
   Position position() const { return pos_; }
   /// Continues from `p` (a position from position(), e.g. a checkpoint).
   void seek(Position p);
@@ -168,6 +206,8 @@ private:
   int64_t numSamples_, samplesPerStep_;
   uint64_t seed_;
   bool shuffle_;
+  std::vector<int32_t> groupOf_;
+  int64_t grouped_ = 0; // with groups: the samples of their full runs
   Position pos_;
   uint64_t orderEpoch_ = ~0ull;
   std::vector<int64_t> order_;

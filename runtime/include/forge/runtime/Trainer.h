@@ -23,6 +23,14 @@
 //    EpochSampler (micro-batch k gets samples [k*B, (k+1)*B)), so the losses
 //    are a function of (bundle, data, seed, thread count) only, and a run
 //    restored from a checkpoint taken after step k continues identically.
+//  * Length buckets (forgec --length-buckets, build option length_buckets
+//    "NAME=T1,...,Tn"): train_step/eval run T = Tn, train_step@lenTk/eval@lenTk
+//    the smaller Tk. With variable-length data (DataSource::variableLength:
+//    documents), every sample belongs to the smallest bucket that holds it; the
+//    sampler's steps each take samples of one bucket (EpochSampler groups),
+//    filled at the bucket's length (fillAt: padded) into the trainer's own
+//    buffers, and run that bucket's routine. Such steps are not pipelined.
+//    Evaluation runs each bucket's eval on its samples, in order.
 //  * evaluate() reads parameters but never changes them or the sampler.
 //  * gradientOutputs() (bundles from forgec --expose-gradients) are arena
 //    tensors: they hold the last step's gradients until the next step() or
@@ -96,6 +104,9 @@ struct TrainerOptions {
 struct StepResult {
   int64_t step = 0; // 1-based global step just completed
   int64_t samples = 0; // this rank's samples of the step (Trainer::samplesAt)
+  /// Variable-length data: the step's length bucket (its sequence length), and the
+  /// tokens with a label over every rank (padding excluded); 0 otherwise.
+  int64_t length = 0, realTokens = 0;
   double flops = 0;    // the step's FLOPs by the compiler's cost model (0 if unknown)
   float loss = 0;
   std::optional<float> lr, gradNorm;
@@ -151,7 +162,16 @@ public:
   /// are launched and not collected. stepsDone() counts collected steps;
   /// state(), evaluate() and the executor's persistent tensors are meaningful
   /// only when nothing is in flight (inFlight() == 0).
-  bool canPipeline() const { return exec_->canPipeline() && accum_.index < 0; }
+  bool canPipeline() const { return exec_->canPipeline() && accum_.index < 0 && !bucketed_; }
+  /// The bundle's length buckets, ascending (the last: train_step's T); empty: none.
+  std::vector<int64_t> lengthBuckets() const {
+    std::vector<int64_t> out;
+    for (const Bucket &b : buckets_)
+      out.push_back(b.length);
+    return out;
+  }
+  /// Whether steps take variable-length samples padded to their bucket.
+  bool bucketed() const { return bucketed_; }
   /// The routine index of the accumulation loop's body (-1: none).
   int accumulateRoutine() const { return accum_.index; }
   /// With `profile` (nothing in flight), the step is timed instruction by
@@ -247,9 +267,15 @@ public:
 
 private:
   Trainer() = default;
-  /// Fills `outs` ([micro-batch][field] -> buffer) with the step's samples of `source`.
+  /// Fills `outs` ([micro-batch][field] -> buffer) with the step's samples of `source`
+  /// (at sequence length `length` through fillAt when > 0).
   Status fillStep(DataSource &source, std::span<const int64_t> indices,
-                  const std::vector<std::vector<void *>> &outs);
+                  const std::vector<std::vector<void *>> &outs, int64_t length = 0);
+  /// Length buckets: resolves train_step@len<T> (create) and eval@len<T> (setEvalData).
+  Status bindBuckets(const std::string &text, const std::vector<int32_t> &plainInputs);
+  Status bindBucketEvals(const std::vector<int32_t> &plainEvalInputs);
+  /// evaluate() on variable-length eval data: each bucket's samples by its eval.
+  Expected<EvalResult> evaluateBuckets();
   /// stepOn()/stepOnDevice(): feeds forge.step and runs train_step on the bound inputs.
   /// With an accumulation loop, `bind(k)` points accumulate's inputs at micro-batch k
   /// before its run (default: microOuts_[k]).
@@ -277,9 +303,28 @@ private:
 
   struct Routine {
     int index = -1;
-    int32_t loss = -1, extra1 = -1, extra2 = -1; // train: lr, grad_norm; eval: correct
+    int32_t loss = -1, extra1 = -1, extra2 = -1; // train: lr, grad_norm; eval: correct, label_count
     int32_t scale = -1, skipped = -1;             // train: forge.loss_scale_used, forge.skipped
   };
+  /// One length bucket's routines and tensors; the last bucket is the plain
+  /// train_step/eval (train_, eval_, microInputs_[0]).
+  struct Bucket {
+    int64_t length = 0;
+    Routine train, eval;
+    int32_t stepInput = -1, evalWeight = -1;
+    std::vector<int32_t> inputs, evalInputs; // per field of fields_ / evalFields_
+    double flops = 0;                        // of a train run, by the cost model
+  };
+  int64_t stepRealTokens_ = 0; // the launched step's labelled tokens, all ranks (bucketed_)
+  std::vector<Bucket> buckets_;
+  std::vector<int32_t> sampleBucket_; // bucketed_: each training sample's bucket
+  /// The sampler of the training data (its groups the buckets when bucketed_).
+  std::unique_ptr<EpochSampler> makeSampler(uint64_t seed, bool shuffle) const;
+  bool bucketed_ = false; // variable-length training data: steps pick their bucket
+  size_t curBucket_ = 0;  // the launched step's (bucketed_)
+  std::vector<Executor::HostBuffer> evalBuffers_; // bucketed eval batches, per eval field
+  /// The routine, inputs and step input of the launched step.
+  const Routine &stepRoutine() const { return bucketed_ ? buckets_[curBucket_].train : train_; }
 
   std::unique_ptr<Executor> exec_;
   std::unique_ptr<DataSource> trainData_, evalData_;
