@@ -145,21 +145,30 @@ struct SplitAccumulationPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto train = module.lookupSymbol<func::FuncOp>("train_step");
-    SmallVector<AccumulatedOp> cuts;
-    if (train)
+    // @train_step, and each length bucket's @"train_step@len<T>" (forgec
+    // --length-buckets): @accumulate<suffix> and @accumulate_first<suffix>.
+    bool any = false;
+    for (auto train : llvm::to_vector(module.getOps<func::FuncOp>())) {
+      StringRef name = train.getSymName();
+      if (name != "train_step" && !name.starts_with("train_step@len"))
+        continue;
+      SmallVector<AccumulatedOp> cuts;
       train.walk([&](AccumulatedOp op) { cuts.push_back(op); });
-    if (cuts.empty()) {
-      markAllAnalysesPreserved();
-      return;
-    }
-    for (StringRef name : {kRoutine, kFirstRoutine})
-      if (module.lookupSymbol(name)) {
-        module.emitError() << "forge-split-accumulation: the module already has @" << name;
+      if (cuts.empty())
+        continue;
+      std::string suffix = name.drop_front(StringRef("train_step").size()).str();
+      for (StringRef routine : {kRoutine, kFirstRoutine})
+        if (module.lookupSymbol((routine + suffix).str())) {
+          module.emitError() << "forge-split-accumulation: the module already has @"
+                             << routine << suffix;
+          return signalPassFailure();
+        }
+      any = true;
+      if (failed(split(train, cuts, suffix)))
         return signalPassFailure();
-      }
-    if (failed(split(train, cuts)))
-      signalPassFailure();
+    }
+    if (!any)
+      markAllAnalysesPreserved();
   }
 
   /// @accumulate_first (`firstMicroBatch`): each accumulation is its term
@@ -203,7 +212,7 @@ struct SplitAccumulationPass
     eraseDeadOps(f.front());
   }
 
-  LogicalResult split(func::FuncOp train, ArrayRef<AccumulatedOp> cuts) {
+  LogicalResult split(func::FuncOp train, ArrayRef<AccumulatedOp> cuts, StringRef suffix) {
     Block &body = train.front();
     auto ret = cast<func::ReturnOp>(body.getTerminator());
     // Dead ops (the pipeline removed them already; forge-opt's input may not
@@ -293,7 +302,8 @@ struct SplitAccumulationPass
     for (unsigned i : args)
       argTypes.push_back(train.getArgument(i).getType());
     b.setInsertionPoint(train);
-    auto acc = b.create<func::FuncOp>(train.getLoc(), kRoutine, b.getFunctionType(argTypes, {}));
+    auto acc = b.create<func::FuncOp>(train.getLoc(), (kRoutine + suffix).str(),
+                                      b.getFunctionType(argTypes, {}));
     for (NamedAttribute a : train->getDiscardableAttrs())
       acc->setAttr(a.getName(), a.getValue());
     Block *entry = acc.addEntryBlock();
@@ -327,7 +337,7 @@ struct SplitAccumulationPass
         acc.setResultAttrs(r, attrs);
     // The first micro-batch's routine: each accumulation writes its term.
     auto first = cast<func::FuncOp>(acc->clone());
-    first.setSymName(kFirstRoutine);
+    first.setSymName((kFirstRoutine + suffix).str());
     b.setInsertionPoint(acc);
     b.insert(first);
     specialize(first, /*firstMicroBatch=*/true);

@@ -406,11 +406,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                          origin);
   }
 
-  std::vector<int32_t> plainInputs;
-  for (const std::vector<int32_t> &perField : tensors)
-    plainInputs.push_back(perField[0]);
   if (const std::string text = buildOption(p, "length_buckets"); !text.empty())
-    FORGE_RETURN_IF_ERROR(tr->bindBuckets(text, plainInputs));
+    FORGE_RETURN_IF_ERROR(tr->bindBuckets(text, tensors));
   const int64_t perStep = tr->globalSamplesPerStep();
   if (train) {
     FORGE_RETURN_IF_ERROR(train->bind(tr->fields_));
@@ -424,19 +421,14 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     if (tr->trainData_->variableLength()) {
       // Documents: each sample in the smallest bucket that holds it (without
       // buckets, the one of train_step's T); a step's samples share a bucket.
-      if (loop || pp > 1 || dp > 1)
+      // With --dp, a step's global samples are one run of the sampler: every
+      // rank's share is of the same bucket, so the ranks run the same routine.
+      if (pp > 1 || !tr->schedule_.empty())
         return Status::error("{}: variable-length data ({}) with {} is not supported yet",
                              origin, tr->trainData_->describe(),
-                             loop ? "an accumulation loop" : pp > 1 ? "--pp" : "--dp");
-      if (tr->buckets_.empty()) {
-        Bucket plain;
-        plain.length = tr->fields_.front().sampleShape.at(0);
-        plain.flops = tr->trainFlops_;
-        plain.train = tr->train_;
-        plain.stepInput = tr->stepInput_;
-        plain.inputs = plainInputs;
-        tr->buckets_.push_back(plain);
-      }
+                             pp > 1 ? "--pp" : "a batch-size schedule");
+      if (tr->buckets_.empty())
+        tr->buckets_.push_back(tr->plainBucket(tr->fields_.front().sampleShape.at(0), tensors));
       const int64_t n = tr->trainData_->numSamples();
       tr->sampleBucket_.resize(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) {
@@ -538,7 +530,29 @@ std::unique_ptr<EpochSampler> Trainer::makeSampler(uint64_t seed, bool shuffle) 
   return sampler;
 }
 
-Status Trainer::bindBuckets(const std::string &text, const std::vector<int32_t> &plainInputs) {
+Trainer::Bucket Trainer::plainBucket(int64_t length,
+                                     const std::vector<std::vector<int32_t>> &tensors) const {
+  Bucket b;
+  b.length = length;
+  b.train = train_;
+  b.stepInput = stepInput_;
+  b.flops = flopsPerStep();
+  for (const std::vector<int32_t> &perField : tensors) {
+    b.inputs.push_back(perField.front());
+    b.firstInputs.push_back(perField.front()); // a loop's micro-batch 0: accumulate_first's
+    b.accumInputs.push_back(perField.back());  // and the others: accumulate's
+  }
+  b.accum = accum_;
+  b.firstAccum = firstAccum_;
+  b.accumStep = accumStepInput_;
+  b.firstStep = firstStepInput_;
+  b.microIndex = microIndexInput_;
+  b.firstMicroIndex = firstMicroIndexInput_;
+  return b;
+}
+
+Status Trainer::bindBuckets(const std::string &text,
+                            const std::vector<std::vector<int32_t>> &tensors) {
   const std::string &origin = exec_->bundle().origin();
   std::vector<int64_t> lengths;
   const size_t eq = text.find('=');
@@ -557,8 +571,9 @@ Status Trainer::bindBuckets(const std::string &text, const std::vector<int32_t> 
   if (lengths.size() < 2)
     return Status::error("{}: build option length_buckets '{}' names fewer than two lengths",
                          origin, text);
-  if (accum_.index >= 0 || micro_ > 1 || ppSize_ > 1)
-    return Status::error("{}: length buckets with micro-batches or --pp are not supported",
+  if (ppSize_ > 1 || !schedule_.empty() || (micro_ > 1 && accum_.index < 0))
+    return Status::error("{}: length buckets with --pp, a batch-size schedule or unrolled "
+                         "micro-batches are not supported",
                          origin);
   const int64_t top = lengths.back();
   // A field's shape at length T: train_step's with each dim of `top` replaced by T.
@@ -573,44 +588,71 @@ Status Trainer::bindBuckets(const std::string &text, const std::vector<int32_t> 
     Bucket b;
     b.length = length;
     if (length == top) { // the plain routines
-      b.train = train_;
-      b.stepInput = stepInput_;
-      b.inputs = plainInputs;
-      b.flops = trainFlops_;
-      buckets_.push_back(b);
+      buckets_.push_back(plainBucket(length, tensors));
       continue;
     }
-    const std::string name = fmt::format("train_step@len{}", length);
-    auto index = exec_->findRoutine(name);
-    if (!index)
-      return Status::error("{}: build option length_buckets '{}' but no routine '{}'", origin,
-                           text, name);
-    b.train.index = *index;
-    b.inputs.assign(fields_.size(), -1);
-    for (int32_t t : exec_->inputs(*index)) {
-      const bundle::TensorInfo &info = exec_->tensorInfo(t);
-      if (info.name() == "forge.step") {
-        if (info.dtype() != bundle::F32 || numElements(shapeOf(info)) != 1)
-          return Status::error("{}: {} input 'forge.step' is not an f32 scalar", origin, name);
-        b.stepInput = t;
-        continue;
+    // A routine of this bucket: its index, its forge.step / forge.micro_index
+    // inputs, and its data inputs by field (none: a loop's train_step).
+    auto resolve = [&](const std::string &name, bool data, double runs, Routine &routine,
+                       int32_t &step, int32_t *microIndex, std::vector<int32_t> &inputs) -> Status {
+      auto index = exec_->findRoutine(name);
+      if (!index)
+        return Status::error("{}: build option length_buckets '{}' but no routine '{}'", origin,
+                             text, name);
+      routine.index = *index;
+      inputs.assign(data ? fields_.size() : 0, -1);
+      for (int32_t t : exec_->inputs(*index)) {
+        const bundle::TensorInfo &info = exec_->tensorInfo(t);
+        const bool scalar = numElements(shapeOf(info)) == 1;
+        if (info.name() == "forge.step" && scalar && info.dtype() == bundle::F32) {
+          step = t;
+          continue;
+        }
+        if (info.name() == "forge.micro_index" && microIndex && scalar &&
+            info.dtype() == bundle::I64) {
+          *microIndex = t;
+          continue;
+        }
+        auto f = std::find_if(fields_.begin(), fields_.end(),
+                              [&](const DataField &d) { return d.name == info.name(); });
+        if (!data || f == fields_.end())
+          return Status::error("{}: {} reads input '{}' ({}{}), which the plain routine does not",
+                               origin, name, info.name(), dtypeName(info.dtype()),
+                               shapeString(shapeOf(info)));
+        if (info.dtype() != f->dtype || shapeOf(info) != shapeAt(*f, length))
+          return Status::error("{}: {} input '{}' is {}{}, expected {}{} (the plain routine's "
+                               "at T = {})",
+                               origin, name, info.name(), dtypeName(info.dtype()),
+                               shapeString(shapeOf(info)), dtypeName(f->dtype),
+                               shapeString(shapeAt(*f, length)), length);
+        inputs[static_cast<size_t>(f - fields_.begin())] = t;
       }
-      auto f = std::find_if(fields_.begin(), fields_.end(),
-                            [&](const DataField &d) { return d.name == info.name(); });
-      if (f == fields_.end())
-        return Status::error("{}: {} reads input '{}', which train_step does not", origin, name,
-                             info.name());
-      if (info.dtype() != f->dtype || shapeOf(info) != shapeAt(*f, length))
-        return Status::error("{}: {} input '{}' is {}{}, expected {}{} (train_step's at T = {})",
-                             origin, name, info.name(), dtypeName(info.dtype()),
-                             shapeString(shapeOf(info)), dtypeName(f->dtype),
-                             shapeString(shapeAt(*f, length)), length);
-      b.inputs[static_cast<size_t>(f - fields_.begin())] = t;
+      for (size_t f = 0; f < inputs.size(); ++f)
+        if (inputs[f] < 0)
+          return Status::error("{}: {} has no input '{}'", origin, name, fields_[f].name);
+      for (const bundle::Instruction &inst :
+           exec_->bundle().program().routines(*index).instructions())
+        b.flops += static_cast<double>(inst.flops()) * runs;
+      return Status::ok();
+    };
+    const std::string name = fmt::format("train_step@len{}", length);
+    const bool loop = accum_.index >= 0;
+    FORGE_RETURN_IF_ERROR(resolve(name, !loop, 1.0, b.train, b.stepInput, nullptr, b.inputs));
+    if (loop) {
+      const bool first = firstAccum_.index >= 0; // it runs micro-batch 0
+      FORGE_RETURN_IF_ERROR(resolve(fmt::format("accumulate@len{}", length), true,
+                                    static_cast<double>(micro_ - (first ? 1 : 0)), b.accum,
+                                    b.accumStep, &b.microIndex, b.accumInputs));
+      if (first)
+        FORGE_RETURN_IF_ERROR(resolve(fmt::format("accumulate_first@len{}", length), true, 1.0,
+                                      b.firstAccum, b.firstStep, &b.firstMicroIndex,
+                                      b.firstInputs));
+      if ((b.microIndex < 0) != (microIndexInput_ < 0))
+        return Status::error("{}: accumulate@len{} and accumulate disagree on forge.micro_index",
+                             origin, length);
     }
-    for (size_t f = 0; f < fields_.size(); ++f)
-      if (b.inputs[f] < 0)
-        return Status::error("{}: {} has no input '{}'", origin, name, fields_[f].name);
-    auto loss = scalarOutput(*exec_, *index, "loss", true);
+    const int index = b.train.index;
+    auto loss = scalarOutput(*exec_, index, "loss", true);
     if (!loss)
       return loss.status();
     b.train.loss = *loss;
@@ -618,13 +660,11 @@ Status Trainer::bindBuckets(const std::string &text, const std::vector<int32_t> 
                              std::pair{"forge.grad_norm", &b.train.extra2},
                              std::pair{"forge.loss_scale_used", &b.train.scale},
                              std::pair{"forge.skipped", &b.train.skipped}}) {
-      auto t = scalarOutput(*exec_, *index, out, false);
+      auto t = scalarOutput(*exec_, index, out, false);
       if (!t)
         return t.status();
       *into = *t;
     }
-    for (const bundle::Instruction &inst : exec_->bundle().program().routines(*index).instructions())
-      b.flops += static_cast<double>(inst.flops());
     buckets_.push_back(b);
   }
   return Status::ok();
@@ -635,8 +675,6 @@ Status Trainer::bindBucketEvals(const std::vector<int32_t> &plainEvalInputs) {
   if (buckets_.empty()) { // no length_buckets: the eval routine's T alone
     Bucket plain;
     plain.length = evalFields_.front().sampleShape.at(0);
-    plain.train = train_;
-    plain.stepInput = stepInput_;
     buckets_.push_back(plain);
   }
   for (Bucket &b : buckets_) {
@@ -1129,9 +1167,20 @@ Status Trainer::failedError() const {
 }
 
 Status Trainer::bindMicroBatch(const std::vector<std::vector<void *>> &outs, int64_t k) {
-  const std::vector<int32_t> &inputs = bucketed_ ? buckets_[curBucket_].inputs : microInputs_[k];
-  for (size_t f = 0; f < inputs.size(); ++f)
-    FORGE_RETURN_IF_ERROR(exec_->bindInput(inputs[f], outs[k][f]));
+  if (bucketed_) {
+    const Bucket &b = buckets_[curBucket_];
+    const bool first = k == 0 && b.firstAccum.index >= 0;
+    const std::vector<int32_t> &inputs = b.accum.index < 0 ? b.inputs
+                                         : first           ? b.firstInputs
+                                                           : b.accumInputs;
+    for (size_t f = 0; f < inputs.size(); ++f)
+      FORGE_RETURN_IF_ERROR(exec_->bindInput(inputs[f], outs[k][f]));
+    if (int32_t t = first ? b.firstMicroIndex : b.microIndex; b.accum.index >= 0 && t >= 0)
+      FORGE_RETURN_IF_ERROR(exec_->bindInput(t, &microIndex_[k]));
+    return Status::ok();
+  }
+  for (size_t f = 0; f < microInputs_[k].size(); ++f)
+    FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], outs[k][f]));
   if (int32_t t = microIndexInputOf(k); t >= 0)
     FORGE_RETURN_IF_ERROR(exec_->bindInput(t, &microIndex_[k]));
   return Status::ok();
@@ -1173,16 +1222,26 @@ Status Trainer::runStep(const std::function<Status(int64_t)> &bind,
     }
     return Status::ok();
   };
+  if (bucketed_) { // the step's bucket's routines (no batch-size schedule: K = micro_)
+    const Bucket &b = buckets_[curBucket_];
+    if (b.accum.index < 0) {
+      FORGE_RETURN_IF_ERROR(bind(0));
+    } else {
+      for (int64_t k = 0; k < micro; ++k) {
+        FORGE_RETURN_IF_ERROR(bind(k));
+        const bool first = k == 0 && b.firstAccum.index >= 0;
+        scalars(first ? b.firstStep : b.accumStep, -1);
+        FORGE_RETURN_IF_ERROR(runOne(first ? b.firstAccum.index : b.accum.index));
+      }
+    }
+    scalars(b.stepInput, -1);
+    return runOne(b.train.index);
+  }
   for (int64_t k = 0; accum_.index >= 0 && k < micro; ++k) {
     FORGE_RETURN_IF_ERROR(bind(k));
     const bool first = k == 0 && firstAccum_.index >= 0;
     scalars(first ? firstStepInput_ : accumStepInput_, first ? firstCountInput_ : accumCountInput_);
     FORGE_RETURN_IF_ERROR(runOne(first ? firstAccum_.index : accum_.index));
-  }
-  if (bucketed_) { // one run, no accumulation loop (create() refuses one)
-    FORGE_RETURN_IF_ERROR(bind(0));
-    scalars(buckets_[curBucket_].stepInput, -1);
-    return runOne(buckets_[curBucket_].train.index);
   }
   scalars(stepInput_, trainCountInput_);
   return runOne(train_.index);

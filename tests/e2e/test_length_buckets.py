@@ -14,6 +14,9 @@ shape, so it is length-generic. The loss ignores padding (cross_entropy:...,igno
   * documents of mixed lengths: every bucket runs (metrics' "length" field), the padding share is
     below the plain bundle's, the loss falls, and a run resumed from a checkpoint repeats the
     uninterrupted one's losses exactly (the bucketed order resumes from the checkpoint);
+  * --dp 2 on CPU ranks: each step's global samples are one bucket's; it trains as one process
+    with the global batch does (documents of equal length per bucket);
+  * --micro-batches 2 (the loop: accumulate@len<T> per bucket) trains as one batch of 4;
   * refusals: a --dim for the bucketed dim, documents for a loss without ignore=N, a dim name the
     model lacks (the import names the symbolic dim it has).
 
@@ -155,6 +158,46 @@ def main():
                       why or why2 or f"{[r['loss'] for r in (rest or [])][:3]} vs "
                                      f"{[r['loss'] for r in got[10:13]]}")
             shutil.rmtree(ckpt, ignore_errors=True)
+
+        # Data parallelism: a step's global samples are one bucket's, so both CPU ranks run the
+        # same routine; documents of one length (equal labels per rank, so the ranks' mean of
+        # means is the global mean) train as one process with the global batch.
+        documents(p("even.bin"), [7] * 80 + [13] * 40 + [30] * 40, 4)
+        rc, _, log = e2e.run([forgec, model, "--target", "cpu", "--batch", str(BATCH // 2),
+                              "--dp", "2", "--loss", LOSS, "--optimizer", OPT,
+                              "--length-buckets", "seq=8,16,32", "-o", p("dp.forge")])
+        if rep.check("compile --dp 2 with --length-buckets", rc == 0, e2e.failure(rc, log)):
+            got, why = train(p("dp.forge"), p("even.bin"), "dp", 8, ["--nproc", "2"])
+            ref, why2 = train(p("b.forge"), p("even.bin"), "one", 8)
+            ok = got and ref and len(got) == len(ref) == 8
+            err = max(e2e.rel(x["loss"], y["loss"]) for x, y in zip(got, ref)) if ok else 1
+            rep.check("--dp 2 on CPU ranks == one process with the global batch",
+                      ok and err <= TOL and [r["length"] for r in got] == [r["length"] for r in ref]
+                      and len({r["length"] for r in got}) >= 2,
+                      f"max rel {err:.1e} (<= {TOL}), lengths {[r['length'] for r in got]}"
+                      if ok else why or why2)
+
+        # The accumulation loop: accumulate@len<T> (accumulate_first@len<T>) K times, then
+        # train_step@len<T>; 2 micro-batches of 2 train as one batch of 4 (equal lengths).
+        rc, _, log = e2e.run([forgec, model, "--target", "cpu", "--batch", str(BATCH // 2),
+                              "--micro-batches", "2", "--loss", LOSS, "--optimizer", OPT,
+                              "--length-buckets", "seq=8,16,32", "-o", p("micro.forge")])
+        if rep.check("compile --micro-batches 2 with --length-buckets", rc == 0,
+                     e2e.failure(rc, log)):
+            rc, _, info = e2e.run([forge_train, "--info", p("micro.forge")])
+            rep.check("... each bucket has its accumulation routines",
+                      all(r in info for r in ("accumulate@len8", "accumulate_first@len8",
+                                              "accumulate@len16", "accumulate_first", "train_step@len8")),
+                      e2e.tail(info, 3))
+            got, why = train(p("micro.forge"), p("even.bin"), "micro", 8)
+            ref, why2 = train(p("b.forge"), p("even.bin"), "one4", 8)
+            ok = got and ref and len(got) == len(ref) == 8
+            err = max(e2e.rel(x["loss"], y["loss"]) for x, y in zip(got, ref)) if ok else 1
+            rep.check("2 micro-batches of 2 == one batch of 4, in every bucket",
+                      ok and err <= TOL and [r["length"] for r in got] == [r["length"] for r in ref]
+                      and len({r["length"] for r in got}) == 3,
+                      f"max rel {err:.1e} (<= {TOL}), lengths {[r['length'] for r in got]}"
+                      if ok else why or why2)
 
         # Refusals.
         rc, _, log = compile(p("x.forge"), ["--length-buckets", "seq=8,32", "--dim", "seq=32"])

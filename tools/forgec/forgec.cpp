@@ -409,10 +409,10 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
              "train_step's): drop --dim " + bucketDim + "=...";
     if (inferenceOnly)
       return "--length-buckets compiles training steps; drop --inference-only";
-    if (batchAuto || microBatches > 1 || !batchSchedule.empty() || dataParallel > 0 ||
-        tensorParallel > 1 || pipelineParallel > 1)
-      return "--length-buckets is not supported yet with --batch auto, --micro-batches, "
-             "--batch-schedule, --dp, --tp or --pp";
+    if (batchAuto || !batchSchedule.empty() || accumulate == "unroll" || tensorParallel > 1 ||
+        pipelineParallel > 1)
+      return "--length-buckets is not supported yet with --batch auto, --batch-schedule, "
+             "--accumulate unroll, --tp or --pp";
     o.dimValues[bucketDim] = bucketValues.back();
   }
   return "";

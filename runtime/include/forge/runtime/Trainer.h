@@ -272,7 +272,7 @@ private:
   Status fillStep(DataSource &source, std::span<const int64_t> indices,
                   const std::vector<std::vector<void *>> &outs, int64_t length = 0);
   /// Length buckets: resolves train_step@len<T> (create) and eval@len<T> (setEvalData).
-  Status bindBuckets(const std::string &text, const std::vector<int32_t> &plainInputs);
+  Status bindBuckets(const std::string &text, const std::vector<std::vector<int32_t>> &tensors);
   Status bindBucketEvals(const std::vector<int32_t> &plainEvalInputs);
   /// evaluate() on variable-length eval data: each bucket's samples by its eval.
   Expected<EvalResult> evaluateBuckets();
@@ -313,8 +313,16 @@ private:
     Routine train, eval;
     int32_t stepInput = -1, evalWeight = -1;
     std::vector<int32_t> inputs, evalInputs; // per field of fields_ / evalFields_
-    double flops = 0;                        // of a train run, by the cost model
+    double flops = 0;                        // of a step (every run), by the cost model
+    // The accumulation loop (accum.index >= 0): accumulate@len<T> and
+    // accumulate_first@len<T>, their scalar and data inputs (per field).
+    Routine accum, firstAccum;
+    int32_t accumStep = -1, firstStep = -1, microIndex = -1, firstMicroIndex = -1;
+    std::vector<int32_t> accumInputs, firstInputs;
   };
+  /// The plain routines (train_step, accumulate, ...) as a bucket of length `length`;
+  /// `tensors`: create()'s data inputs [field][micro-batch].
+  Bucket plainBucket(int64_t length, const std::vector<std::vector<int32_t>> &tensors) const;
   int64_t stepRealTokens_ = 0; // the launched step's labelled tokens, all ranks (bucketed_)
   std::vector<Bucket> buckets_;
   std::vector<int32_t> sampleBucket_; // bucketed_: each training sample's bucket
