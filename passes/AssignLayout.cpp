@@ -60,23 +60,10 @@ bool isStaticRank4Float(Value v) {
   return t && t.hasStaticShape() && t.getRank() == 4 && isa<FloatType>(t.getElementType());
 }
 
-SmallVector<int64_t> permuted(ArrayRef<int64_t> shape, ArrayRef<int64_t> perm) {
-  SmallVector<int64_t> r;
-  for (int64_t p : perm)
-    r.push_back(shape[p]);
-  return r;
-}
-
-SmallVector<int64_t> inverse(ArrayRef<int64_t> perm) {
-  SmallVector<int64_t> inv(perm.size());
-  for (auto [i, p] : llvm::enumerate(perm))
-    inv[p] = static_cast<int64_t>(i);
-  return inv;
-}
 
 Value transposed(OpBuilder &b, Location loc, Value v, ArrayRef<int64_t> perm) {
   auto t = tensorOf(v);
-  return b.create<TransposeOp>(loc, RankedTensorType::get(permuted(t.getShape(), perm),
+  return b.create<TransposeOp>(loc, RankedTensorType::get(permutedShape(t.getShape(), perm),
                                                           t.getElementType()),
                                v, b.getDenseI64ArrayAttr(perm));
 }
@@ -235,7 +222,7 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
     last->setAttr("channels_last", b.getBoolAttr(true));
     auto type = tensorOf(op->getResult(0));
     last->getResult(0).setType(
-        RankedTensorType::get(permuted(type.getShape(), kToLast), type.getElementType()));
+        RankedTensorType::get(permutedShape(type.getShape(), kToLast), type.getElementType()));
     op->getResult(0).replaceAllUsesWith(transposed(b, loc, last->getResult(0), kToFirst));
     op->erase();
     return last;
@@ -340,7 +327,7 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
         }
       if (!perm || static_cast<int64_t>(perm->size()) != result.getRank())
         return rw.notifyMatchFailure(op, "no transposed operand");
-      SmallVector<int64_t> inv = inverse(*perm);
+      SmallVector<int64_t> inv = inversePermutation(*perm);
       SmallVector<Value> inner;
       SmallVector<std::pair<unsigned, Value>> toTranspose;
       SmallVector<std::pair<unsigned, BroadcastOp>> toBroadcast;
@@ -369,7 +356,7 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
         inner[i] = transposed(rw, op->getLoc(), v, inv);
       for (auto [i, bc] : toBroadcast) {
         Value small = transposed(rw, op->getLoc(), bc.getInput(), inv);
-        SmallVector<int64_t> shape = permuted(bc.getShape(), inv);
+        SmallVector<int64_t> shape = permutedShape(bc.getShape(), inv);
         inner[i] = rw.create<BroadcastOp>(
             bc.getLoc(), RankedTensorType::get(shape, tensorOf(bc.getResult()).getElementType()),
             small, rw.getDenseI64ArrayAttr(shape));
@@ -377,7 +364,7 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
       Operation *moved = rw.clone(*op);
       moved->setOperands(inner);
       moved->getResult(0).setType(
-          RankedTensorType::get(permuted(result.getShape(), inv), result.getElementType()));
+          RankedTensorType::get(permutedShape(result.getShape(), inv), result.getElementType()));
       rw.replaceOp(op, transposed(rw, op->getLoc(), moved->getResult(0), *perm));
       return success();
     }
@@ -403,7 +390,7 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
       Operation *moved = rw.clone(*op);
       moved->setOperand(0, tr.getInput());
       moved->setAttr("axes", rw.getDenseI64ArrayAttr(innerAxes));
-      moved->getResult(0).setType(RankedTensorType::get(permuted(result.getShape(), inverse(perm)),
+      moved->getResult(0).setType(RankedTensorType::get(permutedShape(result.getShape(), inversePermutation(perm)),
                                                         result.getElementType()));
       rw.replaceOp(op, transposed(rw, op->getLoc(), moved->getResult(0), perm));
       return success();

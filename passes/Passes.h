@@ -37,6 +37,11 @@ llvm::DenseSet<Operation *> accumulationPart(Block &body);
 /// (forge-fuse's scalar group, forge-assign-precision's mixed-precision
 /// readers, forge-merge-scalar-regions' riders).
 FusionOp cloneIntoLoopRegion(Operation *op);
+/// [shape[perm[0]], shape[perm[1]], ...]: a transpose's result shape.
+/// forge-assign-layout and forge-permute-parameters.
+SmallVector<int64_t> permutedShape(ArrayRef<int64_t> shape, ArrayRef<int64_t> perm);
+/// The permutation that undoes `perm`.
+SmallVector<int64_t> inversePermutation(ArrayRef<int64_t> perm);
 
 } // namespace mlir::forge
 

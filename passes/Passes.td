@@ -730,6 +730,28 @@ def FoldAttentionViews : Pass<"forge-fold-attention-views", "::mlir::func::FuncO
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+def PermuteParameters : Pass<"forge-permute-parameters", "::mlir::ModuleOp"> {
+  let summary = "Store each parameter in the layout its routines read it in";
+  let description = [{
+    A parameter that every routine reads through one transpose (a
+    convolution weight after forge-assign-layout: [O, C, kh, kw] read as
+    [O, kh, kw, C]) is stored in that layout, and so is what the training
+    step keeps of its shape: the gradient (which arrives through the inverse
+    transpose), the optimizer's state and the pointwise values between them.
+    Both transposes go; the arguments get `forge.layout_perm` (stored =
+    transpose(canonical, perm)), which the bundle carries so that the runtime
+    converts initial values, checkpoints and exports (they stay in the ONNX
+    layout). A parameter whose cluster meets anything but pointwise ops,
+    rank-0 operands, those transposes, whole reductions and its updates keeps
+    its layout (with report=1, a remark says why).
+  }];
+  let options = [
+    Option<"report", "report", "bool", /*default=*/"false",
+           "a remark for each parameter left in its layout, with the reason">,
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 def InlineFusions : Pass<"forge-inline-fusions", "::mlir::func::FuncOp"> {
   let summary = "Replace the fusion regions that have no kernel by their ops";
   let description = [{
@@ -848,7 +870,7 @@ def PlanMemory : Pass<"forge-plan-memory", "::mlir::func::FuncOp"> {
   }];
   let options = [
     Option<"workspaceFloor", "workspace-floor", "int64_t", /*default=*/"64 << 20",
-           "Least workspace of a cuDNN op, in bytes (the arena grows for it)">,
+           "Least workspace of a cuDNN op, in bytes (the arena grows for it; forge-schedule counts this default, kCudnnWorkspaceFloor)">,
     Option<"workspaceCap", "workspace-cap", "int64_t", /*default=*/"1 << 30",
            "Most workspace of a cuDNN op, in bytes">,
     Option<"report", "report", "bool", /*default=*/"false",

@@ -183,8 +183,10 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
 /// (StreamOrder.h), each from its op to its last reader (the return: the
 /// end); an op off the compute stream holds its operands until the compute
 /// stream is ordered after it, and its results from the last compute op it
-/// follows. Inputs, parameters and constants are left out: no order changes
-/// them. The plan's in-place reuse is not modelled.
+/// follows. A cuDNN op's workspace (kCudnnWorkspaceFloor) is live over the
+/// same span: concurrent convolutions each hold one. Inputs, parameters and
+/// constants are left out: no order changes them. The plan's in-place reuse
+/// is not modelled.
 uint64_t estimatePeak(const StreamOrder &o, Block &body) {
   const int64_t n = static_cast<int64_t>(o.ops.size());
   llvm::DenseMap<Operation *, int64_t> at;
@@ -206,6 +208,14 @@ uint64_t estimatePeak(const StreamOrder &o, Block &body) {
   for (auto &[v, r] : range) {
     delta[std::max<int64_t>(r.first, 0)] += static_cast<int64_t>(bytesOf(v));
     delta[std::min(r.second, n) + 1] -= static_cast<int64_t>(bytesOf(v));
+  }
+  for (int64_t p = 0; p < n; ++p) {
+    auto library = o.ops[p]->getAttrOfType<StringAttr>("forge.library");
+    if (!library || library.getValue() != "cudnn")
+      continue;
+    const bool aside = o.stream[p] != 0;
+    delta[std::max<int64_t>(aside ? o.after[p] + 1 : p, 0)] += kCudnnWorkspaceFloor;
+    delta[std::min(aside ? o.until[p] : p, n) + 1] -= kCudnnWorkspaceFloor;
   }
   int64_t live = 0, peak = 0;
   for (int64_t d : delta)

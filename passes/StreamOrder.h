@@ -62,6 +62,11 @@ struct StreamOrder {
 /// the listed ops, which read the buffer's old value.
 StreamOrder deriveStreamOrder(
     func::FuncOp func, const llvm::DenseMap<Operation *, SmallVector<Operation *, 4>> &overwrites);
+/// The arena bytes a cuDNN op's workspace takes at least (forge-plan-memory's
+/// workspace-floor default): forge-schedule counts them in its estimate, since
+/// a workspace on a further stream lives as long as the op may run.
+constexpr int64_t kCudnnWorkspaceFloor = int64_t(64) << 20;
+
 inline StreamOrder deriveStreamOrder(func::FuncOp func) {
   return deriveStreamOrder(func, llvm::DenseMap<Operation *, SmallVector<Operation *, 4>>());
 }

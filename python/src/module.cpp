@@ -438,12 +438,13 @@ struct PyTrainer {
   /// moments and running statistics too (copies).
   nb::dict tensors(bool state) {
     const rt::Executor &ex = trainer->executor();
+    const rt::WholeTensors canonical = rt::permutedWhole(ex); // weights stored permuted
     nb::dict d;
     for (int32_t t : ex.persistentTensors()) {
       const auto &info = ex.tensorInfo(t);
       if (info.kind() != forge::bundle::TensorInfo::PARAMETER && !state)
         continue;
-      d[nb::str(info.name().c_str())] = toNumpy(rt::wholeView(ex, t, nullptr), info.name());
+      d[nb::str(info.name().c_str())] = toNumpy(rt::wholeView(ex, t, &canonical), info.name());
     }
     return d;
   }

@@ -169,6 +169,13 @@ Status writeFile(const std::string &path, const Executor &ex, const CheckpointSt
                  const std::vector<int32_t> &tensorsOf, const WholeTensors *whole,
                  std::optional<std::pair<int64_t, int64_t>> shard) {
   const bundle::Program &p = ex.bundle().program();
+  // Tensors stored permuted are written canonical: from `whole` when given
+  // (gatherShards adds them), else converted here.
+  WholeTensors local;
+  if (!whole) {
+    local = permutedWhole(ex);
+    whole = &local;
+  }
   nlohmann::json meta;
   meta["format"] = kFormatName;
   // Whole files stay version 1 (readers before sharding take them); a rank's
@@ -192,7 +199,7 @@ Status writeFile(const std::string &path, const Executor &ex, const CheckpointSt
   for (int32_t t : tensorsOf) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
     const bool split = info.has_shard() && info.shard().size() > 1;
-    TensorView v = shard ? ex.view(t) : wholeView(ex, t, whole);
+    TensorView v = shard && info.layout_perm_size() == 0 ? ex.view(t) : wholeView(ex, t, whole);
     if (!v.data)
       return Status::error("{}: cannot read '{}'", path, info.name());
     if (!shard && split && (!whole || !whole->count(t)))

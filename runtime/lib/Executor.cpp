@@ -270,7 +270,7 @@ Status Executor::setPersistent(int32_t index, std::span<const uint8_t> bytes) {
     return Status::error("{}: tensor '{}' is not held here (none of this executor's routines "
                          "uses it: another pipeline stage's)",
                          bundle_.origin(), info.name());
-  std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
+  std::vector<int64_t> shape = canonicalShape(info);
   size_t expected = static_cast<size_t>(numElements(shape)) * dtypeSize(info.dtype());
   if (bytes.size() != expected)
     return Status::error("{}: tensor '{}' has {} bytes ({} {}), got {}", bundle_.origin(),
@@ -278,6 +278,15 @@ Status Executor::setPersistent(int32_t index, std::span<const uint8_t> bytes) {
                          bytes.size());
   if (bytes.empty())
     return Status::ok();
+  // Stored permuted (TensorInfo.layout_perm): the canonical bytes transposed.
+  std::vector<uint8_t> stored;
+  if (info.layout_perm_size() > 0) {
+    stored = transposeBytes(bytes, shape,
+                            std::span<const int64_t>(info.layout_perm().data(),
+                                                     static_cast<size_t>(info.layout_perm_size())),
+                            dtypeSize(info.dtype()));
+    bytes = stored;
+  }
   if (!writable_[index]) {
     TensorView v = view(index);
     if (std::memcmp(v.data, bytes.data(), bytes.size()) != 0)

@@ -121,4 +121,35 @@ std::vector<uint8_t> narrowFloats(const uint8_t *f32, size_t bytes, DType to) {
   return out;
 }
 
+std::vector<uint8_t> transposeBytes(std::span<const uint8_t> x, const std::vector<int64_t> &shape,
+                                    std::span<const int64_t> perm, size_t elemSize) {
+  const size_t rank = shape.size();
+  std::vector<uint8_t> out(x.size());
+  if (x.empty() || rank == 0)
+    return std::vector<uint8_t>(x.begin(), x.end());
+  // Strides of x, taken in the output's dim order; walk the output row-major.
+  std::vector<int64_t> inStride(rank, 1), outShape(rank), step(rank);
+  for (size_t d = rank - 1; d > 0; --d)
+    inStride[d - 1] = inStride[d] * shape[d];
+  for (size_t d = 0; d < rank; ++d) {
+    outShape[d] = shape[static_cast<size_t>(perm[d])];
+    step[d] = inStride[static_cast<size_t>(perm[d])];
+  }
+  std::vector<int64_t> idx(rank, 0);
+  int64_t src = 0;
+  const size_t n = x.size() / elemSize;
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(out.data() + i * elemSize, x.data() + static_cast<size_t>(src) * elemSize,
+                elemSize);
+    for (size_t d = rank; d-- > 0;) { // the next output index, odometer style
+      src += step[d];
+      if (++idx[d] < outShape[d])
+        break;
+      src -= step[d] * outShape[d];
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
 } // namespace forge::rt

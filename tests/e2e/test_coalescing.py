@@ -32,7 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # check. A kind not listed fails the test; a listed kind that no longer occurs fails too.
 KNOWN = {
     # A materialized transpose reads one side strided (no shared-memory tile yet); the
-    # layout pass leaves one per conv net input and per weight and weight gradient.
+    # layout pass leaves one per conv net input and at layout-unaware consumers (weights and
+    # their gradients are stored channels-last: forge-permute-parameters).
     "transpose": "one side strided: no shared-memory tile",
     # The eval routine's arg-max: a thread per row of [N, classes] walks its row.
     "argmax": "a thread per row",

@@ -566,5 +566,29 @@ TEST(BundleTest, LowPrecisionCopies) {
                 p.mutable_tensors(3)->set_dtype(fb::F16);
                 p.mutable_tensors(3)->set_data_size(12);
               }),
-              "copy of parameter 'p' (f16 [3, 2]) must have its shape, and it must be f32");
+              "copy of parameter 'p' (f16 [3, 2]) must have its shape and stored layout, and it must be f32");
+  // Stored permutations (forge-permute-parameters): a copy stored as its parameter is; a
+  // permutation of the tensor's dims, on persistent tensors only.
+  expectError(build([](fb::Program &, fb::TensorInfo &c) {
+                c.add_layout_perm(1);
+                c.add_layout_perm(0);
+              }),
+              "copy of parameter 'p' (f32 [3, 2]) must have its shape and stored layout");
+  expectError(build([](fb::Program &p, fb::TensorInfo &) {
+                p.mutable_tensors(3)->add_layout_perm(0);
+                p.mutable_tensors(3)->add_layout_perm(0);
+              }),
+              "layout_perm [0, 0] is not a permutation of its 2 dims");
+  expectError(build([](fb::Program &p, fb::TensorInfo &) {
+                p.mutable_tensors(3)->add_layout_perm(1);
+              }),
+              "layout_perm [1] is not a permutation of its 2 dims");
+  expectError(build([](fb::Program &p, fb::TensorInfo &) {
+                for (fb::TensorInfo &t : *p.mutable_tensors())
+                  if (t.kind() == fb::TensorInfo::CONSTANT) {
+                    t.add_layout_perm(0);
+                    break;
+                  }
+              }),
+              "on an unsplit parameter or state tensor");
 }

@@ -424,6 +424,27 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
   EXPECT_EQ(findCpuKernel("no_such_op"), nullptr);
 }
 
+// transposeBytes (stored permuted parameters): against index arithmetic in float64 terms,
+// and the inverse permutation restores the bytes.
+TEST(CpuKernels, TransposeBytesMatchesIndexArithmetic) {
+  const std::vector<int64_t> shape = {3, 4, 2, 5}; // [O, C, kh, kw]
+  const int64_t perm[] = {0, 2, 3, 1}, inv[] = {0, 3, 1, 2};
+  std::vector<float> x(3 * 4 * 2 * 5);
+  std::iota(x.begin(), x.end(), 0.5f);
+  std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t *>(x.data()), x.size() * 4);
+  std::vector<uint8_t> t = forge::rt::transposeBytes(bytes, shape, perm, 4);
+  ASSERT_EQ(t.size(), bytes.size());
+  const float *y = reinterpret_cast<const float *>(t.data());
+  for (int64_t o = 0; o < 3; ++o)
+    for (int64_t c = 0; c < 4; ++c)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t w = 0; w < 5; ++w)
+          ASSERT_EQ(y[((o * 2 + h) * 5 + w) * 4 + c], x[((o * 4 + c) * 2 + h) * 5 + w])
+              << o << " " << c << " " << h << " " << w;
+  std::vector<uint8_t> back = forge::rt::transposeBytes(t, {3, 2, 5, 4}, inv, 4);
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), bytes.begin(), bytes.end()));
+}
+
 TEST(CpuKernels, RoundHalfToEven) {
   // Round is half to even (ONNX), not half away from zero; -0 keeps its sign.
   HT x = make(bundle::F32, {8}, {0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.4999, -0.4}), y(bundle::F32, {8});

@@ -114,6 +114,13 @@ static cl::opt<bool> foldAttentionViews(
              "(no split kernel; forge-fold-attention-views). =false keeps the split, for "
              "comparisons"),
     cl::init(true), cl::cat(forgecCategory));
+static cl::opt<bool> permuteParameters(
+    "permute-parameters",
+    cl::desc("Channels-last conv nets: store each weight (with its gradient and optimizer state) "
+             "in the layout the convolutions read, so no step transposes it "
+             "(forge-permute-parameters; checkpoints stay in the ONNX layout). =false keeps "
+             "the ONNX layout, for comparisons"),
+    cl::init(true), cl::cat(forgecCategory));
 static cl::opt<bool> gemmAuxEpilogues(
     "gemm-aux-epilogues",
     cl::desc("CUDA: also the cuBLASLt epilogues that save a tensor for the backward or read "
@@ -742,6 +749,7 @@ int main(int argc, char **argv) {
   pipelineOptions.memoryReport = memoryReport;
   pipelineOptions.auxEpilogues = gemmAuxEpilogues;
   pipelineOptions.foldAttentionViews = foldAttentionViews;
+  pipelineOptions.permuteParameters = permuteParameters;
   pipelineOptions.scheduleReport = scheduleReport;
   pipelineOptions.scheduleOrder = scheduleOrder;
   pipelineOptions.computeStreams = computeStreams;

@@ -130,6 +130,14 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
     info->set_role(role.str());
   if (auto master = func.getArgAttrOfType<StringAttr>(i, "forge.copy_of"))
     info->set_copy_of(master.str());
+  // Stored permuted (forge-permute-parameters): the initial value stays canonical in
+  // the IR and the external file; the section gets the stored bytes.
+  std::vector<int64_t> layoutPerm;
+  if (auto perm = func.getArgAttrOfType<DenseI64ArrayAttr>(i, "forge.layout_perm")) {
+    layoutPerm.assign(perm.asArrayRef().begin(), perm.asArrayRef().end());
+    for (int64_t p : layoutPerm)
+      info->add_layout_perm(p);
+  }
   if (auto shard = func.getArgAttrOfType<DictionaryAttr>(i, "forge.shard")) {
     auto axis = shard.getAs<IntegerAttr>("axis"), size = shard.getAs<IntegerAttr>("size");
     auto group = shard.getAs<StringAttr>("group");
@@ -160,6 +168,12 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
   // Initial value: parameters always have one; state only when given.
   if (auto init = func.getArgAttrOfType<ElementsAttr>(i, "forge.initial_value")) {
     std::vector<uint8_t> bytes = elementsToBytes(init);
+    if (!layoutPerm.empty()) {
+      auto canonical = cast<ShapedType>(init.getType());
+      bytes = ::forge::rt::transposeBytes(
+          bytes, std::vector<int64_t>(canonical.getShape().begin(), canonical.getShape().end()),
+          layoutPerm, ::forge::rt::dtypeSize(info->dtype()));
+    }
     constantData.resize(::forge::rt::alignUp(constantData.size(), ::forge::rt::kSectionAlignment));
     info->set_section(0);
     info->set_data_offset(constantData.size());
@@ -560,6 +574,18 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
   }
   if (!any)
     return module.emitError("no function to emit");
+  // A low-precision copy is stored as its parameter is (refreshCopies converts
+  // elementwise); say so, so that readers show it canonical too.
+  {
+    llvm::StringMap<int> byName;
+    for (int i = 0; i < program.tensors_size(); ++i)
+      if (program.tensors(i).kind() == pb::TensorInfo::PARAMETER)
+        byName[program.tensors(i).name()] = i;
+    for (pb::TensorInfo &t : *program.mutable_tensors())
+      if (!t.copy_of().empty() && t.layout_perm_size() == 0)
+        if (auto it = byName.find(t.copy_of()); it != byName.end())
+          *t.mutable_layout_perm() = program.tensors(it->second).layout_perm();
+  }
   writer.addSection("constants", emitter.takeConstantData());
 
   if (cuda) {

@@ -216,6 +216,13 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
     pm.addNestedPass<func::FuncOp>(createAssignLayout(layout));
     pm.addPass(createCSEPass());
     pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
+    // Then weights stored channels-last, with their gradients and optimizer
+    // state: after CSE, which leaves one transpose per weight and per
+    // gradient to match; before fusion and precision, which would fold the
+    // transposes into regions and give the weights low copies of the old
+    // shape.
+    if (options.permuteParameters)
+      pm.addPass(createPermuteParameters());
   }
   // Stage "recomputation": after the last CSE, which would merge each clone
   // back into its original; before fusion, which fuses a recomputed chain
@@ -325,6 +332,9 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
   Opt<bool> gemmAuxEpilogues{*this, "gemm-aux-epilogues",
                              llvm::cl::desc("as forgec --gemm-aux-epilogues"),
                              llvm::cl::init(false)};
+  Opt<bool> permuteParameters{*this, "permute-parameters",
+                              llvm::cl::desc("as forgec --permute-parameters"),
+                              llvm::cl::init(true)};
   Opt<bool> foldAttentionViews{*this, "fold-attention-views",
                                llvm::cl::desc("as forgec --fold-attention-views"),
                                llvm::cl::init(true)};
@@ -335,6 +345,7 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
     options.scheduleOrder = scheduleOrder;
     options.auxEpilogues = gemmAuxEpilogues;
     options.foldAttentionViews = foldAttentionViews;
+    options.permuteParameters = permuteParameters;
   }
 };
 struct InferencePipelineCLOptions : public CommonPipelineCLOptions<InferencePipelineCLOptions> {};

@@ -225,6 +225,27 @@ Status validateTensors(const bundle::Program &p) {
                              dtypeName(t.dtype()), bytes);
     }
   }
+  // A stored permutation: of the tensor's rank, on persistent tensors only
+  // (the runtime converts their values at its edges), each dim once; a copy
+  // is stored as its parameter.
+  for (int i = 0; i < p.tensors_size(); ++i) {
+    const bundle::TensorInfo &t = p.tensors(i);
+    if (t.layout_perm_size() == 0)
+      continue;
+    std::vector<bool> seen(static_cast<size_t>(t.shape_size()), false);
+    bool ok = (t.kind() == bundle::TensorInfo::PARAMETER ||
+               t.kind() == bundle::TensorInfo::STATE) &&
+              t.layout_perm_size() == t.shape_size() && !t.has_shard();
+    for (int64_t d : t.layout_perm()) {
+      ok = ok && d >= 0 && d < t.shape_size() && !seen[static_cast<size_t>(d)];
+      if (ok)
+        seen[static_cast<size_t>(d)] = true;
+    }
+    if (!ok)
+      return Status::error("{}: layout_perm [{}] is not a permutation of its {} dims on an "
+                           "unsplit parameter or state tensor",
+                           tensorLabel(p, i), fmt::join(t.layout_perm(), ", "), t.shape_size());
+  }
   // Low-precision copies: a zero-initialized STATE tensor, float, named after
   // an f32 PARAMETER of its shape.
   for (int i = 0; i < p.tensors_size(); ++i) {
@@ -245,9 +266,11 @@ Status validateTensors(const bundle::Program &p) {
       return Status::error("{}: copy_of names no parameter '{}'", label, t.copy_of());
     if (master->dtype() != bundle::F32 ||
         !std::equal(master->shape().begin(), master->shape().end(), t.shape().begin(),
-                    t.shape().end()))
-      return Status::error("{}: copy of parameter '{}' ({} {}) must have its shape, and it must "
-                           "be f32",
+                    t.shape().end()) ||
+        !std::equal(master->layout_perm().begin(), master->layout_perm().end(),
+                    t.layout_perm().begin(), t.layout_perm().end()))
+      return Status::error("{}: copy of parameter '{}' ({} {}) must have its shape and stored "
+                           "layout, and it must be f32",
                            label, t.copy_of(), dtypeName(master->dtype()),
                            shapeString({master->shape().begin(), master->shape().end()}));
   }

@@ -39,7 +39,7 @@ Layout layoutOf(const bundle::TensorInfo &info) {
 } // namespace
 
 std::vector<int64_t> wholeShape(const bundle::TensorInfo &info) {
-  std::vector<int64_t> shape(info.shape().begin(), info.shape().end());
+  std::vector<int64_t> shape = canonicalShape(info);
   if (info.has_shard() && info.shard().axis() >= 0 &&
       info.shard().axis() < static_cast<int64_t>(shape.size()))
     shape[info.shard().axis()] *= info.shard().size();
@@ -121,8 +121,24 @@ std::map<int32_t, int> pipelineOwners(const Executor &ex) {
   return owner;
 }
 
-Expected<WholeTensors> gatherShards(const Executor &ex) {
+WholeTensors permutedWhole(const Executor &ex) {
   WholeTensors whole;
+  for (int32_t t : ex.persistentTensors()) {
+    const bundle::TensorInfo &info = ex.tensorInfo(t);
+    if (info.layout_perm_size() == 0 || info.has_shard() || !ex.isPresent(t))
+      continue;
+    TensorView v = ex.view(t);
+    if (!v.data)
+      continue;
+    whole[t] = transposeBytes(std::span<const uint8_t>(static_cast<const uint8_t *>(v.data),
+                                                       v.bytes()),
+                              shapeOf(info), inversePerm(info), dtypeSize(info.dtype()));
+  }
+  return whole;
+}
+
+Expected<WholeTensors> gatherShards(const Executor &ex) {
+  WholeTensors whole = permutedWhole(ex); // a permuted tensor's canonical bytes
   // Split tensors (--tp, ZeRO-1's parts) first: an all-gather over each group.
   for (int32_t t : ex.persistentTensors()) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
@@ -205,6 +221,10 @@ TensorView wholeView(const Executor &ex, int32_t t, const WholeTensors *whole) {
       const bundle::TensorInfo &info = ex.tensorInfo(t);
       return TensorView{const_cast<uint8_t *>(it->second.data()), info.dtype(), wholeShape(info)};
     }
+  // A permuted tensor has no canonical view without `whole`: an empty one
+  // (callers report it) rather than the stored bytes under the wrong shape.
+  if (ex.tensorInfo(t).layout_perm_size() > 0)
+    return TensorView{};
   return ex.view(t);
 }
 

@@ -60,6 +60,11 @@ int onnxTypeOf(DType t) {
 
 Expected<OnnxExportReport> exportOnnx(const std::string &sourcePath, const std::string &outPath,
                                       const Executor &ex, const WholeTensors *whole) {
+  WholeTensors local; // tensors stored permuted, canonical (gatherShards adds them too)
+  if (!whole) {
+    local = permutedWhole(ex);
+    whole = &local;
+  }
   forge_onnx::ModelProto model;
   {
     std::ifstream in(sourcePath, std::ios::binary);

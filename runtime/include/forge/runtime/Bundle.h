@@ -41,6 +41,24 @@ inline std::vector<int64_t> shapeOf(const bundle::TensorInfo &t) {
   return {t.shape().begin(), t.shape().end()};
 }
 
+/// TensorInfo.layout_perm: a stored-permuted persistent tensor's canonical
+/// (ONNX) shape, and the inverse permutation that gives it from the stored one.
+inline std::vector<int64_t> inversePerm(const bundle::TensorInfo &t) {
+  std::vector<int64_t> inv(static_cast<size_t>(t.layout_perm_size()));
+  for (int i = 0; i < t.layout_perm_size(); ++i)
+    inv[static_cast<size_t>(t.layout_perm(i))] = i;
+  return inv;
+}
+inline std::vector<int64_t> canonicalShape(const bundle::TensorInfo &t) {
+  std::vector<int64_t> shape = shapeOf(t);
+  if (t.layout_perm_size() == 0)
+    return shape;
+  std::vector<int64_t> out;
+  for (int64_t p : inversePerm(t))
+    out.push_back(shape[static_cast<size_t>(p)]);
+  return out;
+}
+
 /// A tensor's bytes (of a loaded bundle: the loader checked that they fit).
 inline uint64_t byteSize(const bundle::TensorInfo &t) {
   return static_cast<uint64_t>(numElements(shapeOf(t))) * dtypeSize(t.dtype());

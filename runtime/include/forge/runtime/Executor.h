@@ -146,9 +146,11 @@ public:
   /// True when the tensor has private writable storage (every STATE tensor;
   /// a PARAMETER of a training bundle or one that some instruction writes).
   bool isWritable(int32_t index) const;
-  /// Overwrites persistent tensor `index` with `bytes` (its exact byte size).
-  /// A read-only parameter accepts only its current value. The parameter's
-  /// low-precision copies (TensorInfo.copy_of) follow.
+  /// Overwrites persistent tensor `index` with `bytes` (its exact byte size),
+  /// in its canonical layout (a tensor stored permuted, TensorInfo.layout_perm,
+  /// is transposed here; view() shows the stored bytes, wholeView() in Shards.h
+  /// the canonical ones). A read-only parameter accepts only its current
+  /// value. The parameter's low-precision copies (TensorInfo.copy_of) follow.
   Status setPersistent(int32_t index, std::span<const uint8_t> bytes);
   /// Whether `index` is a low-precision copy of a parameter (derived from it:
   /// checkpoints leave it out).

@@ -41,6 +41,9 @@ std::vector<uint8_t> joinShards(const bundle::TensorInfo &info, std::span<const 
 /// also every state tensor a stage updates, as that stage holds it (a broadcast
 /// from it); tensor index -> bytes.
 Expected<WholeTensors> gatherShards(const Executor &ex);
+/// The canonical bytes of the tensors stored permuted (TensorInfo.layout_perm),
+/// without communication: what gatherShards adds for them (a single process).
+WholeTensors permutedWhole(const Executor &ex);
 /// The persistent tensors (not derived low copies) whose piece this rank writes
 /// in a sharded checkpoint (one file per rank): each piece exactly once over the
 /// world. A tensor split over a group (--tp, ZeRO-1's parts) is written by every

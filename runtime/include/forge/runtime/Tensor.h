@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,11 @@ void narrowFloatsInto(const uint8_t *f32, size_t bytes, DType to, uint8_t *out);
 
 int64_t numElements(const std::vector<int64_t> &shape);
 std::string shapeString(const std::vector<int64_t> &shape);
+
+/// transpose(x, perm) of a row-major tensor x of `shape` with `elemSize`-byte
+/// elements: out has shape [shape[perm[0]], ...] and out[i] = x[i permuted back].
+std::vector<uint8_t> transposeBytes(std::span<const uint8_t> x, const std::vector<int64_t> &shape,
+                                    std::span<const int64_t> perm, size_t elemSize);
 
 struct TensorView {
   void *data = nullptr;
