@@ -370,7 +370,9 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
     }
   };
 
-  /// reduce(T(a), axes, keepdims) = T(reduce(a, perm[axes], keepdims)).
+  /// reduce(T(a), axes, keepdims) = T(reduce(a, perm[axes], keepdims)); without
+  /// keepdims, when the dims it keeps stay in their order (a conv bias's
+  /// gradient, dy summed over [N, H, W] to [C]), reduce(a, perm[axes]) alone.
   struct SinkThroughReduction : public RewritePattern {
     SinkThroughReduction(MLIRContext *ctx) : RewritePattern(MatchAnyOpTypeTag(), 1, ctx) {}
     LogicalResult matchAndRewrite(Operation *op, PatternRewriter &rw) const override {
@@ -379,13 +381,30 @@ struct AssignLayoutPass : public mlir::forge::impl::AssignLayoutBase<AssignLayou
       auto keep = op->getAttrOfType<BoolAttr>("keepdims");
       auto axes = op->getAttrOfType<DenseI64ArrayAttr>("axes");
       auto tr = op->getOperand(0).getDefiningOp<TransposeOp>();
-      if (!keep || !keep.getValue() || !axes || !tr)
-        return rw.notifyMatchFailure(op, "not a keepdims reduction of a transpose");
+      if (!keep || !axes || !tr)
+        return rw.notifyMatchFailure(op, "not a reduction of a transpose");
       ArrayRef<int64_t> perm = tr.getPerm();
       SmallVector<int64_t> innerAxes;
       for (int64_t a : axes.asArrayRef())
         innerAxes.push_back(perm[a]);
       llvm::sort(innerAxes);
+      if (!keep.getValue()) {
+        // The kept dims, in the result's order, as dims of `a`: increasing means
+        // the reduction of `a` yields them in that order already.
+        int64_t last = -1;
+        for (auto [j, p] : llvm::enumerate(perm)) {
+          if (llvm::is_contained(axes.asArrayRef(), static_cast<int64_t>(j)))
+            continue;
+          if (p < last)
+            return rw.notifyMatchFailure(op, "the kept dims change order");
+          last = p;
+        }
+        Operation *moved = rw.clone(*op);
+        moved->setOperand(0, tr.getInput());
+        moved->setAttr("axes", rw.getDenseI64ArrayAttr(innerAxes));
+        rw.replaceOp(op, moved->getResults());
+        return success();
+      }
       auto result = tensorOf(op->getResult(0));
       Operation *moved = rw.clone(*op);
       moved->setOperand(0, tr.getInput());

@@ -460,6 +460,17 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       }
       if (!fusion && isLoosePointwise(&op) && hasMixedFloatOperands(&op))
         readLowInLoop(wrapInLoop(&op));
+      // A collective's result i is operand i reduced over the ranks, in one type:
+      // an operand stored low (a channels-last conv's weight gradient, which cuDNN
+      // writes low) is converted to its result's type first (an f32 sum).
+      if (auto ar = dyn_cast<AllReduceOp>(&op)) {
+        OpBuilder b(&op);
+        for (OpOperand &use : ar->getOpOperands()) {
+          Type want = tensorOf(ar.getResult(use.getOperandNumber())).getElementType();
+          if (tensorOf(use.get()).getElementType() != want)
+            use.set(castOf(b, op.getLoc(), use.get(), want));
+        }
+      }
     }
   }
 

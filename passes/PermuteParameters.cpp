@@ -18,9 +18,12 @@
 //    connected set of values of the parameter's shape joined by pointwise
 //    ops, with persistent arguments and `forge.updates` results; its edges
 //    may only be rank-0 operands, transposes by perm (read from the
-//    cluster) or by its inverse (into it), and whole reductions (every axis:
-//    a sum of squares does not see the order). Anything else (a broadcast, a
-//    data input, a reshape, an accumulation) leaves the parameter as it is.
+//    cluster) or by its inverse (into it), whole reductions (every axis: a
+//    sum of squares does not see the order), --dp's all_reduce (element by
+//    element), updates, and outputs of their
+//    own (forgec --expose-gradients), which get a transpose back to stay
+//    canonical. Anything else (a broadcast, a data input, a reshape, an
+//    accumulation) leaves the parameter as it is.
 //  * Values keep their element types; only shapes are permuted.
 //
 //===----------------------------------------------------------------------===//
@@ -72,6 +75,7 @@ struct Cluster {
   llvm::SetVector<Value> values;               // every value to store permuted
   SmallVector<TransposeOp> into, outOf;        // inverse transposes in, transposes out
   llvm::SetVector<unsigned> args, results;     // the routine's argument and result numbers
+  llvm::SetVector<unsigned> canonical;         // results that stay canonical (transposed back)
   std::string why;                             // set when the parameter cannot be permuted
 };
 
@@ -120,7 +124,7 @@ Cluster clusterOf(func::FuncOp f, unsigned paramArg, ArrayRef<int64_t> perm) {
       join(v);
       return true;
     }
-    if (!isPointwise(def)) {
+    if (!isPointwise(def) && !isa<AllReduceOp>(def)) {
       c.why = ("made by '" + def->getName().getStringRef() + "'").str();
       return false;
     }
@@ -129,12 +133,15 @@ Cluster clusterOf(func::FuncOp f, unsigned paramArg, ArrayRef<int64_t> perm) {
   };
   while (!work.empty() && c.why.empty()) {
     Value v = work.pop_back_val();
-    if (auto arg = dyn_cast<BlockArgument>(v))
+    if (auto arg = dyn_cast<BlockArgument>(v)) {
       c.args.insert(arg.getArgNumber());
-    else if (Operation *def = v.getDefiningOp(); def && isPointwise(def))
+    } else if (Operation *def = v.getDefiningOp(); def && isPointwise(def)) {
       for (Value operand : def->getOperands())
         if (!joinOperand(operand))
           break;
+    } else if (auto ar = dyn_cast_or_null<AllReduceOp>(def)) { // result i: operand i's sum
+      joinOperand(ar.getInputs()[cast<OpResult>(v).getResultNumber()]);
+    }
     for (OpOperand &use : v.getUses()) {
       Operation *user = use.getOwner();
       if (auto t = dyn_cast<TransposeOp>(user)) {
@@ -146,11 +153,13 @@ Cluster clusterOf(func::FuncOp f, unsigned paramArg, ArrayRef<int64_t> perm) {
           c.outOf.push_back(t);
       } else if (user == ret) {
         auto updates = f.getResultAttrOfType<StringAttr>(use.getOperandNumber(), "forge.updates");
-        if (!updates) {
-          c.why = "a routine output of its own";
-          break;
-        }
-        c.results.insert(use.getOperandNumber());
+        if (updates)
+          c.results.insert(use.getOperandNumber());
+        else // an output of its own (forgec --expose-gradients): transposed back
+          c.canonical.insert(use.getOperandNumber());
+      } else if (auto ar = dyn_cast<AllReduceOp>(user)) {
+        // --dp's gradient sum: element by element, in whatever order every rank stores.
+        join(ar.getResult(use.getOperandNumber()));
       } else if (isWholeReduction(user)) {
         // Sums over every element (the gradient norm): unchanged.
       } else if (isPointwise(user) && ofShape(user->getResult(0))) {
@@ -270,6 +279,17 @@ struct PermuteParametersPass
     for (unsigned a : c.args)
       f.setArgAttr(a, "forge.layout_perm", b.getDenseI64ArrayAttr(perm));
     auto ret = f.front().getTerminator();
+    SmallVector<int64_t> inv = inversePermutation(perm);
+    for (unsigned r : c.canonical) {
+      Value v = ret->getOperand(r);
+      auto t = cast<RankedTensorType>(v.getType());
+      b.setInsertionPoint(ret);
+      ret->setOperand(r, b.create<TransposeOp>(
+                             ret->getLoc(),
+                             RankedTensorType::get(permutedShape(t.getShape(), inv),
+                                                   t.getElementType()),
+                             v, b.getDenseI64ArrayAttr(inv)));
+    }
     f.setFunctionType(
         b.getFunctionType(f.front().getArgumentTypes(), ret->getOperandTypes()));
   }

@@ -15,6 +15,8 @@ op). Checked:
     unpermuted one and continues its trajectory, and the reverse;
   * --dump-params and the ONNX export give the ONNX shapes and the same values as the
     unpermuted run;
+  * under --dp 2 (CPU ranks) the weights stay permuted (the all_reduce is element by element)
+    and train as the ONNX-layout bundle does;
   * a thin bundle (--weights external: initial weights read from the model's external data
     file, canonical) trains as the embedded one does.
 
@@ -128,6 +130,29 @@ def main():
             err = max(abs(x - y) / abs(y) for x, y in zip(rest, plain[2:])) if ok else 1
             rep.check(f"a checkpoint of the {src} bundle resumes in the {dst} one", ok and
                       err <= TOL, f"max rel {err:.1e} (<= {TOL})" if ok else why or why2)
+
+        # Data parallelism (--dp 2, CPU ranks over Gloo): the gradients' all_reduce works
+        # element by element, so the weights stay permuted; both layouts train alike.
+        runs = {}
+        for tag, extra in (("dp_perm", []), ("dp_plain", ["--permute-parameters=false"])):
+            rc, _, log = e2e.run([forgec, MODEL, "--target", "cuda:sm_90", "--precision", "bf16",
+                                  "--batch", str(BATCH // 2), "--dp", "2", "--loss", LOSS,
+                                  "--optimizer", OPT, "--dump-dir", p(tag), "-o",
+                                  p(tag + ".forge")] + extra)
+            if rc != 0:
+                runs[tag] = (None, e2e.failure(rc, log))
+                continue
+            runs[tag] = train(p(tag + ".forge"), tag, 3, ["--nproc", "2"])
+        (dp, why), (dq, why2) = runs["dp_perm"], runs["dp_plain"]
+        if rep.check("--dp 2 bundles train on CPU ranks", dp and dq, why or why2):
+            fewer = launches(p("dp_plain/summary.txt"))["train_step"] - \
+                launches(p("dp_perm/summary.txt"))["train_step"]
+            err = max(abs(x - y) / abs(y) for x, y in zip(dp, dq))
+            # The gradients' transposes go but their conversion to f32 for the all_reduce
+            # (which the transpose did as it copied) stays a kernel: a launch fewer per weight.
+            rep.check("... the weights stay permuted under --dp and train as the ONNX layout",
+                      fewer >= convs and err <= TOL,
+                      f"{fewer} launches fewer, max rel {err:.1e} (<= {TOL})")
 
         # A thin bundle: the initial weights come canonical from the external data file.
         ext = p("ext")

@@ -126,3 +126,21 @@ func.func @conv_pool_conv(%x: tensor<2x3x8x8xf32>, %w1: tensor<4x3x3x3xf32>, %w2
   %d = forge.max_pool_grad %y, %g {kernel_shape = array<i64: 2, 2>, strides = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, dilations = array<i64: 1, 1>, ceil_mode = false} : (tensor<2x4x8x8xf32>, tensor<2x4x4x4xf32>) -> tensor<2x4x8x8xf32>
   return %z, %d : tensor<2x5x4x4xf32>, tensor<2x4x8x8xf32>
 }
+
+// -----
+
+// A conv bias's gradient, dy summed over [N, H, W] without keepdims, reads the channels-last
+// tensor directly (the kept dim, C, is last in both orders): no transpose for it. A sum over
+// N alone keeps [C, H, W], whose order the channels-last tensor does not have: it keeps its
+// transpose.
+// CHECK-LABEL: func @bias_gradient
+// CHECK: %[[Y:.*]] = forge.conv {{.*}}channels_last = true{{.*}} -> tensor<2x8x8x4xf32>
+// CHECK-DAG: forge.reduce_sum %[[Y]] {axes = array<i64: 0, 1, 2>, keepdims = false} : (tensor<2x8x8x4xf32>) -> tensor<4xf32>
+// CHECK-DAG: %[[T:.*]] = forge.transpose %[[Y]] {perm = array<i64: 0, 3, 1, 2>}
+// CHECK: forge.reduce_sum %[[T]] {axes = array<i64: 0>, keepdims = false} : (tensor<2x4x8x8xf32>) -> tensor<4x8x8xf32>
+func.func @bias_gradient(%x: tensor<2x3x8x8xf32>, %w: tensor<4x3x3x3xf32>) -> (tensor<4xf32>, tensor<4x8x8xf32>) {
+  %y = forge.conv %x, %w {strides = array<i64: 1, 1>, pads = array<i64: 1, 1, 1, 1>, dilations = array<i64: 1, 1>, group = 1 : i64} : (tensor<2x3x8x8xf32>, tensor<4x3x3x3xf32>) -> tensor<2x4x8x8xf32>
+  %b = forge.reduce_sum %y {axes = array<i64: 0, 2, 3>, keepdims = false} : (tensor<2x4x8x8xf32>) -> tensor<4xf32>
+  %n = forge.reduce_sum %y {axes = array<i64: 0>, keepdims = false} : (tensor<2x4x8x8xf32>) -> tensor<4x8x8xf32>
+  return %b, %n : tensor<4xf32>, tensor<4x8x8xf32>
+}
