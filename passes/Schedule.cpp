@@ -152,10 +152,7 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
       // op waits for that one anyway (the optimizer after the gradient norm
       // stays with the norm, not with an earlier weight gradient's stream).
       for (Value v : op.getOperands())
-        if (Operation *def = v.getDefiningOp(); def && streamOf.count(def)) {
-          while (isViewOp(def) && def->getOperand(0).getDefiningOp() &&
-                 streamOf.count(def->getOperand(0).getDefiningOp()))
-            def = def->getOperand(0).getDefiningOp(); // a view: its operand's producer
+        if (Operation *def = producerThroughViews(v); def && streamOf.count(def)) {
           unsigned s = streamOf[def];
           if (tail.count(s) && tailOp.lookup(s) == def && (!chosen || tail[s] > tail[*chosen]))
             chosen = s;

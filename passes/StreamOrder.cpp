@@ -14,6 +14,13 @@ bool mlir::forge::isCollectiveOp(Operation *op) {
   return isa<AllReduceOp, ReduceScatterOp, AllGatherOp, RankSliceOp>(op);
 }
 
+Operation *mlir::forge::producerThroughViews(Value v) {
+  Operation *def = v.getDefiningOp();
+  while (def && isViewOp(def)) // a view is its operand's bytes: their producer's
+    def = def->getOperand(0).getDefiningOp();
+  return def;
+}
+
 bool mlir::forge::isViewOp(Operation *op) {
   auto placement = op->getAttrOfType<StringAttr>("forge.placement");
   return placement && placement.getValue() == "view";
@@ -61,9 +68,7 @@ StreamOrder mlir::forge::deriveStreamOrder(
   std::vector<std::vector<int64_t>> seen(n);
   std::vector<int64_t> untilSet(streams, -1); // per side stream: positions given `until` so far
   auto producerOf = [&](Value v) -> int64_t {
-    Operation *def = v.getDefiningOp();
-    while (def && isViewOp(def)) // a view is its operand's bytes: their producer's
-      def = def->getOperand(0).getDefiningOp();
+    Operation *def = producerThroughViews(v);
     auto it = def ? position.find(def) : position.end();
     return it == position.end() ? -1 : it->second;
   };

@@ -37,6 +37,10 @@ bool isCollectiveOp(Operation *op);
 /// It keeps its position in the order but is on no stream's timeline: its
 /// readers depend on what its operand's producer made.
 bool isViewOp(Operation *op);
+/// The op that made `v`'s bytes: `v`'s producer, or through view ops their
+/// operand's (null for an argument). forge-schedule's stream choice and the
+/// stream order's waits both follow a view to the bytes it reads.
+Operation *producerThroughViews(Value v);
 
 struct StreamOrder {
   SmallVector<Operation *> ops;           // program order, constants left out
