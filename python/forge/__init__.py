@@ -198,14 +198,16 @@ class Trainer:
     --data / --eval-data take them (.npz, NAME=FILE.npy, token shards, image folders);
     without `data`, every step takes its batch as an argument. seed, shuffle, threads,
     workers, prefetch, cuda_graphs: as forge-train's options. weights: the directory of
-    a thin bundle's external data."""
+    a thin bundle's external data. doc_separator: token shards as documents ending at that
+    token id, batched by length into the bundle's length buckets (forge-train's
+    --doc-separator)."""
 
     def __init__(self, bundle: Union[Bundle, PathLike], device: str = "cpu", *,
                  data: Union[PathLike, Sequence[PathLike], None] = None,
                  eval_data: Union[PathLike, Sequence[PathLike], None] = None,
                  seed: int = 0, shuffle: bool = True, threads: int = 0, workers: int = 0,
                  prefetch: int = 2, cuda_graphs: bool = True, weights: Optional[PathLike] = None,
-                 token_dtype: str = "u16"):
+                 token_dtype: str = "u16", doc_separator: Optional[int] = None):
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle)
 
         def paths(p: Union[PathLike, Sequence[PathLike], None]) -> List[str]:
@@ -220,11 +222,14 @@ class Trainer:
                                       threads=threads, workers=workers, prefetch=prefetch,
                                       cuda_graphs=cuda_graphs,
                                       weights=os.fspath(weights) if weights else "",
-                                      token_dtype=token_dtype)
+                                      token_dtype=token_dtype,
+                                      doc_separator=-1 if doc_separator is None
+                                      else int(doc_separator))
 
     def step(self, batch: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
         """One optimizer step; returns {"step", "loss", "lr"?, "grad_norm"?, "loss_scale"?,
-        "skipped"?, "input_seconds"}.
+        "skipped"?, "input_seconds", "length"?, "tokens"?} (length, tokens: a step of
+        documents, doc_separator: its length bucket and its labelled tokens).
 
         With `batch` (input name -> array with samples_per_step rows: NumPy, or any CPU
         tensor with __dlpack__, read in place), the step trains on it; without, on the

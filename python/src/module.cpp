@@ -240,11 +240,17 @@ nb::dict stepDict(const rt::StepResult &r) {
     d["skipped"] = r.skipped;
   }
   d["input_seconds"] = r.inputSeconds;
+  if (r.length > 0) { // documents in length buckets: the step's bucket and labelled tokens
+    d["length"] = r.length;
+    d["tokens"] = r.realTokens;
+  }
   return d;
 }
 
-rt::DataSourceOptions sourceOptions(const std::string &tokenDtype) {
+rt::DataSourceOptions sourceOptions(const std::string &tokenDtype, int64_t docSeparator) {
   rt::DataSourceOptions o;
+  if (docSeparator >= 0) // token shards as documents, batched by length (length buckets)
+    o.docSeparator = docSeparator;
   if (tokenDtype == "u16")
     o.tokenDType = rt::TokenDType::U16;
   else if (tokenDtype == "u32")
@@ -261,9 +267,9 @@ struct PyTrainer {
   PyTrainer(const PyBundle &b, const std::string &device, std::vector<std::string> data,
             std::vector<std::string> evalData, uint64_t seed, bool shuffle, unsigned threads,
             unsigned workers, unsigned prefetch, bool cudaGraphs, const std::string &weights,
-            const std::string &tokenDtype)
+            const std::string &tokenDtype, int64_t docSeparator)
       : bundle(b.bundle) {
-    rt::DataSourceOptions so = sourceOptions(tokenDtype);
+    rt::DataSourceOptions so = sourceOptions(tokenDtype, docSeparator);
     nb::gil_scoped_release release;
     std::unique_ptr<rt::DataSource> train, eval;
     if (!data.empty())
@@ -488,11 +494,11 @@ NB_MODULE(_forge, m) {
   nb::class_<PyTrainer>(m, "Trainer", "The runtime's training loop (forge.Trainer wraps it).")
       .def(nb::init<const PyBundle &, const std::string &, std::vector<std::string>,
                     std::vector<std::string>, uint64_t, bool, unsigned, unsigned, unsigned, bool,
-                    const std::string &, const std::string &>(),
+                    const std::string &, const std::string &, int64_t>(),
            "bundle"_a, "device"_a = "cpu", "data"_a = std::vector<std::string>(),
            "eval_data"_a = std::vector<std::string>(), "seed"_a = 0, "shuffle"_a = true,
            "threads"_a = 0, "workers"_a = 0, "prefetch"_a = 2, "cuda_graphs"_a = true,
-           "weights"_a = "", "token_dtype"_a = "u16")
+           "weights"_a = "", "token_dtype"_a = "u16", "doc_separator"_a = -1)
       .def("step", &PyTrainer::step, "batch"_a = nb::none(),
            "One optimizer step: on `batch` (dict of arrays) or on the next samples of the data.")
       .def("evaluate", &PyTrainer::evaluate, "arrays"_a = nb::none(),

@@ -345,3 +345,39 @@ def test_bad_files_raise(bundles, device, tmp_path):
         np.testing.assert_array_equal(v, before[k])
     with pytest.raises(forge.ForgeError, match="no-such"):
         tr.resume(tmp_path / "no-such.forgeckpt")
+
+
+# --- length buckets: documents batched by length, as forge-train does ------------------------
+
+def test_length_buckets_equal_forge_train(forgec, device, target, tmp_path):
+    """models/gpt.onnx with a symbolic sequence dim, compiled with length_buckets; documents
+    (token shards split after token 0) train through the package as through forge-train
+    --doc-separator 0: the same losses and buckets, bit for bit."""
+    if target != "cpu":
+        pytest.skip("the bucketed GPU run is forge-train's (tests/e2e/test_length_buckets.py)")
+    model = onnx.load(os.path.join(ROOT, "models", "gpt.onnx"))
+    del model.graph.value_info[:]
+    for v in list(model.graph.input[:1]) + list(model.graph.output):
+        d = v.type.tensor_type.shape.dim[1]
+        d.ClearField("dim_value")
+        d.dim_param = "seq"
+    rng = np.random.default_rng(5)
+    tokens = []
+    for n in rng.integers(2, 40, 120):
+        tokens += list(rng.integers(1, 128, n - 1)) + [0]
+    shard = tmp_path / "docs.bin"
+    np.asarray(tokens, dtype=np.uint16).tofile(shard)
+    b = forge.compile(model, tmp_path / "b.forge", batch=4, target=target,
+                      loss="cross_entropy:logits,labels,ignore=-100", optimizer="adamw:lr=3e-3",
+                      length_buckets="seq=8,16,32")
+    assert b.routines == ["train_step", "eval", "train_step@len8", "eval@len8",
+                          "train_step@len16", "eval@len16"]
+    tr = make_trainer(b, device, data=shard, doc_separator=0, seed=4)
+    got = [tr.step() for _ in range(6)]
+    ref = run_forge_train([tmp_path / "b.forge", "--data", shard, "--doc-separator", 0,
+                           "--steps", 6, "--device", device, "--threads", 1, "--seed", 4],
+                          tmp_path, "buckets")
+    assert [f32(r["loss"]) for r in got] == [f32(r["loss"]) for r in ref]
+    assert [r["length"] for r in got] == [r["length"] for r in ref]
+    assert len({r["length"] for r in got}) >= 2
+    assert all(0 < r["tokens"] <= 4 * r["length"] for r in got)
