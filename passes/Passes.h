@@ -27,9 +27,10 @@ std::string cudnnAttentionHeadRefusal(int64_t d, int64_t dv);
 /// and forge-rematerialize's remark.
 std::string formatBytes(uint64_t bytes);
 /// The ops of `body` that the operands of its forge.accumulated ops depend on
-/// (reads from nested regions included): one micro-batch's forward and
-/// backward, which forge-split-accumulation cuts out and forge-fuse keeps
-/// apart from the rest. Empty without forge.accumulated.
+/// (reads from nested regions included), and the ops that only make state
+/// updates from those (a channels-last batch norm's running statistics): one
+/// micro-batch's forward and backward, which forge-split-accumulation cuts out
+/// and forge-fuse keeps apart from the rest. Empty without forge.accumulated.
 llvm::DenseSet<Operation *> accumulationPart(Block &body);
 /// A forge.fusion "loop" right before `op` whose body is a clone of it (one
 /// block argument per distinct operand): a lone pointwise op as a region of

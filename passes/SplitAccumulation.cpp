@@ -409,5 +409,46 @@ llvm::DenseSet<Operation *> mlir::forge::accumulationPart(Block &body) {
   while (!work.empty())
     for (Value v : valuesRead(work.pop_back_val()))
       reach(v);
+  if (part.empty())
+    return part;
+  // Ops that only make state updates from micro-batch values (and constants or
+  // arguments) belong to it too: each micro-batch's run updates that state, as
+  // a batch_norm_training op's running statistics are (a channels-last batch
+  // norm, which forge-assign-layout expands, makes them with pointwise ops
+  // that no sum depends on; forge-fuse would otherwise put them in the
+  // optimizer's region, which reads the sums).
+  auto func = dyn_cast<func::FuncOp>(body.getParentOp());
+  Operation *ret = body.getTerminator();
+  if (!func || !ret)
+    return part;
+  llvm::DenseSet<Operation *> updateOnly;
+  for (Operation &op : llvm::reverse(body.without_terminator())) {
+    if (part.contains(&op) || isa<AccumulatedOp>(op) || op.use_empty())
+      continue;
+    bool only = true;
+    for (OpOperand &use : op.getUses()) {
+      Operation *user = body.findAncestorOpInBlock(*use.getOwner());
+      if (user == ret)
+        only = only && func.getResultAttr(use.getOperandNumber(), "forge.updates");
+      else
+        only = only && user && updateOnly.contains(user);
+    }
+    if (only)
+      updateOnly.insert(&op);
+  }
+  for (Operation &op : body.without_terminator()) {
+    if (!updateOnly.contains(&op))
+      continue;
+    bool readsPart = false, readsRest = false;
+    for (Value v : valuesRead(&op)) {
+      Operation *def = topLevelDef(v, body);
+      if (def && part.contains(def))
+        readsPart = true;
+      else if (def && !isa<ConstantOp>(def))
+        readsRest = true;
+    }
+    if (readsPart && !readsRest)
+      part.insert(&op);
+  }
   return part;
 }

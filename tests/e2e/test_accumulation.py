@@ -219,6 +219,43 @@ def check_batch_schedule(rep, forgec, forge_train, d, m, data, tmp):
               log or f"{n} steps")
 
 
+def check_channels_last_loop(rep, forgec, forge_train, fixtures, tmp):
+    """The cnn fixture (batch norms) in the loop, channels-last: forge-assign-layout expands
+    its batch norms, so their running statistics are pointwise updates that no sum depends on;
+    they belong to the micro-batch routine (each micro-batch updates them, as the NCHW op
+    does). Trained 4 steps beside the NCHW loop bundle: losses and every parameter and running
+    statistic within TOL (it once failed to compile: forge-split-accumulation found the
+    optimizer's region reading the micro-batch's statistics)."""
+    d = os.path.join(fixtures, "cnn_adamw")
+    runs = {}
+    for layout in ("nhwc", "nchw"):
+        bundle = os.path.join(tmp, f"cnn_{layout}.forge")
+        ok, why = run([forgec, os.path.join(d, "model.onnx"), "--target", "cpu", "--batch", "8",
+                       "--micro-batches", "2", "--layout", layout, "--loss",
+                       "cross_entropy:logits,labels", "--optimizer", "adamw:lr=1e-3", "-o",
+                       bundle])
+        if ok:
+            metrics, params = (os.path.join(tmp, f"cnn_{layout}.{x}") for x in ("jsonl", "npz"))
+            ok, why = run([forge_train, bundle, "--data", os.path.join(d, "batches.npz"),
+                           "--no-shuffle", "--steps", "4", "--threads", "1", "--device", "cpu",
+                           "--metrics", metrics, "--dump-params", params])
+        runs[layout] = (metrics, params) if ok else why
+    if not rep.check("cnn loop channels-last: compiles and trains", all(
+            isinstance(r, tuple) for r in runs.values()), str(runs)):
+        return
+    (ma, pa), (mb, pb) = runs["nhwc"], runs["nchw"]
+    la, lb = [x[2] for x in read_losses(ma)], [x[2] for x in read_losses(mb)]
+    za, zb = np.load(pa), np.load(pb)
+    worst = max(rel(za[n], zb[n]) for n in zb.files if not n.endswith("grad_accum"))
+    running = [n for n in zb.files if "running" in n]
+    err = max(abs(x - y) / abs(y) for x, y in zip(la, lb))
+    rep.check("cnn loop channels-last == NCHW (losses, parameters, running statistics)",
+              len(la) == len(lb) == 4 and err <= TOL and worst <= TOL and running and
+              all(n in za.files for n in running),
+              f"loss max rel {err:.1e}, tensors max rel {worst:.1e} ({len(running)} running "
+              f"statistics); bound {TOL:g}")
+
+
 def main():
     ap = argparse.ArgumentParser(description="Forge e2e: micro-batch accumulation == one large "
                                              "batch; same seed => identical losses")
@@ -302,6 +339,7 @@ def main():
                 rep.check("another seed => other losses",
                           [x[2] for x in sa] != [x[2] for x in sc],
                           f"--seed 7 step 1 loss {sa[0][1]}, --seed 8 {sc[0][1]}")
+        check_channels_last_loop(rep, forgec, forge_train, a.fixtures_dir, tmp)
     finally:
         if a.keep:
             print(f"kept {tmp}")

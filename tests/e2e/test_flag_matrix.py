@@ -4,8 +4,9 @@
 The placement-stage passes (forge-merge-scalar-regions, forge-fold-attention-views) and the
 schedule see what the graph stages made of a model: data/tensor/pipeline parallel stages,
 ZeRO shards, accumulation routines, recomputed attention, a second compute stream. For the
-gpt fixture (TorchScript export), the bundled gpt_dynamo (dynamo export) and the mlp
-fixture, in bf16 and fp16, each flag set is compiled for cuda:sm_90. Checked:
+gpt fixture (TorchScript export), the bundled gpt_dynamo (dynamo export), the mlp fixture
+and the cnn fixture (channels-last convolutions, batch norms, weights stored permuted), in
+bf16 and fp16, each flag set is compiled for cuda:sm_90. Checked:
   1. forgec either succeeds or refuses with an `error:` line naming the reason (a flag
      combination it does not support yet); never a crash or an internal error;
   2. every bundle it makes passes `forge-replay --check-library`: each library call's
@@ -25,7 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 MODELS = [os.path.join(ROOT, "tests", "fixtures", "gpt_adamw", "model.onnx"),
           os.path.join(ROOT, "models", "gpt_dynamo.onnx"),
-          os.path.join(ROOT, "tests", "fixtures", "mlp_adamw", "model.onnx")]
+          os.path.join(ROOT, "tests", "fixtures", "mlp_adamw", "model.onnx"),
+          os.path.join(ROOT, "tests", "fixtures", "cnn_adamw", "model.onnx")]
 FLAGS = [[], ["--dp", "2"], ["--tp", "2"], ["--pp", "2"], ["--micro-batches", "2"],
          ["--recompute", "attention"], ["--dp", "2", "--zero", "1"],
          ["--compute-streams", "2", "--stream-memory-growth", "1000"],
