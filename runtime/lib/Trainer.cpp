@@ -327,20 +327,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
         return Status::error("{}: train_step has no input '{}@{}' (micro_batches = {})", origin,
                              tr->fields_[f].name, k, micro);
 
-  auto loss = scalarOutput(ex, tr->train_.index, "loss", true);
-  if (!loss)
-    return loss.status();
-  tr->train_.loss = *loss;
-  // Optional scalar outputs (-1 when the bundle has none).
-  for (auto [name, into] : {std::pair{"forge.lr", &tr->train_.extra1},
-                            std::pair{"forge.grad_norm", &tr->train_.extra2},
-                            std::pair{"forge.loss_scale_used", &tr->train_.scale},
-                            std::pair{"forge.skipped", &tr->train_.skipped}}) {
-    auto t = scalarOutput(ex, tr->train_.index, name, false);
-    if (!t)
-      return t.status();
-    *into = *t;
-  }
+  FORGE_RETURN_IF_ERROR(tr->bindScalarOutputs(tr->train_, /*train=*/true));
 
   // Gradient outputs (forgec --expose-gradients): forge.grad.NAME.
   const std::string gradPrefix = "forge.grad.";
@@ -431,13 +418,9 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
         tr->buckets_.push_back(tr->plainBucket(tr->fields_.front().sampleShape.at(0), tensors));
       const int64_t n = tr->trainData_->numSamples();
       tr->sampleBucket_.resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t len = tr->trainData_->sampleLength(i);
-        size_t b = 0;
-        while (b + 1 < tr->buckets_.size() && tr->buckets_[b].length < len)
-          ++b;
-        tr->sampleBucket_[static_cast<size_t>(i)] = static_cast<int32_t>(b);
-      }
+      for (int64_t i = 0; i < n; ++i)
+        tr->sampleBucket_[static_cast<size_t>(i)] =
+            static_cast<int32_t>(tr->bucketOf(tr->trainData_->sampleLength(i)));
       tr->bucketed_ = true;
     }
     tr->sampler_ = tr->makeSampler(options.seed, options.shuffle);
@@ -651,20 +634,7 @@ Status Trainer::bindBuckets(const std::string &text,
         return Status::error("{}: accumulate@len{} and accumulate disagree on forge.micro_index",
                              origin, length);
     }
-    const int index = b.train.index;
-    auto loss = scalarOutput(*exec_, index, "loss", true);
-    if (!loss)
-      return loss.status();
-    b.train.loss = *loss;
-    for (auto [out, into] : {std::pair{"forge.lr", &b.train.extra1},
-                             std::pair{"forge.grad_norm", &b.train.extra2},
-                             std::pair{"forge.loss_scale_used", &b.train.scale},
-                             std::pair{"forge.skipped", &b.train.skipped}}) {
-      auto t = scalarOutput(*exec_, index, out, false);
-      if (!t)
-        return t.status();
-      *into = *t;
-    }
+    FORGE_RETURN_IF_ERROR(bindScalarOutputs(b.train, /*train=*/true));
     buckets_.push_back(b);
   }
   return Status::ok();
@@ -711,17 +681,7 @@ Status Trainer::bindBucketEvals(const std::vector<int32_t> &plainEvalInputs) {
         return Status::error("{}: {} has no input '{}'", origin, name, evalFields_[f].name);
     if ((b.evalWeight < 0) != (evalWeight_ < 0))
       return Status::error("{}: {} and eval disagree on input '{}'", origin, name, kSampleWeight);
-    auto loss = scalarOutput(*exec_, *index, "loss", true);
-    if (!loss)
-      return loss.status();
-    b.eval.loss = *loss;
-    for (auto [out, into] : {std::pair{"forge.correct", &b.eval.extra1},
-                             std::pair{"forge.label_count", &b.eval.extra2}}) {
-      auto t = scalarOutput(*exec_, *index, out, false);
-      if (!t)
-        return t.status();
-      *into = *t;
-    }
+    FORGE_RETURN_IF_ERROR(bindScalarOutputs(b.eval, /*train=*/false));
   }
   // The batches' buffers, at the largest length (fillAt writes shorter rows packed).
   evalBuffers_.clear();
@@ -742,17 +702,12 @@ Expected<EvalResult> Trainer::evaluateBuckets() {
   EvalResult r;
   const int64_t n = evalData_->numSamples();
   std::vector<std::vector<int64_t>> members(buckets_.size());
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t len = evalData_->sampleLength(i);
-    size_t b = 0;
-    while (b + 1 < buckets_.size() && buckets_[b].length < len)
-      ++b;
-    members[b].push_back(i);
-  }
+  for (int64_t i = 0; i < n; ++i)
+    members[bucketOf(evalData_->sampleLength(i))].push_back(i);
   std::vector<void *> outs;
   for (const Executor::HostBuffer &buf : evalBuffers_)
     outs.push_back(buf.get());
-  double lossSum = 0, correctSum = 0, labelSum = 0;
+  EvalTally tally;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket &bucket = buckets_[b];
     const std::vector<int64_t> &list = members[b];
@@ -775,21 +730,46 @@ Expected<EvalResult> Trainer::evaluateBuckets() {
       }
       FORGE_RETURN_IF_ERROR(exec_->run(bucket.eval.index));
       FORGE_RETURN_IF_ERROR(exec_->wait());
-      const double count = bucket.eval.extra2 >= 0 ? readScalar(*exec_, bucket.eval.extra2)
-                                                   : static_cast<double>(real);
-      if (count > 0)
-        lossSum += static_cast<double>(readScalar(*exec_, bucket.eval.loss)) * count;
-      labelSum += count;
-      if (bucket.eval.extra1 >= 0)
-        correctSum += readScalar(*exec_, bucket.eval.extra1);
+      tally.add(*exec_, bucket.eval, real);
       r.samples += real;
       ++r.batches;
     }
   }
-  r.loss = labelSum > 0 ? lossSum / labelSum : std::nan("");
+  r.loss = tally.labels > 0 ? tally.loss / tally.labels : std::nan("");
   if (buckets_.back().eval.extra1 >= 0)
-    r.accuracy = labelSum > 0 ? correctSum / labelSum : std::nan("");
+    r.accuracy = tally.labels > 0 ? tally.correct / tally.labels : std::nan("");
   return r;
+}
+
+Status Trainer::bindScalarOutputs(Routine &r, bool train) const {
+  auto loss = scalarOutput(*exec_, r.index, "loss", true);
+  if (!loss)
+    return loss.status();
+  r.loss = *loss;
+  using Out = std::pair<const char *, int32_t *>;
+  const std::vector<Out> optional =
+      train ? std::vector<Out>{{"forge.lr", &r.extra1},
+                               {"forge.grad_norm", &r.extra2},
+                               {"forge.loss_scale_used", &r.scale},
+                               {"forge.skipped", &r.skipped}}
+            : std::vector<Out>{{"forge.correct", &r.extra1}, {"forge.label_count", &r.extra2}};
+  for (auto [name, into] : optional) {
+    auto t = scalarOutput(*exec_, r.index, name, false);
+    if (!t)
+      return t.status();
+    *into = *t;
+  }
+  return Status::ok();
+}
+
+void Trainer::EvalTally::add(const Executor &ex, const Routine &eval, int64_t real) {
+  const double count =
+      eval.extra2 >= 0 ? readScalar(ex, eval.extra2) : static_cast<double>(real);
+  if (count > 0) // a batch of ignored labels only has a NaN mean and no weight
+    loss += static_cast<double>(readScalar(ex, eval.loss)) * count;
+  labels += count;
+  if (eval.extra1 >= 0)
+    correct += readScalar(ex, eval.extra1);
 }
 
 Status Trainer::setEvalData(std::unique_ptr<DataSource> eval) {
@@ -854,18 +834,7 @@ Status Trainer::setEvalData(std::unique_ptr<DataSource> eval) {
     return Status::error("{}: the eval routine has no data inputs", origin);
   if (evalLabelElements_ == 0)
     evalLabelElements_ = evalBatch_;
-  auto evalLoss = scalarOutput(*exec_, eval_.index, "loss", true);
-  if (!evalLoss)
-    return evalLoss.status();
-  auto correct = scalarOutput(*exec_, eval_.index, "forge.correct", false);
-  if (!correct)
-    return correct.status();
-  auto labelCount = scalarOutput(*exec_, eval_.index, "forge.label_count", false);
-  if (!labelCount)
-    return labelCount.status();
-  eval_.loss = *evalLoss;
-  eval_.extra1 = *correct;
-  eval_.extra2 = *labelCount;
+  FORGE_RETURN_IF_ERROR(bindScalarOutputs(eval_, /*train=*/false));
   FORGE_RETURN_IF_ERROR(eval->bind(evalFields_));
   if (eval->numSamples() < evalBatch_)
     return Status::error("{}: {} eval samples, fewer than one batch ({})", eval->describe(),
@@ -1345,7 +1314,7 @@ Expected<EvalResult> Trainer::evaluate() {
   r.batches = weighted ? (total + evalBatch_ - 1) / evalBatch_ : total / evalBatch_;
   // With forge.label_count (cross_entropy's ignore=N) a batch's loss is the mean over
   // its counted labels: batches are weighted by that count, and so is the accuracy.
-  double lossSum = 0, correctSum = 0, labelSum = 0;
+  EvalTally tally;
   for (int64_t b = 0; b < r.batches; ++b) {
     const int64_t real = std::min(evalBatch_, total - b * evalBatch_);
     for (int64_t i = 0; i < evalBatch_; ++i)
@@ -1359,20 +1328,14 @@ Expected<EvalResult> Trainer::evaluate() {
     }
     FORGE_RETURN_IF_ERROR(exec_->run(eval_.index));
     FORGE_RETURN_IF_ERROR(exec_->wait());
-    const double count = eval_.extra2 >= 0 ? readScalar(*exec_, eval_.extra2)
-                                            : static_cast<double>(real);
-    if (count > 0) // a batch of ignored labels only has a NaN mean and no weight
-      lossSum += static_cast<double>(readScalar(*exec_, eval_.loss)) * count;
-    labelSum += count;
-    if (eval_.extra1 >= 0)
-      correctSum += readScalar(*exec_, eval_.extra1);
+    tally.add(*exec_, eval_, real);
     r.samples += real;
   }
-  r.loss = labelSum > 0 ? lossSum / labelSum : std::nan("");
+  r.loss = tally.labels > 0 ? tally.loss / tally.labels : std::nan("");
   if (eval_.extra1 >= 0 && eval_.extra2 >= 0)
-    r.accuracy = labelSum > 0 ? correctSum / labelSum : std::nan("");
+    r.accuracy = tally.labels > 0 ? tally.correct / tally.labels : std::nan("");
   else if (eval_.extra1 >= 0 && r.samples)
-    r.accuracy = correctSum / (static_cast<double>(r.samples) *
+    r.accuracy = tally.correct / (static_cast<double>(r.samples) *
                                static_cast<double>(evalLabelElements_) /
                                static_cast<double>(evalBatch_));
   return r;

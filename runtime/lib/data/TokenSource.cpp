@@ -103,6 +103,22 @@ std::string shardList(const std::vector<std::unique_ptr<Shard>> &shards) {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
+/// A token of `shard` at `offset` that input `f` cannot hold (its fill's error).
+Status tokenTooLarge(const Shard &shard, int64_t v, int64_t offset, const DataField &f) {
+  return Status::error("{}: token {} at offset {} does not fit the input '{}' ({})", shard.origin,
+                       v, offset, f.name, dtypeName(f.dtype));
+}
+
+/// A label of `shard` at `offset` outside label input `f`'s classes (or its type's
+/// range, max `lmax`, without a class count).
+Status labelOutOfRange(const Shard &shard, int64_t l, int64_t offset, const DataField &f,
+                       int64_t lmax) {
+  const int64_t classes = f.numClasses > 0 ? f.numClasses : lmax + 1;
+  return Status::error("{}: token {} at offset {} (a label of '{}') is outside [0, {}) (the model "
+                       "has {} classes)",
+                       shard.origin, l, offset, f.name, classes, classes);
+}
+
 class TokenSource final : public DataSource {
 public:
   explicit TokenSource(std::vector<std::unique_ptr<Shard>> shards) : shards_(std::move(shards)) {}
@@ -177,17 +193,12 @@ public:
       for (int64_t t = 0; t < seqLen_; ++t) {
         int64_t v = shard.at(o + t);
         if (v > tmax)
-          return Status::error("{}: token {} at offset {} does not fit the input '{}' ({})",
-                               shard.origin, v, o + t, tf.name, dtypeName(tf.dtype));
+          return tokenTooLarge(shard, v, o + t, tf);
         data::storeInt(tokOut + (i * seqLen_ + t) * tw, tf.dtype, v);
         if (lf) {
           int64_t l = shard.at(o + t + 1);
           if ((lf->numClasses > 0 && !data::labelOk(*lf, l)) || l > lmax)
-            return Status::error("{}: token {} at offset {} (a label of '{}') is outside [0, {}) "
-                                 "(the model has {} classes)",
-                                 shard.origin, l, o + t + 1, lf->name,
-                                 lf->numClasses > 0 ? lf->numClasses : lmax + 1,
-                                 lf->numClasses > 0 ? lf->numClasses : lmax + 1);
+            return labelOutOfRange(shard, l, o + t + 1, *lf, lmax);
           data::storeInt(labOut + (i * seqLen_ + t) * lw, lf->dtype, l);
         }
       }
@@ -330,17 +341,12 @@ public:
         const size_t at = static_cast<size_t>(static_cast<int64_t>(i) * length + t);
         int64_t v = real ? shard.at(sm.start + t) : separator_;
         if (v > tmax)
-          return Status::error("{}: token {} at offset {} does not fit the input '{}' ({})",
-                               shard.origin, v, sm.start + t, tf.name, dtypeName(tf.dtype));
+          return tokenTooLarge(shard, v, sm.start + t, tf);
         data::storeInt(tokOut + at * tw, tf.dtype, v);
         if (lf) {
           int64_t l = real ? static_cast<int64_t>(shard.at(sm.start + t + 1)) : *lf->ignoreValue;
           if (real && ((lf->numClasses > 0 && !data::labelOk(*lf, l)) || l > lmax))
-            return Status::error("{}: token {} at offset {} (a label of '{}') is outside [0, {}) "
-                                 "(the model has {} classes)",
-                                 shard.origin, l, sm.start + t + 1, lf->name,
-                                 lf->numClasses > 0 ? lf->numClasses : lmax + 1,
-                                 lf->numClasses > 0 ? lf->numClasses : lmax + 1);
+            return labelOutOfRange(shard, l, sm.start + t + 1, *lf, lmax);
           data::storeInt(labOut + at * lw, lf->dtype, l);
         }
         if (mf) {

@@ -331,6 +331,23 @@ private:
   bool bucketed_ = false; // variable-length training data: steps pick their bucket
   size_t curBucket_ = 0;  // the launched step's (bucketed_)
   std::vector<Executor::HostBuffer> evalBuffers_; // bucketed eval batches, per eval field
+  /// The smallest bucket holding a sample of `length` positions (the last: any longer).
+  size_t bucketOf(int64_t length) const {
+    size_t b = 0;
+    while (b + 1 < buckets_.size() && buckets_[b].length < length)
+      ++b;
+    return b;
+  }
+  /// `r`'s loss (required) and its optional scalar outputs (-1 when absent): a
+  /// train routine's forge.lr, grad_norm, loss_scale_used, skipped; an eval
+  /// routine's forge.correct and forge.label_count.
+  Status bindScalarOutputs(Routine &r, bool train) const;
+  /// An eval run's contribution to evaluate(): its loss weighted by its counted
+  /// labels (forge.label_count, else the real samples), its correct count.
+  struct EvalTally {
+    double loss = 0, correct = 0, labels = 0;
+    void add(const Executor &ex, const Routine &eval, int64_t real);
+  };
   /// The routine, inputs and step input of the launched step.
   const Routine &stepRoutine() const { return bucketed_ ? buckets_[curBucket_].train : train_; }
 
