@@ -32,6 +32,14 @@
 //    multi_reduce of max(|x|, 1e-30) (read once per value, all weights in
 //    one launch) and a loop region that scales and casts (saturating). The
 //    loss head's matmul stays bf16 (forge-chunk-cross-entropy takes it).
+//  * fp8-scaling=delayed: an activation's copy is scaled by the largest
+//    amax of its last H steps instead (a state ring [H], slot (step - 1)
+//    mod H written by this step, initially [448, 0, ...] so that the first
+//    step scales by 1). Its cast needs no reduction of the same step first;
+//    the activation's own amax only fills its slot. Histories' maxima ride
+//    in the entry's multi_reduce, their slots in one horizontal region at
+//    the end. Arguments keep current scaling (their amaxes are known at the
+//    entry anyway).
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
@@ -168,6 +176,16 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
                                  << "' (fp32, tf32, bf16, fp16, fp8)";
       return signalPassFailure();
     }
+    if (fp8Scaling != "current" && fp8Scaling != "delayed") {
+      getOperation().emitError() << "forge-assign-precision: unknown fp8-scaling '" << fp8Scaling
+                                 << "' (current, delayed)";
+      return signalPassFailure();
+    }
+    if (fp8History < 1 || fp8History > (1u << 16)) {
+      getOperation().emitError() << "forge-assign-precision: fp8-history must be 1..65536, not "
+                                 << std::to_string(fp8History);
+      return signalPassFailure();
+    }
     Builder b(&getContext());
     low = precision == "fp16" ? Type(b.getF16Type()) : Type(b.getBF16Type());
     // The training step, or each pipeline stage's (train_step@pp<s>, with its
@@ -193,6 +211,9 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
         viewWantsLow.clear();
         lowCopy.clear();
         quantized.clear();
+        histories.clear();
+        entryAmaxes.clear();
+        historyNames.clear();
         standaloneCasts = scaledGemms = 0;
         e4m3Max = amaxFloor = Value();
         if (failed(assign()))
@@ -260,7 +281,12 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     if (precision == "fp8" && !evalRoutine)
       func.emitRemark() << "forge-assign-precision: " << scaledGemms
                         << " GEMM(s) run in float8 (E4M3) from " << quantized.size()
-                        << " scaled copies";
+                        << " scaled copies"
+                        << (histories.empty()
+                                ? std::string()
+                                : ", " + std::to_string(histories.size()) +
+                                      " of them with delayed scaling (amax histories of " +
+                                      std::to_string(fp8History) + " steps)");
     return success();
   }
 
@@ -840,49 +866,182 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     return isF32Tensor(v) ? v : castOf(b, loc, v, Float32Type::get(v.getContext()));
   }
 
-  /// The E4M3 copy of `v` and its amax, made right after `v` (after the
-  /// constants for an argument): a multi_reduce of max(|v|, floor), then a
-  /// loop region writing saturate(v * 448 / amax).
+  /// A multi_reduce region at b's point: max(|x|, floor) over all of `x`
+  /// (an amax; of a history: its largest entry). b moves after it.
+  Value amaxOf(OpBuilder &b, Location loc, Value x) {
+    auto type = tensorOf(x);
+    SmallVector<int64_t> axes(type.getRank());
+    std::iota(axes.begin(), axes.end(), 0);
+    auto region = b.create<FusionOp>(loc, TypeRange{scalarF32()}, ValueRange{x, amaxFloor},
+                                     b.getStringAttr("multi_reduce"));
+    Block *body = b.createBlock(&region.getBody(), {}, {x.getType(), scalarF32()}, {loc, loc});
+    OpBuilder in = OpBuilder::atBlockEnd(body);
+    Value f = inF32(in, loc, body->getArgument(0));
+    Value abs = in.create<AbsOp>(loc, f.getType(), f);
+    Value floored = in.create<MaxOp>(loc, f.getType(), abs, body->getArgument(1));
+    Value amax = in.create<ReduceMaxOp>(loc, scalarF32(), floored, in.getDenseI64ArrayAttr(axes),
+                                        in.getBoolAttr(false));
+    in.create<YieldOp>(loc, ValueRange{amax});
+    b.setInsertionPointAfter(region);
+    return region.getResult(0);
+  }
+
+  /// A loop region at b's point writing saturate(v * 448 / amax) in E4M3.
+  /// b moves after it.
+  Value castE4M3(OpBuilder &b, Location loc, Value v, Value amax) {
+    auto type = tensorOf(v);
+    Type e4m3 = Float8E4M3FNType::get(func.getContext());
+    auto region = b.create<FusionOp>(loc, TypeRange{type.clone(e4m3)},
+                                     ValueRange{v, amax, e4m3Max}, b.getStringAttr("loop"));
+    Block *body = b.createBlock(&region.getBody(), {}, {v.getType(), scalarF32(), scalarF32()},
+                                {loc, loc, loc});
+    OpBuilder in = OpBuilder::atBlockEnd(body);
+    Value x = inF32(in, loc, body->getArgument(0));
+    Value scaled = in.create<MulOp>(loc, x.getType(), x, body->getArgument(2));
+    Value unit = in.create<DivOp>(loc, x.getType(), scaled, body->getArgument(1));
+    in.create<YieldOp>(loc, ValueRange{castOf(in, loc, unit, e4m3)});
+    b.setInsertionPointAfter(region);
+    return region.getResult(0);
+  }
+
+  /// The E4M3 copy of `v` and the amax it is scaled by. Current scaling (and
+  /// every argument): v's own amax, a multi_reduce right after v (at the
+  /// entry for an argument), then the cast. Delayed scaling (an activation):
+  /// the largest amax of v's history, read at the entry, so the cast follows
+  /// v at once; v's own amax comes after the cast and only fills this step's
+  /// slot of the history (updateHistories).
   Quantized quantize(Value v) {
     if (auto it = quantized.find(v); it != quantized.end())
       return it->second;
     OpBuilder b(func.getContext());
+    Location loc = v.getLoc();
     if (Operation *def = v.getDefiningOp())
       b.setInsertionPointAfter(def);
     else
       b.setInsertionPointAfter(amaxFloor.getDefiningOp());
-    Location loc = v.getLoc();
-    auto type = tensorOf(v);
-    SmallVector<int64_t> axes(type.getRank());
-    std::iota(axes.begin(), axes.end(), 0);
-    auto amaxRegion = b.create<FusionOp>(loc, TypeRange{scalarF32()}, ValueRange{v, amaxFloor},
-                                         b.getStringAttr("multi_reduce"));
-    {
-      Block *body = b.createBlock(&amaxRegion.getBody(), {}, {v.getType(), scalarF32()}, {loc, loc});
-      OpBuilder in = OpBuilder::atBlockEnd(body);
-      Value x = inF32(in, loc, body->getArgument(0));
-      Value abs = in.create<AbsOp>(loc, x.getType(), x);
-      Value floored = in.create<MaxOp>(loc, x.getType(), abs, body->getArgument(1));
-      Value amax = in.create<ReduceMaxOp>(loc, scalarF32(), floored, in.getDenseI64ArrayAttr(axes),
-                                          in.getBoolAttr(false));
-      in.create<YieldOp>(loc, ValueRange{amax});
+    if (fp8Scaling == "delayed" && stepArg && !isa<BlockArgument>(v)) {
+      BlockArgument history = historyArgument(v);
+      OpBuilder entry(func.getContext());
+      entry.setInsertionPointAfter(amaxFloor.getDefiningOp());
+      Value scale = amaxOf(entry, loc, history);
+      entryAmaxes.push_back(scale);
+      Value q = castE4M3(b, loc, v, scale);
+      histories.push_back({history, amaxOf(b, loc, v)});
+      return quantized[v] = Quantized{q, scale};
     }
-    b.setInsertionPointAfter(amaxRegion);
-    Type e4m3 = Float8E4M3FNType::get(func.getContext());
-    Value amax = amaxRegion.getResult(0);
-    auto castRegion = b.create<FusionOp>(loc, TypeRange{type.clone(e4m3)},
-                                         ValueRange{v, amax, e4m3Max}, b.getStringAttr("loop"));
-    {
-      Block *body = b.createBlock(&castRegion.getBody(), {},
-                                  {v.getType(), scalarF32(), scalarF32()}, {loc, loc, loc});
+    Value amax = amaxOf(b, loc, v);
+    if (isa<BlockArgument>(v))
+      entryAmaxes.push_back(amax);
+    Value q = castE4M3(b, loc, v, amax);
+    return quantized[v] = Quantized{q, amax};
+  }
+
+  //===--------------------------------------------------------------------===//
+  // 4b. Delayed scaling (fp8-scaling=delayed)
+  //===--------------------------------------------------------------------===//
+
+  struct History {
+    BlockArgument state;
+    Value amax; // this step's
+  };
+  SmallVector<History> histories;
+  SmallVector<Value> entryAmaxes; // multi_reduce results at the entry, merged at the end
+  BlockArgument stepArg;          // forge.step (1 for the first step)
+  llvm::StringSet<> historyNames;
+
+  /// The name of v's history: the ONNX node that made it (its location's
+  /// first name), else "activation<k>"; made unique by a ".<k>" suffix. The
+  /// same in every routine built from one graph (a length bucket's step
+  /// shares its histories with the plain step's by name).
+  std::string historyName(Value v) {
+    std::string base;
+    v.getLoc()->walk([&](Location l) {
+      if (auto named = dyn_cast<NameLoc>(l); named && base.empty())
+        base = named.getName().str();
+      return base.empty() ? WalkResult::advance() : WalkResult::interrupt();
+    });
+    if (base.empty())
+      base = "activation" + std::to_string(histories.size());
+    std::string name = base + ".fp8_amax_history";
+    if (historyNames.contains(name))
+      name = base + "." + std::to_string(histories.size()) + ".fp8_amax_history";
+    historyNames.insert(name);
+    return name;
+  }
+
+  /// v's amax history: a state argument [H] f32, a ring whose slot
+  /// (step - 1) mod H the step writes, initially [448, 0, ...] (its maximum,
+  /// 448, scales by 1 until the first step's amax replaces it).
+  BlockArgument historyArgument(Value v) {
+    MLIRContext *ctx = func.getContext();
+    Builder b(ctx);
+    auto type = RankedTensorType::get({static_cast<int64_t>(fp8History)}, b.getF32Type());
+    SmallVector<float> init(fp8History, 0.0f);
+    init[0] = static_cast<float>(kE4M3Max);
+    NamedAttrList attrs;
+    attrs.set("forge.kind", b.getStringAttr("state"));
+    attrs.set("forge.name", b.getStringAttr(historyName(v)));
+    attrs.set("forge.role", b.getStringAttr("fp8_amax_history"));
+    attrs.set("forge.initial_value", DenseElementsAttr::get(type, ArrayRef<float>(init)));
+    unsigned at = func.getNumArguments();
+    (void)func.insertArgument(at, type, attrs.getDictionary(ctx), v.getLoc());
+    return func.getArgument(at);
+  }
+
+  /// Each history with this step's amax in its slot: a loop region per
+  /// history, all in one horizontal region before the return (one launch),
+  /// returned as the histories' updates.
+  void updateHistories() {
+    if (histories.empty())
+      return;
+    MLIRContext *ctx = func.getContext();
+    Location loc = func.getLoc();
+    const int64_t h = fp8History;
+    auto histType = RankedTensorType::get({h}, Float32Type::get(ctx));
+    OpBuilder top = OpBuilder::atBlockBegin(&func.front());
+    Value one = scalarConstant(top, loc, 1.0), length = scalarConstant(top, loc, double(h));
+    SmallVector<float> slots(h);
+    std::iota(slots.begin(), slots.end(), 0.0f);
+    Value iota = top.create<ConstantOp>(loc, histType,
+                                        DenseElementsAttr::get(histType, ArrayRef<float>(slots)));
+    auto ret = cast<func::ReturnOp>(func.front().getTerminator());
+    OpBuilder b(ret);
+    SmallVector<FusionOp> updates;
+    SmallVector<Value> results(ret.getOperands());
+    for (const History &hist : histories) {
+      auto region = b.create<FusionOp>(
+          loc, TypeRange{histType}, ValueRange{hist.state, hist.amax, stepArg, one, length, iota},
+          b.getStringAttr("loop"));
+      Type s = scalarF32();
+      Block *body = b.createBlock(&region.getBody(), {},
+                                  {histType, s, s, s, s, histType},
+                                  SmallVector<Location>(6, loc));
       OpBuilder in = OpBuilder::atBlockEnd(body);
-      Value x = inF32(in, loc, body->getArgument(0));
-      Value scaled = in.create<MulOp>(loc, x.getType(), x, body->getArgument(2));
-      Value unit = in.create<DivOp>(loc, x.getType(), scaled, body->getArgument(1));
-      Value q = castOf(in, loc, unit, e4m3);
-      in.create<YieldOp>(loc, ValueRange{q});
+      auto arg = [&](unsigned i) { return body->getArgument(i); };
+      // Slot i is this step's when (step - 1 - i) / H is whole (exact in f32
+      // below 2^24 steps); each value at the iteration shape, as a loop
+      // region's body has them.
+      Value x = in.create<SubOp>(loc, histType, in.create<SubOp>(loc, histType, arg(2), arg(5)),
+                                 arg(3));
+      Value r = in.create<DivOp>(loc, histType, x, arg(4));
+      Value here = in.create<EqualOp>(loc, histType.clone(in.getI1Type()),
+                                      in.create<FloorOp>(loc, histType, r), r);
+      Value next = in.create<WhereOp>(loc, histType, here, arg(1), arg(0));
+      in.create<YieldOp>(loc, ValueRange{next});
+      b.setInsertionPoint(ret);
+      updates.push_back(region);
+      results.push_back(region.getResult(0));
     }
-    return quantized[v] = Quantized{castRegion.getResult(0), amax};
+    ret->setOperands(results);
+    unsigned first = func.getNumResults();
+    for (auto [i, hist] : llvm::enumerate(histories))
+      (void)func.insertResult(
+          first + i, histType,
+          DictionaryAttr::get(ctx, {NamedAttribute(
+                                       StringAttr::get(ctx, "forge.updates"),
+                                       func.getArgAttr(hist.state.getArgNumber(), "forge.name"))}));
+    if (updates.size() >= 2)
+      outlineHorizontal(updates);
   }
 
   /// Whether a product of lhs [M, K] and rhs [N, K] (K-major both) in bf16
@@ -994,6 +1153,11 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   }
 
   void quantizeGemms() {
+    stepArg = nullptr;
+    for (BlockArgument arg : func.getArguments())
+      if (StringAttr name = argAttr(arg.getArgNumber(), "forge.name");
+          name && name.getValue() == "forge.step" && isF32Tensor(arg))
+        stepArg = arg;
     OpBuilder b = OpBuilder::atBlockBegin(&func.front());
     e4m3Max = scalarConstant(b, func.getLoc(), kE4M3Max);
     amaxFloor = scalarConstant(b, func.getLoc(), kAmaxFloor);
@@ -1038,27 +1202,30 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
           (!gemm.getC() || tensorOf(gemm.getC()).getElementType().isBF16()))
         quantizeGemmRegion(region);
     }
-    // The weights' amaxes (arguments, read at the entry): one multi_reduce.
-    mergeArgumentAmaxes();
+    updateHistories();
+    // The weights' amaxes and the histories' maxima (arguments, read at the
+    // entry): one multi_reduce.
+    mergeEntryAmaxes();
   }
 
-  /// The entry's multi_reduce regions (one per quantized argument) as one
-  /// launch: their bodies side by side.
-  void mergeArgumentAmaxes() {
-    SmallVector<FusionOp> regions;
-    for (auto &[v, qz] : quantized)
-      if (isa<BlockArgument>(v))
-        regions.push_back(qz.amax.getDefiningOp<FusionOp>());
-    if (regions.size() < 2)
+  /// The entry's multi_reduce regions (the arguments' amaxes, the
+  /// histories' maxima) as one launch: their bodies side by side, right
+  /// after the constants (every input is an argument), before every reader.
+  void mergeEntryAmaxes() {
+    if (entryAmaxes.size() < 2)
       return;
+    SmallVector<FusionOp> regions;
     SmallVector<Value> inputs;
     SmallVector<Type> types;
-    for (FusionOp r : regions) {
+    for (Value amax : entryAmaxes) {
+      auto r = amax.getDefiningOp<FusionOp>();
+      regions.push_back(r);
       inputs.push_back(r.getInputs()[0]);
       types.push_back(r.getResult(0).getType());
     }
     inputs.push_back(amaxFloor);
-    OpBuilder b(regions.back());
+    OpBuilder b(func.getContext());
+    b.setInsertionPointAfter(amaxFloor.getDefiningOp());
     Location loc = regions.front().getLoc();
     auto merged = b.create<FusionOp>(loc, types, inputs, b.getStringAttr("multi_reduce"));
     SmallVector<Type> argTypes(ValueRange(inputs).getTypes());
@@ -1075,16 +1242,10 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       yielded.push_back(map.lookup(r.getBlock().getTerminator()->getOperand(0)));
     }
     in.create<YieldOp>(loc, yielded);
-    // Every cast region comes after the last of them (the merged one's place).
     for (auto [i, r] : llvm::enumerate(regions)) {
       r.getResult(0).replaceAllUsesWith(merged.getResult(i));
       r.erase();
     }
-    for (auto &[v, qz] : quantized)
-      if (isa<BlockArgument>(v)) {
-        qz.amax = merged.getResult(llvm::find(inputs, v) - inputs.begin());
-        qz.q.getDefiningOp()->moveAfter(merged);
-      }
   }
 
   void syncFunctionType() {

@@ -1793,9 +1793,6 @@ bool collapseViewChains(func::FuncOp func) {
   return changed;
 }
 
-/// Replaces the independent loop regions `group` (program order) with one
-/// forge.fusion "horizontal" at the last one's place.
-void outlineHorizontal(ArrayRef<FusionOp> group);
 
 /// Horizontal fusion of the optimizer: the loop regions that update
 /// persistent state (a result returned with forge.updates), when independent
@@ -2034,7 +2031,9 @@ bool fuseScalarRegions(func::FuncOp func) {
   return true;
 }
 
-void outlineHorizontal(ArrayRef<FusionOp> group) {
+} // namespace
+
+void mlir::forge::outlineHorizontal(ArrayRef<FusionOp> group) {
   llvm::SmallPtrSet<Operation *, 16> members;
   for (FusionOp f : group)
     members.insert(f);
@@ -2075,6 +2074,8 @@ void outlineHorizontal(ArrayRef<FusionOp> group) {
   for (FusionOp f : llvm::reverse(group))
     f.erase();
 }
+
+namespace {
 
 /// The loss of a classifier, nll_loss(log_softmax(x, axis 1), t) over [N, C]
 /// logits, and its gradient log_softmax_grad(y, nll_loss_grad(g, t)) become

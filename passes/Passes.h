@@ -38,6 +38,11 @@ llvm::DenseSet<Operation *> accumulationPart(Block &body);
 /// (forge-fuse's scalar group, forge-assign-precision's mixed-precision
 /// readers, forge-merge-scalar-regions' riders).
 FusionOp cloneIntoLoopRegion(Operation *op);
+/// Replaces the independent loop regions `group` (program order) with one
+/// forge.fusion "horizontal" at the last one's place (one launch); users of
+/// earlier members that sit before the last move after it. forge-fuse's
+/// sibling and scalar groups, forge-assign-precision's fp8 history updates.
+void outlineHorizontal(ArrayRef<FusionOp> group);
 /// [shape[perm[0]], shape[perm[1]], ...]: a transpose's result shape.
 /// forge-assign-layout and forge-permute-parameters.
 SmallVector<int64_t> permutedShape(ArrayRef<int64_t> shape, ArrayRef<int64_t> perm);

@@ -428,13 +428,31 @@ def AssignPrecision : Pass<"forge-assign-precision", "::mlir::ModuleOp"> {
     more, low, output. Anything else (a data input, a library output read by
     both) gets a loop region of one cast, counted in a remark.
 
+    With `precision=fp8`, forward GEMMs in the float8 layout read E4M3
+    copies scaled per tensor. `fp8-scaling=current` scales each by its amax
+    of the same step (a reduction, then the cast). `fp8-scaling=delayed`
+    scales each activation by the largest amax of its last `fp8-history`
+    steps: a state argument `<name>.fp8_amax_history` (role
+    `fp8_amax_history`, a ring indexed by (forge.step - 1) mod H, initially
+    [448, 0, ...]: the first step scales by 1, as Transformer Engine does),
+    whose maxima one multi_reduce at the entry reads; the cast no longer
+    waits for the tensor's own amax, which only fills this step's slot (the
+    slots are written by one horizontal region at the end). Arguments (the
+    weights, data inputs) keep current scaling: their amaxes are known at the
+    entry, one multi_reduce for all.
+
     Parameters, optimizer state and @eval stay f32. `precision=fp32` and
     `tf32` change nothing (TF32 is cuBLASLt's compute type, the bundle's
     build option).
   }];
   let options = [
     Option<"precision", "precision", "std::string", /*default=*/"\"fp32\"",
-           "fp32 | tf32 | bf16 | fp16: the storage type of low-precision tensors">,
+           "fp32 | tf32 | bf16 | fp16 | fp8: the storage type of low-precision tensors">,
+    Option<"fp8Scaling", "fp8-scaling", "std::string", /*default=*/"\"current\"",
+           "fp8: current (each activation scaled by its own amax, found first) | "
+           "delayed (by the largest amax of its last fp8-history steps)">,
+    Option<"fp8History", "fp8-history", "unsigned", /*default=*/"16",
+           "fp8-scaling=delayed: the steps of each activation's amax history">,
   ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

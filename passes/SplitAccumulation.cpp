@@ -447,8 +447,14 @@ llvm::DenseSet<Operation *> mlir::forge::accumulationPart(Block &body) {
       else if (def && !isa<ConstantOp>(def))
         readsRest = true;
     }
-    if (readsPart && !readsRest)
-      part.insert(&op);
+    if (!readsPart || readsRest)
+      continue;
+    part.insert(&op);
+    // With the constants it reads, which nothing in the part may have
+    // reached (fp8 delayed scaling's history slots).
+    for (Value v : valuesRead(&op))
+      if (Operation *def = topLevelDef(v, body); def && isa<ConstantOp>(def))
+        part.insert(def);
   }
   return part;
 }

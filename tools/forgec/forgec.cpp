@@ -67,6 +67,18 @@ static cl::opt<std::string> precision(
              "(forge-assign-precision); fp8 (experimental): bf16 with the forward GEMMs in "
              "float8 E4M3, scaled per tensor"),
     cl::cat(forgecCategory));
+static cl::opt<std::string> fp8Scaling(
+    "fp8-scaling", cl::init("current"),
+    cl::desc("--precision fp8: current (default): each GEMM operand scaled by its own amax, "
+             "found before its cast | delayed: an activation scaled by the largest amax of its "
+             "last --fp8-history steps (a state tensor per activation, checkpointed; the first "
+             "step scales by 1), so its cast need not wait for a reduction; weights and data "
+             "inputs keep current scaling"),
+    cl::cat(forgecCategory));
+static cl::opt<unsigned> fp8History(
+    "fp8-history", cl::init(16),
+    cl::desc("--fp8-scaling delayed: the steps each amax history holds (1..65536; default 16)"),
+    cl::cat(forgecCategory));
 static cl::opt<std::string> layout(
     "layout", cl::init("auto"),
     cl::desc("auto (default) | nchw | nhwc: the layout of 2-d convolution nets in the training "
@@ -764,6 +776,14 @@ int main(int argc, char **argv) {
     return fail("--precision " + precision +
                 " applies to the training step; use it without --inference-only");
   pipelineOptions.precision = precision;
+  if (fp8Scaling != "current" && fp8Scaling != "delayed")
+    return fail("unknown --fp8-scaling '" + fp8Scaling + "' (current, delayed)");
+  if (fp8Scaling != "current" && precision != "fp8")
+    return fail("--fp8-scaling " + fp8Scaling + " needs --precision fp8");
+  if (fp8History < 1 || fp8History > 65536)
+    return fail("--fp8-history must be 1..65536, got " + std::to_string(fp8History));
+  pipelineOptions.fp8Scaling = fp8Scaling;
+  pipelineOptions.fp8History = fp8History;
   if (layout != "auto" && layout != "nchw" && layout != "nhwc")
     return fail("unknown --layout '" + layout + "' (auto, nchw, nhwc)");
   // auto: channels-last for convolutions on tensor cores (ResNet-50 on an H200: bf16 22.3 ms
@@ -788,6 +808,11 @@ int main(int argc, char **argv) {
     return fail("--pp must be >= 1, got " + std::to_string(pipelineParallel));
   if (pipelineParallel > 1 && precision == "fp8")
     return fail("--pp with --precision fp8 is not supported yet (bf16 is)");
+  // Each rank would fill its histories with its own amaxes (no max over the
+  // ranks yet), and a resume would give every rank rank 0's.
+  if (fp8Scaling == "delayed" && (dataParallel > 1 || tensorParallel > 1))
+    return fail("--fp8-scaling delayed with --dp/--tp is not supported yet: the amax histories "
+                "are not reduced over the ranks (use --fp8-scaling current)");
   pipelineOptions.train.pipeline = pipelineParallel;
   // auto: trial plans without recomputation first (below).
   pipelineOptions.recompute = recompute == "auto" ? std::string("none") : recompute.getValue();
@@ -941,6 +966,10 @@ int main(int argc, char **argv) {
     build["tf32"] = "1";
   if (precision != "fp32")
     build["precision"] = precision;
+  if (precision == "fp8")
+    build["fp8_scaling"] = fp8Scaling == "delayed"
+                               ? "delayed:history=" + std::to_string(fp8History)
+                               : std::string("current");
   if (!inferenceOnly && !trainFlags().lossScale.empty())
     build["loss_scale"] = trainFlags().lossScale;
   build["weights"] = weights;

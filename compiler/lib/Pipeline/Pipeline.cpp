@@ -240,6 +240,8 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   if (options.precision == "bf16" || options.precision == "fp16" || options.precision == "fp8") {
     AssignPrecisionOptions precision;
     precision.precision = options.precision;
+    precision.fp8Scaling = options.fp8Scaling;
+    precision.fp8History = options.fp8History;
     pm.addPass(createAssignPrecision(precision));
     // The f32 views its low copies replaced (a transposed weight) are dead.
     pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());
