@@ -506,6 +506,23 @@ def MergeCrossEntropyGrad : Pass<"forge-merge-cross-entropy-grad", "::mlir::Modu
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+def FuseColumnSums : Pass<"forge-fuse-column-sums", "::mlir::ModuleOp"> {
+  let summary = "Compute a column sum (a bias gradient) in the loop region that makes its input";
+  let description = [{
+    A reduce_sum over every dim but the last (f32) of a loop region's result
+    becomes part of that region, which turns into a column_reduce region
+    yielding the column sums first and then the loop's results as side
+    outputs: the tensor is summed as it is written instead of read back by a
+    kernel of its own (GPT-2: the MLP's bias gradient over its 100 MB GELU
+    gradient, the attention projection's over the residual gradient). Only
+    loop regions whose body is pointwise and whose inputs are at the
+    iteration shape, per column or scalars (what the column kernel reads).
+    After precision (the sums read the stored type, as before) and the loss
+    head's stages; before partition and placement.
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 // Stage "tensor parallelism": on the forward graph, before the train step.
 def ShardTensorParallel : Pass<"forge-shard-tensor-parallel", "::mlir::func::FuncOp"> {
   let summary = "Tensor parallelism: Megatron's column/row splits of matmul pairs";

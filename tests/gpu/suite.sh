@@ -47,6 +47,7 @@ if [ "$mode" = compile ]; then
   $py tests/e2e/test_inference_layout.py --bin-dir "$b" --bundles "$dir/inference_layout" --compile-only
   $py tests/e2e/test_precision.py --bin-dir "$b" --target cuda:sm_90 --bundles "$dir/precision" --compile-only
   $py tests/e2e/test_fp8_delayed.py --bin-dir "$b" --target cuda:sm_90 --bundles "$dir/fp8_delayed" --compile-only
+  $py tests/e2e/test_fuse_column_sums.py --bin-dir "$b" --bundles "$dir/fuse_column_sums" --compile-only
   $py tests/gpu/test_masked_attention.py --forgec "$b/forgec" --bundles "$dir/masked_attention" --compile-only
   $py tests/e2e/test_input_pipeline.py --bin-dir "$b" --bundles "$dir/input_pipeline" --compile-only
   $py tests/gpu/test_data_parallel_gpu.py --bin-dir "$b" --bundles "$dir/data_parallel" --compile-only
@@ -83,6 +84,7 @@ suite gpu_dropout $py tests/e2e/test_dropout.py --bundles "$dir/dropout" --forge
 suite gpu_inference_layout $py tests/e2e/test_inference_layout.py --bundles "$dir/inference_layout" --forge-train "$ft" --device cuda
 suite gpu_precision $py tests/e2e/test_precision.py --bundles "$dir/precision" --forge-train "$ft" --device cuda
 suite gpu_fp8_delayed $py tests/e2e/test_fp8_delayed.py --bundles "$dir/fp8_delayed" --forge-train "$ft" --device cuda
+suite gpu_fuse_column_sums $py tests/e2e/test_fuse_column_sums.py --bundles "$dir/fuse_column_sums" --forge-train "$ft" --device cuda
 suite gpu_masked_attention $py tests/gpu/test_masked_attention.py --bundles "$dir/masked_attention" --forge-train "$ft"
 suite gpu_input_pipeline $py tests/e2e/test_input_pipeline.py --bundles "$dir/input_pipeline" --forge-train "$ft" --device cuda
 suite gpu_data_parallel $py tests/gpu/test_data_parallel_gpu.py --bundles "$dir/data_parallel" --forge-train "$ft"

@@ -133,6 +133,12 @@ static cl::opt<bool> permuteParameters(
              "(forge-permute-parameters; checkpoints stay in the ONNX layout). =false keeps "
              "the ONNX layout, for comparisons"),
     cl::init(true), cl::cat(forgecCategory));
+static cl::opt<bool> fuseColumnSums(
+    "fuse-column-sums",
+    cl::desc("CUDA: a column sum (bias gradient) of a loop region's result is computed by that "
+             "region's kernel as it writes the result (forge-fuse-column-sums). =false keeps "
+             "the sum's own kernel, for comparisons"),
+    cl::init(true), cl::cat(forgecCategory));
 static cl::opt<bool> gemmAuxEpilogues(
     "gemm-aux-epilogues",
     cl::desc("CUDA: also the cuBLASLt epilogues that save a tensor for the backward or read "
@@ -762,6 +768,7 @@ int main(int argc, char **argv) {
   pipelineOptions.auxEpilogues = gemmAuxEpilogues;
   pipelineOptions.foldAttentionViews = foldAttentionViews;
   pipelineOptions.permuteParameters = permuteParameters;
+  pipelineOptions.fuseColumnSums = fuseColumnSums;
   pipelineOptions.scheduleReport = scheduleReport;
   pipelineOptions.scheduleOrder = scheduleOrder;
   pipelineOptions.computeStreams = computeStreams;
@@ -1135,6 +1142,7 @@ int main(int argc, char **argv) {
   TimingScope emitTiming = rootTiming.nest("emit bundle");
   ::forge::rt::BundleWriter writer;
   emitOptions.kernelDumpDir = dumpDir;
+  emitOptions.timing = &emitTiming;
   if (failed(mlir::forge::emitBundle(*module, emitOptions, writer)))
     return 1;
   // The schedule against the memory plan, as the runtime will run them: a race

@@ -22,6 +22,8 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
 
 #include <functional>
 #include <map>
@@ -202,6 +204,13 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
     l->set_block(static_cast<uint32_t>(block.getInt()));
     l->set_zero_outputs(launch.contains("zero_outputs"));
     l->set_copy_input(launch.contains("copy_input"));
+    if (auto only = launch.getAs<DenseI64ArrayAttr>("zero_only"))
+      for (int64_t o : only.asArrayRef()) {
+        if (o < 0 || o >= op.getNumResults())
+          return op.emitError("forge.launch zero_only names output ") << o << " of "
+                                                                       << op.getNumResults();
+        l->add_zero_only(static_cast<uint32_t>(o));
+      }
     if (auto fault = launch.getAs<StringAttr>("fault"))
       l->set_fault(fault.str());
     return success();
@@ -600,14 +609,30 @@ LogicalResult mlir::forge::emitBundle(ModuleOp module, const BundleEmitOptions &
     if (!options.kernelDumpDir.empty() &&
         failed(dumpKernels(module, *cuda, options.kernelDumpDir)))
       return failure();
+    TimingScope none;
+    TimingScope &timing = options.timing ? *options.timing : none;
+    TimingScope lowering = timing.nest("lower kernels to PTX");
     FailureOr<std::string> ptx = lowerKernelsToPtx(module, *cuda);
+    lowering.stop();
     if (failed(ptx))
       return failure();
+    // The module as bundled (kernels/ holds each kernel lowered alone).
+    if (!options.kernelDumpDir.empty() && !ptx->empty()) {
+      SmallString<256> path(options.kernelDumpDir);
+      llvm::sys::path::append(path, "kernels.ptx");
+      std::error_code ec;
+      llvm::raw_fd_ostream os(path, ec);
+      if (ec)
+        return module.emitError() << "cannot write " << path << ": " << ec.message();
+      os << *ptx;
+    }
     if (!ptx->empty()) {
       km->set_ptx_section(static_cast<int32_t>(writer.addSection(
           "kernels.ptx", {reinterpret_cast<const uint8_t *>(ptx->data()), ptx->size()})));
       std::string error;
+      TimingScope assembling = timing.nest("ptxas");
       FailureOr<std::optional<std::string>> cubin = assemblePtx(*ptx, cuda->chip, error);
+      assembling.stop();
       if (failed(cubin))
         return module.emitError() << error;
       if (*cubin)

@@ -42,6 +42,10 @@ DictionaryAttr launchAttr(Builder &b, const KernelLaunch &launch) {
       b.getNamedAttr("block", b.getI64IntegerAttr(launch.block))};
   if (launch.zeroOutputs)
     entries.push_back(b.getNamedAttr("zero_outputs", b.getUnitAttr()));
+  if (launch.zeroOutputs && !launch.zeroOnly.empty()) {
+    SmallVector<int64_t> only(launch.zeroOnly.begin(), launch.zeroOnly.end());
+    entries.push_back(b.getNamedAttr("zero_only", b.getDenseI64ArrayAttr(only)));
+  }
   if (launch.copyInput)
     entries.push_back(b.getNamedAttr("copy_input", b.getUnitAttr()));
   if (!launch.fault.empty())

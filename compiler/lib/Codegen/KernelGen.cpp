@@ -12,14 +12,18 @@
 
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/Passes.h"
 
 #include "llvm/ADT/ScopeExit.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
+#include "llvm/Support/ThreadPool.h"
+#include "llvm/Support/Threading.h"
 #include "llvm/Support/raw_ostream.h"
 
 std::optional<CudaTarget> mlir::forge::parseCudaTarget(llvm::StringRef target) {
@@ -261,22 +265,8 @@ std::optional<KernelLaunch> KernelGenerator::kernelFor(Operation *op) {
 }
 
 namespace {
-/// Lowers a module holding one gpu.module (gpu.container_module) to PTX.
-FailureOr<std::string> lowerModule(ModuleOp module, const CudaTarget &target) {
-  MLIRContext *ctx = module.getContext();
-  std::string toolkit;
-  for (const char *env : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char *p = std::getenv(env); p && *p && !toolkit.size())
-      toolkit = p;
-  if (toolkit.empty())
-    toolkit = "/usr/local/cuda";
-  SmallString<256> libdevice(toolkit);
-  llvm::sys::path::append(libdevice, "nvvm", "libdevice", "libdevice.10.bc");
-  if (!llvm::sys::fs::exists(libdevice))
-    return module.emitError() << "the CUDA target needs libdevice (" << libdevice
-                              << " does not exist): set CUDA_HOME to the CUDA toolkit";
-
-  PassManager pm(ctx);
+/// gpu -> NVVM -> PTX for one container module (lowerModule's pipeline).
+void addLoweringPasses(PassManager &pm, const CudaTarget &target, const std::string &toolkit) {
   GpuNVVMAttachTargetOptions attach;
   attach.chip = target.chip;
   attach.features = "+ptx78";
@@ -296,6 +286,25 @@ FailureOr<std::string> lowerModule(ModuleOp module, const CudaTarget &target) {
   binary.toolkitPath = toolkit;
   binary.compilationTarget = "isa";
   pm.addPass(createGpuModuleToBinaryPass(binary));
+}
+
+/// Lowers a module holding one gpu.module (gpu.container_module) to PTX.
+FailureOr<std::string> lowerModule(ModuleOp module, const CudaTarget &target) {
+  MLIRContext *ctx = module.getContext();
+  std::string toolkit;
+  for (const char *env : {"CUDA_HOME", "CUDA_PATH"})
+    if (const char *p = std::getenv(env); p && *p && !toolkit.size())
+      toolkit = p;
+  if (toolkit.empty())
+    toolkit = "/usr/local/cuda";
+  SmallString<256> libdevice(toolkit);
+  llvm::sys::path::append(libdevice, "nvvm", "libdevice", "libdevice.10.bc");
+  if (!llvm::sys::fs::exists(libdevice))
+    return module.emitError() << "the CUDA target needs libdevice (" << libdevice
+                              << " does not exist): set CUDA_HOME to the CUDA toolkit";
+
+  PassManager pm(ctx);
+  addLoweringPasses(pm, target, toolkit);
   if (failed(pm.run(module)))
     return failure();
   for (auto bin : module.getOps<gpu::BinaryOp>())
@@ -348,12 +357,186 @@ OwningOpRef<ModuleOp> containerFor(Operation *kernels, StringRef name) {
 }
 } // namespace
 
+namespace {
+/// One top-level entity of a PTX module: a kernel, a function (definition or
+/// prototype) or a variable, with the comment lines before it.
+struct PtxEntity {
+  std::string name, text;
+  bool entry = false, body = false;
+};
+
+/// The symbol an entity's first line declares: the last identifier (not a
+/// directive) followed by '(', '[', ';', '=' or the line's end.
+std::string ptxSymbol(StringRef line) {
+  std::string found;
+  for (size_t i = 0; i < line.size();) {
+    char c = line[i];
+    bool start = std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == '$';
+    if (!start || (i > 0 && (line[i - 1] == '.' || line[i - 1] == '%'))) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < line.size() && (std::isalnum(static_cast<unsigned char>(line[j])) ||
+                               line[j] == '_' || line[j] == '$'))
+      ++j;
+    size_t k = j;
+    while (k < line.size() && line[k] == ' ')
+      ++k;
+    if (k == line.size() || llvm::is_contained(StringRef("([;="), line[k]))
+      found = line.slice(i, j).str();
+    i = j;
+  }
+  return found;
+}
+
+/// Splits LLVM's PTX output into its header (.version, .target,
+/// .address_size) and its top-level entities. Bodies are brace-delimited;
+/// a declaration without a body ends at a ';' at depth 0.
+LogicalResult splitPtx(StringRef ptx, std::string &header, std::vector<PtxEntity> &out) {
+  SmallVector<StringRef> lines;
+  ptx.split(lines, '\n');
+  std::string pending; // comments and blank lines before the next entity
+  PtxEntity cur;
+  bool inEntity = false;
+  int depth = 0;
+  auto finish = [&] {
+    cur.text = pending + cur.text;
+    pending.clear();
+    out.push_back(std::move(cur));
+    cur = PtxEntity();
+    inEntity = false;
+  };
+  for (StringRef line : lines) {
+    StringRef t = line.trim();
+    if (!inEntity) {
+      if (t.starts_with(".version") || t.starts_with(".target") ||
+          t.starts_with(".address_size")) {
+        header += line.str() + "\n";
+        continue;
+      }
+      if (t.empty() || t.starts_with("//")) {
+        pending += line.str() + "\n";
+        continue;
+      }
+      if (!t.starts_with("."))
+        return failure(); // something this splitter does not know
+      inEntity = true;
+      cur.name = ptxSymbol(t);
+      cur.entry = t.contains(".entry");
+    }
+    cur.text += line.str() + "\n";
+    for (char c : line) {
+      if (c == '{') {
+        ++depth;
+        cur.body = true;
+      } else if (c == '}') {
+        --depth;
+      }
+    }
+    if (depth < 0)
+      return failure();
+    // A body's closing brace, or a ';' at depth 0: a prototype, or a
+    // variable (with its initializer's braces on the line).
+    if (depth == 0 && (t.ends_with("}") || t.ends_with(";")))
+      finish();
+  }
+  if (inEntity || cur.name.empty() != cur.text.empty())
+    return failure();
+  return success();
+}
+
+} // namespace
+
+FailureOr<std::string> mlir::forge::mergePtxModules(ArrayRef<std::string> parts) {
+  std::string header, merged;
+  llvm::StringSet<> defined, declared;
+  for (const std::string &part : parts) {
+    std::string partHeader;
+    std::vector<PtxEntity> entities;
+    if (failed(splitPtx(part, partHeader, entities)) || (!header.empty() && partHeader != header))
+      return failure();
+    header = partHeader;
+    for (PtxEntity &e : entities) {
+      if (e.name.empty())
+        return failure();
+      if (e.entry && defined.contains(e.name))
+        return failure(); // a kernel twice: not chunks of one module
+      if (!e.entry && (e.body ? defined.contains(e.name)
+                              : declared.contains(e.name) || defined.contains(e.name)))
+        continue;
+      (e.body || e.entry ? defined : declared).insert(e.name);
+      merged += e.text;
+    }
+  }
+  return header + "\n" + merged;
+}
+
 FailureOr<std::string> mlir::forge::lowerKernelsToPtx(ModuleOp module, const CudaTarget &target) {
   gpu::GPUModuleOp kernels = kernelModule(module);
   if (!kernels)
     return std::string();
-  OwningOpRef<ModuleOp> copy = containerFor(kernels, "");
-  return lowerModule(*copy, target);
+  // LLVM's NVPTX back end runs a module on one thread: the kernels go in
+  // chunks, one per hardware thread, lowered side by side and merged into
+  // one PTX module (a kernel's code does not depend on its neighbours; only
+  // libdevice helpers repeat). Few kernels: one chunk.
+  constexpr size_t kKernelsPerChunk = 16;
+  SmallVector<gpu::GPUFuncOp> fns(kernels.getOps<gpu::GPUFuncOp>());
+  MLIRContext *ctx = module.getContext();
+  size_t threads = ctx->isMultithreadingEnabled()
+                       ? std::max<size_t>(1, llvm::hardware_concurrency().compute_thread_count())
+                       : 1;
+  size_t chunks = std::min(threads, std::max<size_t>(1, fns.size() / kKernelsPerChunk));
+  if (chunks <= 1) {
+    OwningOpRef<ModuleOp> copy = containerFor(kernels, "");
+    return lowerModule(*copy, target);
+  }
+  // Chunk c: the whole gpu.module without the kernels of the other chunks
+  // (kernel i goes to chunk i mod chunks; sizes vary less than names).
+  SmallVector<OwningOpRef<ModuleOp>> copies;
+  for (size_t c = 0; c < chunks; ++c) {
+    copies.push_back(containerFor(kernels, ""));
+    auto gm = *(*copies.back()).getOps<gpu::GPUModuleOp>().begin();
+    size_t i = 0;
+    for (auto fn : llvm::make_early_inc_range(gm.getOps<gpu::GPUFuncOp>()))
+      if (i++ % chunks != c)
+        fn.erase();
+  }
+  // A pass manager's run appends to its context's dialect registry, which is
+  // not thread-safe: each chunk is lowered in a context of its own, from its
+  // printed form (a few MB of IR parse in well under the lowering's time).
+  std::vector<std::string> text(chunks), ptx(chunks);
+  for (size_t c = 0; c < chunks; ++c) {
+    llvm::raw_string_ostream os(text[c]);
+    copies[c]->print(os, OpPrintingFlags().printGenericOpForm().enableDebugInfo(false));
+  }
+  std::vector<char> ok(chunks, 0);
+  {
+    llvm::StdThreadPool pool(llvm::hardware_concurrency(static_cast<unsigned>(chunks)));
+    for (size_t c = 0; c < chunks; ++c)
+      pool.async([&, c] {
+        DialectRegistry registry;
+        registerCodegenDialects(registry);
+        MLIRContext local(registry, MLIRContext::Threading::DISABLED);
+        local.allowUnregisteredDialects();
+        OwningOpRef<ModuleOp> chunk = parseSourceString<ModuleOp>(text[c], &local);
+        if (!chunk)
+          return;
+        FailureOr<std::string> lowered = lowerModule(*chunk, target);
+        if (succeeded(lowered)) {
+          ptx[c] = std::move(*lowered);
+          ok[c] = 1;
+        }
+      });
+    pool.wait();
+  }
+  if (llvm::is_contained(ok, 0))
+    return module.emitError("lowering the kernels to PTX failed (see above)");
+  FailureOr<std::string> merged = mergePtxModules(ptx);
+  if (failed(merged))
+    return module.emitError("internal error: the kernels' PTX chunks could not be merged "
+                            "(an unexpected top-level PTX form)");
+  return merged;
 }
 
 LogicalResult mlir::forge::dumpKernels(ModuleOp module, const CudaTarget &target,
@@ -420,7 +603,8 @@ FailureOr<std::optional<std::string>> mlir::forge::assemblePtx(llvm::StringRef p
     os << ptx;
   }
   std::string arch = "-arch=" + chip.str();
-  SmallVector<StringRef> args = {*found, arch, "-O3", in, "-o", out};
+  // --split-compile 0: ptxas optimizes on every CPU (the code is the same).
+  SmallVector<StringRef> args = {*found, arch, "-O3", "--split-compile", "0", in, "-o", out};
   std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log), StringRef(log)};
   int rc = llvm::sys::ExecuteAndWait(*found, args, std::nullopt, redirects);
   if (rc != 0) {

@@ -818,6 +818,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
   }
   if (sums.empty())
     return std::nullopt;
+  // Side outputs (forge-fuse-column-sums): yields after the sums, written
+  // whole at the element the sums read.
+  ValueRange sides = body.getTerminator()->getOperands().drop_front(sums.size());
   auto shape = tensorType(sums[0]->getOperand(0));
   int64_t cols = shape.getShape().back(), total = shape.getNumElements();
   if (cols == 0 || total == 0)
@@ -841,9 +844,15 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
       return std::nullopt;
     vectorizable &= e.isF32() || e.isBF16() || e.isF16() || e.isInteger(1);
   }
-  for (Value r : fusion.getResults())
+  const size_t numSums = sums.size();
+  for (Value r : fusion.getResults().take_front(numSums))
     if (!tensorType(r).getElementType().isF32())
       return std::nullopt; // f32 sums, added atomically
+  for (Value v : sides) {
+    Type e = tensorType(v).getElementType();
+    if (tensorType(v).getShape() != shape.getShape() || !(e.isF32() || e.isBF16() || e.isF16()))
+      return std::nullopt;
+  }
   // 16-byte loads of the image: 8 lanes when its inputs are 2-byte (bf16), else 4.
   bool narrow = llvm::all_of(body.getArguments(), [&](BlockArgument arg) {
     return kinds[arg.getArgNumber()] != Full ||
@@ -881,8 +890,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
     args.push_back(flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements(),
                               lanes > 1 && kinds[a] != Scalar, lanes));
   Type f32 = Float32Type::get(context);
-  for (Value v : fusion.getResults())
+  for (Value v : fusion.getResults().take_front(numSums))
     args.push_back(flatMemref(f32, tensorType(v).getNumElements()));
+  for (Value v : sides) // written as the inputs are read: `lanes` columns a store
+    args.push_back(flatMemref(tensorType(v).getElementType(), total, lanes > 1, lanes));
   OpBuilder b(context);
   auto fn = newKernel(b, name, args, block, {sharedBuffer(block * nsum * lanes, f32)});
   Body k = Body::of(b, fusion.getLoc(), fn);
@@ -950,23 +961,53 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
           return lanes == 1 ? v : Value(b.create<vector::ExtractOp>(k.loc, v, lane));
         };
         SmallVector<Value> next(acc.begin(), acc.end());
-        for (int64_t u = 0; u < kUnroll; ++u)
+        for (int64_t u = 0; u < kUnroll; ++u) {
+          // One evaluation of the body per element, shared by its sums and
+          // side outputs.
+          SmallVector<llvm::DenseMap<Value, Value>> stored(lanes);
           for (auto [i, sum] : llvm::enumerate(sums))
             for (int64_t lane = 0; lane < lanes; ++lane) {
-              llvm::DenseMap<Value, Value> stored;
-              Value x = evalBodyValue(k, sum->getOperand(0), stored, [&](BlockArgument arg) {
+              Value x = evalBodyValue(k, sum->getOperand(0), stored[lane], [&](BlockArgument arg) {
                 return leaf(arg, u, lane);
               });
               if (!x) {
                 ok = false;
                 x = zero;
               }
-              x = k.toCompute(x, f32);
+              // In the summed value's stored type (a side output's bf16).
+              x = k.toCompute(x, tensorType(sum->getOperand(0)).getElementType());
               if (validOf[u])
                 x = b.create<arith::SelectOp>(k.loc, validOf[u], x, zero);
               Value &a = next[i * lanes + lane];
               a = b.create<arith::AddFOp>(k.loc, a, x);
             }
+          // Side outputs: row r0 + u * slots (past the chunk's end: no store).
+          for (auto [j, side] : llvm::enumerate(sides)) {
+            SmallVector<Value> values;
+            for (int64_t lane = 0; lane < lanes && ok; ++lane) {
+              Value y = evalBodyValue(k, side, stored[lane], [&](BlockArgument arg) {
+                return leaf(arg, u, lane);
+              });
+              ok = ok && y;
+              values.push_back(y);
+            }
+            if (!ok)
+              continue;
+            Value mem = fn.getArgument(numInputs + numSums + j);
+            Value at = k.add(k.mul(k.add(r0, k.idx(u * slots)), k.idx(groups)), g);
+            auto write = [&] {
+              Value v = values[0];
+              if (lanes > 1)
+                v = b.create<vector::FromElementsOp>(
+                    k.loc, VectorType::get({lanes}, values[0].getType()), values);
+              b.create<memref::StoreOp>(k.loc, v, mem, at);
+            };
+            if (validOf[u])
+              k.ifThen(validOf[u], write);
+            else
+              write();
+          }
+        }
         llvm::append_range(next, prefetched);
         b.create<scf::YieldOp>(l, next);
       });
@@ -1011,5 +1052,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
   b.create<gpu::ReturnOp>(k.loc);
   KernelLaunch launch{name.str(), grid, block};
   launch.zeroOutputs = true;
+  if (!sides.empty()) // the sums only: the side outputs are written whole
+    for (unsigned i = 0; i < numSums; ++i)
+      launch.zeroOnly.push_back(i);
   return launch;
 }

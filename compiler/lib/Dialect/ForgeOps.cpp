@@ -1082,7 +1082,9 @@ LogicalResult FusionOp::verify() {
   }
   if (getKind() == "column_reduce") {
     // Column sums (reduce_sum over every dim but the last) of one iteration
-    // shape, each with its pointwise prologue at that shape.
+    // shape, each with its pointwise prologue at that shape; then, as side
+    // outputs, values of the iteration shape the same kernel writes
+    // (forge-fuse-column-sums: a loop region's results beside their sums).
     SmallVector<Value> sums;
     ArrayRef<int64_t> shape;
     for (Operation &op : block.without_terminator()) {
@@ -1101,8 +1103,13 @@ LogicalResult FusionOp::verify() {
       if (!iface || iface.getFusionClass() != FusionClass::Elementwise)
         return op.emitOpError("is neither a column sum nor a pointwise op");
     }
-    if (sums.empty() || !llvm::equal(sums, yield.getValues()))
-      return emitOpError("must yield its column sums in order");
+    ValueRange yielded = yield.getValues();
+    if (sums.empty() || yielded.size() < sums.size() ||
+        !llvm::equal(sums, yielded.take_front(sums.size())))
+      return emitOpError("must yield its column sums in order, then its side outputs");
+    for (Value v : yielded.drop_front(sums.size()))
+      if (cast<RankedTensorType>(v.getType()).getShape() != shape)
+        return emitOpError("yields a side output of another shape than its column sums read");
     return success();
   }
   if (getKind() == "batch_norm") {

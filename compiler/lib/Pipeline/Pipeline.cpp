@@ -258,6 +258,14 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // matches them as a pair (and whose chunks each merge); before placement,
   // which gives the merged op its kernel.
   pm.addPass(createMergeCrossEntropyGrad());
+  // Then the column sums (bias gradients) into the loop regions that make
+  // what they sum: after precision, whose stored types the sums keep reading,
+  // and after the loss head's stages (their gradients feed these regions);
+  // before partition, which buckets the sums, and placement.
+  // (CUDA only: the CPU runs regions op by op, forge-inline-fusions would
+  // only take it apart again.)
+  if (StringRef(options.target).starts_with("cuda") && options.fuseColumnSums)
+    pm.addPass(createFuseColumnSums());
   // Stage "partition": the gradient all-reduce (--dp) in buckets placed as
   // the backward pass makes them. After everything that changes what the
   // step computes or where its values are made (fusion, precision, the loss

@@ -1014,9 +1014,16 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         for (int32_t t : inst.inputs())
           if (t >= 0)
             s.args.push_back(reinterpret_cast<CUdeviceptr>(im.devicePtr[t]));
-        for (int32_t t : inst.outputs()) {
+        for (uint32_t o : inst.launch().zero_only())
+          if (o >= static_cast<uint32_t>(inst.outputs_size()))
+            return fail(fmt::format("zero_only names output {} of {}", o, inst.outputs_size()));
+        for (int o = 0; o < inst.outputs_size(); ++o) {
+          const int32_t t = inst.outputs(o);
           s.args.push_back(reinterpret_cast<CUdeviceptr>(im.devicePtr[t]));
-          if (inst.launch().zero_outputs())
+          const auto &only = inst.launch().zero_only();
+          if (inst.launch().zero_outputs() &&
+              (only.empty() || std::find(only.begin(), only.end(), static_cast<uint32_t>(o)) !=
+                                   only.end()))
             s.zero.push_back({im.devicePtr[t], byteSize(p.tensors(t))});
         }
         if (inst.launch().copy_input()) {

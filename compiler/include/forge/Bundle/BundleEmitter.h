@@ -18,6 +18,7 @@
 #include <string>
 
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/Support/Timing.h"
 
 namespace forge::rt {
 class BundleWriter;
@@ -31,6 +32,8 @@ struct BundleEmitOptions {
   std::string kernelDumpDir;
   std::string sourceHash;
   std::map<std::string, std::string> buildOptions;
+  /// forgec --mlir-timing: the kernels' lowering and ptxas are nested here.
+  TimingScope *timing = nullptr;
 };
 
 LogicalResult emitBundle(ModuleOp module, const BundleEmitOptions &options,

@@ -23,7 +23,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 #include "mlir/Support/LogicalResult.h"
 
@@ -55,6 +57,10 @@ struct KernelLaunch {
   std::string name;
   int64_t grid = 1, block = 1;
   bool zeroOutputs = false; // accumulates into its outputs with atomics
+  /// With zeroOutputs: only these outputs are zeroed (empty: all). A kernel
+  /// that writes some outputs whole beside accumulated ones (layer_norm_grad's
+  /// dx beside dscale/dbias) spares the memset of the whole ones.
+  std::vector<unsigned> zeroOnly;
   bool copyInput = false;   // output 0 starts as a copy of input 0 (scatters update it)
   std::string fault;        // non-empty: reports bad data via the fault word (what it found)
 };
@@ -82,6 +88,12 @@ private:
 /// Lowers the kernels that forge-generate-kernels added to `module` into one
 /// PTX module (text, no trailing NUL); an empty string when it has none.
 FailureOr<std::string> lowerKernelsToPtx(ModuleOp module, const CudaTarget &target);
+/// PTX modules made by LLVM from chunks of one kernel module, as one module:
+/// one header (all must be equal), every kernel, and each helper function or
+/// variable once (libdevice's repeat across chunks; a definition wins over a
+/// prototype). Failure on a top-level form it does not know, different
+/// headers or a kernel in two parts. lowerKernelsToPtx's merge.
+FailureOr<std::string> mergePtxModules(llvm::ArrayRef<std::string> parts);
 /// Writes DIR/kernels/NAME.mlir (the kernel before lowering) and
 /// DIR/kernels/NAME.ptx for every kernel of `module`.
 LogicalResult dumpKernels(ModuleOp module, const CudaTarget &target, llvm::StringRef dir);

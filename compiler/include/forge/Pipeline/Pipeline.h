@@ -34,6 +34,7 @@ struct PipelineOptions {
   std::string scheduleFile;     // ... and appends it here (forgec --dump-dir: schedule.txt)
   int64_t gemmPadMinFlops = int64_t(1) << 30; // forge-pad-contractions (forgec --gemm-pad-min-flops)
   std::string precision = "fp32"; // forge-assign-precision (forgec --precision)
+  bool fuseColumnSums = true;     // forge-fuse-column-sums (forgec --fuse-column-sums)
   std::string fp8Scaling = "current"; // ... its fp8 scaling (forgec --fp8-scaling)
   unsigned fp8History = 16;       // ... delayed scaling's amax history (forgec --fp8-history)
   std::string layout = "nchw";    // forge-assign-layout (forgec --layout)
