@@ -38,8 +38,9 @@
 //    step scales by 1). Its cast needs no reduction of the same step first;
 //    the activation's own amax only fills its slot. Histories' maxima ride
 //    in the entry's multi_reduce, their slots in one horizontal region at
-//    the end. Arguments keep current scaling (their amaxes are known at the
-//    entry anyway).
+//    the end (after a max over the data-parallel ranks, which then keep
+//    equal histories). Arguments keep current scaling (their amaxes are
+//    known at the entry anyway).
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
@@ -1006,11 +1007,27 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
                                         DenseElementsAttr::get(histType, ArrayRef<float>(slots)));
     auto ret = cast<func::ReturnOp>(func.front().getTerminator());
     OpBuilder b(ret);
+    // With data parallelism every rank records the largest amax of the step's
+    // global batch (one collective of the scalars), so that the ranks keep
+    // equal histories and scale alike (and a resume restores them all).
+    SmallVector<Value> amaxes;
+    for (const History &hist : histories)
+      amaxes.push_back(hist.amax);
+    int64_t dpSize = 0;
+    func.walk([&](AllReduceOp op) {
+      if (op.getGroup() == "dp")
+        dpSize = op.getSize();
+    });
+    if (dpSize > 0) {
+      auto reduced = b.create<AllReduceOp>(loc, ValueRange(amaxes).getTypes(), amaxes, "dp",
+                                           "max", dpSize);
+      amaxes.assign(reduced.getResults().begin(), reduced.getResults().end());
+    }
     SmallVector<FusionOp> updates;
     SmallVector<Value> results(ret.getOperands());
-    for (const History &hist : histories) {
+    for (auto [hist, amax] : llvm::zip(histories, amaxes)) {
       auto region = b.create<FusionOp>(
-          loc, TypeRange{histType}, ValueRange{hist.state, hist.amax, stepArg, one, length, iota},
+          loc, TypeRange{histType}, ValueRange{hist.state, amax, stepArg, one, length, iota},
           b.getStringAttr("loop"));
       Type s = scalarF32();
       Block *body = b.createBlock(&region.getBody(), {},

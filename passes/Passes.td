@@ -437,9 +437,11 @@ def AssignPrecision : Pass<"forge-assign-precision", "::mlir::ModuleOp"> {
     [448, 0, ...]: the first step scales by 1, as Transformer Engine does),
     whose maxima one multi_reduce at the entry reads; the cast no longer
     waits for the tensor's own amax, which only fills this step's slot (the
-    slots are written by one horizontal region at the end). Arguments (the
-    weights, data inputs) keep current scaling: their amaxes are known at the
-    entry, one multi_reduce for all.
+    slots are written by one horizontal region at the end; with --dp the
+    amaxes first go through one forge.all_reduce with `reduction = "max"`, so
+    every rank keeps the same histories). Arguments (the weights, data
+    inputs) keep current scaling: their amaxes are known at the entry, one
+    multi_reduce for all.
 
     Parameters, optimizer state and @eval stay f32. `precision=fp32` and
     `tf32` change nothing (TF32 is cuBLASLt's compute type, the bundle's

@@ -27,6 +27,14 @@ cuda:sm_90 bundles run on the CPU executor too). Checks:
   resume_exact  3 steps and a checkpoint, then --resume to 6: the histories come back from the
                 checkpoint and steps 4-6 repeat the uninterrupted run's losses bit for bit on
                 the CPU (within 1e-3 on a GPU)
+  dp ...        (CPU) --dp 2 with 2 samples a rank, two CPU ranks (--nproc 2): the same
+                histories, ring and amax_ref checks, the amax of each slot being the global
+                batch's (the ranks reduce their amaxes with a max: rank 0's checkpoint would
+                hold only its half's otherwise), and the 6 losses equal the one-process run's
+                within 1e-3: the gradients' mean over ranks reassociates (parameters 1e-5 apart
+                after 4 steps), and an amax that lands one bf16 ulp apart changes that tensor's
+                float8 scale (measured 7.1e-5 with the CPU target's bundle from step 5, where
+                two rings' slots differ by an ulp; 1.2e-7 with the CUDA bundle)
 GPU machines have no forgec: --compile-only --bundles DIR compiles here, --bundles DIR alone
 trains there (--device cuda; exit 77, skipped, without a GPU).
 Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
@@ -49,6 +57,7 @@ TIMEOUT_S = 600
 HISTORY = 4
 LOSS_TOL = 1e-2
 PARAM_TOL = 0.15
+DP_LOSS_TOL = 1e-3
 LN_EPS = 1e-5  # nn.LayerNorm's default (tools/gen_fixtures.py's GPT)
 SUFFIX = ".fp8_amax_history"
 REF_HISTORY = "/blocks.0/attn/qkv/MatMul" + SUFFIX
@@ -71,14 +80,17 @@ def ln1_amax(params, ids):
     return float(np.max(np.abs(bf16_round(y))))
 
 
-def compile_bundle(rep, fdir, forgec, target, bundle, scaling):
+def compile_bundle(rep, fdir, forgec, target, bundle, scaling, ranks=1):
     m = json.load(open(os.path.join(fdir, "manifest.json")))
     cmd = [forgec, os.path.join(fdir, "model.onnx"), "--target", target, "--batch",
-           str(m["batch_size"]), "--loss", "cross_entropy:logits,labels", "--optimizer",
+           str(m["batch_size"] // ranks), "--loss", "cross_entropy:logits,labels", "--optimizer",
            optimizer_spec(m["optimizer_hparams"]), "--precision", "fp8", "--fp8-scaling",
            scaling, "--fp8-history", str(HISTORY), "-o", bundle]
+    if ranks > 1:
+        cmd += ["--dp", str(ranks)]
     rc, _, out = e2e.run(cmd, TIMEOUT_S)
-    ok = rep.check(f"compile {scaling}", rc == 0, e2e.failure(rc, out) if rc else "")
+    ok = rep.check(f"compile {scaling}" + (f" --dp {ranks}" if ranks > 1 else ""), rc == 0,
+                   e2e.failure(rc, out) if rc else "")
     if ok and scaling == "delayed":
         found = re.search(r"(\d+) of them with delayed scaling", out)
         with open(bundle + ".delayed", "w") as f:
@@ -106,29 +118,31 @@ def checkpoints(ckpt_dir):
     return out
 
 
-def check_histories_and_ring(rep, fdir, forge_train, bundle, device, tmp):
+def check_histories_and_ring(rep, fdir, forge_train, bundle, device, tmp, tag="", launch=()):
+    """The checks histories, ring and amax_ref on a 6-step run of `bundle`; its losses."""
     try:
         expected = int(open(bundle + ".delayed").read())
     except (OSError, ValueError):
         expected = 0
-    ckpt = os.path.join(tmp, "ring")
-    rc, _, out = train(fdir, forge_train, bundle, device, 6, os.path.join(tmp, "ring.jsonl"),
-                       ["--ckpt-dir", ckpt, "--ckpt-every", "1"])
-    if not rep.check("ring train", rc == 0, e2e.failure(rc, out) if rc else ""):
-        return
+    ckpt = os.path.join(tmp, tag + "ring")
+    metrics = os.path.join(tmp, tag + "ring.jsonl")
+    rc, _, out = train(fdir, forge_train, bundle, device, 6, metrics,
+                       ["--ckpt-dir", ckpt, "--ckpt-every", "1", *launch])
+    if not rep.check(f"{tag}ring train", rc == 0, e2e.failure(rc, out) if rc else ""):
+        return None
     ckpts = checkpoints(ckpt)
     init = dict(np.load(os.path.join(fdir, "init_params.npz")))
     names = sorted(k for k in ckpts.get(1, {}) if k.endswith(SUFFIX))
     shapes_ok = all(sorted(k for k in c if k.endswith(SUFFIX)) == names and
                     all(c[k].shape == (HISTORY,) for k in names) for c in ckpts.values())
-    rep.check("histories", expected >= 1 and len(names) == expected and shapes_ok and
+    rep.check(f"{tag}histories", expected >= 1 and len(names) == expected and shapes_ok and
               sorted(ckpts) == list(range(1, 7)) and
               not any(k[: -len(SUFFIX)] in init for k in names) and REF_HISTORY in names,
               f"{len(names)} histories in the checkpoints (forgec: {expected} activations with "
               f"delayed scaling), shapes [{HISTORY}]: {shapes_ok}; checkpoints {sorted(ckpts)}; "
               f"{', '.join(names[:2])}...")
     if not names or sorted(ckpts) != list(range(1, 7)):
-        return
+        return None
     # ring: step s writes slot (s - 1) mod H only.
     start = np.array([448.0] + [0.0] * (HISTORY - 1), dtype=np.float32)
     bad = []
@@ -142,7 +156,7 @@ def check_histories_and_ring(rep, fdir, forge_train, bundle, device, tmp):
                     cur[slot] > 0 and cur[slot] < 448):
                 bad.append(f"{name} step {s}: {prev} -> {cur}")
             prev = cur
-    rep.check("ring", not bad, f"{len(names)} histories x 6 steps each change only slot "
+    rep.check(f"{tag}ring", not bad, f"{len(names)} histories x 6 steps each change only slot "
               f"(step - 1) mod {HISTORY}" if not bad else "; ".join(bad[:2]))
     # amax_ref: the slot against NumPy's amax of ln1's output.
     batches = np.load(os.path.join(fdir, "batches.npz"))
@@ -156,9 +170,10 @@ def check_histories_and_ring(rep, fdir, forge_train, bundle, device, tmp):
         err = abs(got - want) / want
         worst = max(worst, err)
         detail.append(f"{got:.5g}/{want:.5g}")
-    rep.check("amax_ref", worst <= 2.0 ** -7,
+    rep.check(f"{tag}amax_ref", worst <= 2.0 ** -7,
               f"slot vs NumPy per step (forge/numpy): {' '.join(detail)}; max rel {worst:.2e} "
               f"(<= {2.0 ** -7:.2e})")
+    return np.array(e2e.metric_losses(metrics))
 
 
 def check_losses(rep, fdir, forge_train, delayed, current, device, tmp):
@@ -244,13 +259,25 @@ def main():
         os.makedirs(out, exist_ok=True)
         delayed = os.path.join(out, "gpt.fp8_delayed.forge")
         current = os.path.join(out, "gpt.fp8_current.forge")
+        dp = os.path.join(out, "gpt.fp8_delayed_dp2.forge")
         ok = replay or (compile_bundle(rep, fdir, forgec, a.target, delayed, "delayed") and
-                        compile_bundle(rep, fdir, forgec, a.target, current, "current"))
+                        compile_bundle(rep, fdir, forgec, a.target, current, "current") and
+                        (a.device == "cuda" or
+                         compile_bundle(rep, fdir, forgec, a.target, dp, "delayed", ranks=2)))
         if ok and not a.compile_only:
-            check_histories_and_ring(rep, fdir, forge_train, delayed, a.device, tmp)
+            ring = check_histories_and_ring(rep, fdir, forge_train, delayed, a.device, tmp)
             losses = check_losses(rep, fdir, forge_train, delayed, current, a.device, tmp)
             if losses is not None:
                 check_resume(rep, fdir, forge_train, delayed, a.device, tmp, losses)
+            if a.device == "cpu":  # two CPU ranks (one GPU cannot hold two NCCL ranks)
+                ranks = check_histories_and_ring(rep, fdir, forge_train, dp, a.device, tmp,
+                                                 tag="dp ", launch=["--nproc", "2", "--ckpt-format", "whole"])
+                if ring is not None and ranks is not None:
+                    worst = (float(np.max(np.abs(ranks - ring) / np.abs(ring)))
+                             if ranks.shape == ring.shape else float("inf"))
+                    rep.check("dp equals_one_process", worst <= DP_LOSS_TOL,
+                              f"6 losses of 2 ranks x 2 samples vs 1 process x 4: max rel "
+                              f"{worst:.2e} (<= {DP_LOSS_TOL:g})")
     return rep.summary()
 
 

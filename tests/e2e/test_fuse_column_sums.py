@@ -7,11 +7,13 @@ region that makes its input; the pass makes that region a column_reduce region c
 sum as it writes its result. The model: a two-layer MLP made here with onnx.helper, x [2048,
 256] -> Linear(256, 256) -> GELU (tanh) -> Linear(256, 16), cross-entropy: the first layer's
 bias gradient sums the GELU gradient over 2048 rows (2 * 256 * 256 * 2048 = 2^28 FLOPs of
-weight gradient, k > m, n). Each precision (fp32, bf16) compiled for cuda:sm_90 with the pass
-(default) and with --fuse-column-sums=false, both trained 4 steps on the same batches by the
-CPU's kernels (or --device cuda on a GPU). Checks:
+weight gradient, k > m, n). Each variant (fp32; bf16; fp32 with --micro-batches 2, whose
+sums feed the accumulation loop's accumulators; fp32 with --dp 2, two CPU ranks whose sums
+feed the gradient all_reduce) compiled for cuda:sm_90 with the pass (default) and with
+--fuse-column-sums=false, both trained 4 steps on the same batches by the CPU's kernels (or
+--device cuda on a GPU). Checks, per variant:
   fires        forgec's remark counts >= 1 fused column sum; the =false bundle has none
-  launches     the fused bundle's train_step has fewer launches (forge-train --info)
+  launches     the fused bundle's routines have fewer instructions (forge-train --info)
   same_result  losses of the 4 steps and every parameter after them equal between the two
                bundles: bit for bit on the CPU (the region's body runs op by op, the sum in
                the same order); within 1e-5 relative on a GPU (the column kernel adds its
@@ -78,19 +80,24 @@ def main():
         if not replay:
             make_model(model)
             rng = np.random.default_rng(1)
-            np.savez(data, x=rng.standard_normal((STEPS * ROWS, D)).astype(np.float32),
-                     labels=rng.integers(0, CLASSES, STEPS * ROWS).astype(np.int64))
-        for prec in ("fp32", "bf16"):
+            np.savez(data, x=rng.standard_normal((2 * STEPS * ROWS, D)).astype(np.float32),
+                     labels=rng.integers(0, CLASSES, 2 * STEPS * ROWS).astype(np.int64))
+        variants = [("fp32", "fp32", [], []), ("bf16", "bf16", [], []),
+                    ("loop", "fp32", ["--micro-batches", "2"], []),
+                    ("dp", "fp32", ["--dp", "2"], ["--nproc", "2"])]
+        if a.device == "cuda":  # one GPU: the --dp variant needs two
+            variants = variants[:3]
+        for prec, precision, flags, launch in variants:
             bundles = {}
             for tag, extra in (("fused", []), ("plain", ["--fuse-column-sums=false"])):
                 bundle = os.path.join(out, f"{prec}.{tag}.forge")
                 bundles[tag] = bundle
                 if replay:
                     continue
-                rc, _, log = e2e.run([forgec, model, "--target", "cuda:sm_90", "--precision", prec,
-                                      "--batch", str(ROWS), "--loss", "cross_entropy:logits,labels",
-                                      "--optimizer", "adamw:lr=0.01", "-o", bundle, *extra],
-                                     TIMEOUT_S)
+                rc, _, log = e2e.run([forgec, model, "--target", "cuda:sm_90", "--precision",
+                                      precision, "--batch", str(ROWS), "--loss",
+                                      "cross_entropy:logits,labels", "--optimizer", "adamw:lr=0.01",
+                                      "-o", bundle, *flags, *extra], TIMEOUT_S)
                 if not rep.check(f"{prec} compile {tag}", rc == 0, e2e.failure(rc, log) if rc else ""):
                     return rep.summary()
                 found = re.search(r"(\d+) column sum kernel\(s\) ride", log)
@@ -104,18 +111,21 @@ def main():
             launches, runs = {}, {}
             for tag, bundle in bundles.items():
                 rc, _, info = e2e.run([forge_train, bundle, "--info"], TIMEOUT_S)
-                found = re.search(r"train_step: (\d+) instructions", info)
-                launches[tag] = int(found.group(1)) if found else -1
+                # Every routine's (the loop's sums are @accumulate's).
+                found = re.findall(r"^\s+\S+: (\d+) instructions", info, re.M)
+                launches[tag] = sum(int(n) for n in found) if found else -1
                 metrics = os.path.join(tmp, f"{prec}.{tag}.jsonl")
                 params = os.path.join(tmp, f"{prec}.{tag}.npz")
                 rc, _, log = e2e.run([forge_train, bundle, "--data", data, "--no-shuffle",
                                       "--steps", str(STEPS), "--threads", "1", "--device", a.device,
-                                      "--metrics", metrics, "--dump-params", params], TIMEOUT_S)
+                                      "--metrics", metrics, "--dump-params", params, *launch],
+                                     TIMEOUT_S)
                 if not rep.check(f"{prec} train {tag}", rc == 0, e2e.failure(rc, log) if rc else ""):
                     return rep.summary()
                 runs[tag] = (np.array(e2e.metric_losses(metrics)), dict(np.load(params)))
             rep.check(f"{prec} launches", 0 < launches["fused"] < launches["plain"],
-                      f"train_step instructions: fused {launches['fused']}, plain {launches['plain']}")
+                      f"instructions of all routines: fused {launches['fused']}, plain "
+                      f"{launches['plain']}")
             (lf, pf), (lp, pp) = runs["fused"], runs["plain"]
             tol = 0.0 if a.device == "cpu" else 1e-5
             worst = max([float(np.max(np.abs(lf - lp) / np.abs(lp)))] +

@@ -120,6 +120,42 @@ TEST(CollectivesTest, ThreeRanksSumOverTcp) {
   }
 }
 
+// The element-wise maximum (fp8 delayed scaling's amaxes): the largest of the
+// ranks' values at every position, whichever rank holds it, on every rank.
+TEST(CollectivesTest, ThreeRanksMaxOverTcp) {
+  const int n = 3, port = freePort();
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::string> errors;
+  connectRanks(n, port, comms, errors);
+  for (int r = 0; r < n; ++r)
+    ASSERT_TRUE(comms[r]) << "rank " << r << ": " << errors[r];
+  // Rank r holds ((i + r) % 3) * 10 + r - i: the maximum moves between ranks with i.
+  std::vector<std::vector<float>> data(n, std::vector<float>(999));
+  auto value = [](int r, size_t i) {
+    return static_cast<float>(((i + r) % 3) * 10 + r) - static_cast<float>(i);
+  };
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < data[r].size(); ++i)
+      data[r][i] = value(r, i);
+  {
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < n; ++r)
+      ranks.emplace_back([&, r] {
+        Status s = comms[r]->allReduceMax(data[r].data(), data[r].size());
+        if (!s.isOk())
+          errors[r] = s.message();
+      });
+    for (std::thread &t : ranks)
+      t.join();
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(errors[r].empty()) << errors[r];
+    for (size_t i = 0; i < data[r].size(); ++i)
+      ASSERT_EQ(data[r][i], std::max({value(0, i), value(1, i), value(2, i)}))
+          << "rank " << r << " i " << i;
+  }
+}
+
 TEST(CollectivesTest, AllReduceKernelWithoutAGroupNamesTheLauncher) {
   bundle::Instruction inst;
   inst.set_op("all_reduce");

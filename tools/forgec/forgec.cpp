@@ -72,8 +72,8 @@ static cl::opt<std::string> fp8Scaling(
     cl::desc("--precision fp8: current (default): each GEMM operand scaled by its own amax, "
              "found before its cast | delayed: an activation scaled by the largest amax of its "
              "last --fp8-history steps (a state tensor per activation, checkpointed; the first "
-             "step scales by 1), so its cast need not wait for a reduction; weights and data "
-             "inputs keep current scaling"),
+             "step scales by 1; with --dp the ranks share the largest amax), so its cast need "
+             "not wait for a reduction; weights and data inputs keep current scaling"),
     cl::cat(forgecCategory));
 static cl::opt<unsigned> fp8History(
     "fp8-history", cl::init(16),
@@ -815,11 +815,10 @@ int main(int argc, char **argv) {
     return fail("--pp must be >= 1, got " + std::to_string(pipelineParallel));
   if (pipelineParallel > 1 && precision == "fp8")
     return fail("--pp with --precision fp8 is not supported yet (bf16 is)");
-  // Each rank would fill its histories with its own amaxes (no max over the
-  // ranks yet), and a resume would give every rank rank 0's.
-  if (fp8Scaling == "delayed" && (dataParallel > 1 || tensorParallel > 1))
-    return fail("--fp8-scaling delayed with --dp/--tp is not supported yet: the amax histories "
-                "are not reduced over the ranks (use --fp8-scaling current)");
+  // With --tp a rank's activations are partly its own shard's: which amax
+  // to share is not settled (--dp reduces them with a max over the ranks).
+  if (fp8Scaling == "delayed" && tensorParallel > 1)
+    return fail("--fp8-scaling delayed with --tp is not supported yet (--dp is)");
   pipelineOptions.train.pipeline = pipelineParallel;
   // auto: trial plans without recomputation first (below).
   pipelineOptions.recompute = recompute == "auto" ? std::string("none") : recompute.getValue();

@@ -911,8 +911,8 @@ LogicalResult AllReduceOp::verify() {
     if (std::get<0>(pair) != std::get<1>(pair))
       return emitOpError() << "result " << i << " is " << std::get<1>(pair) << ", operand " << i
                            << " is " << std::get<0>(pair);
-  if (getReduction() != "sum" && getReduction() != "mean")
-    return emitOpError() << "reduction '" << getReduction() << "' is neither 'sum' nor 'mean'";
+  if (getReduction() != "sum" && getReduction() != "mean" && getReduction() != "max")
+    return emitOpError() << "reduction '" << getReduction() << "' is not 'sum', 'mean' or 'max'";
   if (getSize() < 1)
     return emitOpError() << "group size " << getSize() << " is not positive";
   if (getGroup().empty())

@@ -21,8 +21,8 @@ Status allReduceKernel(KernelContext &ctx) {
   FORGE_RETURN_IF_ERROR(reduction.status());
   auto size = ctx.attrs.getInt("size");
   FORGE_RETURN_IF_ERROR(size.status());
-  if (*reduction != "sum" && *reduction != "mean")
-    return Status::error("reduction '{}' is neither 'sum' nor 'mean'", *reduction);
+  if (*reduction != "sum" && *reduction != "mean" && *reduction != "max")
+    return Status::error("reduction '{}' is not 'sum', 'mean' or 'max'", *reduction);
   if (ctx.inputs.size() != ctx.outputs.size())
     return Status::error("{} operands but {} results", ctx.inputs.size(), ctx.outputs.size());
   size_t total = 0;
@@ -52,7 +52,8 @@ Status allReduceKernel(KernelContext &ctx) {
     std::memcpy(packed.data() + at, in.data, in.bytes());
     at += static_cast<size_t>(in.numel());
   }
-  Status s = comm->allReduceSum(packed.data(), packed.size());
+  Status s = *reduction == "max" ? comm->allReduceMax(packed.data(), packed.size())
+                                 : comm->allReduceSum(packed.data(), packed.size());
   if (!s.isOk())
     return Status::error("group '{}': {}", *group, s.message());
   // The mean divides, as PyTorch DDP does (a sum times 1/3 rounds differently).

@@ -1111,8 +1111,9 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           s.collectiveOp = Step::CollectiveOp::RankSlice;
         else
           return fail("only all_reduce, reduce_scatter, all_gather and rank_slice are collectives");
-        if (*reduction != "sum" && *reduction != "mean")
-          return fail("a collective's reduction is sum or mean");
+        if (*reduction != "sum" && *reduction != "mean" &&
+            !(*reduction == "max" && s.collectiveOp == Step::CollectiveOp::AllReduce))
+          return fail("a collective's reduction is sum or mean (or max, for all_reduce)");
         if (inst.inputs_size() != inst.outputs_size() ||
             (s.collectiveOp != Step::CollectiveOp::AllReduce && inst.inputs_size() != 1))
           return fail("a collective has as many outputs as inputs (one, but for all_reduce)");
@@ -1133,7 +1134,9 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         // blocks, beside the backward pass), where an in-place sum of one rank launches
         // nothing (NCCL's ncclLaunchOneRank). Over more ranks the multiply is fused into the
         // reduction's own pass.
-        s.reduceOp = *reduction == "mean" && *size > 1 ? ncclAvg : ncclSum;
+        s.reduceOp = *reduction == "max"                ? ncclMax
+                     : *reduction == "mean" && *size > 1 ? ncclAvg
+                                                          : ncclSum;
         for (int k = 0; k < inst.inputs_size(); ++k) {
           int32_t in = inst.inputs(k), out = inst.outputs(k);
           if (in < 0 || p.tensors(in).dtype() != p.tensors(out).dtype())

@@ -66,13 +66,21 @@ public:
   }
 
   Status allReduceSum(float *data, size_t count) override {
+    return allReduce(data, count, static_cast<ReduceFn>(&gloo::sum<float>));
+  }
+
+  Status allReduceMax(float *data, size_t count) override {
+    return allReduce(data, count, static_cast<ReduceFn>(&gloo::max<float>));
+  }
+
+  using ReduceFn = void (*)(void *, const void *, const void *, size_t);
+  Status allReduce(float *data, size_t count, ReduceFn reduce) {
     if (count == 0)
       return Status::ok();
     try {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput(data, count);
-      opts.setReduceFunction(static_cast<void (*)(void *, const void *, const void *, size_t)>(
-          &gloo::sum<float>));
+      opts.setReduceFunction(reduce);
       opts.setTag(tag_++);
       opts.setTimeout(timeout_);
       gloo::allreduce(opts);

@@ -516,8 +516,8 @@ func.func @bad_parts() -> tensor<2xf32> {
 // -----
 
 func.func @all_reduce_reduction(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{reduction 'max' is neither 'sum' nor 'mean'}}
-  %r = forge.all_reduce %x {group = "tp", reduction = "max", size = 2 : i64} : (tensor<4xf32>) -> tensor<4xf32>
+  // expected-error @+1 {{reduction 'min' is not 'sum', 'mean' or 'max'}}
+  %r = forge.all_reduce %x {group = "tp", reduction = "min", size = 2 : i64} : (tensor<4xf32>) -> tensor<4xf32>
   return %r : tensor<4xf32>
 }
 

@@ -68,8 +68,8 @@ func.func @bad_types(%x: tensor<4xf32>) -> tensor<4xbf16> {
 // -----
 
 func.func @bad_reduction(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{reduction 'max' is neither 'sum' nor 'mean'}}
-  %r = forge.all_reduce %x {group = "dp", reduction = "max", size = 2 : i64} : (tensor<4xf32>) -> tensor<4xf32>
+  // expected-error @+1 {{reduction 'min' is not 'sum', 'mean' or 'max'}}
+  %r = forge.all_reduce %x {group = "dp", reduction = "min", size = 2 : i64} : (tensor<4xf32>) -> tensor<4xf32>
   return %r : tensor<4xf32>
 }
 

@@ -768,10 +768,11 @@ def Forge_AccumulatedOp : Op<Forge_Dialect, "accumulated", [SameOperandsAndResul
 
 def Forge_AllReduceOp : Op<Forge_Dialect, "all_reduce",
     [DeclareOpInterfaceMethods<Forge_DifferentiableOpInterface>]> {
-  let summary = "Element-wise sum or mean of each operand over a group of ranks";
+  let summary = "Element-wise sum, mean or max of each operand over a group of ranks";
   let description = [{
     Made by forge-build-train-step for data parallelism (`forgec --dp D`), not
-    by import: result i is operand i summed (or averaged: `reduction =
+    by import (and by forge-assign-precision: fp8 delayed scaling's amaxes,
+    `reduction = "max"`): result i is operand i summed (or averaged: `reduction =
     "mean"`) element by element over the `size` ranks of the collective
     `group` ("dp"), each rank running the same program on its own slice of
     the batch. forge-partition splits the one op the train step gets into

@@ -30,6 +30,9 @@ public:
   /// Sums `count` f32 values at `data` over the group, in place: every rank
   /// gets the same sum.
   virtual Status allReduceSum(float *data, size_t count) = 0;
+  /// The element-wise maximum over the group, in place (fp8 delayed
+  /// scaling's amaxes: every rank scales by the same amax).
+  virtual Status allReduceMax(float *data, size_t count) = 0;
   virtual Status barrier() = 0;
   /// Copies `bytes` bytes at `data` of rank `root` to every rank's `data`.
   virtual Status broadcast(void *data, size_t bytes, int root) = 0;
