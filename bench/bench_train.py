@@ -325,9 +325,31 @@ def run(a):
             json.dump(results, f, indent=1)
 
 
+def ab(a):
+    """Bundles of one model timed in alternating rounds (the A/B of a compiler change: each
+    compiled here from the same export, e.g. with and without --fuse-column-sums=false), with
+    forge-train alone in the call: the median step of each round, each bundle's median over
+    the rounds and its first losses (which should agree to the precision's tolerance)."""
+    for name in a.models:
+        d = os.path.join(a.dir, name)
+        make_data(a, name, d)
+        times = {b: [] for b in a.bundles}
+        losses = {}
+        for r in range(a.rounds):
+            for b in a.bundles:
+                dt, ls, _ = time_forge(a, name, d, b, profile=False)
+                times[b].append(1e3 * dt)
+                losses[b] = ls[: a.check]
+                print(f"{name} round {r + 1}: {b} {1e3 * dt:.3f} ms/step", flush=True)
+        for b in a.bundles:
+            print(f"{name} {b}: median {statistics.median(times[b]):.3f} ms "
+                  f"({' / '.join(f'{t:.3f}' for t in times[b])}); first losses "
+                  f"{[round(x, 6) for x in losses[b]]}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("stage", choices=["export", "compile", "run", "profile", "all"])
+    ap.add_argument("stage", choices=["export", "compile", "run", "profile", "ab", "all"])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--forgec", default="forgec")
@@ -341,9 +363,15 @@ def main():
                          "fused AdamW. fp8: forgec --precision fp8 (float8 forward GEMMs), "
                          "PyTorch as bf16 (its float8 training needs torchao)")
     ap.add_argument("--top", type=int, default=25, help="kernels listed by `profile`")
+    ap.add_argument("--bundles", nargs="*", default=["model.forge"],
+                    help="`ab`: bundle files in DIR/<model>/ timed in alternating rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="`ab`: rounds over --bundles")
     a = ap.parse_args()
     if a.stage == "profile":
         profile(a)
+        return 0
+    if a.stage == "ab":
+        ab(a)
         return 0
     for stage, fn in (("export", export), ("compile", compile_), ("run", run)):
         if a.stage in (stage, "all"):

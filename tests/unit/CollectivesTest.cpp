@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <thread>
 #include <vector>
@@ -65,6 +66,21 @@ void connectRanks(int n, int port, std::vector<std::unique_ptr<Communicator>> &c
     t.join();
 }
 
+/// Runs `collective` on every rank's thread at once; a failure's message
+/// goes to errors[r].
+void onEveryRank(int n, std::vector<std::string> &errors,
+                 const std::function<Status(int)> &collective) {
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      Status s = collective(r);
+      if (!s.isOk())
+        errors[r] = s.message();
+    });
+  for (std::thread &t : ranks)
+    t.join();
+}
+
 } // namespace
 
 TEST(TcpStoreTest, GetWaitsForSetAndTimesOut) {
@@ -102,17 +118,8 @@ TEST(CollectivesTest, ThreeRanksSumOverTcp) {
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < data[r].size(); ++i)
       data[r][i] = static_cast<float>(r) + 0.5f * static_cast<float>(i);
-  {
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < n; ++r)
-      ranks.emplace_back([&, r] {
-        Status s = comms[r]->allReduceSum(data[r].data(), data[r].size());
-        if (!s.isOk())
-          errors[r] = s.message();
-      });
-    for (std::thread &t : ranks)
-      t.join();
-  }
+  onEveryRank(n, errors,
+              [&](int r) { return comms[r]->allReduceSum(data[r].data(), data[r].size()); });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(errors[r].empty()) << errors[r];
     for (size_t i = 0; i < data[r].size(); ++i)
@@ -137,17 +144,8 @@ TEST(CollectivesTest, ThreeRanksMaxOverTcp) {
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < data[r].size(); ++i)
       data[r][i] = value(r, i);
-  {
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < n; ++r)
-      ranks.emplace_back([&, r] {
-        Status s = comms[r]->allReduceMax(data[r].data(), data[r].size());
-        if (!s.isOk())
-          errors[r] = s.message();
-      });
-    for (std::thread &t : ranks)
-      t.join();
-  }
+  onEveryRank(n, errors,
+              [&](int r) { return comms[r]->allReduceMax(data[r].data(), data[r].size()); });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(errors[r].empty()) << errors[r];
     for (size_t i = 0; i < data[r].size(); ++i)
