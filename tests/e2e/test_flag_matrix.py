@@ -6,7 +6,9 @@ schedule see what the graph stages made of a model: data/tensor/pipeline paralle
 ZeRO shards, accumulation routines, recomputed attention, a second compute stream. For the
 gpt fixture (TorchScript export), the bundled gpt_dynamo (dynamo export), the mlp fixture
 and the cnn fixture (channels-last convolutions, batch norms, weights stored permuted), in
-bf16 and fp16, each flag set is compiled for cuda:sm_90. Checked:
+bf16 and fp16 (and the two GPTs in fp8 with delayed scaling: amax histories, their slots'
+region, with --dp their max over the ranks), each flag set is compiled for cuda:sm_90.
+Checked:
   1. forgec either succeeds or refuses with an `error:` line naming the reason (a flag
      combination it does not support yet); never a crash or an internal error;
   2. every bundle it makes passes `forge-replay --check-library`: each library call's
@@ -46,13 +48,16 @@ def main():
         for model in MODELS:
             short = os.path.basename(os.path.dirname(model)) if model.endswith("model.onnx") \
                 else os.path.basename(model)[:-5]
-            for prec in ("bf16", "fp16"):
+            precisions = {"bf16": ["--precision", "bf16"], "fp16": ["--precision", "fp16"]}
+            if "gpt" in short:
+                precisions["fp8d"] = ["--precision", "fp8", "--fp8-scaling", "delayed"]
+            for prec, prec_flags in precisions.items():
                 for flags in FLAGS:
                     case = f"{short} {prec} {' '.join(flags) or '(plain)'}"
                     out = os.path.join(tmp, f"b{len(bundles) + refused}.forge")
                     rc, _, log = e2e.run([forgec, model, "--target", "cuda:sm_90", "--batch", "8",
                                           "--loss", "cross_entropy:logits,labels",
-                                          "--optimizer", "adamw:lr=1e-3", "--precision", prec,
+                                          "--optimizer", "adamw:lr=1e-3", *prec_flags,
                                           "-o", out] + flags, 600)
                     if rc == 0:
                         bundles.append((case, out))
