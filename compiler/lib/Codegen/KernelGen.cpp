@@ -472,48 +472,29 @@ FailureOr<std::string> mlir::forge::mergePtxModules(ArrayRef<std::string> parts)
   return header + "\n" + merged;
 }
 
-FailureOr<std::string> mlir::forge::lowerKernelsToPtx(ModuleOp module, const CudaTarget &target) {
-  gpu::GPUModuleOp kernels = kernelModule(module);
-  if (!kernels)
-    return std::string();
-  // LLVM's NVPTX back end runs a module on one thread: the kernels go in
-  // chunks, one per hardware thread, lowered side by side and merged into
-  // one PTX module (a kernel's code does not depend on its neighbours; only
-  // libdevice helpers repeat). Few kernels: one chunk.
-  constexpr size_t kKernelsPerChunk = 16;
-  SmallVector<gpu::GPUFuncOp> fns(kernels.getOps<gpu::GPUFuncOp>());
-  MLIRContext *ctx = module.getContext();
-  size_t threads = ctx->isMultithreadingEnabled()
-                       ? std::max<size_t>(1, llvm::hardware_concurrency().compute_thread_count())
-                       : 1;
-  size_t chunks = std::min(threads, std::max<size_t>(1, fns.size() / kKernelsPerChunk));
-  if (chunks <= 1) {
-    OwningOpRef<ModuleOp> copy = containerFor(kernels, "");
-    return lowerModule(*copy, target);
-  }
-  // Chunk c: the whole gpu.module without the kernels of the other chunks
-  // (kernel i goes to chunk i mod chunks; sizes vary less than names).
-  SmallVector<OwningOpRef<ModuleOp>> copies;
-  for (size_t c = 0; c < chunks; ++c) {
-    copies.push_back(containerFor(kernels, ""));
-    auto gm = *(*copies.back()).getOps<gpu::GPUModuleOp>().begin();
-    size_t i = 0;
-    for (auto fn : llvm::make_early_inc_range(gm.getOps<gpu::GPUFuncOp>()))
-      if (i++ % chunks != c)
-        fn.erase();
-  }
-  // A pass manager's run appends to its context's dialect registry, which is
-  // not thread-safe: each chunk is lowered in a context of its own, from its
-  // printed form (a few MB of IR parse in well under the lowering's time).
-  std::vector<std::string> text(chunks), ptx(chunks);
-  for (size_t c = 0; c < chunks; ++c) {
+namespace {
+/// Hardware threads the lowering may use (1 when the context is single-threaded).
+size_t loweringThreads(MLIRContext *ctx) {
+  return ctx->isMultithreadingEnabled()
+             ? std::max<size_t>(1, llvm::hardware_concurrency().compute_thread_count())
+             : 1;
+}
+
+/// Each container module of `modules` lowered to PTX, side by side. A pass
+/// manager's run appends to its context's dialect registry, which is not
+/// thread-safe: each is lowered in a context of its own, from its printed
+/// form (a few MB of IR parse in well under the lowering's time).
+FailureOr<std::vector<std::string>> lowerEach(ArrayRef<OwningOpRef<ModuleOp>> modules,
+                                              const CudaTarget &target, size_t threads) {
+  std::vector<std::string> text(modules.size()), ptx(modules.size());
+  for (size_t c = 0; c < modules.size(); ++c) {
     llvm::raw_string_ostream os(text[c]);
-    copies[c]->print(os, OpPrintingFlags().printGenericOpForm().enableDebugInfo(false));
+    modules[c].get()->print(os, OpPrintingFlags().printGenericOpForm().enableDebugInfo(false));
   }
-  std::vector<char> ok(chunks, 0);
+  std::vector<char> ok(modules.size(), 0);
   {
-    llvm::StdThreadPool pool(llvm::hardware_concurrency(static_cast<unsigned>(chunks)));
-    for (size_t c = 0; c < chunks; ++c)
+    llvm::StdThreadPool pool(llvm::hardware_concurrency(static_cast<unsigned>(threads)));
+    for (size_t c = 0; c < modules.size(); ++c)
       pool.async([&, c] {
         DialectRegistry registry;
         registerCodegenDialects(registry);
@@ -531,8 +512,42 @@ FailureOr<std::string> mlir::forge::lowerKernelsToPtx(ModuleOp module, const Cud
     pool.wait();
   }
   if (llvm::is_contained(ok, 0))
+    return failure();
+  return ptx;
+}
+} // namespace
+
+FailureOr<std::string> mlir::forge::lowerKernelsToPtx(ModuleOp module, const CudaTarget &target) {
+  gpu::GPUModuleOp kernels = kernelModule(module);
+  if (!kernels)
+    return std::string();
+  // LLVM's NVPTX back end runs a module on one thread: the kernels go in
+  // chunks, one per hardware thread, lowered side by side and merged into
+  // one PTX module (a kernel's code does not depend on its neighbours; only
+  // libdevice helpers repeat). Few kernels: one chunk.
+  constexpr size_t kKernelsPerChunk = 16;
+  SmallVector<gpu::GPUFuncOp> fns(kernels.getOps<gpu::GPUFuncOp>());
+  size_t threads = loweringThreads(module.getContext());
+  size_t chunks = std::min(threads, std::max<size_t>(1, fns.size() / kKernelsPerChunk));
+  if (chunks <= 1) {
+    OwningOpRef<ModuleOp> copy = containerFor(kernels, "");
+    return lowerModule(*copy, target);
+  }
+  // Chunk c: the whole gpu.module without the kernels of the other chunks
+  // (kernel i goes to chunk i mod chunks; sizes vary less than names).
+  SmallVector<OwningOpRef<ModuleOp>> copies;
+  for (size_t c = 0; c < chunks; ++c) {
+    copies.push_back(containerFor(kernels, ""));
+    auto gm = *(*copies.back()).getOps<gpu::GPUModuleOp>().begin();
+    size_t i = 0;
+    for (auto fn : llvm::make_early_inc_range(gm.getOps<gpu::GPUFuncOp>()))
+      if (i++ % chunks != c)
+        fn.erase();
+  }
+  FailureOr<std::vector<std::string>> ptx = lowerEach(copies, target, threads);
+  if (failed(ptx))
     return module.emitError("lowering the kernels to PTX failed (see above)");
-  FailureOr<std::string> merged = mergePtxModules(ptx);
+  FailureOr<std::string> merged = mergePtxModules(*ptx);
   if (failed(merged))
     return module.emitError("internal error: the kernels' PTX chunks could not be merged "
                             "(an unexpected top-level PTX form)");
@@ -548,25 +563,34 @@ LogicalResult mlir::forge::dumpKernels(ModuleOp module, const CudaTarget &target
   llvm::sys::path::append(kernelDir, "kernels");
   if (std::error_code ec = llvm::sys::fs::create_directories(kernelDir))
     return module.emitError() << "cannot create " << kernelDir << ": " << ec.message();
+  // Every kernel alone, lowered side by side (as the bundle's chunks are).
+  std::vector<std::string> names;
+  SmallVector<OwningOpRef<ModuleOp>> singles;
   for (auto fn : kernels.getOps<gpu::GPUFuncOp>()) {
-    std::string name = fn.getName().str();
-    OwningOpRef<ModuleOp> single = containerFor(fn, name);
-    auto write = [&](StringRef ext, function_ref<void(llvm::raw_ostream &)> body) -> LogicalResult {
-      SmallString<256> path(kernelDir);
-      llvm::sys::path::append(path, name + ext.str());
-      std::error_code ec;
-      llvm::raw_fd_ostream os(path, ec);
-      if (ec)
-        return module.emitError() << "cannot write " << path << ": " << ec.message();
-      body(os);
-      return success();
-    };
-    if (failed(write(".mlir", [&](llvm::raw_ostream &os) { single->print(os); })))
-      return failure();
-    FailureOr<std::string> ptx = lowerModule(*single, target);
-    if (failed(ptx) || failed(write(".ptx", [&](llvm::raw_ostream &os) { os << *ptx; })))
-      return failure();
+    names.push_back(fn.getName().str());
+    singles.push_back(containerFor(fn, names.back()));
   }
+  auto write = [&](const std::string &file,
+                   function_ref<void(llvm::raw_ostream &)> body) -> LogicalResult {
+    SmallString<256> path(kernelDir);
+    llvm::sys::path::append(path, file);
+    std::error_code ec;
+    llvm::raw_fd_ostream os(path, ec);
+    if (ec)
+      return module.emitError() << "cannot write " << path << ": " << ec.message();
+    body(os);
+    return success();
+  };
+  for (auto [name, single] : llvm::zip(names, singles))
+    if (failed(write(name + ".mlir", [&](llvm::raw_ostream &os) { single.get()->print(os); })))
+      return failure();
+  FailureOr<std::vector<std::string>> ptx =
+      lowerEach(singles, target, loweringThreads(module.getContext()));
+  if (failed(ptx))
+    return module.emitError("lowering the kernels to PTX failed (see above)");
+  for (auto [name, text] : llvm::zip(names, *ptx))
+    if (failed(write(name + ".ptx", [&, &text = text](llvm::raw_ostream &os) { os << text; })))
+      return failure();
   return success();
 }
 
