@@ -76,9 +76,12 @@ def main():
     with tempfile.TemporaryDirectory(prefix="forge-colsums-") as tmp:
         out = a.bundles or tmp
         os.makedirs(out, exist_ok=True)
-        model, data = os.path.join(out, "mlp.onnx"), os.path.join(out, "data.npz")
+        # The batches are made where they are used (seeded: the same on every machine), so
+        # that only the bundles travel to a GPU machine.
+        model, data = os.path.join(out, "mlp.onnx"), os.path.join(tmp, "data.npz")
         if not replay:
             make_model(model)
+        if not a.compile_only:
             rng = np.random.default_rng(1)
             np.savez(data, x=rng.standard_normal((2 * STEPS * ROWS, D)).astype(np.float32),
                      labels=rng.integers(0, CLASSES, 2 * STEPS * ROWS).astype(np.int64))

@@ -19,15 +19,20 @@ if [ "$mode" = compile ]; then
   set -e
   b=build/bin
   rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
-  cp "$b/forge-train" "$b/forge-replay" "$dir/bin/"
+  # Stripped: a call carries at most 64 MiB (carry the suites in two or three calls).
+  strip -o "$dir/bin/forge-train" "$b/forge-train"
+  strip -o "$dir/bin/forge-replay" "$b/forge-replay"
   # cuDNN fused attention against a float64 reference (a unit test that skips without a GPU).
   [ -x build/tests/unit/AttentionGpuTest ] && strip -o "$dir/bin/AttentionGpuTest" build/tests/unit/AttentionGpuTest
   # cuDNN convolutions against the CPU executor (gtest; run with each cuDNN API).
   [ -x build/tests/unit/ConvGpuTest ] && strip -o "$dir/bin/ConvGpuTest" build/tests/unit/ConvGpuTest
-  # Libraries the GPU image lacks (not libc/libstdc++/libgcc: Ubuntu's are newer).
+  # Libraries the GPU image lacks (not libc/libstdc++/libgcc: Ubuntu's are newer; not
+  # OpenBLAS, protobuf 3.21, zlib or the CUDA libraries, which the image has).
   for lib in $(ldd "$b/forge-train" "$b/forge-replay" | awk '/=> \//{print $3}' | sort -u); do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libpthread*|libdl.so*|librt.so*) ;;
+      libopenblas*|libgfortran*|libquadmath*|libprotobuf.so.32*|libz.so*) ;;
+      libcuda*|libcublas*|libcudnn*|libnccl*|libnvidia*|libnvrtc*) ;;
       *) cp -L "$lib" "$dir/lib/" ;;
     esac
   done
