@@ -89,3 +89,29 @@ func.func @zero(%h: tensor<16x4xf32>, %x: tensor<16x4xf32>, %d2: tensor<16x4xf32
   %r1 = forge.reduce_scatter %g1 {group = "dp", reduction = "mean", size = 2 : i64} : (tensor<4x4xf32>) -> tensor<2x4xf32>
   return %r1, %r2 : tensor<2x4xf32>, tensor<2x4xf32>
 }
+
+// -----
+
+// fp8 delayed scaling's max over the ranks (forge-assign-precision): its
+// buckets keep the reduction; the two amaxes (8 bytes) share one, issued
+// after the later one is made.
+// CHECK-LABEL: func @amax_max
+// CHECK: %[[A:.*]] = forge.reduce_max %arg0
+// CHECK-NEXT: %[[B:.*]] = forge.reduce_max %arg1
+// CHECK-NEXT: %[[M:.*]]:2 = forge.all_reduce %[[A]], %[[B]] {group = "dp", reduction = "max", size = 2 : i64}
+// CHECK-NOT: forge.all_reduce
+// CHECK: return %[[M]]#0, %[[M]]#1
+// EACH-LABEL: func @amax_max
+// EACH: forge.reduce_max %arg0
+// EACH-NEXT: forge.all_reduce {{.*}} {group = "dp", reduction = "max", size = 2 : i64}
+// EACH-NEXT: forge.reduce_max %arg1
+// EACH-NEXT: forge.all_reduce {{.*}} {group = "dp", reduction = "max", size = 2 : i64}
+// ONE-LABEL: func @amax_max
+// ONE: forge.reduce_max %arg1
+// ONE-NEXT: forge.all_reduce %{{.*}}, %{{.*}} {group = "dp", reduction = "max"
+func.func @amax_max(%x: tensor<4x16xf32>, %y: tensor<4x8xf32>) -> (tensor<f32>, tensor<f32>) {
+  %a = forge.reduce_max %x {axes = array<i64: 0, 1>, keepdims = false} : (tensor<4x16xf32>) -> tensor<f32>
+  %b = forge.reduce_max %y {axes = array<i64: 0, 1>, keepdims = false} : (tensor<4x8xf32>) -> tensor<f32>
+  %m:2 = forge.all_reduce %a, %b {group = "dp", reduction = "max", size = 2 : i64} : (tensor<f32>, tensor<f32>) -> (tensor<f32>, tensor<f32>)
+  return %m#0, %m#1 : tensor<f32>, tensor<f32>
+}
