@@ -94,6 +94,29 @@ def tools_for_halves(a, script):
     return find_tools(a, script)
 
 
+def add_half_args(ap):
+    """--device, --bundles and --compile-only on a parser, for a test whose bundles are
+    compiled here and trained where the GPU is (see halves)."""
+    ap.add_argument("--device", default="cpu", help="forge-train --device")
+    ap.add_argument("--bundles", help="directory of the compiled bundles (see the usage)")
+    ap.add_argument("--compile-only", action="store_true")
+
+
+def halves(ap, a, script):
+    """After add_half_args and parsing: (forgec, forge_train, replay), where replay means
+    train the bundles of --bundles only (forgec None); or an exit status: 2 when a tool is
+    missing, 77 (skipped) for --device cuda without a GPU. --compile-only needs --bundles."""
+    if a.compile_only and not a.bundles:
+        ap.error("--compile-only needs --bundles DIR")
+    tools = tools_for_halves(a, script)
+    if not tools:
+        return 2
+    if a.device == "cuda" and not a.compile_only and not gpu_present():
+        print("SKIP: no GPU (nvidia-smi -L failed)")
+        return 77
+    return tools[0], tools[1], bool(a.bundles and not a.compile_only)
+
+
 def tail(text, n=4):
     """The last n non-blank lines of text, joined with ' | '."""
     return " | ".join([l for l in text.strip().splitlines() if l.strip()][-n:])

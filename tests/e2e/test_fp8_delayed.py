@@ -238,20 +238,12 @@ def main():
     e2e.add_tool_args(ap)
     ap.add_argument("--fixtures-dir", default=DEFAULT_FIXTURES)
     ap.add_argument("--target", default="cpu")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--bundles", help="directory of the compiled bundles (see above)")
-    ap.add_argument("--compile-only", action="store_true")
+    e2e.add_half_args(ap)
     a = ap.parse_args()
-    if a.compile_only and not a.bundles:
-        ap.error("--compile-only needs --bundles DIR")
-    replay = a.bundles and not a.compile_only
-    tools = e2e.tools_for_halves(a, "test_fp8_delayed.py")
-    if not tools:
-        return 2
-    forgec, forge_train = tools
-    if a.device == "cuda" and not a.compile_only and not e2e.gpu_present():
-        print("SKIP: no GPU (nvidia-smi -L failed)")
-        return 77
+    setup = e2e.halves(ap, a, "test_fp8_delayed.py")
+    if isinstance(setup, int):
+        return setup
+    forgec, forge_train, replay = setup
     rep = Report()
     fdir = os.path.join(a.fixtures_dir, "gpt_adamw")
     with tempfile.TemporaryDirectory() as tmp:
