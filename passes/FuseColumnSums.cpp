@@ -47,40 +47,41 @@ bool isColumnSum(ReduceSumOp sum) {
   return llvm::equal(axes, llvm::seq<int64_t>(0, in.getRank() - 1));
 }
 
-/// Why loop region `loop` cannot become a column_reduce region over `shape`
-/// (empty: it can).
-std::string refusal(FusionOp loop, ArrayRef<int64_t> shape) {
-  if (loop.getKind() != "loop" || loop.isViewRegion())
-    return "not a loop region";
-  int64_t cols = shape.back(), total = 1;
+/// Whether the column kernel reads `v` over iteration shape `shape`: at that
+/// shape, per column ([.., C], ones before) or as a scalar.
+bool columnReadable(Value v, ArrayRef<int64_t> shape) {
+  auto t = tensorOf(v);
+  if (!t || !t.hasStaticShape())
+    return false;
+  int64_t n = t.getNumElements(), total = 1;
   for (int64_t d : shape)
     total *= d;
-  for (Value v : loop.getResults())
-    if (tensorOf(v).getShape() != shape)
-      return "a result of another shape";
-  for (Value v : loop.getInputs()) {
-    auto t = tensorOf(v);
-    if (!t || !t.hasStaticShape())
-      return "an input of unknown shape";
-    int64_t n = t.getNumElements();
-    // At the iteration shape, a per-column vector ([.., cols], ones before) or a scalar.
-    bool column = n == cols && t.getRank() >= 1 && t.getShape().back() == cols;
-    if (!(n == 1 || (n == total && t.getShape() == shape) || column))
-      return "an input the column kernel cannot read (a broadcast other than per column)";
-  }
-  for (Operation &op : loop.getBlock().without_terminator()) {
-    auto iface = dyn_cast<ForgeOpInterface>(&op);
-    if (!iface || iface.getFusionClass() != FusionClass::Elementwise)
-      return "a body op that is not pointwise";
-  }
-  return "";
+  return n == 1 || (n == total && t.getShape() == shape) ||
+         (n == shape.back() && t.getRank() >= 1 && t.getShape().back() == shape.back());
 }
 
-/// A top-level pointwise op of one result, `v`.
-bool isLonePointwise(Operation *op, Value v) {
+bool isPointwise(Operation *op) {
   auto iface = dyn_cast<ForgeOpInterface>(op);
-  return iface && iface.getFusionClass() == FusionClass::Elementwise && op->getNumResults() == 1 &&
-         op->getResult(0) == v && op->getNumRegions() == 0;
+  return iface && iface.getFusionClass() == FusionClass::Elementwise;
+}
+
+/// Whether loop region `loop` can become a column_reduce region over `shape`:
+/// a pointwise body, every result at `shape`, every input column-readable.
+bool fusible(FusionOp loop, ArrayRef<int64_t> shape) {
+  return loop.getKind() == "loop" && !loop.isViewRegion() &&
+         llvm::all_of(loop.getResults(),
+                      [&](Value v) { return tensorOf(v).getShape() == shape; }) &&
+         llvm::all_of(loop.getInputs(), [&](Value v) { return columnReadable(v, shape); }) &&
+         llvm::all_of(loop.getBlock().without_terminator(),
+                      [](Operation &op) { return isPointwise(&op); });
+}
+
+/// A top-level pointwise op of one result `v` at `shape` whose operands the
+/// column kernel reads (forge-fuse leaves lone ops unwrapped).
+bool fusibleLoneOp(Operation *op, Value v, ArrayRef<int64_t> shape) {
+  return !isa<FusionOp>(op) && isPointwise(op) && op->getNumResults() == 1 &&
+         op->getResult(0) == v && op->getNumRegions() == 0 &&
+         llvm::all_of(op->getOperands(), [&](Value u) { return columnReadable(u, shape); });
 }
 
 struct FuseColumnSumsPass : public mlir::forge::impl::FuseColumnSumsBase<FuseColumnSumsPass> {
@@ -96,22 +97,17 @@ struct FuseColumnSumsPass : public mlir::forge::impl::FuseColumnSumsBase<FuseCol
         if (!isColumnSum(sum))
           continue;
         Operation *def = sum.getInput().getDefiningOp();
+        ArrayRef<int64_t> shape = tensorOf(sum.getInput()).getShape();
         if (!def || def->getBlock() != &block)
           continue;
-        // A lone pointwise op (forge-fuse leaves those unwrapped) becomes a
-        // loop region of its own first.
-        if (!isa<FusionOp>(def) && isLonePointwise(def, sum.getInput())) {
+        // A lone pointwise op becomes a loop region of its own first.
+        if (fusibleLoneOp(def, sum.getInput(), shape)) {
           FusionOp region = cloneIntoLoopRegion(def);
-          if (!refusal(region, tensorOf(sum.getInput()).getShape()).empty()) {
-            region.erase();
-            continue;
-          }
           def->replaceAllUsesWith(region->getResults());
           def->erase();
           def = region;
         }
-        auto loop = dyn_cast<FusionOp>(def);
-        if (loop && refusal(loop, tensorOf(sum.getInput()).getShape()).empty())
+        if (auto loop = dyn_cast<FusionOp>(def); loop && fusible(loop, shape))
           groups[loop].push_back(sum);
       }
       for (auto &[loop, sums] : groups) {
@@ -132,11 +128,9 @@ struct FuseColumnSumsPass : public mlir::forge::impl::FuseColumnSumsBase<FuseCol
     OpBuilder b(loop);
     Location loc = loop.getLoc();
     SmallVector<Type> types;
-    for (ReduceSumOp sum : sums) {
-      auto t = tensorOf(sum.getResult());
-      types.push_back(RankedTensorType::get({t.getShape().empty() ? 1 : t.getNumElements()},
-                                            t.getElementType()));
-    }
+    for (ReduceSumOp sum : sums) // [C] f32 (a keepdims sum's readers get a view)
+      types.push_back(RankedTensorType::get({tensorOf(sum.getInput()).getShape().back()},
+                                            tensorOf(sum.getResult()).getElementType()));
     llvm::append_range(types, loop.getResultTypes());
     auto region = b.create<FusionOp>(loc, types, loop.getInputs(), b.getStringAttr("column_reduce"));
     Block *body = b.createBlock(&region.getBody(), {}, loop.getBlock().getArgumentTypes(),

@@ -441,7 +441,7 @@ LogicalResult splitPtx(StringRef ptx, std::string &header, std::vector<PtxEntity
     if (depth == 0 && (t.ends_with("}") || t.ends_with(";")))
       finish();
   }
-  if (inEntity || cur.name.empty() != cur.text.empty())
+  if (inEntity) // a body or declaration that never ends
     return failure();
   return success();
 }
