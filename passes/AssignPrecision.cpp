@@ -41,6 +41,12 @@
 //    the end (after a max over the data-parallel ranks, which then keep
 //    equal histories). Arguments keep current scaling (their amaxes are
 //    known at the entry anyway).
+//  * fp8-gradients=e5m2: each float8 product's backward GEMMs (the loose
+//    GEMMs reading exactly one tensor a float8 product copied) read an E5M2
+//    copy of the output gradient (max 57344) beside E4M3 copies of the
+//    forward tensor; operands the K-major float8 layout reads transposed
+//    (W for dX, dY and X for dW) get transposed copies scaled by the amax
+//    of the tensor they copy (every view of a tensor shares its amax).
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
@@ -182,6 +188,11 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
                                  << "' (current, delayed)";
       return signalPassFailure();
     }
+    if (fp8Gradients != "bf16" && fp8Gradients != "e5m2") {
+      getOperation().emitError() << "forge-assign-precision: unknown fp8-gradients '"
+                                 << fp8Gradients << "' (bf16, e5m2)";
+      return signalPassFailure();
+    }
     if (fp8History < 1 || fp8History > (1u << 16)) {
       getOperation().emitError() << "forge-assign-precision: fp8-history must be 1..65536, not "
                                  << std::to_string(fp8History);
@@ -212,11 +223,13 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
         viewWantsLow.clear();
         lowCopy.clear();
         quantized.clear();
+        transposedCopies.clear();
         histories.clear();
         entryAmaxes.clear();
         historyNames.clear();
-        standaloneCasts = scaledGemms = 0;
-        e4m3Max = amaxFloor = Value();
+        standaloneCasts = scaledGemms = gradientGemms = 0;
+        forwardCopies = 0;
+        e4m3Max = e5m2Max = amaxFloor = Value();
         if (failed(assign()))
           return signalPassFailure();
       }
@@ -281,8 +294,15 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
                         << " cast(s) have no neighbouring kernel and run as their own";
     if (precision == "fp8" && !evalRoutine)
       func.emitRemark() << "forge-assign-precision: " << scaledGemms
-                        << " GEMM(s) run in float8 (E4M3) from " << quantized.size()
+                        << " GEMM(s) run in float8 (E4M3) from " << forwardCopies
                         << " scaled copies"
+                        << (fp8Gradients == "e5m2"
+                                ? ", " + std::to_string(gradientGemms) +
+                                      " gradient GEMM(s) read E5M2 (" +
+                                      std::to_string(quantized.size() + transposedCopies.size() -
+                                                     forwardCopies) +
+                                      " more copies)"
+                                : std::string())
                         << (histories.empty()
                                 ? std::string()
                                 : ", " + std::to_string(histories.size()) +
@@ -847,13 +867,39 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
 
   /// E4M3FN's largest finite value, and the floor of an amax (an all-zero
   /// tensor still divides by it: its copy is zeros).
-  static constexpr double kE4M3Max = 448.0, kAmaxFloor = 1e-30;
-  Value e4m3Max, amaxFloor; // f32 scalars at the function's entry
+  static constexpr double kE4M3Max = 448.0, kE5M2Max = 57344.0, kAmaxFloor = 1e-30;
+  Value e4m3Max, e5m2Max, amaxFloor; // f32 scalars at the function's entry
   struct Quantized {
     Value q, amax;
   };
-  llvm::MapVector<Value, Quantized> quantized;
-  int scaledGemms = 0;
+  /// Float8 copies by (the value they copy, seen through reshapes; E5M2):
+  /// every view of one tensor shares its amax and its copy.
+  llvm::MapVector<std::pair<Value, unsigned>, Quantized> quantized;
+  /// Transposed copies of 2-d values, by (value, E5M2).
+  llvm::MapVector<std::pair<Value, unsigned>, Quantized> transposedCopies;
+  int scaledGemms = 0, gradientGemms = 0; // forward products, their gradient GEMMs
+  size_t forwardCopies = 0;
+
+  static double float8Max(bool e5m2) { return e5m2 ? kE5M2Max : kE4M3Max; }
+
+  /// The f32 scalar of a format's largest value, made at the entry once.
+  Value float8MaxValue(bool e5m2) {
+    if (!e5m2)
+      return e4m3Max;
+    if (!e5m2Max) {
+      OpBuilder b(func.getContext());
+      b.setInsertionPointAfter(e4m3Max.getDefiningOp());
+      e5m2Max = scalarConstant(b, func.getLoc(), kE5M2Max);
+    }
+    return e5m2Max;
+  }
+
+  /// `v` seen through reshapes (the tensor whose bytes they view).
+  static Value viewRoot(Value v) {
+    while (auto r = v.getDefiningOp<ReshapeOp>())
+      v = r.getInput();
+    return v;
+  }
 
   RankedTensorType scalarF32() { return RankedTensorType::get({}, Float32Type::get(func.getContext())); }
 
@@ -887,33 +933,48 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     return region.getResult(0);
   }
 
-  /// A loop region at b's point writing saturate(v * 448 / amax) in E4M3.
-  /// b moves after it.
-  Value castE4M3(OpBuilder &b, Location loc, Value v, Value amax) {
+  /// A loop region at b's point writing saturate(v * max / amax) in E4M3
+  /// (max 448) or E5M2 (57344). b moves after it.
+  Value castFloat8(OpBuilder &b, Location loc, Value v, Value amax, bool e5m2) {
     auto type = tensorOf(v);
-    Type e4m3 = Float8E4M3FNType::get(func.getContext());
-    auto region = b.create<FusionOp>(loc, TypeRange{type.clone(e4m3)},
-                                     ValueRange{v, amax, e4m3Max}, b.getStringAttr("loop"));
+    Type f8 = e5m2 ? Type(Float8E5M2Type::get(func.getContext()))
+                   : Type(Float8E4M3FNType::get(func.getContext()));
+    auto region = b.create<FusionOp>(loc, TypeRange{type.clone(f8)},
+                                     ValueRange{v, amax, float8MaxValue(e5m2)},
+                                     b.getStringAttr("loop"));
     Block *body = b.createBlock(&region.getBody(), {}, {v.getType(), scalarF32(), scalarF32()},
                                 {loc, loc, loc});
     OpBuilder in = OpBuilder::atBlockEnd(body);
     Value x = inF32(in, loc, body->getArgument(0));
     Value scaled = in.create<MulOp>(loc, x.getType(), x, body->getArgument(2));
     Value unit = in.create<DivOp>(loc, x.getType(), scaled, body->getArgument(1));
-    in.create<YieldOp>(loc, ValueRange{castOf(in, loc, unit, e4m3)});
+    in.create<YieldOp>(loc, ValueRange{castOf(in, loc, unit, f8)});
     b.setInsertionPointAfter(region);
     return region.getResult(0);
   }
 
-  /// The E4M3 copy of `v` and the amax it is scaled by. Current scaling (and
-  /// every argument): v's own amax, a multi_reduce right after v (at the
-  /// entry for an argument), then the cast. Delayed scaling (an activation):
-  /// the largest amax of v's history, read at the entry, so the cast follows
-  /// v at once; v's own amax comes after the cast and only fills this step's
-  /// slot of the history (updateHistories).
-  Quantized quantize(Value v) {
-    if (auto it = quantized.find(v); it != quantized.end())
-      return it->second;
+  /// The E4M3 (or E5M2) copy of `v` and the amax it is scaled by. Current
+  /// scaling (and every argument): v's own amax, a multi_reduce right after
+  /// v (at the entry for an argument), then the cast. Delayed scaling (an
+  /// activation or a gradient): the largest amax of v's history, read at the
+  /// entry, so the cast follows v at once; v's own amax comes after the cast
+  /// and only fills this step's slot of the history (updateHistories).
+  /// Views of one tensor share its copy (reshaped to the view's shape).
+  Quantized quantize(Value v, bool e5m2 = false) {
+    auto key = std::make_pair(viewRoot(v), unsigned(e5m2));
+    if (auto it = quantized.find(key); it != quantized.end()) {
+      Quantized known = it->second;
+      auto want = tensorOf(v);
+      if (tensorOf(known.q).getShape() == want.getShape())
+        return known;
+      // Another view of the same tensor: the copy viewed alike, after both.
+      OpBuilder b(func.getContext());
+      Operation *qDef = known.q.getDefiningOp(), *vDef = v.getDefiningOp();
+      b.setInsertionPointAfter(vDef && qDef->isBeforeInBlock(vDef) ? vDef : qDef);
+      Value view = b.create<ReshapeOp>(v.getLoc(), want.clone(tensorOf(known.q).getElementType()),
+                                       known.q, b.getDenseI64ArrayAttr(want.getShape()));
+      return Quantized{view, known.amax};
+    }
     OpBuilder b(func.getContext());
     Location loc = v.getLoc();
     if (Operation *def = v.getDefiningOp())
@@ -921,20 +982,39 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     else
       b.setInsertionPointAfter(amaxFloor.getDefiningOp());
     if (fp8Scaling == "delayed" && stepArg && !isa<BlockArgument>(v)) {
-      BlockArgument history = historyArgument(v);
+      BlockArgument history = historyArgument(v, e5m2);
       OpBuilder entry(func.getContext());
       entry.setInsertionPointAfter(amaxFloor.getDefiningOp());
       Value scale = amaxOf(entry, loc, history);
       entryAmaxes.push_back(scale);
-      Value q = castE4M3(b, loc, v, scale);
+      Value q = castFloat8(b, loc, v, scale, e5m2);
       histories.push_back({history, amaxOf(b, loc, v)});
-      return quantized[v] = Quantized{q, scale};
+      return quantized[key] = Quantized{q, scale};
     }
     Value amax = amaxOf(b, loc, v);
     if (isa<BlockArgument>(v))
       entryAmaxes.push_back(amax);
-    Value q = castE4M3(b, loc, v, amax);
-    return quantized[v] = Quantized{q, amax};
+    Value q = castFloat8(b, loc, v, amax, e5m2);
+    return quantized[key] = Quantized{q, amax};
+  }
+
+  /// The float8 copy of 2-d `v` transposed ([cols, rows]), scaled by the
+  /// amax of v's own copy (one amax per tensor, however many copies): a
+  /// transpose of v, then the cast, right after v's copy.
+  Quantized quantizeTransposed(Value v, bool e5m2) {
+    auto key = std::make_pair(v, unsigned(e5m2));
+    if (auto it = transposedCopies.find(key); it != transposedCopies.end())
+      return it->second;
+    Quantized plain = quantize(v, e5m2);
+    OpBuilder b(func.getContext());
+    Operation *qDef = plain.q.getDefiningOp(), *vDef = v.getDefiningOp();
+    b.setInsertionPointAfter(vDef && qDef->isBeforeInBlock(vDef) ? vDef : qDef);
+    auto t = tensorOf(v);
+    Value transposed = b.create<TransposeOp>(
+        v.getLoc(), t.clone({t.getDimSize(1), t.getDimSize(0)}), v,
+        b.getDenseI64ArrayAttr({1, 0}));
+    Value q = castFloat8(b, v.getLoc(), transposed, plain.amax, e5m2);
+    return transposedCopies[key] = Quantized{q, plain.amax};
   }
 
   //===--------------------------------------------------------------------===//
@@ -951,10 +1031,11 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   llvm::StringSet<> historyNames;
 
   /// The name of v's history: the ONNX node that made it (its location's
-  /// first name), else "activation<k>"; made unique by a ".<k>" suffix. The
-  /// same in every routine built from one graph (a length bucket's step
-  /// shares its histories with the plain step's by name).
-  std::string historyName(Value v) {
+  /// first name; a gradient's, the forward node's, with ".grad"), else
+  /// "activation<k>"; made unique by a ".<k>" suffix. The same in every
+  /// routine built from one graph (a length bucket's step shares its
+  /// histories with the plain step's by name).
+  std::string historyName(Value v, bool gradient) {
     std::string base;
     v.getLoc()->walk([&](Location l) {
       if (auto named = dyn_cast<NameLoc>(l); named && base.empty())
@@ -963,6 +1044,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     });
     if (base.empty())
       base = "activation" + std::to_string(histories.size());
+    if (gradient)
+      base += ".grad";
     std::string name = base + ".fp8_amax_history";
     if (historyNames.contains(name))
       name = base + "." + std::to_string(histories.size()) + ".fp8_amax_history";
@@ -971,17 +1054,18 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   }
 
   /// v's amax history: a state argument [H] f32, a ring whose slot
-  /// (step - 1) mod H the step writes, initially [448, 0, ...] (its maximum,
-  /// 448, scales by 1 until the first step's amax replaces it).
-  BlockArgument historyArgument(Value v) {
+  /// (step - 1) mod H the step writes, initially [max, 0, ...] (its maximum,
+  /// the format's largest value, 448 or 57344, scales by 1 until the first
+  /// step's amax replaces it).
+  BlockArgument historyArgument(Value v, bool e5m2) {
     MLIRContext *ctx = func.getContext();
     Builder b(ctx);
     auto type = RankedTensorType::get({static_cast<int64_t>(fp8History)}, b.getF32Type());
     SmallVector<float> init(fp8History, 0.0f);
-    init[0] = static_cast<float>(kE4M3Max);
+    init[0] = static_cast<float>(float8Max(e5m2));
     NamedAttrList attrs;
     attrs.set("forge.kind", b.getStringAttr("state"));
-    attrs.set("forge.name", b.getStringAttr(historyName(v)));
+    attrs.set("forge.name", b.getStringAttr(historyName(v, e5m2)));
     attrs.set("forge.role", b.getStringAttr("fp8_amax_history"));
     attrs.set("forge.initial_value", DenseElementsAttr::get(type, ArrayRef<float>(init)));
     unsigned at = func.getNumArguments();
@@ -1219,10 +1303,68 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
           (!gemm.getC() || tensorOf(gemm.getC()).getElementType().isBF16()))
         quantizeGemmRegion(region);
     }
+    forwardCopies = quantized.size();
+    if (fp8Gradients == "e5m2")
+      quantizeGradientGemms();
     updateHistories();
     // The weights' amaxes and the histories' maxima (arguments, read at the
     // entry): one multi_reduce.
     mergeEntryAmaxes();
+  }
+
+  /// fp8-gradients=e5m2: the backward of each float8 product Y = X W^T,
+  /// found as the loose GEMMs that read exactly one of the tensors the
+  /// forward's float8 products copied (X or W, through views): dX = dY W
+  /// (transB false) and dW = dY^T X (transA true). The other operand is the
+  /// gradient dY: its copy is E5M2 (range: a gradient's values span more
+  /// binades than 4 bits of precision would cover), the forward tensor's
+  /// E4M3 with the amax the forward found. Operands the float8 layout reads
+  /// otherwise than stored (W for dX; dY and X for dW) get transposed copies.
+  /// E5M2 beside E5M2 (no cuBLASLt kernel) cannot arise: one operand is
+  /// always a forward tensor. GEMMs with a C keep bf16 (the accumulation
+  /// loop's `acc + gemm` stays a separate add, as before).
+  void quantizeGradientGemms() {
+    llvm::DenseSet<Value> forwardTensors;
+    for (auto &[key, copy] : quantized)
+      if (!key.second)
+        forwardTensors.insert(key.first);
+    auto bf16Matrix = [](Value v) {
+      auto t = tensorOf(v);
+      return t && t.getRank() == 2 && t.getElementType().isBF16();
+    };
+    for (auto gemm : llvm::to_vector(func.front().getOps<GemmOp>())) {
+      Value a = gemm.getA(), bOp = gemm.getB();
+      bool aForward = forwardTensors.contains(viewRoot(a));
+      bool bForward = forwardTensors.contains(viewRoot(bOp));
+      Type out = tensorOf(gemm.getResult()).getElementType();
+      if (aForward == bForward || gemm.getC() || !bf16Matrix(a) || !bf16Matrix(bOp) ||
+          !(out.isF32() || out.isBF16()))
+        continue;
+      Value grad = aForward ? bOp : a;
+      if (isa<BlockArgument>(viewRoot(grad)))
+        continue;
+      // The product [M, N] over K, as the float8 layout reads it.
+      auto at = tensorOf(a), bt = tensorOf(bOp);
+      bool transA = gemm.getTransA(), transB = gemm.getTransB();
+      int64_t k = transA ? at.getDimSize(0) : at.getDimSize(1);
+      int64_t n = transB ? bt.getDimSize(0) : bt.getDimSize(1);
+      // As the forward's: rows of K (every copy, transposed ones too, is
+      // K-major) and the output's N multiples of 16.
+      if (k % 16 != 0 || n % 16 != 0)
+        continue;
+      bool aE5M2 = !aForward, bE5M2 = !bForward;
+      Quantized lhs = transA ? quantizeTransposed(a, aE5M2) : quantize(a, aE5M2);
+      Quantized rhs = transB ? quantize(bOp, bE5M2) : quantizeTransposed(bOp, bE5M2);
+      OpBuilder b(gemm);
+      ++gradientGemms;
+      double alpha = gemm.getAlpha().convertToDouble() / (float8Max(aE5M2) * float8Max(bE5M2));
+      Value product = b.create<ScaledGemmOp>(gemm.getLoc(), gemm.getType(), lhs.q, rhs.q,
+                                             lhs.amax, rhs.amax, Value(), b.getBoolAttr(false),
+                                             b.getBoolAttr(true), b.getF64FloatAttr(alpha),
+                                             b.getF64FloatAttr(0.0));
+      gemm.getResult().replaceAllUsesWith(product);
+      gemm.erase();
+    }
   }
 
   /// The entry's multi_reduce regions (the arguments' amaxes, the

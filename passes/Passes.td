@@ -443,6 +443,17 @@ def AssignPrecision : Pass<"forge-assign-precision", "::mlir::ModuleOp"> {
     inputs) keep current scaling: their amaxes are known at the entry, one
     multi_reduce for all.
 
+    `fp8-gradients=e5m2` also runs the backward of each float8 product
+    Y = X W^T in float8: dX = dY W and dW = dY^T X become scaled_gemms of an
+    E5M2 copy of dY (scaled by 57344 / amax: range before precision, as
+    gradients need) beside E4M3 copies of W and X. Hopper's float8 GEMMs
+    read both operands K-major, so dX reads W^T and dW reads dY^T and X^T:
+    transposed copies (a transpose, then the cast) scaled by the amax of
+    the tensor they copy. A gradient's scaling follows `fp8-scaling` as an
+    activation's does (its own history when delayed, initially
+    [57344, 0, ...]). Products the forward left in bf16 keep a bf16
+    backward.
+
     Parameters, optimizer state and @eval stay f32. `precision=fp32` and
     `tf32` change nothing (TF32 is cuBLASLt's compute type, the bundle's
     build option).
@@ -455,6 +466,11 @@ def AssignPrecision : Pass<"forge-assign-precision", "::mlir::ModuleOp"> {
            "delayed (by the largest amax of its last fp8-history steps)">,
     Option<"fp8History", "fp8-history", "unsigned", /*default=*/"16",
            "fp8-scaling=delayed: the steps of each activation's amax history">,
+    Option<"fp8Gradients", "fp8-gradients", "std::string", /*default=*/"\"bf16\"",
+           "fp8: bf16 (the backward's GEMMs stay bf16) | e5m2 (the data and weight "
+           "gradient GEMMs of each float8 product read the output gradient in E5M2 "
+           "beside E4M3 copies of the weight and the input, transposed where the "
+           "float8 layout needs)">,
   ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

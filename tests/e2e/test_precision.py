@@ -40,6 +40,14 @@ Checks:
                   and losses / params_step20 take FP8_LOSS_TOL / FP8_PARAM_TOL (E4M3 keeps 4
                   significant bits; measured on the CPU: losses <= 8.2e-4, parameters <= 0.122:
                   blocks.0.ln1.bias, a small vector whose Adam steps follow its gradient's sign)
+  fp8-e5m2        (gpt) --precision fp8 --fp8-gradients e5m2: the backward of every
+                  float8 product in float8 too (E5M2 output gradients beside E4M3 weights and
+                  inputs, transposed copies): float8_gemms also asks forgec's remark for at
+                  least one gradient GEMM reading E5M2; the checks above with FP8_LOSS_TOL and
+                  FP8_E5M2_PARAM_TOL (E5M2 keeps 3 significant bits, 2^-3 per rounding of
+                  each output gradient; measured on the CPU: losses <= 6.7e-4, parameters
+                  <= 0.179: blocks.0.ln1.bias again, whose gradient now comes through the
+                  E5M2 data gradient of the qkv GEMM)
 GPU machines have no forgec: --compile-only --bundles DIR compiles the bundles into DIR here,
 and --bundles DIR alone later trains them there (--device cuda; exit 77, skipped, without a GPU).
 Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
@@ -63,6 +71,7 @@ LOSS_TOL = 5e-3
 PARAM_TOL = 3e-2
 FP8_LOSS_TOL = 1e-2
 FP8_PARAM_TOL = 0.15
+FP8_E5M2_PARAM_TOL = 0.25
 # The cnn on a GPU: forge-assign-layout runs its convolutions channels-last on cuDNN in
 # bf16/f16 (on the CPU they stay f32). PyTorch's own autocast bf16 lands 0.155 from the fp32
 # parameters on this fixture (features.1.bias, a BN bias whose 20 Adam steps follow its
@@ -71,6 +80,10 @@ CONV_PARAM_TOL = 0.2
 FIXTURES = ["mlp_adamw", "gpt_adamw", "cnn_adamw"]
 # Fixtures with a GEMM float8 takes (K and N multiples of 16); the cnn's are convolutions.
 FP8_FIXTURES = ("mlp_adamw", "gpt_adamw")
+# ... and with a float8 product whose backward GEMMs E5M2 takes: the mlp's one float8 product
+# (fc1) reads the data (no dX) and sums its bias gradient in its dW GEMM's BGRAD epilogue,
+# which stays bf16.
+FP8_E5M2_FIXTURES = ("gpt_adamw",)
 
 
 def bf16_round(x):
@@ -100,27 +113,42 @@ def rounded_bits(master, prec):
     return np.asarray(master, dtype=np.float32).astype(np.float16).view(np.uint16)
 
 
+def is_fp8(prec):
+    return prec.startswith("fp8")
+
+
+def precision_args(prec):
+    """forgec's flags for a precision of this test (fp8-e5m2: fp8 with E5M2 gradients)."""
+    if prec == "fp8-e5m2":
+        return ["--precision", "fp8", "--fp8-gradients", "e5m2"]
+    return ["--precision", prec]
+
+
 def compile_fixture(rep, name, fdir, forgec, target, bundle, prec, extra=()):
     m = json.load(open(os.path.join(fdir, "manifest.json")))
     cmd = [forgec, os.path.join(fdir, "model.onnx"), "--target", target, "--batch",
            str(m["batch_size"]), "--loss", "cross_entropy:logits,labels", "--optimizer",
-           optimizer_spec(m["optimizer_hparams"]), "--precision", prec, "-o", bundle, *extra]
+           optimizer_spec(m["optimizer_hparams"]), *precision_args(prec), "-o", bundle, *extra]
     rc, _, out = e2e.run(cmd, TIMEOUT_S)
     ok = rep.check(f"{name} compile", rc == 0, e2e.failure(rc, out) if rc else "")
-    if ok and prec == "fp8":
+    if ok and is_fp8(prec):
         # forgec's remark, kept beside the bundle for the half that trains it.
         found = re.search(r"(\d+) GEMM\(s\) run in float8", out)
+        grads = re.search(r"(\d+) gradient GEMM\(s\) read E5M2", out)
         with open(bundle + ".float8", "w") as f:
-            f.write(found.group(1) if found else "0")
+            f.write(f"{found.group(1) if found else 0} {grads.group(1) if grads else 0}")
     return ok
 
 
-def check_float8(rep, name, bundle):
+def check_float8(rep, name, bundle, prec):
     try:
-        n = int(open(bundle + ".float8").read())
+        n, grads = (int(x) for x in open(bundle + ".float8").read().split())
     except (OSError, ValueError):
-        n = 0
-    rep.check(f"{name} float8_gemms", n >= 1, f"{n} GEMM(s) in float8 (forgec's remark)")
+        n = grads = 0
+    want_grads = prec == "fp8-e5m2"
+    rep.check(f"{name} float8_gemms", n >= 1 and (grads >= 1) == want_grads,
+              f"{n} forward GEMM(s) in float8, {grads} gradient GEMM(s) reading E5M2 "
+              f"(forgec's remark; {'>= 1' if want_grads else 'none'} wanted)")
 
 
 def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec, target="cpu"):
@@ -137,7 +165,7 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec, targe
     torch_losses = np.load(os.path.join(fdir, "losses.npy"))
     dump = dict(np.load(params))
     init = dict(np.load(os.path.join(fdir, "init_params.npz")))
-    copy_prec = "bf16" if prec == "fp8" else prec  # fp8 keeps bf16 copies (and float8 ones per step)
+    copy_prec = "bf16" if is_fp8(prec) else prec  # fp8 keeps bf16 copies (and float8 ones per step)
     suffix = "." + copy_prec
     copies = sorted(k for k in dump if k.endswith(suffix))
     masters = [k[: -len(suffix)] for k in copies]
@@ -163,7 +191,7 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec, targe
         rep.check(f"{name} losses", False, f"{losses.shape} losses, torch {torch_losses.shape}")
         return
     worst = float(np.max(np.abs(losses - torch_losses) / np.abs(torch_losses)))
-    loss_tol = FP8_LOSS_TOL if prec == "fp8" else LOSS_TOL
+    loss_tol = FP8_LOSS_TOL if is_fp8(prec) else LOSS_TOL
     rep.check(f"{name} losses", worst <= loss_tol, f"max rel {worst:.2e} (<= {loss_tol:g})")
     if prec == "fp16":
         recs = [json.loads(l) for l in open(metrics) if l.strip()]
@@ -178,7 +206,7 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec, targe
     errs = {k: rel(dump[k], v) for k, v in torch_params.items() if k in dump}
     worst_p = max(errs.values()) if errs else float("inf")
     which = max(errs, key=errs.get) if errs else "none"
-    param_tol = (FP8_PARAM_TOL if prec == "fp8"
+    param_tol = (FP8_E5M2_PARAM_TOL if prec == "fp8-e5m2" else FP8_PARAM_TOL if prec == "fp8"
                  else CONV_PARAM_TOL if name.startswith("cnn") and
                  (device == "cuda" or target.startswith("cuda")) else PARAM_TOL)
     rep.check(f"{name} params_step20", errs and worst_p <= param_tol and
@@ -267,16 +295,17 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = a.bundles or tmp
         os.makedirs(out, exist_ok=True)
-        for prec in ("bf16", "fp16", "fp8"):
+        for prec in ("bf16", "fp16", "fp8", "fp8-e5m2"):
             for fixture in a.fixtures:
-                if prec == "fp8" and fixture not in FP8_FIXTURES:
+                if (is_fp8(prec) and fixture not in FP8_FIXTURES or
+                        prec == "fp8-e5m2" and fixture not in FP8_E5M2_FIXTURES):
                     continue
                 fdir = os.path.join(a.fixtures_dir, fixture)
                 name = f"{fixture} {prec}"
                 bundle = os.path.join(out, f"{fixture}.{prec}.forge")
                 if replay or compile_fixture(rep, name, fdir, forgec, a.target, bundle, prec):
-                    if prec == "fp8":
-                        check_float8(rep, name, bundle)
+                    if is_fp8(prec):
+                        check_float8(rep, name, bundle, prec)
                     if not a.compile_only:
                         check_fixture(rep, name, fdir, bundle, forge_train, a.device, tmp, prec,
                                       a.target)

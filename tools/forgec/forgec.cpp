@@ -79,6 +79,13 @@ static cl::opt<unsigned> fp8History(
     "fp8-history", cl::init(16),
     cl::desc("--fp8-scaling delayed: the steps each amax history holds (1..65536; default 16)"),
     cl::cat(forgecCategory));
+static cl::opt<std::string> fp8Gradients(
+    "fp8-gradients", cl::init("bf16"),
+    cl::desc("--precision fp8: bf16 (default): the backward's GEMMs in bf16 | e5m2: the data "
+             "and weight gradient GEMMs of each float8 product in float8 too, the output "
+             "gradient in E5M2 beside E4M3 copies of the weight and the input (transposed "
+             "copies where Hopper's K-major float8 layout needs them)"),
+    cl::cat(forgecCategory));
 static cl::opt<std::string> layout(
     "layout", cl::init("auto"),
     cl::desc("auto (default) | nchw | nhwc: the layout of 2-d convolution nets in the training "
@@ -791,6 +798,11 @@ int main(int argc, char **argv) {
     return fail("--fp8-history must be 1..65536, got " + std::to_string(fp8History));
   pipelineOptions.fp8Scaling = fp8Scaling;
   pipelineOptions.fp8History = fp8History;
+  if (fp8Gradients != "bf16" && fp8Gradients != "e5m2")
+    return fail("unknown --fp8-gradients '" + fp8Gradients + "' (bf16, e5m2)");
+  if (fp8Gradients != "bf16" && precision != "fp8")
+    return fail("--fp8-gradients " + fp8Gradients + " needs --precision fp8");
+  pipelineOptions.fp8Gradients = fp8Gradients;
   if (layout != "auto" && layout != "nchw" && layout != "nhwc")
     return fail("unknown --layout '" + layout + "' (auto, nchw, nhwc)");
   // auto: channels-last for convolutions on tensor cores (ResNet-50 on an H200: bf16 22.3 ms
@@ -976,6 +988,8 @@ int main(int argc, char **argv) {
     build["fp8_scaling"] = fp8Scaling == "delayed"
                                ? "delayed:history=" + std::to_string(fp8History)
                                : std::string("current");
+  if (precision == "fp8")
+    build["fp8_gradients"] = fp8Gradients;
   if (!inferenceOnly && !trainFlags().lossScale.empty())
     build["loss_scale"] = trainFlags().lossScale;
   build["weights"] = weights;

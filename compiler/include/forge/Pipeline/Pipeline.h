@@ -37,6 +37,7 @@ struct PipelineOptions {
   bool fuseColumnSums = true;     // forge-fuse-column-sums (forgec --fuse-column-sums)
   std::string fp8Scaling = "current"; // ... its fp8 scaling (forgec --fp8-scaling)
   unsigned fp8History = 16;       // ... delayed scaling's amax history (forgec --fp8-history)
+  std::string fp8Gradients = "bf16"; // ... the backward's GEMMs (forgec --fp8-gradients)
   std::string layout = "nchw";    // forge-assign-layout (forgec --layout)
   int64_t lossChunkBytes = int64_t(1) << 30; // forge-chunk-cross-entropy (forgec --loss-chunk-bytes)
   std::string recompute = "none"; // forge-rematerialize (forgec --recompute)
