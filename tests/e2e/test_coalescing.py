@@ -31,10 +31,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # known gaps (issue #12 item 2 stays open while this is not empty), not exemptions from the
 # check. A kind not listed fails the test; a listed kind that no longer occurs fails too.
 KNOWN = {
-    # A materialized transpose reads one side strided (no shared-memory tile yet); the
-    # layout pass leaves one per conv net input and at layout-unaware consumers (weights and
-    # their gradients are stored channels-last: forge-permute-parameters).
-    "transpose": "one side strided: no shared-memory tile",
+    # A transpose that keeps the innermost dimension (fp32 attention's head splits, [B, T,
+    # H, D] -> [B, H, T, D]) reads runs of D elements (64 B at D = 16): a warp spans several
+    # runs. Transposes that move the innermost dimension (an image to channels-last, the
+    # float8 GEMMs' transposed copies) go through shared-memory tiles and are coalesced
+    # (lit generate-kernels-tiled).
+    "transpose": "head splits: runs of head_dim elements",
     # The eval routine's arg-max: a thread per row of [N, classes] walks its row.
     "argmax": "a thread per row",
     # Channels-first (NCHW) pools: adjacent outputs' windows are `stride` apart. Their

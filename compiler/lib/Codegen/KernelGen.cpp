@@ -108,9 +108,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
         !supportedElement(tensorType(v).getElementType()))
       return std::nullopt;
   auto float8 = [](Value v) { return isFloat8(tensorType(v).getElementType()); };
-  if (!isa<CastOp>(op) && (llvm::any_of(op->getOperands(), float8) ||
-                           llvm::any_of(op->getResults(), float8)))
-    return std::nullopt; // float8 values are only made and read by casts
+  // float8 values are only made and read by casts, and moved as bytes by a
+  // transpose (the transposed copy a float8 GEMM reads).
+  if (!isa<CastOp, TransposeOp>(op) && (llvm::any_of(op->getOperands(), float8) ||
+                                        llvm::any_of(op->getResults(), float8)))
+    return std::nullopt;
   // Ops with several results first; every other generator makes one result.
   if (isa<SplitOp>(op))
     return splitKernel(op, name);
@@ -181,6 +183,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     for (int64_t p : transpose.getPerm())
       m.strides.push_back(inStrides[p]);
     maps.push_back(m);
+    Type elem = tensorType(transpose.getResult()).getElementType();
+    if (isFloat8(elem)) // bytes moved as they are (no float8 arithmetic)
+      return pointwiseKernel(name, op->getLoc(), outShape, std::move(maps), {elem},
+                             {tensorType(transpose.getInput()).getNumElements()}, {elem},
+                             [](Body &, ArrayRef<Value> in) { return SmallVector<Value>{in[0]}; });
     return mapKernel(op, name, maps);
   }
   if (auto broadcast = dyn_cast<BroadcastOp>(op)) {

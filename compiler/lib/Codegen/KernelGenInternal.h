@@ -572,9 +572,38 @@ struct KernelGenerator::Impl {
     SmallVector<bool> scalar, identity; // per operand: one element; read at the output's index
     bool vector = false;
     int64_t width = kVector; // elements per vector (8 for 2-byte tensors)
-    int64_t work = 0;
+    int64_t work = 0;        // vectors, elements, or tiles when tiled
+    int64_t elements = 0;
     SmallVector<Type> inTypes, outTypes, outStorage;
+    /// Tiled (a transposing read): operands whose contiguous dimension is not
+    /// the output's innermost go through shared memory in tiles of
+    /// tileRows x tileCols (dimension tileDim x the innermost), so that both
+    /// their reads and the output's writes are coalesced. -1: not tiled.
+    int64_t tileDim = -1, tileRows = 0, tileCols = 0;
+    SmallVector<bool> transposed; // per operand
+    /// The plan without tiles (a horizontal region's member: no shared memory).
+    void untile() {
+      if (tileDim < 0)
+        return;
+      tileDim = -1;
+      work = elements;
+    }
+    /// Shared-memory buffers a tiled plan's kernel needs, one per transposed
+    /// operand, in operand order.
+    SmallVector<Type> workgroup(MLIRContext *ctx) const;
   };
+  static constexpr int64_t kTileThreads = 256; // a tiled pointwise kernel's block
+  void planTiles(PointwisePlan &p);
+  /// A pointwise plan's block size and grid.
+  std::pair<int64_t, int64_t> launchOf(const PointwisePlan &p) const {
+    if (p.tileDim >= 0)
+      return {kTileThreads, std::min(kMaxGrid, p.work)};
+    int64_t block = chooseBlockSize(target, p.work);
+    return {block, std::min(kMaxGrid, (p.work + block - 1) / block)};
+  }
+  bool emitTiledPointwise(Body &k, gpu::GPUFuncOp fn, const PointwisePlan &p,
+                          ArrayRef<unsigned> inArgs, ArrayRef<unsigned> outArgs,
+                          PointwiseBody body);
   std::optional<PointwisePlan> planPointwise(ArrayRef<int64_t> iterShape,
                                              SmallVector<OperandMap> maps,
                                              ArrayRef<Type> inElems, ArrayRef<int64_t> inSizes,

@@ -93,13 +93,178 @@ KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<Op
     p.outTypes.push_back(flatMemref(e, n, p.vector, p.width));
     p.outStorage.push_back(storageType(e));
   }
+  p.elements = n;
   p.work = p.vector ? n / p.width : n;
+  planTiles(p);
   return p;
+}
+
+/// A transposing read (an operand whose stride along the output's innermost
+/// dimension is neither 0 nor 1, but 1 along another dimension `d`) is
+/// strided however the threads walk the output; tiles of d x innermost
+/// through shared memory make both sides coalesced: a warp reads a tile's
+/// run along d, then writes a run along the innermost dimension. Tiles hold
+/// ~1024 elements: 32 wide (or the whole innermost dimension when narrower,
+/// e.g. an image's 3 channels, with as many more rows), so that a block of
+/// 256 threads moves 4 elements each per phase. Every transposed operand
+/// must share `d`; any other operand is read directly (its innermost stride
+/// 0 or 1, so coalesced as the writes are), else the plan stays untiled.
+void KernelGenerator::Impl::planTiles(PointwisePlan &p) {
+  const int64_t rank = static_cast<int64_t>(p.shape.size());
+  if (p.vector || rank < 2)
+    return;
+  const int64_t last = rank - 1;
+  int64_t dim = -1;
+  SmallVector<bool> transposed(p.maps.size(), false);
+  for (size_t m = 0; m < p.maps.size(); ++m) {
+    int64_t s = p.maps[m].strides[last];
+    if (p.scalar[m] || s == 0 || s == 1)
+      continue;
+    int64_t unit = -1;
+    for (int64_t d = 0; d < last; ++d)
+      if (p.maps[m].strides[d] == 1 && p.shape[d] > 1)
+        unit = d;
+    if (unit < 0 || (dim >= 0 && unit != dim))
+      return;
+    dim = unit;
+    transposed[m] = true;
+  }
+  if (dim < 0)
+    return;
+  const int64_t cols = std::min<int64_t>(32, p.shape[last]);
+  int64_t rows = std::max<int64_t>(32, (1024 / cols) / 32 * 32);
+  rows = std::min(rows, (p.shape[dim] + 31) / 32 * 32);
+  int64_t tiles = (p.shape[dim] + rows - 1) / rows * ((p.shape[last] + cols - 1) / cols);
+  for (int64_t d = 0; d < last; ++d)
+    if (d != dim)
+      tiles *= p.shape[d];
+  p.tileDim = dim;
+  p.tileRows = rows;
+  p.tileCols = cols;
+  p.transposed = std::move(transposed);
+  p.work = tiles;
+}
+
+SmallVector<Type> KernelGenerator::Impl::PointwisePlan::workgroup(MLIRContext *ctx) const {
+  SmallVector<Type> buffers;
+  if (tileDim < 0)
+    return buffers;
+  for (size_t m = 0; m < maps.size(); ++m)
+    if (transposed[m])
+      buffers.push_back(MemRefType::get(
+          {tileCols * (tileRows + 1)}, cast<MemRefType>(inTypes[m]).getElementType(), AffineMap{},
+          gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup)));
+  return buffers;
+}
+
+/// The tiled form of a pointwise kernel (planTiles): each block takes tiles
+/// in a grid-stride loop; per tile, the transposed operands' elements go to
+/// shared memory with consecutive threads along the tile's rows (their
+/// contiguous dimension), then each thread evaluates output elements with
+/// consecutive threads along the tile's columns (the output's innermost
+/// dimension), reading the staged elements transposed (rows padded by one
+/// element: no bank conflicts) and the other operands directly.
+bool KernelGenerator::Impl::emitTiledPointwise(Body &k, gpu::GPUFuncOp fn,
+                                               const PointwisePlan &p,
+                                               ArrayRef<unsigned> inArgs,
+                                               ArrayRef<unsigned> outArgs, PointwiseBody body) {
+  OpBuilder &b = k.b;
+  const int64_t rank = static_cast<int64_t>(p.shape.size()), last = rank - 1;
+  const int64_t dim = p.tileDim, rows = p.tileRows, cols = p.tileCols;
+  const int64_t rowTiles = (p.shape[dim] + rows - 1) / rows;
+  const int64_t colTiles = (p.shape[last] + cols - 1) / cols;
+  const int64_t elems = rows * cols, per = (elems + kTileThreads - 1) / kTileThreads;
+  SmallVector<Value> staged(p.maps.size());
+  unsigned w = 0;
+  for (size_t m = 0; m < p.maps.size(); ++m)
+    if (p.transposed[m])
+      staged[m] = fn.getWorkgroupAttributions()[w++];
+  Value tid = k.tid();
+  Value grid = b.create<gpu::GridDimOp>(k.loc, gpu::Dimension::x);
+  bool ok = true;
+  k.loop(k.bid(), k.idx(p.work), grid, [&](Value t) {
+    // The tile's position: column tile fastest, then row tile, then the
+    // other dimensions (the last of them fastest).
+    SmallVector<Value> at(rank);
+    Value rest = k.div(t, colTiles);
+    Value c0 = k.mul(k.rem(t, colTiles), k.idx(cols));
+    Value r0 = k.mul(k.rem(rest, rowTiles), k.idx(rows));
+    rest = k.div(rest, rowTiles);
+    for (int64_t d = last - 1; d >= 0; --d) {
+      if (d == dim)
+        continue;
+      at[d] = k.rem(rest, p.shape[d]);
+      rest = k.div(rest, p.shape[d]);
+    }
+    auto address = [&](ArrayRef<int64_t> strides, int64_t offset, Value r, Value c) {
+      Value a = k.idx(offset);
+      for (int64_t d = 0; d < rank; ++d)
+        if (strides[d] != 0)
+          a = k.add(a, k.mul(d == dim ? r : d == last ? c : at[d], k.idx(strides[d])));
+      return a;
+    };
+    // Element l of the tile, as (row, column) with rows or columns fastest;
+    // null condition when every such element is in range.
+    auto inRange = [&](Value l, Value r, Value c) {
+      Value cond;
+      auto both = [&](Value x) { cond = cond ? b.create<arith::AndIOp>(k.loc, cond, x) : x; };
+      if (elems % kTileThreads != 0)
+        both(k.ult(l, k.idx(elems)));
+      if (p.shape[dim] % rows != 0)
+        both(k.ult(r, k.idx(p.shape[dim])));
+      if (p.shape[last] % cols != 0)
+        both(k.ult(c, k.idx(p.shape[last])));
+      return cond;
+    };
+    for (size_t m = 0; m < p.maps.size(); ++m) {
+      if (!p.transposed[m])
+        continue;
+      for (int64_t j = 0; j < per; ++j) {
+        Value l = k.add(tid, k.idx(j * kTileThreads));
+        Value rl = k.rem(l, rows), cl = k.div(l, rows);
+        Value r = k.add(r0, rl), c = k.add(c0, cl);
+        k.ifThen(inRange(l, r, c), [&] {
+          Value v = b.create<memref::LoadOp>(k.loc, fn.getArgument(inArgs[m]),
+                                             address(p.maps[m].strides, p.maps[m].offset, r, c));
+          b.create<memref::StoreOp>(k.loc, v, staged[m],
+                                    k.add(k.mul(cl, k.idx(rows + 1)), rl));
+        });
+      }
+    }
+    b.create<gpu::BarrierOp>(k.loc);
+    for (int64_t j = 0; j < per && ok; ++j) {
+      Value l = k.add(tid, k.idx(j * kTileThreads));
+      Value cl = k.rem(l, cols), rl = k.div(l, cols);
+      Value r = k.add(r0, rl), c = k.add(c0, cl);
+      k.ifThen(inRange(l, r, c), [&] {
+        SmallVector<Value> in;
+        for (size_t m = 0; m < p.maps.size(); ++m) {
+          Value where = p.transposed[m] ? k.add(k.mul(cl, k.idx(rows + 1)), rl)
+                        : p.scalar[m]   ? k.idx(0)
+                                        : address(p.maps[m].strides, p.maps[m].offset, r, c);
+          in.push_back(b.create<memref::LoadOp>(
+              k.loc, p.transposed[m] ? staged[m] : fn.getArgument(inArgs[m]), where));
+        }
+        SmallVector<Value> out = body(k, in);
+        if (out.size() != p.outTypes.size()) {
+          ok = false;
+          return;
+        }
+        Value o = address(p.outStrides, 0, r, c);
+        for (size_t i = 0; i < out.size(); ++i)
+          b.create<memref::StoreOp>(k.loc, out[i], fn.getArgument(outArgs[i]), o);
+      });
+    }
+    b.create<gpu::BarrierOp>(k.loc); // the next tile overwrites the staged elements
+  });
+  return ok;
 }
 
 bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const PointwisePlan &p,
                                           ArrayRef<unsigned> inArgs, ArrayRef<unsigned> outArgs,
                                           Value blockIndex, int64_t blocks, PointwiseBody body) {
+  if (p.tileDim >= 0)
+    return emitTiledPointwise(k, fn, p, inArgs, outArgs, body);
   OpBuilder &b = k.b;
   size_t numIn = p.maps.size();
   bool ok = true;
@@ -195,10 +360,9 @@ KernelGenerator::Impl::pointwiseKernel(StringRef name, Location loc, ArrayRef<in
     return std::nullopt;
   SmallVector<Type> argTypes(p->inTypes);
   argTypes.append(p->outTypes.begin(), p->outTypes.end());
-  int64_t block = chooseBlockSize(target, p->work);
-  int64_t grid = std::min(kMaxGrid, (p->work + block - 1) / block);
+  auto [block, grid] = launchOf(*p);
   OpBuilder b(context);
-  auto fn = newKernel(b, name, argTypes, block);
+  auto fn = newKernel(b, name, argTypes, block, p->workgroup(context));
   Body k = Body::of(b, loc, fn);
   SmallVector<unsigned> inArgs, outArgs;
   for (unsigned m = 0; m < p->inTypes.size(); ++m)
@@ -450,10 +614,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::loopFusionKernel(FusionOp fus
     return std::nullopt;
   SmallVector<Type> argTypes(p->inTypes);
   argTypes.append(p->outTypes.begin(), p->outTypes.end());
-  int64_t block = chooseBlockSize(target, p->work);
-  int64_t grid = std::min(kMaxGrid, (p->work + block - 1) / block);
+  auto [block, grid] = launchOf(*p);
   OpBuilder b(context);
-  auto fn = newKernel(b, name, argTypes, block);
+  auto fn = newKernel(b, name, argTypes, block, p->workgroup(context));
   Body k = Body::of(b, fusion.getLoc(), fn);
   SmallVector<unsigned> inArgs, outArgs;
   for (unsigned m = 0; m < p->inTypes.size(); ++m)
@@ -484,6 +647,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::horizontalFusionKernel(Fusion
     std::optional<PointwisePlan> p = planLoop(member);
     if (!p)
       return std::nullopt;
+    p->untile(); // members share the block size and have no shared memory
     members.push_back(member);
     plans.push_back(std::move(*p));
   }

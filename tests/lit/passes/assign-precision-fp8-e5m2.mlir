@@ -8,9 +8,10 @@
 // exactly one forward tensor each (w's copy, x); the other operand, dy, is
 // the gradient:
 //  * dy gets an E5M2 copy scaled by 57344 / amax(dy) (its own multi_reduce
-//    right after it), and a transposed E5M2 copy with the same amax;
-//  * w and x get transposed E4M3 copies (a transpose, then the cast) with
-//    the amaxes the forward found (one amax per tensor);
+//    right after it);
+//  * the operands read transposed (w for dx; dy and x for dw) are
+//    transposes of their float8 copies (w's and x's are the forward's),
+//    with the same amaxes (one amax per tensor);
 //  * both are scaled_gemms in float8's one layout (lhs [M, K], rhs [N, K]),
 //    alpha = 1 / (57344 * 448).
 // Without the option (BF16) the backward keeps its bf16 gemms.
@@ -20,24 +21,29 @@
 // CHECK: %[[MAX4:.+]] = forge.constant dense<4.480000e+02> : tensor<f32>
 // CHECK: %[[MAX5:.+]] = forge.constant dense<5.734400e+04> : tensor<f32>
 // CHECK: %[[AMAX:.+]]:2 = forge.fusion "multi_reduce"(%[[X]], %[[WC]], %{{.+}})
-// CHECK: %[[WT:.+]] = forge.transpose %[[WC]] {perm = array<i64: 1, 0>} : (tensor<32x16xbf16>) -> tensor<16x32xbf16>
-// CHECK: %[[WTQ:.+]] = forge.fusion "loop"(%[[WT]], %[[AMAX]]#1, %[[MAX4]]) : {{.*}} -> tensor<16x32xf8E4M3FN>
-// CHECK: %[[XT:.+]] = forge.transpose %[[X]] {perm = array<i64: 1, 0>} : (tensor<32x16xbf16>) -> tensor<16x32xbf16>
-// CHECK: %[[XTQ:.+]] = forge.fusion "loop"(%[[XT]], %[[AMAX]]#0, %[[MAX4]]) : {{.*}} -> tensor<16x32xf8E4M3FN>
-// CHECK: forge.scaled_gemm {{.*}} -> tensor<32x32xf32>
+// CHECK: %[[WQ:.+]] = forge.fusion "loop"(%[[WC]], %[[AMAX]]#1, %[[MAX4]]) : {{.*}} -> tensor<32x16xf8E4M3FN>
+// CHECK: %[[WTQ:.+]] = forge.transpose %[[WQ]] {perm = array<i64: 1, 0>} : (tensor<32x16xf8E4M3FN>) -> tensor<16x32xf8E4M3FN>
+// CHECK: %[[XQ:.+]] = forge.fusion "loop"(%[[X]], %[[AMAX]]#0, %[[MAX4]]) : {{.*}} -> tensor<32x16xf8E4M3FN>
+// CHECK: %[[XTQ:.+]] = forge.transpose %[[XQ]] {perm = array<i64: 1, 0>} : (tensor<32x16xf8E4M3FN>) -> tensor<16x32xf8E4M3FN>
+// CHECK: forge.scaled_gemm %[[XQ]], %[[WQ]]
 // CHECK: %[[DY:.+]] = forge.mul {{.*}} -> tensor<32x32xbf16>
 // CHECK: %[[DYAMAX:.+]] = forge.fusion "multi_reduce"(%[[DY]], %{{.+}}) : (tensor<32x32xbf16>, tensor<f32>) -> tensor<f32>
 // CHECK: %[[DYQ:.+]] = forge.fusion "loop"(%[[DY]], %[[DYAMAX]], %[[MAX5]]) : {{.*}} -> tensor<32x32xf8E5M2>
 // CHECK: forge.mul
 // CHECK-NEXT: forge.div
 // CHECK-NEXT: forge.cast %{{.*}} {to = f8E5M2}
-// CHECK: %[[DYT:.+]] = forge.transpose %[[DY]] {perm = array<i64: 1, 0>}
-// CHECK: %[[DYTQ:.+]] = forge.fusion "loop"(%[[DYT]], %[[DYAMAX]], %[[MAX5]]) : {{.*}} -> tensor<32x32xf8E5M2>
+// CHECK: %[[DYTQ:.+]] = forge.transpose %[[DYQ]] {perm = array<i64: 1, 0>} : (tensor<32x32xf8E5M2>) -> tensor<32x32xf8E5M2>
 // CHECK: %[[DX:.+]] = forge.scaled_gemm %[[DYQ]], %[[WTQ]], %[[DYAMAX]], %[[AMAX]]#1 {alpha = 3.8925482302295915E-8 : f64, beta = 0.000000e+00 : f64, transA = false, transB = true} : (tensor<32x32xf8E5M2>, tensor<16x32xf8E4M3FN>, tensor<f32>, tensor<f32>) -> tensor<32x16xf32>
 // CHECK: %[[DW:.+]] = forge.scaled_gemm %[[DYTQ]], %[[XTQ]], %[[DYAMAX]], %[[AMAX]]#0 {alpha = 3.8925482302295915E-8 : f64, beta = 0.000000e+00 : f64, transA = false, transB = true} : (tensor<32x32xf8E5M2>, tensor<16x32xf8E4M3FN>, tensor<f32>, tensor<f32>) -> tensor<32x16xf32>
 // CHECK-NOT: forge.gemm
 // CHECK: return %[[DX]]
 // REMARK: 1 GEMM(s) run in float8 (E4M3) from 2 scaled copies, 2 gradient GEMM(s) read E5M2 (4 more copies)
+// A float8 transpose moves bytes: its kernel loads and stores them as they
+// are, through the shared-memory tiles of a transposing kernel.
+// RUN: forge-opt %s --split-input-file --forge-assign-precision="precision=fp8 fp8-gradients=e5m2" 2>/dev/null | forge-opt --split-input-file --forge-generate-kernels | FileCheck %s --check-prefix=KERNEL
+// KERNEL: gpu.func @{{k[0-9]+}}_transpose(%arg0: memref<512xi8>, %arg1: memref<512xi8>) workgroup(%[[T:.+]] : memref<1056xi8, #gpu.address_space<workgroup>>)
+// KERNEL: %[[B:.+]] = memref.load %arg0[%{{.+}}] : memref<512xi8>
+// KERNEL: memref.store %[[B]], %[[T]]
 // BF16-LABEL: func @train_step
 // BF16: forge.scaled_gemm
 // BF16: forge.gemm {{.*}} transA = false, transB = false
