@@ -37,8 +37,6 @@ KNOWN = {
     # float8 GEMMs' transposed copies) go through shared-memory tiles and are coalesced
     # (lit generate-kernels-tiled).
     "transpose": "head splits: runs of head_dim elements",
-    # The eval routine's arg-max: a thread per row of [N, classes] walks its row.
-    "argmax": "a thread per row",
     # Channels-first (NCHW) pools: adjacent outputs' windows are `stride` apart. Their
     # channels-last forms (--layout nhwc, auto on CUDA with tensor cores) are coalesced.
     "max_pool": "channels-first windows",

@@ -649,6 +649,8 @@ struct KernelGenerator::Impl {
                                                        int64_t rows, int64_t stride,
                                                        int64_t cols, StringRef reduction);
   std::optional<KernelLaunch> argmaxKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> argmaxRowsKernel(Operation *op, StringRef name, int64_t rows,
+                                               int64_t d, Type elem, bool last);
   std::optional<KernelLaunch> topKKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> concatKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> splitKernel(Operation *op, StringRef name);

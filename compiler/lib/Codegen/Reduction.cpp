@@ -494,7 +494,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::argmaxKernel(Operation *op, S
   int64_t axis = normalizedAxis(op, in.getRank());
   auto [p, d, q] = aroundAxis(in.getShape(), axis);
   bool last = op->getAttrOfType<BoolAttr>("select_last_index").getValue();
+  if (q == 1)
+    return argmaxRowsKernel(op, name, p, d, elem, last);
   // One thread per output; the first NaN wins (as the CPU kernel and NumPy).
+  // Outputs along a middle axis: consecutive threads read consecutive
+  // elements (q apart from the next output's run).
   return elementKernel(
       name, flatArgs(op), p * q, op->getLoc(), [&](Body &k, gpu::GPUFuncOp fn, Value o) {
         OpBuilder &b = k.b;
@@ -519,6 +523,90 @@ std::optional<KernelLaunch> KernelGenerator::Impl::argmaxKernel(Operation *op, S
         Value idx = b.create<arith::IndexCastOp>(k.loc, b.getI64Type(), loop.getResult(1));
         b.create<memref::StoreOp>(k.loc, idx, fn.getArgument(1), o);
       });
+}
+
+/// arg-max along the innermost axis: a warp per row (lane l scans elements l,
+/// l + 32, ... in order, so its reads and the warp's are contiguous), then the
+/// lanes' (value, index) pairs combine by shuffles in the order the CPU
+/// kernel's scan gives: the first NaN wins, else the larger value, equal
+/// values by the lower index (the higher with select_last_index). The
+/// combination is associative and commutative, so the butterfly order does
+/// not matter. Lane 0 stores the row's index.
+std::optional<KernelLaunch> KernelGenerator::Impl::argmaxRowsKernel(Operation *op, StringRef name,
+                                                                    int64_t rows, int64_t d,
+                                                                    Type elem, bool last) {
+  if (d >= (int64_t(1) << 31))
+    return std::nullopt; // indices travel as i32 in the shuffles
+  constexpr int64_t kRowsPerBlock = 8, block = kRowsPerBlock * kWarp;
+  int64_t grid = std::max<int64_t>(1, std::min(kMaxGrid, (rows + kRowsPerBlock - 1) / kRowsPerBlock));
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, flatArgs(op), block);
+  Body k = Body::of(b, op->getLoc(), fn);
+  Location loc = k.loc;
+  Type f32 = b.getF32Type(), i32 = b.getI32Type();
+  Value lane = k.rem(k.tid(), kWarp), warp = k.div(k.tid(), kWarp);
+  Value gridDim = b.create<gpu::GridDimOp>(loc, gpu::Dimension::x);
+  auto cmpf = [&](arith::CmpFPredicate pr, Value a, Value c) -> Value {
+    return b.create<arith::CmpFOp>(loc, pr, a, c);
+  };
+  auto cmpi = [&](arith::CmpIPredicate pr, Value a, Value c) -> Value {
+    return b.create<arith::CmpIOp>(loc, pr, a, c);
+  };
+  auto andi = [&](Value a, Value c) -> Value { return b.create<arith::AndIOp>(loc, a, c); };
+  auto ori = [&](Value a, Value c) -> Value { return b.create<arith::OrIOp>(loc, a, c); };
+  auto sel = [&](Value c, Value x, Value y) -> Value {
+    return b.create<arith::SelectOp>(loc, c, x, y);
+  };
+  Value dIdx = b.create<arith::ConstantIntOp>(loc, d, 32);
+  // Whether (v, i) beats (w, j): an empty pair (index d) never does.
+  auto beats = [&](Value v, Value i, Value w, Value j) -> Value {
+    Value valid = cmpi(arith::CmpIPredicate::slt, i, dIdx);
+    Value otherEmpty = cmpi(arith::CmpIPredicate::sge, j, dIdx);
+    Value vNan = cmpf(arith::CmpFPredicate::UNO, v, v), wNan = cmpf(arith::CmpFPredicate::UNO, w, w);
+    Value earlier = cmpi(last ? arith::CmpIPredicate::sgt : arith::CmpIPredicate::slt, i, j);
+    Value lower = cmpi(arith::CmpIPredicate::slt, i, j);
+    Value bothNan = andi(vNan, wNan);
+    Value noNan = andi(b.create<arith::XOrIOp>(loc, vNan, b.create<arith::ConstantIntOp>(loc, 1, 1)),
+                       b.create<arith::XOrIOp>(loc, wNan, b.create<arith::ConstantIntOp>(loc, 1, 1)));
+    Value byValue = ori(cmpf(arith::CmpFPredicate::OGT, v, w),
+                        andi(cmpf(arith::CmpFPredicate::OEQ, v, w), earlier));
+    Value wins = sel(bothNan, lower, sel(noNan, byValue, vNan));
+    return andi(valid, ori(otherEmpty, wins));
+  };
+  k.loop(k.add(k.mul(k.bid(), k.idx(kRowsPerBlock)), warp), k.idx(rows),
+         k.mul(gridDim, k.idx(kRowsPerBlock)), [&](Value row) {
+           Value base = k.mul(row, k.idx(d));
+           Value nan = k.fconst(f32, NAN);
+           // The lane's scan, in index order: empty (index d) until its first element.
+           auto scan = b.create<scf::ForOp>(
+               loc, lane, k.idx(d), k.idx(kWarp), ValueRange{nan, dIdx},
+               [&](OpBuilder &nb, Location l, Value j, ValueRange acc) {
+                 OpBuilder::InsertionGuard g(b);
+                 b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+                 Value v = k.load(fn.getArgument(0), k.add(base, j), elem);
+                 if (v.getType() != f32)
+                   v = b.create<arith::ExtFOp>(l, f32, v);
+                 Value ji = b.create<arith::IndexCastOp>(l, i32, j);
+                 Value take = beats(v, ji, acc[0], acc[1]);
+                 b.create<scf::YieldOp>(l, ValueRange{sel(take, v, acc[0]), sel(take, ji, acc[1])});
+               });
+           Value v = scan.getResult(0), i = scan.getResult(1);
+           for (int32_t offset = 16; offset >= 1; offset /= 2) {
+             Value ov = b.create<gpu::ShuffleOp>(loc, v, k.i32(offset), k.i32(kWarp),
+                                                 gpu::ShuffleMode::XOR).getShuffleResult();
+             Value oi = b.create<gpu::ShuffleOp>(loc, i, k.i32(offset), k.i32(kWarp),
+                                                 gpu::ShuffleMode::XOR).getShuffleResult();
+             Value take = beats(ov, oi, v, i);
+             v = sel(take, ov, v);
+             i = sel(take, oi, i);
+           }
+           k.ifThen(cmpi(arith::CmpIPredicate::eq, lane, k.idx(0)), [&] {
+             b.create<memref::StoreOp>(loc, b.create<arith::ExtSIOp>(loc, b.getI64Type(), i),
+                                       fn.getArgument(1), row);
+           });
+         });
+  b.create<gpu::ReturnOp>(loc);
+  return KernelLaunch{name.str(), grid, block};
 }
 
 /// top_k: one thread per input element; its rank in its line is the number of
