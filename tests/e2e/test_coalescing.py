@@ -44,10 +44,12 @@ KNOWN = {
     # fp32 regions: channels-first batch-norm regions walk a channel's plane; head-split
     # view regions of unfused attention read head_dim-element runs (64 B at head_dim 16).
     "fusion": "channels-first batch norms; head-split views",
-    # Means and sums over H and W of [N, H, W, C] with a small C (MobileNetV3's
-    # squeeze-excite pooling, channels-last): a warp reads runs of C elements per image.
-    "reduce_sum": "reductions over the middle axes with a small innermost kept axis",
-    "reduce_mean": "reductions over the middle axes with a small innermost kept axis",
+    # Channels-first sums over N, H and W of [N, C, H, W] (fp32 conv nets' bias and
+    # batch-norm gradients; a small channels-first stretch of MobileNetV3 in bf16): a warp
+    # reads a channel's plane in runs of H * W elements. Channels-last pooling with C not a
+    # multiple of 32 (MobileNetV3's squeeze-excite) reads 32 consecutive elements a warp
+    # (lit generate-kernels-pooling).
+    "reduce_sum": "channels-first reductions: runs of H * W elements",
     # A broadcast multiply of MobileNetV3's squeeze-excite scale in TF32 NHWC.
     "mul": "a loose broadcast multiply reading [N, 1, 1, C] per [N, H, W, C] element",
 }

@@ -113,9 +113,23 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
                                                            elem.isF16())
                             ? kVector
                             : 1;
+  // Channels-last pooling ([N, H, W, C] over H and W) with C not a multiple
+  // of 32: 32 consecutive outputs would straddle images (runs of C elements
+  // a warp). Instead a warp takes `cw` channels of one image (cw = C when it
+  // divides 32, else 32, C in chunks of 32) and 32 / cw rows of them per
+  // load: 32 consecutive elements. The innermost kept group must be the
+  // contiguous one and the reduced rows directly outside it.
+  const int64_t channels = kept.sizes.empty() ? 0 : kept.sizes.back();
+  const bool chunked = !rowLayout && lanes == 1 && kept.sizes.size() >= 2 &&
+                       kept.strides.back() == 1 && !reduced.sizes.empty() &&
+                       reduced.strides.back() == channels && channels % kWarp != 0;
+  const int64_t cw = chunked && kWarp % channels == 0 ? channels : kWarp;
+  const int64_t chunks = chunked ? (channels + cw - 1) / cw : 0;
   Type smem = sharedBuffer(rowLayout ? kWarp : 256 * lanes, accType);
   int64_t block = rowLayout ? chooseBlockSize(target, count, 32, kWarp * 4) : 256;
-  int64_t outBlocks = rowLayout ? outputs : (outputs + kWarp * lanes - 1) / (kWarp * lanes);
+  int64_t outBlocks = rowLayout  ? outputs
+                      : chunked ? outputs / channels * chunks
+                                : (outputs + kWarp * lanes - 1) / (kWarp * lanes);
   if (outBlocks > (int64_t(1) << 31) - 1)
     return std::nullopt;
   // Too few output blocks to fill the GPU: split the reduced range over more
@@ -160,7 +174,42 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
                                                            k.idx(count)))
                           : k.idx(count);
 
-  if (rowLayout) {
+  if (chunked) {
+    // Output block: (image n, chunk of cw channels); lane l: channel
+    // chunk * cw + l % cw of row group l / cw; warps take row groups in turn.
+    const int64_t groups = kWarp / cw, warps = block / kWarp;
+    DimGroup outer = kept;
+    outer.sizes.pop_back();
+    outer.strides.pop_back();
+    Value t = k.tid();
+    Value lane = k.rem(t, kWarp), warp = k.div(t, kWarp);
+    Value n = k.div(outBlock, chunks);
+    Value c = k.add(k.mul(k.rem(outBlock, chunks), k.idx(cw)), k.rem(lane, cw));
+    Value valid = channels % cw != 0 ? k.ult(c, k.idx(channels)) : Value();
+    Value base = k.add(outer.offset(k, n), c);
+    Value acc = k.loopAcc(k.add(rBegin, k.add(k.mul(warp, k.idx(groups)), k.div(lane, cw))),
+                          rEnd, k.idx(warps * groups), identity, [&](Value r, Value a) {
+                            return k.valueIf(valid, [&] { return combine(a, element(base, r)); },
+                                             a);
+                          });
+    // Lanes of one channel (cw, 2 cw, ... apart), then the warps.
+    for (int64_t offset = cw; offset < kWarp; offset *= 2)
+      acc = combine(acc, b.create<gpu::ShuffleOp>(k.loc, acc, k.i32(offset), k.i32(kWarp),
+                                                  gpu::ShuffleMode::XOR)
+                             .getShuffleResult());
+    k.ifThen(k.ult(lane, k.idx(cw)),
+             [&] { b.create<memref::StoreOp>(k.loc, acc, sh, k.add(k.mul(warp, k.idx(cw)), lane)); });
+    b.create<gpu::BarrierOp>(k.loc);
+    Value mine = k.ult(t, k.idx(cw));
+    if (valid)
+      mine = b.create<arith::AndIOp>(k.loc, mine, valid);
+    k.ifThen(mine, [&] {
+      Value total = b.create<memref::LoadOp>(k.loc, sh, t);
+      for (int64_t w = 1; w < warps; ++w)
+        total = combine(total, b.create<memref::LoadOp>(k.loc, sh, k.add(t, k.idx(w * cw))));
+      finish(total, k.add(k.mul(n, k.idx(channels)), c));
+    });
+  } else if (rowLayout) {
     Value o = outBlock;
     Value base = kept.offset(k, o);
     Value acc = k.loopAcc(k.add(rBegin, k.tid()), rEnd, k.idx(block), identity,

@@ -1,0 +1,34 @@
+// RUN: forge-opt %s --split-input-file --forge-generate-kernels 2>&1 | FileCheck %s
+// RUN: forge-opt %s --split-input-file --forge-generate-kernels | forge-opt --split-input-file --forge-check-coalescing=report -o /dev/null 2>&1 | FileCheck %s --check-prefix=COALESCED
+
+// Channels-last pooling over H and W with C = 8 (not a multiple of 32): a
+// warp takes the image's 8 channels in 4 row groups (32 consecutive
+// elements per load), lanes of one channel combine by shuffles 8 and 16
+// apart, then the 8 warps through shared memory. One block per image, and
+// (few images) the rows split over more blocks added atomically.
+// CHECK-LABEL: func.func @mean_c8
+// CHECK: forge.reduce_mean %arg0 {axes = array<i64: 1, 2>, forge.launch = {block = 256 : i64, grid = {{[0-9]+}} : i64, kernel = "k0_reduce_mean", zero_outputs}
+// CHECK: gpu.func @k0_reduce_mean
+// CHECK-COUNT-2: gpu.shuffle xor
+// CHECK-NOT: gpu.shuffle
+// CHECK: gpu.barrier
+// CHECK: memref.atomic_rmw addf
+// COALESCED: kernel k0_reduce_mean: 2 coalesced, 0 broadcast, 0 data-dependent, 0 strided
+func.func @mean_c8(%x: tensor<4x16x16x8xf32>) -> tensor<4x1x1x8xf32> {
+  %m = forge.reduce_mean %x {axes = array<i64: 1, 2>, keepdims = true} : (tensor<4x16x16x8xf32>) -> tensor<4x1x1x8xf32>
+  return %m : tensor<4x1x1x8xf32>
+}
+
+// -----
+
+// C = 48: chunks of 32 channels (lanes past the 48th idle), one row a
+// warp's load, no shuffles; bf16 read, f32 sums.
+// CHECK-LABEL: func.func @sum_c48
+// CHECK: gpu.func @k0_reduce_sum(%arg0: memref<3072xbf16>, %arg1: memref<192xf32>)
+// CHECK-NOT: gpu.shuffle
+// CHECK: gpu.barrier
+// COALESCED: kernel k0_reduce_sum: 2 coalesced, 0 broadcast, 0 data-dependent, 0 strided
+func.func @sum_c48(%x: tensor<4x4x4x48xbf16>) -> tensor<4x1x1x48xf32> {
+  %s = forge.reduce_sum %x {axes = array<i64: 1, 2>, keepdims = true} : (tensor<4x4x4x48xbf16>) -> tensor<4x1x1x48xf32>
+  return %s : tensor<4x1x1x48xf32>
+}
