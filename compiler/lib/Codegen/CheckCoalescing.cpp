@@ -4,6 +4,10 @@
 // atomic's index for the threads of a warp and checks that the indices form
 // one contiguous range.
 //
+// Coalesced means the warp's indices are one contiguous range, or two
+// ascending runs with one drop to the lowest index (a broadcast row read
+// across its end: the cost of a misaligned contiguous access).
+//
 // Invariants the evaluation relies on, all true of forge-generate-kernels'
 // output: kernels are 1-d (thread id x, block id x), global memrefs are 1-d
 // (a flat tensor, elements or 16-byte vectors), and indices are arith
@@ -210,6 +214,24 @@ struct CheckCoalescingPass
           return;
         }
         if (hi - lo + 1 == static_cast<int64_t>(distinct.size())) {
+          ++coalesced;
+          return;
+        }
+        // A broadcast row read across the row's end: consecutive threads at
+        // consecutive elements, once wrapping back to the row's start (a
+        // [N, 1, 1, C] scale read per [N, H, W, C] element, C not a
+        // multiple of the warp): two runs, each contiguous, as a misaligned
+        // contiguous access costs.
+        int wraps = 0;
+        bool steps = true;
+        for (size_t t = 1; t < at.size() && steps; ++t) {
+          int64_t d = *at[t] - *at[t - 1];
+          if (d < 0 && *at[t] == lo)
+            ++wraps;
+          else
+            steps = d == 1;
+        }
+        if (steps && wraps == 1) {
           ++coalesced;
           return;
         }

@@ -55,3 +55,37 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// A broadcast row of 24 elements read per output element ((b * 32 + t) % 24):
+// block 1's warp reads 8..23 then wraps to 0..15, two ascending runs (one
+// drop back to the lowest): coalesced, as a misaligned contiguous access.
+// Rows of 24 at a stride of 30 (a padded 2-d walk) leave a gap between the
+// runs: strided.
+module attributes {gpu.container_module} {
+  gpu.module @kernels {
+    // expected-remark @below {{kernel wrap: 3 coalesced, 0 broadcast, 0 data-dependent, 1 strided}}
+    gpu.func @wrap(%a: memref<1024xf32>, %row: memref<24xf32>, %padded: memref<1024xf32>, %b: memref<1024xf32>) kernel attributes {known_block_size = array<i32: 32, 1, 1>} {
+      %bid = gpu.block_id x
+      %tid = gpu.thread_id x
+      %c24 = arith.constant 24 : index
+      %c30 = arith.constant 30 : index
+      %c32 = arith.constant 32 : index
+      %0 = arith.muli %bid, %c32 : index
+      %i = arith.addi %0, %tid : index
+      %x = memref.load %a[%i] : memref<1024xf32>
+      %j = arith.remui %i, %c24 : index
+      %s = memref.load %row[%j] : memref<24xf32>
+      %r = arith.divui %i, %c24 : index
+      %rs = arith.muli %r, %c30 : index
+      %k = arith.addi %rs, %j : index
+      // expected-error @below {{kernel wrap: memref.load on a global memref is not coalesced: index strides between adjacent threads 1, 1, 1, 1, 1, 1, 1, 1, ...}}
+      %u = memref.load %padded[%k] : memref<1024xf32>
+      %y = arith.mulf %x, %s : f32
+      %z = arith.mulf %y, %u : f32
+      memref.store %z, %b[%i] : memref<1024xf32>
+      gpu.return
+    }
+  }
+}

@@ -55,7 +55,9 @@ def CheckCoalescing : Pass<"forge-check-coalescing", "::mlir::ModuleOp"> {
     0..31 of block 1; every loop's induction variable at its first value).
     An access is coalesced when the warp's indices form one contiguous range
     (consecutive threads at consecutive elements, 16-byte vectors when the
-    memref holds vectors; a broadcast; a per-column vector read cyclically).
+    memref holds vectors; a broadcast; a per-column vector read cyclically),
+    or two ascending runs with one drop to the lowest index (a broadcast row
+    read across its end, as a misaligned contiguous access costs).
     An index read from memory (a gather or scatter) is data-dependent and
     counted as such. Each other access is an error naming the kernel, the op
     and the strides between adjacent threads; with `report`, every kernel
