@@ -32,19 +32,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # known gaps (issue #12 item 2 stays open while this is not empty), not exemptions from the
 # check. A kind not listed fails the test; a listed kind that no longer occurs fails too.
 KNOWN = {
-    # A transpose that keeps the innermost dimension (fp32 attention's head splits, [B, T,
-    # H, D] -> [B, H, T, D]) reads runs of D elements (64 B at D = 16): a warp spans several
-    # runs. Transposes that move the innermost dimension (an image to channels-last, the
-    # float8 GEMMs' transposed copies) go through shared-memory tiles and are coalesced
-    # (lit generate-kernels-tiled).
-    "transpose": "head splits: runs of head_dim elements",
     # Channels-first (NCHW) pools: adjacent outputs' windows are `stride` apart. Their
     # channels-last forms (--layout nhwc, auto on CUDA with tensor cores) are coalesced.
     "max_pool": "channels-first windows",
     "max_pool_grad": "channels-first windows",
-    # fp32 regions: channels-first batch-norm regions walk a channel's plane; head-split
-    # view regions of unfused attention read head_dim-element runs (64 B at head_dim 16).
-    "fusion": "channels-first batch norms; head-split views",
+    # fp32 regions: channels-first batch-norm regions walk a channel's plane. (Transposes,
+    # head splits included, go through shared-memory tiles: lit generate-kernels-tiled.)
+    "fusion": "channels-first batch norms",
     # Channels-first sums over N, H and W of [N, C, H, W] (fp32 conv nets' bias and
     # batch-norm gradients; a small channels-first stretch of MobileNetV3 in bf16): a warp
     # reads a channel's plane in runs of H * W elements. Channels-last pooling with C not a

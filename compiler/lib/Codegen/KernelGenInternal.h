@@ -575,11 +575,12 @@ struct KernelGenerator::Impl {
     int64_t work = 0;        // vectors, elements, or tiles when tiled
     int64_t elements = 0;
     SmallVector<Type> inTypes, outTypes, outStorage;
-    /// Tiled (a transposing read): operands whose contiguous dimension is not
-    /// the output's innermost go through shared memory in tiles of
-    /// tileRows x tileCols (dimension tileDim x the innermost), so that both
-    /// their reads and the output's writes are coalesced. -1: not tiled.
-    int64_t tileDim = -1, tileRows = 0, tileCols = 0;
+    /// Tiled (a transposing read): operands whose contiguous dimension (or
+    /// run of tileRun elements) continues along tileDim rather than the
+    /// output's go through shared memory in tiles of tileRows x tileCols
+    /// (dimension tileDim x tileColDim, x the run), so that both their reads
+    /// and the output's writes are coalesced. -1: not tiled.
+    int64_t tileDim = -1, tileColDim = -1, tileRun = 1, tileRows = 0, tileCols = 0, tiles = 0;
     SmallVector<bool> transposed; // per operand
     /// The plan without tiles (a horizontal region's member: no shared memory).
     void untile() {

@@ -16,6 +16,8 @@
 #include "KernelGenInternal.h"
 #include "forge/runtime/Philox.h"
 
+#include <numeric>
+
 /// Merges adjacent output dimensions that every operand walks contiguously and
 /// drops size-1 dimensions (in place).
 void kernelgen::coalesce(SmallVector<int64_t> &shape, SmallVector<OperandMap> &maps) {
@@ -84,8 +86,9 @@ KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<Op
   bool narrow = llvm::any_of(outElems, [&](Type e) { return bytes(e) <= 2; });
   for (size_t m = 0; m < p.maps.size(); ++m)
     narrow |= !p.scalar[m] && bytes(inElems[m]) <= 2;
+  planTiles(p);
   p.width = narrow && vectorizes(2 * kVector) ? 2 * kVector : kVector;
-  p.vector = vectorizes(p.width);
+  p.vector = p.tileDim < 0 && vectorizes(p.width);
   for (size_t m = 0; m < p.maps.size(); ++m)
     p.inTypes.push_back(
         flatMemref(inElems[m], inSizes[m], p.vector && !p.scalar[m], p.width));
@@ -94,55 +97,91 @@ KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<Op
     p.outStorage.push_back(storageType(e));
   }
   p.elements = n;
-  p.work = p.vector ? n / p.width : n;
-  planTiles(p);
+  p.work = p.tileDim >= 0 ? p.tiles : p.vector ? n / p.width : n;
   return p;
 }
 
-/// A transposing read (an operand whose stride along the output's innermost
-/// dimension is neither 0 nor 1, but 1 along another dimension `d`) is
-/// strided however the threads walk the output; tiles of d x innermost
-/// through shared memory make both sides coalesced: a warp reads a tile's
-/// run along d, then writes a run along the innermost dimension. Tiles hold
-/// ~1024 elements: 32 wide (or the whole innermost dimension when narrower,
-/// e.g. an image's 3 channels, with as many more rows), so that a block of
-/// 256 threads moves 4 elements each per phase. Every transposed operand
-/// must share `d`; any other operand is read directly (its innermost stride
-/// 0 or 1, so coalesced as the writes are), else the plan stays untiled.
+/// A transposing read is strided however the threads walk the output: an
+/// operand whose stride along the output's innermost dimension is neither 0
+/// nor 1 but 1 along another dimension d (a transpose moving the innermost
+/// dimension), or whose innermost run of `run` < 32 elements continues along
+/// another dimension d rather than the next output one (a head split [B, T,
+/// H, D] -> [B, H, T, D]: runs of D). Tiles of d x the output's column
+/// dimension (the innermost, or the one outside the run) through shared
+/// memory make both sides coalesced: a warp reads along d (and the run),
+/// then writes along the columns (and the run). Tiles hold ~1024 elements:
+/// 32 x 32 (as wide as a narrow innermost dimension, e.g. an image's 3
+/// channels, with more rows), or with runs, square counts of runs whose
+/// rows and columns are whole multiples of 32 elements. Every transposed
+/// operand must share the form; the others are read directly (coalesced as
+/// the writes are), else the plan stays untiled.
 void KernelGenerator::Impl::planTiles(PointwisePlan &p) {
   const int64_t rank = static_cast<int64_t>(p.shape.size());
-  if (p.vector || rank < 2)
+  if (rank < 2)
     return;
   const int64_t last = rank - 1;
-  int64_t dim = -1;
+  int64_t dim = -1, cols = -1, run = 0;
   SmallVector<bool> transposed(p.maps.size(), false);
   for (size_t m = 0; m < p.maps.size(); ++m) {
-    int64_t s = p.maps[m].strides[last];
-    if (p.scalar[m] || s == 0 || s == 1)
+    if (p.scalar[m])
       continue;
-    int64_t unit = -1;
-    for (int64_t d = 0; d < last; ++d)
-      if (p.maps[m].strides[d] == 1 && p.shape[d] > 1)
-        unit = d;
-    if (unit < 0 || (dim >= 0 && unit != dim))
+    ArrayRef<int64_t> st = p.maps[m].strides;
+    int64_t d = -1, c = -1, r = 0;
+    if (st[last] != 0 && st[last] != 1) { // the innermost dimension moves
+      for (int64_t e = 0; e < last; ++e)
+        if (st[e] == 1 && p.shape[e] > 1)
+          d = e;
+      c = last;
+      r = 1;
+      if (d < 0)
+        return;
+    } else if (st[last] == 1 && p.shape[last] < kWarp && rank >= 3 &&
+               st[last - 1] != p.shape[last] && st[last - 1] != 0) { // runs
+      for (int64_t e = 0; e < last - 1; ++e)
+        if (st[e] == p.shape[last] && p.shape[e] > 1)
+          d = e;
+      c = last - 1;
+      r = p.shape[last];
+      if (d < 0)
+        continue; // strided otherwise, but not a transposed run: as before
+    } else {
+      continue;
+    }
+    if (dim >= 0 && (d != dim || c != cols || r != run))
       return;
-    dim = unit;
+    dim = d;
+    cols = c;
+    run = r;
     transposed[m] = true;
   }
   if (dim < 0)
     return;
-  const int64_t cols = std::min<int64_t>(32, p.shape[last]);
-  int64_t rows = std::max<int64_t>(32, (1024 / cols) / 32 * 32);
-  rows = std::min(rows, (p.shape[dim] + 31) / 32 * 32);
-  int64_t tiles = (p.shape[dim] + rows - 1) / rows * ((p.shape[last] + cols - 1) / cols);
-  for (int64_t d = 0; d < last; ++d)
-    if (d != dim)
+  int64_t tileRows, tileCols;
+  if (run == 1) {
+    tileCols = std::min<int64_t>(32, p.shape[last]);
+    tileRows = std::max<int64_t>(32, (1024 / tileCols) / 32 * 32);
+    tileRows = std::min(tileRows, (p.shape[dim] + 31) / 32 * 32);
+  } else {
+    // base runs make a multiple of 32 elements; as many bases as fit 1024.
+    int64_t base = kWarp / std::gcd(run, kWarp), k = 1;
+    while ((k + 1) * (k + 1) * base * base * run <= 1024)
+      ++k;
+    auto fit = [&](int64_t size) { return std::min(k * base, (size + base - 1) / base * base); };
+    tileRows = fit(p.shape[dim]);
+    tileCols = fit(p.shape[cols]);
+  }
+  int64_t tiles = (p.shape[dim] + tileRows - 1) / tileRows *
+                  ((p.shape[cols] + tileCols - 1) / tileCols);
+  for (int64_t d = 0; d < rank; ++d)
+    if (d != dim && d != cols && !(run > 1 && d == last))
       tiles *= p.shape[d];
   p.tileDim = dim;
-  p.tileRows = rows;
-  p.tileCols = cols;
+  p.tileColDim = cols;
+  p.tileRun = run;
+  p.tileRows = tileRows;
+  p.tileCols = tileCols;
   p.transposed = std::move(transposed);
-  p.work = tiles;
+  p.tiles = tiles;
 }
 
 SmallVector<Type> KernelGenerator::Impl::PointwisePlan::workgroup(MLIRContext *ctx) const {
@@ -152,7 +191,8 @@ SmallVector<Type> KernelGenerator::Impl::PointwisePlan::workgroup(MLIRContext *c
   for (size_t m = 0; m < maps.size(); ++m)
     if (transposed[m])
       buffers.push_back(MemRefType::get(
-          {tileCols * (tileRows + 1)}, cast<MemRefType>(inTypes[m]).getElementType(), AffineMap{},
+          {tileCols * (tileRows * tileRun + 1)}, cast<MemRefType>(inTypes[m]).getElementType(),
+          AffineMap{},
           gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup)));
   return buffers;
 }
@@ -170,15 +210,18 @@ bool KernelGenerator::Impl::emitTiledPointwise(Body &k, gpu::GPUFuncOp fn,
                                                ArrayRef<unsigned> outArgs, PointwiseBody body) {
   OpBuilder &b = k.b;
   const int64_t rank = static_cast<int64_t>(p.shape.size()), last = rank - 1;
-  const int64_t dim = p.tileDim, rows = p.tileRows, cols = p.tileCols;
+  const int64_t dim = p.tileDim, colDim = p.tileColDim, run = p.tileRun;
+  const int64_t rows = p.tileRows, cols = p.tileCols;
   const int64_t rowTiles = (p.shape[dim] + rows - 1) / rows;
-  const int64_t colTiles = (p.shape[last] + cols - 1) / cols;
-  const int64_t elems = rows * cols, per = (elems + kTileThreads - 1) / kTileThreads;
+  const int64_t colTiles = (p.shape[colDim] + cols - 1) / cols;
+  const int64_t elems = rows * cols * run, per = (elems + kTileThreads - 1) / kTileThreads;
+  const int64_t colStride = rows * run + 1; // staged: [cols][rows][run], columns padded
   SmallVector<Value> staged(p.maps.size());
   unsigned w = 0;
   for (size_t m = 0; m < p.maps.size(); ++m)
     if (p.transposed[m])
       staged[m] = fn.getWorkgroupAttributions()[w++];
+  auto inTile = [&](int64_t d) { return d == dim || d == colDim || (run > 1 && d == last); };
   Value tid = k.tid();
   Value grid = b.create<gpu::GridDimOp>(k.loc, gpu::Dimension::x);
   bool ok = true;
@@ -190,21 +233,28 @@ bool KernelGenerator::Impl::emitTiledPointwise(Body &k, gpu::GPUFuncOp fn,
     Value c0 = k.mul(k.rem(t, colTiles), k.idx(cols));
     Value r0 = k.mul(k.rem(rest, rowTiles), k.idx(rows));
     rest = k.div(rest, rowTiles);
-    for (int64_t d = last - 1; d >= 0; --d) {
-      if (d == dim)
+    for (int64_t d = last; d >= 0; --d) {
+      if (inTile(d))
         continue;
       at[d] = k.rem(rest, p.shape[d]);
       rest = k.div(rest, p.shape[d]);
     }
-    auto address = [&](ArrayRef<int64_t> strides, int64_t offset, Value r, Value c) {
+    auto address = [&](ArrayRef<int64_t> strides, int64_t offset, Value r, Value c, Value u) {
       Value a = k.idx(offset);
       for (int64_t d = 0; d < rank; ++d)
         if (strides[d] != 0)
-          a = k.add(a, k.mul(d == dim ? r : d == last ? c : at[d], k.idx(strides[d])));
+          a = k.add(a, k.mul(d == dim      ? r
+                             : d == colDim ? c
+                             : inTile(d)   ? u
+                                           : at[d],
+                             k.idx(strides[d])));
       return a;
     };
-    // Element l of the tile, as (row, column) with rows or columns fastest;
-    // null condition when every such element is in range.
+    auto slot = [&](Value cl, Value rl, Value u) {
+      Value s = k.add(k.mul(cl, k.idx(colStride)), k.mul(rl, k.idx(run)));
+      return run > 1 ? k.add(s, u) : s;
+    };
+    // Element l of the tile in range (null: every element is).
     auto inRange = [&](Value l, Value r, Value c) {
       Value cond;
       auto both = [&](Value x) { cond = cond ? b.create<arith::AndIOp>(k.loc, cond, x) : x; };
@@ -212,36 +262,40 @@ bool KernelGenerator::Impl::emitTiledPointwise(Body &k, gpu::GPUFuncOp fn,
         both(k.ult(l, k.idx(elems)));
       if (p.shape[dim] % rows != 0)
         both(k.ult(r, k.idx(p.shape[dim])));
-      if (p.shape[last] % cols != 0)
-        both(k.ult(c, k.idx(p.shape[last])));
+      if (p.shape[colDim] % cols != 0)
+        both(k.ult(c, k.idx(p.shape[colDim])));
       return cond;
     };
+    // Staging: the run fastest, then rows (the operands' contiguous order).
     for (size_t m = 0; m < p.maps.size(); ++m) {
       if (!p.transposed[m])
         continue;
       for (int64_t j = 0; j < per; ++j) {
         Value l = k.add(tid, k.idx(j * kTileThreads));
-        Value rl = k.rem(l, rows), cl = k.div(l, rows);
+        Value u = k.rem(l, run), lr = k.div(l, run);
+        Value rl = k.rem(lr, rows), cl = k.div(lr, rows);
         Value r = k.add(r0, rl), c = k.add(c0, cl);
         k.ifThen(inRange(l, r, c), [&] {
-          Value v = b.create<memref::LoadOp>(k.loc, fn.getArgument(inArgs[m]),
-                                             address(p.maps[m].strides, p.maps[m].offset, r, c));
-          b.create<memref::StoreOp>(k.loc, v, staged[m],
-                                    k.add(k.mul(cl, k.idx(rows + 1)), rl));
+          Value v = b.create<memref::LoadOp>(
+              k.loc, fn.getArgument(inArgs[m]),
+              address(p.maps[m].strides, p.maps[m].offset, r, c, u));
+          b.create<memref::StoreOp>(k.loc, v, staged[m], slot(cl, rl, u));
         });
       }
     }
     b.create<gpu::BarrierOp>(k.loc);
+    // Output: the run fastest, then columns (the output's order).
     for (int64_t j = 0; j < per && ok; ++j) {
       Value l = k.add(tid, k.idx(j * kTileThreads));
-      Value cl = k.rem(l, cols), rl = k.div(l, cols);
+      Value u = k.rem(l, run), lc = k.div(l, run);
+      Value cl = k.rem(lc, cols), rl = k.div(lc, cols);
       Value r = k.add(r0, rl), c = k.add(c0, cl);
       k.ifThen(inRange(l, r, c), [&] {
         SmallVector<Value> in;
         for (size_t m = 0; m < p.maps.size(); ++m) {
-          Value where = p.transposed[m] ? k.add(k.mul(cl, k.idx(rows + 1)), rl)
+          Value where = p.transposed[m] ? slot(cl, rl, u)
                         : p.scalar[m]   ? k.idx(0)
-                                        : address(p.maps[m].strides, p.maps[m].offset, r, c);
+                                        : address(p.maps[m].strides, p.maps[m].offset, r, c, u);
           in.push_back(b.create<memref::LoadOp>(
               k.loc, p.transposed[m] ? staged[m] : fn.getArgument(inArgs[m]), where));
         }
@@ -250,7 +304,7 @@ bool KernelGenerator::Impl::emitTiledPointwise(Body &k, gpu::GPUFuncOp fn,
           ok = false;
           return;
         }
-        Value o = address(p.outStrides, 0, r, c);
+        Value o = address(p.outStrides, 0, r, c, u);
         for (size_t i = 0; i < out.size(); ++i)
           b.create<memref::StoreOp>(k.loc, out[i], fn.getArgument(outArgs[i]), o);
       });

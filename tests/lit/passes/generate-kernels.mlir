@@ -139,15 +139,17 @@ func.func @norms(%g: tensor<40x1024xf32>, %h: tensor<5xf32>) -> (tensor<f32>, te
 // -----
 
 // A view region is one strided copy: the head split of columns 8..16 of
-// [2, 4, 24] reads element (b, h, t, d) at 8 + 96 b + 4 h + 24 t + d, four at
-// a time (every stride but the last and the offset divide by 4). A view whose
-// reshape merges dims that are not contiguous has no strided form: its ops
-// are placed one by one.
+// [2, 4, 24] reads element (b, h, t, d) at 8 + 96 b + 4 h + 24 t + d. Its
+// runs of 4 continue along h in the input and along t in the output, so it
+// runs in shared-memory tiles (generate-kernels-tiled): runs of 4 in tiles of
+// 8 x 8, rows padded (8 * (8 * 4 + 1) = 264 staged elements), one tile per
+// image. A view whose reshape merges dims that are not contiguous has no
+// strided form: its ops are placed one by one.
 // CHECK-LABEL: func @views
-// CHECK: forge.fusion "loop"(%arg0) {forge.launch = {block = 32 : i64, grid = 1 : i64, kernel = "k0_fusion"}}
+// CHECK: forge.fusion "loop"(%arg0) {forge.launch = {block = 256 : i64, grid = 2 : i64, kernel = "k0_fusion"}}
 // CHECK: forge.slice %arg1 {{.*}}forge.launch
 // CHECK: forge.reshape {{.*}}forge.placement = "copy"
-// CHECK: gpu.func @k0_fusion(%arg0: memref<48xvector<4xf32>>, %arg1: memref<16xvector<4xf32>>)
+// CHECK: gpu.func @k0_fusion(%arg0: memref<192xf32>, %arg1: memref<64xf32>) workgroup(%{{.+}} : memref<264xf32, #gpu.address_space<workgroup>>)
 // CHECK-DAG: arith.constant 96 : index
 // CHECK-DAG: arith.constant 24 : index
 // CHECK-DAG: arith.constant 8 : index
