@@ -39,12 +39,6 @@ KNOWN = {
     # fp32 regions: channels-first batch-norm regions walk a channel's plane. (Transposes,
     # head splits included, go through shared-memory tiles: lit generate-kernels-tiled.)
     "fusion": "channels-first batch norms",
-    # Channels-first sums over N, H and W of [N, C, H, W] (fp32 conv nets' bias and
-    # batch-norm gradients; a small channels-first stretch of MobileNetV3 in bf16): a warp
-    # reads a channel's plane in runs of H * W elements. Channels-last pooling with C not a
-    # multiple of 32 (MobileNetV3's squeeze-excite) reads 32 consecutive elements a warp
-    # (lit generate-kernels-pooling).
-    "reduce_sum": "channels-first reductions: runs of H * W elements",
 }
 
 RESULT_RE = re.compile(r"kernel (\w+): (\d+) coalesced, (\d+) broadcast, (\d+) data-dependent, "

@@ -123,13 +123,24 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   const bool chunked = !rowLayout && lanes == 1 && kept.sizes.size() >= 2 &&
                        kept.strides.back() == 1 && !reduced.sizes.empty() &&
                        reduced.strides.back() == channels && channels % kWarp != 0;
-  const int64_t cw = chunked && kWarp % channels == 0 ? channels : kWarp;
-  const int64_t chunks = chunked ? (channels + cw - 1) / cw : 0;
-  Type smem = sharedBuffer(rowLayout ? kWarp : 256 * lanes, accType);
-  int64_t block = rowLayout ? chooseBlockSize(target, count, 32, kWarp * 4) : 256;
-  int64_t outBlocks = rowLayout  ? outputs
-                      : chunked ? outputs / channels * chunks
-                                : (outputs + kWarp * lanes - 1) / (kWarp * lanes);
+  // Channels-first sums ([N, C, H, W] over N, H and W) with planes of
+  // run = H * W < 32 elements (a power of two): a block per output would
+  // read runs of `run` elements a warp. Instead a warp takes 32 / run
+  // channels' planes of one image at once (32 consecutive elements), lanes of
+  // a channel combine by shuffles, warps take images in turn.
+  const int64_t run = reduced.sizes.empty() ? 0 : reduced.sizes.back();
+  const bool planes = rowLayout && !kept.sizes.empty() && reduced.strides.back() == 1 &&
+                      run > 1 && run < kWarp && kWarp % run == 0 &&
+                      kept.strides.back() == run && reduced.sizes.size() >= 2;
+  const int64_t cw = planes ? kWarp / run
+                     : chunked && kWarp % channels == 0 ? channels
+                                                        : kWarp;
+  const int64_t chunks = chunked || planes ? (channels + cw - 1) / cw : 0;
+  Type smem = sharedBuffer(rowLayout && !planes ? kWarp : 256 * lanes, accType);
+  int64_t block = rowLayout && !planes ? chooseBlockSize(target, count, 32, kWarp * 4) : 256;
+  int64_t outBlocks = chunked || planes ? outputs / channels * chunks
+                      : rowLayout      ? outputs
+                                       : (outputs + kWarp * lanes - 1) / (kWarp * lanes);
   if (outBlocks > (int64_t(1) << 31) - 1)
     return std::nullopt;
   // Too few output blocks to fill the GPU: split the reduced range over more
@@ -174,7 +185,59 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
                                                            k.idx(count)))
                           : k.idx(count);
 
-  if (chunked) {
+  if (planes) {
+    // Output block: (outer kept index, chunk of cw channels); lane l: element
+    // l % run of channel chunk * cw + l / run; warp w: reduced rows (images)
+    // w, w + warps, ... of the block's share.
+    const int64_t warps = block / kWarp, rowsO = count / run;
+    DimGroup outer = kept, images = reduced;
+    outer.sizes.pop_back();
+    outer.strides.pop_back();
+    images.sizes.pop_back();
+    images.strides.pop_back();
+    const int64_t chunkO = (rowsO + splits - 1) / splits;
+    Value t = k.tid();
+    Value lane = k.rem(t, kWarp), warp = k.div(t, kWarp);
+    Value n = k.div(outBlock, chunks);
+    Value c = k.add(k.mul(k.rem(outBlock, chunks), k.idx(cw)), k.div(lane, run));
+    Value valid = channels % cw != 0 ? k.ult(c, k.idx(channels)) : Value();
+    Value base = k.add(k.add(outer.offset(k, n), k.mul(c, k.idx(kept.strides.back()))),
+                       k.rem(lane, run));
+    Value oBegin = splits > 1 ? k.mul(k.div(k.bid(), outBlocks), k.idx(chunkO)) : k.idx(0);
+    Value oEnd = splits > 1 ? Value(b.create<arith::MinUIOp>(k.loc, k.add(oBegin, k.idx(chunkO)),
+                                                             k.idx(rowsO)))
+                            : k.idx(rowsO);
+    Value acc = k.loopAcc(k.add(oBegin, warp), oEnd, k.idx(warps), identity, [&](Value r, Value a) {
+      return k.valueIf(
+          valid,
+          [&] {
+            Value x = k.load(in, k.add(base, images.offset(k, r)), elem);
+            return combine(a, kind->square ? Value(b.create<arith::MulFOp>(k.loc, x, x)) : x);
+          },
+          a);
+    });
+    for (int64_t offset = 1; offset < run; offset *= 2)
+      acc = combine(acc, b.create<gpu::ShuffleOp>(k.loc, acc, k.i32(offset), k.i32(kWarp),
+                                                  gpu::ShuffleMode::XOR)
+                             .getShuffleResult());
+    k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.rem(lane, run), k.idx(0)),
+             [&] {
+               b.create<memref::StoreOp>(k.loc, acc, sh,
+                                         k.add(k.mul(warp, k.idx(cw)), k.div(lane, run)));
+             });
+    b.create<gpu::BarrierOp>(k.loc);
+    // Thread q < cw: channel chunk * cw + q, over the warps.
+    Value cq = k.add(k.mul(k.rem(outBlock, chunks), k.idx(cw)), t);
+    Value mine = k.ult(t, k.idx(cw));
+    if (channels % cw != 0)
+      mine = b.create<arith::AndIOp>(k.loc, mine, k.ult(cq, k.idx(channels)));
+    k.ifThen(mine, [&] {
+      Value total = b.create<memref::LoadOp>(k.loc, sh, t);
+      for (int64_t w = 1; w < warps; ++w)
+        total = combine(total, b.create<memref::LoadOp>(k.loc, sh, k.add(t, k.idx(w * cw))));
+      finish(total, k.add(k.mul(n, k.idx(channels)), cq));
+    });
+  } else if (chunked) {
     // Output block: (image n, chunk of cw channels); lane l: channel
     // chunk * cw + l % cw of row group l / cw; warps take row groups in turn.
     const int64_t groups = kWarp / cw, warps = block / kWarp;

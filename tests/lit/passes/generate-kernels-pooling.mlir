@@ -32,3 +32,21 @@ func.func @sum_c48(%x: tensor<4x4x4x48xbf16>) -> tensor<4x1x1x48xf32> {
   %s = forge.reduce_sum %x {axes = array<i64: 1, 2>, keepdims = true} : (tensor<4x4x4x48xbf16>) -> tensor<4x1x1x48xf32>
   return %s : tensor<4x1x1x48xf32>
 }
+
+// -----
+
+// Channels-first sums over N, H and W with 4 x 4 planes (16 elements, less
+// than a warp): a warp takes 2 channels' planes of one image (32 consecutive
+// elements), the 16 lanes of a channel combine by shuffles 1, 2, 4 and 8
+// apart, warps take images in turn; one block per 2 channels (12).
+// CHECK-LABEL: func.func @planes
+// CHECK: forge.reduce_sum %arg0 {axes = array<i64: 0, 2, 3>, forge.launch = {block = 256 : i64, grid = 12 : i64, kernel = "k0_reduce_sum"}
+// CHECK: gpu.func @k0_reduce_sum(%arg0: memref<1536xf32>, %arg1: memref<24xf32>)
+// CHECK-COUNT-4: gpu.shuffle xor
+// CHECK-NOT: gpu.shuffle
+// CHECK: gpu.barrier
+// COALESCED: kernel k0_reduce_sum: 2 coalesced, 0 broadcast, 0 data-dependent, 0 strided
+func.func @planes(%x: tensor<4x24x4x4xf32>) -> tensor<24xf32> {
+  %s = forge.reduce_sum %x {axes = array<i64: 0, 2, 3>, keepdims = false} : (tensor<4x24x4x4xf32>) -> tensor<24xf32>
+  return %s : tensor<24xf32>
+}
