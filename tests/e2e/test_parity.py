@@ -371,18 +371,8 @@ def main():
                     help="fail (not just report) when the update-relative error exceeds its bound")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--target", default="cpu", help="forgec --target")
-    ap.add_argument("--device", default="cpu", help="forge-train --device")
-    ap.add_argument("--bundles", help="directory of the compiled bundles (see the usage)")
-    ap.add_argument("--compile-only", action="store_true",
-                    help="with --bundles: only compile (no forge-train)")
+    e2e.add_half_args(ap)
     a = ap.parse_args()
-    if a.compile_only and not a.bundles:
-        ap.error("--compile-only needs --bundles DIR")
-
-    run_half = not a.self_check and not a.compile_only
-    if run_half and a.device != "cpu" and not e2e.gpu_present():
-        print(f"SKIP: --device {a.device} needs a GPU (nvidia-smi -L failed)")
-        return 77  # ctest SKIP_RETURN_CODE
     names = a.names or sorted(n for n in os.listdir(a.fixtures_dir)
                               if os.path.exists(os.path.join(a.fixtures_dir, n, "manifest.json")))
     rep = Report()
@@ -391,10 +381,10 @@ def main():
             d = os.path.join(a.fixtures_dir, n)
             self_check(rep, n, d, load_fixture(d))
     else:
-        tools = e2e.tools_for_halves(a, "test_parity")  # forgec None: a run half alone
-        if not tools:
-            return 2
-        forgec, forge_train = tools
+        halves = e2e.halves(ap, a, "test_parity")  # forgec None: a run half alone
+        if isinstance(halves, int):
+            return halves
+        forgec, forge_train, _ = halves
         setup = Setup(forgec, forge_train, a.target, a.device, a.bundles, a.compile_only)
         tmp_root = tempfile.mkdtemp(prefix="forge-parity-")
         try:
