@@ -32,8 +32,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # known gaps (issue #12 item 2 stays open while this is not empty), not exemptions from the
 # check. A kind not listed fails the test; a listed kind that no longer occurs fails too.
 KNOWN = {
-    # Channels-first (NCHW) pools: adjacent outputs' windows are `stride` apart. Their
-    # channels-last forms (--layout nhwc, auto on CUDA with tensor cores) are coalesced.
+    # Channels-first (NCHW) pools (strict fp32): adjacent outputs' windows are `stride`
+    # apart. Their channels-last forms (--layout nhwc, auto on CUDA with tensor cores) are
+    # coalesced, with fewer than 32 channels too (lanes over tap columns and channels: lit
+    # generate-kernels-pooling).
     "max_pool": "channels-first windows",
     "max_pool_grad": "channels-first windows",
     # fp32 regions: channels-first batch-norm regions walk a channel's plane. (Transposes,

@@ -50,3 +50,28 @@ func.func @planes(%x: tensor<4x24x4x4xf32>) -> tensor<24xf32> {
   %s = forge.reduce_sum %x {axes = array<i64: 0, 2, 3>, keepdims = false} : (tensor<4x24x4x4xf32>) -> tensor<24xf32>
   return %s : tensor<24xf32>
 }
+
+// -----
+
+// A channels-last 2x2 stride-2 max pool with 16 channels: lanes take (output
+// pixel, tap column, channel), so each tap row is 32 consecutive elements a
+// warp; the two columns' choices combine by one shuffle of the value and
+// one of the offset (16 lanes apart); lanes of column 0 store (8 warps a
+// block, a warp per output pixel: 32 blocks). Its f32
+// gradient picks the same taps and adds dy there atomically (zeroed first).
+// CHECK-LABEL: func.func @pool_c16
+// CHECK: forge.max_pool %arg0 {{.*}}forge.launch = {block = 256 : i64, grid = 32 : i64, kernel = "k0_max_pool"}
+// CHECK: forge.max_pool_grad %arg0, %arg1 {{.*}}forge.launch = {block = 256 : i64, grid = 32 : i64, kernel = "k1_max_pool_grad", zero_outputs}
+// CHECK: gpu.func @k0_max_pool
+// CHECK-COUNT-2: gpu.shuffle xor
+// CHECK-NOT: gpu.shuffle
+// CHECK: gpu.func @k1_max_pool_grad
+// CHECK-COUNT-2: gpu.shuffle xor
+// CHECK: memref.atomic_rmw addf
+// COALESCED: kernel k0_max_pool: 3 coalesced, 0 broadcast, 0 data-dependent, 0 strided
+// COALESCED: kernel k1_max_pool_grad: 3 coalesced, 0 broadcast, 1 data-dependent, 0 strided
+func.func @pool_c16(%x: tensor<4x16x16x16xbf16>, %dy: tensor<4x8x8x16xbf16>) -> (tensor<4x8x8x16xbf16>, tensor<4x16x16x16xf32>) {
+  %y = forge.max_pool %x {ceil_mode = false, channels_last = true, dilations = array<i64: 1, 1>, kernel_shape = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, strides = array<i64: 2, 2>} : (tensor<4x16x16x16xbf16>) -> tensor<4x8x8x16xbf16>
+  %dx = forge.max_pool_grad %x, %dy {ceil_mode = false, channels_last = true, dilations = array<i64: 1, 1>, kernel_shape = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, strides = array<i64: 2, 2>} : (tensor<4x16x16x16xbf16>, tensor<4x8x8x16xbf16>) -> tensor<4x16x16x16xf32>
+  return %y, %dx : tensor<4x8x8x16xbf16>, tensor<4x16x16x16xf32>
+}
