@@ -38,9 +38,6 @@ KNOWN = {
     # generate-kernels-pooling).
     "max_pool": "channels-first windows",
     "max_pool_grad": "channels-first windows",
-    # fp32 regions: channels-first batch-norm regions walk a channel's plane. (Transposes,
-    # head splits included, go through shared-memory tiles: lit generate-kernels-tiled.)
-    "fusion": "channels-first batch norms",
 }
 
 RESULT_RE = re.compile(r"kernel (\w+): (\d+) coalesced, (\d+) broadcast, (\d+) data-dependent, "

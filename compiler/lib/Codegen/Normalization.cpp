@@ -378,7 +378,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   bool wantDx = grad && op->getAttrOfType<BoolAttr>("input_grad").getValue();
   int64_t elements = x.getNumElements();
   // Kernel arguments: the op's operands then results, or the region's inputs
-  // then results. Image-sized f32 ones are 16-byte vectors when lanes > 1.
+  // then results. Image-sized ones are vectors of `lanes` elements when lanes
+  // > 1 (16 bytes of f32; a mask's 4 bytes): a thread's unit is one access.
   SmallVector<Value> argValues;
   if (fusion) {
     llvm::append_range(argValues, fusion.getInputs());
@@ -397,7 +398,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   for (Value v : argValues) {
     Type e = tensorType(v).getElementType();
     args.push_back(flatMemref(e, tensorType(v).getNumElements(),
-                              /*vector=*/lanes > 1 && e.isF32() && imageSized(v)));
+                              /*vector=*/lanes > 1 && imageSized(v), lanes));
   }
   // The kernel argument of the op's operand j (a body argument in a region).
   auto operandArg = [&](unsigned j) -> unsigned {
@@ -441,7 +442,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::batchNormTrainingKernel(Opera
   auto storeLanes = [&](ArrayRef<Value> vals, unsigned m, Value u) {
     Value mem = fn.getArgument(m);
     if (vectorArg(mem)) {
-      Value v = b.create<vector::FromElementsOp>(k.loc, VectorType::get({lanes}, f32), vals);
+      Value v = b.create<vector::FromElementsOp>(
+          k.loc, cast<VectorType>(cast<MemRefType>(mem.getType()).getElementType()), vals);
       b.create<memref::StoreOp>(k.loc, v, mem, at(u));
       return;
     }

@@ -175,15 +175,16 @@ func.func @views(%x: tensor<2x4x24xf32>, %y: tensor<4x24xf32>) -> (tensor<2x2x4x
 
 // A batch_norm region is the norm's kernel, one block per channel (4 here):
 // one pass of shifted sums, then an output pass that writes the epilogue's
-// ReLU (16-byte vectors: a 2x4 plane) and its mask (bytes, one per element)
-// instead of the normalized value; the running statistics last.
+// ReLU (16-byte vectors: a 2x4 plane) and its mask (4-byte vectors of one
+// byte per element: a thread's unit is one access of each) instead of the
+// normalized value; the running statistics last.
 // CHECK-LABEL: func @bn_relu
 // CHECK: forge.fusion "batch_norm"(%arg0, %arg1, %arg2, %arg3, %arg4, %arg5) {forge.launch = {block = 32 : i64, grid = 4 : i64, kernel = "k0_fusion"}}
-// CHECK: gpu.func @k0_fusion(%arg0: memref<16xvector<4xf32>>, %arg1: memref<4xf32>, %arg2: memref<4xf32>, %arg3: memref<4xf32>, %arg4: memref<4xf32>, %arg5: memref<1xf32>, %arg6: memref<16xvector<4xf32>>, %arg7: memref<64xi8>, %arg8: memref<4xf32>, %arg9: memref<4xf32>) workgroup(
+// CHECK: gpu.func @k0_fusion(%arg0: memref<16xvector<4xf32>>, %arg1: memref<4xf32>, %arg2: memref<4xf32>, %arg3: memref<4xf32>, %arg4: memref<4xf32>, %arg5: memref<1xf32>, %arg6: memref<16xvector<4xf32>>, %arg7: memref<16xvector<4xi8>>, %arg8: memref<4xf32>, %arg9: memref<4xf32>) workgroup(
 // CHECK: arith.maximumf
 // CHECK: math.rsqrt
 // CHECK: memref.store %{{.*}}, %arg6[%{{.*}}] : memref<16xvector<4xf32>>
-// CHECK: memref.store %{{.*}}, %arg7[%{{.*}}] : memref<64xi8>
+// CHECK: memref.store %{{.*}}, %arg7[%{{.*}}] : memref<16xvector<4xi8>>
 // CHECK: memref.store %{{.*}}, %arg8[%{{.*}}] : memref<4xf32>
 func.func @bn_relu(%x: tensor<2x4x2x4xf32>, %s: tensor<4xf32>, %b: tensor<4xf32>, %rm: tensor<4xf32>, %rv: tensor<4xf32>, %zero: tensor<f32>) -> (tensor<2x4x2x4xf32>, tensor<2x4x2x4xi1>, tensor<4xf32>, tensor<4xf32>) {
   %r:4 = forge.fusion "batch_norm"(%x, %s, %b, %rm, %rv, %zero) : (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<f32>) -> (tensor<2x4x2x4xf32>, tensor<2x4x2x4xi1>, tensor<4xf32>, tensor<4xf32>) {
@@ -203,7 +204,7 @@ func.func @bn_relu(%x: tensor<2x4x2x4xf32>, %s: tensor<4xf32>, %b: tensor<4xf32>
 // results.
 // CHECK-LABEL: func @bn_grad_mask
 // CHECK: forge.fusion "batch_norm"(%arg0, %arg1, %arg2, %arg3, %arg4) {forge.launch = {block = 32 : i64, grid = 4 : i64, kernel = "k0_fusion"}}
-// CHECK: gpu.func @k0_fusion(%arg0: memref<16xvector<4xf32>>, %arg1: memref<4xf32>, %arg2: memref<64xi8>, %arg3: memref<16xvector<4xf32>>, %arg4: memref<1xf32>, %arg5: memref<16xvector<4xf32>>, %arg6: memref<4xf32>, %arg7: memref<4xf32>) workgroup(
+// CHECK: gpu.func @k0_fusion(%arg0: memref<16xvector<4xf32>>, %arg1: memref<4xf32>, %arg2: memref<16xvector<4xi8>>, %arg3: memref<16xvector<4xf32>>, %arg4: memref<1xf32>, %arg5: memref<16xvector<4xf32>>, %arg6: memref<4xf32>, %arg7: memref<4xf32>) workgroup(
 // CHECK-COUNT-2: memref.load %arg2[
 func.func @bn_grad_mask(%x: tensor<2x4x2x4xf32>, %s: tensor<4xf32>, %mask: tensor<2x4x2x4xi1>, %g: tensor<2x4x2x4xf32>, %zero: tensor<f32>) -> (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>) {
   %r:3 = forge.fusion "batch_norm"(%x, %s, %mask, %g, %zero) : (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<2x4x2x4xi1>, tensor<2x4x2x4xf32>, tensor<f32>) -> (tensor<2x4x2x4xf32>, tensor<4xf32>, tensor<4xf32>) {
