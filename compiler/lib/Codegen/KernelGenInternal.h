@@ -369,6 +369,50 @@ struct Body {
     });
   }
 
+  /// Whether the choice (v, i) beats (w, j) in a scan's order (arg-max, a
+  /// pool's tap): an empty choice (i32 index < 0) never does and loses to
+  /// any other; the first NaN wins; else the larger value; equal values go to
+  /// the lower index (`lastTies`: the higher). Associative and commutative,
+  /// so lanes may combine in any order.
+  Value beatsInOrder(Value v, Value i, Value w, Value j, bool lastTies) {
+    auto cmpi = [&](arith::CmpIPredicate p, Value a, Value c) -> Value {
+      return b.create<arith::CmpIOp>(loc, p, a, c);
+    };
+    auto andi = [&](Value a, Value c) -> Value { return b.create<arith::AndIOp>(loc, a, c); };
+    auto ori = [&](Value a, Value c) -> Value { return b.create<arith::OrIOp>(loc, a, c); };
+    auto nan = [&](Value x) -> Value {
+      return b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNO, x, x);
+    };
+    Value zero = b.create<arith::ConstantIntOp>(loc, 0, 32);
+    Value some = cmpi(arith::CmpIPredicate::sge, i, zero);
+    Value otherNone = cmpi(arith::CmpIPredicate::slt, j, zero);
+    Value vNan = nan(v), wNan = nan(w);
+    Value lower = cmpi(arith::CmpIPredicate::slt, i, j);
+    Value tieWins = cmpi(lastTies ? arith::CmpIPredicate::sgt : arith::CmpIPredicate::slt, i, j);
+    Value byValue = ori(b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, v, w),
+                        andi(b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, v, w), tieWins));
+    Value one = b.create<arith::ConstantIntOp>(loc, 1, 1);
+    Value noNan = andi(b.create<arith::XOrIOp>(loc, vNan, one), b.create<arith::XOrIOp>(loc, wNan, one));
+    Value wins = b.create<arith::SelectOp>(
+        loc, andi(vNan, wNan), lower, b.create<arith::SelectOp>(loc, noNan, byValue, vNan));
+    return andi(some, ori(otherNone, wins));
+  }
+  /// The best choice (f32 value, i32 index) of the lanes `from`, 2 `from`,
+  /// ... (< `to`) apart, by XOR shuffles (beatsInOrder); every lane gets its
+  /// group's (to = 32, from = 1: the warp's).
+  std::pair<Value, Value> butterflyBest(Value v, Value i, int64_t from, int64_t to,
+                                        bool lastTies) {
+    for (int64_t offset = from; offset < to; offset *= 2) {
+      Value ov = b.create<gpu::ShuffleOp>(loc, v, i32(static_cast<int32_t>(offset)), i32(kWarp),
+                                          gpu::ShuffleMode::XOR).getShuffleResult();
+      Value oi = b.create<gpu::ShuffleOp>(loc, i, i32(static_cast<int32_t>(offset)), i32(kWarp),
+                                          gpu::ShuffleMode::XOR).getShuffleResult();
+      Value take = beatsInOrder(ov, oi, v, i, lastTies);
+      v = b.create<arith::SelectOp>(loc, take, ov, v);
+      i = b.create<arith::SelectOp>(loc, take, oi, i);
+    }
+    return {v, i};
+  }
   /// Butterfly reduction across the 32 lanes; every lane gets the result.
   Value warpReduce(Value v, function_ref<Value(Value, Value)> combine) {
     for (int32_t offset = 16; offset >= 1; offset /= 2) {
@@ -682,6 +726,23 @@ struct KernelGenerator::Impl {
     for (Value v : op->getResults())
       args.push_back(flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements()));
     return args;
+  }
+  /// A kernel of 8 warps a block whose warps take `units` (a row, a few
+  /// output pixels: warp-wide work) in a grid-stride loop; `body` gets the
+  /// unit and the thread's lane.
+  KernelLaunch warpKernel(StringRef name, ArrayRef<Type> args, int64_t units, Location loc,
+                          function_ref<void(Body &, gpu::GPUFuncOp, Value, Value)> body) {
+    constexpr int64_t warps = 8, block = warps * kWarp;
+    int64_t grid = std::max<int64_t>(1, std::min(kMaxGrid, (units + warps - 1) / warps));
+    OpBuilder b(context);
+    auto fn = newKernel(b, name, args, block);
+    Body k = Body::of(b, loc, fn);
+    Value lane = k.rem(k.tid(), kWarp), warp = k.div(k.tid(), kWarp);
+    Value gridDim = b.create<gpu::GridDimOp>(loc, gpu::Dimension::x);
+    k.loop(k.add(k.mul(k.bid(), k.idx(warps)), warp), k.idx(units), k.mul(gridDim, k.idx(warps)),
+           [&](Value u) { body(k, fn, u, lane); });
+    b.create<gpu::ReturnOp>(loc);
+    return KernelLaunch{name.str(), grid, block};
   }
   /// A one-dimensional grid-stride kernel over `work` items.
   KernelLaunch elementKernel(StringRef name, ArrayRef<Type> args, int64_t work, Location loc,

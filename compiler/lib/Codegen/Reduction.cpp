@@ -185,6 +185,17 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
                                                            k.idx(count)))
                           : k.idx(count);
 
+  // Thread t < cw, where `mine` holds: its channel's total over the warps'
+  // partials (sh[w * cw + t]), finished at output o.
+  auto warpTotals = [&](int64_t warps, Value mine, Value o) {
+    Value t = k.tid();
+    k.ifThen(mine, [&] {
+      Value total = b.create<memref::LoadOp>(k.loc, sh, t);
+      for (int64_t w = 1; w < warps; ++w)
+        total = combine(total, b.create<memref::LoadOp>(k.loc, sh, k.add(t, k.idx(w * cw))));
+      finish(total, o);
+    });
+  };
   if (planes) {
     // Output block: (outer kept index, chunk of cw channels); lane l: element
     // l % run of channel chunk * cw + l / run; warp w: reduced rows (images)
@@ -231,12 +242,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     Value mine = k.ult(t, k.idx(cw));
     if (channels % cw != 0)
       mine = b.create<arith::AndIOp>(k.loc, mine, k.ult(cq, k.idx(channels)));
-    k.ifThen(mine, [&] {
-      Value total = b.create<memref::LoadOp>(k.loc, sh, t);
-      for (int64_t w = 1; w < warps; ++w)
-        total = combine(total, b.create<memref::LoadOp>(k.loc, sh, k.add(t, k.idx(w * cw))));
-      finish(total, k.add(k.mul(n, k.idx(channels)), cq));
-    });
+    warpTotals(warps, mine, k.add(k.mul(n, k.idx(channels)), cq));
   } else if (chunked) {
     // Output block: (image n, chunk of cw channels); lane l: channel
     // chunk * cw + l % cw of row group l / cw; warps take row groups in turn.
@@ -266,12 +272,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     Value mine = k.ult(t, k.idx(cw));
     if (valid)
       mine = b.create<arith::AndIOp>(k.loc, mine, valid);
-    k.ifThen(mine, [&] {
-      Value total = b.create<memref::LoadOp>(k.loc, sh, t);
-      for (int64_t w = 1; w < warps; ++w)
-        total = combine(total, b.create<memref::LoadOp>(k.loc, sh, k.add(t, k.idx(w * cw))));
-      finish(total, k.add(k.mul(n, k.idx(channels)), c));
-    });
+    warpTotals(warps, mine, k.add(k.mul(n, k.idx(channels)), c));
   } else if (rowLayout) {
     Value o = outBlock;
     Value base = kept.offset(k, o);
@@ -649,76 +650,33 @@ std::optional<KernelLaunch> KernelGenerator::Impl::argmaxRowsKernel(Operation *o
                                                                     Type elem, bool last) {
   if (d >= (int64_t(1) << 31))
     return std::nullopt; // indices travel as i32 in the shuffles
-  constexpr int64_t kRowsPerBlock = 8, block = kRowsPerBlock * kWarp;
-  int64_t grid = std::max<int64_t>(1, std::min(kMaxGrid, (rows + kRowsPerBlock - 1) / kRowsPerBlock));
-  OpBuilder b(context);
-  auto fn = newKernel(b, name, flatArgs(op), block);
-  Body k = Body::of(b, op->getLoc(), fn);
-  Location loc = k.loc;
-  Type f32 = b.getF32Type(), i32 = b.getI32Type();
-  Value lane = k.rem(k.tid(), kWarp), warp = k.div(k.tid(), kWarp);
-  Value gridDim = b.create<gpu::GridDimOp>(loc, gpu::Dimension::x);
-  auto cmpf = [&](arith::CmpFPredicate pr, Value a, Value c) -> Value {
-    return b.create<arith::CmpFOp>(loc, pr, a, c);
-  };
-  auto cmpi = [&](arith::CmpIPredicate pr, Value a, Value c) -> Value {
-    return b.create<arith::CmpIOp>(loc, pr, a, c);
-  };
-  auto andi = [&](Value a, Value c) -> Value { return b.create<arith::AndIOp>(loc, a, c); };
-  auto ori = [&](Value a, Value c) -> Value { return b.create<arith::OrIOp>(loc, a, c); };
-  auto sel = [&](Value c, Value x, Value y) -> Value {
-    return b.create<arith::SelectOp>(loc, c, x, y);
-  };
-  Value dIdx = b.create<arith::ConstantIntOp>(loc, d, 32);
-  // Whether (v, i) beats (w, j): an empty pair (index d) never does.
-  auto beats = [&](Value v, Value i, Value w, Value j) -> Value {
-    Value valid = cmpi(arith::CmpIPredicate::slt, i, dIdx);
-    Value otherEmpty = cmpi(arith::CmpIPredicate::sge, j, dIdx);
-    Value vNan = cmpf(arith::CmpFPredicate::UNO, v, v), wNan = cmpf(arith::CmpFPredicate::UNO, w, w);
-    Value earlier = cmpi(last ? arith::CmpIPredicate::sgt : arith::CmpIPredicate::slt, i, j);
-    Value lower = cmpi(arith::CmpIPredicate::slt, i, j);
-    Value bothNan = andi(vNan, wNan);
-    Value noNan = andi(b.create<arith::XOrIOp>(loc, vNan, b.create<arith::ConstantIntOp>(loc, 1, 1)),
-                       b.create<arith::XOrIOp>(loc, wNan, b.create<arith::ConstantIntOp>(loc, 1, 1)));
-    Value byValue = ori(cmpf(arith::CmpFPredicate::OGT, v, w),
-                        andi(cmpf(arith::CmpFPredicate::OEQ, v, w), earlier));
-    Value wins = sel(bothNan, lower, sel(noNan, byValue, vNan));
-    return andi(valid, ori(otherEmpty, wins));
-  };
-  k.loop(k.add(k.mul(k.bid(), k.idx(kRowsPerBlock)), warp), k.idx(rows),
-         k.mul(gridDim, k.idx(kRowsPerBlock)), [&](Value row) {
-           Value base = k.mul(row, k.idx(d));
-           Value nan = k.fconst(f32, NAN);
-           // The lane's scan, in index order: empty (index d) until its first element.
-           auto scan = b.create<scf::ForOp>(
-               loc, lane, k.idx(d), k.idx(kWarp), ValueRange{nan, dIdx},
-               [&](OpBuilder &nb, Location l, Value j, ValueRange acc) {
-                 OpBuilder::InsertionGuard g(b);
-                 b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-                 Value v = k.load(fn.getArgument(0), k.add(base, j), elem);
-                 if (v.getType() != f32)
-                   v = b.create<arith::ExtFOp>(l, f32, v);
-                 Value ji = b.create<arith::IndexCastOp>(l, i32, j);
-                 Value take = beats(v, ji, acc[0], acc[1]);
-                 b.create<scf::YieldOp>(l, ValueRange{sel(take, v, acc[0]), sel(take, ji, acc[1])});
-               });
-           Value v = scan.getResult(0), i = scan.getResult(1);
-           for (int32_t offset = 16; offset >= 1; offset /= 2) {
-             Value ov = b.create<gpu::ShuffleOp>(loc, v, k.i32(offset), k.i32(kWarp),
-                                                 gpu::ShuffleMode::XOR).getShuffleResult();
-             Value oi = b.create<gpu::ShuffleOp>(loc, i, k.i32(offset), k.i32(kWarp),
-                                                 gpu::ShuffleMode::XOR).getShuffleResult();
-             Value take = beats(ov, oi, v, i);
-             v = sel(take, ov, v);
-             i = sel(take, oi, i);
-           }
-           k.ifThen(cmpi(arith::CmpIPredicate::eq, lane, k.idx(0)), [&] {
-             b.create<memref::StoreOp>(loc, b.create<arith::ExtSIOp>(loc, b.getI64Type(), i),
-                                       fn.getArgument(1), row);
-           });
-         });
-  b.create<gpu::ReturnOp>(loc);
-  return KernelLaunch{name.str(), grid, block};
+  return warpKernel(name, flatArgs(op), rows, op->getLoc(),
+                    [&](Body &k, gpu::GPUFuncOp fn, Value row, Value lane) {
+    OpBuilder &b = k.b;
+    Location loc = k.loc;
+    Type f32 = b.getF32Type(), i32 = b.getI32Type();
+    Value base = k.mul(row, k.idx(d));
+    // The lane's scan, in index order: empty (index -1) until its first element.
+    auto scan = b.create<scf::ForOp>(
+        loc, lane, k.idx(d), k.idx(kWarp),
+        ValueRange{k.fconst(f32, NAN), b.create<arith::ConstantIntOp>(loc, -1, 32)},
+        [&](OpBuilder &nb, Location l, Value j, ValueRange acc) {
+          OpBuilder::InsertionGuard g(b);
+          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+          Value v = k.load(fn.getArgument(0), k.add(base, j), elem);
+          if (v.getType() != f32)
+            v = b.create<arith::ExtFOp>(l, f32, v);
+          Value ji = b.create<arith::IndexCastOp>(l, i32, j);
+          Value take = k.beatsInOrder(v, ji, acc[0], acc[1], last);
+          b.create<scf::YieldOp>(l, ValueRange{b.create<arith::SelectOp>(l, take, v, acc[0]),
+                                               b.create<arith::SelectOp>(l, take, ji, acc[1])});
+        });
+    Value index = k.butterflyBest(scan.getResult(0), scan.getResult(1), 1, kWarp, last).second;
+    k.ifThen(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, lane, k.idx(0)), [&] {
+      b.create<memref::StoreOp>(loc, b.create<arith::ExtSIOp>(loc, b.getI64Type(), index),
+                                fn.getArgument(1), row);
+    });
+  });
 }
 
 /// top_k: one thread per input element; its rank in its line is the number of

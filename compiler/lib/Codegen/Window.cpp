@@ -210,88 +210,67 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
       kWarp % (width * channels) == 0 && (elem.isF32() || elem.isBF16() || elem.isF16()) &&
       (!grad || tensorType(op->getResult(0)).getElementType().isF32());
   if (lanesOverTaps) {
-    const int64_t group = width * channels, perWarp = kWarp / group, warps = 8;
+    const int64_t group = width * channels, perWarp = kWarp / group;
     const int64_t pixels = y.getNumElements() / channels, units = (pixels + perWarp - 1) / perWarp;
-    const int64_t block = warps * kWarp;
-    int64_t grid = std::max<int64_t>(1, std::min(kMaxGrid, (units + warps - 1) / warps));
-    OpBuilder b(context);
-    auto fn = newKernel(b, name, flatArgs(op), block);
-    Body k = Body::of(b, op->getLoc(), fn);
-    Location loc = k.loc;
-    Type f32 = b.getF32Type(), i32 = b.getI32Type();
-    Value lane = k.rem(k.tid(), kWarp), warp = k.div(k.tid(), kWarp);
-    Value gridDim = b.create<gpu::GridDimOp>(loc, gpu::Dimension::x);
     SmallVector<int64_t> rowTaps(g->kernel.begin(), g->kernel.end() - 1);
-    int64_t rowCount = g->taps / width;
-    auto sel = [&](Value c, Value x, Value y) -> Value { return b.create<arith::SelectOp>(loc, c, x, y); };
-    auto andi = [&](Value a, Value c) -> Value { return b.create<arith::AndIOp>(loc, a, c); };
-    auto ori = [&](Value a, Value c) -> Value { return b.create<arith::OrIOp>(loc, a, c); };
-    auto noti = [&](Value a) -> Value {
-      return b.create<arith::XOrIOp>(loc, a, b.create<arith::ConstantIntOp>(loc, 1, 1));
-    };
-    // Whether choice (v, o) beats (w, p); an empty choice (offset < 0) never does.
-    auto beats = [&](Value v, Value o, Value w, Value p) -> Value {
-      Value zero = b.create<arith::ConstantIntOp>(loc, 0, 32);
-      Value some = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, o, zero);
-      Value otherNone = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, p, zero);
-      Value vNan = isNaN(k, v), wNan = isNaN(k, w);
-      Value lower = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, o, p);
-      Value byValue = ori(b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, v, w),
-                          andi(b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, v, w), lower));
-      Value wins = sel(andi(vNan, wNan), lower, sel(andi(noti(vNan), noti(wNan)), byValue, vNan));
-      return andi(some, ori(otherNone, wins));
-    };
-    k.loop(k.add(k.mul(k.bid(), k.idx(warps)), warp), k.idx(units), k.mul(gridDim, k.idx(warps)),
-           [&](Value u) {
-             Value c = k.rem(lane, channels);
-             Value column = k.rem(k.div(lane, channels), width);
-             Value q = k.add(k.mul(u, k.idx(perWarp)), k.div(lane, group));
-             Value inside = k.ult(q, k.idx(pixels));
-             Value qc = b.create<arith::MinUIOp>(loc, q, k.idx(pixels - 1));
-             Value plane;
-             SmallVector<Value> o = WindowGeometry::unravel(k, qc, g->out, plane);
-             Value base = k.mul(plane, k.idx(g->imageSize));
-             SmallVector<Value> chosen = k.foldRange(
-                 rowCount, ValueRange{k.fconst(f32, -INFINITY), k.idx(-1)}, kUnrollTaps,
-                 [&](Value r, ValueRange acc) -> SmallVector<Value> {
-                   Value unused;
-                   SmallVector<Value> t = WindowGeometry::unravel(k, r, rowTaps, unused);
-                   t.push_back(column);
-                   auto [valid, off] = g->imageOffset(k, g->position(k, o, t));
-                   Value v = k.load(fn.getArgument(0), element(k, k.add(base, off), c), elem);
-                   Value take = andi(andi(valid, noti(isNaN(k, acc[0]))),
-                                     ori(isNaN(k, v), b.create<arith::CmpFOp>(
-                                                          loc, arith::CmpFPredicate::OGT, v, acc[0])));
-                   return {sel(take, v, acc[0]), sel(take, off, acc[1])};
-                 });
-             Value best = chosen[0];
-             Value at = b.create<arith::IndexCastOp>(loc, i32, chosen[1]);
-             for (int64_t offset = channels; offset < group; offset *= 2) {
-               Value ov = b.create<gpu::ShuffleOp>(loc, best, k.i32(offset), k.i32(kWarp),
-                                                   gpu::ShuffleMode::XOR).getShuffleResult();
-               Value oa = b.create<gpu::ShuffleOp>(loc, at, k.i32(offset), k.i32(kWarp),
-                                                   gpu::ShuffleMode::XOR).getShuffleResult();
-               Value take = beats(ov, oa, best, at);
-               best = sel(take, ov, best);
-               at = sel(take, oa, at);
-             }
-             Value first = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, column, k.idx(0));
-             Value out = k.add(k.mul(qc, k.idx(channels)), c);
-             if (!grad) {
-               k.ifThen(andi(first, inside), [&] { k.store(best, fn.getArgument(1), out, elem); });
-               return;
-             }
-             Value some = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, at,
-                                                  b.create<arith::ConstantIntOp>(loc, 0, 32));
-             k.ifThen(andi(andi(first, inside), some), [&] {
-               Value dy = k.load(fn.getArgument(1), out, elem);
-               Value off = b.create<arith::IndexCastOp>(loc, b.getIndexType(), at);
-               b.create<memref::AtomicRMWOp>(loc, arith::AtomicRMWKind::addf, dy, fn.getArgument(2),
-                                             ValueRange{element(k, k.add(base, off), c)});
-             });
-           });
-    b.create<gpu::ReturnOp>(loc);
-    KernelLaunch launch{name.str(), grid, block};
+    const int64_t rowCount = g->taps / width;
+    KernelLaunch launch = warpKernel(
+        name, flatArgs(op), units, op->getLoc(),
+        [&](Body &k, gpu::GPUFuncOp fn, Value u, Value lane) {
+          OpBuilder &b = k.b;
+          Location loc = k.loc;
+          Type f32 = b.getF32Type(), i32 = b.getI32Type();
+          auto sel = [&](Value c, Value x, Value y) -> Value {
+            return b.create<arith::SelectOp>(loc, c, x, y);
+          };
+          auto andi = [&](Value a, Value c) -> Value { return b.create<arith::AndIOp>(loc, a, c); };
+          auto noti = [&](Value a) -> Value {
+            return b.create<arith::XOrIOp>(loc, a, b.create<arith::ConstantIntOp>(loc, 1, 1));
+          };
+          Value c = k.rem(lane, channels);
+          Value column = k.rem(k.div(lane, channels), width);
+          Value q = k.add(k.mul(u, k.idx(perWarp)), k.div(lane, group));
+          Value inside = k.ult(q, k.idx(pixels));
+          Value qc = b.create<arith::MinUIOp>(loc, q, k.idx(pixels - 1));
+          Value plane;
+          SmallVector<Value> o = WindowGeometry::unravel(k, qc, g->out, plane);
+          Value base = k.mul(plane, k.idx(g->imageSize));
+          // The lane's column over the tap rows, in tap order (as `choose`).
+          SmallVector<Value> chosen = k.foldRange(
+              rowCount, ValueRange{k.fconst(f32, -INFINITY), k.idx(-1)}, kUnrollTaps,
+              [&](Value r, ValueRange acc) -> SmallVector<Value> {
+                Value unused;
+                SmallVector<Value> t = WindowGeometry::unravel(k, r, rowTaps, unused);
+                t.push_back(column);
+                auto [valid, off] = g->imageOffset(k, g->position(k, o, t));
+                Value v = k.load(fn.getArgument(0), element(k, k.add(base, off), c), elem);
+                Value take = andi(andi(valid, noti(isNaN(k, acc[0]))),
+                                  b.create<arith::OrIOp>(
+                                      loc, isNaN(k, v),
+                                      b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, v,
+                                                              acc[0])));
+                return {sel(take, v, acc[0]), sel(take, off, acc[1])};
+              });
+          // The columns' choices, lanes `channels` apart; offsets grow with
+          // the tap order along a row, so the lower offset is the earlier tap.
+          auto [best, at] = k.butterflyBest(
+              chosen[0], b.create<arith::IndexCastOp>(loc, i32, chosen[1]), channels, group,
+              /*lastTies=*/false);
+          Value first = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, column, k.idx(0));
+          Value out = k.add(k.mul(qc, k.idx(channels)), c);
+          if (!grad) {
+            k.ifThen(andi(first, inside), [&] { k.store(best, fn.getArgument(1), out, elem); });
+            return;
+          }
+          Value some = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, at,
+                                               b.create<arith::ConstantIntOp>(loc, 0, 32));
+          k.ifThen(andi(andi(first, inside), some), [&] {
+            Value dy = k.load(fn.getArgument(1), out, elem);
+            Value off = b.create<arith::IndexCastOp>(loc, b.getIndexType(), at);
+            b.create<memref::AtomicRMWOp>(loc, arith::AtomicRMWKind::addf, dy, fn.getArgument(2),
+                                          ValueRange{element(k, k.add(base, off), c)});
+          });
+        });
     launch.zeroOutputs = grad;
     return launch;
   }
