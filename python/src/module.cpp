@@ -1,7 +1,7 @@
 // forge._forge: the runtime (bundles, the training loop, checkpoints, ONNX export)
 // bound into Python with nanobind. The compiler is not linked here: forge.compile
 // runs forgec (python/forge/__init__.py), so this module stays MLIR-free like every
-// runtime consumer (DESIGN.md §1) and a compile error cannot take the interpreter down.
+// runtime consumer (../shared/DESIGN.md §1) and a compile error cannot take the interpreter down.
 //
 // Invariants:
 //  * Every runtime error surfaces as forge.ForgeError carrying the runtime's message

@@ -53,13 +53,6 @@ std::string_view dtypeName(DType t) {
   return e ? e->name : std::string_view("invalid");
 }
 
-DType dtypeFromName(std::string_view name) {
-  for (const DTypeEntry &e : kDTypes)
-    if (e.name == name)
-      return e.type;
-  return bundle::DTYPE_UNSPECIFIED;
-}
-
 bool isFloatType(DType t) {
   switch (t) {
   case bundle::F32:

@@ -1,4 +1,4 @@
-// libFuzzer target for the bundle loader (DESIGN.md §8): any byte string must
+// libFuzzer target for the bundle loader (../shared/DESIGN.md §8): any byte string must
 // give either a valid Bundle or an error Status, never a crash, hang or leak.
 //
 // The program CRC would stop almost every mutation at the checksum, so each

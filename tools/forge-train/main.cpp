@@ -10,7 +10,7 @@
 // Structure: main() only parses flags into Options (Options.h) and dispatches
 // to one function per mode, each returning a Status.
 // Invariant: every failure is a message on stderr and exit code 1; no
-// exception or abort reaches the user (DESIGN.md §10).
+// exception or abort reaches the user (../shared/DESIGN.md §10).
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>

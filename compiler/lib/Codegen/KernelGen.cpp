@@ -317,7 +317,7 @@ FailureOr<std::string> lowerModule(ModuleOp module, const CudaTarget &target) {
   for (auto bin : module.getOps<gpu::BinaryOp>())
     for (Attribute a : bin.getObjects()) {
       std::string ptx = cast<gpu::ObjectAttr>(a).getObject().str();
-      // The PTX string inside gpu.binary ends with a NUL byte (DESIGN.md §5).
+      // The PTX string inside gpu.binary ends with a NUL byte (../shared/DESIGN.md §5).
       while (!ptx.empty() && ptx.back() == '\0')
         ptx.pop_back();
       return ptx;

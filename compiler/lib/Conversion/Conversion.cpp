@@ -35,30 +35,6 @@ pb::DType mlir::forge::dtypeFromType(Type type) {
   }
 }
 
-Type mlir::forge::typeFromDType(MLIRContext *ctx, pb::DType dtype) {
-  Builder b(ctx);
-  switch (dtype) {
-  case pb::F32: return b.getF32Type();
-  case pb::F16: return b.getF16Type();
-  case pb::BF16: return b.getBF16Type();
-  case pb::F64: return b.getF64Type();
-  case pb::F8E4M3: return b.getFloat8E4M3FNType();
-  case pb::F8E5M2: return b.getFloat8E5M2Type();
-  case pb::F8E4M3FNUZ: return b.getFloat8E4M3FNUZType();
-  case pb::F8E5M2FNUZ: return b.getFloat8E5M2FNUZType();
-  case pb::BOOL: return b.getI1Type();
-  case pb::I8: return b.getIntegerType(8);
-  case pb::I16: return b.getIntegerType(16);
-  case pb::I32: return b.getIntegerType(32);
-  case pb::I64: return b.getIntegerType(64);
-  case pb::U8: return b.getIntegerType(8, /*isSigned=*/false);
-  case pb::U16: return b.getIntegerType(16, false);
-  case pb::U32: return b.getIntegerType(32, false);
-  case pb::U64: return b.getIntegerType(64, false);
-  default: return {};
-  }
-}
-
 LogicalResult mlir::forge::encodeInstruction(Operation *op, pb::Instruction &inst) {
   auto info = op->getName().getRegisteredInfo();
   if (!info || op->getDialect()->getNamespace() != "forge")

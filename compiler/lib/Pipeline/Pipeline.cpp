@@ -207,7 +207,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // Stage "layout": after the graph cleanup (convolution pads made symmetric,
   // constants folded, duplicates merged), so that each convolution is
   // converted once; before fusion, which fuses the pointwise ops and column
-  // sums that the expanded batch norms become (DESIGN.md puts layout after
+  // sums that the expanded batch norms become (../shared/DESIGN.md puts layout after
   // precision: see the design notes). CSE then merges the forward's and the
   // gradient's batch statistics and the transposes of shared operands.
   if (options.layout == "nhwc") {

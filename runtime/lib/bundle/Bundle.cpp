@@ -1,4 +1,4 @@
-// Reading and writing `.forge` bundles (Bundle.h, DESIGN.md §6).
+// Reading and writing `.forge` bundles (Bundle.h, ../shared/DESIGN.md §6).
 //
 // Invariants:
 //  * A Bundle object exists only after parse() accepted every byte it will

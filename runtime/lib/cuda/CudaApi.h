@@ -1,6 +1,6 @@
 // CUDA libraries the CUDA device uses, resolved at run time so that one
 // forge-train binary starts on machines without a GPU, a driver or the CUDA
-// libraries (DESIGN.md §7):
+// libraries (../shared/DESIGN.md §7):
 //  * the runtime API is linked statically (cudart_static loads the driver
 //    itself and reports cudaErrorInsufficientDriver/NoDevice when absent);
 //  * driver API entry points (modules, kernel launches) come from

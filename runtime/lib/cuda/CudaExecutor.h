@@ -1,4 +1,4 @@
-// Runs a CUDA bundle's routines on one NVIDIA GPU (Executor.h; DESIGN.md §7).
+// Runs a CUDA bundle's routines on one NVIDIA GPU (Executor.h; ../shared/DESIGN.md §7).
 // No CUDA header leaks out of this file: the state lives in Impl.
 //
 // Invariants:

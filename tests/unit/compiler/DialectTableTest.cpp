@@ -1,6 +1,6 @@
 //===- DialectTableTest.cpp - every forge op carries the op-table facts ----===//
 //
-// DESIGN.md §4: the dialect is the single op table. This test enumerates all
+// ../shared/DESIGN.md §4: the dialect is the single op table. This test enumerates all
 // registered forge ops and fails if any lacks its ONNX origin, opset range,
 // fusion/precision class, gradient declaration, type inference, or a CPU
 // kernel, or names an ONNX op type the importer does not handle.

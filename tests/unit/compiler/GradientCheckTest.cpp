@@ -1,6 +1,6 @@
 //===- GradientCheckTest.cpp - numeric checks of every gradient rule ------===//
 //
-// DESIGN.md §8: every differentiable op gets a numeric (finite-difference,
+// ../shared/DESIGN.md §8: every differentiable op gets a numeric (finite-difference,
 // float64) gradient check.
 //
 // Each case builds

@@ -1,6 +1,6 @@
 //===- KernelGen.h - forge ops -> generated GPU kernels ---------*- C++ -*-===//
 //
-// Code generation for the CUDA target (DESIGN.md §5), driven by the pass
+// Code generation for the CUDA target (../shared/DESIGN.md §5), driven by the pass
 // forge-generate-kernels (Passes.h). Every forge op that is neither a library
 // call (cuBLASLt, cuDNN: forge-select-library) nor a plain copy gets a kernel,
 // written as a `gpu.func` on flat static memrefs (the bare-pointer calling

@@ -20,8 +20,6 @@ namespace mlir::forge {
 
 /// Runtime element type of `type`; DTYPE_UNSPECIFIED if it has none.
 ::forge::bundle::DType dtypeFromType(Type type);
-/// Inverse of dtypeFromType; null for DTYPE_UNSPECIFIED.
-Type typeFromDType(MLIRContext *context, ::forge::bundle::DType dtype);
 
 /// Fills `inst.op` and `inst.attrs` from a forge op's inherent attributes.
 LogicalResult encodeInstruction(Operation *op, ::forge::bundle::Instruction &inst);

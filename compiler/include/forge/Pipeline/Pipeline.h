@@ -50,7 +50,7 @@ struct PipelineOptions {
   } augment;
 };
 
-/// The pipeline of a training bundle, in named stages (DESIGN.md §4): import
+/// The pipeline of a training bundle, in named stages (../shared/DESIGN.md §4): import
 /// cleanup -> train-step construction -> graph cleanup -> layout ->
 /// recomputation -> fusion -> precision -> memory shaping -> placement ->
 /// memory plan (partition and schedule go before placement as those passes

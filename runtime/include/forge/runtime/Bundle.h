@@ -1,4 +1,4 @@
-// The `.forge` bundle file (DESIGN.md §6).
+// The `.forge` bundle file (../shared/DESIGN.md §6).
 //
 // Layout (all integers little-endian):
 //   [0, 64)          BundleHeader

@@ -1,4 +1,4 @@
-// Training checkpoints (DESIGN.md §7): every PARAMETER and STATE tensor by
+// Training checkpoints (../shared/DESIGN.md §7): every PARAMETER and STATE tensor by
 // name, the step, the data-loader position, the shuffling seed, the bundle's
 // source hash and a fingerprint of its persistent tensors.
 //

@@ -1,4 +1,4 @@
-// Collectives across ranks (DESIGN.md §7 "Multi-GPU"; forgec --dp): the
+// Collectives across ranks (../shared/DESIGN.md §7 "Multi-GPU"; forgec --dp): the
 // communicator interface the all_reduce kernels call, the process-wide table
 // of groups they find it in, and the rendezvous that connects a group.
 //

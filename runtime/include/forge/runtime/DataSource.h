@@ -1,5 +1,5 @@
 // Training data: where samples come from (DataSource) and in which order they
-// are visited (EpochSampler). DESIGN.md §7 "Input pipeline".
+// are visited (EpochSampler). ../shared/DESIGN.md §7 "Input pipeline".
 //
 // Invariants:
 //  * A DataSource is bound once to the fields the bundle needs (name, dtype,

@@ -1,4 +1,4 @@
-// The device interface (DESIGN.md §7): runs a bundle's routines on one device
+// The device interface (../shared/DESIGN.md §7): runs a bundle's routines on one device
 // (CpuExecutor, CudaExecutor) behind one API, so the trainer, checkpoints and
 // export do not care where the step runs.
 //

@@ -18,8 +18,6 @@ using DType = bundle::DType;
 size_t dtypeSize(DType t);
 /// Short name: "f32", "i64", "bool", ...
 std::string_view dtypeName(DType t);
-/// Inverse of dtypeName; DTYPE_UNSPECIFIED when unknown.
-DType dtypeFromName(std::string_view name);
 bool isFloatType(DType t);
 
 /// f32 bytes (a whole number of floats) in `to`: bf16 or f16 rounded to
