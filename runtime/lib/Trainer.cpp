@@ -32,11 +32,6 @@ namespace forge::rt {
 
 namespace {
 
-std::string buildOption(const bundle::Program &p, const std::string &key) {
-  auto it = p.build_options().find(key);
-  return it == p.build_options().end() ? std::string() : it->second;
-}
-
 /// A positive integer build option (1 when absent).
 Expected<int64_t> positiveBuildOption(const Bundle &bundle, const std::string &key) {
   int64_t v = 1;

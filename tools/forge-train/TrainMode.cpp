@@ -178,11 +178,6 @@ private:
   FILE *file_ = nullptr;
 };
 
-std::string buildOption(const bundle::Program &p, const std::string &key) {
-  auto it = p.build_options().find(key);
-  return it == p.build_options().end() ? std::string() : it->second;
-}
-
 /// The GPU's sensor readings of a run (Executor::telemetry), for its closing line.
 class SensorLog {
 public:

@@ -22,6 +22,7 @@
 #endif
 
 #include "cuda/Attention.h"
+#include "forge/runtime/Bundle.h"
 
 #include <cmath>
 #include <exception>
@@ -42,9 +43,7 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-std::vector<int64_t> shapeOf(const bundle::Program &p, int32_t t) {
-  return {p.tensors(t).shape().begin(), p.tensors(t).shape().end()};
-}
+std::vector<int64_t> shapeOf(const bundle::Program &p, int32_t t) { return rt::shapeOf(p.tensors(t)); }
 
 std::vector<int64_t> packedStrides(const std::vector<int64_t> &dims) {
   std::vector<int64_t> s(dims.size(), 1);

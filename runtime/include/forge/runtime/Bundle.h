@@ -64,6 +64,12 @@ inline uint64_t byteSize(const bundle::TensorInfo &t) {
   return static_cast<uint64_t>(numElements(shapeOf(t))) * dtypeSize(t.dtype());
 }
 
+/// A build option's value (forgec's `build_options`); empty when absent.
+inline std::string buildOption(const bundle::Program &p, const std::string &key) {
+  auto it = p.build_options().find(key);
+  return it == p.build_options().end() ? std::string() : it->second;
+}
+
 /// v rounded up to a multiple of a (sections, the arena, device buffers).
 inline uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
