@@ -1168,11 +1168,19 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   /// alpha * (q_a * amax_a / 448) (q_b * amax_b / 448) [+ beta C].
   Value scaledProduct(OpBuilder &b, Location loc, Type result, Value lhs, Value rhs, Value c,
                       double alpha, double beta) {
-    Quantized a = quantize(lhs), w = quantize(rhs);
     ++scaledGemms;
+    Quantized a = quantize(lhs), w = quantize(rhs); // in this order: the IR's
+    return scaledGemm(b, loc, result, a, false, w, false, c, alpha, beta);
+  }
+
+  /// The scaled_gemm of copies `a` (lhs [M, K]) and `w` (rhs [N, K]) in
+  /// their formats: alpha / (max_a * max_w) multiplies back each operand's
+  /// scale max / amax (the amaxes are the scale inputs).
+  Value scaledGemm(OpBuilder &b, Location loc, Type result, Quantized a, bool aE5M2, Quantized w,
+                   bool wE5M2, Value c, double alpha, double beta) {
     return b.create<ScaledGemmOp>(loc, result, a.q, w.q, a.amax, w.amax, c, b.getBoolAttr(false),
                                   b.getBoolAttr(true),
-                                  b.getF64FloatAttr(alpha / (kE4M3Max * kE4M3Max)),
+                                  b.getF64FloatAttr(alpha / (float8Max(aE5M2) * float8Max(wE5M2))),
                                   b.getF64FloatAttr(beta));
   }
 
@@ -1238,12 +1246,11 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     body.insertArgument(3u, scalarF32(), region.getLoc());
     OpBuilder in(gemm);
     ++scaledGemms;
-    Value product = in.create<ScaledGemmOp>(
-        gemm.getLoc(), gemm.getType(), body.getArgument(0), body.getArgument(1),
-        body.getArgument(2), body.getArgument(3), gemm.getC(), in.getBoolAttr(false),
-        in.getBoolAttr(true),
-        in.getF64FloatAttr(gemm.getAlpha().convertToDouble() / (kE4M3Max * kE4M3Max)),
-        gemm.getBetaAttr());
+    Value product = scaledGemm(in, gemm.getLoc(), gemm.getType(),
+                               Quantized{body.getArgument(0), body.getArgument(2)}, false,
+                               Quantized{body.getArgument(1), body.getArgument(3)}, false,
+                               gemm.getC(), gemm.getAlpha().convertToDouble(),
+                               gemm.getBeta().convertToDouble());
     gemm.getResult().replaceAllUsesWith(product);
     gemm.erase();
     region.replaceAllUsesWith(rebuilt.getResults());
@@ -1354,11 +1361,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       Quantized rhs = transB ? quantize(bOp, bE5M2) : quantizeTransposed(bOp, bE5M2);
       OpBuilder b(gemm);
       ++gradientGemms;
-      double alpha = gemm.getAlpha().convertToDouble() / (float8Max(aE5M2) * float8Max(bE5M2));
-      Value product = b.create<ScaledGemmOp>(gemm.getLoc(), gemm.getType(), lhs.q, rhs.q,
-                                             lhs.amax, rhs.amax, Value(), b.getBoolAttr(false),
-                                             b.getBoolAttr(true), b.getF64FloatAttr(alpha),
-                                             b.getF64FloatAttr(0.0));
+      Value product = scaledGemm(b, gemm.getLoc(), gemm.getType(), lhs, aE5M2, rhs, bE5M2,
+                                 Value(), gemm.getAlpha().convertToDouble(), 0.0);
       gemm.getResult().replaceAllUsesWith(product);
       gemm.erase();
     }

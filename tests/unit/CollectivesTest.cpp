@@ -66,6 +66,19 @@ void connectRanks(int n, int port, std::vector<std::unique_ptr<Communicator>> &c
     t.join();
 }
 
+/// Whether every rank of connectRanks got its communicator; else the ranks
+/// that did not, with their errors.
+::testing::AssertionResult allConnected(const std::vector<std::unique_ptr<Communicator>> &comms,
+                                        const std::vector<std::string> &errors) {
+  std::string missing;
+  for (size_t r = 0; r < comms.size(); ++r)
+    if (!comms[r])
+      missing += " rank " + std::to_string(r) + ": " + errors[r] + ";";
+  if (missing.empty())
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "not connected:" << missing;
+}
+
 /// Runs `collective` on every rank's thread at once; a failure's message
 /// goes to errors[r].
 void onEveryRank(int n, std::vector<std::string> &errors,
@@ -108,8 +121,7 @@ TEST(CollectivesTest, ThreeRanksSumOverTcp) {
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::string> errors;
   connectRanks(n, port, comms, errors);
-  for (int r = 0; r < n; ++r)
-    ASSERT_TRUE(comms[r]) << "rank " << r << ": " << errors[r];
+  ASSERT_TRUE(allConnected(comms, errors));
   EXPECT_EQ(comms[1]->rank(), 1);
   EXPECT_EQ(comms[2]->size(), 3);
 
@@ -134,8 +146,7 @@ TEST(CollectivesTest, ThreeRanksMaxOverTcp) {
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::string> errors;
   connectRanks(n, port, comms, errors);
-  for (int r = 0; r < n; ++r)
-    ASSERT_TRUE(comms[r]) << "rank " << r << ": " << errors[r];
+  ASSERT_TRUE(allConnected(comms, errors));
   // Rank r holds ((i + r) % 3) * 10 + r - i: the maximum moves between ranks with i.
   std::vector<std::vector<float>> data(n, std::vector<float>(999));
   auto value = [](int r, size_t i) {
@@ -352,8 +363,7 @@ TEST(CollectivesTest, SendRecvMatchByTagAndTimeOutNamingThePeer) {
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::string> errors;
   connectRanks(n, port, comms, errors, /*timeoutMs=*/2000);
-  for (int r = 0; r < n; ++r)
-    ASSERT_TRUE(comms[r]) << "rank " << r << ": " << errors[r];
+  ASSERT_TRUE(allConnected(comms, errors));
 
   // Rank 0 sends tags 0..599 (more than the 256 in flight), overwriting its buffer after
   // each send; rank 1 receives tag 7 first, then the rest in order.

@@ -413,6 +413,16 @@ struct Body {
     }
     return {v, i};
   }
+  /// combine(v, the value `offset` lanes away) for offset = from, 2 from, ...
+  /// < to (XOR shuffles): every lane gets its group's combination (lanes
+  /// congruent modulo `from` within aligned groups of `to`).
+  Value butterfly(Value v, int64_t from, int64_t to, function_ref<Value(Value, Value)> combine) {
+    for (int64_t offset = from; offset < to; offset *= 2)
+      v = combine(v, b.create<gpu::ShuffleOp>(loc, v, i32(static_cast<int32_t>(offset)),
+                                              i32(kWarp), gpu::ShuffleMode::XOR)
+                         .getShuffleResult());
+    return v;
+  }
   /// Butterfly reduction across the 32 lanes; every lane gets the result.
   Value warpReduce(Value v, function_ref<Value(Value, Value)> combine) {
     for (int32_t offset = 16; offset >= 1; offset /= 2) {

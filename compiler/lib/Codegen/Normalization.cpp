@@ -266,7 +266,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
     KernelLaunch launch{name.str(), grid, block};
     launch.zeroOutputs = wantScale || wantBias;
     if (wantDx && launch.zeroOutputs) // dx is written whole (see below)
-      for (unsigned r = 1; r < 1 + wantScale + wantBias; ++r)
+      for (unsigned r = 1; r < 1u + wantScale + wantBias; ++r)
         launch.zeroOnly.push_back(r);
     return launch;
   }
@@ -306,7 +306,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
   KernelLaunch launch{name.str(), rows, block};
   launch.zeroOutputs = wantScale || wantBias;
   if (wantDx && launch.zeroOutputs) // dx is written whole: its memset (50 MB for GPT-2's) is spared
-    for (unsigned r = 1; r < 1 + wantScale + wantBias; ++r)
+    for (unsigned r = 1; r < 1u + wantScale + wantBias; ++r)
       launch.zeroOnly.push_back(r);
   return launch;
 }

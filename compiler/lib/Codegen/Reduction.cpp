@@ -227,10 +227,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
           },
           a);
     });
-    for (int64_t offset = 1; offset < run; offset *= 2)
-      acc = combine(acc, b.create<gpu::ShuffleOp>(k.loc, acc, k.i32(offset), k.i32(kWarp),
-                                                  gpu::ShuffleMode::XOR)
-                             .getShuffleResult());
+    acc = k.butterfly(acc, 1, run, combine);
     k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.rem(lane, run), k.idx(0)),
              [&] {
                b.create<memref::StoreOp>(k.loc, acc, sh,
@@ -262,10 +259,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
                                              a);
                           });
     // Lanes of one channel (cw, 2 cw, ... apart), then the warps.
-    for (int64_t offset = cw; offset < kWarp; offset *= 2)
-      acc = combine(acc, b.create<gpu::ShuffleOp>(k.loc, acc, k.i32(offset), k.i32(kWarp),
-                                                  gpu::ShuffleMode::XOR)
-                             .getShuffleResult());
+    acc = k.butterfly(acc, cw, kWarp, combine);
     k.ifThen(k.ult(lane, k.idx(cw)),
              [&] { b.create<memref::StoreOp>(k.loc, acc, sh, k.add(k.mul(warp, k.idx(cw)), lane)); });
     b.create<gpu::BarrierOp>(k.loc);

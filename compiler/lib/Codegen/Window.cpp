@@ -167,14 +167,24 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
                                                  : APInt::getSignedMinValue(w)));
   };
   // The chosen tap of window `o` of the plane at `base`: (value, plane offset
-  // or -1 if none).
-  auto choose = [&](Body &k, Value image, Value base, ArrayRef<Value> o,
-                    Value c) -> std::pair<Value, Value> {
+  // or -1 if none). With `column`, only the taps of that column (index along
+  // the last kernel dim), in the same order.
+  auto choose = [&](Body &k, Value image, Value base, ArrayRef<Value> o, Value c,
+                    Value column = Value()) -> std::pair<Value, Value> {
     OpBuilder &b = k.b;
+    SmallVector<int64_t> rowTaps(g->kernel.begin(), g->kernel.end() - 1);
     SmallVector<Value> chosen = k.foldRange(
-        g->taps, ValueRange{lowest(k), k.idx(-1)}, kUnrollTaps,
-        [&](Value t, ValueRange acc) -> SmallVector<Value> {
-          auto [valid, off] = g->imageOffset(k, g->position(k, o, g->tap(k, t)));
+        column ? g->taps / g->kernel.back() : g->taps, ValueRange{lowest(k), k.idx(-1)},
+        kUnrollTaps, [&](Value t, ValueRange acc) -> SmallVector<Value> {
+          SmallVector<Value> tap;
+          if (column) {
+            Value unused;
+            tap = WindowGeometry::unravel(k, t, rowTaps, unused);
+            tap.push_back(column);
+          } else {
+            tap = g->tap(k, t);
+          }
+          auto [valid, off] = g->imageOffset(k, g->position(k, o, tap));
           Value v = k.load(image, element(k, k.add(base, off), c), elem);
           Value best = acc[0];
           Value take;
@@ -212,21 +222,13 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
   if (lanesOverTaps) {
     const int64_t group = width * channels, perWarp = kWarp / group;
     const int64_t pixels = y.getNumElements() / channels, units = (pixels + perWarp - 1) / perWarp;
-    SmallVector<int64_t> rowTaps(g->kernel.begin(), g->kernel.end() - 1);
-    const int64_t rowCount = g->taps / width;
     KernelLaunch launch = warpKernel(
         name, flatArgs(op), units, op->getLoc(),
         [&](Body &k, gpu::GPUFuncOp fn, Value u, Value lane) {
           OpBuilder &b = k.b;
           Location loc = k.loc;
-          Type f32 = b.getF32Type(), i32 = b.getI32Type();
-          auto sel = [&](Value c, Value x, Value y) -> Value {
-            return b.create<arith::SelectOp>(loc, c, x, y);
-          };
+          Type i32 = b.getI32Type();
           auto andi = [&](Value a, Value c) -> Value { return b.create<arith::AndIOp>(loc, a, c); };
-          auto noti = [&](Value a) -> Value {
-            return b.create<arith::XOrIOp>(loc, a, b.create<arith::ConstantIntOp>(loc, 1, 1));
-          };
           Value c = k.rem(lane, channels);
           Value column = k.rem(k.div(lane, channels), width);
           Value q = k.add(k.mul(u, k.idx(perWarp)), k.div(lane, group));
@@ -235,27 +237,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
           Value plane;
           SmallVector<Value> o = WindowGeometry::unravel(k, qc, g->out, plane);
           Value base = k.mul(plane, k.idx(g->imageSize));
-          // The lane's column over the tap rows, in tap order (as `choose`).
-          SmallVector<Value> chosen = k.foldRange(
-              rowCount, ValueRange{k.fconst(f32, -INFINITY), k.idx(-1)}, kUnrollTaps,
-              [&](Value r, ValueRange acc) -> SmallVector<Value> {
-                Value unused;
-                SmallVector<Value> t = WindowGeometry::unravel(k, r, rowTaps, unused);
-                t.push_back(column);
-                auto [valid, off] = g->imageOffset(k, g->position(k, o, t));
-                Value v = k.load(fn.getArgument(0), element(k, k.add(base, off), c), elem);
-                Value take = andi(andi(valid, noti(isNaN(k, acc[0]))),
-                                  b.create<arith::OrIOp>(
-                                      loc, isNaN(k, v),
-                                      b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, v,
-                                                              acc[0])));
-                return {sel(take, v, acc[0]), sel(take, off, acc[1])};
-              });
-          // The columns' choices, lanes `channels` apart; offsets grow with
-          // the tap order along a row, so the lower offset is the earlier tap.
-          auto [best, at] = k.butterflyBest(
-              chosen[0], b.create<arith::IndexCastOp>(loc, i32, chosen[1]), channels, group,
-              /*lastTies=*/false);
+          // The lane's column of the window, then the columns' choices, lanes
+          // `channels` apart; offsets grow with the tap order, so the lower
+          // offset is the earlier tap.
+          auto [mine, offset] = choose(k, fn.getArgument(0), base, o, c, column);
+          auto [best, at] = k.butterflyBest(mine, b.create<arith::IndexCastOp>(loc, i32, offset),
+                                            channels, group, /*lastTies=*/false);
           Value first = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, column, k.idx(0));
           Value out = k.add(k.mul(qc, k.idx(channels)), c);
           if (!grad) {
