@@ -458,7 +458,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   }
 
   /// A gemm region's output 0 low: the product and the epilogue op it
-  /// yields (relu, bias add) take the type; cuBLASLt writes D low.
+  /// yields (relu, bias add) take the type; cuBLASLt writes D low (and an
+  /// aux output, D's type too).
   void storeGemmRegionLow(FusionOp fusion) {
     Operation *yield = fusion.getBlock().getTerminator();
     Operation *product = &fusion.getBlock().front();
@@ -466,7 +467,31 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     product->getResult(0).setType(withElement(product->getResult(0), low));
     if (out != product->getResult(0))
       out.setType(withElement(out, low));
-    fusion.getResult(0).setType(withElement(fusion.getResult(0), low));
+    // Every result takes its yielded value's type: an aux epilogue's saved
+    // pre-activation (GELU_AUX) is the product itself, which cuBLASLt stores
+    // in D's type.
+    for (auto [r, yielded] : llvm::enumerate(yield->getOperands()))
+      fusion.getResult(r).setType(yielded.getType());
+  }
+
+  /// A DGELU region reads the GELU's saved input (its last argument) in its
+  /// product's type (cuBLASLt's aux matrix has D's type). The aux is low when
+  /// its GELU_AUX region's output is; where this product is not (or the other
+  /// way round), the aux is converted before the region: a kernel of its own,
+  /// only where readers disagree.
+  void matchAuxInput(FusionOp fusion) {
+    Operation *product = &fusion.getBlock().front();
+    if (!isa_and_nonnull<GeluGradOp>(product->getNextNode()))
+      return;
+    unsigned last = fusion.getInputs().size() - 1;
+    BlockArgument arg = fusion.getBlock().getArgument(last);
+    Type want = tensorOf(product->getResult(0)).getElementType();
+    if (tensorOf(arg).getElementType() == want)
+      return;
+    OpBuilder b(fusion);
+    Value converted = castOf(b, fusion.getLoc(), fusion.getInputs()[last], want);
+    fusion->setOperand(last, converted);
+    arg.setType(converted.getType());
   }
 
   /// A view region's body follows its (now low) input.
@@ -505,6 +530,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
         else
           v.setType(withElement(v, low));
       }
+      if (fusion && fusion.getKind() == "gemm")
+        matchAuxInput(fusion);
       if (!fusion && isLoosePointwise(&op) && hasMixedFloatOperands(&op))
         readLowInLoop(wrapInLoop(&op));
       // A collective's result i is operand i reduced over the ranks, in one type:

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
+#include "mlir/IR/IRMapping.h"
 
 namespace mlir::forge {
 #define GEN_PASS_DEF_SELECTLIBRARY
@@ -391,6 +392,42 @@ bool foldBiasEpilogue(AddOp add) {
   return true;
 }
 
+/// cuBLASLt writes a bias gradient (BGRADA/BGRADB, DGELU_BGRAD) in D's type.
+/// A gemm region whose sum has another type (forge-assign-precision keeps
+/// sums f32: a DGELU's output is bf16 beside its f32 bias gradient) keeps
+/// its product and epilogue, and the sum becomes a loose reduce_sum of what
+/// it read (the region's output or input) after it: its own kernel, in f32.
+/// Returns the region that stays.
+FusionOp peelMismatchedSum(FusionOp region) {
+  if (region.getNumResults() != 2)
+    return region;
+  Operation *yield = region.getBlock().getTerminator();
+  auto sum = yield->getOperand(1).getDefiningOp<ReduceSumOp>();
+  auto elem = [](Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); };
+  if (!sum || elem(sum.getResult()) == elem(region.getResult(0)))
+    return region;
+  Value read = sum->getOperand(0), outside;
+  if (auto arg = dyn_cast<BlockArgument>(read); arg && arg.getOwner() == &region.getBlock())
+    outside = region.getInputs()[arg.getArgNumber()];
+  else if (read != yield->getOperand(0))
+    return region; // not a form cublasForm takes: it is inlined
+  OpBuilder b(region);
+  auto lone = b.create<FusionOp>(region.getLoc(), TypeRange{region.getResult(0).getType()},
+                                 region.getInputs(), region.getKindAttr());
+  lone->setAttrs(region->getAttrs());
+  lone.getBody().takeBody(region.getBody());
+  yield->eraseOperand(1);
+  IRMapping map;
+  map.map(read, outside ? outside : lone.getResult(0));
+  b.setInsertionPointAfter(lone);
+  Operation *loose = b.clone(*sum, map);
+  sum.erase();
+  region.getResult(0).replaceAllUsesWith(lone.getResult(0));
+  region.getResult(1).replaceAllUsesWith(loose->getResult(0));
+  region.erase();
+  return lone;
+}
+
 struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLibraryPass> {
   void runOnOperation() override {
     bool changed = false;
@@ -403,6 +440,7 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
       if (region.getKind() != "gemm")
         continue;
       changed = true;
+      region = peelMismatchedSum(region);
       std::optional<MatmulForm> form;
       if (cublasTypes(&region.getBlock().front()))
         form = cublasForm(region);

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""CUDA bundles under every partitioning, accumulation and stream flag (ctest e2e_flag_matrix).
+"""CUDA bundles under every partitioning, accumulation, stream and GEMM-epilogue flag
+(ctest e2e_flag_matrix).
 
 The placement-stage passes (forge-merge-scalar-regions, forge-fold-attention-views) and the
 schedule see what the graph stages made of a model: data/tensor/pipeline parallel stages,
-ZeRO shards, accumulation routines, recomputed attention, a second compute stream. For the
+ZeRO shards, accumulation routines, recomputed attention, a second compute stream, the
+GEMMs' aux epilogues (GELU_AUX/DGELU beside low-precision outputs). For the
 gpt fixture (TorchScript export), the bundled gpt_dynamo (dynamo export), the mlp fixture
 and the cnn fixture (channels-last convolutions, batch norms, weights stored permuted), in
 bf16 and fp16 (and the two GPTs in fp8 with delayed scaling: amax histories, their slots'
@@ -33,7 +35,7 @@ MODELS = [os.path.join(ROOT, "tests", "fixtures", "gpt_adamw", "model.onnx"),
 FLAGS = [[], ["--dp", "2"], ["--tp", "2"], ["--pp", "2"], ["--micro-batches", "2"],
          ["--recompute", "attention"], ["--dp", "2", "--zero", "1"],
          ["--compute-streams", "2", "--stream-memory-growth", "1000"],
-         ["--batch-schedule", "8:2,16"]]
+         ["--batch-schedule", "8:2,16"], ["--gemm-aux-epilogues"]]
 CRASH = ("Stack dump", "internal error", "Segmentation fault", "PLEASE submit")
 
 

@@ -48,6 +48,10 @@ Checks:
                   each output gradient; measured on the CPU: losses <= 6.7e-4, parameters
                   <= 0.179: blocks.0.ln1.bias again, whose gradient now comes through the
                   E5M2 data gradient of the qkv GEMM)
+  bf16-aux        (gpt) --precision bf16 --gemm-aux-epilogues: the MLP's GEMM saves its
+                  pre-activation for the backward (cuBLASLt's GELU_AUX, stored in D's bf16)
+                  and the gradient GEMM reads it (DGELU); the bf16 checks above (CUDA
+                  bundles; the CPU target has no GEMM epilogues and compiles it as bf16)
 GPU machines have no forgec: --compile-only --bundles DIR compiles the bundles into DIR here,
 and --bundles DIR alone later trains them there (--device cuda; exit 77, skipped, without a GPU).
 Prints one line per check and 'N passed, N failed'; exit status 1 if anything failed.
@@ -77,6 +81,11 @@ FP8_E5M2_PARAM_TOL = 0.25
 # parameters on this fixture (features.1.bias, a BN bias whose 20 Adam steps follow its
 # gradient's sign; bench/fixture_autocast_cnn.py), so 3e-2 would ask more than PyTorch does.
 CONV_PARAM_TOL = 0.2
+# --gemm-aux-epilogues in bf16: the MLP's bias is added in the GEMM as a bf16 copy (cuBLASLt
+# takes no f32 bias beside a bf16 D; PyTorch's autocast rounds it too) and the GELU's input
+# is saved as bf16(x W + b) rather than recomputed from bf16(x W) + b. blocks.0.ln1.bias, a
+# small vector whose Adam steps follow its gradient's sign, moves most: 5.05e-2 on the CPU.
+AUX_PARAM_TOL = 0.08
 FIXTURES = ["mlp_adamw", "gpt_adamw", "cnn_adamw"]
 # Fixtures with a GEMM float8 takes (K and N multiples of 16); the cnn's are convolutions.
 FP8_FIXTURES = ("mlp_adamw", "gpt_adamw")
@@ -84,6 +93,8 @@ FP8_FIXTURES = ("mlp_adamw", "gpt_adamw")
 # (fc1) reads the data (no dX) and sums its bias gradient in its dW GEMM's BGRAD epilogue,
 # which stays bf16.
 FP8_E5M2_FIXTURES = ("gpt_adamw",)
+# --gemm-aux-epilogues: the fixtures with a GEMM followed by GELU.
+AUX_FIXTURES = ("gpt_adamw",)
 
 
 def bf16_round(x):
@@ -121,6 +132,8 @@ def precision_args(prec):
     """forgec's flags for a precision of this test (fp8-e5m2: fp8 with E5M2 gradients)."""
     if prec == "fp8-e5m2":
         return ["--precision", "fp8", "--fp8-gradients", "e5m2"]
+    if prec == "bf16-aux":
+        return ["--precision", "bf16", "--gemm-aux-epilogues"]
     return ["--precision", prec]
 
 
@@ -165,7 +178,8 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec, targe
     torch_losses = np.load(os.path.join(fdir, "losses.npy"))
     dump = dict(np.load(params))
     init = dict(np.load(os.path.join(fdir, "init_params.npz")))
-    copy_prec = "bf16" if is_fp8(prec) else prec  # fp8 keeps bf16 copies (and float8 ones per step)
+    # fp8 keeps bf16 copies (and float8 ones per step); bf16-aux is bf16.
+    copy_prec = "bf16" if is_fp8(prec) or prec == "bf16-aux" else prec
     suffix = "." + copy_prec
     copies = sorted(k for k in dump if k.endswith(suffix))
     masters = [k[: -len(suffix)] for k in copies]
@@ -207,6 +221,7 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec, targe
     worst_p = max(errs.values()) if errs else float("inf")
     which = max(errs, key=errs.get) if errs else "none"
     param_tol = (FP8_E5M2_PARAM_TOL if prec == "fp8-e5m2" else FP8_PARAM_TOL if prec == "fp8"
+                 else AUX_PARAM_TOL if prec == "bf16-aux"
                  else CONV_PARAM_TOL if name.startswith("cnn") and
                  (device == "cuda" or target.startswith("cuda")) else PARAM_TOL)
     rep.check(f"{name} params_step20", errs and worst_p <= param_tol and
@@ -295,10 +310,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = a.bundles or tmp
         os.makedirs(out, exist_ok=True)
-        for prec in ("bf16", "fp16", "fp8", "fp8-e5m2"):
+        for prec in ("bf16", "fp16", "fp8", "fp8-e5m2", "bf16-aux"):
             for fixture in a.fixtures:
                 if (is_fp8(prec) and fixture not in FP8_FIXTURES or
-                        prec == "fp8-e5m2" and fixture not in FP8_E5M2_FIXTURES):
+                        prec == "fp8-e5m2" and fixture not in FP8_E5M2_FIXTURES or
+                        prec == "bf16-aux" and fixture not in AUX_FIXTURES):
                     continue
                 fdir = os.path.join(a.fixtures_dir, fixture)
                 name = f"{fixture} {prec}"

@@ -235,3 +235,39 @@ func.func @eval(%x: tensor<4x8xf32> {forge.kind = "input", forge.name = "x"},
   %z = forge.gemm %x, %v {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = true} : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
   return %y, %z : tensor<4x16xf32>, tensor<4x16xf32>
 }
+
+// -----
+
+// A GELU_AUX region (--gemm-aux-epilogues) yields its product beside the
+// GELU: both results are stored low (cuBLASLt writes the aux in D's type),
+// each result typed as its yielded value, and the bias row read by the
+// epilogue becomes its low copy. The DGELU region here writes f32 (what the
+// routine returns): it reads the aux converted to its product's type.
+// CHECK-LABEL: func @train_step
+// CHECK: %[[H:.+]]:2 = forge.fusion "gemm"(%{{.*}}, %{{.*}}, %{{.*}}) : (tensor<4x8xbf16>, tensor<8x16xbf16>, tensor<16xbf16>) -> (tensor<4x16xbf16>, tensor<4x16xbf16>)
+// CHECK: forge.gemm {{.*}} -> tensor<4x16xbf16>
+// CHECK-NEXT: forge.gelu {{.*}} -> tensor<4x16xbf16>
+// CHECK-NEXT: forge.yield %{{.*}}, %{{.*}} : tensor<4x16xbf16>, tensor<4x16xbf16>
+// CHECK: %[[A:.+]] = forge.cast %[[H]]#1 {to = f32} : (tensor<4x16xbf16>) -> tensor<4x16xf32>
+// CHECK: forge.fusion "gemm"(%{{.*}}, %{{.*}}, %[[A]]) : ({{.*}}, tensor<4x16xf32>) -> tensor<4x16xf32>
+// CHECK: forge.gelu_grad {{.*}} : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
+func.func @train_step(%x: tensor<4x8xf32> {forge.kind = "input", forge.name = "x"},
+                      %w: tensor<8x16xf32> {forge.kind = "parameter", forge.name = "w", forge.initial_value = dense<0.5> : tensor<8x16xf32>},
+                      %bias: tensor<16xf32> {forge.kind = "parameter", forge.name = "b", forge.initial_value = dense<0.5> : tensor<16xf32>},
+                      %w2: tensor<3x16xf32> {forge.kind = "parameter", forge.name = "w2", forge.initial_value = dense<0.25> : tensor<3x16xf32>})
+    -> tensor<4x16xf32> {
+  %h:2 = forge.fusion "gemm"(%x, %w, %bias) : (tensor<4x8xf32>, tensor<8x16xf32>, tensor<16xf32>) -> (tensor<4x16xf32>, tensor<4x16xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x16xf32>, %c: tensor<16xf32>):
+    %0 = forge.gemm %a, %b, %c {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = false} : (tensor<4x8xf32>, tensor<8x16xf32>, tensor<16xf32>) -> tensor<4x16xf32>
+    %1 = forge.gelu %0 {approximate = "tanh"} : (tensor<4x16xf32>) -> tensor<4x16xf32>
+    forge.yield %1, %0 : tensor<4x16xf32>, tensor<4x16xf32>
+  }
+  %y = forge.gemm %h#0, %w2 {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = true} : (tensor<4x16xf32>, tensor<3x16xf32>) -> tensor<4x3xf32>
+  %d = forge.fusion "gemm"(%y, %w2, %h#1) : (tensor<4x3xf32>, tensor<3x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32> {
+  ^bb0(%a: tensor<4x3xf32>, %b: tensor<3x16xf32>, %c: tensor<4x16xf32>):
+    %0 = forge.gemm %a, %b {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = false} : (tensor<4x3xf32>, tensor<3x16xf32>) -> tensor<4x16xf32>
+    %1 = forge.gelu_grad %0, %c {approximate = "tanh"} : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
+    forge.yield %1 : tensor<4x16xf32>
+  }
+  return %d : tensor<4x16xf32>
+}
