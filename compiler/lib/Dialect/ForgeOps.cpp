@@ -1552,7 +1552,8 @@ FORGE_INFER(DropoutMaskOp) {
     return failInference(loc, "dropout_mask takes the data-parallel rank, an i64 scalar");
   const int64_t numel = ShapedType::getNumElements(adaptor.getShape());
   if (adaptor.getBatch() < 1 || numel % adaptor.getBatch() != 0 ||
-      adaptor.getFirstSample() < 0 || adaptor.getRankSamples() < 0)
+      static_cast<int64_t>(adaptor.getFirstSample()) < 0 || // I64Attr reads back unsigned
+      static_cast<int64_t>(adaptor.getRankSamples()) < 0)
     return failInference(loc, "dropout_mask: batch must divide the mask's elements, and the "
                               "sample offsets be non-negative");
   inferred.push_back(RankedTensorType::get(adaptor.getShape(), IntegerType::get(context, 1)));

@@ -8,6 +8,7 @@
 #define FORGE_LIB_DIALECT_INFERENCEUTILS_H
 
 #include "forge/Dialect/ForgeDialect.h"
+#include "forge/runtime/Window.h"
 
 namespace mlir::forge::detail {
 
@@ -115,19 +116,7 @@ inline int64_t attentionFlops(Type qType, Type kType, Type vType, bool causal, S
   return 2 * pairs * (q.getDimSize(3) + v.getDimSize(3));
 }
 
-/// Output extent of a sliding window (conv, pools; ONNX formula).
-inline int64_t windowOutput(int64_t in, int64_t kernel, int64_t stride, int64_t padBegin,
-                            int64_t padEnd, int64_t dilation, bool ceilMode) {
-  int64_t effective = dilation * (kernel - 1) + 1;
-  int64_t span = in + padBegin + padEnd - effective;
-  if (span < 0)
-    return 0;
-  int64_t out = (ceilMode ? (span + stride - 1) / stride : span / stride) + 1;
-  // A ceil-mode window must start inside the input or its begin padding.
-  if (ceilMode && (out - 1) * stride >= in + padBegin)
-    --out;
-  return out;
-}
+using ::forge::rt::windowOutput; // forge/runtime/Window.h, shared with the CPU kernels
 
 inline LogicalResult checkSpatialAttrs(std::optional<Location> loc, int64_t spatial,
                                        ArrayRef<int64_t> strides, ArrayRef<int64_t> pads,

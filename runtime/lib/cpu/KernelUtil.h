@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "forge/runtime/Kernels.h"
+#include "forge/runtime/Window.h"
 
 #define FORGE_CPU_CONCAT_(a, b) a##b
 #define FORGE_CPU_CONCAT(a, b) FORGE_CPU_CONCAT_(a, b)
@@ -594,19 +595,7 @@ inline AxisSplit splitAtAxis(const std::vector<int64_t> &shape, int64_t axis) {
 // Shared by the forward kernels and their gradients (Backward.cpp)
 //===----------------------------------------------------------------------===//
 
-/// Output extent of a conv/pool window sweep over `in` (ONNX semantics; a
-/// ceil-mode window must start inside the input or its begin padding).
-inline int64_t windowOutput(int64_t in, int64_t kernel, int64_t stride, int64_t padBegin,
-                            int64_t padEnd, int64_t dilation, bool ceilMode) {
-  int64_t effective = dilation * (kernel - 1) + 1;
-  int64_t span = in + padBegin + padEnd - effective;
-  if (span < 0)
-    return 0;
-  int64_t out = (ceilMode ? (span + stride - 1) / stride : span / stride) + 1;
-  if (ceilMode && (out - 1) * stride >= in + padBegin)
-    --out;
-  return out;
-}
+using ::forge::rt::windowOutput; // forge/runtime/Window.h, shared with the compiler
 
 /// What an average pool divides the window starting at `start` by: its taps
 /// inside [0, image), or inside [-padBegin, image + padEnd) with
