@@ -741,6 +741,134 @@ static std::string parseAugment(StringRef spec, mlir::forge::PipelineOptions::Au
   return "";
 }
 
+/// The pipeline's options from the flags, each checked (before the import,
+/// so that a typo fails fast; the train-step pass parses the same text
+/// again). Returns the first problem, or "".
+static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
+  o.target = target;
+  o.train = trainFlags();
+  o.memoryReport = memoryReport;
+  o.auxEpilogues = gemmAuxEpilogues;
+  o.foldAttentionViews = foldAttentionViews;
+  o.permuteParameters = permuteParameters;
+  o.fuseColumnSums = fuseColumnSums;
+  o.scheduleReport = scheduleReport;
+  o.scheduleOrder = scheduleOrder;
+  o.computeStreams = computeStreams;
+  o.streamMemoryGrowth = streamMemoryGrowth;
+  if (precision != "fp32" && precision != "tf32" && precision != "bf16" && precision != "fp16" &&
+      precision != "fp8")
+    return "unknown --precision '" + precision + "' (fp32, tf32, bf16, fp16, fp8)";
+  if (precision == "fp8" && target == "cuda:sm_80")
+    return "--precision fp8 needs float8 tensor cores (cuda:sm_89 or cuda:sm_90), not " + target;
+  if ((precision == "bf16" || precision == "fp16" || precision == "fp8") && inferenceOnly)
+    return std::string("--precision " + precision +
+                       " applies to the training step; use it without --inference-only");
+  o.precision = precision;
+  if (fp8Scaling != "current" && fp8Scaling != "delayed")
+    return "unknown --fp8-scaling '" + fp8Scaling + "' (current, delayed)";
+  if (fp8Scaling != "current" && precision != "fp8")
+    return "--fp8-scaling " + fp8Scaling + " needs --precision fp8";
+  if (fp8History < 1 || fp8History > 65536)
+    return "--fp8-history must be 1..65536, got " + std::to_string(fp8History);
+  o.fp8Scaling = fp8Scaling;
+  o.fp8History = fp8History;
+  if (fp8Gradients != "bf16" && fp8Gradients != "e5m2")
+    return "unknown --fp8-gradients '" + fp8Gradients + "' (bf16, e5m2)";
+  if (fp8Gradients != "bf16" && precision != "fp8")
+    return "--fp8-gradients " + fp8Gradients + " needs --precision fp8";
+  o.fp8Gradients = fp8Gradients;
+  if (layout != "auto" && layout != "nchw" && layout != "nhwc")
+    return "unknown --layout '" + layout + "' (auto, nchw, nhwc)";
+  // auto: channels-last for convolutions on tensor cores (ResNet-50 on an H200:
+  // bf16 22.3 ms NHWC, 43.1 NCHW; TF32 38.7 NHWC, ~43 NCHW; bench/RESULTS.md);
+  // strict fp32 (FMA) keeps NCHW, the layout its tests and cuDNN's FMA kernels
+  // were tuned on.
+  const bool tensorCores = tf32 || precision != "fp32";
+  o.layout = layout != "auto"                 ? std::string(layout)
+             : target != "cpu" && tensorCores ? "nhwc"
+                                              : "nchw";
+  if (gemmPadMinFlops < 0)
+    return "--gemm-pad-min-flops must be >= 0, got " + std::to_string(gemmPadMinFlops);
+  o.gemmPadMinFlops = gemmPadMinFlops;
+  if (lossChunkBytes < 0)
+    return "--loss-chunk-bytes must be >= 0, got " + std::to_string(lossChunkBytes);
+  o.lossChunkBytes = lossChunkBytes;
+  if (recompute != "none" && recompute != "attention" && recompute != "auto")
+    return "--recompute must be none, attention or auto, got '" + recompute + "'";
+  if (tensorParallel < 1)
+    return "--tp must be >= 1, got " + std::to_string(tensorParallel);
+  o.tensorParallel = tensorParallel;
+  if (pipelineParallel < 1)
+    return "--pp must be >= 1, got " + std::to_string(pipelineParallel);
+  if (pipelineParallel > 1 && precision == "fp8")
+    return "--pp with --precision fp8 is not supported yet (bf16 is)";
+  // With --tp a rank's activations are partly its own shard's: which amax
+  // to share is not settled (--dp reduces them with a max over the ranks).
+  if (fp8Scaling == "delayed" && tensorParallel > 1)
+    return "--fp8-scaling delayed with --tp is not supported yet (--dp is)";
+  o.train.pipeline = pipelineParallel;
+  // auto: trial plans without recomputation first (below).
+  o.recompute = recompute == "auto" ? std::string("none") : recompute.getValue();
+  if (!augment.empty()) {
+    std::string error = parseAugment(augment, o.augment);
+    if (!error.empty())
+      return "--augment '" + augment + "': " + error;
+  }
+  return "";
+}
+
+/// The bundle's build options (what forge-train and `forge-replay -v` show
+/// and check) from the flags.
+static void addBuildOptions(std::map<std::string, std::string> &build,
+                            const mlir::forge::TrainOptions &train) {
+  build["mode"] = inferenceOnly ? "inference" : "training";
+  // TF32 for what stays f32 (bf16 GEMMs compute in f32 whatever the flag).
+  if (tf32 || precision != "fp32")
+    build["tf32"] = "1";
+  if (precision != "fp32")
+    build["precision"] = precision;
+  if (precision == "fp8")
+    build["fp8_scaling"] = fp8Scaling == "delayed" ? "delayed:history=" + std::to_string(fp8History)
+                                                   : std::string("current");
+  if (precision == "fp8")
+    build["fp8_gradients"] = fp8Gradients;
+  if (!inferenceOnly && !trainFlags().lossScale.empty())
+    build["loss_scale"] = trainFlags().lossScale;
+  build["weights"] = weights;
+  SmallString<256> absolute(inputFile.getValue());
+  (void)llvm::sys::fs::make_absolute(absolute);
+  build["source_onnx"] = absolute.str().str();
+  if (!inferenceOnly) {
+    build["loss"] = loss;
+    if (train.loss.kind != "output")
+      build["label_input"] = train.loss.label;
+    build["optimizer"] = optimizer;
+    build["lr_schedule"] = lrSchedule;
+    build["micro_batches"] = std::to_string(microBatches);
+    if (train.accumulateLoop)
+      build["accumulate"] = "loop";
+    if (!batchSchedule.empty())
+      build["batch_schedule"] = batchSchedule;
+    if (!bucketValues.empty()) {
+      std::string list;
+      for (int64_t v : bucketValues)
+        list += (list.empty() ? "" : ",") + std::to_string(v);
+      build["length_buckets"] = bucketDim + "=" + list;
+    }
+    if (dataParallel > 0)
+      build["data_parallel"] = std::to_string(dataParallel);
+    if (tensorParallel > 1)
+      build["tensor_parallel"] = std::to_string(tensorParallel);
+    if (pipelineParallel > 1)
+      build["pipeline_parallel"] = std::to_string(pipelineParallel);
+    if (zeroStage > 0)
+      build["zero"] = std::to_string(zeroStage);
+    if (clipGradNorm > 0)
+      build["clip_grad_norm"] = std::to_string(clipGradNorm);
+  }
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM initLLVM(argc, argv);
   registerMLIRContextCLOptions();
@@ -766,79 +894,10 @@ int main(int argc, char **argv) {
     return fail(error);
   if (target != "cpu" && !mlir::forge::parseCudaTarget(target))
     return fail("unknown --target '" + target + "' (cpu, cuda:sm_80, cuda:sm_89, cuda:sm_90)");
-  // Checked here, before the import, so that a typo fails fast; the
-  // train-step pass parses the same text again.
+  // Checked here, before the import, so that a typo fails fast.
   mlir::forge::PipelineOptions pipelineOptions;
-  pipelineOptions.target = target;
-  pipelineOptions.train = trainFlags();
-  pipelineOptions.memoryReport = memoryReport;
-  pipelineOptions.auxEpilogues = gemmAuxEpilogues;
-  pipelineOptions.foldAttentionViews = foldAttentionViews;
-  pipelineOptions.permuteParameters = permuteParameters;
-  pipelineOptions.fuseColumnSums = fuseColumnSums;
-  pipelineOptions.scheduleReport = scheduleReport;
-  pipelineOptions.scheduleOrder = scheduleOrder;
-  pipelineOptions.computeStreams = computeStreams;
-  pipelineOptions.streamMemoryGrowth = streamMemoryGrowth;
-  if (precision != "fp32" && precision != "tf32" && precision != "bf16" && precision != "fp16" &&
-      precision != "fp8")
-    return fail("unknown --precision '" + precision + "' (fp32, tf32, bf16, fp16, fp8)");
-  if (precision == "fp8" && target == "cuda:sm_80")
-    return fail("--precision fp8 needs float8 tensor cores (cuda:sm_89 or cuda:sm_90), not " +
-                target);
-  if ((precision == "bf16" || precision == "fp16" || precision == "fp8") && inferenceOnly)
-    return fail("--precision " + precision +
-                " applies to the training step; use it without --inference-only");
-  pipelineOptions.precision = precision;
-  if (fp8Scaling != "current" && fp8Scaling != "delayed")
-    return fail("unknown --fp8-scaling '" + fp8Scaling + "' (current, delayed)");
-  if (fp8Scaling != "current" && precision != "fp8")
-    return fail("--fp8-scaling " + fp8Scaling + " needs --precision fp8");
-  if (fp8History < 1 || fp8History > 65536)
-    return fail("--fp8-history must be 1..65536, got " + std::to_string(fp8History));
-  pipelineOptions.fp8Scaling = fp8Scaling;
-  pipelineOptions.fp8History = fp8History;
-  if (fp8Gradients != "bf16" && fp8Gradients != "e5m2")
-    return fail("unknown --fp8-gradients '" + fp8Gradients + "' (bf16, e5m2)");
-  if (fp8Gradients != "bf16" && precision != "fp8")
-    return fail("--fp8-gradients " + fp8Gradients + " needs --precision fp8");
-  pipelineOptions.fp8Gradients = fp8Gradients;
-  if (layout != "auto" && layout != "nchw" && layout != "nhwc")
-    return fail("unknown --layout '" + layout + "' (auto, nchw, nhwc)");
-  // auto: channels-last for convolutions on tensor cores (ResNet-50 on an H200: bf16 22.3 ms
-  // NHWC, 43.1 NCHW; TF32 38.7 NHWC, ~43 NCHW; bench/RESULTS.md); strict fp32 (FMA) keeps
-  // NCHW, the layout its tests and cuDNN's FMA kernels were tuned on.
-  const bool tensorCores = tf32 || precision != "fp32";
-  pipelineOptions.layout = layout != "auto" ? std::string(layout)
-                           : target != "cpu" && tensorCores ? "nhwc"
-                                                            : "nchw";
-  if (gemmPadMinFlops < 0)
-    return fail("--gemm-pad-min-flops must be >= 0, got " + std::to_string(gemmPadMinFlops));
-  pipelineOptions.gemmPadMinFlops = gemmPadMinFlops;
-  if (lossChunkBytes < 0)
-    return fail("--loss-chunk-bytes must be >= 0, got " + std::to_string(lossChunkBytes));
-  pipelineOptions.lossChunkBytes = lossChunkBytes;
-  if (recompute != "none" && recompute != "attention" && recompute != "auto")
-    return fail("--recompute must be none, attention or auto, got '" + recompute + "'");
-  if (tensorParallel < 1)
-    return fail("--tp must be >= 1, got " + std::to_string(tensorParallel));
-  pipelineOptions.tensorParallel = tensorParallel;
-  if (pipelineParallel < 1)
-    return fail("--pp must be >= 1, got " + std::to_string(pipelineParallel));
-  if (pipelineParallel > 1 && precision == "fp8")
-    return fail("--pp with --precision fp8 is not supported yet (bf16 is)");
-  // With --tp a rank's activations are partly its own shard's: which amax
-  // to share is not settled (--dp reduces them with a max over the ranks).
-  if (fp8Scaling == "delayed" && tensorParallel > 1)
-    return fail("--fp8-scaling delayed with --tp is not supported yet (--dp is)");
-  pipelineOptions.train.pipeline = pipelineParallel;
-  // auto: trial plans without recomputation first (below).
-  pipelineOptions.recompute = recompute == "auto" ? std::string("none") : recompute.getValue();
-  if (!augment.empty()) {
-    std::string error = parseAugment(augment, pipelineOptions.augment);
-    if (!error.empty())
-      return fail("--augment '" + augment + "': " + error);
-  }
+  if (std::string error = pipelineOptionsFromFlags(pipelineOptions); !error.empty())
+    return fail(error);
   std::string trainError;
   FailureOr<mlir::forge::TrainOptions> trainOptions =
       inferenceOnly ? FailureOr<mlir::forge::TrainOptions>(mlir::forge::TrainOptions{})
@@ -978,52 +1037,7 @@ int main(int argc, char **argv) {
   emitOptions.target = target;
   emitOptions.sourceHash = sourceHash;
   auto &build = emitOptions.buildOptions;
-  build["mode"] = inferenceOnly ? "inference" : "training";
-  // TF32 for what stays f32 (bf16 GEMMs compute in f32 whatever the flag).
-  if (tf32 || precision != "fp32")
-    build["tf32"] = "1";
-  if (precision != "fp32")
-    build["precision"] = precision;
-  if (precision == "fp8")
-    build["fp8_scaling"] = fp8Scaling == "delayed"
-                               ? "delayed:history=" + std::to_string(fp8History)
-                               : std::string("current");
-  if (precision == "fp8")
-    build["fp8_gradients"] = fp8Gradients;
-  if (!inferenceOnly && !trainFlags().lossScale.empty())
-    build["loss_scale"] = trainFlags().lossScale;
-  build["weights"] = weights;
-  SmallString<256> absolute(inputFile.getValue());
-  (void)llvm::sys::fs::make_absolute(absolute);
-  build["source_onnx"] = absolute.str().str();
-  if (!inferenceOnly) {
-    build["loss"] = loss;
-    if (trainOptions->loss.kind != "output")
-      build["label_input"] = trainOptions->loss.label;
-    build["optimizer"] = optimizer;
-    build["lr_schedule"] = lrSchedule;
-    build["micro_batches"] = std::to_string(microBatches);
-    if (trainOptions->accumulateLoop)
-      build["accumulate"] = "loop";
-    if (!batchSchedule.empty())
-      build["batch_schedule"] = batchSchedule;
-    if (!bucketValues.empty()) {
-      std::string list;
-      for (int64_t v : bucketValues)
-        list += (list.empty() ? "" : ",") + std::to_string(v);
-      build["length_buckets"] = bucketDim + "=" + list;
-    }
-    if (dataParallel > 0)
-      build["data_parallel"] = std::to_string(dataParallel);
-    if (tensorParallel > 1)
-      build["tensor_parallel"] = std::to_string(tensorParallel);
-    if (pipelineParallel > 1)
-      build["pipeline_parallel"] = std::to_string(pipelineParallel);
-    if (zeroStage > 0)
-      build["zero"] = std::to_string(zeroStage);
-    if (clipGradNorm > 0)
-      build["clip_grad_norm"] = std::to_string(clipGradNorm);
-  }
+  addBuildOptions(build, *trainOptions);
 
   // The plan at batch b, from a quiet compile and emit (--batch auto, --recompute auto).
   auto trialAt = [&](int64_t b) -> Trial {
