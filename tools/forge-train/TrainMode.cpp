@@ -430,12 +430,13 @@ std::string bytesText(double b) {
   return fmt::format("{:.0f} MiB", b / (1 << 20));
 }
 
-Expected<int> train(const Options &opts, Progress &progress) {
-  auto loaded = Bundle::open(opts.bundlePath);
-  if (!loaded)
-    return loaded.status();
-  const Bundle &bundle = **loaded;
+/// The training data (and --eval-data's): images keep the centre crop for
+/// evaluation, the training data takes the random crops.
+struct DataSources {
+  std::unique_ptr<DataSource> train, eval;
+};
 
+Expected<DataSources> openData(const Options &opts) {
   DataSourceOptions dataOptions;
   dataOptions.tokenDType = opts.tokenDType == "uint32" ? TokenDType::U32 : TokenDType::U16;
   dataOptions.docSeparator = opts.docSeparator;
@@ -459,22 +460,35 @@ Expected<int> train(const Options &opts, Progress &progress) {
   auto trainData = openDataSource(opts.data, trainOptions);
   if (!trainData)
     return trainData.status().prefix("--data");
-  std::unique_ptr<DataSource> evalData;
+  DataSources out;
+  out.train = trainData.take();
   if (!opts.evalData.empty()) {
     auto e = openDataSource(opts.evalData, dataOptions);
     if (!e)
       return e.status().prefix("--eval-data");
-    evalData = e.take();
+    out.eval = e.take();
   }
-  TrainerOptions trainerOptions;
-  trainerOptions.threads = opts.threads;
-  trainerOptions.workers = opts.workers;
-  trainerOptions.prefetch = opts.prefetch;
-  trainerOptions.device = opts.device;
-  trainerOptions.cudaGraphs = !opts.noCudaGraph;
-  trainerOptions.deterministicAttention = opts.attentionBackward != "fast";
-  trainerOptions.seed = opts.seed;
-  trainerOptions.shuffle = !opts.noShuffle;
+  return out;
+}
+
+/// This process's place among the ranks: the world group, and the "tp", "pp"
+/// and "dp" subgroups the collectives use (set while this lives: it outlives
+/// the trainer).
+struct RankGroups {
+  std::unique_ptr<Communicator> world, tpGroup, dpGroup, ppGroup;
+  int64_t pp = 1, tp = 1;
+  RankGroups() = default;
+  RankGroups(const RankGroups &) = delete;
+  RankGroups &operator=(const RankGroups &) = delete;
+  ~RankGroups() {
+    setCollectiveGroup("dp", nullptr);
+    setCollectiveGroup("tp", nullptr);
+    setCollectiveGroup("pp", nullptr);
+  }
+};
+
+Status joinRankGroups(const Options &opts, const Bundle &bundle, TrainerOptions &trainerOptions,
+                      Progress &progress, RankGroups &groups) {
   // Data parallelism (forgec --dp): this process is one rank of a group when a launcher
   // (forge-train --nproc, torchrun, Slurm, mpirun) set WORLD_SIZE. The group outlives the
   // trainer (declared first); rank 0 alone writes metrics, checkpoints and files.
@@ -485,18 +499,10 @@ Expected<int> train(const Options &opts, Progress &progress) {
   // D x P x T ranks splits into groups "tp" (T consecutive ranks, which read one
   // batch), "pp" (a pipeline's stages) and "dp" (the ranks with the same place
   // in their pipeline). Subgroups go before the world does.
-  std::unique_ptr<Communicator> group, tpGroup, dpGroup, ppGroup;
-  struct Unset {
-    ~Unset() {
-      setCollectiveGroup("dp", nullptr);
-      setCollectiveGroup("tp", nullptr);
-      setCollectiveGroup("pp", nullptr);
-    }
-  } unset;
-  int64_t pp = 1;
+  std::unique_ptr<Communicator> &group = groups.world;
+  int64_t &pp = groups.pp, &tp = groups.tp;
   if (std::string p = buildOption(bundle.program(), "pipeline_parallel"); !p.empty())
     pp = std::max<int64_t>(1, std::atoll(p.c_str())); // the trainer checks it
-  int64_t tp = 1;
   if (std::string t = buildOption(bundle.program(), "tensor_parallel"); !t.empty())
     tp = std::max<int64_t>(1, std::atoll(t.c_str())); // the trainer checks it
   if (*rendezvous && (*rendezvous)->size > 1) {
@@ -546,11 +552,11 @@ Expected<int> train(const Options &opts, Progress &progress) {
       tpRanks.push_back(place.rankOf(place.d, place.stage, i));
     // Every rank makes the same subgroups in the same order (each is a rendezvous).
     if (p > 1)
-      FORGE_RETURN_IF_ERROR(join("pp", ppRanks, ppGroup));
+      FORGE_RETURN_IF_ERROR(join("pp", ppRanks, groups.ppGroup));
     if (dp > 1)
-      FORGE_RETURN_IF_ERROR(join("dp", dpRanks, dpGroup));
+      FORGE_RETURN_IF_ERROR(join("dp", dpRanks, groups.dpGroup));
     if (t > 1)
-      FORGE_RETURN_IF_ERROR(join("tp", tpRanks, tpGroup));
+      FORGE_RETURN_IF_ERROR(join("tp", tpRanks, groups.tpGroup));
     if (p > 1)
       progress.message(fmt::format("pipeline parallel: {} ranks: {} data-parallel x {} stages{} "
                                    "({})",
@@ -563,8 +569,34 @@ Expected<int> train(const Options &opts, Progress &progress) {
     else
       progress.message(fmt::format("data parallel: {} ranks ({})", r.size, group->describe()));
   }
+  return Status::ok();
+}
+
+Expected<int> train(const Options &opts, Progress &progress) {
+  auto loaded = Bundle::open(opts.bundlePath);
+  if (!loaded)
+    return loaded.status();
+  const Bundle &bundle = **loaded;
+
+  auto data = openData(opts);
+  if (!data)
+    return data.status();
+  std::unique_ptr<DataSource> trainData = std::move(data->train), evalData = std::move(data->eval);
+  TrainerOptions trainerOptions;
+  trainerOptions.threads = opts.threads;
+  trainerOptions.workers = opts.workers;
+  trainerOptions.prefetch = opts.prefetch;
+  trainerOptions.device = opts.device;
+  trainerOptions.cudaGraphs = !opts.noCudaGraph;
+  trainerOptions.deterministicAttention = opts.attentionBackward != "fast";
+  trainerOptions.seed = opts.seed;
+  trainerOptions.shuffle = !opts.noShuffle;
+  RankGroups groups;
+  FORGE_RETURN_IF_ERROR(joinRankGroups(opts, bundle, trainerOptions, progress, groups));
+  const int64_t pp = groups.pp, tp = groups.tp;
+  Communicator *group = groups.world.get(); // null in a single-process run
   const bool lead = trainerOptions.rank == 0;
-  auto created = Trainer::create(bundle, trainData.take(), std::move(evalData), trainerOptions);
+  auto created = Trainer::create(bundle, std::move(trainData), std::move(evalData), trainerOptions);
   if (!created)
     return created.status();
   Trainer &tr = **created;
