@@ -572,6 +572,56 @@ Status joinRankGroups(const Options &opts, const Bundle &bundle, TrainerOptions 
   return Status::ok();
 }
 
+/// The run's starting state: the checkpoint directory prepared (a directory
+/// that cannot take checkpoints fails now, not hours into the run), --resume's
+/// checkpoint restored, else a thin bundle's parameters read from --weights.
+/// Returns the step resumed at, if any.
+Expected<std::optional<int64_t>> startingState(const Options &opts, const Bundle &bundle,
+                                               Trainer &tr, std::optional<CheckpointDir> &ckpt,
+                                               bool lead, Progress &progress) {
+  if (ckpt && lead) // checked by rank 0, once
+    FORGE_RETURN_IF_ERROR(ckpt->prepare([&](const std::string &w) {
+                            progress.message("forge-train: warning: " + w);
+                          }).prefix("--ckpt-dir"));
+  std::optional<int64_t> resumedAt;
+  if (opts.resume) { // option parsing made --resume need --ckpt-dir
+    auto state = ckpt->resume(tr.executor(), [&](const std::string &w) {
+      progress.message("forge-train: warning: " + w);
+    });
+    if (!state)
+      return state.status();
+    if (*state) {
+      const CheckpointState &s = **state;
+      FORGE_RETURN_IF_ERROR(tr.restore(s).prefix("--resume"));
+      if (opts.seedGiven && opts.seed != s.seed)
+        progress.message(fmt::format("forge-train: warning: --seed {} ignored: the checkpoint "
+                                     "continues with seed {}",
+                                     opts.seed, s.seed));
+      if (opts.noShuffle == s.shuffle)
+        progress.message(fmt::format("forge-train: warning: the checkpoint was taken with "
+                                     "shuffling {}; continuing that way",
+                                     s.shuffle ? "on" : "off"));
+      resumedAt = s.step;
+      progress.message(fmt::format("resumed from {} at step {} (epoch {:.2f})", ckpt->path(),
+                                   s.step, tr.epochsDone()));
+    } else {
+      progress.message(fmt::format("no checkpoint in {}; starting from step 0", opts.ckptDir));
+    }
+  }
+
+  // Thin bundle: initial parameters from the external-data file (a checkpoint
+  // restored above already holds them).
+  if (std::vector<std::string> thin = externalParameters(bundle); !thin.empty() && !resumedAt) {
+    if (opts.weightsDir.empty())
+      return Status::error("{} is a thin bundle ({} parameters, e.g. '{}', live in the model's "
+                           "external-data file): give --weights DIR, or --resume a checkpoint",
+                           opts.bundlePath, thin.size(), thin.front());
+    FORGE_RETURN_IF_ERROR(loadExternalWeights(tr.executor(), opts.weightsDir).prefix("--weights"));
+    progress.message(fmt::format("read {} parameters from {}", thin.size(), opts.weightsDir));
+  }
+  return resumedAt;
+}
+
 Expected<int> train(const Options &opts, Progress &progress) {
   auto loaded = Bundle::open(opts.bundlePath);
   if (!loaded)
@@ -639,53 +689,14 @@ Expected<int> train(const Options &opts, Progress &progress) {
   if (!opts.exportOnnx.empty())
     FORGE_RETURN_IF_ERROR(exportModel(opts, bundle, tr.executor(), progress, /*checkOnly=*/true));
 
-  // --resume
+  // --ckpt-dir, --resume, then a thin bundle's weights.
   std::optional<CheckpointDir> ckpt;
-  if (!opts.ckptDir.empty()) {
+  if (!opts.ckptDir.empty())
     ckpt.emplace(opts.ckptDir);
-    // Checkpoints are written after the last step at the latest: a directory
-    // that cannot take them fails now, not hours into the run.
-    if (lead)
-      FORGE_RETURN_IF_ERROR(ckpt->prepare([&](const std::string &w) {
-                                progress.message("forge-train: warning: " + w);
-                              }).prefix("--ckpt-dir"));
-  }
-  std::optional<int64_t> resumedAt;
-  if (opts.resume) {
-    auto state = ckpt->resume(tr.executor(), [&](const std::string &w) {
-      progress.message("forge-train: warning: " + w);
-    });
-    if (!state)
-      return state.status();
-    if (*state) {
-      const CheckpointState &s = **state;
-      FORGE_RETURN_IF_ERROR(tr.restore(s).prefix("--resume"));
-      if (opts.seedGiven && opts.seed != s.seed)
-        progress.message(fmt::format("forge-train: warning: --seed {} ignored: the checkpoint "
-                                     "continues with seed {}",
-                                     opts.seed, s.seed));
-      if (opts.noShuffle == s.shuffle)
-        progress.message(fmt::format("forge-train: warning: the checkpoint was taken with "
-                                     "shuffling {}; continuing that way",
-                                     s.shuffle ? "on" : "off"));
-      resumedAt = s.step;
-      progress.message(fmt::format("resumed from {} at step {} (epoch {:.2f})", ckpt->path(),
-                                   s.step, tr.epochsDone()));
-    } else {
-      progress.message(fmt::format("no checkpoint in {}; starting from step 0", opts.ckptDir));
-    }
-  }
-
-  // Thin bundle: initial parameters from the external-data file (a checkpoint
-  // restored above already holds them).
-  if (std::vector<std::string> thin = externalParameters(bundle); !thin.empty() && !resumedAt) {
-    if (opts.weightsDir.empty())
-      return Status::error("{} is a thin bundle ({} parameters, e.g. '{}', live in the model's "
-                           "external-data file): give --weights DIR, or --resume a checkpoint",
-                           opts.bundlePath, thin.size(), thin.front());
-    FORGE_RETURN_IF_ERROR(loadExternalWeights(tr.executor(), opts.weightsDir).prefix("--weights"));
-    progress.message(fmt::format("read {} parameters from {}", thin.size(), opts.weightsDir));
-  }
+  auto resumed = startingState(opts, bundle, tr, ckpt, lead, progress);
+  if (!resumed)
+    return resumed.status();
+  const std::optional<int64_t> resumedAt = *resumed;
 
   if (!opts.dumpGrads.empty() && tr.gradientOutputs().empty())
     return Status::error("--dump-grads: {} has no gradient outputs (train_step outputs "
