@@ -759,8 +759,12 @@ def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {
     `epilogue = "relu"` (RELU, or RELU_BIAS with a bias row; not with a full
     C), `"bias"` (BIAS from the region's last input, after a full C),
     `"bgrad_lhs"` or `"bgrad_rhs"` (the bias gradient, its second result,
-    summed from that operand as cuBLASLt reads it; one product, no C). One
-    that has no such form becomes its ops again, marked as loose ops are.
+    summed from that operand as cuBLASLt reads it; one product, no C), and
+    the GELU forms (gelu, gelu_aux, dgelu, dgelu_bgrad). cuBLASLt writes a
+    bias gradient in D's type: a region whose sum has another type (the f32
+    sum forge-assign-precision keeps beside a bf16 D) keeps its product and
+    epilogue, and the sum becomes a loose reduce_sum after it. One that has
+    no such form becomes its ops again, marked as loose ops are.
   }];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
