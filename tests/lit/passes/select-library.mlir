@@ -186,6 +186,28 @@ func.func @gelu(%x: tensor<6x4xf32>, %w: tensor<4x8xf32>, %b: tensor<8xf32>, %dy
 
 // -----
 
+// cuBLASLt writes a bias gradient in D's type: beside a bf16 D, the f32 sum
+// forge-assign-precision keeps is peeled off (DGELU stays the epilogue; the
+// sum becomes a loose reduce_sum of the region's output). The f32 case above
+// keeps DGELU_BGRAD.
+// CHECK-LABEL: func @dgelu_low
+// CHECK: %[[D:.+]] = forge.fusion "gemm"(%arg0, %arg1, %arg2) {forge.library = "cublaslt", forge.matmul = {{{.*}}epilogue = "dgelu",{{.*}}} : (tensor<6x5xbf16>, tensor<5x8xbf16>, tensor<6x8xbf16>) -> tensor<6x8xbf16>
+// CHECK: forge.yield %{{.*}} : tensor<6x8xbf16>
+// CHECK: %[[S:.+]] = forge.reduce_sum %[[D]] {axes = array<i64: 0>, keepdims = true} : (tensor<6x8xbf16>) -> tensor<1x8xf32>
+// CHECK: return %[[D]], %[[S]]
+func.func @dgelu_low(%dy: tensor<6x5xbf16>, %w2: tensor<5x8xbf16>, %h: tensor<6x8xbf16>) -> (tensor<6x8xbf16>, tensor<1x8xf32>) {
+  %0:2 = forge.fusion "gemm"(%dy, %w2, %h) : (tensor<6x5xbf16>, tensor<5x8xbf16>, tensor<6x8xbf16>) -> (tensor<6x8xbf16>, tensor<1x8xf32>) {
+  ^bb0(%a0: tensor<6x5xbf16>, %a1: tensor<5x8xbf16>, %a2: tensor<6x8xbf16>):
+    %q = forge.gemm %a0, %a1 {alpha = 1.0 : f64, beta = 0.0 : f64, transA = false, transB = false} : (tensor<6x5xbf16>, tensor<5x8xbf16>) -> tensor<6x8xbf16>
+    %d = forge.gelu_grad %q, %a2 {approximate = "tanh"} : (tensor<6x8xbf16>, tensor<6x8xbf16>) -> tensor<6x8xbf16>
+    %s = forge.reduce_sum %d {axes = array<i64: 0>, keepdims = true} : (tensor<6x8xbf16>) -> tensor<1x8xf32>
+    forge.yield %d, %s : tensor<6x8xbf16>, tensor<1x8xf32>
+  }
+  return %0#0, %0#1 : tensor<6x8xbf16>, tensor<1x8xf32>
+}
+
+// -----
+
 // A ReLU region yielding its bitmask (RELU_AUX_BIAS) and the region masking a
 // product with it (DRELU).
 // CHECK-LABEL: func @relu_bitmask
