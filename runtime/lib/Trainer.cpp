@@ -332,40 +332,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       tr->gradOutputs_.emplace_back(name.substr(gradPrefix.size()), t);
   }
 
-  // Data, pipeline and tensor parallelism: the bundle's layout (D x P x T
-  // ranks, the T of a tensor-parallel group consecutive) and this process's
-  // group must agree.
-  auto dpOption = positiveBuildOption(bundle, "data_parallel");
-  if (!dpOption)
-    return dpOption.status();
-  const int64_t dp = *dpOption, tp = *tpOption, pp = tr->ppSize_;
-  if (options.worldSize < 1 || options.rank < 0 || options.rank >= options.worldSize)
-    return Status::error("rank {} of {} is not a data-parallel rank", options.rank,
-                         options.worldSize);
-  if (pp > 1 && dp * tp * pp != options.worldSize)
-    return Status::error("{} was compiled for {} pipeline stages (forgec --pp {}), this run has "
-                         "{} rank{}: start it with forge-train --nproc {} (or WORLD_SIZE={} from "
-                         "a launcher)",
-                         origin, pp, pp, options.worldSize, options.worldSize > 1 ? "s" : "",
-                         dp * tp * pp, dp * tp * pp);
-  if (pp == 1 && dp * tp != options.worldSize) {
-    const std::string layout =
-        tp > 1 ? fmt::format("{} rank{} ({} data-parallel x {} tensor-parallel: forgec --dp {} "
-                             "--tp {})",
-                             dp * tp, dp * tp > 1 ? "s" : "", dp, tp, dp, tp)
-               : fmt::format("{} data-parallel rank{} (forgec --dp {})", dp, dp > 1 ? "s" : "",
-                             dp);
-    return Status::error("{} was compiled for {}, this run has {}: {}", origin, layout,
-                         options.worldSize,
-                         dp * tp > 1
-                             ? fmt::format("start it with forge-train --nproc {} (or WORLD_SIZE="
-                                           "{} from a launcher)",
-                                           dp * tp, dp * tp)
-                             : std::string("compile it with forgec --dp N for N ranks"));
-  }
-  tr->dpSize_ = dp;
-  tr->tpSize_ = tp;
-  tr->dpRank_ = options.rank / (tp * pp);
+  FORGE_RETURN_IF_ERROR(tr->checkRankLayout(bundle, options, *tpOption));
+  const int64_t dp = tr->dpSize_, pp = tr->ppSize_;
   if (rankInput >= 0) // the same every step: the executor uploads it with each step's inputs
     std::memcpy(ex.inputBuffer(rankInput), &tr->dpRank_, sizeof(int64_t));
   tr->microIndex_.assign(static_cast<size_t>(micro), 0); // set per step (runStep)
@@ -443,44 +411,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     if (workers > 1 && (!tr->trainData_ || tr->trainData_->concurrentFill()) && tr->batch_ > 1)
       tr->dataPool_ = std::make_unique<ThreadPool>(workers);
   }
-  tr->microOuts_.assign(static_cast<size_t>(micro), {});
-  tr->microInputs_.assign(static_cast<size_t>(micro), {});
-  for (int64_t k = 0; k < micro; ++k)
-    for (size_t f = 0; f < tr->fields_.size(); ++f) {
-      void *out = ex.inputBuffer(tensors[f][k]);
-      // One input, K batches (a loop), or the inputs of the step's bucket: each
-      // its own buffer, bound for its run.
-      if (loop || tr->bucketed_) {
-        auto buf = ex.allocateHostBuffer(
-            static_cast<size_t>(tr->batch_) * tr->sampleBytes_[f],
-            fmt::format("micro-batch {} of input '{}'", k, tr->fields_[f].name));
-        if (!buf)
-          return buf.status();
-        out = buf->get();
-        tr->loopBuffers_.push_back(buf.take());
-      }
-      tr->microOuts_[k].push_back(out);
-      tr->microInputs_[k].push_back(tensors[f][k]);
-    }
-  if (options.prefetch > 0 && tr->trainData_) {
-    // The ring's buffers: prefetch + 1 sets (the one the device reads, and the
-    // batches ahead of it).
-    tr->ring_.resize(static_cast<size_t>(options.prefetch) + 1);
-    for (size_t i = 0; i < tr->ring_.size(); ++i) {
-      Slot &slot = tr->ring_[i];
-      slot.outs.assign(static_cast<size_t>(micro), {});
-      for (int64_t k = 0; k < micro; ++k)
-        for (size_t f = 0; f < tr->fields_.size(); ++f) {
-          auto buf = ex.allocateHostBuffer(
-              static_cast<size_t>(tr->batch_) * tr->sampleBytes_[f],
-              fmt::format("prefetched batch {} of input '{}'", i, tr->fields_[f].name));
-          if (!buf)
-            return buf.status();
-          slot.outs[k].push_back(buf->get());
-          slot.buffers.push_back(buf.take());
-        }
-    }
-  }
+  FORGE_RETURN_IF_ERROR(tr->allocateBatchBuffers(tensors, loop, options.prefetch));
 
   // Tokens: one integer [B, T] data input besides the label.
   int tokenInputs = 0;
@@ -498,6 +429,96 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   if (eval)
     FORGE_RETURN_IF_ERROR(tr->setEvalData(std::move(eval)));
   return tr;
+}
+
+/// Data, pipeline and tensor parallelism: the bundle's layout (D x P x T
+/// ranks, the T of a tensor-parallel group consecutive) and this process's
+/// group must agree. Sets the data-parallel size, rank and the tensor-parallel
+/// size.
+Status Trainer::checkRankLayout(const Bundle &bundle, const TrainerOptions &options,
+                                int64_t tp) {
+  const std::string &origin = bundle.origin();
+  auto dpOption = positiveBuildOption(bundle, "data_parallel");
+  if (!dpOption)
+    return dpOption.status();
+  const int64_t dp = *dpOption, pp = ppSize_;
+  if (options.worldSize < 1 || options.rank < 0 || options.rank >= options.worldSize)
+    return Status::error("rank {} of {} is not a data-parallel rank", options.rank,
+                         options.worldSize);
+  if (pp > 1 && dp * tp * pp != options.worldSize)
+    return Status::error("{} was compiled for {} pipeline stages (forgec --pp {}), this run has "
+                         "{} rank{}: start it with forge-train --nproc {} (or WORLD_SIZE={} from "
+                         "a launcher)",
+                         origin, pp, pp, options.worldSize, options.worldSize > 1 ? "s" : "",
+                         dp * tp * pp, dp * tp * pp);
+  if (pp == 1 && dp * tp != options.worldSize) {
+    const std::string layout =
+        tp > 1 ? fmt::format("{} rank{} ({} data-parallel x {} tensor-parallel: forgec --dp {} "
+                             "--tp {})",
+                             dp * tp, dp * tp > 1 ? "s" : "", dp, tp, dp, tp)
+               : fmt::format("{} data-parallel rank{} (forgec --dp {})", dp, dp > 1 ? "s" : "",
+                             dp);
+    return Status::error("{} was compiled for {}, this run has {}: {}", origin, layout,
+                         options.worldSize,
+                         dp * tp > 1
+                             ? fmt::format("start it with forge-train --nproc {} (or WORLD_SIZE="
+                                           "{} from a launcher)",
+                                           dp * tp, dp * tp)
+                             : std::string("compile it with forgec --dp N for N ranks"));
+  }
+  dpSize_ = dp;
+  tpSize_ = tp;
+  dpRank_ = options.rank / (tp * pp);
+  return Status::ok();
+}
+
+/// Where each micro-batch's fields are written: the routine's input buffers,
+/// or (an accumulation loop, length buckets) host buffers of their own bound
+/// for each run; and the prefetch ring's sets (--prefetch K: K + 1, the one
+/// the device reads and the batches ahead of it).
+Status Trainer::allocateBatchBuffers(const std::vector<std::vector<int32_t>> &tensors, bool loop,
+                                     unsigned prefetch) {
+  Executor &ex = *exec_;
+  const int64_t micro = micro_;
+  microOuts_.assign(static_cast<size_t>(micro), {});
+  microInputs_.assign(static_cast<size_t>(micro), {});
+  for (int64_t k = 0; k < micro; ++k)
+    for (size_t f = 0; f < fields_.size(); ++f) {
+      void *out = ex.inputBuffer(tensors[f][k]);
+      // One input, K batches (a loop), or the inputs of the step's bucket: each
+      // its own buffer, bound for its run.
+      if (loop || bucketed_) {
+        auto buf = ex.allocateHostBuffer(
+            static_cast<size_t>(batch_) * sampleBytes_[f],
+            fmt::format("micro-batch {} of input '{}'", k, fields_[f].name));
+        if (!buf)
+          return buf.status();
+        out = buf->get();
+        loopBuffers_.push_back(buf.take());
+      }
+      microOuts_[k].push_back(out);
+      microInputs_[k].push_back(tensors[f][k]);
+    }
+  if (prefetch > 0 && trainData_) {
+    // The ring's buffers: prefetch + 1 sets (the one the device reads, and the
+    // batches ahead of it).
+    ring_.resize(static_cast<size_t>(prefetch) + 1);
+    for (size_t i = 0; i < ring_.size(); ++i) {
+      Slot &slot = ring_[i];
+      slot.outs.assign(static_cast<size_t>(micro), {});
+      for (int64_t k = 0; k < micro; ++k)
+        for (size_t f = 0; f < fields_.size(); ++f) {
+          auto buf = ex.allocateHostBuffer(
+              static_cast<size_t>(batch_) * sampleBytes_[f],
+              fmt::format("prefetched batch {} of input '{}'", i, fields_[f].name));
+          if (!buf)
+            return buf.status();
+          slot.outs[k].push_back(buf->get());
+          slot.buffers.push_back(buf.take());
+        }
+    }
+  }
+  return Status::ok();
 }
 
 std::unique_ptr<EpochSampler> Trainer::makeSampler(uint64_t seed, bool shuffle) const {

@@ -271,6 +271,10 @@ private:
   /// (at sequence length `length` through fillAt when > 0).
   Status fillStep(DataSource &source, std::span<const int64_t> indices,
                   const std::vector<std::vector<void *>> &outs, int64_t length = 0);
+  /// create()'s steps: the ranks' layout against the bundle's; the batches' buffers.
+  Status checkRankLayout(const Bundle &bundle, const TrainerOptions &options, int64_t tp);
+  Status allocateBatchBuffers(const std::vector<std::vector<int32_t>> &tensors, bool loop,
+                              unsigned prefetch);
   /// Length buckets: resolves train_step@len<T> (create) and eval@len<T> (setEvalData).
   Status bindBuckets(const std::string &text, const std::vector<std::vector<int32_t>> &tensors);
   Status bindBucketEvals(const std::vector<int32_t> &plainEvalInputs);
