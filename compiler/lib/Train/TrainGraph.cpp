@@ -784,6 +784,7 @@ private:
                               function_ref<void(Value, const std::string &, Value)> update);
   LogicalResult buildEval(func::FuncOp main);
   Value learningRate(Builder &bb, Value step);
+  Value gradientSquares(Builder &bb, ArrayRef<Value> gradSum);
 
   ModuleOp module;
   const TrainOptions &options;
@@ -945,6 +946,46 @@ void TrainGraphBuilder::appendOptimizerUpdates(
     if (marks) // the update runs where the parameter lives
       marks->stamp(paramStage[i]);
   }
+}
+
+/// The sum of every gradient's squares over the step (the global norm's
+/// square, still scaled by a loss scale).
+Value TrainGraphBuilder::gradientSquares(Builder &bb, ArrayRef<Value> gradSum) {
+  // A split parameter's gradient is this rank's slice of it: the squares of
+  // the slices are summed over their group (once for all of them), the
+  // replicated ones' counted once.
+  Value normSq;
+  std::map<std::pair<std::string, int64_t>, Value> splitSq; // (group, size) -> sum
+  // Pipeline stages: each stage's squares summed where they are made, the
+  // stages' partial sums then in stage order (one message per stage).
+  std::map<int64_t, Value> stageSq;
+  // Where a gradient is made, as forge-split-pipeline-stages will find it (a
+  // tied weight's sum of contributions: on the latest contributing stage).
+  llvm::DenseMap<Operation *, int64_t> madeOn;
+  for (auto [i, p, g] : llvm::enumerate(params, gradSum)) {
+    Value s = bb.sumAll(bb.mul(g, g));
+    if (p.shard || p.zeroParts) {
+      Value &acc = p.shard ? splitSq[{p.shard.getGroup().str(), p.shard.getSize()}]
+                           : splitSq[{"dp", p.zeroParts}];
+      acc = acc ? bb.add(acc, s) : s;
+      continue;
+    }
+    if (marks) {
+      Value &acc = stageSq[std::max<int64_t>(pipelineStageMaking(g, madeOn), paramStage[i])];
+      acc = acc ? bb.add(acc, s) : s;
+      continue;
+    }
+    normSq = normSq ? bb.add(normSq, s) : s;
+  }
+  for (auto &[stage, s] : stageSq)
+    normSq = normSq ? bb.add(normSq, s) : s;
+  for (auto &[group, s] : splitSq) {
+    Value sum = bb.b.create<AllReduceOp>(bb.loc, TypeRange{s.getType()}, ValueRange{s},
+                                         group.first, "sum", group.second)
+                    .getResult(0);
+    normSq = normSq ? bb.add(normSq, sum) : sum;
+  }
+  return normSq;
 }
 
 LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
@@ -1291,40 +1332,7 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     invScale = bb.div(bb.scalar(1.0), scaleNow);
   }
   // Global gradient norm (reported) and clipping.
-  // A split parameter's gradient is this rank's slice of it: the squares of
-  // the slices are summed over their group (once for all of them), the
-  // replicated ones' counted once.
-  Value normSq;
-  std::map<std::pair<std::string, int64_t>, Value> splitSq; // (group, size) -> sum
-  // Pipeline stages: each stage's squares summed where they are made, the
-  // stages' partial sums then in stage order (one message per stage).
-  std::map<int64_t, Value> stageSq;
-  // Where a gradient is made, as forge-split-pipeline-stages will find it (a
-  // tied weight's sum of contributions: on the latest contributing stage).
-  llvm::DenseMap<Operation *, int64_t> madeOn;
-  for (auto [i, p, g] : llvm::enumerate(params, gradSum)) {
-    Value s = bb.sumAll(bb.mul(g, g));
-    if (p.shard || p.zeroParts) {
-      Value &acc = p.shard ? splitSq[{p.shard.getGroup().str(), p.shard.getSize()}]
-                           : splitSq[{"dp", p.zeroParts}];
-      acc = acc ? bb.add(acc, s) : s;
-      continue;
-    }
-    if (marks) {
-      Value &acc = stageSq[std::max<int64_t>(pipelineStageMaking(g, madeOn), paramStage[i])];
-      acc = acc ? bb.add(acc, s) : s;
-      continue;
-    }
-    normSq = normSq ? bb.add(normSq, s) : s;
-  }
-  for (auto &[stage, s] : stageSq)
-    normSq = normSq ? bb.add(normSq, s) : s;
-  for (auto &[group, s] : splitSq) {
-    Value sum = b.create<AllReduceOp>(loc, TypeRange{s.getType()}, ValueRange{s}, group.first,
-                                      "sum", group.second)
-                    .getResult(0);
-    normSq = normSq ? bb.add(normSq, sum) : sum;
-  }
+  Value normSq = gradientSquares(bb, gradSum);
   if (invScale)
     normSq = bb.mul(normSq, bb.castTo(bb.mul(invScale, invScale), Builder::elementOf(normSq)));
   Value gradNorm = bb.sqrt(normSq);
