@@ -727,6 +727,31 @@ def MergeScalarRegions : Pass<"forge-merge-scalar-regions", "::mlir::func::FuncO
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+def MergeReductions : Pass<"forge-merge-reductions", "::mlir::func::FuncOp"> {
+  let summary = "Run a multi_reduce region inside the horizontal region whose scalar members "
+                "alone read its sums";
+  let description = [{
+    A multi_reduce region (the loss's sum, the gradients' squared norms)
+    whose sums only one-element loop members of one later horizontal region
+    read (the loss's mean and the gradient norm's square root, which
+    forge-merge-scalar-regions put beside the optimizer's updates) joins
+    that region as its first member, and those members read the sums inside
+    it. The region's kernel gives each sum blocks of its own and evaluates
+    the readers in the block that completes the last sum (an arrival count
+    kept, until then, in the bits of an f32 result of the readers, zeroed
+    with the sums). Not merged: a sum anything else reads (a clip scale the
+    updates read, an all-reduce), readers without an f32 result, a host
+    whose operands plus results would pass `max-horizontal-operands`.
+    Values are unchanged; one launch fewer (the bench MLP: 13 -> 12).
+  }];
+  let options = [
+    Option<"maxHorizontalOperands", "max-horizontal-operands", "int64_t", /*default=*/"120",
+           "Most operands plus results of the merged region (forge-fuse's limit for "
+           "horizontal regions)">,
+  ];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 def SelectLibrary : Pass<"forge-select-library", "::mlir::func::FuncOp"> {
   let summary = "Mark the matmul/gemm/conv ops that run as cuBLASLt or cuDNN calls";
   let description = [{

@@ -72,6 +72,17 @@ bool isPersistent(func::FuncOp func, unsigned i) {
 /// region's members run in no order: only when the loop member that writes
 /// result j is the only one reading operand k (a pointwise region that took
 /// a scalar rider, forge-merge-scalar-regions).
+/// A horizontal region's member that reads an earlier member's sums
+/// (forge-merge-reductions): its kernel writes it in the block that completes
+/// the last sum, into outputs zeroed before the launch (one holds the blocks'
+/// arrival count), so it never writes over an input.
+bool readsSums(FusionOp member) {
+  return llvm::any_of(member.getInputs(), [&](Value v) {
+    auto arg = dyn_cast<BlockArgument>(v);
+    return !arg || arg.getOwner() != member->getBlock();
+  });
+}
+
 bool readsBeforeWrites(Operation *op, unsigned k, unsigned j) {
   auto in = cast<RankedTensorType>(op->getOperand(k).getType());
   auto out = cast<RankedTensorType>(op->getResult(j).getType());
@@ -84,7 +95,7 @@ bool readsBeforeWrites(Operation *op, unsigned k, unsigned j) {
       Value yielded = body.getTerminator()->getOperand(j);
       auto writer = dyn_cast_or_null<FusionOp>(yielded.getDefiningOp());
       if (!writer || writer->getBlock() != &body || writer.getKind() != "loop" ||
-          writer.isViewRegion())
+          writer.isViewRegion() || readsSums(writer))
         return false;
       // Every operand slot holding the value (members read their own copies).
       for (auto [i, v] : llvm::enumerate(op->getOperands()))
@@ -229,6 +240,9 @@ llvm::DenseSet<Value> PlanMemoryPass::placeUpdates(func::FuncOp func) {
     auto writer = llvm::find_if(fusion.getBlock().without_terminator(), [&](Operation &m) {
       return llvm::is_contained(m.getResults(), yielded);
     });
+    if (writer == fusion.getBlock().without_terminator().end() || !isa<FusionOp>(*writer) ||
+        cast<FusionOp>(*writer).getKind() != "loop" || readsSums(cast<FusionOp>(*writer)))
+      return false;
     for (auto [i, input] : llvm::enumerate(op->getOperands()))
       if (input == old)
         for (Operation *user : fusion.getBlock().getArgument(i).getUsers())
@@ -372,21 +386,25 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   // stream is ordered after it (`until`: a wait for it or a later op of its
   // stream, else the end), and its results have them from the last compute
   // op it is ordered after on (`after`), since the compute ops between may
-  // still be running when it writes them.
+  // still be running when it writes them. The compute op at `until` runs
+  // after the op is done (it waited for it): its results may take the
+  // operands' bytes (the operands' range ends before it, unless it reads
+  // them too), not the results' (it reads them).
   llvm::DenseMap<Operation *, int64_t> collectiveEnd;
   for (auto [at, op] : llvm::enumerate(steps)) {
     if (order.stream[at] == 0)
       continue;
     const int64_t until = std::min(order.until[at], last);
+    const int64_t operandsUntil = until < last ? until - 1 : last;
     for (Value v : op->getOperands())
       if (auto it = indexOf.find(v); it != indexOf.end())
-        tensors[it->second].end = std::max(tensors[it->second].end, until);
+        tensors[it->second].end = std::max(tensors[it->second].end, operandsUntil);
     for (Value r : op->getResults())
       if (auto it = indexOf.find(r); it != indexOf.end()) {
         tensors[it->second].begin = std::min(tensors[it->second].begin, order.after[at] + 1);
         tensors[it->second].end = std::max(tensors[it->second].end, until);
       }
-    collectiveEnd[op] = until;
+    collectiveEnd[op] = operandsUntil; // where its operands die
   }
 
   // A reshape's result shares its operand's bytes: one interval per chain,

@@ -179,8 +179,9 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
 /// The most bytes of op results live at once under the streams' order
 /// (StreamOrder.h), each from its op to its last reader (the return: the
 /// end); an op off the compute stream holds its operands until the compute
-/// stream is ordered after it, and its results from the last compute op it
-/// follows. A cuDNN op's workspace (kCudnnWorkspaceFloor) is live over the
+/// stream is ordered after it (to the op before the compute op that waits
+/// for it, as forge-plan-memory), and its results from the last compute op
+/// it follows. A cuDNN op's workspace (kCudnnWorkspaceFloor) is live over the
 /// same span: concurrent convolutions each hold one. Inputs, parameters and
 /// constants are left out: no order changes them. The plan's in-place reuse
 /// is not modelled.
@@ -194,9 +195,10 @@ uint64_t estimatePeak(const StreamOrder &o, Block &body) {
     const bool aside = o.stream[p] != 0;
     for (Value r : o.ops[p]->getResults())
       range[r] = {aside ? o.after[p] + 1 : p, aside ? o.until[p] : p};
+    const int64_t operandsUntil = !aside ? p : o.until[p] < n ? o.until[p] - 1 : n;
     for (Value v : o.ops[p]->getOperands())
       if (auto it = range.find(v); it != range.end())
-        it->second.second = std::max(it->second.second, aside ? o.until[p] : p);
+        it->second.second = std::max(it->second.second, operandsUntil);
   }
   for (Value v : body.getTerminator()->getOperands())
     if (auto it = range.find(v); it != range.end())

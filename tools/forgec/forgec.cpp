@@ -146,6 +146,12 @@ static cl::opt<bool> fuseColumnSums(
              "region's kernel as it writes the result (forge-fuse-column-sums). =false keeps "
              "the sum's own kernel, for comparisons"),
     cl::init(true), cl::cat(forgecCategory));
+static cl::opt<bool> mergeReductions(
+    "merge-reductions",
+    cl::desc("CUDA: a multi_reduce region (the loss's sum, the gradient norms) whose sums only "
+             "the optimizer's scalar members read runs inside the optimizer's kernel "
+             "(forge-merge-reductions). =false keeps its own launch, for comparisons"),
+    cl::init(true), cl::cat(forgecCategory));
 static cl::opt<bool> gemmAuxEpilogues(
     "gemm-aux-epilogues",
     cl::desc("CUDA: also the cuBLASLt epilogues that save a tensor for the backward or read "
@@ -752,6 +758,7 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   o.foldAttentionViews = foldAttentionViews;
   o.permuteParameters = permuteParameters;
   o.fuseColumnSums = fuseColumnSums;
+  o.mergeReductions = mergeReductions;
   o.scheduleReport = scheduleReport;
   o.scheduleOrder = scheduleOrder;
   o.computeStreams = computeStreams;

@@ -683,6 +683,25 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> reduceKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> rowKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> rowFusionKernel(FusionOp fusion, StringRef name);
+  /// A multi_reduce region's reductions (reduce_sum, or reduce_max of
+  /// non-negative values: float8 scaling's amax) and how they read their
+  /// inputs: its own kernel's, or a horizontal region's member's.
+  struct MultiReducePlan {
+    SmallVector<Operation *> sums;
+    SmallVector<bool> isMax, vectorized; // per reduction
+    SmallVector<Type> inTypes, outTypes; // per body argument (4-element vectors or flat), result
+  };
+  std::optional<MultiReducePlan> planMultiReduce(FusionOp fusion);
+  /// Blocks for reduction i at `block` threads: ~4 loads a thread, capped.
+  int64_t multiReduceBlocks(const MultiReducePlan &p, size_t i, int64_t block) const;
+  /// Reduction i over `blocks` blocks (this one the `local`-th): each block's
+  /// share, then one atomic per block into `fn`'s argument `outArg` (zeroed
+  /// before the launch; a maximum as its bits, an integer max). inArgs: the
+  /// argument of `fn` per body argument; `sh`: kWarp f32 of shared memory.
+  /// False when the body has an op no scalar emitter takes.
+  bool emitMultiReduceSum(Body &k, gpu::GPUFuncOp fn, const MultiReducePlan &p, size_t i,
+                          ArrayRef<unsigned> inArgs, unsigned outArg, Value local, int64_t blocks,
+                          int64_t block, Value sh);
   std::optional<KernelLaunch> multiReduceKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> columnReduceKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> layerNormKernel(Operation *op, StringRef name);

@@ -690,62 +690,249 @@ std::optional<KernelLaunch> KernelGenerator::Impl::loopFusionKernel(FusionOp fus
 /// updates) in one launch. Member i owns a contiguous range of blocks, sized
 /// by its work and capped at a few waves (its grid-stride loop covers the
 /// rest); a binary decision tree on blockIdx.x picks the member. Arguments
-/// are every member's inputs, then every member's outputs, in member order
-/// (the region's operands and results).
+/// are the region's operands, then its results (every member's outputs, in
+/// member order).
+///
+/// A multi_reduce member's reductions get block ranges of their own too,
+/// after the loop members' (emitMultiReduceSum: one atomic per block into its
+/// zeroed result). The loop members that read its sums (one-element results:
+/// a loss's mean, the gradient norm; forge-merge-reductions) have no blocks:
+/// thread 0 of each reduction block, after its atomic, fences and counts its
+/// arrival with an
+/// integer atomic in the bits of the first f32 result of those members
+/// (zeroed with the sums); the block that counts last fences again, reads
+/// the complete sums (atomically: they are never cached stale) and evaluates
+/// those members, its stores overwriting the count with the result.
 std::optional<KernelLaunch> KernelGenerator::Impl::horizontalFusionKernel(FusionOp fusion,
                                                                           StringRef name) {
-  SmallVector<FusionOp> members;
-  std::vector<PointwisePlan> plans;
-  for (Operation &op : fusion.getBlock().without_terminator()) {
-    auto member = cast<FusionOp>(op);
-    std::optional<PointwisePlan> p = planLoop(member);
-    if (!p)
+  Block &body = fusion.getBlock();
+  const unsigned numInputs = fusion.getInputs().size();
+  SmallVector<Type> argTypes(numInputs + fusion->getNumResults());
+  // Each block argument read by one member, as that member reads it.
+  auto bindArg = [&](Value v, Type t) -> std::optional<unsigned> {
+    auto arg = dyn_cast<BlockArgument>(v);
+    if (!arg || arg.getOwner() != &body)
       return std::nullopt;
-    p->untile(); // members share the block size and have no shared memory
+    Type &slot = argTypes[arg.getArgNumber()];
+    if (slot && slot != t)
+      return std::nullopt;
+    slot = t;
+    return arg.getArgNumber();
+  };
+  // Units that own blocks: loop members (a pointwise plan) and reductions.
+  struct Unit {
+    size_t member;
+    int64_t sum = -1; // the reduction of a multi_reduce member, or -1
+  };
+  SmallVector<Unit> units;
+  SmallVector<FusionOp> members;
+  std::vector<std::optional<PointwisePlan>> plans;
+  std::vector<std::optional<MultiReducePlan>> reducePlans;
+  SmallVector<SmallVector<unsigned>> inArgs, outArgs;
+  SmallVector<size_t> late; // members evaluated once the sums are complete
+  DenseMap<Value, std::pair<size_t, unsigned>> sumOf; // a sum -> (its member, result)
+  unsigned nextOut = numInputs;
+  int64_t maxWork = 0;
+  for (Operation &op : body.without_terminator()) {
+    auto member = cast<FusionOp>(op);
+    size_t m = members.size();
     members.push_back(member);
-    plans.push_back(std::move(*p));
-  }
-  SmallVector<Type> argTypes;
-  SmallVector<SmallVector<unsigned>> inArgs(members.size()), outArgs(members.size());
-  int64_t maxWork = 1;
-  for (auto [i, p] : llvm::enumerate(plans)) {
-    for (Type t : p.inTypes) {
-      inArgs[i].push_back(static_cast<unsigned>(argTypes.size()));
-      argTypes.push_back(t);
+    plans.emplace_back();
+    reducePlans.emplace_back();
+    inArgs.emplace_back();
+    outArgs.emplace_back();
+    bool reads = llvm::any_of(member.getInputs(), [&](Value v) { return sumOf.count(v); });
+    if (member.getKind() == "multi_reduce") {
+      reducePlans[m] = planMultiReduce(member);
+      if (!reducePlans[m])
+        return std::nullopt;
+      for (auto [j, v] : llvm::enumerate(member.getInputs())) {
+        std::optional<unsigned> a = bindArg(v, reducePlans[m]->inTypes[j]);
+        if (!a)
+          return std::nullopt;
+        inArgs[m].push_back(*a);
+      }
+      for (auto [j, t] : llvm::enumerate(reducePlans[m]->outTypes)) {
+        sumOf[member->getResult(j)] = {m, nextOut};
+        outArgs[m].push_back(nextOut);
+        argTypes[nextOut++] = t;
+      }
+      continue;
     }
-    maxWork = std::max(maxWork, p.work);
-  }
-  for (auto [i, p] : llvm::enumerate(plans))
-    for (Type t : p.outTypes) {
-      outArgs[i].push_back(static_cast<unsigned>(argTypes.size()));
-      argTypes.push_back(t);
+    if (reads) { // one element a result (the verifier): one thread evaluates it
+      for (Value v : member.getInputs()) {
+        if (sumOf.count(v)) {
+          inArgs[m].push_back(~0u); // read from the sum's output
+          continue;
+        }
+        std::optional<unsigned> a =
+            bindArg(v, flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements()));
+        if (!a)
+          return std::nullopt;
+        inArgs[m].push_back(*a);
+      }
+      for (Value r : member->getResults()) {
+        outArgs[m].push_back(nextOut);
+        argTypes[nextOut++] = flatMemref(tensorType(r).getElementType(), 1);
+      }
+      late.push_back(m);
+      continue;
     }
-  int64_t block = chooseBlockSize(target, maxWork);
+    plans[m] = planLoop(member);
+    if (!plans[m])
+      return std::nullopt;
+    plans[m]->untile(); // members share the block size and have no shared memory
+    for (auto [j, v] : llvm::enumerate(member.getInputs())) {
+      std::optional<unsigned> a = bindArg(v, plans[m]->inTypes[j]);
+      if (!a)
+        return std::nullopt;
+      inArgs[m].push_back(*a);
+    }
+    for (Type t : plans[m]->outTypes) {
+      outArgs[m].push_back(nextOut);
+      argTypes[nextOut++] = t;
+    }
+    maxWork = std::max(maxWork, plans[m]->work);
+    units.push_back({m, -1});
+  }
+  // The reductions' blocks last: one range from reduceStart on.
+  for (size_t m = 0; m < members.size(); ++m)
+    if (reducePlans[m])
+      for (size_t i = 0; i < reducePlans[m]->sums.size(); ++i)
+        units.push_back({m, static_cast<int64_t>(i)});
+  if (units.empty() || nextOut != argTypes.size())
+    return std::nullopt;
+  for (auto [a, v] : llvm::enumerate(fusion.getInputs())) // an operand no member reads
+    if (!argTypes[a])
+      argTypes[a] = flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements());
+  // The arrival count: the first f32 result of a late member, as i32 bits.
+  std::optional<unsigned> counter;
+  for (size_t m : late)
+    for (auto [j, r] : llvm::enumerate(members[m]->getResults()))
+      if (!counter && tensorType(r).getElementType().isF32()) {
+        counter = outArgs[m][j];
+        argTypes[*counter] = flatMemref(IntegerType::get(context, 32), 1);
+      }
+  if (!late.empty() && !counter)
+    return std::nullopt;
+
+  int64_t block = maxWork > 0 ? chooseBlockSize(target, maxWork) : 256;
   const int64_t cap = 4 * target.typicalSMs * std::max<int64_t>(1, target.maxThreadsPerSM / block);
   SmallVector<int64_t> first, blocks;
-  int64_t grid = 0;
-  for (const PointwisePlan &p : plans) {
+  int64_t grid = 0, reduceBlocks = 0, reduceStart = -1;
+  for (const Unit &u : units) {
     first.push_back(grid);
-    blocks.push_back(std::clamp<int64_t>((p.work + block - 1) / block, 1, cap));
+    if (u.sum >= 0) {
+      if (reduceStart < 0)
+        reduceStart = grid;
+      blocks.push_back(multiReduceBlocks(*reducePlans[u.member], u.sum, block));
+      reduceBlocks += blocks.back();
+    } else {
+      blocks.push_back(std::clamp<int64_t>((plans[u.member]->work + block - 1) / block, 1, cap));
+    }
     grid += blocks.back();
   }
+  bool reduces = reduceBlocks > 0;
   OpBuilder b(context);
-  auto fn = newKernel(b, name, argTypes, block);
+  Type f32 = b.getF32Type(), i32 = b.getI32Type();
+  SmallVector<Type> shared;
+  if (reduces)
+    shared.push_back(sharedBuffer(kWarp, f32));
+  auto fn = newKernel(b, name, argTypes, block, shared);
   Body k = Body::of(b, fusion.getLoc(), fn);
+  Value sh = reduces ? Value(fn.getWorkgroupAttributions()[0]) : Value();
   Value bid = k.bid();
   bool ok = true;
-  emitBlockRanges(k, bid, first, [&](size_t i) {
-    FusionOp member = members[i];
-    auto body = [&](Body &kk, ArrayRef<Value> in) { return evalLoopBody(kk, member, in); };
-    ok &= emitPointwise(k, fn, plans[i], inArgs[i], outArgs[i],
-                        b.create<arith::SubIOp>(k.loc, bid, k.idx(first[i])), blocks[i], body);
+  // A fence at the GPU's scope: the sums' atomics before the arrival's, and
+  // the last arrival before the sums' reads.
+  auto fence = [&] {
+    b.create<LLVM::InlineAsmOp>(k.loc, TypeRange{}, ValueRange{}, "fence.acq_rel.gpu;", "",
+                                /*has_side_effects=*/true, /*is_align_stack=*/false,
+                                LLVM::AsmDialectAttr(), ArrayAttr());
+  };
+  // The late members, by the thread that completes the sums.
+  auto evaluateLate = [&] {
+    for (size_t m : late) {
+      SmallVector<Value> in;
+      for (auto [j, v] : llvm::enumerate(members[m].getInputs())) {
+        if (inArgs[m][j] != ~0u) {
+          in.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(inArgs[m][j]), k.idx(0)));
+          continue;
+        }
+        auto [rm, out] = sumOf.lookup(v);
+        unsigned s = cast<OpResult>(v).getResultNumber();
+        Value mem = fn.getArgument(out);
+        Type stored = cast<MemRefType>(mem.getType()).getElementType();
+        if (!stored.isF32() && !stored.isInteger(32)) { // atomics read f32 sums, i32 maxima
+          ok = false;
+          return;
+        }
+        if (reducePlans[rm]->isMax[s]) // bits of a non-negative float: read by max(., 0)
+          in.push_back(b.create<arith::BitcastOp>(
+              k.loc, f32,
+              b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::maxs, k.i32(0), mem,
+                                            ValueRange{k.idx(0)})));
+        else
+          in.push_back(b.create<memref::AtomicRMWOp>(
+              k.loc, arith::AtomicRMWKind::addf, k.fconst(f32, 0.0), mem, ValueRange{k.idx(0)}));
+      }
+      SmallVector<Value> out = evalLoopBody(k, members[m], in);
+      if (out.size() != members[m]->getNumResults()) {
+        ok = false;
+        return;
+      }
+      for (auto [j, v] : llvm::enumerate(out)) {
+        unsigned a = outArgs[m][j];
+        Value stored = a == *counter ? Value(b.create<arith::BitcastOp>(k.loc, i32, v)) : v;
+        b.create<memref::StoreOp>(k.loc, stored, fn.getArgument(a), ValueRange{k.idx(0)});
+      }
+    }
+  };
+  emitBlockRanges(k, bid, first, [&](size_t u) {
+    const Unit &unit = units[u];
+    Value local = b.create<arith::SubIOp>(k.loc, bid, k.idx(first[u]));
+    size_t m = unit.member;
+    if (unit.sum < 0) {
+      auto eval = [&](Body &kk, ArrayRef<Value> in) { return evalLoopBody(kk, members[m], in); };
+      ok &= emitPointwise(k, fn, *plans[m], inArgs[m], outArgs[m], local, blocks[u], eval);
+      return;
+    }
+    ok &= emitMultiReduceSum(k, fn, *reducePlans[m], unit.sum, inArgs[m], outArgs[m][unit.sum],
+                             local, blocks[u], block, sh);
   });
+  // Thread 0 of a reduction block has added its share (above): it arrives.
+  if (!late.empty()) {
+    Value reducing = b.create<arith::AndIOp>(
+        k.loc, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::uge, bid, k.idx(reduceStart)),
+        b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)));
+    k.ifThen(reducing, [&] {
+      fence();
+      Value arrived = b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addi, k.i32(1),
+                                                    fn.getArgument(*counter), ValueRange{k.idx(0)});
+      k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, arrived,
+                                       k.i32(static_cast<int32_t>(reduceBlocks - 1))),
+               [&] {
+                 fence();
+                 evaluateLate();
+               });
+    });
+  }
   if (!ok) {
     fn.erase();
     return std::nullopt;
   }
   b.create<gpu::ReturnOp>(k.loc);
-  return KernelLaunch{name.str(), grid, block};
+  KernelLaunch launch{name.str(), grid, block};
+  if (reduces) { // the sums and the arrival count start at zero
+    launch.zeroOutputs = true;
+    for (size_t m = 0; m < members.size(); ++m)
+      if (reducePlans[m])
+        for (unsigned a : outArgs[m])
+          launch.zeroOnly.push_back(a - numInputs);
+    if (counter)
+      launch.zeroOnly.push_back(*counter - numInputs);
+  }
+  return launch;
 }
 
 /// dropout_mask: element i keeps when word j % 4 of Philox4x32-10(key = seed,

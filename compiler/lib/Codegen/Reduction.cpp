@@ -775,11 +775,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::cumsumKernel(Operation *op, S
 /// integer atomic max (NaN's bits exceed infinity's: a NaN wins, as it
 /// must). Inputs are read at the flat element index (in 4-element vectors
 /// where every size allows: 16 bytes of f32, 8 of bf16/f16), or are scalars.
-std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fusion,
-                                                                     StringRef name) {
+std::optional<KernelGenerator::Impl::MultiReducePlan>
+KernelGenerator::Impl::planMultiReduce(FusionOp fusion) {
   Block &body = fusion.getBlock();
-  SmallVector<Operation *> sums; // reduce_sum, or reduce_max of non-negative values
-  SmallVector<bool> isMax;
+  MultiReducePlan p;
+  SmallVector<Operation *> &sums = p.sums; // reduce_sum, or reduce_max of non-negative values
+  SmallVector<bool> &isMax = p.isMax;
   // abs(x), or max(y, z) of a non-negative y or z.
   std::function<bool(Value)> nonNegative = [&](Value v) {
     Operation *def = v.getDefiningOp();
@@ -803,6 +804,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
         return std::nullopt;
     }
   }
+  if (sums.empty())
+    return std::nullopt;
   // Every argument a member reads has the member's elements (reads[i]: those
   // member i reads), or one.
   //
@@ -813,7 +816,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
   // bandwidth-bound pass over all gradients; scalar loads of ~4 elements per
   // thread ran the MLP's 2.9M in 15 us).
   SmallVector<llvm::SmallSetVector<unsigned, 4>> reads(sums.size());
-  SmallVector<bool> vectorized(sums.size());
+  SmallVector<bool> &vectorized = p.vectorized;
+  vectorized.resize(sums.size());
   for (auto [i, sum] : llvm::enumerate(sums)) {
     int64_t n = tensorType(sum->getOperand(0)).getNumElements();
     SmallVector<Value> worklist{sum->getOperand(0)};
@@ -851,31 +855,30 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
         changed = true;
       }
   }
-  SmallVector<Type> args;
   for (auto [a, v] : llvm::enumerate(fusion.getInputs()))
-    args.push_back(flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements(),
-                              vectorArg[a]));
-  Type f32 = Float32Type::get(context), i32 = IntegerType::get(context, 32);
+    p.inTypes.push_back(
+        flatMemref(tensorType(v).getElementType(), tensorType(v).getNumElements(), vectorArg[a]));
+  Type i32 = IntegerType::get(context, 32);
   for (auto [i, v] : llvm::enumerate(fusion.getResults()))
-    args.push_back(flatMemref(isMax[i] ? i32 : tensorType(v).getElementType(), 1));
-  int64_t block = 256;
+    p.outTypes.push_back(flatMemref(isMax[i] ? i32 : tensorType(v).getElementType(), 1));
+  return p;
+}
+
+int64_t KernelGenerator::Impl::multiReduceBlocks(const MultiReducePlan &p, size_t i,
+                                                 int64_t block) const {
   const int64_t cap = 4 * target.typicalSMs * std::max<int64_t>(1, target.maxThreadsPerSM / block);
-  SmallVector<int64_t> first, blocks;
-  int64_t grid = 0;
-  for (auto [i, sum] : llvm::enumerate(sums)) {
-    int64_t n = tensorType(sum->getOperand(0)).getNumElements();
-    first.push_back(grid);
-    // About 4 loads (of `width` elements) per thread, at least one block.
-    int64_t perBlock = 4 * (vectorized[i] ? kVector : 1) * block;
-    blocks.push_back(std::clamp<int64_t>((n + perBlock - 1) / perBlock, 1, cap));
-    grid += blocks.back();
-  }
-  OpBuilder b(context);
-  auto fn = newKernel(b, name, args, block, {sharedBuffer(kWarp, f32)});
-  Body k = Body::of(b, fusion.getLoc(), fn);
-  Value sh = fn.getWorkgroupAttributions()[0];
-  Value bid = k.bid();
-  unsigned numInputs = fusion.getInputs().size();
+  int64_t n = tensorType(p.sums[i]->getOperand(0)).getNumElements();
+  // About 4 loads (of `width` elements) per thread, at least one block.
+  int64_t perBlock = 4 * (p.vectorized[i] ? kVector : 1) * block;
+  return std::clamp<int64_t>((n + perBlock - 1) / perBlock, 1, cap);
+}
+
+bool KernelGenerator::Impl::emitMultiReduceSum(Body &k, gpu::GPUFuncOp fn, const MultiReducePlan &p,
+                                               size_t lo, ArrayRef<unsigned> inArgs,
+                                               unsigned outArg, Value local, int64_t blocks,
+                                               int64_t block, Value sh) {
+  OpBuilder &b = k.b;
+  Type f32 = b.getF32Type(), i32 = b.getI32Type();
   bool ok = true;
   auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
   auto maxf = [&](Value a, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, a, c); };
@@ -884,61 +887,91 @@ std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fu
   auto evalAt = [&](Value v, Value e, llvm::DenseMap<Value, Value> &stored) {
     return evalBodyValue(k, v, stored, [&](BlockArgument arg) -> Value {
       Value at = tensorType(arg).getNumElements() == 1 ? k.idx(0) : e;
-      return b.create<memref::LoadOp>(k.loc, fn.getArgument(arg.getArgNumber()), at);
+      return b.create<memref::LoadOp>(k.loc, fn.getArgument(inArgs[arg.getArgNumber()]), at);
     });
   };
-  emitBlockRanges(k, bid, first, [&](size_t lo) {
-    Operation *sum = sums[lo];
-    Value input = sum->getOperand(0);
-    auto combine = [&, max = isMax[lo]](Value a, Value c) { return max ? maxf(a, c) : addf(a, c); };
-    int64_t n = tensorType(input).getNumElements();
-    Value local = b.create<arith::SubIOp>(k.loc, bid, k.idx(first[lo]));
-    Value start = k.add(k.mul(local, k.idx(block)), k.tid());
-    const int64_t width = vectorized[lo] ? kVector : 1;
-    Value acc = k.loopAcc(start, n / width, k.idx(blocks[lo] * block), zero, [&](Value e, Value a) {
-      if (!vectorized[lo]) {
-        llvm::DenseMap<Value, Value> stored;
-        Value x = evalAt(input, e, stored);
-        if (!x) {
-          ok = false;
-          return a;
-        }
-        return combine(a, k.toCompute(x, f32));
+  Operation *sum = p.sums[lo];
+  Value input = sum->getOperand(0);
+  auto combine = [&, max = p.isMax[lo]](Value a, Value c) { return max ? maxf(a, c) : addf(a, c); };
+  int64_t n = tensorType(input).getNumElements();
+  Value start = k.add(k.mul(local, k.idx(block)), k.tid());
+  const bool vectorized = p.vectorized[lo];
+  const int64_t width = vectorized ? kVector : 1;
+  Value acc = k.loopAcc(start, n / width, k.idx(blocks * block), zero, [&](Value e, Value a) {
+    if (!vectorized) {
+      llvm::DenseMap<Value, Value> stored;
+      Value x = evalAt(input, e, stored);
+      if (!x) {
+        ok = false;
+        return a;
       }
-      // Vector e of every input, loaded once; the body evaluated per lane.
-      llvm::DenseMap<unsigned, Value> vectors;
-      for (int64_t l = 0; l < kVector; ++l) {
-        llvm::DenseMap<Value, Value> stored;
-        Value x = evalBodyValue(k, input, stored, [&](BlockArgument arg) -> Value {
-          Value mem = fn.getArgument(arg.getArgNumber());
-          if (tensorType(arg).getNumElements() == 1)
-            return b.create<memref::LoadOp>(k.loc, mem, k.idx(0));
-          Value &vec = vectors[arg.getArgNumber()];
-          if (!vec)
-            vec = b.create<memref::LoadOp>(k.loc, mem, e);
-          return b.create<vector::ExtractOp>(k.loc, vec, l);
-        });
-        if (!x) {
-          ok = false;
-          return a;
-        }
-        a = combine(a, k.toCompute(x, f32));
+      return combine(a, k.toCompute(x, f32));
+    }
+    // Vector e of every input, loaded once; the body evaluated per lane.
+    llvm::DenseMap<unsigned, Value> vectors;
+    for (int64_t l = 0; l < kVector; ++l) {
+      llvm::DenseMap<Value, Value> stored;
+      Value x = evalBodyValue(k, input, stored, [&](BlockArgument arg) -> Value {
+        Value mem = fn.getArgument(inArgs[arg.getArgNumber()]);
+        if (tensorType(arg).getNumElements() == 1)
+          return b.create<memref::LoadOp>(k.loc, mem, k.idx(0));
+        Value &vec = vectors[arg.getArgNumber()];
+        if (!vec)
+          vec = b.create<memref::LoadOp>(k.loc, mem, e);
+        return b.create<vector::ExtractOp>(k.loc, vec, l);
+      });
+      if (!x) {
+        ok = false;
+        return a;
       }
-      return a;
-    });
-    acc = k.blockReduce(acc, block / kWarp, sh, zero, combine);
-    k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
-      Value out = fn.getArgument(numInputs + lo);
-      if (isMax[lo])
-        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::maxs,
-                                      b.create<arith::BitcastOp>(k.loc, i32, acc), out,
-                                      ValueRange{k.idx(0)});
-      else
-        b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, acc, out,
-                                      ValueRange{k.idx(0)});
-    });
+      a = combine(a, k.toCompute(x, f32));
+    }
+    return a;
   });
-  if (!ok || sums.empty()) {
+  acc = k.blockReduce(acc, block / kWarp, sh, zero, combine);
+  k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
+    Value out = fn.getArgument(outArg);
+    if (p.isMax[lo])
+      b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::maxs,
+                                    b.create<arith::BitcastOp>(k.loc, i32, acc), out,
+                                    ValueRange{k.idx(0)});
+    else
+      b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, acc, out,
+                                    ValueRange{k.idx(0)});
+  });
+  return ok;
+}
+
+std::optional<KernelLaunch> KernelGenerator::Impl::multiReduceKernel(FusionOp fusion,
+                                                                     StringRef name) {
+  std::optional<MultiReducePlan> p = planMultiReduce(fusion);
+  if (!p)
+    return std::nullopt;
+  SmallVector<Type> args(p->inTypes);
+  llvm::append_range(args, p->outTypes);
+  SmallVector<unsigned> inArgs;
+  for (unsigned a = 0; a < p->inTypes.size(); ++a)
+    inArgs.push_back(a);
+  const unsigned numInputs = p->inTypes.size();
+  int64_t block = 256;
+  SmallVector<int64_t> first, blocks;
+  int64_t grid = 0;
+  for (size_t i = 0; i < p->sums.size(); ++i) {
+    first.push_back(grid);
+    blocks.push_back(multiReduceBlocks(*p, i, block));
+    grid += blocks.back();
+  }
+  OpBuilder b(context);
+  auto fn = newKernel(b, name, args, block, {sharedBuffer(kWarp, b.getF32Type())});
+  Body k = Body::of(b, fusion.getLoc(), fn);
+  Value sh = fn.getWorkgroupAttributions()[0];
+  Value bid = k.bid();
+  bool ok = true;
+  emitBlockRanges(k, bid, first, [&](size_t lo) {
+    Value local = b.create<arith::SubIOp>(k.loc, bid, k.idx(first[lo]));
+    ok &= emitMultiReduceSum(k, fn, *p, lo, inArgs, numInputs + lo, local, blocks[lo], block, sh);
+  });
+  if (!ok) {
     fn.erase();
     return std::nullopt;
   }

@@ -1040,17 +1040,34 @@ LogicalResult FusionOp::verify() {
   if (getNumResults() == 0)
     return emitOpError("has no results");
   if (getKind() == "horizontal") {
-    // Independent loop regions side by side: each member reads body arguments
-    // only, and the yield returns every member's results in member order.
+    // Independent loop and multi_reduce regions side by side: each member
+    // reads body arguments only, except that a loop region of one-element
+    // results may also read an earlier multi_reduce member's sums (the
+    // kernel evaluates it once every sum is complete: forge-merge-reductions).
+    // The yield returns every member's results in member order.
     SmallVector<Value> results;
+    llvm::DenseSet<Value> sums;
     for (Operation &op : block.without_terminator()) {
       auto member = dyn_cast<FusionOp>(op);
-      if (!member || member.getKind() != "loop")
-        return op.emitOpError("is not a loop region; a horizontal region holds loop regions only");
-      for (Value v : member.getInputs())
-        if (!isa<BlockArgument>(v) || cast<BlockArgument>(v).getOwner() != &block)
-          return member.emitOpError("reads a value that is not an argument of its horizontal "
-                                    "region (members must be independent)");
+      if (!member || (member.getKind() != "loop" && member.getKind() != "multi_reduce"))
+        return op.emitOpError("is not a loop or multi_reduce region; a horizontal region holds "
+                              "those only");
+      bool scalar =
+          member.getKind() == "loop" && llvm::all_of(member->getResultTypes(), [](Type t) {
+            return cast<RankedTensorType>(t).getNumElements() == 1;
+          });
+      for (Value v : member.getInputs()) {
+        if (isa<BlockArgument>(v) && cast<BlockArgument>(v).getOwner() == &block)
+          continue;
+        if (scalar && sums.contains(v))
+          continue;
+        return member.emitOpError("reads a value that is neither an argument of its horizontal "
+                                  "region nor, for a loop region of one-element results, a sum "
+                                  "of an earlier multi_reduce member (members must be "
+                                  "independent)");
+      }
+      if (member.getKind() == "multi_reduce")
+        sums.insert(member->result_begin(), member->result_end());
       llvm::append_range(results, member.getResults());
     }
     if (!llvm::equal(results, yield.getValues()))

@@ -98,6 +98,10 @@ void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
     // before the kernel generator, which gives each region one launch. The
     // CPU runs regions op by op: a launch saved is nothing there.
     pm.addNestedPass<func::FuncOp>(createMergeScalarRegions());
+    // After the riders joined their hosts (the sums' scalar readers are then
+    // the optimizer's late members), before the generator.
+    if (options.mergeReductions)
+      pm.addNestedPass<func::FuncOp>(createMergeReductions());
     pm.addNestedPass<func::FuncOp>(createSelectLibrary());
     // After the library marks (it folds only into cuDNN attention) and before
     // the generator, which would give a folded split a kernel.

@@ -108,7 +108,7 @@ func.func @horizontal_member_reads_outside(%x: tensor<4xf32>) -> (tensor<4xf32>,
       %n = forge.exp %b : (tensor<4xf32>) -> tensor<4xf32>
       forge.yield %n : tensor<4xf32>
     }
-    // expected-error @+1 {{reads a value that is not an argument of its horizontal region (members must be independent)}}
+    // expected-error @+1 {{reads a value that is neither an argument of its horizontal region nor, for a loop region of one-element results, a sum of an earlier multi_reduce member (members must be independent)}}
     %m = forge.fusion "loop"(%e) : (tensor<4xf32>) -> tensor<4xf32> {
     ^bb0(%b: tensor<4xf32>):
       %n = forge.neg %b : (tensor<4xf32>) -> tensor<4xf32>
@@ -117,6 +117,46 @@ func.func @horizontal_member_reads_outside(%x: tensor<4xf32>) -> (tensor<4xf32>,
     forge.yield %e, %m : tensor<4xf32>, tensor<4xf32>
   }
   return %r#0, %r#1 : tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+// A multi_reduce member's sums may be read by one-element loop members
+// (forge-merge-reductions), not by a member over a whole tensor.
+func.func @horizontal_sum_read_by_tensor_member(%x: tensor<4xf32>, %y: tensor<4xf32>) -> (tensor<f32>, tensor<4xf32>) {
+  %r:2 = forge.fusion "horizontal"(%x, %y) : (tensor<4xf32>, tensor<4xf32>) -> (tensor<f32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<4xf32>, %c: tensor<4xf32>):
+    %s = forge.fusion "multi_reduce"(%a) : (tensor<4xf32>) -> tensor<f32> {
+    ^bb0(%b: tensor<4xf32>):
+      %n = forge.reduce_sum %b {axes = array<i64: 0>, keepdims = false} : (tensor<4xf32>) -> tensor<f32>
+      forge.yield %n : tensor<f32>
+    }
+    // expected-error @+1 {{reads a value that is neither an argument of its horizontal region}}
+    %m = forge.fusion "loop"(%c, %s) : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32> {
+    ^bb0(%b: tensor<4xf32>, %d: tensor<f32>):
+      %n = forge.mul %b, %d : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
+      forge.yield %n : tensor<4xf32>
+    }
+    forge.yield %s, %m : tensor<f32>, tensor<4xf32>
+  }
+  return %r#0, %r#1 : tensor<f32>, tensor<4xf32>
+}
+
+// -----
+
+// A member of another kind.
+func.func @horizontal_row_member(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %r = forge.fusion "horizontal"(%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    // expected-error @+1 {{is not a loop or multi_reduce region; a horizontal region holds those only}}
+    %s = forge.fusion "row"(%a) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+    ^bb0(%b: tensor<2x4xf32>):
+      %n = forge.softmax %b {axis = 1 : i64} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+      forge.yield %n : tensor<2x4xf32>
+    }
+    forge.yield %s : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
 }
 
 // -----

@@ -4,9 +4,10 @@
 // reads one of its results. %g, read by the all_reduce alone, is reduced in
 // place (result 0 takes its bytes, 64); %h is read again after it, so
 // result 1 gets bytes of its own (192). Both operands stay live until the
-// first reader of a result (the first mul): the add between them may not
-// take their bytes (it gets 256, a fresh slot, where a plan for sequential
-// steps would have reused one).
+// compute stream waits for the collective (at the first reader of a result,
+// the first mul, whose result may then take them): the add between them may
+// not take their bytes (it gets 256, a fresh slot, where a plan for
+// sequential steps would have reused one).
 // CHECK-LABEL: func @collective
 // CHECK-SAME: forge.offset = 0 : i64
 // CHECK: forge.neg %arg0 {forge.offsets = array<i64: 64>}

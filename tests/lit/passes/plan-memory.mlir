@@ -189,3 +189,34 @@ func.func @horizontal_member_in_place(%x: tensor<64xf32> {forge.kind = "input", 
   }
   return %h#0, %h#1, %h2#0, %h2#1 : tensor<64xf32>, tensor<f32>, tensor<64xf32>, tensor<64xf32>
 }
+
+// -----
+
+// A member that reads an earlier member's sums (forge-merge-reductions) is
+// written by the block that completes them, into outputs zeroed before the
+// launch (one holds the blocks' arrival count): never over an operand, even
+// one only it reads (%c, which dies here, would otherwise give the mean its
+// bytes).
+// CHECK-LABEL: func @late_member_not_in_place
+// CHECK: forge.neg %arg1 {forge.offsets = array<i64: [[C:[0-9]+]]>}
+// CHECK-NOT: forge.offsets = array<i64: {{[0-9]+}}, [[C]]>
+// CHECK: forge.mul
+func.func @late_member_not_in_place(%g: tensor<64xf32> {forge.kind = "input", forge.name = "g"}, %s: tensor<f32> {forge.kind = "input", forge.name = "s"}) -> (tensor<f32> {forge.name = "y"}) {
+  %c = forge.neg %s : (tensor<f32>) -> tensor<f32>
+  %h:2 = forge.fusion "horizontal"(%g, %c) {forge.launch = {block = 64 : i64, grid = 1 : i64, kernel = "k0_fusion", zero_only = array<i64: 0, 1>, zero_outputs}} : (tensor<64xf32>, tensor<f32>) -> (tensor<f32>, tensor<f32>) {
+  ^bb0(%a: tensor<64xf32>, %b: tensor<f32>):
+    %sum = forge.fusion "multi_reduce"(%a) : (tensor<64xf32>) -> tensor<f32> {
+    ^bb0(%v: tensor<64xf32>):
+      %r = forge.reduce_sum %v {axes = array<i64: 0>, keepdims = false} : (tensor<64xf32>) -> tensor<f32>
+      forge.yield %r : tensor<f32>
+    }
+    %mean = forge.fusion "loop"(%sum, %b) : (tensor<f32>, tensor<f32>) -> tensor<f32> {
+    ^bb0(%v: tensor<f32>, %w: tensor<f32>):
+      %r = forge.div %v, %w : (tensor<f32>, tensor<f32>) -> tensor<f32>
+      forge.yield %r : tensor<f32>
+    }
+    forge.yield %sum, %mean : tensor<f32>, tensor<f32>
+  }
+  %y = forge.mul %h#0, %h#1 : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  return %y : tensor<f32>
+}

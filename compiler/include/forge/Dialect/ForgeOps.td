@@ -653,7 +653,12 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     optimizer's per-parameter updates): each member reads only the region's
     arguments (the region's inputs are all members' inputs, member by
     member), and the region yields all members' results in member order. One
-    kernel runs them all, each member on its own range of blocks.
+    kernel runs them all, each member on its own range of blocks. A member
+    may also be a multi_reduce region (below), and a loop region whose
+    results have one element each may read such an earlier member's sums
+    (forge-merge-reductions: a loss's mean and the gradient norm's square
+    root beside the optimizer); the kernel evaluates it in the block that
+    completes the last sum, so no launch waits for the sums.
 
     `kind = "row"`: one softmax-family op over the innermost axis (softmax,
     log_softmax, softmax_grad, log_softmax_grad) with pointwise ops before it
