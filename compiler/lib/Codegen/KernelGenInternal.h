@@ -45,6 +45,8 @@ inline constexpr int64_t kWarp = 32;
 inline constexpr int64_t kVector = 4;
 inline constexpr int64_t kMaxGrid = int64_t(1) << 20; // grid-stride loops cover the rest
 inline constexpr int64_t kUnrollTaps = 16; // pooling windows up to this many taps are unrolled
+inline constexpr int64_t kStagedPoolBlock = 256;       // a channels-first max pool's staged block
+inline constexpr int64_t kStagedPoolBytes = 24 * 1024; // ... and its shared input rows, at most
 inline constexpr int64_t kRowCache = 8; // row kernels keep up to this many columns per thread in registers
 
 /// Block size with the highest occupancy the target allows (ties: the smaller

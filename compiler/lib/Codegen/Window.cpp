@@ -168,9 +168,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
   };
   // The chosen tap of window `o` of the plane at `base`: (value, plane offset
   // or -1 if none). With `column`, only the taps of that column (index along
-  // the last kernel dim), in the same order.
+  // the last kernel dim), in the same order. With `staged`, the tap at a
+  // plane offset is read through it (the plane's rows in shared memory).
   auto choose = [&](Body &k, Value image, Value base, ArrayRef<Value> o, Value c,
-                    Value column = Value()) -> std::pair<Value, Value> {
+                    Value column = Value(),
+                    function_ref<Value(Value)> staged = nullptr) -> std::pair<Value, Value> {
     OpBuilder &b = k.b;
     SmallVector<int64_t> rowTaps(g->kernel.begin(), g->kernel.end() - 1);
     SmallVector<Value> chosen = k.foldRange(
@@ -185,7 +187,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
             tap = g->tap(k, t);
           }
           auto [valid, off] = g->imageOffset(k, g->position(k, o, tap));
-          Value v = k.load(image, element(k, k.add(base, off), c), elem);
+          Value v = staged ? staged(off) : k.load(image, element(k, k.add(base, off), c), elem);
           Value best = acc[0];
           Value take;
           if (fl) {
@@ -258,6 +260,92 @@ std::optional<KernelLaunch> KernelGenerator::Impl::maxPoolKernel(Operation *op, 
                                           ValueRange{element(k, k.add(base, off), c)});
           });
         });
+    launch.zeroOutputs = grad;
+    return launch;
+  }
+  // Channels-first 2-d windows with a horizontal stride: a thread per output
+  // reads taps `stride` elements from its neighbour's (strided). Instead a
+  // block stages the input rows of a tile of output rows in shared memory
+  // (consecutive threads load consecutive elements: the rows lie one after
+  // another), then each thread takes outputs of the tile (stored, or their
+  // gradients read, consecutively) and scans its window there, in `choose`'s
+  // order. Float images (f32 in shared memory), the f32 (atomic) gradient.
+  const int64_t stagedRows = [&]() -> int64_t {
+    if (cl || g->rank() != 2 || g->strides[1] < 2 ||
+        !(elem.isF32() || elem.isBF16() || elem.isF16()) ||
+        (grad && !tensorType(op->getResult(0)).getElementType().isF32()))
+      return 0;
+    const int64_t outRows = g->out[0], outCols = g->out[1];
+    auto inRows = [&](int64_t r) {
+      return (r - 1) * g->strides[0] + (g->kernel[0] - 1) * g->dilations[0] + 1;
+    };
+    int64_t r = std::clamp<int64_t>((kStagedPoolBlock + outCols - 1) / outCols, 1, outRows);
+    while (r > 1 && inRows(r) * g->image[1] * 4 > kStagedPoolBytes)
+      --r;
+    return inRows(r) * g->image[1] * 4 <= kStagedPoolBytes ? r : 0;
+  }();
+  if (stagedRows > 0) {
+    const int64_t outRows = g->out[0], outCols = g->out[1], cols = g->image[1];
+    const int64_t inRows =
+        (stagedRows - 1) * g->strides[0] + (g->kernel[0] - 1) * g->dilations[0] + 1;
+    const int64_t rowTiles = (outRows + stagedRows - 1) / stagedRows;
+    const int64_t planes = y.getNumElements() / g->outSize, tiles = planes * rowTiles;
+    const int64_t block = kStagedPoolBlock;
+    OpBuilder b(context);
+    Type f32 = b.getF32Type();
+    auto fn = newKernel(b, name, flatArgs(op), block, {sharedBuffer(inRows * cols, f32)});
+    Body k = Body::of(b, op->getLoc(), fn);
+    Value rows = fn.getWorkgroupAttributions()[0];
+    Value gridDim = b.create<gpu::GridDimOp>(k.loc, gpu::Dimension::x);
+    k.loop(k.bid(), k.idx(tiles), gridDim, [&](Value t) {
+      Value plane = k.div(t, rowTiles);
+      Value row0 = k.mul(k.rem(t, rowTiles), k.idx(stagedRows)); // the tile's first output row
+      // The first staged image row (negative above the image: padding).
+      Value first =
+          b.create<arith::SubIOp>(k.loc, k.mul(row0, k.idx(g->strides[0])), k.idx(g->padBegin[0]));
+      Value base = k.mul(plane, k.idx(g->imageSize));
+      Value firstAt = k.add(base, k.mul(first, k.idx(cols))); // element 0 of the staged rows
+      k.loop(k.tid(), k.idx(inRows * cols), k.idx(block), [&](Value e) {
+        Value row = b.create<arith::AddIOp>(k.loc, first, k.div(e, cols));
+        Value v = k.valueIf(
+            WindowGeometry::inRange(k, row, 0, g->image[0]),
+            [&]() -> Value {
+              return k.load(fn.getArgument(0), k.add(firstAt, e), elem); // in f32
+            },
+            k.fconst(f32, -INFINITY));
+        b.create<memref::StoreOp>(k.loc, v, rows, ValueRange{e});
+      });
+      b.create<gpu::BarrierOp>(k.loc);
+      Value outAt = k.add(k.mul(plane, k.idx(g->outSize)), k.mul(row0, k.idx(outCols)));
+      k.loop(k.tid(), k.idx(stagedRows * outCols), k.idx(block), [&](Value q) {
+        Value orow = k.add(row0, k.div(q, outCols));
+        k.ifThen(k.ult(orow, k.idx(outRows)), [&] {
+          SmallVector<Value> o{orow, k.rem(q, outCols)};
+          // A plane offset as an element of the staged rows (clamped: a tap
+          // outside the image is read, then ignored, as choose does).
+          auto staged = [&](Value off) -> Value {
+            Value local = b.create<arith::SubIOp>(k.loc, off, k.mul(first, k.idx(cols)));
+            local = b.create<arith::MinSIOp>(
+                k.loc, b.create<arith::MaxSIOp>(k.loc, local, k.idx(0)), k.idx(inRows * cols - 1));
+            return b.create<memref::LoadOp>(k.loc, rows, ValueRange{local});
+          };
+          auto [best, at] = choose(k, fn.getArgument(0), base, o, Value(), Value(), staged);
+          Value i = k.add(outAt, q);
+          if (!grad) {
+            k.store(best, fn.getArgument(1), i, elem);
+            return;
+          }
+          k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::sge, at, k.idx(0)), [&] {
+            Value dy = k.load(fn.getArgument(1), i, elem);
+            b.create<memref::AtomicRMWOp>(k.loc, arith::AtomicRMWKind::addf, dy, fn.getArgument(2),
+                                          ValueRange{k.add(base, at)});
+          });
+        });
+      });
+      b.create<gpu::BarrierOp>(k.loc); // the rows are read before the next tile's overwrite them
+    });
+    b.create<gpu::ReturnOp>(k.loc);
+    KernelLaunch launch{name.str(), std::min(tiles, kMaxGrid), block};
     launch.zeroOutputs = grad;
     return launch;
   }

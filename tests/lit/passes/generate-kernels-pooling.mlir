@@ -75,3 +75,31 @@ func.func @pool_c16(%x: tensor<4x16x16x16xbf16>, %dy: tensor<4x8x8x16xbf16>) -> 
   %dx = forge.max_pool_grad %x, %dy {ceil_mode = false, channels_last = true, dilations = array<i64: 1, 1>, kernel_shape = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, strides = array<i64: 2, 2>} : (tensor<4x16x16x16xbf16>, tensor<4x8x8x16xbf16>) -> tensor<4x16x16x16xf32>
   return %y, %dx : tensor<4x8x8x16xbf16>, tensor<4x16x16x16xf32>
 }
+
+// -----
+
+// A channels-first 3x3 stride-2 max pool with padding (ResNet's, overlapping
+// windows): a thread per output would read taps 2 elements from its
+// neighbour's. A block stages the tile's input rows (all 9 output rows need
+// rows -1..17 of the 17-row image: 19 x 20 floats, the row above the image
+// -inf) in shared memory, each thread loading consecutive elements, then
+// scans its windows there and stores consecutive outputs: 8 planes, one tile
+// each. The f32 gradient reads dy consecutively and adds it at the chosen tap
+// (data-dependent, zeroed first).
+// CHECK-LABEL: func.func @pool_nchw
+// CHECK: forge.max_pool %arg0 {{.*}}forge.launch = {block = 256 : i64, grid = 8 : i64, kernel = "k0_max_pool"}
+// CHECK: forge.max_pool_grad %arg0, %arg1 {{.*}}forge.launch = {block = 256 : i64, grid = 8 : i64, kernel = "k1_max_pool_grad", zero_outputs}
+// CHECK: gpu.func @k0_max_pool({{.*}}) workgroup(%{{.*}} : memref<380xf32, #gpu.address_space<workgroup>>)
+// CHECK: gpu.barrier
+// CHECK: gpu.barrier
+// CHECK: gpu.func @k1_max_pool_grad
+// CHECK: gpu.barrier
+// CHECK: memref.atomic_rmw addf
+// CHECK: gpu.barrier
+// COALESCED: kernel k0_max_pool: 2 coalesced, 0 broadcast, 0 data-dependent, 0 strided
+// COALESCED: kernel k1_max_pool_grad: 2 coalesced, 0 broadcast, 1 data-dependent, 0 strided
+func.func @pool_nchw(%x: tensor<2x4x17x20xf32>, %dy: tensor<2x4x9x10xf32>) -> (tensor<2x4x9x10xf32>, tensor<2x4x17x20xf32>) {
+  %y = forge.max_pool %x {ceil_mode = false, dilations = array<i64: 1, 1>, kernel_shape = array<i64: 3, 3>, pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 2, 2>} : (tensor<2x4x17x20xf32>) -> tensor<2x4x9x10xf32>
+  %dx = forge.max_pool_grad %x, %dy {ceil_mode = false, dilations = array<i64: 1, 1>, kernel_shape = array<i64: 3, 3>, pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 2, 2>} : (tensor<2x4x17x20xf32>, tensor<2x4x9x10xf32>) -> tensor<2x4x17x20xf32>
+  return %y, %dx : tensor<2x4x9x10xf32>, tensor<2x4x17x20xf32>
+}
