@@ -597,14 +597,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     Value lowered = castOf(b, fusion.getLoc(), yielded, low);
     SmallVector<Value> values(yield->getOperands());
     values.push_back(lowered);
-    yield->setOperands(values);
-    SmallVector<Type> types(fusion.getResultTypes());
-    types.push_back(lowered.getType());
-    b.setInsertionPoint(fusion);
-    auto grown = b.create<FusionOp>(fusion.getLoc(), types, fusion.getInputs(),
-                                    fusion.getKindAttr());
-    grown->setAttrs(fusion->getAttrs());
-    grown.getBody().takeBody(fusion.getBody());
+    FusionOp grown = fusion.rebuild(fusion.getInputs(), values);
     for (unsigned r = 0; r < fusion.getNumResults(); ++r)
       fusion.getResult(r).replaceAllUsesWith(grown.getResult(r));
     // Copies already made of (or by) the old region's results.
@@ -636,12 +629,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
       llvm::append_range(yielded, m.getResults());
     // Old result k is the old yield's operand k (now a grown member's result).
     SmallVector<Value> oldYield(hYield->getOperands());
-    hYield->setOperands(yielded);
-    OpBuilder b(horizontal);
-    auto rebuilt = b.create<FusionOp>(horizontal.getLoc(), ValueRange(yielded).getTypes(),
-                                      horizontal.getInputs(), horizontal.getKindAttr());
-    rebuilt->setAttrs(horizontal->getAttrs());
-    rebuilt.getBody().takeBody(horizontal.getBody());
+    FusionOp rebuilt = horizontal.rebuild(horizontal.getInputs(), yielded);
     for (auto [k, v] : llvm::enumerate(oldYield)) {
       unsigned at = llvm::find(yielded, v) - yielded.begin();
       horizontal.getResult(k).replaceAllUsesWith(rebuilt.getResult(at));
@@ -1261,11 +1249,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     Quantized a = quantize(region.getInputs()[0]), w = quantize(region.getInputs()[1]);
     SmallVector<Value> inputs{a.q, w.q, a.amax, w.amax};
     llvm::append_range(inputs, region.getInputs().drop_front(2));
-    OpBuilder b(region);
-    auto rebuilt = b.create<FusionOp>(region.getLoc(), region.getResultTypes(), inputs,
-                                      region.getKindAttr());
-    rebuilt->setAttrs(region->getAttrs());
-    rebuilt.getBody().takeBody(region.getBody());
+    FusionOp rebuilt = region.rebuild(inputs, region.getBlock().getTerminator()->getOperands());
     Block &body = rebuilt.getBlock();
     body.getArgument(0).setType(a.q.getType());
     body.getArgument(1).setType(w.q.getType());

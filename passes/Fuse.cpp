@@ -414,15 +414,9 @@ bool dropUnusedResults(FusionOp fusion) {
   }
   Operation *yield = fusion.getBlock().getTerminator();
   SmallVector<Value> yielded;
-  SmallVector<Type> types;
-  for (unsigned i : used) {
+  for (unsigned i : used)
     yielded.push_back(yield->getOperand(i));
-    types.push_back(fusion.getResult(i).getType());
-  }
-  OpBuilder b(fusion);
-  auto trimmed = b.create<FusionOp>(fusion.getLoc(), types, fusion.getInputs(), fusion.getKindAttr());
-  trimmed.getBody().takeBody(fusion.getBody());
-  yield->setOperands(yielded);
+  FusionOp trimmed = fusion.rebuild(fusion.getInputs(), yielded);
   for (auto [n, i] : llvm::enumerate(used))
     fusion.getResult(i).replaceAllUsesWith(trimmed.getResult(n));
   fusion.erase();

@@ -411,12 +411,8 @@ FusionOp peelMismatchedSum(FusionOp region) {
     outside = region.getInputs()[arg.getArgNumber()];
   else if (read != yield->getOperand(0))
     return region; // not a form cublasForm takes: it is inlined
-  OpBuilder b(region);
-  auto lone = b.create<FusionOp>(region.getLoc(), TypeRange{region.getResult(0).getType()},
-                                 region.getInputs(), region.getKindAttr());
-  lone->setAttrs(region->getAttrs());
-  lone.getBody().takeBody(region.getBody());
-  yield->eraseOperand(1);
+  FusionOp lone = region.rebuild(region.getInputs(), yield->getOperand(0));
+  OpBuilder b(lone);
   IRMapping map;
   map.map(read, outside ? outside : lone.getResult(0));
   b.setInsertionPointAfter(lone);

@@ -1289,6 +1289,16 @@ bool mlir::forge::isInnermostRowOp(Operation *op) {
          llvm::all_of(op->getOperandTypes(), [&](Type t) { return t == type; });
 }
 
+FusionOp FusionOp::rebuild(ValueRange inputs, ValueRange yielded) {
+  SmallVector<Value> values(yielded); // may be the terminator's own operands
+  getBlock().getTerminator()->setOperands(values);
+  OpBuilder b(*this);
+  auto rebuilt = b.create<FusionOp>(getLoc(), ValueRange(values).getTypes(), inputs, getKindAttr());
+  rebuilt->setAttrs((*this)->getAttrs());
+  rebuilt.getBody().takeBody(getBody());
+  return rebuilt;
+}
+
 void FusionOp::inlineBody() {
   Block &block = getBlock();
   auto yield = cast<YieldOp>(block.getTerminator());

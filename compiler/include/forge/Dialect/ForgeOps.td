@@ -721,6 +721,12 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     /// The FLOPs of the body's ops and the bytes of the region's inputs and
     /// results (intermediates stay in registers).
     ::mlir::forge::OpCost getCost();
+    /// This region rebuilt right before itself over `inputs`, yielding
+    /// `yielded` (values of its body; the terminator's operands are reset):
+    /// the attributes and the body move to the new op, which is returned.
+    /// The caller replaces this op's results and erases it (a region
+    /// growing, dropping or retyping results).
+    FusionOp rebuild(::mlir::ValueRange inputs, ::mlir::ValueRange yielded);
     /// Replaces the region by its body: the ops move before this op in
     /// order (a horizontal region's members inlined in turn), the results
     /// are replaced by the yielded values, and this op is erased. What a
