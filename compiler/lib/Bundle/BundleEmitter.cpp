@@ -74,6 +74,28 @@ private:
   /// Where a CUDA bundle runs `op`: the placement attributes of the IR.
   LogicalResult place(Operation &op, pb::Instruction &inst);
 
+  // The steps of emitRoutine, in order.
+  /// forge-schedule's streams and event edges (none: all on the compute stream).
+  void emitStreams(func::FuncOp func, pb::Routine &routine);
+  /// Arguments: routine inputs, or persistent tensors shared by name.
+  LogicalResult emitArguments(func::FuncOp func, pb::Routine &routine);
+  /// Results that update a persistent tensor, each written in place by its
+  /// op (forge-plan-memory made a copy where that is not safe): value -> tensor.
+  FailureOr<llvm::DenseMap<Value, int32_t>> inPlaceUpdates(func::FuncOp func);
+  /// The routine's constants, in the constant section.
+  LogicalResult emitConstants(Block &body);
+  /// One op: an instruction (a fusion region with its body), or for a view
+  /// placement only its results' tensors.
+  LogicalResult emitOp(Operation &op, pb::Routine &routine,
+                       const llvm::DenseMap<Value, int32_t> &inPlace);
+  /// Outputs: op results returned once (forge-plan-memory copied the others).
+  LogicalResult emitOutputs(func::FuncOp func, pb::Routine &routine);
+
+  /// Result i of `op` as an arena tensor at the offset forge-plan-memory gave it.
+  FailureOr<int32_t> addResult(Operation &op, unsigned i, const std::string &name);
+  /// `bytes` as `info`'s data in the constant section (aligned).
+  void appendSectionData(pb::TensorInfo &info, const std::vector<uint8_t> &bytes);
+
   pb::Program &program;
   bool cuda;
   llvm::DenseMap<Value, int32_t> tensorOf;
@@ -176,11 +198,7 @@ FailureOr<int32_t> ProgramEmitter::persistentTensor(func::FuncOp func, unsigned 
           bytes, std::vector<int64_t>(canonical.getShape().begin(), canonical.getShape().end()),
           layoutPerm, ::forge::rt::dtypeSize(info->dtype()));
     }
-    constantData.resize(::forge::rt::alignUp(constantData.size(), ::forge::rt::kSectionAlignment));
-    info->set_section(0);
-    info->set_data_offset(constantData.size());
-    info->set_data_size(bytes.size());
-    constantData.insert(constantData.end(), bytes.begin(), bytes.end());
+    appendSectionData(*info, bytes);
   } else if (isParameter) {
     return func.emitError() << "parameter '" << name.getValue() << "' has no initial value";
   }
@@ -369,23 +387,39 @@ LogicalResult ProgramEmitter::emitBody(FusionOp fusion, pb::Instruction &inst,
   return success();
 }
 
-LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
-  if (!func.getBody().hasOneBlock())
-    return func.emitError("routines must have a single block");
-  pb::Routine *routine = program.add_routines();
-  routine->set_name(func.getSymName() == "main" ? "forward" : func.getSymName().str());
-  // forge-schedule's streams and event edges (none: all on the compute stream).
-  if (auto streams = func->getAttrOfType<ArrayAttr>("forge.streams")) {
-    for (Attribute a : streams)
-      routine->add_streams(cast<StringAttr>(a).str());
-    if (auto events = func->getAttrOfType<IntegerAttr>("forge.events"))
-      routine->set_events(static_cast<uint32_t>(events.getInt()));
-    if (auto joins = func->getAttrOfType<DenseI64ArrayAttr>("forge.joins"))
-      for (int64_t e : joins.asArrayRef())
-        routine->add_joins(static_cast<uint32_t>(e));
-  }
+void ProgramEmitter::appendSectionData(pb::TensorInfo &info, const std::vector<uint8_t> &bytes) {
+  constantData.resize(::forge::rt::alignUp(constantData.size(), ::forge::rt::kSectionAlignment));
+  info.set_section(0);
+  info.set_data_offset(constantData.size());
+  info.set_data_size(bytes.size());
+  constantData.insert(constantData.end(), bytes.begin(), bytes.end());
+}
 
-  // Arguments: routine inputs, or persistent tensors shared by name.
+FailureOr<int32_t> ProgramEmitter::addResult(Operation &op, unsigned i, const std::string &name) {
+  auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("forge.offsets");
+  if (!offsets || offsets.size() != static_cast<int64_t>(op.getNumResults()))
+    return op.emitError("has no arena offsets (forge-plan-memory did not run)");
+  auto index = addTensor(op.getResult(i), pb::TensorInfo::INTERMEDIATE, name);
+  if (failed(index))
+    return failure();
+  program.mutable_tensors(*index)->set_arena_offset(offsets[i]);
+  return static_cast<int32_t>(*index);
+}
+
+void ProgramEmitter::emitStreams(func::FuncOp func, pb::Routine &routine) {
+  auto streams = func->getAttrOfType<ArrayAttr>("forge.streams");
+  if (!streams)
+    return;
+  for (Attribute a : streams)
+    routine.add_streams(cast<StringAttr>(a).str());
+  if (auto events = func->getAttrOfType<IntegerAttr>("forge.events"))
+    routine.set_events(static_cast<uint32_t>(events.getInt()));
+  if (auto joins = func->getAttrOfType<DenseI64ArrayAttr>("forge.joins"))
+    for (int64_t e : joins.asArrayRef())
+      routine.add_joins(static_cast<uint32_t>(e));
+}
+
+LogicalResult ProgramEmitter::emitArguments(func::FuncOp func, pb::Routine &routine) {
   for (auto [i, arg] : llvm::enumerate(func.getArguments())) {
     auto kind = func.getArgAttrOfType<StringAttr>(i, "forge.kind");
     if (kind && (kind.getValue() == "parameter" || kind.getValue() == "state")) {
@@ -402,17 +436,13 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
       return func.emitError() << "input " << i
                               << " has no arena offset (forge-plan-memory did not run)";
     program.mutable_tensors(*index)->set_arena_offset(offset.getInt());
-    routine->add_inputs(*index);
+    routine.add_inputs(*index);
   }
+  return success();
+}
 
-  Block &body = func.getBody().front();
-  auto ret = cast<func::ReturnOp>(body.getTerminator());
-  auto arenaSize = func->getAttrOfType<IntegerAttr>("forge.arena_size");
-  if (!arenaSize)
-    return func.emitError("routine has no memory plan (forge-plan-memory did not run)");
-
-  // Results that update a persistent tensor are written in place
-  // (forge-plan-memory made a copy where that is not safe).
+FailureOr<llvm::DenseMap<Value, int32_t>> ProgramEmitter::inPlaceUpdates(func::FuncOp func) {
+  auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
   llvm::DenseMap<Value, int32_t> inPlace;
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     auto updates = func.getResultAttrOfType<StringAttr>(i, "forge.updates");
@@ -428,14 +458,13 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
                               << "') is not written in place by an op of the routine";
     inPlace[v] = target->second;
   }
+  return inPlace;
+}
 
-  // Constants.
-  for (Operation &op : body) {
-    auto constant = dyn_cast<ConstantOp>(op);
-    if (!constant)
-      continue;
+LogicalResult ProgramEmitter::emitConstants(Block &body) {
+  for (auto constant : body.getOps<ConstantOp>()) {
     std::string name;
-    if (auto init = op.getAttrOfType<StringAttr>("forge.initializer"))
+    if (auto init = constant->getAttrOfType<StringAttr>("forge.initializer"))
       name = init.str();
     else
       name = "const" + std::to_string(constantCount);
@@ -443,102 +472,80 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     auto index = addTensor(constant.getResult(), pb::TensorInfo::CONSTANT, name);
     if (failed(index))
       return failure();
-    std::vector<uint8_t> bytes = elementsToBytes(constant.getValue());
-    constantData.resize(::forge::rt::alignUp(constantData.size(), ::forge::rt::kSectionAlignment));
-    pb::TensorInfo *info = program.mutable_tensors(*index);
-    info->set_section(0);
-    info->set_data_offset(constantData.size());
-    info->set_data_size(bytes.size());
-    constantData.insert(constantData.end(), bytes.begin(), bytes.end());
+    appendSectionData(*program.mutable_tensors(*index), elementsToBytes(constant.getValue()));
   }
+  return success();
+}
 
-  // The instructions in program order (constants are not instructions): a
-  // fusion region is one, with the kernel forge-generate-kernels gave it
-  // (regions without one were inlined).
-  auto offsetOf = [&](Operation &op, unsigned i) -> FailureOr<int64_t> {
-    auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("forge.offsets");
-    if (!offsets || offsets.size() != static_cast<int64_t>(op.getNumResults()))
-      return op.emitError("has no arena offsets (forge-plan-memory did not run)");
-    return offsets[i];
-  };
-  // Result i of `op` as an arena tensor at the offset forge-plan-memory gave it.
-  auto addResult = [&](Operation &op, unsigned i, const std::string &name) -> FailureOr<int32_t> {
-    auto index = addTensor(op.getResult(i), pb::TensorInfo::INTERMEDIATE, name);
+LogicalResult ProgramEmitter::emitOp(Operation &op, pb::Routine &routine,
+                                     const llvm::DenseMap<Value, int32_t> &inPlace) {
+  if (op.getDialect()->getNamespace() != "forge")
+    return op.emitError("only forge ops can be emitted into a bundle");
+  auto fusion = dyn_cast<FusionOp>(op);
+  if (fusion && !(cuda && (fusion->hasAttr("forge.launch") || fusion->hasAttr("forge.library"))))
+    return op.emitError("fusion region without a kernel: the placement stage "
+                        "(forge-generate-kernels, or forge-inline-fusions on the CPU) "
+                        "did not run");
+  if (auto placement = op.getAttrOfType<StringAttr>("forge.placement");
+      placement && placement.getValue() == "view") {
+    // No instruction: its results are its operand's bytes at the offsets
+    // forge-plan-memory gave them (a split that cuDNN attention reads in place).
+    if (!cuda)
+      return op.emitError("a view placement is for CUDA bundles only");
+    for (auto [i, r] : llvm::enumerate(op.getResults()))
+      if (failed(addResult(op, static_cast<unsigned>(i),
+                           locName(op.getLoc()) + ":" + std::to_string(i))))
+        return failure();
+    return success();
+  }
+  pb::Instruction *inst = routine.add_instructions();
+  if (failed(encodeInstruction(&op, *inst)))
+    return failure();
+  std::string node = locName(op.getLoc());
+  inst->set_name(node);
+  if (failed(place(op, *inst)))
+    return failure();
+  if (auto stream = op.getAttrOfType<IntegerAttr>("forge.stream"))
+    inst->set_stream(static_cast<uint32_t>(stream.getInt()));
+  if (auto event = op.getAttrOfType<IntegerAttr>("forge.event"))
+    inst->set_event(static_cast<uint32_t>(event.getInt()));
+  if (auto waits = op.getAttrOfType<DenseI64ArrayAttr>("forge.waits"))
+    for (int64_t e : waits.asArrayRef())
+      inst->add_waits(static_cast<uint32_t>(e));
+  OpCost cost;
+  if (fusion)
+    cost = fusion.getCost();
+  else if (auto iface = dyn_cast<ForgeOpInterface>(op))
+    cost = iface.getCost();
+  inst->set_flops(static_cast<uint64_t>(std::max<int64_t>(cost.flops, 0)));
+  inst->set_bytes(static_cast<uint64_t>(std::max<int64_t>(cost.bytes, 0)));
+  for (Value v : op.getOperands()) {
+    auto it = tensorOf.find(v);
+    if (it == tensorOf.end())
+      return op.emitError("operand defined outside the routine's body");
+    inst->add_inputs(it->second);
+  }
+  for (auto [i, r] : llvm::enumerate(op.getResults())) {
+    if (auto target = inPlace.find(r); target != inPlace.end()) {
+      tensorOf[r] = target->second;
+      inst->add_outputs(target->second);
+      continue;
+    }
+    std::string name = node.empty()
+                           ? "t" + std::to_string(program.tensors_size())
+                           : node + (op.getNumResults() > 1 ? ":" + std::to_string(i) : "");
+    FailureOr<int32_t> index = addResult(op, static_cast<unsigned>(i), name);
     if (failed(index))
       return failure();
-    FailureOr<int64_t> offset = offsetOf(op, i);
-    if (failed(offset))
-      return failure();
-    program.mutable_tensors(*index)->set_arena_offset(*offset);
-    return static_cast<int32_t>(*index);
-  };
-  for (Operation &op : body.without_terminator()) {
-    if (isa<ConstantOp>(op))
-      continue;
-    if (op.getDialect()->getNamespace() != "forge")
-      return op.emitError("only forge ops can be emitted into a bundle");
-    auto fusion = dyn_cast<FusionOp>(op);
-    if (fusion && !(cuda && (fusion->hasAttr("forge.launch") || fusion->hasAttr("forge.library"))))
-      return op.emitError("fusion region without a kernel: the placement stage "
-                          "(forge-generate-kernels, or forge-inline-fusions on the CPU) "
-                          "did not run");
-    if (auto placement = op.getAttrOfType<StringAttr>("forge.placement");
-        placement && placement.getValue() == "view") {
-      // No instruction: its results are its operand's bytes at the offsets
-      // forge-plan-memory gave them (a split that cuDNN attention reads in place).
-      if (!cuda)
-        return op.emitError("a view placement is for CUDA bundles only");
-      for (auto [i, r] : llvm::enumerate(op.getResults()))
-        if (failed(addResult(op, static_cast<unsigned>(i),
-                             locName(op.getLoc()) + ":" + std::to_string(i))))
-          return failure();
-      continue;
-    }
-    pb::Instruction *inst = routine->add_instructions();
-    if (failed(encodeInstruction(&op, *inst)))
-      return failure();
-    std::string node = locName(op.getLoc());
-    inst->set_name(node);
-    if (failed(place(op, *inst)))
-      return failure();
-    if (auto stream = op.getAttrOfType<IntegerAttr>("forge.stream"))
-      inst->set_stream(static_cast<uint32_t>(stream.getInt()));
-    if (auto event = op.getAttrOfType<IntegerAttr>("forge.event"))
-      inst->set_event(static_cast<uint32_t>(event.getInt()));
-    if (auto waits = op.getAttrOfType<DenseI64ArrayAttr>("forge.waits"))
-      for (int64_t e : waits.asArrayRef())
-        inst->add_waits(static_cast<uint32_t>(e));
-    OpCost cost;
-    if (fusion)
-      cost = fusion.getCost();
-    else if (auto iface = dyn_cast<ForgeOpInterface>(op))
-      cost = iface.getCost();
-    inst->set_flops(static_cast<uint64_t>(std::max<int64_t>(cost.flops, 0)));
-    inst->set_bytes(static_cast<uint64_t>(std::max<int64_t>(cost.bytes, 0)));
-    for (Value v : op.getOperands()) {
-      auto it = tensorOf.find(v);
-      if (it == tensorOf.end())
-        return op.emitError("operand defined outside the routine's body");
-      inst->add_inputs(it->second);
-    }
-    for (auto [i, r] : llvm::enumerate(op.getResults())) {
-      if (auto target = inPlace.find(r); target != inPlace.end()) {
-        tensorOf[r] = target->second;
-        inst->add_outputs(target->second);
-        continue;
-      }
-      std::string name = node.empty() ? "t" + std::to_string(program.tensors_size())
-                                      : node + (op.getNumResults() > 1 ? ":" + std::to_string(i) : "");
-      FailureOr<int32_t> index = addResult(op, static_cast<unsigned>(i), name);
-      if (failed(index))
-        return failure();
-      inst->add_outputs(*index);
-    }
-    if (fusion && failed(emitBody(fusion, *inst, node)))
-      return failure();
+    inst->add_outputs(*index);
   }
+  if (fusion && failed(emitBody(fusion, *inst, node)))
+    return failure();
+  return success();
+}
 
-  // Outputs: op results returned once (forge-plan-memory copied the others).
+LogicalResult ProgramEmitter::emitOutputs(func::FuncOp func, pb::Routine &routine) {
+  auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     if (func.getResultAttrOfType<StringAttr>(i, "forge.updates"))
       continue;
@@ -550,8 +557,34 @@ LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
     info->set_kind(pb::TensorInfo::OUTPUT);
     if (auto name = func.getResultAttrOfType<StringAttr>(i, "forge.name"))
       info->set_name(name.str());
-    routine->add_outputs(index);
+    routine.add_outputs(index);
   }
+  return success();
+}
+
+LogicalResult ProgramEmitter::emitRoutine(func::FuncOp func) {
+  if (!func.getBody().hasOneBlock())
+    return func.emitError("routines must have a single block");
+  pb::Routine *routine = program.add_routines();
+  routine->set_name(func.getSymName() == "main" ? "forward" : func.getSymName().str());
+  emitStreams(func, *routine);
+  if (failed(emitArguments(func, *routine)))
+    return failure();
+  Block &body = func.getBody().front();
+  auto arenaSize = func->getAttrOfType<IntegerAttr>("forge.arena_size");
+  if (!arenaSize)
+    return func.emitError("routine has no memory plan (forge-plan-memory did not run)");
+  FailureOr<llvm::DenseMap<Value, int32_t>> inPlace = inPlaceUpdates(func);
+  if (failed(inPlace) || failed(emitConstants(body)))
+    return failure();
+  // The instructions in program order (constants are not instructions): a
+  // fusion region is one, with the kernel forge-generate-kernels gave it
+  // (regions without one were inlined).
+  for (Operation &op : body.without_terminator())
+    if (!isa<ConstantOp>(op) && failed(emitOp(op, *routine, *inPlace)))
+      return failure();
+  if (failed(emitOutputs(func, *routine)))
+    return failure();
   arena = std::max(arena, static_cast<uint64_t>(arenaSize.getInt()));
   return success();
 }
