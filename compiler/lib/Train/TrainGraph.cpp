@@ -126,11 +126,6 @@ FailureOr<LossSpec> mlir::forge::parseLossSpec(StringRef text, std::string &erro
     error = "--loss cross_entropy: ignore=N applies to class-index labels, not to probs";
     return failure();
   }
-  if (spec.ignoreIndex && spec.smoothing > 0) {
-    error = "--loss cross_entropy: ignore=N with smoothing=S is not supported yet (the "
-            "smoothing term would average over the ignored rows too)";
-    return failure();
-  }
   spec.output = parts[0].str();
   spec.label = parts[1].str();
   return spec;
@@ -561,6 +556,16 @@ struct ClassRows {
   IntegerAttr ignoreAttr(Builder &bb) const {
     return ignore ? bb.b.getI64IntegerAttr(*ignore) : IntegerAttr();
   }
+  /// meanLogProb over the rows that have a target (ignore=N): their classes'
+  /// log p summed, over C times their count (PyTorch's label_smoothing with
+  /// ignore_index: an ignored row has no smoothing term either).
+  Value meanLogProbKept(Builder &bb) const {
+    int64_t classes = cast<RankedTensorType>(logProb.getType()).getDimSize(1);
+    Value keep = valid(bb);
+    Value perRow = bb.castTo(bb.reduceSum(logProb, {1}, false), bb.b.getF32Type());
+    return bb.div(bb.sumAll(bb.mul(perRow, keep)),
+                  bb.mulScalar(bb.sumAll(keep), static_cast<double>(classes)));
+  }
   /// 1 where the row has a target (its label is not the ignored one), f32 [rows].
   Value valid(Builder &bb) const {
     return bb.where(bb.b.create<EqualOp>(bb.loc, labels, bb.intScalar(*ignore)), bb.scalar(0.0),
@@ -676,7 +681,8 @@ FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, 
     Value loss = c.meanTerms(bb);
     if (spec.smoothing > 0) // (1 - s) NLL + s mean(-log p): every row's class mean, averaged
       loss = bb.sub(bb.mulScalar(loss, 1.0 - spec.smoothing),
-                    bb.mulScalar(c.meanLogProb(bb), spec.smoothing));
+                    bb.mulScalar(spec.ignoreIndex ? c.meanLogProbKept(bb) : c.meanLogProb(bb),
+                                 spec.smoothing));
     return std::make_pair(loss, wantCorrect ? bb.sumAll(c.hits(bb)) : Value());
   }
   Value target = bb.castTo(label, type.getElementType());
