@@ -15,7 +15,8 @@ state of the parameters left whole by --tp split over the D ranks); gpt_adamw T=
 block's MLP, PyTorch Linears imported as MatMul of a transposed weight, split over 2 ranks,
 and its vocabulary: the tied embedding's rows and the logits' classes, the cross-entropy
 computed on the split logits; the dump shows the logits output as this rank's 32 of 64
-classes); cnn_adamw T=2 (nothing but its classifier head to split: its 10 classes).
+classes; with label smoothing, and with ignore=N beside it); cnn_adamw T=2 (nothing but its
+classifier head to split: its 10 classes).
 Checkpoints hold whole tensors: the T=2 run's step-10 checkpoint resumes in one process
 with the unsplit bundle, and steps 11-20 match. Errors: a --tp bundle without a group
 names --tp and --nproc; a model with nothing to split (the cnn with an mse loss: no pair and
@@ -202,34 +203,46 @@ def main():
                   all(rc == 0 for rc, _, _ in runs) and len(ev[0]) == 2 and len(ev[1]) == 2 and
                   all(abs(a - b) <= TOL * abs(b) for a, b in zip(*ev)), str(ev))
         # The vocabulary-parallel loss with label smoothing (its class mean summed over the
-        # group) and its eval (loss and accuracy from the split logits), gpt T=2 vs one process.
+        # group) and its eval (loss and accuracy from the split logits), gpt T=2 vs one process;
+        # then with ignore=-100 on every fifth label (length buckets' padding: no term, no
+        # smoothing term, the means over the kept rows, eval weighted by their count).
         gpt = os.path.join(a.fixtures_dir, "gpt_adamw")
-        gdata = os.path.join(gpt, "batches.npz")
-        runs = []
-        for name, extra in (("gs_tp", ["--tp", "2"]), ("gs_one", [])):
-            bundle = os.path.join(tmp, name + ".forge")
-            rc, _, log = e2e.run([forgec, os.path.join(gpt, "model.onnx"), "--batch", "4",
-                                  "--loss", "cross_entropy:logits,labels,smoothing=0.1",
-                                  "--optimizer", "adamw:lr=0.01", "-o", bundle] + extra, 300)
-            if not rep.check(f"gpt smoothing {' '.join(extra) or 'one'}: forgec", rc == 0,
-                             e2e.failure(rc, log)):
-                break
-            metrics = os.path.join(tmp, name + ".jsonl")
-            runs.append(e2e.run([forge_train, bundle, "--data", gdata, "--eval-data", gdata,
-                                 "--eval-every", "5", "--steps", "10", "--threads", "1",
-                                 "--seed", "3", "--metrics", metrics] +
-                                (["--nproc", "2"] if extra else []), 300) + (metrics,))
-        if len(runs) == 2 and rep.check("gpt smoothing --tp 2 and one process: forge-train",
-                                        all(r[0] == 0 for r in runs),
-                                        "; ".join(e2e.failure(r[0], r[2]) for r in runs)):
-            rows = [[json.loads(line) for line in open(r[3])] for r in runs]
-            keys = ("loss", "eval_loss", "eval_accuracy")
-            got = [[(row[k]) for row in rs for k in keys if k in row] for rs in rows]
-            evals = sum(1 for row in rows[0] if "eval_loss" in row)
-            w = max((abs(x - y) / max(abs(y), 1e-12) for x, y in zip(*got)), default=float("inf"))
-            rep.check("gpt smoothing --tp 2: losses, eval losses and accuracies == one process",
-                      len(got[0]) == len(got[1]) == 10 + 2 * evals and evals == 2 and w <= TOL,
-                      f"{len(got[0])} vs {len(got[1])} values, {evals} evals, worst rel {w:.2e}")
+        arrays = dict(np.load(os.path.join(gpt, "batches.npz")))
+        labels = arrays["labels"].astype(np.int64).copy()
+        labels.reshape(-1)[::5] = -100
+        ignored = os.path.join(tmp, "gpt_ignored.npz")
+        np.savez(ignored, **{**arrays, "labels": labels})
+        for what, loss, gdata in (
+                ("smoothing", "cross_entropy:logits,labels,smoothing=0.1",
+                 os.path.join(gpt, "batches.npz")),
+                ("smoothing with ignore", "cross_entropy:logits,labels,smoothing=0.1,ignore=-100",
+                 ignored)):
+            runs = []
+            for name, extra in (("gs_tp", ["--tp", "2"]), ("gs_one", [])):
+                bundle = os.path.join(tmp, name + ".forge")
+                rc, _, log = e2e.run([forgec, os.path.join(gpt, "model.onnx"), "--batch", "4",
+                                      "--loss", loss, "--optimizer", "adamw:lr=0.01", "-o",
+                                      bundle] + extra, 300)
+                if not rep.check(f"gpt {what} {' '.join(extra) or 'one'}: forgec", rc == 0,
+                                 e2e.failure(rc, log)):
+                    break
+                metrics = os.path.join(tmp, name + ".jsonl")
+                runs.append(e2e.run([forge_train, bundle, "--data", gdata, "--eval-data", gdata,
+                                     "--eval-every", "5", "--steps", "10", "--threads", "1",
+                                     "--seed", "3", "--metrics", metrics] +
+                                    (["--nproc", "2"] if extra else []), 300) + (metrics,))
+            if len(runs) == 2 and rep.check(f"gpt {what} --tp 2 and one process: forge-train",
+                                            all(r[0] == 0 for r in runs),
+                                            "; ".join(e2e.failure(r[0], r[2]) for r in runs)):
+                rows = [[json.loads(line) for line in open(r[3])] for r in runs]
+                keys = ("loss", "eval_loss", "eval_accuracy")
+                got = [[(row[k]) for row in rs for k in keys if k in row] for rs in rows]
+                evals = sum(1 for row in rows[0] if "eval_loss" in row)
+                w = max((abs(x - y) / max(abs(y), 1e-12) for x, y in zip(*got)),
+                        default=float("inf"))
+                rep.check(f"gpt {what} --tp 2: losses, eval losses and accuracies == one process",
+                          len(got[0]) == len(got[1]) == 10 + 2 * evals and evals == 2 and w <= TOL,
+                          f"{len(got[0])} vs {len(got[1])} values, {evals} evals, worst rel {w:.2e}")
         rc, _, log = e2e.run([forge_train, tp2, "--data", data, "--steps", "2"], 120)
         rep.check("tp bundle without a group", rc not in (0, None) and "--tp 2" in log and
                   "--nproc" in log, e2e.tail(log, 2))

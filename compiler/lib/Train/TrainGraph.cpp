@@ -544,25 +544,39 @@ struct ClassRows {
   const ClassShard *shard = nullptr;
   Value lse, picked, localMax; // split: [rows] f32, [rows] f32, [rows, 1]
 
-  /// Per row: -log p(label), [rows] (probabilities: -sum_c q_c log p_c).
+  /// Per row: -log p(label), [rows] (probabilities: -sum_c q_c log p_c);
+  /// 0 on a row whose label is the ignored one.
   Value terms(Builder &bb) const {
     if (probs)
       return bb.mulScalar(bb.reduceSum(bb.mul(labels, logProb), {1}, false), -1.0);
     if (!shard)
       return bb.b.create<NllLossOp>(bb.loc, logProb, labels, Value(), bb.b.getStringAttr("none"),
                                     ignoreAttr(bb));
-    return bb.sub(lse, picked);
+    Value t = bb.sub(lse, picked);
+    return ignore ? bb.mul(t, valid(bb)) : t;
   }
   IntegerAttr ignoreAttr(Builder &bb) const {
     return ignore ? bb.b.getI64IntegerAttr(*ignore) : IntegerAttr();
   }
   /// meanLogProb over the rows that have a target (ignore=N): their classes'
   /// log p summed, over C times their count (PyTorch's label_smoothing with
-  /// ignore_index: an ignored row has no smoothing term either).
+  /// ignore_index: an ignored row has no smoothing term either). Split: a
+  /// row's logits summed over the group, less C times its lse.
   Value meanLogProbKept(Builder &bb) const {
-    int64_t classes = cast<RankedTensorType>(logProb.getType()).getDimSize(1);
+    int64_t classes = cast<RankedTensorType>(logits.getType()).getDimSize(1);
+    Value perRow;
+    if (!shard) {
+      perRow = bb.reduceSum(logProb, {1}, false);
+    } else {
+      classes *= shard->size;
+      Value sum = bb.reduceSum(logits, {1}, false);
+      sum = bb.b.create<AllReduceOp>(bb.loc, TypeRange{sum.getType()}, ValueRange{sum},
+                                     shard->group, "sum", shard->size)
+                .getResult(0);
+      perRow = bb.sub(sum, bb.mulScalar(lse, static_cast<double>(classes)));
+    }
     Value keep = valid(bb);
-    Value perRow = bb.castTo(bb.reduceSum(logProb, {1}, false), bb.b.getF32Type());
+    perRow = bb.castTo(perRow, bb.b.getF32Type());
     return bb.div(bb.sumAll(bb.mul(perRow, keep)),
                   bb.mulScalar(bb.sumAll(keep), static_cast<double>(classes)));
   }
@@ -571,11 +585,14 @@ struct ClassRows {
     return bb.where(bb.b.create<EqualOp>(bb.loc, labels, bb.intScalar(*ignore)), bb.scalar(0.0),
                     bb.scalar(1.0));
   }
-  /// The mean over rows of terms(): nll_loss's own mean for class indices.
+  /// The mean over rows of terms(): nll_loss's own mean for class indices
+  /// (over the rows with a target, with ignore=N).
   Value meanTerms(Builder &bb) const {
     if (!shard && !probs)
       return bb.b.create<NllLossOp>(bb.loc, logProb, labels, Value(), bb.b.getStringAttr("mean"),
                                     ignoreAttr(bb));
+    if (ignore)
+      return bb.div(bb.sumAll(terms(bb)), bb.sumAll(valid(bb)));
     return bb.meanAll(terms(bb));
   }
   /// The mean of log p over every row and class (label smoothing's term):
@@ -598,7 +615,8 @@ struct ClassRows {
     OpBuilder &b = bb.b;
     if (shard) {
       Value best = bb.reduceMax(gatherRows(bb, localMax), {0}, false);
-      return bb.where(bb.less(picked, best), bb.scalar(0.0), bb.scalar(1.0));
+      Value hit = bb.where(bb.less(picked, best), bb.scalar(0.0), bb.scalar(1.0));
+      return ignore ? bb.mul(hit, valid(bb)) : hit;
     }
     Value pred = b.create<ArgMaxOp>(bb.loc, logits, b.getI64IntegerAttr(1), b.getBoolAttr(false),
                                     b.getBoolAttr(false));
@@ -674,9 +692,6 @@ FailureOr<std::pair<Value, Value>> buildLoss(Builder &bb, const LossSpec &spec, 
   }
   auto type = cast<RankedTensorType>(output.getType());
   if (spec.kind == "cross_entropy") {
-    if (spec.ignoreIndex && shard)
-      return emitError(loc) << "--loss cross_entropy:...,ignore=N on logits split by vocabulary "
-                               "(--tp) is not supported yet";
     ClassRows c = classRows(bb, output, label, shard, spec.probs, spec.ignoreIndex);
     Value loss = c.meanTerms(bb);
     if (spec.smoothing > 0) // (1 - s) NLL + s mean(-log p): every row's class mean, averaged
@@ -725,9 +740,6 @@ FailureOr<EvalLoss> buildWeightedEvalLoss(Builder &bb, const LossSpec &spec, Val
     return bb.div(bb.sumAll(bb.mul(perSample, w)), denominator);
   };
   if (spec.kind == "cross_entropy") {
-    if (spec.ignoreIndex && shard)
-      return emitError(loc) << "--loss cross_entropy:...,ignore=N on logits split by vocabulary "
-                               "(--tp) is not supported yet";
     ClassRows c = classRows(bb, output, label, shard, spec.probs, spec.ignoreIndex);
     Value terms = c.terms(bb);
     Value correct;
