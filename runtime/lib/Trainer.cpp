@@ -44,8 +44,28 @@ Expected<int64_t> positiveBuildOption(const Bundle &bundle, const std::string &k
   return v;
 }
 
+/// The options after OUTPUT,LABEL of the bundle's cross_entropy loss (build
+/// option "loss": "cross_entropy:OUT,LABEL,smoothing=S,probs,ignore=N").
+std::vector<std::string> crossEntropyOptions(const bundle::Program &p) {
+  const std::string loss = buildOption(p, "loss");
+  size_t colon = loss.find(':');
+  std::vector<std::string> options;
+  if (colon == std::string::npos || loss.compare(0, colon, "cross_entropy") != 0)
+    return options;
+  int part = 0; // OUTPUT, LABEL, then options
+  for (size_t at = colon + 1; at <= loss.size(); ++part) {
+    size_t comma = std::min(loss.find(',', at), loss.size());
+    if (part >= 2)
+      options.push_back(loss.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return options;
+}
+
 /// The class count of the (first) nll_loss in the bundle: its input 0 is
-/// [N, C, ...]. Zero when there is none.
+/// [N, C, ...]. Zero when there is none (logits split by vocabulary, --tp).
+/// The ignored label: the nll_loss's ignore_index, else the loss option's
+/// ignore=N (the split form has no nll_loss).
 void classesOf(const bundle::Program &p, int64_t &numClasses, std::optional<int64_t> &ignore) {
   numClasses = 0;
   for (const bundle::Routine &r : p.routines())
@@ -61,23 +81,22 @@ void classesOf(const bundle::Program &p, int64_t &numClasses, std::optional<int6
         ignore = it->second.i();
       return;
     }
+  for (const std::string &option : crossEntropyOptions(p)) {
+    int64_t v = 0;
+    const char *begin = option.data() + 7, *end = option.data() + option.size();
+    if (option.rfind("ignore=", 0) == 0 && option.size() > 7) {
+      auto [ptr, ec] = std::from_chars(begin, end, v);
+      if (ec == std::errc() && ptr == end)
+        ignore = v;
+    }
+  }
 }
 
 /// Whether the bundle's loss takes class probabilities (forgec --loss
 /// cross_entropy:OUT,LABEL,probs): a label row of C values is one prediction.
 bool labelsAreProbabilities(const bundle::Program &p) {
-  const std::string loss = buildOption(p, "loss");
-  size_t colon = loss.find(':');
-  if (loss.compare(0, colon, "cross_entropy") != 0 || colon == std::string::npos)
-    return false;
-  int part = 0; // OUTPUT, LABEL, then options
-  for (size_t at = colon + 1; at <= loss.size(); ++part) {
-    size_t comma = std::min(loss.find(',', at), loss.size());
-    if (part >= 2 && loss.compare(at, comma - at, "probs") == 0)
-      return true;
-    at = comma + 1;
-  }
-  return false;
+  std::vector<std::string> options = crossEntropyOptions(p);
+  return std::find(options.begin(), options.end(), "probs") != options.end();
 }
 
 /// A scalar f32 output (numel 1) of `routine`, or an error / -1 when optional.

@@ -16,6 +16,8 @@ shape, so it is length-generic. The loss ignores padding (cross_entropy:...,igno
     uninterrupted one's losses exactly (the bucketed order resumes from the checkpoint);
   * --dp 2 on CPU ranks: each step's global samples are one bucket's; it trains as one process
     with the global batch does (documents of equal length per bucket);
+  * --tp 2 on CPU ranks (the MLPs and the vocabulary split; the split loss ignores padding):
+    it trains as one process does, bucket for bucket;
   * --micro-batches 2 (the loop: accumulate@len<T> per bucket) trains as one batch of 4;
   * refusals: a --dim for the bucketed dim, documents for a loss without ignore=N, a dim name the
     model lacks (the import names the symbolic dim it has).
@@ -172,6 +174,23 @@ def main():
             ok = got and ref and len(got) == len(ref) == 8
             err = max(e2e.rel(x["loss"], y["loss"]) for x, y in zip(got, ref)) if ok else 1
             rep.check("--dp 2 on CPU ranks == one process with the global batch",
+                      ok and err <= TOL and [r["length"] for r in got] == [r["length"] for r in ref]
+                      and len({r["length"] for r in got}) >= 2,
+                      f"max rel {err:.1e} (<= {TOL}), lengths {[r['length'] for r in got]}"
+                      if ok else why or why2)
+
+        # Tensor parallelism: both ranks of the group read the step's batch and run the
+        # bucket's routine on their halves of the MLPs and of the vocabulary (the split loss
+        # ignores padding by the loss option's label); it trains as one process does.
+        rc, _, log = e2e.run([forgec, model, "--target", "cpu", "--batch", str(BATCH),
+                              "--tp", "2", "--loss", LOSS, "--optimizer", OPT,
+                              "--length-buckets", "seq=8,16,32", "-o", p("tp.forge")])
+        if rep.check("compile --tp 2 with --length-buckets", rc == 0, e2e.failure(rc, log)):
+            got, why = train(p("tp.forge"), p("even.bin"), "tp", 8, ["--nproc", "2"])
+            ref, why2 = train(p("b.forge"), p("even.bin"), "one_tp", 8)
+            ok = got and ref and len(got) == len(ref) == 8
+            err = max(e2e.rel(x["loss"], y["loss"]) for x, y in zip(got, ref)) if ok else 1
+            rep.check("--tp 2 on CPU ranks == one process, bucket for bucket",
                       ok and err <= TOL and [r["length"] for r in got] == [r["length"] for r in ref]
                       and len({r["length"] for r in got}) >= 2,
                       f"max rel {err:.1e} (<= {TOL}), lengths {[r['length'] for r in got]}"

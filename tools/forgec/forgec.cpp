@@ -447,10 +447,9 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
              "train_step's): drop --dim " + bucketDim + "=...";
     if (inferenceOnly)
       return "--length-buckets compiles training steps; drop --inference-only";
-    if (batchAuto || !batchSchedule.empty() || accumulate == "unroll" || tensorParallel > 1 ||
-        pipelineParallel > 1)
+    if (batchAuto || !batchSchedule.empty() || accumulate == "unroll" || pipelineParallel > 1)
       return "--length-buckets is not supported yet with --batch auto, --batch-schedule, "
-             "--accumulate unroll, --tp or --pp";
+             "--accumulate unroll or --pp";
     o.dimValues[bucketDim] = bucketValues.back();
   }
   return "";
