@@ -730,7 +730,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::horizontalFusionKernel(Fusion
   std::vector<std::optional<MultiReducePlan>> reducePlans;
   SmallVector<SmallVector<unsigned>> inArgs, outArgs;
   SmallVector<size_t> late; // members evaluated once the sums are complete
-  DenseMap<Value, std::pair<size_t, unsigned>> sumOf; // a sum -> (its member, result)
+  DenseMap<Value, std::pair<size_t, unsigned>> sumOf; // a sum -> (member, output arg)
   unsigned nextOut = numInputs;
   int64_t maxWork = 0;
   for (Operation &op : body.without_terminator()) {
