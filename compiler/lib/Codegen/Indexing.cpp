@@ -607,13 +607,17 @@ std::optional<KernelLaunch> KernelGenerator::Impl::remapKernel(Operation *op, St
             src = k.add(src, k.mul(clamped, k.idx(inStrides[d])));
           }
           Value v = b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.div(src, kVector));
-          if (!elem.isF32())
-            v = b.create<arith::ExtFOp>(k.loc, vf32, v);
+          if (elem != outElem) { // through f32
+            if (!elem.isF32())
+              v = b.create<arith::ExtFOp>(k.loc, vf32, v);
+            if (!outElem.isF32())
+              v = b.create<arith::TruncFOp>(k.loc, VectorType::get({kVector}, outElem), v);
+          }
+          // The pad value rounded once to the output's type, as the scalar form's.
+          auto vout = VectorType::get({kVector}, outElem);
           Value fill = b.create<arith::ConstantOp>(
-              k.loc, DenseElementsAttr::get(vf32, b.getFloatAttr(f32, value).getValue()));
+              k.loc, DenseElementsAttr::get(vout, b.getFloatAttr(outElem, value).getValue()));
           v = b.create<arith::SelectOp>(k.loc, valid, v, fill);
-          if (!outElem.isF32())
-            v = b.create<arith::TruncFOp>(k.loc, VectorType::get({kVector}, outElem), v);
           b.create<memref::StoreOp>(k.loc, v, fn.getArgument(1), u);
         });
   }

@@ -760,6 +760,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::horizontalFusionKernel(Fusion
       continue;
     }
     if (reads) { // one element a result (the verifier): one thread evaluates it
+      if (!llvm::all_of(member->getResultTypes(),
+                        [](Type t) { return cast<RankedTensorType>(t).getNumElements() == 1; }))
+        return std::nullopt;
       for (Value v : member.getInputs()) {
         if (sumOf.count(v)) {
           inArgs[m].push_back(~0u); // read from the sum's output

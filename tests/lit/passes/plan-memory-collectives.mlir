@@ -49,3 +49,27 @@ func.func @result_after_its_wait(%x: tensor<4x4xf32> {forge.kind = "input", forg
   %y = forge.add %u, %v : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
   return %y : tensor<4x4xf32>
 }
+
+// -----
+
+// An op beside the compute stream releases its operands at the op before the
+// compute op that waits for it, when it is the only side stream (%a, read by
+// the exp on compute.1 and waited for by the add); with a second side stream
+// an op there (the sqrt on compute.2, ordered only after the abs) could write
+// them while the exp still reads them, so they live to the wait: the sqrt's
+// result never takes %a's bytes.
+// CHECK-LABEL: func @two_side_streams
+// CHECK: forge.neg %arg0 {{.*}}forge.offsets = array<i64: [[A:[0-9]+]]>
+// CHECK-NOT: forge.offsets = array<i64: [[A]]>, forge.stream = 2
+// CHECK: return
+func.func @two_side_streams(%x: tensor<16xf32> {forge.kind = "input", forge.name = "x"})
+    -> (tensor<16xf32> {forge.name = "y"}, tensor<16xf32> {forge.name = "z"})
+    attributes {forge.streams = ["compute", "compute.1", "compute.2"]} {
+  %a = forge.neg %x : (tensor<16xf32>) -> tensor<16xf32>
+  %s = forge.exp %a {forge.stream = 1 : i64} : (tensor<16xf32>) -> tensor<16xf32>
+  %c = forge.abs %x : (tensor<16xf32>) -> tensor<16xf32>
+  %d = forge.add %s, %c : (tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>
+  %t = forge.sqrt %c {forge.stream = 2 : i64} : (tensor<16xf32>) -> tensor<16xf32>
+  %u = forge.mul %t, %t {forge.stream = 2 : i64} : (tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>
+  return %d, %u : tensor<16xf32>, tensor<16xf32>
+}
