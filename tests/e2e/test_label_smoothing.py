@@ -140,36 +140,28 @@ def main():
         ignored[2 * BATCH + 5] = arrays["labels"][2 * BATCH + 5]
         ignore_npz = os.path.join(tmp, "ignore.npz")
         np.savez(ignore_npz, x=arrays["x"], labels=ignored)
-        got, metrics = train("cross_entropy:logits,labels,ignore=-100", "ignore", ignore_npz,
-                             ["--eval-data", ignore_npz, "--eval-every", str(STEPS)])
-        want, want_eval, want_acc = reference(0.0, labels=ignored, ignore=-100)
-        err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf")) \
-            if got and len(got) == STEPS else float("inf")
-        rep.check("ignore=-100", err <= TOL,
-                  f"{STEPS} steps, max rel {err:.1e} (<= {TOL})" if got else metrics)
-        if got:
-            ev = [json.loads(line) for line in open(metrics) if "eval_loss" in line]
-            rep.check("... eval: loss and accuracy over the kept labels (forge.label_count)",
-                      len(ev) == 1 and abs(ev[0]["eval_loss"] - want_eval) <= TOL * want_eval
-                      and abs(ev[0]["eval_accuracy"] - want_acc) <= 1e-9,
-                      f"{ev} vs loss {want_eval:.6g}, accuracy {want_acc:.6g}")
-        # ... with smoothing: an ignored row has no smoothing term either, the mean of both
-        # terms is over the kept rows (PyTorch's label_smoothing beside ignore_index); the
-        # eval loss stays the kept rows' plain cross-entropy.
-        got, metrics = train("cross_entropy:logits,labels,ignore=-100,smoothing=0.1",
-                             "ignore_s", ignore_npz, ["--eval-data", ignore_npz, "--eval-every",
-                                                      str(STEPS)])
-        want, want_eval, want_acc = reference(0.1, labels=ignored, ignore=-100)
-        err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf")) \
-            if got and len(got) == STEPS else float("inf")
-        rep.check("ignore=-100 with smoothing 0.1", err <= TOL,
-                  f"{STEPS} steps, max rel {err:.1e} (<= {TOL})" if got else metrics)
-        if got:
-            ev = [json.loads(line) for line in open(metrics) if "eval_loss" in line]
-            rep.check("... eval: the kept labels' plain loss and accuracy",
-                      len(ev) == 1 and abs(ev[0]["eval_loss"] - want_eval) <= TOL * want_eval
-                      and abs(ev[0]["eval_accuracy"] - want_acc) <= 1e-9,
-                      f"{ev} vs loss {want_eval:.6g}, accuracy {want_acc:.6g}")
+        # With smoothing an ignored row has no smoothing term either, the mean of both terms is
+        # over the kept rows (PyTorch's label_smoothing beside ignore_index); the eval loss stays
+        # the kept rows' plain cross-entropy.
+        for s, tag, name, eval_name in (
+                (0.0, "ignore", "ignore=-100",
+                 "... eval: loss and accuracy over the kept labels (forge.label_count)"),
+                (0.1, "ignore_s", "ignore=-100 with smoothing 0.1",
+                 "... eval: the kept labels' plain loss and accuracy")):
+            got, metrics = train("cross_entropy:logits,labels,ignore=-100" +
+                                 (f",smoothing={s}" if s else ""), tag, ignore_npz,
+                                 ["--eval-data", ignore_npz, "--eval-every", str(STEPS)])
+            want, want_eval, want_acc = reference(s, labels=ignored, ignore=-100)
+            err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf")) \
+                if got and len(got) == STEPS else float("inf")
+            rep.check(name, err <= TOL,
+                      f"{STEPS} steps, max rel {err:.1e} (<= {TOL})" if got else metrics)
+            if got:
+                ev = [json.loads(line) for line in open(metrics) if "eval_loss" in line]
+                rep.check(eval_name,
+                          len(ev) == 1 and abs(ev[0]["eval_loss"] - want_eval) <= TOL * want_eval
+                          and abs(ev[0]["eval_accuracy"] - want_acc) <= 1e-9,
+                          f"{ev} vs loss {want_eval:.6g}, accuracy {want_acc:.6g}")
         evals = ["--eval-data", None, "--eval-every", str(STEPS)]
         runs = []
         for loss, data in (("cross_entropy:logits,labels,probs", onehot_npz),

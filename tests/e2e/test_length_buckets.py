@@ -163,34 +163,27 @@ def main():
 
         # Data parallelism: a step's global samples are one bucket's, so both CPU ranks run the
         # same routine; documents of one length (equal labels per rank, so the ranks' mean of
-        # means is the global mean) train as one process with the global batch.
+        # means is the global mean) train as one process with the global batch. Tensor
+        # parallelism: both ranks of the group read the step's batch and run the bucket's
+        # routine on their halves of the MLPs and of the vocabulary (the split loss ignores
+        # padding by the loss option's label); it trains as one process does.
         documents(p("even.bin"), [7] * 80 + [13] * 40 + [30] * 40, 4)
-        rc, _, log = e2e.run([forgec, model, "--target", "cpu", "--batch", str(BATCH // 2),
-                              "--dp", "2", "--loss", LOSS, "--optimizer", OPT,
-                              "--length-buckets", "seq=8,16,32", "-o", p("dp.forge")])
-        if rep.check("compile --dp 2 with --length-buckets", rc == 0, e2e.failure(rc, log)):
-            got, why = train(p("dp.forge"), p("even.bin"), "dp", 8, ["--nproc", "2"])
-            ref, why2 = train(p("b.forge"), p("even.bin"), "one", 8)
+        for flag, batch, ref_tag, name in (
+                ("--dp", BATCH // 2, "one",
+                 "--dp 2 on CPU ranks == one process with the global batch"),
+                ("--tp", BATCH, "one_tp", "--tp 2 on CPU ranks == one process, bucket for bucket")):
+            tag = flag[2:]
+            rc, _, log = e2e.run([forgec, model, "--target", "cpu", "--batch", str(batch), flag,
+                                  "2", "--loss", LOSS, "--optimizer", OPT,
+                                  "--length-buckets", "seq=8,16,32", "-o", p(tag + ".forge")])
+            if not rep.check(f"compile {flag} 2 with --length-buckets", rc == 0,
+                             e2e.failure(rc, log)):
+                continue
+            got, why = train(p(tag + ".forge"), p("even.bin"), tag, 8, ["--nproc", "2"])
+            ref, why2 = train(p("b.forge"), p("even.bin"), ref_tag, 8)
             ok = got and ref and len(got) == len(ref) == 8
             err = max(e2e.rel(x["loss"], y["loss"]) for x, y in zip(got, ref)) if ok else 1
-            rep.check("--dp 2 on CPU ranks == one process with the global batch",
-                      ok and err <= TOL and [r["length"] for r in got] == [r["length"] for r in ref]
-                      and len({r["length"] for r in got}) >= 2,
-                      f"max rel {err:.1e} (<= {TOL}), lengths {[r['length'] for r in got]}"
-                      if ok else why or why2)
-
-        # Tensor parallelism: both ranks of the group read the step's batch and run the
-        # bucket's routine on their halves of the MLPs and of the vocabulary (the split loss
-        # ignores padding by the loss option's label); it trains as one process does.
-        rc, _, log = e2e.run([forgec, model, "--target", "cpu", "--batch", str(BATCH),
-                              "--tp", "2", "--loss", LOSS, "--optimizer", OPT,
-                              "--length-buckets", "seq=8,16,32", "-o", p("tp.forge")])
-        if rep.check("compile --tp 2 with --length-buckets", rc == 0, e2e.failure(rc, log)):
-            got, why = train(p("tp.forge"), p("even.bin"), "tp", 8, ["--nproc", "2"])
-            ref, why2 = train(p("b.forge"), p("even.bin"), "one_tp", 8)
-            ok = got and ref and len(got) == len(ref) == 8
-            err = max(e2e.rel(x["loss"], y["loss"]) for x, y in zip(got, ref)) if ok else 1
-            rep.check("--tp 2 on CPU ranks == one process, bucket for bucket",
+            rep.check(name,
                       ok and err <= TOL and [r["length"] for r in got] == [r["length"] for r in ref]
                       and len({r["length"] for r in got}) >= 2,
                       f"max rel {err:.1e} (<= {TOL}), lengths {[r['length'] for r in got]}"
