@@ -389,19 +389,14 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   // still be running when it writes them. The compute op at `until` runs
   // after the op is done (it waited for it): its results may take the
   // operands' bytes (the operands' range ends before it, unless it reads
-  // them too), not the results' (it reads them). Only with one side stream:
-  // an op of a second one, ordered after the compute op before `until` but
-  // not after this op, could write them while this op still reads them.
-  llvm::SmallDenseSet<unsigned, 4> sideStreams;
-  for (size_t at = 0; at < steps.size(); ++at)
-    if (order.stream[at] != 0)
-      sideStreams.insert(order.stream[at]);
+  // them too), not the results' (it reads them): StreamOrder's
+  // operandsUntil, which says when that holds.
   llvm::DenseMap<Operation *, int64_t> collectiveEnd;
   for (auto [at, op] : llvm::enumerate(steps)) {
     if (order.stream[at] == 0)
       continue;
     const int64_t until = std::min(order.until[at], last);
-    const int64_t operandsUntil = until < last && sideStreams.size() == 1 ? until - 1 : until;
+    const int64_t operandsUntil = std::min(order.operandsUntil[at], last);
     for (Value v : op->getOperands())
       if (auto it = indexOf.find(v); it != indexOf.end())
         tensors[it->second].end = std::max(tensors[it->second].end, operandsUntil);

@@ -179,32 +179,25 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
 /// The most bytes of op results live at once under the streams' order
 /// (StreamOrder.h), each from its op to its last reader (the return: the
 /// end); an op off the compute stream holds its operands until the compute
-/// stream is ordered after it (to the op before the compute op that waits
-/// for it when there is one side stream, as forge-plan-memory), and its
-/// results from the last compute op it follows. A cuDNN op's workspace (kCudnnWorkspaceFloor) is
-/// live over the same span: concurrent convolutions each hold one. Inputs, parameters and constants
-/// are left out: no order changes them. The plan's in-place reuse is not modelled.
+/// stream is ordered after it (StreamOrder's operandsUntil, as
+/// forge-plan-memory), and its results from the last compute op it follows.
+/// A cuDNN op's workspace (kCudnnWorkspaceFloor) is live over the same span:
+/// concurrent convolutions each hold one. Inputs, parameters and constants
+/// are left out: no order changes them. The plan's in-place reuse is not
+/// modelled.
 uint64_t estimatePeak(const StreamOrder &o, Block &body) {
   const int64_t n = static_cast<int64_t>(o.ops.size());
   llvm::DenseMap<Operation *, int64_t> at;
   for (int64_t p = 0; p < n; ++p)
     at[o.ops[p]] = p;
   llvm::DenseMap<Value, std::pair<int64_t, int64_t>> range;
-  llvm::SmallDenseSet<unsigned, 4> sideStreams;
-  for (int64_t p = 0; p < n; ++p)
-    if (o.stream[p] != 0)
-      sideStreams.insert(o.stream[p]);
-  const bool oneSide = sideStreams.size() == 1;
   for (int64_t p = 0; p < n; ++p) {
     const bool aside = o.stream[p] != 0;
     for (Value r : o.ops[p]->getResults())
       range[r] = {aside ? o.after[p] + 1 : p, aside ? o.until[p] : p};
-    const int64_t operandsUntil = !aside                      ? p
-                                  : o.until[p] < n && oneSide ? o.until[p] - 1
-                                                              : o.until[p];
     for (Value v : o.ops[p]->getOperands())
       if (auto it = range.find(v); it != range.end())
-        it->second.second = std::max(it->second.second, operandsUntil);
+        it->second.second = std::max(it->second.second, o.operandsUntil[p]);
   }
   for (Value v : body.getTerminator()->getOperands())
     if (auto it = range.find(v); it != range.end())

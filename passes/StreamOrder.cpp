@@ -139,6 +139,16 @@ StreamOrder mlir::forge::deriveStreamOrder(
     if (last > ordered[0][t])
       o.joins.push_back(eventAt(last));
   }
+  llvm::SmallDenseSet<unsigned, 4> sides;
+  for (unsigned s : o.stream)
+    if (s != 0)
+      sides.insert(s);
+  for (size_t p = 0; p < n; ++p) {
+    const int64_t until = o.until[p];
+    o.operandsUntil.push_back(o.stream[p] == 0 ? static_cast<int64_t>(p)
+                              : until < static_cast<int64_t>(n) && sides.size() == 1 ? until - 1
+                                                                                     : until);
+  }
   return o;
 }
 

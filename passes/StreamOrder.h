@@ -55,6 +55,13 @@ struct StreamOrder {
   // compute position ordered after the op (ops.size(): the routine's end).
   // A compute op at p has after = p - 1 and until = p.
   SmallVector<int64_t> after, until;
+  // Per position, the last position whose ops may still read the op's
+  // operands (they keep their bytes to here): p on the compute stream. Beside
+  // it, the compute op at `until` runs after the op is done (it waited for
+  // it), so its results may take them: until - 1; but only with one side
+  // stream, since an op of a second one, ordered after the compute op before
+  // `until` and not after this op, could write them while this op reads them.
+  SmallVector<int64_t> operandsUntil;
 };
 
 /// The order of `func`'s single block: streams from the ops' forge.stream and
