@@ -17,6 +17,20 @@
 // packed tensor). Runs at placement, after forge-select-library (which marks
 // the cuDNN attention ops) and before the kernel generator (which would give
 // the split a kernel).
+//
+// The backward pass concatenates the gradients the other way: dq, dk and dv
+// ([B, T, H, D], reshaped to [B, T, H * D]) into the projection's gradient
+// [B, T, 3 * H * D], a kernel copying it all again (0.59 ms a step). When
+// every piece of such a concat (along the last axis) is a reshape read only
+// by it of a value read only by that reshape, made by a cuDNN
+// attention_grad in layout bshd (one of its results) or by a loop region
+// (its one result), the concat gets
+// `forge.placement = "view"` too: its operands are its own bytes at the
+// pieces' offsets (forge-plan-memory), and each maker writes its piece with
+// a token stride of the concat's row: `forge.out_row_strides`, per result
+// (0: packed), which cuDNN takes as output strides and the kernel generator
+// as the loop's output map. (dk's centring, a loop region, reads cuDNN's
+// packed dk and writes its piece.)
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
@@ -61,8 +75,12 @@ struct FoldAttentionViewsPass
         for (Operation *reshape : piece.getUsers())
           rowOf[reshape->getResult(0)] = *row;
     }
+    bool concats = false;
+    for (auto concat : llvm::to_vector(getOperation().getBody().getOps<ConcatOp>()))
+      concats |= foldConcat(concat);
     if (rowOf.empty()) {
-      markAllAnalysesPreserved();
+      if (!concats)
+        markAllAnalysesPreserved();
       return;
     }
     getOperation().walk([&](Operation *op) {
@@ -79,6 +97,69 @@ struct FoldAttentionViewsPass
       if (any)
         op->setAttr("forge.row_strides", DenseI64ArrayAttr::get(&getContext(), rows));
     });
+  }
+
+  /// Makes `concat` a view whose pieces their makers write in place, when
+  /// they can (the header's conditions); whether it did.
+  bool foldConcat(ConcatOp concat) {
+    auto out = dyn_cast<RankedTensorType>(concat.getType());
+    if (!out || !out.hasStaticShape() || out.getRank() != 3 ||
+        concat.getAxis() != 2 && concat.getAxis() != -1)
+      return false;
+    const int64_t row = out.getDimSize(2);
+    const int64_t bytes = std::max<int64_t>(out.getElementTypeBitWidth() / 8, 1);
+    if (row * bytes % 16 != 0) // cuDNN's strides, as for the split
+      return false;
+    for (Operation *user : concat->getUsers())
+      if (isa<func::ReturnOp>(user)) // an output is a buffer of its own
+        return false;
+    struct Maker {
+      Operation *op;
+      unsigned result;
+    };
+    SmallVector<Maker> makers;
+    int64_t start = 0;
+    for (Value in : concat.getInputs()) {
+      auto pt = cast<RankedTensorType>(in.getType());
+      if (start % static_cast<int64_t>(::forge::rt::kSectionAlignment) != 0)
+        return false;
+      start += pt.getDimSize(2) * bytes;
+      auto reshape = in.getDefiningOp<ReshapeOp>();
+      if (!reshape || !in.hasOneUse() || reshape->getBlock() != concat->getBlock())
+        return false;
+      Value made = reshape.getInput();
+      auto mt = cast<RankedTensorType>(made.getType());
+      // [B, T, H, D] -> [B, T, H * D]: the tokens keep their rows.
+      if (!made.hasOneUse() || mt.getRank() != 4 || mt.getDimSize(0) != pt.getDimSize(0) ||
+          mt.getDimSize(1) != pt.getDimSize(1) ||
+          mt.getDimSize(2) * mt.getDimSize(3) != pt.getDimSize(2))
+        return false;
+      auto result = dyn_cast<OpResult>(made);
+      if (!result || result.getOwner()->getBlock() != concat->getBlock())
+        return false;
+      Operation *maker = result.getOwner();
+      if (isCudnnAttention(maker)) {
+        if (!isa<AttentionGradOp>(maker) || result.getResultNumber() > 2)
+          return false;
+      } else if (auto loop = dyn_cast<FusionOp>(maker)) {
+        if (loop.getKind() != "loop" || loop.isViewRegion() || loop->getNumResults() != 1 ||
+            loop.getIterationShape() != mt.getShape())
+          return false;
+      } else {
+        return false;
+      }
+      makers.push_back({maker, result.getResultNumber()});
+    }
+    MLIRContext *ctx = &getContext();
+    concat->setAttr("forge.placement", StringAttr::get(ctx, "view"));
+    for (const Maker &m : makers) {
+      SmallVector<int64_t> rows(m.op->getNumResults(), 0);
+      if (auto old = m.op->getAttrOfType<DenseI64ArrayAttr>("forge.out_row_strides"))
+        rows.assign(old.asArrayRef().begin(), old.asArrayRef().end());
+      rows[m.result] = row;
+      m.op->setAttr("forge.out_row_strides", DenseI64ArrayAttr::get(ctx, rows));
+    }
+    return true;
   }
 
   /// The token stride (the operand's last dimension) when `split` can be a

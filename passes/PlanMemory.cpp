@@ -8,7 +8,10 @@
 //    the routine's output buffer;
 //  * two arena tensors share bytes only if their live ranges [definition,
 //    last use] are disjoint, so a kernel never reads an operand that aliases
-//    its own output, except a reshape, whose result is its operand's bytes;
+//    its own output, except a reshape, whose result is its operand's bytes,
+//    and views (forge-fold-attention-views): a split's pieces are its
+//    operand's bytes, a concat's pieces its result's (their makers write them
+//    with forge.out_row_strides);
 //  * an op off the compute stream (a collective) holds its operands' and
 //    results' bytes until the compute stream is ordered after it, and its
 //    results' from the last compute op it is ordered after (StreamOrder.h);
@@ -413,10 +416,34 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   // A split placed as a view (forge-fold-attention-views) likewise: piece i
   // is its operand's bytes from the pieces before it on (aliasOffset: bytes
   // from the chain root's start).
+  // A concat placed as a view (the same pass, the backward's dq/dk/dv): the
+  // reverse, each piece's maker writes its result into the concat's bytes
+  // (forge.out_row_strides), so the value it makes is planned at the concat
+  // from the first maker on, at the piece's column offset; the reshapes from
+  // it to the piece follow below.
   std::vector<int64_t> root(tensors.size());
   std::vector<uint64_t> aliasOffset(tensors.size(), 0);
   for (size_t t = 0; t < tensors.size(); ++t)
     root[t] = static_cast<int64_t>(t);
+  for (Operation *op : steps) {
+    auto concat = dyn_cast<ConcatOp>(op);
+    if (!concat || !isViewOp(op) || !indexOf.count(concat.getResult()))
+      continue;
+    const int64_t c = indexOf[concat.getResult()];
+    const uint64_t bytes = dtypeSizeOf(cast<RankedTensorType>(concat.getType()).getElementType());
+    uint64_t at = 0;
+    for (Value piece : concat.getInputs()) {
+      auto reshape = piece.getDefiningOp<ReshapeOp>();
+      auto made = reshape ? indexOf.find(reshape.getInput()) : indexOf.end();
+      if (made == indexOf.end() || tensors[made->second].input || tensors[made->second].output)
+        return concat.emitError("forge-plan-memory: a concat view's piece must be a reshape of "
+                                "an op's result (forge-fold-attention-views)");
+      root[made->second] = c;
+      aliasOffset[made->second] = at;
+      at +=
+          static_cast<uint64_t>(cast<RankedTensorType>(piece.getType()).getShape().back()) * bytes;
+    }
+  }
   for (Operation *op : steps) {
     if (auto split = dyn_cast<SplitOp>(op); split && isViewOp(op)) {
       auto it = indexOf.find(split.getInput());

@@ -64,6 +64,15 @@ uint64_t bytesOf(Value v) {
 bool mayRunAside(Operation &op) {
   if (isCollectiveOp(&op) || isa<SendOp, RecvOp>(op))
     return false;
+  // A concat view's pieces and their makers stay on the compute stream: the
+  // bundle knows the pieces as contiguous byte ranges, which interleave (the
+  // race check would take makers on two streams for a race), and they are
+  // short (dk's centring) or there already (cuDNN attention).
+  if (op.hasAttr("forge.out_row_strides") ||
+      (isa<ReshapeOp>(op) && llvm::any_of(op.getUsers(), [](Operation *user) {
+         return isa<ConcatOp>(user) && isViewOp(user);
+       })))
+    return false;
   auto placement = op.getAttrOfType<StringAttr>("forge.placement");
   return !placement || placement.getValue() != "host";
 }
@@ -151,8 +160,11 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
       // Of the streams it continues, the one whose operand came last: the
       // op waits for that one anyway (the optimizer after the gradient norm
       // stays with the norm, not with an earlier weight gradient's stream).
+      SmallVector<Operation *, 4> defs;
       for (Value v : op.getOperands())
-        if (Operation *def = producerThroughViews(v); def && streamOf.count(def)) {
+        producersThroughViews(v, defs);
+      for (Operation *def : defs)
+        if (streamOf.count(def)) {
           unsigned s = streamOf[def];
           if (tail.count(s) && tailOp.lookup(s) == def && (!chosen || tail[s] > tail[*chosen]))
             chosen = s;

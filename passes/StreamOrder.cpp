@@ -14,11 +14,18 @@ bool mlir::forge::isCollectiveOp(Operation *op) {
   return isa<AllReduceOp, ReduceScatterOp, AllGatherOp, RankSliceOp>(op);
 }
 
-Operation *mlir::forge::producerThroughViews(Value v) {
+void mlir::forge::producersThroughViews(Value v, SmallVectorImpl<Operation *> &out) {
   Operation *def = v.getDefiningOp();
-  while (def && isViewOp(def)) // a view is its operand's bytes: their producer's
-    def = def->getOperand(0).getDefiningOp();
-  return def;
+  if (!def)
+    return;
+  if (!isViewOp(def)) {
+    out.push_back(def);
+    return;
+  }
+  // A view is its operands' bytes (a split's one operand, a concat's pieces):
+  // their producers'.
+  for (Value in : def->getOperands())
+    producersThroughViews(in, out);
 }
 
 bool mlir::forge::isViewOp(Operation *op) {
@@ -67,10 +74,15 @@ StreamOrder mlir::forge::deriveStreamOrder(
   std::vector<std::vector<int64_t>> ordered(streams, std::vector<int64_t>(streams, -1));
   std::vector<std::vector<int64_t>> seen(n);
   std::vector<int64_t> untilSet(streams, -1); // per side stream: positions given `until` so far
-  auto producerOf = [&](Value v) -> int64_t {
-    Operation *def = producerThroughViews(v);
-    auto it = def ? position.find(def) : position.end();
-    return it == position.end() ? -1 : it->second;
+  SmallVector<Operation *, 4> defs;
+  auto producersOf = [&](Value v) {
+    SmallVector<int64_t, 4> at;
+    defs.clear();
+    producersThroughViews(v, defs);
+    for (Operation *def : defs)
+      if (auto it = position.find(def); it != position.end())
+        at.push_back(it->second);
+    return at;
   };
   auto eventAt = [&](int64_t d) {
     if (!o.event[d])
@@ -107,11 +119,10 @@ StreamOrder mlir::forge::deriveStreamOrder(
     // The latest producer per other stream among the operands (of nested
     // regions too: a fusion's body reads only its operands).
     std::vector<int64_t> latest(streams, -1);
-    for (Value v : op->getOperands()) {
-      int64_t d = producerOf(v);
-      if (d >= 0 && o.stream[d] != s)
-        latest[o.stream[d]] = std::max(latest[o.stream[d]], d);
-    }
+    for (Value v : op->getOperands())
+      for (int64_t d : producersOf(v))
+        if (o.stream[d] != s)
+          latest[o.stream[d]] = std::max(latest[o.stream[d]], d);
     if (auto it = overwrites.find(op); it != overwrites.end())
       for (Operation *reader : it->second)
         if (auto r = position.find(reader); r != position.end() && r->second < int64_t(p) &&

@@ -33,14 +33,16 @@ namespace mlir::forge {
 bool isCollectiveOp(Operation *op);
 
 /// Whether `op` runs no instruction: `forge.placement = "view"` (a split
-/// whose pieces cuDNN attention reads in place, forge-fold-attention-views).
-/// It keeps its position in the order but is on no stream's timeline: its
-/// readers depend on what its operand's producer made.
+/// whose pieces cuDNN attention reads in place, a concat whose pieces their
+/// makers write in place: forge-fold-attention-views). It keeps its position
+/// in the order but is on no stream's timeline: its readers depend on what
+/// its operands' producers made.
 bool isViewOp(Operation *op);
-/// The op that made `v`'s bytes: `v`'s producer, or through view ops their
-/// operand's (null for an argument). forge-schedule's stream choice and the
-/// stream order's waits both follow a view to the bytes it reads.
-Operation *producerThroughViews(Value v);
+/// The ops that made `v`'s bytes, appended to `out`: `v`'s producer, or
+/// through view ops their operands' (none for an argument). forge-schedule's
+/// stream choice and the stream order's waits both follow a view to the
+/// bytes it reads.
+void producersThroughViews(Value v, SmallVectorImpl<Operation *> &out);
 
 struct StreamOrder {
   SmallVector<Operation *> ops;           // program order, constants left out

@@ -344,6 +344,51 @@ TEST(BundleTest, InstructionChecks) {
   EXPECT_TRUE(Bundle::fromBytes(w.serialize()).isOk());
 }
 
+TEST(BundleTest, OutRowStrideChecks) {
+  // Outputs written a token stride apart (a concat's pieces): one stride per
+  // output, rank >= 3 arena tensors, every row inside the arena.
+  auto inst = [](fb::Program &p) { return p.mutable_routines(0)->mutable_instructions(0); };
+  auto strides = [&](fb::Program &p, std::vector<int64_t> v) {
+    auto *ints = (*inst(p)->mutable_attrs())["out_row_strides"].mutable_ints();
+    for (int64_t x : v)
+      ints->add_values(x);
+  };
+  auto rank3 = [](fb::Program &p) { // y as [1, 2, 2] at offset 64 of 128
+    fb::TensorInfo *y = p.mutable_tensors(2);
+    y->clear_shape();
+    for (int64_t d : {1, 2, 2})
+      y->add_shape(d);
+  };
+  expectProgramError(
+      [&](fb::Program &p) {
+        strides(p, {4, 4});
+      },
+      "instruction #0 (matmul 'node0'): attribute 'out_row_strides' must be one "
+      "integer per output (1)");
+  expectProgramError([&](fb::Program &p) { strides(p, {4}); },
+                     "needs an arena tensor of rank >= 3");
+  // Rows of 2 floats 15 apart: the second row ends at byte 64 + (15 + 2) * 4 > 128.
+  expectProgramError(
+      [&](fb::Program &p) {
+        rank3(p);
+        strides(p, {15});
+      },
+      "out_row_strides[0] = 15 does not place tensor #2 'y''s rows of 2 elements inside "
+      "arena_size 128");
+  expectProgramError(
+      [&](fb::Program &p) {
+        rank3(p);
+        strides(p, {1});
+      },
+      "out_row_strides[0] = 1");
+  for (int64_t ok : {0, 2, 14}) {
+    BundleWriter w = makeWriter();
+    rank3(w.program());
+    strides(w.program(), {ok});
+    EXPECT_TRUE(Bundle::fromBytes(w.serialize()).isOk()) << ok;
+  }
+}
+
 TEST(BundleTest, WorkspaceChecks) {
   auto inst = [](fb::Program &p) { return p.mutable_routines(0)->mutable_instructions(0); };
   // Arena workspace belongs to library calls, inside the arena, aligned.

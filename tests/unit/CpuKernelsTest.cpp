@@ -2356,3 +2356,58 @@ TEST(CpuKernels, AttentionReadsQkvViews) {
   EXPECT_FALSE(st.isOk());
   EXPECT_NE(st.message().find("row_strides"), std::string::npos) << st.message();
 }
+
+TEST(CpuKernels, AttentionGradWritesConcatPieces) {
+  // forge-fold-attention-views' backward concat: dq and dv written into one
+  // [B, T, 3 * H * D] buffer a token stride apart (out_row_strides, 0 for a
+  // packed dk) hold what the packed kernel gives, and the bytes between the
+  // rows (dk's piece) are left alone; too short a stride is refused.
+  const int64_t B = 2, T = 5, H = 3, D = 4, N = 3 * H * D;
+  HT q = randomTensor(bundle::F32, {B, T, H, D}), k = randomTensor(bundle::F32, {B, T, H, D}),
+     v = randomTensor(bundle::F32, {B, T, H, D}), dout = randomTensor(bundle::F32, {B, T, H, D});
+  HT o(bundle::F32, {B, T, H, D}), l(bundle::F32, {B, H, T});
+  Op fwd("attention");
+  fwd.f("scale", 0.5).i("causal", 1).s("layout", "bshd");
+  ASSERT_OK(fwd.run({&q, &k, &v}, {&o, &l}));
+  auto grad = [] {
+    Op a("attention_grad");
+    a.f("scale", 0.5).i("causal", 1).s("layout", "bshd");
+    return a;
+  };
+  HT dq(bundle::F32, {B, T, H, D}), dk = dq, dv = dq, dk2 = dq;
+  ASSERT_OK(grad().run({&q, &k, &v, &o, &l, &dout}, {&dq, &dk, &dv}));
+  HT cat(bundle::F32, {B, T, N});
+  for (int64_t i = 0; i < B * T * N; ++i)
+    cat.data<float>()[i] = -7.0f; // dk's piece keeps it
+  std::vector<TensorView> in;
+  for (HT *h : {&q, &k, &v, &o, &l, &dout})
+    in.push_back(h->view());
+  std::vector<TensorView> out = {
+      TensorView{cat.data<float>(), bundle::F32, {B, T, H, D}}, dk2.view(),
+      TensorView{cat.data<float>() + 2 * H * D, bundle::F32, {B, T, H, D}}};
+  Op strided = grad();
+  strided.ints("out_row_strides", {N, 0, N});
+  ASSERT_OK(runCpuKernel(strided.inst, in, out, pool()));
+  for (int64_t t = 0; t < B * T; ++t)
+    for (int64_t c = 0; c < H * D; ++c) {
+      ASSERT_EQ(cat.data<float>()[t * N + c], dq.data<float>()[t * H * D + c]) << t << " " << c;
+      ASSERT_EQ(cat.data<float>()[t * N + H * D + c], -7.0f) << t << " " << c;
+      ASSERT_EQ(cat.data<float>()[t * N + 2 * H * D + c], dv.data<float>()[t * H * D + c]);
+    }
+  EXPECT_EQ(dk.bytes, dk2.bytes);
+  // Nonzero gradients (the first query sees one key: its dq is 0), or the
+  // comparison would prove little.
+  EXPECT_NE(dq.at(B * T * H * D - 1), 0.0);
+  EXPECT_NE(dv.at(0), 0.0);
+
+  Op small = grad();
+  small.ints("out_row_strides", {H * D - 1, 0, N});
+  Status st = runCpuKernel(small.inst, in, out, pool());
+  EXPECT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("out_row_strides"), std::string::npos) << st.message();
+  Op count = grad();
+  count.ints("out_row_strides", {N, N});
+  st = runCpuKernel(count.inst, in, out, pool());
+  EXPECT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("one token stride per output"), std::string::npos) << st.message();
+}

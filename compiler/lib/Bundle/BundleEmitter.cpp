@@ -376,12 +376,15 @@ LogicalResult ProgramEmitter::emitBody(FusionOp fusion, pb::Instruction &inst,
   };
   if (failed(emitOps(fusion.getBlock())))
     return failure();
+  auto rows = fusion->getAttrOfType<DenseI64ArrayAttr>("forge.out_row_strides");
   for (auto [i, v] : llvm::enumerate(fusion.getBlock().getTerminator()->getOperands())) {
     pb::Instruction *copy = inst.add_body();
     copy->set_op("copy");
     copy->set_name(node);
     copy->add_inputs(local.lookup(v));
     copy->add_outputs(inst.outputs(static_cast<int>(i)));
+    if (rows && rows[i] > 0)
+      (*copy->mutable_attrs())["out_row_strides"].mutable_ints()->add_values(rows[i]);
   }
   localBytes = std::max(localBytes, offset);
   return success();
@@ -512,6 +515,18 @@ LogicalResult ProgramEmitter::emitOp(Operation &op, pb::Routine &routine,
   if (auto waits = op.getAttrOfType<DenseI64ArrayAttr>("forge.waits"))
     for (int64_t e : waits.asArrayRef())
       inst->add_waits(static_cast<uint32_t>(e));
+  // Results written into a concat's bytes a token stride apart
+  // (forge-fold-attention-views): cuDNN's output strides; a generated kernel
+  // has them in its code, and a fusion's body states them on its final
+  // copies (emitBody) for the CPU.
+  if (auto rows = op.getAttrOfType<DenseI64ArrayAttr>("forge.out_row_strides")) {
+    if (rows.size() != static_cast<int64_t>(op.getNumResults()) ||
+        llvm::any_of(rows.asArrayRef(), [](int64_t r) { return r < 0; }))
+      return op.emitError("forge.out_row_strides must be one token stride (or 0) per result");
+    auto *values = (*inst->mutable_attrs())["out_row_strides"].mutable_ints();
+    for (int64_t r : rows.asArrayRef())
+      values->add_values(r);
+  }
   OpCost cost;
   if (fusion)
     cost = fusion.getCost();

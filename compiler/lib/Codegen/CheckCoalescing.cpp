@@ -6,7 +6,8 @@
 //
 // Coalesced means the warp's indices are one contiguous range, or two
 // ascending runs with one drop to the lowest index (a broadcast row read
-// across its end: the cost of a misaligned contiguous access).
+// across its end: the cost of a misaligned contiguous access), or ascending
+// runs jumping forward, each of whole 32-byte sectors (rows a stride apart).
 //
 // Invariants the evaluation relies on, all true of forge-generate-kernels'
 // output: kernels are 1-d (thread id x, block id x), global memrefs are 1-d
@@ -232,6 +233,33 @@ struct CheckCoalescingPass
             steps = d == 1;
         }
         if (steps && wraps == 1) {
+          ++coalesced;
+          return;
+        }
+        // Rows a stride apart (a concat's piece written in place: its rows
+        // lie a token stride apart, forge-fold-attention-views): ascending
+        // runs, contiguous within, jumping forward between, each of whole
+        // 32-byte sectors: the warp moves exactly the sectors it fills.
+        Type elem = cast<MemRefType>(access->first.getType()).getElementType();
+        int64_t bytes = 0;
+        if (auto v = dyn_cast<VectorType>(elem))
+          bytes = v.getNumElements() * v.getElementTypeBitWidth() / 8;
+        else if (elem.isIntOrFloat())
+          bytes = elem.getIntOrFloatBitWidth() / 8;
+        auto wholeSectors = [&](int64_t start, int64_t length) {
+          return bytes > 0 && start * bytes % 32 == 0 && length * bytes % 32 == 0;
+        };
+        bool rows = bytes > 0;
+        int64_t runStart = *at[0];
+        for (size_t t = 1; t <= at.size() && rows; ++t) {
+          if (t < at.size() && *at[t] - *at[t - 1] == 1)
+            continue;
+          rows = wholeSectors(runStart, *at[t - 1] - runStart + 1) &&
+                 (t == at.size() || *at[t] > *at[t - 1]);
+          if (t < at.size())
+            runStart = *at[t];
+        }
+        if (rows) {
           ++coalesced;
           return;
         }

@@ -80,10 +80,16 @@ struct GenerateKernelsPass
       for (FusionOp fusion : llvm::to_vector(body.getOps<FusionOp>())) {
         if (fusion->hasAttr("forge.library"))
           continue; // a gemm region: one library call (forge-select-library)
-        if (std::optional<KernelLaunch> launch = kernels.kernelFor(fusion))
+        if (std::optional<KernelLaunch> launch = kernels.kernelFor(fusion)) {
           fusion->setAttr("forge.launch", launchAttr(b, *launch));
-        else
+        } else if (fusion->hasAttr("forge.out_row_strides")) {
+          // Its ops' kernels would write the concat's piece packed.
+          fusion.emitError("forge-generate-kernels: a loop region writing a concat's piece "
+                           "(forge.out_row_strides, forge-fold-attention-views) has no kernel");
+          return signalPassFailure();
+        } else {
           fusion.inlineBody();
+        }
       }
       for (Operation &op : body) {
         if (isa<ConstantOp, FusionOp>(op) || op.hasTrait<OpTrait::IsTerminator>() ||

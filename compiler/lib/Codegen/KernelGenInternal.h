@@ -625,6 +625,10 @@ struct KernelGenerator::Impl {
   struct PointwisePlan {
     SmallVector<int64_t> shape, outStrides;
     SmallVector<OperandMap> maps;
+    /// Per output where its elements go (a concat's piece written a token
+    /// stride apart: forge.out_row_strides); empty: every output contiguous,
+    /// element i at i.
+    SmallVector<OperandMap> outMaps;
     SmallVector<bool> scalar, identity; // per operand: one element; read at the output's index
     bool vector = false;
     int64_t width = kVector; // elements per vector (8 for 2-byte tensors)
@@ -662,9 +666,9 @@ struct KernelGenerator::Impl {
                           ArrayRef<unsigned> inArgs, ArrayRef<unsigned> outArgs,
                           PointwiseBody body);
   std::optional<PointwisePlan> planPointwise(ArrayRef<int64_t> iterShape,
-                                             SmallVector<OperandMap> maps,
-                                             ArrayRef<Type> inElems, ArrayRef<int64_t> inSizes,
-                                             ArrayRef<Type> outElems);
+                                             SmallVector<OperandMap> maps, ArrayRef<Type> inElems,
+                                             ArrayRef<int64_t> inSizes, ArrayRef<Type> outElems,
+                                             SmallVector<OperandMap> outMaps = {});
   /// The grid-stride loop of `p` over `blocks` blocks from `blockIndex`,
   /// reading inputs from `fn`'s arguments `inArgs` and writing `outArgs`;
   /// false when `body` does not support an element.

@@ -47,7 +47,7 @@ void kernelgen::coalesce(SmallVector<int64_t> &shape, SmallVector<OperandMap> &m
 std::optional<KernelGenerator::Impl::PointwisePlan>
 KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<OperandMap> maps,
                                      ArrayRef<Type> inElems, ArrayRef<int64_t> inSizes,
-                                     ArrayRef<Type> outElems) {
+                                     ArrayRef<Type> outElems, SmallVector<OperandMap> outMaps) {
   PointwisePlan p;
   p.shape.assign(iterShape.begin(), iterShape.end());
   int64_t n = 1;
@@ -55,7 +55,12 @@ KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<Op
     n *= d;
   if (n == 0)
     return std::nullopt;
+  // Output maps coalesce with the operands' (a strided output keeps its rows apart).
+  const size_t numIn = maps.size();
+  maps.append(outMaps.begin(), outMaps.end());
   coalesce(p.shape, maps);
+  p.outMaps.assign(maps.begin() + numIn, maps.end());
+  maps.resize(numIn);
   p.maps = std::move(maps);
   // Vector form: every operand contiguous (strides of the output) or a scalar.
   p.outStrides = contiguousStrides(p.shape);
@@ -80,20 +85,33 @@ KernelGenerator::Impl::planPointwise(ArrayRef<int64_t> iterShape, SmallVector<Op
       if (!(p.scalar[m] || p.identity[m] || rows))
         return false;
     }
+    for (const OperandMap &o : p.outMaps) // whole, aligned vectors of a row
+      if (p.shape.empty() || o.strides.back() != 1 || p.shape.back() % width != 0 ||
+          o.offset % width != 0 ||
+          !llvm::all_of(ArrayRef<int64_t>(o.strides).drop_back(),
+                        [&](int64_t st) { return st % width == 0; }))
+        return false;
     return true;
   };
   auto bytes = [](Type e) { return storageType(e).getIntOrFloatBitWidth() / 8; };
   bool narrow = llvm::any_of(outElems, [&](Type e) { return bytes(e) <= 2; });
   for (size_t m = 0; m < p.maps.size(); ++m)
     narrow |= !p.scalar[m] && bytes(inElems[m]) <= 2;
-  planTiles(p);
+  if (p.outMaps.empty()) // tiles write the outputs contiguously
+    planTiles(p);
   p.width = narrow && vectorizes(2 * kVector) ? 2 * kVector : kVector;
   p.vector = p.tileDim < 0 && vectorizes(p.width);
   for (size_t m = 0; m < p.maps.size(); ++m)
     p.inTypes.push_back(
         flatMemref(inElems[m], inSizes[m], p.vector && !p.scalar[m], p.width));
-  for (Type e : outElems) {
-    p.outTypes.push_back(flatMemref(e, n, p.vector, p.width));
+  for (auto [o, e] : llvm::enumerate(outElems)) {
+    int64_t extent = n; // a strided output spans to its last element
+    if (!p.outMaps.empty()) {
+      extent = p.outMaps[o].offset + 1;
+      for (auto [size, st] : llvm::zip(p.shape, p.outMaps[o].strides))
+        extent += (size - 1) * st;
+    }
+    p.outTypes.push_back(flatMemref(e, extent, p.vector, p.width));
     p.outStorage.push_back(storageType(e));
   }
   p.elements = n;
@@ -326,7 +344,9 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
     if (p.vector) {
       // Vector i's first element, unravelled (for broadcast rows), once.
       SmallVector<Value> first;
-      auto rowVector = [&](size_t m) {
+      // The vector index of `map`'s element for vector i (a broadcast row, a
+      // view's rows, a strided output's rows).
+      auto mapped = [&](const OperandMap &map) -> Value {
         if (first.empty()) {
           Value rest = k.mul(i, k.idx(p.width));
           first.resize(p.shape.size());
@@ -336,12 +356,13 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
               rest = k.div(rest, p.shape[d]);
           }
         }
-        Value at = k.idx(p.maps[m].offset);
+        Value at = k.idx(map.offset);
         for (size_t d = 0; d < p.shape.size(); ++d)
-          if (p.maps[m].strides[d] != 0)
-            at = k.add(at, k.mul(first[d], k.idx(p.maps[m].strides[d])));
+          if (map.strides[d] != 0)
+            at = k.add(at, k.mul(first[d], k.idx(map.strides[d])));
         return k.div(at, p.width);
       };
+      auto rowVector = [&](size_t m) { return mapped(p.maps[m]); };
       SmallVector<Value> loaded;
       for (size_t m = 0; m < numIn; ++m)
         loaded.push_back(b.create<memref::LoadOp>(
@@ -366,7 +387,8 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
       for (size_t o = 0; o < p.outTypes.size(); ++o) {
         Value vec = b.create<vector::FromElementsOp>(
             k.loc, VectorType::get({p.width}, p.outStorage[o]), lanes[o]);
-        b.create<memref::StoreOp>(k.loc, vec, fn.getArgument(outArgs[o]), i);
+        b.create<memref::StoreOp>(k.loc, vec, fn.getArgument(outArgs[o]),
+                                  p.outMaps.empty() ? i : mapped(p.outMaps[o]));
       }
       return;
     }
@@ -397,8 +419,16 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
       ok = false;
       return;
     }
-    for (size_t o = 0; o < out.size(); ++o)
-      b.create<memref::StoreOp>(k.loc, out[o], fn.getArgument(outArgs[o]), i);
+    for (size_t o = 0; o < out.size(); ++o) {
+      Value at = i;
+      if (!p.outMaps.empty()) {
+        at = k.idx(p.outMaps[o].offset);
+        for (size_t d = 0; d < p.shape.size(); ++d)
+          if (p.outMaps[o].strides[d] != 0)
+            at = k.add(at, k.mul(index[d], k.idx(p.outMaps[o].strides[d])));
+      }
+      b.create<memref::StoreOp>(k.loc, out[o], fn.getArgument(outArgs[o]), at);
+    }
   });
   return ok;
 }
@@ -658,7 +688,27 @@ KernelGenerator::Impl::planLoop(FusionOp fusion) {
   }
   for (Value v : fusion.getResults())
     outElems.push_back(tensorType(v).getElementType());
-  return planPointwise(shape, std::move(maps), inElems, inSizes, outElems);
+  // Results written into a concat a token stride apart (forge-fold-attention-
+  // views): dims 0 and 1 are tokens, the rest one contiguous row.
+  SmallVector<OperandMap> outMaps;
+  if (auto rows = fusion->getAttrOfType<DenseI64ArrayAttr>("forge.out_row_strides")) {
+    if (shape.size() < 3 || rows.size() != static_cast<int64_t>(fusion->getNumResults()))
+      return std::nullopt;
+    for (Value v : fusion.getResults()) {
+      if (tensorType(v).getShape() != shape)
+        return std::nullopt;
+      int64_t stride = rows[outMaps.size()];
+      OperandMap m{contiguousStrides(shape), 0};
+      if (stride > 0) {
+        if (stride < m.strides[1])
+          return std::nullopt;
+        m.strides[1] = stride;
+        m.strides[0] = stride * shape[1];
+      }
+      outMaps.push_back(std::move(m));
+    }
+  }
+  return planPointwise(shape, std::move(maps), inElems, inSizes, outElems, std::move(outMaps));
 }
 
 std::optional<KernelLaunch> KernelGenerator::Impl::loopFusionKernel(FusionOp fusion,

@@ -347,6 +347,37 @@ Status validateInstruction(const bundle::Program &p, const bundle::Instruction &
                            "1..1024)",
                            instructionLabel(inst, i), l.kernel(), l.grid(), l.block());
   }
+  // Outputs written with a token stride into a larger buffer (a concat's
+  // pieces, forge-fold-attention-views): per output 0 (packed) or the
+  // elements between the starts of consecutive rows of shape[2:], and every
+  // row inside the arena.
+  if (auto rows = inst.attrs().find("out_row_strides"); rows != inst.attrs().end()) {
+    const std::string where = instructionLabel(inst, i);
+    if (rows->second.value_case() != bundle::Attribute::kInts ||
+        rows->second.ints().values_size() != inst.outputs_size())
+      return Status::error("{}: attribute 'out_row_strides' must be one integer per output ({})",
+                           where, inst.outputs_size());
+    for (int j = 0; j < inst.outputs_size(); ++j) {
+      const int64_t stride = rows->second.ints().values(j);
+      if (stride == 0)
+        continue;
+      const bundle::TensorInfo &t = p.tensors(inst.outputs(j));
+      int64_t tokens = 1, row = 1;
+      for (int d = 0; d < t.shape_size(); ++d)
+        (d < 2 ? tokens : row) *= t.shape(d);
+      const uint64_t e = dtypeSize(t.dtype());
+      if (!isArenaKind(t.kind()) || t.shape_size() < 3 || stride < row || tokens < 1 ||
+          !rangeInside(static_cast<uint64_t>(t.arena_offset()),
+                       (static_cast<uint64_t>(tokens - 1) * static_cast<uint64_t>(stride) +
+                        static_cast<uint64_t>(row)) *
+                           e,
+                       p.arena_size()))
+        return Status::error("{}: out_row_strides[{}] = {} does not place {}'s rows of {} "
+                             "elements inside arena_size {} (needs an arena tensor of rank >= 3)",
+                             where, j, stride, tensorLabel(p, inst.outputs(j)), row,
+                             p.arena_size());
+    }
+  }
   if (inst.workspace_bytes() > 0 || inst.workspace_offset() > 0) {
     if (inst.placement() != bundle::LIBRARY)
       return Status::error("{}: only a library call has arena workspace",

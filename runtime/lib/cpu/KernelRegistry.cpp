@@ -286,6 +286,48 @@ Status runCpuKernel(const bundle::Instruction &inst, std::span<const TensorView>
   const cpu::KernelInfo *info = cpu::cpuRegistry().find(inst.op());
   if (!info)
     return Status::error("{}: no CPU kernel", context());
+  // Outputs written a token stride apart into a larger buffer (attribute
+  // out_row_strides: a concat's pieces, forge-fold-attention-views; a CUDA
+  // bundle run here): the kernel writes packed copies, scattered row by row
+  // (rows of shape[2:]) after.
+  if (auto rows = inst.attrs().find("out_row_strides"); rows != inst.attrs().end()) {
+    if (rows->second.value_case() != bundle::Attribute::kInts ||
+        rows->second.ints().values_size() != static_cast<int>(outputs.size()))
+      return Status::error("{}: out_row_strides must be one token stride per output", context());
+    std::vector<TensorView> outs(outputs.begin(), outputs.end());
+    std::vector<std::vector<uint8_t>> packed(outputs.size());
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      const int64_t stride = rows->second.ints().values(static_cast<int>(j));
+      const TensorView &v = outputs[j];
+      if (stride == 0)
+        continue;
+      const int64_t row =
+          v.rank() >= 3 ? v.numel() / std::max<int64_t>(v.shape[0] * v.shape[1], 1) : 0;
+      if (v.rank() < 3 || stride < row)
+        return Status::error("{}: out_row_strides[{}] = {} is less than a token's row of {}",
+                             context(), j, stride, row);
+      packed[j].resize(static_cast<size_t>(v.numel()) * dtypeSize(v.dtype));
+      outs[j].data = packed[j].data();
+    }
+    bundle::Instruction plain = inst;
+    plain.mutable_attrs()->erase("out_row_strides");
+    FORGE_RETURN_IF_ERROR(runCpuKernel(plain, inputs, outs, pool));
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      if (packed[j].empty())
+        continue;
+      const TensorView &v = outputs[j];
+      const int64_t tokens = v.shape[0] * v.shape[1];
+      if (tokens == 0)
+        continue;
+      const size_t e = dtypeSize(v.dtype), row = static_cast<size_t>(v.numel() / tokens) * e;
+      const size_t stride =
+          static_cast<size_t>(rows->second.ints().values(static_cast<int>(j))) * e;
+      for (int64_t t = 0; t < tokens; ++t)
+        std::memcpy(static_cast<uint8_t *>(v.data) + static_cast<size_t>(t) * stride,
+                    packed[j].data() + static_cast<size_t>(t) * row, row);
+    }
+    return Status::ok();
+  }
   // cuDNN attention reading q, k and v as views into a fused projection
   // (attribute row_strides, forge-fold-attention-views; a CUDA bundle run
   // here): gathered into packed copies, then the packed kernel runs.

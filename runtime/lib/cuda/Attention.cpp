@@ -196,6 +196,24 @@ Expected<AttentionProblem> attentionProblem(const bundle::Program &p,
       pr.rowStrides.push_back(r);
     }
   }
+  if (auto rows = inst.attrs().find("out_row_strides"); rows != inst.attrs().end()) {
+    // dq, dk, dv written into a concat's bytes (the loader checked the count and range).
+    if (!pr.grad || !pr.bshd || rows->second.value_case() != bundle::Attribute::kInts ||
+        rows->second.ints().values_size() != 3)
+      return Status::error("{}: attribute 'out_row_strides' needs attention_grad in layout "
+                           "bshd, one stride per gradient (dq, dk, dv)",
+                           op);
+    const int64_t own[3] = {pr.heads * pr.headDim, pr.kvHeads * pr.headDim,
+                            pr.kvHeads * pr.headDim};
+    for (int i = 0; i < 3; ++i) {
+      const int64_t r = rows->second.ints().values(i);
+      if (r != 0 && r < own[i])
+        return Status::error("{}: out_row_strides[{}] = {} is less than the {} elements of a "
+                             "token's d{} row",
+                             op, i, r, own[i], "qkv"[i]);
+      pr.outRowStrides.push_back(r == 0 ? own[i] : r);
+    }
+  }
   if (pr.causal && pr.bias)
     return Status::error("{}: causal with a bias: cuDNN's causal mask hides keys with a finite "
                          "fill, so a row whose visible keys the bias all masks would not be 0; "
@@ -261,7 +279,14 @@ Expected<std::shared_ptr<fe::graph::Graph>> buildGraph(cudnnHandle_t handle,
   };
   auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes> &t, int64_t uid,
                     const std::vector<int64_t> &dims) {
-    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides(dims));
+    std::vector<int64_t> st = strides(dims);
+    // dq, dk and dv may be pieces of a concat: their tokens are a row apart.
+    const int which = uid == DQ ? 0 : uid == DK ? 1 : uid == DV ? 2 : -1;
+    if (which >= 0 && !pr.outRowStrides.empty()) {
+      st[2] = pr.outRowStrides[which]; // T
+      st[0] = dims[2] * st[2];         // B
+    }
+    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(st);
   };
   auto q = tensor("q", Q, qDims), k = tensor("k", K, kDims), v = tensor("v", V, kDims);
   const float scale = static_cast<float>(pr.scale);
@@ -341,6 +366,8 @@ Expected<std::unique_ptr<AttentionPlan>> AttentionPlan::create(const CudnnApi &a
     key += fmt::format(" bias strides [{}]", fmt::join(pr->biasStrides, ", "));
   if (!pr->rowStrides.empty())
     key += fmt::format(" row strides [{}]", fmt::join(pr->rowStrides, ", "));
+  if (!pr->outRowStrides.empty())
+    key += fmt::format(" output row strides [{}]", fmt::join(pr->outRowStrides, ", "));
   if (pr->grad && !deterministic)
     key += " fast"; // the default backward: another graph
   if (cache)

@@ -45,6 +45,9 @@ struct AttentionProblem {
   // bshd only: elements between consecutive tokens of q, k and v (attribute
   // row_strides: views into a fused qkv projection); empty: packed.
   std::vector<int64_t> rowStrides;
+  // attention_grad, bshd only: elements between consecutive tokens of dq, dk
+  // and dv (attribute out_row_strides: pieces of a concat); empty: packed.
+  std::vector<int64_t> outRowStrides;
 };
 
 /// Checks an attention/attention_grad instruction (op, operand counts, ranks, shapes,

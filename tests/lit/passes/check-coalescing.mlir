@@ -89,3 +89,38 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// Rows a token stride apart (a concat's piece written in place): rows of 4
+// 16-byte vectors (32 bf16) at a stride of 12 vectors: ascending runs of two
+// whole 32-byte sectors each, jumping forward: coalesced. Rows of 3 vectors
+// (48 bytes: a half sector at each row's end) are not.
+module attributes {gpu.container_module} {
+  gpu.module @kernels {
+    // expected-remark @below {{kernel rows: 2 coalesced, 0 broadcast, 0 data-dependent, 1 strided}}
+    gpu.func @rows(%a: memref<1024xvector<8xbf16>>, %b: memref<4096xvector<8xbf16>>, %c: memref<4096xvector<8xbf16>>) kernel attributes {known_block_size = array<i32: 32, 1, 1>} {
+      %bid = gpu.block_id x
+      %tid = gpu.thread_id x
+      %c3 = arith.constant 3 : index
+      %c4 = arith.constant 4 : index
+      %c12 = arith.constant 12 : index
+      %c32 = arith.constant 32 : index
+      %0 = arith.muli %bid, %c32 : index
+      %i = arith.addi %0, %tid : index
+      %x = memref.load %a[%i] : memref<1024xvector<8xbf16>>
+      %r = arith.divui %i, %c4 : index
+      %col = arith.remui %i, %c4 : index
+      %rs = arith.muli %r, %c12 : index
+      %k = arith.addi %rs, %col : index
+      memref.store %x, %b[%k] : memref<4096xvector<8xbf16>>
+      %r3 = arith.divui %i, %c3 : index
+      %col3 = arith.remui %i, %c3 : index
+      %rs3 = arith.muli %r3, %c12 : index
+      %k3 = arith.addi %rs3, %col3 : index
+      // expected-error @below {{kernel rows: memref.store on a global memref is not coalesced: index strides between adjacent threads}}
+      memref.store %x, %c[%k3] : memref<4096xvector<8xbf16>>
+      gpu.return
+    }
+  }
+}
