@@ -508,15 +508,9 @@ Status joinRankGroups(const Options &opts, const Bundle &bundle, TrainerOptions 
   if (*rendezvous && (*rendezvous)->size > 1) {
     Rendezvous r = **rendezvous;
     r.timeout = std::chrono::milliseconds(static_cast<int64_t>(opts.timeoutSeconds * 1000));
-    auto connected = connectCpuGroup(r);
-    if (!connected)
-      return connected.status();
-    group = connected.take();
-    trainerOptions.rank = r.rank;
-    trainerOptions.worldSize = r.size;
-    if (opts.device == "cuda") // one GPU per rank, by its local rank
-      trainerOptions.device = fmt::format("cuda:{}", r.localRank);
-    progress.setQuiet(r.rank != 0);
+    // The layout first, before any rank connects: every rank then gives this
+    // error (a rank that connected and left would make the others' connects
+    // fail with a transport error instead).
     if (tp > 1 && r.size % tp != 0)
       return Status::error("{} was compiled for groups of {} tensor-parallel ranks (forgec --tp "
                            "{}), this run has {}: start D x {} ranks (--nproc)",
@@ -526,6 +520,15 @@ Status joinRankGroups(const Options &opts, const Bundle &bundle, TrainerOptions 
                            "has {} ranks: start D x {} ranks (--nproc)",
                            bundle.origin(), pp, pp, tp > 1 ? fmt::format(" --tp {}", tp) : "",
                            r.size, pp * tp);
+    auto connected = connectCpuGroup(r);
+    if (!connected)
+      return connected.status();
+    group = connected.take();
+    trainerOptions.rank = r.rank;
+    trainerOptions.worldSize = r.size;
+    if (opts.device == "cuda") // one GPU per rank, by its local rank
+      trainerOptions.device = fmt::format("cuda:{}", r.localRank);
+    progress.setQuiet(r.rank != 0);
     // D x P x T ranks (RankLayout). A group of every rank is the world itself.
     const RankLayout place = RankLayout::of(r.rank, r.size, static_cast<int>(pp),
                                             static_cast<int>(tp));
