@@ -824,6 +824,22 @@ def FoldAttentionViews : Pass<"forge-fold-attention-views", "::mlir::func::FuncO
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+def FoldContiguousViews : Pass<"forge-fold-contiguous-views", "::mlir::func::FuncOp"> {
+  let summary = "Run slices and concats whose pieces are contiguous byte ranges as views";
+  let description = [{
+    A `forge.slice` (steps 1) whose result is one contiguous run of its
+    operand's elements, 64-byte aligned, gets `forge.placement = "view"`: no
+    instruction, and forge-plan-memory places the result in the operand's
+    bytes at its offset. A `forge.concat` along its leading axis (dims before
+    it of size 1) whose every piece is made by an op (not a reshape, view or
+    constant) for this concat alone gets the view placement too: the makers
+    write their pieces where the concat lies. Never for a routine's
+    arguments or results. GPT-2 124M bf16: the loss head's chunk slices and
+    gradient concat, and the padded LM head gradient's slice (11 kernels).
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 def PermuteParameters : Pass<"forge-permute-parameters", "::mlir::ModuleOp"> {
   let summary = "Store each parameter in the layout its routines read it in";
   let description = [{

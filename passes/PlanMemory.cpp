@@ -9,8 +9,9 @@
 //  * two arena tensors share bytes only if their live ranges [definition,
 //    last use] are disjoint, so a kernel never reads an operand that aliases
 //    its own output, except a reshape, whose result is its operand's bytes,
-//    and views (forge-fold-attention-views): a split's pieces are its
-//    operand's bytes, a concat's pieces its result's (their makers write them
+//    and views (forge-fold-attention-views, forge-fold-contiguous-views): a
+//    split's pieces and a slice's result are their operand's bytes, a
+//    concat's pieces its result's (their makers write them there, strided
 //    with forge.out_row_strides);
 //  * an op off the compute stream (a collective) holds its operands' and
 //    results' bytes until the compute stream is ordered after it, and its
@@ -430,21 +431,54 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
     if (!concat || !isViewOp(op) || !indexOf.count(concat.getResult()))
       continue;
     const int64_t c = indexOf[concat.getResult()];
-    const uint64_t bytes = dtypeSizeOf(cast<RankedTensorType>(concat.getType()).getElementType());
+    auto type = cast<RankedTensorType>(concat.getType());
+    int64_t axis = static_cast<int64_t>(concat.getAxis());
+    if (axis < 0)
+      axis += type.getRank();
+    // A piece starts its extent along the axis times the elements after it
+    // into the concat (columns of rows for the strided pieces, whole rows
+    // along the leading axis).
+    uint64_t bytes = dtypeSizeOf(type.getElementType());
+    for (int64_t d = axis + 1; d < type.getRank(); ++d)
+      bytes *= static_cast<uint64_t>(type.getDimSize(d));
     uint64_t at = 0;
     for (Value piece : concat.getInputs()) {
-      auto reshape = piece.getDefiningOp<ReshapeOp>();
-      auto made = reshape ? indexOf.find(reshape.getInput()) : indexOf.end();
+      // The maker's result: the piece, or what a reshape to it reads.
+      Value value = piece;
+      if (auto reshape = piece.getDefiningOp<ReshapeOp>())
+        value = reshape.getInput();
+      auto made = indexOf.find(value);
       if (made == indexOf.end() || tensors[made->second].input || tensors[made->second].output)
-        return concat.emitError("forge-plan-memory: a concat view's piece must be a reshape of "
-                                "an op's result (forge-fold-attention-views)");
+        return concat.emitError("forge-plan-memory: a concat view's piece must be an op's result "
+                                "or a reshape of one (forge-fold-attention-views, "
+                                "forge-fold-contiguous-views)");
       root[made->second] = c;
       aliasOffset[made->second] = at;
-      at +=
-          static_cast<uint64_t>(cast<RankedTensorType>(piece.getType()).getShape().back()) * bytes;
+      at += static_cast<uint64_t>(cast<RankedTensorType>(piece.getType()).getDimSize(axis)) * bytes;
     }
   }
   for (Operation *op : steps) {
+    // A contiguous slice as a view (forge-fold-contiguous-views): its
+    // operand's bytes from the slice's first element on.
+    if (auto slice = dyn_cast<SliceOp>(op); slice && isViewOp(op)) {
+      auto in = indexOf.find(slice.getInput());
+      auto t = indexOf.find(slice.getResult());
+      if (in == indexOf.end() || t == indexOf.end() ||
+          cast<RankedTensorType>(slice.getInput().getType()).getElementType() !=
+              cast<RankedTensorType>(slice.getType()).getElementType())
+        return slice.emitError("forge-plan-memory: a slice view must read an arena tensor of "
+                               "its own element type (forge-fold-contiguous-views)");
+      auto type = cast<RankedTensorType>(slice.getInput().getType());
+      int64_t offset = 0, stride = 1;
+      for (int64_t d = type.getRank() - 1; d >= 0; --d) {
+        offset += slice.getStarts()[d] * stride;
+        stride *= type.getDimSize(d);
+      }
+      root[t->second] = root[in->second];
+      aliasOffset[t->second] = aliasOffset[in->second] +
+                               static_cast<uint64_t>(offset) * dtypeSizeOf(type.getElementType());
+      continue;
+    }
     if (auto split = dyn_cast<SplitOp>(op); split && isViewOp(op)) {
       auto it = indexOf.find(split.getInput());
       if (it == indexOf.end())
@@ -499,10 +533,15 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
         if (tensors[r].input || groupHasOutput[r] || groupEnd[r] != diesAt ||
             r == out->second)
           continue;
+        // The result takes the operand's bytes where the operand lies in
+        // its group (a view's offset).
         int64_t t = out->second;
-        for (int64_t &x : root)
-          if (x == t)
-            x = r;
+        const uint64_t shift = aliasOffset[in->second];
+        for (size_t x = 0; x < root.size(); ++x)
+          if (root[x] == t) {
+            root[x] = r;
+            aliasOffset[x] += shift;
+          }
         groupEnd[r] = std::max(groupEnd[r], groupEnd[t]);
         groupHasOutput[r] = groupHasOutput[r] || groupHasOutput[t];
         break;
@@ -512,7 +551,9 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
   std::map<int64_t, Interval> intervalOf; // by root, in tensor order
   for (size_t t = 0; t < tensors.size(); ++t) {
     auto type = cast<RankedTensorType>(tensors[t].value.getType());
-    uint64_t bytes = static_cast<uint64_t>(type.getNumElements()) * dtypeSizeOf(type.getElementType());
+    // The group's bytes reach to the end of its furthest member.
+    uint64_t bytes = aliasOffset[t] + static_cast<uint64_t>(type.getNumElements()) *
+                                          dtypeSizeOf(type.getElementType());
     auto [it, fresh] = intervalOf.try_emplace(root[t], Interval{root[t], tensors[t].begin,
                                                                 tensors[t].end, bytes});
     if (!fresh) {

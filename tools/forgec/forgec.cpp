@@ -130,8 +130,14 @@ static cl::opt<int64_t> streamMemoryGrowth(
 static cl::opt<bool> foldAttentionViews(
     "fold-attention-views",
     cl::desc("CUDA: cuDNN attention reads q, k and v where a fused qkv projection wrote them "
-             "(no split kernel; forge-fold-attention-views). =false keeps the split, for "
-             "comparisons"),
+             "and writes dq, dk and dv where their concat lies (no split or concat kernel; "
+             "forge-fold-attention-views). =false keeps both, for comparisons"),
+    cl::init(true), cl::cat(forgecCategory));
+static cl::opt<bool> foldContiguousViews(
+    "fold-contiguous-views",
+    cl::desc("CUDA: slices whose result is a contiguous run of their operand, and concats along "
+             "their leading axis, run as views of the same bytes (no kernel; "
+             "forge-fold-contiguous-views). =false keeps their kernels, for comparisons"),
     cl::init(true), cl::cat(forgecCategory));
 static cl::opt<bool> permuteParameters(
     "permute-parameters",
@@ -755,6 +761,7 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   o.memoryReport = memoryReport;
   o.auxEpilogues = gemmAuxEpilogues;
   o.foldAttentionViews = foldAttentionViews;
+  o.foldContiguousViews = foldContiguousViews;
   o.permuteParameters = permuteParameters;
   o.fuseColumnSums = fuseColumnSums;
   o.mergeReductions = mergeReductions;

@@ -107,6 +107,10 @@ void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
     // the generator, which would give a folded split a kernel.
     if (options.foldAttentionViews)
       pm.addNestedPass<func::FuncOp>(createFoldAttentionViews());
+    // After the strided views (it leaves their concats alone), before the
+    // generator.
+    if (options.foldContiguousViews)
+      pm.addNestedPass<func::FuncOp>(createFoldContiguousViews());
     GenerateKernelsOptions generate;
     generate.target = options.target;
     pm.addPass(createGenerateKernels(generate));
@@ -353,6 +357,9 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
   Opt<bool> foldAttentionViews{*this, "fold-attention-views",
                                llvm::cl::desc("as forgec --fold-attention-views"),
                                llvm::cl::init(true)};
+  Opt<bool> foldContiguousViews{*this, "fold-contiguous-views",
+                                llvm::cl::desc("as forgec --fold-contiguous-views"),
+                                llvm::cl::init(true)};
   void apply(PipelineOptions &options) const {
     options.target = target;
     options.computeStreams = computeStreams;
@@ -360,6 +367,7 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
     options.scheduleOrder = scheduleOrder;
     options.auxEpilogues = gemmAuxEpilogues;
     options.foldAttentionViews = foldAttentionViews;
+    options.foldContiguousViews = foldContiguousViews;
     options.permuteParameters = permuteParameters;
   }
 };

@@ -26,6 +26,7 @@ struct PipelineOptions {
   bool memoryReport = false;  // the memory plan prints its peak (forgec --memory-report)
   bool auxEpilogues = false;  // forge-fuse's aux-epilogues (forgec --gemm-aux-epilogues)
   bool foldAttentionViews = true; // forge-fold-attention-views (forgec --fold-attention-views)
+  bool foldContiguousViews = true; // forge-fold-contiguous-views (forgec --fold-contiguous-views)
   bool permuteParameters = true;  // forge-permute-parameters (forgec --permute-parameters)
   std::string scheduleOrder = "memory"; // forge-schedule's order (forgec --schedule-order)
   int64_t computeStreams = 2;   // forge-schedule's compute streams, CUDA (forgec --compute-streams)
