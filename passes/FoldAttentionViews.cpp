@@ -130,7 +130,8 @@ struct FoldAttentionViewsPass
       Value made = reshape.getInput();
       auto mt = cast<RankedTensorType>(made.getType());
       // [B, T, H, D] -> [B, T, H * D]: the tokens keep their rows.
-      if (!made.hasOneUse() || mt.getRank() != 4 || mt.getDimSize(0) != pt.getDimSize(0) ||
+      if (!made.hasOneUse() || mt.getRank() != 4 || mt.getElementType() != out.getElementType() ||
+          pt.getElementType() != out.getElementType() || mt.getDimSize(0) != pt.getDimSize(0) ||
           mt.getDimSize(1) != pt.getDimSize(1) ||
           mt.getDimSize(2) * mt.getDimSize(3) != pt.getDimSize(2))
         return false;

@@ -67,6 +67,8 @@ std::optional<int64_t> contiguousOffset(SliceOp slice) {
   for (int64_t d = rank - 1; d >= 0; --d) {
     if (d < first && out.getDimSize(d) != 1)
       return std::nullopt; // outer rows of the run apart
+    if (d > first && out.getDimSize(d) != in.getDimSize(d))
+      return std::nullopt; // inner rows cut short: runs apart
     offset += slice.getStarts()[d] * stride;
     stride *= in.getDimSize(d);
   }
@@ -74,7 +76,9 @@ std::optional<int64_t> contiguousOffset(SliceOp slice) {
 }
 
 bool foldSlice(SliceOp slice) {
-  if (!isa<OpResult>(slice.getInput()) || returned(slice.getResult()))
+  // An op result in the arena (a large constant stays a constant).
+  Operation *def = slice.getInput().getDefiningOp();
+  if (!def || isa<ConstantOp>(def) || returned(slice.getResult()))
     return false;
   std::optional<int64_t> offset = contiguousOffset(slice);
   if (!offset || *offset % kAlign != 0)

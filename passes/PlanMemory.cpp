@@ -533,6 +533,15 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
         if (tensors[r].input || groupHasOutput[r] || groupEnd[r] != diesAt ||
             r == out->second)
           continue;
+        // Another operand in the same bytes (a slice view of them, at another
+        // offset) would be read while the result overwrites them.
+        if (llvm::any_of(llvm::enumerate(op->getOperands()), [&](auto other) {
+              auto o = indexOf.find(other.value());
+              return other.index() != k && o != indexOf.end() && root[o->second] == r &&
+                     (aliasOffset[o->second] != aliasOffset[in->second] ||
+                      other.value().getType() != operand.getType());
+            }))
+          continue;
         // The result takes the operand's bytes where the operand lies in
         // its group (a view's offset).
         int64_t t = out->second;

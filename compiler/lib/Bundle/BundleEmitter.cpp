@@ -377,6 +377,8 @@ LogicalResult ProgramEmitter::emitBody(FusionOp fusion, pb::Instruction &inst,
   if (failed(emitOps(fusion.getBlock())))
     return failure();
   auto rows = fusion->getAttrOfType<DenseI64ArrayAttr>("forge.out_row_strides");
+  if (rows && rows.size() != static_cast<int64_t>(fusion->getNumResults()))
+    return fusion.emitError("forge.out_row_strides must be one token stride (or 0) per result");
   for (auto [i, v] : llvm::enumerate(fusion.getBlock().getTerminator()->getOperands())) {
     pb::Instruction *copy = inst.add_body();
     copy->set_op("copy");

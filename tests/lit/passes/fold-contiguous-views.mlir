@@ -40,11 +40,12 @@ func.func @chunks(%x: tensor<8x16xf32> {forge.kind = "input", forge.name = "x"},
 // aligned (rows of 8 f32 from row 1: 32 bytes in), a slice of a routine's
 // argument (outside the arena's plan), a returned slice (a buffer of its own),
 // a slice that converts (bf16 stored as f32: forge-assign-precision's mixed
-// storage).
+// storage), a slice of rows cut short after its first sliced dim (rows of 8
+// of 16: the run has gaps).
 // CHECK-LABEL: func @slice_negatives
 // CHECK-NOT: "view"
 // CHECK: return
-func.func @slice_negatives(%x: tensor<8x16xf32>, %y: tensor<4x8xf32>) -> (tensor<8x8xf32>, tensor<4x16xf32>, tensor<3x8xf32>, tensor<4x16xf32>, tensor<2x16xf32>, tensor<4x16xf32>) {
+func.func @slice_negatives(%x: tensor<8x16xf32>, %y: tensor<4x8xf32>) -> (tensor<8x8xf32>, tensor<4x16xf32>, tensor<3x8xf32>, tensor<4x16xf32>, tensor<2x16xf32>, tensor<4x16xf32>, tensor<2x8xf32>) {
   %h = forge.neg %x : (tensor<8x16xf32>) -> tensor<8x16xf32>
   %cols = forge.slice %h {starts = array<i64: 0, 0>, ends = array<i64: 8, 8>, steps = array<i64: 1, 1>} : (tensor<8x16xf32>) -> tensor<8x8xf32>
   %step = forge.slice %h {starts = array<i64: 0, 0>, ends = array<i64: 8, 16>, steps = array<i64: 2, 1>} : (tensor<8x16xf32>) -> tensor<4x16xf32>
@@ -59,7 +60,9 @@ func.func @slice_negatives(%x: tensor<8x16xf32>, %y: tensor<4x8xf32>) -> (tensor
   %lo = forge.cast %h {to = bf16} : (tensor<8x16xf32>) -> tensor<8x16xbf16>
   %wide = forge.slice %lo {starts = array<i64: 0, 0>, ends = array<i64: 4, 16>, steps = array<i64: 1, 1>} : (tensor<8x16xbf16>) -> tensor<4x16xf32>
   %c5 = forge.exp %wide : (tensor<4x16xf32>) -> tensor<4x16xf32>
-  return %c1, %c2, %c3, %c4, %ret, %c5 : tensor<8x8xf32>, tensor<4x16xf32>, tensor<3x8xf32>, tensor<4x16xf32>, tensor<2x16xf32>, tensor<4x16xf32>
+  %corner = forge.slice %h {starts = array<i64: 0, 0>, ends = array<i64: 2, 8>, steps = array<i64: 1, 1>} : (tensor<8x16xf32>) -> tensor<2x8xf32>
+  %c6 = forge.exp %corner : (tensor<2x8xf32>) -> tensor<2x8xf32>
+  return %c1, %c2, %c3, %c4, %ret, %c5, %c6 : tensor<8x8xf32>, tensor<4x16xf32>, tensor<3x8xf32>, tensor<4x16xf32>, tensor<2x16xf32>, tensor<4x16xf32>, tensor<2x8xf32>
 }
 
 // -----
@@ -106,4 +109,23 @@ func.func @in_place_at_offset(%x: tensor<8x16xf32> {forge.kind = "input", forge.
   %e = forge.exp %b : (tensor<4x16xf32>) -> tensor<4x16xf32>
   %z = forge.add %e, %y : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
   return %z : tensor<4x16xf32>
+}
+
+// -----
+
+// Not in place when another operand lies in the same bytes at another place:
+// h - h[0:1] (the row a view of h's first row) must not write over h while
+// its first row is still read.
+// PLAN-LABEL: func @view_operand_not_in_place
+// PLAN: forge.neg {{.*}}forge.offsets = array<i64: [[#H:]]>
+// PLAN-NEXT: forge.slice {{.*}}forge.offsets = array<i64: [[#H]]>, forge.placement = "view"
+// PLAN-NEXT: forge.sub {{.*}}forge.offsets = array<i64: [[#S:]]>
+// PLAN-NOT: [[#H]]
+// PLAN: return
+func.func @view_operand_not_in_place(%x: tensor<8x16xf32> {forge.kind = "input", forge.name = "x"}) -> (tensor<8x16xf32> {forge.name = "z"}) {
+  %h = forge.neg %x : (tensor<8x16xf32>) -> tensor<8x16xf32>
+  %r = forge.slice %h {starts = array<i64: 0, 0>, ends = array<i64: 1, 16>, steps = array<i64: 1, 1>} : (tensor<8x16xf32>) -> tensor<1x16xf32>
+  %y = forge.sub %h, %r : (tensor<8x16xf32>, tensor<1x16xf32>) -> tensor<8x16xf32>
+  %z = forge.exp %y : (tensor<8x16xf32>) -> tensor<8x16xf32>
+  return %z : tensor<8x16xf32>
 }
