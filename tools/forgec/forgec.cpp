@@ -133,6 +133,12 @@ static cl::opt<bool> foldAttentionViews(
              "and writes dq, dk and dv where their concat lies (no split or concat kernel; "
              "forge-fold-attention-views). =false keeps both, for comparisons"),
     cl::init(true), cl::cat(forgecCategory));
+static cl::opt<bool> fuseNormGradEpilogues(
+    "fuse-norm-grad-epilogues",
+    cl::desc("CUDA: a layer norm's gradient and the region reading its dx run as one kernel, "
+             "dx kept in registers (forge-fuse-norm-grad-epilogues). =false keeps two kernels, "
+             "for comparisons"),
+    cl::init(true), cl::cat(forgecCategory));
 static cl::opt<bool> foldContiguousViews(
     "fold-contiguous-views",
     cl::desc("CUDA: slices whose result is a contiguous run of their operand, and concats along "
@@ -762,6 +768,7 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   o.auxEpilogues = gemmAuxEpilogues;
   o.foldAttentionViews = foldAttentionViews;
   o.foldContiguousViews = foldContiguousViews;
+  o.fuseNormGradEpilogues = fuseNormGradEpilogues;
   o.permuteParameters = permuteParameters;
   o.fuseColumnSums = fuseColumnSums;
   o.mergeReductions = mergeReductions;

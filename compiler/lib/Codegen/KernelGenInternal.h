@@ -711,7 +711,11 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> multiReduceKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> columnReduceKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> layerNormKernel(Operation *op, StringRef name);
-  std::optional<KernelLaunch> layerNormGradKernel(Operation *op, StringRef name);
+  /// A layer norm's gradient; with `epilogue` (a norm_grad region whose
+  /// first op is `op`), the region's kernel: dx stays in registers and the
+  /// region's other ops run per element on it.
+  std::optional<KernelLaunch> layerNormGradKernel(Operation *op, StringRef name,
+                                                  FusionOp epilogue = {});
   std::optional<KernelLaunch> gatherKernel(Operation *op, StringRef name, bool grad);
   std::optional<KernelLaunch> nllLossKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> nllLossGradKernel(Operation *op, StringRef name);

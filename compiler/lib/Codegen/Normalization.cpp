@@ -132,8 +132,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormKernel(Operation *op
   return KernelLaunch{name.str(), rows, block};
 }
 
-std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation *op,
-                                                                       StringRef name) {
+std::optional<KernelLaunch>
+KernelGenerator::Impl::layerNormGradKernel(Operation *op, StringRef name, FusionOp epilogue) {
   auto in = tensorType(op->getOperand(0));
   Type elem = in.getElementType();
   int64_t axis = normalizedAxis(op, in.getRank());
@@ -155,18 +155,62 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
                           : scaleAt;
   if (rows == 0 || !scaleAt || !dscaleAt || !dbiasAt)
     return std::nullopt;
+  // A norm_grad region (forge-fuse-norm-grad-epilogues): its results are the
+  // norm's dscale/dbias, the epilogue's column sums (accumulated as dscale
+  // is) and values of x's shape (written per element); dx is none of them.
+  // Its arguments are the region's inputs (x, scale, dy first), then results.
+  enum Role { Dense, Sum, Scale, Bias };
+  SmallVector<Role> roles;
+  Block *body = epilogue ? &epilogue.getBlock() : nullptr;
+  if (epilogue) {
+    if (!wantDx)
+      return std::nullopt;
+    for (Value v : body->getTerminator()->getOperands()) {
+      if (v == op->getResult(0))
+        return std::nullopt;
+      if (wantScale && v == op->getResult(1))
+        roles.push_back(Scale);
+      else if (wantBias && v == op->getResult(1 + wantScale))
+        roles.push_back(Bias);
+      else if (isa_and_nonnull<ReduceSumOp>(v.getDefiningOp()))
+        roles.push_back(Sum);
+      else if (tensorType(v).getShape() == in.getShape())
+        roles.push_back(Dense);
+      else
+        return std::nullopt;
+      if (roles.back() == Sum && !tensorType(v).getElementType().isF32())
+        return std::nullopt; // added with f32 atomics
+    }
+    for (BlockArgument arg : body->getArguments().drop_front(3)) {
+      auto t = tensorType(arg);
+      if (!(t.getNumElements() == 1 || t.getShape() == in.getShape() ||
+            (t.getRank() == 1 && t.getDimSize(0) == cols)))
+        return std::nullopt;
+    }
+  }
   double eps = op->getAttrOfType<FloatAttr>("epsilon").getValueAsDouble();
   Type f32 = Float32Type::get(context);
   Type smem = sharedBuffer(kWarp, f32);
   int64_t block = chooseBlockSize(target, cols, 32, kWarp * 4);
   OpBuilder b(context);
-  auto fn = newKernel(b, name, flatArgs(op), block, {smem});
+  auto fn = newKernel(b, name, flatArgs(epilogue ? epilogue.getOperation() : op), block, {smem});
   Body k = Body::of(b, op->getLoc(), fn);
   Value sh = fn.getWorkgroupAttributions()[0];
   unsigned next = 3;
-  Value dx = wantDx ? fn.getArgument(next++) : Value();
-  Value dscale = wantScale ? fn.getArgument(next++) : Value();
-  Value dbias = wantBias ? fn.getArgument(next++) : Value();
+  Value dx, dscale, dbias;
+  if (epilogue) {
+    const unsigned firstResult = epilogue->getNumOperands();
+    for (auto [r, role] : llvm::enumerate(roles)) {
+      if (role == Scale)
+        dscale = fn.getArgument(firstResult + r);
+      if (role == Bias)
+        dbias = fn.getArgument(firstResult + r);
+    }
+  } else {
+    dx = wantDx ? fn.getArgument(next++) : Value();
+    dscale = wantScale ? fn.getArgument(next++) : Value();
+    dbias = wantBias ? fn.getArgument(next++) : Value();
+  }
   auto addf = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(k.loc, x, y); };
   auto subf = [&](Value x, Value y) -> Value { return b.create<arith::SubFOp>(k.loc, x, y); };
   auto mulf = [&](Value x, Value y) -> Value { return b.create<arith::MulFOp>(k.loc, x, y); };
@@ -201,20 +245,55 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
     };
     Value first = k.mul(k.bid(), k.idx(perBlock));
     Value last = b.create<arith::MinUIOp>(k.loc, k.add(first, k.idx(perBlock)), k.idx(rows));
-    // Row `row`'s x then dy, perThread each (every block has a row: grid = rows / perBlock, rounded up).
+    // Row `row`'s x then dy, perThread each (every block has a row: grid = rows / perBlock, rounded
+    // up). An epilogue's inputs of x's shape are loaded with x and dy, ahead (stored form; columns
+    // past the row's end read its last one, their values never stored or added).
+    SmallVector<unsigned> fullArgs;
+    if (epilogue)
+      for (BlockArgument arg : body->getArguments().drop_front(3))
+        if (tensorType(arg).getShape() == in.getShape())
+          fullArgs.push_back(arg.getArgNumber());
+    auto clamped = [&](int64_t t) {
+      return valid[t] ? Value(b.create<arith::MinUIOp>(k.loc, col[t], k.idx(cols - 1))) : col[t];
+    };
     auto loadRow = [&](Value row, SmallVectorImpl<Value> &out) {
       Value base = k.mul(row, k.idx(cols));
       for (unsigned a : {0u, 2u})
         for (int64_t t = 0; t < perThread; ++t)
           out.push_back(guarded(t, [&] { return k.load(fn.getArgument(a), k.add(base, col[t]), elem); }));
+      for (unsigned a : fullArgs)
+        for (int64_t t = 0; t < perThread; ++t)
+          out.push_back(
+              b.create<memref::LoadOp>(k.loc, fn.getArgument(a), k.add(base, clamped(t))));
     };
+    const int64_t rowValues = (2 + static_cast<int64_t>(fullArgs.size())) * perThread;
     // dscale then dbias partial sums, then the current row's x and dy: each
     // iteration loads the next row before the current one's four block
     // reductions, so its loads are in flight during them (one row at a time
-    // left GPT-2's norms' gradients at ~1.8 TB/s).
+    // left GPT-2's norms' gradients at ~1.8 TB/s). Then the epilogue's
+    // column sums, perThread each.
+    const int64_t numSums = llvm::count(roles, Sum);
     SmallVector<Value> init(2 * perThread, zero);
     loadRow(first, init);
+    init.append(numSums * perThread, zero);
+    // An epilogue's input at column t of the row at `base` (columns past
+    // the row's end read its last one: their values are never stored or
+    // added).
+    auto epilogueArg = [&](BlockArgument arg, int64_t t, ArrayRef<Value> rowNow) -> Value {
+      unsigned a = arg.getArgNumber();
+      if (a == 0)
+        return rowNow[t];
+      if (a == 1)
+        return wv[t];
+      if (a == 2)
+        return rowNow[perThread + t];
+      if (auto f = llvm::find(fullArgs, a); f != fullArgs.end())
+        return rowNow[(2 + (f - fullArgs.begin())) * perThread + t];
+      int64_t n = tensorType(arg).getNumElements(); // a column's, or a scalar
+      return b.create<memref::LoadOp>(k.loc, fn.getArgument(a), n == 1 ? k.idx(0) : clamped(t));
+    };
     Value lastRow = b.create<arith::SubIOp>(k.loc, last, k.idx(1));
+    bool failed = false; // an epilogue op without a scalar form
     auto loop = b.create<scf::ForOp>(
         k.loc, first, last, k.idx(1), init,
         [&](OpBuilder &nb, Location l, Value row, ValueRange carried) {
@@ -227,6 +306,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
           ValueRange acc = carried.take_front(2 * perThread);
           SmallVector<Value> xv(carried.slice(2 * perThread, perThread));
           SmallVector<Value> dyv(carried.slice(3 * perThread, perThread)), xh;
+          ValueRange rowNow = carried.slice(2 * perThread, rowValues);
+          ValueRange sums = carried.drop_front(2 * perThread + rowValues);
+          SmallVector<Value> nextSums(sums);
           auto [mean, rstd] = rowMoments(k, xv, static_cast<double>(cols), eps, reduce);
           for (int64_t t = 0; t < perThread; ++t)
             xh.push_back(mulf(subf(xv[t], mean), rstd));
@@ -235,11 +317,46 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
             Value m2 = mulf(reduce([&](int64_t t) { return mulf(mulf(dyv[t], wv[t]), xh[t]); }),
                             invCols);
             for (int64_t t = 0; t < perThread; ++t) {
-              auto store = [&] {
-                k.store(mulf(rstd, subf(subf(mulf(dyv[t], wv[t]), m1), mulf(xh[t], m2))), dx,
-                        k.add(base, col[t]), elem);
+              Value dxv = mulf(rstd, subf(subf(mulf(dyv[t], wv[t]), m1), mulf(xh[t], m2)));
+              if (!epilogue) {
+                k.ifThen(valid[t], [&] { k.store(dxv, dx, k.add(base, col[t]), elem); });
+                continue;
+              }
+              // The epilogue at this element: its ops once each (dx is f32:
+              // its stored form), the dense results stored, the sums' terms
+              // added (0 past the row's end).
+              llvm::DenseMap<Value, Value> stored;
+              stored[op->getResult(0)] = dxv;
+              auto load = [&](BlockArgument arg) {
+                return epilogueArg(arg, t, SmallVector<Value>(rowNow));
               };
-              k.ifThen(valid[t], store);
+              Operation *yield = body->getTerminator();
+              int64_t s = 0;
+              for (auto [r, role] : llvm::enumerate(roles)) {
+                Value v = yield->getOperand(r);
+                if (role == Dense) {
+                  Value sv = evalBodyValue(k, v, stored, load);
+                  if (!sv) {
+                    failed = true;
+                    continue;
+                  }
+                  Value mem = fn.getArgument(epilogue->getNumOperands() + r);
+                  k.ifThen(valid[t],
+                           [&] { b.create<memref::StoreOp>(k.loc, sv, mem, k.add(base, col[t])); });
+                } else if (role == Sum) {
+                  Value in = v.getDefiningOp()->getOperand(0);
+                  Value sv = evalBodyValue(k, in, stored, load);
+                  if (!sv) {
+                    failed = true;
+                    continue;
+                  }
+                  Value term = k.toCompute(sv, tensorType(in).getElementType());
+                  if (valid[t])
+                    term = b.create<arith::SelectOp>(k.loc, valid[t], term, zero);
+                  nextSums[s * perThread + t] = addf(sums[s * perThread + t], term);
+                  ++s;
+                }
+              }
             }
           }
           SmallVector<Value> next;
@@ -248,8 +365,13 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
           for (int64_t t = 0; t < perThread; ++t)
             next.push_back(addf(acc[perThread + t], dyv[t]));
           llvm::append_range(next, ahead);
+          llvm::append_range(next, nextSums);
           b.create<scf::YieldOp>(l, next);
         });
+    if (failed) {
+      fn.erase();
+      return std::nullopt;
+    }
     for (int64_t t = 0; t < perThread; ++t) {
       auto flush = [&] {
         if (wantScale)
@@ -262,14 +384,39 @@ std::optional<KernelLaunch> KernelGenerator::Impl::layerNormGradKernel(Operation
       };
       k.ifThen(valid[t], flush);
     }
+    // The epilogue's column sums: one atomic per column and block.
+    for (int64_t s = 0, r = 0; r < static_cast<int64_t>(roles.size()); ++r) {
+      if (roles[r] != Sum)
+        continue;
+      Value mem = fn.getArgument(epilogue->getNumOperands() + r);
+      for (int64_t t = 0; t < perThread; ++t)
+        k.ifThen(valid[t], [&] {
+          b.create<memref::AtomicRMWOp>(
+              k.loc, arith::AtomicRMWKind::addf,
+              loop.getResult(2 * perThread + rowValues + s * perThread + t), mem,
+              ValueRange{col[t]});
+        });
+      ++s;
+    }
     b.create<gpu::ReturnOp>(k.loc);
     KernelLaunch launch{name.str(), grid, block};
+    if (epilogue) { // the sums zeroed, the dense results written whole
+      for (auto [r, role] : llvm::enumerate(roles))
+        if (role != Dense)
+          launch.zeroOnly.push_back(static_cast<unsigned>(r));
+      launch.zeroOutputs = !launch.zeroOnly.empty();
+      if (launch.zeroOnly.size() == roles.size())
+        launch.zeroOnly.clear(); // every output zeroed
+      return launch;
+    }
     launch.zeroOutputs = wantScale || wantBias;
     if (wantDx && launch.zeroOutputs) // dx is written whole (see below)
       for (unsigned r = 1; r < 1u + wantScale + wantBias; ++r)
         launch.zeroOnly.push_back(r);
     return launch;
   }
+  if (epilogue) // rows too long for registers: the region's ops run as kernels of their own
+    return std::nullopt;
 
   Value base = k.mul(k.bid(), k.idx(cols));
   auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };

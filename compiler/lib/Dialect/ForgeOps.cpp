@@ -1183,11 +1183,41 @@ LogicalResult FusionOp::verify() {
         return emitOpError("yields a value that does not have the batch norm's output shape");
     return success();
   }
+  if (getKind() == "norm_grad") {
+    // A layer_norm_grad on the first three arguments (x, scale, dy), then
+    // pointwise ops and column sums at its shape reading its dx
+    // (forge-fuse-norm-grad-epilogues); yields the norm's scale/bias
+    // gradients, the column sums and values of its shape, never dx itself.
+    auto norm = dyn_cast<LayerNormGradOp>(&block.front());
+    if (!norm || llvm::any_of(llvm::seq<unsigned>(0, 3), [&](unsigned i) {
+          return norm->getOperand(i) != block.getArgument(i);
+        }))
+      return emitOpError("norm_grad region must begin with a layer_norm_grad of its first three "
+                         "arguments");
+    ArrayRef<int64_t> shape = cast<RankedTensorType>(norm->getOperand(0).getType()).getShape();
+    for (Operation &op : llvm::drop_begin(block.without_terminator())) {
+      if (auto sum = dyn_cast<ReduceSumOp>(op)) {
+        auto in = cast<RankedTensorType>(sum.getInput().getType());
+        if (sum.getKeepdims() || in.getShape() != shape ||
+            !llvm::equal(sum.getAxes(), llvm::seq<int64_t>(0, in.getRank() - 1)))
+          return op.emitOpError("is not a column sum at the norm_grad region's shape");
+        continue;
+      }
+      auto iface = dyn_cast<ForgeOpInterface>(op);
+      if (!iface || iface.getFusionClass() != FusionClass::Elementwise ||
+          cast<RankedTensorType>(op.getResult(0).getType()).getShape() != shape)
+        return op.emitOpError("is neither a column sum nor a pointwise op at the norm_grad "
+                              "region's shape");
+    }
+    if (llvm::is_contained(yield.getValues(), norm->getResult(0)))
+      return emitOpError("yields the layer norm's dx, which its kernel keeps in registers");
+    return success();
+  }
   if (getKind() == "gemm")
     return verifyGemmRegion(*this, block, yield);
   if (getKind() != "loop" && getKind() != "row")
     return emitOpError() << "has unknown kind '" << getKind()
-                         << "' (loop, row, batch_norm, horizontal, multi_reduce, gemm)";
+                         << "' (loop, row, batch_norm, norm_grad, horizontal, multi_reduce, gemm)";
   ArrayRef<int64_t> shape = getIterationShape();
   if (getKind() == "row") {
     if (getNumResults() != 1)

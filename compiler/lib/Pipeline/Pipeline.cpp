@@ -275,6 +275,10 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // only take it apart again.)
   if (StringRef(options.target).starts_with("cuda") && options.fuseColumnSums)
     pm.addPass(createFuseColumnSums());
+  // Then a layer norm's gradient with the region reading its dx (often one
+  // of those column_reduce regions): after them, before placement.
+  if (StringRef(options.target).starts_with("cuda") && options.fuseNormGradEpilogues)
+    pm.addPass(createFuseNormGradEpilogues());
   // Stage "partition": the gradient all-reduce (--dp) in buckets placed as
   // the backward pass makes them. After everything that changes what the
   // step computes or where its values are made (fusion, precision, the loss
@@ -357,6 +361,9 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
   Opt<bool> foldAttentionViews{*this, "fold-attention-views",
                                llvm::cl::desc("as forgec --fold-attention-views"),
                                llvm::cl::init(true)};
+  Opt<bool> fuseNormGradEpilogues{*this, "fuse-norm-grad-epilogues",
+                                  llvm::cl::desc("as forgec --fuse-norm-grad-epilogues"),
+                                  llvm::cl::init(true)};
   Opt<bool> foldContiguousViews{*this, "fold-contiguous-views",
                                 llvm::cl::desc("as forgec --fold-contiguous-views"),
                                 llvm::cl::init(true)};
@@ -368,6 +375,7 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
     options.auxEpilogues = gemmAuxEpilogues;
     options.foldAttentionViews = foldAttentionViews;
     options.foldContiguousViews = foldContiguousViews;
+    options.fuseNormGradEpilogues = fuseNormGradEpilogues;
     options.permuteParameters = permuteParameters;
   }
 };

@@ -27,6 +27,8 @@ struct PipelineOptions {
   bool auxEpilogues = false;  // forge-fuse's aux-epilogues (forgec --gemm-aux-epilogues)
   bool foldAttentionViews = true; // forge-fold-attention-views (forgec --fold-attention-views)
   bool foldContiguousViews = true; // forge-fold-contiguous-views (forgec --fold-contiguous-views)
+  bool fuseNormGradEpilogues =
+      true; // forge-fuse-norm-grad-epilogues (forgec --fuse-norm-grad-epilogues)
   bool permuteParameters = true;  // forge-permute-parameters (forgec --permute-parameters)
   std::string scheduleOrder = "memory"; // forge-schedule's order (forgec --schedule-order)
   int64_t computeStreams = 2;   // forge-schedule's compute streams, CUDA (forgec --compute-streams)

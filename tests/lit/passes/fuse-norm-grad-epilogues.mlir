@@ -1,0 +1,96 @@
+// RUN: forge-opt %s --split-input-file --forge-fuse-norm-grad-epilogues | FileCheck %s
+// RUN: forge-opt %s --split-input-file --forge-fuse-norm-grad-epilogues --forge-generate-kernels | FileCheck %s --check-prefix=KERNEL
+// RUN: forge-opt %s --split-input-file --forge-fuse-norm-grad-epilogues --forge-generate-kernels | forge-opt --split-input-file --forge-check-coalescing=report -o /dev/null 2>&1 | FileCheck %s --check-prefix=COALESCED
+
+// A layer norm's dx read only by the region that adds it to the residual
+// gradient, rounds the sum to bf16 and sums it over the rows (a bias
+// gradient, forge-fuse-column-sums' column_reduce): one norm_grad region, the
+// norm on its first three arguments, the reader's body on its dx; it yields
+// the norm's dscale and dbias, then the reader's results. Its kernel keeps
+// dx in registers: it reads the residual gradient with x and dy, a row
+// ahead (two loads: the first row, then the next one in the loop), stores
+// the f32 sum and its bf16 copy, and adds three column sums (dscale, dbias,
+// the bias gradient) once per block and column.
+// CHECK-LABEL: func @residual
+// CHECK: %[[R:.*]]:5 = forge.fusion "norm_grad"(%arg0, %arg1, %arg2, %arg3)
+// CHECK-NEXT: ^bb0(%[[X:.*]]: tensor<64x32xf32>, %[[W:.*]]: tensor<32xf32>, %[[DY:.*]]: tensor<64x32xf32>, %[[G:.*]]: tensor<64x32xf32>):
+// CHECK-NEXT: %[[N:.*]]:3 = forge.layer_norm_grad %[[X]], %[[W]], %[[DY]]
+// CHECK-NEXT: %[[S:.*]] = forge.add %[[G]], %[[N]]#0
+// CHECK-NEXT: %[[B:.*]] = forge.cast %[[S]] {to = bf16}
+// CHECK-NEXT: %[[C:.*]] = forge.reduce_sum %[[S]]
+// CHECK-NEXT: forge.yield %[[N]]#1, %[[N]]#2, %[[C]], %[[S]], %[[B]]
+// CHECK-NOT: forge.layer_norm_grad
+// CHECK: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4
+// KERNEL-LABEL: func @residual
+// KERNEL: forge.fusion "norm_grad"{{.*}}forge.launch = {{.*}}zero_only = array<i64: 0, 1, 2>, zero_outputs}
+// KERNEL: gpu.func @k0_fusion(%arg0: memref<2048xf32>, %arg1: memref<32xf32>, %arg2: memref<2048xf32>, %arg3: memref<2048xf32>, %arg4: memref<32xf32>, %arg5: memref<32xf32>, %arg6: memref<32xf32>, %arg7: memref<2048xf32>, %arg8: memref<2048xbf16>)
+// KERNEL-COUNT-2: memref.load %arg3
+// KERNEL: memref.store {{.*}}, %arg7
+// KERNEL: memref.store {{.*}}, %arg8
+// KERNEL: memref.atomic_rmw addf {{.*}}, %arg4
+// KERNEL: memref.atomic_rmw addf {{.*}}, %arg5
+// KERNEL: memref.atomic_rmw addf {{.*}}, %arg6
+// COALESCED: kernel k0_fusion: {{[0-9]+}} coalesced, {{[0-9]+}} broadcast, 0 data-dependent, 0 strided
+func.func @residual(%x: tensor<64x32xf32>, %w: tensor<32xf32>, %dy: tensor<64x32xf32>, %g: tensor<64x32xf32>) -> (tensor<32xf32>, tensor<32xf32>, tensor<32xf32>, tensor<64x32xf32>, tensor<64x32xbf16>) {
+  %d:3 = forge.layer_norm_grad %x, %w, %dy {axis = 1 : i64, bias_grad = true, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<32xf32>, tensor<32xf32>)
+  %r:3 = forge.fusion "column_reduce"(%g, %d#0) : (tensor<64x32xf32>, tensor<64x32xf32>) -> (tensor<32xf32>, tensor<64x32xf32>, tensor<64x32xbf16>) {
+  ^bb0(%a: tensor<64x32xf32>, %b: tensor<64x32xf32>):
+    %s = forge.add %a, %b : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+    %c = forge.cast %s {to = bf16} : (tensor<64x32xf32>) -> tensor<64x32xbf16>
+    %t = forge.reduce_sum %s {axes = array<i64: 0>, keepdims = false} : (tensor<64x32xf32>) -> tensor<32xf32>
+    forge.yield %t, %s, %c : tensor<32xf32>, tensor<64x32xf32>, tensor<64x32xbf16>
+  }
+  return %d#1, %d#2, %r#0, %r#1, %r#2 : tensor<32xf32>, tensor<32xf32>, tensor<32xf32>, tensor<64x32xf32>, tensor<64x32xbf16>
+}
+
+// -----
+
+// A loop reader whose other input is made after the norm: the region goes
+// where the reader was (the norm's dscale is read only after it).
+// CHECK-LABEL: func @at_reader
+// CHECK: forge.exp
+// CHECK-NEXT: forge.fusion "norm_grad"
+// CHECK-NOT: forge.layer_norm_grad {{.*}}forge.launch
+func.func @at_reader(%x: tensor<64x32xf32>, %w: tensor<32xf32>, %dy: tensor<64x32xf32>, %g: tensor<64x32xf32>) -> (tensor<32xf32>, tensor<64x32xf32>) {
+  %d:2 = forge.layer_norm_grad %x, %w, %dy {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<32xf32>)
+  %e = forge.exp %g : (tensor<64x32xf32>) -> tensor<64x32xf32>
+  %r = forge.fusion "loop"(%e, %d#0) : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32> {
+  ^bb0(%a: tensor<64x32xf32>, %b: tensor<64x32xf32>):
+    %s = forge.mul %a, %b : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+    forge.yield %s : tensor<64x32xf32>
+  }
+  return %d#1, %r : tensor<32xf32>, tensor<64x32xf32>
+}
+
+// -----
+
+// Not: dx read by another op too (it must be stored), a reader that also
+// reads the norm's dscale (complete only at the kernel's end), dx over a
+// non-last axis, and a reader that is no region.
+// CHECK-LABEL: func @negatives
+// CHECK-NOT: "norm_grad"
+// CHECK: return
+func.func @negatives(%x: tensor<64x32xf32>, %w: tensor<32xf32>, %dy: tensor<64x32xf32>, %g: tensor<64x32xf32>, %x3: tensor<4x16x32xf32>, %w3: tensor<16x32xf32>) -> (tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xf32>, tensor<4x16x32xf32>, tensor<64x32xf32>) {
+  %d:2 = forge.layer_norm_grad %x, %w, %dy {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<32xf32>)
+  %r = forge.fusion "loop"(%g, %d#0) : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32> {
+  ^bb0(%a: tensor<64x32xf32>, %b: tensor<64x32xf32>):
+    %s = forge.add %a, %b : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+    forge.yield %s : tensor<64x32xf32>
+  }
+  %n = forge.neg %d#0 : (tensor<64x32xf32>) -> tensor<64x32xf32>
+  %e:2 = forge.layer_norm_grad %x, %w, %g {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<32xf32>)
+  %q = forge.fusion "loop"(%e#0, %e#1) : (tensor<64x32xf32>, tensor<32xf32>) -> tensor<64x32xf32> {
+  ^bb0(%a: tensor<64x32xf32>, %b: tensor<32xf32>):
+    %s = forge.mul %a, %b : (tensor<64x32xf32>, tensor<32xf32>) -> tensor<64x32xf32>
+    forge.yield %s : tensor<64x32xf32>
+  }
+  %f:2 = forge.layer_norm_grad %x3, %w3, %x3 {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<4x16x32xf32>, tensor<16x32xf32>, tensor<4x16x32xf32>) -> (tensor<4x16x32xf32>, tensor<16x32xf32>)
+  %p = forge.fusion "loop"(%f#0) : (tensor<4x16x32xf32>) -> tensor<4x16x32xf32> {
+  ^bb0(%a: tensor<4x16x32xf32>):
+    %s = forge.exp %a : (tensor<4x16x32xf32>) -> tensor<4x16x32xf32>
+    forge.yield %s : tensor<4x16x32xf32>
+  }
+  %h:2 = forge.layer_norm_grad %g, %w, %dy {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<32xf32>)
+  %o = forge.exp %h#0 : (tensor<64x32xf32>) -> tensor<64x32xf32>
+  return %r, %n, %q, %p, %o : tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xf32>, tensor<4x16x32xf32>, tensor<64x32xf32>
+}
