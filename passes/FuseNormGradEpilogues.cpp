@@ -70,15 +70,32 @@ FusionOp epilogueOf(LayerNormGradOp lng) {
                    [&](Value r) { return llvm::is_contained(reader.getInputs(), r); }))
     return nullptr;
   ArrayRef<int64_t> shape = x.getShape();
+  // The kernel keeps a row in registers: at most kRowCache (8) columns for
+  // each of its 128 threads. Wider rows keep two kernels.
+  if (shape.back() > 1024)
+    return nullptr;
   if (!llvm::all_of(reader.getInputs(), [&](Value v) { return readable(v, shape); }))
+    return nullptr;
+  // dx itself is never yielded (the kernel keeps it in registers).
+  Block &block = reader.getBlock();
+  Value dxArg = block.getArgument(
+      static_cast<unsigned>(llvm::find(reader.getInputs(), dx) - reader.getInputs().begin()));
+  if (llvm::is_contained(block.getTerminator()->getOperands(), dxArg))
     return nullptr;
   // Every value of the body is per element at the shape, or a column sum of one.
   for (Operation &op : reader.getBlock().without_terminator()) {
-    if (isa<ReduceSumOp>(op))
-      continue; // a column_reduce region's sums (its verifier's form)
+    if (isa<ReduceSumOp>(op)) { // a column_reduce region's sums (its verifier's form), in f32
+      if (!tensorOf(op.getResult(0)).getElementType().isF32())
+        return nullptr;
+      continue;
+    }
     auto iface = dyn_cast<ForgeOpInterface>(&op);
     if (!iface || iface.getFusionClass() != FusionClass::Elementwise ||
         tensorOf(op.getResult(0)).getShape() != shape)
+      return nullptr;
+    // An integer division reports a zero divisor through a fault flag, which
+    // the fused kernel has not (it would run as kernels of its own).
+    if (isa<DivOp, ModOp>(op) && isa<IntegerType>(tensorOf(op.getResult(0)).getElementType()))
       return nullptr;
   }
   return reader;
@@ -143,10 +160,9 @@ struct FuseNormGradEpiloguesPass
     Block *body =
         b.createBlock(&region.getBody(), {}, argTypes, SmallVector<Location>(inputs.size(), loc));
     OpBuilder in = OpBuilder::atBlockEnd(body);
-    IRMapping map;
-    for (unsigned i = 0; i < 3; ++i)
-      map.map(lng->getOperand(i), body->getArgument(i));
-    Operation *norm = in.clone(*lng, map);
+    Operation *norm = in.clone(*lng);
+    for (unsigned i = 0; i < 3; ++i) // (x and dy may be one value: set each)
+      norm->setOperand(i, body->getArgument(i));
     IRMapping epilogue;
     unsigned next = 3;
     for (auto [arg, v] : llvm::zip(reader.getBlock().getArguments(), reader.getInputs()))

@@ -165,6 +165,9 @@ KernelGenerator::Impl::layerNormGradKernel(Operation *op, StringRef name, Fusion
   if (epilogue) {
     if (!wantDx)
       return std::nullopt;
+    for (Operation &inner : body->without_terminator())
+      if (!faultOf(&inner).empty())
+        return std::nullopt; // a fused kernel has no fault flag
     for (Value v : body->getTerminator()->getOperands()) {
       if (v == op->getResult(0))
         return std::nullopt;
@@ -415,8 +418,10 @@ KernelGenerator::Impl::layerNormGradKernel(Operation *op, StringRef name, Fusion
         launch.zeroOnly.push_back(r);
     return launch;
   }
-  if (epilogue) // rows too long for registers: the region's ops run as kernels of their own
+  if (epilogue) { // rows too long for registers (forge-fuse-norm-grad-epilogues refuses them)
+    fn.erase();
     return std::nullopt;
+  }
 
   Value base = k.mul(k.bid(), k.idx(cols));
   auto x = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };

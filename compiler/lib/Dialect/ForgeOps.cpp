@@ -1189,9 +1189,9 @@ LogicalResult FusionOp::verify() {
     // (forge-fuse-norm-grad-epilogues); yields the norm's scale/bias
     // gradients, the column sums and values of its shape, never dx itself.
     auto norm = dyn_cast<LayerNormGradOp>(&block.front());
-    if (!norm || llvm::any_of(llvm::seq<unsigned>(0, 3), [&](unsigned i) {
-          return norm->getOperand(i) != block.getArgument(i);
-        }))
+    if (!norm || block.getNumArguments() < 3 ||
+        llvm::any_of(llvm::seq<unsigned>(0, 3),
+                     [&](unsigned i) { return norm->getOperand(i) != block.getArgument(i); }))
       return emitOpError("norm_grad region must begin with a layer_norm_grad of its first three "
                          "arguments");
     ArrayRef<int64_t> shape = cast<RankedTensorType>(norm->getOperand(0).getType()).getShape();

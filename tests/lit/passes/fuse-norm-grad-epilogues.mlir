@@ -94,3 +94,34 @@ func.func @negatives(%x: tensor<64x32xf32>, %w: tensor<32xf32>, %dy: tensor<64x3
   %o = forge.exp %h#0 : (tensor<64x32xf32>) -> tensor<64x32xf32>
   return %r, %n, %q, %p, %o : tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xf32>, tensor<4x16x32xf32>, tensor<64x32xf32>
 }
+
+// -----
+
+// Not: rows wider than the kernel keeps in registers (2048 > 8 columns for
+// each of 128 threads), a reader yielding dx itself, a reader dividing
+// integers (its zero-divisor fault has no flag in the fused kernel).
+// CHECK-LABEL: func @more_negatives
+// CHECK-NOT: "norm_grad"
+// CHECK: return
+func.func @more_negatives(%x: tensor<4x2048xf32>, %w: tensor<2048xf32>, %g: tensor<4x2048xf32>, %y: tensor<64x32xf32>, %v: tensor<32xf32>, %i: tensor<64x32xi32>) -> (tensor<4x2048xf32>, tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xi32>) {
+  %d:2 = forge.layer_norm_grad %x, %w, %g {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<4x2048xf32>, tensor<2048xf32>, tensor<4x2048xf32>) -> (tensor<4x2048xf32>, tensor<2048xf32>)
+  %r = forge.fusion "loop"(%g, %d#0) : (tensor<4x2048xf32>, tensor<4x2048xf32>) -> tensor<4x2048xf32> {
+  ^bb0(%a: tensor<4x2048xf32>, %b: tensor<4x2048xf32>):
+    %s = forge.add %a, %b : (tensor<4x2048xf32>, tensor<4x2048xf32>) -> tensor<4x2048xf32>
+    forge.yield %s : tensor<4x2048xf32>
+  }
+  %e:2 = forge.layer_norm_grad %y, %v, %y {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<32xf32>)
+  %q:2 = forge.fusion "loop"(%e#0) : (tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<64x32xf32>) {
+  ^bb0(%a: tensor<64x32xf32>):
+    %s = forge.exp %a : (tensor<64x32xf32>) -> tensor<64x32xf32>
+    forge.yield %s, %a : tensor<64x32xf32>, tensor<64x32xf32>
+  }
+  %f:2 = forge.layer_norm_grad %y, %v, %q#0 {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<32xf32>)
+  %p = forge.fusion "loop"(%f#0, %i) : (tensor<64x32xf32>, tensor<64x32xi32>) -> tensor<64x32xi32> {
+  ^bb0(%a: tensor<64x32xf32>, %b: tensor<64x32xi32>):
+    %c = forge.cast %a {to = i32} : (tensor<64x32xf32>) -> tensor<64x32xi32>
+    %s = forge.div %b, %c : (tensor<64x32xi32>, tensor<64x32xi32>) -> tensor<64x32xi32>
+    forge.yield %s : tensor<64x32xi32>
+  }
+  return %r, %q#0, %q#1, %p : tensor<4x2048xf32>, tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xi32>
+}
