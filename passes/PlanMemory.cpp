@@ -55,7 +55,7 @@ std::string mlir::forge::formatBytes(uint64_t bytes) {
 
 namespace {
 
-uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+using ::forge::rt::alignUp; // forge/runtime/Bundle.h
 
 uint64_t dtypeSizeOf(Type element) {
   return ::forge::rt::dtypeSize(dtypeFromType(element));
