@@ -34,8 +34,6 @@
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
-#include "forge/runtime/Bundle.h"
-
 namespace mlir::forge {
 #define GEN_PASS_DEF_FOLDATTENTIONVIEWS
 #include "Passes.h.inc"
@@ -118,12 +116,10 @@ struct FoldAttentionViewsPass
       unsigned result;
     };
     SmallVector<Maker> makers;
-    int64_t start = 0;
+    if (!piecesAligned(out, 2, concat.getInputs().getTypes()))
+      return false;
     for (Value in : concat.getInputs()) {
       auto pt = cast<RankedTensorType>(in.getType());
-      if (start % static_cast<int64_t>(::forge::rt::kSectionAlignment) != 0)
-        return false;
-      start += pt.getDimSize(2) * bytes;
       auto reshape = in.getDefiningOp<ReshapeOp>();
       if (!reshape || !in.hasOneUse() || reshape->getBlock() != concat->getBlock())
         return false;
@@ -180,12 +176,12 @@ struct FoldAttentionViewsPass
     const int64_t bytes = std::max<int64_t>(in.getElementTypeBitWidth() / 8, 1);
     if (in.getDimSize(2) * bytes % 16 != 0)
       return std::nullopt;
-    int64_t start = 0;
+    if (!piecesAligned(in, 2, split->getResultTypes()))
+      return std::nullopt;
     for (Value piece : split->getResults()) {
       auto pt = cast<RankedTensorType>(piece.getType());
-      if (piece.use_empty() || start % static_cast<int64_t>(::forge::rt::kSectionAlignment) != 0)
+      if (piece.use_empty())
         return std::nullopt;
-      start += pt.getDimSize(2) * bytes;
       for (Operation *user : piece.getUsers()) {
         auto reshape = dyn_cast<ReshapeOp>(user);
         if (!reshape)

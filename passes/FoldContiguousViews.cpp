@@ -23,6 +23,7 @@
 #include "Passes.h"
 #include "StreamOrder.h"
 
+#include "forge/Conversion/Conversion.h"
 #include "forge/runtime/Bundle.h"
 
 namespace mlir::forge {
@@ -36,10 +37,6 @@ using namespace mlir::forge;
 namespace {
 
 constexpr int64_t kAlign = static_cast<int64_t>(::forge::rt::kSectionAlignment);
-
-int64_t elementBytes(RankedTensorType t) {
-  return std::max<int64_t>(t.getElementTypeBitWidth() / 8, 1);
-}
 
 bool returned(Value v) {
   return llvm::any_of(v.getUsers(), [](Operation *user) { return isa<func::ReturnOp>(user); });
@@ -63,16 +60,14 @@ std::optional<int64_t> contiguousOffset(SliceOp slice) {
   for (int64_t d = 0; d < rank && first == rank; ++d)
     if (out.getDimSize(d) != in.getDimSize(d))
       first = d;
-  int64_t offset = 0, stride = 1;
-  for (int64_t d = rank - 1; d >= 0; --d) {
+  for (int64_t d = 0; d < rank; ++d) {
     if (d < first && out.getDimSize(d) != 1)
       return std::nullopt; // outer rows of the run apart
     if (d > first && out.getDimSize(d) != in.getDimSize(d))
       return std::nullopt; // inner rows cut short: runs apart
-    offset += slice.getStarts()[d] * stride;
-    stride *= in.getDimSize(d);
   }
-  return offset * elementBytes(in);
+  return sliceFirstElement(slice) *
+         static_cast<int64_t>(::forge::rt::dtypeSize(dtypeFromType(in.getElementType())));
 }
 
 bool foldSlice(SliceOp slice) {
@@ -99,11 +94,9 @@ bool foldConcat(ConcatOp concat) {
   for (int64_t d = 0; d < axis; ++d)
     if (out.getDimSize(d) != 1)
       return false; // pieces interleave
-  int64_t start = 0;
+  if (!piecesAligned(out, axis, concat.getInputs().getTypes()))
+    return false;
   for (Value piece : concat.getInputs()) {
-    if (start % kAlign != 0)
-      return false;
-    start += cast<RankedTensorType>(piece.getType()).getNumElements() * elementBytes(out);
     if (cast<RankedTensorType>(piece.getType()).getElementType() != out.getElementType())
       return false; // a converting concat
     Operation *maker = piece.getDefiningOp();

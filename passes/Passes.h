@@ -48,6 +48,17 @@ void outlineHorizontal(ArrayRef<FusionOp> group);
 SmallVector<int64_t> permutedShape(ArrayRef<int64_t> shape, ArrayRef<int64_t> perm);
 /// The permutation that undoes `perm`.
 SmallVector<int64_t> inversePermutation(ArrayRef<int64_t> perm);
+/// Where the pieces of `whole`, cut along `axis` (>= 0), start in its bytes,
+/// in order: each piece's extent along the axis times the elements after it
+/// (row-major), at the bundle's storage sizes. A split's results in its
+/// operand, a concat's operands in its result: what forge-plan-memory places
+/// and forge-fold-attention-views / forge-fold-contiguous-views keep aligned.
+SmallVector<uint64_t> pieceByteOffsets(RankedTensorType whole, int64_t axis, TypeRange pieces);
+/// Whether every piece of `whole` (as pieceByteOffsets) starts on a bundle
+/// tensor's alignment (kSectionAlignment, 64 bytes).
+bool piecesAligned(RankedTensorType whole, int64_t axis, TypeRange pieces);
+/// The row-major element offset of `slice`'s first element in its operand.
+int64_t sliceFirstElement(SliceOp slice);
 
 } // namespace mlir::forge
 

@@ -53,6 +53,35 @@ std::string mlir::forge::formatBytes(uint64_t bytes) {
   return llvm::formatv("{0:F1} {1}", v, units[u]).str();
 }
 
+SmallVector<uint64_t> mlir::forge::pieceByteOffsets(RankedTensorType whole, int64_t axis,
+                                                    TypeRange pieces) {
+  uint64_t bytes = ::forge::rt::dtypeSize(dtypeFromType(whole.getElementType()));
+  for (int64_t d = axis + 1; d < whole.getRank(); ++d)
+    bytes *= static_cast<uint64_t>(whole.getDimSize(d));
+  SmallVector<uint64_t> offsets;
+  uint64_t at = 0;
+  for (Type piece : pieces) {
+    offsets.push_back(at);
+    at += static_cast<uint64_t>(cast<RankedTensorType>(piece).getDimSize(axis)) * bytes;
+  }
+  return offsets;
+}
+
+bool mlir::forge::piecesAligned(RankedTensorType whole, int64_t axis, TypeRange pieces) {
+  return llvm::all_of(pieceByteOffsets(whole, axis, pieces),
+                      [](uint64_t at) { return at % ::forge::rt::kSectionAlignment == 0; });
+}
+
+int64_t mlir::forge::sliceFirstElement(SliceOp slice) {
+  auto type = cast<RankedTensorType>(slice.getInput().getType());
+  int64_t offset = 0, stride = 1;
+  for (int64_t d = type.getRank() - 1; d >= 0; --d) {
+    offset += slice.getStarts()[d] * stride;
+    stride *= type.getDimSize(d);
+  }
+  return offset;
+}
+
 namespace {
 
 using ::forge::rt::alignUp; // forge/runtime/Bundle.h
@@ -435,14 +464,9 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
     int64_t axis = static_cast<int64_t>(concat.getAxis());
     if (axis < 0)
       axis += type.getRank();
-    // A piece starts its extent along the axis times the elements after it
-    // into the concat (columns of rows for the strided pieces, whole rows
-    // along the leading axis).
-    uint64_t bytes = dtypeSizeOf(type.getElementType());
-    for (int64_t d = axis + 1; d < type.getRank(); ++d)
-      bytes *= static_cast<uint64_t>(type.getDimSize(d));
-    uint64_t at = 0;
-    for (Value piece : concat.getInputs()) {
+    // Columns of rows for the strided pieces, whole rows along the leading axis.
+    SmallVector<uint64_t> at = pieceByteOffsets(type, axis, concat.getInputs().getTypes());
+    for (auto [i, piece] : llvm::enumerate(concat.getInputs())) {
       // The maker's result: the piece, or what a reshape to it reads.
       Value value = piece;
       if (auto reshape = piece.getDefiningOp<ReshapeOp>())
@@ -453,8 +477,7 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
                                 "or a reshape of one (forge-fold-attention-views, "
                                 "forge-fold-contiguous-views)");
       root[made->second] = c;
-      aliasOffset[made->second] = at;
-      at += static_cast<uint64_t>(cast<RankedTensorType>(piece.getType()).getDimSize(axis)) * bytes;
+      aliasOffset[made->second] = at[i];
     }
   }
   for (Operation *op : steps) {
@@ -468,15 +491,11 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
               cast<RankedTensorType>(slice.getType()).getElementType())
         return slice.emitError("forge-plan-memory: a slice view must read an arena tensor of "
                                "its own element type (forge-fold-contiguous-views)");
-      auto type = cast<RankedTensorType>(slice.getInput().getType());
-      int64_t offset = 0, stride = 1;
-      for (int64_t d = type.getRank() - 1; d >= 0; --d) {
-        offset += slice.getStarts()[d] * stride;
-        stride *= type.getDimSize(d);
-      }
       root[t->second] = root[in->second];
-      aliasOffset[t->second] = aliasOffset[in->second] +
-                               static_cast<uint64_t>(offset) * dtypeSizeOf(type.getElementType());
+      aliasOffset[t->second] =
+          aliasOffset[in->second] +
+          static_cast<uint64_t>(sliceFirstElement(slice)) *
+              dtypeSizeOf(cast<RankedTensorType>(slice.getType()).getElementType());
       continue;
     }
     if (auto split = dyn_cast<SplitOp>(op); split && isViewOp(op)) {
@@ -485,13 +504,14 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
         continue;
       int64_t in = it->second;
       auto type = cast<RankedTensorType>(split.getInput().getType());
-      uint64_t at = aliasOffset[in];
-      for (Value piece : split->getResults()) {
+      int64_t axis = static_cast<int64_t>(split.getAxis());
+      if (axis < 0)
+        axis += type.getRank();
+      SmallVector<uint64_t> at = pieceByteOffsets(type, axis, split->getResultTypes());
+      for (auto [i, piece] : llvm::enumerate(split->getResults())) {
         int64_t t = indexOf.lookup(piece);
         root[t] = root[in];
-        aliasOffset[t] = at;
-        at += static_cast<uint64_t>(cast<RankedTensorType>(piece.getType()).getShape().back()) *
-              dtypeSizeOf(type.getElementType());
+        aliasOffset[t] = aliasOffset[in] + at[i];
       }
       continue;
     }

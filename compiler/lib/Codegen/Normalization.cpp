@@ -282,7 +282,7 @@ KernelGenerator::Impl::layerNormGradKernel(Operation *op, StringRef name, Fusion
     // An epilogue's input at column t of the row at `base` (columns past
     // the row's end read its last one: their values are never stored or
     // added).
-    auto epilogueArg = [&](BlockArgument arg, int64_t t, ArrayRef<Value> rowNow) -> Value {
+    auto epilogueArg = [&](BlockArgument arg, int64_t t, ValueRange rowNow) -> Value {
       unsigned a = arg.getArgNumber();
       if (a == 0)
         return rowNow[t];
@@ -330,9 +330,7 @@ KernelGenerator::Impl::layerNormGradKernel(Operation *op, StringRef name, Fusion
               // added (0 past the row's end).
               llvm::DenseMap<Value, Value> stored;
               stored[op->getResult(0)] = dxv;
-              auto load = [&](BlockArgument arg) {
-                return epilogueArg(arg, t, SmallVector<Value>(rowNow));
-              };
+              auto load = [&](BlockArgument arg) { return epilogueArg(arg, t, rowNow); };
               Operation *yield = body->getTerminator();
               int64_t s = 0;
               for (auto [r, role] : llvm::enumerate(roles)) {

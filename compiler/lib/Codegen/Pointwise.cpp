@@ -332,6 +332,16 @@ bool KernelGenerator::Impl::emitTiledPointwise(Body &k, gpu::GPUFuncOp fn,
   return ok;
 }
 
+/// `map`'s element index at output coordinates `at`: its offset plus each
+/// coordinate times its stride (0: broadcast).
+static Value mapIndex(Body &k, const OperandMap &map, ArrayRef<Value> at) {
+  Value index = k.idx(map.offset);
+  for (auto [coord, stride] : llvm::zip(at, map.strides))
+    if (stride != 0)
+      index = k.add(index, k.mul(coord, k.idx(stride)));
+  return index;
+}
+
 bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const PointwisePlan &p,
                                           ArrayRef<unsigned> inArgs, ArrayRef<unsigned> outArgs,
                                           Value blockIndex, int64_t blocks, PointwiseBody body) {
@@ -356,11 +366,7 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
               rest = k.div(rest, p.shape[d]);
           }
         }
-        Value at = k.idx(map.offset);
-        for (size_t d = 0; d < p.shape.size(); ++d)
-          if (map.strides[d] != 0)
-            at = k.add(at, k.mul(first[d], k.idx(map.strides[d])));
-        return k.div(at, p.width);
+        return k.div(mapIndex(k, map, first), p.width);
       };
       auto rowVector = [&](size_t m) { return mapped(p.maps[m]); };
       SmallVector<Value> loaded;
@@ -402,16 +408,10 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
     }
     SmallVector<Value> in;
     for (size_t m = 0; m < numIn; ++m) {
-      Value at = k.idx(p.maps[m].offset);
-      if (p.scalar[m]) {
-        at = k.idx(0);
-      } else if (p.maps[m].offset == 0 && p.maps[m].strides == p.outStrides) {
-        at = i;
-      } else {
-        for (size_t d = 0; d < p.shape.size(); ++d)
-          if (p.maps[m].strides[d] != 0)
-            at = k.add(at, k.mul(index[d], k.idx(p.maps[m].strides[d])));
-      }
+      Value at = p.scalar[m] ? k.idx(0)
+                 : p.maps[m].offset == 0 && p.maps[m].strides == p.outStrides
+                     ? i
+                     : mapIndex(k, p.maps[m], index);
       in.push_back(b.create<memref::LoadOp>(k.loc, fn.getArgument(inArgs[m]), at));
     }
     SmallVector<Value> out = body(k, in);
@@ -419,16 +419,9 @@ bool KernelGenerator::Impl::emitPointwise(Body &k, gpu::GPUFuncOp fn, const Poin
       ok = false;
       return;
     }
-    for (size_t o = 0; o < out.size(); ++o) {
-      Value at = i;
-      if (!p.outMaps.empty()) {
-        at = k.idx(p.outMaps[o].offset);
-        for (size_t d = 0; d < p.shape.size(); ++d)
-          if (p.outMaps[o].strides[d] != 0)
-            at = k.add(at, k.mul(index[d], k.idx(p.outMaps[o].strides[d])));
-      }
-      b.create<memref::StoreOp>(k.loc, out[o], fn.getArgument(outArgs[o]), at);
-    }
+    for (size_t o = 0; o < out.size(); ++o)
+      b.create<memref::StoreOp>(k.loc, out[o], fn.getArgument(outArgs[o]),
+                                p.outMaps.empty() ? i : mapIndex(k, p.outMaps[o], index));
   });
   return ok;
 }

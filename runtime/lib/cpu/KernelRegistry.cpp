@@ -277,6 +277,17 @@ KernelFn findCpuKernel(std::string_view op) {
 
 std::vector<std::string> cpuKernelNames() { return cpu::cpuRegistry().names(); }
 
+namespace {
+/// Copies `tokens` rows of `rowBytes` from rows `srcStride` bytes apart to
+/// rows `dstStride` bytes apart: views a token stride apart packed, or back.
+void copyRows(uint8_t *dst, size_t dstStride, const uint8_t *src, size_t srcStride, int64_t tokens,
+              size_t rowBytes) {
+  for (int64_t t = 0; t < tokens; ++t)
+    std::memcpy(dst + static_cast<size_t>(t) * dstStride, src + static_cast<size_t>(t) * srcStride,
+                rowBytes);
+}
+} // namespace
+
 Status runCpuKernel(const bundle::Instruction &inst, std::span<const TensorView> inputs,
                     std::span<TensorView> outputs, ThreadPool &pool) {
   auto context = [&] {
@@ -322,9 +333,7 @@ Status runCpuKernel(const bundle::Instruction &inst, std::span<const TensorView>
       const size_t e = dtypeSize(v.dtype), row = static_cast<size_t>(v.numel() / tokens) * e;
       const size_t stride =
           static_cast<size_t>(rows->second.ints().values(static_cast<int>(j))) * e;
-      for (int64_t t = 0; t < tokens; ++t)
-        std::memcpy(static_cast<uint8_t *>(v.data) + static_cast<size_t>(t) * stride,
-                    packed[j].data() + static_cast<size_t>(t) * row, row);
+      copyRows(static_cast<uint8_t *>(v.data), stride, packed[j].data(), row, tokens, row);
     }
     return Status::ok();
   }
@@ -350,9 +359,8 @@ Status runCpuKernel(const bundle::Instruction &inst, std::span<const TensorView>
       const size_t e = dtypeSize(v.dtype), row = static_cast<size_t>(v.shape[2] * v.shape[3]) * e;
       const int64_t tokens = v.shape[0] * v.shape[1];
       packed[i].resize(static_cast<size_t>(tokens) * row);
-      for (int64_t t = 0; t < tokens; ++t)
-        std::memcpy(packed[i].data() + t * row,
-                    static_cast<const uint8_t *>(v.data) + t * stride * static_cast<int64_t>(e), row);
+      copyRows(packed[i].data(), row, static_cast<const uint8_t *>(v.data),
+               static_cast<size_t>(stride) * e, tokens, row);
       ins[i].data = packed[i].data();
     }
     bundle::Instruction plain = inst;
