@@ -6,7 +6,9 @@
 // (one multiply-add with [C] coefficients, the channels last so that they
 // broadcast), and without `pixels` the float input itself is normalized with
 // [C, 1, 1] coefficients; `flip` mirrors training samples along the width
-// (randomFlip). Invariants: the uses of the old argument see a value
+// (randomFlip). With a canvas, the u8 argument is [B, Hc, Wc, C] and a new
+// argument INPUT.crop [B, 6] follows it: forge.resized_crop makes the [B, H, W, C]
+// pixels the rest then normalizes. Invariants: the uses of the old argument see a value
 // of its type; the argument keeps its forge.name (the data pipeline feeds it by
 // name); nothing is folded here (the pipeline's graph cleanup does).
 //
@@ -80,6 +82,9 @@ struct AugmentInputsPass : public mlir::forge::impl::AugmentInputsBase<AugmentIn
     for (double s : stds)
       if (!(s > 0))
         return fail("std values must be positive");
+    const bool canvas = canvasHeight != 0 || canvasWidth != 0;
+    if (canvas && (!pixels || canvasHeight < 1 || canvasWidth < 1))
+      return fail("canvas=HxW needs pixels and a positive height and width");
     if (!pixels && means.empty() && stds.empty() && !flip)
       return;
 
@@ -107,15 +112,28 @@ struct AugmentInputsPass : public mlir::forge::impl::AugmentInputsBase<AugmentIn
     SmallVector<int64_t> coefShape = pixels ? SmallVector<int64_t>{channels}
                                             : SmallVector<int64_t>{channels, 1, 1};
     if (pixels) {
-      auto u8 = RankedTensorType::get({type.getDimSize(0), type.getDimSize(2), type.getDimSize(3),
-                                       channels},
-                                      IntegerType::get(func.getContext(), 8, IntegerType::Unsigned));
+      const int64_t batch = type.getDimSize(0), height = type.getDimSize(2),
+                    width = type.getDimSize(3);
+      auto u8 = RankedTensorType::get(
+          {batch, canvas ? canvasHeight : height, canvas ? canvasWidth : width, channels},
+          IntegerType::get(func.getContext(), 8, IntegerType::Unsigned));
       arg.setType(u8);
       auto fnType = func.getFunctionType();
       SmallVector<Type> inputs(fnType.getInputs());
       inputs[static_cast<size_t>(index)] = u8;
       func.setFunctionType(FunctionType::get(func.getContext(), inputs, fnType.getResults()));
-      x = fb.castTo(arg, element);
+      x = arg;
+      if (canvas) { // the boxes, right after the canvas; the crop in f32 [0, 255]
+        auto boxType = RankedTensorType::get({batch, 6}, b.getF32Type());
+        const unsigned at = static_cast<unsigned>(index) + 1;
+        func.insertArgument(
+            at, boxType,
+            b.getDictionaryAttr(b.getNamedAttr("forge.name", b.getStringAttr(input + ".crop"))),
+            loc);
+        x = b.create<ResizedCropOp>(loc, arg, func.getArgument(at), b.getI64IntegerAttr(height),
+                                    b.getI64IntegerAttr(width));
+      }
+      x = fb.castTo(x, element);
     }
     const bool unitScale = llvm::all_of(scale, [](float v) { return v == 1.0f; });
     const bool zeroShift = llvm::all_of(shift, [](float v) { return v == 0.0f; });

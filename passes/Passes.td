@@ -140,8 +140,13 @@ def AugmentInputs : Pass<"forge-augment-inputs", "::mlir::func::FuncOp"> {
     it Philox's per-step mask, a distinct key per micro-batch, and makes it
     the identity in eval), and `where(draw > 1, mirrored, x)` selects. All of
     it is pointwise or a view, so forge-fuse makes one kernel of it together
-    with the model's first ops. Errors name the input. A function without
-    that input is left alone.
+    with the model's first ops. With `canvas-height`/`canvas-width` (and
+    `pixels`) the u8 argument is a canvas [B, Hc, Wc, C] holding each decoded
+    image in its top-left corner, a new argument `INPUT.crop` [B, 6] f32 gives
+    each sample's crop box (the data pipeline draws it: random-resized in
+    training, the centre crop in eval), and `forge.resized_crop` scales the boxes
+    to [B, H, W, C] on the device before the normalization. Errors name the
+    input. A function without that input is left alone.
   }];
   let options = [
     Option<"input", "input", "std::string", /*default=*/"", "the model input to transform">,
@@ -150,7 +155,11 @@ def AugmentInputs : Pass<"forge-augment-inputs", "::mlir::func::FuncOp"> {
     ListOption<"mean", "mean", "double", "per-channel mean subtracted (after the 1/255)">,
     ListOption<"stddev", "std", "double", "per-channel standard deviation divided by">,
     Option<"flip", "flip", "bool", /*default=*/"false",
-           "mirror each training sample along its width with probability 1/2">
+           "mirror each training sample along its width with probability 1/2">,
+    Option<"canvasHeight", "canvas-height", "int64_t", /*default=*/"0",
+           "with pixels: take u8 images in a [B, canvas-height, canvas-width, C] canvas and "
+           "their crop boxes (INPUT.crop [B, 6]), cropped and scaled on the device">,
+    Option<"canvasWidth", "canvas-width", "int64_t", /*default=*/"0", "see canvas-height">
   ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

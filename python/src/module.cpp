@@ -270,6 +270,7 @@ struct PyTrainer {
             const std::string &tokenDtype, int64_t docSeparator)
       : bundle(b.bundle) {
     rt::DataSourceOptions so = sourceOptions(tokenDtype, docSeparator);
+    check(rt::applyImageCropOption(rt::buildOption(b.bundle->program(), "image_crop"), so.image));
     nb::gil_scoped_release release;
     std::unique_ptr<rt::DataSource> train, eval;
     if (!data.empty())

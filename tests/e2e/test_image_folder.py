@@ -22,6 +22,12 @@ cnn fixture (x [B, 3, 16, 16], 10 classes) for the CPU and checks:
   augment pixels   a bundle compiled with --augment pixels,normalize=imagenet (u8 [B, H, W, 3]
                    pixels, normalized in the graph) trains on the folder with the losses of the
                    plain bundle on the reference made from the same pixels rounded to u8
+  augment canvas   --augment pixels,normalize=imagenet,canvas=HxW (each decoded image in a u8
+                   canvas, its crop box in x.crop, cropped in the graph by forge.resized_crop):
+                   the plain bundle's losses on the folder (centre crop, random-resized crop,
+                   1e-4), and with a canvas smaller than the larger images (shrunk to fit,
+                   bilinear to u8) the plain bundle's on a float64 reference of that; refusals:
+                   canvas without pixels, a canvas bundle on arrays without x.crop
   flip             --augment pixels,flip: a model blind to mirroring (global average pool +
                    linear) trains as without flip (1e-6); the cnn's losses change; two runs
                    of one bundle agree bit for bit
@@ -92,9 +98,36 @@ def folder_samples(root):
     return out
 
 
-def reference_image(path, resize, mean, std, pixels=False):
+def fit_canvas(rgb, cw, ch):
+    """A decoded image too large for a canvas of cw x ch, shrunk to fit as the canvas
+    bundles' loader does: bilinear with half-pixel centres, f32 weights and values,
+    rounded half up to u8."""
+    rh, rw = rgb.shape[:2]
+    if rw <= cw and rh <= ch:
+        return rgb
+    s = min(cw / rw, ch / rh)
+    fw, fh = min(max(int(rw * s), 1), cw), min(max(int(rh * s), 1), ch)
+    src = rgb.astype(np.float32)
+    out = np.zeros((fh, fw, 3))
+    for y in range(fh):
+        sy = min(max((y + 0.5) / (fh / rh) - 0.5, 0.0), rh - 1.0)
+        y0 = int(sy)
+        y1, fy = min(y0 + 1, rh - 1), np.float32(sy - y0)
+        for x in range(fw):
+            sx = min(max((x + 0.5) / (fw / rw) - 0.5, 0.0), rw - 1.0)
+            x0 = int(sx)
+            x1, fx = min(x0 + 1, rw - 1), np.float32(sx - x0)
+            top = src[y0, x0] + (src[y0, x1] - src[y0, x0]) * fx
+            bottom = src[y1, x0] + (src[y1, x1] - src[y1, x0]) * fx
+            out[y, x] = np.clip(np.floor((top + (bottom - top) * fy).astype(np.float64) + 0.5),
+                                0, 255)
+    return out
+
+
+def reference_image(path, resize, mean, std, pixels=False, canvas=None):
     """The documented transform in float64: [3, H, W] (pixels: the crop rounded to u8 first,
-    as the u8 input of an --augment pixels bundle gets it)."""
+    as the u8 input of an --augment pixels bundle gets it; canvas (cw, ch): the image decoded
+    for a canvas bundle, shrunk by the DCT and then bilinearly to fit it)."""
     img = Image.open(path)
     w, h = img.size
 
@@ -105,9 +138,13 @@ def reference_image(path, resize, mean, std, pixels=False):
 
     if img.format == "JPEG":
         s = scale_of(w, h)
+        if canvas:
+            s = min(s, canvas[0] / w, canvas[1] / h)
         need = (max(1, math.ceil(w * s - 1e-9)), max(1, math.ceil(h * s - 1e-9)))
         img.draft("RGB", need)  # the DCT shrink by 8, 4 or 2 that keeps `need`
     rgb = np.asarray(img.convert("RGB"), dtype=np.float64)
+    if canvas:
+        rgb = fit_canvas(rgb, *canvas)
     h, w = rgb.shape[:2]
     s = scale_of(w, h)
     off_x, off_y = (w * s - W) / 2, (h * s - H) / 2
@@ -353,6 +390,50 @@ def main():
             rep.check("augment pixels", ok and err <= REL,
                       f"{len(got)} steps, max rel {err:.2e} (<= {REL})" if ok else
                       f"{e2e.failure(rc1, log1)} | {e2e.failure(rc2, log2)} | {got} {want}")
+        # --augment ...,canvas=HxW: the bundle takes each decoded image in a u8 canvas and its
+        # crop box (x.crop), and crops on the device (forge.resized_crop, f32 weights): the
+        # plain bundle's losses on the same folder, with the CPU's crop (double geometry),
+        # centre crop after --image-resize 24 and random-resized crops. A canvas too small for
+        # the larger images (24 x 20) shrinks them to fit (the DCT, then bilinear to u8): the
+        # plain bundle's losses on a float64 reference of that (fit_canvas).
+        shrunk = np.stack([reference_image(p, 24, IMAGENET_MEAN, IMAGENET_STD, canvas=(24, 20))
+                           for p, _ in samples])
+        ref_shrunk = os.path.join(tmp, "ref_shrunk.npz")
+        np.savez(ref_shrunk, x=shrunk.astype(np.float32), labels=np.array([c for _, c in samples]))
+        for tag, canvas, extra, tol in (
+                ("centre", "160x160", ["--no-shuffle", "--image-resize", "24", "--workers", "2"], REL),
+                ("random", "160x160", ["--no-shuffle", "--seed", "7", "--random-resized-crop"], REL),
+                ("shrunk", "20x24", ["--no-shuffle", "--image-resize", "24"], REL)):
+            cv = os.path.join(tmp, f"cnn_canvas_{tag}.forge")
+            rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
+                                  "--target", "cpu", "--batch", str(BATCH),
+                                  "--loss", "cross_entropy:logits,labels",
+                                  "--optimizer", "sgd:lr=0.05,momentum=0.9",
+                                  "--augment", f"pixels,normalize=imagenet,canvas={canvas}",
+                                  "-o", cv])
+            if not rep.check(f"forgec --augment canvas={canvas}", rc == 0, e2e.failure(rc, log)):
+                continue
+            rc1, log1, got = train(forge_train, cv, root, tmp, f"canvas_{tag}", extra, steps=8)
+            rc2, log2, want = train(forge_train, bundle,
+                                    ref_shrunk if tag == "shrunk" else root, tmp,
+                                    f"canvas_{tag}_ref",
+                                    ["--no-shuffle"] if tag == "shrunk" else
+                                    extra + ["--image-normalize", "imagenet"], steps=8)
+            ok = rc1 == 0 and rc2 == 0 and len(got) == len(want) == 8
+            err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf"))
+            rep.check(f"augment canvas: {tag}", ok and err <= tol,
+                      f"8 steps, max rel {err:.2e} (<= {tol})" if ok else
+                      f"{e2e.failure(rc1, log1)} | {e2e.failure(rc2, log2)} | {got} {want}")
+        rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
+                              "--target", "cpu", "--batch", str(BATCH), "--loss",
+                              "cross_entropy:logits,labels", "--augment", "canvas=32x32", "-o", aug])
+        rep.check("augment canvas without pixels", rc not in (0, None) and
+                  "canvas=HxW takes pixels" in log, e2e.tail(log, 1))
+        rc, _, log = e2e.run([forge_train, os.path.join(tmp, "cnn_canvas_centre.forge"), "--data",
+                              os.path.join(tmp, "ref_u8.npz"), "--device", "cpu", "--steps", "1"],
+                             60)
+        rep.check("canvas bundle on arrays", rc not in (0, None) and "x.crop" in log,
+                  e2e.tail(log, 1))
         rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
                               "--target", "cpu", "--batch", str(BATCH), "--loss",
                               "cross_entropy:logits,labels", "--augment", "pixels,blur", "-o", aug])

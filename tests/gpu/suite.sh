@@ -55,6 +55,7 @@ if [ "$mode" = compile ]; then
   $py tests/e2e/test_fuse_column_sums.py --bin-dir "$b" --bundles "$dir/fuse_column_sums" --compile-only
   $py tests/gpu/test_masked_attention.py --forgec "$b/forgec" --bundles "$dir/masked_attention" --compile-only
   $py tests/e2e/test_input_pipeline.py --bin-dir "$b" --bundles "$dir/input_pipeline" --compile-only
+  $py tests/gpu/test_canvas_crop.py --bin-dir "$b" --bundles "$dir/canvas_crop" --compile-only
   $py tests/gpu/test_data_parallel_gpu.py --bin-dir "$b" --bundles "$dir/data_parallel" --compile-only
   # Every library call's stated cuBLASLt problem is checked here, without a GPU, the same
   # way the CUDA executor checks it: a refusal shows before device time is spent.
@@ -92,6 +93,7 @@ suite gpu_fp8_delayed $py tests/e2e/test_fp8_delayed.py --bundles "$dir/fp8_dela
 suite gpu_fuse_column_sums $py tests/e2e/test_fuse_column_sums.py --bundles "$dir/fuse_column_sums" --forge-train "$ft" --device cuda
 suite gpu_masked_attention $py tests/gpu/test_masked_attention.py --bundles "$dir/masked_attention" --forge-train "$ft"
 suite gpu_input_pipeline $py tests/e2e/test_input_pipeline.py --bundles "$dir/input_pipeline" --forge-train "$ft" --device cuda
+suite gpu_canvas_crop $py tests/gpu/test_canvas_crop.py --bundles "$dir/canvas_crop" --forge-train "$ft"
 suite gpu_data_parallel $py tests/gpu/test_data_parallel_gpu.py --bundles "$dir/data_parallel" --forge-train "$ft"
 # gtest binaries (skipped without a GPU): their summary as "N passed, N failed".
 gtest_suite() { # name, binary, env...

@@ -285,137 +285,34 @@ std::vector<int64_t> broadcastShapes(std::vector<int64_t> a, std::vector<int64_t
 
 TEST(CpuKernels, RegistryCoversEveryDialectOp) {
   // Every mnemonic of compiler/include/forge/Dialect/ForgeOps.td (and ForgeGradOps.td).
-  const std::vector<std::string> ops = {"add",
-                                        "sub",
-                                        "mul",
-                                        "div",
-                                        "pow",
-                                        "min",
-                                        "max",
-                                        "and",
-                                        "or",
-                                        "xor",
-                                        "mod",
-                                        "bitwise_and",
-                                        "bitwise_or",
-                                        "bitwise_xor",
-                                        "bit_shift",
-                                        "equal",
-                                        "less",
-                                        "greater",
-                                        "less_equal",
-                                        "greater_equal",
-                                        "neg",
-                                        "abs",
-                                        "exp",
-                                        "log",
-                                        "sqrt",
-                                        "reciprocal",
-                                        "tanh",
-                                        "sigmoid",
-                                        "relu",
-                                        "erf",
-                                        "softplus",
-                                        "hard_swish",
-                                        "not",
-                                        "bitwise_not",
-                                        "sin",
-                                        "cos",
-                                        "tan",
-                                        "asin",
-                                        "acos",
-                                        "atan",
-                                        "sinh",
-                                        "cosh",
-                                        "asinh",
-                                        "acosh",
-                                        "atanh",
-                                        "leaky_relu",
-                                        "elu",
-                                        "selu",
-                                        "thresholded_relu",
-                                        "gelu",
-                                        "hard_sigmoid",
-                                        "clip",
-                                        "isnan",
-                                        "isinf",
-                                        "cast",
-                                        "where",
-                                        "matmul",
-                                        "gemm",
-                                        "scaled_gemm",
-                                        "conv",
-                                        "conv_transpose",
-                                        "max_pool",
-                                        "avg_pool",
-                                        "batch_norm",
-                                        "batch_norm_training",
-                                        "layer_norm",
-                                        "group_norm",
-                                        "attention",
-                                        "softmax",
-                                        "log_softmax",
-                                        "nll_loss",
-                                        "reduce_sum",
-                                        "reduce_mean",
-                                        "reduce_max",
-                                        "reduce_min",
-                                        "reduce_prod",
-                                        "reduce_l2",
-                                        "argmax",
-                                        "top_k",
-                                        "cumsum",
-                                        "constant",
-                                        "reshape",
-                                        "transpose",
-                                        "broadcast",
-                                        "concat",
-                                        "split",
-                                        "slice",
-                                        "pad",
-                                        "tile",
-                                        "gather",
-                                        "gather_elements",
-                                        "scatter_elements",
-                                        "trilu",
-                                        "one_hot",
-                                        "dropout",
-                                        "dropout_mask",
-                                        "floor",
-                                        "ceil",
-                                        "round",
-                                        // Backward-only ops (ForgeGradOps.td).
-                                        "conv_grad_weight",
-                                        "max_pool_grad",
-                                        "avg_pool_grad",
-                                        "batch_norm_training_grad",
-                                        "layer_norm_grad",
-                                        "group_norm_grad",
-                                        "gelu_grad",
-                                        "relu_bitmask",
-                                        "relu_grad_bitmask",
-                                        "softmax_grad",
-                                        "log_softmax_grad",
-                                        "nll_loss_grad",
-                                        "cross_entropy",
-                                        "cross_entropy_grad",
-                                        "cross_entropy_with_grad",
-                                        "gather_grad",
-                                        "gather_elements_grad",
-                                        "slice_grad",
-                                        "pad_grad",
-                                        "attention_grad",
-                                        // Bundle-level op (BundleEmitter write-back).
-                                        "copy",
-                                        // The data-parallel collective (forgec --dp).
-                                        "all_reduce",
-                                        // ZeRO-1's (forgec --zero 1).
-                                        "reduce_scatter",
-                                        "all_gather",
-                                        "rank_slice",
-                                        // Pipeline messages (forgec --pp).
-                                        "send",
-                                        "recv"};
+  const std::vector<std::string> ops = {
+      "add", "sub", "mul", "div", "pow", "min", "max", "and", "or", "xor", "mod", "bitwise_and",
+      "bitwise_or", "bitwise_xor", "bit_shift", "equal", "less", "greater", "less_equal",
+      "greater_equal", "neg", "abs", "exp", "log", "sqrt", "reciprocal", "tanh", "sigmoid", "relu",
+      "erf", "softplus", "hard_swish", "not", "bitwise_not", "sin", "cos", "tan", "asin", "acos",
+      "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "leaky_relu", "elu", "selu",
+      "thresholded_relu", "gelu", "hard_sigmoid", "clip", "isnan", "isinf", "cast", "where",
+      "matmul", "gemm", "scaled_gemm", "conv", "conv_transpose", "max_pool", "avg_pool",
+      "batch_norm", "batch_norm_training", "layer_norm", "group_norm", "attention", "softmax",
+      "log_softmax", "nll_loss", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min",
+      "reduce_prod", "reduce_l2", "argmax", "top_k", "cumsum", "constant", "reshape", "transpose",
+      "broadcast", "concat", "split", "slice", "pad", "tile", "gather", "gather_elements",
+      "scatter_elements", "trilu", "one_hot", "resized_crop", "dropout", "dropout_mask", "floor",
+      "ceil", "round",
+      // Backward-only ops (ForgeGradOps.td).
+      "conv_grad_weight", "max_pool_grad", "avg_pool_grad", "batch_norm_training_grad",
+      "layer_norm_grad", "group_norm_grad", "gelu_grad", "relu_bitmask", "relu_grad_bitmask",
+      "softmax_grad", "log_softmax_grad", "nll_loss_grad", "cross_entropy", "cross_entropy_grad",
+      "cross_entropy_with_grad", "gather_grad", "gather_elements_grad", "slice_grad", "pad_grad",
+      "attention_grad",
+      // Bundle-level op (BundleEmitter write-back).
+      "copy",
+      // The data-parallel collective (forgec --dp).
+      "all_reduce",
+      // ZeRO-1's (forgec --zero 1).
+      "reduce_scatter", "all_gather", "rank_slice",
+      // Pipeline messages (forgec --pp).
+      "send", "recv"};
   for (const std::string &op : ops)
     EXPECT_NE(findCpuKernel(op), nullptr) << op;
   std::vector<std::string> names = cpuKernelNames();
@@ -2244,6 +2141,46 @@ TEST(CpuKernels, TileGather) {
   expectEqual(gy0, {8, 1, 6, 11});
   HT geBad = make(bundle::I64, {2, 3}, {0, 2, 4, 1, 0, 0});
   EXPECT_FALSE(Op("gather_elements").i("axis", 1).run({&data, &geBad}, {&gy}).isOk());
+}
+
+// resized_crop against a float64 evaluation of its definition (ForgeOps.td): two samples of
+// a 3x4 canvas, one box inside a 3x3 image with an upscale, one box reaching past the image
+// (clamped to its last row and column) with a downscale; bf16 storage rounds once.
+TEST(CpuKernels, ResizedCropMatchesFloat64) {
+  const int64_t ch = 3, cw = 4, c = 2, oh = 2, ow = 3;
+  std::vector<double> px;
+  for (int64_t i = 0; i < 2 * ch * cw * c; ++i)
+    px.push_back(static_cast<double>((i * 37 + 11) % 256));
+  HT canvas = make(bundle::U8, {2, ch, cw, c}, px);
+  const std::vector<double> geo = {0.5, 0.25, 2.0, 1.5, 3, 3, // x0 y0 w h imageW imageH
+                                   1.0, 0.0,  5.0, 4.0, 4, 2};
+  HT g = make(bundle::F32, {2, 6}, geo);
+  HT out(bundle::F32, {2, oh, ow, c}), low(bundle::BF16, {2, oh, ow, c});
+  ASSERT_OK(Op("resized_crop").i("height", oh).i("width", ow).run({&canvas, &g}, {&out}));
+  ASSERT_OK(Op("resized_crop").i("height", oh).i("width", ow).run({&canvas, &g}, {&low}));
+  auto tap = [](int64_t i, double origin, double box, int64_t size, double extent) {
+    const double s = std::clamp(origin + (i + 0.5) * box / size - 0.5, 0.0, extent - 1);
+    const int64_t lo = static_cast<int64_t>(s);
+    return std::tuple{lo, std::min<int64_t>(lo + 1, static_cast<int64_t>(extent) - 1), s - lo};
+  };
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t y = 0; y < oh; ++y)
+      for (int64_t x = 0; x < ow; ++x)
+        for (int64_t k = 0; k < c; ++k) {
+          const double *q = geo.data() + b * 6;
+          auto [x0, x1, fx] = tap(x, q[0], q[2], ow, q[4]);
+          auto [y0, y1, fy] = tap(y, q[1], q[3], oh, q[5]);
+          auto p = [&](int64_t yy, int64_t xx) { return px[((b * ch + yy) * cw + xx) * c + k]; };
+          const double top = p(y0, x0) + (p(y0, x1) - p(y0, x0)) * fx;
+          const double bottom = p(y1, x0) + (p(y1, x1) - p(y1, x0)) * fx;
+          const double want = top + (bottom - top) * fy;
+          const int64_t at = ((b * oh + y) * ow + x) * c + k;
+          EXPECT_NEAR(out.at(at), want, 1e-4) << b << " " << y << " " << x << " " << k;
+          EXPECT_NEAR(low.at(at), want, std::abs(want) * 0x1p-8 + 1e-4) << at;
+        }
+  HT badGeo(bundle::F32, {2, 5});
+  EXPECT_FALSE(
+      Op("resized_crop").i("height", oh).i("width", ow).run({&canvas, &badGeo}, {&out}).isOk());
 }
 
 TEST(CpuKernels, TriluOneHotConstant) {

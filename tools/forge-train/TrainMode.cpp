@@ -13,13 +13,13 @@
 //    enough digits to round-trip (floats as %.9g), non-finite values as null.
 #include <algorithm>
 #include <atomic>
-#include <map>
-#include <optional>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include <unistd.h>
@@ -436,8 +436,12 @@ struct DataSources {
   std::unique_ptr<DataSource> train, eval;
 };
 
-Expected<DataSources> openData(const Options &opts) {
+Expected<DataSources> openData(const Options &opts, const Bundle &bundle) {
   DataSourceOptions dataOptions;
+  // A bundle that crops images on the device (forgec --augment canvas=HxW).
+  FORGE_RETURN_IF_ERROR(
+      applyImageCropOption(buildOption(bundle.program(), "image_crop"), dataOptions.image)
+          .prefix(opts.bundlePath));
   dataOptions.tokenDType = opts.tokenDType == "uint32" ? TokenDType::U32 : TokenDType::U16;
   dataOptions.docSeparator = opts.docSeparator;
   dataOptions.image.resize = opts.imageResize;
@@ -631,7 +635,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
     return loaded.status();
   const Bundle &bundle = **loaded;
 
-  auto data = openData(opts);
+  auto data = openData(opts, bundle);
   if (!data)
     return data.status();
   std::unique_ptr<DataSource> trainData = std::move(data->train), evalData = std::move(data->eval);

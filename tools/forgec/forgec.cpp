@@ -99,7 +99,9 @@ static cl::opt<std::string> augment(
              "for a rank-4 float image input [B,C,H,W] (INPUT: the only one when not named): "
              "pixels (the bundle takes u8 [B,H,W,C] pixels, as forge-train's image folders give "
              "them, scaled by 1/255 on the device), flip (each training sample mirrored along its "
-             "width with probability 1/2; eval never), normalize=imagenet, mean=R/G/B, std=R/G/B"),
+             "width with probability 1/2; eval never), normalize=imagenet, mean=R/G/B, std=R/G/B, "
+             "canvas=HxW (with pixels: the bundle takes each decoded image in a u8 [B,H,W,3] "
+             "canvas and its crop box, INPUT.crop [B,6], and crops and scales on the device)"),
     cl::cat(forgecCategory));
 static cl::opt<bool> memoryReport(
     "memory-report",
@@ -744,6 +746,11 @@ static std::string parseAugment(StringRef spec, mlir::forge::PipelineOptions::Au
       out.pixels = true;
     } else if (key == "flip" && value.empty()) {
       out.flip = true;
+    } else if (key == "canvas") {
+      auto [h, w] = value.split('x');
+      if (h.getAsInteger(10, out.canvasHeight) || w.getAsInteger(10, out.canvasWidth) ||
+          out.canvasHeight < 1 || out.canvasWidth < 1)
+        return ("canvas '" + value + "' is not HEIGHTxWIDTH in pixels").str();
     } else if (key == "normalize" && value == "imagenet") {
       out.mean = {0.485, 0.456, 0.406};
       out.std = {0.229, 0.224, 0.225};
@@ -751,10 +758,12 @@ static std::string parseAugment(StringRef spec, mlir::forge::PipelineOptions::Au
     } else if (key == "std" && (out.std.clear(), values(value, out.std))) {
     } else {
       return ("unknown transform '" + item.trim() +
-              "' (pixels, flip, normalize=imagenet, mean=R/G/B, std=R/G/B)")
+              "' (pixels, flip, normalize=imagenet, mean=R/G/B, std=R/G/B, canvas=HxW)")
           .str();
     }
   }
+  if (out.canvasHeight > 0 && !out.pixels)
+    return "canvas=HxW takes pixels (the canvas holds u8 images)";
   return "";
 }
 
@@ -966,6 +975,9 @@ int main(int argc, char **argv) {
   applyDefaultTimingManagerCLOptions(timing);
   TimingScope rootTiming = timing.getRootScope();
 
+  // --augment canvas=HxW: the crop size the data pipeline's boxes are for (the image
+  // input's H x W), as build option image_crop "INPUT=HxW".
+  std::string imageCrop;
   // Import and the pipeline at batch `b`. A trial (--batch auto's search)
   // writes no dumps and no memory report.
   auto compileAt = [&](int64_t b, bool trial, OwningOpRef<ModuleOp> &module) -> LogicalResult {
@@ -1017,6 +1029,15 @@ int main(int argc, char **argv) {
       }
       pipelineOptions.augment.input = images.front();
     }
+    if (pipelineOptions.augment.canvasHeight > 0)
+      for (auto f : module->getOps<func::FuncOp>())
+        for (unsigned i = 0; i < f.getNumArguments(); ++i) {
+          auto t = dyn_cast<RankedTensorType>(f.getArgument(i).getType());
+          auto name = f.getArgAttrOfType<StringAttr>(i, "forge.name");
+          if (t && name && name.getValue() == pipelineOptions.augment.input && t.getRank() == 4)
+            imageCrop = pipelineOptions.augment.input + "=" + std::to_string(t.getDimSize(2)) +
+                        "x" + std::to_string(t.getDimSize(3));
+        }
     if (auto untied = (*module)->getAttrOfType<DictionaryAttr>("forge.untied_initializers")) {
       if (!trial)
         llvm::errs() << "forgec: untied " << untied.size()
@@ -1190,6 +1211,8 @@ int main(int argc, char **argv) {
   ::forge::rt::BundleWriter writer;
   emitOptions.kernelDumpDir = dumpDir;
   emitOptions.timing = &emitTiming;
+  if (!imageCrop.empty())
+    emitOptions.buildOptions["image_crop"] = imageCrop;
   if (failed(mlir::forge::emitBundle(*module, emitOptions, writer)))
     return 1;
   // The schedule against the memory plan, as the runtime will run them: a race

@@ -554,6 +554,77 @@ std::optional<KernelLaunch> KernelGenerator::Impl::oneHotKernel(Operation *op, S
   });
 }
 
+/// resized_crop: one thread per output element (c fastest, as the result is laid
+/// out), its two taps per axis and their weights computed in f32 in the CPU
+/// kernel's order of operations; the four texels are byte loads near each other
+/// (consecutive threads move by boxW / width pixels), the store is consecutive.
+std::optional<KernelLaunch> KernelGenerator::Impl::resizedCropKernel(Operation *op,
+                                                                     StringRef name) {
+  auto canvas = tensorType(op->getOperand(0)), out = tensorType(op->getResult(0));
+  if (out.getNumElements() == 0 || !canvas.hasStaticShape() || !out.hasStaticShape())
+    return std::nullopt;
+  const int64_t ch = canvas.getDimSize(1), cw = canvas.getDimSize(2), c = canvas.getDimSize(3);
+  const int64_t height = out.getDimSize(1), width = out.getDimSize(2);
+  Type u8 = canvas.getElementType();
+  return elementKernel(
+      name, flatArgs(op), out.getNumElements(), op->getLoc(),
+      [&](Body &k, gpu::GPUFuncOp fn, Value i) {
+        OpBuilder &b = k.b;
+        Type f32 = b.getF32Type(), i64 = b.getI64Type();
+        auto f = [&](double v) { return k.fconst(f32, v); };
+        auto toFloat = [&](Value index) {
+          return b.create<arith::UIToFPOp>(k.loc, f32,
+                                           b.create<arith::IndexCastUIOp>(k.loc, i64, index));
+        };
+        auto toIndex = [&](Value v) { // v >= 0: truncation is floor
+          return b.create<arith::IndexCastUIOp>(k.loc, b.getIndexType(),
+                                                b.create<arith::FPToSIOp>(k.loc, i64, v));
+        };
+        Value cc = k.rem(i, c), x = k.rem(k.div(i, c), width),
+              y = k.rem(k.div(i, c * width), height);
+        Value bb = k.div(i, c * width * height);
+        Value g0 = k.mul(bb, k.idx(6));
+        auto geo = [&](int64_t j) {
+          return b.create<memref::LoadOp>(k.loc, fn.getArgument(1), k.add(g0, k.idx(j)))
+              .getResult();
+        };
+        // (first tap, second tap, weight) along one axis, as the CPU kernel's tap().
+        auto tap = [&](Value pos, Value origin, Value box, int64_t size, Value extent,
+                       int64_t limit) {
+          Value last = b.create<arith::SubFOp>(
+              k.loc,
+              b.create<arith::MinimumFOp>(k.loc, b.create<arith::MaximumFOp>(k.loc, extent, f(1.0)),
+                                          f(static_cast<double>(limit))),
+              f(1.0));
+          Value t = b.create<arith::MulFOp>(
+              k.loc, b.create<arith::AddFOp>(k.loc, toFloat(pos), f(0.5)), box);
+          t = b.create<arith::DivFOp>(k.loc, t, f(static_cast<double>(size)));
+          t = b.create<arith::SubFOp>(k.loc, b.create<arith::AddFOp>(k.loc, origin, t), f(0.5));
+          Value s = b.create<arith::MinimumFOp>(
+              k.loc, b.create<arith::MaximumFOp>(k.loc, t, f(0.0)), last);
+          Value lo = toIndex(s);
+          Value hi = b.create<arith::MinUIOp>(k.loc, k.add(lo, k.idx(1)), toIndex(last));
+          Value w = b.create<arith::SubFOp>(k.loc, s, toFloat(lo));
+          return std::tuple<Value, Value, Value>{lo, hi, w};
+        };
+        auto [x0, x1, fx] = tap(x, geo(0), geo(2), width, geo(4), cw);
+        auto [y0, y1, fy] = tap(y, geo(1), geo(3), height, geo(5), ch);
+        Value plane = k.mul(bb, k.idx(ch));
+        auto texel = [&](Value row, Value col) {
+          Value at = k.add(k.mul(k.add(k.mul(k.add(plane, row), k.idx(cw)), col), k.idx(c)), cc);
+          return b.create<arith::UIToFPOp>(k.loc, f32, k.load(fn.getArgument(0), at, u8))
+              .getResult();
+        };
+        auto mix = [&](Value a, Value d, Value w) { // a + (d - a) * w
+          return b.create<arith::AddFOp>(
+              k.loc, a, b.create<arith::MulFOp>(k.loc, b.create<arith::SubFOp>(k.loc, d, a), w));
+        };
+        Value top = mix(texel(y0, x0), texel(y0, x1), fx);
+        Value bottom = mix(texel(y1, x0), texel(y1, x1), fx);
+        k.store(mix(top, bottom, fy), fn.getArgument(2), i, out.getElementType());
+      });
+}
+
 /// pad, tile and trilu: one thread per output element, its source position
 /// computed per dimension (the CPU kernels' padSourceIndex / modulo / triangle
 /// test), no coalescing (the per-dimension maps are not affine).

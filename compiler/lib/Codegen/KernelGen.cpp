@@ -161,6 +161,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
     return scatterElementsKernel(op, name);
   if (isa<OneHotOp>(op))
     return oneHotKernel(op, name);
+  if (isa<ResizedCropOp>(op))
+    return resizedCropKernel(op, name);
   if (isa<CumSumOp>(op))
     return cumsumKernel(op, name);
   if (isa<SliceGradOp, PadGradOp>(op))

@@ -755,6 +755,7 @@ struct KernelGenerator::Impl {
   std::optional<KernelLaunch> dropoutMaskKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> scatterElementsKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> oneHotKernel(Operation *op, StringRef name);
+  std::optional<KernelLaunch> resizedCropKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> generate(Operation *op, StringRef name);
 
   /// Memref types of `op`'s present operands then results (flat, storage types).

@@ -1572,6 +1572,21 @@ FORGE_INFER(TriluOp) {
   return success();
 }
 
+FORGE_INFER(ResizedCropOp) {
+  auto canvas = rankedOrNull(adaptor.getCanvas().getType());
+  auto geometry = rankedOrNull(adaptor.getGeometry().getType());
+  if (!canvas || canvas.getRank() != 4 || !geometry || geometry.getRank() != 2 ||
+      geometry.getDimSize(1) != 6 || geometry.getDimSize(0) != canvas.getDimSize(0))
+    return failInference(loc, "resized_crop takes a canvas [B, Hc, Wc, C] and a geometry [B, 6]");
+  if (adaptor.getHeight() < 1 || adaptor.getWidth() < 1)
+    return failInference(loc, "resized_crop's height and width must be positive");
+  inferred.push_back(
+      RankedTensorType::get({canvas.getDimSize(0), static_cast<int64_t>(adaptor.getHeight()),
+                             static_cast<int64_t>(adaptor.getWidth()), canvas.getDimSize(3)},
+                            Float32Type::get(context)));
+  return success();
+}
+
 FORGE_INFER(OneHotOp) {
   auto idx = rankedOrNull(adaptor.getIndices().getType());
   int64_t axis = adaptor.getAxis();

@@ -82,6 +82,8 @@ void addAugmentInputs(OpPassManager &pm, const PipelineOptions &options) {
   augment.mean = options.augment.mean;
   augment.stddev = options.augment.std;
   augment.flip = options.augment.flip;
+  augment.canvasHeight = options.augment.canvasHeight;
+  augment.canvasWidth = options.augment.canvasWidth;
   pm.addNestedPass<func::FuncOp>(createAugmentInputs(augment));
 }
 

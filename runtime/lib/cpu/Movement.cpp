@@ -8,6 +8,7 @@
 #include "KernelUtil.h"
 
 #include <algorithm>
+#include <tuple>
 
 namespace forge::rt::cpu {
 namespace {
@@ -516,6 +517,63 @@ Status triluKernel(KernelContext &ctx) {
   return Status::ok();
 }
 
+/// resized_crop (ResizedCropOp): per-sample boxes of u8 images in a canvas, scaled
+/// bilinearly to [B, height, width, C] f32, in f32 as the CUDA kernel computes it.
+Status resizedCropKernel(KernelContext &ctx) {
+  const TensorView &canvas = ctx.inputs[0], &geometry = ctx.inputs[1];
+  TensorView &out = ctx.outputs[0];
+  FORGE_RETURN_IF_ERROR(checkDType(canvas, bundle::U8, "canvas"));
+  FORGE_RETURN_IF_ERROR(checkDType(geometry, bundle::F32, "geometry"));
+  CPU_ASSIGN_OR_RETURN(int64_t height, ctx.attrs.getInt("height"));
+  CPU_ASSIGN_OR_RETURN(int64_t width, ctx.attrs.getInt("width"));
+  if (canvas.shape.size() != 4)
+    return Status::error("resized_crop: the canvas is not [B, Hc, Wc, C]");
+  const int64_t batch = canvas.shape[0], ch = canvas.shape[1], cw = canvas.shape[2],
+                channels = canvas.shape[3];
+  FORGE_RETURN_IF_ERROR(checkShape(geometry, {batch, 6}, "geometry"));
+  FORGE_RETURN_IF_ERROR(checkShape(out, {batch, height, width, channels}, "result"));
+  const uint8_t *px = canvas.as<const uint8_t>();
+  const float *geo = geometry.as<const float>();
+  // A tap's index and weight along one axis: what the CUDA kernel computes per element.
+  auto tap = [](int64_t i, float origin, float box, int64_t size, float extent, int64_t limit) {
+    const float last = std::min(std::max(extent, 1.0f), static_cast<float>(limit)) - 1.0f;
+    const float s = std::min(
+        std::max(origin + (static_cast<float>(i) + 0.5f) * box / static_cast<float>(size) - 0.5f,
+                 0.0f),
+        last);
+    const int64_t lo = static_cast<int64_t>(s);
+    return std::tuple<int64_t, int64_t, float>{lo, std::min(lo + 1, static_cast<int64_t>(last)),
+                                               s - static_cast<float>(lo)};
+  };
+  return visitFloat(
+      out.dtype,
+      [&](auto tag) { // stored as f32, or rounded to bf16/f16
+        using T = typename decltype(tag)::type;
+        T *dst = out.as<T>();
+        ctx.pool.parallelFor(batch * height, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t row = begin; row < end; ++row) {
+            const int64_t b = row / height, y = row % height;
+            const float *g = geo + b * 6;
+            const auto [y0, y1, fy] = tap(y, g[1], g[3], height, g[5], ch);
+            const uint8_t *r0 = px + ((b * ch + y0) * cw) * channels;
+            const uint8_t *r1 = px + ((b * ch + y1) * cw) * channels;
+            T *o = dst + row * width * channels;
+            for (int64_t x = 0; x < width; ++x) {
+              const auto [x0, x1, fx] = tap(x, g[0], g[2], width, g[4], cw);
+              for (int64_t c = 0; c < channels; ++c) {
+                const float p00 = r0[x0 * channels + c], p01 = r0[x1 * channels + c];
+                const float p10 = r1[x0 * channels + c], p11 = r1[x1 * channels + c];
+                const float top = p00 + (p01 - p00) * fx, bottom = p10 + (p11 - p10) * fx;
+                o[x * channels + c] = store<T>(top + (bottom - top) * fy);
+              }
+            }
+          }
+        });
+        return Status::ok();
+      },
+      "result");
+}
+
 Status oneHotKernel(KernelContext &ctx) {
   const TensorView &idx = ctx.inputs[0];
   TensorView &y = ctx.outputs[0];
@@ -588,6 +646,7 @@ void registerMovementKernels(Registry &r) {
   r.add("scatter_elements", &scatterElementsKernel, 3, 3);
   r.add("trilu", &triluKernel, 1, 1);
   r.add("one_hot", &oneHotKernel, 1, 1);
+  r.add("resized_crop", &resizedCropKernel, 2, 2);
 }
 
 } // namespace forge::rt::cpu

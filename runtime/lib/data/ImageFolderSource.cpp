@@ -31,10 +31,13 @@
 //    good sample in folder order in its place. No record is silently wrong.
 #include <algorithm>
 #include <cerrno>
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include <fcntl.h>
@@ -215,11 +218,22 @@ public:
     for (size_t i = 0; i < fields.size() && labelField_ < 0; ++i)
       if (data::isIntegerType(fields[i].dtype) && fields[i].sampleShape.size() <= 1)
         labelField_ = static_cast<int>(i);
-    if (fields.size() != 2)
-      return Status::error("{}: an image folder feeds one image input and one label input; the "
+    // A canvas bundle's crop boxes: the input IMAGE.crop.
+    cropField_ = -1;
+    const bool canvas = options_.cropHeight > 0;
+    for (size_t i = 0; i < fields.size() && canvas; ++i)
+      if (fields[i].name.size() > 5 && fields[i].name.ends_with(".crop") &&
+          static_cast<int>(i) != labelField_)
+        cropField_ = static_cast<int>(i);
+    if (fields.size() != (canvas ? 3u : 2u) || (canvas && cropField_ < 0))
+      return Status::error("{}: an image folder feeds one image input{} and one label input; the "
                            "bundle's data inputs are {}",
-                           describe(), describeFields());
-    imageField_ = labelField_ == 0 ? 1 : 0;
+                           describe(), canvas ? ", its crop boxes (IMAGE.crop)" : "",
+                           describeFields());
+    imageField_ = -1;
+    for (size_t i = 0; i < fields.size() && imageField_ < 0; ++i)
+      if (static_cast<int>(i) != labelField_ && static_cast<int>(i) != cropField_)
+        imageField_ = static_cast<int>(i);
     if (imageField_ < 0 || labelField_ < 0)
       return Status::error("{}: an image folder feeds an image input [B, 3, H, W] or [B, H, W, 3] "
                            "and an integer label input [B]; the bundle's data inputs are {}",
@@ -238,6 +252,17 @@ public:
     if (height_ <= 0 || width_ <= 0)
       return Status::error("{}: the image input '{}' has {}x{} pixels", describe(), img.name,
                            height_, width_);
+    if (canvas) {
+      const DataField &crop = fields[cropField_];
+      if (img.dtype != bundle::U8 || channelsFirst_ || crop.name != img.name + ".crop" ||
+          crop.dtype != bundle::F32 || crop.sampleShape != std::vector<int64_t>{6})
+        return Status::error("{}: a canvas bundle (build option image_crop) takes a u8 canvas "
+                             "[B, H, W, 3] and its crop boxes IMAGE.crop [B, 6] f32; the bundle's "
+                             "data inputs are {}",
+                             describe(), describeFields());
+      canvasHeight_ = height_, canvasWidth_ = width_; // the canvas; the crop is smaller
+      height_ = options_.cropHeight, width_ = options_.cropWidth;
+    }
     if (!data::isIntegerType(lab.dtype) || lab.dtype == bundle::BOOL ||
         !(lab.sampleShape.empty() || (lab.sampleShape.size() == 1 && lab.sampleShape[0] == 1)))
       return Status::error("{}: the label input '{}' is {} {}; an image folder feeds class "
@@ -272,7 +297,9 @@ public:
                            fields_.size());
     const DataField &img = fields_[imageField_], &lab = fields_[labelField_];
     const size_t pixels = static_cast<size_t>(height_ * width_);
-    const size_t imageBytes = pixels * 3 * dtypeSize(img.dtype);
+    const size_t imageBytes =
+        (cropField_ >= 0 ? static_cast<size_t>(canvasHeight_ * canvasWidth_) : pixels) * 3 *
+        dtypeSize(img.dtype);
     uint8_t *imgOut = static_cast<uint8_t *>(outs[imageField_]);
     uint8_t *labOut = static_cast<uint8_t *>(outs[labelField_]);
     Record record;
@@ -290,10 +317,16 @@ public:
       // The crop's scaling of a w x h image (JPEGs: before decoding, for the DCT shrink).
       auto scaling = [&](int w, int h) {
         origW = w, origH = h;
-        if (!options_.randomResizedCrop)
-          return scaleOf(w, h);
-        box = randomBox(w, h, idx);
-        return std::max(width_ / box.w, height_ / box.h);
+        double s = scaleOf(w, h);
+        if (options_.randomResizedCrop) {
+          box = randomBox(w, h, idx);
+          s = std::max(width_ / box.w, height_ / box.h);
+        }
+        // A canvas takes the image whole: the DCT may shrink it to fit (then the crop
+        // scales it up a little less than it could have: the canvas is the limit).
+        if (cropField_ >= 0)
+          s = std::min({s, double(canvasWidth_) / w, double(canvasHeight_) / h});
+        return s;
       };
       for (int64_t tries = 0;; ++tries) {
         Status st = readRecord(used, record);
@@ -317,12 +350,16 @@ public:
           return Status::error("{}: no image decodes (the last: {})", describe(), bad.message());
         used = (used + 1) % numSamples();
       }
-      const Geometry geometry =
-          options_.randomResizedCrop
-              ? boxGeometry(box, double(rgb.width) / origW, double(rgb.height) / origH)
-              : centre(rgb.width, rgb.height);
       uint8_t *dst = imgOut + i * imageBytes;
-      if (img.dtype == bundle::U8) {
+      if (cropField_ >= 0) { // the image into the canvas, its box beside it
+        FORGE_RETURN_IF_ERROR(
+            fillCanvas(rgb, options_.randomResizedCrop ? std::optional<Box>(box) : std::nullopt,
+                       origW, origH, dst, static_cast<float *>(outs[cropField_]) + i * 6));
+      } else if (const Geometry geometry =
+                     options_.randomResizedCrop
+                         ? boxGeometry(box, double(rgb.width) / origW, double(rgb.height) / origH)
+                         : centre(rgb.width, rgb.height);
+                 img.dtype == bundle::U8) {
         // Round half up (v is a bilinear mix of u8 values, within [0, 255]); in double, so
         // that v + 0.5 is exact (std::lround's call per value tripled the fill time).
         cropInto(rgb, geometry, [&](size_t o, int c, float v) {
@@ -422,6 +459,62 @@ private:
   }
 
   template <typename Put> void cropInto(const Rgb &rgb, const Geometry &g, Put put) const {
+    resample(rgb, g, width_, height_, put);
+  }
+
+  /// A canvas bundle's sample: `rgb` (decoded from an origW x origH image) into the
+  /// canvas at `dst` (top-left; shrunk bilinearly to fit when the DCT could not; the
+  /// rest zero), and its crop box in the canvas's pixels into `crop`: the random box
+  /// `box` (original pixels) or the centre crop, what cropInto would take.
+  Status fillCanvas(Rgb &rgb, std::optional<Box> box, int origW, int origH, uint8_t *dst,
+                    float *crop) const {
+    if (rgb.width > canvasWidth_ || rgb.height > canvasHeight_) {
+      const double s =
+          std::min(double(canvasWidth_) / rgb.width, double(canvasHeight_) / rgb.height);
+      const int64_t w = std::clamp<int64_t>(static_cast<int64_t>(rgb.width * s), 1, canvasWidth_);
+      const int64_t h = std::clamp<int64_t>(static_cast<int64_t>(rgb.height * s), 1, canvasHeight_);
+      thread_local Rgb fitted;
+      fitted.width = static_cast<int>(w), fitted.height = static_cast<int>(h);
+      fitted.pixels.resize(static_cast<size_t>(w * h * 3));
+      resample(rgb, {double(w) / rgb.width, double(h) / rgb.height, 0, 0}, w, h,
+               [&](size_t o, int c, float v) {
+                 fitted.pixels[o * 3 + static_cast<size_t>(c)] = static_cast<uint8_t>(
+                     std::min(255.0, std::max(0.0, static_cast<double>(v) + 0.5)));
+               });
+      std::swap(rgb, fitted);
+    }
+    const size_t row = static_cast<size_t>(rgb.width) * 3,
+                 pitch = static_cast<size_t>(canvasWidth_) * 3;
+    for (int64_t y = 0; y < canvasHeight_; ++y) {
+      uint8_t *to = dst + static_cast<size_t>(y) * pitch;
+      if (y < rgb.height) {
+        std::memcpy(to, rgb.pixels.data() + static_cast<size_t>(y) * row, row);
+        std::memset(to + row, 0, pitch - row);
+      } else {
+        std::memset(to, 0, pitch);
+      }
+    }
+    double x0, y0, bw, bh; // the box in rgb's pixels
+    if (box) {
+      const double fx = double(rgb.width) / origW, fy = double(rgb.height) / origH;
+      x0 = box->x0 * fx, y0 = box->y0 * fy, bw = box->w * fx, bh = box->h * fy;
+    } else {
+      // centre(): output x samples (x + offX + 0.5) / scale - 0.5.
+      const Geometry g = centre(rgb.width, rgb.height);
+      x0 = g.offX / g.scaleX, y0 = g.offY / g.scaleY, bw = width_ / g.scaleX,
+      bh = height_ / g.scaleY;
+    }
+    const double values[6] = {x0, y0, bw, bh, double(rgb.width), double(rgb.height)};
+    for (int k = 0; k < 6; ++k)
+      crop[k] = static_cast<float>(values[k]);
+    return Status::ok();
+  }
+
+  /// Bilinear resampling with half-pixel centres: put(pixel offset, channel, value in
+  /// [0, 255]) for each pixel of an outW x outH image (geometry `g` on `rgb`).
+  template <typename Put>
+  static void resample(const Rgb &rgb, const Geometry &g, int64_t outW, int64_t outH, Put put) {
+    const int64_t width_ = outW, height_ = outH; // cropInto's names
     const double scaleX = g.scaleX, scaleY = g.scaleY, offX = g.offX, offY = g.offY;
     // Each output column's two source columns (byte offsets) and weight, once per image.
     thread_local std::vector<int> left, right;
@@ -470,9 +563,11 @@ private:
 
   ImageOptions options_;
   std::vector<DataField> fields_;
-  int imageField_ = -1, labelField_ = -1;
+  int imageField_ = -1, labelField_ = -1, cropField_ = -1; // cropField_: canvas bundles
   bool channelsFirst_ = true;
-  int64_t height_ = 0, width_ = 0;
+  int64_t height_ = 0, width_ = 0;             // the crop's
+  int64_t canvasHeight_ = 0, canvasWidth_ = 0; // canvas bundles
+
   std::vector<float> mean_, invStd_;
   uint64_t epoch_ = 0;
   std::mutex warnMutex_;
@@ -714,6 +809,20 @@ Expected<std::unique_ptr<DataSource>> openImageLmdb(const std::string &path,
   }
   return std::unique_ptr<DataSource>(
       std::make_unique<LmdbImageSource>(path, env, dbi, std::move(keys), options));
+}
+
+Status applyImageCropOption(const std::string &value, ImageOptions &image) {
+  if (value.empty())
+    return Status::ok();
+  const size_t eq = value.rfind('=');
+  int64_t h = 0, w = 0;
+  char tail = 0;
+  if (eq == std::string::npos ||
+      std::sscanf(value.c_str() + eq + 1, "%" SCNd64 "x%" SCNd64 "%c", &h, &w, &tail) != 2 ||
+      h < 1 || w < 1)
+    return Status::error("build option image_crop '{}' is not INPUT=HxW", value);
+  image.cropHeight = h, image.cropWidth = w;
+  return Status::ok();
 }
 
 Expected<std::unique_ptr<DataSource>> openImageFolder(const std::string &root,

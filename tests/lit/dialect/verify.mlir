@@ -636,3 +636,21 @@ func.func @recv_negative_tag() -> tensor<4xf32> {
   %r, %t = forge.recv {group = "pp", peer = 1 : i64, tag = -1 : i64, size = 2 : i64} : () -> (tensor<4xf32>, tensor<0xi1>)
   return %r : tensor<4xf32>
 }
+
+// -----
+
+func.func @resized_crop_geometry(%c: tensor<2x8x9x3xui8>, %g: tensor<2x4xf32>) -> tensor<2x4x5x3xf32> {
+  // expected-error @+2 {{resized_crop takes a canvas [B, Hc, Wc, C] and a geometry [B, 6]}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %y = forge.resized_crop %c, %g {height = 4 : i64, width = 5 : i64} : (tensor<2x8x9x3xui8>, tensor<2x4xf32>) -> tensor<2x4x5x3xf32>
+  return %y : tensor<2x4x5x3xf32>
+}
+
+// -----
+
+func.func @resized_crop_size(%c: tensor<2x8x9x3xui8>, %g: tensor<2x6xf32>) -> tensor<2x4x5x3xf32> {
+  // expected-error @+2 {{resized_crop's height and width must be positive}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %y = forge.resized_crop %c, %g {height = 0 : i64, width = 5 : i64} : (tensor<2x8x9x3xui8>, tensor<2x6xf32>) -> tensor<2x4x5x3xf32>
+  return %y : tensor<2x4x5x3xf32>
+}

@@ -5,6 +5,9 @@
 // RUN: forge-opt %s --split-input-file --forge-augment-inputs="input=x flip=1" | FileCheck %s --check-prefix=FLIPF
 // RUN: not forge-opt %s --split-input-file --forge-augment-inputs="input=x mean=1,2" 2>&1 | FileCheck %s --check-prefix=COUNT
 // RUN: not forge-opt %s --split-input-file --forge-augment-inputs="input=x std=1,0,1" 2>&1 | FileCheck %s --check-prefix=STD
+// RUN: forge-opt %s --split-input-file --forge-augment-inputs="input=x pixels=1 canvas-height=8 canvas-width=9" | FileCheck %s --check-prefix=CANVAS
+// RUN: not forge-opt %s --split-input-file --forge-augment-inputs="input=x canvas-height=8 canvas-width=9" 2>&1 | FileCheck %s --check-prefix=NOPIX
+// RUN: not forge-opt %s --split-input-file --forge-augment-inputs="input=x pixels=1 canvas-height=8" 2>&1 | FileCheck %s --check-prefix=NOPIX
 
 // Pixels: the argument becomes u8 [B, H, W, C]; cast, one multiply-add with [C]
 // coefficients (scale = 1 / (255 std): 2/255, 4/255, 1/510; shift = -mean / std: -1, -1, 0)
@@ -43,6 +46,15 @@
 // NONE-LABEL: func @image
 // NONE-SAME: (%[[ARG:.*]]: tensor<2x3x4x5xf32> {forge.name = "x"})
 // NONE-NEXT: forge.relu %[[ARG]]
+// A canvas: the u8 argument is [B, Hc, Wc, C], the boxes x.crop [B, 6] follow it, and
+// resized_crop makes the [B, H, W, C] pixels (f32, 0..255) the normalization takes.
+// CANVAS-LABEL: func @image
+// CANVAS-SAME: (%[[ARG:.*]]: tensor<2x8x9x3xui8> {forge.name = "x"}, %[[BOX:.*]]: tensor<2x6xf32> {forge.name = "x.crop"})
+// CANVAS: %[[C:.*]] = forge.resized_crop %[[ARG]], %[[BOX]] {height = 4 : i64, width = 5 : i64} : (tensor<2x8x9x3xui8>, tensor<2x6xf32>) -> tensor<2x4x5x3xf32>
+// CANVAS: forge.mul %[[C]]
+// CANVAS: forge.transpose
+// CANVAS-SAME: -> tensor<2x3x4x5xf32>
+// NOPIX: error: --augment: input 'x' canvas=HxW needs pixels and a positive height and width
 // COUNT: error: --augment: input 'x' has 3 channels but mean has 2 values
 // STD: error: --augment: input 'x' std values must be positive
 func.func @image(%x: tensor<2x3x4x5xf32> {forge.name = "x"}) -> tensor<2x3x4x5xf32> {

@@ -73,13 +73,16 @@ TEST(DialectTable, EveryOpHasAllFacts) {
     EXPECT_TRUE(name.hasInterface<InferTypeOpInterface>()) << "missing type inference";
 
     StringRef onnxTypes = facts->getOnnxOpTypes();
-    EXPECT_FALSE(onnxTypes.empty()) << "no ONNX op type";
+    // Ops only forge's own passes make (no ONNX op imports as them) say so here.
+    const bool passMade = name.stripDialect() == "resized_crop"; // forge-augment-inputs
+    EXPECT_EQ(onnxTypes.empty(), passMade) << "an ONNX op type, unless only a pass makes it";
     int lo = facts->getOnnxOpsetMin(), hi = facts->getOnnxOpsetMax();
     EXPECT_LE(lo, hi);
     EXPECT_GE(lo, 1);
     EXPECT_LE(hi, 23);
     for (StringRef type : llvm::split(onnxTypes, ','))
-      EXPECT_TRUE(imported.count(type.str())) << "ONNX op " << type.str() << " is not imported";
+      if (!onnxTypes.empty())
+        EXPECT_TRUE(imported.count(type.str())) << "ONNX op " << type.str() << " is not imported";
 
     // Classes are real enum values with names.
     EXPECT_FALSE(stringifyFusionClass(facts->getFusionClass()).empty());

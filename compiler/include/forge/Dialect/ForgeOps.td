@@ -579,6 +579,29 @@ def Forge_TriluOp : Forge_Op<"trilu", "Trilu", FusionOpaque, PrecisionFollowsInp
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
 }
 
+def Forge_ResizedCropOp : Forge_Op<"resized_crop", "", FusionOpaque, PrecisionKeepFP32, 0> {
+  let summary = "Per-sample crop boxes of u8 images, scaled bilinearly to one size";
+  let description = [{
+    `canvas` holds B images of 8-bit pixels [B, Hc, Wc, C], image b in its
+    top-left imageW x imageH corner; `geometry` [B, 6] f32 gives per sample
+    (x0, y0, boxW, boxH, imageW, imageH) in that image's pixels. Result
+    [B, height, width, C] f32 (values in [0, 255]): output pixel (x, y) samples
+    sx = clamp(x0 + (x + 0.5) * boxW / width - 0.5, 0, imageW - 1) (and so for
+    y), bilinear between taps floor(sx) and min(floor(sx) + 1, imageW - 1),
+    with f32 weights: top = p00 + (p01 - p00) * fx, then top + (bottom - top)
+    * fy. The data pipeline's random-resized and centre crops (forge-train's
+    image folders) in the step: forge-augment-inputs makes it (`canvas=HxW`),
+    no importer does. imageW/imageH are clamped to [1, Wc]/[1, Hc].
+  }];
+  let arguments = (ins TensorOf<[UI8]>:$canvas, TensorOf<[F32]>:$geometry, I64Attr:$height,
+                       I64Attr:$width);
+  // f32 as inferred; forge-assign-precision may store it in bf16/f16 (the kernels
+  // compute in f32 and round on the store).
+  let results = (outs TensorOf<[F32, BF16, F16]>:$result);
+  let assemblyFormat = "$canvas `,` $geometry attr-dict `:` functional-type(operands, results)";
+  let flopsPerElement = 12;
+}
+
 def Forge_OneHotOp : Forge_Op<"one_hot", "OneHot", FusionOpaque, PrecisionFollowsInput, 0> {
   let summary = "One-hot along `axis` (normalized, in [0, rank(indices)])";
   let arguments = (ins AnyForgeTensor:$indices, I64Attr:$depth, I64Attr:$axis,

@@ -51,6 +51,7 @@ struct PipelineOptions {
     std::string input; // empty: no augmentation
     bool pixels = false, flip = false;
     std::vector<double> mean, std;
+    int64_t canvasHeight = 0, canvasWidth = 0; // pixels in a canvas, cropped in the graph
   } augment;
 };
 

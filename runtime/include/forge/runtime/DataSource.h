@@ -93,6 +93,12 @@ struct ImageOptions {
   bool randomResizedCrop = false;
   double scaleMin = 0.08, scaleMax = 1.0, ratioMin = 3.0 / 4.0, ratioMax = 4.0 / 3.0;
   uint64_t seed = 0;
+  /// A bundle that crops on the device (forgec --augment pixels,canvas=HxW; build option
+  /// image_crop): the crop's size. The image input is then a u8 canvas [Hc, Wc, 3] that
+  /// gets each decoded image in its top-left corner (shrunk to fit), and the input
+  /// IMAGE.crop [6] f32 its crop box (x0, y0, w, h, image w, image h) in those pixels,
+  /// the same box as the CPU crop would take; forge.resized_crop crops and scales.
+  int64_t cropHeight = 0, cropWidth = 0;
 };
 
 struct DataSourceOptions {
@@ -103,6 +109,10 @@ struct DataSourceOptions {
   std::optional<int64_t> docSeparator;
   ImageOptions image;
 };
+
+/// Sets `image`'s crop size from a bundle's build option image_crop ("INPUT=HxW", written
+/// by forgec --augment ...,canvas=HxW); empty `value`: none. An error names the value.
+Status applyImageCropOption(const std::string &value, ImageOptions &image);
 
 /// Opens the data named by `specs`, each one of:
 ///   FILE.npz          arrays by name (several archives merge; a name twice is an error)
