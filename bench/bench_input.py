@@ -11,9 +11,12 @@ same bundle fed from in-memory arrays, on one GPU.
       count (forge-train --image-resize 256 --image-normalize imagenet: decode, scale, centre
       crop on the CPU workers), and with --augmented A.forge (B compiled with forgec --augment
       pixels,normalize=imagenet[,flip]: u8 pixels, normalized on the GPU) from D with each
-      --workers count and --prefetch depth, centre crops and --random-resized-crop; prints one line per run: median step time after the
-      warm-up, images/s, and forge-train's input-stall line (how long the compute stream
-      waited for its batches)
+      --workers count and --prefetch depth, centre crops and --random-resized-crop; with
+      --canvas C.forge (B compiled with forgec --augment pixels,normalize=imagenet,canvas=HxW:
+      the crop on the GPU) from D with each --workers count, the JPEGs decoded by the
+      workers (--decode cpu) and by nvJPEG (--decode gpu), random-resized crops; prints one
+      line per run: median step time after the warm-up, images/s, and forge-train's
+      input-stall line (how long the compute stream waited for its batches)
 
 The folder's images are decoded every step (no cache of decoded pixels), so the CPU's decode
 rate is what is measured; the files themselves sit in the page cache after the first epoch.
@@ -85,6 +88,16 @@ def run(a):
                     rows.append((f"JPEG folder, --workers {w} --prefetch {pf}, u8 pixels "
                                  f"(--augment bundle) {' '.join(extra)}", dt, log))
         a.bundle = bundle
+    if a.canvas:
+        bundle, a.bundle = a.bundle, a.canvas
+        for w in a.workers:
+            for decode in ("cpu", "gpu"):
+                dt, log = train(a, a.images, ["--workers", str(w), "--image-resize", "256",
+                                              "--random-resized-crop", "--decode", decode],
+                                f"canvas_{decode}")
+                rows.append((f"JPEG folder, --workers {w}, canvas bundle (crop on the GPU), "
+                             f"--decode {decode} --random-resized-crop", dt, log))
+        a.bundle = bundle
     batch = len(np.load(a.npz)["labels"]) // a.npz_batches if a.npz_batches else None
     for label, dt, log in rows:
         if dt is None:
@@ -109,6 +122,8 @@ def main():
     p.add_argument("--images", required=True)
     p.add_argument("--npz", required=True)
     p.add_argument("--augmented", help="the bundle compiled with forgec --augment pixels,...")
+    p.add_argument("--canvas", help="the bundle compiled with forgec --augment "
+                                    "pixels,...,canvas=HxW (crops on the GPU; --decode cpu/gpu)")
     p.add_argument("--npz-batches", type=int, default=2, help="batches in --npz (images/s)")
     p.add_argument("--workers", type=int, nargs="+", default=[8, 16])
     p.add_argument("--prefetch", type=int, nargs="+", default=[2],

@@ -51,6 +51,11 @@ if [ -d /usr/local/cuda ] || command -v nvcc >/dev/null 2>&1; then
     .venv/bin/pip install -q --no-deps nvidia-cudnn-frontend==1.32.0 ||
       echo "warning: nvidia-cudnn-frontend not installed; CUDA bundles with fused attention will be refused" >&2
   fi
+  # nvJPEG's header (forge-train --decode gpu; the library is dlopen'd at run time).
+  if ! ls .venv/lib/python3*/site-packages/nvidia/cu13/include/nvjpeg.h >/dev/null 2>&1; then
+    .venv/bin/pip install -q --no-deps nvidia-nvjpeg==13.3.2.43 ||
+      echo "warning: nvidia-nvjpeg not installed; forge-train --decode gpu will be refused" >&2
+  fi
 fi
 
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}

@@ -233,6 +233,17 @@ Status Executor::bindDeviceInput(int32_t index, const void *device) {
                        describe());
 }
 
+Status Executor::bindEncodedInput(int32_t index, const uint32_t *lengths) {
+  (void)index;
+  if (!lengths)
+    return Status::ok();
+  return Status::error("{}: this device ({}) decodes no images", bundle_.origin(), describe());
+}
+
+Expected<std::string> Executor::imageDecoder() {
+  return Status::error("this device ({}) decodes no images", describe());
+}
+
 Status Executor::setInput(int routine, const std::string &name, const TensorView &data) {
   auto t = findInput(routine, name);
   if (!t)

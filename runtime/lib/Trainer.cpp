@@ -420,6 +420,24 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                              return fmt::format("{}", fmt::join(parts, ", "));
                            }());
   }
+  if (options.imageDecode != "cpu" && options.imageDecode != "gpu" && options.imageDecode != "auto")
+    return Status::error("image decode '{}' is not cpu, gpu or auto", options.imageDecode);
+  if (options.imageDecode != "cpu") {
+    // The device decodes the folder's JPEGs where both it and the data can.
+    Status why = Status::ok();
+    if (!tr->trainData_)
+      why = Status::error("no training data");
+    else if (tr->bucketed_ || pp > 1)
+      why = Status::error("not with {}", pp > 1 ? "--pp" : "length buckets");
+    auto decoder = why.isOk() ? tr->exec_->imageDecoder() : Expected<std::string>(why);
+    auto field = decoder ? tr->trainData_->encodeImages() : Expected<int>(decoder.status());
+    if (field) {
+      tr->encodedField_ = *field;
+      tr->imageDecoder_ = *decoder;
+    } else if (options.imageDecode == "gpu") {
+      return field.status().prefix("--decode gpu");
+    }
+  }
   for (const DataField &f : tr->fields_)
     tr->sampleBytes_.push_back(static_cast<size_t>(numElements(f.sampleShape)) *
                                dtypeSize(f.dtype));
@@ -518,6 +536,21 @@ Status Trainer::allocateBatchBuffers(const std::vector<std::vector<int32_t>> &te
       microOuts_[k].push_back(out);
       microInputs_[k].push_back(tensors[f][k]);
     }
+  // Device-decoded images: each micro-batch's JPEG lengths, after the fields' buffers.
+  auto lengthsBuffer = [&](const std::string &what) -> Expected<void *> {
+    auto buf = ex.allocateHostBuffer(static_cast<size_t>(batch_) * sizeof(uint32_t), what);
+    if (!buf)
+      return buf.status();
+    void *p = buf->get();
+    loopBuffers_.push_back(buf.take());
+    return p;
+  };
+  for (int64_t k = 0; encodedField_ >= 0 && k < micro; ++k) {
+    auto p = lengthsBuffer(fmt::format("micro-batch {}'s JPEG lengths", k));
+    if (!p)
+      return p.status();
+    microOuts_[k].push_back(*p);
+  }
   if (prefetch > 0 && trainData_) {
     // The ring's buffers: prefetch + 1 sets (the one the device reads, and the
     // batches ahead of it).
@@ -535,6 +568,12 @@ Status Trainer::allocateBatchBuffers(const std::vector<std::vector<int32_t>> &te
           slot.outs[k].push_back(buf->get());
           slot.buffers.push_back(buf.take());
         }
+      for (int64_t k = 0; encodedField_ >= 0 && k < micro; ++k) {
+        auto p = lengthsBuffer(fmt::format("prefetched batch {}'s JPEG lengths", i));
+        if (!p)
+          return p.status();
+        slot.outs[k].push_back(*p);
+      }
     }
   }
   return Status::ok();
@@ -946,6 +985,12 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
         for (size_t f = 0; f < microInputs_[k].size(); ++f)
           FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], slot->outs[k][f]));
   }
+  // A loop binds each micro-batch's JPEG lengths for its run (bindMicroBatch); one run
+  // reads every micro-batch's canvas input: bind them all now (evaluate() unbinds them).
+  for (size_t k = 0; encodedField_ >= 0 && accum_.index < 0 && k < microInputs_.size(); ++k)
+    FORGE_RETURN_IF_ERROR(
+        exec_->bindEncodedInput(microInputs_[k][static_cast<size_t>(encodedField_)],
+                                static_cast<const uint32_t *>((*outs)[k][fields_.size()])));
   const double inputSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::optional<uint64_t> run =
@@ -1049,8 +1094,9 @@ Status Trainer::fillStep(DataSource &source, std::span<const int64_t> indices,
                          const std::vector<std::vector<void *>> &outsPerMicro, int64_t length) {
   // At a bucket's length every field is a sequence [length] (DataSource::fillAt).
   auto bytesOf = [&](size_t f) {
-    return length > 0 ? static_cast<size_t>(length) * dtypeSize(fields_[f].dtype)
-                       : sampleBytes_[f];
+    if (f == fields_.size()) // encodeImages()'s lengths
+      return sizeof(uint32_t);
+    return length > 0 ? static_cast<size_t>(length) * dtypeSize(fields_[f].dtype) : sampleBytes_[f];
   };
   auto fillPart = [&](std::span<const int64_t> part, std::span<void *const> outs) {
     return length > 0 ? source.fillAt(part, outs, length) : source.fill(part, outs);
@@ -1185,6 +1231,10 @@ Status Trainer::bindMicroBatch(const std::vector<std::vector<void *>> &outs, int
   }
   for (size_t f = 0; f < microInputs_[k].size(); ++f)
     FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], outs[k][f]));
+  if (encodedField_ >= 0) // the JPEG lengths fillStep wrote after the fields
+    FORGE_RETURN_IF_ERROR(
+        exec_->bindEncodedInput(microInputs_[k][static_cast<size_t>(encodedField_)],
+                                static_cast<const uint32_t *>(outs[k][fields_.size()])));
   if (int32_t t = microIndexInputOf(k); t >= 0)
     FORGE_RETURN_IF_ERROR(exec_->bindInput(t, &microIndex_[k]));
   return Status::ok();
@@ -1267,6 +1317,10 @@ Expected<StepResult> Trainer::stepOn(DataSource &batch) {
   if (bucketed_)
     return Status::error("this trainer batches its variable-length data by length; it takes "
                          "no batches from the caller");
+  if (encodedField_ >= 0)
+    return Status::error("this trainer's images are decoded on the device ({}); it takes no "
+                         "batches from the caller",
+                         imageDecoder_);
   FORGE_RETURN_IF_ERROR(batch.bind(fields_));
   const int64_t next = step_ + 1, micro = microAt(next);
   if (batch.numSamples() != samplesAt(next))
@@ -1296,6 +1350,10 @@ Expected<StepResult> Trainer::stepOn(DataSource &batch) {
 Expected<StepResult> Trainer::stepOnDevice(std::span<const void *const> fields) {
   if (inFlight_ != 0)
     return Status::error("internal: stepOnDevice() with {} step(s) in flight", inFlight_);
+  if (encodedField_ >= 0)
+    return Status::error("this trainer's images are decoded on the device ({}); it takes no "
+                         "batches from the caller",
+                         imageDecoder_);
   FORGE_RETURN_IF_ERROR(failedError());
   if (bucketed_)
     return Status::error("this trainer batches its variable-length data by length; it takes "
@@ -1338,6 +1396,10 @@ Expected<EvalResult> Trainer::evaluate() {
     return Status::error("no eval data");
   if (evalData_->variableLength())
     return evaluateBuckets();
+  // The eval routine may read the training canvas's tensor: its samples are pixels.
+  for (size_t k = 0; encodedField_ >= 0 && k < microInputs_.size(); ++k)
+    FORGE_RETURN_IF_ERROR(
+        exec_->bindEncodedInput(microInputs_[k][static_cast<size_t>(encodedField_)], nullptr));
   // Every sample counts. A last partial batch is padded by repeating its own
   // samples with weight 0 (forge.sample_weight), so the bundle's loss and
   // correct count cover the real samples only; each batch's mean loss is then
@@ -1483,6 +1545,9 @@ std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
                          dtypeSize(f.dtype));
     outs.push_back(buffers.back().data());
   }
+  std::vector<uint32_t> lengths(static_cast<size_t>(n)); // encodeImages()'s, unused here
+  if (encodedField_ >= 0)
+    outs.push_back(lengths.data());
   bool filled;
   {
     // The prefetch thread may be filling: one fill (with its epoch) at a time;

@@ -27,7 +27,8 @@ cnn fixture (x [B, 3, 16, 16], 10 classes) for the CPU and checks:
                    the plain bundle's losses on the folder (centre crop, random-resized crop,
                    1e-4), and with a canvas smaller than the larger images (shrunk to fit,
                    bilinear to u8) the plain bundle's on a float64 reference of that; refusals:
-                   canvas without pixels, a canvas bundle on arrays without x.crop
+                   canvas without pixels, a canvas bundle on arrays without x.crop; --decode
+                   gpu refused on the CPU, --decode auto there the same losses as cpu
   flip             --augment pixels,flip: a model blind to mirroring (global average pool +
                    linear) trains as without flip (1e-6); the cnn's losses change; two runs
                    of one bundle agree bit for bit
@@ -434,6 +435,19 @@ def main():
                              60)
         rep.check("canvas bundle on arrays", rc not in (0, None) and "x.crop" in log,
                   e2e.tail(log, 1))
+        # --decode: the CPU decodes no images on the device: gpu is refused, auto decodes here.
+        cv = os.path.join(tmp, "cnn_canvas_centre.forge")
+        rc, _, log = e2e.run([forge_train, cv, "--data", root, "--device", "cpu", "--steps", "1",
+                              "--decode", "gpu"], 60)
+        rep.check("--decode gpu on the CPU", rc not in (0, None) and "decodes no images" in log,
+                  e2e.tail(log, 1))
+        rc1, log1, got = train(forge_train, cv, root, tmp, "decode_auto",
+                               ["--no-shuffle", "--decode", "auto"], steps=2)
+        rc2, log2, want = train(forge_train, cv, root, tmp, "decode_cpu", ["--no-shuffle"], steps=2)
+        rep.check("--decode auto on the CPU", rc1 == 0 and rc2 == 0 and got == want and
+                  len(got) == 2 and "data workers decode every image" in log1,
+                  f"{got} {want}" if rc1 == 0 and rc2 == 0 else
+                  f"{e2e.failure(rc1, log1)} | {e2e.failure(rc2, log2)}")
         rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
                               "--target", "cpu", "--batch", str(BATCH), "--loss",
                               "cross_entropy:logits,labels", "--augment", "pixels,blur", "-o", aug])

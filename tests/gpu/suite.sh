@@ -61,6 +61,9 @@ if [ "$mode" = compile ]; then
   # way the CUDA executor checks it: a refusal shows before device time is spent.
   find "$dir" -name '*.forge' -print0 | xargs -0 "$b/forge-replay" --check-library > "$dir/check-library.txt" 2>&1 \
     || { grep -v '^check-library:' "$dir/check-library.txt" | head -20; echo "suite.sh: library calls refused" >&2; exit 1; }
+  # nvJPEG (forge-train --decode gpu dlopens it; the GPU image's Python lacks the wheel).
+  nvjpeg=$(ls .venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvjpeg.so.13 2>/dev/null | head -1)
+  [ -n "$nvjpeg" ] && cp -L "$nvjpeg" "$dir/lib/"
   du -sh "$dir"
   exit 0
 fi

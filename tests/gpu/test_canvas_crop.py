@@ -9,6 +9,12 @@ compiles the cnn fixture for cuda:sm_90 with --augment pixels,normalize=imagenet
   centre    the centre crop after --image-resize 24: GPU losses within REL of the CPU's
   random    --random-resized-crop (seed 7, 2 workers): the same boxes, the same losses
   bf16      the bf16 bundle (the crop stored in bf16): within REL_BF16 of the CPU's
+  nvjpeg    --decode gpu on a folder of small smooth 4:4:4 baseline JPEGs (every one fits the
+            canvas, none shrunk by the DCT): nvJPEG decodes them on the GPU (the progress
+            line says so) and the losses are within REL_DECODE of the CPU decoder's run on
+            the GPU (two decoders' IDCTs differ by a level here and there; a wrong pitch,
+            offset or channel order moves the losses by percents); --decode gpu on the CPU
+            is refused
 
 The CPU kernel computes what the generated one does (f32 taps and weights); the GPU may fuse
 a multiply-add (NVPTX contracts), so a tap's weight differs in its last bits: REL allows
@@ -32,7 +38,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 import forge_e2e as e2e  # noqa: E402
 
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "fixtures"))
-REL, REL_BF16 = 1e-4, 2e-3
+REL, REL_BF16, REL_DECODE = 1e-4, 2e-3, 2e-3
 CASES = (("centre", "fp32", ["--no-shuffle", "--image-resize", "24"]),
          ("random", "fp32", ["--no-shuffle", "--seed", "7", "--random-resized-crop",
                              "--workers", "2"]),
@@ -54,6 +60,24 @@ def write_folder(root):
             img.save(os.path.join(root, name, f"{i}.png" if i % 3 == 2 else f"{i}.jpg"))
 
 
+def write_smooth_folder(root):
+    """Small smooth images (<= 40 x 32: they fit the 40x48 canvas whole and the centre crop
+    after --image-resize 24 leaves the DCT nothing to shrink), 4:4:4, quality 95."""
+    from PIL import Image
+    rng = np.random.default_rng(5)
+    sizes = [(40, 32), (36, 30), (48, 40), (44, 26), (30, 30), (46, 38)]
+    for c, name in enumerate(("a", "b", "c")):
+        os.makedirs(os.path.join(root, name))
+        for i, (w, h) in enumerate(sizes):
+            yy, xx = np.mgrid[0:h, 0:w]
+            base = rng.uniform(40, 200, size=3)
+            base[c] += 40
+            px = np.stack([base[k] + 30 * np.sin(xx * (0.1 + 0.05 * k) + yy * 0.07)
+                           for k in range(3)], axis=-1)
+            Image.fromarray(np.clip(px, 0, 255).astype(np.uint8), "RGB").save(
+                os.path.join(root, name, f"{i}.jpg"), quality=95, subsampling=0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     e2e.add_tool_args(ap)
@@ -70,6 +94,7 @@ def main():
             forgec = tools[0]
             os.makedirs(out, exist_ok=True)
             write_folder(os.path.join(out, "images"))
+            write_smooth_folder(os.path.join(out, "smooth"))
             for precision in ("fp32", "bf16"):
                 rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
                                       "--target", "cuda:sm_90", "--batch", "4",
@@ -103,6 +128,29 @@ def main():
             rep.check(f"canvas {tag}: GPU vs CPU", ok and err <= tol,
                       f"8 steps, max rel {err:.2e} (<= {tol})" if ok else
                       f"{runs['cuda'][1]} | {runs['cpu'][1]}")
+        # nvJPEG: the same bundle on the GPU with the JPEGs decoded there and on the CPU.
+        bundle = os.path.join(out, "canvas_fp32.forge")
+        runs = {}
+        for decode in ("gpu", "cpu"):
+            metrics = os.path.join(tmp, f"decode_{decode}.jsonl")
+            rc, _, log = e2e.run([forge_train, bundle, "--data", os.path.join(out, "smooth"),
+                                  "--device", "cuda", "--steps", "8", "--metrics", metrics,
+                                  "--no-shuffle", "--image-resize", "24", "--decode", decode],
+                                 300)
+            runs[decode] = (e2e.metric_losses(metrics) if rc == 0 else [], log, rc)
+        got, want = runs["gpu"][0], runs["cpu"][0]
+        ok = len(got) == len(want) == 8
+        err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf"))
+        said = "JPEGs decoded on the device (nvJPEG" in runs["gpu"][1]
+        rep.check("nvjpeg: --decode gpu vs the CPU decoder", ok and err <= REL_DECODE and said,
+                  f"8 steps, max rel {err:.2e} (<= {REL_DECODE}); progress line names nvJPEG: "
+                  f"{said}" if ok else
+                  f"{e2e.failure(runs['gpu'][2], runs['gpu'][1])} | "
+                  f"{e2e.failure(runs['cpu'][2], runs['cpu'][1])}")
+        rc, _, log = e2e.run([forge_train, bundle, "--data", os.path.join(out, "smooth"),
+                              "--device", "cpu", "--steps", "1", "--decode", "gpu"], 120)
+        rep.check("nvjpeg: --decode gpu on the CPU refused", rc not in (0, None) and
+                  "decodes no images" in log, e2e.tail(log, 1))
     return rep.summary()
 
 

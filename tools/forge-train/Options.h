@@ -40,6 +40,7 @@ struct Options {
   std::string imageNormalize; // "imagenet": ImageNet's mean/std unless given
   std::string badRecords = "fail";
   bool randomResizedCrop = false;
+  std::string decode = "cpu";    // --decode: who decodes the JPEGs (TrainerOptions::imageDecode)
   std::vector<double> cropScale; // min,max of the area share (--random-resized-crop)
   int64_t steps = 0, epochs = 0;
   uint64_t seed = 0;

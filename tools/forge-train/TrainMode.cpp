@@ -643,6 +643,7 @@ Expected<int> train(const Options &opts, Progress &progress) {
   trainerOptions.threads = opts.threads;
   trainerOptions.workers = opts.workers;
   trainerOptions.prefetch = opts.prefetch;
+  trainerOptions.imageDecode = opts.decode;
   trainerOptions.device = opts.device;
   trainerOptions.cudaGraphs = !opts.noCudaGraph;
   trainerOptions.deterministicAttention = opts.attentionBackward != "fast";
@@ -657,6 +658,11 @@ Expected<int> train(const Options &opts, Progress &progress) {
   if (!created)
     return created.status();
   Trainer &tr = **created;
+  if (!tr.imageDecoder().empty())
+    progress.message(fmt::format("JPEGs decoded on the device ({}); others by the data workers",
+                                 tr.imageDecoder()));
+  else if (opts.decode == "auto" && !opts.data.empty())
+    progress.message("--decode auto: the data workers decode every image");
   if (pp > 1) { // each stage holds its own parameters and optimizer state
     auto [held, all] = tr.executor().persistentBytes();
     progress.message(fmt::format("pipeline stage {} holds {} of the {} bytes of parameters and "

@@ -308,6 +308,14 @@ void addOptions(CLI::App &app, Options &opts) {
                "seeded by --seed, the epoch and the sample (--eval-data keeps the centre "
                "crop)")
       ->group(data);
+  app.add_option("--decode", opts.decode,
+                 "Image folders of a canvas bundle (forgec --augment pixels,canvas=HxW), --data "
+                 "only: 'gpu' decodes baseline JPEGs that fit the canvas on the GPU (nvJPEG: the "
+                 "nvidia-nvjpeg wheel's libnvjpeg.so.13 on LD_LIBRARY_PATH), the CPU workers the "
+                 "rest; 'auto' does so where it can; 'cpu' (default) decodes all on the CPU. A "
+                 "JPEG nvJPEG cannot decode stops the run (its header is checked here)")
+      ->check(CLI::IsMember({"cpu", "gpu", "auto"}))
+      ->group(data);
   app.add_option("--crop-scale", opts.cropScale,
                  "--random-resized-crop's area share MIN,MAX (default 0.08,1)")
       ->delimiter(',')

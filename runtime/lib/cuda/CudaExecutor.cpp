@@ -11,9 +11,10 @@
 
 #include <nvtx3/nvToolsExt.h>
 
-#include "cuda/CudaApi.h"
 #include "cuda/Attention.h"
 #include "cuda/Conv.h"
+#include "cuda/CudaApi.h"
+#include "cuda/Jpeg.h"
 #include "cuda/Matmul.h"
 #include "cuda/Nvml.h"
 #include "forge/runtime/Collectives.h"
@@ -147,6 +148,11 @@ struct Transfer {
   size_t staged = 0; // inputs: the offset in the routine's device staging buffers
   int32_t tensor = -1; // inputs: the tensor (bindInput)
   bool fromDevice = false; // inputs: `host` is device memory (bindDeviceInput)
+  // Inputs: samples that may arrive as JPEG bytes (bindEncodedInput), a canvas
+  // [samples, H, W, C] of u8: sample b's slot is sampleBytes, its rows pitch apart.
+  const uint32_t *lengths = nullptr;
+  int64_t samples = 0, height = 0, width = 0;
+  size_t sampleBytes = 0, pitch = 0;
 };
 
 struct RoutineState {
@@ -229,9 +235,11 @@ struct CudaExecutor::Impl {
   int convs = 0, graphConvs = 0; // cuDNN convolutions, and those the graph API runs
   bool nvmlTried = false;
   std::optional<Nvml> nvml; // telemetry(); empty without NVML
+  std::unique_ptr<JpegDecoder> jpeg; // bindEncodedInput's, made on first use
   std::string graphWarning;
 
   ~Impl() {
+    jpeg.reset(); // its states and events before the streams they worked on
     for (RoutineState &r : routines) {
       for (cudaGraphExec_t g : r.graph)
         if (g)
@@ -456,17 +464,49 @@ struct CudaExecutor::Impl {
     if (std::any_of(r.inputs.begin(), r.inputs.end(), [](const Transfer &t) { return t.fromDevice; }))
       CUDA_TRY(cudaDeviceSynchronize(), "waiting for the device inputs' producer");
     CUDA_TRY(cudaStreamWaitEvent(copy, r.stagingFree[parity], 0), "stream wait");
-    for (const Transfer &t : r.inputs)
-      if (t.bytes)
-        CUDA_TRY(cudaMemcpyAsync(static_cast<char *>(r.staging[parity]) + t.staged, t.host,
-                                 t.bytes,
-                                 t.fromDevice ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
-                                 copy),
-                 "input upload");
+    for (const Transfer &t : r.inputs) {
+      if (!t.bytes)
+        continue;
+      char *to = static_cast<char *>(r.staging[parity]) + t.staged;
+      if (t.lengths && !t.fromDevice) {
+        FORGE_RETURN_IF_ERROR(uploadEncoded(t, to));
+        continue;
+      }
+      CUDA_TRY(cudaMemcpyAsync(to, t.host, t.bytes,
+                               t.fromDevice ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
+                               copy),
+               "input upload");
+    }
     CUDA_TRY(cudaEventRecord(inputsDone, copy), "event record");
     CUDA_TRY(cudaEventRecord(r.stagingFilled[parity], copy), "event record");
     CUDA_TRY(cudaStreamWaitEvent(compute, r.stagingFilled[parity], 0), "stream wait");
     return Status::ok();
+  }
+
+  /// A canvas input's samples (bindEncodedInput): the JPEG ones decoded by nvJPEG into
+  /// their slots of `to`, the pixel ones copied, all on the copy stream.
+  Status uploadEncoded(const Transfer &t, char *to) {
+    std::vector<JpegImage> images;
+    const auto *from = static_cast<const uint8_t *>(t.host);
+    for (int64_t b = 0; b < t.samples; ++b) {
+      const size_t at = static_cast<size_t>(b) * t.sampleBytes;
+      if (t.lengths[b] == 0) {
+        CUDA_TRY(cudaMemcpyAsync(to + at, from + at, t.sampleBytes, cudaMemcpyHostToDevice, copy),
+                 "input upload");
+        continue;
+      }
+      if (t.lengths[b] > t.sampleBytes)
+        return Status::error("the JPEG at batch position {} ({} bytes) does not fit its canvas "
+                             "slot of {}",
+                             b, t.lengths[b], t.sampleBytes);
+      images.push_back({from + at, t.lengths[b], reinterpret_cast<uint8_t *>(to + at), t.pitch, b,
+                        t.width, t.height});
+    }
+    if (images.empty())
+      return Status::ok();
+    if (!jpeg)
+      return Status::error("internal: an encoded input without a JPEG decoder");
+    return jpeg->decode(images, copy);
   }
 
   /// After a run of `parity` is enqueued: its staging buffers are free once
@@ -1268,6 +1308,40 @@ Status CudaExecutor::bindInput(int32_t index, const void *host) {
       if (t.tensor == index) {
         t.host = host ? const_cast<void *>(host) : own;
         t.fromDevice = false;
+      }
+  return Status::ok();
+}
+
+Expected<std::string> CudaExecutor::imageDecoder() {
+  Impl &im = *impl_;
+  if (!im.jpeg) {
+    auto d = JpegDecoder::create();
+    if (!d)
+      return d.status();
+    im.jpeg = d.take();
+  }
+  return fmt::format("nvJPEG, {} backend", im.jpeg->backend());
+}
+
+Status CudaExecutor::bindEncodedInput(int32_t index, const uint32_t *lengths) {
+  if (!inputBuffer(index))
+    return Status::error("{}: tensor #{} is not a routine input", bundle_.origin(), index);
+  const bundle::TensorInfo &info = tensorInfo(index);
+  const std::vector<int64_t> shape = shapeOf(info);
+  if (lengths && (info.dtype() != bundle::U8 || shape.size() != 4 || shape[3] != 3))
+    return Status::error("{}: input '{}' is not a u8 canvas [B, H, W, 3] (JPEG samples)",
+                         bundle_.origin(), info.name());
+  if (lengths)
+    FORGE_RETURN_IF_ERROR(imageDecoder().status());
+  for (RoutineState &r : impl_->routines)
+    for (Transfer &t : r.inputs)
+      if (t.tensor == index) {
+        t.lengths = lengths;
+        if (lengths) {
+          t.samples = shape[0], t.height = shape[1], t.width = shape[2];
+          t.pitch = static_cast<size_t>(shape[2] * shape[3]);
+          t.sampleBytes = static_cast<size_t>(shape[1]) * t.pitch;
+        }
       }
   return Status::ok();
 }

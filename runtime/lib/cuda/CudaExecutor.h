@@ -50,6 +50,8 @@ public:
   Expected<HostBuffer> allocateHostBuffer(size_t bytes, const std::string &what) override;
   Status bindInput(int32_t index, const void *host) override;
   Status bindDeviceInput(int32_t index, const void *device) override;
+  Status bindEncodedInput(int32_t index, const uint32_t *lengths) override;
+  Expected<std::string> imageDecoder() override;
   using Executor::run;
   Status run(int routine) override;
   Status wait() override;

@@ -170,6 +170,39 @@ Status decodePng(std::span<const uint8_t> bytes, Rgb &out) {
   return Status::ok();
 }
 
+/// A baseline (or extended sequential) 8-bit JPEG of 1 or 3 components -- what the GPU
+/// decoders take -- and its size from its frame header; false for anything else
+/// (progressive, lossless, arithmetic coding, CMYK, a truncated header).
+bool baselineJpegSize(std::span<const uint8_t> b, int &width, int &height) {
+  if (b.size() < 4 || b[0] != 0xFF || b[1] != 0xD8)
+    return false;
+  for (size_t at = 2; at + 4 <= b.size();) {
+    if (b[at] != 0xFF)
+      return false;
+    const uint8_t marker = b[at + 1];
+    if (marker == 0xFF) { // fill byte
+      ++at;
+      continue;
+    }
+    const size_t length = size_t(b[at + 2]) << 8 | b[at + 3];
+    if (length < 2 || at + 2 + length > b.size())
+      return false;
+    if (marker == 0xC0 || marker == 0xC1) { // SOF0 / SOF1: sequential, Huffman
+      if (length < 8)
+        return false;
+      const uint8_t *f = b.data() + at + 4;
+      const int components = f[5];
+      height = f[1] << 8 | f[2], width = f[3] << 8 | f[4];
+      return f[0] == 8 && (components == 1 || components == 3) && width > 0 && height > 0;
+    }
+    if ((marker >= 0xC2 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC) ||
+        marker == 0xDA || marker == 0xD9) // another frame kind, or the scan before a frame
+      return false;
+    at += 2 + length;
+  }
+  return false;
+}
+
 bool isPng(std::span<const uint8_t> b) {
   static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   return b.size() >= 8 && std::memcmp(b.data(), sig, 8) == 0;
@@ -289,12 +322,22 @@ public:
 
   int64_t numSamples() const override { return numRecords(); }
   bool concurrentFill() const override { return true; }
+  Expected<int> encodeImages() override {
+    if (cropField_ < 0)
+      return Status::error("{}: only a canvas bundle (forgec --augment pixels,canvas=HxW) takes "
+                           "images decoded on the device",
+                           describe());
+    encoded_ = true;
+    return imageField_;
+  }
   void setEpoch(uint64_t epoch) override { epoch_ = epoch; }
 
   Status fill(std::span<const int64_t> indices, std::span<void *const> outs) override {
-    if (outs.size() != fields_.size() || imageField_ < 0)
+    if (outs.size() != fields_.size() + (encoded_ ? 1 : 0) || imageField_ < 0)
       return Status::error("{}: fill with {} buffers, {} fields bound", describe(), outs.size(),
                            fields_.size());
+    // encodeImages(): each sample's JPEG length, 0 where this fill decoded it.
+    uint32_t *lengths = encoded_ ? static_cast<uint32_t *>(outs[fields_.size()]) : nullptr;
     const DataField &img = fields_[imageField_], &lab = fields_[labelField_];
     const size_t pixels = static_cast<size_t>(height_ * width_);
     const size_t imageBytes =
@@ -328,9 +371,17 @@ public:
           s = std::min({s, double(canvasWidth_) / w, double(canvasHeight_) / h});
         return s;
       };
+      size_t encodedBytes = 0; // a JPEG the device decodes: its bytes go as they are
       for (int64_t tries = 0;; ++tries) {
         Status st = readRecord(used, record);
-        if (st.isOk() && record.raw) {
+        int jw = 0, jh = 0;
+        encodedBytes = 0;
+        if (st.isOk() && lengths && !record.raw && baselineJpegSize(record.bytes, jw, jh) &&
+            jw <= canvasWidth_ && jh <= canvasHeight_ && record.bytes.size() <= imageBytes) {
+          encodedBytes = record.bytes.size();
+          scaling(jw, jh); // the box (origW/origH = the full size it decodes to)
+          rgb.width = jw, rgb.height = jh;
+        } else if (st.isOk() && record.raw) {
           std::swap(rgb, record.rgb);
           scaling(rgb.width, rgb.height);
         } else if (st.isOk()) {
@@ -351,7 +402,14 @@ public:
         used = (used + 1) % numSamples();
       }
       uint8_t *dst = imgOut + i * imageBytes;
-      if (cropField_ >= 0) { // the image into the canvas, its box beside it
+      if (lengths)
+        lengths[i] = static_cast<uint32_t>(encodedBytes);
+      if (encodedBytes > 0) { // the file for the device to decode, the box of its full size
+        std::memcpy(dst, record.bytes.data(), encodedBytes);
+        canvasBox(rgb.width, rgb.height,
+                  options_.randomResizedCrop ? std::optional<Box>(box) : std::nullopt, origW, origH,
+                  static_cast<float *>(outs[cropField_]) + i * 6);
+      } else if (cropField_ >= 0) { // the image into the canvas, its box beside it
         FORGE_RETURN_IF_ERROR(
             fillCanvas(rgb, options_.randomResizedCrop ? std::optional<Box>(box) : std::nullopt,
                        origW, origH, dst, static_cast<float *>(outs[cropField_]) + i * 6));
@@ -494,20 +552,26 @@ private:
         std::memset(to, 0, pitch);
       }
     }
-    double x0, y0, bw, bh; // the box in rgb's pixels
+    canvasBox(rgb.width, rgb.height, box, origW, origH, crop);
+    return Status::ok();
+  }
+
+  /// The crop box in a w x h image's pixels (decoded from origW x origH): the random box
+  /// `box` (original pixels) scaled, or the centre crop.
+  void canvasBox(int w, int h, std::optional<Box> box, int origW, int origH, float *crop) const {
+    double x0, y0, bw, bh;
     if (box) {
-      const double fx = double(rgb.width) / origW, fy = double(rgb.height) / origH;
+      const double fx = double(w) / origW, fy = double(h) / origH;
       x0 = box->x0 * fx, y0 = box->y0 * fy, bw = box->w * fx, bh = box->h * fy;
     } else {
       // centre(): output x samples (x + offX + 0.5) / scale - 0.5.
-      const Geometry g = centre(rgb.width, rgb.height);
+      const Geometry g = centre(w, h);
       x0 = g.offX / g.scaleX, y0 = g.offY / g.scaleY, bw = width_ / g.scaleX,
       bh = height_ / g.scaleY;
     }
-    const double values[6] = {x0, y0, bw, bh, double(rgb.width), double(rgb.height)};
+    const double values[6] = {x0, y0, bw, bh, double(w), double(h)};
     for (int k = 0; k < 6; ++k)
       crop[k] = static_cast<float>(values[k]);
-    return Status::ok();
   }
 
   /// Bilinear resampling with half-pixel centres: put(pixel offset, channel, value in
@@ -564,6 +628,7 @@ private:
   ImageOptions options_;
   std::vector<DataField> fields_;
   int imageField_ = -1, labelField_ = -1, cropField_ = -1; // cropField_: canvas bundles
+  bool encoded_ = false; // encodeImages(): JPEGs the device decodes go as their bytes
   bool channelsFirst_ = true;
   int64_t height_ = 0, width_ = 0;             // the crop's
   int64_t canvasHeight_ = 0, canvasWidth_ = 0; // canvas bundles

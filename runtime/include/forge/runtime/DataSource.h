@@ -56,6 +56,16 @@ public:
   /// Whether fill() may run on several threads at once, each with its own
   /// indices and buffers (data workers split a batch that way).
   virtual bool concurrentFill() const { return false; }
+  /// GPU image decoding (Executor::bindEncodedInput), after bind(): from now on fill() takes
+  /// one more buffer after the fields' (a u32 per sample) and puts each baseline JPEG whose
+  /// full size fits the canvas as its bytes at the start of its slot of the image field,
+  /// its length in that buffer (0: decoded here, pixels as before); its crop box is for the
+  /// full-size image. Returns the image field's index, or why this source cannot.
+  virtual Expected<int> encodeImages() {
+    return Status::error("{}: only image folders of a canvas bundle (forgec --augment "
+                         "pixels,canvas=HxW) decode on the device",
+                         describe());
+  }
   /// The epoch of the samples the next fill() calls take (random augmentation is a
   /// pure function of seed, epoch and sample index; the trainer sets it per step).
   virtual void setEpoch(uint64_t epoch) { (void)epoch; }

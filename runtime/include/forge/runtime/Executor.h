@@ -75,6 +75,15 @@ public:
   /// work on the device (the producer's stream is not known). bindInput() rebinds host
   /// memory. Devices without device memory refuse.
   virtual Status bindDeviceInput(int32_t index, const void *device);
+  /// GPU image decoding (forge-train --decode gpu): input `index` is a u8 canvas
+  /// [B, H, W, C] whose sample b, when lengths[b] > 0, arrives as the lengths[b] bytes of a
+  /// baseline JPEG at the start of its slot in the bound host buffer, decoded on the device
+  /// into the slot's top-left corner (rows W * C bytes apart); samples of length 0 are
+  /// pixels, copied as they are. `lengths` stays bound (and unchanged while the host buffer
+  /// must be) until bound again; nullptr unbinds. Devices without a decoder refuse.
+  virtual Status bindEncodedInput(int32_t index, const uint32_t *lengths);
+  /// The decoder bindEncodedInput uses ("nvJPEG, hardware backend"), or why none.
+  virtual Expected<std::string> imageDecoder();
   /// Starts routine `routine` (a GPU may still be running it on return).
   virtual Status run(int routine) = 0;
   Status run() { return run(0); }

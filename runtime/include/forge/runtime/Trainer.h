@@ -99,6 +99,10 @@ struct TrainerOptions {
   std::string device = "cpu"; // Executor.h: cpu, cuda, cuda:N, auto
   bool cudaGraphs = true;
   bool deterministicAttention = true; // ExecutorOptions::deterministicAttention
+  /// JPEGs of the training image folder decoded by the device (Executor::bindEncodedInput,
+  /// DataSource::encodeImages; a canvas bundle): "gpu" (an error where it cannot), "auto"
+  /// (where it can), "cpu" (never: the data workers decode).
+  std::string imageDecode = "cpu";
 };
 
 struct StepResult {
@@ -172,6 +176,8 @@ public:
   }
   /// Whether steps take variable-length samples padded to their bucket.
   bool bucketed() const { return bucketed_; }
+  /// The device's image decoder the training data goes through ("" : the CPU decodes).
+  const std::string &imageDecoder() const { return imageDecoder_; }
   /// The routine index of the accumulation loop's body (-1: none).
   int accumulateRoutine() const { return accum_.index; }
   /// With `profile` (nothing in flight), the step is timed instruction by
@@ -333,6 +339,10 @@ private:
   /// The sampler of the training data (its groups the buckets when bucketed_).
   std::unique_ptr<EpochSampler> makeSampler(uint64_t seed, bool shuffle) const;
   bool bucketed_ = false; // variable-length training data: steps pick their bucket
+  /// TrainerOptions::imageDecode took: the image field whose JPEGs the device decodes
+  /// (each batch set then has one more buffer: the u32 lengths), and the decoder's name.
+  int encodedField_ = -1;
+  std::string imageDecoder_;
   size_t curBucket_ = 0;  // the launched step's (bucketed_)
   std::vector<Executor::HostBuffer> evalBuffers_; // bucketed eval batches, per eval field
   /// The smallest bucket holding a sample of `length` positions (the last: any longer).
