@@ -420,24 +420,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                              return fmt::format("{}", fmt::join(parts, ", "));
                            }());
   }
-  if (options.imageDecode != "cpu" && options.imageDecode != "gpu" && options.imageDecode != "auto")
-    return Status::error("image decode '{}' is not cpu, gpu or auto", options.imageDecode);
-  if (options.imageDecode != "cpu") {
-    // The device decodes the folder's JPEGs where both it and the data can.
-    Status why = Status::ok();
-    if (!tr->trainData_)
-      why = Status::error("no training data");
-    else if (tr->bucketed_ || pp > 1)
-      why = Status::error("not with {}", pp > 1 ? "--pp" : "length buckets");
-    auto decoder = why.isOk() ? tr->exec_->imageDecoder() : Expected<std::string>(why);
-    auto field = decoder ? tr->trainData_->encodeImages() : Expected<int>(decoder.status());
-    if (field) {
-      tr->encodedField_ = *field;
-      tr->imageDecoder_ = *decoder;
-    } else if (options.imageDecode == "gpu") {
-      return field.status().prefix("--decode gpu");
-    }
-  }
+  FORGE_RETURN_IF_ERROR(tr->chooseImageDecode(options.imageDecode, pp));
   for (const DataField &f : tr->fields_)
     tr->sampleBytes_.push_back(static_cast<size_t>(numElements(f.sampleShape)) *
                                dtypeSize(f.dtype));
@@ -466,6 +449,30 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   if (eval)
     FORGE_RETURN_IF_ERROR(tr->setEvalData(std::move(eval)));
   return tr;
+}
+
+/// TrainerOptions::imageDecode: whether the device decodes the training folder's JPEGs
+/// (encodedField_, imageDecoder_), after the data is bound and before the batch buffers
+/// (which then get the lengths buffers).
+Status Trainer::chooseImageDecode(const std::string &mode, int64_t pp) {
+  if (mode != "cpu" && mode != "gpu" && mode != "auto")
+    return Status::error("image decode '{}' is not cpu, gpu or auto", mode);
+  if (mode == "cpu")
+    return Status::ok();
+  Status why = Status::ok();
+  if (!trainData_)
+    why = Status::error("no training data");
+  else if (bucketed_ || pp > 1)
+    why = Status::error("not with {}", pp > 1 ? "--pp" : "length buckets");
+  auto decoder = why.isOk() ? exec_->imageDecoder() : Expected<std::string>(why);
+  auto field = decoder ? trainData_->encodeImages() : Expected<int>(decoder.status());
+  if (field) {
+    encodedField_ = *field;
+    imageDecoder_ = *decoder;
+  } else if (mode == "gpu") {
+    return field.status().prefix("--decode gpu");
+  }
+  return Status::ok();
 }
 
 /// Data, pipeline and tensor parallelism: the bundle's layout (D x P x T

@@ -173,6 +173,18 @@ struct RoutineState {
   bool warmedUp = false;
   cudaGraphExec_t graph[2] = {nullptr, nullptr};
   std::vector<cudaEvent_t> profileEvents; // created by the first runProfiled()
+  // Parity is per routine: run n of this routine uses staging, graph and read-back
+  // buffers n % 2, so its previous run's outputs stay readable while it runs again
+  // however many runs of other routines (an accumulation loop's) come between.
+  uint64_t runs = 0;
+  int lastParity = 0;
+  // After the outputs' download of a run of each parity: the compute stream joins the
+  // copy stream back (outputsEvent); the host waits for the outputs (outputsDone,
+  // recorded as an external node when captured: an event recorded only as a capture
+  // dependency cannot be waited on from the host).
+  cudaEvent_t outputsEvent[2] = {nullptr, nullptr}, outputsDone[2] = {nullptr, nullptr};
+  // The fault word as read back with each run's outputs, by parity (Impl::faultWord).
+  PinnedBuffer faultStage[2];
 };
 
 } // namespace
@@ -196,16 +208,14 @@ struct CudaExecutor::Impl {
   std::vector<cudaStream_t> extraCompute; // "compute.N" streams of the routines' schedules
   // Stream-ordering events (within a run, also inside graph captures) ...
   cudaEvent_t computeEvent = nullptr;
-  cudaEvent_t outputsEvent[2] = {nullptr, nullptr}; // by run parity
-  // ... and the ones the host waits on: recorded as external event nodes
-  // when captured (an event recorded only as a capture dependency cannot be
-  // waited on from the host).
-  cudaEvent_t inputsDone = nullptr, outputsDone[2] = {nullptr, nullptr};
+  // ... and the one the host waits on (the routines' own: RoutineState::outputsDone).
+  cudaEvent_t inputsDone = nullptr;
   // Timed events on the compute stream around each run (outside its graph),
   // by run index % kRunTimes: the idle gap before run n is runEnd[n - 1] ->
-  // runBegin[n]. Four slots: with two runs in flight the collected one, its
-  // predecessor and its successor are distinct.
-  static constexpr uint64_t kRunTimes = 4;
+  // runBegin[n]. With two steps in flight the collected step's first run and the run
+  // before it must still hold their events: a step of an accumulation loop is K + 1 runs,
+  // so 32 slots serve K up to 14.
+  static constexpr uint64_t kRunTimes = 32;
   cudaEvent_t runBegin[kRunTimes] = {}, runEnd[kRunTimes] = {};
   void *deviceBase = nullptr;
   uint64_t deviceBytes = 0;
@@ -219,15 +229,15 @@ struct CudaExecutor::Impl {
   // of the first (a fault fails the executor for good).
   int32_t *faultWord = nullptr;
   const bundle::Program *program = nullptr;
-  PinnedBuffer faultStage[2];
   std::vector<std::pair<int, int>> faultSite; // code - 1 -> (routine, instruction)
   CUmodule module = nullptr;
   std::unique_ptr<ThreadPool> pool;
   std::vector<void *> devicePtr;         // per tensor
   std::vector<PinnedBuffer> inputStage;  // per tensor (routine inputs)
-  std::vector<PinnedBuffer> outputStage[2]; // per tensor (routine outputs), by run parity
-  uint64_t runs = 0;                        // run() calls; parity = the run's index % 2
-  int lastParity = 0;
+  std::vector<PinnedBuffer> outputStage[2]; // per tensor (routine outputs), by its routine's
+                                            // run parity (RoutineState::runs)
+  uint64_t runs = 0;                        // run() calls of every routine
+  int lastParity = 0;                       // the last run's (its routine's) parity
   mutable std::vector<std::unique_ptr<uint8_t[]>> mirror; // view() of other tensors
   std::vector<RoutineState> routines;
   int lastRoutine = -1;
@@ -260,6 +270,10 @@ struct CudaExecutor::Impl {
           cudaEventDestroy(e);
       if (r.start)
         cudaEventDestroy(r.start);
+      for (cudaEvent_t e :
+           {r.outputsEvent[0], r.outputsEvent[1], r.outputsDone[0], r.outputsDone[1]})
+        if (e)
+          cudaEventDestroy(e);
     }
     routines.clear(); // plans before the handle
     for (auto &[group, comm] : comms)
@@ -274,8 +288,7 @@ struct CudaExecutor::Impl {
         dnn->cudnnDestroy(h);
     if (dnnHandle && dnn)
       dnn->cudnnDestroy(dnnHandle);
-    for (cudaEvent_t e : {computeEvent, outputsEvent[0], outputsEvent[1],
-                          inputsDone, outputsDone[0], outputsDone[1]})
+    for (cudaEvent_t e : {computeEvent, inputsDone})
       if (e)
         cudaEventDestroy(e);
     for (uint64_t i = 0; i < kRunTimes; ++i)
@@ -588,17 +601,17 @@ struct CudaExecutor::Impl {
       if (t.bytes)
         CUDA_TRY(cudaMemcpyAsync(t.host, t.device, t.bytes, cudaMemcpyDeviceToHost, copy),
                  "output download");
-    CUDA_TRY(cudaMemcpyAsync(faultStage[parity].get(), faultWord, sizeof(int32_t),
+    CUDA_TRY(cudaMemcpyAsync(r.faultStage[parity].get(), faultWord, sizeof(int32_t),
                              cudaMemcpyDeviceToHost, copy),
              "fault word download");
     CUDA_TRY(mark(2 * n + 3, copy), "event record");
     // The host-visible records come before the joining events: captured, each
     // is a graph node of its own, and a capture only ends once every node on
     // the copy stream is joined back into the compute stream.
-    CUDA_TRY(cudaEventRecordWithFlags(outputsDone[parity], copy, hostVisible), "event record");
-    CUDA_TRY(cudaEventRecord(outputsEvent[parity], copy), "event record");
+    CUDA_TRY(cudaEventRecordWithFlags(r.outputsDone[parity], copy, hostVisible), "event record");
+    CUDA_TRY(cudaEventRecord(r.outputsEvent[parity], copy), "event record");
     // Joins the copy stream back (required to end a capture).
-    CUDA_TRY(cudaStreamWaitEvent(compute, outputsEvent[parity], 0), "stream wait");
+    CUDA_TRY(cudaStreamWaitEvent(compute, r.outputsEvent[parity], 0), "stream wait");
     return Status::ok();
   }
 
@@ -609,26 +622,28 @@ struct CudaExecutor::Impl {
     if (e != cudaSuccess)
       return deviceError(origin, e);
     FORGE_RETURN_IF_ERROR(hostErrors());
-    return runFault(origin, lastParity);
+    return lastRoutine < 0
+               ? Status::ok()
+               : runFault(origin, routines[static_cast<size_t>(lastRoutine)], lastParity);
   }
 
-  /// The fault a checking kernel reported in the run of `parity` or any run
+  /// The fault a checking kernel reported in routine `r`'s run of `parity` or any run
   /// before it (the word is sticky; read after that run completed): names the
   /// instruction and what its kernel found.
-  Status runFault(const std::string &origin, int parity) const {
-    if (runs == 0 || !faultStage[parity])
+  Status runFault(const std::string &origin, const RoutineState &r, int parity) const {
+    if (r.runs == 0 || !r.faultStage[parity])
       return Status::ok();
     int32_t code = 0;
-    std::memcpy(&code, faultStage[parity].get(), sizeof code);
+    std::memcpy(&code, r.faultStage[parity].get(), sizeof code);
     if (code == 0)
       return Status::ok();
     if (code < 0 || static_cast<size_t>(code) > faultSite.size())
       return Status::error("{}: a kernel reported the unknown fault code {}", origin, code);
     auto [routine, index] = faultSite[code - 1];
-    const bundle::Routine &r = program->routines(routine);
-    const bundle::Instruction &inst = r.instructions(index);
+    const bundle::Routine &at = program->routines(routine);
+    const bundle::Instruction &inst = at.instructions(index);
     return Status::error("{}: routine '{}' instruction #{} '{}' (op {}, kernel {}): {}", origin,
-                         r.name(), index, inst.name(), inst.op(), inst.launch().kernel(),
+                         at.name(), index, inst.name(), inst.op(), inst.launch().kernel(),
                          inst.launch().fault());
   }
 
@@ -723,9 +738,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
 
   CUDA_TRY(cudaStreamCreateWithFlags(&im.compute, cudaStreamNonBlocking), "compute stream");
   CUDA_TRY(cudaStreamCreateWithFlags(&im.copy, cudaStreamNonBlocking), "copy stream");
-  for (cudaEvent_t *ev : {&im.computeEvent, &im.outputsEvent[0],
-                          &im.outputsEvent[1], &im.inputsDone, &im.outputsDone[0],
-                          &im.outputsDone[1]})
+  for (cudaEvent_t *ev : {&im.computeEvent, &im.inputsDone})
     CUDA_TRY(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "event");
   for (uint64_t i = 0; i < Impl::kRunTimes; ++i)
     for (cudaEvent_t *ev : {&im.runBegin[i], &im.runEnd[i]})
@@ -910,13 +923,6 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
     im.workspace = base + workspaceOffset;
   im.faultWord = reinterpret_cast<int32_t *>(base + faultOffset);
   im.program = &p;
-  for (int parity : {0, 1}) {
-    auto buf = allocPinned(sizeof(int32_t), "the fault word");
-    if (!buf)
-      return buf.status();
-    im.faultStage[parity] = buf.take();
-    std::memset(im.faultStage[parity].get(), 0, sizeof(int32_t));
-  }
   CUDA_TRY(cudaMemset(im.deviceBase, 0, total), "clearing device memory");
   im.devicePtr.assign(p.tensors_size(), nullptr);
   for (int t = 0; t < p.tensors_size(); ++t) {
@@ -973,6 +979,13 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
       CUDA_TRY(cudaEventCreateWithFlags(&r.stagingFree[parity], cudaEventDisableTiming), "event");
       CUDA_TRY(cudaEventCreateWithFlags(&r.stagingFilled[parity], cudaEventDisableTiming),
                "event");
+      CUDA_TRY(cudaEventCreateWithFlags(&r.outputsEvent[parity], cudaEventDisableTiming), "event");
+      CUDA_TRY(cudaEventCreateWithFlags(&r.outputsDone[parity], cudaEventDisableTiming), "event");
+      auto fault = allocPinned(sizeof(int32_t), "the fault word");
+      if (!fault)
+        return fault.status();
+      r.faultStage[parity] = fault.take();
+      std::memset(r.faultStage[parity].get(), 0, sizeof(int32_t));
     }
     for (int32_t t : proto.outputs())
       for (int parity : {0, 1}) {
@@ -1376,16 +1389,16 @@ Status CudaExecutor::bindDeviceInput(int32_t index, const void *device) {
 Status CudaExecutor::run(int routine) {
   FORGE_RETURN_IF_ERROR(checkLoaded(routine));
   Impl &im = *impl_;
-  // No wait for the previous run: the stream orders the arena's reuse, and its
-  // read-back buffers are the other parity's (the caller reads them with
-  // previousOutput() while this run proceeds).
+  // No wait for the previous run: the stream orders the arena's reuse, and the
+  // previous run of this routine has the other parity's read-back buffers (the caller
+  // reads them with previousOutput() while this run proceeds).
   FORGE_RETURN_IF_ERROR(im.hostErrors());
   const bundle::Routine &proto = *routines_[routine];
   RoutineState &r = im.routines[routine];
   im.lastRoutine = routine;
   const uint64_t runIndex = im.runs++;
-  const int parity = static_cast<int>(runIndex % 2);
-  im.lastParity = parity;
+  const int parity = static_cast<int>(r.runs++ % 2);
+  im.lastParity = r.lastParity = parity;
   nvtxRangePushA(proto.name().c_str()); // the host side of the step (Nsight Systems)
   struct PopRange {
     ~PopRange() { nvtxRangePop(); }
@@ -1476,16 +1489,22 @@ Status CudaExecutor::waitInputsConsumed() {
 
 Expected<TensorView> CudaExecutor::previousOutput(int32_t index) {
   Impl &im = *impl_;
-  const int parity = im.lastParity ^ 1;
-  if (index < 0 || static_cast<size_t>(index) >= im.outputStage[parity].size() ||
-      !im.outputStage[parity][index] || im.runs < 2)
+  // The run before the last of the routine that outputs `index`.
+  const RoutineState *owner = nullptr;
+  for (size_t i = 0; i < routines_.size() && !owner; ++i)
+    if (routines_[i] && im.routines[i].runs > 0 &&
+        std::find(routines_[i]->outputs().begin(), routines_[i]->outputs().end(), index) !=
+            routines_[i]->outputs().end())
+      owner = &im.routines[i];
+  if (!owner || owner->runs < 2 || !im.outputStage[owner->lastParity ^ 1][index])
     return Status::error("{}: tensor #{} is not an output of a previous run", bundle_.origin(),
                          index);
-  cudaError_t e = cudaEventSynchronize(im.outputsDone[parity]);
+  const int parity = owner->lastParity ^ 1;
+  cudaError_t e = cudaEventSynchronize(owner->outputsDone[parity]);
   if (e != cudaSuccess)
     return im.deviceError(bundle_.origin(), e);
   FORGE_RETURN_IF_ERROR(im.hostErrors());
-  FORGE_RETURN_IF_ERROR(im.runFault(bundle_.origin(), parity));
+  FORGE_RETURN_IF_ERROR(im.runFault(bundle_.origin(), *owner, parity));
   const bundle::TensorInfo &info = tensorInfo(index);
   TensorView v;
   v.dtype = info.dtype();
@@ -1538,8 +1557,8 @@ Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
   RoutineState &r = im.routines[routine];
   im.lastRoutine = routine;
   const uint64_t runIndex = im.runs++;
-  const int parity = static_cast<int>(runIndex % 2);
-  im.lastParity = parity;
+  const int parity = static_cast<int>(r.runs++ % 2);
+  im.lastParity = r.lastParity = parity;
   const size_t n = r.steps.size();
   if (r.profileEvents.empty()) {
     r.profileEvents.resize(2 * n + 4, nullptr);
@@ -1591,10 +1610,15 @@ TensorView CudaExecutor::view(int32_t index) const {
     fmt::print(stderr, "forge-train: error: {}\n", st.message());
     return {};
   }
-  if (im.outputStage[im.lastParity][index]) {
-    v.data = im.outputStage[im.lastParity][index].get();
-    return v;
-  }
+  // A routine output: its routine's last run's read-back buffer.
+  for (size_t i = 0; i < routines_.size(); ++i)
+    if (routines_[i] && im.routines[i].runs > 0 &&
+        std::find(routines_[i]->outputs().begin(), routines_[i]->outputs().end(), index) !=
+            routines_[i]->outputs().end() &&
+        im.outputStage[im.routines[i].lastParity][index]) {
+      v.data = im.outputStage[im.routines[i].lastParity][index].get();
+      return v;
+    }
   size_t bytes = byteSize(info);
   if (!im.mirror[index])
     im.mirror[index].reset(new uint8_t[std::max<size_t>(bytes, 1)]);

@@ -92,7 +92,7 @@ public:
 
   // --- pipelining (devices whose run() returns before the work is done) -------
   /// True when run() may start before the previous run's outputs are read:
-  /// they stay readable through previousOutput() until the run after.
+  /// they stay readable through previousOutput() until that routine's next run.
   virtual bool canPipeline() const { return false; }
   /// Waits until the last run() no longer reads its inputBuffer()s (they may
   /// be refilled for the next run).
@@ -104,7 +104,8 @@ public:
   /// that run), once run `run` has finished; nullopt where the device does
   /// not know (the CPU, the first run, a run too old to remember).
   virtual std::optional<double> idleBefore(uint64_t run) { return std::nullopt; }
-  /// Output `index` of the run before the last one (waits for its read-back).
+  /// Output `index` of the run before the last one of the routine that outputs it
+  /// (waits for its read-back; runs of other routines may come between).
   virtual Expected<TensorView> previousOutput(int32_t index) {
     return Status::error("this device does not pipeline runs");
   }

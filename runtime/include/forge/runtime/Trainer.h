@@ -13,7 +13,8 @@
 //    and backward, data inputs NAME) that a step runs K times, each on its
 //    micro-batch's buffers (and forge.micro_index = rank * K + k; the first
 //    micro-batch through `accumulate_first` where the bundle has it), then
-//    train_step once; such steps are not pipelined (canPipeline() is false).
+//    train_step once. Such steps pipeline as plain ones do (the device keeps
+//    each routine's previous read-back apart, Executor::previousOutput).
 //  * A batch-size schedule (forgec --batch-schedule, build option
 //    "batch_schedule") sets K per step: step s takes samplesAt(s) = K_s * B
 //    samples (K_s <= the bundle's micro_batches), runs accumulate K_s times and
@@ -166,7 +167,7 @@ public:
   /// are launched and not collected. stepsDone() counts collected steps;
   /// state(), evaluate() and the executor's persistent tensors are meaningful
   /// only when nothing is in flight (inFlight() == 0).
-  bool canPipeline() const { return exec_->canPipeline() && accum_.index < 0 && !bucketed_; }
+  bool canPipeline() const { return exec_->canPipeline() && !bucketed_; }
   /// The bundle's length buckets, ascending (the last: train_step's T); empty: none.
   std::vector<int64_t> lengthBuckets() const {
     std::vector<int64_t> out;
@@ -343,6 +344,7 @@ private:
   /// (each batch set then has one more buffer: the u32 lengths), and the decoder's name.
   int encodedField_ = -1;
   std::string imageDecoder_;
+  Status chooseImageDecode(const std::string &mode, int64_t pp);
   size_t curBucket_ = 0;  // the launched step's (bucketed_)
   std::vector<Executor::HostBuffer> evalBuffers_; // bucketed eval batches, per eval field
   /// The smallest bucket holding a sample of `length` positions (the last: any longer).
