@@ -191,6 +191,25 @@ def _concat_batches(batches: Union[Mapping[str, Any], Iterable[Mapping[str, Any]
     return {k: np.concatenate(v, axis=0) for k, v in parts.items()}
 
 
+def _image_options(resize, normalize, mean, std, random_resized_crop, crop_scale, bad_records,
+                  decode) -> Dict[str, Any]:
+    """forge-train's image-folder options as the native Trainer takes them."""
+    if normalize not in (None, "none", "imagenet"):
+        raise ValueError(f"image_normalize must be 'imagenet' or None, not {normalize!r}")
+    if bad_records not in ("fail", "skip"):
+        raise ValueError(f"bad_records must be 'fail' or 'skip', not {bad_records!r}")
+    if decode not in ("cpu", "gpu", "auto"):
+        raise ValueError(f"decode must be 'cpu', 'gpu' or 'auto', not {decode!r}")
+    if normalize == "imagenet":
+        mean = mean if mean is not None else (0.485, 0.456, 0.406)
+        std = std if std is not None else (0.229, 0.224, 0.225)
+    return {"image_resize": int(resize), "image_mean": [float(v) for v in mean or ()],
+            "image_std": [float(v) for v in std or ()],
+            "random_resized_crop": bool(random_resized_crop),
+            "crop_scale": [float(v) for v in crop_scale or ()],
+            "skip_bad_records": bad_records == "skip", "decode": decode}
+
+
 class Trainer:
     """Trains a bundle: forge-train's engine, in this process.
 
@@ -200,14 +219,24 @@ class Trainer:
     workers, prefetch, cuda_graphs: as forge-train's options. weights: the directory of
     a thin bundle's external data. doc_separator: token shards as documents ending at that
     token id, batched by length into the bundle's length buckets (forge-train's
-    --doc-separator)."""
+    --doc-separator). Image folders, as forge-train's options: image_resize (the shorter
+    side before the centre crop), image_normalize ("imagenet") or image_mean/image_std
+    (3 values each, float inputs), random_resized_crop and crop_scale=(min, max) (the
+    training data; eval keeps the centre crop), bad_records ("fail" or "skip"), decode
+    ("cpu", "gpu" or "auto": JPEGs decoded on the GPU, for canvas bundles)."""
 
     def __init__(self, bundle: Union[Bundle, PathLike], device: str = "cpu", *,
                  data: Union[PathLike, Sequence[PathLike], None] = None,
                  eval_data: Union[PathLike, Sequence[PathLike], None] = None,
                  seed: int = 0, shuffle: bool = True, threads: int = 0, workers: int = 0,
                  prefetch: int = 2, cuda_graphs: bool = True, weights: Optional[PathLike] = None,
-                 token_dtype: str = "u16", doc_separator: Optional[int] = None):
+                 token_dtype: str = "u16", doc_separator: Optional[int] = None,
+                 image_resize: int = 0, image_normalize: Optional[str] = None,
+                 image_mean: Optional[Sequence[float]] = None,
+                 image_std: Optional[Sequence[float]] = None,
+                 random_resized_crop: bool = False,
+                 crop_scale: Optional[Sequence[float]] = None,
+                 bad_records: str = "fail", decode: str = "cpu"):
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle)
 
         def paths(p: Union[PathLike, Sequence[PathLike], None]) -> List[str]:
@@ -224,7 +253,10 @@ class Trainer:
                                       weights=os.fspath(weights) if weights else "",
                                       token_dtype=token_dtype,
                                       doc_separator=-1 if doc_separator is None
-                                      else int(doc_separator))
+                                      else int(doc_separator), **_image_options(
+                                          image_resize, image_normalize, image_mean, image_std,
+                                          random_resized_crop, crop_scale, bad_records,
+                                          decode))
 
     def step(self, batch: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
         """One optimizer step; returns {"step", "loss", "lr"?, "grad_norm"?, "loss_scale"?,

@@ -267,14 +267,34 @@ struct PyTrainer {
   PyTrainer(const PyBundle &b, const std::string &device, std::vector<std::string> data,
             std::vector<std::string> evalData, uint64_t seed, bool shuffle, unsigned threads,
             unsigned workers, unsigned prefetch, bool cudaGraphs, const std::string &weights,
-            const std::string &tokenDtype, int64_t docSeparator)
+            const std::string &tokenDtype, int64_t docSeparator, int64_t imageResize,
+            std::vector<float> imageMean, std::vector<float> imageStd, bool randomResizedCrop,
+            std::vector<double> cropScale, bool skipBadRecords, const std::string &decode)
       : bundle(b.bundle) {
     rt::DataSourceOptions so = sourceOptions(tokenDtype, docSeparator);
     check(rt::applyImageCropOption(rt::buildOption(b.bundle->program(), "image_crop"), so.image));
+    // Image folders: forge-train's --image-* options (the eval data keeps the centre crop).
+    if (imageResize < 0 || (!imageMean.empty() && imageMean.size() != 3) ||
+        (!imageStd.empty() && imageStd.size() != 3) ||
+        (!cropScale.empty() && (cropScale.size() != 2 || !(cropScale[0] > 0) ||
+                                !(cropScale[0] <= cropScale[1]) || cropScale[1] > 1)))
+      throw Error("image options: image_resize >= 0, image_mean/image_std 3 values each, "
+                  "crop_scale (min, max) with 0 < min <= max <= 1");
+    if (!cropScale.empty() && !randomResizedCrop)
+      throw Error("crop_scale applies to random_resized_crop, which is not set");
+    so.image.resize = imageResize;
+    so.image.mean = std::move(imageMean);
+    so.image.std = std::move(imageStd);
+    so.image.skipBadRecords = skipBadRecords;
+    rt::DataSourceOptions trainOptions = so;
+    trainOptions.image.randomResizedCrop = randomResizedCrop;
+    trainOptions.image.seed = seed;
+    if (cropScale.size() == 2)
+      trainOptions.image.scaleMin = cropScale[0], trainOptions.image.scaleMax = cropScale[1];
     nb::gil_scoped_release release;
     std::unique_ptr<rt::DataSource> train, eval;
     if (!data.empty())
-      train = take(rt::openDataSource(data, so));
+      train = take(rt::openDataSource(data, trainOptions));
     if (!evalData.empty())
       eval = take(rt::openDataSource(evalData, so));
     rt::TrainerOptions o;
@@ -285,6 +305,7 @@ struct PyTrainer {
     o.workers = workers;
     o.prefetch = train ? prefetch : 0;
     o.cudaGraphs = cudaGraphs;
+    o.imageDecode = decode;
     trainer = take(rt::Trainer::create(*bundle, std::move(train), std::move(eval), o));
     std::vector<std::string> thin = rt::externalParameters(*bundle);
     if (!thin.empty()) {
@@ -495,11 +516,15 @@ NB_MODULE(_forge, m) {
   nb::class_<PyTrainer>(m, "Trainer", "The runtime's training loop (forge.Trainer wraps it).")
       .def(nb::init<const PyBundle &, const std::string &, std::vector<std::string>,
                     std::vector<std::string>, uint64_t, bool, unsigned, unsigned, unsigned, bool,
-                    const std::string &, const std::string &, int64_t>(),
+                    const std::string &, const std::string &, int64_t, int64_t, std::vector<float>,
+                    std::vector<float>, bool, std::vector<double>, bool, const std::string &>(),
            "bundle"_a, "device"_a = "cpu", "data"_a = std::vector<std::string>(),
            "eval_data"_a = std::vector<std::string>(), "seed"_a = 0, "shuffle"_a = true,
            "threads"_a = 0, "workers"_a = 0, "prefetch"_a = 2, "cuda_graphs"_a = true,
-           "weights"_a = "", "token_dtype"_a = "u16", "doc_separator"_a = -1)
+           "weights"_a = "", "token_dtype"_a = "u16", "doc_separator"_a = -1, "image_resize"_a = 0,
+           "image_mean"_a = std::vector<float>(), "image_std"_a = std::vector<float>(),
+           "random_resized_crop"_a = false, "crop_scale"_a = std::vector<double>(),
+           "skip_bad_records"_a = false, "decode"_a = "cpu")
       .def("step", &PyTrainer::step, "batch"_a = nb::none(),
            "One optimizer step: on `batch` (dict of arrays) or on the next samples of the data.")
       .def("evaluate", &PyTrainer::evaluate, "arrays"_a = nb::none(),
@@ -521,7 +546,8 @@ NB_MODULE(_forge, m) {
       .def_prop_ro("steps_done", [](const PyTrainer &t) { return t.trainer->stepsDone(); })
       .def_prop_ro("batch_size", [](const PyTrainer &t) { return t.trainer->batchSize(); })
       .def_prop_ro("micro_batches", [](const PyTrainer &t) { return t.trainer->microBatches(); })
-      .def_prop_ro("samples_per_step",
-                   [](const PyTrainer &t) { return t.trainer->samplesAt(t.trainer->stepsDone() + 1); })
+      .def_prop_ro(
+          "samples_per_step",
+          [](const PyTrainer &t) { return t.trainer->samplesAt(t.trainer->stepsDone() + 1); })
       .def_prop_ro("device", [](const PyTrainer &t) { return t.trainer->executor().describe(); });
 }

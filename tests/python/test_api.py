@@ -381,3 +381,53 @@ def test_length_buckets_equal_forge_train(forgec, device, target, tmp_path):
     assert [r["length"] for r in got] == [r["length"] for r in ref]
     assert len({r["length"] for r in got}) >= 2
     assert all(0 < r["tokens"] <= 4 * r["length"] for r in got)
+
+
+# --- image folders ------------------------------------------------------------------------
+
+def write_images(root):
+    """Two classes of small JPEG/PNG images of several sizes (Pillow)."""
+    from PIL import Image
+    rng = np.random.default_rng(11)
+    for c in range(2):
+        os.makedirs(root / f"c{c}")
+        for i, (w, h) in enumerate([(20, 17), (33, 16), (16, 40), (45, 37)]):
+            px = rng.integers(0, 120, size=(h, w, 3))
+            px[:, :, c] += 120
+            img = Image.fromarray(px.astype(np.uint8), "RGB")
+            img.save(root / f"c{c}" / (f"{i}.png" if i == 2 else f"{i}.jpg"))
+
+
+def test_image_folder_options_equal_forge_train(forgec, device, target, tmp_path):
+    """An image folder through the package with forge-train's image options: the plain
+    cnn (f32 input, centre crop after image_resize, ImageNet normalization) and a canvas
+    bundle (forgec --augment pixels,normalize=imagenet,canvas=HxW: the crop in the graph)
+    with random-resized crops train as forge-train does with the same flags, bit for bit;
+    bad option values raise."""
+    if target != "cpu":
+        pytest.skip("the GPU image runs are tests/gpu/test_canvas_crop.py's")
+    images = tmp_path / "images"
+    write_images(images)
+    model = os.path.join(ROOT, "tests", "fixtures", "cnn_sgd_momentum", "model.onnx")
+    plain = forge.compile(model, tmp_path / "plain.forge", batch=4, target=target,
+                          loss="cross_entropy:logits,labels", optimizer="sgd:lr=0.05")
+    canvas = forge.compile(model, tmp_path / "canvas.forge", batch=4, target=target,
+                           loss="cross_entropy:logits,labels", optimizer="sgd:lr=0.05",
+                           augment="pixels,normalize=imagenet,canvas=40x48")
+    for b, kw, flags in (
+            (plain, dict(image_resize=24, image_normalize="imagenet"),
+             ["--image-resize", 24, "--image-normalize", "imagenet"]),
+            (canvas, dict(random_resized_crop=True, crop_scale=(0.3, 1.0)),
+             ["--random-resized-crop", "--crop-scale", "0.3,1.0"])):
+        tr = make_trainer(b, device, data=images, seed=7, shuffle=False, **kw)
+        got = [tr.step()["loss"] for _ in range(4)]
+        ref = run_forge_train([b.path, "--data", images, "--seed", 7, "--no-shuffle",
+                               "--steps", 4, "--device", device, "--threads", 1, *flags],
+                              tmp_path, os.path.basename(b.path))
+        assert [f32(v) for v in got] == [f32(r["loss"]) for r in ref]
+    with pytest.raises(forge.ForgeError, match="crop_scale applies to random_resized_crop"):
+        make_trainer(canvas, device, data=images, crop_scale=(0.5, 1.0))
+    with pytest.raises(forge.ForgeError, match="decodes no images"):
+        make_trainer(canvas, device, data=images, decode="gpu")
+    with pytest.raises(ValueError, match="decode must be"):
+        make_trainer(canvas, device, data=images, decode="nvjpeg")
