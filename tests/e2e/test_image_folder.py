@@ -425,6 +425,22 @@ def main():
             rep.check(f"augment canvas: {tag}", ok and err <= tol,
                       f"8 steps, max rel {err:.2e} (<= {tol})" if ok else
                       f"{e2e.failure(rc1, log1)} | {e2e.failure(rc2, log2)} | {got} {want}")
+            if tag == "centre":  # the eval routine takes the canvas and its centre boxes too
+                import json
+                evals = []
+                for b, extra_eval in ((cv, []), (bundle, ["--image-normalize", "imagenet"])):
+                    m = os.path.join(tmp, f"canvas_eval_{len(evals)}.jsonl")
+                    rc, _, log = e2e.run([forge_train, b, "--data", root, "--eval-data", root,
+                                          "--device", "cpu", "--threads", "1", "--steps", "2",
+                                          "--eval-every", "2", "--metrics", m,
+                                          "--image-resize", "24", "--no-shuffle"] + extra_eval,
+                                         300)
+                    recs = [json.loads(x) for x in open(m)] if rc == 0 else []
+                    evals.append(next((r["eval_loss"] for r in recs if "eval_loss" in r), None))
+                ok = None not in evals
+                rep.check("augment canvas: eval", ok and abs(evals[0] - evals[1]) <=
+                          REL * abs(evals[1]),
+                          f"eval loss {evals[0]} vs plain {evals[1]}" if ok else f"{evals}")
         rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
                               "--target", "cpu", "--batch", str(BATCH), "--loss",
                               "cross_entropy:logits,labels", "--augment", "canvas=32x32", "-o", aug])
