@@ -2181,6 +2181,12 @@ TEST(CpuKernels, ResizedCropMatchesFloat64) {
   HT badGeo(bundle::F32, {2, 5});
   EXPECT_FALSE(
       Op("resized_crop").i("height", oh).i("width", ow).run({&canvas, &badGeo}, {&out}).isOk());
+  std::vector<double> nanGeo = geo;
+  nanGeo[7] = std::nan("");
+  HT gNan = make(bundle::F32, {2, 6}, nanGeo);
+  Status st = Op("resized_crop").i("height", oh).i("width", ow).run({&canvas, &gNan}, {&out});
+  EXPECT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("sample 1's crop box"), std::string::npos) << st.message();
 }
 
 TEST(CpuKernels, TriluOneHotConstant) {

@@ -1,5 +1,6 @@
 // Data-movement CPU kernels: constant, reshape, transpose, broadcast, concat,
-// split, slice, pad, tile, gather, gather_elements, scatter_elements, trilu and one_hot.
+// split, slice, pad, tile, gather, gather_elements, scatter_elements, trilu, one_hot and
+// resized_crop (the one that reads element values: u8 texels at its boxes' taps).
 //
 // Invariants: these kernels never look at element values (except one_hot's
 // indices and constant/pad fill values), so they accept every dtype and move
@@ -8,6 +9,7 @@
 #include "KernelUtil.h"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 namespace forge::rt::cpu {
@@ -534,6 +536,11 @@ Status resizedCropKernel(KernelContext &ctx) {
   FORGE_RETURN_IF_ERROR(checkShape(out, {batch, height, width, channels}, "result"));
   const uint8_t *px = canvas.as<const uint8_t>();
   const float *geo = geometry.as<const float>();
+  // The taps are clamped into the canvas; a NaN would not be (a data file's boxes).
+  for (int64_t i = 0; i < batch * 6; ++i)
+    if (!std::isfinite(geo[i]))
+      return Status::error("resized_crop: sample {}'s crop box has a non-finite value ({})", i / 6,
+                           geo[i]);
   // A tap's index and weight along one axis: what the CUDA kernel computes per element.
   auto tap = [](int64_t i, float origin, float box, int64_t size, float extent, int64_t limit) {
     const float last = std::min(std::max(extent, 1.0f), static_cast<float>(limit)) - 1.0f;
