@@ -147,10 +147,10 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       if (r.name() == "train_step" + suffix || r.name() == "eval" + suffix)
         stageRoutines.push_back(r.name()); // none: reported below, with the routines there are
   }
-  auto exec = createExecutor(bundle, ExecutorOptions{options.device, options.threads,
-                                                     options.cudaGraphs,
-                                                     options.deterministicAttention,
-                                                     stageRoutines});
+  const ExecutorOptions executorOptions{options.device, options.threads, options.cudaGraphs,
+                                        options.deterministicAttention, stageRoutines};
+  auto exec = options.makeExecutor ? options.makeExecutor(bundle, executorOptions)
+                                   : createExecutor(bundle, executorOptions);
   if (!exec)
     return exec.status();
   std::unique_ptr<Trainer> tr(new Trainer());

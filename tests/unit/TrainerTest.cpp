@@ -1127,3 +1127,177 @@ TEST(CheckpointTest, DirectoryNeverOverwritesAndResumeSkipsCorruptOnes) {
   auto foreign = CheckpointDir(otherDir).resume(tr->executor(), [](const std::string &) {});
   EXPECT_HAS(foreign.status(), "checkpoint of another bundle");
 }
+
+// --- device-decoded inputs (DataSource::encodeImages, Executor::bindEncodedInput) ---------
+// The Trainer's half of forge-train --decode gpu, on the CPU: a source that "encodes" field
+// x's samples (each sample's bytes reversed; every third sample left as it is, length 0)
+// and an executor wrapping the CPU one that "decodes" the bound samples at run() (reverses
+// them back). Whatever the ring, the micro-batches or an evaluation between steps, the
+// losses must be the plain run's bit for bit; an executor that ignores the lengths trains
+// on the reversed samples and must not match.
+
+namespace {
+
+class ReversingSource final : public DataSource {
+public:
+  explicit ReversingSource(int64_t n) : inner_(linearSource(n)) {}
+  Status bind(const std::vector<DataField> &fields) override {
+    fields_ = fields;
+    return inner_->bind(fields);
+  }
+  int64_t numSamples() const override { return inner_->numSamples(); }
+  bool concurrentFill() const override { return true; }
+  std::string describe() const override { return "reversing " + inner_->describe(); }
+  Expected<int> encodeImages() override {
+    for (size_t f = 0; f < fields_.size(); ++f)
+      if (fields_[f].name == "x") {
+        encoded_ = true;
+        return static_cast<int>(f);
+      }
+    return Status::error("no input x");
+  }
+  Status fill(std::span<const int64_t> indices, std::span<void *const> outs) override {
+    if (outs.size() != fields_.size() + (encoded_ ? 1 : 0))
+      return Status::error("fill with {} buffers, {} fields", outs.size(), fields_.size());
+    FORGE_RETURN_IF_ERROR(inner_->fill(indices, outs.first(fields_.size())));
+    if (!encoded_)
+      return Status::ok();
+    size_t x = 0;
+    while (fields_[x].name != "x")
+      ++x;
+    const size_t bytes =
+        static_cast<size_t>(numElements(fields_[x].sampleShape)) * dtypeSize(fields_[x].dtype);
+    auto *lengths = static_cast<uint32_t *>(outs[fields_.size()]);
+    for (size_t i = 0; i < indices.size(); ++i) {
+      uint8_t *at = static_cast<uint8_t *>(outs[x]) + i * bytes;
+      lengths[i] = indices[i] % 3 == 0 ? 0 : static_cast<uint32_t>(bytes);
+      if (lengths[i])
+        std::reverse(at, at + bytes);
+    }
+    return Status::ok();
+  }
+
+private:
+  std::unique_ptr<DataSource> inner_;
+  std::vector<DataField> fields_;
+  bool encoded_ = false;
+};
+
+class ReversingExecutor final : public Executor {
+public:
+  ReversingExecutor(const Bundle &bundle, std::unique_ptr<Executor> inner, bool decode)
+      : Executor(bundle), inner_(std::move(inner)), decode_(decode) {}
+  std::string describe() const override { return "reversing " + inner_->describe(); }
+  void *inputBuffer(int32_t index) override { return inner_->inputBuffer(index); }
+  Status bindEncodedInput(int32_t index, const uint32_t *lengths) override {
+    lengths_[index] = lengths;
+    ++binds_;
+    return Status::ok();
+  }
+  Expected<std::string> imageDecoder() override { return std::string("reversing (test)"); }
+  Status run(int routine) override {
+    for (auto [index, lengths] : lengths_) {
+      const auto &ins = inputs(routine);
+      if (!lengths || !decode_ || std::find(ins.begin(), ins.end(), index) == ins.end())
+        continue;
+      const std::vector<int64_t> shape = shapeOf(tensorInfo(index));
+      const size_t bytes = byteSize(tensorInfo(index)) / static_cast<size_t>(shape[0]);
+      auto *at = static_cast<uint8_t *>(inner_->inputBuffer(index));
+      for (int64_t b = 0; b < shape[0]; ++b) {
+        if (lengths[b] != 0 && lengths[b] != bytes)
+          return Status::error("sample {}: length {} of a {}-byte sample", b, lengths[b], bytes);
+        if (lengths[b])
+          std::reverse(at + b * bytes, at + (b + 1) * bytes);
+      }
+    }
+    return inner_->run(routine);
+  }
+  TensorView view(int32_t index) const override { return inner_->view(index); }
+  DeviceInfo deviceInfo() const override { return inner_->deviceInfo(); }
+  Expected<std::vector<Span>> runProfiled(int routine) override {
+    return inner_->runProfiled(routine);
+  }
+  Status writePersistent(int32_t index, std::span<const uint8_t> bytes) override {
+    return inner_->setPersistent(index, bytes); // its checks again, then its writePersistent
+  }
+  int binds() const { return binds_; }
+
+private:
+  std::unique_ptr<Executor> inner_;
+  bool decode_;
+  std::map<int32_t, const uint32_t *> lengths_;
+  int binds_ = 0;
+};
+
+TrainerOptions reversingOptions(bool decode, unsigned prefetch) {
+  TrainerOptions o;
+  o.prefetch = prefetch;
+  o.imageDecode = "gpu";
+  o.makeExecutor = [decode](const Bundle &b,
+                            const ExecutorOptions &eo) -> Expected<std::unique_ptr<Executor>> {
+    auto inner = createExecutor(b, eo);
+    if (!inner)
+      return inner.status();
+    return std::unique_ptr<Executor>(new ReversingExecutor(b, inner.take(), decode));
+  };
+  return o;
+}
+
+} // namespace
+
+TEST(Trainer, DeviceDecodedInputsTrainAsPlainOnes) {
+  for (int64_t micro : {1, 2})
+    for (unsigned prefetch : {0u, 2u}) {
+      SCOPED_TRACE(fmt::format("micro-batches {}, prefetch {}", micro, prefetch));
+      LinearSpec spec;
+      spec.micro = micro;
+      auto bundle = load(makeLinearBundle(spec));
+      ASSERT_TRUE(bundle);
+      TrainerOptions plainOptions;
+      plainOptions.prefetch = prefetch;
+      auto plain = makeTrainer(*bundle, 40, 3, 10, true, plainOptions);
+      auto decoded = makeTrainer(*bundle, 40, 3, 10, true, reversingOptions(true, prefetch),
+                                 std::make_unique<ReversingSource>(40));
+      ASSERT_TRUE(plain && decoded);
+      EXPECT_EQ(decoded->imageDecoder(), "reversing (test)");
+      // Steps, an evaluation (its own data: the bound lengths must not apply), more steps.
+      std::vector<float> want = run(*plain, 5), got = run(*decoded, 5);
+      auto evalWant = plain->evaluate(), evalGot = decoded->evaluate();
+      ASSERT_TRUE(evalWant.isOk() && evalGot.isOk()) << evalGot.status().message();
+      EXPECT_EQ(evalGot->loss, evalWant->loss);
+      for (float l : run(*plain, 5))
+        want.push_back(l);
+      for (float l : run(*decoded, 5))
+        got.push_back(l);
+      EXPECT_EQ(got, want);
+      // The same source through an executor that ignores the lengths trains on the
+      // reversed samples: the check above can fail.
+      auto ignoring = makeTrainer(*bundle, 40, 3, 0, true, reversingOptions(false, prefetch),
+                                  std::make_unique<ReversingSource>(40));
+      ASSERT_TRUE(ignoring);
+      EXPECT_NE(run(*ignoring, 5), std::vector<float>(want.begin(), want.begin() + 5));
+    }
+}
+
+TEST(Trainer, DeviceDecodeRefusals) {
+  auto bundle = load(makeLinearBundle());
+  ASSERT_TRUE(bundle);
+  TrainerOptions o;
+  o.imageDecode = "gpu";
+  auto cpu = Trainer::create(*bundle, linearSource(8), nullptr, o);
+  ASSERT_FALSE(cpu.isOk());
+  EXPECT_NE(cpu.status().message().find("decodes no images"), std::string::npos)
+      << cpu.status().message();
+  o.imageDecode = "auto"; // where it cannot: the plain run
+  auto autoTr = Trainer::create(*bundle, linearSource(8), nullptr, o);
+  ASSERT_TRUE(autoTr.isOk()) << autoTr.status().message();
+  EXPECT_EQ((*autoTr)->imageDecoder(), "");
+  // A source that cannot encode under a decoding executor: refused with gpu.
+  TrainerOptions r = reversingOptions(true, 0);
+  auto noEncode = Trainer::create(*bundle, linearSource(8), nullptr, r);
+  ASSERT_FALSE(noEncode.isOk());
+  EXPECT_NE(noEncode.status().message().find("canvas"), std::string::npos)
+      << noEncode.status().message();
+  o.imageDecode = "jpeg";
+  EXPECT_FALSE(Trainer::create(*bundle, linearSource(8), nullptr, o).isOk());
+}

@@ -104,6 +104,9 @@ struct TrainerOptions {
   /// DataSource::encodeImages; a canvas bundle): "gpu" (an error where it cannot), "auto"
   /// (where it can), "cpu" (never: the data workers decode).
   std::string imageDecode = "cpu";
+  /// Makes the executor instead of createExecutor (tests: an executor wrapping another).
+  std::function<Expected<std::unique_ptr<Executor>>(const Bundle &, const ExecutorOptions &)>
+      makeExecutor;
 };
 
 struct StepResult {
