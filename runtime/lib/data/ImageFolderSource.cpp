@@ -203,6 +203,12 @@ bool baselineJpegSize(std::span<const uint8_t> b, int &width, int &height) {
   return false;
 }
 
+/// A bilinear mix of u8 values (within [0, 255]) back to u8, rounded half up; in double,
+/// so that v + 0.5 is exact (std::lround's call per value tripled the fill time).
+inline uint8_t toPixel(float v) {
+  return static_cast<uint8_t>(std::min(255.0, std::max(0.0, static_cast<double>(v) + 0.5)));
+}
+
 bool isPng(std::span<const uint8_t> b) {
   static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   return b.size() >= 8 && std::memcmp(b.data(), sig, 8) == 0;
@@ -410,19 +416,15 @@ public:
                   options_.randomResizedCrop ? std::optional<Box>(box) : std::nullopt, origW, origH,
                   static_cast<float *>(outs[cropField_]) + i * 6);
       } else if (cropField_ >= 0) { // the image into the canvas, its box beside it
-        FORGE_RETURN_IF_ERROR(
-            fillCanvas(rgb, options_.randomResizedCrop ? std::optional<Box>(box) : std::nullopt,
-                       origW, origH, dst, static_cast<float *>(outs[cropField_]) + i * 6));
+        fillCanvas(rgb, options_.randomResizedCrop ? std::optional<Box>(box) : std::nullopt, origW,
+                   origH, dst, static_cast<float *>(outs[cropField_]) + i * 6);
       } else if (const Geometry geometry =
                      options_.randomResizedCrop
                          ? boxGeometry(box, double(rgb.width) / origW, double(rgb.height) / origH)
                          : centre(rgb.width, rgb.height);
                  img.dtype == bundle::U8) {
-        // Round half up (v is a bilinear mix of u8 values, within [0, 255]); in double, so
-        // that v + 0.5 is exact (std::lround's call per value tripled the fill time).
         cropInto(rgb, geometry, [&](size_t o, int c, float v) {
-          dst[o * 3 + static_cast<size_t>(c)] =
-              static_cast<uint8_t>(std::min(255.0, std::max(0.0, static_cast<double>(v) + 0.5)));
+          dst[o * 3 + static_cast<size_t>(c)] = toPixel(v);
         });
         if (channelsFirst_)
           toChannelsFirst(dst, pixels);
@@ -524,8 +526,8 @@ private:
   /// canvas at `dst` (top-left; shrunk bilinearly to fit when the DCT could not; the
   /// rest zero), and its crop box in the canvas's pixels into `crop`: the random box
   /// `box` (original pixels) or the centre crop, what cropInto would take.
-  Status fillCanvas(Rgb &rgb, std::optional<Box> box, int origW, int origH, uint8_t *dst,
-                    float *crop) const {
+  void fillCanvas(Rgb &rgb, std::optional<Box> box, int origW, int origH, uint8_t *dst,
+                  float *crop) const {
     if (rgb.width > canvasWidth_ || rgb.height > canvasHeight_) {
       const double s =
           std::min(double(canvasWidth_) / rgb.width, double(canvasHeight_) / rgb.height);
@@ -536,8 +538,7 @@ private:
       fitted.pixels.resize(static_cast<size_t>(w * h * 3));
       resample(rgb, {double(w) / rgb.width, double(h) / rgb.height, 0, 0}, w, h,
                [&](size_t o, int c, float v) {
-                 fitted.pixels[o * 3 + static_cast<size_t>(c)] = static_cast<uint8_t>(
-                     std::min(255.0, std::max(0.0, static_cast<double>(v) + 0.5)));
+                 fitted.pixels[o * 3 + static_cast<size_t>(c)] = toPixel(v);
                });
       std::swap(rgb, fitted);
     }
@@ -553,7 +554,6 @@ private:
       }
     }
     canvasBox(rgb.width, rgb.height, box, origW, origH, crop);
-    return Status::ok();
   }
 
   /// The crop box in a w x h image's pixels (decoded from origW x origH): the random box
@@ -578,13 +578,12 @@ private:
   /// [0, 255]) for each pixel of an outW x outH image (geometry `g` on `rgb`).
   template <typename Put>
   static void resample(const Rgb &rgb, const Geometry &g, int64_t outW, int64_t outH, Put put) {
-    const int64_t width_ = outW, height_ = outH; // cropInto's names
     const double scaleX = g.scaleX, scaleY = g.scaleY, offX = g.offX, offY = g.offY;
     // Each output column's two source columns (byte offsets) and weight, once per image.
     thread_local std::vector<int> left, right;
     thread_local std::vector<float> wx;
-    left.resize(static_cast<size_t>(width_)), right.resize(left.size()), wx.resize(left.size());
-    for (int64_t x = 0; x < width_; ++x) {
+    left.resize(static_cast<size_t>(outW)), right.resize(left.size()), wx.resize(left.size());
+    for (int64_t x = 0; x < outW; ++x) {
       const double sx = std::clamp((x + offX + 0.5) / scaleX - 0.5, 0.0, rgb.width - 1.0);
       const int x0 = static_cast<int>(sx);
       left[static_cast<size_t>(x)] = x0 * 3;
@@ -592,14 +591,14 @@ private:
       wx[static_cast<size_t>(x)] = static_cast<float>(sx - x0);
     }
     const size_t stride = static_cast<size_t>(rgb.width) * 3;
-    for (int64_t y = 0; y < height_; ++y) {
+    for (int64_t y = 0; y < outH; ++y) {
       const double sy = std::clamp((y + offY + 0.5) / scaleY - 0.5, 0.0, rgb.height - 1.0);
       const int y0 = static_cast<int>(sy), y1 = std::min(y0 + 1, rgb.height - 1);
       const float fy = static_cast<float>(sy - y0);
       const uint8_t *row0 = rgb.pixels.data() + static_cast<size_t>(y0) * stride;
       const uint8_t *row1 = rgb.pixels.data() + static_cast<size_t>(y1) * stride;
-      const size_t base = static_cast<size_t>(y * width_);
-      for (size_t x = 0; x < static_cast<size_t>(width_); ++x) {
+      const size_t base = static_cast<size_t>(y * outW);
+      for (size_t x = 0; x < static_cast<size_t>(outW); ++x) {
         const uint8_t *p00 = row0 + left[x], *p01 = row0 + right[x];
         const uint8_t *p10 = row1 + left[x], *p11 = row1 + right[x];
         const float fx = wx[x];
