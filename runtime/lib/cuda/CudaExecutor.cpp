@@ -187,6 +187,16 @@ struct RoutineState {
   PinnedBuffer faultStage[2];
 };
 
+/// The routine that outputs tensor `index` (each arena output has one) if it has run.
+const RoutineState *ranOutputOwner(const std::vector<std::vector<int32_t>> &outputs,
+                                   const std::vector<RoutineState> &routines, int32_t index) {
+  for (size_t i = 0; i < outputs.size() && i < routines.size(); ++i)
+    if (routines[i].runs > 0 &&
+        std::find(outputs[i].begin(), outputs[i].end(), index) != outputs[i].end())
+      return &routines[i];
+  return nullptr;
+}
+
 } // namespace
 
 struct CudaExecutor::Impl {
@@ -1490,12 +1500,7 @@ Status CudaExecutor::waitInputsConsumed() {
 Expected<TensorView> CudaExecutor::previousOutput(int32_t index) {
   Impl &im = *impl_;
   // The run before the last of the routine that outputs `index`.
-  const RoutineState *owner = nullptr;
-  for (size_t i = 0; i < routines_.size() && !owner; ++i)
-    if (routines_[i] && im.routines[i].runs > 0 &&
-        std::find(routines_[i]->outputs().begin(), routines_[i]->outputs().end(), index) !=
-            routines_[i]->outputs().end())
-      owner = &im.routines[i];
+  const RoutineState *owner = ranOutputOwner(routineOutputs_, im.routines, index);
   if (!owner || owner->runs < 2 || !im.outputStage[owner->lastParity ^ 1][index])
     return Status::error("{}: tensor #{} is not an output of a previous run", bundle_.origin(),
                          index);
@@ -1611,14 +1616,11 @@ TensorView CudaExecutor::view(int32_t index) const {
     return {};
   }
   // A routine output: its routine's last run's read-back buffer.
-  for (size_t i = 0; i < routines_.size(); ++i)
-    if (routines_[i] && im.routines[i].runs > 0 &&
-        std::find(routines_[i]->outputs().begin(), routines_[i]->outputs().end(), index) !=
-            routines_[i]->outputs().end() &&
-        im.outputStage[im.routines[i].lastParity][index]) {
-      v.data = im.outputStage[im.routines[i].lastParity][index].get();
-      return v;
-    }
+  if (const RoutineState *owner = ranOutputOwner(routineOutputs_, im.routines, index);
+      owner && im.outputStage[owner->lastParity][index]) {
+    v.data = im.outputStage[owner->lastParity][index].get();
+    return v;
+  }
   size_t bytes = byteSize(info);
   if (!im.mirror[index])
     im.mirror[index].reset(new uint8_t[std::max<size_t>(bytes, 1)]);
