@@ -13,8 +13,8 @@ compiles the cnn fixture for cuda:sm_90 with --augment pixels,normalize=imagenet
             canvas, none shrunk by the DCT): nvJPEG decodes them on the GPU (the progress
             line says so) and the losses are within REL_DECODE of the CPU decoder's run on
             the GPU (two decoders' IDCTs differ by a level here and there; a wrong pitch,
-            offset or channel order moves the losses by percents); --decode gpu on the CPU
-            is refused
+            offset or channel order moves the losses by percents); the same with a folder
+            of 4:2:0, 4:2:2 and grayscale JPEGs; --decode gpu on the CPU is refused
 
 The CPU kernel computes what the generated one does (f32 taps and weights); the GPU may fuse
 a multiply-add (NVPTX contracts), so a tap's weight differs in its last bits: REL allows
@@ -60,9 +60,10 @@ def write_folder(root):
             img.save(os.path.join(root, name, f"{i}.png" if i % 3 == 2 else f"{i}.jpg"))
 
 
-def write_smooth_folder(root):
+def write_smooth_folder(root, chroma=False):
     """Small smooth images (<= 40 x 32: they fit the 40x48 canvas whole and the centre crop
-    after --image-resize 24 leaves the DCT nothing to shrink), 4:4:4, quality 95."""
+    after --image-resize 24 leaves the DCT nothing to shrink), quality 95: 4:4:4, or with
+    `chroma` 4:2:0, 4:2:2 and grayscale ones (chroma upsampled, gray replicated to RGB)."""
     from PIL import Image
     rng = np.random.default_rng(5)
     sizes = [(40, 32), (36, 30), (48, 40), (44, 26), (30, 30), (46, 38)]
@@ -74,8 +75,14 @@ def write_smooth_folder(root):
             base[c] += 40
             px = np.stack([base[k] + 30 * np.sin(xx * (0.1 + 0.05 * k) + yy * 0.07)
                            for k in range(3)], axis=-1)
-            Image.fromarray(np.clip(px, 0, 255).astype(np.uint8), "RGB").save(
-                os.path.join(root, name, f"{i}.jpg"), quality=95, subsampling=0)
+            img = Image.fromarray(np.clip(px, 0, 255).astype(np.uint8), "RGB")
+            if not chroma:
+                img.save(os.path.join(root, name, f"{i}.jpg"), quality=95, subsampling=0)
+            elif i % 3 == 2:
+                img.convert("L").save(os.path.join(root, name, f"{i}.jpg"), quality=95)
+            else:  # 4:2:0 and 4:2:2, as most cameras and ImageNet's files are
+                img.save(os.path.join(root, name, f"{i}.jpg"), quality=95,
+                         subsampling=2 if i % 3 == 0 else 1)
 
 
 def main():
@@ -95,6 +102,7 @@ def main():
             os.makedirs(out, exist_ok=True)
             write_folder(os.path.join(out, "images"))
             write_smooth_folder(os.path.join(out, "smooth"))
+            write_smooth_folder(os.path.join(out, "chroma"), chroma=True)
             for precision in ("fp32", "bf16"):
                 rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
                                       "--target", "cuda:sm_90", "--batch", "4",
@@ -130,23 +138,25 @@ def main():
                       f"{runs['cuda'][1]} | {runs['cpu'][1]}")
         # nvJPEG: the same bundle on the GPU with the JPEGs decoded there and on the CPU.
         bundle = os.path.join(out, "canvas_fp32.forge")
-        runs = {}
-        for decode in ("gpu", "cpu"):
-            metrics = os.path.join(tmp, f"decode_{decode}.jsonl")
-            rc, _, log = e2e.run([forge_train, bundle, "--data", os.path.join(out, "smooth"),
-                                  "--device", "cuda", "--steps", "8", "--metrics", metrics,
-                                  "--no-shuffle", "--image-resize", "24", "--decode", decode],
-                                 300)
-            runs[decode] = (e2e.metric_losses(metrics) if rc == 0 else [], log, rc)
-        got, want = runs["gpu"][0], runs["cpu"][0]
-        ok = len(got) == len(want) == 8
-        err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf"))
-        said = "JPEGs decoded on the device (nvJPEG" in runs["gpu"][1]
-        rep.check("nvjpeg: --decode gpu vs the CPU decoder", ok and err <= REL_DECODE and said,
-                  f"8 steps, max rel {err:.2e} (<= {REL_DECODE}); progress line names nvJPEG: "
-                  f"{said}" if ok else
-                  f"{e2e.failure(runs['gpu'][2], runs['gpu'][1])} | "
-                  f"{e2e.failure(runs['cpu'][2], runs['cpu'][1])}")
+        for folder, what in (("smooth", "4:4:4"), ("chroma", "4:2:0, 4:2:2 and grayscale")):
+            runs = {}
+            for decode in ("gpu", "cpu"):
+                metrics = os.path.join(tmp, f"decode_{folder}_{decode}.jsonl")
+                rc, _, log = e2e.run([forge_train, bundle, "--data", os.path.join(out, folder),
+                                      "--device", "cuda", "--steps", "8", "--metrics", metrics,
+                                      "--no-shuffle", "--image-resize", "24", "--decode",
+                                      decode], 300)
+                runs[decode] = (e2e.metric_losses(metrics) if rc == 0 else [], log, rc)
+            got, want = runs["gpu"][0], runs["cpu"][0]
+            ok = len(got) == len(want) == 8
+            err = max((abs(g - w) / abs(w) for g, w in zip(got, want)), default=float("inf"))
+            said = "JPEGs decoded on the device (nvJPEG" in runs["gpu"][1]
+            rep.check(f"nvjpeg ({what}): --decode gpu vs the CPU decoder",
+                      ok and err <= REL_DECODE and said,
+                      f"8 steps, max rel {err:.2e} (<= {REL_DECODE}); progress line names "
+                      f"nvJPEG: {said}" if ok else
+                      f"{e2e.failure(runs['gpu'][2], runs['gpu'][1])} | "
+                      f"{e2e.failure(runs['cpu'][2], runs['cpu'][1])}")
         rc, _, log = e2e.run([forge_train, bundle, "--data", os.path.join(out, "smooth"),
                               "--device", "cpu", "--steps", "1", "--decode", "gpu"], 120)
         rep.check("nvjpeg: --decode gpu on the CPU refused", rc not in (0, None) and
