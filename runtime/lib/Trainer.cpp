@@ -950,11 +950,11 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
     return Status::error("internal: the sampler returned {} indices, expected {}",
                          global.size(), globalSamplesAt(s));
   std::span<const int64_t> indices = rankShare(global, samplesAt(s));
+  int64_t realTokens = 0;
   if (bucketed_) { // every sample of a step is of one bucket (the sampler's groups)
     curBucket_ = static_cast<size_t>(sampleBucket_[static_cast<size_t>(global.front())]);
-    stepRealTokens_ = 0;
     for (int64_t i : global)
-      stepRealTokens_ += trainData_->sampleLength(i);
+      realTokens += trainData_->sampleLength(i);
   }
   const int64_t length = bucketed_ ? buckets_[curBucket_].length : 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -1005,7 +1005,7 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
   FORGE_RETURN_IF_ERROR(
       runStep([&](int64_t k) { return bindMicroBatch(*outs, k); }, profile));
   ++inFlight_;
-  launched_.emplace_back(run, inputSeconds);
+  launched_.push_back({run, inputSeconds, curBucket_, realTokens});
   return Status::ok();
 }
 
@@ -1146,11 +1146,17 @@ Status Trainer::fillStep(DataSource &source, std::span<const int64_t> indices,
 Expected<StepResult> Trainer::collect() {
   if (inFlight_ == 0)
     return Status::error("internal: no step in flight");
+  if (launched_.size() != static_cast<size_t>(inFlight_))
+    return Status::error("internal: {} steps in flight, {} launched", inFlight_, launched_.size());
+  const Launched mine = launched_.front();
   StepResult r;
+  // The older of two in flight: its routine ran again in the newer step unless that
+  // step was of another length bucket (another routine).
+  const int runsAgo = inFlight_ == 2 && launched_[1].bucket == mine.bucket ? 1 : 0;
   auto read = [&](int32_t t) -> Expected<float> {
     float v;
-    if (inFlight_ == 2) { // the older of two: the run before the last
-      auto view = exec_->previousOutput(t);
+    if (inFlight_ == 2) {
+      auto view = exec_->routineOutput(t, runsAgo);
       if (!view)
         return view.status();
       std::memcpy(&v, view->data, sizeof(v));
@@ -1169,7 +1175,7 @@ Expected<StepResult> Trainer::collect() {
   if (inFlight_ == 1)
     if (Status st = exec_->wait(); !st.isOk())
       return abandon(st);
-  const Routine &routine = stepRoutine();
+  const Routine &routine = bucketed_ ? buckets_[mine.bucket].train : train_;
   auto loss = read(routine.loss);
   if (!loss)
     return abandon(loss.status());
@@ -1195,16 +1201,14 @@ Expected<StepResult> Trainer::collect() {
   r.samples = samplesAt(r.step);
   r.flops = flopsAt(r.step);
   if (bucketed_) {
-    r.length = buckets_[curBucket_].length;
-    r.realTokens = stepRealTokens_;
-    r.flops = buckets_[curBucket_].flops;
+    r.length = buckets_[mine.bucket].length;
+    r.realTokens = mine.realTokens;
+    r.flops = buckets_[mine.bucket].flops;
   }
-  if (!launched_.empty()) {
-    r.inputSeconds = launched_.front().second;
-    if (launched_.front().first)
-      r.idleSeconds = exec_->idleBefore(*launched_.front().first);
-    launched_.pop_front();
-  }
+  r.inputSeconds = mine.inputSeconds;
+  if (mine.run)
+    r.idleSeconds = exec_->idleBefore(*mine.run);
+  launched_.pop_front();
   return r;
 }
 
@@ -1313,7 +1317,7 @@ Status Trainer::runNextStep(double inputSeconds, const std::function<Status(int6
   FORGE_RETURN_IF_ERROR(runStep(bind ? bind : [&](int64_t k) { return bindMicroBatch(microOuts_, k); },
                                 nullptr));
   ++inFlight_;
-  launched_.emplace_back(run, inputSeconds);
+  launched_.push_back({run, inputSeconds, curBucket_, 0});
   return Status::ok();
 }
 

@@ -57,6 +57,7 @@ if [ "$mode" = compile ]; then
   $py tests/e2e/test_input_pipeline.py --bin-dir "$b" --bundles "$dir/input_pipeline" --compile-only
   $py tests/gpu/test_canvas_crop.py --bin-dir "$b" --bundles "$dir/canvas_crop" --compile-only
   $py tests/gpu/test_data_parallel_gpu.py --bin-dir "$b" --bundles "$dir/data_parallel" --compile-only
+  $py tests/gpu/test_length_buckets_gpu.py --bin-dir "$b" --bundles "$dir/length_buckets" --compile-only
   # Every library call's stated cuBLASLt problem is checked here, without a GPU, the same
   # way the CUDA executor checks it: a refusal shows before device time is spent.
   find "$dir" -name '*.forge' -print0 | xargs -0 "$b/forge-replay" --check-library > "$dir/check-library.txt" 2>&1 \
@@ -98,6 +99,7 @@ suite gpu_masked_attention $py tests/gpu/test_masked_attention.py --bundles "$di
 suite gpu_input_pipeline $py tests/e2e/test_input_pipeline.py --bundles "$dir/input_pipeline" --forge-train "$ft" --device cuda
 suite gpu_canvas_crop $py tests/gpu/test_canvas_crop.py --bundles "$dir/canvas_crop" --forge-train "$ft"
 suite gpu_data_parallel $py tests/gpu/test_data_parallel_gpu.py --bundles "$dir/data_parallel" --forge-train "$ft"
+suite gpu_length_buckets $py tests/gpu/test_length_buckets_gpu.py --bundles "$dir/length_buckets" --forge-train "$ft"
 # gtest binaries (skipped without a GPU): their summary as "N passed, N failed".
 gtest_suite() { # name, binary, env...
   local name=$1 bin=$2; shift 2

@@ -788,6 +788,9 @@ Expected<int> train(const Options &opts, Progress &progress) {
   // results something must see with the device idle: evaluation, checkpoints,
   // --dump-grads, the last step, and the step before a profiled one.
   const bool pipeline = tr.canPipeline() && !opts.noPipeline;
+  if (pipeline)
+    progress.message("steps pipelined: each is launched before the last one's loss is read "
+                     "back (--no-pipeline: one at a time)");
   auto quietAfter = [&](int64_t s, int64_t ranBefore) {
     bool nextProfiled = trace && ranBefore + 2 >= profileFrom && profiled < opts.profileSteps;
     return s >= total || nextProfiled || (ranBefore == 0 && !opts.dumpGrads.empty()) ||

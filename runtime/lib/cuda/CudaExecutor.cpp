@@ -1401,7 +1401,7 @@ Status CudaExecutor::run(int routine) {
   Impl &im = *impl_;
   // No wait for the previous run: the stream orders the arena's reuse, and the
   // previous run of this routine has the other parity's read-back buffers (the caller
-  // reads them with previousOutput() while this run proceeds).
+  // reads them with routineOutput() while this run proceeds).
   FORGE_RETURN_IF_ERROR(im.hostErrors());
   const bundle::Routine &proto = *routines_[routine];
   RoutineState &r = im.routines[routine];
@@ -1497,14 +1497,16 @@ Status CudaExecutor::waitInputsConsumed() {
   return e == cudaSuccess ? Status::ok() : impl_->deviceError(bundle_.origin(), e);
 }
 
-Expected<TensorView> CudaExecutor::previousOutput(int32_t index) {
+Expected<TensorView> CudaExecutor::routineOutput(int32_t index, int runsAgo) {
   Impl &im = *impl_;
-  // The run before the last of the routine that outputs `index`.
+  // Two read-back sets per routine, by run parity: its last run's and the one before's.
   const RoutineState *owner = ranOutputOwner(routineOutputs_, im.routines, index);
-  if (!owner || owner->runs < 2 || !im.outputStage[owner->lastParity ^ 1][index])
-    return Status::error("{}: tensor #{} is not an output of a previous run", bundle_.origin(),
-                         index);
-  const int parity = owner->lastParity ^ 1;
+  if (runsAgo < 0 || runsAgo > 1 || !owner || owner->runs <= static_cast<uint64_t>(runsAgo) ||
+      !im.outputStage[owner->lastParity ^ runsAgo][index])
+    return Status::error("{}: tensor #{} is not an output of a run {} run(s) before its "
+                         "routine's last",
+                         bundle_.origin(), index, runsAgo);
+  const int parity = owner->lastParity ^ runsAgo;
   cudaError_t e = cudaEventSynchronize(owner->outputsDone[parity]);
   if (e != cudaSuccess)
     return im.deviceError(bundle_.origin(), e);

@@ -17,7 +17,7 @@
 //  * run() returns once the step is enqueued, without waiting for the previous
 //    run: routine outputs are read back into one of two pinned buffer sets,
 //    alternating by run, so the previous run's outputs stay readable
-//    (previousOutput) while the next run proceeds. view() of a routine output
+//    (routineOutput) while the next run proceeds. view() of a routine output
 //    waits for the last run's read-back; view() of anything else synchronizes
 //    and copies.
 #pragma once
@@ -59,7 +59,7 @@ public:
   Status waitInputsConsumed() override;
   uint64_t runsIssued() const override;
   std::optional<double> idleBefore(uint64_t run) override;
-  Expected<TensorView> previousOutput(int32_t index) override;
+  Expected<TensorView> routineOutput(int32_t index, int runsAgo) override;
   TensorView view(int32_t index) const override;
   DeviceInfo deviceInfo() const override;
   Telemetry telemetry() override;

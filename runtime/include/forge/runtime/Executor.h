@@ -92,7 +92,7 @@ public:
 
   // --- pipelining (devices whose run() returns before the work is done) -------
   /// True when run() may start before the previous run's outputs are read:
-  /// they stay readable through previousOutput() until that routine's next run.
+  /// they stay readable through routineOutput() until that routine's next run.
   virtual bool canPipeline() const { return false; }
   /// Waits until the last run() no longer reads its inputBuffer()s (they may
   /// be refilled for the next run).
@@ -104,9 +104,10 @@ public:
   /// that run), once run `run` has finished; nullopt where the device does
   /// not know (the CPU, the first run, a run too old to remember).
   virtual std::optional<double> idleBefore(uint64_t run) { return std::nullopt; }
-  /// Output `index` of the run before the last one of the routine that outputs it
-  /// (waits for its read-back; runs of other routines may come between).
-  virtual Expected<TensorView> previousOutput(int32_t index) {
+  /// Output `index` as a run of the routine that outputs it left it: `runsAgo` 0 is that
+  /// routine's last run, 1 the one before (runs of other routines may come between).
+  /// Waits for that run's read-back only, not for later runs.
+  virtual Expected<TensorView> routineOutput(int32_t index, int runsAgo) {
     return Status::error("this device does not pipeline runs");
   }
   /// Host view of tensor `index` (an empty view when out of range).

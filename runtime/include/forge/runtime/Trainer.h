@@ -14,7 +14,7 @@
 //    micro-batch's buffers (and forge.micro_index = rank * K + k; the first
 //    micro-batch through `accumulate_first` where the bundle has it), then
 //    train_step once. Such steps pipeline as plain ones do (the device keeps
-//    each routine's previous read-back apart, Executor::previousOutput).
+//    each routine's previous read-back apart, Executor::routineOutput).
 //  * A batch-size schedule (forgec --batch-schedule, build option
 //    "batch_schedule") sets K per step: step s takes samplesAt(s) = K_s * B
 //    samples (K_s <= the bundle's micro_batches), runs accumulate K_s times and
@@ -30,8 +30,10 @@
 //    documents), every sample belongs to the smallest bucket that holds it; the
 //    sampler's steps each take samples of one bucket (EpochSampler groups),
 //    filled at the bucket's length (fillAt: padded) into the trainer's own
-//    buffers, and run that bucket's routine. Such steps are not pipelined.
-//    Evaluation runs each bucket's eval on its samples, in order.
+//    buffers, and run that bucket's routine. They pipeline too: each launched
+//    step keeps its bucket, and the older of two in flight reads its loss from
+//    its routine's last run, or the one before when the newer step ran the same
+//    bucket. Evaluation runs each bucket's eval on its samples, in order.
 //  * evaluate() reads parameters but never changes them or the sampler.
 //  * gradientOutputs() (bundles from forgec --expose-gradients) are arena
 //    tensors: they hold the last step's gradients until the next step() or
@@ -170,7 +172,7 @@ public:
   /// are launched and not collected. stepsDone() counts collected steps;
   /// state(), evaluate() and the executor's persistent tensors are meaningful
   /// only when nothing is in flight (inFlight() == 0).
-  bool canPipeline() const { return exec_->canPipeline() && !bucketed_; }
+  bool canPipeline() const { return exec_->canPipeline(); }
   /// The bundle's length buckets, ascending (the last: train_step's T); empty: none.
   std::vector<int64_t> lengthBuckets() const {
     std::vector<int64_t> out;
@@ -337,7 +339,6 @@ private:
   /// The plain routines (train_step, accumulate, ...) as a bucket of length `length`;
   /// `tensors`: create()'s data inputs [field][micro-batch].
   Bucket plainBucket(int64_t length, const std::vector<std::vector<int32_t>> &tensors) const;
-  int64_t stepRealTokens_ = 0; // the launched step's labelled tokens, all ranks (bucketed_)
   std::vector<Bucket> buckets_;
   std::vector<int32_t> sampleBucket_; // bucketed_: each training sample's bucket
   /// The sampler of the training data (its groups the buckets when bucketed_).
@@ -348,7 +349,7 @@ private:
   int encodedField_ = -1;
   std::string imageDecoder_;
   Status chooseImageDecode(const std::string &mode, int64_t pp);
-  size_t curBucket_ = 0;  // the launched step's (bucketed_)
+  size_t curBucket_ = 0; // the step being launched's (bucketed_; Launched::bucket after)
   std::vector<Executor::HostBuffer> evalBuffers_; // bucketed eval batches, per eval field
   /// The smallest bucket holding a sample of `length` positions (the last: any longer).
   size_t bucketOf(int64_t length) const {
@@ -368,7 +369,6 @@ private:
     void add(const Executor &ex, const Routine &eval, int64_t real);
   };
   /// The routine, inputs and step input of the launched step.
-  const Routine &stepRoutine() const { return bucketed_ ? buckets_[curBucket_].train : train_; }
 
   std::unique_ptr<Executor> exec_;
   std::unique_ptr<DataSource> trainData_, evalData_;
@@ -408,9 +408,15 @@ private:
   /// fault word), so launch()/stepOn() refuse from then on, naming the step.
   std::string failed_;
   Status failedError() const;
-  // Per launched step, oldest first: its executor run and its input seconds.
-  // (A profiled step has no run to ask the executor about.)
-  std::deque<std::pair<std::optional<uint64_t>, double>> launched_;
+  // Per launched step, oldest first. (A profiled step has no run to ask the
+  // executor about.)
+  struct Launched {
+    std::optional<uint64_t> run; // its first executor run (Executor::runsIssued)
+    double inputSeconds = 0;
+    size_t bucket = 0;      // its length bucket (bucketed_)
+    int64_t realTokens = 0; // its labelled tokens, all ranks (bucketed_)
+  };
+  std::deque<Launched> launched_;
   std::unique_ptr<ThreadPool> dataPool_; // --workers > 1 and a concurrent source
   std::vector<size_t> sampleBytes_;      // per field: bytes of one sample
   std::vector<std::vector<void *>> microOuts_; // [k][field] -> input buffer
