@@ -26,7 +26,9 @@ Checks:
                   reductions add atomically: the last bits differ run to run, and 10 steps
                   of training grow them; measured 4.4e-5 and 1.2e-4 on an H200)
   params_step20   per parameter ||forge - torch|| / ||torch|| <= 3e-2 (measured <= 1.2e-2:
-                  small vectors such as a norm's bias, whose 20 updates see bf16 gradients);
+                  small vectors such as a norm's bias, whose 20 updates see bf16 gradients),
+                  all parameters together within a third of it; a small parameter that
+                  starts at zero <= SIGN_PARAM_TOL (see there: one flipped gradient sign);
                   the cnn's CUDA bundle (bf16/f16 convolutions, on a GPU or on the CPU)
                   <= CONV_PARAM_TOL = 0.2 (PyTorch's
                   autocast: 0.155; Forge on an H200: 0.115 bf16, 0.029-0.082 fp16)
@@ -86,6 +88,16 @@ CONV_PARAM_TOL = 0.2
 # is saved as bf16(x W + b) rather than recomputed from bf16(x W) + b. blocks.0.ln1.bias, a
 # small vector whose Adam steps follow its gradient's sign, moves most: 5.05e-2 on the CPU.
 AUX_PARAM_TOL = 0.08
+# A small parameter that starts at zero (a norm's or a projection's bias, < SIGN_PARAM_SIZE
+# elements): Adam's first steps move each element by ~lr sign(g), so one near-zero gradient
+# element whose sign bf16 noise flips is a 2 lr error in a vector of a few lr: on the gpt
+# fixture, blocks.0.ln1.bias (32 elements) ends 6.5e-2 from fp32 on an H200 from ONE element
+# (its fp32 gradient +6.8e-5, 1.2% of the tensor's largest; cuDNN's bf16 attention gives
+# -7.2e-7, PyTorch autocast's +9.1e-6: both ~1% noise of the largest; bench/RESULTS.md, sixth
+# session). Such vectors take SIGN_PARAM_TOL; every other parameter keeps the precision's
+# bound, and all of them together (one relative norm over the concatenation) a third of it.
+SIGN_PARAM_SIZE = 256
+SIGN_PARAM_TOL = 0.1
 FIXTURES = ["mlp_adamw", "gpt_adamw", "cnn_adamw"]
 # Fixtures with a GEMM float8 takes (K and N multiples of 16); the cnn's are convolutions.
 FP8_FIXTURES = ("mlp_adamw", "gpt_adamw")
@@ -218,16 +230,26 @@ def check_fixture(rep, name, fdir, bundle, forge_train, device, tmp, prec, targe
         check_resume(rep, name, fdir, bundle, forge_train, device, tmp, losses, m["steps"], prec)
     torch_params = dict(np.load(os.path.join(fdir, "params_step20.npz")))
     errs = {k: rel(dump[k], v) for k, v in torch_params.items() if k in dump}
-    worst_p = max(errs.values()) if errs else float("inf")
-    which = max(errs, key=errs.get) if errs else "none"
     param_tol = (FP8_E5M2_PARAM_TOL if prec == "fp8-e5m2" else FP8_PARAM_TOL if prec == "fp8"
                  else AUX_PARAM_TOL if prec == "bf16-aux"
                  else CONV_PARAM_TOL if name.startswith("cnn") and
                  (device == "cuda" or target.startswith("cuda")) else PARAM_TOL)
-    rep.check(f"{name} params_step20", errs and worst_p <= param_tol and
+    sign_led = {k for k in errs if k in init and init[k].size < SIGN_PARAM_SIZE
+                and not np.any(init[k])}
+    tol_of = {k: max(param_tol, SIGN_PARAM_TOL) if k in sign_led else param_tol for k in errs}
+    over = sorted((k for k in errs if errs[k] > tol_of[k]), key=lambda k: -errs[k])
+    worst_p = max(errs.values()) if errs else float("inf")
+    which = max(errs, key=errs.get) if errs else "none"
+    keys = sorted(errs)
+    whole = rel(np.concatenate([dump[k].ravel() for k in keys]),
+                np.concatenate([torch_params[k].ravel() for k in keys])) if keys else 1.0
+    rep.check(f"{name} params_step20", errs and not over and whole <= param_tol / 3 and
               len(errs) == len(torch_params),
-              f"{len(errs)}/{len(torch_params)} parameters, max rel {worst_p:.2e} ({which}) "
-              f"(<= {param_tol:g})")
+              f"{len(errs)}/{len(torch_params)} parameters, all together {whole:.2e} "
+              f"(<= {param_tol / 3:.2g}), worst "
+              f"{worst_p:.2e} ({which}) (<= {param_tol:g}; {len(sign_led)} small zero-started "
+              f"<= {max(param_tol, SIGN_PARAM_TOL):g})"
+              + (f"; over: {', '.join(f'{k} {errs[k]:.2e}' for k in over[:3])}" if over else ""))
 
 
 def check_overflow(rep, name, fdir, bundle, forge_train, device, tmp):
