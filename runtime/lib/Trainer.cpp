@@ -392,10 +392,14 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       // buckets, the one of train_step's T); a step's samples share a bucket.
       // With --dp, a step's global samples are one run of the sampler: every
       // rank's share is of the same bucket, so the ranks run the same routine.
-      if (pp > 1 || !tr->schedule_.empty())
-        return Status::error("{}: variable-length data ({}) with {} is not supported yet",
-                             origin, tr->trainData_->describe(),
-                             pp > 1 ? "--pp" : "a batch-size schedule");
+      // (Unrolled micro-batches: a bucket's step binds one micro-batch's inputs.)
+      if (pp > 1 || !tr->schedule_.empty() || (micro > 1 && tr->accum_.index < 0))
+        return Status::error("{}: variable-length data ({}) with {} is not supported yet", origin,
+                             tr->trainData_->describe(),
+                             pp > 1                   ? "--pp"
+                             : !tr->schedule_.empty() ? "a batch-size schedule"
+                                                      : "unrolled micro-batches (forgec "
+                                                        "--accumulate unroll; the loop works)");
       if (tr->buckets_.empty())
         tr->buckets_.push_back(tr->plainBucket(tr->fields_.front().sampleShape.at(0), tensors));
       const int64_t n = tr->trainData_->numSamples();
@@ -1187,13 +1191,13 @@ Expected<StepResult> Trainer::collect() {
       continue;
     auto v = read(t);
     if (!v)
-      return v.status();
+      return abandon(v.status());
     *into = *v;
   }
   if (routine.skipped >= 0) {
     auto skipped = read(routine.skipped);
     if (!skipped)
-      return skipped.status();
+      return abandon(skipped.status());
     r.skipped = *skipped != 0.0f;
   }
   --inFlight_;
@@ -1475,8 +1479,12 @@ double Trainer::epochsDone() const {
   if (perEpoch <= 0)
     return 0;
   EpochSampler::Position pos = sampler_->position();
+  // The sampler is past the launched, uncollected steps' samples too.
+  int64_t ahead = 0;
+  for (int i = 1; i <= inFlight_; ++i)
+    ahead += globalSamplesAt(step_ + i);
   return static_cast<double>(pos.epoch) +
-         static_cast<double>(pos.index) / static_cast<double>(perEpoch);
+         static_cast<double>(pos.index - ahead) / static_cast<double>(perEpoch);
 }
 
 CheckpointState Trainer::state() const {

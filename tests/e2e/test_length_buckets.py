@@ -19,7 +19,8 @@ shape, so it is length-generic. The loss ignores padding (cross_entropy:...,igno
   * --tp 2 on CPU ranks (the MLPs and the vocabulary split; the split loss ignores padding):
     it trains as one process does, bucket for bucket;
   * --micro-batches 2 (the loop: accumulate@len<T> per bucket) trains as one batch of 4;
-  * refusals: a --dim for the bucketed dim, documents for a loss without ignore=N, a dim name the
+  * refusals: a --dim for the bucketed dim, documents for a loss without ignore=N or for
+    unrolled micro-batches, a dim name the
     model lacks (the import names the symbolic dim it has).
 
   test_length_buckets.py [--bin-dir DIR | --forgec F --forge-train T]
@@ -224,6 +225,14 @@ def main():
             got, why = train(p("noignore.forge"), p("short.bin"), "noignore", 1)
             rep.check("... and documents for it are refused, naming ignore=N",
                       got is None and "ignore=-100" in why, why)
+        # Unrolled micro-batches would bind one micro-batch's documents per step: refused.
+        rc, _, log = compile(p("unroll.forge"), ["--dim", "seq=32", "--micro-batches", "2",
+                                                 "--accumulate", "unroll"])
+        if rep.check("an unrolled --micro-batches 2 bundle compiles", rc == 0,
+                     e2e.failure(rc, log)):
+            got, why = train(p("unroll.forge"), p("short.bin"), "unroll", 1)
+            rep.check("... and documents for it are refused, naming the loop",
+                      got is None and "unrolled micro-batches" in why, why)
     return rep.summary()
 
 

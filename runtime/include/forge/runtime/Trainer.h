@@ -368,8 +368,6 @@ private:
     double loss = 0, correct = 0, labels = 0;
     void add(const Executor &ex, const Routine &eval, int64_t real);
   };
-  /// The routine, inputs and step input of the launched step.
-
   std::unique_ptr<Executor> exec_;
   std::unique_ptr<DataSource> trainData_, evalData_;
   std::unique_ptr<EpochSampler> sampler_;
