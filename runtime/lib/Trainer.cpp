@@ -1538,7 +1538,9 @@ Status Trainer::restore(const CheckpointState &state) {
 }
 
 std::optional<std::string> Trainer::nonFiniteInputs(int64_t step) {
-  if (!trainData_)
+  // Documents (length buckets) are token ids, which hold nothing non-finite (and this
+  // replay of the sampler knows no bucket groups).
+  if (!trainData_ || bucketed_)
     return std::nullopt;
   const int64_t n = samplesAt(step), global = globalSamplesAt(step);
   const int64_t numSamples = trainData_->numSamples();
