@@ -175,7 +175,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   for (const bundle::Instruction &inst : p.routines(*trainIndex).instructions())
     tr->trainFlops_ += static_cast<double>(inst.flops());
 
-  // Micro-batches and the label input, from the build options.
+  // Micro-batches, from the build options.
   auto microOption = positiveBuildOption(bundle, "micro_batches");
   if (!microOption)
     return microOption.status();
@@ -193,16 +193,64 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
         tr->accumFlops_ += static_cast<double>(inst.flops());
     }
   const bool loop = tr->accum_.index >= 0;
-  const int dataRoutine = loop ? tr->accum_.index : tr->train_.index;
+  std::vector<std::vector<int32_t>> tensors; // data inputs [field][k]
+  int32_t rankInput = -1;                    // forge.dp_rank
+  FORGE_RETURN_IF_ERROR(tr->bindDataInputs(tensors, rankInput));
+
+  FORGE_RETURN_IF_ERROR(tr->bindScalarOutputs(tr->train_, /*train=*/true));
+
+  // Gradient outputs (forgec --expose-gradients): forge.grad.NAME.
+  const std::string gradPrefix = "forge.grad.";
+  for (int32_t t : ex.outputs(tr->train_.index)) {
+    const std::string &name = ex.tensorInfo(t).name();
+    if (name.size() > gradPrefix.size() && name.compare(0, gradPrefix.size(), gradPrefix) == 0)
+      tr->gradOutputs_.emplace_back(name.substr(gradPrefix.size()), t);
+  }
+
+  FORGE_RETURN_IF_ERROR(tr->checkRankLayout(bundle, options, *tpOption));
+  const int64_t pp = tr->ppSize_;
+  if (rankInput >= 0) // the same every step: the executor uploads it with each step's inputs
+    std::memcpy(ex.inputBuffer(rankInput), &tr->dpRank_, sizeof(int64_t));
+  tr->microIndex_.assign(static_cast<size_t>(micro), 0); // set per step (runStep)
+  FORGE_RETURN_IF_ERROR(tr->bindBatchSchedule());
+
+  if (const std::string text = buildOption(p, "length_buckets"); !text.empty())
+    FORGE_RETURN_IF_ERROR(tr->bindBuckets(text, tensors));
+  if (train)
+    FORGE_RETURN_IF_ERROR(tr->bindTrainData(std::move(train), tensors));
+  FORGE_RETURN_IF_ERROR(tr->chooseImageDecode(options.imageDecode, pp));
+  for (const DataField &f : tr->fields_)
+    tr->sampleBytes_.push_back(static_cast<size_t>(numElements(f.sampleShape)) *
+                               dtypeSize(f.dtype));
+  {
+    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    unsigned workers = options.workers ? options.workers : std::min(8u, hw);
+    // Without a source, stepOn()'s batches are arrays (concurrent fills).
+    if (workers > 1 && (!tr->trainData_ || tr->trainData_->concurrentFill()) && tr->batch_ > 1)
+      tr->dataPool_ = std::make_unique<ThreadPool>(workers);
+  }
+  FORGE_RETURN_IF_ERROR(tr->allocateBatchBuffers(tensors, loop, options.prefetch));
+  if (eval)
+    FORGE_RETURN_IF_ERROR(tr->setEvalData(std::move(eval)));
+  return tr;
+}
+
+/// create()'s step: the data inputs of train_step (or of the loop's accumulate and
+/// accumulate_first), grouped by name over micro-batches into fields_ ([field][k] tensors),
+/// the routines' scalar inputs, the batch size, and the token length.
+Status Trainer::bindDataInputs(std::vector<std::vector<int32_t>> &tensors, int32_t &rankInput) {
+  Executor &ex = *exec_;
+  const bundle::Program &p = ex.bundle().program();
+  const std::string &origin = ex.bundle().origin();
+  const int64_t micro = micro_;
+  const bool loop = accum_.index >= 0;
+  const int dataRoutine = loop ? accum_.index : train_.index;
   const char *dataRoutineName = loop ? "accumulate" : "train_step";
   const std::string label = buildOption(p, "label_input");
   int64_t numClasses = 0;
   std::optional<int64_t> ignore;
   classesOf(p, numClasses, ignore);
 
-  // Data inputs of train_step, grouped by name over micro-batches.
-  std::vector<std::vector<int32_t>> tensors; // [field][k]
-  int32_t rankInput = -1;                    // forge.dp_rank
   std::map<std::string, size_t> fieldOf;
   auto checkScalar = [&](const bundle::TensorInfo &info, bundle::DType dtype,
                          const char *what) -> Status {
@@ -212,11 +260,11 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     return Status::ok();
   };
   if (loop) // the rest of the step reads no data
-    for (int32_t t : ex.inputs(tr->train_.index)) {
+    for (int32_t t : ex.inputs(train_.index)) {
       const bundle::TensorInfo &info = ex.tensorInfo(t);
       if (info.name() == "forge.micro_count") {
         FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::I64, "an i64"));
-        tr->trainCountInput_ = t;
+        trainCountInput_ = t;
         continue;
       }
       if (info.name() != "forge.step")
@@ -224,24 +272,24 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
                              "'accumulate' reads the data",
                              origin, info.name());
       FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::F32, "an f32"));
-      tr->stepInput_ = t;
+      stepInput_ = t;
     }
   for (int32_t t : ex.inputs(dataRoutine)) {
     const bundle::TensorInfo &info = ex.tensorInfo(t);
     const std::string &name = info.name();
     if (name == "forge.step") {
       FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::F32, "an f32"));
-      (loop ? tr->accumStepInput_ : tr->stepInput_) = t;
+      (loop ? accumStepInput_ : stepInput_) = t;
       continue;
     }
     if (loop && name == "forge.micro_index") { // dropout masks by global sample
       FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::I64, "an i64"));
-      tr->microIndexInput_ = t;
+      microIndexInput_ = t;
       continue;
     }
     if (loop && name == "forge.micro_count") { // the step's micro-batches (a schedule)
       FORGE_RETURN_IF_ERROR(checkScalar(info, bundle::I64, "an i64"));
-      tr->accumCountInput_ = t;
+      accumCountInput_ = t;
       continue;
     }
     if (name == "forge.dp_rank") { // dropout masks by global sample (DropoutMaskOp)
@@ -267,7 +315,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
     if (info.shape_size() == 0)
       return Status::error("{}: data input '{}' is a scalar; data inputs need a batch dim 0",
                            origin, name);
-    auto [it, fresh] = fieldOf.emplace(base, tr->fields_.size());
+    auto [it, fresh] = fieldOf.emplace(base, fields_.size());
     if (fresh) {
       DataField f;
       f.name = base;
@@ -278,10 +326,10 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
         f.numClasses = numClasses;
         f.ignoreValue = ignore;
       }
-      tr->fields_.push_back(f);
+      fields_.push_back(f);
       tensors.emplace_back(static_cast<size_t>(micro), -1);
     }
-    const DataField &f = tr->fields_[it->second];
+    const DataField &f = fields_[it->second];
     std::vector<int64_t> sample(info.shape().begin() + 1, info.shape().end());
     if (info.dtype() != f.dtype || sample != f.sampleShape)
       return Status::error("{}: micro-batch inputs of '{}' differ: '{}' is {}{}", origin, base,
@@ -292,25 +340,25 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       std::fill(tensors[it->second].begin(), tensors[it->second].end(), t);
     else
       tensors[it->second][k] = t;
-    if (tr->batch_ == 0)
-      tr->batch_ = info.shape(0);
-    else if (info.shape(0) != tr->batch_)
+    if (batch_ == 0)
+      batch_ = info.shape(0);
+    else if (info.shape(0) != batch_)
       return Status::error("{}: data inputs disagree on the batch size: '{}' has {}, expected {}",
-                           origin, name, info.shape(0), tr->batch_);
+                           origin, name, info.shape(0), batch_);
   }
-  if (tr->fields_.empty())
+  if (fields_.empty())
     return Status::error("{}: {} has no data inputs", origin, dataRoutineName);
   // The first micro-batch's routine: the same inputs, its own tensors.
   if (loop)
     if (auto first = ex.findRoutine("accumulate_first")) {
-      tr->firstAccum_.index = *first;
+      firstAccum_.index = *first;
       size_t found = 0;
       for (int32_t t : ex.inputs(*first)) {
         const bundle::TensorInfo &info = ex.tensorInfo(t);
         const std::string &name = info.name();
-        int32_t *scalar = name == "forge.step"          ? &tr->firstStepInput_
-                          : name == "forge.micro_index" ? &tr->firstMicroIndexInput_
-                          : name == "forge.micro_count" ? &tr->firstCountInput_
+        int32_t *scalar = name == "forge.step"          ? &firstStepInput_
+                          : name == "forge.micro_index" ? &firstMicroIndexInput_
+                          : name == "forge.micro_count" ? &firstCountInput_
                                                         : nullptr;
         if (scalar) {
           *scalar = t;
@@ -326,133 +374,111 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
         tensors[it->second][0] = t;
         ++found;
       }
-      if (found != tr->fields_.size() ||
-          (tr->firstMicroIndexInput_ < 0) != (tr->microIndexInput_ < 0) ||
-          (tr->firstCountInput_ < 0) != (tr->accumCountInput_ < 0))
+      if (found != fields_.size() || (firstMicroIndexInput_ < 0) != (microIndexInput_ < 0) ||
+          (firstCountInput_ < 0) != (accumCountInput_ < 0))
         return Status::error("{}: accumulate_first and accumulate take different inputs",
                              origin);
     }
-  if (tr->batch_ <= 0)
-    return Status::error("{}: the batch size (dim 0 of the data inputs) is {}", origin,
-                         tr->batch_);
-  for (size_t f = 0; f < tr->fields_.size(); ++f)
+  if (batch_ <= 0)
+    return Status::error("{}: the batch size (dim 0 of the data inputs) is {}", origin, batch_);
+  for (size_t f = 0; f < fields_.size(); ++f)
     for (int64_t k = 0; k < micro; ++k)
       if (tensors[f][k] < 0)
         return Status::error("{}: train_step has no input '{}@{}' (micro_batches = {})", origin,
-                             tr->fields_[f].name, k, micro);
-
-  FORGE_RETURN_IF_ERROR(tr->bindScalarOutputs(tr->train_, /*train=*/true));
-
-  // Gradient outputs (forgec --expose-gradients): forge.grad.NAME.
-  const std::string gradPrefix = "forge.grad.";
-  for (int32_t t : ex.outputs(tr->train_.index)) {
-    const std::string &name = ex.tensorInfo(t).name();
-    if (name.size() > gradPrefix.size() && name.compare(0, gradPrefix.size(), gradPrefix) == 0)
-      tr->gradOutputs_.emplace_back(name.substr(gradPrefix.size()), t);
-  }
-
-  FORGE_RETURN_IF_ERROR(tr->checkRankLayout(bundle, options, *tpOption));
-  const int64_t dp = tr->dpSize_, pp = tr->ppSize_;
-  if (rankInput >= 0) // the same every step: the executor uploads it with each step's inputs
-    std::memcpy(ex.inputBuffer(rankInput), &tr->dpRank_, sizeof(int64_t));
-  tr->microIndex_.assign(static_cast<size_t>(micro), 0); // set per step (runStep)
-  // A batch-size schedule: K per step, at most the bundle's micro-batches.
-  if (const std::string text = buildOption(p, "batch_schedule"); !text.empty()) {
-    std::string why;
-    if (!BatchSchedule::parse(text, tr->schedule_, why))
-      return Status::error("{}: build option batch_schedule: {}", origin, why);
-    if (!loop || tr->accumCountInput_ < 0)
-      return Status::error("{}: a batch-size schedule needs the accumulation loop with input "
-                           "forge.micro_count (compile it with forgec --batch-schedule)",
-                           origin);
-    for (const BatchSchedule::Stage &s : tr->schedule_.stages)
-      if (s.samples % tr->batch_ != 0 || s.samples > micro * tr->batch_)
-        return Status::error("{}: batch_schedule '{}': {} samples is not a multiple of the "
-                             "micro-batch {} up to {} micro-batches",
-                             origin, text, s.samples, tr->batch_, micro);
-  } else if (tr->accumCountInput_ >= 0 || tr->trainCountInput_ >= 0) {
-    return Status::error("{}: input forge.micro_count without a batch_schedule build option",
-                         origin);
-  }
-
-  if (const std::string text = buildOption(p, "length_buckets"); !text.empty())
-    FORGE_RETURN_IF_ERROR(tr->bindBuckets(text, tensors));
-  const int64_t perStep = tr->globalSamplesPerStep();
-  if (train) {
-    FORGE_RETURN_IF_ERROR(train->bind(tr->fields_));
-    if (train->numSamples() < perStep)
-      return Status::error("{}: {} training samples, fewer than one step needs ({}{} "
-                           "micro-batch{} x batch {} = {})",
-                           train->describe(), train->numSamples(),
-                           dp > 1 ? fmt::format("{} ranks x ", dp) : std::string(), micro,
-                           micro > 1 ? "es" : "", tr->batch_, perStep);
-    tr->trainData_ = std::move(train);
-    if (tr->trainData_->variableLength()) {
-      // Documents: each sample in the smallest bucket that holds it (without
-      // buckets, the one of train_step's T); a step's samples share a bucket.
-      // With --dp, a step's global samples are one run of the sampler: every
-      // rank's share is of the same bucket, so the ranks run the same routine.
-      // (Unrolled micro-batches: a bucket's step binds one micro-batch's inputs.)
-      if (pp > 1 || !tr->schedule_.empty() || (micro > 1 && tr->accum_.index < 0))
-        return Status::error("{}: variable-length data ({}) with {} is not supported yet", origin,
-                             tr->trainData_->describe(),
-                             pp > 1                   ? "--pp"
-                             : !tr->schedule_.empty() ? "a batch-size schedule"
-                                                      : "unrolled micro-batches (forgec "
-                                                        "--accumulate unroll; the loop works)");
-      if (tr->buckets_.empty())
-        tr->buckets_.push_back(tr->plainBucket(tr->fields_.front().sampleShape.at(0), tensors));
-      const int64_t n = tr->trainData_->numSamples();
-      tr->sampleBucket_.resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i)
-        tr->sampleBucket_[static_cast<size_t>(i)] =
-            static_cast<int32_t>(tr->bucketOf(tr->trainData_->sampleLength(i)));
-      tr->bucketed_ = true;
-    }
-    tr->sampler_ = tr->makeSampler(options.seed, options.shuffle);
-    if (tr->bucketed_ && tr->sampler_->epochSamples() < perStep)
-      return Status::error("{}: no length bucket holds a step's {} samples (the {} samples by "
-                           "bucket: {})",
-                           tr->trainData_->describe(), perStep, tr->trainData_->numSamples(),
-                           [&] {
-                             std::vector<std::string> parts;
-                             for (size_t b = 0; b < tr->buckets_.size(); ++b)
-                               parts.push_back(fmt::format(
-                                   "T={}: {}", tr->buckets_[b].length,
-                                   std::count(tr->sampleBucket_.begin(), tr->sampleBucket_.end(),
-                                              static_cast<int32_t>(b))));
-                             return fmt::format("{}", fmt::join(parts, ", "));
-                           }());
-  }
-  FORGE_RETURN_IF_ERROR(tr->chooseImageDecode(options.imageDecode, pp));
-  for (const DataField &f : tr->fields_)
-    tr->sampleBytes_.push_back(static_cast<size_t>(numElements(f.sampleShape)) *
-                               dtypeSize(f.dtype));
-  {
-    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    unsigned workers = options.workers ? options.workers : std::min(8u, hw);
-    // Without a source, stepOn()'s batches are arrays (concurrent fills).
-    if (workers > 1 && (!tr->trainData_ || tr->trainData_->concurrentFill()) && tr->batch_ > 1)
-      tr->dataPool_ = std::make_unique<ThreadPool>(workers);
-  }
-  FORGE_RETURN_IF_ERROR(tr->allocateBatchBuffers(tensors, loop, options.prefetch));
+                             fields_[f].name, k, micro);
 
   // Tokens: one integer [B, T] data input besides the label.
   int tokenInputs = 0;
   int64_t seqLen = 0;
-  for (const DataField &f : tr->fields_)
+  for (const DataField &f : fields_)
     if (!f.isLabel && f.sampleShape.size() == 1 && !isFloatType(f.dtype)) {
       ++tokenInputs;
       seqLen = f.sampleShape[0];
     }
-  size_t nonLabel = std::count_if(tr->fields_.begin(), tr->fields_.end(),
-                                  [](const DataField &f) { return !f.isLabel; });
+  size_t nonLabel =
+      std::count_if(fields_.begin(), fields_.end(), [](const DataField &f) { return !f.isLabel; });
   if (tokenInputs == 1 && nonLabel == 1)
-    tr->seqLen_ = seqLen;
+    seqLen_ = seqLen;
+  return Status::ok();
+}
 
-  if (eval)
-    FORGE_RETURN_IF_ERROR(tr->setEvalData(std::move(eval)));
-  return tr;
+/// create()'s step: build option batch_schedule (K per step, at most micro_batches).
+Status Trainer::bindBatchSchedule() {
+  const bundle::Program &p = exec_->bundle().program();
+  const std::string &origin = exec_->bundle().origin();
+  const int64_t micro = micro_;
+  const bool loop = accum_.index >= 0;
+  if (const std::string text = buildOption(p, "batch_schedule"); !text.empty()) {
+    std::string why;
+    if (!BatchSchedule::parse(text, schedule_, why))
+      return Status::error("{}: build option batch_schedule: {}", origin, why);
+    if (!loop || accumCountInput_ < 0)
+      return Status::error("{}: a batch-size schedule needs the accumulation loop with input "
+                           "forge.micro_count (compile it with forgec --batch-schedule)",
+                           origin);
+    for (const BatchSchedule::Stage &s : schedule_.stages)
+      if (s.samples % batch_ != 0 || s.samples > micro * batch_)
+        return Status::error("{}: batch_schedule '{}': {} samples is not a multiple of the "
+                             "micro-batch {} up to {} micro-batches",
+                             origin, text, s.samples, batch_, micro);
+  } else if (accumCountInput_ >= 0 || trainCountInput_ >= 0) {
+    return Status::error("{}: input forge.micro_count without a batch_schedule build option",
+                         origin);
+  }
+  return Status::ok();
+}
+
+/// create()'s step: the training data, bound to fields_; documents (variable-length
+/// data) go to their length buckets; the sampler.
+Status Trainer::bindTrainData(std::unique_ptr<DataSource> train,
+                              const std::vector<std::vector<int32_t>> &tensors) {
+  const std::string &origin = exec_->bundle().origin();
+  const int64_t micro = micro_, dp = dpSize_, pp = ppSize_;
+  const int64_t perStep = globalSamplesPerStep();
+  FORGE_RETURN_IF_ERROR(train->bind(fields_));
+  if (train->numSamples() < perStep)
+    return Status::error("{}: {} training samples, fewer than one step needs ({}{} "
+                         "micro-batch{} x batch {} = {})",
+                         train->describe(), train->numSamples(),
+                         dp > 1 ? fmt::format("{} ranks x ", dp) : std::string(), micro,
+                         micro > 1 ? "es" : "", batch_, perStep);
+  trainData_ = std::move(train);
+  if (trainData_->variableLength()) {
+    // Documents: each sample in the smallest bucket that holds it (without
+    // buckets, the one of train_step's T); a step's samples share a bucket.
+    // With --dp, a step's global samples are one run of the sampler: every
+    // rank's share is of the same bucket, so the ranks run the same routine.
+    // (Unrolled micro-batches: a bucket's step binds one micro-batch's inputs.)
+    if (pp > 1 || !schedule_.empty() || (micro > 1 && accum_.index < 0))
+      return Status::error("{}: variable-length data ({}) with {} is not supported yet", origin,
+                           trainData_->describe(),
+                           pp > 1               ? "--pp"
+                           : !schedule_.empty() ? "a batch-size schedule"
+                                                : "unrolled micro-batches (forgec "
+                                                  "--accumulate unroll; the loop works)");
+    if (buckets_.empty())
+      buckets_.push_back(plainBucket(fields_.front().sampleShape.at(0), tensors));
+    const int64_t n = trainData_->numSamples();
+    sampleBucket_.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      sampleBucket_[static_cast<size_t>(i)] =
+          static_cast<int32_t>(bucketOf(trainData_->sampleLength(i)));
+    bucketed_ = true;
+  }
+  sampler_ = makeSampler(options_.seed, options_.shuffle);
+  if (bucketed_ && sampler_->epochSamples() < perStep)
+    return Status::error(
+        "{}: no length bucket holds a step's {} samples (the {} samples by "
+        "bucket: {})",
+        trainData_->describe(), perStep, trainData_->numSamples(), [&] {
+          std::vector<std::string> parts;
+          for (size_t b = 0; b < buckets_.size(); ++b)
+            parts.push_back(fmt::format(
+                "T={}: {}", buckets_[b].length,
+                std::count(sampleBucket_.begin(), sampleBucket_.end(), static_cast<int32_t>(b))));
+          return fmt::format("{}", fmt::join(parts, ", "));
+        }());
+  return Status::ok();
 }
 
 /// TrainerOptions::imageDecode: whether the device decodes the training folder's JPEGs

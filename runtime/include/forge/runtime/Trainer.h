@@ -283,7 +283,13 @@ private:
   /// (at sequence length `length` through fillAt when > 0).
   Status fillStep(DataSource &source, std::span<const int64_t> indices,
                   const std::vector<std::vector<void *>> &outs, int64_t length = 0);
-  /// create()'s steps: the ranks' layout against the bundle's; the batches' buffers.
+  /// create()'s steps: the data inputs ([field][k] tensors, forge.dp_rank); the batch-size
+  /// schedule; the training data; the ranks' layout against the bundle's; the batches'
+  /// buffers.
+  Status bindDataInputs(std::vector<std::vector<int32_t>> &tensors, int32_t &rankInput);
+  Status bindBatchSchedule();
+  Status bindTrainData(std::unique_ptr<DataSource> train,
+                       const std::vector<std::vector<int32_t>> &tensors);
   Status checkRankLayout(const Bundle &bundle, const TrainerOptions &options, int64_t tp);
   Status allocateBatchBuffers(const std::vector<std::vector<int32_t>> &tensors, bool loop,
                               unsigned prefetch);
