@@ -50,7 +50,8 @@ Checks:
                   each output gradient; measured on the CPU: losses <= 6.7e-4, parameters
                   <= 0.179: blocks.0.ln1.bias again, whose gradient now comes through the
                   E5M2 data gradient of the qkv GEMM)
-  bf16-aux        (gpt) --precision bf16 --gemm-aux-epilogues: the MLP's GEMM saves its
+  bf16-aux        (gpt) --precision bf16 --gemm-aux-epilogues (bf16's default on CUDA; the
+                  bf16 case above gives --gemm-aux-epilogues=false): the MLP's GEMM saves its
                   pre-activation for the backward (cuBLASLt's GELU_AUX, stored in D's bf16)
                   and the gradient GEMM reads it (DGELU); the bf16 checks above (CUDA
                   bundles; the CPU target has no GEMM epilogues and compiles it as bf16)
@@ -146,6 +147,8 @@ def precision_args(prec):
         return ["--precision", "fp8", "--fp8-gradients", "e5m2"]
     if prec == "bf16-aux":
         return ["--precision", "bf16", "--gemm-aux-epilogues"]
+    if prec == "bf16":  # the plain GEMMs (bf16's CUDA default has the aux epilogues: bf16-aux)
+        return ["--precision", "bf16", "--gemm-aux-epilogues=false"]
     return ["--precision", prec]
 
 
