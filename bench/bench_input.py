@@ -51,6 +51,7 @@ def images(a):
 
 
 STALL_RE = re.compile(r"input stall: .*")
+DECODER_RE = re.compile(r"JPEGs decoded on the device \(([^)]*)\)")  # --decode gpu's backend
 
 
 def train(a, data, extra, tag):
@@ -104,8 +105,10 @@ def run(a):
             print(f"{label}: FAILED {log.strip().splitlines()[-1:]}")
             continue
         stall = STALL_RE.findall(log)
+        decoder = DECODER_RE.findall(log)
         rate = f", {batch / dt:.0f} img/s" if batch else ""
-        print(f"{label}: {dt * 1e3:.2f} ms/step{rate}; {stall[-1] if stall else 'no stall line'}")
+        print(f"{label}: {dt * 1e3:.2f} ms/step{rate}; {stall[-1] if stall else 'no stall line'}"
+              + (f"; decoder: {decoder[-1]}" if decoder else ""))
 
 
 def main():
