@@ -1317,7 +1317,7 @@ bool fuseReluGradEpilogue(func::FuncOp func, WhereOp where) {
 /// gradient's GEMM contracts over its rows, join the product in a
 /// forge.fusion "gemm". Before loop fusion, which would otherwise take the
 /// ReLU and the adds into loop regions.
-bool fuseGemmEpilogues(func::FuncOp func, bool auxEpilogues) {
+bool fuseGemmEpilogues(func::FuncOp func, bool auxEpilogues, bool reluAuxEpilogues) {
   SmallVector<Operation *> products;
   func.walk([&](Operation *op) {
     if (isa<GemmOp, MatMulOp>(op) && !op->getParentOfType<FusionOp>() && isStaticNonEmptyF32(op))
@@ -1335,7 +1335,7 @@ bool fuseGemmEpilogues(func::FuncOp func, bool auxEpilogues) {
   changed |= fuseBiasGradients(func, taken);
   // After the ReLU regions (forward) and bias gradients, which may take the
   // backward's product first (its region then already has its epilogue).
-  if (auxEpilogues)
+  if (reluAuxEpilogues)
     for (WhereOp where : llvm::to_vector(func.getBody().front().getOps<WhereOp>()))
       changed |= fuseReluGradEpilogue(func, where);
   return changed;
@@ -2285,7 +2285,7 @@ struct FusePass : public mlir::forge::impl::FuseBase<FusePass> {
     // before the multi-reductions (a bias gradient is no whole-tensor sum).
     if (gemmEpilogues)
       for (auto func : getOperation().getOps<func::FuncOp>())
-        changed |= fuseGemmEpilogues(func, auxEpilogues);
+        changed |= fuseGemmEpilogues(func, auxEpilogues, reluAuxEpilogues);
     // Column sums side by side before the multi-reductions and loop fusion,
     // which would take their prologues.
     for (auto func : getOperation().getOps<func::FuncOp>())

@@ -364,9 +364,9 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     output. A gelu_grad (tanh) whose grad_output is a product (or its one
     reshape) that nothing else reads joins that product with the GELU's
     input as the region's last argument, and a bias gradient of the
-    gelu_grad (reduce_sum over all but the last axis) joins it too; and a
-    ReLU region also yields the ReLU's bitmask, which the GEMM of the ReLU's
-    gradient, where(y > 0, P, 0), reads to mask P.
+    gelu_grad (reduce_sum over all but the last axis) joins it too. With
+    `relu-aux-epilogues`, a ReLU region also yields the ReLU's bitmask, which
+    the GEMM of the ReLU's gradient, where(y > 0, P, 0), reads to mask P.
     forge-select-library states the cuBLASLt epilogue (RELU/RELU_BIAS,
     BGRADA/BGRADB, BIAS, GELU[_AUX][_BIAS], DGELU[_BGRAD]) that computes it
     as the product is written.
@@ -388,10 +388,14 @@ def Fuse : Pass<"forge-fuse", "::mlir::ModuleOp"> {
     Option<"gemmEpilogues", "gemm-epilogues", "bool", /*default=*/"false",
            "Fuse ReLUs of GEMM products and bias gradients beside weight gradients into "
            "gemm regions (a GEMM library's epilogues: CUDA only)">,
+    Option<"reluAuxEpilogues", "relu-aux-epilogues", "bool", /*default=*/"false",
+           "With gemm-epilogues, the ReLU's bitmask (RELU_AUX) and its gradient (DRELU) "
+           "too. Off: slower than the plain GEMMs and two mask kernels in TF32 (20%) and "
+           "bf16 (7%) on the bench MLP (bench/RESULTS.md, nineteenth session)">,
     Option<"auxEpilogues", "aux-epilogues", "bool", /*default=*/"false",
            "With gemm-epilogues, also the epilogues that save a tensor for the backward "
-           "or read one: the tanh GELU with its input (GELU_AUX_BIAS), its gradient "
-           "(DGELU[_BGRAD]), the ReLU's bitmask (RELU_AUX) and gradient (DRELU). Off: in "
+           "or read one: the tanh GELU with its input (GELU_AUX_BIAS) and its gradient "
+           "(DGELU[_BGRAD]). forgec turns them on in bf16 (GPT-2 4% faster). Off: in "
            "f32/TF32 cuBLASLt's kernels for them ran slower than the plain GEMM and a "
            "kernel (GPT-2 +3 ms/step on an H200, bench/RESULTS.md)">,
     Option<"maxHorizontalOperands", "max-horizontal-operands", "int64_t", /*default=*/"120",

@@ -169,8 +169,9 @@ static cl::opt<bool> mergeReductions(
 static cl::opt<bool> gemmAuxEpilogues(
     "gemm-aux-epilogues",
     cl::desc("CUDA: also the cuBLASLt epilogues that save a tensor for the backward or read "
-             "one (GELU_AUX/DGELU, RELU_AUX/DRELU). Default: on with --precision bf16 "
-             "(GPT-2 4% faster), off otherwise (slower in TF32; fp16/fp8 unmeasured)"),
+             "one (GELU_AUX/DGELU, RELU_AUX/DRELU). Without the flag: the GELU's with "
+             "--precision bf16 (GPT-2 4% faster), none otherwise (slower in TF32, the "
+             "ReLU's in bf16 too; fp16/fp8 unmeasured)"),
     cl::init(false), cl::cat(forgecCategory));
 static cl::opt<int64_t> gemmPadMinFlops(
     "gemm-pad-min-flops",
@@ -775,10 +776,8 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   o.target = target;
   o.train = trainFlags();
   o.memoryReport = memoryReport;
-  // Unless given: bf16 only (GPT-2 124M B16 on an H100: 35.14 -> 33.66 ms a step; TF32
-  // ran slower with them, bench/RESULTS.md).
-  o.auxEpilogues =
-      gemmAuxEpilogues.getNumOccurrences() ? bool(gemmAuxEpilogues) : precision == "bf16";
+  // Unless given: the pipeline's rule (the GELU's in bf16).
+  o.auxEpilogues = !gemmAuxEpilogues.getNumOccurrences() ? "auto" : gemmAuxEpilogues ? "on" : "off";
   o.foldAttentionViews = foldAttentionViews;
   o.foldContiguousViews = foldContiguousViews;
   o.fuseNormGradEpilogues = fuseNormGradEpilogues;

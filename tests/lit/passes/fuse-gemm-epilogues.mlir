@@ -1,11 +1,14 @@
-// RUN: forge-opt %s --split-input-file --forge-fuse="gemm-epilogues=true aux-epilogues=true" | FileCheck %s
+// RUN: forge-opt %s --split-input-file --forge-fuse="gemm-epilogues=true aux-epilogues=true relu-aux-epilogues=true" | FileCheck %s
 // The regions print and parse back (the verifier accepts what the pass makes).
-// RUN: forge-opt %s --split-input-file --forge-fuse="gemm-epilogues=true aux-epilogues=true" | forge-opt --split-input-file --verify-each > /dev/null
+// RUN: forge-opt %s --split-input-file --forge-fuse="gemm-epilogues=true aux-epilogues=true relu-aux-epilogues=true" | forge-opt --split-input-file --verify-each > /dev/null
 // Off by default (the CPU pipeline): no gemm region.
 // RUN: forge-opt %s --split-input-file --forge-fuse | FileCheck %s --check-prefix=OFF
 // Without aux-epilogues (forgec's default: slower than unfused in f32/TF32), no GELU
 // region and no ReLU bitmask.
 // RUN: forge-opt %s --split-input-file --forge-fuse="gemm-epilogues=true" | FileCheck %s --check-prefix=NOAUX
+// The GELU's aux epilogues without the ReLU's (forgec's bf16 default): GELU regions, no
+// ReLU bitmask.
+// RUN: forge-opt %s --split-input-file --forge-fuse="gemm-epilogues=true aux-epilogues=true" | FileCheck %s --check-prefix=GELU
 
 // A linear layer's ReLU: one "gemm" region yielding the ReLU; its saved mask
 // (y > 0) stays outside and fuses with its reader, the backward's where.
@@ -189,6 +192,12 @@ func.func @not_epilogues(%x: tensor<4x8xf32>, %w: tensor<8x5xf32>, %dy: tensor<4
 // NOAUX-LABEL: func @gelu
 // NOAUX-NOT: "gemm"
 // NOAUX: return
+// GELU-LABEL: func @gelu
+// GELU: forge.fusion "gemm"
+// GELU: forge.gelu
+// GELU: forge.fusion "gemm"
+// GELU: forge.gelu_grad
+// GELU: return
 func.func @gelu(%x: tensor<2x3x4xf32>, %w: tensor<4x8xf32>, %b: tensor<8xf32>, %dy: tensor<6x5xf32>, %w2: tensor<5x8xf32>) -> (tensor<2x3x8xf32>, tensor<2x3x8xf32>, tensor<1x1x8xf32>) {
   %p = forge.matmul %x, %w : (tensor<2x3x4xf32>, tensor<4x8xf32>) -> tensor<2x3x8xf32>
   %h = forge.add %b, %p : (tensor<8xf32>, tensor<2x3x8xf32>) -> tensor<2x3x8xf32>
@@ -250,6 +259,9 @@ func.func @not_gelu(%x: tensor<6x4xf32>, %w: tensor<4x8xf32>, %b: tensor<8xf32>,
 // NOAUX-LABEL: func @drelu
 // NOAUX-NOT: relu_bitmask
 // NOAUX: return
+// GELU-LABEL: func @drelu
+// GELU-NOT: relu_bitmask
+// GELU: return
 func.func @drelu(%x: tensor<4x8xf32>, %w: tensor<5x8xf32>, %b: tensor<5xf32>, %g: tensor<4x3xf32>, %w2: tensor<3x5xf32>) -> (tensor<4x5xf32>, tensor<4x5xf32>) {
   %zero = forge.constant dense<0.0> : tensor<f32>
   %p = forge.gemm %x, %w, %b {alpha = 1.0 : f64, beta = 1.0 : f64, transA = false, transB = true} : (tensor<4x8xf32>, tensor<5x8xf32>, tensor<5xf32>) -> tensor<4x5xf32>

@@ -24,7 +24,9 @@ struct PipelineOptions {
   std::string target = "cpu"; // cpu | cuda:sm_NN
   TrainFlags train;           // the train-step stage (training pipeline only)
   bool memoryReport = false;  // the memory plan prints its peak (forgec --memory-report)
-  bool auxEpilogues = false;  // forge-fuse's aux-epilogues (forgec --gemm-aux-epilogues)
+  // forge-fuse's aux-epilogues and relu-aux-epilogues (forgec --gemm-aux-epilogues): auto
+  // (the GELU's in bf16, none otherwise), on (the GELU's and the ReLU's), off.
+  std::string auxEpilogues = "auto";
   bool foldAttentionViews = true; // forge-fold-attention-views (forgec --fold-attention-views)
   bool foldContiguousViews = true; // forge-fold-contiguous-views (forgec --fold-contiguous-views)
   bool fuseNormGradEpilogues =
