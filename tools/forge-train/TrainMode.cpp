@@ -629,6 +629,51 @@ Expected<std::optional<int64_t>> startingState(const Options &opts, const Bundle
   return resumedAt;
 }
 
+/// The run's opening lines: the image decoder, a pipeline stage's share of the parameters,
+/// data arrays the bundle does not read, then what is trained where.
+void announceRun(const Options &opts, Trainer &tr, const TrainerOptions &trainerOptions, int64_t pp,
+                 int64_t tp, int64_t total, Progress &progress) {
+  if (!tr.imageDecoder().empty())
+    progress.message(fmt::format("JPEGs decoded on the device ({}); others by the data workers",
+                                 tr.imageDecoder()));
+  else if (opts.decode == "auto" && !opts.data.empty())
+    progress.message("--decode auto: the data workers decode every image");
+  if (pp > 1) { // each stage holds its own parameters and optimizer state
+    auto [held, all] = tr.executor().persistentBytes();
+    progress.message(fmt::format("pipeline stage {} holds {} of the {} bytes of parameters and "
+                                 "state ({:.0f}%)",
+                                 RankLayout::of(trainerOptions.rank, trainerOptions.worldSize,
+                                                static_cast<int>(pp), static_cast<int>(tp))
+                                     .stage,
+                                 held, all,
+                                 all ? 100.0 * double(held) / double(all) : 0.0));
+  }
+
+  for (const std::string &a : tr.trainData().unusedArrays())
+    progress.message(fmt::format("forge-train: warning: --data array {} is not an input of the "
+                                 "bundle; ignored",
+                                 a));
+  if (tr.evalData())
+    for (const std::string &a : tr.evalData()->unusedArrays())
+      progress.message(fmt::format("forge-train: warning: --eval-data array {} is not an input "
+                                   "of the bundle; ignored",
+                                   a));
+
+  std::string layout =
+      !tr.batchSchedule().empty()
+          ? fmt::format("batch schedule {} of micro-batches of {}",
+                        buildOption(tr.executor().bundle().program(), "batch_schedule"),
+                        tr.batchSize())
+      : tr.microBatches() > 1 ? fmt::format("{} micro-batches x batch {}", tr.microBatches(),
+                                            tr.batchSize())
+                              : fmt::format("batch {}", tr.batchSize());
+  progress.message(fmt::format(
+      "forge-train: {}: {} training samples ({}), {} steps/epoch, {} steps{}; {}",
+      opts.bundlePath, tr.trainSamples(), layout, tr.stepsPerEpoch(), total,
+      tr.hasEval() ? fmt::format("; {} eval samples", tr.evalSamples()) : "",
+      tr.executor().describe()));
+}
+
 Expected<int> train(const Options &opts, Progress &progress) {
   auto loaded = Bundle::open(opts.bundlePath);
   if (!loaded)
@@ -658,46 +703,8 @@ Expected<int> train(const Options &opts, Progress &progress) {
   if (!created)
     return created.status();
   Trainer &tr = **created;
-  if (!tr.imageDecoder().empty())
-    progress.message(fmt::format("JPEGs decoded on the device ({}); others by the data workers",
-                                 tr.imageDecoder()));
-  else if (opts.decode == "auto" && !opts.data.empty())
-    progress.message("--decode auto: the data workers decode every image");
-  if (pp > 1) { // each stage holds its own parameters and optimizer state
-    auto [held, all] = tr.executor().persistentBytes();
-    progress.message(fmt::format("pipeline stage {} holds {} of the {} bytes of parameters and "
-                                 "state ({:.0f}%)",
-                                 RankLayout::of(trainerOptions.rank, trainerOptions.worldSize,
-                                                static_cast<int>(pp), static_cast<int>(tp))
-                                     .stage,
-                                 held, all,
-                                 all ? 100.0 * double(held) / double(all) : 0.0));
-  }
-
-  for (const std::string &a : tr.trainData().unusedArrays())
-    progress.message(fmt::format("forge-train: warning: --data array {} is not an input of the "
-                                 "bundle; ignored",
-                                 a));
-  if (tr.evalData())
-    for (const std::string &a : tr.evalData()->unusedArrays())
-      progress.message(fmt::format("forge-train: warning: --eval-data array {} is not an input "
-                                   "of the bundle; ignored",
-                                   a));
-
   const int64_t total = opts.steps > 0 ? opts.steps : tr.stepsForEpochs(opts.epochs);
-  std::string layout =
-      !tr.batchSchedule().empty()
-          ? fmt::format("batch schedule {} of micro-batches of {}",
-                        buildOption(tr.executor().bundle().program(), "batch_schedule"),
-                        tr.batchSize())
-      : tr.microBatches() > 1 ? fmt::format("{} micro-batches x batch {}", tr.microBatches(),
-                                            tr.batchSize())
-                              : fmt::format("batch {}", tr.batchSize());
-  progress.message(fmt::format(
-      "forge-train: {}: {} training samples ({}), {} steps/epoch, {} steps{}; {}",
-      opts.bundlePath, tr.trainSamples(), layout, tr.stepsPerEpoch(), total,
-      tr.hasEval() ? fmt::format("; {} eval samples", tr.evalSamples()) : "",
-      tr.executor().describe()));
+  announceRun(opts, tr, trainerOptions, pp, tp, total, progress);
 
   if (!opts.exportOnnx.empty())
     FORGE_RETURN_IF_ERROR(exportModel(opts, bundle, tr.executor(), progress, /*checkOnly=*/true));
