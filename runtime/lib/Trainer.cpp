@@ -1024,10 +1024,8 @@ Status Trainer::launch(std::vector<Executor::Span> *profile) {
   }
   // A loop binds each micro-batch's JPEG lengths for its run (bindMicroBatch); one run
   // reads every micro-batch's canvas input: bind them all now (evaluate() unbinds them).
-  for (size_t k = 0; encodedField_ >= 0 && accum_.index < 0 && k < microInputs_.size(); ++k)
-    FORGE_RETURN_IF_ERROR(
-        exec_->bindEncodedInput(microInputs_[k][static_cast<size_t>(encodedField_)],
-                                static_cast<const uint32_t *>((*outs)[k][fields_.size()])));
+  for (size_t k = 0; accum_.index < 0 && k < microInputs_.size(); ++k)
+    FORGE_RETURN_IF_ERROR(bindEncodedLengths(outs, k));
   const double inputSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::optional<uint64_t> run =
@@ -1257,6 +1255,22 @@ Status Trainer::failedError() const {
                        failed_);
 }
 
+Status Trainer::bindEncodedLengths(const std::vector<std::vector<void *>> *outs, size_t k) {
+  if (encodedField_ < 0)
+    return Status::ok();
+  // The JPEG lengths fillStep wrote after the fields' buffers.
+  const auto *lengths = outs ? static_cast<const uint32_t *>((*outs)[k][fields_.size()]) : nullptr;
+  return exec_->bindEncodedInput(microInputs_[k][static_cast<size_t>(encodedField_)], lengths);
+}
+
+Status Trainer::refuseCallerImages() const {
+  if (encodedField_ < 0)
+    return Status::ok();
+  return Status::error("this trainer's images are decoded on the device ({}); it takes no "
+                       "batches from the caller",
+                       imageDecoder_);
+}
+
 Status Trainer::bindMicroBatch(const std::vector<std::vector<void *>> &outs, int64_t k) {
   if (bucketed_) {
     const Bucket &b = buckets_[curBucket_];
@@ -1272,10 +1286,7 @@ Status Trainer::bindMicroBatch(const std::vector<std::vector<void *>> &outs, int
   }
   for (size_t f = 0; f < microInputs_[k].size(); ++f)
     FORGE_RETURN_IF_ERROR(exec_->bindInput(microInputs_[k][f], outs[k][f]));
-  if (encodedField_ >= 0) // the JPEG lengths fillStep wrote after the fields
-    FORGE_RETURN_IF_ERROR(
-        exec_->bindEncodedInput(microInputs_[k][static_cast<size_t>(encodedField_)],
-                                static_cast<const uint32_t *>(outs[k][fields_.size()])));
+  FORGE_RETURN_IF_ERROR(bindEncodedLengths(&outs, static_cast<size_t>(k)));
   if (int32_t t = microIndexInputOf(k); t >= 0)
     FORGE_RETURN_IF_ERROR(exec_->bindInput(t, &microIndex_[k]));
   return Status::ok();
@@ -1358,10 +1369,7 @@ Expected<StepResult> Trainer::stepOn(DataSource &batch) {
   if (bucketed_)
     return Status::error("this trainer batches its variable-length data by length; it takes "
                          "no batches from the caller");
-  if (encodedField_ >= 0)
-    return Status::error("this trainer's images are decoded on the device ({}); it takes no "
-                         "batches from the caller",
-                         imageDecoder_);
+  FORGE_RETURN_IF_ERROR(refuseCallerImages());
   FORGE_RETURN_IF_ERROR(batch.bind(fields_));
   const int64_t next = step_ + 1, micro = microAt(next);
   if (batch.numSamples() != samplesAt(next))
@@ -1391,10 +1399,7 @@ Expected<StepResult> Trainer::stepOn(DataSource &batch) {
 Expected<StepResult> Trainer::stepOnDevice(std::span<const void *const> fields) {
   if (inFlight_ != 0)
     return Status::error("internal: stepOnDevice() with {} step(s) in flight", inFlight_);
-  if (encodedField_ >= 0)
-    return Status::error("this trainer's images are decoded on the device ({}); it takes no "
-                         "batches from the caller",
-                         imageDecoder_);
+  FORGE_RETURN_IF_ERROR(refuseCallerImages());
   FORGE_RETURN_IF_ERROR(failedError());
   if (bucketed_)
     return Status::error("this trainer batches its variable-length data by length; it takes "
@@ -1438,9 +1443,8 @@ Expected<EvalResult> Trainer::evaluate() {
   if (evalData_->variableLength())
     return evaluateBuckets();
   // The eval routine may read the training canvas's tensor: its samples are pixels.
-  for (size_t k = 0; encodedField_ >= 0 && k < microInputs_.size(); ++k)
-    FORGE_RETURN_IF_ERROR(
-        exec_->bindEncodedInput(microInputs_[k][static_cast<size_t>(encodedField_)], nullptr));
+  for (size_t k = 0; k < microInputs_.size(); ++k)
+    FORGE_RETURN_IF_ERROR(bindEncodedLengths(nullptr, k));
   // Every sample counts. A last partial batch is padded by repeating its own
   // samples with weight 0 (forge.sample_weight), so the bundle's loss and
   // correct count cover the real samples only; each batch's mean loss is then

@@ -91,7 +91,8 @@ std::unique_ptr<Trainer> makeTrainer(const Bundle &bundle, int64_t n, uint64_t s
   return tr.isOk() ? tr.take() : nullptr;
 }
 
-std::vector<float> run(Trainer &tr, int steps) {
+/// `epochs`, if given: Trainer::epochsDone() after each step.
+std::vector<float> run(Trainer &tr, int steps, std::vector<double> *epochs = nullptr) {
   std::vector<float> losses;
   for (int i = 0; i < steps; ++i) {
     auto r = tr.step();
@@ -99,6 +100,8 @@ std::vector<float> run(Trainer &tr, int steps) {
     if (!r)
       break;
     losses.push_back(r->loss);
+    if (epochs)
+      epochs->push_back(tr.epochsDone());
   }
   return losses;
 }
@@ -1376,14 +1379,9 @@ TEST(Trainer, PipelinedStepsReadTheOlderStepsOutputs) {
     auto plain = makeTrainer(*bundle, 40, 3);
     ASSERT_TRUE(plain);
     ASSERT_FALSE(plain->canPipeline());
-    std::vector<float> want;
     std::vector<double> wantEpochs; // 7 steps of 4 or 8 samples: into the second epoch
-    for (int s = 0; s < 7; ++s) {
-      auto r = plain->step();
-      ASSERT_TRUE(r.isOk()) << r.status().message();
-      want.push_back(r->loss);
-      wantEpochs.push_back(plain->epochsDone());
-    }
+    const std::vector<float> want = run(*plain, 7, &wantEpochs);
+    ASSERT_EQ(want.size(), 7u);
     for (bool honest : {true, false}) {
       TrainerOptions o;
       PipeliningExecutor *exec = nullptr;

@@ -247,7 +247,6 @@ struct CudaExecutor::Impl {
   std::vector<PinnedBuffer> outputStage[2]; // per tensor (routine outputs), by its routine's
                                             // run parity (RoutineState::runs)
   uint64_t runs = 0;                        // run() calls of every routine
-  int lastParity = 0;                       // the last run's (its routine's) parity
   mutable std::vector<std::unique_ptr<uint8_t[]>> mirror; // view() of other tensors
   std::vector<RoutineState> routines;
   int lastRoutine = -1;
@@ -632,9 +631,10 @@ struct CudaExecutor::Impl {
     if (e != cudaSuccess)
       return deviceError(origin, e);
     FORGE_RETURN_IF_ERROR(hostErrors());
-    return lastRoutine < 0
-               ? Status::ok()
-               : runFault(origin, routines[static_cast<size_t>(lastRoutine)], lastParity);
+    if (lastRoutine < 0)
+      return Status::ok();
+    const RoutineState &last = routines[static_cast<size_t>(lastRoutine)];
+    return runFault(origin, last, last.lastParity);
   }
 
   /// The fault a checking kernel reported in routine `r`'s run of `parity` or any run
@@ -1408,7 +1408,7 @@ Status CudaExecutor::run(int routine) {
   im.lastRoutine = routine;
   const uint64_t runIndex = im.runs++;
   const int parity = static_cast<int>(r.runs++ % 2);
-  im.lastParity = r.lastParity = parity;
+  r.lastParity = parity;
   nvtxRangePushA(proto.name().c_str()); // the host side of the step (Nsight Systems)
   struct PopRange {
     ~PopRange() { nvtxRangePop(); }
@@ -1565,7 +1565,7 @@ Expected<std::vector<Executor::Span>> CudaExecutor::runProfiled(int routine) {
   im.lastRoutine = routine;
   const uint64_t runIndex = im.runs++;
   const int parity = static_cast<int>(r.runs++ % 2);
-  im.lastParity = r.lastParity = parity;
+  r.lastParity = parity;
   const size_t n = r.steps.size();
   if (r.profileEvents.empty()) {
     r.profileEvents.resize(2 * n + 4, nullptr);

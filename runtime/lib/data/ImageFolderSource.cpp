@@ -410,14 +410,15 @@ public:
       uint8_t *dst = imgOut + i * imageBytes;
       if (lengths)
         lengths[i] = static_cast<uint32_t>(encodedBytes);
+      const std::optional<Box> canvasCrop =
+          options_.randomResizedCrop ? std::optional<Box>(box) : std::nullopt;
       if (encodedBytes > 0) { // the file for the device to decode, the box of its full size
         std::memcpy(dst, record.bytes.data(), encodedBytes);
-        canvasBox(rgb.width, rgb.height,
-                  options_.randomResizedCrop ? std::optional<Box>(box) : std::nullopt, origW, origH,
+        canvasBox(rgb.width, rgb.height, canvasCrop, origW, origH,
                   static_cast<float *>(outs[cropField_]) + i * 6);
       } else if (cropField_ >= 0) { // the image into the canvas, its box beside it
-        fillCanvas(rgb, options_.randomResizedCrop ? std::optional<Box>(box) : std::nullopt, origW,
-                   origH, dst, static_cast<float *>(outs[cropField_]) + i * 6);
+        fillCanvas(rgb, canvasCrop, origW, origH, dst,
+                   static_cast<float *>(outs[cropField_]) + i * 6);
       } else if (const Geometry geometry =
                      options_.randomResizedCrop
                          ? boxGeometry(box, double(rgb.width) / origW, double(rgb.height) / origH)

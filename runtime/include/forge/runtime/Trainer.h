@@ -314,6 +314,11 @@ private:
   }
   /// Points accumulate's data inputs at `outs[k]` and forge.micro_index at k's value.
   Status bindMicroBatch(const std::vector<std::vector<void *>> &outs, int64_t k);
+  /// Binds micro-batch k's canvas input to the JPEG lengths after `outs[k]`'s fields (null
+  /// `outs`: unbound, every sample pixels); nothing without device decoding.
+  Status bindEncodedLengths(const std::vector<std::vector<void *>> *outs, size_t k);
+  /// stepOn()/stepOnDevice() with device-decoded images: refused.
+  Status refuseCallerImages() const;
   /// This rank's share of a step's global indices (TrainerOptions::rank).
   std::span<const int64_t> rankShare(std::span<const int64_t> global, int64_t perRank) const {
     return global.subspan(static_cast<size_t>(dpRank_ * perRank), static_cast<size_t>(perRank));
