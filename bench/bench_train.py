@@ -142,9 +142,13 @@ def compile_(a):
 
 
 def time_forge(a, name, d, bundle="model.forge", profile=True):
-    """Median step time of D/<bundle> (with --profile: its trace, steps 3-7 left out)."""
-    metrics = os.path.join(d, bundle.replace(".forge", ".jsonl") if bundle != "model.forge"
-                           else "forge.jsonl")
+    """Median step time of D/<bundle> (with --profile: its trace, steps 3-7 left out).
+    `bundle` may carry forge-train options after '+' signs (`ab`'s runtime variants:
+    model.forge+--attention-backward=fast); --forge-train-arg options apply to every run."""
+    bundle, *extra = bundle.split("+")
+    tag = "".join(c if c.isalnum() else "_" for c in "".join(extra))
+    metrics = os.path.join(d, (bundle.replace(".forge", tag + ".jsonl")
+                               if bundle != "model.forge" or tag else "forge.jsonl"))
     steps = a.warmup + a.steps
     cmd = [a.forge_train, os.path.join(d, bundle), "--data", os.path.join(d, "data.npz"),
            "--no-shuffle", "--steps", str(steps), "--device", "cuda", "--metrics", metrics,
@@ -153,6 +157,7 @@ def time_forge(a, name, d, bundle="model.forge", profile=True):
         cmd += ["--profile", os.path.join(d, "forge_trace.json")]
     if name in THIN:
         cmd += ["--weights", d]
+    cmd += a.forge_train_arg + extra
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(out.stdout + out.stderr)
@@ -364,8 +369,13 @@ def main():
                          "PyTorch as bf16 (its float8 training needs torchao)")
     ap.add_argument("--top", type=int, default=25, help="kernels listed by `profile`")
     ap.add_argument("--bundles", nargs="*", default=["model.forge"],
-                    help="`ab`: bundle files in DIR/<model>/ timed in alternating rounds")
+                    help="`ab`: bundle files in DIR/<model>/ timed in alternating rounds, each "
+                         "optionally with forge-train options after '+' "
+                         "(model.forge+--attention-backward=fast)")
     ap.add_argument("--rounds", type=int, default=3, help="`ab`: rounds over --bundles")
+    ap.add_argument("--forge-train-arg", action="append", default=[],
+                    help="an option for every forge-train run (repeat; e.g. "
+                         "--forge-train-arg=--attention-backward=fast)")
     a = ap.parse_args()
     if a.stage == "profile":
         profile(a)

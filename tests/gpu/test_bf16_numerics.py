@@ -32,7 +32,12 @@ Checks on 20-step window means of the loss, steps 21-200 (9 windows):
   not_worse_sdpa  the same against autocast with F.scaled_dot_product_attention (flash
                   attention, bf16 P and dS: what Forge's cuDNN attention does), the like-for-like
                   baseline; not_worse (issue #11's wording) compares with written-out attention
-Prints one line per check, the window table, and 'N passed, N failed'; writes DIR/numerics.json.
+Prints one line per check, the window table, each run's mean gap over the windows, and 'N
+passed, N failed'; writes DIR/numerics.json.
+Printed only, not checked: --variant LABEL=BUNDLE[+forge-train option...] runs another bf16
+bundle or option (e.g. bf16.forge+--attention-backward=fast, whose atomic dq makes each run a
+fresh sample of the same arithmetic: the spread of the trajectories) beside the same runs;
+--reuse FILE takes the fp32 and PyTorch runs from an earlier numerics.json on this GPU.
 """
 import argparse
 import json
@@ -149,11 +154,11 @@ def make_data(path, steps, bundles):
     return len(text), nfiles
 
 
-def forge_losses(a, bundle, data, weights, steps, tmp):
-    metrics = os.path.join(tmp, os.path.basename(bundle) + ".jsonl")
+def forge_losses(a, bundle, data, weights, steps, tmp, extra=()):
+    metrics = os.path.join(tmp, os.path.basename(bundle) + str(len(os.listdir(tmp))) + ".jsonl")
     cmd = [a.forge_train, bundle, "--data", data, "--no-shuffle", "--steps", str(steps),
            "--device", "cuda", "--weights", weights, "--metrics", metrics, "--log-every",
-           str(steps)]
+           str(steps)] + list(extra)
     rc, _, out = e2e.run(cmd, 1800)
     if rc != 0:
         raise RuntimeError(e2e.failure(rc, out, 8))
@@ -204,14 +209,31 @@ def run_half(a, rep):
         print(f"text: {nbytes} bytes (the tree at {commit}); {a.steps} steps of "
               f"{B} x {T} tokens", flush=True)
         runs = {}
+        if a.reuse:  # the fp32 and PyTorch runs of an earlier run's numerics.json
+            with open(a.reuse) as f:
+                old = json.load(f)["runs"]
+            runs = {k: v[:a.steps] for k, v in old.items()
+                    if k == "forge_fp32" or k.startswith("torch_")}
+            print(f"reused from {a.reuse}: {', '.join(runs)}", flush=True)
         for name in ("fp32", "bf16"):
+            if f"forge_{name}" in runs:
+                continue
             runs[f"forge_{name}"] = forge_losses(a, os.path.join(a.bundles, f"{name}.forge"),
                                                  data, weights, a.steps, tmp)
             print(f"forge {name}: last loss {runs[f'forge_{name}'][-1]:.4f}", flush=True)
         for name, autocast, sdpa in (("torch_fp32", False, False), ("torch_autocast", True, False),
                                      ("torch_autocast_sdpa", True, True)):
+            if name in runs:
+                continue
             runs[name] = torch_losses(data, a.steps, autocast, sdpa)
             print(f"{name}: last loss {runs[name][-1]:.4f}", flush=True)
+        # Printed only: other bf16 bundles or forge-train options, each beside the same runs.
+        for v in a.variant:
+            label, spec = v.split("=", 1)
+            bundle, *extra = spec.split("+")
+            runs[f"variant_{label}"] = forge_losses(a, os.path.join(a.bundles, bundle), data,
+                                                    weights, a.steps, tmp, extra)
+            print(f"variant {label}: last loss {runs[f'variant_{label}'][-1]:.4f}", flush=True)
     w = {k: windows(v) for k, v in runs.items()}
     rel = lambda x, y: [abs(p - q) / abs(q) for p, q in zip(x, y)]  # noqa: E731
     agree = rel(w["forge_fp32"], w["torch_fp32"])
@@ -226,6 +248,16 @@ def run_half(a, rep):
         print(f"{lo:3d}-{lo + WINDOW - 1:3d} {w['forge_fp32'][i]:10.4f} {w['forge_bf16'][i]:11.4f} "
               f"{w['torch_fp32'][i]:11.4f} {w['torch_autocast'][i]:9.4f}   {forge_gap[i]:9.2%} "
               f"{torch_gap[i]:12.2%} {sdpa_gap[i]:18.2%}")
+    for v in a.variant:
+        label = v.split("=", 1)[0]
+        gap = rel(w[f"variant_{label}"], w["forge_fp32"])
+        print(f"variant {label}: gap to Forge fp32 by window "
+              + " ".join(f"{g:.2%}" for g in gap)
+              + f"; above autocast's (+0.1%) in {sum(g > t + 1e-3 for g, t in zip(gap, torch_gap))}"
+              + f", above autocast+SDPA's in {sum(g > t + 1e-3 for g, t in zip(gap, sdpa_gap))}"
+              + f" of {len(gap)}; mean {np.mean(gap):.3%} (printed only)")
+    print(f"mean gap over the windows: Forge bf16 {np.mean(forge_gap):.3%}, autocast "
+          f"{np.mean(torch_gap):.3%}, autocast+SDPA {np.mean(sdpa_gap):.3%}")
     n = len(forge_gap)
     rep.check("fp32_agrees", n > 0 and max(agree) <= 0.01,
               f"Forge fp32 vs PyTorch fp32: max window rel {max(agree):.2%} (<= 1%)")
@@ -253,6 +285,11 @@ def main():
     ap.add_argument("--forgec")
     ap.add_argument("--forge-train", default="forge-train")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--reuse", help="numerics.json of an earlier run on this GPU: its Forge fp32 "
+                    "and PyTorch losses stand in for new runs (a quicker look at bf16 variants)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="LABEL=BUNDLE[+forge-train option...]: another bf16 run, its gaps "
+                         "printed beside the checked ones (not checked)")
     a = ap.parse_args()
     rep = Report()
     if a.compile_only:

@@ -107,12 +107,18 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   // Columns in vectors: a lane takes 4 consecutive outputs of one contiguous
   // kept group (8-byte bf16 / 16-byte f32 loads; a warp then reads 128
   // outputs of a row, where 32 bf16 outputs were 64 bytes per load: the
-  // bias gradients of [tokens, features] ran at ~1.8 TB/s).
-  const int64_t lanes = !rowLayout && kept.sizes.size() == 1 && kept.strides[0] == 1 &&
-                                outputs % kVector == 0 && (elem.isF32() || elem.isBF16() ||
-                                                           elem.isF16())
-                            ? kVector
-                            : 1;
+  // bias gradients of [tokens, features] ran at ~1.8 TB/s). With kept dims
+  // outside the reduced ones too ([B, T, C] over T: dk's mean over the keys
+  // ran at 1.4 TB/s), the contiguous group must hold whole warps of vectors,
+  // so that a warp's 128 outputs are one run of memory (else the chunked
+  // form below).
+  const bool contiguousOutputs = !rowLayout && !kept.sizes.empty() && kept.strides.back() == 1;
+  const int64_t lanes =
+      contiguousOutputs && (elem.isF32() || elem.isBF16() || elem.isF16()) &&
+              (kept.sizes.size() == 1 ? outputs % kVector == 0
+                                      : kept.sizes.back() % (kWarp * kVector) == 0)
+          ? kVector
+          : 1;
   // Channels-last pooling ([N, H, W, C] over H and W) with C not a multiple
   // of 32: 32 consecutive outputs would straddle images (runs of C elements
   // a warp). Instead a warp takes `cw` channels of one image (cw = C when it
@@ -286,13 +292,16 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     if (lanes > 1)
       o = k.mul(o, k.idx(lanes));
     Value oc = b.create<arith::MinUIOp>(k.loc, o, k.idx(outputs - lanes));
-    Value base = lanes == 1 ? kept.offset(k, oc) : Value();
+    // The input offset of output oc (with lanes, the first of its vector: the
+    // contiguous group holds whole vectors, so they are adjacent in memory).
+    Value base = kept.offset(k, oc);
     auto plus = [&](Value v, int64_t offset) { return offset ? k.add(v, k.idx(offset)) : v; };
     // The thread's outputs' elements of reduced row r.
     auto rowValues = [&](Value r) -> SmallVector<Value> {
       if (lanes == 1)
         return {element(base, r)};
-      Value v = b.create<memref::LoadOp>(k.loc, in, k.div(k.add(oc, reduced.offset(k, r)), lanes));
+      Value v =
+          b.create<memref::LoadOp>(k.loc, in, k.div(k.add(base, reduced.offset(k, r)), lanes));
       SmallVector<Value> xs;
       for (int64_t l = 0; l < lanes; ++l) {
         Value x = k.toCompute(b.create<vector::ExtractOp>(k.loc, v, l), elem);

@@ -273,6 +273,22 @@ func.func @column_sums(%d: tensor<256x16xbf16>, %e: tensor<256x6xbf16>) -> (tens
 
 // -----
 
+// A middle-axis mean ([B, T, C] over T, keepdims: dk's centring) takes the
+// vector form too when C holds whole warps of vectors (C = 256: a warp's 128
+// outputs are one run of memory); C = 64 keeps one output per lane.
+// CHECK-LABEL: func @middle_axis_means
+// CHECK: gpu.func @k0_reduce_mean(%arg0: memref<2048xvector<4xbf16>>, %arg1: memref<1024xf32>)
+// CHECK: memref.load %arg0[%{{.*}}] : memref<2048xvector<4xbf16>>
+// CHECK-COUNT-4: vector.extract
+// CHECK: gpu.func @k1_reduce_mean(%arg0: memref<2048xbf16>, %arg1: memref<256xf32>)
+func.func @middle_axis_means(%d: tensor<4x8x256xbf16>, %e: tensor<4x8x64xbf16>) -> (tensor<4x1x256xf32>, tensor<4x1x64xf32>) {
+  %s = forge.reduce_mean %d {axes = array<i64: 1>, keepdims = true} : (tensor<4x8x256xbf16>) -> tensor<4x1x256xf32>
+  %t = forge.reduce_mean %e {axes = array<i64: 1>, keepdims = true} : (tensor<4x8x64xbf16>) -> tensor<4x1x64xf32>
+  return %s, %t : tensor<4x1x256xf32>, tensor<4x1x64xf32>
+}
+
+// -----
+
 // A column_reduce region is one kernel: a thread owns 4 columns (one vector load of each
 // input per row: the image and the per-column shift), 32 column groups of 128 columns
 // side by side with 8 row slots per block, rows split over blocks that add their sums
