@@ -274,23 +274,10 @@ struct PyTrainer {
     rt::DataSourceOptions so = sourceOptions(tokenDtype, docSeparator);
     check(rt::applyImageCropOption(rt::buildOption(b.bundle->program(), "image_crop"), so.image));
     // Image folders: forge-train's --image-* options (the eval data keeps the centre crop).
-    if (imageResize < 0 || (!imageMean.empty() && imageMean.size() != 3) ||
-        (!imageStd.empty() && imageStd.size() != 3) ||
-        (!cropScale.empty() && (cropScale.size() != 2 || !(cropScale[0] > 0) ||
-                                !(cropScale[0] <= cropScale[1]) || cropScale[1] > 1)))
-      throw Error("image options: image_resize >= 0, image_mean/image_std 3 values each, "
-                  "crop_scale (min, max) with 0 < min <= max <= 1");
-    if (!cropScale.empty() && !randomResizedCrop)
-      throw Error("crop_scale applies to random_resized_crop, which is not set");
-    so.image.resize = imageResize;
-    so.image.mean = std::move(imageMean);
-    so.image.std = std::move(imageStd);
-    so.image.skipBadRecords = skipBadRecords;
-    rt::DataSourceOptions trainOptions = so;
-    trainOptions.image.randomResizedCrop = randomResizedCrop;
-    trainOptions.image.seed = seed;
-    if (cropScale.size() == 2)
-      trainOptions.image.scaleMin = cropScale[0], trainOptions.image.scaleMax = cropScale[1];
+    rt::DataSourceOptions trainOptions;
+    check(rt::applyImageSettings({imageResize, std::move(imageMean), std::move(imageStd),
+                                  randomResizedCrop, std::move(cropScale), skipBadRecords, seed},
+                                 rt::SettingSpelling::Keywords, so, trainOptions));
     nb::gil_scoped_release release;
     std::unique_ptr<rt::DataSource> train, eval;
     if (!data.empty())

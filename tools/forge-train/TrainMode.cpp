@@ -444,23 +444,19 @@ Expected<DataSources> openData(const Options &opts, const Bundle &bundle) {
           .prefix(opts.bundlePath));
   dataOptions.tokenDType = opts.tokenDType == "uint32" ? TokenDType::U32 : TokenDType::U16;
   dataOptions.docSeparator = opts.docSeparator;
-  dataOptions.image.resize = opts.imageResize;
-  dataOptions.image.mean = opts.imageMean;
-  dataOptions.image.std = opts.imageStd;
+  ImageSettings image{opts.imageResize, opts.imageMean,
+                      opts.imageStd,    opts.randomResizedCrop,
+                      opts.cropScale,   opts.badRecords == "skip",
+                      opts.seed};
   if (opts.imageNormalize == "imagenet") {
-    if (dataOptions.image.mean.empty())
-      dataOptions.image.mean = {0.485f, 0.456f, 0.406f};
-    if (dataOptions.image.std.empty())
-      dataOptions.image.std = {0.229f, 0.224f, 0.225f};
+    if (image.mean.empty())
+      image.mean = {0.485f, 0.456f, 0.406f};
+    if (image.std.empty())
+      image.std = {0.229f, 0.224f, 0.225f};
   }
-  dataOptions.image.skipBadRecords = opts.badRecords == "skip";
-  if (!opts.cropScale.empty() && !opts.randomResizedCrop)
-    return Status::error("--crop-scale applies to --random-resized-crop, which is not given");
-  DataSourceOptions trainOptions = dataOptions; // eval data keeps the centre crop
-  trainOptions.image.randomResizedCrop = opts.randomResizedCrop;
-  trainOptions.image.seed = opts.seed;
-  if (opts.cropScale.size() == 2)
-    trainOptions.image.scaleMin = opts.cropScale[0], trainOptions.image.scaleMax = opts.cropScale[1];
+  DataSourceOptions trainOptions; // eval data (dataOptions) keeps the centre crop
+  FORGE_RETURN_IF_ERROR(
+      applyImageSettings(image, SettingSpelling::Flags, dataOptions, trainOptions));
   auto trainData = openDataSource(opts.data, trainOptions);
   if (!trainData)
     return trainData.status().prefix("--data");

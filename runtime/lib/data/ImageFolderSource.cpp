@@ -890,6 +890,39 @@ Status applyImageCropOption(const std::string &value, ImageOptions &image) {
   return Status::ok();
 }
 
+Status applyImageSettings(const ImageSettings &s, SettingSpelling spelling, DataSourceOptions &eval,
+                          DataSourceOptions &train) {
+  auto name = [&](std::string key) {
+    if (spelling == SettingSpelling::Keywords)
+      return key;
+    std::replace(key.begin(), key.end(), '_', '-');
+    return "--" + key;
+  };
+  if (s.resize < 0)
+    return Status::error("{} must be 0 or more, not {}", name("image_resize"), s.resize);
+  for (const auto &[key, v] : {std::pair{"image_mean", &s.mean}, std::pair{"image_std", &s.std}})
+    if (!v->empty() && v->size() != 3)
+      return Status::error("{} takes 3 values (R, G, B), not {}", name(key), v->size());
+  if (!s.cropScale.empty()) {
+    if (!s.randomResizedCrop)
+      return Status::error("{} applies to {}, which is not given", name("crop_scale"),
+                           name("random_resized_crop"));
+    if (s.cropScale.size() != 2 || !(s.cropScale[0] > 0) || !(s.cropScale[0] <= s.cropScale[1]) ||
+        !(s.cropScale[1] <= 1))
+      return Status::error("{} takes MIN, MAX with 0 < MIN <= MAX <= 1", name("crop_scale"));
+  }
+  eval.image.resize = s.resize;
+  eval.image.mean = s.mean;
+  eval.image.std = s.std;
+  eval.image.skipBadRecords = s.skipBadRecords;
+  train = eval;
+  train.image.randomResizedCrop = s.randomResizedCrop;
+  train.image.seed = s.seed;
+  if (!s.cropScale.empty())
+    train.image.scaleMin = s.cropScale[0], train.image.scaleMax = s.cropScale[1];
+  return Status::ok();
+}
+
 Expected<std::unique_ptr<DataSource>> openImageFolder(const std::string &root,
                                                       const ImageOptions &options) {
   for (const auto *v : {&options.mean, &options.std})

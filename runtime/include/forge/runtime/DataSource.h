@@ -120,6 +120,28 @@ struct DataSourceOptions {
   ImageOptions image;
 };
 
+/// A front end's image-folder settings (forge-train's --image-resize/--image-mean/
+/// --image-std/--random-resized-crop/--crop-scale/--bad-records/--seed, the Python
+/// Trainer's keywords), checked and applied by applyImageSettings in one place.
+struct ImageSettings {
+  int64_t resize = 0;
+  std::vector<float> mean, std; // 3 values each, or none
+  bool randomResizedCrop = false;
+  std::vector<double> cropScale; // none, or MIN, MAX with 0 < MIN <= MAX <= 1
+  bool skipBadRecords = false;
+  uint64_t seed = 0; // the random-resized crops'
+};
+
+/// How an error spells a setting: forge-train's flags (--crop-scale) or the Python
+/// keywords (crop_scale).
+enum class SettingSpelling { Flags, Keywords };
+
+/// Applies `s` to `eval`'s image options (the centre crop), then makes `train` a copy of
+/// `eval` with the random-resized crop when asked. Errors (a setting out of range,
+/// --crop-scale without --random-resized-crop) name the setting as `spelling` writes it.
+Status applyImageSettings(const ImageSettings &s, SettingSpelling spelling, DataSourceOptions &eval,
+                          DataSourceOptions &train);
+
 /// Sets `image`'s crop size from a bundle's build option image_crop ("INPUT=HxW", written
 /// by forgec --augment ...,canvas=HxW); empty `value`: none. An error names the value.
 Status applyImageCropOption(const std::string &value, ImageOptions &image);
