@@ -433,6 +433,19 @@ Status loadShards(Executor &ex) {
 }
 } // namespace
 
+double Executor::densePeakFlops(const std::string &precision, bool tf32, int cc, int sms,
+                                double clockHz) {
+  const double fp32 = 2.0 * (cc == 80 ? 64 : 128) * sms * clockHz;
+  const bool ada = cc == 89;
+  if (precision == "fp8" && cc >= 89)
+    return fp32 * (ada ? 8 : 32);
+  if (precision == "bf16" || precision == "fp16" || precision == "fp8")
+    return fp32 * (ada ? 4 : 16);
+  if (tf32)
+    return fp32 * (ada ? 2 : 8);
+  return fp32;
+}
+
 Expected<std::unique_ptr<Executor>> createExecutor(const Bundle &bundle,
                                                    const ExecutorOptions &options) {
   const std::string &target = bundle.program().target();

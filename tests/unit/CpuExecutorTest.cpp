@@ -343,3 +343,25 @@ TEST(CpuExecutorTest, CopyKernelChecksShapes) {
   Status s = (*ex2)->run();
   EXPECT_NE(s.message().find("op 'copy'"), std::string::npos) << s.message();
 }
+
+// MFU's denominator against NVIDIA's dense figures, each at the clock it is quoted at:
+// A100 SXM (108 SMs, 1.41 GHz) 19.5 / 156 / 312 TFLOP/s FP32 / TF32 / BF16; H100 SXM (132
+// SMs, 1.83 GHz) 989 BF16, 1979 FP8, 495 TF32; L40S (142 SMs, 2.52 GHz) 91.6 FP32, 183
+// TF32, 733 FP8.
+TEST(ExecutorTest, DensePeakFlopsFollowTheBundlesPrecision) {
+  auto tflops = [](const std::string &precision, bool tf32, int cc, int sms, double ghz) {
+    return forge::rt::Executor::densePeakFlops(precision, tf32, cc, sms, ghz * 1e9) / 1e12;
+  };
+  EXPECT_NEAR(tflops("", false, 80, 108, 1.41), 19.5, 0.2);
+  EXPECT_NEAR(tflops("", true, 80, 108, 1.41), 156, 1.5);
+  EXPECT_NEAR(tflops("bf16", true, 80, 108, 1.41), 312, 3);
+  EXPECT_NEAR(tflops("bf16", true, 90, 132, 1.83), 989, 10);
+  EXPECT_NEAR(tflops("fp16", true, 90, 132, 1.83), 989, 10);
+  EXPECT_NEAR(tflops("fp8", true, 90, 132, 1.83), 1979, 20);
+  EXPECT_NEAR(tflops("", true, 90, 132, 1.83), 495, 5);
+  EXPECT_NEAR(tflops("", false, 89, 142, 2.52), 91.6, 1);
+  EXPECT_NEAR(tflops("", true, 89, 142, 2.52), 183, 2);
+  EXPECT_NEAR(tflops("fp8", true, 89, 142, 2.52), 733, 8);
+  // No float8 tensor cores on sm_80: an fp8 bundle's GEMMs are bf16 there.
+  EXPECT_NEAR(tflops("fp8", true, 80, 108, 1.41), 312, 3);
+}

@@ -1542,16 +1542,16 @@ Executor::DeviceInfo CudaExecutor::deviceInfo() const {
     info.memoryUsed = totalBytes - freeBytes;
     info.memoryTotal = totalBytes;
   }
-  // Peak of the bundle's math: FP32 FMA units x 2 x clock; TF32 tensor cores
-  // (build option tf32) run 8x that on sm_80/sm_90 and 2x on sm_89.
   int clockKHz = 0;
   cudaDeviceGetAttribute(&clockKHz, cudaDevAttrClockRate, im.options.device);
-  int cc = im.props.major * 10 + im.props.minor;
-  int fp32PerSM = cc == 80 ? 64 : 128;
-  double fp32 = 2.0 * fp32PerSM * im.props.multiProcessorCount * clockKHz * 1e3;
-  auto opt = bundle_.program().build_options().find("tf32");
-  bool tf32 = opt != bundle_.program().build_options().end() && opt->second == "1";
-  info.peakFlops = tf32 ? fp32 * (cc == 89 ? 2 : 8) : fp32;
+  const auto &build = bundle_.program().build_options();
+  auto option = [&](const char *key) {
+    auto it = build.find(key);
+    return it == build.end() ? std::string() : it->second;
+  };
+  info.peakFlops = densePeakFlops(option("precision"), option("tf32") == "1",
+                                  im.props.major * 10 + im.props.minor,
+                                  im.props.multiProcessorCount, clockKHz * 1e3);
   return info;
 }
 
