@@ -145,7 +145,7 @@ def time_forge(a, name, d, bundle="model.forge", profile=True):
     """Median step time of D/<bundle> (with --profile: its trace, steps 3-7 left out).
     `bundle` may carry forge-train options after '+' signs (`ab`'s runtime variants:
     model.forge+--attention-backward=fast); --forge-train-arg options apply to every run."""
-    bundle, *extra = bundle.split("+")
+    bundle, *extra = re.split(r"\+(?=-)", bundle)
     tag = "".join(c if c.isalnum() else "_" for c in "".join(extra))
     metrics = os.path.join(d, (bundle.replace(".forge", tag + ".jsonl")
                                if bundle != "model.forge" or tag else "forge.jsonl"))

@@ -435,6 +435,8 @@ Status loadShards(Executor &ex) {
 
 double Executor::densePeakFlops(const std::string &precision, bool tf32, int cc, int sms,
                                 double clockHz) {
+  if (cc != 80 && cc != 89 && cc != 90)
+    return 0; // rates not known here (sm_86's, Blackwell's differ): no MFU
   const double fp32 = 2.0 * (cc == 80 ? 64 : 128) * sms * clockHz;
   const bool ada = cc == 89;
   if (precision == "fp8" && cc >= 89)

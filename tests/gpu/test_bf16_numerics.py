@@ -42,6 +42,7 @@ fresh sample of the same arithmetic: the spread of the trajectories) beside the 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -155,7 +156,7 @@ def make_data(path, steps, bundles):
 
 
 def forge_losses(a, bundle, data, weights, steps, tmp, extra=()):
-    metrics = os.path.join(tmp, os.path.basename(bundle) + str(len(os.listdir(tmp))) + ".jsonl")
+    metrics = os.path.join(tmp, os.path.basename(bundle) + ".jsonl")  # forge-train truncates it
     cmd = [a.forge_train, bundle, "--data", data, "--no-shuffle", "--steps", str(steps),
            "--device", "cuda", "--weights", weights, "--metrics", metrics, "--log-every",
            str(steps)] + list(extra)
@@ -214,6 +215,8 @@ def run_half(a, rep):
                 old = json.load(f)["runs"]
             runs = {k: v[:a.steps] for k, v in old.items()
                     if k == "forge_fp32" or k.startswith("torch_")}
+            if any(len(v) < a.steps for v in runs.values()):
+                sys.exit(f"{a.reuse}: its runs have fewer than --steps {a.steps} steps")
             print(f"reused from {a.reuse}: {', '.join(runs)}", flush=True)
         for name in ("fp32", "bf16"):
             if f"forge_{name}" in runs:
@@ -230,7 +233,7 @@ def run_half(a, rep):
         # Printed only: other bf16 bundles or forge-train options, each beside the same runs.
         for v in a.variant:
             label, spec = v.split("=", 1)
-            bundle, *extra = spec.split("+")
+            bundle, *extra = re.split(r"\+(?=-)", spec)
             runs[f"variant_{label}"] = forge_losses(a, os.path.join(a.bundles, bundle), data,
                                                     weights, a.steps, tmp, extra)
             print(f"variant {label}: last loss {runs[f'variant_{label}'][-1]:.4f}", flush=True)
@@ -291,6 +294,9 @@ def main():
                     help="LABEL=BUNDLE[+forge-train option...]: another bf16 run, its gaps "
                          "printed beside the checked ones (not checked)")
     a = ap.parse_args()
+    labels = [v.split("=", 1)[0] for v in a.variant]
+    if any("=" not in v for v in a.variant) or len(set(labels)) != len(labels):
+        ap.error("--variant takes LABEL=BUNDLE[+option...], each LABEL once")
     rep = Report()
     if a.compile_only:
         if not a.forgec:

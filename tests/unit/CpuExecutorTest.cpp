@@ -362,6 +362,9 @@ TEST(ExecutorTest, DensePeakFlopsFollowTheBundlesPrecision) {
   EXPECT_NEAR(tflops("", false, 89, 142, 2.52), 91.6, 1);
   EXPECT_NEAR(tflops("", true, 89, 142, 2.52), 183, 2);
   EXPECT_NEAR(tflops("fp8", true, 89, 142, 2.52), 733, 8);
+  EXPECT_NEAR(tflops("bf16", true, 89, 142, 2.52), 366, 4);
   // No float8 tensor cores on sm_80: an fp8 bundle's GEMMs are bf16 there.
   EXPECT_NEAR(tflops("fp8", true, 80, 108, 1.41), 312, 3);
+  // Rates this table does not know give no MFU rather than a wrong one.
+  EXPECT_EQ(tflops("bf16", true, 86, 82, 1.7), 0.0);
 }

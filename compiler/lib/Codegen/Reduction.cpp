@@ -110,8 +110,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   // bias gradients of [tokens, features] ran at ~1.8 TB/s). With kept dims
   // outside the reduced ones too ([B, T, C] over T: dk's mean over the keys
   // ran at 1.4 TB/s), the contiguous group must hold whole warps of vectors,
-  // so that a warp's 128 outputs are one run of memory (else the chunked
-  // form below).
+  // so that a warp's 128 outputs are one run of memory (else one output per
+  // lane, or the chunked form below for groups that are not whole warps).
   const bool contiguousOutputs = !rowLayout && !kept.sizes.empty() && kept.strides.back() == 1;
   const int64_t lanes =
       contiguousOutputs && (elem.isF32() || elem.isBF16() || elem.isF16()) &&

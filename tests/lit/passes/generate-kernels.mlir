@@ -277,7 +277,12 @@ func.func @column_sums(%d: tensor<256x16xbf16>, %e: tensor<256x6xbf16>) -> (tens
 // vector form too when C holds whole warps of vectors (C = 256: a warp's 128
 // outputs are one run of memory); C = 64 keeps one output per lane.
 // CHECK-LABEL: func @middle_axis_means
+// The output's input offset: (o % 256) + (o / 256) * 2048, the batch's stride
+// (an output index used as an input offset would read batch 0's rows).
 // CHECK: gpu.func @k0_reduce_mean(%arg0: memref<2048xvector<4xbf16>>, %arg1: memref<1024xf32>)
+// CHECK: %[[REM:.*]] = arith.remui %[[O:.*]], %c256
+// CHECK: %[[DIV:.*]] = arith.divui %[[O]], %c256
+// CHECK: arith.muli %[[DIV]], %c2048
 // CHECK: memref.load %arg0[%{{.*}}] : memref<2048xvector<4xbf16>>
 // CHECK-COUNT-4: vector.extract
 // CHECK: gpu.func @k1_reduce_mean(%arg0: memref<2048xbf16>, %arg1: memref<256xf32>)

@@ -475,7 +475,8 @@ std::vector<Case> allCases() {
     add(mk(op, "two_axes_keepdims", {var({2, 3, 4})}, {Is("axes", {0, 2}), B("keepdims", true)}));
     add(mk(op, "all", {var({3, 4})}, {Is("axes", {0, 1}), B("keepdims", false)}));
     // A middle axis under kept rows of 128 (a warp of 4-wide vectors): the
-    // generated kernel's vector form with kept dims on both sides (on CUDA).
+    // generated kernel's vector form with kept dims on both sides (only the
+    // GPU replay of the emitted case runs that kernel; here the CPU's).
     add(mk(op, "middle_axis_vectors", {var({2, 3, 128})}, {Is("axes", {1}), B("keepdims", true)}));
   }
   for (std::string op : {"reduce_max", "reduce_min"}) {

@@ -126,8 +126,9 @@ public:
   /// (2 FLOPs x 64 FMAs a clock per SM on sm_80, 128 elsewhere) for an f32 bundle, times the
   /// tensor cores' factor for the bundle's build options: `precision` bf16/fp16 16x (4x on
   /// sm_89), fp8 32x on sm_90 (8x on sm_89; bf16's rate where the GPU has no float8), `tf32`
-  /// 8x (2x on sm_89). At H100 SXM's 1.98 GHz bf16 is 1070 TFLOP/s (NVIDIA's 989 is at
-  /// 1.83 GHz).
+  /// 8x (2x on sm_89); 0 (unknown) on other GPUs. At H100 SXM's 1.98 GHz bf16 is 1070
+  /// TFLOP/s (NVIDIA's 989 is at 1.83 GHz). An fp8 bundle's backward GEMMs run in bf16 unless
+  /// fp8_gradients=e5m2, so its MFU against the fp8 rate understates them.
   static double densePeakFlops(const std::string &precision, bool tf32, int cc, int sms,
                                double clockHz);
   /// A reading of the device's sensors (CUDA: NVML); fields the device or its driver does
