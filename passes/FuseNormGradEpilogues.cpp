@@ -89,7 +89,8 @@ FusionOp epilogueOf(LayerNormGradOp lng, bool &alsoDx) {
   FusionOp first;
   for (Operation *user : dx.getUsers()) {
     auto reader = dyn_cast<FusionOp>(user);
-    if (reader && (!first || reader->isBeforeInBlock(first)) && othersBefore(lng, reader, dx) &&
+    if (reader && reader->getBlock() == lng->getBlock() &&
+        (!first || reader->isBeforeInBlock(first)) && othersBefore(lng, reader, dx) &&
         fitsEpilogue(lng, reader, shape))
       first = reader;
   }
