@@ -291,8 +291,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     func->setAttr("forge.precision", b.getStringAttr(precision));
     if (standaloneCasts)
       func.emitRemark() << "forge-assign-precision: " << standaloneCasts
-                        << " cast(s) have no neighbouring kernel yet (a layer norm gradient's "
-                           "may still take one: forge-fuse-norm-grad-epilogues)";
+                        << " cast(s) have no neighbouring kernel and run as their own";
     if (precision == "fp8" && !evalRoutine)
       func.emitRemark() << "forge-assign-precision: " << scaledGemms
                         << " GEMM(s) run in float8 (E4M3) from " << forwardCopies

@@ -847,9 +847,7 @@ def FuseNormGradEpilogues : Pass<"forge-fuse-norm-grad-epilogues", "::mlir::Modu
     of its argument; it yields the norm's scale/bias gradients, then the
     reader's results. Its kernel keeps dx in registers (GPT-2 124M: the
     residual gradient's add, bf16 copy and bias sum after each of 24 norms:
-    2 x 50 MB less traffic each). A dx that other ops read too (the final
-    norm's) fuses with the first of its regions that can go at the norm, and
-    the region then also yields dx, last. CUDA, after forge-fuse-column-sums.
+    2 x 50 MB less traffic each). CUDA, after forge-fuse-column-sums.
   }];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

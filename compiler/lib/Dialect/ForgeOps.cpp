@@ -1187,8 +1187,7 @@ LogicalResult FusionOp::verify() {
     // A layer_norm_grad on the first three arguments (x, scale, dy), then
     // pointwise ops and column sums at its shape reading its dx
     // (forge-fuse-norm-grad-epilogues); yields the norm's scale/bias
-    // gradients, the column sums and values of its shape (dx among them when
-    // other ops read it too).
+    // gradients, the column sums and values of its shape, never dx itself.
     auto norm = dyn_cast<LayerNormGradOp>(&block.front());
     if (!norm || block.getNumArguments() < 3 ||
         llvm::any_of(llvm::seq<unsigned>(0, 3),
@@ -1210,6 +1209,8 @@ LogicalResult FusionOp::verify() {
         return op.emitOpError("is neither a column sum nor a pointwise op at the norm_grad "
                               "region's shape");
     }
+    if (llvm::is_contained(yield.getValues(), norm->getResult(0)))
+      return emitOpError("yields the layer norm's dx, which its kernel keeps in registers");
     return success();
   }
   if (getKind() == "gemm")
