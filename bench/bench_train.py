@@ -141,11 +141,18 @@ def compile_(a):
         print(f"compiled {name}")
 
 
+def split_runtime_options(spec):
+    """'model.forge+--attention-backward=fast' -> ('model.forge', ['--attention-backward=fast']):
+    forge-train options after '+' signs that precede a dash (a '+' in a path stays)."""
+    bundle, *extra = re.split(r"\+(?=-)", spec)
+    return bundle, extra
+
+
 def time_forge(a, name, d, bundle="model.forge", profile=True):
     """Median step time of D/<bundle> (with --profile: its trace, steps 3-7 left out).
     `bundle` may carry forge-train options after '+' signs (`ab`'s runtime variants:
     model.forge+--attention-backward=fast); --forge-train-arg options apply to every run."""
-    bundle, *extra = re.split(r"\+(?=-)", bundle)
+    bundle, extra = split_runtime_options(bundle)
     tag = "".join(c if c.isalnum() else "_" for c in "".join(extra))
     metrics = os.path.join(d, (bundle.replace(".forge", tag + ".jsonl")
                                if bundle != "model.forge" or tag else "forge.jsonl"))

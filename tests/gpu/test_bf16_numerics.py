@@ -42,7 +42,6 @@ fresh sample of the same arithmetic: the spread of the trajectories) beside the 
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import bench_train  # noqa: E402
 import forge_e2e as e2e  # noqa: E402
 from forge_e2e import Report  # noqa: E402
 
@@ -70,7 +70,6 @@ def gpt2_model():
     instead of the default init's ~460, which sends every run into a different chaotic path."""
     import math
     import torch
-    import bench_train
     model = bench_train.build("gpt2")
     torch.manual_seed(1)
     with torch.no_grad():
@@ -231,9 +230,8 @@ def run_half(a, rep):
             runs[name] = torch_losses(data, a.steps, autocast, sdpa)
             print(f"{name}: last loss {runs[name][-1]:.4f}", flush=True)
         # Printed only: other bf16 bundles or forge-train options, each beside the same runs.
-        for v in a.variant:
-            label, spec = v.split("=", 1)
-            bundle, *extra = re.split(r"\+(?=-)", spec)
+        for label, spec in a.variants:
+            bundle, extra = bench_train.split_runtime_options(spec)
             runs[f"variant_{label}"] = forge_losses(a, os.path.join(a.bundles, bundle), data,
                                                     weights, a.steps, tmp, extra)
             print(f"variant {label}: last loss {runs[f'variant_{label}'][-1]:.4f}", flush=True)
@@ -251,8 +249,7 @@ def run_half(a, rep):
         print(f"{lo:3d}-{lo + WINDOW - 1:3d} {w['forge_fp32'][i]:10.4f} {w['forge_bf16'][i]:11.4f} "
               f"{w['torch_fp32'][i]:11.4f} {w['torch_autocast'][i]:9.4f}   {forge_gap[i]:9.2%} "
               f"{torch_gap[i]:12.2%} {sdpa_gap[i]:18.2%}")
-    for v in a.variant:
-        label = v.split("=", 1)[0]
+    for label, _ in a.variants:
         gap = rel(w[f"variant_{label}"], w["forge_fp32"])
         print(f"variant {label}: gap to Forge fp32 by window "
               + " ".join(f"{g:.2%}" for g in gap)
@@ -294,8 +291,9 @@ def main():
                     help="LABEL=BUNDLE[+forge-train option...]: another bf16 run, its gaps "
                          "printed beside the checked ones (not checked)")
     a = ap.parse_args()
-    labels = [v.split("=", 1)[0] for v in a.variant]
-    if any("=" not in v for v in a.variant) or len(set(labels)) != len(labels):
+    a.variants = [tuple(v.split("=", 1)) for v in a.variant]  # (label, bundle[+options])
+    labels = [v[0] for v in a.variants]
+    if any(len(v) != 2 for v in a.variants) or len(set(labels)) != len(labels):
         ap.error("--variant takes LABEL=BUNDLE[+option...], each LABEL once")
     rep = Report()
     if a.compile_only:
