@@ -6,7 +6,7 @@ Two halves (the GPU machines have no forgec; both need PyTorch and onnx):
   here:  test_bf16_numerics.py --compile-only --bundles DIR --forgec F
          exports GPT-2 124M (bench/bench_train.py's model with GPT-2's initialization: normal
          std 0.02, residual projections 0.02 / sqrt(2 x 12), zero biases; seeded) as a thin
-         ONNX into DIR/export and compiles the two bundles
+         ONNX into DIR/export and compiles the four bundles
   there: test_bf16_numerics.py --bundles DIR --forge-train F [--steps 200] [--samples 5]
          exports the same weights again (seeded; forgec recorded their CRC), builds the text
          stream, and trains from those weights on the same batches:
@@ -15,6 +15,9 @@ Two halves (the GPU machines have no forgec; both need PyTorch and onnx):
            PyTorch fp32 (no TF32); PyTorch autocast bf16, once with written-out attention and
            --samples times with F.scaled_dot_product_attention (flash attention: bf16 P and
            dS, as Forge's cuDNN)
+         then one batch's gradients at weights PyTorch trained in fp32 (fp32_grads.forge and
+         bf16_grads.forge: --expose-gradients, compiled without the weights file so that they
+         load those weights) against PyTorch's fp32, autocast and float64 ones,
          and exits 77 (skipped) without a GPU.
 The text: this repository's own prose and code as of commit TEXT_COMMIT (README.md; docs/,
 compiler/, passes/, runtime/, tools/, bench/, models/: .md, .td, .cpp, .h, .py; ~2.4 MB), read
@@ -46,6 +49,16 @@ Checks on 20-step window means of the loss, steps 21-200 (9 windows):
                   rejects "Forge no worse" only at p < 0.01. It detects a systematic loss of
                   precision (a 2x larger gap fails with certainty at 6 runs a side), not a
                   difference inside the spread (a 20% larger gap passes most of the time).
+  grads_named     (the gradient half, chaos-free) Forge's --dump-grads names every parameter
+                  PyTorch has, and no other
+  grads_fp32_agree at weights PyTorch trained GRAD_AT fp32 steps, one batch's gradients: Forge
+                  fp32's distance from float64 (PyTorch, the same weights and batch) is at most
+                  twice PyTorch fp32's, over all parameters
+  grads_closer    Forge bf16's distance from float64 is at most autocast's (the better of
+                  written-out and SDPA) over all parameters, and in every kind of parameter
+                  (qkv weight, ln1 bias, ...: the median over the layers) too. Each side is set
+                  against float64, not its own fp32: the norms' and biases' gradients are sums
+                  with heavy cancellation, where two fp32 implementations differ by ~2e-3
 Prints one line per check, the window table of the deterministic runs, each run's gap, the
 medians, the issue's literal per-window comparison of the single deterministic runs (printed
 only), and 'N passed, N failed'; writes DIR/numerics.json.
@@ -77,6 +90,7 @@ LR, BETAS, EPS = 3e-4, (0.9, 0.95), 1e-8
 WINDOW, FIRST = 20, 20
 SKIP_EXIT = 77
 ALPHA = 0.01  # not_worse's significance level
+GRAD_AT = 100  # grads_closer's weights: PyTorch fp32 after this many steps
 
 
 CLIP = 1.0
@@ -102,12 +116,16 @@ def gpt2_model():
     return model
 
 
-def export(d):
-    """The thin ONNX (model.onnx + model.weights) of gpt2_model() into d."""
+def export(d, model=None):
+    """The thin ONNX (model.onnx + model.weights) of model (default gpt2_model()) into d: the
+    float initializers in model.weights, the rest (the causal mask, positions) in the graph,
+    so that a bundle compiled without the weights file (no CRC: the gradient bundles) loads
+    any weights of this layout."""
     import onnx
+    from onnx import external_data_helper as ext
     import torch
     os.makedirs(d, exist_ok=True)
-    model = gpt2_model().train()
+    model = (model or gpt2_model()).cpu().train()
     path, weights = os.path.join(d, "model.onnx"), os.path.join(d, "model.weights")
     torch.onnx.export(model, (torch.randint(0, 256, (2, T)),), path, input_names=["ids"],
                       output_names=["logits"], dynamo=False, opset_version=17,
@@ -115,8 +133,15 @@ def export(d):
                       dynamic_axes={"ids": {0: "batch"}, "logits": {0: "batch"}})
     if os.path.exists(weights):
         os.remove(weights)
-    onnx.save_model(onnx.load(path), path, save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="model.weights", size_threshold=1024)
+    proto = onnx.load(path)
+    ext.convert_model_to_external_data(proto, all_tensors_to_one_file=True,
+                                       location="model.weights", size_threshold=1024)
+    for t in proto.graph.initializer:
+        if t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                               onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE):
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+    onnx.save_model(proto, path)
     return path
 
 
@@ -132,6 +157,20 @@ def compile_half(a, rep):
                "--clip-grad-norm", str(CLIP), "-o", os.path.join(a.bundles, f"{name}.forge")] + extra
         rc, _, out = e2e.run(cmd, 600)
         rep.check(f"compile {name}", rc == 0, e2e.failure(rc, out) if rc else "")
+    # The gradient bundles: --expose-gradients, compiled while the weights file is away, so
+    # that they record no CRC and load the weights PyTorch trained there (grads_closer).
+    weights = os.path.join(a.bundles, "export", "model.weights")
+    os.rename(weights, weights + ".away")
+    try:
+        for name, extra in (("fp32", []), ("bf16", ["--precision", "bf16"])):
+            cmd = [a.forgec, onnx_path, "--target", "cuda:sm_90", "--weights", "external",
+                   "--batch", str(B), "--loss", "cross_entropy:logits,labels", "--optimizer",
+                   f"adamw:lr={LR}", "--expose-gradients",
+                   "-o", os.path.join(a.bundles, f"{name}_grads.forge")] + extra
+            rc, _, out = e2e.run(cmd, 600)
+            rep.check(f"compile {name}_grads", rc == 0, e2e.failure(rc, out) if rc else "")
+    finally:
+        os.rename(weights + ".away", weights)
 
 
 # The tree whose text the model trains on (the seventh session's end).
@@ -214,6 +253,163 @@ def windows(losses):
     return [float(v[i:i + WINDOW].mean()) for i in range(FIRST, len(v) - WINDOW + 1, WINDOW)]
 
 
+def torch_train(data, steps):
+    """gpt2_model() after `steps` fp32 AdamW steps (no TF32) on the batches of data: the
+    weights at which grads_closer compares gradients (a trained model's, not the init's)."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = gpt2_model().cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+    d = np.load(data)
+    ids, labels = torch.from_numpy(d["ids"]).cuda(), torch.from_numpy(d["labels"]).cuda()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(ids[s * B:(s + 1) * B]).reshape(-1, 50257),
+                       labels[s * B:(s + 1) * B].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+    del opt
+    return model
+
+
+def torch_grads(model, ids, labels, autocast, sdpa, parts=1):
+    """Every parameter's gradient (float64 numpy, by name) of one batch's mean loss, and the
+    loss; parts > 1 runs the batch in that many equal slices and averages (float64's
+    written-out attention would not fit at once)."""
+    import torch
+    for m in model.modules():
+        if hasattr(m, "sdpa"):
+            m.sdpa = sdpa
+    model.zero_grad(set_to_none=True)
+    n, total = ids.shape[0] // parts, 0.0
+    for i in range(parts):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(ids[i * n:(i + 1) * n])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50257),
+                                                     labels[i * n:(i + 1) * n].reshape(-1))
+        (loss / parts).backward()
+        total += loss.detach().item() / parts
+        del logits, loss
+    grads = {n: p.grad.double().cpu().numpy() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads, total
+
+
+def grad_errors(got, ref):
+    """Per tensor ||got - ref|| / ||ref||, and over all tensors at once."""
+    per = {n: float(np.linalg.norm(got[n] - ref[n]) / max(np.linalg.norm(ref[n]), 1e-30))
+           for n in ref}
+    total = float(np.sqrt(sum(np.sum((got[n] - ref[n]) ** 2) for n in ref)
+                          / sum(np.sum(ref[n] ** 2) for n in ref)))
+    return per, total
+
+
+def tensor_kind(name):
+    """The kind a parameter's errors are summarized by (blocks.N. dropped)."""
+    parts = name.split(".")
+    return ".".join(parts[2:]) if parts[0] == "blocks" else name
+
+
+def grad_check(a, rep, tmp, data):
+    """grads_fp32_agree / grads_closer: the gradients of one batch at weights trained GRAD_AT
+    fp32 steps, each run's against float64 (PyTorch, the same weights and batch). No
+    trajectory, so no chaos: this measures what the precision assignment keeps. Each side is
+    set against the float64 gradient, not against its own fp32 run: the norms' and biases'
+    gradients are sums with heavy cancellation, where two fp32 implementations differ by
+    ~2e-3 (RESULTS, thirty-first session), as much as bf16 rounding adds."""
+    import torch
+    model = torch_train(data, GRAD_AT)
+    wdir = os.path.join(tmp, "trained")
+    export(wdir, model)
+    model = model.cuda()
+    d = np.load(data)
+    sl = slice(GRAD_AT * B, (GRAD_AT + 1) * B)
+    batch = os.path.join(tmp, "grad_batch.npz")
+    np.savez(batch, ids=d["ids"][sl], labels=d["labels"][sl])
+    grads, losses = {}, {}
+    runs = [(f"forge_{n}", f"{n}_grads.forge") for n in ("fp32", "bf16")] + [
+        (f"variant_{label}", bundle) for label, bundle in a.grads_variants]
+    for name, spec in runs:
+        bundle, extra = bench_train.split_runtime_options(spec)
+        out = os.path.join(tmp, f"grads_{name}.npz")
+        cmd = [a.forge_train, os.path.join(a.bundles, bundle), "--data", batch,
+               "--no-shuffle", "--steps", "1", "--device", "cuda", "--weights", wdir,
+               "--dump-grads", out, "--metrics", out + ".jsonl"] + extra
+        rc, _, log = e2e.run(cmd, 600)
+        if rc != 0:
+            raise RuntimeError(e2e.failure(rc, log, 8))
+        losses[name] = e2e.metric_losses(out + ".jsonl")[0]
+        with np.load(out) as z:
+            grads[name] = {k: z[k].astype(np.float64) for k in z.files}
+    ids = torch.from_numpy(d["ids"][sl]).cuda()
+    labels = torch.from_numpy(d["labels"][sl]).cuda()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for name, autocast, sdpa in (("torch_fp32", False, False), ("torch_autocast", True, False),
+                                 ("torch_autocast_sdpa", True, True)):
+        grads[name], losses[name] = torch_grads(model, ids, labels, autocast, sdpa)
+    model = model.double()
+    grads["f64"], losses["f64"] = torch_grads(model, ids, labels, False, False, parts=4)
+    del model
+    torch.cuda.empty_cache()
+    ref = grads["f64"]
+    missing = sorted(set(ref) ^ set(grads["forge_fp32"]))
+    rep.check("grads_named", not missing and set(grads["forge_bf16"]) == set(ref),
+              f"parameters on one side only: {missing}" if missing else
+              f"{len(ref)} parameters' gradients on both sides")
+    if missing:
+        return None
+    cols = [("forge_bf16", "Forge bf16"), ("torch_autocast", "autocast"),
+            ("torch_autocast_sdpa", "+SDPA"), ("forge_fp32", "Forge fp32"),
+            ("torch_fp32", "PyTorch fp32")] + [
+        (f"variant_{label}", label) for label, _ in a.grads_variants]
+    err = {k: grad_errors(grads[k], ref) for k, _ in cols}
+    lrel = lambda x: abs(losses[x] - losses["f64"]) / losses["f64"]  # noqa: E731
+    print(f"the batch's loss against float64's {losses['f64']:.7f} (the forward's deviation): "
+          + ", ".join(f"{label} {lrel(k):.2e}" for k, label in cols))
+    print(f"gradients at step {GRAD_AT} (one batch, weights PyTorch trained in fp32), error "
+          f"relative to float64's, median over the layers per kind:")
+    print("  kind                    " + "".join(f"{label:>14s}" for _, label in cols))
+    kinds = sorted({tensor_kind(n) for n in ref})
+    med = {}
+    for kind in kinds:
+        names = [n for n in ref if tensor_kind(n) == kind]
+        med[kind] = {k: float(np.median([err[k][0][n] for n in names])) for k, _ in cols}
+        print(f"  {kind:24s}" + "".join(f"{med[kind][k]:14.3e}" for k, _ in cols))
+    print(f"  {'all parameters':24s}" + "".join(f"{err[k][1]:14.3e}" for k, _ in cols))
+    # Printed only: the qkv bias's q, k and v thirds, and two kinds layer by layer.
+    for part, third in (("q", 0), ("k", 1), ("v", 2)):
+        def third_err(k, n):
+            c = ref[n].shape[0] // 3
+            r, g = ref[n][third * c:(third + 1) * c], grads[k][n][third * c:(third + 1) * c]
+            return np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-30)
+        names = [n for n in ref if tensor_kind(n) == "attn.qkv.bias"]
+        print(f"  attn.qkv.bias, its {part} third" + "".join(
+            f"{np.median([third_err(k, n) for n in names]):14.3e}" for k, _ in cols))
+    for kind in ("ln1.bias", "mlp.0.bias"):
+        names = sorted((n for n in ref if tensor_kind(n) == kind),
+                       key=lambda n: int(n.split(".")[1]))
+        for k, label in cols[:3]:
+            print(f"  {kind} by layer, {label}: "
+                  + " ".join(f"{err[k][0][n]:.2e}" for n in names))
+    fp32_worst = max(err["forge_fp32"][1], err["torch_fp32"][1])
+    rep.check("grads_fp32_agree", err["forge_fp32"][1] <= 2 * err["torch_fp32"][1] + 1e-6,
+              f"Forge fp32 {err['forge_fp32'][1]:.2e} vs PyTorch fp32 {err['torch_fp32'][1]:.2e} "
+              f"from float64 over all gradients (Forge's <= 2x PyTorch's)")
+    total = err["forge_bf16"][1]
+    best = min(err["torch_autocast"][1], err["torch_autocast_sdpa"][1])
+    worse = [kind for kind in kinds if med[kind]["forge_bf16"]
+             > min(med[kind]["torch_autocast"], med[kind]["torch_autocast_sdpa"])]
+    rep.check("grads_closer", total <= best and not worse,
+              f"Forge bf16 {total:.3e} vs autocast's better {best:.3e} from float64 over all "
+              f"gradients (fp32's: {fp32_worst:.1e}); kinds where Forge's median error is above "
+              f"the better autocast's: {worse or 'none'}")
+    return {"losses": losses, "totals": {k: err[k][1] for k, _ in cols},
+            "medians_by_kind": med}
+
+
 def rank_test(xs, ys):
     """One-sided exact Mann-Whitney test that xs are larger than ys: U counts the pairs
     (x, y) with x > y (ties one half); p is the share of the C(n+m, n) ways of labelling n of
@@ -294,6 +490,11 @@ def run_half(a, rep):
             runs[f"variant_{label}"] = forge_losses(a, os.path.join(a.bundles, bundle), data,
                                                     weights, a.steps, tmp, extra)
             print(f"variant {label}: last loss {runs[f'variant_{label}'][-1]:.4f}", flush=True)
+        grad_result = None
+        if a.skip_grads or a.steps <= GRAD_AT:
+            print(f"gradients not compared (--skip-grads, or --steps <= {GRAD_AT})")
+        else:
+            grad_result = grad_check(a, rep, tmp, data)
     w = {k: windows(v) for k, v in runs.items()}
     rel = lambda x, y: [abs(p - q) / abs(q) for p, q in zip(x, y)]  # noqa: E731
     agree = rel(w["forge_fp32"], w["torch_fp32"])
@@ -342,7 +543,7 @@ def run_half(a, rep):
     with open(os.path.join(a.bundles, "numerics.json"), "w") as f:
         json.dump({"runs": runs, "windows": w, "gaps": gaps, "forge_mean_gaps": fmean,
                    "autocast_mean_gaps": tmean, "rank_u": u, "rank_p": p,
-                   "fp32_agreement": agree}, f, indent=1)
+                   "fp32_agreement": agree, "gradients": grad_result}, f, indent=1)
     return True
 
 
@@ -353,6 +554,14 @@ def main():
     ap.add_argument("--samples", type=int, default=5,
                     help="Forge --attention-backward fast runs and PyTorch SDPA runs, each a "
                          "sample of its side's spread (1-7)")
+    ap.add_argument("--grads-variant", action="append", default=[],
+                    help="LABEL=BUNDLE[+forge-train option...]: another bf16 bundle compiled "
+                         "like bf16_grads.forge "
+                         "(--expose-gradients, no weights file); its gradient errors printed "
+                         "beside the checked ones (not checked)")
+    ap.add_argument("--skip-grads", action="store_true",
+                    help="leave out grads_fp32_agree and grads_closer (bundles of an older "
+                         "compile half, without the *_grads.forge bundles)")
     ap.add_argument("--self-test", action="store_true",
                     help="check the rank test on known cases and exit (no GPU needed)")
     ap.add_argument("--compile-only", action="store_true")
@@ -366,6 +575,9 @@ def main():
                          "printed beside the checked ones (not checked)")
     a = ap.parse_args()
     a.variants = [tuple(v.split("=", 1)) for v in a.variant]  # (label, bundle[+options])
+    a.grads_variants = [tuple(v.split("=", 1)) for v in a.grads_variant]
+    if any(len(v) != 2 for v in a.grads_variants):
+        ap.error("--grads-variant takes LABEL=BUNDLE")
     labels = [v[0] for v in a.variants]
     if any(len(v) != 2 for v in a.variants) or len(set(labels)) != len(labels):
         ap.error("--variant takes LABEL=BUNDLE[+option...], each LABEL once")
