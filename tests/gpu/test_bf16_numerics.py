@@ -313,22 +313,13 @@ def tensor_kind(name):
     return ".".join(parts[2:]) if parts[0] == "blocks" else name
 
 
-def grad_check(a, rep, tmp, data):
-    """grads_fp32_agree / grads_closer: the gradients of one batch at weights trained GRAD_AT
-    fp32 steps, each run's against float64 (PyTorch, the same weights and batch). No
-    trajectory, so no chaos: this measures what the precision assignment keeps. Each side is
-    set against the float64 gradient, not against its own fp32 run: the norms' and biases'
-    gradients are sums with heavy cancellation, where two fp32 implementations differ by
-    ~2e-3 (RESULTS, thirty-first session), as much as bf16 rounding adds."""
+def batch_grads(a, model, tmp, wdir, ids, labels):
+    """One batch's gradients and losses: Forge's fp32 and bf16 gradient bundles (and
+    --grads-variant ones) through --dump-grads, PyTorch fp32, autocast, autocast + SDPA and
+    float64 (model returns to float32 after)."""
     import torch
-    model = torch_train(data, GRAD_AT)
-    wdir = os.path.join(tmp, "trained")
-    export(wdir, model)
-    model = model.cuda()
-    d = np.load(data)
-    sl = slice(GRAD_AT * B, (GRAD_AT + 1) * B)
     batch = os.path.join(tmp, "grad_batch.npz")
-    np.savez(batch, ids=d["ids"][sl], labels=d["labels"][sl])
+    np.savez(batch, ids=ids, labels=labels)
     grads, losses = {}, {}
     runs = [(f"forge_{n}", f"{n}_grads.forge") for n in ("fp32", "bf16")] + [
         (f"variant_{label}", bundle) for label, bundle in a.grads_variants]
@@ -344,70 +335,103 @@ def grad_check(a, rep, tmp, data):
         losses[name] = e2e.metric_losses(out + ".jsonl")[0]
         with np.load(out) as z:
             grads[name] = {k: z[k].astype(np.float64) for k in z.files}
-    ids = torch.from_numpy(d["ids"][sl]).cuda()
-    labels = torch.from_numpy(d["labels"][sl]).cuda()
+    tids, tlabels = torch.from_numpy(ids).cuda(), torch.from_numpy(labels).cuda()
     torch.backends.cuda.matmul.allow_tf32 = False
     for name, autocast, sdpa in (("torch_fp32", False, False), ("torch_autocast", True, False),
                                  ("torch_autocast_sdpa", True, True)):
-        grads[name], losses[name] = torch_grads(model, ids, labels, autocast, sdpa)
-    model = model.double()
-    grads["f64"], losses["f64"] = torch_grads(model, ids, labels, False, False, parts=4)
-    del model
+        grads[name], losses[name] = torch_grads(model, tids, tlabels, autocast, sdpa)
+    model.double()
+    grads["f64"], losses["f64"] = torch_grads(model, tids, tlabels, False, False, parts=4)
+    model.float()
     torch.cuda.empty_cache()
-    ref = grads["f64"]
-    missing = sorted(set(ref) ^ set(grads["forge_fp32"]))
-    rep.check("grads_named", not missing and set(grads["forge_bf16"]) == set(ref),
-              f"parameters on one side only: {missing}" if missing else
-              f"{len(ref)} parameters' gradients on both sides")
-    if missing:
-        return None
+    return grads, losses
+
+
+def grad_check(a, rep, tmp, data):
+    """grads_fp32_agree / grads_closer: the gradients of --grad-batches batches at weights
+    trained GRAD_AT fp32 steps, each run's against float64 (PyTorch, the same weights and
+    batch). No trajectory, so no chaos: this measures what the precision assignment keeps.
+    Each side is set against the float64 gradient, not against its own fp32 run: the norms'
+    and biases' gradients are sums with heavy cancellation, where two fp32 implementations
+    differ by ~2e-3 (RESULTS, thirty-first session), as much as bf16 rounding adds. Several
+    batches: one batch's error in a small sum is one draw of its rounding."""
+    model = torch_train(data, GRAD_AT)
+    wdir = os.path.join(tmp, "trained")
+    export(wdir, model)
+    model = model.cuda()
+    d = np.load(data)
     cols = [("forge_bf16", "Forge bf16"), ("torch_autocast", "autocast"),
             ("torch_autocast_sdpa", "+SDPA"), ("forge_fp32", "Forge fp32"),
             ("torch_fp32", "PyTorch fp32")] + [
         (f"variant_{label}", label) for label, _ in a.grads_variants]
-    err = {k: grad_errors(grads[k], ref) for k, _ in cols}
-    lrel = lambda x: abs(losses[x] - losses["f64"]) / losses["f64"]  # noqa: E731
-    print(f"the batch's loss against float64's {losses['f64']:.7f} (the forward's deviation): "
-          + ", ".join(f"{label} {lrel(k):.2e}" for k, label in cols))
-    print(f"gradients at step {GRAD_AT} (one batch, weights PyTorch trained in fp32), error "
-          f"relative to float64's, median over the layers per kind:")
+    per = {k: [] for k, _ in cols}    # per batch: tensor -> error
+    total = {k: [] for k, _ in cols}  # per batch: the error over all tensors
+    ldev = {k: [] for k, _ in cols}   # per batch: the loss's relative deviation
+    thirds = {k: {"q": [], "v": []} for k, _ in cols}
+    for b in range(a.grad_batches):
+        sl = slice((GRAD_AT + b) * B, (GRAD_AT + b + 1) * B)
+        grads, losses = batch_grads(a, model, tmp, wdir, d["ids"][sl], d["labels"][sl])
+        ref = grads["f64"]
+        if b == 0:
+            missing = sorted(set(ref) ^ set(grads["forge_fp32"]))
+            rep.check("grads_named", not missing and set(grads["forge_bf16"]) == set(ref),
+                      f"parameters on one side only: {missing}" if missing else
+                      f"{len(ref)} parameters' gradients on both sides")
+            if missing:
+                return None
+            names = list(ref)
+        for k, _ in cols:
+            p, t = grad_errors(grads[k], ref)
+            per[k].append(p)
+            total[k].append(t)
+            ldev[k].append(abs(losses[k] - losses["f64"]) / losses["f64"])
+            for part, third in (("q", 0), ("v", 2)):  # k's true gradient is 0: no ratio
+                errs = []
+                for n in names:
+                    if tensor_kind(n) == "attn.qkv.bias":
+                        c = ref[n].shape[0] // 3
+                        r = ref[n][third * c:(third + 1) * c]
+                        g = grads[k][n][third * c:(third + 1) * c]
+                        errs.append(np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-30))
+                thirds[k][part].append(float(np.median(errs)))
+        del grads
+    nb = a.grad_batches
+    print(f"the batches' loss against float64 (the forward's deviation, mean of {nb}): "
+          + ", ".join(f"{label} {np.mean(ldev[k]):.2e}" for k, label in cols))
+    print(f"gradients of {nb} batch(es) at step {GRAD_AT} (weights PyTorch trained in fp32), "
+          f"error relative to float64's, median over the layers and batches per kind:")
     print("  kind                    " + "".join(f"{label:>14s}" for _, label in cols))
-    kinds = sorted({tensor_kind(n) for n in ref})
+    kinds = sorted({tensor_kind(n) for n in names})
     med = {}
     for kind in kinds:
-        names = [n for n in ref if tensor_kind(n) == kind]
-        med[kind] = {k: float(np.median([err[k][0][n] for n in names])) for k, _ in cols}
+        ns = [n for n in names if tensor_kind(n) == kind]
+        med[kind] = {k: float(np.median([e[n] for e in per[k] for n in ns])) for k, _ in cols}
         print(f"  {kind:24s}" + "".join(f"{med[kind][k]:14.3e}" for k, _ in cols))
-    print(f"  {'all parameters':24s}" + "".join(f"{err[k][1]:14.3e}" for k, _ in cols))
-    # Printed only: the qkv bias's q, k and v thirds, and two kinds layer by layer.
-    for part, third in (("q", 0), ("k", 1), ("v", 2)):
-        def third_err(k, n):
-            c = ref[n].shape[0] // 3
-            r, g = ref[n][third * c:(third + 1) * c], grads[k][n][third * c:(third + 1) * c]
-            return np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-30)
-        names = [n for n in ref if tensor_kind(n) == "attn.qkv.bias"]
-        print(f"  attn.qkv.bias, its {part} third" + "".join(
-            f"{np.median([third_err(k, n) for n in names]):14.3e}" for k, _ in cols))
-    for kind in ("ln1.bias", "mlp.0.bias"):
-        names = sorted((n for n in ref if tensor_kind(n) == kind),
-                       key=lambda n: int(n.split(".")[1]))
+    mean_total = {k: float(np.mean(total[k])) for k, _ in cols}
+    print(f"  {'all parameters (mean)':24s}" + "".join(f"{mean_total[k]:14.3e}" for k, _ in cols))
+    for part in ("q", "v"):  # printed only
+        print(f"  {'attn.qkv.bias, ' + part + ' third':24s}" + "".join(
+            f"{np.median(thirds[k][part]):14.3e}" for k, _ in cols))
+    for kind in ("ln1.bias", "mlp.0.bias"):  # printed only: by layer, median over batches
+        ns = sorted((n for n in names if tensor_kind(n) == kind),
+                    key=lambda n: int(n.split(".")[1]))
         for k, label in cols[:3]:
             print(f"  {kind} by layer, {label}: "
-                  + " ".join(f"{err[k][0][n]:.2e}" for n in names))
-    fp32_worst = max(err["forge_fp32"][1], err["torch_fp32"][1])
-    rep.check("grads_fp32_agree", err["forge_fp32"][1] <= 2 * err["torch_fp32"][1] + 1e-6,
-              f"Forge fp32 {err['forge_fp32'][1]:.2e} vs PyTorch fp32 {err['torch_fp32'][1]:.2e} "
-              f"from float64 over all gradients (Forge's <= 2x PyTorch's)")
-    total = err["forge_bf16"][1]
-    best = min(err["torch_autocast"][1], err["torch_autocast_sdpa"][1])
+                  + " ".join(f"{np.median([e[n] for e in per[k]]):.2e}" for n in ns))
+    fp32_worst = max(mean_total["forge_fp32"], mean_total["torch_fp32"])
+    rep.check("grads_fp32_agree", mean_total["forge_fp32"] <= 2 * mean_total["torch_fp32"] + 1e-6,
+              f"Forge fp32 {mean_total['forge_fp32']:.2e} vs PyTorch fp32 "
+              f"{mean_total['torch_fp32']:.2e} from float64 over all gradients (Forge's <= 2x "
+              f"PyTorch's)")
+    mine = mean_total["forge_bf16"]
+    best = min(mean_total["torch_autocast"], mean_total["torch_autocast_sdpa"])
     worse = [kind for kind in kinds if med[kind]["forge_bf16"]
              > min(med[kind]["torch_autocast"], med[kind]["torch_autocast_sdpa"])]
-    rep.check("grads_closer", total <= best and not worse,
-              f"Forge bf16 {total:.3e} vs autocast's better {best:.3e} from float64 over all "
+    rep.check("grads_closer", mine <= best and not worse,
+              f"Forge bf16 {mine:.3e} vs autocast's better {best:.3e} from float64 over all "
               f"gradients (fp32's: {fp32_worst:.1e}); kinds where Forge's median error is above "
               f"the better autocast's: {worse or 'none'}")
-    return {"losses": losses, "totals": {k: err[k][1] for k, _ in cols},
-            "medians_by_kind": med}
+    return {"loss_deviation": ldev, "totals": total, "medians_by_kind": med}
 
 
 def rank_test(xs, ys):
@@ -459,6 +483,9 @@ def run_half(a, rep):
         nbytes, commit = make_data(data, a.steps, a.bundles)
         print(f"text: {nbytes} bytes (the tree at {commit}); {a.steps} steps of "
               f"{B} x {T} tokens", flush=True)
+        if a.grads_only:
+            grad_check(a, rep, tmp, data)
+            return True
         runs = {}
         if a.reuse:  # the fp32 and PyTorch runs of an earlier run's numerics.json
             with open(a.reuse) as f:
@@ -491,8 +518,9 @@ def run_half(a, rep):
                                                     weights, a.steps, tmp, extra)
             print(f"variant {label}: last loss {runs[f'variant_{label}'][-1]:.4f}", flush=True)
         grad_result = None
-        if a.skip_grads or a.steps <= GRAD_AT:
-            print(f"gradients not compared (--skip-grads, or --steps <= {GRAD_AT})")
+        if a.skip_grads or a.steps < GRAD_AT + a.grad_batches:
+            print(f"gradients not compared (--skip-grads, or --steps < {GRAD_AT} + "
+                  f"--grad-batches)")
         else:
             grad_result = grad_check(a, rep, tmp, data)
     w = {k: windows(v) for k, v in runs.items()}
@@ -559,6 +587,10 @@ def main():
                          "like bf16_grads.forge "
                          "(--expose-gradients, no weights file); its gradient errors printed "
                          "beside the checked ones (not checked)")
+    ap.add_argument("--grad-batches", type=int, default=4,
+                    help="batches whose gradients grads_closer compares (1-16)")
+    ap.add_argument("--grads-only", action="store_true",
+                    help="only the gradient half (no trajectories)")
     ap.add_argument("--skip-grads", action="store_true",
                     help="leave out grads_fp32_agree and grads_closer (bundles of an older "
                          "compile half, without the *_grads.forge bundles)")
@@ -589,6 +621,11 @@ def main():
         ap.error("--bundles is needed")
     if not 1 <= a.samples <= 7:
         ap.error("--samples takes 1 to 7")
+    if not 1 <= a.grad_batches <= 16:
+        ap.error("--grad-batches takes 1 to 16")
+    if a.grads_only and (a.skip_grads or a.steps < GRAD_AT + a.grad_batches):
+        ap.error(f"--grads-only needs the gradients (no --skip-grads, --steps >= {GRAD_AT} + "
+                 "--grad-batches)")
     if a.compile_only:
         if not a.forgec:
             ap.error("--compile-only needs --forgec")
