@@ -291,7 +291,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     func->setAttr("forge.precision", b.getStringAttr(precision));
     if (standaloneCasts)
       func.emitRemark() << "forge-assign-precision: " << standaloneCasts
-                        << " cast(s) have no neighbouring kernel and run as their own";
+                        << " cast(s) have no neighbouring kernel yet (a layer norm gradient's "
+                           "may still take one: forge-fuse-norm-grad-epilogues)";
     if (precision == "fp8" && !evalRoutine)
       func.emitRemark() << "forge-assign-precision: " << scaledGemms
                         << " GEMM(s) run in float8 (E4M3) from " << forwardCopies

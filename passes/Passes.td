@@ -728,7 +728,9 @@ def MergeScalarRegions : Pass<"forge-merge-scalar-regions", "::mlir::func::FuncO
         before its first reader (constants it reads move above that region).
     A member that is neither (a clip scale that the optimizer reads and that
     reads the gradient norm) stays; what stays of a scalar group keeps its
-    place. A host takes riders while its operands plus results stay within
+    place. A loop writing a piece of an attention gradient's concat (dk's
+    centring) is no host: forge-fold-attention-views writes such pieces in
+    place only from one-result loops. A host takes riders while its operands plus results stay within
     `max-horizontal-operands`. Values are unchanged; the launches of a
     routine drop by one per scalar group emptied (the bench MLP: 14 -> 13).
   }];
@@ -847,7 +849,9 @@ def FuseNormGradEpilogues : Pass<"forge-fuse-norm-grad-epilogues", "::mlir::Modu
     of its argument; it yields the norm's scale/bias gradients, then the
     reader's results. Its kernel keeps dx in registers (GPT-2 124M: the
     residual gradient's add, bf16 copy and bias sum after each of 24 norms:
-    2 x 50 MB less traffic each). CUDA, after forge-fuse-column-sums.
+    2 x 50 MB less traffic each). A dx that other ops read too (the final
+    norm's) fuses with the first of its regions that can go at the norm, and
+    the region then also yields dx, last. CUDA, after forge-fuse-column-sums.
   }];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

@@ -157,7 +157,8 @@ KernelGenerator::Impl::layerNormGradKernel(Operation *op, StringRef name, Fusion
     return std::nullopt;
   // A norm_grad region (forge-fuse-norm-grad-epilogues): its results are the
   // norm's dscale/dbias, the epilogue's column sums (accumulated as dscale
-  // is) and values of x's shape (written per element); dx is none of them.
+  // is) and values of x's shape (written per element), dx itself among them
+  // when other ops read it too (its computed value, memoized for the body).
   // Its arguments are the region's inputs (x, scale, dy first), then results.
   enum Role { Dense, Sum, Scale, Bias };
   SmallVector<Role> roles;
@@ -169,8 +170,6 @@ KernelGenerator::Impl::layerNormGradKernel(Operation *op, StringRef name, Fusion
       if (!faultOf(&inner).empty())
         return std::nullopt; // a fused kernel has no fault flag
     for (Value v : body->getTerminator()->getOperands()) {
-      if (v == op->getResult(0))
-        return std::nullopt;
       if (wantScale && v == op->getResult(1))
         roles.push_back(Scale);
       else if (wantBias && v == op->getResult(1 + wantScale))

@@ -1187,7 +1187,8 @@ LogicalResult FusionOp::verify() {
     // A layer_norm_grad on the first three arguments (x, scale, dy), then
     // pointwise ops and column sums at its shape reading its dx
     // (forge-fuse-norm-grad-epilogues); yields the norm's scale/bias
-    // gradients, the column sums and values of its shape, never dx itself.
+    // gradients, the column sums and values of its shape (dx among them when
+    // other ops read it too).
     auto norm = dyn_cast<LayerNormGradOp>(&block.front());
     if (!norm || block.getNumArguments() < 3 ||
         llvm::any_of(llvm::seq<unsigned>(0, 3),
@@ -1209,8 +1210,6 @@ LogicalResult FusionOp::verify() {
         return op.emitOpError("is neither a column sum nor a pointwise op at the norm_grad "
                               "region's shape");
     }
-    if (llvm::is_contained(yield.getValues(), norm->getResult(0)))
-      return emitOpError("yields the layer norm's dx, which its kernel keeps in registers");
     return success();
   }
   if (getKind() == "gemm")

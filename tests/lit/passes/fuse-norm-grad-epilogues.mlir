@@ -64,20 +64,58 @@ func.func @at_reader(%x: tensor<64x32xf32>, %w: tensor<32xf32>, %dy: tensor<64x3
 
 // -----
 
-// Not: dx read by another op too (it must be stored), a reader that also
-// reads the norm's dscale (complete only at the kernel's end), dx over a
-// non-last axis, and a reader that is no region.
-// CHECK-LABEL: func @negatives
-// CHECK-NOT: "norm_grad"
-// CHECK: return
-func.func @negatives(%x: tensor<64x32xf32>, %w: tensor<32xf32>, %dy: tensor<64x32xf32>, %g: tensor<64x32xf32>, %x3: tensor<4x16x32xf32>, %w3: tensor<16x32xf32>) -> (tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xf32>, tensor<4x16x32xf32>, tensor<64x32xf32>) {
+// dx read by other ops too (a final norm's: the bf16 copy for the next GEMM,
+// and the residual add, which waits on that GEMM): the first region that can
+// go at the norm (the cast) becomes the epilogue, and the region yields dx
+// last for the other readers; its kernel stores dx (f32) and the copy.
+// CHECK-LABEL: func @dx_read_elsewhere
+// CHECK: %[[R:.*]]:3 = forge.fusion "norm_grad"(%arg0, %arg1, %arg2)
+// CHECK: %[[N:.*]]:2 = forge.layer_norm_grad
+// CHECK-NEXT: %[[C:.*]] = forge.cast %[[N]]#0 {to = bf16}
+// CHECK-NEXT: forge.yield %[[N]]#1, %[[C]], %[[N]]#0
+// CHECK: %[[L:.*]] = forge.exp %arg3
+// CHECK: forge.fusion "loop"(%[[L]], %[[R]]#2)
+// CHECK: forge.neg %[[R]]#2
+// CHECK-NOT: forge.layer_norm_grad
+// KERNEL-LABEL: func @dx_read_elsewhere
+// KERNEL: gpu.func @k0_fusion(%arg0: memref<2048xf32>, %arg1: memref<32xf32>, %arg2: memref<2048xf32>, %arg3: memref<32xf32>, %arg4: memref<2048xbf16>, %arg5: memref<2048xf32>)
+// KERNEL: memref.store {{.*}}, %arg4
+// KERNEL: memref.store {{.*}}, %arg5
+func.func @dx_read_elsewhere(%x: tensor<64x32xf32>, %w: tensor<32xf32>, %dy: tensor<64x32xf32>, %g: tensor<64x32xf32>) -> (tensor<32xf32>, tensor<64x32xbf16>, tensor<64x32xf32>, tensor<64x32xf32>) {
   %d:2 = forge.layer_norm_grad %x, %w, %dy {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<32xf32>)
-  %r = forge.fusion "loop"(%g, %d#0) : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32> {
+  %c = forge.fusion "loop"(%d#0) : (tensor<64x32xf32>) -> tensor<64x32xbf16> {
+  ^bb0(%a: tensor<64x32xf32>):
+    %b = forge.cast %a {to = bf16} : (tensor<64x32xf32>) -> tensor<64x32xbf16>
+    forge.yield %b : tensor<64x32xbf16>
+  }
+  %later = forge.exp %g : (tensor<64x32xf32>) -> tensor<64x32xf32>
+  %r = forge.fusion "loop"(%later, %d#0) : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32> {
   ^bb0(%a: tensor<64x32xf32>, %b: tensor<64x32xf32>):
     %s = forge.add %a, %b : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
     forge.yield %s : tensor<64x32xf32>
   }
   %n = forge.neg %d#0 : (tensor<64x32xf32>) -> tensor<64x32xf32>
+  return %d#1, %c, %r, %n : tensor<32xf32>, tensor<64x32xbf16>, tensor<64x32xf32>, tensor<64x32xf32>
+}
+
+// -----
+
+// Not: dx read by another op too while its region reads a value made after
+// the norm (the region would have to go there, after dx's other reader), a
+// reader that also reads the norm's dscale (complete only at the kernel's
+// end), dx over a non-last axis, and a reader that is no region.
+// CHECK-LABEL: func @negatives
+// CHECK-NOT: "norm_grad"
+// CHECK: return
+func.func @negatives(%x: tensor<64x32xf32>, %w: tensor<32xf32>, %dy: tensor<64x32xf32>, %g: tensor<64x32xf32>, %x3: tensor<4x16x32xf32>, %w3: tensor<16x32xf32>) -> (tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xf32>, tensor<4x16x32xf32>, tensor<64x32xf32>) {
+  %d:2 = forge.layer_norm_grad %x, %w, %dy {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<32xf32>)
+  %n = forge.neg %d#0 : (tensor<64x32xf32>) -> tensor<64x32xf32>
+  %later = forge.exp %g : (tensor<64x32xf32>) -> tensor<64x32xf32>
+  %r = forge.fusion "loop"(%later, %d#0) : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32> {
+  ^bb0(%a: tensor<64x32xf32>, %b: tensor<64x32xf32>):
+    %s = forge.add %a, %b : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+    forge.yield %s : tensor<64x32xf32>
+  }
   %e:2 = forge.layer_norm_grad %x, %w, %g {axis = 1 : i64, bias_grad = false, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<32xf32>)
   %q = forge.fusion "loop"(%e#0, %e#1) : (tensor<64x32xf32>, tensor<32xf32>) -> tensor<64x32xf32> {
   ^bb0(%a: tensor<64x32xf32>, %b: tensor<32xf32>):

@@ -190,3 +190,43 @@ func.func @chained(%p: tensor<64xf32>, %a: tensor<f32>, %b: tensor<f32>) -> (ten
   }
   return %u, %w, %s : tensor<64xf32>, tensor<64xf32>, tensor<f32>
 }
+
+// -----
+
+// No host: the only pointwise region before the reader is dk's centring,
+// which writes a piece of the attention gradient's concat. A rider would make
+// it a horizontal region, which forge-fold-attention-views does not write in
+// place (the concat would copy the gradient again), so the bias correction
+// keeps its own region; the centring stays a one-result loop.
+// CHECK-LABEL: func @attention_piece
+// CHECK: %[[DK:.*]] = forge.fusion "loop"(%{{.*}}) : (tensor<2x4x2x16xbf16>) -> tensor<2x4x2x16xbf16>
+// CHECK-NOT: "horizontal"
+// CHECK: forge.concat
+// CHECK-NOT: "horizontal"
+// CHECK: forge.fusion "loop"(%arg5, %{{.*}}) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+// CHECK-NOT: "horizontal"
+// CHECK: return
+func.func @attention_piece(%q: tensor<2x4x2x16xbf16>, %o: tensor<2x4x2x16xbf16>, %lse: tensor<2x2x4xf32>, %dy: tensor<2x4x2x16xbf16>, %p: tensor<4xf32>, %step: tensor<f32>) -> (tensor<2x4x96xbf16>, tensor<4xf32>) {
+  %dq, %dk, %dv = forge.attention_grad %q, %q, %q, %o, %lse, %dy {causal = true, forge.library = "cudnn", layout = "bshd", scale = 0.35 : f64} : (tensor<2x4x2x16xbf16>, tensor<2x4x2x16xbf16>, tensor<2x4x2x16xbf16>, tensor<2x4x2x16xbf16>, tensor<2x2x4xf32>, tensor<2x4x2x16xbf16>) -> (tensor<2x4x2x16xbf16>, tensor<2x4x2x16xbf16>, tensor<2x4x2x16xbf16>)
+  %c = forge.fusion "loop"(%dk) : (tensor<2x4x2x16xbf16>) -> tensor<2x4x2x16xbf16> {
+  ^bb0(%a: tensor<2x4x2x16xbf16>):
+    %n = forge.neg %a : (tensor<2x4x2x16xbf16>) -> tensor<2x4x2x16xbf16>
+    forge.yield %n : tensor<2x4x2x16xbf16>
+  }
+  %rq = forge.reshape %dq {shape = array<i64: 2, 4, 32>} : (tensor<2x4x2x16xbf16>) -> tensor<2x4x32xbf16>
+  %rk = forge.reshape %c {shape = array<i64: 2, 4, 32>} : (tensor<2x4x2x16xbf16>) -> tensor<2x4x32xbf16>
+  %rv = forge.reshape %dv {shape = array<i64: 2, 4, 32>} : (tensor<2x4x2x16xbf16>) -> tensor<2x4x32xbf16>
+  %g = forge.concat %rq, %rk, %rv {axis = 2 : i64} : (tensor<2x4x32xbf16>, tensor<2x4x32xbf16>, tensor<2x4x32xbf16>) -> tensor<2x4x96xbf16>
+  %beta = forge.constant dense<0.9> : tensor<f32>
+  %bc = forge.fusion "loop"(%step, %beta) : (tensor<f32>, tensor<f32>) -> tensor<f32> {
+  ^bb0(%s: tensor<f32>, %k: tensor<f32>):
+    %r = forge.pow %k, %s : (tensor<f32>, tensor<f32>) -> tensor<f32>
+    forge.yield %r : tensor<f32>
+  }
+  %new = forge.fusion "loop"(%p, %bc) : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>, %b: tensor<f32>):
+    %u = forge.mul %a, %b : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
+    forge.yield %u : tensor<4xf32>
+  }
+  return %g, %new : tensor<2x4x96xbf16>, tensor<4xf32>
+}
