@@ -16,11 +16,11 @@
 // host's kernel, and the host's block size (chosen from its largest member)
 // is unchanged.
 //
-// A loop that writes a piece of an attention gradient's concat (dk's
-// centring beside cuDNN's dq and dv) is no host: forge-fold-attention-views
-// makes that concat a view only when each piece's maker is an attention_grad
-// or a one-result loop region, and a rider would turn the loop into a
-// horizontal region (the concat would copy 3 x [B, T, C] again).
+// A loop that writes a piece of a concat through a reshape (dk's centring
+// beside cuDNN's dq and dv) is no host: forge-fold-attention-views makes
+// that concat a view only when each piece's maker is an attention_grad or a
+// one-result loop region, and a rider would turn the loop into a horizontal
+// region (the concat would copy 3 x [B, T, C] again).
 //
 // Invariants: no op moves but constants (hoisted above an early host); the
 // routine computes the same values; a host keeps its members' order, riders
@@ -161,20 +161,17 @@ void rebuildLoop(OpBuilder &b, const Member &m, Renamed &renamed) {
     replace(renamed, v, c);
 }
 
-/// Whether loop region `u` makes a piece of a concat that an attention_grad
-/// result also feeds (each through a reshape): a maker
-/// forge-fold-attention-views may write in place, if it stays a loop.
-bool makesAttentionGradPiece(FusionOp u) {
+/// Whether loop region `u` makes a piece of a concat through a reshape read
+/// only by it: a maker forge-fold-attention-views may write in place (dk's
+/// centring beside cuDNN's dq and dv), if it stays a one-result loop. The
+/// fold's other conditions (cuDNN, layout, alignment) are not known yet
+/// (forge-select-library runs later): a concat it will not fold only costs
+/// a host here.
+bool makesConcatPiece(FusionOp u) {
   if (u.getKind() != "loop" || u->getNumResults() != 1 || !u->getResult(0).hasOneUse())
     return false;
   auto reshape = dyn_cast<ReshapeOp>(*u->getResult(0).getUsers().begin());
-  if (!reshape || !reshape->hasOneUse())
-    return false;
-  auto concat = dyn_cast<ConcatOp>(*reshape->getUsers().begin());
-  return concat && llvm::any_of(concat.getInputs(), [](Value in) {
-           auto piece = in.getDefiningOp<ReshapeOp>();
-           return piece && piece.getInput().getDefiningOp<AttentionGradOp>();
-         });
+  return reshape && reshape->hasOneUse() && isa<ConcatOp>(*reshape->getUsers().begin());
 }
 
 struct MergeScalarRegionsPass
@@ -209,7 +206,7 @@ struct MergeScalarRegionsPass
     SmallVector<FusionOp> hosts;
     DenseMap<Operation *, int64_t> operands; // per host: inputs plus results so far
     for (FusionOp u : units)
-      if (!allScalar(u) && !makesAttentionGradPiece(u)) {
+      if (!allScalar(u) && !makesConcatPiece(u)) {
         hosts.push_back(u);
         operands[u] = u->getNumOperands() + u->getNumResults();
       }

@@ -728,9 +728,10 @@ def MergeScalarRegions : Pass<"forge-merge-scalar-regions", "::mlir::func::FuncO
         before its first reader (constants it reads move above that region).
     A member that is neither (a clip scale that the optimizer reads and that
     reads the gradient norm) stays; what stays of a scalar group keeps its
-    place. A loop writing a piece of an attention gradient's concat (dk's
+    place. A loop writing a piece of a concat through a reshape (dk's
     centring) is no host: forge-fold-attention-views writes such pieces in
-    place only from one-result loops. A host takes riders while its operands plus results stay within
+    place only from one-result loops. A host takes riders while its operands
+    plus results stay within
     `max-horizontal-operands`. Values are unchanged; the launches of a
     routine drop by one per scalar group emptied (the bench MLP: 14 -> 13).
   }];
@@ -985,8 +986,9 @@ def PlanMemory : Pass<"forge-plan-memory", "::mlir::func::FuncOp"> {
     next inputs before reading the outputs). A result also takes the bytes of
     an operand of its shape and element size that dies at its op, when the op
     reads each element before writing it (pointwise ops, loop regions, the
-    logits of cross_entropy_grad). Offsets are aligned to the bundle section
-    alignment.
+    logits of cross_entropy_grad) and, for an op on a side stream, every other
+    reader of those bytes is ordered before it. Offsets are aligned to the
+    bundle section alignment.
 
     Results: `forge.offsets` on each op (one entry per result, -1 when
     written in place), `forge.offset` on each input argument, and

@@ -536,6 +536,33 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
     groupEnd[root[t]] = std::max(groupEnd[root[t]], tensors[t].end);
     groupHasOutput[root[t]] = groupHasOutput[root[t]] || tensors[t].output;
   }
+  // An op on a side stream is ordered after the compute stream's ops only up
+  // to its `after`: a reader of the operand at a later compute position (or
+  // on another side stream) may still be reading when the op writes, so the
+  // op takes an operand's bytes only when every other reader of them is
+  // ordered before it.
+  llvm::DenseMap<Operation *, int64_t> stepOf;
+  for (auto [at, op] : llvm::enumerate(steps))
+    stepOf[op] = static_cast<int64_t>(at);
+  auto othersBefore = [&](int64_t r, int64_t at) {
+    for (size_t x = 0; x < tensors.size(); ++x) {
+      if (root[x] != r)
+        continue;
+      for (Operation *user : tensors[x].value.getUsers()) {
+        Operation *top = body.findAncestorOpInBlock(*user);
+        auto it = top ? stepOf.find(top) : stepOf.end();
+        if (it == stepOf.end() || it->second == at)
+          continue;
+        const int64_t p = it->second;
+        const bool before = order.stream[p] == order.stream[at]
+                                ? p < at
+                                : order.stream[p] == 0 && p <= order.after[at];
+        if (!before)
+          return false;
+      }
+    }
+    return true;
+  };
   for (auto [at, op] : llvm::enumerate(steps)) {
     for (auto [j, result] : llvm::enumerate(op->getResults())) {
       auto out = indexOf.find(result);
@@ -552,6 +579,8 @@ LogicalResult PlanMemoryPass::planArena(func::FuncOp func, const llvm::DenseSet<
         int64_t r = root[in->second];
         if (tensors[r].input || groupHasOutput[r] || groupEnd[r] != diesAt ||
             r == out->second)
+          continue;
+        if (!collective && order.stream[at] != 0 && !othersBefore(r, static_cast<int64_t>(at)))
           continue;
         // Another operand in the same bytes (a slice view of them, at another
         // offset) would be read while the result overwrites them.

@@ -220,3 +220,22 @@ func.func @late_member_not_in_place(%g: tensor<64xf32> {forge.kind = "input", fo
   %y = forge.mul %h#0, %h#1 : (tensor<f32>, tensor<f32>) -> tensor<f32>
   return %y : tensor<f32>
 }
+
+// -----
+
+// A side-stream op that reads a value last may not write its result over it
+// while a compute-stream reader it is not ordered after (%b: the side op
+// waits only for %a's event) may still read it: %c gets bytes of its own.
+// On the compute stream the same op would take %a's bytes (in_place above).
+// CHECK-LABEL: func @side_last_reader
+// CHECK: forge.exp %arg0 {forge.event = 1 : i64, forge.offsets = array<i64: 256>}
+// CHECK: forge.abs %0 {forge.offsets = array<i64: 512>}
+// CHECK: forge.neg %0 {forge.event = 2 : i64, forge.offsets = array<i64: 768>, forge.stream = 1 : i64
+func.func @side_last_reader(%x: tensor<64xf32> {forge.kind = "input", forge.name = "x"})
+    -> (tensor<64xf32> {forge.name = "y"}) attributes {forge.streams = ["compute", "compute.1"]} {
+  %a = forge.exp %x : (tensor<64xf32>) -> tensor<64xf32>
+  %b = forge.abs %a : (tensor<64xf32>) -> tensor<64xf32>
+  %c = forge.neg %a {forge.stream = 1 : i64} : (tensor<64xf32>) -> tensor<64xf32>
+  %d = forge.mul %b, %c : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>
+  return %d : tensor<64xf32>
+}
