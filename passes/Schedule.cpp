@@ -127,11 +127,12 @@ int64_t sinkToReaders(Block &body) {
 /// Independent work on further compute streams (`streams`: their indices,
 /// the compute stream's 0 first). An op continues the stream whose latest op
 /// produced one of its operands (a chain stays on its stream, without
-/// events; of several, the most recent one's); an op that continues none (a second reader of an older value,
-/// e.g. a weight gradient beside the data gradient, or one reading only
-/// arguments) forks onto the compute stream that has been without work the
-/// longest. Returns how many ops are off the compute stream.
-int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
+/// events; of several, the most recent one's); an op that continues none (a second reader of an
+/// older value, e.g. a weight gradient beside the data gradient, or one reading only arguments)
+/// forks onto the compute stream that has been without work the longest; `pinned` ops stay on the
+/// compute stream. Returns how many ops are off the compute stream.
+int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams,
+                             const llvm::DenseSet<Operation *> &pinned) {
   llvm::DenseMap<Operation *, int64_t> position;
   llvm::DenseMap<Operation *, unsigned> streamOf;
   llvm::DenseMap<unsigned, int64_t> tail; // stream -> position of its latest op
@@ -154,7 +155,7 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
       continue;
     }
     std::optional<unsigned> chosen;
-    if (!mayRunAside(op)) {
+    if (!mayRunAside(op) || pinned.contains(&op)) {
       chosen = 0;
     } else {
       // Of the streams it continues, the one whose operand came last: the
@@ -196,8 +197,9 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams) {
 /// A cuDNN op's workspace (kCudnnWorkspaceFloor) is live over the same span:
 /// concurrent convolutions each hold one. Inputs, parameters and constants
 /// are left out: no order changes them. The plan's in-place reuse is not
-/// modelled.
-uint64_t estimatePeak(const StreamOrder &o, Block &body) {
+/// modelled. `peakAt`, if given, gets the position where the peak is first
+/// reached.
+uint64_t estimatePeak(const StreamOrder &o, Block &body, int64_t *peakAt = nullptr) {
   const int64_t n = static_cast<int64_t>(o.ops.size());
   llvm::DenseMap<Operation *, int64_t> at;
   for (int64_t p = 0; p < n; ++p)
@@ -227,9 +229,12 @@ uint64_t estimatePeak(const StreamOrder &o, Block &body) {
     delta[std::max<int64_t>(aside ? o.after[p] + 1 : p, 0)] += kCudnnWorkspaceFloor;
     delta[std::min(aside ? o.until[p] : p, n) + 1] -= kCudnnWorkspaceFloor;
   }
-  int64_t live = 0, peak = 0;
-  for (int64_t d : delta)
-    peak = std::max(peak, live += d);
+  int64_t live = 0, peak = 0, where = 0;
+  for (int64_t p = 0; p < static_cast<int64_t>(delta.size()); ++p)
+    if ((live += delta[p]) > peak)
+      peak = live, where = p;
+  if (peakAt)
+    *peakAt = where;
   return static_cast<uint64_t>(peak);
 }
 
@@ -253,6 +258,7 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
   int64_t aside = 0;      // ops on further compute streams
   uint64_t asidePeak = 0; // the estimated peak with them
   bool refused = false;   // further streams were tried and would raise the peak
+  int64_t pins = 0;       // side ops kept on the compute stream for the peak
 
   void runOnOperation() override {
     func::FuncOp func = getOperation();
@@ -269,13 +275,18 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
       func.emitError("forge-schedule: order must be memory or program, not '") << order << "'";
       return signalPassFailure();
     }
+    if (maxStreamPins < 0) {
+      func.emitError("forge-schedule: max-stream-pins must be 0 or more, not ")
+          << static_cast<int64_t>(maxStreamPins);
+      return signalPassFailure();
+    }
     if (computeStreams < 1 || computeStreams > 16) {
       func.emitError("forge-schedule: compute-streams must be 1 to 16, not ")
           << static_cast<int64_t>(computeStreams);
       return signalPassFailure();
     }
     Block &body = func.getBody().front();
-    aside = 0, asidePeak = 0, refused = false;
+    aside = 0, asidePeak = 0, refused = false, pins = 0;
     // The order's peaks before streams are set: collectives on their own
     // stream (an unscheduled function's), everything else on one.
     const uint64_t before = estimatePeak(deriveStreamOrder(func), body);
@@ -315,11 +326,51 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
         streams.push_back(b.getStringAttr("compute." + std::to_string(k)));
       }
       func->setAttr("forge.streams", b.getArrayAttr(streams));
-      aside = assignComputeStreams(body, compute);
+      const uint64_t limit =
+          oneStream +
+          oneStream / 100 * static_cast<uint64_t>(std::max<int64_t>(streamMemoryGrowth, 0));
+      llvm::DenseSet<Operation *> pinned;
+      aside = assignComputeStreams(body, compute, pinned);
       StreamOrder several = deriveStreamOrder(func);
-      asidePeak = estimatePeak(several, body);
-      if (aside > 0 && asidePeak <= oneStream + oneStream / 100 * std::max<int64_t>(
-                                                              streamMemoryGrowth, 0)) {
+      int64_t peakAt = 0;
+      asidePeak = estimatePeak(several, body, &peakAt);
+      const int64_t tried = aside;         // side ops before any went back
+      const uint64_t allAside = asidePeak; // and the peak with all of them
+      // Over the limit: the side op that may run across the peak holding the
+      // most bytes goes back to the compute stream, and the rest are assigned
+      // again, until the peak fits (a weight gradient's GEMM that keeps a
+      // loss chunk's gradient alive while the next chunk's logits are made
+      // stays in order; the other layers' still run beside) or max-stream-pins.
+      for (int64_t round = 0; aside > 0 && asidePeak > limit && round < maxStreamPins; ++round) {
+        Operation *culprit = nullptr;
+        uint64_t most = 0;
+        for (size_t p = 0; p < several.ops.size(); ++p) {
+          Operation *op = several.ops[p];
+          if (several.stream[p] == 0 || isCollectiveOp(op) || isViewOp(op) ||
+              several.after[p] + 1 > peakAt ||
+              std::max(several.until[p], several.operandsUntil[p]) < peakAt)
+            continue;
+          uint64_t held = 0;
+          for (Value v : op->getResults())
+            held += bytesOf(v);
+          for (Value v : op->getOperands())
+            if (Operation *def = v.getDefiningOp(); def && !isa<ConstantOp>(def))
+              held += bytesOf(v);
+          if (!culprit || held > most)
+            culprit = op, most = held;
+        }
+        if (!culprit)
+          break;
+        pinned.insert(culprit);
+        ++pins;
+        for (Operation &op : body.without_terminator())
+          if (op.hasAttr("forge.stream") && !isCollectiveOp(&op))
+            op.removeAttr("forge.stream");
+        aside = assignComputeStreams(body, compute, pinned);
+        several = deriveStreamOrder(func);
+        asidePeak = estimatePeak(several, body, &peakAt);
+      }
+      if (aside > 0 && asidePeak <= limit) {
         o = std::move(several);
       } else { // back to one compute stream
         streams.resize(streams.size() - static_cast<size_t>(computeStreams - 1));
@@ -328,8 +379,10 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
           if (auto mark = op.getAttrOfType<IntegerAttr>("forge.stream");
               mark && !isCollectiveOp(&op))
             op.removeAttr("forge.stream");
-        refused = aside > 0;
+        refused = tried > 0;
+        asidePeak = allAside;
         aside = 0;
+        pins = 0;
         o = deriveStreamOrder(func);
       }
     }
@@ -370,7 +423,9 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
          << formatBytes(before) << " -> " << formatBytes(after) << ")";
     if (aside > 0)
       os << "; " << aside << " ops on further compute streams (estimated peak "
-         << formatBytes(asidePeak) << ")";
+         << formatBytes(asidePeak)
+         << (pins > 0 ? ", " + std::to_string(pins) + " kept in order for it" : std::string())
+         << ")";
     else if (refused)
       os << "; one compute stream (further ones would raise the estimated peak to "
          << formatBytes(asidePeak) << ")";

@@ -129,6 +129,13 @@ static cl::opt<int64_t> streamMemoryGrowth(
     cl::desc("How much (percent) further compute streams may raise the estimated peak of live "
              "memory before one stream is kept (default 1)"),
     cl::init(1), cl::cat(forgecCategory));
+static cl::opt<int64_t> maxStreamPins(
+    "max-stream-pins",
+    cl::desc("While further compute streams raise the estimated peak too far, put back on the "
+             "compute stream the side op holding the most bytes across it and assign the rest "
+             "again, up to N times (default 0: all side ops or one stream; not measured on a "
+             "GPU yet, and a further stream's 32 MiB GEMM workspace is not counted)"),
+    cl::init(0), cl::cat(forgecCategory));
 static cl::opt<bool> foldAttentionViews(
     "fold-attention-views",
     cl::desc("CUDA: cuDNN attention reads q, k and v where a fused qkv projection wrote them "
@@ -788,6 +795,7 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   o.scheduleOrder = scheduleOrder;
   o.computeStreams = computeStreams;
   o.streamMemoryGrowth = streamMemoryGrowth;
+  o.maxStreamPins = maxStreamPins;
   if (precision != "fp32" && precision != "tf32" && precision != "bf16" && precision != "fp16" &&
       precision != "fp8")
     return "unknown --precision '" + precision + "' (fp32, tf32, bf16, fp16, fp8)";

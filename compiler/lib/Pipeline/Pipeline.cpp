@@ -138,6 +138,7 @@ void addSchedule(OpPassManager &pm, const PipelineOptions &options) {
   schedule.computeStreams =
       StringRef(options.target).starts_with("cuda") ? options.computeStreams : 1;
   schedule.streamMemoryGrowth = options.streamMemoryGrowth;
+  schedule.maxStreamPins = options.maxStreamPins;
   schedule.report = options.scheduleReport;
   schedule.reportFile = options.scheduleFile;
   pm.addNestedPass<func::FuncOp>(createSchedule(schedule));
@@ -356,6 +357,8 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
   Opt<int64_t> streamMemoryGrowth{*this, "stream-memory-growth",
                                   llvm::cl::desc("as forgec --stream-memory-growth"),
                                   llvm::cl::init(1)};
+  Opt<int64_t> maxStreamPins{*this, "max-stream-pins",
+                             llvm::cl::desc("as forgec --max-stream-pins"), llvm::cl::init(0)};
   Opt<std::string> scheduleOrder{*this, "schedule-order",
                                  llvm::cl::desc("as forgec --schedule-order"),
                                  llvm::cl::init("memory")};
@@ -380,6 +383,7 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
     options.target = target;
     options.computeStreams = computeStreams;
     options.streamMemoryGrowth = streamMemoryGrowth;
+    options.maxStreamPins = maxStreamPins;
     options.scheduleOrder = scheduleOrder;
     const std::string &aux = gemmAuxEpilogues;
     options.auxEpilogues = aux == "true" || aux == "on"     ? "on"

@@ -6,7 +6,12 @@
 // RUN: forge-opt %s --split-input-file --forge-schedule="order=program compute-streams=2" | FileCheck %s --check-prefix=STREAMS
 // RUN: forge-opt %s --split-input-file --forge-schedule="order=program compute-streams=2 report=true" -o /dev/null | FileCheck %s --check-prefix=STREAMS-REPORT
 // RUN: forge-opt %s --split-input-file --forge-schedule="order=program compute-streams=2" --forge-plan-memory | FileCheck %s --check-prefix=STREAMS-PLAN
+// RUN: forge-opt %s --split-input-file --forge-schedule="order=program compute-streams=2 report=true" -o /dev/null | FileCheck %s --check-prefix=NOPIN
+// RUN: forge-opt %s --split-input-file --forge-schedule="order=program compute-streams=2 max-stream-pins=64" | FileCheck %s --check-prefix=PINS
+// RUN: forge-opt %s --split-input-file --forge-schedule="order=program compute-streams=2 max-stream-pins=64 report=true" -o /dev/null | FileCheck %s --check-prefix=PINS-REPORT
 // RUN: not forge-opt %s --split-input-file --forge-schedule=compute-streams=0 2>&1 | FileCheck %s --check-prefix=BADSTREAMS
+// RUN: not forge-opt %s --split-input-file --forge-schedule=max-stream-pins=-1 2>&1 | FileCheck %s --check-prefix=BADPINS
+// BADPINS: error: forge-schedule: max-stream-pins must be 0 or more, not -1
 // BADSTREAMS: error: forge-schedule: compute-streams must be 1 to 16, not 0
 // TWICE: error: the routine is already scheduled
 // BADORDER: error: forge-schedule: order must be memory or program, not 'random'
@@ -129,6 +134,34 @@ func.func @refused(%x: tensor<64xf32> {forge.kind = "input", forge.name = "x"})
   %d = forge.sqrt %b : (tensor<64xf32>) -> tensor<64xf32>
   %e = forge.mul %d, %c : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>
   return %e : tensor<64xf32>
+}
+
+// -----
+
+// Three side ops would raise the peak too far; the one holding the most bytes
+// across it (%g: %f's 4 KiB and its own) goes back to the compute stream,
+// after which the peak fits and %f and %c stay beside (max-stream-pins=64).
+// By default (0) the old rule: all side ops or one stream.
+// PINS-LABEL: func @pinned
+// PINS: forge.neg %arg1 {forge.stream = 1 : i64}
+// PINS: forge.neg %{{.*}}forge.stream = 1 : i64
+// PINS: forge.abs %1 :
+// PINS-REPORT: schedule of @pinned: {{.*}}; 2 ops on further compute streams (estimated peak 8.2 KiB, 1 kept in order for it)
+// PINS-REPORT: 6 abs
+// NOPIN: schedule of @pinned: {{.*}}; one compute stream (further ones would raise the estimated peak to 9.0 KiB)
+// STREAMS-LABEL: func @pinned
+// STREAMS-SAME: forge.streams = ["compute"]
+func.func @pinned(%x: tensor<64xf32> {forge.kind = "input", forge.name = "x"},
+                  %w: tensor<1024xf32> {forge.kind = "input", forge.name = "w"})
+    -> (tensor<64xf32> {forge.name = "y"}, tensor<1024xf32> {forge.name = "z"}) {
+  %a = forge.exp %x : (tensor<64xf32>) -> tensor<64xf32>
+  %f = forge.neg %w : (tensor<1024xf32>) -> tensor<1024xf32>
+  %b = forge.abs %a : (tensor<64xf32>) -> tensor<64xf32>
+  %c = forge.neg %a : (tensor<64xf32>) -> tensor<64xf32>
+  %d = forge.sqrt %b : (tensor<64xf32>) -> tensor<64xf32>
+  %e = forge.mul %d, %c : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>
+  %g = forge.abs %f : (tensor<1024xf32>) -> tensor<1024xf32>
+  return %e, %g : tensor<64xf32>, tensor<1024xf32>
 }
 
 // -----

@@ -35,6 +35,7 @@ struct PipelineOptions {
   std::string scheduleOrder = "memory"; // forge-schedule's order (forgec --schedule-order)
   int64_t computeStreams = 2;   // forge-schedule's compute streams, CUDA (forgec --compute-streams)
   int64_t streamMemoryGrowth = 1; // ... and the peak growth they may cost, % (--stream-memory-growth)
+  int64_t maxStreamPins = 0;      // ... side ops put back in order for it (--max-stream-pins)
   bool scheduleReport = false;  // forge-schedule prints its timeline (forgec --schedule-report)
   std::string scheduleFile;     // ... and appends it here (forgec --dump-dir: schedule.txt)
   int64_t gemmPadMinFlops = int64_t(1) << 30; // forge-pad-contractions (forgec --gemm-pad-min-flops)
