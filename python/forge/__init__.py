@@ -201,8 +201,8 @@ def _image_options(resize, normalize, mean, std, random_resized_crop, crop_scale
     if decode not in ("cpu", "gpu", "auto"):
         raise ValueError(f"decode must be 'cpu', 'gpu' or 'auto', not {decode!r}")
     if normalize == "imagenet":
-        mean = mean if mean is not None else (0.485, 0.456, 0.406)
-        std = std if std is not None else (0.229, 0.224, 0.225)
+        mean = mean if mean is not None else _forge.IMAGENET_MEAN
+        std = std if std is not None else _forge.IMAGENET_STD
     return {"image_resize": int(resize), "image_mean": [float(v) for v in mean or ()],
             "image_std": [float(v) for v in std or ()],
             "random_resized_crop": bool(random_resized_crop),

@@ -484,6 +484,10 @@ NB_MODULE(_forge, m) {
   using namespace forge::py;
   m.doc() = "Forge's runtime: bundles, the training loop, checkpoints and ONNX export.";
   nb::exception<Error>(m, "ForgeError", PyExc_RuntimeError);
+  m.attr("IMAGENET_MEAN") = nb::make_tuple(forge::rt::kImageNetMean[0], forge::rt::kImageNetMean[1],
+                                           forge::rt::kImageNetMean[2]);
+  m.attr("IMAGENET_STD") = nb::make_tuple(forge::rt::kImageNetStd[0], forge::rt::kImageNetStd[1],
+                                          forge::rt::kImageNetStd[2]);
 
   nb::class_<PyBundle>(m, "Bundle", "A compiled .forge bundle, opened and validated.")
       .def(nb::init<const std::string &>(), "path"_a,

@@ -450,9 +450,9 @@ Expected<DataSources> openData(const Options &opts, const Bundle &bundle) {
                       opts.seed};
   if (opts.imageNormalize == "imagenet") {
     if (image.mean.empty())
-      image.mean = {0.485f, 0.456f, 0.406f};
+      image.mean.assign(std::begin(kImageNetMean), std::end(kImageNetMean));
     if (image.std.empty())
-      image.std = {0.229f, 0.224f, 0.225f};
+      image.std.assign(std::begin(kImageNetStd), std::end(kImageNetStd));
   }
   DataSourceOptions trainOptions; // eval data (dataOptions) keeps the centre crop
   FORGE_RETURN_IF_ERROR(

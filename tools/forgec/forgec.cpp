@@ -13,6 +13,7 @@
 #include "forge/Train/TrainGraph.h"
 #include "forge/runtime/BatchSchedule.h"
 #include "forge/runtime/Bundle.h"
+#include "forge/runtime/DataSource.h"
 #include "forge/runtime/Npy.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -761,8 +762,8 @@ static std::string parseAugment(StringRef spec, mlir::forge::PipelineOptions::Au
           out.canvasHeight < 1 || out.canvasWidth < 1)
         return ("canvas '" + value + "' is not HEIGHTxWIDTH in pixels").str();
     } else if (key == "normalize" && value == "imagenet") {
-      out.mean = {0.485, 0.456, 0.406};
-      out.std = {0.229, 0.224, 0.225};
+      out.mean.assign(std::begin(::forge::rt::kImageNetMean), std::end(::forge::rt::kImageNetMean));
+      out.std.assign(std::begin(::forge::rt::kImageNetStd), std::end(::forge::rt::kImageNetStd));
     } else if (key == "mean" && (out.mean.clear(), values(value, out.mean))) {
     } else if (key == "std" && (out.std.clear(), values(value, out.std))) {
     } else {

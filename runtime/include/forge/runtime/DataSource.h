@@ -132,6 +132,13 @@ struct ImageSettings {
   uint64_t seed = 0; // the random-resized crops'
 };
 
+/// ImageNet's per-channel mean and std (RGB, of pixels in [0, 1]): what `imagenet`
+/// normalization means in forge-train (--image-normalize), forgec's --augment
+/// (normalize=imagenet) and the Python Trainer (image_normalize, via the module's
+/// IMAGENET_MEAN / IMAGENET_STD).
+inline constexpr double kImageNetMean[3] = {0.485, 0.456, 0.406};
+inline constexpr double kImageNetStd[3] = {0.229, 0.224, 0.225};
+
 /// How an error spells a setting: forge-train's flags (--crop-scale) or the Python
 /// keywords (crop_scale).
 enum class SettingSpelling { Flags, Keywords };
