@@ -482,9 +482,16 @@ def run_half(a, rep):
     if not e2e.gpu_present():
         print("SKIP: no GPU (nvidia-smi -L failed)")
         return False
+    grads = not a.skip_grads and a.steps >= GRAD_AT + a.grad_batches
+    missing = [b for b in ("fp32_grads.forge", "bf16_grads.forge")
+               if grads and not os.path.isfile(os.path.join(a.bundles, b))]
+    if missing:  # a compile half from before the gradient half
+        sys.exit(f"{a.bundles}: no {', '.join(missing)} (the compile half makes them; "
+                 "--skip-grads runs the trajectories alone)")
     with tempfile.TemporaryDirectory() as tmp:
         weights = os.path.join(tmp, "export")
-        export(weights)
+        if not a.grads_only:  # the gradient half exports the weights it trains
+            export(weights)
         data = os.path.join(tmp, "text.npz")
         nbytes, commit = make_data(data, a.steps, a.bundles)
         print(f"text: {nbytes} bytes (the tree at {commit}); {a.steps} steps of "
@@ -526,7 +533,7 @@ def run_half(a, rep):
                                                     weights, a.steps, tmp, extra)
             print(f"variant {label}: last loss {runs[f'variant_{label}'][-1]:.4f}", flush=True)
         grad_result = None
-        if a.skip_grads or a.steps < GRAD_AT + a.grad_batches:
+        if not grads:
             print(f"gradients not compared (--skip-grads, or --steps < {GRAD_AT} + "
                   f"--grad-batches)")
         else:
