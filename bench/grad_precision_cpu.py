@@ -11,6 +11,10 @@ separates what Forge's recipe rounds (this script) from what the GPU's kernels a
 (test_bf16_numerics' gradient half on the GPU).
 
     PYTHONPATH= python bench/grad_precision_cpu.py --bin-dir build/bin   (needs torch)
+
+The same bundles on the GPU (whose machines lack forgec): `--compile-only --bundles DIR` here,
+then `--bundles DIR --forge-train F --device cuda` there; `--device both` prints the CPU and
+the GPU runs of one bundle side by side (the difference is the GPU's kernels alone).
 """
 import argparse
 import os
@@ -34,22 +38,32 @@ def main():
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--bundles", help="where the bundles are written (--compile-only) or read")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--forge-train", help="default: BIN_DIR/forge-train")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "both"])
     a = ap.parse_args()
+    forge_train = a.forge_train or os.path.join(a.bin_dir, "forge-train")
     z = np.load(os.path.join(FIXTURE, "batches.npz"))
     params = np.load(os.path.join(FIXTURE, "init_params.npz"))
     ids, labels = z["input_ids"][:B], z["labels"][:B]
 
-    def forge(tmp, precision):
-        bundle = os.path.join(tmp, f"{precision}.forge")
+    def compile_(out, precision):
+        bundle = os.path.join(out, f"{precision}.forge")
         cmd = [os.path.join(a.bin_dir, "forgec"), os.path.join(FIXTURE, "model.onnx"), "--target",
                "cuda:sm_90", "--batch", str(B), "--loss", "cross_entropy:logits,labels",
                "--optimizer", "adamw:lr=1e-3", "--expose-gradients", "-o", bundle]
         if precision != "fp32":
             cmd += ["--precision", precision]
         subprocess.run(cmd, check=True, capture_output=True)
-        grads = os.path.join(tmp, f"{precision}_grads.npz")
-        r = subprocess.run([os.path.join(a.bin_dir, "forge-train"), bundle, "--data", batch,
-                            "--no-shuffle", "--steps", "1", "--device", "cpu", "--dump-grads",
+
+    def forge(tmp, precision, device):
+        bundle = os.path.join(a.bundles or tmp, f"{precision}.forge")
+        if not a.bundles:
+            compile_(tmp, precision)
+        grads = os.path.join(tmp, f"{precision}_{device}_grads.npz")
+        r = subprocess.run([forge_train, bundle, "--data", batch,
+                            "--no-shuffle", "--steps", "1", "--device", device, "--dump-grads",
                             grads], capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit(f"forge-train failed: {r.stdout[-400:]}{r.stderr[-400:]}")
@@ -75,23 +89,40 @@ def main():
         loss.backward()
         return {n: q.grad.double().numpy() for n, q in m.named_parameters() if n in params.files}
 
+    if a.compile_only:
+        if not a.bundles:
+            ap.error("--compile-only needs --bundles DIR")
+        os.makedirs(a.bundles, exist_ok=True)
+        for precision in ("bf16", "fp32"):
+            compile_(a.bundles, precision)
+        print(f"compiled into {a.bundles}")
+        return 0
+    devices = ["cpu", "cuda"] if a.device == "both" else [a.device]
     with tempfile.TemporaryDirectory() as tmp:
         batch = os.path.join(tmp, "batch.npz")
         np.savez(batch, input_ids=ids, labels=labels)
         ref = torch_grads(torch.float64, False)
-        runs = {"Forge bf16": forge(tmp, "bf16"), "CPU autocast": torch_grads(torch.float32, True),
-                "Forge fp32": forge(tmp, "fp32"), "PyTorch fp32": torch_grads(torch.float32, False)}
+        runs = {}
+        for device in devices:
+            suffix = f" ({device})" if len(devices) > 1 else ""
+            runs[f"Forge bf16{suffix}"] = forge(tmp, "bf16", device)
+        runs["CPU autocast"] = torch_grads(torch.float32, True)
+        for device in devices:
+            suffix = f" ({device})" if len(devices) > 1 else ""
+            runs[f"Forge fp32{suffix}"] = forge(tmp, "fp32", device)
+        runs["PyTorch fp32"] = torch_grads(torch.float32, False)
     for label, grads in runs.items():
         if set(grads) != set(ref):
             sys.exit(f"{label}: parameters differ from PyTorch's: {sorted(set(grads) ^ set(ref))}")
     errs = {k: numerics.grad_errors(v, ref) for k, v in runs.items()}
     print(f"error relative to float64, median over the layers ({B} samples of the fixture):")
-    print(f"  {'kind':22s}" + "".join(f"{k:>15s}" for k in runs))
+    width = max(15, max(len(k) for k in runs) + 1)
+    print(f"  {'kind':22s}" + "".join(f"{k:>{width}s}" for k in runs))
     for kind in sorted({numerics.tensor_kind(n) for n in ref}):
         names = [n for n in ref if numerics.tensor_kind(n) == kind]
         print(f"  {kind:22s}" + "".join(
-            f"{np.median([errs[k][0][n] for n in names]):15.3e}" for k in runs))
-    print(f"  {'all parameters':22s}" + "".join(f"{errs[k][1]:15.3e}" for k in runs))
+            f"{np.median([errs[k][0][n] for n in names]):{width}.3e}" for k in runs))
+    print(f"  {'all parameters':22s}" + "".join(f"{errs[k][1]:{width}.3e}" for k in runs))
     return 0
 
 
