@@ -189,6 +189,13 @@ int64_t assignComputeStreams(Block &body, ArrayRef<unsigned> streams,
   return aside;
 }
 
+/// Takes every op but the collectives off the further compute streams.
+void clearComputeStreams(Block &body) {
+  for (Operation &op : body.without_terminator())
+    if (op.hasAttr("forge.stream") && !isCollectiveOp(&op))
+      op.removeAttr("forge.stream");
+}
+
 /// The most bytes of op results live at once under the streams' order
 /// (StreamOrder.h), each from its op to its last reader (the return: the
 /// end); an op off the compute stream holds its operands until the compute
@@ -362,23 +369,18 @@ struct SchedulePass : public mlir::forge::impl::ScheduleBase<SchedulePass> {
         if (!culprit)
           break;
         pinned.insert(culprit);
-        ++pins;
-        for (Operation &op : body.without_terminator())
-          if (op.hasAttr("forge.stream") && !isCollectiveOp(&op))
-            op.removeAttr("forge.stream");
+        clearComputeStreams(body);
         aside = assignComputeStreams(body, compute, pinned);
         several = deriveStreamOrder(func);
         asidePeak = estimatePeak(several, body, &peakAt);
       }
+      pins = static_cast<int64_t>(pinned.size());
       if (aside > 0 && asidePeak <= limit) {
         o = std::move(several);
       } else { // back to one compute stream
         streams.resize(streams.size() - static_cast<size_t>(computeStreams - 1));
         func->setAttr("forge.streams", b.getArrayAttr(streams));
-        for (Operation &op : body.without_terminator())
-          if (auto mark = op.getAttrOfType<IntegerAttr>("forge.stream");
-              mark && !isCollectiveOp(&op))
-            op.removeAttr("forge.stream");
+        clearComputeStreams(body);
         refused = tried > 0;
         asidePeak = allAside;
         aside = 0;

@@ -226,12 +226,15 @@ def forge_losses(a, bundle, data, weights, steps, tmp, extra=()):
     return e2e.metric_losses(metrics)
 
 
-def torch_losses(data, steps, autocast, sdpa=False):
+def torch_run(data, steps, autocast=False, sdpa=False):
+    """gpt2_model() (seeded: the exported weights) trained `steps` AdamW steps (no TF32) on
+    the batches of data, autocast bf16 or fp32, with PyTorch's flash attention (sdpa, as
+    Forge's cuDNN) or written out: (the model, its losses)."""
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    model = gpt2_model().cuda().train()  # seeded: the exported weights
-    for m in model.modules():  # sdpa: PyTorch's flash attention, as Forge's cuDNN one
+    model = gpt2_model().cuda().train()
+    for m in model.modules():
         if hasattr(m, "sdpa"):
             m.sdpa = sdpa
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
@@ -248,7 +251,15 @@ def torch_losses(data, steps, autocast, sdpa=False):
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         out.append(float(loss.detach()))
-    del model, opt
+    del opt
+    torch.cuda.empty_cache()  # forge-train runs share the GPU
+    return model, out
+
+
+def torch_losses(data, steps, autocast, sdpa=False):
+    import torch
+    model, out = torch_run(data, steps, autocast, sdpa)
+    del model
     torch.cuda.empty_cache()
     return out
 
@@ -259,26 +270,9 @@ def windows(losses):
 
 
 def torch_train(data, steps):
-    """gpt2_model() after `steps` fp32 AdamW steps (no TF32) on the batches of data: the
-    weights at which grads_closer compares gradients (a trained model's, not the init's)."""
-    import torch
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model = gpt2_model().cuda().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
-    d = np.load(data)
-    ids, labels = torch.from_numpy(d["ids"]).cuda(), torch.from_numpy(d["labels"]).cuda()
-    loss_fn = torch.nn.CrossEntropyLoss()
-    for s in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(ids[s * B:(s + 1) * B]).reshape(-1, 50257),
-                       labels[s * B:(s + 1) * B].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        opt.step()
-    del opt
-    torch.cuda.empty_cache()  # the forge-train runs that follow share the GPU
-    return model
+    """gpt2_model() after `steps` fp32 steps: the weights at which grads_closer compares
+    gradients (a trained model's, not the init's)."""
+    return torch_run(data, steps)[0]
 
 
 def torch_grads(model, ids, labels, autocast, sdpa, parts=1):
