@@ -119,6 +119,16 @@ int launchRanks(int nproc, const std::vector<std::string> &args) {
     pids[static_cast<size_t>(r)] = pid;
     ++running;
   }
+  // The rank of an ended child (its slot cleared, one fewer running), or -1.
+  auto reaped = [&](pid_t pid) {
+    for (size_t i = 0; i < pids.size(); ++i)
+      if (pids[i] == pid) {
+        pids[i] = -1;
+        --running;
+        return static_cast<int>(i);
+      }
+    return -1;
+  };
   int result = running == nproc ? 0 : 1;
   bool stopping = running != nproc;
   auto deadline = std::chrono::steady_clock::time_point::max();
@@ -143,13 +153,9 @@ int launchRanks(int nproc, const std::vector<std::string> &args) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
     }
-    int rank = -1;
-    for (size_t i = 0; i < pids.size(); ++i)
-      if (pids[i] == pid)
-        rank = static_cast<int>(i), pids[i] = -1;
+    int rank = reaped(pid);
     if (rank < 0)
       continue;
-    --running;
     // 130: the rank was interrupted and stopped with the others after the step they
     // agreed on. Not a failure; the rest are given a grace period to do the same.
     if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {
@@ -163,6 +169,18 @@ int launchRanks(int nproc, const std::vector<std::string> &args) {
     }
     const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
     if (failed && result == 0) {
+      // The first failure reported may be another's consequence: with rank 1
+      // killed, rank 0 exits on the closed connection, and when both have
+      // ended waitpid may report rank 0 first. Of the ranks ended by now, name
+      // one killed by a signal.
+      for (int other = 0;;) {
+        pid_t p = ::waitpid(-1, &other, WNOHANG);
+        if (p <= 0)
+          break;
+        int r = reaped(p);
+        if (r >= 0 && WIFSIGNALED(other) && !WIFSIGNALED(status))
+          rank = r, status = other;
+      }
       result = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (running > 0)
         fmt::print(stderr, "forge-train: rank {} of {} {}; stopping the other rank{}\n", rank,
