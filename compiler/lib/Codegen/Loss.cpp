@@ -161,7 +161,7 @@ std::optional<KernelLaunch> KernelGenerator::Impl::crossEntropyKernel(Operation 
   auto ld = [&](Value c) { return k.load(fn.getArgument(0), k.add(base, c), elem); };
   auto addf = [&](Value a, Value c) -> Value { return b.create<arith::AddFOp>(k.loc, a, c); };
   auto subf = [&](Value a, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, a, c); };
-  auto expf = [&](Value a) -> Value { return b.create<math::ExpOp>(k.loc, a); };
+  auto expf = [&](Value a) -> Value { return k.expViaExp2(a); };
   Value zero = k.fconst(f32, 0.0);
   auto [raw, tc] = loadTarget(k, fn.getArgument(args.target), row, cols);
   Value lse;
@@ -314,7 +314,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operatio
 /// MB L2; one block per row of 128 threads kept ~2,100 rows in flight and read
 /// every row twice from memory: 2.2 ms per GPT-2 step against 2.3 for the two
 /// separate kernels). Each thread issues kUnroll vector loads before using
-/// them, so that 132 blocks keep enough bytes in flight.
+/// them, so that 132 blocks keep enough bytes in flight. Per logit the loops
+/// spend ~10 instructions (exp2, one select a lane, compares a vector): with
+/// libdevice's expf and a column compare a lane they spent ~22 and the kernel
+/// was instruction-bound (2.2 TB/s on an H100).
 std::optional<KernelLaunch>
 KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
                                                 CrossEntropyMode mode, CrossEntropyArgs a,
@@ -346,17 +349,24 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
   auto subf = [&](Value x, Value c) -> Value { return b.create<arith::SubFOp>(k.loc, x, c); };
   auto mulf = [&](Value x, Value c) -> Value { return b.create<arith::MulFOp>(k.loc, x, c); };
   auto maxf = [&](Value x, Value c) -> Value { return b.create<arith::MaximumFOp>(k.loc, x, c); };
-  auto expf = [&](Value x) -> Value { return b.create<math::ExpOp>(k.loc, x); };
+  auto expf = [&](Value x) -> Value { return k.expViaExp2(x); };
   auto lane = [&](Value vec, int64_t l) -> Value {
     return b.create<vector::ExtractOp>(k.loc, vec, l);
   };
   Value zero = k.fconst(f32, 0.0), ninf = k.fconst(f32, -INFINITY);
-  // Column of lane l of vector v, and whether it is a logit (not padding).
-  auto column = [&](Value v, int64_t l) { return k.add(k.mul(v, k.idx(kVector)), k.idx(l)); };
-  auto isLogit = [&](Value c) -> Value {
+  // Whether lane l of vector v is a logit (null: always), from two compares
+  // a vector: lane l is a logit iff v < cols / 4, or v == cols / 4 and
+  // l < cols % 4 (one compare a lane made the loops instruction-bound).
+  struct LogitLanes {
+    Value below, upTo; // v < cols / 4, v <= cols / 4
+    Value lane(int64_t l) const { return l < rem ? upTo : below; }
+    int64_t rem;
+  };
+  auto logitLanes = [&](Value v) -> LogitLanes {
     if (cols == stride)
-      return Value();
-    return k.ult(c, k.idx(cols));
+      return {Value(), Value(), 0};
+    int64_t full = cols / kVector, rem = cols % kVector;
+    return {k.ult(v, k.idx(full)), rem ? k.ult(v, k.idx(full + 1)) : Value(), rem};
   };
   // for v = tid; v < vectors; v += unroll * block: body(the unroll vectors
   // v + u block, each with whether it is in the row (null: always)).
@@ -415,16 +425,17 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
         SmallVector<Value> vecs = loadVectors(base, vs, in);
         SmallVector<Value> xs;
         Value m = acc[0];
-        for (auto [v, ok, vec] : llvm::zip(vs, in, vecs))
+        for (auto [v, ok, vec] : llvm::zip(vs, in, vecs)) {
+          // A vector past the row's end (!ok) is past cols / 4 too.
+          LogitLanes logits = logitLanes(v);
           for (int64_t i = 0; i < kVector; ++i) {
             Value x = lane(vec, i);
-            if (Value logit = isLogit(column(v, i)))
-              x = b.create<arith::SelectOp>(k.loc, logit, x, ninf);
-            if (ok)
-              x = b.create<arith::SelectOp>(k.loc, ok, x, ninf);
+            if (Value keep = logits.below ? logits.lane(i) : ok)
+              x = b.create<arith::SelectOp>(k.loc, keep, x, ninf);
             xs.push_back(x);
             m = maxf(m, x);
           }
+        }
         Value empty = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OEQ, m, ninf);
         Value sum = mulf(acc[1], expf(subf(acc[0], m)));
         for (Value x : xs)
@@ -482,18 +493,27 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
         b.create<gpu::BarrierOp>(k.loc);
       Value g = rowUpstream(k, fn.getArgument(a.dy), reduction, row, rows, f32);
       Value one = k.fconst(f32, 1.0);
+      // The target is lane tc % 4 of vector tc / 4: per lane, whether it is
+      // that lane (once a row), per vector whether it is that vector.
+      Value targetVector = k.div(tc, kVector), targetLaneIndex = k.rem(tc, kVector);
+      SmallVector<Value> targetLane;
+      for (int64_t i = 0; i < kVector; ++i)
+        targetLane.push_back(
+            b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, targetLaneIndex, k.idx(i)));
       forVectors(ValueRange{}, [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange) {
         SmallVector<Value> vecs = loadVectors(base, vs, in);
         for (auto [v, ok, vec] : llvm::zip(vs, in, vecs)) {
           SmallVector<Value> out;
+          LogitLanes logits = logitLanes(v);
+          Value atTarget =
+              b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, v, targetVector);
           for (int64_t i = 0; i < kVector; ++i) {
-            Value c = column(v, i);
             Value p = expf(subf(lane(vec, i), lse));
-            Value hit = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, c, tc);
+            Value hit = b.create<arith::AndIOp>(k.loc, atTarget, targetLane[i]);
             p = b.create<arith::SelectOp>(k.loc, hit, subf(p, one), p);
             Value d = mulf(g, p);
-            if (Value logit = isLogit(c))
-              d = b.create<arith::SelectOp>(k.loc, logit, d, zero);
+            if (logits.below)
+              d = b.create<arith::SelectOp>(k.loc, logits.lane(i), d, zero);
             out.push_back(d);
           }
           Value result =

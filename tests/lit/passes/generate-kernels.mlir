@@ -363,3 +363,35 @@ func.func @zero(%g: tensor<64x4xf32>, %w: tensor<64x4xf32>) -> (tensor<32x4xf32>
   %a = forge.all_gather %p {group = "dp", size = 2 : i64} : (tensor<32x4xf32>) -> tensor<64x4xf32>
   return %r, %a : tensor<32x4xf32>, tensor<64x4xf32>
 }
+
+// -----
+
+// The loss and its gradient over rows of 16 with 13 classes (3 padding
+// columns), 4-wide vectors: a vector's lanes are logits by two compares of
+// its index (lane 0 while v < 4, lanes 1-3 while v < 3), the target by one
+// (v == tc / 4) and its lane once a row; the exponentials are exp2 of the
+// difference times log2(e) (libdevice's expf made the kernel
+// instruction-bound). No compare of a lane's column is left in the loops.
+// CHECK-LABEL: func @loss_rows
+// CHECK: gpu.func @k0_cross_entropy_with_grad(%arg0: memref<32xvector<4xf32>>
+// CHECK-NOT: math.exp{{ }}
+// CHECK: scf.for %[[V:.*]] = %thread_id_x to
+// CHECK: arith.cmpi ult, %[[V]], %c3
+// CHECK: arith.cmpi ult, %[[V]], %c4
+// CHECK-NOT: arith.cmpi {{.*}}%[[V]]
+// CHECK: math.exp2
+// CHECK-NOT: math.exp{{ }}
+// CHECK: math.log
+// CHECK: scf.for %[[W:.*]] = %thread_id_x{{.*}} to
+// CHECK: arith.cmpi ult, %[[W]], %c3
+// CHECK-NEXT: arith.constant 4
+// CHECK-NEXT: arith.cmpi ult, %[[W]], %c4
+// CHECK-NEXT: arith.cmpi eq, %[[W]],
+// CHECK-NOT: arith.cmpi
+// CHECK-NOT: math.exp{{ }}
+// CHECK: memref.store {{.*}} : memref<32xvector<4xbf16>>
+// CHECK: gpu.return
+func.func @loss_rows(%x: tensor<8x16xf32>, %t: tensor<8xi64>, %g: tensor<f32>) -> (tensor<8xf32>, tensor<8x16xbf16>) {
+  %l, %d = forge.cross_entropy_with_grad %x, %t, %g {classes = 13 : i64, reduction = "mean"} : (tensor<8x16xf32>, tensor<8xi64>, tensor<f32>) -> (tensor<8xf32>, tensor<8x16xbf16>)
+  return %l, %d : tensor<8xf32>, tensor<8x16xbf16>
+}
