@@ -240,3 +240,30 @@ def replay_check_main(doc, compile_cases, replay_cases):
         if not a.compile_only:
             replay_cases(rep, a.replay, bundles, a.device)
     return rep.summary()
+
+
+def halves_main(a, compile_half, run_half, prefix=None, skip="SKIP: no GPU"):
+    """The end of main() for a GPU test whose bundles are compiled here and trained where the
+    GPU is (the GPU machines have no forgec), after parsing its --bundles and --compile-only:
+      (no --bundles)               both halves here (the compile half alone with
+                                   --compile-only), the bundles in a temporary directory
+      --compile-only --bundles DIR compile_half(rep, DIR, tmp) only (it creates DIR)
+      --bundles DIR                run_half(rep, DIR, tmp) only
+    tmp is a scratch directory (prefix `prefix`), removed after. compile_half may stop the test
+    by returning its exit status. Without a GPU the run half prints `skip` and the status is 77
+    (ctest's SKIP_RETURN_CODE); otherwise Report.summary()'s ('N passed, N failed')."""
+    import tempfile
+    rep = Report()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        out = a.bundles or tmp
+        if a.compile_only or not a.bundles:
+            status = compile_half(rep, out, tmp)
+            if status is not None:
+                return status
+            if a.compile_only:
+                return rep.summary()
+        if not gpu_present():
+            print(skip)
+            return 77
+        run_half(rep, out, tmp)
+    return rep.summary()

@@ -29,7 +29,6 @@ per check and 'N passed, N failed'; exit status 1 if anything failed.
 import argparse
 import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -91,33 +90,28 @@ def main():
     ap.add_argument("--bundles")
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()
-    rep = e2e.Report()
-    with tempfile.TemporaryDirectory(prefix="forge-canvas-") as tmp:
-        out = a.bundles or tmp
-        if a.compile_only or not a.bundles:
-            tools = e2e.find_tools(a, "test_canvas_crop")
-            if not tools:
-                return 2
-            forgec = tools[0]
-            os.makedirs(out, exist_ok=True)
-            write_folder(os.path.join(out, "images"))
-            write_smooth_folder(os.path.join(out, "smooth"))
-            write_smooth_folder(os.path.join(out, "chroma"), chroma=True)
-            for precision in ("fp32", "bf16"):
-                rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
-                                      "--target", "cuda:sm_90", "--batch", "4",
-                                      "--loss", "cross_entropy:logits,labels",
-                                      "--optimizer", "sgd:lr=0.05,momentum=0.9",
-                                      "--precision", precision,
-                                      "--augment", "pixels,normalize=imagenet,canvas=40x48",
-                                      "-o", os.path.join(out, f"canvas_{precision}.forge")])
-                if not rep.check(f"forgec canvas {precision}", rc == 0, e2e.failure(rc, log)):
-                    return rep.summary()
-            if a.compile_only:
+
+    def compile_half(rep, out, tmp):
+        tools = e2e.find_tools(a, "test_canvas_crop")
+        if not tools:
+            return 2
+        forgec = tools[0]
+        os.makedirs(out, exist_ok=True)
+        write_folder(os.path.join(out, "images"))
+        write_smooth_folder(os.path.join(out, "smooth"))
+        write_smooth_folder(os.path.join(out, "chroma"), chroma=True)
+        for precision in ("fp32", "bf16"):
+            rc, _, log = e2e.run([forgec, os.path.join(FIXTURES, "cnn_sgd_momentum", "model.onnx"),
+                                  "--target", "cuda:sm_90", "--batch", "4",
+                                  "--loss", "cross_entropy:logits,labels",
+                                  "--optimizer", "sgd:lr=0.05,momentum=0.9",
+                                  "--precision", precision,
+                                  "--augment", "pixels,normalize=imagenet,canvas=40x48",
+                                  "-o", os.path.join(out, f"canvas_{precision}.forge")])
+            if not rep.check(f"forgec canvas {precision}", rc == 0, e2e.failure(rc, log)):
                 return rep.summary()
-        if not e2e.gpu_present():
-            print("SKIP: no GPU")
-            return 77
+
+    def run_half(rep, out, tmp):
         forge_train = a.forge_train or e2e.find_tool("forge-train", a.bin_dir)
         for tag, precision, extra in CASES:
             bundle = os.path.join(out, f"canvas_{precision}.forge")
@@ -161,7 +155,8 @@ def main():
                               "--device", "cpu", "--steps", "1", "--decode", "gpu"], 120)
         rep.check("nvjpeg: --decode gpu on the CPU refused", rc not in (0, None) and
                   "decodes no images" in log, e2e.tail(log, 1))
-    return rep.summary()
+
+    return e2e.halves_main(a, compile_half, run_half, prefix="forge-canvas-")
 
 
 if __name__ == "__main__":

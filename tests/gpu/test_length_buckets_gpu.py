@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -48,32 +47,27 @@ def main():
     ap.add_argument("--bundles")
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()
-    rep = e2e.Report()
-    with tempfile.TemporaryDirectory(prefix="forge-buckets-gpu-") as tmp:
-        out = a.bundles or tmp
-        if a.compile_only or not a.bundles:
-            tools = e2e.find_tools(a, "test_length_buckets_gpu")
-            if not tools:
-                return 2
-            os.makedirs(out, exist_ok=True)
-            model = os.path.join(tmp, "gpt_seq.onnx")
-            lb.symbolic_seq(model)
-            rng = np.random.default_rng(7)
-            lb.documents(os.path.join(out, "mixed.bin"), rng.integers(2, 60, 400), 3)
-            lb.documents(os.path.join(out, "eval.bin"), rng.integers(2, 40, 40), 2)
-            for tag, batch, extra in BUNDLES:
-                rc, _, log = e2e.run([tools[0], model, "--target", "cuda:sm_90", "--batch",
-                                      str(batch), "--loss", lb.LOSS, "--optimizer", lb.OPT,
-                                      "--length-buckets", "seq=8,16,32",
-                                      "-o", os.path.join(out, f"{tag}.forge")] + extra)
-                if not rep.check(f"forgec {tag} --length-buckets seq=8,16,32", rc == 0,
-                                 e2e.failure(rc, log)):
-                    return rep.summary()
-            if a.compile_only:
+
+    def compile_half(rep, out, tmp):
+        tools = e2e.find_tools(a, "test_length_buckets_gpu")
+        if not tools:
+            return 2
+        os.makedirs(out, exist_ok=True)
+        model = os.path.join(tmp, "gpt_seq.onnx")
+        lb.symbolic_seq(model)
+        rng = np.random.default_rng(7)
+        lb.documents(os.path.join(out, "mixed.bin"), rng.integers(2, 60, 400), 3)
+        lb.documents(os.path.join(out, "eval.bin"), rng.integers(2, 40, 40), 2)
+        for tag, batch, extra in BUNDLES:
+            rc, _, log = e2e.run([tools[0], model, "--target", "cuda:sm_90", "--batch",
+                                  str(batch), "--loss", lb.LOSS, "--optimizer", lb.OPT,
+                                  "--length-buckets", "seq=8,16,32",
+                                  "-o", os.path.join(out, f"{tag}.forge")] + extra)
+            if not rep.check(f"forgec {tag} --length-buckets seq=8,16,32", rc == 0,
+                             e2e.failure(rc, log)):
                 return rep.summary()
-        if not e2e.gpu_present():
-            print("SKIP: no GPU")
-            return 77
+
+    def run_half(rep, out, tmp):
         forge_train = a.forge_train or e2e.find_tool("forge-train", a.bin_dir)
 
         def train(bundle, tag, device, extra=()):
@@ -128,7 +122,8 @@ def main():
             rep.check(f"{tag}: the GPU vs the CPU", err is not None and err <= REL,
                       f"max rel {err:.1e} (<= {REL})" if err is not None else
                       "the steps or buckets differ")
-    return rep.summary()
+
+    return e2e.halves_main(a, compile_half, run_half, prefix="forge-buckets-gpu-")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 import forge_e2e as e2e  # noqa: E402
-from forge_e2e import Report  # noqa: E402
 
 MODELS_DIR = os.path.normpath(os.path.join(HERE, "..", "models"))
 ARCHS = ("bert_cls", "gpt2", "llama")
@@ -113,21 +112,17 @@ def main():
         if not tools:
             return 2
         forgec, forge_train = tools
-    rep = Report()
-    with tempfile.TemporaryDirectory() as tmp:
-        bundles = a.bundles or os.path.join(tmp, "bundles")
-        if a.compile_only or not a.bundles:
-            os.makedirs(bundles, exist_ok=True)
-            for arch in a.archs:
-                compile_arch(rep, arch, training[arch], forgec, bundles)
-            if a.compile_only:
-                return rep.summary()
-        if not e2e.gpu_present():
-            print("SKIP: no GPU (nvidia-smi -L failed)")
-            return 77
+
+    def compile_half(rep, bundles, tmp):
+        os.makedirs(bundles, exist_ok=True)
+        for arch in a.archs:
+            compile_arch(rep, arch, training[arch], forgec, bundles)
+
+    def run_half(rep, bundles, tmp):
         for arch in a.archs:
             run_arch(rep, arch, training[arch], forge_train, bundles, tmp)
-    return rep.summary()
+
+    return e2e.halves_main(a, compile_half, run_half, skip="SKIP: no GPU (nvidia-smi -L failed)")
 
 
 if __name__ == "__main__":
