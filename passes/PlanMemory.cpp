@@ -221,11 +221,8 @@ std::string describe(func::FuncOp func, Value v) {
     os << op->getName().getStringRef();
     if (auto fusion = dyn_cast<FusionOp>(op))
       os << " \"" << fusion.getKind() << "\"";
-    Location loc = op->getLoc();
-    if (auto fused = dyn_cast<FusedLoc>(loc); fused && !fused.getLocations().empty())
-      loc = fused.getLocations().front();
-    if (auto name = dyn_cast<NameLoc>(loc))
-      os << " '" << name.getName().getValue() << "'";
+    if (StringRef name = sourceNodeName(op); !name.empty())
+      os << " '" << name << "'";
   }
   os << " " << v.getType();
   return text;

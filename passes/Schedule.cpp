@@ -252,11 +252,8 @@ std::string label(Operation *op) {
   os << op->getName().getStringRef().drop_front(op->getName().getDialectNamespace().size() + 1);
   if (auto fusion = dyn_cast<FusionOp>(op))
     os << " " << fusion.getKind();
-  Location loc = op->getLoc();
-  if (auto fused = dyn_cast<FusedLoc>(loc); fused && !fused.getLocations().empty())
-    loc = fused.getLocations().front();
-  if (auto name = dyn_cast<NameLoc>(loc))
-    os << " '" << name.getName().getValue() << "'";
+  if (StringRef name = sourceNodeName(op); !name.empty())
+    os << " '" << name << "'";
   return text;
 }
 

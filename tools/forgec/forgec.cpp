@@ -226,9 +226,13 @@ static cl::opt<std::string> shapesFrom(
     cl::value_desc("FILE.npz"), cl::cat(forgecCategory));
 static cl::list<std::string> dims("dim", cl::desc("Value of a symbolic dim: NAME=N"),
                                   cl::value_desc("NAME=N"), cl::cat(forgecCategory));
-static cl::opt<std::string> dumpDir("dump-dir",
-                                    cl::desc("Write NN-passname.mlir/.onnx after import and every pass"),
-                                    cl::value_desc("DIR"), cl::cat(forgecCategory));
+static cl::opt<std::string>
+    dumpDir("dump-dir",
+            cl::desc("Write NN-passname.mlir/.onnx after import and every pass, with "
+                     "summary.txt (each stage's launches, bytes, FLOPs), "
+                     "costs.txt (the last stage's launches by estimated "
+                     "bytes) and schedule.txt"),
+            cl::value_desc("DIR"), cl::cat(forgecCategory));
 static cl::OptionCategory trainCategory("training options (also from --recipe FILE.toml; flags win)");
 static cl::opt<std::string> recipe("recipe", cl::desc("TOML file with training options (keys = option names)"),
                                    cl::value_desc("FILE"), cl::cat(trainCategory));

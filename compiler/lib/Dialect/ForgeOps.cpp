@@ -1647,3 +1647,12 @@ bool mlir::forge::isStorageCompatible(TypeRange inferred, TypeRange actual) {
   }
   return true;
 }
+
+llvm::StringRef mlir::forge::sourceNodeName(Operation *op) {
+  Location loc = op->getLoc();
+  if (auto fused = dyn_cast<FusedLoc>(loc); fused && !fused.getLocations().empty())
+    loc = fused.getLocations().front();
+  if (auto name = dyn_cast<NameLoc>(loc))
+    return name.getName().getValue();
+  return {};
+}

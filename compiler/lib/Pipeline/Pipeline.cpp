@@ -484,7 +484,22 @@ struct GraphSummary {
   // bytes and FLOPs: of the launches (reshapes move nothing).
   int64_t ops = 0, launches = 0, library = 0, bytes = 0, flops = 0;
   std::vector<std::pair<std::string, int64_t>> launchesPerFunction;
+  // Each launch's estimate, for costs.txt: its routine, "op [kind]", its node.
+  struct Launch {
+    std::string func, op, node;
+    OpCost cost;
+  };
+  std::vector<Launch> entries;
 };
+
+/// "gemm", "fusion norm_grad", "attention_grad": what a launch runs.
+std::string launchKind(Operation *op) {
+  std::string kind =
+      op->getName().getStringRef().drop_front(op->getName().getDialectNamespace().size() + 1).str();
+  if (auto fusion = dyn_cast<FusionOp>(op))
+    kind += " " + fusion.getKind().str();
+  return kind;
+}
 
 GraphSummary summarize(ModuleOp module) {
   GraphSummary s;
@@ -501,6 +516,7 @@ GraphSummary summarize(ModuleOp module) {
         OpCost c = fusion.getCost();
         s.bytes += c.bytes;
         s.flops += c.flops;
+        s.entries.push_back({func.getSymName().str(), launchKind(op), sourceNodeName(op).str(), c});
         return WalkResult::skip();
       }
       auto forgeOp = dyn_cast<ForgeOpInterface>(op);
@@ -516,6 +532,7 @@ GraphSummary summarize(ModuleOp module) {
       OpCost c = forgeOp.getCost();
       s.bytes += c.bytes;
       s.flops += c.flops;
+      s.entries.push_back({func.getSymName().str(), launchKind(op), sourceNodeName(op).str(), c});
       return WalkResult::advance();
     });
     s.launchesPerFunction.push_back({func.getSymName().str(), s.launches - before});
@@ -528,6 +545,62 @@ std::string sanitize(StringRef name) {
   for (char c : name)
     out.push_back(llvm::isAlnum(c) || c == '-' || c == '_' ? c : '-');
   return out;
+}
+
+/// costs.txt, rewritten after every stage (so it describes the last one):
+/// each routine's launches by estimated bytes, largest first, then their sums
+/// by kind. The floor is max(bytes / 3 TB/s, FLOPs / 700 TFLOP/s), roughly an
+/// H100's memory and bf16 GEMM rates: a yardstick for finding the kernels
+/// whose traffic or work dominates without a GPU, not a prediction.
+LogicalResult writeCosts(ModuleOp module, const GraphSummary &s, StringRef dir, int index,
+                         StringRef stage) {
+  std::error_code ec;
+  llvm::raw_fd_ostream out((dir + "/costs.txt").str(), ec);
+  if (ec)
+    return module.emitError() << "cannot write costs.txt: " << ec.message();
+  auto floorUs = [](const OpCost &c) {
+    return std::max(double(c.bytes) / 3e12, double(c.flops) / 7e14) * 1e6;
+  };
+  out << llvm::formatv("# {0:2}-{1}: launches by estimated bytes; floor = max(bytes / 3 TB/s, "
+                       "FLOPs / 700 TFLOP/s)\n",
+                       index, stage);
+  for (auto [func, count] : s.launchesPerFunction) {
+    std::vector<const GraphSummary::Launch *> rows;
+    for (const GraphSummary::Launch &l : s.entries)
+      if (l.func == func)
+        rows.push_back(&l);
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](auto *a, auto *b) { return a->cost.bytes > b->cost.bytes; });
+    OpCost total;
+    double floor = 0;
+    llvm::StringMap<std::pair<int64_t, OpCost>> byKind;
+    std::vector<std::string> kinds; // first-seen order, for a stable listing
+    for (const GraphSummary::Launch *l : rows) {
+      total.bytes += l->cost.bytes, total.flops += l->cost.flops;
+      floor += floorUs(l->cost);
+      auto [it, fresh] = byKind.try_emplace(l->op, 0, OpCost{});
+      if (fresh)
+        kinds.push_back(l->op);
+      ++it->second.first;
+      it->second.second.bytes += l->cost.bytes, it->second.second.flops += l->cost.flops;
+    }
+    out << llvm::formatv("\n## {0}: {1} launches, {2} bytes, {3} FLOPs, floor {4:F3} ms\n", func,
+                         count, total.bytes, total.flops, floor / 1e3);
+    out << llvm::formatv("{0,14} {1,18} {2,10}  launch\n", "bytes", "FLOPs", "floor_us");
+    for (const GraphSummary::Launch *l : rows)
+      out << llvm::formatv("{0,14} {1,18} {2,10:F1}  {3}{4}\n", l->cost.bytes, l->cost.flops,
+                           floorUs(l->cost), l->op,
+                           l->node.empty() ? std::string() : " '" + l->node + "'");
+    out << llvm::formatv("## {0} by kind\n{1,6} {2,14} {3,18}  kind\n", func, "count", "bytes",
+                         "FLOPs");
+    std::stable_sort(kinds.begin(), kinds.end(), [&](const std::string &a, const std::string &b) {
+      return byKind[a].second.bytes > byKind[b].second.bytes;
+    });
+    for (const std::string &k : kinds)
+      out << llvm::formatv("{0,6} {1,14} {2,18}  {3}\n", byKind[k].first, byKind[k].second.bytes,
+                           byKind[k].second.flops, k);
+  }
+  return success();
 }
 
 LogicalResult writeDumpFiles(ModuleOp module, StringRef dir, int index, StringRef stage) {
@@ -561,7 +634,7 @@ LogicalResult writeDumpFiles(ModuleOp module, StringRef dir, int index, StringRe
       summary << (i == 0 ? "; launches by routine: " : ", ") << entry.first << " "
               << entry.second;
   summary << "\n";
-  return success();
+  return writeCosts(module, s, dir, index, stage);
 }
 
 class DumpInstrumentation : public PassInstrumentation {

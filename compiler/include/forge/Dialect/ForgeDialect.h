@@ -84,6 +84,10 @@ bool isInnermostRowOp(Operation *op);
 /// precision, set by forge-assign-precision).
 bool isStorageCompatible(TypeRange inferred, TypeRange actual);
 
+/// The ONNX node an op came from: its NameLoc's name, or the first location's
+/// of a FusedLoc (a fusion region, a merged op); empty when it has none.
+llvm::StringRef sourceNodeName(Operation *op);
+
 } // namespace mlir::forge
 
 #include "forge/Dialect/ForgeDialect.h.inc"
