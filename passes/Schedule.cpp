@@ -247,13 +247,9 @@ uint64_t estimatePeak(const StreamOrder &o, Block &body, int64_t *peakAt = nullp
 
 /// "conv 'layer1/conv1'", "fusion loop 'ln'", "all_reduce".
 std::string label(Operation *op) {
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  os << op->getName().getStringRef().drop_front(op->getName().getDialectNamespace().size() + 1);
-  if (auto fusion = dyn_cast<FusionOp>(op))
-    os << " " << fusion.getKind();
+  std::string text = launchKind(op);
   if (StringRef name = sourceNodeName(op); !name.empty())
-    os << " '" << name << "'";
+    text += " '" + name.str() + "'";
   return text;
 }
 

@@ -171,23 +171,40 @@ int launchRanks(int nproc, const std::vector<std::string> &args) {
     if (failed && result == 0) {
       // The first failure reported may be another's consequence: with rank 1
       // killed, rank 0 exits on the closed connection, and when both have
-      // ended waitpid may report rank 0 first. Of the ranks ended by now, name
-      // one killed by a signal.
+      // ended waitpid may report rank 0 first. Of the ranks ended by now, the
+      // one named is one killed from outside (a crash signal such as SIGABRT
+      // or SIGPIPE may itself follow a peer's end); the others are listed.
+      auto killedFromOutside = [](int st) {
+        if (!WIFSIGNALED(st))
+          return false;
+        int sig = WTERMSIG(st);
+        return sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT;
+      };
+      std::vector<std::pair<int, int>> others; // (rank, status) of other failures
       for (int other = 0;;) {
         pid_t p = ::waitpid(-1, &other, WNOHANG);
         if (p <= 0)
           break;
         int r = reaped(p);
-        if (r >= 0 && WIFSIGNALED(other) && !WIFSIGNALED(status))
+        if (r < 0 || (WIFEXITED(other) && (WEXITSTATUS(other) == 0 || WEXITSTATUS(other) == 130)))
+          continue;
+        if (killedFromOutside(other) && !killedFromOutside(status)) {
+          others.push_back({rank, status});
           rank = r, status = other;
+        } else {
+          others.push_back({r, other});
+        }
       }
+      std::string also;
+      for (auto [r, st] : others)
+        also += fmt::format("; rank {} {}", r, describeStatus(st));
       result = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (running > 0)
-        fmt::print(stderr, "forge-train: rank {} of {} {}; stopping the other rank{}\n", rank,
-                   nproc, describeStatus(status), running > 1 ? "s" : "");
+        fmt::print(stderr, "forge-train: rank {} of {} {}{}; stopping the other rank{}\n", rank,
+                   nproc, describeStatus(status), also, running > 1 ? "s" : "");
       else
-        fmt::print(stderr, "forge-train: rank {} of {} {}\n", rank, nproc,
-                   describeStatus(status));
+        fmt::print(stderr, "forge-train: rank {} of {} {}{}\n", rank, nproc, describeStatus(status),
+                   also);
       stopping = true;
       deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       for (pid_t p : pids)

@@ -34,20 +34,6 @@ namespace pb = ::forge::bundle;
 
 namespace {
 
-std::string locName(Location loc) {
-  if (auto name = dyn_cast<NameLoc>(loc))
-    return name.getName().str();
-  if (auto fused = dyn_cast<FusedLoc>(loc))
-    for (Location inner : fused.getLocations())
-      if (auto name = locName(inner); !name.empty())
-        return name;
-  return "";
-}
-
-} // namespace
-
-namespace {
-
 /// Emits the module's functions as routines sharing one tensor table.
 class ProgramEmitter {
 public:
@@ -499,14 +485,14 @@ LogicalResult ProgramEmitter::emitOp(Operation &op, pb::Routine &routine,
       return op.emitError("a view placement is for CUDA bundles only");
     for (auto [i, r] : llvm::enumerate(op.getResults()))
       if (failed(addResult(op, static_cast<unsigned>(i),
-                           locName(op.getLoc()) + ":" + std::to_string(i))))
+                           sourceNodeName(op.getLoc()).str() + ":" + std::to_string(i))))
         return failure();
     return success();
   }
   pb::Instruction *inst = routine.add_instructions();
   if (failed(encodeInstruction(&op, *inst)))
     return failure();
-  std::string node = locName(op.getLoc());
+  std::string node = sourceNodeName(op.getLoc()).str();
   inst->set_name(node);
   if (failed(place(op, *inst)))
     return failure();

@@ -156,12 +156,13 @@ struct Body {
   Value fconst(Type t, double v) { return b.create<arith::ConstantOp>(loc, b.getFloatAttr(t, v)); }
   Value add(Value a, Value c) { return b.create<arith::AddIOp>(loc, a, c); }
   Value mul(Value a, Value c) { return b.create<arith::MulIOp>(loc, a, c); }
-  /// e^x of an f32 x as 2^(x log2(e)): libdevice's exp2f is one ex2.approx
-  /// (relative error ~2^-22, subnormal results flushed to 0) where its expf
-  /// spends ~10 instructions reducing the range for a correctly rounded
-  /// result. For the loss kernels, whose two exponentials per logit made
-  /// them instruction-bound; the x's rounding in the multiply adds a relative
-  /// error of |x| 2^-24, so x should be a difference already taken (x - max).
+  /// e^x of an f32 x as 2^(x log2(e)): libdevice's exp2f is ex2.approx.f32
+  /// (about 4 SASS instructions with its subnormal handling, 2 ulp), where its
+  /// expf spends ~10 in PTX on range reduction (also 2 ulp). For the loss
+  /// kernels, whose two exponentials per logit made them instruction-bound.
+  /// Rounding x log2(e) adds a relative error of about |x| 2^-24 (log2(e)'s
+  /// own rounding ~|x| 2^-26 more), so x should be a difference already taken
+  /// (x - max: at most a few tens where the result still counts).
   Value expViaExp2(Value x) {
     Value scaled = b.create<arith::MulFOp>(loc, x, fconst(x.getType(), M_LOG2E));
     return b.create<math::Exp2Op>(loc, scaled);

@@ -314,10 +314,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operatio
 /// MB L2; one block per row of 128 threads kept ~2,100 rows in flight and read
 /// every row twice from memory: 2.2 ms per GPT-2 step against 2.3 for the two
 /// separate kernels). Each thread issues kUnroll vector loads before using
-/// them, so that 132 blocks keep enough bytes in flight. Per logit the loops
-/// spend ~10 instructions (exp2, one select a lane, compares a vector): with
-/// libdevice's expf and a column compare a lane they spent ~22 and the kernel
-/// was instruction-bound (2.2 TB/s on an H100).
+/// them, so that 132 blocks keep enough bytes in flight. Per logit each pass
+/// spends ~9-12 PTX instructions (exp2, one select a lane, compares a vector):
+/// with libdevice's expf and a column compare a lane they spent ~21-23 and the
+/// kernel was instruction-bound (2.2 TB/s on an H100).
 std::optional<KernelLaunch>
 KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
                                                 CrossEntropyMode mode, CrossEntropyArgs a,

@@ -1648,11 +1648,20 @@ bool mlir::forge::isStorageCompatible(TypeRange inferred, TypeRange actual) {
   return true;
 }
 
-llvm::StringRef mlir::forge::sourceNodeName(Operation *op) {
-  Location loc = op->getLoc();
-  if (auto fused = dyn_cast<FusedLoc>(loc); fused && !fused.getLocations().empty())
-    loc = fused.getLocations().front();
+llvm::StringRef mlir::forge::sourceNodeName(Location loc) {
   if (auto name = dyn_cast<NameLoc>(loc))
     return name.getName().getValue();
+  if (auto fused = dyn_cast<FusedLoc>(loc))
+    for (Location inner : fused.getLocations())
+      if (llvm::StringRef name = sourceNodeName(inner); !name.empty())
+        return name;
   return {};
+}
+
+std::string mlir::forge::launchKind(Operation *op) {
+  std::string kind =
+      op->getName().getStringRef().drop_front(op->getName().getDialectNamespace().size() + 1).str();
+  if (auto fusion = dyn_cast<FusionOp>(op))
+    kind += " " + fusion.getKind().str();
+  return kind;
 }

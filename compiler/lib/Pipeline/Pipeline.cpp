@@ -492,15 +492,6 @@ struct GraphSummary {
   std::vector<Launch> entries;
 };
 
-/// "gemm", "fusion norm_grad", "attention_grad": what a launch runs.
-std::string launchKind(Operation *op) {
-  std::string kind =
-      op->getName().getStringRef().drop_front(op->getName().getDialectNamespace().size() + 1).str();
-  if (auto fusion = dyn_cast<FusionOp>(op))
-    kind += " " + fusion.getKind().str();
-  return kind;
-}
-
 GraphSummary summarize(ModuleOp module) {
   GraphSummary s;
   for (auto func : module.getOps<func::FuncOp>()) {
@@ -584,8 +575,8 @@ LogicalResult writeCosts(ModuleOp module, const GraphSummary &s, StringRef dir, 
       ++it->second.first;
       it->second.second.bytes += l->cost.bytes, it->second.second.flops += l->cost.flops;
     }
-    out << llvm::formatv("\n## {0}: {1} launches, {2} bytes, {3} FLOPs, floor {4:F3} ms\n", func,
-                         count, total.bytes, total.flops, floor / 1e3);
+    out << llvm::formatv("\n## {0}: {1} launches, {2} bytes, {3} FLOPs, floor {4:F1} us\n", func,
+                         count, total.bytes, total.flops, floor);
     out << llvm::formatv("{0,14} {1,18} {2,10}  launch\n", "bytes", "FLOPs", "floor_us");
     for (const GraphSummary::Launch *l : rows)
       out << llvm::formatv("{0,14} {1,18} {2,10:F1}  {3}{4}\n", l->cost.bytes, l->cost.flops,

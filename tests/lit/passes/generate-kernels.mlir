@@ -395,3 +395,21 @@ func.func @loss_rows(%x: tensor<8x16xf32>, %t: tensor<8xi64>, %g: tensor<f32>) -
   %l, %d = forge.cross_entropy_with_grad %x, %t, %g {classes = 13 : i64, reduction = "mean"} : (tensor<8x16xf32>, tensor<8xi64>, tensor<f32>) -> (tensor<8xf32>, tensor<8x16xbf16>)
   return %l, %d : tensor<8xf32>, tensor<8x16xbf16>
 }
+
+// -----
+
+// The persistent form: 200 rows of 16400 (16397 classes) in one block of 1024
+// threads per SM (132), 4 vectors a thread an iteration; each vector gets its
+// two compares (v < 16397 / 4, v <= 16397 / 4), which also reject the vectors
+// past the row's end that the unrolled iterations load clamped.
+// CHECK-LABEL: func @loss_rows_wide
+// CHECK: forge.launch = {block = 1024 : i64, {{.*}}grid = 132 : i64
+// CHECK: scf.for %{{.*}} = %block_id_x to %c200 step %c132
+// CHECK: scf.for %{{.*}} = %thread_id_x to %c4100{{.*}} step %c4096
+// CHECK-COUNT-4: arith.cmpi ult, %{{.*}}, %c4099
+// CHECK-NOT: math.exp{{ }}
+// CHECK: math.log
+func.func @loss_rows_wide(%x: tensor<200x16400xf32>, %t: tensor<200xi64>, %g: tensor<f32>) -> (tensor<200xf32>, tensor<200x16400xbf16>) {
+  %l, %d = forge.cross_entropy_with_grad %x, %t, %g {classes = 16397 : i64, reduction = "mean"} : (tensor<200x16400xf32>, tensor<200xi64>, tensor<f32>) -> (tensor<200xf32>, tensor<200x16400xbf16>)
+  return %l, %d : tensor<200xf32>, tensor<200x16400xbf16>
+}

@@ -84,9 +84,14 @@ bool isInnermostRowOp(Operation *op);
 /// precision, set by forge-assign-precision).
 bool isStorageCompatible(TypeRange inferred, TypeRange actual);
 
-/// The ONNX node an op came from: its NameLoc's name, or the first location's
-/// of a FusedLoc (a fusion region, a merged op); empty when it has none.
-llvm::StringRef sourceNodeName(Operation *op);
+/// The ONNX node a location names: a NameLoc's name, or the first name among a
+/// FusedLoc's locations (a fusion region, a merged op); empty when none.
+/// Reports, costs.txt and the bundle's instruction names all use it.
+llvm::StringRef sourceNodeName(Location loc);
+inline llvm::StringRef sourceNodeName(Operation *op) { return sourceNodeName(op->getLoc()); }
+/// What an op runs, for reports: its name without the dialect, and a fusion
+/// region's kind ("gemm", "fusion norm_grad", "attention_grad").
+std::string launchKind(Operation *op);
 
 } // namespace mlir::forge
 
