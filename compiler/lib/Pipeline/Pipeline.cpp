@@ -15,6 +15,7 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/raw_ostream.h"
 
 using namespace mlir;
@@ -612,8 +613,20 @@ LogicalResult writeDumpFiles(ModuleOp module, StringRef dir, int index, StringRe
   if (failed(exportGraphToOnnx(module, base + ".onnx")))
     return failure();
   GraphSummary s = summarize(module);
+  // One run's stages, in order: a stage numbered at or before the file's last
+  // line belongs to a new run (forgec or forge-opt again into the same
+  // directory), which starts the file afresh rather than appending to it.
+  std::string summaryPath = (dir + "/summary.txt").str();
+  auto openMode = llvm::sys::fs::OF_Append;
+  if (auto old = llvm::MemoryBuffer::getFile(summaryPath)) {
+    StringRef text = (*old)->getBuffer().rtrim();
+    StringRef last = text.substr(text.rfind('\n') + 1);
+    int previous = -1;
+    if (!last.take_while(llvm::isDigit).getAsInteger(10, previous) && previous >= index)
+      openMode = llvm::sys::fs::OF_None;
+  }
   std::error_code ec;
-  llvm::raw_fd_ostream summary((dir + "/summary.txt").str(), ec, llvm::sys::fs::OF_Append);
+  llvm::raw_fd_ostream summary(summaryPath, ec, openMode);
   if (ec)
     return module.emitError() << "cannot write summary: " << ec.message();
   summary << llvm::formatv("{0:2}-{1}: {2} ops, {3} launches ({4} library calls), {5} bytes, "
