@@ -13,7 +13,9 @@
 //
 // The backward asks for cuDNN's deterministic algorithm (training is deterministic, README
 // invariants); where cuDNN refuses it, the default backward is used (deterministic() is
-// false then).
+// false then). The plan is heuristics A's first; FORGE_ATTENTION_FWD_PLAN /
+// FORGE_ATTENTION_BWD_PLAN = MODE:N pick another (planChoice: a diagnostic, to time in a
+// whole step what bench/attention_plans_probe.cpp times alone).
 // Built without the frontend (FORGE_HAVE_CUDNN_FRONTEND unset), the checks stay and plans
 // are refused with a message saying so.
 #ifdef FORGE_HAVE_CUDNN_FRONTEND
@@ -25,8 +27,11 @@
 #include "forge/runtime/Bundle.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <fmt/ranges.h>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 
 #ifdef FORGE_HAVE_CUDNN_FRONTEND
@@ -228,6 +233,7 @@ struct AttentionCache::Entry {
   std::shared_ptr<fe::graph::Graph> graph; // built: execute() only
   size_t workspace = 0;
   bool deterministic = true;
+  int64_t planIndex = -1; // a plan chosen by the environment (planChoice), else -1
 };
 
 struct AttentionPlan::Impl {
@@ -246,10 +252,49 @@ std::string feMessage(fe::error_t e) {
                      e.get_message());
 }
 
+/// Which of cuDNN's plans runs: by default heuristics A's first (build_plans).
+/// FORGE_ATTENTION_FWD_PLAN / FORGE_ATTENTION_BWD_PLAN = MODE:N (MODE A, B or
+/// fallback) runs plan N of that mode's list instead: a diagnostic, to time in a
+/// whole step the plans bench/attention_plans_probe.cpp times alone.
+struct PlanChoice {
+  fe::HeurMode_t mode = fe::HeurMode_t::A;
+  int64_t index = -1; // -1: build_plans' choice
+};
+
+Expected<PlanChoice> planChoice(bool grad) {
+  const char *name = grad ? "FORGE_ATTENTION_BWD_PLAN" : "FORGE_ATTENTION_FWD_PLAN";
+  const char *v = std::getenv(name);
+  if (!v || !*v)
+    return PlanChoice{};
+  std::string_view text(v);
+  size_t colon = text.find(':');
+  PlanChoice c;
+  std::string_view mode = text.substr(0, colon);
+  if (mode == "A")
+    c.mode = fe::HeurMode_t::A;
+  else if (mode == "B")
+    c.mode = fe::HeurMode_t::B;
+  else if (mode == "fallback")
+    c.mode = fe::HeurMode_t::FALLBACK;
+  else
+    colon = std::string_view::npos;
+  if (colon != std::string_view::npos) {
+    std::string index(text.substr(colon + 1));
+    char *end = nullptr;
+    c.index = std::strtoll(index.c_str(), &end, 10);
+    if (index.empty() || *end != '\0' || c.index < 0)
+      colon = std::string_view::npos;
+  }
+  if (colon == std::string_view::npos)
+    return Status::error("{}={}: expected MODE:N, MODE one of A, B, fallback and N a plan index",
+                         name, v);
+  return c;
+}
+
 /// The graph for `pr`, built and planned; the error is the frontend's.
 Expected<std::shared_ptr<fe::graph::Graph>> buildGraph(cudnnHandle_t handle,
                                                        const AttentionProblem &pr,
-                                                       bool deterministic) {
+                                                       bool deterministic, PlanChoice choice) {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(pr.dtype == bundle::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -329,11 +374,14 @@ Expected<std::shared_ptr<fe::graph::Graph>> buildGraph(cudnnHandle_t handle,
   if (e.is_good())
     e = g->build_operation_graph(handle);
   if (e.is_good())
-    e = g->create_execution_plans({fe::HeurMode_t::A});
+    e = g->create_execution_plans({choice.mode});
   if (e.is_good())
     e = g->check_support(handle);
+  if (e.is_good() && choice.index >= g->get_execution_plan_count())
+    return Status::error("plan {} of {} (FORGE_ATTENTION_*_PLAN)", choice.index,
+                         g->get_execution_plan_count());
   if (e.is_good())
-    e = g->build_plans(handle);
+    e = choice.index < 0 ? g->build_plans(handle) : g->build_plan_at_index(choice.index);
   if (e.is_bad())
     return Status::error("{}", feMessage(e));
   return g;
@@ -376,17 +424,24 @@ Expected<std::unique_ptr<AttentionPlan>> AttentionPlan::create(const CudnnApi &a
   if (!plan->impl_->built) {
     auto entry = std::make_shared<AttentionCache::Entry>();
     try {
+      auto choice = planChoice(pr->grad);
+      if (!choice)
+        return choice.status();
+      entry->planIndex = choice->index;
       // The forward is deterministic either way.
       entry->deterministic = !pr->grad || deterministic;
-      auto g = buildGraph(handle, *pr, pr->grad && deterministic);
+      auto g = buildGraph(handle, *pr, pr->grad && deterministic, *choice);
       if (!g && pr->grad && deterministic) { // cuDNN refused the deterministic backward: its default one
         entry->deterministic = false;
-        g = buildGraph(handle, *pr, false);
+        g = buildGraph(handle, *pr, false, *choice);
       }
       if (!g)
         return g.status().prefix(fmt::format("cuDNN has no fused attention for {}", key));
       int64_t ws = 0;
-      if (fe::error_t e = (*g)->get_workspace_size(ws); e.is_bad())
+      fe::error_t e = entry->planIndex < 0
+                          ? (*g)->get_workspace_size(ws)
+                          : (*g)->get_workspace_size_plan_at_index(entry->planIndex, ws);
+      if (e.is_bad())
         return Status::error("{}: workspace size: {}", inst.op(), feMessage(e));
       entry->workspace = static_cast<size_t>(std::max<int64_t>(ws, 0));
       entry->graph = g.take();
@@ -424,7 +479,12 @@ Status AttentionPlan::run(const std::vector<void *> &inputs, const std::vector<v
   if (problem_.bias)
     pack[Bias] = inputs.back();
   try {
-    if (fe::error_t e = impl_->built->graph->execute(handle_, pack, workspace); e.is_bad())
+    const AttentionCache::Entry &built = *impl_->built;
+    fe::error_t e =
+        built.planIndex < 0
+            ? built.graph->execute(handle_, pack, workspace)
+            : built.graph->execute_plan_at_index(handle_, pack, workspace, built.planIndex);
+    if (e.is_bad())
       return Status::error("cuDNN attention failed: {}", feMessage(e));
   } catch (const std::exception &ex) {
     return Status::error("cuDNN attention failed: {}", ex.what());
