@@ -17,8 +17,7 @@
 //       -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcudnn -lnvrtc -lcudart \
 //       -Wno-unused-result -o attention_plans_probe
 // Run: ./attention_plans_probe   (LD_LIBRARY_PATH with cuDNN's and cudart's directories)
-#include <cudnn_frontend.h>
-#include <cuda_runtime.h>
+#include "cudnn_plan_timing.h"
 
 #include <cstdio>
 #include <memory>
@@ -94,46 +93,24 @@ void timePlans(cudnnHandle_t handle, bool grad, bool deterministic, fe::HeurMode
   auto g = buildGraph(handle, grad, deterministic, mode);
   if (!g)
     return;
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
   const int64_t plans = g->get_execution_plan_count();
   for (int64_t i = 0; i < plans && i < 16; ++i) {
     std::string name = "?";
     g->get_plan_name_at_index(i, name);
-    if (g->build_plan_at_index(i).is_bad()) {
-      std::printf("    plan %lld %s: not built\n", (long long)i, name.c_str());
-      continue;
-    }
     int64_t need = 0;
-    if (g->get_workspace_size_plan_at_index(i, need).is_bad() ||
-        need > static_cast<int64_t>(wsBytes)) {
+    const float ms = timePlanAtIndex(*g, handle, pack, ws, wsBytes, i, need);
+    if (ms == kPlanNotBuilt)
+      std::printf("    plan %lld %s: not built\n", (long long)i, name.c_str());
+    else if (ms == kPlanWorkspace)
       std::printf("    plan %lld %s: workspace %lld bytes\n", (long long)i, name.c_str(),
                   (long long)need);
-      continue;
-    }
-    bool ok = true;
-    for (int r = 0; r < 3 && ok; ++r)
-      ok = g->execute_plan_at_index(handle, pack, ws, i).is_good();
-    if (!ok || cudaDeviceSynchronize() != cudaSuccess) {
-      cudaGetLastError();
+    else if (ms < 0)
       std::printf("    plan %lld %s: did not run\n", (long long)i, name.c_str());
-      continue;
-    }
-    cudaEventRecord(a);
-    for (int r = 0; r < 20; ++r)
-      g->execute_plan_at_index(handle, pack, ws, i);
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    ms /= 20;
-    std::printf("    plan %lld %-40s %8.3f ms/layer (x12: %6.2f ms)  %6.1f TFLOP/s  ws %lld\n",
-                (long long)i, name.c_str(), ms, 12 * ms, flops / (ms * 1e-3) / 1e12,
-                (long long)need);
+    else
+      std::printf("    plan %lld %-40s %8.3f ms/layer (x12: %6.2f ms)  %6.1f TFLOP/s  ws %lld\n",
+                  (long long)i, name.c_str(), ms, 12 * ms, flops / (ms * 1e-3) / 1e12,
+                  (long long)need);
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
 }
 
 } // namespace

@@ -21,8 +21,7 @@
 //       -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcudnn -lnvrtc -lcudart \
 //       -Wno-unused-result -o cudnn_fusion_probe
 // Run: ./cudnn_fusion_probe   (LD_LIBRARY_PATH with cuDNN's and cudart's directories)
-#include <cudnn_frontend.h>
-#include <cuda_runtime.h>
+#include "cudnn_plan_timing.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -124,40 +123,17 @@ double timeGraph(cudnnHandle_t handle, const Shape &s, Kind kind, char *pool, vo
     pack[3] = take(s.c * 2), pack[4] = take(s.c * 2);
   if (stats)
     pack[6] = take(s.k * 4), pack[7] = take(s.k * 4);
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
   double best = -1;
   std::string bestName;
   const int64_t plans = g->get_execution_plan_count();
   for (int64_t i = 0; i < plans && i < 12; ++i) {
-    if (g->build_plan_at_index(i).is_bad())
-      continue;
     int64_t need = 0;
-    if (g->get_workspace_size_plan_at_index(i, need).is_bad() || need > static_cast<int64_t>(wsBytes))
-      continue;
-    bool ok = true;
-    for (int r = 0; r < 3 && ok; ++r)
-      ok = g->execute_plan_at_index(handle, pack, ws, i).is_good();
-    if (!ok || cudaDeviceSynchronize() != cudaSuccess) {
-      cudaGetLastError();
-      continue;
-    }
-    cudaEventRecord(a);
-    for (int r = 0; r < 20; ++r)
-      g->execute_plan_at_index(handle, pack, ws, i);
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    ms /= 20;
-    if (best < 0 || ms < best) {
+    const float ms = timePlanAtIndex(*g, handle, pack, ws, wsBytes, i, need);
+    if (ms >= 0 && (best < 0 || ms < best)) {
       best = ms;
       g->get_plan_name_at_index(i, bestName);
     }
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   if (best < 0)
     std::printf("  %-34s no candidate ran (%lld plans)\n", kindName(kind), (long long)plans);
   else

@@ -26,6 +26,7 @@
 #include "cuda/Attention.h"
 #include "forge/runtime/Bundle.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
@@ -266,10 +267,16 @@ Expected<PlanChoice> planChoice(bool grad) {
   const char *v = std::getenv(name);
   if (!v || !*v)
     return PlanChoice{};
+  auto bad = [&] {
+    return Status::error("{}={}: expected MODE:N, MODE one of A, B, fallback and N a plan index",
+                         name, v);
+  };
   std::string_view text(v);
   size_t colon = text.find(':');
+  if (colon == std::string_view::npos)
+    return bad();
   PlanChoice c;
-  std::string_view mode = text.substr(0, colon);
+  std::string_view mode = text.substr(0, colon), index = text.substr(colon + 1);
   if (mode == "A")
     c.mode = fe::HeurMode_t::A;
   else if (mode == "B")
@@ -277,17 +284,10 @@ Expected<PlanChoice> planChoice(bool grad) {
   else if (mode == "fallback")
     c.mode = fe::HeurMode_t::FALLBACK;
   else
-    colon = std::string_view::npos;
-  if (colon != std::string_view::npos) {
-    std::string index(text.substr(colon + 1));
-    char *end = nullptr;
-    c.index = std::strtoll(index.c_str(), &end, 10);
-    if (index.empty() || *end != '\0' || c.index < 0)
-      colon = std::string_view::npos;
-  }
-  if (colon == std::string_view::npos)
-    return Status::error("{}={}: expected MODE:N, MODE one of A, B, fallback and N a plan index",
-                         name, v);
+    return bad();
+  auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), c.index);
+  if (index.empty() || ec != std::errc() || end != index.data() + index.size() || c.index < 0)
+    return bad();
   return c;
 }
 
