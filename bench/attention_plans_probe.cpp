@@ -8,9 +8,11 @@
 // layout bshd with q, k and v read as views of the fused [B, T, 3 * H * D] projection and
 // dq, dk, dv written as views of one such buffer, o and do contiguous), asks heuristics A,
 // B and the fallback list for their plans, and times each (3 warm-up and 20 timed runs),
-// with TFLOP/s at the causal FLOPs (forward 2 B H T^2 D, backward 2.5 times that). If a
-// plan other than A's first is clearly faster, Attention.cpp should time its candidates as
-// Matmul.cpp times cuBLASLt's.
+// with TFLOP/s at the causal FLOPs (forward 2 B H T^2 D, backward 2.5 times that), then
+// heuristics A's plans for two other layouts (each tensor contiguous bshd; bhsd). If a
+// plan other than A's first were clearly faster, Attention.cpp should time its candidates
+// as Matmul.cpp times cuBLASLt's. On an H100 with cuDNN 9.19 (RESULTS, thirty-third
+// session) A's first was the fastest everywhere, and bhsd saved 0-5%.
 //
 // Build (host code, cuDNN 9 and the header-only frontend, as bench/cudnn_fusion_probe.cpp):
 //   g++ -O2 -std=c++17 bench/attention_plans_probe.cpp -I$FRONTEND_INCLUDE \
@@ -33,6 +35,12 @@ namespace {
 constexpr int64_t B = 16, H = 12, T = 1024, D = 64, C = H * D, ROW = 3 * C;
 enum Uid : int64_t { Q = 1, K, V, O, DO, LSE, DQ, DK, DV };
 
+// The memory layout timed: Forge's (bshd, q/k/v and dq/dk/dv rows of one packed
+// [B, T, 3 * H * D] buffer), bshd with each tensor contiguous, or bhsd (each head's rows
+// contiguous), to see whether cuDNN's kernels care about the packed strides.
+enum class Layout { PackedBshd, Bshd, Bhsd };
+Layout layout = Layout::PackedBshd;
+
 std::shared_ptr<fe::graph::Graph> buildGraph(cudnnHandle_t handle, bool grad, bool deterministic,
                                              fe::HeurMode_t mode) {
   auto g = std::make_shared<fe::graph::Graph>();
@@ -42,7 +50,13 @@ std::shared_ptr<fe::graph::Graph> buildGraph(cudnnHandle_t handle, bool grad, bo
   const std::vector<int64_t> dims = {B, H, T, D}, lseDims = {B, H, T, 1};
   // [B, H, T, D] dims over bshd memory: a packed projection's rows (ROW apart) or a
   // contiguous [B, T, H, D] tensor (C apart).
-  auto strides = [](int64_t row) { return std::vector<int64_t>{T * row, D, row, 1}; };
+  auto strides = [](int64_t row) {
+    if (layout == Layout::Bhsd)
+      return std::vector<int64_t>{H * T * D, T * D, D, 1};
+    if (layout == Layout::Bshd)
+      row = C;
+    return std::vector<int64_t>{T * row, D, row, 1};
+  };
   auto in = [&](const char *name, Uid uid, int64_t row) {
     return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims)
                          .set_stride(strides(row)));
@@ -143,12 +157,24 @@ int main() {
               cudnnGetVersion(), (long long)B, (long long)H, (long long)T, (long long)D);
   const std::pair<fe::HeurMode_t, const char *> modes[] = {
       {fe::HeurMode_t::A, "A"}, {fe::HeurMode_t::B, "B"}, {fe::HeurMode_t::FALLBACK, "fallback"}};
-  for (auto [mode, name] : modes) {
-    std::unordered_map<int64_t, void *> fwd = {{Q, pack[Q]}, {K, pack[K]}, {V, pack[V]},
-                                               {O, pack[O]}, {LSE, pack[LSE]}};
+  auto run = [&](fe::HeurMode_t mode, const char *name, std::unordered_map<int64_t, void *> &all) {
+    std::unordered_map<int64_t, void *> fwd = {
+        {Q, all[Q]}, {K, all[K]}, {V, all[V]}, {O, all[O]}, {LSE, all[LSE]}};
     timePlans(handle, false, false, mode, name, fwd, ws, wsBytes);
-    timePlans(handle, true, true, mode, name, pack, ws, wsBytes);
-    timePlans(handle, true, false, mode, name, pack, ws, wsBytes);
-  }
+    timePlans(handle, true, true, mode, name, all, ws, wsBytes);
+    timePlans(handle, true, false, mode, name, all, ws, wsBytes);
+  };
+  for (auto [mode, name] : modes)
+    run(mode, name, pack);
+  // The other layouts, heuristics A only: q, k, v (and dq, dk, dv) in thirds of the buffers.
+  std::unordered_map<int64_t, void *> split = {{Q, qkv},   {K, qkv + act},   {V, qkv + 2 * act},
+                                               {O, o},     {DO, dO},         {LSE, stats},
+                                               {DQ, dqkv}, {DK, dqkv + act}, {DV, dqkv + 2 * act}};
+  std::printf("layout bshd (each tensor contiguous [B, T, H, D])\n");
+  layout = Layout::Bshd;
+  run(fe::HeurMode_t::A, "A (bshd)", split);
+  std::printf("layout bhsd (each tensor contiguous [B, H, T, D])\n");
+  layout = Layout::Bhsd;
+  run(fe::HeurMode_t::A, "A (bhsd)", split);
   return 0;
 }
