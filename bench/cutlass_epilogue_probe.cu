@@ -54,23 +54,31 @@ namespace {
 
 constexpr int N_TOKENS = 16384;
 
-template <class LayoutA, class ElementC, class ElementD, class FusionOp> struct Gemm {
-  using Tile = Shape<_128, _256, _64>;
+/// Two configurations of each GEMM: cooperative (two consumer warp groups share a 128x256
+/// tile) and ping-pong (each of two consumer warp groups owns a 128x128 tile, one's
+/// epilogue overlapping the other's main loop), both with a 1x2 cluster.
+template <class LayoutA, class ElementC, class ElementD, class FusionOp, bool PingPong = false>
+struct Gemm {
+  using Tile = std::conditional_t<PingPong, Shape<_128, _128, _64>, Shape<_128, _256, _64>>;
   using Cluster = Shape<_1, _2, _1>;
+  using EpilogueSchedule = std::conditional_t<PingPong, cutlass::epilogue::TmaWarpSpecialized,
+                                              cutlass::epilogue::TmaWarpSpecializedCooperative>;
+  using KernelSchedule =
+      std::conditional_t<PingPong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   static constexpr int AlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
   static constexpr int AlignC =
       std::is_void_v<ElementC> ? AlignD : 128 / cutlass::sizeof_bits<ElementC>::value;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, ColMajor, AlignC,
-      ElementD, ColMajor, AlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      FusionOp>::CollectiveOp;
+      ElementD, ColMajor, AlignD, EpilogueSchedule, FusionOp>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, bf16, LayoutA, 8, bf16, ColMajor, 8,
       float, Tile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      KernelSchedule>::CollectiveOp;
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Op = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -80,20 +88,37 @@ template <class LayoutA, class ElementC, class ElementD, class FusionOp> struct 
   using StrideD = typename Kernel::StrideD;
 };
 
-using Plain = Gemm<RowMajor, void, bf16, fusion::LinearCombination<bf16, float, void>>;
+template <bool PP>
+using Plain = Gemm<RowMajor, void, bf16, fusion::LinearCombination<bf16, float, void>, PP>;
+template <bool PP>
 using GeluAux =
     Gemm<RowMajor, void, bf16,
          fusion::LinCombPerRowBiasEltActAux<ColMajor, cutlass::epilogue::thread::GELU_taylor, bf16,
-                                            float, bf16, float, void>>;
+                                            float, bf16, float, void>,
+         PP>;
+template <bool PP>
 using Residual =
-    Gemm<RowMajor, float, float, fusion::LinCombPerRowBias<float, float, float, float>>;
+    Gemm<RowMajor, float, float, fusion::LinCombPerRowBias<float, float, float, float>, PP>;
+template <bool PP>
 using DGelu = Gemm<
     ColMajor, void, bf16,
-    fusion::LinCombDeEltAct<ColMajor, cutlass::epilogue::thread::dGELU, bf16, float, bf16, void>>;
+    fusion::LinCombDeEltAct<ColMajor, cutlass::epilogue::thread::dGELU, bf16, float, bf16, void>,
+    PP>;
+template <bool PP>
 using DGeluBgrad =
     Gemm<ColMajor, void, bf16,
          fusion::LinCombDeEltActDePerRowBias<ColMajor, cutlass::epilogue::thread::dGELU, bf16,
-                                             float, bf16, float, void>>;
+                                             float, bf16, float, void>,
+         PP>;
+
+/// Calls f(std::bool_constant<PP>) for both configurations, naming each in the report.
+const char *config = "";
+template <class F> void bothConfigs(F &&f) {
+  config = "coop 128x256";
+  f(std::false_type{});
+  config = "pingpong 128x128";
+  f(std::true_type{});
+}
 
 #define CHECK_CUDA(x)                                                                              \
   do {                                                                                             \
@@ -136,7 +161,7 @@ double dGeluTanh(double z) {
 template <class G> float timeGemm(typename G::Op::Arguments args, const char *what) {
   typename G::Op op;
   if (op.can_implement(args) != cutlass::Status::kSuccess) {
-    std::printf("  %-58s CUTLASS cannot implement it\n", what);
+    std::printf("  %-16s %-44s CUTLASS cannot implement it\n", config, what);
     return -1;
   }
   size_t wsBytes = G::Op::get_workspace_size(args);
@@ -144,7 +169,7 @@ template <class G> float timeGemm(typename G::Op::Arguments args, const char *wh
   if (wsBytes)
     CHECK_CUDA(cudaMalloc(&ws, wsBytes));
   if (op.initialize(args, ws) != cutlass::Status::kSuccess) {
-    std::printf("  %-58s initialize failed\n", what);
+    std::printf("  %-16s %-44s initialize failed\n", config, what);
     return -1;
   }
   cudaEvent_t a, b;
@@ -199,7 +224,7 @@ void report(const char *what, float ms, double flops, const ErrorStat &e) {
   }
   const bool ok = e.rel() <= 2e-2;
   failures += ok ? 0 : 1;
-  std::printf("  %-58s %7.4f ms  %6.1f TFLOP/s  max error %.2e of RMS %s\n", what, ms,
+  std::printf("  %-16s %-44s %7.4f ms  %6.1f TFLOP/s  max error %.2e of RMS %s\n", config, what, ms,
               flops / (ms * 1e-3) / 1e12, e.rel(), ok ? "ok" : "WRONG");
 }
 
@@ -244,12 +269,13 @@ int main() {
     CHECK_CUDA(cudaMalloc(&dAux, mn3072 * 2));
     const double flops = 2.0 * p.m * N_TOKENS * p.k;
     std::printf("fc1 forward, M 3072 N %d K 768:\n", N_TOKENS);
-    {
-      auto args = baseArgs<Plain>(p, dA, dB);
+    bothConfigs([&](auto pp) {
+      using G = Plain<decltype(pp)::value>;
+      auto args = baseArgs<G>(p, dA, dB);
       args.epilogue.ptr_D = dD;
       args.epilogue.thread.alpha = 1.f;
       args.epilogue.thread.beta = 0.f;
-      float ms = timeGemm<Plain>(args, "plain, bf16 D");
+      float ms = timeGemm<G>(args, "plain, bf16 D");
       auto d = download(dD, mn3072);
       ErrorStat e;
       for (int s = 0; s < 2048; ++s) {
@@ -257,17 +283,18 @@ int main() {
         e.add(float(d[size_t(j) * p.m + i]), p.acc(i, j));
       }
       report("plain, bf16 D", ms, flops, e);
-    }
-    {
-      auto args = baseArgs<GeluAux>(p, dA, dB);
+    });
+    bothConfigs([&](auto pp) {
+      using G = GeluAux<decltype(pp)::value>;
+      auto args = baseArgs<G>(p, dA, dB);
       args.epilogue.ptr_D = dD;
       args.epilogue.thread.alpha = 1.f;
       args.epilogue.thread.beta = 0.f;
       args.epilogue.thread.bias_ptr = dBias;
       args.epilogue.thread.aux_ptr = dAux;
       args.epilogue.thread.dAux =
-          cutlass::make_cute_packed_stride(typename GeluAux::StrideC{}, {p.m, N_TOKENS, 1});
-      float ms = timeGemm<GeluAux>(args, "bias f32 + tanh GELU, bf16 D and aux");
+          cutlass::make_cute_packed_stride(typename G::StrideC{}, {p.m, N_TOKENS, 1});
+      float ms = timeGemm<G>(args, "bias f32 + tanh GELU, bf16 D and aux");
       auto d = download(dD, mn3072), aux = download(dAux, mn3072);
       ErrorStat e, ea;
       for (int s = 0; s < 2048; ++s) {
@@ -278,7 +305,7 @@ int main() {
       }
       report("bias f32 + tanh GELU, bf16 D and aux: D", ms, flops, e);
       report("                                      aux", ms, flops, ea);
-    }
+    });
     cudaFree(dA), cudaFree(dB), cudaFree(dD), cudaFree(dAux), cudaFree(dBias);
   }
 
@@ -299,14 +326,15 @@ int main() {
     const double flops = 2.0 * p.m * N_TOKENS * p.k;
     std::printf("%s, M 768 N %d K %d:\n", k == 768 ? "attention projection" : "fc2 forward",
                 N_TOKENS, k);
-    {
+    bothConfigs([&](auto pp) {
+      using G = Plain<decltype(pp)::value>;
       bf16 *dD16 = nullptr;
       CHECK_CUDA(cudaMalloc(&dD16, mn768 * 2));
-      auto args = baseArgs<Plain>(p, dA, dB);
+      auto args = baseArgs<G>(p, dA, dB);
       args.epilogue.ptr_D = dD16;
       args.epilogue.thread.alpha = 1.f;
       args.epilogue.thread.beta = 0.f;
-      float ms = timeGemm<Plain>(args, "plain, bf16 D");
+      float ms = timeGemm<G>(args, "plain, bf16 D");
       auto d = download(dD16, mn768);
       ErrorStat e;
       for (int s = 0; s < 2048; ++s) {
@@ -315,15 +343,16 @@ int main() {
       }
       report("plain, bf16 D", ms, flops, e);
       cudaFree(dD16);
-    }
-    {
-      auto args = baseArgs<Residual>(p, dA, dB);
+    });
+    bothConfigs([&](auto pp) {
+      using G = Residual<decltype(pp)::value>;
+      auto args = baseArgs<G>(p, dA, dB);
       args.epilogue.ptr_C = dC;
       args.epilogue.ptr_D = dD;
       args.epilogue.thread.alpha = 1.f;
       args.epilogue.thread.beta = 1.f;
       args.epilogue.thread.bias_ptr = dBias;
-      float ms = timeGemm<Residual>(args, "bias f32 + residual C f32, f32 D");
+      float ms = timeGemm<G>(args, "bias f32 + residual C f32, f32 D");
       auto d = download(dD, mn768);
       ErrorStat e;
       for (int s = 0; s < 2048; ++s) {
@@ -331,7 +360,7 @@ int main() {
         e.add(d[size_t(j) * p.m + i], p.acc(i, j) + bias[i] + resid[size_t(j) * p.m + i]);
       }
       report("bias f32 + residual C f32, f32 D", ms, flops, e);
-    }
+    });
     cudaFree(dA), cudaFree(dB), cudaFree(dBias), cudaFree(dC), cudaFree(dD);
   }
 
@@ -358,32 +387,34 @@ int main() {
       }
       report(what, ms, flops, e);
     };
-    {
-      auto args = baseArgs<DGelu>(p, dA, dB);
+    bothConfigs([&](auto pp) {
+      using G = DGelu<decltype(pp)::value>;
+      auto args = baseArgs<G>(p, dA, dB);
       args.epilogue.ptr_D = dD;
       args.epilogue.thread.alpha = 1.f;
       args.epilogue.thread.beta = 0.f;
       args.epilogue.thread.aux_ptr = dAux;
       args.epilogue.thread.dAux =
-          cutlass::make_cute_packed_stride(typename DGelu::StrideC{}, {p.m, N_TOKENS, 1});
-      check("dGELU, bf16 D", timeGemm<DGelu>(args, "dGELU, bf16 D"));
-    }
-    {
+          cutlass::make_cute_packed_stride(typename G::StrideC{}, {p.m, N_TOKENS, 1});
+      check("dGELU, bf16 D", timeGemm<G>(args, "dGELU, bf16 D"));
+    });
+    bothConfigs([&](auto pp) {
+      using G = DGeluBgrad<decltype(pp)::value>;
       CHECK_CUDA(cudaMemset(dBgrad, 0, 3072 * 4));
-      auto args = baseArgs<DGeluBgrad>(p, dA, dB);
+      auto args = baseArgs<G>(p, dA, dB);
       args.epilogue.ptr_D = dD;
       args.epilogue.thread.alpha = 1.f;
       args.epilogue.thread.beta = 0.f;
       args.epilogue.thread.aux_ptr = dAux;
       args.epilogue.thread.dAux =
-          cutlass::make_cute_packed_stride(typename DGeluBgrad::StrideC{}, {p.m, N_TOKENS, 1});
+          cutlass::make_cute_packed_stride(typename G::StrideC{}, {p.m, N_TOKENS, 1});
       args.epilogue.thread.dbias_ptr = dBgrad;
-      float ms = timeGemm<DGeluBgrad>(args, "dGELU + bias gradient f32, bf16 D");
+      float ms = timeGemm<G>(args, "dGELU + bias gradient f32, bf16 D");
       check("dGELU + bias gradient f32, bf16 D", ms);
       // The bias gradient of one run (the timing ran 25: rerun once from zero).
       CHECK_CUDA(cudaMemset(dBgrad, 0, 3072 * 4));
-      typename DGeluBgrad::Op op;
-      size_t wsBytes = DGeluBgrad::Op::get_workspace_size(args);
+      typename G::Op op;
+      size_t wsBytes = G::Op::get_workspace_size(args);
       void *ws = nullptr;
       if (wsBytes)
         CHECK_CUDA(cudaMalloc(&ws, wsBytes));
@@ -402,7 +433,7 @@ int main() {
       }
       if (ws)
         cudaFree(ws);
-    }
+    });
     cudaFree(dA), cudaFree(dB), cudaFree(dAux), cudaFree(dD), cudaFree(dBgrad);
   }
   std::printf("%s\n", failures ? "SOME RESULTS WRONG OR REFUSED" : "all results within 2e-2");
