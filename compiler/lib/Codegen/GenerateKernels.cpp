@@ -69,7 +69,9 @@ struct GenerateKernelsPass
       module.emitError("the module already has generated kernels");
       return signalPassFailure();
     }
-    KernelGenerator kernels(&getContext(), *cuda);
+    KernelGenOptions kernelOptions;
+    kernelOptions.pipelineLossRows = pipelineLossRows;
+    KernelGenerator kernels(&getContext(), *cuda, kernelOptions);
     Builder b(&getContext());
     std::map<std::string, int> hostOps;
     for (auto func : module.getOps<func::FuncOp>()) {
