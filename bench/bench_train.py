@@ -6,7 +6,9 @@ compiled by forgec for cuda:sm_90, and trained from the same weights on the same
 the same optimizer (AdamW, lr 1e-3, weight decay 0.01) by forge-train and by PyTorch (eager and
 torch.compile), fp32 with TF32 off (--tf32: on for both). Reported: the median step time over
 --steps steps after --warmup steps, samples/s, and the first --check losses of Forge against
-eager PyTorch (relative error).
+eager PyTorch (relative error); GPU memory; Forge's profiled step by kind (GEMM, attention,
+generated kernels, copies) and, for GPT-2, each side's MFU (6 N + 12 L d T FLOPs a token
+against the GPU's dense peak for the precision: trace_summary.dense_peak).
 
 forgec needs MLIR, which the GPU machines lack, so the stages can run on different machines:
   bench_train.py export  --dir D [--models ...]      # PyTorch: model.onnx (+ model.weights)
@@ -46,7 +48,10 @@ def gpt2():
     head tied to the token embedding): models/make_models.py's GPT at GPT-2 size."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
     from make_models import GPT
-    return GPT(vocab=50257, seq=1024, d=768, heads=12, layers=12)
+    return GPT(vocab=50257, **GPT2)
+
+
+GPT2 = {"seq": 1024, "d": 768, "heads": 12, "layers": 12}
 
 
 LR, WD, BETAS, EPS = 1e-3, 0.01, (0.9, 0.999), 1e-8
@@ -292,6 +297,43 @@ def profile(a):
             torch.cuda.empty_cache()
 
 
+def report_split_and_mfu(a, name, d, results, step_s):
+    """#11 item 5: Forge's profiled step split into GEMM, attention and the rest
+    (trace_summary.step_split over its --profile trace), and for GPT-2 each
+    side's MFU: tokens/s x (6 N + 12 L d T) FLOPs a token against the GPU's dense peak."""
+    import trace_summary
+    rec = results["models"][name]
+    trace = os.path.join(d, "forge_trace.json")
+    if os.path.exists(trace):
+        with open(trace) as f:
+            events = json.load(f)
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        split = trace_summary.step_split(events)
+        total = sum(split.values())
+        rec["forge_split_ms"] = split
+        print(f"{'':8s} forge step by kind (profiled, {total:.2f} ms of instructions): " +
+              " | ".join(f"{k} {ms:.2f} ms ({100 * ms / total:.0f}%)" for k, ms in split.items()))
+    if name != "gpt2":
+        return
+    model = build(name)
+    params = sum(p.numel() for p in model.parameters())
+    per_token = trace_summary.transformer_flops_per_token(params, GPT2["layers"], GPT2["d"],
+                                                          GPT2["seq"])
+    kind = "tf32" if a.tf32 and a.precision == "fp32" else a.precision
+    peak = trace_summary.dense_peak(results["gpu"], kind)
+    tokens = MODELS[name][0] * GPT2["seq"]
+    rec["flops_per_token"] = per_token
+    if peak is None:
+        print(f"{'':8s} MFU: no dense tensor-core peak known for {kind} on {results['gpu']}")
+        return
+    mfu = {k: tokens / dt * per_token / peak for k, dt in step_s.items() if dt}
+    rec["mfu"] = mfu
+    print(f"{'':8s} MFU ({per_token / 1e6:.1f} MFLOP a token, {peak / 1e12:.1f} TFLOP/s dense "
+          f"{kind}): " +
+          " | ".join(f"{k} {100 * v:.1f}% ({tokens / step_s[k] / 1e3:.0f}k tok/s)"
+                     for k, v in mfu.items()))
+
+
 def run(a):
     import torch
     results = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -333,6 +375,8 @@ def run(a):
               + (f" | compile with SDPA {gb(s_peak)}" if s_peak else ""))
         if top:
             print("  forge " + top.replace("\n", "\n  "))
+        report_split_and_mfu(a, name, d, results, {"forge": f_dt, "eager": e_dt,
+                                                   "compile": c_dt, "compile with SDPA": s_dt})
         with open(os.path.join(a.dir, "results.json"), "w") as f:  # after every model
             json.dump(results, f, indent=1)
 
