@@ -1,5 +1,6 @@
 // cutlass_epilogue_probe: what GPT-2 124M's epilogue GEMMs cost when the epilogue is
-// CUTLASS 3's (sm90 TMA warp-specialized, epilogue visitor trees) instead of cuBLASLt's.
+// CUTLASS's (4.2's sm90 TMA warp-specialized GEMMs, epilogue visitor trees) instead of
+// cuBLASLt's.
 //
 // Why (#11 item 5): on an H100, cuBLASLt's epilogues keep GPT-2 bf16's GEMMs below the
 // plain GEMMs' ~700-830 TFLOP/s (bench/bias_grad_gemm_probe.cpp, RESULTS "thirtieth
@@ -112,11 +113,21 @@ using DGeluBgrad =
          PP>;
 
 /// Calls f(std::bool_constant<PP>) for both configurations, naming each in the report.
+/// The outputs in `poison` are set to NaN (all bits set) before each, so that neither is
+/// checked against what an earlier GEMM left there.
 const char *config = "";
+std::vector<std::pair<void *, size_t>> poison;
 template <class F> void bothConfigs(F &&f) {
+  auto fill = [] {
+    for (auto [ptr, bytes] : poison)
+      if (cudaMemset(ptr, 0xFF, bytes) != cudaSuccess)
+        std::exit(1);
+  };
   config = "coop 128x256";
+  fill();
   f(std::false_type{});
   config = "pingpong 128x128";
+  fill();
   f(std::true_type{});
 }
 
@@ -157,7 +168,9 @@ double dGeluTanh(double z) {
   return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * z * z);
 }
 
-/// Runs op (arguments `args`) 5 + 20 times; returns ms per run, or -1 if CUTLASS refused.
+/// Runs op (arguments `args`) 5 + 20 times; returns ms per run, or -1 if CUTLASS refused
+/// it or a launch failed (GemmUniversalAdapter::run clears the launch error it reports).
+/// The outputs hold the last run's results.
 template <class G> float timeGemm(typename G::Op::Arguments args, const char *what) {
   typename G::Op op;
   if (op.can_implement(args) != cutlass::Status::kSuccess) {
@@ -173,19 +186,26 @@ template <class G> float timeGemm(typename G::Op::Arguments args, const char *wh
     return -1;
   }
   cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  bool ran = true;
   for (int i = 0; i < 5; ++i)
-    op.run();
-  cudaEventRecord(a);
+    ran = ran && op.run() == cutlass::Status::kSuccess;
+  CHECK_CUDA(cudaEventRecord(a));
   for (int i = 0; i < 20; ++i)
-    op.run();
-  cudaEventRecord(b);
+    ran = ran && op.run() == cutlass::Status::kSuccess;
+  CHECK_CUDA(cudaEventRecord(b));
   CHECK_CUDA(cudaEventSynchronize(b));
   float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
+  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
   if (ws)
     cudaFree(ws);
+  if (!ran) {
+    std::printf("  %-16s %-44s a launch failed\n", config, what);
+    return -1;
+  }
   return ms / 20;
 }
 
@@ -208,7 +228,8 @@ struct ErrorStat {
   double maxErr = 0, sumSq = 0;
   int n = 0;
   void add(double got, double ref) {
-    maxErr = std::max(maxErr, std::fabs(got - ref));
+    // A NaN (a poisoned output no GEMM wrote) is an infinite error, not skipped by max.
+    maxErr = std::isfinite(got) ? std::max(maxErr, std::fabs(got - ref)) : INFINITY;
     sumSq += ref * ref;
     ++n;
   }
@@ -249,8 +270,8 @@ int main() {
   int dev = 0;
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
-  std::printf("%s; CUTLASS %d.%d sm90 TMA warp-specialized cooperative, tile 128x256x64, "
-              "cluster 1x2; N = %d tokens\n",
+  std::printf("%s; CUTLASS %d.%d sm90 TMA warp-specialized GEMMs (cooperative 128x256x64 and "
+              "ping-pong 128x128x64, cluster 1x2); N = %d tokens\n",
               prop.name, CUTLASS_MAJOR, CUTLASS_MINOR, N_TOKENS);
   std::uniform_int_distribution<int> pickN(0, N_TOKENS - 1);
   const size_t mn3072 = size_t(3072) * N_TOKENS, mn768 = size_t(768) * N_TOKENS;
@@ -267,6 +288,7 @@ int main() {
     float *dBias = upload(bias);
     CHECK_CUDA(cudaMalloc(&dD, mn3072 * 2));
     CHECK_CUDA(cudaMalloc(&dAux, mn3072 * 2));
+    poison = {{dD, mn3072 * 2}, {dAux, mn3072 * 2}};
     const double flops = 2.0 * p.m * N_TOKENS * p.k;
     std::printf("fc1 forward, M 3072 N %d K 768:\n", N_TOKENS);
     bothConfigs([&](auto pp) {
@@ -323,6 +345,7 @@ int main() {
     bf16 *dA = upload(p.a), *dB = upload(p.b);
     float *dBias = upload(bias), *dC = upload(resid), *dD = nullptr;
     CHECK_CUDA(cudaMalloc(&dD, mn768 * 4));
+    poison = {{dD, mn768 * 4}};
     const double flops = 2.0 * p.m * N_TOKENS * p.k;
     std::printf("%s, M 768 N %d K %d:\n", k == 768 ? "attention projection" : "fc2 forward",
                 N_TOKENS, k);
@@ -330,6 +353,7 @@ int main() {
       using G = Plain<decltype(pp)::value>;
       bf16 *dD16 = nullptr;
       CHECK_CUDA(cudaMalloc(&dD16, mn768 * 2));
+      CHECK_CUDA(cudaMemset(dD16, 0xFF, mn768 * 2));
       auto args = baseArgs<G>(p, dA, dB);
       args.epilogue.ptr_D = dD16;
       args.epilogue.thread.alpha = 1.f;
@@ -375,6 +399,7 @@ int main() {
     float *dBgrad = nullptr;
     CHECK_CUDA(cudaMalloc(&dD, mn3072 * 2));
     CHECK_CUDA(cudaMalloc(&dBgrad, 3072 * 4));
+    poison = {{dD, mn3072 * 2}};
     const double flops = 2.0 * p.m * N_TOKENS * p.k;
     std::printf("fc2's dX through the GELU, M 3072 N %d K 768 (A transposed):\n", N_TOKENS);
     auto check = [&](const char *what, float ms) {
@@ -418,8 +443,8 @@ int main() {
       void *ws = nullptr;
       if (wsBytes)
         CHECK_CUDA(cudaMalloc(&ws, wsBytes));
-      if (ms >= 0 && op.initialize(args, ws) == cutlass::Status::kSuccess) {
-        op.run();
+      if (ms >= 0 && op.initialize(args, ws) == cutlass::Status::kSuccess &&
+          op.run() == cutlass::Status::kSuccess) {
         auto g = download(dBgrad, 3072);
         ErrorStat e;
         for (int s = 0; s < 8; ++s) {
@@ -430,6 +455,9 @@ int main() {
           e.add(g[i], ref);
         }
         report("  its bias gradient (8 rows, one run)", ms, flops, e);
+      } else if (ms >= 0) {
+        std::printf("  %-16s the bias gradient's own run failed\n", config);
+        ++failures;
       }
       if (ws)
         cudaFree(ws);

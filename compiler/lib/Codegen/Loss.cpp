@@ -323,7 +323,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operatio
 /// passes in step, all reading memory and then all rereading L2 and writing,
 /// so memory idles in the second half; pipelined, each iteration writes the
 /// current row's gradient while it reads the next row (one row further
-/// between a row's two reads: ~40 MB of 132 SMs' traffic against the 50 MB L2).
+/// between a row's two reads: ~40 MB of 132 SMs' traffic with a bf16 gradient,
+/// ~53 MB with an f32 one not in place, against the 50 MB L2).
 std::optional<KernelLaunch>
 KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
                                                 CrossEntropyMode mode, CrossEntropyArgs a,
