@@ -397,10 +397,17 @@ def ab(a):
                 times[b].append(1e3 * dt)
                 losses[b] = ls[: a.check]
                 print(f"{name} round {r + 1}: {b} {1e3 * dt:.3f} ms/step", flush=True)
+        first = a.bundles[0]
         for b in a.bundles:
+            # How far its first losses are from the first bundle's (a compiler change that
+            # keeps the arithmetic should stay at the run-to-run level, ~1e-5 in bf16).
+            k = min(len(losses[b]), len(losses[first]))
+            drift = max((abs(x - y) / abs(y) for x, y in zip(losses[b][:k], losses[first][:k])
+                         if y), default=0.0)
             print(f"{name} {b}: median {statistics.median(times[b]):.3f} ms "
                   f"({' / '.join(f'{t:.3f}' for t in times[b])}); first losses "
-                  f"{[round(x, 6) for x in losses[b]]}", flush=True)
+                  f"{[round(x, 6) for x in losses[b]]}"
+                  + (f"; max rel {drift:.1e} from {first}'s" if b != first else ""), flush=True)
 
 
 def main():
