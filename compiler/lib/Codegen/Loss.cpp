@@ -541,19 +541,26 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
     }
   };
 
+  // The statistics pass over the row at `base` alone: stores its loss and
+  // returns its log-sum-exp.
+  auto rowStats = [&](Value row, Value base, Value raw, Value tc) {
+    Value xt = targetLogit(base, tc);
+    auto loop = forVectors(
+        ValueRange{ninf, zero}, [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange acc) {
+          auto [m, sum] = statsStep(vs, in, loadVectors(base, vs, in), acc[0], acc[1]);
+          return SmallVector<Value>{m, sum};
+        });
+    Value lse = blockLse(loop.getResult(0), loop.getResult(1));
+    storeLoss(row, raw, xt, lse);
+    return lse;
+  };
+
   auto emitRow = [&](Value row) {
     Value base = k.mul(row, k.idx(vectors));
     auto [raw, tc] = loadTarget(k, fn.getArgument(a.target), row, cols);
     Value lse;
     if (stats) {
-      Value xt = targetLogit(base, tc);
-      auto loop = forVectors(
-          ValueRange{ninf, zero}, [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange acc) {
-            auto [m, sum] = statsStep(vs, in, loadVectors(base, vs, in), acc[0], acc[1]);
-            return SmallVector<Value>{m, sum};
-          });
-      lse = blockLse(loop.getResult(0), loop.getResult(1));
-      storeLoss(row, raw, xt, lse);
+      lse = rowStats(row, base, raw, tc);
     } else {
       lse = k.load(fn.getArgument(a.lse), row, f32);
     }
@@ -577,34 +584,25 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
     // it rereads the current row's (L2) and writes its gradient. The two
     // passes one after the other keep the 132 blocks in step: all read
     // memory, then all mostly wait on L2 and write. The next row past the
-    // last is the current one again (its statistics are discarded).
+    // last is the current one again (its statistics are discarded). Each
+    // row's log-sum-exp and target column come from the iteration before.
     Value first = k.bid();
-    Value firstBase = k.mul(first, k.idx(vectors));
     auto [firstRaw, firstTc] = loadTarget(k, fn.getArgument(a.target), first, cols);
-    Value firstXt = targetLogit(firstBase, firstTc);
-    auto firstLoop = forVectors(
-        ValueRange{ninf, zero}, [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange acc) {
-          auto [m, sum] = statsStep(vs, in, loadVectors(firstBase, vs, in), acc[0], acc[1]);
-          return SmallVector<Value>{m, sum};
-        });
-    Value firstLse = blockLse(firstLoop.getResult(0), firstLoop.getResult(1));
-    storeLoss(first, firstRaw, firstXt, firstLse);
+    Value firstLse = rowStats(first, k.mul(first, k.idx(vectors)), firstRaw, firstTc);
     b.create<gpu::BarrierOp>(k.loc);
     b.create<scf::ForOp>(
-        k.loc, first, k.idx(rows), k.idx(grid), ValueRange{firstLse},
+        k.loc, first, k.idx(rows), k.idx(grid), ValueRange{firstLse, firstTc},
         [&](OpBuilder &nb, Location l, Value row, ValueRange carried) {
           OpBuilder::InsertionGuard guard(b);
           b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
           Value base = k.mul(row, k.idx(vectors));
-          auto [raw, tc] = loadTarget(k, fn.getArgument(a.target), row, cols);
-          (void)raw;
           Value next = k.add(row, k.idx(grid));
           Value hasNext = k.ult(next, k.idx(rows));
           Value nextRow = b.create<arith::SelectOp>(k.loc, hasNext, next, row);
           Value nextBase = k.mul(nextRow, k.idx(vectors));
           auto [nextRaw, nextTc] = loadTarget(k, fn.getArgument(a.target), nextRow, cols);
           Value nextXt = targetLogit(nextBase, nextTc);
-          GradRow r = gradRow(row, base, tc, carried[0]);
+          GradRow r = gradRow(row, base, carried[1], carried[0]);
           auto loop = forVectors(ValueRange{ninf, zero},
                                  [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange acc) {
                                    SmallVector<Value> ahead = loadVectors(nextBase, vs, in);
@@ -616,7 +614,7 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
           k.ifThen(hasNext, [&] { storeLoss(next, nextRaw, nextXt, nextLse); });
           // The shared partials read before the next iteration writes them.
           b.create<gpu::BarrierOp>(k.loc);
-          b.create<scf::YieldOp>(l, ValueRange{nextLse});
+          b.create<scf::YieldOp>(l, ValueRange{nextLse, nextTc});
         });
   } else if (persistent) {
     k.loop(k.bid(), k.idx(rows), k.idx(grid), emitRow);
