@@ -54,11 +54,7 @@ MODELS = dict(e2e.MODEL_LOSSES)
 # rows than SMs: 320 rows of [8, 40] tokens), even (16384: the vector kernel, unpadded) and
 # odd (16381: the scalar kernel; under --gemm-pad-min-flops=0 padded to 16384 and read with
 # `classes`).
-# wide_head_pipelined: wide_head's bundle under forgec --pipeline-loss-rows (the persistent
-# kernel reads the next row while it writes the current row's gradient; f32, so the gradient
-# may overwrite the logits in place).
-GENERATED = {"wide_head": 16384, "wide_head_odd": 16381, "wide_head_pipelined": 16384}
-GENERATED_FORGEC = {"wide_head_pipelined": ["--pipeline-loss-rows"]}
+GENERATED = {"wide_head": 16384, "wide_head_odd": 16381}
 GENERATED_TOKENS, GENERATED_DIM = 40, 8
 MODELS.update({name: ("cross_entropy:logits,labels", "classes") for name in GENERATED})
 BATCH, STEPS = 8, 10
@@ -98,8 +94,7 @@ def prepare(rep, a, forgec, out):
         if name in GENERATED:
             onnx_path, data = make_generated(name, out, rng)
             np.savez(os.path.join(out, name + ".npz"), **data)
-            compile_bundle(rep, a, forgec, out, name, onnx_path, loss,
-                           GENERATED_FORGEC.get(name, []))
+            compile_bundle(rep, a, forgec, out, name, onnx_path, loss)
             continue
         ref = np.load(os.path.join(a.models_dir, name + ".ref.npz"))
         info = manifest[name]
@@ -122,11 +117,11 @@ def prepare(rep, a, forgec, out):
                        loss)
 
 
-def compile_bundle(rep, a, forgec, out, name, onnx_path, loss, extra=()):
+def compile_bundle(rep, a, forgec, out, name, onnx_path, loss):
     rc, t, log = e2e.run([forgec, onnx_path, "--target", a.target, "--batch", str(BATCH),
                           "--loss", loss, "--optimizer", "sgd:lr=0.01,momentum=0.9",
                           "--expose-gradients", "-o", os.path.join(out, name + ".forge")] +
-                         (["--tf32"] if a.tf32 else []) + list(extra) + a.forgec_arg, 900)
+                         (["--tf32"] if a.tf32 else []) + a.forgec_arg, 900)
     rep.check(f"{name} forgec --target {a.target}", rc == 0,
               f"{t:.1f}s {e2e.tail(log, 3) if rc == 0 else e2e.failure(rc, log)}")
 

@@ -174,12 +174,6 @@ static cl::opt<bool> mergeReductions(
              "the optimizer's scalar members read runs inside the optimizer's kernel "
              "(forge-merge-reductions). =false keeps its own launch, for comparisons"),
     cl::init(true), cl::cat(forgecCategory));
-static cl::opt<bool> pipelineLossRows(
-    "pipeline-loss-rows",
-    cl::desc("CUDA: the fused loss kernel over a vocabulary's rows reads the next row's logits "
-             "(its statistics) while it writes the current row's gradient, so that every "
-             "iteration both reads and writes memory (experimental, GPU-unverified)"),
-    cl::init(false), cl::cat(forgecCategory));
 static cl::opt<bool> gemmAuxEpilogues(
     "gemm-aux-epilogues",
     cl::desc("CUDA: also the cuBLASLt epilogues that save a tensor for the backward or read "
@@ -802,7 +796,6 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   o.permuteParameters = permuteParameters;
   o.fuseColumnSums = fuseColumnSums;
   o.mergeReductions = mergeReductions;
-  o.pipelineLossRows = pipelineLossRows;
   o.scheduleReport = scheduleReport;
   o.scheduleOrder = scheduleOrder;
   o.computeStreams = computeStreams;

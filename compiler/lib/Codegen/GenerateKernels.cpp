@@ -69,9 +69,7 @@ struct GenerateKernelsPass
       module.emitError("the module already has generated kernels");
       return signalPassFailure();
     }
-    KernelGenOptions kernelOptions;
-    kernelOptions.pipelineLossRows = pipelineLossRows;
-    KernelGenerator kernels(&getContext(), *cuda, kernelOptions);
+    KernelGenerator kernels(&getContext(), *cuda);
     Builder b(&getContext());
     std::map<std::string, int> hostOps;
     for (auto func : module.getOps<func::FuncOp>()) {

@@ -235,10 +235,8 @@ KernelGenerator::Impl::Impl(MLIRContext *ctx, CudaTarget t)
     gpuModule->setAttr(kFloat8CvtAttr, b.getUnitAttr());
 }
 
-KernelGenerator::KernelGenerator(MLIRContext *context, CudaTarget target, KernelGenOptions options)
-    : impl(std::make_unique<Impl>(context, std::move(target))) {
-  impl->options = options;
-}
+KernelGenerator::KernelGenerator(MLIRContext *context, CudaTarget target)
+    : impl(std::make_unique<Impl>(context, std::move(target))) {}
 KernelGenerator::~KernelGenerator() = default;
 
 size_t KernelGenerator::numKernels() const { return impl->names.size(); }

@@ -584,7 +584,6 @@ using namespace mlir::forge::kernelgen;
 struct KernelGenerator::Impl {
   MLIRContext *context;
   CudaTarget target;
-  KernelGenOptions options;
   OwningOpRef<ModuleOp> module;
   gpu::GPUModuleOp gpuModule;
   llvm::StringMap<std::optional<KernelLaunch>> cache;

@@ -318,13 +318,6 @@ std::optional<KernelLaunch> KernelGenerator::Impl::nllLossGradRowKernel(Operatio
 /// spends ~9-12 PTX instructions (exp2, one select a lane, compares a vector;
 /// ~21-23 with libdevice's expf and a column compare a lane, at the same 2.2
 /// TB/s on an H100: the kernel is not instruction-bound).
-///
-/// KernelGenOptions::pipelineLossRows (experimental): the blocks run the two
-/// passes in step, all reading memory and then all rereading L2 and writing,
-/// so memory idles in the second half; pipelined, each iteration writes the
-/// current row's gradient while it reads the next row (one row further
-/// between a row's two reads: ~40 MB of 132 SMs' traffic with a bf16 gradient,
-/// ~53 MB with an f32 one not in place, against the 50 MB L2).
 std::optional<KernelLaunch>
 KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
                                                 CrossEntropyMode mode, CrossEntropyArgs a,
@@ -405,162 +398,90 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
     return out;
   };
 
-  // (m, s) with s the sum of exp(x - m); an empty pair is (-inf, 0).
-  auto combine = [&](Value m1, Value s1, Value m2, Value s2) -> std::pair<Value, Value> {
-    Value m = maxf(m1, m2);
-    Value empty = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OEQ, m, ninf);
-    Value sum = addf(mulf(s1, expf(subf(m1, m))), mulf(s2, expf(subf(m2, m))));
-    return {m, b.create<arith::SelectOp>(k.loc, empty, zero, sum)};
-  };
-  // The target's logit, lane tc % 4 of vector tc / 4 of the row at `base`
-  // (read before the gradient may overwrite it).
-  auto targetLogit = [&](Value base, Value tc) {
-    Value tvec =
-        b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.add(base, k.div(tc, kVector)));
-    Value which = k.rem(tc, kVector);
-    Value xt = lane(tvec, 0);
-    for (int64_t i = 1; i < kVector; ++i)
-      xt = b.create<arith::SelectOp>(
-          k.loc, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, which, k.idx(i)),
-          lane(tvec, i), xt);
-    return xt;
-  };
-  // The running (m, s) after the loaded vectors `vecs` at `vs`.
-  auto statsStep = [&](ArrayRef<Value> vs, ArrayRef<Value> in, ArrayRef<Value> vecs, Value m0,
-                       Value s0) -> std::pair<Value, Value> {
-    SmallVector<Value> xs;
-    Value m = m0;
-    for (auto [v, ok, vec] : llvm::zip(vs, in, vecs)) {
-      // A vector past the row's end (!ok) is past cols / 4 too.
-      LogitLanes logits = logitLanes(v);
-      for (int64_t i = 0; i < kVector; ++i) {
-        Value x = lane(vec, i);
-        if (Value keep = logits.below ? logits.lane(i) : ok)
-          x = b.create<arith::SelectOp>(k.loc, keep, x, ninf);
-        xs.push_back(x);
-        m = maxf(m, x);
-      }
-    }
-    Value empty = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OEQ, m, ninf);
-    Value sum = mulf(s0, expf(subf(m0, m)));
-    for (Value x : xs)
-      sum = addf(sum, expf(subf(x, m)));
-    return {m, b.create<arith::SelectOp>(k.loc, empty, zero, sum)};
-  };
-  // The row's log-sum-exp from every thread's (m, s): across the warp, then
-  // the warps through shared memory (a barrier between the stores and the
-  // loads; the caller puts one before the shared memory is written again).
-  auto blockLse = [&](Value m, Value sum) {
-    auto warpCombine = [&](Value &wm, Value &ws) {
-      for (int32_t offset = 16; offset >= 1; offset /= 2) {
-        Value om =
-            b.create<gpu::ShuffleOp>(k.loc, wm, k.i32(offset), k.i32(kWarp), gpu::ShuffleMode::XOR)
-                .getShuffleResult();
-        Value os =
-            b.create<gpu::ShuffleOp>(k.loc, ws, k.i32(offset), k.i32(kWarp), gpu::ShuffleMode::XOR)
-                .getShuffleResult();
-        std::tie(wm, ws) = combine(wm, ws, om, os);
-      }
-    };
-    warpCombine(m, sum);
-    int64_t warps = block / kWarp;
-    if (warps > 1) {
-      Value t = k.tid();
-      Value laneId = k.rem(t, kWarp), warp = k.div(t, kWarp);
-      k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, laneId, k.idx(0)), [&] {
-        b.create<memref::StoreOp>(k.loc, m, shM, warp);
-        b.create<memref::StoreOp>(k.loc, sum, shS, warp);
-      });
-      b.create<gpu::BarrierOp>(k.loc);
-      Value slot = b.create<arith::MinUIOp>(k.loc, laneId, k.idx(warps - 1));
-      Value present = k.ult(laneId, k.idx(warps));
-      m = b.create<arith::SelectOp>(k.loc, present, b.create<memref::LoadOp>(k.loc, shM, slot),
-                                    ninf);
-      sum = b.create<arith::SelectOp>(k.loc, present, b.create<memref::LoadOp>(k.loc, shS, slot),
-                                      zero);
-      warpCombine(m, sum);
-    }
-    return addf(m, b.create<math::LogOp>(k.loc, sum));
-  };
-  // Thread 0 stores the row's loss (and log-sum-exp) and reports its target.
-  auto storeLoss = [&](Value row, Value raw, Value xt, Value lse) {
-    Value outside = targetOutside(k, raw, cols);
-    k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
-      k.fault(outside);
-      b.create<memref::StoreOp>(k.loc, subf(lse, xt), fn.getArgument(a.loss), row);
-      if (a.lseOut >= 0)
-        b.create<memref::StoreOp>(k.loc, lse, fn.getArgument(a.lseOut), row);
-    });
-  };
-  // What the gradient of one row needs besides its vectors.
-  struct GradRow {
-    Value base, lse, g, targetVector;
-    SmallVector<Value> targetLane;
-  };
-  auto gradRow = [&](Value row, Value base, Value tc, Value lse) {
-    GradRow r{base,
-              lse,
-              rowUpstream(k, fn.getArgument(a.dy), reduction, row, rows, f32),
-              k.div(tc, kVector),
-              {}};
-    // The target is lane tc % 4 of vector tc / 4: per lane, whether it is
-    // that lane (once a row), per vector whether it is that vector.
-    Value targetLaneIndex = k.rem(tc, kVector);
-    for (int64_t i = 0; i < kVector; ++i)
-      r.targetLane.push_back(
-          b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, targetLaneIndex, k.idx(i)));
-    return r;
-  };
-  // Stores the gradient of the loaded vectors `vecs` at `vs` of row `r`.
-  auto gradStep = [&](const GradRow &r, ArrayRef<Value> vs, ArrayRef<Value> in,
-                      ArrayRef<Value> vecs) {
-    Value one = k.fconst(f32, 1.0);
-    for (auto [v, ok, vec] : llvm::zip(vs, in, vecs)) {
-      SmallVector<Value> out;
-      LogitLanes logits = logitLanes(v);
-      Value atTarget = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, v, r.targetVector);
-      for (int64_t i = 0; i < kVector; ++i) {
-        Value p = expf(subf(lane(vec, i), r.lse));
-        Value hit = b.create<arith::AndIOp>(k.loc, atTarget, r.targetLane[i]);
-        p = b.create<arith::SelectOp>(k.loc, hit, subf(p, one), p);
-        Value d = mulf(r.g, p);
-        if (logits.below)
-          d = b.create<arith::SelectOp>(k.loc, logits.lane(i), d, zero);
-        out.push_back(d);
-      }
-      Value result = b.create<vector::FromElementsOp>(k.loc, VectorType::get({kVector}, f32), out);
-      if (outElem != f32)
-        result = b.create<arith::TruncFOp>(k.loc, VectorType::get({kVector}, outElem), result);
-      auto store = [&] {
-        b.create<memref::StoreOp>(k.loc, result, fn.getArgument(a.d), k.add(r.base, v));
-      };
-      if (ok)
-        k.ifThen(ok, store);
-      else
-        store();
-    }
-  };
-
-  // The statistics pass over the row at `base` alone: stores its loss and
-  // returns its log-sum-exp.
-  auto rowStats = [&](Value row, Value base, Value raw, Value tc) {
-    Value xt = targetLogit(base, tc);
-    auto loop = forVectors(
-        ValueRange{ninf, zero}, [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange acc) {
-          auto [m, sum] = statsStep(vs, in, loadVectors(base, vs, in), acc[0], acc[1]);
-          return SmallVector<Value>{m, sum};
-        });
-    Value lse = blockLse(loop.getResult(0), loop.getResult(1));
-    storeLoss(row, raw, xt, lse);
-    return lse;
-  };
-
   auto emitRow = [&](Value row) {
     Value base = k.mul(row, k.idx(vectors));
     auto [raw, tc] = loadTarget(k, fn.getArgument(a.target), row, cols);
     Value lse;
     if (stats) {
-      lse = rowStats(row, base, raw, tc);
+      // The target's logit, lane tc % 4 of vector tc / 4, read before the
+      // gradient may overwrite it.
+      Value tvec =
+          b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.add(base, k.div(tc, kVector)));
+      Value which = k.rem(tc, kVector);
+      Value xt = lane(tvec, 0);
+      for (int64_t i = 1; i < kVector; ++i)
+        xt = b.create<arith::SelectOp>(
+            k.loc, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, which, k.idx(i)),
+            lane(tvec, i), xt);
+      // (m, s) with s the sum of exp(x - m); an empty pair is (-inf, 0).
+      auto combine = [&](Value m1, Value s1, Value m2, Value s2) -> std::pair<Value, Value> {
+        Value m = maxf(m1, m2);
+        Value empty = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OEQ, m, ninf);
+        Value sum = addf(mulf(s1, expf(subf(m1, m))), mulf(s2, expf(subf(m2, m))));
+        return {m, b.create<arith::SelectOp>(k.loc, empty, zero, sum)};
+      };
+      auto loop = forVectors(
+          ValueRange{ninf, zero}, [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange acc) {
+            SmallVector<Value> vecs = loadVectors(base, vs, in);
+            SmallVector<Value> xs;
+            Value m = acc[0];
+            for (auto [v, ok, vec] : llvm::zip(vs, in, vecs)) {
+              // A vector past the row's end (!ok) is past cols / 4 too.
+              LogitLanes logits = logitLanes(v);
+              for (int64_t i = 0; i < kVector; ++i) {
+                Value x = lane(vec, i);
+                if (Value keep = logits.below ? logits.lane(i) : ok)
+                  x = b.create<arith::SelectOp>(k.loc, keep, x, ninf);
+                xs.push_back(x);
+                m = maxf(m, x);
+              }
+            }
+            Value empty = b.create<arith::CmpFOp>(k.loc, arith::CmpFPredicate::OEQ, m, ninf);
+            Value sum = mulf(acc[1], expf(subf(acc[0], m)));
+            for (Value x : xs)
+              sum = addf(sum, expf(subf(x, m)));
+            sum = b.create<arith::SelectOp>(k.loc, empty, zero, sum);
+            return SmallVector<Value>{m, sum};
+          });
+      Value m = loop.getResult(0), sum = loop.getResult(1);
+      // Across the warp, then the warps through shared memory.
+      auto warpCombine = [&](Value &wm, Value &ws) {
+        for (int32_t offset = 16; offset >= 1; offset /= 2) {
+          Value om = b.create<gpu::ShuffleOp>(k.loc, wm, k.i32(offset), k.i32(kWarp),
+                                              gpu::ShuffleMode::XOR)
+                         .getShuffleResult();
+          Value os = b.create<gpu::ShuffleOp>(k.loc, ws, k.i32(offset), k.i32(kWarp),
+                                              gpu::ShuffleMode::XOR)
+                         .getShuffleResult();
+          std::tie(wm, ws) = combine(wm, ws, om, os);
+        }
+      };
+      warpCombine(m, sum);
+      int64_t warps = block / kWarp;
+      if (warps > 1) {
+        Value t = k.tid();
+        Value laneId = k.rem(t, kWarp), warp = k.div(t, kWarp);
+        k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, laneId, k.idx(0)), [&] {
+          b.create<memref::StoreOp>(k.loc, m, shM, warp);
+          b.create<memref::StoreOp>(k.loc, sum, shS, warp);
+        });
+        b.create<gpu::BarrierOp>(k.loc);
+        Value slot = b.create<arith::MinUIOp>(k.loc, laneId, k.idx(warps - 1));
+        Value present = k.ult(laneId, k.idx(warps));
+        m = b.create<arith::SelectOp>(k.loc, present, b.create<memref::LoadOp>(k.loc, shM, slot),
+                                      ninf);
+        sum = b.create<arith::SelectOp>(k.loc, present, b.create<memref::LoadOp>(k.loc, shS, slot),
+                                        zero);
+        warpCombine(m, sum);
+      }
+      lse = addf(m, b.create<math::LogOp>(k.loc, sum));
+      Value outside = targetOutside(k, raw, cols);
+      k.ifThen(b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, k.tid(), k.idx(0)), [&] {
+        k.fault(outside);
+        b.create<memref::StoreOp>(k.loc, subf(lse, xt), fn.getArgument(a.loss), row);
+        if (a.lseOut >= 0)
+          b.create<memref::StoreOp>(k.loc, lse, fn.getArgument(a.lseOut), row);
+      });
     } else {
       lse = k.load(fn.getArgument(a.lse), row, f32);
     }
@@ -570,53 +491,49 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
       // next row's statistics reuse the shared memory (one barrier per row).
       if (stats)
         b.create<gpu::BarrierOp>(k.loc);
-      GradRow r = gradRow(row, base, tc, lse);
+      Value g = rowUpstream(k, fn.getArgument(a.dy), reduction, row, rows, f32);
+      Value one = k.fconst(f32, 1.0);
+      // The target is lane tc % 4 of vector tc / 4: per lane, whether it is
+      // that lane (once a row), per vector whether it is that vector.
+      Value targetVector = k.div(tc, kVector), targetLaneIndex = k.rem(tc, kVector);
+      SmallVector<Value> targetLane;
+      for (int64_t i = 0; i < kVector; ++i)
+        targetLane.push_back(
+            b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, targetLaneIndex, k.idx(i)));
       forVectors(ValueRange{}, [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange) {
-        gradStep(r, vs, in, loadVectors(base, vs, in));
+        SmallVector<Value> vecs = loadVectors(base, vs, in);
+        for (auto [v, ok, vec] : llvm::zip(vs, in, vecs)) {
+          SmallVector<Value> out;
+          LogitLanes logits = logitLanes(v);
+          Value atTarget =
+              b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, v, targetVector);
+          for (int64_t i = 0; i < kVector; ++i) {
+            Value p = expf(subf(lane(vec, i), lse));
+            Value hit = b.create<arith::AndIOp>(k.loc, atTarget, targetLane[i]);
+            p = b.create<arith::SelectOp>(k.loc, hit, subf(p, one), p);
+            Value d = mulf(g, p);
+            if (logits.below)
+              d = b.create<arith::SelectOp>(k.loc, logits.lane(i), d, zero);
+            out.push_back(d);
+          }
+          Value result =
+              b.create<vector::FromElementsOp>(k.loc, VectorType::get({kVector}, f32), out);
+          if (outElem != f32)
+            result = b.create<arith::TruncFOp>(k.loc, VectorType::get({kVector}, outElem), result);
+          auto store = [&] {
+            b.create<memref::StoreOp>(k.loc, result, fn.getArgument(a.d), k.add(base, v));
+          };
+          if (ok)
+            k.ifThen(ok, store);
+          else
+            store();
+        }
         return SmallVector<Value>{};
       });
     }
   };
 
-  if (persistent && options.pipelineLossRows) {
-    // Software-pipelined rows: the first row's statistics, then per row one
-    // loop that reads the next row's logits (memory) for its statistics while
-    // it rereads the current row's (L2) and writes its gradient. The two
-    // passes one after the other keep the 132 blocks in step: all read
-    // memory, then all mostly wait on L2 and write. The next row past the
-    // last is the current one again (its statistics are discarded). Each
-    // row's log-sum-exp and target column come from the iteration before.
-    Value first = k.bid();
-    auto [firstRaw, firstTc] = loadTarget(k, fn.getArgument(a.target), first, cols);
-    Value firstLse = rowStats(first, k.mul(first, k.idx(vectors)), firstRaw, firstTc);
-    b.create<gpu::BarrierOp>(k.loc);
-    b.create<scf::ForOp>(
-        k.loc, first, k.idx(rows), k.idx(grid), ValueRange{firstLse, firstTc},
-        [&](OpBuilder &nb, Location l, Value row, ValueRange carried) {
-          OpBuilder::InsertionGuard guard(b);
-          b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
-          Value base = k.mul(row, k.idx(vectors));
-          Value next = k.add(row, k.idx(grid));
-          Value hasNext = k.ult(next, k.idx(rows));
-          Value nextRow = b.create<arith::SelectOp>(k.loc, hasNext, next, row);
-          Value nextBase = k.mul(nextRow, k.idx(vectors));
-          auto [nextRaw, nextTc] = loadTarget(k, fn.getArgument(a.target), nextRow, cols);
-          Value nextXt = targetLogit(nextBase, nextTc);
-          GradRow r = gradRow(row, base, carried[1], carried[0]);
-          auto loop = forVectors(ValueRange{ninf, zero},
-                                 [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange acc) {
-                                   SmallVector<Value> ahead = loadVectors(nextBase, vs, in);
-                                   gradStep(r, vs, in, loadVectors(base, vs, in));
-                                   auto [m, sum] = statsStep(vs, in, ahead, acc[0], acc[1]);
-                                   return SmallVector<Value>{m, sum};
-                                 });
-          Value nextLse = blockLse(loop.getResult(0), loop.getResult(1));
-          k.ifThen(hasNext, [&] { storeLoss(next, nextRaw, nextXt, nextLse); });
-          // The shared partials read before the next iteration writes them.
-          b.create<gpu::BarrierOp>(k.loc);
-          b.create<scf::YieldOp>(l, ValueRange{nextLse, nextTc});
-        });
-  } else if (persistent) {
+  if (persistent) {
     k.loop(k.bid(), k.idx(rows), k.idx(grid), emitRow);
   } else {
     emitRow(k.bid());

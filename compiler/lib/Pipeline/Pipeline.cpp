@@ -121,7 +121,6 @@ void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
       pm.addNestedPass<func::FuncOp>(createFoldContiguousViews());
     GenerateKernelsOptions generate;
     generate.target = options.target;
-    generate.pipelineLossRows = options.pipelineLossRows;
     pm.addPass(createGenerateKernels(generate));
   } else {
     pm.addNestedPass<func::FuncOp>(createInlineFusions());

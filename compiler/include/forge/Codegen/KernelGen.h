@@ -65,18 +65,9 @@ struct KernelLaunch {
   std::string fault;        // non-empty: reports bad data via the fault word (what it found)
 };
 
-/// Choices among equivalent kernels (forge-generate-kernels' options).
-struct KernelGenOptions {
-  /// cross_entropy_with_grad over wide rows (the persistent form): each
-  /// iteration reads the next row's logits for its statistics while it writes
-  /// the current row's gradient, instead of the two passes one after the other
-  /// (forgec --pipeline-loss-rows).
-  bool pipelineLossRows = false;
-};
-
 class KernelGenerator {
 public:
-  KernelGenerator(MLIRContext *context, CudaTarget target, KernelGenOptions options = {});
+  KernelGenerator(MLIRContext *context, CudaTarget target);
   ~KernelGenerator();
 
   /// The kernel that computes `op`, an op or a fusion region (generated on

@@ -38,9 +38,6 @@ def GenerateKernels : Pass<"forge-generate-kernels", "::mlir::ModuleOp"> {
   let options = [
     Option<"target", "target", "std::string", /*default=*/"\"cuda:sm_90\"",
            "cuda:sm_80, cuda:sm_89 or cuda:sm_90">,
-    Option<"pipelineLossRows", "pipeline-loss-rows", "bool", /*default=*/"false",
-           "cross_entropy_with_grad over wide rows reads the next row's logits while it "
-           "writes the current row's gradient (KernelGenOptions)">,
   ];
   let dependentDialects = [
     "::mlir::forge::ForgeDialect", "::mlir::arith::ArithDialect", "::mlir::gpu::GPUDialect",

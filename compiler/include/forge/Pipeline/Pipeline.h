@@ -42,7 +42,6 @@ struct PipelineOptions {
   std::string precision = "fp32"; // forge-assign-precision (forgec --precision)
   bool fuseColumnSums = true;     // forge-fuse-column-sums (forgec --fuse-column-sums)
   bool mergeReductions = true;    // forge-merge-reductions (forgec --merge-reductions)
-  bool pipelineLossRows = false;  // forge-generate-kernels' option (forgec --pipeline-loss-rows)
   std::string fp8Scaling = "current"; // ... its fp8 scaling (forgec --fp8-scaling)
   unsigned fp8History = 16;       // ... delayed scaling's amax history (forgec --fp8-history)
   std::string fp8Gradients = "bf16"; // ... the backward's GEMMs (forgec --fp8-gradients)
