@@ -28,14 +28,7 @@
 //     -I$CUTLASS/include -I$CUTLASS/tools/util/include bench/cutlass_epilogue_probe.cu
 //     -o cutlass_epilogue_probe
 // Run: ./cutlass_epilogue_probe
-#include <cutlass/cutlass.h>
-#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/epilogue/fusion/operations.hpp>
-#include <cutlass/epilogue/thread/activation.h>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
-#include <cutlass/util/packed_stride.hpp>
+#include "../runtime/lib/cuda/CutlassGemmSm90.cuh" // the runtime's GEMM (CutlassGemm.cu)
 #include <cutlass/version.h>
 
 #include <cuda_runtime.h>
@@ -45,49 +38,12 @@
 #include <random>
 #include <vector>
 
-using namespace cute;
-using bf16 = cutlass::bfloat16_t;
+using namespace forge::cutlass_sm90;
 namespace fusion = cutlass::epilogue::fusion;
-using ColMajor = cutlass::layout::ColumnMajor;
-using RowMajor = cutlass::layout::RowMajor;
 
 namespace {
 
 constexpr int N_TOKENS = 16384;
-
-/// Two configurations of each GEMM: cooperative (two consumer warp groups share a 128x256
-/// tile) and ping-pong (each of two consumer warp groups owns a 128x128 tile, one's
-/// epilogue overlapping the other's main loop), both with a 1x2 cluster.
-template <class LayoutA, class ElementC, class ElementD, class FusionOp, bool PingPong = false>
-struct Gemm {
-  using Tile = std::conditional_t<PingPong, Shape<_128, _128, _64>, Shape<_128, _256, _64>>;
-  using Cluster = Shape<_1, _2, _1>;
-  using EpilogueSchedule = std::conditional_t<PingPong, cutlass::epilogue::TmaWarpSpecialized,
-                                              cutlass::epilogue::TmaWarpSpecializedCooperative>;
-  using KernelSchedule =
-      std::conditional_t<PingPong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
-  static constexpr int AlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
-  static constexpr int AlignC =
-      std::is_void_v<ElementC> ? AlignD : 128 / cutlass::sizeof_bits<ElementC>::value;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, ColMajor, AlignC,
-      ElementD, ColMajor, AlignD, EpilogueSchedule, FusionOp>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, bf16, LayoutA, 8, bf16, ColMajor, 8,
-      float, Tile, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
-      KernelSchedule>::CollectiveOp;
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
-  using Op = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  using StrideA = typename Kernel::StrideA;
-  using StrideB = typename Kernel::StrideB;
-  using StrideC = typename Kernel::StrideC;
-  using StrideD = typename Kernel::StrideD;
-};
 
 template <bool PP>
 using Plain = Gemm<RowMajor, void, bf16, fusion::LinearCombination<bf16, float, void>, PP>;

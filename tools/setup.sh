@@ -51,6 +51,12 @@ if [ -d /usr/local/cuda ] || command -v nvcc >/dev/null 2>&1; then
     .venv/bin/pip install -q --no-deps nvidia-cudnn-frontend==1.32.0 ||
       echo "warning: nvidia-cudnn-frontend not installed; CUDA bundles with fused attention will be refused" >&2
   fi
+  # CUTLASS's headers (the runtime's sm90 GEMMs with fused epilogues, timed beside
+  # cuBLASLt's): the nvidia-cutlass wheel's cutlass_library/source, headers only.
+  if ! ls .venv/lib/python3*/site-packages/cutlass_library/source/include/cutlass/cutlass.h >/dev/null 2>&1; then
+    .venv/bin/pip install -q --no-deps nvidia-cutlass==4.2.0.0 ||
+      echo "warning: nvidia-cutlass not installed; every matmul will run on cuBLASLt" >&2
+  fi
   # nvJPEG's header (forge-train --decode gpu; the library is dlopen'd at run time).
   if ! ls .venv/lib/python3*/site-packages/nvidia/cu13/include/nvjpeg.h >/dev/null 2>&1; then
     .venv/bin/pip install -q --no-deps nvidia-nvjpeg==13.3.2.43 ||

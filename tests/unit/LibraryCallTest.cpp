@@ -519,3 +519,72 @@ TEST(NvmlTest, AbsentLibraryGivesNoReading) {
   Executor::Telemetry t = (*cpu)->telemetry();
   EXPECT_FALSE(t.powerWatts || t.smClockMHz || t.temperatureC || t.busyPercent);
 }
+
+// The problems CUTLASS's epilogue GEMMs take (Matmul.h cutlassProblem): GPT-2's four
+// epilogue GEMMs in bf16, in cuBLASLt's column-major terms (m and n swapped, A = the rhs),
+// and which pointer each epilogue operand is; and the problems left to cuBLASLt alone.
+TEST(LibraryCallTest, CutlassTakesTheEpilogueGemmsItHas) {
+  using E = cuda::MatmulProblem::Epilogue;
+  using CE = cuda::CutlassGemm::Epilogue;
+  auto problem = [](E epilogue, bool bias, bool fullC, fb::DType out, bool transB = true) {
+    cuda::MatmulProblem pr;
+    pr.m = 16384, pr.n = 3072, pr.k = 768;
+    pr.transB = transB;
+    pr.bias = bias, pr.fullC = fullC;
+    pr.beta = fullC || bias ? 1.0f : 0.0f;
+    pr.epilogue = epilogue;
+    pr.ab = fb::BF16, pr.out = out;
+    return pr;
+  };
+  const cuda::MatmulProblem qkv = problem(E::None, true, false, fb::BF16),
+                            fc1 = problem(E::GeluAux, true, false, fb::BF16),
+                            proj = problem(E::Bias, false, true, fb::F32),
+                            dgelu = problem(E::Dgelu, false, false, fb::BF16, false);
+  struct Case {
+    const cuda::MatmulProblem &pr;
+    CE epilogue;
+    bool aKMajor;
+  };
+  for (const Case &c : {Case{qkv, CE::Bias, true}, Case{fc1, CE::GeluAuxBias, true},
+                        Case{proj, CE::ResidualBias, true}, Case{dgelu, CE::Dgelu, false}}) {
+    auto g = cuda::cutlassProblem(c.pr);
+    ASSERT_TRUE(g) << c.pr.key();
+    EXPECT_EQ(g->epilogue, c.epilogue) << c.pr.key();
+    EXPECT_EQ(std::vector<int64_t>({g->m, g->n, g->k}), std::vector<int64_t>({3072, 16384, 768}));
+    EXPECT_EQ(g->aKMajor, c.aKMajor) << c.pr.key();
+    EXPECT_EQ(g->beta, c.epilogue == CE::ResidualBias ? 1.0f : 0.0f) << c.pr.key();
+  }
+  auto ptr = [](uintptr_t a) { return reinterpret_cast<void *>(a); };
+  cuda::MatmulOperands ops;
+  ops.lhs = ptr(0x100), ops.rhs = ptr(0x200), ops.c = ptr(0x300), ops.out = ptr(0x400);
+  ops.vector = ptr(0x500), ops.aux = ptr(0x600);
+  cuda::CutlassOperands co = cuda::cutlassOperands(fc1, ops); // the bias is C's row
+  EXPECT_EQ(std::vector<const void *>({co.a, co.b, co.c, co.bias, co.d, co.aux}),
+            std::vector<const void *>({ops.rhs, ops.lhs, nullptr, ops.c, ops.out, ops.aux}));
+  co = cuda::cutlassOperands(proj, ops); // a full C, then the epilogue's own bias
+  EXPECT_EQ(std::vector<const void *>({co.c, co.bias}),
+            std::vector<const void *>({ops.c, ops.vector}));
+
+  // Left to cuBLASLt: other element types, batches, a transposed lhs, rows that are not
+  // 16 bytes, epilogues CUTLASS's kernels here do not have, GELU without its bias row.
+  std::vector<std::pair<std::string, cuda::MatmulProblem>> refused;
+  auto with = [&](std::string what, cuda::MatmulProblem pr, auto edit) {
+    edit(pr);
+    refused.emplace_back(std::move(what), pr);
+  };
+  with("f32 operands", fc1, [](auto &p) { p.ab = fb::F32, p.out = fb::F32; });
+  with("tf32", fc1, [](auto &p) { p.tf32 = true; });
+  with("f16 operands", fc1, [](auto &p) { p.ab = fb::F16, p.out = fb::F16; });
+  with("float8", fc1, [](auto &p) { p.scaled = true; });
+  with("a batch", fc1, [](auto &p) { p.batch = 2; });
+  with("transposed lhs", fc1, [](auto &p) { p.transA = true; });
+  with("k not a multiple of 8", fc1, [](auto &p) { p.k = 770; });
+  with("n not a multiple of 8", qkv, [](auto &p) { p.n = 2300; });
+  with("GELU without a bias", fc1, [](auto &p) { p.bias = false; });
+  with("dGELU with its bias gradient", dgelu, [](auto &p) { p.epilogue = E::DgeluBgrad; });
+  with("ReLU", qkv, [](auto &p) { p.epilogue = E::Relu; });
+  with("a plain GEMM", qkv, [](auto &p) { p.bias = false; });
+  with("residual into bf16", proj, [](auto &p) { p.out = fb::BF16; });
+  for (const auto &[what, pr] : refused)
+    EXPECT_FALSE(cuda::cutlassProblem(pr)) << what;
+}

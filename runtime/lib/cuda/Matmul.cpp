@@ -1,9 +1,10 @@
 // cuBLASLt matmul plans (Matmul.h).
 #include "cuda/Matmul.h"
 
-#include <cstdlib>
-#include <string_view>
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
+#include <string_view>
 
 namespace forge::rt::cuda {
 
@@ -328,6 +329,122 @@ MatmulTensors matmulTensors(const bundle::Instruction &inst, const MatmulProblem
   return t;
 }
 
+std::optional<CutlassGemm> cutlassProblem(const MatmulProblem &pr) {
+  using E = MatmulProblem::Epilogue;
+  if (pr.scaled || pr.tf32 || pr.batch != 1 || pr.ab != bundle::BF16 || pr.transA)
+    return std::nullopt;
+  CutlassGemm g;
+  g.m = pr.n;
+  g.n = pr.m;
+  g.k = pr.k;
+  g.aKMajor = pr.transB;
+  g.alpha = pr.alpha;
+  if (pr.epilogue == E::None && pr.bias && !pr.fullC && pr.out == bundle::BF16)
+    g.epilogue = CutlassGemm::Epilogue::Bias;
+  else if (pr.epilogue == E::GeluAux && pr.bias && pr.out == bundle::BF16)
+    g.epilogue = CutlassGemm::Epilogue::GeluAuxBias;
+  else if (pr.epilogue == E::Bias && pr.fullC && pr.out == bundle::F32) {
+    g.epilogue = CutlassGemm::Epilogue::ResidualBias;
+    g.beta = pr.beta;
+  } else if (pr.epilogue == E::Dgelu && !pr.bias && !pr.fullC && pr.out == bundle::BF16)
+    g.epilogue = CutlassGemm::Epilogue::Dgelu;
+  else
+    return std::nullopt;
+  // TMA needs 16-byte rows: D's and A's leading dimensions (m, or k for a K-major A) and
+  // B's (k) multiples of 8 bf16 elements.
+  if (g.m % 8 != 0 || g.k % 8 != 0)
+    return std::nullopt;
+  return g;
+}
+
+CutlassOperands cutlassOperands(const MatmulProblem &pr, const MatmulOperands &ops) {
+  CutlassOperands co;
+  co.a = ops.rhs;
+  co.b = ops.lhs;
+  co.c = pr.fullC ? ops.c : nullptr;
+  co.bias = pr.bias ? ops.c : ops.vector; // the bias row of C (`c = bias`), or its own input
+  co.d = ops.out;
+  co.aux = ops.aux;
+  return co;
+}
+
+namespace {
+/// FORGE_MATMUL_TUNING=off: keep cuBLASLt's first heuristic algorithm instead of
+/// timing the candidates. Timing picks whichever ran fastest in this process, so two
+/// processes may round a bf16 GEMM differently; tests that compare two runs (and
+/// anyone who needs a run to repeat bit for bit) turn it off.
+bool tuningOff() {
+  static const bool off = [] {
+    const char *v = std::getenv("FORGE_MATMUL_TUNING");
+    return v && std::string_view(v) == "off";
+  }();
+  return off;
+}
+/// FORGE_MATMUL_TUNING=verbose: print each problem's candidates' times and the choice.
+bool tuningVerbose() {
+  static const bool verbose = [] {
+    const char *v = std::getenv("FORGE_MATMUL_TUNING");
+    return v && std::string_view(v) == "verbose";
+  }();
+  return verbose;
+}
+
+/// FORGE_MATMUL_LIBRARY: `auto` times every candidate (cuBLASLt's and CUTLASS's);
+/// `cublaslt` (the default until CUTLASS's kernels have run in the GPU suites) leaves
+/// CUTLASS out; `cutlass` or `cutlass:N` runs CUTLASS's configuration N (0 by default) for
+/// every problem it takes, untimed (tests of its kernels).
+struct LibraryChoice {
+  bool cutlassAllowed = false;
+  int forcedCutlass = -1;
+};
+const LibraryChoice &libraryChoice() {
+  static const LibraryChoice choice = [] {
+    LibraryChoice c;
+    const char *v = std::getenv("FORGE_MATMUL_LIBRARY");
+    std::string_view s = v ? v : "";
+    if (s == "auto")
+      c.cutlassAllowed = true;
+    else if (s == "cutlass")
+      c.cutlassAllowed = true, c.forcedCutlass = 0;
+    else if (s.substr(0, 8) == "cutlass:" && s.size() == 9 && s[8] >= '0' && s[8] <= '9')
+      c.cutlassAllowed = true, c.forcedCutlass = s[8] - '0';
+    else if (!s.empty() && s != "cublaslt")
+      fmt::print(stderr,
+                 "forge: FORGE_MATMUL_LIBRARY={} ignored (auto, cublaslt, cutlass or "
+                 "cutlass:N)\n",
+                 s);
+    return c;
+  }();
+  return choice;
+}
+
+#ifdef FORGE_HAVE_CUTLASS
+/// Whether the current device runs CUTLASS's sm_90a kernels (compute capability 9.0).
+bool deviceRunsCutlass() {
+  int dev = 0, major = 0, minor = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+#endif
+
+/// How many CUTLASS configurations may run `pr` on this device (0 without CUTLASS).
+int cutlassConfigsFor(const MatmulProblem &pr) {
+#ifdef FORGE_HAVE_CUTLASS
+  static const bool device = deviceRunsCutlass();
+  if (!device || !libraryChoice().cutlassAllowed)
+    return 0;
+  auto g = cutlassProblem(pr);
+  return g ? cutlassGemmConfigs(*g) : 0;
+#else
+  (void)pr;
+  return 0;
+#endif
+}
+
+} // namespace
+
 Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
                                                          cublasLtHandle_t handle,
                                                          const MatmulProblem &pr,
@@ -339,6 +456,13 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   plan->problem_ = pr;
   plan->workspaceBytes_ = workspaceBytes;
   plan->cache_ = cache;
+  plan->cutlassConfigs_ = cutlassConfigsFor(pr);
+  if (int forced = libraryChoice().forcedCutlass; forced >= 0 && forced < plan->cutlassConfigs_) {
+    plan->cutlass_ = forced;
+    if (tuningVerbose())
+      fmt::print(stderr, "forge: matmul {} -> cutlass config {} (FORGE_MATMUL_LIBRARY)\n", pr.key(),
+                 forced);
+  }
   // bf16/f16 operands accumulate in f32 (CUBLAS_COMPUTE_32F) with f32 scales.
   cublasComputeType_t compute = pr.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LT_CHECK(api.cublasLtMatmulDescCreate(&plan->desc_, compute, CUDA_R_32F));
@@ -482,6 +606,25 @@ MatmulPlan::~MatmulPlan() {
 
 Status MatmulPlan::run(cudaStream_t stream, const MatmulOperands &ops, void *workspace) const {
   const CublasLtApi &api = *api_;
+#ifdef FORGE_HAVE_CUTLASS
+  if (cutlass_ >= 0) {
+    cudaError_t e =
+        runCutlassGemm(*cutlassProblem(problem_), cutlass_, cutlassOperands(problem_, ops),
+                       workspace, workspaceBytes_, stream);
+    // Forced (FORGE_MATMUL_LIBRARY=cutlass) onto operands CUTLASS cannot take (a view
+    // not 16-byte aligned): cuBLASLt runs it. Timed, such a candidate is dropped.
+    if (e == cudaErrorNotSupported && libraryChoice().forcedCutlass >= 0)
+      cudaGetLastError();
+    else if (e != cudaSuccess)
+      return Status::error("{} ({}) failed: {}", cutlassGemmConfigName(cutlass_), problem_.key(),
+                           e == cudaErrorNotSupported
+                               ? "CUTLASS cannot implement it (sizes or pointers not 16-byte "
+                                 "aligned, or too little workspace)"
+                               : cudaGetErrorString(e));
+    else
+      return Status::ok();
+  }
+#endif
   // The bias pointer is the bias row read (C's, or the epilogue's own), or
   // the bias gradient written.
   if (problem_.bias)
@@ -513,34 +656,26 @@ Status MatmulPlan::run(cudaStream_t stream, const MatmulOperands &ops, void *wor
   return Status::ok();
 }
 
-namespace {
-/// FORGE_MATMUL_TUNING=off: keep cuBLASLt's first heuristic algorithm instead of
-/// timing the candidates. Timing picks whichever ran fastest in this process, so two
-/// processes may round a bf16 GEMM differently; tests that compare two runs (and
-/// anyone who needs a run to repeat bit for bit) turn it off.
-bool tuningOff() {
-  static const bool off = [] {
-    const char *v = std::getenv("FORGE_MATMUL_TUNING");
-    return v && std::string_view(v) == "off";
-  }();
-  return off;
-}
-} // namespace
-
 Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *workspace) {
   if (tuned_)
     return Status::ok();
-  if (tuningOff()) {
+  if (tuningOff() || libraryChoice().forcedCutlass >= 0) {
     tuned_ = true;
     return Status::ok();
   }
   const std::string key = problem_.key();
   if (auto hit = cache_->tuned.find(key); hit != cache_->tuned.end()) {
-    algo_ = hit->second;
+    algo_ = hit->second.algo;
+    cutlass_ = hit->second.cutlass;
     tuned_ = true;
     return Status::ok();
   }
-  const std::vector<cublasLtMatmulAlgo_t> &candidates = cache_->candidates.at(key); // by create
+  // cuBLASLt's candidates (by create), then CUTLASS's configurations.
+  std::vector<MatmulChoice> candidates;
+  for (const cublasLtMatmulAlgo_t &algo : cache_->candidates.at(key))
+    candidates.push_back({algo, -1});
+  for (int c = 0; c < cutlassConfigs_; ++c)
+    candidates.push_back({algo_, c});
   if (candidates.size() < 2) {
     tuned_ = true;
     return Status::ok();
@@ -563,10 +698,12 @@ Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *wo
   constexpr int kRuns = 5; // after one untimed run of each candidate
   float best = 0;
   bool any = false;
-  cublasLtMatmulAlgo_t chosen = algo_;
+  MatmulChoice chosen{algo_, cutlass_};
   Status lastFailure;
-  for (const cublasLtMatmulAlgo_t &candidate : candidates) {
-    algo_ = candidate;
+  std::string report;
+  for (const MatmulChoice &candidate : candidates) {
+    algo_ = candidate.algo;
+    cutlass_ = candidate.cutlass;
     Status status = run(stream, ops, workspace); // warm-up (does it run at all?)
     if (!status.isOk()) {
       lastFailure = status;
@@ -588,6 +725,10 @@ Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *wo
       lastFailure = status;
       continue;
     }
+    if (tuningVerbose())
+      report += candidate.cutlass >= 0
+                    ? fmt::format(" cutlass{}:{:.4f}", candidate.cutlass, ms / kRuns)
+                    : fmt::format(" lt:{:.4f}", ms / kRuns);
     if (!any || ms < best) {
       best = ms;
       chosen = candidate;
@@ -596,10 +737,18 @@ Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *wo
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  if (!any)
+  if (!any) {
+    algo_ = chosen.algo;
+    cutlass_ = chosen.cutlass;
     return lastFailure;
-  algo_ = chosen;
+  }
+  algo_ = chosen.algo;
+  cutlass_ = chosen.cutlass;
   cache_->tuned[key] = chosen;
+  if (tuningVerbose())
+    fmt::print(stderr, "forge: matmul {}: ms{} -> {}\n", key, report,
+               chosen.cutlass >= 0 ? fmt::format("cutlass config {}", chosen.cutlass)
+                                   : std::string("cuBLASLt"));
   return Status::ok(); // the caller then runs the chosen algorithm
 }
 

@@ -26,10 +26,12 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cuda/CudaApi.h"
+#include "cuda/CutlassGemm.h"
 #include "forge/runtime/Bundle.h"
 #include "forge/runtime/Tensor.h"
 #include "program.pb.h"
@@ -111,12 +113,28 @@ struct MatmulOperands {
   const void *lhsScale = nullptr, *rhsScale = nullptr;
 };
 
+/// What runs a problem: a cuBLASLt algorithm, or (cutlass >= 0) that configuration of
+/// CUTLASS's GEMM with the problem's epilogue (CutlassGemm.h).
+struct MatmulChoice {
+  cublasLtMatmulAlgo_t algo{};
+  int cutlass = -1;
+};
+
+/// `pr` as a CUTLASS GEMM (CutlassGemm.h; its column-major terms are cuBLASLt's: A = the
+/// rhs, B = the lhs, D = Y^T) when one of its epilogues computes it: bf16 operands, one
+/// batch, the lhs not transposed, m and k multiples of 8. Whether this build and device
+/// hold a configuration for it is asked separately (cutlassGemmConfigs).
+std::optional<CutlassGemm> cutlassProblem(const MatmulProblem &pr);
+/// The pointers CUTLASS's GEMM of `pr` reads and writes: the epilogue's bias is C's bias
+/// row (`c = bias`) or the epilogue's own vector.
+CutlassOperands cutlassOperands(const MatmulProblem &pr, const MatmulOperands &ops);
+
 /// By MatmulProblem::key(): the heuristic's candidates (best first; one query
 /// per distinct problem: a GPT step has ~550 matmuls of ~15 problems) and the
-/// algorithm timed fastest on real operands. Shared by an executor's plans.
+/// choice timed fastest on real operands. Shared by an executor's plans.
 struct MatmulAlgoCache {
   std::map<std::string, std::vector<cublasLtMatmulAlgo_t>> candidates;
-  std::map<std::string, cublasLtMatmulAlgo_t> tuned;
+  std::map<std::string, MatmulChoice> tuned;
 };
 inline constexpr int kMatmulCandidates = 8;
 
@@ -133,9 +151,11 @@ public:
   Status run(cudaStream_t stream, const MatmulOperands &ops, void *workspace) const;
   /// Picks the fastest candidate for this problem: the one already timed by a
   /// plan of the same problem, or times each (a warm-up then a few runs) on
-  /// these operands, which must be computed (the first checked run). A
-  /// candidate that fails is dropped. Skipped (the heuristic's choice stays)
-  /// when an output aliases an operand, since repeated runs would change it.
+  /// these operands, which must be computed (the first checked run). The
+  /// candidates are cuBLASLt's and, on sm_90 for the epilogues it has, CUTLASS's
+  /// configurations. A candidate that fails is dropped. Skipped (the heuristic's
+  /// choice stays) when an output aliases an operand, since repeated runs would
+  /// change it.
   Status tune(cudaStream_t stream, const MatmulOperands &ops, void *workspace);
   const MatmulProblem &problem() const { return problem_; }
 
@@ -147,6 +167,8 @@ private:
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
+  int cutlass_ = -1;       // the CUTLASS configuration that runs it (-1: cuBLASLt's algo_)
+  int cutlassConfigs_ = 0; // CUTLASS configurations that take this problem here
   size_t workspaceBytes_ = 0;
   std::shared_ptr<MatmulAlgoCache> cache_;
   bool tuned_ = false;
