@@ -34,7 +34,7 @@ def kind_of(cat):
 
 # What each kind is in a transformer's step (GEMMs run in cuBLASLt, attention in cuDNN's
 # fused kernels; an unfused attention's matmuls and softmax rows count as GEMM and rest).
-SPLIT = (("GEMM (cuBLASLt)", ("cuBLASLt",)), ("attention (cuDNN)", ("cuDNN",)),
+SPLIT = (("GEMM (cuBLASLt, CUTLASS)", ("cuBLASLt",)), ("attention (cuDNN)", ("cuDNN",)),
          ("generated kernels", ("kernel",)), ("copies and transfers", ("memcpy", "transfer")))
 
 
@@ -100,7 +100,7 @@ def self_test():
               {"ph": "M", "cat": "cuBLASLt", "dur": 9999.0, "args": {"step": 9}}]  # metadata
     check("profiled steps", profiled_steps(events), 2)
     got = step_split(events)
-    for group, ms in (("GEMM (cuBLASLt)", 1.5), ("attention (cuDNN)", 0.5),
+    for group, ms in (("GEMM (cuBLASLt, CUTLASS)", 1.5), ("attention (cuDNN)", 0.5),
                       ("generated kernels", 0.25), ("copies and transfers", 0.05),
                       ("host placements", 0.2)):
         check(group, got.get(group, -1), ms)

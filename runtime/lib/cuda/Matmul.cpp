@@ -389,12 +389,12 @@ bool tuningVerbose() {
   return verbose;
 }
 
-/// FORGE_MATMUL_LIBRARY: `auto` times every candidate (cuBLASLt's and CUTLASS's);
-/// `cublaslt` (the default until CUTLASS's kernels have run in the GPU suites) leaves
-/// CUTLASS out; `cutlass` or `cutlass:N` runs CUTLASS's configuration N (0 by default) for
-/// every problem it takes, untimed (tests of its kernels).
+/// FORGE_MATMUL_LIBRARY: `auto` (the default) times every candidate (cuBLASLt's and
+/// CUTLASS's); `cublaslt` leaves CUTLASS out; `cutlass` or `cutlass:N` runs CUTLASS's
+/// configuration N (0 by default) for every problem it takes, untimed (tests of its
+/// kernels).
 struct LibraryChoice {
-  bool cutlassAllowed = false;
+  bool cutlassAllowed = true;
   int forcedCutlass = -1;
 };
 const LibraryChoice &libraryChoice() {
@@ -402,13 +402,13 @@ const LibraryChoice &libraryChoice() {
     LibraryChoice c;
     const char *v = std::getenv("FORGE_MATMUL_LIBRARY");
     std::string_view s = v ? v : "";
-    if (s == "auto")
-      c.cutlassAllowed = true;
+    if (s == "cublaslt")
+      c.cutlassAllowed = false;
     else if (s == "cutlass")
       c.cutlassAllowed = true, c.forcedCutlass = 0;
     else if (s.substr(0, 8) == "cutlass:" && s.size() == 9 && s[8] >= '0' && s[8] <= '9')
       c.cutlassAllowed = true, c.forcedCutlass = s[8] - '0';
-    else if (!s.empty() && s != "cublaslt")
+    else if (!s.empty() && s != "auto")
       fmt::print(stderr,
                  "forge: FORGE_MATMUL_LIBRARY={} ignored (auto, cublaslt, cutlass or "
                  "cutlass:N)\n",
