@@ -584,7 +584,33 @@ TEST(LibraryCallTest, CutlassTakesTheEpilogueGemmsItHas) {
   with("dGELU with its bias gradient", dgelu, [](auto &p) { p.epilogue = E::DgeluBgrad; });
   with("ReLU", qkv, [](auto &p) { p.epilogue = E::Relu; });
   with("a plain GEMM", qkv, [](auto &p) { p.bias = false; });
+  with("a plain GEMM into f32 (the LM head's logits)", qkv,
+       [](auto &p) { p.bias = false, p.out = fb::F32; });
   with("residual into bf16", proj, [](auto &p) { p.out = fb::BF16; });
   for (const auto &[what, pr] : refused)
     EXPECT_FALSE(cuda::cutlassProblem(pr)) << what;
+}
+
+// FORGE_MATMUL_LIBRARY's values: timed with CUTLASS by default, cuBLASLt alone, CUTLASS's
+// configuration forced; anything else warns and keeps the default.
+TEST(LibraryCallTest, MatmulLibraryChoices) {
+  struct Case {
+    std::string value;
+    bool cutlassAllowed;
+    int forced;
+    bool warns;
+  };
+  for (const Case &c : {Case{"", true, -1, false}, Case{"auto", true, -1, false},
+                        Case{"cublaslt", false, -1, false}, Case{"cutlass", true, 0, false},
+                        Case{"cutlass:1", true, 1, false}, Case{"cutlass:7", false, 7, true},
+                        Case{"cutlass:", true, -1, true}, Case{"cutlass:12", true, -1, true},
+                        Case{"CUTLASS", true, -1, true}}) {
+    std::string warning;
+    cuda::MatmulLibraryChoice got = cuda::parseMatmulLibrary(c.value, &warning);
+    EXPECT_EQ(got.cutlassAllowed, c.cutlassAllowed) << c.value;
+    EXPECT_EQ(got.forcedCutlass, c.forced) << c.value;
+    EXPECT_EQ(!warning.empty(), c.warns) << c.value << ": " << warning;
+    if (c.warns)
+      EXPECT_NE(warning.find("FORGE_MATMUL_LIBRARY=" + c.value), std::string::npos) << warning;
+  }
 }

@@ -93,11 +93,8 @@ cudaError_t launch(const CutlassGemm &g, const CutlassOperands &ops, void *works
     return cudaErrorNotSupported;
   if (op.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
     return cudaErrorNotSupported;
-  if (op.run(stream) != cutlass::Status::kSuccess) {
-    cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? cudaErrorLaunchFailure : e;
-  }
-  return cudaSuccess;
+  // GemmUniversalAdapter::run has already taken the launch's error (cudaGetLastError).
+  return op.run(stream) == cutlass::Status::kSuccess ? cudaSuccess : cudaErrorLaunchFailure;
 }
 
 template <class G> size_t workspace(const CutlassGemm &g) {
@@ -145,6 +142,13 @@ cudaError_t runCutlassGemm(const CutlassGemm &g, int config, const CutlassOperan
   if (config < 0 || config >= cutlassGemmConfigs(g) || g.m > INT32_MAX || g.n > INT32_MAX ||
       g.k > INT32_MAX)
     return cudaErrorNotSupported;
+  // TMA descriptors need 16-byte aligned addresses, and CUTLASS's can_implement checks
+  // only shapes (a misaligned one fails cuTensorMapEncodeTiled, past an assert NDEBUG
+  // removes). The arena's sections are 64-byte aligned; a view into one may not be.
+  for (const void *p : {ops.a, ops.b, ops.c, ops.bias, static_cast<const void *>(ops.d),
+                        static_cast<const void *>(ops.aux)})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      return cudaErrorNotSupported;
   return dispatch(g, config, [&](auto tag) {
     return launch<typename decltype(tag)::type>(g, ops, workspaceBuffer, workspaceBytes, stream);
   });

@@ -5,7 +5,8 @@
 //   PingPong = false: cooperative, 128x256x64 tiles (two consumer warp groups share a tile)
 //   PingPong = true:  ping-pong, 128x128x64 tiles (one warp group's epilogue overlaps the
 //                     other's main loop)
-// both with a 1x2 cluster (B's tiles multicast). nvcc only (CUTLASS's headers).
+// both with a 1x2 cluster (two CTAs along N share A's tiles: multicast). nvcc only (CUTLASS's
+// headers).
 #pragma once
 
 #include <cutlass/cutlass.h>

@@ -368,6 +368,27 @@ CutlassOperands cutlassOperands(const MatmulProblem &pr, const MatmulOperands &o
   return co;
 }
 
+MatmulLibraryChoice parseMatmulLibrary(std::string_view s, std::string *warning) {
+  MatmulLibraryChoice c;
+  if (s == "cublaslt")
+    c.cutlassAllowed = false;
+  else if (s == "cutlass")
+    c.forcedCutlass = 0;
+  else if (s.size() == 9 && s.substr(0, 8) == "cutlass:" && s[8] >= '0' && s[8] <= '9')
+    c.forcedCutlass = s[8] - '0';
+  else if (!s.empty() && s != "auto")
+    *warning = fmt::format("FORGE_MATMUL_LIBRARY={} ignored (auto, cublaslt, cutlass or "
+                           "cutlass:N)",
+                           s);
+  if (c.forcedCutlass > 1) { // CutlassGemm.cu builds configurations 0 and 1
+    *warning = fmt::format("FORGE_MATMUL_LIBRARY={}: no such CUTLASS configuration (0 or 1); "
+                           "cuBLASLt runs every matmul, untimed",
+                           s);
+    c.cutlassAllowed = false;
+  }
+  return c;
+}
+
 namespace {
 /// FORGE_MATMUL_TUNING=off: keep cuBLASLt's first heuristic algorithm instead of
 /// timing the candidates. Timing picks whichever ran fastest in this process, so two
@@ -389,30 +410,13 @@ bool tuningVerbose() {
   return verbose;
 }
 
-/// FORGE_MATMUL_LIBRARY: `auto` (the default) times every candidate (cuBLASLt's and
-/// CUTLASS's); `cublaslt` leaves CUTLASS out; `cutlass` or `cutlass:N` runs CUTLASS's
-/// configuration N (0 by default) for every problem it takes, untimed (tests of its
-/// kernels).
-struct LibraryChoice {
-  bool cutlassAllowed = true;
-  int forcedCutlass = -1;
-};
-const LibraryChoice &libraryChoice() {
-  static const LibraryChoice choice = [] {
-    LibraryChoice c;
+const MatmulLibraryChoice &libraryChoice() {
+  static const MatmulLibraryChoice choice = [] {
     const char *v = std::getenv("FORGE_MATMUL_LIBRARY");
-    std::string_view s = v ? v : "";
-    if (s == "cublaslt")
-      c.cutlassAllowed = false;
-    else if (s == "cutlass")
-      c.cutlassAllowed = true, c.forcedCutlass = 0;
-    else if (s.substr(0, 8) == "cutlass:" && s.size() == 9 && s[8] >= '0' && s[8] <= '9')
-      c.cutlassAllowed = true, c.forcedCutlass = s[8] - '0';
-    else if (!s.empty() && s != "auto")
-      fmt::print(stderr,
-                 "forge: FORGE_MATMUL_LIBRARY={} ignored (auto, cublaslt, cutlass or "
-                 "cutlass:N)\n",
-                 s);
+    std::string warning;
+    MatmulLibraryChoice c = parseMatmulLibrary(v ? v : "", &warning);
+    if (!warning.empty())
+      fmt::print(stderr, "forge: {}\n", warning);
     return c;
   }();
   return choice;
@@ -432,8 +436,8 @@ bool deviceRunsCutlass() {
 /// How many CUTLASS configurations may run `pr` on this device (0 without CUTLASS).
 int cutlassConfigsFor(const MatmulProblem &pr) {
 #ifdef FORGE_HAVE_CUTLASS
-  static const bool device = deviceRunsCutlass();
-  if (!device || !libraryChoice().cutlassAllowed)
+  // Asked per plan: an executor's device is its own (cheap: cached attributes).
+  if (!libraryChoice().cutlassAllowed || !deviceRunsCutlass())
     return 0;
   auto g = cutlassProblem(pr);
   return g ? cutlassGemmConfigs(*g) : 0;
@@ -614,7 +618,7 @@ Status MatmulPlan::run(cudaStream_t stream, const MatmulOperands &ops, void *wor
     // Forced (FORGE_MATMUL_LIBRARY=cutlass) onto operands CUTLASS cannot take (a view
     // not 16-byte aligned): cuBLASLt runs it. Timed, such a candidate is dropped.
     if (e == cudaErrorNotSupported && libraryChoice().forcedCutlass >= 0)
-      cudaGetLastError();
+      ; // nothing was launched: cuBLASLt runs it below
     else if (e != cudaSuccess)
       return Status::error("{} ({}) failed: {}", cutlassGemmConfigName(cutlass_), problem_.key(),
                            e == cudaErrorNotSupported

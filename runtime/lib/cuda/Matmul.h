@@ -28,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cuda/CudaApi.h"
@@ -128,6 +129,16 @@ std::optional<CutlassGemm> cutlassProblem(const MatmulProblem &pr);
 /// The pointers CUTLASS's GEMM of `pr` reads and writes: the epilogue's bias is C's bias
 /// row (`c = bias`) or the epilogue's own vector.
 CutlassOperands cutlassOperands(const MatmulProblem &pr, const MatmulOperands &ops);
+
+/// FORGE_MATMUL_LIBRARY: `auto` or unset (the default) times CUTLASS's candidates beside
+/// cuBLASLt's; `cublaslt` leaves CUTLASS out; `cutlass` or `cutlass:N` runs CUTLASS's
+/// configuration N (0 by default) for every problem it takes, untimed (tests of its
+/// kernels). An unknown value leaves the default and sets *warning.
+struct MatmulLibraryChoice {
+  bool cutlassAllowed = true;
+  int forcedCutlass = -1; // >= 0: forced (untimed)
+};
+MatmulLibraryChoice parseMatmulLibrary(std::string_view value, std::string *warning);
 
 /// By MatmulProblem::key(): the heuristic's candidates (best first; one query
 /// per distinct problem: a GPT step has ~550 matmuls of ~15 problems) and the
