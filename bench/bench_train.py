@@ -146,19 +146,31 @@ def compile_(a):
         print(f"compiled {name}")
 
 
+ENV_RE = re.compile(r"[A-Z_][A-Z0-9_]*=")
+
+
 def split_runtime_options(spec):
-    """'model.forge+--attention-backward=fast' -> ('model.forge', ['--attention-backward=fast']):
-    forge-train options after '+' signs that precede a dash (a '+' in a path stays)."""
-    bundle, *extra = re.split(r"\+(?=-)", spec)
-    return bundle, extra
+    """'model.forge+--attention-backward=fast+FORGE_MATMUL_LIBRARY=cublaslt' ->
+    ('model.forge', ['--attention-backward=fast'], {'FORGE_MATMUL_LIBRARY': 'cublaslt'}):
+    after '+' signs that precede a dash, forge-train options; after those that precede an
+    upper-case NAME=, its environment (a '+' in a path stays)."""
+    bundle, *extra = re.split(r"\+(?=-|[A-Z_][A-Z0-9_]*=)", spec)
+    env = dict(e.split("=", 1) for e in extra if ENV_RE.match(e))
+    return bundle, [e for e in extra if not ENV_RE.match(e)], env
+
+
+def env_prefix(env):
+    """`env` as a command prefix (env NAME=value ...), for runners that take no environment."""
+    return ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
 
 
 def time_forge(a, name, d, bundle="model.forge", profile=True):
     """Median step time of D/<bundle> (with --profile: its trace, steps 3-7 left out).
     `bundle` may carry forge-train options after '+' signs (`ab`'s runtime variants:
     model.forge+--attention-backward=fast); --forge-train-arg options apply to every run."""
-    bundle, extra = split_runtime_options(bundle)
-    tag = "".join(c if c.isalnum() else "_" for c in "".join(extra))
+    bundle, extra, env = split_runtime_options(bundle)
+    tag = "".join(c if c.isalnum() else "_"
+                  for c in "".join(extra) + "".join(f"{k}{v}" for k, v in env.items()))
     metrics = os.path.join(d, (bundle.replace(".forge", tag + ".jsonl")
                                if bundle != "model.forge" or tag else "forge.jsonl"))
     steps = a.warmup + a.steps
@@ -170,7 +182,7 @@ def time_forge(a, name, d, bundle="model.forge", profile=True):
     if name in THIN:
         cmd += ["--weights", d]
     cmd += a.forge_train_arg + extra
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if out.returncode != 0:
         raise RuntimeError(out.stdout + out.stderr)
     recs = [json.loads(line) for line in open(metrics)]
@@ -410,7 +422,27 @@ def ab(a):
                   + (f"; max rel {drift:.1e} from {first}'s" if b != first else ""), flush=True)
 
 
+def self_test():
+    """`--self-test` (ctest bench_train_self_test): `ab`'s bundle specs on cases by hand."""
+    cases = {
+        "model.forge": ("model.forge", [], {}),
+        "model.forge+--attention-backward=fast": ("model.forge", ["--attention-backward=fast"], {}),
+        "m.forge+FORGE_MATMUL_LIBRARY=cublaslt+--max-stream-pins=64":
+            ("m.forge", ["--max-stream-pins=64"], {"FORGE_MATMUL_LIBRARY": "cublaslt"}),
+        "a+b/m.forge+A_1=x=y": ("a+b/m.forge", [], {"A_1": "x=y"}),  # '+' in a path, '=' in a value
+        "m.forge+lower=1": ("m.forge+lower=1", [], {}),  # not an option nor NAME=: the path's
+    }
+    for spec, want in cases.items():
+        got = split_runtime_options(spec)
+        assert got == want, f"{spec}: {got} != {want}"
+    assert env_prefix({"A": "1", "B": "x y"}) == ["env", "A=1", "B=x y"] and env_prefix({}) == []
+    print("self-test: passed")
+    return 0
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("stage", choices=["export", "compile", "run", "profile", "ab", "all"])
     ap.add_argument("--dir", required=True)
@@ -428,8 +460,9 @@ def main():
     ap.add_argument("--top", type=int, default=25, help="kernels listed by `profile`")
     ap.add_argument("--bundles", nargs="*", default=["model.forge"],
                     help="`ab`: bundle files in DIR/<model>/ timed in alternating rounds, each "
-                         "optionally with forge-train options after '+' "
-                         "(model.forge+--attention-backward=fast)")
+                         "optionally with forge-train options or its environment after '+' "
+                         "(model.forge+--attention-backward=fast, "
+                         "model.forge+FORGE_MATMUL_LIBRARY=cublaslt)")
     ap.add_argument("--rounds", type=int, default=3, help="`ab`: rounds over --bundles")
     ap.add_argument("--forge-train-arg", action="append", default=[],
                     help="an option for every forge-train run (repeat; e.g. "

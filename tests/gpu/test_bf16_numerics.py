@@ -67,9 +67,10 @@ Prints one line per check, the window table of the deterministic runs, each run'
 medians, the issue's literal per-window comparison of the single deterministic runs (printed
 only), and 'N passed, N failed'; writes DIR/numerics.json.
 `--self-test` checks the rank test alone (no GPU, no PyTorch; ctest numerics_rank_test).
-Printed only, not checked: --variant LABEL=BUNDLE[+forge-train option...] runs another bf16
-bundle or option (e.g. bf16.forge+--attention-backward=fast, whose atomic dq makes each run a
-fresh sample of the same arithmetic) beside the same runs; --reuse FILE takes the fp32
+Printed only, not checked: --variant LABEL=BUNDLE[+forge-train option or NAME=value...] runs
+another bf16 bundle, option or environment (e.g. bf16.forge+--attention-backward=fast, whose
+atomic dq makes each run a fresh sample of the same arithmetic, or
+bf16.forge+FORGE_MATMUL_LIBRARY=cublaslt) beside the same runs; --reuse FILE takes the fp32
 runs and the written-out autocast run from an earlier numerics.json on this GPU kind.
 """
 import argparse
@@ -215,11 +216,11 @@ def make_data(path, steps, bundles):
     return len(text), nfiles
 
 
-def forge_losses(a, bundle, data, weights, steps, tmp, extra=()):
+def forge_losses(a, bundle, data, weights, steps, tmp, extra=(), env=None):
     metrics = os.path.join(tmp, os.path.basename(bundle) + ".jsonl")  # forge-train truncates it
-    cmd = [a.forge_train, bundle, "--data", data, "--no-shuffle", "--steps", str(steps),
-           "--device", "cuda", "--weights", weights, "--metrics", metrics, "--log-every",
-           str(steps)] + list(extra)
+    cmd = bench_train.env_prefix(env or {}) + [
+        a.forge_train, bundle, "--data", data, "--no-shuffle", "--steps", str(steps), "--device",
+        "cuda", "--weights", weights, "--metrics", metrics, "--log-every", str(steps)] + list(extra)
     rc, _, out = e2e.run(cmd, 1800)
     if rc != 0:
         raise RuntimeError(e2e.failure(rc, out, 8))
@@ -324,11 +325,12 @@ def batch_grads(a, model, tmp, wdir, ids, labels):
     runs = [(f"forge_{n}", f"{n}_grads.forge") for n in ("fp32", "bf16")] + [
         (f"variant_{label}", bundle) for label, bundle in a.grads_variants]
     for name, spec in runs:
-        bundle, extra = bench_train.split_runtime_options(spec)
+        bundle, extra, env = bench_train.split_runtime_options(spec)
         out = os.path.join(tmp, f"grads_{name}.npz")
-        cmd = [a.forge_train, os.path.join(a.bundles, bundle), "--data", batch,
-               "--no-shuffle", "--steps", "1", "--device", "cuda", "--weights", wdir,
-               "--dump-grads", out, "--metrics", out + ".jsonl"] + extra
+        cmd = bench_train.env_prefix(env) + [
+            a.forge_train, os.path.join(a.bundles, bundle), "--data", batch, "--no-shuffle",
+            "--steps", "1", "--device", "cuda", "--weights", wdir, "--dump-grads", out,
+            "--metrics", out + ".jsonl"] + extra
         rc, _, log = e2e.run(cmd, 600)
         if rc != 0:
             raise RuntimeError(e2e.failure(rc, log, 8))
@@ -522,9 +524,9 @@ def run_half(a, rep):
             print(f"{name}: last loss {runs[name][-1]:.4f}", flush=True)
         # Printed only: other bf16 bundles or forge-train options, each beside the same runs.
         for label, spec in a.variants:
-            bundle, extra = bench_train.split_runtime_options(spec)
+            bundle, extra, env = bench_train.split_runtime_options(spec)
             runs[f"variant_{label}"] = forge_losses(a, os.path.join(a.bundles, bundle), data,
-                                                    weights, a.steps, tmp, extra)
+                                                    weights, a.steps, tmp, extra, env)
             print(f"variant {label}: last loss {runs[f'variant_{label}'][-1]:.4f}", flush=True)
         grad_result = None
         if not grads:
@@ -617,7 +619,8 @@ def main():
                     "fp32, PyTorch fp32 and written-out autocast losses stand in for new runs (a "
                     "quicker look at bf16 variants; the SDPA runs are new)")
     ap.add_argument("--variant", action="append", default=[],
-                    help="LABEL=BUNDLE[+forge-train option...]: another bf16 run, its gaps "
+                    help="LABEL=BUNDLE[+forge-train option or NAME=value...]: another bf16 "
+                         "run, its gaps "
                          "printed beside the checked ones (not checked)")
     a = ap.parse_args()
     a.variants = [tuple(v.split("=", 1)) for v in a.variant]  # (label, bundle[+options])
