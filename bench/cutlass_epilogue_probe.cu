@@ -40,7 +40,6 @@
 #include <vector>
 
 using namespace forge::cutlass_sm90;
-namespace fusion = cutlass::epilogue::fusion;
 
 namespace {
 
@@ -50,20 +49,9 @@ template <bool PP>
 using Plain = Gemm<RowMajor, void, bf16, fusion::LinearCombination<bf16, float, void>, PP>;
 template <bool PP>
 using PlainF32 = Gemm<RowMajor, void, float, fusion::LinearCombination<float, float, void>, PP>;
-template <bool PP>
-using GeluAux =
-    Gemm<RowMajor, void, bf16,
-         fusion::LinCombPerRowBiasEltActAux<ColMajor, cutlass::epilogue::thread::GELU_taylor, bf16,
-                                            float, bf16, float, void>,
-         PP>;
-template <bool PP>
-using Residual =
-    Gemm<RowMajor, float, float, fusion::LinCombPerRowBias<float, float, float, float>, PP>;
-template <bool PP>
-using DGelu = Gemm<
-    ColMajor, void, bf16,
-    fusion::LinCombDeEltAct<ColMajor, cutlass::epilogue::thread::dGELU, bf16, float, bf16, void>,
-    PP>;
+// fc1's GELU with an f32 bias (which cuBLASLt refuses; the runtime's GeluAuxGemm reads a
+// bf16 one); the residual and dGELU GEMMs are the runtime's own (CutlassGemmSm90.cuh).
+template <bool PP> using GeluAux = GeluAuxBiasTypeGemm<PP, float>;
 template <bool PP>
 using DGeluBgrad =
     Gemm<ColMajor, void, bf16,
@@ -319,7 +307,7 @@ int main() {
                 N_TOKENS, k);
     plainGemm(rng, p, dA, dB, dD16, flops);
     bothConfigs([&](auto pp) {
-      using G = Residual<decltype(pp)::value>;
+      using G = ResidualGemm<decltype(pp)::value>;
       auto args = baseArgs<G>(p, dA, dB);
       args.epilogue.ptr_C = dC;
       args.epilogue.ptr_D = dD;
@@ -354,7 +342,7 @@ int main() {
       report(what, ms, flops, sampled(rng, p.m, download(dD, mn3072), dh));
     };
     bothConfigs([&](auto pp) {
-      using G = DGelu<decltype(pp)::value>;
+      using G = DgeluGemm<decltype(pp)::value>;
       auto args = baseArgs<G>(p, dA, dB);
       args.epilogue.ptr_D = dD;
       args.epilogue.thread.aux_ptr = dAux;

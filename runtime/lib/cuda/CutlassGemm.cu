@@ -12,24 +12,10 @@ namespace forge::rt::cuda {
 namespace {
 
 using namespace forge::cutlass_sm90;
-namespace fusion = cutlass::epilogue::fusion;
 
-template <bool PP>
-using BiasGemm = Gemm<RowMajor, void, bf16, fusion::LinCombPerRowBias<bf16, float, bf16, void>, PP>;
-template <bool PP>
-using GeluAuxGemm =
-    Gemm<RowMajor, void, bf16,
-         fusion::LinCombPerRowBiasEltActAux<ColMajor, cutlass::epilogue::thread::GELU_taylor, bf16,
-                                            float, bf16, bf16, void>,
-         PP>;
-template <bool PP>
-using ResidualGemm =
-    Gemm<RowMajor, float, float, fusion::LinCombPerRowBias<float, float, float, float>, PP>;
-template <bool PP>
-using DgeluGemm = Gemm<
-    ColMajor, void, bf16,
-    fusion::LinCombDeEltAct<ColMajor, cutlass::epilogue::thread::dGELU, bf16, float, bf16, void>,
-    PP>;
+/// Whether G is configuration false or true of the epilogue alias E.
+template <class G, template <bool> class E>
+constexpr bool isGemm = std::is_same_v<G, E<false>> || std::is_same_v<G, E<true>>;
 
 /// The arguments every epilogue shares: shapes, A and B, D, and the packed strides.
 template <class G>
@@ -54,31 +40,21 @@ typename G::Op::Arguments arguments(const CutlassGemm &g, const CutlassOperands 
   using Out = typename G::Kernel::ElementD;
   auto args = baseArguments<G>(g, ops);
   args.epilogue.ptr_D = static_cast<Out *>(ops.d);
-  switch (g.epilogue) {
-  case CutlassGemm::Epilogue::Bias:
-    if constexpr (std::is_same_v<G, BiasGemm<false>> || std::is_same_v<G, BiasGemm<true>>)
-      args.epilogue.thread.bias_ptr = static_cast<const bf16 *>(ops.bias);
-    break;
-  case CutlassGemm::Epilogue::GeluAuxBias:
-    if constexpr (std::is_same_v<G, GeluAuxGemm<false>> || std::is_same_v<G, GeluAuxGemm<true>>) {
-      args.epilogue.thread.bias_ptr = static_cast<const bf16 *>(ops.bias);
-      args.epilogue.thread.aux_ptr = static_cast<bf16 *>(ops.aux);
-      args.epilogue.thread.dAux = args.epilogue.dD;
-    }
-    break;
-  case CutlassGemm::Epilogue::ResidualBias:
-    if constexpr (std::is_same_v<G, ResidualGemm<false>> || std::is_same_v<G, ResidualGemm<true>>) {
-      args.epilogue.ptr_C = static_cast<const float *>(ops.c);
-      args.epilogue.thread.beta = g.beta;
-      args.epilogue.thread.bias_ptr = static_cast<const float *>(ops.bias);
-    }
-    break;
-  case CutlassGemm::Epilogue::Dgelu:
-    if constexpr (std::is_same_v<G, DgeluGemm<false>> || std::is_same_v<G, DgeluGemm<true>>) {
-      args.epilogue.thread.aux_ptr = static_cast<const bf16 *>(ops.aux);
-      args.epilogue.thread.dAux = args.epilogue.dD;
-    }
-    break;
+  // G is the epilogue's instantiation (dispatch): its own operands.
+  if constexpr (isGemm<G, BiasGemm>) {
+    args.epilogue.thread.bias_ptr = static_cast<const bf16 *>(ops.bias);
+  } else if constexpr (isGemm<G, GeluAuxGemm>) {
+    args.epilogue.thread.bias_ptr = static_cast<const bf16 *>(ops.bias);
+    args.epilogue.thread.aux_ptr = static_cast<bf16 *>(ops.aux);
+    args.epilogue.thread.dAux = args.epilogue.dD;
+  } else if constexpr (isGemm<G, ResidualGemm>) {
+    args.epilogue.ptr_C = static_cast<const float *>(ops.c);
+    args.epilogue.thread.beta = g.beta;
+    args.epilogue.thread.bias_ptr = static_cast<const float *>(ops.bias);
+  } else {
+    static_assert(isGemm<G, DgeluGemm>);
+    args.epilogue.thread.aux_ptr = static_cast<const bf16 *>(ops.aux);
+    args.epilogue.thread.dAux = args.epilogue.dD;
   }
   return args;
 }
@@ -95,10 +71,6 @@ cudaError_t launch(const CutlassGemm &g, const CutlassOperands &ops, void *works
     return cudaErrorNotSupported;
   // GemmUniversalAdapter::run has already taken the launch's error (cudaGetLastError).
   return op.run(stream) == cutlass::Status::kSuccess ? cudaSuccess : cudaErrorLaunchFailure;
-}
-
-template <class G> size_t workspace(const CutlassGemm &g) {
-  return G::Op::get_workspace_size(arguments<G>(g, CutlassOperands{}));
 }
 
 template <class T> struct Tag { using type = T; };
@@ -129,12 +101,6 @@ int cutlassGemmConfigs(const CutlassGemm &g) {
 
 const char *cutlassGemmConfigName(int config) {
   return config == 1 ? "cutlass pingpong 128x128" : "cutlass coop 128x256";
-}
-
-size_t cutlassGemmWorkspace(const CutlassGemm &g, int config) {
-  if (config < 0 || config >= cutlassGemmConfigs(g))
-    return 0;
-  return dispatch(g, config, [&](auto tag) { return workspace<typename decltype(tag)::type>(g); });
 }
 
 cudaError_t runCutlassGemm(const CutlassGemm &g, int config, const CutlassOperands &ops,

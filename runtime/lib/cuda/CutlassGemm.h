@@ -46,13 +46,9 @@ int cutlassGemmConfigs(const CutlassGemm &g);
 /// Configuration i's name, for logs and traces ("cutlass coop 128x256", ...).
 const char *cutlassGemmConfigName(int config);
 
-/// Bytes of workspace configuration `config` needs for `g` (0 for these kernels, but
-/// asked so that a future split-K one is not run short).
-size_t cutlassGemmWorkspace(const CutlassGemm &g, int config);
-
 /// Enqueues `g` with configuration `config` on `stream`. cudaErrorNotSupported when
-/// CUTLASS cannot implement the problem (sizes or pointers not 16-byte aligned), else
-/// the launch's error.
+/// CUTLASS cannot implement the problem (sizes or pointers not 16-byte aligned, or more
+/// workspace than workspaceBytes), else the launch's error.
 cudaError_t runCutlassGemm(const CutlassGemm &g, int config, const CutlassOperands &ops,
                            void *workspace, size_t workspaceBytes, cudaStream_t stream);
 

@@ -58,4 +58,30 @@ struct Gemm {
   using StrideD = typename Kernel::StrideD;
 };
 
+namespace fusion = cutlass::epilogue::fusion;
+
+// The epilogues the runtime runs (CutlassGemm.h names them), in configuration PP:
+// D bf16 = acc + bias (bf16)
+template <bool PP>
+using BiasGemm = Gemm<RowMajor, void, bf16, fusion::LinCombPerRowBias<bf16, float, bf16, void>, PP>;
+// aux = acc + bias; D bf16 = gelu_tanh(aux). The bias is bf16 in the runtime (as
+// cuBLASLt's); the probe also times an f32 one.
+template <bool PP, class Bias>
+using GeluAuxBiasTypeGemm =
+    Gemm<RowMajor, void, bf16,
+         fusion::LinCombPerRowBiasEltActAux<ColMajor, cutlass::epilogue::thread::GELU_taylor, bf16,
+                                            float, bf16, Bias, void>,
+         PP>;
+template <bool PP> using GeluAuxGemm = GeluAuxBiasTypeGemm<PP, bf16>;
+// D f32 = acc + beta C (f32) + bias (f32): the residual stream's GEMMs
+template <bool PP>
+using ResidualGemm =
+    Gemm<RowMajor, float, float, fusion::LinCombPerRowBias<float, float, float, float>, PP>;
+// D bf16 = acc * gelu_tanh'(aux); A M-major (the weight read untransposed)
+template <bool PP>
+using DgeluGemm = Gemm<
+    ColMajor, void, bf16,
+    fusion::LinCombDeEltAct<ColMajor, cutlass::epilogue::thread::dGELU, bf16, float, bf16, void>,
+    PP>;
+
 } // namespace forge::cutlass_sm90

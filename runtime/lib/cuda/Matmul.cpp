@@ -390,24 +390,19 @@ MatmulLibraryChoice parseMatmulLibrary(std::string_view s, std::string *warning)
 }
 
 namespace {
-/// FORGE_MATMUL_TUNING=off: keep cuBLASLt's first heuristic algorithm instead of
+/// FORGE_MATMUL_TUNING: `off` keeps cuBLASLt's first heuristic algorithm instead of
 /// timing the candidates. Timing picks whichever ran fastest in this process, so two
 /// processes may round a bf16 GEMM differently; tests that compare two runs (and
-/// anyone who needs a run to repeat bit for bit) turn it off.
-bool tuningOff() {
-  static const bool off = [] {
+/// anyone who needs a run to repeat bit for bit) turn it off. `verbose` prints each
+/// problem's candidates' times and the choice.
+enum class Tuning { On, Off, Verbose };
+Tuning tuning() {
+  static const Tuning mode = [] {
     const char *v = std::getenv("FORGE_MATMUL_TUNING");
-    return v && std::string_view(v) == "off";
+    std::string_view s = v ? v : "";
+    return s == "off" ? Tuning::Off : s == "verbose" ? Tuning::Verbose : Tuning::On;
   }();
-  return off;
-}
-/// FORGE_MATMUL_TUNING=verbose: print each problem's candidates' times and the choice.
-bool tuningVerbose() {
-  static const bool verbose = [] {
-    const char *v = std::getenv("FORGE_MATMUL_TUNING");
-    return v && std::string_view(v) == "verbose";
-  }();
-  return verbose;
+  return mode;
 }
 
 const MatmulLibraryChoice &libraryChoice() {
@@ -433,18 +428,20 @@ bool deviceRunsCutlass() {
 }
 #endif
 
-/// How many CUTLASS configurations may run `pr` on this device (0 without CUTLASS).
-int cutlassConfigsFor(const MatmulProblem &pr) {
+/// `pr` as the CUTLASS GEMM a plan may run on this device (none without CUTLASS, with
+/// FORGE_MATMUL_LIBRARY=cublaslt, off sm_90, or without a configuration for it).
+std::optional<CutlassGemm> cutlassGemmFor(const MatmulProblem &pr) {
 #ifdef FORGE_HAVE_CUTLASS
   // Asked per plan: an executor's device is its own (cheap: cached attributes).
   if (!libraryChoice().cutlassAllowed || !deviceRunsCutlass())
-    return 0;
+    return std::nullopt;
   auto g = cutlassProblem(pr);
-  return g ? cutlassGemmConfigs(*g) : 0;
+  if (g && cutlassGemmConfigs(*g) > 0)
+    return g;
 #else
   (void)pr;
-  return 0;
 #endif
+  return std::nullopt;
 }
 
 } // namespace
@@ -460,10 +457,13 @@ Expected<std::unique_ptr<MatmulPlan>> MatmulPlan::create(const CublasLtApi &api,
   plan->problem_ = pr;
   plan->workspaceBytes_ = workspaceBytes;
   plan->cache_ = cache;
-  plan->cutlassConfigs_ = cutlassConfigsFor(pr);
+  plan->cutlassGemm_ = cutlassGemmFor(pr);
+#ifdef FORGE_HAVE_CUTLASS
+  plan->cutlassConfigs_ = plan->cutlassGemm_ ? cutlassGemmConfigs(*plan->cutlassGemm_) : 0;
+#endif
   if (int forced = libraryChoice().forcedCutlass; forced >= 0 && forced < plan->cutlassConfigs_) {
     plan->cutlass_ = forced;
-    if (tuningVerbose())
+    if (tuning() == Tuning::Verbose)
       fmt::print(stderr, "forge: matmul {} -> cutlass config {} (FORGE_MATMUL_LIBRARY)\n", pr.key(),
                  forced);
   }
@@ -612,9 +612,8 @@ Status MatmulPlan::run(cudaStream_t stream, const MatmulOperands &ops, void *wor
   const CublasLtApi &api = *api_;
 #ifdef FORGE_HAVE_CUTLASS
   if (cutlass_ >= 0) {
-    cudaError_t e =
-        runCutlassGemm(*cutlassProblem(problem_), cutlass_, cutlassOperands(problem_, ops),
-                       workspace, workspaceBytes_, stream);
+    cudaError_t e = runCutlassGemm(*cutlassGemm_, cutlass_, cutlassOperands(problem_, ops),
+                                   workspace, workspaceBytes_, stream);
     // Forced (FORGE_MATMUL_LIBRARY=cutlass) onto operands CUTLASS cannot take (a view
     // not 16-byte aligned): cuBLASLt runs it. Timed, such a candidate is dropped.
     if (e == cudaErrorNotSupported && libraryChoice().forcedCutlass >= 0)
@@ -663,7 +662,7 @@ Status MatmulPlan::run(cudaStream_t stream, const MatmulOperands &ops, void *wor
 Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *workspace) {
   if (tuned_)
     return Status::ok();
-  if (tuningOff() || libraryChoice().forcedCutlass >= 0) {
+  if (tuning() == Tuning::Off || libraryChoice().forcedCutlass >= 0) {
     tuned_ = true;
     return Status::ok();
   }
@@ -729,7 +728,7 @@ Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *wo
       lastFailure = status;
       continue;
     }
-    if (tuningVerbose())
+    if (tuning() == Tuning::Verbose)
       report += candidate.cutlass >= 0
                     ? fmt::format(" cutlass{}:{:.4f}", candidate.cutlass, ms / kRuns)
                     : fmt::format(" lt:{:.4f}", ms / kRuns);
@@ -741,15 +740,12 @@ Status MatmulPlan::tune(cudaStream_t stream, const MatmulOperands &ops, void *wo
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  if (!any) {
-    algo_ = chosen.algo;
-    cutlass_ = chosen.cutlass;
-    return lastFailure;
-  }
-  algo_ = chosen.algo;
+  algo_ = chosen.algo; // the fastest, or (none ran) what was there before
   cutlass_ = chosen.cutlass;
+  if (!any)
+    return lastFailure;
   cache_->tuned[key] = chosen;
-  if (tuningVerbose())
+  if (tuning() == Tuning::Verbose)
     fmt::print(stderr, "forge: matmul {}: ms{} -> {}\n", key, report,
                chosen.cutlass >= 0 ? fmt::format("cutlass config {}", chosen.cutlass)
                                    : std::string("cuBLASLt"));

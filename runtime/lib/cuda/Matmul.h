@@ -178,8 +178,9 @@ private:
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
-  int cutlass_ = -1;       // the CUTLASS configuration that runs it (-1: cuBLASLt's algo_)
-  int cutlassConfigs_ = 0; // CUTLASS configurations that take this problem here
+  int cutlass_ = -1;                       // the CUTLASS configuration that runs it (-1: algo_)
+  std::optional<CutlassGemm> cutlassGemm_; // the problem as CUTLASS's, where it may run here
+  int cutlassConfigs_ = 0;                 // its configurations (0 without cutlassGemm_)
   size_t workspaceBytes_ = 0;
   std::shared_ptr<MatmulAlgoCache> cache_;
   bool tuned_ = false;
