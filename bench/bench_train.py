@@ -461,12 +461,12 @@ def main():
     ap.add_argument("--bundles", nargs="*", default=["model.forge"],
                     help="`ab`: bundle files in DIR/<model>/ timed in alternating rounds, each "
                          "optionally with forge-train options or its environment after '+' "
-                         "(model.forge+--attention-backward=fast, "
+                         "(model.forge+--attention-backward=deterministic, "
                          "model.forge+FORGE_MATMUL_LIBRARY=cublaslt)")
     ap.add_argument("--rounds", type=int, default=3, help="`ab`: rounds over --bundles")
     ap.add_argument("--forge-train-arg", action="append", default=[],
                     help="an option for every forge-train run (repeat; e.g. "
-                         "--forge-train-arg=--attention-backward=fast)")
+                         "--forge-train-arg=--attention-backward=deterministic)")
     a = ap.parse_args()
     if a.stage == "profile":
         profile(a)

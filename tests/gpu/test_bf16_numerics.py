@@ -507,7 +507,8 @@ def run_half(a, rep):
                 sys.exit(f"{a.reuse}: its runs have fewer than --steps {a.steps} steps")
             print(f"reused from {a.reuse}: {', '.join(runs)}", flush=True)
         fast = ["--attention-backward", "fast"]
-        forge_runs = [("forge_fp32", "fp32", [])] + [("forge_bf16", "bf16", [])] + [
+        forge_runs = [("forge_fp32", "fp32", [])] + [
+            ("forge_bf16", "bf16", ["--attention-backward", "deterministic"])] + [
             (f"forge_bf16_fast{i}", "bf16", fast) for i in range(1, a.samples + 1)]
         for name, bundle, extra in forge_runs:
             if name in runs:

@@ -69,7 +69,8 @@ def main():
     forgec, forge_train = tools
     # Every run keeps cuBLASLt's first heuristic algorithm: timed choices differ between
     # processes, and a bf16 GEMM rounds differently under another algorithm (3e-5 in the
-    # losses after 20 steps), which is not what this test compares.
+    # losses after 20 steps), which is not what this test compares; and each run takes
+    # cuDNN's deterministic attention backward (the default adds dq atomically).
     os.environ["FORGE_MATMUL_TUNING"] = "off"
     fixture = os.path.join(a.fixtures_dir, "gpt_adamw")
     data = os.path.join(fixture, "batches.npz")
@@ -100,7 +101,8 @@ def main():
         def train(bundle, tag, extra):
             metrics, params = (os.path.join(tmp, f"{tag}.{x}") for x in ("jsonl", "npz"))
             rc, _, log = e2e.run([forge_train, bundle, "--data", data, "--steps", "20", "--seed",
-                                  "3", "--metrics", metrics, "--dump-params", params] + extra,
+                                  "3", "--metrics", metrics, "--dump-params", params,
+                                  "--attention-backward", "deterministic"] + extra,
                                  300)
             if rc != 0:
                 return rc, log, None, None

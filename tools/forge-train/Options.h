@@ -14,7 +14,7 @@ struct Options {
   std::string device = "auto";
   std::string weightsDir; // thin bundles: where the external-data files are // cpu, cuda, cuda:N, auto (Executor.h)
   bool noCudaGraph = false;
-  std::string attentionBackward = "deterministic"; // deterministic | fast (cuDNN)
+  std::string attentionBackward = "fast"; // fast | deterministic (cuDNN)
   bool noPipeline = false;
   unsigned threads = 0;
   unsigned workers = 0; // data workers (TrainerOptions::workers)

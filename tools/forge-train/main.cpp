@@ -419,9 +419,9 @@ void addOptions(CLI::App &app, Options &opts) {
                "CUDA: launch every instruction each step instead of replaying a CUDA graph")
       ->group(loop);
   app.add_option("--attention-backward", opts.attentionBackward,
-                 "CUDA: cuDNN's fused attention backward: deterministic (bit-identical "
-                 "gradients run to run) or fast (its default algorithm, which adds dq "
-                 "atomically)")
+                 "CUDA: cuDNN's fused attention backward: fast (its default algorithm, which "
+                 "adds dq atomically, as PyTorch's flash backward does) or deterministic "
+                 "(bit-identical gradients run to run, slower)")
       ->check(CLI::IsMember({"deterministic", "fast"}))
       ->capture_default_str()
       ->group(loop);

@@ -101,7 +101,7 @@ struct TrainerOptions {
   bool shuffle = true;  // false: visit samples in file order every epoch
   std::string device = "cpu"; // Executor.h: cpu, cuda, cuda:N, auto
   bool cudaGraphs = true;
-  bool deterministicAttention = true; // ExecutorOptions::deterministicAttention
+  bool deterministicAttention = false; // ExecutorOptions::deterministicAttention
   /// JPEGs of the training image folder decoded by the device (Executor::bindEncodedInput,
   /// DataSource::encodeImages; a canvas bundle): "gpu" (an error where it cannot), "auto"
   /// (where it can), "cpu" (never: the data workers decode).
