@@ -316,10 +316,42 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   // 1. Decision
   //===--------------------------------------------------------------------===//
 
+  /// The ops that make a parameter's update (the optimizer's regions, whatever their
+  /// kind): what they read stays f32, the gradients above all. (The gradient norm, a
+  /// multi_reduce, kept them f32 too, but it exists only where clipping or loss scaling
+  /// reads it: without it, a tied weight's two gradient GEMMs fed its update's loop
+  /// region low.)
+  llvm::DenseSet<Operation *> updaters;
+
+  void findUpdaters() {
+    updaters.clear();
+    llvm::StringSet<> params;
+    for (BlockArgument arg : func.getArguments()) {
+      auto kind = func.getArgAttrOfType<StringAttr>(arg.getArgNumber(), "forge.kind");
+      auto name = func.getArgAttrOfType<StringAttr>(arg.getArgNumber(), "forge.name");
+      if (kind && name && kind.getValue() == "parameter")
+        params.insert(name.getValue());
+    }
+    Operation *ret = func.front().getTerminator();
+    for (auto [i, v] : llvm::enumerate(ret->getOperands())) {
+      auto updates = func.getResultAttrOfType<StringAttr>(i, "forge.updates");
+      if (!updates || !params.contains(updates.getValue()))
+        continue;
+      // Past a skipped step's select (where(finite, new, old)) and ZeRO's gather.
+      Operation *op = v.getDefiningOp();
+      while (op && isa<WhereOp, AllGatherOp>(op))
+        op = op->getOperand(isa<WhereOp>(op) ? 1 : 0).getDefiningOp();
+      if (op)
+        updaters.insert(op);
+    }
+  }
+
   /// Whether `use`'s owner takes the value low.
   bool accepts(OpOperand &use) {
     Operation *user = use.getOwner();
     unsigned i = use.getOperandNumber();
+    if (updaters.contains(user))
+      return false;
     if (followsInput(user))
       return i == 0 && viewWantsLow.contains(user->getResult(0));
     if (isGemm(user))
@@ -386,6 +418,7 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   }
 
   void decide() {
+    findUpdaters();
     Block &body = func.front();
     for (Operation &op : llvm::reverse(body.without_terminator())) {
       for (Value v : op.getResults()) {

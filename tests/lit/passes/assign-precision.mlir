@@ -271,3 +271,37 @@ func.func @train_step(%x: tensor<4x8xf32> {forge.kind = "input", forge.name = "x
   }
   return %d : tensor<4x16xf32>
 }
+
+// -----
+
+// The optimizer's update as a plain loop region (a tied weight: its two gradient GEMMs'
+// products summed in the update) with no gradient norm reading them: the region makes w's
+// update (forge.updates = "w"), so what it reads stays f32 although a loop region could
+// read a low input: both GEMMs write their gradient in f32.
+// CHECK-LABEL: forge.name = "d"
+// CHECK: %[[G1:.+]] = forge.gemm {{.*}} -> tensor<8x16xf32>
+// CHECK: %[[G2:.+]] = forge.gemm {{.*}} -> tensor<8x16xf32>
+// CHECK: forge.fusion "loop"(%{{.*}}, %[[G1]], %[[G2]]) : (tensor<8x16xf32>, tensor<8x16xf32>, tensor<8x16xf32>)
+// A loop region that updates nothing reads a GEMM's product low.
+// CHECK: %[[G3:.+]] = forge.gemm {{.*}} -> tensor<8x16xbf16>
+// CHECK: forge.fusion "loop"(%[[G3]]) : (tensor<8x16xbf16>)
+func.func @train_step(%x: tensor<4x8xf32> {forge.kind = "input", forge.name = "x"},
+                      %d: tensor<4x16xf32> {forge.kind = "input", forge.name = "d"},
+                      %w: tensor<8x16xf32> {forge.kind = "parameter", forge.name = "w", forge.initial_value = dense<0.5> : tensor<8x16xf32>})
+    -> (tensor<8x16xf32> {forge.updates = "w"}, tensor<8x16xf32> {forge.name = "other"}) {
+  %g1 = forge.gemm %x, %d {alpha = 1.0 : f64, beta = 0.0 : f64, transA = true, transB = false} : (tensor<4x8xf32>, tensor<4x16xf32>) -> tensor<8x16xf32>
+  %g2 = forge.gemm %x, %d {alpha = 2.0 : f64, beta = 0.0 : f64, transA = true, transB = false} : (tensor<4x8xf32>, tensor<4x16xf32>) -> tensor<8x16xf32>
+  %u = forge.fusion "loop"(%w, %g1, %g2) : (tensor<8x16xf32>, tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32> {
+  ^bb0(%a: tensor<8x16xf32>, %b: tensor<8x16xf32>, %c: tensor<8x16xf32>):
+    %0 = forge.add %b, %c : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
+    %1 = forge.sub %a, %0 : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
+    forge.yield %1 : tensor<8x16xf32>
+  }
+  %g3 = forge.gemm %x, %d {alpha = 3.0 : f64, beta = 0.0 : f64, transA = true, transB = false} : (tensor<4x8xf32>, tensor<4x16xf32>) -> tensor<8x16xf32>
+  %v = forge.fusion "loop"(%g3) : (tensor<8x16xf32>) -> tensor<8x16xf32> {
+  ^bb0(%a: tensor<8x16xf32>):
+    %0 = forge.neg %a : (tensor<8x16xf32>) -> tensor<8x16xf32>
+    forge.yield %0 : tensor<8x16xf32>
+  }
+  return %u, %v : tensor<8x16xf32>, tensor<8x16xf32>
+}
