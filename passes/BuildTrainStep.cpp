@@ -37,6 +37,7 @@ struct BuildTrainStepPass
     flags.pipeline = pipeline;
     flags.freeze.assign(freeze.begin(), freeze.end());
     flags.exposeGradients = exposeGradients;
+    flags.gradNorm = gradNorm;
     flags.batchnormRunningVar = batchnormRunningVar;
     flags.lossScale = lossScale;
     std::string error;

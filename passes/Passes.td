@@ -57,6 +57,9 @@ def BuildTrainStep : Pass<"forge-build-train-step", "::mlir::ModuleOp"> {
                "Glob patterns of initializers that stay frozen">,
     Option<"exposeGradients", "expose-gradients", "bool", /*default=*/"false",
            "Also return every parameter's gradient (forge.grad.NAME)">,
+    Option<"gradNorm", "grad-norm", "bool", /*default=*/"false",
+           "Compute and output the global gradient norm (forge.grad_norm) even where "
+           "neither clipping nor dynamic loss scaling needs it">,
     Option<"batchnormRunningVar", "batchnorm-running-var", "std::string", /*default=*/"",
            "biased | unbiased (default: unbiased for PyTorch exports)">,
     Option<"lossScale", "loss-scale", "std::string", /*default=*/"",

@@ -42,6 +42,9 @@ Checks and bounds (norms L2 per tensor, float64; "update" = tensor minus its ini
   clipping     metrics grad_norm of step 1 == ||dumped gradients|| (and the numpy norm) within
                1e-5; the update == lr g C/(norm + 1e-6) (+ weight decay after clipping); the
                dumped gradients are the unclipped ones
+  grad norm    without clipping (or loss scaling) a bundle computes no gradient norm: metrics
+               grad_norm null; with forgec --grad-norm it is reported (== ||dumped gradients||
+               within 1e-5) and the update is the unclipped one (the same parameters)
   schedules    metrics lr per step vs the formula within 1e-5 relative (1e-6 lr absolute where
                the formula gives 0), and the parameters after 10 steps follow the scheduled LR
   freeze       --freeze 'fc1.*': the bundle has 2 PARAMETER tensors; fc1.* are in none of
@@ -502,6 +505,27 @@ def check_multi(rep, env, name, spec, hp, steps, compile_extra=(), sched=None, c
     return res, ref
 
 
+def check_grad_norm_flag(rep, env):
+    """No clipping: no gradient norm unless forgec --grad-norm asks for it; the update is
+    the same either way."""
+    spec = "sgd:lr=0.1"
+    plain = env.compile_and_train(rep, "norm_off", spec, 1)
+    asked = env.compile_and_train(rep, "norm_on", spec, 1, ["--grad-norm"])
+    if plain is None or asked is None:
+        return
+    rep.check("grad_norm null without --clip-grad-norm or --grad-norm",
+              plain["metrics"][1]["grad_norm"] is None, f"{plain['metrics'][1]['grad_norm']}")
+    reported = asked["metrics"][1]["grad_norm"]
+    norm = math.sqrt(sum(float((np.asarray(g, np.float64) ** 2).sum())
+                         for g in asked["grads"].values()))
+    e = abs(float(reported) - norm) / norm if reported is not None else math.inf
+    rep.check("--grad-norm: grad_norm == ||dumped grads||", e <= TOL_GRAD_NORM,
+              f"metrics {reported}, ||dumped grads|| {norm:.9g} (rel {e:.2e})")
+    same = all(np.array_equal(plain["params"][k], asked["params"][k]) for k in plain["params"])
+    rep.check("--grad-norm: the same parameters after the step", same,
+              "the parameters differ" if not same else f"{len(plain['params'])} tensors equal")
+
+
 def check_clip(rep, env, name, spec, hp, clip, steps):
     if steps == 1:
         res = env.compile_and_train(rep, name, spec, 1, ["--clip-grad-norm", repr(clip)])
@@ -679,12 +703,12 @@ def check_bad_options(rep, env):
 def main():
     ap = argparse.ArgumentParser(description="Forge e2e: optimizer / schedule / clip / freeze math")
     ap.add_argument("cases", nargs="*",
-                    help="groups to run: one_step multi clip schedule freeze bad (default all)")
+                    help="groups to run: one_step multi clip grad_norm schedule freeze bad (default all)")
     e2e.add_tool_args(ap)
     ap.add_argument("--fixture-dir", default=DEFAULT_FIXTURE)
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
-    groups = set(a.cases or ["one_step", "multi", "clip", "schedule", "freeze", "bad"])
+    groups = set(a.cases or ["one_step", "multi", "clip", "grad_norm", "schedule", "freeze", "bad"])
 
     tools = e2e.find_tools(a, "test_optimizers")
     if not tools:
@@ -711,6 +735,8 @@ def main():
             if "clip" in groups:
                 for n, (spec, hp, clip, steps) in CLIP_CASES.items():
                     guarded(n, check_clip, rep, env, n, spec, hp, clip, steps)
+            if "grad_norm" in groups:
+                guarded("grad_norm", check_grad_norm_flag, rep, env)
             if "schedule" in groups:
                 for n, (arg, sched, spec, hp) in SCHEDULE_CASES.items():
                     guarded(f"schedule_{n}", check_schedule, rep, env, f"schedule_{n}", arg,

@@ -440,7 +440,9 @@ void addOptions(CLI::App &app, Options &opts) {
       ->group(out);
   app.add_option("--metrics", opts.metricsPath,
                  "Write one JSON object per step to this file (JSONL): step, epoch, loss, lr, "
-                 "grad_norm, samples_per_s (and tokens_per_s), input_s, gpu_idle_s (GPU: the input "
+                 "grad_norm (null unless the bundle computes it: forgec --clip-grad-norm, loss "
+                 "scaling or --grad-norm), samples_per_s (and tokens_per_s), input_s, gpu_idle_s "
+                 "(GPU: the input "
                  "stall before the step), time_s, plus eval_loss and "
                  "eval_accuracy on eval steps. With --resume, lines after the restored step "
                  "are dropped and new ones appended")

@@ -318,6 +318,12 @@ static cl::opt<bool> exposeGradients("expose-gradients",
                                      cl::desc("Also output every parameter's gradient from train_step "
                                               "(forge.grad.NAME; for parity checks)"),
                                      cl::cat(trainCategory));
+static cl::opt<bool> gradNormFlag(
+    "grad-norm",
+    cl::desc("Compute the global gradient norm every step and output it (forge-train's metrics "
+             "grad_norm) even without --clip-grad-norm or dynamic loss scaling, which compute "
+             "it anyway (a pass over every gradient)"),
+    cl::cat(trainCategory));
 static cl::opt<bool> keepSharedInitializers(
     "keep-shared-initializers",
     cl::desc("Train parameters that the exporter merged into one initializer (equal initial "
@@ -359,12 +365,10 @@ static std::string importOptionsFromFlags(mlir::forge::ImportOptions &o) {
     // Training flags on an inference bundle would be ignored: say so.
     std::string given;
     int count = 0;
-    for (cl::Option *o : std::initializer_list<cl::Option *>{&loss, &optimizer, &lrSchedule,
-                                                             &clipGradNorm, &microBatches,
-                                                             &accumulate, &batchSchedule,
-                                                             &samplesPerStep,
-                                                             &dataParallel, &tensorParallel,
-                                                             &pipelineParallel, &zeroStage})
+    for (cl::Option *o : std::initializer_list<cl::Option *>{
+             &loss, &optimizer, &lrSchedule, &clipGradNorm, &gradNormFlag, &microBatches,
+             &accumulate, &batchSchedule, &samplesPerStep, &dataParallel, &tensorParallel,
+             &pipelineParallel, &zeroStage})
       if (o->getNumOccurrences())
         given += (count++ ? ", --" : "--") + o->ArgStr.str();
     if (count)
@@ -511,6 +515,10 @@ static std::string applyRecipe() {
       ok = node.is_number();
       if (ok && !clipGradNorm.getNumOccurrences())
         clipGradNorm = *node.value<double>();
+    } else if (k == "grad-norm") {
+      ok = node.is_boolean();
+      if (ok && !gradNormFlag.getNumOccurrences())
+        gradNormFlag = *node.value<bool>();
     } else if (k == "batch") {
       // An integer, or "auto".
       ok = node.is_integer() || (node.is_string() && *node.value<std::string>() == "auto");
@@ -578,6 +586,7 @@ static mlir::forge::TrainFlags trainFlags() {
   t.zero = zeroStage;
   t.freeze.assign(freeze.begin(), freeze.end());
   t.exposeGradients = exposeGradients;
+  t.gradNorm = gradNormFlag;
   t.batchnormRunningVar = batchnormRunningVar;
   t.lossScale = lossScale.getNumOccurrences() ? lossScale.getValue()
                 : precision == "fp16"         ? std::string("dynamic")

@@ -209,6 +209,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   train.zero = options.train.zero;
   train.freeze = options.train.freeze;
   train.exposeGradients = options.train.exposeGradients;
+  train.gradNorm = options.train.gradNorm;
   train.batchnormRunningVar = options.train.batchnormRunningVar;
   train.lossScale = options.train.lossScale;
   train.pipeline = options.train.pipeline;
@@ -419,6 +420,8 @@ struct TrainingPipelineCLOptions : public CommonPipelineCLOptions<TrainingPipeli
   Option<bool> exposeGradients{*this, "expose-gradients",
                                llvm::cl::desc("as forgec --expose-gradients"),
                                llvm::cl::init(false)};
+  Option<bool> gradNorm{*this, "grad-norm", llvm::cl::desc("as forgec --grad-norm"),
+                        llvm::cl::init(false)};
   Option<std::string> batchnormRunningVar{*this, "batchnorm-running-var",
                                           llvm::cl::desc("as forgec --batchnorm-running-var")};
   Option<std::string> precision{*this, "precision", llvm::cl::desc("as forgec --precision"),
@@ -465,6 +468,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.pipeline = cl.pipeline;
         options.train.freeze.assign(cl.freeze.begin(), cl.freeze.end());
         options.train.exposeGradients = cl.exposeGradients;
+        options.train.gradNorm = cl.gradNorm;
         options.train.batchnormRunningVar = cl.batchnormRunningVar;
         options.train.lossScale = cl.lossScale;
         options.precision = cl.precision;

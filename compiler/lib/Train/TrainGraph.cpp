@@ -295,6 +295,7 @@ FailureOr<TrainOptions> mlir::forge::parseTrainFlags(const TrainFlags &flags,
   t.dynamicMicroBatches = flags.dynamicMicroBatches;
   t.freeze = flags.freeze;
   t.exposeGradients = flags.exposeGradients;
+  t.gradNorm = flags.gradNorm;
   if (flags.batchnormRunningVar == "biased" || flags.batchnormRunningVar == "unbiased")
     t.unbiasedRunningVar = flags.batchnormRunningVar == "unbiased";
   else if (!flags.batchnormRunningVar.empty())
@@ -1349,11 +1350,16 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
     scaleNow = entry->getArgument(scaleIndex);
     invScale = bb.div(bb.scalar(1.0), scaleNow);
   }
-  // Global gradient norm (reported) and clipping.
-  Value normSq = gradientSquares(bb, gradSum);
-  if (invScale)
-    normSq = bb.mul(normSq, bb.castTo(bb.mul(invScale, invScale), Builder::elementOf(normSq)));
-  Value gradNorm = bb.sqrt(normSq);
+  // Global gradient norm and clipping. The norm is a pass over every gradient, so it is
+  // computed where clipping or the loss scale's finiteness test reads it, or where asked
+  // for (--grad-norm), as PyTorch computes it only in clip_grad_norm_.
+  Value normSq, gradNorm;
+  if (options.clipGradNorm > 0 || scaling.dynamic || options.gradNorm) {
+    normSq = gradientSquares(bb, gradSum);
+    if (invScale)
+      normSq = bb.mul(normSq, bb.castTo(bb.mul(invScale, invScale), Builder::elementOf(normSq)));
+    gradNorm = bb.sqrt(normSq);
+  }
   if (scaling.dynamic) // every gradient finite iff the sum of squares is (NaN < inf is false)
     finite = b.create<LessOp>(loc, normSq,
                               bb.scalar(std::numeric_limits<double>::infinity(),
@@ -1380,9 +1386,13 @@ LogicalResult TrainGraphBuilder::buildTrainStep(func::FuncOp main) {
   Value step = entry->getArgument(stepIndex);
   Value lr = learningRate(bb, step);
 
-  SmallVector<Value> results = {lossMean, lr, gradNorm};
-  SmallVector<std::string> resultNames = {"loss", "forge.lr", "forge.grad_norm"};
-  SmallVector<std::string> updates = {"", "", ""};
+  SmallVector<Value> results = {lossMean, lr};
+  SmallVector<std::string> resultNames = {"loss", "forge.lr"};
+  if (gradNorm) {
+    results.push_back(gradNorm);
+    resultNames.push_back("forge.grad_norm");
+  }
+  SmallVector<std::string> updates(results.size(), "");
   // A skipped step (gradients not finite) keeps every optimizer update's old
   // value: `old` is what the step read.
   // ZeRO-1: the optimizer reads this rank's part of a split parameter and

@@ -4,7 +4,7 @@
 // updates the part of w (rank_slice) and the ranks gather the new w; b's dim 0
 // (3) does not split: its gradient and the loss are averaged whole as with
 // --dp alone. The gradient norm sums the parts' squares over the group.
-// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=adam:lr=0.1 data-parallel=2 zero=1" | FileCheck %s
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=adam:lr=0.1 data-parallel=2 zero=1 grad-norm=true" | FileCheck %s
 // RUN: not forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=adam zero=1" 2>&1 | FileCheck %s --check-prefix=NODP
 // RUN: not forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=adam data-parallel=2 zero=2" 2>&1 | FileCheck %s --check-prefix=STAGE
 // CHECK-LABEL: func.func @train_step

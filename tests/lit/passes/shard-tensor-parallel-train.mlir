@@ -4,7 +4,7 @@
 // over the group (the pair's input h0 depends on the replicated w0), and the
 // gradient norm's squares of the slices summed over the group (the replicated
 // w0's counted once, outside the sum).
-// RUN: forge-opt %s --forge-shard-tensor-parallel="size=2" --forge-build-train-step="loss=mse:y,t optimizer=adam:lr=0.1" | FileCheck %s
+// RUN: forge-opt %s --forge-shard-tensor-parallel="size=2" --forge-build-train-step="loss=mse:y,t optimizer=adam:lr=0.1 grad-norm=true" | FileCheck %s
 // CHECK-LABEL: func.func @train_step
 // CHECK-SAME: tensor<8x3xf32> {forge.initial_value = dense<{{.*}}> : tensor<8x6xf32>, forge.kind = "parameter", forge.name = "w1", forge.role = "weight", forge.shard = {axis = 1 : i64, group = "tp", size = 2 : i64}}
 // CHECK-SAME: tensor<8x3xf32> {forge.kind = "state", forge.name = "w1.exp_avg", forge.role = "optimizer", forge.shard = {axis = 1 : i64, group = "tp", size = 2 : i64}}

@@ -1,9 +1,9 @@
-// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2" --forge-split-accumulation | FileCheck %s
-// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2" --forge-split-accumulation | FileCheck %s --check-prefix=FIRST
-// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2" --forge-split-accumulation=gemm-accumulation=1 | FileCheck %s --check-prefix=GEMM
-// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 data-parallel=2" --forge-split-accumulation | FileCheck %s --check-prefix=DP
-// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=unroll" --forge-split-accumulation | FileCheck %s --check-prefix=UNROLL
-// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=4 dynamic-micro-batches=1" --forge-split-accumulation | FileCheck %s --check-prefix=DYN
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 grad-norm=true" --forge-split-accumulation | FileCheck %s
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 grad-norm=true" --forge-split-accumulation | FileCheck %s --check-prefix=FIRST
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 grad-norm=true" --forge-split-accumulation=gemm-accumulation=1 | FileCheck %s --check-prefix=GEMM
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 data-parallel=2 grad-norm=true" --forge-split-accumulation | FileCheck %s --check-prefix=DP
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=unroll grad-norm=true" --forge-split-accumulation | FileCheck %s --check-prefix=UNROLL
+// RUN: forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=4 dynamic-micro-batches=1 grad-norm=true" --forge-split-accumulation | FileCheck %s --check-prefix=DYN
 // RUN: not forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=unroll dynamic-micro-batches=1" 2>&1 | FileCheck %s --check-prefix=DYNBAD
 // RUN: not forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=loop pipeline=2" 2>&1 | FileCheck %s --check-prefix=PP
 // RUN: not forge-opt %s --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 accumulate=loops" 2>&1 | FileCheck %s --check-prefix=BAD

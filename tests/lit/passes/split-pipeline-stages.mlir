@@ -1,10 +1,10 @@
-// RUN: forge-opt %s --mlir-print-op-on-diagnostic=false --forge-assign-pipeline-stages="stages=2" --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 pipeline=2" --forge-split-pipeline-stages 2>&1 | FileCheck %s
+// RUN: forge-opt %s --mlir-print-op-on-diagnostic=false --forge-assign-pipeline-stages="stages=2" --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 pipeline=2 grad-norm=true" --forge-split-pipeline-stages 2>&1 | FileCheck %s
 // RUN: forge-opt %s --forge-split-pipeline-stages | FileCheck %s --check-prefix=NONE
-// RUN: forge-opt %s --mlir-print-op-on-diagnostic=false --forge-assign-pipeline-stages="stages=2" --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 pipeline=2" --forge-split-pipeline-stages 2>&1 | FileCheck %s --check-prefix=FEW
+// RUN: forge-opt %s --mlir-print-op-on-diagnostic=false --forge-assign-pipeline-stages="stages=2" --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 pipeline=2 grad-norm=true" --forge-split-pipeline-stages 2>&1 | FileCheck %s --check-prefix=FEW
 // Fewer micro-batches than stages: a warning with the bubble.
 // FEW: warning: --pp 2 with 1 micro-batch(es): each stage idles 50% of the step; use --micro-batches >= 2
 // FEW: bubble: 1 of 2 slots per stage idle (50.00%)
-// RUN: forge-opt %s --mlir-print-op-on-diagnostic=false --forge-assign-pipeline-stages="stages=2" --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 pipeline=2 data-parallel=2" --forge-split-pipeline-stages 2>&1 | FileCheck %s --check-prefix=DP
+// RUN: forge-opt %s --mlir-print-op-on-diagnostic=false --forge-assign-pipeline-stages="stages=2" --forge-build-train-step="loss=mse:y,t optimizer=sgd:lr=0.1 micro-batches=2 pipeline=2 data-parallel=2 grad-norm=true" --forge-split-pipeline-stages 2>&1 | FileCheck %s --check-prefix=DP
 
 // Two layers over two stages, two micro-batches. Stage 0 runs both forward
 // passes before its first backward (1F1B's warm-up), stage 1 alternates.

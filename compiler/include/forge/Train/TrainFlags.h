@@ -28,6 +28,7 @@ struct TrainFlags {
   int64_t zero = 0;                   // ZeRO stage (forgec --zero; 0: none, 1: optimizer state split)
   std::vector<std::string> freeze;    // glob patterns of initializer names
   bool exposeGradients = false;
+  bool gradNorm = false;              // forge.grad_norm without clipping or loss scaling
   std::string batchnormRunningVar;    // "", "biased" or "unbiased"
   std::string lossScale;              // "" (none) | dynamic[:init=,interval=,growth=,backoff=]
 };
