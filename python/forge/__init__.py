@@ -223,7 +223,10 @@ class Trainer:
     side before the centre crop), image_normalize ("imagenet") or image_mean/image_std
     (3 values each, float inputs), random_resized_crop and crop_scale=(min, max) (the
     training data; eval keeps the centre crop), bad_records ("fail" or "skip"), decode
-    ("cpu", "gpu" or "auto": JPEGs decoded on the GPU, for canvas bundles)."""
+    ("cpu", "gpu" or "auto": JPEGs decoded on the GPU, for canvas bundles).
+    attention_backward: cuDNN's fused attention backward on CUDA, "fast" (its atomic dq,
+    as PyTorch's flash backward) or "deterministic" (bit-identical gradients run to run,
+    slower), as forge-train's --attention-backward."""
 
     def __init__(self, bundle: Union[Bundle, PathLike], device: str = "cpu", *,
                  data: Union[PathLike, Sequence[PathLike], None] = None,
@@ -236,7 +239,8 @@ class Trainer:
                  image_std: Optional[Sequence[float]] = None,
                  random_resized_crop: bool = False,
                  crop_scale: Optional[Sequence[float]] = None,
-                 bad_records: str = "fail", decode: str = "cpu"):
+                 bad_records: str = "fail", decode: str = "cpu",
+                 attention_backward: str = "fast"):
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle)
 
         def paths(p: Union[PathLike, Sequence[PathLike], None]) -> List[str]:
@@ -256,7 +260,7 @@ class Trainer:
                                       else int(doc_separator), **_image_options(
                                           image_resize, image_normalize, image_mean, image_std,
                                           random_resized_crop, crop_scale, bad_records,
-                                          decode))
+                                          decode), attention_backward=attention_backward)
 
     def step(self, batch: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
         """One optimizer step; returns {"step", "loss", "lr"?, "grad_norm"?, "loss_scale"?,

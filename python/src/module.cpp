@@ -269,8 +269,13 @@ struct PyTrainer {
             unsigned workers, unsigned prefetch, bool cudaGraphs, const std::string &weights,
             const std::string &tokenDtype, int64_t docSeparator, int64_t imageResize,
             std::vector<float> imageMean, std::vector<float> imageStd, bool randomResizedCrop,
-            std::vector<double> cropScale, bool skipBadRecords, const std::string &decode)
+            std::vector<double> cropScale, bool skipBadRecords, const std::string &decode,
+            const std::string &attentionBackward)
       : bundle(b.bundle) {
+    if (attentionBackward != "fast" && attentionBackward != "deterministic")
+      throw nb::value_error(
+          ("attention_backward must be 'fast' or 'deterministic', not '" + attentionBackward + "'")
+              .c_str());
     rt::DataSourceOptions so = sourceOptions(tokenDtype, docSeparator);
     check(rt::applyImageCropOption(rt::buildOption(b.bundle->program(), "image_crop"), so.image));
     // Image folders: forge-train's --image-* options (the eval data keeps the centre crop).
@@ -293,6 +298,7 @@ struct PyTrainer {
     o.prefetch = train ? prefetch : 0;
     o.cudaGraphs = cudaGraphs;
     o.imageDecode = decode;
+    o.deterministicAttention = attentionBackward == "deterministic";
     trainer = take(rt::Trainer::create(*bundle, std::move(train), std::move(eval), o));
     std::vector<std::string> thin = rt::externalParameters(*bundle);
     if (!thin.empty()) {
@@ -508,14 +514,15 @@ NB_MODULE(_forge, m) {
       .def(nb::init<const PyBundle &, const std::string &, std::vector<std::string>,
                     std::vector<std::string>, uint64_t, bool, unsigned, unsigned, unsigned, bool,
                     const std::string &, const std::string &, int64_t, int64_t, std::vector<float>,
-                    std::vector<float>, bool, std::vector<double>, bool, const std::string &>(),
+                    std::vector<float>, bool, std::vector<double>, bool, const std::string &,
+                    const std::string &>(),
            "bundle"_a, "device"_a = "cpu", "data"_a = std::vector<std::string>(),
            "eval_data"_a = std::vector<std::string>(), "seed"_a = 0, "shuffle"_a = true,
            "threads"_a = 0, "workers"_a = 0, "prefetch"_a = 2, "cuda_graphs"_a = true,
            "weights"_a = "", "token_dtype"_a = "u16", "doc_separator"_a = -1, "image_resize"_a = 0,
            "image_mean"_a = std::vector<float>(), "image_std"_a = std::vector<float>(),
            "random_resized_crop"_a = false, "crop_scale"_a = std::vector<double>(),
-           "skip_bad_records"_a = false, "decode"_a = "cpu")
+           "skip_bad_records"_a = false, "decode"_a = "cpu", "attention_backward"_a = "fast")
       .def("step", &PyTrainer::step, "batch"_a = nb::none(),
            "One optimizer step: on `batch` (dict of arrays) or on the next samples of the data.")
       .def("evaluate", &PyTrainer::evaluate, "arrays"_a = nb::none(),

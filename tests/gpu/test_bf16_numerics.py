@@ -10,8 +10,8 @@ Two halves (the GPU machines have no forgec; both need PyTorch and onnx):
   there: test_bf16_numerics.py --bundles DIR --forge-train F [--steps 200] [--samples 5]
          exports the same weights again (seeded; forgec recorded their CRC), builds the text
          stream, and trains from those weights on the same batches:
-           Forge fp32 (no TF32); Forge --precision bf16, once as compiled and --samples times
-           with --attention-backward fast;
+           Forge fp32 (no TF32); Forge --precision bf16, once with --attention-backward
+           deterministic and --samples times with the default fast (atomic dq) backward;
            PyTorch fp32 (no TF32); PyTorch autocast bf16, once with written-out attention and
            --samples times with F.scaled_dot_product_attention (flash attention: bf16 P and
            dS, as Forge's cuDNN)
@@ -68,9 +68,8 @@ medians, the issue's literal per-window comparison of the single deterministic r
 only), and 'N passed, N failed'; writes DIR/numerics.json.
 `--self-test` checks the rank test alone (no GPU, no PyTorch; ctest numerics_rank_test).
 Printed only, not checked: --variant LABEL=BUNDLE[+forge-train option or NAME=value...] runs
-another bf16 bundle, option or environment (e.g. bf16.forge+--attention-backward=fast, whose
-atomic dq makes each run a fresh sample of the same arithmetic, or
-bf16.forge+FORGE_MATMUL_LIBRARY=cublaslt) beside the same runs; --reuse FILE takes the fp32
+another bf16 bundle, option or environment (e.g. bf16.forge+--attention-backward=deterministic,
+or bf16.forge+FORGE_MATMUL_LIBRARY=cublaslt) beside the same runs; --reuse FILE takes the fp32
 runs and the written-out autocast run from an earlier numerics.json on this GPU kind.
 """
 import argparse

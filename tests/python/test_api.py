@@ -431,3 +431,5 @@ def test_image_folder_options_equal_forge_train(forgec, device, target, tmp_path
         make_trainer(canvas, device, data=images, decode="gpu")
     with pytest.raises(ValueError, match="decode must be"):
         make_trainer(canvas, device, data=images, decode="nvjpeg")
+    with pytest.raises(ValueError, match="attention_backward must be 'fast' or 'deterministic'"):
+        make_trainer(canvas, device, data=images, attention_backward="atomic")

@@ -920,6 +920,8 @@ static void addBuildOptions(std::map<std::string, std::string> &build,
       build["zero"] = std::to_string(zeroStage);
     if (clipGradNorm > 0)
       build["clip_grad_norm"] = std::to_string(clipGradNorm);
+    if (gradNormFlag)
+      build["grad_norm"] = "1";
   }
 }
 

@@ -11,8 +11,9 @@
 // e.g. /usr/local/cuda/lib64) where attention runs. Frontend exceptions never escape: they
 // become a Status.
 //
-// The backward asks for cuDNN's deterministic algorithm (training is deterministic, README
-// invariants); where cuDNN refuses it, the default backward is used (deterministic() is
+// The backward takes cuDNN's default algorithm (atomic dq), or its deterministic one where
+// the executor asks (forge-train --attention-backward deterministic: bit-identical runs,
+// README invariants); where cuDNN refuses that, the default is used (deterministic() is
 // false then). The plan is heuristics A's first; FORGE_ATTENTION_FWD_PLAN /
 // FORGE_ATTENTION_BWD_PLAN = MODE:N pick another (planChoice: a diagnostic, to time in a
 // whole step what bench/attention_plans_probe.cpp times alone).

@@ -76,13 +76,12 @@ public:
   /// execution plan (heuristics mode A, the first plan that builds). A configuration cuDNN
   /// does not support is an error carrying cuDNN's message. A problem already in `cache`
   /// (optional) reuses its graph. `deterministic`: the backward asks for cuDNN's
-  /// deterministic algorithm (else its default, faster one, whose dq adds atomically).
-  static Expected<std::unique_ptr<AttentionPlan>> create(const CudnnApi &api,
-                                                         cudnnHandle_t handle,
+  /// deterministic algorithm (else, by default, its faster one, whose dq adds atomically).
+  static Expected<std::unique_ptr<AttentionPlan>> create(const CudnnApi &api, cudnnHandle_t handle,
                                                          const bundle::Program &p,
                                                          const bundle::Instruction &inst,
                                                          AttentionCache *cache = nullptr,
-                                                         bool deterministic = true);
+                                                         bool deterministic = false);
   ~AttentionPlan();
   size_t workspaceBytes() const;
   /// Enqueues the attention on the handle's stream. `inputs`/`outputs` are the

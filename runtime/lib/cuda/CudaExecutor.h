@@ -35,7 +35,7 @@ struct CudaExecutorOptions {
   int device = 0;
   unsigned threads = 0; // CPU threads for HOST instructions
   bool graphs = true;
-  bool deterministicAttention = true; // ExecutorOptions::deterministicAttention
+  bool deterministicAttention = false; // ExecutorOptions::deterministicAttention
   std::vector<std::string> routines;   // ExecutorOptions::routines (empty: all)
 };
 
