@@ -326,9 +326,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   void findUpdaters() {
     updaters.clear();
     llvm::StringSet<> params;
-    for (BlockArgument arg : func.getArguments()) {
-      auto kind = func.getArgAttrOfType<StringAttr>(arg.getArgNumber(), "forge.kind");
-      auto name = func.getArgAttrOfType<StringAttr>(arg.getArgNumber(), "forge.name");
+    for (unsigned i = 0; i < func.getNumArguments(); ++i) {
+      StringAttr kind = argAttr(i, "forge.kind"), name = argAttr(i, "forge.name");
       if (kind && name && kind.getValue() == "parameter")
         params.insert(name.getValue());
     }
