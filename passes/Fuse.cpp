@@ -285,6 +285,8 @@ SmallVector<Operation *> usersToMove(Operation *first, Operation *last,
                                      const llvm::SmallPtrSetImpl<Operation *> &members) {
   llvm::SmallPtrSet<Operation *, 16> tainted(members.begin(), members.end());
   SmallVector<Operation *> toMove;
+  if (first == last) // one member: nothing between
+    return toMove;
   for (Operation *op = first->getNextNode(); op != last; op = op->getNextNode()) {
     if (members.count(op))
       continue;
@@ -1653,16 +1655,20 @@ bool fuseColumnReductions(func::FuncOp func) {
 /// the squares into the optimizer's regions as extra results): the
 /// whole-tensor sums of a block, with a pointwise prologue that only they
 /// read (g * g for the global gradient norm), become "multi_reduce" regions
-/// of at most `maxOperands` operands and results, one launch for all.
+/// of at most `maxOperands` operands and results, one launch for all. In a
+/// training step a lone sum (the loss's, where no gradient norm is computed)
+/// forms a region too: forge-merge-reductions then takes it into the
+/// optimizer's kernel, where a loose sum would be a launch of its own.
 bool fuseMultiReductions(func::FuncOp func, int64_t maxOperands) {
   bool changed = false;
+  const size_t least = func.getSymName().starts_with("train_step") ? 1 : 2;
   for (Block &block : func.getBody()) {
     CutSides sides(block);
     SmallVector<std::pair<Operation *, Operation *>> group; // sum, prologue
     llvm::SmallPtrSet<Operation *, 16> members;
     int64_t operands = 0;
     auto flush = [&] {
-      if (group.size() > 1) {
+      if (group.size() >= least) {
         for (auto &[op, pro] : group)
           if (isWholeMean(op))
             op = splitMean(op);
