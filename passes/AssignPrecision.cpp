@@ -756,19 +756,28 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
   /// arrays to it), so no kernel casts it.
   Value lowInput(BlockArgument arg) {
     arg.setType(withElement(arg, low));
-    for (OpOperand &u : arg.getUses())
-      if (auto fusion = dyn_cast<FusionOp>(u.getOwner()))
-        fusion.getBlock().getArgument(u.getOperandNumber()).setType(arg.getType());
+    regionsFollow(arg);
     return arg;
   }
 
+  /// The block arguments of the regions reading `v` take its (new) type: a
+  /// gemm region's product reads it as an operand.
+  static void regionsFollow(Value v) {
+    for (OpOperand &u : v.getUses())
+      if (auto fusion = dyn_cast<FusionOp>(u.getOwner()))
+        fusion.getBlock().getArgument(u.getOperandNumber()).setType(v.getType());
+  }
+
   /// lowInput for an input that inputReadLowOnly accepts: its view copies
-  /// follow it.
+  /// follow it, and so do the regions reading them (a weight gradient's gemm
+  /// region reading the input's [rows, features] view).
   Value lowInputAndViews(BlockArgument arg) {
     lowInput(arg);
     for (Operation *user : arg.getUsers())
-      if (followsInput(user) && !isa<FusionOp>(user))
+      if (followsInput(user) && !isa<FusionOp>(user)) {
         user->getResult(0).setType(withElement(user->getResult(0), low));
+        regionsFollow(user->getResult(0));
+      }
     return arg;
   }
 

@@ -203,9 +203,11 @@ TEST(BundleTest, HeaderFieldsAreChecked) {
     expectError(b, "bad magic");
   }
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 0; }), "formatVersion");
-  const std::string supported = "supports (" + std::to_string(kBundleFormatVersion) + ")";
-  expectError(withHeader([](BundleHeader &h) { h.formatVersion = 8; }),
-              "bundle format version 8 is newer than this forge-train " + supported);
+  const std::string supported = "supports (" + std::to_string(kOldestBundleFormatVersion) + ".." +
+                                std::to_string(kBundleFormatVersion) + ")";
+  expectError(withHeader([](BundleHeader &h) { h.formatVersion = kBundleFormatVersion + 1; }),
+              "bundle format version " + std::to_string(kBundleFormatVersion + 1) +
+                  " is newer than this forge-train " + supported);
   expectError(withHeader([](BundleHeader &h) { h.formatVersion = 1; }),
               "bundle format version 1 is older than this forge-train " + supported +
                   "; recompile the model with this forgec");
@@ -413,6 +415,30 @@ TEST(BundleTest, WorkspaceChecks) {
   inst(w.program())->set_workspace_offset(64);
   inst(w.program())->set_workspace_bytes(64);
   EXPECT_TRUE(Bundle::fromBytes(w.serialize()).isOk());
+}
+
+TEST(BundleTest, KernelLaunchChecks) {
+  // A kernel instruction names a kernel of the module, a launch shape, and at most an sm_90
+  // block's dynamic shared memory.
+  auto kernel = [](fb::Program &p, uint32_t grid, uint32_t block, uint32_t shared) {
+    p.mutable_kernel_module()->add_kernels("k0");
+    fb::Instruction *inst = p.mutable_routines(0)->mutable_instructions(0);
+    inst->set_placement(fb::KERNEL);
+    inst->mutable_launch()->set_kernel("k0");
+    inst->mutable_launch()->set_grid(grid);
+    inst->mutable_launch()->set_block(block);
+    inst->mutable_launch()->set_shared_bytes(shared);
+  };
+  expectProgramError([&](fb::Program &p) { kernel(p, 1, 2048, 0); }, "launch grid 1 block 2048");
+  expectProgramError([&](fb::Program &p) { kernel(p, 264, 512, kMaxDynamicSharedBytes + 1); },
+                     "kernel 'k0' asks for " + std::to_string(kMaxDynamicSharedBytes + 1) +
+                         " bytes of shared memory a block (at most " +
+                         std::to_string(kMaxDynamicSharedBytes));
+  for (uint32_t ok : {0u, 100608u, kMaxDynamicSharedBytes}) {
+    BundleWriter w = makeWriter();
+    kernel(w.program(), 264, 512, ok);
+    EXPECT_TRUE(Bundle::fromBytes(w.serialize()).isOk()) << ok;
+  }
 }
 
 TEST(BundleTest, ScheduleChecks) {

@@ -217,6 +217,12 @@ LogicalResult ProgramEmitter::place(Operation &op, pb::Instruction &inst) {
       }
     if (auto fault = launch.getAs<StringAttr>("fault"))
       l->set_fault(fault.str());
+    if (auto shared = launch.getAs<IntegerAttr>("shared_bytes")) {
+      if (shared.getInt() < 0 || shared.getInt() > ::forge::rt::kMaxDynamicSharedBytes)
+        return op.emitError("forge.launch shared_bytes ")
+               << shared.getInt() << " is outside 0.." << ::forge::rt::kMaxDynamicSharedBytes;
+      l->set_shared_bytes(static_cast<uint32_t>(shared.getInt()));
+    }
     return success();
   }
   if (op.hasAttr("forge.library")) {

@@ -50,6 +50,8 @@ DictionaryAttr launchAttr(Builder &b, const KernelLaunch &launch) {
     entries.push_back(b.getNamedAttr("copy_input", b.getUnitAttr()));
   if (!launch.fault.empty())
     entries.push_back(b.getNamedAttr("fault", b.getStringAttr(launch.fault)));
+  if (launch.sharedBytes > 0)
+    entries.push_back(b.getNamedAttr("shared_bytes", b.getI64IntegerAttr(launch.sharedBytes)));
   return b.getDictionaryAttr(entries);
 }
 

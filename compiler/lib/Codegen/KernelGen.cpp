@@ -276,8 +276,8 @@ std::optional<KernelLaunch> KernelGenerator::kernelFor(Operation *op) {
 }
 
 namespace {
-/// gpu -> NVVM -> PTX for one container module (lowerModule's pipeline).
-void addLoweringPasses(PassManager &pm, const CudaTarget &target, const std::string &toolkit) {
+/// gpu -> NVVM (lowerModule's pipeline up to the binary).
+void addLoweringPasses(PassManager &pm, const CudaTarget &target) {
   GpuNVVMAttachTargetOptions attach;
   attach.chip = target.chip;
   attach.features = "+ptx78";
@@ -293,10 +293,19 @@ void addLoweringPasses(PassManager &pm, const CudaTarget &target, const std::str
   gpm.addPass(createCanonicalizerPass());
   gpm.addPass(createCSEPass());
   gpm.addPass(createReconcileUnrealizedCastsPass());
-  GpuModuleToBinaryPassOptions binary;
-  binary.toolkitPath = toolkit;
-  binary.compilationTarget = "isa";
-  pm.addPass(createGpuModuleToBinaryPass(binary));
+}
+
+/// gpu.dynamic_shared_memory lowers (MLIR 19) to an internal zero-length
+/// shared array, which NVPTX demotes to a one-byte static variable placed
+/// among the static ones (`.shared .b8 __dynamic_shmem__0;`): a kernel's
+/// dynamic shared memory then overlapped its static buffers. External
+/// linkage makes it the `.extern .shared` array that starts where the
+/// launch's dynamic bytes do.
+void externDynamicSharedMemory(ModuleOp module) {
+  module.walk([](LLVM::GlobalOp global) {
+    if (global.getSymName().starts_with("__dynamic_shmem__"))
+      global.setLinkage(LLVM::Linkage::External);
+  });
 }
 
 /// Lowers a module holding one gpu.module (gpu.container_module) to PTX.
@@ -315,8 +324,16 @@ FailureOr<std::string> lowerModule(ModuleOp module, const CudaTarget &target) {
                               << " does not exist): set CUDA_HOME to the CUDA toolkit";
 
   PassManager pm(ctx);
-  addLoweringPasses(pm, target, toolkit);
+  addLoweringPasses(pm, target);
   if (failed(pm.run(module)))
+    return failure();
+  externDynamicSharedMemory(module);
+  PassManager binaryPm(ctx);
+  GpuModuleToBinaryPassOptions binary;
+  binary.toolkitPath = toolkit;
+  binary.compilationTarget = "isa";
+  binaryPm.addPass(createGpuModuleToBinaryPass(binary));
+  if (failed(binaryPm.run(module)))
     return failure();
   for (auto bin : module.getOps<gpu::BinaryOp>())
     for (Attribute a : bin.getObjects()) {

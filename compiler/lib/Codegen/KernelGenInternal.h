@@ -743,6 +743,10 @@ struct KernelGenerator::Impl {
                                                        CrossEntropyMode mode, CrossEntropyArgs a,
                                                        int64_t rows, int64_t stride,
                                                        int64_t cols, StringRef reduction);
+  std::optional<KernelLaunch> crossEntropyOnChipKernel(Operation *op, StringRef name,
+                                                       CrossEntropyArgs a, int64_t rows,
+                                                       int64_t stride, int64_t cols,
+                                                       StringRef reduction);
   std::optional<KernelLaunch> argmaxKernel(Operation *op, StringRef name);
   std::optional<KernelLaunch> argmaxRowsKernel(Operation *op, StringRef name, int64_t rows,
                                                int64_t d, Type elem, bool last);

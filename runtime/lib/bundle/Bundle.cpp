@@ -346,6 +346,11 @@ Status validateInstruction(const bundle::Program &p, const bundle::Instruction &
       return Status::error("{}: kernel '{}' has launch grid {} block {} (need grid >= 1, block "
                            "1..1024)",
                            instructionLabel(inst, i), l.kernel(), l.grid(), l.block());
+    if (l.shared_bytes() > kMaxDynamicSharedBytes)
+      return Status::error("{}: kernel '{}' asks for {} bytes of shared memory a block (at most "
+                           "{}: an sm_90 block's)",
+                           instructionLabel(inst, i), l.kernel(), l.shared_bytes(),
+                           kMaxDynamicSharedBytes);
   }
   // Outputs written with a token stride into a larger buffer (a concat's
   // pieces, forge-fold-attention-views): per output 0 (packed) or the
@@ -634,14 +639,14 @@ Status Bundle::parse(std::span<const uint8_t> file) {
     std::memcpy(&h, file.data(), sizeof(h)); // the mapping need not be aligned for it
     if (h.formatVersion == 0)
       return Status::error("header field formatVersion (offset 8) is 0, which is invalid");
-    if (h.formatVersion < kBundleFormatVersion)
+    if (h.formatVersion < kOldestBundleFormatVersion)
       return Status::error("bundle format version {} is older than this forge-train supports "
-                           "({}); recompile the model with this forgec",
-                           h.formatVersion, kBundleFormatVersion);
+                           "({}..{}); recompile the model with this forgec",
+                           h.formatVersion, kOldestBundleFormatVersion, kBundleFormatVersion);
     if (h.formatVersion > kBundleFormatVersion)
-      return Status::error("bundle format version {} is newer than this forge-train supports ({}); "
-                           "use a newer forge-train or recompile the model",
-                           h.formatVersion, kBundleFormatVersion);
+      return Status::error("bundle format version {} is newer than this forge-train supports "
+                           "({}..{}); use a newer forge-train or recompile the model",
+                           h.formatVersion, kOldestBundleFormatVersion, kBundleFormatVersion);
     if (h.headerSize != sizeof(BundleHeader))
       return Status::error("header field headerSize (offset 12) is {}, expected {}", h.headerSize,
                            sizeof(BundleHeader));

@@ -22,11 +22,12 @@
 
 namespace forge::rt::cuda {
 
-#define FORGE_CUDA_DRIVER_FUNCTIONS(X)                                                          \
-  X(cuModuleLoadData)                                                                           \
-  X(cuModuleUnload)                                                                             \
-  X(cuModuleGetFunction)                                                                        \
-  X(cuLaunchKernel)                                                                             \
+#define FORGE_CUDA_DRIVER_FUNCTIONS(X)                                                             \
+  X(cuModuleLoadData)                                                                              \
+  X(cuModuleUnload)                                                                                \
+  X(cuModuleGetFunction)                                                                           \
+  X(cuLaunchKernel)                                                                                \
+  X(cuFuncSetAttribute)                                                                            \
   X(cuGetErrorString)
 
 #define FORGE_CUBLASLT_FUNCTIONS(X)                                                             \

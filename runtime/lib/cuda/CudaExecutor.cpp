@@ -84,7 +84,7 @@ struct Step {
   const bundle::Instruction *inst = nullptr;
   // Kernel
   CUfunction function = nullptr;
-  unsigned grid = 1, block = 1;
+  unsigned grid = 1, block = 1, sharedBytes = 0; // sharedBytes: dynamic shared memory
   std::vector<CUdeviceptr> args;
   std::vector<void *> params;
   std::vector<std::pair<void *, size_t>> zero; // outputs cleared before the launch
@@ -388,8 +388,8 @@ struct CudaExecutor::Impl {
         CUDA_TRY(cudaMemcpyAsync(s.copyTo, s.copyFrom, s.copyBytes, cudaMemcpyDeviceToDevice,
                                  s.stream),
                  "copying a kernel's input into its output");
-      CUresult r = driver->cuLaunchKernel(s.function, s.grid, 1, 1, s.block, 1, 1, 0, s.stream,
-                                          s.params.data(), nullptr);
+      CUresult r = driver->cuLaunchKernel(s.function, s.grid, 1, 1, s.block, 1, 1, s.sharedBytes,
+                                          s.stream, s.params.data(), nullptr);
       if (r != CUDA_SUCCESS)
         return Status::error("kernel launch failed: {}", errorString(*driver, r));
       return Status::ok();
@@ -1069,9 +1069,22 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           if (res != CUDA_SUCCESS)
             return fail(fmt::format("kernel {} is not in the module: {}", name,
                                     errorString(*im.driver, res)));
+          // Without an opt-in a function gets 48 KiB of shared memory less its static bytes;
+          // the opt-in (per function, up to the device's limit: 227 KiB on sm_90) is set for
+          // every kernel that takes dynamic shared memory.
+          if (uint32_t shared = inst.launch().shared_bytes(); shared > 0) {
+            res = im.driver->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                static_cast<int>(shared));
+            if (res != CUDA_SUCCESS)
+              return fail(fmt::format("kernel {} needs {} bytes of shared memory a block, more "
+                                      "than this GPU allows: {} (recompile for this GPU's "
+                                      "--target)",
+                                      name, shared, errorString(*im.driver, res)));
+          }
           it = functions.emplace(name, fn).first;
         }
         s.function = it->second;
+        s.sharedBytes = inst.launch().shared_bytes();
         s.grid = inst.launch().grid();
         s.block = inst.launch().block();
         for (int32_t t : inst.inputs())

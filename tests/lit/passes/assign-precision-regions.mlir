@@ -172,3 +172,30 @@ func.func @train_step(%x: tensor<2x4x4x8xf32> {forge.kind = "input", forge.name 
   %dx = forge.max_pool_grad %r, %dy {ceil_mode = false, channels_last = true, dilations = array<i64: 1, 1>, kernel_shape = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>, strides = array<i64: 2, 2>} : (tensor<2x4x4x8xf32>, tensor<2x2x2x8xf32>) -> tensor<2x4x4x8xf32>
   return %r, %dx : tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>
 }
+
+// -----
+
+// A data input that only GEMMs read becomes bf16 with its views, and a gemm region that
+// reads a view (a weight gradient x^T d with its bias gradient's column sum, BGRAD) takes
+// the view's type on its block argument too (it kept f32 there: the region failed to
+// verify, "input 0 has type 'tensor<6x2xbf16>' but body argument 0 has type
+// 'tensor<6x2xf32>'").
+// CHECK-LABEL: func @train_step
+// CHECK-SAME: %arg0: tensor<2x3x2xbf16> {forge.kind = "input", forge.name = "x"}
+// CHECK: %[[V:.*]] = forge.reshape %arg0 {{.*}} -> tensor<6x2xbf16>
+// CHECK: forge.fusion "gemm"(%[[V]], %{{.*}}) : (tensor<6x2xbf16>, tensor<6x4xbf16>)
+// CHECK-NEXT: ^bb0(%{{.*}}: tensor<6x2xbf16>, %{{.*}}: tensor<6x4xbf16>):
+func.func @train_step(%x: tensor<2x3x2xf32> {forge.kind = "input", forge.name = "x"},
+                      %w: tensor<2x4xf32> {forge.kind = "input", forge.name = "w"},
+                      %d: tensor<6x4xf32> {forge.kind = "input", forge.name = "d"})
+    -> (tensor<2x3x4xf32>, tensor<2x4xf32>, tensor<1x4xf32>) {
+  %y = forge.matmul %x, %w : (tensor<2x3x2xf32>, tensor<2x4xf32>) -> tensor<2x3x4xf32>
+  %v = forge.reshape %x {shape = array<i64: 6, 2>} : (tensor<2x3x2xf32>) -> tensor<6x2xf32>
+  %g:2 = forge.fusion "gemm"(%v, %d) : (tensor<6x2xf32>, tensor<6x4xf32>) -> (tensor<2x4xf32>, tensor<1x4xf32>) {
+  ^bb0(%a: tensor<6x2xf32>, %b: tensor<6x4xf32>):
+    %0 = forge.gemm %a, %b {alpha = 1.000000e+00 : f64, beta = 0.000000e+00 : f64, transA = true, transB = false} : (tensor<6x2xf32>, tensor<6x4xf32>) -> tensor<2x4xf32>
+    %1 = forge.reduce_sum %b {axes = array<i64: 0>, keepdims = true} : (tensor<6x4xf32>) -> tensor<1x4xf32>
+    forge.yield %0, %1 : tensor<2x4xf32>, tensor<1x4xf32>
+  }
+  return %y, %g#0, %g#1 : tensor<2x3x4xf32>, tensor<2x4xf32>, tensor<1x4xf32>
+}

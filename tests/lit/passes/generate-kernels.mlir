@@ -413,3 +413,47 @@ func.func @loss_rows_wide(%x: tensor<200x16400xf32>, %t: tensor<200xi64>, %g: te
   %l, %d = forge.cross_entropy_with_grad %x, %t, %g {classes = 16397 : i64, reduction = "mean"} : (tensor<200x16400xf32>, tensor<200xi64>, tensor<f32>) -> (tensor<200xf32>, tensor<200x16400xbf16>)
   return %l, %d : tensor<200xf32>, tensor<200x16400xbf16>
 }
+
+// -----
+
+// The on-chip form (a bf16 gradient, more rows than two blocks an SM): 264
+// blocks of 512 threads, the row's exponentials e = exp(x - mg) as f16 in
+// dynamic shared memory (2048 vectors of 4: 16 KiB), at most 64 registers
+// (nvvm.minctasm = 2); one exp2 a logit in the first pass (x log2 e - mg
+// log2 e in one fma), the f16 stores, one barrier a row (the partials'
+// slots by row parity), then the gradient from shared memory, stored bf16.
+// CHECK-LABEL: func @loss_rows_on_chip
+// CHECK: forge.launch = {block = 512 : i64, {{.*}}grid = 264 : i64, {{.*}}shared_bytes = 16384 : i64}
+// CHECK: gpu.func @{{.*}}cross_entropy_with_grad{{.*}} kernel attributes {{.*}}nvvm.minctasm = 2
+// CHECK: %[[RAW:.*]] = gpu.dynamic_shared_memory
+// CHECK: %[[E:.*]] = memref.view %[[RAW]]{{.*}} to memref<2048xvector<4xf16>, #gpu.address_space<workgroup>>
+// CHECK: scf.for %[[ROW:.*]] = %block_id_x to %c600 step %c264
+// CHECK: llvm.intr.fma
+// CHECK-NEXT: math.exp2
+// CHECK-NEXT: arith.addf
+// CHECK-NEXT: llvm.intr.fma
+// CHECK-NEXT: math.exp2
+// CHECK: arith.truncf {{.*}} : vector<4xf32> to vector<4xf16>
+// CHECK: memref.store {{.*}}, %[[E]]
+// CHECK: gpu.barrier
+// CHECK-NOT: gpu.barrier
+// CHECK: memref.load %[[E]]
+// CHECK: arith.truncf {{.*}} : vector<4xf32> to vector<4xbf16>
+// CHECK: gpu.return
+func.func @loss_rows_on_chip(%x: tensor<600x8192xf32>, %t: tensor<600xi64>, %g: tensor<f32>) -> (tensor<600xf32>, tensor<600x8192xbf16>) {
+  %l, %d = forge.cross_entropy_with_grad %x, %t, %g {classes = 8190 : i64, reduction = "mean"} : (tensor<600x8192xf32>, tensor<600xi64>, tensor<f32>) -> (tensor<600xf32>, tensor<600x8192xbf16>)
+  return %l, %d : tensor<600xf32>, tensor<600x8192xbf16>
+}
+
+// -----
+
+// An f32 gradient keeps the vector kernel (f16 exponentials would be coarser
+// than the gradient it writes).
+// CHECK-LABEL: func @loss_rows_f32_gradient
+// CHECK: forge.launch = {block = 128 : i64, {{.*}}grid = 600 : i64
+// CHECK-NOT: gpu.dynamic_shared_memory
+// CHECK: gpu.return
+func.func @loss_rows_f32_gradient(%x: tensor<600x8192xf32>, %t: tensor<600xi64>, %g: tensor<f32>) -> (tensor<600xf32>, tensor<600x8192xf32>) {
+  %l, %d = forge.cross_entropy_with_grad %x, %t, %g {classes = 8190 : i64, reduction = "mean"} : (tensor<600x8192xf32>, tensor<600xi64>, tensor<f32>) -> (tensor<600xf32>, tensor<600x8192xf32>)
+  return %l, %d : tensor<600xf32>, tensor<600x8192xf32>
+}

@@ -41,6 +41,19 @@ size_t count(const std::string &text, const std::string &what) {
   return n;
 }
 
+TEST(MergePtxTest, DeclaresDynamicSharedMemoryOnce) {
+  // Each chunk with a kernel that takes dynamic shared memory declares the module's extern
+  // array (the same name in every chunk, gpu.dynamic_shared_memory's): once in the merge.
+  const char *kExtern = ".extern .shared .align 16 .b8 __dynamic_shmem__0[];\n";
+  std::string a = std::string(kHeader) + kExtern + kernel("k0", false);
+  std::string b = std::string(kHeader) + kExtern + kernel("k1", false);
+  auto merged = mergePtxModules({a, b});
+  ASSERT_TRUE(mlir::succeeded(merged));
+  EXPECT_EQ(count(*merged, "__dynamic_shmem__0[]"), 1u);
+  EXPECT_LT(merged->find(kExtern), merged->find(".visible .entry k0("));
+  EXPECT_EQ(count(*merged, ".visible .entry k1("), 1u);
+}
+
 TEST(MergePtxTest, KeepsEveryKernelAndEachHelperOnce) {
   std::string a = std::string(kHeader) + kTable + kPowPrototype + kernel("k0", true) +
                   kernel("k2", false) + kPowDefinition;

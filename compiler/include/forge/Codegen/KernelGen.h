@@ -63,6 +63,7 @@ struct KernelLaunch {
   std::vector<unsigned> zeroOnly;
   bool copyInput = false;   // output 0 starts as a copy of input 0 (scatters update it)
   std::string fault;        // non-empty: reports bad data via the fault word (what it found)
+  int64_t sharedBytes = 0;  // dynamic shared memory a block takes (gpu.dynamic_shared_memory)
 };
 
 class KernelGenerator {

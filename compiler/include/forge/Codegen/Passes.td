@@ -25,8 +25,9 @@ def GenerateKernels : Pass<"forge-generate-kernels", "::mlir::ModuleOp"> {
         (its CPU kernel on staged copies), listed in a warning.
     `forge.launch` is a dictionary: `kernel` (the gpu.func's name), `grid` and
     `block` (1-d launch), and the flags `zero_outputs` (the kernel accumulates
-    into zeroed outputs), `copy_input` (output 0 starts as a copy of input 0)
-    and `fault` (what the kernel checks its data for). Kernels are shared by
+    into zeroed outputs; `zero_only` lists which), `copy_input` (output 0
+    starts as a copy of input 0), `fault` (what the kernel checks its data
+    for) and `shared_bytes` (its dynamic shared memory a block). Kernels are shared by
     ops of equal name, attributes and types, and by regions of equal body.
     They are `gpu.func`s in `gpu.module @forge_kernels`, added to the module
     (which becomes a `gpu.container_module`); the bundle emitter lowers that

@@ -29,7 +29,17 @@ namespace forge::rt {
 inline constexpr char kBundleMagic[8] = {'F', 'O', 'R', 'G', 'E', 'B', 'N', 0};
 /// Version 2: instructions live in named routines (Program.routines) and
 /// tensors may be STATE. Version-1 files are refused ("recompile").
-inline constexpr uint32_t kBundleFormatVersion = 7; // 3: placements, kernel module, external data; 4: kernel faults; 5: copy_input launches (scatters), eval sample weights, dropout masks; 6: fusion instructions with bodies, LOCAL tensors; 7: low-precision copies of parameters (TensorInfo.copy_of)
+inline constexpr uint32_t kBundleFormatVersion =
+    8; // 3: placements, kernel module, external data; 4: kernel faults; 5: copy_input launches
+       // (scatters), eval sample weights, dropout masks; 6: fusion instructions with bodies, LOCAL
+       // tensors; 7: low-precision copies of parameters (TensorInfo.copy_of); 8: kernels' dynamic
+       // shared memory (KernelLaunch.shared_bytes)
+/// The oldest version readers still take: a version 7 bundle is a version 8
+/// one without dynamic shared memory (writers always write kBundleFormatVersion).
+inline constexpr uint32_t kOldestBundleFormatVersion = 7;
+/// The most dynamic shared memory a kernel launch may ask for (an sm_90
+/// block's: 227 KiB; the executor checks the device's own limit).
+inline constexpr uint32_t kMaxDynamicSharedBytes = 227 * 1024;
 inline constexpr uint64_t kSectionAlignment = 64;
 
 /// Bytes per row of a ReLU bitmask over rows of n elements (the RELU_AUX
