@@ -57,9 +57,12 @@ MODELS = dict(e2e.MODEL_LOSSES)
 # kernel, its row's exponentials held in shared memory as f16) at GPT-2's padded width (50304:
 # 98 KiB, beyond the 48 KiB a kernel gets without opting in), at 24576 (48 KiB exactly, above
 # the 48 KiB less the static bytes a kernel gets without opting in) and at GPT-2's own 50257
-# (unaligned and unpadded at this size: the gradient stays f32, the scalar kernel runs).
+# (unaligned and unpadded at this size: the gradient stays f32, the scalar kernel runs); and
+# GPT-2's tied form (logits = x E^T, E [50257, 64], no bias), which forge-pad-contractions pads
+# to 50264 columns: the on-chip kernel reads 50257 classes of each 50264-wide row.
 GENERATED = {"wide_head": 16384, "wide_head_odd": 16381, "wide_head_bf16": 50304,
-             "wide_head_bf16_48k": 24576, "wide_head_bf16_odd": 50257}
+             "wide_head_bf16_48k": 24576, "wide_head_bf16_odd": 50257, "tied_head_bf16": 50257}
+TIED = {"tied_head_bf16": 64}  # generated as x E^T, with this many features
 GENERATED_ARGS = {name: ["--precision", "bf16"] for name in GENERATED if "bf16" in name}
 GENERATED_TOKENS, GENERATED_DIM = 40, 8
 MODELS.update({name: ("cross_entropy:logits,labels", "classes") for name in GENERATED})
@@ -76,19 +79,27 @@ SKIP_EXIT = 77  # ctest SKIP_RETURN_CODE
 
 
 def make_generated(name, out, rng):
-    """GENERATED[name]: logits [N, 40, V] = x [N, 40, 8] W [8, V] + b; its ONNX in `out`
-    and its two batches of data."""
+    """GENERATED[name]: logits [N, 40, V] = x [N, 40, 8] W [8, V] + b (or x E^T for TIED
+    names, E [V, d]); its ONNX in `out` and its two batches of data."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    vocab, t, d = GENERATED[name], GENERATED_TOKENS, GENERATED_DIM
-    w = (0.5 * rng.standard_normal((d, vocab))).astype(np.float32)
-    bias = (0.1 * rng.standard_normal(vocab)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["p"], name="head"),
-         helper.make_node("Add", ["p", "b"], ["logits"], name="head_bias")],
-        name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", t, d])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", t, vocab])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    vocab, t, d = GENERATED[name], GENERATED_TOKENS, TIED.get(name, GENERATED_DIM)
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", t, d])
+    logits_info = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", t, vocab])
+    if name in TIED:
+        e = (0.5 * rng.standard_normal((vocab, d)) / np.sqrt(d / 8)).astype(np.float32)
+        graph = helper.make_graph(
+            [helper.make_node("Transpose", ["e"], ["et"], perm=[1, 0], name="tie"),
+             helper.make_node("MatMul", ["x", "et"], ["logits"], name="head")],
+            name, [x_info], [logits_info], [numpy_helper.from_array(e, "e")])
+    else:
+        w = (0.5 * rng.standard_normal((d, vocab))).astype(np.float32)
+        bias = (0.1 * rng.standard_normal(vocab)).astype(np.float32)
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["p"], name="head"),
+             helper.make_node("Add", ["p", "b"], ["logits"], name="head_bias")],
+            name, [x_info], [logits_info],
+            [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
     path = os.path.join(out, name + ".onnx")
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     data = {"x": rng.standard_normal((2 * BATCH, t, d)).astype(np.float32),
