@@ -58,11 +58,12 @@ MODELS = dict(e2e.MODEL_LOSSES)
 # 98 KiB, beyond the 48 KiB a kernel gets without opting in), at 24576 (48 KiB exactly, above
 # the 48 KiB less the static bytes a kernel gets without opting in) and at GPT-2's own 50257
 # (unaligned and unpadded at this size: the gradient stays f32, the scalar kernel runs); and
-# GPT-2's tied form (logits = x E^T, E [50257, 64], no bias), which forge-pad-contractions pads
-# to 50264 columns: the on-chip kernel reads 50257 classes of each 50264-wide row.
+# GPT-2's tied form (logits = x E^T, E [50257, 16], no bias): unpadded, the scalar kernel with
+# a bf16 gradient; under --gemm-pad-min-flops=0 (gpu_models_padded) padded to 50264 columns,
+# the on-chip kernel reading 50257 classes of each 50264-wide row.
 GENERATED = {"wide_head": 16384, "wide_head_odd": 16381, "wide_head_bf16": 50304,
              "wide_head_bf16_48k": 24576, "wide_head_bf16_odd": 50257, "tied_head_bf16": 50257}
-TIED = {"tied_head_bf16": 64}  # generated as x E^T, with this many features
+TIED = {"tied_head_bf16": 16}  # generated as x E^T, with this many features
 GENERATED_ARGS = {name: ["--precision", "bf16"] for name in GENERATED if "bf16" in name}
 GENERATED_TOKENS, GENERATED_DIM = 40, 8
 MODELS.update({name: ("cross_entropy:logits,labels", "classes") for name in GENERATED})
