@@ -17,6 +17,45 @@ Value rowUpstream(Body &k, Value dy, StringRef reduction, Value row, int64_t row
   return k.b.create<arith::DivFOp>(k.loc, g, k.fconst(k.b.getF32Type(), double(rows)));
 }
 
+/// Where a row's target class tc sits among its 4-wide vectors: vector
+/// tc / 4 and, per lane l, whether tc % 4 == l.
+struct TargetLanes {
+  Value vector;
+  SmallVector<Value, kVector> lane;
+};
+TargetLanes targetLanes(Body &k, Value tc) {
+  TargetLanes t{k.div(tc, kVector), {}};
+  Value which = k.rem(tc, kVector);
+  for (int64_t l = 0; l < kVector; ++l)
+    t.lane.push_back(k.b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, which, k.idx(l)));
+  return t;
+}
+
+/// The target's logit: lane tc % 4 of vector tc / 4 of the row at vector
+/// `base` of `logits` (a memref of 4-wide vectors). With `lanes`, also the
+/// target's TargetLanes, made on the way (the load issued first).
+Value targetLogit(Body &k, Value logits, Value base, Value tc, TargetLanes *lanes = nullptr) {
+  OpBuilder &b = k.b;
+  Value at = k.div(tc, kVector);
+  Value vec = b.create<memref::LoadOp>(k.loc, logits, k.add(base, at));
+  Value which = k.rem(tc, kVector);
+  auto isLane = [&](int64_t l) -> Value {
+    Value is = b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, which, k.idx(l));
+    if (lanes)
+      lanes->lane.push_back(is);
+    return is;
+  };
+  Value xt = b.create<vector::ExtractOp>(k.loc, vec, 0);
+  if (lanes) {
+    lanes->vector = at;
+    isLane(0);
+  }
+  for (int64_t l = 1; l < kVector; ++l)
+    xt =
+        b.create<arith::SelectOp>(k.loc, isLane(l), b.create<vector::ExtractOp>(k.loc, vec, l), xt);
+  return xt;
+}
+
 /// Two partial log-sum-exps (m, s), s the sum of exp(x - m), as one; an empty
 /// pair is (-inf, 0).
 std::pair<Value, Value> combineLse(Body &k, Value m1, Value s1, Value m2, Value s2) {
@@ -459,16 +498,8 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
     auto [raw, tc] = loadTarget(k, fn.getArgument(a.target), row, cols);
     Value lse;
     if (stats) {
-      // The target's logit, lane tc % 4 of vector tc / 4, read before the
-      // gradient may overwrite it.
-      Value tvec =
-          b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.add(base, k.div(tc, kVector)));
-      Value which = k.rem(tc, kVector);
-      Value xt = lane(tvec, 0);
-      for (int64_t i = 1; i < kVector; ++i)
-        xt = b.create<arith::SelectOp>(
-            k.loc, b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, which, k.idx(i)),
-            lane(tvec, i), xt);
+      // The target's logit, read before the gradient may overwrite it.
+      Value xt = targetLogit(k, fn.getArgument(0), base, tc);
       auto loop = forVectors(
           ValueRange{ninf, zero}, [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange acc) {
             SmallVector<Value> vecs = loadVectors(base, vs, in);
@@ -514,23 +545,19 @@ KernelGenerator::Impl::crossEntropyVectorKernel(Operation *op, StringRef name,
         b.create<gpu::BarrierOp>(k.loc);
       Value g = rowUpstream(k, fn.getArgument(a.dy), reduction, row, rows, f32);
       Value one = k.fconst(f32, 1.0);
-      // The target is lane tc % 4 of vector tc / 4: per lane, whether it is
-      // that lane (once a row), per vector whether it is that vector.
-      Value targetVector = k.div(tc, kVector), targetLaneIndex = k.rem(tc, kVector);
-      SmallVector<Value> targetLane;
-      for (int64_t i = 0; i < kVector; ++i)
-        targetLane.push_back(
-            b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, targetLaneIndex, k.idx(i)));
+      // Per lane whether it is the target's (once a row), per vector
+      // whether it is the target's.
+      TargetLanes target = targetLanes(k, tc);
       forVectors(ValueRange{}, [&](ArrayRef<Value> vs, ArrayRef<Value> in, ValueRange) {
         SmallVector<Value> vecs = loadVectors(base, vs, in);
         for (auto [v, ok, vec] : llvm::zip(vs, in, vecs)) {
           SmallVector<Value> out;
           LogitLanes logits = logitLanes(v);
           Value atTarget =
-              b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, v, targetVector);
+              b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, v, target.vector);
           for (int64_t i = 0; i < kVector; ++i) {
             Value p = expf(subf(lane(vec, i), lse));
-            Value hit = b.create<arith::AndIOp>(k.loc, atTarget, targetLane[i]);
+            Value hit = b.create<arith::AndIOp>(k.loc, atTarget, target.lane[i]);
             p = b.create<arith::SelectOp>(k.loc, hit, subf(p, one), p);
             Value d = mulf(g, p);
             if (logits.below)
@@ -649,17 +676,8 @@ KernelGenerator::Impl::crossEntropyOnChipKernel(Operation *op, StringRef name, C
   k.loop(k.bid(), k.idx(rows), k.idx(grid), [&](Value row) {
     Value base = k.mul(row, k.idx(vectors));
     auto [raw, tc] = loadTarget(k, fn.getArgument(a.target), row, cols);
-    Value tvec =
-        b.create<memref::LoadOp>(k.loc, fn.getArgument(0), k.add(base, k.div(tc, kVector)));
-    Value targetVector = k.div(tc, kVector), targetLaneIndex = k.rem(tc, kVector);
-    SmallVector<Value> targetLane;
-    Value xt = lane(tvec, 0);
-    for (int64_t l = 0; l < kVector; ++l) {
-      targetLane.push_back(
-          b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, targetLaneIndex, k.idx(l)));
-      if (l > 0)
-        xt = b.create<arith::SelectOp>(k.loc, targetLane[l], lane(tvec, l), xt);
-    }
+    TargetLanes target;
+    Value xt = targetLogit(k, fn.getArgument(0), base, tc, &target);
     // Pass 1: the row from HBM, e into shared memory, (m, s) per thread.
     Value m = ninf, s = zero;
     SmallVector<Value> groupMax;
@@ -725,10 +743,10 @@ KernelGenerator::Impl::crossEntropyOnChipKernel(Operation *op, StringRef name, C
           Value ev = b.create<arith::ExtFOp>(k.loc, f32x4,
                                              b.create<memref::LoadOp>(k.loc, eBuf, v).getResult());
           Value atTarget =
-              b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, v, targetVector);
+              b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::eq, v, target.vector);
           SmallVector<Value> out;
           for (int64_t l = 0; l < kVector; ++l) {
-            Value hit = b.create<arith::AndIOp>(k.loc, atTarget, targetLane[l]);
+            Value hit = b.create<arith::AndIOp>(k.loc, atTarget, target.lane[l]);
             Value d = b.create<arith::SelectOp>(k.loc, hit, dt, mulf(lane(ev, l), f));
             // Padding's gradient is 0 even where f is not finite (a non-finite logit).
             if (Value keep = cols != stride ? logitLane(u, v, in, l) : Value())
