@@ -17,6 +17,8 @@
 //
 // Build: nvcc -std=c++17 -O3 -arch=sm_90 bench/cross_entropy_probe.cu -o cross_entropy_probe
 // Run:   ./cross_entropy_probe [rows]   (default 16384: GPT-2 B16 T1024)
+#include "probe_common.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -30,15 +32,6 @@
 namespace {
 
 constexpr int kStride = 50304, kCols = 50257, kVectors = kStride / 4;
-
-#define CHECK(x)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e = (x);                                                                           \
-    if (e != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));              \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
 
 struct MS {
   float m, s;
@@ -93,11 +86,7 @@ __device__ __forceinline__ void storeGrad(__nv_bfloat16 *d, float4 x, int v, flo
     float p = ex(xs[i] - lse) - (c == t ? 1.f : 0.f);
     o[i] = c < kCols ? g * p : 0.f;
   }
-  __nv_bfloat162 lo = __floats2bfloat162_rn(o[0], o[1]), hi = __floats2bfloat162_rn(o[2], o[3]);
-  uint2 u;
-  u.x = *reinterpret_cast<unsigned *>(&lo);
-  u.y = *reinterpret_cast<unsigned *>(&hi);
-  reinterpret_cast<uint2 *>(d)[v] = u;
+  reinterpret_cast<uint2 *>(d)[v] = packBf16(o[0], o[1], o[2], o[3]);
 }
 
 // Variants 1 and 2: the row read twice (the second read from L2 if it is still there).
@@ -208,12 +197,7 @@ __global__ void __launch_bounds__(1024)
   for (size_t v = blockIdx.x * size_t(blockDim.x) + threadIdx.x; v < n;
        v += size_t(gridDim.x) * blockDim.x) {
     float4 x4 = reinterpret_cast<const float4 *>(x)[v];
-    __nv_bfloat162 lo = __floats2bfloat162_rn(g * x4.x, g * x4.y),
-                   hi = __floats2bfloat162_rn(g * x4.z, g * x4.w);
-    uint2 u;
-    u.x = *reinterpret_cast<unsigned *>(&lo);
-    u.y = *reinterpret_cast<unsigned *>(&hi);
-    reinterpret_cast<uint2 *>(d)[v] = u;
+    reinterpret_cast<uint2 *>(d)[v] = packBf16(g * x4.x, g * x4.y, g * x4.z, g * x4.w);
   }
 }
 
@@ -380,12 +364,7 @@ __global__ void __launch_bounds__(1024, SPLIT ? 2 : 1)
                       g * (q.y * scale - (c + 1 == t ? 1.f : 0.f)),
                       g * (q.z * scale - (c + 2 == t ? 1.f : 0.f)),
                       g * (q.w * scale - (c + 3 == t ? 1.f : 0.f))};
-        __nv_bfloat162 l2 = __floats2bfloat162_rn(o[0], o[1]),
-                       h2 = __floats2bfloat162_rn(o[2], o[3]);
-        uint2 w;
-        w.x = *reinterpret_cast<unsigned *>(&l2);
-        w.y = *reinterpret_cast<unsigned *>(&h2);
-        reinterpret_cast<uint2 *>(dr)[lo + v] = w;
+        reinterpret_cast<uint2 *>(dr)[lo + v] = packBf16(o[0], o[1], o[2], o[3]);
       }
     }
     __syncthreads(); // sm and rowBuf before the next row's
@@ -437,11 +416,7 @@ __global__ void __launch_bounds__(BLOCK, 2)
               e2 = exp2f(fmaf(xs[j].z, log2e, -ms)), e3 = exp2f(fmaf(xs[j].w, log2e, -ms));
         sum += (e0 + e1) + (e2 + e3);
         if (4 * gi + j < per && v < kVectors) {
-          __half2 lo = __floats2half2_rn(e0, e1), hi = __floats2half2_rn(e2, e3);
-          uint2 w;
-          w.x = *reinterpret_cast<unsigned *>(&lo);
-          w.y = *reinterpret_cast<unsigned *>(&hi);
-          eBuf[v] = w;
+          eBuf[v] = packF16(e0, e1, e2, e3);
         }
       }
       mg[gi] = m;
@@ -478,11 +453,7 @@ __global__ void __launch_bounds__(BLOCK, 2)
                  hi = __half22float2(*reinterpret_cast<__half2 *>(&w.y));
           float o0 = c == t ? dt : lo.x * f, o1 = c + 1 == t ? dt : lo.y * f,
                 o2 = c + 2 == t ? dt : hi.x * f, o3 = c + 3 == t ? dt : hi.y * f;
-          __nv_bfloat162 b0 = __floats2bfloat162_rn(o0, o1), b1 = __floats2bfloat162_rn(o2, o3);
-          uint2 u;
-          u.x = *reinterpret_cast<unsigned *>(&b0);
-          u.y = *reinterpret_cast<unsigned *>(&b1);
-          dr[v] = u;
+          dr[v] = packBf16(o0, o1, o2, o3);
         }
       }
     }

@@ -16,6 +16,8 @@
 //
 // Build: nvcc -std=c++17 -O3 -arch=sm_90 bench/layer_norm_probe.cu -o layer_norm_probe
 // Run:   ./layer_norm_probe [rows]   (default 16384: GPT-2 B16 T1024)
+#include "probe_common.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,15 +31,6 @@ namespace {
 
 constexpr int kCols = 768;
 constexpr float kEps = 1e-5f;
-
-#define CHECK(x)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e = (x);                                                                           \
-    if (e != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));              \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
 
 __device__ float blockSum128(float v, float *sm) {
   for (int o = 16; o; o /= 2)
@@ -105,14 +98,8 @@ __global__ void __launch_bounds__(32 * ROWS)
   for (int t = 0; t < 6; ++t) {
     int i = lane + 32 * t;
     float4 ww = reinterpret_cast<const float4 *>(w)[i], bb = reinterpret_cast<const float4 *>(b)[i];
-    __nv_bfloat162 lo = __floats2bfloat162_rn((v[t].x - mean) * rstd * ww.x + bb.x,
-                                              (v[t].y - mean) * rstd * ww.y + bb.y);
-    __nv_bfloat162 hi = __floats2bfloat162_rn((v[t].z - mean) * rstd * ww.z + bb.z,
-                                              (v[t].w - mean) * rstd * ww.w + bb.w);
-    uint2 u;
-    u.x = *reinterpret_cast<unsigned *>(&lo);
-    u.y = *reinterpret_cast<unsigned *>(&hi);
-    yr[i] = u;
+    yr[i] = packBf16((v[t].x - mean) * rstd * ww.x + bb.x, (v[t].y - mean) * rstd * ww.y + bb.y,
+                     (v[t].z - mean) * rstd * ww.z + bb.z, (v[t].w - mean) * rstd * ww.w + bb.w);
   }
 }
 
@@ -123,10 +110,7 @@ __global__ void __launch_bounds__(256)
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     float4 v = reinterpret_cast<const float4 *>(x)[i];
-    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    uint2 u;
-    u.x = *reinterpret_cast<unsigned *>(&lo);
-    u.y = *reinterpret_cast<unsigned *>(&hi);
+    uint2 u = packBf16(v.x, v.y, v.z, v.w);
     reinterpret_cast<uint2 *>(y)[i] = u;
   }
 }

@@ -20,6 +20,8 @@
 //
 // Build: nvcc -std=c++17 -O3 -arch=sm_90 bench/norm_grad_probe.cu -o norm_grad_probe
 // Run:   ./norm_grad_probe [rows]   (default 16384: GPT-2 B16 T1024)
+#include "probe_common.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -34,15 +36,6 @@ namespace {
 
 constexpr int kCols = 768;
 constexpr float kEps = 1e-5f;
-
-#define CHECK(x)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e = (x);                                                                           \
-    if (e != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));              \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
 
 struct Args {
   const float *x, *w, *dy, *r;
@@ -171,10 +164,7 @@ __global__ void __launch_bounds__(192) vectorRows(Args a) {
     float4 o = {rstd * (wd.x - mg - xh.x * mgx) + r.x, rstd * (wd.y - mg - xh.y * mgx) + r.y,
                 rstd * (wd.z - mg - xh.z * mgx) + r.z, rstd * (wd.w - mg - xh.w * mgx) + r.w};
     reinterpret_cast<float4 *>(a.out + size_t(row) * kCols)[threadIdx.x] = o;
-    __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
-    uint2 u;
-    u.x = *reinterpret_cast<unsigned *>(&lo);
-    u.y = *reinterpret_cast<unsigned *>(&hi);
+    uint2 u = packBf16(o.x, o.y, o.z, o.w);
     reinterpret_cast<uint2 *>(a.outLow + size_t(row) * kCols)[threadIdx.x] = u;
     ds = {ds.x + dy.x * xh.x, ds.y + dy.y * xh.y, ds.z + dy.z * xh.z, ds.w + dy.w * xh.w};
     db = {db.x + dy.x, db.y + dy.y, db.z + dy.z, db.w + dy.w};
@@ -203,10 +193,7 @@ __global__ void __launch_bounds__(256) stream(Args a) {
            r = reinterpret_cast<const float4 *>(a.r)[i];
     float4 o = {x.x + dy.x + r.x, x.y + dy.y + r.y, x.z + dy.z + r.z, x.w + dy.w + r.w};
     reinterpret_cast<float4 *>(a.out)[i] = o;
-    __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
-    uint2 u;
-    u.x = *reinterpret_cast<unsigned *>(&lo);
-    u.y = *reinterpret_cast<unsigned *>(&hi);
+    uint2 u = packBf16(o.x, o.y, o.z, o.w);
     reinterpret_cast<uint2 *>(a.outLow)[i] = u;
   }
 }
