@@ -158,6 +158,29 @@ def train(forge_train, bundle, data, device, tmp):
     return rc, t, log, files
 
 
+# forge-train --profile (#11 item 5's split of the step comes from its trace) on one model:
+# it runs, and its trace times the step's kernels and library calls. (That a copy issuing
+# nothing gets no span is CudaExecutorGpuTest.ProfileLeavesOutCopiesThatIssueNothing.)
+PROFILED_MODEL = "gpt"
+
+
+def check_profile(rep, forge_train, bundle, data, tmp):
+    """forge-train --profile on `bundle`: a trace of the profiled steps' instructions."""
+    trace = os.path.join(tmp, "trace.json")
+    rc, t, log = e2e.run([forge_train, bundle, "--data", data, "--no-shuffle", "--steps", "8",
+                          "--device", "cuda", "--profile", trace, "--log-every", "1000"], 900)
+    if not rep.check(f"{PROFILED_MODEL} forge-train --profile", rc == 0 and os.path.exists(trace),
+                     f"{t:.1f}s" if rc == 0 else e2e.failure(rc, log, 8)):
+        return
+    with open(trace) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    steps = {e.get("args", {}).get("step") for e in events} - {None}
+    kernels = [e for e in events if e.get("cat") not in ("memcpy", "transfer")]
+    rep.check(f"{PROFILED_MODEL} profile: kernels of 5 steps traced",
+              len(steps) == 5 and len(kernels) >= 5 and all(e["dur"] > 0 for e in kernels),
+              f"steps {sorted(steps)}, {len(kernels)} kernel/library spans")
+
+
 def compare(rep, label, got, ref, tol, floor=0.0, keys=None):
     """Per tensor ||got - ref|| / max(||ref||, floor) over the finite entries (tensors `keys`,
     default all); non-finite entries must be identical. `floor` is a number or a function of
@@ -205,6 +228,8 @@ def run_models(rep, a, forge_train, bundles):
                     if device == "cuda":
                         warning = e2e.graph_capture_warning(log)
                         rep.check(f"{name} CUDA graph captured", not warning, warning)
+            if name == PROFILED_MODEL and "cuda" in results:
+                check_profile(rep, forge_train, bundle, data, tmp)
             if len(results) < 2:
                 continue
             cpu, gpu = results["cpu"], results["cuda"]

@@ -149,7 +149,8 @@ public:
                       // runs of a step with an accumulation loop)
   };
   /// Runs `routine` once, timing every instruction (CUDA: events around each
-  /// launch, no graph), and returns the spans in start order.
+  /// launch, no graph), and returns the spans in start order (none for a copy that
+  /// issues nothing: a reshape whose result shares its operand's bytes).
   virtual Expected<std::vector<Span>> runProfiled(int routine) = 0;
 
   // --- persistent tensors (checkpoints, export) ------------------------------
