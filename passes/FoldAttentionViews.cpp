@@ -29,8 +29,8 @@
 // pieces' offsets (forge-plan-memory), and each maker writes its piece with
 // a token stride of the concat's row: `forge.out_row_strides`, per result
 // (0: packed), which cuDNN takes as output strides and the kernel generator
-// as the loop's output map. (dk's centring, a loop region, reads cuDNN's
-// packed dk and writes its piece.)
+// as the loop's output map. (dk's centring, a loop region or a lines region
+// with its mean, reads cuDNN's packed dk and writes its piece.)
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
 
@@ -139,8 +139,10 @@ struct FoldAttentionViewsPass
         if (!isa<AttentionGradOp>(maker) || result.getResultNumber() > 2)
           return false;
       } else if (auto loop = dyn_cast<FusionOp>(maker)) {
-        if (loop.getKind() != "loop" || loop.isViewRegion() || loop->getNumResults() != 1 ||
-            loop.getIterationShape() != mt.getShape())
+        // A loop region, or a lines region (dk's centring with its mean, forge-fuse-line-
+        // reductions): both kernels write through forge.out_row_strides.
+        if ((loop.getKind() != "loop" && loop.getKind() != "lines") || loop.isViewRegion() ||
+            loop->getNumResults() != 1 || loop.getIterationShape() != mt.getShape())
           return false;
       } else {
         return false;

@@ -61,9 +61,21 @@ MODELS = dict(e2e.MODEL_LOSSES)
 # GPT-2's tied form (logits = x E^T, E [50257, 16], no bias): unpadded, the scalar kernel with
 # a bf16 gradient; under --gemm-pad-min-flops=0 (gpu_models_padded) padded to 50264 columns,
 # the on-chip kernel reading 50257 classes of each 50264-wide row.
+# And tokens centred over the sequence (h = x W1, logits = (h - mean over tokens of h) W2 + b:
+# attention's dk centring as forge-fuse-line-reductions makes it one "lines" kernel) at three
+# widths of h, for the kernel's three vector widths: 128 (one column a lane), 2304 (four) and
+# in bf16 1152 (two, as GPT-2's dk); 40 tokens, not a multiple of its rows per pass. And
+# "centred_pairs": h [N, 40, 2, 128] centred over its pair axis (2 rows on 2 warps, fewer
+# threads than the block's 128 columns at four a lane: the partials' sums loop over columns).
+
 GENERATED = {"wide_head": 16384, "wide_head_odd": 16381, "wide_head_bf16": 50304,
-             "wide_head_bf16_48k": 24576, "wide_head_bf16_odd": 50257, "tied_head_bf16": 50257}
+             "wide_head_bf16_48k": 24576, "wide_head_bf16_odd": 50257, "tied_head_bf16": 50257,
+             "centred_tokens": 16, "centred_tokens_wide": 16, "centred_tokens_bf16": 16,
+             "centred_pairs": 16}
 TIED = {"tied_head_bf16": 16}  # generated as x E^T, with this many features
+CENTRED = {"centred_tokens": 128, "centred_tokens_wide": 2304, "centred_tokens_bf16": 1152,
+           "centred_pairs": 256}
+PAIRS = {"centred_pairs"}  # centred over an axis of 2 (h as [N, 40, 2, h / 2])
 GENERATED_ARGS = {name: ["--precision", "bf16"] for name in GENERATED if "bf16" in name}
 GENERATED_TOKENS, GENERATED_DIM = 40, 8
 MODELS.update({name: ("cross_entropy:logits,labels", "classes") for name in GENERATED})
@@ -87,7 +99,31 @@ def make_generated(name, out, rng):
     vocab, t, d = GENERATED[name], GENERATED_TOKENS, TIED.get(name, GENERATED_DIM)
     x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", t, d])
     logits_info = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", t, vocab])
-    if name in TIED:
+    if name in CENTRED:
+        h = CENTRED[name]
+        w1 = (rng.standard_normal((d, h)) / np.sqrt(d)).astype(np.float32)
+        w2 = (rng.standard_normal((h, vocab)) / np.sqrt(h)).astype(np.float32)
+        bias = (0.1 * rng.standard_normal(vocab)).astype(np.float32)
+        inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+                 numpy_helper.from_array(bias, "b")]
+        if name in PAIRS:  # [N, 40, 2, h / 2] centred over axis 2, back to [N, 40, h]
+            nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"], name="up"),
+                     helper.make_node("Reshape", ["h0", "pairs"], ["h"], name="split"),
+                     helper.make_node("ReduceMean", ["h"], ["m"], axes=[2], keepdims=1,
+                                      name="mean"),
+                     helper.make_node("Sub", ["h", "m"], ["c4"], name="centre"),
+                     helper.make_node("Reshape", ["c4", "rows"], ["c"], name="join")]
+            inits += [numpy_helper.from_array(np.array([0, t, 2, h // 2], np.int64), "pairs"),
+                      numpy_helper.from_array(np.array([0, t, h], np.int64), "rows")]
+        else:
+            nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+                     helper.make_node("ReduceMean", ["h"], ["m"], axes=[1], keepdims=1,
+                                      name="mean"),
+                     helper.make_node("Sub", ["h", "m"], ["c"], name="centre")]
+        nodes += [helper.make_node("MatMul", ["c", "w2"], ["p"], name="head"),
+                  helper.make_node("Add", ["p", "b"], ["logits"], name="head_bias")]
+        graph = helper.make_graph(nodes, name, [x_info], [logits_info], inits)
+    elif name in TIED:
         e = (0.5 * rng.standard_normal((vocab, d)) / np.sqrt(d / 8)).astype(np.float32)
         graph = helper.make_graph(
             [helper.make_node("Transpose", ["e"], ["et"], perm=[1, 0], name="tie"),
@@ -181,6 +217,16 @@ def check_profile(rep, forge_train, bundle, data, tmp):
               f"steps {sorted(steps)}, {len(kernels)} kernel/library spans")
 
 
+def bf16_floats(bits):
+    """bf16 values stored as their uint16 bits, as float32 (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def as_floats(name, a):
+    """Tensor `name` of a dump as floats: a parameter's bf16 copy (uint16 bits) decoded."""
+    return bf16_floats(a) if name.endswith(".bf16") and a.dtype == np.uint16 else a
+
+
 def compare(rep, label, got, ref, tol, floor=0.0, keys=None):
     """Per tensor ||got - ref|| / max(||ref||, floor) over the finite entries (tensors `keys`,
     default all); non-finite entries must be identical. `floor` is a number or a function of
@@ -191,6 +237,10 @@ def compare(rep, label, got, ref, tol, floor=0.0, keys=None):
             bad.append(f"{k} missing or misshapen")
             continue
         g, r = got[k], ref[k]
+        # A parameter's bf16 copy (the optimizer writes it from the f32 master): masters that
+        # differ in their last bits may round to neighbouring bf16 values, so the copies are
+        # compared as the floats they hold, not bit for bit.
+        g, r = as_floats(k, g), as_floats(k, r)
         if r.dtype.kind != "f":
             if not np.array_equal(g, r):
                 bad.append(f"{k} differs")
@@ -258,7 +308,9 @@ def run_models(rep, a, forge_train, bundles):
             # softmax ignores a per-query shift) stays at its initial value plus noise; the
             # floor is 1% of the norm it would have at the model's RMS parameter size.
             plain = [k for k in cpu_params.files if k not in momenta]
-            p_sq = sum(float(np.sum(cpu_params[k].astype(np.float64) ** 2)) for k in plain)
+            # (bf16 copies as the floats they hold, not their uint16 bits)
+            p_sq = sum(float(np.sum(as_floats(k, cpu_params[k]).astype(np.float64) ** 2))
+                       for k in plain)
             p_n = sum(cpu_params[k].size for k in plain)
             p_rms = float(np.sqrt(p_sq / max(p_n, 1)))
             compare(rep, f"{name} params step {STEPS}", gpu_params, cpu_params, TOL["params"],

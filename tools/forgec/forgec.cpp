@@ -168,6 +168,13 @@ static cl::opt<bool> fuseColumnSums(
              "region's kernel as it writes the result (forge-fuse-column-sums). =false keeps "
              "the sum's own kernel, for comparisons"),
     cl::init(true), cl::cat(forgecCategory));
+static cl::opt<bool> fuseLineReductions(
+    "fuse-line-reductions",
+    cl::desc("CUDA: a reduction over a middle axis read only by a loop region that reads its "
+             "input too (attention's dk minus its mean over the keys) runs in one kernel with "
+             "that region (forge-fuse-line-reductions). =false keeps two kernels, for "
+             "comparisons"),
+    cl::init(true), cl::cat(forgecCategory));
 static cl::opt<bool> mergeReductions(
     "merge-reductions",
     cl::desc("CUDA: a multi_reduce region (the loss's sum, the gradient norms) whose sums only "
@@ -804,6 +811,7 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   o.fuseNormGradEpilogues = fuseNormGradEpilogues;
   o.permuteParameters = permuteParameters;
   o.fuseColumnSums = fuseColumnSums;
+  o.fuseLineReductions = fuseLineReductions;
   o.mergeReductions = mergeReductions;
   o.scheduleReport = scheduleReport;
   o.scheduleOrder = scheduleOrder;

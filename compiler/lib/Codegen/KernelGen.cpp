@@ -91,6 +91,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::generate(Operation *op, Strin
       return multiReduceKernel(fusion, name);
     if (fusion.getKind() == "column_reduce")
       return columnReduceKernel(fusion, name);
+    if (fusion.getKind() == "lines")
+      return linesKernel(fusion, name);
     if (fusion.getKind() == "norm_grad") // the verifier: a layer_norm_grad first
       return layerNormGradKernel(&fusion.getBlock().front(), name, fusion);
     if (fusion.getKind() == "batch_norm") {

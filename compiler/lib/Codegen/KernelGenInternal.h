@@ -721,6 +721,7 @@ struct KernelGenerator::Impl {
                           int64_t block, Value sh);
   std::optional<KernelLaunch> multiReduceKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> columnReduceKernel(FusionOp fusion, StringRef name);
+  std::optional<KernelLaunch> linesKernel(FusionOp fusion, StringRef name);
   std::optional<KernelLaunch> layerNormKernel(Operation *op, StringRef name);
   /// A layer norm's gradient; with `epilogue` (a norm_grad region whose
   /// first op is `op`), the region's kernel: dx stays in registers and the

@@ -1251,3 +1251,199 @@ std::optional<KernelLaunch> KernelGenerator::Impl::columnReduceKernel(FusionOp f
       launch.zeroOnly.push_back(i);
   return launch;
 }
+
+/// A lines region (forge-fuse-line-reductions): the body's first op sums (or
+/// averages) its input x over one axis that is not the innermost, [P, D, Q]
+/// around it; the rest is pointwise on x and that line's value. A block owns
+/// W = 32 V adjacent columns of one p and all D rows of them: lane l holds
+/// columns l V .. l V + V - 1 (one V-wide load: a warp's row is one run of
+/// memory), warp w rows w, w + warps, ... (up to 32 warps), kUnroll rows
+/// loaded before they are added (loads in flight). The warps' f32 partials meet in shared memory
+/// in warp order (no atomics, the same bits every run); then the warps read
+/// their rows again (from L2: a block's lines are D W elements) and write the
+/// body's value per element, into a concat's piece a token stride apart
+/// where forge.out_row_strides says so (dims 0 and 1 tokens, the rest a row).
+/// V is the widest of 4, 2, 1 that divides Q / 32 and still gives every SM a
+/// block (GPT-2's dk: P 16, Q 768 -> V 2, 192 blocks).
+std::optional<KernelLaunch> KernelGenerator::Impl::linesKernel(FusionOp fusion, StringRef name) {
+  Block &body = fusion.getBlock();
+  if (body.getNumArguments() != 1 || fusion->getNumResults() != 1 ||
+      body.without_terminator().empty())
+    return std::nullopt;
+  Operation *red = &body.front();
+  std::optional<ReduceKind> kind = reduceKind(red);
+  if (!kind || !isa<ReduceSumOp, ReduceMeanOp>(red))
+    return std::nullopt;
+  for (Operation &op : body.without_terminator())
+    if (!faultOf(&op).empty())
+      return std::nullopt;
+  auto xType = tensorType(fusion.getInputs()[0]);
+  Type elem = xType.getElementType(), outElem = tensorType(fusion.getResult(0)).getElementType();
+  auto floaty = [](Type t) { return t.isF32() || t.isBF16() || t.isF16(); };
+  if (!floaty(elem) || !floaty(outElem) || !tensorType(red->getResult(0)).getElementType().isF32())
+    return std::nullopt;
+  ArrayRef<int64_t> shape = fusion.getIterationShape();
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  auto axes = red->getAttrOfType<DenseI64ArrayAttr>("axes");
+  if (!axes || axes.size() != 1)
+    return std::nullopt;
+  const int64_t axis = axes[0] < 0 ? axes[0] + rank : axes[0];
+  if (axis < 0 || axis >= rank - 1)
+    return std::nullopt;
+  auto [P, D, Q] = aroundAxis(shape, axis);
+  if (P == 0 || D == 0 || Q % kWarp != 0)
+    return std::nullopt;
+  // A concat's piece: element (t0, t1, rest) at (t0 * shape[1] + t1) * rowStride + rest.
+  int64_t rowStride = 0, rowLen = 0;
+  if (auto rows = fusion->getAttrOfType<DenseI64ArrayAttr>("forge.out_row_strides")) {
+    if (rank < 3 || rows.size() != 1)
+      return std::nullopt;
+    rowLen = 1;
+    for (int64_t d = 2; d < rank; ++d)
+      rowLen *= shape[d];
+    rowStride = rows[0];
+    if (rowStride != 0 && rowStride < rowLen)
+      return std::nullopt;
+  }
+  int64_t V = 1;
+  for (int64_t v : {4, 2}) {
+    bool whole =
+        Q % (kWarp * v) == 0 && (rowStride == 0 || (rowStride % v == 0 && rowLen % v == 0));
+    if (whole && P * (Q / (kWarp * v)) >= target.typicalSMs) {
+      V = v;
+      break;
+    }
+  }
+  // Measured on GPT-2 bf16's dk (H100, 12 kernels a step, bench/RESULTS.md): 4 rows a pass
+  // on 16 warps 0.349 ms, 8 on 16 0.319, 4 on 32 0.307, 8 on 32 0.294 (the reduce_mean and
+  // loop before: 0.408); V 4 (96 blocks) 0.323, V 1 (384) 0.316.
+  constexpr int64_t kUnroll = 8, kMaxWarps = 32;
+  const int64_t W = kWarp * V, colBlocks = Q / W, grid = P * colBlocks;
+  const int64_t warps = std::min(kMaxWarps, D), block = warps * kWarp, step = warps * kUnroll;
+  if (grid > (int64_t(1) << 31) - 1)
+    return std::nullopt;
+  const int64_t total = xType.getNumElements();
+  int64_t extent = total; // a strided output spans to its last element
+  if (rowStride)
+    extent = (total / rowLen - 1) * rowStride + rowLen;
+
+  Type f32 = Float32Type::get(context);
+  OpBuilder b(context);
+  auto fn =
+      newKernel(b, name, {flatMemref(elem, total, V > 1, V), flatMemref(outElem, extent, V > 1, V)},
+                block, {sharedBuffer(warps * W, f32)});
+  Body k = Body::of(b, fusion.getLoc(), fn);
+  Value in = fn.getArgument(0), out = fn.getArgument(1), sh = fn.getWorkgroupAttributions()[0];
+  Value t = k.tid(), lane = k.rem(t, kWarp), warp = k.div(t, kWarp);
+  Value p = k.div(k.bid(), colBlocks), colBlock = k.rem(k.bid(), colBlocks);
+  Value col = k.add(k.mul(colBlock, k.idx(W)), k.mul(lane, k.idx(V))); // the lane's first
+  Value lineBase = k.add(k.mul(p, k.idx(D * Q)), col);                 // element (p, 0, col)
+  Value zero = k.fconst(f32, 0.0), lastRow = k.idx(D - 1);
+  // Row r's V storage values of the lane (a row past D reads row D - 1).
+  auto loadRow = [&](Value r) {
+    Value at = k.add(lineBase, k.mul(b.create<arith::MinUIOp>(k.loc, r, lastRow), k.idx(Q)));
+    SmallVector<Value> vals;
+    if (V == 1) {
+      vals.push_back(b.create<memref::LoadOp>(k.loc, in, at));
+      return vals;
+    }
+    Value vec = b.create<memref::LoadOp>(k.loc, in, k.div(at, V));
+    for (int64_t v = 0; v < V; ++v)
+      vals.push_back(b.create<vector::ExtractOp>(k.loc, vec, v));
+    return vals;
+  };
+  const bool ragged = D % step != 0;
+  auto inRange = [&](Value r) { return k.ult(r, k.idx(D)); };
+  // Pass 1: the lane's V column sums over its warp's rows.
+  SmallVector<Value> init(V, zero);
+  auto sums = b.create<scf::ForOp>(
+      k.loc, warp, k.idx(D), k.idx(step), init,
+      [&](OpBuilder &nb, Location l, Value r0, ValueRange acc) {
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPoint(nb.getInsertionBlock(), nb.getInsertionPoint());
+        SmallVector<SmallVector<Value>> rows;
+        for (int64_t u = 0; u < kUnroll; ++u) // every load issued before the adds
+          rows.push_back(loadRow(k.add(r0, k.idx(u * warps))));
+        SmallVector<Value> next(acc.begin(), acc.end());
+        for (int64_t u = 0; u < kUnroll; ++u) {
+          Value ok = u > 0 && ragged ? inRange(k.add(r0, k.idx(u * warps))) : Value();
+          for (int64_t v = 0; v < V; ++v) {
+            Value x = k.toCompute(rows[u][v], elem);
+            if (kind->square)
+              x = b.create<arith::MulFOp>(l, x, x);
+            if (ok)
+              x = b.create<arith::SelectOp>(l, ok, x, zero);
+            next[v] = b.create<arith::AddFOp>(l, next[v], x);
+          }
+        }
+        b.create<scf::YieldOp>(l, next);
+      });
+  // The warps' partials, warp-major; column c's total in warp order.
+  for (int64_t v = 0; v < V; ++v)
+    b.create<memref::StoreOp>(k.loc, sums.getResult(v), sh,
+                              k.add(k.mul(warp, k.idx(W)), k.add(k.mul(lane, k.idx(V)), k.idx(v))));
+  b.create<gpu::BarrierOp>(k.loc);
+  // Column c's total by threads c, c + block, ... (a block of fewer threads than
+  // columns: D < V rows on as many warps).
+  k.loop(t, k.idx(W), k.idx(block), [&](Value c) {
+    Value sum = k.loopAcc(k.idx(0), warps, k.idx(1), zero, [&](Value w, Value a) {
+      return b.create<arith::AddFOp>(
+          k.loc, a, b.create<memref::LoadOp>(k.loc, sh, k.add(k.mul(w, k.idx(W)), c)));
+    });
+    if (kind->mean)
+      sum = b.create<arith::DivFOp>(k.loc, sum, k.fconst(f32, static_cast<double>(D)));
+    // Only the thread of column c read its partials (its own slot among them).
+    b.create<memref::StoreOp>(k.loc, sum, sh, c);
+  });
+  b.create<gpu::BarrierOp>(k.loc);
+  SmallVector<Value> reduced;
+  for (int64_t v = 0; v < V; ++v)
+    reduced.push_back(b.create<memref::LoadOp>(k.loc, sh, k.add(k.mul(lane, k.idx(V)), k.idx(v))));
+  // Pass 2: the body at each of the warp's rows.
+  Value redResult = red->getResult(0), x = body.getArgument(0);
+  Value yielded = body.getTerminator()->getOperand(0);
+  bool ok = true;
+  k.loop(warp, k.idx(D), k.idx(step), [&](Value r0) {
+    SmallVector<SmallVector<Value>> rows;
+    for (int64_t u = 0; u < kUnroll; ++u)
+      rows.push_back(loadRow(k.add(r0, k.idx(u * warps))));
+    for (int64_t u = 0; u < kUnroll && ok; ++u) {
+      Value r = k.add(r0, k.idx(u * warps));
+      SmallVector<Value> values;
+      for (int64_t v = 0; v < V && ok; ++v) {
+        llvm::DenseMap<Value, Value> stored;
+        stored[x] = rows[u][v];
+        stored[redResult] = reduced[v];
+        Value y = evalBodyValue(k, yielded, stored, [&](BlockArgument) { return Value(); });
+        ok = ok && y;
+        values.push_back(y);
+      }
+      if (!ok)
+        break;
+      auto write = [&] {
+        // Element (p, r, col) of x's contiguous order; its place in the output.
+        Value flat = k.add(lineBase, k.mul(r, k.idx(Q)));
+        Value at = rowStride
+                       ? k.add(k.mul(k.div(flat, rowLen), k.idx(rowStride)), k.rem(flat, rowLen))
+                       : flat;
+        if (V == 1) {
+          b.create<memref::StoreOp>(k.loc, values[0], out, at);
+          return;
+        }
+        Value vec = b.create<vector::FromElementsOp>(
+            k.loc, VectorType::get({V}, values[0].getType()), values);
+        b.create<memref::StoreOp>(k.loc, vec, out, k.div(at, V));
+      };
+      if (u > 0 && ragged)
+        k.ifThen(inRange(r), write);
+      else
+        write();
+    }
+  });
+  if (!ok) {
+    fn.erase();
+    return std::nullopt;
+  }
+  b.create<gpu::ReturnOp>(k.loc);
+  return KernelLaunch{name.str(), grid, block};
+}

@@ -768,6 +768,38 @@ FORGE_INFER(TransposeOp) {
 // Fusion regions
 //===----------------------------------------------------------------------===//
 
+/// A "lines" region (forge-fuse-line-reductions): one input x and one result
+/// at the iteration shape; first a keepdims reduce_sum / reduce_mean of x over
+/// one axis that is not the innermost, then pointwise ops at the iteration
+/// shape (reading x and the reduction).
+static LogicalResult verifyLinesRegion(FusionOp fusion, Block &block) {
+  ArrayRef<int64_t> shape = fusion.getIterationShape();
+  if (block.getNumArguments() != 1 || fusion->getNumResults() != 1 ||
+      cast<RankedTensorType>(block.getArgument(0).getType()).getShape() != shape ||
+      cast<RankedTensorType>(fusion->getResult(0).getType()).getShape() != shape)
+    return fusion.emitOpError("lines region must have one input and one result at its "
+                              "iteration shape");
+  Operation *first = block.without_terminator().empty() ? nullptr : &block.front();
+  auto axes = first ? first->getAttrOfType<DenseI64ArrayAttr>("axes") : nullptr;
+  auto keep = first ? first->getAttrOfType<BoolAttr>("keepdims") : nullptr;
+  int64_t rank = static_cast<int64_t>(shape.size());
+  int64_t axis = axes && axes.size() == 1 ? (axes[0] < 0 ? axes[0] + rank : axes[0]) : -1;
+  if (!first || !isa<ReduceSumOp, ReduceMeanOp>(first) ||
+      first->getOperand(0) != block.getArgument(0) || !keep || !keep.getValue() || axis < 0 ||
+      axis >= rank - 1)
+    return fusion.emitOpError("lines region must start with a keepdims reduce_sum or "
+                              "reduce_mean of its input over one axis that is not the last");
+  for (Operation &op : block.without_terminator()) {
+    if (&op == first)
+      continue;
+    auto iface = dyn_cast<ForgeOpInterface>(op);
+    if (!iface || iface.getFusionClass() != FusionClass::Elementwise ||
+        cast<RankedTensorType>(op.getResult(0).getType()).getShape() != shape)
+      return op.emitOpError("is not pointwise at the lines region's iteration shape");
+  }
+  return success();
+}
+
 /// A gemm region (see FusionOp's description): the product's op, then one
 /// epilogue op, a ReLU of the product or a reduce_sum of a 2-D operand over
 /// its leading (contraction) axis.
@@ -1214,9 +1246,12 @@ LogicalResult FusionOp::verify() {
   }
   if (getKind() == "gemm")
     return verifyGemmRegion(*this, block, yield);
+  if (getKind() == "lines")
+    return verifyLinesRegion(*this, block);
   if (getKind() != "loop" && getKind() != "row")
     return emitOpError() << "has unknown kind '" << getKind()
-                         << "' (loop, row, batch_norm, norm_grad, horizontal, multi_reduce, gemm)";
+                         << "' (loop, row, batch_norm, norm_grad, horizontal, multi_reduce, "
+                            "gemm, lines)";
   ArrayRef<int64_t> shape = getIterationShape();
   if (getKind() == "row") {
     if (getNumResults() != 1)

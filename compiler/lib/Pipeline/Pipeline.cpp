@@ -285,6 +285,12 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // only take it apart again.)
   if (StringRef(options.target).starts_with("cuda") && options.fuseColumnSums)
     pm.addPass(createFuseColumnSums());
+  // And a reduction over a middle axis into the loop region reading it and its
+  // input (dk's centring): after precision (stored types kept) and the loss
+  // head's stages, before placement, whose forge-fold-attention-views lets
+  // the region write a concat's piece. (CUDA only, as the column sums.)
+  if (StringRef(options.target).starts_with("cuda") && options.fuseLineReductions)
+    pm.addPass(createFuseLineReductions());
   // Then a layer norm's gradient with the region reading its dx (often one
   // of those column_reduce regions): after them, before placement.
   if (StringRef(options.target).starts_with("cuda") && options.fuseNormGradEpilogues)

@@ -79,7 +79,7 @@ func.func @norm_grad_without_norm(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
 // -----
 
 func.func @fusion_unknown_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{has unknown kind 'tile' (loop, row, batch_norm, norm_grad, horizontal, multi_reduce, gemm)}}
+  // expected-error @+1 {{has unknown kind 'tile' (loop, row, batch_norm, norm_grad, horizontal, multi_reduce, gemm, lines)}}
   %r = forge.fusion "tile"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xf32>):
     %e = forge.exp %a : (tensor<4xf32>) -> tensor<4xf32>
@@ -641,4 +641,46 @@ func.func @resized_crop_size(%c: tensor<2x8x9x3xui8>, %g: tensor<2x6xf32>) -> te
   // expected-error @+1 {{failed to infer returned types}}
   %y = forge.resized_crop %c, %g {height = 0 : i64, width = 5 : i64} : (tensor<2x8x9x3xui8>, tensor<2x6xf32>) -> tensor<2x4x5x3xf32>
   return %y : tensor<2x4x5x3xf32>
+}
+
+// -----
+
+// A lines region starts with its reduction of its argument over one axis that is not the last.
+func.func @lines_row(%x: tensor<2x8x32xf32>) -> tensor<2x8x32xf32> {
+  // expected-error @+1 {{lines region must start with a keepdims reduce_sum or reduce_mean of its input over one axis that is not the last}}
+  %r = forge.fusion "lines"(%x) : (tensor<2x8x32xf32>) -> tensor<2x8x32xf32> {
+  ^bb0(%a: tensor<2x8x32xf32>):
+    %m = forge.reduce_mean %a {axes = array<i64: 2>, keepdims = true} : (tensor<2x8x32xf32>) -> tensor<2x8x1xf32>
+    %0 = forge.sub %a, %m : (tensor<2x8x32xf32>, tensor<2x8x1xf32>) -> tensor<2x8x32xf32>
+    forge.yield %0 : tensor<2x8x32xf32>
+  }
+  return %r : tensor<2x8x32xf32>
+}
+
+// -----
+
+func.func @lines_two_inputs(%x: tensor<2x8x32xf32>, %y: tensor<2x8x32xf32>) -> tensor<2x8x32xf32> {
+  // expected-error @+1 {{lines region must have one input and one result at its iteration shape}}
+  %r = forge.fusion "lines"(%x, %y) : (tensor<2x8x32xf32>, tensor<2x8x32xf32>) -> tensor<2x8x32xf32> {
+  ^bb0(%a: tensor<2x8x32xf32>, %b: tensor<2x8x32xf32>):
+    %m = forge.reduce_mean %a {axes = array<i64: 1>, keepdims = true} : (tensor<2x8x32xf32>) -> tensor<2x1x32xf32>
+    %0 = forge.sub %b, %m : (tensor<2x8x32xf32>, tensor<2x1x32xf32>) -> tensor<2x8x32xf32>
+    forge.yield %0 : tensor<2x8x32xf32>
+  }
+  return %r : tensor<2x8x32xf32>
+}
+
+// -----
+
+func.func @lines_second_reduction(%x: tensor<2x8x32xf32>) -> tensor<2x8x32xf32> {
+  %r = forge.fusion "lines"(%x) : (tensor<2x8x32xf32>) -> tensor<2x8x32xf32> {
+  ^bb0(%a: tensor<2x8x32xf32>):
+    %m = forge.reduce_mean %a {axes = array<i64: 1>, keepdims = true} : (tensor<2x8x32xf32>) -> tensor<2x1x32xf32>
+    // expected-error @+1 {{is not pointwise at the lines region's iteration shape}}
+    %s = forge.reduce_sum %a {axes = array<i64: 0>, keepdims = true} : (tensor<2x8x32xf32>) -> tensor<1x8x32xf32>
+    %0 = forge.sub %a, %m : (tensor<2x8x32xf32>, tensor<2x1x32xf32>) -> tensor<2x8x32xf32>
+    %1 = forge.add %0, %s : (tensor<2x8x32xf32>, tensor<1x8x32xf32>) -> tensor<2x8x32xf32>
+    forge.yield %1 : tensor<2x8x32xf32>
+  }
+  return %r : tensor<2x8x32xf32>
 }

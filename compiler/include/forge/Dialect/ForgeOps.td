@@ -724,6 +724,14 @@ def Forge_FusionOp : Op<Forge_Dialect, "fusion",
     forge-select-library states the cuBLASLt epilogue (`forge.matmul`'s
     `epilogue`) and the region runs as one library call; a CPU bundle runs
     the body's ops.
+
+    `kind = "lines"`: one input x and one result, both at the iteration
+    shape; the body starts with a keepdims `forge.reduce_sum` or
+    `forge.reduce_mean` of x over one axis that is not the last (f32), then
+    pointwise ops at the iteration shape reading x and that reduction (dk
+    minus its mean over the keys; forge-fuse-line-reductions). Its CUDA
+    kernel reduces each line and evaluates the body from the same block: x
+    read from memory once, the reduction never stored.
   }];
   let arguments = (ins Variadic<AnyForgeTensor>:$inputs, StrAttr:$kind);
   let results = (outs Variadic<AnyForgeTensor>:$results);

@@ -41,6 +41,7 @@ struct PipelineOptions {
   int64_t gemmPadMinFlops = int64_t(1) << 30; // forge-pad-contractions (forgec --gemm-pad-min-flops)
   std::string precision = "fp32"; // forge-assign-precision (forgec --precision)
   bool fuseColumnSums = true;     // forge-fuse-column-sums (forgec --fuse-column-sums)
+  bool fuseLineReductions = true; // forge-fuse-line-reductions (forgec --fuse-line-reductions)
   bool mergeReductions = true;    // forge-merge-reductions (forgec --merge-reductions)
   std::string fp8Scaling = "current"; // ... its fp8 scaling (forgec --fp8-scaling)
   unsigned fp8History = 16;       // ... delayed scaling's amax history (forgec --fp8-history)
