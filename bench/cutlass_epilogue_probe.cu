@@ -18,7 +18,8 @@
 //                 b and the residual C f32 (Forge keeps the residual stream in f32)
 //   fc2's dX      M 3072 K 768, A = W2 read transposed: D bf16 = acc * gelu'(aux); and the
 //                 same with the bias gradient (sum over tokens of D, f32) in the epilogue
-//   LM head       M 50264 K 768: D f32 = acc (the logits; the whole 16384 tokens at once)
+//   LM head       M 50264 K 768: D f32 = acc (the logits; the whole 16384 tokens at once),
+//                 and D bf16 (a 2-byte D: half the stored bytes)
 // Each result is checked on 2048 sampled elements (and 8 bias-gradient rows) against a
 // double reference from the same bf16 operands: the largest error relative to the
 // reference's RMS, failing above 2e-2 (bf16 output: 2^-9 relative, plus tanh.approx).
@@ -402,7 +403,14 @@ int main() {
       report("plain, f32 D", ms, flops,
              sampled(rng, p.m, download(dD, mn), [&](int i, int j) { return p.acc(i, j); }));
     });
-    cudaFree(dA), cudaFree(dB), cudaFree(dD);
+    // The same GEMM with a 2-byte D: what an epilogue writing the loss kernel's f16
+    // exp(x - group max) instead of f32 logits would start from (half the stored bytes).
+    bf16 *dD16 = nullptr;
+    CHECK_CUDA(cudaMalloc(&dD16, mn * 2));
+    poison = {{dD16, mn * 2}};
+    std::printf("LM head (logits), M 50264 N %d K 768, bf16 D:\n", N_TOKENS);
+    plainGemm(rng, p, dA, dB, dD16, flops);
+    cudaFree(dA), cudaFree(dB), cudaFree(dD), cudaFree(dD16);
   }
   std::printf("%s\n", failures ? "SOME RESULTS WRONG OR REFUSED" : "all results within 2e-2");
   return failures ? 1 : 0;
