@@ -571,22 +571,12 @@ int main(int argc, char **argv) {
     bool roofline = v.kernel == stream;
     bool ok = roofline || (worstLoss < 1e-5 && worstGrad <= 1.0);
     allOk &= ok;
-    cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
-    const int iters = 20;
-    CHECK(cudaEventRecord(a));
-    for (int i = 0; i < iters; ++i) {
+    const float ms = msPerRun(20, [&] {
       if (v.kernel == halves ||
           v.kernel == oneExp<true>) // its flags count from 0 again (a memset node, ~2 us)
         CHECK(cudaMemsetAsync(flagsPtr, 0, sizeof(unsigned) * 2 * 1024));
       v.kernel<<<grid, v.block, v.smem>>>(x, target, g, loss, d, rows);
-    }
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    ms /= iters;
+    });
     cudaFuncAttributes attr;
     CHECK(cudaFuncGetAttributes(&attr, v.kernel));
     std::printf(

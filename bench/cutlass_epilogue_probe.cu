@@ -31,6 +31,7 @@
 //     -o cutlass_epilogue_probe
 // Run: ./cutlass_epilogue_probe
 #include "../runtime/lib/cuda/CutlassGemmSm90.cuh" // the runtime's GEMM (CutlassGemm.cu)
+#include "probe_common.cuh"
 #include <cutlass/version.h>
 
 #include <cuda_runtime.h>
@@ -79,24 +80,15 @@ template <class F> void bothConfigs(F &&f) {
   f(std::true_type{});
 }
 
-#define CHECK_CUDA(x)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);         \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-
 template <class T> T *upload(const std::vector<T> &h) {
   T *d = nullptr;
-  CHECK_CUDA(cudaMalloc(&d, h.size() * sizeof(T)));
-  CHECK_CUDA(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  CHECK(cudaMalloc(&d, h.size() * sizeof(T)));
+  CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 template <class T> std::vector<T> download(const T *d, size_t n) {
   std::vector<T> h(n);
-  CHECK_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
   return h;
 }
 
@@ -129,33 +121,21 @@ float timeGemm(typename G::Op::Arguments args, const char *what, int warmup = 5,
   size_t wsBytes = G::Op::get_workspace_size(args);
   void *ws = nullptr;
   if (wsBytes)
-    CHECK_CUDA(cudaMalloc(&ws, wsBytes));
+    CHECK(cudaMalloc(&ws, wsBytes));
   if (op.initialize(args, ws) != cutlass::Status::kSuccess) {
     std::printf("  %-16s %-44s initialize failed\n", config, what);
     return -1;
   }
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
   bool ran = true;
-  for (int i = 0; i < warmup; ++i)
-    ran = ran && op.run() == cutlass::Status::kSuccess;
-  CHECK_CUDA(cudaEventRecord(a));
-  for (int i = 0; i < timed; ++i)
-    ran = ran && op.run() == cutlass::Status::kSuccess;
-  CHECK_CUDA(cudaEventRecord(b));
-  CHECK_CUDA(cudaEventSynchronize(b));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  const float ms = msPerRun(
+      timed, [&] { ran = ran && op.run() == cutlass::Status::kSuccess; }, warmup);
   if (ws)
     cudaFree(ws);
   if (!ran) {
     std::printf("  %-16s %-44s a launch failed\n", config, what);
     return -1;
   }
-  return ms / timed;
+  return ms;
 }
 
 struct Problem {
@@ -248,7 +228,7 @@ int main() {
   std::mt19937 rng(7);
   int dev = 0;
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
+  CHECK(cudaGetDeviceProperties(&prop, dev));
   std::printf("%s; CUTLASS %d.%d sm90 TMA warp-specialized GEMMs (cooperative 128x256x64 and "
               "ping-pong 128x128x64, cluster 1x2); N = %d tokens\n",
               prop.name, CUTLASS_MAJOR, CUTLASS_MINOR, N_TOKENS);
@@ -263,8 +243,8 @@ int main() {
       x = std::uniform_real_distribution<float>(-0.5f, 0.5f)(rng);
     bf16 *dA = upload(p.a), *dB = upload(p.b), *dD = nullptr, *dAux = nullptr;
     float *dBias = upload(bias);
-    CHECK_CUDA(cudaMalloc(&dD, mn3072 * 2));
-    CHECK_CUDA(cudaMalloc(&dAux, mn3072 * 2));
+    CHECK(cudaMalloc(&dD, mn3072 * 2));
+    CHECK(cudaMalloc(&dAux, mn3072 * 2));
     poison = {{dD, mn3072 * 2}, {dAux, mn3072 * 2}};
     const double flops = 2.0 * p.m * N_TOKENS * p.k;
     std::printf("fc1 forward, M 3072 N %d K 768:\n", N_TOKENS);
@@ -300,8 +280,8 @@ int main() {
       x = u(rng);
     bf16 *dA = upload(p.a), *dB = upload(p.b), *dD16 = nullptr;
     float *dBias = upload(bias), *dC = upload(resid), *dD = nullptr;
-    CHECK_CUDA(cudaMalloc(&dD, mn768 * 4));
-    CHECK_CUDA(cudaMalloc(&dD16, mn768 * 2));
+    CHECK(cudaMalloc(&dD, mn768 * 4));
+    CHECK(cudaMalloc(&dD16, mn768 * 2));
     poison = {{dD, mn768 * 4}, {dD16, mn768 * 2}};
     const double flops = 2.0 * p.m * N_TOKENS * p.k;
     std::printf("%s, M 768 N %d K %d:\n", k == 768 ? "attention projection" : "fc2 forward",
@@ -331,8 +311,8 @@ int main() {
     std::vector<bf16> aux = randomBf16(mn3072, 3.0f, rng);
     bf16 *dA = upload(p.a), *dB = upload(p.b), *dAux = upload(aux), *dD = nullptr;
     float *dBgrad = nullptr;
-    CHECK_CUDA(cudaMalloc(&dD, mn3072 * 2));
-    CHECK_CUDA(cudaMalloc(&dBgrad, 3072 * 4));
+    CHECK(cudaMalloc(&dD, mn3072 * 2));
+    CHECK(cudaMalloc(&dBgrad, 3072 * 4));
     poison = {{dD, mn3072 * 2}};
     const double flops = 2.0 * p.m * N_TOKENS * p.k;
     std::printf("fc2's dX through the GELU, M 3072 N %d K 768 (A transposed):\n", N_TOKENS);
@@ -353,7 +333,7 @@ int main() {
     });
     bothConfigs([&](auto pp) {
       using G = DGeluBgrad<decltype(pp)::value>;
-      CHECK_CUDA(cudaMemset(dBgrad, 0, 3072 * 4));
+      CHECK(cudaMemset(dBgrad, 0, 3072 * 4));
       auto args = baseArgs<G>(p, dA, dB);
       args.epilogue.ptr_D = dD;
       args.epilogue.thread.aux_ptr = dAux;
@@ -363,7 +343,7 @@ int main() {
       float ms = timeGemm<G>(args, "dGELU + bias gradient f32, bf16 D");
       check("dGELU + bias gradient f32, bf16 D", ms);
       // The bias gradient of one run (the timing ran 25: rerun once from zero).
-      CHECK_CUDA(cudaMemset(dBgrad, 0, 3072 * 4));
+      CHECK(cudaMemset(dBgrad, 0, 3072 * 4));
       if (ms >= 0 && timeGemm<G>(args, "its bias gradient's own run", 0, 1) >= 0) {
         auto g = download(dBgrad, 3072);
         std::uniform_int_distribution<int> pickM(0, p.m - 1);
@@ -391,7 +371,7 @@ int main() {
     const size_t mn = size_t(p.m) * N_TOKENS;
     bf16 *dA = upload(p.a), *dB = upload(p.b);
     float *dD = nullptr;
-    CHECK_CUDA(cudaMalloc(&dD, mn * 4));
+    CHECK(cudaMalloc(&dD, mn * 4));
     poison = {{dD, mn * 4}};
     const double flops = 2.0 * p.m * N_TOKENS * p.k;
     std::printf("LM head (logits), M 50264 N %d K 768, f32 D:\n", N_TOKENS);
@@ -406,7 +386,7 @@ int main() {
     // The same GEMM with a 2-byte D: what an epilogue writing the loss kernel's f16
     // exp(x - group max) instead of f32 logits would start from (half the stored bytes).
     bf16 *dD16 = nullptr;
-    CHECK_CUDA(cudaMalloc(&dD16, mn * 2));
+    CHECK(cudaMalloc(&dD16, mn * 2));
     poison = {{dD16, mn * 2}};
     std::printf("LM head (logits), M 50264 N %d K 768, bf16 D:\n", N_TOKENS);
     plainGemm(rng, p, dA, dB, dD16, flops);

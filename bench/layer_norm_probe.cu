@@ -168,13 +168,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 16 && !roofline; ++i) {
       int r = int((size_t(i) * 7919 + 13) % rows);
       const float *xr = hx.data() + size_t(r) * kCols;
-      double mean = 0, var = 0;
-      for (int c = 0; c < kCols; ++c)
-        mean += xr[c];
-      mean /= kCols;
-      for (int c = 0; c < kCols; ++c)
-        var += (xr[c] - mean) * (xr[c] - mean);
-      double rstd = 1.0 / std::sqrt(var / kCols + kEps);
+      double mean, rstd;
+      rowMoments(xr, kCols, kEps, mean, rstd);
       CHECK(cudaMemcpy(hy.data(), y + size_t(r) * kCols, kCols * 2, cudaMemcpyDeviceToHost));
       std::vector<double> ref(kCols);
       double scale = 0;
@@ -191,18 +186,7 @@ int main(int argc, char **argv) {
     }
     bool ok = roofline || worst <= 1.0;
     allOk &= ok;
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    const int iters = 50;
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < iters; ++i)
-      v.kernel<<<grid, v.block>>>(x, w, b, y, rows);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    ms /= iters;
+    const float ms = msPerRun(50, [&] { v.kernel<<<grid, v.block>>>(x, w, b, y, rows); });
     std::printf("%-42s %7.4f ms  %5.2f TB/s  err %.2f  %s\n", v.name, ms,
                 double(n) * 6 / (ms * 1e9), worst,
                 roofline ? "(no check)"

@@ -289,28 +289,16 @@ float timeGemm(typename G::Op::Arguments args, const char *what, int warmup = 5,
     std::printf("  %-44s initialize failed\n", what);
     return -1;
   }
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
   bool ran = true;
-  for (int i = 0; i < warmup; ++i)
-    ran = ran && op.run() == cutlass::Status::kSuccess;
-  CHECK(cudaEventRecord(a));
-  for (int i = 0; i < timed; ++i)
-    ran = ran && op.run() == cutlass::Status::kSuccess;
-  CHECK(cudaEventRecord(b));
-  CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  const float ms = msPerRun(
+      timed, [&] { ran = ran && op.run() == cutlass::Status::kSuccess; }, warmup);
   if (ws)
     cudaFree(ws);
   if (!ran || cudaDeviceSynchronize() != cudaSuccess) {
     std::printf("  %-44s a launch failed\n", what);
     return -1;
   }
-  return ms / timed;
+  return ms;
 }
 
 template <class G> typename G::Op::Arguments baseArgs(const bf16 *dX, const bf16 *dW, f16 *dD) {
@@ -565,19 +553,7 @@ template <class G> void expEpilogue(const Data &d, const char *what) {
   launch();
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i)
-    launch();
-  CHECK(cudaEventRecord(a));
-  for (int i = 0; i < 20; ++i)
-    launch();
-  CHECK(cudaEventRecord(b));
-  CHECK(cudaEventSynchronize(b));
-  float lms = 0;
-  CHECK(cudaEventElapsedTime(&lms, a, b));
-  lms /= 20;
+  const float lms = msPerRun(20, launch, 3);
   auto hloss = download(d.dLoss, kTokens);
   std::vector<__nv_bfloat16> hd(kVocab);
   double worstLoss = 0, worstGrad = 0;

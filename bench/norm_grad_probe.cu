@@ -246,13 +246,8 @@ int main(int argc, char **argv) {
   for (int row = 0; row < rows; ++row) {
     const float *xr = &hx[size_t(row) * kCols], *yr = &hdy[size_t(row) * kCols],
                 *rr = &hr[size_t(row) * kCols];
-    double mean = 0, var = 0, g = 0, gx = 0;
-    for (int c = 0; c < kCols; ++c)
-      mean += xr[c];
-    mean /= kCols;
-    for (int c = 0; c < kCols; ++c)
-      var += (xr[c] - mean) * (xr[c] - mean);
-    double rstd = 1.0 / std::sqrt(var / kCols + kEps);
+    double mean, rstd, g = 0, gx = 0;
+    rowMoments(xr, kCols, kEps, mean, rstd);
     for (int c = 0; c < kCols; ++c) {
       double xh = (xr[c] - mean) * rstd;
       g += hw[c] * yr[c];
@@ -315,20 +310,10 @@ int main(int argc, char **argv) {
     }
     bool ok = roofline || (worstOut < 1e-4 && worstCols < 1e-4);
     allOk &= ok;
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    const int iters = 30;
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < iters; ++i) {
+    const float ms = msPerRun(30, [&] {
       CHECK(cudaMemsetAsync(cols, 0, 3 * kCols * 4)); // as the runtime zeroes them
       v.kernel<<<v.grid, v.block>>>(a);
-    }
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    ms /= iters;
+    });
     std::printf("%-44s %7.4f ms  %5.2f TB/s  out err %.1e  column sums err %.1e  %s\n", v.name, ms,
                 double(n) * 18 / (ms * 1e9), worstOut, worstCols,
                 roofline ? "(no check)"
