@@ -38,6 +38,9 @@ namespace {
 
 RankedTensorType tensorOf(Value v) { return dyn_cast<RankedTensorType>(v.getType()); }
 
+/// The float types the lines kernel loads and stores.
+bool isKernelFloat(Type t) { return t.isF32() || t.isBF16() || t.isF16(); }
+
 bool isPointwise(Operation *op) {
   auto iface = dyn_cast<ForgeOpInterface>(op);
   return iface && iface.getFusionClass() == FusionClass::Elementwise;
@@ -54,8 +57,7 @@ bool isLineReduction(Operation *reduce) {
   if (!in || !in.hasStaticShape() || !out || !axes || axes.size() != 1 || !keep ||
       !keep.getValue() || !out.getElementType().isF32())
     return false;
-  Type elem = in.getElementType();
-  if (!(elem.isF32() || elem.isBF16() || elem.isF16()))
+  if (!isKernelFloat(in.getElementType()))
     return false;
   int64_t axis = axes[0] < 0 ? axes[0] + in.getRank() : axes[0];
   if (axis < 0 || axis >= in.getRank() || in.getDimSize(axis) < 2)
@@ -67,10 +69,12 @@ bool isLineReduction(Operation *reduce) {
 }
 
 /// Whether `op` reads exactly x and r (x among them), makes one result at x's
-/// shape and sits in `block`.
+/// shape in a float type the kernel stores, and sits in `block`. (Checked before a lone
+/// op is wrapped too: every op wrapped is then fused.)
 bool readsLine(Operation *op, Value x, Value r, Block *block) {
   return op->getBlock() == block && op->getNumResults() == 1 && tensorOf(op->getResult(0)) &&
          tensorOf(op->getResult(0)).getShape() == tensorOf(x).getShape() &&
+         isKernelFloat(tensorOf(op->getResult(0)).getElementType()) &&
          llvm::is_contained(op->getOperands(), x) &&
          llvm::all_of(op->getOperands(), [&](Value v) { return v == x || v == r; });
 }
@@ -81,10 +85,8 @@ FusionOp lineReader(Operation *reduce) {
     return nullptr;
   Value x = reduce->getOperand(0), r = reduce->getResult(0);
   auto loop = dyn_cast<FusionOp>(*r.getUsers().begin());
-  auto floaty = [](Type t) { return t.isF32() || t.isBF16() || t.isF16(); };
   if (!loop || !readsLine(loop, x, r, reduce->getBlock()) || loop.getKind() != "loop" ||
-      !floaty(tensorOf(loop->getResult(0)).getElementType()) || loop.isViewRegion() ||
-      loop.getInputs().size() != 2 ||
+      loop.isViewRegion() || loop.getInputs().size() != 2 ||
       !llvm::all_of(loop.getBlock().without_terminator(),
                     [](Operation &op) { return isPointwise(&op); }))
     return nullptr;

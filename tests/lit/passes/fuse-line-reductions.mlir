@@ -131,3 +131,17 @@ func.func @other_tensor(%x: tensor<2x8x32xf32>, %y: tensor<2x8x32xf32>) -> tenso
   }
   return %c : tensor<2x8x32xf32>
 }
+
+// -----
+
+// Negative: a lone pointwise reader whose result the kernel cannot store (a compare's i1) is
+// neither fused nor wrapped into a loop region of its own.
+// CHECK-LABEL: func @lone_compare
+// CHECK-NOT: forge.fusion
+// CHECK: forge.greater
+// REMARK-NOT: forge-fuse-line-reductions
+func.func @lone_compare(%x: tensor<2x8x32xf32>) -> tensor<2x8x32xi1> {
+  %m = forge.reduce_mean %x {axes = array<i64: 1>, keepdims = true} : (tensor<2x8x32xf32>) -> tensor<2x1x32xf32>
+  %c = forge.greater %x, %m : (tensor<2x8x32xf32>, tensor<2x1x32xf32>) -> tensor<2x8x32xi1>
+  return %c : tensor<2x8x32xi1>
+}
