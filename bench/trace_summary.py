@@ -25,16 +25,16 @@ import sys
 
 
 def kind_of(cat):
-    """An event's kind: its library (cuBLASLt, cuDNN), memcpy, transfer, a host placement,
-    or "kernel" (a generated kernel's name)."""
-    if cat in ("cuBLASLt", "cuDNN", "memcpy", "transfer") or cat.startswith("host"):
+    """An event's kind: its library (cuBLASLt, cuDNN, CUTLASS: the LM head's GEMM with its
+    loss), memcpy, transfer, a host placement, or "kernel" (a generated kernel's name)."""
+    if cat in ("cuBLASLt", "cuDNN", "CUTLASS", "memcpy", "transfer") or cat.startswith("host"):
         return cat
     return "kernel"
 
 
 # What each kind is in a transformer's step (GEMMs run in cuBLASLt, attention in cuDNN's
 # fused kernels; an unfused attention's matmuls and softmax rows count as GEMM and rest).
-SPLIT = (("GEMM (cuBLASLt, CUTLASS)", ("cuBLASLt",)), ("attention (cuDNN)", ("cuDNN",)),
+SPLIT = (("GEMM (cuBLASLt, CUTLASS)", ("cuBLASLt", "CUTLASS")), ("attention (cuDNN)", ("cuDNN",)),
          ("generated kernels", ("kernel",)), ("copies and transfers", ("memcpy", "transfer")))
 
 

@@ -540,6 +540,22 @@ def MergeCrossEntropyGrad : Pass<"forge-merge-cross-entropy-grad", "::mlir::Modu
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }
 
+def FuseLinearCrossEntropy : Pass<"forge-fuse-linear-cross-entropy", "::mlir::ModuleOp"> {
+  let summary = "The LM head's GEMM and its cross_entropy_with_grad as one CUTLASS call";
+  let description = [{
+    A matmul x w^T (bf16 [N, K] by [C, K]) whose f32 logits only a
+    cross_entropy_with_grad reads, with a bf16 gradient, becomes one
+    linear_cross_entropy_with_grad: the runtime's CUTLASS GEMM writes each
+    logit's exp(x - m) in f16 (m its row's maximum over the 128 columns of an
+    epilogue subtile) and the (m, sum) pairs, and a streaming kernel makes
+    the loss and the gradient from them, so the f32 logits are never stored
+    (GPT-2 B16: 3.3 GB written and read back a step). K and C multiples of 8.
+    CUDA sm_90 only (forgec --fuse-linear-cross-entropy); after the loss
+    head's chunking and merge, before placement.
+  }];
+  let dependentDialects = ["::mlir::forge::ForgeDialect"];
+}
+
 def FuseColumnSums : Pass<"forge-fuse-column-sums", "::mlir::ModuleOp"> {
   let summary = "Compute a column sum (a bias gradient) in the loop region that makes its input";
   let description = [{

@@ -464,6 +464,12 @@ struct SelectLibraryPass : public mlir::forge::impl::SelectLibraryBase<SelectLib
     });
     if (attention.wasInterrupted())
       return signalPassFailure();
+    // The LM head's GEMM with its loss (forge-fuse-linear-cross-entropy made it
+    // only in the form the runtime's CUTLASS kernels take) has no other kernel.
+    getOperation().walk([&](LinearCrossEntropyWithGradOp op) {
+      op->setAttr("forge.library", StringAttr::get(op->getContext(), "cutlass"));
+      changed = true;
+    });
     // A scaled_gemm has no generated kernel: cuBLASLt must take it
     // (forge-assign-precision made it only in forms cublasForm accepts).
     WalkResult scaled = getOperation().walk([&](ScaledGemmOp op) {

@@ -67,12 +67,16 @@ MODELS = dict(e2e.MODEL_LOSSES)
 # in bf16 1152 (two, as GPT-2's dk); 40 tokens, not a multiple of its rows per pass. And
 # "centred_pairs": h [N, 40, 2, 128] centred over its pair axis (2 rows on 2 warps, fewer
 # threads than the block's 128 columns at four a lane: the partials' sums loop over columns).
+# And "lm_head_bf16": x E^T with E [2000, 64] in bf16, C and K multiples of 8, so that on sm_90
+# forge-fuse-linear-cross-entropy makes it the runtime's CUTLASS GEMM with the streaming loss
+# (320 rows and 2000 columns: neither a multiple of the 128-wide tiles; tied_head_bf16 under
+# gpu_models_padded runs it too, at 50264 columns with 7 of padding).
 
 GENERATED = {"wide_head": 16384, "wide_head_odd": 16381, "wide_head_bf16": 50304,
              "wide_head_bf16_48k": 24576, "wide_head_bf16_odd": 50257, "tied_head_bf16": 50257,
              "centred_tokens": 16, "centred_tokens_wide": 16, "centred_tokens_bf16": 16,
-             "centred_pairs": 16}
-TIED = {"tied_head_bf16": 16}  # generated as x E^T, with this many features
+             "centred_pairs": 16, "lm_head_bf16": 2000}
+TIED = {"tied_head_bf16": 16, "lm_head_bf16": 64}  # generated as x E^T, with this many features
 CENTRED = {"centred_tokens": 128, "centred_tokens_wide": 2304, "centred_tokens_bf16": 1152,
            "centred_pairs": 256}
 PAIRS = {"centred_pairs"}  # centred over an axis of 2 (h as [N, 40, 2, h / 2])

@@ -303,8 +303,8 @@ TEST(CpuKernels, RegistryCoversEveryDialectOp) {
       "conv_grad_weight", "max_pool_grad", "avg_pool_grad", "batch_norm_training_grad",
       "layer_norm_grad", "group_norm_grad", "gelu_grad", "relu_bitmask", "relu_grad_bitmask",
       "softmax_grad", "log_softmax_grad", "nll_loss_grad", "cross_entropy", "cross_entropy_grad",
-      "cross_entropy_with_grad", "gather_grad", "gather_elements_grad", "slice_grad", "pad_grad",
-      "attention_grad",
+      "cross_entropy_with_grad", "linear_cross_entropy_with_grad", "gather_grad",
+      "gather_elements_grad", "slice_grad", "pad_grad", "attention_grad",
       // Bundle-level op (BundleEmitter write-back).
       "copy",
       // The data-parallel collective (forgec --dp).

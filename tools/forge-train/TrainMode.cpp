@@ -347,15 +347,15 @@ public:
         const bundle::Instruction &inst =
             (s.routine >= 0 ? ex_.bundle().program().routines(s.routine) : r)
                 .instructions(s.instruction);
-        std::string kernel = inst.placement() == bundle::KERNEL    ? inst.launch().kernel()
-                             : inst.placement() == bundle::LIBRARY
-                                 ? (inst.op().rfind("conv", 0) == 0 ||
-                                            inst.op().rfind("attention", 0) == 0
-                                        ? "cuDNN"
-                                        : "cuBLASLt")
-                             : inst.placement() == bundle::HOST    ? "host (CPU kernel)"
-                             : inst.placement() == bundle::DEVICE_COPY ? "memcpy"
-                                                                       : "cpu";
+        std::string kernel =
+            inst.placement() == bundle::KERNEL ? inst.launch().kernel()
+            : inst.placement() == bundle::LIBRARY
+                ? (inst.op().rfind("conv", 0) == 0 || inst.op().rfind("attention", 0) == 0 ? "cuDNN"
+                   : inst.op() == "linear_cross_entropy_with_grad" ? "CUTLASS"
+                                                                   : "cuBLASLt")
+            : inst.placement() == bundle::HOST        ? "host (CPU kernel)"
+            : inst.placement() == bundle::DEVICE_COPY ? "memcpy"
+                                                      : "cpu";
         e["name"] = inst.op();
         e["cat"] = kernel;
         args["instruction"] = s.instruction;

@@ -175,6 +175,13 @@ static cl::opt<bool> fuseLineReductions(
              "that region (forge-fuse-line-reductions). =false keeps two kernels, for "
              "comparisons"),
     cl::init(true), cl::cat(forgecCategory));
+static cl::opt<bool> fuseLinearCrossEntropy(
+    "fuse-linear-cross-entropy",
+    cl::desc("CUDA sm_90: a bf16 matmul x w^T whose f32 logits only a cross_entropy_with_grad "
+             "reads (a language model's head) runs as one CUTLASS call that never stores the "
+             "f32 logits (forge-fuse-linear-cross-entropy; needs a runtime built with "
+             "CUTLASS). =false keeps the cuBLASLt GEMM and the loss kernel"),
+    cl::init(true), cl::cat(forgecCategory));
 static cl::opt<bool> mergeReductions(
     "merge-reductions",
     cl::desc("CUDA: a multi_reduce region (the loss's sum, the gradient norms) whose sums only "
@@ -812,6 +819,7 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   o.permuteParameters = permuteParameters;
   o.fuseColumnSums = fuseColumnSums;
   o.fuseLineReductions = fuseLineReductions;
+  o.fuseLinearCrossEntropy = fuseLinearCrossEntropy;
   o.mergeReductions = mergeReductions;
   o.scheduleReport = scheduleReport;
   o.scheduleOrder = scheduleOrder;

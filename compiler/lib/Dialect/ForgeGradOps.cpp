@@ -396,6 +396,47 @@ OpCost CrossEntropyWithGradOp::computeCost() {
   return cost;
 }
 
+FORGE_INFER(LinearCrossEntropyWithGradOp) {
+  auto x = rankedOrNull(adaptor.getX().getType());
+  auto w = rankedOrNull(adaptor.getW().getType());
+  auto target = rankedOrNull(adaptor.getTarget().getType());
+  auto dy = rankedOrNull(adaptor.getGradOutput().getType());
+  if (!x || !w || !target || !dy || x.getRank() != 2 || w.getRank() != 2 ||
+      !isa<FloatType>(x.getElementType()) || !isa<FloatType>(w.getElementType()))
+    return failInference(loc, "linear_cross_entropy_with_grad needs float x [N, K], w [C, K], "
+                              "target [N] and grad_output");
+  const int64_t n = x.getDimSize(0), k = x.getDimSize(1), c = w.getDimSize(0);
+  if (w.getDimSize(1) != k)
+    return failInference(loc, "linear_cross_entropy_with_grad: w's columns are not x's");
+  if (auto classes = adaptor.getClasses();
+      classes && (*classes <= 0 || static_cast<int64_t>(*classes) > c))
+    return failInference(loc, "linear_cross_entropy_with_grad: classes is outside 1..C");
+  if (failed(requireShape(loc, target, {n}, "target")))
+    return failure();
+  if (failed(checkCrossEntropyUpstream(loc, adaptor.getReduction(), dy, n)))
+    return failure();
+  // The logits and what is made of them are f32 (f64 for f64 operands); the
+  // stored result may be narrower (forge-assign-precision's 2-byte gradient).
+  Type f = x.getElementType().isF64() ? x.getElementType() : Float32Type::get(x.getContext());
+  inferred.push_back(RankedTensorType::get({n}, f));
+  inferred.push_back(RankedTensorType::get({n, c}, f));
+  return success();
+}
+
+OpCost LinearCrossEntropyWithGradOp::computeCost() {
+  // The GEMM's 2 N C K, the statistics' and the gradient's 8 a logit; bytes as
+  // run: x and w read, the gradient written (its f16 exponentials written and
+  // read back in the same bytes), the loss.
+  OpCost cost = estimateDefaultCost(getOperation(), 0);
+  auto x = cast<RankedTensorType>(getX().getType());
+  auto result = cast<RankedTensorType>(getResult().getType());
+  const int64_t n = x.getDimSize(0), k = x.getDimSize(1), c = result.getDimSize(1);
+  cost.flops = 2 * n * c * k + 8 * n * c;
+  cost.bytes += 2 * result.getNumElements() *
+                static_cast<int64_t>(result.getElementType().getIntOrFloatBitWidth() / 8);
+  return cost;
+}
+
 FORGE_INFER(NllLossGradOp) {
   auto dy = rankedOrNull(adaptor.getGradOutput().getType());
   auto target = rankedOrNull(adaptor.getTarget().getType());

@@ -277,6 +277,11 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // matches them as a pair (and whose chunks each merge); before placement,
   // which gives the merged op its kernel.
   pm.addPass(createMergeCrossEntropyGrad());
+  // Then each chunk's GEMM and loss as one CUTLASS call (sm_90a kernels):
+  // after the merge, which makes the cross_entropy_with_grad it matches;
+  // before placement, which gives it to the library.
+  if (StringRef(options.target).starts_with("cuda:sm_90") && options.fuseLinearCrossEntropy)
+    pm.addPass(createFuseLinearCrossEntropy());
   // Then the column sums (bias gradients) into the loop regions that make
   // what they sum: after precision, whose stored types the sums keep reading,
   // and after the loss head's stages (their gradients feed these regions);
@@ -384,6 +389,9 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
   Opt<bool> fuseNormGradEpilogues{*this, "fuse-norm-grad-epilogues",
                                   llvm::cl::desc("as forgec --fuse-norm-grad-epilogues"),
                                   llvm::cl::init(true)};
+  Opt<bool> fuseLinearCrossEntropy{*this, "fuse-linear-cross-entropy",
+                                   llvm::cl::desc("as forgec --fuse-linear-cross-entropy"),
+                                   llvm::cl::init(true)};
   Opt<bool> foldContiguousViews{*this, "fold-contiguous-views",
                                 llvm::cl::desc("as forgec --fold-contiguous-views"),
                                 llvm::cl::init(true)};
@@ -401,6 +409,7 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
     options.foldContiguousViews = foldContiguousViews;
     options.fuseNormGradEpilogues = fuseNormGradEpilogues;
     options.permuteParameters = permuteParameters;
+    options.fuseLinearCrossEntropy = fuseLinearCrossEntropy;
   }
 };
 struct InferencePipelineCLOptions : public CommonPipelineCLOptions<InferencePipelineCLOptions> {};

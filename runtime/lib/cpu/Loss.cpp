@@ -211,6 +211,76 @@ Status crossEntropyGradKernel(KernelContext &ctx) {
   });
 }
 
+/// linear_cross_entropy_with_grad: cross_entropy_with_grad of x w^T, the
+/// logits of a row made in double from x's and w's values (the reference for
+/// the GPU's CUTLASS form, which never stores them). The loss and grad_output
+/// are x's compute type (f32, or f64 for f64 operands); the gradient may be
+/// stored narrower (bf16).
+Status linearCrossEntropyWithGradKernel(KernelContext &ctx) {
+  const TensorView &x = ctx.inputs[0], &w = ctx.inputs[1], &target = ctx.inputs[2],
+                   &dy = ctx.inputs[3];
+  TensorView &loss = ctx.outputs[0], &result = ctx.outputs[1];
+  CPU_ASSIGN_OR_RETURN(std::string reduction, ctx.attrs.getString("reduction"));
+  if (x.rank() != 2 || w.rank() != 2 || w.shape[1] != x.shape[1])
+    return Status::error("linear_cross_entropy_with_grad needs x [N, K] and w [C, K], got {} "
+                         "and {}",
+                         shapeString(x.shape), shapeString(w.shape));
+  FORGE_RETURN_IF_ERROR(checkDType(w, x.dtype, "w"));
+  FORGE_RETURN_IF_ERROR(checkShape(result, {x.shape[0], w.shape[0]}));
+  int64_t n = 0, c = 0, stride = 0;
+  FORGE_RETURN_IF_ERROR(crossEntropyShapes(ctx, result, target, reduction, n, c, stride));
+  const DType compute = x.dtype == DType::F64 ? DType::F64 : DType::F32;
+  FORGE_RETURN_IF_ERROR(checkDType(loss, compute, "loss"));
+  FORGE_RETURN_IF_ERROR(checkShape(loss, {n}));
+  FORGE_RETURN_IF_ERROR(checkDType(dy, compute, "grad_output"));
+  FORGE_RETURN_IF_ERROR(
+      checkShape(dy, reduction == "none" ? std::vector<int64_t>{n} : std::vector<int64_t>{}));
+  const int64_t k = x.shape[1];
+  for (int64_t i = 0; i < n; ++i) { // the targets first: an error leaves no output half-made
+    const int64_t t = target.dtype == DType::I32 ? int64_t(target.as<const int32_t>()[i])
+                                                 : int64_t(target.as<const int64_t>()[i]);
+    if (t < 0 || t >= c)
+      return Status::error("target {} at position {} is outside [0, {})", t, i, c);
+  }
+  return visitFloat(x.dtype, [&](auto tag) -> Status {
+    using T = typename decltype(tag)::type;
+    const T *px = x.as<const T>(), *pw = w.as<const T>();
+    return visitFloat(compute, [&](auto ctag) -> Status {
+      using F = typename decltype(ctag)::type;
+      const F *pg = dy.as<const F>();
+      F *pl = loss.as<F>();
+      return visitFloat(result.dtype, [&](auto rtag) -> Status {
+        using R = typename decltype(rtag)::type;
+        R *pr = result.as<R>();
+        ctx.pool.parallelFor(n, std::max<int64_t>(1, kGrain / std::max<int64_t>(stride * k, 1)),
+                             [&](int64_t lo, int64_t hi) {
+                               std::vector<double> row(static_cast<size_t>(c));
+                               for (int64_t i = lo; i < hi; ++i) {
+                                 const int64_t t = target.dtype == DType::I32
+                                                       ? int64_t(target.as<const int32_t>()[i])
+                                                       : int64_t(target.as<const int64_t>()[i]);
+                                 for (int64_t j = 0; j < c; ++j) {
+                                   double sum = 0;
+                                   for (int64_t q = 0; q < k; ++q)
+                                     sum +=
+                                         double(load(px[i * k + q])) * double(load(pw[j * k + q]));
+                                   row[j] = sum;
+                                 }
+                                 const double lse = rowLogSumExp(row.data(), c);
+                                 pl[i] = store<F>(lse - row[t]);
+                                 const double g = upstreamOf(reduction, pg, i, n);
+                                 for (int64_t j = 0; j < c; ++j)
+                                   pr[i * stride + j] = store<R>(
+                                       g * (std::exp(row[j] - lse) - (j == t ? 1.0 : 0.0)));
+                                 for (int64_t j = c; j < stride; ++j)
+                                   pr[i * stride + j] = store<R>(0.0);
+                               }
+                             });
+        return Status::ok();
+      });
+    });
+  });
+}
 
 } // namespace
 
@@ -219,6 +289,7 @@ void registerLossKernels(Registry &r) {
   r.add("cross_entropy", &crossEntropyKernel, 2, 2, 2, 2);
   r.add("cross_entropy_grad", &crossEntropyGradKernel, 4, 4);
   r.add("cross_entropy_with_grad", &crossEntropyWithGradKernel, 3, 3, 2, 2);
+  r.add("linear_cross_entropy_with_grad", &linearCrossEntropyWithGradKernel, 4, 4, 2, 2);
 }
 
 } // namespace forge::rt::cpu

@@ -15,6 +15,7 @@
 #include "cuda/Conv.h"
 #include "cuda/CudaApi.h"
 #include "cuda/Jpeg.h"
+#include "cuda/LinearCrossEntropy.h"
 #include "cuda/Matmul.h"
 #include "cuda/Nvml.h"
 #include "forge/runtime/Collectives.h"
@@ -106,6 +107,11 @@ struct Step {
   std::unique_ptr<AttentionPlan> attention;
   std::vector<void *> attnIn, attnOut; // its operands, in order
   MatmulOperands mm; // a cuBLASLt call's operands (matmulTensors)
+  // linear_cross_entropy_with_grad (CUTLASS): the problem, x, w, target, grad_output and
+  // loss, result; `fault` names the instruction for a target out of range.
+  std::unique_ptr<cuda::LinearCrossEntropy> lce;
+  std::vector<void *> lceIn, lceOut;
+  size_t workspaceBytes = 0; // the shared workspace's bytes (lce)
   void *out = nullptr; // a cuDNN call's output
   void *workspace = nullptr; // its arena bytes (forge-plan-memory), else the shared workspace
   // Copy
@@ -188,6 +194,63 @@ struct RoutineState {
   // The fault word as read back with each run's outputs, by parity (Impl::faultWord).
   PinnedBuffer faultStage[2];
 };
+
+/// linear_cross_entropy_with_grad's problem (cuda/LinearCrossEntropy.h), checked against its
+/// tensors: x bf16 [N, K], w bf16 [C, K], target i32/i64 [N], grad_output f32 ([N] for
+/// reduction none, else a scalar), loss f32 [N], result bf16 [N, C]; K and C multiples of 8.
+Expected<cuda::LinearCrossEntropy> linearCrossEntropyProblem(const bundle::Program &p,
+                                                             const bundle::Instruction &inst) {
+  if (inst.inputs_size() != 4 || inst.outputs_size() != 2 ||
+      std::any_of(inst.inputs().begin(), inst.inputs().end(), [](int32_t t) { return t < 0; }))
+    return Status::error("it takes x, w, target and grad_output and makes loss and result");
+  const bundle::TensorInfo &x = p.tensors(inst.inputs(0)), &w = p.tensors(inst.inputs(1)),
+                           &target = p.tensors(inst.inputs(2)), &dy = p.tensors(inst.inputs(3)),
+                           &loss = p.tensors(inst.outputs(0)), &result = p.tensors(inst.outputs(1));
+  AttrReader attrs(inst);
+  auto reduction = attrs.getString("reduction");
+  if (!reduction)
+    return reduction.status();
+  cuda::LinearCrossEntropy pr;
+  if (*reduction == "none")
+    pr.reduction = cuda::LinearCrossEntropy::Reduction::None;
+  else if (*reduction == "sum")
+    pr.reduction = cuda::LinearCrossEntropy::Reduction::Sum;
+  else if (*reduction == "mean")
+    pr.reduction = cuda::LinearCrossEntropy::Reduction::Mean;
+  else
+    return Status::error("reduction must be none, sum or mean, not '{}'", *reduction);
+  if (x.shape_size() != 2 || w.shape_size() != 2 || x.shape(1) != w.shape(1))
+    return Status::error("it needs x [N, K] and w [C, K]");
+  pr.rows = x.shape(0);
+  pr.k = x.shape(1);
+  pr.columns = w.shape(0);
+  pr.classes = pr.columns;
+  if (attrs.has("classes")) {
+    auto classes = attrs.getInt("classes");
+    if (!classes)
+      return classes.status();
+    pr.classes = *classes;
+  }
+  auto shapeIs = [](const bundle::TensorInfo &t, std::initializer_list<int64_t> want) {
+    return std::equal(t.shape().begin(), t.shape().end(), want.begin(), want.end());
+  };
+  if (x.dtype() != bundle::BF16 || w.dtype() != bundle::BF16 || result.dtype() != bundle::BF16 ||
+      loss.dtype() != bundle::F32 || dy.dtype() != bundle::F32 ||
+      (target.dtype() != bundle::I32 && target.dtype() != bundle::I64))
+    return Status::error("it takes bf16 x, w and result, f32 loss and grad_output and an i32 or "
+                         "i64 target");
+  pr.targetI32 = target.dtype() == bundle::I32;
+  const bool none = pr.reduction == cuda::LinearCrossEntropy::Reduction::None;
+  if (!shapeIs(target, {pr.rows}) || !shapeIs(loss, {pr.rows}) ||
+      !shapeIs(result, {pr.rows, pr.columns}) ||
+      !(none ? shapeIs(dy, {pr.rows}) : dy.shape_size() == 0))
+    return Status::error("its tensors' shapes do not agree: x [{}, {}], w [{}, {}]", pr.rows, pr.k,
+                         pr.columns, pr.k);
+  if (pr.k % 8 != 0 || pr.columns % 8 != 0 || pr.classes < 1 || pr.classes > pr.columns)
+    return Status::error("K ({}) and C ({}) must be multiples of 8 and classes ({}) in 1..C", pr.k,
+                         pr.columns, pr.classes);
+  return pr;
+}
 
 /// The routine that outputs tensor `index` (each arena output has one) if it has run.
 const RoutineState *ranOutputOwner(const std::vector<std::vector<int32_t>> &outputs,
@@ -373,7 +436,7 @@ struct CudaExecutor::Impl {
     if (s.kind == Step::Kernel)
       label += fmt::format(", kernel {}", s.inst->launch().kernel());
     else if (s.kind == Step::Library)
-      label += s.conv || s.attention ? ", cuDNN" : ", cuBLASLt";
+      label += s.conv || s.attention ? ", cuDNN" : s.lce ? ", CUTLASS" : ", cuBLASLt";
     else if (s.kind == Step::Host)
       label += ", on the host";
     else if (s.kind == Step::Collective)
@@ -402,6 +465,8 @@ struct CudaExecutor::Impl {
         return s.conv->run(s.convIn, s.out, s.workspace);
       if (s.attention)
         return s.attention->run(s.attnIn, s.attnOut, s.workspace);
+      if (s.lce)
+        return runLinearCrossEntropy(s);
       return s.matmul->run(s.stream, s.mm, s.workspace);
     case Step::Copy:
       if (!s.issuesNothing())
@@ -465,6 +530,24 @@ struct CudaExecutor::Impl {
     }
     }
     return Status::ok();
+  }
+
+  /// The LM head's CUTLASS GEMM and streaming loss (cuda/LinearCrossEntropy.h).
+  Status runLinearCrossEntropy(Step &s) {
+#ifdef FORGE_HAVE_CUTLASS
+    cudaError_t e = cuda::runLinearCrossEntropy(
+        *s.lce, s.lceIn[0], s.lceIn[1], s.lceIn[2], static_cast<const float *>(s.lceIn[3]),
+        static_cast<float *>(s.lceOut[0]), s.lceOut[1], reinterpret_cast<int32_t *>(s.fault->word),
+        s.fault->code, s.workspace, s.workspaceBytes, s.stream);
+    if (e == cudaErrorNotSupported)
+      return Status::error("CUTLASS cannot run this problem (a tensor not 16-byte aligned?)");
+    if (e != cudaSuccess)
+      return Status::error("launch failed: {}", cudaGetErrorString(e));
+    return Status::ok();
+#else
+    (void)s;
+    return Status::error("this runtime was built without CUTLASS");
+#endif
   }
 
   /// How enqueue() runs a routine.
@@ -654,9 +737,13 @@ struct CudaExecutor::Impl {
     auto [routine, index] = faultSite[code - 1];
     const bundle::Routine &at = program->routines(routine);
     const bundle::Instruction &inst = at.instructions(index);
-    return Status::error("{}: routine '{}' instruction #{} '{}' (op {}, kernel {}): {}", origin,
-                         at.name(), index, inst.name(), inst.op(), inst.launch().kernel(),
-                         inst.launch().fault());
+    // A library call that checks its data says what it found itself.
+    const bool library = inst.placement() == bundle::LIBRARY;
+    return Status::error("{}: routine '{}' instruction #{} '{}' (op {}, {} {}): {}", origin,
+                         at.name(), index, inst.name(), inst.op(), library ? "library" : "kernel",
+                         library ? "CUTLASS" : inst.launch().kernel(),
+                         library ? std::string("a target is outside [0, classes)")
+                                 : inst.launch().fault());
   }
 
   Status deviceError(const std::string &origin, cudaError_t e) const {
@@ -762,6 +849,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
   std::map<const bundle::Instruction *, std::unique_ptr<MatmulPlan>> matmuls;
   std::map<const bundle::Instruction *, std::unique_ptr<ConvPlan>> convs;
   std::map<const bundle::Instruction *, std::unique_ptr<AttentionPlan>> attentions;
+  std::map<const bundle::Instruction *, cuda::LinearCrossEntropy> lces;
   // cuDNN calls whose workspace is their arena bytes (forge-plan-memory placed them where no
   // tensor lives at that instruction); the others use the shared workspace.
   std::set<const bundle::Instruction *> arenaWorkspace;
@@ -802,6 +890,24 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         return why.prefix(fmt::format("{}: routine '{}' instruction #{} '{}' (op {})", origin,
                                       proto.name(), i, inst.name(), inst.op()));
       };
+      if (inst.op() == "linear_cross_entropy_with_grad") {
+        auto problem = linearCrossEntropyProblem(p, inst);
+        if (!problem)
+          return fail(problem.status());
+#ifdef FORGE_HAVE_CUTLASS
+        if (im.props.major != 9 || im.props.minor != 0)
+          return fail(Status::error("its CUTLASS kernels are sm_90a code; this GPU is sm_{}{} "
+                                    "(compile the bundle with --fuse-linear-cross-entropy=false)",
+                                    im.props.major, im.props.minor));
+        im.workspaceBytes =
+            std::max<uint64_t>(im.workspaceBytes, cuda::linearCrossEntropyWorkspaceBytes(*problem));
+        lces[&inst] = *problem;
+        continue;
+#else
+        return fail(Status::error("this runtime was built without CUTLASS, which runs it "
+                                  "(compile the bundle with --fuse-linear-cross-entropy=false)"));
+#endif
+      }
       if (inst.op() == "matmul" || inst.op() == "gemm" || inst.has_matmul()) {
         if (!im.lt) {
           auto lt = cublasLtApi();
@@ -1136,6 +1242,19 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
             if (t >= 0)
               s.convIn.push_back(im.devicePtr[t]);
           s.out = im.devicePtr[inst.outputs(0)];
+          break;
+        }
+        if (auto lce = lces.find(&inst); lce != lces.end()) {
+          s.lce = std::make_unique<cuda::LinearCrossEntropy>(lce->second);
+          for (int32_t t : inst.inputs()) // all present (linearCrossEntropyProblem)
+            s.lceIn.push_back(im.devicePtr[t]);
+          for (int32_t t : inst.outputs())
+            s.lceOut.push_back(im.devicePtr[t]);
+          s.workspaceBytes = im.workspaceStride;
+          im.faultSite.push_back({routine, i});
+          s.fault = std::make_unique<Step::FaultArgs>();
+          s.fault->word = reinterpret_cast<CUdeviceptr>(im.faultWord);
+          s.fault->code = static_cast<int32_t>(im.faultSite.size());
           break;
         }
         if (auto attn = attentions.find(&inst); attn != attentions.end()) {

@@ -272,6 +272,30 @@ def Forge_CrossEntropyWithGradOp : Forge_GradOp<"cross_entropy_with_grad", "Soft
   let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
 }
 
+def Forge_LinearCrossEntropyWithGradOp : Forge_GradOp<"linear_cross_entropy_with_grad", "SoftmaxCrossEntropyLoss", FusionLibrary, PrecisionKeepFP32> {
+  let summary = "cross_entropy_with_grad of the logits x w^T, which are never stored";
+  let description = [{
+    cross_entropy_with_grad(matmul(x, w, transB), target, grad_output): with
+    logits[n, c] = sum_k x[n, k] w[c, k] (accumulated in f32),
+    loss[n] = lse[n] - logits[n, target[n]] and
+    result[n, c] = g[n] * (exp(logits[n, c] - lse[n]) - (c == target[n])),
+    g and `reduction` as cross_entropy_grad's; columns from `classes` on are
+    padding (no logit, a zero gradient). Formed on CUDA sm_90 by
+    forge-fuse-linear-cross-entropy from a matmul whose one reader is a
+    cross_entropy_with_grad with a 2-byte gradient: the runtime's CUTLASS GEMM
+    writes each logit's exp(x - m) in f16 (m the maximum of its row's 128
+    columns) and the (m, sum) pairs, and a streaming kernel makes lse, the loss
+    and the gradient from them (runtime/lib/cuda/LinearCrossEntropy.h), so the
+    f32 logits never reach memory. The CPU kernel computes the logits in double.
+  }];
+  let arguments = (ins AnyForgeTensor:$x, AnyForgeTensor:$w, TensorOf<[I32, I64]>:$target,
+                       AnyForgeTensor:$grad_output, StrAttr:$reduction,
+                       OptionalAttr<I64Attr>:$classes);
+  let results = (outs AnyForgeTensor:$loss, AnyForgeTensor:$result);
+  let assemblyFormat = "$x `,` $w `,` $target `,` $grad_output attr-dict `:` functional-type(operands, results)";
+  let extraDecl = [{ ::mlir::forge::OpCost computeCost(); }];
+}
+
 def Forge_NllLossGradOp : Forge_GradOp<"nll_loss_grad", "NegativeLogLikelihoodLoss", FusionReduction, PrecisionKeepFP32> {
   let summary = "Gradient of nll_loss w.r.t. its input [N, num_classes, ...]";
   let description = [{

@@ -42,6 +42,8 @@ struct PipelineOptions {
   std::string precision = "fp32"; // forge-assign-precision (forgec --precision)
   bool fuseColumnSums = true;     // forge-fuse-column-sums (forgec --fuse-column-sums)
   bool fuseLineReductions = true; // forge-fuse-line-reductions (forgec --fuse-line-reductions)
+  // forge-fuse-linear-cross-entropy (forgec --fuse-linear-cross-entropy; cuda:sm_90 only)
+  bool fuseLinearCrossEntropy = true;
   bool mergeReductions = true;    // forge-merge-reductions (forgec --merge-reductions)
   std::string fp8Scaling = "current"; // ... its fp8 scaling (forgec --fp8-scaling)
   unsigned fp8History = 16;       // ... delayed scaling's amax history (forgec --fp8-history)
