@@ -408,8 +408,9 @@ FORGE_INFER(LinearCrossEntropyWithGradOp) {
   const int64_t n = x.getDimSize(0), k = x.getDimSize(1), c = w.getDimSize(0);
   if (w.getDimSize(1) != k)
     return failInference(loc, "linear_cross_entropy_with_grad: w's columns are not x's");
+  // (classes is unsigned in the adaptor: a negative value reads as a huge one.)
   if (auto classes = adaptor.getClasses();
-      classes && (*classes <= 0 || static_cast<int64_t>(*classes) > c))
+      classes && (static_cast<int64_t>(*classes) <= 0 || static_cast<int64_t>(*classes) > c))
     return failInference(loc, "linear_cross_entropy_with_grad: classes is outside 1..C");
   if (failed(requireShape(loc, target, {n}, "target")))
     return failure();

@@ -235,6 +235,8 @@ Status linearCrossEntropyWithGradKernel(KernelContext &ctx) {
   FORGE_RETURN_IF_ERROR(checkDType(dy, compute, "grad_output"));
   FORGE_RETURN_IF_ERROR(
       checkShape(dy, reduction == "none" ? std::vector<int64_t>{n} : std::vector<int64_t>{}));
+  if (target.dtype != DType::I32 && target.dtype != DType::I64)
+    return Status::error("target must be i32 or i64");
   const int64_t k = x.shape[1];
   for (int64_t i = 0; i < n; ++i) { // the targets first: an error leaves no output half-made
     const int64_t t = target.dtype == DType::I32 ? int64_t(target.as<const int32_t>()[i])

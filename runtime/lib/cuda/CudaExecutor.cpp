@@ -540,7 +540,8 @@ struct CudaExecutor::Impl {
         static_cast<float *>(s.lceOut[0]), s.lceOut[1], reinterpret_cast<int32_t *>(s.fault->word),
         s.fault->code, s.workspace, s.workspaceBytes, s.stream);
     if (e == cudaErrorNotSupported)
-      return Status::error("CUTLASS cannot run this problem (a tensor not 16-byte aligned?)");
+      return Status::error("CUTLASS cannot run this problem (a tensor not 16-byte aligned, or "
+                           "a workspace too small)");
     if (e != cudaSuccess)
       return Status::error("launch failed: {}", cudaGetErrorString(e));
     return Status::ok();
@@ -899,8 +900,11 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           return fail(Status::error("its CUTLASS kernels are sm_90a code; this GPU is sm_{}{} "
                                     "(compile the bundle with --fuse-linear-cross-entropy=false)",
                                     im.props.major, im.props.minor));
-        im.workspaceBytes =
-            std::max<uint64_t>(im.workspaceBytes, cuda::linearCrossEntropyWorkspaceBytes(*problem));
+        const size_t scratch = cuda::linearCrossEntropyWorkspaceBytes(*problem);
+        if (scratch == 0 && problem->rows > 0) // (0 bytes: a problem the kernels do not take)
+          return fail(Status::error("its CUTLASS kernels take at most 12272 groups of 128 "
+                                    "columns and dimensions below 2^31"));
+        im.workspaceBytes = std::max<uint64_t>(im.workspaceBytes, scratch);
         lces[&inst] = *problem;
         continue;
 #else

@@ -256,9 +256,10 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kGroupColumns = forge::cutlass_sm90::lm_head::kGroupColumns;
-// The loss kernel holds a row's per-group factors in shared memory (48 KiB without opting
-// in): 12288 groups = 1.5M columns, far above any vocabulary.
-constexpr int64_t kMaxGroups = 12288;
+// The loss kernel holds a row's per-group factors in shared memory: 48 KiB without opting in,
+// less its 64 static bytes (the warps' partial pairs): 12272 groups, 1.57M columns, far above
+// any vocabulary.
+constexpr int64_t kMaxGroups = (48 * 1024 - 64) / 4;
 constexpr int kTargetBlock = 256; // 8 rows (warps) a block
 constexpr int kLossBlock = 256;
 // 16-byte vectors a thread loads before it stores any: in place, a row streams at 2.91 TB/s

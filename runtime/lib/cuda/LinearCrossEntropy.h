@@ -43,7 +43,7 @@ size_t linearCrossEntropyWorkspaceBytes(const LinearCrossEntropy &p);
 /// bounds; its row's loss and gradient are then meaningless. The workspace must be 16-byte
 /// aligned. cudaErrorNotSupported when the problem cannot run here (sizes not multiples of 8,
 /// classes outside [1, columns], a pointer not 16-byte aligned, dims > INT32_MAX, more than
-/// 12288 column groups, too small a workspace, CUTLASS's can_implement refusing); otherwise
+/// 12272 column groups, too small a workspace, CUTLASS's can_implement refusing); otherwise
 /// the first launch error. rows == 0: cudaSuccess, nothing enqueued.
 cudaError_t runLinearCrossEntropy(const LinearCrossEntropy &p, const void *x, const void *w,
                                   const void *target, const float *gradOutput, float *loss,

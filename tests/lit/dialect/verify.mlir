@@ -684,3 +684,32 @@ func.func @lines_second_reduction(%x: tensor<2x8x32xf32>) -> tensor<2x8x32xf32> 
   }
   return %r : tensor<2x8x32xf32>
 }
+
+// -----
+
+// linear_cross_entropy_with_grad: w's columns must be x's, and classes in 1..C (a negative
+// classes reads as a huge unsigned value in the adaptor: still refused).
+func.func @linear_ce_k(%x: tensor<4x8xbf16>, %w: tensor<16x4xbf16>, %t: tensor<4xi64>, %g: tensor<f32>) {
+  // expected-error @+2 {{linear_cross_entropy_with_grad: w's columns are not x's}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %l, %d = forge.linear_cross_entropy_with_grad %x, %w, %t, %g {reduction = "sum"} : (tensor<4x8xbf16>, tensor<16x4xbf16>, tensor<4xi64>, tensor<f32>) -> (tensor<4xf32>, tensor<4x16xbf16>)
+  return
+}
+
+// -----
+
+func.func @linear_ce_classes(%x: tensor<4x8xbf16>, %w: tensor<16x8xbf16>, %t: tensor<4xi64>, %g: tensor<f32>) {
+  // expected-error @+2 {{linear_cross_entropy_with_grad: classes is outside 1..C}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %l, %d = forge.linear_cross_entropy_with_grad %x, %w, %t, %g {classes = -3 : i64, reduction = "sum"} : (tensor<4x8xbf16>, tensor<16x8xbf16>, tensor<4xi64>, tensor<f32>) -> (tensor<4xf32>, tensor<4x16xbf16>)
+  return
+}
+
+// -----
+
+func.func @linear_ce_wide(%x: tensor<4x8xbf16>, %w: tensor<16x8xbf16>, %t: tensor<4xi64>, %g: tensor<f32>) {
+  // expected-error @+2 {{linear_cross_entropy_with_grad: classes is outside 1..C}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %l, %d = forge.linear_cross_entropy_with_grad %x, %w, %t, %g {classes = 17 : i64, reduction = "sum"} : (tensor<4x8xbf16>, tensor<16x8xbf16>, tensor<4xi64>, tensor<f32>) -> (tensor<4xf32>, tensor<4x16xbf16>)
+  return
+}
