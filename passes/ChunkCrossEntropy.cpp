@@ -166,6 +166,14 @@ struct ChunkCrossEntropyPass
         continue;
       Head head;
       std::string why = matchHead(grad, head);
+      // A head forge-fuse-linear-cross-entropy will take stores no logits: its largest
+      // tensor is the gradient (2 bytes a logit).
+      if (why.empty() && fusedHead &&
+          isLinearCrossEntropyForm(head.product, type, grad.getResult().getType())) {
+        bytes = type.getNumElements() * 2;
+        if (bytes <= maxBytes)
+          continue;
+      }
       if (why.empty() && head.product->getBlock() != grad->getBlock())
         why = "the head spans blocks";
       int64_t chunks = (bytes + maxBytes - 1) / maxBytes;

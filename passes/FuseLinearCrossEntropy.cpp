@@ -48,30 +48,44 @@ MatMulOp fusibleHead(CrossEntropyWithGradOp ce, ReshapeOp *flat = nullptr) {
     logitsIn = reshape.getInput();
   }
   auto mm = logitsIn.getDefiningOp<MatMulOp>();
-  if (!mm || !mm.getResult().hasOneUse() || mm.getTransA() || !mm.getTransB() ||
-      mm->getBlock() != ce->getBlock() || ce->getParentOfType<FusionOp>())
+  if (!mm || !mm.getResult().hasOneUse() || mm->getBlock() != ce->getBlock() ||
+      ce->getParentOfType<FusionOp>() ||
+      !isLinearCrossEntropyForm(mm, ce.getLogits().getType(), ce.getResult().getType()))
     return {};
-  auto x = tensorOf(mm.getLhs()), w = tensorOf(mm.getRhs());
-  auto logits = tensorOf(ce.getLogits()), loss = tensorOf(ce.getLoss());
-  auto grad = tensorOf(ce.getResult()), dy = tensorOf(ce.getGradOutput());
-  if (!x || !w || !logits || !loss || !grad || !dy || x.getRank() < 2 || w.getRank() != 2 ||
-      logits.getRank() != 2)
-    return {};
-  if (!x.getElementType().isBF16() || !w.getElementType().isBF16() ||
-      !logits.getElementType().isF32() || !grad.getElementType().isBF16() ||
-      !loss.getElementType().isF32() || !dy.getElementType().isF32())
-    return {};
-  const int64_t k = x.getDimSize(x.getRank() - 1), c = w.getDimSize(0);
-  // The logits' rows are x's rows in order: x [..., K] flattened (a reshape of a row-major
-  // [B, T, C] to [B T, C] keeps each row's C values together and in order).
-  if (logits.getDimSize(0) * k != x.getNumElements() || logits.getDimSize(1) != c)
-    return {};
-  if (k % 8 != 0 || c % 8 != 0 || logits.getDimSize(0) < 1)
+  auto loss = tensorOf(ce.getLoss()), dy = tensorOf(ce.getGradOutput());
+  if (!loss || !dy || !loss.getElementType().isF32() || !dy.getElementType().isF32())
     return {};
   if (flat)
     *flat = reshape;
   return mm;
 }
+
+} // namespace
+
+bool mlir::forge::isLinearCrossEntropyForm(Operation *product, Type logitsType, Type gradient) {
+  auto mm = dyn_cast_or_null<MatMulOp>(product);
+  if (!mm || mm.getTransA() || !mm.getTransB())
+    return false;
+  auto x = tensorOf(mm.getLhs()), w = tensorOf(mm.getRhs());
+  auto logits = dyn_cast<RankedTensorType>(logitsType);
+  auto grad = dyn_cast<RankedTensorType>(gradient);
+  if (!x || !w || !logits || !grad || x.getRank() < 2 || w.getRank() != 2 ||
+      logits.getRank() != 2 || !x.hasStaticShape() || !w.hasStaticShape() ||
+      !logits.hasStaticShape())
+    return false;
+  if (!x.getElementType().isBF16() || !w.getElementType().isBF16() ||
+      !logits.getElementType().isF32() || !grad.getElementType().isBF16())
+    return false;
+  const int64_t k = x.getDimSize(x.getRank() - 1), c = w.getDimSize(0);
+  // The logits' rows are x's rows in order: x [..., K] flattened (a reshape of a row-major
+  // [B, T, C] to [B T, C] keeps each row's C values together and in order).
+  if (w.getDimSize(1) != k || logits.getDimSize(0) * k != x.getNumElements() ||
+      logits.getDimSize(1) != c)
+    return false;
+  return k % 8 == 0 && c % 8 == 0 && logits.getDimSize(0) >= 1;
+}
+
+namespace {
 
 struct FuseLinearCrossEntropyPass
     : public mlir::forge::impl::FuseLinearCrossEntropyBase<FuseLinearCrossEntropyPass> {

@@ -23,6 +23,11 @@ bool isStaticNonEmptyF32(Operation *op);
 /// and `dv` (v) ("" when it does): equal, a multiple of 8, at most 128.
 /// forge-recognize-composites and forge-select-library state it once here.
 std::string cudnnAttentionHeadRefusal(int64_t d, int64_t dv);
+/// Whether forge-fuse-linear-cross-entropy takes a head made by `product` with these logits
+/// and logit gradient: a matmul x w^T of bf16 x [.., K] and w [C, K], f32 logits whose rows
+/// are x's, a bf16 gradient, K and C multiples of 8 (the runtime's CUTLASS kernels' form).
+/// forge-chunk-cross-entropy asks it too: such a head stores no logits, only the gradient.
+bool isLinearCrossEntropyForm(Operation *product, Type logits, Type gradient);
 /// Bytes for a person: "768.0 MiB" (powers of 1024). The memory plan's report
 /// and forge-rematerialize's remark.
 std::string formatBytes(uint64_t bytes);

@@ -512,13 +512,20 @@ def ChunkCrossEntropy : Pass<"forge-chunk-cross-entropy", "::mlir::ModuleOp"> {
     gradient, whose row sum is reassociated chunk by chunk (fp32). Peak
     memory: one chunk's logits and D instead of all of them (GPT-2 B16: 4.6
     GiB -> 1.2 GiB). A head over the size that does not match gets a remark
-    naming why. After forge-assign-precision (the chunks keep the types it
-    chose) and before placement (which states each new GEMM's problem).
+    naming why. With `fused-head` (CUDA sm_90; the pipeline leaves it off
+    until a GPU measures it), a head that forge-fuse-linear-cross-entropy
+    will take counts its gradient's bytes (bf16), since its f32 logits are
+    never stored: GPT-2 B16 2 chunks instead of 4.
+    After forge-assign-precision (the chunks keep the types it chose) and
+    before placement (which states each new GEMM's problem).
   }];
   let options = [
     Option<"maxBytes", "max-bytes", "int64_t", /*default=*/"1073741824",
            "Largest logits tensor left whole; a larger one runs in chunks of at most this "
            "many bytes (0: never chunk)">,
+    Option<"fusedHead", "fused-head", "bool", /*default=*/"false",
+           "forge-fuse-linear-cross-entropy runs later: a head of its form stores no logits, "
+           "so its bytes are its gradient's (2 a logit) instead of the f32 logits'">,
   ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

@@ -5,6 +5,7 @@
 // three reductions. Skipped without a GPU of compute capability 9.0 (the kernels are sm_90a
 // code). The refusals of unsupported problems need no GPU and always run.
 #include "cuda/LinearCrossEntropy.h"
+#include "forge/runtime/Bundle.h"
 
 #include <cuda_runtime_api.h>
 
@@ -200,6 +201,8 @@ void runVariant(const Problem &pr, const Variant &v, std::mt19937 &rng) {
   Device<int32_t> dFault(1);
   ASSERT_EQ(cudaMemset(dFault.p, 0, 4), cudaSuccess);
   const size_t wsBytes = linearCrossEntropyWorkspaceBytes(p);
+  // What forge-train --info and forgec --batch auto plan for it (forge/runtime/Bundle.h).
+  EXPECT_EQ(wsBytes, forge::rt::linearCrossEntropyScratchBytes(p.rows, p.columns));
   ASSERT_GT(wsBytes, 0u);
   Device<char> ws(wsBytes);
   ASSERT_EQ(cudaMemset(ws.p, 0xff, wsBytes), cudaSuccess);

@@ -103,8 +103,8 @@ Status runInfo(const Options &opts) {
   // What forgec --batch auto fits into --device-memory (CUDA: one allocation).
   fmt::print("device plan:  {} bytes (arena, parameters, state and constants, aligned) + {} "
              "bytes of GEMM workspace ({} per compute stream)\n",
-             plannedTensorBytes(p), kGemmWorkspaceBytes * computeStreamCount(p),
-             kGemmWorkspaceBytes);
+             plannedTensorBytes(p), plannedWorkspaceBytes(p) * computeStreamCount(p),
+             plannedWorkspaceBytes(p));
   fmt::print("sections:     {}\n", p.sections_size());
   for (int i = 0; i < p.sections_size(); ++i)
     fmt::print("  [{}] {:<24} offset {:>12}  size {:>12}  crc32 {:#010x}\n", i,

@@ -1140,7 +1140,8 @@ int main(int argc, char **argv) {
       return {false, 0, error.empty() ? "the compile failed" : error};
     return {true,
             ::forge::rt::plannedTensorBytes(w.program()) +
-                ::forge::rt::kGemmWorkspaceBytes * ::forge::rt::computeStreamCount(w.program()),
+                ::forge::rt::plannedWorkspaceBytes(w.program()) *
+                    ::forge::rt::computeStreamCount(w.program()),
             ""};
   };
   std::optional<uint64_t> allowed;

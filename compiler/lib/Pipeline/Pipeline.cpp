@@ -272,6 +272,10 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // the memory plan, which reuses one chunk's buffers for the next.
   ChunkCrossEntropyOptions chunk;
   chunk.maxBytes = options.lossChunkBytes;
+  // The head forge-fuse-linear-cross-entropy takes (below) stores no f32 logits: with
+  // chunkFusedHead its chunks count the bf16 gradient (GPT-2 B16: 2 chunks, not 4).
+  chunk.fusedHead = options.chunkFusedHead && StringRef(options.target).starts_with("cuda:sm_90") &&
+                    options.fuseLinearCrossEntropy;
   pm.addPass(createChunkCrossEntropy(chunk));
   // Then each loss and its gradient in one row kernel: after chunking, which
   // matches them as a pair (and whose chunks each merge); before placement,

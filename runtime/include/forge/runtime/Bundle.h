@@ -118,6 +118,29 @@ inline uint64_t computeStreamCount(const bundle::Program &p) {
       n = std::max(n, computeStreamIndex(name) + 1);
   return static_cast<uint64_t>(n);
 }
+/// The scratch a linear_cross_entropy_with_grad of x [rows, K] and w [columns, K] takes from
+/// its compute stream's library workspace: cuda/LinearCrossEntropy.cu's layout, a (max, sum)
+/// f32 pair a row and 128 columns, then an f32 a row, each 256-byte aligned (CUTLASS's own
+/// workspace is 0 for its scheduler; LinearCrossEntropyGpuTest checks the two agree).
+inline uint64_t linearCrossEntropyScratchBytes(int64_t rows, int64_t columns) {
+  const uint64_t groups = static_cast<uint64_t>((columns + 127) / 128);
+  return alignUp(static_cast<uint64_t>(rows) * groups * 8, 256) +
+         alignUp(static_cast<uint64_t>(rows) * 4, 256);
+}
+/// The library workspace each compute stream gets before any cuDNN call asks for more at
+/// load: kGemmWorkspaceBytes, or a linear_cross_entropy_with_grad's larger scratch.
+inline uint64_t plannedWorkspaceBytes(const bundle::Program &p) {
+  uint64_t bytes = kGemmWorkspaceBytes;
+  for (const bundle::Routine &r : p.routines())
+    for (const bundle::Instruction &inst : r.instructions())
+      if (inst.op() == "linear_cross_entropy_with_grad" && inst.inputs_size() >= 2 &&
+          inst.inputs(0) >= 0 && inst.inputs(0) < p.tensors_size() && inst.inputs(1) >= 0 &&
+          inst.inputs(1) < p.tensors_size() && p.tensors(inst.inputs(0)).shape_size() == 2 &&
+          p.tensors(inst.inputs(1)).shape_size() == 2)
+        bytes = std::max(bytes, linearCrossEntropyScratchBytes(p.tensors(inst.inputs(0)).shape(0),
+                                                               p.tensors(inst.inputs(1)).shape(0)));
+  return bytes;
+}
 /// Those bytes before the workspace (what the bundle alone decides).
 inline uint64_t plannedTensorBytes(const bundle::Program &p) {
   uint64_t total = alignUp(p.arena_size(), kDeviceAlign);
