@@ -26,6 +26,9 @@ if [ "$mode" = compile ]; then
   [ -x build/tests/unit/AttentionGpuTest ] && strip -o "$dir/bin/AttentionGpuTest" build/tests/unit/AttentionGpuTest
   # cuDNN convolutions against the CPU executor (gtest; run with each cuDNN API).
   [ -x build/tests/unit/ConvGpuTest ] && strip -o "$dir/bin/ConvGpuTest" build/tests/unit/ConvGpuTest
+  # The LM head's CUTLASS GEMM with its loss against float64 (built with CUTLASS only).
+  [ -x build/tests/unit/LinearCrossEntropyGpuTest ] &&
+    strip -o "$dir/bin/LinearCrossEntropyGpuTest" build/tests/unit/LinearCrossEntropyGpuTest
   # Libraries the GPU image lacks (not libc/libstdc++/libgcc: Ubuntu's are newer; not
   # OpenBLAS, protobuf 3.21, zlib or the CUDA libraries, which the image has).
   for lib in $(ldd "$b/forge-train" "$b/forge-replay" | awk '/=> \//{print $3}' | sort -u); do
@@ -116,5 +119,7 @@ gtest_suite gpu_attention "$dir/bin/AttentionGpuTest"
 gtest_suite gpu_convolution "$dir/bin/ConvGpuTest"
 gtest_suite gpu_convolution_legacy "$dir/bin/ConvGpuTest" FORGE_CONV_API=legacy
 gtest_suite gpu_convolution_graph "$dir/bin/ConvGpuTest" FORGE_CONV_API=graph
+# The LM head's CUTLASS GEMM and streaming loss (LinearCrossEntropyGpuTest).
+gtest_suite gpu_linear_cross_entropy "$dir/bin/LinearCrossEntropyGpuTest"
 echo "=== summary"
 printf '%s\n' "${summary[@]}"
