@@ -16,6 +16,7 @@
 #ifdef FORGE_HAVE_CUDA
 #include "cuda/Attention.h"
 #include "cuda/CudaExecutor.h"
+#include "cuda/LinearCrossEntropy.h"
 #include "cuda/Matmul.h"
 #endif
 
@@ -402,6 +403,8 @@ Status checkLibraryCalls(const Bundle &bundle) {
         st = cuda::checkAttention(p, inst);
       else if (inst.op() == "matmul" || inst.op() == "gemm" || inst.has_matmul())
         st = cuda::matmulProblem(p, inst, false).status();
+      else if (inst.op() == "linear_cross_entropy_with_grad")
+        st = cuda::linearCrossEntropyProblem(p, inst).status();
       if (!st.isOk())
         return st.prefix(fmt::format("routine '{}' instruction #{} '{}' (op {})", r.name(), i,
                                      inst.name(), inst.op()));

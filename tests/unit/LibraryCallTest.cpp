@@ -614,3 +614,94 @@ TEST(LibraryCallTest, MatmulLibraryChoices) {
       EXPECT_NE(warning.find("FORGE_MATMUL_LIBRARY=" + c.value), std::string::npos) << warning;
   }
 }
+
+namespace {
+
+/// A bundle with one linear_cross_entropy_with_grad (x bf16 [4, 8] w^T, w bf16 [16, 8], 15
+/// classes, reduction sum); `mutate` edits the program first. checkLibraryCalls' verdict.
+Status checkLinearCrossEntropy(const std::function<void(fb::Program &)> &mutate = {}) {
+  BundleWriter w;
+  fb::Program &p = w.program();
+  p.set_target("cuda:sm_90");
+  p.set_producer("LibraryCallTest");
+  auto add = [&](const char *name, fb::TensorInfo::Kind kind, std::vector<int64_t> shape,
+                 fb::DType dtype, int64_t offset) {
+    int32_t t = addTensor(p, name, kind, std::move(shape), offset);
+    p.mutable_tensors(t)->set_dtype(dtype);
+    return t;
+  };
+  add("x", fb::TensorInfo::INPUT, {4, 8}, fb::BF16, 0);
+  add("w", fb::TensorInfo::INPUT, {16, 8}, fb::BF16, 256);
+  add("target", fb::TensorInfo::INPUT, {4}, fb::I64, 512);
+  add("g", fb::TensorInfo::INPUT, {}, fb::F32, 768);
+  add("loss", fb::TensorInfo::OUTPUT, {4}, fb::F32, 1024);
+  add("d", fb::TensorInfo::OUTPUT, {4, 16}, fb::BF16, 1280);
+  p.set_arena_size(2048);
+  fb::Routine *r = p.add_routines();
+  r->set_name("train_step");
+  fb::Instruction *inst = r->add_instructions();
+  inst->set_op("linear_cross_entropy_with_grad");
+  inst->set_name("head");
+  inst->set_placement(fb::LIBRARY);
+  for (int t : {0, 1, 2, 3})
+    inst->add_inputs(t);
+  inst->add_outputs(4);
+  inst->add_outputs(5);
+  (*inst->mutable_attrs())["reduction"].set_s("sum");
+  (*inst->mutable_attrs())["classes"].set_i(15);
+  for (int t : {0, 1, 2, 3})
+    r->add_inputs(t);
+  r->add_outputs(4);
+  r->add_outputs(5);
+  if (mutate)
+    mutate(p);
+  auto bundle = Bundle::fromBytes(w.serialize(), "test.forge");
+  if (!bundle)
+    return bundle.status();
+  return checkLibraryCalls(**bundle);
+}
+
+} // namespace
+
+// The LM head's CUTLASS call (forge-fuse-linear-cross-entropy): its tensors are checked at
+// load, naming the instruction, before any kernel could read past a buffer.
+TEST(LibraryCallTest, LinearCrossEntropyProblems) {
+  Status ok = checkLinearCrossEntropy();
+  EXPECT_TRUE(ok.isOk()) << ok.message();
+  auto refused = [](const std::function<void(fb::Program &)> &mutate, const std::string &needle) {
+    Status st = checkLinearCrossEntropy(mutate);
+    ASSERT_FALSE(st.isOk()) << "expected an error containing: " << needle;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("instruction #0 'head'"), std::string::npos) << st.message();
+  };
+  // An f32 x (the kernels read bf16).
+  refused([](fb::Program &p) { p.mutable_tensors(0)->set_dtype(fb::F32); }, "bf16 x, w and result");
+  // A result of other rows than x's.
+  refused([](fb::Program &p) { p.mutable_tensors(5)->set_shape(0, 3); }, "shapes do not agree");
+  // K not a multiple of 8 (x and w [.., 6]).
+  refused(
+      [](fb::Program &p) {
+        p.mutable_tensors(0)->set_shape(1, 6);
+        p.mutable_tensors(1)->set_shape(1, 6);
+      },
+      "multiples of 8");
+  // More classes than columns.
+  refused(
+      [](fb::Program &p) {
+        (*p.mutable_routines(0)->mutable_instructions(0)->mutable_attrs())["classes"].set_i(17);
+      },
+      "classes (17) in 1..C");
+  // Reduction none needs a grad_output a row.
+  refused(
+      [](fb::Program &p) {
+        (*p.mutable_routines(0)->mutable_instructions(0)->mutable_attrs())["reduction"].set_s(
+            "none");
+      },
+      "shapes do not agree");
+  // A missing output.
+  refused(
+      [](fb::Program &p) {
+        p.mutable_routines(0)->mutable_instructions(0)->mutable_outputs()->RemoveLast();
+      },
+      "makes loss and result");
+}

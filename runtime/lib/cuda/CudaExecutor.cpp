@@ -195,11 +195,21 @@ struct RoutineState {
   PinnedBuffer faultStage[2];
 };
 
-/// linear_cross_entropy_with_grad's problem (cuda/LinearCrossEntropy.h), checked against its
-/// tensors: x bf16 [N, K], w bf16 [C, K], target i32/i64 [N], grad_output f32 ([N] for
-/// reduction none, else a scalar), loss f32 [N], result bf16 [N, C]; K and C multiples of 8.
-Expected<cuda::LinearCrossEntropy> linearCrossEntropyProblem(const bundle::Program &p,
-                                                             const bundle::Instruction &inst) {
+/// The routine that outputs tensor `index` (each arena output has one) if it has run.
+const RoutineState *ranOutputOwner(const std::vector<std::vector<int32_t>> &outputs,
+                                   const std::vector<RoutineState> &routines, int32_t index) {
+  for (size_t i = 0; i < outputs.size() && i < routines.size(); ++i)
+    if (routines[i].runs > 0 &&
+        std::find(outputs[i].begin(), outputs[i].end(), index) != outputs[i].end())
+      return &routines[i];
+  return nullptr;
+}
+
+} // namespace
+
+// cuda/LinearCrossEntropy.h
+Expected<cuda::LinearCrossEntropy>
+cuda::linearCrossEntropyProblem(const bundle::Program &p, const bundle::Instruction &inst) {
   if (inst.inputs_size() != 4 || inst.outputs_size() != 2 ||
       std::any_of(inst.inputs().begin(), inst.inputs().end(), [](int32_t t) { return t < 0; }))
     return Status::error("it takes x, w, target and grad_output and makes loss and result");
@@ -251,18 +261,6 @@ Expected<cuda::LinearCrossEntropy> linearCrossEntropyProblem(const bundle::Progr
                          pr.columns, pr.classes);
   return pr;
 }
-
-/// The routine that outputs tensor `index` (each arena output has one) if it has run.
-const RoutineState *ranOutputOwner(const std::vector<std::vector<int32_t>> &outputs,
-                                   const std::vector<RoutineState> &routines, int32_t index) {
-  for (size_t i = 0; i < outputs.size() && i < routines.size(); ++i)
-    if (routines[i].runs > 0 &&
-        std::find(outputs[i].begin(), outputs[i].end(), index) != outputs[i].end())
-      return &routines[i];
-  return nullptr;
-}
-
-} // namespace
 
 struct CudaExecutor::Impl {
   CudaExecutorOptions options;
@@ -892,7 +890,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
                                       proto.name(), i, inst.name(), inst.op()));
       };
       if (inst.op() == "linear_cross_entropy_with_grad") {
-        auto problem = linearCrossEntropyProblem(p, inst);
+        auto problem = cuda::linearCrossEntropyProblem(p, inst);
         if (!problem)
           return fail(problem.status());
 #ifdef FORGE_HAVE_CUTLASS

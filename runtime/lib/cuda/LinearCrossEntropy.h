@@ -51,3 +51,19 @@ cudaError_t runLinearCrossEntropy(const LinearCrossEntropy &p, const void *x, co
                                   size_t workspaceBytes, cudaStream_t stream);
 
 } // namespace forge::rt::cuda
+
+#ifndef __CUDACC__ // the bundle's side (protobuf, fmt) stays out of nvcc's translation unit
+#include "forge/runtime/Bundle.h"
+#include "forge/runtime/Status.h"
+
+namespace forge::rt::cuda {
+
+/// A linear_cross_entropy_with_grad instruction's problem, checked against its tensors: x bf16
+/// [N, K], w bf16 [C, K], target i32/i64 [N], grad_output f32 ([N] for reduction none, else a
+/// scalar), loss f32 [N], result bf16 [N, C]; K and C multiples of 8, classes in 1..C. The
+/// executor's load and checkLibraryCalls (no GPU needed) both ask it (CudaExecutor.cpp).
+Expected<LinearCrossEntropy> linearCrossEntropyProblem(const bundle::Program &p,
+                                                       const bundle::Instruction &inst);
+
+} // namespace forge::rt::cuda
+#endif
