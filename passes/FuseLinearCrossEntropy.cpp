@@ -91,16 +91,21 @@ struct FuseLinearCrossEntropyPass
     : public mlir::forge::impl::FuseLinearCrossEntropyBase<FuseLinearCrossEntropyPass> {
   using FuseLinearCrossEntropyBase::FuseLinearCrossEntropyBase;
   void runOnOperation() override {
-    SmallVector<CrossEntropyWithGradOp> heads;
+    struct Head {
+      CrossEntropyWithGradOp ce;
+      MatMulOp mm;
+      ReshapeOp flat;
+    };
+    SmallVector<Head> heads;
     getOperation().walk([&](CrossEntropyWithGradOp ce) {
-      if (fusibleHead(ce))
-        heads.push_back(ce);
+      ReshapeOp flat;
+      if (MatMulOp mm = fusibleHead(ce, &flat))
+        heads.push_back({ce, mm, flat});
     });
     if (heads.empty())
       return markAllAnalysesPreserved();
-    for (CrossEntropyWithGradOp ce : heads) {
-      ReshapeOp flat;
-      MatMulOp mm = fusibleHead(ce, &flat);
+    // Each head's ops are its own (single uses): rewriting one leaves the others' matches.
+    for (auto [ce, mm, flat] : heads) {
       OpBuilder b(ce);
       // At the loss's place: x and w come before the matmul, which comes before it.
       Value x = mm.getLhs();

@@ -17,6 +17,16 @@ namespace fb = forge::bundle;
 
 namespace {
 
+/// checkLibraryCalls' verdict on `w`'s program after `mutate` edits it.
+Status verdict(BundleWriter &w, const std::function<void(fb::Program &)> &mutate) {
+  if (mutate)
+    mutate(w.program());
+  auto bundle = Bundle::fromBytes(w.serialize(), "test.forge");
+  if (!bundle)
+    return bundle.status();
+  return checkLibraryCalls(**bundle);
+}
+
 /// a[2,3,4,8] @ b[2,3,8,5] -> y[2,3,4,5] (batch 6, strides 32 and 40), then
 /// gemm y2[4,8] @ w[8,5] + bias[5] -> z[4,5]; `mutate` edits the program first.
 Status check(const std::function<void(fb::Program &)> &mutate = {}) {
@@ -71,12 +81,7 @@ Status check(const std::function<void(fb::Program &)> &mutate = {}) {
     r->add_inputs(t);
   r->add_outputs(2);
   r->add_outputs(6);
-  if (mutate)
-    mutate(p);
-  auto bundle = Bundle::fromBytes(w.serialize(), "test.forge");
-  if (!bundle)
-    return bundle.status();
-  return checkLibraryCalls(**bundle);
+  return verdict(w, mutate);
 }
 
 fb::MatmulProblem &matmul(fb::Program &p, int i) {
@@ -653,12 +658,7 @@ Status checkLinearCrossEntropy(const std::function<void(fb::Program &)> &mutate 
     r->add_inputs(t);
   r->add_outputs(4);
   r->add_outputs(5);
-  if (mutate)
-    mutate(p);
-  auto bundle = Bundle::fromBytes(w.serialize(), "test.forge");
-  if (!bundle)
-    return bundle.status();
-  return checkLibraryCalls(**bundle);
+  return verdict(w, mutate);
 }
 
 } // namespace

@@ -270,12 +270,13 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // cross_entropy ops it matches, and after precision, whose types the
   // chunks keep; before placement, which states the new GEMMs' problems, and
   // the memory plan, which reuses one chunk's buffers for the next.
+  const bool fuseHead =
+      StringRef(options.target).starts_with("cuda:sm_90") && options.fuseLinearCrossEntropy;
   ChunkCrossEntropyOptions chunk;
   chunk.maxBytes = options.lossChunkBytes;
   // The head forge-fuse-linear-cross-entropy takes (below) stores no f32 logits: with
   // chunkFusedHead its chunks count the bf16 gradient (GPT-2 B16: 2 chunks, not 4).
-  chunk.fusedHead = options.chunkFusedHead && StringRef(options.target).starts_with("cuda:sm_90") &&
-                    options.fuseLinearCrossEntropy;
+  chunk.fusedHead = options.chunkFusedHead && fuseHead;
   pm.addPass(createChunkCrossEntropy(chunk));
   // Then each loss and its gradient in one row kernel: after chunking, which
   // matches them as a pair (and whose chunks each merge); before placement,
@@ -284,7 +285,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
   // Then each chunk's GEMM and loss as one CUTLASS call (sm_90a kernels):
   // after the merge, which makes the cross_entropy_with_grad it matches;
   // before placement, which gives it to the library.
-  if (StringRef(options.target).starts_with("cuda:sm_90") && options.fuseLinearCrossEntropy)
+  if (fuseHead)
     pm.addPass(createFuseLinearCrossEntropy());
   // Then the column sums (bias gradients) into the loop regions that make
   // what they sum: after precision, whose stored types the sums keep reading,

@@ -235,15 +235,22 @@ Status linearCrossEntropyWithGradKernel(KernelContext &ctx) {
   FORGE_RETURN_IF_ERROR(checkDType(dy, compute, "grad_output"));
   FORGE_RETURN_IF_ERROR(
       checkShape(dy, reduction == "none" ? std::vector<int64_t>{n} : std::vector<int64_t>{}));
-  if (target.dtype != DType::I32 && target.dtype != DType::I64)
-    return Status::error("target must be i32 or i64");
   const int64_t k = x.shape[1];
-  for (int64_t i = 0; i < n; ++i) { // the targets first: an error leaves no output half-made
-    const int64_t t = target.dtype == DType::I32 ? int64_t(target.as<const int32_t>()[i])
-                                                 : int64_t(target.as<const int64_t>()[i]);
-    if (t < 0 || t >= c)
-      return Status::error("target {} at position {} is outside [0, {})", t, i, c);
-  }
+  // The targets first, widened once: an error leaves no output half-made.
+  std::vector<int64_t> targets(static_cast<size_t>(n));
+  FORGE_RETURN_IF_ERROR(visitIndex(
+      target.dtype,
+      [&](auto itag) -> Status {
+        using I = typename decltype(itag)::type;
+        const I *pt = target.as<const I>();
+        for (int64_t i = 0; i < n; ++i) {
+          targets[i] = static_cast<int64_t>(pt[i]);
+          if (targets[i] < 0 || targets[i] >= c)
+            return Status::error("target {} at position {} is outside [0, {})", targets[i], i, c);
+        }
+        return Status::ok();
+      },
+      "target"));
   return visitFloat(x.dtype, [&](auto tag) -> Status {
     using T = typename decltype(tag)::type;
     const T *px = x.as<const T>(), *pw = w.as<const T>();
@@ -258,9 +265,7 @@ Status linearCrossEntropyWithGradKernel(KernelContext &ctx) {
                              [&](int64_t lo, int64_t hi) {
                                std::vector<double> row(static_cast<size_t>(c));
                                for (int64_t i = lo; i < hi; ++i) {
-                                 const int64_t t = target.dtype == DType::I32
-                                                       ? int64_t(target.as<const int32_t>()[i])
-                                                       : int64_t(target.as<const int64_t>()[i]);
+                                 const int64_t t = targets[i];
                                  for (int64_t j = 0; j < c; ++j) {
                                    double sum = 0;
                                    for (int64_t q = 0; q < k; ++q)

@@ -736,13 +736,13 @@ struct CudaExecutor::Impl {
     auto [routine, index] = faultSite[code - 1];
     const bundle::Routine &at = program->routines(routine);
     const bundle::Instruction &inst = at.instructions(index);
-    // A library call that checks its data says what it found itself.
-    const bool library = inst.placement() == bundle::LIBRARY;
-    return Status::error("{}: routine '{}' instruction #{} '{}' (op {}, {} {}): {}", origin,
-                         at.name(), index, inst.name(), inst.op(), library ? "library" : "kernel",
-                         library ? "CUTLASS" : inst.launch().kernel(),
-                         library ? std::string("a target is outside [0, classes)")
-                                 : inst.launch().fault());
+    // A generated kernel's launch says what its check found; the one library call that
+    // checks its data (the LM head's CUTLASS call) checks its targets.
+    const bool lce = inst.op() == "linear_cross_entropy_with_grad";
+    return Status::error(
+        "{}: routine '{}' instruction #{} '{}' (op {}, {}): {}", origin, at.name(), index,
+        inst.name(), inst.op(), lce ? std::string("CUTLASS") : "kernel " + inst.launch().kernel(),
+        lce ? std::string("a target is outside [0, classes)") : inst.launch().fault());
   }
 
   Status deviceError(const std::string &origin, cudaError_t e) const {
@@ -1157,6 +1157,13 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         return Status::error("{}: routine '{}' instruction #{} '{}' (op {}): {}", origin,
                              proto.name(), i, inst.name(), inst.op(), why);
       };
+      // A step that checks its data: the fault word and a code naming this instruction.
+      auto checksData = [&] {
+        im.faultSite.push_back({routine, i});
+        s.fault = std::make_unique<Step::FaultArgs>();
+        s.fault->word = reinterpret_cast<CUdeviceptr>(im.faultWord);
+        s.fault->code = static_cast<int32_t>(im.faultSite.size());
+      };
       // forge-schedule's stream and edges (the bundle was validated: events in
       // range, recorded before they are waited for).
       s.stream = streams[inst.stream()];
@@ -1223,10 +1230,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
         for (CUdeviceptr &a : s.args)
           s.params.push_back(&a);
         if (!inst.launch().fault().empty()) {
-          im.faultSite.push_back({routine, i});
-          s.fault = std::make_unique<Step::FaultArgs>();
-          s.fault->word = reinterpret_cast<CUdeviceptr>(im.faultWord);
-          s.fault->code = static_cast<int32_t>(im.faultSite.size());
+          checksData();
           s.params.push_back(&s.fault->word);
           s.params.push_back(&s.fault->code);
         }
@@ -1253,10 +1257,7 @@ Expected<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Bundle &bundl
           for (int32_t t : inst.outputs())
             s.lceOut.push_back(im.devicePtr[t]);
           s.workspaceBytes = im.workspaceStride;
-          im.faultSite.push_back({routine, i});
-          s.fault = std::make_unique<Step::FaultArgs>();
-          s.fault->word = reinterpret_cast<CUdeviceptr>(im.faultWord);
-          s.fault->code = static_cast<int32_t>(im.faultSite.size());
+          checksData();
           break;
         }
         if (auto attn = attentions.find(&inst); attn != attentions.end()) {
