@@ -45,9 +45,9 @@ struct PipelineOptions {
   // forge-fuse-linear-cross-entropy (forgec --fuse-linear-cross-entropy; cuda:sm_90 only)
   bool fuseLinearCrossEntropy = true;
   // forge-chunk-cross-entropy's fused-head: a fusible head's chunks count its bf16 gradient,
-  // not the f32 logits it never stores. Off until measured on a GPU (.devbench38/callD.sh:
-  // GPT-2 at 4 / 2 / 1 chunks; --loss-chunk-bytes 2147483648 gives the same 2 chunks).
-  bool chunkFusedHead = false;
+  // not the f32 logits it never stores (GPT-2 B16: 2 chunks, not 4; -0.17 ms a step on an
+  // H200, bench/RESULTS.md "thirty-ninth session").
+  bool chunkFusedHead = true;
   bool mergeReductions = true;    // forge-merge-reductions (forgec --merge-reductions)
   std::string fp8Scaling = "current"; // ... its fp8 scaling (forgec --fp8-scaling)
   unsigned fp8History = 16;       // ... delayed scaling's amax history (forgec --fp8-history)
