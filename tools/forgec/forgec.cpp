@@ -134,9 +134,9 @@ static cl::opt<int64_t> maxStreamPins(
     "max-stream-pins",
     cl::desc("While further compute streams raise the estimated peak too far, put back on the "
              "compute stream the side op holding the most bytes across it and assign the rest "
-             "again, up to N times (default 0: all side ops or one stream; not measured on a "
-             "GPU yet, and a further stream's 32 MiB GEMM workspace is not counted)"),
-    cl::init(0), cl::cat(forgecCategory));
+             "again, up to N times (default 8; 0: all side ops or one stream; a further "
+             "stream's 32 MiB GEMM workspace is not counted)"),
+    cl::init(8), cl::cat(forgecCategory));
 static cl::opt<bool> foldAttentionViews(
     "fold-attention-views",
     cl::desc("CUDA: cuDNN attention reads q, k and v where a fused qkv projection wrote them "

@@ -376,7 +376,7 @@ template <typename Derived> struct CommonPipelineCLOptions : public PassPipeline
                                   llvm::cl::desc("as forgec --stream-memory-growth"),
                                   llvm::cl::init(1)};
   Opt<int64_t> maxStreamPins{*this, "max-stream-pins",
-                             llvm::cl::desc("as forgec --max-stream-pins"), llvm::cl::init(0)};
+                             llvm::cl::desc("as forgec --max-stream-pins"), llvm::cl::init(8)};
   Opt<std::string> scheduleOrder{*this, "schedule-order",
                                  llvm::cl::desc("as forgec --schedule-order"),
                                  llvm::cl::init("memory")};
