@@ -1087,6 +1087,27 @@ TEST(CpuKernels, Reductions) {
   HT big = make(bundle::F32, {100001}, ones), s(bundle::F32, {});
   ASSERT_OK(Op("reduce_sum").ints("axes", {0}).i("keepdims", 0).run({&big}, {&s}));
   expectEqual(s, {16877216.0});
+  // zero_outputs (forge-elide-centred-sums): [1, 3) of the column sums written as 0 whatever
+  // the input, the rest summed; a range outside the result is refused.
+  HT xz = make(bundle::F32, {2, 4}, {1, 2, 3, 4, 10, 20, 30, 40}), yz(bundle::F32, {4});
+  ASSERT_OK(Op("reduce_sum")
+                .ints("axes", {0})
+                .i("keepdims", 0)
+                .ints("zero_outputs", {1, 3})
+                .run({&xz}, {&yz}));
+  expectEqual(yz, {11, 0, 0, 44});
+  EXPECT_FALSE(Op("reduce_sum")
+                   .ints("axes", {0})
+                   .i("keepdims", 0)
+                   .ints("zero_outputs", {2, 5})
+                   .run({&xz}, {&yz})
+                   .isOk());
+  EXPECT_FALSE(Op("reduce_sum")
+                   .ints("axes", {0})
+                   .i("keepdims", 0)
+                   .ints("zero_outputs", {2, 2})
+                   .run({&xz}, {&yz})
+                   .isOk());
   // Errors: missing attribute, bad axis, wrong result shape.
   HT y(bundle::F32, {2});
   HT x = randomTensor(bundle::F32, {2, 3});

@@ -188,6 +188,12 @@ static cl::opt<bool> mergeReductions(
              "the optimizer's scalar members read runs inside the optimizer's kernel "
              "(forge-merge-reductions). =false keeps its own launch, for comparisons"),
     cl::init(true), cl::cat(forgecCategory));
+static cl::opt<bool> elideCentredSums(
+    "elide-centred-sums",
+    cl::desc("CUDA: a sum whose input piece is centred over its axes (attention's dk in the qkv "
+             "bias gradient) writes 0 there without reading it (forge-elide-centred-sums; off "
+             "by default until measured on a GPU)"),
+    cl::init(false), cl::cat(forgecCategory));
 static cl::opt<bool> gemmAuxEpilogues(
     "gemm-aux-epilogues",
     cl::desc("CUDA: also the cuBLASLt epilogues that save a tensor for the backward or read "
@@ -821,6 +827,7 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   o.fuseLineReductions = fuseLineReductions;
   o.fuseLinearCrossEntropy = fuseLinearCrossEntropy;
   o.mergeReductions = mergeReductions;
+  o.elideCentredSums = elideCentredSums;
   o.scheduleReport = scheduleReport;
   o.scheduleOrder = scheduleOrder;
   o.computeStreams = computeStreams;

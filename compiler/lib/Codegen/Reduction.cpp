@@ -73,6 +73,9 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   auto inType = tensorType(op->getOperand(0));
   auto outType = tensorType(op->getResult(0));
   auto axes = op->getAttrOfType<DenseI64ArrayAttr>("axes");
+  // [begin, end) of the result that is 0 (forge-elide-centred-sums): written as 0, and where
+  // whole output blocks of the column layout lie inside it, not read at all.
+  auto zeroOutputs = op->getAttrOfType<DenseI64ArrayAttr>("zero_outputs");
   Type elem = inType.getElementType();
   // The result may be stored in another float type (forge-assign-precision:
   // a bf16 gradient summed into an f32 bias gradient).
@@ -147,6 +150,17 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   int64_t outBlocks = chunked || planes ? outputs / channels * chunks
                       : rowLayout      ? outputs
                                        : (outputs + kWarp * lanes - 1) / (kWarp * lanes);
+  // Column layout over one kept group (output index = element offset): the output blocks
+  // wholly inside zero_outputs are not launched (their outputs stay as the launch's memset
+  // left them; so only with split sums, below).
+  int64_t skipFirst = 0, skipBlocks = 0;
+  const int64_t colPerBlock = kWarp * lanes;
+  if (zeroOutputs && !rowLayout && !chunked && !planes && kept.sizes.size() == 1) {
+    int64_t begin = zeroOutputs[0], end = zeroOutputs[1];
+    skipFirst = (begin + colPerBlock - 1) / colPerBlock;
+    skipBlocks = std::max<int64_t>(0, end / colPerBlock - skipFirst);
+    outBlocks -= skipBlocks;
+  }
   if (outBlocks > (int64_t(1) << 31) - 1)
     return std::nullopt;
   // Too few output blocks to fill the GPU: split the reduced range over more
@@ -159,6 +173,10 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     splits = std::clamp<int64_t>(std::min<int64_t>(4 * target.typicalSMs / outBlocks,
                                                    (count + perBlock - 1) / perBlock),
                                  1, 65535);
+  if (skipBlocks && splits == 1) { // no memset: every block is launched and writes its zeros
+    outBlocks += skipBlocks;
+    skipBlocks = 0;
+  }
   int64_t chunk = (count + splits - 1) / splits;
   int64_t grid = outBlocks * splits;
 
@@ -175,6 +193,12 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     return kind->square ? Value(b.create<arith::MulFOp>(k.loc, x, x)) : x;
   };
   auto finish = [&](Value acc, Value o) {
+    if (zeroOutputs) {
+      Value inside = b.create<arith::AndIOp>(
+          k.loc, k.ult(o, k.idx(zeroOutputs[1])),
+          b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::uge, o, k.idx(zeroOutputs[0])));
+      acc = b.create<arith::SelectOp>(k.loc, inside, k.fconst(accType, 0.0), acc);
+    }
     if (kind->mean)
       acc = b.create<arith::DivFOp>(k.loc, acc, k.fconst(accType, static_cast<double>(count)));
     if (kind->sqrt)
@@ -288,6 +312,11 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
     // sh[l * block + t].
     Value t = k.tid();
     Value lane = k.rem(t, kWarp), warp = k.div(t, kWarp);
+    if (skipBlocks) // past the skipped blocks of zero_outputs
+      outBlock = b.create<arith::SelectOp>(
+          k.loc,
+          b.create<arith::CmpIOp>(k.loc, arith::CmpIPredicate::uge, outBlock, k.idx(skipFirst)),
+          k.add(outBlock, k.idx(skipBlocks)), outBlock);
     Value o = k.add(k.mul(outBlock, k.idx(kWarp)), lane); // the thread's first output
     if (lanes > 1)
       o = k.mul(o, k.idx(lanes));

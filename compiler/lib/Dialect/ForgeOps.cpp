@@ -76,6 +76,19 @@ LogicalResult mlir::forge::inferReduceType(std::optional<Location> loc, Type inp
   return success();
 }
 
+LogicalResult mlir::forge::checkZeroOutputs(std::optional<Location> loc,
+                                            std::optional<ArrayRef<int64_t>> zeroOutputs,
+                                            Type result) {
+  if (!zeroOutputs)
+    return success();
+  int64_t n = cast<RankedTensorType>(result).getNumElements();
+  if (zeroOutputs->size() != 2 || (*zeroOutputs)[0] < 0 || (*zeroOutputs)[0] >= (*zeroOutputs)[1] ||
+      (*zeroOutputs)[1] > n)
+    return failInference(loc, "zero_outputs must be [begin, end) with 0 <= begin < end <= " +
+                                  std::to_string(n) + " (the result's elements)");
+  return success();
+}
+
 #define FORGE_INFER(OP)                                                                  \
   LogicalResult OP::inferReturnTypes(MLIRContext *context, std::optional<Location> loc, \
                                      Adaptor adaptor, SmallVectorImpl<Type> &inferred)

@@ -110,6 +110,11 @@ void addPlacement(OpPassManager &pm, const PipelineOptions &options) {
     // the optimizer's late members), before the generator.
     if (options.mergeReductions)
       pm.addNestedPass<func::FuncOp>(createMergeReductions());
+    // Sums of centred pieces marked zero: after the merge (its multi_reduce
+    // kernels do not take the mark), before forge-fold-attention-views (which
+    // turns the concat it looks through into a view).
+    if (options.elideCentredSums)
+      pm.addNestedPass<func::FuncOp>(createElideCentredSums());
     pm.addNestedPass<func::FuncOp>(createSelectLibrary());
     // After the library marks (it folds only into cuDNN attention) and before
     // the generator, which would give a folded split a kernel.

@@ -253,9 +253,22 @@ template <template <typename> class R> Status reduceKernel(KernelContext &ctx) {
       return Status::ok();
     }
   }
+  // zero_outputs = [begin, end) (forge-elide-centred-sums): elements that are 0 whatever the
+  // input, written as 0 here as by the generated kernels (the input's rounded values there
+  // sum to ~0, not 0).
+  int64_t zeroBegin = 0, zeroEnd = 0;
+  if (ctx.attrs.has("zero_outputs")) {
+    CPU_ASSIGN_OR_RETURN(std::vector<int64_t> zero, ctx.attrs.getInts("zero_outputs"));
+    if (zero.size() != 2 || zero[0] < 0 || zero[0] >= zero[1] || zero[1] > y.numel())
+      return Status::error("zero_outputs must be [begin, end) within the result's {} elements",
+                           y.numel());
+    zeroBegin = zero[0];
+    zeroEnd = zero[1];
+  }
   return visitNumeric(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     runReduce(ctx.pool, plan, x.as<const T>(), y.as<T>(), R<T>{});
+    std::fill(y.as<T>() + zeroBegin, y.as<T>() + zeroEnd, T{});
     return Status::ok();
   });
 }

@@ -713,3 +713,21 @@ func.func @linear_ce_wide(%x: tensor<4x8xbf16>, %w: tensor<16x8xbf16>, %t: tenso
   %l, %d = forge.linear_cross_entropy_with_grad %x, %w, %t, %g {classes = 17 : i64, reduction = "sum"} : (tensor<4x8xbf16>, tensor<16x8xbf16>, tensor<4xi64>, tensor<f32>) -> (tensor<4xf32>, tensor<4x16xbf16>)
   return
 }
+
+// -----
+
+func.func @zero_outputs_past_the_result(%x: tensor<4x6xf32>) {
+  // expected-error @+2 {{zero_outputs must be [begin, end) with 0 <= begin < end <= 6 (the result's elements)}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %s = forge.reduce_sum %x {axes = array<i64: 0>, keepdims = false, zero_outputs = array<i64: 2, 7>} : (tensor<4x6xf32>) -> tensor<6xf32>
+  return
+}
+
+// -----
+
+func.func @zero_outputs_empty(%x: tensor<4x6xf32>) {
+  // expected-error @+2 {{zero_outputs must be [begin, end)}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %s = forge.reduce_sum %x {axes = array<i64: 0>, keepdims = false, zero_outputs = array<i64: 3, 3>} : (tensor<4x6xf32>) -> tensor<6xf32>
+  return
+}

@@ -62,6 +62,10 @@ LogicalResult inferBroadcastType(std::optional<Location> loc, ValueRange operand
 LogicalResult inferReduceType(std::optional<Location> loc, Type input,
                               ArrayRef<int64_t> axes, bool keepdims, Type resultElement,
                               SmallVectorImpl<Type> &inferred);
+/// A reduction's `zero_outputs` (absent, or [begin, end) with 0 <= begin < end <= the
+/// result's element count).
+LogicalResult checkZeroOutputs(std::optional<Location> loc,
+                               std::optional<ArrayRef<int64_t>> zeroOutputs, Type result);
 /// Creates `forge.<name>` at `builder`'s insertion point with `operands` and
 /// inherent `attrs`, inferring result types and verifying the op first. The
 /// generated builders abort when inference fails; this reports through

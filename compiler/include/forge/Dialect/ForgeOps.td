@@ -410,15 +410,38 @@ def Forge_NllLossOp : Forge_Op<"nll_loss", "NegativeLogLikelihoodLoss,SoftmaxCro
 class Forge_ReduceOp<string mnemonic, string onnx, bit diff = 1>
     : Forge_Op<mnemonic, onnx, FusionReduction, PrecisionKeepFP32, diff> {
   let summary = "Reduce over sorted non-negative `axes` (never empty after import)";
-  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$axes, BoolAttr:$keepdims);
+  let description = [{
+    `zero_outputs` = [begin, end), set by forge-elide-centred-sums on a sum alone:
+    the result's elements begin..end-1 (row-major) are 0 whatever the input (in
+    exact arithmetic the input's values there sum to 0), so kernels write 0 without
+    reading them (the CPU kernel too, so both give the same bits).
+  }];
+  let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$axes, BoolAttr:$keepdims,
+                       OptionalAttr<DenseI64ArrayAttr>:$zero_outputs);
   let results = (outs AnyForgeTensor:$result);
+  // Without zero_outputs (the generated builders take it last, with no default).
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$input, "::mlir::DenseI64ArrayAttr":$axes,
+                   "::mlir::BoolAttr":$keepdims),
+      [{ build($_builder, $_state, input, axes, keepdims, ::mlir::DenseI64ArrayAttr()); }]>,
+    OpBuilder<(ins "::mlir::Type":$result, "::mlir::Value":$input,
+                   "::mlir::DenseI64ArrayAttr":$axes, "::mlir::BoolAttr":$keepdims),
+      [{ build($_builder, $_state, result, input, axes, keepdims, ::mlir::DenseI64ArrayAttr()); }]>,
+    OpBuilder<(ins "::mlir::Value":$input, "::llvm::ArrayRef<int64_t>":$axes, "bool":$keepdims),
+      [{ build($_builder, $_state, input, axes, keepdims, ::mlir::DenseI64ArrayAttr()); }]>,
+    OpBuilder<(ins "::mlir::Type":$result, "::mlir::Value":$input,
+                   "::llvm::ArrayRef<int64_t>":$axes, "bool":$keepdims),
+      [{ build($_builder, $_state, result, input, axes, keepdims, ::mlir::DenseI64ArrayAttr()); }]>
+  ];
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let extraClassDefinition = [{
     ::llvm::LogicalResult $cppClass::inferReturnTypes(::mlir::MLIRContext *context,
         std::optional<::mlir::Location> location, Adaptor adaptor,
         ::llvm::SmallVectorImpl<::mlir::Type> &inferred) {
-      return ::mlir::forge::inferReduceType(location, adaptor.getInput().getType(),
-          adaptor.getAxes(), adaptor.getKeepdims(), nullptr, inferred);
+      if (::mlir::failed(::mlir::forge::inferReduceType(location, adaptor.getInput().getType(),
+              adaptor.getAxes(), adaptor.getKeepdims(), nullptr, inferred)))
+        return ::mlir::failure();
+      return ::mlir::forge::checkZeroOutputs(location, adaptor.getZeroOutputs(), inferred[0]);
     }
   }];
 }
