@@ -40,14 +40,23 @@ RankedTensorType tensorOf(Value v) { return dyn_cast<RankedTensorType>(v.getType
 bool isCentring(Operation *sub, Value x, const llvm::SmallDenseSet<int64_t> &reduced) {
   if (!isa_and_nonnull<SubOp>(sub))
     return false;
+  auto shape = tensorOf(x);
+  // Floats only: an integer mean truncates, and its residue does not sum to 0.
+  if (!shape || !isa<FloatType>(shape.getElementType()) ||
+      !isa<FloatType>(tensorOf(sub->getResult(0)).getElementType()))
+    return false;
   Value lhs = sub->getOperand(0);
-  if (auto cast = lhs.getDefiningOp<CastOp>())
-    lhs = cast.getInput();
+  if (auto convert = lhs.getDefiningOp<CastOp>()) {
+    // A widening cast only (exact); a narrowing one rounds x before the sub.
+    auto to = dyn_cast<FloatType>(tensorOf(convert.getResult()).getElementType());
+    if (!to || to.getWidth() < cast<FloatType>(shape.getElementType()).getWidth())
+      return false;
+    lhs = convert.getInput();
+  }
   auto mean = sub->getOperand(1).getDefiningOp<ReduceMeanOp>();
   if (lhs != x || !mean || mean.getInput() != x || !mean.getKeepdims())
     return false;
-  auto shape = tensorOf(x);
-  if (!shape || tensorOf(sub->getResult(0)).getShape() != shape.getShape())
+  if (tensorOf(sub->getResult(0)).getShape() != shape.getShape())
     return false;
   return llvm::all_of(mean.getAxes(), [&](int64_t a) { return reduced.contains(a); });
 }
@@ -101,7 +110,7 @@ struct ElideCentredSumsPass : public mlir::forge::impl::ElideCentredSumsBase<Eli
       if (!concat || !shape)
         return;
       int64_t rank = shape.getRank();
-      int64_t axis = concat.getAxis() < 0 ? concat.getAxis() + rank : concat.getAxis();
+      int64_t axis = concat.getAxis(); // >= 0: the verifier refuses others
       llvm::SmallDenseSet<int64_t> reduced(sum.getAxes().begin(), sum.getAxes().end());
       // The result's elements are the concat axis's positions: every other axis reduced.
       for (int64_t d = 0; d < rank; ++d)
@@ -110,7 +119,7 @@ struct ElideCentredSumsPass : public mlir::forge::impl::ElideCentredSumsBase<Eli
       int64_t offset = 0;
       for (Value piece : concat.getInputs()) {
         int64_t size = tensorOf(piece).getDimSize(axis);
-        if (isCentredPiece(piece, reduced)) {
+        if (size > 0 && isCentredPiece(piece, reduced)) {
           sum.setZeroOutputsAttr(DenseI64ArrayAttr::get(sum.getContext(), {offset, offset + size}));
           ++marked;
           return;

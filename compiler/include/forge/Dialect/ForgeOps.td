@@ -413,8 +413,9 @@ class Forge_ReduceOp<string mnemonic, string onnx, bit diff = 1>
   let description = [{
     `zero_outputs` = [begin, end), set by forge-elide-centred-sums on a sum alone:
     the result's elements begin..end-1 (row-major) are 0 whatever the input (in
-    exact arithmetic the input's values there sum to 0), so kernels write 0 without
-    reading them (the CPU kernel too, so both give the same bits).
+    exact arithmetic the input's values there sum to 0), so kernels write 0 there
+    (the CPU kernel too, so both give the same bits) and the split column-layout
+    kernel does not read them.
   }];
   let arguments = (ins AnyForgeTensor:$input, DenseI64ArrayAttr:$axes, BoolAttr:$keepdims,
                        OptionalAttr<DenseI64ArrayAttr>:$zero_outputs);
