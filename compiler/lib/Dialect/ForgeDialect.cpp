@@ -63,6 +63,15 @@ OpCost mlir::forge::estimateDefaultCost(Operation *op, int64_t flopsPerElement) 
     if (auto tensor = dyn_cast<RankedTensorType>(t); tensor && tensor.hasStaticShape())
       cost.flops += flopsPerElement * tensor.getNumElements();
   }
+  // A reduction's zero_outputs (forge-elide-centred-sums): the input's share of those
+  // outputs is not read.
+  if (auto zero = op->getAttrOfType<DenseI64ArrayAttr>("zero_outputs");
+      zero && zero.size() == 2 && op->getNumOperands() == 1 && op->getNumResults() == 1) {
+    auto result = dyn_cast<RankedTensorType>(op->getResult(0).getType());
+    if (result && result.hasStaticShape() && result.getNumElements() > 0)
+      cost.bytes -=
+          tensorBytes(op->getOperand(0).getType()) * (zero[1] - zero[0]) / result.getNumElements();
+  }
   return cost;
 }
 

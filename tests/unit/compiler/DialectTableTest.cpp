@@ -150,6 +150,10 @@ TEST(DialectTable, CostModelCountsMatmulFlops) {
   EXPECT_EQ(cost.bytes, 4 * (8 * 16 + 16 * 4 + 8 * 4));
   auto relu = b.create<ReluOp>(loc, mm.getResult());
   EXPECT_EQ(cast<ForgeOpInterface>(relu.getOperation()).getCost().flops, 8 * 4);
+  // A sum over the 8 rows whose outputs [1, 3) are zero_outputs reads half of its input.
+  auto sum = b.create<ReduceSumOp>(loc, mm.getResult(), b.getDenseI64ArrayAttr({0}),
+                                   b.getBoolAttr(false), b.getDenseI64ArrayAttr({1, 3}));
+  EXPECT_EQ(cast<ForgeOpInterface>(sum.getOperation()).getCost().bytes, 4 * (8 * 4 / 2 + 4));
   module.erase();
 }
 
