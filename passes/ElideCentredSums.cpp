@@ -35,11 +35,15 @@ namespace {
 
 RankedTensorType tensorOf(Value v) { return dyn_cast<RankedTensorType>(v.getType()); }
 
-/// Whether `value` minus `mean` is x minus its keepdims mean over axes that
-/// `reduced` holds, where `arg` is x (possibly through a cast).
-bool isCentring(Operation *sub, Value x, const llvm::SmallDenseSet<int64_t> &reduced) {
+/// Whether `sub` is x minus reduce_mean(x) over axes that `reduced` holds, with keepdims, in
+/// floats, x read directly or through a widening cast: its values sum to 0 over those axes.
+bool isCentring(Operation *sub, const llvm::SmallDenseSet<int64_t> &reduced) {
   if (!isa_and_nonnull<SubOp>(sub))
     return false;
+  auto mean = sub->getOperand(1).getDefiningOp<ReduceMeanOp>();
+  if (!mean || !mean.getKeepdims())
+    return false;
+  Value x = mean.getInput();
   auto shape = tensorOf(x);
   // Floats only: an integer mean truncates, and its residue does not sum to 0.
   if (!shape || !isa<FloatType>(shape.getElementType()) ||
@@ -53,10 +57,7 @@ bool isCentring(Operation *sub, Value x, const llvm::SmallDenseSet<int64_t> &red
       return false;
     lhs = convert.getInput();
   }
-  auto mean = sub->getOperand(1).getDefiningOp<ReduceMeanOp>();
-  if (lhs != x || !mean || mean.getInput() != x || !mean.getKeepdims())
-    return false;
-  if (tensorOf(sub->getResult(0)).getShape() != shape.getShape())
+  if (lhs != x || tensorOf(sub->getResult(0)).getShape() != shape.getShape())
     return false;
   return llvm::all_of(mean.getAxes(), [&](int64_t a) { return reduced.contains(a); });
 }
@@ -81,22 +82,13 @@ bool isCentredPiece(Value piece, llvm::SmallDenseSet<int64_t> reduced) {
     reduced = std::move(mapped);
     piece = reshape.getInput();
   }
-  Operation *def = piece.getDefiningOp();
-  if (auto region = dyn_cast_or_null<FusionOp>(def)) {
-    if (region.getKind() != "lines" || region.getInputs().size() != 1 ||
-        region->getNumResults() != 1)
+  // A "lines" region's value is its body's yield (the region's one result).
+  if (auto region = piece.getDefiningOp<FusionOp>()) {
+    if (region.getKind() != "lines" || region->getNumResults() != 1)
       return false;
-    Block &body = region.getBlock();
-    Value yielded = body.getTerminator()->getOperand(0);
-    return isCentring(yielded.getDefiningOp(), body.getArgument(0), reduced);
+    piece = region.getBlock().getTerminator()->getOperand(0);
   }
-  if (auto sub = dyn_cast_or_null<SubOp>(def)) {
-    Value x = sub.getOperand(0);
-    if (auto cast = x.getDefiningOp<CastOp>())
-      x = cast.getInput();
-    return isCentring(sub, x, reduced);
-  }
-  return false;
+  return isCentring(piece.getDefiningOp(), reduced);
 }
 
 struct ElideCentredSumsPass : public mlir::forge::impl::ElideCentredSumsBase<ElideCentredSumsPass> {
