@@ -191,9 +191,9 @@ static cl::opt<bool> mergeReductions(
 static cl::opt<bool> elideCentredSums(
     "elide-centred-sums",
     cl::desc("CUDA: a sum whose input piece is centred over its axes (attention's dk in the qkv "
-             "bias gradient) writes 0 there without reading it (forge-elide-centred-sums; off "
-             "by default until measured on a GPU)"),
-    cl::init(false), cl::cat(forgecCategory));
+             "bias gradient) writes 0 there without reading it (forge-elide-centred-sums). "
+             "=false reads and sums it, for comparisons"),
+    cl::init(true), cl::cat(forgecCategory));
 static cl::opt<bool> gemmAuxEpilogues(
     "gemm-aux-epilogues",
     cl::desc("CUDA: also the cuBLASLt epilogues that save a tensor for the backward or read "
