@@ -24,8 +24,9 @@
 // other inputs all exist and before every reader of its results: at the norm
 // when the reader's other inputs come before it, else at the reader when no
 // reader of the norm's other results comes between them. Only norms over the
-// last axis in f32 with dx asked for. After forge-fuse-column-sums (whose
-// column_reduce regions it takes) and before placement.
+// last axis in f32 with dx asked for (dy of x's shape in any float type: a
+// low one, forge-assign-precision's low-norm-gradients, is widened as loaded). After
+// forge-fuse-column-sums (whose column_reduce regions it takes) and before placement.
 //
 //===----------------------------------------------------------------------===//
 #include "Passes.h"
@@ -77,7 +78,7 @@ FusionOp epilogueOf(LayerNormGradOp lng, bool &alsoDx) {
     axis += x.getRank();
   Value dx = lng->getResult(0);
   if (axis != x.getRank() - 1 || dx.use_empty() || !tensorOf(dx).getElementType().isF32() ||
-      tensorOf(lng->getOperand(2)) != x)
+      tensorOf(lng->getOperand(2)).getShape() != x.getShape())
     return nullptr;
   ArrayRef<int64_t> shape = x.getShape();
   alsoDx = !dx.hasOneUse();

@@ -423,7 +423,10 @@ def AssignPrecision : Pass<"forge-assign-precision", "::mlir::ModuleOp"> {
         operand 0 of a KeepFP32 op (the logits into the loss, a norm's input:
         the residual stream, softmax's scores);
       * a view (reshape, transpose, slice, view region) whose own readers all
-        take it low.
+        take it low;
+      * a layer_norm_grad as its grad_output, with `low-norm-gradients` (off
+        by default): the next linear layer's dX, which the norm's gradient
+        reads once in f32 registers; its x, the residual stream, stays f32.
     It is never stored low when the optimizer, the gradient norm or a
     routine result reads it (parameter gradients, metrics), nor when it is
     a GEMM's output over a full C (the residual stream).
@@ -487,6 +490,9 @@ def AssignPrecision : Pass<"forge-assign-precision", "::mlir::ModuleOp"> {
            "gradient GEMMs of each float8 product read the output gradient in E5M2 "
            "beside E4M3 copies of the weight and the input, transposed where the "
            "float8 layout needs)">,
+    Option<"lowNormGradients", "low-norm-gradients", "bool", /*default=*/"false",
+           "a layer norm's gradient reads its grad_output (a GEMM's product: dX of the "
+           "next linear layer) low, as a region does (off: it stays f32)">,
   ];
   let dependentDialects = ["::mlir::forge::ForgeDialect"];
 }

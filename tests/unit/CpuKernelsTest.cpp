@@ -1116,6 +1116,43 @@ TEST(CpuKernels, Reductions) {
   EXPECT_FALSE(Op("reduce_sum").ints("axes", {0}).i("keepdims", 0).run({&x}, {&y}).isOk());
 }
 
+// A bf16 grad_output beside an f32 x (forge-assign-precision's low-norm-gradients): read as
+// the f32 values it holds, so the results equal those of the f32 grad_output with the same
+// values, bit for bit; an integer grad_output is refused.
+TEST(CpuKernels, LayerNormGradReadsALowGradOutput) {
+  HT x = randomTensor(bundle::F32, {5, 24}), scale = randomTensor(bundle::F32, {24}, 0.5, 1.5);
+  HT low = randomTensor(bundle::BF16, {5, 24});
+  std::vector<double> values(low.numel());
+  for (int64_t i = 0; i < low.numel(); ++i)
+    values[i] = low.at(i);
+  HT wide = make(bundle::F32, {5, 24}, values);
+  auto run = [&](HT &dy, HT &dx, HT &ds, HT &db) {
+    return Op("layer_norm_grad")
+        .i("axis", 1)
+        .f("epsilon", 1e-5)
+        .i("input_grad", 1)
+        .i("scale_grad", 1)
+        .i("bias_grad", 1)
+        .run({&x, &scale, &dy}, {&dx, &ds, &db});
+  };
+  HT dx(bundle::F32, {5, 24}), ds(bundle::F32, {24}), db(bundle::F32, {24});
+  HT dxw(bundle::F32, {5, 24}), dsw(bundle::F32, {24}), dbw(bundle::F32, {24});
+  ASSERT_OK(run(low, dx, ds, db));
+  ASSERT_OK(run(wide, dxw, dsw, dbw));
+  for (int64_t i = 0; i < dx.numel(); ++i)
+    EXPECT_EQ(dx.at(i), dxw.at(i)) << i;
+  for (int64_t i = 0; i < ds.numel(); ++i) {
+    EXPECT_EQ(ds.at(i), dsw.at(i)) << i;
+    EXPECT_EQ(db.at(i), dbw.at(i)) << i;
+  }
+  double biasSum = 0; // dbias is grad_output's column sum: a check that the values were read
+  for (int64_t r = 0; r < 5; ++r)
+    biasSum += values[r * 24 + 3];
+  EXPECT_NEAR(db.at(3), biasSum, 1e-5);
+  HT ints(bundle::I32, {5, 24});
+  EXPECT_FALSE(run(ints, dx, ds, db).isOk());
+}
+
 TEST(CpuKernels, ArgMax) {
   HT x = make(bundle::F32, {2, 4}, {1, 3, 3, 0, -1, -1, -2, -5});
   HT y(bundle::I64, {2});

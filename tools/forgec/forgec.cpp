@@ -80,6 +80,13 @@ static cl::opt<unsigned> fp8History(
     "fp8-history", cl::init(16),
     cl::desc("--fp8-scaling delayed: the steps each amax history holds (1..65536; default 16)"),
     cl::cat(forgecCategory));
+static cl::opt<bool> lowNormGradients(
+    "low-norm-gradients",
+    cl::desc("with --precision bf16|fp16|fp8: a layer norm's gradient reads its grad_output (the "
+             "next linear layer's dX) low, as a region does (forge-assign-precision); its x, the "
+             "residual stream, stays f32. Off by default: the norm's bias and scale gradients "
+             "would sum rounded terms"),
+    cl::init(false), cl::cat(forgecCategory));
 static cl::opt<std::string> fp8Gradients(
     "fp8-gradients", cl::init("bf16"),
     cl::desc("--precision fp8: bf16 (default): the backward's GEMMs in bf16 | e5m2: the data "
@@ -855,6 +862,7 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   if (fp8Gradients != "bf16" && precision != "fp8")
     return "--fp8-gradients " + fp8Gradients + " needs --precision fp8";
   o.fp8Gradients = fp8Gradients;
+  o.lowNormGradients = lowNormGradients;
   if (layout != "auto" && layout != "nchw" && layout != "nhwc")
     return "unknown --layout '" + layout + "' (auto, nchw, nhwc)";
   // auto: channels-last for convolutions on tensor cores (ResNet-50 on an H200:

@@ -134,16 +134,26 @@ static LogicalResult inferNormGrad(std::optional<Location> loc, Adaptor adaptor,
 }
 
 /// Checks shared by the norm-grad ops: static input, grad_output of the
-/// input's type, a float scale with `paramElements` elements.
+/// input's type (`lowGradOutput`: of its shape, in any float type), a float
+/// scale with `paramElements` elements.
 template <typename Adaptor>
-static LogicalResult checkNormGradOperands(std::optional<Location> loc, Adaptor adaptor) {
+static LogicalResult checkNormGradOperands(std::optional<Location> loc, Adaptor adaptor,
+                                           bool lowGradOutput = false) {
   auto x = rankedOrNull(adaptor.getInput().getType());
   auto scale = rankedOrNull(adaptor.getScale().getType());
   auto dy = rankedOrNull(adaptor.getGradOutput().getType());
   if (!x || !scale || !dy)
     return failInference(loc, "operands must be statically shaped tensors");
-  if (dy != x)
+  if (lowGradOutput) {
+    // A layer norm's grad_output may be stored in another float type
+    // (forge-assign-precision's low-norm-gradients: a GEMM's bf16 product); its
+    // kernels compute in f32 whatever they load.
+    if (dy.getShape() != x.getShape() || !isa<FloatType>(dy.getElementType()) ||
+        !isa<FloatType>(x.getElementType()))
+      return failInference(loc, "grad_output must have the input's shape, both floats");
+  } else if (dy != x) {
     return failInference(loc, "grad_output must have the input's type");
+  }
   return success();
 }
 
@@ -157,7 +167,7 @@ FORGE_INFER(BatchNormTrainingGradOp) {
 }
 
 FORGE_INFER(LayerNormGradOp) {
-  if (failed(checkNormGradOperands(loc, adaptor)))
+  if (failed(checkNormGradOperands(loc, adaptor, /*lowGradOutput=*/true)))
     return failure();
   auto x = cast<RankedTensorType>(adaptor.getInput().getType());
   int64_t axis = adaptor.getAxis();

@@ -266,6 +266,7 @@ void mlir::forge::buildTrainingPipeline(OpPassManager &pm, const PipelineOptions
     precision.fp8Scaling = options.fp8Scaling;
     precision.fp8History = options.fp8History;
     precision.fp8Gradients = options.fp8Gradients;
+    precision.lowNormGradients = options.lowNormGradients;
     pm.addPass(createAssignPrecision(precision));
     // The f32 views its low copies replaced (a transposed weight) are dead.
     pm.addNestedPass<func::FuncOp>(createEliminateDeadCode());

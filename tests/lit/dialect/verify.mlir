@@ -731,3 +731,33 @@ func.func @zero_outputs_empty(%x: tensor<4x6xf32>) {
   %s = forge.reduce_sum %x {axes = array<i64: 0>, keepdims = false, zero_outputs = array<i64: 3, 3>} : (tensor<4x6xf32>) -> tensor<6xf32>
   return
 }
+
+// -----
+
+// A layer norm's grad_output may be stored in another float type
+// (forge-assign-precision's low-norm-gradients), but has x's shape.
+func.func @layer_norm_grad_dy_shape(%x: tensor<4x8xf32>, %s: tensor<8xf32>, %dy: tensor<4x4xbf16>) {
+  // expected-error @+2 {{grad_output must have the input's shape, both floats}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %g:3 = forge.layer_norm_grad %x, %s, %dy {axis = 1 : i64, bias_grad = true, epsilon = 1.0e-5 : f64, input_grad = true, scale_grad = true} : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x4xbf16>) -> (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>)
+  return
+}
+
+// -----
+
+func.func @layer_norm_grad_dy_integer(%x: tensor<4x8xf32>, %s: tensor<8xf32>, %dy: tensor<4x8xi32>) {
+  // expected-error @+2 {{grad_output must have the input's shape, both floats}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %g:3 = forge.layer_norm_grad %x, %s, %dy {axis = 1 : i64, bias_grad = true, epsilon = 1.0e-5 : f64, input_grad = true, scale_grad = true} : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xi32>) -> (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>)
+  return
+}
+
+// -----
+
+// Other norms' gradients keep grad_output in x's type.
+func.func @batch_norm_grad_dy_low(%x: tensor<2x4x3x3xf32>, %s: tensor<4xf32>, %dy: tensor<2x4x3x3xbf16>) {
+  // expected-error @+2 {{grad_output must have the input's type}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %dx, %ds, %db = forge.batch_norm_training_grad %x, %s, %dy {bias_grad = true, epsilon = 1.0e-5 : f64, input_grad = true, scale_grad = true} : (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<2x4x3x3xbf16>) -> (tensor<2x4x3x3xf32>, tensor<4xf32>, tensor<4xf32>)
+  return
+}

@@ -1,5 +1,6 @@
 // RUN: forge-opt %s --split-input-file --forge-assign-precision=precision=bf16 | FileCheck %s
 // RUN: forge-opt %s --split-input-file --forge-assign-precision=precision=fp32 | FileCheck %s --check-prefix=FP32
+// RUN: forge-opt %s --split-input-file --forge-assign-precision="precision=bf16 low-norm-gradients=true" | FileCheck %s --check-prefix=LOWDY
 
 // A linear layer with ReLU (gemm region), logits (a GEMM the softmax reads),
 // the probabilities read by a GEMM, and the optimizer's update of w.
@@ -304,4 +305,26 @@ func.func @train_step(%x: tensor<4x8xf32> {forge.kind = "input", forge.name = "x
     forge.yield %0 : tensor<8x16xf32>
   }
   return %u, %v : tensor<8x16xf32>, tensor<8x16xf32>
+}
+
+// -----
+
+// A layer norm's gradient reads its grad_output, a GEMM's product (the next
+// linear layer's dX), in f32 by default: the matmul writes it f32. With
+// low-norm-gradients=true it reads it low and the matmul writes it bf16; its
+// x (the residual stream, operand 0) stays f32 either way, and so do its
+// results.
+// CHECK-LABEL: func @train_step
+// CHECK: %[[D:.+]] = forge.matmul %arg1, %arg2 : (tensor<4x16xbf16>, tensor<16x8xbf16>) -> tensor<4x8xf32>
+// CHECK-NEXT: forge.layer_norm_grad %arg0, %arg3, %[[D]] {{.*}} : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>)
+// LOWDY: %[[D:.+]] = forge.matmul %arg1, %arg2 : (tensor<4x16xbf16>, tensor<16x8xbf16>) -> tensor<4x8xbf16>
+// LOWDY-NEXT: forge.layer_norm_grad %arg0, %arg3, %[[D]] {{.*}} : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xbf16>) -> (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>)
+func.func @train_step(%x: tensor<4x8xf32> {forge.kind = "input", forge.name = "x"},
+                      %dy: tensor<4x16xf32> {forge.kind = "input", forge.name = "dy"},
+                      %w: tensor<16x8xf32> {forge.kind = "input", forge.name = "w"},
+                      %s: tensor<8xf32> {forge.kind = "input", forge.name = "s"})
+    -> (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  %d = forge.matmul %dy, %w : (tensor<4x16xf32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+  %g:3 = forge.layer_norm_grad %x, %s, %d {axis = 1 : i64, bias_grad = true, epsilon = 1.0e-5 : f64, input_grad = true, scale_grad = true} : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>)
+  return %g#0, %g#1, %g#2 : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>
 }

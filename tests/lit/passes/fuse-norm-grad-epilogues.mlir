@@ -45,6 +45,28 @@ func.func @residual(%x: tensor<64x32xf32>, %w: tensor<32xf32>, %dy: tensor<64x32
 
 // -----
 
+// The same with a bf16 dy (forge-assign-precision's low-norm-gradients: the
+// next linear layer's dX stored low): the region takes it as it is, and its
+// kernel loads dy as bf16 and widens it to f32 in registers.
+// CHECK-LABEL: func @residual_low_dy
+// CHECK: forge.fusion "norm_grad"(%arg0, %arg1, %arg2, %arg3) : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xbf16>, tensor<64x32xf32>)
+// CHECK-NOT: forge.layer_norm_grad {{.*}}forge.launch
+// KERNEL-LABEL: func @residual_low_dy
+// KERNEL: gpu.func @k0_fusion(%arg0: memref<2048xf32>, %arg1: memref<32xf32>, %arg2: memref<2048xbf16>, %arg3: memref<2048xf32>
+// KERNEL: %[[L:.*]] = memref.load %arg2
+// KERNEL-NEXT: arith.extf %[[L]] : bf16 to f32
+func.func @residual_low_dy(%x: tensor<64x32xf32>, %w: tensor<32xf32>, %dy: tensor<64x32xbf16>, %g: tensor<64x32xf32>) -> (tensor<32xf32>, tensor<32xf32>, tensor<64x32xf32>) {
+  %d:3 = forge.layer_norm_grad %x, %w, %dy {axis = 1 : i64, bias_grad = true, epsilon = 1.0e-05 : f64, input_grad = true, scale_grad = true} : (tensor<64x32xf32>, tensor<32xf32>, tensor<64x32xbf16>) -> (tensor<64x32xf32>, tensor<32xf32>, tensor<32xf32>)
+  %r = forge.fusion "loop"(%g, %d#0) : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32> {
+  ^bb0(%a: tensor<64x32xf32>, %b: tensor<64x32xf32>):
+    %s = forge.add %a, %b : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+    forge.yield %s : tensor<64x32xf32>
+  }
+  return %d#1, %d#2, %r : tensor<32xf32>, tensor<32xf32>, tensor<64x32xf32>
+}
+
+// -----
+
 // A loop reader whose other input is made after the norm: the region goes
 // where the reader was (the norm's dscale is read only after it).
 // CHECK-LABEL: func @at_reader
