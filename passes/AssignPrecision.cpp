@@ -367,8 +367,8 @@ struct AssignPrecisionPass : public mlir::forge::impl::AssignPrecisionBase<Assig
     if (isa<ReduceSumOp>(user))
       return true; // sums in f32 and keeps its result's type (a bias gradient)
     if (isa<LayerNormGradOp>(user))
-      return lowNormGradients && i == 2; // grad_output (dX of the next linear layer); x stays
-                                         // f32 (sensitiveUse: the residual stream)
+      return lowNormGradients && i == 2; // grad_output (dX of the next linear layer) only; x
+                                         // (the residual stream) stays f32
     if (isa<MaxPoolOp>(user))
       return i == 0; // the pooled image: the kernel loads any float type
     if (isa<MaxPoolGradOp>(user))

@@ -44,6 +44,24 @@ Expected<int64_t> positiveBuildOption(const Bundle &bundle, const std::string &k
   return v;
 }
 
+/// The bundle's data-, pipeline- and tensor-parallel sizes (forgec --dp, --pp,
+/// --tp; 1 where absent).
+struct ParallelSizes {
+  int64_t dp, pp, tp;
+};
+Expected<ParallelSizes> parallelSizes(const Bundle &bundle) {
+  ParallelSizes sizes{};
+  for (auto [key, size] :
+       {std::pair{"data_parallel", &sizes.dp}, std::pair{"pipeline_parallel", &sizes.pp},
+        std::pair{"tensor_parallel", &sizes.tp}}) {
+    auto v = positiveBuildOption(bundle, key);
+    if (!v)
+      return v.status();
+    *size = *v;
+  }
+  return sizes;
+}
+
 /// The options after OUTPUT,LABEL of the bundle's cross_entropy loss (build
 /// option "loss": "cross_entropy:OUT,LABEL,smoothing=S,probs,ignore=N").
 std::vector<std::string> crossEntropyOptions(const bundle::Program &p) {
@@ -130,18 +148,15 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   // Pipeline parallelism (forgec --pp P): rank r runs its stage s (RankLayout),
   // whose routines are train_step@pp<s> and eval@pp<s>: the executor loads those
   // alone, and holds only the parameters and state they touch (the stage's own).
-  auto ppOption = positiveBuildOption(bundle, "pipeline_parallel");
-  if (!ppOption)
-    return ppOption.status();
-  auto tpOption = positiveBuildOption(bundle, "tensor_parallel");
-  if (!tpOption)
-    return tpOption.status();
+  auto sizes = parallelSizes(bundle);
+  if (!sizes)
+    return sizes.status();
+  const int64_t ppSize = sizes->pp, tpSize = sizes->tp;
   std::string suffix;
   std::vector<std::string> stageRoutines;
-  if (*ppOption > 1) {
+  if (ppSize > 1) {
     suffix = fmt::format("@pp{}", RankLayout::of(options.rank, options.worldSize,
-                                                 static_cast<int>(*ppOption),
-                                                 static_cast<int>(*tpOption))
+                                                 static_cast<int>(ppSize), static_cast<int>(tpSize))
                                       .stage);
     for (const bundle::Routine &r : p.routines())
       if (r.name() == "train_step" + suffix || r.name() == "eval" + suffix)
@@ -157,7 +172,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
   tr->exec_ = exec.take();
   tr->options_ = options;
   Executor &ex = *tr->exec_;
-  tr->ppSize_ = *ppOption;
+  tr->ppSize_ = ppSize;
   tr->routineSuffix_ = suffix;
   const std::string trainName = "train_step" + tr->routineSuffix_;
   auto trainIndex = ex.findRoutine(trainName);
@@ -207,7 +222,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       tr->gradOutputs_.emplace_back(name.substr(gradPrefix.size()), t);
   }
 
-  FORGE_RETURN_IF_ERROR(tr->checkRankLayout(bundle, options, *tpOption));
+  FORGE_RETURN_IF_ERROR(tr->checkRankLayout(bundle, options, tpSize));
   const int64_t pp = tr->ppSize_;
   if (rankInput >= 0) // the same every step: the executor uploads it with each step's inputs
     std::memcpy(ex.inputBuffer(rankInput), &tr->dpRank_, sizeof(int64_t));
@@ -509,9 +524,36 @@ Status Trainer::chooseImageDecode(const std::string &mode, int64_t pp) {
 /// ranks, the T of a tensor-parallel group consecutive) and this process's
 /// group must agree. Sets the data-parallel size, rank and the tensor-parallel
 /// size.
-Status Trainer::checkRankLayout(const Bundle &bundle, const TrainerOptions &options,
-                                int64_t tp) {
+Status Trainer::checkRankCount(const Bundle &bundle, int64_t worldSize) {
   const std::string &origin = bundle.origin();
+  auto sizes = parallelSizes(bundle);
+  if (!sizes)
+    return sizes.status();
+  const int64_t dp = sizes->dp, pp = sizes->pp, tp = sizes->tp;
+  if (pp > 1 && dp * tp * pp != worldSize)
+    return Status::error("{} was compiled for {} pipeline stages (forgec --pp {}), this run has "
+                         "{} rank{}: start it with forge-train --nproc {} (or WORLD_SIZE={} from "
+                         "a launcher)",
+                         origin, pp, pp, worldSize, worldSize > 1 ? "s" : "", dp * tp * pp,
+                         dp * tp * pp);
+  if (pp == 1 && dp * tp != worldSize) {
+    const std::string layout =
+        tp > 1 ? fmt::format("{} rank{} ({} data-parallel x {} tensor-parallel: forgec --dp {} "
+                             "--tp {})",
+                             dp * tp, dp * tp > 1 ? "s" : "", dp, tp, dp, tp)
+               : fmt::format("{} data-parallel rank{} (forgec --dp {})", dp, dp > 1 ? "s" : "",
+                             dp);
+    return Status::error("{} was compiled for {}, this run has {}: {}", origin, layout, worldSize,
+                         dp * tp > 1
+                             ? fmt::format("start it with forge-train --nproc {} (or WORLD_SIZE="
+                                           "{} from a launcher)",
+                                           dp * tp, dp * tp)
+                             : std::string("compile it with forgec --dp N for N ranks"));
+  }
+  return Status::ok();
+}
+
+Status Trainer::checkRankLayout(const Bundle &bundle, const TrainerOptions &options, int64_t tp) {
   auto dpOption = positiveBuildOption(bundle, "data_parallel");
   if (!dpOption)
     return dpOption.status();
@@ -519,27 +561,7 @@ Status Trainer::checkRankLayout(const Bundle &bundle, const TrainerOptions &opti
   if (options.worldSize < 1 || options.rank < 0 || options.rank >= options.worldSize)
     return Status::error("rank {} of {} is not a data-parallel rank", options.rank,
                          options.worldSize);
-  if (pp > 1 && dp * tp * pp != options.worldSize)
-    return Status::error("{} was compiled for {} pipeline stages (forgec --pp {}), this run has "
-                         "{} rank{}: start it with forge-train --nproc {} (or WORLD_SIZE={} from "
-                         "a launcher)",
-                         origin, pp, pp, options.worldSize, options.worldSize > 1 ? "s" : "",
-                         dp * tp * pp, dp * tp * pp);
-  if (pp == 1 && dp * tp != options.worldSize) {
-    const std::string layout =
-        tp > 1 ? fmt::format("{} rank{} ({} data-parallel x {} tensor-parallel: forgec --dp {} "
-                             "--tp {})",
-                             dp * tp, dp * tp > 1 ? "s" : "", dp, tp, dp, tp)
-               : fmt::format("{} data-parallel rank{} (forgec --dp {})", dp, dp > 1 ? "s" : "",
-                             dp);
-    return Status::error("{} was compiled for {}, this run has {}: {}", origin, layout,
-                         options.worldSize,
-                         dp * tp > 1
-                             ? fmt::format("start it with forge-train --nproc {} (or WORLD_SIZE="
-                                           "{} from a launcher)",
-                                           dp * tp, dp * tp)
-                             : std::string("compile it with forgec --dp N for N ranks"));
-  }
+  FORGE_RETURN_IF_ERROR(checkRankCount(bundle, options.worldSize));
   dpSize_ = dp;
   tpSize_ = tp;
   dpRank_ = options.rank / (tp * pp);

@@ -35,7 +35,7 @@ MODELS = [os.path.join(ROOT, "tests", "fixtures", "gpt_adamw", "model.onnx"),
 FLAGS = [[], ["--dp", "2"], ["--tp", "2"], ["--pp", "2"], ["--micro-batches", "2"],
          ["--recompute", "attention"], ["--dp", "2", "--zero", "1"],
          ["--compute-streams", "2", "--stream-memory-growth", "1000"],
-         ["--batch-schedule", "8:2,16"], ["--gemm-aux-epilogues"]]
+         ["--batch-schedule", "8:2,16"], ["--gemm-aux-epilogues"], ["--low-norm-gradients"]]
 CRASH = ("Stack dump", "internal error", "Segmentation fault", "PLEASE submit")
 
 

@@ -4,18 +4,20 @@
 #   tests/gpu/suite.sh compile DIR   here (built tree in build/): compiles every suite's bundles
 #                                    for cuda:sm_90 into DIR, with forge-train, forge-replay and
 #                                    the shared libraries Ubuntu lacks (DIR/bin, DIR/lib)
+#   tests/gpu/suite.sh kit DIR       here: forge-train, forge-replay, the GPU gtests and the shared
+#                                    libraries only (DIR/bin, DIR/lib), for bench/ calls
 #   tests/gpu/suite.sh run DIR [SUITE...]   on the GPU machine, from the repository root: runs
 #                                    them all (or the named ones) and ends with one line per
 #                                    suite (its "N passed, N failed")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-mode=${1:?usage: suite.sh compile|run DIR [SUITE...]}
-dir=${2:?usage: suite.sh compile|run DIR [SUITE...]}
+mode=${1:?usage: suite.sh compile|kit|run DIR [SUITE...]}
+dir=${2:?usage: suite.sh compile|kit|run DIR [SUITE...]}
 shift 2
 only=("$@")
 py=${FORGE_PYTHON:-python3}
 
-if [ "$mode" = compile ]; then
+if [ "$mode" = compile ] || [ "$mode" = kit ]; then
   set -e
   b=build/bin
   rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
@@ -39,6 +41,10 @@ if [ "$mode" = compile ]; then
       *) cp -L "$lib" "$dir/lib/" ;;
     esac
   done
+  if [ "$mode" = kit ]; then
+    du -sh "$dir"
+    exit 0
+  fi
   $py tests/gpu/test_gpu_models.py --compile-only --bundles "$dir/gpu_models" --bin-dir "$b"
   $py tests/gpu/test_gpu_models.py --compile-only --bundles "$dir/gpu_models_tf32" --bin-dir "$b" --tf32
   # Every misaligned GEMM padded (forge-pad-contractions pads big ones only).
@@ -72,7 +78,7 @@ if [ "$mode" = compile ]; then
   exit 0
 fi
 
-[ "$mode" = run ] || { echo "usage: suite.sh compile|run DIR" >&2; exit 2; }
+[ "$mode" = run ] || { echo "usage: suite.sh compile|kit|run DIR" >&2; exit 2; }
 . tests/gpu/device_env.sh "$dir"
 ft="$dir/bin/forge-train" rp="$dir/bin/forge-replay"
 summary=()

@@ -1116,9 +1116,10 @@ TEST(CpuKernels, Reductions) {
   EXPECT_FALSE(Op("reduce_sum").ints("axes", {0}).i("keepdims", 0).run({&x}, {&y}).isOk());
 }
 
-// A bf16 grad_output beside an f32 x (forge-assign-precision's low-norm-gradients): read as
-// the f32 values it holds, so the results equal those of the f32 grad_output with the same
-// values, bit for bit; an integer grad_output is refused.
+// A bf16 grad_output beside an f32 x (forge-assign-precision's low-norm-gradients): the
+// registry stages every bf16 operand of a kernel with f32 ones through f32 (runCpuKernel), so
+// the results equal those of the f32 grad_output with the same values, bit for bit; an integer
+// grad_output is refused (the norm's own dtype check).
 TEST(CpuKernels, LayerNormGradReadsALowGradOutput) {
   HT x = randomTensor(bundle::F32, {5, 24}), scale = randomTensor(bundle::F32, {24}, 0.5, 1.5);
   HT low = randomTensor(bundle::BF16, {5, 24});

@@ -520,20 +520,10 @@ Status joinRankGroups(const Options &opts, const Bundle &bundle, TrainerOptions 
                            "has {} ranks: start D x {} ranks (--nproc)",
                            bundle.origin(), pp, pp, tp > 1 ? fmt::format(" --tp {}", tp) : "",
                            r.size, pp * tp);
-    // The data-parallel size too (the trainer checks the whole layout again):
-    // with a wrong --nproc, a rank still connecting when the others had
+    // The whole count too (the trainer checks it again): with a wrong --nproc
+    // for a --dp bundle, a rank still connecting when the others had
     // connected, failed the check and left got "connection closed" instead.
-    if (std::string d = buildOption(bundle.program(), "data_parallel"); !d.empty()) {
-      const int64_t dp = std::max<int64_t>(1, std::atoll(d.c_str()));
-      if (dp * pp * tp != r.size)
-        return Status::error("{} was compiled for {} rank{} (forgec --dp {}{}{}), this run has "
-                             "{}: start it with forge-train --nproc {} (or WORLD_SIZE={} from a "
-                             "launcher)",
-                             bundle.origin(), dp * pp * tp, dp * pp * tp > 1 ? "s" : "", dp,
-                             pp > 1 ? fmt::format(" --pp {}", pp) : "",
-                             tp > 1 ? fmt::format(" --tp {}", tp) : "", r.size, dp * pp * tp,
-                             dp * pp * tp);
-    }
+    FORGE_RETURN_IF_ERROR(Trainer::checkRankCount(bundle, r.size));
     auto connected = connectCpuGroup(r);
     if (!connected)
       return connected.status();

@@ -862,6 +862,8 @@ static std::string pipelineOptionsFromFlags(mlir::forge::PipelineOptions &o) {
   if (fp8Gradients != "bf16" && precision != "fp8")
     return "--fp8-gradients " + fp8Gradients + " needs --precision fp8";
   o.fp8Gradients = fp8Gradients;
+  if (lowNormGradients && precision != "bf16" && precision != "fp16" && precision != "fp8")
+    return "--low-norm-gradients needs --precision bf16, fp16 or fp8";
   o.lowNormGradients = lowNormGradients;
   if (layout != "auto" && layout != "nchw" && layout != "nhwc")
     return "unknown --layout '" + layout + "' (auto, nchw, nhwc)";
@@ -918,6 +920,8 @@ static void addBuildOptions(std::map<std::string, std::string> &build,
                                                    : std::string("current");
   if (precision == "fp8")
     build["fp8_gradients"] = fp8Gradients;
+  if (lowNormGradients)
+    build["low_norm_gradients"] = "1";
   if (!inferenceOnly && !trainFlags().lossScale.empty())
     build["loss_scale"] = trainFlags().lossScale;
   build["weights"] = weights;

@@ -452,6 +452,9 @@ struct TrainingPipelineCLOptions : public CommonPipelineCLOptions<TrainingPipeli
                                           llvm::cl::desc("as forgec --batchnorm-running-var")};
   Option<std::string> precision{*this, "precision", llvm::cl::desc("as forgec --precision"),
                                 llvm::cl::init("fp32")};
+  Option<bool> lowNormGradients{*this, "low-norm-gradients",
+                                llvm::cl::desc("as forgec --low-norm-gradients"),
+                                llvm::cl::init(false)};
   Option<std::string> layout{*this, "layout",
                              llvm::cl::desc("nchw | nhwc (forgec --layout after resolving auto)"),
                              llvm::cl::init("nchw")};
@@ -498,6 +501,7 @@ void mlir::forge::registerForgePassesAndPipelines() {
         options.train.batchnormRunningVar = cl.batchnormRunningVar;
         options.train.lossScale = cl.lossScale;
         options.precision = cl.precision;
+        options.lowNormGradients = cl.lowNormGradients;
         options.layout = cl.layout;
         options.lossChunkBytes = cl.lossChunkBytes;
         options.recompute = cl.recompute;

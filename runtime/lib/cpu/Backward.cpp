@@ -382,11 +382,6 @@ Status batchNormTrainingGradKernel(KernelContext &ctx) {
 
 Status layerNormGradKernel(KernelContext &ctx) {
   const TensorView &x = ctx.inputs[0], &dy = ctx.inputs[2];
-  // A bf16/f16 grad_output beside an f32 input (forge-assign-precision's
-  // low-norm-gradients): read as f32, as the GPU kernel loads it.
-  if (x.dtype == bundle::F32 && (dy.dtype == bundle::BF16 || dy.dtype == bundle::F16))
-    return dy.dtype == bundle::BF16 ? runInFloat<BFloat16>(ctx, &layerNormGradKernel)
-                                    : runInFloat<Half>(ctx, &layerNormGradKernel);
   CPU_ASSIGN_OR_RETURN(int64_t axis, ctx.attrs.getInt("axis"));
   CPU_ASSIGN_OR_RETURN(double eps, ctx.attrs.getFloat("epsilon"));
   if (axis < 0 || axis >= std::max<int64_t>(x.rank(), 1))

@@ -291,6 +291,14 @@ private:
   Status bindTrainData(std::unique_ptr<DataSource> train,
                        const std::vector<std::vector<int32_t>> &tensors);
   Status checkRankLayout(const Bundle &bundle, const TrainerOptions &options, int64_t tp);
+
+public:
+  /// Whether `worldSize` ranks are the D x P x T the bundle was compiled for
+  /// (its data_parallel, pipeline_parallel and tensor_parallel options, 1 when
+  /// absent): forge-train checks it before any rank connects, create() again.
+  static Status checkRankCount(const Bundle &bundle, int64_t worldSize);
+
+private:
   Status allocateBatchBuffers(const std::vector<std::vector<int32_t>> &tensors, bool loop,
                               unsigned prefetch);
   /// Length buckets: resolves train_step@len<T> (create) and eval@len<T> (setEvalData).
