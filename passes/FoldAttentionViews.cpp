@@ -101,8 +101,8 @@ struct FoldAttentionViewsPass
   /// they can (the header's conditions); whether it did.
   bool foldConcat(ConcatOp concat) {
     auto out = dyn_cast<RankedTensorType>(concat.getType());
-    if (!out || !out.hasStaticShape() || out.getRank() != 3 ||
-        concat.getAxis() != 2 && concat.getAxis() != -1)
+    const int64_t axis = static_cast<int64_t>(concat.getAxis());
+    if (!out || !out.hasStaticShape() || out.getRank() != 3 || (axis != 2 && axis != -1))
       return false;
     const int64_t row = out.getDimSize(2);
     const int64_t bytes = std::max<int64_t>(out.getElementTypeBitWidth() / 8, 1);
