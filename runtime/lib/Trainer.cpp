@@ -222,7 +222,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const Bundle &bundle,
       tr->gradOutputs_.emplace_back(name.substr(gradPrefix.size()), t);
   }
 
-  FORGE_RETURN_IF_ERROR(tr->checkRankLayout(bundle, options, tpSize));
+  FORGE_RETURN_IF_ERROR(tr->checkRankLayout(bundle, options, sizes->dp, tpSize));
   const int64_t pp = tr->ppSize_;
   if (rankInput >= 0) // the same every step: the executor uploads it with each step's inputs
     std::memcpy(ex.inputBuffer(rankInput), &tr->dpRank_, sizeof(int64_t));
@@ -520,16 +520,11 @@ Status Trainer::chooseImageDecode(const std::string &mode, int64_t pp) {
   return Status::ok();
 }
 
-/// Data, pipeline and tensor parallelism: the bundle's layout (D x P x T
-/// ranks, the T of a tensor-parallel group consecutive) and this process's
-/// group must agree. Sets the data-parallel size, rank and the tensor-parallel
-/// size.
-Status Trainer::checkRankCount(const Bundle &bundle, int64_t worldSize) {
-  const std::string &origin = bundle.origin();
-  auto sizes = parallelSizes(bundle);
-  if (!sizes)
-    return sizes.status();
-  const int64_t dp = sizes->dp, pp = sizes->pp, tp = sizes->tp;
+namespace {
+/// Whether `worldSize` ranks are the D x P x T of `sizes` (the bundle at `origin`).
+Status checkParallelCount(const std::string &origin, const ParallelSizes &sizes,
+                          int64_t worldSize) {
+  const int64_t dp = sizes.dp, pp = sizes.pp, tp = sizes.tp;
   if (pp > 1 && dp * tp * pp != worldSize)
     return Status::error("{} was compiled for {} pipeline stages (forgec --pp {}), this run has "
                          "{} rank{}: start it with forge-train --nproc {} (or WORLD_SIZE={} from "
@@ -552,16 +547,26 @@ Status Trainer::checkRankCount(const Bundle &bundle, int64_t worldSize) {
   }
   return Status::ok();
 }
+} // namespace
 
-Status Trainer::checkRankLayout(const Bundle &bundle, const TrainerOptions &options, int64_t tp) {
-  auto dpOption = positiveBuildOption(bundle, "data_parallel");
-  if (!dpOption)
-    return dpOption.status();
-  const int64_t dp = *dpOption, pp = ppSize_;
+Status Trainer::checkRankCount(const Bundle &bundle, int64_t worldSize) {
+  auto sizes = parallelSizes(bundle);
+  if (!sizes)
+    return sizes.status();
+  return checkParallelCount(bundle.origin(), *sizes, worldSize);
+}
+
+/// Data, pipeline and tensor parallelism: the bundle's layout (D x P x T
+/// ranks, the T of a tensor-parallel group consecutive; `dp` and `tp` as
+/// create() read them, P = ppSize_) and this process's group must agree. Sets
+/// the data-parallel size, rank and the tensor-parallel size.
+Status Trainer::checkRankLayout(const Bundle &bundle, const TrainerOptions &options, int64_t dp,
+                                int64_t tp) {
+  const int64_t pp = ppSize_;
   if (options.worldSize < 1 || options.rank < 0 || options.rank >= options.worldSize)
     return Status::error("rank {} of {} is not a data-parallel rank", options.rank,
                          options.worldSize);
-  FORGE_RETURN_IF_ERROR(checkRankCount(bundle, options.worldSize));
+  FORGE_RETURN_IF_ERROR(checkParallelCount(bundle.origin(), {dp, pp, tp}, options.worldSize));
   dpSize_ = dp;
   tpSize_ = tp;
   dpRank_ = options.rank / (tp * pp);

@@ -290,7 +290,8 @@ private:
   Status bindBatchSchedule();
   Status bindTrainData(std::unique_ptr<DataSource> train,
                        const std::vector<std::vector<int32_t>> &tensors);
-  Status checkRankLayout(const Bundle &bundle, const TrainerOptions &options, int64_t tp);
+  Status checkRankLayout(const Bundle &bundle, const TrainerOptions &options, int64_t dp,
+                         int64_t tp);
 
 public:
   /// Whether `worldSize` ranks are the D x P x T the bundle was compiled for
